@@ -1,0 +1,24 @@
+/* Small file helpers with the error messages users need: whole-file reads and atomic writes. */
+#ifndef ZT_COMMON_FILEIO_H
+#define ZT_COMMON_FILEIO_H
+
+#include <stddef.h>
+
+#include "common/status.h"
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer (*out, freed by the caller; *len excludes
+ * the NUL). Returns 0 or a negative errno with "cannot read PATH: reason" in err. */
+int zt_read_file(const char *path, char **out, size_t *len, zt_err *err);
+
+/* Writes len bytes to path atomically: path.tmp, fsync, rename, fsync of the directory. On failure no
+ * file is left behind and a negative errno is returned with the path and the reason in err. */
+int zt_write_file_atomic(const char *path, const void *data, size_t len, zt_err *err);
+
+/* Creates a directory and its parents (like mkdir -p). Returns 0 or a negative errno with a message. */
+int zt_mkdir_p(const char *path, zt_err *err);
+
+/* Checks that dir exists (or can be created) and that a file can be created in it, so that a long run
+ * fails at start rather than at its first checkpoint. Returns 0 or a negative errno with a message. */
+int zt_check_writable_dir(const char *dir, zt_err *err);
+
+#endif

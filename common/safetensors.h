@@ -1,0 +1,85 @@
+/* safetensors files (https://huggingface.co/docs/safetensors): the weight format of Hugging Face, used by
+ * ztrain for exported weights, imported weights and training-state snapshots.
+ *
+ * File layout: u64 little-endian header length N, N bytes of JSON
+ *   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__": {str: str}}
+ * then the data buffer; offsets are relative to the buffer's start.
+ *
+ * The reader maps the file read-only and validates the whole header before it returns: JSON syntax,
+ * known dtypes, shape products that match the byte ranges, ranges inside the file, no overlaps and no
+ * gaps (the tensors tile the buffer exactly, as the format requires), unique names, sane header size.
+ * The writer writes to "<path>.tmp", fsyncs and renames, so a reader never sees a partial file. */
+#ifndef ZT_COMMON_SAFETENSORS_H
+#define ZT_COMMON_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* Stored as names in the file; the enum order is ztrain's own and only grows. */
+enum zt_dtype {
+    ZT_DTYPE_F32 = 0,
+    ZT_DTYPE_F16 = 1,
+    ZT_DTYPE_BF16 = 2,
+    ZT_DTYPE_F64 = 3,
+    ZT_DTYPE_I8 = 4,
+    ZT_DTYPE_U8 = 5,
+    ZT_DTYPE_I16 = 6,
+    ZT_DTYPE_U16 = 7,
+    ZT_DTYPE_I32 = 8,
+    ZT_DTYPE_U32 = 9,
+    ZT_DTYPE_I64 = 10,
+    ZT_DTYPE_U64 = 11,
+    ZT_DTYPE_BOOL = 12,
+};
+
+#define ZT_ST_MAX_DIMS 8
+
+/* Bytes per element of a dtype. */
+size_t zt_dtype_size(enum zt_dtype dtype);
+/* "F32", "BF16", ... as written in safetensors headers. */
+const char *zt_dtype_name(enum zt_dtype dtype);
+/* Parses a safetensors dtype name; returns 0 or ZT_EFORMAT. */
+int zt_dtype_parse(const char *name, enum zt_dtype *out);
+
+/* One tensor of a file being read. Pointers stay valid until zt_st_close(). */
+typedef struct zt_st_tensor {
+    const char *name;
+    enum zt_dtype dtype;
+    int ndim;
+    int64_t shape[ZT_ST_MAX_DIMS];
+    size_t nbytes;
+    const void *data; /* inside the read-only mapping; not aligned beyond 1 byte in general */
+} zt_st_tensor;
+
+typedef struct zt_st_file zt_st_file; /* opaque: an open, validated file */
+
+/* Opens and validates path. On success *out owns the mapping (free with zt_st_close). On failure
+ * returns ZT_EFORMAT (with the reason and the path in err) or a negative errno (missing file ...). */
+int zt_st_open(const char *path, zt_st_file **out, zt_err *err);
+void zt_st_close(zt_st_file *f); /* accepts NULL */
+
+/* Number of tensors and the i-th one, in file order of their data offsets. */
+size_t zt_st_count(const zt_st_file *f);
+const zt_st_tensor *zt_st_get(const zt_st_file *f, size_t i);
+/* The tensor called name, or NULL. */
+const zt_st_tensor *zt_st_find(const zt_st_file *f, const char *name);
+/* The value of a "__metadata__" key, or NULL. */
+const char *zt_st_metadata(const zt_st_file *f, const char *key);
+
+/* Writing: collect tensors (borrowed data pointers must stay valid until zt_st_write returns), then
+ * write the file atomically. Tensors are written in the order they were added. */
+typedef struct zt_st_writer zt_st_writer;
+zt_st_writer *zt_st_writer_create(void);
+void zt_st_writer_destroy(zt_st_writer *w); /* accepts NULL */
+/* Adds a tensor; returns 0, or ZT_EINVAL_CONFIG for a duplicate name or ndim > ZT_ST_MAX_DIMS. */
+int zt_st_writer_add(zt_st_writer *w, const char *name, enum zt_dtype dtype, int ndim, const int64_t *shape,
+                     const void *data, zt_err *err);
+/* Adds a "__metadata__" entry (both strings are copied). */
+int zt_st_writer_add_metadata(zt_st_writer *w, const char *key, const char *value, zt_err *err);
+/* Writes path via path.tmp + fsync + rename. On failure nothing is left at path or path.tmp, and a
+ * negative errno or ZT_E* code is returned with a message naming the path. */
+int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err);
+
+#endif
