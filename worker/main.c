@@ -1,0 +1,2 @@
+/* placeholder: not implemented yet */
+int main(void) { return 1; }
