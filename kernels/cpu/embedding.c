@@ -1,1 +1,50 @@
-/* placeholder: not implemented yet */
+/* Token + position embedding, forward and backward.
+ *
+ * The backward is a scatter-add (many positions may hold the same token). To stay deterministic without
+ * atomics, threads split the channels: each thread owns a range of columns of dwte and dwpe and walks all
+ * positions in order, so every element is summed in token order whatever the thread count. */
+#include <stdint.h>
+
+#include "kernels/cpu_threads.h"
+#include "kernels/embedding.h"
+
+/* Columns per unit of work in the backward: wide enough for whole cache lines and SIMD. */
+#define ZT_EMBED_COL_BLOCK 32
+
+/* Writes out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. */
+void zt_cpu_embedding_forward(zt_real *out, const int32_t *tokens, const zt_real *wte, const zt_real *wpe,
+                              int B, int T, int C)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if ((long)B * T * C >= 16384)
+    for (long bt = 0; bt < (long)B * T; bt++) {
+        int t = (int)(bt % T);
+        const zt_real *w = wte + (long)tokens[bt] * C;
+        const zt_real *p = wpe + (long)t * C;
+        zt_real *o = out + bt * C;
+        for (int c = 0; c < C; c++)
+            o[c] = w[c] + p[c];
+    }
+}
+
+/* Adds dout[b,t,:] into dwte[tokens[b,t],:] and dwpe[t,:], summing in (b,t) order per element. */
+void zt_cpu_embedding_backward(zt_real *dwte, zt_real *dwpe, const zt_real *dout, const int32_t *tokens,
+                               int B, int T, int C)
+{
+    int nblocks = (C + ZT_EMBED_COL_BLOCK - 1) / ZT_EMBED_COL_BLOCK;
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if ((long)B * T * C >= 16384)
+    for (int blk = 0; blk < nblocks; blk++) {
+        int c0 = blk * ZT_EMBED_COL_BLOCK;
+        int c1 = c0 + ZT_EMBED_COL_BLOCK < C ? c0 + ZT_EMBED_COL_BLOCK : C;
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < T; t++) {
+                const zt_real *d = dout + ((long)b * T + t) * C;
+                zt_real *w = dwte + (long)tokens[(long)b * T + t] * C;
+                zt_real *p = dwpe + (long)t * C;
+                for (int c = c0; c < c1; c++) {
+                    w[c] += d[c];
+                    p[c] += d[c];
+                }
+            }
+        }
+    }
+}
