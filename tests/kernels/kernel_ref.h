@@ -1,0 +1,251 @@
+/* Naive double-precision references of the CPU kernels, shared by the kernel tests. Each is the textbook
+ * formula written as plainly as possible (full attention matrix, no blocking, no threads) so that a
+ * reader can check it by eye; the kernels under test are compared against these. Arrays are double;
+ * backward references overwrite (=) their outputs rather than accumulate. */
+#ifndef ZT_TESTS_KERNEL_REF_H
+#define ZT_TESTS_KERNEL_REF_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline void ref_embedding_forward(double *out, const int32_t *tokens, const double *wte, const double *wpe,
+                                  int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+}
+
+static inline void ref_embedding_backward(double *dwte, double *dwpe, const double *dout, const int32_t *tokens,
+                                   int B, int T, int C, int V)
+{
+    memset(dwte, 0, sizeof(double) * V * C);
+    memset(dwpe, 0, sizeof(double) * T * C);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                dwte[tokens[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+                dwpe[t * C + c] += dout[(b * T + t) * C + c];
+            }
+}
+
+static inline void ref_layernorm_forward(double *out, double *mean, double *rstd, const double *inp,
+                                  const double *weight, const double *bias, int N, int C, double eps)
+{
+    for (int n = 0; n < N; n++) {
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++)
+            m += inp[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++)
+            v += (inp[n * C + c] - m) * (inp[n * C + c] - m);
+        v /= C;
+        double s = 1.0 / sqrt(v + eps);
+        for (int c = 0; c < C; c++)
+            out[n * C + c] = (inp[n * C + c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+static inline void ref_layernorm_backward(double *dinp, double *dweight, double *dbias, const double *dout,
+                                   const double *inp, const double *weight, const double *mean,
+                                   const double *rstd, int N, int C)
+{
+    memset(dweight, 0, sizeof(double) * C);
+    memset(dbias, 0, sizeof(double) * C);
+    for (int n = 0; n < N; n++) {
+        double sg = 0, sgx = 0;
+        for (int c = 0; c < C; c++) {
+            double xhat = (inp[n * C + c] - mean[n]) * rstd[n];
+            double g = dout[n * C + c] * weight[c];
+            sg += g;
+            sgx += g * xhat;
+            dweight[c] += dout[n * C + c] * xhat;
+            dbias[c] += dout[n * C + c];
+        }
+        for (int c = 0; c < C; c++) {
+            double xhat = (inp[n * C + c] - mean[n]) * rstd[n];
+            double g = dout[n * C + c] * weight[c];
+            dinp[n * C + c] = rstd[n] * (g - sg / C - xhat * sgx / C);
+        }
+    }
+}
+
+static inline void ref_matmul_forward(double *out, const double *inp, const double *weight, const double *bias,
+                               int N, int IC, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double acc = bias ? bias[o] : 0.0;
+            for (int i = 0; i < IC; i++)
+                acc += inp[(long)n * IC + i] * weight[(long)o * IC + i];
+            out[(long)n * OC + o] = acc;
+        }
+}
+
+static inline void ref_matmul_backward(double *dinp, double *dweight, double *dbias, const double *dout,
+                                const double *inp, const double *weight, int N, int IC, int OC)
+{
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            double acc = 0;
+            for (int o = 0; o < OC; o++)
+                acc += dout[(long)n * OC + o] * weight[(long)o * IC + i];
+            dinp[(long)n * IC + i] = acc;
+        }
+    for (int o = 0; o < OC; o++) {
+        for (int i = 0; i < IC; i++) {
+            double acc = 0;
+            for (int n = 0; n < N; n++)
+                acc += dout[(long)n * OC + o] * inp[(long)n * IC + i];
+            dweight[(long)o * IC + i] = acc;
+        }
+        double acc = 0;
+        for (int n = 0; n < N; n++)
+            acc += dout[(long)n * OC + o];
+        dbias[o] = acc;
+    }
+}
+
+/* Materialises the causal softmax matrix P [T,T] of head (b,h). */
+static inline void ref_attention_probs(double *P, const double *qkv, int b, int h, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    for (int t = 0; t < T; t++) {
+        double mx = -INFINITY, sum = 0;
+        for (int u = 0; u < T; u++) {
+            double s = -INFINITY;
+            if (u <= t) {
+                s = 0;
+                for (int i = 0; i < hs; i++)
+                    s += qkv[(b * T + t) * 3 * C + h * hs + i] * qkv[(b * T + u) * 3 * C + C + h * hs + i];
+                s *= scale;
+            }
+            P[t * T + u] = s;
+            if (s > mx)
+                mx = s;
+        }
+        for (int u = 0; u < T; u++) {
+            P[t * T + u] = u <= t ? exp(P[t * T + u] - mx) : 0.0;
+            sum += P[t * T + u];
+        }
+        for (int u = 0; u < T; u++)
+            P[t * T + u] /= sum;
+    }
+}
+
+static inline void ref_attention_forward(double *out, const double *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double *P = malloc(sizeof(double) * T * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            ref_attention_probs(P, qkv, b, h, T, C, NH);
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < hs; i++) {
+                    double acc = 0;
+                    for (int u = 0; u <= t; u++)
+                        acc += P[t * T + u] * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+                    out[(b * T + t) * C + h * hs + i] = acc;
+                }
+        }
+    free(P);
+}
+
+static inline void ref_attention_backward(double *dqkv, const double *dout, const double *qkv, int B, int T, int C,
+                                   int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *P = malloc(sizeof(double) * T * T);
+    double *dP = malloc(sizeof(double) * T * T);
+    memset(dqkv, 0, sizeof(double) * B * T * 3 * C);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            ref_attention_probs(P, qkv, b, h, T, C, NH);
+            for (int t = 0; t < T; t++)
+                for (int u = 0; u < T; u++) {
+                    double acc = 0;
+                    for (int i = 0; i < hs; i++)
+                        acc += dout[(b * T + t) * C + h * hs + i] * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+                    dP[t * T + u] = acc;
+                }
+            for (int t = 0; t < T; t++) {
+                double dot = 0;
+                for (int u = 0; u < T; u++)
+                    dot += P[t * T + u] * dP[t * T + u];
+                for (int u = 0; u <= t; u++) {
+                    double ds = P[t * T + u] * (dP[t * T + u] - dot) * scale;
+                    for (int i = 0; i < hs; i++) {
+                        dqkv[(b * T + t) * 3 * C + h * hs + i] += ds * qkv[(b * T + u) * 3 * C + C + h * hs + i];
+                        dqkv[(b * T + u) * 3 * C + C + h * hs + i] += ds * qkv[(b * T + t) * 3 * C + h * hs + i];
+                        dqkv[(b * T + u) * 3 * C + 2 * C + h * hs + i] +=
+                            P[t * T + u] * dout[(b * T + t) * C + h * hs + i];
+                    }
+                }
+            }
+        }
+    free(P);
+    free(dP);
+}
+
+static inline double ref_gelu(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static inline double ref_gelu_grad(double x)
+{
+    double u = sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+    double th = tanh(u);
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+/* Losses and (grad_scale-weighted) dlogits of softmax cross-entropy; returns the non-ignored row count. */
+static inline int ref_crossentropy(double *losses, double *dlogits, const double *logits, const int32_t *targets,
+                            int N, int V, int ignore_index, double grad_scale)
+{
+    int counted = 0;
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == ignore_index) {
+            losses[n] = 0;
+            for (int v = 0; v < V; v++)
+                dlogits[n * V + v] = 0;
+            continue;
+        }
+        counted++;
+        double mx = logits[n * V];
+        for (int v = 1; v < V; v++)
+            mx = fmax(mx, logits[n * V + v]);
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += exp(logits[n * V + v] - mx);
+        losses[n] = mx + log(sum) - logits[n * V + targets[n]];
+        for (int v = 0; v < V; v++)
+            dlogits[n * V + v] = grad_scale * (exp(logits[n * V + v] - mx) / sum - (v == targets[n]));
+    }
+    return counted;
+}
+
+/* One AdamW step as PyTorch's torch.optim.AdamW (foreach=False) computes it, in double:
+ * param *= 1 - lr*wd; m, v updated; param -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
+static inline void ref_adamw_step(double *param, double *m, double *v, const double *grad, size_t n, double lr,
+                           double beta1, double beta2, double eps, double wd, double grad_scale, int step)
+{
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    for (size_t i = 0; i < n; i++) {
+        double g = grad[i] * grad_scale;
+        param[i] *= 1.0 - lr * wd;
+        m[i] = beta1 * m[i] + (1.0 - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0 - beta2) * g * g;
+        double denom = sqrt(v[i]) / sqrt(bc2) + eps;
+        param[i] -= (lr / bc1) * m[i] / denom;
+    }
+}
+
+#endif

@@ -1,0 +1,537 @@
+/* Finite-difference checks of every backward pass of the CPU kernels, in double precision (library
+ * zt_kernels_cpu_f64, zt_real = double).
+ *
+ * Each backward is checked against central differences of a scalar objective, sum(out * W) with random
+ * weights W, on small odd shapes, so that every element of every gradient is verified. Forwards are
+ * compared with the naive references of kernel_ref.h. The tests also check that backwards accumulate
+ * (+=) into their outputs as the headers say, that ignored cross-entropy rows carry no loss or gradient,
+ * and that attention is causal. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernel_ref.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/cpu_threads.h"
+#include "kernels/crossentropy.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+
+_Static_assert(sizeof(zt_real) == sizeof(double), "this test must link zt_kernels_cpu_f64");
+
+/* Step of the central differences: the truncation error (~h^2) and the rounding error (~1e-16 |terms| / h)
+ * of the objectives here both stay below 1e-7 of a derivative. */
+#define FD_STEP 1e-4
+/* Largest accepted relative error between an analytic and a numeric derivative. */
+#define FD_TOL 1e-6
+
+/* Small, odd shapes: no dimension is a multiple of a SIMD width or a tile size. */
+enum { B = 2, T = 5, C = 12, NH = 3, V = 7, N = 3, IC = 7, OC = 5 };
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+/* Uniform in [-1, 1), from a fixed-seed xorshift so that every run sees the same numbers. */
+static double rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+static double *rnd_array(size_t n)
+{
+    double *x = malloc(sizeof(double) * n);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = rnd();
+    return x;
+}
+
+static double *zero_array(size_t n)
+{
+    double *x = calloc(n, sizeof(double));
+    assert_non_null(x);
+    return x;
+}
+
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* Fails unless got and want agree elementwise to rel_tol, relative to max(|got|, |want|, 1e-3). */
+static void expect_close(const char *what, const double *got, const double *want, size_t n, double rel_tol)
+{
+    double worst = 0;
+    size_t worst_i = 0;
+    for (size_t i = 0; i < n; i++) {
+        double den = fmax(fmax(fabs(got[i]), fabs(want[i])), 1e-3);
+        double err = fabs(got[i] - want[i]) / den;
+        if (!(err <= worst) || isnan(err)) {
+            worst = isnan(err) ? INFINITY : err;
+            worst_i = i;
+        }
+    }
+    if (worst > rel_tol)
+        fail_msg("%s: element %zu is %.12g, expected %.12g (relative error %.3g > %.3g)", what, worst_i,
+                 got[worst_i], want[worst_i], worst, rel_tol);
+}
+
+/* Compares analytic[j] with the central difference of f with respect to x[j], for every j; x is restored. */
+static void expect_fd(const char *what, double *x, size_t n, const double *analytic, double (*f)(void *),
+                      void *ctx)
+{
+    double *numeric = zero_array(n);
+    for (size_t j = 0; j < n; j++) {
+        double saved = x[j];
+        x[j] = saved + FD_STEP;
+        double fp = f(ctx);
+        x[j] = saved - FD_STEP;
+        double fm = f(ctx);
+        x[j] = saved;
+        numeric[j] = (fp - fm) / (2 * FD_STEP);
+    }
+    double worst = 0;
+    for (size_t j = 0; j < n; j++)
+        worst = fmax(worst, fabs(analytic[j] - numeric[j]) / fmax(fmax(fabs(analytic[j]), fabs(numeric[j])), 1e-3));
+    printf("    %-24s %4zu derivatives, worst relative error %.2g\n", what, n, worst);
+    expect_close(what, analytic, numeric, n, FD_TOL);
+    free(numeric);
+}
+
+/* Checks that a backward accumulates: started from prefill instead of zeros it must give prefill + grad. */
+static void expect_accumulated(const char *what, const double *got, const double *prefill, const double *grad,
+                               size_t n)
+{
+    double *want = zero_array(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = prefill[i] + grad[i];
+    expect_close(what, got, want, n, 1e-12);
+    free(want);
+}
+
+/* ---- embedding ---- */
+
+struct embedding_ctx {
+    int32_t tokens[B * T];
+    double *wte, *wpe, *out, *w;
+};
+
+static double embedding_objective(void *p)
+{
+    struct embedding_ctx *c = p;
+    zt_cpu_embedding_forward(c->out, c->tokens, c->wte, c->wpe, B, T, C);
+    return dot(c->out, c->w, B * T * C);
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    /* Token 3 repeats (the scatter-add must sum), token 6 never appears (its gradient row must stay 0). */
+    struct embedding_ctx c = {.tokens = {3, 1, 3, 0, 5, 2, 3, 4, 1, 3}};
+    c.wte = rnd_array(V * C);
+    c.wpe = rnd_array(T * C);
+    c.out = zero_array(B * T * C);
+    c.w = rnd_array(B * T * C);
+    double *want = zero_array(B * T * C);
+    embedding_objective(&c);
+    ref_embedding_forward(want, c.tokens, c.wte, c.wpe, B, T, C);
+    expect_close("embedding forward", c.out, want, B * T * C, 1e-15);
+
+    double *dwte = zero_array(V * C), *dwpe = zero_array(T * C);
+    zt_cpu_embedding_backward(dwte, dwpe, c.w, c.tokens, B, T, C);
+    expect_fd("embedding dwte", c.wte, V * C, dwte, embedding_objective, &c);
+    expect_fd("embedding dwpe", c.wpe, T * C, dwpe, embedding_objective, &c);
+
+    double *pre_te = rnd_array(V * C), *pre_pe = rnd_array(T * C);
+    double *acc_te = malloc(sizeof(double) * V * C), *acc_pe = malloc(sizeof(double) * T * C);
+    memcpy(acc_te, pre_te, sizeof(double) * V * C);
+    memcpy(acc_pe, pre_pe, sizeof(double) * T * C);
+    zt_cpu_embedding_backward(acc_te, acc_pe, c.w, c.tokens, B, T, C);
+    expect_accumulated("embedding dwte +=", acc_te, pre_te, dwte, V * C);
+    expect_accumulated("embedding dwpe +=", acc_pe, pre_pe, dwpe, T * C);
+
+    free(c.wte); free(c.wpe); free(c.out); free(c.w); free(want);
+    free(dwte); free(dwpe); free(pre_te); free(pre_pe); free(acc_te); free(acc_pe);
+}
+
+/* ---- layernorm ---- */
+
+#define LN_N (B * T)
+
+struct layernorm_ctx {
+    double *inp, *weight, *bias, *out, *mean, *rstd, *w;
+};
+
+static double layernorm_objective(void *p)
+{
+    struct layernorm_ctx *c = p;
+    zt_cpu_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->weight, c->bias, LN_N, C, 1e-5f);
+    return dot(c->out, c->w, LN_N * C);
+}
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    struct layernorm_ctx c;
+    c.inp = rnd_array(LN_N * C);
+    for (int i = 0; i < LN_N * C; i++)
+        c.inp[i] = 2.0 * c.inp[i] + 0.5; /* a non-zero mean and a variance away from 1 */
+    c.weight = rnd_array(C);
+    c.bias = rnd_array(C);
+    c.out = zero_array(LN_N * C);
+    c.mean = zero_array(LN_N);
+    c.rstd = zero_array(LN_N);
+    c.w = rnd_array(LN_N * C);
+
+    double *want = zero_array(LN_N * C), *want_mean = zero_array(LN_N), *want_rstd = zero_array(LN_N);
+    layernorm_objective(&c);
+    /* The kernel adds eps as a float; the reference must use the same value. */
+    ref_layernorm_forward(want, want_mean, want_rstd, c.inp, c.weight, c.bias, LN_N, C, (double)1e-5f);
+    expect_close("layernorm forward", c.out, want, LN_N * C, 1e-12);
+    expect_close("layernorm mean", c.mean, want_mean, LN_N, 1e-12);
+    expect_close("layernorm rstd", c.rstd, want_rstd, LN_N, 1e-12);
+
+    double *dinp = zero_array(LN_N * C), *dw = zero_array(C), *db = zero_array(C);
+    zt_cpu_layernorm_backward(dinp, dw, db, c.w, c.inp, c.weight, c.mean, c.rstd, LN_N, C);
+    expect_fd("layernorm dinp", c.inp, LN_N * C, dinp, layernorm_objective, &c);
+    expect_fd("layernorm dweight", c.weight, C, dw, layernorm_objective, &c);
+    expect_fd("layernorm dbias", c.bias, C, db, layernorm_objective, &c);
+
+    double *pre_x = rnd_array(LN_N * C), *pre_w = rnd_array(C), *pre_b = rnd_array(C);
+    double *acc_x = malloc(sizeof(double) * LN_N * C), *acc_w = malloc(sizeof(double) * C);
+    double *acc_b = malloc(sizeof(double) * C);
+    memcpy(acc_x, pre_x, sizeof(double) * LN_N * C);
+    memcpy(acc_w, pre_w, sizeof(double) * C);
+    memcpy(acc_b, pre_b, sizeof(double) * C);
+    layernorm_objective(&c); /* restore mean and rstd of the unperturbed input */
+    zt_cpu_layernorm_backward(acc_x, acc_w, acc_b, c.w, c.inp, c.weight, c.mean, c.rstd, LN_N, C);
+    expect_accumulated("layernorm dinp +=", acc_x, pre_x, dinp, LN_N * C);
+    expect_accumulated("layernorm dweight +=", acc_w, pre_w, dw, C);
+    expect_accumulated("layernorm dbias +=", acc_b, pre_b, db, C);
+
+    free(c.inp); free(c.weight); free(c.bias); free(c.out); free(c.mean); free(c.rstd); free(c.w);
+    free(want); free(want_mean); free(want_rstd); free(dinp); free(dw); free(db);
+    free(pre_x); free(pre_w); free(pre_b); free(acc_x); free(acc_w); free(acc_b);
+}
+
+/* ---- matmul ---- */
+
+struct matmul_ctx {
+    int n, ic, oc;
+    double *inp, *weight, *bias, *out, *w;
+};
+
+static double matmul_objective(void *p)
+{
+    struct matmul_ctx *c = p;
+    zt_cpu_matmul_forward(c->out, c->inp, c->weight, c->bias, c->n, c->ic, c->oc);
+    return dot(c->out, c->w, (size_t)c->n * c->oc);
+}
+
+/* Checks forward, the three gradients, accumulation and the NULL dinp/dbias paths for one shape. */
+static void check_matmul(int n, int ic, int oc, int with_bias)
+{
+    struct matmul_ctx c = {.n = n, .ic = ic, .oc = oc};
+    c.inp = rnd_array((size_t)n * ic);
+    c.weight = rnd_array((size_t)oc * ic);
+    c.bias = with_bias ? rnd_array(oc) : NULL;
+    c.out = zero_array((size_t)n * oc);
+    c.w = rnd_array((size_t)n * oc);
+    double *want = zero_array((size_t)n * oc);
+    matmul_objective(&c);
+    ref_matmul_forward(want, c.inp, c.weight, c.bias, n, ic, oc);
+    expect_close("matmul forward", c.out, want, (size_t)n * oc, 1e-12);
+
+    double *dinp = zero_array((size_t)n * ic), *dw = zero_array((size_t)oc * ic), *db = zero_array(oc);
+    zt_cpu_matmul_backward(dinp, dw, db, c.w, c.inp, c.weight, n, ic, oc);
+    expect_fd("matmul dinp", c.inp, (size_t)n * ic, dinp, matmul_objective, &c);
+    expect_fd("matmul dweight", c.weight, (size_t)oc * ic, dw, matmul_objective, &c);
+    if (with_bias)
+        expect_fd("matmul dbias", c.bias, oc, db, matmul_objective, &c);
+
+    double *pre_x = rnd_array((size_t)n * ic), *pre_w = rnd_array((size_t)oc * ic), *pre_b = rnd_array(oc);
+    double *acc_x = malloc(sizeof(double) * n * ic), *acc_w = malloc(sizeof(double) * oc * ic);
+    double *acc_b = malloc(sizeof(double) * oc);
+    memcpy(acc_x, pre_x, sizeof(double) * n * ic);
+    memcpy(acc_w, pre_w, sizeof(double) * oc * ic);
+    memcpy(acc_b, pre_b, sizeof(double) * oc);
+    zt_cpu_matmul_backward(acc_x, acc_w, acc_b, c.w, c.inp, c.weight, n, ic, oc);
+    expect_accumulated("matmul dinp +=", acc_x, pre_x, dinp, (size_t)n * ic);
+    expect_accumulated("matmul dweight +=", acc_w, pre_w, dw, (size_t)oc * ic);
+    expect_accumulated("matmul dbias +=", acc_b, pre_b, db, oc);
+
+    /* Without dinp and dbias only dweight is written. */
+    memcpy(acc_w, pre_w, sizeof(double) * oc * ic);
+    zt_cpu_matmul_backward(NULL, acc_w, NULL, c.w, c.inp, c.weight, n, ic, oc);
+    expect_accumulated("matmul dweight += (no dinp, no dbias)", acc_w, pre_w, dw, (size_t)oc * ic);
+
+    free(c.inp); free(c.weight); free(c.bias); free(c.out); free(c.w); free(want);
+    free(dinp); free(dw); free(db); free(pre_x); free(pre_w); free(pre_b); free(acc_x); free(acc_w); free(acc_b);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    check_matmul(N, IC, OC, 1);
+    check_matmul(B * T, C, 3 * C, 0);
+    /* Larger than one register tile in every dimension, with ragged edges. */
+    check_matmul(19, 37, 23, 1);
+}
+
+/* Compares the double build's matmul with the naive reference on shapes that cross the cache blocks.
+ * The tolerance allows for a different summation order over up to 300 terms. */
+static void test_matmul_large(void **state)
+{
+    (void)state;
+    const int shapes[][3] = {{67, 130, 97}, {33, 300, 17}, {129, 64, 80}, {1, 5, 1}};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int n = shapes[s][0], ic = shapes[s][1], oc = shapes[s][2];
+        double *inp = rnd_array((size_t)n * ic), *weight = rnd_array((size_t)oc * ic), *bias = rnd_array(oc);
+        double *dout = rnd_array((size_t)n * oc);
+        double *out = zero_array((size_t)n * oc), *want = zero_array((size_t)n * oc);
+        double *dinp = zero_array((size_t)n * ic), *dw = zero_array((size_t)oc * ic), *db = zero_array(oc);
+        double *rdinp = zero_array((size_t)n * ic), *rdw = zero_array((size_t)oc * ic), *rdb = zero_array(oc);
+        zt_cpu_matmul_forward(out, inp, weight, bias, n, ic, oc);
+        ref_matmul_forward(want, inp, weight, bias, n, ic, oc);
+        expect_close("matmul forward (large)", out, want, (size_t)n * oc, 1e-10);
+        zt_cpu_matmul_backward(dinp, dw, db, dout, inp, weight, n, ic, oc);
+        ref_matmul_backward(rdinp, rdw, rdb, dout, inp, weight, n, ic, oc);
+        expect_close("matmul dinp (large)", dinp, rdinp, (size_t)n * ic, 1e-10);
+        expect_close("matmul dweight (large)", dw, rdw, (size_t)oc * ic, 1e-10);
+        expect_close("matmul dbias (large)", db, rdb, oc, 1e-10);
+        free(inp); free(weight); free(bias); free(dout); free(out); free(want);
+        free(dinp); free(dw); free(db); free(rdinp); free(rdw); free(rdb);
+    }
+}
+
+/* ---- attention ---- */
+
+struct attention_ctx {
+    double *qkv, *out, *lse, *w;
+};
+
+static double attention_objective(void *p)
+{
+    struct attention_ctx *c = p;
+    zt_cpu_attention_forward(c->out, c->lse, c->qkv, B, T, C, NH);
+    return dot(c->out, c->w, B * T * C);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    struct attention_ctx c;
+    c.qkv = rnd_array(B * T * 3 * C);
+    for (int i = 0; i < B * T * 3 * C; i++)
+        c.qkv[i] *= 2.0; /* scores spread enough that the softmax is far from uniform */
+    c.out = zero_array(B * T * C);
+    c.lse = zero_array(B * NH * T);
+    c.w = rnd_array(B * T * C);
+    double *want = zero_array(B * T * C);
+    attention_objective(&c);
+    ref_attention_forward(want, c.qkv, B, T, C, NH);
+    expect_close("attention forward", c.out, want, B * T * C, 1e-12);
+
+    double *dqkv = zero_array(B * T * 3 * C), *ref = zero_array(B * T * 3 * C);
+    zt_cpu_attention_backward(dqkv, c.w, c.qkv, c.out, c.lse, B, T, C, NH);
+    expect_fd("attention dqkv", c.qkv, B * T * 3 * C, dqkv, attention_objective, &c);
+    ref_attention_backward(ref, c.w, c.qkv, B, T, C, NH);
+    expect_close("attention dqkv vs reference", dqkv, ref, B * T * 3 * C, 1e-12);
+
+    double *pre = rnd_array(B * T * 3 * C), *acc = malloc(sizeof(double) * B * T * 3 * C);
+    memcpy(acc, pre, sizeof(double) * B * T * 3 * C);
+    attention_objective(&c);
+    zt_cpu_attention_backward(acc, c.w, c.qkv, c.out, c.lse, B, T, C, NH);
+    expect_accumulated("attention dqkv +=", acc, pre, dqkv, B * T * 3 * C);
+
+    free(c.qkv); free(c.out); free(c.lse); free(c.w); free(want); free(dqkv); free(ref); free(pre); free(acc);
+}
+
+/* Changing the keys and values of token t0 must leave every output before t0 bit-identical. */
+static void test_attention_causal(void **state)
+{
+    (void)state;
+    const int t0 = 2, b0 = 1;
+    double *qkv = rnd_array(B * T * 3 * C), *out = zero_array(B * T * C), *out2 = zero_array(B * T * C);
+    double *lse = zero_array(B * NH * T), *lse2 = zero_array(B * NH * T);
+    zt_cpu_attention_forward(out, lse, qkv, B, T, C, NH);
+    for (int i = C; i < 3 * C; i++)
+        qkv[(b0 * T + t0) * 3 * C + i] += 0.5;
+    zt_cpu_attention_forward(out2, lse2, qkv, B, T, C, NH);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int same = memcmp(out + (b * T + t) * C, out2 + (b * T + t) * C, sizeof(double) * C) == 0;
+            int must_change = b == b0 && t >= t0;
+            if (same == must_change)
+                fail_msg("attention: output (b=%d, t=%d) %s after changing k,v of (b=%d, t=%d)", b, t,
+                         same ? "did not change" : "changed", b0, t0);
+        }
+    free(qkv); free(out); free(out2); free(lse); free(lse2);
+}
+
+/* ---- GELU ---- */
+
+#define GELU_N 37
+
+struct gelu_ctx {
+    double *inp, *out, *w;
+};
+
+static double gelu_objective(void *p)
+{
+    struct gelu_ctx *c = p;
+    zt_cpu_gelu_forward(c->out, c->inp, GELU_N);
+    return dot(c->out, c->w, GELU_N);
+}
+
+static void test_gelu(void **state)
+{
+    (void)state;
+    struct gelu_ctx c;
+    c.inp = zero_array(GELU_N);
+    for (int i = 0; i < GELU_N; i++)
+        c.inp[i] = -4.0 + 8.0 * i / (GELU_N - 1) + 0.01 * rnd(); /* across the whole curve */
+    c.out = zero_array(GELU_N);
+    c.w = rnd_array(GELU_N);
+    double *want = zero_array(GELU_N);
+    gelu_objective(&c);
+    for (int i = 0; i < GELU_N; i++)
+        want[i] = ref_gelu(c.inp[i]);
+    expect_close("gelu forward", c.out, want, GELU_N, 1e-14);
+
+    double *dinp = zero_array(GELU_N);
+    zt_cpu_gelu_backward(dinp, c.inp, c.w, GELU_N);
+    expect_fd("gelu dinp", c.inp, GELU_N, dinp, gelu_objective, &c);
+
+    double *pre = rnd_array(GELU_N), *acc = malloc(sizeof(double) * GELU_N);
+    memcpy(acc, pre, sizeof(double) * GELU_N);
+    zt_cpu_gelu_backward(acc, c.inp, c.w, GELU_N);
+    expect_accumulated("gelu dinp +=", acc, pre, dinp, GELU_N);
+    free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
+}
+
+/* ---- residual ---- */
+
+#define RES_N 29
+
+struct residual_ctx {
+    double *a, *b, *out, *w;
+};
+
+static double residual_objective(void *p)
+{
+    struct residual_ctx *c = p;
+    zt_cpu_residual_forward(c->out, c->a, c->b, RES_N);
+    return dot(c->out, c->w, RES_N);
+}
+
+static void test_residual(void **state)
+{
+    (void)state;
+    struct residual_ctx c = {.a = rnd_array(RES_N), .b = rnd_array(RES_N), .out = zero_array(RES_N),
+                             .w = rnd_array(RES_N)};
+    double *da = zero_array(RES_N), *db = zero_array(RES_N);
+    zt_cpu_residual_backward(da, db, c.w, RES_N);
+    expect_fd("residual da", c.a, RES_N, da, residual_objective, &c);
+    expect_fd("residual db", c.b, RES_N, db, residual_objective, &c);
+
+    /* Accumulation, a NULL side, and add_inplace. */
+    double *pre = rnd_array(RES_N), *acc = malloc(sizeof(double) * RES_N);
+    memcpy(acc, pre, sizeof(double) * RES_N);
+    zt_cpu_residual_backward(NULL, acc, c.w, RES_N);
+    expect_accumulated("residual db += (da NULL)", acc, pre, db, RES_N);
+    memcpy(acc, pre, sizeof(double) * RES_N);
+    zt_cpu_add_inplace(acc, c.w, RES_N);
+    expect_accumulated("add_inplace", acc, pre, c.w, RES_N);
+    free(c.a); free(c.b); free(c.out); free(c.w); free(da); free(db); free(pre); free(acc);
+}
+
+/* ---- cross-entropy ---- */
+
+#define CE_N 6
+#define CE_IGNORE (-100)
+#define CE_SCALE 0.25f
+
+struct crossentropy_ctx {
+    double *logits, *losses;
+    int32_t targets[CE_N];
+};
+
+static double crossentropy_objective(void *p)
+{
+    struct crossentropy_ctx *c = p;
+    zt_cpu_crossentropy_forward_backward(c->losses, NULL, c->logits, c->targets, CE_N, V, CE_IGNORE, 1.0f);
+    double s = 0;
+    for (int n = 0; n < CE_N; n++)
+        s += c->losses[n];
+    return CE_SCALE * s;
+}
+
+static void test_crossentropy(void **state)
+{
+    (void)state;
+    /* Two rows are ignored; the gradient is grad_scale * d(sum of losses). */
+    struct crossentropy_ctx c = {.targets = {3, CE_IGNORE, 0, 6, CE_IGNORE, 3}};
+    c.logits = rnd_array(CE_N * V);
+    for (int i = 0; i < CE_N * V; i++)
+        c.logits[i] *= 3.0;
+    c.losses = zero_array(CE_N);
+    double *dlogits = zero_array(CE_N * V);
+    for (int i = 0; i < CE_N * V; i++)
+        dlogits[i] = 42.0; /* must be overwritten, not accumulated into */
+    int counted = zt_cpu_crossentropy_forward_backward(c.losses, dlogits, c.logits, c.targets, CE_N, V,
+                                                       CE_IGNORE, CE_SCALE);
+    assert_int_equal(counted, 4);
+
+    double *want_losses = zero_array(CE_N), *want_d = zero_array(CE_N * V);
+    int want_counted = ref_crossentropy(want_losses, want_d, c.logits, c.targets, CE_N, V, CE_IGNORE, CE_SCALE);
+    assert_int_equal(want_counted, 4);
+    expect_close("crossentropy losses", c.losses, want_losses, CE_N, 1e-13);
+    expect_close("crossentropy dlogits", dlogits, want_d, CE_N * V, 1e-13);
+    for (int v = 0; v < V; v++) {
+        assert_true(dlogits[1 * V + v] == 0.0);
+        assert_true(dlogits[4 * V + v] == 0.0);
+    }
+    assert_true(c.losses[1] == 0.0 && c.losses[4] == 0.0);
+
+    expect_fd("crossentropy dlogits", c.logits, CE_N * V, dlogits, crossentropy_objective, &c);
+
+    /* dlogits may alias logits: same bits as the separate-buffer call. */
+    double *inplace = malloc(sizeof(double) * CE_N * V), *losses2 = zero_array(CE_N);
+    memcpy(inplace, c.logits, sizeof(double) * CE_N * V);
+    zt_cpu_crossentropy_forward_backward(losses2, inplace, inplace, c.targets, CE_N, V, CE_IGNORE, CE_SCALE);
+    assert_memory_equal(inplace, dlogits, sizeof(double) * CE_N * V);
+    crossentropy_objective(&c); /* the finite differences left the losses of a perturbed input */
+    assert_memory_equal(losses2, c.losses, sizeof(double) * CE_N);
+
+    free(c.logits); free(c.losses); free(dlogits); free(want_losses); free(want_d); free(inplace); free(losses2);
+}
+
+int main(void)
+{
+    /* More threads than rows in most shapes, so empty and partial thread shares are exercised too. */
+    zt_cpu_set_threads(3);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embedding),    cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_matmul),       cmocka_unit_test(test_matmul_large),
+        cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_crossentropy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
