@@ -9,4 +9,10 @@
 /* Extends crc (start with 0) over n bytes and returns the new value. crc32c("123456789") = 0xE3069283. */
 uint32_t zt_crc32c(uint32_t crc, const void *data, size_t n);
 
+/* The two implementations behind zt_crc32c, for tests that compare them: the table version always
+ * works; zt__crc32c_hw may only be called when zt__crc32c_has_hw() returns 1. */
+uint32_t zt__crc32c_table(uint32_t crc, const void *data, size_t n);
+uint32_t zt__crc32c_hw(uint32_t crc, const void *data, size_t n);
+int zt__crc32c_has_hw(void);
+
 #endif

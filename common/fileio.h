@@ -14,6 +14,16 @@ int zt_read_file(const char *path, char **out, size_t *len, zt_err *err);
  * file is left behind and a negative errno is returned with the path and the reason in err. */
 int zt_write_file_atomic(const char *path, const void *data, size_t len, zt_err *err);
 
+/* One piece of a file written by zt_write_file_atomic_parts; data is borrowed for the call. */
+typedef struct zt_file_part {
+    const void *data; /* may be NULL when len is 0 */
+    size_t len;       /* bytes */
+} zt_file_part;
+
+/* Like zt_write_file_atomic, for a file made of nparts pieces written one after the other (a header
+ * and tensors, say) without first copying them into one buffer. */
+int zt_write_file_atomic_parts(const char *path, const zt_file_part *parts, size_t nparts, zt_err *err);
+
 /* Creates a directory and its parents (like mkdir -p). Returns 0 or a negative errno with a message. */
 int zt_mkdir_p(const char *path, zt_err *err);
 

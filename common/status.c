@@ -1,1 +1,83 @@
-/* placeholder: not implemented yet */
+/* Status codes to text, the zt_fail message helper, the invariant-failure abort and aborting allocators. */
+#include "common/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Returns a static, human-readable name for a ZT_E* code or a negative errno value. Never NULL. */
+const char *zt_strerror(int code)
+{
+    switch (code) {
+    case ZT_OK:
+        return "success";
+    case ZT_EINVAL_CONFIG:
+        return "invalid configuration";
+    case ZT_EFORMAT:
+        return "malformed or truncated file";
+    case ZT_ECHECKSUM:
+        return "checksum mismatch";
+    case ZT_EMISMATCH:
+        return "inputs do not match";
+    case ZT_EUNSUPPORTED:
+        return "not supported by this build";
+    case ZT_ENOMEM:
+        return "out of memory";
+    case ZT_EIO:
+        return "input/output error";
+    case ZT_ESTATE:
+        return "operation called in the wrong state";
+    default:
+        break;
+    }
+    /* Negative errno values: strerror's table is static in glibc for known values. Codes in the ZT_E*
+     * range that are not (yet) known must not reach strerror, which would print "Unknown error -1000". */
+    if (code < 0 && code > -1000)
+        return strerror(-code);
+    return "unknown status code";
+}
+
+/* Formats a message into err (when err is not NULL) and returns code unchanged. */
+int zt_fail(zt_err *err, int code, const char *fmt, ...)
+{
+    if (err != NULL) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* Prints "ztrain: internal error at FILE:LINE: EXPR" to stderr and aborts; called by ZT_ASSERT. */
+void zt__assert_fail(const char *file, int line, const char *expr)
+{
+    fprintf(stderr, "ztrain: internal error at %s:%d: %s\n", file, line, expr);
+    fflush(stderr);
+    abort();
+}
+
+/* Allocates n bytes or aborts with a message naming the size; malloc(0) is treated as malloc(1). */
+void *zt_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL) {
+        fprintf(stderr, "ztrain: out of memory allocating %zu bytes\n", n);
+        abort();
+    }
+    return p;
+}
+
+/* Allocates count*size zeroed bytes or aborts (overflow of count*size included). */
+void *zt_xcalloc(size_t count, size_t size)
+{
+    if (count == 0 || size == 0)
+        count = size = 1;
+    void *p = calloc(count, size);
+    if (p == NULL) {
+        fprintf(stderr, "ztrain: out of memory allocating %zu x %zu bytes\n", count, size);
+        abort();
+    }
+    return p;
+}
