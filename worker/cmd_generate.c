@@ -1,1 +1,317 @@
-/* placeholder: not implemented yet */
+/* `ztrain generate`: loads a trained GPT-2 (a checkpoint or run directory, or exported weights plus
+ * their config.json), prints the prompt and streams sampled text to stdout as it is generated. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/args.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "worker/commands.h"
+#include "worker/data/tokenize.h"
+#include "worker/model/gpt2.h"
+#include "worker/train/generate.h"
+
+/* The Unicode replacement character, printed for a token the tokenizer has no bytes for. */
+static const char replacement_char[] = "\xEF\xBF\xBD";
+
+static const char usage_text[] =
+    "usage: ztrain generate (--checkpoint DIR | --weights FILE.safetensors --model config.json)\n"
+    "                       [--prompt TEXT] [--max-new-tokens N] [--temperature X] [--top-k N] [--seed N]\n"
+    "\n"
+    "Samples text from a trained GPT-2 and writes the prompt and the generated text to stdout.\n"
+    "\n"
+    "  --checkpoint DIR      a checkpoint directory (ckpt_000500/) or a run directory, whose newest\n"
+    "                        checkpoint (named in its 'latest' file) is used\n"
+    "  --weights FILE        weights exported by 'ztrain export' (or any GPT-2 safetensors with\n"
+    "                        Hugging Face names); needs --model\n"
+    "  --model FILE          the Hugging Face config.json that goes with --weights\n"
+    "  --prompt TEXT         text to continue (default: empty, which starts from a newline)\n"
+    "  --max-new-tokens N    tokens to generate (default 200)\n"
+    "  --temperature X       0 picks the most likely token every time; higher is more random (default 0.8)\n"
+    "  --top-k N             sample among the N most likely tokens; 0 = all (default 40)\n"
+    "  --seed N              the same seed gives the same text (default 1337)\n"
+    "  --help                print this help\n";
+
+/* Prints one usage error line and returns the usage exit status. */
+static int usage_error(const char *msg)
+{
+    fprintf(stderr, "ztrain: error: generate: %s; run 'ztrain generate --help' for the flags\n", msg);
+    return 2;
+}
+
+static int runtime_error(const zt_err *err)
+{
+    fprintf(stderr, "ztrain: error: %s\n", err->msg);
+    return 1;
+}
+
+static bool is_directory(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Finds the checkpoint to load: dir itself when it holds model.safetensors, else the checkpoint named
+ * by dir/latest (a run directory). Writes the checkpoint directory into out. */
+static int resolve_checkpoint(const char *dir, char *out, size_t cap, zt_err *err)
+{
+    char path[4096];
+    if (!is_directory(dir))
+        return zt_fail(err, -ENOENT,
+                       "checkpoint directory %s does not exist: pass a run directory or a ckpt_NNNNNN directory "
+                       "written by 'ztrain train'",
+                       dir);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (is_file(path)) {
+        if ((size_t)snprintf(out, cap, "%s", dir) >= cap)
+            return zt_fail(err, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
+        return 0;
+    }
+    snprintf(path, sizeof(path), "%s/latest", dir);
+    if (!is_file(path))
+        return zt_fail(err, -ENOENT,
+                       "%s holds neither model.safetensors nor a 'latest' file: pass a run directory or a "
+                       "ckpt_NNNNNN directory written by 'ztrain train'",
+                       dir);
+    char *name = NULL;
+    size_t len = 0;
+    int rc = zt_read_file(path, &name, &len, err);
+    if (rc < 0)
+        return rc;
+    while (len > 0 && (name[len - 1] == '\n' || name[len - 1] == '\r' || name[len - 1] == ' '))
+        name[--len] = '\0';
+    if (len == 0 || strchr(name, '/') != NULL) {
+        free(name);
+        return zt_fail(err, ZT_EFORMAT,
+                       "%s should hold the name of the newest checkpoint (ckpt_NNNNNN) but holds '%.64s'; "
+                       "pass a checkpoint directory with --checkpoint instead",
+                       path, name);
+    }
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap) {
+        free(name);
+        return zt_fail(err, -ENAMETOOLONG, "checkpoint path %s is too long", dir);
+    }
+    free(name);
+    if (!is_directory(out))
+        return zt_fail(err, -ENOENT, "%s names checkpoint %s, which does not exist: pass an existing ckpt_NNNNNN "
+                       "directory with --checkpoint", path, out);
+    return 0;
+}
+
+/* State of the per-token callback: where bytes go and whether the output ended with a newline. */
+typedef struct stream_state {
+    const zt_tokenizer *tok;
+    FILE *out;
+    bool ends_with_newline;
+    int write_errno;
+} stream_state;
+
+static int write_bytes(stream_state *s, const char *bytes, size_t len)
+{
+    if (len == 0)
+        return 0;
+    if (fwrite(bytes, 1, len, s->out) != len || fflush(s->out) != 0) {
+        s->write_errno = errno ? errno : EIO;
+        return -s->write_errno;
+    }
+    s->ends_with_newline = bytes[len - 1] == '\n';
+    return 0;
+}
+
+static int on_token(int32_t token, void *user)
+{
+    stream_state *s = user;
+    const char *bytes;
+    size_t len;
+    if (zt_tokenizer_token_bytes(s->tok, token, &bytes, &len, NULL) < 0)
+        return write_bytes(s, replacement_char, sizeof(replacement_char) - 1);
+    return write_bytes(s, bytes, len);
+}
+
+typedef struct generate_args {
+    const char *checkpoint;
+    const char *weights;
+    const char *model;
+    const char *prompt;
+    int64_t max_new;
+    double temperature;
+    int64_t top_k;
+    int64_t seed;
+} generate_args;
+
+/* Parses the flags; returns 0, 2 after printing a usage error, or -1 when --help was printed. */
+static int parse_args(int argc, char **argv, generate_args *a)
+{
+    enum { OPT_CHECKPOINT = 1000, OPT_WEIGHTS, OPT_MODEL, OPT_PROMPT, OPT_MAX_NEW, OPT_TEMPERATURE, OPT_TOP_K,
+           OPT_SEED, OPT_HELP };
+    static const struct option options[] = {
+        {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
+        {"weights", required_argument, NULL, OPT_WEIGHTS},
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"prompt", required_argument, NULL, OPT_PROMPT},
+        {"max-new-tokens", required_argument, NULL, OPT_MAX_NEW},
+        {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+        {"top-k", required_argument, NULL, OPT_TOP_K},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    *a = (generate_args){.prompt = "", .max_new = 200, .temperature = 0.8, .top_k = 40, .seed = 1337};
+
+    zt_err err = {{0}};
+    char msg[ZT_ERR_LEN + 64];
+    opterr = 0;  /* we print our own one-line messages */
+    optind = 0;  /* glibc: restart scanning at argv[1] even if getopt ran before */
+    for (;;) {
+        int prev = optind;
+        int c = getopt_long(argc, argv, ":", options, NULL);
+        if (c == -1)
+            break;
+        int rc = 0;
+        switch (c) {
+        case OPT_CHECKPOINT: a->checkpoint = optarg; break;
+        case OPT_WEIGHTS: a->weights = optarg; break;
+        case OPT_MODEL: a->model = optarg; break;
+        case OPT_PROMPT: a->prompt = optarg; break;
+        case OPT_MAX_NEW: rc = zt_arg_int("--max-new-tokens", optarg, 0, 1000000, &a->max_new, &err); break;
+        case OPT_TEMPERATURE: rc = zt_arg_double("--temperature", optarg, 0.0, 100.0, &a->temperature, &err); break;
+        case OPT_TOP_K: rc = zt_arg_int("--top-k", optarg, 0, 1000000000, &a->top_k, &err); break;
+        case OPT_SEED: rc = zt_arg_int("--seed", optarg, 0, INT64_MAX, &a->seed, &err); break;
+        case OPT_HELP: fputs(usage_text, stdout); return -1;
+        case ':':
+            snprintf(msg, sizeof(msg), "%s needs a value", argv[prev]);
+            return usage_error(msg);
+        default:
+            snprintf(msg, sizeof(msg), "unknown flag '%s'", argv[prev < argc ? prev : argc - 1]);
+            return usage_error(msg);
+        }
+        if (rc < 0)
+            return usage_error(err.msg);
+    }
+    if (optind < argc) {
+        snprintf(msg, sizeof(msg), "unexpected argument '%s' (the prompt goes after --prompt)", argv[optind]);
+        return usage_error(msg);
+    }
+    if (a->checkpoint && (a->weights || a->model))
+        return usage_error("pass either --checkpoint or --weights with --model, not both");
+    if (!a->checkpoint && !a->weights && !a->model)
+        return usage_error("say which model to load with --checkpoint DIR or --weights FILE --model config.json");
+    if (!a->checkpoint && (!a->weights || !a->model))
+        return usage_error(a->weights ? "--weights needs --model config.json (the config written beside it by "
+                                        "'ztrain export')"
+                                      : "--model needs --weights FILE.safetensors");
+    return 0;
+}
+
+int zt_cmd_generate(int argc, char **argv)
+{
+    generate_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+
+    zt_err err = {{0}};
+    char ckpt[4096], config_path[4200], weights_path[4200];
+    if (a.checkpoint) {
+        if (resolve_checkpoint(a.checkpoint, ckpt, sizeof(ckpt), &err) < 0)
+            return runtime_error(&err);
+        snprintf(config_path, sizeof(config_path), "%s/model_config.json", ckpt);
+        snprintf(weights_path, sizeof(weights_path), "%s/model.safetensors", ckpt);
+    } else {
+        snprintf(config_path, sizeof(config_path), "%s", a.model);
+        snprintf(weights_path, sizeof(weights_path), "%s", a.weights);
+    }
+
+    zt_gpt2_config cfg;
+    zt_gpt2_config_default(&cfg);
+    if (zt_gpt2_config_load(&cfg, config_path, &err) < 0)
+        return runtime_error(&err);
+
+    zt_tokenizer *tok = NULL;
+    zt_gpt2 *model = NULL;
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    int status = 1;
+    if (zt_tokenizer_create(&tok, "bytes", &err) < 0)
+        goto done;
+    if (zt_tokenizer_encode(tok, a.prompt, strlen(a.prompt), &prompt, &n_prompt, &err) < 0)
+        goto done;
+    if (n_prompt == 0) {
+        /* An empty prompt starts from a newline, the most neutral context for text. */
+        free(prompt);
+        if (zt_tokenizer_encode(tok, "\n", 1, &prompt, &n_prompt, &err) < 0)
+            goto done;
+    }
+    if (n_prompt > (size_t)INT32_MAX / 2) {
+        zt_fail(&err, ZT_EINVAL_CONFIG, "the prompt is too long (%zu tokens)", n_prompt);
+        goto done;
+    }
+    int tok_vocab = zt_tokenizer_vocab_size(tok);
+    for (size_t i = 0; i < n_prompt; i++) {
+        if (prompt[i] >= cfg.vocab_size) {
+            zt_fail(&err, ZT_EMISMATCH,
+                    "the prompt has token %d but the model in %s knows only %d tokens; use a prompt the "
+                    "model's vocabulary covers",
+                    (int)prompt[i], config_path, cfg.vocab_size);
+            goto done;
+        }
+    }
+    if (cfg.vocab_size > tok_vocab)
+        ZT_WARN("generate: the model has %d tokens and the %s tokenizer %d; tokens it cannot print show as "
+                "U+FFFD",
+                cfg.vocab_size, zt_tokenizer_kind(tok), tok_vocab);
+
+    /* The context never grows past the prompt plus the new tokens, so the model needs no more room. */
+    int64_t need = (int64_t)n_prompt + a.max_new;
+    int T = need < cfg.n_positions ? (int)need : cfg.n_positions;
+    if (zt_gpt2_create(&model, &cfg, 1, T, 0, &err) < 0)
+        goto done;
+    if (zt_gpt2_import(model, weights_path, &err) < 0)
+        goto done;
+    ZT_INFO("generate: %s (%zu parameters, %d layers, vocab %d), prompt of %zu tokens, %lld new tokens, "
+            "temperature %g, top-k %lld, seed %lld",
+            weights_path, zt_gpt2_num_params(model), cfg.n_layer, cfg.vocab_size, n_prompt,
+            (long long)a.max_new, a.temperature, (long long)a.top_k, (long long)a.seed);
+
+    stream_state s = {.tok = tok, .out = stdout, .ends_with_newline = false};
+    if (write_bytes(&s, a.prompt, strlen(a.prompt)) < 0) {
+        zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
+        goto done;
+    }
+    rc = zt_generate(model, prompt, (int)n_prompt, (int)a.max_new, a.temperature, (int)a.top_k, (uint64_t)a.seed,
+                     on_token, &s, &err);
+    if (rc < 0) {
+        if (s.write_errno)
+            zt_fail(&err, rc, "cannot write to standard output: %s", strerror(s.write_errno));
+        /* The text so far ends without a newline; keep the error on its own line. */
+        if (!s.ends_with_newline)
+            fputc('\n', stdout);
+        fflush(stdout);
+        goto done;
+    }
+    if (!s.ends_with_newline && write_bytes(&s, "\n", 1) < 0) {
+        zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
+        goto done;
+    }
+    status = 0;
+
+done:
+    if (status != 0)
+        runtime_error(&err);
+    zt_gpt2_destroy(model);
+    free(prompt);
+    zt_tokenizer_destroy(tok);
+    return status;
+}

@@ -1,0 +1,36 @@
+/* Text generation from a GPT-2 model: temperature and top-k sampling, deterministic for a given seed.
+ *
+ * There is no KV cache yet: every new token recomputes the forward pass over the context, which is the
+ * last min(length, n_positions) tokens. That is quadratic in the length but simple and exact; a cache
+ * can replace it later without changing this interface. */
+#ifndef ZT_WORKER_GENERATE_H
+#define ZT_WORKER_GENERATE_H
+
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "worker/model/gpt2.h"
+
+/* Called once per generated token, in order. Return 0 to go on, a positive value to stop early (not an
+ * error), or a negative ZT_E* / -errno code to stop with that error (for example a failed write). */
+typedef int (*zt_generate_token_fn)(int32_t token, void *user);
+
+/* Draws one token from a row of V logits. temperature == 0 picks the argmax (the lowest index on ties);
+ * otherwise logits are divided by temperature and turned into probabilities with a softmax computed in
+ * double. top_k > 0 keeps only the top_k largest logits (ties broken towards the lower index);
+ * top_k == 0 (or >= V) keeps all. Uses exactly one zt_rng_uniform draw when temperature > 0 and none
+ * when it is 0. Returns the token id in [0, V), or ZT_EFORMAT with a message when the logits hold a NaN
+ * or when no logit is finite. */
+int zt_generate_sample(const float *logits, int V, double temperature, int top_k, zt_rng *rng, zt_err *err);
+
+/* Generates max_new tokens after the prompt (n_prompt >= 1 tokens, each in [0, vocab_size)), calling
+ * on_token for each one. The model must have been created with B >= 1 and T >= min(n_positions,
+ * n_prompt + max_new); its parameters are only read, its activations are overwritten. The sequence is a
+ * pure function of (weights, prompt, temperature, top_k, seed). temperature must be >= 0 and top_k >= 0.
+ * Returns 0 (also when on_token stopped early with a positive value), the negative code on_token
+ * returned, or ZT_EINVAL_CONFIG / ZT_EFORMAT / ZT_ENOMEM with a message in err. */
+int zt_generate(zt_gpt2 *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
+                uint64_t seed, zt_generate_token_fn on_token, void *user, zt_err *err);
+
+#endif
