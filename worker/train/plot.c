@@ -451,14 +451,16 @@ int zt_plot_render_svg(const zt_plot_data *d, const char *title, char **out, siz
     const double left = 90, right = 30;
     panel loss = {.x0 = left, .y0 = 60, .w = SVG_W - left - right, .h = 360};
     loss.x = make_axis(xlo, xhi, 8);
-    loss.y = make_axis(ylo, yhi, 6);
+    /* A little headroom so that a maximum on a tick does not run along the frame. */
+    loss.y = make_axis(ylo, yhi + (yhi - ylo) * 0.02, 6);
     panel lr = {.x0 = left, .y0 = 470, .w = loss.w, .h = 130};
     lr.x = loss.x;
     if (d->n_lr > 0) {
         double rlo = INFINITY, rhi = -INFINITY;
         range_of(d->lr, d->n_lr, false, &rlo, &rhi);
         /* Learning rates start at or near zero: a zero baseline makes warmup and decay easy to read. */
-        lr.y = make_axis(rlo > 0 ? 0.0 : rlo, rhi, 3);
+        double base = rlo > 0 ? 0.0 : rlo;
+        lr.y = make_axis(base, rhi + (rhi - base) * 0.05, 3);
     } else {
         lr.y = make_axis(0.0, 1.0, 2);
     }
