@@ -1,0 +1,505 @@
+#!/usr/bin/env bash
+# The ztrain CLI's bad-input suite, and one small end-to-end run.
+#
+# Bad input must give ONE clear error line on stderr ("ztrain: error: ..." or a log line at ERROR level)
+# that names the problem, exit status 1 (runtime failure) or 2 (usage error) rather than a crash, and
+# leave no output file, checkpoint or partial .tmp behind. Every case below checks all of that.
+#
+# The end-to-end run tokenizes a small text, trains a tiny model for 20 steps with eval and checkpoints,
+# resumes it for 10 more, exports, generates and plots; each step must exit 0 and produce its file.
+#
+# Usage: bash tests/cli/bad_input.sh PATH/TO/ztrain        (ctest runs it as cli_bad_input)
+# Set ZT_CLI_KEEP=1 to keep the scratch directory for a look after a failure.
+set -u
+
+if [ $# -ne 1 ] || [ ! -x "$1" ]; then
+  echo "usage: bash $0 PATH/TO/ztrain" >&2
+  exit 2
+fi
+ZT=$(realpath "$1")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/zt_cli_XXXXXX")
+if [ "${ZT_CLI_KEEP:-0}" = 1 ]; then
+  echo "scratch directory: $WORK"
+else
+  trap 'rm -rf "$WORK"' EXIT
+fi
+cd "$WORK" || exit 1
+
+passed=0
+failed=0
+failed_names=()
+LIMIT_S=300 # no single command of this suite should come close; a hang is a failure, not a stuck ctest
+
+# ---- reporting --------------------------------------------------------------------------------------
+
+# fail NAME WHY: records a failed case and shows what the command printed.
+fail() {
+  local name=$1 why=$2
+  failed=$((failed + 1))
+  failed_names+=("$name")
+  echo "FAIL $name: $why"
+  if [ -s "$WORK/$name.err" ]; then
+    echo "  --- stderr (last 8 lines) ---"
+    tail -n 8 "$WORK/$name.err" | sed 's/^/  | /'
+  fi
+}
+
+pass() {
+  passed=$((passed + 1))
+  echo "ok   $1"
+}
+
+# ---- binary fixtures written with printf only (no Python needed) -------------------------------------
+
+le16() {
+  local lo hi
+  printf -v lo '%02x' $(($1 & 255))
+  printf -v hi '%02x' $((($1 >> 8) & 255))
+  printf "\\x$lo\\x$hi"
+}
+
+le32() {
+  le16 $(($1 & 65535))
+  le16 $((($1 >> 16) & 65535))
+}
+
+le64() {
+  le32 $(($1 & 0xffffffff))
+  le32 $((($1 >> 32) & 0xffffffff))
+}
+
+# make_shard FILE NTOKENS MAX_TOKEN [MAGIC] [DECLARED_NTOKENS]: an llm.c token shard (256 int32 header
+# then uint16 tokens) whose tokens cycle through 0..MAX_TOKEN.
+make_shard() {
+  local file=$1 n=$2 max=$3 magic=${4:-20240520} declared=${5:-$2} i
+  {
+    le32 "$magic"
+    le32 1
+    le32 "$declared"
+    head -c $((253 * 4)) /dev/zero
+    for ((i = 0; i < n; i++)); do le16 $((i % (max + 1))); done
+  } >"$file"
+}
+
+# make_safetensors FILE HEADER_JSON DATA_BYTES: a safetensors file with that header and zeroed data.
+make_safetensors() {
+  local file=$1 header=$2 nbytes=$3
+  {
+    le64 ${#header}
+    printf '%s' "$header"
+    head -c "$nbytes" /dev/zero
+  } >"$file"
+}
+
+# flip_byte FILE OFFSET: inverts one byte in place.
+flip_byte() {
+  local file=$1 off=$2 v hex
+  v=$(od -An -tu1 -j "$off" -N1 "$file" | tr -d ' ')
+  printf -v hex '%02x' $((v ^ 255))
+  printf "\\x$hex" | dd of="$file" bs=1 seek="$off" conv=notrunc status=none
+}
+
+# ---- running ztrain ---------------------------------------------------------------------------------
+
+# run_zt NAME ARGS...: runs ztrain with stdout and stderr in NAME.out / NAME.err; sets $rc.
+run_zt() {
+  local name=$1
+  shift
+  timeout "$LIMIT_S" "$ZT" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+  rc=$?
+}
+
+# expect_error NAME CODES REGEX... -- ARGS...: runs `ztrain ARGS` and checks that the exit status is one
+# of CODES ("1", "2" or "1|2"), that there was no crash, that stderr holds exactly one error line, and
+# that stderr matches every REGEX (extended, case-insensitive). Returns 0 when all hold.
+expect_error() {
+  local name=$1 codes=$2
+  shift 2
+  local regexes=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    regexes+=("$1")
+    shift
+  done
+  shift
+  run_zt "$name" "$@"
+  local err="$WORK/$name.err"
+  if [ "$rc" -eq 124 ]; then
+    fail "$name" "did not finish within ${LIMIT_S}s"
+    return 1
+  fi
+  if [ "$rc" -ge 128 ]; then
+    fail "$name" "killed by signal $((rc - 128)) (exit $rc): a crash, not an error message"
+    return 1
+  fi
+  if grep -Eqi 'Segmentation fault|AddressSanitizer|runtime error:|internal error|Assertion .* failed|core dumped' "$err"; then
+    fail "$name" "stderr shows a crash or a broken invariant"
+    return 1
+  fi
+  if ! [[ "$rc" =~ ^($codes)$ ]]; then
+    fail "$name" "exit status $rc, expected $codes"
+    return 1
+  fi
+  local nerr
+  nerr=$(grep -Ec '^ztrain: error: |^[0-9TZ:.-]+ ERROR ' "$err")
+  if [ "$nerr" -ne 1 ]; then
+    fail "$name" "expected exactly one error line ('ztrain: error: ...' or an ERROR log line) on stderr, found $nerr"
+    return 1
+  fi
+  local re
+  for re in "${regexes[@]}"; do
+    if ! grep -Eqi -- "$re" "$err"; then
+      fail "$name" "stderr does not match /$re/"
+      return 1
+    fi
+  done
+  return 0
+}
+
+# leftovers DIR: prints checkpoints, 'latest' files and *.tmp entries under DIR (nothing if DIR is absent).
+leftovers() {
+  [ -e "$1" ] || return 0
+  find "$1" \( -name 'ckpt_*' -o -name latest -o -name '*.tmp' \) -print
+}
+
+# expect_no_output NAME PATH...: checks that none of the paths exists.
+expect_no_output() {
+  local name=$1 p
+  shift
+  for p in "$@"; do
+    if [ -e "$p" ]; then
+      fail "$name" "left $p behind"
+      return 1
+    fi
+  done
+  return 0
+}
+
+# expect_no_run_output NAME DIR: checks that a failed train left no checkpoint, 'latest' or .tmp in DIR.
+expect_no_run_output() {
+  local name=$1 dir=$2 left
+  left=$(leftovers "$dir")
+  if [ -n "$left" ]; then
+    fail "$name" "left checkpoint files behind: $(echo "$left" | tr '\n' ' ')"
+    return 1
+  fi
+  return 0
+}
+
+# train_case NAME CODES REGEX... -- ARGS...: a `ztrain train` that must fail; its --out is a fresh
+# out_N (named by number so that the case's name cannot match a regex), which must hold no checkpoint
+# afterwards. ARGS are added after a working base command line.
+n_train_cases=0
+train_case() {
+  local name=$1
+  shift
+  n_train_cases=$((n_train_cases + 1))
+  local out="$WORK/out_$n_train_cases"
+  local pre=()
+  while [ "$1" != "--" ]; do
+    pre+=("$1")
+    shift
+  done
+  shift
+  expect_error "$name" "${pre[@]}" -- train --model "$WORK/model.json" --train-data "$WORK/d1/d_train_*.bin" \
+    --steps 2 --batch-size 2 --seq-len 16 --threads 1 --out "$out" "$@" &&
+    expect_no_run_output "$name" "$out" && pass "$name"
+}
+
+# ---- fixtures ---------------------------------------------------------------------------------------
+
+cat >model.json <<'EOF'
+{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_head": 2, "n_embd": 32,
+ "n_positions": 64, "vocab_size": 256, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": true}
+EOF
+cat >model_bad_heads.json <<'EOF'
+{"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 30, "n_positions": 64, "vocab_size": 256}
+EOF
+mkdir -p d1 d2 d3 d4
+make_shard d1/d_train_000.bin 2000 255
+cp d1/d_train_000.bin d2/t_train_000.bin
+truncate -s $((256 * 4 + 1000)) d2/t_train_000.bin # header says 2000 tokens, 500 left
+make_shard d3/m_train_000.bin 2000 255 20240521     # magic off by one
+make_shard d4/v_train_000.bin 2000 300              # tokens up to 300, vocab is 256
+printf 'this file is a regular file, not a directory\n' >afile
+
+# Safetensors that fail validation in three different ways.
+make_safetensors wa.safetensors '{"wte.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}' 8
+make_safetensors wb.safetensors '{"wte.weight":{"dtype":"F32",' 0
+make_safetensors wc.safetensors '{"wte.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,32]}}' 32
+
+# A text corpus for the end-to-end run: ~24 KB of varied lines.
+for ((i = 0; i < 400; i++)); do
+  echo "Line $i: the quick brown fox jumps over the lazy dog $((i * 37 % 101)) times."
+done >corpus.txt
+
+# ---- end-to-end: tokenize, train, resume, export, generate, plot --------------------------------------
+
+e2e_ok=1
+step_ok() { # step_ok NAME: the command exited 0 with no error line
+  if [ "$rc" -ne 0 ]; then
+    fail "$1" "exit status $rc, expected 0"
+    return 1
+  fi
+  if grep -Eq '^ztrain: error: |^[0-9TZ:.-]+ ERROR ' "$WORK/$1.err"; then
+    fail "$1" "exit status 0 but an error line on stderr"
+    return 1
+  fi
+  return 0
+}
+need_files() { # need_files NAME FILE...: every file exists and is not empty
+  local name=$1 f
+  shift
+  for f in "$@"; do
+    if [ ! -s "$f" ]; then
+      fail "$name" "did not produce $f"
+      return 1
+    fi
+  done
+  return 0
+}
+
+run_zt e2e_tokenize tokenize --input corpus.txt --out-dir data --name corpus --val-fraction 0.1
+if step_ok e2e_tokenize && need_files e2e_tokenize "$(ls data/corpus_train_*.bin 2>/dev/null | head -1)" \
+  "$(ls data/corpus_val_*.bin 2>/dev/null | head -1)"; then
+  pass e2e_tokenize
+else
+  e2e_ok=0
+fi
+
+if [ $e2e_ok = 1 ]; then
+  run_zt e2e_train train --model model.json --train-data 'data/corpus_train_*.bin' \
+    --val-data 'data/corpus_val_*.bin' --steps 20 --batch-size 4 --seq-len 32 --eval-every 10 \
+    --eval-batches 2 --save-every 10 --log-every 5 --seed 1 --threads 2 --out run
+  if step_ok e2e_train && need_files e2e_train run/latest run/metrics.jsonl run/config.json \
+    run/model_config.json run/ckpt_000010/model.safetensors run/ckpt_000020/manifest.json \
+    run/ckpt_000020/model.safetensors run/ckpt_000020/optim.safetensors; then
+    if [ "$(tr -d '[:space:]' <run/latest)" != ckpt_000020 ]; then
+      fail e2e_train "run/latest holds '$(cat run/latest)', expected ckpt_000020"
+      e2e_ok=0
+    elif ! grep -q '"val_loss"' run/metrics.jsonl; then
+      fail e2e_train "run/metrics.jsonl has no val_loss line"
+      e2e_ok=0
+    elif [ -n "$(find run -name '*.tmp')" ]; then
+      fail e2e_train "left .tmp entries in run/"
+      e2e_ok=0
+    else
+      pass e2e_train
+    fi
+  else
+    e2e_ok=0
+  fi
+fi
+
+if [ $e2e_ok = 1 ]; then
+  cp -r run run_before_resume # pristine copy for the corrupted-checkpoint case
+  run_zt e2e_resume train --resume run --steps 30
+  if step_ok e2e_resume && need_files e2e_resume run/ckpt_000030/model.safetensors; then
+    if [ "$(tr -d '[:space:]' <run/latest)" != ckpt_000030 ]; then
+      fail e2e_resume "run/latest holds '$(cat run/latest)', expected ckpt_000030"
+      e2e_ok=0
+    elif ! grep -q '"step": *30[,}]' run/metrics.jsonl; then
+      fail e2e_resume "run/metrics.jsonl has no line for step 30"
+      e2e_ok=0
+    else
+      pass e2e_resume
+    fi
+  else
+    e2e_ok=0
+  fi
+fi
+
+export_ok=0
+if [ $e2e_ok = 1 ]; then
+  mkdir -p export
+  run_zt e2e_export export --checkpoint run/ckpt_000030 --out export/model.safetensors
+  if step_ok e2e_export && need_files e2e_export export/model.safetensors export/config.json; then
+    pass e2e_export
+    export_ok=1
+  fi
+fi
+
+if [ $e2e_ok = 1 ]; then
+  run_zt e2e_generate generate --checkpoint run --prompt "The " --max-new-tokens 20 --temperature 0.8 \
+    --top-k 40 --seed 3
+  if step_ok e2e_generate; then
+    cp e2e_generate.out generated.txt
+    nbytes=$(wc -c <generated.txt)
+    if [ "$(head -c 4 generated.txt)" != "The " ]; then
+      fail e2e_generate "stdout does not start with the prompt"
+    elif [ "$nbytes" -lt 24 ]; then
+      fail e2e_generate "stdout has $nbytes bytes, expected the 4-byte prompt and 20 generated bytes"
+    else
+      # The same seed gives the same text, from the run directory, the checkpoint or the export.
+      run_zt e2e_generate_again generate --checkpoint run/ckpt_000030 --prompt "The " --max-new-tokens 20 \
+        --temperature 0.8 --top-k 40 --seed 3
+      if ! step_ok e2e_generate_again; then
+        :
+      elif ! cmp -s generated.txt e2e_generate_again.out; then
+        fail e2e_generate "the same seed gave different text: '$(cat generated.txt)' vs '$(cat e2e_generate_again.out)'"
+      elif [ $export_ok = 1 ]; then
+        run_zt e2e_generate_export generate --weights export/model.safetensors --model export/config.json \
+          --prompt "The " --max-new-tokens 20 --temperature 0.8 --top-k 40 --seed 3
+        if step_ok e2e_generate_export; then
+          if cmp -s generated.txt e2e_generate_export.out; then
+            pass e2e_generate
+          else
+            fail e2e_generate_export "the exported weights gave different text than the checkpoint"
+          fi
+        fi
+      else
+        pass e2e_generate
+      fi
+    fi
+  fi
+
+  run_zt e2e_plot plot --metrics run/metrics.jsonl --out plot.svg --title "cli test run"
+  if step_ok e2e_plot && need_files e2e_plot plot.svg; then
+    if ! grep -q '<svg' plot.svg; then
+      fail e2e_plot "plot.svg is not an SVG document"
+    elif command -v xmllint >/dev/null && ! xmllint --noout plot.svg 2>"$WORK/e2e_plot.err"; then
+      fail e2e_plot "plot.svg is not well-formed XML"
+    else
+      pass e2e_plot
+    fi
+  fi
+fi
+
+# ---- bad data -----------------------------------------------------------------------------------------
+
+train_case shard_truncated 1 't_train_000\.bin' 'truncat|short|expected .*bytes|size' -- \
+  --train-data "$WORK/d2/t_train_*.bin"
+train_case shard_bad_magic 1 'm_train_000\.bin' 'magic' -- --train-data "$WORK/d3/m_train_*.bin"
+train_case vocab_mismatch 1 'vocab' '300|256' -- --train-data "$WORK/d4/v_train_*.bin"
+train_case train_data_missing 1 'nope_train_\*\.bin|nope' 'no (file|shard)s?|match|not found|no such|does not exist' -- \
+  --train-data "$WORK/nope/nope_train_*.bin"
+
+# ---- bad weights for --init-from --------------------------------------------------------------------------
+
+train_case init_from_truncated 1 'wa\.safetensors' 'truncat|past the end|beyond|short|outside' -- \
+  --init-from "$WORK/wa.safetensors"
+train_case init_from_bad_json 1 'wb\.safetensors' 'header|syntax|parse|invalid|not valid' -- --init-from "$WORK/wb.safetensors"
+train_case init_from_bad_offsets 1 'wc\.safetensors' 'offset|bytes|shape' -- \
+  --init-from "$WORK/wc.safetensors"
+train_case init_from_missing 1 'no_such\.safetensors' 'no such|not exist|not found|cannot' -- \
+  --init-from "$WORK/no_such.safetensors"
+if [ $export_ok = 1 ]; then
+  head -c $(($(wc -c <export/model.safetensors) - 100)) export/model.safetensors >cut.safetensors
+  train_case init_from_cut_export 1 'cut\.safetensors' 'truncat|past the end|beyond|short|outside' -- \
+    --init-from "$WORK/cut.safetensors"
+fi
+
+# ---- bad configuration --------------------------------------------------------------------------------
+
+cat >unknown_key.json <<'EOF'
+{"model": "model.json", "stepz": 10}
+EOF
+train_case config_unknown_key '1|2' 'stepz' 'did you mean' '"?steps"?' -- --config "$WORK/unknown_key.json"
+train_case config_missing 1 'no_config\.json' 'no such|not exist|not found|cannot' -- --config "$WORK/no_config.json"
+train_case model_heads_indivisible 1 'n_embd' 'n_head' 'divisible|multiple' -- --model "$WORK/model_bad_heads.json"
+train_case seq_len_too_long '1|2' 'seq.len' 'n_positions|positions' -- --seq-len 128
+train_case model_missing 1 'no_model\.json' 'no such|not exist|not found|cannot' -- --model "$WORK/no_model.json"
+
+# ---- unwritable output --------------------------------------------------------------------------------------
+
+# Tests run as root, so permissions do not stop a write: use a parent that is a regular file, and /proc.
+train_case out_parent_is_file 1 'afile' 'not a directory|cannot|create|writ' -- --out "$WORK/afile/run"
+train_case out_under_proc 1 '/proc/zt_no_such_dir' 'cannot|create|writ|no such|permission|not permitted' -- \
+  --out /proc/zt_no_such_dir/run
+
+# ---- bad flags -------------------------------------------------------------------------------------------
+
+train_case flag_steps_not_a_number 2 '--steps' "'?abc'?" -- --steps abc
+train_case flag_lr_negative 2 '--lr' -- --lr -1
+train_case flag_unknown 2 'bogus' -- --bogus 3
+train_case flag_missing_value 2 '--seq-len|value|argument' -- --seq-len
+train_case flag_batch_zero 2 '--batch-size' -- --batch-size 0
+if expect_error command_unknown 2 'frobnicate' -- frobnicate; then pass command_unknown; fi
+if expect_error generate_bad_temperature 2 '--temperature' -- generate --checkpoint "$WORK/run" --temperature -1; then
+  pass generate_bad_temperature
+fi
+if expect_error generate_weights_without_model 2 '--model' -- generate --weights "$WORK/wa.safetensors"; then
+  pass generate_weights_without_model
+fi
+if expect_error plot_unknown_flag 2 'colour' -- plot --metrics m.jsonl --out p.svg --colour red &&
+  expect_no_output plot_unknown_flag p.svg; then
+  pass plot_unknown_flag
+fi
+
+# ---- corrupted checkpoint for --resume ------------------------------------------------------------------
+
+if [ -d run_before_resume ]; then
+  cp -r run_before_resume run_corrupt
+  ckpt=$(tr -d '[:space:]' <run_corrupt/latest)
+  st="run_corrupt/$ckpt/model.safetensors"
+  flip_byte "$st" $(($(wc -c <"$st") - 5)) # in the tensor data: the header still parses
+  if expect_error resume_corrupt_checkpoint 1 'crc|checksum' 'model\.safetensors' -- \
+    train --resume "$WORK/run_corrupt" --steps 40 &&
+    expect_no_output resume_corrupt_checkpoint run_corrupt/ckpt_000030 run_corrupt/ckpt_000040; then
+    if [ -n "$(find run_corrupt -name '*.tmp')" ]; then
+      fail resume_corrupt_checkpoint "left .tmp entries: $(find run_corrupt -name '*.tmp' | tr '\n' ' ')"
+    elif [ "$(tr -d '[:space:]' <run_corrupt/latest)" != "$ckpt" ]; then
+      fail resume_corrupt_checkpoint "run_corrupt/latest changed to '$(cat run_corrupt/latest)'"
+    else
+      pass resume_corrupt_checkpoint
+    fi
+  fi
+else
+  fail resume_corrupt_checkpoint "not run: the end-to-end training run did not produce a checkpoint"
+fi
+if expect_error resume_missing 1 'no_such_run' 'not exist|no such|not found|cannot' -- train --resume "$WORK/no_such_run" --steps 5 &&
+  expect_no_output resume_missing "$WORK/no_such_run"; then
+  pass resume_missing
+fi
+
+# ---- generate, export, tokenize and plot with missing or bad inputs ----------------------------------------
+
+if expect_error generate_missing_checkpoint 1 'no_such_ckpt' 'not exist|no such|not found|cannot' -- \
+  generate --checkpoint "$WORK/no_such_ckpt" --max-new-tokens 5; then
+  pass generate_missing_checkpoint
+fi
+if expect_error generate_corrupt_weights 1 'wc\.safetensors' 'offset|bytes|shape' -- \
+  generate --weights "$WORK/wc.safetensors" --model "$WORK/model.json" --max-new-tokens 5; then
+  if [ -s "$WORK/generate_corrupt_weights.out" ]; then
+    fail generate_corrupt_weights "printed text to stdout although the weights could not be loaded"
+  else
+    pass generate_corrupt_weights
+  fi
+fi
+if expect_error export_missing_checkpoint 1 'no_such_ckpt' 'not exist|no such|not found|cannot' -- \
+  export --checkpoint "$WORK/no_such_ckpt" --out "$WORK/exp_missing.safetensors" &&
+  expect_no_output export_missing_checkpoint "$WORK/exp_missing.safetensors" "$WORK/exp_missing.safetensors.tmp" \
+    "$WORK/config.json"; then
+  pass export_missing_checkpoint
+fi
+if expect_error tokenize_missing_input 1 'no_such_corpus\.txt' 'not exist|no such|not found|cannot' -- \
+  tokenize --input "$WORK/no_such_corpus.txt" --out-dir "$WORK/tok_missing"; then
+  if [ -d tok_missing ] && [ -n "$(find tok_missing -type f)" ]; then
+    fail tokenize_missing_input "left files behind: $(find tok_missing -type f | tr '\n' ' ')"
+  else
+    pass tokenize_missing_input
+  fi
+fi
+if expect_error plot_missing_metrics 1 'no_such_metrics\.jsonl' 'not exist|no such|not found|cannot' -- \
+  plot --metrics "$WORK/no_such_metrics.jsonl" --out "$WORK/missing.svg" &&
+  expect_no_output plot_missing_metrics "$WORK/missing.svg" "$WORK/missing.svg.tmp"; then
+  pass plot_missing_metrics
+fi
+printf 'not json\n{"step": "x"}\n' >junk_metrics.jsonl
+if expect_error plot_no_points 1 'junk_metrics\.jsonl' 'no train or eval|nothing to plot|no point' -- \
+  plot --metrics "$WORK/junk_metrics.jsonl" --out "$WORK/junk.svg" &&
+  expect_no_output plot_no_points "$WORK/junk.svg" "$WORK/junk.svg.tmp"; then
+  pass plot_no_points
+fi
+printf '{"step":1,"loss":5.5,"lr":1e-4}\n{"step":2,"loss":5.0,"lr":2e-4}\n' >small_metrics.jsonl
+if expect_error plot_out_parent_is_file 1 'afile' 'not a directory|cannot|create|writ' -- plot --metrics "$WORK/small_metrics.jsonl" --out "$WORK/afile/p.svg" &&
+  expect_no_output plot_out_parent_is_file "$WORK/afile/p.svg"; then
+  pass plot_out_parent_is_file
+fi
+
+echo
+echo "cli_bad_input: $passed passed, $failed failed"
+if [ $failed -gt 0 ]; then
+  echo "failed: ${failed_names[*]}"
+  exit 1
+fi
+exit 0
