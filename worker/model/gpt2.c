@@ -1,1 +1,1130 @@
-/* placeholder: not implemented yet */
+/* GPT-2 on the CPU kernels: Hugging Face config.json reading and writing, the parameter layout in blocks,
+ * deterministic initialisation, forward and backward passes, and safetensors export/import with Hugging
+ * Face tensor names.
+ *
+ * The structure follows llm.c's train_gpt2.c: one parameter slab, one gradient slab of the same layout,
+ * one activation slab carved at create time for the largest batch, and a forward pass that keeps exactly
+ * what the backward pass reads. The backward pass allocates nothing: it works in scratch buffers that are
+ * part of the activation slab and reused by every layer.
+ *
+ * Initialisation (see init_params): Hugging Face's GPT2PreTrainedModel scheme, i.e. normal(0, 0.02) for
+ * wte, wpe and every linear weight, residual projections (attn.c_proj, mlp.c_proj) scaled by
+ * 1/sqrt(2 n_layer), biases 0, layer norms weight 1 and bias 0. */
+#include "worker/model/gpt2.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fileio.h"      /* zt_read_file, zt_write_file_atomic */
+#include "common/json.h"        /* strict reading of config.json */
+#include "common/rng.h"         /* deterministic initialisation */
+#include "common/safetensors.h" /* export and import */
+#include "kernels/activation.h" /* GELU (tanh form) */
+#include "kernels/attention.h"  /* causal self-attention */
+#include "kernels/crossentropy.h"
+#include "kernels/embedding.h" /* token + position embedding */
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"   /* linear layers and the tied head */
+#include "kernels/residual.h" /* residual adds */
+
+/* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
+#define GPT2_MAX_LAYERS 1024
+#define GPT2_MAX_EMBD 65536
+#define GPT2_MAX_POSITIONS (1 << 20)
+#define GPT2_MAX_VOCAB (1 << 24)
+
+#define IGNORE_INDEX (-1)
+#define HF_PREFIX "transformer."
+
+/* Tensors of one transformer layer, in slab order. */
+enum layer_tensor {
+    LT_LN1_W,
+    LT_LN1_B,
+    LT_QKV_W,
+    LT_QKV_B,
+    LT_ATTPROJ_W,
+    LT_ATTPROJ_B,
+    LT_LN2_W,
+    LT_LN2_B,
+    LT_FC_W,
+    LT_FC_B,
+    LT_FCPROJ_W,
+    LT_FCPROJ_B,
+    LT_COUNT
+};
+
+/* Index of the first tensor of layer l in the tensor table (wte and wpe come first). */
+#define LAYER_TENSOR(l, k) (2 + (l) * LT_COUNT + (k))
+
+/* What the forward pass keeps of one layer for the backward pass. */
+typedef struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
+    float *qkv;                       /* [N,3C] */
+    float *atty;                      /* [N,C] attention output, heads concatenated */
+    float *att_lse;                   /* [B,NH,T] log-sum-exp per query row */
+    float *res2;                      /* [N,C] residual stream after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [N], [N] */
+    float *fch, *fch_gelu;            /* [N,4C] MLP hidden before and after GELU */
+    float *res3;                      /* [N,C] residual stream after the MLP (the layer's output) */
+} layer_acts;
+
+struct zt_gpt2 {
+    zt_gpt2_config cfg;
+    int max_B, max_T;
+
+    size_t num_params;
+    int num_tensors;
+    zt_param_info *tensors; /* [num_tensors] */
+    int num_blocks;
+    zt_block_info *blocks; /* [num_blocks] */
+    float *params;         /* [num_params] */
+    float *grads;          /* [num_params] */
+
+    /* Activation slab (forward state and backward scratch); N = B*T rows are used of max_B*max_T. */
+    float *acts;
+    float *encoded; /* [N,C] embeddings, the input of layer 0 */
+    layer_acts *layers;
+    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [N], [N] */
+    float *logits;                    /* [N,V]; holds dlogits after a backward pass */
+    float *losses;                    /* [N] */
+    float *proj;                      /* [N,C] projection output before its residual add (not kept) */
+    float *dres;                      /* [N,C] gradient of the residual stream */
+    float *dln;                       /* [N,C] gradient of a layer norm's output */
+    float *datty;                     /* [N,C] */
+    float *dqkv;                      /* [N,3C] */
+    float *dfch, *dfch_gelu;          /* [N,4C] */
+    int32_t *tokens;                  /* [N] inputs of the last forward pass */
+    int32_t *targets;                 /* [N] targets of the last forward pass */
+
+    int B, T;          /* shape of the last forward pass */
+    bool have_targets; /* the last forward pass had targets and no backward has consumed it */
+    int n_valid;       /* non-ignored targets of the last forward pass */
+};
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Configuration                                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Sets GPT-2 small's values (12 x 768, 12 heads, 50257 tokens, 1024 positions, eps 1e-5, tied head). */
+void zt_gpt2_config_default(zt_gpt2_config *cfg)
+{
+    cfg->n_layer = 12;
+    cfg->n_head = 12;
+    cfg->n_embd = 768;
+    cfg->n_positions = 1024;
+    cfg->vocab_size = 50257;
+    cfg->layer_norm_epsilon = 1e-5f;
+    cfg->tie_word_embeddings = true;
+}
+
+/* Validation with the source named in messages. */
+static int validate_config(const zt_gpt2_config *cfg, const char *where, zt_err *err)
+{
+    if (cfg->n_layer < 1 || cfg->n_layer > GPT2_MAX_LAYERS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_layer must be from 1 to %d, got %d", where,
+                       GPT2_MAX_LAYERS, cfg->n_layer);
+    if (cfg->n_embd < 1 || cfg->n_embd > GPT2_MAX_EMBD)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_embd must be from 1 to %d, got %d", where, GPT2_MAX_EMBD,
+                       cfg->n_embd);
+    if (cfg->n_head < 1 || cfg->n_head > cfg->n_embd)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_head must be from 1 to n_embd (%d), got %d", where,
+                       cfg->n_embd, cfg->n_head);
+    if (cfg->n_embd % cfg->n_head != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: n_embd %d is not divisible by n_head %d (every head gets n_embd / n_head "
+                       "channels: choose an n_head that divides n_embd)",
+                       where, cfg->n_embd, cfg->n_head);
+    if (cfg->n_positions < 1 || cfg->n_positions > GPT2_MAX_POSITIONS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_positions must be from 1 to %d, got %d", where,
+                       GPT2_MAX_POSITIONS, cfg->n_positions);
+    if (cfg->vocab_size < 1 || cfg->vocab_size > GPT2_MAX_VOCAB)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: vocab_size must be from 1 to %d, got %d", where,
+                       GPT2_MAX_VOCAB, cfg->vocab_size);
+    if (!(cfg->layer_norm_epsilon > 0.0f && cfg->layer_norm_epsilon < 1.0f))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_epsilon must be between 0 and 1 (exclusive), got %g",
+                       where, (double)cfg->layer_norm_epsilon);
+    if (!cfg->tie_word_embeddings)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: tie_word_embeddings is false, but ztrain's GPT-2 ties the output head to wte "
+                       "(set tie_word_embeddings to true)",
+                       where);
+    return 0;
+}
+
+/* Checks ranges and consistency of cfg. Returns 0 or ZT_EINVAL_CONFIG with a message in err. */
+int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err)
+{
+    return validate_config(cfg, "model config", err);
+}
+
+/* Fields of Hugging Face configs that do not change GPT-2's math: accepted and ignored. They cover
+ * GPT2Config's own fields and what PretrainedConfig (transformers 4.x and 5.x) writes into config.json:
+ * dropout rates, initialisation, token ids, generation defaults, task heads and bookkeeping. */
+static const char *const ignored_keys[] = {
+    /* GPT2Config */
+    "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "bos_token_id", "eos_token_id",
+    "use_cache", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "output_past", "gradient_checkpointing",
+    /* PretrainedConfig bookkeeping */
+    "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "_commit_hash",
+    "_attn_implementation", "_attn_implementation_internal", "_attn_implementation_autoset",
+    "_experts_implementation", "attn_implementation", "name_or_path", "return_dict", "use_return_dict",
+    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "chunk_size_feed_forward", "is_decoder", "cross_attention_hidden_size", "tie_encoder_decoder",
+    "finetuning_task", "id2label", "label2id", "num_labels", "problem_type", "tokenizer_class", "prefix",
+    "pad_token_id", "sep_token_id", "decoder_start_token_id", "task_specific_params",
+    /* generation defaults that older transformers versions saved in the model config */
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "output_logits",
+};
+
+static bool is_ignored_key(const char *key)
+{
+    for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
+        if (strcmp(key, ignored_keys[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
+static int get_int_field(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
+                         zt_err *err)
+{
+    int64_t v = INT64_MIN;
+    int rc = zt_json_get_int(r, key, min, max, &v, err);
+    if (rc < 0)
+        return rc;
+    if (present)
+        *present = v != INT64_MIN;
+    if (v != INT64_MIN)
+        *out = (int)v;
+    return 0;
+}
+
+/* Reads a bool field that ztrain supports only with one value. */
+static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
+{
+    bool v = required;
+    int rc = zt_json_get_bool(r, key, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v != required)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
+                       v ? "true" : "false", required ? "true" : "false", why);
+    return 0;
+}
+
+/* Fills cfg from a Hugging Face GPT-2 config.json object; fields absent keep cfg's values. Unknown fields,
+ * wrong types and values that change the math in ways ztrain does not implement are errors with a
+ * message in err (ZT_EINVAL_CONFIG); cfg is unchanged on error. */
+int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
+    zt_gpt2_config c = *cfg;
+    zt_json_reader r;
+    int rc;
+    if (!cJSON_IsObject(obj))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
+    int nkeys = cJSON_GetArraySize(obj);
+    if (nkeys > ZT_JSON_MAX_KEYS - 32)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d fields is more than a GPT-2 config.json has (at most %d)",
+                       where, nkeys, ZT_JSON_MAX_KEYS - 32);
+    zt_json_reader_init(&r, obj, where);
+
+    /* The fields that define the math, each also under the alias that transformers maps onto it. */
+    static const struct {
+        const char *key, *alias;
+        int64_t max;
+        size_t offset;
+    } sizes[] = {
+        {"n_layer", "num_hidden_layers", GPT2_MAX_LAYERS, offsetof(zt_gpt2_config, n_layer)},
+        {"n_head", "num_attention_heads", GPT2_MAX_EMBD, offsetof(zt_gpt2_config, n_head)},
+        {"n_embd", "hidden_size", GPT2_MAX_EMBD, offsetof(zt_gpt2_config, n_embd)},
+        {"n_positions", "max_position_embeddings", GPT2_MAX_POSITIONS, offsetof(zt_gpt2_config, n_positions)},
+        {"vocab_size", NULL, GPT2_MAX_VOCAB, offsetof(zt_gpt2_config, vocab_size)},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int *field = (int *)((char *)&c + sizes[i].offset);
+        int value = 0, alias_value = 0;
+        bool present = false, alias_present = false;
+        if ((rc = get_int_field(&r, sizes[i].key, 1, sizes[i].max, &value, &present, err)) < 0)
+            return rc;
+        if (sizes[i].alias &&
+            (rc = get_int_field(&r, sizes[i].alias, 1, sizes[i].max, &alias_value, &alias_present, err)) < 0)
+            return rc;
+        if (present && alias_present && value != alias_value)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s (%d) and its alias %s (%d) disagree (keep only %s)",
+                           where, sizes[i].key, value, sizes[i].alias, alias_value, sizes[i].key);
+        if (present)
+            *field = value;
+        else if (alias_present)
+            *field = alias_value;
+    }
+
+    double eps = c.layer_norm_epsilon;
+    if ((rc = zt_json_get_double(&r, "layer_norm_epsilon", 0.0, 1.0, &eps, err)) < 0)
+        return rc;
+    c.layer_norm_epsilon = (float)eps;
+    if ((rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
+        return rc;
+
+    /* n_ctx is GPT-2's old name for the context length. */
+    int n_ctx = 0;
+    bool have_n_ctx = false;
+    if ((rc = get_int_field(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
+        return rc;
+    if (have_n_ctx && n_ctx != c.n_positions)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_ctx (%d) differs from n_positions (%d) (make them equal)",
+                       where, n_ctx, c.n_positions);
+
+    /* n_inner: null means 4 * n_embd, the only MLP width ztrain implements. */
+    const cJSON *inner = cJSON_GetObjectItemCaseSensitive(obj, "n_inner");
+    if (cJSON_IsNull(inner)) {
+        zt_json_accept(&r, "n_inner");
+    } else {
+        int n_inner = 0;
+        bool have_inner = false;
+        if ((rc = get_int_field(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
+            return rc;
+        if (have_inner && (int64_t)n_inner != 4 * (int64_t)c.n_embd)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: n_inner is %d, but ztrain's GPT-2 has an MLP of 4 * n_embd = %lld (set n_inner "
+                           "to null)",
+                           where, n_inner, 4 * (long long)c.n_embd);
+    }
+
+    char text[64];
+    text[0] = '\0';
+    if ((rc = zt_json_get_string(&r, "activation_function", text, sizeof text, err)) < 0)
+        return rc;
+    if (text[0] && strcmp(text, "gelu_new") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: activation_function is \"%s\", but ztrain implements only GPT-2's tanh GELU "
+                       "(\"gelu_new\")",
+                       where, text);
+    text[0] = '\0';
+    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+        return rc;
+    if (text[0] && strcmp(text, "gpt2") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this loader reads only \"gpt2\" configs",
+                       where, text);
+
+    if ((rc = require_bool(&r, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)",
+                           err)) < 0 ||
+        (rc = require_bool(&r, "scale_attn_by_inverse_layer_idx", false, "no per-layer attention scaling",
+                           err)) < 0 ||
+        (rc = require_bool(&r, "reorder_and_upcast_attn", false, "the standard attention order", err)) < 0 ||
+        (rc = require_bool(&r, "add_cross_attention", false, "GPT-2 is a decoder without cross-attention",
+                           err)) < 0 ||
+        (rc = require_bool(&r, "is_encoder_decoder", false, "GPT-2 is a decoder-only model", err)) < 0)
+        return rc;
+
+    /* pruned_heads: an empty object (HF's default) is fine, pruned heads are not. */
+    const cJSON *pruned = cJSON_GetObjectItemCaseSensitive(obj, "pruned_heads");
+    if (pruned) {
+        if (!(cJSON_IsNull(pruned) || (cJSON_IsObject(pruned) && pruned->child == NULL)))
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: pruned_heads is not empty, but ztrain supports only models with all heads", where);
+        zt_json_accept(&r, "pruned_heads");
+    }
+
+    for (const cJSON *item = obj->child; item; item = item->next)
+        if (item->string && is_ignored_key(item->string))
+            zt_json_accept(&r, item->string);
+    if ((rc = zt_json_reader_finish(&r, err)) < 0)
+        return rc;
+    if ((rc = validate_config(&c, where, err)) < 0)
+        return rc;
+    *cfg = c;
+    return 0;
+}
+
+/* Reads a Hugging Face config.json file into cfg (see zt_gpt2_config_from_json). Returns 0 or a negative
+ * code with a message naming the file. */
+int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *obj = NULL;
+    int rc = zt_read_file(path, &text, &len, err);
+    if (rc < 0)
+        return rc;
+    rc = zt_json_parse_object(text, path, &obj, err);
+    free(text);
+    if (rc < 0)
+        return rc;
+    rc = zt_gpt2_config_from_json(cfg, obj, path, err);
+    cJSON_Delete(obj);
+    return rc;
+}
+
+/* The shortest decimal that reads back as the same float, as a double, so that 1e-5f is written as 1e-05
+ * rather than 9.99999974737875e-06. */
+static double short_decimal(float f)
+{
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if ((float)strtod(buf, NULL) == f)
+            return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+/* Writes cfg as a Hugging Face config.json (GPT2LMHeadModel, keys sorted as transformers writes them)
+ * atomically. Dropout rates are written as 0 because ztrain trains without dropout. Returns 0 or a
+ * negative code with a message naming the path. */
+int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err)
+{
+    int rc = validate_config(cfg, path, err);
+    if (rc < 0)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(o, "attn_pdrop", 0.0);
+    /* GPT-2's <|endoftext|> is the last id of its 50257-token vocabulary; smaller vocabularies (bytes)
+     * have no special token. */
+    if (cfg->vocab_size >= 50257) {
+        cJSON_AddNumberToObject(o, "bos_token_id", 50256);
+        cJSON_AddNumberToObject(o, "eos_token_id", 50256);
+    } else {
+        cJSON_AddNullToObject(o, "bos_token_id");
+        cJSON_AddNullToObject(o, "eos_token_id");
+    }
+    cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(o, "layer_norm_epsilon", short_decimal(cfg->layer_norm_epsilon));
+    cJSON_AddStringToObject(o, "model_type", "gpt2");
+    cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
+    cJSON_AddNumberToObject(o, "n_embd", cfg->n_embd);
+    cJSON_AddNumberToObject(o, "n_head", cfg->n_head);
+    cJSON_AddNullToObject(o, "n_inner");
+    cJSON_AddNumberToObject(o, "n_layer", cfg->n_layer);
+    cJSON_AddNumberToObject(o, "n_positions", cfg->n_positions);
+    cJSON_AddFalseToObject(o, "reorder_and_upcast_attn");
+    cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
+    cJSON_AddFalseToObject(o, "scale_attn_by_inverse_layer_idx");
+    cJSON_AddTrueToObject(o, "scale_attn_weights");
+    cJSON_AddNullToObject(o, "summary_activation");
+    cJSON_AddNumberToObject(o, "summary_first_dropout", 0.1);
+    cJSON_AddTrueToObject(o, "summary_proj_to_labels");
+    cJSON_AddStringToObject(o, "summary_type", "cls_index");
+    cJSON_AddTrueToObject(o, "summary_use_proj");
+    cJSON_AddTrueToObject(o, "tie_word_embeddings");
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddTrueToObject(o, "use_cache");
+    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text)
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
+    size_t len = strlen(text);
+    char *with_newline = malloc(len + 2);
+    if (!with_newline) {
+        cJSON_free(text);
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
+    }
+    memcpy(with_newline, text, len);
+    with_newline[len] = '\n';
+    with_newline[len + 1] = '\0';
+    cJSON_free(text);
+    rc = zt_write_file_atomic(path, with_newline, len + 1, err);
+    free(with_newline);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Parameter layout                                                                                     */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Number of parameter tensors of a model with cfg's shape. */
+static int count_tensors(const zt_gpt2_config *cfg)
+{
+    return 2 + cfg->n_layer * LT_COUNT + 2;
+}
+
+/* Appends one tensor to the table at *offset (elements) and advances it. */
+static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
+                       bool decay, bool transposed)
+{
+    memset(t, 0, sizeof *t);
+    int n = snprintf(t->name, sizeof t->name, "%s", name);
+    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->offset = *offset;
+    t->block = block;
+    t->weight_decay = decay;
+    t->transposed_in_hf = transposed;
+    *offset += t->numel;
+}
+
+/* Fills tensors[count_tensors(cfg)] and blocks[n_layer + 2]; returns the number of parameters. */
+static size_t build_layout(const zt_gpt2_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
+{
+    const int64_t C = cfg->n_embd, V = cfg->vocab_size, P = cfg->n_positions;
+    size_t off = 0;
+    int i = 0;
+    char name[64];
+
+    blocks[0].offset = off;
+    add_tensor(&tensors[i++], 0, &off, "wte.weight", V, C, true, false);
+    add_tensor(&tensors[i++], 0, &off, "wpe.weight", P, C, true, false);
+    blocks[0].numel = off - blocks[0].offset;
+
+    static const struct {
+        const char *suffix;
+        int out_mult, in_mult; /* shape = [out_mult*C, in_mult*C], in_mult 0 for vectors */
+        bool decay, transposed;
+    } lt[LT_COUNT] = {
+        [LT_LN1_W] = {"ln_1.weight", 1, 0, false, false},
+        [LT_LN1_B] = {"ln_1.bias", 1, 0, false, false},
+        [LT_QKV_W] = {"attn.c_attn.weight", 3, 1, true, true},
+        [LT_QKV_B] = {"attn.c_attn.bias", 3, 0, false, false},
+        [LT_ATTPROJ_W] = {"attn.c_proj.weight", 1, 1, true, true},
+        [LT_ATTPROJ_B] = {"attn.c_proj.bias", 1, 0, false, false},
+        [LT_LN2_W] = {"ln_2.weight", 1, 0, false, false},
+        [LT_LN2_B] = {"ln_2.bias", 1, 0, false, false},
+        [LT_FC_W] = {"mlp.c_fc.weight", 4, 1, true, true},
+        [LT_FC_B] = {"mlp.c_fc.bias", 4, 0, false, false},
+        [LT_FCPROJ_W] = {"mlp.c_proj.weight", 1, 4, true, true},
+        [LT_FCPROJ_B] = {"mlp.c_proj.bias", 1, 0, false, false},
+    };
+    for (int l = 0; l < cfg->n_layer; l++) {
+        blocks[1 + l].offset = off;
+        for (int k = 0; k < LT_COUNT; k++) {
+            snprintf(name, sizeof name, "h.%d.%s", l, lt[k].suffix);
+            add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out_mult * C, lt[k].in_mult * C, lt[k].decay,
+                       lt[k].transposed);
+        }
+        blocks[1 + l].numel = off - blocks[1 + l].offset;
+    }
+
+    int last = cfg->n_layer + 1;
+    blocks[last].offset = off;
+    add_tensor(&tensors[i++], last, &off, "ln_f.weight", C, 0, false, false);
+    add_tensor(&tensors[i++], last, &off, "ln_f.bias", C, 0, false, false);
+    blocks[last].numel = off - blocks[last].offset;
+    ZT_ASSERT(i == count_tensors(cfg));
+    return off;
+}
+
+/* Returns the number of parameters of a GPT-2 with cfg's shape (cfg must be valid), without allocating
+ * the model. */
+size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg)
+{
+    const size_t C = (size_t)cfg->n_embd;
+    size_t per_layer = 2 * C                 /* ln_1 */
+                       + 3 * C * C + 3 * C   /* attn.c_attn */
+                       + C * C + C           /* attn.c_proj */
+                       + 2 * C               /* ln_2 */
+                       + 4 * C * C + 4 * C   /* mlp.c_fc */
+                       + 4 * C * C + C;      /* mlp.c_proj */
+    return (size_t)cfg->vocab_size * C + (size_t)cfg->n_positions * C + (size_t)cfg->n_layer * per_layer + 2 * C;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Creation                                                                                             */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Hands out n floats from base (or only counts them when base is NULL). */
+static float *take(float *base, size_t *used, size_t n)
+{
+    float *p = base ? base + *used : NULL;
+    *used += n;
+    return p;
+}
+
+/* Carves the activation slab at base for max_B x max_T rows and returns its size in floats. With base
+ * NULL it only counts. */
+static size_t carve_acts(zt_gpt2 *m, float *base)
+{
+    const size_t N = (size_t)m->max_B * (size_t)m->max_T;
+    const size_t C = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.vocab_size, NH = (size_t)m->cfg.n_head;
+    size_t used = 0;
+    m->encoded = take(base, &used, N * C);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        layer_acts *a = &m->layers[l];
+        a->ln1 = take(base, &used, N * C);
+        a->ln1_mean = take(base, &used, N);
+        a->ln1_rstd = take(base, &used, N);
+        a->qkv = take(base, &used, N * 3 * C);
+        a->atty = take(base, &used, N * C);
+        a->att_lse = take(base, &used, N * NH);
+        a->res2 = take(base, &used, N * C);
+        a->ln2 = take(base, &used, N * C);
+        a->ln2_mean = take(base, &used, N);
+        a->ln2_rstd = take(base, &used, N);
+        a->fch = take(base, &used, N * 4 * C);
+        a->fch_gelu = take(base, &used, N * 4 * C);
+        a->res3 = take(base, &used, N * C);
+    }
+    m->lnf = take(base, &used, N * C);
+    m->lnf_mean = take(base, &used, N);
+    m->lnf_rstd = take(base, &used, N);
+    m->logits = take(base, &used, N * V);
+    m->losses = take(base, &used, N);
+    m->proj = take(base, &used, N * C);
+    m->dres = take(base, &used, N * C);
+    m->dln = take(base, &used, N * C);
+    m->datty = take(base, &used, N * C);
+    m->dqkv = take(base, &used, N * 3 * C);
+    m->dfch = take(base, &used, N * 4 * C);
+    m->dfch_gelu = take(base, &used, N * 4 * C);
+    return used;
+}
+
+/* Writes normal(0, std) values from r into x[0..n). */
+static void fill_normal(zt_rng *r, float *x, size_t n, double std)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(std * zt_rng_normal(r));
+}
+
+/* Initialises the parameters deterministically from seed (the scheme is described at the top of the
+ * file). Tensors are filled in slab order from one generator. */
+static void init_params(zt_gpt2 *m, uint64_t seed)
+{
+    zt_rng r;
+    zt_rng_seed(&r, seed);
+    const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
+    for (int i = 0; i < m->num_tensors; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        float *x = m->params + t->offset;
+        const char *dot = strrchr(t->name, '.');
+        bool is_ln = strstr(t->name, "ln_") != NULL;
+        if (is_ln && strcmp(dot, ".weight") == 0) {
+            for (size_t j = 0; j < t->numel; j++)
+                x[j] = 1.0f;
+        } else if (t->ndim == 1) {
+            memset(x, 0, t->numel * sizeof *x); /* biases and layer-norm biases */
+        } else {
+            bool residual = strstr(t->name, "c_proj.weight") != NULL;
+            fill_normal(&r, x, t->numel, residual ? residual_std : std);
+        }
+    }
+}
+
+/* Creates a model with room for batches up to B x T (T <= n_positions), parameters initialised from seed.
+ * Returns 0, ZT_EINVAL_CONFIG (bad config, B or T) or ZT_ENOMEM, with a message in err; *out is set only on
+ * success and freed with zt_gpt2_destroy. */
+int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint64_t seed, zt_err *err)
+{
+    int rc = zt_gpt2_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (B < 1 || T < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
+    if (T > cfg->n_positions)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "sequence length %d exceeds the model's n_positions %d (use a sequence length of at "
+                       "most %d)",
+                       T, cfg->n_positions, cfg->n_positions);
+    if ((int64_t)B * T > INT_MAX)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large (keep it below 2^31)",
+                       B, T);
+
+    zt_gpt2 *m = calloc(1, sizeof *m);
+    if (!m)
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model");
+    m->cfg = *cfg;
+    m->max_B = B;
+    m->max_T = T;
+    m->num_tensors = count_tensors(cfg);
+    m->num_blocks = cfg->n_layer + 2;
+    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
+    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
+    m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers);
+    if (!m->tensors || !m->blocks || !m->layers) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+        goto err;
+    }
+    m->num_params = build_layout(cfg, m->tensors, m->blocks);
+    ZT_ASSERT(m->num_params == zt_gpt2_config_num_params(cfg));
+
+    size_t param_bytes = m->num_params * sizeof(float);
+    m->params = malloc(param_bytes);
+    m->grads = calloc(m->num_params, sizeof(float));
+    if (!m->params || !m->grads) {
+        rc = zt_fail(err, ZT_ENOMEM,
+                     "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
+                     2.0 * (double)param_bytes / (1 << 20));
+        goto err;
+    }
+    size_t act_floats = carve_acts(m, NULL);
+    m->acts = malloc(act_floats * sizeof(float));
+    m->tokens = malloc((size_t)B * (size_t)T * sizeof(int32_t));
+    m->targets = malloc((size_t)B * (size_t)T * sizeof(int32_t));
+    if (!m->acts || !m->tokens || !m->targets) {
+        rc = zt_fail(err, ZT_ENOMEM,
+                     "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or "
+                     "sequence length)",
+                     B, T, (double)act_floats * sizeof(float) / (1 << 20));
+        goto err;
+    }
+    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
+    init_params(m, seed);
+    *out = m;
+    return 0;
+
+err:
+    zt_gpt2_destroy(m);
+    return rc;
+}
+
+/* Frees the model and everything it owns; accepts NULL. */
+void zt_gpt2_destroy(zt_gpt2 *m)
+{
+    if (!m)
+        return;
+    free(m->tensors);
+    free(m->blocks);
+    free(m->layers);
+    free(m->params);
+    free(m->grads);
+    free(m->acts);
+    free(m->tokens);
+    free(m->targets);
+    free(m);
+}
+
+/* Returns the model's configuration (valid while the model lives). */
+const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m)
+{
+    return &m->cfg;
+}
+
+/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
+size_t zt_gpt2_num_params(const zt_gpt2 *m)
+{
+    return m->num_params;
+}
+
+/* Returns the number of parameter tensors. */
+int zt_gpt2_num_tensors(const zt_gpt2 *m)
+{
+    return m->num_tensors;
+}
+
+/* Returns the i-th parameter tensor (0 <= i < zt_gpt2_num_tensors), in slab order. */
+const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i)
+{
+    ZT_ASSERT(i >= 0 && i < m->num_tensors);
+    return &m->tensors[i];
+}
+
+/* Returns the number of blocks (n_layer + 2). */
+int zt_gpt2_num_blocks(const zt_gpt2 *m)
+{
+    return m->num_blocks;
+}
+
+/* Returns the i-th block's range of the slab (0 <= i < zt_gpt2_num_blocks). */
+const zt_block_info *zt_gpt2_block(const zt_gpt2 *m, int i)
+{
+    ZT_ASSERT(i >= 0 && i < m->num_blocks);
+    return &m->blocks[i];
+}
+
+/* Returns the parameter slab (num_params floats), owned by the model. */
+float *zt_gpt2_params(zt_gpt2 *m)
+{
+    return m->params;
+}
+
+/* Returns the gradient slab (num_params floats, same layout as the parameters), owned by the model. */
+float *zt_gpt2_grads(zt_gpt2 *m)
+{
+    return m->grads;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Forward and backward                                                                                 */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* The start of tensor idx in a slab laid out like the parameters. */
+static float *in_slab(const zt_gpt2 *m, float *slab, int idx)
+{
+    return slab + m->tensors[idx].offset;
+}
+
+/* Runs the forward pass over tokens [B,T]; with targets returns the mean loss over non-ignored positions
+ * (0 when every target is ignored) and keeps what zt_gpt2_backward needs. Tokens outside [0, vocab_size),
+ * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
+float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
+    ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
+    const int N = B * T;
+    const float eps = m->cfg.layer_norm_epsilon;
+    float *p = m->params;
+
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+    memmove(m->tokens, tokens, (size_t)N * sizeof *tokens);
+    m->B = B;
+    m->T = T;
+    m->have_targets = false;
+
+    zt_cpu_embedding_forward(m->encoded, m->tokens, in_slab(m, p, 0), in_slab(m, p, 1), B, T, C);
+    const float *x = m->encoded;
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &m->layers[l];
+#define W(k) in_slab(m, p, LAYER_TENSOR(l, k))
+        zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(LT_LN1_W), W(LT_LN1_B), N, C, eps);
+        zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_QKV_W), W(LT_QKV_B), N, C, 3 * C);
+        zt_cpu_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
+        zt_cpu_matmul_forward(m->proj, a->atty, W(LT_ATTPROJ_W), W(LT_ATTPROJ_B), N, C, C);
+        zt_cpu_residual_forward(a->res2, x, m->proj, (size_t)N * C);
+        zt_cpu_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LT_LN2_W), W(LT_LN2_B), N, C, eps);
+        zt_cpu_matmul_forward(a->fch, a->ln2, W(LT_FC_W), W(LT_FC_B), N, C, 4 * C);
+        zt_cpu_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        zt_cpu_matmul_forward(m->proj, a->fch_gelu, W(LT_FCPROJ_W), W(LT_FCPROJ_B), N, 4 * C, C);
+        zt_cpu_residual_forward(a->res3, a->res2, m->proj, (size_t)N * C);
+#undef W
+        x = a->res3;
+    }
+    const int lnf = m->num_tensors - 2;
+    zt_cpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, in_slab(m, p, lnf), in_slab(m, p, lnf + 1), N,
+                             C, eps);
+    /* The head is tied: logits = lnf @ wte^T. */
+    zt_cpu_matmul_forward(m->logits, m->lnf, in_slab(m, p, 0), NULL, N, C, V);
+    if (!targets)
+        return 0.0f;
+
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
+    memmove(m->targets, targets, (size_t)N * sizeof *targets);
+    m->n_valid =
+        zt_cpu_crossentropy_forward_backward(m->losses, NULL, m->logits, m->targets, N, V, IGNORE_INDEX, 0.0f);
+    m->have_targets = true;
+    if (m->n_valid == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += m->losses[i];
+    return (float)(sum / m->n_valid);
+}
+
+/* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
+ * forward must have had targets, and each forward supports one backward: the logits buffer is turned
+ * into the logits' gradient. */
+void zt_gpt2_backward(zt_gpt2 *m, float loss_scale)
+{
+    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
+    m->have_targets = false;
+    if (m->n_valid == 0)
+        return;
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
+    const size_t NC = (size_t)N * C;
+    float *p = m->params, *g = m->grads;
+
+    /* dlogits overwrite the logits in place (the kernel allows the alias). */
+    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, V, IGNORE_INDEX,
+                                         loss_scale / (float)m->n_valid);
+    memset(m->dln, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, in_slab(m, g, 0), NULL, m->logits, m->lnf, in_slab(m, p, 0), N, C, V);
+    const int lnf = m->num_tensors - 2;
+    const float *last = L > 0 ? m->layers[L - 1].res3 : m->encoded;
+    memset(m->dres, 0, NC * sizeof(float));
+    zt_cpu_layernorm_backward(m->dres, in_slab(m, g, lnf), in_slab(m, g, lnf + 1), m->dln, last, in_slab(m, p, lnf),
+                              m->lnf_mean, m->lnf_rstd, N, C);
+
+    /* m->dres holds the gradient of the residual stream; each layer turns d(output) into d(input). */
+    for (int l = L - 1; l >= 0; l--) {
+        const layer_acts *a = &m->layers[l];
+        const float *x = l > 0 ? m->layers[l - 1].res3 : m->encoded;
+#define W(k) in_slab(m, p, LAYER_TENSOR(l, k))
+#define G(k) in_slab(m, g, LAYER_TENSOR(l, k))
+        /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
+        memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
+        zt_cpu_matmul_backward(m->dfch_gelu, G(LT_FCPROJ_W), G(LT_FCPROJ_B), m->dres, a->fch_gelu, W(LT_FCPROJ_W), N,
+                               4 * C, C);
+        memset(m->dfch, 0, 4 * NC * sizeof(float));
+        zt_cpu_gelu_backward(m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+        memset(m->dln, 0, NC * sizeof(float));
+        zt_cpu_matmul_backward(m->dln, G(LT_FC_W), G(LT_FC_B), m->dfch, a->ln2, W(LT_FC_W), N, C, 4 * C);
+        zt_cpu_layernorm_backward(m->dres, G(LT_LN2_W), G(LT_LN2_B), m->dln, a->res2, W(LT_LN2_W), a->ln2_mean,
+                                  a->ln2_rstd, N, C);
+        /* Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
+        memset(m->datty, 0, NC * sizeof(float));
+        zt_cpu_matmul_backward(m->datty, G(LT_ATTPROJ_W), G(LT_ATTPROJ_B), m->dres, a->atty, W(LT_ATTPROJ_W), N, C,
+                               C);
+        memset(m->dqkv, 0, 3 * NC * sizeof(float));
+        zt_cpu_attention_backward(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, C, NH);
+        memset(m->dln, 0, NC * sizeof(float));
+        zt_cpu_matmul_backward(m->dln, G(LT_QKV_W), G(LT_QKV_B), m->dqkv, a->ln1, W(LT_QKV_W), N, C, 3 * C);
+        zt_cpu_layernorm_backward(m->dres, G(LT_LN1_W), G(LT_LN1_B), m->dln, x, W(LT_LN1_W), a->ln1_mean,
+                                  a->ln1_rstd, N, C);
+#undef W
+#undef G
+    }
+    zt_cpu_embedding_backward(in_slab(m, g, 0), in_slab(m, g, 1), m->dres, m->tokens, B, T, C);
+}
+
+/* Sets every gradient to zero. */
+void zt_gpt2_zero_grad(zt_gpt2 *m)
+{
+    memset(m->grads, 0, m->num_params * sizeof(float));
+}
+
+/* Returns the logits [B,T,V] of the last forward pass. */
+const float *zt_gpt2_logits(const zt_gpt2 *m)
+{
+    return m->logits;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* safetensors export and import                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Shape of tensor t as Hugging Face stores it (Conv1D weights are [in, out]). */
+static void hf_shape(const zt_param_info *t, int64_t shape[2])
+{
+    shape[0] = t->shape[0];
+    shape[1] = t->shape[1];
+    if (t->transposed_in_hf) {
+        shape[0] = t->shape[1];
+        shape[1] = t->shape[0];
+    }
+}
+
+/* Exports the parameters to path as F32 safetensors with Hugging Face GPT2LMHeadModel names, atomically,
+ * with metadata {"format": "pt"} (which transformers requires). Returns 0 or a negative code with a
+ * message naming the path. */
+int zt_gpt2_export(const zt_gpt2 *m, const char *path, zt_err *err)
+{
+    int rc = 0;
+    zt_st_writer *w = zt_st_writer_create();
+    float *hf = malloc(m->num_params * sizeof(float)); /* the slab in HF layout */
+    if (!w || !hf) {
+        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory preparing the export (%.1f MiB)", path,
+                     (double)m->num_params * sizeof(float) / (1 << 20));
+        goto out;
+    }
+    if ((rc = zt_st_writer_add_metadata(w, "format", "pt", err)) < 0)
+        goto out;
+    for (int i = 0; i < m->num_tensors; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        const float *src = m->params + t->offset;
+        float *dst = hf + t->offset;
+        if (t->transposed_in_hf) {
+            const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* [out, in] */
+            for (size_t o = 0; o < rows; o++)
+                for (size_t k = 0; k < cols; k++)
+                    dst[k * rows + o] = src[o * cols + k];
+        } else {
+            memcpy(dst, src, t->numel * sizeof(float));
+        }
+        char name[96];
+        int64_t shape[2];
+        snprintf(name, sizeof name, HF_PREFIX "%s", t->name);
+        hf_shape(t, shape);
+        if ((rc = zt_st_writer_add(w, name, ZT_DTYPE_F32, t->ndim, shape, dst, err)) < 0)
+            goto out;
+    }
+    rc = zt_st_writer_write(w, path, err);
+out:
+    zt_st_writer_destroy(w);
+    free(hf);
+    return rc;
+}
+
+/* IEEE half to float, exactly. */
+static float f16_to_f32(uint16_t h)
+{
+    const int exponent = (h >> 10) & 0x1f;
+    const int mantissa = h & 0x3ff;
+    float v;
+    if (exponent == 0x1f) {
+        uint32_t bits = ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((uint32_t)mantissa << 13);
+        memcpy(&v, &bits, sizeof v);
+        return v;
+    }
+    if (exponent == 0)
+        v = ldexpf((float)mantissa, -24); /* zero and subnormals */
+    else
+        v = ldexpf((float)(mantissa | 0x400), exponent - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
+static float load_element(const zt_st_tensor *t, size_t i)
+{
+    const unsigned char *d = t->data;
+    if (t->dtype == ZT_DTYPE_F32) {
+        float v;
+        memcpy(&v, d + 4 * i, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, d + 2 * i, sizeof h);
+    if (t->dtype == ZT_DTYPE_F16)
+        return f16_to_f32(h);
+    uint32_t bits = (uint32_t)h << 16; /* BF16 is the top half of an F32 */
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Whether name is one of the attention-mask buffers HF keeps in older files: h.<n>.attn.bias or
+ * h.<n>.attn.masked_bias. */
+static bool is_attn_buffer(const char *name)
+{
+    if (strncmp(name, "h.", 2) != 0)
+        return false;
+    const char *s = name + 2;
+    if (*s < '0' || *s > '9')
+        return false;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    return strcmp(s, ".attn.bias") == 0 || strcmp(s, ".attn.masked_bias") == 0;
+}
+
+static bool is_float_dtype(enum zt_dtype d)
+{
+    return d == ZT_DTYPE_F32 || d == ZT_DTYPE_F16 || d == ZT_DTYPE_BF16;
+}
+
+/* Index of the tensor named name (without the HF prefix), or -1. */
+static int find_tensor(const zt_gpt2 *m, const char *name)
+{
+    for (int i = 0; i < m->num_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Converts file tensor st into tensor t of slab dst (ztrain layout); rejects non-finite values. */
+static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float *dst, const char *path,
+                          zt_err *err)
+{
+    if (t->transposed_in_hf) {
+        const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
+        for (size_t k = 0; k < cols; k++)
+            for (size_t o = 0; o < rows; o++)
+                dst[o * cols + k] = load_element(st, k * rows + o);
+    } else if (st->dtype == ZT_DTYPE_F32) {
+        memcpy(dst, st->data, t->numel * sizeof(float));
+    } else {
+        for (size_t i = 0; i < t->numel; i++)
+            dst[i] = load_element(st, i);
+    }
+    for (size_t i = 0; i < t->numel; i++)
+        if (!isfinite(dst[i]))
+            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
+                           path, st->name, i);
+    return 0;
+}
+
+/* Imports parameters from a safetensors file with Hugging Face names (see the header for the rules).
+ * Everything is converted into a temporary slab first; the model changes only when the whole file was
+ * accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH (missing, extra or
+ * misshapen tensors, untied head) or ZT_EUNSUPPORTED (dtype), with a message naming the tensor. */
+int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
+{
+    zt_st_file *f = NULL;
+    float *tmp = NULL;
+    char *seen = NULL;
+    const zt_st_tensor *lm_head = NULL;
+    int rc = zt_st_open(path, &f, err);
+    if (rc < 0)
+        return rc;
+    tmp = malloc(m->num_params * sizeof(float));
+    seen = calloc((size_t)m->num_tensors, 1);
+    if (!tmp || !seen) {
+        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
+                     (double)m->num_params * sizeof(float) / (1 << 20));
+        goto out;
+    }
+
+    for (size_t i = 0; i < zt_st_count(f); i++) {
+        const zt_st_tensor *st = zt_st_get(f, i);
+        const char *name = st->name;
+        if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
+            name += strlen(HF_PREFIX);
+        if (strcmp(st->name, "lm_head.weight") == 0) {
+            lm_head = st;
+            continue;
+        }
+        if (is_attn_buffer(name))
+            continue;
+        int idx = find_tensor(m, name);
+        if (idx < 0) {
+            rc = zt_fail(err, ZT_EMISMATCH,
+                         "%s: unknown tensor '%s' (not a parameter of a GPT-2 with %d layers; is this the right "
+                         "model config?)",
+                         path, st->name, m->cfg.n_layer);
+            goto out;
+        }
+        const zt_param_info *t = &m->tensors[idx];
+        if (seen[idx]) {
+            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' appears twice (with and without the '" HF_PREFIX
+                         "' prefix)", path, t->name);
+            goto out;
+        }
+        int64_t want[2];
+        hf_shape(t, want);
+        bool shape_ok = st->ndim == t->ndim && st->shape[0] == want[0] && (t->ndim == 1 || st->shape[1] == want[1]);
+        if (!shape_ok) {
+            char got[128] = "[";
+            for (int d = 0; d < st->ndim; d++) {
+                size_t len = strlen(got);
+                snprintf(got + len, sizeof got - len, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+            }
+            strncat(got, "]", sizeof got - strlen(got) - 1);
+            if (t->ndim == 1)
+                rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]",
+                             path, st->name, got, (long long)want[0]);
+            else
+                rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]",
+                             path, st->name, got, (long long)want[0], (long long)want[1]);
+            goto out;
+        }
+        if (!is_float_dtype(st->dtype)) {
+            rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)", path,
+                         st->name, zt_dtype_name(st->dtype));
+            goto out;
+        }
+        if ((rc = convert_tensor(t, st, tmp + t->offset, path, err)) < 0)
+            goto out;
+        seen[idx] = 1;
+    }
+    for (int i = 0; i < m->num_tensors; i++) {
+        if (!seen[i]) {
+            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' (or '" HF_PREFIX "%s') is missing", path,
+                         m->tensors[i].name, m->tensors[i].name);
+            goto out;
+        }
+    }
+    if (lm_head) {
+        const zt_param_info *wte = &m->tensors[0];
+        bool same = is_float_dtype(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
+                    lm_head->shape[1] == wte->shape[1];
+        for (size_t i = 0; same && i < wte->numel; i++)
+            same = load_element(lm_head, i) == tmp[wte->offset + i];
+        if (!same) {
+            rc = zt_fail(err, ZT_EMISMATCH, "%s: lm_head.weight differs from wte: untied heads are not supported",
+                         path);
+            goto out;
+        }
+    }
+    memcpy(m->params, tmp, m->num_params * sizeof(float));
+    rc = 0;
+out:
+    free(tmp);
+    free(seen);
+    zt_st_close(f);
+    return rc;
+}

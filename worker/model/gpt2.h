@@ -42,6 +42,8 @@ int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err);
 int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err);
 /* Checks ranges and consistency (n_embd divisible by n_head, ...). Returns 0 or ZT_EINVAL_CONFIG. */
 int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err);
+/* Number of parameters of a GPT-2 with cfg's shape (cfg valid), computed without creating a model. */
+size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg);
 
 /* One named parameter tensor. */
 typedef struct zt_param_info {
@@ -86,7 +88,8 @@ float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets,
  * into the gradient slab. Call zt_gpt2_zero_grad first when a new accumulation starts. */
 void zt_gpt2_backward(zt_gpt2 *m, float loss_scale);
 void zt_gpt2_zero_grad(zt_gpt2 *m);
-/* Logits [B,T,V] of the last forward pass; valid until the next forward. */
+/* Logits [B,T,V] of the last forward pass; valid until the next forward or backward (backward turns
+ * them into their gradient in place). */
 const float *zt_gpt2_logits(const zt_gpt2 *m);
 
 /* Export to safetensors with Hugging Face GPT2LMHeadModel names ("transformer.h.0.attn.c_attn.weight",
