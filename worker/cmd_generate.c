@@ -175,7 +175,6 @@ static int parse_args(int argc, char **argv, generate_args *a)
     opterr = 0;  /* we print our own one-line messages */
     optind = 0;  /* glibc: restart scanning at argv[1] even if getopt ran before */
     for (;;) {
-        int prev = optind;
         int c = getopt_long(argc, argv, ":", options, NULL);
         if (c == -1)
             break;
@@ -191,10 +190,10 @@ static int parse_args(int argc, char **argv, generate_args *a)
         case OPT_SEED: rc = zt_arg_int("--seed", optarg, 0, INT64_MAX, &a->seed, &err); break;
         case OPT_HELP: fputs(usage_text, stdout); return -1;
         case ':':
-            snprintf(msg, sizeof(msg), "%s needs a value", argv[prev]);
+            snprintf(msg, sizeof(msg), "%s needs a value", argv[optind - 1]);
             return usage_error(msg);
         default:
-            snprintf(msg, sizeof(msg), "unknown flag '%s'", argv[prev < argc ? prev : argc - 1]);
+            snprintf(msg, sizeof(msg), "unknown flag '%s'", argv[optind - 1]);
             return usage_error(msg);
         }
         if (rc < 0)

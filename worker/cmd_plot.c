@@ -41,7 +41,6 @@ int zt_cmd_plot(int argc, char **argv)
     opterr = 0; /* we print our own one-line messages */
     optind = 0; /* glibc: restart scanning at argv[1] even if getopt ran before */
     for (;;) {
-        int prev = optind;
         int c = getopt_long(argc, argv, ":", options, NULL);
         if (c == -1)
             break;
@@ -51,10 +50,10 @@ int zt_cmd_plot(int argc, char **argv)
         case OPT_TITLE: title = optarg; break;
         case OPT_HELP: fputs(usage_text, stdout); return 0;
         case ':':
-            snprintf(msg, sizeof(msg), "%s needs a value", argv[prev]);
+            snprintf(msg, sizeof(msg), "%s needs a value", argv[optind - 1]);
             return usage_error(msg);
         default:
-            snprintf(msg, sizeof(msg), "unknown flag '%s'", argv[prev < argc ? prev : argc - 1]);
+            snprintf(msg, sizeof(msg), "unknown flag '%s'", argv[optind - 1]);
             return usage_error(msg);
         }
     }
