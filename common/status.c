@@ -31,10 +31,17 @@ const char *zt_strerror(int code)
     default:
         break;
     }
-    /* Negative errno values: strerror's table is static in glibc for known values. Codes in the ZT_E*
-     * range that are not (yet) known must not reach strerror, which would print "Unknown error -1000". */
-    if (code < 0 && code > -1000)
+    /* Negative errno values. strerror() formats unknown numbers into a per-thread buffer that the next
+     * call frees, which would break the "static" promise; strerrordesc_np returns static text or NULL. */
+    if (code < 0 && code > -1000) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+        const char *desc = strerrordesc_np(-code);
+        if (desc != NULL)
+            return desc;
+#else
         return strerror(-code);
+#endif
+    }
     return "unknown status code";
 }
 
