@@ -1,4 +1,4 @@
-/* Status codes to text, the zt_fail message helper, the invariant-failure abort and aborting allocators. */
+/* Status codes to text, zt_fail (message plus code), the invariant-failure abort and aborting allocators. */
 #include "common/status.h"
 
 #include <stdarg.h>

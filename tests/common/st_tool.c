@@ -1,4 +1,4 @@
-/* Test helper for the safetensors interop test (st_interop.py):
+/* Test tool for the safetensors interop test (st_interop.py):
  *   st_tool write PATH [--no-bf16]   writes the fixed set of tensors described below, with metadata
  *   st_tool dump PATH [KEY...]       prints the tensors of PATH (file order) and the given metadata
  *                                    keys as JSON: {"tensors": [{"name", "dtype", "shape", "hex"}],

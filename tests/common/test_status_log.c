@@ -19,7 +19,7 @@
 #include "common/log.h"
 #include "common/status.h"
 
-/* ---- helpers ---- */
+/* ---- shared test code ---- */
 
 /* Runs fn with stderr redirected to a temporary file and returns what it wrote (malloc'd). */
 static char *capture_stderr(void (*fn)(void *), void *arg)
