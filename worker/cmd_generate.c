@@ -214,6 +214,8 @@ static int parse_args(int argc, char **argv, generate_args *a)
     return 0;
 }
 
+/* Runs `ztrain generate`: loads the model, streams the prompt and the sampled text to stdout, and returns
+ * the exit status (0 done, 1 a file or write failed, 2 bad flags). */
 int zt_cmd_generate(int argc, char **argv)
 {
     generate_args a;

@@ -25,6 +25,8 @@ static int usage_error(const char *msg)
     return 2;
 }
 
+/* Runs `ztrain plot`: reads the metrics file, writes the SVG atomically, and returns the exit status
+ * (0 written, 1 a file could not be read or written or held nothing to plot, 2 bad flags). */
 int zt_cmd_plot(int argc, char **argv)
 {
     enum { OPT_METRICS = 1000, OPT_OUT, OPT_TITLE, OPT_HELP };
