@@ -2,7 +2,8 @@
 # Installs what ztrain needs to build and test on Debian 12 (run as root; safe to run again).
 #   - Debian packages: compiler, CMake, and the libraries ztrain links (cJSON, cmocka, ...).
 #   - A Python virtual environment in .venv with the pinned reference libraries the tests compare
-#     ztrain against (numpy, safetensors). Nothing from it is linked into ztrain.
+#     ztrain against (numpy, safetensors), and the deploy tests' validators (kubernetes-validate,
+#     PyYAML, dockerfile). Nothing from it is linked into ztrain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,8 +11,13 @@ APT_PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libcjson-dev libcmocka-dev
   python3 python3-venv python3-pip
+  openssl
 )
-PIP_PACKAGES=(numpy==1.26.4 safetensors==0.4.5)
+# The deploy tests render the Kubernetes manifests with `kubectl kustomize`: Debian's kubernetes-client,
+# unless a kubectl is already installed (another vendor's package would clash over /usr/bin/kubectl).
+command -v kubectl >/dev/null 2>&1 || APT_PACKAGES+=(kubernetes-client)
+PIP_PACKAGES=(numpy==1.26.4 safetensors==0.4.5
+  kubernetes-validate==1.37.0 PyYAML==6.0.2 dockerfile==3.4.0)
 
 log() { printf 'install-deps: %s\n' "$*"; }
 
@@ -35,8 +41,13 @@ fi
 # Debian's own Python (the venv must not depend on a Python installed by hand).
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3)
-if ! .venv/bin/python3 -c 'import numpy, safetensors' 2>/dev/null ||
-   [ "$(.venv/bin/python3 -c 'import numpy, safetensors; print(numpy.__version__, safetensors.__version__)')" != "1.26.4 0.4.5" ]; then
+# The venv is made again unless every package of PIP_PACKAGES is installed at its pinned version.
+if ! .venv/bin/python3 - "${PIP_PACKAGES[@]}" 2>/dev/null <<'EOF'
+import sys
+from importlib.metadata import version
+sys.exit(any(version(name) != pin for name, pin in (p.split("==") for p in sys.argv[1:])))
+EOF
+then
   log "creating .venv with ${PIP_PACKAGES[*]}"
   rm -rf .venv
   "$PY" -m venv .venv
