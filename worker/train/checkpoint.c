@@ -1,1 +1,587 @@
-/* placeholder: not implemented yet */
+/* Training checkpoints: writing a checkpoint directory atomically, finding, verifying and loading one
+ * (see checkpoint.h for the layout). */
+#include "worker/train/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/crc32c.h"
+#include "common/fileio.h"
+#include "common/json.h"
+#include "common/safetensors.h"
+
+#define PATH_CAP 1280
+
+/* The files of a checkpoint besides manifest.json, all listed in the manifest with size and CRC. */
+static const char *const ckpt_files[] = {"model.safetensors", "optim.safetensors", "config.json",
+                                         "model_config.json"};
+#define NUM_CKPT_FILES (sizeof(ckpt_files) / sizeof(ckpt_files[0]))
+
+static int join(char *out, size_t cap, const char *dir, const char *name, zt_err *err)
+{
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "path '%s/%s' is too long; use a shorter run directory", dir, name);
+    return 0;
+}
+
+static bool path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Computes the size and CRC-32C of a file, reading it in chunks. */
+static int crc_file(const char *path, uint64_t *size, uint32_t *crc, zt_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        return zt_fail(err, -e, "cannot read %s: %s", path, strerror(e));
+    }
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = zt_xmalloc(CHUNK);
+    uint32_t c = 0;
+    uint64_t total = 0;
+    size_t n;
+    while ((n = fread(buf, 1, CHUNK, f)) > 0) {
+        c = zt_crc32c(c, buf, n);
+        total += n;
+    }
+    int failed = ferror(f);
+    free(buf);
+    fclose(f);
+    if (failed)
+        return zt_fail(err, ZT_EIO, "cannot read %s: read error", path);
+    *size = total;
+    *crc = c;
+    return 0;
+}
+
+/* Removes a directory holding only files (a checkpoint or its .tmp); errors are ignored, as this only
+ * cleans up. */
+static void remove_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[PATH_CAP];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < (int)sizeof(path))
+            unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int fsync_dir(const char *dir, zt_err *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0 || fsync(fd) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return zt_fail(err, -e, "cannot sync directory %s: %s", dir, strerror(e));
+    }
+    close(fd);
+    return 0;
+}
+
+/* optim.safetensors: "m.<name>" and "v.<name>" for every model tensor, in the model's layout. */
+static int write_optim(const char *path, const zt_gpt2 *model, const zt_optimizer *opt, zt_err *err)
+{
+    int ntensors = zt_gpt2_num_tensors(model);
+    char(*names)[80] = zt_xcalloc((size_t)ntensors * 2, sizeof(*names));
+    zt_st_writer *w = zt_st_writer_create();
+    ZT_ASSERT(w);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < ntensors; i++) {
+        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        snprintf(names[2 * i], sizeof(names[0]), "m.%s", t->name);
+        snprintf(names[2 * i + 1], sizeof(names[0]), "v.%s", t->name);
+        rc = zt_st_writer_add(w, names[2 * i], ZT_DTYPE_F32, t->ndim, t->shape, opt->m + t->offset, err);
+        if (rc == 0)
+            rc = zt_st_writer_add(w, names[2 * i + 1], ZT_DTYPE_F32, t->ndim, t->shape, opt->v + t->offset, err);
+    }
+    if (rc == 0)
+        rc = zt_st_writer_add_metadata(w, "format", "ztrain-optim", err);
+    if (rc == 0)
+        rc = zt_st_writer_write(w, path, err);
+    zt_st_writer_destroy(w);
+    free(names);
+    return rc;
+}
+
+/* manifest.json: the state and the size and CRC of every file already in dir. */
+static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
+{
+    cJSON *root = cJSON_CreateObject();
+    ZT_ASSERT(root);
+    cJSON_AddStringToObject(root, "format", ZT_CKPT_FORMAT);
+    cJSON_AddItemToObject(root, "version", zt__json_exact_int(ZT_CKPT_VERSION));
+    cJSON_AddItemToObject(root, "step", zt__json_exact_int(st->step));
+    cJSON_AddItemToObject(root, "adam_step", zt__json_exact_int(st->adam_step));
+    cJSON_AddItemToObject(root, "skipped_steps", zt__json_exact_int(st->skipped_steps));
+    cJSON_AddItemToObject(root, "elapsed_s", zt__json_exact_double(st->elapsed_s));
+
+    cJSON *pos = cJSON_AddObjectToObject(root, "data_position");
+    cJSON_AddItemToObject(pos, "epoch", zt__json_exact_int((int64_t)st->data.epoch));
+    cJSON_AddItemToObject(pos, "shard", zt__json_exact_int((int64_t)st->data.shard));
+    cJSON_AddItemToObject(pos, "window", zt__json_exact_int((int64_t)st->data.window));
+
+    /* 64-bit words do not fit JSON numbers (doubles): hex strings. */
+    cJSON *rng = cJSON_AddArrayToObject(root, "rng_state");
+    for (int i = 0; i < 4; i++) {
+        char hex[20];
+        snprintf(hex, sizeof(hex), "%016" PRIx64, st->rng.s[i]);
+        cJSON_AddItemToArray(rng, cJSON_CreateString(hex));
+    }
+
+    cJSON *sched = cJSON_AddObjectToObject(root, "schedule");
+    cJSON_AddStringToObject(sched, "name", zt_schedule_name(st->schedule.kind));
+    cJSON_AddItemToObject(sched, "lr", zt__json_exact_double(st->schedule.lr));
+    cJSON_AddItemToObject(sched, "min_lr", zt__json_exact_double(st->schedule.min_lr));
+    cJSON_AddItemToObject(sched, "warmup_steps", zt__json_exact_int(st->schedule.warmup_steps));
+    cJSON_AddItemToObject(sched, "total_steps", zt__json_exact_int(st->schedule.total_steps));
+    cJSON_AddItemToObject(sched, "gamma", zt__json_exact_double(st->schedule.gamma));
+
+    cJSON *files = cJSON_AddObjectToObject(root, "files");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < NUM_CKPT_FILES; i++) {
+        char path[PATH_CAP];
+        uint64_t size = 0;
+        uint32_t crc = 0;
+        rc = join(path, sizeof(path), dir, ckpt_files[i], err);
+        if (rc == 0)
+            rc = crc_file(path, &size, &crc, err);
+        if (rc == 0) {
+            cJSON *f = cJSON_AddObjectToObject(files, ckpt_files[i]);
+            char hex[12];
+            snprintf(hex, sizeof(hex), "%08" PRIx32, crc);
+            cJSON_AddItemToObject(f, "bytes", zt__json_exact_int((int64_t)size));
+            cJSON_AddStringToObject(f, "crc32c", hex);
+        }
+    }
+    if (rc == 0) {
+        char path[PATH_CAP];
+        char *text = cJSON_Print(root);
+        ZT_ASSERT(text);
+        rc = join(path, sizeof(path), dir, "manifest.json", err);
+        if (rc == 0)
+            rc = zt_write_file_atomic(path, text, strlen(text), err);
+        cJSON_free(text);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+                       const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
+                       zt_err *err)
+{
+    char name[32], final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8], old_dir[PATH_CAP + 8], path[PATH_CAP + 32];
+    snprintf(name, sizeof(name), "ckpt_%06lld", (long long)st->step);
+    int rc = join(final_dir, sizeof(final_dir), out_dir, name, err);
+    if (rc < 0)
+        return rc;
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", final_dir);
+    snprintf(old_dir, sizeof(old_dir), "%s.old", final_dir);
+
+    remove_flat_dir(tmp_dir); /* left over by a crash while saving */
+    if (mkdir(tmp_dir, 0755) != 0) {
+        int e = errno;
+        return zt_fail(err, -e, "cannot create checkpoint directory %s: %s; check that the run directory is "
+                       "writable and has free space", tmp_dir, strerror(e));
+    }
+
+    snprintf(path, sizeof(path), "%s/model.safetensors", tmp_dir);
+    rc = zt_gpt2_export(model, path, err);
+    if (rc == 0) {
+        snprintf(path, sizeof(path), "%s/optim.safetensors", tmp_dir);
+        rc = write_optim(path, model, opt, err);
+    }
+    if (rc == 0) {
+        snprintf(path, sizeof(path), "%s/config.json", tmp_dir);
+        rc = zt_train_config_save(cfg, path, "model_config.json", err);
+    }
+    if (rc == 0) {
+        snprintf(path, sizeof(path), "%s/model_config.json", tmp_dir);
+        rc = zt_gpt2_config_save(zt_gpt2_get_config(model), path, err);
+    }
+    if (rc == 0)
+        rc = write_manifest(tmp_dir, st, err);
+    if (rc == 0)
+        rc = fsync_dir(tmp_dir, err);
+    if (rc < 0)
+        goto fail;
+
+    /* A checkpoint of the same step may exist (a run resumed and stopped again at once): replace it. */
+    if (path_exists(final_dir)) {
+        remove_flat_dir(old_dir);
+        if (rename(final_dir, old_dir) != 0) {
+            int e = errno;
+            rc = zt_fail(err, -e, "cannot replace %s: %s", final_dir, strerror(e));
+            goto fail;
+        }
+    }
+    if (rename(tmp_dir, final_dir) != 0) {
+        int e = errno;
+        rename(old_dir, final_dir); /* put the replaced checkpoint back, if there was one */
+        rc = zt_fail(err, -e, "cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(e));
+        goto fail;
+    }
+    remove_flat_dir(old_dir);
+    if ((rc = fsync_dir(out_dir, err)) < 0)
+        return rc;
+
+    char latest[PATH_CAP], text[40];
+    if ((rc = join(latest, sizeof(latest), out_dir, "latest", err)) < 0)
+        return rc;
+    int n = snprintf(text, sizeof(text), "%s\n", name);
+    if ((rc = zt_write_file_atomic(latest, text, (size_t)n, err)) < 0)
+        return rc;
+    if (path_out)
+        snprintf(path_out, cap, "%s", final_dir);
+    return 0;
+
+fail:
+    remove_flat_dir(tmp_dir);
+    return rc;
+}
+
+int zt_checkpoint_find(const char *dir, char *out, size_t cap, zt_err *err)
+{
+    char path[PATH_CAP];
+    int rc = join(path, sizeof(path), dir, "manifest.json", err);
+    if (rc < 0)
+        return rc;
+    if (path_exists(path)) {
+        if ((size_t)snprintf(out, cap, "%s", dir) >= cap)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint path '%s' is too long", dir);
+        return 0;
+    }
+    if ((rc = join(path, sizeof(path), dir, "latest", err)) < 0)
+        return rc;
+    char *text = NULL;
+    size_t len = 0;
+    zt_err read_err;
+    if (!path_exists(dir))
+        return zt_fail(err, -ENOENT, "'%s' does not exist; pass a run directory (with a 'latest' file) or a "
+                       "checkpoint directory (ckpt_NNNNNN, with a manifest.json)", dir);
+    if (zt_read_file(path, &text, &len, &read_err) < 0)
+        return zt_fail(err, -ENOENT, "'%s' is neither a checkpoint (no manifest.json) nor a run directory with "
+                       "a checkpoint (no 'latest' file); pass a run directory that has saved a checkpoint, or a "
+                       "ckpt_NNNNNN directory", dir);
+    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' '))
+        text[--len] = '\0';
+    if (len == 0 || strchr(text, '/') || strcmp(text, ".") == 0 || strcmp(text, "..") == 0) {
+        free(text);
+        return zt_fail(err, ZT_EFORMAT, "%s does not name a checkpoint directory; write the name of one "
+                       "(e.g. ckpt_000500) into it, or pass the checkpoint directory itself", path);
+    }
+    int n = snprintf(out, cap, "%s/%s", dir, text);
+    free(text);
+    if (n < 0 || (size_t)n >= cap)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint path under '%s' is too long", dir);
+    return 0;
+}
+
+/* Reads an integer that the manifest must have. */
+static int need_int(zt_json_reader *r, const char *key, int64_t *out, const char *where, zt_err *err)
+{
+    if (!cJSON_GetObjectItemCaseSensitive(r->obj, key))
+        return zt_fail(err, ZT_EFORMAT, "%s: \"%s\" is missing; the checkpoint is damaged, use another one",
+                       where, key);
+    return zt_json_get_int(r, key, 0, 9007199254740992LL, out, err);
+}
+
+static const cJSON *need_item(const cJSON *obj, const char *key, const char *where, zt_err *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!item)
+        zt_fail(err, ZT_EFORMAT, "%s: \"%s\" is missing; the checkpoint is damaged, use another one", where, key);
+    return item;
+}
+
+/* Parses the manifest's state fields (everything but "files"). */
+static int parse_state(const cJSON *root, const char *where, zt_ckpt_state *st, zt_err *err)
+{
+    zt_json_reader r;
+    zt_json_reader_init(&r, root, where);
+    char format[64] = "";
+    int64_t version = 0, v;
+    int rc = zt_json_get_string(&r, "format", format, sizeof(format), err);
+    if (rc < 0)
+        return rc;
+    if (strcmp(format, ZT_CKPT_FORMAT) != 0)
+        return zt_fail(err, ZT_EFORMAT, "%s: format is '%s', not '%s'; this is not a ztrain checkpoint", where,
+                       format, ZT_CKPT_FORMAT);
+    if ((rc = need_int(&r, "version", &version, where, err)) < 0)
+        return rc;
+    if (version != ZT_CKPT_VERSION)
+        return zt_fail(err, ZT_EUNSUPPORTED, "%s: checkpoint format version %lld; this ztrain reads version %d: "
+                       "use the ztrain release that wrote it", where, (long long)version, ZT_CKPT_VERSION);
+    if ((rc = need_int(&r, "step", &st->step, where, err)) < 0 ||
+        (rc = need_int(&r, "adam_step", &st->adam_step, where, err)) < 0 ||
+        (rc = need_int(&r, "skipped_steps", &st->skipped_steps, where, err)) < 0)
+        return rc;
+    st->elapsed_s = 0.0;
+    if ((rc = zt_json_get_double(&r, "elapsed_s", 0.0, 1e300, &st->elapsed_s, err)) < 0)
+        return rc;
+
+    const cJSON *pos = need_item(root, "data_position", where, err);
+    if (!pos)
+        return ZT_EFORMAT;
+    zt_json_accept(&r, "data_position");
+    zt_json_reader pr;
+    zt_json_reader_init(&pr, pos, where);
+    if ((rc = need_int(&pr, "epoch", &v, where, err)) < 0)
+        return rc;
+    st->data.epoch = (uint64_t)v;
+    if ((rc = need_int(&pr, "shard", &v, where, err)) < 0)
+        return rc;
+    st->data.shard = (uint64_t)v;
+    if ((rc = need_int(&pr, "window", &v, where, err)) < 0)
+        return rc;
+    st->data.window = (uint64_t)v;
+    if ((rc = zt_json_reader_finish(&pr, err)) < 0)
+        return rc;
+
+    const cJSON *rng = need_item(root, "rng_state", where, err);
+    if (!rng)
+        return ZT_EFORMAT;
+    zt_json_accept(&r, "rng_state");
+    if (!cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4)
+        return zt_fail(err, ZT_EFORMAT, "%s: \"rng_state\" must be 4 hex strings; the checkpoint is damaged", where);
+    for (int i = 0; i < 4; i++) {
+        const cJSON *word = cJSON_GetArrayItem(rng, i);
+        char *end = NULL;
+        if (!cJSON_IsString(word) || strlen(word->valuestring) != 16)
+            return zt_fail(err, ZT_EFORMAT, "%s: \"rng_state\" must be 4 hex strings; the checkpoint is damaged",
+                           where);
+        st->rng.s[i] = strtoull(word->valuestring, &end, 16);
+        if (*end != '\0')
+            return zt_fail(err, ZT_EFORMAT, "%s: \"rng_state\" must be 4 hex strings; the checkpoint is damaged",
+                           where);
+    }
+
+    const cJSON *sched = need_item(root, "schedule", where, err);
+    if (!sched)
+        return ZT_EFORMAT;
+    zt_json_accept(&r, "schedule");
+    zt_json_reader sr;
+    zt_json_reader_init(&sr, sched, where);
+    char name[32] = "";
+    if ((rc = zt_json_get_string(&sr, "name", name, sizeof(name), err)) < 0 ||
+        (rc = zt_schedule_parse(name, &st->schedule.kind, err)) < 0 ||
+        (rc = zt_json_get_double(&sr, "lr", 0.0, 1e300, &st->schedule.lr, err)) < 0 ||
+        (rc = zt_json_get_double(&sr, "min_lr", 0.0, 1e300, &st->schedule.min_lr, err)) < 0 ||
+        (rc = need_int(&sr, "warmup_steps", &st->schedule.warmup_steps, where, err)) < 0 ||
+        (rc = need_int(&sr, "total_steps", &st->schedule.total_steps, where, err)) < 0 ||
+        (rc = zt_json_get_double(&sr, "gamma", 0.0, 1e300, &st->schedule.gamma, err)) < 0 ||
+        (rc = zt_json_reader_finish(&sr, err)) < 0)
+        return rc;
+
+    zt_json_accept(&r, "files");
+    return zt_json_reader_finish(&r, err);
+}
+
+/* Checks one file against its manifest entry. */
+static int check_file(const char *ckpt_dir, const cJSON *entry, const char *where, zt_err *err)
+{
+    const char *name = entry->string;
+    if (!name || !name[0] || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+        return zt_fail(err, ZT_EFORMAT, "%s: bad file name in \"files\"; the checkpoint is damaged", where);
+    zt_json_reader r;
+    zt_json_reader_init(&r, entry, where);
+    int64_t bytes = 0;
+    char hex[16] = "";
+    int rc = need_int(&r, "bytes", &bytes, where, err);
+    if (rc == 0)
+        rc = zt_json_get_string(&r, "crc32c", hex, sizeof(hex), err);
+    if (rc == 0)
+        rc = zt_json_reader_finish(&r, err);
+    if (rc < 0)
+        return rc;
+    char *end = NULL;
+    unsigned long want_crc = strtoul(hex, &end, 16);
+    if (hex[0] == '\0' || *end != '\0')
+        return zt_fail(err, ZT_EFORMAT, "%s: crc32c of %s is not a hex number; the checkpoint is damaged", where,
+                       name);
+
+    char path[PATH_CAP];
+    if ((rc = join(path, sizeof(path), ckpt_dir, name, err)) < 0)
+        return rc;
+    if (!path_exists(path))
+        return zt_fail(err, -ENOENT, "checkpoint %s is incomplete: %s is missing; resume from another checkpoint",
+                       ckpt_dir, name);
+    uint64_t size = 0;
+    uint32_t crc = 0;
+    if ((rc = crc_file(path, &size, &crc, err)) < 0)
+        return rc;
+    if (size != (uint64_t)bytes)
+        return zt_fail(err, ZT_ECHECKSUM, "checkpoint %s is corrupt: %s is %llu bytes, the manifest says %lld; "
+                       "resume from another checkpoint", ckpt_dir, name, (unsigned long long)size, (long long)bytes);
+    if (crc != (uint32_t)want_crc)
+        return zt_fail(err, ZT_ECHECKSUM, "checkpoint %s is corrupt: %s crc32c mismatch (manifest %08lx, file "
+                       "%08" PRIx32 "); resume from another checkpoint", ckpt_dir, name, want_crc, crc);
+    return 0;
+}
+
+int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st_out, zt_err *err)
+{
+    char path[PATH_CAP];
+    int rc = join(path, sizeof(path), ckpt_dir, "manifest.json", err);
+    if (rc < 0)
+        return rc;
+    char *text = NULL;
+    size_t len = 0;
+    if ((rc = zt_read_file(path, &text, &len, err)) < 0)
+        return rc;
+    cJSON *root = NULL;
+    rc = zt_json_parse_object(text, path, &root, err);
+    free(text);
+    if (rc < 0)
+        return rc;
+
+    zt_ckpt_state st;
+    memset(&st, 0, sizeof(st));
+    rc = parse_state(root, path, &st, err);
+
+    const cJSON *files = rc == 0 ? need_item(root, "files", path, err) : NULL;
+    if (rc == 0 && !files)
+        rc = ZT_EFORMAT;
+    if (rc == 0 && !cJSON_IsObject(files))
+        rc = zt_fail(err, ZT_EFORMAT, "%s: \"files\" must be an object; the checkpoint is damaged", path);
+    for (size_t i = 0; rc == 0 && i < NUM_CKPT_FILES; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(files, ckpt_files[i]))
+            rc = zt_fail(err, ZT_EFORMAT, "%s does not list %s; the checkpoint is damaged, use another one", path,
+                         ckpt_files[i]);
+    const cJSON *entry;
+    if (rc == 0) {
+        cJSON_ArrayForEach(entry, files)
+        {
+            if ((rc = check_file(ckpt_dir, entry, path, err)) < 0)
+                break;
+        }
+    }
+    cJSON_Delete(root);
+    if (rc == 0 && st_out)
+        *st_out = st;
+    return rc;
+}
+
+/* Names the first field in which two model configs differ, with both values, or returns NULL. */
+static const char *model_diff(const zt_gpt2_config *a, const zt_gpt2_config *b, char *av, char *bv, size_t cap)
+{
+#define CMP_INT(f)                                                                                            \
+    if (a->f != b->f) {                                                                                       \
+        snprintf(av, cap, "%d", (int)a->f);                                                                   \
+        snprintf(bv, cap, "%d", (int)b->f);                                                                   \
+        return #f;                                                                                            \
+    }
+    CMP_INT(n_layer)
+    CMP_INT(n_head)
+    CMP_INT(n_embd)
+    CMP_INT(n_positions)
+    CMP_INT(vocab_size)
+    CMP_INT(tie_word_embeddings)
+#undef CMP_INT
+    if (a->layer_norm_epsilon != b->layer_norm_epsilon) {
+        snprintf(av, cap, "%g", (double)a->layer_norm_epsilon);
+        snprintf(bv, cap, "%g", (double)b->layer_norm_epsilon);
+        return "layer_norm_epsilon";
+    }
+    return NULL;
+}
+
+/* Checks that optim.safetensors has m and v of the right shape for every model tensor, and nothing else. */
+static int check_optim(const zt_st_file *f, const zt_gpt2 *model, const char *path, zt_err *err)
+{
+    int ntensors = zt_gpt2_num_tensors(model);
+    if (zt_st_count(f) != (size_t)ntensors * 2)
+        return zt_fail(err, ZT_EFORMAT, "%s holds %zu tensors, the model needs %d (m and v of each of %d); the "
+                       "checkpoint does not belong to this model", path, zt_st_count(f), ntensors * 2, ntensors);
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        for (int k = 0; k < 2; k++) {
+            char name[80];
+            snprintf(name, sizeof(name), "%c.%s", k == 0 ? 'm' : 'v', t->name);
+            const zt_st_tensor *s = zt_st_find(f, name);
+            if (!s)
+                return zt_fail(err, ZT_EFORMAT, "%s has no tensor '%s'; the checkpoint does not belong to this model",
+                               path, name);
+            if (s->dtype != ZT_DTYPE_F32 || s->nbytes != t->numel * sizeof(float))
+                return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' is %s with %zu bytes, expected F32 with %zu; the "
+                               "checkpoint does not belong to this model", path, name, zt_dtype_name(s->dtype),
+                               s->nbytes, t->numel * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err)
+{
+    zt_ckpt_state state;
+    int rc = zt_checkpoint_verify(ckpt_dir, &state, err);
+    if (rc < 0)
+        return rc;
+
+    char path[PATH_CAP];
+    if ((rc = join(path, sizeof(path), ckpt_dir, "model_config.json", err)) < 0)
+        return rc;
+    zt_gpt2_config saved;
+    zt_gpt2_config_default(&saved);
+    if ((rc = zt_gpt2_config_load(&saved, path, err)) < 0)
+        return rc;
+    char sv[32], cv[32];
+    const char *field = model_diff(&saved, zt_gpt2_get_config(model), sv, cv, sizeof(sv));
+    if (field)
+        return zt_fail(err, ZT_EMISMATCH, "checkpoint %s was saved from a model with %s = %s, but the configured "
+                       "model has %s = %s; resume with the checkpoint's model (its model_config.json), or start a "
+                       "new run in another --out directory", ckpt_dir, field, sv, field, cv);
+
+    if ((rc = join(path, sizeof(path), ckpt_dir, "optim.safetensors", err)) < 0)
+        return rc;
+    zt_st_file *f = NULL;
+    if ((rc = zt_st_open(path, &f, err)) < 0)
+        return rc;
+    if ((rc = check_optim(f, model, path, err)) < 0)
+        goto done;
+
+    char model_path[PATH_CAP];
+    if ((rc = join(model_path, sizeof(model_path), ckpt_dir, "model.safetensors", err)) < 0)
+        goto done;
+    if ((rc = zt_gpt2_import(model, model_path, err)) < 0)
+        goto done;
+
+    /* Everything is checked: nothing below can fail. */
+    int ntensors = zt_gpt2_num_tensors(model);
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        char name[80];
+        snprintf(name, sizeof(name), "m.%s", t->name);
+        memcpy(opt->m + t->offset, zt_st_find(f, name)->data, t->numel * sizeof(float));
+        snprintf(name, sizeof(name), "v.%s", t->name);
+        memcpy(opt->v + t->offset, zt_st_find(f, name)->data, t->numel * sizeof(float));
+    }
+    opt->adam_step = state.adam_step;
+    opt->skipped_steps = state.skipped_steps;
+    opt->bad_in_a_row = 0;
+    *st = state;
+done:
+    zt_st_close(f);
+    return rc;
+}

@@ -1,1 +1,568 @@
-/* placeholder: not implemented yet */
+/* The training configuration: defaults, JSON file, flags, validation, logging and saving (see config.h).
+ *
+ * Every setting is described once in the `keys` table below (JSON key, flag, type, field), which drives
+ * reading the file, applying flags, printing and saving, so a new setting is one line here plus its
+ * default and its check. */
+#include "worker/train/config.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/args.h"
+#include "common/fileio.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "worker/train/schedule.h"
+
+enum key_type {
+    KEY_INT,    /* int64_t */
+    KEY_DOUBLE, /* double */
+    KEY_BOOL,   /* bool */
+    KEY_PATH,   /* char[cap]; relative to the config file's folder when read from a file */
+    KEY_TEXT,   /* char[cap] */
+};
+
+struct key_def {
+    const char *key;  /* JSON key */
+    const char *flag; /* command-line flag, or NULL for file-only keys */
+    enum key_type type;
+    size_t offset;    /* of the field in zt_train_config */
+    size_t cap;       /* size of a string field */
+};
+
+#define FIELD(name) offsetof(zt_train_config, name), sizeof(((zt_train_config *)0)->name)
+
+static const struct key_def keys[] = {
+    {"model", "--model", KEY_PATH, FIELD(model_path)},
+    {"init_from", "--init-from", KEY_PATH, FIELD(init_from)},
+    {"train_data", "--train-data", KEY_PATH, FIELD(train_data)},
+    {"val_data", "--val-data", KEY_PATH, FIELD(val_data)},
+    {"out_dir", "--out", KEY_PATH, FIELD(out_dir)},
+    {"steps", "--steps", KEY_INT, FIELD(steps)},
+    {"batch_size", "--batch-size", KEY_INT, FIELD(batch_size)},
+    {"seq_len", "--seq-len", KEY_INT, FIELD(seq_len)},
+    {"grad_accum", "--grad-accum", KEY_INT, FIELD(grad_accum)},
+    {"lr", "--lr", KEY_DOUBLE, FIELD(lr)},
+    {"min_lr", "--min-lr", KEY_DOUBLE, FIELD(min_lr)},
+    {"schedule", "--schedule", KEY_TEXT, FIELD(schedule)},
+    {"warmup_steps", "--warmup", KEY_INT, FIELD(warmup_steps)},
+    {"lr_gamma", NULL, KEY_DOUBLE, FIELD(lr_gamma)},
+    {"weight_decay", "--weight-decay", KEY_DOUBLE, FIELD(weight_decay)},
+    {"beta1", NULL, KEY_DOUBLE, FIELD(beta1)},
+    {"beta2", NULL, KEY_DOUBLE, FIELD(beta2)},
+    {"eps", NULL, KEY_DOUBLE, FIELD(eps)},
+    {"grad_clip", "--grad-clip", KEY_DOUBLE, FIELD(grad_clip)},
+    {"eval_every", "--eval-every", KEY_INT, FIELD(eval_every)},
+    {"eval_batches", "--eval-batches", KEY_INT, FIELD(eval_batches)},
+    {"save_every", "--save-every", KEY_INT, FIELD(save_every)},
+    {"log_every", "--log-every", KEY_INT, FIELD(log_every)},
+    {"seed", "--seed", KEY_INT, FIELD(seed)},
+    {"threads", "--threads", KEY_INT, FIELD(threads)},
+    {"shuffle", NULL, KEY_BOOL, FIELD(shuffle)},
+};
+#define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
+
+/* Integers in JSON are doubles: beyond 2^53 they are not exact, so that is the widest accepted range. */
+#define JSON_INT_LIMIT 9007199254740992LL
+
+static void *field_ptr(zt_train_config *c, const struct key_def *k)
+{
+    return (char *)c + k->offset;
+}
+
+static const void *field_cptr(const zt_train_config *c, const struct key_def *k)
+{
+    return (const char *)c + k->offset;
+}
+
+static const struct key_def *find_key(const char *key)
+{
+    for (size_t i = 0; i < NUM_KEYS; i++)
+        if (strcmp(keys[i].key, key) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+static const struct key_def *find_flag(const char *flag)
+{
+    for (size_t i = 0; i < NUM_KEYS; i++)
+        if (keys[i].flag && strcmp(keys[i].flag, flag) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+void zt_train_config_init(zt_train_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    zt_gpt2_config_default(&c->model);
+    c->model_loaded = false;
+    snprintf(c->out_dir, sizeof(c->out_dir), "runs/train");
+    c->steps = 1000;
+    c->batch_size = 8;
+    c->seq_len = 256;
+    c->grad_accum = 1;
+    c->lr = 6e-4;
+    c->min_lr = 6e-5;
+    snprintf(c->schedule, sizeof(c->schedule), "cosine");
+    c->warmup_steps = ZT_TRAIN_AUTO;
+    c->lr_gamma = 0.999;
+    c->weight_decay = 0.1;
+    c->beta1 = 0.9;
+    c->beta2 = 0.95;
+    c->eps = 1e-8;
+    c->grad_clip = 1.0;
+    c->eval_every = 100;
+    c->eval_batches = 10;
+    c->save_every = 500;
+    c->log_every = 10;
+    c->seed = 1337;
+    c->threads = 0;
+    c->shuffle = true;
+    c->stop_at_step = 0;
+}
+
+/* Copies text into a string field of k->cap bytes; too long is an error naming `where`. */
+static int set_string(zt_train_config *c, const struct key_def *k, const char *text, const char *where,
+                      zt_err *err)
+{
+    size_t n = strlen(text);
+    if (n >= k->cap)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: value of %zu characters is too long (at most %zu)", where, n,
+                       k->cap - 1);
+    memcpy(field_ptr(c, k), text, n + 1);
+    return 0;
+}
+
+/* Joins a path from a config file with the file's folder (dir, "" for the current one), unless the path
+ * is absolute. */
+static int resolve_path(const char *dir, const char *value, char *out, size_t cap, const char *where,
+                        zt_err *err)
+{
+    int n;
+    if (value[0] == '\0' || value[0] == '/' || dir[0] == '\0')
+        n = snprintf(out, cap, "%s", value);
+    else
+        n = snprintf(out, cap, "%s/%s", dir, value);
+    if (n < 0 || (size_t)n >= cap)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: path '%s' is too long (at most %zu characters)", where, value,
+                       cap - 1);
+    return 0;
+}
+
+/* Reads the "model" key: a path to a HF config.json, an inline object, or null. */
+static int read_model_key(zt_train_config *c, zt_json_reader *r, const cJSON *root, const char *dir,
+                          const char *path, zt_err *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "model");
+    zt_json_accept(r, "model");
+    if (!item)
+        return 0;
+    if (cJSON_IsNull(item)) {
+        c->model_path[0] = '\0';
+        c->model_loaded = false;
+        return 0;
+    }
+    if (cJSON_IsString(item)) {
+        char where[ZT_TRAIN_PATH_MAX + 16];
+        snprintf(where, sizeof(where), "%s: \"model\"", path);
+        int rc = resolve_path(dir, item->valuestring, c->model_path, sizeof(c->model_path), where, err);
+        if (rc < 0)
+            return rc;
+        c->model_loaded = false;
+        return 0;
+    }
+    if (cJSON_IsObject(item)) {
+        char where[ZT_TRAIN_PATH_MAX + 16];
+        snprintf(where, sizeof(where), "%s: \"model\"", path);
+        zt_gpt2_config m;
+        zt_gpt2_config_default(&m);
+        int rc = zt_gpt2_config_from_json(&m, item, where, err);
+        if (rc < 0)
+            return rc;
+        c->model = m;
+        c->model_loaded = true;
+        c->model_path[0] = '\0';
+        return 0;
+    }
+    return zt_fail(err, ZT_EINVAL_CONFIG,
+                   "%s: \"model\" must be the path of a Hugging Face config.json or an object with its fields", path);
+}
+
+int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *root = NULL;
+    int rc = zt_read_file(path, &text, &len, err);
+    if (rc < 0)
+        return rc;
+    rc = zt_json_parse_object(text, path, &root, err);
+    free(text);
+    if (rc < 0)
+        return rc;
+
+    /* The folder of the config file: paths inside it are relative to it. */
+    char dir[ZT_TRAIN_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        dir[0] = '\0';
+
+    zt_json_reader r;
+    zt_json_reader_init(&r, root, path);
+    rc = read_model_key(c, &r, root, dir, path, err);
+    for (size_t i = 0; rc == 0 && i < NUM_KEYS; i++) {
+        const struct key_def *k = &keys[i];
+        if (strcmp(k->key, "model") == 0)
+            continue;
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, k->key);
+        if (!item) {
+            zt_json_accept(&r, k->key); /* known, so a misspelling of it gets a suggestion */
+            continue;
+        }
+        switch (k->type) {
+        case KEY_INT:
+            rc = zt_json_get_int(&r, k->key, -JSON_INT_LIMIT, JSON_INT_LIMIT, field_ptr(c, k), err);
+            break;
+        case KEY_DOUBLE:
+            rc = zt_json_get_double(&r, k->key, -DBL_MAX, DBL_MAX, field_ptr(c, k), err);
+            break;
+        case KEY_BOOL:
+            rc = zt_json_get_bool(&r, k->key, field_ptr(c, k), err);
+            break;
+        case KEY_TEXT:
+            rc = zt_json_get_string(&r, k->key, field_ptr(c, k), k->cap, err);
+            break;
+        case KEY_PATH: {
+            if (cJSON_IsNull(item)) { /* "init_from": null and the like: not given */
+                zt_json_accept(&r, k->key);
+                ((char *)field_ptr(c, k))[0] = '\0';
+                break;
+            }
+            char value[ZT_TRAIN_PATH_MAX];
+            rc = zt_json_get_string(&r, k->key, value, sizeof(value), err);
+            if (rc == 0) {
+                char where[ZT_TRAIN_PATH_MAX + 64];
+                snprintf(where, sizeof(where), "%s: \"%s\"", path, k->key);
+                rc = resolve_path(dir, value, field_ptr(c, k), k->cap, where, err);
+            }
+            break;
+        }
+        }
+    }
+    if (rc == 0)
+        rc = zt_json_reader_finish(&r, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *value, zt_err *err)
+{
+    if (strcmp(flag, "--resume") == 0) {
+        if (strlen(value) >= sizeof(c->resume))
+            return zt_fail(err, ZT_EINVAL_CONFIG, "--resume: path is too long (at most %zu characters)",
+                           sizeof(c->resume) - 1);
+        snprintf(c->resume, sizeof(c->resume), "%s", value);
+        return 0;
+    }
+    const struct key_def *k = find_flag(flag);
+    if (!k)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "unknown flag '%s'; see ztrain train --help", flag);
+    switch (k->type) {
+    case KEY_INT:
+        return zt_arg_int(flag, value, -JSON_INT_LIMIT, JSON_INT_LIMIT, field_ptr(c, k), err);
+    case KEY_DOUBLE:
+        return zt_arg_double(flag, value, -DBL_MAX, DBL_MAX, field_ptr(c, k), err);
+    case KEY_BOOL:
+        ZT_ASSERT(!"no boolean flags");
+        return ZT_EINVAL_CONFIG;
+    case KEY_PATH:
+    case KEY_TEXT: {
+        int rc = set_string(c, k, value, flag, err);
+        if (rc == 0 && strcmp(k->key, "model") == 0)
+            c->model_loaded = false; /* --model replaces an inline model of the file */
+        return rc;
+    }
+    }
+    return ZT_EINVAL_CONFIG;
+}
+
+int zt_train_config_resolve(zt_train_config *c, zt_err *err)
+{
+    if (c->warmup_steps == ZT_TRAIN_AUTO)
+        c->warmup_steps = c->steps / 10 < 50 ? c->steps / 10 : 50;
+    if (c->model_loaded)
+        return 0;
+    if (c->model_path[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "no model given: set \"model\" in the config file to a Hugging Face config.json "
+                       "(or an inline object), or pass --model FILE (e.g. examples/gpt2-tiny.json)");
+    zt_gpt2_config m;
+    zt_gpt2_config_default(&m);
+    int rc = zt_gpt2_config_load(&m, c->model_path, err);
+    if (rc < 0)
+        return rc;
+    c->model = m;
+    c->model_loaded = true;
+    return 0;
+}
+
+/* A setting's name for messages, e.g. "\"steps\" (--steps)", or "\"beta1\"" for keys without a flag.
+ * Returns a pointer into a small ring of buffers, so that one message can name up to four settings. */
+static const char *label(const char *key)
+{
+    static __thread char bufs[4][96];
+    static __thread int next;
+    char *buf = bufs[next];
+    next = (next + 1) % 4;
+    const struct key_def *k = find_key(key);
+    if (k && k->flag)
+        snprintf(buf, sizeof(bufs[0]), "\"%s\" (%s)", key, k->flag);
+    else
+        snprintf(buf, sizeof(bufs[0]), "\"%s\"", key);
+    return buf;
+}
+
+/* Checks lo <= v <= hi for an integer setting. */
+static int check_int(const zt_train_config *c, const char *key, int64_t lo, int64_t hi, zt_err *err)
+{
+    const int64_t v = *(const int64_t *)field_cptr(c, find_key(key));
+    if (v < lo || v > hi)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %lld is out of range: set it to a whole number from %lld to %lld",
+                       label(key), (long long)v, (long long)lo, (long long)hi);
+    return 0;
+}
+
+/* Checks a double setting against lo and hi; open bounds exclude the bound itself. */
+static int check_double(const zt_train_config *c, const char *key, double lo, bool lo_open, double hi, bool hi_open,
+                        zt_err *err)
+{
+    const double v = *(const double *)field_cptr(c, find_key(key));
+    bool ok = v == v && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    if (!ok)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g is out of range: set it to a number in %c%g, %g%c",
+                       label(key), v, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+    return 0;
+}
+
+int zt_train_config_validate(const zt_train_config *c, zt_err *err)
+{
+    int rc;
+    if (!c->model_loaded) {
+        if (c->model_path[0] == '\0')
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "no model given: set \"model\" in the config file to a Hugging Face config.json "
+                           "(or an inline object), or pass --model FILE (e.g. examples/gpt2-tiny.json)");
+        return zt_fail(err, ZT_EINVAL_CONFIG, "the model config '%s' was not read yet (zt_train_config_resolve)",
+                       c->model_path);
+    }
+    if ((rc = zt_gpt2_config_validate(&c->model, err)) < 0)
+        return rc;
+    if (c->train_data[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "no training data given: set %s to a glob of token shards made by `ztrain tokenize`, "
+                       "e.g. \"runs/demo/data/corpus_train_*.bin\"", label("train_data"));
+    if (c->out_dir[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "no run directory given: set %s, e.g. \"runs/demo\"", label("out_dir"));
+
+    if ((rc = check_int(c, "steps", 1, 1000000000, err)) < 0 ||
+        (rc = check_int(c, "batch_size", 1, 1 << 20, err)) < 0 ||
+        (rc = check_int(c, "seq_len", 1, 1 << 20, err)) < 0 ||
+        (rc = check_int(c, "grad_accum", 1, 1 << 20, err)) < 0)
+        return rc;
+    if (c->seq_len > c->model.n_positions)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "config: %s = %lld is longer than the model's n_positions %d: lower it to at most %d "
+                       "(or use a model with more positions)",
+                       label("seq_len"), (long long)c->seq_len, c->model.n_positions, c->model.n_positions);
+    if (c->batch_size * c->seq_len > (1LL << 30))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "config: batch_size x seq_len = %lld tokens per micro-batch is too many: lower %s or raise %s",
+                       (long long)(c->batch_size * c->seq_len), label("batch_size"), label("grad_accum"));
+
+    if ((rc = check_double(c, "lr", 0.0, true, 10.0, false, err)) < 0 ||
+        (rc = check_double(c, "min_lr", 0.0, false, 10.0, false, err)) < 0)
+        return rc;
+    if (c->min_lr > c->lr)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g is above %s = %g: the floor of the schedule must "
+                       "not exceed the peak rate; lower min_lr", label("min_lr"), c->min_lr, label("lr"), c->lr);
+    enum zt_schedule_kind kind;
+    if ((rc = zt_schedule_parse(c->schedule, &kind, err)) < 0)
+        return zt_fail(err, rc, "config: %s: unknown schedule '%s'; use one of nodecay, noam, linear, cosine, "
+                       "exponential", label("schedule"), c->schedule);
+    if ((rc = check_int(c, "warmup_steps", 0, 1000000000, err)) < 0)
+        return rc;
+    if (zt_schedule_decays(kind) && c->warmup_steps >= c->steps)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "config: %s = %lld is not below \"steps\" (--steps) = %lld: the %s schedule decays after "
+                       "warmup, so lower the warmup or raise the steps",
+                       label("warmup_steps"), (long long)c->warmup_steps, (long long)c->steps, c->schedule);
+    if ((rc = check_double(c, "lr_gamma", 0.0, true, 1.0, false, err)) < 0 ||
+        (rc = check_double(c, "weight_decay", 0.0, false, 10.0, false, err)) < 0 ||
+        (rc = check_double(c, "beta1", 0.0, false, 1.0, true, err)) < 0 ||
+        (rc = check_double(c, "beta2", 0.0, false, 1.0, true, err)) < 0 ||
+        (rc = check_double(c, "eps", 0.0, true, 1.0, false, err)) < 0 ||
+        (rc = check_double(c, "grad_clip", 0.0, false, 1e30, false, err)) < 0)
+        return rc;
+
+    if ((rc = check_int(c, "eval_every", 0, 1000000000, err)) < 0 ||
+        (rc = check_int(c, "eval_batches", 1, 1000000, err)) < 0 ||
+        (rc = check_int(c, "save_every", 0, 1000000000, err)) < 0 ||
+        (rc = check_int(c, "log_every", 1, 1000000000, err)) < 0 ||
+        (rc = check_int(c, "seed", 0, JSON_INT_LIMIT, err)) < 0 ||
+        (rc = check_int(c, "threads", 0, 4096, err)) < 0)
+        return rc;
+    if (c->stop_at_step < 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: stop_at_step = %lld must be 0 (off) or a step number",
+                       (long long)c->stop_at_step);
+    return 0;
+}
+
+/* Writes the value of setting k as text (paths and strings as they are, "-" when empty). */
+static void format_value(const zt_train_config *c, const struct key_def *k, char *buf, size_t cap)
+{
+    const void *p = field_cptr(c, k);
+    switch (k->type) {
+    case KEY_INT:
+        snprintf(buf, cap, "%lld", (long long)*(const int64_t *)p);
+        break;
+    case KEY_DOUBLE:
+        snprintf(buf, cap, "%.9g", *(const double *)p);
+        break;
+    case KEY_BOOL:
+        snprintf(buf, cap, "%s", *(const bool *)p ? "true" : "false");
+        break;
+    case KEY_PATH:
+    case KEY_TEXT:
+        snprintf(buf, cap, "%s", ((const char *)p)[0] ? (const char *)p : "-");
+        break;
+    }
+}
+
+void zt_train_config_log(const zt_train_config *c)
+{
+    char value[ZT_TRAIN_PATH_MAX + 32];
+    for (size_t i = 0; i < NUM_KEYS; i++) {
+        const struct key_def *k = &keys[i];
+        if (strcmp(k->key, "model") == 0 && c->model_path[0] == '\0')
+            snprintf(value, sizeof(value), "(inline)");
+        else
+            format_value(c, k, value, sizeof(value));
+        zt_log(ZT_LOG_INFO, "config: %s = %s", k->key, value);
+    }
+    if (c->resume[0])
+        zt_log(ZT_LOG_INFO, "config: resume = %s", c->resume);
+    if (c->stop_at_step > 0)
+        zt_log(ZT_LOG_INFO, "config: stop_at_step = %lld", (long long)c->stop_at_step);
+}
+
+cJSON *zt__json_exact_double(double v)
+{
+    char buf[40];
+    if (!isfinite(v))
+        return cJSON_CreateNull();
+    /* The shortest of 15, 16 or 17 significant digits that gives v back. */
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof(buf), "%.*g", digits, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    cJSON *n = cJSON_CreateRaw(buf);
+    ZT_ASSERT(n);
+    return n;
+}
+
+cJSON *zt__json_exact_int(int64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%lld", (long long)v);
+    cJSON *n = cJSON_CreateRaw(buf);
+    ZT_ASSERT(n);
+    return n;
+}
+
+/* Makes a path absolute by prefixing the current directory; returns a malloc'd string or NULL on error. */
+static char *absolute_path(const char *path, zt_err *err)
+{
+    if (path[0] == '/')
+        return strdup(path);
+    char cwd[ZT_TRAIN_PATH_MAX];
+    if (!getcwd(cwd, sizeof(cwd))) {
+        zt_fail(err, ZT_EIO, "cannot find the current directory to make '%s' absolute", path);
+        return NULL;
+    }
+    while (path[0] == '.' && path[1] == '/')
+        path += 2;
+    size_t n = strlen(cwd) + 1 + strlen(path) + 1;
+    char *out = zt_xmalloc(n);
+    snprintf(out, n, "%s/%s", cwd, path);
+    return out;
+}
+
+int zt_train_config_save(const zt_train_config *c, const char *path, const char *model_ref, zt_err *err)
+{
+    cJSON *root = cJSON_CreateObject();
+    ZT_ASSERT(root);
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < NUM_KEYS; i++) {
+        const struct key_def *k = &keys[i];
+        const void *p = field_cptr(c, k);
+        if (strcmp(k->key, "model") == 0) {
+            cJSON_AddStringToObject(root, "model", model_ref);
+            continue;
+        }
+        switch (k->type) {
+        case KEY_INT:
+            cJSON_AddItemToObject(root, k->key, zt__json_exact_int(*(const int64_t *)p));
+            break;
+        case KEY_DOUBLE:
+            cJSON_AddItemToObject(root, k->key, zt__json_exact_double(*(const double *)p));
+            break;
+        case KEY_BOOL:
+            cJSON_AddBoolToObject(root, k->key, *(const bool *)p);
+            break;
+        case KEY_TEXT:
+            cJSON_AddStringToObject(root, k->key, (const char *)p);
+            break;
+        case KEY_PATH:
+            if (((const char *)p)[0] == '\0') {
+                cJSON_AddNullToObject(root, k->key);
+            } else {
+                char *abs = absolute_path((const char *)p, err);
+                if (!abs) {
+                    rc = ZT_EIO;
+                    break;
+                }
+                cJSON_AddStringToObject(root, k->key, abs);
+                free(abs);
+            }
+            break;
+        }
+    }
+    if (rc == 0) {
+        char *text = cJSON_Print(root);
+        ZT_ASSERT(text);
+        size_t n = strlen(text);
+        char *with_newline = zt_xmalloc(n + 2);
+        memcpy(with_newline, text, n);
+        with_newline[n] = '\n';
+        with_newline[n + 1] = '\0';
+        rc = zt_write_file_atomic(path, with_newline, n + 1, err);
+        free(with_newline);
+        cJSON_free(text);
+    }
+    cJSON_Delete(root);
+    return rc;
+}

@@ -1,1 +1,98 @@
-/* placeholder: not implemented yet */
+/* AdamW over the model's parameter slab, with clipping folded into the gradient scale (see optimizer.h). */
+#include "worker/train/optimizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/adamw.h"
+#include "kernels/norm.h"
+
+int zt_optimizer_init(zt_optimizer *o, size_t n, double beta1, double beta2, double eps, double weight_decay,
+                      double grad_clip, zt_err *err)
+{
+    memset(o, 0, sizeof(*o));
+    o->m = calloc(n ? n : 1, sizeof(float));
+    o->v = calloc(n ? n : 1, sizeof(float));
+    if (!o->m || !o->v) {
+        zt_optimizer_free(o);
+        return zt_fail(err, ZT_ENOMEM, "cannot allocate the Adam state (2 x %zu floats); use a smaller model", n);
+    }
+    o->n = n;
+    o->beta1 = (float)beta1;
+    o->beta2 = (float)beta2;
+    o->eps = (float)eps;
+    o->weight_decay = (float)weight_decay;
+    o->grad_clip = (float)grad_clip;
+    return 0;
+}
+
+void zt_optimizer_free(zt_optimizer *o)
+{
+    if (!o)
+        return;
+    free(o->m);
+    free(o->v);
+    o->m = NULL;
+    o->v = NULL;
+    o->n = 0;
+}
+
+double zt_optimizer_grad_norm(const float *grads, size_t n)
+{
+    return sqrt(zt_cpu_sum_squares(grads, n));
+}
+
+float zt_optimizer_clip_coef(double norm, double max_norm)
+{
+    if (max_norm <= 0.0)
+        return 1.0f;
+    double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? (float)coef : 1.0f;
+}
+
+int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_optimizer_report *report,
+                      zt_err *err)
+{
+    ZT_ASSERT(zt_gpt2_num_params(model) == o->n);
+    float *params = zt_gpt2_params(model);
+    const float *grads = zt_gpt2_grads(model);
+
+    double norm = zt_optimizer_grad_norm(grads, o->n);
+    report->grad_norm = norm;
+    report->clip_coef = 1.0f;
+    report->skipped = false;
+
+    if (!isfinite(loss) || !isfinite(norm)) {
+        report->skipped = true;
+        o->skipped_steps++;
+        o->bad_in_a_row++;
+        if (o->bad_in_a_row >= ZT_OPTIMIZER_MAX_BAD_STEPS)
+            return zt_fail(err, ZT_ESTATE,
+                           "%d steps in a row had a non-finite loss or gradient norm (loss %g, grad norm %g); "
+                           "the run diverged: lower the learning rate (--lr), keep gradient clipping on "
+                           "(--grad-clip 1.0), or resume from an earlier checkpoint",
+                           o->bad_in_a_row, (double)loss, norm);
+        return 0;
+    }
+    o->bad_in_a_row = 0;
+
+    report->clip_coef = zt_optimizer_clip_coef(norm, o->grad_clip);
+    o->adam_step++;
+    zt_adamw_params p = {
+        .lr = lr,
+        .beta1 = o->beta1,
+        .beta2 = o->beta2,
+        .eps = o->eps,
+        .weight_decay = 0.0f,
+        .grad_scale = report->clip_coef,
+        .step = (int)o->adam_step,
+    };
+    int ntensors = zt_gpt2_num_tensors(model);
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        p.weight_decay = t->weight_decay ? o->weight_decay : 0.0f;
+        zt_cpu_adamw_update(params + t->offset, o->m + t->offset, o->v + t->offset, grads + t->offset, t->numel, &p);
+    }
+    return 0;
+}

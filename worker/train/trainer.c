@@ -1,1 +1,443 @@
-/* placeholder: not implemented yet */
+/* The training loop: setup (model, data, resume), steps, evaluation, metrics, checkpoints (see trainer.h). */
+#include "worker/train/trainer.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/rng.h"
+#include "common/units.h"
+#include "kernels/cpu_threads.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/metrics.h"
+#include "worker/train/optimizer.h"
+#include "worker/train/schedule.h"
+
+#define PATH_CAP (ZT_TRAIN_PATH_MAX + 64)
+
+static volatile sig_atomic_t stop_requested;
+
+void zt_trainer_request_stop(void)
+{
+    stop_requested = 1;
+}
+
+void zt_train_result_free(zt_train_result *res)
+{
+    if (!res)
+        return;
+    free(res->losses);
+    res->losses = NULL;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char path[PATH_CAP];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return stat(path, &st) == 0;
+}
+
+float zt_trainer_accumulate(zt_gpt2 *model, zt_dataloader *dl, int grad_accum, int B, int T, int32_t *inputs,
+                            int32_t *targets)
+{
+    zt_gpt2_zero_grad(model);
+    float scale = 1.0f / (float)grad_accum;
+    double sum = 0.0;
+    for (int i = 0; i < grad_accum; i++) {
+        zt_dataloader_next(dl, inputs, targets);
+        sum += zt_gpt2_forward(model, inputs, targets, B, T);
+        zt_gpt2_backward(model, scale);
+    }
+    return (float)(sum / grad_accum);
+}
+
+/* Mean loss over `batches` batches from the start of the validation data (the loader does not shuffle). */
+static float evaluate(zt_gpt2 *model, zt_dataloader *val, int64_t batches, int B, int T, int32_t *inputs,
+                      int32_t *targets)
+{
+    zt_dataloader_reset(val);
+    double sum = 0.0;
+    for (int64_t i = 0; i < batches; i++) {
+        zt_dataloader_next(val, inputs, targets);
+        sum += zt_gpt2_forward(model, inputs, targets, B, T);
+    }
+    return (float)(sum / (double)batches);
+}
+
+/* The largest token id of one shard file, or -1 if it cannot be read (the loader reported that already). */
+static int shard_max_token(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    int32_t header[ZT_SHARD_HEADER_INTS];
+    if (fread(header, sizeof(int32_t), ZT_SHARD_HEADER_INTS, f) != ZT_SHARD_HEADER_INTS) {
+        fclose(f);
+        return -1;
+    }
+    uint16_t buf[1 << 15];
+    int64_t left = header[2];
+    int max = -1;
+    while (left > 0) {
+        size_t want = left < (int64_t)(sizeof(buf) / sizeof(buf[0])) ? (size_t)left : sizeof(buf) / sizeof(buf[0]);
+        size_t got = fread(buf, sizeof(uint16_t), want, f);
+        if (got == 0)
+            break;
+        for (size_t i = 0; i < got; i++)
+            if (buf[i] > max)
+                max = buf[i];
+        left -= (int64_t)got;
+    }
+    fclose(f);
+    return max;
+}
+
+/* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
+static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_size, zt_err *err)
+{
+    int max = zt_dataloader_max_token(dl);
+    if (max < vocab_size)
+        return 0;
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            int file_max = shard_max_token(g.gl_pathv[i]);
+            if (file_max >= vocab_size) {
+                int rc = zt_fail(err, ZT_EMISMATCH, "token id %d in '%s' does not fit vocab_size %d of the model "
+                                 "(tokenize with the model's tokenizer or raise vocab_size)",
+                                 file_max, g.gl_pathv[i], vocab_size);
+                globfree(&g);
+                return rc;
+            }
+        }
+        globfree(&g);
+    }
+    return zt_fail(err, ZT_EMISMATCH, "token id %d in '%s' does not fit vocab_size %d of the model (tokenize with "
+                   "the model's tokenizer or raise vocab_size)", max, pattern, vocab_size);
+}
+
+static void log_model(const zt_gpt2 *model, const zt_train_config *cfg)
+{
+    const zt_gpt2_config *m = zt_gpt2_get_config(model);
+    size_t n = zt_gpt2_num_params(model);
+    char weights[32], state[32];
+    zt_format_size((uint64_t)n * sizeof(float), weights, sizeof(weights));
+    zt_format_size((uint64_t)n * sizeof(float) * 4, state, sizeof(state));
+    zt_log(ZT_LOG_INFO, "model: GPT-2, %d layers x %d wide, %d heads, vocab %d, %d positions: %.2fM parameters "
+           "(%s fp32; %s with gradients and Adam state)",
+           m->n_layer, m->n_embd, m->n_head, m->vocab_size, m->n_positions, (double)n / 1e6, weights, state);
+    zt_log(ZT_LOG_INFO, "model: a step is %lld x %lld sequences of %lld tokens = %lld tokens",
+           (long long)cfg->grad_accum, (long long)cfg->batch_size, (long long)cfg->seq_len,
+           (long long)(cfg->grad_accum * cfg->batch_size * cfg->seq_len));
+}
+
+static void log_data(const char *what, const char *pattern, const zt_dataloader *dl, const zt_train_config *cfg)
+{
+    uint64_t tokens = zt_dataloader_num_tokens(dl);
+    uint64_t batches = zt_dataloader_batches_per_epoch(dl);
+    zt_log(ZT_LOG_INFO, "data: %s '%s': %llu tokens, %llu batches of %lld x %lld per epoch (max token id %d)",
+           what, pattern, (unsigned long long)tokens, (unsigned long long)batches, (long long)cfg->batch_size,
+           (long long)cfg->seq_len, zt_dataloader_max_token(dl));
+}
+
+/* The `step 120/1000 | loss ...` line. */
+static void log_progress(int64_t step, int64_t steps, float loss, double lr, double norm, double tok_s,
+                         double elapsed, double eta)
+{
+    char el[32], et[32];
+    zt_format_duration(elapsed, el, sizeof(el));
+    zt_format_duration(eta, et, sizeof(et));
+    zt_log(ZT_LOG_INFO, "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | elapsed %s | eta %s",
+           (long long)step, (long long)steps, (double)loss, lr, norm, tok_s, el, et);
+}
+
+/* Everything a run holds, so that one cleanup path frees it. */
+struct run {
+    zt_gpt2 *model;
+    zt_optimizer opt;
+    zt_dataloader *train;
+    zt_dataloader *val;
+    zt_metrics metrics;
+    int32_t *inputs;
+    int32_t *targets;
+};
+
+static void run_free(struct run *r)
+{
+    zt_gpt2_destroy(r->model);
+    zt_optimizer_free(&r->opt);
+    zt_dataloader_close(r->train);
+    zt_dataloader_close(r->val);
+    zt_metrics_close(&r->metrics);
+    free(r->inputs);
+    free(r->targets);
+}
+
+/* Warns when the schedule of the checkpoint differs from the configured one (e.g. more steps): allowed,
+ * but the learning rates then differ from an uninterrupted run. */
+static void warn_schedule_change(const zt_schedule *saved, const zt_schedule *now)
+{
+    if (saved->kind != now->kind || saved->lr != now->lr || saved->min_lr != now->min_lr ||
+        saved->warmup_steps != now->warmup_steps || saved->total_steps != now->total_steps ||
+        saved->gamma != now->gamma)
+        zt_log(ZT_LOG_WARN, "resume: the learning-rate schedule differs from the checkpoint's (%s to step %lld, "
+               "lr %g, min_lr %g, warmup %lld); continuing with the configured one (%s to step %lld, lr %g, "
+               "min_lr %g, warmup %lld)",
+               zt_schedule_name(saved->kind), (long long)saved->total_steps, saved->lr, saved->min_lr,
+               (long long)saved->warmup_steps, zt_schedule_name(now->kind), (long long)now->total_steps, now->lr,
+               now->min_lr, (long long)now->warmup_steps);
+}
+
+int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
+{
+    memset(res, 0, sizeof(*res));
+    res->first_val_loss = NAN;
+    res->last_val_loss = NAN;
+
+    int rc = zt_train_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    const int B = (int)cfg->batch_size;
+    const int T = (int)cfg->seq_len;
+    const int accum = (int)cfg->grad_accum;
+    const bool resuming = cfg->resume[0] != '\0';
+    struct run r;
+    memset(&r, 0, sizeof(r));
+    char path[PATH_CAP], ckpt_dir[PATH_CAP];
+
+    zt_cpu_set_threads((int)cfg->threads);
+    zt_train_config_log(cfg);
+    zt_log(ZT_LOG_INFO, "threads: %d", zt_cpu_get_threads());
+
+    /* The run directory: writable, and not another run's unless continuing it. */
+    if ((rc = zt_check_writable_dir(cfg->out_dir, err)) < 0)
+        return rc;
+    if (!resuming && (file_exists(cfg->out_dir, "latest") || file_exists(cfg->out_dir, "metrics.jsonl")))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "'%s' already holds a run; continue it with --resume %s, or start a "
+                       "new one with another --out directory (or delete this one)", cfg->out_dir, cfg->out_dir);
+    if (resuming && (rc = zt_checkpoint_find(cfg->resume, ckpt_dir, sizeof(ckpt_dir), err)) < 0)
+        return rc;
+
+    /* Model and optimizer. */
+    if ((rc = zt_gpt2_create(&r.model, &cfg->model, B, T, (uint64_t)cfg->seed, err)) < 0)
+        goto out;
+    log_model(r.model, cfg);
+    if ((rc = zt_optimizer_init(&r.opt, zt_gpt2_num_params(r.model), cfg->beta1, cfg->beta2, cfg->eps,
+                                cfg->weight_decay, cfg->grad_clip, err)) < 0)
+        goto out;
+
+    /* Data. */
+    if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0)
+        goto out;
+    if ((rc = check_vocab(r.train, cfg->train_data, cfg->model.vocab_size, err)) < 0)
+        goto out;
+    log_data("train", cfg->train_data, r.train, cfg);
+    int64_t eval_batches = cfg->eval_batches;
+    if (cfg->val_data[0]) {
+        if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0)
+            goto out;
+        if ((rc = check_vocab(r.val, cfg->val_data, cfg->model.vocab_size, err)) < 0)
+            goto out;
+        log_data("val", cfg->val_data, r.val, cfg);
+        uint64_t available = zt_dataloader_batches_per_epoch(r.val);
+        if ((uint64_t)eval_batches > available) {
+            zt_log(ZT_LOG_INFO, "eval: the validation data has %llu batches; evaluating on those instead of %lld",
+                   (unsigned long long)available, (long long)eval_batches);
+            eval_batches = (int64_t)available;
+        }
+    } else {
+        zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
+    }
+    r.inputs = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
+    r.targets = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
+
+    /* Starting state: fresh, from init_from, or from a checkpoint. */
+    zt_schedule sched;
+    enum zt_schedule_kind kind = ZT_SCHEDULE_COSINE;
+    zt_schedule_parse(cfg->schedule, &kind, NULL); /* validated above */
+    sched.kind = kind;
+    sched.lr = cfg->lr;
+    sched.min_lr = cfg->min_lr;
+    sched.warmup_steps = cfg->warmup_steps;
+    sched.total_steps = cfg->steps;
+    sched.gamma = cfg->lr_gamma;
+
+    zt_ckpt_state st;
+    memset(&st, 0, sizeof(st));
+    zt_rng_seed(&st.rng, (uint64_t)cfg->seed);
+    if (resuming) {
+        if ((rc = zt_checkpoint_load(ckpt_dir, r.model, &r.opt, &st, err)) < 0)
+            goto out;
+        if (st.step >= cfg->steps) {
+            rc = zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s is at step %lld and the run is configured for "
+                         "%lld steps: nothing to do; raise --steps to train further", ckpt_dir,
+                         (long long)st.step, (long long)cfg->steps);
+            goto out;
+        }
+        zt_err pos_err;
+        if ((rc = zt_dataloader_set_position(r.train, &st.data, &pos_err)) < 0) {
+            rc = zt_fail(err, rc, "resume from %s: %s (keep batch_size, seq_len and train_data of the run)",
+                         ckpt_dir, pos_err.msg);
+            goto out;
+        }
+        warn_schedule_change(&st.schedule, &sched);
+        if (cfg->init_from[0])
+            zt_log(ZT_LOG_WARN, "resume: init_from '%s' is ignored: the parameters come from the checkpoint",
+                   cfg->init_from);
+        zt_log(ZT_LOG_INFO, "resume: continuing from %s at step %lld (data epoch %llu, shard %llu, window %llu)",
+               ckpt_dir, (long long)st.step, (unsigned long long)st.data.epoch, (unsigned long long)st.data.shard,
+               (unsigned long long)st.data.window);
+    } else if (cfg->init_from[0]) {
+        if ((rc = zt_gpt2_import(r.model, cfg->init_from, err)) < 0)
+            goto out;
+        zt_log(ZT_LOG_INFO, "model: parameters initialised from %s", cfg->init_from);
+    }
+    st.schedule = sched;
+    res->start_step = st.step;
+    res->end_step = st.step;
+    res->skipped_steps = st.skipped_steps;
+    res->losses = zt_xcalloc((size_t)(cfg->steps - st.step), sizeof(float));
+
+    /* The run directory's config files, as this run started, and the metrics log. */
+    snprintf(path, sizeof(path), "%s/config.json", cfg->out_dir);
+    if ((rc = zt_train_config_save(cfg, path, "model_config.json", err)) < 0)
+        goto out;
+    snprintf(path, sizeof(path), "%s/model_config.json", cfg->out_dir);
+    if ((rc = zt_gpt2_config_save(&cfg->model, path, err)) < 0)
+        goto out;
+    snprintf(path, sizeof(path), "%s/metrics.jsonl", cfg->out_dir);
+    if (resuming) {
+        double first_val = NAN;
+        if ((rc = zt_metrics_resume(&r.metrics, path, st.step, &first_val, err)) < 0)
+            goto out;
+        res->first_val_loss = (float)first_val;
+    } else if ((rc = zt_metrics_create(&r.metrics, path, err)) < 0) {
+        goto out;
+    }
+
+    /* The starting validation loss, so that the curve has its origin. */
+    if (r.val && !resuming) {
+        float vl = evaluate(r.model, r.val, eval_batches, B, T, r.inputs, r.targets);
+        zt_log(ZT_LOG_INFO, "eval: step 0 | val loss %.4f", (double)vl);
+        res->first_val_loss = res->last_val_loss = vl;
+        if ((rc = zt_metrics_write_eval(&r.metrics, 0, vl, err)) < 0)
+            goto out;
+    }
+
+    const double start = now_seconds();
+    const double elapsed_before = st.elapsed_s;
+    const double step_tokens = (double)B * (double)T * (double)accum;
+    double train_time = 0.0, window_time = 0.0, window_tokens = 0.0;
+    int64_t steps_run = 0;
+
+    for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
+        double t0 = now_seconds();
+        float loss = zt_trainer_accumulate(r.model, r.train, accum, B, T, r.inputs, r.targets);
+        double lr = zt_schedule_lr(&sched, step);
+        zt_optimizer_report rep;
+        if ((rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err)) < 0)
+            goto out;
+        double dt = now_seconds() - t0;
+
+        steps_run++;
+        train_time += dt;
+        window_time += dt;
+        window_tokens += step_tokens;
+        st.step = step;
+        res->end_step = step;
+        res->losses[step - res->start_step - 1] = loss;
+        res->skipped_steps = r.opt.skipped_steps;
+        double elapsed = elapsed_before + (now_seconds() - start);
+        if (rep.skipped)
+            zt_log(ZT_LOG_WARN, "step %lld skipped: loss %g, grad norm %g is not finite (%d in a row; the run stops "
+                   "at %d)", (long long)step, (double)loss, rep.grad_norm, r.opt.bad_in_a_row,
+                   ZT_OPTIMIZER_MAX_BAD_STEPS);
+
+        zt_metrics_train line = {
+            .step = step,
+            .loss = loss,
+            .lr = lr,
+            .grad_norm = rep.grad_norm,
+            .tokens_per_s = dt > 0 ? step_tokens / dt : 0.0,
+            .elapsed_s = elapsed,
+            .skipped = rep.skipped,
+        };
+        if ((rc = zt_metrics_write_train(&r.metrics, &line, err)) < 0)
+            goto out;
+        const bool last = step == cfg->steps;
+        if (step % cfg->log_every == 0 || step == res->start_step + 1 || last) {
+            double per_step = (now_seconds() - start) / (double)steps_run;
+            log_progress(step, cfg->steps, loss, lr, rep.grad_norm, window_time > 0 ? window_tokens / window_time : 0,
+                         elapsed, per_step * (double)(cfg->steps - step));
+            window_time = 0.0;
+            window_tokens = 0.0;
+        }
+
+        if (r.val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
+            float vl = evaluate(r.model, r.val, eval_batches, B, T, r.inputs, r.targets);
+            zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)vl);
+            res->last_val_loss = vl;
+            if (isnan(res->first_val_loss))
+                res->first_val_loss = vl;
+            if ((rc = zt_metrics_write_eval(&r.metrics, step, vl, err)) < 0)
+                goto out;
+        }
+
+        const bool stop = stop_requested || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
+        if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
+            st.adam_step = r.opt.adam_step;
+            st.skipped_steps = r.opt.skipped_steps;
+            st.elapsed_s = elapsed_before + (now_seconds() - start);
+            zt_dataloader_get_position(r.train, &st.data);
+            if ((rc = zt_checkpoint_save(cfg->out_dir, r.model, &r.opt, cfg, &st, res->checkpoint,
+                                         sizeof(res->checkpoint), err)) < 0)
+                goto out;
+            zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
+        }
+        if (stop && !last) {
+            stop_requested = 0;
+            res->interrupted = true;
+            zt_log(ZT_LOG_WARN, "stopped after step %lld/%lld; resume with: ztrain train --resume %s",
+                   (long long)step, (long long)cfg->steps, cfg->out_dir);
+            break;
+        }
+    }
+
+    res->seconds = now_seconds() - start;
+    res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
+    if (!res->interrupted) {
+        char took[32];
+        zt_format_duration(res->seconds, took, sizeof(took));
+        if (r.val)
+            zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f; checkpoint %s",
+                   (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
+                   (double)res->last_val_loss, res->checkpoint);
+        else
+            zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; train loss %.4f -> %.4f; checkpoint %s",
+                   (long long)steps_run, took, res->tokens_per_s, steps_run ? (double)res->losses[0] : NAN,
+                   steps_run ? (double)res->losses[steps_run - 1] : NAN, res->checkpoint);
+        if (res->skipped_steps > 0)
+            zt_log(ZT_LOG_WARN, "%lld steps were skipped for a non-finite loss or gradient norm",
+                   (long long)res->skipped_steps);
+    }
+    rc = 0;
+out:
+    run_free(&r);
+    return rc;
+}

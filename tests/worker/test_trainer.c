@@ -1,0 +1,557 @@
+/* Tests of the trainer (worker/train/trainer.h) and what it is built from: checkpoints, resume, metrics,
+ * the optimizer's guards, and `ztrain export`. A tiny GPT-2 (2 layers x 32, vocab 64) trains on synthetic
+ * shards in a fresh temporary folder.
+ *
+ * The central check: N steps, a checkpoint, a resume and M more steps give the same losses, the same
+ * metrics.jsonl and the same final checkpoint files, bit for bit, as N + M steps without stopping. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fileio.h"
+#include "common/log.h"
+#include "worker/commands.h"
+#include "worker/data/dataloader.h"
+#include "worker/model/gpt2.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/optimizer.h"
+#include "worker/train/trainer.h"
+
+#define VOCAB 64
+#define B 2
+#define T 16
+
+static char g_dir[256];
+
+static zt_gpt2_config tiny_model(void)
+{
+    zt_gpt2_config m;
+    zt_gpt2_config_default(&m);
+    m.n_layer = 2;
+    m.n_head = 2;
+    m.n_embd = 32;
+    m.n_positions = 32;
+    m.vocab_size = VOCAB;
+    return m;
+}
+
+/* A shard of n tokens with structure to learn: a repeating phrase of 11 tokens, shifted by salt; with
+ * max_token 100 its largest token is (10 * 7 + 0) % 101 = 70. */
+static void write_shard(const char *name, size_t n, uint16_t salt, uint16_t max_token)
+{
+    uint16_t *tok = malloc(n * sizeof(uint16_t));
+    assert_non_null(tok);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint16_t)(((i % 11) * 7 + salt) % (max_token + 1u));
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
+    zt_err err = {{0}};
+    if (zt_shard_write(path, tok, n, &err) != 0)
+        fail_msg("%s", err.msg);
+    free(tok);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof(g_dir), "%s/zt_test_trainer_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(g_dir))
+        return -1;
+    write_shard("t_train_000.bin", 4000, 0, VOCAB - 1);
+    write_shard("t_val_000.bin", 600, 0, VOCAB - 1);
+    write_shard("big_train_000.bin", 2000, 0, 100); /* tokens up to 100: too many for VOCAB */
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A valid config for the tiny model writing into g_dir/<out>. */
+static void base_config(zt_train_config *c, const char *out)
+{
+    zt_train_config_init(c);
+    c->model = tiny_model();
+    c->model_loaded = true;
+    snprintf(c->train_data, sizeof(c->train_data), "%s/t_train_*.bin", g_dir);
+    snprintf(c->val_data, sizeof(c->val_data), "%s/t_val_*.bin", g_dir);
+    snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", g_dir, out);
+    c->steps = 6;
+    c->batch_size = B;
+    c->seq_len = T;
+    c->grad_accum = 2;
+    c->lr = 1e-2;
+    c->min_lr = 1e-3;
+    c->warmup_steps = 2;
+    c->eval_every = 2;
+    c->eval_batches = 2;
+    c->save_every = 2;
+    c->log_every = 1;
+    c->seed = 5;
+    c->threads = 1;
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_resolve(c, &err), 0);
+    if (zt_train_config_validate(c, &err) != 0)
+        fail_msg("%s", err.msg);
+}
+
+static void run_ok(const zt_train_config *c, zt_train_result *res)
+{
+    zt_err err = {{0}};
+    int rc = zt_trainer_run(c, res, &err);
+    if (rc != 0)
+        fail_msg("zt_trainer_run failed (%d): %s", rc, err.msg);
+}
+
+static void path_of(char *out, size_t cap, const char *rel)
+{
+    snprintf(out, cap, "%s/%s", g_dir, rel);
+}
+
+/* Reads g_dir/rel whole; the caller frees. */
+static char *slurp(const char *rel, size_t *len)
+{
+    char path[512];
+    path_of(path, sizeof(path), rel);
+    char *data = NULL;
+    zt_err err = {{0}};
+    if (zt_read_file(path, &data, len, &err) != 0)
+        fail_msg("%s", err.msg);
+    return data;
+}
+
+static void expect_same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *da = slurp(a, &na), *db = slurp(b, &nb);
+    if (na != nb || memcmp(da, db, na) != 0)
+        fail_msg("%s and %s differ", a, b);
+    free(da);
+    free(db);
+}
+
+/* metrics.jsonl without the timing fields (tokens_per_s and elapsed_s differ from run to run). */
+static char *metrics_without_timing(const char *rel)
+{
+    size_t n = 0;
+    char *text = slurp(rel, &n);
+    char *out = calloc(n + 1, 1), *o = out;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *cut = strstr(line, ",\"tokens_per_s\"");
+        size_t len = cut ? (size_t)(cut - line) : strlen(line);
+        memcpy(o, line, len);
+        o += len;
+        *o++ = '\n';
+    }
+    free(text);
+    return out;
+}
+
+static bool exists(const char *rel)
+{
+    char path[512];
+    struct stat st;
+    path_of(path, sizeof(path), rel);
+    return stat(path, &st) == 0;
+}
+
+static void test_resume_is_bit_identical(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result straight, first, second, again, other;
+
+    /* A: 6 steps in one go. */
+    base_config(&c, "A");
+    run_ok(&c, &straight);
+    assert_false(straight.interrupted);
+    assert_int_equal(straight.start_step, 0);
+    assert_int_equal(straight.end_step, 6);
+    assert_true(straight.losses[5] < straight.losses[0]); /* it learns something */
+    assert_true(isfinite(straight.first_val_loss) && straight.last_val_loss < straight.first_val_loss);
+    assert_true(exists("A/ckpt_000002/manifest.json") && exists("A/ckpt_000004/manifest.json"));
+    assert_true(exists("A/config.json") && exists("A/model_config.json"));
+
+    /* B: stopped after step 3 (a checkpoint is written), then resumed from the run directory. */
+    base_config(&c, "B");
+    c.stop_at_step = 3;
+    run_ok(&c, &first);
+    assert_true(first.interrupted);
+    assert_int_equal(first.end_step, 3);
+    assert_true(exists("B/ckpt_000003/manifest.json"));
+    assert_false(exists("B/ckpt_000006"));
+    size_t n = 0;
+    char *latest = slurp("B/latest", &n);
+    assert_string_equal(latest, "ckpt_000003\n");
+    free(latest);
+
+    /* As `ztrain train --resume B` does: the settings come from the config saved with the checkpoint. */
+    char saved[512];
+    zt_err err = {{0}};
+    path_of(saved, sizeof(saved), "B/ckpt_000003/config.json");
+    zt_train_config_init(&c);
+    if (zt_train_config_load_file(&c, saved, &err) != 0 || zt_train_config_resolve(&c, &err) != 0)
+        fail_msg("%s", err.msg);
+    snprintf(c.resume, sizeof(c.resume), "%s/B", g_dir);
+    run_ok(&c, &second);
+    assert_int_equal(second.start_step, 3);
+    assert_int_equal(second.end_step, 6);
+
+    assert_memory_equal(first.losses, straight.losses, 3 * sizeof(float));
+    assert_memory_equal(second.losses, straight.losses + 3, 3 * sizeof(float));
+    assert_memory_equal(&second.last_val_loss, &straight.last_val_loss, sizeof(float));
+    assert_memory_equal(&second.first_val_loss, &straight.first_val_loss, sizeof(float)); /* from metrics */
+    expect_same_file("A/ckpt_000006/model.safetensors", "B/ckpt_000006/model.safetensors");
+    expect_same_file("A/ckpt_000006/optim.safetensors", "B/ckpt_000006/optim.safetensors");
+    char *ma = metrics_without_timing("A/metrics.jsonl");
+    char *mb = metrics_without_timing("B/metrics.jsonl");
+    assert_string_equal(ma, mb);
+
+    /* Resuming B again from its step-4 checkpoint drops the metrics lines after step 4, replaces the
+     * step-6 checkpoint, and still ends where A ended. */
+    base_config(&c, "B");
+    snprintf(c.resume, sizeof(c.resume), "%s/B/ckpt_000004", g_dir);
+    run_ok(&c, &again);
+    assert_memory_equal(again.losses, straight.losses + 4, 2 * sizeof(float));
+    expect_same_file("A/ckpt_000006/model.safetensors", "B/ckpt_000006/model.safetensors");
+    char *mb2 = metrics_without_timing("B/metrics.jsonl");
+    assert_string_equal(ma, mb2);
+    assert_false(exists("B/ckpt_000006.tmp") || exists("B/ckpt_000006.old"));
+
+    /* A checkpoint directory can also seed a new run directory. */
+    base_config(&c, "C");
+    snprintf(c.resume, sizeof(c.resume), "%s/A/ckpt_000002", g_dir);
+    run_ok(&c, &other);
+    assert_memory_equal(other.losses, straight.losses + 2, 4 * sizeof(float));
+    expect_same_file("A/ckpt_000006/model.safetensors", "C/ckpt_000006/model.safetensors");
+
+    free(ma);
+    free(mb);
+    free(mb2);
+    zt_train_result_free(&straight);
+    zt_train_result_free(&first);
+    zt_train_result_free(&second);
+    zt_train_result_free(&again);
+    zt_train_result_free(&other);
+}
+
+static void test_request_stop(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, "S");
+    zt_trainer_request_stop(); /* as a SIGINT handler would */
+    run_ok(&c, &res);
+    assert_true(res.interrupted);
+    assert_int_equal(res.end_step, 1);
+    assert_true(exists("S/ckpt_000001/manifest.json"));
+    zt_train_result_free(&res);
+
+    /* The request was consumed: the resumed run goes to the end. */
+    snprintf(c.resume, sizeof(c.resume), "%s/S", g_dir);
+    run_ok(&c, &res);
+    assert_false(res.interrupted);
+    assert_int_equal(res.end_step, 6);
+    zt_train_result_free(&res);
+}
+
+static void test_grad_accum_matches_bigger_batch(void **state)
+{
+    (void)state;
+    zt_gpt2_config mc = tiny_model();
+    zt_gpt2 *small = NULL, *big = NULL;
+    zt_dataloader *dl_small = NULL, *dl_big = NULL;
+    zt_err err = {{0}};
+    char pattern[512];
+    path_of(pattern, sizeof(pattern), "t_train_*.bin");
+    assert_int_equal(zt_gpt2_create(&small, &mc, B, T, 9, &err), 0);
+    assert_int_equal(zt_gpt2_create(&big, &mc, 2 * B, T, 9, &err), 0);
+    size_t n = zt_gpt2_num_params(small);
+    assert_memory_equal(zt_gpt2_params(small), zt_gpt2_params(big), n * sizeof(float));
+    /* Without shuffling, two windows of B rows are the one window of 2B rows. */
+    assert_int_equal(zt_dataloader_open(&dl_small, pattern, B, T, false, 1, &err), 0);
+    assert_int_equal(zt_dataloader_open(&dl_big, pattern, 2 * B, T, false, 1, &err), 0);
+
+    int32_t in[2 * B * T], tg[2 * B * T];
+    float loss_accum = zt_trainer_accumulate(small, dl_small, 2, B, T, in, tg);
+    float loss_big = zt_trainer_accumulate(big, dl_big, 1, 2 * B, T, in, tg);
+    assert_true(fabsf(loss_accum - loss_big) <= 1e-5f * fabsf(loss_big));
+
+    const float *ga = zt_gpt2_grads(small), *gb = zt_gpt2_grads(big);
+    double max_abs = 0.0, max_diff = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        max_abs = fmax(max_abs, fabs(gb[i]));
+        max_diff = fmax(max_diff, fabs((double)ga[i] - gb[i]));
+    }
+    assert_true(max_abs > 0.0);
+    if (max_diff > 1e-5 * max_abs)
+        fail_msg("gradients differ by %g (largest gradient %g)", max_diff, max_abs);
+    /* The same norm too, to float precision. */
+    double na = zt_optimizer_grad_norm(ga, n), nb = zt_optimizer_grad_norm(gb, n);
+    assert_true(fabs(na - nb) <= 1e-5 * nb);
+
+    zt_dataloader_close(dl_small);
+    zt_dataloader_close(dl_big);
+    zt_gpt2_destroy(small);
+    zt_gpt2_destroy(big);
+}
+
+/* Inverts one byte of g_dir/rel at offset (negative: from the end). */
+static void flip_byte(const char *rel, long offset)
+{
+    char path[512];
+    path_of(path, sizeof(path), rel);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, offset, offset < 0 ? SEEK_END : SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, -1, SEEK_CUR);
+    fputc(ch ^ 0xff, f);
+    fclose(f);
+}
+
+static void expect_resume_error(const char *out, const char *resume_rel, int code, const char *n1, const char *n2)
+{
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, out);
+    c.steps = 8;
+    snprintf(c.resume, sizeof(c.resume), "%s/%s", g_dir, resume_rel);
+    zt_err err = {{0}};
+    int rc = zt_trainer_run(&c, &res, &err);
+    zt_train_result_free(&res);
+    if (rc != code)
+        fail_msg("resume from %s returned %d, expected %d (%s)", resume_rel, rc, code, err.msg);
+    if (!strstr(err.msg, n1) || (n2 && !strstr(err.msg, n2)))
+        fail_msg("message '%s' does not contain '%s' and '%s'", err.msg, n1, n2 ? n2 : "");
+}
+
+static void test_corrupt_checkpoint_is_refused(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, "K");
+    c.steps = 4;
+    run_ok(&c, &res);
+    zt_train_result_free(&res);
+
+    /* One flipped bit of the weights, in the tensor data (the header still parses). */
+    flip_byte("K/ckpt_000004/model.safetensors", -5);
+    expect_resume_error("K", "K", ZT_ECHECKSUM, "is corrupt: model.safetensors crc32c mismatch", "ckpt_000004");
+    /* Nothing was written by the refused run. */
+    assert_false(exists("K/ckpt_000008"));
+    size_t n = 0;
+    char *latest = slurp("K/latest", &n);
+    assert_string_equal(latest, "ckpt_000004\n");
+    free(latest);
+    flip_byte("K/ckpt_000004/model.safetensors", -5); /* repaired */
+
+    /* A truncated optimizer file. */
+    char path[512];
+    path_of(path, sizeof(path), "K/ckpt_000002/optim.safetensors");
+    assert_int_equal(truncate(path, 100), 0);
+    expect_resume_error("K", "K/ckpt_000002", ZT_ECHECKSUM, "optim.safetensors", "bytes");
+
+    /* A checkpoint without its manifest, and a run directory without checkpoints. */
+    path_of(path, sizeof(path), "K/ckpt_000004/manifest.json");
+    char moved[520];
+    snprintf(moved, sizeof(moved), "%s.away", path);
+    assert_int_equal(rename(path, moved), 0);
+    expect_resume_error("K", "K/ckpt_000004", -ENOENT, "ckpt_000004", "manifest.json");
+    assert_int_equal(rename(moved, path), 0);
+    path_of(path, sizeof(path), "empty_run");
+    mkdir(path, 0755);
+    expect_resume_error("K", "empty_run", -ENOENT, "empty_run", "latest");
+
+    /* The repaired checkpoint resumes fine. */
+    base_config(&c, "K");
+    c.steps = 5;
+    snprintf(c.resume, sizeof(c.resume), "%s/K", g_dir);
+    run_ok(&c, &res);
+    assert_int_equal(res.start_step, 4);
+    zt_train_result_free(&res);
+}
+
+static void test_other_model_is_refused(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, "M");
+    c.steps = 2;
+    c.warmup_steps = 1;
+    run_ok(&c, &res);
+    zt_train_result_free(&res);
+
+    base_config(&c, "M");
+    c.model.n_layer = 1;
+    c.steps = 4;
+    snprintf(c.resume, sizeof(c.resume), "%s/M", g_dir);
+    zt_err err = {{0}};
+    assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EMISMATCH);
+    zt_train_result_free(&res);
+    assert_non_null(strstr(err.msg, "n_layer = 2"));
+    assert_non_null(strstr(err.msg, "n_layer = 1"));
+    assert_non_null(strstr(err.msg, "model_config.json"));
+}
+
+static void test_setup_errors(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    zt_err err = {{0}};
+
+    /* Data with token ids the model has no embedding for. */
+    base_config(&c, "V");
+    snprintf(c.train_data, sizeof(c.train_data), "%s/big_train_*.bin", g_dir);
+    assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EMISMATCH);
+    zt_train_result_free(&res);
+    assert_non_null(strstr(err.msg, "token id 70 in '"));
+    assert_non_null(strstr(err.msg, "big_train_000.bin' does not fit vocab_size 64"));
+    assert_false(exists("V/latest"));
+
+    /* A fresh run into a directory that holds one already. */
+    base_config(&c, "R");
+    c.steps = 2;
+    c.warmup_steps = 1;
+    run_ok(&c, &res);
+    zt_train_result_free(&res);
+    assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EINVAL_CONFIG);
+    zt_train_result_free(&res);
+    assert_non_null(strstr(err.msg, "--resume"));
+
+    /* Resuming a finished run without more steps. */
+    snprintf(c.resume, sizeof(c.resume), "%s/R", g_dir);
+    assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EINVAL_CONFIG);
+    zt_train_result_free(&res);
+    assert_non_null(strstr(err.msg, "--steps"));
+
+    /* A run directory that cannot be created. */
+    base_config(&c, "t_val_000.bin/run"); /* below a regular file */
+    assert_true(zt_trainer_run(&c, &res, &err) < 0);
+    zt_train_result_free(&res);
+    assert_non_null(strstr(err.msg, "t_val_000.bin"));
+}
+
+static void test_optimizer_guards(void **state)
+{
+    (void)state;
+    zt_gpt2_config mc = tiny_model();
+    zt_gpt2 *m = NULL;
+    zt_err err = {{0}};
+    assert_int_equal(zt_gpt2_create(&m, &mc, 1, 4, 3, &err), 0);
+    size_t n = zt_gpt2_num_params(m);
+    zt_optimizer opt;
+    assert_int_equal(zt_optimizer_init(&opt, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+    float *before = malloc(n * sizeof(float));
+    float *g = zt_gpt2_grads(m);
+
+    /* Clipping coefficient: min(1, max / (norm + 1e-6)); 0 turns it off. */
+    assert_true(fabsf(zt_optimizer_clip_coef(10.0, 1.0) - 0.1f) < 1e-6f);
+    assert_true(zt_optimizer_clip_coef(0.5, 1.0) == 1.0f);
+    assert_true(zt_optimizer_clip_coef(1e9, 0.0) == 1.0f);
+
+    /* A finite step updates every parameter with a non-zero gradient. */
+    for (size_t i = 0; i < n; i++)
+        g[i] = 0.01f;
+    memcpy(before, zt_gpt2_params(m), n * sizeof(float));
+    zt_optimizer_report rep;
+    assert_int_equal(zt_optimizer_step(&opt, m, 2.0f, 1e-3f, &rep, &err), 0);
+    assert_false(rep.skipped);
+    assert_int_equal(opt.adam_step, 1);
+    assert_true(fabs(rep.grad_norm - 0.01 * sqrt((double)n)) < 1e-6 * sqrt((double)n));
+    assert_true(rep.clip_coef < 1.0f); /* norm 0.01 sqrt(n) > 1 for this model */
+    assert_memory_not_equal(before, zt_gpt2_params(m), n * sizeof(float));
+
+    /* Non-finite gradient or loss: skipped, parameters and Adam step unchanged, counted. */
+    memcpy(before, zt_gpt2_params(m), n * sizeof(float));
+    g[n / 2] = NAN;
+    for (int i = 1; i < ZT_OPTIMIZER_MAX_BAD_STEPS; i++) {
+        assert_int_equal(zt_optimizer_step(&opt, m, 2.0f, 1e-3f, &rep, &err), 0);
+        assert_true(rep.skipped);
+    }
+    assert_int_equal(opt.skipped_steps, ZT_OPTIMIZER_MAX_BAD_STEPS - 1);
+    assert_int_equal(opt.adam_step, 1);
+    assert_memory_equal(before, zt_gpt2_params(m), n * sizeof(float));
+    /* A good step resets the run of bad ones... */
+    g[n / 2] = 0.01f;
+    assert_int_equal(zt_optimizer_step(&opt, m, 2.0f, 1e-3f, &rep, &err), 0);
+    assert_int_equal(opt.adam_step, 2);
+    /* ...and ten bad ones in a row stop the run with a message. */
+    for (int i = 1; i < ZT_OPTIMIZER_MAX_BAD_STEPS; i++)
+        assert_int_equal(zt_optimizer_step(&opt, m, INFINITY, 1e-3f, &rep, &err), 0);
+    assert_int_equal(zt_optimizer_step(&opt, m, INFINITY, 1e-3f, &rep, &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "10 steps in a row"));
+    assert_non_null(strstr(err.msg, "--lr"));
+    assert_int_equal(opt.skipped_steps, 2 * ZT_OPTIMIZER_MAX_BAD_STEPS - 1);
+
+    free(before);
+    zt_optimizer_free(&opt);
+    zt_gpt2_destroy(m);
+}
+
+static void test_export(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, "E");
+    c.steps = 2;
+    c.warmup_steps = 1;
+    run_ok(&c, &res);
+    zt_train_result_free(&res);
+
+    char ckpt[512], out[512];
+    path_of(ckpt, sizeof(ckpt), "E");
+    path_of(out, sizeof(out), "E_export/sub/model.safetensors");
+    char *argv[] = {"export", "--checkpoint", ckpt, "--out", out, NULL};
+    assert_int_equal(zt_cmd_export(5, argv), 0);
+    expect_same_file("E/ckpt_000002/model.safetensors", "E_export/sub/model.safetensors");
+    expect_same_file("E/ckpt_000002/model_config.json", "E_export/sub/config.json");
+    assert_false(exists("E_export/sub/model.safetensors.tmp"));
+
+    /* Usage errors exit with 2, a corrupt checkpoint with 1 and no output. */
+    char *no_out[] = {"export", "--checkpoint", ckpt, NULL};
+    assert_int_equal(zt_cmd_export(3, no_out), 2);
+    char *bogus[] = {"export", "--bogus", NULL};
+    assert_int_equal(zt_cmd_export(2, bogus), 2);
+    flip_byte("E/ckpt_000002/optim.safetensors", -3);
+    path_of(out, sizeof(out), "E_export2/model.safetensors");
+    char *corrupt[] = {"export", "--checkpoint", ckpt, "--out", out, NULL};
+    assert_int_equal(zt_cmd_export(5, corrupt), 1);
+    assert_false(exists("E_export2/model.safetensors"));
+}
+
+int main(void)
+{
+    zt_log_set_level(ZT_LOG_ERROR); /* the runs' progress lines would drown cmocka's report */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_request_stop),
+        cmocka_unit_test(test_grad_accum_matches_bigger_batch),
+        cmocka_unit_test(test_corrupt_checkpoint_is_refused),
+        cmocka_unit_test(test_other_model_is_refused),
+        cmocka_unit_test(test_setup_errors),
+        cmocka_unit_test(test_optimizer_guards),
+        cmocka_unit_test(test_export),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,67 @@
+/* Training checkpoints: one directory per saved step inside the run directory.
+ *
+ *   runs/demo/ckpt_000500/
+ *     manifest.json       format version, step, Adam step, data position, RNG state, schedule, elapsed time,
+ *                         and every other file of the directory with its size and CRC-32C
+ *     model.safetensors   parameters with Hugging Face names, F32 (zt_gpt2_export: also a usable export)
+ *     optim.safetensors   Adam moments per tensor: "m.<name>" and "v.<name>" (ztrain names and layout), F32
+ *     config.json         the training config (zt_train_config_save; "model" refers to model_config.json)
+ *     model_config.json   the model's Hugging Face config
+ *   runs/demo/latest      "ckpt_000500\n": the newest checkpoint's name
+ *
+ * A checkpoint is written as ckpt_000500.tmp/ (each file atomically), then renamed, and only then is
+ * `latest` updated (atomically), so a crash at any point leaves the previous checkpoint usable. Loading
+ * verifies every file's size and CRC-32C before anything is read into the model. */
+#ifndef ZT_WORKER_CHECKPOINT_H
+#define ZT_WORKER_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "worker/data/dataloader.h"
+#include "worker/model/gpt2.h"
+#include "worker/train/config.h"
+#include "worker/train/optimizer.h"
+#include "worker/train/schedule.h"
+
+#define ZT_CKPT_FORMAT "ztrain-checkpoint"
+#define ZT_CKPT_VERSION 1
+
+/* The training state besides the tensors: everything needed to continue bit for bit. */
+typedef struct zt_ckpt_state {
+    int64_t step;              /* training steps completed (the schedule's position) */
+    int64_t adam_step;         /* updates applied (Adam's bias correction); < step if steps were skipped */
+    int64_t skipped_steps;     /* steps skipped for a non-finite loss or norm */
+    zt_data_position data;     /* the training loader's position after `step` */
+    zt_rng rng;                /* the trainer's generator */
+    zt_schedule schedule;      /* the schedule the run used (informational on load) */
+    double elapsed_s;          /* training time of all sessions so far, in seconds */
+} zt_ckpt_state;
+
+/* Writes checkpoint ckpt_<step> into out_dir from the model, the optimizer, the training config and
+ * st, then points out_dir/latest at it. On success the checkpoint's path is written into path_out
+ * (cap bytes; may be NULL). On failure nothing new is left behind (the .tmp directory is removed), the
+ * previous checkpoint and `latest` are untouched, and a negative code is returned with a message. */
+int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+                       const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
+                       zt_err *err);
+
+/* Finds the checkpoint meant by dir: dir itself when it holds a manifest.json, otherwise the one named
+ * by dir/latest. Writes its path into out (cap bytes). Returns 0, or a negative code with a message
+ * saying what dir should be. */
+int zt_checkpoint_find(const char *dir, char *out, size_t cap, zt_err *err);
+
+/* Reads ckpt_dir/manifest.json and checks the size and CRC-32C of every file it lists. Returns 0,
+ * ZT_ECHECKSUM ("checkpoint X is corrupt: model.safetensors crc32c mismatch ..."), ZT_EFORMAT for a
+ * bad manifest, or a negative errno for a missing file, with a message. st may be NULL; otherwise it
+ * receives the manifest's state. */
+int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st, zt_err *err);
+
+/* Verifies ckpt_dir, checks that its model config equals the model's (ZT_EMISMATCH naming the first
+ * field that differs otherwise), then loads the parameters into the model, the Adam moments and step
+ * into opt, and the state into st. Nothing is changed unless everything checks out. */
+int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err);
+
+#endif

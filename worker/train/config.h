@@ -1,0 +1,106 @@
+/* The training configuration of `ztrain train`: one struct holding every setting, filled from defaults
+ * (zt_train_config_init), then a JSON file (zt_train_config_load_file), then command-line flags
+ * (zt_train_config_set_flag); then zt_train_config_resolve reads the model's config and fills the settings
+ * left on "auto", and everything is checked in one place (zt_train_config_validate). The trainer prints it at start
+ * (zt_train_config_log) and saves it into the run directory (zt_train_config_save).
+ *
+ * Paths inside a config file are relative to that file's folder; paths given as flags are relative to
+ * the current directory. Both are stored here ready to open from the current directory. */
+#ifndef ZT_WORKER_TRAIN_CONFIG_H
+#define ZT_WORKER_TRAIN_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "worker/model/gpt2.h"
+
+#define ZT_TRAIN_PATH_MAX 1024
+/* The value of an integer setting that zt_train_config_resolve computes from the others. */
+#define ZT_TRAIN_AUTO (-1)
+
+typedef struct zt_train_config {
+    /* What to train, on what, and where the run goes. Empty strings mean "not given". */
+    char model_path[ZT_TRAIN_PATH_MAX]; /* HF config.json of the model; "" when given inline */
+    zt_gpt2_config model;               /* the model's config; meaningful once model_loaded */
+    bool model_loaded;                  /* model holds the config (inline, or read from model_path) */
+    char init_from[ZT_TRAIN_PATH_MAX];  /* safetensors with HF names to start from; "" = random init */
+    char train_data[ZT_TRAIN_PATH_MAX]; /* glob of llm.c token shards */
+    char val_data[ZT_TRAIN_PATH_MAX];   /* glob of validation shards; "" = no evaluation */
+    char out_dir[ZT_TRAIN_PATH_MAX];    /* run directory */
+    char resume[ZT_TRAIN_PATH_MAX];     /* run or checkpoint directory to continue; flag only; "" = new run */
+
+    /* Batch and length. One step sees batch_size * grad_accum sequences of seq_len tokens. */
+    int64_t steps;
+    int64_t batch_size;
+    int64_t seq_len;
+    int64_t grad_accum;
+
+    /* Learning rate (schedule.h). */
+    double lr;
+    double min_lr;
+    char schedule[16];    /* nodecay | noam | linear | cosine | exponential */
+    int64_t warmup_steps; /* ZT_TRAIN_AUTO (the default) = min(50, steps / 10), set by resolve */
+    double lr_gamma;      /* exponential only */
+
+    /* AdamW. */
+    double weight_decay;
+    double beta1;
+    double beta2;
+    double eps;
+    double grad_clip;     /* maximum global gradient norm; 0 = no clipping */
+
+    /* Evaluation, checkpoints, logging (all in steps). */
+    int64_t eval_every;   /* 0 = only before the first and after the last step */
+    int64_t eval_batches;
+    int64_t save_every;   /* 0 = only the final checkpoint */
+    int64_t log_every;
+
+    int64_t seed;
+    int64_t threads;      /* CPU threads; 0 = one per core */
+    bool shuffle;
+
+    /* Not a file key nor a flag: stop after this step as if interrupted (checkpoint, then return with
+     * zt_train_result.interrupted set); 0 = run to `steps`. For tests and tools. */
+    int64_t stop_at_step;
+} zt_train_config;
+
+/* Fills c with the defaults (the values in the CLI documentation; no model, no data). */
+void zt_train_config_init(zt_train_config *c);
+
+/* Reads a JSON training config file over c: keys present replace c's values, absent keys keep them.
+ * Unknown keys, wrong types and unreadable files are errors (ZT_EINVAL_CONFIG, ZT_EFORMAT or a negative
+ * errno) with the file, the key and the fix in err; c may be partly updated then. "model" may be a path
+ * (then read by zt_train_config_resolve) or an inline Hugging Face config object (read here). */
+int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err);
+
+/* Applies one command-line flag, e.g. ("--steps", "500"), over c. Returns 0, or ZT_EINVAL_CONFIG for an
+ * unknown flag or a value of the wrong form, with the flag and the accepted form in err. --config and
+ * --log-level are handled by the command, not here. */
+int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *value, zt_err *err);
+
+/* Completes c after the file and the flags: reads the model's Hugging Face config from c->model_path
+ * unless it is loaded already (inline), and replaces ZT_TRAIN_AUTO settings by their values
+ * (warmup_steps = min(50, steps / 10)). Returns 0, ZT_EINVAL_CONFIG when no model was given, or the
+ * model loader's error (naming the file). */
+int zt_train_config_resolve(zt_train_config *c, zt_err *err);
+
+/* Checks every setting and their consistency (ranges, seq_len <= n_positions, known schedule, warmup <
+ * steps for decaying schedules, files given...). Returns 0 or ZT_EINVAL_CONFIG with a message that names
+ * the config key and flag and says what to change. Needs a resolved config. */
+int zt_train_config_validate(const zt_train_config *c, zt_err *err);
+
+/* Logs every setting, one INFO line per key: "config: lr = 0.0006". */
+void zt_train_config_log(const zt_train_config *c);
+
+/* Writes c as a JSON config file, atomically, that zt_train_config_load_file reads back to the same
+ * settings: paths are made absolute, and "model" is written as model_ref (a path relative to the saved
+ * file's folder, e.g. "model_config.json" saved beside it). Returns 0 or a negative code with err. */
+int zt_train_config_save(const zt_train_config *c, const char *path, const char *model_ref, zt_err *err);
+
+/* Internal, shared with checkpoint.c: a JSON number node whose text reads back as exactly v (cJSON's own
+ * printing may drop the last bit of a double), and one for a whole number. */
+cJSON *zt__json_exact_double(double v);
+cJSON *zt__json_exact_int(int64_t v);
+
+#endif
