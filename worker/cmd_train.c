@@ -1,1 +1,229 @@
-/* placeholder: not implemented yet */
+/* `ztrain train`: reads the training config (file, then flags), validates it, and runs the trainer;
+ * SIGINT and SIGTERM stop it after the current step with a checkpoint (exit status 130). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "worker/commands.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/config.h"
+#include "worker/train/trainer.h"
+
+static const char train_usage[] =
+    "usage: ztrain train [--config FILE] [--model FILE] [--init-from FILE] [--train-data GLOB] [--val-data GLOB]\n"
+    "                    [--steps N] [--out DIR] [--resume DIR] [--batch-size N] [--seq-len N] [--grad-accum N]\n"
+    "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
+    "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
+    "                    [--threads N] [--log-level L]\n"
+    "\n"
+    "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU.\n"
+    "Settings come from their defaults, then the JSON config file, then these flags.\n"
+    "\n"
+    "  --config FILE        training config (JSON; paths in it are relative to its folder)\n"
+    "  --model FILE         Hugging Face config.json of the model (e.g. examples/gpt2-tiny.json)\n"
+    "  --init-from FILE     start from these weights (safetensors with Hugging Face names)\n"
+    "  --train-data GLOB    training shards, e.g. 'runs/demo/data/corpus_train_*.bin'\n"
+    "  --val-data GLOB      validation shards; without them there is no evaluation\n"
+    "  --steps N            optimizer steps to train to (default 1000)\n"
+    "  --out DIR            run directory: config, metrics.jsonl, checkpoints (default runs/train)\n"
+    "  --resume DIR         continue a run directory (its latest checkpoint) or a ckpt_NNNNNN directory;\n"
+    "                       without --config the settings saved with the checkpoint are used\n"
+    "  --batch-size N       sequences per micro-batch (default 8)\n"
+    "  --seq-len N          tokens per sequence, at most the model's n_positions (default 256)\n"
+    "  --grad-accum N       micro-batches per step (default 1)\n"
+    "  --lr X               peak learning rate (default 6e-4)\n"
+    "  --min-lr X           floor of the decaying schedules (default 6e-5)\n"
+    "  --schedule S         nodecay | noam | linear | cosine | exponential (default cosine)\n"
+    "  --warmup N           linear warmup steps (default min(50, steps / 10))\n"
+    "  --weight-decay X     AdamW weight decay of matrices and embeddings (default 0.1)\n"
+    "  --grad-clip X        maximum global gradient norm, 0 = no clipping (default 1.0)\n"
+    "  --eval-every N       steps between evaluations, 0 = only at start and end (default 100)\n"
+    "  --eval-batches N     validation batches per evaluation (default 10)\n"
+    "  --save-every N       steps between checkpoints, 0 = only the final one (default 500)\n"
+    "  --log-every N        steps between progress lines (default 10)\n"
+    "  --seed N             seed of initialisation and shuffling (default 1337)\n"
+    "  --threads N          CPU threads, 0 = one per core (default 0)\n"
+    "  --log-level L        debug | info | warn | error (default info)\n"
+    "\n"
+    "Config-file keys without a flag: lr_gamma (exponential schedule), beta1, beta2, eps, shuffle.\n"
+    "Ctrl-C stops after the current step and writes a checkpoint; continue with --resume DIR.\n";
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    zt_trainer_request_stop(); /* the handler is reset to the default, so a second Ctrl-C ends at once */
+}
+
+/* The exit status of a failure to read the config file: a bad setting in it is a usage error (2); a
+ * missing or malformed file a runtime failure (1). */
+static int exit_status(int rc)
+{
+    return rc == ZT_EINVAL_CONFIG ? 2 : 1;
+}
+
+/* The run directory a --resume DIR continues: DIR itself, or the folder of the checkpoint DIR. */
+static void run_dir_of(const char *resume, char *out, size_t cap)
+{
+    char manifest[ZT_TRAIN_PATH_MAX + 32];
+    snprintf(manifest, sizeof(manifest), "%s/manifest.json", resume);
+    snprintf(out, cap, "%s", resume);
+    if (access(manifest, F_OK) != 0)
+        return;
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/')
+        out[--n] = '\0';
+    char *slash = strrchr(out, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else if (slash == out)
+        out[1] = '\0';
+    else
+        *slash = '\0';
+}
+
+static int fail_usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "ztrain: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "; see ztrain train --help\n");
+    return 2;
+}
+
+int zt_cmd_train(int argc, char **argv)
+{
+    enum { OPT_CONFIG = 1000, OPT_LOG_LEVEL, OPT_SETTING };
+    static const struct option options[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"config", required_argument, NULL, OPT_CONFIG},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"model", required_argument, NULL, OPT_SETTING},
+        {"init-from", required_argument, NULL, OPT_SETTING},
+        {"train-data", required_argument, NULL, OPT_SETTING},
+        {"val-data", required_argument, NULL, OPT_SETTING},
+        {"steps", required_argument, NULL, OPT_SETTING},
+        {"out", required_argument, NULL, OPT_SETTING},
+        {"resume", required_argument, NULL, OPT_SETTING},
+        {"batch-size", required_argument, NULL, OPT_SETTING},
+        {"seq-len", required_argument, NULL, OPT_SETTING},
+        {"grad-accum", required_argument, NULL, OPT_SETTING},
+        {"lr", required_argument, NULL, OPT_SETTING},
+        {"min-lr", required_argument, NULL, OPT_SETTING},
+        {"schedule", required_argument, NULL, OPT_SETTING},
+        {"warmup", required_argument, NULL, OPT_SETTING},
+        {"weight-decay", required_argument, NULL, OPT_SETTING},
+        {"grad-clip", required_argument, NULL, OPT_SETTING},
+        {"eval-every", required_argument, NULL, OPT_SETTING},
+        {"eval-batches", required_argument, NULL, OPT_SETTING},
+        {"save-every", required_argument, NULL, OPT_SETTING},
+        {"log-every", required_argument, NULL, OPT_SETTING},
+        {"seed", required_argument, NULL, OPT_SETTING},
+        {"threads", required_argument, NULL, OPT_SETTING},
+        {NULL, 0, NULL, 0},
+    };
+    enum { MAX_SETTINGS = 64 };
+    struct {
+        char flag[32];
+        const char *value;
+    } settings[MAX_SETTINGS];
+    int nsettings = 0;
+    const char *config_path = NULL;
+    const char *resume = NULL;
+    zt_err err = {{0}};
+
+    /* Pass 1: collect the flags; they apply after the config file, whatever their position. */
+    optind = 0; /* full re-initialisation, so the command can run more than once in a process */
+    opterr = 0;
+    int c, index = 0;
+    while ((c = getopt_long(argc, argv, ":h", options, &index)) != -1) {
+        switch (c) {
+        case 'h':
+            fputs(train_usage, stdout);
+            return 0;
+        case OPT_CONFIG:
+            config_path = optarg;
+            break;
+        case OPT_LOG_LEVEL: {
+            enum zt_log_level level;
+            if (zt_log_parse_level(optarg, &level) < 0)
+                return fail_usage("--log-level: expected debug, info, warn or error, got '%s'", optarg);
+            zt_log_set_level(level);
+            break;
+        }
+        case OPT_SETTING:
+            if (nsettings == MAX_SETTINGS)
+                return fail_usage("%s: too many flags", "train");
+            snprintf(settings[nsettings].flag, sizeof(settings[0].flag), "--%s", options[index].name);
+            settings[nsettings].value = optarg;
+            if (strcmp(options[index].name, "resume") == 0)
+                resume = optarg;
+            nsettings++;
+            break;
+        case ':':
+            return fail_usage("%s needs a value", argv[optind - 1]);
+        default:
+            return fail_usage("unknown flag '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return fail_usage("unexpected argument '%s' (train takes only flags)", argv[optind]);
+
+    /* Defaults, then the file (or, when resuming without one, the config saved with the checkpoint). */
+    zt_train_config cfg;
+    zt_train_config_init(&cfg);
+    int rc = 0;
+    if (config_path) {
+        rc = zt_train_config_load_file(&cfg, config_path, &err);
+    } else if (resume) {
+        char ckpt[ZT_TRAIN_PATH_MAX + 64], saved[ZT_TRAIN_PATH_MAX + 96];
+        rc = zt_checkpoint_find(resume, ckpt, sizeof(ckpt), &err);
+        if (rc == 0) {
+            snprintf(saved, sizeof(saved), "%s/config.json", ckpt);
+            zt_log(ZT_LOG_INFO, "config: no --config given: using %s, saved with the checkpoint", saved);
+            rc = zt_train_config_load_file(&cfg, saved, &err);
+        }
+        /* The run continues where its checkpoint is, even if the directory was moved or copied. */
+        if (rc == 0)
+            run_dir_of(resume, cfg.out_dir, sizeof(cfg.out_dir));
+    }
+    if (rc < 0) {
+        fprintf(stderr, "ztrain: error: %s\n", err.msg);
+        return exit_status(rc);
+    }
+    for (int i = 0; i < nsettings; i++) {
+        if ((rc = zt_train_config_set_flag(&cfg, settings[i].flag, settings[i].value, &err)) < 0) {
+            fprintf(stderr, "ztrain: error: %s\n", err.msg);
+            return 2;
+        }
+    }
+    if ((rc = zt_train_config_resolve(&cfg, &err)) < 0) {
+        fprintf(stderr, "ztrain: error: %s\n", err.msg);
+        return cfg.model_path[0] ? 1 : 2; /* a model file that cannot be used is a runtime failure */
+    }
+    if ((rc = zt_train_config_validate(&cfg, &err)) < 0) {
+        fprintf(stderr, "ztrain: error: %s\n", err.msg);
+        return 2;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    zt_train_result res;
+    rc = zt_trainer_run(&cfg, &res, &err);
+    bool interrupted = res.interrupted;
+    zt_train_result_free(&res);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (rc < 0) {
+        zt_log(ZT_LOG_ERROR, "%s", err.msg);
+        return 1;
+    }
+    return interrupted ? 130 : 0; /* the trainer logged how to resume */
+}

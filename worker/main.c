@@ -1,2 +1,56 @@
-/* placeholder: not implemented yet */
-int main(void) { return 1; }
+/* The `ztrain` program: dispatches to the subcommands of worker/commands.h, and answers --help and
+ * --version. */
+#include <stdio.h>
+#include <string.h>
+
+#include "worker/commands.h"
+
+#ifndef ZT_VERSION
+#define ZT_VERSION "unknown"
+#endif
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"train", zt_cmd_train, "train a GPT-2 model on token shards (resumable; Ctrl-C saves a checkpoint)"},
+    {"generate", zt_cmd_generate, "sample text from a checkpoint or exported weights"},
+    {"export", zt_cmd_export, "write a checkpoint's weights as Hugging Face safetensors + config.json"},
+    {"tokenize", zt_cmd_tokenize, "turn text files into token shards for training"},
+    {"plot", zt_cmd_plot, "draw the loss curves of a run's metrics.jsonl as SVG"},
+};
+#define NUM_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void print_usage(FILE *f)
+{
+    fprintf(f, "usage: ztrain <command> [flags]   (ztrain <command> --help for its flags)\n"
+               "       ztrain --help | ztrain --version\n\n"
+               "Trains GPT-2-style transformers in C.\n\ncommands:\n");
+    for (size_t i = 0; i < NUM_COMMANDS; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nexit status: 0 success, 1 runtime failure, 2 usage error, 130 interrupted\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        printf("ztrain %s\n", ZT_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < NUM_COMMANDS; i++)
+        if (strcmp(cmd, commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "ztrain: error: unknown command '%s'; commands are train, generate, export, tokenize, plot "
+            "(see ztrain --help)\n", cmd);
+    return 2;
+}
