@@ -10,14 +10,13 @@
  * starting from C's previous value (an accumulator is stored to C and reloaded between KC slices, which
  * is exact), so the result depends neither on the thread count nor on the block sizes.
  *
- * Speed: on x86-64 the tile loop is compiled twice from one body, for the baseline (SSE2) and for
- * AVX2 + FMA, and picked at run time with __builtin_cpu_supports. kernels/CMakeLists.txt compiles this
- * file with -ffp-contract=fast so that the AVX2 build fuses multiply and add. The choice depends only on
- * the CPU: results are stable on a given machine but may differ in the last bits between machines with
- * and without FMA. */
+ * Speed: the tile loop is compiled twice from one body, for the baseline (SSE2 on x86-64) and for
+ * AVX2 + FMA, and picked at run time (kernels/cpu/cpu_dispatch.h): results are stable on a given machine
+ * but may differ in the last bits between machines with and without FMA. */
 #include <stdlib.h>
 
 #include "common/status.h"
+#include "kernels/cpu/cpu_dispatch.h"
 #include "kernels/cpu_threads.h"
 #include "kernels/matmul.h"
 
@@ -29,10 +28,6 @@
 #define ZT_MM_NC 256
 #define ZT_MM_KC 256
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define ZT_MM_X86_DISPATCH 1
-#endif
-
 /* A strided matrix view: element (i, j) is at p[i * s0 + j * s1]. */
 typedef struct zt_mm_view {
     const zt_real *p;
@@ -40,8 +35,7 @@ typedef struct zt_mm_view {
 } zt_mm_view;
 
 /* Packs rows [m0, m0+mc) x reduction [k0, k0+kc) of A into panels of MR rows: ap[panel][k][r]. */
-static inline __attribute__((always_inline)) void zt_mm_pack_a(zt_real *restrict ap, zt_mm_view a, int m0,
-                                                               int mc, int k0, int kc)
+ZT_CPU_INLINE void zt_mm_pack_a(zt_real *restrict ap, zt_mm_view a, int m0, int mc, int k0, int kc)
 {
     for (int p0 = 0; p0 < mc; p0 += ZT_MM_MR) {
         int rows = mc - p0 < ZT_MM_MR ? mc - p0 : ZT_MM_MR;
@@ -66,8 +60,7 @@ static inline __attribute__((always_inline)) void zt_mm_pack_a(zt_real *restrict
 }
 
 /* Packs reduction [k0, k0+kc) x columns [n0, n0+nc) of B into panels of NR columns: bp[panel][k][j]. */
-static inline __attribute__((always_inline)) void zt_mm_pack_b(zt_real *restrict bp, zt_mm_view b, int k0,
-                                                               int kc, int n0, int nc)
+ZT_CPU_INLINE void zt_mm_pack_b(zt_real *restrict bp, zt_mm_view b, int k0, int kc, int n0, int nc)
 {
     for (int q0 = 0; q0 < nc; q0 += ZT_MM_NR) {
         int cols = nc - q0 < ZT_MM_NR ? nc - q0 : ZT_MM_NR;
@@ -94,10 +87,8 @@ static inline __attribute__((always_inline)) void zt_mm_pack_b(zt_real *restrict
 }
 
 /* c[0..rows, 0..cols) += ap panel * bp panel over kc, through an MR x NR register tile. */
-static inline __attribute__((always_inline)) void zt_mm_micro(zt_real *restrict c, long ldc,
-                                                              const zt_real *restrict ap,
-                                                              const zt_real *restrict bp, int kc, int rows,
-                                                              int cols)
+ZT_CPU_INLINE void zt_mm_micro(zt_real *restrict c, long ldc, const zt_real *restrict ap,
+                               const zt_real *restrict bp, int kc, int rows, int cols)
 {
     zt_real acc[ZT_MM_MR][ZT_MM_NR];
     if (rows == ZT_MM_MR && cols == ZT_MM_NR) {
@@ -125,7 +116,7 @@ static inline __attribute__((always_inline)) void zt_mm_micro(zt_real *restrict 
 }
 
 /* Computes one macro tile of C (rows [m0, m0+mc), columns [n0, n0+nc)) over the whole reduction K. */
-static inline __attribute__((always_inline)) void zt_mm_tile_body(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mc,
+ZT_CPU_INLINE void zt_mm_tile_body(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mc,
                                     int n0, int nc, zt_real *ap, zt_real *bp)
 {
     for (int k0 = 0; k0 < K; k0 += ZT_MM_KC) {
@@ -150,15 +141,12 @@ static void zt_mm_tile_base(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, in
     zt_mm_tile_body(c, ldc, a, b, K, m0, mc, n0, nc, ap, bp);
 }
 
-#ifdef ZT_MM_X86_DISPATCH
 /* zt_mm_tile_body compiled for AVX2 + FMA (256-bit vectors, fused multiply-add). */
-__attribute__((target("avx2,fma"))) static void zt_mm_tile_avx2(zt_real *c, long ldc, zt_mm_view a,
-                                                                zt_mm_view b, int K, int m0, int mc, int n0,
-                                                                int nc, zt_real *ap, zt_real *bp)
+ZT_CPU_TARGET_AVX2 static void zt_mm_tile_avx2(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0,
+                                               int mc, int n0, int nc, zt_real *ap, zt_real *bp)
 {
     zt_mm_tile_body(c, ldc, a, b, K, m0, mc, n0, nc, ap, bp);
 }
-#endif
 
 typedef void (*zt_mm_tile_fn)(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mc,
                               int n0, int nc, zt_real *ap, zt_real *bp);
@@ -166,12 +154,7 @@ typedef void (*zt_mm_tile_fn)(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, 
 /* The tile function for this CPU: AVX2 + FMA where the CPU has both, the baseline otherwise. */
 static zt_mm_tile_fn zt_mm_pick_tile(void)
 {
-#ifdef ZT_MM_X86_DISPATCH
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return zt_mm_tile_avx2;
-#endif
-    return zt_mm_tile_base;
+    return zt_cpu_has_avx2_fma() ? zt_mm_tile_avx2 : zt_mm_tile_base;
 }
 
 /* C[M, NC] += A[M, K] * B[K, NC], C row-major with leading dimension ldc, A and B strided views. */
