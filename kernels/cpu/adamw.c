@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "common/status.h"
 #include "kernels/adamw.h"
 #include "kernels/cpu_threads.h"
 
@@ -10,6 +11,7 @@
 void zt_cpu_adamw_update(float *param, float *m, float *v, const float *grad, size_t n,
                          const zt_adamw_params *p)
 {
+    ZT_ASSERT(p->step >= 1); /* the bias corrections divide by 1 - beta^step */
     float beta1 = p->beta1, beta2 = p->beta2;
     /* Bias corrections in double: beta^step underflows gracefully and loses no digits for large steps. */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)p->step));

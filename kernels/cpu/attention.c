@@ -192,6 +192,8 @@ void zt_cpu_attention_forward(zt_real *out, zt_real *lse, const zt_real *qkv, in
     zt_attn_shape sh = zt_attn_make_shape(T, C, NH);
     int avx2 = zt_cpu_has_avx2_fma();
     int pairs = B * NH;
+    if (pairs <= 0 || T <= 0)
+        return;
     int nthreads = zt_cpu_get_threads();
     if (nthreads > pairs)
         nthreads = pairs;
@@ -222,6 +224,8 @@ void zt_cpu_attention_backward(zt_real *dqkv, const zt_real *dout, const zt_real
     zt_attn_shape sh = zt_attn_make_shape(T, C, NH);
     int avx2 = zt_cpu_has_avx2_fma();
     int pairs = B * NH;
+    if (pairs <= 0 || T <= 0)
+        return;
     int nthreads = zt_cpu_get_threads();
     if (nthreads > pairs)
         nthreads = pairs;

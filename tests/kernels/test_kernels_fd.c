@@ -362,6 +362,26 @@ static void test_attention(void **state)
     free(c.qkv); free(c.out); free(c.lse); free(c.w); free(want); free(dqkv); free(ref); free(pre); free(acc);
 }
 
+/* A sequence longer than two key blocks of the online softmax, so that blocks raise the running max and
+ * rescale the output; compared with the naive reference (forward and backward). */
+static void test_attention_long(void **state)
+{
+    (void)state;
+    enum { LB = 1, LT = 150, LC = 24, LNH = 2 };
+    double *qkv = rnd_array(LB * LT * 3 * LC), *dout = rnd_array(LB * LT * LC);
+    for (int i = 0; i < LB * LT * 3 * LC; i++)
+        qkv[i] *= 3.0;
+    double *out = zero_array(LB * LT * LC), *lse = zero_array(LB * LNH * LT), *want = zero_array(LB * LT * LC);
+    double *dqkv = zero_array(LB * LT * 3 * LC), *ref = zero_array(LB * LT * 3 * LC);
+    zt_cpu_attention_forward(out, lse, qkv, LB, LT, LC, LNH);
+    ref_attention_forward(want, qkv, LB, LT, LC, LNH);
+    expect_close("attention forward (T=150)", out, want, LB * LT * LC, 1e-10);
+    zt_cpu_attention_backward(dqkv, dout, qkv, out, lse, LB, LT, LC, LNH);
+    ref_attention_backward(ref, dout, qkv, LB, LT, LC, LNH);
+    expect_close("attention dqkv (T=150)", dqkv, ref, LB * LT * 3 * LC, 1e-10);
+    free(qkv); free(dout); free(out); free(lse); free(want); free(dqkv); free(ref);
+}
+
 /* Changing the keys and values of token t0 must leave every output before t0 bit-identical. */
 static void test_attention_causal(void **state)
 {
@@ -529,7 +549,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),    cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_matmul_large),
-        cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_long),
+        cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_crossentropy),
     };
