@@ -17,6 +17,7 @@ imported and exported again by ztrain.
 
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) when torch or transformers is missing.
 """
+import json
 import os
 import shutil
 import sys
@@ -102,11 +103,10 @@ def main():
         if ckpt:
             cfg_path = os.path.join(ckpt, "model_config.json")
             weights = os.path.join(ckpt, "model.safetensors")
-            import json
             with open(cfg_path) as f:
-                n_positions, vocab = (json.load(f)[k] for k in ("n_positions", "vocab_size"))
-            T = min(64, n_positions - 1)
-            rows = random_rows(rng, 2, T, vocab)
+                cfg = json.load(f)
+            T = min(64, cfg["n_positions"] - 1)
+            rows = random_rows(rng, 2, T, cfg["vocab_size"])
             tok = os.path.join(tmp, "ckpt-tokens.bin")
             write_tokens(tok, rows)
             # The weights imported and exported again by ztrain.

@@ -386,9 +386,9 @@ int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err
     if (rc < 0)
         return rc;
     cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
     cJSON_AddNumberToObject(o, "attn_pdrop", 0.0);
     /* GPT-2's <|endoftext|> is the last id of its 50257-token vocabulary; smaller vocabularies (bytes)
      * have no special token. */
