@@ -1,10 +1,10 @@
 /* Linear layer (out = inp @ weight^T + bias), forward and backward, as one blocked matrix product.
  *
  * All three products (out, dinp, dweight) are C += A * B with different strides, so they share
- * zt_mm_gemm: C is cut into macro tiles of ZT_MM_MC x ZT_MM_NC that threads take in a static split;
- * within a tile, slices of ZT_MM_KC along the reduction are packed into thread-local buffers (A as panels
- * of ZT_MM_MR rows, B as panels of ZT_MM_NR columns, zero-padded) and a register tile of MR x NR
- * accumulators walks each slice with unit-stride loads the compiler vectorises.
+ * zt_mm_gemm: C is cut into tiles (a chunk of rows x ZT_MM_NC columns) that threads take in a static
+ * split; within a tile, slices of ZT_MM_KC along the reduction are packed into thread-local buffers (B as
+ * panels of ZT_MM_NR columns, then A block by block as panels of ZT_MM_MR rows, zero-padded) and a
+ * register tile of MR x NR accumulators walks each slice with unit-stride loads the compiler vectorises.
  *
  * Determinism: every element of C is owned by one tile, and its sum runs over k in increasing order
  * starting from C's previous value (an accumulator is stored to C and reloaded between KC slices, which
@@ -115,40 +115,44 @@ ZT_CPU_INLINE void zt_mm_micro(zt_real *restrict c, long ldc, const zt_real *res
             c[r * ldc + j] = acc[r][j];
 }
 
-/* Computes one macro tile of C (rows [m0, m0+mc), columns [n0, n0+nc)) over the whole reduction K. */
-ZT_CPU_INLINE void zt_mm_tile_body(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mc,
-                                    int n0, int nc, zt_real *ap, zt_real *bp)
+/* Computes one tile of C (rows [m0, m0+mrows), columns [n0, n0+nc)) over the whole reduction K: each
+ * KC slice of B is packed once and used for every MC block of rows of the tile. */
+ZT_CPU_INLINE void zt_mm_tile_body(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mrows,
+                                   int n0, int nc, zt_real *ap, zt_real *bp)
 {
     for (int k0 = 0; k0 < K; k0 += ZT_MM_KC) {
         int kc = K - k0 < ZT_MM_KC ? K - k0 : ZT_MM_KC;
-        zt_mm_pack_a(ap, a, m0, mc, k0, kc);
         zt_mm_pack_b(bp, b, k0, kc, n0, nc);
-        for (int q0 = 0; q0 < nc; q0 += ZT_MM_NR) {
-            int cols = nc - q0 < ZT_MM_NR ? nc - q0 : ZT_MM_NR;
-            for (int p0 = 0; p0 < mc; p0 += ZT_MM_MR) {
-                int rows = mc - p0 < ZT_MM_MR ? mc - p0 : ZT_MM_MR;
-                zt_mm_micro(c + (long)(m0 + p0) * ldc + n0 + q0, ldc, ap + (long)p0 * kc, bp + (long)q0 * kc,
-                            kc, rows, cols);
+        for (int mb = m0; mb < m0 + mrows; mb += ZT_MM_MC) {
+            int mc = m0 + mrows - mb < ZT_MM_MC ? m0 + mrows - mb : ZT_MM_MC;
+            zt_mm_pack_a(ap, a, mb, mc, k0, kc);
+            for (int q0 = 0; q0 < nc; q0 += ZT_MM_NR) {
+                int cols = nc - q0 < ZT_MM_NR ? nc - q0 : ZT_MM_NR;
+                for (int p0 = 0; p0 < mc; p0 += ZT_MM_MR) {
+                    int rows = mc - p0 < ZT_MM_MR ? mc - p0 : ZT_MM_MR;
+                    zt_mm_micro(c + (long)(mb + p0) * ldc + n0 + q0, ldc, ap + (long)p0 * kc,
+                                bp + (long)q0 * kc, kc, rows, cols);
+                }
             }
         }
     }
 }
 
 /* zt_mm_tile_body compiled for the baseline instruction set (SSE2 on x86-64). */
-static void zt_mm_tile_base(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mc, int n0,
+static void zt_mm_tile_base(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mrows, int n0,
                             int nc, zt_real *ap, zt_real *bp)
 {
-    zt_mm_tile_body(c, ldc, a, b, K, m0, mc, n0, nc, ap, bp);
+    zt_mm_tile_body(c, ldc, a, b, K, m0, mrows, n0, nc, ap, bp);
 }
 
 /* zt_mm_tile_body compiled for AVX2 + FMA (256-bit vectors, fused multiply-add). */
 ZT_CPU_TARGET_AVX2 static void zt_mm_tile_avx2(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0,
-                                               int mc, int n0, int nc, zt_real *ap, zt_real *bp)
+                                               int mrows, int n0, int nc, zt_real *ap, zt_real *bp)
 {
-    zt_mm_tile_body(c, ldc, a, b, K, m0, mc, n0, nc, ap, bp);
+    zt_mm_tile_body(c, ldc, a, b, K, m0, mrows, n0, nc, ap, bp);
 }
 
-typedef void (*zt_mm_tile_fn)(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mc,
+typedef void (*zt_mm_tile_fn)(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int K, int m0, int mrows,
                               int n0, int nc, zt_real *ap, zt_real *bp);
 
 /* The tile function for this CPU: AVX2 + FMA where the CPU has both, the baseline otherwise. */
@@ -157,18 +161,37 @@ static zt_mm_tile_fn zt_mm_pick_tile(void)
     return zt_cpu_has_avx2_fma() ? zt_mm_tile_avx2 : zt_mm_tile_base;
 }
 
-/* C[M, NC] += A[M, K] * B[K, NC], C row-major with leading dimension ldc, A and B strided views. */
+static int zt_mm_gcd(int a, int b)
+{
+    while (b) {
+        int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* C[M, NC] += A[M, K] * B[K, NC], C row-major with leading dimension ldc, A and B strided views.
+ * Tiles are ZT_MM_NC columns wide; the rows are cut into as few chunks as make the number of tiles a
+ * multiple of the thread count, so that every thread gets the same work and packs B as rarely as
+ * possible. (The tiling may depend on the thread count: results do not, see the top of the file.) */
 static void zt_mm_gemm(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int M, int NC, int K)
 {
     if (M <= 0 || NC <= 0 || K <= 0)
         return;
-    int mtiles = (M + ZT_MM_MC - 1) / ZT_MM_MC;
-    int ntiles = (NC + ZT_MM_NC - 1) / ZT_MM_NC;
-    int tiles = mtiles * ntiles;
-    zt_mm_tile_fn tile = zt_mm_pick_tile();
     int nthreads = zt_cpu_get_threads();
+    int ntiles = (NC + ZT_MM_NC - 1) / ZT_MM_NC;
+    int chunks = nthreads / zt_mm_gcd(ntiles, nthreads);
+    int max_chunks = (M + ZT_MM_MR - 1) / ZT_MM_MR;
+    if (chunks > max_chunks)
+        chunks = max_chunks;
+    int chunk_rows = (M + chunks - 1) / chunks;
+    chunk_rows = (chunk_rows + ZT_MM_MR - 1) / ZT_MM_MR * ZT_MM_MR;
+    chunks = (M + chunk_rows - 1) / chunk_rows;
+    int tiles = ntiles * chunks;
     if (nthreads > tiles)
         nthreads = tiles;
+    zt_mm_tile_fn tile = zt_mm_pick_tile();
     #pragma omp parallel num_threads(nthreads)
     {
         /* Thread-local packing buffers, sized for a full block and aligned for vector loads. */
@@ -177,10 +200,10 @@ static void zt_mm_gemm(zt_real *c, long ldc, zt_mm_view a, zt_mm_view b, int M, 
         ZT_ASSERT(ap != NULL && bp != NULL);
         #pragma omp for schedule(static)
         for (int t = 0; t < tiles; t++) {
-            int m0 = (t / ntiles) * ZT_MM_MC, n0 = (t % ntiles) * ZT_MM_NC;
-            int mc = M - m0 < ZT_MM_MC ? M - m0 : ZT_MM_MC;
+            int m0 = (t % chunks) * chunk_rows, n0 = (t / chunks) * ZT_MM_NC;
+            int mrows = M - m0 < chunk_rows ? M - m0 : chunk_rows;
             int nc = NC - n0 < ZT_MM_NC ? NC - n0 : ZT_MM_NC;
-            tile(c, ldc, a, b, K, m0, mc, n0, nc, ap, bp);
+            tile(c, ldc, a, b, K, m0, mrows, n0, nc, ap, bp);
         }
         free(ap);
         free(bp);
