@@ -12,4 +12,36 @@ void zt_cpu_attention_forward(zt_real *out, zt_real *lse, const zt_real *qkv, in
 void zt_cpu_attention_backward(zt_real *dqkv, const zt_real *dout, const zt_real *qkv, const zt_real *out,
                                const zt_real *lse, int B, int T, int C, int NH);
 
+#ifdef ZT_WITH_CUDA
+/* CUDA twins (kernels/cuda/attention.cu), flash style: tiles of queries and keys in shared memory, an
+ * online softmax in fp32, nothing of size T x T in memory. qkv, out, dout, dqkv hold `dtype` elements
+ * (F32, F16 or BF16); lse [B,NH,T] is fp32. Head sizes 64 and 128 (zt_cuda_attention_supported);
+ * any T. */
+#include <stdbool.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/safetensors.h"
+
+/* Whether the CUDA kernels serve C channels in NH heads (so that a model can refuse a config early). */
+bool zt_cuda_attention_supported(int C, int NH);
+void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
+                               enum zt_dtype dtype, cudaStream_t stream);
+/* Bytes of device scratch zt_cuda_attention_backward needs (the fp32 row sums of dout * out). */
+size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH);
+/* Accumulates (+=) into dqkv [B,T,3C]. Deterministic: dK and dV come from one pass over key tiles and
+ * dQ from a second pass over query tiles, so every element is written by one thread (no atomics). */
+void zt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                const float *lse, int B, int T, int C, int NH, void *scratch,
+                                enum zt_dtype dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZT_WITH_CUDA */
+
 #endif

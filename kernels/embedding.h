@@ -13,4 +13,32 @@ void zt_cpu_embedding_forward(zt_real *out, const int32_t *tokens, const zt_real
 void zt_cpu_embedding_backward(zt_real *dwte, zt_real *dwpe, const zt_real *dout, const int32_t *tokens,
                                int B, int T, int C);
 
+#ifdef ZT_WITH_CUDA
+/* CUDA twins (kernels/cuda/embedding.cu). out, wte, wpe, dout, dwte, dwpe hold `dtype` elements (F32, F16
+ * or BF16); tokens is a device int32 array; C must be a multiple of 8. */
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/safetensors.h"
+
+void zt_cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
+                               int T, int C, enum zt_dtype dtype, cudaStream_t stream);
+/* Bytes of device scratch that zt_cuda_embedding_backward needs for B*T tokens below V. */
+size_t zt_cuda_embedding_backward_scratch_size(int B, int T, int V);
+/* Accumulates (+=) into dwte [V,C] and dwpe [maxT,C], deterministically and without float atomics: the
+ * positions are sorted by token (stable radix sort on the device, so each token's positions stay in
+ * order), then one block per distinct token sums its rows in position order, as the CPU twin does.
+ * scratch: zt_cuda_embedding_backward_scratch_size(B, T, V) bytes of device memory, 16-byte aligned,
+ * free to reuse once the stream has passed this call. Tokens must lie in [0,V). */
+void zt_cuda_embedding_backward(void *dwte, void *dwpe, const void *dout, const int32_t *tokens, int B,
+                                int T, int C, int V, void *scratch, enum zt_dtype dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZT_WITH_CUDA */
+
 #endif

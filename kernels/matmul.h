@@ -12,4 +12,45 @@ void zt_cpu_matmul_forward(zt_real *out, const zt_real *inp, const zt_real *weig
 void zt_cpu_matmul_backward(zt_real *dinp, zt_real *dweight, zt_real *dbias, const zt_real *dout,
                             const zt_real *inp, const zt_real *weight, int N, int IC, int OC);
 
+#ifdef ZT_WITH_CUDA
+/* CUDA twins (kernels/cuda/matmul.cu) through cuBLASLt: fp32 accumulation and compute for every dtype
+ * (F32 without TF32, F16, BF16 on sm_80+); the bias and the GELU are fused into the GEMM epilogue where
+ * cuBLASLt has one, with a separate kernel otherwise. inp, weight, bias, out, pre_gelu, dout, dinp,
+ * dweight, dbias hold `dtype` elements; pointers 16-byte aligned are faster. */
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/safetensors.h"
+#include "common/status.h"
+
+/* A cuBLASLt handle and its workspace, created once and used by one stream at a time. */
+typedef struct zt_cuda_blas zt_cuda_blas;
+
+/* Creates a context with workspace_bytes of workspace (0: 32 MiB, what Hopper's kernels want). Returns
+ * 0, or ZT_ENOMEM (device memory) / ZT_EUNSUPPORTED (cuBLASLt cannot start) with a message in err.
+ * Free with zt_cuda_blas_destroy. */
+int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, zt_err *err);
+/* Frees the context (accepts NULL); the caller makes sure no work that uses it is still queued. */
+void zt_cuda_blas_destroy(zt_cuda_blas *ctx);
+
+/* out [N,OC] = inp [N,IC] weight[OC,IC]^T + bias (bias may be NULL). With pre_gelu (not NULL), pre_gelu
+ * receives that value and out = gelu(pre_gelu): the MLP's first layer and its activation in one GEMM. */
+void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_gelu, const void *inp, const void *weight,
+                            const void *bias, int N, int IC, int OC, enum zt_dtype dtype, cudaStream_t stream);
+/* Accumulates (+=) into dweight [OC,IC] and dbias [OC] (may be NULL; summed by a deterministic kernel)
+ * and, without pre_gelu, into dinp [N,IC] (may be NULL). With pre_gelu (the forward's pre_gelu, the
+ * input of a GELU whose output was this layer's inp), dinp is instead overwritten with the gradient of
+ * the GELU's input, gelu'(pre_gelu) * (dout weight): that intermediate is never accumulated. */
+void zt_cuda_matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias, const void *dout,
+                             const void *inp, const void *weight, const void *pre_gelu, int N, int IC, int OC,
+                             enum zt_dtype dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZT_WITH_CUDA */
+
 #endif

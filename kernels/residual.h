@@ -13,4 +13,28 @@ void zt_cpu_residual_backward(zt_real *da, zt_real *db, const zt_real *dout, siz
 /* y += x */
 void zt_cpu_add_inplace(zt_real *y, const zt_real *x, size_t n);
 
+#ifdef ZT_WITH_CUDA
+/* CUDA twins (kernels/cuda/residual.cu); every buffer holds n `dtype` elements (F32, F16 or BF16).
+ * out may equal a or b. */
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/safetensors.h"
+
+void zt_cuda_residual_forward(void *out, const void *a, const void *b, size_t n, enum zt_dtype dtype,
+                              cudaStream_t stream);
+/* Accumulates (+=) dout into da and db (either may be NULL). */
+void zt_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, enum zt_dtype dtype,
+                               cudaStream_t stream);
+/* y += x */
+void zt_cuda_add_inplace(void *y, const void *x, size_t n, enum zt_dtype dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZT_WITH_CUDA */
+
 #endif

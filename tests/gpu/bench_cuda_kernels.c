@@ -1,0 +1,232 @@
+/* Times every CUDA kernel at GPT-2 124M training shapes (B=16, T=1024, C=768, NH=12, V=50257 padded to
+ * 50304) with CUDA events, and prints milliseconds per call with the achieved TFLOP/s (GEMMs, attention)
+ * or GB/s (memory-bound kernels, counting the bytes each must read and write once). Built beside the GPU
+ * tests but never run by ctest: a benchmark, not a test.
+ *
+ *   bench_cuda_kernels [bf16|f16|f32] [iterations]     (default bf16, 20) */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/residual.h"
+
+enum { B = 16, T = 1024, C = 768, NH = 12, V = 50257, VP = 50304, NPARAM = 124475904 };
+#define BT ((size_t)B * T)
+
+static cudaStream_t g_stream;
+static cudaEvent_t g_ev0, g_ev1;
+static int g_iters = 20;
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    ZT_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+}
+
+/* n random values of dtype in [-scale, scale): a host pattern of 2^22 floats tiled over an fp32 buffer. */
+static void *drand(size_t n, float scale, enum zt_dtype dt)
+{
+    static float *pattern;
+    const size_t pn = (size_t)1 << 22;
+    if (!pattern) {
+        zt_rng r;
+        zt_rng_seed(&r, 7);
+        pattern = malloc(pn * sizeof(float));
+        for (size_t i = 0; i < pn; i++)
+            pattern[i] = (float)(2.0 * zt_rng_uniform(&r) - 1.0);
+    }
+    float *tmp = dalloc(n * sizeof(float));
+    for (size_t off = 0; off < n; off += pn) {
+        size_t len = n - off < pn ? n - off : pn;
+        ZT_CUDA_CHECK(cudaMemcpy(tmp + off, pattern, len * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    zt_cuda_scale_inplace(tmp, scale, n, ZT_DTYPE_F32, g_stream);
+    void *d = dalloc(n * zt_dtype_size(dt));
+    zt_cuda_cast(d, dt, tmp, ZT_DTYPE_F32, n, g_stream);
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    ZT_CUDA_CHECK(cudaFree(tmp));
+    return d;
+}
+
+static void start(void)
+{
+    ZT_CUDA_CHECK(cudaEventRecord(g_ev0, g_stream));
+}
+
+/* Ends a timing started by start() over g_iters calls and prints it. */
+static void stop(const char *what, double flop, double bytes)
+{
+    float ms = 0.0f;
+    ZT_CUDA_CHECK(cudaEventRecord(g_ev1, g_stream));
+    ZT_CUDA_CHECK(cudaEventSynchronize(g_ev1));
+    ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, g_ev0, g_ev1));
+    ms /= g_iters;
+    printf("%-44s %9.4f ms", what, ms);
+    if (flop > 0)
+        printf("  %7.1f TFLOP/s", flop / (ms * 1e-3) / 1e12);
+    if (bytes > 0)
+        printf("  %7.0f GB/s", bytes / (ms * 1e-3) / 1e9);
+    printf("\n");
+}
+
+#define BENCH(what, flop, bytes, call)                                                                             \
+    do {                                                                                                           \
+        call;                                                                                                      \
+        call; /* warm-up */                                                                                        \
+        start();                                                                                                   \
+        for (int it_ = 0; it_ < g_iters; it_++)                                                                    \
+            call;                                                                                                  \
+        stop(what, flop, bytes);                                                                                   \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    enum zt_dtype dt = ZT_DTYPE_BF16;
+    if (argc > 1 && strcmp(argv[1], "f16") == 0)
+        dt = ZT_DTYPE_F16;
+    else if (argc > 1 && strcmp(argv[1], "f32") == 0)
+        dt = ZT_DTYPE_F32;
+    if (argc > 2)
+        g_iters = atoi(argv[2]) > 0 ? atoi(argv[2]) : 20;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no CUDA device\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs); dtype %s; B=%d T=%d C=%d NH=%d V=%d (padded %d); mean of %d calls\n",
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount, zt_dtype_name(dt), B, T, C, NH, V, VP,
+           g_iters);
+    ZT_CUDA_CHECK(cudaStreamCreate(&g_stream));
+    ZT_CUDA_CHECK(cudaEventCreate(&g_ev0));
+    ZT_CUDA_CHECK(cudaEventCreate(&g_ev1));
+    zt_cuda_blas *blas = NULL;
+    zt_err err;
+    if (zt_cuda_blas_create(&blas, 0, &err) != 0) {
+        printf("%s\n", err.msg);
+        return 1;
+    }
+    const double es = (double)zt_dtype_size(dt);
+
+    /* Embedding. */
+    int32_t *tok_h = malloc(sizeof(int32_t) * BT), *tok = dalloc(sizeof(int32_t) * BT);
+    zt_rng r;
+    zt_rng_seed(&r, 3);
+    for (size_t i = 0; i < BT; i++)
+        tok_h[i] = (int32_t)zt_rng_below(&r, V);
+    ZT_CUDA_CHECK(cudaMemcpy(tok, tok_h, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+    void *wte = drand((size_t)VP * C, 0.02f, dt), *wpe = drand((size_t)T * C, 0.02f, dt);
+    void *x = drand(BT * C, 1.0f, dt), *y = drand(BT * C, 1.0f, dt), *z = drand(BT * C, 1.0f, dt);
+    BENCH("embedding forward", 0, es * (3.0 * BT * C), zt_cuda_embedding_forward(x, tok, wte, wpe, B, T, C, dt, g_stream));
+    void *dwte = drand((size_t)VP * C, 0.0f, dt), *dwpe = drand((size_t)T * C, 0.0f, dt);
+    void *escratch = dalloc(zt_cuda_embedding_backward_scratch_size(B, T, V));
+    BENCH("embedding backward (sort + sum)", 0, 0,
+          zt_cuda_embedding_backward(dwte, dwpe, y, tok, B, T, C, V, escratch, dt, g_stream));
+
+    /* Layernorm. */
+    void *w = drand(C, 1.0f, dt), *bsv = drand(C, 0.1f, dt);
+    float *mean = dalloc(BT * sizeof(float)), *rstd = dalloc(BT * sizeof(float));
+    BENCH("layernorm forward", 0, es * 2.0 * BT * C,
+          zt_cuda_layernorm_forward(y, mean, rstd, x, w, bsv, (int)BT, C, 1e-5f, dt, g_stream));
+    void *dw = drand(C, 0.0f, dt), *db = drand(C, 0.0f, dt);
+    void *lscratch = dalloc(zt_cuda_layernorm_backward_scratch_size((int)BT, C));
+    BENCH("layernorm backward", 0, es * 4.0 * BT * C,
+          zt_cuda_layernorm_backward(z, dw, db, y, x, w, mean, rstd, (int)BT, C, lscratch, dt, g_stream));
+
+    /* The block's GEMMs. */
+    struct {
+        const char *name;
+        int IC, OC, bias, gelu;
+    } mm[] = {
+        {"qkv      768->2304 +bias", C, 3 * C, 1, 0},
+        {"attproj  768->768  +bias", C, C, 1, 0},
+        {"fc       768->3072 +bias +gelu", C, 4 * C, 1, 1},
+        {"fcproj  3072->768  +bias", 4 * C, C, 1, 0},
+        {"lm head  768->50304", C, VP, 0, 0},
+    };
+    size_t max_in = BT * 4 * C, max_out = BT * VP;
+    void *min_ = drand(max_in, 1.0f, dt), *mout = drand(max_out, 1.0f, dt), *mpre = drand(BT * 4 * C, 1.0f, dt);
+    void *mw = drand((size_t)VP * C, 0.02f, dt), *mb = drand(VP, 0.02f, dt);
+    void *mdw = drand((size_t)VP * C, 0.0f, dt), *mdb = drand(VP, 0.0f, dt), *mdin = drand(max_in, 0.0f, dt);
+    for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
+        char name[96];
+        double flop = 2.0 * BT * mm[i].IC * mm[i].OC;
+        snprintf(name, sizeof(name), "matmul fwd %s", mm[i].name);
+        BENCH(name, flop, 0,
+              zt_cuda_matmul_forward(blas, mout, mm[i].gelu ? mpre : NULL, min_, mw, mm[i].bias ? mb : NULL, (int)BT,
+                                     mm[i].IC, mm[i].OC, dt, g_stream));
+        snprintf(name, sizeof(name), "matmul bwd %s", mm[i].name);
+        BENCH(name, 2 * flop, 0,
+              zt_cuda_matmul_backward(blas, mdin, mdw, mm[i].bias ? mdb : NULL, mout, min_, mw, NULL, (int)BT,
+                                      mm[i].IC, mm[i].OC, dt, g_stream));
+    }
+    BENCH("matmul bwd fcproj with fused dGELU", 2.0 * 2 * BT * 4 * C * C, 0,
+          zt_cuda_matmul_backward(blas, mdin, mdw, mdb, mout, min_, mw, mpre, (int)BT, 4 * C, C, dt, g_stream));
+
+    /* Elementwise. */
+    size_t n4 = BT * 4 * C;
+    BENCH("gelu forward (4C)", 0, es * 2.0 * n4, zt_cuda_gelu_forward(mdin, mpre, n4, dt, g_stream));
+    BENCH("gelu backward (4C)", 0, es * 4.0 * n4, zt_cuda_gelu_backward(mdin, mpre, min_, n4, dt, g_stream));
+    BENCH("residual forward", 0, es * 3.0 * BT * C, zt_cuda_residual_forward(z, x, y, BT * C, dt, g_stream));
+    BENCH("add_inplace", 0, es * 3.0 * BT * C, zt_cuda_add_inplace(z, x, BT * C, dt, g_stream));
+
+    /* Attention. */
+    {
+        void *qkv = drand(BT * 3 * C, 1.0f, dt), *dqkv = drand(BT * 3 * C, 0.0f, dt);
+        float *lse = dalloc(sizeof(float) * B * NH * T);
+        void *ascratch = dalloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
+        /* Causal: half of the T x T scores; forward 2 GEMM-like products, backward 5 (with recompute). */
+        double hs = C / NH, pairs = (double)B * NH * T * (T + 1) / 2.0;
+        BENCH("attention forward", 2.0 * 2 * pairs * hs, 0,
+              zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
+        BENCH("attention backward (dkv pass + dq pass)", 7.0 * 2 * pairs * hs, 0,
+              zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
+    }
+
+    /* Fused classifier over the padded logits, in place. */
+    {
+        void *logits = drand(BT * VP, 4.0f, dt);
+        int32_t *tg = dalloc(sizeof(int32_t) * BT);
+        ZT_CUDA_CHECK(cudaMemcpy(tg, tok_h, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+        float *losses = dalloc(sizeof(float) * BT);
+        BENCH("crossentropy fwd+bwd in place", 0, es * 2.0 * BT * VP,
+              zt_cuda_crossentropy_forward_backward(losses, logits, logits, tg, (int)BT, V, VP, -100, 1.0f / BT,
+                                                    NULL, dt, g_stream));
+    }
+
+    /* Optimizer and gradient health over all 124M parameters, as one tensor. */
+    {
+        float *p = drand(NPARAM, 0.02f, ZT_DTYPE_F32), *m = drand(NPARAM, 0.0f, ZT_DTYPE_F32);
+        float *v = drand(NPARAM, 0.0f, ZT_DTYPE_F32);
+        void *g = drand(NPARAM, 0.01f, dt), *lowp = dalloc((size_t)NPARAM * es);
+        zt_cuda_adamw_tensor t = {p, m, v, g, lowp, NPARAM, 1};
+        zt_adamw_params hp = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1};
+        BENCH("adamw 124M params", 0, (double)NPARAM * (12 + 12 + 2 * es),
+              zt_cuda_adamw_update(&t, 1, &hp, dt, dt, NULL, NULL, g_stream));
+        float *partials = dalloc(sizeof(float) * ZT_CUDA_NORM_SLOTS), *out = dalloc(sizeof(float));
+        BENCH("global norm 124M", 0, (double)NPARAM * es,
+              zt_cuda_sum_squares(out, partials, g, NPARAM, dt, g_stream));
+        int *flag = dalloc(sizeof(int));
+        BENCH("inf/NaN check 124M", 0, (double)NPARAM * es, zt_cuda_check_finite(flag, g, NPARAM, dt, g_stream));
+        BENCH("cast fp32 -> lowp 124M", 0, (double)NPARAM * (4 + es),
+              zt_cuda_cast(lowp, dt, p, ZT_DTYPE_F32, NPARAM, g_stream));
+    }
+    ZT_CUDA_CHECK(cudaDeviceSynchronize());
+    zt_cuda_blas_destroy(blas);
+    printf("done\n");
+    return 0;
+}

@@ -1,0 +1,907 @@
+/* Tests of the CUDA kernels (library zt_kernels_cuda) against their CPU twins (zt_kernels_cpu).
+ *
+ * Every op runs for F32, F16 and BF16 on random inputs. Inputs are made in fp32, cast to the dtype on the
+ * device, and the rounded values are read back and given to the CPU kernel, so the comparison measures
+ * only the GPU's arithmetic and output rounding. Tolerances are relative to each element plus the RMS of
+ * the reference (so that elements near zero after cancellation are judged on the tensor's scale):
+ * fp32 1e-4, fp16 5e-3, bf16 1e-2. Shapes include odd T (not a multiple of any tile), C = 768 = 3 * 256,
+ * an odd vocabulary (1003), padded logits rows, ignored targets and tensors that cross the fused AdamW's
+ * chunk and batch limits. The deterministic kernels are run twice and compared bit for bit.
+ *
+ * Exits 77 (skipped) when there is no CUDA device. Each check prints its largest error, so a log of
+ * this test doubles as a record of the kernels' accuracy. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/rng.h"
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cpu_threads.h"
+#include "kernels/crossentropy.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/residual.h"
+
+_Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu (float build)");
+
+static cudaStream_t g_stream;
+static zt_cuda_blas *g_blas;
+static int g_cc_major;
+static zt_rng g_rng;
+
+static const enum zt_dtype k_dtypes[3] = {ZT_DTYPE_F32, ZT_DTYPE_F16, ZT_DTYPE_BF16};
+
+static double tol_of(enum zt_dtype dt)
+{
+    return dt == ZT_DTYPE_F32 ? 1e-4 : dt == ZT_DTYPE_F16 ? 5e-3 : 1e-2;
+}
+
+/* ---- host / device helpers ---- */
+
+static float *host_rand(size_t n, float scale)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)(scale * (2.0 * zt_rng_uniform(&g_rng) - 1.0));
+    return h;
+}
+
+static float *host_copy(const float *x, size_t n)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(h);
+    memcpy(h, x, sizeof(float) * n);
+    return h;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    ZT_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
+    return p;
+}
+
+static void dev_sync(void) { ZT_CUDA_CHECK(cudaStreamSynchronize(g_stream)); }
+
+/* Uploads n floats as dtype; h is overwritten with the values the device holds (rounded). */
+static void *dev_upload(float *h, size_t n, enum zt_dtype dt)
+{
+    float *tmp = dev_alloc(n * sizeof(float));
+    void *d = dev_alloc(n * zt_dtype_size(dt));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(tmp, h, n * sizeof(float), cudaMemcpyHostToDevice, g_stream));
+    zt_cuda_cast(d, dt, tmp, ZT_DTYPE_F32, n, g_stream);
+    zt_cuda_cast(tmp, ZT_DTYPE_F32, d, dt, n, g_stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, g_stream));
+    dev_sync();
+    ZT_CUDA_CHECK(cudaFree(tmp));
+    return d;
+}
+
+/* Random values of dtype on the device; *host receives the same (rounded) values as floats. */
+static void *dev_rand(size_t n, float scale, enum zt_dtype dt, float **host)
+{
+    float *h = host_rand(n, scale);
+    void *d = dev_upload(h, n, dt);
+    *host = h;
+    return d;
+}
+
+static float *dev_download(const void *d, size_t n, enum zt_dtype dt)
+{
+    float *tmp = dev_alloc(n * sizeof(float));
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(h);
+    zt_cuda_cast(tmp, ZT_DTYPE_F32, d, dt, n, g_stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, g_stream));
+    dev_sync();
+    ZT_CUDA_CHECK(cudaFree(tmp));
+    return h;
+}
+
+static void *dev_clone(const void *d, size_t bytes)
+{
+    void *c = dev_alloc(bytes);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(c, d, bytes, cudaMemcpyDeviceToDevice, g_stream));
+    return c;
+}
+
+static void dev_copy(void *dst, const void *src, size_t bytes)
+{
+    ZT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+}
+
+/* True if two device buffers hold the same bytes. */
+static int dev_equal(const void *a, const void *b, size_t bytes)
+{
+    unsigned char *ha = malloc(bytes ? bytes : 1), *hb = malloc(bytes ? bytes : 1);
+    assert_true(ha && hb);
+    dev_sync();
+    ZT_CUDA_CHECK(cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost));
+    ZT_CUDA_CHECK(cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost));
+    int eq = memcmp(ha, hb, bytes) == 0;
+    free(ha);
+    free(hb);
+    return eq;
+}
+
+static void dev_free(void *p) { ZT_CUDA_CHECK(cudaFree(p)); }
+
+/* Compares got with ref: |got - ref| <= tol * (|ref| + rms(ref)) for every element. Prints the worst. */
+static void check_close(const char *what, enum zt_dtype dt, const float *got, const float *ref, size_t n, double tol)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)ref[i] * ref[i];
+    double rms = n ? sqrt(ss / n) : 0.0;
+    if (rms == 0.0)
+        rms = 1e-30;
+    double worst = 0.0, worst_abs = 0.0;
+    size_t worst_i = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        double lim = tol * (fabs((double)ref[i]) + rms);
+        if (!(err <= lim))
+            bad++;
+        double ratio = isnan(err) ? INFINITY : err / (fabs((double)ref[i]) + rms);
+        if (ratio > worst || (isnan(err) && worst != INFINITY)) {
+            worst = ratio;
+            worst_i = i;
+        }
+        if (err > worst_abs)
+            worst_abs = err;
+    }
+    printf("  %-40s %-4s n=%-9zu max_err/(|ref|+rms)=%.2e (tol %.0e) max_abs_err=%.2e rms=%.2e\n", what,
+           zt_dtype_name(dt), n, worst, tol, worst_abs, rms);
+    if (bad) {
+        printf("  FAIL %s: %zu of %zu elements out of tolerance; worst at %zu: got %.8g, want %.8g\n", what, bad,
+               n, worst_i, (double)got[worst_i], (double)ref[worst_i]);
+        fail();
+    }
+}
+
+/* ---- embedding ---- */
+
+static void run_embedding(enum zt_dtype dt, int B, int T, int C, int V, int maxT)
+{
+    const int BT = B * T;
+    int32_t *tok = malloc(sizeof(int32_t) * BT);
+    assert_non_null(tok);
+    for (int i = 0; i < BT; i++)
+        tok[i] = (int32_t)zt_rng_below(&g_rng, 50); /* many repeats: the hard case for the backward */
+    tok[BT / 2] = V - 1;
+    tok[BT - 1] = V - 1;
+    int32_t *d_tok = dev_alloc(sizeof(int32_t) * BT);
+    ZT_CUDA_CHECK(cudaMemcpy(d_tok, tok, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+
+    float *wte, *wpe, *dout, *dwte, *dwpe;
+    void *d_wte = dev_rand((size_t)V * C, 1.0f, dt, &wte);
+    void *d_wpe = dev_rand((size_t)maxT * C, 1.0f, dt, &wpe);
+    void *d_out = dev_alloc((size_t)BT * C * zt_dtype_size(dt));
+    zt_cuda_embedding_forward(d_out, d_tok, d_wte, d_wpe, B, T, C, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)BT * C, dt);
+    float *ref = malloc(sizeof(float) * BT * C);
+    zt_cpu_embedding_forward(ref, tok, wte, wpe, B, T, C);
+    check_close("embedding forward out", dt, out, ref, (size_t)BT * C, tol_of(dt));
+
+    void *d_dout = dev_rand((size_t)BT * C, 1.0f, dt, &dout);
+    void *d_dwte = dev_rand((size_t)V * C, 0.5f, dt, &dwte);
+    void *d_dwpe = dev_rand((size_t)maxT * C, 0.5f, dt, &dwpe);
+    void *d_dwte0 = dev_clone(d_dwte, (size_t)V * C * zt_dtype_size(dt));
+    void *d_dwpe0 = dev_clone(d_dwpe, (size_t)maxT * C * zt_dtype_size(dt));
+    size_t scratch_bytes = zt_cuda_embedding_backward_scratch_size(B, T, V);
+    void *scratch = dev_alloc(scratch_bytes);
+    zt_cuda_embedding_backward(d_dwte, d_dwpe, d_dout, d_tok, B, T, C, V, scratch, dt, g_stream);
+    float *g_dwte = dev_download(d_dwte, (size_t)V * C, dt);
+    float *g_dwpe = dev_download(d_dwpe, (size_t)maxT * C, dt);
+    zt_cpu_embedding_backward(dwte, dwpe, dout, tok, B, T, C);
+    check_close("embedding backward dwte", dt, g_dwte, dwte, (size_t)V * C, tol_of(dt));
+    check_close("embedding backward dwpe", dt, g_dwpe, dwpe, (size_t)maxT * C, tol_of(dt));
+
+    /* Determinism: the same call from the same state gives the same bits. */
+    void *d_dwte1 = dev_clone(d_dwte, (size_t)V * C * zt_dtype_size(dt));
+    void *d_dwpe1 = dev_clone(d_dwpe, (size_t)maxT * C * zt_dtype_size(dt));
+    dev_copy(d_dwte, d_dwte0, (size_t)V * C * zt_dtype_size(dt));
+    dev_copy(d_dwpe, d_dwpe0, (size_t)maxT * C * zt_dtype_size(dt));
+    zt_cuda_embedding_backward(d_dwte, d_dwpe, d_dout, d_tok, B, T, C, V, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dwte, d_dwte1, (size_t)V * C * zt_dtype_size(dt)));
+    assert_true(dev_equal(d_dwpe, d_dwpe1, (size_t)maxT * C * zt_dtype_size(dt)));
+
+    free(tok), free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out), free(ref), free(g_dwte);
+    free(g_dwpe);
+    void *dev[] = {d_tok, d_wte, d_wpe, d_out, d_dout, d_dwte, d_dwpe, d_dwte0, d_dwpe0, scratch, d_dwte1, d_dwpe1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        run_embedding(k_dtypes[i], 2, 67, 768, 1003, 80);
+        run_embedding(k_dtypes[i], 3, 5, 64, 50257, 8);
+    }
+}
+
+/* ---- layernorm ---- */
+
+static void run_layernorm(enum zt_dtype dt, int N, int C)
+{
+    float *inp, *w, *b, *dout, *dinp, *dw, *db;
+    void *d_inp = dev_rand((size_t)N * C, 2.0f, dt, &inp);
+    void *d_w = dev_rand(C, 1.0f, dt, &w);
+    void *d_b = dev_rand(C, 1.0f, dt, &b);
+    void *d_out = dev_alloc((size_t)N * C * zt_dtype_size(dt));
+    float *d_mean = dev_alloc(N * sizeof(float)), *d_rstd = dev_alloc(N * sizeof(float));
+    zt_cuda_layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C, 1e-5f, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)N * C, dt);
+    float *mean = dev_download(d_mean, N, ZT_DTYPE_F32), *rstd = dev_download(d_rstd, N, ZT_DTYPE_F32);
+    float *ref = malloc(sizeof(float) * N * C), *rmean = malloc(sizeof(float) * N), *rrstd = malloc(sizeof(float) * N);
+    zt_cpu_layernorm_forward(ref, rmean, rrstd, inp, w, b, N, C, 1e-5f);
+    check_close("layernorm forward out", dt, out, ref, (size_t)N * C, tol_of(dt));
+    check_close("layernorm forward mean", dt, mean, rmean, N, 1e-5);
+    check_close("layernorm forward rstd", dt, rstd, rrstd, N, 1e-5);
+
+    void *d_dout = dev_rand((size_t)N * C, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand((size_t)N * C, 0.5f, dt, &dinp);
+    void *d_dw = dev_rand(C, 0.5f, dt, &dw);
+    void *d_db = dev_rand(C, 0.5f, dt, &db);
+    void *d_dinp0 = dev_clone(d_dinp, (size_t)N * C * zt_dtype_size(dt));
+    void *d_dw0 = dev_clone(d_dw, C * zt_dtype_size(dt)), *d_db0 = dev_clone(d_db, C * zt_dtype_size(dt));
+    void *scratch = dev_alloc(zt_cuda_layernorm_backward_scratch_size(N, C));
+    zt_cuda_layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C, scratch, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, (size_t)N * C, dt);
+    float *g_dw = dev_download(d_dw, C, dt), *g_db = dev_download(d_db, C, dt);
+    zt_cpu_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); /* the GPU's statistics */
+    check_close("layernorm backward dinp", dt, g_dinp, dinp, (size_t)N * C, tol_of(dt));
+    check_close("layernorm backward dweight", dt, g_dw, dw, C, tol_of(dt));
+    check_close("layernorm backward dbias", dt, g_db, db, C, tol_of(dt));
+
+    void *d_dinp1 = dev_clone(d_dinp, (size_t)N * C * zt_dtype_size(dt));
+    void *d_dw1 = dev_clone(d_dw, C * zt_dtype_size(dt)), *d_db1 = dev_clone(d_db, C * zt_dtype_size(dt));
+    dev_copy(d_dinp, d_dinp0, (size_t)N * C * zt_dtype_size(dt));
+    dev_copy(d_dw, d_dw0, C * zt_dtype_size(dt));
+    dev_copy(d_db, d_db0, C * zt_dtype_size(dt));
+    zt_cuda_layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dinp, d_dinp1, (size_t)N * C * zt_dtype_size(dt)));
+    assert_true(dev_equal(d_dw, d_dw1, C * zt_dtype_size(dt)));
+    assert_true(dev_equal(d_db, d_db1, C * zt_dtype_size(dt)));
+
+    free(inp), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(out), free(mean), free(rstd);
+    free(ref), free(rmean), free(rrstd), free(g_dinp), free(g_dw), free(g_db);
+    void *dev[] = {d_inp, d_w,     d_b,   d_out, d_mean, d_rstd,  d_dout,  d_dinp, d_dw,
+                   d_db,  d_dinp0, d_dw0, d_db0, scratch, d_dinp1, d_dw1, d_db1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        run_layernorm(k_dtypes[i], 134, 768);
+        run_layernorm(k_dtypes[i], 5, 64);
+        run_layernorm(k_dtypes[i], 1000, 1600);
+    }
+}
+
+/* ---- matmul ---- */
+
+static void run_matmul(enum zt_dtype dt, int N, int IC, int OC, int with_bias, int with_gelu)
+{
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    float *inp, *w, *b = NULL;
+    void *d_inp = dev_rand((size_t)N * IC, 1.0f, dt, &inp);
+    void *d_w = dev_rand((size_t)OC * IC, 0.1f, dt, &w);
+    void *d_b = with_bias ? dev_rand(OC, 0.5f, dt, &b) : NULL;
+    void *d_out = dev_alloc((size_t)N * OC * es);
+    void *d_pre = with_gelu ? dev_alloc((size_t)N * OC * es) : NULL;
+    zt_cuda_matmul_forward(g_blas, d_out, d_pre, d_inp, d_w, d_b, N, IC, OC, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)N * OC, dt);
+    float *ref = malloc(sizeof(float) * N * OC);
+    zt_cpu_matmul_forward(ref, inp, w, b, N, IC, OC);
+    if (with_gelu) {
+        float *pre = dev_download(d_pre, (size_t)N * OC, dt);
+        snprintf(name, sizeof(name), "matmul %dx%dx%d fwd pre_gelu", N, IC, OC);
+        check_close(name, dt, pre, ref, (size_t)N * OC, tol_of(dt));
+        float *act = malloc(sizeof(float) * N * OC);
+        zt_cpu_gelu_forward(act, ref, (size_t)N * OC);
+        snprintf(name, sizeof(name), "matmul %dx%dx%d fwd gelu out", N, IC, OC);
+        check_close(name, dt, out, act, (size_t)N * OC, tol_of(dt));
+        free(pre), free(act);
+    } else {
+        snprintf(name, sizeof(name), "matmul %dx%dx%d fwd%s", N, IC, OC, with_bias ? " +bias" : "");
+        check_close(name, dt, out, ref, (size_t)N * OC, tol_of(dt));
+    }
+
+    /* Backward, accumulating into random dinp / dweight / dbias. */
+    float *dout, *dinp, *dw, *db = NULL;
+    void *d_dout = dev_rand((size_t)N * OC, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand((size_t)N * IC, 0.5f, dt, &dinp);
+    void *d_dw = dev_rand((size_t)OC * IC, 0.5f, dt, &dw);
+    void *d_db = with_bias ? dev_rand(OC, 0.5f, dt, &db) : NULL;
+    void *d_dinp0 = dev_clone(d_dinp, (size_t)N * IC * es), *d_dw0 = dev_clone(d_dw, (size_t)OC * IC * es);
+    void *d_db0 = with_bias ? dev_clone(d_db, OC * es) : NULL;
+    zt_cuda_matmul_backward(g_blas, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, NULL, N, IC, OC, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, (size_t)N * IC, dt), *g_dw = dev_download(d_dw, (size_t)OC * IC, dt);
+    zt_cpu_matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+    snprintf(name, sizeof(name), "matmul %dx%dx%d bwd dinp", N, IC, OC);
+    check_close(name, dt, g_dinp, dinp, (size_t)N * IC, tol_of(dt));
+    snprintf(name, sizeof(name), "matmul %dx%dx%d bwd dweight", N, IC, OC);
+    check_close(name, dt, g_dw, dw, (size_t)OC * IC, tol_of(dt));
+    if (with_bias) {
+        float *g_db = dev_download(d_db, OC, dt);
+        snprintf(name, sizeof(name), "matmul %dx%dx%d bwd dbias", N, IC, OC);
+        check_close(name, dt, g_db, db, OC, tol_of(dt));
+        free(g_db);
+    }
+
+    /* Determinism of the whole backward. */
+    void *d_dinp1 = dev_clone(d_dinp, (size_t)N * IC * es), *d_dw1 = dev_clone(d_dw, (size_t)OC * IC * es);
+    void *d_db1 = with_bias ? dev_clone(d_db, OC * es) : NULL;
+    dev_copy(d_dinp, d_dinp0, (size_t)N * IC * es);
+    dev_copy(d_dw, d_dw0, (size_t)OC * IC * es);
+    if (with_bias)
+        dev_copy(d_db, d_db0, OC * es);
+    zt_cuda_matmul_backward(g_blas, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, NULL, N, IC, OC, dt, g_stream);
+    assert_true(dev_equal(d_dinp, d_dinp1, (size_t)N * IC * es));
+    assert_true(dev_equal(d_dw, d_dw1, (size_t)OC * IC * es));
+    if (with_bias)
+        assert_true(dev_equal(d_db, d_db1, OC * es));
+
+    if (with_gelu) {
+        /* The fused GELU backward: this layer's inp was gelu(pre), so dpre = gelu'(pre) * (dout W),
+         * overwritten. Here "pre" is a random [N, IC] tensor. */
+        float *pre;
+        void *d_pre_in = dev_rand((size_t)N * IC, 2.0f, dt, &pre);
+        zt_cuda_matmul_backward(g_blas, d_dinp, NULL, NULL, d_dout, d_inp, d_w, d_pre_in, N, IC, OC, dt, g_stream);
+        float *g_dpre = dev_download(d_dinp, (size_t)N * IC, dt);
+        float *tmp = calloc((size_t)N * IC, sizeof(float)), *dummy_dw = calloc((size_t)OC * IC, sizeof(float));
+        float *want = calloc((size_t)N * IC, sizeof(float));
+        zt_cpu_matmul_backward(tmp, dummy_dw, NULL, dout, inp, w, N, IC, OC);
+        zt_cpu_gelu_backward(want, pre, tmp, (size_t)N * IC);
+        snprintf(name, sizeof(name), "matmul %dx%dx%d bwd fused dgelu", N, IC, OC);
+        check_close(name, dt, g_dpre, want, (size_t)N * IC, tol_of(dt));
+        free(pre), free(g_dpre), free(tmp), free(dummy_dw), free(want);
+        dev_free(d_pre_in);
+    }
+
+    free(inp), free(w), free(b), free(out), free(ref), free(dout), free(dinp), free(dw), free(db), free(g_dinp);
+    free(g_dw);
+    void *dev[] = {d_inp, d_w, d_b, d_out, d_pre, d_dout, d_dinp, d_dw, d_db, d_dinp0, d_dw0, d_db0, d_dinp1, d_dw1,
+                   d_db1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        if (dev[i])
+            dev_free(dev[i]);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        enum zt_dtype dt = k_dtypes[i];
+        if (dt == ZT_DTYPE_BF16 && g_cc_major < 8) {
+            printf("  matmul BF16 skipped: this GPU (sm_%d x) has no bf16 GEMM\n", g_cc_major);
+            continue;
+        }
+        run_matmul(dt, 134, 768, 2304, 1, 0); /* attention's qkv projection */
+        run_matmul(dt, 134, 768, 3072, 1, 1); /* MLP's first layer with the fused GELU */
+        run_matmul(dt, 134, 768, 1003, 0, 0); /* LM head, odd vocabulary */
+        run_matmul(dt, 67, 72, 40, 1, 0);     /* small and odd */
+        run_matmul(dt, 67, 64, 48, 1, 1);     /* small, fused GELU */
+    }
+}
+
+/* ---- GELU and residual ---- */
+
+static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
+{
+    const size_t es = zt_dtype_size(dt);
+    float *x, *g, *acc;
+    /* offset shifts every pointer by that many elements, to exercise the unaligned (scalar) path. */
+    void *bx = dev_rand(n + offset, 3.0f, dt, &x);
+    void *bg = dev_rand(n + offset, 1.0f, dt, &g);
+    void *bacc = dev_rand(n + offset, 1.0f, dt, &acc);
+    void *bout = dev_alloc((n + offset) * es);
+    char *dx = (char *)bx + offset * es, *dg = (char *)bg + offset * es, *dacc = (char *)bacc + offset * es;
+    char *dout = (char *)bout + offset * es;
+    float *ref = malloc(sizeof(float) * n), *ref2 = host_copy(acc + offset, n), *ref3 = host_copy(g + offset, n);
+
+    zt_cuda_gelu_forward(dout, dx, n, dt, g_stream);
+    float *got = dev_download(dout, n, dt);
+    zt_cpu_gelu_forward(ref, x + offset, n);
+    check_close(offset ? "gelu forward (unaligned)" : "gelu forward", dt, got, ref, n, tol_of(dt));
+    free(got);
+
+    zt_cuda_gelu_backward(dacc, dx, dg, n, dt, g_stream);
+    got = dev_download(dacc, n, dt);
+    zt_cpu_gelu_backward(ref2, x + offset, g + offset, n);
+    check_close(offset ? "gelu backward (unaligned)" : "gelu backward", dt, got, ref2, n, tol_of(dt));
+    free(got);
+
+    zt_cuda_residual_forward(dout, dx, dg, n, dt, g_stream);
+    got = dev_download(dout, n, dt);
+    zt_cpu_residual_forward(ref, x + offset, g + offset, n);
+    check_close("residual forward", dt, got, ref, n, tol_of(dt));
+    free(got);
+
+    /* residual backward into (dacc, dout=a+b) and add_inplace into dg. */
+    float *ref_a = dev_download(dacc, n, dt), *ref_b = dev_download(dout, n, dt);
+    zt_cuda_residual_backward(dacc, dout, dx, n, dt, g_stream);
+    float *got_a = dev_download(dacc, n, dt), *got_b = dev_download(dout, n, dt);
+    zt_cpu_residual_backward(ref_a, ref_b, x + offset, n);
+    check_close("residual backward da", dt, got_a, ref_a, n, tol_of(dt));
+    check_close("residual backward db", dt, got_b, ref_b, n, tol_of(dt));
+    zt_cuda_add_inplace(dg, dx, n, dt, g_stream);
+    got = dev_download(dg, n, dt);
+    zt_cpu_add_inplace(ref3, x + offset, n);
+    check_close("add_inplace", dt, got, ref3, n, tol_of(dt));
+    free(got);
+
+    free(x), free(g), free(acc), free(ref), free(ref2), free(ref3), free(ref_a), free(ref_b), free(got_a), free(got_b);
+    dev_free(bx), dev_free(bg), dev_free(bacc), dev_free(bout);
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        run_elementwise(k_dtypes[i], 100003, 0);
+        run_elementwise(k_dtypes[i], 1001, 1);
+    }
+}
+
+/* ---- fused classifier ---- */
+
+static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
+{
+    const size_t es = zt_dtype_size(dt);
+    const int ignore = -100;
+    int32_t *tgt = malloc(sizeof(int32_t) * N);
+    int valid = 0;
+    for (int n = 0; n < N; n++) {
+        tgt[n] = n % 7 == 3 ? ignore : (int32_t)zt_rng_below(&g_rng, V);
+        valid += tgt[n] != ignore;
+    }
+    tgt[0] = V - 1; /* row 0 is never ignored: the last class is a target */
+    int32_t *d_tgt = dev_alloc(sizeof(int32_t) * N);
+    ZT_CUDA_CHECK(cudaMemcpy(d_tgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+
+    /* Logits in rows of P: random in the first V columns, garbage (1e4) in the padding. */
+    float *lg = host_rand((size_t)N * P, 4.0f);
+    for (int n = 0; n < N; n++)
+        for (int i = V; i < P; i++)
+            lg[(size_t)n * P + i] = 1e4f;
+    void *d_lg = dev_upload(lg, (size_t)N * P, dt);
+    float *dense = malloc(sizeof(float) * N * V);
+    for (int n = 0; n < N; n++)
+        memcpy(dense + (size_t)n * V, lg + (size_t)n * P, sizeof(float) * V);
+    void *d_lg0 = dev_clone(d_lg, (size_t)N * P * es);
+
+    float *d_loss = dev_alloc(sizeof(float) * N);
+    int *d_count = dev_alloc(sizeof(int));
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof(int), g_stream));
+    float grad_scale = 1.0f / (float)valid;
+
+    /* Losses only: logits untouched. */
+    zt_cuda_crossentropy_forward_backward(d_loss, NULL, d_lg, d_tgt, N, V, P, ignore, grad_scale, d_count, dt,
+                                          g_stream);
+    assert_true(dev_equal(d_lg, d_lg0, (size_t)N * P * es));
+    float *loss_only = dev_download(d_loss, N, ZT_DTYPE_F32);
+
+    /* In place: the gradient replaces the logits. */
+    zt_cuda_crossentropy_forward_backward(d_loss, d_lg, d_lg, d_tgt, N, V, P, ignore, grad_scale, d_count, dt,
+                                          g_stream);
+    float *loss = dev_download(d_loss, N, ZT_DTYPE_F32);
+    float *grad = dev_download(d_lg, (size_t)N * P, dt);
+    int count = 0;
+    ZT_CUDA_CHECK(cudaMemcpy(&count, d_count, sizeof(int), cudaMemcpyDeviceToHost));
+    assert_int_equal(count, 2 * valid);
+
+    float *rloss = malloc(sizeof(float) * N), *rgrad = malloc(sizeof(float) * N * V);
+    int rvalid = zt_cpu_crossentropy_forward_backward(rloss, rgrad, dense, tgt, N, V, ignore, grad_scale);
+    assert_int_equal(rvalid, valid);
+    char name[80];
+    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d loss", N, V, P);
+    check_close(name, dt, loss, rloss, N, 1e-4);
+    check_close("crossentropy loss without gradient", dt, loss_only, rloss, N, 1e-4);
+    float *gdense = malloc(sizeof(float) * N * V);
+    for (int n = 0; n < N; n++) {
+        memcpy(gdense + (size_t)n * V, grad + (size_t)n * P, sizeof(float) * V);
+        for (int i = V; i < P; i++)
+            assert_true(grad[(size_t)n * P + i] == 0.0f);
+        if (tgt[n] == ignore) {
+            assert_true(loss[n] == 0.0f);
+            for (int i = 0; i < V; i++)
+                assert_true(grad[(size_t)n * P + i] == 0.0f);
+        }
+    }
+    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d dlogits", N, V, P);
+    check_close(name, dt, gdense, rgrad, (size_t)N * V, tol_of(dt));
+
+    /* Determinism, into a separate buffer this time. */
+    void *d_g2 = dev_alloc((size_t)N * P * es);
+    zt_cuda_crossentropy_forward_backward(d_loss, d_g2, d_lg0, d_tgt, N, V, P, ignore, grad_scale, NULL, dt,
+                                          g_stream);
+    assert_true(dev_equal(d_g2, d_lg, (size_t)N * P * es));
+    float *loss2 = dev_download(d_loss, N, ZT_DTYPE_F32);
+    assert_memory_equal(loss2, loss, sizeof(float) * N);
+
+    free(tgt), free(lg), free(dense), free(loss_only), free(loss), free(grad), free(rloss), free(rgrad), free(gdense);
+    free(loss2);
+    dev_free(d_tgt), dev_free(d_lg), dev_free(d_lg0), dev_free(d_loss), dev_free(d_count), dev_free(d_g2);
+}
+
+static void test_crossentropy(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        run_crossentropy(k_dtypes[i], 134, 1003, 1003); /* odd V: unaligned rows, scalar path */
+        run_crossentropy(k_dtypes[i], 134, 1003, 1008); /* padded rows: vector path */
+        run_crossentropy(k_dtypes[i], 8, 50257, 50304); /* GPT-2's vocabulary */
+    }
+}
+
+/* ---- attention ---- */
+
+static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
+{
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    float *qkv, *dout, *dqkv;
+    void *d_qkv = dev_rand((size_t)B * T * 3 * C, 1.5f, dt, &qkv);
+    void *d_out = dev_alloc((size_t)B * T * C * es);
+    float *d_lse = dev_alloc(sizeof(float) * B * NH * T);
+    zt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)B * T * C, dt);
+    float *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
+    float *rout = malloc(sizeof(float) * B * T * C), *rlse = malloc(sizeof(float) * B * NH * T);
+    zt_cpu_attention_forward(rout, rlse, qkv, B, T, C, NH);
+    snprintf(name, sizeof(name), "attention B%d T%d C%d NH%d fwd out", B, T, C, NH);
+    check_close(name, dt, out, rout, (size_t)B * T * C, tol_of(dt));
+    snprintf(name, sizeof(name), "attention B%d T%d C%d NH%d fwd lse", B, T, C, NH);
+    check_close(name, dt, lse, rlse, (size_t)B * NH * T, dt == ZT_DTYPE_F32 ? 1e-5 : 1e-4);
+
+    /* Backward from the GPU's own out and lse (fed to the CPU too), accumulating into random dqkv. */
+    void *d_dout = dev_rand((size_t)B * T * C, 1.0f, dt, &dout);
+    void *d_dqkv = dev_rand((size_t)B * T * 3 * C, 0.5f, dt, &dqkv);
+    void *d_dqkv0 = dev_clone(d_dqkv, (size_t)B * T * 3 * C * es);
+    void *scratch = dev_alloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
+    zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    float *g_dqkv = dev_download(d_dqkv, (size_t)B * T * 3 * C, dt);
+    zt_cpu_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    /* Compare q, k and v parts separately: their scales differ. */
+    const char *part[3] = {"dq", "dk", "dv"};
+    size_t n = (size_t)B * T * C;
+    float *gp = malloc(sizeof(float) * n), *rp = malloc(sizeof(float) * n);
+    for (int p = 0; p < 3; p++) {
+        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+            memcpy(gp + bt * C, g_dqkv + bt * 3 * C + (size_t)p * C, sizeof(float) * C);
+            memcpy(rp + bt * C, dqkv + bt * 3 * C + (size_t)p * C, sizeof(float) * C);
+        }
+        snprintf(name, sizeof(name), "attention B%d T%d C%d NH%d bwd %s", B, T, C, NH, part[p]);
+        check_close(name, dt, gp, rp, n, tol_of(dt));
+    }
+
+    void *d_dqkv1 = dev_clone(d_dqkv, (size_t)B * T * 3 * C * es);
+    dev_copy(d_dqkv, d_dqkv0, (size_t)B * T * 3 * C * es);
+    zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dqkv, d_dqkv1, (size_t)B * T * 3 * C * es));
+
+    free(qkv), free(dout), free(dqkv), free(out), free(lse), free(rout), free(rlse), free(g_dqkv), free(gp), free(rp);
+    void *dev[] = {d_qkv, d_out, d_lse, d_dout, d_dqkv, d_dqkv0, scratch, d_dqkv1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    assert_true(zt_cuda_attention_supported(768, 12));
+    assert_true(zt_cuda_attention_supported(256, 2));
+    assert_false(zt_cuda_attention_supported(768, 10));
+    assert_false(zt_cuda_attention_supported(96, 3));
+    for (int i = 0; i < 3; i++) {
+        run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
+        run_attention(k_dtypes[i], 1, 130, 256, 2);  /* head size 128 */
+        run_attention(k_dtypes[i], 1, 1030, 128, 2); /* long sequence */
+        run_attention(k_dtypes[i], 2, 1, 128, 1);    /* a single position */
+    }
+}
+
+/* ---- AdamW ---- */
+
+static void run_adamw(enum zt_dtype gdt, enum zt_dtype ldt, const size_t *sizes, int count)
+{
+    zt_adamw_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                         .grad_scale = 2.0f, .step = 3};
+    zt_cuda_adamw_tensor *t = calloc(count, sizeof(*t));
+    float **hp = calloc(count, sizeof(float *)), **hm = calloc(count, sizeof(float *));
+    float **hv = calloc(count, sizeof(float *)), **hg = calloc(count, sizeof(float *));
+    for (int i = 0; i < count; i++) {
+        size_t n = sizes[i];
+        hp[i] = host_rand(n, 1.0f);
+        hm[i] = host_rand(n, 0.01f);
+        hv[i] = host_rand(n, 1e-4f);
+        for (size_t k = 0; k < n; k++)
+            hv[i][k] = fabsf(hv[i][k]);
+        t[i].param = dev_upload(hp[i], n, ZT_DTYPE_F32);
+        t[i].m = dev_upload(hm[i], n, ZT_DTYPE_F32);
+        t[i].v = dev_upload(hv[i], n, ZT_DTYPE_F32);
+        t[i].grad = dev_rand(n, 0.02f, gdt, &hg[i]);
+        t[i].param_lowp = dev_alloc(n * zt_dtype_size(ldt));
+        t[i].n = n;
+        t[i].weight_decay = i % 2 == 0;
+    }
+    float *d_half = dev_alloc(sizeof(float)), half = 0.5f;
+    int *d_skip = dev_alloc(sizeof(int)), one = 1, zero = 0;
+    ZT_CUDA_CHECK(cudaMemcpy(d_half, &half, sizeof(float), cudaMemcpyHostToDevice));
+
+    /* With the skip flag set nothing changes. */
+    ZT_CUDA_CHECK(cudaMemcpy(d_skip, &one, sizeof(int), cudaMemcpyHostToDevice));
+    void *before = dev_clone(t[0].param, sizes[0] * sizeof(float));
+    zt_cuda_adamw_update(t, count, &p, gdt, ldt, d_half, d_skip, g_stream);
+    assert_true(dev_equal(before, t[0].param, sizes[0] * sizeof(float)));
+    dev_free(before);
+
+    /* Step: grad_scale 2 on the host times 0.5 on the device. */
+    ZT_CUDA_CHECK(cudaMemcpy(d_skip, &zero, sizeof(int), cudaMemcpyHostToDevice));
+    zt_cuda_adamw_update(t, count, &p, gdt, ldt, d_half, d_skip, g_stream);
+    zt_adamw_params pc = p;
+    pc.grad_scale = 1.0f;
+    for (int i = 0; i < count; i++) {
+        size_t n = sizes[i];
+        pc.weight_decay = t[i].weight_decay ? p.weight_decay : 0.0f;
+        zt_cpu_adamw_update(hp[i], hm[i], hv[i], hg[i], n, &pc);
+        float *gp = dev_download(t[i].param, n, ZT_DTYPE_F32), *gm = dev_download(t[i].m, n, ZT_DTYPE_F32);
+        float *gv = dev_download(t[i].v, n, ZT_DTYPE_F32);
+        check_close("adamw param", gdt, gp, hp[i], n, 1e-5);
+        check_close("adamw m", gdt, gm, hm[i], n, 1e-5);
+        check_close("adamw v", gdt, gv, hv[i], n, 1e-5);
+        /* The low-precision copy is exactly the new fp32 weights rounded. */
+        void *rounded = dev_alloc(n * zt_dtype_size(ldt));
+        zt_cuda_cast(rounded, ldt, t[i].param, ZT_DTYPE_F32, n, g_stream);
+        assert_true(dev_equal(rounded, t[i].param_lowp, n * zt_dtype_size(ldt)));
+        dev_free(rounded);
+        free(gp), free(gm), free(gv);
+    }
+    for (int i = 0; i < count; i++) {
+        free(hp[i]), free(hm[i]), free(hv[i]), free(hg[i]);
+        dev_free(t[i].param), dev_free(t[i].m), dev_free(t[i].v), dev_free((void *)t[i].grad);
+        dev_free(t[i].param_lowp);
+    }
+    free(t), free(hp), free(hm), free(hv), free(hg);
+    dev_free(d_half), dev_free(d_skip);
+}
+
+static void test_adamw(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {1000003, 777, 65536 * 3 + 5, 1};
+    for (int i = 0; i < 3; i++)
+        run_adamw(k_dtypes[i], k_dtypes[i], sizes, 4);
+    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_BF16, sizes, 4);
+    /* More tensors than one launch carries. */
+    size_t many[45];
+    for (int i = 0; i < 45; i++)
+        many[i] = 100 + 37 * i;
+    run_adamw(ZT_DTYPE_BF16, ZT_DTYPE_BF16, many, 45);
+    /* More chunks than one launch carries, split inside a tensor. */
+    const size_t big[] = {1000, 65536 * 330 + 17, 5000};
+    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_F16, big, 3);
+}
+
+/* ---- global norm, clip, scale ---- */
+
+static void test_norm(void **state)
+{
+    (void)state;
+    float *d_partials = dev_alloc(sizeof(float) * ZT_CUDA_NORM_SLOTS), *d_out = dev_alloc(sizeof(float));
+    float *d_out2 = dev_alloc(sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        enum zt_dtype dt = k_dtypes[i];
+        const size_t sizes[3] = {1000003, 3, 65537};
+        float *h[3];
+        void *d[3];
+        double want = 0.0;
+        for (int k = 0; k < 3; k++) {
+            d[k] = dev_rand(sizes[k], 1.0f, dt, &h[k]);
+            want += zt_cpu_sum_squares(h[k], sizes[k]);
+        }
+        /* One tensor. */
+        zt_cuda_sum_squares(d_out, d_partials, d[0], sizes[0], dt, g_stream);
+        float got = 0.0f;
+        ZT_CUDA_CHECK(cudaMemcpy(&got, d_out, sizeof(float), cudaMemcpyDeviceToHost));
+        float want0 = (float)zt_cpu_sum_squares(h[0], sizes[0]);
+        check_close("sum of squares, one tensor", dt, &got, &want0, 1, 1e-5);
+        /* Three tensors into the same slots, twice: same bits. */
+        for (int rep = 0; rep < 2; rep++) {
+            ZT_CUDA_CHECK(cudaMemsetAsync(d_partials, 0, sizeof(float) * ZT_CUDA_NORM_SLOTS, g_stream));
+            for (int k = 0; k < 3; k++)
+                zt_cuda_sum_squares_accumulate(d_partials, d[k], sizes[k], dt, g_stream);
+            zt_cuda_sum_squares_finish(rep == 0 ? d_out : d_out2, d_partials, g_stream);
+        }
+        ZT_CUDA_CHECK(cudaMemcpy(&got, d_out, sizeof(float), cudaMemcpyDeviceToHost));
+        float wantf = (float)want;
+        check_close("sum of squares, three tensors", dt, &got, &wantf, 1, 1e-5);
+        assert_true(dev_equal(d_out, d_out2, sizeof(float)));
+
+        /* Scale in place. */
+        zt_cuda_scale_inplace(d[0], 0.37f, sizes[0], dt, g_stream);
+        float *gs = dev_download(d[0], sizes[0], dt);
+        zt_cpu_scale_inplace(h[0], 0.37f, sizes[0]);
+        check_close("scale_inplace", dt, gs, h[0], sizes[0], tol_of(dt));
+        free(gs);
+        for (int k = 0; k < 3; k++)
+            free(h[k]), dev_free(d[k]);
+    }
+    /* Clip coefficient: norm 4 against max 1 and max 10, and clipping off. */
+    float sumsq = 16.0f, s = 0.0f;
+    ZT_CUDA_CHECK(cudaMemcpy(d_out, &sumsq, sizeof(float), cudaMemcpyHostToDevice));
+    zt_cuda_clip_scale(d_out2, d_out, 1.0f, g_stream);
+    ZT_CUDA_CHECK(cudaMemcpy(&s, d_out2, sizeof(float), cudaMemcpyDeviceToHost));
+    assert_float_equal(s, 1.0f / (4.0f + 1e-6f), 1e-7);
+    zt_cuda_clip_scale(d_out2, d_out, 10.0f, g_stream);
+    ZT_CUDA_CHECK(cudaMemcpy(&s, d_out2, sizeof(float), cudaMemcpyDeviceToHost));
+    assert_true(s == 1.0f);
+    zt_cuda_clip_scale(d_out2, d_out, 0.0f, g_stream);
+    ZT_CUDA_CHECK(cudaMemcpy(&s, d_out2, sizeof(float), cudaMemcpyDeviceToHost));
+    assert_true(s == 1.0f);
+    dev_free(d_partials), dev_free(d_out), dev_free(d_out2);
+}
+
+/* ---- casts and the inf/NaN check ---- */
+
+/* fp32 -> bf16 -> fp32 with round-to-nearest-even, on the host, for finite values. */
+static float host_bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static float dev_roundtrip(float x, enum zt_dtype dt)
+{
+    float y = x;
+    void *d = dev_upload(&y, 1, dt);
+    dev_free(d);
+    return y;
+}
+
+static void test_cast(void **state)
+{
+    (void)state;
+    size_t n = 100000;
+    float *h = host_rand(n, 100.0f);
+    h[0] = 1.0f + 1.0f / 256.0f; /* bf16 tie: rounds to even (1.0) */
+    h[1] = 1.0f + 3.0f / 256.0f; /* bf16 tie: rounds up to even */
+    float *x = host_copy(h, n);
+    void *d = dev_upload(x, n, ZT_DTYPE_BF16);
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != host_bf16_round(h[i])) {
+            printf("  bf16 cast of %.9g: got %.9g, want %.9g\n", h[i], x[i], host_bf16_round(h[i]));
+            fail();
+        }
+    assert_true(x[0] == 1.0f && x[1] == 1.0f + 4.0f / 256.0f);
+    /* bf16 -> f16 -> f32 of values both types hold exactly. */
+    void *d16 = dev_alloc(n * 2);
+    zt_cuda_cast(d16, ZT_DTYPE_F16, d, ZT_DTYPE_BF16, n, g_stream);
+    float *back = dev_download(d16, n, ZT_DTYPE_F16);
+    for (size_t i = 0; i < n; i++)
+        assert_true(fabsf(back[i] - x[i]) <= fabsf(x[i]) * (1.0f / 1024.0f) + 6e-8f);
+    dev_free(d), dev_free(d16), free(h), free(x), free(back);
+
+    /* fp16 rounding: ties to even, overflow to inf, exact small integers. */
+    assert_true(dev_roundtrip(1.0f + 1.0f / 2048.0f, ZT_DTYPE_F16) == 1.0f);
+    assert_true(dev_roundtrip(1.0f + 3.0f / 2048.0f, ZT_DTYPE_F16) == 1.0f + 4.0f / 2048.0f);
+    assert_true(dev_roundtrip(2047.0f, ZT_DTYPE_F16) == 2047.0f);
+    assert_true(isinf(dev_roundtrip(65520.0f, ZT_DTYPE_F16)));
+    assert_true(dev_roundtrip(65504.0f, ZT_DTYPE_F16) == 65504.0f);
+    assert_true(dev_roundtrip(-0.5f, ZT_DTYPE_BF16) == -0.5f);
+    assert_true(dev_roundtrip(3.0e38f, ZT_DTYPE_BF16) == host_bf16_round(3.0e38f));
+}
+
+static void test_check_finite(void **state)
+{
+    (void)state;
+    int *d_flag = dev_alloc(sizeof(int));
+    const size_t n = 100003;
+    for (int i = 0; i < 3; i++) {
+        enum zt_dtype dt = k_dtypes[i];
+        float *h = host_rand(n, 100.0f);
+        void *d = dev_upload(h, n, dt);
+        int flag = -1;
+        ZT_CUDA_CHECK(cudaMemsetAsync(d_flag, 0, sizeof(int), g_stream));
+        zt_cuda_check_finite(d_flag, d, n, dt, g_stream);
+        dev_sync();
+        ZT_CUDA_CHECK(cudaMemcpy(&flag, d_flag, sizeof(int), cudaMemcpyDeviceToHost));
+        assert_int_equal(flag, 0);
+        dev_free(d);
+
+        const float bad[3] = {INFINITY, -INFINITY, NAN};
+        const size_t where[3] = {n - 1, 0, n / 2};
+        for (int k = 0; k < 3; k++) {
+            float *hb = host_copy(h, n);
+            hb[where[k]] = bad[k];
+            d = dev_upload(hb, n, dt);
+            ZT_CUDA_CHECK(cudaMemsetAsync(d_flag, 0, sizeof(int), g_stream));
+            zt_cuda_check_finite(d_flag, d, n, dt, g_stream);
+            ZT_CUDA_CHECK(cudaMemcpy(&flag, d_flag, sizeof(int), cudaMemcpyDeviceToHost));
+            assert_int_equal(flag, 1);
+            dev_free(d), free(hb);
+        }
+        if (dt == ZT_DTYPE_F16) { /* finite in fp32, inf once stored as fp16 */
+            float *hb = host_copy(h, n);
+            hb[7] = 1e5f;
+            d = dev_upload(hb, n, dt);
+            ZT_CUDA_CHECK(cudaMemsetAsync(d_flag, 0, sizeof(int), g_stream));
+            zt_cuda_check_finite(d_flag, d, n, dt, g_stream);
+            ZT_CUDA_CHECK(cudaMemcpy(&flag, d_flag, sizeof(int), cudaMemcpyDeviceToHost));
+            assert_int_equal(flag, 1);
+            dev_free(d), free(hb);
+        }
+        free(h);
+    }
+    dev_free(d_flag);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    zt_err err;
+    zt_rng_seed(&g_rng, 1234);
+    zt_cpu_set_threads(0);
+    ZT_CUDA_CHECK(cudaStreamCreate(&g_stream));
+    if (zt_cuda_blas_create(&g_blas, 0, &err) != 0) {
+        printf("cuBLASLt context: %s\n", err.msg);
+        return -1;
+    }
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&g_cc_major, cudaDevAttrComputeCapabilityMajor, 0));
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    zt_cuda_blas_destroy(g_blas);
+    ZT_CUDA_CHECK(cudaStreamDestroy(g_stream));
+    return 0;
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no CUDA device: GPU tests skipped\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    ZT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cast),        cmocka_unit_test(test_check_finite), cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),   cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_norm),
+    };
+    /* ZT_TEST_FILTER=test_attention (a glob) runs a subset, e.g. under compute-sanitizer. */
+    const char *filter = getenv("ZT_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
