@@ -29,6 +29,11 @@ extern "C" {
 
 /* Whether the CUDA kernels serve C channels in NH heads (so that a model can refuse a config early). */
 bool zt_cuda_attention_supported(int C, int NH);
+/* For F16 and BF16 the launchers use tensor-core (WMMA) kernels where the GPU (bf16: sm_80+, fp16:
+ * sm_70+), the build, 16-byte aligned buffers and the shared memory allow, and CUDA-core kernels
+ * otherwise (and always for F32). Passing false forces the CUDA-core kernels, process-wide: for tests
+ * that check both and for comparisons. */
+void zt_cuda_attention_use_tensor_cores(bool on);
 void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
                                enum zt_dtype dtype, cudaStream_t stream);
 /* Bytes of device scratch zt_cuda_attention_backward needs (the fp32 row sums of dout * out). */

@@ -18,9 +18,13 @@
  * the two half-warps of a warp write different banks.
  *
  * Tiles are sized so a kernel needs at most 64 KiB of shared memory (sm_75's limit): TILE = 64 for
- * 16-bit types at head size 64, smaller for fp32 or head size 128. This is CUDA-core (SIMT) code; a
- * tensor-core version is the next step for speed. */
+ * 16-bit types at head size 64, smaller for fp32 or head size 128. These CUDA-core (SIMT) kernels serve
+ * fp32 and every GPU; for bf16 and fp16 the launchers use the tensor-core kernels further down where
+ * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores). */
 #include <math.h>
+
+#include <mma.h>
+#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_utils.cuh"
@@ -419,6 +423,385 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
+
+/* ---- tensor-core kernels (bf16 on sm_80+, fp16 on sm_70+) ----
+ *
+ * The same algorithm with WMMA 16x16x16 products (fp32 accumulation): a block of 4 warps owns a tile of
+ * 64 rows (queries in the forward and the dQ pass, keys in the dK/dV pass), each warp 16 of them, and
+ * walks the 64-row tiles of the other side. Tiles sit in shared memory in the storage type, rows padded
+ * by 16 bytes (aligned for WMMA loads, no bank conflicts). A warp stores its 16 x 64 fp32 products to
+ * its own shared region, does the softmax part with plain code there (two lanes per row), writes the
+ * 16-bit P or dS over it, and multiplies that back with the tensor cores. The forward rescales its
+ * output accumulators row by row; the fragment layout is unspecified, so each warp reads the row of
+ * every fragment element off a fragment loaded from a matrix of row indices. */
+
+#define TC_WARPS 4
+#define TC_THREADS (TC_WARPS * 32)
+#define TC_TILE 64
+#define TC_SLD 68 /* fp32 score row stride, floats */
+#define TC_PLD 72 /* 16-bit P / dS row stride over the same region, elements */
+
+#if defined(__CUDA_ARCH__)
+#define ZT_ARCH __CUDA_ARCH__
+#else
+#define ZT_ARCH 0
+#endif
+
+/* Whether this compilation pass can build the tensor-core kernels for T. */
+template <typename T> __host__ __device__ constexpr bool tc_supported()
+{
+    return std::is_same<T, __half>::value ? ZT_ARCH >= 700 : (std::is_same<T, __nv_bfloat16>::value && ZT_ARCH >= 800);
+}
+
+template <int HS> struct tc_cfg {
+    static constexpr int LD = HS + 8; /* 16-bit tile row stride, elements */
+    static constexpr size_t tile_bytes = (size_t)TC_TILE * LD * 2;
+    static constexpr size_t score_bytes = 16 * TC_SLD * sizeof(float); /* one warp's 16 x 64 fp32 tile */
+    static constexpr size_t fwd_smem = 3 * tile_bytes + TC_WARPS * score_bytes + TC_WARPS * 16 * sizeof(float);
+    static constexpr size_t bwd_smem = 4 * tile_bytes + 2 * TC_WARPS * score_bytes + 2 * TC_TILE * sizeof(float);
+};
+
+/* Copies rows [t0, t0 + 64) of one head's slice of a [*, stride] tensor into a padded tile with 16-byte
+ * moves; rows past T are zero. */
+template <typename T, int HS>
+__device__ __forceinline__ void tc_load_tile(T *tile, const T *base, int t0, int T_, int stride)
+{
+    constexpr int VPR = HS * (int)sizeof(T) / 16, EPV = 16 / (int)sizeof(T);
+    for (int idx = threadIdx.x; idx < TC_TILE * VPR; idx += TC_THREADS) {
+        int r = idx / VPR, v = idx % VPR, t = t0 + r;
+        int4 val = make_int4(0, 0, 0, 0);
+        if (t < T_)
+            val = *reinterpret_cast<const int4 *>(base + (size_t)t * stride + v * EPV);
+        *reinterpret_cast<int4 *>(tile + r * tc_cfg<HS>::LD + v * EPV) = val;
+    }
+}
+
+/* acc (16 x 64, fp32, to this warp's region S) = A (16 rows of a tile) times B^T (64 rows of a tile):
+ * rows of both are HS long, so B enters as a column-major 16 x 16 operand. */
+template <typename T, int HS>
+__device__ __forceinline__ void tc_scores(float *S, const T *A, const T *B)
+{
+    using namespace nvcuda;
+    constexpr int LD = tc_cfg<HS>::LD;
+#pragma unroll
+    for (int j = 0; j < TC_TILE / 16; j++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < HS / 16; k++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+            wmma::load_matrix_sync(a, A + k * 16, LD);
+            wmma::load_matrix_sync(b, B + j * 16 * LD + k * 16, LD);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(S + j * 16, acc, TC_SLD, wmma::mem_row_major);
+    }
+}
+
+/* acc[f] (16 x HS) += P (16 x 64, 16-bit, row stride TC_PLD) times X (a 64 x HS tile). */
+template <typename T, int HS>
+__device__ __forceinline__ void tc_mul_acc(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[HS / 16],
+                                           const T *P, const T *X)
+{
+    using namespace nvcuda;
+    constexpr int LD = tc_cfg<HS>::LD;
+#pragma unroll
+    for (int j = 0; j < TC_TILE / 16; j++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::load_matrix_sync(a, P + j * 16, TC_PLD);
+#pragma unroll
+        for (int f = 0; f < HS / 16; f++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+            wmma::load_matrix_sync(b, X + j * 16 * LD + f * 16, LD);
+            wmma::mma_sync(acc[f], a, b, acc[f]);
+        }
+    }
+}
+
+/* Adds scale * acc (this warp's 16 x HS block) into rows t0.. (rows past T skipped) of a [*, stride]
+ * tensor at column col, staging through the warp's fp32 region (16 x (HS + 4) floats). */
+template <typename T, int HS>
+__device__ __forceinline__ void tc_add_out(T *dst, int stride, int t0, int T_, float scale, float *stage,
+                                           nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[HS / 16],
+                                           bool accumulate)
+{
+    using namespace nvcuda;
+    const int lane = threadIdx.x % 32;
+    __syncwarp();
+#pragma unroll
+    for (int f = 0; f < HS / 16; f++)
+        wmma::store_matrix_sync(stage + f * 16, acc[f], HS + 4, wmma::mem_row_major);
+    __syncwarp();
+    for (int idx = lane; idx < 16 * HS; idx += 32) {
+        int r = idx / HS, d = idx % HS, t = t0 + r;
+        if (t >= T_)
+            continue;
+        T *p = dst + (size_t)t * stride + d;
+        float v = stage[r * (HS + 4) + d] * scale;
+        *p = zt_from_float<T>(accumulate ? zt_to_float(*p) + v : v);
+    }
+    __syncwarp();
+}
+
+template <typename T, int HS>
+static __global__ void __launch_bounds__(TC_THREADS)
+    attention_forward_tc_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv, int T_, int C,
+                                int NH, float scale_log2)
+{
+    if constexpr (!tc_supported<T>()) {
+        __trap();
+    } else {
+        using namespace nvcuda;
+        using cfg = tc_cfg<HS>;
+        constexpr int LD = cfg::LD, NF = HS / 16;
+        extern __shared__ __align__(128) unsigned char smem[];
+        T *Qs = reinterpret_cast<T *>(smem);
+        T *Ks = reinterpret_cast<T *>(smem + cfg::tile_bytes);
+        T *Vs = reinterpret_cast<T *>(smem + 2 * cfg::tile_bytes);
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        float *S = reinterpret_cast<float *>(smem + 3 * cfg::tile_bytes + warp * cfg::score_bytes);
+        T *P = reinterpret_cast<T *>(S);
+        float *rowbuf = reinterpret_cast<float *>(smem + 3 * cfg::tile_bytes + TC_WARPS * cfg::score_bytes) + warp * 16;
+
+        const int qt = gridDim.x - 1 - blockIdx.x;
+        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        const int q0 = qt * TC_TILE, stride = 3 * C;
+        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        tc_load_tile<T, HS>(Qs, base, q0, T_, stride);
+
+        /* The row of each accumulator element. */
+        for (int i = lane; i < 256; i += 32)
+            S[(i / 16) * TC_SLD + i % 16] = (float)(i / 16);
+        __syncwarp();
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> rows;
+        wmma::load_matrix_sync(rows, S, TC_SLD, wmma::mem_row_major);
+        int row_of[rows.num_elements];
+#pragma unroll
+        for (int e = 0; e < rows.num_elements; e++)
+            row_of[e] = (int)rows.x[e];
+
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[NF];
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+            wmma::fill_fragment(o[f], 0.0f);
+        const int r = lane >> 1, half = lane & 1; /* this lane's row, and its columns half + 2 i */
+        const int qrow = q0 + warp * 16 + r;
+        float m = -INFINITY, l = 0.0f;
+
+        for (int kt = 0; kt <= qt; kt++) {
+            const int k0 = kt * TC_TILE;
+            __syncthreads();
+            tc_load_tile<T, HS>(Ks, base + C, k0, T_, stride);
+            tc_load_tile<T, HS>(Vs, base + 2 * C, k0, T_, stride);
+            __syncthreads();
+            tc_scores<T, HS>(S, Qs + warp * 16 * LD, Ks);
+            __syncwarp();
+
+            float v[TC_TILE / 2];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++) {
+                const int c = half + 2 * i;
+                float x = k0 + c <= qrow ? S[r * TC_SLD + c] * scale_log2 : -INFINITY;
+                v[i] = x;
+                mx = fmaxf(mx, x);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            const float m_new = fmaxf(m, mx); /* finite: key 0 is in the first tile */
+            const float alpha = exp2f(m - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++) {
+                v[i] = exp2f(v[i] - m_new);
+                sum += v[i];
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            l = l * alpha + sum;
+            m = m_new;
+            __syncwarp(); /* every lane has read its scores: P may overwrite them */
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++)
+                P[r * TC_PLD + half + 2 * i] = zt_from_float<T>(v[i]);
+            if (half == 0)
+                rowbuf[r] = alpha;
+            __syncwarp();
+#pragma unroll
+            for (int f = 0; f < NF; f++)
+#pragma unroll
+                for (int e = 0; e < o[f].num_elements; e++)
+                    o[f].x[e] *= rowbuf[row_of[e]];
+            tc_mul_acc<T, HS>(o, P, Vs);
+        }
+
+        __syncwarp();
+        if (half == 0) {
+            rowbuf[r] = 1.0f / l;
+            if (qrow < T_)
+                lse[(size_t)bh * T_ + qrow] = (m + log2f(l)) / LOG2E;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+#pragma unroll
+            for (int e = 0; e < o[f].num_elements; e++)
+                o[f].x[e] *= rowbuf[row_of[e]];
+        __syncthreads(); /* K and V are done with: stage the output there */
+        float *stage = reinterpret_cast<float *>(smem + cfg::tile_bytes) + warp * 16 * (HS + 4);
+        tc_add_out<T, HS>(out + (size_t)b * T_ * C + h * HS, C, q0 + warp * 16, T_, 1.0f, stage, o, false);
+    }
+}
+
+/* dK, dV of one 64-key tile. */
+template <typename T, int HS>
+static __global__ void __launch_bounds__(TC_THREADS)
+    attention_backward_kv_tc_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
+                                    const float *__restrict__ lse, const float *__restrict__ D, int T_, int C, int NH,
+                                    float scale)
+{
+    if constexpr (!tc_supported<T>()) {
+        __trap();
+    } else {
+        using namespace nvcuda;
+        using cfg = tc_cfg<HS>;
+        constexpr int LD = cfg::LD, NF = HS / 16;
+        extern __shared__ __align__(128) unsigned char smem[];
+        T *Ks = reinterpret_cast<T *>(smem);
+        T *Vs = reinterpret_cast<T *>(smem + cfg::tile_bytes);
+        T *Qs = reinterpret_cast<T *>(smem + 2 * cfg::tile_bytes);
+        T *dOs = reinterpret_cast<T *>(smem + 3 * cfg::tile_bytes);
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        float *S = reinterpret_cast<float *>(smem + 4 * cfg::tile_bytes + 2 * warp * cfg::score_bytes);
+        float *dP = S + 16 * TC_SLD;
+        T *Pt = reinterpret_cast<T *>(S), *dSt = reinterpret_cast<T *>(dP);
+        float *lse_s = reinterpret_cast<float *>(smem + 4 * cfg::tile_bytes + 2 * TC_WARPS * cfg::score_bytes);
+        float *D_s = lse_s + TC_TILE;
+
+        const int kt = blockIdx.x;
+        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        const int k0 = kt * TC_TILE, stride = 3 * C;
+        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const T *dobase = dout + (size_t)b * T_ * C + h * HS;
+        const float scale_log2 = scale * LOG2E;
+        const int ntiles = ZT_CEIL_DIV(T_, TC_TILE);
+        const int r = lane >> 1, half = lane & 1;
+        const int key = k0 + warp * 16 + r;
+
+        tc_load_tile<T, HS>(Ks, base + C, k0, T_, stride);
+        tc_load_tile<T, HS>(Vs, base + 2 * C, k0, T_, stride);
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> dk[NF], dv[NF];
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            wmma::fill_fragment(dk[f], 0.0f);
+            wmma::fill_fragment(dv[f], 0.0f);
+        }
+
+        for (int qt = kt; qt < ntiles; qt++) {
+            const int q0 = qt * TC_TILE;
+            __syncthreads();
+            tc_load_tile<T, HS>(Qs, base, q0, T_, stride);
+            tc_load_tile<T, HS>(dOs, dobase, q0, T_, C);
+            for (int i = threadIdx.x; i < TC_TILE; i += TC_THREADS) {
+                const int t = q0 + i;
+                lse_s[i] = t < T_ ? lse[(size_t)bh * T_ + t] * LOG2E : INFINITY; /* P = 0 past T */
+                D_s[i] = t < T_ ? D[(size_t)bh * T_ + t] : 0.0f;
+            }
+            __syncthreads();
+            tc_scores<T, HS>(S, Ks + warp * 16 * LD, Qs);   /* S^T: this warp's keys x 64 queries */
+            tc_scores<T, HS>(dP, Vs + warp * 16 * LD, dOs); /* dP^T */
+            __syncwarp();
+            float pv[TC_TILE / 2], dsv[TC_TILE / 2];
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++) {
+                const int c = half + 2 * i;
+                float p = key <= q0 + c ? exp2f(S[r * TC_SLD + c] * scale_log2 - lse_s[c]) : 0.0f;
+                pv[i] = p;
+                dsv[i] = p * (dP[r * TC_SLD + c] - D_s[c]);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++) {
+                Pt[r * TC_PLD + half + 2 * i] = zt_from_float<T>(pv[i]);
+                dSt[r * TC_PLD + half + 2 * i] = zt_from_float<T>(dsv[i]);
+            }
+            __syncwarp();
+            tc_mul_acc<T, HS>(dv, Pt, dOs); /* dV += P^T dO */
+            tc_mul_acc<T, HS>(dk, dSt, Qs); /* dK += dS^T Q */
+        }
+        T *rows = dqkv + (size_t)b * T_ * stride + h * HS;
+        tc_add_out<T, HS>(rows + C, stride, k0 + warp * 16, T_, scale, S, dk, true);
+        tc_add_out<T, HS>(rows + 2 * C, stride, k0 + warp * 16, T_, 1.0f, S, dv, true);
+    }
+}
+
+/* dQ of one 64-query tile. */
+template <typename T, int HS>
+static __global__ void __launch_bounds__(TC_THREADS)
+    attention_backward_q_tc_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
+                                   const float *__restrict__ lse, const float *__restrict__ D, int T_, int C, int NH,
+                                   float scale)
+{
+    if constexpr (!tc_supported<T>()) {
+        __trap();
+    } else {
+        using namespace nvcuda;
+        using cfg = tc_cfg<HS>;
+        constexpr int LD = cfg::LD, NF = HS / 16;
+        extern __shared__ __align__(128) unsigned char smem[];
+        T *Qs = reinterpret_cast<T *>(smem);
+        T *dOs = reinterpret_cast<T *>(smem + cfg::tile_bytes);
+        T *Ks = reinterpret_cast<T *>(smem + 2 * cfg::tile_bytes);
+        T *Vs = reinterpret_cast<T *>(smem + 3 * cfg::tile_bytes);
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        float *S = reinterpret_cast<float *>(smem + 4 * cfg::tile_bytes + 2 * warp * cfg::score_bytes);
+        float *dP = S + 16 * TC_SLD;
+        T *dS = reinterpret_cast<T *>(S);
+
+        const int qt = gridDim.x - 1 - blockIdx.x;
+        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        const int q0 = qt * TC_TILE, stride = 3 * C;
+        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const T *dobase = dout + (size_t)b * T_ * C + h * HS;
+        const float scale_log2 = scale * LOG2E;
+        const int r = lane >> 1, half = lane & 1;
+        const int qrow = q0 + warp * 16 + r;
+        const float lse2 = qrow < T_ ? lse[(size_t)bh * T_ + qrow] * LOG2E : INFINITY;
+        const float Dr = qrow < T_ ? D[(size_t)bh * T_ + qrow] : 0.0f;
+
+        tc_load_tile<T, HS>(Qs, base, q0, T_, stride);
+        tc_load_tile<T, HS>(dOs, dobase, q0, T_, C);
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> dq[NF];
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+            wmma::fill_fragment(dq[f], 0.0f);
+
+        for (int kt = 0; kt <= qt; kt++) {
+            const int k0 = kt * TC_TILE;
+            __syncthreads();
+            tc_load_tile<T, HS>(Ks, base + C, k0, T_, stride);
+            tc_load_tile<T, HS>(Vs, base + 2 * C, k0, T_, stride);
+            __syncthreads();
+            tc_scores<T, HS>(S, Qs + warp * 16 * LD, Ks);
+            tc_scores<T, HS>(dP, dOs + warp * 16 * LD, Vs);
+            __syncwarp();
+            float dsv[TC_TILE / 2];
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++) {
+                const int c = half + 2 * i;
+                float p = k0 + c <= qrow ? exp2f(S[r * TC_SLD + c] * scale_log2 - lse2) : 0.0f;
+                dsv[i] = p * (dP[r * TC_SLD + c] - Dr);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < TC_TILE / 2; i++)
+                dS[r * TC_PLD + half + 2 * i] = zt_from_float<T>(dsv[i]);
+            __syncwarp();
+            tc_mul_acc<T, HS>(dq, dS, Ks); /* dQ += dS K */
+        }
+        tc_add_out<T, HS>(dqkv + (size_t)b * T_ * stride + h * HS, stride, q0 + warp * 16, T_, scale, S, dq, true);
+    }
+}
+
 /* ---- launchers ---- */
 
 /* Kernels above 48 KiB of dynamic shared memory must say so once per kernel. */
@@ -428,14 +811,48 @@ template <typename K> static void allow_smem(K kernel, size_t bytes)
         ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+static bool g_use_tensor_cores = true;
+
+extern "C" void zt_cuda_attention_use_tensor_cores(bool on) { g_use_tensor_cores = on; }
+
+/* Whether a tensor-core kernel can run here: allowed, enough shared memory on this GPU, and its code
+ * built for an architecture with the needed MMA (a build for sm_75 alone cannot do bf16). */
+template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)
+{
+    if (!g_use_tensor_cores || std::is_same<T, float>::value)
+        return false;
+    for (int i = 0; i < nptrs; i++)
+        if (!zt_aligned16(ptrs[i]))
+            return false; /* 16-byte tile loads */
+    int dev = 0, optin = 0;
+    ZT_CUDA_CHECK(cudaGetDevice(&dev));
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin)
+        return false;
+    cudaFuncAttributes attr;
+    ZT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion >= (std::is_same<T, __nv_bfloat16>::value ? 80 : 70);
+}
+
 template <typename T, int HS>
 static void forward(T *out, float *lse, const T *qkv, int B, int T_, int C, int NH, cudaStream_t stream)
 {
+    const float scale_log2 = LOG2E / sqrtf((float)HS);
+    if constexpr (!std::is_same<T, float>::value) {
+        const size_t smem = tc_cfg<HS>::fwd_smem;
+        const void *ptrs[2] = {out, qkv};
+        if (tc_usable<T>(attention_forward_tc_kernel<T, HS>, smem, ptrs, 2)) {
+            allow_smem(attention_forward_tc_kernel<T, HS>, smem);
+            dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
+            attention_forward_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(out, lse, qkv, T_, C, NH, scale_log2);
+            ZT_CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
     using cfg = att_cfg<T, HS>;
     const size_t smem = 3 * cfg::tile_bytes + cfg::score_bytes;
     allow_smem(attention_forward_kernel<T, HS>, smem);
     dim3 grid(ZT_CEIL_DIV(T_, cfg::TILE), B * NH);
-    const float scale_log2 = LOG2E / sqrtf((float)HS);
     attention_forward_kernel<T, HS><<<grid, ATT_THREADS, smem, stream>>>(out, lse, qkv, T_, C, NH, scale_log2);
     ZT_CUDA_CHECK_LAUNCH();
 }
@@ -449,8 +866,26 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     attention_rowdot_kernel<T><<<(unsigned)ZT_CEIL_DIV(items, (size_t)8), 256, 0, stream>>>(D, dout, out, B, T_, C,
                                                                                              NH);
     ZT_CUDA_CHECK_LAUNCH();
-
     const float scale = 1.0f / sqrtf((float)HS);
+
+    if constexpr (!std::is_same<T, float>::value) {
+        const size_t smem = tc_cfg<HS>::bwd_smem;
+        const void *ptrs[3] = {dqkv, dout, qkv};
+        if (tc_usable<T>(attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
+            tc_usable<T>(attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {
+            dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
+            allow_smem(attention_backward_kv_tc_kernel<T, HS>, smem);
+            attention_backward_kv_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, T_, C,
+                                                                                       NH, scale);
+            ZT_CUDA_CHECK_LAUNCH();
+            allow_smem(attention_backward_q_tc_kernel<T, HS>, smem);
+            attention_backward_q_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, T_, C,
+                                                                                      NH, scale);
+            ZT_CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+
     dim3 grid(ZT_CEIL_DIV(T_, cfg::TILE), B * NH);
     const size_t smem_kv = 4 * cfg::tile_bytes + cfg::score_bytes + 2 * cfg::TILE * sizeof(float);
     allow_smem(attention_backward_kv_kernel<T, HS>, smem_kv);

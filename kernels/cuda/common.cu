@@ -96,11 +96,24 @@ extern "C" void zt_cuda_cast(void *dst, enum zt_dtype dst_dtype, const void *src
 
 /* ---- inf / NaN check ---- */
 
-template <typename T> static __global__ void check_finite_kernel(int *flag, const T *__restrict__ x, size_t n)
+template <typename T>
+static __global__ void check_finite_kernel(int *flag, const T *__restrict__ x, size_t n, bool vec)
 {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
+    constexpr int VS = zt_vec<T>::size;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     bool bad = false;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    size_t done = 0;
+    if (vec) {
+        const size_t nvec = n / VS;
+        for (size_t i = tid; i < nvec; i += stride) {
+            zt_vec<T> v = zt_load_vec_cs(x + i * VS);
+            for (int k = 0; k < VS; k++)
+                bad |= !isfinite(zt_to_float(v.v[k]));
+        }
+        done = nvec * VS;
+    }
+    for (size_t i = done + tid; i < n; i += stride)
         bad |= !isfinite(zt_to_float<T>(x[i]));
     /* Any thread that saw one writes 1: the same value from every writer, so the result is exact. */
     if (__syncthreads_or(bad) && threadIdx.x == 0)
@@ -113,18 +126,19 @@ extern "C" void zt_cuda_check_finite(int *d_flag, const void *x, size_t n, enum 
     const int block = 256;
     if (n == 0)
         return;
-    int grid = grid_for(n, block);
+    int grid = grid_for(n, block * 8);
     if (grid > 4096)
         grid = 4096;
+    const bool vec = zt_aligned16(x);
     switch (dtype) {
     case ZT_DTYPE_F32:
-        check_finite_kernel<<<grid, block, 0, stream>>>(d_flag, (const float *)x, n);
+        check_finite_kernel<<<grid, block, 0, stream>>>(d_flag, (const float *)x, n, vec);
         break;
     case ZT_DTYPE_F16:
-        check_finite_kernel<<<grid, block, 0, stream>>>(d_flag, (const __half *)x, n);
+        check_finite_kernel<<<grid, block, 0, stream>>>(d_flag, (const __half *)x, n, vec);
         break;
     case ZT_DTYPE_BF16:
-        check_finite_kernel<<<grid, block, 0, stream>>>(d_flag, (const __nv_bfloat16 *)x, n);
+        check_finite_kernel<<<grid, block, 0, stream>>>(d_flag, (const __nv_bfloat16 *)x, n, vec);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_check_finite", dtype);

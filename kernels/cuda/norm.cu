@@ -13,11 +13,25 @@
 
 template <typename T>
 static __global__ void __launch_bounds__(NORM_THREADS)
-    sum_squares_kernel(float *__restrict__ partials, const T *__restrict__ x, size_t n)
+    sum_squares_kernel(float *__restrict__ partials, const T *__restrict__ x, size_t n, bool vec)
 {
+    constexpr int VS = zt_vec<T>::size;
     float acc = 0.0f;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t done = 0;
+    if (vec) { /* 16-byte loads over the whole vectors, then the ragged end */
+        const size_t nvec = n / VS;
+        for (size_t i = tid; i < nvec; i += stride) {
+            zt_vec<T> v = zt_load_vec_cs(x + i * VS);
+            for (int k = 0; k < VS; k++) {
+                float f = zt_to_float(v.v[k]);
+                acc += f * f;
+            }
+        }
+        done = nvec * VS;
+    }
+    for (size_t i = done + tid; i < n; i += stride) {
         float v = zt_to_float(x[i]);
         acc += v * v;
     }
@@ -64,15 +78,16 @@ extern "C" void zt_cuda_sum_squares_accumulate(float *partials, const void *x, s
     size_t blocks = ZT_CEIL_DIV(n, (size_t)NORM_THREADS * 16);
     if (blocks > ZT_CUDA_NORM_SLOTS)
         blocks = ZT_CUDA_NORM_SLOTS;
+    const bool vec = zt_aligned16(x);
     switch (dtype) {
     case ZT_DTYPE_F32:
-        sum_squares_kernel<<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(partials, (const float *)x, n);
+        sum_squares_kernel<<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(partials, (const float *)x, n, vec);
         break;
     case ZT_DTYPE_F16:
-        sum_squares_kernel<<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(partials, (const __half *)x, n);
+        sum_squares_kernel<<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(partials, (const __half *)x, n, vec);
         break;
     case ZT_DTYPE_BF16:
-        sum_squares_kernel<<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(partials, (const __nv_bfloat16 *)x, n);
+        sum_squares_kernel<<<(unsigned)blocks, NORM_THREADS, 0, stream>>>(partials, (const __nv_bfloat16 *)x, n, vec);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_sum_squares_accumulate", dtype);

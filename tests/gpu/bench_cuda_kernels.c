@@ -195,6 +195,12 @@ int main(int argc, char **argv)
               zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
         BENCH("attention backward (dkv pass + dq pass)", 7.0 * 2 * pairs * hs, 0,
               zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
+        zt_cuda_attention_use_tensor_cores(false);
+        BENCH("attention forward, CUDA cores only", 2.0 * 2 * pairs * hs, 0,
+              zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
+        BENCH("attention backward, CUDA cores only", 7.0 * 2 * pairs * hs, 0,
+              zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
+        zt_cuda_attention_use_tensor_cores(true);
     }
 
     /* Fused classifier over the padded logits, in place. */
