@@ -323,8 +323,8 @@ int zt_train_config_resolve(zt_train_config *c, zt_err *err)
  * Returns a pointer into a small ring of buffers, so that one message can name up to four settings. */
 static const char *label(const char *key)
 {
-    static __thread char bufs[4][96];
-    static __thread int next;
+    static _Thread_local char bufs[4][96];
+    static _Thread_local int next;
     char *buf = bufs[next];
     next = (next + 1) % 4;
     const struct key_def *k = find_key(key);

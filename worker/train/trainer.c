@@ -225,9 +225,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     zt_train_config_log(cfg);
     zt_log(ZT_LOG_INFO, "threads: %d", zt_cpu_get_threads());
 
-    /* The run directory: writable, and not another run's unless continuing it. */
-    if ((rc = zt_check_writable_dir(cfg->out_dir, err)) < 0)
-        return rc;
+    /* The run directory must not hold another run, unless this one continues it. */
     if (!resuming && (file_exists(cfg->out_dir, "latest") || file_exists(cfg->out_dir, "metrics.jsonl")))
         return zt_fail(err, ZT_EINVAL_CONFIG, "'%s' already holds a run; continue it with --resume %s, or start a "
                        "new one with another --out directory (or delete this one)", cfg->out_dir, cfg->out_dir);
@@ -309,6 +307,11 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         zt_log(ZT_LOG_INFO, "model: parameters initialised from %s", cfg->init_from);
     }
     st.schedule = sched;
+
+    /* Everything is read: check that the run directory can be written before training starts, so that a
+     * long run does not fail at its first checkpoint. */
+    if ((rc = zt_check_writable_dir(cfg->out_dir, err)) < 0)
+        goto out;
     res->start_step = st.step;
     res->end_step = st.step;
     res->skipped_steps = st.skipped_steps;
@@ -419,6 +422,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         }
     }
 
+    stop_requested = 0; /* a request that came with the last step needs no stop */
     res->seconds = now_seconds() - start;
     res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
     if (!res->interrupted) {
