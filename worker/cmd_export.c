@@ -54,6 +54,7 @@ static bool same_dir(const char *a, const char *b)
     return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
 }
 
+/* Runs `ztrain export ARGS`; returns the exit status (0, 1 or 2). */
 int zt_cmd_export(int argc, char **argv)
 {
     static const struct option options[] = {

@@ -92,6 +92,7 @@ static int fail_usage(const char *fmt, const char *arg)
     return 2;
 }
 
+/* Runs `ztrain train ARGS`; returns the exit status (0, 1, 2, or 130 when interrupted). */
 int zt_cmd_train(int argc, char **argv)
 {
     enum { OPT_CONFIG = 1000, OPT_LOG_LEVEL, OPT_SETTING };

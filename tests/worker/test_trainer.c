@@ -438,6 +438,26 @@ static void test_setup_errors(void **state)
     zt_train_result_free(&res);
     assert_non_null(strstr(err.msg, "--resume"));
 
+    /* A run that stopped before its first checkpoint is started over. */
+    char path[512];
+    path_of(path, sizeof(path), "F");
+    mkdir(path, 0755);
+    path_of(path, sizeof(path), "F/metrics.jsonl");
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"step\":0,\"val_loss\":9.5}\n{\"step\":1,\"lo", f);
+    fclose(f);
+    base_config(&c, "F");
+    c.steps = 2;
+    c.warmup_steps = 1;
+    run_ok(&c, &res);
+    zt_train_result_free(&res);
+    size_t n = 0;
+    char *metrics = slurp("F/metrics.jsonl", &n);
+    assert_null(strstr(metrics, "9.5"));
+    assert_non_null(strstr(metrics, "{\"step\":2,\"loss\":"));
+    free(metrics);
+
     /* Resuming a finished run without more steps. */
     snprintf(c.resume, sizeof(c.resume), "%s/R", g_dir);
     assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EINVAL_CONFIG);

@@ -187,6 +187,7 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
     return rc;
 }
 
+/* Writes ckpt_<step> atomically and points `latest` at it; see checkpoint.h. */
 int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
                        const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
                        zt_err *err)
@@ -261,6 +262,7 @@ fail:
     return rc;
 }
 
+/* Finds the checkpoint a run or checkpoint directory means; see checkpoint.h. */
 int zt_checkpoint_find(const char *dir, char *out, size_t cap, zt_err *err)
 {
     char path[PATH_CAP];
@@ -440,6 +442,7 @@ static int check_file(const char *ckpt_dir, const cJSON *entry, const char *wher
     return 0;
 }
 
+/* Checks the manifest and every file's size and CRC-32C; see checkpoint.h. */
 int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st_out, zt_err *err)
 {
     char path[PATH_CAP];
@@ -532,6 +535,7 @@ static int check_optim(const zt_st_file *f, const zt_gpt2 *model, const char *pa
     return 0;
 }
 
+/* Verifies a checkpoint and loads it into the model and the optimizer; see checkpoint.h. */
 int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err)
 {
     zt_ckpt_state state;

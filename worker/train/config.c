@@ -99,6 +99,7 @@ static const struct key_def *find_flag(const char *flag)
     return NULL;
 }
 
+/* Fills c with the defaults; see config.h. */
 void zt_train_config_init(zt_train_config *c)
 {
     memset(c, 0, sizeof(*c));
@@ -196,6 +197,7 @@ static int read_model_key(zt_train_config *c, zt_json_reader *r, const cJSON *ro
                    "%s: \"model\" must be the path of a Hugging Face config.json or an object with its fields", path);
 }
 
+/* Reads a JSON config file over c, paths relative to its folder; see config.h. */
 int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err)
 {
     char *text = NULL;
@@ -268,6 +270,7 @@ int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err)
     return rc;
 }
 
+/* Applies one command-line flag over c; see config.h. */
 int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *value, zt_err *err)
 {
     if (strcmp(flag, "--resume") == 0) {
@@ -299,6 +302,7 @@ int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *v
     return ZT_EINVAL_CONFIG;
 }
 
+/* Reads the model config and fills the automatic settings; see config.h. */
 int zt_train_config_resolve(zt_train_config *c, zt_err *err)
 {
     if (c->warmup_steps == ZT_TRAIN_AUTO)
@@ -340,8 +344,9 @@ static int check_int(const zt_train_config *c, const char *key, int64_t lo, int6
 {
     const int64_t v = *(const int64_t *)field_cptr(c, find_key(key));
     if (v < lo || v > hi)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %lld is out of range: set it to a whole number from %lld to %lld",
-                       label(key), (long long)v, (long long)lo, (long long)hi);
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "config: %s = %lld is out of range: set it to a whole number from %lld to %lld", label(key),
+                       (long long)v, (long long)lo, (long long)hi);
     return 0;
 }
 
@@ -357,6 +362,7 @@ static int check_double(const zt_train_config *c, const char *key, double lo, bo
     return 0;
 }
 
+/* Checks every setting; the first problem is returned with the key, the flag and the fix. */
 int zt_train_config_validate(const zt_train_config *c, zt_err *err)
 {
     int rc;
@@ -451,6 +457,7 @@ static void format_value(const zt_train_config *c, const struct key_def *k, char
     }
 }
 
+/* Logs one line per setting; see config.h. */
 void zt_train_config_log(const zt_train_config *c)
 {
     char value[ZT_TRAIN_PATH_MAX + 32];
@@ -468,6 +475,7 @@ void zt_train_config_log(const zt_train_config *c)
         zt_log(ZT_LOG_INFO, "config: stop_at_step = %lld", (long long)c->stop_at_step);
 }
 
+/* A raw JSON number that reads back as exactly v; see config.h. */
 cJSON *zt__json_exact_double(double v)
 {
     char buf[40];
@@ -484,6 +492,7 @@ cJSON *zt__json_exact_double(double v)
     return n;
 }
 
+/* A raw JSON number for a whole number; see config.h. */
 cJSON *zt__json_exact_int(int64_t v)
 {
     char buf[32];
@@ -511,6 +520,7 @@ static char *absolute_path(const char *path, zt_err *err)
     return out;
 }
 
+/* Writes c as a JSON config file with absolute paths, atomically; see config.h. */
 int zt_train_config_save(const zt_train_config *c, const char *path, const char *model_ref, zt_err *err)
 {
     cJSON *root = cJSON_CreateObject();

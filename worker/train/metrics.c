@@ -24,12 +24,14 @@ static int open_append(zt_metrics *mt, const char *path, const char *mode, zt_er
     return 0;
 }
 
+/* Creates or empties the metrics file; see metrics.h. */
 int zt_metrics_create(zt_metrics *mt, const char *path, zt_err *err)
 {
     memset(mt, 0, sizeof(*mt));
     return open_append(mt, path, "w", err);
 }
 
+/* Keeps the lines up to step and opens the file for appending; see metrics.h. */
 int zt_metrics_resume(zt_metrics *mt, const char *path, int64_t step, double *first_val_loss, zt_err *err)
 {
     memset(mt, 0, sizeof(*mt));
@@ -97,6 +99,7 @@ static int finish_line(zt_metrics *mt, zt_err *err)
     return 0;
 }
 
+/* Appends a train line; see metrics.h. */
 int zt_metrics_write_train(zt_metrics *mt, const zt_metrics_train *l, zt_err *err)
 {
     fprintf(mt->f, "{\"step\":%lld", (long long)l->step);
@@ -110,6 +113,7 @@ int zt_metrics_write_train(zt_metrics *mt, const zt_metrics_train *l, zt_err *er
     return finish_line(mt, err);
 }
 
+/* Appends an eval line; see metrics.h. */
 int zt_metrics_write_eval(zt_metrics *mt, int64_t step, float val_loss, zt_err *err)
 {
     fprintf(mt->f, "{\"step\":%lld", (long long)step);
@@ -117,6 +121,7 @@ int zt_metrics_write_eval(zt_metrics *mt, int64_t step, float val_loss, zt_err *
     return finish_line(mt, err);
 }
 
+/* Closes the metrics file; see metrics.h. */
 void zt_metrics_close(zt_metrics *mt)
 {
     if (mt && mt->f) {

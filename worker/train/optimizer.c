@@ -8,6 +8,7 @@
 #include "kernels/adamw.h"
 #include "kernels/norm.h"
 
+/* Allocates the Adam moments; see optimizer.h. */
 int zt_optimizer_init(zt_optimizer *o, size_t n, double beta1, double beta2, double eps, double weight_decay,
                       double grad_clip, zt_err *err)
 {
@@ -27,6 +28,7 @@ int zt_optimizer_init(zt_optimizer *o, size_t n, double beta1, double beta2, dou
     return 0;
 }
 
+/* Frees the Adam moments; see optimizer.h. */
 void zt_optimizer_free(zt_optimizer *o)
 {
     if (!o)
@@ -38,11 +40,13 @@ void zt_optimizer_free(zt_optimizer *o)
     o->n = 0;
 }
 
+/* The global L2 norm of the gradients; see optimizer.h. */
 double zt_optimizer_grad_norm(const float *grads, size_t n)
 {
     return sqrt(zt_cpu_sum_squares(grads, n));
 }
 
+/* The clipping factor for a gradient norm; see optimizer.h. */
 float zt_optimizer_clip_coef(double norm, double max_norm)
 {
     if (max_norm <= 0.0)
@@ -51,6 +55,7 @@ float zt_optimizer_clip_coef(double norm, double max_norm)
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
+/* One AdamW update of every tensor, or a skipped step for a non-finite loss or norm; see optimizer.h. */
 int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_optimizer_report *report,
                       zt_err *err)
 {

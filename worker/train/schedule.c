@@ -13,6 +13,7 @@ static const char *const schedule_names[] = {
 };
 #define NUM_SCHEDULES ((int)(sizeof(schedule_names) / sizeof(schedule_names[0])))
 
+/* Parses a schedule name; see schedule.h. */
 int zt_schedule_parse(const char *name, enum zt_schedule_kind *out, zt_err *err)
 {
     for (int i = 0; i < NUM_SCHEDULES; i++) {
@@ -25,6 +26,7 @@ int zt_schedule_parse(const char *name, enum zt_schedule_kind *out, zt_err *err)
                    "unknown schedule '%s'; use one of nodecay, noam, linear, cosine, exponential", name);
 }
 
+/* The name of a schedule kind; see schedule.h. */
 const char *zt_schedule_name(enum zt_schedule_kind kind)
 {
     if ((int)kind < 0 || (int)kind >= NUM_SCHEDULES)
@@ -32,11 +34,13 @@ const char *zt_schedule_name(enum zt_schedule_kind kind)
     return schedule_names[kind];
 }
 
+/* True for the schedules that decay to min_lr; see schedule.h. */
 bool zt_schedule_decays(enum zt_schedule_kind kind)
 {
     return kind == ZT_SCHEDULE_LINEAR || kind == ZT_SCHEDULE_COSINE || kind == ZT_SCHEDULE_EXPONENTIAL;
 }
 
+/* The learning rate of update number step; see schedule.h for the formulas. */
 double zt_schedule_lr(const zt_schedule *s, int64_t step)
 {
     double t = step > 0 ? (double)step : 0.0;

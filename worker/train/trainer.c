@@ -25,11 +25,13 @@
 
 static volatile sig_atomic_t stop_requested;
 
+/* Asks the running loop to stop after its current step; async-signal-safe. */
 void zt_trainer_request_stop(void)
 {
     stop_requested = 1;
 }
 
+/* Frees the losses of a result; see trainer.h. */
 void zt_train_result_free(zt_train_result *res)
 {
     if (!res)
@@ -53,6 +55,7 @@ static bool file_exists(const char *dir, const char *name)
     return stat(path, &st) == 0;
 }
 
+/* Zeroes the gradients and accumulates grad_accum micro-batches; see trainer.h. */
 float zt_trainer_accumulate(zt_gpt2 *model, zt_dataloader *dl, int grad_accum, int B, int T, int32_t *inputs,
                             int32_t *targets)
 {
@@ -204,6 +207,7 @@ static void warn_schedule_change(const zt_schedule *saved, const zt_schedule *no
                now->min_lr, (long long)now->warmup_steps);
 }
 
+/* Runs training as cfg says; see trainer.h. */
 int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
 {
     memset(res, 0, sizeof(*res));
@@ -225,10 +229,12 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     zt_train_config_log(cfg);
     zt_log(ZT_LOG_INFO, "threads: %d", zt_cpu_get_threads());
 
-    /* The run directory must not hold another run, unless this one continues it. */
-    if (!resuming && (file_exists(cfg->out_dir, "latest") || file_exists(cfg->out_dir, "metrics.jsonl")))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "'%s' already holds a run; continue it with --resume %s, or start a "
-                       "new one with another --out directory (or delete this one)", cfg->out_dir, cfg->out_dir);
+    /* The run directory must not hold another run's checkpoints, unless this run continues it. (A run
+     * that stopped before its first checkpoint left nothing to continue: it is started over.) */
+    if (!resuming && file_exists(cfg->out_dir, "latest"))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "'%s' already holds a run with checkpoints; continue it with "
+                       "--resume %s, or start a new one with another --out directory (or delete this one)",
+                       cfg->out_dir, cfg->out_dir);
     if (resuming && (rc = zt_checkpoint_find(cfg->resume, ckpt_dir, sizeof(ckpt_dir), err)) < 0)
         return rc;
 
