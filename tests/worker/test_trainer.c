@@ -537,7 +537,6 @@ static void test_export(void **state)
     c.steps = 2;
     c.warmup_steps = 1;
     run_ok(&c, &res);
-    zt_train_result_free(&res);
 
     char ckpt[512], out[512];
     path_of(ckpt, sizeof(ckpt), "E");
@@ -547,6 +546,18 @@ static void test_export(void **state)
     expect_same_file("E/ckpt_000002/model.safetensors", "E_export/sub/model.safetensors");
     expect_same_file("E/ckpt_000002/model_config.json", "E_export/sub/config.json");
     assert_false(exists("E_export/sub/model.safetensors.tmp"));
+
+    /* A new run that starts from the export evaluates, before its first step, exactly what the first run
+     * evaluated after its last. */
+    zt_train_config c2;
+    zt_train_result res2;
+    base_config(&c2, "E_init");
+    c2.steps = 2;
+    c2.warmup_steps = 1;
+    snprintf(c2.init_from, sizeof(c2.init_from), "%s", out);
+    run_ok(&c2, &res2);
+    assert_memory_equal(&res2.first_val_loss, &res.last_val_loss, sizeof(float));
+    zt_train_result_free(&res2);
 
     /* Usage errors exit with 2, a corrupt checkpoint with 1 and no output. */
     char *no_out[] = {"export", "--checkpoint", ckpt, NULL};
@@ -558,6 +569,7 @@ static void test_export(void **state)
     char *corrupt[] = {"export", "--checkpoint", ckpt, "--out", out, NULL};
     assert_int_equal(zt_cmd_export(5, corrupt), 1);
     assert_false(exists("E_export2/model.safetensors"));
+    zt_train_result_free(&res);
 }
 
 int main(void)
