@@ -284,10 +284,16 @@ int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *v
     if (!k)
         return zt_fail(err, ZT_EINVAL_CONFIG, "unknown flag '%s'; see ztrain train --help", flag);
     switch (k->type) {
+    /* Only the form is checked here; zt_train_config_validate checks ranges and names the accepted one,
+     * so the message below does not quote the (meaningless) limits of the number type. */
     case KEY_INT:
-        return zt_arg_int(flag, value, -JSON_INT_LIMIT, JSON_INT_LIMIT, field_ptr(c, k), err);
+        if (zt_arg_int(flag, value, -JSON_INT_LIMIT, JSON_INT_LIMIT, field_ptr(c, k), NULL) < 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: expected a whole number, got '%s'", flag, value);
+        return 0;
     case KEY_DOUBLE:
-        return zt_arg_double(flag, value, -DBL_MAX, DBL_MAX, field_ptr(c, k), err);
+        if (zt_arg_double(flag, value, -DBL_MAX, DBL_MAX, field_ptr(c, k), NULL) < 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: expected a number, got '%s'", flag, value);
+        return 0;
     case KEY_BOOL:
         ZT_ASSERT(!"no boolean flags");
         return ZT_EINVAL_CONFIG;

@@ -112,6 +112,22 @@ static int shard_max_token(const char *path)
 }
 
 /* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
+/* Puts the flag that named the data in front of a loader message ("--val-data: no files match ..."),
+ * since the loader does not know which flag its pattern came from. */
+static void prefix_error(zt_err *err, const char *flag)
+{
+    if (err == NULL)
+        return;
+    size_t n = strlen(flag) + 2; /* "flag: " */
+    if (n >= sizeof(err->msg))
+        return;
+    memmove(err->msg + n, err->msg, sizeof(err->msg) - n);
+    err->msg[sizeof(err->msg) - 1] = '\0';
+    memcpy(err->msg, flag, n - 2);
+    err->msg[n - 2] = ':';
+    err->msg[n - 1] = ' ';
+}
+
 static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_size, zt_err *err)
 {
     int max = zt_dataloader_max_token(dl);
@@ -247,15 +263,19 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         goto out;
 
     /* Data. */
-    if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0)
+    if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
+        prefix_error(err, "--train-data");
         goto out;
+    }
     if ((rc = check_vocab(r.train, cfg->train_data, cfg->model.vocab_size, err)) < 0)
         goto out;
     log_data("train", cfg->train_data, r.train, cfg);
     int64_t eval_batches = cfg->eval_batches;
     if (cfg->val_data[0]) {
-        if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0)
+        if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0) {
+            prefix_error(err, "--val-data");
             goto out;
+        }
         if ((rc = check_vocab(r.val, cfg->val_data, cfg->model.vocab_size, err)) < 0)
             goto out;
         log_data("val", cfg->val_data, r.val, cfg);
