@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libcjson-dev libcmocka-dev
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev
   python3 python3-venv python3-pip
   openssl
 )
@@ -17,7 +18,8 @@ APT_PACKAGES=(
 # unless a kubectl is already installed (another vendor's package would clash over /usr/bin/kubectl).
 command -v kubectl >/dev/null 2>&1 || APT_PACKAGES+=(kubernetes-client)
 PIP_PACKAGES=(numpy==1.26.4 safetensors==0.4.5
-  kubernetes-validate==1.37.0 PyYAML==6.0.2 dockerfile==3.4.0)
+  kubernetes-validate==1.37.0 PyYAML==6.0.2 dockerfile==3.4.0
+  grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-health-checking==1.76.0 protobuf==6.33.0)
 
 log() { printf 'install-deps: %s\n' "$*"; }
 
