@@ -1,0 +1,1 @@
+/* CPU AdamW (offload/cpu_adam.h); implementation follows. */

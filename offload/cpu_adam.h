@@ -1,0 +1,68 @@
+/* CPU AdamW on one shard of a block: fp32 master weights and moments updated in place from an fp32, fp16
+ * or bf16 gradient, optionally writing the updated weights rounded to fp16/bf16/fp32 for the GPUs.
+ *
+ * The math is kernels/adamw.h's (PyTorch's AdamW) in the same order of operations as
+ * zt_cpu_adamw_update (kernels/cpu/adamw.c): with fp32 gradients the results are bit-identical to it on
+ * every instruction set, so optimizer placements cpu and server give the parameters of the CPU trainer.
+ * Vector paths (AVX-512F, AVX2+F16C) and the scalar path compute the same IEEE operations (no fused
+ * multiply-add; sqrt and division are correctly rounded everywhere). Low-precision outputs round to
+ * nearest even and keep NaN a NaN. The work is split over threads in fixed chunks; each element's result
+ * depends only on its own inputs, so the thread count never changes a result.
+ *
+ * Weight decay per tensor (none for biases and layer-norm weights) is the caller's: call once per tensor
+ * range with p->weight_decay set or 0. */
+#ifndef ZT_OFFLOAD_CPU_ADAM_H
+#define ZT_OFFLOAD_CPU_ADAM_H
+
+#include <stddef.h>
+
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "kernels/adamw.h"
+
+/* Instruction sets of the update loop, best last. */
+enum zt_cpu_adam_isa {
+    ZT_CPU_ADAM_ISA_SCALAR = 0,
+    ZT_CPU_ADAM_ISA_AVX2 = 1,   /* AVX2 + F16C */
+    ZT_CPU_ADAM_ISA_AVX512 = 2, /* AVX-512F (bf16 conversions with integer operations) */
+};
+
+/* One range of a shard to update. All arrays hold n elements and may not overlap each other. */
+typedef struct zt_cpu_adam_range {
+    float *param;              /* fp32 master weights, updated in place */
+    float *m;                  /* fp32 first moment, updated in place */
+    float *v;                  /* fp32 second moment, updated in place */
+    const void *grad;          /* gradient of grad_dtype */
+    enum zt_dtype grad_dtype;  /* F32, F16 or BF16 */
+    void *out;                 /* NULL, or receives the updated weights as out_dtype */
+    enum zt_dtype out_dtype;   /* F32, F16 or BF16; ignored where out is NULL */
+    size_t n;                  /* elements */
+} zt_cpu_adam_range;
+
+/* The instruction set zt_cpu_adam_update uses: the best one this CPU supports, unless the environment
+ * variable ZT_CPU_ADAM_ISA (avx512, avx2 or scalar) asks for a lower one. Chosen once per process. */
+enum zt_cpu_adam_isa zt_cpu_adam_get_isa(void);
+
+/* Whether this CPU (and build) can run the given instruction set: 1 or 0. */
+int zt_cpu_adam_isa_supported(enum zt_cpu_adam_isa isa);
+
+/* "avx512", "avx2" or "scalar". Never NULL. */
+const char *zt_cpu_adam_isa_name(enum zt_cpu_adam_isa isa);
+
+/* Applies one AdamW step with p's hyperparameters to the range r, on `threads` threads (<= 0: the CPU
+ * kernels' count, kernels/cpu_threads.h). Returns 0, or ZT_EUNSUPPORTED for a dtype other than
+ * F32/F16/BF16, ZT_EINVAL_CONFIG for p->step < 1 or a NULL array, with the reason in err; on error
+ * nothing is changed. */
+int zt_cpu_adam_update(const zt_cpu_adam_range *r, const zt_adamw_params *p, int threads, zt_err *err);
+
+/* zt_cpu_adam_update with an explicit instruction set (tests and benchmarks compare them). Returns
+ * ZT_EUNSUPPORTED, changing nothing, where zt_cpu_adam_isa_supported(isa) is 0. */
+int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r, const zt_adamw_params *p,
+                           int threads, zt_err *err);
+
+/* Converts n fp32 values to dst_dtype (F32, F16 or BF16; round to nearest even, NaN stays NaN), e.g. the
+ * master weights to the low-precision parameters a worker pulls before any step. Returns 0 or
+ * ZT_EUNSUPPORTED with the reason in err. */
+int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, size_t n, int threads, zt_err *err);
+
+#endif

@@ -1,0 +1,1 @@
+/* RAM and NVMe storage tiers (offload/store.h); implementation follows. */
