@@ -1,0 +1,1 @@
+/* The state server core (see core.h). */
