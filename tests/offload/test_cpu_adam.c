@@ -1,0 +1,413 @@
+/* Tests of offload/cpu_adam.h: every instruction set this CPU has gives, for fp32 gradients, exactly the
+ * bits of zt_cpu_adamw_update (kernels/cpu/adamw.c); fp16/bf16 gradients and outputs match the reference
+ * update on gradients converted by an independent conversion; the thread count changes nothing; the
+ * conversions round to nearest even and keep NaN; bad arguments are refused without changes. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/adamw.h"
+#include "offload/cpu_adam.h"
+
+static uint64_t g_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t next_u32(void)
+{
+    /* xorshift64*: deterministic test data, independent of common/rng.h */
+    g_state ^= g_state >> 12;
+    g_state ^= g_state << 25;
+    g_state ^= g_state >> 27;
+    return (uint32_t)((g_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+static float uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(next_u32() >> 8) * 0x1p-24f;
+}
+
+static uint32_t bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static float from_bits(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Reference bf16 rounding in double: the nearer of the two neighbouring bf16 values, ties to even. */
+static uint16_t ref_bf16(float x)
+{
+    if (isnan(x))
+        return 0x7fc0;
+    if (isinf(x))
+        return (uint16_t)(bits(x) >> 16);
+    uint32_t lo = bits(x) & 0xffff0000u;
+    uint32_t hi = lo + 0x10000u; /* next value away from zero (may be infinity) */
+    double dx = fabs((double)x), dlo = fabs((double)from_bits(lo)), dhi = fabs((double)from_bits(hi));
+    if (isinf(from_bits(hi)))
+        dhi = 0x1p128; /* the rounding boundary above FLT_MAX's bf16 */
+    double d1 = dx - dlo, d2 = dhi - dx;
+    if (d1 < d2 || (d1 == d2 && ((lo >> 16) & 1u) == 0))
+        return (uint16_t)(lo >> 16);
+    return (uint16_t)(hi >> 16);
+}
+
+static float ref_bf16_to_f32(uint16_t h)
+{
+    return from_bits((uint32_t)h << 16);
+}
+
+/* fp16 through the compiler's _Float16 (software rounding to nearest even). */
+static uint16_t ref_f16(float x)
+{
+    _Float16 h = (_Float16)x;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+static float ref_f16_to_f32(uint16_t u)
+{
+    _Float16 h;
+    memcpy(&h, &u, 2);
+    return (float)h;
+}
+
+typedef struct state {
+    size_t n;
+    float *param, *m, *v, *grad;
+} state;
+
+static void state_init(state *s, size_t n)
+{
+    s->n = n;
+    s->param = malloc((n + 1) * sizeof(float));
+    s->m = malloc((n + 1) * sizeof(float));
+    s->v = malloc((n + 1) * sizeof(float));
+    s->grad = malloc((n + 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        s->param[i] = uniform(-1.0f, 1.0f);
+        s->m[i] = uniform(-0.01f, 0.01f);
+        s->v[i] = uniform(0.0f, 1e-4f);
+        /* gradients over many magnitudes, with exact zeros and tiny values */
+        float g = uniform(-1.0f, 1.0f) * powf(10.0f, uniform(-8.0f, 2.0f));
+        if (i % 97 == 0)
+            g = 0.0f;
+        if (i % 89 == 0)
+            g = 1e-30f;
+        s->grad[i] = g;
+    }
+}
+
+static void state_copy(state *dst, const state *src)
+{
+    state_init(dst, src->n);
+    memcpy(dst->param, src->param, src->n * sizeof(float));
+    memcpy(dst->m, src->m, src->n * sizeof(float));
+    memcpy(dst->v, src->v, src->n * sizeof(float));
+    memcpy(dst->grad, src->grad, src->n * sizeof(float));
+}
+
+static void state_free(state *s)
+{
+    free(s->param);
+    free(s->m);
+    free(s->v);
+    free(s->grad);
+}
+
+static void assert_same_bits(const float *a, const float *b, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (bits(a[i]) != bits(b[i]))
+            fail_msg("%s[%zu]: %.9g (0x%08x) vs reference %.9g (0x%08x)", what, i, (double)a[i], bits(a[i]),
+                     (double)b[i], bits(b[i]));
+    }
+}
+
+static zt_adamw_params params(int step, float wd)
+{
+    zt_adamw_params p = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = wd,
+                         .grad_scale = 0.731f, .step = step};
+    return p;
+}
+
+static const enum zt_cpu_adam_isa k_isas[] = {ZT_CPU_ADAM_ISA_SCALAR, ZT_CPU_ADAM_ISA_AVX2, ZT_CPU_ADAM_ISA_AVX512};
+
+/* fp32 gradients: every ISA, several sizes (tails included), steps and thread counts, against the
+ * reference update, bit for bit. */
+static void test_f32_matches_reference(void **unused)
+{
+    (void)unused;
+    const size_t sizes[] = {0, 1, 7, 15, 16, 17, 33, 1000, 16384 + 5, 100003};
+    int tested = 0;
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        state ref;
+        state_init(&ref, sizes[si]);
+        for (size_t k = 0; k < 3; k++) {
+            enum zt_cpu_adam_isa isa = k_isas[k];
+            if (!zt_cpu_adam_isa_supported(isa))
+                continue;
+            tested |= 1 << k;
+            state ref_k, got;
+            state_copy(&ref_k, &ref);
+            state_copy(&got, &ref);
+            float *out = malloc((ref.n + 1) * sizeof(float));
+            for (int step = 1; step <= 4; step++) {
+                zt_adamw_params p = params(step, step % 2 ? 0.1f : 0.0f);
+                zt_cpu_adamw_update(ref_k.param, ref_k.m, ref_k.v, ref_k.grad, ref.n, &p);
+                zt_cpu_adam_range r = {.param = got.param, .m = got.m, .v = got.v, .grad = got.grad,
+                                       .grad_dtype = ZT_DTYPE_F32, .out = out, .out_dtype = ZT_DTYPE_F32,
+                                       .n = ref.n};
+                zt_err err = {{0}};
+                assert_int_equal(zt_cpu_adam_update_isa(isa, &r, &p, 1 + step % 3, &err), 0);
+                assert_same_bits(got.param, ref_k.param, ref.n, "param");
+                assert_same_bits(got.m, ref_k.m, ref.n, "m");
+                assert_same_bits(got.v, ref_k.v, ref.n, "v");
+                assert_same_bits(out, ref_k.param, ref.n, "out");
+            }
+            free(out);
+            state_free(&ref_k);
+            state_free(&got);
+        }
+        state_free(&ref);
+    }
+    assert_true(tested & 1);
+    print_message("instruction sets tested: %s%s%s (default %s)\n", tested & 1 ? "scalar " : "",
+                  tested & 2 ? "avx2 " : "", tested & 4 ? "avx512 " : "",
+                  zt_cpu_adam_isa_name(zt_cpu_adam_get_isa()));
+}
+
+/* Special values flow through identically: huge gradients, infinities and NaN in the state. */
+static void test_f32_special_values(void **unused)
+{
+    (void)unused;
+    const size_t n = 64;
+    state ref;
+    state_init(&ref, n);
+    ref.grad[3] = INFINITY;
+    ref.grad[4] = NAN;
+    ref.grad[5] = 3e38f;
+    ref.m[6] = NAN;
+    ref.v[7] = INFINITY;
+    ref.param[8] = -INFINITY;
+    ref.grad[9] = -0.0f;
+    ref.param[10] = -0.0f;
+    zt_adamw_params p = params(1, 0.1f);
+    for (size_t k = 0; k < 3; k++) {
+        if (!zt_cpu_adam_isa_supported(k_isas[k]))
+            continue;
+        state a, b;
+        state_copy(&a, &ref);
+        state_copy(&b, &ref);
+        zt_cpu_adamw_update(a.param, a.m, a.v, a.grad, n, &p);
+        zt_cpu_adam_range r = {.param = b.param, .m = b.m, .v = b.v, .grad = b.grad, .grad_dtype = ZT_DTYPE_F32,
+                               .n = n};
+        assert_int_equal(zt_cpu_adam_update_isa(k_isas[k], &r, &p, 1, NULL), 0);
+        assert_same_bits(b.param, a.param, n, "param");
+        assert_same_bits(b.m, a.m, n, "m");
+        assert_same_bits(b.v, a.v, n, "v");
+        state_free(&a);
+        state_free(&b);
+    }
+    state_free(&ref);
+}
+
+/* fp16 and bf16 gradients and outputs: the reference update on gradients converted by the reference
+ * conversion, then the reference rounding of the new weights. */
+static void test_lowp_grads_and_outputs(void **unused)
+{
+    (void)unused;
+    const size_t n = 50021;
+    const enum zt_dtype dts[] = {ZT_DTYPE_F32, ZT_DTYPE_F16, ZT_DTYPE_BF16};
+    state base;
+    state_init(&base, n);
+    uint16_t *g16 = malloc(n * 2);
+    float *gref = malloc(n * sizeof(float));
+    void *out = malloc(n * 4);
+    for (int gi = 1; gi < 3; gi++) {
+        enum zt_dtype gdt = dts[gi];
+        for (size_t i = 0; i < n; i++) {
+            g16[i] = gdt == ZT_DTYPE_F16 ? ref_f16(base.grad[i]) : ref_bf16(base.grad[i]);
+            gref[i] = gdt == ZT_DTYPE_F16 ? ref_f16_to_f32(g16[i]) : ref_bf16_to_f32(g16[i]);
+        }
+        for (int oi = 0; oi < 3; oi++) {
+            enum zt_dtype odt = dts[oi];
+            for (size_t k = 0; k < 3; k++) {
+                if (!zt_cpu_adam_isa_supported(k_isas[k]))
+                    continue;
+                state a, b;
+                state_copy(&a, &base);
+                state_copy(&b, &base);
+                zt_adamw_params p = params(7, 0.01f);
+                zt_cpu_adamw_update(a.param, a.m, a.v, gref, n, &p);
+                zt_cpu_adam_range r = {.param = b.param, .m = b.m, .v = b.v, .grad = g16, .grad_dtype = gdt,
+                                       .out = out, .out_dtype = odt, .n = n};
+                assert_int_equal(zt_cpu_adam_update_isa(k_isas[k], &r, &p, 2, NULL), 0);
+                assert_same_bits(b.param, a.param, n, "param");
+                assert_same_bits(b.m, a.m, n, "m");
+                assert_same_bits(b.v, a.v, n, "v");
+                for (size_t i = 0; i < n; i++) {
+                    if (odt == ZT_DTYPE_F32)
+                        assert_int_equal(bits(((float *)out)[i]), bits(a.param[i]));
+                    else if (odt == ZT_DTYPE_F16)
+                        assert_int_equal(((uint16_t *)out)[i], ref_f16(a.param[i]));
+                    else
+                        assert_int_equal(((uint16_t *)out)[i], ref_bf16(a.param[i]));
+                }
+                state_free(&a);
+                state_free(&b);
+            }
+        }
+    }
+    free(g16);
+    free(gref);
+    free(out);
+    state_free(&base);
+}
+
+/* The conversions on every bit pattern class: random bits, ties, subnormals, overflow, infinities, NaN. */
+static void test_conversions(void **unused)
+{
+    (void)unused;
+    const size_t n = 200000;
+    float *src = malloc(n * sizeof(float));
+    uint16_t *dst = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = next_u32();
+        switch (i % 8) {
+        case 0: u = (u & 0xffff0000u) | 0x8000u; break;             /* bf16 tie */
+        case 1: u = (u & 0xffffe000u) | 0x1000u; break;             /* f16 tie (normal range) */
+        case 2: u = (u & 0x80000000u) | (0x33000000u + (u & 0x07ffffffu)); break; /* f16 subnormals */
+        case 3: u = (u & 0x80000000u) | (0x477f0000u + (u & 0x0001ffffu)); break; /* near 65504 */
+        default: break;
+        }
+        src[i] = from_bits(u);
+    }
+    src[0] = NAN;
+    src[1] = -NAN;
+    src[2] = INFINITY;
+    src[3] = -INFINITY;
+    src[4] = 3.4028235e38f; /* FLT_MAX rounds to bf16 infinity */
+    src[5] = from_bits(0x7f800001u); /* signalling NaN whose top 16 bits are infinity's */
+    src[6] = 65520.0f;    /* f16 tie to infinity */
+    src[7] = 0x1p-25f;    /* f16 tie to zero */
+    for (int t = 0; t < 2; t++) {
+        enum zt_dtype dt = t ? ZT_DTYPE_BF16 : ZT_DTYPE_F16;
+        zt_err err = {{0}};
+        assert_int_equal(zt_cpu_adam_convert(dst, dt, src, n, 2, &err), 0);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t want = t ? ref_bf16(src[i]) : ref_f16(src[i]);
+            if (isnan(src[i])) {
+                float back = t ? ref_bf16_to_f32(dst[i]) : ref_f16_to_f32(dst[i]);
+                if (!isnan(back))
+                    fail_msg("%s of NaN 0x%08x gave 0x%04x, not a NaN", t ? "bf16" : "f16", bits(src[i]), dst[i]);
+                continue;
+            }
+            if (dst[i] != want)
+                fail_msg("%s of %.9g (0x%08x): 0x%04x, reference 0x%04x", t ? "bf16" : "f16", (double)src[i],
+                         bits(src[i]), dst[i], want);
+        }
+    }
+    free(src);
+    free(dst);
+}
+
+/* The same results on 1, 2, 3 and 8 threads, on the default instruction set. */
+static void test_threads_deterministic(void **unused)
+{
+    (void)unused;
+    const size_t n = 200003;
+    state base;
+    state_init(&base, n);
+    state first;
+    state_copy(&first, &base);
+    zt_adamw_params p = params(3, 0.1f);
+    zt_cpu_adam_range r = {.param = first.param, .m = first.m, .v = first.v, .grad = first.grad,
+                           .grad_dtype = ZT_DTYPE_F32, .n = n};
+    assert_int_equal(zt_cpu_adam_update(&r, &p, 1, NULL), 0);
+    const int threads[] = {2, 3, 8};
+    for (int t = 0; t < 3; t++) {
+        state s;
+        state_copy(&s, &base);
+        zt_cpu_adam_range rs = {.param = s.param, .m = s.m, .v = s.v, .grad = s.grad, .grad_dtype = ZT_DTYPE_F32,
+                                .n = n};
+        assert_int_equal(zt_cpu_adam_update(&rs, &p, threads[t], NULL), 0);
+        assert_same_bits(s.param, first.param, n, "param");
+        assert_same_bits(s.v, first.v, n, "v");
+        state_free(&s);
+    }
+    state_free(&first);
+    state_free(&base);
+}
+
+/* Bad dtypes, step 0 and NULL arrays are refused with a message, and nothing changes. */
+static void test_bad_arguments(void **unused)
+{
+    (void)unused;
+    state s;
+    state_init(&s, 10);
+    state keep;
+    state_copy(&keep, &s);
+    zt_err err = {{0}};
+    zt_adamw_params p = params(1, 0.0f);
+    zt_cpu_adam_range r = {.param = s.param, .m = s.m, .v = s.v, .grad = s.grad, .grad_dtype = ZT_DTYPE_I32,
+                           .n = 10};
+    assert_int_equal(zt_cpu_adam_update(&r, &p, 1, &err), ZT_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "I32"));
+    r.grad_dtype = ZT_DTYPE_F32;
+    r.out = s.grad;
+    r.out_dtype = ZT_DTYPE_F64;
+    assert_int_equal(zt_cpu_adam_update(&r, &p, 1, &err), ZT_EUNSUPPORTED);
+    r.out = NULL;
+    p.step = 0;
+    assert_int_equal(zt_cpu_adam_update(&r, &p, 1, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "step"));
+    p.step = 1;
+    r.m = NULL;
+    assert_int_equal(zt_cpu_adam_update(&r, &p, 1, &err), ZT_EINVAL_CONFIG);
+    assert_same_bits(s.param, keep.param, 10, "param");
+    assert_int_equal(zt_cpu_adam_convert(s.grad, ZT_DTYPE_U8, s.param, 10, 1, &err), ZT_EUNSUPPORTED);
+    state_free(&s);
+    state_free(&keep);
+}
+
+/* ZT_CPU_ADAM_ISA picks the path (ctest runs this file once per value). */
+static void test_env_override(void **unused)
+{
+    (void)unused;
+    const char *want = getenv("ZT_CPU_ADAM_ISA");
+    enum zt_cpu_adam_isa got = zt_cpu_adam_get_isa();
+    assert_true(zt_cpu_adam_isa_supported(got));
+    if (!want)
+        return;
+    enum zt_cpu_adam_isa w = strcmp(want, "avx512") == 0 ? ZT_CPU_ADAM_ISA_AVX512
+                             : strcmp(want, "avx2") == 0 ? ZT_CPU_ADAM_ISA_AVX2
+                                                         : ZT_CPU_ADAM_ISA_SCALAR;
+    if (zt_cpu_adam_isa_supported(w))
+        assert_string_equal(zt_cpu_adam_isa_name(got), zt_cpu_adam_isa_name(w));
+    else
+        assert_true(got < w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f32_matches_reference), cmocka_unit_test(test_f32_special_values),
+        cmocka_unit_test(test_lowp_grads_and_outputs), cmocka_unit_test(test_conversions),
+        cmocka_unit_test(test_threads_deterministic),  cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_env_override),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
