@@ -16,7 +16,7 @@
  * A call that arrives without a deadline gets the server's default deadline.
  *
  * Client: zt_rpc_channel_create() opens a channel to a target ("host:port"), zt_rpc_unary() makes a
- * unary call, and zt_rpc_stream_* drive client-streaming and server-streaming calls. Every client call has
+ * unary call, and the zt_rpc_stream functions drive client-streaming and server-streaming calls. Every client call has
  * a deadline. Results come back as a gRPC status code plus a message (struct zt_rpc_status).
  *
  * Threading: a server, a channel and a stream may be used from any thread; one stream from one thread at a
@@ -126,7 +126,7 @@ void zt_rpc_server_set_serving(zt_rpc_server_t *srv, int serving);
  * joins the server's threads and frees everything. Accepts NULL. */
 void zt_rpc_server_destroy(zt_rpc_server_t *srv, double grace_s);
 
-/* Reads the next request message of the call. Returns 1 with *data/*len pointing at the message bytes
+/* Reads the next request message of the call. Returns 1 with *data and *len pointing at the message bytes
  * (owned by the call, valid until the next read or the end of the handler), 0 at the end of the client's
  * stream, or a negative code when the call was cancelled, timed out or broke (the handler should return;
  * whatever it returns, the client already has its status). */
@@ -199,7 +199,7 @@ int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len);
 /* Tells the server that no more requests follow. Returns 0 or a negative code like _send. */
 int zt_rpc_stream_close_send(zt_rpc_stream_t *s);
 
-/* Receives the next response message. Returns 1 with *data/*len (owned by the stream, valid until the
+/* Receives the next response message. Returns 1 with *data and *len (owned by the stream, valid until the
  * next receive or finish), 0 when the server ended the stream, or a negative code on failure. */
 int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len);
 

@@ -1,0 +1,1231 @@
+/* The gRPC glue: ztrain's servers and clients over the gRPC C core (see rpc.h for the contract).
+ *
+ * Server design. Each listener (the main port, and optionally a plaintext health-only port) is one
+ * grpc_server with one completion queue for new-call notifications and one dispatcher thread. All calls
+ * are requested as "unregistered" calls (grpc_server_request_call), so that the dispatcher sees every
+ * method name, answers unknown ones with UNIMPLEMENTED instead of leaving them hanging, and looks up the
+ * handler itself. Each accepted call gets its own thread and its own pluck completion queue, on which
+ * the thread runs the call synchronously: read, write and status are one batch each, waited for with the
+ * call's deadline. A RECV_CLOSE_ON_SERVER op is started first on every call so that cancellation (by
+ * the client, by the deadline or by a message over the size limit) is seen.
+ *
+ * Client design. Every call (unary or streaming) gets its own pluck completion queue; the status op is
+ * started with the call, so that a send or receive that fails because the server ended the call is
+ * followed by the server's real status. */
+#include "proto/rpc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "common/fileio.h"
+#include "common/log.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define HEALTH_CHECK "/grpc.health.v1.Health/Check"
+#define HEALTH_WATCH "/grpc.health.v1.Health/Watch"
+#define HEALTH_SERVICE "grpc.health.v1.Health"
+#define DEFAULT_MAX_CALLS 256
+#define REQUESTS_PER_LISTENER 4 /* unregistered-call requests kept posted per listener */
+
+/* Distinct tags for the ops of one call (each call has its own queue, so addresses of statics suffice). */
+static char tag_close, tag_read, tag_write, tag_status, tag_start, tag_shutdown;
+
+const char *zt_rpc_code_name(int code)
+{
+    static const char *const names[] = {
+        "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
+        "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
+        "UNAUTHENTICATED",
+    };
+    if (code >= 0 && code < (int)(sizeof(names) / sizeof(names[0])))
+        return names[code];
+    return "UNKNOWN_CODE";
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Small helpers                                                                                    */
+
+static gpr_timespec deadline_in(double seconds)
+{
+    if (seconds < 0)
+        seconds = 0;
+    if (seconds > 1e9)
+        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)(seconds * 1000.0), GPR_TIMESPAN));
+}
+
+static double seconds_until(gpr_timespec deadline)
+{
+    gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+    deadline = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
+    gpr_timespec left = gpr_time_sub(deadline, now);
+    return (double)left.tv_sec + (double)left.tv_nsec * 1e-9;
+}
+
+/* Copies a byte buffer into *buf (grown as needed); returns the length. */
+static size_t flatten(grpc_byte_buffer *bb, char **buf, size_t *cap)
+{
+    grpc_byte_buffer_reader reader;
+    size_t len = grpc_byte_buffer_length(bb);
+    if (len + 1 > *cap) {
+        free(*buf);
+        *cap = len + 1;
+        *buf = zt_xmalloc(*cap);
+    }
+    size_t off = 0;
+    if (grpc_byte_buffer_reader_init(&reader, bb)) {
+        grpc_slice slice;
+        while (grpc_byte_buffer_reader_next(&reader, &slice)) {
+            size_t n = GRPC_SLICE_LENGTH(slice);
+            ZT_ASSERT(off + n <= len);
+            memcpy(*buf + off, GRPC_SLICE_START_PTR(slice), n);
+            off += n;
+            grpc_slice_unref(slice);
+        }
+        grpc_byte_buffer_reader_destroy(&reader);
+    }
+    ZT_ASSERT(off == len);
+    return len;
+}
+
+static grpc_byte_buffer *make_buffer(const void *data, size_t len)
+{
+    grpc_slice slice = grpc_slice_from_copied_buffer(data, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    return bb;
+}
+
+/* Waits for tag on a pluck queue until deadline; on timeout cancels the call with DEADLINE_EXCEEDED and
+ * waits for the (now prompt) completion. Returns the op's success flag; *timed_out says whether the
+ * deadline passed. */
+static int wait_op(grpc_completion_queue *cq, grpc_call *call, void *tag, gpr_timespec deadline, int *timed_out)
+{
+    grpc_event ev = grpc_completion_queue_pluck(cq, tag, deadline, NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+        if (timed_out != NULL)
+            *timed_out = 1;
+        grpc_call_cancel_with_status(call, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded", NULL);
+        ev = grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    }
+    ZT_ASSERT(ev.type == GRPC_OP_COMPLETE);
+    return ev.success;
+}
+
+static void drain_and_destroy_queue(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+    }
+    grpc_completion_queue_destroy(cq);
+}
+
+static int read_pem(const char *what, const char *path, char **out, zt_err *err)
+{
+    size_t len;
+    zt_err e;
+    int rc = zt_read_file(path, out, &len, &e);
+    if (rc < 0)
+        return zt_fail(err, rc, "cannot read the %s: %s", what, e.msg);
+    return 0;
+}
+
+/* The service part of "/package.Service/Method", written into out. */
+static void service_of(const char *method, char *out, size_t cap)
+{
+    const char *start = method[0] == '/' ? method + 1 : method;
+    const char *slash = strchr(start, '/');
+    size_t n = slash ? (size_t)(slash - start) : strlen(start);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(out, start, n);
+    out[n] = '\0';
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Server                                                                                           */
+
+struct method {
+    char *name;
+    char *service;
+    enum zt_rpc_kind kind;
+    zt_rpc_handler_fn handler;
+    void *user;
+};
+
+struct listener {
+    zt_rpc_server_t *srv;
+    grpc_server *server;
+    grpc_completion_queue *cq; /* notifications of new calls */
+    pthread_t thread;
+    int thread_started;
+    int health_only;
+    int port;
+};
+
+/* One posted request for a new call, and then the call it received. */
+struct slot {
+    struct listener *lis;
+    grpc_call *call;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    grpc_completion_queue *call_cq;
+};
+
+struct zt_rpc_server {
+    struct listener main;
+    struct listener health;
+    int has_health;
+    char *token;
+    size_t max_message;
+    double default_deadline_s;
+    int max_calls;
+    struct method *methods;
+    int n_methods;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started;
+    int shutting_down;
+    int active_calls;
+    int serving;
+    unsigned health_version; /* bumped on every change of serving */
+};
+
+struct zt_rpc_call {
+    zt_rpc_server_t *srv;
+    struct slot *slot;
+    grpc_call *call;
+    grpc_completion_queue *cq;
+    gpr_timespec deadline; /* monotonic */
+    const struct method *method;
+    char method_name[256];
+    char *peer;
+    int cancelled;      /* written by the core when the close op completes */
+    int close_done;
+    int read_done;      /* the client half-closed */
+    int md_sent;
+    int writes;
+    int status_code;
+    char status_msg[ZT_ERR_LEN];
+    char *buf;
+    size_t cap;
+};
+
+static int post_request(struct listener *lis)
+{
+    struct slot *s = zt_xcalloc(1, sizeof(*s));
+    s->lis = lis;
+    grpc_call_details_init(&s->details);
+    grpc_metadata_array_init(&s->md);
+    s->call_cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_call_error e = grpc_server_request_call(lis->server, &s->call, &s->details, &s->md, s->call_cq, lis->cq, s);
+    if (e != GRPC_CALL_OK) {
+        grpc_call_details_destroy(&s->details);
+        grpc_metadata_array_destroy(&s->md);
+        grpc_completion_queue_destroy(s->call_cq);
+        free(s);
+        return -1;
+    }
+    return 0;
+}
+
+static void free_slot(struct slot *s)
+{
+    grpc_call_details_destroy(&s->details);
+    grpc_metadata_array_destroy(&s->md);
+    if (s->call != NULL)
+        grpc_call_unref(s->call);
+    drain_and_destroy_queue(s->call_cq);
+    free(s);
+}
+
+/* Answers a call with a status and no response, without a handler thread (used when over max_calls). */
+static void reject_inline(struct slot *s, grpc_status_code code, const char *msg)
+{
+    int cancelled = 0;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    grpc_slice details = grpc_slice_from_copied_string(msg);
+    ops[1].data.send_status_from_server.status = code;
+    ops[1].data.send_status_from_server.status_details = &details;
+    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[2].data.recv_close_on_server.cancelled = &cancelled;
+    if (grpc_call_start_batch(s->call, ops, 3, &tag_status, NULL) == GRPC_CALL_OK)
+        wait_op(s->call_cq, s->call, &tag_status, deadline_in(10.0), NULL);
+    grpc_slice_unref(details);
+}
+
+static int finish_call(zt_rpc_call_t *c);
+static int run_health(zt_rpc_call_t *c, int watch);
+
+/* Checks "authorization: Bearer <token>" in constant time. Returns 0 when allowed. */
+static int check_token(const zt_rpc_server_t *srv, const grpc_metadata_array *md, char *why, size_t cap)
+{
+    if (srv->token == NULL)
+        return 0;
+    const grpc_slice *value = NULL;
+    for (size_t i = 0; i < md->count; i++) {
+        if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") == 0)
+            value = &md->metadata[i].value;
+    }
+    if (value == NULL) {
+        snprintf(why, cap, "this server requires a bearer token and the call carried none: send metadata "
+                           "'authorization: Bearer <token>' (ztrain: --token-file)");
+        return -1;
+    }
+    const char *prefix = "Bearer ";
+    size_t plen = strlen(prefix), tlen = strlen(srv->token), vlen = GRPC_SLICE_LENGTH(*value);
+    const unsigned char *v = GRPC_SLICE_START_PTR(*value);
+    unsigned diff = (vlen != plen + tlen);
+    for (size_t i = 0; i < plen + tlen; i++) {
+        unsigned char want = i < plen ? (unsigned char)prefix[i] : (unsigned char)srv->token[i - plen];
+        unsigned char got = i < vlen ? v[i] : 0;
+        diff |= (unsigned)(want ^ got);
+    }
+    if (diff != 0) {
+        snprintf(why, cap, "the bearer token of the call does not match this server's token: check that "
+                           "client and server read the same token file");
+        return -1;
+    }
+    return 0;
+}
+
+static void *call_thread(void *arg)
+{
+    struct slot *s = arg;
+    zt_rpc_server_t *srv = s->lis->srv;
+    zt_rpc_call_t *c = zt_xcalloc(1, sizeof(*c));
+    c->srv = srv;
+    c->slot = s;
+    c->call = s->call;
+    c->cq = s->call_cq;
+    size_t mlen = GRPC_SLICE_LENGTH(s->details.method);
+    if (mlen >= sizeof(c->method_name))
+        mlen = sizeof(c->method_name) - 1;
+    memcpy(c->method_name, GRPC_SLICE_START_PTR(s->details.method), mlen);
+    c->method_name[mlen] = '\0';
+    c->peer = grpc_call_get_peer(c->call);
+
+    /* The client's deadline, capped by the server's default (which also applies when there is none). */
+    gpr_timespec cap = deadline_in(srv->default_deadline_s);
+    gpr_timespec client = gpr_convert_clock_type(s->details.deadline, GPR_CLOCK_MONOTONIC);
+    c->deadline = gpr_time_cmp(client, cap) < 0 ? client : cap;
+
+    grpc_op close_op;
+    memset(&close_op, 0, sizeof(close_op));
+    close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    close_op.data.recv_close_on_server.cancelled = &c->cancelled;
+    ZT_ASSERT(grpc_call_start_batch(c->call, &close_op, 1, &tag_close, NULL) == GRPC_CALL_OK);
+
+    char why[ZT_ERR_LEN];
+    if (!s->lis->health_only && check_token(srv, &s->md, why, sizeof(why)) != 0) {
+        ZT_WARN("rpc: %s from %s refused: %s", c->method_name, c->peer, why);
+        zt_rpc_call_fail(c, ZT_RPC_UNAUTHENTICATED, "%s", why);
+    } else if (strcmp(c->method_name, HEALTH_CHECK) == 0 || strcmp(c->method_name, HEALTH_WATCH) == 0) {
+        run_health(c, strcmp(c->method_name, HEALTH_WATCH) == 0);
+    } else {
+        for (int i = 0; !s->lis->health_only && i < srv->n_methods; i++) {
+            if (strcmp(srv->methods[i].name, c->method_name) == 0)
+                c->method = &srv->methods[i];
+        }
+        if (c->method == NULL) {
+            zt_rpc_call_fail(c, ZT_RPC_UNIMPLEMENTED, "method %s is not served here%s", c->method_name,
+                             s->lis->health_only ? " (this port serves only grpc.health.v1.Health)" : "");
+        } else {
+            int code = c->method->handler(c, c->method->user);
+            if (code != ZT_RPC_OK && c->status_code == ZT_RPC_OK)
+                zt_rpc_call_fail(c, code, "%s failed", c->method_name);
+            else if (code == ZT_RPC_OK && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes == 0 &&
+                     c->status_code == ZT_RPC_OK)
+                zt_rpc_call_fail(c, ZT_RPC_INTERNAL, "%s returned no response", c->method_name);
+        }
+    }
+    finish_call(c);
+
+    if (!c->close_done)
+        wait_op(c->cq, c->call, &tag_close, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    gpr_free(c->peer);
+    free(c->buf);
+    free(c);
+    free_slot(s);
+
+    pthread_mutex_lock(&srv->mu);
+    srv->active_calls--;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+static int finish_call(zt_rpc_call_t *c)
+{
+    grpc_op ops[2];
+    int n = 0;
+    memset(ops, 0, sizeof(ops));
+    if (!c->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = 1;
+    }
+    grpc_slice details = grpc_slice_from_copied_string(c->status_msg);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)c->status_code;
+    ops[n].data.send_status_from_server.status_details = &details;
+    n++;
+    int ok = 0;
+    if (grpc_call_start_batch(c->call, ops, (size_t)n, &tag_status, NULL) == GRPC_CALL_OK)
+        ok = wait_op(c->cq, c->call, &tag_status, c->deadline, NULL);
+    grpc_slice_unref(details);
+    if (c->status_code != ZT_RPC_OK)
+        ZT_DEBUG("rpc: %s from %s -> %s: %s", c->method_name, c->peer, zt_rpc_code_name(c->status_code),
+                 c->status_msg);
+    return ok ? 0 : -ECONNABORTED;
+}
+
+static void dispatch(struct listener *lis, struct slot *s)
+{
+    zt_rpc_server_t *srv = lis->srv;
+    pthread_mutex_lock(&srv->mu);
+    int over = srv->active_calls >= srv->max_calls;
+    if (!over)
+        srv->active_calls++;
+    pthread_mutex_unlock(&srv->mu);
+    if (over) {
+        reject_inline(s, GRPC_STATUS_UNAVAILABLE, "the server is handling its maximum number of calls; retry later");
+        free_slot(s);
+        return;
+    }
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, call_thread, s) != 0) {
+        pthread_mutex_lock(&srv->mu);
+        srv->active_calls--;
+        pthread_mutex_unlock(&srv->mu);
+        reject_inline(s, GRPC_STATUS_UNAVAILABLE, "the server could not start a thread for the call");
+        free_slot(s);
+    }
+    pthread_attr_destroy(&attr);
+}
+
+static void *dispatcher_thread(void *arg)
+{
+    struct listener *lis = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(lis->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        if (ev.tag == &tag_shutdown) {
+            grpc_completion_queue_shutdown(lis->cq);
+            continue;
+        }
+        struct slot *s = ev.tag;
+        if (!ev.success) { /* the server is shutting down: the request was failed */
+            free_slot(s);
+            continue;
+        }
+        pthread_mutex_lock(&lis->srv->mu);
+        int stopping = lis->srv->shutting_down;
+        pthread_mutex_unlock(&lis->srv->mu);
+        if (!stopping)
+            post_request(lis);
+        dispatch(lis, s);
+    }
+    return NULL;
+}
+
+static int open_listener(zt_rpc_server_t *srv, struct listener *lis, const char *addr, grpc_server_credentials *creds,
+                         int health_only, zt_err *err)
+{
+    grpc_arg args[3];
+    memset(args, 0, sizeof(args));
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)srv->max_message;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = (int)srv->max_message;
+    /* Without this, Linux lets a second server bind the same port and steal half the connections. */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    grpc_channel_args chargs = {3, args};
+
+    lis->srv = srv;
+    lis->health_only = health_only;
+    lis->server = grpc_server_create(&chargs, NULL);
+    lis->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(lis->server, lis->cq, NULL);
+    lis->port = grpc_server_add_http2_port(lis->server, addr, creds);
+    if (lis->port == 0)
+        return zt_fail(err, -EADDRINUSE,
+                       "cannot listen on %s: the address is malformed, not local, or the port is in use "
+                       "(pick another with --listen host:port)",
+                       addr);
+    return 0;
+}
+
+static void close_listener(struct listener *lis)
+{
+    if (lis->server == NULL)
+        return;
+    if (lis->thread_started) {
+        pthread_join(lis->thread, NULL);
+    } else {
+        /* Never started: no dispatcher, shut down directly. */
+        grpc_server_shutdown_and_notify(lis->server, lis->cq, &tag_shutdown);
+        for (;;) {
+            grpc_event ev = grpc_completion_queue_next(lis->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &tag_shutdown)
+                grpc_completion_queue_shutdown(lis->cq);
+            if (ev.type == GRPC_QUEUE_SHUTDOWN)
+                break;
+        }
+    }
+    grpc_server_destroy(lis->server);
+    grpc_completion_queue_destroy(lis->cq);
+    lis->server = NULL;
+}
+
+int zt_rpc_server_create(const struct zt_rpc_server_options *opt, zt_rpc_server_t **out, zt_err *err)
+{
+    *out = NULL;
+    if (opt == NULL || opt->listen_addr == NULL || opt->listen_addr[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "no listen address given (example: 127.0.0.1:7070)");
+    if ((opt->tls_cert_file == NULL) != (opt->tls_key_file == NULL))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "TLS needs both a certificate and a key (--tls-cert and --tls-key)");
+    if (opt->require_client_cert && (opt->tls_ca_file == NULL || opt->tls_cert_file == NULL))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "requiring client certificates needs TLS and a CA to check them against (--tls-ca)");
+    if (opt->token != NULL && opt->token[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "the bearer token is empty; put a non-empty token in the token file");
+
+    grpc_init();
+    zt_rpc_server_t *srv = zt_xcalloc(1, sizeof(*srv));
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_cond_init(&srv->cv, NULL);
+    srv->serving = 1;
+    srv->token = opt->token ? strdup(opt->token) : NULL;
+    srv->max_message = opt->max_message_bytes ? opt->max_message_bytes : ZT_RPC_DEFAULT_MAX_MESSAGE;
+    if (srv->max_message > 0x7fffffff)
+        srv->max_message = 0x7fffffff;
+    srv->default_deadline_s = opt->default_deadline_s > 0 ? opt->default_deadline_s : ZT_RPC_DEFAULT_DEADLINE_S;
+    srv->max_calls = opt->max_calls > 0 ? opt->max_calls : DEFAULT_MAX_CALLS;
+
+    int rc = 0;
+    grpc_server_credentials *creds = NULL;
+    if (opt->tls_cert_file != NULL) {
+        char *cert = NULL, *key = NULL, *ca = NULL;
+        if ((rc = read_pem("TLS certificate", opt->tls_cert_file, &cert, err)) == 0 &&
+            (rc = read_pem("TLS key", opt->tls_key_file, &key, err)) == 0 &&
+            (opt->tls_ca_file == NULL || (rc = read_pem("TLS CA", opt->tls_ca_file, &ca, err)) == 0)) {
+            grpc_ssl_pem_key_cert_pair pair = {key, cert};
+            grpc_ssl_client_certificate_request_type req =
+                opt->require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                         : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+            creds = grpc_ssl_server_credentials_create_ex(ca, &pair, 1, req, NULL);
+            if (creds == NULL)
+                rc = zt_fail(err, ZT_EFORMAT, "the TLS certificate %s or key %s is not valid PEM", opt->tls_cert_file,
+                             opt->tls_key_file);
+        }
+        free(cert);
+        free(key);
+        free(ca);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    if (rc == 0)
+        rc = open_listener(srv, &srv->main, opt->listen_addr, creds, 0, err);
+    if (creds != NULL)
+        grpc_server_credentials_release(creds);
+    if (rc == 0 && opt->health_listen_addr != NULL && opt->health_listen_addr[0] != '\0') {
+        grpc_server_credentials *plain = grpc_insecure_server_credentials_create();
+        srv->has_health = 1;
+        rc = open_listener(srv, &srv->health, opt->health_listen_addr, plain, 1, err);
+        grpc_server_credentials_release(plain);
+    }
+    if (rc != 0) {
+        zt_rpc_server_destroy(srv, 0);
+        return rc;
+    }
+    *out = srv;
+    return 0;
+}
+
+int zt_rpc_server_add_method(zt_rpc_server_t *srv, const char *method, enum zt_rpc_kind kind,
+                             zt_rpc_handler_fn handler, void *user, zt_err *err)
+{
+    if (srv->started)
+        return zt_fail(err, ZT_ESTATE, "method %s added after the server started", method);
+    if (method == NULL || method[0] != '/' || strchr(method + 1, '/') == NULL)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "method name '%s' is not of the form /package.Service/Method",
+                       method ? method : "(null)");
+    for (int i = 0; i < srv->n_methods; i++) {
+        if (strcmp(srv->methods[i].name, method) == 0)
+            return zt_fail(err, ZT_ESTATE, "method %s is registered twice", method);
+    }
+    srv->methods = realloc(srv->methods, (size_t)(srv->n_methods + 1) * sizeof(*srv->methods));
+    ZT_ASSERT(srv->methods != NULL);
+    struct method *m = &srv->methods[srv->n_methods++];
+    char service[256];
+    service_of(method, service, sizeof(service));
+    m->name = strdup(method);
+    m->service = strdup(service);
+    m->kind = kind;
+    m->handler = handler;
+    m->user = user;
+    return 0;
+}
+
+static int start_listener(struct listener *lis, zt_err *err)
+{
+    grpc_server_start(lis->server);
+    for (int i = 0; i < REQUESTS_PER_LISTENER; i++) {
+        if (post_request(lis) != 0)
+            return zt_fail(err, ZT_ESTATE, "the gRPC server refused to accept calls");
+    }
+    if (pthread_create(&lis->thread, NULL, dispatcher_thread, lis) != 0)
+        return zt_fail(err, -EAGAIN, "cannot start the server's dispatcher thread");
+    lis->thread_started = 1;
+    return 0;
+}
+
+int zt_rpc_server_start(zt_rpc_server_t *srv, zt_err *err)
+{
+    if (srv->started)
+        return zt_fail(err, ZT_ESTATE, "the server is already started");
+    srv->started = 1;
+    int rc = start_listener(&srv->main, err);
+    if (rc == 0 && srv->has_health)
+        rc = start_listener(&srv->health, err);
+    return rc;
+}
+
+int zt_rpc_server_port(const zt_rpc_server_t *srv)
+{
+    return srv->main.port;
+}
+
+int zt_rpc_server_health_port(const zt_rpc_server_t *srv)
+{
+    return srv->has_health ? srv->health.port : 0;
+}
+
+void zt_rpc_server_set_serving(zt_rpc_server_t *srv, int serving)
+{
+    pthread_mutex_lock(&srv->mu);
+    if (srv->serving != (serving != 0)) {
+        srv->serving = serving != 0;
+        srv->health_version++;
+        pthread_cond_broadcast(&srv->cv);
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void zt_rpc_server_destroy(zt_rpc_server_t *srv, double grace_s)
+{
+    if (srv == NULL)
+        return;
+    pthread_mutex_lock(&srv->mu);
+    srv->shutting_down = 1;
+    srv->serving = 0;
+    srv->health_version++;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+
+    struct listener *all[2] = {&srv->main, &srv->health};
+    for (int i = 0; i < 2; i++) {
+        if (all[i]->server != NULL && all[i]->thread_started)
+            grpc_server_shutdown_and_notify(all[i]->server, all[i]->cq, &tag_shutdown);
+    }
+    /* Let running calls finish within the grace period, then cancel what is left. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)grace_s;
+    until.tv_nsec += (long)((grace_s - (double)(time_t)grace_s) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&srv->mu);
+    while (srv->active_calls > 0) {
+        if (pthread_cond_timedwait(&srv->cv, &srv->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < 2; i++) {
+        if (all[i]->server != NULL)
+            grpc_server_cancel_all_calls(all[i]->server);
+    }
+    pthread_mutex_lock(&srv->mu);
+    while (srv->active_calls > 0)
+        pthread_cond_wait(&srv->cv, &srv->mu);
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < 2; i++)
+        close_listener(all[i]);
+
+    for (int i = 0; i < srv->n_methods; i++) {
+        free(srv->methods[i].name);
+        free(srv->methods[i].service);
+    }
+    free(srv->methods);
+    free(srv->token);
+    pthread_cond_destroy(&srv->cv);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv);
+    grpc_shutdown();
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Call context                                                                                     */
+
+/* Sees, without waiting, whether the call's close op completed; records cancellation. */
+static void poll_close(zt_rpc_call_t *c)
+{
+    if (c->close_done)
+        return;
+    grpc_event ev = grpc_completion_queue_pluck(c->cq, &tag_close, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type == GRPC_OP_COMPLETE)
+        c->close_done = 1;
+}
+
+int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if (c->read_done)
+        return 0;
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    if (grpc_call_start_batch(c->call, &op, 1, &tag_read, NULL) != GRPC_CALL_OK)
+        return -ECONNABORTED;
+    int timed_out = 0;
+    int ok = wait_op(c->cq, c->call, &tag_read, c->deadline, &timed_out);
+    if (timed_out) {
+        if (bb != NULL)
+            grpc_byte_buffer_destroy(bb);
+        return -ETIMEDOUT;
+    }
+    if (!ok || bb == NULL) {
+        if (bb != NULL)
+            grpc_byte_buffer_destroy(bb);
+        poll_close(c);
+        if (!ok || (c->close_done && c->cancelled))
+            return -ECANCELED;
+        c->read_done = 1;
+        return 0;
+    }
+    size_t n = flatten(bb, &c->buf, &c->cap);
+    grpc_byte_buffer_destroy(bb);
+    *data = c->buf;
+    *len = n;
+    return 1;
+}
+
+int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
+{
+    if (c->method != NULL && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes > 0)
+        return ZT_ESTATE;
+    grpc_op ops[2];
+    int n = 0;
+    memset(ops, 0, sizeof(ops));
+    if (!c->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = 1;
+    }
+    grpc_byte_buffer *bb = make_buffer(data, len);
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = bb;
+    n++;
+    int ok = 0;
+    if (grpc_call_start_batch(c->call, ops, (size_t)n, &tag_write, NULL) == GRPC_CALL_OK)
+        ok = wait_op(c->cq, c->call, &tag_write, c->deadline, NULL);
+    grpc_byte_buffer_destroy(bb);
+    if (!ok)
+        return -ECONNABORTED;
+    c->writes++;
+    return 0;
+}
+
+int zt_rpc_call_fail(zt_rpc_call_t *c, int code, const char *fmt, ...)
+{
+    c->status_code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->status_msg, sizeof(c->status_msg), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+double zt_rpc_call_time_left(const zt_rpc_call_t *c)
+{
+    return seconds_until(c->deadline);
+}
+
+int zt_rpc_call_is_cancelled(zt_rpc_call_t *c)
+{
+    poll_close(c);
+    if (c->close_done && c->cancelled)
+        return 1;
+    return seconds_until(c->deadline) <= 0;
+}
+
+const char *zt_rpc_call_peer(const zt_rpc_call_t *c)
+{
+    return c->peer ? c->peer : "unknown";
+}
+
+const char *zt_rpc_call_method(const zt_rpc_call_t *c)
+{
+    return c->method_name;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* grpc.health.v1.Health                                                                            */
+
+/* Returns the status of service ("" = the server) or -1 for a service the server does not serve. */
+static int health_of(zt_rpc_server_t *srv, const char *service, int serving)
+{
+    int known = service[0] == '\0' || strcmp(service, HEALTH_SERVICE) == 0;
+    for (int i = 0; !known && i < srv->n_methods; i++)
+        known = strcmp(srv->methods[i].service, service) == 0;
+    if (!known)
+        return -1;
+    return serving ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static int write_health(zt_rpc_call_t *c, int status)
+{
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
+    uint8_t buf[16];
+    size_t n = grpc__health__v1__health_check_response__pack(&resp, buf);
+    return zt_rpc_call_write(c, buf, n);
+}
+
+static int run_health(zt_rpc_call_t *c, int watch)
+{
+    zt_rpc_server_t *srv = c->srv;
+    const void *data;
+    size_t len;
+    int rc = zt_rpc_call_read(c, &data, &len);
+    if (rc < 0)
+        return zt_rpc_call_fail(c, ZT_RPC_CANCELLED, "the call ended before its request arrived");
+    if (rc == 0)
+        return zt_rpc_call_fail(c, ZT_RPC_INVALID_ARGUMENT, "no HealthCheckRequest was sent");
+    Grpc__Health__V1__HealthCheckRequest *req = grpc__health__v1__health_check_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return zt_rpc_call_fail(c, ZT_RPC_INVALID_ARGUMENT, "the HealthCheckRequest is not a valid protobuf message");
+    char service[256];
+    snprintf(service, sizeof(service), "%s", req->service ? req->service : "");
+    grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+
+    pthread_mutex_lock(&srv->mu);
+    int serving = srv->serving;
+    unsigned version = srv->health_version;
+    pthread_mutex_unlock(&srv->mu);
+    int status = health_of(srv, service, serving);
+    if (!watch) {
+        if (status < 0)
+            return zt_rpc_call_fail(c, ZT_RPC_NOT_FOUND, "unknown service '%s'", service);
+        write_health(c, status);
+        return ZT_RPC_OK;
+    }
+    if (status < 0)
+        status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+    if (write_health(c, status) != 0)
+        return ZT_RPC_CANCELLED;
+    /* Watch: send every change until the client goes away, the deadline passes or the server stops. The
+     * wait alternates between the server's condition variable and the call's close op in short slices,
+     * because one thread cannot block on both. */
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_pluck(c->cq, &tag_close, deadline_in(0.05), NULL);
+        if (ev.type == GRPC_OP_COMPLETE) {
+            c->close_done = 1;
+            return ZT_RPC_CANCELLED;
+        }
+        if (seconds_until(c->deadline) <= 0)
+            return zt_rpc_call_fail(c, ZT_RPC_DEADLINE_EXCEEDED, "deadline exceeded");
+        pthread_mutex_lock(&srv->mu);
+        int stopping = srv->shutting_down;
+        if (srv->health_version == version && !stopping) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 200 * 1000 * 1000;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&srv->cv, &srv->mu, &until);
+        }
+        int changed = srv->health_version != version;
+        version = srv->health_version;
+        serving = srv->serving;
+        stopping = srv->shutting_down;
+        pthread_mutex_unlock(&srv->mu);
+        if (changed) {
+            int now = health_of(srv, service, serving);
+            if (now < 0)
+                now = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+            if (now != status && write_health(c, now) != 0)
+                return ZT_RPC_CANCELLED;
+            status = now;
+        }
+        if (stopping)
+            return zt_rpc_call_fail(c, ZT_RPC_UNAVAILABLE, "the server is shutting down");
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Client                                                                                           */
+
+struct zt_rpc_channel {
+    grpc_channel *channel;
+    char *auth; /* "Bearer <token>" or NULL */
+};
+
+struct zt_rpc_stream {
+    zt_rpc_channel_t *ch;
+    grpc_call *call;
+    grpc_completion_queue *cq;
+    gpr_timespec deadline; /* monotonic; waits get a margin past it, the core enforces it */
+    grpc_metadata_array initial_md;
+    grpc_metadata_array trailing_md;
+    grpc_status_code status;
+    grpc_slice details;
+    int got_initial;
+    int send_closed;
+    int recv_done;
+    int broken; /* a send or receive failed: the call is over */
+    char *buf;
+    size_t cap;
+};
+
+int zt_rpc_channel_create(const struct zt_rpc_channel_options *opt, zt_rpc_channel_t **out, zt_err *err)
+{
+    *out = NULL;
+    if (opt == NULL || opt->target == NULL || opt->target[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "no server address given (example: 127.0.0.1:7070)");
+    if ((opt->tls_cert_file == NULL) != (opt->tls_key_file == NULL))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "a client certificate needs its key too");
+    grpc_init();
+    grpc_channel_credentials *creds = NULL;
+    int rc = 0;
+    if (opt->tls_ca_file != NULL) {
+        char *ca = NULL, *cert = NULL, *key = NULL;
+        if ((rc = read_pem("TLS CA", opt->tls_ca_file, &ca, err)) == 0 &&
+            (opt->tls_cert_file == NULL || ((rc = read_pem("TLS client certificate", opt->tls_cert_file, &cert, err)) == 0 &&
+                                            (rc = read_pem("TLS client key", opt->tls_key_file, &key, err)) == 0))) {
+            grpc_ssl_pem_key_cert_pair pair = {key, cert};
+            creds = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+            if (creds == NULL)
+                rc = zt_fail(err, ZT_EFORMAT, "the TLS files given to the client are not valid PEM");
+        }
+        free(ca);
+        free(cert);
+        free(key);
+    } else {
+        creds = grpc_insecure_credentials_create();
+    }
+    if (rc != 0) {
+        if (creds != NULL)
+            grpc_channel_credentials_release(creds);
+        grpc_shutdown();
+        return rc;
+    }
+    grpc_arg args[3];
+    int nargs = 0;
+    memset(args, 0, sizeof(args));
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[nargs++].value.integer = (int)(opt->max_message_bytes ? opt->max_message_bytes : ZT_RPC_DEFAULT_MAX_MESSAGE);
+    if (opt->tls_server_name != NULL) {
+        args[nargs].type = GRPC_ARG_STRING;
+        args[nargs].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[nargs++].value.string = (char *)opt->tls_server_name;
+    }
+    grpc_channel_args chargs = {(size_t)nargs, args};
+    zt_rpc_channel_t *ch = zt_xcalloc(1, sizeof(*ch));
+    ch->channel = grpc_channel_create(opt->target, creds, &chargs);
+    grpc_channel_credentials_release(creds);
+    if (opt->token != NULL) {
+        size_t n = strlen(opt->token) + 8;
+        ch->auth = zt_xmalloc(n);
+        snprintf(ch->auth, n, "Bearer %s", opt->token);
+    }
+    *out = ch;
+    return 0;
+}
+
+void zt_rpc_channel_destroy(zt_rpc_channel_t *ch)
+{
+    if (ch == NULL)
+        return;
+    grpc_channel_destroy(ch->channel);
+    free(ch->auth);
+    free(ch);
+    grpc_shutdown();
+}
+
+int zt_rpc_stream_start(zt_rpc_channel_t *ch, const char *method, double timeout_s, unsigned flags,
+                        zt_rpc_stream_t **out, zt_err *err)
+{
+    *out = NULL;
+    zt_rpc_stream_t *s = zt_xcalloc(1, sizeof(*s));
+    s->ch = ch;
+    s->cq = grpc_completion_queue_create_for_pluck(NULL);
+    s->deadline = deadline_in(timeout_s);
+    grpc_metadata_array_init(&s->initial_md);
+    grpc_metadata_array_init(&s->trailing_md);
+    s->details = grpc_empty_slice();
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    s->call = grpc_channel_create_call(ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq, mslice, NULL,
+                                       s->deadline, NULL);
+    grpc_slice_unref(mslice);
+
+    grpc_metadata md;
+    memset(&md, 0, sizeof(md));
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (flags & ZT_RPC_WAIT_FOR_READY)
+        ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+    if (ch->auth != NULL) {
+        md.key = grpc_slice_from_static_string("authorization");
+        md.value = grpc_slice_from_copied_string(ch->auth);
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &md;
+    }
+    grpc_call_error e = grpc_call_start_batch(s->call, ops, 1, &tag_start, NULL);
+    if (e == GRPC_CALL_OK) {
+        /* The status op goes first so that it is always there to tell why a later op failed. */
+        ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        ops[1].data.recv_status_on_client.trailing_metadata = &s->trailing_md;
+        ops[1].data.recv_status_on_client.status = &s->status;
+        ops[1].data.recv_status_on_client.status_details = &s->details;
+        e = grpc_call_start_batch(s->call, &ops[1], 1, &tag_status, NULL);
+    }
+    if (e != GRPC_CALL_OK) {
+        if (ch->auth != NULL)
+            grpc_slice_unref(md.value);
+        grpc_call_unref(s->call);
+        drain_and_destroy_queue(s->cq);
+        free(s);
+        return zt_fail(err, ZT_ESTATE, "cannot start a call of %s (gRPC call error %d)", method, (int)e);
+    }
+    int ok = wait_op(s->cq, s->call, &tag_start, gpr_time_add(s->deadline, gpr_time_from_seconds(5, GPR_TIMESPAN)), NULL);
+    if (ch->auth != NULL)
+        grpc_slice_unref(md.value);
+    if (!ok)
+        s->broken = 1;
+    *out = s;
+    return 0;
+}
+
+static gpr_timespec stream_wait_deadline(const zt_rpc_stream_t *s)
+{
+    return gpr_time_add(s->deadline, gpr_time_from_seconds(5, GPR_TIMESPAN));
+}
+
+int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len)
+{
+    if (s->broken || s->send_closed)
+        return -EPIPE;
+    grpc_byte_buffer *bb = make_buffer(data, len);
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    int ok = 0;
+    if (grpc_call_start_batch(s->call, &op, 1, &tag_write, NULL) == GRPC_CALL_OK)
+        ok = wait_op(s->cq, s->call, &tag_write, stream_wait_deadline(s), NULL);
+    grpc_byte_buffer_destroy(bb);
+    if (!ok) {
+        s->broken = 1;
+        return -EPIPE;
+    }
+    return 0;
+}
+
+int zt_rpc_stream_close_send(zt_rpc_stream_t *s)
+{
+    if (s->send_closed)
+        return 0;
+    s->send_closed = 1;
+    if (s->broken)
+        return -EPIPE;
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    int ok = 0;
+    if (grpc_call_start_batch(s->call, &op, 1, &tag_write, NULL) == GRPC_CALL_OK)
+        ok = wait_op(s->cq, s->call, &tag_write, stream_wait_deadline(s), NULL);
+    if (!ok) {
+        s->broken = 1;
+        return -EPIPE;
+    }
+    return 0;
+}
+
+int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    if (s->recv_done)
+        return 0;
+    grpc_byte_buffer *bb = NULL;
+    grpc_op ops[2];
+    int n = 0;
+    memset(ops, 0, sizeof(ops));
+    if (!s->got_initial) {
+        ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[n++].data.recv_initial_metadata.recv_initial_metadata = &s->initial_md;
+        s->got_initial = 1;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &bb;
+    int ok = 0;
+    if (grpc_call_start_batch(s->call, ops, (size_t)n, &tag_read, NULL) == GRPC_CALL_OK)
+        ok = wait_op(s->cq, s->call, &tag_read, stream_wait_deadline(s), NULL);
+    if (bb == NULL) {
+        s->recv_done = 1;
+        if (!ok)
+            s->broken = 1;
+        return ok ? 0 : -EPIPE;
+    }
+    size_t got = flatten(bb, &s->buf, &s->cap);
+    grpc_byte_buffer_destroy(bb);
+    *data = s->buf;
+    *len = got;
+    return 1;
+}
+
+int zt_rpc_stream_finish(zt_rpc_stream_t *s, struct zt_rpc_status *st)
+{
+    if (st != NULL) {
+        st->code = ZT_RPC_INTERNAL;
+        st->msg[0] = '\0';
+    }
+    if (s == NULL)
+        return ZT_RPC_INTERNAL;
+    if (!s->send_closed)
+        zt_rpc_stream_close_send(s);
+    const void *data;
+    size_t len;
+    while (!s->broken && zt_rpc_stream_recv(s, &data, &len) == 1) {
+        /* drop unread responses */
+    }
+    wait_op(s->cq, s->call, &tag_status, stream_wait_deadline(s), NULL);
+    int code = (int)s->status;
+    if (st != NULL) {
+        st->code = code;
+        size_t n = GRPC_SLICE_LENGTH(s->details);
+        if (n >= sizeof(st->msg))
+            n = sizeof(st->msg) - 1;
+        memcpy(st->msg, GRPC_SLICE_START_PTR(s->details), n);
+        st->msg[n] = '\0';
+    }
+    grpc_slice_unref(s->details);
+    grpc_metadata_array_destroy(&s->initial_md);
+    grpc_metadata_array_destroy(&s->trailing_md);
+    grpc_call_unref(s->call);
+    drain_and_destroy_queue(s->cq);
+    free(s->buf);
+    free(s);
+    return code;
+}
+
+int zt_rpc_unary(zt_rpc_channel_t *ch, const char *method, const void *req, size_t req_len, double timeout_s,
+                 unsigned flags, void **resp, size_t *resp_len, struct zt_rpc_status *st)
+{
+    *resp = NULL;
+    *resp_len = 0;
+    zt_rpc_stream_t *s;
+    zt_err err;
+    if (zt_rpc_stream_start(ch, method, timeout_s, flags, &s, &err) != 0) {
+        if (st != NULL) {
+            st->code = ZT_RPC_INTERNAL;
+            snprintf(st->msg, sizeof(st->msg), "%s", err.msg);
+        }
+        return ZT_RPC_INTERNAL;
+    }
+    const void *data = NULL;
+    size_t len = 0;
+    void *copy = NULL;
+    size_t copy_len = 0;
+    if (zt_rpc_stream_send(s, req, req_len) == 0 && zt_rpc_stream_close_send(s) == 0 &&
+        zt_rpc_stream_recv(s, &data, &len) == 1) {
+        copy = zt_xmalloc(len);
+        memcpy(copy, data, len);
+        copy_len = len;
+    }
+    int code = zt_rpc_stream_finish(s, st);
+    if (code == ZT_RPC_OK && copy == NULL) {
+        code = ZT_RPC_INTERNAL;
+        if (st != NULL) {
+            st->code = code;
+            snprintf(st->msg, sizeof(st->msg), "%s answered OK without a response message", method);
+        }
+    }
+    if (code != ZT_RPC_OK) {
+        free(copy);
+        return code;
+    }
+    *resp = copy;
+    *resp_len = copy_len;
+    return ZT_RPC_OK;
+}
+
+int zt_rpc_health_check(zt_rpc_channel_t *ch, const char *service, double timeout_s, int *health,
+                        struct zt_rpc_status *st)
+{
+    *health = ZT_RPC_HEALTH_UNKNOWN;
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)(service ? service : "");
+    size_t n = grpc__health__v1__health_check_request__get_packed_size(&req);
+    uint8_t *buf = zt_xmalloc(n);
+    grpc__health__v1__health_check_request__pack(&req, buf);
+    void *resp;
+    size_t resp_len;
+    int code = zt_rpc_unary(ch, HEALTH_CHECK, buf, n, timeout_s, 0, &resp, &resp_len, st);
+    free(buf);
+    if (code != ZT_RPC_OK)
+        return code;
+    Grpc__Health__V1__HealthCheckResponse *r = grpc__health__v1__health_check_response__unpack(NULL, resp_len, resp);
+    free(resp);
+    if (r == NULL) {
+        if (st != NULL) {
+            st->code = ZT_RPC_INTERNAL;
+            snprintf(st->msg, sizeof(st->msg), "the server's HealthCheckResponse is not a valid protobuf message");
+        }
+        return ZT_RPC_INTERNAL;
+    }
+    *health = (int)r->status;
+    grpc__health__v1__health_check_response__free_unpacked(r, NULL);
+    return ZT_RPC_OK;
+}
