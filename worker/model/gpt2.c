@@ -102,6 +102,7 @@ struct zt_gpt2 {
     int B, T;          /* shape of the last forward pass */
     bool have_targets; /* the last forward pass had targets and no backward has consumed it */
     int n_valid;       /* non-ignored targets of the last forward pass */
+    bool backward_skip; /* the running backward pass has nothing to do (every target was ignored) */
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -752,56 +753,80 @@ float *zt_gpt2_grads(zt_gpt2 *m)
 /* Forward and backward                                                                                 */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* The start of tensor idx in a slab laid out like the parameters. */
-static float *in_slab(const zt_gpt2 *m, float *slab, int idx)
+/* The start of tensor idx inside its block's flat buffer bp (laid out like the block's slab range). */
+static const float *in_block(const zt_gpt2 *m, const float *bp, int idx)
 {
-    return slab + m->tensors[idx].offset;
+    const zt_param_info *t = &m->tensors[idx];
+    return bp + (t->offset - m->blocks[t->block].offset);
 }
 
-/* Runs the forward pass over tokens [B,T]; with targets returns the mean loss over non-ignored positions
- * (0 when every target is ignored) and keeps what zt_gpt2_backward needs. Tokens outside [0, vocab_size),
- * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
-float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+static float *in_block_mut(const zt_gpt2 *m, float *bp, int idx)
+{
+    const zt_param_info *t = &m->tensors[idx];
+    return bp + (t->offset - m->blocks[t->block].offset);
+}
+
+/* The residual stream entering transformer layer l (l == n_layer: entering ln_f). */
+static float *layer_input(zt_gpt2 *m, int l)
+{
+    return l > 0 ? m->layers[l - 1].res3 : m->encoded;
+}
+
+/* Starts a forward pass over tokens [B,T] for the per-block functions; see gpt2.h. */
+void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tokens, int B, int T)
 {
     ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
-    const int N = B * T;
-    const float eps = m->cfg.layer_norm_epsilon;
-    float *p = m->params;
-
+    const int V = m->cfg.vocab_size, N = B * T;
     for (int i = 0; i < N; i++)
         ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
     memmove(m->tokens, tokens, (size_t)N * sizeof *tokens);
     m->B = B;
     m->T = T;
     m->have_targets = false;
+}
 
-    zt_cpu_embedding_forward(m->encoded, m->tokens, in_slab(m, p, 0), in_slab(m, p, 1), B, T, C);
-    const float *x = m->encoded;
-    for (int l = 0; l < L; l++) {
-        layer_acts *a = &m->layers[l];
-#define W(k) in_slab(m, p, LAYER_TENSOR(l, k))
-        zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(LT_LN1_W), W(LT_LN1_B), N, C, eps);
-        zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_QKV_W), W(LT_QKV_B), N, C, 3 * C);
-        zt_cpu_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
-        zt_cpu_matmul_forward(m->proj, a->atty, W(LT_ATTPROJ_W), W(LT_ATTPROJ_B), N, C, C);
-        zt_cpu_residual_forward(a->res2, x, m->proj, (size_t)N * C);
-        zt_cpu_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LT_LN2_W), W(LT_LN2_B), N, C, eps);
-        zt_cpu_matmul_forward(a->fch, a->ln2, W(LT_FC_W), W(LT_FC_B), N, C, 4 * C);
-        zt_cpu_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-        zt_cpu_matmul_forward(m->proj, a->fch_gelu, W(LT_FCPROJ_W), W(LT_FCPROJ_B), N, 4 * C, C);
-        zt_cpu_residual_forward(a->res3, a->res2, m->proj, (size_t)N * C);
-#undef W
-        x = a->res3;
+/* Runs block `block` of the forward pass with its parameters at bp; see gpt2.h. */
+void zt_gpt2_forward_block(zt_gpt2 *m, int block, const float *bp)
+{
+    ZT_ASSERT(block >= 0 && block < m->num_blocks);
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, L = m->cfg.n_layer;
+    const float eps = m->cfg.layer_norm_epsilon;
+    if (block == 0) {
+        zt_cpu_embedding_forward(m->encoded, m->tokens, in_block(m, bp, 0), in_block(m, bp, 1), B, T, C);
+        return;
     }
-    const int lnf = m->num_tensors - 2;
-    zt_cpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, in_slab(m, p, lnf), in_slab(m, p, lnf + 1), N,
-                             C, eps);
+    if (block == L + 1) {
+        const int lnf = m->num_tensors - 2;
+        zt_cpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, layer_input(m, L), in_block(m, bp, lnf),
+                                 in_block(m, bp, lnf + 1), N, C, eps);
+        return;
+    }
+    const int l = block - 1;
+    layer_acts *a = &m->layers[l];
+    const float *x = layer_input(m, l);
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
+    zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(LT_LN1_W), W(LT_LN1_B), N, C, eps);
+    zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_QKV_W), W(LT_QKV_B), N, C, 3 * C);
+    zt_cpu_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
+    zt_cpu_matmul_forward(m->proj, a->atty, W(LT_ATTPROJ_W), W(LT_ATTPROJ_B), N, C, C);
+    zt_cpu_residual_forward(a->res2, x, m->proj, (size_t)N * C);
+    zt_cpu_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LT_LN2_W), W(LT_LN2_B), N, C, eps);
+    zt_cpu_matmul_forward(a->fch, a->ln2, W(LT_FC_W), W(LT_FC_B), N, C, 4 * C);
+    zt_cpu_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    zt_cpu_matmul_forward(m->proj, a->fch_gelu, W(LT_FCPROJ_W), W(LT_FCPROJ_B), N, 4 * C, C);
+    zt_cpu_residual_forward(a->res3, a->res2, m->proj, (size_t)N * C);
+#undef W
+}
+
+/* The tied head and the loss after the last block; see gpt2.h. */
+float zt_gpt2_forward_head(zt_gpt2 *m, const float *wte, const int32_t *targets)
+{
+    const int N = m->B * m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size;
     /* The head is tied: logits = lnf @ wte^T. */
-    zt_cpu_matmul_forward(m->logits, m->lnf, in_slab(m, p, 0), NULL, N, C, V);
+    zt_cpu_matmul_forward(m->logits, m->lnf, wte, NULL, N, C, V);
     if (!targets)
         return 0.0f;
-
     for (int i = 0; i < N; i++)
         ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
     memmove(m->targets, targets, (size_t)N * sizeof *targets);
@@ -816,61 +841,108 @@ float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets,
     return (float)(sum / m->n_valid);
 }
 
+/* Runs the forward pass over tokens [B,T]; with targets returns the mean loss over non-ignored positions
+ * (0 when every target is ignored) and keeps what zt_gpt2_backward needs. Tokens outside [0, vocab_size),
+ * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
+float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
+    zt_gpt2_forward_begin(m, tokens, B, T);
+    for (int b = 0; b < m->num_blocks; b++)
+        zt_gpt2_forward_block(m, b, m->params + m->blocks[b].offset);
+    return zt_gpt2_forward_head(m, m->params, targets);
+}
+
+/* The backward of the tied head; see gpt2.h. */
+void zt_gpt2_backward_head(zt_gpt2 *m, const float *wte, float *dwte, float loss_scale)
+{
+    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
+    m->have_targets = false;
+    m->backward_skip = m->n_valid == 0;
+    if (m->backward_skip)
+        return;
+    const int N = m->B * m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    /* dlogits overwrite the logits in place (the kernel allows the alias). */
+    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, V, IGNORE_INDEX,
+                                         loss_scale / (float)m->n_valid);
+    memset(m->dln, 0, (size_t)N * C * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, dwte, NULL, m->logits, m->lnf, wte, N, C, V);
+}
+
+/* Runs block `block` of the backward pass; see gpt2.h. */
+void zt_gpt2_backward_block(zt_gpt2 *m, int block, const float *bp, float *bg)
+{
+    ZT_ASSERT(block >= 0 && block < m->num_blocks);
+    if (m->backward_skip)
+        return;
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, L = m->cfg.n_layer;
+    const size_t NC = (size_t)N * C;
+    if (block == L + 1) {
+        const int lnf = m->num_tensors - 2;
+        memset(m->dres, 0, NC * sizeof(float));
+        zt_cpu_layernorm_backward(m->dres, in_block_mut(m, bg, lnf), in_block_mut(m, bg, lnf + 1), m->dln,
+                                  layer_input(m, L), in_block(m, bp, lnf), m->lnf_mean, m->lnf_rstd, N, C);
+        return;
+    }
+    if (block == 0) {
+        zt_cpu_embedding_backward(in_block_mut(m, bg, 0), in_block_mut(m, bg, 1), m->dres, m->tokens, B, T, C);
+        return;
+    }
+    /* m->dres holds the gradient of the residual stream; each layer turns d(output) into d(input). */
+    const int l = block - 1;
+    const layer_acts *a = &m->layers[l];
+    const float *x = layer_input(m, l);
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
+#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, k))
+    /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
+    memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
+    zt_cpu_matmul_backward(m->dfch_gelu, G(LT_FCPROJ_W), G(LT_FCPROJ_B), m->dres, a->fch_gelu, W(LT_FCPROJ_W), N,
+                           4 * C, C);
+    memset(m->dfch, 0, 4 * NC * sizeof(float));
+    zt_cpu_gelu_backward(m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+    memset(m->dln, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, G(LT_FC_W), G(LT_FC_B), m->dfch, a->ln2, W(LT_FC_W), N, C, 4 * C);
+    zt_cpu_layernorm_backward(m->dres, G(LT_LN2_W), G(LT_LN2_B), m->dln, a->res2, W(LT_LN2_W), a->ln2_mean,
+                              a->ln2_rstd, N, C);
+    /* Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
+    memset(m->datty, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->datty, G(LT_ATTPROJ_W), G(LT_ATTPROJ_B), m->dres, a->atty, W(LT_ATTPROJ_W), N, C, C);
+    memset(m->dqkv, 0, 3 * NC * sizeof(float));
+    zt_cpu_attention_backward(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, C, NH);
+    memset(m->dln, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, G(LT_QKV_W), G(LT_QKV_B), m->dqkv, a->ln1, W(LT_QKV_W), N, C, 3 * C);
+    zt_cpu_layernorm_backward(m->dres, G(LT_LN1_W), G(LT_LN1_B), m->dln, x, W(LT_LN1_W), a->ln1_mean, a->ln1_rstd,
+                              N, C);
+#undef W
+#undef G
+}
+
+/* Poisons a transformer layer's intermediate activations (checkpointing drops them); see gpt2.h. */
+void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block)
+{
+    if (block < 1 || block > m->cfg.n_layer)
+        return;
+    const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
+    layer_acts *a = &m->layers[block - 1];
+    struct {
+        float *p;
+        size_t n;
+    } parts[] = {{a->ln1, N * C},   {a->ln1_mean, N}, {a->ln1_rstd, N},     {a->qkv, N * 3 * C},
+                 {a->atty, N * C},  {a->att_lse, N * NH}, {a->res2, N * C}, {a->ln2, N * C},
+                 {a->ln2_mean, N},  {a->ln2_rstd, N}, {a->fch, N * 4 * C},  {a->fch_gelu, N * 4 * C}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        for (size_t i = 0; i < parts[k].n; i++)
+            parts[k].p[i] = NAN;
+}
+
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
  * forward must have had targets, and each forward supports one backward: the logits buffer is turned
  * into the logits' gradient. */
 void zt_gpt2_backward(zt_gpt2 *m, float loss_scale)
 {
-    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
-    m->have_targets = false;
-    if (m->n_valid == 0)
-        return;
-    const int B = m->B, T = m->T, N = B * T;
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
-    const size_t NC = (size_t)N * C;
-    float *p = m->params, *g = m->grads;
-
-    /* dlogits overwrite the logits in place (the kernel allows the alias). */
-    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, V, IGNORE_INDEX,
-                                         loss_scale / (float)m->n_valid);
-    memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, in_slab(m, g, 0), NULL, m->logits, m->lnf, in_slab(m, p, 0), N, C, V);
-    const int lnf = m->num_tensors - 2;
-    const float *last = L > 0 ? m->layers[L - 1].res3 : m->encoded;
-    memset(m->dres, 0, NC * sizeof(float));
-    zt_cpu_layernorm_backward(m->dres, in_slab(m, g, lnf), in_slab(m, g, lnf + 1), m->dln, last, in_slab(m, p, lnf),
-                              m->lnf_mean, m->lnf_rstd, N, C);
-
-    /* m->dres holds the gradient of the residual stream; each layer turns d(output) into d(input). */
-    for (int l = L - 1; l >= 0; l--) {
-        const layer_acts *a = &m->layers[l];
-        const float *x = l > 0 ? m->layers[l - 1].res3 : m->encoded;
-#define W(k) in_slab(m, p, LAYER_TENSOR(l, k))
-#define G(k) in_slab(m, g, LAYER_TENSOR(l, k))
-        /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
-        memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
-        zt_cpu_matmul_backward(m->dfch_gelu, G(LT_FCPROJ_W), G(LT_FCPROJ_B), m->dres, a->fch_gelu, W(LT_FCPROJ_W), N,
-                               4 * C, C);
-        memset(m->dfch, 0, 4 * NC * sizeof(float));
-        zt_cpu_gelu_backward(m->dfch, a->fch, m->dfch_gelu, 4 * NC);
-        memset(m->dln, 0, NC * sizeof(float));
-        zt_cpu_matmul_backward(m->dln, G(LT_FC_W), G(LT_FC_B), m->dfch, a->ln2, W(LT_FC_W), N, C, 4 * C);
-        zt_cpu_layernorm_backward(m->dres, G(LT_LN2_W), G(LT_LN2_B), m->dln, a->res2, W(LT_LN2_W), a->ln2_mean,
-                                  a->ln2_rstd, N, C);
-        /* Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
-        memset(m->datty, 0, NC * sizeof(float));
-        zt_cpu_matmul_backward(m->datty, G(LT_ATTPROJ_W), G(LT_ATTPROJ_B), m->dres, a->atty, W(LT_ATTPROJ_W), N, C,
-                               C);
-        memset(m->dqkv, 0, 3 * NC * sizeof(float));
-        zt_cpu_attention_backward(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, C, NH);
-        memset(m->dln, 0, NC * sizeof(float));
-        zt_cpu_matmul_backward(m->dln, G(LT_QKV_W), G(LT_QKV_B), m->dqkv, a->ln1, W(LT_QKV_W), N, C, 3 * C);
-        zt_cpu_layernorm_backward(m->dres, G(LT_LN1_W), G(LT_LN1_B), m->dln, x, W(LT_LN1_W), a->ln1_mean,
-                                  a->ln1_rstd, N, C);
-#undef W
-#undef G
-    }
-    zt_cpu_embedding_backward(in_slab(m, g, 0), in_slab(m, g, 1), m->dres, m->tokens, B, T, C);
+    zt_gpt2_backward_head(m, m->params, m->grads, loss_scale);
+    for (int b = m->num_blocks - 1; b >= 0; b--)
+        zt_gpt2_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
 }
 
 /* Sets every gradient to zero. */

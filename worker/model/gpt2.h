@@ -92,6 +92,29 @@ void zt_gpt2_zero_grad(zt_gpt2 *m);
  * them into their gradient in place). */
 const float *zt_gpt2_logits(const zt_gpt2 *m);
 
+/* Per-block passes, for a runtime that keeps each block's parameters in its own (gathered) buffer.
+ * bp and bg point at one block's flat parameter and gradient buffers, laid out like the block's range
+ * of the slab (tensor offsets relative to zt_gpt2_block(m, block)->offset). zt_gpt2_forward equals
+ * zt_gpt2_forward_begin, zt_gpt2_forward_block for blocks 0..n-1, then zt_gpt2_forward_head with block 0's
+ * buffer (the head is tied to wte, the first tensor of block 0); zt_gpt2_backward equals
+ * zt_gpt2_backward_head, then zt_gpt2_backward_block for blocks n-1..0, bit for bit. Gradients are
+ * accumulated (+=) into bg; block 0 receives contributions from the head and from the embedding.
+ * zt_gpt2_forward_begin stores the tokens [B,T] (B, T as for zt_gpt2_forward). */
+void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tokens, int B, int T);
+/* Runs block `block` of the forward pass, reading its input from the previous block's output. */
+void zt_gpt2_forward_block(zt_gpt2 *m, int block, const float *bp);
+/* The tied head (logits = ln_f output @ wte^T) and, with targets, the mean loss; as zt_gpt2_forward. */
+float zt_gpt2_forward_head(zt_gpt2 *m, const float *wte, const int32_t *targets);
+/* Starts the backward of the last forward (which had targets): the head's backward, accumulating into
+ * dwte (block 0's gradient buffer) and leaving the gradient of ln_f's output for the blocks. */
+void zt_gpt2_backward_head(zt_gpt2 *m, const float *wte, float *dwte, float loss_scale);
+/* Runs block `block` of the backward pass (blocks in descending order after zt_gpt2_backward_head). */
+void zt_gpt2_backward_block(zt_gpt2 *m, int block, const float *bp, float *bg);
+/* Activation checkpointing: fills a transformer layer's (1 <= block <= n_layer) intermediate activations
+ * with NaN, keeping its output (the next block's input); zt_gpt2_forward_block on the same block
+ * recomputes them. Other blocks are left alone. */
+void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block);
+
 /* Export to safetensors with Hugging Face GPT2LMHeadModel names ("transformer.h.0.attn.c_attn.weight",
  * Conv1D layout; no lm_head.weight, which HF ties to wte), in F32, atomically. The config is written
  * separately with zt_gpt2_config_save. */
