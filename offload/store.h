@@ -23,8 +23,9 @@
  * caller registers (zt_store_register_buffers) are used with fixed-buffer reads and writes; record files
  * are registered as fixed files.
  *
- * Thread safety: every function may be called from any thread; a record must not be removed while a
- * request on it is pending (ZT_ESTATE). */
+ * Thread safety: every function may be called from any thread; a record cannot be removed while a
+ * ticket on it has not been waited for (ZT_ESTATE). Requests on one record are not ordered among themselves: wait for
+ * a write before reading the record back. */
 #ifndef ZT_OFFLOAD_STORE_H
 #define ZT_OFFLOAD_STORE_H
 
