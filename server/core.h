@@ -243,7 +243,7 @@ int zt_server_core_snapshot_write(zt_server_core *core, const char *run_id, cons
 /* Reads a snapshot directory: verifies the manifest and every file's size and crc32c first
  * (ZT_ECHECKSUM / ZT_EFORMAT naming the file), checks that it holds every pair this server owns
  * (ZT_EMISMATCH for a snapshot of another server split), then registers the run or, if it exists with
- * the same layout, replaces its state (ZT_ESTATE while a commit is in progress). Pushed gradients of the
+ * the same layout, replaces its state (after a commit in progress has finished). Pushed gradients of the
  * run are discarded. The run's position is written into *info (may be NULL). Nothing changes on error. */
 int zt_server_core_snapshot_read(zt_server_core *core, const char *dir, zt_server_run_info *info, zt_err *err);
 
