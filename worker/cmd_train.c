@@ -17,7 +17,7 @@ static const char train_usage[] =
     "                    [--steps N] [--out DIR] [--resume DIR] [--batch-size N] [--seq-len N] [--grad-accum N]\n"
     "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
-    "                    [--threads N] [--log-level L]\n"
+    "                    [--threads N] [--device D] [--precision P] [--log-level L]\n"
     "\n"
     "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU.\n"
     "Settings come from their defaults, then the JSON config file, then these flags.\n"
@@ -46,9 +46,12 @@ static const char train_usage[] =
     "  --log-every N        steps between progress lines (default 10)\n"
     "  --seed N             seed of initialisation and shuffling (default 1337)\n"
     "  --threads N          CPU threads, 0 = one per core (default 0)\n"
+    "  --device D           cpu | cuda (default cpu)\n"
+    "  --precision P        auto | fp32 | bf16 | fp16 on cuda (default auto: bf16 on sm_80+, fp16 below)\n"
     "  --log-level L        debug | info | warn | error (default info)\n"
     "\n"
-    "Config-file keys without a flag: lr_gamma (exponential schedule), beta1, beta2, eps, shuffle.\n"
+    "Config-file keys without a flag: lr_gamma (exponential schedule), beta1, beta2, eps, shuffle,\n"
+    "loss_scale, loss_scale_window, min_loss_scale (fp16 dynamic loss scaling).\n"
     "Ctrl-C stops after the current step and writes a checkpoint; continue with --resume DIR.\n";
 
 static void on_stop_signal(int sig)
@@ -122,6 +125,8 @@ int zt_cmd_train(int argc, char **argv)
         {"log-every", required_argument, NULL, OPT_SETTING},
         {"seed", required_argument, NULL, OPT_SETTING},
         {"threads", required_argument, NULL, OPT_SETTING},
+        {"device", required_argument, NULL, OPT_SETTING},
+        {"precision", required_argument, NULL, OPT_SETTING},
         {NULL, 0, NULL, 0},
     };
     enum { MAX_SETTINGS = 64 };

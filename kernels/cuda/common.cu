@@ -145,3 +145,41 @@ extern "C" void zt_cuda_check_finite(int *d_flag, const void *x, size_t n, enum 
     }
     ZT_CUDA_CHECK_LAUNCH();
 }
+
+/* ---- gradient accumulation: fp32 sums of low-precision block gradients ---- */
+
+template <typename T>
+static __global__ void accumulate_kernel(float *__restrict__ dst, const T *__restrict__ src, size_t n, float scale,
+                                         int overwrite)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float x = zt_to_float(src[i]) * scale;
+        dst[i] = overwrite ? x : dst[i] + x;
+    }
+}
+
+extern "C" void zt_cuda_accumulate(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, float scale,
+                                   int overwrite, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    const int threads = 256;
+    size_t want = ZT_CEIL_DIV(n, (size_t)threads);
+    int blocks = (int)(want < 65536 ? want : 65536);
+    switch (src_dtype) {
+    case ZT_DTYPE_F32:
+        accumulate_kernel<float><<<blocks, threads, 0, stream>>>(dst, (const float *)src, n, scale, overwrite);
+        break;
+    case ZT_DTYPE_F16:
+        accumulate_kernel<__half><<<blocks, threads, 0, stream>>>(dst, (const __half *)src, n, scale, overwrite);
+        break;
+    case ZT_DTYPE_BF16:
+        accumulate_kernel<__nv_bfloat16>
+            <<<blocks, threads, 0, stream>>>(dst, (const __nv_bfloat16 *)src, n, scale, overwrite);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("accumulate", src_dtype);
+    }
+    ZT_CUDA_CHECK_LAUNCH();
+}

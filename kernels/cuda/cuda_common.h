@@ -57,6 +57,11 @@ void zt_cuda_cast(void *dst, enum zt_dtype dst_dtype, const void *src, enum zt_d
  * flag can collect the checks of many buffers (zero it with cudaMemsetAsync before the first). */
 void zt_cuda_check_finite(int *d_flag, const void *x, size_t n, enum zt_dtype dtype, cudaStream_t stream);
 
+/* dst[i] = src[i] * scale (overwrite nonzero) or dst[i] += src[i] * scale, for n elements: folds a
+ * block's low-precision gradients into the fp32 gradient buffer (removing the loss scale on the way). */
+void zt_cuda_accumulate(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, float scale,
+                        int overwrite, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

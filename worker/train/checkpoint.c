@@ -135,6 +135,10 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
     cJSON_AddItemToObject(root, "adam_step", zt__json_exact_int(st->adam_step));
     cJSON_AddItemToObject(root, "skipped_steps", zt__json_exact_int(st->skipped_steps));
     cJSON_AddItemToObject(root, "elapsed_s", zt__json_exact_double(st->elapsed_s));
+    if (st->loss_scale > 0) {
+        cJSON_AddItemToObject(root, "loss_scale", zt__json_exact_double(st->loss_scale));
+        cJSON_AddItemToObject(root, "loss_scale_clean_steps", zt__json_exact_int(st->loss_scale_clean_steps));
+    }
 
     cJSON *pos = cJSON_AddObjectToObject(root, "data_position");
     cJSON_AddItemToObject(pos, "epoch", zt__json_exact_int((int64_t)st->data.epoch));
@@ -341,6 +345,12 @@ static int parse_state(const cJSON *root, const char *where, zt_ckpt_state *st, 
         return rc;
     st->elapsed_s = 0.0;
     if ((rc = zt_json_get_double(&r, "elapsed_s", 0.0, 1e300, &st->elapsed_s, err)) < 0)
+        return rc;
+    /* The fp16 loss scaler's state; absent in checkpoints of runs without one. */
+    st->loss_scale = 0.0;
+    st->loss_scale_clean_steps = 0;
+    if ((rc = zt_json_get_double(&r, "loss_scale", 0.0, 1e300, &st->loss_scale, err)) < 0 ||
+        (rc = zt_json_get_int(&r, "loss_scale_clean_steps", 0, 9007199254740992LL, &st->loss_scale_clean_steps, err)) < 0)
         return rc;
 
     const cJSON *pos = need_item(root, "data_position", where, err);

@@ -38,6 +38,8 @@ typedef struct zt_ckpt_state {
     zt_rng rng;                /* the trainer's generator */
     zt_schedule schedule;      /* the schedule the run used (informational on load) */
     double elapsed_s;          /* training time of all sessions so far, in seconds */
+    double loss_scale;         /* fp16 dynamic loss scale; 0 when the run has no loss scaler */
+    int64_t loss_scale_clean_steps; /* steps since the scale last changed (fp16) */
 } zt_ckpt_state;
 
 /* Writes checkpoint ckpt_<step> into out_dir from the model, the optimizer, the training config and

@@ -67,6 +67,11 @@ static const struct key_def keys[] = {
     {"seed", "--seed", KEY_INT, FIELD(seed)},
     {"threads", "--threads", KEY_INT, FIELD(threads)},
     {"shuffle", NULL, KEY_BOOL, FIELD(shuffle)},
+    {"device", "--device", KEY_TEXT, FIELD(device)},
+    {"precision", "--precision", KEY_TEXT, FIELD(precision)},
+    {"loss_scale", NULL, KEY_DOUBLE, FIELD(loss_scale)},
+    {"loss_scale_window", NULL, KEY_INT, FIELD(loss_scale_window)},
+    {"min_loss_scale", NULL, KEY_DOUBLE, FIELD(min_loss_scale)},
 };
 #define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -127,6 +132,11 @@ void zt_train_config_init(zt_train_config *c)
     c->seed = 1337;
     c->threads = 0;
     c->shuffle = true;
+    snprintf(c->device, sizeof(c->device), "cpu");
+    snprintf(c->precision, sizeof(c->precision), "auto");
+    c->loss_scale = 32768.0;
+    c->loss_scale_window = 1024;
+    c->min_loss_scale = 1.0;
     c->stop_at_step = 0;
 }
 
@@ -439,6 +449,20 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if (c->stop_at_step < 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: stop_at_step = %lld must be 0 (off) or a step number",
                        (long long)c->stop_at_step);
+    if (strcmp(c->device, "cpu") != 0 && strcmp(c->device, "cuda") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: unknown device '%s'; use cpu or cuda", label("device"),
+                       c->device);
+    if (strcmp(c->precision, "auto") != 0 && strcmp(c->precision, "fp32") != 0 &&
+        strcmp(c->precision, "bf16") != 0 && strcmp(c->precision, "fp16") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: unknown precision '%s'; use auto, fp32, bf16 or fp16",
+                       label("precision"), c->precision);
+    if (strcmp(c->device, "cpu") == 0 && strcmp(c->precision, "auto") != 0 && strcmp(c->precision, "fp32") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %s needs the GPU: the CPU trains in fp32 (pass "
+                       "--device cuda, or leave the precision on auto)", label("precision"), c->precision);
+    if ((rc = check_double(c, "loss_scale", 1.0, false, 16777216.0, false, err)) < 0 ||
+        (rc = check_double(c, "min_loss_scale", 0.0, true, c->loss_scale, false, err)) < 0 ||
+        (rc = check_int(c, "loss_scale_window", 1, 1000000000, err)) < 0)
+        return rc;
     return 0;
 }
 

@@ -60,6 +60,13 @@ typedef struct zt_train_config {
     int64_t threads;      /* CPU threads; 0 = one per core */
     bool shuffle;
 
+    /* Where and in what precision to train. */
+    char device[8];       /* cpu | cuda */
+    char precision[8];    /* auto | fp32 | bf16 | fp16 (cuda only; auto = bf16 on sm_80+, fp16 below) */
+    double loss_scale;    /* fp16: initial dynamic loss scale (default 2^15) */
+    int64_t loss_scale_window; /* fp16: clean steps before the scale doubles (default 1024) */
+    double min_loss_scale;     /* fp16: the scale never drops below this (default 1) */
+
     /* Not a file key nor a flag: stop after this step as if interrupted (checkpoint, then return with
      * zt_train_result.interrupted set); 0 = run to `steps`. For tests and tools. */
     int64_t stop_at_step;

@@ -101,3 +101,53 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
     }
     return 0;
 }
+
+/* Books a step whose update ran on the GPU; see optimizer.h. */
+int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool nonfinite, bool loss_scaled,
+                         zt_optimizer_report *report, zt_err *err)
+{
+    report->grad_norm = grad_norm;
+    report->clip_coef = 1.0f;
+    report->skipped = false;
+    if (nonfinite || !isfinite(loss) || !isfinite(grad_norm)) {
+        report->skipped = true;
+        o->skipped_steps++;
+        if (loss_scaled && isfinite(loss))
+            return 0; /* an fp16 overflow: the loss scaler handles it */
+        o->bad_in_a_row++;
+        if (o->bad_in_a_row >= ZT_OPTIMIZER_MAX_BAD_STEPS)
+            return zt_fail(err, ZT_ESTATE,
+                           "%d steps in a row had a non-finite loss or gradient norm (loss %g, grad norm %g); "
+                           "the run diverged: lower the learning rate (--lr), keep gradient clipping on "
+                           "(--grad-clip 1.0), or resume from an earlier checkpoint",
+                           o->bad_in_a_row, (double)loss, grad_norm);
+        return 0;
+    }
+    o->bad_in_a_row = 0;
+    report->clip_coef = zt_optimizer_clip_coef(grad_norm, o->grad_clip);
+    o->adam_step++;
+    return 0;
+}
+
+/* Sets the loss scaler's starting state. */
+void zt_loss_scaler_init(zt_loss_scaler *s, double scale, double min_scale, int64_t window)
+{
+    s->scale = scale;
+    s->min_scale = min_scale;
+    s->window = window;
+    s->clean_steps = 0;
+}
+
+/* Halves the scale on overflow (not below min_scale), doubles it after `window` clean steps. */
+void zt_loss_scaler_update(zt_loss_scaler *s, bool overflow)
+{
+    if (overflow) {
+        s->scale = s->scale / 2.0 < s->min_scale ? s->min_scale : s->scale / 2.0;
+        s->clean_steps = 0;
+        return;
+    }
+    if (++s->clean_steps >= s->window) {
+        s->scale *= 2.0;
+        s->clean_steps = 0;
+    }
+}

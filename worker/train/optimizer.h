@@ -60,4 +60,27 @@ float zt_optimizer_clip_coef(double norm, double max_norm);
 int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_optimizer_report *report,
                       zt_err *err);
 
+/* Books a step whose update ran on the GPU (zt_gpt2_cuda_step_update), with the same rules as
+ * zt_optimizer_step: the step counts as skipped when nonfinite (the device skipped the update) or the
+ * loss or norm is not finite. With loss_scaled (fp16), a skip with a finite loss is a loss-scale
+ * overflow: counted in skipped_steps but not as a divergence (the scaler lowers the scale instead).
+ * Returns 0, or ZT_ESTATE as zt_optimizer_step does. */
+int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool nonfinite, bool loss_scaled,
+                         zt_optimizer_report *report, zt_err *err);
+
+/* Dynamic loss scaling for fp16, with BMTrain's OptimManager semantics: the loss is multiplied by
+ * `scale` before backward; a step whose gradients overflow is skipped and the scale divided by 2 (not
+ * below min_scale); after `window` clean steps in a row the scale is multiplied by 2. */
+typedef struct zt_loss_scaler {
+    double scale;
+    double min_scale;
+    int64_t window;
+    int64_t clean_steps;    /* clean steps since the scale last changed */
+} zt_loss_scaler;
+
+/* Sets the scaler's starting state. */
+void zt_loss_scaler_init(zt_loss_scaler *s, double scale, double min_scale, int64_t window);
+/* Updates the scale after a step; overflow says whether its gradients were not finite. */
+void zt_loss_scaler_update(zt_loss_scaler *s, bool overflow);
+
 #endif

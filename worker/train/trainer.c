@@ -20,6 +20,10 @@
 #include "worker/train/metrics.h"
 #include "worker/train/optimizer.h"
 #include "worker/train/schedule.h"
+#ifdef ZT_WITH_CUDA
+#include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
+#include "worker/model/gpt2_cuda.h"   /* the model's device twin for --device cuda */
+#endif
 
 #define PATH_CAP (ZT_TRAIN_PATH_MAX + 64)
 
@@ -189,6 +193,11 @@ static void log_progress(int64_t step, int64_t steps, float loss, double lr, dou
 /* Everything a run holds, so that one cleanup path frees it. */
 struct run {
     zt_gpt2 *model;
+#ifdef ZT_WITH_CUDA
+    zt_gpt2_cuda *gpu;      /* --device cuda: the device model (the host model keeps layout and files) */
+#endif
+    bool use_scaler;        /* fp16 on the GPU: dynamic loss scaling */
+    zt_loss_scaler scaler;
     zt_optimizer opt;
     zt_dataloader *train;
     zt_dataloader *val;
@@ -199,6 +208,9 @@ struct run {
 
 static void run_free(struct run *r)
 {
+#ifdef ZT_WITH_CUDA
+    zt_gpt2_cuda_destroy(r->gpu);
+#endif
     zt_gpt2_destroy(r->model);
     zt_optimizer_free(&r->opt);
     zt_dataloader_close(r->train);
@@ -207,6 +219,61 @@ static void run_free(struct run *r)
     free(r->inputs);
     free(r->targets);
 }
+
+/* evaluate() on the device the run trains on. */
+static float run_evaluate(struct run *r, int64_t batches, int B, int T)
+{
+#ifdef ZT_WITH_CUDA
+    if (r->gpu) {
+        zt_dataloader_reset(r->val);
+        double sum = 0.0;
+        for (int64_t i = 0; i < batches; i++) {
+            zt_dataloader_next(r->val, r->inputs, r->targets);
+            sum += zt_gpt2_cuda_eval_loss(r->gpu, r->inputs, r->targets, B, T);
+        }
+        return (float)(sum / (double)batches);
+    }
+#endif
+    return evaluate(r->model, r->val, batches, B, T, r->inputs, r->targets);
+}
+
+#ifdef ZT_WITH_CUDA
+/* One training step on the GPU: grad_accum micro-batches, then the fused update; the host waits once,
+ * for the loss and the norm. Fills *loss and *rep; returns 0 or ZT_ESTATE (diverged). */
+static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *loss, zt_optimizer_report *rep,
+                    zt_err *err)
+{
+    const int B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
+    const float scale = r->use_scaler ? (float)r->scaler.scale : 1.0f;
+    zt_gpt2_cuda_zero_grad(r->gpu);
+    for (int i = 0; i < accum; i++) {
+        zt_dataloader_next(r->train, r->inputs, r->targets);
+        zt_gpt2_cuda_train_micro(r->gpu, r->inputs, r->targets, B, T, i, 1.0f / (float)accum, scale);
+    }
+    zt_adamw_params p = {
+        .lr = lr,
+        .beta1 = r->opt.beta1,
+        .beta2 = r->opt.beta2,
+        .eps = r->opt.eps,
+        .weight_decay = r->opt.weight_decay,
+        .grad_scale = 1.0f,
+        .step = (int)(r->opt.adam_step + 1),
+    };
+    zt_gpt2_cuda_step_update(r->gpu, &p, r->opt.grad_clip);
+    double norm = 0.0;
+    bool nonfinite = false;
+    zt_gpt2_cuda_step_finish(r->gpu, accum, loss, &norm, &nonfinite);
+    int rc = zt_optimizer_account(&r->opt, *loss, norm, nonfinite, r->use_scaler, rep, err);
+    if (r->use_scaler) {
+        bool overflow = rep->skipped && isfinite(*loss);
+        if (overflow)
+            zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered",
+                   r->scaler.scale);
+        zt_loss_scaler_update(&r->scaler, overflow);
+    }
+    return rc;
+}
+#endif
 
 /* Warns when the schedule of the checkpoint differs from the configured one (e.g. more steps): allowed,
  * but the learning rates then differ from an uninterrupted run. */
@@ -334,6 +401,53 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     }
     st.schedule = sched;
 
+    /* The device. */
+    if (strcmp(cfg->device, "cuda") == 0) {
+#ifdef ZT_WITH_CUDA
+        int dev_count = 0;
+        if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+            cudaGetLastError();
+            rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: no CUDA GPU is visible (check the driver and "
+                         "CUDA_VISIBLE_DEVICES, or train with --device cpu)");
+            goto out;
+        }
+        enum zt_dtype dt = zt_cuda_pick_dtype(0);
+        if (strcmp(cfg->precision, "fp32") == 0)
+            dt = ZT_DTYPE_F32;
+        else if (strcmp(cfg->precision, "bf16") == 0)
+            dt = ZT_DTYPE_BF16;
+        else if (strcmp(cfg->precision, "fp16") == 0)
+            dt = ZT_DTYPE_F16;
+        if (dt == ZT_DTYPE_BF16 && zt_cuda_pick_dtype(0) != ZT_DTYPE_BF16) {
+            rc = zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
+                         "--precision fp16 (with loss scaling) or fp32");
+            goto out;
+        }
+        if ((rc = zt_gpt2_cuda_create(&r.gpu, r.model, B, T, accum, dt, err)) < 0)
+            goto out;
+        if (resuming)
+            zt_gpt2_cuda_upload(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
+        /* ZT_GPU_PROFILE=1: time every kernel family with CUDA events and log the sums at the end. */
+        const char *prof = getenv("ZT_GPU_PROFILE");
+        if (prof && prof[0] && strcmp(prof, "0") != 0)
+            zt_gpt2_cuda_set_profiling(r.gpu, true);
+        if (dt == ZT_DTYPE_F16) {
+            r.use_scaler = true;
+            zt_loss_scaler_init(&r.scaler, cfg->loss_scale, cfg->min_loss_scale, cfg->loss_scale_window);
+            if (resuming && st.loss_scale > 0) {
+                r.scaler.scale = st.loss_scale;
+                r.scaler.clean_steps = st.loss_scale_clean_steps;
+            }
+            zt_log(ZT_LOG_INFO, "fp16: dynamic loss scale %g (x2 after %lld clean steps, /2 on overflow, min %g)",
+                   r.scaler.scale, (long long)r.scaler.window, r.scaler.min_scale);
+        }
+#else
+        rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: this ztrain was built without the CUDA backend "
+                     "(rebuild with -DZT_CUDA=ON on a machine with the CUDA toolkit, or train with --device cpu)");
+        goto out;
+#endif
+    }
+
     /* Everything is read: check that the run directory can be written before training starts, so that a
      * long run does not fail at its first checkpoint. */
     if ((rc = zt_check_writable_dir(cfg->out_dir, err)) < 0)
@@ -362,7 +476,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
 
     /* The starting validation loss, so that the curve has its origin. */
     if (r.val && !resuming) {
-        float vl = evaluate(r.model, r.val, eval_batches, B, T, r.inputs, r.targets);
+        float vl = run_evaluate(&r, eval_batches, B, T);
         zt_log(ZT_LOG_INFO, "eval: step 0 | val loss %.4f", (double)vl);
         res->first_val_loss = res->last_val_loss = vl;
         if ((rc = zt_metrics_write_eval(&r.metrics, 0, vl, err)) < 0)
@@ -377,11 +491,20 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
         double t0 = now_seconds();
-        float loss = zt_trainer_accumulate(r.model, r.train, accum, B, T, r.inputs, r.targets);
         double lr = zt_schedule_lr(&sched, step);
         zt_optimizer_report rep;
-        if ((rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err)) < 0)
-            goto out;
+        float loss;
+#ifdef ZT_WITH_CUDA
+        if (r.gpu) {
+            if ((rc = gpu_step(&r, cfg, (float)lr, &loss, &rep, err)) < 0)
+                goto out;
+        } else
+#endif
+        {
+            loss = zt_trainer_accumulate(r.model, r.train, accum, B, T, r.inputs, r.targets);
+            if ((rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err)) < 0)
+                goto out;
+        }
         double dt = now_seconds() - t0;
 
         steps_run++;
@@ -419,7 +542,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         }
 
         if (r.val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
-            float vl = evaluate(r.model, r.val, eval_batches, B, T, r.inputs, r.targets);
+            float vl = run_evaluate(&r, eval_batches, B, T);
             zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)vl);
             res->last_val_loss = vl;
             if (isnan(res->first_val_loss))
@@ -434,6 +557,12 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
             st.skipped_steps = r.opt.skipped_steps;
             st.elapsed_s = elapsed_before + (now_seconds() - start);
             zt_dataloader_get_position(r.train, &st.data);
+#ifdef ZT_WITH_CUDA
+            if (r.gpu)
+                zt_gpt2_cuda_download(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
+#endif
+            st.loss_scale = r.use_scaler ? r.scaler.scale : 0.0;
+            st.loss_scale_clean_steps = r.use_scaler ? r.scaler.clean_steps : 0;
             if ((rc = zt_checkpoint_save(cfg->out_dir, r.model, &r.opt, cfg, &st, res->checkpoint,
                                          sizeof(res->checkpoint), err)) < 0)
                 goto out;
@@ -449,6 +578,10 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     }
 
     stop_requested = 0; /* a request that came with the last step needs no stop */
+#ifdef ZT_WITH_CUDA
+    if (r.gpu && getenv("ZT_GPU_PROFILE"))
+        zt_gpt2_cuda_profile_report(r.gpu);
+#endif
     res->seconds = now_seconds() - start;
     res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
     if (!res->interrupted) {

@@ -1,0 +1,83 @@
+/* GPT-2 on one CUDA GPU: the device twin of worker/model/gpt2.h, built from the same blocks.
+ *
+ * The host model (zt_gpt2) stays the source of truth for the configuration, the parameter table and
+ * the file formats (import, export, checkpoints); this object mirrors its parameters on the device and
+ * runs forward and backward there with the CUDA kernels:
+ *   - fp32 master weights, fp32 gradients and fp32 Adam moments (m, v), in one device layout: the host
+ *     slab's tensors in order, each tensor starting on a 64-element boundary, wte padded to a vocabulary
+ *     that is a multiple of 128 rows (extra rows stay 0);
+ *   - a low-precision copy of the weights (dtype: bf16, fp16, or none for fp32) that the kernels read,
+ *     and low-precision gradients that the kernels write; after each block's backward they are folded
+ *     into the fp32 gradients (scaled by 1 / loss_scale), so accumulation over micro-batches is fp32;
+ *   - activations in dtype (layer-norm statistics, attention lse and losses in fp32).
+ * Blocks as on the CPU: 0 = embeddings (and the tied head), 1..L = layers, L+1 = ln_f. Each block's
+ * forward reads its weights from the block's range of the low-precision slab and its backward writes
+ * into the block's range of the gradient slab, so a sharded runtime can gather and reduce per block.
+ *
+ * Every device buffer is carved from one allocation made at creation (plus the cuBLASLt workspace);
+ * nothing is allocated inside a step. All work goes to one stream; the host waits only where a value
+ * is read back (zt_gpt2_cuda_step_finish, zt_gpt2_cuda_eval_loss). */
+#ifndef ZT_WORKER_GPT2_CUDA_H
+#define ZT_WORKER_GPT2_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "kernels/adamw.h"
+#include "worker/model/gpt2.h"
+
+typedef struct zt_gpt2_cuda zt_gpt2_cuda; /* opaque */
+
+/* Creates the device model for batches up to B x T and steps of up to max_micro micro-batches, with
+ * compute type dtype (F32, BF16 or F16) on the current CUDA device, copies the host model's parameters
+ * to it and zeroes the Adam moments. The host model must outlive the device model. Logs the memory
+ * plan. Returns 0, or ZT_ENOMEM / ZT_EUNSUPPORTED
+ * with a message saying what to change. Free with zt_gpt2_cuda_destroy. */
+int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                        zt_err *err);
+/* Frees everything the device model owns (after waiting for its stream); accepts NULL. */
+void zt_gpt2_cuda_destroy(zt_gpt2_cuda *g);
+
+/* The compute type chosen at creation. */
+enum zt_dtype zt_gpt2_cuda_dtype(const zt_gpt2_cuda *g);
+
+/* Copies parameters (host slab layout, num_params floats) and, when m and v are not NULL, the Adam
+ * moments to the device, and refreshes the low-precision copy. Synchronous. */
+void zt_gpt2_cuda_upload(zt_gpt2_cuda *g, const float *params, const float *m, const float *v);
+/* Copies the fp32 master weights (and m, v when not NULL) back into host slabs. Synchronous. */
+void zt_gpt2_cuda_download(zt_gpt2_cuda *g, float *params, float *m, float *v);
+
+/* Starts a step: the next zt_gpt2_cuda_train_micro overwrites the fp32 gradients instead of adding. */
+void zt_gpt2_cuda_zero_grad(zt_gpt2_cuda *g);
+
+/* One micro-batch of training: forward and backward over tokens/targets [B,T] (host arrays; targets
+ * -1 are ignored), adding d(mean loss)/d(params) * grad_weight to the fp32 gradients, where the
+ * backward runs with the loss multiplied by loss_scale (fp16) and the result is divided by it again.
+ * Asynchronous: the micro-batch's losses are read by zt_gpt2_cuda_step_finish. micro is 0 for the
+ * first micro-batch of a step and counts up (below the max_micro given at creation). */
+void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T,
+                              int micro, float grad_weight, float loss_scale);
+
+/* Queues the optimizer update after the micro-batches of a step: global gradient norm, clip
+ * coefficient (grad_clip, 0 = none), a non-finite check of the gradients and losses (the update is
+ * skipped on the device when it fires), then the fused AdamW of every tensor (p->grad_scale should be
+ * 1, p->step the 1-based Adam step the update would be) and the new low-precision weights. */
+void zt_gpt2_cuda_step_update(zt_gpt2_cuda *g, const zt_adamw_params *p, float grad_clip);
+
+/* Waits for the step and reports: *loss = mean over the micro-batches of their mean loss (as the CPU
+ * trainer computes it), *grad_norm = the global norm before clipping, *nonfinite = whether the update
+ * was skipped for an inf/NaN gradient or loss. micros is the number of micro-batches of the step. */
+void zt_gpt2_cuda_step_finish(zt_gpt2_cuda *g, int micros, float *loss, double *grad_norm, bool *nonfinite);
+
+/* Mean loss of one batch without backward (evaluation). Synchronous. */
+float zt_gpt2_cuda_eval_loss(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T);
+
+/* Profiling mode (bench): when on, every kernel family of the forward and backward is timed with CUDA
+ * events and zt_gpt2_cuda_profile_report logs the accumulated milliseconds per family. Slows a step. */
+void zt_gpt2_cuda_set_profiling(zt_gpt2_cuda *g, bool on);
+void zt_gpt2_cuda_profile_report(zt_gpt2_cuda *g);
+
+#endif
