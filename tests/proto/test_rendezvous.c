@@ -1,0 +1,230 @@
+/* Tests of proto/rendezvous with real processes on loopback: rank 0 serves in this process, the other
+ * ranks are forked children that join. Every rank must see the same outcome: the NCCL id on success, or
+ * the one failure message (world size, config hash, duplicate rank, ranks that never joined). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <errno.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto/rendezvous.h"
+
+#define HASH 0x1234abcd5678ef00ull
+#define CHILD_MATCHED 0 /* exit codes of a joining child */
+#define CHILD_WRONG_ID 1
+#define CHILD_FAILED 2  /* failed with the expected text in the message */
+#define CHILD_OTHER 3   /* failed with an unexpected message */
+
+/* A free loopback port (bound and released; the rendezvous binds it right after). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void make_id(uint8_t id[ZT_RDZV_ID_BYTES])
+{
+    for (int i = 0; i < ZT_RDZV_ID_BYTES; i++)
+        id[i] = (uint8_t)(i * 7 + 3);
+}
+
+/* Forks a child that joins as `rank` and exits with one of the CHILD_* codes. If expect is not NULL the
+ * join must fail with expect in its message. If wait_fd >= 0 the child first reads one byte from it. If
+ * done_fd >= 0 the child writes one byte to it after its join returned. */
+static pid_t spawn(int port, int rank, int world, uint64_t hash, double timeout, const char *expect, int wait_fd,
+                   int done_fd)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid > 0)
+        return pid;
+    if (wait_fd >= 0) {
+        char c;
+        if (read(wait_fd, &c, 1) != 1)
+            _exit(CHILD_OTHER);
+    }
+    char master[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+    uint8_t id[ZT_RDZV_ID_BYTES] = {0}, want[ZT_RDZV_ID_BYTES];
+    make_id(want);
+    zt_err err = {{0}};
+    int rc = zt_rdzv_join(master, rank, world, hash, timeout, NULL, id, &err);
+    if (done_fd >= 0 && write(done_fd, "x", 1) != 1)
+        _exit(CHILD_OTHER);
+    if (rc != 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+        _exit(expect != NULL && strstr(err.msg, expect) != NULL ? CHILD_FAILED : CHILD_OTHER);
+    }
+    if (expect != NULL)
+        _exit(CHILD_OTHER);
+    _exit(memcmp(id, want, sizeof(id)) == 0 ? CHILD_MATCHED : CHILD_WRONG_ID);
+}
+
+static int wait_child(pid_t pid)
+{
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static void test_success(void **state)
+{
+    (void)state;
+    const int world = 4;
+    int port = free_port();
+    pid_t kids[4];
+    for (int r = 1; r < world; r++)
+        kids[r] = spawn(port, r, world, HASH, 20.0, NULL, -1, -1);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    make_id(id);
+    zt_err err = {{0}};
+    int rc = zt_rdzv_serve(addr, world, HASH, id, 20.0, NULL, &err);
+    if (rc != 0)
+        fail_msg("serve: %s", err.msg);
+    for (int r = 1; r < world; r++)
+        assert_int_equal(wait_child(kids[r]), CHILD_MATCHED);
+}
+
+static void test_world_size_one(void **state)
+{
+    (void)state;
+    uint8_t id[ZT_RDZV_ID_BYTES] = {0};
+    zt_err err = {{0}};
+    assert_int_equal(zt_rdzv_serve("127.0.0.1:0", 1, HASH, id, 1.0, NULL, &err), 0);
+    assert_int_equal(zt_rdzv_serve("127.0.0.1:0", 0, HASH, id, 1.0, NULL, &err), ZT_EINVAL_CONFIG);
+}
+
+/* Runs a rendezvous of `world` ranks in which rank `bad` joins with bad_world / bad_hash, and checks that
+ * rank 0 and every child fail with `expect` in their message. */
+static void expect_failure(int world, int bad, int bad_world, uint64_t bad_hash, const char *expect)
+{
+    int port = free_port();
+    pid_t kids[8];
+    for (int r = 1; r < world; r++)
+        kids[r] = spawn(port, r, r == bad ? bad_world : world, r == bad ? bad_hash : HASH, 20.0, expect, -1, -1);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    make_id(id);
+    zt_err err = {{0}};
+    assert_true(zt_rdzv_serve(addr, world, HASH, id, 20.0, NULL, &err) < 0);
+    assert_non_null(strstr(err.msg, expect));
+    for (int r = 1; r < world; r++)
+        assert_int_equal(wait_child(kids[r]), CHILD_FAILED);
+}
+
+static void test_config_hash_mismatch(void **state)
+{
+    (void)state;
+    expect_failure(3, 2, 3, 0x99ull, "every rank must run the same config");
+    /* Both hashes are named. */
+    expect_failure(2, 1, 2, 0x99ull, "0000000000000099 but rank 0 has 1234abcd5678ef00");
+}
+
+static void test_world_size_mismatch(void **state)
+{
+    (void)state;
+    expect_failure(3, 1, 4, HASH, "world size 4 but rank 0 with 3");
+}
+
+static void test_rank_out_of_range(void **state)
+{
+    (void)state;
+    /* Rank 2 says world size 3 like everyone but the world is 2: its rank is outside. */
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    pid_t kid = spawn(port, 5, 2, HASH, 20.0, "outside 1..1", -1, -1);
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    make_id(id);
+    zt_err err = {{0}};
+    /* Rank 1 never comes, so rank 0 waits out its (short) timeout after the failure. */
+    assert_true(zt_rdzv_serve(addr, 2, HASH, id, 3.0, NULL, &err) < 0);
+    assert_non_null(strstr(err.msg, "outside 1..1"));
+    assert_int_equal(wait_child(kid), CHILD_FAILED);
+}
+
+static void test_duplicate_rank(void **state)
+{
+    (void)state;
+    /* Ranks 1 and 1 join first; rank 2 joins once one of them has its answer. */
+    int port = free_port();
+    int go[2];
+    assert_int_equal(pipe(go), 0);
+    pid_t a = spawn(port, 1, 3, HASH, 20.0, "joined twice", -1, go[1]);
+    pid_t b = spawn(port, 1, 3, HASH, 20.0, "joined twice", -1, go[1]);
+    pid_t c = spawn(port, 2, 3, HASH, 20.0, "joined twice", go[0], -1);
+    close(go[0]);
+    close(go[1]);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    make_id(id);
+    zt_err err = {{0}};
+    assert_true(zt_rdzv_serve(addr, 3, HASH, id, 20.0, NULL, &err) < 0);
+    assert_non_null(strstr(err.msg, "joined twice"));
+    assert_int_equal(wait_child(a), CHILD_FAILED);
+    assert_int_equal(wait_child(b), CHILD_FAILED);
+    assert_int_equal(wait_child(c), CHILD_FAILED);
+}
+
+static void test_timeout_names_missing_ranks(void **state)
+{
+    (void)state;
+    int port = free_port();
+    pid_t kid = spawn(port, 2, 4, HASH, 20.0, "rank(s) 1, 3 never joined", -1, -1);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    make_id(id);
+    zt_err err = {{0}};
+    int rc = zt_rdzv_serve(addr, 4, HASH, id, 2.0, NULL, &err);
+    assert_true(rc < 0);
+    assert_non_null(strstr(err.msg, "rank(s) 1, 3 never joined"));
+    assert_int_equal(wait_child(kid), CHILD_FAILED);
+}
+
+static void test_join_without_master(void **state)
+{
+    (void)state;
+    int port = free_port();
+    char master[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%d", port);
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    zt_err err = {{0}};
+    assert_int_equal(zt_rdzv_join(master, 1, 2, HASH, 1.0, NULL, id, &err), -ETIMEDOUT);
+    assert_non_null(strstr(err.msg, "could not reach the rendezvous"));
+    assert_non_null(strstr(err.msg, master));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_success),
+        cmocka_unit_test(test_world_size_one),
+        cmocka_unit_test(test_config_hash_mismatch),
+        cmocka_unit_test(test_world_size_mismatch),
+        cmocka_unit_test(test_rank_out_of_range),
+        cmocka_unit_test(test_duplicate_rank),
+        cmocka_unit_test(test_timeout_names_missing_ranks),
+        cmocka_unit_test(test_join_without_master),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
