@@ -1,0 +1,796 @@
+/* Tests of the state server core (server/core.h) on the CPU: the step protocol against
+ * zt_cpu_adamw_update applied to the same data (bit-identical with fp32 gradients), idempotent and
+ * incomplete pushes, stale and future steps, overflow skips, an injected store failure in the middle of a
+ * commit, snapshots and their corruption checks, the RAM and NVMe stores, the owner mapping, and two
+ * servers sharing one run. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/rng.h"
+#include "common/status.h"
+#include "kernels/adamw.h"
+#include "offload/cpu_adam.h"
+#include "server/core.h"
+
+static char g_dir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof(g_dir), "%s/zt_test_server_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ---- a small layout and its reference optimizer ---- */
+
+#define NB 3
+#define W 2
+static const uint64_t k_numel[NB] = {1000, 37, 513};
+static const zt_server_range k_decay0[] = {{0, 800}};
+static const zt_server_range k_decay2[] = {{100, 300}, {400, 513}};
+static const char *k_run = "test-run";
+
+static zt_server_run_desc make_desc(const char *run, enum zt_dtype dtype, zt_server_block_desc *blocks)
+{
+    blocks[0] = (zt_server_block_desc){.numel = k_numel[0], .decay = k_decay0, .ndecay = 1};
+    blocks[1] = (zt_server_block_desc){.numel = k_numel[1], .decay = NULL, .ndecay = 0};
+    blocks[2] = (zt_server_block_desc){.numel = k_numel[2], .decay = k_decay2, .ndecay = 2};
+    return (zt_server_run_desc){.run_id = run, .world_size = W, .nblocks = NB, .blocks = blocks, .beta1 = 0.9f,
+                                .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .param_dtype = dtype};
+}
+
+/* The CPU trainer's view: whole blocks of params, m, v, and this step's gradients. */
+typedef struct ref {
+    float *p[NB], *m[NB], *v[NB], *g[NB];
+    int64_t adam_step;
+} ref;
+
+static void ref_init(ref *r, uint64_t seed)
+{
+    zt_rng rng;
+    zt_rng_seed(&rng, seed);
+    memset(r, 0, sizeof(*r));
+    for (int b = 0; b < NB; b++) {
+        r->p[b] = calloc(k_numel[b], 4);
+        r->m[b] = calloc(k_numel[b], 4);
+        r->v[b] = calloc(k_numel[b], 4);
+        r->g[b] = calloc(k_numel[b], 4);
+        for (uint64_t i = 0; i < k_numel[b]; i++)
+            r->p[b][i] = (float)(0.02 * zt_rng_normal(&rng));
+    }
+}
+
+static void ref_free(ref *r)
+{
+    for (int b = 0; b < NB; b++) {
+        free(r->p[b]);
+        free(r->m[b]);
+        free(r->v[b]);
+        free(r->g[b]);
+    }
+}
+
+static void ref_make_grads(ref *r, uint64_t seed)
+{
+    zt_rng rng;
+    zt_rng_seed(&rng, seed);
+    for (int b = 0; b < NB; b++)
+        for (uint64_t i = 0; i < k_numel[b]; i++)
+            r->g[b][i] = (float)(0.1 * zt_rng_normal(&rng));
+}
+
+/* One AdamW step with per-range weight decay, exactly as the CPU trainer applies it per tensor. */
+static void ref_step(ref *r, float lr, float clip)
+{
+    r->adam_step++;
+    zt_server_block_desc blocks[NB];
+    zt_server_run_desc d = make_desc(k_run, ZT_DTYPE_F32, blocks);
+    for (int b = 0; b < NB; b++) {
+        uint64_t i = 0;
+        int di = 0;
+        while (i < k_numel[b]) {
+            bool decay = di < blocks[b].ndecay && blocks[b].decay[di].begin <= i;
+            uint64_t stop = decay ? blocks[b].decay[di].end
+                                  : (di < blocks[b].ndecay ? blocks[b].decay[di].begin : k_numel[b]);
+            zt_adamw_params hp = {.lr = lr, .beta1 = d.beta1, .beta2 = d.beta2, .eps = d.eps,
+                                  .weight_decay = decay ? d.weight_decay : 0.0f, .grad_scale = clip,
+                                  .step = (int)r->adam_step};
+            zt_cpu_adamw_update(r->p[b] + i, r->m[b] + i, r->v[b] + i, r->g[b] + i, stop - i, &hp);
+            if (decay)
+                di++;
+            i = stop;
+        }
+    }
+}
+
+/* ---- driving servers ---- */
+
+typedef struct cluster {
+    zt_server_core *core[2];
+    int S;
+} cluster;
+
+static void cluster_create(cluster *c, int S, enum zt_server_store_kind kind)
+{
+    memset(c, 0, sizeof(*c));
+    c->S = S;
+    for (int s = 0; s < S; s++) {
+        zt_server_core_options o = {0};
+        o.store = kind;
+        o.server_index = s;
+        o.server_count = S;
+        o.threads = 2;
+        char path[300];
+        zt_err err = {0};
+        if (kind == ZT_SERVER_STORE_NVME) {
+            snprintf(path, sizeof(path), "%s/store%d", g_dir, s);
+            mkdir(path, 0755);
+            o.store_path = path;
+        }
+        int rc = zt_server_core_create(&c->core[s], &o, &err);
+        if (rc == ZT_EUNSUPPORTED && kind == ZT_SERVER_STORE_NVME) {
+            /* A file system without O_DIRECT (tmpfs): the store's buffered test mode. */
+            o.store_no_direct = true;
+            rc = zt_server_core_create(&c->core[s], &o, &err);
+        }
+        if (rc != 0)
+            fail_msg("create: %s", err.msg);
+    }
+}
+
+static void cluster_destroy(cluster *c)
+{
+    for (int s = 0; s < c->S; s++)
+        zt_server_core_destroy(c->core[s]);
+}
+
+static zt_server_core *owner_of(cluster *c, int b, int r)
+{
+    return c->core[zt_server_owner(k_run, b, r, W, c->S)];
+}
+
+static void must(int rc, const zt_err *err)
+{
+    if (rc != 0)
+        fail_msg("unexpected error %d: %s", rc, err->msg);
+}
+
+static void cluster_register(cluster *c, enum zt_dtype dtype)
+{
+    zt_server_block_desc blocks[NB];
+    zt_server_run_desc d = make_desc(k_run, dtype, blocks);
+    for (int s = 0; s < c->S; s++) {
+        zt_err err = {0};
+        zt_server_run_info info;
+        must(zt_server_core_register(c->core[s], &d, &info, &err), &err);
+        assert_int_equal(info.step, 0);
+        assert_false(info.params_ready);
+    }
+}
+
+/* The shard r of block b of a whole-block array, zero padded. */
+static float *shard_of(const float *block, int b, int r)
+{
+    uint64_t n = zt_server_shard_numel(k_numel[b], W);
+    float *s = calloc(n, 4);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t e = (uint64_t)r * n + i;
+        if (e < k_numel[b])
+            s[i] = block[e];
+    }
+    return s;
+}
+
+/* Pushes whole-block data (params or gradients) shard by shard in uneven chunks, some twice. */
+static void push_all(cluster *c, const ref *r, bool params, int64_t step, uint64_t seed)
+{
+    zt_rng rng;
+    zt_rng_seed(&rng, seed);
+    for (int b = 0; b < NB; b++) {
+        uint64_t n = zt_server_shard_numel(k_numel[b], W);
+        for (int sh = 0; sh < W; sh++) {
+            float *data = shard_of(params ? r->p[b] : r->g[b], b, sh);
+            uint64_t off = 0;
+            while (off < n) {
+                uint64_t len = 1 + zt_rng_below(&rng, 200);
+                if (len > n - off)
+                    len = n - off;
+                zt_server_chunk ch = {.block = b, .shard = sh, .offset = off, .n = len, .dtype = ZT_DTYPE_F32,
+                                      .data = data + off};
+                int times = zt_rng_below(&rng, 4) == 0 ? 2 : 1; /* retries overwrite identically */
+                for (int t = 0; t < times; t++) {
+                    zt_err err = {0};
+                    int rc = params ? zt_server_core_push_params(owner_of(c, b, sh), k_run, &ch, &err)
+                                    : zt_server_core_push_grad(owner_of(c, b, sh), k_run, step, &ch, &err);
+                    must(rc, &err);
+                }
+                off += len;
+            }
+            free(data);
+        }
+    }
+}
+
+static void commit_all(cluster *c, int64_t step, float lr, float clip, bool overflow)
+{
+    zt_server_commit_args a = {.step = step, .grad_norm = 1.0, .clip_coef = clip, .lr = lr, .overflow = overflow};
+    for (int s = 0; s < c->S; s++) {
+        zt_err err = {0};
+        zt_server_commit_result res;
+        must(zt_server_core_commit(c->core[s], k_run, &a, &res, &err), &err);
+        assert_int_equal(res.step, step);
+        assert_int_equal(res.skipped, overflow);
+        assert_false(res.already_committed);
+    }
+}
+
+/* Checks every shard's master, m, v (bit for bit) and the pulled parameters against the reference. */
+static void check_state(cluster *c, const ref *r, int64_t step, enum zt_dtype dtype)
+{
+    for (int b = 0; b < NB; b++) {
+        uint64_t n = zt_server_shard_numel(k_numel[b], W);
+        float *got = malloc(n * 4);
+        void *pulled = malloc(n * 4);
+        void *want_lowp = malloc(n * 4);
+        for (int sh = 0; sh < W; sh++) {
+            const float *want[3] = {r->p[b], r->m[b], r->v[b]};
+            for (int k = 0; k < 3; k++) {
+                zt_err err = {0};
+                int64_t st = -1;
+                must(zt_server_core_read_state(owner_of(c, b, sh), k_run, b, sh, (enum zt_server_state_tensor)k, got,
+                                               &st, &err), &err);
+                assert_int_equal(st, step);
+                float *exp = shard_of(want[k], b, sh);
+                if (memcmp(got, exp, n * 4) != 0) {
+                    for (uint64_t i = 0; i < n; i++)
+                        if (memcmp(&got[i], &exp[i], 4) != 0)
+                            fail_msg("step %lld block %d shard %d tensor %d element %llu: got %.9g want %.9g",
+                                     (long long)step, b, sh, k, (unsigned long long)i, (double)got[i], (double)exp[i]);
+                }
+                if (k == 0) {
+                    zt_err e2 = {0};
+                    must(zt_cpu_adam_convert(want_lowp, dtype, exp, n, 1, &e2), &e2);
+                }
+                free(exp);
+            }
+            zt_err err = {0};
+            must(zt_server_core_pull(owner_of(c, b, sh), k_run, step, b, sh, 0, n, pulled, 0, &err), &err);
+            assert_memory_equal(pulled, want_lowp, n * zt_dtype_size(dtype));
+        }
+        free(got);
+        free(pulled);
+        free(want_lowp);
+    }
+}
+
+/* Registers, pushes initial params, then runs `steps` steps with one overflow among them. */
+static void run_steps(cluster *c, ref *r, int steps, enum zt_dtype dtype)
+{
+    cluster_register(c, dtype);
+    push_all(c, r, true, 0, 7);
+    check_state(c, r, 0, dtype);
+    for (int s = 1; s <= steps; s++) {
+        ref_make_grads(r, 100 + (uint64_t)s);
+        push_all(c, r, false, s, 200 + (uint64_t)s);
+        bool overflow = s == 2;
+        float lr = 1e-3f * (float)s, clip = s == 3 ? 0.5f : 1.0f;
+        commit_all(c, s, lr, clip, overflow);
+        if (!overflow)
+            ref_step(r, lr, clip);
+        check_state(c, r, s, dtype);
+    }
+}
+
+/* ---- tests ---- */
+
+static void test_round_trip_ram_f32(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 1);
+    run_steps(&c, &r, 4, ZT_DTYPE_F32);
+    zt_server_run_info info;
+    zt_err err = {0};
+    must(zt_server_core_run_info(c.core[0], k_run, &info, &err), &err);
+    assert_int_equal(info.step, 4);
+    assert_int_equal(info.adam_step, 3); /* step 2 overflowed */
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_round_trip_ram_bf16(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 2);
+    run_steps(&c, &r, 3, ZT_DTYPE_BF16);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_round_trip_nvme(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_NVME);
+    ref_init(&r, 3);
+    run_steps(&c, &r, 4, ZT_DTYPE_F16);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_two_servers_match_one(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 2, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 4);
+    run_steps(&c, &r, 4, ZT_DTYPE_F32); /* checks against the same reference as one server */
+    /* Each server refuses the pairs of the other, naming the owner. */
+    int other = 1 - zt_server_owner(k_run, 0, 0, W, 2);
+    float x = 0;
+    zt_server_chunk ch = {.block = 0, .shard = 0, .offset = 0, .n = 1, .dtype = ZT_DTYPE_F32, .data = &x};
+    zt_err err = {0};
+    assert_int_equal(zt_server_core_push_grad(c.core[other], k_run, 5, &ch, &err), ZT_EMISMATCH);
+    assert_non_null(strstr(err.msg, "belongs to server"));
+    zt_server_run_info i0, i1;
+    must(zt_server_core_run_info(c.core[0], k_run, &i0, &err), &err);
+    must(zt_server_core_run_info(c.core[1], k_run, &i1, &err), &err);
+    assert_int_equal(i0.owned_shards + i1.owned_shards, NB * W);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+/* Copies the committed state of every shard (for before/after comparisons). */
+static float *snapshot_state(cluster *c)
+{
+    size_t total = 0;
+    for (int b = 0; b < NB; b++)
+        total += 3 * W * zt_server_shard_numel(k_numel[b], W);
+    float *all = malloc(total * 4), *p = all;
+    for (int b = 0; b < NB; b++) {
+        uint64_t n = zt_server_shard_numel(k_numel[b], W);
+        for (int sh = 0; sh < W; sh++)
+            for (int k = 0; k < 3; k++, p += n) {
+                zt_err err = {0};
+                must(zt_server_core_read_state(owner_of(c, b, sh), k_run, b, sh, (enum zt_server_state_tensor)k, p,
+                                               NULL, &err), &err);
+            }
+    }
+    return all;
+}
+
+static size_t state_bytes(void)
+{
+    size_t total = 0;
+    for (int b = 0; b < NB; b++)
+        total += 3 * W * zt_server_shard_numel(k_numel[b], W);
+    return total * 4;
+}
+
+static void test_incomplete_stale_future(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 5);
+    cluster_register(&c, ZT_DTYPE_F32);
+    zt_err err = {0};
+    zt_server_commit_args a = {.step = 1, .clip_coef = 1.0f, .lr = 1e-3f};
+    /* Initial parameters missing. */
+    assert_int_equal(zt_server_core_commit(c.core[0], k_run, &a, NULL, &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "initial parameters"));
+    push_all(&c, &r, true, 0, 7);
+    float *before = snapshot_state(&c);
+
+    /* Everything but the last 10 elements of block 2 shard 1. */
+    ref_make_grads(&r, 11);
+    uint64_t n2 = zt_server_shard_numel(k_numel[2], W);
+    for (int b = 0; b < NB; b++)
+        for (int sh = 0; sh < W; sh++) {
+            uint64_t n = zt_server_shard_numel(k_numel[b], W);
+            float *g = shard_of(r.g[b], b, sh);
+            zt_server_chunk ch = {.block = b, .shard = sh, .offset = 0, .n = n, .dtype = ZT_DTYPE_F32, .data = g};
+            if (b == 2 && sh == 1)
+                ch.n = n - 10;
+            must(zt_server_core_push_grad(c.core[0], k_run, 1, &ch, &err), &err);
+            free(g);
+        }
+    assert_int_equal(zt_server_core_commit(c.core[0], k_run, &a, NULL, &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "block 2 shard 1 is incomplete"));
+    char want[64];
+    snprintf(want, sizeof(want), "element %llu", (unsigned long long)(n2 - 10));
+    assert_non_null(strstr(err.msg, want));
+    float *after = snapshot_state(&c);
+    assert_memory_equal(before, after, state_bytes());
+    free(after);
+
+    /* Stale and future steps. */
+    float x = 0;
+    zt_server_chunk one = {.block = 0, .shard = 0, .offset = 0, .n = 1, .dtype = ZT_DTYPE_F32, .data = &x};
+    assert_int_equal(zt_server_core_push_grad(c.core[0], k_run, 0, &one, &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "already committed"));
+    assert_int_equal(zt_server_core_push_grad(c.core[0], k_run, 3, &one, &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "future"));
+    zt_server_commit_args fut = a;
+    fut.step = 2;
+    assert_int_equal(zt_server_core_commit(c.core[0], k_run, &fut, NULL, &err), ZT_ESTATE);
+    /* A chunk past the shard, a second dtype, an unknown run. */
+    zt_server_chunk bad = one;
+    bad.offset = n2;
+    bad.block = 2;
+    assert_int_equal(zt_server_core_push_grad(c.core[0], k_run, 1, &bad, &err), ZT_EINVAL_CONFIG);
+    zt_server_chunk half = one;
+    half.dtype = ZT_DTYPE_BF16;
+    assert_int_equal(zt_server_core_push_grad(c.core[0], k_run, 1, &half, &err), ZT_EINVAL_CONFIG);
+    assert_int_equal(zt_server_core_push_grad(c.core[0], "nope", 1, &one, &err), -ENOENT);
+
+    /* The rest arrives: the commit goes through and matches the reference. */
+    float *g = shard_of(r.g[2], 2, 1);
+    zt_server_chunk rest = {.block = 2, .shard = 1, .offset = n2 - 10, .n = 10, .dtype = ZT_DTYPE_F32,
+                            .data = g + n2 - 10};
+    must(zt_server_core_push_grad(c.core[0], k_run, 1, &rest, &err), &err);
+    free(g);
+    must(zt_server_core_commit(c.core[0], k_run, &a, NULL, &err), &err);
+    ref_step(&r, a.lr, a.clip_coef);
+    check_state(&c, &r, 1, ZT_DTYPE_F32);
+    /* The same commit again is a retry: nothing changes. */
+    zt_server_commit_result res;
+    must(zt_server_core_commit(c.core[0], k_run, &a, &res, &err), &err);
+    assert_true(res.already_committed);
+    check_state(&c, &r, 1, ZT_DTYPE_F32);
+    /* Initial parameters cannot be pushed after a commit. */
+    assert_int_equal(zt_server_core_push_params(c.core[0], k_run, &one, &err), ZT_ESTATE);
+
+    free(before);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void atomic_commit(enum zt_server_store_kind kind)
+{
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, kind);
+    ref_init(&r, 6);
+    cluster_register(&c, ZT_DTYPE_F32);
+    push_all(&c, &r, true, 0, 7);
+    ref_make_grads(&r, 21);
+    push_all(&c, &r, false, 1, 22);
+    float *before = snapshot_state(&c);
+
+    /* The 4th of the 6 shard writes fails: block 0 is done, block 1 half, block 2 not started. */
+    zt__server_core_fail_store_write(c.core[0], 4);
+    zt_server_commit_args a = {.step = 1, .clip_coef = 1.0f, .lr = 2e-3f};
+    zt_err err = {0};
+    assert_int_equal(zt_server_core_commit(c.core[0], k_run, &a, NULL, &err), ZT_EIO);
+    assert_non_null(strstr(err.msg, "stays at step 0"));
+    zt_server_run_info info;
+    must(zt_server_core_run_info(c.core[0], k_run, &info, &err), &err);
+    assert_int_equal(info.step, 0);
+    assert_int_equal(info.adam_step, 0);
+    float *after = snapshot_state(&c);
+    assert_memory_equal(before, after, state_bytes());
+    free(after);
+    check_state(&c, &r, 0, ZT_DTYPE_F32); /* the pulled parameters are still step 0's */
+    /* A pull of step 1 now waits for a commit, which does not come: it times out. */
+    float x;
+    assert_int_equal(zt_server_core_pull(c.core[0], k_run, 1, 0, 0, 0, 1, &x, 0, &err), -ETIMEDOUT);
+
+    /* The gradients are kept: the retried commit applies the step exactly once. */
+    must(zt_server_core_commit(c.core[0], k_run, &a, NULL, &err), &err);
+    ref_step(&r, a.lr, a.clip_coef);
+    check_state(&c, &r, 1, ZT_DTYPE_F32);
+    free(before);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_atomic_commit_ram(void **state)
+{
+    (void)state;
+    atomic_commit(ZT_SERVER_STORE_RAM);
+}
+
+static void test_atomic_commit_nvme(void **state)
+{
+    (void)state;
+    atomic_commit(ZT_SERVER_STORE_NVME);
+}
+
+/* A commit on another thread; the main thread waits for block 0 of its step. */
+typedef struct commit_job {
+    zt_server_core *core;
+    zt_server_commit_args a;
+    int rc;
+    zt_err err;
+} commit_job;
+
+static void *commit_thread(void *arg)
+{
+    commit_job *j = arg;
+    j->rc = zt_server_core_commit(j->core, k_run, &j->a, NULL, &j->err);
+    return NULL;
+}
+
+static void test_pull_waits_for_block(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 8);
+    cluster_register(&c, ZT_DTYPE_F32);
+    push_all(&c, &r, true, 0, 7);
+    ref_make_grads(&r, 31);
+    push_all(&c, &r, false, 1, 32);
+    commit_job j = {.core = c.core[0], .a = {.step = 1, .clip_coef = 1.0f, .lr = 1e-3f}};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, commit_thread, &j), 0);
+    /* Whether the commit has started or not, this returns once block 0 of step 1 is done. */
+    zt_err err = {0};
+    must(zt_server_core_wait_block(c.core[0], k_run, 1, 0, -1, &err), &err);
+    uint64_t n = zt_server_shard_numel(k_numel[0], W);
+    float *got = malloc(n * 4);
+    must(zt_server_core_pull(c.core[0], k_run, 1, 0, 0, 0, n, got, -1, &err), &err);
+    pthread_join(t, NULL);
+    must(j.rc, &j.err);
+    ref_step(&r, 1e-3f, 1.0f);
+    float *want = shard_of(r.p[0], 0, 0);
+    assert_memory_equal(got, want, n * 4);
+    free(want);
+    free(got);
+    /* Pulls of a step two ahead are refused; old steps too. */
+    float x;
+    assert_int_equal(zt_server_core_pull(c.core[0], k_run, 3, 0, 0, 0, 1, &x, 0, &err), ZT_ESTATE);
+    assert_int_equal(zt_server_core_pull(c.core[0], k_run, 0, 0, 0, 0, 1, &x, 0, &err), ZT_ESTATE);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_register_idempotent_and_mismatch(void **state)
+{
+    (void)state;
+    cluster c;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    cluster_register(&c, ZT_DTYPE_F32);
+    zt_server_block_desc blocks[NB];
+    zt_server_run_desc d = make_desc(k_run, ZT_DTYPE_F32, blocks);
+    zt_err err = {0};
+    zt_server_run_info info;
+    must(zt_server_core_register(c.core[0], &d, &info, &err), &err);
+    blocks[1].numel = 38;
+    assert_int_equal(zt_server_core_register(c.core[0], &d, &info, &err), ZT_EMISMATCH);
+    assert_non_null(strstr(err.msg, "block 1: numel 38, registered 37"));
+    blocks[1].numel = 37;
+    d.param_dtype = ZT_DTYPE_BF16;
+    assert_int_equal(zt_server_core_register(c.core[0], &d, &info, &err), ZT_EMISMATCH);
+    assert_non_null(strstr(err.msg, "parameter dtype"));
+    d = make_desc("bad/id", ZT_DTYPE_F32, blocks);
+    assert_int_equal(zt_server_core_register(c.core[0], &d, &info, &err), ZT_EINVAL_CONFIG);
+    d = make_desc("other", ZT_DTYPE_F32, blocks);
+    zt_server_range overlap[2] = {{0, 10}, {5, 20}};
+    blocks[0].decay = overlap;
+    blocks[0].ndecay = 2;
+    assert_int_equal(zt_server_core_register(c.core[0], &d, &info, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "weight-decay range 1"));
+    /* Memory limit: a run that does not fit is refused with the sizes. */
+    zt_server_core_options o = {.mem_limit = 1000};
+    zt_server_core *small;
+    must(zt_server_core_create(&small, &o, &err), &err);
+    d = make_desc(k_run, ZT_DTYPE_F32, blocks);
+    assert_int_equal(zt_server_core_register(small, &d, &info, &err), ZT_ENOMEM);
+    assert_non_null(strstr(err.msg, "--mem-limit"));
+    zt_server_core_destroy(small);
+    cluster_destroy(&c);
+}
+
+static void test_owner_mapping(void **state)
+{
+    (void)state;
+    /* The documented formula, computed here independently. */
+    uint32_t h = 2166136261u;
+    for (const char *s = "gpt2-run"; *s; s++) {
+        h ^= (uint8_t)*s;
+        h *= 16777619u;
+    }
+    for (int b = 0; b < 5; b++)
+        for (int r = 0; r < 3; r++)
+            assert_int_equal(zt_server_owner("gpt2-run", b, r, 3, 4), (int)(((uint64_t)h + (uint64_t)(b * 3 + r)) % 4));
+    /* Balanced: every server owns the same number of pairs, give or take one. */
+    static const int shapes[][3] = {{14, 1, 4}, {14, 2, 3}, {26, 8, 5}, {3, 7, 2}, {50, 3, 7}};
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        int nb = shapes[k][0], w = shapes[k][1], s = shapes[k][2];
+        int count[8] = {0};
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < w; r++) {
+                int o = zt_server_owner("run-a", b, r, w, s);
+                assert_true(o >= 0 && o < s);
+                assert_int_equal(o, zt_server_owner("run-a", b, r, w, s));
+                count[o]++;
+            }
+        int lo = count[0], hi = count[0];
+        for (int i = 1; i < s; i++) {
+            lo = count[i] < lo ? count[i] : lo;
+            hi = count[i] > hi ? count[i] : hi;
+        }
+        assert_true(hi - lo <= 1);
+    }
+    assert_int_equal(zt_server_owner("x", 3, 1, 2, 1), 0);
+    assert_int_equal(zt_server_shard_numel(10, 4), 3);
+    assert_int_equal(zt_server_shard_numel(12, 4), 3);
+    assert_int_equal(zt_server_shard_numel(1, 4), 1);
+}
+
+static void flip_byte(const char *path, long at)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, at, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+}
+
+static void snapshot_round_trip(enum zt_server_store_kind kind, int S)
+{
+    cluster c;
+    ref r;
+    cluster_create(&c, S, kind);
+    ref_init(&r, 9);
+    run_steps(&c, &r, 3, ZT_DTYPE_BF16);
+    char root[300], path[2][600];
+    snprintf(root, sizeof(root), "%s/snaps-%d-%d", g_dir, (int)kind, S);
+    zt_err err = {0};
+    for (int s = 0; s < S; s++)
+        must(zt_server_core_snapshot_save(c.core[s], k_run, root, 2, path[s], sizeof(path[s]), &err), &err);
+    /* A server restarted from its snapshot directory has the same state. */
+    cluster d;
+    cluster_create(&d, S, kind);
+    for (int s = 0; s < S; s++) {
+        int nruns = 0;
+        must(zt_server_core_restore_all(d.core[s], root, &nruns, &err), &err);
+        assert_int_equal(nruns, 1);
+    }
+    check_state(&d, &r, 3, ZT_DTYPE_BF16);
+    /* ... and continues like the original. */
+    ref_make_grads(&r, 77);
+    push_all(&d, &r, false, 4, 78);
+    commit_all(&d, 4, 1e-3f, 1.0f, false);
+    ref_step(&r, 1e-3f, 1.0f);
+    check_state(&d, &r, 4, ZT_DTYPE_BF16);
+    zt_server_run_info info;
+    must(zt_server_core_run_info(d.core[0], k_run, &info, &err), &err);
+    assert_int_equal(info.adam_step, 3);
+
+    /* Corruption: a flipped byte in a block file, then a damaged manifest. */
+    cluster e;
+    cluster_create(&e, S, kind);
+    char file[700];
+    snprintf(file, sizeof(file), "%s/block_000000.safetensors", path[0]);
+    struct stat st;
+    if (stat(file, &st) != 0)
+        snprintf(file, sizeof(file), "%s/block_000001.safetensors", path[0]);
+    assert_int_equal(stat(file, &st), 0);
+    flip_byte(file, (long)st.st_size - 5);
+    assert_int_equal(zt_server_core_snapshot_read(e.core[0], path[0], NULL, &err), ZT_ECHECKSUM);
+    assert_non_null(strstr(err.msg, "crc32c mismatch"));
+    assert_int_equal(zt_server_core_run_info(e.core[0], k_run, &info, &err), -ENOENT); /* nothing registered */
+    flip_byte(file, (long)st.st_size - 5);
+    snprintf(file, sizeof(file), "%s/manifest.json", path[0]);
+    assert_int_equal(truncate(file, 40), 0);
+    assert_int_equal(zt_server_core_snapshot_read(e.core[0], path[0], NULL, &err), ZT_EFORMAT);
+    if (S == 2) {
+        /* A snapshot of the other server is refused. */
+        assert_int_equal(zt_server_core_snapshot_read(e.core[0], path[1], NULL, &err), ZT_EMISMATCH);
+        assert_non_null(strstr(err.msg, "server 1 of 2"));
+    }
+    cluster_destroy(&e);
+    cluster_destroy(&d);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_snapshot_ram(void **state)
+{
+    (void)state;
+    snapshot_round_trip(ZT_SERVER_STORE_RAM, 1);
+}
+
+static void test_snapshot_nvme_two_servers(void **state)
+{
+    (void)state;
+    snapshot_round_trip(ZT_SERVER_STORE_NVME, 2);
+}
+
+static void test_snapshot_save_keep_and_metrics(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 10);
+    cluster_register(&c, ZT_DTYPE_F32);
+    zt_err err = {0};
+    char root[300], p[600];
+    snprintf(root, sizeof(root), "%s/keep", g_dir);
+    assert_int_equal(zt_server_core_snapshot_save(c.core[0], k_run, root, 2, p, sizeof(p), &err), ZT_ESTATE);
+    push_all(&c, &r, true, 0, 7);
+    for (int s = 1; s <= 3; s++) {
+        must(zt_server_core_snapshot_save(c.core[0], k_run, root, 2, p, sizeof(p), &err), &err);
+        must(zt_server_core_snapshot_save(c.core[0], k_run, root, 2, p, sizeof(p), &err), &err); /* same step */
+        ref_make_grads(&r, 300 + (uint64_t)s);
+        push_all(&c, &r, false, s, 400 + (uint64_t)s);
+        commit_all(&c, s, 1e-3f, 1.0f, false);
+    }
+    char dir[700];
+    struct stat st;
+    snprintf(dir, sizeof(dir), "%s/%s/server0of1/step_00000000", root, k_run);
+    assert_int_not_equal(stat(dir, &st), 0); /* pruned: only the newest two are kept */
+    snprintf(dir, sizeof(dir), "%s/%s/server0of1/step_00000002", root, k_run);
+    assert_int_equal(stat(dir, &st), 0);
+
+    char text[8192];
+    size_t len = zt_server_core_metrics_text(c.core[0], text, sizeof(text));
+    assert_true(len < sizeof(text));
+    assert_non_null(strstr(text, "# TYPE ztrain_server_step gauge\n"));
+    assert_non_null(strstr(text, "ztrain_server_step{run=\"test-run\"} 3\n"));
+    assert_non_null(strstr(text, "ztrain_server_commits_total{run=\"test-run\"} 3\n"));
+    char small[16];
+    assert_int_equal(zt_server_core_metrics_text(c.core[0], small, sizeof(small)), len);
+    assert_int_equal(strlen(small), sizeof(small) - 1);
+    zt_server_run_stats stt;
+    must(zt_server_core_stats(c.core[0], k_run, &stt, &err), &err);
+    assert_true(stt.bytes_pushed > 0 && stt.bytes_pulled == 0);
+    assert_true(stt.store_bytes > 0);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_owner_mapping),
+        cmocka_unit_test(test_register_idempotent_and_mismatch),
+        cmocka_unit_test(test_round_trip_ram_f32),
+        cmocka_unit_test(test_round_trip_ram_bf16),
+        cmocka_unit_test(test_round_trip_nvme),
+        cmocka_unit_test(test_two_servers_match_one),
+        cmocka_unit_test(test_incomplete_stale_future),
+        cmocka_unit_test(test_atomic_commit_ram),
+        cmocka_unit_test(test_atomic_commit_nvme),
+        cmocka_unit_test(test_pull_waits_for_block),
+        cmocka_unit_test(test_snapshot_ram),
+        cmocka_unit_test(test_snapshot_nvme_two_servers),
+        cmocka_unit_test(test_snapshot_save_keep_and_metrics),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
