@@ -427,10 +427,6 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
             goto out;
         if (resuming)
             zt_gpt2_cuda_upload(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
-        /* ZT_GPU_PROFILE=1: time every kernel family with CUDA events and log the sums at the end. */
-        const char *prof = getenv("ZT_GPU_PROFILE");
-        if (prof && prof[0] && strcmp(prof, "0") != 0)
-            zt_gpt2_cuda_set_profiling(r.gpu, true);
         if (dt == ZT_DTYPE_F16) {
             r.use_scaler = true;
             zt_loss_scaler_init(&r.scaler, cfg->loss_scale, cfg->min_loss_scale, cfg->loss_scale_window);
@@ -488,6 +484,10 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     const double step_tokens = (double)B * (double)T * (double)accum;
     double train_time = 0.0, window_time = 0.0, window_tokens = 0.0;
     int64_t steps_run = 0;
+#ifdef ZT_WITH_CUDA
+    const char *profile_env = getenv("ZT_GPU_PROFILE");
+    const int64_t profile_from = profile_env ? atoll(profile_env) : 0;
+#endif
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
         double t0 = now_seconds();
@@ -495,6 +495,9 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         zt_optimizer_report rep;
         float loss;
 #ifdef ZT_WITH_CUDA
+        /* ZT_GPU_PROFILE=N: from step N on, time every kernel family with CUDA events (logged at the end). */
+        if (r.gpu && profile_from > 0 && step == profile_from)
+            zt_gpt2_cuda_set_profiling(r.gpu, true);
         if (r.gpu) {
             if ((rc = gpu_step(&r, cfg, (float)lr, &loss, &rep, err)) < 0)
                 goto out;
@@ -579,7 +582,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
 
     stop_requested = 0; /* a request that came with the last step needs no stop */
 #ifdef ZT_WITH_CUDA
-    if (r.gpu && getenv("ZT_GPU_PROFILE"))
+    if (r.gpu && profile_from > 0)
         zt_gpt2_cuda_profile_report(r.gpu);
 #endif
     res->seconds = now_seconds() - start;
