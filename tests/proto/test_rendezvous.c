@@ -42,20 +42,19 @@ static void make_id(uint8_t id[ZT_RDZV_ID_BYTES])
         id[i] = (uint8_t)(i * 7 + 3);
 }
 
-/* Forks a child that joins as `rank` and exits with one of the CHILD_* codes. If expect is not NULL the
- * join must fail with expect in its message. If wait_fd >= 0 the child first reads one byte from it. If
- * done_fd >= 0 the child writes one byte to it after its join returned. */
-static pid_t spawn(int port, int rank, int world, uint64_t hash, double timeout, const char *expect, int wait_fd,
-                   int done_fd)
+/* The body of a joining child (run in a fresh process image, see spawn): joins as `rank` and exits with
+ * one of the CHILD_* codes. If expect is not "-" the join must fail with expect in its message. If
+ * wait_fd >= 0 the child first reads one byte from it; if done_fd >= 0 it writes one byte to it after its
+ * join returned. */
+static int child_main(int port, int rank, int world, uint64_t hash, double timeout, const char *expect, int wait_fd,
+                      int done_fd)
 {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid > 0)
-        return pid;
+    if (strcmp(expect, "-") == 0)
+        expect = NULL;
     if (wait_fd >= 0) {
         char c;
         if (read(wait_fd, &c, 1) != 1)
-            _exit(CHILD_OTHER);
+            return CHILD_OTHER;
     }
     char master[64];
     snprintf(master, sizeof(master), "127.0.0.1:%d", port);
@@ -64,14 +63,37 @@ static pid_t spawn(int port, int rank, int world, uint64_t hash, double timeout,
     zt_err err = {{0}};
     int rc = zt_rdzv_join(master, rank, world, hash, timeout, NULL, id, &err);
     if (done_fd >= 0 && write(done_fd, "x", 1) != 1)
-        _exit(CHILD_OTHER);
+        return CHILD_OTHER;
     if (rc != 0) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
-        _exit(expect != NULL && strstr(err.msg, expect) != NULL ? CHILD_FAILED : CHILD_OTHER);
+        return expect != NULL && strstr(err.msg, expect) != NULL ? CHILD_FAILED : CHILD_OTHER;
     }
     if (expect != NULL)
-        _exit(CHILD_OTHER);
-    _exit(memcmp(id, want, sizeof(id)) == 0 ? CHILD_MATCHED : CHILD_WRONG_ID);
+        return CHILD_OTHER;
+    return memcmp(id, want, sizeof(id)) == 0 ? CHILD_MATCHED : CHILD_WRONG_ID;
+}
+
+/* Starts a joining rank as a new process: fork, then exec this test program in its child mode, because
+ * the gRPC library's threads of this process do not survive a fork. */
+static pid_t spawn(int port, int rank, int world, uint64_t hash, double timeout, const char *expect, int wait_fd,
+                   int done_fd)
+{
+    char args[7][64];
+    snprintf(args[0], 64, "%d", port);
+    snprintf(args[1], 64, "%d", rank);
+    snprintf(args[2], 64, "%d", world);
+    snprintf(args[3], 64, "%llu", (unsigned long long)hash);
+    snprintf(args[4], 64, "%g", timeout);
+    snprintf(args[5], 64, "%d", wait_fd);
+    snprintf(args[6], 64, "%d", done_fd);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_rendezvous", "--join", args[0], args[1], args[2], args[3], args[4],
+              expect ? expect : "-", args[5], args[6], (char *)NULL);
+        _exit(127);
+    }
+    return pid;
 }
 
 static int wait_child(pid_t pid)
@@ -214,8 +236,11 @@ static void test_join_without_master(void **state)
     assert_non_null(strstr(err.msg, master));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 10 && strcmp(argv[1], "--join") == 0)
+        return child_main(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), strtoull(argv[5], NULL, 10), atof(argv[6]),
+                          argv[7], atoi(argv[8]), atoi(argv[9]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_success),
         cmocka_unit_test(test_world_size_one),
