@@ -775,6 +775,139 @@ static void test_snapshot_save_keep_and_metrics(void **state)
     cluster_destroy(&c);
 }
 
+/* ---- larger shards, pushed from one thread per rank, on both stores ---- */
+
+#define BIG_NB 2
+#define BIG_W 3
+static const uint64_t k_big[BIG_NB] = {300001, 70000};
+
+typedef struct pusher {
+    zt_server_core *core;
+    int shard;
+    int64_t step;
+    float *const *grads; /* [BIG_NB] whole blocks */
+    int rc;
+    zt_err err;
+} pusher;
+
+/* Pushes this rank's shard of every block in 4096-element chunks, last block first (as backward does). */
+static void *push_thread(void *arg)
+{
+    pusher *p = arg;
+    for (int b = BIG_NB - 1; b >= 0 && p->rc == 0; b--) {
+        uint64_t n = zt_server_shard_numel(k_big[b], BIG_W);
+        float *s = calloc(n, 4);
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t e = (uint64_t)p->shard * n + i;
+            s[i] = e < k_big[b] ? p->grads[b][e] : 0.0f;
+        }
+        for (uint64_t off = 0; off < n && p->rc == 0; off += 4096) {
+            zt_server_chunk ch = {.block = b, .shard = p->shard, .offset = off, .n = n - off < 4096 ? n - off : 4096,
+                                  .dtype = ZT_DTYPE_F32, .data = s + off};
+            p->rc = zt_server_core_push_grad(p->core, "big", p->step, &ch, &p->err);
+        }
+        free(s);
+    }
+    return NULL;
+}
+
+static void test_large_shards_threads_ram_and_nvme(void **state)
+{
+    (void)state;
+    zt_server_core *core[2];
+    zt_err err = {0};
+    for (int k = 0; k < 2; k++) {
+        zt_server_core_options o = {.store = k ? ZT_SERVER_STORE_NVME : ZT_SERVER_STORE_RAM, .threads = 2};
+        char path[300];
+        snprintf(path, sizeof(path), "%s/bigstore", g_dir);
+        if (k) {
+            mkdir(path, 0755);
+            o.store_path = path;
+        }
+        int rc = zt_server_core_create(&core[k], &o, &err);
+        if (rc == ZT_EUNSUPPORTED && k) {
+            o.store_no_direct = true;
+            rc = zt_server_core_create(&core[k], &o, &err);
+        }
+        must(rc, &err);
+    }
+    zt_server_block_desc blocks[BIG_NB] = {{.numel = k_big[0]}, {.numel = k_big[1]}};
+    zt_server_run_desc d = {.run_id = "big", .world_size = BIG_W, .nblocks = BIG_NB, .blocks = blocks,
+                            .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .param_dtype = ZT_DTYPE_BF16};
+    float *p[BIG_NB], *m[BIG_NB], *v[BIG_NB], *g[BIG_NB];
+    zt_rng rng;
+    zt_rng_seed(&rng, 99);
+    for (int b = 0; b < BIG_NB; b++) {
+        p[b] = malloc(k_big[b] * 4);
+        m[b] = calloc(k_big[b], 4);
+        v[b] = calloc(k_big[b], 4);
+        g[b] = malloc(k_big[b] * 4);
+        for (uint64_t i = 0; i < k_big[b]; i++)
+            p[b][i] = (float)(0.02 * zt_rng_normal(&rng));
+    }
+    for (int k = 0; k < 2; k++) {
+        must(zt_server_core_register(core[k], &d, NULL, &err), &err);
+        for (int b = 0; b < BIG_NB; b++) {
+            uint64_t n = zt_server_shard_numel(k_big[b], BIG_W);
+            float *s = calloc(n * BIG_W, 4);
+            memcpy(s, p[b], k_big[b] * 4);
+            for (int r = 0; r < BIG_W; r++) {
+                zt_server_chunk ch = {.block = b, .shard = r, .offset = 0, .n = n, .dtype = ZT_DTYPE_F32,
+                                      .data = s + (uint64_t)r * n};
+                must(zt_server_core_push_params(core[k], "big", &ch, &err), &err);
+            }
+            free(s);
+        }
+    }
+    for (int step = 1; step <= 2; step++) {
+        for (int b = 0; b < BIG_NB; b++)
+            for (uint64_t i = 0; i < k_big[b]; i++)
+                g[b][i] = (float)zt_rng_normal(&rng);
+        for (int k = 0; k < 2; k++) {
+            pusher ps[BIG_W];
+            pthread_t t[BIG_W];
+            for (int r = 0; r < BIG_W; r++) {
+                ps[r] = (pusher){.core = core[k], .shard = r, .step = step, .grads = g};
+                assert_int_equal(pthread_create(&t[r], NULL, push_thread, &ps[r]), 0);
+            }
+            for (int r = 0; r < BIG_W; r++) {
+                pthread_join(t[r], NULL);
+                must(ps[r].rc, &ps[r].err);
+            }
+            zt_server_commit_args a = {.step = step, .clip_coef = 0.75f, .lr = 3e-4f};
+            must(zt_server_core_commit(core[k], "big", &a, NULL, &err), &err);
+        }
+        zt_adamw_params hp = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_scale = 0.75f,
+                              .step = step};
+        for (int b = 0; b < BIG_NB; b++)
+            zt_cpu_adamw_update(p[b], m[b], v[b], g[b], k_big[b], &hp);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < BIG_NB; b++) {
+            uint64_t n = zt_server_shard_numel(k_big[b], BIG_W);
+            float *got = malloc(n * 4);
+            const float *want[3] = {p[b], m[b], v[b]};
+            for (int r = 0; r < BIG_W; r++)
+                for (int t = 0; t < 3; t++) {
+                    must(zt_server_core_read_state(core[k], "big", b, r, (enum zt_server_state_tensor)t, got, NULL,
+                                                   &err), &err);
+                    uint64_t valid = k_big[b] - (uint64_t)r * n < n ? k_big[b] - (uint64_t)r * n : n;
+                    assert_memory_equal(got, want[t] + (uint64_t)r * n, valid * 4);
+                    for (uint64_t i = valid; i < n; i++)
+                        assert_true(got[i] == 0.0f); /* padding stays zero */
+                }
+            free(got);
+        }
+    for (int b = 0; b < BIG_NB; b++) {
+        free(p[b]);
+        free(m[b]);
+        free(v[b]);
+        free(g[b]);
+    }
+    zt_server_core_destroy(core[0]);
+    zt_server_core_destroy(core[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -791,6 +924,7 @@ int main(void)
         cmocka_unit_test(test_snapshot_ram),
         cmocka_unit_test(test_snapshot_nvme_two_servers),
         cmocka_unit_test(test_snapshot_save_keep_and_metrics),
+        cmocka_unit_test(test_large_shards_threads_ram_and_nvme),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
