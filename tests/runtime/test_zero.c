@@ -24,6 +24,7 @@
 #include "kernels/cpu_threads.h"
 #include "worker/comm/comm.h"
 #include "worker/runtime/zero.h"
+#include "worker/runtime/zero_train.h"
 #include "worker/train/checkpoint.h"
 
 #define STEPS 20
@@ -311,12 +312,91 @@ static void test_resume_at_other_world_sizes(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The training loop of `ztrain train` under WORLD_SIZE = 2 against the single-process trainer, on a token
+ * shard written here. */
+static void test_train_loop_matches_trainer(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_train_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uint16_t toks[4096];
+    for (int i = 0; i < 4096; i++)
+        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
+    char shard[256], out1[256], out2[256];
+    snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
+    snprintf(out1, sizeof out1, "%s/single", dir);
+    snprintf(out2, sizeof out2, "%s/zero", dir);
+    zt_err err = {{0}};
+    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    zt_train_config cfg;
+    zt_train_config_init(&cfg);
+    cfg.model = tiny_config();
+    cfg.model_loaded = true;
+    snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s", out1);
+    cfg.steps = 8;
+    cfg.batch_size = 4;
+    cfg.seq_len = 8;
+    cfg.grad_accum = 2;
+    cfg.lr = 1e-2;
+    cfg.threads = 1;
+    cfg.log_every = 4;
+    assert_int_equal(zt_train_config_resolve(&cfg, &err), 0);
+    zt_train_result single;
+    if (zt_trainer_run(&cfg, &single, &err) < 0)
+        fail_msg("%s", err.msg);
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s", out2);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pids[2];
+    fflush(NULL);
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        assert_true(pids[r] >= 0);
+        if (pids[r] == 0) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", r);
+            setenv("RANK", v, 1);
+            setenv("WORLD_SIZE", "2", 1);
+            snprintf(v, sizeof v, "%d", 20000 + (int)(getppid() % 20000));
+            setenv("MASTER_PORT", v, 1);
+            zt_zero_options zo;
+            zt_zero_options_init(&zo);
+            zt_train_result res;
+            if (zt_zero_train_run(&cfg, &zo, &res, &err) < 0)
+                FAIL("rank %d: %s", r, err.msg);
+            if (r == 0 && write(fds[1], res.losses, 8 * sizeof(float)) != 8 * (ssize_t)sizeof(float))
+                _exit(1);
+            _exit(0);
+        }
+    }
+    close(fds[1]);
+    float losses[8];
+    assert_int_equal(read(fds[0], losses, sizeof losses), (ssize_t)sizeof losses);
+    close(fds[0]);
+    for (int r = 0; r < 2; r++) {
+        int st;
+        assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    assert_close(losses, single.losses, 8, 1e-5, "ztrain train at W=2");
+    /* the final checkpoint has the single-process trainer's format */
+    char ckpt[PATH_MAX];
+    assert_int_equal(zt_checkpoint_find(out2, ckpt, sizeof ckpt, &err), 0);
+    assert_int_equal(zt_checkpoint_verify(ckpt, NULL, &err), 0);
+    zt_train_result_free(&single);
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence_w1_to_w4),
         cmocka_unit_test(test_zero2_equals_zero3_and_checkpointing),
         cmocka_unit_test(test_resume_at_other_world_sizes),
+        cmocka_unit_test(test_train_loop_matches_trainer),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
