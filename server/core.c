@@ -386,7 +386,8 @@ int zt__desc_compare(const zt__run *run, const zt_server_run_desc *d, zt_err *er
     return 0;
 }
 
-static void fill_info(const zt__run *run, zt_server_run_info *info)
+/* Fills a run's position and sizes; see core_internal.h. */
+void zt__run_fill_info(const zt__run *run, zt_server_run_info *info)
 {
     if (!info)
         return;
@@ -397,6 +398,9 @@ static void fill_info(const zt__run *run, zt_server_run_info *info)
     info->committing = run->busy == ZT__COMMIT;
     info->owned_shards = run->npairs;
     info->owned_numel = run->owned_numel;
+    info->world_size = run->world_size;
+    info->nblocks = run->nblocks;
+    info->param_dtype = run->param_dtype;
 }
 
 /* Builds a run at step 0 and inserts it; see core_internal.h. */
@@ -573,7 +577,7 @@ int zt_server_core_register(zt_server_core *core, const zt_server_run_desc *desc
             rc = zt__desc_compare(run, desc, err);
             if (rc == 0) {
                 pthread_mutex_lock(&run->mu);
-                fill_info(run, info);
+                zt__run_fill_info(run, info);
                 pthread_mutex_unlock(&run->mu);
             }
             zt__run_release(core, run);
@@ -585,7 +589,7 @@ int zt_server_core_register(zt_server_core *core, const zt_server_run_desc *desc
         if (rc < 0)
             return rc;
         pthread_mutex_lock(&run->mu);
-        fill_info(run, info);
+        zt__run_fill_info(run, info);
         pthread_mutex_unlock(&run->mu);
         ZT_INFO("server: registered run %s: %d blocks, world size %d, %d shards here (%" PRIu64 " parameters)",
                 run->id, run->nblocks, run->world_size, run->npairs, run->owned_numel);
@@ -602,10 +606,30 @@ int zt_server_core_run_info(zt_server_core *core, const char *run_id, zt_server_
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&run->mu);
-    fill_info(run, info);
+    zt__run_fill_info(run, info);
     pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
     return 0;
+}
+
+/* Reports a block's sizes; see core.h. */
+int zt_server_core_block_numel(zt_server_core *core, const char *run_id, int block, uint64_t *numel,
+                               uint64_t *shard_numel, zt_err *err)
+{
+    zt__run *run;
+    int rc = zt__run_get(core, run_id, &run, err);
+    if (rc < 0)
+        return rc;
+    if (block < 0 || block >= run->nblocks) {
+        rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s has blocks 0 to %d, not %d", run_id, run->nblocks - 1, block);
+    } else {
+        if (numel)
+            *numel = run->numel[block];
+        if (shard_numel)
+            *shard_numel = zt_server_shard_numel(run->numel[block], run->world_size);
+    }
+    zt__run_release(core, run);
+    return rc;
 }
 
 /* Removes a run; see core.h. */

@@ -116,6 +116,9 @@ typedef struct zt_server_run_info {
     bool committing;          /* a commit is in progress */
     int owned_shards;         /* (block, shard) pairs held by this server */
     uint64_t owned_numel;     /* elements of those shards, padding included */
+    int world_size;           /* the registered layout, for callers that only know the run id */
+    int nblocks;
+    enum zt_dtype param_dtype;
 } zt_server_run_info;
 
 /* Registers a run (or finds it again). A new run starts at step 0 with zero parameters and moments and
@@ -128,6 +131,11 @@ int zt_server_core_register(zt_server_core *core, const zt_server_run_desc *desc
 
 /* Copies the position and sizes of run_id into *info. Returns 0 or -ENOENT for an unknown run. */
 int zt_server_core_run_info(zt_server_core *core, const char *run_id, zt_server_run_info *info, zt_err *err);
+
+/* The number of parameters of block `block` of run_id without padding (*numel) and of each of its
+ * shards (*shard_numel); either pointer may be NULL. Returns 0, -ENOENT or ZT_EINVAL_CONFIG. */
+int zt_server_core_block_numel(zt_server_core *core, const char *run_id, int block, uint64_t *numel,
+                               uint64_t *shard_numel, zt_err *err);
 
 /* Removes a run and frees its state. Returns 0, -ENOENT, or ZT_ESTATE while a commit is in progress. */
 int zt_server_core_drop(zt_server_core *core, const char *run_id, zt_err *err);

@@ -103,6 +103,9 @@ void zt__run_acquire(zt__run *run, int what);
 /* Marks the run idle again and wakes waiters (run->mu held). */
 void zt__run_unacquire(zt__run *run);
 
+/* Fills *info (may be NULL) from the run (run->mu held). */
+void zt__run_fill_info(const zt__run *run, zt_server_run_info *info);
+
 /* Checks a run description; returns 0 or ZT_EINVAL_CONFIG with the first problem. */
 int zt__desc_validate(const zt_server_run_desc *desc, zt_err *err);
 /* Compares desc with a registered run; returns 0 or ZT_EMISMATCH naming the first difference. */

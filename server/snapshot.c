@@ -721,14 +721,7 @@ int zt_server_core_snapshot_read(zt_server_core *core, const char *dir, zt_serve
         }
         zt__run_unacquire(run);
         if (rc == 0) {
-            if (info) {
-                memset(info, 0, sizeof(*info));
-                info->step = run->step;
-                info->adam_step = run->adam_step;
-                info->params_ready = true;
-                info->owned_shards = run->npairs;
-                info->owned_numel = run->owned_numel;
-            }
+            zt__run_fill_info(run, info);
         }
         pthread_mutex_unlock(&run->mu);
     }

@@ -586,6 +586,15 @@ static void test_register_idempotent_and_mismatch(void **state)
     zt_err err = {0};
     zt_server_run_info info;
     must(zt_server_core_register(c.core[0], &d, &info, &err), &err);
+    assert_int_equal(info.world_size, W);
+    assert_int_equal(info.nblocks, NB);
+    assert_int_equal(info.param_dtype, ZT_DTYPE_F32);
+    assert_int_equal(info.owned_numel, 2 * (500 + 19 + 257));
+    uint64_t numel = 0, sn = 0;
+    must(zt_server_core_block_numel(c.core[0], k_run, 2, &numel, &sn, &err), &err);
+    assert_int_equal(numel, 513);
+    assert_int_equal(sn, 257);
+    assert_int_equal(zt_server_core_block_numel(c.core[0], k_run, 3, &numel, &sn, &err), ZT_EINVAL_CONFIG);
     blocks[1].numel = 38;
     assert_int_equal(zt_server_core_register(c.core[0], &d, &info, &err), ZT_EMISMATCH);
     assert_non_null(strstr(err.msg, "block 1: numel 38, registered 37"));
