@@ -46,8 +46,8 @@ if command -v fio >/dev/null 2>&1; then
 fi
 store=$("$BIN/bench_store" "$DISK" "$GIB" 256 32 1024 4 | tee -a "$LOG/store.log")
 
-dd_gbs() { # GB/s from dd's last line ("... copied, 3.2 s, 1.3 GB/s"), in GB/s whatever unit dd used
-    echo "$1" | awk '{u=$NF; v=$(NF-1); if (u=="MB/s") v/=1000; if (u=="kB/s") v/=1e6; printf "%.2f", v}'
+dd_gbs() { # GB/s from dd's last line ("4294967296 bytes (...) copied, 2.82 s, 1.5 GB/s"): bytes / seconds
+    echo "$1" | awk '{printf "%.2f", $1 / $(NF-3) / 1e9}'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b+0 > 0) printf "%.2f", a / b; else printf "n/a" }'; }
 
