@@ -1,6 +1,7 @@
 /* The state server core (server/core.h): the run table, the shard table of each run, the step protocol
  * (gradient pushes with coverage tracking, atomic block-by-block commits into the second state slot,
  * pulls that wait for their block) and the statistics. Snapshots are in snapshot.c. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -129,6 +131,28 @@ static int nservers(const zt_server_core *core)
     return core->opt.server_count > 0 ? core->opt.server_count : 1;
 }
 
+/* Deletes the record files (*.zts, offload/store.h) an earlier process left in the NVMe directory: state
+ * survives restarts through snapshots only, and a record torn by a crash would stop the store opening. */
+static void remove_old_records(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return; /* zt_store_open reports the directory's problem */
+    int removed = 0;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && strcmp(e->d_name + len - 4, ".zts") == 0 &&
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < (int)sizeof(path) && unlink(path) == 0)
+            removed++;
+    }
+    closedir(d);
+    if (removed > 0)
+        ZT_INFO("server: removed %d state files of an earlier process from %s (state is restored from snapshots)",
+                removed, dir);
+}
+
 /* Creates a core with its store; see core.h. */
 int zt_server_core_create(zt_server_core **out, const zt_server_core_options *opt, zt_err *err)
 {
@@ -154,6 +178,8 @@ int zt_server_core_create(zt_server_core **out, const zt_server_core_options *op
         c->opt.store_path = c->store_path;
     }
     pthread_mutex_init(&c->mu, NULL);
+    if (o.store == ZT_SERVER_STORE_NVME)
+        remove_old_records(c->store_path);
     zt_store_config sc = {0};
     sc.kind = o.store == ZT_SERVER_STORE_NVME ? ZT_STORE_NVME : ZT_STORE_RAM;
     sc.path = c->store_path;

@@ -52,7 +52,9 @@ enum zt_server_store_kind {
 /* How a core is created; zero-initialise, then set what differs from the defaults. */
 typedef struct zt_server_core_options {
     enum zt_server_store_kind store;  /* default RAM */
-    const char *store_path;           /* NVMe tier: a directory for the state files; borrowed for create */
+    const char *store_path;           /* NVMe tier: a directory for the state files (those of an earlier
+                                         process are deleted at create: state survives through snapshots);
+                                         borrowed for create */
     bool store_no_direct;             /* NVMe tier without O_DIRECT (filesystems such as tmpfs lack it; tests) */
     uint64_t mem_limit;               /* bytes of RAM the core may hold for runs; 0 = no limit */
     int threads;                      /* CPU Adam threads; <= 0: the CPU kernels' default */
@@ -197,7 +199,7 @@ typedef struct zt_server_commit_result {
  * advance and the new state become the committed one; if anything fails before (a store error), the
  * run stays at its previous step with its previous state and gradients, the error is returned and waiting
  * pulls of this step fail with it; the commit may then be retried. With overflow set, no state changes
- * but the step advances (and gradients are cleared). A commit of the last committed step returns 0 with
+ * but the step advances; the gradients need not have arrived and are dropped. A commit of the last committed step returns 0 with
  * result->already_committed (a retry whose reply was lost); stale or future steps return ZT_ESTATE. One
  * commit per run at a time (a second returns ZT_ESTATE). result may be NULL. Runs in the caller's thread. */
 int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_server_commit_args *args,

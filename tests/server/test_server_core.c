@@ -344,6 +344,29 @@ static void test_round_trip_nvme(void **state)
     cluster_destroy(&c);
 }
 
+/* A torn state file of a killed process does not stop the NVMe store from opening. */
+static void test_nvme_ignores_old_state_files(void **state)
+{
+    (void)state;
+    char dir[300], file[400];
+    snprintf(dir, sizeof(dir), "%s/store0", g_dir); /* the directory cluster_create uses */
+    mkdir(dir, 0755);
+    snprintf(file, sizeof(file), "%s/r12-b0-s0.zts", dir);
+    FILE *f = fopen(file, "wb");
+    assert_non_null(f);
+    fputs("torn", f);
+    fclose(f);
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_NVME);
+    struct stat st;
+    assert_int_not_equal(stat(file, &st), 0);
+    ref_init(&r, 12);
+    run_steps(&c, &r, 1, ZT_DTYPE_F32);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
 static void test_two_servers_match_one(void **state)
 {
     (void)state;
@@ -925,6 +948,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_ram_f32),
         cmocka_unit_test(test_round_trip_ram_bf16),
         cmocka_unit_test(test_round_trip_nvme),
+        cmocka_unit_test(test_nvme_ignores_old_state_files),
         cmocka_unit_test(test_two_servers_match_one),
         cmocka_unit_test(test_incomplete_stale_future),
         cmocka_unit_test(test_atomic_commit_ram),
