@@ -19,6 +19,7 @@ static const struct {
     {"export", zt_cmd_export, "write a checkpoint's weights as Hugging Face safetensors + config.json"},
     {"tokenize", zt_cmd_tokenize, "turn text files into token shards for training"},
     {"plot", zt_cmd_plot, "draw the loss curves of a run's metrics.jsonl as SVG"},
+    {"launch", zt_cmd_launch, "start N local ranks with the torchrun environment"},
 };
 #define NUM_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 
@@ -50,7 +51,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < NUM_COMMANDS; i++)
         if (strcmp(cmd, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "ztrain: error: unknown command '%s'; commands are train, generate, export, tokenize, plot "
-            "(see ztrain --help)\n", cmd);
+    fprintf(stderr, "ztrain: error: unknown command '%s'; commands are train, generate, export, tokenize, plot, "
+            "launch (see ztrain --help)\n", cmd);
     return 2;
 }

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-int zt_cmd_launch(int argc, char **argv);
+#include "worker/commands.h"
 
 /* Runs zt_cmd_launch(argv) in a child with stdout and stderr captured into out; returns its status. */
 static int launch(char **argv, char *out, size_t cap)
