@@ -1,0 +1,634 @@
+/* ztrain.v1.StateService handlers over the state server core (see service.h). Each handler decodes its
+ * request with the protobuf-c code generated from proto/ztrain/v1/state.proto, validates what the core
+ * cannot (message order, chunk offsets, sizes), calls the core and maps its error codes to gRPC codes. */
+#include "server/service.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "ztrain/v1/state.pb-c.h"
+
+#define SVC "/ztrain.v1.StateService/"
+#define PULL_CHUNK_BYTES (1u << 20) /* payload of one ParamChunk */
+#define MAX_RUNS_CACHED 4096
+
+struct run_dtype {
+    char run[ZT_SERVER_RUN_ID_MAX];
+    enum zt_dtype dtype;
+};
+
+struct zt_service {
+    zt_server_core *core;
+    char *snapshot_dir;
+    int snapshot_keep;
+    int server_index;
+    int server_count;
+    pthread_mutex_t mu;
+    struct run_dtype *dtypes; /* param dtype of every run registered through this service */
+    int ndtypes;
+};
+
+/* Maps a core error code to the gRPC code a client should see. */
+static int grpc_code_of(int rc)
+{
+    switch (rc) {
+    case -ENOENT:
+        return ZT_RPC_NOT_FOUND;
+    case ZT_EINVAL_CONFIG:
+        return ZT_RPC_INVALID_ARGUMENT;
+    case ZT_EMISMATCH:
+    case ZT_ESTATE:
+        return ZT_RPC_FAILED_PRECONDITION;
+    case ZT_ENOMEM:
+        return ZT_RPC_RESOURCE_EXHAUSTED;
+    case -ETIMEDOUT:
+        return ZT_RPC_DEADLINE_EXCEEDED;
+    case ZT_ECHECKSUM:
+    case ZT_EFORMAT:
+        return ZT_RPC_DATA_LOSS;
+    case -EEXIST:
+        return ZT_RPC_ALREADY_EXISTS;
+    default:
+        return ZT_RPC_INTERNAL;
+    }
+}
+
+static int core_fail(zt_rpc_call_t *call, int rc, const zt_err *err)
+{
+    return zt_rpc_call_fail(call, grpc_code_of(rc), "%s", err->msg[0] ? err->msg : zt_strerror(rc));
+}
+
+static int dtype_from_wire(int wire, enum zt_dtype *out)
+{
+    switch (wire) {
+    case ZTRAIN__V1__DTYPE__DTYPE_F32:
+        *out = ZT_DTYPE_F32;
+        return 0;
+    case ZTRAIN__V1__DTYPE__DTYPE_F16:
+        *out = ZT_DTYPE_F16;
+        return 0;
+    case ZTRAIN__V1__DTYPE__DTYPE_BF16:
+        *out = ZT_DTYPE_BF16;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+static Ztrain__V1__DType dtype_to_wire(enum zt_dtype d)
+{
+    return d == ZT_DTYPE_F16 ? ZTRAIN__V1__DTYPE__DTYPE_F16
+           : d == ZT_DTYPE_BF16 ? ZTRAIN__V1__DTYPE__DTYPE_BF16
+                                : ZTRAIN__V1__DTYPE__DTYPE_F32;
+}
+
+/* Reads the one request message of a unary or server-streaming call. */
+static int read_request(zt_rpc_call_t *call, const void **data, size_t *len)
+{
+    int rc = zt_rpc_call_read(call, data, len);
+    if (rc < 0)
+        return zt_rpc_call_fail(call, ZT_RPC_CANCELLED, "the call ended before its request arrived");
+    if (rc == 0)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "the call carried no request message");
+    return ZT_RPC_OK;
+}
+
+static int malformed(zt_rpc_call_t *call, const char *what)
+{
+    return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "the %s is not a valid protobuf message of ztrain.v1",
+                            what);
+}
+
+/* Writes a packed message as the call's response. */
+static int send_packed(zt_rpc_call_t *call, const ProtobufCMessage *msg)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = zt_xmalloc(n);
+    protobuf_c_message_pack(msg, buf);
+    int rc = zt_rpc_call_write(call, buf, n);
+    free(buf);
+    return rc == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
+}
+
+static void remember_dtype(zt_service_t *svc, const char *run, enum zt_dtype dtype)
+{
+    pthread_mutex_lock(&svc->mu);
+    for (int i = 0; i < svc->ndtypes; i++) {
+        if (strcmp(svc->dtypes[i].run, run) == 0) {
+            svc->dtypes[i].dtype = dtype;
+            pthread_mutex_unlock(&svc->mu);
+            return;
+        }
+    }
+    if (svc->ndtypes < MAX_RUNS_CACHED) {
+        svc->dtypes = realloc(svc->dtypes, (size_t)(svc->ndtypes + 1) * sizeof(*svc->dtypes));
+        ZT_ASSERT(svc->dtypes != NULL);
+        snprintf(svc->dtypes[svc->ndtypes].run, ZT_SERVER_RUN_ID_MAX, "%s", run);
+        svc->dtypes[svc->ndtypes].dtype = dtype;
+        svc->ndtypes++;
+    }
+    pthread_mutex_unlock(&svc->mu);
+}
+
+static int lookup_dtype(zt_service_t *svc, const char *run, enum zt_dtype *out)
+{
+    int found = -1;
+    pthread_mutex_lock(&svc->mu);
+    for (int i = 0; i < svc->ndtypes; i++) {
+        if (strcmp(svc->dtypes[i].run, run) == 0) {
+            *out = svc->dtypes[i].dtype;
+            found = 0;
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return found;
+}
+
+static void fill_info(Ztrain__V1__RunInfo *out, const char *run, const zt_server_run_info *info)
+{
+    out->run = (char *)run;
+    out->step = info->step;
+    out->adam_step = info->adam_step;
+    out->params_ready = info->params_ready;
+    out->committing = info->committing;
+    out->owned_shards = info->owned_shards;
+    out->owned_numel = info->owned_numel;
+}
+
+/* ---- RegisterRun ---- */
+
+static int handle_register(zt_rpc_call_t *call, void *user)
+{
+    zt_service_t *svc = user;
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    Ztrain__V1__RegisterRunRequest *req = ztrain__v1__register_run_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return malformed(call, "RegisterRunRequest");
+    enum zt_dtype dtype;
+    if (dtype_from_wire(req->param_dtype, &dtype) != 0) {
+        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "param_dtype %d is not DTYPE_F32, DTYPE_F16 or DTYPE_BF16",
+                                (int)req->param_dtype);
+        ztrain__v1__register_run_request__free_unpacked(req, NULL);
+        return code;
+    }
+    if (req->n_blocks == 0 || req->n_blocks > ZT_SERVER_MAX_BLOCKS) {
+        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "a run has 1 to %d blocks, not %zu", ZT_SERVER_MAX_BLOCKS,
+                                req->n_blocks);
+        ztrain__v1__register_run_request__free_unpacked(req, NULL);
+        return code;
+    }
+    zt_server_block_desc *blocks = zt_xcalloc(req->n_blocks, sizeof(*blocks));
+    size_t nranges = 0;
+    for (size_t b = 0; b < req->n_blocks; b++)
+        nranges += req->blocks[b]->n_decay;
+    zt_server_range *ranges = zt_xcalloc(nranges ? nranges : 1, sizeof(*ranges));
+    size_t at = 0;
+    for (size_t b = 0; b < req->n_blocks; b++) {
+        blocks[b].numel = req->blocks[b]->numel;
+        blocks[b].decay = &ranges[at];
+        blocks[b].ndecay = (int)req->blocks[b]->n_decay;
+        for (size_t i = 0; i < req->blocks[b]->n_decay; i++, at++) {
+            ranges[at].begin = req->blocks[b]->decay[i]->begin;
+            ranges[at].end = req->blocks[b]->decay[i]->end;
+        }
+    }
+    zt_server_run_desc desc = {
+        .run_id = req->run,
+        .world_size = req->world_size,
+        .nblocks = (int)req->n_blocks,
+        .blocks = blocks,
+        .beta1 = req->beta1,
+        .beta2 = req->beta2,
+        .eps = req->eps,
+        .weight_decay = req->weight_decay,
+        .param_dtype = dtype,
+    };
+    zt_server_run_info info;
+    zt_err err = {{0}};
+    int rc = zt_server_core_register(svc->core, &desc, &info, &err);
+    free(blocks);
+    free(ranges);
+    if (rc != 0) {
+        code = core_fail(call, rc, &err);
+    } else {
+        remember_dtype(svc, req->run, dtype);
+        ZT_INFO("service: run %s registered (%zu blocks, world size %d) at step %" PRId64 " from %s", req->run,
+                req->n_blocks, req->world_size, info.step, zt_rpc_call_peer(call));
+        Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
+        fill_info(&ri, req->run, &info);
+        Ztrain__V1__RegisterRunResponse resp = ZTRAIN__V1__REGISTER_RUN_RESPONSE__INIT;
+        resp.info = &ri;
+        code = send_packed(call, &resp.base);
+    }
+    ztrain__v1__register_run_request__free_unpacked(req, NULL);
+    return code;
+}
+
+/* ---- PushParams and PushGradients ---- */
+
+/* Calls the core's push for params (step < 0) or gradients of `step`. */
+static int core_push(zt_service_t *svc, const char *run, int params, int64_t step, const zt_server_chunk *c,
+                     zt_err *err)
+{
+    return params ? zt_server_core_push_params(svc->core, run, c, err)
+                  : zt_server_core_push_grad(svc->core, run, step, c, err);
+}
+
+static int handle_push(zt_rpc_call_t *call, zt_service_t *svc, int params)
+{
+    const char *what = params ? "PushParams" : "PushGradients";
+    const void *data;
+    size_t len;
+    int rc = zt_rpc_call_read(call, &data, &len);
+    if (rc < 0)
+        return ZT_RPC_CANCELLED;
+    if (rc == 0)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s carried no messages; send a PushHeader first", what);
+    Ztrain__V1__PushMessage *first = ztrain__v1__push_message__unpack(NULL, len, data);
+    if (first == NULL)
+        return malformed(call, "first PushMessage");
+    if (first->msg_case != ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER) {
+        ztrain__v1__push_message__free_unpacked(first, NULL);
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "the first message of %s must be a PushHeader", what);
+    }
+    const Ztrain__V1__PushHeader *h = first->header;
+    char run[ZT_SERVER_RUN_ID_MAX];
+    snprintf(run, sizeof(run), "%s", h->run);
+    int64_t step = h->step;
+    int block = h->block, shard = h->shard;
+    uint64_t total = h->total_bytes, start = h->offset;
+    enum zt_dtype dtype;
+    int dtype_ok = dtype_from_wire(h->dtype, &dtype) == 0;
+    ztrain__v1__push_message__free_unpacked(first, NULL);
+    if (!dtype_ok)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "the PushHeader's dtype is not DTYPE_F32, DTYPE_F16 or DTYPE_BF16");
+    size_t es = zt_dtype_size(dtype);
+    if (total % es != 0)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT,
+                                "the push announces %" PRIu64 " bytes, not a whole number of %zu-byte elements", total, es);
+
+    /* Check the whole announced range against the layout before storing anything: an empty chunk at its
+     * end fails exactly when the range does not fit (or the run, step, dtype or owner is wrong). */
+    zt_err err = {{0}};
+    zt_server_chunk probe = {.block = block, .shard = shard, .offset = start + total / es, .n = 0, .dtype = dtype};
+    rc = core_push(svc, run, params, step, &probe, &err);
+    if (rc != 0)
+        return core_fail(call, rc, &err);
+
+    uint64_t received = 0;
+    for (;;) {
+        rc = zt_rpc_call_read(call, &data, &len);
+        if (rc < 0)
+            return ZT_RPC_CANCELLED;
+        if (rc == 0)
+            break;
+        Ztrain__V1__PushMessage *m = ztrain__v1__push_message__unpack(NULL, len, data);
+        if (m == NULL)
+            return malformed(call, "PushChunk");
+        int code = ZT_RPC_OK;
+        if (m->msg_case != ZTRAIN__V1__PUSH_MESSAGE__MSG_CHUNK) {
+            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s sent a second PushHeader; one push carries one "
+                                    "header, then chunks", what);
+        } else if (m->chunk->offset != received) {
+            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "chunk at byte %" PRIu64 " after %" PRIu64
+                                    " bytes: send chunks in order without gaps", m->chunk->offset, received);
+        } else if (m->chunk->data.len % es != 0 || m->chunk->data.len > total - received) {
+            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "a chunk of %zu bytes after %" PRIu64 " of %" PRIu64
+                                    " bytes: chunks must be whole elements and stay within the announced total",
+                                    m->chunk->data.len, received, total);
+        } else if (m->chunk->data.len > 0) {
+            zt_server_chunk c = {.block = block, .shard = shard, .offset = start + received / es,
+                                 .n = m->chunk->data.len / es, .dtype = dtype, .data = m->chunk->data.data};
+            rc = core_push(svc, run, params, step, &c, &err);
+            if (rc != 0)
+                code = core_fail(call, rc, &err);
+            else
+                received += m->chunk->data.len;
+        }
+        ztrain__v1__push_message__free_unpacked(m, NULL);
+        if (code != ZT_RPC_OK)
+            return code;
+    }
+    if (received != total)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s ended after %" PRIu64 " of the %" PRIu64
+                                " bytes its header announced", what, received, total);
+    Ztrain__V1__PushResponse resp = ZTRAIN__V1__PUSH_RESPONSE__INIT;
+    resp.bytes_received = received;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_push_params(zt_rpc_call_t *call, void *user)
+{
+    return handle_push(call, user, 1);
+}
+
+static int handle_push_grads(zt_rpc_call_t *call, void *user)
+{
+    return handle_push(call, user, 0);
+}
+
+/* ---- CommitStep ---- */
+
+static int handle_commit(zt_rpc_call_t *call, void *user)
+{
+    zt_service_t *svc = user;
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    Ztrain__V1__CommitStepRequest *req = ztrain__v1__commit_step_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return malformed(call, "CommitStepRequest");
+    zt_server_commit_args args = {.step = req->step, .grad_norm = req->grad_norm, .clip_coef = req->clip_coef,
+                                  .lr = req->lr, .overflow = req->overflow};
+    zt_server_commit_result res;
+    zt_err err = {{0}};
+    int rc = zt_server_core_commit(svc->core, req->run, &args, &res, &err);
+    if (rc != 0) {
+        code = core_fail(call, rc, &err);
+    } else {
+        Ztrain__V1__CommitStepResponse resp = ZTRAIN__V1__COMMIT_STEP_RESPONSE__INIT;
+        resp.step = res.step;
+        resp.adam_step = res.adam_step;
+        resp.already_committed = res.already_committed;
+        resp.skipped = res.skipped;
+        resp.seconds = res.seconds;
+        code = send_packed(call, &resp.base);
+    }
+    ztrain__v1__commit_step_request__free_unpacked(req, NULL);
+    return code;
+}
+
+/* ---- PullParams ---- */
+
+static int handle_pull(zt_rpc_call_t *call, void *user)
+{
+    zt_service_t *svc = user;
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    Ztrain__V1__PullParamsRequest *req = ztrain__v1__pull_params_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return malformed(call, "PullParamsRequest");
+    zt_err err = {{0}};
+    zt_server_run_info info;
+    enum zt_dtype dtype = ZT_DTYPE_F32;
+    int rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
+    if (rc != 0) {
+        code = core_fail(call, rc, &err);
+    } else if (lookup_dtype(svc, req->run, &dtype) != 0) {
+        code = zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
+                                "run %s was restored from a snapshot and not registered since: call RegisterRun "
+                                "again (with the same layout) before pulling", req->run);
+    }
+    size_t es = zt_dtype_size(dtype);
+    uint64_t per_chunk = PULL_CHUNK_BYTES / es;
+    uint8_t *buf = code == ZT_RPC_OK ? zt_xmalloc(PULL_CHUNK_BYTES) : NULL;
+    for (size_t i = 0; code == ZT_RPC_OK && i < req->n_ranges; i++) {
+        const Ztrain__V1__PullRange *r = req->ranges[i];
+        for (uint64_t done = 0; code == ZT_RPC_OK && done < r->count; done += per_chunk) {
+            uint64_t n = r->count - done < per_chunk ? r->count - done : per_chunk;
+            int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : (int)(zt_rpc_call_time_left(call) * 1000.0);
+            rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset + done, n, buf,
+                                     timeout_ms < 0 ? 0 : timeout_ms, &err);
+            if (rc != 0) {
+                code = core_fail(call, rc, &err);
+                break;
+            }
+            Ztrain__V1__ParamChunk chunk = ZTRAIN__V1__PARAM_CHUNK__INIT;
+            chunk.block = r->block;
+            chunk.shard = r->shard;
+            chunk.offset = r->offset + done;
+            chunk.dtype = dtype_to_wire(dtype);
+            chunk.data.data = buf;
+            chunk.data.len = (size_t)(n * es);
+            code = send_packed(call, &chunk.base);
+        }
+    }
+    free(buf);
+    ztrain__v1__pull_params_request__free_unpacked(req, NULL);
+    return code;
+}
+
+/* ---- snapshots ---- */
+
+/* Run ids become directory names: only [A-Za-z0-9._-] and never "." or "..". */
+static int run_id_is_safe(const char *run)
+{
+    if (run == NULL || run[0] == '\0' || strcmp(run, ".") == 0 || strcmp(run, "..") == 0 ||
+        strlen(run) >= ZT_SERVER_RUN_ID_MAX)
+        return 0;
+    for (const char *p = run; *p; p++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int handle_save(zt_rpc_call_t *call, void *user)
+{
+    zt_service_t *svc = user;
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    Ztrain__V1__SaveSnapshotRequest *req = ztrain__v1__save_snapshot_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return malformed(call, "SaveSnapshotRequest");
+    zt_err err = {{0}};
+    char path[4096] = "";
+    zt_server_run_info info;
+    if (svc->snapshot_dir == NULL) {
+        code = zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
+                                "this server has no snapshot directory: start ztrain-server with --snapshot-dir DIR");
+    } else if (!run_id_is_safe(req->run)) {
+        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "'%s' is not a valid run id", req->run);
+    } else {
+        int rc = zt_server_core_snapshot_save(svc->core, req->run, svc->snapshot_dir,
+                                              req->keep > 0 ? req->keep : svc->snapshot_keep, path, sizeof(path), &err);
+        if (rc == 0)
+            rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
+        if (rc != 0) {
+            code = core_fail(call, rc, &err);
+        } else {
+            ZT_INFO("service: run %s saved at step %" PRId64 " to %s", req->run, info.step, path);
+            Ztrain__V1__SaveSnapshotResponse resp = ZTRAIN__V1__SAVE_SNAPSHOT_RESPONSE__INIT;
+            resp.path = path;
+            resp.step = info.step;
+            code = send_packed(call, &resp.base);
+        }
+    }
+    ztrain__v1__save_snapshot_request__free_unpacked(req, NULL);
+    return code;
+}
+
+static int handle_load(zt_rpc_call_t *call, void *user)
+{
+    zt_service_t *svc = user;
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    Ztrain__V1__LoadSnapshotRequest *req = ztrain__v1__load_snapshot_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return malformed(call, "LoadSnapshotRequest");
+    zt_err err = {{0}};
+    if (svc->snapshot_dir == NULL) {
+        code = zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
+                                "this server has no snapshot directory: start ztrain-server with --snapshot-dir DIR");
+    } else if (!run_id_is_safe(req->run) || req->step < 0) {
+        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "'%s' step %" PRId64 " does not name a snapshot",
+                                req->run, req->step);
+    } else {
+        char dir[4096];
+        int count = svc->server_count > 0 ? svc->server_count : 1;
+        if (req->step == 0)
+            snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/latest", svc->snapshot_dir, req->run, svc->server_index, count);
+        else
+            snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/step_%08" PRId64, svc->snapshot_dir, req->run,
+                     svc->server_index, count, req->step);
+        zt_server_run_info info;
+        int rc = zt_server_core_snapshot_read(svc->core, dir, &info, &err);
+        if (rc != 0) {
+            code = core_fail(call, rc, &err);
+        } else {
+            ZT_INFO("service: run %s loaded at step %" PRId64 " from %s", req->run, info.step, dir);
+            Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
+            fill_info(&ri, req->run, &info);
+            Ztrain__V1__LoadSnapshotResponse resp = ZTRAIN__V1__LOAD_SNAPSHOT_RESPONSE__INIT;
+            resp.info = &ri;
+            code = send_packed(call, &resp.base);
+        }
+    }
+    ztrain__v1__load_snapshot_request__free_unpacked(req, NULL);
+    return code;
+}
+
+/* ---- Stats ---- */
+
+static int handle_stats(zt_rpc_call_t *call, void *user)
+{
+    zt_service_t *svc = user;
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    Ztrain__V1__StatsRequest *req = ztrain__v1__stats_request__unpack(NULL, len, data);
+    if (req == NULL)
+        return malformed(call, "StatsRequest");
+    zt_err err = {{0}};
+    zt_server_run_stats *stats = NULL;
+    int n = 0;
+    if (req->run != NULL && req->run[0] != '\0') {
+        stats = zt_xcalloc(1, sizeof(*stats));
+        int rc = zt_server_core_stats(svc->core, req->run, stats, &err);
+        if (rc != 0)
+            code = core_fail(call, rc, &err);
+        else
+            n = 1;
+    } else {
+        int total = 0;
+        zt_server_core_list_stats(svc->core, NULL, 0, &total);
+        stats = zt_xcalloc((size_t)(total > 0 ? total : 1), sizeof(*stats));
+        zt_server_core_list_stats(svc->core, stats, total, &n);
+        if (n > total)
+            n = total;
+    }
+    if (code == ZT_RPC_OK) {
+        Ztrain__V1__RunStats *items = zt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*items));
+        Ztrain__V1__RunStats **ptrs = zt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*ptrs));
+        for (int i = 0; i < n; i++) {
+            ztrain__v1__run_stats__init(&items[i]);
+            items[i].run = stats[i].run_id;
+            items[i].step = stats[i].step;
+            items[i].adam_step = stats[i].adam_step;
+            items[i].commits = stats[i].commits;
+            items[i].skipped_steps = stats[i].skipped_steps;
+            items[i].bytes_pushed = stats[i].bytes_pushed;
+            items[i].bytes_pulled = stats[i].bytes_pulled;
+            items[i].last_commit_seconds = stats[i].last_commit_s;
+            items[i].total_commit_seconds = stats[i].total_commit_s;
+            items[i].store_bytes = stats[i].store_bytes;
+            items[i].ram_bytes = stats[i].ram_bytes;
+            ptrs[i] = &items[i];
+        }
+        Ztrain__V1__StatsResponse resp = ZTRAIN__V1__STATS_RESPONSE__INIT;
+        resp.n_runs = (size_t)n;
+        resp.runs = ptrs;
+        code = send_packed(call, &resp.base);
+        free(ptrs);
+        free(items);
+    }
+    free(stats);
+    ztrain__v1__stats_request__free_unpacked(req, NULL);
+    return code;
+}
+
+/* ---- lifetime ---- */
+
+int zt_service_create(zt_server_core *core, const struct zt_service_options *opt, zt_service_t **out, zt_err *err)
+{
+    (void)err;
+    zt_service_t *svc = zt_xcalloc(1, sizeof(*svc));
+    svc->core = core;
+    if (opt != NULL) {
+        svc->snapshot_dir = opt->snapshot_dir ? strdup(opt->snapshot_dir) : NULL;
+        svc->snapshot_keep = opt->snapshot_keep;
+        svc->server_index = opt->server_index;
+        svc->server_count = opt->server_count;
+    }
+    pthread_mutex_init(&svc->mu, NULL);
+    *out = svc;
+    return 0;
+}
+
+int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err)
+{
+    static const struct {
+        const char *name;
+        enum zt_rpc_kind kind;
+        zt_rpc_handler_fn fn;
+    } methods[] = {
+        {SVC "RegisterRun", ZT_RPC_KIND_UNARY, handle_register},
+        {SVC "PushParams", ZT_RPC_KIND_CLIENT_STREAM, handle_push_params},
+        {SVC "PushGradients", ZT_RPC_KIND_CLIENT_STREAM, handle_push_grads},
+        {SVC "CommitStep", ZT_RPC_KIND_UNARY, handle_commit},
+        {SVC "PullParams", ZT_RPC_KIND_SERVER_STREAM, handle_pull},
+        {SVC "SaveSnapshot", ZT_RPC_KIND_UNARY, handle_save},
+        {SVC "LoadSnapshot", ZT_RPC_KIND_UNARY, handle_load},
+        {SVC "Stats", ZT_RPC_KIND_UNARY, handle_stats},
+    };
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+        int rc = zt_rpc_server_add_method(srv, methods[i].name, methods[i].kind, methods[i].fn, svc, err);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+void zt_service_destroy(zt_service_t *svc)
+{
+    if (svc == NULL)
+        return;
+    free(svc->snapshot_dir);
+    free(svc->dtypes);
+    pthread_mutex_destroy(&svc->mu);
+    free(svc);
+}

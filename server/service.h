@@ -1,0 +1,37 @@
+/* The gRPC handlers of ztrain.v1.StateService (proto/ztrain/v1/state.proto): they decode requests, call
+ * the state server core (server/core.h) and encode its answers. Every refusal is a gRPC status with one
+ * sentence: malformed protobuf and bad sizes INVALID_ARGUMENT, an unknown run NOT_FOUND, a stale or future
+ * step and layout mismatches FAILED_PRECONDITION, memory limits RESOURCE_EXHAUSTED; tokens, deadlines and
+ * message size limits are enforced by proto/rpc before a handler runs. A refused request changes nothing
+ * in the core.
+ *
+ * Pulls need the run's parameter dtype, which the service learns from RegisterRun: after a server restart
+ * (snapshots restored) workers register their run again, as the step protocol has them do anyway, before
+ * they pull. */
+#ifndef ZT_SERVER_SERVICE_H
+#define ZT_SERVER_SERVICE_H
+
+#include "common/status.h"
+#include "proto/rpc.h"
+#include "server/core.h"
+
+typedef struct zt_service zt_service_t;
+
+struct zt_service_options {
+    const char *snapshot_dir; /* root of SaveSnapshot / LoadSnapshot, or NULL: those calls are refused */
+    int snapshot_keep;        /* snapshots kept per run and server; 0 keeps all */
+    int server_index;         /* this server's index, as given to the core */
+    int server_count;         /* S; 0 means 1 */
+};
+
+/* Creates the service over core (borrowed: it must outlive the service). opt is copied. Returns 0 and
+ * *out, free with zt_service_destroy() after the rpc server that uses it. */
+int zt_service_create(zt_server_core *core, const struct zt_service_options *opt, zt_service_t **out, zt_err *err);
+
+/* Registers every StateService method on srv (before zt_rpc_server_start). Returns 0 or a negative code. */
+int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err);
+
+/* Frees the service. Accepts NULL. */
+void zt_service_destroy(zt_service_t *svc);
+
+#endif
