@@ -922,6 +922,7 @@ struct zt_rpc_stream {
     int send_closed;
     int recv_done;
     int broken; /* a send or receive failed: the call is over */
+    int status_done; /* the status op completed (plucked) */
     char *buf;
     size_t cap;
 };
@@ -1052,6 +1053,31 @@ static gpr_timespec stream_wait_deadline(const zt_rpc_stream_t *s)
     return gpr_time_add(s->deadline, gpr_time_from_seconds(5, GPR_TIMESPAN));
 }
 
+/* Waits for a send. A server that ends the call without reading (a refusal) may leave a large send
+ * waiting for flow control that never comes, so the wait looks at the status op in short slices and
+ * cancels the send once the server's status is in. Returns the send's success flag. */
+static int wait_send(zt_rpc_stream_t *s)
+{
+    gpr_timespec until = stream_wait_deadline(s);
+    for (;;) {
+        gpr_timespec slice = deadline_in(0.05);
+        if (gpr_time_cmp(slice, until) > 0)
+            slice = until;
+        grpc_event ev = grpc_completion_queue_pluck(s->cq, &tag_write, slice, NULL);
+        if (ev.type == GRPC_OP_COMPLETE)
+            return ev.success;
+        if (!s->status_done) {
+            ev = grpc_completion_queue_pluck(s->cq, &tag_status, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+            if (ev.type == GRPC_OP_COMPLETE) {
+                s->status_done = 1;
+                grpc_call_cancel(s->call, NULL);
+            }
+        }
+        if (gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), until) >= 0)
+            return wait_op(s->cq, s->call, &tag_write, until, NULL);
+    }
+}
+
 int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len)
 {
     if (s->broken || s->send_closed)
@@ -1063,7 +1089,7 @@ int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len)
     op.data.send_message.send_message = bb;
     int ok = 0;
     if (grpc_call_start_batch(s->call, &op, 1, &tag_write, NULL) == GRPC_CALL_OK)
-        ok = wait_op(s->cq, s->call, &tag_write, stream_wait_deadline(s), NULL);
+        ok = wait_send(s);
     grpc_byte_buffer_destroy(bb);
     if (!ok) {
         s->broken = 1;
@@ -1137,10 +1163,12 @@ int zt_rpc_stream_finish(zt_rpc_stream_t *s, struct zt_rpc_status *st)
         zt_rpc_stream_close_send(s);
     const void *data;
     size_t len;
-    while (!s->broken && zt_rpc_stream_recv(s, &data, &len) == 1) {
+    /* Always receive: the core delivers the status only once initial metadata and messages are read. */
+    while (zt_rpc_stream_recv(s, &data, &len) == 1) {
         /* drop unread responses */
     }
-    wait_op(s->cq, s->call, &tag_status, stream_wait_deadline(s), NULL);
+    if (!s->status_done)
+        wait_op(s->cq, s->call, &tag_status, stream_wait_deadline(s), NULL);
     int code = (int)s->status;
     if (st != NULL) {
         st->code = code;

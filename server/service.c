@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +14,6 @@
 
 #define SVC "/ztrain.v1.StateService/"
 #define PULL_CHUNK_BYTES (1u << 20) /* payload of one ParamChunk */
-#define MAX_RUNS_CACHED 4096
-
-struct run_dtype {
-    char run[ZT_SERVER_RUN_ID_MAX];
-    enum zt_dtype dtype;
-};
 
 struct zt_service {
     zt_server_core *core;
@@ -28,9 +21,6 @@ struct zt_service {
     int snapshot_keep;
     int server_index;
     int server_count;
-    pthread_mutex_t mu;
-    struct run_dtype *dtypes; /* param dtype of every run registered through this service */
-    int ndtypes;
 };
 
 /* Maps a core error code to the gRPC code a client should see. */
@@ -115,40 +105,6 @@ static int send_packed(zt_rpc_call_t *call, const ProtobufCMessage *msg)
     return rc == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
 }
 
-static void remember_dtype(zt_service_t *svc, const char *run, enum zt_dtype dtype)
-{
-    pthread_mutex_lock(&svc->mu);
-    for (int i = 0; i < svc->ndtypes; i++) {
-        if (strcmp(svc->dtypes[i].run, run) == 0) {
-            svc->dtypes[i].dtype = dtype;
-            pthread_mutex_unlock(&svc->mu);
-            return;
-        }
-    }
-    if (svc->ndtypes < MAX_RUNS_CACHED) {
-        svc->dtypes = realloc(svc->dtypes, (size_t)(svc->ndtypes + 1) * sizeof(*svc->dtypes));
-        ZT_ASSERT(svc->dtypes != NULL);
-        snprintf(svc->dtypes[svc->ndtypes].run, ZT_SERVER_RUN_ID_MAX, "%s", run);
-        svc->dtypes[svc->ndtypes].dtype = dtype;
-        svc->ndtypes++;
-    }
-    pthread_mutex_unlock(&svc->mu);
-}
-
-static int lookup_dtype(zt_service_t *svc, const char *run, enum zt_dtype *out)
-{
-    int found = -1;
-    pthread_mutex_lock(&svc->mu);
-    for (int i = 0; i < svc->ndtypes; i++) {
-        if (strcmp(svc->dtypes[i].run, run) == 0) {
-            *out = svc->dtypes[i].dtype;
-            found = 0;
-        }
-    }
-    pthread_mutex_unlock(&svc->mu);
-    return found;
-}
-
 static void fill_info(Ztrain__V1__RunInfo *out, const char *run, const zt_server_run_info *info)
 {
     out->run = (char *)run;
@@ -220,7 +176,6 @@ static int handle_register(zt_rpc_call_t *call, void *user)
     if (rc != 0) {
         code = core_fail(call, rc, &err);
     } else {
-        remember_dtype(svc, req->run, dtype);
         ZT_INFO("service: run %s registered (%zu blocks, world size %d) at step %" PRId64 " from %s", req->run,
                 req->n_blocks, req->world_size, info.step, zt_rpc_call_peer(call));
         Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
@@ -386,13 +341,10 @@ static int handle_pull(zt_rpc_call_t *call, void *user)
     zt_server_run_info info;
     enum zt_dtype dtype = ZT_DTYPE_F32;
     int rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
-    if (rc != 0) {
+    if (rc != 0)
         code = core_fail(call, rc, &err);
-    } else if (lookup_dtype(svc, req->run, &dtype) != 0) {
-        code = zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
-                                "run %s was restored from a snapshot and not registered since: call RegisterRun "
-                                "again (with the same layout) before pulling", req->run);
-    }
+    else
+        dtype = info.param_dtype;
     size_t es = zt_dtype_size(dtype);
     uint64_t per_chunk = PULL_CHUNK_BYTES / es;
     uint8_t *buf = code == ZT_RPC_OK ? zt_xmalloc(PULL_CHUNK_BYTES) : NULL;
@@ -594,7 +546,6 @@ int zt_service_create(zt_server_core *core, const struct zt_service_options *opt
         svc->server_index = opt->server_index;
         svc->server_count = opt->server_count;
     }
-    pthread_mutex_init(&svc->mu, NULL);
     *out = svc;
     return 0;
 }
@@ -628,7 +579,5 @@ void zt_service_destroy(zt_service_t *svc)
     if (svc == NULL)
         return;
     free(svc->snapshot_dir);
-    free(svc->dtypes);
-    pthread_mutex_destroy(&svc->mu);
     free(svc);
 }

@@ -3,11 +3,7 @@
  * sentence: malformed protobuf and bad sizes INVALID_ARGUMENT, an unknown run NOT_FOUND, a stale or future
  * step and layout mismatches FAILED_PRECONDITION, memory limits RESOURCE_EXHAUSTED; tokens, deadlines and
  * message size limits are enforced by proto/rpc before a handler runs. A refused request changes nothing
- * in the core.
- *
- * Pulls need the run's parameter dtype, which the service learns from RegisterRun: after a server restart
- * (snapshots restored) workers register their run again, as the step protocol has them do anyway, before
- * they pull. */
+ * in the core. */
 #ifndef ZT_SERVER_SERVICE_H
 #define ZT_SERVER_SERVICE_H
 
