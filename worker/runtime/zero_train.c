@@ -7,11 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "common/log.h"
+#include "common/fileio.h"
+#include "common/units.h"
 #include "kernels/cpu_threads.h"
 #include "worker/launch/env.h"
+#include "worker/runtime/startup.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/metrics.h"
 #include "worker/train/schedule.h"
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -29,22 +34,74 @@ uint64_t zt_zero_train_config_hash(const zt_train_config *cfg)
     h = fnv1a(h, cfg->init_from, strlen(cfg->init_from));
     h = fnv1a(h, cfg->train_data, strlen(cfg->train_data));
     h = fnv1a(h, cfg->resume, strlen(cfg->resume));
-    h = fnv1a(h, &cfg->model, sizeof cfg->model);
-    const int64_t ints[] = {cfg->steps, cfg->batch_size, cfg->seq_len, cfg->grad_accum, cfg->warmup_steps,
-                            cfg->save_every, cfg->seed, cfg->shuffle};
-    const double reals[] = {cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
+    h = fnv1a(h, cfg->val_data, strlen(cfg->val_data));
+    /* field by field: the structs' padding bytes differ between processes */
+    const zt_gpt2_config *m = &cfg->model;
+    const int64_t ints[] = {m->n_layer, m->n_head, m->n_embd, m->n_positions, m->vocab_size,
+                            m->tie_word_embeddings, cfg->steps, cfg->batch_size, cfg->seq_len, cfg->grad_accum,
+                            cfg->warmup_steps, cfg->save_every, cfg->seed, cfg->shuffle, cfg->eval_every,
+                            cfg->eval_batches};
+    const double reals[] = {m->layer_norm_epsilon, cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
                             cfg->beta2, cfg->eps, cfg->grad_clip};
     h = fnv1a(h, ints, sizeof ints);
     h = fnv1a(h, reals, sizeof reals);
     return fnv1a(h, cfg->schedule, strlen(cfg->schedule));
 }
 
-static double env_seconds(const char *name, double def)
+static double now_seconds(void)
 {
-    const char *v = getenv(name);
-    char *end = NULL;
-    double d = v ? strtod(v, &end) : def;
-    return v && (!*v || *end || !(d > 0)) ? def : d;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Makes the ranks agree on a local outcome: returns 0 when rc == 0 on every rank; otherwise a negative
+ * code, keeping this rank's message when it failed itself and naming the failing rank(s) when not. */
+static int agree(zt_comm *comm, int rc, zt_err *err)
+{
+    float bad = rc < 0 ? (float)(zt_comm_rank(comm) + 1) : 0.0f, worst = 0.0f;
+    zt_err e;
+    int crc = zt_comm_all_reduce(comm, &bad, &worst, 1, ZT_COMM_F32, ZT_COMM_MAX, NULL, &e);
+    if (rc < 0)
+        return rc;
+    if (crc < 0)
+        return zt_fail(err, crc, "%s", e.msg);
+    if (worst > 0)
+        return zt_fail(err, ZT_ESTATE, "rank %d failed (its log says why); stopping with it", (int)worst - 1);
+    return 0;
+}
+
+/* The `step 120/1000 | loss ...` line, as the single-process trainer prints it. */
+static void log_progress(int64_t step, int64_t steps, float loss, double lr, double norm, double tok_s,
+                         double elapsed, double eta)
+{
+    char el[32], et[32];
+    zt_format_duration(elapsed, el, sizeof el);
+    zt_format_duration(eta, et, sizeof et);
+    zt_log(ZT_LOG_INFO, "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | elapsed %s | eta %s",
+           (long long)step, (long long)steps, (double)loss, lr, norm, tok_s, el, et);
+}
+
+/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
+ * its rows of every batch (a collective). */
+static int evaluate(zt_zero *z, zt_dataloader *val, int64_t batches, int rank, int b, int T, int32_t *tok,
+                    int32_t *tgt, float *out, zt_err *err)
+{
+    zt_dataloader_reset(val);
+    double sum = 0.0;
+    const size_t off = (size_t)rank * (size_t)b * (size_t)T;
+    for (int64_t i = 0; i < batches; i++) {
+        float loss, mean;
+        zt_dataloader_next(val, tok, tgt);
+        int rc = zt_zero_forward(z, tok + off, tgt + off, b, T, &loss, err);
+        if (rc == 0)
+            rc = zt_zero_mean(z, loss, &mean, err);
+        if (rc < 0)
+            return rc;
+        sum += mean;
+    }
+    *out = (float)(sum / (double)batches);
+    return 0;
 }
 
 /* Saves a checkpoint of the gathered state (every rank gathers, rank 0 writes). */
@@ -52,20 +109,46 @@ static int save(zt_zero *z, zt_gpt2 *model, zt_optimizer *full, const zt_train_c
                 zt_dataloader *dl, zt_comm *comm, zt_train_result *res, zt_err *err)
 {
     int rc = zt_zero_export_state(z, full, err);
-    if (rc == 0 && zt_comm_rank(comm) == 0) {
+    if (rc < 0)
+        return rc;
+    if (zt_comm_rank(comm) == 0) {
         zt_dataloader_get_position(dl, &st->data);
         st->adam_step = full->adam_step;
         st->skipped_steps = full->skipped_steps;
-        if (mkdir(cfg->out_dir, 0755) != 0 && errno != EEXIST)
-            rc = zt_fail(err, -errno, "cannot create run directory %s: %s", cfg->out_dir, strerror(errno));
-        if (rc == 0)
-            rc = zt_checkpoint_save(cfg->out_dir, model, full, cfg, st, res->checkpoint, sizeof res->checkpoint, err);
+        rc = zt_checkpoint_save(cfg->out_dir, model, full, cfg, st, res->checkpoint, sizeof res->checkpoint, err);
         if (rc == 0)
             zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
     }
-    /* rank 0's failure reaches the others as its exit; a barrier keeps the ranks in step otherwise */
-    if (rc == 0)
-        rc = zt_comm_barrier(comm, NULL, err);
+    return agree(comm, rc, err);
+}
+
+/* Rank 0's part of the setup: the run directory, its config files and metrics.jsonl, as zt_trainer_run
+ * writes them. */
+static int setup_run_dir(const zt_train_config *cfg, const zt_ckpt_state *st, bool resumed, zt_metrics *mt,
+                         zt_train_result *res, zt_err *err)
+{
+    char path[ZT_TRAIN_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/latest", cfg->out_dir);
+    struct stat sb;
+    if (!resumed && stat(path, &sb) == 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "'%s' already holds a run with checkpoints; continue it with "
+                       "--resume %s, or start a new one with another --out directory (or delete this one)",
+                       cfg->out_dir, cfg->out_dir);
+    int rc = zt_check_writable_dir(cfg->out_dir, err);
+    if (rc < 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/config.json", cfg->out_dir);
+    if ((rc = zt_train_config_save(cfg, path, "model_config.json", err)) < 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/model_config.json", cfg->out_dir);
+    if ((rc = zt_gpt2_config_save(&cfg->model, path, err)) < 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out_dir);
+    if (!resumed)
+        return zt_metrics_create(mt, path, err);
+    double first_val = NAN;
+    rc = zt_metrics_resume(mt, path, st->step, &first_val, err);
+    res->first_val_loss = (float)first_val;
     return rc;
 }
 
@@ -82,7 +165,12 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zt_log_set_rank(env.rank);
     if ((rc = zt_train_config_validate(cfg, err)) < 0)
         return rc;
+    if (strcmp(cfg->device, "cpu") != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
+                       "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
+                       cfg->device, env.world_size);
     const int W = env.world_size, B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
+    const bool is0 = env.rank == 0;
     if (B % W != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "batch_size %d does not split over WORLD_SIZE=%d ranks: use a batch size that is a multiple "
@@ -91,25 +179,17 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     const int b = B / W;
     zt_cpu_set_threads((int)cfg->threads);
 
-    zt_comm_options co;
-    zt_comm_options_init(&co);
-    co.rank = env.rank;
-    co.world_size = W;
-    snprintf(co.name, sizeof co.name, "p%d", env.master_port);
-    co.config_hash = zt_zero_train_config_hash(cfg);
-    co.join_timeout_s = env_seconds("ZT_RDZV_TIMEOUT_S", 60);
-    co.timeout_s = env_seconds("ZT_COMM_TIMEOUT_S", 300);
-
     zt_comm *comm = NULL;
     zt_gpt2 *model = NULL;
     zt_zero *z = NULL;
-    zt_dataloader *dl = NULL;
+    zt_dataloader *dl = NULL, *val = NULL;
+    zt_metrics mt = {0};
     zt_optimizer full;
     memset(&full, 0, sizeof full);
     int32_t *tok = NULL, *tgt = NULL;
-    if ((rc = zt_comm_create(&comm, &co, err)) < 0)
+    if ((rc = zt_startup_comm(&env, ZT_COMM_SHM, zt_zero_train_config_hash(cfg), 0, &comm, err)) < 0)
         goto out;
-    if (env.rank == 0)
+    if (is0)
         zt_train_config_log(cfg);
     if ((rc = zt_gpt2_create(&model, &cfg->model, b, T, (uint64_t)cfg->seed, err)) < 0)
         goto out;
@@ -118,6 +198,14 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         goto out;
     if ((rc = zt_dataloader_open(&dl, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0)
         goto out;
+    int64_t eval_batches = cfg->eval_batches;
+    if (cfg->val_data[0]) {
+        if ((rc = zt_dataloader_open(&val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0)
+            goto out;
+        uint64_t available = zt_dataloader_batches_per_epoch(val);
+        if ((uint64_t)eval_batches > available)
+            eval_batches = (int64_t)available;
+    }
     zt_ckpt_state st;
     memset(&st, 0, sizeof st);
     zt_rng_seed(&st.rng, (uint64_t)cfg->seed);
@@ -131,12 +219,23 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
             (rc = zt_checkpoint_load(dir, model, &full, &st, err)) < 0 ||
             (rc = zt_dataloader_set_position(dl, &st.data, err)) < 0)
             goto out;
+        if (st.step >= cfg->steps) {
+            rc = zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s is at step %lld and the run is configured for %lld "
+                         "steps: nothing to do; raise --steps to train further", dir, (long long)st.step,
+                         (long long)cfg->steps);
+            goto out;
+        }
         resumed = true;
-        zt_log(ZT_LOG_INFO, "resume: %s at step %lld", dir, (long long)st.step);
+        if (is0)
+            zt_log(ZT_LOG_INFO, "resume: %s at step %lld", dir, (long long)st.step);
     } else if (cfg->init_from[0] && (rc = zt_gpt2_import(model, cfg->init_from, err)) < 0) {
         goto out;
     }
     st.schedule = sched;
+    /* every rank has read its inputs; rank 0 prepares the run directory; all go on only if all succeeded */
+    rc = is0 ? setup_run_dir(cfg, &st, resumed, &mt, res, err) : 0;
+    if ((rc = agree(comm, rc, err)) < 0)
+        goto out;
 
     zt_zero_options zo = *zo_in;
     zo.grad_accum = accum;
@@ -149,19 +248,40 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         goto out;
     if (resumed)
         zt_zero_import_state(z, &full);
-    if (env.rank == 0)
+    if (is0)
         zt_zero_log_plan(z, b, T);
 
     tok = zt_xmalloc((size_t)B * (size_t)T * sizeof *tok);
     tgt = zt_xmalloc((size_t)B * (size_t)T * sizeof *tgt);
     res->start_step = st.step;
+    res->end_step = st.step;
+    res->skipped_steps = st.skipped_steps;
     res->losses = zt_xcalloc((size_t)(cfg->steps - st.step) + 1, sizeof(float));
-    const int64_t stop = cfg->stop_at_step > 0 && cfg->stop_at_step < cfg->steps ? cfg->stop_at_step : cfg->steps;
-    for (int64_t step = st.step + 1; step <= stop; step++) {
+
+    if (val && !resumed) {
+        float vl;
+        if ((rc = evaluate(z, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
+            goto out;
+        res->first_val_loss = res->last_val_loss = vl;
+        if (is0) {
+            zt_log(ZT_LOG_INFO, "eval: step 0 | val loss %.4f", (double)vl);
+            rc = zt_metrics_write_eval(&mt, 0, vl, err);
+        }
+        if ((rc = agree(comm, rc, err)) < 0)
+            goto out;
+    }
+
+    const double start = now_seconds();
+    const double elapsed_before = st.elapsed_s;
+    const double step_tokens = (double)B * (double)T * (double)accum;
+    double train_time = 0.0, window_time = 0.0, window_tokens = 0.0;
+    int64_t steps_run = 0;
+    const size_t off = (size_t)env.rank * (size_t)b * (size_t)T;
+    for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
+        const double t0 = now_seconds();
         float sum = 0, loss;
         for (int a = 0; a < accum; a++) {
             zt_dataloader_next(dl, tok, tgt);
-            size_t off = (size_t)env.rank * (size_t)b * (size_t)T;
             if ((rc = zt_zero_forward_backward(z, tok + off, tgt + off, b, T, 1.0f / (float)(accum * W),
                                                a == accum - 1, &loss, err)) < 0)
                 goto out;
@@ -173,27 +293,143 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         if ((rc = zt_zero_mean(z, sum / (float)accum, &mean, err)) < 0 ||
             (rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0)
             goto out;
+        const double dt = now_seconds() - t0;
+        steps_run++;
+        train_time += dt;
+        window_time += dt;
+        window_tokens += step_tokens;
         st.step = step;
         res->losses[step - res->start_step - 1] = mean;
         res->end_step = step;
-        if (step == res->start_step + 1 && env.rank == 0)
-            zt_log(ZT_LOG_INFO, "zero: measured window peak %zu bytes (plan %zu)", zt_zero_peak_window_bytes(z),
-                   zt_zero_plan_window_bytes(z));
-        if (env.rank == 0 && (step % cfg->log_every == 0 || step == stop))
-            zt_log(ZT_LOG_INFO, "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f%s", (long long)step,
-                   (long long)cfg->steps, mean, lr, rep.grad_norm, rep.skipped ? " | skipped" : "");
-        if ((cfg->save_every > 0 && step % cfg->save_every == 0) || step == stop)
+        const double elapsed = elapsed_before + (now_seconds() - start);
+        const bool last = step == cfg->steps;
+        int mrc = 0; /* rank 0's metrics.jsonl writes */
+        zt_err merr = {{0}};
+        if (is0) {
+            if (step == res->start_step + 1)
+                zt_log(ZT_LOG_INFO, "zero: measured window peak %zu bytes (plan %zu)", zt_zero_peak_window_bytes(z),
+                       zt_zero_plan_window_bytes(z));
+            if (rep.skipped)
+                zt_log(ZT_LOG_WARN, "step %lld skipped: loss %g, grad norm %g is not finite", (long long)step,
+                       (double)mean, rep.grad_norm);
+            zt_metrics_train line = {.step = step, .loss = mean, .lr = lr, .grad_norm = rep.grad_norm,
+                                     .tokens_per_s = dt > 0 ? step_tokens / dt : 0.0, .elapsed_s = elapsed,
+                                     .skipped = rep.skipped};
+            mrc = zt_metrics_write_train(&mt, &line, &merr);
+            if (step % cfg->log_every == 0 || step == res->start_step + 1 || last) {
+                double per_step = (now_seconds() - start) / (double)steps_run;
+                log_progress(step, cfg->steps, mean, lr, rep.grad_norm,
+                             window_time > 0 ? window_tokens / window_time : 0, elapsed,
+                             per_step * (double)(cfg->steps - step));
+                window_time = 0.0;
+                window_tokens = 0.0;
+            }
+        }
+        if (val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
+            float vl;
+            if ((rc = evaluate(z, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
+                goto out;
+            res->last_val_loss = vl;
+            if (isnan(res->first_val_loss))
+                res->first_val_loss = vl;
+            if (is0) {
+                zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)vl);
+                if (mrc == 0)
+                    mrc = zt_metrics_write_eval(&mt, step, vl, &merr);
+            }
+        }
+        /* A stop request on any rank (or a metrics failure on rank 0) stops every rank after this step. */
+        float flag = mrc < 0 ? 2.0f : zt_trainer_take_stop_request() ? 1.0f : 0.0f, any = 0.0f;
+        zt_err e;
+        if (zt_comm_all_reduce(comm, &flag, &any, 1, ZT_COMM_F32, ZT_COMM_MAX, NULL, &e) < 0) {
+            rc = zt_fail(err, ZT_ESTATE, "%s", e.msg);
+            goto out;
+        }
+        if (any >= 2.0f) {
+            rc = mrc < 0 ? zt_fail(err, mrc, "%s", merr.msg)
+                         : zt_fail(err, ZT_ESTATE, "rank 0 could not write metrics.jsonl (its log says why); "
+                                   "stopping with it");
+            goto out;
+        }
+        const bool stop = any > 0 || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
+        if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
+            st.elapsed_s = elapsed_before + (now_seconds() - start);
             if ((rc = save(z, model, &full, cfg, &st, dl, comm, res, err)) < 0)
                 goto out;
+            res->skipped_steps = full.skipped_steps;
+        }
+        if (stop && !last) {
+            res->interrupted = true;
+            if (is0)
+                zt_log(ZT_LOG_WARN, "stopped after step %lld/%lld; resume with: ztrain train --resume %s",
+                       (long long)step, (long long)cfg->steps, cfg->out_dir);
+            break;
+        }
     }
-    res->interrupted = stop < cfg->steps;
+    res->seconds = now_seconds() - start;
+    res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
+    if (is0 && !res->interrupted) {
+        char took[32];
+        zt_format_duration(res->seconds, took, sizeof took);
+        if (val)
+            zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f; checkpoint %s",
+                   (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
+                   (double)res->last_val_loss, res->checkpoint);
+        else
+            zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; train loss %.4f -> %.4f; checkpoint %s",
+                   (long long)steps_run, took, res->tokens_per_s, steps_run ? (double)res->losses[0] : NAN,
+                   steps_run ? (double)res->losses[steps_run - 1] : NAN, res->checkpoint);
+    }
+    rc = 0;
 out:
     free(tok);
     free(tgt);
+    zt_metrics_close(&mt);
     zt_zero_destroy(z);
+    zt_dataloader_close(val);
     zt_dataloader_close(dl);
     zt_optimizer_free(&full);
     zt_gpt2_destroy(model);
     zt_comm_destroy(comm);
     return rc;
+}
+
+/* Whether to run the multi-rank loop; see zero_train.h. */
+bool zt_zero_train_wanted(void)
+{
+    zt_launch_env env;
+    return zt_launch_env_parse(NULL, &env, NULL) < 0 || env.world_size > 1;
+}
+
+/* zt_zero_train_run with the ZeRO options of the environment; see zero_train.h. */
+int zt_zero_train_main(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
+{
+    memset(res, 0, sizeof *res);
+    res->first_val_loss = NAN;
+    res->last_val_loss = NAN;
+    zt_zero_options zo;
+    zt_zero_options_init(&zo);
+    const char *v = getenv("ZT_ZERO_LEVEL");
+    if (v) {
+        if (strcmp(v, "2") != 0 && strcmp(v, "3") != 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "ZT_ZERO_LEVEL='%s': use 2 (keep a block's parameters gathered "
+                           "until its backward) or 3 (gather again in backward)", v);
+        zo.level = v[0] - '0';
+    }
+    v = getenv("ZT_CHECKPOINTING");
+    if (v) {
+        zt_err e;
+        if (zt_zero_parse_checkpoint(v, &zo.checkpoint, &zo.checkpoint_every, &e) < 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "ZT_CHECKPOINTING: %s", e.msg);
+    }
+    v = getenv("ZT_PREFETCH");
+    if (v) {
+        char *end = NULL;
+        long k = strtol(v, &end, 10);
+        if (!*v || *end || k < 0 || k > 64)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "ZT_PREFETCH='%s': give the number of blocks to gather ahead, "
+                           "0..64", v);
+        zo.prefetch = (int)k;
+    }
+    return zt_zero_train_run(cfg, &zo, res, err);
 }

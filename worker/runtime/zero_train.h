@@ -1,15 +1,27 @@
 /* The multi-rank training loop of `ztrain train` under WORLD_SIZE > 1 (CPU, shared-memory backend): the
- * trainer's config, data loader, schedule and checkpoint format around the ZeRO runtime (zero.h).
+ * trainer's config, data loader, schedule, metrics and checkpoint format around the ZeRO runtime (zero.h).
+ * Start-up goes through rank 0's gRPC rendezvous (startup.h): WORLD_SIZE and the config hash are checked
+ * there, on every rank.
  *
  * Data split: every rank opens the training data with the global batch size B and reads the same global
  * batches in the same order; rank r of W trains on rows r*B/W .. (r+1)*B/W - 1 of each. B must be a
  * multiple of W. So W ranks with micro-batch B/W see exactly what one rank with B sees, and the data
- * position saved in a checkpoint is the same for every W.
+ * position saved in a checkpoint is the same for every W. Evaluation is split the same way (each rank
+ * evaluates its rows of every validation batch; the val loss is their mean), at step 0, every
+ * eval_every steps and at the end.
  *
- * Checkpoints are the single-process trainer's (worker/train/checkpoint.h), written by rank 0 from the
- * gathered state, so a run saved at W = 4 resumes at W = 2, at W = 1 or in the single-process trainer. */
+ * Rank 0 writes the run directory as the single-process trainer does: config.json, model_config.json,
+ * metrics.jsonl (worker/train/metrics.h) and the progress lines; checkpoints are the trainer's
+ * (worker/train/checkpoint.h), written by rank 0 from the gathered state, so a run saved at W = 4 resumes
+ * at W = 2, at W = 1 or in the single-process trainer.
+ *
+ * A stop request (zt_trainer_request_stop, from a SIGINT or SIGTERM handler) on any rank stops every rank
+ * after the same step (the ranks agree on it with one all-reduce per step), with a checkpoint. */
 #ifndef ZT_WORKER_RUNTIME_ZERO_TRAIN_H
 #define ZT_WORKER_RUNTIME_ZERO_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
 
 #include "common/status.h"
 #include "worker/runtime/zero.h"
@@ -17,12 +29,25 @@
 #include "worker/train/trainer.h"
 
 /* Trains as cfg says with the ranks of the launch environment (worker/launch/env.h); zo gives the ZeRO
- * level, checkpointing and prefetch (its AdamW fields are taken from cfg). Fills *res on rank 0 (losses
- * of this call's steps; free with zt_train_result_free). The join timeout is ZT_RDZV_TIMEOUT_S (default
- * 60 s) and the collective timeout ZT_COMM_TIMEOUT_S (default 300 s). Returns 0, or a negative code with a
+ * level, checkpointing and prefetch (its AdamW fields are taken from cfg). Fills *res on every rank
+ * (losses of this call's steps; free with zt_train_result_free, also after an error). The join timeout
+ * is ZT_RDZV_TIMEOUT_S (default 60 s) and the collective timeout ZT_COMM_TIMEOUT_S (default 300 s). Returns 0, or a negative code with a
  * message in err on every rank (world size or config mismatch, a missing or failed rank, data or
  * checkpoint errors). */
 int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo, zt_train_result *res, zt_err *err);
+
+/* Whether the launch environment (worker/launch/env.h) asks for more than one rank: WORLD_SIZE > 1, or
+ * a malformed launch variable (so that zt_zero_train_main reports it). */
+bool zt_zero_train_wanted(void);
+
+/* What `ztrain train` runs when zt_zero_train_wanted(): zt_zero_train_run with the ZeRO options read
+ * from the environment until the config file has keys for them:
+ *   ZT_ZERO_LEVEL      2 | 3 (default 3)
+ *   ZT_CHECKPOINTING   none | all | every:K (default none)
+ *   ZT_PREFETCH        blocks gathered ahead, >= 0 (default 1)
+ * Same contract as zt_trainer_run: fills *res (free with zt_train_result_free, also after an error;
+ * res->interrupted after a stop request), returns 0 or a negative code with a message in err. */
+int zt_zero_train_main(const zt_train_config *cfg, zt_train_result *res, zt_err *err);
 
 /* A hash of the settings every rank must share (FNV-1a over the config's values). */
 uint64_t zt_zero_train_config_hash(const zt_train_config *cfg);

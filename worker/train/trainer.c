@@ -35,6 +35,14 @@ void zt_trainer_request_stop(void)
     stop_requested = 1;
 }
 
+/* Returns and clears the stop request; see trainer.h. */
+bool zt_trainer_take_stop_request(void)
+{
+    bool was = stop_requested != 0;
+    stop_requested = 0;
+    return was;
+}
+
 /* Frees the losses of a result; see trainer.h. */
 void zt_train_result_free(zt_train_result *res)
 {

@@ -42,6 +42,10 @@ void zt_train_result_free(zt_train_result *res);
  * res->interrupted set. Async-signal-safe: meant for SIGINT and SIGTERM handlers. */
 void zt_trainer_request_stop(void);
 
+/* Returns whether a stop was requested (zt_trainer_request_stop) since the last call, and clears the
+ * request: for training loops other than zt_trainer_run (the multi-rank loop of worker/runtime). */
+bool zt_trainer_take_stop_request(void);
+
 /* The forward and backward passes of one step: zeroes the gradients, then for each of grad_accum
  * micro-batches takes the next batch of B x T tokens from dl (into inputs and targets, B*T each) and runs
  * forward and backward with loss scale 1/grad_accum, so the gradient slab ends up holding the gradient of
