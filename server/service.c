@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 #include "ztrain/v1/state.pb-c.h"
 
@@ -429,6 +430,28 @@ static int handle_save(zt_rpc_call_t *call, void *user)
     return code;
 }
 
+/* Finds the directory of a run's latest snapshot of this server: the file `latest` beside the step
+ * directories names it (zt_server_core_snapshot_save writes it). */
+static int latest_snapshot(zt_service_t *svc, const char *run, int count, char *dir, size_t cap, zt_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s/server%dof%d/latest", svc->snapshot_dir, run, svc->server_index, count);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = zt_read_file(path, &text, &len, err);
+    if (rc != 0)
+        return zt_fail(err, -ENOENT, "run %s has no snapshot of this server (%s is missing); call SaveSnapshot first",
+                       run, path);
+    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' '))
+        text[--len] = '\0';
+    if (len == 0 || strchr(text, '/') != NULL)
+        rc = zt_fail(err, ZT_EFORMAT, "%s should name a snapshot directory beside it, not '%s'", path, text);
+    else
+        snprintf(dir, cap, "%s/%s/server%dof%d/%s", svc->snapshot_dir, run, svc->server_index, count, text);
+    free(text);
+    return rc;
+}
+
 static int handle_load(zt_rpc_call_t *call, void *user)
 {
     zt_service_t *svc = user;
@@ -450,13 +473,15 @@ static int handle_load(zt_rpc_call_t *call, void *user)
     } else {
         char dir[4096];
         int count = svc->server_count > 0 ? svc->server_count : 1;
+        int rc = 0;
         if (req->step == 0)
-            snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/latest", svc->snapshot_dir, req->run, svc->server_index, count);
+            rc = latest_snapshot(svc, req->run, count, dir, sizeof(dir), &err);
         else
             snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/step_%08" PRId64, svc->snapshot_dir, req->run,
                      svc->server_index, count, req->step);
         zt_server_run_info info;
-        int rc = zt_server_core_snapshot_read(svc->core, dir, &info, &err);
+        if (rc == 0)
+            rc = zt_server_core_snapshot_read(svc->core, dir, &info, &err);
         if (rc != 0) {
             code = core_fail(call, rc, &err);
         } else {
