@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -176,6 +177,20 @@ static int listen_tcp(const char *addr, zt_err *err)
     return fd;
 }
 
+/* The port a listening socket is bound to (after binding port 0), or 0 for no socket. */
+static int bound_port(int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t len = sizeof(a);
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return 0;
+    if (a.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&a)->sin_port);
+    if (a.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
+    return 0;
+}
+
 static void *metrics_thread(void *arg)
 {
     struct metrics *m = arg;
@@ -286,7 +301,8 @@ int main(int argc, char **argv)
             token ? ", token required" : "", cfg.store, cfg.server_index, cfg.server_count,
             cfg.health_listen ? ", health on " : "", cfg.health_listen ? cfg.health_listen : "");
     /* A line a supervising script can wait for (and read the port from, with --listen host:0). */
-    printf("ztrain-server ready port=%d health_port=%d\n", zt_rpc_server_port(srv), zt_rpc_server_health_port(srv));
+    printf("ztrain-server ready port=%d health_port=%d metrics_port=%d\n", zt_rpc_server_port(srv),
+           zt_rpc_server_health_port(srv), bound_port(met.fd));
     fflush(stdout);
 
     int sig = 0;
