@@ -73,7 +73,7 @@ class Server:
         argv = [binary, "--listen", "127.0.0.1:0", "--threads", "2"] + extra
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log)
         try:
-            self.port, self.health_port = self._wait_ready(TIMEOUT)
+            self.port, self.health_port, self.metrics_port = self._wait_ready(TIMEOUT)
         except BaseException:
             self.stop()
             raise
@@ -90,7 +90,7 @@ class Server:
                 raise RuntimeError("ztrain-server exited with %s; log: %s" % (self.proc.wait(), self.log_text()))
             line += ch
         fields = dict(f.split("=") for f in line.decode().split()[2:])
-        return int(fields["port"]), int(fields["health_port"])
+        return int(fields["port"]), int(fields["health_port"]), int(fields.get("metrics_port", 0))
 
     def log_text(self):
         if not self.log.closed:
