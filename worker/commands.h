@@ -9,5 +9,6 @@ int zt_cmd_export(int argc, char **argv);
 int zt_cmd_tokenize(int argc, char **argv);
 int zt_cmd_plot(int argc, char **argv);
 int zt_cmd_launch(int argc, char **argv);
+int zt_cmd_inspect(int argc, char **argv);
 
 #endif

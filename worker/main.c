@@ -20,6 +20,7 @@ static const struct {
     {"tokenize", zt_cmd_tokenize, "turn text files into token shards for training"},
     {"plot", zt_cmd_plot, "draw the loss curves of a run's metrics.jsonl as SVG"},
     {"launch", zt_cmd_launch, "start N local ranks with the torchrun environment"},
+    {"inspect", zt_cmd_inspect, "per-parameter statistics of a checkpoint (values, Adam moments)"},
 };
 #define NUM_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 

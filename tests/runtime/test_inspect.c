@@ -1,0 +1,177 @@
+/* Tests of `ztrain inspect` (worker/cmd_inspect.c) on a checkpoint written here with known values: the
+ * table has the mean, std, min and max of the selected parameters and of their Adam moments, the glob
+ * selects by name, and bad input (no checkpoint, a glob that matches nothing, missing flag) fails with a
+ * message. */
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "worker/commands.h"
+#include "worker/train/checkpoint.h"
+
+static char dir[] = "/tmp/zt_inspect_XXXXXX";
+
+/* Runs zt_cmd_inspect(argv) in a child with stdout and stderr captured into out; returns its status. */
+static int inspect(char **argv, char *out, size_t cap)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], STDOUT_FILENO);
+        dup2(fds[1], STDERR_FILENO);
+        int argc = 0;
+        while (argv[argc])
+            argc++;
+        int rc = zt_cmd_inspect(argc, argv);
+        fflush(NULL);
+        _exit(rc);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < cap && (n = read(fds[0], out + got, cap - 1 - got)) > 0)
+        got += (size_t)n;
+    out[got] = '\0';
+    close(fds[0]);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A checkpoint of a tiny model where every tensor holds 2.0 except h.1.attn.c_proj.weight, which
+ * alternates -1, +1 (mean 0, std 1), with Adam m = 0.25 and v = 4 everywhere. */
+static int setup(void **state)
+{
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    zt_gpt2_config c;
+    zt_gpt2_config_default(&c);
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 8;
+    c.n_positions = 8;
+    c.vocab_size = 11;
+    zt_err err = {{0}};
+    zt_gpt2 *m = NULL;
+    assert_int_equal(zt_gpt2_create(&m, &c, 1, 4, 1, &err), 0);
+    float *p = zt_gpt2_params(m);
+    size_t n = zt_gpt2_num_params(m);
+    for (size_t i = 0; i < n; i++)
+        p[i] = 2.0f;
+    bool found = false;
+    for (int t = 0; t < zt_gpt2_num_tensors(m); t++) {
+        const zt_param_info *info = zt_gpt2_tensor(m, t);
+        if (strcmp(info->name, "h.1.attn.c_proj.weight") == 0) {
+            for (size_t i = 0; i < info->numel; i++)
+                p[info->offset + i] = i % 2 ? 1.0f : -1.0f;
+            found = true;
+        }
+    }
+    assert_true(found);
+    zt_optimizer opt;
+    assert_int_equal(zt_optimizer_init(&opt, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+    for (size_t i = 0; i < n; i++) {
+        opt.m[i] = 0.25f;
+        opt.v[i] = 4.0f;
+    }
+    opt.adam_step = 7;
+    zt_train_config cfg;
+    zt_train_config_init(&cfg);
+    cfg.model = c;
+    cfg.model_loaded = true;
+    zt_ckpt_state st;
+    memset(&st, 0, sizeof st);
+    st.step = 7;
+    st.adam_step = 7;
+    assert_int_equal(zt_checkpoint_save(dir, m, &opt, &cfg, &st, NULL, 0, &err), 0);
+    zt_optimizer_free(&opt);
+    zt_gpt2_destroy(m);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void assert_contains(const char *text, const char *what)
+{
+    if (!strstr(text, what))
+        fail_msg("expected '%s' in:\n%s", what, text);
+}
+
+static void test_table_of_selected_tensors(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char *argv[] = {"inspect", "--checkpoint", dir, "--params", "h.1.attn.*", NULL};
+    if (inspect(argv, out, sizeof out) != 0)
+        fail_msg("ztrain inspect failed:\n%s", out);
+    assert_contains(out, "step 7, Adam step 7");
+    char row[256];
+    snprintf(row, sizeof row, "%-32s %-7s %-14s %13.6e %13.6e %13.6e %13.6e", "h.1.attn.c_proj.weight", "param",
+             "[8,8]", 0.0, 1.0, -1.0, 1.0);
+    assert_contains(out, row);
+    snprintf(row, sizeof row, "%-32s %-7s %-14s %13.6e %13.6e %13.6e %13.6e", "h.1.attn.c_proj.weight", "adam_m",
+             "[8,8]", 0.25, 0.0, 0.25, 0.25);
+    assert_contains(out, row);
+    snprintf(row, sizeof row, "%-32s %-7s %-14s %13.6e %13.6e %13.6e %13.6e", "h.1.attn.c_proj.weight", "adam_v",
+             "[8,8]", 4.0, 0.0, 4.0, 4.0);
+    assert_contains(out, row);
+    assert_contains(out, "h.1.attn.c_attn.bias");
+    /* the glob keeps other tensors out */
+    assert_null(strstr(out, "h.0."));
+    assert_null(strstr(out, "wte.weight"));
+    assert_null(strstr(out, "h.1.mlp"));
+}
+
+static void test_every_tensor_by_default(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char *argv[] = {"inspect", "--checkpoint", dir, NULL};
+    assert_int_equal(inspect(argv, out, sizeof out), 0);
+    assert_contains(out, "wte.weight");
+    assert_contains(out, "ln_f.bias");
+    assert_contains(out, "h.0.mlp.c_fc.weight");
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    char out[4096];
+    char *none[] = {"inspect", "--checkpoint", dir, "--params", "nothing.*", NULL};
+    assert_int_equal(inspect(none, out, sizeof out), 1);
+    assert_contains(out, "no tensor");
+    char *missing[] = {"inspect", "--checkpoint", "/nonexistent/run", NULL};
+    assert_int_equal(inspect(missing, out, sizeof out), 1);
+    assert_contains(out, "/nonexistent/run");
+    char *noflag[] = {"inspect", NULL};
+    assert_int_equal(inspect(noflag, out, sizeof out), 2);
+    assert_contains(out, "--checkpoint DIR is required");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table_of_selected_tensors),
+        cmocka_unit_test(test_every_tensor_by_default),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
