@@ -1,0 +1,97 @@
+/* The worker's client of the state service (DESIGN.md decisions 7-9): one API over S remote state servers
+ * (ztrain-server, gRPC through proto/rpc.h) or over a state server core running in this process
+ * (embedded mode, no sockets), so a ZeRO rank drives the step protocol the same way in both:
+ *   register the run once; rank 0 pushes the initial parameters; then per step every rank pushes the
+ *   gradients of the (block, shard) pairs it owns, one rank commits the step on every server, and every
+ *   rank pulls its updated shards, block 0 first.
+ * Each (block, shard) pair lives on server zt_server_owner(run, block, shard, W, S) (server/core.h), S
+ * being the number of entries of --servers; server i must run with --server-index i --server-count S.
+ *
+ * Failures. A server that is UNAVAILABLE (not started yet, restarting, a dropped connection) is retried
+ * with exponential backoff, logging "state server 127.0.0.1:7070 unavailable, retry 2/8 in 0.4s"; a
+ * push is retried whole from its first chunk, which the server accepts as an idempotent overwrite. A
+ * server that restarted from a snapshot older than the run's step answers pushes and commits with
+ * FAILED_PRECONDITION: the client then returns ZT_ESTATE with the server's step in *server_step (see
+ * zt_state_client_server_step), and the caller resumes the run from there (pull the parameters of that
+ * step, recompute, push again). Nothing of a step is applied on a server until its commit.
+ *
+ * Threading: one client per rank, used from one thread at a time. */
+#ifndef ZT_WORKER_STATE_CLIENT_H
+#define ZT_WORKER_STATE_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "server/core.h"
+
+typedef struct zt_state_client zt_state_client_t;
+
+struct zt_state_client_options {
+    const char *servers;        /* "host:port,host:port,..." (--servers), or NULL / "" for embedded mode */
+    const char *token;          /* bearer token sent on every call, or NULL */
+    const char *tls_ca_file;    /* PEM CA of the servers' certificates, or NULL for plaintext */
+    const char *tls_cert_file;  /* client certificate for mutual TLS, or NULL */
+    const char *tls_key_file;   /* its key, with tls_cert_file */
+    const char *tls_server_name; /* name to check server certificates against instead of the host, or NULL */
+    int max_retries;            /* attempts after the first on UNAVAILABLE; 0: 8 */
+    double backoff_s;           /* wait before the first retry, doubled after each; 0: 0.1 s */
+    double timeout_s;           /* deadline of every call; 0: 120 s */
+    size_t chunk_bytes;         /* bytes per pushed chunk; 0: 1 MiB (the protocol's maximum) */
+    zt_server_core_options embedded; /* embedded mode: the options of the in-process core */
+};
+
+/* Creates a client: parses opt->servers and opens a channel per server (connections are made on the
+ * first call), or creates the in-process core in embedded mode. Returns 0 and *out (free with
+ * zt_state_client_destroy), or a negative code with a message (an empty or malformed server list,
+ * unreadable TLS files, bad core options). */
+int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_client_t **out, zt_err *err);
+
+/* Closes the channels (or frees the embedded core and its state). Accepts NULL. */
+void zt_state_client_destroy(zt_state_client_t *c);
+
+/* The number of servers S (1 in embedded mode). */
+int zt_state_client_nservers(const zt_state_client_t *c);
+
+/* The in-process core in embedded mode (for snapshots and tests), or NULL with remote servers. */
+zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c);
+
+/* Registers the run on every server (idempotent: a restarted worker or server finds the run again) and
+ * returns the lowest step any server holds in *step (may be NULL): the step the run can continue from.
+ * Returns 0 or a negative code with a message (a different layout: ZT_EMISMATCH). */
+int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err);
+
+/* Pushes the initial fp32 parameters of one shard (n elements from element 0) to its owner; rank 0 does
+ * this once at step 0. Returns 0 or a negative code with a message. */
+int zt_state_client_push_params(zt_state_client_t *c, const char *run, int block, int shard, const float *data,
+                                uint64_t n, zt_err *err);
+
+/* Pushes the gradient of one whole shard (n elements of dtype F32, F16 or BF16) for step `step` to its
+ * owner, in chunks. Returns 0; ZT_ESTATE with the owner's step in zt_state_client_server_step() when the
+ * owner is not at step - 1 (it restarted from an older snapshot); another negative code with a message. */
+int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
+                              enum zt_dtype dtype, const void *data, uint64_t n, zt_err *err);
+
+/* Commits step args->step on every server (a server that already committed it answers so, which counts
+ * as done). Returns 0, ZT_ESTATE as push does, or another negative code with a message. */
+int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err);
+
+/* Pulls elements [offset, offset + n) of one shard after `step` commits from its owner into out (n
+ * elements of the run's param dtype); waits for a commit of that step in progress. Pull the blocks in
+ * order, block 0 first. Returns 0 or a negative code with a message. */
+int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
+                         uint64_t offset, uint64_t n, void *out, zt_err *err);
+
+/* Asks every server to write a snapshot of the run (ztrain-server --snapshot-dir; in embedded mode under
+ * embedded_root, which may then not be NULL). Returns 0 or a negative code with a message. */
+int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const char *embedded_root, zt_err *err);
+
+/* The step the last server that refused a push or commit with a step mismatch reported, or -1. */
+int64_t zt_state_client_server_step(const zt_state_client_t *c);
+
+/* For tests: fn(user, block, shard, bytes_sent) runs after every chunk a push sends (to stop a rank in
+ * the middle of a push). NULL removes it. */
+void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *user, int block, int shard,
+                                                                        uint64_t bytes_sent), void *user);
+
+#endif
