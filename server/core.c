@@ -178,6 +178,7 @@ int zt_server_core_create(zt_server_core **out, const zt_server_core_options *op
         c->opt.store_path = c->store_path;
     }
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->register_mu, NULL);
     if (o.store == ZT_SERVER_STORE_NVME)
         remove_old_records(c->store_path);
     zt_store_config sc = {0};
@@ -234,6 +235,7 @@ void zt_server_core_destroy(zt_server_core *core)
     free(core->runs);
     zt_store_close(core->store);
     pthread_mutex_destroy(&core->mu);
+    pthread_mutex_destroy(&core->register_mu);
     free(core->store_path);
     free(core);
 }
@@ -589,6 +591,9 @@ int zt__run_create(zt_server_core *core, const zt_server_run_desc *d, zt__run **
     return 0;
 }
 
+static int register_locked(zt_server_core *core, const zt_server_run_desc *desc, zt_server_run_info *info,
+                           zt_err *err);
+
 /* Registers a run or checks it against the registered one; see core.h. */
 int zt_server_core_register(zt_server_core *core, const zt_server_run_desc *desc, zt_server_run_info *info,
                             zt_err *err)
@@ -596,6 +601,17 @@ int zt_server_core_register(zt_server_core *core, const zt_server_run_desc *desc
     int rc = zt__desc_validate(desc, err);
     if (rc < 0)
         return rc;
+    pthread_mutex_lock(&core->register_mu);
+    rc = register_locked(core, desc, info, err);
+    pthread_mutex_unlock(&core->register_mu);
+    return rc;
+}
+
+/* zt_server_core_register under core->register_mu. */
+static int register_locked(zt_server_core *core, const zt_server_run_desc *desc, zt_server_run_info *info,
+                           zt_err *err)
+{
+    int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         zt__run *run = NULL;
         zt_err ignore;

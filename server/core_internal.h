@@ -82,6 +82,8 @@ struct zt_server_core {
     char *store_path;         /* owned copy of opt.store_path */
     zt_store *store;
     pthread_mutex_t mu;       /* guards runs, nruns and ram_bytes */
+    pthread_mutex_t register_mu; /* one registration at a time: two creating the same run would remove
+                                    each other's store records (same keys) */
     zt__run **runs;
     int nruns;
     int cap;
