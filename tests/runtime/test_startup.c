@@ -71,7 +71,8 @@ static int teardown(void **state)
     (void)state;
     char cmd[PATH_MAX];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return getenv("KEEP") ? 0 : system(cmd) == 0 ? 0 : -1;
+    /* ZT_KEEP_TEST_DIR=1 keeps the runs and rank logs for a look after a failure */
+    return getenv("ZT_KEEP_TEST_DIR") ? 0 : system(cmd) == 0 ? 0 : -1;
 }
 
 /* Starts prog argv with the given "NAME=value" variables added (NULL-terminated), its stdout and stderr
