@@ -1,0 +1,42 @@
+#!/bin/sh
+# State-service throughput on one machine, printed as a table: gRPC push (PushGradients, 1 MiB chunks)
+# and pull (PullParams) of MIB x REPS MiB of fp32 through the worker's client to a ztrain-server on
+# loopback, against a raw loopback TCP copy of the same bytes.
+#
+# usage: bench/server/run.sh BUILD_DIR [MIB] [REPS]
+#   BUILD_DIR  a build folder holding server/ztrain-server and bench/server/bench_{raw_tcp,state_rpc}
+#   MIB        size of the shard pushed and pulled (default 256); REPS repetitions (default 4: 1 GiB)
+set -eu
+B=$1
+MIB=${2:-256}
+REPS=${3:-4}
+TMP=$(mktemp -d)
+SERVER_PID=
+cleanup() {
+    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+field() { # field NAME LINE: the value of NAME=value in LINE
+    echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"
+}
+
+mkfifo "$TMP/ready"
+"$B/server/ztrain-server" --listen 127.0.0.1:0 --log-level warn >"$TMP/ready" 2>"$TMP/server.log" &
+SERVER_PID=$!
+read -r line <"$TMP/ready"
+port=$(field port "$line")
+[ -n "$port" ] || { echo "ztrain-server did not start:"; cat "$TMP/server.log"; exit 1; }
+
+raw=$("$B/bench/server/bench_raw_tcp" $((MIB * REPS)))
+rpc=$("$B/bench/server/bench_state_rpc" "127.0.0.1:$port" "$MIB" "$REPS")
+r=$(field gib_s "$raw")
+p=$(field push_gib_s "$rpc")
+q=$(field pull_gib_s "$rpc")
+pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
+echo "| measure ($((MIB * REPS)) MiB of fp32, loopback, $(nproc) cores) | GiB/s | vs raw TCP copy |"
+echo "| --- | --- | --- |"
+echo "| raw TCP copy (1 MiB send/recv, one connection) | $r | 100% |"
+echo "| gRPC PushGradients (1 MiB chunks, ztrain client -> ztrain-server) | $p | $(pct "$p" "$r") |"
+echo "| gRPC PullParams (1 MiB chunks) | $q | $(pct "$q" "$r") |"
