@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "worker/commands.h"
+#include "worker/runtime/zero_train.h" /* zt_zero_train_wanted/main: the WORLD_SIZE > 1 loop */
 #include "worker/train/checkpoint.h"
 #include "worker/train/config.h"
 #include "worker/train/trainer.h"
@@ -222,7 +223,10 @@ int zt_cmd_train(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     zt_train_result res;
-    rc = zt_trainer_run(&cfg, &res, &err);
+    if (zt_zero_train_wanted()) /* WORLD_SIZE > 1 (or a malformed launch variable, reported there) */
+        rc = zt_zero_train_main(&cfg, &res, &err);
+    else
+        rc = zt_trainer_run(&cfg, &res, &err);
     bool interrupted = res.interrupted;
     zt_train_result_free(&res);
     signal(SIGINT, SIG_DFL);

@@ -53,6 +53,6 @@ int main(int argc, char **argv)
         if (strcmp(cmd, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "ztrain: error: unknown command '%s'; commands are train, generate, export, tokenize, plot, "
-            "launch (see ztrain --help)\n", cmd);
+            "launch, inspect (see ztrain --help)\n", cmd);
     return 2;
 }

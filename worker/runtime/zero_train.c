@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -177,7 +178,16 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
                        "of %d (--batch-size)",
                        B, W, W);
     const int b = B / W;
-    zt_cpu_set_threads((int)cfg->threads);
+    /* threads = 0: share the cores between the ranks of this host, since every rank would otherwise start
+     * one thread per core and they would fight over them (the collectives wait for the slowest rank). */
+    int threads = (int)cfg->threads;
+    if (threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cores / (env.local_world_size > 0 ? env.local_world_size : 1));
+        if (threads < 1)
+            threads = 1;
+    }
+    zt_cpu_set_threads(threads);
 
     zt_comm *comm = NULL;
     zt_gpt2 *model = NULL;
