@@ -18,9 +18,11 @@ static const char train_usage[] =
     "                    [--steps N] [--out DIR] [--resume DIR] [--batch-size N] [--seq-len N] [--grad-accum N]\n"
     "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
-    "                    [--threads N] [--device D] [--precision P] [--log-level L]\n"
+    "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
+    "                    [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
+    "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--log-level L]\n"
     "\n"
-    "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU.\n"
+    "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU or a CUDA GPU.\n"
     "Settings come from their defaults, then the JSON config file, then these flags.\n"
     "\n"
     "  --config FILE        training config (JSON; paths in it are relative to its folder)\n"
@@ -49,6 +51,16 @@ static const char train_usage[] =
     "  --threads N          CPU threads, 0 = one per core (default 0)\n"
     "  --device D           cpu | cuda (default cpu)\n"
     "  --precision P        auto | fp32 | bf16 | fp16 on cuda (default auto: bf16 on sm_80+, fp16 below)\n"
+    "  --optimizer O        where AdamW runs: gpu (cuda) | cpu | server (default: gpu on cuda, cpu on cpu)\n"
+    "  --servers LIST       state servers host:port,... for --optimizer server; without it the state\n"
+    "                       server runs inside this process (embedded)\n"
+    "  --token-file F       file holding the bearer token of the state servers\n"
+    "  --tls-ca F           PEM CA of the state servers' certificates (TLS); --tls-cert/--tls-key F: mutual TLS\n"
+    "  --state-store S      embedded state server's store: ram | nvme:DIR (default ram)\n"
+    "  --zero-level N       WORLD_SIZE > 1: ZeRO level 2 | 3 (default 3; env ZT_ZERO_LEVEL overrides)\n"
+    "  --checkpointing C    WORLD_SIZE > 1: activation checkpointing none | all | every:K (default none;\n"
+    "                       env ZT_CHECKPOINTING overrides)\n"
+    "  --prefetch N         WORLD_SIZE > 1: blocks gathered ahead (default 1; env ZT_PREFETCH overrides)\n"
     "  --log-level L        debug | info | warn | error (default info)\n"
     "\n"
     "Config-file keys without a flag: lr_gamma (exponential schedule), beta1, beta2, eps, shuffle,\n"
@@ -128,6 +140,16 @@ int zt_cmd_train(int argc, char **argv)
         {"threads", required_argument, NULL, OPT_SETTING},
         {"device", required_argument, NULL, OPT_SETTING},
         {"precision", required_argument, NULL, OPT_SETTING},
+        {"optimizer", required_argument, NULL, OPT_SETTING},
+        {"servers", required_argument, NULL, OPT_SETTING},
+        {"token-file", required_argument, NULL, OPT_SETTING},
+        {"tls-ca", required_argument, NULL, OPT_SETTING},
+        {"tls-cert", required_argument, NULL, OPT_SETTING},
+        {"tls-key", required_argument, NULL, OPT_SETTING},
+        {"state-store", required_argument, NULL, OPT_SETTING},
+        {"zero-level", required_argument, NULL, OPT_SETTING},
+        {"checkpointing", required_argument, NULL, OPT_SETTING},
+        {"prefetch", required_argument, NULL, OPT_SETTING},
         {NULL, 0, NULL, 0},
     };
     enum { MAX_SETTINGS = 64 };

@@ -166,6 +166,10 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zt_log_set_rank(env.rank);
     if ((rc = zt_train_config_validate(cfg, err)) < 0)
         return rc;
+    if (strcmp(cfg->optimizer, "server") == 0)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--optimizer server with WORLD_SIZE=%d is not supported yet: the "
+                       "multi-rank runtime keeps its optimizer shards in the ranks; use --optimizer cpu, or one "
+                       "rank (WORLD_SIZE=1) with --optimizer server", env.world_size);
     if (strcmp(cfg->device, "cpu") != 0)
         return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
                        "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
@@ -419,6 +423,13 @@ int zt_zero_train_main(const zt_train_config *cfg, zt_train_result *res, zt_err 
     res->last_val_loss = NAN;
     zt_zero_options zo;
     zt_zero_options_init(&zo);
+    /* The config's keys (zero_level, checkpointing, prefetch; validated), then the environment variables,
+     * which override them when set. */
+    zo.level = (int)cfg->zero_level;
+    zo.prefetch = (int)cfg->prefetch;
+    zt_err cerr;
+    if (zt_zero_parse_checkpoint(cfg->checkpointing, &zo.checkpoint, &zo.checkpoint_every, &cerr) < 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "\"checkpointing\" (--checkpointing): %s", cerr.msg);
     const char *v = getenv("ZT_ZERO_LEVEL");
     if (v) {
         if (strcmp(v, "2") != 0 && strcmp(v, "3") != 0)

@@ -40,8 +40,9 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo, zt_
  * a malformed launch variable (so that zt_zero_train_main reports it). */
 bool zt_zero_train_wanted(void);
 
-/* What `ztrain train` runs when zt_zero_train_wanted(): zt_zero_train_run with the ZeRO options read
- * from the environment until the config file has keys for them:
+/* What `ztrain train` runs when zt_zero_train_wanted(): zt_zero_train_run with the ZeRO options of the
+ * config (zero_level, checkpointing, prefetch: --zero-level, --checkpointing, --prefetch), each overridden
+ * by its environment variable when that is set:
  *   ZT_ZERO_LEVEL      2 | 3 (default 3)
  *   ZT_CHECKPOINTING   none | all | every:K (default none)
  *   ZT_PREFETCH        blocks gathered ahead, >= 0 (default 1)

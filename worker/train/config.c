@@ -72,6 +72,16 @@ static const struct key_def keys[] = {
     {"loss_scale", NULL, KEY_DOUBLE, FIELD(loss_scale)},
     {"loss_scale_window", NULL, KEY_INT, FIELD(loss_scale_window)},
     {"min_loss_scale", NULL, KEY_DOUBLE, FIELD(min_loss_scale)},
+    {"optimizer", "--optimizer", KEY_TEXT, FIELD(optimizer)},
+    {"servers", "--servers", KEY_TEXT, FIELD(servers)},
+    {"token_file", "--token-file", KEY_PATH, FIELD(token_file)},
+    {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
+    {"tls_cert", "--tls-cert", KEY_PATH, FIELD(tls_cert)},
+    {"tls_key", "--tls-key", KEY_PATH, FIELD(tls_key)},
+    {"state_store", "--state-store", KEY_TEXT, FIELD(state_store)},
+    {"zero_level", "--zero-level", KEY_INT, FIELD(zero_level)},
+    {"checkpointing", "--checkpointing", KEY_TEXT, FIELD(checkpointing)},
+    {"prefetch", "--prefetch", KEY_INT, FIELD(prefetch)},
 };
 #define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -137,6 +147,11 @@ void zt_train_config_init(zt_train_config *c)
     c->loss_scale = 32768.0;
     c->loss_scale_window = 1024;
     c->min_loss_scale = 1.0;
+    snprintf(c->optimizer, sizeof(c->optimizer), "auto");
+    snprintf(c->state_store, sizeof(c->state_store), "ram");
+    c->zero_level = 3;
+    snprintf(c->checkpointing, sizeof(c->checkpointing), "none");
+    c->prefetch = 1;
     c->stop_at_step = 0;
 }
 
@@ -323,6 +338,8 @@ int zt_train_config_resolve(zt_train_config *c, zt_err *err)
 {
     if (c->warmup_steps == ZT_TRAIN_AUTO)
         c->warmup_steps = c->steps / 10 < 50 ? c->steps / 10 : 50;
+    if (strcmp(c->optimizer, "auto") == 0)
+        snprintf(c->optimizer, sizeof(c->optimizer), "%s", strcmp(c->device, "cuda") == 0 ? "gpu" : "cpu");
     if (c->model_loaded)
         return 0;
     if (c->model_path[0] == '\0')
@@ -375,6 +392,71 @@ static int check_double(const zt_train_config *c, const char *key, double lo, bo
     if (!ok)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g is out of range: set it to a number in %c%g, %g%c",
                        label(key), v, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+    return 0;
+}
+
+/* Checks "every:K" of the checkpointing setting: K a whole number >= 1. */
+static bool valid_checkpointing(const char *s)
+{
+    if (strcmp(s, "none") == 0 || strcmp(s, "all") == 0)
+        return true;
+    if (strncmp(s, "every:", 6) != 0 || s[6] == '\0')
+        return false;
+    char *end = NULL;
+    long k = strtol(s + 6, &end, 10);
+    return *end == '\0' && k >= 1 && k <= 1000000;
+}
+
+/* Checks the optimizer placement, the state-server settings and the ZeRO settings. */
+static int validate_placement(const zt_train_config *c, zt_err *err)
+{
+    const bool cuda = strcmp(c->device, "cuda") == 0;
+    const char *opt = c->optimizer;
+    if (strcmp(opt, "auto") == 0)
+        opt = cuda ? "gpu" : "cpu";
+    if (strcmp(opt, "gpu") != 0 && strcmp(opt, "cpu") != 0 && strcmp(opt, "server") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: unknown placement '%s'; use gpu, cpu or server",
+                       label("optimizer"), c->optimizer);
+    if (strcmp(opt, "gpu") == 0 && !cuda)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = gpu needs --device cuda: on the CPU use --optimizer cpu "
+                       "(the default) or server", label("optimizer"));
+    if (strcmp(opt, "gpu") != 0 && cuda)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %s with --device cuda is not supported yet (it needs "
+                       "device-host staging of gradients and parameters): use --optimizer gpu on the GPU, or "
+                       "--device cpu", label("optimizer"), opt);
+    const bool server = strcmp(opt, "server") == 0;
+    const bool remote = c->servers[0] != '\0';
+    if (remote && !server)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is given but %s = %s: state servers hold the optimizer "
+                       "only with --optimizer server; add it or drop --servers", label("servers"), label("optimizer"),
+                       opt);
+    const char *remote_only[] = {"token_file", "tls_ca", "tls_cert", "tls_key"};
+    for (size_t i = 0; i < sizeof(remote_only) / sizeof(remote_only[0]); i++) {
+        const char *v = (const char *)field_cptr(c, find_key(remote_only[i]));
+        if (v[0] && !remote)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is only used with remote state servers: pass "
+                           "--optimizer server --servers host:port,... or drop it", label(remote_only[i]));
+    }
+    if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0'))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s and %s go together (mutual TLS): give both or neither",
+                       label("tls_cert"), label("tls_key"));
+    if ((c->tls_cert[0] || c->tls_key[0]) && !c->tls_ca[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: a client certificate needs TLS: give %s too", label("tls_ca"));
+    if (strcmp(c->state_store, "ram") != 0) {
+        if (strncmp(c->state_store, "nvme:", 5) != 0 || c->state_store[5] == '\0')
+            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s': use ram or nvme:DIR (a directory for the "
+                           "state files)", label("state_store"), c->state_store);
+        if (!server || remote)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %s applies to the embedded state server only "
+                           "(--optimizer server without --servers); remote servers choose theirs with "
+                           "ztrain-server --store", label("state_store"), c->state_store);
+    }
+    int rc;
+    if ((rc = check_int(c, "zero_level", 2, 3, err)) < 0 || (rc = check_int(c, "prefetch", 0, 64, err)) < 0)
+        return rc;
+    if (!valid_checkpointing(c->checkpointing))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s': use none, all or every:K (K >= 1)",
+                       label("checkpointing"), c->checkpointing);
     return 0;
 }
 
@@ -463,7 +545,7 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
         (rc = check_double(c, "min_loss_scale", 0.0, true, c->loss_scale, false, err)) < 0 ||
         (rc = check_int(c, "loss_scale_window", 1, 1000000000, err)) < 0)
         return rc;
-    return 0;
+    return validate_placement(c, err);
 }
 
 /* Writes the value of setting k as text (paths and strings as they are, "-" when empty). */

@@ -67,6 +67,22 @@ typedef struct zt_train_config {
     int64_t loss_scale_window; /* fp16: clean steps before the scale doubles (default 1024) */
     double min_loss_scale;     /* fp16: the scale never drops below this (default 1) */
 
+    /* Where AdamW runs (DESIGN.md decision 7): "gpu" (fused kernel, --device cuda), "cpu" (offload/cpu_adam.h
+     * in this process) or "server" (state servers, worker/state/client.h); "auto" (the default) becomes
+     * "gpu" with --device cuda and "cpu" with --device cpu in zt_train_config_resolve. */
+    char optimizer[8];
+    char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
+    char token_file[ZT_TRAIN_PATH_MAX]; /* file holding the bearer token of the state servers; "" = none */
+    char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */
+    char tls_cert[ZT_TRAIN_PATH_MAX];   /* client certificate (mutual TLS); "" = none */
+    char tls_key[ZT_TRAIN_PATH_MAX];    /* its key */
+    char state_store[ZT_TRAIN_PATH_MAX]; /* embedded core's store: "ram" or "nvme:DIR" */
+
+    /* The multi-rank ZeRO runtime (WORLD_SIZE > 1; worker/runtime/zero.h). */
+    int64_t zero_level;   /* 2 | 3 */
+    char checkpointing[32]; /* activation checkpointing: none | all | every:K */
+    int64_t prefetch;     /* blocks gathered ahead, 0..64 */
+
     /* Not a file key nor a flag: stop after this step as if interrupted (checkpoint, then return with
      * zt_train_result.interrupted set); 0 = run to `steps`. For tests and tools. */
     int64_t stop_at_step;

@@ -19,6 +19,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
 #include "worker/train/optimizer.h"
+#include "worker/train/placement.h"
 #include "worker/train/schedule.h"
 #ifdef ZT_WITH_CUDA
 #include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
@@ -207,6 +208,7 @@ struct run {
     bool use_scaler;        /* fp16 on the GPU: dynamic loss scaling */
     zt_loss_scaler scaler;
     zt_optimizer opt;
+    zt_placement_server *state; /* --optimizer server: the state servers holding master weights and moments */
     zt_dataloader *train;
     zt_dataloader *val;
     zt_metrics metrics;
@@ -219,6 +221,7 @@ static void run_free(struct run *r)
 #ifdef ZT_WITH_CUDA
     zt_gpt2_cuda_destroy(r->gpu);
 #endif
+    zt_placement_server_close(r->state);
     zt_gpt2_destroy(r->model);
     zt_optimizer_free(&r->opt);
     zt_dataloader_close(r->train);
@@ -456,6 +459,10 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
      * long run does not fail at its first checkpoint. */
     if ((rc = zt_check_writable_dir(cfg->out_dir, err)) < 0)
         goto out;
+    /* --optimizer server: the master weights and moments move to the state servers (embedded or remote). */
+    if (strcmp(cfg->optimizer, "server") == 0 &&
+        (rc = zt_placement_server_open(&r.state, cfg, r.model, &r.opt, st.step, err)) < 0)
+        goto out;
     res->start_step = st.step;
     res->end_step = st.step;
     res->skipped_steps = st.skipped_steps;
@@ -513,7 +520,11 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
 #endif
         {
             loss = zt_trainer_accumulate(r.model, r.train, accum, B, T, r.inputs, r.targets);
-            if ((rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err)) < 0)
+            if (r.state)
+                rc = zt_placement_server_step(r.state, r.model, &r.opt, step, loss, (float)lr, &rep, err);
+            else
+                rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err);
+            if (rc < 0)
                 goto out;
         }
         double dt = now_seconds() - t0;
@@ -572,6 +583,8 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
             if (r.gpu)
                 zt_gpt2_cuda_download(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
 #endif
+            if (r.state && (rc = zt_placement_server_checkpoint(r.state, &r.opt, step, err)) < 0)
+                goto out;
             st.loss_scale = r.use_scaler ? r.scaler.scale : 0.0;
             st.loss_scale_clean_steps = r.use_scaler ? r.scaler.clean_steps : 0;
             if ((rc = zt_checkpoint_save(cfg->out_dir, r.model, &r.opt, cfg, &st, res->checkpoint,
