@@ -1,6 +1,8 @@
 /* bench_state_rpc: gRPC throughput of the state service through the worker's client: registers a run of
- * one block of MIB MiB of fp32 (W = 1) on a running ztrain-server, pushes the initial parameters, then
- * times REPS gradient pushes (fp32, 1 MiB chunks) and REPS pulls of the whole shard, and prints
+ * one block of MIB MiB of fp32 (W = 1) on a running ztrain-server, pushes the initial parameters, makes
+ * one untimed gradient push and pull (the server's gradient buffer and both processes' heaps are touched
+ * for the first time there, as in a trainer's first step), then times REPS gradient pushes (fp32, 1 MiB
+ * chunks) and REPS pulls of the whole shard, and prints
  * "grpc push_gib_s=P pull_gib_s=Q mib=N reps=R".
  *
  * usage: bench_state_rpc HOST:PORT MIB REPS */
@@ -40,6 +42,10 @@ int main(int argc, char **argv)
         rc = zt_state_client_register(c, &desc, NULL, &err);
     if (rc == 0)
         rc = zt_state_client_push_params(c, "bench", 0, 0, buf, n, &err);
+    if (rc == 0)
+        rc = zt_state_client_push_grad(c, "bench", 1, 0, 0, ZT_DTYPE_F32, buf, n, &err);
+    if (rc == 0)
+        rc = zt_state_client_pull(c, "bench", 0, 0, 0, 0, n, buf, &err);
     double t0 = now();
     for (int r = 0; rc == 0 && r < reps; r++)
         rc = zt_state_client_push_grad(c, "bench", 1, 0, 0, ZT_DTYPE_F32, buf, n, &err);

@@ -3,13 +3,18 @@
 # and pull (PullParams) of MIB x REPS MiB of fp32 through the worker's client to a ztrain-server on
 # loopback, against a raw loopback TCP copy of the same bytes.
 #
-# usage: bench/server/run.sh BUILD_DIR [MIB] [REPS]
+# The raw copy and the gRPC run alternate TRIALS times and the table gives the median of each (other
+# processes on a small machine make single runs noisy); every trial's numbers are printed first.
+#
+# usage: bench/server/run.sh BUILD_DIR [MIB] [REPS] [TRIALS]
 #   BUILD_DIR  a build folder holding server/ztrain-server and bench/server/bench_{raw_tcp,state_rpc}
 #   MIB        size of the shard pushed and pulled (default 256); REPS repetitions (default 4: 1 GiB)
+#   TRIALS     alternating measurements of each (default 3)
 set -eu
 B=$1
 MIB=${2:-256}
 REPS=${3:-4}
+TRIALS=${4:-3}
 TMP=$(mktemp -d)
 SERVER_PID=
 cleanup() {
@@ -22,20 +27,36 @@ field() { # field NAME LINE: the value of NAME=value in LINE
     echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"
 }
 
-mkfifo "$TMP/ready"
-"$B/server/ztrain-server" --listen 127.0.0.1:0 --log-level warn >"$TMP/ready" 2>"$TMP/server.log" &
-SERVER_PID=$!
-read -r line <"$TMP/ready"
-port=$(field port "$line")
-[ -n "$port" ] || { echo "ztrain-server did not start:"; cat "$TMP/server.log"; exit 1; }
-
-raw=$("$B/bench/server/bench_raw_tcp" $((MIB * REPS)))
-rpc=$("$B/bench/server/bench_state_rpc" "127.0.0.1:$port" "$MIB" "$REPS")
-r=$(field gib_s "$raw")
-p=$(field push_gib_s "$rpc")
-q=$(field pull_gib_s "$rpc")
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+: >"$TMP/raw"
+: >"$TMP/push"
+: >"$TMP/pull"
+i=0
+while [ "$i" -lt "$TRIALS" ]; do
+    # A fresh server per trial, so that every trial registers the same new run.
+    rm -f "$TMP/ready"
+    mkfifo "$TMP/ready"
+    "$B/server/ztrain-server" --listen 127.0.0.1:0 --log-level warn >"$TMP/ready" 2>"$TMP/server.log" &
+    SERVER_PID=$!
+    read -r line <"$TMP/ready"
+    port=$(field port "$line")
+    [ -n "$port" ] || { echo "ztrain-server did not start:"; cat "$TMP/server.log"; exit 1; }
+    raw=$("$B/bench/server/bench_raw_tcp" $((MIB * REPS)))
+    rpc=$("$B/bench/server/bench_state_rpc" "127.0.0.1:$port" "$MIB" "$REPS")
+    echo "trial $((i + 1)): $raw; $rpc"
+    field gib_s "$raw" >>"$TMP/raw"
+    field push_gib_s "$rpc" >>"$TMP/push"
+    field pull_gib_s "$rpc" >>"$TMP/pull"
+    kill "$SERVER_PID"
+    wait "$SERVER_PID" || true
+    SERVER_PID=
+    i=$((i + 1))
+done
+r=$(median <"$TMP/raw")
+p=$(median <"$TMP/push")
+q=$(median <"$TMP/pull")
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
-echo "| measure ($((MIB * REPS)) MiB of fp32, loopback, $(nproc) cores) | GiB/s | vs raw TCP copy |"
+echo "| measure ($((MIB * REPS)) MiB of fp32, loopback, $(nproc) cores, median of $TRIALS) | GiB/s | vs raw TCP copy |"
 echo "| --- | --- | --- |"
 echo "| raw TCP copy (1 MiB send/recv, one connection) | $r | 100% |"
 echo "| gRPC PushGradients (1 MiB chunks, ztrain client -> ztrain-server) | $p | $(pct "$p" "$r") |"
