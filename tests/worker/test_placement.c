@@ -268,6 +268,13 @@ static void test_placements_are_bit_identical(void **state)
         assert_true(na == nb && memcmp(da, db, na) == 0);
         free(da);
         free(db);
+        /* its checkpoints lack the moments: continuing one with placement cpu is refused */
+        base_config(&c, "remote", "cpu");
+        c.steps = STEPS + 1;
+        snprintf(c.resume, sizeof(c.resume), "%s/remote", g_dir);
+        assert_int_equal(zt_trainer_run(&c, &res, &e), ZT_EINVAL_CONFIG);
+        assert_non_null(strstr(e.msg, "remote state servers"));
+        zt_train_result_free(&res);
         /* every checkpoint asked the server for a snapshot of the same step */
         char latest[600];
         snprintf(latest, sizeof(latest), "%s/snapshots/remote/server0of1/step_%08d/manifest.json", g_dir, STEPS);

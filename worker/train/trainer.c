@@ -301,6 +301,27 @@ static void warn_schedule_change(const zt_schedule *saved, const zt_schedule *no
                now->min_lr, (long long)now->warmup_steps);
 }
 
+/* A checkpoint written with remote state servers holds the master weights but not the Adam moments (the
+ * servers keep them in their snapshots): it can only continue with remote servers. Its saved config says
+ * which placement wrote it. */
+static int check_moments_available(const char *ckpt_dir, const zt_train_config *cfg, zt_err *err)
+{
+    char path[PATH_CAP + 16];
+    snprintf(path, sizeof(path), "%s/config.json", ckpt_dir);
+    zt_train_config *saved = zt_xmalloc(sizeof(*saved));
+    zt_train_config_init(saved);
+    zt_err ignored;
+    bool remote_before = zt_train_config_load_file(saved, path, &ignored) == 0 &&
+                         strcmp(saved->optimizer, "server") == 0 && saved->servers[0] != '\0';
+    free(saved);
+    bool remote_now = strcmp(cfg->optimizer, "server") == 0 && cfg->servers[0] != '\0';
+    if (remote_before && !remote_now)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s was written with remote state servers, which keep the "
+                       "Adam moments in their snapshots: resume it with --optimizer server --servers host:port,... "
+                       "(the servers started with their --snapshot-dir)", ckpt_dir);
+    return 0;
+}
+
 /* Runs training as cfg says; see trainer.h. */
 int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
 {
@@ -398,6 +419,8 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                          ckpt_dir, pos_err.msg);
             goto out;
         }
+        if ((rc = check_moments_available(ckpt_dir, cfg, err)) < 0)
+            goto out;
         warn_schedule_change(&st.schedule, &sched);
         if (cfg->init_from[0])
             zt_log(ZT_LOG_WARN, "resume: init_from '%s' is ignored: the parameters come from the checkpoint",
