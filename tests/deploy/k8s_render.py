@@ -185,6 +185,26 @@ def job_pod(job, index, namespace="ztrain"):
     return pod
 
 
+# The label the StatefulSet controller puts on each pod with its ordinal (Kubernetes 1.28 and later).
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+
+
+def statefulset_pod(sts, ordinal, namespace="ztrain"):
+    """The pod the StatefulSet controller makes for ordinal `ordinal`: its template with the name,
+    hostname, subdomain and the labels Kubernetes adds (pod name and pod index)."""
+    pod = json.loads(json.dumps(sts["spec"]["template"]))  # a deep copy
+    name = "%s-%d" % (sts["metadata"]["name"], ordinal)
+    meta = pod.setdefault("metadata", {})
+    meta["name"] = name
+    meta["namespace"] = sts["metadata"].get("namespace", namespace)
+    labels = meta.setdefault("labels", {})
+    labels["statefulset.kubernetes.io/pod-name"] = name
+    labels[POD_INDEX_LABEL] = str(ordinal)
+    pod["spec"]["hostname"] = name
+    pod["spec"]["subdomain"] = sts["spec"]["serviceName"]
+    return pod
+
+
 def container_env(pod, container, objects):
     """The environment Kubernetes gives container in pod: env entries in order, each value expanded
     against the entries before it; valueFrom filled from the pod, the container's resources and the

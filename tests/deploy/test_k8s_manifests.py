@@ -24,8 +24,9 @@ import k8s_render as k8s  # noqa: E402
 import kubernetes_validate.utils as kv  # noqa: E402
 
 # The Kubernetes minor versions the manifests are validated against (docs/deploy.md says the same).
-# 1.27 is the first with gRPC probes generally available; kubernetes-validate 1.37.0 knows up to 1.37.
-KUBERNETES_VERSIONS = ["1.%d.0" % minor for minor in range(27, 38)]
+# 1.28 is the first that labels StatefulSet pods with their ordinal (apps.kubernetes.io/pod-index), which
+# the servers' --server-index comes from; kubernetes-validate 1.37.0 knows up to 1.37.
+KUBERNETES_VERSIONS = ["1.%d.0" % minor for minor in range(28, 38)]
 
 # Loading a version's schema definitions takes long; the same files serve every object.
 kv.schema_contents = functools.lru_cache(maxsize=None)(kv.schema_contents)
@@ -35,7 +36,9 @@ TRAIN_CONFIG_KEYS = {
     "model", "init_from", "train_data", "val_data", "out_dir", "steps", "batch_size", "seq_len",
     "grad_accum", "lr", "min_lr", "schedule", "warmup_steps", "lr_gamma", "weight_decay", "beta1",
     "beta2", "eps", "grad_clip", "eval_every", "eval_batches", "save_every", "log_every", "seed",
-    "threads", "shuffle"}
+    "threads", "shuffle", "device", "precision", "loss_scale", "loss_scale_window", "min_loss_scale",
+    "optimizer", "servers", "token_file", "tls_ca", "tls_cert", "tls_key", "state_store", "zero_level",
+    "checkpointing", "prefetch"}
 
 SERVER_LABELS = {"app.kubernetes.io/name": "ztrain", "app.kubernetes.io/component": "server"}
 WORKER_LABELS = {"app.kubernetes.io/name": "ztrain", "app.kubernetes.io/component": "worker"}
@@ -162,6 +165,21 @@ class Structure(unittest.TestCase):
                     self.assertIn("grpc", c[probe], "%s must be a gRPC probe (grpc.health.v1)" % probe)
                     self.assertEqual(c[probe]["grpc"]["port"], ports["health"])
                     self.assertTrue(health.endswith(":%d" % ports["health"]))
+                metrics = args[args.index("--metrics-listen") + 1]
+                self.assertTrue(metrics.endswith(":%d" % ports["metrics"]))
+
+    def test_servers_know_their_place(self):
+        for target, objects in self.rendered.items():
+            with self.subTest(target=target):
+                sts = k8s.one(objects, "StatefulSet")
+                (c,) = sts["spec"]["template"]["spec"]["containers"]
+                env = {e["name"]: e for e in c["env"]}
+                self.assertEqual(env["ZT_SERVER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"],
+                                 "metadata.labels['%s']" % k8s.POD_INDEX_LABEL)
+                self.assertEqual(int(env["ZT_SERVER_COUNT"]["value"]), sts["spec"]["replicas"],
+                                 "ZT_SERVER_COUNT must equal the StatefulSet's replicas")
+                self.assertIn("$(ZT_SERVER_INDEX)", c["args"])
+                self.assertIn("$(ZT_SERVER_COUNT)", c["args"])
 
     def test_job_is_indexed_and_consistent(self):
         for target, objects in self.rendered.items():
