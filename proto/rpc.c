@@ -110,6 +110,31 @@ static grpc_byte_buffer *make_buffer(const void *data, size_t len)
     return bb;
 }
 
+/* Channel arguments for bulk streams (1 MiB chunks) on both ends of a connection. gRPC's defaults suit
+ * small messages: 16 KiB HTTP/2 frames and socket reads that start small and grow. Larger frames and
+ * reads mean fewer frame headers, fewer read syscalls and fewer, larger slices per message. Appends to
+ * args[*n] (ZT_TUNE_ARGS of them) and advances *n. */
+#define ZT_TUNE_ARGS 5
+static void add_throughput_args(grpc_arg *args, int *n)
+{
+    static const struct {
+        const char *key;
+        int value;
+    } tune[ZT_TUNE_ARGS] = {
+        {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 1 << 20},         /* default 16 KiB */
+        {GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20},          /* default 8 KiB, grown as reads fill */
+        {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10},
+        /* A fixed 8 MiB stream window instead of probing for one: several chunks in flight at once. */
+        {GRPC_ARG_HTTP2_BDP_PROBE, 0},
+        {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
+    };
+    for (int i = 0; i < ZT_TUNE_ARGS; i++) {
+        args[*n].type = GRPC_ARG_INTEGER;
+        args[*n].key = (char *)tune[i].key;
+        args[(*n)++].value.integer = tune[i].value;
+    }
+}
+
 /* Waits for tag on a pluck queue until deadline; on timeout cancels the call with DEADLINE_EXCEEDED and
  * waits for the (now prompt) completion. Returns the op's success flag; *timed_out says whether the
  * deadline passed. */
@@ -458,7 +483,7 @@ static void *dispatcher_thread(void *arg)
 static int open_listener(zt_rpc_server_t *srv, struct listener *lis, const char *addr, grpc_server_credentials *creds,
                          int health_only, zt_err *err)
 {
-    grpc_arg args[3];
+    grpc_arg args[3 + ZT_TUNE_ARGS];
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -470,7 +495,9 @@ static int open_listener(zt_rpc_server_t *srv, struct listener *lis, const char 
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
-    grpc_channel_args chargs = {3, args};
+    int nargs = 3;
+    add_throughput_args(args, &nargs);
+    grpc_channel_args chargs = {(size_t)nargs, args};
 
     lis->srv = srv;
     lis->health_only = health_only;
@@ -959,7 +986,7 @@ int zt_rpc_channel_create(const struct zt_rpc_channel_options *opt, zt_rpc_chann
         grpc_shutdown();
         return rc;
     }
-    grpc_arg args[3];
+    grpc_arg args[2 + ZT_TUNE_ARGS];
     int nargs = 0;
     memset(args, 0, sizeof(args));
     args[nargs].type = GRPC_ARG_INTEGER;
@@ -970,6 +997,7 @@ int zt_rpc_channel_create(const struct zt_rpc_channel_options *opt, zt_rpc_chann
         args[nargs].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
         args[nargs++].value.string = (char *)opt->tls_server_name;
     }
+    add_throughput_args(args, &nargs);
     grpc_channel_args chargs = {(size_t)nargs, args};
     zt_rpc_channel_t *ch = zt_xcalloc(1, sizeof(*ch));
     ch->channel = grpc_channel_create(opt->target, creds, &chargs);
