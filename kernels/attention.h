@@ -18,6 +18,7 @@ void zt_cpu_attention_backward(zt_real *dqkv, const zt_real *dout, const zt_real
  * (F32, F16 or BF16); lse [B,NH,T] is fp32. Head sizes 64 and 128 (zt_cuda_attention_supported);
  * any T. */
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <cuda_runtime.h>
 
@@ -43,6 +44,25 @@ size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH);
 void zt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                 const float *lse, int B, int T, int C, int NH, void *scratch,
                                 enum zt_dtype dtype, cudaStream_t stream);
+
+/* Padding mask, added to the causal one: lens is a device array of B int32 valid lengths (NULL: no
+ * padding, exactly the launchers above). In sequence b, query rows t >= lens[b] produce zeros in out and
+ * +inf in lse; rows below see only keys below them, so keys >= lens[b] are masked too. The backward pass
+ * adds nothing to the rows of dqkv at t >= lens[b] (q, k and v parts); it reads the mask from lse, so
+ * lens only lets it skip the padded tiles. Lengths above T count as T, below 0 as 0. */
+void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B, int T,
+                                      int C, int NH, enum zt_dtype dtype, cudaStream_t stream);
+void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                       const float *lse, const int32_t *lens, int B, int T, int C, int NH,
+                                       void *scratch, enum zt_dtype dtype, cudaStream_t stream);
+/* For F16 and BF16 on sm_80+, the launchers prefer the mma.sync kernels (FlashAttention-2 style: fragments
+ * in registers, ldmatrix, cp.async double buffering) over the WMMA ones when this is on. The default
+ * comes from the environment variable ZT_CUDA_ATTENTION ("mma" or "wmma"; unset: the built-in default,
+ * zt_cuda_attention_mma_default). Process-wide, like zt_cuda_attention_use_tensor_cores (which, when
+ * off, turns both off). */
+void zt_cuda_attention_use_mma(bool on);
+/* Whether the mma.sync kernels are preferred when ZT_CUDA_ATTENTION is unset. */
+bool zt_cuda_attention_mma_default(void);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,8 @@
  * fp32 and every GPU; for bf16 and fp16 the launchers use the tensor-core kernels further down where
  * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores). */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <mma.h>
 #include <type_traits>
@@ -802,6 +804,545 @@ static __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* ---- mma.sync kernels (bf16 and fp16 on sm_80+), FlashAttention-2 style ----
+ *
+ * A block of 4 warps owns a tile of 64 rows (queries in the forward and the dQ pass, keys in the dK/dV
+ * pass), each warp 16 of them, and walks the 64-row tiles of the other side. Tiles of the storage type
+ * sit in shared memory with rows padded by 16 bytes (MMA_LDS elements), so that the 8 row addresses of
+ * an ldmatrix fall in 8 different groups of 4 banks. The tiles of the side being walked are double
+ * buffered: cp.async fetches tile i + 1 while the tensor cores work on tile i.
+ *
+ * Products are mma.sync.m16n8k16 (fp32 accumulation). Fragment layout for a lane (g = lane / 4,
+ * q = lane % 4): the accumulator c[4] of a 16 x 8 tile holds (row g, cols 2q, 2q + 1) in c[0], c[1] and
+ * (row g + 8, same cols) in c[2], c[3]; the A operand (16 x 16) holds (row g, cols 2q..) (row g + 8,
+ * cols 2q..) (row g, cols 8 + 2q..) (row g + 8, cols 8 + 2q..) as pairs; B (16 x 8, k x n) holds
+ * (k 2q, 2q + 1; n g) and (k 8 + 2q, 8 + 2q + 1; n g). So the accumulators of two neighbouring 16 x 8
+ * score tiles are, once rounded to 16 bits, the A operand of the next product: P never leaves the
+ * registers, and the softmax statistics of a row live in the 4 lanes that share g.
+ *
+ * Operands from shared memory come through ldmatrix.x4 (four 8 x 8 matrices, one row address per lane):
+ * A from a row-major tile (rows = M), B from a row-major tile whose rows are N (K in Q K^T: plain
+ * ldmatrix) or whose rows are K (V in P V: ldmatrix.trans). */
+
+#define MMA_WARPS 4
+#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_TILE 64
+
+template <int HS> struct mma_cfg {
+    static constexpr int LDS = HS + 8;                  /* shared row stride, elements */
+    static constexpr int TILE_ELEMS = MMA_TILE * LDS;   /* one 64-row tile */
+    static constexpr size_t tile_bytes = (size_t)TILE_ELEMS * 2;
+    static constexpr size_t fwd_smem = 5 * tile_bytes; /* Q, 2 x K, 2 x V */
+    /* 6 tiles (2 resident, 2 x 2 walked) and the walked query tiles' lse and D (2 x 2 x 64 floats). */
+    static constexpr size_t bwd_smem = 6 * tile_bytes + 4 * MMA_TILE * sizeof(float);
+    /* Rows of the other side per inner step of the backward passes: 64 for head size 64; 32 for 128,
+     * which keeps the two score tiles and the two HS-wide accumulators within the registers. */
+    static constexpr int SUB = HS == 64 ? 64 : 32;
+};
+
+template <typename T> __host__ __device__ constexpr bool mma_supported()
+{
+    return (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) && ZT_ARCH >= 800;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared without passing through registers; zero-fills when !valid. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* Waits until at most N of this thread's committed groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* d (16 x 8 fp32) += a (16 x 16) * b (16 x 8). */
+template <typename T> __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats as one register of two 16-bit values, lo in the low half (the lower column). */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* The A operand of k-step ks (columns 16 ks .. 16 ks + 15) of a product whose left matrix is held as
+ * accumulators acc[j] (16 x 8 each, columns 8 j ..): tiles 2 ks and 2 ks + 1, rounded to T. */
+template <typename T, int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&acc)[N][4], int ks)
+{
+    a[0] = pack2<T>(acc[2 * ks][0], acc[2 * ks][1]);
+    a[1] = pack2<T>(acc[2 * ks][2], acc[2 * ks][3]);
+    a[2] = pack2<T>(acc[2 * ks + 1][0], acc[2 * ks + 1][1]);
+    a[3] = pack2<T>(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
+}
+
+/* Starts copying rows [t0, t0 + 64) of one head's slice of a [*, stride] tensor into a padded tile;
+ * rows at or past T_ are zero. */
+template <typename T, int HS>
+__device__ __forceinline__ void mma_load_tile(T *tile, const T *base, int t0, int T_, int stride)
+{
+    constexpr int CPR = HS / 8; /* 16-byte chunks per row */
+    for (int idx = threadIdx.x; idx < MMA_TILE * CPR; idx += MMA_THREADS) {
+        const int r = idx / CPR, c = idx % CPR, t = t0 + r;
+        const bool ok = t < T_;
+        cp_async16(tile + r * mma_cfg<HS>::LDS + c * 8, base + (size_t)(ok ? t : 0) * stride + c * 8, ok);
+    }
+}
+
+/* acc[j] (16 x 8 tiles, j < 2 NP) += A rows (16 rows at a, row-major, HS long) times the rows
+ * [0, 16 NP) of tile b (row-major, HS long) transposed: S = Q K^T-like products. */
+template <typename T, int HS, int NP>
+__device__ __forceinline__ void mma_rows_x_rows(float (&acc)[2 * NP][4], const T *a, const T *b)
+{
+    constexpr int LDS = mma_cfg<HS>::LDS;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+        uint32_t af[4];
+        ldsm_x4(af, a + (lane % 16) * LDS + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int np = 0; np < NP; np++) {
+            /* Matrices: rows n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15. */
+            uint32_t bf[4];
+            ldsm_x4(bf, b + (np * 16 + (lane / 16) * 8 + lane % 8) * LDS + ks * 16 + ((lane / 8) % 2) * 8);
+            mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
+            mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* acc[j] (16 x HS as HS / 8 tiles) += P (accumulators p[j], 16 x 16 KS) times rows [0, 16 KS) of the
+ * row-major tile x (HS long): O += P V-like products. */
+template <typename T, int HS, int KS>
+__device__ __forceinline__ void mma_acc_x_rows(float (&acc)[HS / 8][4], const float (&p)[2 * KS][4], const T *x)
+{
+    constexpr int LDS = mma_cfg<HS>::LDS;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t af[4];
+        acc_to_a<T>(af, p, ks);
+#pragma unroll
+        for (int dp = 0; dp < HS / 16; dp++) {
+            /* Transposed matrices: k 0-7 n 0-7, k 8-15 n 0-7, k 0-7 n 8-15, k 8-15 n 8-15. */
+            uint32_t bf[4];
+            ldsm_x4_trans(bf, x + (ks * 16 + lane % 16) * LDS + dp * 16 + (lane / 16) * 8);
+            mma16816<T>(acc[2 * dp], af, bf[0], bf[1]);
+            mma16816<T>(acc[2 * dp + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* Adds scale * acc (rows g and g + 8 of a warp's 16 x HS block, as HS / 8 accumulator tiles) into
+ * rows row0 and row0 + 8 of a [*, stride] tensor (rows at or past end skipped); overwrites instead when
+ * !accumulate. */
+template <typename T, int HS>
+__device__ __forceinline__ void mma_store_rows(T *dst, int stride, int row0, int end, float scale,
+                                               const float (&acc)[HS / 8][4], bool accumulate)
+{
+    const int q = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int row = row0 + 8 * i;
+        if (row >= end)
+            continue;
+        T *p = dst + (size_t)row * stride + 2 * q;
+#pragma unroll
+        for (int j = 0; j < HS / 8; j++) {
+            float lo = acc[j][2 * i] * scale, hi = acc[j][2 * i + 1] * scale;
+            if (accumulate) {
+                lo += zt_to_float(p[8 * j]);
+                hi += zt_to_float(p[8 * j + 1]);
+            }
+            *reinterpret_cast<uint32_t *>(p + 8 * j) = pack2<T>(lo, hi);
+        }
+    }
+}
+
+/* The valid length of sequence b (T_ without a mask). */
+__device__ __forceinline__ int mma_seq_len(const int32_t *lens, int b, int T_)
+{
+    return lens ? max(0, min(lens[b], T_)) : T_;
+}
+
+template <typename T, int HS>
+static __global__ void __launch_bounds__(MMA_THREADS)
+    attention_forward_mma_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
+                                 const int32_t *__restrict__ lens, int T_, int C, int NH, float scale_log2)
+{
+    if constexpr (!mma_supported<T>()) {
+        __trap();
+    } else {
+        using cfg = mma_cfg<HS>;
+        extern __shared__ __align__(128) unsigned char smem[];
+        T *Qs = reinterpret_cast<T *>(smem);
+        T *Ks = Qs + cfg::TILE_ELEMS; /* two buffers */
+        T *Vs = Ks + 2 * cfg::TILE_ELEMS; /* two buffers */
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int qt = gridDim.x - 1 - blockIdx.x; /* longest rows first */
+        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        const int q0 = qt * MMA_TILE;
+        const int len = mma_seq_len(lens, b, T_);
+        if (q0 >= len)
+            return; /* every row is padding: the mask kernel writes them */
+        const int stride = 3 * C;
+        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const int nkt = qt + 1;
+        const int row0 = q0 + warp * 16 + g; /* this lane's rows: row0 and row0 + 8 */
+
+        mma_load_tile<T, HS>(Qs, base, q0, T_, stride);
+        mma_load_tile<T, HS>(Ks, base + C, 0, T_, stride);
+        mma_load_tile<T, HS>(Vs, base + 2 * C, 0, T_, stride);
+        cp_async_commit();
+
+        float o[HS / 8][4];
+#pragma unroll
+        for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[j][e] = 0.0f;
+        /* Running max (base 2, scaled) and this lane's part of the running sum, rows row0 and row0 + 8. */
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        for (int kt = 0; kt < nkt; kt++) {
+            if (kt + 1 < nkt) {
+                const int nb = (kt + 1) % 2;
+                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, base + C, (kt + 1) * MMA_TILE, T_, stride);
+                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, base + 2 * C, (kt + 1) * MMA_TILE, T_, stride);
+                cp_async_commit();
+                cp_async_wait<1>(); /* tile kt (and Q) landed; kt + 1 may still be in flight */
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
+
+            float s[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[j][e] = 0.0f;
+            mma_rows_x_rows<T, HS, 4>(s, Qs + warp * 16 * cfg::LDS, Kt);
+
+            /* Online softmax. s[j][e] is row row0 + 8 (e / 2), key kt * 64 + 8 j + 2 q + e % 2. */
+            const bool diag = kt == qt;
+            float mx[2] = {m[0], m[1]};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = kt * MMA_TILE + 8 * j + 2 * q + (e % 2);
+                    const int row = row0 + 8 * (e / 2);
+                    float x = s[j][e] * scale_log2;
+                    if (diag && key > row)
+                        x = -INFINITY;
+                    s[j][e] = x;
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                /* Finite: key 0 of the first tile is never masked. */
+                alpha[i] = exp2f(m[i] - mx[i]);
+                m[i] = mx[i];
+                l[i] *= alpha[i];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[j][e] - m[e / 2]);
+                    s[j][e] = p;
+                    l[e / 2] += p;
+                }
+#pragma unroll
+            for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    o[j][e] *= alpha[e / 2];
+
+            mma_acc_x_rows<T, HS, 4>(o, s, Vt); /* O += P V */
+            __syncthreads(); /* every warp is done with buffer kt % 2 before it is refilled */
+        }
+
+        float inv[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+            inv[i] = 1.0f / l[i];
+            const int row = row0 + 8 * i;
+            if (q == 0 && row < len)
+                lse[(size_t)bh * T_ + row] = (m[i] + log2f(l[i])) / LOG2E;
+        }
+#pragma unroll
+        for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[j][e] *= inv[e / 2];
+        mma_store_rows<T, HS>(out + (size_t)b * T_ * C + h * HS, C, row0, len, 1.0f, o, false);
+    }
+}
+
+/* dK, dV of one 64-key tile: warp w owns keys k0 + 16 w .. + 15 and walks the query tiles from the
+ * diagonal down. Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T (16 x SUB per
+ * warp), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and
+ * dS^T straight from the registers. */
+template <typename T, int HS>
+static __global__ void __launch_bounds__(MMA_THREADS)
+    attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
+                                     const float *__restrict__ lse, const float *__restrict__ D,
+                                     const int32_t *__restrict__ lens, int T_, int C, int NH, float scale)
+{
+    if constexpr (!mma_supported<T>()) {
+        __trap();
+    } else {
+        using cfg = mma_cfg<HS>;
+        constexpr int SUB = cfg::SUB;
+        extern __shared__ __align__(128) unsigned char smem[];
+        T *Ks = reinterpret_cast<T *>(smem);
+        T *Vs = Ks + cfg::TILE_ELEMS;
+        T *Qs = Vs + cfg::TILE_ELEMS;       /* two buffers */
+        T *dOs = Qs + 2 * cfg::TILE_ELEMS;  /* two buffers */
+        float *lse_s = reinterpret_cast<float *>(dOs + 2 * cfg::TILE_ELEMS); /* two buffers of 64 */
+        float *D_s = lse_s + 2 * MMA_TILE;                                   /* two buffers of 64 */
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int kt = blockIdx.x; /* the first key tiles see the most query tiles: they start first */
+        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        const int k0 = kt * MMA_TILE;
+        const int len = mma_seq_len(lens, b, T_);
+        if (k0 >= len)
+            return; /* padded keys: only padded queries see them, and those add nothing */
+        const int stride = 3 * C;
+        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const T *dobase = dout + (size_t)b * T_ * C + h * HS;
+        const float scale_log2 = scale * LOG2E;
+        const int qend = ZT_CEIL_DIV(len, MMA_TILE);
+        const int key0 = k0 + warp * 16 + g; /* this lane's keys: key0 and key0 + 8 */
+
+        /* Starts loading query tile qt into buffer nb: Q and dO by cp.async, lse and D by plain stores
+         * (padded and out-of-range rows get lse = +inf, so P = 0 there). */
+        auto load_query_tile = [&](int qt, int nb) {
+            mma_load_tile<T, HS>(Qs + nb * cfg::TILE_ELEMS, base, qt * MMA_TILE, T_, stride);
+            mma_load_tile<T, HS>(dOs + nb * cfg::TILE_ELEMS, dobase, qt * MMA_TILE, T_, C);
+            for (int i = threadIdx.x; i < MMA_TILE; i += MMA_THREADS) {
+                const int t = qt * MMA_TILE + i;
+                lse_s[nb * MMA_TILE + i] = t < len ? lse[(size_t)bh * T_ + t] * LOG2E : INFINITY;
+                D_s[nb * MMA_TILE + i] = t < len ? D[(size_t)bh * T_ + t] : 0.0f;
+            }
+        };
+
+        mma_load_tile<T, HS>(Ks, base + C, k0, T_, stride);
+        mma_load_tile<T, HS>(Vs, base + 2 * C, k0, T_, stride);
+        load_query_tile(kt, 0);
+        cp_async_commit();
+
+        float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+        for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dk[j][e] = dv[j][e] = 0.0f;
+
+        for (int qt = kt; qt < qend; qt++) {
+            const int cb = (qt - kt) % 2;
+            if (qt + 1 < qend) {
+                load_query_tile(qt + 1, 1 - cb);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const T *Qt = Qs + cb * cfg::TILE_ELEMS, *dOt = dOs + cb * cfg::TILE_ELEMS;
+            const float *lse_t = lse_s + cb * MMA_TILE, *D_t = D_s + cb * MMA_TILE;
+            const bool diag = qt == kt;
+
+#pragma unroll 1
+            for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
+                float s[SUB / 8][4], dp[SUB / 8][4];
+#pragma unroll
+                for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[j][e] = dp[j][e] = 0.0f;
+                mma_rows_x_rows<T, HS, SUB / 16>(s, Ks + warp * 16 * cfg::LDS, Qt + sub * SUB * cfg::LDS);
+                mma_rows_x_rows<T, HS, SUB / 16>(dp, Vs + warp * 16 * cfg::LDS, dOt + sub * SUB * cfg::LDS);
+                /* s[j][e] is key key0 + 8 (e / 2), query column c = sub * SUB + 8 j + 2 q + e % 2. */
+#pragma unroll
+                for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int c = sub * SUB + 8 * j + 2 * q + (e % 2);
+                        const int key = key0 + 8 * (e / 2);
+                        float p = exp2f(s[j][e] * scale_log2 - lse_t[c]);
+                        if (diag && key > qt * MMA_TILE + c)
+                            p = 0.0f;
+                        s[j][e] = p;
+                        dp[j][e] = p * (dp[j][e] - D_t[c]); /* dS^T */
+                    }
+                mma_acc_x_rows<T, HS, SUB / 16>(dv, s, dOt + sub * SUB * cfg::LDS); /* dV += P^T dO */
+                mma_acc_x_rows<T, HS, SUB / 16>(dk, dp, Qt + sub * SUB * cfg::LDS); /* dK += dS^T Q */
+            }
+            __syncthreads(); /* buffer cb is refilled in the next iteration */
+        }
+
+        T *rows = dqkv + (size_t)b * T_ * stride + h * HS;
+        mma_store_rows<T, HS>(rows + C, stride, key0, len, scale, dk, true);
+        mma_store_rows<T, HS>(rows + 2 * C, stride, key0, len, 1.0f, dv, true);
+    }
+}
+
+/* dQ of one 64-query tile: warp w owns queries q0 + 16 w .. + 15 and walks the key tiles up to the
+ * diagonal. Per key tile, in steps of SUB keys: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. */
+template <typename T, int HS>
+static __global__ void __launch_bounds__(MMA_THREADS)
+    attention_backward_q_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
+                                    const float *__restrict__ lse, const float *__restrict__ D,
+                                    const int32_t *__restrict__ lens, int T_, int C, int NH, float scale)
+{
+    if constexpr (!mma_supported<T>()) {
+        __trap();
+    } else {
+        using cfg = mma_cfg<HS>;
+        constexpr int SUB = cfg::SUB;
+        extern __shared__ __align__(128) unsigned char smem[];
+        T *Qs = reinterpret_cast<T *>(smem);
+        T *dOs = Qs + cfg::TILE_ELEMS;
+        T *Ks = dOs + cfg::TILE_ELEMS;     /* two buffers */
+        T *Vs = Ks + 2 * cfg::TILE_ELEMS;  /* two buffers */
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int qt = gridDim.x - 1 - blockIdx.x; /* longest rows first */
+        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        const int q0 = qt * MMA_TILE;
+        const int len = mma_seq_len(lens, b, T_);
+        if (q0 >= len)
+            return;
+        const int stride = 3 * C;
+        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const T *dobase = dout + (size_t)b * T_ * C + h * HS;
+        const float scale_log2 = scale * LOG2E;
+        const int row0 = q0 + warp * 16 + g; /* this lane's rows: row0 and row0 + 8 */
+        float lse2[2], Dr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int row = row0 + 8 * i;
+            lse2[i] = row < len ? lse[(size_t)bh * T_ + row] * LOG2E : INFINITY;
+            Dr[i] = row < len ? D[(size_t)bh * T_ + row] : 0.0f;
+        }
+
+        mma_load_tile<T, HS>(Qs, base, q0, T_, stride);
+        mma_load_tile<T, HS>(dOs, dobase, q0, T_, C);
+        mma_load_tile<T, HS>(Ks, base + C, 0, T_, stride);
+        mma_load_tile<T, HS>(Vs, base + 2 * C, 0, T_, stride);
+        cp_async_commit();
+
+        float dq[HS / 8][4];
+#pragma unroll
+        for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dq[j][e] = 0.0f;
+
+        const int nkt = qt + 1;
+        for (int kt = 0; kt < nkt; kt++) {
+            if (kt + 1 < nkt) {
+                const int nb = (kt + 1) % 2;
+                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, base + C, (kt + 1) * MMA_TILE, T_, stride);
+                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, base + 2 * C, (kt + 1) * MMA_TILE, T_, stride);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
+            const bool diag = kt == qt;
+
+#pragma unroll 1
+            for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
+                float s[SUB / 8][4], dp[SUB / 8][4];
+#pragma unroll
+                for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[j][e] = dp[j][e] = 0.0f;
+                mma_rows_x_rows<T, HS, SUB / 16>(s, Qs + warp * 16 * cfg::LDS, Kt + sub * SUB * cfg::LDS);
+                mma_rows_x_rows<T, HS, SUB / 16>(dp, dOs + warp * 16 * cfg::LDS, Vt + sub * SUB * cfg::LDS);
+                /* s[j][e] is row row0 + 8 (e / 2), key kt * 64 + sub * SUB + 8 j + 2 q + e % 2. */
+#pragma unroll
+                for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = kt * MMA_TILE + sub * SUB + 8 * j + 2 * q + (e % 2);
+                        const int i = e / 2;
+                        float p = exp2f(s[j][e] * scale_log2 - lse2[i]);
+                        if (diag && key > row0 + 8 * i)
+                            p = 0.0f;
+                        s[j][e] = p * (dp[j][e] - Dr[i]); /* dS */
+                    }
+                mma_acc_x_rows<T, HS, SUB / 16>(dq, s, Kt + sub * SUB * cfg::LDS); /* dQ += dS K */
+            }
+            __syncthreads();
+        }
+        mma_store_rows<T, HS>(dqkv + (size_t)b * T_ * stride + h * HS, stride, row0, len, scale, dq, true);
+    }
+}
+
+/* Padding rows of the forward pass: out rows t >= lens[b] become zero and their lse +inf (so that the
+ * backward kernels, which take P = exp(S - lse), see P = 0 there). One block per (b, t). */
+template <typename T>
+static __global__ void attention_mask_rows_kernel(T *__restrict__ out, float *__restrict__ lse,
+                                                  const int32_t *__restrict__ lens, int T_, int C, int NH)
+{
+    const int b = blockIdx.x / T_, t = blockIdx.x % T_;
+    if (t < max(0, min(lens[b], T_)))
+        return;
+    T *row = out + ((size_t)b * T_ + t) * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        row[c] = zt_from_float<T>(0.0f);
+    for (int h = threadIdx.x; h < NH; h += blockDim.x)
+        lse[((size_t)b * NH + h) * T_ + t] = INFINITY;
+}
+
 /* ---- launchers ---- */
 
 /* Kernels above 48 KiB of dynamic shared memory must say so once per kernel. */
@@ -834,18 +1375,68 @@ template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, c
     return attr.ptxVersion >= (std::is_same<T, __nv_bfloat16>::value ? 80 : 70);
 }
 
+/* Whether the mma.sync kernels are preferred (-1: not decided yet; see zt_cuda_attention_use_mma). */
+#define ZT_ATTENTION_MMA_DEFAULT false
+static int g_use_mma = -1;
+
+extern "C" bool zt_cuda_attention_mma_default(void) { return ZT_ATTENTION_MMA_DEFAULT; }
+
+extern "C" void zt_cuda_attention_use_mma(bool on) { g_use_mma = on; }
+
+static bool mma_wanted(void)
+{
+    if (g_use_mma < 0) {
+        const char *env = getenv("ZT_CUDA_ATTENTION");
+        g_use_mma = env && strcmp(env, "mma") == 0 ? 1 : env && strcmp(env, "wmma") == 0 ? 0 : ZT_ATTENTION_MMA_DEFAULT;
+    }
+    return g_use_mma == 1;
+}
+
+/* Whether an mma.sync kernel can run here: wanted, and usable as a tensor-core kernel whose code was
+ * built for sm_80 or newer (cp.async, bf16 and m16n8k16 need it). */
+template <typename T, typename K> static bool mma_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)
+{
+    if (!mma_wanted() || !tc_usable<T>(kernel, smem, ptrs, nptrs))
+        return false;
+    cudaFuncAttributes attr;
+    ZT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion >= 80 && attr.binaryVersion >= 80;
+}
+
+template <typename T>
+static void mask_rows(T *out, float *lse, const int32_t *lens, int B, int T_, int C, int NH, cudaStream_t stream)
+{
+    if (!lens)
+        return;
+    attention_mask_rows_kernel<T><<<(unsigned)(B * T_), 128, 0, stream>>>(out, lse, lens, T_, C, NH);
+    ZT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int HS>
-static void forward(T *out, float *lse, const T *qkv, int B, int T_, int C, int NH, cudaStream_t stream)
+static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
+                    cudaStream_t stream)
 {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if constexpr (!std::is_same<T, float>::value) {
-        const size_t smem = tc_cfg<HS>::fwd_smem;
         const void *ptrs[2] = {out, qkv};
+        const size_t msmem = mma_cfg<HS>::fwd_smem;
+        if (mma_usable<T>(attention_forward_mma_kernel<T, HS>, msmem, ptrs, 2)) {
+            allow_smem(attention_forward_mma_kernel<T, HS>, msmem);
+            dim3 grid(ZT_CEIL_DIV(T_, MMA_TILE), B * NH);
+            attention_forward_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(out, lse, qkv, lens, T_, C, NH,
+                                                                                     scale_log2);
+            ZT_CUDA_CHECK_LAUNCH();
+            mask_rows(out, lse, lens, B, T_, C, NH, stream);
+            return;
+        }
+        const size_t smem = tc_cfg<HS>::fwd_smem;
         if (tc_usable<T>(attention_forward_tc_kernel<T, HS>, smem, ptrs, 2)) {
             allow_smem(attention_forward_tc_kernel<T, HS>, smem);
             dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
             attention_forward_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(out, lse, qkv, T_, C, NH, scale_log2);
             ZT_CUDA_CHECK_LAUNCH();
+            /* Causal rows below the length never see the keys past it: masking rows afterwards is exact. */
+            mask_rows(out, lse, lens, B, T_, C, NH, stream);
             return;
         }
     }
@@ -855,11 +1446,12 @@ static void forward(T *out, float *lse, const T *qkv, int B, int T_, int C, int 
     dim3 grid(ZT_CEIL_DIV(T_, cfg::TILE), B * NH);
     attention_forward_kernel<T, HS><<<grid, ATT_THREADS, smem, stream>>>(out, lse, qkv, T_, C, NH, scale_log2);
     ZT_CUDA_CHECK_LAUNCH();
+    mask_rows(out, lse, lens, B, T_, C, NH, stream);
 }
 
 template <typename T, int HS>
-static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, int B, int T_, int C,
-                     int NH, float *D, cudaStream_t stream)
+static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
+                     int B, int T_, int C, int NH, float *D, cudaStream_t stream)
 {
     using cfg = att_cfg<T, HS>;
     const size_t items = (size_t)B * T_ * NH;
@@ -868,9 +1460,25 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     ZT_CUDA_CHECK_LAUNCH();
     const float scale = 1.0f / sqrtf((float)HS);
 
+    /* Padded rows (lens) carry lse = +inf from the forward pass, so P = 0 there in every kernel below;
+     * the mma.sync kernels also use lens to skip the padded tiles. */
     if constexpr (!std::is_same<T, float>::value) {
-        const size_t smem = tc_cfg<HS>::bwd_smem;
         const void *ptrs[3] = {dqkv, dout, qkv};
+        const size_t msmem = mma_cfg<HS>::bwd_smem;
+        if (mma_usable<T>(attention_backward_kv_mma_kernel<T, HS>, msmem, ptrs, 3) &&
+            mma_usable<T>(attention_backward_q_mma_kernel<T, HS>, msmem, ptrs, 3)) {
+            dim3 grid(ZT_CEIL_DIV(T_, MMA_TILE), B * NH);
+            allow_smem(attention_backward_kv_mma_kernel<T, HS>, msmem);
+            attention_backward_kv_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(dqkv, dout, qkv, lse, D, lens,
+                                                                                        T_, C, NH, scale);
+            ZT_CUDA_CHECK_LAUNCH();
+            allow_smem(attention_backward_q_mma_kernel<T, HS>, msmem);
+            attention_backward_q_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(dqkv, dout, qkv, lse, D, lens,
+                                                                                       T_, C, NH, scale);
+            ZT_CUDA_CHECK_LAUNCH();
+            return;
+        }
+        const size_t smem = tc_cfg<HS>::bwd_smem;
         if (tc_usable<T>(attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
             tc_usable<T>(attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {
             dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
@@ -910,65 +1518,79 @@ extern "C" size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH)
 }
 
 template <typename T>
-static void forward_hs(T *out, float *lse, const T *qkv, int B, int T_, int C, int NH, cudaStream_t stream)
+static void forward_hs(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
+                       cudaStream_t stream)
 {
     if (C / NH == 64)
-        forward<T, 64>(out, lse, qkv, B, T_, C, NH, stream);
+        forward<T, 64>(out, lse, qkv, lens, B, T_, C, NH, stream);
     else
-        forward<T, 128>(out, lse, qkv, B, T_, C, NH, stream);
+        forward<T, 128>(out, lse, qkv, lens, B, T_, C, NH, stream);
 }
 
 template <typename T>
-static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, int B, int T_, int C,
-                        int NH, float *D, cudaStream_t stream)
+static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
+                        int B, int T_, int C, int NH, float *D, cudaStream_t stream)
 {
     if (C / NH == 64)
-        backward<T, 64>(dqkv, dout, qkv, out, lse, B, T_, C, NH, D, stream);
+        backward<T, 64>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, stream);
     else
-        backward<T, 128>(dqkv, dout, qkv, out, lse, B, T_, C, NH, D, stream);
+        backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, stream);
 }
 
-extern "C" void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
-                                          enum zt_dtype dtype, cudaStream_t stream)
+extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B,
+                                                 int T, int C, int NH, enum zt_dtype dtype, cudaStream_t stream)
 {
     ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0);
     switch (dtype) {
     case ZT_DTYPE_F32:
-        forward_hs((float *)out, lse, (const float *)qkv, B, T, C, NH, stream);
+        forward_hs((float *)out, lse, (const float *)qkv, lens, B, T, C, NH, stream);
         break;
     case ZT_DTYPE_F16:
-        forward_hs((__half *)out, lse, (const __half *)qkv, B, T, C, NH, stream);
+        forward_hs((__half *)out, lse, (const __half *)qkv, lens, B, T, C, NH, stream);
         break;
     case ZT_DTYPE_BF16:
-        forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, B, T, C, NH, stream);
+        forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, B, T, C, NH, stream);
         break;
     default:
-        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward", dtype);
+        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward_masked", dtype);
     }
 }
 
-extern "C" void zt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
-                                           const float *lse, int B, int T, int C, int NH, void *scratch,
-                                           enum zt_dtype dtype, cudaStream_t stream)
+extern "C" void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                                  const float *lse, const int32_t *lens, int B, int T, int C, int NH,
+                                                  void *scratch, enum zt_dtype dtype, cudaStream_t stream)
 {
     ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0 && ((uintptr_t)dout & 3u) == 0 && ((uintptr_t)scratch & 3u) == 0);
     float *D = (float *)scratch;
     switch (dtype) {
     case ZT_DTYPE_F32:
-        backward_hs((float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, B, T, C, NH, D,
+        backward_hs((float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, lens, B, T, C, NH, D,
                     stream);
         break;
     case ZT_DTYPE_F16:
-        backward_hs((__half *)dqkv, (const __half *)dout, (const __half *)qkv, (const __half *)out, lse, B, T, C,
-                    NH, D, stream);
+        backward_hs((__half *)dqkv, (const __half *)dout, (const __half *)qkv, (const __half *)out, lse, lens, B, T,
+                    C, NH, D, stream);
         break;
     case ZT_DTYPE_BF16:
         backward_hs((__nv_bfloat16 *)dqkv, (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)qkv,
-                    (const __nv_bfloat16 *)out, lse, B, T, C, NH, D, stream);
+                    (const __nv_bfloat16 *)out, lse, lens, B, T, C, NH, D, stream);
         break;
     default:
-        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward", dtype);
+        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward_masked", dtype);
     }
+}
+
+extern "C" void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
+                                          enum zt_dtype dtype, cudaStream_t stream)
+{
+    zt_cuda_attention_forward_masked(out, lse, qkv, NULL, B, T, C, NH, dtype, stream);
+}
+
+extern "C" void zt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                           const float *lse, int B, int T, int C, int NH, void *scratch,
+                                           enum zt_dtype dtype, cudaStream_t stream)
+{
+    zt_cuda_attention_backward_masked(dqkv, dout, qkv, out, lse, NULL, B, T, C, NH, scratch, dtype, stream);
 }

@@ -3,7 +3,12 @@
  * or GB/s (memory-bound kernels, counting the bytes each must read and write once). Built beside the GPU
  * tests but never run by ctest: a benchmark, not a test.
  *
- *   bench_cuda_kernels [bf16|f16|f32] [iterations]     (default bf16, 20) */
+ *   bench_cuda_kernels [bf16|f16|f32] [iterations]     (default bf16, 20)
+ *   bench_cuda_kernels attention [iterations]          attention only, WMMA vs mma.sync kernels, bf16 and
+ *                                                      fp16, at GPT-2 124M and 1558M shapes
+ *
+ * Attention TFLOP/s count the causal half of the products: forward 2 (S = Q K^T, O = P V), backward 5
+ * (2.5x the forward: dV, dP, dS's S, dK, dQ), whatever a kernel recomputes. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,9 +97,37 @@ static void stop(const char *what, double flop, double bytes)
         stop(what, flop, bytes);                                                                                   \
     } while (0)
 
+/* Attention alone at one shape: the WMMA kernels (mma.sync off) and the mma.sync kernels, forward and
+ * backward, one after the other on the same buffers. */
+static void bench_attention(enum zt_dtype dt, int b, int t, int c, int nh)
+{
+    const size_t bt = (size_t)b * t;
+    void *qkv = drand(bt * 3 * c, 1.0f, dt), *dqkv = drand(bt * 3 * c, 0.0f, dt);
+    void *out = drand(bt * c, 0.0f, dt), *dout = drand(bt * c, 1.0f, dt);
+    float *lse = dalloc(sizeof(float) * b * nh * t);
+    void *scratch = dalloc(zt_cuda_attention_backward_scratch_size(b, t, nh));
+    const double hs = c / nh, pairs = (double)b * nh * t * (t + 1) / 2.0;
+    printf("-- attention %s B=%d T=%d C=%d NH=%d (head size %d)\n", zt_dtype_name(dt), b, t, c, nh, (int)hs);
+    for (int k = 0; k < 2; k++) {
+        char name[96];
+        zt_cuda_attention_use_mma(k == 1);
+        const char *which = k == 1 ? "mma.sync" : "WMMA";
+        snprintf(name, sizeof(name), "attention forward  %s", which);
+        BENCH(name, 2.0 * 2 * pairs * hs, 0, zt_cuda_attention_forward(out, lse, qkv, b, t, c, nh, dt, g_stream));
+        snprintf(name, sizeof(name), "attention backward %s", which);
+        BENCH(name, 5.0 * 2 * pairs * hs, 0,
+              zt_cuda_attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
+    }
+    zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
+    void *bufs[] = {qkv, dqkv, out, dout, lse, scratch};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        ZT_CUDA_CHECK(cudaFree(bufs[i]));
+}
+
 int main(int argc, char **argv)
 {
     enum zt_dtype dt = ZT_DTYPE_BF16;
+    const int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
     if (argc > 1 && strcmp(argv[1], "f16") == 0)
         dt = ZT_DTYPE_F16;
     else if (argc > 1 && strcmp(argv[1], "f32") == 0)
@@ -119,6 +152,16 @@ int main(int argc, char **argv)
     if (zt_cuda_blas_create(&blas, 0, &err) != 0) {
         printf("%s\n", err.msg);
         return 1;
+    }
+    if (attention_only) {
+        const enum zt_dtype dts[2] = {ZT_DTYPE_BF16, ZT_DTYPE_F16};
+        for (int i = 0; i < 2; i++) {
+            bench_attention(dts[i], 16, 1024, 768, 12); /* GPT-2 124M */
+            bench_attention(dts[i], 8, 1024, 1600, 25); /* GPT-2 1558M */
+        }
+        zt_cuda_blas_destroy(blas);
+        printf("done\n");
+        return 0;
     }
     const double es = (double)zt_dtype_size(dt);
 
@@ -189,16 +232,16 @@ int main(int argc, char **argv)
         void *qkv = drand(BT * 3 * C, 1.0f, dt), *dqkv = drand(BT * 3 * C, 0.0f, dt);
         float *lse = dalloc(sizeof(float) * B * NH * T);
         void *ascratch = dalloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
-        /* Causal: half of the T x T scores; forward 2 GEMM-like products, backward 5 (with recompute). */
+        /* Causal: half of the T x T scores; forward 2 GEMM-like products, backward 5 (see the top). */
         double hs = C / NH, pairs = (double)B * NH * T * (T + 1) / 2.0;
         BENCH("attention forward", 2.0 * 2 * pairs * hs, 0,
               zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
-        BENCH("attention backward (dkv pass + dq pass)", 7.0 * 2 * pairs * hs, 0,
+        BENCH("attention backward", 5.0 * 2 * pairs * hs, 0,
               zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
         zt_cuda_attention_use_tensor_cores(false);
         BENCH("attention forward, CUDA cores only", 2.0 * 2 * pairs * hs, 0,
               zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
-        BENCH("attention backward, CUDA cores only", 7.0 * 2 * pairs * hs, 0,
+        BENCH("attention backward, CUDA cores only", 5.0 * 2 * pairs * hs, 0,
               zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
         zt_cuda_attention_use_tensor_cores(true);
     }

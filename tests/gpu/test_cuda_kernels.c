@@ -617,6 +617,61 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
         dev_free(dev[i]);
 }
 
+/* The padding mask (zt_cuda_attention_*_masked) against the causal CPU kernel: with a causal mask, rows
+ * below a sequence's length never see the keys past it, so the expected output is the CPU's causal output
+ * with rows t >= len[b] set to zero (lse +inf), and the expected gradients are the CPU's with those rows
+ * of dout set to zero (they then add nothing anywhere). */
+static void run_attention_masked(enum zt_dtype dt, int B, int T, int C, int NH, const int32_t *lens)
+{
+    const size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C;
+    char name[96];
+    float *qkv, *dout, *dqkv;
+    void *d_qkv = dev_rand(n3, 1.5f, dt, &qkv);
+    void *d_out = dev_rand(n, 1.0f, dt, &dout); /* garbage that the padded rows must not keep */
+    free(dout);
+    float *d_lse = dev_alloc(sizeof(float) * B * NH * T);
+    int32_t *d_lens = dev_alloc(sizeof(int32_t) * B);
+    ZT_CUDA_CHECK(cudaMemcpy(d_lens, lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+    zt_cuda_attention_forward_masked(d_out, d_lse, d_qkv, d_lens, B, T, C, NH, dt, g_stream);
+    float *out = dev_download(d_out, n, dt);
+    float *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
+    float *rout = malloc(sizeof(float) * n), *rlse = malloc(sizeof(float) * B * NH * T);
+    zt_cpu_attention_forward(rout, rlse, qkv, B, T, C, NH);
+    int padded_ok = 1;
+    for (int b = 0; b < B; b++)
+        for (int t = lens[b] < 0 ? 0 : lens[b]; t < T; t++) {
+            memset(rout + ((size_t)b * T + t) * C, 0, sizeof(float) * C);
+            for (int h = 0; h < NH; h++) {
+                size_t i = ((size_t)b * NH + h) * T + t;
+                padded_ok &= isinf(lse[i]) && lse[i] > 0;
+                lse[i] = rlse[i]; /* finite for the comparison and for the CPU backward below */
+            }
+        }
+    snprintf(name, sizeof(name), "attention masked B%d T%d C%d NH%d fwd out", B, T, C, NH);
+    check_close(name, dt, out, rout, n, attention_tol(dt));
+    snprintf(name, sizeof(name), "attention masked B%d T%d C%d NH%d fwd lse", B, T, C, NH);
+    check_close(name, dt, lse, rlse, (size_t)B * NH * T, dt == ZT_DTYPE_F32 ? 1e-5 : 1e-4);
+    assert_true(padded_ok);
+
+    void *d_dout = dev_rand(n, 1.0f, dt, &dout);
+    void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
+    void *scratch = dev_alloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
+    zt_cuda_attention_backward_masked(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, B, T, C, NH, scratch, dt,
+                                      g_stream);
+    float *g_dqkv = dev_download(d_dqkv, n3, dt);
+    for (int b = 0; b < B; b++)
+        for (int t = lens[b] < 0 ? 0 : lens[b]; t < T; t++)
+            memset(dout + ((size_t)b * T + t) * C, 0, sizeof(float) * C);
+    zt_cpu_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+    snprintf(name, sizeof(name), "attention masked B%d T%d C%d NH%d bwd dqkv", B, T, C, NH);
+    check_close(name, dt, g_dqkv, dqkv, n3, attention_tol(dt));
+
+    free(qkv), free(dout), free(dqkv), free(out), free(lse), free(rout), free(rlse), free(g_dqkv);
+    void *dev[] = {d_qkv, d_out, d_lse, d_lens, d_dout, d_dqkv, scratch};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
 static void test_attention(void **state)
 {
     (void)state;
@@ -624,19 +679,27 @@ static void test_attention(void **state)
     assert_true(zt_cuda_attention_supported(256, 2));
     assert_false(zt_cuda_attention_supported(768, 10));
     assert_false(zt_cuda_attention_supported(96, 3));
-    /* bf16 and fp16 twice: tensor-core kernels where this GPU has them, then the CUDA-core ones. */
-    for (int pass = 0; pass < 2; pass++) {
-        zt_cuda_attention_use_tensor_cores(pass == 0);
-        g_attention_tc = pass == 0;
-        printf("  -- attention with tensor cores %s\n", pass == 0 ? "allowed" : "off");
-        for (int i = pass; i < 3; i++) {
+    /* Pass 0: the default path for every dtype, with the mma.sync kernels preferred (bf16 and fp16 on
+     * sm_80+); pass 1: bf16 and fp16 with the WMMA kernels; pass 2: the CUDA-core kernels. */
+    static const char *what[3] = {"mma.sync preferred", "WMMA (mma.sync off)", "CUDA cores only"};
+    const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130};
+    for (int pass = 0; pass < 3; pass++) {
+        zt_cuda_attention_use_tensor_cores(pass < 2);
+        zt_cuda_attention_use_mma(pass == 0);
+        g_attention_tc = pass < 2;
+        printf("  -- attention: %s\n", what[pass]);
+        for (int i = pass == 0 ? 0 : 1; i < 3; i++) {
             run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
             run_attention(k_dtypes[i], 1, 130, 256, 2);  /* head size 128 */
+            run_attention(k_dtypes[i], 2, 200, 512, 4);  /* head size 128, several tiles */
             run_attention(k_dtypes[i], 1, 1030, 128, 2); /* long sequence */
             run_attention(k_dtypes[i], 2, 1, 128, 1);    /* a single position */
+            run_attention_masked(k_dtypes[i], 3, 150, 256, 4, lens);  /* full, partial, empty */
+            run_attention_masked(k_dtypes[i], 2, 130, 256, 2, lens128); /* head size 128, a tile edge */
         }
     }
     zt_cuda_attention_use_tensor_cores(true);
+    zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
 }
 
 /* ---- AdamW ---- */
