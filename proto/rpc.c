@@ -252,6 +252,9 @@ struct zt_rpc_call {
     char status_msg[ZT_ERR_LEN];
     char *buf;
     size_t cap;
+    grpc_byte_buffer *held;     /* the message zt_rpc_call_read_parts() last returned, or NULL */
+    struct zt_rpc_part *parts;  /* its pieces */
+    size_t parts_cap;
 };
 
 static int post_request(struct listener *lis)
@@ -390,6 +393,9 @@ static void *call_thread(void *arg)
     if (!c->close_done)
         wait_op(c->cq, c->call, &tag_close, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     gpr_free(c->peer);
+    if (c->held != NULL)
+        grpc_byte_buffer_destroy(c->held);
+    free(c->parts);
     free(c->buf);
     free(c);
     free_slot(s);
@@ -737,10 +743,15 @@ static void poll_close(zt_rpc_call_t *c)
         c->close_done = 1;
 }
 
-int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
+/* Receives the next request message into *out (the caller destroys it). Returns 1, 0 at the end of the
+ * client's stream, or a negative code as zt_rpc_call_read(). */
+static int recv_request(zt_rpc_call_t *c, grpc_byte_buffer **out)
 {
-    *data = NULL;
-    *len = 0;
+    *out = NULL;
+    if (c->held != NULL) {
+        grpc_byte_buffer_destroy(c->held);
+        c->held = NULL;
+    }
     if (c->read_done)
         return 0;
     grpc_byte_buffer *bb = NULL;
@@ -766,6 +777,18 @@ int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
         c->read_done = 1;
         return 0;
     }
+    *out = bb;
+    return 1;
+}
+
+int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    grpc_byte_buffer *bb;
+    int rc = recv_request(c, &bb);
+    if (rc <= 0)
+        return rc;
     size_t n = flatten(bb, &c->buf, &c->cap);
     grpc_byte_buffer_destroy(bb);
     *data = c->buf;
@@ -773,10 +796,56 @@ int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
     return 1;
 }
 
-int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
+int zt_rpc_call_read_parts(zt_rpc_call_t *c, const struct zt_rpc_part **parts, size_t *nparts, size_t *len)
 {
-    if (c->method != NULL && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes > 0)
+    *parts = NULL;
+    *nparts = 0;
+    *len = 0;
+    grpc_byte_buffer *bb;
+    int rc = recv_request(c, &bb);
+    if (rc <= 0)
+        return rc;
+    const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) {
+        /* Not plain slices (a compressed message): one flattened piece. */
+        size_t n = flatten(bb, &c->buf, &c->cap);
+        grpc_byte_buffer_destroy(bb);
+        if (c->parts_cap < 1) {
+            c->parts = zt_xmalloc(sizeof(*c->parts));
+            c->parts_cap = 1;
+        }
+        c->parts[0].data = c->buf;
+        c->parts[0].len = n;
+        *parts = c->parts;
+        *nparts = 1;
+        *len = n;
+        return 1;
+    }
+    if (sb->count > c->parts_cap) {
+        free(c->parts);
+        c->parts_cap = sb->count;
+        c->parts = zt_xmalloc(c->parts_cap * sizeof(*c->parts));
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < sb->count; i++) {
+        c->parts[i].data = GRPC_SLICE_START_PTR(sb->slices[i]);
+        c->parts[i].len = GRPC_SLICE_LENGTH(sb->slices[i]);
+        total += c->parts[i].len;
+    }
+    c->held = bb; /* keeps the slices alive until the next read or the end of the call */
+    *parts = c->parts;
+    *nparts = sb->count;
+    *len = total;
+    return 1;
+}
+
+/* Sends bb as the call's next response (sending initial metadata first if not yet sent); destroys bb. */
+static int send_response(zt_rpc_call_t *c, grpc_byte_buffer *bb)
+{
+    if (c->method != NULL && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes > 0) {
+        grpc_byte_buffer_destroy(bb);
         return ZT_ESTATE;
+    }
     grpc_op ops[2];
     int n = 0;
     memset(ops, 0, sizeof(ops));
@@ -784,7 +853,6 @@ int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
         c->md_sent = 1;
     }
-    grpc_byte_buffer *bb = make_buffer(data, len);
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n].data.send_message.send_message = bb;
     n++;
@@ -796,6 +864,20 @@ int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
         return -ECONNABORTED;
     c->writes++;
     return 0;
+}
+
+int zt_rpc_call_write_owned(zt_rpc_call_t *c, void *data, size_t len)
+{
+    /* The slice frees data when gRPC drops its last reference, which may be after this returns. */
+    grpc_slice slice = grpc_slice_new(data, len, free);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    return send_response(c, bb);
+}
+
+int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
+{
+    return send_response(c, make_buffer(data, len));
 }
 
 int zt_rpc_call_fail(zt_rpc_call_t *c, int code, const char *fmt, ...)

@@ -136,6 +136,24 @@ int zt_rpc_call_read(zt_rpc_call_t *call, const void **data, size_t *len);
  * code when the call is gone or when a unary or client-streaming method writes a second response. */
 int zt_rpc_call_write(zt_rpc_call_t *call, const void *data, size_t len);
 
+/* One contiguous piece of a received message. */
+struct zt_rpc_part {
+    const void *data;
+    size_t len;
+};
+
+/* Reads the next request message like zt_rpc_call_read(), but without copying it into one buffer: *parts
+ * and *nparts give the pieces the message arrived in, in order, and *len their total. The pieces are owned
+ * by the call and stay valid until the next read of either kind or the end of the handler. Returns 1, 0 or
+ * a negative code exactly as zt_rpc_call_read(). For bulk messages (chunks of 1 MiB) that the handler can
+ * parse piece by piece. */
+int zt_rpc_call_read_parts(zt_rpc_call_t *call, const struct zt_rpc_part **parts, size_t *nparts, size_t *len);
+
+/* Sends one response message like zt_rpc_call_write(), but without copying: takes ownership of data
+ * (allocated with malloc), which is freed with free() once gRPC no longer needs it, also when the call
+ * fails. Returns 0 or a negative code as zt_rpc_call_write(). */
+int zt_rpc_call_write_owned(zt_rpc_call_t *call, void *data, size_t len);
+
 /* Records a non-OK status and its message for the client, and returns code, so that handlers can write
  * `return zt_rpc_call_fail(call, ZT_RPC_NOT_FOUND, "no run named '%s'; call RegisterRun first", run);`. */
 int zt_rpc_call_fail(zt_rpc_call_t *call, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -191,12 +191,193 @@ static int handle_register(zt_rpc_call_t *call, void *user)
 
 /* ---- PushParams and PushGradients ---- */
 
+/* A read position in a message that arrived in pieces (zt_rpc_call_read_parts), so that a 1 MiB chunk is
+ * parsed where it lies instead of being copied into one buffer and then again by protobuf-c. */
+struct cursor {
+    const struct zt_rpc_part *parts;
+    size_t nparts;
+    size_t i;    /* current piece */
+    size_t off;  /* byte of the current piece */
+    size_t left; /* bytes of the message after the position */
+};
+
+static int cursor_byte(struct cursor *c, uint8_t *b)
+{
+    if (c->left == 0)
+        return -1;
+    while (c->off == c->parts[c->i].len) {
+        c->i++;
+        c->off = 0;
+    }
+    *b = ((const uint8_t *)c->parts[c->i].data)[c->off++];
+    c->left--;
+    return 0;
+}
+
+static int cursor_skip(struct cursor *c, uint64_t n)
+{
+    if (n > c->left)
+        return -1;
+    c->left -= n;
+    while (n > 0) {
+        size_t here = c->parts[c->i].len - c->off;
+        size_t step = n < here ? (size_t)n : here;
+        c->off += step;
+        n -= step;
+        if (n > 0) {
+            c->i++;
+            c->off = 0;
+        }
+    }
+    return 0;
+}
+
+static int cursor_varint(struct cursor *c, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        uint8_t b;
+        if (cursor_byte(c, &b) != 0)
+            return -1;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 0;
+    }
+    return -1;
+}
+
+/* Skips a field's value of wire type wt. */
+static int cursor_skip_value(struct cursor *c, unsigned wt)
+{
+    uint64_t n;
+    switch (wt) {
+    case 0:
+        return cursor_varint(c, &n);
+    case 1:
+        return cursor_skip(c, 8);
+    case 2:
+        return cursor_varint(c, &n) == 0 ? cursor_skip(c, n) : -1;
+    case 5:
+        return cursor_skip(c, 4);
+    default:
+        return -1;
+    }
+}
+
+/* A PushMessage holding a PushChunk, parsed by hand (wire format of state.proto: PushMessage.chunk = 2,
+ * PushChunk.offset = 1, PushChunk.data = 2; unknown fields are skipped). */
+struct chunk_view {
+    int has_header; /* the message carries a PushHeader (field 1) */
+    int has_chunk;
+    uint64_t offset;
+    struct cursor data; /* positioned at the first data byte; data.left = its length */
+};
+
+/* Returns 0 with *v filled, or -1 when the bytes are not a valid PushMessage. */
+static int parse_push_chunk(const struct zt_rpc_part *parts, size_t nparts, size_t len, struct chunk_view *v)
+{
+    memset(v, 0, sizeof(*v));
+    struct cursor c = {.parts = parts, .nparts = nparts, .left = len};
+    while (c.left > 0) {
+        uint64_t key;
+        if (cursor_varint(&c, &key) != 0)
+            return -1;
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        if (field == 1 && wt == 2) {
+            v->has_header = 1;
+            if (cursor_skip_value(&c, wt) != 0)
+                return -1;
+        } else if (field == 2 && wt == 2) {
+            uint64_t sub;
+            if (v->has_chunk || cursor_varint(&c, &sub) != 0 || sub > c.left)
+                return -1;
+            v->has_chunk = 1;
+            size_t after = c.left - (size_t)sub; /* bytes of the outer message after the chunk */
+            c.left = (size_t)sub;
+            while (c.left > 0) {
+                uint64_t k2;
+                if (cursor_varint(&c, &k2) != 0)
+                    return -1;
+                unsigned f2 = (unsigned)(k2 >> 3), w2 = (unsigned)(k2 & 7);
+                if (f2 == 1 && w2 == 0) {
+                    if (cursor_varint(&c, &v->offset) != 0)
+                        return -1;
+                } else if (f2 == 2 && w2 == 2) {
+                    uint64_t n;
+                    if (cursor_varint(&c, &n) != 0 || n > c.left)
+                        return -1;
+                    v->data = c;
+                    v->data.left = (size_t)n;
+                    if (cursor_skip(&c, n) != 0)
+                        return -1;
+                } else if (f2 == 0 || cursor_skip_value(&c, w2) != 0) {
+                    return -1;
+                }
+            }
+            c.left = after;
+        } else if (field == 0 || cursor_skip_value(&c, wt) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Stores the data of a parsed chunk, piece by piece, at element `at` of the push; an element split
+ * between two pieces goes through a small buffer. Returns 0 or the core's code. */
+static int store_chunk(zt_service_t *svc, const char *run, int params, int64_t step, int block, int shard,
+                       enum zt_dtype dtype, uint64_t at, struct cursor d, zt_err *err);
+
 /* Calls the core's push for params (step < 0) or gradients of `step`. */
 static int core_push(zt_service_t *svc, const char *run, int params, int64_t step, const zt_server_chunk *c,
                      zt_err *err)
 {
     return params ? zt_server_core_push_params(svc->core, run, c, err)
                   : zt_server_core_push_grad(svc->core, run, step, c, err);
+}
+
+static int store_chunk(zt_service_t *svc, const char *run, int params, int64_t step, int block, int shard,
+                       enum zt_dtype dtype, uint64_t at, struct cursor d, zt_err *err)
+{
+    size_t es = zt_dtype_size(dtype);
+    uint8_t split[8];
+    size_t nsplit = 0;
+    while (d.left > 0) {
+        while (d.off == d.parts[d.i].len) {
+            d.i++;
+            d.off = 0;
+        }
+        const uint8_t *p = (const uint8_t *)d.parts[d.i].data + d.off;
+        size_t here = d.parts[d.i].len - d.off;
+        if (here > d.left)
+            here = d.left;
+        size_t used = 0;
+        if (nsplit > 0) { /* complete the element begun at the end of the previous piece */
+            while (nsplit < es && nsplit < sizeof(split) && used < here)
+                split[nsplit++] = p[used++];
+            if (nsplit == es) {
+                zt_server_chunk c = {.block = block, .shard = shard, .offset = at, .n = 1, .dtype = dtype, .data = split};
+                int rc = core_push(svc, run, params, step, &c, err);
+                if (rc != 0)
+                    return rc;
+                at++;
+                nsplit = 0;
+            }
+        }
+        size_t whole = (here - used) / es;
+        if (whole > 0) {
+            zt_server_chunk c = {.block = block, .shard = shard, .offset = at, .n = whole, .dtype = dtype, .data = p + used};
+            int rc = core_push(svc, run, params, step, &c, err);
+            if (rc != 0)
+                return rc;
+            at += whole;
+            used += whole * es;
+        }
+        while (used < here && nsplit < sizeof(split)) /* fewer than es bytes are left */
+            split[nsplit++] = p[used++];
+        d.off += here;
+        d.left -= here;
+    }
+    return 0;
 }
 
 static int handle_push(zt_rpc_call_t *call, zt_service_t *svc, int params)
@@ -242,37 +423,34 @@ static int handle_push(zt_rpc_call_t *call, zt_service_t *svc, int params)
 
     uint64_t received = 0;
     for (;;) {
-        rc = zt_rpc_call_read(call, &data, &len);
+        const struct zt_rpc_part *parts;
+        size_t nparts;
+        rc = zt_rpc_call_read_parts(call, &parts, &nparts, &len);
         if (rc < 0)
             return ZT_RPC_CANCELLED;
         if (rc == 0)
             break;
-        Ztrain__V1__PushMessage *m = ztrain__v1__push_message__unpack(NULL, len, data);
-        if (m == NULL)
+        struct chunk_view v;
+        if (parse_push_chunk(parts, nparts, len, &v) != 0)
             return malformed(call, "PushChunk");
-        int code = ZT_RPC_OK;
-        if (m->msg_case != ZTRAIN__V1__PUSH_MESSAGE__MSG_CHUNK) {
-            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s sent a second PushHeader; one push carries one "
-                                    "header, then chunks", what);
-        } else if (m->chunk->offset != received) {
-            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "chunk at byte %" PRIu64 " after %" PRIu64
-                                    " bytes: send chunks in order without gaps", m->chunk->offset, received);
-        } else if (m->chunk->data.len % es != 0 || m->chunk->data.len > total - received) {
-            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "a chunk of %zu bytes after %" PRIu64 " of %" PRIu64
+        if (v.has_header || !v.has_chunk)
+            return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s sent %s after its PushHeader; one push carries "
+                                    "one header, then chunks", what, v.has_header ? "a second PushHeader" : "a message "
+                                    "without a PushChunk");
+        if (v.offset != received)
+            return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "chunk at byte %" PRIu64 " after %" PRIu64
+                                    " bytes: send chunks in order without gaps", v.offset, received);
+        size_t dlen = v.data.left;
+        if (dlen % es != 0 || dlen > total - received)
+            return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "a chunk of %zu bytes after %" PRIu64 " of %" PRIu64
                                     " bytes: chunks must be whole elements and stay within the announced total",
-                                    m->chunk->data.len, received, total);
-        } else if (m->chunk->data.len > 0) {
-            zt_server_chunk c = {.block = block, .shard = shard, .offset = start + received / es,
-                                 .n = m->chunk->data.len / es, .dtype = dtype, .data = m->chunk->data.data};
-            rc = core_push(svc, run, params, step, &c, &err);
+                                    dlen, received, total);
+        if (dlen > 0) {
+            rc = store_chunk(svc, run, params, step, block, shard, dtype, start + received / es, v.data, &err);
             if (rc != 0)
-                code = core_fail(call, rc, &err);
-            else
-                received += m->chunk->data.len;
+                return core_fail(call, rc, &err);
+            received += dlen;
         }
-        ztrain__v1__push_message__free_unpacked(m, NULL);
-        if (code != ZT_RPC_OK)
-            return code;
     }
     if (received != total)
         return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s ended after %" PRIu64 " of the %" PRIu64
