@@ -505,6 +505,50 @@ static int handle_commit(zt_rpc_call_t *call, void *user)
 
 /* ---- PullParams ---- */
 
+/* Appends a protobuf varint; returns the bytes written (at most 10). */
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/* Largest encoded ParamChunk before its data: four tagged varints and the data field's tag and length. */
+#define PARAM_CHUNK_HEAD_MAX (4 * 11 + 11)
+
+/* Writes the fields of a ParamChunk that precede its data (block 1, shard 2, offset 3, dtype 4, then the
+ * tag and length of data 5), as protobuf-c would pack them (proto3: zero scalars are left out), so that
+ * the data can be placed right after without a copy. Returns the header's length. */
+static size_t put_param_chunk_head(uint8_t *p, int32_t block, int32_t shard, uint64_t offset, int dtype, size_t len)
+{
+    size_t n = 0;
+    if (block != 0) {
+        p[n++] = 1 << 3;
+        n += put_varint(p + n, (uint64_t)(int64_t)block); /* int32: negative values sign-extend */
+    }
+    if (shard != 0) {
+        p[n++] = 2 << 3;
+        n += put_varint(p + n, (uint64_t)(int64_t)shard);
+    }
+    if (offset != 0) {
+        p[n++] = 3 << 3;
+        n += put_varint(p + n, offset);
+    }
+    if (dtype != 0) {
+        p[n++] = 4 << 3;
+        n += put_varint(p + n, (uint64_t)(int64_t)dtype);
+    }
+    if (len != 0) {
+        p[n++] = 5 << 3 | 2;
+        n += put_varint(p + n, len);
+    }
+    return n;
+}
+
 static int handle_pull(zt_rpc_call_t *call, void *user)
 {
     zt_service_t *svc = user;
@@ -526,29 +570,28 @@ static int handle_pull(zt_rpc_call_t *call, void *user)
         dtype = info.param_dtype;
     size_t es = zt_dtype_size(dtype);
     uint64_t per_chunk = PULL_CHUNK_BYTES / es;
-    uint8_t *buf = code == ZT_RPC_OK ? zt_xmalloc(PULL_CHUNK_BYTES) : NULL;
     for (size_t i = 0; code == ZT_RPC_OK && i < req->n_ranges; i++) {
         const Ztrain__V1__PullRange *r = req->ranges[i];
         for (uint64_t done = 0; code == ZT_RPC_OK && done < r->count; done += per_chunk) {
             uint64_t n = r->count - done < per_chunk ? r->count - done : per_chunk;
             int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : (int)(zt_rpc_call_time_left(call) * 1000.0);
-            rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset + done, n, buf,
-                                     timeout_ms < 0 ? 0 : timeout_ms, &err);
+            /* One buffer per message, handed to gRPC without a copy: the header, then the core copies the
+             * parameters right behind it. */
+            uint8_t head[PARAM_CHUNK_HEAD_MAX];
+            size_t hlen = put_param_chunk_head(head, r->block, r->shard, r->offset + done, dtype_to_wire(dtype),
+                                               (size_t)(n * es));
+            uint8_t *msg = zt_xmalloc(hlen + (size_t)(n * es));
+            memcpy(msg, head, hlen);
+            rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset + done, n,
+                                     msg + hlen, timeout_ms < 0 ? 0 : timeout_ms, &err);
             if (rc != 0) {
+                free(msg);
                 code = core_fail(call, rc, &err);
                 break;
             }
-            Ztrain__V1__ParamChunk chunk = ZTRAIN__V1__PARAM_CHUNK__INIT;
-            chunk.block = r->block;
-            chunk.shard = r->shard;
-            chunk.offset = r->offset + done;
-            chunk.dtype = dtype_to_wire(dtype);
-            chunk.data.data = buf;
-            chunk.data.len = (size_t)(n * es);
-            code = send_packed(call, &chunk.base);
+            code = zt_rpc_call_write_owned(call, msg, hlen + (size_t)(n * es)) == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
         }
     }
-    free(buf);
     ztrain__v1__pull_params_request__free_unpacked(req, NULL);
     return code;
 }
