@@ -390,6 +390,33 @@ static void test_train_loop_matches_trainer(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Every setting that changes the math or the protocol of a step changes the config hash that the
+ * rendezvous compares; the addresses of the state servers (which differ between hosts) do not. */
+static void test_config_hash_covers_runtime_settings(void **state)
+{
+    (void)state;
+    zt_train_config base;
+    zt_train_config_init(&base);
+    const uint64_t h0 = zt_zero_train_config_hash(&base);
+    static const char *const changes[][2] = {
+        {"--optimizer", "server"}, {"--servers", "a:1,b:2"}, {"--zero-level", "2"},
+        {"--checkpointing", "all"}, {"--prefetch", "3"},     {"--state-store", "nvme:/tmp/x"},
+        {"--grad-clip", "0.5"},    {"--batch-size", "24"},
+    };
+    for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
+        zt_train_config c = base;
+        zt_err err = {{0}};
+        assert_int_equal(zt_train_config_set_flag(&c, changes[i][0], changes[i][1], &err), 0);
+        if (zt_zero_train_config_hash(&c) == h0)
+            fail_msg("%s %s does not change the config hash", changes[i][0], changes[i][1]);
+    }
+    zt_train_config a = base, b = base;
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_set_flag(&a, "--servers", "10.0.0.1:7070,10.0.0.2:7070", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&b, "--servers", "s0.svc:7070,s1.svc:7070", &err), 0);
+    assert_true(zt_zero_train_config_hash(&a) == zt_zero_train_config_hash(&b));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_zero2_equals_zero3_and_checkpointing),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
+        cmocka_unit_test(test_config_hash_covers_runtime_settings),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

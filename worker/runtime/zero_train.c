@@ -46,7 +46,24 @@ uint64_t zt_zero_train_config_hash(const zt_train_config *cfg)
                             cfg->beta2, cfg->eps, cfg->grad_clip};
     h = fnv1a(h, ints, sizeof ints);
     h = fnv1a(h, reals, sizeof reals);
-    return fnv1a(h, cfg->schedule, strlen(cfg->schedule));
+    h = fnv1a(h, cfg->schedule, strlen(cfg->schedule) + 1);
+    /* Where and how the step runs: the device and precision, the optimizer placement, the number of state
+     * servers (it decides which server owns which shard; the addresses themselves may differ between
+     * hosts), the embedded store, and the ZeRO level, activation checkpointing and prefetch depth.
+     * Strings are hashed with their NUL so that two adjacent strings cannot trade characters. */
+    int64_t nservers = 0;
+    if (cfg->servers[0]) {
+        nservers = 1;
+        for (const char *p = cfg->servers; *p; p++)
+            nservers += *p == ',';
+    }
+    const int64_t runtime[] = {nservers, cfg->zero_level, cfg->prefetch};
+    h = fnv1a(h, runtime, sizeof runtime);
+    h = fnv1a(h, cfg->device, strlen(cfg->device) + 1);
+    h = fnv1a(h, cfg->precision, strlen(cfg->precision) + 1);
+    h = fnv1a(h, cfg->optimizer, strlen(cfg->optimizer) + 1);
+    h = fnv1a(h, cfg->state_store, strlen(cfg->state_store) + 1);
+    return fnv1a(h, cfg->checkpointing, strlen(cfg->checkpointing) + 1);
 }
 
 static double now_seconds(void)
@@ -201,7 +218,10 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zt_optimizer full;
     memset(&full, 0, sizeof full);
     int32_t *tok = NULL, *tgt = NULL;
-    if ((rc = zt_startup_comm(&env, ZT_COMM_SHM, zt_zero_train_config_hash(cfg), 0, &comm, err)) < 0)
+    /* The ZeRO options in effect (environment overrides included) join the config's hash. */
+    const int64_t zero_in_effect[] = {zo_in->level, zo_in->checkpoint, zo_in->checkpoint_every, zo_in->prefetch};
+    const uint64_t hash = fnv1a(zt_zero_train_config_hash(cfg), zero_in_effect, sizeof zero_in_effect);
+    if ((rc = zt_startup_comm(&env, ZT_COMM_SHM, hash, 0, &comm, err)) < 0)
         goto out;
     if (is0)
         zt_train_config_log(cfg);

@@ -50,7 +50,11 @@ bool zt_zero_train_wanted(void);
  * res->interrupted after a stop request), returns 0 or a negative code with a message in err. */
 int zt_zero_train_main(const zt_train_config *cfg, zt_train_result *res, zt_err *err);
 
-/* A hash of the settings every rank must share (FNV-1a over the config's values). */
+/* A hash of the settings every rank must share (FNV-1a over the config's values): the model, data, schedule,
+ * AdamW and batch settings, and everything that changes the math or the protocol of a step: device,
+ * precision, optimizer placement, the number of state servers (not their addresses), the embedded state
+ * store, zero_level, checkpointing and prefetch. zt_zero_train_run adds the ZeRO options in effect (after
+ * the environment overrides) before the rendezvous compares it. */
 uint64_t zt_zero_train_config_hash(const zt_train_config *cfg);
 
 #endif
