@@ -20,7 +20,13 @@
  * Tiles are sized so a kernel needs at most 64 KiB of shared memory (sm_75's limit): TILE = 64 for
  * 16-bit types at head size 64, smaller for fp32 or head size 128. These CUDA-core (SIMT) kernels serve
  * fp32 and every GPU; for bf16 and fp16 the launchers use the tensor-core kernels further down where
- * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores). */
+ * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores): on sm_80+ the
+ * mma.sync kernels (the default; ZT_CUDA_ATTENTION=wmma or zt_cuda_attention_use_mma(false) turns them
+ * off), else the WMMA kernels (sm_75: fp16).
+ *
+ * Padding mask (the *_masked launchers): causal rows below a sequence's length never see keys past it,
+ * so the forward kernels run as they are and padded rows get zeros and lse = +inf afterwards (the
+ * mma.sync kernel skips their tiles); every backward kernel takes P = exp(S - lse) = 0 on those rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,7 +157,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 {
     using cfg = att_cfg<T, HS>;
     constexpr int TILE = cfg::TILE, TM = cfg::TM, TN = cfg::TN, TH = cfg::TH;
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     T *Qs = reinterpret_cast<T *>(smem);
     T *Ks = reinterpret_cast<T *>(smem + cfg::tile_bytes);
     T *Vs = reinterpret_cast<T *>(smem + 2 * cfg::tile_bytes);
@@ -263,7 +269,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 {
     using cfg = att_cfg<T, HS>;
     constexpr int TILE = cfg::TILE, TM = cfg::TM, TN = cfg::TN, TH = cfg::TH;
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     T *Ks = reinterpret_cast<T *>(smem);
     T *Vs = reinterpret_cast<T *>(smem + cfg::tile_bytes);
     T *Qs = reinterpret_cast<T *>(smem + 2 * cfg::tile_bytes);
@@ -357,7 +363,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 {
     using cfg = att_cfg<T, HS>;
     constexpr int TILE = cfg::TILE, TM = cfg::TM, TN = cfg::TN, TH = cfg::TH;
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     T *Qs = reinterpret_cast<T *>(smem);
     T *dOs = reinterpret_cast<T *>(smem + cfg::tile_bytes);
     T *Ks = reinterpret_cast<T *>(smem + 2 * cfg::tile_bytes);
@@ -1376,7 +1382,7 @@ template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, c
 }
 
 /* Whether the mma.sync kernels are preferred (-1: not decided yet; see zt_cuda_attention_use_mma). */
-#define ZT_ATTENTION_MMA_DEFAULT false
+#define ZT_ATTENTION_MMA_DEFAULT true
 static int g_use_mma = -1;
 
 extern "C" bool zt_cuda_attention_mma_default(void) { return ZT_ATTENTION_MMA_DEFAULT; }
