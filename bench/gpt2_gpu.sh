@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPT-2 124M and 1558M on one GPU, ztrain against PyTorch (eager and torch.compile), in one go:
-#   bench/gpt2_gpu.sh [OUT_DIR]
+#   bench/gpt2_gpu.sh [OUT_DIR]      (MODELS="124m 1558m", TORCH_MODES="eager compile", SKIP_TORCH=1 narrow it)
 # Needs: the ztrain binary (ZTRAIN, default build/worker/ztrain), python3 with torch + transformers for the
 # baseline, numpy for the random token shards. Writes OUT_DIR/bench.jsonl (one line per run), the logs,
 # and prints a table: tokens/s, TFLOP/s, MFU (6N + 6 L T C FLOPs per token against PEAK_TFLOPS, default
@@ -12,6 +12,8 @@ OUT="${1:-bench-out}"
 ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
 SKIP_TORCH="${SKIP_TORCH:-0}"
+MODELS="${MODELS:-124m 1558m}"             # which of the two models to run
+TORCH_MODES="${TORCH_MODES:-eager compile}" # which PyTorch baselines to run
 mkdir -p "$OUT"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
@@ -61,16 +63,19 @@ run_torch() {
   grep '^{' "$OUT/torch_${name}_$mode.log" | tail -n 1 | tag "$label" "$batch" | tee -a "$RES"
 }
 
-run_ztrain 124m "$HERE/gpt2-124m.json" 16 124M
-if [ "$SKIP_TORCH" != 1 ]; then
-  run_torch 124m eager 124M 16 --layers 12 --heads 12 --embd 768
-  run_torch 124m compile 124M 16 --layers 12 --heads 12 --embd 768
-fi
-run_ztrain 1558m "$HERE/gpt2-1558m.json" 8 1558M
-if [ "$SKIP_TORCH" != 1 ]; then
-  run_torch 1558m eager 1558M 8 --layers 48 --heads 25 --embd 1600
-  run_torch 1558m compile 1558M 8 --layers 48 --heads 25 --embd 1600
-fi
+for model in $MODELS; do
+  case $model in
+    124m) cfg="$HERE/gpt2-124m.json"; batch=16; label=124M; shape="--layers 12 --heads 12 --embd 768" ;;
+    1558m) cfg="$HERE/gpt2-1558m.json"; batch=8; label=1558M; shape="--layers 48 --heads 25 --embd 1600" ;;
+    *) echo "unknown model '$model' in MODELS (use 124m and/or 1558m)" >&2; exit 2 ;;
+  esac
+  run_ztrain "$model" "$cfg" "$batch" "$label"
+  if [ "$SKIP_TORCH" != 1 ]; then
+    for mode in $TORCH_MODES; do
+      run_torch "$model" "$mode" "$label" "$batch" $shape
+    done
+  fi
+done
 
 "$PY" - "$RES" "${PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT/table.md"
 import json, sys
