@@ -35,6 +35,11 @@ struct zt_zero {
     int64_t skipped_steps;
     size_t window_bytes; /* gathered parameters + full gradient buffers held now */
     size_t peak_window_bytes;
+    /* Optimizer placement "server" (zt_zero_attach_server); client is NULL otherwise. */
+    zt_state_client_t *client;
+    char run_id[ZT_SERVER_RUN_ID_MAX];
+    int64_t step;        /* the servers' committed step, as this runtime last saw it */
+    int64_t stale_step;  /* zt_zero_server_step: the older step a server reported, or -1 */
 };
 
 /* Sets the defaults; see zero.h. */
@@ -356,6 +361,160 @@ int zt_zero_mean(zt_zero *z, float x, float *out, zt_err *err)
     return rc;
 }
 
+/* Makes the ranks agree on the outcome of a server call: returns 0 when rc == 0 on every rank; otherwise a
+ * negative code (this rank's message when it failed itself, else one naming the failed rank) and, when a
+ * server said it holds an older step, the lowest such step in z->stale_step on every rank. */
+static int server_agree(zt_zero *z, int rc, zt_err *err)
+{
+    int64_t told = rc == ZT_ESTATE ? zt_state_client_server_step(z->client) : -1;
+    /* MAX of -step is minus the lowest step; -1e18 stands for "no step reported" */
+    double mine[2] = {rc < 0 ? (double)(z->rank + 1) : 0.0, told >= 0 ? -(double)told : -1e18}, all[2];
+    zt_err e;
+    int crc = zt_comm_all_reduce(z->comm, mine, all, 2, ZT_COMM_F64, ZT_COMM_MAX, NULL, &e);
+    if (crc < 0)
+        return rc < 0 ? rc : zt_fail(err, crc, "%s", e.msg);
+    z->stale_step = all[1] > -1e17 ? (int64_t)(-all[1]) : -1;
+    if (rc < 0)
+        return rc;
+    if (all[0] > 0)
+        return zt_fail(err, z->stale_step >= 0 ? ZT_ESTATE : ZT_EIO,
+                       "rank %d failed talking to the state servers (its log says why); stopping with it",
+                       (int)all[0] - 1);
+    return 0;
+}
+
+/* Pulls this rank's shard of every block after `step` into the owned masters, block 0 first. */
+static int pull_shards(zt_zero *z, int64_t step, zt_err *err)
+{
+    for (int b = 0; b < z->nb; b++) {
+        zblock *k = &z->blocks[b];
+        int rc = zt_state_client_pull(z->client, z->run_id, step, b, z->rank, 0, k->shard, k->master, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Attaches the state servers; see zero.h. */
+int zt_zero_attach_server(zt_zero *z, zt_state_client_t *client, const char *run_id, int64_t step,
+                          int64_t *server_step, zt_err *err)
+{
+    z->client = client;
+    z->stale_step = -1;
+    snprintf(z->run_id, sizeof z->run_id, "%s", run_id);
+    /* The layout: every block in W shards, weight decay on the tensors that have it (adjacent ones merged). */
+    const int nt = zt_gpt2_num_tensors(z->model);
+    zt_server_block_desc *blocks = calloc((size_t)z->nb, sizeof *blocks);
+    zt_server_range *ranges = calloc((size_t)nt + 1, sizeof *ranges);
+    if (!blocks || !ranges) {
+        free(blocks);
+        free(ranges);
+        return zt_fail(err, ZT_ENOMEM, "out of memory describing the run to the state servers");
+    }
+    int used = 0;
+    for (int b = 0; b < z->nb; b++) {
+        blocks[b].numel = z->blocks[b].numel;
+        blocks[b].decay = ranges + used;
+        for (int i = 0; i < nt; i++) {
+            const zt_param_info *t = zt_gpt2_tensor(z->model, i);
+            if (t->block != b || !t->weight_decay)
+                continue;
+            uint64_t begin = t->offset - z->blocks[b].offset, end = begin + t->numel;
+            if (blocks[b].ndecay > 0 && ranges[used - 1].end == begin) {
+                ranges[used - 1].end = end;
+                continue;
+            }
+            ranges[used++] = (zt_server_range){begin, end};
+            blocks[b].ndecay++;
+        }
+    }
+    zt_server_run_desc desc = {
+        .run_id = z->run_id,
+        .world_size = z->W,
+        .nblocks = z->nb,
+        .blocks = blocks,
+        .beta1 = (float)z->o.beta1,
+        .beta2 = (float)z->o.beta2,
+        .eps = (float)z->o.eps,
+        .weight_decay = (float)z->o.weight_decay,
+        .param_dtype = ZT_DTYPE_F32,
+    };
+    int64_t at = 0;
+    int rc = zt_state_client_register(client, &desc, &at, err);
+    free(blocks);
+    free(ranges);
+    if (server_step)
+        *server_step = rc == 0 ? at : -1;
+    if (rc < 0)
+        return rc;
+    if (step == 0 && at == 0) {
+        for (int b = 0; b < z->nb && rc == 0; b++)
+            rc = zt_state_client_push_params(client, z->run_id, b, z->rank, z->blocks[b].master, z->blocks[b].shard,
+                                             err);
+    } else if (step == 0) {
+        rc = zt_fail(err, ZT_EINVAL_CONFIG, "the state servers already hold run '%s' at step %lld: continue it "
+                     "with --resume, or start a new run in a run directory of another name (--out)", z->run_id,
+                     (long long)at);
+    } else if (at != step) {
+        z->stale_step = at;
+        rc = zt_fail(err, ZT_ESTATE, "the state servers hold run '%s' at step %lld, the checkpoint is at step %lld: "
+                     "resume from the checkpoint of step %lld (--resume RUN_DIR/ckpt_%06lld), or restart the "
+                     "servers with --snapshot-dir holding the run's snapshot of step %lld", z->run_id,
+                     (long long)at, (long long)step, (long long)at, (long long)at, (long long)step);
+    } else {
+        rc = pull_shards(z, step, err);
+    }
+    z->step = step;
+    return rc;
+}
+
+/* The step a server reported it holds after a failed step; see zero.h. */
+int64_t zt_zero_server_step(const zt_zero *z)
+{
+    return z->client ? z->stale_step : -1;
+}
+
+/* The step through the state servers: push the owned gradient shards, rank 0 commits once every push is
+ * done, every rank pulls its updated shards. */
+static int server_update(zt_zero *z, double norm, float lr, const zt_optimizer_report *report, zt_err *err)
+{
+    const int64_t step = z->step + 1;
+    /* A failed push or commit is tried once more, whole: a server that restarted from the snapshot of the
+     * previous step lost the pushes it had received, and pushes overwrite, so pushing every shard again
+     * and committing again completes the step. A server at an older step cannot: that is returned
+     * (z->stale_step) and the run resumes from the checkpoint of that step. */
+    for (int attempt = 0;; attempt++) {
+        int rc = 0;
+        for (int b = 0; b < z->nb && rc == 0 && !report->skipped; b++)
+            rc = zt_state_client_push_grad(z->client, z->run_id, step, b, z->rank, ZT_DTYPE_F32,
+                                           z->blocks[b].gshard, z->blocks[b].shard, err);
+        /* every rank's pushes are done (all-reduce) before rank 0 commits; all ranks learn the outcome */
+        if ((rc = server_agree(z, rc, err)) == 0) {
+            if (z->rank == 0) {
+                zt_server_commit_args args = {
+                    .step = step,
+                    .grad_norm = norm,
+                    .clip_coef = report->clip_coef,
+                    .lr = lr,
+                    .overflow = report->skipped,
+                };
+                rc = zt_state_client_commit(z->client, z->run_id, &args, err);
+            }
+            rc = server_agree(z, rc, err);
+        }
+        if (rc == 0)
+            break;
+        if (attempt > 0 || z->stale_step >= 0)
+            return rc;
+        zt_log(ZT_LOG_WARN, "step %lld: the state servers did not take the step (%s); pushing this rank's "
+               "gradients again and committing once more", (long long)step, err ? err->msg : "");
+    }
+    z->step = step;
+    if (!report->skipped)
+        z->adam_step++;
+    return server_agree(z, pull_shards(z, step, err), err);
+}
+
 /* The sharded optimizer step; see zero.h. */
 int zt_zero_step(zt_zero *z, float loss, float lr, zt_optimizer_report *report, zt_err *err)
 {
@@ -379,10 +538,12 @@ int zt_zero_step(zt_zero *z, float loss, float lr, zt_optimizer_report *report, 
                            "the run diverged: lower the learning rate (--lr), keep gradient clipping on "
                            "(--grad-clip 1.0), or resume from an earlier checkpoint",
                            z->bad_in_a_row, (double)loss, norm);
-        return 0;
+        return z->client ? server_update(z, norm, lr, report, err) : 0;
     }
     z->bad_in_a_row = 0;
     report->clip_coef = zt_optimizer_clip_coef(norm, z->o.grad_clip);
+    if (z->client)
+        return server_update(z, norm, lr, report, err);
     z->adam_step++;
     zt_adamw_params p = {
         .lr = lr,

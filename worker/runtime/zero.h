@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "worker/comm/comm.h"
 #include "worker/model/gpt2.h"
+#include "worker/state/client.h"
 #include "worker/train/optimizer.h"
 
 enum zt_zero_ckpt { ZT_ZERO_CKPT_NONE = 0, ZT_ZERO_CKPT_ALL = 1, ZT_ZERO_CKPT_EVERY = 2 };
@@ -80,8 +81,31 @@ int zt_zero_forward(zt_zero *z, const int32_t *tokens, const int32_t *targets, i
 int zt_zero_mean(zt_zero *z, float x, float *out, zt_err *err);
 
 /* The optimizer step after the last micro-batch; loss is the step's (global mean) loss. Same contract as
- * zt_optimizer_step: a skipped step returns 0 with report->skipped; too many in a row return ZT_ESTATE. */
+ * zt_optimizer_step: a skipped step returns 0 with report->skipped; too many in a row return ZT_ESTATE.
+ * With state servers (zt_zero_attach_server) it commits the servers' next step (the attach step plus the
+ * steps done since), a skipped step as an overflow; a failure on any rank fails the step on every rank
+ * (ZT_ESTATE with zt_zero_server_step() >= 0 when a server holds an older step), and the owned masters
+ * change only after a successful commit. A collective. */
 int zt_zero_step(zt_zero *z, float loss, float lr, zt_optimizer_report *report, zt_err *err);
+
+/* Moves this rank's optimizer to state servers (optimizer placement "server", DESIGN.md decisions 7-9;
+ * worker/state/client.h): registers run_id with the runtime's layout (W shards of every block, the
+ * model's weight-decay ranges, AdamW from the options, fp32 parameters), then
+ *   step 0, servers at step 0: pushes this rank's shards of the current parameters as the initial master
+ *     weights (every rank pushes its own shards);
+ *   step > 0, servers at the same step: pulls this rank's shards of that step into the owned masters;
+ *   anything else: ZT_EINVAL_CONFIG (a new run over a run the servers already hold) or ZT_ESTATE (the
+ *     servers hold another step), with the servers' step in *server_step and a message saying what to do.
+ * From then on zt_zero_step runs AdamW on the servers: every rank pushes its reduced gradient shards,
+ * rank 0 commits once every rank's pushes are done (an all-reduce), and every rank pulls its updated
+ * shards, block 0 first; the next forward all-gathers them as before. The client is borrowed for the
+ * runtime's lifetime. *server_step (may be NULL) receives the servers' step. Not a collective. */
+int zt_zero_attach_server(zt_zero *z, zt_state_client_t *client, const char *run_id, int64_t step,
+                          int64_t *server_step, zt_err *err);
+
+/* With state servers: the step the servers reported when a step failed because one of them holds an
+ * older state (it restarted from a snapshot), agreed by every rank; -1 when that is not why. */
+int64_t zt_zero_server_step(const zt_zero *z);
 
 /* Gathers the full training state on every rank: the fp32 masters into the model's parameter slab, and
  * m and v into opt (allocated by the caller with zt_optimizer_init for the model's size; its adam_step,

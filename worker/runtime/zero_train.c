@@ -18,6 +18,7 @@
 #include "worker/runtime/startup.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
+#include "worker/train/placement.h"
 #include "worker/train/schedule.h"
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -124,10 +125,17 @@ static int evaluate(zt_zero *z, zt_dataloader *val, int64_t batches, int rank, i
 
 /* Saves a checkpoint of the gathered state (every rank gathers, rank 0 writes). */
 static int save(zt_zero *z, zt_gpt2 *model, zt_optimizer *full, const zt_train_config *cfg, zt_ckpt_state *st,
-                zt_dataloader *dl, zt_comm *comm, zt_train_result *res, zt_err *err)
+                zt_dataloader *dl, zt_comm *comm, zt_state_client_t *client, const char *run_id,
+                zt_train_result *res, zt_err *err)
 {
     int rc = zt_zero_export_state(z, full, err);
     if (rc < 0)
+        return rc;
+    /* With state servers, every server first writes a snapshot of this step (the moments live there), so
+     * that a checkpoint of step N always has the servers' snapshots of step N beside it. */
+    if (zt_comm_rank(comm) == 0 && client)
+        rc = zt_state_client_save_snapshot(client, run_id, NULL, err);
+    if ((rc = agree(comm, rc, err)) < 0)
         return rc;
     if (zt_comm_rank(comm) == 0) {
         zt_dataloader_get_position(dl, &st->data);
@@ -138,6 +146,52 @@ static int save(zt_zero *z, zt_gpt2 *model, zt_optimizer *full, const zt_train_c
             zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
     }
     return agree(comm, rc, err);
+}
+
+/* Test hook for the fault tests (tests/placement): with ZT_TEST_PAUSE=where and ZT_TEST_PAUSE_FIFO=path in
+ * the environment, rank 0 stops once at `where` ("step:N": after step N and its checkpoint; "push:N":
+ * after the first chunk of its gradient push of step N), logs "test pause: where", and goes on when a
+ * line can be read from the FIFO. Without the variables it does nothing. */
+static bool test_paused;
+static int64_t test_push_step; /* the step whose gradients are being pushed */
+
+static void test_pause_point(const char *where)
+{
+    const char *want = getenv("ZT_TEST_PAUSE"), *fifo = getenv("ZT_TEST_PAUSE_FIFO");
+    if (test_paused || !want || !fifo || strcmp(want, where) != 0)
+        return;
+    test_paused = true;
+    zt_log(ZT_LOG_WARN, "test pause: %s (waiting for a line on %s)", where, fifo);
+    FILE *f = fopen(fifo, "r");
+    if (f) {
+        char line[64];
+        if (!fgets(line, sizeof line, f))
+            line[0] = '\0';
+        fclose(f);
+    }
+    zt_log(ZT_LOG_WARN, "test pause: %s: going on", where);
+}
+
+static void test_chunk_hook(void *user, int block, int shard, uint64_t bytes_sent)
+{
+    (void)user;
+    (void)shard;
+    (void)bytes_sent;
+    char where[48];
+    snprintf(where, sizeof where, "push:%lld", (long long)test_push_step);
+    if (block == 1)
+        test_pause_point(where);
+}
+
+/* The error of a step that a state server refused because it holds an older step (it restarted from its
+ * last snapshot): the run continues with --resume from the checkpoint written at that step. */
+static int stale_servers(const zt_train_config *cfg, const char *run_id, int64_t server_step, int64_t step,
+                         zt_err *err)
+{
+    return zt_fail(err, ZT_ESTATE, "a state server of run '%s' holds step %lld while this run is at step %lld (it "
+                   "restarted from its last snapshot); the steps after %lld are lost: continue with "
+                   "`ztrain train --resume %s/ckpt_%06lld` and the same flags", run_id, (long long)server_step,
+                   (long long)step - 1, (long long)server_step, cfg->out_dir, (long long)server_step);
 }
 
 /* Rank 0's part of the setup: the run directory, its config files and metrics.jsonl, as zt_trainer_run
@@ -183,10 +237,14 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zt_log_set_rank(env.rank);
     if ((rc = zt_train_config_validate(cfg, err)) < 0)
         return rc;
-    if (strcmp(cfg->optimizer, "server") == 0)
-        return zt_fail(err, ZT_EUNSUPPORTED, "--optimizer server with WORLD_SIZE=%d is not supported yet: the "
-                       "multi-rank runtime keeps its optimizer shards in the ranks; use --optimizer cpu, or one "
-                       "rank (WORLD_SIZE=1) with --optimizer server", env.world_size);
+    const bool on_servers = strcmp(cfg->optimizer, "server") == 0;
+    /* Embedded state servers live inside one process; ranks are separate processes, so several ranks need
+     * ztrain-server processes (one core reachable by all of them, with snapshots for restarts). */
+    if (on_servers && cfg->servers[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--optimizer server with WORLD_SIZE=%d needs state servers the ranks "
+                       "can reach: start `ztrain-server --listen 127.0.0.1:7070 --snapshot-dir DIR` and pass "
+                       "--servers 127.0.0.1:7070 (the embedded server lives inside one process: use it with one "
+                       "rank, WORLD_SIZE=1)", env.world_size);
     if (strcmp(cfg->device, "cpu") != 0)
         return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
                        "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
@@ -218,6 +276,10 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zt_optimizer full;
     memset(&full, 0, sizeof full);
     int32_t *tok = NULL, *tgt = NULL;
+    zt_state_client_t *client = NULL; /* --optimizer server */
+    char *token = NULL;
+    char run_id[ZT_SERVER_RUN_ID_MAX];
+    zt_placement_run_id(cfg->out_dir, run_id, sizeof run_id);
     /* The ZeRO options in effect (environment overrides included) join the config's hash. */
     const int64_t zero_in_effect[] = {zo_in->level, zo_in->checkpoint, zo_in->checkpoint_every, zo_in->prefetch};
     const uint64_t hash = fnv1a(zt_zero_train_config_hash(cfg), zero_in_effect, sizeof zero_in_effect);
@@ -250,6 +312,7 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     if (cfg->resume[0]) {
         char dir[ZT_TRAIN_PATH_MAX + 64];
         if ((rc = zt_checkpoint_find(cfg->resume, dir, sizeof dir, err)) < 0 ||
+            (rc = zt_trainer_check_resume_placement(dir, cfg, err)) < 0 ||
             (rc = zt_checkpoint_load(dir, model, &full, &st, err)) < 0 ||
             (rc = zt_dataloader_set_position(dl, &st.data, err)) < 0)
             goto out;
@@ -282,6 +345,20 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         goto out;
     if (resumed)
         zt_zero_import_state(z, &full);
+    if (on_servers) {
+        /* The servers hold the masters and moments from here on: register, then push the initial weights
+         * (new run) or pull those of the checkpoint's step (resume). */
+        rc = zt_placement_client_create(cfg, &client, &token, err);
+        if (rc == 0)
+            rc = zt_zero_attach_server(z, client, run_id, st.step, NULL, err);
+        if ((rc = agree(comm, rc, err)) < 0)
+            goto out;
+        if (is0)
+            zt_log(ZT_LOG_INFO, "optimizer: AdamW on the state servers %s, run '%s' at step %lld", cfg->servers,
+                   run_id, (long long)st.step);
+        if (is0 && getenv("ZT_TEST_PAUSE"))
+            zt__state_client_set_chunk_hook(client, test_chunk_hook, NULL);
+    }
     if (is0)
         zt_zero_log_plan(z, b, T);
 
@@ -324,9 +401,14 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         float mean;
         zt_optimizer_report rep;
         double lr = zt_schedule_lr(&sched, step);
-        if ((rc = zt_zero_mean(z, sum / (float)accum, &mean, err)) < 0 ||
-            (rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0)
+        if ((rc = zt_zero_mean(z, sum / (float)accum, &mean, err)) < 0)
             goto out;
+        test_push_step = step;
+        if ((rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0) {
+            if (zt_zero_server_step(z) >= 0)
+                rc = stale_servers(cfg, run_id, zt_zero_server_step(z), step, err);
+            goto out;
+        }
         const double dt = now_seconds() - t0;
         steps_run++;
         train_time += dt;
@@ -388,9 +470,14 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         const bool stop = any > 0 || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
         if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
             st.elapsed_s = elapsed_before + (now_seconds() - start);
-            if ((rc = save(z, model, &full, cfg, &st, dl, comm, res, err)) < 0)
+            if ((rc = save(z, model, &full, cfg, &st, dl, comm, client, run_id, res, err)) < 0)
                 goto out;
             res->skipped_steps = full.skipped_steps;
+        }
+        if (is0 && client) {
+            char where[48];
+            snprintf(where, sizeof where, "step:%lld", (long long)step);
+            test_pause_point(where);
         }
         if (stop && !last) {
             res->interrupted = true;
@@ -424,6 +511,8 @@ out:
     zt_dataloader_close(dl);
     zt_optimizer_free(&full);
     zt_gpt2_destroy(model);
+    zt_state_client_destroy(client);
+    free(token);
     zt_comm_destroy(comm);
     return rc;
 }

@@ -33,8 +33,9 @@ struct zt_placement_server {
     char *token;      /* bearer token read from token_file, or NULL */
 };
 
-/* The run id: the run directory's last component, restricted to the characters run ids allow. */
-static void make_run_id(const char *out_dir, char *id, size_t cap)
+/* The run id: the run directory's last component, restricted to the characters run ids allow; see
+ * placement.h. */
+void zt_placement_run_id(const char *out_dir, char *id, size_t cap)
 {
     char dir[ZT_TRAIN_PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", out_dir);
@@ -303,34 +304,24 @@ static int pull_all(zt_placement_server *ps, zt_gpt2 *model, int64_t step, zt_er
     return 0;
 }
 
-/* Connects and registers; see placement.h. */
-int zt_placement_server_open(zt_placement_server **out, const zt_train_config *cfg, zt_gpt2 *model,
-                             const zt_optimizer *opt, int64_t step, zt_err *err)
+/* Creates the state client of cfg; see placement.h. */
+int zt_placement_client_create(const zt_train_config *cfg, zt_state_client_t **out, char **token, zt_err *err)
 {
     *out = NULL;
-    zt_placement_server *ps = zt_xcalloc(1, sizeof(*ps));
-    ps->remote = cfg->servers[0] != '\0';
-    make_run_id(cfg->out_dir, ps->run_id, sizeof(ps->run_id));
-    ps->nblocks = zt_gpt2_num_blocks(model);
-    ps->offset = zt_xcalloc((size_t)ps->nblocks, sizeof(size_t));
-    ps->numel = zt_xcalloc((size_t)ps->nblocks, sizeof(size_t));
-    for (int b = 0; b < ps->nblocks; b++) {
-        ps->offset[b] = zt_gpt2_block(model, b)->offset;
-        ps->numel[b] = zt_gpt2_block(model, b)->numel;
-    }
+    *token = NULL;
     int rc = 0;
-    if (cfg->token_file[0] && (rc = read_token(cfg->token_file, &ps->token, err)) < 0)
-        goto fail;
-
+    if (cfg->token_file[0] && (rc = read_token(cfg->token_file, token, err)) < 0)
+        return rc;
+    const bool remote = cfg->servers[0] != '\0';
     struct zt_state_client_options copt;
     memset(&copt, 0, sizeof(copt));
-    copt.servers = ps->remote ? cfg->servers : NULL;
-    copt.token = ps->token;
+    copt.servers = remote ? cfg->servers : NULL;
+    copt.token = *token;
     copt.tls_ca_file = cfg->tls_ca[0] ? cfg->tls_ca : NULL;
     copt.tls_cert_file = cfg->tls_cert[0] ? cfg->tls_cert : NULL;
     copt.tls_key_file = cfg->tls_key[0] ? cfg->tls_key : NULL;
     copt.embedded.threads = (int)cfg->threads;
-    if (strncmp(cfg->state_store, "nvme:", 5) == 0) {
+    if (!remote && strncmp(cfg->state_store, "nvme:", 5) == 0) {
         copt.embedded.store = ZT_SERVER_STORE_NVME;
         copt.embedded.store_path = cfg->state_store + 5;
         copt.embedded.store_no_direct = !dir_supports_direct(cfg->state_store + 5);
@@ -338,7 +329,31 @@ int zt_placement_server_open(zt_placement_server **out, const zt_train_config *c
             zt_log(ZT_LOG_WARN, "state store %s: the file system has no O_DIRECT (tmpfs?); using buffered I/O",
                    cfg->state_store + 5);
     }
-    if ((rc = zt_state_client_create(&copt, &ps->client, err)) < 0)
+    rc = zt_state_client_create(&copt, out, err);
+    if (rc < 0) {
+        free(*token);
+        *token = NULL;
+    }
+    return rc;
+}
+
+/* Connects and registers; see placement.h. */
+int zt_placement_server_open(zt_placement_server **out, const zt_train_config *cfg, zt_gpt2 *model,
+                             const zt_optimizer *opt, int64_t step, zt_err *err)
+{
+    *out = NULL;
+    zt_placement_server *ps = zt_xcalloc(1, sizeof(*ps));
+    ps->remote = cfg->servers[0] != '\0';
+    zt_placement_run_id(cfg->out_dir, ps->run_id, sizeof(ps->run_id));
+    ps->nblocks = zt_gpt2_num_blocks(model);
+    ps->offset = zt_xcalloc((size_t)ps->nblocks, sizeof(size_t));
+    ps->numel = zt_xcalloc((size_t)ps->nblocks, sizeof(size_t));
+    for (int b = 0; b < ps->nblocks; b++) {
+        ps->offset[b] = zt_gpt2_block(model, b)->offset;
+        ps->numel[b] = zt_gpt2_block(model, b)->numel;
+    }
+    int rc = zt_placement_client_create(cfg, &ps->client, &ps->token, err);
+    if (rc < 0)
         goto fail;
 
     int nt = zt_gpt2_num_tensors(model);

@@ -22,10 +22,21 @@
 
 #include "common/status.h"
 #include "worker/model/gpt2.h"
+#include "worker/state/client.h"
 #include "worker/train/config.h"
 #include "worker/train/optimizer.h"
 
 typedef struct zt_placement_server zt_placement_server; /* opaque */
+
+/* The run id on the state servers for a run directory: its last path component, characters outside
+ * [A-Za-z0-9._-] replaced by '_' ("train" for "/", "." or ".."). */
+void zt_placement_run_id(const char *out_dir, char *id, size_t cap);
+
+/* Creates the state client cfg describes: remote servers (cfg->servers, TLS files, the bearer token read
+ * from cfg->token_file) or the embedded core (cfg->state_store). *token receives the token the client
+ * uses (NULL when none): free it after zt_state_client_destroy. Returns 0 and *out, or a negative code
+ * with a message naming the flag to fix. */
+int zt_placement_client_create(const zt_train_config *cfg, zt_state_client_t **out, char **token, zt_err *err);
 
 /* Connects to the state servers (or creates the embedded core) and registers the run. A new run
  * (step 0) pushes the model's parameters as the initial master weights. A resumed run (step > 0, the

@@ -301,10 +301,8 @@ static void warn_schedule_change(const zt_schedule *saved, const zt_schedule *no
                now->min_lr, (long long)now->warmup_steps);
 }
 
-/* A checkpoint written with remote state servers holds the master weights but not the Adam moments (the
- * servers keep them in their snapshots): it can only continue with remote servers. Its saved config says
- * which placement wrote it. */
-static int check_moments_available(const char *ckpt_dir, const zt_train_config *cfg, zt_err *err)
+/* Refuses to resume a checkpoint of remote state servers without them; see trainer.h. */
+int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_config *cfg, zt_err *err)
 {
     char path[PATH_CAP + 16];
     snprintf(path, sizeof(path), "%s/config.json", ckpt_dir);
@@ -419,7 +417,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                          ckpt_dir, pos_err.msg);
             goto out;
         }
-        if ((rc = check_moments_available(ckpt_dir, cfg, err)) < 0)
+        if ((rc = zt_trainer_check_resume_placement(ckpt_dir, cfg, err)) < 0)
             goto out;
         warn_schedule_change(&st.schedule, &sched);
         if (cfg->init_from[0])

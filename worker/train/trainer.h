@@ -42,6 +42,12 @@ void zt_train_result_free(zt_train_result *res);
  * res->interrupted set. Async-signal-safe: meant for SIGINT and SIGTERM handlers. */
 void zt_trainer_request_stop(void);
 
+/* A checkpoint written with remote state servers holds the master weights but not the Adam moments (the
+ * servers keep them in their snapshots): it can only continue with remote servers. Its saved config (in
+ * ckpt_dir) says which placement wrote it. Returns 0, or ZT_EINVAL_CONFIG with a message when cfg does
+ * not use remote servers. Used by every training loop that resumes. */
+int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_config *cfg, zt_err *err);
+
 /* Returns whether a stop was requested (zt_trainer_request_stop) since the last call, and clears the
  * request: for training loops other than zt_trainer_run (the multi-rank loop of worker/runtime). */
 bool zt_trainer_take_stop_request(void);

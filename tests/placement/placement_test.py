@@ -1,0 +1,265 @@
+"""Optimizer placement "server" under ZeRO (WORLD_SIZE > 1) with real processes on loopback:
+  1. the reference: one process, `ztrain train --optimizer server` with the embedded state server;
+  2. 1 ztrain-server + `ztrain launch --nproc 2 train --optimizer server --servers ...` gives the
+     reference's train and val losses within 1e-5 relative (as the ZeRO equivalence tests accept);
+  3. 2 ztrain-servers sharing the run (--server-index/--server-count) with 2 ranks do too;
+  4. 3 ranks (block sizes that do not split evenly into 3 shards) with 1 server do too;
+  5. fault, kill -9 between steps: rank 0 pauses after step 3 (the servers' last snapshot is step 2),
+     the server is killed and restarted with --snapshot-dir; the ranks find it at step 2, stop with a
+     message naming the checkpoint of step 2 and exit 1; `--resume RUN/ckpt_000002` ends on the
+     reference's losses;
+  6. fault, kill -9 in the middle of a push: rank 0 pauses in its push of step 5 after the server took
+     block 0 and the first chunk of block 1 (snapshot at step 4); the server is killed and restarted; the
+     ranks retry (log "unavailable, retry"), the restarted server refuses to commit the half-pushed step
+     ("incomplete": block 0 went down with the killed server), every rank pushes its gradients again,
+     the step commits and the run ends on the reference's losses without a restart.
+The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE, worker/runtime/zero_train.c), so every
+wait is for a log line or an exit, never a sleep. Every process is ended in a finally block.
+
+usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "proto"))
+import grpcio_client_test as g  # noqa: E402  (the Server wrapper and check())
+
+STEPS = 8
+
+
+def check(cond, what, log=""):
+    """g.check, with the tail of a process's output added when the expectation failed."""
+    g.check(cond, what if cond or not log else what + "\n" + log[-3000:])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_shard(path, tokens):
+    """An llm.c token shard: 256 int32 header (magic, version 1, count), then uint16 tokens."""
+    header = [20240520, 1, len(tokens)] + [0] * 253
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+
+
+class Job:
+    """A `ztrain ...` process whose output is collected by a thread, so a test can wait for a line."""
+
+    def __init__(self, argv, env=None):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                     env=env)
+        self.log = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            with self.cond:
+                self.log.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def text(self):
+        with self.cond:
+            return "".join(self.log)
+
+    def wait_log(self, text, timeout=60.0):
+        with self.cond:
+            return self.cond.wait_for(lambda: any(text in l for l in self.log) or self.proc.poll() is not None,
+                                      timeout) and any(text in l for l in self.log)
+
+    def wait(self, timeout=90.0):
+        rc = self.proc.wait(timeout)
+        self.reader.join(10)
+        return rc
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def losses(run):
+    """{step: loss} and {step: val_loss} of a run's metrics.jsonl."""
+    train, val = {}, {}
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        for line in f:
+            d = json.loads(line)
+            if "val_loss" in d:
+                val[d["step"]] = d["val_loss"]
+            elif "loss" in d:
+                train[d["step"]] = d["loss"]
+    return train, val
+
+
+def same_curves(ref, run, what):
+    rt, rv = losses(ref)
+    t, v = losses(run)
+    ok = sorted(rt) == sorted(t) == list(range(1, STEPS + 1)) and sorted(rv) == sorted(v) and len(rv) >= 2
+    bad = [(s, rt[s], t.get(s)) for s in rt if t.get(s) is None or abs(t[s] - rt[s]) > 1e-5 * abs(rt[s])]
+    bad += [(s, rv[s], v.get(s)) for s in rv if v.get(s) is None or abs(v[s] - rv[s]) > 1e-5 * abs(rv[s])]
+    check(ok and not bad, "%s: the reference's losses within 1e-5 relative (steps %s vs %s; differences %s)" %
+          (what, sorted(t), sorted(rt), bad[:3]))
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    server_bin, ztrain = (os.path.abspath(a) for a in sys.argv[1:])
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the test ran past 240 s")))
+    signal.alarm(240)
+    work = tempfile.mkdtemp(prefix="zt-placement-")
+    procs = []  # everything to end in finally
+
+    def server(name, extra):
+        s = g.Server(server_bin, work, name, extra)
+        procs.append(s)
+        return s
+
+    def job(argv, env=None):
+        j = Job(argv, env)
+        procs.append(j)
+        return j
+
+    model = os.path.join(work, "model.json")
+    with open(model, "w") as f:
+        json.dump({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 10, "n_positions": 16,
+                   "vocab_size": 37}, f)
+    write_shard(os.path.join(work, "train_000.bin"), [(i * 7 + (i // 5) * 3) % 37 for i in range(4096)])
+    write_shard(os.path.join(work, "val_000.bin"), [(i * 5 + i // 3) % 37 for i in range(1024)])
+    common = ["--model", model, "--train-data", os.path.join(work, "train_*.bin"),
+              "--val-data", os.path.join(work, "val_*.bin"), "--batch-size", "6", "--seq-len", "8",
+              "--grad-accum", "2", "--threads", "1", "--log-every", "1", "--eval-every", "3", "--eval-batches", "2",
+              "--warmup", "1", "--save-every", "2", "--steps", str(STEPS), "--lr", "1e-2", "--optimizer", "server"]
+
+    def train(out, servers=None, nproc=1, extra=(), env=None):
+        argv = [ztrain]
+        if nproc > 1:
+            argv += ["launch", "--nproc", str(nproc), "--master-port", str(free_port())]
+        argv += ["train"] + common + ["--out", os.path.join(work, out)] + list(extra)
+        if servers:
+            argv += ["--servers", servers]
+        return job(argv, env)
+
+    try:
+        # 1. reference: one process, embedded state server
+        ref = train("ref")
+        check(ref.wait() == 0, "reference run (embedded state server) exits 0", ref.text())
+        ref_dir = os.path.join(work, "ref")
+
+        # 2. one server, two ranks
+        srv = server("one", ["--snapshot-dir", os.path.join(work, "snap-one")])
+        j = train("one", "127.0.0.1:%d" % srv.port, nproc=2)
+        rc = j.wait()
+        check(rc == 0, "1 server + 2 ranks exits 0 (%s)" % rc, j.text())
+        check("AdamW on the state servers" in j.text(), "1 server + 2 ranks: the optimizer runs on the server")
+        same_curves(ref_dir, os.path.join(work, "one"), "1 server, 2 ranks")
+        check(srv.stop() == 0, "server 'one' exits 0 on SIGTERM")
+
+        # 3. two servers sharing the run
+        s0 = server("two0", ["--server-index", "0", "--server-count", "2", "--snapshot-dir", os.path.join(work, "snap-two")])
+        s1 = server("two1", ["--server-index", "1", "--server-count", "2", "--snapshot-dir", os.path.join(work, "snap-two")])
+        j = train("two", "127.0.0.1:%d,127.0.0.1:%d" % (s0.port, s1.port), nproc=2)
+        rc = j.wait()
+        check(rc == 0, "2 servers + 2 ranks exits 0 (%s)" % rc, j.text())
+        same_curves(ref_dir, os.path.join(work, "two"), "2 servers, 2 ranks")
+        s0.stop()
+        s1.stop()
+
+        # 4. three ranks: shards of uneven blocks (padding in the last shard)
+        srv = server("three", ["--snapshot-dir", os.path.join(work, "snap-three")])
+        j = train("three", "127.0.0.1:%d" % srv.port, nproc=3)
+        rc = j.wait()
+        check(rc == 0, "1 server + 3 ranks exits 0 (%s)" % rc, j.text())
+        same_curves(ref_dir, os.path.join(work, "three"), "1 server, 3 ranks")
+        srv.stop()
+
+        # 5. kill -9 between steps: a server on a fixed port with snapshots, so a restarted one has the
+        # same address
+        port = free_port()
+        flags = ["--listen", "127.0.0.1:%d" % port, "--snapshot-dir", os.path.join(work, "snap")]
+        target = "127.0.0.1:%d" % port
+        fifo = os.path.join(work, "pause")
+        os.mkfifo(fifo)
+        env = dict(os.environ, ZT_TEST_PAUSE="step:3", ZT_TEST_PAUSE_FIFO=fifo)
+        srv = server("fault1", flags)
+        j = train("fault", target, nproc=2, env=env)
+        check(j.wait_log("test pause: step:3"), "rank 0 pauses after step 3", j.text())
+        srv.proc.kill()
+        srv.stop()
+        srv = server("fault2", flags)
+        check("restored 1 run(s)" in srv.log_text(), "the restarted server restored the run from its snapshot")
+        with open(fifo, "w") as f:
+            f.write("go\n")
+        rc = j.wait()
+        text = j.text()
+        run = os.path.join(work, "fault")
+        check(rc == 1, "after a kill between steps the ranks exit 1 (%s)" % rc, text)
+        check("holds step 2 while this run is at step 3" in text and "--resume %s/ckpt_000002" % run in text,
+              "the ranks say the server is back at step 2 and how to resume", text)
+        check(not os.path.exists(os.path.join(run, "ckpt_000004")), "no checkpoint after the lost step")
+        j = train("fault", target, nproc=2, extra=["--resume", os.path.join(run, "ckpt_000002")])
+        rc = j.wait()
+        check(rc == 0, "--resume from the checkpoint of step 2 exits 0 (%s)" % rc, j.text())
+        same_curves(ref_dir, run, "kill -9 between steps, then --resume")
+        check(srv.stop() == 0, "server 'fault2' exits 0 on SIGTERM")
+
+        # 6. kill -9 in the middle of rank 0's push of step 5 (the last snapshot is step 4)
+        shutil.rmtree(os.path.join(work, "snap"))
+        env = dict(os.environ, ZT_TEST_PAUSE="push:5", ZT_TEST_PAUSE_FIFO=fifo)
+        srv = server("fault3", flags)
+        j = train("midpush", target, nproc=2, env=env)
+        check(j.wait_log("test pause: push:5"), "rank 0 pauses in its push of step 5", j.text())
+        srv.proc.kill()
+        srv.stop()
+        srv = server("fault4", flags)
+        with open(fifo, "w") as f:
+            f.write("go\n")
+        rc = j.wait()
+        text = j.text()
+        check(rc == 0, "after a kill mid-push the run goes on and exits 0 (%s)" % rc, text)
+        check("unavailable, retry" in text, "a rank logs 'state server ... unavailable, retry'")
+        check("incomplete" in text and "committing once more" in text,
+              "the half-pushed step is refused as incomplete, then pushed again and committed", text)
+        same_curves(ref_dir, os.path.join(work, "midpush"), "kill -9 mid-push")
+        check(srv.stop() == 0, "server 'fault4' exits 0 on SIGTERM")
+    finally:
+        signal.alarm(0)
+        for p in procs:
+            try:
+                p.stop()
+            except Exception:  # noqa: BLE001  (ending every process matters more than why one failed)
+                if hasattr(p, "proc") and p.proc.poll() is None:
+                    p.proc.kill()
+        if not os.environ.get("ZT_KEEP_TEST_DIR"):
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("kept " + work)
+    if g.failures:
+        print("%d check(s) failed:" % len(g.failures))
+        for f in g.failures:
+            print("  " + f)
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
