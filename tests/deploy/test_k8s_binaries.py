@@ -73,7 +73,6 @@ LISTEN_FLAGS = ("--listen", "--health-listen", "--metrics-listen")
 # is listed in docs/deploy.md ("What exists today"). When the runtime supports one, the test fails until
 # its entry is removed, so that the data check applies to it again.
 KNOWN_REFUSALS = {
-    "overlays/multi-node": "--optimizer server with WORLD_SIZE=4 is not supported yet",
 }
 
 
