@@ -1,5 +1,6 @@
 """Optimizer placement "server" under ZeRO (WORLD_SIZE > 1) with real processes on loopback:
   1. the reference: one process, `ztrain train --optimizer server` with the embedded state server;
+     2 ranks without --servers are refused (an embedded server lives in one process);
   2. 1 ztrain-server + `ztrain launch --nproc 2 train --optimizer server --servers ...` gives the
      reference's train and val losses within 1e-5 relative (as the ZeRO equivalence tests accept);
   3. 2 ztrain-servers sharing the run (--server-index/--server-count) with 2 ranks do too;
@@ -163,6 +164,12 @@ def main():
         ref = train("ref")
         check(ref.wait() == 0, "reference run (embedded state server) exits 0", ref.text())
         ref_dir = os.path.join(work, "ref")
+
+        # 1b. several ranks cannot share an embedded state server: refused with what to start instead
+        j = train("embedded2", nproc=2)
+        rc = j.wait()
+        check(rc != 0 and "needs state servers the ranks can reach" in j.text() and "ztrain-server" in j.text(),
+              "2 ranks without --servers are refused, naming ztrain-server and --servers (%s)" % rc, j.text())
 
         # 2. one server, two ranks
         srv = server("one", ["--snapshot-dir", os.path.join(work, "snap-one")])

@@ -16,7 +16,23 @@
  * at W = 2, at W = 1 or in the single-process trainer.
  *
  * A stop request (zt_trainer_request_stop, from a SIGINT or SIGTERM handler) on any rank stops every rank
- * after the same step (the ranks agree on it with one all-reduce per step), with a checkpoint. */
+ * after the same step (the ranks agree on it with one all-reduce per step), with a checkpoint.
+ *
+ * Optimizer placement "server" (--optimizer server --servers host:port,...): the masters and moments live
+ * in ztrain-server processes (zt_zero_attach_server); the run id is the run directory's name
+ * (zt_placement_run_id). Several ranks need real servers: without --servers the run is refused (the
+ * embedded server lives inside one process). At every checkpoint rank 0 first asks every server for a
+ * snapshot of the step (ztrain-server --snapshot-dir), so the checkpoint of step N always has the servers'
+ * snapshots of step N; the checkpoint holds the masters, not the moments, and resumes only with the
+ * servers. A server killed and restarted from its latest snapshot:
+ *   - at the step before the one in flight (killed between a checkpoint and the next commit, or in the
+ *     middle of a push): the client's retries reconnect, the commit of the half-pushed step is refused
+ *     (its gradients are incomplete), every rank pushes its gradients again and the step commits: the run
+ *     goes on by itself;
+ *   - at an older step: the steps since are lost; every rank stops with ZT_ESTATE and a message naming the
+ *     checkpoint of that step, and `ztrain train --resume RUN_DIR/ckpt_NNNNNN` with the same flags
+ *     continues on the losses of an uninterrupted run.
+ * No partial step is ever applied: a server commits only a step whose gradients have all arrived. */
 #ifndef ZT_WORKER_RUNTIME_ZERO_TRAIN_H
 #define ZT_WORKER_RUNTIME_ZERO_TRAIN_H
 
