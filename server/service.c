@@ -106,6 +106,29 @@ static int send_packed(zt_rpc_call_t *call, const ProtobufCMessage *msg)
     return rc == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
 }
 
+/* The work of a unary or server-streaming handler on its decoded request (a message of the descriptor
+ * the handler passes to serve_request). Returns a gRPC status code. */
+typedef int (*request_fn)(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg);
+
+/* Reads the call's one request, decodes it as a message of `desc`, runs fn on it and frees it: the steps
+ * that every handler but the pushes begins and ends with. Returns fn's code, or the code of a failed read
+ * or of a request that does not decode. */
+static int serve_request(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessageDescriptor *desc,
+                         request_fn fn)
+{
+    const void *data;
+    size_t len;
+    int code = read_request(call, &data, &len);
+    if (code != ZT_RPC_OK)
+        return code;
+    ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, len, data);
+    if (msg == NULL)
+        return malformed(call, desc->short_name);
+    code = fn(call, svc, msg);
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return code;
+}
+
 static void fill_info(Ztrain__V1__RunInfo *out, const char *run, const zt_server_run_info *info)
 {
     out->run = (char *)run;
@@ -119,30 +142,16 @@ static void fill_info(Ztrain__V1__RunInfo *out, const char *run, const zt_server
 
 /* ---- RegisterRun ---- */
 
-static int handle_register(zt_rpc_call_t *call, void *user)
+static int register_run(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
 {
-    zt_service_t *svc = user;
-    const void *data;
-    size_t len;
-    int code = read_request(call, &data, &len);
-    if (code != ZT_RPC_OK)
-        return code;
-    Ztrain__V1__RegisterRunRequest *req = ztrain__v1__register_run_request__unpack(NULL, len, data);
-    if (req == NULL)
-        return malformed(call, "RegisterRunRequest");
+    const Ztrain__V1__RegisterRunRequest *req = (const Ztrain__V1__RegisterRunRequest *)msg;
     enum zt_dtype dtype;
-    if (dtype_from_wire(req->param_dtype, &dtype) != 0) {
-        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "param_dtype %d is not DTYPE_F32, DTYPE_F16 or DTYPE_BF16",
+    if (dtype_from_wire(req->param_dtype, &dtype) != 0)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "param_dtype %d is not DTYPE_F32, DTYPE_F16 or DTYPE_BF16",
                                 (int)req->param_dtype);
-        ztrain__v1__register_run_request__free_unpacked(req, NULL);
-        return code;
-    }
-    if (req->n_blocks == 0 || req->n_blocks > ZT_SERVER_MAX_BLOCKS) {
-        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "a run has 1 to %d blocks, not %zu", ZT_SERVER_MAX_BLOCKS,
+    if (req->n_blocks == 0 || req->n_blocks > ZT_SERVER_MAX_BLOCKS)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "a run has 1 to %d blocks, not %zu", ZT_SERVER_MAX_BLOCKS,
                                 req->n_blocks);
-        ztrain__v1__register_run_request__free_unpacked(req, NULL);
-        return code;
-    }
     zt_server_block_desc *blocks = zt_xcalloc(req->n_blocks, sizeof(*blocks));
     size_t nranges = 0;
     for (size_t b = 0; b < req->n_blocks; b++)
@@ -174,19 +183,20 @@ static int handle_register(zt_rpc_call_t *call, void *user)
     int rc = zt_server_core_register(svc->core, &desc, &info, &err);
     free(blocks);
     free(ranges);
-    if (rc != 0) {
-        code = core_fail(call, rc, &err);
-    } else {
-        ZT_INFO("service: run %s registered (%zu blocks, world size %d) at step %" PRId64 " from %s", req->run,
-                req->n_blocks, req->world_size, info.step, zt_rpc_call_peer(call));
-        Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
-        fill_info(&ri, req->run, &info);
-        Ztrain__V1__RegisterRunResponse resp = ZTRAIN__V1__REGISTER_RUN_RESPONSE__INIT;
-        resp.info = &ri;
-        code = send_packed(call, &resp.base);
-    }
-    ztrain__v1__register_run_request__free_unpacked(req, NULL);
-    return code;
+    if (rc != 0)
+        return core_fail(call, rc, &err);
+    ZT_INFO("service: run %s registered (%zu blocks, world size %d) at step %" PRId64 " from %s", req->run,
+            req->n_blocks, req->world_size, info.step, zt_rpc_call_peer(call));
+    Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
+    fill_info(&ri, req->run, &info);
+    Ztrain__V1__RegisterRunResponse resp = ZTRAIN__V1__REGISTER_RUN_RESPONSE__INIT;
+    resp.info = &ri;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_register(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__register_run_request__descriptor, register_run);
 }
 
 /* ---- PushParams and PushGradients ---- */
@@ -472,35 +482,28 @@ static int handle_push_grads(zt_rpc_call_t *call, void *user)
 
 /* ---- CommitStep ---- */
 
-static int handle_commit(zt_rpc_call_t *call, void *user)
+static int commit_step(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
 {
-    zt_service_t *svc = user;
-    const void *data;
-    size_t len;
-    int code = read_request(call, &data, &len);
-    if (code != ZT_RPC_OK)
-        return code;
-    Ztrain__V1__CommitStepRequest *req = ztrain__v1__commit_step_request__unpack(NULL, len, data);
-    if (req == NULL)
-        return malformed(call, "CommitStepRequest");
+    const Ztrain__V1__CommitStepRequest *req = (const Ztrain__V1__CommitStepRequest *)msg;
     zt_server_commit_args args = {.step = req->step, .grad_norm = req->grad_norm, .clip_coef = req->clip_coef,
                                   .lr = req->lr, .overflow = req->overflow};
     zt_server_commit_result res;
     zt_err err = {{0}};
     int rc = zt_server_core_commit(svc->core, req->run, &args, &res, &err);
-    if (rc != 0) {
-        code = core_fail(call, rc, &err);
-    } else {
-        Ztrain__V1__CommitStepResponse resp = ZTRAIN__V1__COMMIT_STEP_RESPONSE__INIT;
-        resp.step = res.step;
-        resp.adam_step = res.adam_step;
-        resp.already_committed = res.already_committed;
-        resp.skipped = res.skipped;
-        resp.seconds = res.seconds;
-        code = send_packed(call, &resp.base);
-    }
-    ztrain__v1__commit_step_request__free_unpacked(req, NULL);
-    return code;
+    if (rc != 0)
+        return core_fail(call, rc, &err);
+    Ztrain__V1__CommitStepResponse resp = ZTRAIN__V1__COMMIT_STEP_RESPONSE__INIT;
+    resp.step = res.step;
+    resp.adam_step = res.adam_step;
+    resp.already_committed = res.already_committed;
+    resp.skipped = res.skipped;
+    resp.seconds = res.seconds;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_commit(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__commit_step_request__descriptor, commit_step);
 }
 
 /* ---- PullParams ---- */
@@ -549,30 +552,20 @@ static size_t put_param_chunk_head(uint8_t *p, int32_t block, int32_t shard, uin
     return n;
 }
 
-static int handle_pull(zt_rpc_call_t *call, void *user)
+static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
 {
-    zt_service_t *svc = user;
-    const void *data;
-    size_t len;
-    int code = read_request(call, &data, &len);
-    if (code != ZT_RPC_OK)
-        return code;
-    Ztrain__V1__PullParamsRequest *req = ztrain__v1__pull_params_request__unpack(NULL, len, data);
-    if (req == NULL)
-        return malformed(call, "PullParamsRequest");
+    const Ztrain__V1__PullParamsRequest *req = (const Ztrain__V1__PullParamsRequest *)msg;
     zt_err err = {{0}};
     zt_server_run_info info;
-    enum zt_dtype dtype = ZT_DTYPE_F32;
     int rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
     if (rc != 0)
-        code = core_fail(call, rc, &err);
-    else
-        dtype = info.param_dtype;
+        return core_fail(call, rc, &err);
+    enum zt_dtype dtype = info.param_dtype;
     size_t es = zt_dtype_size(dtype);
     uint64_t per_chunk = PULL_CHUNK_BYTES / es;
-    for (size_t i = 0; code == ZT_RPC_OK && i < req->n_ranges; i++) {
+    for (size_t i = 0; i < req->n_ranges; i++) {
         const Ztrain__V1__PullRange *r = req->ranges[i];
-        for (uint64_t done = 0; code == ZT_RPC_OK && done < r->count; done += per_chunk) {
+        for (uint64_t done = 0; done < r->count; done += per_chunk) {
             uint64_t n = r->count - done < per_chunk ? r->count - done : per_chunk;
             int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : (int)(zt_rpc_call_time_left(call) * 1000.0);
             /* One buffer per message, handed to gRPC without a copy: the header, then the core copies the
@@ -580,20 +573,24 @@ static int handle_pull(zt_rpc_call_t *call, void *user)
             uint8_t head[PARAM_CHUNK_HEAD_MAX];
             size_t hlen = put_param_chunk_head(head, r->block, r->shard, r->offset + done, dtype_to_wire(dtype),
                                                (size_t)(n * es));
-            uint8_t *msg = zt_xmalloc(hlen + (size_t)(n * es));
-            memcpy(msg, head, hlen);
+            uint8_t *buf = zt_xmalloc(hlen + (size_t)(n * es));
+            memcpy(buf, head, hlen);
             rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset + done, n,
-                                     msg + hlen, timeout_ms < 0 ? 0 : timeout_ms, &err);
+                                     buf + hlen, timeout_ms < 0 ? 0 : timeout_ms, &err);
             if (rc != 0) {
-                free(msg);
-                code = core_fail(call, rc, &err);
-                break;
+                free(buf);
+                return core_fail(call, rc, &err);
             }
-            code = zt_rpc_call_write_owned(call, msg, hlen + (size_t)(n * es)) == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
+            if (zt_rpc_call_write_owned(call, buf, hlen + (size_t)(n * es)) != 0)
+                return ZT_RPC_CANCELLED;
         }
     }
-    ztrain__v1__pull_params_request__free_unpacked(req, NULL);
-    return code;
+    return ZT_RPC_OK;
+}
+
+static int handle_pull(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__pull_params_request__descriptor, pull_params);
 }
 
 /* ---- snapshots ---- */
@@ -613,42 +610,42 @@ static int run_id_is_safe(const char *run)
     return 1;
 }
 
-static int handle_save(zt_rpc_call_t *call, void *user)
+/* Fails the call unless the server was started with a snapshot directory. */
+static int require_snapshot_dir(zt_rpc_call_t *call, const zt_service_t *svc)
 {
-    zt_service_t *svc = user;
-    const void *data;
-    size_t len;
-    int code = read_request(call, &data, &len);
+    if (svc->snapshot_dir != NULL)
+        return ZT_RPC_OK;
+    return zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
+                            "this server has no snapshot directory: start ztrain-server with --snapshot-dir DIR");
+}
+
+static int save_snapshot(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
+{
+    const Ztrain__V1__SaveSnapshotRequest *req = (const Ztrain__V1__SaveSnapshotRequest *)msg;
+    int code = require_snapshot_dir(call, svc);
     if (code != ZT_RPC_OK)
         return code;
-    Ztrain__V1__SaveSnapshotRequest *req = ztrain__v1__save_snapshot_request__unpack(NULL, len, data);
-    if (req == NULL)
-        return malformed(call, "SaveSnapshotRequest");
+    if (!run_id_is_safe(req->run))
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "'%s' is not a valid run id", req->run);
     zt_err err = {{0}};
     char path[4096] = "";
     zt_server_run_info info;
-    if (svc->snapshot_dir == NULL) {
-        code = zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
-                                "this server has no snapshot directory: start ztrain-server with --snapshot-dir DIR");
-    } else if (!run_id_is_safe(req->run)) {
-        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "'%s' is not a valid run id", req->run);
-    } else {
-        int rc = zt_server_core_snapshot_save(svc->core, req->run, svc->snapshot_dir,
-                                              req->keep > 0 ? req->keep : svc->snapshot_keep, path, sizeof(path), &err);
-        if (rc == 0)
-            rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
-        if (rc != 0) {
-            code = core_fail(call, rc, &err);
-        } else {
-            ZT_INFO("service: run %s saved at step %" PRId64 " to %s", req->run, info.step, path);
-            Ztrain__V1__SaveSnapshotResponse resp = ZTRAIN__V1__SAVE_SNAPSHOT_RESPONSE__INIT;
-            resp.path = path;
-            resp.step = info.step;
-            code = send_packed(call, &resp.base);
-        }
-    }
-    ztrain__v1__save_snapshot_request__free_unpacked(req, NULL);
-    return code;
+    int rc = zt_server_core_snapshot_save(svc->core, req->run, svc->snapshot_dir,
+                                          req->keep > 0 ? req->keep : svc->snapshot_keep, path, sizeof(path), &err);
+    if (rc == 0)
+        rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
+    if (rc != 0)
+        return core_fail(call, rc, &err);
+    ZT_INFO("service: run %s saved at step %" PRId64 " to %s", req->run, info.step, path);
+    Ztrain__V1__SaveSnapshotResponse resp = ZTRAIN__V1__SAVE_SNAPSHOT_RESPONSE__INIT;
+    resp.path = path;
+    resp.step = info.step;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_save(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__save_snapshot_request__descriptor, save_snapshot);
 }
 
 /* Finds the directory of a run's latest snapshot of this server: the file `latest` beside the step
@@ -673,74 +670,58 @@ static int latest_snapshot(zt_service_t *svc, const char *run, int count, char *
     return rc;
 }
 
-static int handle_load(zt_rpc_call_t *call, void *user)
+static int load_snapshot(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
 {
-    zt_service_t *svc = user;
-    const void *data;
-    size_t len;
-    int code = read_request(call, &data, &len);
+    const Ztrain__V1__LoadSnapshotRequest *req = (const Ztrain__V1__LoadSnapshotRequest *)msg;
+    int code = require_snapshot_dir(call, svc);
     if (code != ZT_RPC_OK)
         return code;
-    Ztrain__V1__LoadSnapshotRequest *req = ztrain__v1__load_snapshot_request__unpack(NULL, len, data);
-    if (req == NULL)
-        return malformed(call, "LoadSnapshotRequest");
-    zt_err err = {{0}};
-    if (svc->snapshot_dir == NULL) {
-        code = zt_rpc_call_fail(call, ZT_RPC_FAILED_PRECONDITION,
-                                "this server has no snapshot directory: start ztrain-server with --snapshot-dir DIR");
-    } else if (!run_id_is_safe(req->run) || req->step < 0) {
-        code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "'%s' step %" PRId64 " does not name a snapshot",
+    if (!run_id_is_safe(req->run) || req->step < 0)
+        return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "'%s' step %" PRId64 " does not name a snapshot",
                                 req->run, req->step);
-    } else {
-        char dir[4096];
-        int count = svc->server_count > 0 ? svc->server_count : 1;
-        int rc = 0;
-        if (req->step == 0)
-            rc = latest_snapshot(svc, req->run, count, dir, sizeof(dir), &err);
-        else
-            snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/step_%08" PRId64, svc->snapshot_dir, req->run,
-                     svc->server_index, count, req->step);
-        zt_server_run_info info;
-        if (rc == 0)
-            rc = zt_server_core_snapshot_read(svc->core, dir, &info, &err);
-        if (rc != 0) {
-            code = core_fail(call, rc, &err);
-        } else {
-            ZT_INFO("service: run %s loaded at step %" PRId64 " from %s", req->run, info.step, dir);
-            Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
-            fill_info(&ri, req->run, &info);
-            Ztrain__V1__LoadSnapshotResponse resp = ZTRAIN__V1__LOAD_SNAPSHOT_RESPONSE__INIT;
-            resp.info = &ri;
-            code = send_packed(call, &resp.base);
-        }
-    }
-    ztrain__v1__load_snapshot_request__free_unpacked(req, NULL);
-    return code;
+    zt_err err = {{0}};
+    char dir[4096];
+    int count = svc->server_count > 0 ? svc->server_count : 1;
+    int rc = 0;
+    if (req->step == 0)
+        rc = latest_snapshot(svc, req->run, count, dir, sizeof(dir), &err);
+    else
+        snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/step_%08" PRId64, svc->snapshot_dir, req->run,
+                 svc->server_index, count, req->step);
+    zt_server_run_info info;
+    if (rc == 0)
+        rc = zt_server_core_snapshot_read(svc->core, dir, &info, &err);
+    if (rc != 0)
+        return core_fail(call, rc, &err);
+    ZT_INFO("service: run %s loaded at step %" PRId64 " from %s", req->run, info.step, dir);
+    Ztrain__V1__RunInfo ri = ZTRAIN__V1__RUN_INFO__INIT;
+    fill_info(&ri, req->run, &info);
+    Ztrain__V1__LoadSnapshotResponse resp = ZTRAIN__V1__LOAD_SNAPSHOT_RESPONSE__INIT;
+    resp.info = &ri;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_load(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__load_snapshot_request__descriptor, load_snapshot);
 }
 
 /* ---- Stats ---- */
 
-static int handle_stats(zt_rpc_call_t *call, void *user)
+static int report_stats(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
 {
-    zt_service_t *svc = user;
-    const void *data;
-    size_t len;
-    int code = read_request(call, &data, &len);
-    if (code != ZT_RPC_OK)
-        return code;
-    Ztrain__V1__StatsRequest *req = ztrain__v1__stats_request__unpack(NULL, len, data);
-    if (req == NULL)
-        return malformed(call, "StatsRequest");
-    zt_err err = {{0}};
+    const Ztrain__V1__StatsRequest *req = (const Ztrain__V1__StatsRequest *)msg;
     zt_server_run_stats *stats = NULL;
     int n = 0;
     if (req->run != NULL && req->run[0] != '\0') {
+        zt_err err = {{0}};
         stats = zt_xcalloc(1, sizeof(*stats));
         int rc = zt_server_core_stats(svc->core, req->run, stats, &err);
-        if (rc != 0)
-            code = core_fail(call, rc, &err);
-        else
-            n = 1;
+        if (rc != 0) {
+            free(stats);
+            return core_fail(call, rc, &err);
+        }
+        n = 1;
     } else {
         int total = 0;
         zt_server_core_list_stats(svc->core, NULL, 0, &total);
@@ -749,34 +730,36 @@ static int handle_stats(zt_rpc_call_t *call, void *user)
         if (n > total)
             n = total;
     }
-    if (code == ZT_RPC_OK) {
-        Ztrain__V1__RunStats *items = zt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*items));
-        Ztrain__V1__RunStats **ptrs = zt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*ptrs));
-        for (int i = 0; i < n; i++) {
-            ztrain__v1__run_stats__init(&items[i]);
-            items[i].run = stats[i].run_id;
-            items[i].step = stats[i].step;
-            items[i].adam_step = stats[i].adam_step;
-            items[i].commits = stats[i].commits;
-            items[i].skipped_steps = stats[i].skipped_steps;
-            items[i].bytes_pushed = stats[i].bytes_pushed;
-            items[i].bytes_pulled = stats[i].bytes_pulled;
-            items[i].last_commit_seconds = stats[i].last_commit_s;
-            items[i].total_commit_seconds = stats[i].total_commit_s;
-            items[i].store_bytes = stats[i].store_bytes;
-            items[i].ram_bytes = stats[i].ram_bytes;
-            ptrs[i] = &items[i];
-        }
-        Ztrain__V1__StatsResponse resp = ZTRAIN__V1__STATS_RESPONSE__INIT;
-        resp.n_runs = (size_t)n;
-        resp.runs = ptrs;
-        code = send_packed(call, &resp.base);
-        free(ptrs);
-        free(items);
+    Ztrain__V1__RunStats *items = zt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*items));
+    Ztrain__V1__RunStats **ptrs = zt_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*ptrs));
+    for (int i = 0; i < n; i++) {
+        ztrain__v1__run_stats__init(&items[i]);
+        items[i].run = stats[i].run_id;
+        items[i].step = stats[i].step;
+        items[i].adam_step = stats[i].adam_step;
+        items[i].commits = stats[i].commits;
+        items[i].skipped_steps = stats[i].skipped_steps;
+        items[i].bytes_pushed = stats[i].bytes_pushed;
+        items[i].bytes_pulled = stats[i].bytes_pulled;
+        items[i].last_commit_seconds = stats[i].last_commit_s;
+        items[i].total_commit_seconds = stats[i].total_commit_s;
+        items[i].store_bytes = stats[i].store_bytes;
+        items[i].ram_bytes = stats[i].ram_bytes;
+        ptrs[i] = &items[i];
     }
+    Ztrain__V1__StatsResponse resp = ZTRAIN__V1__STATS_RESPONSE__INIT;
+    resp.n_runs = (size_t)n;
+    resp.runs = ptrs;
+    int code = send_packed(call, &resp.base);
+    free(ptrs);
+    free(items);
     free(stats);
-    ztrain__v1__stats_request__free_unpacked(req, NULL);
     return code;
+}
+
+static int handle_stats(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__stats_request__descriptor, report_stats);
 }
 
 /* ---- lifetime ---- */
