@@ -640,18 +640,46 @@ static int register_locked(zt_server_core *core, const zt_server_run_desc *desc,
     return rc;
 }
 
-/* Reports a run's position; see core.h. */
-int zt_server_core_run_info(zt_server_core *core, const char *run_id, zt_server_run_info *info, zt_err *err)
+/* Finds run_id and calls copy(run, out) under its lock: the whole of the calls that copy a run's fields
+ * out. Returns 0, or -ENOENT for an unknown run. */
+static int copy_from_run(zt_server_core *core, const char *run_id, void (*copy)(const zt__run *run, void *out),
+                         void *out, zt_err *err)
 {
     zt__run *run;
     int rc = zt__run_get(core, run_id, &run, err);
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&run->mu);
-    zt__run_fill_info(run, info);
+    copy(run, out);
     pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
     return 0;
+}
+
+static void copy_info(const zt__run *run, void *out)
+{
+    zt__run_fill_info(run, out);
+}
+
+/* Reports a run's position; see core.h. */
+int zt_server_core_run_info(zt_server_core *core, const char *run_id, zt_server_run_info *info, zt_err *err)
+{
+    return copy_from_run(core, run_id, copy_info, info, err);
+}
+
+/* Finds run_id and checks that it has block `block`. Returns 0 with a reference on *run that the caller
+ * drops with zt__run_release, or a negative code holding none. */
+static int get_run_block(zt_server_core *core, const char *run_id, int block, zt__run **run, zt_err *err)
+{
+    int rc = zt__run_get(core, run_id, run, err);
+    if (rc < 0)
+        return rc;
+    if (block < 0 || block >= (*run)->nblocks) {
+        rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s has blocks 0 to %d, not %d", run_id, (*run)->nblocks - 1,
+                     block);
+        zt__run_release(core, *run);
+    }
+    return rc;
 }
 
 /* Reports a block's sizes; see core.h. */
@@ -659,19 +687,15 @@ int zt_server_core_block_numel(zt_server_core *core, const char *run_id, int blo
                                uint64_t *shard_numel, zt_err *err)
 {
     zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
+    int rc = get_run_block(core, run_id, block, &run, err);
     if (rc < 0)
         return rc;
-    if (block < 0 || block >= run->nblocks) {
-        rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s has blocks 0 to %d, not %d", run_id, run->nblocks - 1, block);
-    } else {
-        if (numel)
-            *numel = run->numel[block];
-        if (shard_numel)
-            *shard_numel = zt_server_shard_numel(run->numel[block], run->world_size);
-    }
+    if (numel)
+        *numel = run->numel[block];
+    if (shard_numel)
+        *shard_numel = zt_server_shard_numel(run->numel[block], run->world_size);
     zt__run_release(core, run);
-    return rc;
+    return 0;
 }
 
 /* Removes a run; see core.h. */
@@ -793,19 +817,31 @@ static int chunk_pair(zt_server_core *core, zt__run *run, const zt_server_chunk 
     return 0;
 }
 
+/* Finds run_id and the shard pair that chunk c addresses in it (see chunk_pair). Returns 0 with a
+ * reference on *run that the caller drops with zt__run_release, or a negative code holding none. */
+static int get_chunk_pair(zt_server_core *core, const char *run_id, const zt_server_chunk *c, zt__run **run,
+                          zt__pair **p, zt_err *err)
+{
+    int rc = zt__run_get(core, run_id, run, err);
+    if (rc < 0)
+        return rc;
+    rc = chunk_pair(core, *run, c, p, err);
+    if (rc < 0)
+        zt__run_release(core, *run);
+    return rc;
+}
+
 /* Stores initial parameters; see core.h. */
 int zt_server_core_push_params(zt_server_core *core, const char *run_id, const zt_server_chunk *c, zt_err *err)
 {
     zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
+    zt__pair *p;
+    int rc = get_chunk_pair(core, run_id, c, &run, &p, err);
     if (rc < 0)
         return rc;
-    zt__pair *p;
-    rc = chunk_pair(core, run, c, &p, err);
-    if (rc == 0 && c->dtype != ZT_DTYPE_F32)
+    if (c->dtype != ZT_DTYPE_F32) {
         rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s: initial parameters are sent as F32, not %s", run_id,
                      zt_dtype_name(c->dtype));
-    if (rc < 0) {
         zt__run_release(core, run);
         return rc;
     }
@@ -876,15 +912,13 @@ int zt_server_core_push_grad(zt_server_core *core, const char *run_id, int64_t s
                              zt_err *err)
 {
     zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
+    zt__pair *p;
+    int rc = get_chunk_pair(core, run_id, c, &run, &p, err);
     if (rc < 0)
         return rc;
-    zt__pair *p;
-    rc = chunk_pair(core, run, c, &p, err);
-    if (rc == 0 && !lowp_dtype_ok(c->dtype))
+    if (!lowp_dtype_ok(c->dtype)) {
         rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s: gradients are F32, F16 or BF16, not dtype %d", run_id,
                      (int)c->dtype);
-    if (rc < 0) {
         zt__run_release(core, run);
         return rc;
     }
@@ -1240,17 +1274,13 @@ int zt_server_core_wait_block(zt_server_core *core, const char *run_id, int64_t 
                               zt_err *err)
 {
     zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
+    int rc = get_run_block(core, run_id, block, &run, err);
     if (rc < 0)
         return rc;
-    if (block < 0 || block >= run->nblocks) {
-        rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s has blocks 0 to %d, not %d", run_id, run->nblocks - 1, block);
-    } else {
-        int slot;
-        pthread_mutex_lock(&run->mu);
-        rc = wait_ready(run, step, block, timeout_ms, &slot, err);
-        pthread_mutex_unlock(&run->mu);
-    }
+    int slot;
+    pthread_mutex_lock(&run->mu);
+    rc = wait_ready(run, step, block, timeout_ms, &slot, err);
+    pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
     return rc;
 }
@@ -1260,26 +1290,23 @@ int zt_server_core_pull(zt_server_core *core, const char *run_id, int64_t step, 
                         uint64_t offset, uint64_t n, void *out, int timeout_ms, zt_err *err)
 {
     zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
+    zt__pair *p;
+    zt_server_chunk c = {.block = block, .shard = shard, .offset = offset, .n = n, .data = out};
+    int rc = get_chunk_pair(core, run_id, &c, &run, &p, err);
     if (rc < 0)
         return rc;
-    zt_server_chunk c = {.block = block, .shard = shard, .offset = offset, .n = n, .data = out};
-    zt__pair *p;
-    rc = chunk_pair(core, run, &c, &p, err);
+    int slot;
+    pthread_mutex_lock(&run->mu);
+    rc = wait_ready(run, step, block, timeout_ms, &slot, err);
     if (rc == 0) {
-        int slot;
-        pthread_mutex_lock(&run->mu);
-        rc = wait_ready(run, step, block, timeout_ms, &slot, err);
-        if (rc == 0) {
-            /* Copy under the lock: no commit can flip slots, and the one in progress writes the other slot
-             * or only blocks not yet marked ready. */
-            size_t es = zt_dtype_size(run->param_dtype);
-            if (n > 0)
-                memcpy(out, (const char *)p->lowp[slot] + offset * es, (size_t)n * es);
-            run->stats.bytes_pulled += n * es;
-        }
-        pthread_mutex_unlock(&run->mu);
+        /* Copy under the lock: no commit can flip slots, and the one in progress writes the other slot
+         * or only blocks not yet marked ready. */
+        size_t es = zt_dtype_size(run->param_dtype);
+        if (n > 0)
+            memcpy(out, (const char *)p->lowp[slot] + offset * es, (size_t)n * es);
+        run->stats.bytes_pulled += n * es;
     }
+    pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
     return rc;
 }
@@ -1289,17 +1316,14 @@ int zt_server_core_read_state(zt_server_core *core, const char *run_id, int bloc
                               enum zt_server_state_tensor which, float *out, int64_t *step, zt_err *err)
 {
     zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
+    zt__pair *p;
+    zt_server_chunk c = {.block = block, .shard = shard};
+    int rc = get_chunk_pair(core, run_id, &c, &run, &p, err);
     if (rc < 0)
         return rc;
-    zt_server_chunk c = {.block = block, .shard = shard};
-    zt__pair *p;
-    rc = chunk_pair(core, run, &c, &p, err);
-    if (rc == 0 && (which < ZT_SERVER_MASTER || which > ZT_SERVER_ADAM_V))
-        rc = zt_fail(err, ZT_EINVAL_CONFIG, "unknown state tensor %d", (int)which);
-    if (rc < 0) {
+    if (which < ZT_SERVER_MASTER || which > ZT_SERVER_ADAM_V) {
         zt__run_release(core, run);
-        return rc;
+        return zt_fail(err, ZT_EINVAL_CONFIG, "unknown state tensor %d", (int)which);
     }
     pthread_mutex_lock(&run->mu);
     zt__run_acquire(run, ZT__EXCLUSIVE);
@@ -1335,18 +1359,15 @@ static void run_stats_locked(const zt__run *run, zt_server_run_stats *out)
     out->adam_step = run->adam_step;
 }
 
+static void copy_stats(const zt__run *run, void *out)
+{
+    run_stats_locked(run, out);
+}
+
 /* Copies one run's counters; see core.h. */
 int zt_server_core_stats(zt_server_core *core, const char *run_id, zt_server_run_stats *out, zt_err *err)
 {
-    zt__run *run;
-    int rc = zt__run_get(core, run_id, &run, err);
-    if (rc < 0)
-        return rc;
-    pthread_mutex_lock(&run->mu);
-    run_stats_locked(run, out);
-    pthread_mutex_unlock(&run->mu);
-    zt__run_release(core, run);
-    return 0;
+    return copy_from_run(core, run_id, copy_stats, out, err);
 }
 
 /* Copies every run's counters; see core.h. */
