@@ -1,7 +1,9 @@
-/* Whole-file reads, atomic writes (temp file, fsync, rename, fsync of the directory), mkdir -p and a
- * writability probe, each failing with a message that names the path and the reason. */
+/* Whole-file reads, atomic writes (temp file, fsync, rename, fsync of the directory), mkdir -p, a
+ * writability probe, whole-file checksums and removal of flat directories, each failing with a message
+ * that names the path and the reason. */
 #include "common/fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -10,6 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/crc32c.h"
 
 /* Reads all of path into a NUL-terminated malloc'd buffer; see fileio.h. */
 int zt_read_file(const char *path, char **out, size_t *len, zt_err *err)
@@ -220,4 +224,53 @@ int zt_check_writable_dir(const char *dir, zt_err *err)
     close(fd);
     unlink(probe);
     return 0;
+}
+
+/* Size and CRC-32C of a whole file; see fileio.h. */
+int zt_checksum_file(const char *path, uint64_t *bytes, uint32_t *crc, zt_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zt_fail(err, -errno, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = (size_t)1 << 20;
+    char *buf = zt_xmalloc(cap);
+    uint32_t c = 0;
+    uint64_t total = 0;
+    int rc = 0;
+    for (;;) {
+        ssize_t k = read(fd, buf, cap);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = zt_fail(err, -errno, "cannot read %s: %s", path, strerror(errno));
+            break;
+        }
+        if (k == 0)
+            break;
+        c = zt_crc32c(c, buf, (size_t)k);
+        total += (uint64_t)k;
+    }
+    free(buf);
+    close(fd);
+    *bytes = total;
+    *crc = c;
+    return rc;
+}
+
+/* Removes a directory of plain files; see fileio.h. */
+void zt_remove_flat_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < (int)sizeof(path))
+            unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
 }

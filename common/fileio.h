@@ -1,8 +1,10 @@
-/* Small file helpers with the error messages users need: whole-file reads and atomic writes. */
+/* Small file helpers with the error messages users need: whole-file reads, atomic writes, checksums of
+ * whole files and removal of flat directories. */
 #ifndef ZT_COMMON_FILEIO_H
 #define ZT_COMMON_FILEIO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/status.h"
 
@@ -30,5 +32,14 @@ int zt_mkdir_p(const char *path, zt_err *err);
 /* Checks that dir exists (or can be created) and that a file can be created in it, so that a long run
  * fails at start rather than at its first checkpoint. Returns 0 or a negative errno with a message. */
 int zt_check_writable_dir(const char *dir, zt_err *err);
+
+/* Reads all of path and sets *bytes to its size and *crc to its CRC-32C (common/crc32c.h), as written in
+ * the manifests of checkpoints and snapshots. Returns 0, or a negative errno with a message naming the
+ * file (then *bytes and *crc cover what was read before the error). */
+int zt_checksum_file(const char *path, uint64_t *bytes, uint32_t *crc, zt_err *err);
+
+/* Removes a directory that holds only plain files (a checkpoint, a snapshot or its .tmp), files first.
+ * A missing directory is fine; other errors are ignored, as this only cleans up. */
+void zt_remove_flat_dir(const char *dir);
 
 #endif
