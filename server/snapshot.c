@@ -14,7 +14,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/crc32c.h"
 #include "common/fileio.h"
 #include "common/json.h"
 #include "common/log.h"
@@ -45,55 +44,6 @@ static int fsync_path(const char *path, zt_err *err)
     if (rc < 0)
         return zt_fail(err, rc, "cannot sync directory %s: %s", path, strerror(-rc));
     return 0;
-}
-
-/* Removes a directory of plain files (a snapshot or its .tmp). Missing is fine. */
-static void remove_flat_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[SNAP_MAX_PATH];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < (int)sizeof(path))
-            unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-/* Size and CRC-32C of a whole file. */
-static int file_crc(const char *path, uint64_t *bytes, uint32_t *crc, zt_err *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return zt_fail(err, -errno, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = (size_t)1 << 20;
-    char *buf = zt_xmalloc(cap);
-    uint32_t c = 0;
-    uint64_t total = 0;
-    int rc = 0;
-    for (;;) {
-        ssize_t k = read(fd, buf, cap);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            rc = zt_fail(err, -errno, "cannot read %s: %s", path, strerror(errno));
-            break;
-        }
-        if (k == 0)
-            break;
-        c = zt_crc32c(c, buf, (size_t)k);
-        total += (uint64_t)k;
-    }
-    free(buf);
-    close(fd);
-    *bytes = total;
-    *crc = c;
-    return rc;
 }
 
 static cJSON *json_int(int64_t v)
@@ -132,7 +82,7 @@ static int write_dir(zt_server_core *core, zt__run *run, int slot, int64_t step,
     struct stat st;
     if (stat(dir, &st) == 0)
         return zt_fail(err, -EEXIST, "snapshot directory %s exists already: pick a new one or remove it", dir);
-    remove_flat_dir(tmp); /* a leftover of an interrupted save */
+    zt_remove_flat_dir(tmp); /* a leftover of an interrupted save */
     if (mkdir(tmp, 0755) < 0)
         return zt_fail(err, -errno, "cannot create snapshot directory %s: %s", tmp, strerror(errno));
 
@@ -185,7 +135,7 @@ static int write_dir(zt_server_core *core, zt__run *run, int slot, int64_t step,
         uint64_t bytes = 0;
         uint32_t crc = 0;
         if (rc == 0)
-            rc = file_crc(path, &bytes, &crc, err);
+            rc = zt_checksum_file(path, &bytes, &crc, err);
         if (rc == 0) {
             char hex[16];
             snprintf(hex, sizeof(hex), "%08" PRIx32, crc);
@@ -255,7 +205,7 @@ static int write_dir(zt_server_core *core, zt__run *run, int slot, int64_t step,
         rc = fsync_path(parent, err);
     }
     if (rc < 0)
-        remove_flat_dir(tmp);
+        zt_remove_flat_dir(tmp);
     return rc;
 }
 
@@ -345,7 +295,7 @@ static void prune(const char *dir, int keep)
     char path[SNAP_MAX_PATH];
     for (int i = 0; i < n; i++) {
         if (i < n - keep && snprintf(path, sizeof(path), "%s/%s", dir, names[i]) < (int)sizeof(path))
-            remove_flat_dir(path);
+            zt_remove_flat_dir(path);
         free(names[i]);
     }
     free(names);
@@ -573,7 +523,7 @@ static int read_manifest(const char *dir, manifest *m, zt_err *err)
             return rc;
         uint64_t bytes;
         uint32_t crc;
-        rc = file_crc(fpath, &bytes, &crc, err);
+        rc = zt_checksum_file(fpath, &bytes, &crc, err);
         if (rc < 0)
             return rc;
         if (bytes != (uint64_t)want)
