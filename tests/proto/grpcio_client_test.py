@@ -32,16 +32,9 @@ TIMEOUT = 10.0  # deadline of every call, seconds
 SVC = "/ztrain.v1.StateService/"
 TOKEN = "s3cret-token"
 
-failures = []
-
-
-def check(cond, what):
-    """Records a failed expectation (the test goes on, so one run shows every problem)."""
-    if cond:
-        print("ok   " + what)
-    else:
-        print("FAIL " + what)
-        failures.append(what)
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from zt_testlib import check, failures  # noqa: E402,F401  (re-exported: other scripts use g.check, g.failures)
+import zt_testlib as t  # noqa: E402
 
 
 # ---- stubs generated from the repository's .proto files ----
@@ -464,8 +457,7 @@ def main():
         return 2
     binary = os.path.abspath(sys.argv[1])
     # A hard bound on the whole test: the servers are ended in finally blocks when it fires.
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the test ran past 120 s")))
-    signal.alarm(120)
+    t.set_deadline(120)
     workdir = tempfile.mkdtemp(prefix="zt-grpcio-")
     try:
         generate_stubs(os.path.join(workdir, "stubs"))
@@ -475,15 +467,9 @@ def main():
         run_plain(binary, workdir, mods)
         run_tls(binary, workdir, mods)
     finally:
-        signal.alarm(0)
+        t.cancel_deadline()
         shutil.rmtree(workdir, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed:" % len(failures))
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("all checks passed")
-    return 0
+    return t.summary()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ usage: server_process_test.py PATH/TO/ztrain-server
 """
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto"))
 import grpcio_client_test as g  # noqa: E402  (stubs, the Server wrapper, the numpy model)
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402  (time limit, summary)
 
 check = g.check
 md = g.md
@@ -156,8 +157,7 @@ def main():
         print(__doc__)
         return 2
     binary = os.path.abspath(sys.argv[1])
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the test ran past 120 s")))
-    signal.alarm(120)
+    t.set_deadline(120)
     workdir = tempfile.mkdtemp(prefix="zt-server-proc-", dir=os.environ.get("ZT_TEST_TMPDIR"))
     try:
         g.generate_stubs(os.path.join(workdir, "stubs"))
@@ -168,15 +168,9 @@ def main():
         run_port_in_use(binary, workdir)
         run_nvme_snapshot_restart(binary, workdir, mods)
     finally:
-        signal.alarm(0)
+        t.cancel_deadline()
         shutil.rmtree(workdir, ignore_errors=True)
-    if g.failures:
-        print("%d check(s) failed:" % len(g.failures))
-        for f in g.failures:
-            print("  " + f)
-        return 1
-    print("all checks passed")
-    return 0
+    return t.summary()
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ usage: state_client_test.py PATH/TO/ztrain-server PATH/TO/state_rank
 """
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +21,8 @@ import threading
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto"))
 import grpcio_client_test as g  # noqa: E402  (the Server wrapper and check())
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402  (free port, time limit, summary)
 
 check = g.check
 STEPS = 5
@@ -106,19 +106,12 @@ def read_dump(prefix):
     return out
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
     server_bin, rank_bin = (os.path.abspath(a) for a in sys.argv[1:])
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the test ran past 120 s")))
-    signal.alarm(120)
+    t.set_deadline(120)
     work = tempfile.mkdtemp(prefix="zt-state-client-")
     procs = []  # everything to end in finally
 
@@ -171,7 +164,7 @@ def main():
         check(read_dump(os.path.join(work, "two")) == ref, "2 servers, 2 rank processes: bit-identical to embedded")
 
         # 4. faults: one server with snapshots on a fixed port, so a restarted server has the same address
-        port = free_port()
+        port = t.free_port()
         flags = ["--listen", "127.0.0.1:%d" % port, "--snapshot-dir", os.path.join(work, "snap")]
         srv = server("fault1", flags)
         target = "127.0.0.1:%d" % port
@@ -218,7 +211,7 @@ def main():
             r.stop()
         check(srv.stop() == 0, "the last server exits 0 on SIGTERM")
     finally:
-        signal.alarm(0)
+        t.cancel_deadline()
         for p in procs:
             try:
                 p.stop()
@@ -226,13 +219,7 @@ def main():
                 if hasattr(p, "proc") and p.proc.poll() is None:
                     p.proc.kill()
         shutil.rmtree(work, ignore_errors=True)
-    if g.failures:
-        print("%d check(s) failed:" % len(g.failures))
-        for f in g.failures:
-            print("  " + f)
-        return 1
-    print("all checks passed")
-    return 0
+    return t.summary()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""Helpers shared by ztrain's Python test scripts: recorded checks, a free local port, a hard time limit
+for a whole test, and the summary that ends every script.
+
+A script imports it after putting this folder on sys.path, relative to the script itself:
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+    import zt_testlib as t
+"""
+
+import signal
+import socket
+
+failures = []  # the descriptions of every failed check, in order
+
+
+def check(cond, what):
+    """Records a failed expectation (the test goes on, so one run shows every problem)."""
+    if cond:
+        print("ok   " + what)
+    else:
+        print("FAIL " + what)
+        failures.append(what)
+
+
+def free_port():
+    """Returns a TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def set_deadline(seconds):
+    """Raises TimeoutError in the main thread after `seconds`, so that the finally blocks that end the
+    servers still run when a test hangs; cancel it with cancel_deadline()."""
+    message = "the test ran past %d s" % seconds
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError(message)))
+    signal.alarm(seconds)
+
+
+def cancel_deadline():
+    """Cancels the time limit set by set_deadline."""
+    signal.alarm(0)
+
+
+def summary():
+    """Prints the failed checks, or that all passed, and returns the script's exit code (1 or 0)."""
+    if failures:
+        print("%d check(s) failed:" % len(failures))
+        for f in failures:
+            print("  " + f)
+        return 1
+    print("all checks passed")
+    return 0
