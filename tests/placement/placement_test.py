@@ -22,8 +22,6 @@ usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain
 import json
 import os
 import shutil
-import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -33,6 +31,8 @@ import threading
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto"))
 import grpcio_client_test as g  # noqa: E402  (the Server wrapper and check())
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402  (free port, time limit, summary)
 
 STEPS = 8
 
@@ -40,12 +40,6 @@ STEPS = 8
 def check(cond, what, log=""):
     """g.check, with the tail of a process's output added when the expectation failed."""
     g.check(cond, what if cond or not log else what + "\n" + log[-3000:])
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_shard(path, tokens):
@@ -124,8 +118,7 @@ def main():
         print(__doc__)
         return 2
     server_bin, ztrain = (os.path.abspath(a) for a in sys.argv[1:])
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the test ran past 240 s")))
-    signal.alarm(240)
+    t.set_deadline(240)
     work = tempfile.mkdtemp(prefix="zt-placement-")
     procs = []  # everything to end in finally
 
@@ -153,7 +146,7 @@ def main():
     def train(out, servers=None, nproc=1, extra=(), env=None):
         argv = [ztrain]
         if nproc > 1:
-            argv += ["launch", "--nproc", str(nproc), "--master-port", str(free_port())]
+            argv += ["launch", "--nproc", str(nproc), "--master-port", str(t.free_port())]
         argv += ["train"] + common + ["--out", os.path.join(work, out)] + list(extra)
         if servers:
             argv += ["--servers", servers]
@@ -200,7 +193,7 @@ def main():
 
         # 5. kill -9 between steps: a server on a fixed port with snapshots, so a restarted one has the
         # same address
-        port = free_port()
+        port = t.free_port()
         flags = ["--listen", "127.0.0.1:%d" % port, "--snapshot-dir", os.path.join(work, "snap")]
         target = "127.0.0.1:%d" % port
         fifo = os.path.join(work, "pause")
@@ -248,7 +241,7 @@ def main():
         same_curves(ref_dir, os.path.join(work, "midpush"), "kill -9 mid-push")
         check(srv.stop() == 0, "server 'fault4' exits 0 on SIGTERM")
     finally:
-        signal.alarm(0)
+        t.cancel_deadline()
         for p in procs:
             try:
                 p.stop()
@@ -259,13 +252,7 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
         else:
             print("kept " + work)
-    if g.failures:
-        print("%d check(s) failed:" % len(g.failures))
-        for f in g.failures:
-            print("  " + f)
-        return 1
-    print("all checks passed")
-    return 0
+    return t.summary()
 
 
 if __name__ == "__main__":
