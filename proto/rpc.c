@@ -1034,6 +1034,9 @@ struct zt_rpc_stream {
     int status_done; /* the status op completed (plucked) */
     char *buf;
     size_t cap;
+    grpc_byte_buffer *held;   /* the message zt_rpc_stream_recv_parts() handed out, or NULL */
+    struct zt_rpc_part *parts; /* its pieces */
+    size_t parts_cap;
 };
 
 int zt_rpc_channel_create(const struct zt_rpc_channel_options *opt, zt_rpc_channel_t **out, zt_err *err)
@@ -1232,6 +1235,10 @@ int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len)
 {
     *data = NULL;
     *len = 0;
+    if (s->held != NULL) { /* the pieces of the previous zt_rpc_stream_recv_parts() expire here */
+        grpc_byte_buffer_destroy(s->held);
+        s->held = NULL;
+    }
     if (s->recv_done)
         return 0;
     grpc_byte_buffer *bb = NULL;
@@ -1294,6 +1301,7 @@ int zt_rpc_stream_finish(zt_rpc_stream_t *s, struct zt_rpc_status *st)
     grpc_call_unref(s->call);
     drain_and_destroy_queue(s->cq);
     free(s->buf);
+    free(s->parts);
     free(s);
     return code;
 }
@@ -1366,4 +1374,104 @@ int zt_rpc_health_check(zt_rpc_channel_t *ch, const char *service, double timeou
     *health = (int)r->status;
     grpc__health__v1__health_check_response__free_unpacked(r, NULL);
     return ZT_RPC_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Client: bulk messages without copies                                                             */
+
+/* Sends bb as the stream's next request and destroys it; as zt_rpc_stream_send(). */
+static int stream_send_buffer(zt_rpc_stream_t *s, grpc_byte_buffer *bb)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    int ok = 0;
+    if (grpc_call_start_batch(s->call, &op, 1, &tag_write, NULL) == GRPC_CALL_OK)
+        ok = wait_send(s);
+    grpc_byte_buffer_destroy(bb);
+    if (!ok) {
+        s->broken = 1;
+        return -EPIPE;
+    }
+    return 0;
+}
+
+int zt_rpc_stream_send_owned(zt_rpc_stream_t *s, void *data, size_t len)
+{
+    if (s->broken || s->send_closed) {
+        free(data);
+        return -EPIPE;
+    }
+    /* The slice frees data when gRPC drops its last reference, which may be after this returns: the
+     * transport can still hold the bytes for the socket when the send op completes. */
+    grpc_slice slice = grpc_slice_new(data, len, free);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    return stream_send_buffer(s, bb);
+}
+
+int zt_rpc_stream_recv_parts(zt_rpc_stream_t *s, const struct zt_rpc_part **parts, size_t *nparts, size_t *len)
+{
+    *parts = NULL;
+    *nparts = 0;
+    *len = 0;
+    if (s->held != NULL) {
+        grpc_byte_buffer_destroy(s->held);
+        s->held = NULL;
+    }
+    if (s->recv_done)
+        return 0;
+    grpc_byte_buffer *bb = NULL;
+    grpc_op ops[2];
+    int n = 0;
+    memset(ops, 0, sizeof(ops));
+    if (!s->got_initial) {
+        ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[n++].data.recv_initial_metadata.recv_initial_metadata = &s->initial_md;
+        s->got_initial = 1;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &bb;
+    int ok = 0;
+    if (grpc_call_start_batch(s->call, ops, (size_t)n, &tag_read, NULL) == GRPC_CALL_OK)
+        ok = wait_op(s->cq, s->call, &tag_read, stream_wait_deadline(s), NULL);
+    if (bb == NULL) {
+        s->recv_done = 1;
+        if (!ok)
+            s->broken = 1;
+        return ok ? 0 : -EPIPE;
+    }
+    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) {
+        /* Not plain slices (a compressed message): one flattened piece. */
+        size_t got = flatten(bb, &s->buf, &s->cap);
+        grpc_byte_buffer_destroy(bb);
+        if (s->parts_cap < 1) {
+            s->parts = zt_xmalloc(sizeof(*s->parts));
+            s->parts_cap = 1;
+        }
+        s->parts[0].data = s->buf;
+        s->parts[0].len = got;
+        *parts = s->parts;
+        *nparts = 1;
+        *len = got;
+        return 1;
+    }
+    const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+    if (sb->count > s->parts_cap) {
+        free(s->parts);
+        s->parts_cap = sb->count;
+        s->parts = zt_xmalloc(s->parts_cap * sizeof(*s->parts));
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < sb->count; i++) {
+        s->parts[i].data = GRPC_SLICE_START_PTR(sb->slices[i]);
+        s->parts[i].len = GRPC_SLICE_LENGTH(sb->slices[i]);
+        total += s->parts[i].len;
+    }
+    s->held = bb; /* keeps the slices alive until the next receive or finish */
+    *parts = s->parts;
+    *nparts = sb->count;
+    *len = total;
+    return 1;
 }

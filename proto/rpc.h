@@ -225,6 +225,18 @@ int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len);
  * in st (may be NULL). Unread responses are dropped. Accepts NULL (returns ZT_RPC_INTERNAL). */
 int zt_rpc_stream_finish(zt_rpc_stream_t *s, struct zt_rpc_status *st);
 
+/* Sends one request message like zt_rpc_stream_send(), but without copying: takes ownership of data
+ * (allocated with malloc), which is freed with free() once gRPC no longer needs it, also when the send
+ * fails. Returns 0 or a negative code as zt_rpc_stream_send(). For bulk messages (chunks of 1 MiB) that the
+ * caller builds in a buffer of their own. */
+int zt_rpc_stream_send_owned(zt_rpc_stream_t *s, void *data, size_t len);
+
+/* Receives the next response message like zt_rpc_stream_recv(), but without copying it into one buffer:
+ * *parts and *nparts give the pieces the message arrived in, in order, and *len their total. The pieces
+ * are owned by the stream and stay valid until the next receive of either kind or zt_rpc_stream_finish().
+ * Returns 1, 0 or a negative code exactly as zt_rpc_stream_recv(). */
+int zt_rpc_stream_recv_parts(zt_rpc_stream_t *s, const struct zt_rpc_part **parts, size_t *nparts, size_t *len);
+
 /* ------------------------------------------------------------------------------------------------ */
 /* Health client                                                                                    */
 

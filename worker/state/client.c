@@ -341,6 +341,44 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
 
 /* ---- pushes ---- */
 
+/* Appends a protobuf varint; returns the bytes written (at most 10). */
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/* Largest encoded PushMessage before a chunk's data: the chunk field's tag and length, the offset's tag
+ * and value, the data field's tag and length. */
+#define PUSH_CHUNK_HEAD_MAX (1 + 10 + 1 + 10 + 1 + 10)
+
+/* Writes the bytes of a PushMessage holding a PushChunk that precede the chunk's data (PushMessage.chunk
+ * = 2; PushChunk.offset = 1, PushChunk.data = 2), as protobuf-c would pack them (proto3: a zero offset
+ * and empty data are left out), so that the data can be placed right after. Returns the header's length. */
+static size_t put_push_chunk_head(uint8_t *p, uint64_t offset, size_t len)
+{
+    uint8_t inner[1 + 10 + 1 + 10];
+    size_t n = 0;
+    if (offset != 0) {
+        inner[n++] = 1 << 3;
+        n += put_varint(inner + n, offset);
+    }
+    if (len != 0) {
+        inner[n++] = 2 << 3 | 2;
+        n += put_varint(inner + n, len);
+    }
+    size_t h = 0;
+    p[h++] = 2 << 3 | 2;
+    h += put_varint(p + h, n + len);
+    memcpy(p + h, inner, n);
+    return h + n;
+}
+
 /* One attempt at a whole push stream. Returns the gRPC code with st filled. */
 static int push_once(zt_state_client_t *c, int server, const char *method, const char *run, int64_t step, int block,
                      int shard, Ztrain__V1__DType dtype, const uint8_t *data, uint64_t bytes,
@@ -367,21 +405,17 @@ static int push_once(zt_state_client_t *c, int server, const char *method, const
     void *buf = pack(&m.base, &len);
     int ok = zt_rpc_stream_send(s, buf, len) == 0;
     free(buf);
-    uint8_t *cbuf = zt_xmalloc(c->chunk_bytes + 64);
     for (uint64_t at = 0; ok && at < bytes; at += c->chunk_bytes) {
-        Ztrain__V1__PushChunk ch = ZTRAIN__V1__PUSH_CHUNK__INIT;
-        ch.offset = at;
-        ch.data.data = (uint8_t *)data + at;
-        ch.data.len = (size_t)(bytes - at < c->chunk_bytes ? bytes - at : c->chunk_bytes);
-        Ztrain__V1__PushMessage cm = ZTRAIN__V1__PUSH_MESSAGE__INIT;
-        cm.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_CHUNK;
-        cm.chunk = &ch;
-        len = protobuf_c_message_pack(&cm.base, cbuf);
-        ok = zt_rpc_stream_send(s, cbuf, len) == 0;
+        size_t n = (size_t)(bytes - at < c->chunk_bytes ? bytes - at : c->chunk_bytes);
+        /* The chunk's data is copied once, right behind its header, into a buffer that gRPC sends and
+         * frees (no protobuf-c pack, no copy into a slice). */
+        uint8_t *msg = zt_xmalloc(PUSH_CHUNK_HEAD_MAX + n);
+        size_t hlen = put_push_chunk_head(msg, at, n);
+        memcpy(msg + hlen, data + at, n);
+        ok = zt_rpc_stream_send_owned(s, msg, hlen + n) == 0;
         if (ok && c->hook != NULL)
-            c->hook(c->hook_user, block, shard, at + ch.data.len);
+            c->hook(c->hook_user, block, shard, at + n);
     }
-    free(cbuf);
     if (ok)
         zt_rpc_stream_close_send(s);
     const void *r;
@@ -466,6 +500,129 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
 
 /* ---- pull ---- */
 
+/* A read position in a message that arrived in pieces (zt_rpc_stream_recv_parts), so that a 1 MiB
+ * ParamChunk is parsed where it lies and its data copied once, straight into the caller's array. */
+struct cursor {
+    const struct zt_rpc_part *parts;
+    size_t i;    /* current piece */
+    size_t off;  /* byte of the current piece */
+    size_t left; /* bytes of the message after the position */
+};
+
+static int cursor_byte(struct cursor *c, uint8_t *b)
+{
+    if (c->left == 0)
+        return -1;
+    while (c->off == c->parts[c->i].len) {
+        c->i++;
+        c->off = 0;
+    }
+    *b = ((const uint8_t *)c->parts[c->i].data)[c->off++];
+    c->left--;
+    return 0;
+}
+
+static int cursor_skip(struct cursor *c, uint64_t n)
+{
+    if (n > c->left)
+        return -1;
+    c->left -= (size_t)n;
+    while (n > 0) {
+        size_t here = c->parts[c->i].len - c->off;
+        size_t step = n < here ? (size_t)n : here;
+        c->off += step;
+        n -= step;
+        if (n > 0) {
+            c->i++;
+            c->off = 0;
+        }
+    }
+    return 0;
+}
+
+static int cursor_varint(struct cursor *c, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        uint8_t b;
+        if (cursor_byte(c, &b) != 0)
+            return -1;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 0;
+    }
+    return -1;
+}
+
+/* Copies the cursor's remaining bytes (c.left of them) to out. */
+static void cursor_copy(struct cursor c, uint8_t *out)
+{
+    while (c.left > 0) {
+        size_t here = c.parts[c.i].len - c.off;
+        size_t step = c.left < here ? c.left : here;
+        memcpy(out, (const uint8_t *)c.parts[c.i].data + c.off, step);
+        out += step;
+        c.left -= step;
+        c.i++;
+        c.off = 0;
+    }
+}
+
+/* A ParamChunk parsed by hand (state.proto: block = 1, shard = 2, offset = 3, dtype = 4, data = 5; unknown
+ * fields are skipped, fields may come in any order). */
+struct param_view {
+    int32_t block;
+    int32_t shard;
+    uint64_t offset;
+    int dtype;          /* Ztrain__V1__DType */
+    struct cursor data; /* positioned at the first data byte; data.left = its length (0 when absent) */
+};
+
+/* Returns 0 with *v filled, or -1 when the bytes are not a valid ParamChunk. */
+static int parse_param_chunk(const struct zt_rpc_part *parts, size_t len, struct param_view *v)
+{
+    memset(v, 0, sizeof(*v));
+    struct cursor c = {.parts = parts, .left = len};
+    v->data = c;
+    v->data.left = 0;
+    while (c.left > 0) {
+        uint64_t key, x;
+        if (cursor_varint(&c, &key) != 0)
+            return -1;
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        if (field >= 1 && field <= 4 && wt == 0) {
+            if (cursor_varint(&c, &x) != 0)
+                return -1;
+            if (field == 1)
+                v->block = (int32_t)(uint32_t)x; /* int32: protobuf keeps the low 32 bits */
+            else if (field == 2)
+                v->shard = (int32_t)(uint32_t)x;
+            else if (field == 3)
+                v->offset = x;
+            else
+                v->dtype = (int)(int32_t)(uint32_t)x;
+        } else if (field == 5 && wt == 2) {
+            if (cursor_varint(&c, &x) != 0 || x > c.left)
+                return -1;
+            v->data = c;
+            v->data.left = (size_t)x;
+            if (cursor_skip(&c, x) != 0)
+                return -1;
+        } else if (field == 0 || field <= 5) {
+            return -1; /* a known field with the wrong wire type */
+        } else {
+            int bad = wt == 0   ? cursor_varint(&c, &x)
+                      : wt == 1 ? cursor_skip(&c, 8)
+                      : wt == 2 ? (cursor_varint(&c, &x) == 0 ? cursor_skip(&c, x) : -1)
+                      : wt == 5 ? cursor_skip(&c, 4)
+                                : -1;
+            if (bad != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t step, int block, int shard,
                      uint64_t offset, uint64_t n, uint8_t *out, struct zt_rpc_status *st)
 {
@@ -494,27 +651,24 @@ static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t 
     uint64_t got = 0;
     const char *bad = NULL;
     while (ok) {
-        const void *data;
-        size_t dlen;
-        if (zt_rpc_stream_recv(s, &data, &dlen) != 1)
+        const struct zt_rpc_part *parts;
+        size_t nparts, dlen;
+        if (zt_rpc_stream_recv_parts(s, &parts, &nparts, &dlen) != 1)
             break;
-        Ztrain__V1__ParamChunk *ch = ztrain__v1__param_chunk__unpack(NULL, dlen, data);
-        enum zt_dtype dt = ch == NULL                                       ? ZT_DTYPE_F32
-                           : ch->dtype == ZTRAIN__V1__DTYPE__DTYPE_F16      ? ZT_DTYPE_F16
-                           : ch->dtype == ZTRAIN__V1__DTYPE__DTYPE_BF16     ? ZT_DTYPE_BF16
-                                                                            : ZT_DTYPE_F32;
+        struct param_view ch;
+        int valid = parse_param_chunk(parts, dlen, &ch) == 0;
+        enum zt_dtype dt = ch.dtype == ZTRAIN__V1__DTYPE__DTYPE_F16    ? ZT_DTYPE_F16
+                           : ch.dtype == ZTRAIN__V1__DTYPE__DTYPE_BF16 ? ZT_DTYPE_BF16
+                                                                       : ZT_DTYPE_F32;
         size_t es = zt_dtype_size(dt);
-        if (ch == NULL || ch->block != block || ch->shard != shard || ch->offset < offset ||
-            ch->data.len % es != 0 || ch->offset - offset + ch->data.len / es > n) {
+        size_t clen = ch.data.left;
+        if (!valid || ch.block != block || ch.shard != shard || ch.offset < offset || clen % es != 0 ||
+            ch.offset - offset > n || clen / es > n - (ch.offset - offset)) {
             bad = "a ParamChunk that is not valid protobuf or lies outside the requested range";
-        } else {
-            memcpy(out + (ch->offset - offset) * es, ch->data.data, ch->data.len);
-            got += ch->data.len / es;
-        }
-        if (ch != NULL)
-            ztrain__v1__param_chunk__free_unpacked(ch, NULL);
-        if (bad != NULL)
             break;
+        }
+        cursor_copy(ch.data, out + (ch.offset - offset) * es);
+        got += clen / es;
     }
     int code = zt_rpc_stream_finish(s, st);
     if (code == ZT_RPC_OK && (bad != NULL || got != n)) {
