@@ -40,52 +40,6 @@ static bool path_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* Computes the size and CRC-32C of a file, reading it in chunks. */
-static int crc_file(const char *path, uint64_t *size, uint32_t *crc, zt_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        return zt_fail(err, -e, "cannot read %s: %s", path, strerror(e));
-    }
-    enum { CHUNK = 1 << 20 };
-    unsigned char *buf = zt_xmalloc(CHUNK);
-    uint32_t c = 0;
-    uint64_t total = 0;
-    size_t n;
-    while ((n = fread(buf, 1, CHUNK, f)) > 0) {
-        c = zt_crc32c(c, buf, n);
-        total += n;
-    }
-    int failed = ferror(f);
-    free(buf);
-    fclose(f);
-    if (failed)
-        return zt_fail(err, ZT_EIO, "cannot read %s: read error", path);
-    *size = total;
-    *crc = c;
-    return 0;
-}
-
-/* Removes a directory holding only files (a checkpoint or its .tmp); errors are ignored, as this only
- * cleans up. */
-static void remove_flat_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[PATH_CAP];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        if (snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < (int)sizeof(path))
-            unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static int fsync_dir(const char *dir, zt_err *err)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -169,7 +123,7 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
         uint32_t crc = 0;
         rc = join(path, sizeof(path), dir, ckpt_files[i], err);
         if (rc == 0)
-            rc = crc_file(path, &size, &crc, err);
+            rc = zt_checksum_file(path, &size, &crc, err);
         if (rc == 0) {
             cJSON *f = cJSON_AddObjectToObject(files, ckpt_files[i]);
             char hex[12];
@@ -204,7 +158,7 @@ int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optim
     snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", final_dir);
     snprintf(old_dir, sizeof(old_dir), "%s.old", final_dir);
 
-    remove_flat_dir(tmp_dir); /* left over by a crash while saving */
+    zt_remove_flat_dir(tmp_dir); /* left over by a crash while saving */
     if (mkdir(tmp_dir, 0755) != 0) {
         int e = errno;
         return zt_fail(err, -e, "cannot create checkpoint directory %s: %s; check that the run directory is "
@@ -234,7 +188,7 @@ int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optim
 
     /* A checkpoint of the same step may exist (a run resumed and stopped again at once): replace it. */
     if (path_exists(final_dir)) {
-        remove_flat_dir(old_dir);
+        zt_remove_flat_dir(old_dir);
         if (rename(final_dir, old_dir) != 0) {
             int e = errno;
             rc = zt_fail(err, -e, "cannot replace %s: %s", final_dir, strerror(e));
@@ -247,7 +201,7 @@ int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optim
         rc = zt_fail(err, -e, "cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(e));
         goto fail;
     }
-    remove_flat_dir(old_dir);
+    zt_remove_flat_dir(old_dir);
     if ((rc = fsync_dir(out_dir, err)) < 0)
         return rc;
 
@@ -262,7 +216,7 @@ int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optim
     return 0;
 
 fail:
-    remove_flat_dir(tmp_dir);
+    zt_remove_flat_dir(tmp_dir);
     return rc;
 }
 
@@ -441,7 +395,7 @@ static int check_file(const char *ckpt_dir, const cJSON *entry, const char *wher
                        ckpt_dir, name);
     uint64_t size = 0;
     uint32_t crc = 0;
-    if ((rc = crc_file(path, &size, &crc, err)) < 0)
+    if ((rc = zt_checksum_file(path, &size, &crc, err)) < 0)
         return rc;
     if (size != (uint64_t)bytes)
         return zt_fail(err, ZT_ECHECKSUM, "checkpoint %s is corrupt: %s is %llu bytes, the manifest says %lld; "
