@@ -4,13 +4,15 @@
 # validation loss; then generates a sample and draws the loss curve.
 #   ZT_DEMO_DIR   where the run goes (default: runs/demo; an earlier demo run there is replaced)
 #   ZT_DEMO_STEPS override the number of training steps
+#   ZT_DEMO_BUILD build folder (default: build-demo, a CPU-only build kept apart from the test build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZT_BUILD_TESTS=OFF -DZT_CUDA=OFF
-cmake --build build -j "$(nproc)" --target ztrain
-zt=./build/worker/ztrain
+build=${ZT_DEMO_BUILD:-build-demo}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DZT_BUILD_TESTS=OFF -DZT_CUDA=OFF
+cmake --build "$build" -j "$(nproc)" --target ztrain
+zt=./$build/worker/ztrain
 
 run=${ZT_DEMO_DIR:-runs/demo}
 rm -rf "$run"
