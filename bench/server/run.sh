@@ -3,6 +3,9 @@
 # and pull (PullParams) of MIB x REPS MiB of fp32 through the worker's client to a ztrain-server on
 # loopback, against a raw loopback TCP copy of the same bytes.
 #
+# The client's CPU seconds per GiB are printed too: they depend less on other processes' load than the
+# throughput does.
+#
 # The raw copy and the gRPC run alternate TRIALS times and the table gives the median of each (other
 # processes on a small machine make single runs noisy); every trial's numbers are printed first.
 #
@@ -31,6 +34,8 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 : >"$TMP/raw"
 : >"$TMP/push"
 : >"$TMP/pull"
+: >"$TMP/push_cpu"
+: >"$TMP/pull_cpu"
 i=0
 while [ "$i" -lt "$TRIALS" ]; do
     # A fresh server per trial, so that every trial registers the same new run.
@@ -47,6 +52,8 @@ while [ "$i" -lt "$TRIALS" ]; do
     field gib_s "$raw" >>"$TMP/raw"
     field push_gib_s "$rpc" >>"$TMP/push"
     field pull_gib_s "$rpc" >>"$TMP/pull"
+    field push_cpu_s_gib "$rpc" >>"$TMP/push_cpu"
+    field pull_cpu_s_gib "$rpc" >>"$TMP/pull_cpu"
     kill "$SERVER_PID"
     wait "$SERVER_PID" || true
     SERVER_PID=
@@ -61,3 +68,4 @@ echo "| --- | --- | --- |"
 echo "| raw TCP copy (1 MiB send/recv, one connection) | $r | 100% |"
 echo "| gRPC PushGradients (1 MiB chunks, ztrain client -> ztrain-server) | $p | $(pct "$p" "$r") |"
 echo "| gRPC PullParams (1 MiB chunks) | $q | $(pct "$q" "$r") |"
+echo "client CPU seconds per GiB (median; the client process, gRPC threads included): push $(median <"$TMP/push_cpu"), pull $(median <"$TMP/pull_cpu")"
