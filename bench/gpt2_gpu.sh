@@ -8,17 +8,17 @@
 # with per-kernel-family CUDA event timings (ZT_GPU_PROFILE), logged into OUT_DIR/ztrain_*.log.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
-OUT="${1:-bench-out}"
+RESULT_DIR="${1:-bench-out}"
 ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
 SKIP_TORCH="${SKIP_TORCH:-0}"
 MODELS="${MODELS:-124m 1558m}"             # which of the two models to run
 TORCH_MODES="${TORCH_MODES:-eager compile}" # which PyTorch baselines to run
-mkdir -p "$OUT"
+mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000
-RES="$OUT/bench.jsonl"
+RES="$RESULT_DIR/bench.jsonl"
 : > "$RES"
 
 tag() { "$PY" -c "import json,sys; d=json.loads(sys.stdin.read()); d['model']='$1'; d['batch']=$2; print(json.dumps(d))"; }
@@ -29,16 +29,16 @@ run_ztrain() {
   rm -rf "$run"
   ZT_GPU_PROFILE=16 "$ZTRAIN" train --model "$model" --train-data "$DATA/rnd_train_000.bin" --device cuda \
     --precision bf16 --steps 20 --batch-size "$batch" --seq-len 1024 --out "$run" --save-every 0 \
-    --log-every 5 > "$OUT/ztrain_$name.log" 2>&1 &
+    --log-every 5 > "$RESULT_DIR/ztrain_$name.log" 2>&1 &
   local pid=$!
   # The final checkpoint of a 1558M model is 18 GiB: stop once the profile is logged instead.
   while kill -0 $pid 2>/dev/null; do
-    if grep -q "profile: total" "$OUT/ztrain_$name.log"; then kill $pid; break; fi
+    if grep -q "profile: total" "$RESULT_DIR/ztrain_$name.log"; then kill $pid; break; fi
     sleep 0.5
   done
   wait $pid 2>/dev/null
   local line
-  line=$("$PY" - "$run/metrics.jsonl" "$OUT/ztrain_$name.log" "$batch" <<'PY'
+  line=$("$PY" - "$run/metrics.jsonl" "$RESULT_DIR/ztrain_$name.log" "$batch" <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 tokens = int(sys.argv[3]) * 1024
@@ -59,8 +59,8 @@ run_torch() {
   local name=$1 mode=$2 label=$3 batch=$4
   shift 4
   timeout "${TORCH_TIMEOUT:-420}" "$PY" "$HERE/torch_gpt2.py" "$@" --batch "$batch" --mode "$mode" --warmup 5 \
-    --steps 10 > "$OUT/torch_${name}_$mode.log" 2>&1
-  grep '^{' "$OUT/torch_${name}_$mode.log" | tail -n 1 | tag "$label" "$batch" | tee -a "$RES"
+    --steps 10 > "$RESULT_DIR/torch_${name}_$mode.log" 2>&1
+  grep '^{' "$RESULT_DIR/torch_${name}_$mode.log" | tail -n 1 | tag "$label" "$batch" | tee -a "$RES"
 }
 
 for model in $MODELS; do
@@ -77,7 +77,7 @@ for model in $MODELS; do
   fi
 done
 
-"$PY" - "$RES" "${PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT/table.md"
+"$PY" - "$RES" "${PEAK_TFLOPS:-989}" <<'PY' | tee "$RESULT_DIR/table.md"
 import json, sys
 peak = float(sys.argv[2])
 shape = {"124M": (12, 768), "1558M": (48, 1600)}
