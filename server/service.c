@@ -11,6 +11,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "proto/wire.h"
 #include "ztrain/v1/state.pb-c.h"
 
 #define SVC "/ztrain.v1.StateService/"
@@ -201,131 +202,62 @@ static int handle_register(zt_rpc_call_t *call, void *user)
 
 /* ---- PushParams and PushGradients ---- */
 
-/* A read position in a message that arrived in pieces (zt_rpc_call_read_parts), so that a 1 MiB chunk is
- * parsed where it lies instead of being copied into one buffer and then again by protobuf-c. */
-struct cursor {
-    const struct zt_rpc_part *parts;
-    size_t nparts;
-    size_t i;    /* current piece */
-    size_t off;  /* byte of the current piece */
-    size_t left; /* bytes of the message after the position */
-};
-
-static int cursor_byte(struct cursor *c, uint8_t *b)
-{
-    if (c->left == 0)
-        return -1;
-    while (c->off == c->parts[c->i].len) {
-        c->i++;
-        c->off = 0;
-    }
-    *b = ((const uint8_t *)c->parts[c->i].data)[c->off++];
-    c->left--;
-    return 0;
-}
-
-static int cursor_skip(struct cursor *c, uint64_t n)
-{
-    if (n > c->left)
-        return -1;
-    c->left -= n;
-    while (n > 0) {
-        size_t here = c->parts[c->i].len - c->off;
-        size_t step = n < here ? (size_t)n : here;
-        c->off += step;
-        n -= step;
-        if (n > 0) {
-            c->i++;
-            c->off = 0;
-        }
-    }
-    return 0;
-}
-
-static int cursor_varint(struct cursor *c, uint64_t *v)
-{
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        uint8_t b;
-        if (cursor_byte(c, &b) != 0)
-            return -1;
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return 0;
-    }
-    return -1;
-}
-
-/* Skips a field's value of wire type wt. */
-static int cursor_skip_value(struct cursor *c, unsigned wt)
-{
-    uint64_t n;
-    switch (wt) {
-    case 0:
-        return cursor_varint(c, &n);
-    case 1:
-        return cursor_skip(c, 8);
-    case 2:
-        return cursor_varint(c, &n) == 0 ? cursor_skip(c, n) : -1;
-    case 5:
-        return cursor_skip(c, 4);
-    default:
-        return -1;
-    }
-}
-
 /* A PushMessage holding a PushChunk, parsed by hand (wire format of state.proto: PushMessage.chunk = 2,
  * PushChunk.offset = 1, PushChunk.data = 2; unknown fields are skipped). */
 struct chunk_view {
     int has_header; /* the message carries a PushHeader (field 1) */
     int has_chunk;
     uint64_t offset;
-    struct cursor data; /* positioned at the first data byte; data.left = its length */
+    struct zt_wire_cursor data; /* positioned at the first data byte; data.left = its length */
 };
 
-/* Returns 0 with *v filled, or -1 when the bytes are not a valid PushMessage. */
+/* A push chunk arrives in pieces (zt_rpc_call_read_parts) and is parsed where it lies, instead of being
+ * copied into one buffer and then again by protobuf-c. Returns 0 with *v filled, or -1 when the bytes are
+ * not a valid PushMessage. */
 static int parse_push_chunk(const struct zt_rpc_part *parts, size_t nparts, size_t len, struct chunk_view *v)
 {
     memset(v, 0, sizeof(*v));
-    struct cursor c = {.parts = parts, .nparts = nparts, .left = len};
+    struct zt_wire_cursor c;
+    if (zt_wire_cursor_init(&c, parts, nparts, len) != 0)
+        return -1;
     while (c.left > 0) {
-        uint64_t key;
-        if (cursor_varint(&c, &key) != 0)
+        uint32_t field;
+        enum zt_wire_type wt;
+        if (zt_wire_read_key(&c, &field, &wt) != 0)
             return -1;
-        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        if (field == 1 && wt == 2) {
+        if (field == 1 && wt == ZT_WIRE_LEN) {
             v->has_header = 1;
-            if (cursor_skip_value(&c, wt) != 0)
+            if (zt_wire_skip_value(&c, wt) != 0)
                 return -1;
-        } else if (field == 2 && wt == 2) {
-            uint64_t sub;
-            if (v->has_chunk || cursor_varint(&c, &sub) != 0 || sub > c.left)
+        } else if (field == 2 && wt == ZT_WIRE_LEN) {
+            size_t sub;
+            if (v->has_chunk || zt_wire_read_len(&c, &sub) != 0)
                 return -1;
             v->has_chunk = 1;
-            size_t after = c.left - (size_t)sub; /* bytes of the outer message after the chunk */
-            c.left = (size_t)sub;
+            size_t after = c.left - sub; /* bytes of the outer message after the chunk */
+            c.left = sub;
             while (c.left > 0) {
-                uint64_t k2;
-                if (cursor_varint(&c, &k2) != 0)
+                uint32_t f2;
+                enum zt_wire_type w2;
+                if (zt_wire_read_key(&c, &f2, &w2) != 0)
                     return -1;
-                unsigned f2 = (unsigned)(k2 >> 3), w2 = (unsigned)(k2 & 7);
-                if (f2 == 1 && w2 == 0) {
-                    if (cursor_varint(&c, &v->offset) != 0)
+                if (f2 == 1 && w2 == ZT_WIRE_VARINT) {
+                    if (zt_wire_read_varint(&c, &v->offset) != 0)
                         return -1;
-                } else if (f2 == 2 && w2 == 2) {
-                    uint64_t n;
-                    if (cursor_varint(&c, &n) != 0 || n > c.left)
+                } else if (f2 == 2 && w2 == ZT_WIRE_LEN) {
+                    size_t n;
+                    if (zt_wire_read_len(&c, &n) != 0)
                         return -1;
                     v->data = c;
-                    v->data.left = (size_t)n;
-                    if (cursor_skip(&c, n) != 0)
+                    v->data.left = n;
+                    if (zt_wire_skip(&c, n) != 0)
                         return -1;
-                } else if (f2 == 0 || cursor_skip_value(&c, w2) != 0) {
+                } else if (zt_wire_skip_value(&c, w2) != 0) {
                     return -1;
                 }
             }
             c.left = after;
-        } else if (field == 0 || cursor_skip_value(&c, wt) != 0) {
+        } else if (zt_wire_skip_value(&c, wt) != 0) {
             return -1;
         }
     }
@@ -335,7 +267,7 @@ static int parse_push_chunk(const struct zt_rpc_part *parts, size_t nparts, size
 /* Stores the data of a parsed chunk, piece by piece, at element `at` of the push; an element split
  * between two pieces goes through a small buffer. Returns 0 or the core's code. */
 static int store_chunk(zt_service_t *svc, const char *run, int params, int64_t step, int block, int shard,
-                       enum zt_dtype dtype, uint64_t at, struct cursor d, zt_err *err);
+                       enum zt_dtype dtype, uint64_t at, struct zt_wire_cursor d, zt_err *err);
 
 /* Calls the core's push for params (step < 0) or gradients of `step`. */
 static int core_push(zt_service_t *svc, const char *run, int params, int64_t step, const zt_server_chunk *c,
@@ -346,20 +278,14 @@ static int core_push(zt_service_t *svc, const char *run, int params, int64_t ste
 }
 
 static int store_chunk(zt_service_t *svc, const char *run, int params, int64_t step, int block, int shard,
-                       enum zt_dtype dtype, uint64_t at, struct cursor d, zt_err *err)
+                       enum zt_dtype dtype, uint64_t at, struct zt_wire_cursor d, zt_err *err)
 {
     size_t es = zt_dtype_size(dtype);
     uint8_t split[8];
     size_t nsplit = 0;
-    while (d.left > 0) {
-        while (d.off == d.parts[d.i].len) {
-            d.i++;
-            d.off = 0;
-        }
-        const uint8_t *p = (const uint8_t *)d.parts[d.i].data + d.off;
-        size_t here = d.parts[d.i].len - d.off;
-        if (here > d.left)
-            here = d.left;
+    const uint8_t *p;
+    size_t here;
+    while ((here = zt_wire_next_span(&d, &p)) > 0) {
         size_t used = 0;
         if (nsplit > 0) { /* complete the element begun at the end of the previous piece */
             while (nsplit < es && nsplit < sizeof(split) && used < here)
@@ -384,8 +310,6 @@ static int store_chunk(zt_service_t *svc, const char *run, int params, int64_t s
         }
         while (used < here && nsplit < sizeof(split)) /* fewer than es bytes are left */
             split[nsplit++] = p[used++];
-        d.off += here;
-        d.left -= here;
     }
     return 0;
 }
@@ -508,20 +432,8 @@ static int handle_commit(zt_rpc_call_t *call, void *user)
 
 /* ---- PullParams ---- */
 
-/* Appends a protobuf varint; returns the bytes written (at most 10). */
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 /* Largest encoded ParamChunk before its data: four tagged varints and the data field's tag and length. */
-#define PARAM_CHUNK_HEAD_MAX (4 * 11 + 11)
+#define PARAM_CHUNK_HEAD_MAX (5 * (1 + ZT_WIRE_VARINT_MAX))
 
 /* Writes the fields of a ParamChunk that precede its data (block 1, shard 2, offset 3, dtype 4, then the
  * tag and length of data 5), as protobuf-c would pack them (proto3: zero scalars are left out), so that
@@ -530,24 +442,24 @@ static size_t put_param_chunk_head(uint8_t *p, int32_t block, int32_t shard, uin
 {
     size_t n = 0;
     if (block != 0) {
-        p[n++] = 1 << 3;
-        n += put_varint(p + n, (uint64_t)(int64_t)block); /* int32: negative values sign-extend */
+        n += zt_wire_put_key(p + n, 1, ZT_WIRE_VARINT);
+        n += zt_wire_put_varint(p + n, (uint64_t)(int64_t)block); /* int32: negative values sign-extend */
     }
     if (shard != 0) {
-        p[n++] = 2 << 3;
-        n += put_varint(p + n, (uint64_t)(int64_t)shard);
+        n += zt_wire_put_key(p + n, 2, ZT_WIRE_VARINT);
+        n += zt_wire_put_varint(p + n, (uint64_t)(int64_t)shard);
     }
     if (offset != 0) {
-        p[n++] = 3 << 3;
-        n += put_varint(p + n, offset);
+        n += zt_wire_put_key(p + n, 3, ZT_WIRE_VARINT);
+        n += zt_wire_put_varint(p + n, offset);
     }
     if (dtype != 0) {
-        p[n++] = 4 << 3;
-        n += put_varint(p + n, (uint64_t)(int64_t)dtype);
+        n += zt_wire_put_key(p + n, 4, ZT_WIRE_VARINT);
+        n += zt_wire_put_varint(p + n, (uint64_t)(int64_t)dtype);
     }
     if (len != 0) {
-        p[n++] = 5 << 3 | 2;
-        n += put_varint(p + n, len);
+        n += zt_wire_put_key(p + n, 5, ZT_WIRE_LEN);
+        n += zt_wire_put_varint(p + n, len);
     }
     return n;
 }

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "proto/rpc.h"
+#include "proto/wire.h"
 #include "ztrain/v1/state.pb-c.h"
 
 #define SVC "/ztrain.v1.StateService/"
@@ -341,40 +342,28 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
 
 /* ---- pushes ---- */
 
-/* Appends a protobuf varint; returns the bytes written (at most 10). */
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 /* Largest encoded PushMessage before a chunk's data: the chunk field's tag and length, the offset's tag
  * and value, the data field's tag and length. */
-#define PUSH_CHUNK_HEAD_MAX (1 + 10 + 1 + 10 + 1 + 10)
+#define PUSH_CHUNK_HEAD_MAX (1 + ZT_WIRE_VARINT_MAX + 1 + ZT_WIRE_VARINT_MAX + 1 + ZT_WIRE_VARINT_MAX)
 
 /* Writes the bytes of a PushMessage holding a PushChunk that precede the chunk's data (PushMessage.chunk
  * = 2; PushChunk.offset = 1, PushChunk.data = 2), as protobuf-c would pack them (proto3: a zero offset
  * and empty data are left out), so that the data can be placed right after. Returns the header's length. */
 static size_t put_push_chunk_head(uint8_t *p, uint64_t offset, size_t len)
 {
-    uint8_t inner[1 + 10 + 1 + 10];
+    uint8_t inner[1 + ZT_WIRE_VARINT_MAX + 1 + ZT_WIRE_VARINT_MAX];
     size_t n = 0;
     if (offset != 0) {
-        inner[n++] = 1 << 3;
-        n += put_varint(inner + n, offset);
+        n += zt_wire_put_key(inner + n, 1, ZT_WIRE_VARINT);
+        n += zt_wire_put_varint(inner + n, offset);
     }
     if (len != 0) {
-        inner[n++] = 2 << 3 | 2;
-        n += put_varint(inner + n, len);
+        n += zt_wire_put_key(inner + n, 2, ZT_WIRE_LEN);
+        n += zt_wire_put_varint(inner + n, len);
     }
     size_t h = 0;
-    p[h++] = 2 << 3 | 2;
-    h += put_varint(p + h, n + len);
+    h += zt_wire_put_key(p + h, 2, ZT_WIRE_LEN);
+    h += zt_wire_put_varint(p + h, n + len);
     memcpy(p + h, inner, n);
     return h + n;
 }
@@ -500,74 +489,6 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
 
 /* ---- pull ---- */
 
-/* A read position in a message that arrived in pieces (zt_rpc_stream_recv_parts), so that a 1 MiB
- * ParamChunk is parsed where it lies and its data copied once, straight into the caller's array. */
-struct cursor {
-    const struct zt_rpc_part *parts;
-    size_t i;    /* current piece */
-    size_t off;  /* byte of the current piece */
-    size_t left; /* bytes of the message after the position */
-};
-
-static int cursor_byte(struct cursor *c, uint8_t *b)
-{
-    if (c->left == 0)
-        return -1;
-    while (c->off == c->parts[c->i].len) {
-        c->i++;
-        c->off = 0;
-    }
-    *b = ((const uint8_t *)c->parts[c->i].data)[c->off++];
-    c->left--;
-    return 0;
-}
-
-static int cursor_skip(struct cursor *c, uint64_t n)
-{
-    if (n > c->left)
-        return -1;
-    c->left -= (size_t)n;
-    while (n > 0) {
-        size_t here = c->parts[c->i].len - c->off;
-        size_t step = n < here ? (size_t)n : here;
-        c->off += step;
-        n -= step;
-        if (n > 0) {
-            c->i++;
-            c->off = 0;
-        }
-    }
-    return 0;
-}
-
-static int cursor_varint(struct cursor *c, uint64_t *v)
-{
-    *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        uint8_t b;
-        if (cursor_byte(c, &b) != 0)
-            return -1;
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return 0;
-    }
-    return -1;
-}
-
-/* Copies the cursor's remaining bytes (c.left of them) to out. */
-static void cursor_copy(struct cursor c, uint8_t *out)
-{
-    while (c.left > 0) {
-        size_t here = c.parts[c.i].len - c.off;
-        size_t step = c.left < here ? c.left : here;
-        memcpy(out, (const uint8_t *)c.parts[c.i].data + c.off, step);
-        out += step;
-        c.left -= step;
-        c.i++;
-        c.off = 0;
-    }
-}
-
 /* A ParamChunk parsed by hand (state.proto: block = 1, shard = 2, offset = 3, dtype = 4, data = 5; unknown
  * fields are skipped, fields may come in any order). */
 struct param_view {
@@ -575,23 +496,28 @@ struct param_view {
     int32_t shard;
     uint64_t offset;
     int dtype;          /* Ztrain__V1__DType */
-    struct cursor data; /* positioned at the first data byte; data.left = its length (0 when absent) */
+    struct zt_wire_cursor data; /* at the first data byte; data.left = its length (0 when absent) */
 };
 
-/* Returns 0 with *v filled, or -1 when the bytes are not a valid ParamChunk. */
-static int parse_param_chunk(const struct zt_rpc_part *parts, size_t len, struct param_view *v)
+/* A ParamChunk arrives in pieces (zt_rpc_stream_recv_parts) and is parsed where it lies, so that its data
+ * (up to 1 MiB) is copied once, straight into the caller's array. Returns 0 with *v filled, or -1 when the
+ * bytes are not a valid ParamChunk. */
+static int parse_param_chunk(const struct zt_rpc_part *parts, size_t nparts, size_t len, struct param_view *v)
 {
     memset(v, 0, sizeof(*v));
-    struct cursor c = {.parts = parts, .left = len};
+    struct zt_wire_cursor c;
+    if (zt_wire_cursor_init(&c, parts, nparts, len) != 0)
+        return -1;
     v->data = c;
     v->data.left = 0;
     while (c.left > 0) {
-        uint64_t key, x;
-        if (cursor_varint(&c, &key) != 0)
+        uint32_t field;
+        enum zt_wire_type wt;
+        uint64_t x;
+        if (zt_wire_read_key(&c, &field, &wt) != 0)
             return -1;
-        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        if (field >= 1 && field <= 4 && wt == 0) {
-            if (cursor_varint(&c, &x) != 0)
+        if (field >= 1 && field <= 4 && wt == ZT_WIRE_VARINT) {
+            if (zt_wire_read_varint(&c, &x) != 0)
                 return -1;
             if (field == 1)
                 v->block = (int32_t)(uint32_t)x; /* int32: protobuf keeps the low 32 bits */
@@ -601,23 +527,18 @@ static int parse_param_chunk(const struct zt_rpc_part *parts, size_t len, struct
                 v->offset = x;
             else
                 v->dtype = (int)(int32_t)(uint32_t)x;
-        } else if (field == 5 && wt == 2) {
-            if (cursor_varint(&c, &x) != 0 || x > c.left)
+        } else if (field == 5 && wt == ZT_WIRE_LEN) {
+            size_t n;
+            if (zt_wire_read_len(&c, &n) != 0)
                 return -1;
             v->data = c;
-            v->data.left = (size_t)x;
-            if (cursor_skip(&c, x) != 0)
+            v->data.left = n;
+            if (zt_wire_skip(&c, n) != 0)
                 return -1;
-        } else if (field == 0 || field <= 5) {
+        } else if (field <= 5) {
             return -1; /* a known field with the wrong wire type */
-        } else {
-            int bad = wt == 0   ? cursor_varint(&c, &x)
-                      : wt == 1 ? cursor_skip(&c, 8)
-                      : wt == 2 ? (cursor_varint(&c, &x) == 0 ? cursor_skip(&c, x) : -1)
-                      : wt == 5 ? cursor_skip(&c, 4)
-                                : -1;
-            if (bad != 0)
-                return -1;
+        } else if (zt_wire_skip_value(&c, wt) != 0) {
+            return -1;
         }
     }
     return 0;
@@ -656,7 +577,7 @@ static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t 
         if (zt_rpc_stream_recv_parts(s, &parts, &nparts, &dlen) != 1)
             break;
         struct param_view ch;
-        int valid = parse_param_chunk(parts, dlen, &ch) == 0;
+        int valid = parse_param_chunk(parts, nparts, dlen, &ch) == 0;
         enum zt_dtype dt = ch.dtype == ZTRAIN__V1__DTYPE__DTYPE_F16    ? ZT_DTYPE_F16
                            : ch.dtype == ZTRAIN__V1__DTYPE__DTYPE_BF16 ? ZT_DTYPE_BF16
                                                                        : ZT_DTYPE_F32;
@@ -667,7 +588,7 @@ static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t 
             bad = "a ParamChunk that is not valid protobuf or lies outside the requested range";
             break;
         }
-        cursor_copy(ch.data, out + (ch.offset - offset) * es);
+        zt_wire_copy(ch.data, out + (ch.offset - offset) * es);
         got += clen / es;
     }
     int code = zt_rpc_stream_finish(s, st);
