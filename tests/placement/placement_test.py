@@ -6,14 +6,18 @@
   3. 2 ztrain-servers sharing the run (--server-index/--server-count) with 2 ranks do too;
   4. 3 ranks (block sizes that do not split evenly into 3 shards) with 1 server do too;
   5. fault, kill -9 between steps: rank 0 pauses after step 3 (the servers' last snapshot is step 2),
-     the server is killed and restarted with --snapshot-dir; the ranks find it at step 2, stop with a
-     message naming the checkpoint of step 2 and exit 1; `--resume RUN/ckpt_000002` ends on the
-     reference's losses;
+     the server is killed and restarted with --snapshot-dir; the ranks find it at step 2, log
+     "state server ... restarted at step 2; rewinding to checkpoint RUN/ckpt_000002 (rewind 1 of 3)",
+     train on from that checkpoint by themselves, exit 0 and end on the reference's losses; the same with
+     one process (W = 1, --servers);
   6. fault, kill -9 in the middle of a push: rank 0 pauses in its push of step 5 after the server took
      block 0 and the first chunk of block 1 (snapshot at step 4); the server is killed and restarted; the
      ranks retry (log "unavailable, retry"), the restarted server refuses to commit the half-pushed step
      ("incomplete": block 0 went down with the killed server), every rank pushes its gradients again,
-     the step commits and the run ends on the reference's losses without a restart.
+     the step commits and the run ends on the reference's losses without a restart;
+  7. fault, a server that keeps going back: rank 0 pauses after step 3 four times (ZT_TEST_PAUSE_TIMES),
+     and each time the server is killed and restarted at its snapshot of step 2; the run rewinds 3 times,
+     then stops with a message saying it gave up after 3 automatic rewinds and exits 1.
 The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE, worker/runtime/zero_train.c), so every
 wait is for a log line or an exit, never a sleep. Every process is ended in a finally block.
 
@@ -73,6 +77,14 @@ class Job:
     def text(self):
         with self.cond:
             return "".join(self.log)
+
+    def wait_count(self, text, count, timeout=60.0):
+        """Waits until `count` lines hold text (or the process ended); returns whether they do."""
+        def seen():
+            return sum(text in l for l in self.log)
+        with self.cond:
+            return self.cond.wait_for(lambda: seen() >= count or self.proc.poll() is not None,
+                                      timeout) and seen() >= count
 
     def wait_log(self, text, timeout=60.0):
         with self.cond:
@@ -192,37 +204,41 @@ def main():
         srv.stop()
 
         # 5. kill -9 between steps: a server on a fixed port with snapshots, so a restarted one has the
-        # same address
+        # same address; with 2 ranks, then with one process
         port = t.free_port()
-        flags = ["--listen", "127.0.0.1:%d" % port, "--snapshot-dir", os.path.join(work, "snap")]
         target = "127.0.0.1:%d" % port
         fifo = os.path.join(work, "pause")
         os.mkfifo(fifo)
-        env = dict(os.environ, ZT_TEST_PAUSE="step:3", ZT_TEST_PAUSE_FIFO=fifo)
-        srv = server("fault1", flags)
-        j = train("fault", target, nproc=2, env=env)
-        check(j.wait_log("test pause: step:3"), "rank 0 pauses after step 3", j.text())
-        srv.proc.kill()
-        srv.stop()
-        srv = server("fault2", flags)
-        check("restored 1 run(s)" in srv.log_text(), "the restarted server restored the run from its snapshot")
-        with open(fifo, "w") as f:
-            f.write("go\n")
-        rc = j.wait()
-        text = j.text()
-        run = os.path.join(work, "fault")
-        check(rc == 1, "after a kill between steps the ranks exit 1 (%s)" % rc, text)
-        check("holds step 2 while this run is at step 3" in text and "--resume %s/ckpt_000002" % run in text,
-              "the ranks say the server is back at step 2 and how to resume", text)
-        check(not os.path.exists(os.path.join(run, "ckpt_000004")), "no checkpoint after the lost step")
-        j = train("fault", target, nproc=2, extra=["--resume", os.path.join(run, "ckpt_000002")])
-        rc = j.wait()
-        check(rc == 0, "--resume from the checkpoint of step 2 exits 0 (%s)" % rc, j.text())
-        same_curves(ref_dir, run, "kill -9 between steps, then --resume")
-        check(srv.stop() == 0, "server 'fault2' exits 0 on SIGTERM")
+
+        def server_flags(snap):
+            return ["--listen", target, "--snapshot-dir", os.path.join(work, snap)]
+
+        for nproc, name in ((2, "fault"), (1, "fault1p")):
+            env = dict(os.environ, ZT_TEST_PAUSE="step:3", ZT_TEST_PAUSE_FIFO=fifo)
+            flags = server_flags("snap-" + name)
+            srv = server(name + "-a", flags)
+            j = train(name, target, nproc=nproc, env=env)
+            check(j.wait_log("test pause: step:3"), "W=%d: the run pauses after step 3" % nproc, j.text())
+            srv.proc.kill()
+            srv.stop()
+            srv = server(name + "-b", flags)
+            check("restored 1 run(s)" in srv.log_text(), "the restarted server restored the run from its snapshot")
+            with open(fifo, "w") as f:
+                f.write("go\n")
+            rc = j.wait()
+            text = j.text()
+            run = os.path.join(work, name)
+            check(rc == 0, "W=%d: after a kill between steps the run rewinds by itself and exits 0 (%s)" % (nproc, rc),
+                  text)
+            check(("state server %s restarted at step 2; rewinding to checkpoint %s/ckpt_000002 (rewind 1 of 3)"
+                   % (target, run)) in text, "W=%d: one clear line names the server, its step and the checkpoint"
+                  % nproc, text)
+            check(text.count("rewinding to checkpoint") == 1, "W=%d: exactly one rewind" % nproc, text)
+            same_curves(ref_dir, run, "W=%d: kill -9 between steps, automatic rewind" % nproc)
+            check(srv.stop() == 0, "server '%s-b' exits 0 on SIGTERM" % name)
 
         # 6. kill -9 in the middle of rank 0's push of step 5 (the last snapshot is step 4)
-        shutil.rmtree(os.path.join(work, "snap"))
+        flags = server_flags("snap-midpush")
         env = dict(os.environ, ZT_TEST_PAUSE="push:5", ZT_TEST_PAUSE_FIFO=fifo)
         srv = server("fault3", flags)
         j = train("midpush", target, nproc=2, env=env)
@@ -240,6 +256,26 @@ def main():
               "the half-pushed step is refused as incomplete, then pushed again and committed", text)
         same_curves(ref_dir, os.path.join(work, "midpush"), "kill -9 mid-push")
         check(srv.stop() == 0, "server 'fault4' exits 0 on SIGTERM")
+
+        # 7. a server that keeps going back to its snapshot of step 2: 3 rewinds, then the run gives up
+        flags = server_flags("snap-dying")
+        env = dict(os.environ, ZT_TEST_PAUSE="step:3", ZT_TEST_PAUSE_FIFO=fifo, ZT_TEST_PAUSE_TIMES="4")
+        srv = server("dying0", flags)
+        j = train("dying", target, nproc=2, env=env)
+        for k in range(1, 5):
+            check(j.wait_count("test pause: step:3 (", k), "pause %d after step 3" % k, j.text())
+            srv.proc.kill()
+            srv.stop()
+            srv = server("dying%d" % k, flags)
+            with open(fifo, "w") as f:
+                f.write("go\n")
+        rc = j.wait()
+        text = j.text()
+        check(rc == 1, "a server that keeps going back: the run exits 1 (%s)" % rc, text)
+        check("(rewind 3 of 3)" in text and "(rewind 4 of" not in text, "it rewinds 3 times, not more", text)
+        check("after 3 automatic rewinds" in text and "--resume %s/ckpt_000002" % os.path.join(work, "dying") in text,
+              "it says it gave up after 3 rewinds and how to resume by hand", text)
+        check(srv.stop() == 0, "server 'dying4' exits 0 on SIGTERM")
     finally:
         t.cancel_deadline()
         for p in procs:

@@ -148,40 +148,8 @@ static int save(zt_zero *z, zt_gpt2 *model, zt_optimizer *full, const zt_train_c
     return agree(comm, rc, err);
 }
 
-/* Test hook for the fault tests (tests/placement): with ZT_TEST_PAUSE=where and ZT_TEST_PAUSE_FIFO=path in
- * the environment, rank 0 stops once at `where` ("step:N": after step N and its checkpoint; "push:N":
- * after the first chunk of its gradient push of step N), logs "test pause: where", and goes on when a
- * line can be read from the FIFO. Without the variables it does nothing. */
-static bool test_paused;
-static int64_t test_push_step; /* the step whose gradients are being pushed */
-
-static void test_pause_point(const char *where)
-{
-    const char *want = getenv("ZT_TEST_PAUSE"), *fifo = getenv("ZT_TEST_PAUSE_FIFO");
-    if (test_paused || !want || !fifo || strcmp(want, where) != 0)
-        return;
-    test_paused = true;
-    zt_log(ZT_LOG_WARN, "test pause: %s (waiting for a line on %s)", where, fifo);
-    FILE *f = fopen(fifo, "r");
-    if (f) {
-        char line[64];
-        if (!fgets(line, sizeof line, f))
-            line[0] = '\0';
-        fclose(f);
-    }
-    zt_log(ZT_LOG_WARN, "test pause: %s: going on", where);
-}
-
-static void test_chunk_hook(void *user, int block, int shard, uint64_t bytes_sent)
-{
-    (void)user;
-    (void)shard;
-    (void)bytes_sent;
-    char where[48];
-    snprintf(where, sizeof where, "push:%lld", (long long)test_push_step);
-    if (block == 1)
-        test_pause_point(where);
-}
+/* The step whose gradients are being pushed, for the fault tests' pause hook (zt__placement_test_pause). */
+static int64_t test_push_step;
 
 /* The error of a step that a state server refused because it holds an older step (it restarted from its
  * last snapshot): the run continues with --resume from the checkpoint written at that step. */
@@ -225,50 +193,22 @@ static int setup_run_dir(const zt_train_config *cfg, const zt_ckpt_state *st, bo
 }
 
 /* The training loop; see zero_train.h. */
-int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, zt_train_result *res, zt_err *err)
+/* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
+ * step fails because a state server holds an older step (the same on every rank, agreed in zero.c),
+ * res->rewind_to receives that step. */
+static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, const zt_launch_env *penv,
+                      zt_comm *comm, zt_train_result *res, zt_err *err)
 {
     memset(res, 0, sizeof *res);
     res->first_val_loss = NAN;
     res->last_val_loss = NAN;
-    zt_launch_env env;
-    int rc = zt_launch_env_parse(NULL, &env, err);
-    if (rc < 0)
-        return rc;
-    zt_log_set_rank(env.rank);
-    if ((rc = zt_train_config_validate(cfg, err)) < 0)
-        return rc;
+    res->rewind_to = -1;
+    const zt_launch_env env = *penv;
     const bool on_servers = strcmp(cfg->optimizer, "server") == 0;
-    /* Embedded state servers live inside one process; ranks are separate processes, so several ranks need
-     * ztrain-server processes (one core reachable by all of them, with snapshots for restarts). */
-    if (on_servers && cfg->servers[0] == '\0')
-        return zt_fail(err, ZT_EINVAL_CONFIG, "--optimizer server with WORLD_SIZE=%d needs state servers the ranks "
-                       "can reach: start `ztrain-server --listen 127.0.0.1:7070 --snapshot-dir DIR` and pass "
-                       "--servers 127.0.0.1:7070 (the embedded server lives inside one process: use it with one "
-                       "rank, WORLD_SIZE=1)", env.world_size);
-    if (strcmp(cfg->device, "cpu") != 0)
-        return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
-                       "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
-                       cfg->device, env.world_size);
     const int W = env.world_size, B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
     const bool is0 = env.rank == 0;
-    if (B % W != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "batch_size %d does not split over WORLD_SIZE=%d ranks: use a batch size that is a multiple "
-                       "of %d (--batch-size)",
-                       B, W, W);
     const int b = B / W;
-    /* threads = 0: share the cores between the ranks of this host, since every rank would otherwise start
-     * one thread per core and they would fight over them (the collectives wait for the slowest rank). */
-    int threads = (int)cfg->threads;
-    if (threads == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = (int)(cores / (env.local_world_size > 0 ? env.local_world_size : 1));
-        if (threads < 1)
-            threads = 1;
-    }
-    zt_cpu_set_threads(threads);
-
-    zt_comm *comm = NULL;
+    int rc = 0;
     zt_gpt2 *model = NULL;
     zt_zero *z = NULL;
     zt_dataloader *dl = NULL, *val = NULL;
@@ -280,11 +220,6 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     char *token = NULL;
     char run_id[ZT_SERVER_RUN_ID_MAX];
     zt_placement_run_id(cfg->out_dir, run_id, sizeof run_id);
-    /* The ZeRO options in effect (environment overrides included) join the config's hash. */
-    const int64_t zero_in_effect[] = {zo_in->level, zo_in->checkpoint, zo_in->checkpoint_every, zo_in->prefetch};
-    const uint64_t hash = fnv1a(zt_zero_train_config_hash(cfg), zero_in_effect, sizeof zero_in_effect);
-    if ((rc = zt_startup_comm(&env, ZT_COMM_SHM, hash, 0, &comm, err)) < 0)
-        goto out;
     if (is0)
         zt_train_config_log(cfg);
     if ((rc = zt_gpt2_create(&model, &cfg->model, b, T, (uint64_t)cfg->seed, err)) < 0)
@@ -356,8 +291,8 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         if (is0)
             zt_log(ZT_LOG_INFO, "optimizer: AdamW on the state servers %s, run '%s' at step %lld", cfg->servers,
                    run_id, (long long)st.step);
-        if (is0 && getenv("ZT_TEST_PAUSE"))
-            zt__state_client_set_chunk_hook(client, test_chunk_hook, NULL);
+        if (is0)
+            zt__placement_test_watch_pushes(client, &test_push_step);
     }
     if (is0)
         zt_zero_log_plan(z, b, T);
@@ -405,8 +340,10 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
             goto out;
         test_push_step = step;
         if ((rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0) {
-            if (zt_zero_server_step(z) >= 0)
+            if (zt_zero_server_step(z) >= 0) {
+                res->rewind_to = zt_zero_server_step(z);
                 rc = stale_servers(cfg, run_id, zt_zero_server_step(z), step, err);
+            }
             goto out;
         }
         const double dt = now_seconds() - t0;
@@ -477,7 +414,7 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         if (is0 && client) {
             char where[48];
             snprintf(where, sizeof where, "step:%lld", (long long)step);
-            test_pause_point(where);
+            zt__placement_test_pause(where);
         }
         if (stop && !last) {
             res->interrupted = true;
@@ -513,6 +450,81 @@ out:
     zt_gpt2_destroy(model);
     zt_state_client_destroy(client);
     free(token);
+    return rc;
+}
+
+/* Trains with the ranks of the launch environment, rewinding to an older checkpoint when state servers
+ * restarted from older snapshots; see zero_train.h. */
+int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, zt_train_result *res, zt_err *err)
+{
+    memset(res, 0, sizeof *res);
+    res->first_val_loss = NAN;
+    res->last_val_loss = NAN;
+    res->rewind_to = -1;
+    zt_launch_env env;
+    int rc = zt_launch_env_parse(NULL, &env, err);
+    if (rc < 0)
+        return rc;
+    zt_log_set_rank(env.rank);
+    if ((rc = zt_train_config_validate(cfg, err)) < 0)
+        return rc;
+    const bool on_servers = strcmp(cfg->optimizer, "server") == 0;
+    /* Embedded state servers live inside one process; ranks are separate processes, so several ranks need
+     * ztrain-server processes (one core reachable by all of them, with snapshots for restarts). */
+    if (on_servers && cfg->servers[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--optimizer server with WORLD_SIZE=%d needs state servers the ranks "
+                       "can reach: start `ztrain-server --listen 127.0.0.1:7070 --snapshot-dir DIR` and pass "
+                       "--servers 127.0.0.1:7070 (the embedded server lives inside one process: use it with one "
+                       "rank, WORLD_SIZE=1)", env.world_size);
+    if (strcmp(cfg->device, "cpu") != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
+                       "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
+                       cfg->device, env.world_size);
+    const int W = env.world_size, B = (int)cfg->batch_size;
+    if (B % W != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "batch_size %d does not split over WORLD_SIZE=%d ranks: use a batch size that is a multiple "
+                       "of %d (--batch-size)",
+                       B, W, W);
+    /* threads = 0: share the cores between the ranks of this host, since every rank would otherwise start
+     * one thread per core and they would fight over them (the collectives wait for the slowest rank). */
+    int threads = (int)cfg->threads;
+    if (threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cores / (env.local_world_size > 0 ? env.local_world_size : 1));
+        if (threads < 1)
+            threads = 1;
+    }
+    zt_cpu_set_threads(threads);
+
+    /* The ZeRO options in effect (environment overrides included) join the config's hash. */
+    const int64_t zero_in_effect[] = {zo_in->level, zo_in->checkpoint, zo_in->checkpoint_every, zo_in->prefetch};
+    const uint64_t hash = fnv1a(zt_zero_train_config_hash(cfg), zero_in_effect, sizeof zero_in_effect);
+    zt_comm *comm = NULL;
+    if ((rc = zt_startup_comm(&env, ZT_COMM_SHM, hash, 0, &comm, err)) < 0)
+        return rc;
+
+    /* A state server back at an older step s fails the step on every rank alike (zero.c agrees on s): the
+     * run goes on from the checkpoint of step s (the servers snapshot at every checkpoint), at most
+     * ZT_TRAIN_MAX_REWINDS times. The ranks agree on going on with one all-reduce, since one of them may
+     * not find the checkpoint. */
+    zt_train_config *again = zt_xmalloc(sizeof *again);
+    *again = *cfg;
+    for (int rewinds = 0;; rewinds++) {
+        rc = train_once(again, zo_in, &env, comm, res, err);
+        if (rc != ZT_ESTATE || res->rewind_to < 0)
+            break;
+        char ckpt[sizeof again->resume];
+        const int64_t to = res->rewind_to;
+        rc = zt_trainer_rewind_target(again, res, rewinds, ckpt, sizeof ckpt, err);
+        if ((rc = agree(comm, rc, err)) < 0)
+            break;
+        if (env.rank == 0)
+            zt_trainer_log_rewind(again, to, rewinds, ckpt);
+        snprintf(again->resume, sizeof again->resume, "%s", ckpt);
+        zt_train_result_free(res);
+    }
+    free(again);
     zt_comm_destroy(comm);
     return rc;
 }

@@ -31,6 +31,8 @@ struct zt_placement_server {
     size_t *offset;   /* first element of each block in the parameter slab */
     size_t *numel;    /* elements of each block */
     char *token;      /* bearer token read from token_file, or NULL */
+    int64_t stale_step; /* zt_placement_server_stale_step: the older step a server reported, or -1 */
+    int64_t push_step;  /* the step being pushed (for the test pause hook) */
 };
 
 /* The run id: the run directory's last component, restricted to the characters run ids allow; see
@@ -352,9 +354,11 @@ int zt_placement_server_open(zt_placement_server **out, const zt_train_config *c
         ps->offset[b] = zt_gpt2_block(model, b)->offset;
         ps->numel[b] = zt_gpt2_block(model, b)->numel;
     }
+    ps->stale_step = -1;
     int rc = zt_placement_client_create(cfg, &ps->client, &ps->token, err);
     if (rc < 0)
         goto fail;
+    zt__placement_test_watch_pushes(ps->client, &ps->push_step);
 
     int nt = zt_gpt2_num_tensors(model);
     zt_server_block_desc *blocks = zt_xcalloc((size_t)ps->nblocks, sizeof(*blocks));
@@ -417,11 +421,6 @@ int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimiz
     int rc = zt_optimizer_account(opt, loss, norm, false, false, report, err);
     if (rc < 0)
         return rc;
-    if (!report->skipped) {
-        for (int b = 0; b < ps->nblocks && rc == 0; b++)
-            rc = zt_state_client_push_grad(ps->client, ps->run_id, step, b, 0, ZT_DTYPE_F32, grads + ps->offset[b],
-                                           ps->numel[b], err);
-    }
     zt_server_commit_args args = {
         .step = step,
         .grad_norm = norm,
@@ -429,13 +428,32 @@ int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimiz
         .lr = lr,
         .overflow = report->skipped,
     };
-    if (rc == 0)
-        rc = zt_state_client_commit(ps->client, ps->run_id, &args, err);
-    if (rc == ZT_ESTATE && zt_state_client_server_step(ps->client) >= 0)
-        return zt_fail(err, ZT_ESTATE, "a state server of run '%s' is at step %lld, this worker at step %lld (it "
-                       "restarted from an older snapshot): resume from the checkpoint of step %lld with --resume",
-                       ps->run_id, (long long)zt_state_client_server_step(ps->client), (long long)step,
-                       (long long)zt_state_client_server_step(ps->client));
+    /* A failed push or commit is tried once more, whole: a server that restarted from the snapshot of the
+     * previous step lost the pushes it had received, and pushes overwrite, so pushing every block again
+     * and committing again completes the step. A server at an older step cannot: its step is kept
+     * (zt_placement_server_stale_step) and the run continues from the checkpoint of that step. */
+    ps->stale_step = -1;
+    ps->push_step = step;
+    for (int attempt = 0;; attempt++) {
+        rc = 0;
+        for (int b = 0; b < ps->nblocks && rc == 0 && !report->skipped; b++)
+            rc = zt_state_client_push_grad(ps->client, ps->run_id, step, b, 0, ZT_DTYPE_F32, grads + ps->offset[b],
+                                           ps->numel[b], err);
+        if (rc == 0)
+            rc = zt_state_client_commit(ps->client, ps->run_id, &args, err);
+        if (rc == 0)
+            break;
+        if (rc == ZT_ESTATE && zt_state_client_server_step(ps->client) >= 0) {
+            ps->stale_step = zt_state_client_server_step(ps->client);
+            return zt_fail(err, ZT_ESTATE, "a state server of run '%s' is at step %lld, this worker at step %lld (it "
+                           "restarted from an older snapshot): resume from the checkpoint of step %lld with --resume",
+                           ps->run_id, (long long)ps->stale_step, (long long)step, (long long)ps->stale_step);
+        }
+        if (attempt > 0)
+            return rc;
+        zt_log(ZT_LOG_WARN, "step %lld: the state servers did not take the step (%s); pushing the gradients again "
+               "and committing once more", (long long)step, err ? err->msg : "");
+    }
     if (rc == 0)
         rc = pull_all(ps, model, step, err);
     return rc;
@@ -459,6 +477,53 @@ int zt_placement_server_checkpoint(zt_placement_server *ps, zt_optimizer *opt, i
                            (long long)at, (long long)step);
     }
     return 0;
+}
+
+/* The older step a server reported in the last failed step; see placement.h. */
+int64_t zt_placement_server_stale_step(const zt_placement_server *ps)
+{
+    return ps ? ps->stale_step : -1;
+}
+
+/* Test hook state: how many pauses happened in this process (ZT_TEST_PAUSE_TIMES allows more than one). */
+static int test_pauses;
+
+/* Pauses at `where` when the environment asks for it; see placement.h. */
+void zt__placement_test_pause(const char *where)
+{
+    const char *want = getenv("ZT_TEST_PAUSE"), *fifo = getenv("ZT_TEST_PAUSE_FIFO");
+    const char *times = getenv("ZT_TEST_PAUSE_TIMES");
+    int allowed = times ? atoi(times) : 1;
+    if (!want || !fifo || strcmp(want, where) != 0 || test_pauses >= allowed)
+        return;
+    test_pauses++;
+    zt_log(ZT_LOG_WARN, "test pause: %s (waiting for a line on %s)", where, fifo);
+    FILE *f = fopen(fifo, "r");
+    if (f) {
+        char line[64];
+        if (!fgets(line, sizeof line, f))
+            line[0] = '\0';
+        fclose(f);
+    }
+    zt_log(ZT_LOG_WARN, "test pause: %s: going on", where);
+}
+
+/* The chunk hook behind zt__placement_test_watch_pushes: "push:N" after the first chunk of block 1. */
+static void test_chunk_hook(void *user, int block, int shard, uint64_t bytes_sent)
+{
+    (void)shard;
+    (void)bytes_sent;
+    char where[48];
+    snprintf(where, sizeof where, "push:%lld", (long long)*(const int64_t *)user);
+    if (block == 1)
+        zt__placement_test_pause(where);
+}
+
+/* Installs the push pause hook on a client when the environment asks for pauses; see placement.h. */
+void zt__placement_test_watch_pushes(zt_state_client_t *client, const int64_t *push_step)
+{
+    if (client && getenv("ZT_TEST_PAUSE"))
+        zt__state_client_set_chunk_hook(client, test_chunk_hook, (void *)push_step);
 }
 
 /* Whether the servers are remote; see placement.h. */

@@ -63,6 +63,22 @@ int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimiz
  * The model's parameters are already the servers' after every step. Returns 0 or a negative code. */
 int zt_placement_server_checkpoint(zt_placement_server *ps, zt_optimizer *opt, int64_t step, zt_err *err);
 
+/* The step a state server reported it holds when the last zt_placement_server_step failed because the
+ * server restarted from an older snapshot (the run can continue from the checkpoint of that step), or -1.
+ * Accepts NULL. */
+int64_t zt_placement_server_stale_step(const zt_placement_server *ps);
+
+/* Test hook for the fault tests (tests/placement): with ZT_TEST_PAUSE=where and ZT_TEST_PAUSE_FIFO=path in
+ * the environment, the process stops at `where` ("step:N": after step N and its checkpoint; "push:N": after
+ * the first chunk of block 1 of its gradient push of step N), logs "test pause: where", and goes on when a
+ * line can be read from the FIFO. It stops once per process, or ZT_TEST_PAUSE_TIMES times. Without the
+ * variables it does nothing. */
+void zt__placement_test_pause(const char *where);
+
+/* Test hook: makes the client's pushes call zt__placement_test_pause("push:N"), N read from *push_step at
+ * each chunk, when ZT_TEST_PAUSE is set; otherwise does nothing. */
+void zt__placement_test_watch_pushes(zt_state_client_t *client, const int64_t *push_step);
+
 /* Whether the servers are remote (then checkpoints do not carry the moments). */
 bool zt_placement_server_is_remote(const zt_placement_server *ps);
 

@@ -301,6 +301,32 @@ static void warn_schedule_change(const zt_schedule *saved, const zt_schedule *no
                now->min_lr, (long long)now->warmup_steps);
 }
 
+/* Whether a run goes on from the checkpoint of a restarted server's step; see trainer.h. */
+int zt_trainer_rewind_target(const zt_train_config *cfg, const zt_train_result *res, int rewinds_done, char *ckpt,
+                             size_t cap, zt_err *err)
+{
+    char failed[ZT_ERR_LEN];
+    snprintf(failed, sizeof(failed), "%s", err->msg);
+    if (res->rewind_to < 0)
+        return zt_fail(err, ZT_ESTATE, "%s", failed);
+    if (rewinds_done >= ZT_TRAIN_MAX_REWINDS)
+        return zt_fail(err, ZT_ESTATE, "%s (the state servers went back to an older step again after %d automatic "
+                       "rewinds: check why they keep restarting)", failed, rewinds_done);
+    snprintf(ckpt, cap, "%s/ckpt_%06lld", cfg->out_dir, (long long)res->rewind_to);
+    if (!file_exists(ckpt, "manifest.json"))
+        return zt_fail(err, ZT_ESTATE, "%s (no automatic rewind: checkpoint %s is missing)", failed, ckpt);
+    return 0;
+}
+
+/* Logs an automatic rewind; see trainer.h. */
+void zt_trainer_log_rewind(const zt_train_config *cfg, int64_t server_step, int rewinds_done, const char *ckpt)
+{
+    const bool one = strchr(cfg->servers, ',') == NULL;
+    zt_log(ZT_LOG_WARN, "%s %s restarted at step %lld; rewinding to checkpoint %s (rewind %d of %d)",
+           one ? "state server" : "a state server of", cfg->servers[0] ? cfg->servers : "(embedded)",
+           (long long)server_step, ckpt, rewinds_done + 1, ZT_TRAIN_MAX_REWINDS);
+}
+
 /* Refuses to resume a checkpoint of remote state servers without them; see trainer.h. */
 int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_config *cfg, zt_err *err)
 {
@@ -326,6 +352,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     memset(res, 0, sizeof(*res));
     res->first_val_loss = NAN;
     res->last_val_loss = NAN;
+    res->rewind_to = -1;
 
     int rc = zt_train_config_validate(cfg, err);
     if (rc < 0)
@@ -545,8 +572,10 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                 rc = zt_placement_server_step(r.state, r.model, &r.opt, step, loss, (float)lr, &rep, err);
             else
                 rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err);
-            if (rc < 0)
+            if (rc < 0) {
+                res->rewind_to = zt_placement_server_stale_step(r.state);
                 goto out;
+            }
         }
         double dt = now_seconds() - t0;
 
@@ -612,6 +641,11 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                                          sizeof(res->checkpoint), err)) < 0)
                 goto out;
             zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
+        }
+        if (r.state) {
+            char where[48];
+            snprintf(where, sizeof(where), "step:%lld", (long long)step);
+            zt__placement_test_pause(where);
         }
         if (stop && !last) {
             stop_requested = 0;

@@ -27,13 +27,32 @@ typedef struct zt_train_result {
     double tokens_per_s;      /* training tokens per second in this call */
     bool interrupted;         /* stopped before `steps` by zt_trainer_request_stop or stop_at_step */
     char checkpoint[ZT_TRAIN_PATH_MAX + 32]; /* the last checkpoint written; "" if none */
+    int64_t rewind_to;        /* after a ZT_ESTATE failure: the older step a state server restarted at (the run
+                               * can continue from its checkpoint, zt_trainer_rewind_target); otherwise -1 */
 } zt_train_result;
+
+/* How many times one process continues a run by itself from an older checkpoint after state servers
+ * restarted from older snapshots, before it gives up (zt_trainer_rewind_target). */
+#define ZT_TRAIN_MAX_REWINDS 3
 
 /* Trains as cfg says (validated again here), logging progress, writing the run directory (config.json,
  * model_config.json, metrics.jsonl, checkpoints). Fills *res (free with zt_train_result_free, also after
  * an error). Returns 0 when the run reached cfg->steps or stopped on request after writing a checkpoint
  * (res->interrupted), or a negative code with a message in err. */
 int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err);
+
+/* Decides whether a run that failed because a state server restarted at the older step res->rewind_to
+ * continues by itself: when fewer than ZT_TRAIN_MAX_REWINDS rewinds were done and the checkpoint of that
+ * step exists in cfg->out_dir, writes its path into ckpt (cap bytes) and returns 0; the caller then logs
+ * it with zt_trainer_log_rewind and runs again with resume = ckpt. Otherwise returns ZT_ESTATE with the
+ * failed run's message in err (which says how to resume by hand) and why there is no automatic rewind.
+ * (Servers write a snapshot at every checkpoint, so a server's step always has a checkpoint.) */
+int zt_trainer_rewind_target(const zt_train_config *cfg, const zt_train_result *res, int rewinds_done, char *ckpt,
+                             size_t cap, zt_err *err);
+
+/* Logs the line of an automatic rewind: "state server HOST:PORT restarted at step S; rewinding to checkpoint
+ * CKPT (rewind N of 3)", N = rewinds_done + 1. */
+void zt_trainer_log_rewind(const zt_train_config *cfg, int64_t server_step, int rewinds_done, const char *ckpt);
 
 /* Frees what a result owns; accepts a zeroed result. */
 void zt_train_result_free(zt_train_result *res);
