@@ -353,6 +353,51 @@ static void test_config_checks(void **state)
     assert_int_equal(c.zero_level, 2);
 }
 
+/* The automatic rewind after a state server restarted from an older snapshot: only to an existing
+ * checkpoint of the server's step, at most ZT_TRAIN_MAX_REWINDS times, otherwise the run's own message
+ * (how to resume by hand) with the reason added. */
+static void test_rewind_target(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    base_config(&c, "rewind", "server");
+    zt_train_result res;
+    memset(&res, 0, sizeof(res));
+    zt_err err = {{0}};
+    char ckpt[ZT_TRAIN_PATH_MAX + 32], path[ZT_TRAIN_PATH_MAX + 64];
+
+    /* not a restarted server: no rewind, the message stays */
+    res.rewind_to = -1;
+    snprintf(err.msg, sizeof(err.msg), "step failed");
+    assert_int_equal(zt_trainer_rewind_target(&c, &res, 0, ckpt, sizeof(ckpt), &err), ZT_ESTATE);
+    assert_string_equal(err.msg, "step failed");
+
+    /* the checkpoint of the server's step is missing */
+    res.rewind_to = 4;
+    snprintf(err.msg, sizeof(err.msg), "server at step 4");
+    assert_int_equal(zt_trainer_rewind_target(&c, &res, 0, ckpt, sizeof(ckpt), &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "server at step 4"));
+    assert_non_null(strstr(err.msg, "ckpt_000004 is missing"));
+
+    /* it exists: rewind, up to the limit */
+    snprintf(path, sizeof(path), "%s/ckpt_000004", c.out_dir);
+    assert_int_equal(zt_mkdir_p(path, &err), 0);
+    snprintf(path, sizeof(path), "%s/ckpt_000004/manifest.json", c.out_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{}\n", f);
+    fclose(f);
+    for (int done = 0; done < ZT_TRAIN_MAX_REWINDS; done++) {
+        assert_int_equal(zt_trainer_rewind_target(&c, &res, done, ckpt, sizeof(ckpt), &err), 0);
+        snprintf(path, sizeof(path), "%s/ckpt_000004", c.out_dir);
+        assert_string_equal(ckpt, path);
+    }
+    snprintf(err.msg, sizeof(err.msg), "server at step 4");
+    assert_int_equal(zt_trainer_rewind_target(&c, &res, ZT_TRAIN_MAX_REWINDS, ckpt, sizeof(ckpt), &err), ZT_ESTATE);
+    assert_non_null(strstr(err.msg, "server at step 4"));
+    assert_non_null(strstr(err.msg, "after 3 automatic rewinds"));
+}
+
 int main(void)
 {
     zt_log_set_level(ZT_LOG_WARN);
@@ -360,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_placements_are_bit_identical),
         cmocka_unit_test(test_resume_across_placements),
         cmocka_unit_test(test_config_checks),
+        cmocka_unit_test(test_rewind_target),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,9 +29,13 @@
  *     middle of a push): the client's retries reconnect, the commit of the half-pushed step is refused
  *     (its gradients are incomplete), every rank pushes its gradients again and the step commits: the run
  *     goes on by itself;
- *   - at an older step: the steps since are lost; every rank stops with ZT_ESTATE and a message naming the
- *     checkpoint of that step, and `ztrain train --resume RUN_DIR/ckpt_NNNNNN` with the same flags
- *     continues on the losses of an uninterrupted run.
+ *   - at an older step s: the steps since are lost; every rank learns s (zero.c agrees on it), logs
+ *     "state server HOST:PORT restarted at step s; rewinding to checkpoint RUN_DIR/ckpt_s (rewind 1 of 3)"
+ *     and, after one all-reduce that every rank can go on (the checkpoint exists), runs again from the
+ *     checkpoint of step s on the same communicator, as `--resume RUN_DIR/ckpt_s` would (metrics.jsonl is
+ *     cut back to step s): the run ends on the losses of an uninterrupted run. After ZT_TRAIN_MAX_REWINDS
+ *     rewinds in one process every rank stops with ZT_ESTATE and a message naming the checkpoint to
+ *     continue from by hand with `ztrain train --resume RUN_DIR/ckpt_NNNNNN` and the same flags.
  * No partial step is ever applied: a server commits only a step whose gradients have all arrived. */
 #ifndef ZT_WORKER_RUNTIME_ZERO_TRAIN_H
 #define ZT_WORKER_RUNTIME_ZERO_TRAIN_H
@@ -47,8 +51,9 @@
 /* Trains as cfg says with the ranks of the launch environment (worker/launch/env.h); zo gives the ZeRO
  * level, checkpointing and prefetch (its AdamW fields are taken from cfg). Fills *res on every rank
  * (losses of this call's steps; free with zt_train_result_free, also after an error). The join timeout
- * is ZT_RDZV_TIMEOUT_S (default 60 s) and the collective timeout ZT_COMM_TIMEOUT_S (default 300 s). Returns 0, or a negative code with a
- * message in err on every rank (world size or config mismatch, a missing or failed rank, data or
+ * is ZT_RDZV_TIMEOUT_S (default 60 s) and the collective timeout ZT_COMM_TIMEOUT_S (default 300 s). After an
+ * automatic rewind (see above) *res describes the last attempt (start_step is the rewound-to step).
+ * Returns 0, or a negative code with a message in err on every rank (world size or config mismatch, a missing or failed rank, data or
  * checkpoint errors). */
 int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo, zt_train_result *res, zt_err *err);
 

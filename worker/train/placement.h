@@ -53,8 +53,10 @@ void zt_placement_server_close(zt_placement_server *ps);
 /* One optimizer step `step` through the servers, with zt_optimizer_step's contract: the gradient norm,
  * clip coefficient and skip guard are computed here and booked in opt (adam_step, skipped steps); a
  * skipped step is committed as an overflow (no update). The model's parameter slab receives the updated
- * parameters. Returns 0, ZT_ESTATE (diverged, or a server that lost the run's state: the message gives its
- * step and how to resume), or another negative code with a message. */
+ * parameters. A failed push or commit is tried once more, whole (a server back at the step before this
+ * one lost the pushes it had taken). Returns 0, ZT_ESTATE (diverged, or a server back at an older step:
+ * zt_placement_server_stale_step gives it, the message how to resume), or another negative code with a
+ * message. */
 int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimizer *opt, int64_t step,
                              float loss, float lr, zt_optimizer_report *report, zt_err *err);
 
