@@ -6,8 +6,11 @@
  * in flight, and marks a request done when its last piece completes. Callers only touch the request
  * table under the store's mutex and sleep on a condition variable in zt_store_wait; the payload's
  * checksum is computed in the caller's thread (write_async and wait), never in the I/O thread, so that
- * checksums never hold up submissions. A write sends the payload first and the header (with the new
- * checksum) last. */
+ * checksums never hold up submissions. A reader in zt_store_wait checksums the pieces that have arrived
+ * while the rest are still on their way (pieces complete out of order: a bitmap per request tracks them
+ * and done_prefix is the length of the completed start of the payload), so only the last pieces are
+ * checksummed after the I/O. A write sends the payload first and the header (with the new checksum)
+ * last. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +35,7 @@
 #define ZT_STORE_VERSION 1u
 #define ZT_STORE_MAX_REQUESTS 256 /* tickets pending at once */
 #define ZT_STORE_MAX_FIXED_FILES 65536u
+#define ZT_STORE_HEADER_PIECE 0xffffffffu /* piece index of a write's header in a completion's user data */
 
 /* On-disk record header (little-endian), padded to 4096 bytes; header_crc covers the bytes before it. */
 typedef struct file_header {
@@ -75,6 +79,9 @@ typedef struct request {
     int done;
     uint32_t crc;          /* write: checksum of the new payload; read: checksum expected */
     char *hdr;             /* 4096-byte aligned header buffer of this slot */
+    uint64_t *piece_done;  /* read: one bit per io_size piece, set when it completes */
+    size_t done_prefix;    /* read: bytes from offset 0 whose pieces have all completed */
+    int waiting;           /* read: the caller sleeps in zt_store_wait and checksums what arrives */
 } request;
 
 struct zt_store {
@@ -256,7 +263,7 @@ static int submit_piece_locked(zt_store *s, int slot)
         }
         if (r->fixed >= 0)
             sqe->flags |= IOSQE_FIXED_FILE;
-        io_uring_sqe_set_data64(sqe, ((uint64_t)slot << 32) | (uint32_t)len);
+        io_uring_sqe_set_data64(sqe, ((uint64_t)slot << 32) | (uint32_t)(q->next_off / s->cfg.io_size));
         q->next_off += len;
         q->inflight++;
         s->inflight++;
@@ -270,7 +277,7 @@ static int submit_piece_locked(zt_store *s, int slot)
         io_uring_prep_write(sqe, fd, q->hdr, ZT_STORE_HEADER_BYTES, 0);
         if (r->fixed >= 0)
             sqe->flags |= IOSQE_FIXED_FILE;
-        io_uring_sqe_set_data64(sqe, ((uint64_t)slot << 32) | ZT_STORE_HEADER_BYTES);
+        io_uring_sqe_set_data64(sqe, ((uint64_t)slot << 32) | ZT_STORE_HEADER_PIECE);
         q->header_sent = 1;
         q->inflight++;
         s->inflight++;
@@ -301,6 +308,24 @@ static void finish_if_done_locked(zt_store *s, request *q)
             q->result = ZT_EIO;
     }
     pthread_cond_broadcast(&s->done_cv);
+}
+
+/* Marks a read's piece complete and, if the completed start of the payload grew, wakes its waiter so
+ * that it checksums the new bytes while the rest are still being read. */
+static void piece_arrived_locked(zt_store *s, request *q, uint32_t piece)
+{
+    q->piece_done[piece / 64] |= (uint64_t)1 << (piece % 64);
+    size_t before = q->done_prefix;
+    while (q->done_prefix < q->total) {
+        size_t next = q->done_prefix / s->cfg.io_size;
+        if (!(q->piece_done[next / 64] & ((uint64_t)1 << (next % 64))))
+            break;
+        q->done_prefix += s->cfg.io_size;
+    }
+    if (q->done_prefix > q->total)
+        q->done_prefix = q->total;
+    if (q->done_prefix > before && q->waiting)
+        pthread_cond_broadcast(&s->done_cv);
 }
 
 static int has_work_locked(zt_store *s)
@@ -353,14 +378,21 @@ static void *io_thread(void *arg)
         io_uring_for_each_cqe(&s->ring, head, cqe) {
             uint64_t data = io_uring_cqe_get_data64(cqe);
             int slot = (int)(data >> 32);
-            unsigned len = (unsigned)(data & 0xffffffffu);
+            uint32_t piece = (uint32_t)(data & 0xffffffffu);
             request *q = &s->reqs[slot];
+            size_t len = ZT_STORE_HEADER_BYTES;
+            if (piece != ZT_STORE_HEADER_PIECE) {
+                size_t off = (size_t)piece * s->cfg.io_size;
+                len = q->total - off < s->cfg.io_size ? q->total - off : s->cfg.io_size;
+            }
             if (cqe->res < 0 && q->result == 0)
                 q->result = cqe->res;
             else if (cqe->res >= 0 && (unsigned)cqe->res != len && q->result == 0)
                 q->result = ZT_EIO; /* short transfer: the file is shorter than its header says */
             q->inflight--;
             s->inflight--;
+            if (q->piece_done && piece != ZT_STORE_HEADER_PIECE && cqe->res >= 0 && (size_t)cqe->res == len)
+                piece_arrived_locked(s, q, piece);
             finish_if_done_locked(s, q);
             seen++;
         }
@@ -569,6 +601,8 @@ void zt_store_close(zt_store *s)
         record_free(s->recs[i]);
     }
     free(s->recs);
+    for (int i = 0; i < ZT_STORE_MAX_REQUESTS; i++)
+        free(s->reqs[i].piece_done); /* reads never waited for */
     if (s->ring_ok)
         io_uring_queue_exit(&s->ring);
     free(s->fixed_used);
@@ -887,6 +921,11 @@ static int start_request(zt_store *s, zt_store_key key, float *buf, int is_write
     }
     q->total = r->io_bytes;
     q->buf_index = find_buffer_locked(s, q->buf, q->total);
+    if (!is_write) {
+        /* Without the bitmap (out of memory) the read is checksummed after its last piece instead. */
+        size_t pieces = (q->total + s->cfg.io_size - 1) / s->cfg.io_size;
+        q->piece_done = calloc((pieces + 63) / 64, sizeof(uint64_t));
+    }
     q->queued = 1;
     pthread_cond_signal(&s->work_cv);
 out:
@@ -917,15 +956,32 @@ int zt_store_wait(zt_store *s, int ticket, zt_err *err)
         pthread_mutex_unlock(&s->mu);
         return zt_fail(err, ZT_ESTATE, "store: ticket %d is not pending (waited twice?)", ticket);
     }
-    while (!q->done)
-        pthread_cond_wait(&s->done_cv, &s->mu);
-    int rc = q->result;
-    int verify = s->nvme && !q->is_write && rc == 0;
-    zt_store_key key = q->rec->key;
+    int reading = s->nvme && !q->is_write;
     size_t payload = q->rec->payload_bytes;
+    uint32_t got = 0;   /* read: checksum of the payload's first checked bytes */
+    size_t checked = 0;
+    q->waiting = 1;
+    while (!q->done) {
+        if (reading && q->result == 0 && q->done_prefix > checked && checked < payload) {
+            /* These bytes have arrived and the kernel no longer writes them: checksum them unlocked. */
+            size_t end = q->done_prefix < payload ? q->done_prefix : payload;
+            pthread_mutex_unlock(&s->mu);
+            got = zt_crc32c(got, q->buf + checked, end - checked);
+            pthread_mutex_lock(&s->mu);
+            checked = end;
+            continue;
+        }
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    }
+    q->waiting = 0;
+    int rc = q->result;
+    int verify = reading && rc == 0;
+    zt_store_key key = q->rec->key;
     uint32_t want = q->crc;
     const char *buf = q->buf;
     int is_write = q->is_write;
+    free(q->piece_done);
+    q->piece_done = NULL;
     q->rec->pending--;
     q->in_use = 0;
     pthread_mutex_unlock(&s->mu);
@@ -933,7 +989,7 @@ int zt_store_wait(zt_store *s, int ticket, zt_err *err)
         return zt_fail(err, rc, "store: %s of record (run %" PRIu64 ", block %" PRIu32 ", shard %" PRIu32 ") failed: %s",
                        is_write ? "write" : "read", key.run, key.block, key.shard,
                        rc == ZT_EIO ? "the record is incomplete (a write failed or the file is short)" : zt_strerror(rc));
-    if (verify && zt_crc32c(0, buf, payload) != want)
+    if (verify && zt_crc32c(got, buf + checked, payload - checked) != want)
         return zt_fail(err, ZT_ECHECKSUM,
                        "store: record (run %" PRIu64 ", block %" PRIu32 ", shard %" PRIu32 ") fails its checksum: the "
                        "file is corrupt; restore the run's state from a snapshot",
