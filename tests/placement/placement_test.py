@@ -14,11 +14,12 @@
      block 0 and the first chunk of block 1 (snapshot at step 4); the server is killed and restarted; the
      ranks retry (log "unavailable, retry"), the restarted server refuses to commit the half-pushed step
      ("incomplete": block 0 went down with the killed server), every rank pushes its gradients again,
-     the step commits and the run ends on the reference's losses without a restart;
+     the step commits and the run ends on the reference's losses without a restart; the same with one
+     process (W = 1, --servers);
   7. fault, a server that keeps going back: rank 0 pauses after step 3 four times (ZT_TEST_PAUSE_TIMES),
      and each time the server is killed and restarted at its snapshot of step 2; the run rewinds 3 times,
      then stops with a message saying it gave up after 3 automatic rewinds and exits 1.
-The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE, worker/runtime/zero_train.c), so every
+The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE, worker/train/placement.h), so every
 wait is for a log line or an exit, never a sleep. Every process is ended in a finally block.
 
 usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain
@@ -237,25 +238,27 @@ def main():
             same_curves(ref_dir, run, "W=%d: kill -9 between steps, automatic rewind" % nproc)
             check(srv.stop() == 0, "server '%s-b' exits 0 on SIGTERM" % name)
 
-        # 6. kill -9 in the middle of rank 0's push of step 5 (the last snapshot is step 4)
-        flags = server_flags("snap-midpush")
-        env = dict(os.environ, ZT_TEST_PAUSE="push:5", ZT_TEST_PAUSE_FIFO=fifo)
-        srv = server("fault3", flags)
-        j = train("midpush", target, nproc=2, env=env)
-        check(j.wait_log("test pause: push:5"), "rank 0 pauses in its push of step 5", j.text())
-        srv.proc.kill()
-        srv.stop()
-        srv = server("fault4", flags)
-        with open(fifo, "w") as f:
-            f.write("go\n")
-        rc = j.wait()
-        text = j.text()
-        check(rc == 0, "after a kill mid-push the run goes on and exits 0 (%s)" % rc, text)
-        check("unavailable, retry" in text, "a rank logs 'state server ... unavailable, retry'")
-        check("incomplete" in text and "committing once more" in text,
-              "the half-pushed step is refused as incomplete, then pushed again and committed", text)
-        same_curves(ref_dir, os.path.join(work, "midpush"), "kill -9 mid-push")
-        check(srv.stop() == 0, "server 'fault4' exits 0 on SIGTERM")
+        # 6. kill -9 in the middle of rank 0's push of step 5 (the last snapshot is step 4); 2 ranks, then
+        # one process
+        for nproc, name in ((2, "midpush"), (1, "midpush1p")):
+            flags = server_flags("snap-" + name)
+            env = dict(os.environ, ZT_TEST_PAUSE="push:5", ZT_TEST_PAUSE_FIFO=fifo)
+            srv = server(name + "-a", flags)
+            j = train(name, target, nproc=nproc, env=env)
+            check(j.wait_log("test pause: push:5"), "W=%d: pauses in its push of step 5" % nproc, j.text())
+            srv.proc.kill()
+            srv.stop()
+            srv = server(name + "-b", flags)
+            with open(fifo, "w") as f:
+                f.write("go\n")
+            rc = j.wait()
+            text = j.text()
+            check(rc == 0, "W=%d: after a kill mid-push the run goes on and exits 0 (%s)" % (nproc, rc), text)
+            check("unavailable, retry" in text, "W=%d: logs 'state server ... unavailable, retry'" % nproc)
+            check("incomplete" in text and "committing once more" in text and "rewinding" not in text,
+                  "W=%d: the half-pushed step is refused as incomplete, then pushed again and committed" % nproc, text)
+            same_curves(ref_dir, os.path.join(work, name), "W=%d: kill -9 mid-push" % nproc)
+            check(srv.stop() == 0, "server '%s-b' exits 0 on SIGTERM" % name)
 
         # 7. a server that keeps going back to its snapshot of step 2: 3 rewinds, then the run gives up
         flags = server_flags("snap-dying")
