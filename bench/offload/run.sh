@@ -9,6 +9,9 @@
 #   DISK_DIR  directory on the disk under test (default: /var/tmp/zt-bench); it is emptied
 #   GIB       bytes written and read by the disk tests (default: 4)
 # Logs of every run go to $LOG_DIR (default: the current directory).
+# fio is optional (Debian: apt-get install fio); without it the fio columns read "none". It is not needed
+# to build or test ztrain. Its baseline runs at the tier's queue depth and request size (QD 32, 1 MiB,
+# io_uring, O_DIRECT): the fair ceiling for a queue-depth engine, where dd keeps one request in flight.
 set -eu
 BIN=$1
 THREADS=${2:-$(nproc)}
