@@ -193,7 +193,7 @@ train_case() {
   local name=$1
   shift
   n_train_cases=$((n_train_cases + 1))
-  local out="$WORK/out_$n_train_cases"
+  local run_dir="$WORK/out_$n_train_cases"
   local pre=()
   while [ "$1" != "--" ]; do
     pre+=("$1")
@@ -201,8 +201,8 @@ train_case() {
   done
   shift
   expect_error "$name" "${pre[@]}" -- train --model "$WORK/model.json" --train-data "$WORK/d1/d_train_*.bin" \
-    --steps 2 --batch-size 2 --seq-len 16 --threads 1 --out "$out" "$@" &&
-    expect_no_run_output "$name" "$out" && pass "$name"
+    --steps 2 --batch-size 2 --seq-len 16 --threads 1 --out "$run_dir" "$@" &&
+    expect_no_run_output "$name" "$run_dir" && pass "$name"
 }
 
 # ---- fixtures ---------------------------------------------------------------------------------------
