@@ -1244,17 +1244,18 @@ int zt_rpc_stream_close_send(zt_rpc_stream_t *s)
     return 0;
 }
 
-int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len)
+/* Receives the next message of a client stream into *bb (NULL at the end of the stream), first releasing
+ * the pieces a previous zt_rpc_stream_recv_parts() handed out, and reading the initial metadata with the
+ * first message. Returns 0 (with *bb, or NULL at the end) or -EPIPE when the stream broke. */
+static int stream_recv_message(zt_rpc_stream_t *s, grpc_byte_buffer **bb)
 {
-    *data = NULL;
-    *len = 0;
-    if (s->held != NULL) { /* the pieces of the previous zt_rpc_stream_recv_parts() expire here */
+    *bb = NULL;
+    if (s->held != NULL) {
         grpc_byte_buffer_destroy(s->held);
         s->held = NULL;
     }
     if (s->recv_done)
         return 0;
-    grpc_byte_buffer *bb = NULL;
     grpc_op ops[2];
     int n = 0;
     memset(ops, 0, sizeof(ops));
@@ -1264,16 +1265,27 @@ int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len)
         s->got_initial = 1;
     }
     ops[n].op = GRPC_OP_RECV_MESSAGE;
-    ops[n++].data.recv_message.recv_message = &bb;
+    ops[n++].data.recv_message.recv_message = bb;
     int ok = 0;
     if (grpc_call_start_batch(s->call, ops, (size_t)n, &tag_read, NULL) == GRPC_CALL_OK)
         ok = wait_op(s->cq, s->call, &tag_read, stream_wait_deadline(s), NULL);
-    if (bb == NULL) {
+    if (*bb == NULL) {
         s->recv_done = 1;
         if (!ok)
             s->broken = 1;
         return ok ? 0 : -EPIPE;
     }
+    return 0;
+}
+
+int zt_rpc_stream_recv(zt_rpc_stream_t *s, const void **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    grpc_byte_buffer *bb;
+    int rc = stream_recv_message(s, &bb);
+    if (bb == NULL)
+        return rc;
     size_t got = flatten(bb, &s->buf, &s->cap);
     grpc_byte_buffer_destroy(bb);
     *data = s->buf;
@@ -1429,32 +1441,10 @@ int zt_rpc_stream_recv_parts(zt_rpc_stream_t *s, const struct zt_rpc_part **part
     *parts = NULL;
     *nparts = 0;
     *len = 0;
-    if (s->held != NULL) {
-        grpc_byte_buffer_destroy(s->held);
-        s->held = NULL;
-    }
-    if (s->recv_done)
-        return 0;
-    grpc_byte_buffer *bb = NULL;
-    grpc_op ops[2];
-    int n = 0;
-    memset(ops, 0, sizeof(ops));
-    if (!s->got_initial) {
-        ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-        ops[n++].data.recv_initial_metadata.recv_initial_metadata = &s->initial_md;
-        s->got_initial = 1;
-    }
-    ops[n].op = GRPC_OP_RECV_MESSAGE;
-    ops[n++].data.recv_message.recv_message = &bb;
-    int ok = 0;
-    if (grpc_call_start_batch(s->call, ops, (size_t)n, &tag_read, NULL) == GRPC_CALL_OK)
-        ok = wait_op(s->cq, s->call, &tag_read, stream_wait_deadline(s), NULL);
-    if (bb == NULL) {
-        s->recv_done = 1;
-        if (!ok)
-            s->broken = 1;
-        return ok ? 0 : -EPIPE;
-    }
+    grpc_byte_buffer *bb;
+    int rc = stream_recv_message(s, &bb);
+    if (bb == NULL)
+        return rc;
     if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) {
         /* Not plain slices (a compressed message): one flattened piece. */
         size_t got = flatten(bb, &s->buf, &s->cap);
