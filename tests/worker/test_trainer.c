@@ -20,6 +20,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/safetensors.h"
 #include "worker/commands.h"
 #include "worker/data/dataloader.h"
 #include "worker/model/gpt2.h"
@@ -572,6 +573,81 @@ static void test_export(void **state)
     zt_train_result_free(&res);
 }
 
+/* With save_grads, ckpt_000002/grads.safetensors holds the gradient of step 2: that of the parameters of
+ * ckpt_000001 on the second window of the (unshuffled) training data, as zt_gpt2_backward computes it;
+ * a resume from that checkpoint continues as usual. */
+static void test_save_grads(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, "grads");
+    c.steps = 2;
+    c.warmup_steps = 1;
+    c.save_every = 1;
+    c.grad_accum = 1;
+    c.shuffle = false;
+    c.val_data[0] = '\0';
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_set_flag(&c, "--save-grads", "", &err), 0);
+    assert_true(c.save_grads);
+    run_ok(&c, &res);
+    zt_train_result_free(&res);
+    assert_true(exists("grads/ckpt_000001/grads.safetensors"));
+    assert_true(exists("grads/ckpt_000002/grads.safetensors"));
+
+    /* The reference: step 2's batch through the parameters after step 1. */
+    zt_gpt2_config mc = tiny_model();
+    zt_gpt2 *m = NULL;
+    zt_dataloader *dl = NULL;
+    char path[512];
+    assert_int_equal(zt_gpt2_create(&m, &mc, B, T, 1, &err), 0);
+    path_of(path, sizeof(path), "grads/ckpt_000001/model.safetensors");
+    assert_int_equal(zt_gpt2_import(m, path, &err), 0);
+    path_of(path, sizeof(path), "t_train_*.bin");
+    assert_int_equal(zt_dataloader_open(&dl, path, B, T, false, (uint64_t)c.seed, &err), 0);
+    int32_t in[B * T], tg[B * T];
+    zt_dataloader_next(dl, in, tg); /* step 1's window */
+    zt_dataloader_next(dl, in, tg);
+    zt_gpt2_zero_grad(m);
+    zt_gpt2_forward(m, in, tg, B, T);
+    zt_gpt2_backward(m, 1.0f);
+    const float *want = zt_gpt2_grads(m);
+
+    zt_st_file *f = NULL;
+    path_of(path, sizeof(path), "grads/ckpt_000002/grads.safetensors");
+    assert_int_equal(zt_st_open(path, &f, &err), 0);
+    assert_int_equal(zt_st_count(f), zt_gpt2_num_tensors(m));
+    double max_abs = 0.0, max_diff = 0.0;
+    for (int i = 0; i < zt_gpt2_num_tensors(m); i++) {
+        const zt_param_info *t = zt_gpt2_tensor(m, i);
+        const zt_st_tensor *g = zt_st_find(f, t->name);
+        if (!g)
+            fail_msg("grads.safetensors has no tensor '%s'", t->name);
+        assert_int_equal(g->dtype, ZT_DTYPE_F32);
+        assert_int_equal(g->nbytes, t->numel * sizeof(float));
+        const float *got = (const float *)g->data;
+        for (size_t k = 0; k < t->numel; k++) {
+            max_abs = fmax(max_abs, fabs(want[t->offset + k]));
+            max_diff = fmax(max_diff, fabs((double)got[k] - want[t->offset + k]));
+        }
+    }
+    zt_st_close(f);
+    zt_dataloader_close(dl);
+    zt_gpt2_destroy(m);
+    assert_true(max_abs > 0.0);
+    if (max_diff > 1e-6 * max_abs)
+        fail_msg("saved gradients differ from zt_gpt2_backward by %g (largest gradient %g)", max_diff, max_abs);
+
+    /* Resuming ignores the gradient file. */
+    c.steps = 3;
+    snprintf(c.resume, sizeof(c.resume), "%s/grads", g_dir);
+    run_ok(&c, &res);
+    assert_int_equal(res.end_step, 3);
+    zt_train_result_free(&res);
+    assert_true(exists("grads/ckpt_000003/grads.safetensors"));
+}
+
 int main(void)
 {
     zt_log_set_level(ZT_LOG_ERROR); /* the runs' progress lines would drown cmocka's report */
@@ -584,6 +660,7 @@ int main(void)
         cmocka_unit_test(test_setup_errors),
         cmocka_unit_test(test_optimizer_guards),
         cmocka_unit_test(test_export),
+        cmocka_unit_test(test_save_grads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

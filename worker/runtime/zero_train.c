@@ -480,6 +480,11 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
                        "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
                        cfg->device, env.world_size);
+    /* Each rank holds only its shard of the gradients; gathering them for a dump is not implemented. */
+    if (cfg->save_grads && env.world_size > 1)
+        return zt_fail(err, ZT_EUNSUPPORTED, "save_grads (--save-grads) with WORLD_SIZE=%d: gradient dumps are "
+                       "written by single-process runs only; drop it, or train with one rank (WORLD_SIZE=1) to "
+                       "inspect gradients", env.world_size);
     const int W = env.world_size, B = (int)cfg->batch_size;
     if (B % W != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,

@@ -78,8 +78,26 @@ static int write_optim(const char *path, const zt_gpt2 *model, const zt_optimize
     return rc;
 }
 
+/* grads.safetensors: the gradient of every model tensor under its ztrain name, in the model's layout. */
+static int write_grads(const char *path, const zt_gpt2 *model, const float *grads, zt_err *err)
+{
+    zt_st_writer *w = zt_st_writer_create();
+    ZT_ASSERT(w);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < zt_gpt2_num_tensors(model); i++) {
+        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        rc = zt_st_writer_add(w, t->name, ZT_DTYPE_F32, t->ndim, t->shape, grads + t->offset, err);
+    }
+    if (rc == 0)
+        rc = zt_st_writer_add_metadata(w, "format", "ztrain-grads", err);
+    if (rc == 0)
+        rc = zt_st_writer_write(w, path, err);
+    zt_st_writer_destroy(w);
+    return rc;
+}
+
 /* manifest.json: the state and the size and CRC of every file already in dir. */
-static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
+static int write_manifest(const char *dir, const zt_ckpt_state *st, bool with_grads, zt_err *err)
 {
     cJSON *root = cJSON_CreateObject();
     ZT_ASSERT(root);
@@ -117,15 +135,16 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
 
     cJSON *files = cJSON_AddObjectToObject(root, "files");
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < NUM_CKPT_FILES; i++) {
+    for (size_t i = 0; rc == 0 && i < NUM_CKPT_FILES + (with_grads ? 1 : 0); i++) {
+        const char *name = i < NUM_CKPT_FILES ? ckpt_files[i] : "grads.safetensors";
         char path[PATH_CAP];
         uint64_t size = 0;
         uint32_t crc = 0;
-        rc = join(path, sizeof(path), dir, ckpt_files[i], err);
+        rc = join(path, sizeof(path), dir, name, err);
         if (rc == 0)
             rc = zt_checksum_file(path, &size, &crc, err);
         if (rc == 0) {
-            cJSON *f = cJSON_AddObjectToObject(files, ckpt_files[i]);
+            cJSON *f = cJSON_AddObjectToObject(files, name);
             char hex[12];
             snprintf(hex, sizeof(hex), "%08" PRIx32, crc);
             cJSON_AddItemToObject(f, "bytes", zt__json_exact_int((int64_t)size));
@@ -149,6 +168,14 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, zt_err *err)
 int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
                        const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
                        zt_err *err)
+{
+    return zt_checkpoint_save_with_grads(out_dir, model, opt, NULL, cfg, st, path_out, cap, err);
+}
+
+/* zt_checkpoint_save with an optional gradient dump; see checkpoint.h. */
+int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+                                  const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
+                                  char *path_out, size_t cap, zt_err *err)
 {
     char name[32], final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8], old_dir[PATH_CAP + 8], path[PATH_CAP + 32];
     snprintf(name, sizeof(name), "ckpt_%06lld", (long long)st->step);
@@ -179,8 +206,12 @@ int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optim
         snprintf(path, sizeof(path), "%s/model_config.json", tmp_dir);
         rc = zt_gpt2_config_save(zt_gpt2_get_config(model), path, err);
     }
+    if (rc == 0 && grads) {
+        snprintf(path, sizeof(path), "%s/grads.safetensors", tmp_dir);
+        rc = write_grads(path, model, grads, err);
+    }
     if (rc == 0)
-        rc = write_manifest(tmp_dir, st, err);
+        rc = write_manifest(tmp_dir, st, grads != NULL, err);
     if (rc == 0)
         rc = fsync_dir(tmp_dir, err);
     if (rc < 0)

@@ -7,6 +7,9 @@
  *     optim.safetensors   Adam moments per tensor: "m.<name>" and "v.<name>" (ztrain names and layout), F32
  *     config.json         the training config (zt_train_config_save; "model" refers to model_config.json)
  *     model_config.json   the model's Hugging Face config
+ *     grads.safetensors   only with save_grads: the gradients of the last step, before clipping, ztrain
+ *                         names and layout (as optim.safetensors without "m."/"v."), F32; verified on load
+ *                         like the other files but not needed to resume
  *   runs/demo/latest      "ckpt_000500\n": the newest checkpoint's name
  *
  * A checkpoint is written as ckpt_000500.tmp/ (each file atomically), then renamed, and only then is
@@ -49,6 +52,12 @@ typedef struct zt_ckpt_state {
 int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
                        const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
                        zt_err *err);
+
+/* zt_checkpoint_save that also writes grads.safetensors from grads (the model's gradient slab layout,
+ * zt_gpt2_num_params floats) and lists it in the manifest; grads NULL writes no gradient file. */
+int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+                                  const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
+                                  char *path_out, size_t cap, zt_err *err);
 
 /* Finds the checkpoint meant by dir: dir itself when it holds a manifest.json, otherwise the one named
  * by dir/latest. Writes its path into out (cap bytes). Returns 0, or a negative code with a message

@@ -67,6 +67,7 @@ static const struct key_def keys[] = {
     {"seed", "--seed", KEY_INT, FIELD(seed)},
     {"threads", "--threads", KEY_INT, FIELD(threads)},
     {"shuffle", NULL, KEY_BOOL, FIELD(shuffle)},
+    {"save_grads", "--save-grads", KEY_BOOL, FIELD(save_grads)},
     {"device", "--device", KEY_TEXT, FIELD(device)},
     {"precision", "--precision", KEY_TEXT, FIELD(precision)},
     {"loss_scale", NULL, KEY_DOUBLE, FIELD(loss_scale)},
@@ -320,8 +321,16 @@ int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *v
             return zt_fail(err, ZT_EINVAL_CONFIG, "%s: expected a number, got '%s'", flag, value);
         return 0;
     case KEY_BOOL:
-        ZT_ASSERT(!"no boolean flags");
-        return ZT_EINVAL_CONFIG;
+        /* A flag without a value ("--save-grads") arrives as "" and means true. */
+        if (value[0] == '\0' || strcmp(value, "true") == 0 || strcmp(value, "1") == 0) {
+            *(bool *)field_ptr(c, k) = true;
+            return 0;
+        }
+        if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0) {
+            *(bool *)field_ptr(c, k) = false;
+            return 0;
+        }
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: expected true or false, got '%s'", flag, value);
     case KEY_PATH:
     case KEY_TEXT: {
         int rc = set_string(c, k, value, flag, err);
@@ -545,6 +554,10 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
         (rc = check_double(c, "min_loss_scale", 0.0, true, c->loss_scale, false, err)) < 0 ||
         (rc = check_int(c, "loss_scale_window", 1, 1000000000, err)) < 0)
         return rc;
+    if (c->save_grads && strcmp(c->device, "cuda") == 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is not supported with --device cuda yet (the GPU trainer "
+                       "does not copy its gradients to the host); train with --device cpu or drop it",
+                       label("save_grads"));
     return validate_placement(c, err);
 }
 

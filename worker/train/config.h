@@ -59,6 +59,7 @@ typedef struct zt_train_config {
     int64_t seed;
     int64_t threads;      /* CPU threads; 0 = one per core */
     bool shuffle;
+    bool save_grads;      /* every checkpoint also holds grads.safetensors (the last step's gradients) */
 
     /* Where and in what precision to train. */
     char device[8];       /* cpu | cuda */

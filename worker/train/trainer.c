@@ -637,8 +637,10 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                 goto out;
             st.loss_scale = r.use_scaler ? r.scaler.scale : 0.0;
             st.loss_scale_clean_steps = r.use_scaler ? r.scaler.clean_steps : 0;
-            if ((rc = zt_checkpoint_save(cfg->out_dir, r.model, &r.opt, cfg, &st, res->checkpoint,
-                                         sizeof(res->checkpoint), err)) < 0)
+            /* The CPU gradient slab still holds this step's gradients (clipping only scales the update). */
+            const float *grads = cfg->save_grads ? zt_gpt2_grads(r.model) : NULL;
+            if ((rc = zt_checkpoint_save_with_grads(cfg->out_dir, r.model, &r.opt, grads, cfg, &st, res->checkpoint,
+                                                    sizeof(res->checkpoint), err)) < 0)
                 goto out;
             zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
         }
