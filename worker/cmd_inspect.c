@@ -145,6 +145,7 @@ int zt_cmd_inspect(int argc, char **argv)
         fprintf(stderr, "ztrain: error: %s\n", err.msg);
         zt_st_close(model);
         zt_st_close(optim);
+        zt_st_close(grads);
         return 1;
     }
 
