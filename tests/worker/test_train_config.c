@@ -396,6 +396,29 @@ static void test_validation_errors(void **state)
     assert_int_equal(zt_train_config_validate(&c, &err), 0);
 }
 
+/* save_grads: off by default, a flag with no value or true/false, refused on the GPU for now. */
+static void test_save_grads_flag(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    valid_config(&c);
+    assert_false(c.save_grads);
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_set_flag(&c, "--save-grads", "", &err), 0);
+    assert_true(c.save_grads);
+    assert_int_equal(zt_train_config_set_flag(&c, "--save-grads", "false", &err), 0);
+    assert_false(c.save_grads);
+    assert_int_equal(zt_train_config_set_flag(&c, "--save-grads", "true", &err), 0);
+    assert_true(c.save_grads);
+    assert_int_equal(zt_train_config_set_flag(&c, "--save-grads", "maybe", &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "expected true or false, got 'maybe'"));
+    assert_true(c.save_grads);
+    assert_int_equal(zt_train_config_validate(&c, &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--device", "cuda", &err), 0);
+    assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "\"save_grads\" (--save-grads)"));
+}
+
 static void test_save_and_load_back(void **state)
 {
     (void)state;
@@ -457,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_flag_errors),
         cmocka_unit_test(test_validation_errors),
+        cmocka_unit_test(test_save_grads_flag),
         cmocka_unit_test(test_save_and_load_back),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
