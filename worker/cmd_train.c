@@ -22,7 +22,7 @@ static const char train_usage[] =
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
     "                    [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
-    "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--log-level L]\n"
+    "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "\n"
     "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU or a CUDA GPU.\n"
     "Settings come from their defaults, then the JSON config file, then these flags.\n"
@@ -51,6 +51,8 @@ static const char train_usage[] =
     "  --log-every N        steps between progress lines (default 10)\n"
     "  --seed N             seed of initialisation and shuffling (default 1337)\n"
     "  --threads N          CPU threads, 0 = one per core (default 0)\n"
+    "  --save-grads         every checkpoint also holds grads.safetensors, the last step's gradients (CPU, one\n"
+    "                       process; shown by ztrain inspect)\n"
     "  --device D           cpu | cuda (default cpu)\n"
     "  --precision P        auto | fp32 | bf16 | fp16 on cuda (default auto: bf16 on sm_80+, fp16 below)\n"
     "  --optimizer O        where AdamW runs: gpu (cuda) | cpu | server (default: gpu on cuda, cpu on cpu)\n"
@@ -134,6 +136,7 @@ int zt_cmd_train(int argc, char **argv)
         {"warmup", required_argument, NULL, OPT_SETTING},
         {"weight-decay", required_argument, NULL, OPT_SETTING},
         {"grad-clip", required_argument, NULL, OPT_SETTING},
+        {"save-grads", no_argument, NULL, OPT_SETTING},
         {"eval-every", required_argument, NULL, OPT_SETTING},
         {"eval-batches", required_argument, NULL, OPT_SETTING},
         {"save-every", required_argument, NULL, OPT_SETTING},
@@ -187,7 +190,7 @@ int zt_cmd_train(int argc, char **argv)
             if (nsettings == MAX_SETTINGS)
                 return fail_usage("%s: too many flags", "train");
             snprintf(settings[nsettings].flag, sizeof(settings[0].flag), "--%s", options[index].name);
-            settings[nsettings].value = optarg;
+            settings[nsettings].value = optarg ? optarg : ""; /* "" for a flag without a value */
             if (strcmp(options[index].name, "resume") == 0)
                 resume = optarg;
             nsettings++;
