@@ -27,6 +27,8 @@
 #include "worker/model/gpt2.h"
 #include "worker/train/trainer.h"
 
+#include "../worker/train_fixture.h"
+
 #define VOCAB 200
 #define STEPS 20
 
@@ -42,20 +44,14 @@ static void write_shard(const char *name, size_t n, uint32_t seed)
         x = x * 1664525u + 1013904223u;
         tok[i] = (uint16_t)(i % 4 == 3 ? (x >> 16) % VOCAB : ((i % 13) * 17 + 3) % VOCAB);
     }
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-    zt_err err = {{0}};
-    if (zt_shard_write(path, tok, n, &err) != 0)
-        fail_msg("%s", err.msg);
+    zt_fixture_write_shard(g_dir, name, tok, n);
     free(tok);
 }
 
 static int setup(void **state)
 {
     (void)state;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof(g_dir), "%s/zt_test_gpu_training_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(g_dir))
+    if (zt_fixture_make_dir(g_dir, sizeof(g_dir), "zt_test_gpu_training_") != 0)
         return -1;
     write_shard("g_train_000.bin", 40000, 7);
     write_shard("g_val_000.bin", 4000, 9);
@@ -65,9 +61,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return zt_fixture_remove_dir(g_dir);
 }
 
 static void base_config(zt_train_config *c, const char *out, const char *device, const char *precision)
@@ -98,18 +92,7 @@ static void base_config(zt_train_config *c, const char *out, const char *device,
     c->log_every = 5;
     c->seed = 11;
     c->threads = 2;
-    zt_err err = {{0}};
-    assert_int_equal(zt_train_config_resolve(c, &err), 0);
-    if (zt_train_config_validate(c, &err) != 0)
-        fail_msg("%s", err.msg);
-}
-
-static void run_ok(const zt_train_config *c, zt_train_result *res)
-{
-    zt_err err = {{0}};
-    int rc = zt_trainer_run(c, res, &err);
-    if (rc != 0)
-        fail_msg("zt_trainer_run failed (%d): %s", rc, err.msg);
+    zt_fixture_finish_config(c);
 }
 
 /* The CPU reference run, trained once. */
@@ -121,7 +104,7 @@ static const zt_train_result *cpu_run(void)
     if (!g_have_cpu) {
         zt_train_config c;
         base_config(&c, "cpu", "cpu", "auto");
-        run_ok(&c, &g_cpu);
+        zt_fixture_train_ok(&c, &g_cpu);
         assert_int_equal(g_cpu.end_step, STEPS);
         g_have_cpu = true;
     }
@@ -154,7 +137,7 @@ static void test_fp32_tracks_cpu(void **state)
     zt_train_config c;
     base_config(&c, "gpu_fp32", "cuda", "fp32");
     zt_train_result r;
-    run_ok(&c, &r);
+    zt_fixture_train_ok(&c, &r);
     assert_int_equal(r.end_step, STEPS);
     compare("fp32", &r, 1, 1e-4);
     assert_true(r.losses[STEPS - 1] < r.losses[0] - 0.5f); /* it learns */
@@ -167,7 +150,7 @@ static void test_bf16_tracks_cpu(void **state)
     zt_train_config c;
     base_config(&c, "gpu_bf16", "cuda", "bf16");
     zt_train_result r;
-    run_ok(&c, &r);
+    zt_fixture_train_ok(&c, &r);
     compare("bf16", &r, 1, 3e-2);
     zt_train_result_free(&r);
 }
@@ -178,7 +161,7 @@ static void test_fp16_tracks_cpu(void **state)
     zt_train_config c;
     base_config(&c, "gpu_fp16", "cuda", "fp16");
     zt_train_result r;
-    run_ok(&c, &r);
+    zt_fixture_train_ok(&c, &r);
     compare("fp16", &r, 1, 3e-2);
     assert_int_equal(r.skipped_steps, 0);
     zt_train_result_free(&r);
@@ -196,14 +179,14 @@ static void test_gpu_resume_is_exact(void **state)
         zt_train_config c;
         base_config(&c, out_full, "cuda", precisions[k]);
         zt_train_result full, a, b;
-        run_ok(&c, &full);
+        zt_fixture_train_ok(&c, &full);
         base_config(&c, out_split, "cuda", precisions[k]);
         c.stop_at_step = 10;
-        run_ok(&c, &a);
+        zt_fixture_train_ok(&c, &a);
         assert_true(a.interrupted);
         base_config(&c, out_split, "cuda", precisions[k]);
         snprintf(c.resume, sizeof c.resume, "%s/%s", g_dir, out_split);
-        run_ok(&c, &b);
+        zt_fixture_train_ok(&c, &b);
         assert_int_equal(b.start_step, 10);
         assert_int_equal(b.end_step, STEPS);
         for (int s = 0; s < 10; s++)
@@ -227,10 +210,10 @@ static void test_gpu_checkpoint_resumes_on_cpu(void **state)
     base_config(&c, "to_cpu", "cuda", "fp32");
     c.stop_at_step = 10;
     zt_train_result a, b;
-    run_ok(&c, &a);
+    zt_fixture_train_ok(&c, &a);
     base_config(&c, "to_cpu", "cpu", "auto");
     snprintf(c.resume, sizeof c.resume, "%s/to_cpu", g_dir);
-    run_ok(&c, &b);
+    zt_fixture_train_ok(&c, &b);
     assert_int_equal(b.start_step, 10);
     compare("GPU checkpoint -> CPU resume", &b, 11, 1e-4);
     zt_train_result_free(&a);

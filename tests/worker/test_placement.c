@@ -31,6 +31,8 @@
 #include "worker/train/schedule.h"
 #include "worker/train/trainer.h"
 
+#include "train_fixture.h"
+
 #define VOCAB 64
 #define STEPS 6
 
@@ -39,28 +41,20 @@ static char g_dir[256];
 static int setup(void **state)
 {
     (void)state;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof(g_dir), "%s/zt_test_placement_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(g_dir))
+    if (zt_fixture_make_dir(g_dir, sizeof(g_dir), "zt_test_placement_") != 0)
         return -1;
-    size_t n = 4000;
-    uint16_t *tok = malloc(n * sizeof(uint16_t));
-    for (size_t i = 0; i < n; i++)
+    enum { N = 4000 };
+    static uint16_t tok[N];
+    for (size_t i = 0; i < N; i++)
         tok[i] = (uint16_t)(((i % 11) * 7 + (i / 97) % 5) % VOCAB);
-    char path[512];
-    snprintf(path, sizeof(path), "%s/p_train_000.bin", g_dir);
-    zt_err err = {{0}};
-    int rc = zt_shard_write(path, tok, n, &err);
-    free(tok);
-    return rc;
+    zt_fixture_write_shard(g_dir, "p_train_000.bin", tok, N);
+    return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return zt_fixture_remove_dir(g_dir);
 }
 
 static void base_config(zt_train_config *c, const char *out, const char *optimizer)
@@ -88,18 +82,7 @@ static void base_config(zt_train_config *c, const char *out, const char *optimiz
     c->seed = 7;
     c->threads = 2;
     c->grad_clip = 0.5; /* small enough that clipping is active */
-    zt_err err = {{0}};
-    assert_int_equal(zt_train_config_resolve(c, &err), 0);
-    if (zt_train_config_validate(c, &err) != 0)
-        fail_msg("%s", err.msg);
-}
-
-static void run_ok(const zt_train_config *c, zt_train_result *res)
-{
-    zt_err err = {{0}};
-    int rc = zt_trainer_run(c, res, &err);
-    if (rc != 0)
-        fail_msg("zt_trainer_run (%s, %s) failed (%d): %s", c->optimizer, c->out_dir, rc, err.msg);
+    zt_fixture_finish_config(c);
 }
 
 /* The reference: the trainer's loop with the per-tensor zt_cpu_adamw_update of kernels/adamw.h. */
@@ -215,19 +198,19 @@ static void test_placements_are_bit_identical(void **state)
     zt_train_config c;
     zt_train_result res;
     base_config(&c, "cpu", "cpu");
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     expect_same_losses(want, &res, "cpu");
     zt_train_result_free(&res);
 
     base_config(&c, "ram", "server");
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     expect_same_losses(want, &res, "server (embedded, RAM)");
     zt_train_result_free(&res);
     expect_same_checkpoint("cpu", "ram");
 
     base_config(&c, "nvme", "server");
     snprintf(c.state_store, sizeof(c.state_store), "nvme:%s/nvme_store", g_dir);
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     expect_same_losses(want, &res, "server (embedded, NVMe)");
     zt_train_result_free(&res);
     expect_same_checkpoint("cpu", "nvme");
@@ -301,13 +284,13 @@ static void test_resume_across_placements(void **state)
         zt_train_result res;
         base_config(&c, pairs[i][0], pairs[i][1]);
         c.stop_at_step = 3;
-        run_ok(&c, &res);
+        zt_fixture_train_ok(&c, &res);
         assert_true(res.interrupted);
         expect_same_losses(want, &res, pairs[i][1]);
         zt_train_result_free(&res);
         base_config(&c, pairs[i][0], pairs[i][2]);
         snprintf(c.resume, sizeof(c.resume), "%s/%s", g_dir, pairs[i][0]);
-        run_ok(&c, &res);
+        zt_fixture_train_ok(&c, &res);
         assert_int_equal(res.start_step, 3);
         expect_same_losses(want, &res, pairs[i][0]);
         zt_train_result_free(&res);

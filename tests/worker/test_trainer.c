@@ -28,6 +28,8 @@
 #include "worker/train/optimizer.h"
 #include "worker/train/trainer.h"
 
+#include "train_fixture.h"
+
 #define VOCAB 64
 #define B 2
 #define T 16
@@ -54,20 +56,14 @@ static void write_shard(const char *name, size_t n, uint16_t salt, uint16_t max_
     assert_non_null(tok);
     for (size_t i = 0; i < n; i++)
         tok[i] = (uint16_t)(((i % 11) * 7 + salt) % (max_token + 1u));
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", g_dir, name);
-    zt_err err = {{0}};
-    if (zt_shard_write(path, tok, n, &err) != 0)
-        fail_msg("%s", err.msg);
+    zt_fixture_write_shard(g_dir, name, tok, n);
     free(tok);
 }
 
 static int setup(void **state)
 {
     (void)state;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof(g_dir), "%s/zt_test_trainer_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(g_dir))
+    if (zt_fixture_make_dir(g_dir, sizeof(g_dir), "zt_test_trainer_") != 0)
         return -1;
     write_shard("t_train_000.bin", 4000, 0, VOCAB - 1);
     write_shard("t_val_000.bin", 600, 0, VOCAB - 1);
@@ -78,9 +74,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return zt_fixture_remove_dir(g_dir);
 }
 
 /* A valid config for the tiny model writing into g_dir/<out>. */
@@ -105,18 +99,7 @@ static void base_config(zt_train_config *c, const char *out)
     c->log_every = 1;
     c->seed = 5;
     c->threads = 1;
-    zt_err err = {{0}};
-    assert_int_equal(zt_train_config_resolve(c, &err), 0);
-    if (zt_train_config_validate(c, &err) != 0)
-        fail_msg("%s", err.msg);
-}
-
-static void run_ok(const zt_train_config *c, zt_train_result *res)
-{
-    zt_err err = {{0}};
-    int rc = zt_trainer_run(c, res, &err);
-    if (rc != 0)
-        fail_msg("zt_trainer_run failed (%d): %s", rc, err.msg);
+    zt_fixture_finish_config(c);
 }
 
 static void path_of(char *out, size_t cap, const char *rel)
@@ -179,7 +162,7 @@ static void test_resume_is_bit_identical(void **state)
 
     /* A: 6 steps in one go. */
     base_config(&c, "A");
-    run_ok(&c, &straight);
+    zt_fixture_train_ok(&c, &straight);
     assert_false(straight.interrupted);
     assert_int_equal(straight.start_step, 0);
     assert_int_equal(straight.end_step, 6);
@@ -191,7 +174,7 @@ static void test_resume_is_bit_identical(void **state)
     /* B: stopped after step 3 (a checkpoint is written), then resumed from the run directory. */
     base_config(&c, "B");
     c.stop_at_step = 3;
-    run_ok(&c, &first);
+    zt_fixture_train_ok(&c, &first);
     assert_true(first.interrupted);
     assert_int_equal(first.end_step, 3);
     assert_true(exists("B/ckpt_000003/manifest.json"));
@@ -209,7 +192,7 @@ static void test_resume_is_bit_identical(void **state)
     if (zt_train_config_load_file(&c, saved, &err) != 0 || zt_train_config_resolve(&c, &err) != 0)
         fail_msg("%s", err.msg);
     snprintf(c.resume, sizeof(c.resume), "%s/B", g_dir);
-    run_ok(&c, &second);
+    zt_fixture_train_ok(&c, &second);
     assert_int_equal(second.start_step, 3);
     assert_int_equal(second.end_step, 6);
 
@@ -227,7 +210,7 @@ static void test_resume_is_bit_identical(void **state)
      * step-6 checkpoint, and still ends where A ended. */
     base_config(&c, "B");
     snprintf(c.resume, sizeof(c.resume), "%s/B/ckpt_000004", g_dir);
-    run_ok(&c, &again);
+    zt_fixture_train_ok(&c, &again);
     assert_memory_equal(again.losses, straight.losses + 4, 2 * sizeof(float));
     expect_same_file("A/ckpt_000006/model.safetensors", "B/ckpt_000006/model.safetensors");
     char *mb2 = metrics_without_timing("B/metrics.jsonl");
@@ -237,7 +220,7 @@ static void test_resume_is_bit_identical(void **state)
     /* A checkpoint directory can also seed a new run directory. */
     base_config(&c, "C");
     snprintf(c.resume, sizeof(c.resume), "%s/A/ckpt_000002", g_dir);
-    run_ok(&c, &other);
+    zt_fixture_train_ok(&c, &other);
     assert_memory_equal(other.losses, straight.losses + 2, 4 * sizeof(float));
     expect_same_file("A/ckpt_000006/model.safetensors", "C/ckpt_000006/model.safetensors");
 
@@ -258,7 +241,7 @@ static void test_request_stop(void **state)
     zt_train_result res;
     base_config(&c, "S");
     zt_trainer_request_stop(); /* as a SIGINT handler would */
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     assert_true(res.interrupted);
     assert_int_equal(res.end_step, 1);
     assert_true(exists("S/ckpt_000001/manifest.json"));
@@ -266,7 +249,7 @@ static void test_request_stop(void **state)
 
     /* The request was consumed: the resumed run goes to the end. */
     snprintf(c.resume, sizeof(c.resume), "%s/S", g_dir);
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     assert_false(res.interrupted);
     assert_int_equal(res.end_step, 6);
     zt_train_result_free(&res);
@@ -350,7 +333,7 @@ static void test_corrupt_checkpoint_is_refused(void **state)
     zt_train_result res;
     base_config(&c, "K");
     c.steps = 4;
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     zt_train_result_free(&res);
 
     /* One flipped bit of the weights, in the tensor data (the header still parses). */
@@ -385,7 +368,7 @@ static void test_corrupt_checkpoint_is_refused(void **state)
     base_config(&c, "K");
     c.steps = 5;
     snprintf(c.resume, sizeof(c.resume), "%s/K", g_dir);
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     assert_int_equal(res.start_step, 4);
     zt_train_result_free(&res);
 }
@@ -398,7 +381,7 @@ static void test_other_model_is_refused(void **state)
     base_config(&c, "M");
     c.steps = 2;
     c.warmup_steps = 1;
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     zt_train_result_free(&res);
 
     base_config(&c, "M");
@@ -433,7 +416,7 @@ static void test_setup_errors(void **state)
     base_config(&c, "R");
     c.steps = 2;
     c.warmup_steps = 1;
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     zt_train_result_free(&res);
     assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EINVAL_CONFIG);
     zt_train_result_free(&res);
@@ -451,7 +434,7 @@ static void test_setup_errors(void **state)
     base_config(&c, "F");
     c.steps = 2;
     c.warmup_steps = 1;
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     zt_train_result_free(&res);
     size_t n = 0;
     char *metrics = slurp("F/metrics.jsonl", &n);
@@ -537,7 +520,7 @@ static void test_export(void **state)
     base_config(&c, "E");
     c.steps = 2;
     c.warmup_steps = 1;
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
 
     char ckpt[512], out[512];
     path_of(ckpt, sizeof(ckpt), "E");
@@ -556,7 +539,7 @@ static void test_export(void **state)
     c2.steps = 2;
     c2.warmup_steps = 1;
     snprintf(c2.init_from, sizeof(c2.init_from), "%s", out);
-    run_ok(&c2, &res2);
+    zt_fixture_train_ok(&c2, &res2);
     assert_memory_equal(&res2.first_val_loss, &res.last_val_loss, sizeof(float));
     zt_train_result_free(&res2);
 
@@ -591,7 +574,7 @@ static void test_save_grads(void **state)
     zt_err err = {{0}};
     assert_int_equal(zt_train_config_set_flag(&c, "--save-grads", "", &err), 0);
     assert_true(c.save_grads);
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     zt_train_result_free(&res);
     assert_true(exists("grads/ckpt_000001/grads.safetensors"));
     assert_true(exists("grads/ckpt_000002/grads.safetensors"));
@@ -642,7 +625,7 @@ static void test_save_grads(void **state)
     /* Resuming ignores the gradient file. */
     c.steps = 3;
     snprintf(c.resume, sizeof(c.resume), "%s/grads", g_dir);
-    run_ok(&c, &res);
+    zt_fixture_train_ok(&c, &res);
     assert_int_equal(res.end_step, 3);
     zt_train_result_free(&res);
     assert_true(exists("grads/ckpt_000003/grads.safetensors"));

@@ -1,0 +1,59 @@
+/* Shared set-up of the tests that run the trainer (test_trainer, test_placement, tests/gpu/
+ * test_gpu_training): a temporary folder for shards and runs, token shards written into it, the
+ * resolve-and-validate step every test config ends with, and a training run that must succeed.
+ * Include after <cmocka.h>. */
+#ifndef ZT_TESTS_TRAIN_FIXTURE_H
+#define ZT_TESTS_TRAIN_FIXTURE_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "worker/data/dataloader.h"
+#include "worker/train/config.h"
+#include "worker/train/trainer.h"
+
+/* Makes a fresh folder $TMPDIR/<prefix>XXXXXX (or under /tmp) in dir; returns 0 or -1. */
+static inline int zt_fixture_make_dir(char *dir, size_t cap, const char *prefix)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, cap, "%s/%sXXXXXX", tmp && tmp[0] ? tmp : "/tmp", prefix);
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+/* Removes the folder and everything in it; returns 0 or -1. */
+static inline int zt_fixture_remove_dir(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Writes n tokens as the shard dir/name; fails the test on error. */
+static inline void zt_fixture_write_shard(const char *dir, const char *name, const uint16_t *tok, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    zt_err err = {{0}};
+    if (zt_shard_write(path, tok, n, &err) != 0)
+        fail_msg("%s", err.msg);
+}
+
+/* Resolves the automatic settings of a test config and validates it, as zt_cmd_train would. */
+static inline void zt_fixture_finish_config(zt_train_config *c)
+{
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_resolve(c, &err), 0);
+    if (zt_train_config_validate(c, &err) != 0)
+        fail_msg("%s", err.msg);
+}
+
+/* Trains as c says; fails the test, naming the run directory and the reason, if the run fails. */
+static inline void zt_fixture_train_ok(const zt_train_config *c, zt_train_result *res)
+{
+    zt_err err = {{0}};
+    int rc = zt_trainer_run(c, res, &err);
+    if (rc != 0)
+        fail_msg("zt_trainer_run (%s) failed (%d): %s", c->out_dir, rc, err.msg);
+}
+
+#endif
