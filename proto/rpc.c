@@ -809,6 +809,42 @@ int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
     return 1;
 }
 
+/* Describes the received message bb as pieces in *parts (grown as needed; *parts_cap elements) without
+ * copying its plain slices: bb is kept alive in *held until the caller's next read destroys it. A message
+ * that is not plain slices (compressed) is flattened into *buf instead, as one piece, and destroyed.
+ * Writes the number of pieces to *nparts and returns the message's length in bytes. */
+static size_t split_message(grpc_byte_buffer *bb, char **buf, size_t *cap, struct zt_rpc_part **parts,
+                            size_t *parts_cap, size_t *nparts, grpc_byte_buffer **held)
+{
+    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) {
+        size_t n = flatten(bb, buf, cap);
+        grpc_byte_buffer_destroy(bb);
+        if (*parts_cap < 1) {
+            *parts = zt_xmalloc(sizeof(**parts));
+            *parts_cap = 1;
+        }
+        (*parts)[0].data = *buf;
+        (*parts)[0].len = n;
+        *nparts = 1;
+        return n;
+    }
+    const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+    if (sb->count > *parts_cap) {
+        free(*parts);
+        *parts_cap = sb->count;
+        *parts = zt_xmalloc(*parts_cap * sizeof(**parts));
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < sb->count; i++) {
+        (*parts)[i].data = GRPC_SLICE_START_PTR(sb->slices[i]);
+        (*parts)[i].len = GRPC_SLICE_LENGTH(sb->slices[i]);
+        total += (*parts)[i].len;
+    }
+    *held = bb;
+    *nparts = sb->count;
+    return total;
+}
+
 int zt_rpc_call_read_parts(zt_rpc_call_t *c, const struct zt_rpc_part **parts, size_t *nparts, size_t *len)
 {
     *parts = NULL;
@@ -818,37 +854,9 @@ int zt_rpc_call_read_parts(zt_rpc_call_t *c, const struct zt_rpc_part **parts, s
     int rc = recv_request(c, &bb);
     if (rc <= 0)
         return rc;
-    const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
-    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) {
-        /* Not plain slices (a compressed message): one flattened piece. */
-        size_t n = flatten(bb, &c->buf, &c->cap);
-        grpc_byte_buffer_destroy(bb);
-        if (c->parts_cap < 1) {
-            c->parts = zt_xmalloc(sizeof(*c->parts));
-            c->parts_cap = 1;
-        }
-        c->parts[0].data = c->buf;
-        c->parts[0].len = n;
-        *parts = c->parts;
-        *nparts = 1;
-        *len = n;
-        return 1;
-    }
-    if (sb->count > c->parts_cap) {
-        free(c->parts);
-        c->parts_cap = sb->count;
-        c->parts = zt_xmalloc(c->parts_cap * sizeof(*c->parts));
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < sb->count; i++) {
-        c->parts[i].data = GRPC_SLICE_START_PTR(sb->slices[i]);
-        c->parts[i].len = GRPC_SLICE_LENGTH(sb->slices[i]);
-        total += c->parts[i].len;
-    }
-    c->held = bb; /* keeps the slices alive until the next read or the end of the call */
+    /* The pieces stay valid until the next read or the end of the call (c->held). */
+    *len = split_message(bb, &c->buf, &c->cap, &c->parts, &c->parts_cap, nparts, &c->held);
     *parts = c->parts;
-    *nparts = sb->count;
-    *len = total;
     return 1;
 }
 
@@ -1445,36 +1453,8 @@ int zt_rpc_stream_recv_parts(zt_rpc_stream_t *s, const struct zt_rpc_part **part
     int rc = stream_recv_message(s, &bb);
     if (bb == NULL)
         return rc;
-    if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE) {
-        /* Not plain slices (a compressed message): one flattened piece. */
-        size_t got = flatten(bb, &s->buf, &s->cap);
-        grpc_byte_buffer_destroy(bb);
-        if (s->parts_cap < 1) {
-            s->parts = zt_xmalloc(sizeof(*s->parts));
-            s->parts_cap = 1;
-        }
-        s->parts[0].data = s->buf;
-        s->parts[0].len = got;
-        *parts = s->parts;
-        *nparts = 1;
-        *len = got;
-        return 1;
-    }
-    const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
-    if (sb->count > s->parts_cap) {
-        free(s->parts);
-        s->parts_cap = sb->count;
-        s->parts = zt_xmalloc(s->parts_cap * sizeof(*s->parts));
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < sb->count; i++) {
-        s->parts[i].data = GRPC_SLICE_START_PTR(sb->slices[i]);
-        s->parts[i].len = GRPC_SLICE_LENGTH(sb->slices[i]);
-        total += s->parts[i].len;
-    }
-    s->held = bb; /* keeps the slices alive until the next receive or finish */
+    /* The pieces stay valid until the next receive or finish (s->held). */
+    *len = split_message(bb, &s->buf, &s->cap, &s->parts, &s->parts_cap, nparts, &s->held);
     *parts = s->parts;
-    *nparts = sb->count;
-    *len = total;
     return 1;
 }
