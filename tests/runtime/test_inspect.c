@@ -17,6 +17,8 @@
 #include <cmocka.h>
 
 #include "worker/commands.h"
+
+#include "run_command.h"
 #include "worker/train/checkpoint.h"
 
 static char dir[] = "/tmp/zt_inspect_XXXXXX";
@@ -25,32 +27,7 @@ static char gdir[PATH_MAX]; /* dir/with_grads: the same checkpoint with a gradie
 /* Runs zt_cmd_inspect(argv) in a child with stdout and stderr captured into out; returns its status. */
 static int inspect(char **argv, char *out, size_t cap)
 {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDOUT_FILENO);
-        dup2(fds[1], STDERR_FILENO);
-        int argc = 0;
-        while (argv[argc])
-            argc++;
-        int rc = zt_cmd_inspect(argc, argv);
-        fflush(NULL);
-        _exit(rc);
-    }
-    close(fds[1]);
-    size_t got = 0;
-    ssize_t n;
-    while (got + 1 < cap && (n = read(fds[0], out + got, cap - 1 - got)) > 0)
-        got += (size_t)n;
-    out[got] = '\0';
-    close(fds[0]);
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return zt_test_run_command(zt_cmd_inspect, argv, out, cap);
 }
 
 /* A checkpoint of a tiny model where every tensor holds 2.0 except h.1.attn.c_proj.weight, which

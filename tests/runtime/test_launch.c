@@ -14,35 +14,12 @@
 
 #include "worker/commands.h"
 
+#include "run_command.h"
+
 /* Runs zt_cmd_launch(argv) in a child with stdout and stderr captured into out; returns its status. */
 static int launch(char **argv, char *out, size_t cap)
 {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], STDOUT_FILENO);
-        dup2(fds[1], STDERR_FILENO);
-        int argc = 0;
-        while (argv[argc])
-            argc++;
-        int rc = zt_cmd_launch(argc, argv);
-        fflush(NULL);
-        _exit(rc);
-    }
-    close(fds[1]);
-    size_t got = 0;
-    ssize_t n;
-    while (got + 1 < cap && (n = read(fds[0], out + got, cap - 1 - got)) > 0)
-        got += (size_t)n;
-    out[got] = '\0';
-    close(fds[0]);
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return zt_test_run_command(zt_cmd_launch, argv, out, cap);
 }
 
 static void test_environment_and_prefix(void **state)
