@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
 build=${ZT_BUILD_DIR:-build}
-args=(-DCMAKE_BUILD_TYPE=Release -DZT_BUILD_TESTS=ON)
+args=(-DCMAKE_BUILD_TYPE=Release -DZT_BUILD_TESTS=ON -DZT_CUDA=AUTO)  # explicit: a cached OFF must not stick
 [ -n "${ZT_CUDA_ARCHS:-}" ] && args+=("-DZT_CUDA_ARCHS=${ZT_CUDA_ARCHS}")
 cmake -S . -B "$build" "${args[@]}"
 cmake --build "$build" -j "$(nproc)"
