@@ -51,6 +51,7 @@ struct zt_gpt2_cuda {
     zt_gpt2 *host;
     zt_gpt2_config cfg;
     enum zt_dtype dtype;
+    enum zt_gpt2_cuda_state state;
     size_t esize;            /* bytes per dtype element */
     int max_B, max_T, max_micro, Vp;
     cudaStream_t stream;
@@ -65,7 +66,7 @@ struct zt_gpt2_cuda {
     /* The pool and what is carved from it. */
     void *pool;
     size_t pool_bytes;
-    float *master, *grads, *m, *v; /* fp32 [n] */
+    float *master, *grads, *m, *v; /* fp32 [n]; NO_OPTIMIZER: no m, v, and master only for fp32 compute */
     void *wlow, *glow;       /* dtype [n]; equal to master / grads for F32 */
     layer_acts *layers;
     void *encoded, *lnf, *logits, *proj, *dres, *dln, *datty, *dqkv, *dfch;
@@ -181,15 +182,15 @@ static size_t carve(zt_gpt2_cuda *g, char *base, size_t plan[5])
     const size_t N = (size_t)g->max_B * g->max_T, C = (size_t)g->cfg.n_embd, NH = (size_t)g->cfg.n_head;
     const size_t e = g->esize, NC = N * C;
     size_t used = 0, mark;
-    const bool f32 = g->dtype == ZT_DTYPE_F32;
+    const bool f32 = g->dtype == ZT_DTYPE_F32, full = g->state == ZT_GPT2_CUDA_FULL;
 
-    g->master = take(base, &used, g->n * 4);
+    g->master = full || f32 ? take(base, &used, g->n * 4) : NULL;
     g->grads = take(base, &used, g->n * 4);
     if (plan)
         plan[0] = used;
     mark = used;
-    g->m = take(base, &used, g->n * 4);
-    g->v = take(base, &used, g->n * 4);
+    g->m = full ? take(base, &used, g->n * 4) : NULL;
+    g->v = full ? take(base, &used, g->n * 4) : NULL;
     if (plan)
         plan[1] = used - mark;
     mark = used;
@@ -280,9 +281,16 @@ static const char *dtype_name(enum zt_dtype d)
     return d == ZT_DTYPE_F32 ? "fp32" : d == ZT_DTYPE_BF16 ? "bf16" : "fp16";
 }
 
-/* Creates the device model; see gpt2_cuda.h. */
+/* Creates the device model holding everything; see gpt2_cuda.h. */
 int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
                         zt_err *err)
+{
+    return zt_gpt2_cuda_create_state(out, host, B, T, max_micro, dtype, ZT_GPT2_CUDA_FULL, err);
+}
+
+/* Creates the device model; see gpt2_cuda.h. */
+int zt_gpt2_cuda_create_state(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                              enum zt_gpt2_cuda_state state, zt_err *err)
 {
     int rc = 0;
     const zt_gpt2_config *cfg = zt_gpt2_get_config(host);
@@ -311,6 +319,7 @@ int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max
     g->host = host;
     g->cfg = *cfg;
     g->dtype = dtype;
+    g->state = state;
     g->esize = dtype_size(dtype);
     g->max_B = B;
     g->max_T = T;
@@ -339,9 +348,15 @@ int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max
         zt_format_size(plan[i], sz[i], sizeof sz[i]);
     zt_format_size(g->pool_bytes, need, sizeof need);
     zt_format_size(free_b, avail, sizeof avail);
-    zt_log(ZT_LOG_INFO, "gpu: %s compute; memory plan %s of %s free: fp32 params+grads %s, Adam m+v %s, %s "
-           "weights+grads %s, activations %s (batch %d x %d), scratch %s",
-           dtype_name(dtype), need, avail, sz[0], sz[1], dtype_name(dtype), sz[2], sz[3], B, T, sz[4]);
+    if (state == ZT_GPT2_CUDA_FULL)
+        zt_log(ZT_LOG_INFO, "gpu: %s compute; memory plan %s of %s free: fp32 params+grads %s, Adam m+v %s, %s "
+               "weights+grads %s, activations %s (batch %d x %d), scratch %s",
+               dtype_name(dtype), need, avail, sz[0], sz[1], dtype_name(dtype), sz[2], sz[3], B, T, sz[4]);
+    else
+        zt_log(ZT_LOG_INFO, "gpu: %s compute, optimizer state on the host; memory plan %s of %s free: fp32 grads%s %s, "
+               "%s weights+grads %s, activations %s (batch %d x %d), scratch %s",
+               dtype_name(dtype), need, avail, dtype == ZT_DTYPE_F32 ? "+weights" : "", sz[0], dtype_name(dtype),
+               sz[2], sz[3], B, T, sz[4]);
     if (cudaMalloc(&g->pool, g->pool_bytes) != cudaSuccess) {
         cudaGetLastError();
         rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model needs %s (lower the batch size or "
@@ -360,7 +375,7 @@ int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max
     for (int i = 0; i < 2; i++)
         ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
 
-    for (int i = 0; i < g->num_tensors; i++) {
+    for (int i = 0; i < g->num_tensors && state == ZT_GPT2_CUDA_FULL; i++) {
         const zt_param_info *t = zt_gpt2_tensor(host, i);
         zt_cuda_adamw_tensor *a = &g->adam[i];
         a->param = g->master + g->toff[i];
@@ -371,7 +386,10 @@ int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max
         a->n = g->tlen[i];
         a->weight_decay = t->weight_decay ? 1 : 0;
     }
-    zt_gpt2_cuda_upload(g, zt_gpt2_params(host), NULL, NULL);
+    if (state == ZT_GPT2_CUDA_FULL)
+        zt_gpt2_cuda_upload(g, zt_gpt2_params(host), NULL, NULL);
+    else
+        zt_gpt2_cuda_upload_weights(g, zt_gpt2_params(host), ZT_DTYPE_F32);
     g->first_micro = true;
     *out = g;
     return 0;
@@ -419,6 +437,12 @@ enum zt_dtype zt_gpt2_cuda_dtype(const zt_gpt2_cuda *g)
     return g->dtype;
 }
 
+/* Element i of a dtype buffer. */
+static void *at(const zt_gpt2_cuda *g, void *base, size_t i)
+{
+    return (char *)base + i * g->esize;
+}
+
 /* Copies one host slab (host layout) into a device fp32 slab (device layout). */
 static void upload_slab(zt_gpt2_cuda *g, float *dst, const float *src)
 {
@@ -441,6 +465,7 @@ static void download_slab(zt_gpt2_cuda *g, float *dst, const float *src)
 /* Uploads parameters (and moments) from host slabs and refreshes the low-precision weights. */
 void zt_gpt2_cuda_upload(zt_gpt2_cuda *g, const float *params, const float *m, const float *v)
 {
+    ZT_ASSERT(g->state == ZT_GPT2_CUDA_FULL);
     upload_slab(g, g->master, params);
     if (m && v) {
         upload_slab(g, g->m, m);
@@ -457,11 +482,40 @@ void zt_gpt2_cuda_upload(zt_gpt2_cuda *g, const float *params, const float *m, c
 /* Downloads the master weights (and moments) into host slabs. */
 void zt_gpt2_cuda_download(zt_gpt2_cuda *g, float *params, float *m, float *v)
 {
+    ZT_ASSERT(g->state == ZT_GPT2_CUDA_FULL);
     download_slab(g, params, g->master);
     if (m)
         download_slab(g, m, g->m);
     if (v)
         download_slab(g, v, g->v);
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+}
+
+/* Downloads the fp32 gradients into a host slab. */
+void zt_gpt2_cuda_download_grads(zt_gpt2_cuda *g, float *grads)
+{
+    download_slab(g, grads, g->grads);
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+}
+
+/* Uploads compute weights (or fp32 weights, rounded on the device) from a host slab; NO_OPTIMIZER mode. */
+void zt_gpt2_cuda_upload_weights(zt_gpt2_cuda *g, const void *w, enum zt_dtype wdtype)
+{
+    ZT_ASSERT(g->state == ZT_GPT2_CUDA_NO_OPTIMIZER);
+    ZT_ASSERT(wdtype == ZT_DTYPE_F32 || wdtype == g->dtype);
+    const size_t wsize = dtype_size(wdtype);
+    /* fp32 weights for a low-precision model go through the fp32 gradient slab, tensor by tensor, so that
+     * the padding between tensors (and wte's padded rows) stays zero in the weights. */
+    const bool staged = wdtype != g->dtype;
+    for (int i = 0; i < g->num_tensors; i++) {
+        const zt_param_info *t = zt_gpt2_tensor(g->host, i);
+        const char *src = (const char *)w + t->offset * wsize;
+        void *dst = staged ? (void *)(g->grads + g->toff[i]) : at(g, g->wlow, g->toff[i]);
+        ZT_CUDA_CHECK(cudaMemcpyAsync(dst, src, t->numel * wsize, cudaMemcpyHostToDevice, g->stream));
+        if (staged)
+            zt_cuda_cast(at(g, g->wlow, g->toff[i]), g->dtype, g->grads + g->toff[i], ZT_DTYPE_F32, t->numel,
+                         g->stream);
+    }
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
 
@@ -473,11 +527,6 @@ void zt_gpt2_cuda_zero_grad(zt_gpt2_cuda *g)
 
 /* ---- forward and backward, block by block ---- */
 
-/* Element i of a dtype buffer. */
-static void *at(const zt_gpt2_cuda *g, void *base, size_t i)
-{
-    return (char *)base + i * g->esize;
-}
 
 /* Tensor idx inside block b's buffer (weights or gradients), given the block's base pointer. The
  * runtime can later hand a gathered copy of the block instead of the slab range. */
@@ -744,6 +793,7 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
 /* Queues norm, clip, the non-finite check and AdamW; see gpt2_cuda.h. */
 void zt_gpt2_cuda_step_update(zt_gpt2_cuda *g, const zt_adamw_params *p, float grad_clip)
 {
+    ZT_ASSERT(g->state == ZT_GPT2_CUDA_FULL);
     prof_begin(g, PF_OPTIMIZER);
     ZT_CUDA_CHECK(cudaMemsetAsync(g->norm_partials, 0, ZT_CUDA_NORM_SLOTS * sizeof(float), g->stream));
     zt_cuda_sum_squares_accumulate(g->norm_partials, g->grads, g->n, ZT_DTYPE_F32, g->stream);
@@ -759,6 +809,16 @@ void zt_gpt2_cuda_step_update(zt_gpt2_cuda *g, const zt_adamw_params *p, float g
 /* Waits for the step and reports loss, norm and the non-finite flag; see gpt2_cuda.h. */
 void zt_gpt2_cuda_step_finish(zt_gpt2_cuda *g, int micros, float *loss, double *grad_norm, bool *nonfinite)
 {
+    *loss = zt_gpt2_cuda_step_loss(g, micros);
+    *grad_norm = sqrt((double)g->h_result[0]);
+    int flag;
+    memcpy(&flag, &g->h_result[1], sizeof flag);
+    *nonfinite = flag != 0;
+}
+
+/* Waits for the step's micro-batches and returns their mean loss; see gpt2_cuda.h. */
+float zt_gpt2_cuda_step_loss(zt_gpt2_cuda *g, int micros)
+{
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
     const size_t N = (size_t)g->cur_B * g->cur_T;
     double total = 0.0;
@@ -771,11 +831,7 @@ void zt_gpt2_cuda_step_finish(zt_gpt2_cuda *g, int micros, float *loss, double *
             sum += l[i];
         total += (double)(float)(sum / g->n_valid[k]);
     }
-    *loss = (float)(total / micros);
-    *grad_norm = sqrt((double)g->h_result[0]);
-    int flag;
-    memcpy(&flag, &g->h_result[1], sizeof flag);
-    *nonfinite = flag != 0;
+    return (float)(total / micros);
 }
 
 /* Mean loss of one batch, forward only. */

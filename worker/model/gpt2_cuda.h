@@ -31,6 +31,22 @@
 
 typedef struct zt_gpt2_cuda zt_gpt2_cuda; /* opaque */
 
+/* What the device model holds besides activations:
+ *   FULL          fp32 master weights, fp32 gradients, Adam m and v, and the low-precision copies (optimizer
+ *                 placement gpu: the whole step runs on the device);
+ *   NO_OPTIMIZER  only the compute-dtype weights, the low-precision gradients and the fp32 gradients (optimizer
+ *                 placement cpu or server: the master weights and moments live on the host or in state
+ *                 servers; after each step the caller downloads the gradients with zt_gpt2_cuda_download_grads
+ *                 and uploads the updated weights with zt_gpt2_cuda_upload_weights). 8 bytes per parameter
+ *                 instead of FULL's 20 (bf16/fp16 compute) or 16 (fp32). */
+enum zt_gpt2_cuda_state { ZT_GPT2_CUDA_FULL = 0, ZT_GPT2_CUDA_NO_OPTIMIZER = 1 };
+
+/* zt_gpt2_cuda_create with a choice of what the device holds (see zt_gpt2_cuda_state). In NO_OPTIMIZER mode the
+ * weights on the device start as the host model's parameters rounded to dtype; zt_gpt2_cuda_upload,
+ * zt_gpt2_cuda_download and zt_gpt2_cuda_step_update are not available (they need the fp32 state). */
+int zt_gpt2_cuda_create_state(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                              enum zt_gpt2_cuda_state state, zt_err *err);
+
 /* Creates the device model for batches up to B x T and steps of up to max_micro micro-batches, with
  * compute type dtype (F32, BF16 or F16) on the current CUDA device, copies the host model's parameters
  * to it and zeroes the Adam moments. The host model must outlive the device model. Logs the memory
@@ -71,6 +87,20 @@ void zt_gpt2_cuda_step_update(zt_gpt2_cuda *g, const zt_adamw_params *p, float g
  * trainer computes it), *grad_norm = the global norm before clipping, *nonfinite = whether the update
  * was skipped for an inf/NaN gradient or loss. micros is the number of micro-batches of the step. */
 void zt_gpt2_cuda_step_finish(zt_gpt2_cuda *g, int micros, float *loss, double *grad_norm, bool *nonfinite);
+
+/* Waits for the step's micro-batches and returns their mean loss (as zt_gpt2_cuda_step_finish computes it), for
+ * a step whose update does not run on the device (NO_OPTIMIZER mode). */
+float zt_gpt2_cuda_step_loss(zt_gpt2_cuda *g, int micros);
+
+/* Copies the fp32 gradients of the step (the sum over its micro-batches, already divided by the loss scale)
+ * into grads, a host array in the host slab's layout (num_params floats). Synchronous. Either mode. */
+void zt_gpt2_cuda_download_grads(zt_gpt2_cuda *g, float *grads);
+
+/* Replaces the compute weights with w, a host array in the host slab's layout of num_params elements of
+ * wdtype: the compute dtype chosen at creation, or F32 (rounded on the device; this overwrites the step's fp32
+ * gradients, so download them first). NO_OPTIMIZER mode only. The copy is finished when the call returns,
+ * so w may be changed right away. */
+void zt_gpt2_cuda_upload_weights(zt_gpt2_cuda *g, const void *w, enum zt_dtype wdtype);
 
 /* Mean loss of one batch without backward (evaluation). Synchronous. */
 float zt_gpt2_cuda_eval_loss(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T);
