@@ -5,7 +5,11 @@
  * - bf16 and fp16 (dynamic loss scaling) track them within a looser tolerance;
  * - a GPU run stopped at a checkpoint and resumed on the GPU gives the losses of the uninterrupted run,
  *   bit for bit (the kernels are deterministic);
- * - a GPU checkpoint resumes on the CPU and continues as the CPU run does.
+ * - a GPU checkpoint resumes on the CPU and continues as the CPU run does;
+ * - with the optimizer off the GPU (--optimizer cpu, or server with the embedded state server in RAM or on
+ *   disk) the GPU computes and AdamW runs on the host: fp32 tracks the CPU run, the three host placements give
+ *   bit-identical parameters, bf16 and fp16 track as above, and such a run resumes bit for bit;
+ * - --save-grads on the GPU writes the step's gradients, close to the CPU run's.
  * The model has head size 64 (what the CUDA attention serves) and a vocabulary of 200, which the GPU
  * pads to 256 rows. */
 #include <setjmp.h>
@@ -23,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "common/log.h"
+#include "common/safetensors.h"
 #include "worker/data/dataloader.h"
 #include "worker/model/gpt2.h"
 #include "worker/train/trainer.h"
@@ -93,6 +98,41 @@ static void base_config(zt_train_config *c, const char *out, const char *device,
     c->seed = 11;
     c->threads = 2;
     zt_fixture_finish_config(c);
+}
+
+/* base_config with the optimizer placed off the GPU: "cpu", or "server" with the embedded store
+ * ("ram" or "nvme:DIR"). */
+static void offload_config(zt_train_config *c, const char *out, const char *precision, const char *optimizer,
+                           const char *store)
+{
+    base_config(c, out, "cuda", precision);
+    snprintf(c->optimizer, sizeof(c->optimizer), "%s", optimizer);
+    if (store)
+        snprintf(c->state_store, sizeof(c->state_store), "%s", store);
+    zt_fixture_finish_config(c);
+}
+
+/* Fails unless the tensors of file `name` in checkpoints a and b (run directories' ckpt_<step>) hold the
+ * same bytes. */
+static void expect_same_tensors(const char *a, const char *b, int step, const char *name)
+{
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/%s/ckpt_%06d/%s", g_dir, a, step, name);
+    snprintf(pb, sizeof pb, "%s/%s/ckpt_%06d/%s", g_dir, b, step, name);
+    zt_err err = {{0}};
+    zt_st_file *fa = NULL, *fb = NULL;
+    if (zt_st_open(pa, &fa, &err) != 0 || zt_st_open(pb, &fb, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(zt_st_count(fa), zt_st_count(fb));
+    for (size_t i = 0; i < zt_st_count(fa); i++) {
+        const zt_st_tensor *ta = zt_st_get(fa, i), *tb = zt_st_find(fb, ta->name);
+        assert_non_null(tb);
+        assert_int_equal(ta->nbytes, tb->nbytes);
+        if (memcmp(ta->data, tb->data, ta->nbytes) != 0)
+            fail_msg("%s: tensor %s differs between %s and %s", name, ta->name, a, b);
+    }
+    zt_st_close(fa);
+    zt_st_close(fb);
 }
 
 /* The CPU reference run, trained once. */
@@ -220,6 +260,128 @@ static void test_gpu_checkpoint_resumes_on_cpu(void **state)
     zt_train_result_free(&b);
 }
 
+/* The optimizer off the GPU, fp32 compute: AdamW runs on the host over the GPU's gradients. */
+static void test_offload_fp32_tracks_cpu(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    offload_config(&c, "off_fp32", "fp32", "cpu", NULL);
+    zt_train_result r;
+    zt_fixture_train_ok(&c, &r);
+    assert_int_equal(r.end_step, STEPS);
+    compare("fp32, optimizer on the host", &r, 1, 1e-4);
+    zt_train_result_free(&r);
+}
+
+/* cpu, server in RAM and server on disk, all with bf16 compute on the GPU: the same host AdamW, so the same
+ * losses and checkpoints bit for bit; and they track the CPU run within bf16's tolerance. */
+static void test_offload_placements_identical(void **state)
+{
+    (void)state;
+    char nvme[300];
+    snprintf(nvme, sizeof nvme, "nvme:%s/off_store", g_dir);
+    const char *outs[3] = {"off_cpu", "off_ram", "off_nvme"};
+    const char *opts[3] = {"cpu", "server", "server"};
+    const char *stores[3] = {NULL, "ram", nvme};
+    zt_train_result r[3];
+    for (int k = 0; k < 3; k++) {
+        zt_train_config c;
+        offload_config(&c, outs[k], "bf16", opts[k], stores[k]);
+        zt_fixture_train_ok(&c, &r[k]);
+        assert_int_equal(r[k].end_step, STEPS);
+    }
+    compare("bf16, optimizer on the host", &r[0], 1, 3e-2);
+    for (int k = 1; k < 3; k++) {
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&r[k].losses[s], &r[0].losses[s], sizeof(float)) != 0)
+                fail_msg("%s: step %d loss %.9g vs %.9g with --optimizer cpu", outs[k], s + 1,
+                         (double)r[k].losses[s], (double)r[0].losses[s]);
+        expect_same_tensors(outs[0], outs[k], STEPS, "model.safetensors");
+    }
+    printf("optimizer cpu, server (ram) and server (disk) with bf16 on the GPU: identical losses and parameters\n");
+    for (int k = 0; k < 3; k++)
+        zt_train_result_free(&r[k]);
+}
+
+/* fp16 with loss scaling and the optimizer on the host; then a stop at step 10 and a resume reproduce the
+ * uninterrupted run bit for bit. */
+static void test_offload_fp16_and_resume(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result full, a, b;
+    offload_config(&c, "off_fp16", "fp16", "cpu", NULL);
+    zt_fixture_train_ok(&c, &full);
+    compare("fp16, optimizer on the host", &full, 1, 3e-2);
+    assert_int_equal(full.skipped_steps, 0);
+    offload_config(&c, "off_fp16_split", "fp16", "cpu", NULL);
+    c.stop_at_step = 10;
+    zt_fixture_train_ok(&c, &a);
+    assert_true(a.interrupted);
+    offload_config(&c, "off_fp16_split", "fp16", "cpu", NULL);
+    snprintf(c.resume, sizeof c.resume, "%s/off_fp16_split", g_dir);
+    zt_fixture_train_ok(&c, &b);
+    assert_int_equal(b.start_step, 10);
+    for (int s = 0; s < 10; s++)
+        if (memcmp(&b.losses[s], &full.losses[10 + s], sizeof(float)) != 0)
+            fail_msg("resume: step %d loss %.9g vs %.9g uninterrupted", 11 + s, (double)b.losses[s],
+                     (double)full.losses[10 + s]);
+    printf("fp16 with the optimizer on the host: resume at step 10 reproduces steps 11..%d bit for bit\n", STEPS);
+    zt_train_result_free(&full);
+    zt_train_result_free(&a);
+    zt_train_result_free(&b);
+}
+
+/* --save-grads on the GPU (both placements): the last step's gradients, within fp32 tolerance of the CPU
+ * run's at step 10 (the runs' parameters agree to ~1e-5 there). */
+static void test_gpu_save_grads(void **state)
+{
+    (void)state;
+    const char *outs[3] = {"sg_cpu", "sg_gpu", "sg_off"};
+    for (int k = 0; k < 3; k++) {
+        zt_train_config c;
+        if (k == 2)
+            offload_config(&c, outs[k], "fp32", "cpu", NULL);
+        else
+            base_config(&c, outs[k], k == 0 ? "cpu" : "cuda", k == 0 ? "auto" : "fp32");
+        c.save_grads = true;
+        c.stop_at_step = 10;
+        zt_train_result r;
+        zt_fixture_train_ok(&c, &r);
+        zt_train_result_free(&r);
+    }
+    char path[3][512];
+    zt_st_file *f[3] = {NULL, NULL, NULL};
+    zt_err err = {{0}};
+    for (int k = 0; k < 3; k++) {
+        snprintf(path[k], sizeof path[k], "%s/%s/ckpt_000010/grads.safetensors", g_dir, outs[k]);
+        if (zt_st_open(path[k], &f[k], &err) != 0)
+            fail_msg("%s", err.msg);
+    }
+    for (int k = 1; k < 3; k++) {
+        double diff2 = 0.0, ref2 = 0.0;
+        for (size_t i = 0; i < zt_st_count(f[0]); i++) {
+            const zt_st_tensor *t0 = zt_st_get(f[0], i), *t = zt_st_find(f[k], t0->name);
+            assert_non_null(t);
+            assert_int_equal(t->nbytes, t0->nbytes);
+            assert_int_equal(t->dtype, ZT_DTYPE_F32);
+            for (size_t j = 0; j < t0->nbytes / 4; j++) {
+                float x, y;
+                memcpy(&x, (const char *)t0->data + 4 * j, 4);
+                memcpy(&y, (const char *)t->data + 4 * j, 4);
+                diff2 += ((double)x - y) * ((double)x - y);
+                ref2 += (double)x * x;
+            }
+        }
+        double rel = sqrt(diff2 / ref2);
+        printf("%s: gradients at step 10 within %.3g (relative L2) of the CPU run's\n", outs[k], rel);
+        assert_true(ref2 > 0.0);
+        assert_true(rel < 1e-3);
+    }
+    for (int k = 0; k < 3; k++)
+        zt_st_close(f[k]);
+}
+
 int main(void)
 {
     int n = 0;
@@ -234,6 +396,10 @@ int main(void)
         cmocka_unit_test(test_fp16_tracks_cpu),
         cmocka_unit_test(test_gpu_resume_is_exact),
         cmocka_unit_test(test_gpu_checkpoint_resumes_on_cpu),
+        cmocka_unit_test(test_offload_fp32_tracks_cpu),
+        cmocka_unit_test(test_offload_placements_identical),
+        cmocka_unit_test(test_offload_fp16_and_resume),
+        cmocka_unit_test(test_gpu_save_grads),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     zt_train_result_free(&g_cpu);

@@ -429,10 +429,6 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
     if (strcmp(opt, "gpu") == 0 && !cuda)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = gpu needs --device cuda: on the CPU use --optimizer cpu "
                        "(the default) or server", label("optimizer"));
-    if (strcmp(opt, "gpu") != 0 && cuda)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %s with --device cuda is not supported yet (it needs "
-                       "device-host staging of gradients and parameters): use --optimizer gpu on the GPU, or "
-                       "--device cpu", label("optimizer"), opt);
     const bool server = strcmp(opt, "server") == 0;
     const bool remote = c->servers[0] != '\0';
     if (remote && !server)
@@ -554,10 +550,6 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
         (rc = check_double(c, "min_loss_scale", 0.0, true, c->loss_scale, false, err)) < 0 ||
         (rc = check_int(c, "loss_scale_window", 1, 1000000000, err)) < 0)
         return rc;
-    if (c->save_grads && strcmp(c->device, "cuda") == 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is not supported with --device cuda yet (the GPU trainer "
-                       "does not copy its gradients to the host); train with --device cpu or drop it",
-                       label("save_grads"));
     return validate_placement(c, err);
 }
 

@@ -66,27 +66,11 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
     float *params = zt_gpt2_params(model);
     const float *grads = zt_gpt2_grads(model);
 
+    /* The skip guard and the step count are zt_optimizer_account's: a skipped step returns here. */
     double norm = zt_optimizer_grad_norm(grads, o->n);
-    report->grad_norm = norm;
-    report->clip_coef = 1.0f;
-    report->skipped = false;
-
-    if (!isfinite(loss) || !isfinite(norm)) {
-        report->skipped = true;
-        o->skipped_steps++;
-        o->bad_in_a_row++;
-        if (o->bad_in_a_row >= ZT_OPTIMIZER_MAX_BAD_STEPS)
-            return zt_fail(err, ZT_ESTATE,
-                           "%d steps in a row had a non-finite loss or gradient norm (loss %g, grad norm %g); "
-                           "the run diverged: lower the learning rate (--lr), keep gradient clipping on "
-                           "(--grad-clip 1.0), or resume from an earlier checkpoint",
-                           o->bad_in_a_row, (double)loss, norm);
-        return 0;
-    }
-    o->bad_in_a_row = 0;
-
-    report->clip_coef = zt_optimizer_clip_coef(norm, o->grad_clip);
-    o->adam_step++;
+    int rc = zt_optimizer_account(o, loss, norm, false, o->loss_scaled, report, err);
+    if (rc < 0 || report->skipped)
+        return rc;
     zt_adamw_params p = {
         .lr = lr,
         .beta1 = o->beta1,
@@ -108,7 +92,7 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
             .grad_dtype = ZT_DTYPE_F32,
             .n = t->numel,
         };
-        int rc = zt_cpu_adam_update(&r, &p, 0, err);
+        rc = zt_cpu_adam_update(&r, &p, 0, err);
         ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1 and non-NULL arrays: it cannot fail */
         (void)rc;
     }

@@ -30,6 +30,8 @@ typedef struct zt_optimizer {
     int64_t adam_step;      /* updates applied so far (skipped steps excluded): Adam's bias correction */
     int bad_in_a_row;       /* consecutive skipped steps */
     int64_t skipped_steps;  /* skipped steps over the whole run */
+    bool loss_scaled;       /* fp16 with dynamic loss scaling: a skip with a finite loss is an overflow, not a
+                               divergence (see zt_optimizer_account); false after zt_optimizer_init */
 } zt_optimizer;
 
 /* What one call of zt_optimizer_step did. */

@@ -204,6 +204,8 @@ struct run {
     zt_gpt2 *model;
 #ifdef ZT_WITH_CUDA
     zt_gpt2_cuda *gpu;      /* --device cuda: the device model (the host model keeps layout and files) */
+    bool gpu_offload;       /* --device cuda with --optimizer cpu|server: the device holds no optimizer state */
+    bool pinned;            /* the host model's parameter and gradient slabs are page-locked (cudaHostRegister) */
 #endif
     bool use_scaler;        /* fp16 on the GPU: dynamic loss scaling */
     zt_loss_scaler scaler;
@@ -220,6 +222,10 @@ static void run_free(struct run *r)
 {
 #ifdef ZT_WITH_CUDA
     zt_gpt2_cuda_destroy(r->gpu);
+    if (r->pinned) {
+        cudaHostUnregister(zt_gpt2_params(r->model));
+        cudaHostUnregister(zt_gpt2_grads(r->model));
+    }
 #endif
     zt_placement_server_close(r->state);
     zt_gpt2_destroy(r->model);
@@ -283,6 +289,40 @@ static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *
         zt_loss_scaler_update(&r->scaler, overflow);
     }
     return rc;
+}
+#endif
+
+#ifdef ZT_WITH_CUDA
+/* One training step with the optimizer off the GPU (--optimizer cpu or server): the micro-batches run on the
+ * GPU, their fp32 gradients come down into the host model's gradient slab, AdamW runs on the host (or in
+ * the state servers, which send the parameters back into the host slab), and the updated parameters go
+ * up again, rounded to the compute type on the device. Same contract as gpu_step. */
+static int offload_step(struct run *r, const zt_train_config *cfg, int64_t step, float lr, float *loss,
+                        zt_optimizer_report *rep, zt_err *err)
+{
+    const int B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
+    const float scale = r->use_scaler ? (float)r->scaler.scale : 1.0f;
+    zt_gpt2_cuda_zero_grad(r->gpu);
+    for (int i = 0; i < accum; i++) {
+        zt_dataloader_next(r->train, r->inputs, r->targets);
+        zt_gpt2_cuda_train_micro(r->gpu, r->inputs, r->targets, B, T, i, 1.0f / (float)accum, scale);
+    }
+    *loss = zt_gpt2_cuda_step_loss(r->gpu, accum);
+    zt_gpt2_cuda_download_grads(r->gpu, zt_gpt2_grads(r->model));
+    int rc = r->state ? zt_placement_server_step(r->state, r->model, &r->opt, step, *loss, lr, rep, err)
+                      : zt_optimizer_step(&r->opt, r->model, *loss, lr, rep, err);
+    if (rc < 0)
+        return rc;
+    if (!rep->skipped)
+        zt_gpt2_cuda_upload_weights(r->gpu, zt_gpt2_params(r->model), ZT_DTYPE_F32);
+    if (r->use_scaler) {
+        bool overflow = rep->skipped && isfinite(*loss);
+        if (overflow)
+            zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered",
+                   r->scaler.scale);
+        zt_loss_scaler_update(&r->scaler, overflow);
+    }
+    return 0;
 }
 #endif
 
@@ -379,7 +419,10 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         return rc;
 
     /* Model and optimizer. */
-    if ((rc = zt_gpt2_create(&r.model, &cfg->model, B, T, (uint64_t)cfg->seed, err)) < 0)
+    /* On the GPU the host model keeps the layout, the parameters and the files; it never runs, so its
+     * activations are sized for one token. */
+    const bool on_gpu = strcmp(cfg->device, "cuda") == 0;
+    if ((rc = zt_gpt2_create(&r.model, &cfg->model, on_gpu ? 1 : B, on_gpu ? 1 : T, (uint64_t)cfg->seed, err)) < 0)
         goto out;
     log_model(r.model, cfg);
     if ((rc = zt_optimizer_init(&r.opt, zt_gpt2_num_params(r.model), cfg->beta1, cfg->beta2, cfg->eps,
@@ -482,10 +525,29 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                          "--precision fp16 (with loss scaling) or fp32");
             goto out;
         }
-        if ((rc = zt_gpt2_cuda_create(&r.gpu, r.model, B, T, accum, dt, err)) < 0)
+        r.gpu_offload = strcmp(cfg->optimizer, "gpu") != 0;
+        if ((rc = zt_gpt2_cuda_create_state(&r.gpu, r.model, B, T, accum, dt,
+                                            r.gpu_offload ? ZT_GPT2_CUDA_NO_OPTIMIZER : ZT_GPT2_CUDA_FULL, err)) < 0)
             goto out;
-        if (resuming)
+        if (resuming && !r.gpu_offload)
             zt_gpt2_cuda_upload(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
+        if (r.gpu_offload) {
+            /* Gradients come down and parameters go up every step: page-lock the two host slabs so the
+             * copies run at the bus's speed. (The device model uploaded the parameters at creation.) */
+            const size_t bytes = zt_gpt2_num_params(r.model) * sizeof(float);
+            if (cudaHostRegister(zt_gpt2_params(r.model), bytes, cudaHostRegisterDefault) == cudaSuccess &&
+                cudaHostRegister(zt_gpt2_grads(r.model), bytes, cudaHostRegisterDefault) == cudaSuccess) {
+                r.pinned = true;
+            } else {
+                cudaGetLastError();
+                cudaHostUnregister(zt_gpt2_params(r.model));
+                cudaGetLastError();
+                zt_log(ZT_LOG_WARN, "gpu: could not page-lock the host parameter and gradient slabs (check ulimit -l); "
+                       "the copies between host and GPU run slower");
+            }
+            zt_log(ZT_LOG_INFO, "gpu: optimizer placement %s: gradients to the host and parameters back after "
+                   "every step", cfg->optimizer);
+        }
         if (dt == ZT_DTYPE_F16) {
             r.use_scaler = true;
             zt_loss_scaler_init(&r.scaler, cfg->loss_scale, cfg->min_loss_scale, cfg->loss_scale_window);
@@ -511,6 +573,11 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     if (strcmp(cfg->optimizer, "server") == 0 &&
         (rc = zt_placement_server_open(&r.state, cfg, r.model, &r.opt, st.step, err)) < 0)
         goto out;
+#ifdef ZT_WITH_CUDA
+    if (r.gpu_offload && r.state) /* remote servers may have sent their parameters into the host slab */
+        zt_gpt2_cuda_upload_weights(r.gpu, zt_gpt2_params(r.model), ZT_DTYPE_F32);
+    r.opt.loss_scaled = r.use_scaler;
+#endif
     res->start_step = st.step;
     res->end_step = st.step;
     res->skipped_steps = st.skipped_steps;
@@ -561,9 +628,14 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
         /* ZT_GPU_PROFILE=N: from step N on, time every kernel family with CUDA events (logged at the end). */
         if (r.gpu && profile_from > 0 && step == profile_from)
             zt_gpt2_cuda_set_profiling(r.gpu, true);
-        if (r.gpu) {
+        if (r.gpu && !r.gpu_offload) {
             if ((rc = gpu_step(&r, cfg, (float)lr, &loss, &rep, err)) < 0)
                 goto out;
+        } else if (r.gpu) {
+            if ((rc = offload_step(&r, cfg, step, (float)lr, &loss, &rep, err)) < 0) {
+                res->rewind_to = zt_placement_server_stale_step(r.state);
+                goto out;
+            }
         } else
 #endif
         {
@@ -630,8 +702,11 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
             st.elapsed_s = elapsed_before + (now_seconds() - start);
             zt_dataloader_get_position(r.train, &st.data);
 #ifdef ZT_WITH_CUDA
-            if (r.gpu)
+            if (r.gpu && !r.gpu_offload) { /* with the optimizer off the GPU the host slabs are current */
                 zt_gpt2_cuda_download(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
+                if (cfg->save_grads)
+                    zt_gpt2_cuda_download_grads(r.gpu, zt_gpt2_grads(r.model));
+            }
 #endif
             if (r.state && (rc = zt_placement_server_checkpoint(r.state, &r.opt, step, err)) < 0)
                 goto out;
