@@ -3,7 +3,7 @@
  * RAM: each record is one anonymous mapping (zero pages until written, transparent huge pages asked for).
  * NVMe: one file per record, opened O_DIRECT, registered as a fixed file of one io_uring. A background
  * I/O thread owns the ring: it cuts queued requests into io_size pieces, keeps up to queue_depth of them
- * in flight, and marks a request done when its last piece completes. Callers only touch the request
+ * in flight (the oldest request's pieces first), and marks a request done when its last piece completes. Callers only touch the request
  * table under the store's mutex and sleep on a condition variable in zt_store_wait; the payload's
  * checksum is computed in the caller's thread (write_async and wait), never in the I/O thread, so that
  * checksums never hold up submissions. A reader in zt_store_wait checksums the pieces that have arrived
@@ -82,6 +82,7 @@ typedef struct request {
     uint64_t *piece_done;  /* read: one bit per io_size piece, set when it completes */
     size_t done_prefix;    /* read: bytes from offset 0 whose pieces have all completed */
     int waiting;           /* read: the caller sleeps in zt_store_wait and checksums what arrives */
+    uint64_t seq;          /* order in which requests were queued: the I/O thread serves the oldest first */
 } request;
 
 struct zt_store {
@@ -109,6 +110,7 @@ struct zt_store {
     struct iovec *bufs;     /* registered buffers */
     int nbufs;
     int requests_seen;      /* registration must come before any request */
+    uint64_t next_seq;      /* seq of the next queued request */
 };
 
 static size_t round_up(size_t x, size_t a)
@@ -328,15 +330,34 @@ static void piece_arrived_locked(zt_store *s, request *q, uint32_t piece)
         pthread_cond_broadcast(&s->done_cv);
 }
 
+/* Returns 1 if request q has a piece that can be submitted now (payload left, or a write's header once
+ * its payload is done). */
+static int can_submit(const request *q)
+{
+    return q->queued && q->result == 0 &&
+           (q->next_off < q->total || (q->is_write && !q->header_sent && q->inflight == 0));
+}
+
 static int has_work_locked(zt_store *s)
 {
     for (int i = 0; i < ZT_STORE_MAX_REQUESTS; i++) {
-        request *q = &s->reqs[i];
-        if (q->queued && q->result == 0 &&
-            (q->next_off < q->total || (q->is_write && !q->header_sent && q->inflight == 0)))
+        if (can_submit(&s->reqs[i]))
             return 1;
     }
     return 0;
+}
+
+/* Returns the slot of the oldest request with a piece to submit, or -1. Slots are reused, so a low slot
+ * may hold the newest request: order by seq, not by slot, or a request queued later overtakes the one
+ * its caller is waiting for (which then cannot checksum while its pieces arrive). */
+static int oldest_submittable_locked(zt_store *s)
+{
+    int best = -1;
+    for (int i = 0; i < ZT_STORE_MAX_REQUESTS; i++) {
+        if (can_submit(&s->reqs[i]) && (best < 0 || s->reqs[i].seq < s->reqs[best].seq))
+            best = i;
+    }
+    return best;
 }
 
 static void *io_thread(void *arg)
@@ -348,19 +369,15 @@ static void *io_thread(void *arg)
             pthread_cond_wait(&s->work_cv, &s->mu);
         if (s->stop && s->inflight == 0 && !has_work_locked(s))
             break;
-        /* Fill the queue: oldest requests first, one piece at a time, up to queue_depth pieces. */
+        /* Fill the queue up to queue_depth pieces: all of the oldest request's pieces, then the next
+         * oldest's. (The ring has room for twice queue_depth entries, so it cannot run out of them.) */
         int queued = 0;
-        int progress = 1;
-        while (s->inflight < s->cfg.queue_depth && progress) {
-            progress = 0;
-            for (int i = 0; i < ZT_STORE_MAX_REQUESTS && s->inflight < s->cfg.queue_depth; i++) {
-                request *q = &s->reqs[i];
-                if (q->queued && q->result == 0 && submit_piece_locked(s, i)) {
-                    progress = 1;
-                    queued++;
-                    break; /* restart the scan: earlier slots first keeps requests roughly in order */
-                }
-            }
+        while (s->inflight < s->cfg.queue_depth && io_uring_sq_space_left(&s->ring) > 0) {
+            int slot = oldest_submittable_locked(s);
+            if (slot < 0)
+                break;
+            while (s->inflight < s->cfg.queue_depth && submit_piece_locked(s, slot))
+                queued++;
         }
         pthread_mutex_unlock(&s->mu);
         if (queued)
@@ -926,6 +943,7 @@ static int start_request(zt_store *s, zt_store_key key, float *buf, int is_write
         size_t pieces = (q->total + s->cfg.io_size - 1) / s->cfg.io_size;
         q->piece_done = calloc((pieces + 63) / 64, sizeof(uint64_t));
     }
+    q->seq = s->next_seq++;
     q->queued = 1;
     pthread_cond_signal(&s->work_cv);
 out:
