@@ -89,7 +89,7 @@ if [ "$SWEEP" != 0 ]; then
     echo "== sweep: $SWEEP GiB per read; raw io_uring and the tier (4 buffers) at the same queue depth and request size"
     echo "dd read bs=4M iflag=direct: $(dd if="$DISK/dd.bin" of=/dev/null bs=4M count=$((SWEEP * 256)) iflag=direct 2>&1 \
         | tail -1 | dd_gbs) GB/s"
-    for c in "1 1024" "4 1024" "8 1024" "32 1024" "64 1024" "4 4096" "16 4096" "128 256"; do
+    for c in "1 1024" "4 1024" "8 1024" "32 1024" "64 1024" "1 4096" "4 4096" "16 4096" "128 256"; do
         set -- $c
         raw=$(field gbytes_s "$("$BIN/bench_rawio" read "$DISK/dd.bin" "$SWEEP" "$1" "$2")")
         tier=$(field read_gbytes_s "$("$BIN/bench_store" "$DISK/tier" "$SWEEP" $REC "$1" "$2" 4 read)")
