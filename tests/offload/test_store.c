@@ -317,6 +317,58 @@ static void test_nvme_piecewise_checksum(void **unused)
     remove_dir();
 }
 
+/* A pipeline as a state server runs it: a window of 3 buffers, the oldest ticket waited for before its
+ * buffer is reused, so ticket slots are reused while newer requests are queued behind older ones. Every
+ * record is written with its own data, then read back through the same kind of window and checked
+ * (records of 37 pieces, 4 pieces in flight: requests overlap in the queue). */
+static void test_nvme_pipeline_window(void **unused)
+{
+    (void)unused;
+    make_dir();
+    enum { NPIPE = 12, WINDOW = 3 };
+    size_t n = 12345; /* 148140 bytes: 37 pieces of 4096 */
+    zt_err err = {{0}};
+    zt_store *s = open_nvme(0, 4, 4096);
+    float *win[WINDOW];
+    for (int j = 0; j < WINDOW; j++) {
+        win[j] = zt_store_buffer_alloc(n);
+        assert_non_null(win[j]);
+    }
+    float *want = zt_store_buffer_alloc(n);
+    assert_non_null(want);
+    for (int i = 0; i < NPIPE; i++)
+        assert_int_equal(zt_store_create(s, key_of(i), n, &err), 0);
+    for (int pass = 0; pass < 2; pass++) { /* pass 0 writes, pass 1 reads */
+        int tickets[WINDOW];
+        for (int i = 0; i < NPIPE + WINDOW; i++) {
+            if (i >= WINDOW) {
+                int j = (i - WINDOW) % WINDOW;
+                if (zt_store_wait(s, tickets[j], &err) != 0)
+                    fail_msg("pass %d, record %d: %s", pass, i - WINDOW, err.msg);
+                if (pass == 1) {
+                    fill_random(want, n, (uint32_t)(i - WINDOW) + 500);
+                    assert_memory_equal(win[j], want, n * 12);
+                }
+            }
+            if (i < NPIPE) {
+                int j = i % WINDOW;
+                if (pass == 0) {
+                    fill_random(win[j], n, (uint32_t)i + 500);
+                    assert_int_equal(zt_store_write_async(s, key_of(i), win[j], &tickets[j], &err), 0);
+                } else {
+                    memset(win[j], 0xab, zt_store_buffer_bytes(n));
+                    assert_int_equal(zt_store_read_async(s, key_of(i), win[j], &tickets[j], &err), 0);
+                }
+            }
+        }
+    }
+    zt_store_close(s);
+    for (int j = 0; j < WINDOW; j++)
+        zt_store_buffer_free(win[j]);
+    zt_store_buffer_free(want);
+    remove_dir();
+}
+
 /* Capacity on NVMe, a missing directory, a file where a directory should be, an unwritable directory,
  * a misaligned buffer with direct I/O, bad options. */
 static void test_nvme_errors(void **unused)
@@ -369,6 +421,7 @@ int main(void)
         cmocka_unit_test(test_nvme_round_trip_and_reopen),
         cmocka_unit_test(test_nvme_corruption),
         cmocka_unit_test(test_nvme_piecewise_checksum),
+        cmocka_unit_test(test_nvme_pipeline_window),
         cmocka_unit_test(test_nvme_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
