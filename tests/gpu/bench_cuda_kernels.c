@@ -6,6 +6,9 @@
  *   bench_cuda_kernels [bf16|f16|f32] [iterations]     (default bf16, 20)
  *   bench_cuda_kernels attention [iterations]          attention only, WMMA vs mma.sync kernels, bf16 and
  *                                                      fp16, at GPT-2 124M and 1558M shapes
+ *   bench_cuda_kernels bandwidth [iterations]          the bandwidth-bound kernels of a bf16 training step
+ *                                                      (layer norm, gradient fold, global norm, AdamW) at
+ *                                                      GPT-2 124M and 1558M shapes
  *
  * Attention TFLOP/s count the causal half of the products: forward 2 (S = Q K^T, O = P V), backward 5
  * (2.5x the forward: dV, dP, dS's S, dK, dQ), whatever a kernel recomputes. */
@@ -124,10 +127,81 @@ static void bench_attention(enum zt_dtype dt, int b, int t, int c, int nh)
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
 }
 
+
+/* The memory-bound kernels of a bf16 training step at one model's shapes: layer norm over the B x T rows,
+ * and over all parameters the bf16 -> fp32 gradient fold, the fp32 global norm and AdamW with fp32
+ * gradients and a bf16 copy of the weights (as worker/model/gpt2_cuda.c calls them). The optimizer
+ * buffers are zeros: the kernels' speed does not depend on the values. */
+static void bench_bandwidth(const char *model, int rows, int c, int layers, int vp)
+{
+    const enum zt_dtype dt = ZT_DTYPE_BF16;
+    const double es = 2.0, nc = (double)rows * c;
+    printf("-- %s: layer norm over %d x %d (bf16)\n", model, rows, c);
+    void *x = drand((size_t)rows * c, 1.0f, dt), *y = drand((size_t)rows * c, 1.0f, dt);
+    void *dx = drand((size_t)rows * c, 0.0f, dt), *w = drand(c, 1.0f, dt), *b = drand(c, 0.1f, dt);
+    void *dw = drand(c, 0.0f, dt), *db = drand(c, 0.0f, dt);
+    float *mean = dalloc(sizeof(float) * rows), *rstd = dalloc(sizeof(float) * rows);
+    void *scratch = dalloc(zt_cuda_layernorm_backward_scratch_size(rows, c));
+    BENCH("layernorm forward", 0, es * 2.0 * nc,
+          zt_cuda_layernorm_forward(y, mean, rstd, x, w, b, rows, c, 1e-5f, dt, g_stream));
+    BENCH("layernorm backward (dx += ...)", 0, es * 4.0 * nc,
+          zt_cuda_layernorm_backward(dx, dw, db, y, x, w, mean, rstd, rows, c, scratch, dt, g_stream));
+    void *bufs[] = {x, y, dx, w, b, dw, db, mean, rstd, scratch};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        ZT_CUDA_CHECK(cudaFree(bufs[i]));
+
+    /* GPT-2's parameter tensors: wte (padded), wpe, 12 per layer, ln_f. */
+    size_t sizes[2 + 12 * 48 + 2];
+    int count = 0;
+    sizes[count++] = (size_t)vp * c;
+    sizes[count++] = (size_t)1024 * c;
+    for (int l = 0; l < layers; l++) {
+        const size_t per[12] = {c, c, (size_t)c * 3 * c, 3 * (size_t)c, (size_t)c * c, c,
+                                c, c, (size_t)c * 4 * c, 4 * (size_t)c, (size_t)4 * c * c, c};
+        for (int k = 0; k < 12; k++)
+            sizes[count++] = per[k];
+    }
+    sizes[count++] = c;
+    sizes[count++] = c;
+    size_t n = 0;
+    for (int i = 0; i < count; i++)
+        n += (sizes[i] + 63) / 64 * 64; /* each tensor 256-byte aligned, as in the device pool */
+    printf("-- %s: %d parameter tensors, %.1fM parameters\n", model, count, n / 1e6);
+    float *p = dalloc(n * 4), *m = dalloc(n * 4), *v = dalloc(n * 4), *g = dalloc(n * 4);
+    void *glow = dalloc(n * 2), *wlow = dalloc(n * 2);
+    ZT_CUDA_CHECK(cudaMemset(p, 0, n * 4));
+    ZT_CUDA_CHECK(cudaMemset(m, 0, n * 4));
+    ZT_CUDA_CHECK(cudaMemset(v, 0, n * 4));
+    ZT_CUDA_CHECK(cudaMemset(g, 0, n * 4));
+    ZT_CUDA_CHECK(cudaMemset(glow, 0, n * 2));
+    BENCH("grad fold bf16 -> fp32 (overwrite)", 0, (double)n * (2 + 4),
+          zt_cuda_accumulate(g, glow, dt, n, 1.0f, 1, g_stream));
+    BENCH("grad fold bf16 -> fp32 (add)", 0, (double)n * (2 + 4 + 4),
+          zt_cuda_accumulate(g, glow, dt, n, 1.0f, 0, g_stream));
+    float *partials = dalloc(sizeof(float) * ZT_CUDA_NORM_SLOTS), *out = dalloc(sizeof(float));
+    BENCH("global norm fp32", 0, (double)n * 4, zt_cuda_sum_squares(out, partials, g, n, ZT_DTYPE_F32, g_stream));
+    zt_cuda_adamw_tensor *t = calloc(count, sizeof(*t));
+    size_t off = 0;
+    for (int i = 0; i < count; i++) {
+        zt_cuda_adamw_tensor ti = {p + off, m + off, v + off, g + off, (uint16_t *)wlow + off, sizes[i],
+                                   sizes[i] > (size_t)4 * c};
+        t[i] = ti;
+        off += (sizes[i] + 63) / 64 * 64;
+    }
+    zt_adamw_params hp = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1};
+    BENCH("adamw, fp32 grads, bf16 weights", 0, (double)n * (4 + 3 * 8 + 2),
+          zt_cuda_adamw_update(t, count, &hp, ZT_DTYPE_F32, dt, out, NULL, g_stream));
+    free(t);
+    void *bufs2[] = {p, m, v, g, glow, wlow, partials, out};
+    for (size_t i = 0; i < sizeof(bufs2) / sizeof(bufs2[0]); i++)
+        ZT_CUDA_CHECK(cudaFree(bufs2[i]));
+}
+
 int main(int argc, char **argv)
 {
     enum zt_dtype dt = ZT_DTYPE_BF16;
     const int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
+    const int bandwidth_only = argc > 1 && strcmp(argv[1], "bandwidth") == 0;
     if (argc > 1 && strcmp(argv[1], "f16") == 0)
         dt = ZT_DTYPE_F16;
     else if (argc > 1 && strcmp(argv[1], "f32") == 0)
@@ -152,6 +226,13 @@ int main(int argc, char **argv)
     if (zt_cuda_blas_create(&blas, 0, &err) != 0) {
         printf("%s\n", err.msg);
         return 1;
+    }
+    if (bandwidth_only) {
+        bench_bandwidth("GPT-2 124M", 16 * 1024, 768, 12, 50304);
+        bench_bandwidth("GPT-2 1558M", 8 * 1024, 1600, 48, 50304);
+        zt_cuda_blas_destroy(blas);
+        printf("done\n");
+        return 0;
     }
     if (attention_only) {
         const enum zt_dtype dts[2] = {ZT_DTYPE_BF16, ZT_DTYPE_F16};
