@@ -41,7 +41,8 @@ typedef struct zt_comm_options {
                                       it names the segment /ztrain-<name>; letters, digits, '-', '_' */
     uint64_t config_hash;          /* shm: must be equal on every rank (0 is a valid hash) */
     double join_timeout_s;         /* shm: how long creation waits for every rank to arrive; > 0 */
-    double timeout_s;              /* shm: how long a collective waits for a slow peer; > 0 */
+    double timeout_s;              /* how long a collective (shm) or a stream wait (nccl, zt_comm_nccl_wait)
+                                      waits for a slow peer before failing; > 0 */
     size_t chunk_bytes;            /* shm: staging buffer per rank, in bytes; 0 = 4 MiB */
     int device;                    /* nccl: CUDA device of this rank */
     unsigned char nccl_id[ZT_COMM_NCCL_ID_BYTES]; /* nccl: the unique id rank 0 handed out */
@@ -100,6 +101,14 @@ int zt_comm_recv(zt_comm *c, void *buf, size_t count, enum zt_comm_dtype dtype, 
 /* nccl only: writes a fresh unique id (ZT_COMM_NCCL_ID_BYTES) for rank 0 to hand out through the
  * rendezvous. Returns 0, or ZT_EUNSUPPORTED in a build without NCCL, or an NCCL failure, with err. */
 int zt_comm_nccl_unique_id(unsigned char id[ZT_COMM_NCCL_ID_BYTES], zt_err *err);
+
+#ifdef ZT_WITH_NCCL
+/* nccl only: waits until the work enqueued on stream (a cudaStream_t) is done, polling the stream and
+ * the communicator's asynchronous errors. A failed NCCL call or peer, or no progress within the
+ * communicator's timeout_s (ZT_COMM_TIMEOUT_S), aborts the communicator and returns ZT_EIO with a
+ * message naming the problem; the communicator is broken from then on. Returns 0 when done. */
+int zt_comm_nccl_wait(zt_comm *c, void *stream, zt_err *err);
+#endif
 
 /* Internal backends (comm.c dispatches to them). */
 typedef struct zt__comm_ops {
