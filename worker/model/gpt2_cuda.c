@@ -52,6 +52,9 @@ struct zt_gpt2_cuda {
     zt_gpt2_config cfg;
     enum zt_dtype dtype;
     enum zt_gpt2_cuda_state state;
+    zt_gpt2_cuda_hooks hooks; /* HOOKED: where the weights and gradients of each block come from */
+    bool *ckpt;              /* [n_layer]: layers whose activations are recomputed in backward, or NULL */
+    layer_acts shared;       /* the activations that checkpointed layers share (not res3) */
     size_t esize;            /* bytes per dtype element */
     int max_B, max_T, max_micro, Vp;
     cudaStream_t stream;
@@ -183,9 +186,10 @@ static size_t carve(zt_gpt2_cuda *g, char *base, size_t plan[5])
     const size_t e = g->esize, NC = N * C;
     size_t used = 0, mark;
     const bool f32 = g->dtype == ZT_DTYPE_F32, full = g->state == ZT_GPT2_CUDA_FULL;
+    const bool hooked = g->state == ZT_GPT2_CUDA_HOOKED; /* no parameters or gradients of its own */
 
-    g->master = full || f32 ? take(base, &used, g->n * 4) : NULL;
-    g->grads = take(base, &used, g->n * 4);
+    g->master = (full || f32) && !hooked ? take(base, &used, g->n * 4) : NULL;
+    g->grads = hooked ? NULL : take(base, &used, g->n * 4);
     if (plan)
         plan[0] = used;
     mark = used;
@@ -194,14 +198,25 @@ static size_t carve(zt_gpt2_cuda *g, char *base, size_t plan[5])
     if (plan)
         plan[1] = used - mark;
     mark = used;
-    g->wlow = f32 ? (void *)g->master : take(base, &used, g->n * e);
-    g->glow = f32 ? (void *)g->grads : take(base, &used, g->n * e);
+    g->wlow = hooked ? NULL : f32 ? (void *)g->master : take(base, &used, g->n * e);
+    g->glow = hooked ? NULL : f32 ? (void *)g->grads : take(base, &used, g->n * e);
     if (plan)
         plan[2] = used - mark;
     mark = used;
     g->encoded = take(base, &used, NC * e);
-    for (int l = 0; l < g->cfg.n_layer; l++) {
-        layer_acts *a = &g->layers[l];
+    bool any_ckpt = false;
+    for (int l = 0; l < g->cfg.n_layer && g->ckpt; l++)
+        any_ckpt |= g->ckpt[l];
+    for (int l = -1; l < g->cfg.n_layer; l++) {
+        /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
+        if (l < 0 && !any_ckpt)
+            continue;
+        layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
+        if (l >= 0 && g->ckpt && g->ckpt[l]) {
+            *a = g->shared;
+            a->res3 = take(base, &used, NC * e);
+            continue;
+        }
         a->ln1 = take(base, &used, NC * e);
         a->ln1_mean = take(base, &used, N * 4);
         a->ln1_rstd = take(base, &used, N * 4);
@@ -288,9 +303,29 @@ int zt_gpt2_cuda_create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max
     return zt_gpt2_cuda_create_state(out, host, B, T, max_micro, dtype, ZT_GPT2_CUDA_FULL, err);
 }
 
+static int create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                  enum zt_gpt2_cuda_state state, const zt_gpt2_cuda_hooks *hooks, const bool *checkpointed,
+                  zt_err *err);
+
 /* Creates the device model; see gpt2_cuda.h. */
 int zt_gpt2_cuda_create_state(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
                               enum zt_gpt2_cuda_state state, zt_err *err)
+{
+    ZT_ASSERT(state != ZT_GPT2_CUDA_HOOKED);
+    return create(out, host, B, T, max_micro, dtype, state, NULL, NULL, err);
+}
+
+/* Creates the device model that asks a runtime for weights and gradient buffers; see gpt2_cuda.h. */
+int zt_gpt2_cuda_create_hooked(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                               const zt_gpt2_cuda_hooks *hooks, const bool *checkpointed, zt_err *err)
+{
+    ZT_ASSERT(hooks && hooks->acquire_weights && hooks->release_weights && hooks->grad_buffer && hooks->grads_done);
+    return create(out, host, B, T, max_micro, dtype, ZT_GPT2_CUDA_HOOKED, hooks, checkpointed, err);
+}
+
+static int create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                  enum zt_gpt2_cuda_state state, const zt_gpt2_cuda_hooks *hooks, const bool *checkpointed,
+                  zt_err *err)
 {
     int rc = 0;
     const zt_gpt2_config *cfg = zt_gpt2_get_config(host);
@@ -320,6 +355,12 @@ int zt_gpt2_cuda_create_state(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, i
     g->cfg = *cfg;
     g->dtype = dtype;
     g->state = state;
+    if (hooks)
+        g->hooks = *hooks;
+    if (checkpointed) {
+        g->ckpt = zt_xcalloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof(bool));
+        memcpy(g->ckpt, checkpointed, (size_t)cfg->n_layer * sizeof(bool));
+    }
     g->esize = dtype_size(dtype);
     g->max_B = B;
     g->max_T = T;
@@ -348,7 +389,11 @@ int zt_gpt2_cuda_create_state(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, i
         zt_format_size(plan[i], sz[i], sizeof sz[i]);
     zt_format_size(g->pool_bytes, need, sizeof need);
     zt_format_size(free_b, avail, sizeof avail);
-    if (state == ZT_GPT2_CUDA_FULL)
+    if (state == ZT_GPT2_CUDA_HOOKED)
+        zt_log(ZT_LOG_INFO, "gpu: %s compute, weights and gradients from the ZeRO runtime; model memory %s of %s "
+               "free: activations %s (batch %d x %d), scratch %s", dtype_name(dtype), need, avail, sz[3], B, T,
+               sz[4]);
+    else if (state == ZT_GPT2_CUDA_FULL)
         zt_log(ZT_LOG_INFO, "gpu: %s compute; memory plan %s of %s free: fp32 params+grads %s, Adam m+v %s, %s "
                "weights+grads %s, activations %s (batch %d x %d), scratch %s",
                dtype_name(dtype), need, avail, sz[0], sz[1], dtype_name(dtype), sz[2], sz[3], B, T, sz[4]);
@@ -388,8 +433,10 @@ int zt_gpt2_cuda_create_state(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, i
     }
     if (state == ZT_GPT2_CUDA_FULL)
         zt_gpt2_cuda_upload(g, zt_gpt2_params(host), NULL, NULL);
-    else
+    else if (state == ZT_GPT2_CUDA_NO_OPTIMIZER)
         zt_gpt2_cuda_upload_weights(g, zt_gpt2_params(host), ZT_DTYPE_F32);
+    else
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* the pool's zeroing */
     g->first_micro = true;
     *out = g;
     return 0;
@@ -428,6 +475,7 @@ void zt_gpt2_cuda_destroy(zt_gpt2_cuda *g)
     free(g->blen);
     free(g->layers);
     free(g->adam);
+    free(g->ckpt);
     free(g);
 }
 
@@ -494,6 +542,7 @@ void zt_gpt2_cuda_download(zt_gpt2_cuda *g, float *params, float *m, float *v)
 /* Downloads the fp32 gradients into a host slab. */
 void zt_gpt2_cuda_download_grads(zt_gpt2_cuda *g, float *grads)
 {
+    ZT_ASSERT(g->state != ZT_GPT2_CUDA_HOOKED);
     download_slab(g, grads, g->grads);
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
@@ -543,6 +592,26 @@ static void *block_weights(const zt_gpt2_cuda *g, int b)
 static void *block_grads(const zt_gpt2_cuda *g, int b)
 {
     return at(g, g->glow, g->boff[b]);
+}
+
+/* Block b's weights for the next kernels: the runtime's gathered copy in HOOKED mode (acquired until
+ * put_weights), else the block's range of the weight slab. */
+static void *get_weights(zt_gpt2_cuda *g, int b)
+{
+    return g->state == ZT_GPT2_CUDA_HOOKED ? g->hooks.acquire_weights(g->hooks.ctx, b) : block_weights(g, b);
+}
+
+static void put_weights(zt_gpt2_cuda *g, int b)
+{
+    if (g->state == ZT_GPT2_CUDA_HOOKED)
+        g->hooks.release_weights(g->hooks.ctx, b);
+}
+
+/* Where block b's backward writes its gradients: the runtime's buffer in HOOKED mode, else the block's
+ * range of the gradient slab. */
+static void *get_grads(zt_gpt2_cuda *g, int b)
+{
+    return g->state == ZT_GPT2_CUDA_HOOKED ? g->hooks.grad_buffer(g->hooks.ctx, b) : block_grads(g, b);
 }
 
 static void zero(zt_gpt2_cuda *g, void *p, size_t elems)
@@ -701,9 +770,14 @@ static void backward_embed(zt_gpt2_cuda *g, void *gr, int B, int T)
     prof_end(g);
 }
 
-/* Folds block b's low-precision gradients into the fp32 gradients (nothing to do in fp32 compute). */
+/* Folds block b's low-precision gradients into the fp32 gradients (nothing to do in fp32 compute); in
+ * HOOKED mode tells the runtime that the block's backward is enqueued (it folds and reduces them). */
 static void reduce_block_grads(zt_gpt2_cuda *g, int b, float inv_scale)
 {
+    if (g->state == ZT_GPT2_CUDA_HOOKED) {
+        g->hooks.grads_done(g->hooks.ctx, b);
+        return;
+    }
     if (g->dtype == ZT_DTYPE_F32)
         return;
     prof_begin(g, PF_GRAD_ACCUM);
@@ -733,16 +807,29 @@ static int stage_batch(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *ta
     return valid;
 }
 
-/* Runs the forward pass of every block. */
-static void forward_all(zt_gpt2_cuda *g, int B, int T, bool with_grad, float grad_scale)
+/* Runs the forward pass of every block. With keep_head, the weights of ln_f and the tied head stay
+ * acquired for the backward (*w_lnf, *w_emb); otherwise they are put back. */
+static void forward_all(zt_gpt2_cuda *g, int B, int T, bool with_grad, float grad_scale, bool keep_head,
+                        void **w_lnf, void **w_emb)
 {
-    forward_embed(g, block_weights(g, 0), B, T);
+    const int L = g->cfg.n_layer;
+    forward_embed(g, get_weights(g, 0), B, T);
+    put_weights(g, 0);
     const void *x = g->encoded;
-    for (int l = 0; l < g->cfg.n_layer; l++) {
-        forward_layer(g, l, block_weights(g, 1 + l), x, B, T);
+    for (int l = 0; l < L; l++) {
+        forward_layer(g, l, get_weights(g, 1 + l), x, B, T);
+        put_weights(g, 1 + l);
         x = g->layers[l].res3;
     }
-    forward_head(g, block_weights(g, g->cfg.n_layer + 1), block_weights(g, 0), B, T, with_grad, grad_scale);
+    void *wl = get_weights(g, L + 1), *we = get_weights(g, 0);
+    forward_head(g, wl, we, B, T, with_grad, grad_scale);
+    if (keep_head) {
+        *w_lnf = wl;
+        *w_emb = we;
+    } else {
+        put_weights(g, L + 1);
+        put_weights(g, 0);
+    }
 }
 
 /* One training micro-batch; see gpt2_cuda.h. */
@@ -761,7 +848,8 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
     g->cur_T = T;
 
     const float grad_scale = valid > 0 ? loss_scale * grad_weight / (float)valid : 0.0f;
-    forward_all(g, B, T, true, grad_scale);
+    void *w_lnf = NULL, *w_emb = NULL;
+    forward_all(g, B, T, true, grad_scale, true, &w_lnf, &w_emb);
     zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->stream);
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses + (size_t)micro * N, g->losses, (size_t)N * sizeof(float),
                                   cudaMemcpyDeviceToHost, g->stream));
@@ -769,7 +857,9 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
     /* Backward. In fp32 compute the kernels add straight into the fp32 gradients; otherwise into the
      * low-precision gradients, zeroed here, which each block then folds into fp32. */
     const float inv_scale = 1.0f / loss_scale;
-    if (g->dtype == ZT_DTYPE_F32) {
+    if (g->state == ZT_GPT2_CUDA_HOOKED) {
+        /* the runtime hands out zeroed gradient buffers */
+    } else if (g->dtype == ZT_DTYPE_F32) {
         if (g->first_micro) {
             prof_begin(g, PF_MEMSET);
             ZT_CUDA_CHECK(cudaMemsetAsync(g->grads, 0, g->n * sizeof(float), g->stream));
@@ -778,14 +868,20 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
     } else {
         zero(g, g->glow, g->n);
     }
-    backward_head(g, block_weights(g, L + 1), block_grads(g, L + 1), block_weights(g, 0), block_grads(g, 0), B, T);
+    backward_head(g, w_lnf, get_grads(g, L + 1), w_emb, get_grads(g, 0), B, T);
+    put_weights(g, L + 1);
+    put_weights(g, 0);
     reduce_block_grads(g, L + 1, inv_scale);
     for (int l = L - 1; l >= 0; l--) {
         const void *x = l > 0 ? g->layers[l - 1].res3 : g->encoded;
-        backward_layer(g, l, block_weights(g, 1 + l), block_grads(g, 1 + l), x, B, T);
+        void *w = get_weights(g, 1 + l);
+        if (g->ckpt && g->ckpt[l])
+            forward_layer(g, l, w, x, B, T); /* recompute the activations from the kept input */
+        backward_layer(g, l, w, get_grads(g, 1 + l), x, B, T);
+        put_weights(g, 1 + l);
         reduce_block_grads(g, 1 + l, inv_scale);
     }
-    backward_embed(g, block_grads(g, 0), B, T);
+    backward_embed(g, get_grads(g, 0), B, T);
     reduce_block_grads(g, 0, inv_scale);
     g->first_micro = false;
 }
@@ -837,17 +933,68 @@ float zt_gpt2_cuda_step_loss(zt_gpt2_cuda *g, int micros)
 /* Mean loss of one batch, forward only. */
 float zt_gpt2_cuda_eval_loss(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
+    zt_gpt2_cuda_eval_enqueue(g, tokens, targets, B, T);
+    return zt_gpt2_cuda_eval_read(g);
+}
+
+/* Queues the forward pass of an evaluation batch; see gpt2_cuda.h. */
+void zt_gpt2_cuda_eval_enqueue(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
     ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
     const int N = B * T;
-    int valid = stage_batch(g, tokens, targets, B, T, 0);
-    forward_all(g, B, T, false, 0.0f);
+    g->n_valid[0] = stage_batch(g, tokens, targets, B, T, 0);
+    g->cur_B = B;
+    g->cur_T = T;
+    forward_all(g, B, T, false, 0.0f, false, NULL, NULL);
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses, g->losses, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost,
                                   g->stream));
+}
+
+/* Waits for the evaluation batch and returns its mean loss; see gpt2_cuda.h. */
+float zt_gpt2_cuda_eval_read(zt_gpt2_cuda *g)
+{
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    const int N = g->cur_B * g->cur_T, valid = g->n_valid[0];
     if (valid == 0)
         return 0.0f;
     double sum = 0.0;
     for (int i = 0; i < N; i++)
         sum += g->h_losses[i];
     return (float)(sum / valid);
+}
+
+/* The device layout and the stream, for a runtime that supplies the weights; see gpt2_cuda.h. */
+void *zt_gpt2_cuda_stream(zt_gpt2_cuda *g)
+{
+    return g->stream;
+}
+
+int *zt_gpt2_cuda_flag(zt_gpt2_cuda *g)
+{
+    return g->d_flag;
+}
+
+size_t zt_gpt2_cuda_block_offset(const zt_gpt2_cuda *g, int b)
+{
+    return g->boff[b];
+}
+
+size_t zt_gpt2_cuda_block_len(const zt_gpt2_cuda *g, int b)
+{
+    return g->blen[b];
+}
+
+size_t zt_gpt2_cuda_tensor_offset(const zt_gpt2_cuda *g, int i)
+{
+    return g->toff[i];
+}
+
+size_t zt_gpt2_cuda_tensor_len(const zt_gpt2_cuda *g, int i)
+{
+    return g->tlen[i];
+}
+
+size_t zt_gpt2_cuda_pool_bytes(const zt_gpt2_cuda *g)
+{
+    return g->pool_bytes;
 }

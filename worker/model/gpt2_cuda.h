@@ -39,7 +39,7 @@ typedef struct zt_gpt2_cuda zt_gpt2_cuda; /* opaque */
  *                 servers; after each step the caller downloads the gradients with zt_gpt2_cuda_download_grads
  *                 and uploads the updated weights with zt_gpt2_cuda_upload_weights). 8 bytes per parameter
  *                 instead of FULL's 20 (bf16/fp16 compute) or 16 (fp32). */
-enum zt_gpt2_cuda_state { ZT_GPT2_CUDA_FULL = 0, ZT_GPT2_CUDA_NO_OPTIMIZER = 1 };
+enum zt_gpt2_cuda_state { ZT_GPT2_CUDA_FULL = 0, ZT_GPT2_CUDA_NO_OPTIMIZER = 1, ZT_GPT2_CUDA_HOOKED = 2 };
 
 /* zt_gpt2_cuda_create with a choice of what the device holds (see zt_gpt2_cuda_state). In NO_OPTIMIZER mode the
  * weights on the device start as the host model's parameters rounded to dtype; zt_gpt2_cuda_upload,
@@ -104,6 +104,54 @@ void zt_gpt2_cuda_upload_weights(zt_gpt2_cuda *g, const void *w, enum zt_dtype w
 
 /* Mean loss of one batch without backward (evaluation). Synchronous. */
 float zt_gpt2_cuda_eval_loss(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T);
+/* The same in two halves: queue the forward pass, then wait for it and return the mean loss (so that a
+ * caller can wait in its own way in between, e.g. watching its communicator). */
+void zt_gpt2_cuda_eval_enqueue(zt_gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T);
+float zt_gpt2_cuda_eval_read(zt_gpt2_cuda *g);
+
+/* HOOKED mode (ZT_GPT2_CUDA_HOOKED, for the ZeRO runtime worker/runtime/zero_cuda.h): the device model
+ * holds no parameters, gradients or optimizer state, only activations and scratch, and asks the hooks
+ * for every block's weights and gradient buffer (device pointers in the device layout below, valid
+ * until released / done). The calls, in order, for one training micro-batch:
+ *   acquire/release 0 (embeddings), acquire/release 1..L (layers), acquire L+1 then 0 (ln_f and the
+ *   tied head, kept through the head's backward), grad_buffer L+1 and 0, release L+1 and 0,
+ *   grads_done L+1; for l = L..1: acquire l, (the layer's forward again if checkpointed), grad_buffer
+ *   l, release l, grads_done l; then grad_buffer 0 again (the embeddings) and grads_done 0.
+ * Evaluation does the forward part and releases L+1 and 0 after the head. Every call happens on the
+ * host while the kernels are only enqueued on the model's stream (zt_gpt2_cuda_stream): the hooks
+ * order their own work against it with events. A gradient buffer must be zeroed when first handed out
+ * in a micro-batch (block 0 is asked twice); backward adds into it, in the compute dtype, with the
+ * loss scale still applied; grads_done means every kernel writing it has been enqueued. */
+typedef struct zt_gpt2_cuda_hooks {
+    void *ctx;                                     /* passed back to every hook */
+    void *(*acquire_weights)(void *ctx, int block);
+    void (*release_weights)(void *ctx, int block);
+    void *(*grad_buffer)(void *ctx, int block);
+    void (*grads_done)(void *ctx, int block);
+} zt_gpt2_cuda_hooks;
+
+/* Creates a HOOKED device model (see above) for batches up to B x T and max_micro micro-batches per
+ * step. checkpointed (n_layer flags, or NULL for none) names the layers that keep only their output
+ * and recompute their other activations (into one shared set) right before their backward. The hooks
+ * table is copied. Returns 0, or an error as zt_gpt2_cuda_create. In this mode upload, download,
+ * step_update, step_finish and download_grads are not available; use zt_gpt2_cuda_step_loss. */
+int zt_gpt2_cuda_create_hooked(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                               const zt_gpt2_cuda_hooks *hooks, const bool *checkpointed, zt_err *err);
+
+/* The model's stream (a cudaStream_t) and its device int that collects the non-finite check of the
+ * losses (zeroed at each step's first micro-batch). */
+void *zt_gpt2_cuda_stream(zt_gpt2_cuda *g);
+int *zt_gpt2_cuda_flag(zt_gpt2_cuda *g);
+
+/* The device layout (elements): where block b and tensor i start and how long they are. Blocks are
+ * contiguous in block order; every tensor starts on a 64-element boundary; wte is padded to a
+ * vocabulary that is a multiple of 128 rows. */
+size_t zt_gpt2_cuda_block_offset(const zt_gpt2_cuda *g, int b);
+size_t zt_gpt2_cuda_block_len(const zt_gpt2_cuda *g, int b);
+size_t zt_gpt2_cuda_tensor_offset(const zt_gpt2_cuda *g, int i);
+size_t zt_gpt2_cuda_tensor_len(const zt_gpt2_cuda *g, int i);
+/* Bytes of the model's device pool. */
+size_t zt_gpt2_cuda_pool_bytes(const zt_gpt2_cuda *g);
 
 /* Profiling mode (bench): when on, every kernel family of the forward and backward is timed with CUDA
  * events and zt_gpt2_cuda_profile_report logs the accumulated milliseconds per family. Slows a step. */
