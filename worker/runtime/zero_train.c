@@ -20,6 +20,11 @@
 #include "worker/train/metrics.h"
 #include "worker/train/placement.h"
 #include "worker/train/schedule.h"
+#ifdef ZT_WITH_ZERO_CUDA
+#include <cuda_runtime.h>
+#include "kernels/cuda/cuda_common.h"  /* zt_cuda_pick_dtype */
+#include "worker/runtime/zero_cuda.h"  /* --device cuda: the runtime on GPUs over NCCL */
+#endif
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 {
@@ -123,12 +128,76 @@ static int evaluate(zt_zero *z, zt_dataloader *val, int64_t batches, int rank, i
     return 0;
 }
 
+#ifdef ZT_WITH_ZERO_CUDA
+/* evaluate() on the GPU runtime. */
+static int evaluate_cuda(zt_zero_cuda *zc, zt_dataloader *val, int64_t batches, int rank, int b, int T,
+                         int32_t *tok, int32_t *tgt, float *out, zt_err *err)
+{
+    zt_dataloader_reset(val);
+    double sum = 0.0;
+    const size_t off = (size_t)rank * (size_t)b * (size_t)T;
+    for (int64_t i = 0; i < batches; i++) {
+        float mean;
+        zt_dataloader_next(val, tok, tgt);
+        int rc = zt_zero_cuda_eval(zc, tok + off, tgt + off, b, T, &mean, err);
+        if (rc < 0)
+            return rc;
+        sum += mean;
+    }
+    *out = (float)(sum / (double)batches);
+    return 0;
+}
+
+/* The compute type for --precision on this GPU, as the single-process trainer picks it. */
+static int pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
+        cudaGetLastError();
+        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: rank needs CUDA device %d (LOCAL_RANK) but %d are "
+                       "visible (check the driver, CUDA_VISIBLE_DEVICES and --nproc)", device, n);
+    }
+    const enum zt_dtype best = zt_cuda_pick_dtype(device);
+    *dt = best;
+    if (strcmp(cfg->precision, "fp32") == 0)
+        *dt = ZT_DTYPE_F32;
+    else if (strcmp(cfg->precision, "bf16") == 0)
+        *dt = ZT_DTYPE_BF16;
+    else if (strcmp(cfg->precision, "fp16") == 0)
+        *dt = ZT_DTYPE_F16;
+    if (*dt == ZT_DTYPE_BF16 && best != ZT_DTYPE_BF16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
+                       "--precision fp16 (with loss scaling) or fp32");
+    return 0;
+}
+#endif
+
+/* Evaluation on the runtime in use (zc: the GPU runtime, else the CPU one). */
+static int run_eval(zt_zero *z, void *zc, zt_dataloader *val, int64_t batches, int rank, int b, int T,
+                    int32_t *tok, int32_t *tgt, float *out, zt_err *err)
+{
+#ifdef ZT_WITH_ZERO_CUDA
+    if (zc)
+        return evaluate_cuda(zc, val, batches, rank, b, T, tok, tgt, out, err);
+#endif
+    (void)zc;
+    return evaluate(z, val, batches, rank, b, T, tok, tgt, out, err);
+}
+
 /* Saves a checkpoint of the gathered state (every rank gathers, rank 0 writes). */
-static int save(zt_zero *z, zt_gpt2 *model, zt_optimizer *full, const zt_train_config *cfg, zt_ckpt_state *st,
-                zt_dataloader *dl, zt_comm *comm, zt_state_client_t *client, const char *run_id,
+static int save(zt_zero *z, void *zc, zt_gpt2 *model, zt_optimizer *full, const zt_train_config *cfg,
+                zt_ckpt_state *st, zt_dataloader *dl, zt_comm *comm, zt_state_client_t *client, const char *run_id,
                 zt_train_result *res, zt_err *err)
 {
-    int rc = zt_zero_export_state(z, full, err);
+    int rc;
+#ifdef ZT_WITH_ZERO_CUDA
+    /* the GPU runtime gathers the masters and moments; the step counters are kept in full */
+    if (zc)
+        rc = zt_zero_cuda_export_state(zc, full, err);
+    else
+#endif
+        rc = zt_zero_export_state(z, full, err);
+    (void)zc;
     if (rc < 0)
         return rc;
     /* With state servers, every server first writes a snapshot of this step (the moments live there), so
@@ -211,6 +280,12 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     int rc = 0;
     zt_gpt2 *model = NULL;
     zt_zero *z = NULL;
+    void *zc = NULL; /* --device cuda: the zt_zero_cuda runtime (void * so that CPU builds need no CUDA) */
+    const bool on_gpu = strcmp(cfg->device, "cuda") == 0;
+    bool use_scaler = false; /* fp16 on the GPU: dynamic loss scaling, as the single-process trainer does */
+    zt_loss_scaler scaler;
+    memset(&scaler, 0, sizeof scaler);
+    (void)use_scaler; /* CPU-only builds */
     zt_dataloader *dl = NULL, *val = NULL;
     zt_metrics mt = {0};
     zt_optimizer full;
@@ -222,7 +297,9 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zt_placement_run_id(cfg->out_dir, run_id, sizeof run_id);
     if (is0)
         zt_train_config_log(cfg);
-    if ((rc = zt_gpt2_create(&model, &cfg->model, b, T, (uint64_t)cfg->seed, err)) < 0)
+    /* On the GPU the host model keeps the layout, the parameters and the files; it never runs, so its
+     * activations are sized for one token. */
+    if ((rc = zt_gpt2_create(&model, &cfg->model, on_gpu ? 1 : b, on_gpu ? 1 : T, (uint64_t)cfg->seed, err)) < 0)
         goto out;
     if ((rc = zt_optimizer_init(&full, zt_gpt2_num_params(model), cfg->beta1, cfg->beta2, cfg->eps,
                                 cfg->weight_decay, cfg->grad_clip, err)) < 0)
@@ -276,10 +353,41 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     zo.eps = cfg->eps;
     zo.weight_decay = cfg->weight_decay;
     zo.grad_clip = cfg->grad_clip;
-    if ((rc = zt_zero_create(&z, model, comm, &zo, err)) < 0)
-        goto out;
-    if (resumed)
-        zt_zero_import_state(z, &full);
+    if (on_gpu) {
+#ifdef ZT_WITH_ZERO_CUDA
+        enum zt_dtype dt;
+        zt_zero_cuda *g = NULL;
+        rc = pick_dtype(cfg, env.local_rank, &dt, err);
+        if (rc == 0)
+            rc = zt_zero_cuda_create(&g, model, comm, &zo, b, T, dt, err);
+        if ((rc = agree(comm, rc, err)) < 0) {
+            zt_zero_cuda_destroy(g);
+            goto out;
+        }
+        zc = g;
+        if (resumed)
+            zt_zero_cuda_import_state(g, &full);
+        if (dt == ZT_DTYPE_F16) {
+            use_scaler = true;
+            full.loss_scaled = true;
+            zt_loss_scaler_init(&scaler, cfg->loss_scale, cfg->min_loss_scale, cfg->loss_scale_window);
+            if (resumed && st.loss_scale > 0) {
+                scaler.scale = st.loss_scale;
+                scaler.clean_steps = st.loss_scale_clean_steps;
+            }
+            if (is0)
+                zt_log(ZT_LOG_INFO, "fp16: dynamic loss scale %g (x2 after %lld clean steps, /2 on overflow, min %g)",
+                       scaler.scale, (long long)scaler.window, scaler.min_scale);
+        }
+        if (is0)
+            zt_zero_cuda_log_plan(g);
+#endif
+    } else {
+        if ((rc = zt_zero_create(&z, model, comm, &zo, err)) < 0)
+            goto out;
+        if (resumed)
+            zt_zero_import_state(z, &full);
+    }
     if (on_servers) {
         /* The servers hold the masters and moments from here on: register, then push the initial weights
          * (new run) or pull those of the checkpoint's step (resume). */
@@ -294,7 +402,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         if (is0)
             zt__placement_test_watch_pushes(client, &test_push_step);
     }
-    if (is0)
+    if (is0 && z)
         zt_zero_log_plan(z, b, T);
 
     tok = zt_xmalloc((size_t)B * (size_t)T * sizeof *tok);
@@ -306,7 +414,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
 
     if (val && !resumed) {
         float vl;
-        if ((rc = evaluate(z, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
+        if ((rc = run_eval(z, zc, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
             goto out;
         res->first_val_loss = res->last_val_loss = vl;
         if (is0) {
@@ -326,20 +434,54 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
         const double t0 = now_seconds();
         float sum = 0, loss;
-        for (int a = 0; a < accum; a++) {
-            zt_dataloader_next(dl, tok, tgt);
-            if ((rc = zt_zero_forward_backward(z, tok + off, tgt + off, b, T, 1.0f / (float)(accum * W),
-                                               a == accum - 1, &loss, err)) < 0)
-                goto out;
-            sum += loss;
-        }
         float mean;
         zt_optimizer_report rep;
         double lr = zt_schedule_lr(&sched, step);
-        if ((rc = zt_zero_mean(z, sum / (float)accum, &mean, err)) < 0)
-            goto out;
+        if (zc) {
+#ifdef ZT_WITH_ZERO_CUDA
+            /* the GPU runtime: micro-batches queued, one wait at the end of the step */
+            const float scale = use_scaler ? (float)scaler.scale : 1.0f;
+            for (int a = 0; a < accum; a++) {
+                zt_dataloader_next(dl, tok, tgt);
+                zt_zero_cuda_forward_backward(zc, tok + off, tgt + off, b, T, a, 1.0f / (float)(accum * W), scale,
+                                              a == accum - 1);
+            }
+            double norm = 0.0;
+            bool nonfinite = false;
+            if ((rc = zt_zero_cuda_step(zc, accum, (float)lr, full.adam_step + 1, &mean, &norm, &nonfinite,
+                                        err)) < 0 ||
+                (rc = zt_optimizer_account(&full, mean, norm, nonfinite, use_scaler, &rep, err)) < 0)
+                goto out;
+            if (use_scaler) {
+                bool overflow = rep.skipped && isfinite(mean);
+                if (overflow && is0)
+                    zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered",
+                           scaler.scale);
+                zt_loss_scaler_update(&scaler, overflow);
+                st.loss_scale = scaler.scale;
+                st.loss_scale_clean_steps = scaler.clean_steps;
+            }
+            if (is0 && step == res->start_step + 1) {
+                char pl[32], me[32];
+                zt_format_size(zt_zero_cuda_plan_bytes(zc), pl, sizeof pl);
+                zt_format_size(zt_zero_cuda_measured_bytes(zc), me, sizeof me);
+                zt_log(ZT_LOG_INFO, "zero: device memory in use after the first step %s (plan %s; the rest is "
+                       "NCCL's, cuBLAS's and the CUDA context's)", me, pl);
+            }
+#endif
+        } else {
+            for (int a = 0; a < accum; a++) {
+                zt_dataloader_next(dl, tok, tgt);
+                if ((rc = zt_zero_forward_backward(z, tok + off, tgt + off, b, T, 1.0f / (float)(accum * W),
+                                                   a == accum - 1, &loss, err)) < 0)
+                    goto out;
+                sum += loss;
+            }
+            if ((rc = zt_zero_mean(z, sum / (float)accum, &mean, err)) < 0)
+                goto out;
+        }
         test_push_step = step;
-        if ((rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0) {
+        if (z && (rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0) {
             if (zt_zero_server_step(z) >= 0) {
                 res->rewind_to = zt_zero_server_step(z);
                 rc = stale_servers(cfg, run_id, zt_zero_server_step(z), step, err);
@@ -359,7 +501,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         int mrc = 0; /* rank 0's metrics.jsonl writes */
         zt_err merr = {{0}};
         if (is0) {
-            if (step == res->start_step + 1)
+            if (step == res->start_step + 1 && z)
                 zt_log(ZT_LOG_INFO, "zero: measured window peak %zu bytes (plan %zu)", zt_zero_peak_window_bytes(z),
                        zt_zero_plan_window_bytes(z));
             if (rep.skipped)
@@ -380,7 +522,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         }
         if (val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
             float vl;
-            if ((rc = evaluate(z, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
+            if ((rc = run_eval(z, zc, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
                 goto out;
             res->last_val_loss = vl;
             if (isnan(res->first_val_loss))
@@ -407,7 +549,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         const bool stop = any > 0 || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
         if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
             st.elapsed_s = elapsed_before + (now_seconds() - start);
-            if ((rc = save(z, model, &full, cfg, &st, dl, comm, client, run_id, res, err)) < 0)
+            if ((rc = save(z, zc, model, &full, cfg, &st, dl, comm, client, run_id, res, err)) < 0)
                 goto out;
             res->skipped_steps = full.skipped_steps;
         }
@@ -444,6 +586,9 @@ out:
     free(tgt);
     zt_metrics_close(&mt);
     zt_zero_destroy(z);
+#ifdef ZT_WITH_ZERO_CUDA
+    zt_zero_cuda_destroy(zc);
+#endif
     zt_dataloader_close(val);
     zt_dataloader_close(dl);
     zt_optimizer_free(&full);
@@ -476,10 +621,17 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
                        "can reach: start `ztrain-server --listen 127.0.0.1:7070 --snapshot-dir DIR` and pass "
                        "--servers 127.0.0.1:7070 (the embedded server lives inside one process: use it with one "
                        "rank, WORLD_SIZE=1)", env.world_size);
-    if (strcmp(cfg->device, "cpu") != 0)
-        return zt_fail(err, ZT_EUNSUPPORTED, "device '%s' with WORLD_SIZE=%d: the multi-rank runtime trains on the "
-                       "CPU for now; use --device cpu, or one rank (WORLD_SIZE=1) for --device cuda",
-                       cfg->device, env.world_size);
+    const bool on_gpu = strcmp(cfg->device, "cuda") == 0;
+#ifndef ZT_WITH_ZERO_CUDA
+    if (on_gpu)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda with the ZeRO runtime (WORLD_SIZE=%d): this ztrain was "
+                       "built without CUDA and NCCL (rebuild with -DZT_CUDA=ON where the CUDA toolkit and NCCL are "
+                       "installed, or train with --device cpu)", env.world_size);
+#endif
+    if (on_gpu && strcmp(cfg->optimizer, "gpu") != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--optimizer %s with --device cuda and the ZeRO runtime (WORLD_SIZE=%d): "
+                       "the GPU runtime keeps its optimizer shards on the GPUs; use --optimizer gpu, or one process "
+                       "without ZT_ZERO_LEVEL for the other placements", cfg->optimizer, env.world_size);
     /* Each rank holds only its shard of the gradients; gathering them for a dump is not implemented. */
     if (cfg->save_grads && env.world_size > 1)
         return zt_fail(err, ZT_EUNSUPPORTED, "save_grads (--save-grads) with WORLD_SIZE=%d: gradient dumps are "
@@ -506,7 +658,9 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
     const int64_t zero_in_effect[] = {zo_in->level, zo_in->checkpoint, zo_in->checkpoint_every, zo_in->prefetch};
     const uint64_t hash = fnv1a(zt_zero_train_config_hash(cfg), zero_in_effect, sizeof zero_in_effect);
     zt_comm *comm = NULL;
-    if ((rc = zt_startup_comm(&env, ZT_COMM_SHM, hash, 0, &comm, err)) < 0)
+    /* GPUs: NCCL on device LOCAL_RANK; the CPU: the shared-memory backend */
+    if ((rc = zt_startup_comm(&env, on_gpu ? ZT_COMM_NCCL : ZT_COMM_SHM, hash, on_gpu ? env.local_rank : 0, &comm,
+                              err)) < 0)
         return rc;
 
     /* A state server back at an older step s fails the step on every rank alike (zero.c agrees on s): the
@@ -538,7 +692,7 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
 bool zt_zero_train_wanted(void)
 {
     zt_launch_env env;
-    return zt_launch_env_parse(NULL, &env, NULL) < 0 || env.world_size > 1;
+    return zt_launch_env_parse(NULL, &env, NULL) < 0 || env.world_size > 1 || getenv("ZT_ZERO_LEVEL") != NULL;
 }
 
 /* zt_zero_train_run with the ZeRO options of the environment; see zero_train.h. */

@@ -1,4 +1,5 @@
-/* The multi-rank training loop of `ztrain train` under WORLD_SIZE > 1 (CPU, shared-memory backend): the
+/* The multi-rank training loop of `ztrain train` under WORLD_SIZE > 1 (CPU: the shared-memory backend and
+ * zero.h; --device cuda: NCCL on GPU LOCAL_RANK and zero_cuda.h, with the optimizer on the GPUs): the
  * trainer's config, data loader, schedule, metrics and checkpoint format around the ZeRO runtime (zero.h).
  * Start-up goes through rank 0's gRPC rendezvous (startup.h): WORLD_SIZE and the config hash are checked
  * there, on every rank.
@@ -58,7 +59,9 @@
 int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo, zt_train_result *res, zt_err *err);
 
 /* Whether the launch environment (worker/launch/env.h) asks for more than one rank: WORLD_SIZE > 1, or
- * a malformed launch variable (so that zt_zero_train_main reports it). */
+ * a malformed launch variable (so that zt_zero_train_main reports it); or, with one rank, whether
+ * ZT_ZERO_LEVEL is set, which asks for the ZeRO runtime explicitly (to compare it with the
+ * single-process trainer, or to use its activation checkpointing on one GPU). */
 bool zt_zero_train_wanted(void);
 
 /* What `ztrain train` runs when zt_zero_train_wanted(): zt_zero_train_run with the ZeRO options of the
