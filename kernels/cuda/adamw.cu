@@ -1,17 +1,16 @@
 /* Multi-tensor fused AdamW on the GPU (kernels/adamw.h).
  *
- * The tensors' pointers travel in the kernel's argument block (no device-side table to upload), with a
- * map from block to (tensor, chunk): one launch updates up to ADAMW_MAX_TENSORS tensors in up to
- * ADAMW_MAX_BLOCKS chunks of ADAMW_CHUNK elements, and the launcher issues as many launches as the list
- * needs. Each element is read and written once: fp32 param, m, v, the gradient in its own dtype, and
- * the rounded low-precision copy of the new weights. */
+ * The tensors' pointers travel in the kernel's argument block (no device-side table to upload), with
+ * each tensor's first block: one launch updates up to ADAMW_MAX_TENSORS tensors, one block for every
+ * ADAMW_CHUNK elements, and the launcher issues as many launches as the list needs. Each element is read
+ * and written once: fp32 param, m, v, the gradient in its own dtype, and the rounded low-precision copy
+ * of the new weights; four elements at a time (16-byte fp32 accesses) where a tensor's pointers allow. */
 #include <math.h>
 
 #include "kernels/adamw.h"
 #include "kernels/cuda/cuda_utils.cuh"
 
-#define ADAMW_MAX_TENSORS 32
-#define ADAMW_MAX_BLOCKS 320
+#define ADAMW_MAX_TENSORS 64
 #define ADAMW_CHUNK 65536
 #define ADAMW_THREADS 512
 
@@ -24,14 +23,48 @@ struct adamw_batch {
     void *lowp[ADAMW_MAX_TENSORS];
     long long n[ADAMW_MAX_TENSORS];
     float wd[ADAMW_MAX_TENSORS];
-    unsigned char block_tensor[ADAMW_MAX_BLOCKS];
-    int block_chunk[ADAMW_MAX_BLOCKS];
+    int first_block[ADAMW_MAX_TENSORS + 1]; /* tensor t has blocks first_block[t] .. first_block[t+1]-1 */
+    unsigned char vec4[ADAMW_MAX_TENSORS];  /* 1: every pointer allows four-element accesses */
 };
 
 struct adamw_hyper {
     float lr, beta1, beta2, eps, grad_scale;
     float bc1, bc2; /* 1 - beta^step, from the host in double precision */
 };
+
+/* Four consecutive elements as fp32, and back; p aligned to four elements. */
+template <typename T> __device__ __forceinline__ float4 load4(const T *p);
+template <> __device__ __forceinline__ float4 load4<float>(const float *p) { return *(const float4 *)p; }
+template <typename T> __device__ __forceinline__ float4 load4(const T *p)
+{
+    uint2 raw = *(const uint2 *)p;
+    const T *h = (const T *)&raw;
+    return make_float4(zt_to_float(h[0]), zt_to_float(h[1]), zt_to_float(h[2]), zt_to_float(h[3]));
+}
+
+template <typename T> __device__ __forceinline__ void store4(T *p, float4 x);
+template <> __device__ __forceinline__ void store4<float>(float *p, float4 x) { *(float4 *)p = x; }
+template <typename T> __device__ __forceinline__ void store4(T *p, float4 x)
+{
+    uint2 raw;
+    T *h = (T *)&raw;
+    h[0] = zt_from_float<T>(x.x);
+    h[1] = zt_from_float<T>(x.y);
+    h[2] = zt_from_float<T>(x.z);
+    h[3] = zt_from_float<T>(x.w);
+    *(uint2 *)p = raw;
+}
+
+/* One element's update; returns the new weight. */
+__device__ __forceinline__ float adamw_one(float g, float &m, float &v, float p, const adamw_hyper &hp, float gs,
+                                           float wd)
+{
+    g *= gs;
+    m = hp.beta1 * m + (1.0f - hp.beta1) * g;
+    v = hp.beta2 * v + (1.0f - hp.beta2) * g * g;
+    float mhat = m / hp.bc1, vhat = v / hp.bc2;
+    return p - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + wd * p);
+}
 
 template <typename G, typename L>
 static __global__ void __launch_bounds__(ADAMW_THREADS)
@@ -41,20 +74,35 @@ static __global__ void __launch_bounds__(ADAMW_THREADS)
     if (d_skip && *d_skip)
         return;
     const float gs = d_grad_scale ? hp.grad_scale * *d_grad_scale : hp.grad_scale;
-    const int t = batch.block_tensor[blockIdx.x];
-    const long long start = (long long)batch.block_chunk[blockIdx.x] * ADAMW_CHUNK;
+    int t = 0;
+    while ((int)blockIdx.x >= batch.first_block[t + 1])
+        t++;
+    const long long start = (long long)(blockIdx.x - batch.first_block[t]) * ADAMW_CHUNK;
     const long long end = min(start + ADAMW_CHUNK, batch.n[t]);
     float *param = batch.param[t], *m = batch.m[t], *v = batch.v[t];
     const G *grad = (const G *)batch.grad[t];
     L *lowp = (L *)batch.lowp[t];
     const float wd = batch.wd[t];
-    for (long long i = start + threadIdx.x; i < end; i += blockDim.x) {
-        float g = zt_to_float(grad[i]) * gs;
-        float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g;
-        float vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
-        float mhat = mi / hp.bc1, vhat = vi / hp.bc2;
-        float p = param[i];
-        p -= hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + wd * p);
+    long long done = start;
+    if (batch.vec4[t]) {
+        const long long end4 = start + (end - start) / 4 * 4;
+        for (long long i = start + 4 * threadIdx.x; i < end4; i += 4 * blockDim.x) {
+            float4 g = load4(grad + i), mi = load4(m + i), vi = load4(v + i), p = load4(param + i);
+            p.x = adamw_one(g.x, mi.x, vi.x, p.x, hp, gs, wd);
+            p.y = adamw_one(g.y, mi.y, vi.y, p.y, hp, gs, wd);
+            p.z = adamw_one(g.z, mi.z, vi.z, p.z, hp, gs, wd);
+            p.w = adamw_one(g.w, mi.w, vi.w, p.w, hp, gs, wd);
+            store4(m + i, mi);
+            store4(v + i, vi);
+            store4(param + i, p);
+            if (lowp)
+                store4(lowp + i, p);
+        }
+        done = end4;
+    }
+    for (long long i = done + threadIdx.x; i < end; i += blockDim.x) {
+        float mi = m[i], vi = v[i];
+        float p = adamw_one(zt_to_float(grad[i]), mi, vi, param[i], hp, gs, wd);
         m[i] = mi;
         v[i] = vi;
         param[i] = p;
@@ -126,12 +174,19 @@ extern "C" void zt_cuda_adamw_update(const zt_cuda_adamw_tensor *tensors, int co
 
     adamw_batch batch;
     int ntensors = 0, blocks = 0;
+    const size_t gsize = zt_dtype_size(grad_dtype);
+    const size_t lsize = lowp_dtype == ZT_DTYPE_F32 || lowp_dtype == ZT_DTYPE_F16 || lowp_dtype == ZT_DTYPE_BF16
+                             ? zt_dtype_size(lowp_dtype)
+                             : 0;
     for (int i = 0; i < count; i++) {
         const zt_cuda_adamw_tensor *t = &tensors[i];
         if (t->n == 0)
             continue;
         ZT_ASSERT(t->param && t->m && t->v && t->grad);
-        if (ntensors == ADAMW_MAX_TENSORS) {
+        size_t chunks = ZT_CEIL_DIV(t->n, (size_t)ADAMW_CHUNK);
+        ZT_ASSERT(chunks <= (size_t)0x7fffffff);
+        if (ntensors == ADAMW_MAX_TENSORS || (size_t)blocks + chunks > (size_t)0x7fffffff) {
+            batch.first_block[ntensors] = blocks;
             flush(batch, blocks, hp, grad_dtype, lowp_dtype, d_grad_scale, d_skip, stream);
             ntensors = blocks = 0;
         }
@@ -142,27 +197,13 @@ extern "C" void zt_cuda_adamw_update(const zt_cuda_adamw_tensor *tensors, int co
         batch.lowp[ntensors] = t->param_lowp;
         batch.n[ntensors] = (long long)t->n;
         batch.wd[ntensors] = t->weight_decay ? p->weight_decay : 0.0f;
-        size_t chunks = ZT_CEIL_DIV(t->n, (size_t)ADAMW_CHUNK);
-        ZT_ASSERT(chunks <= (size_t)0x7fffffff);
-        for (size_t c = 0; c < chunks; c++) {
-            if (blocks == ADAMW_MAX_BLOCKS) {
-                flush(batch, blocks, hp, grad_dtype, lowp_dtype, d_grad_scale, d_skip, stream);
-                /* The tensor in progress moves to slot 0 of the next batch. */
-                batch.param[0] = batch.param[ntensors];
-                batch.m[0] = batch.m[ntensors];
-                batch.v[0] = batch.v[ntensors];
-                batch.grad[0] = batch.grad[ntensors];
-                batch.lowp[0] = batch.lowp[ntensors];
-                batch.n[0] = batch.n[ntensors];
-                batch.wd[0] = batch.wd[ntensors];
-                ntensors = 0;
-                blocks = 0;
-            }
-            batch.block_tensor[blocks] = (unsigned char)ntensors;
-            batch.block_chunk[blocks] = (int)c;
-            blocks++;
-        }
+        batch.vec4[ntensors] = zt_aligned16(t->param) && zt_aligned16(t->m) && zt_aligned16(t->v) &&
+                               gsize > 0 && (uintptr_t)t->grad % (4 * gsize) == 0 &&
+                               (!t->param_lowp || (lsize > 0 && (uintptr_t)t->param_lowp % (4 * lsize) == 0));
+        batch.first_block[ntensors] = blocks;
+        blocks += (int)chunks;
         ntensors++;
     }
+    batch.first_block[ntensors] = blocks;
     flush(batch, blocks, hp, grad_dtype, lowp_dtype, d_grad_scale, d_skip, stream);
 }
