@@ -294,6 +294,11 @@ static void test_layernorm(void **state)
         run_layernorm(k_dtypes[i], 134, 768);
         run_layernorm(k_dtypes[i], 5, 64);
         run_layernorm(k_dtypes[i], 1000, 1600);
+        /* More rows than the backward's warps (several rows per warp), the widest rows the register
+         * kernel takes in 16-bit types (8 vectors a lane) and the first it leaves to the shared-memory one. */
+        run_layernorm(k_dtypes[i], 3001, 1600);
+        run_layernorm(k_dtypes[i], 300, 2048);
+        run_layernorm(k_dtypes[i], 300, 2056);
     }
 }
 
@@ -704,13 +709,25 @@ static void test_attention(void **state)
 
 /* ---- AdamW ---- */
 
-static void run_adamw(enum zt_dtype gdt, enum zt_dtype ldt, const size_t *sizes, int count)
+/* A copy of bytes of d at byte offset shift of a new buffer *base; d is freed. */
+static void *dev_shift(void *d, size_t bytes, size_t shift, void **base)
+{
+    *base = dev_alloc(bytes + shift);
+    ZT_CUDA_CHECK(cudaMemcpy((char *)*base + shift, d, bytes, cudaMemcpyDeviceToDevice));
+    dev_free(d);
+    return (char *)*base + shift;
+}
+
+/* shift (elements) moves every device tensor off its 16-byte alignment when odd, to reach the kernel's
+ * one-element-at-a-time path. */
+static void run_adamw(enum zt_dtype gdt, enum zt_dtype ldt, const size_t *sizes, int count, int shift)
 {
     zt_adamw_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                          .grad_scale = 2.0f, .step = 3};
     zt_cuda_adamw_tensor *t = calloc(count, sizeof(*t));
     float **hp = calloc(count, sizeof(float *)), **hm = calloc(count, sizeof(float *));
     float **hv = calloc(count, sizeof(float *)), **hg = calloc(count, sizeof(float *));
+    void **base = calloc((size_t)count * 5, sizeof(void *)); /* with shift: the allocations */
     for (int i = 0; i < count; i++) {
         size_t n = sizes[i];
         hp[i] = host_rand(n, 1.0f);
@@ -723,6 +740,14 @@ static void run_adamw(enum zt_dtype gdt, enum zt_dtype ldt, const size_t *sizes,
         t[i].v = dev_upload(hv[i], n, ZT_DTYPE_F32);
         t[i].grad = dev_rand(n, 0.02f, gdt, &hg[i]);
         t[i].param_lowp = dev_alloc(n * zt_dtype_size(ldt));
+        if (shift) {
+            const size_t gs = zt_dtype_size(gdt), ls = zt_dtype_size(ldt), sh = (size_t)shift;
+            t[i].param = dev_shift(t[i].param, n * 4, sh * 4, &base[5 * i]);
+            t[i].m = dev_shift(t[i].m, n * 4, sh * 4, &base[5 * i + 1]);
+            t[i].v = dev_shift(t[i].v, n * 4, sh * 4, &base[5 * i + 2]);
+            t[i].grad = dev_shift((void *)t[i].grad, n * gs, sh * gs, &base[5 * i + 3]);
+            t[i].param_lowp = dev_shift(t[i].param_lowp, n * ls, sh * ls, &base[5 * i + 4]);
+        }
         t[i].n = n;
         t[i].weight_decay = i % 2 == 0;
     }
@@ -760,10 +785,15 @@ static void run_adamw(enum zt_dtype gdt, enum zt_dtype ldt, const size_t *sizes,
     }
     for (int i = 0; i < count; i++) {
         free(hp[i]), free(hm[i]), free(hv[i]), free(hg[i]);
-        dev_free(t[i].param), dev_free(t[i].m), dev_free(t[i].v), dev_free((void *)t[i].grad);
-        dev_free(t[i].param_lowp);
+        if (shift) {
+            for (int k = 0; k < 5; k++)
+                dev_free(base[5 * i + k]);
+        } else {
+            dev_free(t[i].param), dev_free(t[i].m), dev_free(t[i].v), dev_free((void *)t[i].grad);
+            dev_free(t[i].param_lowp);
+        }
     }
-    free(t), free(hp), free(hm), free(hv), free(hg);
+    free(t), free(hp), free(hm), free(hv), free(hg), free(base);
     dev_free(d_half), dev_free(d_skip);
 }
 
@@ -772,16 +802,53 @@ static void test_adamw(void **state)
     (void)state;
     const size_t sizes[] = {1000003, 777, 65536 * 3 + 5, 1};
     for (int i = 0; i < 3; i++)
-        run_adamw(k_dtypes[i], k_dtypes[i], sizes, 4);
-    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_BF16, sizes, 4);
+        run_adamw(k_dtypes[i], k_dtypes[i], sizes, 4, 0);
+    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_BF16, sizes, 4, 0);
+    /* Tensors off their 16-byte alignment: one element at a time. */
+    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_BF16, sizes, 4, 1);
+    run_adamw(ZT_DTYPE_BF16, ZT_DTYPE_F16, sizes, 4, 3);
     /* More tensors than one launch carries. */
-    size_t many[45];
-    for (int i = 0; i < 45; i++)
+    size_t many[150];
+    for (int i = 0; i < 150; i++)
         many[i] = 100 + 37 * i;
-    run_adamw(ZT_DTYPE_BF16, ZT_DTYPE_BF16, many, 45);
-    /* More chunks than one launch carries, split inside a tensor. */
+    run_adamw(ZT_DTYPE_BF16, ZT_DTYPE_BF16, many, 150, 0);
+    /* A tensor of hundreds of blocks between small ones. */
     const size_t big[] = {1000, 65536 * 330 + 17, 5000};
-    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_F16, big, 3);
+    run_adamw(ZT_DTYPE_F32, ZT_DTYPE_F16, big, 3, 0);
+}
+
+/* ---- gradient fold: dst = src * scale or dst += src * scale ---- */
+
+static void test_accumulate(void **state)
+{
+    (void)state;
+    const size_t n = 100003;
+    for (int i = 0; i < 3; i++) {
+        enum zt_dtype dt = k_dtypes[i];
+        const size_t es = zt_dtype_size(dt);
+        float *hs, *hd;
+        void *src = dev_rand(n + 1, 1.0f, dt, &hs);
+        float *dst = dev_rand(n + 1, 1.0f, ZT_DTYPE_F32, &hd);
+        /* Aligned (four elements at a time, then the ragged end), then src and dst off by one element. */
+        for (int off = 0; off < 2; off++)
+            for (int overwrite = 0; overwrite < 2; overwrite++) {
+                size_t len = n - (size_t)off;
+                float *before = dev_download(dst + off, len, ZT_DTYPE_F32);
+                zt_cuda_accumulate(dst + off, (const char *)src + off * es, dt, len, 0.25f, overwrite, g_stream);
+                float *got = dev_download(dst + off, len, ZT_DTYPE_F32);
+                for (size_t k = 0; k < len; k++) {
+                    float x = hs[k + off] * 0.25f, want = overwrite ? x : before[k] + x;
+                    if (got[k] != want) {
+                        printf("  accumulate %s off %d overwrite %d [%zu]: got %.9g, want %.9g\n", zt_dtype_name(dt),
+                               off, overwrite, k, got[k], want);
+                        fail();
+                    }
+                }
+                free(before), free(got);
+            }
+        free(hs), free(hd);
+        dev_free(src), dev_free(dst);
+    }
 }
 
 /* ---- global norm, clip, scale ---- */
@@ -977,7 +1044,7 @@ int main(void)
         cmocka_unit_test(test_cast),        cmocka_unit_test(test_check_finite), cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),   cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_norm),
+        cmocka_unit_test(test_norm),        cmocka_unit_test(test_accumulate),
     };
     /* ZT_TEST_FILTER=test_attention (a glob) runs a subset, e.g. under compute-sanitizer. */
     const char *filter = getenv("ZT_TEST_FILTER");
