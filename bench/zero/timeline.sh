@@ -7,7 +7,8 @@
 # logs one line per step: the step's all-gather and reduce-scatter time, the part of it that overlapped a
 # block's compute, and the hidden fraction. Then (SINGLE=1, the default, NPROC=1 only) the single-GPU
 # trainer runs the same model and batch for the tokens/s to compare with. Prints a table; the logs and a
-# summary.json land in OUT_DIR (default bench-out/zero). Needs the ztrain binary (ZTRAIN, default
+# summary.json land in OUT_DIR (default bench-out/zero). The runs are polled once a second, so a small
+# model runs (and averages) more steps than STEPS. Needs the ztrain binary (ZTRAIN, default
 # build/worker/ztrain) and python3 with numpy (random token shards). The runs are stopped once measured,
 # so no checkpoint of the large model is written.
 set -u
@@ -90,7 +91,8 @@ summary = {"nproc": nproc, "level": level, "prefetch": prefetch, "batch_per_rank
            "hidden_fraction": hidden / comm if comm > 0 else 1.0,
            "zero_tokens_per_s": tok_s(f"{out}/run_zero/metrics.jsonl"),
            "single_gpu_tokens_per_s": tok_s(f"{out}/run_single/metrics.jsonl")}
-print(f"steps 3..{steps}: comm {summary['comm_ms_per_step']:.1f} ms/step, hidden {summary['hidden_ms_per_step']:.1f} ms/step "
+last = int(timed[-1][0]) if timed else 0
+print(f"steps 3..{last}: comm {summary['comm_ms_per_step']:.1f} ms/step, hidden {summary['hidden_ms_per_step']:.1f} ms/step "
       f"= {100 * summary['hidden_fraction']:.1f}% hidden")
 print(f"tokens/s: ZeRO {summary['zero_tokens_per_s']:.0f}, single-GPU trainer {summary['single_gpu_tokens_per_s']:.0f}")
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)

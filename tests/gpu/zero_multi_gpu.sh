@@ -6,14 +6,18 @@
 # over half batches; the losses of metrics.jsonl must agree within 1e-4 relative (the sums over ranks
 # are added in another order, nothing else differs). Then W = 2 resumes from the W = 1 checkpoint of
 # step 10 and must follow the W = 1 run. Exits 77 (skipped) with fewer than two GPUs.
+# DEVICE=cpu runs the same comparison on the CPU runtime (a check of the script itself).
 set -u
 ZTRAIN="${1:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
+DEVICE="${DEVICE:-cuda}"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if [ "${gpus:-0}" -lt 2 ]; then
-  echo "fewer than two GPUs visible ($gpus): skipped"
+if [ "$DEVICE" = cuda ] && [ "${gpus:-0}" -lt 2 ]; then
+  echo "fewer than two GPUs visible (${gpus:-0}): skipped"
   exit 77
 fi
+precision=(--precision fp32)
+[ "$DEVICE" = cuda ] || precision=()
 dir=$(mktemp -d "${TMPDIR:-/tmp}/zt_zero_multi_gpu_XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
@@ -34,7 +38,7 @@ cat > "$dir/model.json" <<'JSON'
 {"model_type": "gpt2", "n_layer": 4, "n_head": 2, "n_embd": 128, "n_positions": 64, "vocab_size": 200}
 JSON
 common=(--model "$dir/model.json" --train-data "$dir/t_train_*.bin" --val-data "$dir/t_val_*.bin" --steps 20
-        --seq-len 64 --device cuda --precision fp32 --lr 2e-3 --min-lr 2e-4 --warmup 3 --eval-every 10
+        --seq-len 64 --device "$DEVICE" "${precision[@]}" --lr 2e-3 --min-lr 2e-4 --warmup 3 --eval-every 10
         --eval-batches 2 --save-every 10 --log-every 5 --seed 11)
 
 fail=0

@@ -93,6 +93,7 @@ struct zt_zero_cuda {
     int nadam;
 
     size_t free_at_start, plan_bytes, measured_bytes;
+    bool comm_failed;        /* a collective enqueued by a hook failed (logged once) */
 
     /* Timeline (ZT_ZERO_TIMELINE=1). */
     bool timeline;
@@ -119,17 +120,15 @@ static enum zt_comm_dtype comm_dtype(enum zt_dtype d)
     return d == ZT_DTYPE_BF16 ? ZT_COMM_BF16 : d == ZT_DTYPE_F16 ? ZT_COMM_F16 : ZT_COMM_F32;
 }
 
-/* A failed collective here is not a user's mistake that can be handled mid-step: the step is abandoned
- * (the communicator is broken and every later call fails), so the caller learns it at the step's wait.
- * The first message is kept. */
+/* A collective enqueued from inside a hook cannot return its error through the model: a failure breaks
+ * the communicator, every later call fails, and the step's wait (zt_comm_nccl_wait) returns the error
+ * to the caller. The first message is logged here. */
 static void comm_call(zt_zero_cuda *z, int rc, const zt_err *e)
 {
-    static bool said;
-    if (rc < 0 && !said) {
-        said = true;
+    if (rc < 0 && !z->comm_failed) {
+        z->comm_failed = true;
         zt_log(ZT_LOG_ERROR, "%s", e->msg);
     }
-    (void)z;
 }
 
 /* ---- timeline ---- */
