@@ -11,7 +11,8 @@
  * The push_top, pull_top, server_push_top and server_pull_top fields name, for the push and the pull,
  * the busiest thread of the client and of the server (given its pid; "none" otherwise) as F:NAME: the
  * fraction of the phase's wall time that thread was on a CPU (from /proc/PID/task/TID/schedstat), and
- * its name. A thread near 1.0 is the one that limits the transfer.
+ * its name, with "/main" for the main thread (the one calling the client here). A thread near 1.0 is the
+ * one that limits the transfer.
  *
  * usage: bench_state_rpc HOST:PORT MIB REPS [SERVER_PID] */
 #include <dirent.h>
@@ -110,7 +111,8 @@ static void busiest_thread(pid_t pid, const thread_times *a, const thread_times 
     for (char *p = name; *p; p++) /* one word, so that the line stays NAME=value fields */
         if (*p == ' ' || *p == '=')
             *p = '_';
-    snprintf(out, len, "%.2f:%s", best * 1e-9 / wall, name);
+    long main_tid = pid ? (long)pid : (long)getpid(); /* the main thread's id is the process id */
+    snprintf(out, len, "%.2f:%s%s", best * 1e-9 / wall, name, best_tid == main_tid ? "/main" : "");
 }
 
 int main(int argc, char **argv)
