@@ -55,6 +55,10 @@ dd_w=$(dd if=/dev/zero of="$DISK/dd.bin" bs=1M count=$((GIB * 1024)) oflag=direc
 echo "dd write bs=1M oflag=direct: $(echo "$dd_w" | dd_gbs) GB/s"
 tw=$("$BIN/bench_store" "$DISK/tier" "$GIB" $REC 32 1024 4 write)
 echo "$tw"
+if command -v filefrag >/dev/null 2>&1; then # file layout: a fragmented file may read slower
+    echo "layout: dd.bin $(filefrag "$DISK/dd.bin" | sed 's/.*: //'), tier record 0 $(filefrag "$DISK/tier/r1-b0-s0.zts" \
+        | sed 's/.*: //')"
+fi
 
 # The readers of one round, in the order of the first round.
 set -- dd raw tier
