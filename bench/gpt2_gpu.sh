@@ -18,11 +18,6 @@ mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000
-# Run folders: in memory where /dev/shm has room (the 1558M model's final checkpoint, 18 GiB, then takes
-# seconds instead of most of a minute on disk), else under TMPDIR.
-RUN_ROOT="${TMPDIR:-/tmp}"
-shm_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
-[ "${shm_kib:-0}" -gt $((40 * 1024 * 1024)) ] && RUN_ROOT=/dev/shm
 RES="$RESULT_DIR/bench.jsonl"
 : > "$RES"
 
@@ -30,7 +25,7 @@ tag() { "$PY" -c "import json,sys; d=json.loads(sys.stdin.read()); d['model']='$
 
 # ztrain NAME CONFIG B LABEL: trains 20 steps, records tok/s of steps 6..15 and the memory plan.
 run_ztrain() {
-  local name=$1 model=$2 batch=$3 label=$4 run="$RUN_ROOT/zt_bench_run_$1"
+  local name=$1 model=$2 batch=$3 label=$4 run="${TMPDIR:-/tmp}/zt_bench_run_$1"
   rm -rf "$run"
   ZT_GPU_PROFILE=16 "$ZTRAIN" train --model "$model" --train-data "$DATA/rnd_train_000.bin" --device cuda \
     --precision bf16 --steps 20 --batch-size "$batch" --seq-len 1024 --out "$run" --save-every 0 \
@@ -57,8 +52,6 @@ print(json.dumps({"impl": "ztrain", "params": float(p.group(1)) * 1e6, "tokens_p
                   "peak_mem_gib": mem, "loss": rows[-1]["loss"]}))
 PY
   ) && echo "$line" | tag "$label" "$batch" | tee -a "$RES"
-  [ "$RUN_ROOT" = /dev/shm ] && rm -rf "$run" # give the memory back
-  return 0
 }
 
 # torch NAME MODE LABEL BATCH ARGS...: the PyTorch baseline, 5 warmup + 10 timed steps.
