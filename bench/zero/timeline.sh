@@ -95,5 +95,6 @@ last = int(timed[-1][0]) if timed else 0
 print(f"steps 3..{last}: comm {summary['comm_ms_per_step']:.1f} ms/step, hidden {summary['hidden_ms_per_step']:.1f} ms/step "
       f"= {100 * summary['hidden_fraction']:.1f}% hidden")
 print(f"tokens/s: ZeRO {summary['zero_tokens_per_s']:.0f}, single-GPU trainer {summary['single_gpu_tokens_per_s']:.0f}")
-json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+json.dump({k: (None if isinstance(v, float) and v != v else v) for k, v in summary.items()},
+          open(f"{out}/summary.json", "w"), indent=1)  # NaN (a run not made) as null
 PY
