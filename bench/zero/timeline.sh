@@ -66,12 +66,16 @@ fi
 "$PY" - "$OUT" "$STEPS" "$NPROC" "$LEVEL" "$PREFETCH" "$BATCH" <<'PY'
 import json, os, re, sys
 out, steps, nproc, level, prefetch, batch = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
-rows = []
+rows = []  # [step, step ms, compute, all-gather, calls, reduce-scatter, calls, comm, hidden, rank]
 for line in open(f"{out}/zero.log"):
-    m = re.search(r"zero timeline: step (\d+) \| step ([\d.]+) ms \| compute ([\d.]+) ms \| all-gather ([\d.]+) ms "
-                  r"\((\d+)\) \| reduce-scatter ([\d.]+) ms \((\d+)\) \| comm ([\d.]+) ms, hidden ([\d.]+) ms", line)
-    if m and (nproc == 1 or line.startswith("[r0]")):
-        rows.append([float(x) for x in m.groups()])
+    # `ztrain launch` puts "[rN] " after the time stamp and level of every rank's line.
+    m = re.search(r"(?:\[r(\d+)\] )?zero timeline: step (\d+) \| step ([\d.]+) ms \| compute ([\d.]+) ms \| "
+                  r"all-gather ([\d.]+) ms \((\d+)\) \| reduce-scatter ([\d.]+) ms \((\d+)\) \| comm ([\d.]+) ms, "
+                  r"hidden ([\d.]+) ms", line)
+    if m:
+        g = m.groups()
+        rows.append([float(x) for x in g[1:]] + [int(g[0] or 0)])
+rows.sort(key=lambda r: (r[0], r[9]))
 def tok_s(path):
     try:
         rs = [json.loads(l) for l in open(path) if '"loss"' in l]
@@ -80,21 +84,26 @@ def tok_s(path):
     rs = [r for r in rs if r["step"] > 2]
     return sum(r["tokens_per_s"] for r in rs) / len(rs) if rs else float("nan")
 print(f"ZeRO-{level}, W={nproc}, prefetch {prefetch}, batch {batch} x 1024 per rank, bf16")
-print(f"{'step':>4} {'step ms':>9} {'compute':>9} {'all-gather':>11} {'reduce-sc.':>11} {'comm':>9} {'hidden':>9} {'hidden %':>9}")
+print(f"{'rank':>4} {'step':>4} {'step ms':>9} {'compute':>9} {'all-gather':>11} {'reduce-sc.':>11} {'comm':>9} {'hidden':>9} {'hidden %':>9}")
 for r in rows:
     frac = 100 * r[8] / r[7] if r[7] > 0 else 100.0
-    print(f"{int(r[0]):>4} {r[1]:>9.1f} {r[2]:>9.1f} {r[3]:>8.1f}({int(r[4])}) {r[5]:>8.1f}({int(r[6])}) {r[7]:>9.1f} {r[8]:>9.1f} {frac:>8.1f}%")
-timed = [r for r in rows if r[0] > 2]
+    print(f"{r[9]:>4} {int(r[0]):>4} {r[1]:>9.1f} {r[2]:>9.1f} {r[3]:>8.1f}({int(r[4])}) {r[5]:>8.1f}({int(r[6])}) {r[7]:>9.1f} {r[8]:>9.1f} {frac:>8.1f}%")
+timed = [r for r in rows if r[0] > 2]  # every rank's steps after the warm-up: the sums cover all ranks
 comm, hidden = sum(r[7] for r in timed), sum(r[8] for r in timed)
-summary = {"nproc": nproc, "level": level, "prefetch": prefetch, "batch_per_rank": batch, "steps_averaged": len(timed),
+steps_seen = len({int(r[0]) for r in timed})
+summary = {"nproc": nproc, "level": level, "prefetch": prefetch, "batch_per_rank": batch, "steps_averaged": steps_seen,
            "comm_ms_per_step": comm / max(len(timed), 1), "hidden_ms_per_step": hidden / max(len(timed), 1),
+           "worst_rank_hidden_fraction": min((sum(r[8] for r in timed if r[9] == k) /
+                                              max(sum(r[7] for r in timed if r[9] == k), 1e-9)
+                                              for k in {r[9] for r in timed}), default=1.0),
            "hidden_fraction": hidden / comm if comm > 0 else 1.0,
            "zero_tokens_per_s": tok_s(f"{out}/run_zero/metrics.jsonl"),
            "single_gpu_tokens_per_s": tok_s(f"{out}/run_single/metrics.jsonl")}
 last = int(timed[-1][0]) if timed else 0
-print(f"steps 3..{last}: comm {summary['comm_ms_per_step']:.1f} ms/step, hidden {summary['hidden_ms_per_step']:.1f} ms/step "
-      f"= {100 * summary['hidden_fraction']:.1f}% hidden")
-print(f"tokens/s: ZeRO {summary['zero_tokens_per_s']:.0f}, single-GPU trainer {summary['single_gpu_tokens_per_s']:.0f}")
+print(f"steps 3..{last}: comm {summary['comm_ms_per_step']:.1f} ms/step per rank, hidden {summary['hidden_ms_per_step']:.1f} "
+      f"ms/step = {100 * summary['hidden_fraction']:.1f}% hidden (worst rank {100 * summary['worst_rank_hidden_fraction']:.1f}%)")
+print(f"tokens/s: ZeRO {summary['zero_tokens_per_s']:.0f} ({summary['zero_tokens_per_s'] / nproc:.0f} per GPU), "
+      f"single-GPU trainer {summary['single_gpu_tokens_per_s']:.0f}")
 json.dump({k: (None if isinstance(v, float) and v != v else v) for k, v in summary.items()},
           open(f"{out}/summary.json", "w"), indent=1)  # NaN (a run not made) as null
 PY
