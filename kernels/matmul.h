@@ -40,6 +40,12 @@ void zt_cuda_blas_destroy(zt_cuda_blas *ctx);
  * receives that value and out = gelu(pre_gelu): the MLP's first layer and its activation in one GEMM. */
 void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_gelu, const void *inp, const void *weight,
                             const void *bias, int N, int IC, int OC, enum zt_dtype dtype, cudaStream_t stream);
+/* out [N,OC] = residual [N,OC] + inp [N,IC] weight[OC,IC]^T + bias (bias may be NULL): a projection and the
+ * residual connection after it in one GEMM (the residual is the GEMM's C input), with a separate add where
+ * cuBLASLt has no such kernel. out must not be residual. */
+void zt_cuda_matmul_forward_residual(zt_cuda_blas *ctx, void *out, const void *inp, const void *weight,
+                                     const void *bias, const void *residual, int N, int IC, int OC,
+                                     enum zt_dtype dtype, cudaStream_t stream);
 /* Accumulates (+=) into dweight [OC,IC] and dbias [OC] (may be NULL; summed by a deterministic kernel)
  * and, without pre_gelu, into dinp [N,IC] (may be NULL). With pre_gelu (the forward's pre_gelu, the
  * input of a GELU whose output was this layer's inp), dinp is instead overwritten with the gradient of
@@ -47,6 +53,12 @@ void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_gelu, const 
 void zt_cuda_matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias, const void *dout,
                              const void *inp, const void *weight, const void *pre_gelu, int N, int IC, int OC,
                              enum zt_dtype dtype, cudaStream_t stream);
+/* zt_cuda_matmul_backward, except that dinp is always overwritten (=) instead of added into: for a
+ * caller whose dinp buffer holds nothing worth keeping, which saves zeroing it first and the GEMM's read
+ * of it. dweight and dbias still accumulate; with pre_gelu it is the same call as the one above. */
+void zt_cuda_matmul_backward_overwrite(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias, const void *dout,
+                                       const void *inp, const void *weight, const void *pre_gelu, int N, int IC,
+                                       int OC, enum zt_dtype dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

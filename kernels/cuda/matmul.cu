@@ -5,7 +5,7 @@
  * Every GEMM computes in fp32 (CUBLAS_COMPUTE_32F: no TF32 for F32 data) with fp32 alpha/beta.
  *
  * Fusions: the forward puts the bias and the GELU (with its input saved as the "aux" output) into the
- * GEMM's epilogue; the backward can apply the GELU's derivative in the epilogue of the dinp GEMM. When
+ * GEMM's epilogue, and the residual variant reads the residual stream as the GEMM's C (beta = 1); the backward can apply the GELU's derivative in the epilogue of the dinp GEMM. When
  * cuBLASLt has no kernel for a fused form (alignment, leading dimensions, old GPU) the launcher falls
  * back to the plain GEMM plus a small kernel, so results never depend on whether a fusion ran.
  * The bias gradient is a column sum done by our own kernel: split over a fixed number of row slices,
@@ -20,6 +20,7 @@ extern "C" {
 }
 #include "kernels/cuda/cuda_utils.cuh"
 #include "kernels/matmul.h"
+#include "kernels/residual.h" /* zt_cuda_add_inplace: the unfused residual */
 
 #define BLAS_DEFAULT_WORKSPACE (32u << 20)
 #define DBIAS_SLICES 64 /* row slices of the bias-gradient sum; fixed for determinism */
@@ -92,9 +93,11 @@ static uint32_t alignment_of(const void *p)
     return al;
 }
 
-/* What one call asks of cuBLASLt: column-major D (m x n, ldd) = op(A) op(B) [+ beta D], epilogue. */
+/* What one call asks of cuBLASLt: column-major D (m x n, ldd) = op(A) op(B) [+ beta C], epilogue, where C is
+ * c (same shape and ldd as D) or, when c is NULL, D itself. */
 typedef struct gemm_args {
     void *d;
+    const void *c;
     const void *a, *b;
     int m, n, k;
     bool trans_a, trans_b;
@@ -141,13 +144,14 @@ static cublasStatus_t gemm(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_ar
     ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &ctx->workspace_bytes, sizeof(ctx->workspace_bytes)));
     /* Tell the heuristic how aligned the pointers really are (it assumes 256 bytes otherwise). */
-    uint32_t al_a = alignment_of(g->a), al_b = alignment_of(g->b), al_d = alignment_of(g->d);
+    const void *c = g->c ? g->c : g->d;
+    uint32_t al_a = alignment_of(g->a), al_b = alignment_of(g->b), al_c = alignment_of(c), al_d = alignment_of(g->d);
     ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
                                                          sizeof(al_a)));
     ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
                                                          sizeof(al_b)));
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
-                                                         sizeof(al_d)));
+    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                         sizeof(al_c)));
     ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
                                                          sizeof(al_d)));
 
@@ -158,7 +162,7 @@ static cublasStatus_t gemm(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_ar
         st = CUBLAS_STATUS_NOT_SUPPORTED;
     if (st == CUBLAS_STATUS_SUCCESS) {
         const float alpha = 1.0f;
-        st = cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, g->d, ld, g->d, ld, &heur.algo,
+        st = cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, g->d, ld, &heur.algo,
                             ctx->workspace, ctx->workspace_bytes, stream);
         /* Anything but "not supported" at this point is a failure to launch, not a missing kernel. */
         if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
@@ -373,9 +377,39 @@ extern "C" void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_g
         gelu_any(out, pre_gelu, (size_t)N * OC, dtype, stream);
 }
 
-extern "C" void zt_cuda_matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias_, const void *dout,
-                                        const void *inp, const void *weight, const void *pre_gelu, int N, int IC,
-                                        int OC, enum zt_dtype dtype, cudaStream_t stream)
+extern "C" void zt_cuda_matmul_forward_residual(zt_cuda_blas *ctx, void *out, const void *inp, const void *weight,
+                                                const void *bias, const void *residual, int N, int IC, int OC,
+                                                enum zt_dtype dtype, cudaStream_t stream)
+{
+    ZT_ASSERT(ctx && out && inp && weight && residual && out != residual && N > 0 && IC > 0 && OC > 0);
+    gemm_args g = {};
+    g.d = out;
+    g.c = residual;
+    g.a = weight;
+    g.b = inp;
+    g.m = OC;
+    g.n = N;
+    g.k = IC;
+    g.trans_a = true;
+    g.lda = IC;
+    g.ldb = IC;
+    g.ldd = OC;
+    g.beta = 1.0f;
+    g.bias = bias;
+    g.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (gemm_ok(ctx, dtype, &g, stream))
+        return;
+    ZT_DEBUG("matmul: no fused residual for %s N=%d IC=%d OC=%d; GEMM then residual add", zt_dtype_name(dtype), N,
+             IC, OC);
+    zt_cuda_matmul_forward(ctx, out, NULL, inp, weight, bias, N, IC, OC, dtype, stream);
+    zt_cuda_add_inplace(out, residual, (size_t)N * OC, dtype, stream);
+}
+
+/* The backward of both launchers: dinp_beta is 1 to add into dinp, 0 to overwrite it (ignored with
+ * pre_gelu, whose DGELU result always overwrites). */
+static void matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias_, const void *dout,
+                            const void *inp, const void *weight, const void *pre_gelu, int N, int IC, int OC,
+                            enum zt_dtype dtype, float dinp_beta, cudaStream_t stream)
 {
     ZT_ASSERT(ctx && dout && N > 0 && IC > 0 && OC > 0);
     ZT_ASSERT(dweight == NULL || inp != NULL);
@@ -423,7 +457,7 @@ extern "C" void zt_cuda_matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dwe
                 dgelu_any(dinp, pre_gelu, (size_t)N * IC, dtype, stream);
             }
         } else {
-            g.beta = 1.0f;
+            g.beta = dinp_beta;
             g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
             gemm_or_die(ctx, dtype, &g, stream);
         }
@@ -446,4 +480,19 @@ extern "C" void zt_cuda_matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dwe
         g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
         gemm_or_die(ctx, dtype, &g, stream);
     }
+}
+
+extern "C" void zt_cuda_matmul_backward(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias_, const void *dout,
+                                        const void *inp, const void *weight, const void *pre_gelu, int N, int IC,
+                                        int OC, enum zt_dtype dtype, cudaStream_t stream)
+{
+    matmul_backward(ctx, dinp, dweight, dbias_, dout, inp, weight, pre_gelu, N, IC, OC, dtype, 1.0f, stream);
+}
+
+extern "C" void zt_cuda_matmul_backward_overwrite(zt_cuda_blas *ctx, void *dinp, void *dweight, void *dbias_,
+                                                  const void *dout, const void *inp, const void *weight,
+                                                  const void *pre_gelu, int N, int IC, int OC, enum zt_dtype dtype,
+                                                  cudaStream_t stream)
+{
+    matmul_backward(ctx, dinp, dweight, dbias_, dout, inp, weight, pre_gelu, N, IC, OC, dtype, 0.0f, stream);
 }
