@@ -44,6 +44,12 @@ size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH);
 void zt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                 const float *lse, int B, int T, int C, int NH, void *scratch,
                                 enum zt_dtype dtype, cudaStream_t stream);
+/* zt_cuda_attention_backward, except that dqkv is overwritten (=) instead of added into, so the caller
+ * need not zero it first. The mma.sync kernels store their results directly; the other kernels run on a
+ * dqkv zeroed here. */
+void zt_cuda_attention_backward_overwrite(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                          const float *lse, int B, int T, int C, int NH, void *scratch,
+                                          enum zt_dtype dtype, cudaStream_t stream);
 
 /* Padding mask, added to the causal one: lens is a device array of B int32 valid lengths (NULL: no
  * padding, exactly the launchers above). In sequence b, query rows t >= lens[b] produce zeros in out and

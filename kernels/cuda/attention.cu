@@ -1136,7 +1136,8 @@ template <typename T, int HS>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *__restrict__ lse, const float *__restrict__ D,
-                                     const int32_t *__restrict__ lens, int T_, int C, int NH, float scale)
+                                     const int32_t *__restrict__ lens, int T_, int C, int NH, float scale,
+                                     bool accumulate)
 {
     if constexpr (!mma_supported<T>()) {
         __trap();
@@ -1232,8 +1233,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         }
 
         T *rows = dqkv + (size_t)b * T_ * stride + h * HS;
-        mma_store_rows<T, HS>(rows + C, stride, key0, len, scale, dk, true);
-        mma_store_rows<T, HS>(rows + 2 * C, stride, key0, len, 1.0f, dv, true);
+        mma_store_rows<T, HS>(rows + C, stride, key0, len, scale, dk, accumulate);
+        mma_store_rows<T, HS>(rows + 2 * C, stride, key0, len, 1.0f, dv, accumulate);
     }
 }
 
@@ -1243,7 +1244,8 @@ template <typename T, int HS>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_q_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                     const float *__restrict__ lse, const float *__restrict__ D,
-                                    const int32_t *__restrict__ lens, int T_, int C, int NH, float scale)
+                                    const int32_t *__restrict__ lens, int T_, int C, int NH, float scale,
+                                    bool accumulate)
 {
     if constexpr (!mma_supported<T>()) {
         __trap();
@@ -1329,7 +1331,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
             }
             __syncthreads();
         }
-        mma_store_rows<T, HS>(dqkv + (size_t)b * T_ * stride + h * HS, stride, row0, len, scale, dq, true);
+        mma_store_rows<T, HS>(dqkv + (size_t)b * T_ * stride + h * HS, stride, row0, len, scale, dq, accumulate);
     }
 }
 
@@ -1455,9 +1457,11 @@ static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B
     mask_rows(out, lse, lens, B, T_, C, NH, stream);
 }
 
+/* accumulate false: dqkv is overwritten. The mma.sync kernels then store instead of adding where every row
+ * of dqkv gets its values (no padding mask); otherwise dqkv is zeroed first and the kernels add. */
 template <typename T, int HS>
 static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
-                     int B, int T_, int C, int NH, float *D, cudaStream_t stream)
+                     int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream)
 {
     using cfg = att_cfg<T, HS>;
     const size_t items = (size_t)B * T_ * NH;
@@ -1474,19 +1478,24 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
         if (mma_usable<T>(attention_backward_kv_mma_kernel<T, HS>, msmem, ptrs, 3) &&
             mma_usable<T>(attention_backward_q_mma_kernel<T, HS>, msmem, ptrs, 3)) {
             dim3 grid(ZT_CEIL_DIV(T_, MMA_TILE), B * NH);
+            const bool add = accumulate || lens != NULL;
+            if (add && !accumulate)
+                ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
             allow_smem(attention_backward_kv_mma_kernel<T, HS>, msmem);
             attention_backward_kv_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                        T_, C, NH, scale);
+                                                                                        T_, C, NH, scale, add);
             ZT_CUDA_CHECK_LAUNCH();
             allow_smem(attention_backward_q_mma_kernel<T, HS>, msmem);
             attention_backward_q_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                       T_, C, NH, scale);
+                                                                                       T_, C, NH, scale, add);
             ZT_CUDA_CHECK_LAUNCH();
             return;
         }
         const size_t smem = tc_cfg<HS>::bwd_smem;
         if (tc_usable<T>(attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
             tc_usable<T>(attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {
+            if (!accumulate)
+                ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
             dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
             allow_smem(attention_backward_kv_tc_kernel<T, HS>, smem);
             attention_backward_kv_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, T_, C,
@@ -1500,6 +1509,8 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
         }
     }
 
+    if (!accumulate)
+        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
     dim3 grid(ZT_CEIL_DIV(T_, cfg::TILE), B * NH);
     const size_t smem_kv = 4 * cfg::tile_bytes + cfg::score_bytes + 2 * cfg::TILE * sizeof(float);
     allow_smem(attention_backward_kv_kernel<T, HS>, smem_kv);
@@ -1535,12 +1546,12 @@ static void forward_hs(T *out, float *lse, const T *qkv, const int32_t *lens, in
 
 template <typename T>
 static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
-                        int B, int T_, int C, int NH, float *D, cudaStream_t stream)
+                        int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream)
 {
     if (C / NH == 64)
-        backward<T, 64>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, stream);
+        backward<T, 64>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
     else
-        backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, stream);
+        backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
 }
 
 extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B,
@@ -1563,9 +1574,10 @@ extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const vo
     }
 }
 
-extern "C" void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
-                                                  const float *lse, const int32_t *lens, int B, int T, int C, int NH,
-                                                  void *scratch, enum zt_dtype dtype, cudaStream_t stream)
+/* The backward of every launcher below: accumulate true adds into dqkv, false overwrites it. */
+static void backward_any(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                         const int32_t *lens, int B, int T, int C, int NH, void *scratch, enum zt_dtype dtype,
+                         bool accumulate, cudaStream_t stream)
 {
     ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0 && ((uintptr_t)dout & 3u) == 0 && ((uintptr_t)scratch & 3u) == 0);
@@ -1573,19 +1585,26 @@ extern "C" void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, 
     switch (dtype) {
     case ZT_DTYPE_F32:
         backward_hs((float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, lens, B, T, C, NH, D,
-                    stream);
+                    accumulate, stream);
         break;
     case ZT_DTYPE_F16:
         backward_hs((__half *)dqkv, (const __half *)dout, (const __half *)qkv, (const __half *)out, lse, lens, B, T,
-                    C, NH, D, stream);
+                    C, NH, D, accumulate, stream);
         break;
     case ZT_DTYPE_BF16:
         backward_hs((__nv_bfloat16 *)dqkv, (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)qkv,
-                    (const __nv_bfloat16 *)out, lse, lens, B, T, C, NH, D, stream);
+                    (const __nv_bfloat16 *)out, lse, lens, B, T, C, NH, D, accumulate, stream);
         break;
     default:
-        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward_masked", dtype);
+        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward", dtype);
     }
+}
+
+extern "C" void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                                  const float *lse, const int32_t *lens, int B, int T, int C, int NH,
+                                                  void *scratch, enum zt_dtype dtype, cudaStream_t stream)
+{
+    backward_any(dqkv, dout, qkv, out, lse, lens, B, T, C, NH, scratch, dtype, true, stream);
 }
 
 extern "C" void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
@@ -1599,4 +1618,11 @@ extern "C" void zt_cuda_attention_backward(void *dqkv, const void *dout, const v
                                            enum zt_dtype dtype, cudaStream_t stream)
 {
     zt_cuda_attention_backward_masked(dqkv, dout, qkv, out, lse, NULL, B, T, C, NH, scratch, dtype, stream);
+}
+
+extern "C" void zt_cuda_attention_backward_overwrite(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                                     const float *lse, int B, int T, int C, int NH, void *scratch,
+                                                     enum zt_dtype dtype, cudaStream_t stream)
+{
+    backward_any(dqkv, dout, qkv, out, lse, NULL, B, T, C, NH, scratch, dtype, false, stream);
 }
