@@ -26,7 +26,8 @@ extern "C" {
 #define ZT_CUDA_NORM_SLOTS 512
 
 /* Adds the sum of squares of x[0..n) into the device array partials[ZT_CUDA_NORM_SLOTS] (zero it once
- * with cudaMemsetAsync, then call this for every tensor of the global norm). */
+ * with cudaMemsetAsync, then call this for every tensor of the global norm). F16 and BF16 data give the
+ * same bits as F32 data holding the same values (x 16-byte aligned in fp32, 8-byte in fp16/bf16). */
 void zt_cuda_sum_squares_accumulate(float *partials, const void *x, size_t n, enum zt_dtype dtype,
                                     cudaStream_t stream);
 /* *d_out = the sum of partials[0..ZT_CUDA_NORM_SLOTS), added in a fixed order. */
