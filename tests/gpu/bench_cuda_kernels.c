@@ -7,8 +7,10 @@
  *   bench_cuda_kernels attention [iterations]          attention only, WMMA vs mma.sync kernels, bf16 and
  *                                                      fp16, at GPT-2 124M and 1558M shapes
  *   bench_cuda_kernels bandwidth [iterations]          the bandwidth-bound kernels of a bf16 training step
- *                                                      (layer norm, gradient fold, global norm, AdamW) at
- *                                                      GPT-2 124M and 1558M shapes
+ *                                                      (layer norm, gradient fold, global norm, AdamW with
+ *                                                      fp32 or bf16 gradients) at GPT-2 124M and 1558M
+ *                                                      shapes, then at 1558M the input-gradient GEMMs and
+ *                                                      the attention backward, zeroed + added vs overwritten
  *
  * Attention TFLOP/s count the causal half of the products: forward 2 (S = Q K^T, O = P V), backward 5
  * (2.5x the forward: dV, dP, dS's S, dK, dQ), whatever a kernel recomputes. */
@@ -191,10 +193,65 @@ static void bench_bandwidth(const char *model, int rows, int c, int layers, int 
     zt_adamw_params hp = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1};
     BENCH("adamw, fp32 grads, bf16 weights", 0, (double)n * (4 + 3 * 8 + 2),
           zt_cuda_adamw_update(t, count, &hp, ZT_DTYPE_F32, dt, out, NULL, g_stream));
+    /* A step of one micro-batch reads the bf16 gradients directly (no fold). */
+    BENCH("global norm bf16", 0, (double)n * 2, zt_cuda_sum_squares(out, partials, glow, n, dt, g_stream));
+    off = 0;
+    for (int i = 0; i < count; i++) {
+        t[i].grad = (uint16_t *)glow + off;
+        off += (sizes[i] + 63) / 64 * 64;
+    }
+    BENCH("adamw, bf16 grads, bf16 weights", 0, (double)n * (2 + 3 * 8 + 2),
+          zt_cuda_adamw_update(t, count, &hp, dt, dt, out, NULL, g_stream));
     free(t);
     void *bufs2[] = {p, m, v, g, glow, wlow, partials, out};
     for (size_t i = 0; i < sizeof(bufs2) / sizeof(bufs2[0]); i++)
         ZT_CUDA_CHECK(cudaFree(bufs2[i]));
+}
+
+/* The input-gradient GEMMs of a layer and the attention backward at one model's shapes, as the model
+ * called them before (buffer zeroed, then added into) and calls them now (overwritten). */
+static void bench_overwrite(zt_cuda_blas *blas, const char *model, int rows, int c, int nh, int vp)
+{
+    const enum zt_dtype dt = ZT_DTYPE_BF16;
+    const size_t es = 2;
+    printf("-- %s: input gradients zeroed + added vs overwritten (bf16, %d rows)\n", model, rows);
+    struct {
+        const char *name;
+        int IC, OC;
+    } mm[] = {{"fc (4C -> C)", c, 4 * c}, {"attn proj (C -> C)", c, c}, {"qkv (3C -> C)", c, 3 * c},
+              {"head (V -> C)", c, vp}};
+    void *dout = drand((size_t)rows * vp, 1.0f, dt), *w = drand((size_t)vp * c, 0.02f, dt);
+    void *dinp = drand((size_t)rows * 3 * c, 0.0f, dt);
+    for (size_t i = 0; i < sizeof(mm) / sizeof(mm[0]); i++) {
+        char name[96];
+        const double flop = 2.0 * rows * mm[i].IC * mm[i].OC;
+        const size_t bytes = (size_t)rows * mm[i].IC * es;
+        snprintf(name, sizeof(name), "dinp %s, memset + add", mm[i].name);
+        BENCH(name, flop, 0, {
+            ZT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, bytes, g_stream));
+            zt_cuda_matmul_backward(blas, dinp, NULL, NULL, dout, NULL, w, NULL, rows, mm[i].IC, mm[i].OC, dt,
+                                    g_stream);
+        });
+        snprintf(name, sizeof(name), "dinp %s, overwrite", mm[i].name);
+        BENCH(name, flop, 0,
+              zt_cuda_matmul_backward_overwrite(blas, dinp, NULL, NULL, dout, NULL, w, NULL, rows, mm[i].IC,
+                                                mm[i].OC, dt, g_stream));
+    }
+    const int b = rows / 1024, t = 1024;
+    void *qkv = drand((size_t)rows * 3 * c, 1.0f, dt), *out = drand((size_t)rows * c, 0.0f, dt);
+    float *lse = dalloc(sizeof(float) * b * nh * t);
+    void *scratch = dalloc(zt_cuda_attention_backward_scratch_size(b, t, nh));
+    const double pairs = (double)b * nh * t * (t + 1) / 2.0, flop = 5.0 * 2 * pairs * (c / nh);
+    zt_cuda_attention_forward(out, lse, qkv, b, t, c, nh, dt, g_stream);
+    BENCH("attention backward, memset + add", flop, 0, {
+        ZT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)rows * 3 * c * es, g_stream));
+        zt_cuda_attention_backward(dinp, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream);
+    });
+    BENCH("attention backward, overwrite", flop, 0,
+          zt_cuda_attention_backward_overwrite(dinp, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
+    void *bufs[] = {dout, w, dinp, qkv, out, lse, scratch};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        ZT_CUDA_CHECK(cudaFree(bufs[i]));
 }
 
 int main(int argc, char **argv)
@@ -230,6 +287,7 @@ int main(int argc, char **argv)
     if (bandwidth_only) {
         bench_bandwidth("GPT-2 124M", 16 * 1024, 768, 12, 50304);
         bench_bandwidth("GPT-2 1558M", 8 * 1024, 1600, 48, 50304);
+        bench_overwrite(blas, "GPT-2 1558M", 8 * 1024, 1600, 25, 50304);
         zt_cuda_blas_destroy(blas);
         printf("done\n");
         return 0;

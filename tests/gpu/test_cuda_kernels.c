@@ -330,6 +330,21 @@ static void run_matmul(enum zt_dtype dt, int N, int IC, int OC, int with_bias, i
     } else {
         snprintf(name, sizeof(name), "matmul %dx%dx%d fwd%s", N, IC, OC, with_bias ? " +bias" : "");
         check_close(name, dt, out, ref, (size_t)N * OC, tol_of(dt));
+        /* With the residual read as the GEMM's C: out = res + inp W^T + bias, twice the same bits. */
+        float *res;
+        void *d_res = dev_rand((size_t)N * OC, 1.0f, dt, &res);
+        zt_cuda_matmul_forward_residual(g_blas, d_out, d_inp, d_w, d_b, d_res, N, IC, OC, dt, g_stream);
+        float *rout = dev_download(d_out, (size_t)N * OC, dt);
+        for (size_t i = 0; i < (size_t)N * OC; i++)
+            res[i] += ref[i];
+        snprintf(name, sizeof(name), "matmul %dx%dx%d fwd%s +residual", N, IC, OC, with_bias ? " +bias" : "");
+        check_close(name, dt, rout, res, (size_t)N * OC, tol_of(dt));
+        void *d_out1 = dev_clone(d_out, (size_t)N * OC * es);
+        ZT_CUDA_CHECK(cudaMemsetAsync(d_out, 0xff, (size_t)N * OC * es, g_stream));
+        zt_cuda_matmul_forward_residual(g_blas, d_out, d_inp, d_w, d_b, d_res, N, IC, OC, dt, g_stream);
+        assert_true(dev_equal(d_out, d_out1, (size_t)N * OC * es));
+        free(res), free(rout);
+        dev_free(d_res), dev_free(d_out1);
     }
 
     /* Backward, accumulating into random dinp / dweight / dbias. */
@@ -366,6 +381,32 @@ static void run_matmul(enum zt_dtype dt, int N, int IC, int OC, int with_bias, i
     assert_true(dev_equal(d_dw, d_dw1, (size_t)OC * IC * es));
     if (with_bias)
         assert_true(dev_equal(d_db, d_db1, OC * es));
+
+    /* The overwrite variant: dinp starts as NaN (all bits set), which it must never read; dweight and
+     * dbias still accumulate (from the state before the first backward). Run twice: the same bits. */
+    {
+        ZT_CUDA_CHECK(cudaMemsetAsync(d_dinp, 0xff, (size_t)N * IC * es, g_stream));
+        dev_copy(d_dw, d_dw0, (size_t)OC * IC * es);
+        if (with_bias)
+            dev_copy(d_db, d_db0, OC * es);
+        zt_cuda_matmul_backward_overwrite(g_blas, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, NULL, N, IC, OC, dt,
+                                          g_stream);
+        float *o_dinp = dev_download(d_dinp, (size_t)N * IC, dt);
+        float *want = calloc((size_t)N * IC, sizeof(float)), *dummy_dw = calloc((size_t)OC * IC, sizeof(float));
+        zt_cpu_matmul_backward(want, dummy_dw, NULL, dout, inp, w, N, IC, OC);
+        snprintf(name, sizeof(name), "matmul %dx%dx%d bwd dinp overwrite", N, IC, OC);
+        check_close(name, dt, o_dinp, want, (size_t)N * IC, tol_of(dt));
+        assert_true(dev_equal(d_dw, d_dw1, (size_t)OC * IC * es));
+        if (with_bias)
+            assert_true(dev_equal(d_db, d_db1, OC * es));
+        void *d_o1 = dev_clone(d_dinp, (size_t)N * IC * es);
+        ZT_CUDA_CHECK(cudaMemsetAsync(d_dinp, 0xff, (size_t)N * IC * es, g_stream));
+        zt_cuda_matmul_backward_overwrite(g_blas, d_dinp, NULL, NULL, d_dout, d_inp, d_w, NULL, N, IC, OC, dt,
+                                          g_stream);
+        assert_true(dev_equal(d_dinp, d_o1, (size_t)N * IC * es));
+        free(o_dinp), free(want), free(dummy_dw);
+        dev_free(d_o1);
+    }
 
     if (with_gelu) {
         /* The fused GELU backward: this layer's inp was gelu(pre), so dpre = gelu'(pre) * (dout W),
@@ -615,6 +656,27 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
     dev_copy(d_dqkv, d_dqkv0, (size_t)B * T * 3 * C * es);
     zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     assert_true(dev_equal(d_dqkv, d_dqkv1, (size_t)B * T * 3 * C * es));
+
+    /* The overwrite variant: dqkv starts as NaN (all bits set), which it must never read, and ends as the
+     * gradient alone; twice the same bits. */
+    const size_t n3 = (size_t)B * T * 3 * C;
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
+    zt_cuda_attention_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    float *o_dqkv = dev_download(d_dqkv, n3, dt), *want = calloc(n3, sizeof(float));
+    zt_cpu_attention_backward(want, dout, qkv, out, lse, B, T, C, NH);
+    for (int p = 0; p < 3; p++) {
+        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+            memcpy(gp + bt * C, o_dqkv + bt * 3 * C + (size_t)p * C, sizeof(float) * C);
+            memcpy(rp + bt * C, want + bt * 3 * C + (size_t)p * C, sizeof(float) * C);
+        }
+        snprintf(name, sizeof(name), "attention B%d T%d C%d NH%d bwd %s overwrite", B, T, C, NH, part[p]);
+        check_close(name, dt, gp, rp, n, attention_tol(dt));
+    }
+    dev_copy(d_dqkv1, d_dqkv, n3 * es);
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
+    zt_cuda_attention_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dqkv, d_dqkv1, n3 * es));
+    free(o_dqkv), free(want);
 
     free(qkv), free(dout), free(dqkv), free(out), free(lse), free(rout), free(rlse), free(g_dqkv), free(gp), free(rp);
     void *dev[] = {d_qkv, d_out, d_lse, d_dout, d_dqkv, d_dqkv0, scratch, d_dqkv1};
@@ -885,6 +947,19 @@ static void test_norm(void **state)
         float wantf = (float)want;
         check_close("sum of squares, three tensors", dt, &got, &wantf, 1, 1e-5);
         assert_true(dev_equal(d_out, d_out2, sizeof(float)));
+        if (dt != ZT_DTYPE_F32) {
+            /* The same values held in fp32 give the same bits (the model's norm over bf16 gradients). */
+            void *d32[3];
+            for (int k = 0; k < 3; k++)
+                d32[k] = dev_upload(h[k], sizes[k], ZT_DTYPE_F32);
+            ZT_CUDA_CHECK(cudaMemsetAsync(d_partials, 0, sizeof(float) * ZT_CUDA_NORM_SLOTS, g_stream));
+            for (int k = 0; k < 3; k++)
+                zt_cuda_sum_squares_accumulate(d_partials, d32[k], sizes[k], ZT_DTYPE_F32, g_stream);
+            zt_cuda_sum_squares_finish(d_out2, d_partials, g_stream);
+            assert_true(dev_equal(d_out, d_out2, sizeof(float)));
+            for (int k = 0; k < 3; k++)
+                dev_free(d32[k]);
+        }
 
         /* Scale in place. */
         zt_cuda_scale_inplace(d[0], 0.37f, sizes[0], dt, g_stream);
