@@ -17,9 +17,8 @@
 #include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, casts, inf/NaN check, gradient accumulation */
 #include "kernels/embedding.h"       /* zt_cuda_embedding_forward / backward */
 #include "kernels/layernorm.h"       /* zt_cuda_layernorm_forward / backward */
-#include "kernels/matmul.h"          /* cuBLASLt GEMMs with bias / GELU epilogues */
+#include "kernels/matmul.h"          /* cuBLASLt GEMMs with bias / GELU / residual epilogues */
 #include "kernels/norm.h"            /* global norm and clip coefficient */
-#include "kernels/residual.h"        /* zt_cuda_residual_forward */
 
 /* Per-layer tensor order of the host layout (worker/model/gpt2.c). */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, LT_N };
@@ -72,7 +71,7 @@ struct zt_gpt2_cuda {
     float *master, *grads, *m, *v; /* fp32 [n]; NO_OPTIMIZER: no m, v, and master only for fp32 compute */
     void *wlow, *glow;       /* dtype [n]; equal to master / grads for F32 */
     layer_acts *layers;
-    void *encoded, *lnf, *logits, *proj, *dres, *dln, *datty, *dqkv, *dfch;
+    void *encoded, *lnf, *logits, *dres, *dln, *datty, *dqkv, *dfch;
     float *lnf_mean, *lnf_rstd, *losses;
     int32_t *d_tokens, *d_targets;
     void *attn_scratch, *emb_scratch, *ln_scratch;
@@ -87,8 +86,14 @@ struct zt_gpt2_cuda {
     int n_valid[1024];       /* per micro-batch of the current step (max_micro <= 1024) */
     int cur_B, cur_T;
     bool first_micro;
+    /* FULL mode in bf16/fp16: a step's first micro-batch leaves its gradients in glow unfolded. If the step
+     * has no second one, the norm and AdamW read them there (scaled by deferred_inv_scale), which saves
+     * the fold; otherwise the next micro-batch (or a download) folds them first. */
+    bool fold_deferred;
+    float deferred_inv_scale;
 
-    zt_cuda_adamw_tensor *adam; /* [num_tensors] */
+    zt_cuda_adamw_tensor *adam;      /* [num_tensors] */
+    zt_cuda_adamw_tensor *adam_lowg; /* [num_tensors]: the same with the gradients in glow (FULL, bf16/fp16) */
 
     /* Profiling. */
     bool profiling;
@@ -98,6 +103,8 @@ struct zt_gpt2_cuda {
     double prof_ms[PF_COUNT];
     int prof_open;
 };
+
+static void fold_deferred_grads(zt_gpt2_cuda *g);
 
 /* ---- profiling ---- */
 
@@ -236,7 +243,6 @@ static size_t carve(zt_gpt2_cuda *g, char *base, size_t plan[5])
     g->lnf_rstd = take(base, &used, N * 4);
     g->logits = take(base, &used, N * (size_t)g->Vp * e);
     g->losses = take(base, &used, N * 4);
-    g->proj = take(base, &used, NC * e);
     g->dres = take(base, &used, NC * e);
     g->dln = take(base, &used, NC * e);
     g->datty = take(base, &used, NC * e);
@@ -374,6 +380,7 @@ static int create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro
     g->blen = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
     g->layers = zt_xcalloc((size_t)cfg->n_layer, sizeof(layer_acts));
     g->adam = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_cuda_adamw_tensor));
+    g->adam_lowg = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_cuda_adamw_tensor));
     build_layout(g);
 
     ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
@@ -430,6 +437,9 @@ static int create(zt_gpt2_cuda **out, zt_gpt2 *host, int B, int T, int max_micro
         a->param_lowp = dtype == ZT_DTYPE_F32 ? NULL : (char *)g->wlow + g->toff[i] * g->esize;
         a->n = g->tlen[i];
         a->weight_decay = t->weight_decay ? 1 : 0;
+        g->adam_lowg[i] = *a;
+        if (dtype != ZT_DTYPE_F32)
+            g->adam_lowg[i].grad = (char *)g->glow + g->toff[i] * g->esize;
     }
     if (state == ZT_GPT2_CUDA_FULL)
         zt_gpt2_cuda_upload(g, zt_gpt2_params(host), NULL, NULL);
@@ -475,6 +485,7 @@ void zt_gpt2_cuda_destroy(zt_gpt2_cuda *g)
     free(g->blen);
     free(g->layers);
     free(g->adam);
+    free(g->adam_lowg);
     free(g->ckpt);
     free(g);
 }
@@ -543,6 +554,7 @@ void zt_gpt2_cuda_download(zt_gpt2_cuda *g, float *params, float *m, float *v)
 void zt_gpt2_cuda_download_grads(zt_gpt2_cuda *g, float *grads)
 {
     ZT_ASSERT(g->state != ZT_GPT2_CUDA_HOOKED);
+    fold_deferred_grads(g);
     download_slab(g, grads, g->grads);
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
@@ -572,6 +584,7 @@ void zt_gpt2_cuda_upload_weights(zt_gpt2_cuda *g, const void *w, enum zt_dtype w
 void zt_gpt2_cuda_zero_grad(zt_gpt2_cuda *g)
 {
     g->first_micro = true;
+    g->fold_deferred = false;
 }
 
 /* ---- forward and backward, block by block ---- */
@@ -649,10 +662,7 @@ static void forward_layer(zt_gpt2_cuda *g, int l, void *w, const void *x, int B,
     zt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, NH, dt, s);
     prof_end(g);
     prof_begin(g, PF_MM_ATTPROJ);
-    zt_cuda_matmul_forward(g->blas, g->proj, NULL, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), N, C, C, dt, s);
-    prof_end(g);
-    prof_begin(g, PF_RESIDUAL);
-    zt_cuda_residual_forward(a->res2, x, g->proj, (size_t)N * C, dt, s);
+    zt_cuda_matmul_forward_residual(g->blas, a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), x, N, C, C, dt, s);
     prof_end(g);
     prof_begin(g, PF_LAYERNORM);
     zt_cuda_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C, eps, dt, s);
@@ -661,10 +671,8 @@ static void forward_layer(zt_gpt2_cuda *g, int l, void *w, const void *x, int B,
     zt_cuda_matmul_forward(g->blas, a->fch_gelu, a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C, dt, s);
     prof_end(g);
     prof_begin(g, PF_MM_FCPROJ);
-    zt_cuda_matmul_forward(g->blas, g->proj, NULL, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), N, 4 * C, C, dt, s);
-    prof_end(g);
-    prof_begin(g, PF_RESIDUAL);
-    zt_cuda_residual_forward(a->res3, a->res2, g->proj, (size_t)N * C, dt, s);
+    zt_cuda_matmul_forward_residual(g->blas, a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), a->res2, N, 4 * C, C, dt,
+                                    s);
     prof_end(g);
 #undef W
 }
@@ -701,10 +709,9 @@ static void backward_head(zt_gpt2_cuda *g, void *w_lnf, void *g_lnf, void *w_emb
 {
     const int C = g->cfg.n_embd, N = B * T, L = g->cfg.n_layer, lnf = g->num_tensors - 2;
     const size_t NC = (size_t)N * C;
-    zero(g, g->dln, NC);
     prof_begin(g, PF_B_HEAD);
-    zt_cuda_matmul_backward(g->blas, g->dln, in_block(g, g_emb, 0, 0), NULL, g->logits, g->lnf,
-                            in_block(g, w_emb, 0, 0), NULL, N, C, g->Vp, g->dtype, g->stream);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, in_block(g, g_emb, 0, 0), NULL, g->logits, g->lnf,
+                                      in_block(g, w_emb, 0, 0), NULL, N, C, g->Vp, g->dtype, g->stream);
     prof_end(g);
     zero(g, g->dres, NC);
     prof_begin(g, PF_B_LAYERNORM);
@@ -719,7 +726,6 @@ static void backward_head(zt_gpt2_cuda *g, void *w_lnf, void *g_lnf, void *w_emb
 static void backward_layer(zt_gpt2_cuda *g, int l, void *w, void *gr, const void *x, int B, int T)
 {
     const int C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T, b = 1 + l;
-    const size_t NC = (size_t)N * C;
     const enum zt_dtype dt = g->dtype;
     const layer_acts *a = &g->layers[l];
     cudaStream_t s = g->stream;
@@ -730,28 +736,26 @@ static void backward_layer(zt_gpt2_cuda *g, int l, void *w, void *gr, const void
     zt_cuda_matmul_backward(g->blas, g->dfch, G(FCPROJ_W), G(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), a->fch,
                             N, 4 * C, C, dt, s);
     prof_end(g);
-    zero(g, g->dln, NC);
     prof_begin(g, PF_B_MM_FC);
-    zt_cuda_matmul_backward(g->blas, g->dln, G(FC_W), G(FC_B), g->dfch, a->ln2, W(FC_W), NULL, N, C, 4 * C, dt, s);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(FC_W), G(FC_B), g->dfch, a->ln2, W(FC_W), NULL, N, C, 4 * C,
+                                      dt, s);
     prof_end(g);
     prof_begin(g, PF_B_LAYERNORM);
     zt_cuda_layernorm_backward(g->dres, G(LN2_W), G(LN2_B), g->dln, a->res2, W(LN2_W), a->ln2_mean, a->ln2_rstd, N,
                                C, g->ln_scratch, dt, s);
     prof_end(g);
     /* Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
-    zero(g, g->datty, NC);
     prof_begin(g, PF_B_MM_ATTPROJ);
-    zt_cuda_matmul_backward(g->blas, g->datty, G(ATTPROJ_W), G(ATTPROJ_B), g->dres, a->atty, W(ATTPROJ_W), NULL, N,
-                            C, C, dt, s);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->datty, G(ATTPROJ_W), G(ATTPROJ_B), g->dres, a->atty, W(ATTPROJ_W),
+                                      NULL, N, C, C, dt, s);
     prof_end(g);
-    zero(g, g->dqkv, 3 * NC);
     prof_begin(g, PF_B_ATTN);
-    zt_cuda_attention_backward(g->dqkv, g->datty, a->qkv, a->atty, a->lse, B, T, C, NH, g->attn_scratch, dt, s);
+    zt_cuda_attention_backward_overwrite(g->dqkv, g->datty, a->qkv, a->atty, a->lse, B, T, C, NH, g->attn_scratch, dt,
+                                         s);
     prof_end(g);
-    zero(g, g->dln, NC);
     prof_begin(g, PF_B_MM_QKV);
-    zt_cuda_matmul_backward(g->blas, g->dln, G(QKV_W), G(QKV_B), g->dqkv, a->ln1, W(QKV_W), NULL, N, C, 3 * C, dt,
-                            s);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(QKV_W), G(QKV_B), g->dqkv, a->ln1, W(QKV_W), NULL, N, C,
+                                      3 * C, dt, s);
     prof_end(g);
     prof_begin(g, PF_B_LAYERNORM);
     zt_cuda_layernorm_backward(g->dres, G(LN1_W), G(LN1_B), g->dln, x, W(LN1_W), a->ln1_mean, a->ln1_rstd, N, C,
@@ -770,6 +774,18 @@ static void backward_embed(zt_gpt2_cuda *g, void *gr, int B, int T)
     prof_end(g);
 }
 
+/* Folds the step's first micro-batch's gradients, left in glow (fold_deferred), into the fp32 gradients,
+ * all blocks at once; nothing to do when none are waiting. */
+static void fold_deferred_grads(zt_gpt2_cuda *g)
+{
+    if (!g->fold_deferred)
+        return;
+    prof_begin(g, PF_GRAD_ACCUM);
+    zt_cuda_accumulate(g->grads, g->glow, g->dtype, g->n, g->deferred_inv_scale, 1, g->stream);
+    prof_end(g);
+    g->fold_deferred = false;
+}
+
 /* Folds block b's low-precision gradients into the fp32 gradients (nothing to do in fp32 compute); in
  * HOOKED mode tells the runtime that the block's backward is enqueued (it folds and reduces them). */
 static void reduce_block_grads(zt_gpt2_cuda *g, int b, float inv_scale)
@@ -780,6 +796,8 @@ static void reduce_block_grads(zt_gpt2_cuda *g, int b, float inv_scale)
     }
     if (g->dtype == ZT_DTYPE_F32)
         return;
+    if (g->state == ZT_GPT2_CUDA_FULL && g->first_micro)
+        return; /* deferred: see fold_deferred */
     prof_begin(g, PF_GRAD_ACCUM);
     zt_cuda_accumulate(g->grads + g->boff[b], block_grads(g, b), g->dtype, g->blen[b], inv_scale,
                        g->first_micro ? 1 : 0, g->stream);
@@ -842,6 +860,8 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
     const int L = g->cfg.n_layer, N = B * T;
     if (micro == 0)
         ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
+    if (!g->first_micro)
+        fold_deferred_grads(g); /* before glow is zeroed for this micro-batch */
     int valid = stage_batch(g, tokens, targets, B, T, micro & 1);
     g->n_valid[micro] = valid;
     g->cur_B = B;
@@ -883,6 +903,10 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
     }
     backward_embed(g, get_grads(g, 0), B, T);
     reduce_block_grads(g, 0, inv_scale);
+    if (g->state == ZT_GPT2_CUDA_FULL && g->dtype != ZT_DTYPE_F32 && g->first_micro) {
+        g->fold_deferred = true;
+        g->deferred_inv_scale = inv_scale;
+    }
     g->first_micro = false;
 }
 
@@ -890,13 +914,29 @@ void zt_gpt2_cuda_train_micro(zt_gpt2_cuda *g, const int32_t *tokens, const int3
 void zt_gpt2_cuda_step_update(zt_gpt2_cuda *g, const zt_adamw_params *p, float grad_clip)
 {
     ZT_ASSERT(g->state == ZT_GPT2_CUDA_FULL);
+    /* One micro-batch in bf16/fp16: its gradients are still in glow, with the loss scale applied; the norm
+     * and AdamW read them there and remove the scale themselves (no fold into the fp32 gradients). With a
+     * power-of-two loss scale the norm, the clip coefficient and the update are the same bits as with the
+     * fold (the norm kernel sums fp16/bf16 in the fp32 order; scaling by 2^k is exact); any other scale
+     * takes the fold. */
+    int exp2;
+    if (g->fold_deferred && frexpf(g->deferred_inv_scale, &exp2) != 0.5f)
+        fold_deferred_grads(g);
+    const bool lowg = g->fold_deferred;
+    const float inv = lowg ? g->deferred_inv_scale : 1.0f;
+    zt_adamw_params pl = *p;
+    pl.grad_scale = p->grad_scale * inv;
     prof_begin(g, PF_OPTIMIZER);
     ZT_CUDA_CHECK(cudaMemsetAsync(g->norm_partials, 0, ZT_CUDA_NORM_SLOTS * sizeof(float), g->stream));
-    zt_cuda_sum_squares_accumulate(g->norm_partials, g->grads, g->n, ZT_DTYPE_F32, g->stream);
+    zt_cuda_sum_squares_accumulate(g->norm_partials, lowg ? g->glow : (void *)g->grads, g->n,
+                                   lowg ? g->dtype : ZT_DTYPE_F32, g->stream);
     zt_cuda_sum_squares_finish(g->d_sumsq, g->norm_partials, g->stream);
+    if (inv != 1.0f)
+        zt_cuda_scale_inplace(g->d_sumsq, inv * inv, 1, ZT_DTYPE_F32, g->stream);
     zt_cuda_check_finite(g->d_flag, g->d_sumsq, 1, ZT_DTYPE_F32, g->stream);
     zt_cuda_clip_scale(g->d_clip, g->d_sumsq, grad_clip, g->stream);
-    zt_cuda_adamw_update(g->adam, g->num_tensors, p, ZT_DTYPE_F32, g->dtype, g->d_clip, g->d_flag, g->stream);
+    zt_cuda_adamw_update(lowg ? g->adam_lowg : g->adam, g->num_tensors, &pl, lowg ? g->dtype : ZT_DTYPE_F32,
+                         g->dtype, g->d_clip, g->d_flag, g->stream);
     prof_end(g);
     ZT_CUDA_CHECK(cudaMemcpyAsync(&g->h_result[0], g->d_sumsq, sizeof(float), cudaMemcpyDeviceToHost, g->stream));
     ZT_CUDA_CHECK(cudaMemcpyAsync(&g->h_result[1], g->d_flag, sizeof(int), cudaMemcpyDeviceToHost, g->stream));
