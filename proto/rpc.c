@@ -1092,7 +1092,7 @@ int zt_rpc_channel_create(const struct zt_rpc_channel_options *opt, zt_rpc_chann
         grpc_shutdown();
         return rc;
     }
-    grpc_arg args[2 + ZT_TUNE_ARGS];
+    grpc_arg args[3 + ZT_TUNE_ARGS];
     int nargs = 0;
     memset(args, 0, sizeof(args));
     args[nargs].type = GRPC_ARG_INTEGER;
@@ -1102,6 +1102,13 @@ int zt_rpc_channel_create(const struct zt_rpc_channel_options *opt, zt_rpc_chann
         args[nargs].type = GRPC_ARG_STRING;
         args[nargs].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
         args[nargs++].value.string = (char *)opt->tls_server_name;
+    }
+    if (opt->own_connection) {
+        /* Channels otherwise share the connection (subchannel) of an earlier channel with equal arguments:
+         * several streams then go through one socket, read and written by one thread at a time. */
+        args[nargs].type = GRPC_ARG_INTEGER;
+        args[nargs].key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+        args[nargs++].value.integer = 1;
     }
     add_throughput_args(args, &nargs);
     grpc_channel_args chargs = {(size_t)nargs, args};

@@ -184,6 +184,8 @@ struct zt_rpc_channel_options {
     const char *tls_server_name; /* name to check the server certificate against instead of the target's host, or NULL */
     const char *token;         /* bearer token sent on every call, or NULL */
     size_t max_message_bytes;  /* receive limit per message; 0: ZT_RPC_DEFAULT_MAX_MESSAGE */
+    int own_connection;        /* 1: open a TCP connection of its own; 0: share one with the process's other
+                                * channels to the same target and options (gRPC's default) */
 };
 
 /* Creates a channel (connections are made lazily, on the first call). Returns 0 and *out, or a negative

@@ -4,9 +4,11 @@
  * for the first time there, as in a trainer's first step), then times REPS gradient pushes (fp32, 1 MiB
  * chunks) and REPS pulls of the whole shard (the buffer is filled with NaNs before, outside the timing),
  * checks that the pulls returned the pushed parameters, and prints "grpc push_gib_s=P pull_gib_s=Q
- * push_cpu_s_gib=A pull_cpu_s_gib=B mib=N reps=R push_top=... (see below)". A and B are the CPU
+ * push_cpu_s_gib=A pull_cpu_s_gib=B mib=N reps=R streams=K push_top=... (see below)". A and B are the CPU
  * seconds this client process (all its threads, gRPC's included) spent per GiB: on a shared machine they
  * move less with other processes' load than the throughput does, and they show the client's own copies.
+ * K is the number of concurrent streams the client splits each push and pull into (the client's default,
+ * from the core count, or ZT_STATE_STREAMS): the trainer's client is made the same way.
  *
  * The push_top, pull_top, server_push_top and server_pull_top fields name, for the push and the pull,
  * the busiest thread of the client and of the server (given its pid; "none" otherwise) as F:NAME: the
@@ -181,10 +183,10 @@ int main(int argc, char **argv)
     busiest_thread(0, &ct[2], &ct[3], t2 - t1b, tops[1], sizeof(tops[1]));
     busiest_thread(server, &st[0], &st[1], t1 - t0, tops[2], sizeof(tops[2]));
     busiest_thread(server, &st[2], &st[3], t2 - t1b, tops[3], sizeof(tops[3]));
-    printf("grpc push_gib_s=%.3f pull_gib_s=%.3f push_cpu_s_gib=%.3f pull_cpu_s_gib=%.3f mib=%s reps=%d "
+    printf("grpc push_gib_s=%.3f pull_gib_s=%.3f push_cpu_s_gib=%.3f pull_cpu_s_gib=%.3f mib=%s reps=%d streams=%d "
            "push_top=%s pull_top=%s server_push_top=%s server_pull_top=%s\n",
-           gib / (t1 - t0), gib / (t2 - t1b), (c1 - c0) / gib, (c2 - c1b) / gib, argv[2], reps, tops[0], tops[1],
-           server ? tops[2] : "none", server ? tops[3] : "none");
+           gib / (t1 - t0), gib / (t2 - t1b), (c1 - c0) / gib, (c2 - c1b) / gib, argv[2], reps,
+           zt_state_client_streams(c), tops[0], tops[1], server ? tops[2] : "none", server ? tops[3] : "none");
     zt_state_client_destroy(c);
     free(buf);
     return 0;

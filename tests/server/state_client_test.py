@@ -1,11 +1,13 @@
 """The worker's state-service client (worker/state/client.h) with real processes on loopback:
   1. embedded (one process playing both ranks, the core in process), one ztrain-server with two rank
-     processes, and two ztrain-servers sharing the run with two rank processes give bit-identical
-     parameters after 5 steps;
+     processes (one stream per push and pull), and two ztrain-servers sharing the run with two rank
+     processes (3 streams: block 0's shards go in 2 pieces on concurrent streams) give bit-identical
+     parameters after 5 steps; a bad ZT_STATE_STREAMS is refused with a message;
   2. fault test: kill -9 the server between steps and again in the middle of a push, restart it with
      --snapshot-dir; the ranks retry (logging "unavailable, retry"), learn that the server is back at
      its last snapshot, resume from there, and end with the parameters of the uninterrupted run. No
-     partial step is applied: the restarted server is exactly at the snapshot's step.
+     partial step is applied: the restarted server is exactly at the snapshot's step. The ranks use 2
+     streams here, so the interrupted push and the retries run on concurrent streams.
 The ranks are tests/server/state_rank (a line protocol on stdin/stdout), so every wait is a wait for a
 reply line, never a sleep. Every process is ended in a finally block.
 
@@ -31,8 +33,8 @@ STEPS = 5
 class Rank:
     """A state_rank process; its stderr is collected by a thread, so a test can wait for a log line."""
 
-    def __init__(self, binary, ranks, servers=None, snap_root=None):
-        argv = [binary, "--ranks", ranks]
+    def __init__(self, binary, ranks, servers=None, snap_root=None, streams=1):
+        argv = [binary, "--ranks", ranks, "--streams", str(streams)]
         if servers:
             argv += ["--servers", servers]
         if snap_root:
@@ -152,7 +154,7 @@ def main():
         s0 = server("two0", ["--server-index", "0", "--server-count", "2"])
         s1 = server("two1", ["--server-index", "1", "--server-count", "2"])
         targets = "127.0.0.1:%d,127.0.0.1:%d" % (s0.port, s1.port)
-        rs = [rank("0", servers=targets), rank("1", servers=targets)]
+        rs = [rank("0", servers=targets, streams=3), rank("1", servers=targets, streams=3)]
         all_ok(rs, "init")
         all_ok(rs, "pull 0")
         train(rs, 1, STEPS)
@@ -161,14 +163,19 @@ def main():
             r.stop()
         s0.stop()
         s1.stop()
-        check(read_dump(os.path.join(work, "two")) == ref, "2 servers, 2 rank processes: bit-identical to embedded")
+        check(read_dump(os.path.join(work, "two")) == ref,
+              "2 servers, 2 rank processes, 3 streams: bit-identical to embedded")
+        bad = subprocess.run([rank_bin, "--ranks", "0", "--servers", targets, "--streams", "0"], input="quit\n",
+                             capture_output=True, text=True, env=dict(os.environ, ZT_STATE_STREAMS="99"), timeout=30)
+        check(bad.returncode != 0 and "ZT_STATE_STREAMS=99" in bad.stderr,
+              "ZT_STATE_STREAMS=99 is refused, naming the variable (%r)" % bad.stderr.strip())
 
         # 4. faults: one server with snapshots on a fixed port, so a restarted server has the same address
         port = t.free_port()
         flags = ["--listen", "127.0.0.1:%d" % port, "--snapshot-dir", os.path.join(work, "snap")]
         srv = server("fault1", flags)
         target = "127.0.0.1:%d" % port
-        rs = [rank("0", servers=target), rank("1", servers=target)]
+        rs = [rank("0", servers=target, streams=2), rank("1", servers=target, streams=2)]
         all_ok(rs, "init")
         all_ok(rs, "pull 0")
         train(rs, 1, 3, save_at=2)  # snapshot at 2, step 3 only in memory

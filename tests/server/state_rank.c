@@ -12,7 +12,10 @@
  *   quit
  * Any other failure replies "err MESSAGE".
  *
- * usage: state_rank --ranks 0,1 [--servers host:port,...] [--snap-root DIR] */
+ * --streams N: concurrent streams per push and pull (zt_state_client_options.streams; 0, the default, takes
+ * ZT_STATE_STREAMS or the core count). With 1 KiB chunks, N >= 2 splits the pushes and pulls of block 0.
+ *
+ * usage: state_rank --ranks 0,1 [--servers host:port,...] [--snap-root DIR] [--streams N] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -155,6 +158,7 @@ static int do_dump(const char *prefix, zt_err *err)
 int main(int argc, char **argv)
 {
     const char *servers = NULL, *snap_root = NULL, *rank_list = "0";
+    int streams = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--servers") == 0)
             servers = argv[i + 1];
@@ -162,6 +166,8 @@ int main(int argc, char **argv)
             rank_list = argv[i + 1];
         else if (strcmp(argv[i], "--snap-root") == 0)
             snap_root = argv[i + 1];
+        else if (strcmp(argv[i], "--streams") == 0)
+            streams = atoi(argv[i + 1]);
     }
     for (const char *p = rank_list; *p && nranks < W; p++)
         if (*p >= '0' && *p < '0' + W)
@@ -170,7 +176,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < nranks; i++)
             params[b][i] = calloc(shard_n(b), sizeof(float));
     struct zt_state_client_options opt = {.servers = servers, .backoff_s = 0.05, .max_retries = 8,
-                                          .timeout_s = 20.0, .chunk_bytes = 1024};
+                                          .timeout_s = 20.0, .chunk_bytes = 1024, .streams = streams};
     opt.embedded.threads = 1;
     zt_err err = {{0}};
     if (zt_state_client_create(&opt, &client, &err) != 0) {

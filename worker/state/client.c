@@ -1,13 +1,17 @@
 /* The worker's state-service client (see client.h): the step protocol over S ztrain-server processes via
- * proto/rpc.h, with retries on UNAVAILABLE, or over an in-process state server core (embedded mode). */
+ * proto/rpc.h, with retries on UNAVAILABLE, or over an in-process state server core (embedded mode).
+ * Large pushes and pulls are split into pieces sent on concurrent streams ("lanes"): lane 0 is the calling
+ * thread, lanes 1.. are threads of a small pool, each with its own channel (TCP connection) per server. */
 #include "worker/state/client.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "proto/rpc.h"
@@ -17,15 +21,62 @@
 #define SVC "/ztrain.v1.StateService/"
 #define MAX_RUNS 16
 
+/* Streams used when neither the options nor ZT_STATE_STREAMS say: a quarter of the cores, at most this. */
+#define DEFAULT_STREAMS_MAX 4
+/* A piece of a split transfer is at least this many chunks (smaller shards go on one stream). */
+#define PIECE_MIN_CHUNKS 4
+
 struct remote {
     char *target;            /* "host:port" */
-    zt_rpc_channel_t *ch;
+    zt_rpc_channel_t *ch[ZT_STATE_CLIENT_MAX_STREAMS]; /* one channel per lane; lanes 1.. own their connection */
 };
 
-/* The world size of each run registered through this client: the owner mapping needs it. */
+/* The world size and parameter dtype of each run registered through this client: the owner mapping and
+ * the split of pulls need them. */
 struct run_entry {
     char id[ZT_SERVER_RUN_ID_MAX];
     int world_size;
+    enum zt_dtype param_dtype;
+};
+
+/* One piece of a push or pull: a contiguous range of one shard, sent on one lane's stream. */
+struct piece {
+    int lane;
+    int pull;                /* 1: PullParams, 0: a push */
+    int server;
+    const char *method;      /* push: SVC "PushParams" or SVC "PushGradients" */
+    const char *run;
+    int64_t step;
+    int block, shard;
+    Ztrain__V1__DType dtype; /* push: the wire dtype */
+    size_t es;               /* bytes per element */
+    uint64_t first;          /* the piece's first element in the shard */
+    uint64_t n;              /* its elements */
+    const uint8_t *src;      /* push: the piece's first byte */
+    uint8_t *dst;            /* pull: where its first element goes */
+    int code;                /* result: the final gRPC code ... */
+    struct zt_rpc_status st; /* ... and status */
+};
+
+struct zt_state_client;
+
+/* The argument of one pool thread. */
+struct lane_arg {
+    struct zt_state_client *c;
+    int lane;
+};
+
+/* The threads of lanes 1..nthreads, started on the first split transfer. */
+struct lane_pool {
+    int nthreads;            /* started */
+    pthread_t th[ZT_STATE_CLIENT_MAX_STREAMS];
+    struct lane_arg arg[ZT_STATE_CLIENT_MAX_STREAMS];
+    pthread_mutex_t mu;
+    pthread_cond_t work;     /* a job was posted, or quit */
+    pthread_cond_t done;     /* busy reached 0 */
+    struct piece *job[ZT_STATE_CLIENT_MAX_STREAMS]; /* the piece of each lane, NULL when idle */
+    int busy;                /* lanes still working on the current transfer */
+    int quit;
 };
 
 struct zt_state_client {
@@ -36,6 +87,9 @@ struct zt_state_client {
     double backoff_s;
     double timeout_s;
     size_t chunk_bytes;
+    int streams;             /* lanes per server, 1 to ZT_STATE_CLIENT_MAX_STREAMS */
+    struct lane_pool pool;
+    pthread_mutex_t hook_mu; /* one hook call at a time */
     int64_t server_step;     /* see zt_state_client_server_step */
     struct run_entry runs[MAX_RUNS];
     int nruns;
@@ -77,10 +131,41 @@ static int parse_servers(zt_state_client_t *c, const char *list, zt_err *err)
     return rc;
 }
 
+/* The number of lanes: opt->streams, else ZT_STATE_STREAMS, else a quarter of the online cores (1 to
+ * DEFAULT_STREAMS_MAX). Returns it, or a negative code with a message for a value out of range. */
+static int choose_streams(int asked, zt_err *err)
+{
+    if (asked == 0) {
+        const char *env = getenv("ZT_STATE_STREAMS");
+        if (env != NULL && env[0] != '\0') {
+            char *end;
+            long v = strtol(env, &end, 10);
+            if (*end != '\0' || v < 1 || v > ZT_STATE_CLIENT_MAX_STREAMS)
+                return zt_fail(err, ZT_EINVAL_CONFIG, "ZT_STATE_STREAMS=%s: give a number of streams from 1 to %d",
+                               env, ZT_STATE_CLIENT_MAX_STREAMS);
+            return (int)v;
+        }
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long v = cores / 4;
+        return v < 1 ? 1 : v > DEFAULT_STREAMS_MAX ? DEFAULT_STREAMS_MAX : (int)v;
+    }
+    if (asked < 1 || asked > ZT_STATE_CLIENT_MAX_STREAMS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "state client: %d streams; give 1 to %d (or 0 for the default)", asked,
+                       ZT_STATE_CLIENT_MAX_STREAMS);
+    return asked;
+}
+
 int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_client_t **out, zt_err *err)
 {
     *out = NULL;
+    int streams = choose_streams(opt->streams, err);
+    if (streams < 0)
+        return streams;
     zt_state_client_t *c = zt_xcalloc(1, sizeof(*c));
+    pthread_mutex_init(&c->pool.mu, NULL);
+    pthread_cond_init(&c->pool.work, NULL);
+    pthread_cond_init(&c->pool.done, NULL);
+    pthread_mutex_init(&c->hook_mu, NULL);
     c->max_retries = opt->max_retries > 0 ? opt->max_retries : 8;
     c->backoff_s = opt->backoff_s > 0 ? opt->backoff_s : 0.1;
     c->timeout_s = opt->timeout_s > 0 ? opt->timeout_s : 120.0;
@@ -92,19 +177,24 @@ int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_c
     int rc;
     if (opt->servers == NULL || opt->servers[0] == '\0') {
         c->n = 1;
+        c->streams = 1;
         rc = zt_server_core_create(&c->core, &opt->embedded, err);
     } else {
+        c->streams = streams;
         rc = parse_servers(c, opt->servers, err);
         for (int i = 0; rc == 0 && i < c->n; i++) {
-            struct zt_rpc_channel_options co = {
-                .target = c->srv[i].target,
-                .tls_ca_file = opt->tls_ca_file,
-                .tls_cert_file = opt->tls_cert_file,
-                .tls_key_file = opt->tls_key_file,
-                .tls_server_name = opt->tls_server_name,
-                .token = opt->token,
-            };
-            rc = zt_rpc_channel_create(&co, &c->srv[i].ch, err);
+            for (int lane = 0; rc == 0 && lane < c->streams; lane++) {
+                struct zt_rpc_channel_options co = {
+                    .target = c->srv[i].target,
+                    .tls_ca_file = opt->tls_ca_file,
+                    .tls_cert_file = opt->tls_cert_file,
+                    .tls_key_file = opt->tls_key_file,
+                    .tls_server_name = opt->tls_server_name,
+                    .token = opt->token,
+                    .own_connection = lane > 0,
+                };
+                rc = zt_rpc_channel_create(&co, &c->srv[i].ch[lane], err);
+            }
         }
     }
     if (rc != 0) {
@@ -119,18 +209,34 @@ void zt_state_client_destroy(zt_state_client_t *c)
 {
     if (c == NULL)
         return;
+    pthread_mutex_lock(&c->pool.mu);
+    c->pool.quit = 1;
+    pthread_cond_broadcast(&c->pool.work);
+    pthread_mutex_unlock(&c->pool.mu);
+    for (int i = 0; i < c->pool.nthreads; i++)
+        pthread_join(c->pool.th[i], NULL);
     for (int i = 0; c->srv != NULL && i < c->n; i++) {
-        zt_rpc_channel_destroy(c->srv[i].ch);
+        for (int lane = 0; lane < ZT_STATE_CLIENT_MAX_STREAMS; lane++)
+            zt_rpc_channel_destroy(c->srv[i].ch[lane]);
         free(c->srv[i].target);
     }
     free(c->srv);
     zt_server_core_destroy(c->core);
+    pthread_mutex_destroy(&c->pool.mu);
+    pthread_cond_destroy(&c->pool.work);
+    pthread_cond_destroy(&c->pool.done);
+    pthread_mutex_destroy(&c->hook_mu);
     free(c);
 }
 
 int zt_state_client_nservers(const zt_state_client_t *c)
 {
     return c->n;
+}
+
+int zt_state_client_streams(const zt_state_client_t *c)
+{
+    return c->streams;
 }
 
 zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c)
@@ -151,21 +257,22 @@ void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *, in
 
 /* ---- helpers ---- */
 
-static int world_size_of(zt_state_client_t *c, const char *run, zt_err *err)
+static const struct run_entry *run_of(zt_state_client_t *c, const char *run, zt_err *err)
 {
     for (int i = 0; i < c->nruns; i++)
         if (strcmp(c->runs[i].id, run) == 0)
-            return c->runs[i].world_size;
-    return zt_fail(err, ZT_ESTATE, "run %s was not registered through this client; call zt_state_client_register first",
-                   run);
+            return &c->runs[i];
+    zt_fail(err, ZT_ESTATE, "run %s was not registered through this client; call zt_state_client_register first",
+            run);
+    return NULL;
 }
 
 static int owner_of(zt_state_client_t *c, const char *run, int block, int shard, zt_err *err)
 {
-    int w = world_size_of(c, run, err);
-    if (w < 0)
-        return w;
-    return zt_server_owner(run, block, shard, w, c->n);
+    const struct run_entry *r = run_of(c, run, err);
+    if (r == NULL)
+        return ZT_ESTATE;
+    return zt_server_owner(run, block, shard, r->world_size, c->n);
 }
 
 /* Decides whether a call that ended with `code` is tried again; if so, logs and waits the backoff. */
@@ -214,7 +321,7 @@ static int unary(zt_state_client_t *c, int server, const char *method, const Pro
     void *buf = pack(req, &len);
     int code;
     for (int attempt = 0;; attempt++) {
-        code = zt_rpc_unary(c->srv[server].ch, method, buf, len, c->timeout_s, 0, resp, resp_len, st);
+        code = zt_rpc_unary(c->srv[server].ch[0], method, buf, len, c->timeout_s, 0, resp, resp_len, st);
         if (!should_retry(c, server, code, attempt, st))
             break;
     }
@@ -269,7 +376,8 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
         if (c->nruns == MAX_RUNS)
             return zt_fail(err, ZT_ENOMEM, "a state client serves at most %d runs", MAX_RUNS);
         snprintf(c->runs[c->nruns].id, sizeof(c->runs[c->nruns].id), "%s", desc->run_id);
-        c->runs[c->nruns++].world_size = desc->world_size;
+        c->runs[c->nruns].world_size = desc->world_size;
+        c->runs[c->nruns++].param_dtype = desc->param_dtype;
     }
     if (c->core != NULL) {
         zt_server_run_info info;
@@ -368,25 +476,35 @@ static size_t put_push_chunk_head(uint8_t *p, uint64_t offset, size_t len)
     return h + n;
 }
 
-/* One attempt at a whole push stream. Returns the gRPC code with st filled. */
-static int push_once(zt_state_client_t *c, int server, const char *method, const char *run, int64_t step, int block,
-                     int shard, Ztrain__V1__DType dtype, const uint8_t *data, uint64_t bytes,
-                     struct zt_rpc_status *st)
+/* Runs the chunk hook, one call at a time (pieces send from several threads). */
+static void call_hook(zt_state_client_t *c, int block, int shard, uint64_t bytes_sent)
+{
+    pthread_mutex_lock(&c->hook_mu);
+    if (c->hook != NULL)
+        c->hook(c->hook_user, block, shard, bytes_sent);
+    pthread_mutex_unlock(&c->hook_mu);
+}
+
+/* One attempt at a push stream of one piece (the elements [p->first, p->first + p->n) of the shard).
+ * Returns the gRPC code with st filled. */
+static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
     zt_rpc_stream_t *s = NULL;
     zt_err e = {{0}};
-    if (zt_rpc_stream_start(c->srv[server].ch, method, c->timeout_s, 0, &s, &e) != 0) {
+    if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], p->method, c->timeout_s, 0, &s, &e) != 0) {
         st->code = ZT_RPC_INTERNAL;
         snprintf(st->msg, sizeof(st->msg), "%s", e.msg);
         return st->code;
     }
+    uint64_t bytes = p->n * p->es, base = p->first * p->es;
     Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
-    h.run = (char *)run;
-    h.step = step;
-    h.block = block;
-    h.shard = shard;
-    h.dtype = dtype;
+    h.run = (char *)p->run;
+    h.step = p->step;
+    h.block = p->block;
+    h.shard = p->shard;
+    h.dtype = p->dtype;
     h.total_bytes = bytes;
+    h.offset = p->first;
     Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
     m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
     m.header = &h;
@@ -400,10 +518,10 @@ static int push_once(zt_state_client_t *c, int server, const char *method, const
          * frees (no protobuf-c pack, no copy into a slice). */
         uint8_t *msg = zt_xmalloc(PUSH_CHUNK_HEAD_MAX + n);
         size_t hlen = put_push_chunk_head(msg, at, n);
-        memcpy(msg + hlen, data + at, n);
+        memcpy(msg + hlen, p->src + at, n);
         ok = zt_rpc_stream_send_owned(s, msg, hlen + n) == 0;
         if (ok && c->hook != NULL)
-            c->hook(c->hook_user, block, shard, at + n);
+            call_hook(c, p->block, p->shard, base + at + n);
     }
     if (ok)
         zt_rpc_stream_close_send(s);
@@ -418,25 +536,147 @@ static int push_once(zt_state_client_t *c, int server, const char *method, const
     return code;
 }
 
+static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st);
+
+/* Moves one piece with retries on UNAVAILABLE (a retried push sends the whole piece again: the server
+ * overwrites what an interrupted attempt left) and stores the outcome in p->code and p->st. */
+static void run_piece(zt_state_client_t *c, struct piece *p)
+{
+    for (int attempt = 0;; attempt++) {
+        p->code = p->pull ? pull_once(c, p, &p->st) : push_once(c, p, &p->st);
+        if (!should_retry(c, p->server, p->code, attempt, &p->st))
+            break;
+    }
+}
+
+/* The loop of the pool thread of one lane: waits for a piece, moves it, reports, until the client ends. */
+static void *lane_main(void *arg)
+{
+    struct lane_arg *a = arg;
+    struct lane_pool *pool = &a->c->pool;
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        while (!pool->quit && pool->job[a->lane] == NULL)
+            pthread_cond_wait(&pool->work, &pool->mu);
+        if (pool->quit)
+            break;
+        struct piece *p = pool->job[a->lane];
+        pthread_mutex_unlock(&pool->mu);
+        run_piece(a->c, p);
+        pthread_mutex_lock(&pool->mu);
+        pool->job[a->lane] = NULL;
+        if (--pool->busy == 0)
+            pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+/* Starts the pool threads of lanes 1..streams-1 once. A thread that cannot start leaves its lane to the
+ * calling thread (run_pieces runs such pieces itself, one after the other). */
+static void start_pool(zt_state_client_t *c)
+{
+    if (c->pool.nthreads > 0)
+        return;
+    for (int lane = 1; lane < c->streams; lane++) {
+        c->pool.arg[c->pool.nthreads] = (struct lane_arg){.c = c, .lane = lane};
+        if (pthread_create(&c->pool.th[c->pool.nthreads], NULL, lane_main, &c->pool.arg[c->pool.nthreads]) != 0) {
+            ZT_WARN("state client: cannot start a thread for stream %d of %d; the calling thread sends its pieces",
+                    lane + 1, c->streams);
+            break;
+        }
+        c->pool.nthreads++;
+    }
+}
+
+/* Moves pieces[0..k) at the same time: piece i on lane i, piece 0 on the calling thread. Returns when all
+ * are done. */
+static void run_pieces(zt_state_client_t *c, struct piece *pieces, int k)
+{
+    if (k > 1)
+        start_pool(c);
+    int posted = k - 1 < c->pool.nthreads ? k - 1 : c->pool.nthreads; /* lanes 1..posted have threads */
+    if (posted > 0) {
+        pthread_mutex_lock(&c->pool.mu);
+        for (int i = 1; i <= posted; i++)
+            c->pool.job[i] = &pieces[i];
+        c->pool.busy = posted;
+        pthread_cond_broadcast(&c->pool.work);
+        pthread_mutex_unlock(&c->pool.mu);
+    }
+    run_piece(c, &pieces[0]);
+    for (int i = posted + 1; i < k; i++)
+        run_piece(c, &pieces[i]);
+    if (posted > 0) {
+        pthread_mutex_lock(&c->pool.mu);
+        while (c->pool.busy > 0)
+            pthread_cond_wait(&c->pool.done, &c->pool.mu);
+        pthread_mutex_unlock(&c->pool.mu);
+    }
+}
+
+/* Splits n elements into at most c->streams contiguous pieces of whole granules (the last piece may end
+ * short), each at least PIECE_MIN_CHUNKS granules, and fills pieces[i].first, .n and .lane. A granule is
+ * one chunk (granule elements), so a piece's chunks are the chunks one stream would send. Returns the
+ * number of pieces (1 for a shard too small to split, also for n = 0). */
+static int split_pieces(const zt_state_client_t *c, uint64_t n, uint64_t granule, struct piece *pieces)
+{
+    uint64_t k = (uint64_t)c->streams;
+    if (n / (PIECE_MIN_CHUNKS * granule) < k)
+        k = n / (PIECE_MIN_CHUNKS * granule);
+    uint64_t per = n;
+    if (k > 1) {
+        per = (n + k - 1) / k;
+        per = (per + granule - 1) / granule * granule;
+        k = (n + per - 1) / per;
+    } else {
+        k = 1;
+    }
+    for (uint64_t i = 0; i < k; i++) {
+        pieces[i].lane = (int)i;
+        pieces[i].first = i * per;
+        pieces[i].n = i + 1 < k ? per : n - i * per;
+    }
+    return (int)k;
+}
+
+/* The index of the first piece that failed, or -1 when all succeeded. */
+static int first_failed(const struct piece *pieces, int k)
+{
+    for (int i = 0; i < k; i++)
+        if (pieces[i].code != ZT_RPC_OK)
+            return i;
+    return -1;
+}
+
 static int push_remote(zt_state_client_t *c, const char *method, const char *run, int64_t step, int block, int shard,
-                       Ztrain__V1__DType dtype, const void *data, uint64_t bytes, zt_err *err)
+                       Ztrain__V1__DType dtype, size_t es, const void *data, uint64_t n, zt_err *err)
 {
     int server = owner_of(c, run, block, shard, err);
     if (server < 0)
         return server;
     c->server_step = -1;
-    struct zt_rpc_status st;
-    int code;
-    /* A retry sends the whole shard again: the server overwrites what an interrupted attempt left. */
-    for (int attempt = 0;; attempt++) {
-        code = push_once(c, server, method, run, step, block, shard, dtype, data, bytes, &st);
-        if (!should_retry(c, server, code, attempt, &st))
-            break;
+    struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
+    memset(pieces, 0, sizeof(pieces));
+    int k = split_pieces(c, n, c->chunk_bytes / es, pieces);
+    for (int i = 0; i < k; i++) {
+        struct piece *p = &pieces[i];
+        p->server = server;
+        p->method = method;
+        p->run = run;
+        p->step = step;
+        p->block = block;
+        p->shard = shard;
+        p->dtype = dtype;
+        p->es = es;
+        p->src = (const uint8_t *)data + p->first * es;
     }
-    if (code == ZT_RPC_OK)
+    run_pieces(c, pieces, k);
+    int bad = first_failed(pieces, k);
+    if (bad < 0)
         return 0;
-    return step > 0 ? step_refused(c, server, run, step, method + strlen(SVC), &st, err)
-                    : rpc_fail(c, server, method + strlen(SVC), &st, err);
+    return step > 0 ? step_refused(c, server, run, step, method + strlen(SVC), &pieces[bad].st, err)
+                    : rpc_fail(c, server, method + strlen(SVC), &pieces[bad].st, err);
 }
 
 int zt_state_client_push_params(zt_state_client_t *c, const char *run, int block, int shard, const float *data,
@@ -446,7 +686,7 @@ int zt_state_client_push_params(zt_state_client_t *c, const char *run, int block
         zt_server_chunk ch = {.block = block, .shard = shard, .offset = 0, .n = n, .dtype = ZT_DTYPE_F32, .data = data};
         return zt_server_core_push_params(c->core, run, &ch, err);
     }
-    return push_remote(c, SVC "PushParams", run, 0, block, shard, ZTRAIN__V1__DTYPE__DTYPE_F32, data, n * 4, err);
+    return push_remote(c, SVC "PushParams", run, 0, block, shard, ZTRAIN__V1__DTYPE__DTYPE_F32, 4, data, n, err);
 }
 
 int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
@@ -459,7 +699,7 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
     Ztrain__V1__DType wire = dtype == ZT_DTYPE_F16    ? ZTRAIN__V1__DTYPE__DTYPE_F16
                              : dtype == ZT_DTYPE_BF16 ? ZTRAIN__V1__DTYPE__DTYPE_BF16
                                                       : ZTRAIN__V1__DTYPE__DTYPE_F32;
-    return push_remote(c, SVC "PushGradients", run, step, block, shard, wire, data, n * zt_dtype_size(dtype), err);
+    return push_remote(c, SVC "PushGradients", run, step, block, shard, wire, zt_dtype_size(dtype), data, n, err);
 }
 
 /* ---- commit ---- */
@@ -544,12 +784,16 @@ static int parse_param_chunk(const struct zt_rpc_part *parts, size_t nparts, siz
     return 0;
 }
 
-static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t step, int block, int shard,
-                     uint64_t offset, uint64_t n, uint8_t *out, struct zt_rpc_status *st)
+/* One attempt at a PullParams stream of one piece: elements [p->first, p->first + p->n) of the shard
+ * into p->dst. Returns the gRPC code with st filled. */
+static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
+    const int block = p->block, shard = p->shard;
+    const uint64_t offset = p->first, n = p->n;
+    uint8_t *out = p->dst;
     zt_rpc_stream_t *s = NULL;
     zt_err e = {{0}};
-    if (zt_rpc_stream_start(c->srv[server].ch, SVC "PullParams", c->timeout_s, 0, &s, &e) != 0) {
+    if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], SVC "PullParams", c->timeout_s, 0, &s, &e) != 0) {
         st->code = ZT_RPC_INTERNAL;
         snprintf(st->msg, sizeof(st->msg), "%s", e.msg);
         return st->code;
@@ -561,8 +805,8 @@ static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t 
     range.count = n;
     Ztrain__V1__PullRange *rp = &range;
     Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
-    req.run = (char *)run;
-    req.step = step;
+    req.run = (char *)p->run;
+    req.step = p->step;
     req.n_ranges = 1;
     req.ranges = &rp;
     size_t len;
@@ -583,7 +827,7 @@ static int pull_once(zt_state_client_t *c, int server, const char *run, int64_t 
                                                                        : ZT_DTYPE_F32;
         size_t es = zt_dtype_size(dt);
         size_t clen = ch.data.left;
-        if (!valid || ch.block != block || ch.shard != shard || ch.offset < offset || clen % es != 0 ||
+        if (!valid || es != p->es || ch.block != block || ch.shard != shard || ch.offset < offset || clen % es != 0 ||
             ch.offset - offset > n || clen / es > n - (ch.offset - offset)) {
             bad = "a ParamChunk that is not valid protobuf or lies outside the requested range";
             break;
@@ -605,17 +849,30 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
     if (c->core != NULL)
         return zt_server_core_pull(c->core, run, step, block, shard, offset, n, out,
                                    (int)(c->timeout_s * 1000.0), err);
-    int server = owner_of(c, run, block, shard, err);
-    if (server < 0)
-        return server;
-    struct zt_rpc_status st;
-    int code;
-    for (int attempt = 0;; attempt++) {
-        code = pull_once(c, server, run, step, block, shard, offset, n, out, &st);
-        if (!should_retry(c, server, code, attempt, &st))
-            break;
+    const struct run_entry *r = run_of(c, run, err);
+    if (r == NULL)
+        return ZT_ESTATE;
+    int server = zt_server_owner(run, block, shard, r->world_size, c->n);
+    size_t es = zt_dtype_size(r->param_dtype);
+    struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
+    memset(pieces, 0, sizeof(pieces));
+    /* Pieces of whole chunks of chunk_bytes (1 MiB by default, the size of the server's ParamChunks). */
+    int k = split_pieces(c, n, c->chunk_bytes / es, pieces);
+    for (int i = 0; i < k; i++) {
+        struct piece *p = &pieces[i];
+        p->pull = 1;
+        p->server = server;
+        p->run = run;
+        p->step = step;
+        p->block = block;
+        p->shard = shard;
+        p->es = es;
+        p->dst = (uint8_t *)out + p->first * es;
+        p->first += offset;
     }
-    return code == ZT_RPC_OK ? 0 : rpc_fail(c, server, "PullParams", &st, err);
+    run_pieces(c, pieces, k);
+    int bad = first_failed(pieces, k);
+    return bad < 0 ? 0 : rpc_fail(c, server, "PullParams", &pieces[bad].st, err);
 }
 
 /* ---- snapshots ---- */

@@ -15,6 +15,12 @@
  * zt_state_client_server_step), and the caller resumes the run from there (pull the parameters of that
  * step, recompute, push again). Nothing of a step is applied on a server until its commit.
  *
+ * Parallelism: a push or pull of a large shard is split into up to `streams` contiguous pieces (whole
+ * chunks, at least 4 chunks each) that go to the owner at the same time, each on its own stream, TCP
+ * connection and thread (the calling thread takes the first piece, a small pool of threads started on the
+ * first split transfer takes the others). The bytes stored and returned are the same as with one stream;
+ * each piece is retried on its own (a piece is an idempotent overwrite of its range).
+ *
  * Threading: one client per rank, used from one thread at a time. */
 #ifndef ZT_WORKER_STATE_CLIENT_H
 #define ZT_WORKER_STATE_CLIENT_H
@@ -27,6 +33,9 @@
 
 typedef struct zt_state_client zt_state_client_t;
 
+/* The most concurrent streams one push or pull may use (zt_state_client_options.streams). */
+#define ZT_STATE_CLIENT_MAX_STREAMS 8
+
 struct zt_state_client_options {
     const char *servers;        /* "host:port,host:port,..." (--servers), or NULL / "" for embedded mode */
     const char *token;          /* bearer token sent on every call, or NULL */
@@ -38,6 +47,9 @@ struct zt_state_client_options {
     double backoff_s;           /* wait before the first retry, doubled after each; 0: 0.1 s */
     double timeout_s;           /* deadline of every call; 0: 120 s */
     size_t chunk_bytes;         /* bytes per pushed chunk; 0: 1 MiB (the protocol's maximum) */
+    int streams;                /* concurrent streams per push or pull of one shard (1 to ZT_STATE_CLIENT_MAX_STREAMS);
+                                 * 0: ZT_STATE_STREAMS from the environment, else a quarter of the online
+                                 * cores, 1 to 4 */
     zt_server_core_options embedded; /* embedded mode: the options of the in-process core */
 };
 
@@ -52,6 +64,9 @@ void zt_state_client_destroy(zt_state_client_t *c);
 
 /* The number of servers S (1 in embedded mode). */
 int zt_state_client_nservers(const zt_state_client_t *c);
+
+/* The number of concurrent streams a push or pull of a large shard uses (1 in embedded mode). */
+int zt_state_client_streams(const zt_state_client_t *c);
 
 /* The in-process core in embedded mode (for snapshots and tests), or NULL with remote servers. */
 zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c);
@@ -90,7 +105,8 @@ int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const c
 int64_t zt_state_client_server_step(const zt_state_client_t *c);
 
 /* For tests: fn(user, block, shard, bytes_sent) runs after every chunk a push sends (to stop a rank in
- * the middle of a push). NULL removes it. */
+ * the middle of a push); bytes_sent is where the chunk ends in the shard's bytes. With several streams it
+ * runs on the thread that sent the chunk, one call at a time. NULL removes it. */
 void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *user, int block, int shard,
                                                                         uint64_t bytes_sent), void *user);
 
