@@ -554,6 +554,9 @@ static void *lane_main(void *arg)
 {
     struct lane_arg *a = arg;
     struct lane_pool *pool = &a->c->pool;
+    char name[16];
+    snprintf(name, sizeof(name), "zt-state-lane%d", a->lane);
+    pthread_setname_np(pthread_self(), name); /* shown by top -H and the state bench's thread report */
     pthread_mutex_lock(&pool->mu);
     for (;;) {
         while (!pool->quit && pool->job[a->lane] == NULL)
