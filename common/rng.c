@@ -53,13 +53,18 @@ double zt_rng_uniform(zt_rng *r)
     return (double)(zt_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+double zt_rng_normal_from(double u1, double u2)
+{
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
 double zt_rng_normal(zt_rng *r)
 {
     double u1 = zt_rng_uniform(r);
     double u2 = zt_rng_uniform(r);
-    if (u1 < 1e-300)
-        u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    return zt_rng_normal_from(u1, u2);
 }
 
 void zt_rng_shuffle_u64(zt_rng *r, uint64_t *idx, uint64_t n)

@@ -18,6 +18,10 @@ uint64_t zt_rng_below(zt_rng *r, uint64_t n);
 double zt_rng_uniform(zt_rng *r);
 /* Standard normal (Box-Muller, no cached second value so that the state alone defines the stream). */
 double zt_rng_normal(zt_rng *r);
+/* The Box-Muller transform zt_rng_normal applies to its two uniforms u1, u2 (drawn in that order), so
+ * that callers can draw the uniforms in order and transform them elsewhere (for example on several
+ * threads) and get the same values. */
+double zt_rng_normal_from(double u1, double u2);
 /* Fisher-Yates shuffle of idx[0..n). */
 void zt_rng_shuffle_u64(zt_rng *r, uint64_t *idx, uint64_t n);
 

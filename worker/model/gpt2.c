@@ -20,10 +20,12 @@
 
 #include "common/fileio.h"      /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"        /* strict reading of config.json */
+#include "common/log.h"         /* the initialisation of a large model is logged */
 #include "common/rng.h"         /* deterministic initialisation */
 #include "common/safetensors.h" /* export and import */
 #include "kernels/activation.h" /* GELU (tanh form) */
 #include "kernels/attention.h"  /* causal self-attention */
+#include "kernels/cpu_threads.h" /* threads for the initialisation */
 #include "kernels/crossentropy.h"
 #include "kernels/embedding.h" /* token + position embedding */
 #include "kernels/layernorm.h"
@@ -585,11 +587,23 @@ static size_t carve_acts(zt_gpt2 *m, float *base)
     return used;
 }
 
-/* Writes normal(0, std) values from r into x[0..n). */
-static void fill_normal(zt_rng *r, float *x, size_t n, double std)
+#define INIT_CHUNK ((size_t)1 << 20) /* normals drawn per round of fill_normal */
+
+/* Writes normal(0, std) values from r into x[0..n): the values zt_rng_normal would give one by one. The
+ * uniforms are drawn in order on this thread (cheap) into u (2 * INIT_CHUNK doubles), and the Box-Muller
+ * transform (log, sqrt, cos: most of the cost) runs on the CPU kernels' threads, each element on its own:
+ * the result does not depend on the thread count. */
+static void fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
 {
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(std * zt_rng_normal(r));
+    for (size_t done = 0; done < n; done += INIT_CHUNK) {
+        const size_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
+        for (size_t i = 0; i < 2 * k; i++)
+            u[i] = zt_rng_uniform(r);
+        float *y = x + done;
+#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
+        for (size_t i = 0; i < k; i++)
+            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
+    }
 }
 
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the
@@ -598,6 +612,7 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
 {
     zt_rng r;
     zt_rng_seed(&r, seed);
+    double *u = zt_xmalloc(2 * INIT_CHUNK * sizeof *u);
     const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
@@ -611,9 +626,10 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
             memset(x, 0, t->numel * sizeof *x); /* biases and layer-norm biases */
         } else {
             bool residual = strstr(t->name, "c_proj.weight") != NULL;
-            fill_normal(&r, x, t->numel, residual ? residual_std : std);
+            fill_normal(&r, x, t->numel, residual ? residual_std : std, u);
         }
     }
+    free(u);
 }
 
 /* Creates a model with room for batches up to B x T (T <= n_positions), parameters initialised from seed.
@@ -674,6 +690,9 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
         goto err;
     }
     ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
+    if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
+        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)",
+               (double)m->num_params / 1e6, (unsigned long long)seed, zt_cpu_get_threads());
     init_params(m, seed);
     *out = m;
     return 0;
