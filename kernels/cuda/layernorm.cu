@@ -1,18 +1,21 @@
 /* Layer normalisation on the GPU (kernels/layernorm.h): one warp per row, 16-byte loads, fp32 math.
  *
- * Backward: each warp keeps its own fp32 running sums of dweight and dbias (its lanes own fixed
- * channels, rows arrive in a fixed order): in registers where a row is at most LN_REG_MAX_VECS 16-byte
- * vectors per lane (C <= 2048 in 16-bit types, C <= 1024 in fp32), otherwise in shared memory. At the
- * end a block adds its warps' sums in warp order and writes one partial row to scratch, and a second
- * kernel adds the blocks' partial rows in a fixed order. The grid depends on N, C and the dtype alone,
- * so the result is the same bits on every run and every GPU. */
+ * Backward, rows of at most LN_ROW_MAX_VECS 16-byte vectors per lane (C <= 2048 in 16-bit types, C <= 1024
+ * in fp32): two kernels. The column sums of dweight and dbias run over a fixed grid of column strips and
+ * row slices (a function of N and C alone); each slice writes one partial row to scratch. Then the input
+ * gradient, one warp per row with the row in registers. Wider rows: one kernel in which each warp keeps
+ * fp32 running sums of dweight and dbias in shared memory over the rows it sees, and each block writes
+ * its warps' sums, added in warp order, as one partial row. Either way a last kernel adds the partial rows
+ * in a fixed order, so the result is the same bits on every run and every GPU. */
 #include "kernels/cuda/cuda_utils.cuh"
 #include "kernels/layernorm.h"
 
 #define LN_BWD_BLOCKS 256        /* fixed, for determinism across GPUs */
-#define LN_REG_WARPS 4           /* warps per block of the register kernel */
-#define LN_REG_SMS 132           /* the grid is a multiple of an H100/H200's SM count (a constant) */
-#define LN_REG_MAX_VECS 8        /* 16-byte vectors per lane and row the register kernel handles */
+#define LN_ROW_WARPS 4           /* rows (warps) per block of the input-gradient kernel */
+#define LN_ROW_MAX_VECS 8        /* 16-byte vectors per lane and row the input-gradient kernel handles */
+#define LN_COL_WARPS 4           /* warps per block of the weight/bias column sums */
+#define LN_COL_SLICES 128        /* at most this many row slices of the column sums */
+#define LN_COL_MIN_ROWS 64       /* and at least this many rows in each */
 #define LN_RED_ROWS 8            /* the reduce kernel: partial rows summed side by side */
 #define LN_MAX_C 6144            /* one warp's dweight+dbias sums must fit in 48 KiB of shared memory */
 #define LN_SMEM_BUDGET (48 * 1024)
@@ -125,82 +128,115 @@ static __global__ void layernorm_backward_kernel(T *__restrict__ dinp, float *__
 }
 
 
-/* The backward with the dweight/dbias sums in registers: lane l of a warp owns the 16-byte vectors
- * j * 32 + l (j < NV) of every row it sees, so its sums need no shared memory until the end. */
+/* The backward's input gradient, one warp per row: lane l holds the 16-byte vectors j * 32 + l (j < NV)
+ * of x, dout and dinp in registers, so the row is read once, its two sums are reduced, and dinp is
+ * written; the weight (C elements) stays in L1. No weight-gradient sums here (see the kernel below), so
+ * few registers and many rows in flight. */
 template <typename T, int NV>
-static __global__ void __launch_bounds__(LN_REG_WARPS *ZT_WARP_SIZE)
-    layernorm_backward_reg_kernel(T *__restrict__ dinp, float *__restrict__ partials, const T *__restrict__ dout,
-                                  const T *__restrict__ inp, const T *__restrict__ weight,
-                                  const float *__restrict__ mean, const float *__restrict__ rstd, int N, int C)
+static __global__ void __launch_bounds__(LN_ROW_WARPS *ZT_WARP_SIZE)
+    layernorm_backward_dx_kernel(T *__restrict__ dinp, const T *__restrict__ dout, const T *__restrict__ inp,
+                                 const T *__restrict__ weight, const float *__restrict__ mean,
+                                 const float *__restrict__ rstd, int N, int C)
 {
     constexpr int VS = zt_vec<T>::size;
-    extern __shared__ float block_sums[]; /* [2C]: dweight then dbias of the block */
+    const int lane = threadIdx.x % ZT_WARP_SIZE;
+    const int row = blockIdx.x * LN_ROW_WARPS + threadIdx.x / ZT_WARP_SIZE;
+    if (row >= N)
+        return;
+    const T *x = inp + (size_t)row * C;
+    const T *g = dout + (size_t)row * C;
+    T *d = dinp + (size_t)row * C;
+    const float m = mean[row], s = rstd[row];
+    zt_vec<T> xv[NV], gv[NV], dv[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int c = (j * ZT_WARP_SIZE + lane) * VS;
+        if (c < C) {
+            xv[j] = zt_load_vec(x + c);
+            gv[j] = zt_load_vec(g + c);
+            dv[j] = zt_load_vec(d + c);
+        }
+    }
+
+    float a = 0.0f, b = 0.0f; /* sums of dnorm and dnorm * norm */
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int c = (j * ZT_WARP_SIZE + lane) * VS;
+        if (c < C) {
+            zt_vec<T> wv = zt_load_vec(weight + c);
+            for (int k = 0; k < VS; k++) {
+                float norm = (zt_to_float(xv[j].v[k]) - m) * s;
+                float dnorm = zt_to_float(wv.v[k]) * zt_to_float(gv[j].v[k]);
+                a += dnorm;
+                b += dnorm * norm;
+            }
+        }
+    }
+    a = zt_warp_sum(a) / C;
+    b = zt_warp_sum(b) / C;
+
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int c = (j * ZT_WARP_SIZE + lane) * VS;
+        if (c < C) {
+            zt_vec<T> wv = zt_load_vec(weight + c);
+            for (int k = 0; k < VS; k++) {
+                float norm = (zt_to_float(xv[j].v[k]) - m) * s;
+                float dnorm = zt_to_float(wv.v[k]) * zt_to_float(gv[j].v[k]);
+                dv[j].v[k] = zt_from_float<T>(zt_to_float(dv[j].v[k]) + (dnorm - a - norm * b) * s);
+            }
+            zt_store_vec(d + c, dv[j]);
+        }
+    }
+}
+
+/* The backward's weight and bias gradients as column sums: block (strip, slice) covers the 32 * VS columns
+ * of strip blockIdx.x (lane l owns one 16-byte vector of them) over the rows of slice blockIdx.y; its
+ * warps take every LN_COL_WARPS-th row in order, and warp 0 adds the warps' sums in warp order into the
+ * slice's partial row (dweight then dbias, 2C floats). The slices are summed by the reduce kernel. */
+template <typename T>
+static __global__ void __launch_bounds__(LN_COL_WARPS *ZT_WARP_SIZE)
+    layernorm_backward_dwdb_kernel(float *__restrict__ partials, const T *__restrict__ dout,
+                                   const T *__restrict__ inp, const float *__restrict__ mean,
+                                   const float *__restrict__ rstd, int N, int C, int rows_per_slice)
+{
+    constexpr int VS = zt_vec<T>::size;
+    __shared__ float sums[LN_COL_WARPS][2][ZT_WARP_SIZE * VS];
     const int lane = threadIdx.x % ZT_WARP_SIZE, warp = threadIdx.x / ZT_WARP_SIZE;
-    float dw[NV][VS], db[NV][VS];
-    for (int j = 0; j < NV; j++)
-        for (int k = 0; k < VS; k++)
-            dw[j][k] = db[j][k] = 0.0f;
-
-    for (int row = blockIdx.x * LN_REG_WARPS + warp; row < N; row += gridDim.x * LN_REG_WARPS) {
-        const T *x = inp + (size_t)row * C;
-        const T *g = dout + (size_t)row * C;
-        const float m = mean[row], s = rstd[row];
-
-        float a = 0.0f, b = 0.0f; /* sums of dnorm and dnorm * norm */
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const int c = (j * ZT_WARP_SIZE + lane) * VS;
-            if (c < C) {
-                zt_vec<T> xv = zt_load_vec(x + c), gv = zt_load_vec(g + c), wv = zt_load_vec(weight + c);
-                for (int k = 0; k < VS; k++) {
-                    float norm = (zt_to_float(xv.v[k]) - m) * s;
-                    float dnorm = zt_to_float(wv.v[k]) * zt_to_float(gv.v[k]);
-                    a += dnorm;
-                    b += dnorm * norm;
-                }
-            }
-        }
-        a = zt_warp_sum(a) / C;
-        b = zt_warp_sum(b) / C;
-
-        T *d = dinp + (size_t)row * C;
-#pragma unroll
-        for (int j = 0; j < NV; j++) {
-            const int c = (j * ZT_WARP_SIZE + lane) * VS;
-            if (c < C) {
-                zt_vec<T> xv = zt_load_vec_cs(x + c), gv = zt_load_vec_cs(g + c), wv = zt_load_vec(weight + c);
-                zt_vec<T> dv = zt_load_vec(d + c);
-                for (int k = 0; k < VS; k++) {
-                    float norm = (zt_to_float(xv.v[k]) - m) * s;
-                    float gk = zt_to_float(gv.v[k]);
-                    float dnorm = zt_to_float(wv.v[k]) * gk;
-                    dv.v[k] = zt_from_float<T>(zt_to_float(dv.v[k]) + (dnorm - a - norm * b) * s);
-                    dw[j][k] += norm * gk;
-                    db[j][k] += gk;
-                }
-                zt_store_vec(d + c, dv);
+    const int c = (blockIdx.x * ZT_WARP_SIZE + lane) * VS;
+    const int r0 = blockIdx.y * rows_per_slice, r1 = min(N, r0 + rows_per_slice);
+    float dw[VS], db[VS];
+    for (int k = 0; k < VS; k++)
+        dw[k] = db[k] = 0.0f;
+    if (c < C) {
+#pragma unroll 4
+        for (int r = r0 + warp; r < r1; r += LN_COL_WARPS) {
+            const float m = mean[r], s = rstd[r];
+            const zt_vec<T> xv = zt_load_vec(inp + (size_t)r * C + c), gv = zt_load_vec(dout + (size_t)r * C + c);
+            for (int k = 0; k < VS; k++) {
+                const float gk = zt_to_float(gv.v[k]);
+                dw[k] += (zt_to_float(xv.v[k]) - m) * s * gk;
+                db[k] += gk;
             }
         }
     }
-
-    /* The block's sums, warps added in order: warp 0 stores, then each next warp adds. */
-    for (int w = 0; w < LN_REG_WARPS; w++) {
-        if (warp == w) {
-#pragma unroll
-            for (int j = 0; j < NV; j++) {
-                const int c = (j * ZT_WARP_SIZE + lane) * VS;
-                if (c < C)
-                    for (int k = 0; k < VS; k++) {
-                        block_sums[c + k] = (w == 0 ? 0.0f : block_sums[c + k]) + dw[j][k];
-                        block_sums[C + c + k] = (w == 0 ? 0.0f : block_sums[C + c + k]) + db[j][k];
-                    }
-            }
-        }
-        __syncthreads();
+    for (int k = 0; k < VS; k++) {
+        sums[warp][0][lane * VS + k] = dw[k];
+        sums[warp][1][lane * VS + k] = db[k];
     }
-    float *out = partials + (size_t)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x)
-        out[c] = block_sums[c];
+    __syncthreads();
+    if (warp != 0 || c >= C)
+        return;
+    float *out = partials + (size_t)blockIdx.y * 2 * C;
+    for (int k = 0; k < VS; k++) {
+        float w_sum = 0.0f, b_sum = 0.0f;
+        for (int w = 0; w < LN_COL_WARPS; w++) {
+            w_sum += sums[w][0][lane * VS + k];
+            b_sum += sums[w][1][lane * VS + k];
+        }
+        out[c + k] = w_sum;
+        out[C + c + k] = b_sum;
+    }
 }
 
 /* dweight[c] += sum over blocks of partials[blk][c], dbias likewise. Each block owns 32 of the 2C columns;
@@ -251,41 +287,35 @@ static int ln_bwd_blocks(int N, int C)
     return b > LN_BWD_BLOCKS ? LN_BWD_BLOCKS : b;
 }
 
-/* 16-byte vectors per lane and row in the register kernel; 0 if C is too wide for it. */
-static int ln_reg_vecs(int C, size_t esize)
+/* 16-byte vectors per lane and row in the row kernel; 0 if C is too wide for it. */
+static int ln_row_vecs(int C, size_t esize)
 {
     int per_vec = ZT_WARP_SIZE * (int)(16 / esize);
     int nv = ZT_CEIL_DIV(C, per_vec);
-    return nv <= LN_REG_MAX_VECS ? nv : 0;
+    return nv <= LN_ROW_MAX_VECS ? nv : 0;
 }
 
-/* Blocks of the register kernel: one wave on 132 SMs at the occupancy its registers allow (about 80,
- * 128 and 168 registers a thread for up to 3, 5 and 8 vectors), fewer for small N. A function of N and
- * nv alone, never of the GPU, so that the sums' order is the same everywhere. */
-static int ln_reg_blocks(int N, int nv)
+/* Row slices of the column-sum kernel: a function of N alone, so the sums' order is the same everywhere. */
+static int ln_col_slices(int N)
 {
-    int per_sm = nv <= 3 ? 6 : nv <= 5 ? 4 : 3;
-    int b = ZT_CEIL_DIV(N, LN_REG_WARPS), most = per_sm * LN_REG_SMS;
-    return b > most ? most : b;
+    int s = ZT_CEIL_DIV(N, LN_COL_MIN_ROWS);
+    return s > LN_COL_SLICES ? LN_COL_SLICES : s;
 }
 
 extern "C" size_t zt_cuda_layernorm_backward_scratch_size(int N, int C)
 {
     int b = ln_bwd_blocks(N, C);
-    for (size_t esize = 2; esize <= 4; esize += 2) {
-        int nv = ln_reg_vecs(C, esize);
-        if (nv > 0 && ln_reg_blocks(N, nv) > b)
-            b = ln_reg_blocks(N, nv);
-    }
+    if (ln_col_slices(N) > b)
+        b = ln_col_slices(N);
     return (size_t)b * 2 * C * sizeof(float);
 }
 
 template <typename T, int NV>
-static void launch_reg(T *dinp, float *partials, const T *dout, const T *inp, const T *weight, const float *mean,
-                       const float *rstd, int N, int C, int blocks, cudaStream_t stream)
+static void launch_dx(T *dinp, const T *dout, const T *inp, const T *weight, const float *mean, const float *rstd,
+                      int N, int C, cudaStream_t stream)
 {
-    layernorm_backward_reg_kernel<T, NV><<<blocks, LN_REG_WARPS * ZT_WARP_SIZE, 2 * C * sizeof(float), stream>>>(
-        dinp, partials, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_dx_kernel<T, NV><<<ZT_CEIL_DIV(N, LN_ROW_WARPS), LN_ROW_WARPS * ZT_WARP_SIZE, 0, stream>>>(
+        dinp, dout, inp, weight, mean, rstd, N, C);
 }
 
 template <typename T>
@@ -295,18 +325,24 @@ static void layernorm_backward(T *dinp, T *dweight, T *dbias, const T *dout, con
 {
     float *partials = (float *)scratch;
     int blocks;
-    const int nv = ln_reg_vecs(C, sizeof(T));
+    const int nv = ln_row_vecs(C, sizeof(T));
     if (nv > 0) {
-        blocks = ln_reg_blocks(N, nv);
+        /* The weight and bias sums first (they read x and dout, which the row kernel then finds in L2). */
+        blocks = ln_col_slices(N);
+        const int rows_per_slice = ZT_CEIL_DIV(N, blocks);
+        dim3 grid(ZT_CEIL_DIV(C, ZT_WARP_SIZE * zt_vec<T>::size), blocks);
+        layernorm_backward_dwdb_kernel<T><<<grid, LN_COL_WARPS * ZT_WARP_SIZE, 0, stream>>>(
+            partials, dout, inp, mean, rstd, N, C, rows_per_slice);
+        ZT_CUDA_CHECK_LAUNCH();
         switch (nv) {
-        case 1: launch_reg<T, 1>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        case 2: launch_reg<T, 2>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        case 3: launch_reg<T, 3>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        case 4: launch_reg<T, 4>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        case 5: launch_reg<T, 5>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        case 6: launch_reg<T, 6>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        case 7: launch_reg<T, 7>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
-        default: launch_reg<T, 8>(dinp, partials, dout, inp, weight, mean, rstd, N, C, blocks, stream); break;
+        case 1: launch_dx<T, 1>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 2: launch_dx<T, 2>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 3: launch_dx<T, 3>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 4: launch_dx<T, 4>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 5: launch_dx<T, 5>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 6: launch_dx<T, 6>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 7: launch_dx<T, 7>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        default: launch_dx<T, 8>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
         }
     } else {
         int warps = ln_bwd_warps(C);
