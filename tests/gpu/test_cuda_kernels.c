@@ -657,21 +657,23 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
     zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     assert_true(dev_equal(d_dqkv, d_dqkv1, (size_t)B * T * 3 * C * es));
 
-    /* The overwrite variant: dqkv starts as NaN (all bits set), which it must never read, and ends as the
-     * gradient alone; twice the same bits. */
+    /* The overwrite variant: dqkv starts as NaN (all bits set), which it must never read, and ends with the
+     * values the accumulating launcher adds into a zeroed dqkv (equal as numbers: +0 and -0 may differ).
+     * Checked against that rather than the CPU, whose accuracy the test above covers: with T = 1 the exact
+     * dq is 0 and both sides hold only rounding noise. Twice the same bits. */
     const size_t n3 = (size_t)B * T * 3 * C;
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0, n3 * es, g_stream));
+    zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    float *want = dev_download(d_dqkv, n3, dt);
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
     zt_cuda_attention_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
-    float *o_dqkv = dev_download(d_dqkv, n3, dt), *want = calloc(n3, sizeof(float));
-    zt_cpu_attention_backward(want, dout, qkv, out, lse, B, T, C, NH);
-    for (int p = 0; p < 3; p++) {
-        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
-            memcpy(gp + bt * C, o_dqkv + bt * 3 * C + (size_t)p * C, sizeof(float) * C);
-            memcpy(rp + bt * C, want + bt * 3 * C + (size_t)p * C, sizeof(float) * C);
-        }
-        snprintf(name, sizeof(name), "attention B%d T%d C%d NH%d bwd %s overwrite", B, T, C, NH, part[p]);
-        check_close(name, dt, gp, rp, n, attention_tol(dt));
-    }
+    float *o_dqkv = dev_download(d_dqkv, n3, dt);
+    size_t unequal = 0;
+    for (size_t i = 0; i < n3; i++)
+        unequal += !(o_dqkv[i] == want[i]);
+    printf("  attention B%d T%d C%d NH%d bwd overwrite %-4s %zu of %zu elements differ from zeroed + added\n", B, T,
+           C, NH, zt_dtype_name(dt), unequal, n3);
+    assert_int_equal(unequal, 0);
     dev_copy(d_dqkv1, d_dqkv, n3 * es);
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
     zt_cuda_attention_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
