@@ -68,6 +68,7 @@ struct lane_arg {
 
 /* The threads of lanes 1..nthreads, started on the first split transfer. */
 struct lane_pool {
+    int tried;               /* the threads were started (or failed to start) */
     int nthreads;            /* started */
     pthread_t th[ZT_STATE_CLIENT_MAX_STREAMS];
     struct lane_arg arg[ZT_STATE_CLIENT_MAX_STREAMS];
@@ -579,8 +580,9 @@ static void *lane_main(void *arg)
  * calling thread (run_pieces runs such pieces itself, one after the other). */
 static void start_pool(zt_state_client_t *c)
 {
-    if (c->pool.nthreads > 0)
+    if (c->pool.tried)
         return;
+    c->pool.tried = 1;
     for (int lane = 1; lane < c->streams; lane++) {
         c->pool.arg[c->pool.nthreads] = (struct lane_arg){.c = c, .lane = lane};
         if (pthread_create(&c->pool.th[c->pool.nthreads], NULL, lane_main, &c->pool.arg[c->pool.nthreads]) != 0) {
