@@ -8,7 +8,9 @@
  * seconds this client process (all its threads, gRPC's included) spent per GiB: on a shared machine they
  * move less with other processes' load than the throughput does, and they show the client's own copies.
  * K is the number of concurrent streams the client splits each push and pull into (the client's default,
- * from the core count, or ZT_STATE_STREAMS): the trainer's client is made the same way.
+ * from the core count, or ZT_STATE_STREAMS): the trainer's client is made the same way. push_faults_gib and
+ * pull_faults_gib are the client's minor page faults per GiB moved (262144 would be every byte landing in
+ * a fresh page: each fault costs a trap and the zeroing of 4 KiB).
  *
  * The push_top, pull_top, server_push_top and server_pull_top fields name, for the push and the pull,
  * the busiest thread of the client and of the server (given its pid; "none" otherwise) as F:NAME: the
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +45,14 @@ static double now(void)
 static double cpu_now(void)
 {
     return clock_s(CLOCK_PROCESS_CPUTIME_ID);
+}
+
+/* Minor page faults of this process so far (a fresh page touched: the kernel zeroes it first). */
+static double minor_faults(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_minflt;
 }
 
 #define MAX_THREADS 512
@@ -148,10 +159,10 @@ int main(int argc, char **argv)
     thread_times_read(0, &ct[0]);
     if (server)
         thread_times_read(server, &st[0]);
-    double t0 = now(), c0 = cpu_now();
+    double t0 = now(), c0 = cpu_now(), f0 = minor_faults();
     for (int r = 0; rc == 0 && r < reps; r++)
         rc = zt_state_client_push_grad(c, "bench", 1, 0, 0, ZT_DTYPE_F32, buf, n, &err);
-    double t1 = now(), c1 = cpu_now();
+    double t1 = now(), c1 = cpu_now(), f1 = minor_faults();
     thread_times_read(0, &ct[1]);
     if (server)
         thread_times_read(server, &st[1]);
@@ -159,10 +170,10 @@ int main(int argc, char **argv)
     thread_times_read(0, &ct[2]);
     if (server)
         thread_times_read(server, &st[2]);
-    double t1b = now(), c1b = cpu_now(); /* the pull is timed from here: the memset is not part of it */
+    double t1b = now(), c1b = cpu_now(), f1b = minor_faults(); /* the pull is timed from here, not the memset */
     for (int r = 0; rc == 0 && r < reps; r++)
         rc = zt_state_client_pull(c, "bench", 0, 0, 0, 0, n, buf, &err);
-    double t2 = now(), c2 = cpu_now();
+    double t2 = now(), c2 = cpu_now(), f2 = minor_faults();
     thread_times_read(0, &ct[3]);
     if (server)
         thread_times_read(server, &st[3]);
@@ -184,9 +195,10 @@ int main(int argc, char **argv)
     busiest_thread(server, &st[0], &st[1], t1 - t0, tops[2], sizeof(tops[2]));
     busiest_thread(server, &st[2], &st[3], t2 - t1b, tops[3], sizeof(tops[3]));
     printf("grpc push_gib_s=%.3f pull_gib_s=%.3f push_cpu_s_gib=%.3f pull_cpu_s_gib=%.3f mib=%s reps=%d streams=%d "
-           "push_top=%s pull_top=%s server_push_top=%s server_pull_top=%s\n",
+           "push_faults_gib=%.0f pull_faults_gib=%.0f push_top=%s pull_top=%s server_push_top=%s server_pull_top=%s\n",
            gib / (t1 - t0), gib / (t2 - t1b), (c1 - c0) / gib, (c2 - c1b) / gib, argv[2], reps,
-           zt_state_client_streams(c), tops[0], tops[1], server ? tops[2] : "none", server ? tops[3] : "none");
+           zt_state_client_streams(c), (f1 - f0) / gib, (f2 - f1b) / gib, tops[0], tops[1], server ? tops[2] : "none",
+           server ? tops[3] : "none");
     zt_state_client_destroy(c);
     free(buf);
     return 0;

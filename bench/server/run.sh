@@ -42,7 +42,7 @@ field() { # field NAME LINE: the value of NAME=value in LINE
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 : >"$TMP/raw"
 for s in $SETTINGS; do
-    for f in push pull push_cpu pull_cpu streams push_top pull_top server_push_top server_pull_top; do
+    for f in push pull push_cpu pull_cpu push_faults pull_faults streams push_top pull_top server_push_top server_pull_top; do
         : >"$TMP/$f.$s"
     done
 done
@@ -70,6 +70,8 @@ while [ "$i" -lt "$TRIALS" ]; do
         field pull_gib_s "$rpc" >>"$TMP/pull.$s"
         field push_cpu_s_gib "$rpc" >>"$TMP/push_cpu.$s"
         field pull_cpu_s_gib "$rpc" >>"$TMP/pull_cpu.$s"
+        field push_faults_gib "$rpc" >>"$TMP/push_faults.$s"
+        field pull_faults_gib "$rpc" >>"$TMP/pull_faults.$s"
         field streams "$rpc" >>"$TMP/streams.$s"
         for f in push_top pull_top server_push_top server_pull_top; do field $f "$rpc" >>"$TMP/$f.$s"; done
         kill "$SERVER_PID"
@@ -100,7 +102,8 @@ for s in $SETTINGS; do
     n=$(median <"$TMP/streams.$s")
     [ -n "$n" ] || n=1 # a client from before the streams option prints no count: it used one
     echo "$n streams: client CPU seconds per GiB (median; the client process, gRPC threads included): push" \
-        "$(median <"$TMP/push_cpu.$s"), pull $(median <"$TMP/pull_cpu.$s")"
+        "$(median <"$TMP/push_cpu.$s"), pull $(median <"$TMP/pull_cpu.$s"); minor page faults per GiB: push" \
+        "$(median <"$TMP/push_faults.$s"), pull $(median <"$TMP/pull_faults.$s")"
     echo "$n streams: busiest thread, share of the transfer's wall time on a CPU (median; thread names x trials):" \
         "client push $(top "$TMP/push_top.$s"), pull $(top "$TMP/pull_top.$s"); server push" \
         "$(top "$TMP/server_push_top.$s"), pull $(top "$TMP/server_pull_top.$s")"

@@ -21,6 +21,12 @@
  * first split transfer takes the others). The bytes stored and returned are the same as with one stream;
  * each piece is retried on its own (a piece is an idempotent overwrite of its range).
  *
+ * Memory: the first client with remote servers sets glibc's heap thresholds of the process to the most
+ * its dynamic adjustment would reach (mallopt: blocks up to 32 MiB come from the heap, up to 64 MiB of
+ * freed memory stay at a heap's top), so that the 1 MiB message buffers allocated and freed on several
+ * threads do not make heaps shrink and fault their pages in again; GLIBC_TUNABLES with a glibc.malloc
+ * setting, MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment leave the process as set.
+ *
  * Threading: one client per rank, used from one thread at a time. */
 #ifndef ZT_WORKER_STATE_CLIENT_H
 #define ZT_WORKER_STATE_CLIENT_H
