@@ -13,7 +13,7 @@
 # so no checkpoint of the large model is written.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
-OUT="${1:-bench-out/zero}"
+RESULT_DIR="${1:-bench-out/zero}"
 ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
 MODEL="${MODEL:-$HERE/../gpt2-1558m.json}"
@@ -23,7 +23,7 @@ STEPS="${STEPS:-8}"
 LEVEL="${LEVEL:-3}"
 PREFETCH="${PREFETCH:-2}"
 SINGLE="${SINGLE:-1}"
-mkdir -p "$OUT"
+mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/../make_shards.py" "$DATA/rnd" 4000000
@@ -33,7 +33,7 @@ mkdir -p "$DATA"
 run() {
   local name=$1 pattern=$2 count=$3
   shift 3
-  local log="$OUT/$name.log"
+  local log="$RESULT_DIR/$name.log"
   setsid "$@" > "$log" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
@@ -51,19 +51,19 @@ run() {
 
 common=(--model "$MODEL" --train-data "$DATA/rnd_train_000.bin" --device cuda --precision bf16 --steps 100000
         --batch-size $((BATCH * NPROC)) --seq-len 1024 --save-every 0 --eval-every 0 --log-every 1)
-rm -rf "$OUT/run_zero" "$OUT/run_single"
+rm -rf "$RESULT_DIR/run_zero" "$RESULT_DIR/run_single"
 if [ "$NPROC" -gt 1 ]; then
   run zero "zero timeline: step $STEPS |" 1 env ZT_ZERO_TIMELINE=1 ZT_ZERO_LEVEL="$LEVEL" ZT_PREFETCH="$PREFETCH" \
-    "$ZTRAIN" launch --nproc "$NPROC" train "${common[@]}" --out "$OUT/run_zero" || exit 1
+    "$ZTRAIN" launch --nproc "$NPROC" train "${common[@]}" --out "$RESULT_DIR/run_zero" || exit 1
 else
   run zero "zero timeline: step $STEPS |" 1 env ZT_ZERO_TIMELINE=1 ZT_ZERO_LEVEL="$LEVEL" ZT_PREFETCH="$PREFETCH" \
-    "$ZTRAIN" train "${common[@]}" --out "$OUT/run_zero" || exit 1
+    "$ZTRAIN" train "${common[@]}" --out "$RESULT_DIR/run_zero" || exit 1
 fi
 if [ "$SINGLE" = 1 ] && [ "$NPROC" = 1 ]; then
-  run single "step $STEPS/100000 " 1 "$ZTRAIN" train "${common[@]}" --out "$OUT/run_single" || true
+  run single "step $STEPS/100000 " 1 "$ZTRAIN" train "${common[@]}" --out "$RESULT_DIR/run_single" || true
 fi
 
-"$PY" - "$OUT" "$STEPS" "$NPROC" "$LEVEL" "$PREFETCH" "$BATCH" <<'PY'
+"$PY" - "$RESULT_DIR" "$STEPS" "$NPROC" "$LEVEL" "$PREFETCH" "$BATCH" <<'PY'
 import json, os, re, sys
 out, steps, nproc, level, prefetch, batch = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
 rows = []  # [step, step ms, compute, all-gather, calls, reduce-scatter, calls, comm, hidden, rank]
