@@ -39,27 +39,13 @@
 
 static char g_dir[256];
 
-static void write_shard(const char *name, size_t n, uint32_t seed)
-{
-    uint16_t *tok = malloc(n * sizeof(uint16_t));
-    assert_non_null(tok);
-    uint32_t x = seed;
-    for (size_t i = 0; i < n; i++) {
-        /* a phrase of 13 tokens with a random token every fourth position: something to learn, not all */
-        x = x * 1664525u + 1013904223u;
-        tok[i] = (uint16_t)(i % 4 == 3 ? (x >> 16) % VOCAB : ((i % 13) * 17 + 3) % VOCAB);
-    }
-    zt_fixture_write_shard(g_dir, name, tok, n);
-    free(tok);
-}
-
 static int setup(void **state)
 {
     (void)state;
     if (zt_fixture_make_dir(g_dir, sizeof(g_dir), "zt_test_gpu_training_") != 0)
         return -1;
-    write_shard("g_train_000.bin", 40000, 7);
-    write_shard("g_val_000.bin", 4000, 9);
+    zt_fixture_write_phrase_shard(g_dir, "g_train_000.bin", 40000, 7, VOCAB);
+    zt_fixture_write_phrase_shard(g_dir, "g_val_000.bin", 4000, 9, VOCAB);
     return 0;
 }
 

@@ -38,6 +38,22 @@ static inline void zt_fixture_write_shard(const char *dir, const char *name, con
         fail_msg("%s", err.msg);
 }
 
+/* Writes n tokens below vocab as the shard dir/name: a phrase of 13 tokens with a random token (from
+ * seed) at every fourth position, something a model can learn, but not all of it. */
+static inline void zt_fixture_write_phrase_shard(const char *dir, const char *name, size_t n, uint32_t seed,
+                                                 int vocab)
+{
+    uint16_t *tok = malloc(n * sizeof(uint16_t));
+    assert_non_null(tok);
+    uint32_t x = seed;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        tok[i] = (uint16_t)(i % 4 == 3 ? (x >> 16) % (uint32_t)vocab : ((i % 13) * 17 + 3) % (size_t)vocab);
+    }
+    zt_fixture_write_shard(dir, name, tok, n);
+    free(tok);
+}
+
 /* Resolves the automatic settings of a test config and validates it, as zt_cmd_train would. */
 static inline void zt_fixture_finish_config(zt_train_config *c)
 {
