@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "kernels/adamw.h"
 #include "kernels/norm.h"
 #include "offload/cpu_adam.h"
@@ -133,6 +134,16 @@ void zt_loss_scaler_init(zt_loss_scaler *s, double scale, double min_scale, int6
     s->min_scale = min_scale;
     s->window = window;
     s->clean_steps = 0;
+}
+
+/* Books a step's overflow in the scaler; see optimizer.h. */
+bool zt_loss_scaler_after_step(zt_loss_scaler *s, const zt_optimizer_report *rep, float loss, bool log)
+{
+    const bool overflow = rep->skipped && isfinite(loss);
+    if (overflow && log)
+        zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered", s->scale);
+    zt_loss_scaler_update(s, overflow);
+    return overflow;
 }
 
 /* Halves the scale on overflow (not below min_scale), doubles it after `window` clean steps. */

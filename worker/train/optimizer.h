@@ -85,4 +85,9 @@ void zt_loss_scaler_init(zt_loss_scaler *s, double scale, double min_scale, int6
 /* Updates the scale after a step; overflow says whether its gradients were not finite. */
 void zt_loss_scaler_update(zt_loss_scaler *s, bool overflow);
 
+/* After a step booked in rep (zt_optimizer_step, zt_optimizer_account or a state server's step): a step
+ * skipped with a finite loss is an overflow. Logs it (WARN) when log is set, updates the scale, and
+ * returns whether it was one. */
+bool zt_loss_scaler_after_step(zt_loss_scaler *s, const zt_optimizer_report *rep, float loss, bool log);
+
 #endif
