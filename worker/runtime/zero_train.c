@@ -21,8 +21,6 @@
 #include "worker/train/placement.h"
 #include "worker/train/schedule.h"
 #ifdef ZT_WITH_ZERO_CUDA
-#include <cuda_runtime.h>
-#include "kernels/cuda/cuda_common.h"  /* zt_cuda_pick_dtype */
 #include "worker/runtime/zero_cuda.h"  /* --device cuda: the runtime on GPUs over NCCL */
 #endif
 
@@ -148,28 +146,6 @@ static int evaluate_cuda(zt_zero_cuda *zc, zt_dataloader *val, int64_t batches, 
     return 0;
 }
 
-/* The compute type for --precision on this GPU, as the single-process trainer picks it. */
-static int pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
-        cudaGetLastError();
-        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: rank needs CUDA device %d (LOCAL_RANK) but %d are "
-                       "visible (check the driver, CUDA_VISIBLE_DEVICES and --nproc)", device, n);
-    }
-    const enum zt_dtype best = zt_cuda_pick_dtype(device);
-    *dt = best;
-    if (strcmp(cfg->precision, "fp32") == 0)
-        *dt = ZT_DTYPE_F32;
-    else if (strcmp(cfg->precision, "bf16") == 0)
-        *dt = ZT_DTYPE_BF16;
-    else if (strcmp(cfg->precision, "fp16") == 0)
-        *dt = ZT_DTYPE_F16;
-    if (*dt == ZT_DTYPE_BF16 && best != ZT_DTYPE_BF16)
-        return zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
-                       "--precision fp16 (with loss scaling) or fp32");
-    return 0;
-}
 #endif
 
 /* Evaluation on the runtime in use (zc: the GPU runtime, else the CPU one). */
@@ -357,7 +333,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
 #ifdef ZT_WITH_ZERO_CUDA
         enum zt_dtype dt;
         zt_zero_cuda *g = NULL;
-        rc = pick_dtype(cfg, env.local_rank, &dt, err);
+        rc = zt_trainer_pick_dtype(cfg, env.local_rank, &dt, err);
         if (rc == 0)
             rc = zt_zero_cuda_create(&g, model, comm, &zo, b, T, dt, err);
         if ((rc = agree(comm, rc, err)) < 0) {
@@ -453,11 +429,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
                 (rc = zt_optimizer_account(&full, mean, norm, nonfinite, use_scaler, &rep, err)) < 0)
                 goto out;
             if (use_scaler) {
-                bool overflow = rep.skipped && isfinite(mean);
-                if (overflow && is0)
-                    zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered",
-                           scaler.scale);
-                zt_loss_scaler_update(&scaler, overflow);
+                zt_loss_scaler_after_step(&scaler, &rep, mean, is0);
                 st.loss_scale = scaler.scale;
                 st.loss_scale_clean_steps = scaler.clean_steps;
             }

@@ -255,10 +255,8 @@ static float run_evaluate(struct run *r, int64_t batches, int B, int T)
 }
 
 #ifdef ZT_WITH_CUDA
-/* One training step on the GPU: grad_accum micro-batches, then the fused update; the host waits once,
- * for the loss and the norm. Fills *loss and *rep; returns 0 or ZT_ESTATE (diverged). */
-static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *loss, zt_optimizer_report *rep,
-                    zt_err *err)
+/* Queues the grad_accum micro-batches of a step on the GPU (under the fp16 loss scale). */
+static void run_micro_batches(struct run *r, const zt_train_config *cfg)
 {
     const int B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
     const float scale = r->use_scaler ? (float)r->scaler.scale : 1.0f;
@@ -267,6 +265,15 @@ static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *
         zt_dataloader_next(r->train, r->inputs, r->targets);
         zt_gpt2_cuda_train_micro(r->gpu, r->inputs, r->targets, B, T, i, 1.0f / (float)accum, scale);
     }
+}
+
+/* One training step on the GPU: grad_accum micro-batches, then the fused update; the host waits once,
+ * for the loss and the norm. Fills *loss and *rep; returns 0 or ZT_ESTATE (diverged). */
+static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *loss, zt_optimizer_report *rep,
+                    zt_err *err)
+{
+    const int accum = (int)cfg->grad_accum;
+    run_micro_batches(r, cfg);
     zt_adamw_params p = {
         .lr = lr,
         .beta1 = r->opt.beta1,
@@ -281,13 +288,8 @@ static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *
     bool nonfinite = false;
     zt_gpt2_cuda_step_finish(r->gpu, accum, loss, &norm, &nonfinite);
     int rc = zt_optimizer_account(&r->opt, *loss, norm, nonfinite, r->use_scaler, rep, err);
-    if (r->use_scaler) {
-        bool overflow = rep->skipped && isfinite(*loss);
-        if (overflow)
-            zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered",
-                   r->scaler.scale);
-        zt_loss_scaler_update(&r->scaler, overflow);
-    }
+    if (r->use_scaler)
+        zt_loss_scaler_after_step(&r->scaler, rep, *loss, true);
     return rc;
 }
 #endif
@@ -300,13 +302,8 @@ static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *
 static int offload_step(struct run *r, const zt_train_config *cfg, int64_t step, float lr, float *loss,
                         zt_optimizer_report *rep, zt_err *err)
 {
-    const int B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
-    const float scale = r->use_scaler ? (float)r->scaler.scale : 1.0f;
-    zt_gpt2_cuda_zero_grad(r->gpu);
-    for (int i = 0; i < accum; i++) {
-        zt_dataloader_next(r->train, r->inputs, r->targets);
-        zt_gpt2_cuda_train_micro(r->gpu, r->inputs, r->targets, B, T, i, 1.0f / (float)accum, scale);
-    }
+    const int accum = (int)cfg->grad_accum;
+    run_micro_batches(r, cfg);
     *loss = zt_gpt2_cuda_step_loss(r->gpu, accum);
     zt_gpt2_cuda_download_grads(r->gpu, zt_gpt2_grads(r->model));
     int rc = r->state ? zt_placement_server_step(r->state, r->model, &r->opt, step, *loss, lr, rep, err)
@@ -315,13 +312,34 @@ static int offload_step(struct run *r, const zt_train_config *cfg, int64_t step,
         return rc;
     if (!rep->skipped)
         zt_gpt2_cuda_upload_weights(r->gpu, zt_gpt2_params(r->model), ZT_DTYPE_F32);
-    if (r->use_scaler) {
-        bool overflow = rep->skipped && isfinite(*loss);
-        if (overflow)
-            zt_log(ZT_LOG_WARN, "fp16: gradients overflowed at loss scale %g; step skipped, scale lowered",
-                   r->scaler.scale);
-        zt_loss_scaler_update(&r->scaler, overflow);
+    if (r->use_scaler)
+        zt_loss_scaler_after_step(&r->scaler, rep, *loss, true);
+    return 0;
+}
+#endif
+
+#ifdef ZT_WITH_CUDA
+/* The compute type for --precision on CUDA device `device`; see trainer.h. */
+int zt_trainer_pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
+        cudaGetLastError();
+        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: CUDA device %d is needed but %d are visible (check the "
+                       "driver and CUDA_VISIBLE_DEVICES, with several ranks LOCAL_RANK and --nproc, or train with "
+                       "--device cpu)", device, n);
     }
+    const enum zt_dtype best = zt_cuda_pick_dtype(device);
+    *dt = best;
+    if (strcmp(cfg->precision, "fp32") == 0)
+        *dt = ZT_DTYPE_F32;
+    else if (strcmp(cfg->precision, "bf16") == 0)
+        *dt = ZT_DTYPE_BF16;
+    else if (strcmp(cfg->precision, "fp16") == 0)
+        *dt = ZT_DTYPE_F16;
+    if (*dt == ZT_DTYPE_BF16 && best != ZT_DTYPE_BF16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
+                       "--precision fp16 (with loss scaling) or fp32");
     return 0;
 }
 #endif
@@ -506,25 +524,9 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     /* The device. */
     if (strcmp(cfg->device, "cuda") == 0) {
 #ifdef ZT_WITH_CUDA
-        int dev_count = 0;
-        if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-            cudaGetLastError();
-            rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: no CUDA GPU is visible (check the driver and "
-                         "CUDA_VISIBLE_DEVICES, or train with --device cpu)");
+        enum zt_dtype dt;
+        if ((rc = zt_trainer_pick_dtype(cfg, 0, &dt, err)) < 0)
             goto out;
-        }
-        enum zt_dtype dt = zt_cuda_pick_dtype(0);
-        if (strcmp(cfg->precision, "fp32") == 0)
-            dt = ZT_DTYPE_F32;
-        else if (strcmp(cfg->precision, "bf16") == 0)
-            dt = ZT_DTYPE_BF16;
-        else if (strcmp(cfg->precision, "fp16") == 0)
-            dt = ZT_DTYPE_F16;
-        if (dt == ZT_DTYPE_BF16 && zt_cuda_pick_dtype(0) != ZT_DTYPE_BF16) {
-            rc = zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
-                         "--precision fp16 (with loss scaling) or fp32");
-            goto out;
-        }
         r.gpu_offload = strcmp(cfg->optimizer, "gpu") != 0;
         if ((rc = zt_gpt2_cuda_create_state(&r.gpu, r.model, B, T, accum, dt,
                                             r.gpu_offload ? ZT_GPT2_CUDA_NO_OPTIMIZER : ZT_GPT2_CUDA_FULL, err)) < 0)

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/safetensors.h" /* enum zt_dtype */
 #include "common/status.h"
 #include "worker/data/dataloader.h"
 #include "worker/model/gpt2.h"
@@ -77,5 +78,12 @@ bool zt_trainer_take_stop_request(void);
  * the mean loss. Returns that mean loss. */
 float zt_trainer_accumulate(zt_gpt2 *model, zt_dataloader *dl, int grad_accum, int B, int T, int32_t *inputs,
                             int32_t *targets);
+
+#ifdef ZT_WITH_CUDA
+/* The compute type of a run on CUDA device `device`: cfg->precision, or with "auto" bf16 on GPUs with bf16
+ * matrix units (sm_80+) and fp16 below. Returns 0, or ZT_EUNSUPPORTED with a message when the device is not
+ * visible or bf16 is asked of a GPU without it. Shared by the single-process and the multi-rank loops. */
+int zt_trainer_pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err);
+#endif
 
 #endif
