@@ -69,6 +69,11 @@ void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void 
 void zt_cuda_attention_use_mma(bool on);
 /* Whether the mma.sync kernels are preferred when ZT_CUDA_ATTENTION is unset. */
 bool zt_cuda_attention_mma_default(void);
+/* Rows of the tile each warp of the mma.sync kernels owns at head size 64: 32 (the default: every
+ * operand fragment read from shared memory feeds two products) or 16 (the earlier kernels, kept to compare
+ * against); 0 returns to the default, which the environment variable ZT_CUDA_ATTENTION_WARP_ROWS ("16" or
+ * "32") can change. Head size 128 always runs 16. Process-wide. */
+void zt_cuda_attention_mma_warp_rows(int rows);
 
 #ifdef __cplusplus
 }

@@ -832,18 +832,29 @@ static __global__ void __launch_bounds__(TC_THREADS)
 
 #define MMA_WARPS 4
 #define MMA_THREADS (MMA_WARPS * 32)
-#define MMA_TILE 64
+#define MMA_TILE 64 /* rows of a walked tile */
 
 template <int HS> struct mma_cfg {
     static constexpr int LDS = HS + 8;                  /* shared row stride, elements */
-    static constexpr int TILE_ELEMS = MMA_TILE * LDS;   /* one 64-row tile */
-    static constexpr size_t tile_bytes = (size_t)TILE_ELEMS * 2;
-    static constexpr size_t fwd_smem = 5 * tile_bytes; /* Q, 2 x K, 2 x V */
-    /* 6 tiles (2 resident, 2 x 2 walked) and the walked query tiles' lse and D (2 x 2 x 64 floats). */
-    static constexpr size_t bwd_smem = 6 * tile_bytes + 4 * MMA_TILE * sizeof(float);
-    /* Rows of the other side per inner step of the backward passes: 64 for head size 64; 32 for 128,
-     * which keeps the two score tiles and the two HS-wide accumulators within the registers. */
-    static constexpr int SUB = HS == 64 ? 64 : 32;
+    static constexpr int TILE_ELEMS = MMA_TILE * LDS;   /* one walked tile */
+};
+
+/* A block whose warps own MI blocks of 16 rows each: its resident tile has ROWS rows. MI = 2 lets each
+ * operand fragment that ldmatrix brings from shared memory feed two products instead of one, which
+ * halves the shared-memory traffic per product (the limit of the MI = 1 kernels at head size 64);
+ * head size 128 keeps MI = 1, whose accumulators already fill the registers. */
+template <int HS, int MI> struct mma_shape {
+    static constexpr int ROWS = MMA_WARPS * 16 * MI;
+    static constexpr int RES_ELEMS = ROWS * mma_cfg<HS>::LDS;
+    /* Forward: Q resident, 2 x K and 2 x V walked. */
+    static constexpr size_t fwd_smem = (size_t)(RES_ELEMS + 4 * mma_cfg<HS>::TILE_ELEMS) * 2;
+    /* Backward: two resident tiles, 2 x 2 walked ones, and the walked query tiles' lse and D (2 x 2 x 64
+     * floats; the dQ pass leaves them unused). */
+    static constexpr size_t bwd_smem =
+        (size_t)(2 * RES_ELEMS + 4 * mma_cfg<HS>::TILE_ELEMS) * 2 + 4 * MMA_TILE * sizeof(float);
+    /* Columns of the walked side per inner step of the backward passes: 64 for head size 64 with MI = 1,
+     * else 32, which keeps the two score tiles and the two HS-wide accumulators within the registers. */
+    static constexpr int SUB = HS == 64 && MI == 1 ? 64 : 32;
 };
 
 template <typename T> __host__ __device__ constexpr bool mma_supported()
@@ -917,61 +928,84 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&acc)[N]
     a[3] = pack2<T>(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
 }
 
-/* Starts copying rows [t0, t0 + 64) of one head's slice of a [*, stride] tensor into a padded tile;
+/* Starts copying rows [t0, t0 + ROWS) of one head's slice of a [*, stride] tensor into a padded tile;
  * rows at or past T_ are zero. */
-template <typename T, int HS>
+template <typename T, int HS, int ROWS = MMA_TILE>
 __device__ __forceinline__ void mma_load_tile(T *tile, const T *base, int t0, int T_, int stride)
 {
     constexpr int CPR = HS / 8; /* 16-byte chunks per row */
-    for (int idx = threadIdx.x; idx < MMA_TILE * CPR; idx += MMA_THREADS) {
+    for (int idx = threadIdx.x; idx < ROWS * CPR; idx += MMA_THREADS) {
         const int r = idx / CPR, c = idx % CPR, t = t0 + r;
         const bool ok = t < T_;
         cp_async16(tile + r * mma_cfg<HS>::LDS + c * 8, base + (size_t)(ok ? t : 0) * stride + c * 8, ok);
     }
 }
 
-/* acc[j] (16 x 8 tiles, j < 2 NP) += A rows (16 rows at a, row-major, HS long) times the rows
- * [0, 16 NP) of tile b (row-major, HS long) transposed: S = Q K^T-like products. */
-template <typename T, int HS, int NP>
-__device__ __forceinline__ void mma_rows_x_rows(float (&acc)[2 * NP][4], const T *a, const T *b)
+/* acc[mi][j] (16 x 8 tiles, j < 2 NP) += the rows [16 mi, 16 mi + 16) of a (row-major, HS long) times
+ * the rows [0, 16 NP) of tile b (row-major, HS long) transposed: S = Q K^T-like products. Each B fragment
+ * serves the MI row blocks. */
+template <typename T, int HS, int MI, int NP>
+__device__ __forceinline__ void mma_rows_x_rows(float (&acc)[MI][2 * NP][4], const T *a, const T *b)
 {
     constexpr int LDS = mma_cfg<HS>::LDS;
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int ks = 0; ks < HS / 16; ks++) {
-        uint32_t af[4];
-        ldsm_x4(af, a + (lane % 16) * LDS + ks * 16 + (lane / 16) * 8);
+        uint32_t af[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+            ldsm_x4(af[mi], a + (mi * 16 + lane % 16) * LDS + ks * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int np = 0; np < NP; np++) {
             /* Matrices: rows n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15. */
             uint32_t bf[4];
             ldsm_x4(bf, b + (np * 16 + (lane / 16) * 8 + lane % 8) * LDS + ks * 16 + ((lane / 8) % 2) * 8);
-            mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
-            mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                mma16816<T>(acc[mi][2 * np], af[mi], bf[0], bf[1]);
+                mma16816<T>(acc[mi][2 * np + 1], af[mi], bf[2], bf[3]);
+            }
         }
     }
 }
 
-/* acc[j] (16 x HS as HS / 8 tiles) += P (accumulators p[j], 16 x 16 KS) times rows [0, 16 KS) of the
- * row-major tile x (HS long): O += P V-like products. */
-template <typename T, int HS, int KS>
-__device__ __forceinline__ void mma_acc_x_rows(float (&acc)[HS / 8][4], const float (&p)[2 * KS][4], const T *x)
+/* acc[mi] (16 x HS as HS / 8 tiles) += P (accumulators p[mi][j], 16 x 16 KS) times rows [0, 16 KS) of
+ * the row-major tile x (HS long): O += P V-like products. */
+template <typename T, int HS, int MI, int KS>
+__device__ __forceinline__ void mma_acc_x_rows(float (&acc)[MI][HS / 8][4], const float (&p)[MI][2 * KS][4],
+                                               const T *x)
 {
     constexpr int LDS = mma_cfg<HS>::LDS;
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) {
-        uint32_t af[4];
-        acc_to_a<T>(af, p, ks);
+        uint32_t af[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+            acc_to_a<T>(af[mi], p[mi], ks);
 #pragma unroll
         for (int dp = 0; dp < HS / 16; dp++) {
             /* Transposed matrices: k 0-7 n 0-7, k 8-15 n 0-7, k 0-7 n 8-15, k 8-15 n 8-15. */
             uint32_t bf[4];
             ldsm_x4_trans(bf, x + (ks * 16 + lane % 16) * LDS + dp * 16 + (lane / 16) * 8);
-            mma16816<T>(acc[2 * dp], af, bf[0], bf[1]);
-            mma16816<T>(acc[2 * dp + 1], af, bf[2], bf[3]);
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                mma16816<T>(acc[mi][2 * dp], af[mi], bf[0], bf[1]);
+                mma16816<T>(acc[mi][2 * dp + 1], af[mi], bf[2], bf[3]);
+            }
         }
     }
+}
+
+template <int MI, int N> __device__ __forceinline__ void mma_zero(float (&acc)[MI][N][4])
+{
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mi][j][e] = 0.0f;
 }
 
 /* Adds scale * acc (rows g and g + 8 of a warp's 16 x HS block, as HS / 8 accumulator tiles) into
@@ -1006,7 +1040,10 @@ __device__ __forceinline__ int mma_seq_len(const int32_t *lens, int b, int T_)
     return lens ? max(0, min(lens[b], T_)) : T_;
 }
 
-template <typename T, int HS>
+/* Forward: a block owns ROWS queries (warp w: rows q0 + 16 MI w .. + 16 MI - 1) and walks the 64-key
+ * tiles up to the diagonal and the sequence's length. A warp skips a tile whose keys all lie past its
+ * rows (their P is 0). */
+template <typename T, int HS, int MI>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_forward_mma_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
                                  const int32_t *__restrict__ lens, int T_, int C, int NH, float scale_log2)
@@ -1015,35 +1052,36 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         __trap();
     } else {
         using cfg = mma_cfg<HS>;
+        using sh = mma_shape<HS, MI>;
         extern __shared__ __align__(128) unsigned char smem[];
         T *Qs = reinterpret_cast<T *>(smem);
-        T *Ks = Qs + cfg::TILE_ELEMS; /* two buffers */
+        T *Ks = Qs + sh::RES_ELEMS;       /* two buffers */
         T *Vs = Ks + 2 * cfg::TILE_ELEMS; /* two buffers */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int qt = gridDim.x - 1 - blockIdx.x; /* longest rows first */
         const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-        const int q0 = qt * MMA_TILE;
+        const int q0 = qt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
             return; /* every row is padding: the mask kernel writes them */
         const int stride = 3 * C;
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
-        const int nkt = qt + 1;
-        const int row0 = q0 + warp * 16 + g; /* this lane's rows: row0 and row0 + 8 */
+        /* Rows below len see keys below len only. */
+        const int nkt = min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE));
+        const int wr0 = q0 + warp * 16 * MI; /* this warp's first row; this lane's: wr0 + 16 mi + g (+ 8) */
 
-        mma_load_tile<T, HS>(Qs, base, q0, T_, stride);
+        mma_load_tile<T, HS, sh::ROWS>(Qs, base, q0, T_, stride);
         mma_load_tile<T, HS>(Ks, base + C, 0, T_, stride);
         mma_load_tile<T, HS>(Vs, base + 2 * C, 0, T_, stride);
         cp_async_commit();
 
-        float o[HS / 8][4];
+        float o[MI][HS / 8][4];
+        mma_zero(o);
+        /* Running max (base 2, scaled) and this lane's part of the running sum, per row. */
+        float m[MI][2], l[MI][2];
 #pragma unroll
-        for (int j = 0; j < HS / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[j][e] = 0.0f;
-        /* Running max (base 2, scaled) and this lane's part of the running sum, rows row0 and row0 + 8. */
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int mi = 0; mi < MI; mi++)
+            m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
 
         for (int kt = 0; kt < nkt; kt++) {
             if (kt + 1 < nkt) {
@@ -1056,83 +1094,87 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                 cp_async_wait<0>();
             }
             __syncthreads();
-            const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
+            const int k0 = kt * MMA_TILE;
+            if (k0 <= wr0 + 16 * MI - 1) { /* else every key of the tile is past every row of this warp */
+                const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
+                float s[MI][8][4];
+                mma_zero(s);
+                mma_rows_x_rows<T, HS, MI, 4>(s, Qs + warp * 16 * MI * cfg::LDS, Kt);
 
-            float s[8][4];
+                /* Online softmax. s[mi][j][e] is row wr0 + 16 mi + g + 8 (e / 2), key k0 + 8 j + 2 q + e % 2. */
+                const bool diag = k0 + MMA_TILE - 1 > wr0;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+                for (int mi = 0; mi < MI; mi++) {
+                    float mx[2] = {m[mi][0], m[mi][1]};
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[j][e] = 0.0f;
-            mma_rows_x_rows<T, HS, 4>(s, Qs + warp * 16 * cfg::LDS, Kt);
-
-            /* Online softmax. s[j][e] is row row0 + 8 (e / 2), key kt * 64 + 8 j + 2 q + e % 2. */
-            const bool diag = kt == qt;
-            float mx[2] = {m[0], m[1]};
+                    for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+                        for (int e = 0; e < 4; e++) {
+                            const int key = k0 + 8 * j + 2 * q + (e % 2);
+                            const int row = wr0 + 16 * mi + g + 8 * (e / 2);
+                            float x = s[mi][j][e] * scale_log2;
+                            if (diag && key > row)
+                                x = -INFINITY;
+                            s[mi][j][e] = x;
+                            mx[e / 2] = fmaxf(mx[e / 2], x);
+                        }
+                    float alpha[2];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = kt * MMA_TILE + 8 * j + 2 * q + (e % 2);
-                    const int row = row0 + 8 * (e / 2);
-                    float x = s[j][e] * scale_log2;
-                    if (diag && key > row)
-                        x = -INFINITY;
-                    s[j][e] = x;
-                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                    for (int i = 0; i < 2; i++) {
+                        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                        /* Finite: key 0 of the first tile is never masked. */
+                        alpha[i] = exp2f(m[mi][i] - mx[i]);
+                        m[mi][i] = mx[i];
+                        l[mi][i] *= alpha[i];
+                    }
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float p = exp2f(s[mi][j][e] - m[mi][e / 2]);
+                            s[mi][j][e] = p;
+                            l[mi][e / 2] += p;
+                        }
+#pragma unroll
+                    for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            o[mi][j][e] *= alpha[e / 2];
                 }
-            float alpha[2];
+                mma_acc_x_rows<T, HS, MI, 4>(o, s, Vt); /* O += P V */
+            }
+            __syncthreads(); /* every warp is done with buffer kt % 2 before it is refilled */
+        }
+
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            const int row0 = wr0 + 16 * mi + g;
+            float inv[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                /* Finite: key 0 of the first tile is never masked. */
-                alpha[i] = exp2f(m[i] - mx[i]);
-                m[i] = mx[i];
-                l[i] *= alpha[i];
+                l[mi][i] += __shfl_xor_sync(0xffffffffu, l[mi][i], 1);
+                l[mi][i] += __shfl_xor_sync(0xffffffffu, l[mi][i], 2);
+                inv[i] = 1.0f / l[mi][i];
+                const int row = row0 + 8 * i;
+                if (q == 0 && row < len)
+                    lse[(size_t)bh * T_ + row] = (m[mi][i] + log2f(l[mi][i])) / LOG2E;
             }
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[j][e] - m[e / 2]);
-                    s[j][e] = p;
-                    l[e / 2] += p;
-                }
 #pragma unroll
             for (int j = 0; j < HS / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    o[j][e] *= alpha[e / 2];
-
-            mma_acc_x_rows<T, HS, 4>(o, s, Vt); /* O += P V */
-            __syncthreads(); /* every warp is done with buffer kt % 2 before it is refilled */
+                    o[mi][j][e] *= inv[e / 2];
+            mma_store_rows<T, HS>(out + (size_t)b * T_ * C + h * HS, C, row0, len, 1.0f, o[mi], false);
         }
-
-        float inv[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-            inv[i] = 1.0f / l[i];
-            const int row = row0 + 8 * i;
-            if (q == 0 && row < len)
-                lse[(size_t)bh * T_ + row] = (m[i] + log2f(l[i])) / LOG2E;
-        }
-#pragma unroll
-        for (int j = 0; j < HS / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[j][e] *= inv[e / 2];
-        mma_store_rows<T, HS>(out + (size_t)b * T_ * C + h * HS, C, row0, len, 1.0f, o, false);
     }
 }
 
-/* dK, dV of one 64-key tile: warp w owns keys k0 + 16 w .. + 15 and walks the query tiles from the
- * diagonal down. Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T (16 x SUB per
- * warp), P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and
- * dS^T straight from the registers. */
-template <typename T, int HS>
+/* dK, dV of ROWS keys: warp w owns keys k0 + 16 MI w .. + 16 MI - 1 and walks the 64-query tiles from
+ * the diagonal down. Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T, P^T =
+ * exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight
+ * from the registers. A warp skips the steps whose queries all precede its keys. */
+template <typename T, int HS, int MI>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *__restrict__ lse, const float *__restrict__ D,
@@ -1143,18 +1185,19 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         __trap();
     } else {
         using cfg = mma_cfg<HS>;
-        constexpr int SUB = cfg::SUB;
+        using sh = mma_shape<HS, MI>;
+        constexpr int SUB = sh::SUB;
         extern __shared__ __align__(128) unsigned char smem[];
         T *Ks = reinterpret_cast<T *>(smem);
-        T *Vs = Ks + cfg::TILE_ELEMS;
-        T *Qs = Vs + cfg::TILE_ELEMS;       /* two buffers */
+        T *Vs = Ks + sh::RES_ELEMS;
+        T *Qs = Vs + sh::RES_ELEMS;         /* two buffers */
         T *dOs = Qs + 2 * cfg::TILE_ELEMS;  /* two buffers */
         float *lse_s = reinterpret_cast<float *>(dOs + 2 * cfg::TILE_ELEMS); /* two buffers of 64 */
         float *D_s = lse_s + 2 * MMA_TILE;                                   /* two buffers of 64 */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int kt = blockIdx.x; /* the first key tiles see the most query tiles: they start first */
         const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-        const int k0 = kt * MMA_TILE;
+        const int k0 = kt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (k0 >= len)
             return; /* padded keys: only padded queries see them, and those add nothing */
@@ -1162,8 +1205,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
         const T *dobase = dout + (size_t)b * T_ * C + h * HS;
         const float scale_log2 = scale * LOG2E;
-        const int qend = ZT_CEIL_DIV(len, MMA_TILE);
-        const int key0 = k0 + warp * 16 + g; /* this lane's keys: key0 and key0 + 8 */
+        const int qbegin = k0 / MMA_TILE, qend = ZT_CEIL_DIV(len, MMA_TILE);
+        const int wk0 = k0 + warp * 16 * MI; /* this warp's first key; this lane's: wk0 + 16 mi + g (+ 8) */
 
         /* Starts loading query tile qt into buffer nb: Q and dO by cp.async, lse and D by plain stores
          * (padded and out-of-range rows get lse = +inf, so P = 0 there). */
@@ -1177,20 +1220,17 @@ static __global__ void __launch_bounds__(MMA_THREADS)
             }
         };
 
-        mma_load_tile<T, HS>(Ks, base + C, k0, T_, stride);
-        mma_load_tile<T, HS>(Vs, base + 2 * C, k0, T_, stride);
-        load_query_tile(kt, 0);
+        mma_load_tile<T, HS, sh::ROWS>(Ks, base + C, k0, T_, stride);
+        mma_load_tile<T, HS, sh::ROWS>(Vs, base + 2 * C, k0, T_, stride);
+        load_query_tile(qbegin, 0);
         cp_async_commit();
 
-        float dk[HS / 8][4], dv[HS / 8][4];
-#pragma unroll
-        for (int j = 0; j < HS / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                dk[j][e] = dv[j][e] = 0.0f;
+        float dk[MI][HS / 8][4], dv[MI][HS / 8][4];
+        mma_zero(dk);
+        mma_zero(dv);
 
-        for (int qt = kt; qt < qend; qt++) {
-            const int cb = (qt - kt) % 2;
+        for (int qt = qbegin; qt < qend; qt++) {
+            const int cb = (qt - qbegin) % 2;
             if (qt + 1 < qend) {
                 load_query_tile(qt + 1, 1 - cb);
                 cp_async_commit();
@@ -1201,46 +1241,53 @@ static __global__ void __launch_bounds__(MMA_THREADS)
             __syncthreads();
             const T *Qt = Qs + cb * cfg::TILE_ELEMS, *dOt = dOs + cb * cfg::TILE_ELEMS;
             const float *lse_t = lse_s + cb * MMA_TILE, *D_t = D_s + cb * MMA_TILE;
-            const bool diag = qt == kt;
 
 #pragma unroll 1
             for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
-                float s[SUB / 8][4], dp[SUB / 8][4];
+                const int qs0 = qt * MMA_TILE + sub * SUB; /* first query of the step */
+                if (wk0 > qs0 + SUB - 1)
+                    continue; /* every key of this warp is past every query of the step: P = 0 */
+                const bool diag = wk0 + 16 * MI - 1 > qs0;
+                float s[MI][SUB / 8][4], dp[MI][SUB / 8][4];
+                mma_zero(s);
+                mma_zero(dp);
+                mma_rows_x_rows<T, HS, MI, SUB / 16>(s, Ks + warp * 16 * MI * cfg::LDS, Qt + sub * SUB * cfg::LDS);
+                mma_rows_x_rows<T, HS, MI, SUB / 16>(dp, Vs + warp * 16 * MI * cfg::LDS, dOt + sub * SUB * cfg::LDS);
+                /* s[mi][j][e] is key wk0 + 16 mi + g + 8 (e / 2), query column c = sub * SUB + 8 j + 2 q + e % 2. */
 #pragma unroll
-                for (int j = 0; j < SUB / 8; j++)
+                for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[j][e] = dp[j][e] = 0.0f;
-                mma_rows_x_rows<T, HS, SUB / 16>(s, Ks + warp * 16 * cfg::LDS, Qt + sub * SUB * cfg::LDS);
-                mma_rows_x_rows<T, HS, SUB / 16>(dp, Vs + warp * 16 * cfg::LDS, dOt + sub * SUB * cfg::LDS);
-                /* s[j][e] is key key0 + 8 (e / 2), query column c = sub * SUB + 8 j + 2 q + e % 2. */
+                    for (int j = 0; j < SUB / 8; j++)
 #pragma unroll
-                for (int j = 0; j < SUB / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int c = sub * SUB + 8 * j + 2 * q + (e % 2);
-                        const int key = key0 + 8 * (e / 2);
-                        float p = exp2f(s[j][e] * scale_log2 - lse_t[c]);
-                        if (diag && key > qt * MMA_TILE + c)
-                            p = 0.0f;
-                        s[j][e] = p;
-                        dp[j][e] = p * (dp[j][e] - D_t[c]); /* dS^T */
-                    }
-                mma_acc_x_rows<T, HS, SUB / 16>(dv, s, dOt + sub * SUB * cfg::LDS); /* dV += P^T dO */
-                mma_acc_x_rows<T, HS, SUB / 16>(dk, dp, Qt + sub * SUB * cfg::LDS); /* dK += dS^T Q */
+                        for (int e = 0; e < 4; e++) {
+                            const int c = sub * SUB + 8 * j + 2 * q + (e % 2);
+                            const int key = wk0 + 16 * mi + g + 8 * (e / 2);
+                            float p = exp2f(s[mi][j][e] * scale_log2 - lse_t[c]);
+                            if (diag && key > qt * MMA_TILE + c)
+                                p = 0.0f;
+                            s[mi][j][e] = p;
+                            dp[mi][j][e] = p * (dp[mi][j][e] - D_t[c]); /* dS^T */
+                        }
+                mma_acc_x_rows<T, HS, MI, SUB / 16>(dv, s, dOt + sub * SUB * cfg::LDS); /* dV += P^T dO */
+                mma_acc_x_rows<T, HS, MI, SUB / 16>(dk, dp, Qt + sub * SUB * cfg::LDS); /* dK += dS^T Q */
             }
             __syncthreads(); /* buffer cb is refilled in the next iteration */
         }
 
         T *rows = dqkv + (size_t)b * T_ * stride + h * HS;
-        mma_store_rows<T, HS>(rows + C, stride, key0, len, scale, dk, accumulate);
-        mma_store_rows<T, HS>(rows + 2 * C, stride, key0, len, 1.0f, dv, accumulate);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            const int key0 = wk0 + 16 * mi + g;
+            mma_store_rows<T, HS>(rows + C, stride, key0, len, scale, dk[mi], accumulate);
+            mma_store_rows<T, HS>(rows + 2 * C, stride, key0, len, 1.0f, dv[mi], accumulate);
+        }
     }
 }
 
-/* dQ of one 64-query tile: warp w owns queries q0 + 16 w .. + 15 and walks the key tiles up to the
- * diagonal. Per key tile, in steps of SUB keys: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. */
-template <typename T, int HS>
+/* dQ of ROWS queries: warp w owns queries q0 + 16 MI w .. + 16 MI - 1 and walks the 64-key tiles up to
+ * the diagonal. Per key tile, in steps of SUB keys: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+ * A warp skips the steps whose keys all lie past its rows. */
+template <typename T, int HS, int MI>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_q_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                     const float *__restrict__ lse, const float *__restrict__ D,
@@ -1251,16 +1298,17 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         __trap();
     } else {
         using cfg = mma_cfg<HS>;
-        constexpr int SUB = cfg::SUB;
+        using sh = mma_shape<HS, MI>;
+        constexpr int SUB = sh::SUB;
         extern __shared__ __align__(128) unsigned char smem[];
         T *Qs = reinterpret_cast<T *>(smem);
-        T *dOs = Qs + cfg::TILE_ELEMS;
-        T *Ks = dOs + cfg::TILE_ELEMS;     /* two buffers */
+        T *dOs = Qs + sh::RES_ELEMS;
+        T *Ks = dOs + sh::RES_ELEMS;       /* two buffers */
         T *Vs = Ks + 2 * cfg::TILE_ELEMS;  /* two buffers */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int qt = gridDim.x - 1 - blockIdx.x; /* longest rows first */
         const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-        const int q0 = qt * MMA_TILE;
+        const int q0 = qt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
             return;
@@ -1268,29 +1316,27 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
         const T *dobase = dout + (size_t)b * T_ * C + h * HS;
         const float scale_log2 = scale * LOG2E;
-        const int row0 = q0 + warp * 16 + g; /* this lane's rows: row0 and row0 + 8 */
-        float lse2[2], Dr[2];
+        const int wr0 = q0 + warp * 16 * MI; /* this warp's first row; this lane's: wr0 + 16 mi + g (+ 8) */
+        float lse2[MI][2], Dr[MI][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int row = row0 + 8 * i;
-            lse2[i] = row < len ? lse[(size_t)bh * T_ + row] * LOG2E : INFINITY;
-            Dr[i] = row < len ? D[(size_t)bh * T_ + row] : 0.0f;
-        }
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int row = wr0 + 16 * mi + g + 8 * i;
+                lse2[mi][i] = row < len ? lse[(size_t)bh * T_ + row] * LOG2E : INFINITY;
+                Dr[mi][i] = row < len ? D[(size_t)bh * T_ + row] : 0.0f;
+            }
 
-        mma_load_tile<T, HS>(Qs, base, q0, T_, stride);
-        mma_load_tile<T, HS>(dOs, dobase, q0, T_, C);
+        mma_load_tile<T, HS, sh::ROWS>(Qs, base, q0, T_, stride);
+        mma_load_tile<T, HS, sh::ROWS>(dOs, dobase, q0, T_, C);
         mma_load_tile<T, HS>(Ks, base + C, 0, T_, stride);
         mma_load_tile<T, HS>(Vs, base + 2 * C, 0, T_, stride);
         cp_async_commit();
 
-        float dq[HS / 8][4];
-#pragma unroll
-        for (int j = 0; j < HS / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                dq[j][e] = 0.0f;
+        float dq[MI][HS / 8][4];
+        mma_zero(dq);
 
-        const int nkt = qt + 1;
+        const int nkt = min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE));
         for (int kt = 0; kt < nkt; kt++) {
             if (kt + 1 < nkt) {
                 const int nb = (kt + 1) % 2;
@@ -1303,35 +1349,40 @@ static __global__ void __launch_bounds__(MMA_THREADS)
             }
             __syncthreads();
             const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
-            const bool diag = kt == qt;
 
 #pragma unroll 1
             for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
-                float s[SUB / 8][4], dp[SUB / 8][4];
+                const int ks0 = kt * MMA_TILE + sub * SUB; /* first key of the step */
+                if (ks0 > wr0 + 16 * MI - 1)
+                    continue; /* every key of the step is past every row of this warp: P = 0 */
+                const bool diag = ks0 + SUB - 1 > wr0;
+                float s[MI][SUB / 8][4], dp[MI][SUB / 8][4];
+                mma_zero(s);
+                mma_zero(dp);
+                mma_rows_x_rows<T, HS, MI, SUB / 16>(s, Qs + warp * 16 * MI * cfg::LDS, Kt + sub * SUB * cfg::LDS);
+                mma_rows_x_rows<T, HS, MI, SUB / 16>(dp, dOs + warp * 16 * MI * cfg::LDS, Vt + sub * SUB * cfg::LDS);
+                /* s[mi][j][e] is row wr0 + 16 mi + g + 8 (e / 2), key ks0 + 8 j + 2 q + e % 2. */
 #pragma unroll
-                for (int j = 0; j < SUB / 8; j++)
+                for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[j][e] = dp[j][e] = 0.0f;
-                mma_rows_x_rows<T, HS, SUB / 16>(s, Qs + warp * 16 * cfg::LDS, Kt + sub * SUB * cfg::LDS);
-                mma_rows_x_rows<T, HS, SUB / 16>(dp, dOs + warp * 16 * cfg::LDS, Vt + sub * SUB * cfg::LDS);
-                /* s[j][e] is row row0 + 8 (e / 2), key kt * 64 + sub * SUB + 8 j + 2 q + e % 2. */
+                    for (int j = 0; j < SUB / 8; j++)
 #pragma unroll
-                for (int j = 0; j < SUB / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = kt * MMA_TILE + sub * SUB + 8 * j + 2 * q + (e % 2);
-                        const int i = e / 2;
-                        float p = exp2f(s[j][e] * scale_log2 - lse2[i]);
-                        if (diag && key > row0 + 8 * i)
-                            p = 0.0f;
-                        s[j][e] = p * (dp[j][e] - Dr[i]); /* dS */
-                    }
-                mma_acc_x_rows<T, HS, SUB / 16>(dq, s, Kt + sub * SUB * cfg::LDS); /* dQ += dS K */
+                        for (int e = 0; e < 4; e++) {
+                            const int key = ks0 + 8 * j + 2 * q + (e % 2);
+                            const int i = e / 2;
+                            float p = exp2f(s[mi][j][e] * scale_log2 - lse2[mi][i]);
+                            if (diag && key > wr0 + 16 * mi + g + 8 * i)
+                                p = 0.0f;
+                            s[mi][j][e] = p * (dp[mi][j][e] - Dr[mi][i]); /* dS */
+                        }
+                mma_acc_x_rows<T, HS, MI, SUB / 16>(dq, s, Kt + sub * SUB * cfg::LDS); /* dQ += dS K */
             }
             __syncthreads();
         }
-        mma_store_rows<T, HS>(dqkv + (size_t)b * T_ * stride + h * HS, stride, row0, len, scale, dq, accumulate);
+        T *rows = dqkv + (size_t)b * T_ * stride + h * HS;
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+            mma_store_rows<T, HS>(rows, stride, wr0 + 16 * mi + g, len, scale, dq[mi], accumulate);
     }
 }
 
@@ -1420,23 +1471,106 @@ static void mask_rows(T *out, float *lse, const int32_t *lens, int B, int T_, in
     ZT_CUDA_CHECK_LAUNCH();
 }
 
+/* Rows per warp of the mma.sync kernels at head size 64: 16 or 32 (0: not decided yet; see
+ * zt_cuda_attention_mma_warp_rows). Head size 128 always runs 16. */
+#define ZT_ATTENTION_WARP_ROWS_DEFAULT 32
+static int g_mma_warp_rows = 0;
+
+extern "C" void zt_cuda_attention_mma_warp_rows(int rows)
+{
+    ZT_ASSERT(rows == 0 || rows == 16 || rows == 32);
+    g_mma_warp_rows = rows;
+}
+
+static int mma_warp_rows(void)
+{
+    if (g_mma_warp_rows == 0) {
+        const char *env = getenv("ZT_CUDA_ATTENTION_WARP_ROWS");
+        g_mma_warp_rows = env && strcmp(env, "16") == 0   ? 16
+                          : env && strcmp(env, "32") == 0 ? 32
+                                                          : ZT_ATTENTION_WARP_ROWS_DEFAULT;
+    }
+    return g_mma_warp_rows;
+}
+
+/* Launches the mma.sync forward with MI row blocks per warp; false (nothing launched) where it cannot run. */
+template <typename T, int HS, int MI>
+static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
+                           float scale_log2, cudaStream_t stream)
+{
+    const void *ptrs[2] = {out, qkv};
+    const size_t smem = mma_shape<HS, MI>::fwd_smem;
+    if (!mma_usable<T>(attention_forward_mma_kernel<T, HS, MI>, smem, ptrs, 2))
+        return false;
+    allow_smem(attention_forward_mma_kernel<T, HS, MI>, smem);
+    dim3 grid(ZT_CEIL_DIV(T_, (mma_shape<HS, MI>::ROWS)), B * NH);
+    attention_forward_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(out, lse, qkv, lens, T_, C, NH,
+                                                                                scale_log2);
+    ZT_CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T, int HS>
+static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
+                        float scale_log2, cudaStream_t stream)
+{
+    if constexpr (HS == 64) {
+        if (mma_warp_rows() == 32 && mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, scale_log2, stream))
+            return true;
+    }
+    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, scale_log2, stream);
+}
+
+/* The mma.sync backward (dK/dV pass, then dQ pass) with MI row blocks per warp; false (nothing launched)
+ * where it cannot run. accumulate false: the kernels store where every row of dqkv gets its values (no
+ * padding mask); otherwise dqkv is zeroed first and the kernels add. */
+template <typename T, int HS, int MI>
+static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B,
+                            int T_, int C, int NH, const float *D, float scale, bool accumulate, cudaStream_t stream)
+{
+    const void *ptrs[3] = {dqkv, dout, qkv};
+    const size_t smem = mma_shape<HS, MI>::bwd_smem;
+    if (!mma_usable<T>(attention_backward_kv_mma_kernel<T, HS, MI>, smem, ptrs, 3) ||
+        !mma_usable<T>(attention_backward_q_mma_kernel<T, HS, MI>, smem, ptrs, 3))
+        return false;
+    dim3 grid(ZT_CEIL_DIV(T_, (mma_shape<HS, MI>::ROWS)), B * NH);
+    const bool add = accumulate || lens != NULL;
+    if (add && !accumulate)
+        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
+    allow_smem(attention_backward_kv_mma_kernel<T, HS, MI>, smem);
+    attention_backward_kv_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens,
+                                                                                    T_, C, NH, scale, add);
+    ZT_CUDA_CHECK_LAUNCH();
+    allow_smem(attention_backward_q_mma_kernel<T, HS, MI>, smem);
+    attention_backward_q_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens,
+                                                                                   T_, C, NH, scale, add);
+    ZT_CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T, int HS>
+static bool mma_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B, int T_,
+                         int C, int NH, const float *D, float scale, bool accumulate, cudaStream_t stream)
+{
+    if constexpr (HS == 64) {
+        if (mma_warp_rows() == 32 &&
+            mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream))
+            return true;
+    }
+    return mma_backward_mi<T, HS, 1>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream);
+}
+
 template <typename T, int HS>
 static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
                     cudaStream_t stream)
 {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if constexpr (!std::is_same<T, float>::value) {
-        const void *ptrs[2] = {out, qkv};
-        const size_t msmem = mma_cfg<HS>::fwd_smem;
-        if (mma_usable<T>(attention_forward_mma_kernel<T, HS>, msmem, ptrs, 2)) {
-            allow_smem(attention_forward_mma_kernel<T, HS>, msmem);
-            dim3 grid(ZT_CEIL_DIV(T_, MMA_TILE), B * NH);
-            attention_forward_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(out, lse, qkv, lens, T_, C, NH,
-                                                                                     scale_log2);
-            ZT_CUDA_CHECK_LAUNCH();
+        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, scale_log2, stream)) {
             mask_rows(out, lse, lens, B, T_, C, NH, stream);
             return;
         }
+        const void *ptrs[2] = {out, qkv};
         const size_t smem = tc_cfg<HS>::fwd_smem;
         if (tc_usable<T>(attention_forward_tc_kernel<T, HS>, smem, ptrs, 2)) {
             allow_smem(attention_forward_tc_kernel<T, HS>, smem);
@@ -1473,24 +1607,9 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     /* Padded rows (lens) carry lse = +inf from the forward pass, so P = 0 there in every kernel below;
      * the mma.sync kernels also use lens to skip the padded tiles. */
     if constexpr (!std::is_same<T, float>::value) {
-        const void *ptrs[3] = {dqkv, dout, qkv};
-        const size_t msmem = mma_cfg<HS>::bwd_smem;
-        if (mma_usable<T>(attention_backward_kv_mma_kernel<T, HS>, msmem, ptrs, 3) &&
-            mma_usable<T>(attention_backward_q_mma_kernel<T, HS>, msmem, ptrs, 3)) {
-            dim3 grid(ZT_CEIL_DIV(T_, MMA_TILE), B * NH);
-            const bool add = accumulate || lens != NULL;
-            if (add && !accumulate)
-                ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
-            allow_smem(attention_backward_kv_mma_kernel<T, HS>, msmem);
-            attention_backward_kv_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                        T_, C, NH, scale, add);
-            ZT_CUDA_CHECK_LAUNCH();
-            allow_smem(attention_backward_q_mma_kernel<T, HS>, msmem);
-            attention_backward_q_mma_kernel<T, HS><<<grid, MMA_THREADS, msmem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                       T_, C, NH, scale, add);
-            ZT_CUDA_CHECK_LAUNCH();
+        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream))
             return;
-        }
+        const void *ptrs[3] = {dqkv, dout, qkv};
         const size_t smem = tc_cfg<HS>::bwd_smem;
         if (tc_usable<T>(attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
             tc_usable<T>(attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {

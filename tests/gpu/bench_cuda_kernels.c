@@ -4,8 +4,9 @@
  * tests but never run by ctest: a benchmark, not a test.
  *
  *   bench_cuda_kernels [bf16|f16|f32] [iterations]     (default bf16, 20)
- *   bench_cuda_kernels attention [iterations]          attention only, WMMA vs mma.sync kernels, bf16 and
- *                                                      fp16, at GPT-2 124M and 1558M shapes
+ *   bench_cuda_kernels attention [iterations]          attention only, WMMA vs mma.sync kernels (16 and 32
+ *                                                      rows per warp), bf16 and fp16, at GPT-2 124M
+ *                                                      and 1558M shapes
  *   bench_cuda_kernels bandwidth [iterations]          the bandwidth-bound kernels of a bf16 training step
  *                                                      (layer norm, gradient fold, global norm, AdamW with
  *                                                      fp32 or bf16 gradients) at GPT-2 124M and 1558M
@@ -113,16 +114,18 @@ static void bench_attention(enum zt_dtype dt, int b, int t, int c, int nh)
     void *scratch = dalloc(zt_cuda_attention_backward_scratch_size(b, t, nh));
     const double hs = c / nh, pairs = (double)b * nh * t * (t + 1) / 2.0;
     printf("-- attention %s B=%d T=%d C=%d NH=%d (head size %d)\n", zt_dtype_name(dt), b, t, c, nh, (int)hs);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         char name[96];
-        zt_cuda_attention_use_mma(k == 1);
-        const char *which = k == 1 ? "mma.sync" : "WMMA";
+        zt_cuda_attention_use_mma(k > 0);
+        zt_cuda_attention_mma_warp_rows(k == 2 ? 32 : 16);
+        const char *which = k == 0 ? "WMMA" : k == 1 ? "mma.sync 16 rows/warp" : "mma.sync 32 rows/warp";
         snprintf(name, sizeof(name), "attention forward  %s", which);
         BENCH(name, 2.0 * 2 * pairs * hs, 0, zt_cuda_attention_forward(out, lse, qkv, b, t, c, nh, dt, g_stream));
         snprintf(name, sizeof(name), "attention backward %s", which);
         BENCH(name, 5.0 * 2 * pairs * hs, 0,
               zt_cuda_attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
     }
+    zt_cuda_attention_mma_warp_rows(0);
     zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
     void *bufs[] = {qkv, dqkv, out, dout, lse, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)

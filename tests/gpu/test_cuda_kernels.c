@@ -749,13 +749,16 @@ static void test_attention(void **state)
     assert_false(zt_cuda_attention_supported(768, 10));
     assert_false(zt_cuda_attention_supported(96, 3));
     /* Pass 0: the default path for every dtype, with the mma.sync kernels preferred (bf16 and fp16 on
-     * sm_80+); pass 1: bf16 and fp16 with the WMMA kernels; pass 2: the CUDA-core kernels. */
-    static const char *what[3] = {"mma.sync preferred", "WMMA (mma.sync off)", "CUDA cores only"};
-    const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130};
-    for (int pass = 0; pass < 3; pass++) {
-        zt_cuda_attention_use_tensor_cores(pass < 2);
-        zt_cuda_attention_use_mma(pass == 0);
-        g_attention_tc = pass < 2;
+     * sm_80+) at 32 rows per warp; pass 1: the mma.sync kernels at 16 rows per warp; pass 2: bf16 and fp16
+     * with the WMMA kernels; pass 3: the CUDA-core kernels. */
+    static const char *what[4] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
+                                  "WMMA (mma.sync off)", "CUDA cores only"};
+    const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130}, lens_long[2] = {300, 257};
+    for (int pass = 0; pass < 4; pass++) {
+        zt_cuda_attention_use_tensor_cores(pass < 3);
+        zt_cuda_attention_use_mma(pass < 2);
+        zt_cuda_attention_mma_warp_rows(pass == 1 ? 16 : 32);
+        g_attention_tc = pass < 3;
         printf("  -- attention: %s\n", what[pass]);
         for (int i = pass == 0 ? 0 : 1; i < 3; i++) {
             run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
@@ -763,10 +766,13 @@ static void test_attention(void **state)
             run_attention(k_dtypes[i], 2, 200, 512, 4);  /* head size 128, several tiles */
             run_attention(k_dtypes[i], 1, 1030, 128, 2); /* long sequence */
             run_attention(k_dtypes[i], 2, 1, 128, 1);    /* a single position */
+            run_attention(k_dtypes[i], 1, 192, 128, 2);  /* head size 64: 1.5 tiles of 128 rows */
             run_attention_masked(k_dtypes[i], 3, 150, 256, 4, lens);  /* full, partial, empty */
             run_attention_masked(k_dtypes[i], 2, 130, 256, 2, lens128); /* head size 128, a tile edge */
+            run_attention_masked(k_dtypes[i], 2, 320, 128, 2, lens_long); /* head size 64, lengths inside a tile */
         }
     }
+    zt_cuda_attention_mma_warp_rows(0);
     zt_cuda_attention_use_tensor_cores(true);
     zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
 }
