@@ -55,15 +55,20 @@ template <typename T> __device__ __forceinline__ void store4(T *p, float4 x)
     *(uint2 *)p = raw;
 }
 
-/* One element's update; returns the new weight. */
+/* One element's update; returns the new weight. Every operation is an explicitly rounded intrinsic, so
+ * the compiler cannot fuse a multiply and an add differently in different instantiations: the update is
+ * the same bits whatever the gradient's storage type (an fp32 gradient and a bf16 one of the same value
+ * give the same weights, which keeps a step that reads bf16 gradients equal to one that reads their
+ * fp32 copy). */
 __device__ __forceinline__ float adamw_one(float g, float &m, float &v, float p, const adamw_hyper &hp, float gs,
                                            float wd)
 {
-    g *= gs;
-    m = hp.beta1 * m + (1.0f - hp.beta1) * g;
-    v = hp.beta2 * v + (1.0f - hp.beta2) * g * g;
-    float mhat = m / hp.bc1, vhat = v / hp.bc2;
-    return p - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + wd * p);
+    g = __fmul_rn(g, gs);
+    m = __fadd_rn(__fmul_rn(hp.beta1, m), __fmul_rn(__fsub_rn(1.0f, hp.beta1), g));
+    v = __fadd_rn(__fmul_rn(hp.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, hp.beta2), g), g));
+    const float mhat = __fdiv_rn(m, hp.bc1), vhat = __fdiv_rn(v, hp.bc2);
+    const float upd = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), hp.eps)), __fmul_rn(wd, p));
+    return __fsub_rn(p, __fmul_rn(hp.lr, upd));
 }
 
 template <typename G, typename L>
