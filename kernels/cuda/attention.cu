@@ -1058,8 +1058,10 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         T *Ks = Qs + sh::RES_ELEMS;       /* two buffers */
         T *Vs = Ks + 2 * cfg::TILE_ELEMS; /* two buffers */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-        const int qt = gridDim.x - 1 - blockIdx.x; /* longest rows first */
-        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        /* Blocks start in order of blockIdx.y, then x: the longest rows of every (batch, head) first, so
+         * that the short ones fill the last wave (see mma_grid). */
+        const int qt = gridDim.y - 1 - blockIdx.y;
+        const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
         const int q0 = qt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
@@ -1195,8 +1197,9 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         float *lse_s = reinterpret_cast<float *>(dOs + 2 * cfg::TILE_ELEMS); /* two buffers of 64 */
         float *D_s = lse_s + 2 * MMA_TILE;                                   /* two buffers of 64 */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-        const int kt = blockIdx.x; /* the first key tiles see the most query tiles: they start first */
-        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        /* The first key tiles see the most query tiles: those of every (batch, head) start first. */
+        const int kt = blockIdx.y;
+        const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
         const int k0 = kt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (k0 >= len)
@@ -1306,8 +1309,10 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         T *Ks = dOs + sh::RES_ELEMS;       /* two buffers */
         T *Vs = Ks + 2 * cfg::TILE_ELEMS;  /* two buffers */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-        const int qt = gridDim.x - 1 - blockIdx.x; /* longest rows first */
-        const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+        /* Blocks start in order of blockIdx.y, then x: the longest rows of every (batch, head) first, so
+         * that the short ones fill the last wave (see mma_grid). */
+        const int qt = gridDim.y - 1 - blockIdx.y;
+        const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
         const int q0 = qt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
@@ -1493,6 +1498,17 @@ static int mma_warp_rows(void)
     return g_mma_warp_rows;
 }
 
+/* The mma.sync kernels' grid: (batch, head) along x and the resident tiles along y, so that blocks start
+ * tile by tile across every (batch, head). Under the causal mask a block's work grows with its tile's
+ * distance from the diagonal; starting the long blocks first leaves short ones for the last wave, where
+ * the x-major order (tiles of one head together) left long blocks starting at the very end. */
+template <int HS, int MI> static dim3 mma_grid(int B, int T_, int NH)
+{
+    const int tiles = ZT_CEIL_DIV(T_, (mma_shape<HS, MI>::ROWS));
+    ZT_ASSERT(tiles <= 65535);
+    return dim3((unsigned)(B * NH), (unsigned)tiles);
+}
+
 /* Launches the mma.sync forward with MI row blocks per warp; false (nothing launched) where it cannot run. */
 template <typename T, int HS, int MI>
 static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
@@ -1503,7 +1519,7 @@ static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens
     if (!mma_usable<T>(attention_forward_mma_kernel<T, HS, MI>, smem, ptrs, 2))
         return false;
     allow_smem(attention_forward_mma_kernel<T, HS, MI>, smem);
-    dim3 grid(ZT_CEIL_DIV(T_, (mma_shape<HS, MI>::ROWS)), B * NH);
+    const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
     attention_forward_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(out, lse, qkv, lens, T_, C, NH,
                                                                                 scale_log2);
     ZT_CUDA_CHECK_LAUNCH();
@@ -1533,7 +1549,7 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
     if (!mma_usable<T>(attention_backward_kv_mma_kernel<T, HS, MI>, smem, ptrs, 3) ||
         !mma_usable<T>(attention_backward_q_mma_kernel<T, HS, MI>, smem, ptrs, 3))
         return false;
-    dim3 grid(ZT_CEIL_DIV(T_, (mma_shape<HS, MI>::ROWS)), B * NH);
+    const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
     const bool add = accumulate || lens != NULL;
     if (add && !accumulate)
         ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
