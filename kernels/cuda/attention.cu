@@ -904,6 +904,16 @@ template <> __device__ __forceinline__ void mma16816<__half>(float (&d)[4], cons
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 2^x through the special-function unit alone (ex2.approx.ftz: relative error about 2^-22, results
+ * below 2^-126 flushed to 0, 2^-inf = 0), without exp2f's handling of subnormal results, which a
+ * probability rounded to 16 bits cannot use. */
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Two floats as one register of two 16-bit values, lo in the low half (the lower column). */
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
@@ -1126,7 +1136,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
                         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
                         /* Finite: key 0 of the first tile is never masked. */
-                        alpha[i] = exp2f(m[mi][i] - mx[i]);
+                        alpha[i] = fast_exp2(m[mi][i] - mx[i]);
                         m[mi][i] = mx[i];
                         l[mi][i] *= alpha[i];
                     }
@@ -1134,7 +1144,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                     for (int j = 0; j < 8; j++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            const float p = exp2f(s[mi][j][e] - m[mi][e / 2]);
+                            const float p = fast_exp2(s[mi][j][e] - m[mi][e / 2]);
                             s[mi][j][e] = p;
                             l[mi][e / 2] += p;
                         }
@@ -1265,7 +1275,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                         for (int e = 0; e < 4; e++) {
                             const int c = sub * SUB + 8 * j + 2 * q + (e % 2);
                             const int key = wk0 + 16 * mi + g + 8 * (e / 2);
-                            float p = exp2f(s[mi][j][e] * scale_log2 - lse_t[c]);
+                            float p = fast_exp2(s[mi][j][e] * scale_log2 - lse_t[c]);
                             if (diag && key > qt * MMA_TILE + c)
                                 p = 0.0f;
                             s[mi][j][e] = p;
@@ -1375,7 +1385,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                         for (int e = 0; e < 4; e++) {
                             const int key = ks0 + 8 * j + 2 * q + (e % 2);
                             const int i = e / 2;
-                            float p = exp2f(s[mi][j][e] * scale_log2 - lse2[mi][i]);
+                            float p = fast_exp2(s[mi][j][e] * scale_log2 - lse2[mi][i]);
                             if (diag && key > wr0 + 16 * mi + g + 8 * i)
                                 p = 0.0f;
                             s[mi][j][e] = p * (dp[mi][j][e] - Dr[mi][i]); /* dS */
