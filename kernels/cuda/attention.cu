@@ -852,9 +852,11 @@ template <int HS, int MI> struct mma_shape {
      * floats; the dQ pass leaves them unused). */
     static constexpr size_t bwd_smem =
         (size_t)(2 * RES_ELEMS + 4 * mma_cfg<HS>::TILE_ELEMS) * 2 + 4 * MMA_TILE * sizeof(float);
-    /* Columns of the walked side per inner step of the backward passes: 64 for head size 64 with MI = 1,
-     * else 32, which keeps the two score tiles and the two HS-wide accumulators within the registers. */
+    /* Columns of the walked side per inner step of the dK/dV pass: 64 for head size 64 with MI = 1, else 32,
+     * which keeps the two score tiles and the two HS-wide accumulators within the registers. */
     static constexpr int SUB = HS == 64 && MI == 1 ? 64 : 32;
+    /* The dQ pass holds one HS-wide accumulator, not two: 64 columns per step at head size 64. */
+    static constexpr int SUB_Q = HS == 64 ? 64 : 32;
 };
 
 template <typename T> __host__ __device__ constexpr bool mma_supported()
@@ -1312,7 +1314,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
     } else {
         using cfg = mma_cfg<HS>;
         using sh = mma_shape<HS, MI>;
-        constexpr int SUB = sh::SUB;
+        constexpr int SUB = sh::SUB_Q;
         extern __shared__ __align__(128) unsigned char smem[];
         T *Qs = reinterpret_cast<T *>(smem);
         T *dOs = Qs + sh::RES_ELEMS;
