@@ -812,11 +812,13 @@ static __global__ void __launch_bounds__(TC_THREADS)
 
 /* ---- mma.sync kernels (bf16 and fp16 on sm_80+), FlashAttention-2 style ----
  *
- * A block of 4 warps owns a tile of 64 rows (queries in the forward and the dQ pass, keys in the dK/dV
- * pass), each warp 16 of them, and walks the 64-row tiles of the other side. Tiles of the storage type
- * sit in shared memory with rows padded by 16 bytes (MMA_LDS elements), so that the 8 row addresses of
- * an ldmatrix fall in 8 different groups of 4 banks. The tiles of the side being walked are double
- * buffered: cp.async fetches tile i + 1 while the tensor cores work on tile i.
+ * A block of 4 warps owns a resident tile of rows (queries in the forward and the dQ pass, keys in the
+ * dK/dV pass), each warp 16 MI of them (MI = 2 at head size 64, 1 at 128; see mma_shape), and walks the
+ * 64-row tiles of the other side; a warp skips the steps the causal mask zeroes for all of its rows.
+ * Tiles of the storage type sit in shared memory with rows padded by 16 bytes (LDS), so that the 8 row
+ * addresses of an ldmatrix fall in 8 different groups of 4 banks. The tiles of the side being walked are
+ * double buffered: cp.async fetches tile i + 1 while the tensor cores work on tile i. The grid puts the
+ * (batch, head) pairs along x and the tiles along y, longest causal work first (mma_grid).
  *
  * Products are mma.sync.m16n8k16 (fp32 accumulation). Fragment layout for a lane (g = lane / 4,
  * q = lane % 4): the accumulator c[4] of a 16 x 8 tile holds (row g, cols 2q, 2q + 1) in c[0], c[1] and
