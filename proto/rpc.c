@@ -1219,11 +1219,9 @@ static int wait_send(zt_rpc_stream_t *s)
     }
 }
 
-int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len)
+/* Sends bb as the stream's next request and destroys it; 0, or -EPIPE (the stream is then broken). */
+static int stream_send_buffer(zt_rpc_stream_t *s, grpc_byte_buffer *bb)
 {
-    if (s->broken || s->send_closed)
-        return -EPIPE;
-    grpc_byte_buffer *bb = make_buffer(data, len);
     grpc_op op;
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_SEND_MESSAGE;
@@ -1237,6 +1235,13 @@ int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len)
         return -EPIPE;
     }
     return 0;
+}
+
+int zt_rpc_stream_send(zt_rpc_stream_t *s, const void *data, size_t len)
+{
+    if (s->broken || s->send_closed)
+        return -EPIPE;
+    return stream_send_buffer(s, make_buffer(data, len));
 }
 
 int zt_rpc_stream_close_send(zt_rpc_stream_t *s)
@@ -1418,24 +1423,6 @@ int zt_rpc_health_check(zt_rpc_channel_t *ch, const char *service, double timeou
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Client: bulk messages without copies                                                             */
-
-/* Sends bb as the stream's next request and destroys it; as zt_rpc_stream_send(). */
-static int stream_send_buffer(zt_rpc_stream_t *s, grpc_byte_buffer *bb)
-{
-    grpc_op op;
-    memset(&op, 0, sizeof(op));
-    op.op = GRPC_OP_SEND_MESSAGE;
-    op.data.send_message.send_message = bb;
-    int ok = 0;
-    if (grpc_call_start_batch(s->call, &op, 1, &tag_write, NULL) == GRPC_CALL_OK)
-        ok = wait_send(s);
-    grpc_byte_buffer_destroy(bb);
-    if (!ok) {
-        s->broken = 1;
-        return -EPIPE;
-    }
-    return 0;
-}
 
 int zt_rpc_stream_send_owned(zt_rpc_stream_t *s, void *data, size_t len)
 {
