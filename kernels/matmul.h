@@ -17,6 +17,8 @@ void zt_cpu_matmul_backward(zt_real *dinp, zt_real *dweight, zt_real *dbias, con
  * (F32 without TF32, F16, BF16 on sm_80+); the bias and the GELU are fused into the GEMM epilogue where
  * cuBLASLt has one, with a separate kernel otherwise. inp, weight, bias, out, pre_gelu, dout, dinp,
  * dweight, dbias hold `dtype` elements; pointers 16-byte aligned are faster. */
+#include <stdbool.h>
+
 #include <cuda_runtime.h>
 
 #ifdef __cplusplus
@@ -33,6 +35,13 @@ typedef struct zt_cuda_blas zt_cuda_blas;
  * 0, or ZT_ENOMEM (device memory) / ZT_EUNSUPPORTED (cuBLASLt cannot start) with a message in err.
  * Free with zt_cuda_blas_destroy. */
 int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, zt_err *err);
+/* GEMM tuning, off unless the environment has ZT_GEMM_TUNE=1 at creation. When on, the first call of
+ * each GEMM form (shapes, epilogue, alignment) times the cuBLASLt heuristic's first 8 algorithms on
+ * scratch outputs (synchronizing the stream; the call's own output is written once, as without tuning)
+ * and keeps the fastest for the later calls of that form. A different algorithm can round differently,
+ * and timings vary, so with tuning two runs may differ in the last bits. Turning it on or off forgets
+ * the earlier choices. */
+void zt_cuda_blas_set_tuning(zt_cuda_blas *ctx, bool on);
 /* Frees the context (accepts NULL); the caller makes sure no work that uses it is still queued. */
 void zt_cuda_blas_destroy(zt_cuda_blas *ctx);
 

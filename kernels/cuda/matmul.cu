@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "common/log.h"
@@ -24,11 +25,32 @@ extern "C" {
 
 #define BLAS_DEFAULT_WORKSPACE (32u << 20)
 #define DBIAS_SLICES 64 /* row slices of the bias-gradient sum; fixed for determinism */
+#define TUNE_SLOTS 64      /* GEMM forms whose tuned algorithm is remembered */
+#define TUNE_CANDIDATES 8  /* the heuristic's first ones */
+#define TUNE_RUNS 5        /* timed runs per candidate, after one warm-up */
+#define TUNE_MARGIN 0.01f  /* another candidate replaces the heuristic's first only if this much faster */
+
+/* What identifies a GEMM form for the tuned-algorithm cache: everything the heuristic is told. */
+typedef struct tune_key {
+    int dtype, m, n, k, trans_a, trans_b, lda, ldb, ldd, ldaux, epilogue, has_bias, has_aux, in_place;
+    float beta;
+    uint32_t al_a, al_b, al_c, al_d;
+} tune_key;
+
+typedef struct tune_slot {
+    tune_key key;
+    cublasLtMatmulAlgo_t algo;
+} tune_slot;
 
 struct zt_cuda_blas {
     cublasLtHandle_t lt;
     void *workspace; /* device, workspace_bytes */
     size_t workspace_bytes;
+    /* Tuning (zt_cuda_blas_set_tuning, ZT_GEMM_TUNE=1): the first call of each GEMM form times the
+     * heuristic's first TUNE_CANDIDATES algorithms on scratch outputs and keeps the fastest. */
+    bool tune;
+    int tuned;
+    tune_slot slots[TUNE_SLOTS];
 };
 
 extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, zt_err *err)
@@ -38,6 +60,11 @@ extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, z
     if (!ctx)
         return zt_fail(err, ZT_ENOMEM, "out of host memory creating the cuBLASLt context");
     ctx->workspace_bytes = workspace_bytes ? workspace_bytes : BLAS_DEFAULT_WORKSPACE;
+    const char *tune = getenv("ZT_GEMM_TUNE");
+    ctx->tune = tune && strcmp(tune, "1") == 0;
+    if (ctx->tune)
+        zt_log(ZT_LOG_INFO, "gemm: ZT_GEMM_TUNE=1, each GEMM form's algorithm is chosen by timing the candidates "
+               "(faster; the choice, and with it the last bits of the results, can differ from run to run)");
     cublasStatus_t st = cublasLtCreate(&ctx->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(ctx);
@@ -57,6 +84,12 @@ extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, z
     }
     *out = ctx;
     return 0;
+}
+
+extern "C" void zt_cuda_blas_set_tuning(zt_cuda_blas *ctx, bool on)
+{
+    ctx->tune = on;
+    ctx->tuned = 0; /* forget earlier choices */
 }
 
 extern "C" void zt_cuda_blas_destroy(zt_cuda_blas *ctx)
@@ -109,6 +142,72 @@ typedef struct gemm_args {
     int ldaux;
 } gemm_args;
 
+static size_t dtype_bytes(enum zt_dtype dtype)
+{
+    return dtype == ZT_DTYPE_F32 ? 4 : 2;
+}
+
+/* Times the candidates on scratch outputs (the real D, and an aux the epilogue writes, stay untouched:
+ * an accumulating GEMM reads the real D as its C) and returns the index of the fastest, or 0 (the
+ * heuristic's first) when none beats it by TUNE_MARGIN or the scratch cannot be had. */
+static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g, cublasLtMatmulDesc_t desc,
+                     cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
+                     const cublasLtMatmulHeuristicResult_t *cand, int ncand, cudaStream_t stream)
+{
+    const size_t dbytes = (size_t)g->ldd * g->n * dtype_bytes(dtype);
+    const bool writes_aux = g->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || g->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    void *d = NULL, *aux = NULL;
+    if (cudaMalloc(&d, dbytes) != cudaSuccess ||
+        (writes_aux && cudaMalloc(&aux, (size_t)g->ldaux * g->n * dtype_bytes(dtype)) != cudaSuccess)) {
+        cudaGetLastError();
+        cudaFree(d);
+        return 0;
+    }
+    if (writes_aux)
+        ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                       sizeof(aux)));
+    const void *c = g->c ? g->c : g->d;
+    const float alpha = 1.0f;
+    cudaEvent_t e0, e1;
+    ZT_CUDA_CHECK(cudaEventCreate(&e0));
+    ZT_CUDA_CHECK(cudaEventCreate(&e1));
+    int best = 0;
+    float best_ms = INFINITY, first_ms = INFINITY;
+    for (int i = 0; i < ncand; i++) {
+        if (cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld, &cand[i].algo,
+                           ctx->workspace, ctx->workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
+            continue; /* warm-up; a candidate that cannot run is skipped */
+        ZT_CUDA_CHECK(cudaEventRecord(e0, stream));
+        for (int r = 0; r < TUNE_RUNS; r++)
+            ZT_CUBLAS_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld,
+                                           &cand[i].algo, ctx->workspace, ctx->workspace_bytes, stream));
+        ZT_CUDA_CHECK(cudaEventRecord(e1, stream));
+        ZT_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i == 0)
+            first_ms = ms;
+        if (ms < best_ms) {
+            best_ms = ms;
+            best = i;
+        }
+    }
+    if (best != 0 && !(best_ms < (1.0f - TUNE_MARGIN) * first_ms)) {
+        best = 0;
+        best_ms = first_ms;
+    }
+    ZT_CUDA_CHECK(cudaEventDestroy(e0));
+    ZT_CUDA_CHECK(cudaEventDestroy(e1));
+    if (writes_aux)
+        ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                       sizeof(g->aux)));
+    ZT_CUDA_CHECK(cudaFree(d));
+    cudaFree(aux);
+    zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: candidate %d of %d, %.4f ms (heuristic's first "
+           "%.4f ms)", g->m, g->n, g->k, (int)g->epilogue, best, ncand, best_ms / TUNE_RUNS, first_ms / TUNE_RUNS);
+    return best;
+}
+
 /* Runs the GEMM and returns CUBLAS_STATUS_SUCCESS, or, having launched nothing, the status that says
  * why cuBLASLt could not (no kernel for this shape, alignment, epilogue or dtype on this GPU). */
 static cublasStatus_t gemm(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g, cudaStream_t stream)
@@ -155,11 +254,37 @@ static cublasStatus_t gemm(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_ar
     ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
                                                          sizeof(al_d)));
 
+    cublasLtMatmulHeuristicResult_t cand[TUNE_CANDIDATES];
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx->lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
-    if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    tune_key key;
+    memset(&key, 0, sizeof key);
+    tune_slot *slot = NULL;
+    if (ctx->tune) {
+        key = tune_key{(int)dtype, g->m, g->n, g->k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldd, g->ldaux,
+                       (int)g->epilogue, g->bias != NULL, g->aux != NULL, c == g->d, g->beta,
+                       al_a, al_b, al_c, al_d};
+        for (int i = 0; i < ctx->tuned && !slot; i++)
+            if (memcmp(&ctx->slots[i].key, &key, sizeof key) == 0)
+                slot = &ctx->slots[i];
+    }
+    if (slot) {
+        heur.algo = slot->algo;
+    } else {
+        const int want = ctx->tune && ctx->tuned < TUNE_SLOTS ? TUNE_CANDIDATES : 1;
+        st = cublasLtMatmulAlgoGetHeuristic(ctx->lt, desc, la, lb, ld, ld, pref, want, cand, &found);
+        if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+            st = CUBLAS_STATUS_NOT_SUPPORTED;
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            heur = cand[want > 1 && found > 1 ? tune_pick(ctx, dtype, g, desc, la, lb, ld, cand, found, stream) : 0];
+            if (want > 1) {
+                ctx->slots[ctx->tuned].key = key;
+                ctx->slots[ctx->tuned].algo = heur.algo;
+                ctx->tuned++;
+            }
+        }
+    }
     if (st == CUBLAS_STATUS_SUCCESS) {
         const float alpha = 1.0f;
         st = cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, g->d, ld, &heur.algo,
