@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPT-2 124M and 1558M on one GPU, ztrain against PyTorch (eager and torch.compile), in one go:
 #   bench/gpt2_gpu.sh [OUT_DIR]      (MODELS="124m 1558m", TORCH_MODES="eager compile", SKIP_TORCH=1 narrow it)
+# ztrain runs once with cuBLASLt's heuristic GEMM algorithms and once with ZT_GEMM_TUNE=1 (each GEMM form's
+# algorithm chosen by timing); ZTRAIN_TUNE="0" or "1" keeps one of the two.
 # Needs: the ztrain binary (ZTRAIN, default build/worker/ztrain), python3 with torch + transformers for the
 # baseline, numpy for the random token shards. Writes OUT_DIR/bench.jsonl (one line per run), the logs,
 # and prints a table: tokens/s, TFLOP/s, MFU (6N + 6 L T C FLOPs per token against PEAK_TFLOPS, default
@@ -14,6 +16,7 @@ PY="${PYTHON:-python3}"
 SKIP_TORCH="${SKIP_TORCH:-0}"
 MODELS="${MODELS:-124m 1558m}"             # which of the two models to run
 TORCH_MODES="${TORCH_MODES:-eager compile}" # which PyTorch baselines to run
+ZTRAIN_TUNE="${ZTRAIN_TUNE:-0 1}"            # ztrain without / with GEMM tuning
 mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
@@ -23,11 +26,13 @@ RES="$RESULT_DIR/bench.jsonl"
 
 tag() { "$PY" -c "import json,sys; d=json.loads(sys.stdin.read()); d['model']='$1'; d['batch']=$2; print(json.dumps(d))"; }
 
-# ztrain NAME CONFIG B LABEL: trains 20 steps, records tok/s of steps 6..15 and the memory plan.
+# ztrain NAME CONFIG B LABEL TUNE: trains 20 steps, records tok/s of steps 6..15 and the memory plan.
 run_ztrain() {
-  local name=$1 model=$2 batch=$3 label=$4 run="${TMPDIR:-/tmp}/zt_bench_run_$1"
+  local name=$1 model=$2 batch=$3 label=$4 tune=$5 run="${TMPDIR:-/tmp}/zt_bench_run_$1"
+  local impl=ztrain
+  if [ "$tune" = 1 ]; then name="${name}_tune"; impl="ztrain, ZT_GEMM_TUNE=1"; fi
   rm -rf "$run"
-  ZT_GPU_PROFILE=16 "$ZTRAIN" train --model "$model" --train-data "$DATA/rnd_train_000.bin" --device cuda \
+  ZT_GEMM_TUNE=$tune ZT_GPU_PROFILE=16 "$ZTRAIN" train --model "$model" --train-data "$DATA/rnd_train_000.bin" --device cuda \
     --precision bf16 --steps 20 --batch-size "$batch" --seq-len 1024 --out "$run" --save-every 0 \
     --log-every 5 > "$RESULT_DIR/ztrain_$name.log" 2>&1 &
   local pid=$!
@@ -38,7 +43,7 @@ run_ztrain() {
   done
   wait $pid 2>/dev/null
   local line
-  line=$("$PY" - "$run/metrics.jsonl" "$RESULT_DIR/ztrain_$name.log" "$batch" <<'PY'
+  line=$("$PY" - "$run/metrics.jsonl" "$RESULT_DIR/ztrain_$name.log" "$batch" "$impl" <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 tokens = int(sys.argv[3]) * 1024
@@ -48,7 +53,7 @@ log = open(sys.argv[2]).read()
 m = re.search(r"memory plan ([0-9.]+) (MiB|GiB)", log)
 mem = float(m.group(1)) / (1024 if m.group(2) == "MiB" else 1) if m else float("nan")
 p = re.search(r"([0-9.]+)M parameters", log)
-print(json.dumps({"impl": "ztrain", "params": float(p.group(1)) * 1e6, "tokens_per_s": tokens * len(timed) / secs,
+print(json.dumps({"impl": sys.argv[4], "params": float(p.group(1)) * 1e6, "tokens_per_s": tokens * len(timed) / secs,
                   "peak_mem_gib": mem, "loss": rows[-1]["loss"]}))
 PY
   ) && echo "$line" | tag "$label" "$batch" | tee -a "$RES"
@@ -69,7 +74,9 @@ for model in $MODELS; do
     1558m) cfg="$HERE/gpt2-1558m.json"; batch=8; label=1558M; shape="--layers 48 --heads 25 --embd 1600" ;;
     *) echo "unknown model '$model' in MODELS (use 124m and/or 1558m)" >&2; exit 2 ;;
   esac
-  run_ztrain "$model" "$cfg" "$batch" "$label"
+  for tune in $ZTRAIN_TUNE; do
+    run_ztrain "$model" "$cfg" "$batch" "$label" "$tune"
+  done
   if [ "$SKIP_TORCH" != 1 ]; then
     for mode in $TORCH_MODES; do
       run_torch "$model" "$mode" "$label" "$batch" $shape
