@@ -46,8 +46,8 @@ struct zt_cuda_blas {
     cublasLtHandle_t lt;
     void *workspace; /* device, workspace_bytes */
     size_t workspace_bytes;
-    /* Tuning (zt_cuda_blas_set_tuning, ZT_GEMM_TUNE=1): the first call of each GEMM form times the
-     * heuristic's first TUNE_CANDIDATES algorithms on scratch outputs and keeps the fastest. */
+    /* Tuning (on unless ZT_GEMM_TUNE=0; zt_cuda_blas_set_tuning): the first call of each GEMM form picks
+     * the fastest of the heuristic's first TUNE_CANDIDATES algorithms that give the first's bits. */
     bool tune;
     int tuned;
     tune_slot slots[TUNE_SLOTS];
@@ -61,10 +61,7 @@ extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, z
         return zt_fail(err, ZT_ENOMEM, "out of host memory creating the cuBLASLt context");
     ctx->workspace_bytes = workspace_bytes ? workspace_bytes : BLAS_DEFAULT_WORKSPACE;
     const char *tune = getenv("ZT_GEMM_TUNE");
-    ctx->tune = tune && strcmp(tune, "1") == 0;
-    if (ctx->tune)
-        zt_log(ZT_LOG_INFO, "gemm: ZT_GEMM_TUNE=1, each GEMM form's algorithm is chosen by timing the candidates "
-               "(faster; the choice, and with it the last bits of the results, can differ from run to run)");
+    ctx->tune = !(tune && strcmp(tune, "0") == 0);
     cublasStatus_t st = cublasLtCreate(&ctx->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(ctx);
@@ -142,69 +139,120 @@ typedef struct gemm_args {
     int ldaux;
 } gemm_args;
 
+/* *count += the 32-bit words where a and b differ. */
+static __global__ void count_diff_kernel(const uint32_t *a, const uint32_t *b, size_t n, unsigned long long *count)
+{
+    unsigned long long local = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        local += a[i] != b[i];
+    if (local)
+        atomicAdd(count, local);
+}
+
+/* Whether two device buffers (bytes a multiple of 4) hold the same bits; synchronizes the stream. */
+static bool same_bits(const void *a, const void *b, size_t bytes, unsigned long long *d_count, cudaStream_t stream)
+{
+    unsigned long long h = 0;
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof *d_count, stream));
+    count_diff_kernel<<<264, 256, 0, stream>>>((const uint32_t *)a, (const uint32_t *)b, bytes / 4, d_count);
+    ZT_CUDA_CHECK_LAUNCH();
+    ZT_CUDA_CHECK(cudaMemcpyAsync(&h, d_count, sizeof h, cudaMemcpyDeviceToHost, stream));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return h == 0;
+}
+
 static size_t dtype_bytes(enum zt_dtype dtype)
 {
     return dtype == ZT_DTYPE_F32 ? 4 : 2;
 }
 
-/* Times the candidates on scratch outputs (the real D, and an aux the epilogue writes, stay untouched:
- * an accumulating GEMM reads the real D as its C) and returns the index of the fastest, or 0 (the
- * heuristic's first) when none beats it by TUNE_MARGIN or the scratch cannot be had. */
+/* Tuning of one GEMM form: runs the heuristic's candidates on scratch outputs (the call's own D, and an
+ * aux that the epilogue writes, stay untouched; an accumulating GEMM reads the real D as its C), keeps
+ * as eligible those whose outputs equal the first candidate's bit for bit (so that tuning never changes
+ * a result: on the GEMMs of GPT-2 every candidate but the split-K ones does), times the eligible ones
+ * and returns the index of the fastest, or 0 (the heuristic's first) when none beats it by TUNE_MARGIN
+ * or the scratch cannot be had. */
 static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g, cublasLtMatmulDesc_t desc,
                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
                      const cublasLtMatmulHeuristicResult_t *cand, int ncand, cudaStream_t stream)
 {
     const size_t dbytes = (size_t)g->ldd * g->n * dtype_bytes(dtype);
+    const size_t auxbytes = (size_t)g->ldaux * g->n * dtype_bytes(dtype);
     const bool writes_aux = g->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || g->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    void *d = NULL, *aux = NULL;
-    if (cudaMalloc(&d, dbytes) != cudaSuccess ||
-        (writes_aux && cudaMalloc(&aux, (size_t)g->ldaux * g->n * dtype_bytes(dtype)) != cudaSuccess)) {
-        cudaGetLastError();
-        cudaFree(d);
-        return 0;
-    }
-    if (writes_aux)
-        ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
-                                                       sizeof(aux)));
-    const void *c = g->c ? g->c : g->d;
-    const float alpha = 1.0f;
-    cudaEvent_t e0, e1;
-    ZT_CUDA_CHECK(cudaEventCreate(&e0));
-    ZT_CUDA_CHECK(cudaEventCreate(&e1));
-    int best = 0;
-    float best_ms = INFINITY, first_ms = INFINITY;
-    for (int i = 0; i < ncand; i++) {
-        if (cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld, &cand[i].algo,
-                           ctx->workspace, ctx->workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS)
-            continue; /* warm-up; a candidate that cannot run is skipped */
-        ZT_CUDA_CHECK(cudaEventRecord(e0, stream));
-        for (int r = 0; r < TUNE_RUNS; r++)
-            ZT_CUBLAS_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld,
-                                           &cand[i].algo, ctx->workspace, ctx->workspace_bytes, stream));
-        ZT_CUDA_CHECK(cudaEventRecord(e1, stream));
-        ZT_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0.0f;
-        ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (i == 0)
-            first_ms = ms;
-        if (ms < best_ms) {
-            best_ms = ms;
-            best = i;
+    /* d, d0 (the first candidate's output), aux, aux0, and the difference count. */
+    void *buf[5] = {NULL, NULL, NULL, NULL, NULL};
+    const size_t sizes[5] = {dbytes, dbytes, writes_aux ? auxbytes : 0, writes_aux ? auxbytes : 0,
+                             sizeof(unsigned long long)};
+    bool ok = dbytes % 4 == 0 && auxbytes % 4 == 0;
+    for (int i = 0; i < 5 && ok; i++)
+        if (sizes[i] && cudaMalloc(&buf[i], sizes[i]) != cudaSuccess) {
+            cudaGetLastError(); /* not enough memory to tune: keep the heuristic's first */
+            ok = false;
         }
+    int best = 0, eligible = 0;
+    float best_ms = INFINITY, first_ms = INFINITY;
+    if (ok) {
+        void *d = buf[0], *d0 = buf[1], *aux = buf[2], *aux0 = buf[3];
+        unsigned long long *d_count = (unsigned long long *)buf[4];
+        if (writes_aux)
+            ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                           sizeof(aux)));
+        const void *c = g->c ? g->c : g->d;
+        const float alpha = 1.0f;
+        cudaEvent_t e0, e1;
+        ZT_CUDA_CHECK(cudaEventCreate(&e0));
+        ZT_CUDA_CHECK(cudaEventCreate(&e1));
+        for (int i = 0; i < ncand; i++) {
+            if (cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld, &cand[i].algo,
+                               ctx->workspace, ctx->workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
+                if (i == 0)
+                    break; /* the heuristic's first cannot run here: nothing to compare with */
+                continue;
+            }
+            if (i == 0) {
+                ZT_CUDA_CHECK(cudaMemcpyAsync(d0, d, dbytes, cudaMemcpyDeviceToDevice, stream));
+                if (writes_aux)
+                    ZT_CUDA_CHECK(cudaMemcpyAsync(aux0, aux, auxbytes, cudaMemcpyDeviceToDevice, stream));
+            } else if (!same_bits(d, d0, dbytes, d_count, stream) ||
+                       (writes_aux && !same_bits(aux, aux0, auxbytes, d_count, stream))) {
+                continue; /* sums in another order (split-K): other bits */
+            }
+            eligible++;
+            ZT_CUDA_CHECK(cudaEventRecord(e0, stream));
+            for (int r = 0; r < TUNE_RUNS; r++)
+                ZT_CUBLAS_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld,
+                                               &cand[i].algo, ctx->workspace, ctx->workspace_bytes, stream));
+            ZT_CUDA_CHECK(cudaEventRecord(e1, stream));
+            ZT_CUDA_CHECK(cudaEventSynchronize(e1));
+            float ms = 0.0f;
+            ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            ms /= TUNE_RUNS;
+            if (i == 0)
+                first_ms = ms;
+            if (ms < best_ms) {
+                best_ms = ms;
+                best = i;
+            }
+        }
+        if (best != 0 && !(best_ms < (1.0f - TUNE_MARGIN) * first_ms)) {
+            best = 0;
+            best_ms = first_ms;
+        }
+        ZT_CUDA_CHECK(cudaEventDestroy(e0));
+        ZT_CUDA_CHECK(cudaEventDestroy(e1));
+        if (writes_aux)
+            ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                           sizeof(g->aux)));
     }
-    if (best != 0 && !(best_ms < (1.0f - TUNE_MARGIN) * first_ms)) {
-        best = 0;
-        best_ms = first_ms;
-    }
-    ZT_CUDA_CHECK(cudaEventDestroy(e0));
-    ZT_CUDA_CHECK(cudaEventDestroy(e1));
-    if (writes_aux)
-        ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
-                                                       sizeof(g->aux)));
-    ZT_CUDA_CHECK(cudaFree(d));
-    cudaFree(aux);
-    zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: candidate %d of %d, %.4f ms (heuristic's first "
-           "%.4f ms)", g->m, g->n, g->k, (int)g->epilogue, best, ncand, best_ms / TUNE_RUNS, first_ms / TUNE_RUNS);
+    for (int i = 0; i < 5; i++)
+        cudaFree(buf[i]);
+    if (eligible > 0)
+        zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: candidate %d of %d (%d with the same bits), "
+               "%.4f ms (heuristic's first %.4f ms)", g->m, g->n, g->k, (int)g->epilogue, best, ncand, eligible,
+               best_ms, first_ms);
+    else
+        zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: not tuned (%s), the heuristic's first", g->m,
+               g->n, g->k, (int)g->epilogue, ok ? "it cannot run on scratch" : "no memory for scratch outputs");
     return best;
 }
 

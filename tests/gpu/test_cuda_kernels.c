@@ -434,6 +434,64 @@ static void run_matmul(enum zt_dtype dt, int N, int IC, int OC, int with_bias, i
             dev_free(dev[i]);
 }
 
+/* Tuning changes no bits: every GEMM path through a tuning context and through one that takes the
+ * heuristic's first algorithm, on the data the tuning ran on (round 0) and on new data with the tuned
+ * choices (round 1), gives the same outputs. */
+static void run_matmul_tuning_bits(enum zt_dtype dt, int N, int IC, int OC, int gelu)
+{
+    const size_t es = zt_dtype_size(dt);
+    zt_cuda_blas *ctx[2];
+    zt_err err;
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(zt_cuda_blas_create(&ctx[k], 0, &err), 0);
+        zt_cuda_blas_set_tuning(ctx[k], k == 1);
+    }
+    for (int round = 0; round < 2; round++) {
+        float *h[8];
+        void *inp = dev_rand((size_t)N * IC, 1.0f, dt, &h[0]), *w = dev_rand((size_t)OC * IC, 0.1f, dt, &h[1]);
+        void *b = dev_rand(OC, 0.5f, dt, &h[2]), *res = dev_rand((size_t)N * OC, 1.0f, dt, &h[3]);
+        void *dout = dev_rand((size_t)N * OC, 1.0f, dt, &h[4]), *pre_in = dev_rand((size_t)N * IC, 2.0f, dt, &h[5]);
+        void *dinp0 = dev_rand((size_t)N * IC, 0.5f, dt, &h[6]), *dw0 = dev_rand((size_t)OC * IC, 0.5f, dt, &h[7]);
+        /* Per context: out, pre, residual out, dinp, dweight, dbias (accumulating), dinp overwritten, dpre. */
+        void *o[2][8];
+        for (int k = 0; k < 2; k++) {
+            o[k][0] = dev_alloc((size_t)N * OC * es);
+            o[k][1] = gelu ? dev_alloc((size_t)N * OC * es) : NULL;
+            o[k][2] = dev_alloc((size_t)N * OC * es);
+            o[k][3] = dev_clone(dinp0, (size_t)N * IC * es);
+            o[k][4] = dev_clone(dw0, (size_t)OC * IC * es);
+            o[k][5] = dev_clone(b, OC * es);
+            o[k][6] = dev_alloc((size_t)N * IC * es);
+            o[k][7] = dev_alloc((size_t)N * IC * es);
+            zt_cuda_matmul_forward(ctx[k], o[k][0], o[k][1], inp, w, b, N, IC, OC, dt, g_stream);
+            zt_cuda_matmul_forward_residual(ctx[k], o[k][2], inp, w, b, res, N, IC, OC, dt, g_stream);
+            zt_cuda_matmul_backward(ctx[k], o[k][3], o[k][4], o[k][5], dout, inp, w, NULL, N, IC, OC, dt, g_stream);
+            zt_cuda_matmul_backward_overwrite(ctx[k], o[k][6], NULL, NULL, dout, inp, w, NULL, N, IC, OC, dt,
+                                              g_stream);
+            zt_cuda_matmul_backward_overwrite(ctx[k], o[k][7], NULL, NULL, dout, inp, w, pre_in, N, IC, OC, dt,
+                                              g_stream);
+        }
+        const size_t bytes[8] = {(size_t)N * OC * es, gelu ? (size_t)N * OC * es : 0, (size_t)N * OC * es,
+                                 (size_t)N * IC * es, (size_t)OC * IC * es, OC * es, (size_t)N * IC * es,
+                                 (size_t)N * IC * es};
+        for (int i = 0; i < 8; i++) {
+            if (bytes[i] && !dev_equal(o[0][i], o[1][i], bytes[i]))
+                fail_msg("matmul %dx%dx%d %s round %d: output %d differs with tuning", N, IC, OC, zt_dtype_name(dt),
+                         round, i);
+            for (int k = 0; k < 2; k++)
+                if (o[k][i])
+                    dev_free(o[k][i]);
+        }
+        void *dev[] = {inp, w, b, res, dout, pre_in, dinp0, dw0};
+        for (int i = 0; i < 8; i++) {
+            dev_free(dev[i]);
+            free(h[i]);
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        zt_cuda_blas_destroy(ctx[k]);
+}
+
 static void test_matmul(void **state)
 {
     (void)state;
@@ -454,6 +512,10 @@ static void test_matmul(void **state)
             run_matmul(dt, 67, 64, 48, 1, 1);     /* small, fused GELU */
         }
         zt_cuda_blas_set_tuning(g_blas, false);
+        run_matmul_tuning_bits(dt, 1024, 768, 2304, 0); /* GPT-2 124M shapes at 1 x 1024 tokens */
+        run_matmul_tuning_bits(dt, 1024, 768, 3072, 1);
+        run_matmul_tuning_bits(dt, 1024, 3072, 768, 0);
+        run_matmul_tuning_bits(dt, 134, 768, 1003, 0);
     }
 }
 
