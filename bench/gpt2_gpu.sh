@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPT-2 124M and 1558M on one GPU, ztrain against PyTorch (eager and torch.compile), in one go:
 #   bench/gpt2_gpu.sh [OUT_DIR]      (MODELS="124m 1558m", TORCH_MODES="eager compile", SKIP_TORCH=1 narrow it)
-# ztrain runs once with cuBLASLt's heuristic GEMM algorithms and once with ZT_GEMM_TUNE=1 (each GEMM form's
-# algorithm chosen by timing); ZTRAIN_TUNE="0" or "1" keeps one of the two.
+# ztrain runs once as it is (each GEMM form's algorithm tuned at its first call) and once with
+# ZT_GEMM_TUNE=0 (cuBLASLt's heuristic first everywhere); ZTRAIN_TUNE="1" or "0" keeps one of the two.
 # Needs: the ztrain binary (ZTRAIN, default build/worker/ztrain), python3 with torch + transformers for the
 # baseline, numpy for the random token shards. Writes OUT_DIR/bench.jsonl (one line per run), the logs,
 # and prints a table: tokens/s, TFLOP/s, MFU (6N + 6 L T C FLOPs per token against PEAK_TFLOPS, default
@@ -16,7 +16,7 @@ PY="${PYTHON:-python3}"
 SKIP_TORCH="${SKIP_TORCH:-0}"
 MODELS="${MODELS:-124m 1558m}"             # which of the two models to run
 TORCH_MODES="${TORCH_MODES:-eager compile}" # which PyTorch baselines to run
-ZTRAIN_TUNE="${ZTRAIN_TUNE:-0 1}"            # ztrain without / with GEMM tuning
+ZTRAIN_TUNE="${ZTRAIN_TUNE:-1 0}"            # ztrain with / without GEMM tuning
 mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
@@ -30,7 +30,7 @@ tag() { "$PY" -c "import json,sys; d=json.loads(sys.stdin.read()); d['model']='$
 run_ztrain() {
   local name=$1 model=$2 batch=$3 label=$4 tune=$5 run="${TMPDIR:-/tmp}/zt_bench_run_$1"
   local impl=ztrain
-  if [ "$tune" = 1 ]; then name="${name}_tune"; impl="ztrain, ZT_GEMM_TUNE=1"; fi
+  if [ "$tune" = 0 ]; then name="${name}_notune"; impl="ztrain, ZT_GEMM_TUNE=0"; fi
   rm -rf "$run"
   ZT_GEMM_TUNE=$tune ZT_GPU_PROFILE=16 "$ZTRAIN" train --model "$model" --train-data "$DATA/rnd_train_000.bin" --device cuda \
     --precision bf16 --steps 20 --batch-size "$batch" --seq-len 1024 --out "$run" --save-every 0 \
