@@ -26,9 +26,9 @@ extern "C" {
 #define BLAS_DEFAULT_WORKSPACE (32u << 20)
 #define DBIAS_SLICES 64 /* row slices of the bias-gradient sum; fixed for determinism */
 #define TUNE_SLOTS 64      /* GEMM forms whose tuned algorithm is remembered */
-#define TUNE_CANDIDATES 8  /* the heuristic's first ones */
-#define TUNE_RUNS 5        /* timed runs per candidate, after one warm-up */
-#define TUNE_MARGIN 0.01f  /* another candidate replaces the heuristic's first only if this much faster */
+#define TUNE_CANDIDATES 16          /* the heuristic's first ones */
+#define TUNE_RUNS 5                 /* timed runs per candidate, after one warm-up */
+#define TUNE_HEADROOM (512ull << 20) /* device memory that tuning's scratch outputs must leave free */
 
 /* What identifies a GEMM form for the tuned-algorithm cache: everything the heuristic is told. */
 typedef struct tune_key {
@@ -170,8 +170,8 @@ static size_t dtype_bytes(enum zt_dtype dtype)
  * aux that the epilogue writes, stay untouched; an accumulating GEMM reads the real D as its C), keeps
  * as eligible those whose outputs equal the first candidate's bit for bit (so that tuning never changes
  * a result: on the GEMMs of GPT-2 every candidate but the split-K ones does), times the eligible ones
- * and returns the index of the fastest, or 0 (the heuristic's first) when none beats it by TUNE_MARGIN
- * or the scratch cannot be had. */
+ * and returns the index of the fastest (any of them gives the same results), or 0 (the heuristic's
+ * first) when the scratch cannot be had. */
 static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g, cublasLtMatmulDesc_t desc,
                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
                      const cublasLtMatmulHeuristicResult_t *cand, int ncand, cudaStream_t stream)
@@ -183,7 +183,13 @@ static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g,
     void *buf[5] = {NULL, NULL, NULL, NULL, NULL};
     const size_t sizes[5] = {dbytes, dbytes, writes_aux ? auxbytes : 0, writes_aux ? auxbytes : 0,
                              sizeof(unsigned long long)};
-    bool ok = dbytes % 4 == 0 && auxbytes % 4 == 0;
+    size_t need = 0, free_b = 0, total_b = 0;
+    for (int i = 0; i < 5; i++)
+        need += sizes[i];
+    /* Never tune at the cost of someone else's memory: a form too large for what is free keeps the
+     * heuristic's first. */
+    bool ok = dbytes % 4 == 0 && auxbytes % 4 == 0 && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+              free_b >= need + TUNE_HEADROOM;
     for (int i = 0; i < 5 && ok; i++)
         if (sizes[i] && cudaMalloc(&buf[i], sizes[i]) != cudaSuccess) {
             cudaGetLastError(); /* not enough memory to tune: keep the heuristic's first */
@@ -234,10 +240,6 @@ static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g,
                 best = i;
             }
         }
-        if (best != 0 && !(best_ms < (1.0f - TUNE_MARGIN) * first_ms)) {
-            best = 0;
-            best_ms = first_ms;
-        }
         ZT_CUDA_CHECK(cudaEventDestroy(e0));
         ZT_CUDA_CHECK(cudaEventDestroy(e1));
         if (writes_aux)
@@ -252,7 +254,7 @@ static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g,
                best_ms, first_ms);
     else
         zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: not tuned (%s), the heuristic's first", g->m,
-               g->n, g->k, (int)g->epilogue, ok ? "it cannot run on scratch" : "no memory for scratch outputs");
+               g->n, g->k, (int)g->epilogue, ok ? "it cannot run on scratch" : "too little free memory for scratch outputs");
     return best;
 }
 
