@@ -51,7 +51,7 @@ static const char train_usage[] =
     "  --log-every N        steps between progress lines (default 10)\n"
     "  --seed N             seed of initialisation and shuffling (default 1337)\n"
     "  --threads N          CPU threads, 0 = one per core (default 0)\n"
-    "  --save-grads         every checkpoint also holds grads.safetensors, the last step's gradients (CPU, one\n"
+    "  --save-grads         every checkpoint also holds grads.safetensors, the last step's gradients (one\n"
     "                       process; shown by ztrain inspect)\n"
     "  --device D           cpu | cuda (default cpu)\n"
     "  --precision P        auto | fp32 | bf16 | fp16 on cuda (default auto: bf16 on sm_80+, fp16 below)\n"

@@ -312,6 +312,30 @@ static void test_resume_at_other_world_sizes(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* save_grads is refused by the ZeRO runtime at any world size (at one rank ZT_ZERO_LEVEL chooses it), with a
+ * message naming the setting, before anything is written. */
+static void test_save_grads_refused(void **state)
+{
+    (void)state;
+    zt_train_config cfg;
+    zt_train_config_init(&cfg);
+    cfg.model = tiny_config();
+    cfg.model_loaded = true;
+    snprintf(cfg.train_data, sizeof cfg.train_data, "/nonexistent/train_000.bin");
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "/nonexistent/out");
+    cfg.batch_size = 4;
+    cfg.seq_len = 8;
+    cfg.save_grads = true;
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_resolve(&cfg, &err), 0);
+    zt_zero_options zo;
+    zt_zero_options_init(&zo);
+    zt_train_result res;
+    assert_int_equal(zt_zero_train_run(&cfg, &zo, &res, &err), ZT_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "save_grads"));
+    assert_non_null(strstr(err.msg, "WORLD_SIZE=1"));
+}
+
 /* The training loop of `ztrain train` under WORLD_SIZE = 2 against the single-process trainer, on a token
  * shard written here. */
 static void test_train_loop_matches_trainer(void **state)
@@ -424,6 +448,7 @@ int main(void)
         cmocka_unit_test(test_zero2_equals_zero3_and_checkpointing),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
+        cmocka_unit_test(test_save_grads_refused),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

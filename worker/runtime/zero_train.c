@@ -604,11 +604,12 @@ int zt_zero_train_run(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         return zt_fail(err, ZT_EUNSUPPORTED, "--optimizer %s with --device cuda and the ZeRO runtime (WORLD_SIZE=%d): "
                        "the GPU runtime keeps its optimizer shards on the GPUs; use --optimizer gpu, or one process "
                        "without ZT_ZERO_LEVEL for the other placements", cfg->optimizer, env.world_size);
-    /* Each rank holds only its shard of the gradients; gathering them for a dump is not implemented. */
-    if (cfg->save_grads && env.world_size > 1)
-        return zt_fail(err, ZT_EUNSUPPORTED, "save_grads (--save-grads) with WORLD_SIZE=%d: gradient dumps are "
-                       "written by single-process runs only; drop it, or train with one rank (WORLD_SIZE=1) to "
-                       "inspect gradients", env.world_size);
+    /* Each rank holds only its shard of the gradients; gathering them for a dump is not implemented (not
+     * even at one rank, where ZT_ZERO_LEVEL chose this runtime). */
+    if (cfg->save_grads)
+        return zt_fail(err, ZT_EUNSUPPORTED, "save_grads (--save-grads) with the ZeRO runtime (WORLD_SIZE=%d): "
+                       "gradient dumps are written by the single-process trainer only; drop it, or train with one "
+                       "rank (WORLD_SIZE=1) and without ZT_ZERO_LEVEL to inspect gradients", env.world_size);
     const int W = env.world_size, B = (int)cfg->batch_size;
     if (B % W != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,
