@@ -36,12 +36,13 @@ typedef struct zt_cuda_blas zt_cuda_blas;
  * Free with zt_cuda_blas_destroy. */
 int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, zt_err *err);
 /* GEMM tuning, on unless the environment has ZT_GEMM_TUNE=0 at creation. The first call of each GEMM
- * form (shapes, epilogue, alignment) runs up to 16 of the cuBLASLt heuristic's algorithms on scratch outputs
- * (synchronizing the stream; the call's own output is written once, as without tuning), keeps those whose
- * outputs equal the heuristic's first bit for bit (algorithms that sum in another order, such as split-K,
- * drop out), and uses the fastest of them for the later calls of that form. Results are therefore the
- * same bits with and without tuning. A form whose scratch outputs would leave less than 512 MiB of
- * device memory free keeps the heuristic's first. Turning it on or off forgets the earlier choices. */
+ * form (shapes, epilogue, alignment) that overwrites its output runs up to 16 of the cuBLASLt heuristic's
+ * algorithms into that output (synchronizing the stream; no memory is allocated, and the call's own run
+ * comes last), keeps those whose outputs hash like the heuristic first's (algorithms that sum in another
+ * order, such as split-K, drop out), and uses the fastest of them for the later calls of that form.
+ * Results are therefore the same bits with and without tuning. A GEMM that adds into its output (the
+ * weight gradients) keeps the heuristic's first. Every form's algorithm is remembered after its first
+ * call; turning tuning on or off forgets them. */
 void zt_cuda_blas_set_tuning(zt_cuda_blas *ctx, bool on);
 /* Frees the context (accepts NULL); the caller makes sure no work that uses it is still queued. */
 void zt_cuda_blas_destroy(zt_cuda_blas *ctx);

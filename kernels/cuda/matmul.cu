@@ -25,32 +25,33 @@ extern "C" {
 
 #define BLAS_DEFAULT_WORKSPACE (32u << 20)
 #define DBIAS_SLICES 64 /* row slices of the bias-gradient sum; fixed for determinism */
-#define TUNE_SLOTS 64                /* GEMM forms whose tuned algorithm is remembered */
+#define ALGO_SLOTS 64                /* GEMM forms whose algorithm is remembered */
 #define TUNE_CANDIDATES 16           /* asked of the heuristic (it offers 8 for GPT-2's GEMMs on an H200) */
 #define TUNE_RUNS 5                  /* timed runs per candidate, after one warm-up */
-#define TUNE_HEADROOM (512ull << 20) /* device memory that tuning's scratch outputs must leave free */
 
-/* What identifies a GEMM form for the tuned-algorithm cache: everything the heuristic is told. */
-typedef struct tune_key {
+/* What identifies a GEMM form for the algorithm cache: everything the heuristic is told. */
+typedef struct form_key {
     int dtype, m, n, k, trans_a, trans_b, lda, ldb, ldd, ldaux, epilogue, has_bias, has_aux, in_place;
     float beta;
     uint32_t al_a, al_b, al_c, al_d;
-} tune_key;
+} form_key;
 
-typedef struct tune_slot {
-    tune_key key;
+typedef struct algo_slot {
+    form_key key;
     cublasLtMatmulAlgo_t algo;
-} tune_slot;
+} algo_slot;
 
 struct zt_cuda_blas {
     cublasLtHandle_t lt;
     void *workspace; /* device, workspace_bytes */
     size_t workspace_bytes;
-    /* Tuning (on unless ZT_GEMM_TUNE=0; zt_cuda_blas_set_tuning): the first call of each GEMM form picks
-     * the fastest of the heuristic's first TUNE_CANDIDATES algorithms that give the first's bits. */
+    /* The algorithm of each GEMM form, chosen at its first call: the heuristic's first or, with tuning
+     * (on unless ZT_GEMM_TUNE=0; zt_cuda_blas_set_tuning), the fastest of its first TUNE_CANDIDATES that
+     * give the first's bits. */
     bool tune;
-    int tuned;
-    tune_slot slots[TUNE_SLOTS];
+    int nslots;
+    algo_slot slots[ALGO_SLOTS];
+    unsigned long long *d_hash; /* device: the hash of a candidate's output */
 };
 
 extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, zt_err *err)
@@ -71,8 +72,11 @@ extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, z
                        (int)st);
     }
     cudaError_t ce = cudaMalloc(&ctx->workspace, ctx->workspace_bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc(&ctx->d_hash, sizeof *ctx->d_hash);
     if (ce != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky-free error so later calls do not see it */
+        cudaFree(ctx->workspace);
         cublasLtDestroy(ctx->lt);
         free(ctx);
         return zt_fail(err, ZT_ENOMEM, "cannot allocate %zu bytes of device memory for the cuBLASLt workspace (%s); "
@@ -86,7 +90,7 @@ extern "C" int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, z
 extern "C" void zt_cuda_blas_set_tuning(zt_cuda_blas *ctx, bool on)
 {
     ctx->tune = on;
-    ctx->tuned = 0; /* forget earlier choices */
+    ctx->nslots = 0; /* forget earlier choices */
 }
 
 extern "C" void zt_cuda_blas_destroy(zt_cuda_blas *ctx)
@@ -94,6 +98,7 @@ extern "C" void zt_cuda_blas_destroy(zt_cuda_blas *ctx)
     if (!ctx)
         return;
     ZT_CUDA_CHECK(cudaFree(ctx->workspace));
+    ZT_CUDA_CHECK(cudaFree(ctx->d_hash));
     ZT_CUBLAS_CHECK(cublasLtDestroy(ctx->lt));
     free(ctx);
 }
@@ -139,122 +144,98 @@ typedef struct gemm_args {
     int ldaux;
 } gemm_args;
 
-/* *count += the 32-bit words where a and b differ. */
-static __global__ void count_diff_kernel(const uint32_t *a, const uint32_t *b, size_t n, unsigned long long *count)
+/* *hash += a 64-bit mix of every (index, 32-bit word) of a buffer: equal buffers give equal hashes, and
+ * any difference changes the sum except with a chance of about 2^-64. */
+static __global__ void hash_kernel(const uint32_t *a, size_t n, unsigned long long *hash)
 {
     unsigned long long local = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        local += a[i] != b[i];
-    if (local)
-        atomicAdd(count, local);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long x = ((unsigned long long)i << 32 | a[i]) + 0x9E3779B97F4A7C15ull; /* splitmix64 */
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        local += x ^ (x >> 31);
+    }
+    atomicAdd(hash, local);
 }
 
-/* Whether two device buffers (bytes a multiple of 4) hold the same bits; synchronizes the stream. */
-static bool same_bits(const void *a, const void *b, size_t bytes, unsigned long long *d_count, cudaStream_t stream)
+/* The hash of the bytes (a multiple of 4) of a device buffer; synchronizes the stream. */
+static unsigned long long device_hash(zt_cuda_blas *ctx, const void *a, size_t bytes, cudaStream_t stream)
 {
     unsigned long long h = 0;
-    ZT_CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof *d_count, stream));
-    count_diff_kernel<<<264, 256, 0, stream>>>((const uint32_t *)a, (const uint32_t *)b, bytes / 4, d_count);
+    ZT_CUDA_CHECK(cudaMemsetAsync(ctx->d_hash, 0, sizeof h, stream));
+    hash_kernel<<<264, 256, 0, stream>>>((const uint32_t *)a, bytes / 4, ctx->d_hash);
     ZT_CUDA_CHECK_LAUNCH();
-    ZT_CUDA_CHECK(cudaMemcpyAsync(&h, d_count, sizeof h, cudaMemcpyDeviceToHost, stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(&h, ctx->d_hash, sizeof h, cudaMemcpyDeviceToHost, stream));
     ZT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return h == 0;
+    return h;
 }
 
-static size_t dtype_bytes(enum zt_dtype dtype)
+/* Whether tuning may run a GEMM form's candidates into the call's own output: it may unless the GEMM
+ * reads that output (an accumulation into D, such as the weight gradients), since the call's real run
+ * comes after them and writes D (and the aux of a GELU epilogue) anew. */
+static bool tunable(const gemm_args *g)
 {
-    return dtype == ZT_DTYPE_F32 ? 4 : 2;
+    return g->beta == 0.0f || (g->c != NULL && g->c != g->d);
 }
 
-/* Tuning of one GEMM form: runs the heuristic's candidates on scratch outputs (the call's own D, and an
- * aux that the epilogue writes, stay untouched; an accumulating GEMM reads the real D as its C), keeps
- * as eligible those whose outputs equal the first candidate's bit for bit (so that tuning never changes
- * a result: on the GEMMs of GPT-2 every candidate but the split-K ones does), times the eligible ones
- * and returns the index of the fastest (any of them gives the same results), or 0 (the heuristic's
- * first) when the scratch cannot be had. */
+/* Tuning of one GEMM form: runs the heuristic's candidates into the call's own outputs (see tunable),
+ * keeps as eligible those whose outputs hash like the first candidate's (so that tuning never changes a
+ * result: on the GEMMs of GPT-2 every candidate but the split-K ones gives the first's bits), times the
+ * eligible ones and returns the index of the fastest (any of them gives the same results), or 0 (the
+ * heuristic's first) when the first cannot run. */
 static int tune_pick(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_args *g, cublasLtMatmulDesc_t desc,
                      cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
                      const cublasLtMatmulHeuristicResult_t *cand, int ncand, cudaStream_t stream)
 {
-    const size_t dbytes = (size_t)g->ldd * g->n * dtype_bytes(dtype);
-    const size_t auxbytes = (size_t)g->ldaux * g->n * dtype_bytes(dtype);
+    const size_t es = zt_dtype_size(dtype);
+    const size_t dbytes = (size_t)g->ldd * g->n * es, auxbytes = (size_t)g->ldaux * g->n * es;
     const bool writes_aux = g->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || g->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    /* d, d0 (the first candidate's output), aux, aux0, and the difference count. */
-    void *buf[5] = {NULL, NULL, NULL, NULL, NULL};
-    const size_t sizes[5] = {dbytes, dbytes, writes_aux ? auxbytes : 0, writes_aux ? auxbytes : 0,
-                             sizeof(unsigned long long)};
-    size_t need = 0, free_b = 0, total_b = 0;
-    for (int i = 0; i < 5; i++)
-        need += sizes[i];
-    /* Never tune at the cost of someone else's memory: a form too large for what is free keeps the
-     * heuristic's first. */
-    bool ok = dbytes % 4 == 0 && auxbytes % 4 == 0 && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
-              free_b >= need + TUNE_HEADROOM;
-    for (int i = 0; i < 5 && ok; i++)
-        if (sizes[i] && cudaMalloc(&buf[i], sizes[i]) != cudaSuccess) {
-            cudaGetLastError(); /* not enough memory to tune: keep the heuristic's first */
-            ok = false;
-        }
+    const void *c = g->c ? g->c : g->d;
+    const float alpha = 1.0f;
+    cudaEvent_t e0, e1;
+    ZT_CUDA_CHECK(cudaEventCreate(&e0));
+    ZT_CUDA_CHECK(cudaEventCreate(&e1));
     int best = 0, eligible = 0;
     float best_ms = INFINITY, first_ms = INFINITY;
-    if (ok) {
-        void *d = buf[0], *d0 = buf[1], *aux = buf[2], *aux0 = buf[3];
-        unsigned long long *d_count = (unsigned long long *)buf[4];
-        if (writes_aux)
-            ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
-                                                           sizeof(aux)));
-        const void *c = g->c ? g->c : g->d;
-        const float alpha = 1.0f;
-        cudaEvent_t e0, e1;
-        ZT_CUDA_CHECK(cudaEventCreate(&e0));
-        ZT_CUDA_CHECK(cudaEventCreate(&e1));
-        for (int i = 0; i < ncand; i++) {
-            if (cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld, &cand[i].algo,
-                               ctx->workspace, ctx->workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
-                if (i == 0)
-                    break; /* the heuristic's first cannot run here: nothing to compare with */
-                continue;
-            }
-            if (i == 0) {
-                ZT_CUDA_CHECK(cudaMemcpyAsync(d0, d, dbytes, cudaMemcpyDeviceToDevice, stream));
-                if (writes_aux)
-                    ZT_CUDA_CHECK(cudaMemcpyAsync(aux0, aux, auxbytes, cudaMemcpyDeviceToDevice, stream));
-            } else if (!same_bits(d, d0, dbytes, d_count, stream) ||
-                       (writes_aux && !same_bits(aux, aux0, auxbytes, d_count, stream))) {
-                continue; /* sums in another order (split-K): other bits */
-            }
-            eligible++;
-            ZT_CUDA_CHECK(cudaEventRecord(e0, stream));
-            for (int r = 0; r < TUNE_RUNS; r++)
-                ZT_CUBLAS_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, d, ld,
-                                               &cand[i].algo, ctx->workspace, ctx->workspace_bytes, stream));
-            ZT_CUDA_CHECK(cudaEventRecord(e1, stream));
-            ZT_CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms = 0.0f;
-            ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            ms /= TUNE_RUNS;
+    unsigned long long d_first = 0, aux_first = 0;
+    for (int i = 0; i < ncand; i++) {
+        if (cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, g->d, ld, &cand[i].algo,
+                           ctx->workspace, ctx->workspace_bytes, stream) != CUBLAS_STATUS_SUCCESS) {
             if (i == 0)
-                first_ms = ms;
-            if (ms < best_ms) {
-                best_ms = ms;
-                best = i;
-            }
+                break; /* the heuristic's first cannot run here: nothing to compare with */
+            continue;
         }
-        ZT_CUDA_CHECK(cudaEventDestroy(e0));
-        ZT_CUDA_CHECK(cudaEventDestroy(e1));
-        if (writes_aux)
-            ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
-                                                           sizeof(g->aux)));
+        const unsigned long long dh = dbytes % 4 == 0 ? device_hash(ctx, g->d, dbytes, stream) : 0;
+        const unsigned long long ah = writes_aux && auxbytes % 4 == 0 ? device_hash(ctx, g->aux, auxbytes, stream) : 0;
+        if (i == 0) {
+            d_first = dh;
+            aux_first = ah;
+        } else if (dbytes % 4 != 0 || dh != d_first || ah != aux_first) {
+            continue; /* sums in another order (split-K): other bits */
+        }
+        eligible++;
+        ZT_CUDA_CHECK(cudaEventRecord(e0, stream));
+        for (int r = 0; r < TUNE_RUNS; r++)
+            ZT_CUBLAS_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, g->d, ld,
+                                           &cand[i].algo, ctx->workspace, ctx->workspace_bytes, stream));
+        ZT_CUDA_CHECK(cudaEventRecord(e1, stream));
+        ZT_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= TUNE_RUNS;
+        if (i == 0)
+            first_ms = ms;
+        if (ms < best_ms) {
+            best_ms = ms;
+            best = i;
+        }
     }
-    for (int i = 0; i < 5; i++)
-        cudaFree(buf[i]);
+    ZT_CUDA_CHECK(cudaEventDestroy(e0));
+    ZT_CUDA_CHECK(cudaEventDestroy(e1));
     if (eligible > 0)
         zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: candidate %d of %d (%d with the same bits), "
                "%.4f ms (heuristic's first %.4f ms)", g->m, g->n, g->k, (int)g->epilogue, best, ncand, eligible,
                best_ms, first_ms);
-    else
-        zt_log(ZT_LOG_INFO, "gemm tune: m=%d n=%d k=%d epilogue %d: not tuned (%s), the heuristic's first", g->m,
-               g->n, g->k, (int)g->epilogue, ok ? "it cannot run on scratch" : "too little free memory for scratch outputs");
     return best;
 }
 
@@ -265,7 +246,6 @@ static cublasStatus_t gemm(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_ar
     cudaDataType_t t = cuda_type(dtype);
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
-    cublasLtMatmulPreference_t pref;
     ZT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -289,61 +269,60 @@ static cublasStatus_t gemm(zt_cuda_blas *ctx, enum zt_dtype dtype, const gemm_ar
     ZT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb));
     ZT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, t, g->m, g->n, g->ldd));
 
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &ctx->workspace_bytes, sizeof(ctx->workspace_bytes)));
-    /* Tell the heuristic how aligned the pointers really are (it assumes 256 bytes otherwise). */
     const void *c = g->c ? g->c : g->d;
-    uint32_t al_a = alignment_of(g->a), al_b = alignment_of(g->b), al_c = alignment_of(c), al_d = alignment_of(g->d);
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                         sizeof(al_a)));
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                         sizeof(al_b)));
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                                         sizeof(al_c)));
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
-                                                         sizeof(al_d)));
-
+    const uint32_t al_a = alignment_of(g->a), al_b = alignment_of(g->b), al_c = alignment_of(c),
+                   al_d = alignment_of(g->d);
+    /* The algorithm of a form seen before comes from the cache, without asking the heuristic again. */
+    const form_key key = {(int)dtype, g->m, g->n, g->k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldd, g->ldaux,
+                          (int)g->epilogue, g->bias != NULL, g->aux != NULL, c == g->d, g->beta,
+                          al_a, al_b, al_c, al_d};
+    const algo_slot *slot = NULL;
+    for (int i = 0; i < ctx->nslots && !slot; i++)
+        if (memcmp(&ctx->slots[i].key, &key, sizeof key) == 0)
+            slot = &ctx->slots[i];
     cublasLtMatmulHeuristicResult_t cand[TUNE_CANDIDATES];
-    cublasLtMatmulHeuristicResult_t heur;
+    cublasLtMatmulAlgo_t algo;
     int found = 0;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    tune_key key;
-    memset(&key, 0, sizeof key);
-    tune_slot *slot = NULL;
-    if (ctx->tune) {
-        key = tune_key{(int)dtype, g->m, g->n, g->k, g->trans_a, g->trans_b, g->lda, g->ldb, g->ldd, g->ldaux,
-                       (int)g->epilogue, g->bias != NULL, g->aux != NULL, c == g->d, g->beta,
-                       al_a, al_b, al_c, al_d};
-        for (int i = 0; i < ctx->tuned && !slot; i++)
-            if (memcmp(&ctx->slots[i].key, &key, sizeof key) == 0)
-                slot = &ctx->slots[i];
-    }
     if (slot) {
-        heur.algo = slot->algo;
+        algo = slot->algo;
     } else {
-        const int want = ctx->tune && ctx->tuned < TUNE_SLOTS ? TUNE_CANDIDATES : 1;
-        st = cublasLtMatmulAlgoGetHeuristic(ctx->lt, desc, la, lb, ld, ld, pref, want, cand, &found);
+        /* Tell the heuristic how aligned the pointers really are (it assumes 256 bytes otherwise). */
+        cublasLtMatmulPreference_t pref;
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &ctx->workspace_bytes, sizeof(ctx->workspace_bytes)));
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                             sizeof(al_a)));
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                             sizeof(al_b)));
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                             sizeof(al_c)));
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                             sizeof(al_d)));
+        const bool tune = ctx->tune && tunable(g);
+        st = cublasLtMatmulAlgoGetHeuristic(ctx->lt, desc, la, lb, ld, ld, pref, tune ? TUNE_CANDIDATES : 1, cand,
+                                            &found);
+        ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (st == CUBLAS_STATUS_SUCCESS && found == 0)
             st = CUBLAS_STATUS_NOT_SUPPORTED;
         if (st == CUBLAS_STATUS_SUCCESS) {
-            heur = cand[want > 1 && found > 1 ? tune_pick(ctx, dtype, g, desc, la, lb, ld, cand, found, stream) : 0];
-            if (want > 1) {
-                ctx->slots[ctx->tuned].key = key;
-                ctx->slots[ctx->tuned].algo = heur.algo;
-                ctx->tuned++;
+            algo = cand[tune && found > 1 ? tune_pick(ctx, dtype, g, desc, la, lb, ld, cand, found, stream) : 0].algo;
+            if (ctx->nslots < ALGO_SLOTS) {
+                ctx->slots[ctx->nslots].key = key;
+                ctx->slots[ctx->nslots].algo = algo;
+                ctx->nslots++;
             }
         }
     }
     if (st == CUBLAS_STATUS_SUCCESS) {
         const float alpha = 1.0f;
-        st = cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, g->d, ld, &heur.algo,
+        st = cublasLtMatmul(ctx->lt, desc, &alpha, g->a, la, g->b, lb, &g->beta, c, ld, g->d, ld, &algo,
                             ctx->workspace, ctx->workspace_bytes, stream);
         /* Anything but "not supported" at this point is a failure to launch, not a missing kernel. */
         if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
             ZT_CUBLAS_CHECK(st);
     }
-    ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     ZT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     ZT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     ZT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));

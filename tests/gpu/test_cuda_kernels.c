@@ -501,8 +501,9 @@ static void test_matmul(void **state)
             printf("  matmul BF16 skipped: this GPU (sm_%d x) has no bf16 GEMM\n", g_cc_major);
             continue;
         }
-        /* Heuristic algorithms, then tuned ones: tuning times candidates on scratch outputs, so the
-         * accumulating GEMMs (dweight, the residual) must still add exactly once. */
+        /* Heuristic algorithms, then tuned ones: tuning runs candidates into the call's own output, so
+         * the GEMMs that read other inputs as C (the residual) and those that add into their output
+         * (dweight, which tuning leaves alone) must still give the reference. */
         for (int tune = 0; tune < 2; tune++) {
             zt_cuda_blas_set_tuning(g_blas, tune == 1);
             run_matmul(dt, 134, 768, 2304, 1, 0); /* attention's qkv projection */
