@@ -82,17 +82,21 @@ int zt_zero_parse_checkpoint(const char *s, enum zt_zero_ckpt *policy, int *ever
                    "activation checkpointing '%s' is not a policy; use none, all or every:K (K >= 1)", s);
 }
 
+/* Whether transformer layer l (0-based) is checkpointed; see zero.h. */
+bool zt_zero_layer_checkpointed(const zt_zero_options *o, int l)
+{
+    if (o->checkpoint == ZT_ZERO_CKPT_ALL)
+        return true;
+    if (o->checkpoint == ZT_ZERO_CKPT_EVERY)
+        return l % o->checkpoint_every == 0;
+    return false;
+}
+
 /* Whether model block b (1..n_layer are transformer layers) drops its activations after forward. */
 static bool checkpointed(const zt_zero *z, int b)
 {
     int n_layer = z->nb - 2;
-    if (b < 1 || b > n_layer)
-        return false;
-    if (z->o.checkpoint == ZT_ZERO_CKPT_ALL)
-        return true;
-    if (z->o.checkpoint == ZT_ZERO_CKPT_EVERY)
-        return (b - 1) % z->o.checkpoint_every == 0;
-    return false;
+    return b >= 1 && b <= n_layer && zt_zero_layer_checkpointed(&z->o, b - 1);
 }
 
 static void window_add(zt_zero *z, size_t bytes)

@@ -48,6 +48,8 @@ typedef struct zt_zero zt_zero; /* opaque */
 /* Sets the defaults: level 3, no checkpointing, prefetch 1, grad_accum 1, AdamW 0.9/0.95/1e-8/0.1,
  * clip 1.0. */
 void zt_zero_options_init(zt_zero_options *o);
+/* Whether transformer layer l (0-based) drops its activations after forward under o's checkpointing. */
+bool zt_zero_layer_checkpointed(const zt_zero_options *o, int l);
 
 /* Parses a checkpointing policy: "none", "all" or "every:K" (K >= 1). Returns 0 or ZT_EINVAL_CONFIG. */
 int zt_zero_parse_checkpoint(const char *s, enum zt_zero_ckpt *policy, int *every, zt_err *err);

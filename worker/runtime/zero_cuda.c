@@ -85,7 +85,7 @@ struct zt_zero_cuda {
     /* The micro-batch in flight. */
     int *seq, seq_len, pos;  /* the order in which blocks are acquired, and the next position */
     int micro;
-    bool last, training;
+    bool last;
     float inv_scale;
     cudaEvent_t step_done, rs_done, ev_tmp;
 
@@ -93,6 +93,7 @@ struct zt_zero_cuda {
     int nadam;
 
     size_t free_at_start, plan_bytes, measured_bytes;
+    size_t plan[3]; /* the pool's bytes by part (see carve), for the plan's log line */
     bool comm_failed;        /* a collective enqueued by a hook failed (logged once) */
 
     /* Timeline (ZT_ZERO_TIMELINE=1). */
@@ -466,16 +467,6 @@ static void build_sequence(zt_zero_cuda *z, bool training)
     z->pos = 0;
 }
 
-/* Whether transformer layer l (0-based) is checkpointed under the options. */
-static bool layer_checkpointed(const zt_zero_options *o, int l)
-{
-    if (o->checkpoint == ZT_ZERO_CKPT_ALL)
-        return true;
-    if (o->checkpoint == ZT_ZERO_CKPT_EVERY)
-        return l % o->checkpoint_every == 0;
-    return false;
-}
-
 static void copy_field_to_shards(zt_zero_cuda *z, float *field, const float *slab, float *stage);
 
 /* Creates the runtime; see zero_cuda.h. */
@@ -499,14 +490,14 @@ int zt_zero_cuda_create(zt_zero_cuda **out, zt_gpt2 *host, zt_comm *comm, const 
     z->nb = zt_gpt2_num_blocks(host);
     z->L = z->nb - 2;
     z->dtype = dtype;
-    z->esize = dtype == ZT_DTYPE_F32 ? 4 : 2;
+    z->esize = zt_dtype_size(dtype);
     z->open_compute[0] = z->open_compute[1] = -1;
     size_t total_b = 0;
     ZT_CUDA_CHECK(cudaMemGetInfo(&z->free_at_start, &total_b));
 
     z->ckpt = zt_xcalloc((size_t)(z->L > 0 ? z->L : 1), sizeof(bool));
     for (int l = 0; l < z->L; l++)
-        z->ckpt[l] = layer_checkpointed(o, l);
+        z->ckpt[l] = zt_zero_layer_checkpointed(o, l);
     zt_gpt2_cuda_hooks hooks = {
         .ctx = z,
         .acquire_weights = h_acquire,
@@ -554,8 +545,7 @@ int zt_zero_cuda_create(zt_zero_cuda **out, zt_gpt2 *host, zt_comm *comm, const 
     ZT_CUDA_CHECK(cudaEventCreateWithFlags(&z->ev_tmp, cudaEventDisableTiming));
     z->seq = zt_xcalloc((size_t)(2 * z->nb + 2), sizeof(int));
 
-    size_t plan[3];
-    z->pool_bytes = carve(z, NULL, plan);
+    z->pool_bytes = carve(z, NULL, z->plan);
     if (cudaMalloc(&z->pool, z->pool_bytes) != cudaSuccess) {
         cudaGetLastError();
         char need[32], fr[32];
@@ -568,7 +558,7 @@ int zt_zero_cuda_create(zt_zero_cuda **out, zt_gpt2 *host, zt_comm *comm, const 
                      "--checkpointing all, or a smaller batch", need, fr);
         goto fail;
     }
-    ZT_ASSERT(carve(z, z->pool, plan) == z->pool_bytes);
+    ZT_ASSERT(carve(z, z->pool, z->plan) == z->pool_bytes);
     ZT_CUDA_CHECK(cudaMemsetAsync(z->pool, 0, z->pool_bytes, z->cs));
     z->plan_bytes = z->pool_bytes + zt_gpt2_cuda_pool_bytes(z->model);
     ZT_CUDA_CHECK(cudaMallocHost((void **)&z->h_small, 4 * sizeof(float)));
@@ -677,20 +667,9 @@ void zt_zero_cuda_destroy(zt_zero_cuda *z)
 /* Logs the plan; see zero_cuda.h. */
 void zt_zero_cuda_log_plan(const zt_zero_cuda *z)
 {
-    size_t total = 0, window = 0, gbuf = 0;
+    size_t total = 0;
     for (int b = 0; b < z->nb; b++)
         total += z->blocks[b].len;
-    for (int s = 0; s < z->nslots; s++)
-        window += z->slots[s].elems * z->esize;
-    size_t max_other = 0, padded_sum = 0;
-    for (int b = 0; b < z->nb; b++) {
-        padded_sum += z->blocks[b].padded;
-        if (b > 0 && z->blocks[b].padded > max_other)
-            max_other = z->blocks[b].padded;
-    }
-    if (z->dtype != ZT_DTYPE_F32)
-        gbuf += (z->blocks[0].padded + max_other) * z->esize;
-    gbuf += z->o.grad_accum > 1 ? padded_sum * 4 : (z->blocks[0].padded + 2 * max_other) * 4;
     int n_ckpt = 0;
     for (int l = 0; l < z->L; l++)
         n_ckpt += z->ckpt[l];
@@ -699,8 +678,8 @@ void zt_zero_cuda_log_plan(const zt_zero_cuda *z)
     zt_format_size((uint64_t)z->nshard * 4, g, sizeof g);
     zt_format_size((uint64_t)z->nshard * 8, o, sizeof o);
     zt_format_size((uint64_t)(z->dtype == ZT_DTYPE_F32 ? 0 : z->nshard * z->esize), lw, sizeof lw);
-    zt_format_size((uint64_t)window, w, sizeof w);
-    zt_format_size((uint64_t)gbuf, gb, sizeof gb);
+    zt_format_size((uint64_t)z->plan[1], w, sizeof w);
+    zt_format_size((uint64_t)z->plan[2], gb, sizeof gb);
     zt_format_size((uint64_t)zt_gpt2_cuda_pool_bytes(z->model), act, sizeof act);
     zt_format_size((uint64_t)z->plan_bytes, all, sizeof all);
     zt_format_size((uint64_t)z->free_at_start, fr, sizeof fr);
@@ -731,7 +710,6 @@ size_t zt_zero_cuda_measured_bytes(const zt_zero_cuda *z)
 static void begin_micro(zt_zero_cuda *z, bool training, int micro, bool last, float loss_scale)
 {
     build_sequence(z, training);
-    z->training = training;
     z->micro = micro;
     z->last = last;
     z->inv_scale = 1.0f / loss_scale;
@@ -942,13 +920,3 @@ void zt_zero_cuda_import_state(zt_zero_cuda *z, const zt_optimizer *opt)
     invalidate_window(z);
 }
 
-/* Profiling of the device model's kernels; see zero_cuda.h. */
-void zt_zero_cuda_set_profiling(zt_zero_cuda *z, bool on)
-{
-    zt_gpt2_cuda_set_profiling(z->model, on);
-}
-
-void zt_zero_cuda_profile_report(zt_zero_cuda *z)
-{
-    zt_gpt2_cuda_profile_report(z->model);
-}

@@ -103,8 +103,4 @@ int zt_zero_cuda_export_state(zt_zero_cuda *z, zt_optimizer *opt, zt_err *err);
  * zt_checkpoint_load leaves them on every rank) and refreshes the low-precision shards. Synchronous. */
 void zt_zero_cuda_import_state(zt_zero_cuda *z, const zt_optimizer *opt);
 
-/* Profiling of the device model's kernel families (ZT_GPU_PROFILE); see zt_gpt2_cuda_set_profiling. */
-void zt_zero_cuda_set_profiling(zt_zero_cuda *z, bool on);
-void zt_zero_cuda_profile_report(zt_zero_cuda *z);
-
 #endif
