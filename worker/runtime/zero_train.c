@@ -104,32 +104,25 @@ static void log_progress(int64_t step, int64_t steps, float loss, double lr, dou
            (long long)step, (long long)steps, (double)loss, lr, norm, tok_s, el, et);
 }
 
-/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
- * its rows of every batch (a collective). */
-static int evaluate(zt_zero *z, zt_dataloader *val, int64_t batches, int rank, int b, int T, int32_t *tok,
-                    int32_t *tgt, float *out, zt_err *err)
+/* The mean loss of one validation batch (this rank's rows) on the runtime in use (zc: the GPU runtime, else
+ * the CPU one); a collective. */
+static int batch_loss(zt_zero *z, void *zc, const int32_t *tok, const int32_t *tgt, int b, int T, float *mean,
+                      zt_err *err)
 {
-    zt_dataloader_reset(val);
-    double sum = 0.0;
-    const size_t off = (size_t)rank * (size_t)b * (size_t)T;
-    for (int64_t i = 0; i < batches; i++) {
-        float loss, mean;
-        zt_dataloader_next(val, tok, tgt);
-        int rc = zt_zero_forward(z, tok + off, tgt + off, b, T, &loss, err);
-        if (rc == 0)
-            rc = zt_zero_mean(z, loss, &mean, err);
-        if (rc < 0)
-            return rc;
-        sum += mean;
-    }
-    *out = (float)(sum / (double)batches);
-    return 0;
+#ifdef ZT_WITH_ZERO_CUDA
+    if (zc)
+        return zt_zero_cuda_eval(zc, tok, tgt, b, T, mean, err);
+#endif
+    (void)zc;
+    float loss;
+    int rc = zt_zero_forward(z, tok, tgt, b, T, &loss, err);
+    return rc < 0 ? rc : zt_zero_mean(z, loss, mean, err);
 }
 
-#ifdef ZT_WITH_ZERO_CUDA
-/* evaluate() on the GPU runtime. */
-static int evaluate_cuda(zt_zero_cuda *zc, zt_dataloader *val, int64_t batches, int rank, int b, int T,
-                         int32_t *tok, int32_t *tgt, float *out, zt_err *err)
+/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
+ * its rows of every batch (a collective). */
+static int evaluate(zt_zero *z, void *zc, zt_dataloader *val, int64_t batches, int rank, int b, int T,
+                    int32_t *tok, int32_t *tgt, float *out, zt_err *err)
 {
     zt_dataloader_reset(val);
     double sum = 0.0;
@@ -137,27 +130,13 @@ static int evaluate_cuda(zt_zero_cuda *zc, zt_dataloader *val, int64_t batches, 
     for (int64_t i = 0; i < batches; i++) {
         float mean;
         zt_dataloader_next(val, tok, tgt);
-        int rc = zt_zero_cuda_eval(zc, tok + off, tgt + off, b, T, &mean, err);
+        int rc = batch_loss(z, zc, tok + off, tgt + off, b, T, &mean, err);
         if (rc < 0)
             return rc;
         sum += mean;
     }
     *out = (float)(sum / (double)batches);
     return 0;
-}
-
-#endif
-
-/* Evaluation on the runtime in use (zc: the GPU runtime, else the CPU one). */
-static int run_eval(zt_zero *z, void *zc, zt_dataloader *val, int64_t batches, int rank, int b, int T,
-                    int32_t *tok, int32_t *tgt, float *out, zt_err *err)
-{
-#ifdef ZT_WITH_ZERO_CUDA
-    if (zc)
-        return evaluate_cuda(zc, val, batches, rank, b, T, tok, tgt, out, err);
-#endif
-    (void)zc;
-    return evaluate(z, val, batches, rank, b, T, tok, tgt, out, err);
 }
 
 /* Saves a checkpoint of the gathered state (every rank gathers, rank 0 writes). */
@@ -237,7 +216,6 @@ static int setup_run_dir(const zt_train_config *cfg, const zt_ckpt_state *st, bo
     return rc;
 }
 
-/* The training loop; see zero_train.h. */
 /* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
  * step fails because a state server holds an older step (the same on every rank, agreed in zero.c),
  * res->rewind_to receives that step. */
@@ -390,7 +368,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
 
     if (val && !resumed) {
         float vl;
-        if ((rc = run_eval(z, zc, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
+        if ((rc = evaluate(z, zc, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
             goto out;
         res->first_val_loss = res->last_val_loss = vl;
         if (is0) {
@@ -494,7 +472,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
         }
         if (val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
             float vl;
-            if ((rc = run_eval(z, zc, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
+            if ((rc = evaluate(z, zc, val, eval_batches, env.rank, b, T, tok, tgt, &vl, err)) < 0)
                 goto out;
             res->last_val_loss = vl;
             if (isnan(res->first_val_loss))
