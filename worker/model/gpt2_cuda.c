@@ -31,12 +31,12 @@ enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_
 
 /* Kernel families timed in profiling mode. */
 enum prof_family {
-    PF_EMBED, PF_LAYERNORM, PF_MM_QKV, PF_ATTN, PF_MM_ATTPROJ, PF_RESIDUAL, PF_MM_FC, PF_MM_FCPROJ, PF_HEAD,
+    PF_EMBED, PF_LAYERNORM, PF_MM_QKV, PF_ATTN, PF_MM_ATTPROJ, PF_MM_FC, PF_MM_FCPROJ, PF_HEAD,
     PF_CLASSIFIER, PF_B_HEAD, PF_B_LAYERNORM, PF_B_MM_FCPROJ, PF_B_MM_FC, PF_B_MM_ATTPROJ, PF_B_ATTN, PF_B_MM_QKV,
     PF_B_EMBED, PF_MEMSET, PF_GRAD_ACCUM, PF_OPTIMIZER, PF_COUNT
 };
 static const char *const prof_names[PF_COUNT] = {
-    "fwd embedding", "fwd layernorm", "fwd matmul qkv", "fwd attention", "fwd matmul attn proj", "fwd residual",
+    "fwd embedding", "fwd layernorm", "fwd matmul qkv", "fwd attention", "fwd matmul attn proj",
     "fwd matmul fc+gelu", "fwd matmul fc proj", "fwd head matmul", "classifier (fwd+bwd)", "bwd head matmul",
     "bwd layernorm", "bwd matmul fc proj+dgelu", "bwd matmul fc", "bwd matmul attn proj", "bwd attention",
     "bwd matmul qkv", "bwd embedding", "memsets", "grad accumulate fp32", "norm+clip+adamw"};
