@@ -1552,8 +1552,8 @@ static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, i
 }
 
 /* The mma.sync backward (dK/dV pass, then dQ pass) with MI row blocks per warp; false (nothing launched)
- * where it cannot run. accumulate false: the kernels store where every row of dqkv gets its values (no
- * padding mask); otherwise dqkv is zeroed first and the kernels add. */
+ * where it cannot run. accumulate false (never with a padding mask, which leaves rows unwritten): the
+ * kernels store; otherwise they add. */
 template <typename T, int HS, int MI>
 static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B,
                             int T_, int C, int NH, const float *D, float scale, bool accumulate, cudaStream_t stream)
@@ -1564,16 +1564,13 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
         !mma_usable<T>(attention_backward_q_mma_kernel<T, HS, MI>, smem, ptrs, 3))
         return false;
     const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
-    const bool add = accumulate || lens != NULL;
-    if (add && !accumulate)
-        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
     allow_smem(attention_backward_kv_mma_kernel<T, HS, MI>, smem);
     attention_backward_kv_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                    T_, C, NH, scale, add);
+                                                                                    T_, C, NH, scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
     allow_smem(attention_backward_q_mma_kernel<T, HS, MI>, smem);
     attention_backward_q_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                   T_, C, NH, scale, add);
+                                                                                   T_, C, NH, scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
     return true;
 }
@@ -1621,8 +1618,8 @@ static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B
     mask_rows(out, lse, lens, B, T_, C, NH, stream);
 }
 
-/* accumulate false: dqkv is overwritten. The mma.sync kernels then store instead of adding where every row
- * of dqkv gets its values (no padding mask); otherwise dqkv is zeroed first and the kernels add. */
+/* accumulate false: dqkv is overwritten (then lens is NULL). The mma.sync kernels store; the other kernels
+ * add, into a dqkv zeroed first. */
 template <typename T, int HS>
 static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
                      int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream)
@@ -1639,12 +1636,14 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     if constexpr (!std::is_same<T, float>::value) {
         if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream))
             return;
+    }
+    if (!accumulate)
+        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
+    if constexpr (!std::is_same<T, float>::value) {
         const void *ptrs[3] = {dqkv, dout, qkv};
         const size_t smem = tc_cfg<HS>::bwd_smem;
         if (tc_usable<T>(attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
             tc_usable<T>(attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {
-            if (!accumulate)
-                ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
             dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
             allow_smem(attention_backward_kv_tc_kernel<T, HS>, smem);
             attention_backward_kv_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, T_, C,
@@ -1657,9 +1656,6 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
             return;
         }
     }
-
-    if (!accumulate)
-        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T_ * 3 * C * sizeof(T), stream));
     dim3 grid(ZT_CEIL_DIV(T_, cfg::TILE), B * NH);
     const size_t smem_kv = 4 * cfg::tile_bytes + cfg::score_bytes + 2 * cfg::TILE * sizeof(float);
     allow_smem(attention_backward_kv_kernel<T, HS>, smem_kv);
@@ -1730,6 +1726,7 @@ static void backward_any(void *dqkv, const void *dout, const void *qkv, const vo
 {
     ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0 && ((uintptr_t)dout & 3u) == 0 && ((uintptr_t)scratch & 3u) == 0);
+    ZT_ASSERT(accumulate || lens == NULL); /* an overwrite would leave the padded rows unwritten */
     float *D = (float *)scratch;
     switch (dtype) {
     case ZT_DTYPE_F32:
