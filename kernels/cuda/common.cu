@@ -199,17 +199,15 @@ static void accumulate(float *dst, const T *src, size_t n, float scale, int over
     if (zt_aligned16(dst) && (uintptr_t)src % (4 * sizeof(T)) == 0) {
         n4 = n / 4;
         if (n4 > 0) {
-            size_t want = ZT_CEIL_DIV(n4, (size_t)threads);
-            int blocks = (int)(want < 65536 ? want : 65536);
-            accumulate4_kernel<T><<<blocks, threads, 0, stream>>>((float4 *)dst, src, n4, scale, overwrite);
+            accumulate4_kernel<T><<<grid_for(n4, threads), threads, 0, stream>>>((float4 *)dst, src, n4, scale,
+                                                                                 overwrite);
             ZT_CUDA_CHECK_LAUNCH();
         }
     }
     size_t rest = n - 4 * n4;
     if (rest > 0) {
-        size_t want = ZT_CEIL_DIV(rest, (size_t)threads);
-        int blocks = (int)(want < 65536 ? want : 65536);
-        accumulate_kernel<T><<<blocks, threads, 0, stream>>>(dst + 4 * n4, src + 4 * n4, rest, scale, overwrite);
+        accumulate_kernel<T><<<grid_for(rest, threads), threads, 0, stream>>>(dst + 4 * n4, src + 4 * n4, rest, scale,
+                                                                              overwrite);
         ZT_CUDA_CHECK_LAUNCH();
     }
 }

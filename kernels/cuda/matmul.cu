@@ -482,11 +482,10 @@ static void dbias(zt_cuda_blas *ctx, T *db, const T *dout, int N, int OC, cudaSt
 
 /* ---- launchers ---- */
 
-extern "C" void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_gelu, const void *inp,
-                                       const void *weight, const void *bias, int N, int IC, int OC,
-                                       enum zt_dtype dtype, cudaStream_t stream)
+/* The forward GEMM out [N,OC] = inp [N,IC] weight[OC,IC]^T (+ bias), as column-major out^T = W^T-as-stored
+ * times inp^T; no epilogue and no output chosen yet. */
+static gemm_args forward_args(const void *inp, const void *weight, const void *bias, int N, int IC, int OC)
 {
-    ZT_ASSERT(ctx && out && inp && weight && N > 0 && IC > 0 && OC > 0);
     gemm_args g = {};
     g.a = weight;
     g.b = inp;
@@ -500,6 +499,15 @@ extern "C" void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_g
     g.ldd = OC;
     g.beta = 0.0f;
     g.bias = bias;
+    return g;
+}
+
+extern "C" void zt_cuda_matmul_forward(zt_cuda_blas *ctx, void *out, void *pre_gelu, const void *inp,
+                                       const void *weight, const void *bias, int N, int IC, int OC,
+                                       enum zt_dtype dtype, cudaStream_t stream)
+{
+    ZT_ASSERT(ctx && out && inp && weight && N > 0 && IC > 0 && OC > 0);
+    gemm_args g = forward_args(inp, weight, bias, N, IC, OC);
 
     if (pre_gelu) {
         /* Fused: out = gelu(acc + bias), aux = acc + bias. */
@@ -536,20 +544,10 @@ extern "C" void zt_cuda_matmul_forward_residual(zt_cuda_blas *ctx, void *out, co
                                                 enum zt_dtype dtype, cudaStream_t stream)
 {
     ZT_ASSERT(ctx && out && inp && weight && residual && out != residual && N > 0 && IC > 0 && OC > 0);
-    gemm_args g = {};
+    gemm_args g = forward_args(inp, weight, bias, N, IC, OC);
     g.d = out;
-    g.c = residual;
-    g.a = weight;
-    g.b = inp;
-    g.m = OC;
-    g.n = N;
-    g.k = IC;
-    g.trans_a = true;
-    g.lda = IC;
-    g.ldb = IC;
-    g.ldd = OC;
+    g.c = residual; /* out = residual + inp W^T (+ bias) */
     g.beta = 1.0f;
-    g.bias = bias;
     g.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (gemm_ok(ctx, dtype, &g, stream))
         return;
