@@ -4,9 +4,11 @@
  *   shm   ranks are processes on one host; a POSIX shared-memory segment with process-shared locking.
  *         Reductions add the ranks' contributions in rank order 0, 1, ..., W-1, so results are the same
  *         on every rank and do not depend on timing. CPU memory only; fp32, fp64 and int32.
- *   nccl  GPUs (built when CUDA and NCCL are found); device memory; fp32, fp64, int32, bf16 and fp16;
+ *   nccl  GPUs (built when CUDA and NCCL are found); fp32, fp64, int32, bf16 and fp16. On device memory
  *         every call is enqueued on the given cudaStream_t (passed as void * so that CPU code needs no
- *         CUDA headers) and returns without waiting for it.
+ *         CUDA headers) and returns without waiting for it. all_gather, all_reduce and broadcast also take
+ *         host memory (small control values: flags, losses): staged through a device buffer on the
+ *         backend's own stream, and the call returns when the result is in host memory.
  *
  * Every rank must call the same collectives in the same order with the same counts. Calls return 0 or a
  * negative code with a sentence in err. A peer that exits or stops answering makes the waiting ranks fail
