@@ -404,7 +404,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
             bool nonfinite = false;
             if ((rc = zt_zero_cuda_step(zc, accum, (float)lr, full.adam_step + 1, &mean, &norm, &nonfinite,
                                         err)) < 0 ||
-                (rc = zt_optimizer_account(&full, mean, norm, nonfinite, use_scaler, &rep, err)) < 0)
+                (rc = zt_optimizer_account(&full, mean, norm, nonfinite, &rep, err)) < 0)
                 goto out;
             if (use_scaler) {
                 zt_loss_scaler_after_step(&scaler, &rep, mean, is0);

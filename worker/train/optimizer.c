@@ -69,7 +69,7 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
 
     /* The skip guard and the step count are zt_optimizer_account's: a skipped step returns here. */
     double norm = zt_optimizer_grad_norm(grads, o->n);
-    int rc = zt_optimizer_account(o, loss, norm, false, o->loss_scaled, report, err);
+    int rc = zt_optimizer_account(o, loss, norm, false, report, err);
     if (rc < 0 || report->skipped)
         return rc;
     zt_adamw_params p = {
@@ -101,7 +101,7 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
 }
 
 /* Books a step whose update ran on the GPU; see optimizer.h. */
-int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool nonfinite, bool loss_scaled,
+int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool nonfinite,
                          zt_optimizer_report *report, zt_err *err)
 {
     report->grad_norm = grad_norm;
@@ -110,7 +110,7 @@ int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool non
     if (nonfinite || !isfinite(loss) || !isfinite(grad_norm)) {
         report->skipped = true;
         o->skipped_steps++;
-        if (loss_scaled && isfinite(loss))
+        if (o->loss_scaled && isfinite(loss))
             return 0; /* an fp16 overflow: the loss scaler handles it */
         o->bad_in_a_row++;
         if (o->bad_in_a_row >= ZT_OPTIMIZER_MAX_BAD_STEPS)

@@ -64,11 +64,11 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
 
 /* Books a step whose update ran on the GPU (zt_gpt2_cuda_step_update), with the same rules as
  * zt_optimizer_step: the step counts as skipped when nonfinite (the device skipped the update) or the
- * loss or norm is not finite. With loss_scaled (fp16), a skip with a finite loss is a loss-scale
+ * loss or norm is not finite. With o->loss_scaled (fp16), a skip with a finite loss is a loss-scale
  * overflow: counted in skipped_steps but not as a divergence (the scaler lowers the scale instead).
  * Returns 0, or ZT_ESTATE as zt_optimizer_step does. */
-int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool nonfinite, bool loss_scaled,
-                         zt_optimizer_report *report, zt_err *err);
+int zt_optimizer_account(zt_optimizer *o, float loss, double grad_norm, bool nonfinite, zt_optimizer_report *report,
+                         zt_err *err);
 
 /* Dynamic loss scaling for fp16, with BMTrain's OptimManager semantics: the loss is multiplied by
  * `scale` before backward; a step whose gradients overflow is skipped and the scale divided by 2 (not

@@ -418,7 +418,7 @@ int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimiz
 {
     const float *grads = zt_gpt2_grads(model);
     double norm = zt_optimizer_grad_norm(grads, opt->n);
-    int rc = zt_optimizer_account(opt, loss, norm, false, opt->loss_scaled, report, err);
+    int rc = zt_optimizer_account(opt, loss, norm, false, report, err);
     if (rc < 0)
         return rc;
     zt_server_commit_args args = {

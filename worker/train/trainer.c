@@ -287,7 +287,7 @@ static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *
     double norm = 0.0;
     bool nonfinite = false;
     zt_gpt2_cuda_step_finish(r->gpu, accum, loss, &norm, &nonfinite);
-    int rc = zt_optimizer_account(&r->opt, *loss, norm, nonfinite, r->use_scaler, rep, err);
+    int rc = zt_optimizer_account(&r->opt, *loss, norm, nonfinite, rep, err);
     if (r->use_scaler)
         zt_loss_scaler_after_step(&r->scaler, rep, *loss, true);
     return rc;
