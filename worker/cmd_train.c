@@ -253,24 +253,13 @@ int zt_cmd_train(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     zt_train_result res;
-    if (zt_zero_train_wanted()) { /* WORLD_SIZE > 1 (or a malformed launch variable, reported there) */
-        rc = zt_zero_train_main(&cfg, &res, &err); /* rewinds by itself, every rank together */
-    } else {
-        /* A state server that restarted from an older snapshot makes the step fail with the server's step
-         * in res.rewind_to: the run continues from the checkpoint of that step (the server's snapshot was
-         * written with it), a few times at most. */
-        for (int rewinds = 0;; rewinds++) {
-            rc = zt_trainer_run(&cfg, &res, &err);
-            if (rc != ZT_ESTATE || res.rewind_to < 0)
-                break;
-            char ckpt[sizeof(cfg.resume)];
-            if ((rc = zt_trainer_rewind_target(&cfg, &res, rewinds, ckpt, sizeof(ckpt), &err)) < 0)
-                break;
-            zt_trainer_log_rewind(&cfg, res.rewind_to, rewinds, ckpt);
-            snprintf(cfg.resume, sizeof(cfg.resume), "%s", ckpt);
-            zt_train_result_free(&res);
-        }
-    }
+    /* Both loops continue by themselves from an older checkpoint when state servers restarted from older
+     * snapshots (the multi-rank one with every rank together). WORLD_SIZE > 1, ZT_ZERO_LEVEL or a malformed
+     * launch variable (reported there) choose the multi-rank loop. */
+    if (zt_zero_train_wanted())
+        rc = zt_zero_train_main(&cfg, &res, &err);
+    else
+        rc = zt_trainer_run(&cfg, &res, &err);
     bool interrupted = res.interrupted;
     zt_train_result_free(&res);
     signal(SIGINT, SIG_DFL);

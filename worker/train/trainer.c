@@ -404,8 +404,9 @@ int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_confi
     return 0;
 }
 
-/* Runs training as cfg says; see trainer.h. */
-int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
+/* One training run from the start or cfg->resume to cfg->steps. When a state server holds an older step,
+ * the run fails with ZT_ESTATE and that step in res->rewind_to. */
+static int train_once(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
 {
     memset(res, 0, sizeof(*res));
     res->first_val_loss = NAN;
@@ -634,10 +635,8 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
             if ((rc = gpu_step(&r, cfg, (float)lr, &loss, &rep, err)) < 0)
                 goto out;
         } else if (r.gpu) {
-            if ((rc = offload_step(&r, cfg, step, (float)lr, &loss, &rep, err)) < 0) {
-                res->rewind_to = zt_placement_server_stale_step(r.state);
+            if ((rc = offload_step(&r, cfg, step, (float)lr, &loss, &rep, err)) < 0)
                 goto out;
-            }
         } else
 #endif
         {
@@ -646,10 +645,8 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
                 rc = zt_placement_server_step(r.state, r.model, &r.opt, step, loss, (float)lr, &rep, err);
             else
                 rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err);
-            if (rc < 0) {
-                res->rewind_to = zt_placement_server_stale_step(r.state);
+            if (rc < 0)
                 goto out;
-            }
         }
         double dt = now_seconds() - t0;
 
@@ -759,6 +756,31 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     }
     rc = 0;
 out:
+    if (rc < 0) /* a step that failed on a state server back at an older step: which one */
+        res->rewind_to = zt_placement_server_stale_step(r.state);
     run_free(&r);
+    return rc;
+}
+
+/* Runs training as cfg says; see trainer.h. A state server that restarted from an older snapshot makes a
+ * run fail with the server's step in res->rewind_to: training continues from the checkpoint of that step
+ * (the server's snapshot was written with it), ZT_TRAIN_MAX_REWINDS times at most. */
+int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
+{
+    zt_train_config *again = zt_xmalloc(sizeof *again);
+    *again = *cfg;
+    int rc;
+    for (int rewinds = 0;; rewinds++) {
+        rc = train_once(again, res, err);
+        if (rc != ZT_ESTATE || res->rewind_to < 0)
+            break;
+        char ckpt[sizeof again->resume];
+        if ((rc = zt_trainer_rewind_target(again, res, rewinds, ckpt, sizeof ckpt, err)) < 0)
+            break;
+        zt_trainer_log_rewind(again, res->rewind_to, rewinds, ckpt);
+        snprintf(again->resume, sizeof again->resume, "%s", ckpt);
+        zt_train_result_free(res);
+    }
+    free(again);
     return rc;
 }

@@ -37,9 +37,11 @@ typedef struct zt_train_result {
 #define ZT_TRAIN_MAX_REWINDS 3
 
 /* Trains as cfg says (validated again here), logging progress, writing the run directory (config.json,
- * model_config.json, metrics.jsonl, checkpoints). Fills *res (free with zt_train_result_free, also after
- * an error). Returns 0 when the run reached cfg->steps or stopped on request after writing a checkpoint
- * (res->interrupted), or a negative code with a message in err. */
+ * model_config.json, metrics.jsonl, checkpoints). When state servers restarted from older snapshots, it
+ * continues from the checkpoint of their step by itself (zt_trainer_rewind_target, at most
+ * ZT_TRAIN_MAX_REWINDS times). Fills *res (free with zt_train_result_free, also after an error). Returns 0
+ * when the run reached cfg->steps or stopped on request after writing a checkpoint (res->interrupted), or
+ * a negative code with a message in err. */
 int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err);
 
 /* Decides whether a run that failed because a state server restarted at the older step res->rewind_to
