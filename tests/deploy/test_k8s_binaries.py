@@ -24,8 +24,6 @@ How, for every overlay:
    MASTER_ADDR/MASTER_PORT become 127.0.0.1 and a free port when WORLD_SIZE > 1 (rank 0's DNS name
    exists only in a cluster), and --train-data is appended with a glob that matches nothing. Each rank
    must fail on the data ("no files match" that glob): every flag and config key before it was accepted.
-   Exception: an overlay in KNOWN_REFUSALS, whose ranks pass the flag and config checks but are refused
-   by the runtime with a known "not supported yet" message before they read data (docs/deploy.md).
    The model config in the ConfigMap folder is replaced by a tiny model with the same keys (the real
    models, 1.5B and 6.7B parameters, do not fit this machine); the real model.json is checked by a
    second run that stops right after reading it: `--steps 0` appended, which only the range check after
@@ -67,13 +65,6 @@ WORKER_TIMEOUT = 90
 STOP_TIMEOUT = 30
 
 LISTEN_FLAGS = ("--listen", "--health-listen", "--metrics-listen")
-
-# Overlays whose workers `ztrain train` accepts (every flag and config key passes its checks) but whose
-# combination the runtime refuses when it starts, before it reads the data: overlay -> the refusal. Each
-# is listed in docs/deploy.md ("What exists today"). When the runtime supports one, the test fails until
-# its entry is removed, so that the data check applies to it again.
-KNOWN_REFUSALS = {
-}
 
 
 def image_programs():
@@ -385,16 +376,8 @@ class ManifestsRunTheRealBinaries(unittest.TestCase):
         # Every rank with the tiny model: fails on the training data and on nothing before it.
         nothing = os.path.join(self.tmp, "no-such-folder", "corpus_train_*.bin")
         runs = self.worker_runs(target, objects, volumes, servers, ["--train-data", nothing], free_port())
-        refusal = KNOWN_REFUSALS.get(target)
         for rank, argv, rc, output in self.run_workers(runs):
             with self.subTest(target=target, rank=rank):
-                if refusal:
-                    self.assertIn(refusal, output, "%s is in KNOWN_REFUSALS, but rank %d did not stop with that "
-                                  "message: if the runtime supports it now, remove the entry and update "
-                                  "docs/deploy.md\ncommand: %s\nexit: %s\noutput:\n%s" %
-                                  (target, rank, " ".join(argv), rc, output))
-                    self.assertEqual(rc, 1)
-                    continue
                 self.assertIn("no files match '%s'" % nothing, output,
                               "rank %d did not fail on the data (a flag or key was refused?)\ncommand: %s\n"
                               "exit: %s\noutput:\n%s" % (rank, " ".join(argv), rc, output))
