@@ -1,5 +1,5 @@
 /* Whole-file reads, atomic writes (temp file, fsync, rename, fsync of the directory), mkdir -p, a
- * writability probe, whole-file checksums and removal of flat directories, each failing with a message
+ * writability probe, whole-file checksums, fsync of directories and removal of flat directories, each failing with a message
  * that names the path and the reason. */
 #include "common/fileio.h"
 
@@ -81,8 +81,26 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
-/* fsync of the directory that holds path, so that the rename itself survives a crash. */
-static int fsync_parent_dir(const char *path)
+/* fsync of a directory, so that the entries created or renamed in it survive a crash; see fileio.h. */
+int zt_fsync_dir(const char *dir, zt_err *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return zt_fail(err, -e, "cannot open directory %s to sync it: %s", dir, strerror(e));
+    }
+    int rc = 0;
+    /* Some file systems cannot fsync a directory (EINVAL): the entries are as durable as they allow. */
+    if (fsync(fd) != 0 && errno != EINVAL)
+        rc = -errno;
+    close(fd);
+    if (rc != 0)
+        return zt_fail(err, rc, "cannot sync directory %s: %s", dir, strerror(-rc));
+    return 0;
+}
+
+/* fsync of the directory that holds path ("." for a bare name, "/" for a name in the root); see fileio.h. */
+int zt_fsync_parent_dir(const char *path, zt_err *err)
 {
     char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
@@ -93,19 +111,11 @@ static int fsync_parent_dir(const char *path)
     } else {
         size_t n = (size_t)(slash - path);
         if (n >= sizeof(dir))
-            return -ENAMETOOLONG;
+            return zt_fail(err, -ENAMETOOLONG, "cannot sync the directory of %s: path too long", path);
         memcpy(dir, path, n);
         dir[n] = '\0';
     }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = 0;
-    /* Some file systems cannot fsync a directory (EINVAL): the rename is as durable as they allow. */
-    if (fsync(fd) != 0 && errno != EINVAL)
-        rc = -errno;
-    close(fd);
-    return rc;
+    return zt_fsync_dir(dir, err);
 }
 
 /* Writes the parts to path.tmp, fsyncs, renames over path and fsyncs the directory; see fileio.h. */
@@ -143,7 +153,7 @@ int zt_write_file_atomic_parts(const char *path, const zt_file_part *parts, size
         unlink(tmp);
         return zt_fail(err, rc, "cannot write %s: %s of %s failed: %s", path, step, tmp, strerror(-rc));
     }
-    rc = fsync_parent_dir(path);
+    rc = zt_fsync_parent_dir(path, NULL);
     if (rc != 0)
         return zt_fail(err, rc, "cannot write %s: the file was renamed into place but fsync of its directory failed: %s",
                        path, strerror(-rc));

@@ -1,5 +1,5 @@
 /* Small file helpers with the error messages users need: whole-file reads, atomic writes, checksums of
- * whole files and removal of flat directories. */
+ * whole files, fsync of directories and removal of flat directories. */
 #ifndef ZT_COMMON_FILEIO_H
 #define ZT_COMMON_FILEIO_H
 
@@ -25,6 +25,16 @@ typedef struct zt_file_part {
 /* Like zt_write_file_atomic, for a file made of nparts pieces written one after the other (a header
  * and tensors, say) without first copying them into one buffer. */
 int zt_write_file_atomic_parts(const char *path, const zt_file_part *parts, size_t nparts, zt_err *err);
+
+/* fsyncs directory dir, so that files created, renamed or removed in it stay so after a crash. A file
+ * system that cannot fsync directories (EINVAL) counts as success. Returns 0 or a negative errno with a
+ * message naming dir. */
+int zt_fsync_dir(const char *dir, zt_err *err);
+
+/* zt_fsync_dir of the directory that holds path: the part before its last '/', "/" for a name in the
+ * root, "." for a name without '/'. Returns 0 or a negative errno with a message naming the directory
+ * (or path, when it is too long). */
+int zt_fsync_parent_dir(const char *path, zt_err *err);
 
 /* Creates a directory and its parents (like mkdir -p). Returns 0 or a negative errno with a message. */
 int zt_mkdir_p(const char *path, zt_err *err);

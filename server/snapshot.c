@@ -4,13 +4,11 @@
  * every file) before anything is restored. */
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -31,18 +29,6 @@ static int join(char *out, size_t cap, const char *a, const char *b, zt_err *err
     int k = snprintf(out, cap, "%s/%s", a, b);
     if (k < 0 || (size_t)k >= cap)
         return zt_fail(err, ZT_EINVAL_CONFIG, "path %s/%s is too long", a, b);
-    return 0;
-}
-
-static int fsync_path(const char *path, zt_err *err)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return zt_fail(err, -errno, "cannot open directory %s to sync it: %s", path, strerror(errno));
-    int rc = fsync(fd) < 0 ? -errno : 0;
-    close(fd);
-    if (rc < 0)
-        return zt_fail(err, rc, "cannot sync directory %s: %s", path, strerror(-rc));
     return 0;
 }
 
@@ -191,19 +177,11 @@ static int write_dir(zt_server_core *core, zt__run *run, int slot, int64_t step,
     }
     cJSON_Delete(root);
     if (rc == 0)
-        rc = fsync_path(tmp, err);
+        rc = zt_fsync_dir(tmp, err);
     if (rc == 0 && rename(tmp, dir) < 0)
         rc = zt_fail(err, -errno, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
-    if (rc == 0) {
-        char parent[SNAP_MAX_PATH];
-        snprintf(parent, sizeof(parent), "%s", dir);
-        char *slash = strrchr(parent, '/');
-        if (slash && slash != parent)
-            *slash = '\0';
-        else
-            snprintf(parent, sizeof(parent), "%s", slash ? "/" : ".");
-        rc = fsync_path(parent, err);
-    }
+    if (rc == 0)
+        rc = zt_fsync_parent_dir(dir, err);
     if (rc < 0)
         zt_remove_flat_dir(tmp);
     return rc;

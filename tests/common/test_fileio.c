@@ -1,5 +1,5 @@
 /* Tests of common/fileio: whole-file reads, atomic writes (no temp file left on success or failure),
- * mkdir -p and the writability probe, with the messages users see. */
+ * mkdir -p, the writability probe and fsync of directories, with the messages users see. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -233,6 +233,48 @@ static void test_check_writable_dir(void **state)
     }
 }
 
+/* zt_fsync_dir and zt_fsync_parent_dir: success on a directory, and messages naming the directory for
+ * one that is missing or not a directory. */
+static void test_fsync_dir(void **state)
+{
+    (void)state;
+    zt_err err = {{0}};
+    char path[256], want[512];
+    assert_int_equal(zt_fsync_dir(g_dir, &err), 0);
+
+    path_in(path, sizeof(path), "missing");
+    assert_int_equal(zt_fsync_dir(path, &err), -ENOENT);
+    snprintf(want, sizeof(want), "cannot open directory %s to sync it: No such file or directory", path);
+    assert_string_equal(err.msg, want);
+
+    path_in(path, sizeof(path), "afile");
+    assert_int_equal(zt_write_file_atomic(path, "1", 1, &err), 0);
+    assert_int_equal(zt_fsync_dir(path, &err), -ENOTDIR);
+    assert_non_null(strstr(err.msg, path));
+
+    /* The parent of a file in g_dir is g_dir, whether the file exists or not. */
+    assert_int_equal(zt_fsync_parent_dir(path, &err), 0);
+    path_in(path, sizeof(path), "not-yet");
+    assert_int_equal(zt_fsync_parent_dir(path, &err), 0);
+    assert_int_equal(zt_fsync_parent_dir("bare-name", &err), 0); /* "." */
+
+    path_in(path, sizeof(path), "missing/file");
+    assert_int_equal(zt_fsync_parent_dir(path, &err), -ENOENT);
+    path_in(path, sizeof(path), "missing");
+    snprintf(want, sizeof(want), "cannot open directory %s to sync it: No such file or directory", path);
+    assert_string_equal(err.msg, want);
+
+    size_t n = 5000;
+    char *longp = malloc(n + 1);
+    assert_non_null(longp);
+    memset(longp, 'a', n);
+    longp[n - 2] = '/';
+    longp[n] = '\0';
+    assert_int_equal(zt_fsync_parent_dir(longp, &err), -ENAMETOOLONG);
+    assert_int_equal(strncmp(err.msg, "cannot sync the directory of aaa", 32), 0); /* truncated to ZT_ERR_LEN */
+    free(longp);
+}
+
 int main(void)
 {
     umask(022);
@@ -244,6 +286,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_failures_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mkdir_p, setup, teardown),
         cmocka_unit_test_setup_teardown(test_check_writable_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fsync_dir, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

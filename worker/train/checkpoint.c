@@ -4,13 +4,11 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -38,19 +36,6 @@ static bool path_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
-}
-
-static int fsync_dir(const char *dir, zt_err *err)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0 || fsync(fd) != 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return zt_fail(err, -e, "cannot sync directory %s: %s", dir, strerror(e));
-    }
-    close(fd);
-    return 0;
 }
 
 /* optim.safetensors: "m.<name>" and "v.<name>" for every model tensor, in the model's layout. */
@@ -213,7 +198,7 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, con
     if (rc == 0)
         rc = write_manifest(tmp_dir, st, grads != NULL, err);
     if (rc == 0)
-        rc = fsync_dir(tmp_dir, err);
+        rc = zt_fsync_dir(tmp_dir, err);
     if (rc < 0)
         goto fail;
 
@@ -233,7 +218,7 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, con
         goto fail;
     }
     zt_remove_flat_dir(old_dir);
-    if ((rc = fsync_dir(out_dir, err)) < 0)
+    if ((rc = zt_fsync_dir(out_dir, err)) < 0)
         return rc;
 
     char latest[PATH_CAP], text[40];

@@ -261,32 +261,18 @@ static int write_snapshot(const zt_placement_server *ps, const zt_server_run_des
     return rc;
 }
 
-/* Removes the files of a flat directory and the directory. */
-static void remove_dir(const char *dir, int nblocks)
-{
-    char path[RUN_PATH_MAX], name[64];
-    for (int b = 0; b < nblocks; b++) {
-        snprintf(name, sizeof(name), "block_%06d.safetensors", b);
-        if (join(path, sizeof(path), dir, name, NULL) == 0)
-            unlink(path);
-    }
-    if (join(path, sizeof(path), dir, "manifest.json", NULL) == 0)
-        unlink(path);
-    rmdir(dir);
-}
-
 /* Hands a checkpoint's state to the embedded core through a snapshot in a temporary directory. */
 static int load_checkpoint_state(zt_placement_server *ps, const zt_server_run_desc *desc, const zt_gpt2 *model,
                                  const zt_optimizer *opt, int64_t step, const char *out_dir, zt_err *err)
 {
     char dir[RUN_PATH_MAX];
     snprintf(dir, sizeof(dir), "%s/.state_import_%ld", out_dir, (long)getpid());
-    remove_dir(dir, ps->nblocks);
+    zt_remove_flat_dir(dir);
     int rc = write_snapshot(ps, desc, zt_gpt2_params((zt_gpt2 *)model), opt, step, dir, err);
     zt_server_run_info info;
     if (rc == 0)
         rc = zt_server_core_snapshot_read(zt_state_client_embedded_core(ps->client), dir, &info, err);
-    remove_dir(dir, ps->nblocks);
+    zt_remove_flat_dir(dir);
     if (rc == 0 && info.step != step)
         rc = zt_fail(err, ZT_ESTATE, "the embedded state server holds step %lld after loading step %lld",
                      (long long)info.step, (long long)step);
