@@ -110,6 +110,16 @@ int zt_wire_read_len(struct zt_wire_cursor *c, size_t *len)
     return 0;
 }
 
+int zt_wire_read_sub(struct zt_wire_cursor *c, struct zt_wire_cursor *sub)
+{
+    size_t n;
+    if (zt_wire_read_len(c, &n) != 0)
+        return ZT_EFORMAT;
+    *sub = *c; /* the same pieces and position, limited to the field's bytes */
+    sub->left = n;
+    return zt_wire_skip(c, n);
+}
+
 int zt_wire_skip_value(struct zt_wire_cursor *c, enum zt_wire_type wt)
 {
     uint64_t v;

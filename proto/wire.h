@@ -69,6 +69,11 @@ int zt_wire_read_key(struct zt_wire_cursor *c, uint32_t *field, enum zt_wire_typ
  * ZT_EFORMAT when the length is not a valid varint or runs past the end of the message. */
 int zt_wire_read_len(struct zt_wire_cursor *c, size_t *len);
 
+/* Reads the length of a length-delimited field, sets *sub to a cursor over its len bytes (which may span
+ * pieces, like c) and advances c past them. Returns 0, or ZT_EFORMAT when the length is not a valid
+ * varint or runs past the end of the message (then *sub is unspecified). sub and c must differ. */
+int zt_wire_read_sub(struct zt_wire_cursor *c, struct zt_wire_cursor *sub);
+
 /* Skips the value of a field of wire type wt (whose key was just read). Returns 0 or ZT_EFORMAT. */
 int zt_wire_skip_value(struct zt_wire_cursor *c, enum zt_wire_type wt);
 

@@ -230,33 +230,25 @@ static int parse_push_chunk(const struct zt_rpc_part *parts, size_t nparts, size
             if (zt_wire_skip_value(&c, wt) != 0)
                 return -1;
         } else if (field == 2 && wt == ZT_WIRE_LEN) {
-            size_t sub;
-            if (v->has_chunk || zt_wire_read_len(&c, &sub) != 0)
+            struct zt_wire_cursor sub; /* the PushChunk's bytes; c moves past them */
+            if (v->has_chunk || zt_wire_read_sub(&c, &sub) != 0)
                 return -1;
             v->has_chunk = 1;
-            size_t after = c.left - sub; /* bytes of the outer message after the chunk */
-            c.left = sub;
-            while (c.left > 0) {
+            while (sub.left > 0) {
                 uint32_t f2;
                 enum zt_wire_type w2;
-                if (zt_wire_read_key(&c, &f2, &w2) != 0)
+                if (zt_wire_read_key(&sub, &f2, &w2) != 0)
                     return -1;
                 if (f2 == 1 && w2 == ZT_WIRE_VARINT) {
-                    if (zt_wire_read_varint(&c, &v->offset) != 0)
+                    if (zt_wire_read_varint(&sub, &v->offset) != 0)
                         return -1;
                 } else if (f2 == 2 && w2 == ZT_WIRE_LEN) {
-                    size_t n;
-                    if (zt_wire_read_len(&c, &n) != 0)
+                    if (zt_wire_read_sub(&sub, &v->data) != 0)
                         return -1;
-                    v->data = c;
-                    v->data.left = n;
-                    if (zt_wire_skip(&c, n) != 0)
-                        return -1;
-                } else if (zt_wire_skip_value(&c, w2) != 0) {
+                } else if (zt_wire_skip_value(&sub, w2) != 0) {
                     return -1;
                 }
             }
-            c.left = after;
         } else if (zt_wire_skip_value(&c, wt) != 0) {
             return -1;
         }

@@ -1,8 +1,8 @@
 /* Tests of proto/wire: varints (round trips, the 10-byte limit, overflow, truncation), field keys, a
- * cursor over messages split into pieces at every byte boundary, unknown fields, fields in any order, and
- * malformed input, which must be refused without reading outside the pieces (each piece is its own heap
- * block, so that a build with -DZT_SANITIZE=address catches any stray read). The bytes are checked against
- * protobuf-c's own packing of a ParamChunk. */
+ * cursor over messages split into pieces at every byte boundary, sub-cursors over nested fields, unknown
+ * fields, fields in any order, and malformed input, which must be refused without reading outside the
+ * pieces (each piece is its own heap block, so that a build with -DZT_SANITIZE=address catches any stray
+ * read). The bytes are checked against protobuf-c's own packing of a ParamChunk. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -91,15 +91,11 @@ static int parse_msg(const struct pieces *p, size_t len, struct msg *m)
             if (zt_wire_read_varint(&c, &m->a) != 0)
                 return ZT_EFORMAT;
         } else if (field == 2 && wt == ZT_WIRE_LEN) {
-            size_t n;
-            if (zt_wire_read_len(&c, &n) != 0 || n > sizeof(m->data))
+            struct zt_wire_cursor d;
+            if (zt_wire_read_sub(&c, &d) != 0 || d.left > sizeof(m->data))
                 return ZT_EFORMAT;
-            struct zt_wire_cursor d = c;
-            d.left = n;
+            m->data_len = d.left;
             zt_wire_copy(d, m->data);
-            m->data_len = n;
-            if (zt_wire_skip(&c, n) != 0)
-                return ZT_EFORMAT;
         } else if (field == 3 && wt == ZT_WIRE_I64) {
             if (c.left < 8)
                 return ZT_EFORMAT;
@@ -605,6 +601,104 @@ static void test_cursor_bounds(void **state)
     pieces_free(&p);
 }
 
+/* Parses the message of build_nested: field 6 holding a test message (through zt_wire_read_sub), then a
+ * = 1 of the outer message. Returns 0 or ZT_EFORMAT. */
+static int parse_nested(const struct pieces *p, size_t len, struct msg *inner, uint64_t *outer_a)
+{
+    memset(inner, 0, sizeof(*inner));
+    struct zt_wire_cursor c, sub;
+    if (zt_wire_cursor_init(&c, p->part, p->n, len) != 0)
+        return ZT_EFORMAT;
+    uint32_t field;
+    enum zt_wire_type wt;
+    if (zt_wire_read_key(&c, &field, &wt) != 0 || field != 6 || wt != ZT_WIRE_LEN)
+        return ZT_EFORMAT;
+    size_t before = c.left;
+    if (zt_wire_read_sub(&c, &sub) != 0)
+        return ZT_EFORMAT;
+    /* c is past the sub-message: its bytes and length prefix are gone from c.left */
+    assert_int_equal(before - c.left - varint_len(sub.left), sub.left);
+    while (sub.left > 0) {
+        if (zt_wire_read_key(&sub, &field, &wt) != 0)
+            return ZT_EFORMAT;
+        if (field == 1 && wt == ZT_WIRE_VARINT) {
+            if (zt_wire_read_varint(&sub, &inner->a) != 0)
+                return ZT_EFORMAT;
+        } else if (field == 2 && wt == ZT_WIRE_LEN) {
+            struct zt_wire_cursor d;
+            if (zt_wire_read_sub(&sub, &d) != 0 || d.left > sizeof(inner->data))
+                return ZT_EFORMAT;
+            inner->data_len = d.left;
+            zt_wire_copy(d, inner->data);
+        } else {
+            return ZT_EFORMAT;
+        }
+    }
+    if (zt_wire_read_key(&c, &field, &wt) != 0 || field != 1 || wt != ZT_WIRE_VARINT)
+        return ZT_EFORMAT;
+    if (zt_wire_read_varint(&c, outer_a) != 0 || c.left != 0)
+        return ZT_EFORMAT;
+    return 0;
+}
+
+/* Field 6 = {a = 5, data = data[0..dlen)}, then a = 9. Returns the message's length. */
+static size_t build_nested(uint8_t *out, const uint8_t *data, size_t dlen)
+{
+    uint8_t inner[256];
+    size_t k = put_a(inner, 5);
+    k += put_data(inner + k, data, dlen);
+    size_t n = zt_wire_put_key(out, 6, ZT_WIRE_LEN);
+    n += zt_wire_put_varint(out + n, k);
+    memcpy(out + n, inner, k);
+    n += k;
+    return n + put_a(out + n, 9);
+}
+
+/* zt_wire_read_sub gives a cursor over exactly a field's bytes, wherever the pieces are cut, moves the
+ * outer cursor past them, and refuses a length that runs past the end of the message or of the
+ * sub-message it is read from. */
+static void test_read_sub(void **state)
+{
+    (void)state;
+    uint8_t data[20];
+    fill_data(data, sizeof(data));
+    uint8_t msg[128];
+    size_t len = build_nested(msg, data, sizeof(data));
+    struct msg inner;
+    uint64_t a;
+    for (size_t c1 = 0; c1 <= len; c1++) {
+        for (size_t c2 = c1; c2 <= len; c2++) {
+            size_t cuts[2] = {c1, c2};
+            struct pieces p;
+            split(&p, msg, len, cuts, 2);
+            assert_int_equal(parse_nested(&p, len, &inner, &a), 0);
+            assert_true(inner.a == 5 && a == 9);
+            assert_int_equal(inner.data_len, sizeof(data));
+            assert_memory_equal(inner.data, data, sizeof(data));
+            pieces_free(&p);
+        }
+    }
+
+    /* A length past the end of the message. */
+    uint8_t bad[8];
+    size_t n = zt_wire_put_varint(bad, 4);
+    bad[n++] = 1;
+    bad[n++] = 2;
+    struct pieces p;
+    split(&p, bad, n, NULL, 0);
+    struct zt_wire_cursor c, sub;
+    assert_int_equal(zt_wire_cursor_init(&c, p.part, p.n, n), 0);
+    assert_int_equal(zt_wire_read_sub(&c, &sub), ZT_EFORMAT);
+    pieces_free(&p);
+
+    /* An inner length that fits the message but not the sub-message it lies in. */
+    len = build_nested(msg, data, sizeof(data));
+    msg[1] -= 1; /* the sub-message loses its last data byte (to the outer message) */
+    split(&p, msg, len, NULL, 0);
+    assert_int_equal(parse_nested(&p, len, &inner, &a), ZT_EFORMAT);
+    pieces_free(&p);
+}
+
 /* ---- against protobuf-c ---- */
 
 static void test_matches_protobuf_c(void **state)
@@ -690,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_any_order_and_unknown_fields),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_cursor_bounds),
+        cmocka_unit_test(test_read_sub),
         cmocka_unit_test(test_matches_protobuf_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
