@@ -49,7 +49,7 @@ struct piece {
     const char *run;
     int64_t step;
     int block, shard;
-    Ztrain__V1__DType dtype; /* push: the wire dtype */
+    Ztrain__V1__DType dtype; /* the wire dtype of the data sent or expected */
     size_t es;               /* bytes per element */
     uint64_t first;          /* the piece's first element in the shard */
     uint64_t n;              /* its elements */
@@ -277,6 +277,14 @@ void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *, in
 
 /* ---- helpers ---- */
 
+/* The wire dtype of a parameter or gradient dtype (F32 for any other). */
+static Ztrain__V1__DType dtype_to_wire(enum zt_dtype d)
+{
+    return d == ZT_DTYPE_F16    ? ZTRAIN__V1__DTYPE__DTYPE_F16
+           : d == ZT_DTYPE_BF16 ? ZTRAIN__V1__DTYPE__DTYPE_BF16
+                                : ZTRAIN__V1__DTYPE__DTYPE_F32;
+}
+
 static const struct run_entry *run_of(zt_state_client_t *c, const char *run, zt_err *err)
 {
     for (int i = 0; i < c->nruns; i++)
@@ -413,9 +421,7 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
     req.beta2 = desc->beta2;
     req.eps = desc->eps;
     req.weight_decay = desc->weight_decay;
-    req.param_dtype = desc->param_dtype == ZT_DTYPE_F16    ? ZTRAIN__V1__DTYPE__DTYPE_F16
-                      : desc->param_dtype == ZT_DTYPE_BF16 ? ZTRAIN__V1__DTYPE__DTYPE_BF16
-                                                           : ZTRAIN__V1__DTYPE__DTYPE_F32;
+    req.param_dtype = dtype_to_wire(desc->param_dtype);
     int nranges = 0;
     for (int b = 0; b < desc->nblocks; b++)
         nranges += desc->blocks[b].ndecay;
@@ -640,10 +646,11 @@ static void run_pieces(zt_state_client_t *c, struct piece *pieces, int k)
 }
 
 /* Splits n elements into at most c->streams contiguous pieces of whole granules (the last piece may end
- * short), each at least PIECE_MIN_CHUNKS granules, and fills pieces[i].first, .n and .lane. A granule is
- * one chunk (granule elements), so a piece's chunks are the chunks one stream would send. Returns the
- * number of pieces (1 for a shard too small to split, also for n = 0). */
-static int split_pieces(const zt_state_client_t *c, uint64_t n, uint64_t granule, struct piece *pieces)
+ * short), each at least PIECE_MIN_CHUNKS granules: each piece is a copy of *tmpl with .lane, .first and .n
+ * set. A granule is one chunk (granule elements), so a piece's chunks are the chunks one stream would
+ * send. Returns the number of pieces (1 for a shard too small to split, also for n = 0). */
+static int split_pieces(const zt_state_client_t *c, uint64_t n, uint64_t granule, const struct piece *tmpl,
+                        struct piece *pieces)
 {
     uint64_t k = (uint64_t)c->streams;
     if (n / (PIECE_MIN_CHUNKS * granule) < k)
@@ -657,6 +664,7 @@ static int split_pieces(const zt_state_client_t *c, uint64_t n, uint64_t granule
         k = 1;
     }
     for (uint64_t i = 0; i < k; i++) {
+        pieces[i] = *tmpl;
         pieces[i].lane = (int)i;
         pieces[i].first = i * per;
         pieces[i].n = i + 1 < k ? per : n - i * per;
@@ -680,21 +688,12 @@ static int push_remote(zt_state_client_t *c, const char *method, const char *run
     if (server < 0)
         return server;
     c->server_step = -1;
+    const struct piece tmpl = {.server = server, .method = method, .run = run, .step = step, .block = block,
+                               .shard = shard, .dtype = dtype, .es = es};
     struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
-    memset(pieces, 0, sizeof(pieces));
-    int k = split_pieces(c, n, c->chunk_bytes / es, pieces);
-    for (int i = 0; i < k; i++) {
-        struct piece *p = &pieces[i];
-        p->server = server;
-        p->method = method;
-        p->run = run;
-        p->step = step;
-        p->block = block;
-        p->shard = shard;
-        p->dtype = dtype;
-        p->es = es;
-        p->src = (const uint8_t *)data + p->first * es;
-    }
+    int k = split_pieces(c, n, c->chunk_bytes / es, &tmpl, pieces);
+    for (int i = 0; i < k; i++)
+        pieces[i].src = (const uint8_t *)data + pieces[i].first * es;
     run_pieces(c, pieces, k);
     int bad = first_failed(pieces, k);
     if (bad < 0)
@@ -720,10 +719,8 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
         zt_server_chunk ch = {.block = block, .shard = shard, .offset = 0, .n = n, .dtype = dtype, .data = data};
         return zt_server_core_push_grad(c->core, run, step, &ch, err);
     }
-    Ztrain__V1__DType wire = dtype == ZT_DTYPE_F16    ? ZTRAIN__V1__DTYPE__DTYPE_F16
-                             : dtype == ZT_DTYPE_BF16 ? ZTRAIN__V1__DTYPE__DTYPE_BF16
-                                                      : ZTRAIN__V1__DTYPE__DTYPE_F32;
-    return push_remote(c, SVC "PushGradients", run, step, block, shard, wire, zt_dtype_size(dtype), data, n, err);
+    return push_remote(c, SVC "PushGradients", run, step, block, shard, dtype_to_wire(dtype), zt_dtype_size(dtype),
+                       data, n, err);
 }
 
 /* ---- commit ---- */
@@ -792,12 +789,7 @@ static int parse_param_chunk(const struct zt_rpc_part *parts, size_t nparts, siz
             else
                 v->dtype = (int)(int32_t)(uint32_t)x;
         } else if (field == 5 && wt == ZT_WIRE_LEN) {
-            size_t n;
-            if (zt_wire_read_len(&c, &n) != 0)
-                return -1;
-            v->data = c;
-            v->data.left = n;
-            if (zt_wire_skip(&c, n) != 0)
+            if (zt_wire_read_sub(&c, &v->data) != 0)
                 return -1;
         } else if (field <= 5) {
             return -1; /* a known field with the wrong wire type */
@@ -846,12 +838,13 @@ static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
             break;
         struct param_view ch;
         int valid = parse_param_chunk(parts, nparts, dlen, &ch) == 0;
-        enum zt_dtype dt = ch.dtype == ZTRAIN__V1__DTYPE__DTYPE_F16    ? ZT_DTYPE_F16
-                           : ch.dtype == ZTRAIN__V1__DTYPE__DTYPE_BF16 ? ZT_DTYPE_BF16
-                                                                       : ZT_DTYPE_F32;
-        size_t es = zt_dtype_size(dt);
+        if (valid && ch.dtype != (int)p->dtype) { /* F16 and BF16 have one size: compare the dtypes themselves */
+            bad = "a ParamChunk whose dtype is not the run's parameter dtype";
+            break;
+        }
+        const size_t es = p->es;
         size_t clen = ch.data.left;
-        if (!valid || es != p->es || ch.block != block || ch.shard != shard || ch.offset < offset || clen % es != 0 ||
+        if (!valid || ch.block != block || ch.shard != shard || ch.offset < offset || clen % es != 0 ||
             ch.offset - offset > n || clen / es > n - (ch.offset - offset)) {
             bad = "a ParamChunk that is not valid protobuf or lies outside the requested range";
             break;
@@ -878,19 +871,15 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
         return ZT_ESTATE;
     int server = zt_server_owner(run, block, shard, r->world_size, c->n);
     size_t es = zt_dtype_size(r->param_dtype);
+    const struct piece tmpl = {.pull = 1, .server = server, .run = run, .step = step, .block = block,
+                               .shard = shard, .dtype = dtype_to_wire(r->param_dtype), .es = es};
     struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
-    memset(pieces, 0, sizeof(pieces));
-    /* Pieces of whole chunks of chunk_bytes (1 MiB by default, the size of the server's ParamChunks). */
-    int k = split_pieces(c, n, c->chunk_bytes / es, pieces);
+    /* Pieces of whole chunks of chunk_bytes (1 MiB by default). The server sends each piece as ParamChunks
+     * of its own PULL_CHUNK_BYTES (1 MiB, server/service.c) counted from the piece's first element, so at
+     * the default only a piece's last ParamChunk can be short; pull_once accepts ParamChunks of any size. */
+    int k = split_pieces(c, n, c->chunk_bytes / es, &tmpl, pieces);
     for (int i = 0; i < k; i++) {
         struct piece *p = &pieces[i];
-        p->pull = 1;
-        p->server = server;
-        p->run = run;
-        p->step = step;
-        p->block = block;
-        p->shard = shard;
-        p->es = es;
         p->dst = (uint8_t *)out + p->first * es;
         p->first += offset;
     }
