@@ -370,7 +370,9 @@ static void *io_thread(void *arg)
         if (s->stop && s->inflight == 0 && !has_work_locked(s))
             break;
         /* Fill the queue up to queue_depth pieces: all of the oldest request's pieces, then the next
-         * oldest's. (The ring has room for twice queue_depth entries, so it cannot run out of them.) */
+         * oldest's. (The ring has room for twice queue_depth entries, so it should never fill up; the
+         * io_uring_sq_space_left check, and submit_piece_locked stopping when io_uring_get_sqe finds no
+         * entry, are what guard against it.) */
         int queued = 0;
         while (s->inflight < s->cfg.queue_depth && io_uring_sq_space_left(&s->ring) > 0) {
             int slot = oldest_submittable_locked(s);

@@ -123,6 +123,17 @@ static grpc_byte_buffer *make_buffer(const void *data, size_t len)
     return bb;
 }
 
+/* A byte buffer that takes ownership of data (malloc'd) without a copy: the slice frees data when gRPC
+ * drops its last reference, which may be after the send that uses the buffer has completed (the
+ * transport can still hold the bytes for the socket). */
+static grpc_byte_buffer *owned_buffer(void *data, size_t len)
+{
+    grpc_slice slice = grpc_slice_new(data, len, free);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    return bb;
+}
+
 /* Channel arguments for bulk streams (1 MiB chunks) on both ends of a connection. gRPC's defaults suit
  * small messages: 16 KiB HTTP/2 frames and socket reads that start small and grow. Larger frames and
  * reads mean fewer frame headers, fewer read syscalls and fewer, larger slices per message. Appends to
@@ -889,11 +900,7 @@ static int send_response(zt_rpc_call_t *c, grpc_byte_buffer *bb)
 
 int zt_rpc_call_write_owned(zt_rpc_call_t *c, void *data, size_t len)
 {
-    /* The slice frees data when gRPC drops its last reference, which may be after this returns. */
-    grpc_slice slice = grpc_slice_new(data, len, free);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
-    return send_response(c, bb);
+    return send_response(c, owned_buffer(data, len)); /* data is freed when gRPC lets go of it */
 }
 
 int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
@@ -1430,12 +1437,7 @@ int zt_rpc_stream_send_owned(zt_rpc_stream_t *s, void *data, size_t len)
         free(data);
         return -EPIPE;
     }
-    /* The slice frees data when gRPC drops its last reference, which may be after this returns: the
-     * transport can still hold the bytes for the socket when the send op completes. */
-    grpc_slice slice = grpc_slice_new(data, len, free);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
-    return stream_send_buffer(s, bb);
+    return stream_send_buffer(s, owned_buffer(data, len)); /* data is freed when gRPC lets go of it */
 }
 
 int zt_rpc_stream_recv_parts(zt_rpc_stream_t *s, const struct zt_rpc_part **parts, size_t *nparts, size_t *len)
