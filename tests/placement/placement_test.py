@@ -27,11 +27,9 @@ usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto"))
@@ -47,12 +45,7 @@ def check(cond, what, log=""):
     g.check(cond, what if cond or not log else what + "\n" + log[-3000:])
 
 
-def write_shard(path, tokens):
-    """An llm.c token shard: 256 int32 header (magic, version 1, count), then uint16 tokens."""
-    header = [20240520, 1, len(tokens)] + [0] * 253
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header))
-        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+write_shard = t.write_shard
 
 
 class Job:
@@ -62,39 +55,21 @@ class Job:
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                      env=env)
-        self.log = []
-        self.cond = threading.Condition()
-        self.reader = threading.Thread(target=self._drain, daemon=True)
-        self.reader.start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            with self.cond:
-                self.log.append(line)
-                self.cond.notify_all()
-        with self.cond:
-            self.cond.notify_all()
+        self.out = t.LineLog(self.proc, self.proc.stdout)
 
     def text(self):
-        with self.cond:
-            return "".join(self.log)
+        return self.out.text()
 
     def wait_count(self, text, count, timeout=60.0):
         """Waits until `count` lines hold text (or the process ended); returns whether they do."""
-        def seen():
-            return sum(text in l for l in self.log)
-        with self.cond:
-            return self.cond.wait_for(lambda: seen() >= count or self.proc.poll() is not None,
-                                      timeout) and seen() >= count
+        return self.out.wait_count(text, count, timeout)
 
     def wait_log(self, text, timeout=60.0):
-        with self.cond:
-            return self.cond.wait_for(lambda: any(text in l for l in self.log) or self.proc.poll() is not None,
-                                      timeout) and any(text in l for l in self.log)
+        return self.out.wait_count(text, 1, timeout)
 
     def wait(self, timeout=90.0):
         rc = self.proc.wait(timeout)
-        self.reader.join(10)
+        self.out.join(10)
         return rc
 
     def stop(self):

@@ -9,6 +9,8 @@ A script imports it after putting this folder on sys.path, relative to the scrip
 
 import signal
 import socket
+import struct
+import threading
 
 failures = []  # the descriptions of every failed check, in order
 
@@ -51,3 +53,46 @@ def summary():
         return 1
     print("all checks passed")
     return 0
+
+
+def write_shard(path, tokens):
+    """An llm.c token shard: 256 int32 header (magic, version 1, count), then uint16 tokens."""
+    header = [20240520, 1, len(tokens)] + [0] * 253
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+
+
+class LineLog:
+    """The lines a process writes to one of its pipes, collected by a thread, so that a test can wait for
+    a line while the process runs."""
+
+    def __init__(self, proc, pipe):
+        self.proc = proc
+        self.lines = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
+        self.reader.start()
+
+    def _drain(self, pipe):
+        for line in pipe:
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def text(self):
+        with self.cond:
+            return "".join(self.lines)
+
+    def wait_count(self, text, count, timeout):
+        """Waits until `count` lines hold text, or the process ended; returns whether they do."""
+        def seen():
+            return sum(text in l for l in self.lines)
+        with self.cond:
+            self.cond.wait_for(lambda: seen() >= count or self.proc.poll() is not None, timeout)
+            return seen() >= count
+
+    def join(self, timeout):
+        self.reader.join(timeout)

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto"))
@@ -41,20 +40,10 @@ class Rank:
             argv += ["--snap-root", snap_root]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1)
-        self.log = []
-        self.cond = threading.Condition()
-        self.reader = threading.Thread(target=self._drain, daemon=True)
-        self.reader.start()
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            with self.cond:
-                self.log.append(line)
-                self.cond.notify_all()
+        self.err = t.LineLog(self.proc, self.proc.stderr)
 
     def wait_log(self, text, timeout=30.0):
-        with self.cond:
-            return self.cond.wait_for(lambda: any(text in l for l in self.log), timeout)
+        return self.err.wait_count(text, 1, timeout)
 
     def send(self, cmd):
         self.proc.stdin.write(cmd + "\n")
@@ -63,7 +52,7 @@ class Rank:
     def reply(self):
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("state_rank exited (%s); its log:\n%s" % (self.proc.poll(), "".join(self.log)))
+            raise RuntimeError("state_rank exited (%s); its log:\n%s" % (self.proc.poll(), self.err.text()))
         return line.strip()
 
     def cmd(self, cmd):
