@@ -157,14 +157,21 @@ int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optim
     return zt_checkpoint_save_with_grads(out_dir, model, opt, NULL, cfg, st, path_out, cap, err);
 }
 
+/* The directory of the checkpoint of step `step`; see checkpoint.h. */
+int zt_checkpoint_dir(const char *out_dir, int64_t step, char *out, size_t cap, zt_err *err)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "ckpt_%06lld", (long long)step);
+    return join(out, cap, out_dir, name, err);
+}
+
 /* zt_checkpoint_save with an optional gradient dump; see checkpoint.h. */
 int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
                                   const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
                                   char *path_out, size_t cap, zt_err *err)
 {
-    char name[32], final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8], old_dir[PATH_CAP + 8], path[PATH_CAP + 32];
-    snprintf(name, sizeof(name), "ckpt_%06lld", (long long)st->step);
-    int rc = join(final_dir, sizeof(final_dir), out_dir, name, err);
+    char final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8], old_dir[PATH_CAP + 8], path[PATH_CAP + 32];
+    int rc = zt_checkpoint_dir(out_dir, st->step, final_dir, sizeof(final_dir), err);
     if (rc < 0)
         return rc;
     snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", final_dir);
@@ -224,7 +231,7 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, con
     char latest[PATH_CAP], text[40];
     if ((rc = join(latest, sizeof(latest), out_dir, "latest", err)) < 0)
         return rc;
-    int n = snprintf(text, sizeof(text), "%s\n", name);
+    int n = snprintf(text, sizeof(text), "%s\n", strrchr(final_dir, '/') + 1); /* ckpt_<step> */
     if ((rc = zt_write_file_atomic(latest, text, (size_t)n, err)) < 0)
         return rc;
     if (path_out)

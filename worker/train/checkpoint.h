@@ -45,6 +45,10 @@ typedef struct zt_ckpt_state {
     int64_t loss_scale_clean_steps; /* steps since the scale last changed (fp16) */
 } zt_ckpt_state;
 
+/* The directory of the checkpoint of step `step` in run directory out_dir: out_dir/ckpt_<step, 6 digits>.
+ * Returns 0, or ZT_EINVAL_CONFIG with a message when it does not fit in cap bytes. */
+int zt_checkpoint_dir(const char *out_dir, int64_t step, char *out, size_t cap, zt_err *err);
+
 /* Writes checkpoint ckpt_<step> into out_dir from the model, the optimizer, the training config and
  * st, then points out_dir/latest at it. On success the checkpoint's path is written into path_out
  * (cap bytes; may be NULL). On failure nothing new is left behind (the .tmp directory is removed), the

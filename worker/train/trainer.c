@@ -370,7 +370,9 @@ int zt_trainer_rewind_target(const zt_train_config *cfg, const zt_train_result *
     if (rewinds_done >= ZT_TRAIN_MAX_REWINDS)
         return zt_fail(err, ZT_ESTATE, "%s (the state servers went back to an older step again after %d automatic "
                        "rewinds: check why they keep restarting)", failed, rewinds_done);
-    snprintf(ckpt, cap, "%s/ckpt_%06lld", cfg->out_dir, (long long)res->rewind_to);
+    zt_err perr;
+    if (zt_checkpoint_dir(cfg->out_dir, res->rewind_to, ckpt, cap, &perr) < 0)
+        return zt_fail(err, ZT_ESTATE, "%s (no automatic rewind: %s)", failed, perr.msg);
     if (!file_exists(ckpt, "manifest.json"))
         return zt_fail(err, ZT_ESTATE, "%s (no automatic rewind: checkpoint %s is missing)", failed, ckpt);
     return 0;
