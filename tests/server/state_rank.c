@@ -61,9 +61,9 @@ static int reply_err(int rc, const zt_err *err)
     return rc;
 }
 
-static void pause_hook(void *user, int block, int shard, uint64_t sent)
+static void pause_hook(void *user, int64_t step, int block, int shard, uint64_t sent)
 {
-    (void)block, (void)shard, (void)sent;
+    (void)step, (void)block, (void)shard, (void)sent;
     int *armed = user;
     if (!*armed)
         return;

@@ -172,9 +172,6 @@ static int save(zt_zero *z, void *zc, zt_gpt2 *model, zt_optimizer *full, const 
     return agree(comm, rc, err);
 }
 
-/* The step whose gradients are being pushed, for the fault tests' pause hook (zt__placement_test_pause). */
-static int64_t test_push_step;
-
 /* The error of a step that a state server refused because it holds an older step (it restarted from its
  * last snapshot): the run continues with --resume from the checkpoint written at that step. */
 static int stale_servers(const zt_train_config *cfg, const char *run_id, int64_t server_step, int64_t step,
@@ -354,7 +351,7 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
             zt_log(ZT_LOG_INFO, "optimizer: AdamW on the state servers %s, run '%s' at step %lld", cfg->servers,
                    run_id, (long long)st.step);
         if (is0)
-            zt__placement_test_watch_pushes(client, &test_push_step);
+            zt__placement_test_watch_pushes(client);
     }
     if (is0 && z)
         zt_zero_log_plan(z, b, T);
@@ -430,7 +427,6 @@ static int train_once(const zt_train_config *cfg, const zt_zero_options *zo_in, 
             if ((rc = zt_zero_mean(z, sum / (float)accum, &mean, err)) < 0)
                 goto out;
         }
-        test_push_step = step;
         if (z && (rc = zt_zero_step(z, mean, (float)lr, &rep, err)) < 0) {
             if (zt_zero_server_step(z) >= 0) {
                 res->rewind_to = zt_zero_server_step(z);

@@ -95,7 +95,7 @@ struct zt_state_client {
     int64_t server_step;     /* see zt_state_client_server_step */
     struct run_entry runs[MAX_RUNS];
     int nruns;
-    void (*hook)(void *user, int block, int shard, uint64_t bytes_sent);
+    void (*hook)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent);
     void *hook_user;
 };
 
@@ -269,7 +269,7 @@ int64_t zt_state_client_server_step(const zt_state_client_t *c)
     return c->server_step;
 }
 
-void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *, int, int, uint64_t), void *user)
+void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *, int64_t, int, int, uint64_t), void *user)
 {
     c->hook = fn;
     c->hook_user = user;
@@ -503,11 +503,11 @@ static size_t put_push_chunk_head(uint8_t *p, uint64_t offset, size_t len)
 }
 
 /* Runs the chunk hook, one call at a time (pieces send from several threads). */
-static void call_hook(zt_state_client_t *c, int block, int shard, uint64_t bytes_sent)
+static void call_hook(zt_state_client_t *c, int64_t step, int block, int shard, uint64_t bytes_sent)
 {
     pthread_mutex_lock(&c->hook_mu);
     if (c->hook != NULL)
-        c->hook(c->hook_user, block, shard, bytes_sent);
+        c->hook(c->hook_user, step, block, shard, bytes_sent);
     pthread_mutex_unlock(&c->hook_mu);
 }
 
@@ -547,7 +547,7 @@ static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
         memcpy(msg + hlen, p->src + at, n);
         ok = zt_rpc_stream_send_owned(s, msg, hlen + n) == 0;
         if (ok && c->hook != NULL)
-            call_hook(c, p->block, p->shard, base + at + n);
+            call_hook(c, p->step, p->block, p->shard, base + at + n);
     }
     if (ok)
         zt_rpc_stream_close_send(s);

@@ -110,10 +110,12 @@ int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const c
 /* The step the last server that refused a push or commit with a step mismatch reported, or -1. */
 int64_t zt_state_client_server_step(const zt_state_client_t *c);
 
-/* For tests: fn(user, block, shard, bytes_sent) runs after every chunk a push sends (to stop a rank in
- * the middle of a push); bytes_sent is where the chunk ends in the shard's bytes. With several streams it
- * runs on the thread that sent the chunk, one call at a time. NULL removes it. */
-void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *user, int block, int shard,
-                                                                        uint64_t bytes_sent), void *user);
+/* For tests: fn(user, step, block, shard, bytes_sent) runs after every chunk a push sends (to stop a rank
+ * in the middle of a push); step is the pushed gradients' step, bytes_sent where the chunk ends in the
+ * shard's bytes. With several streams it runs on the thread that sent the chunk, one call at a time.
+ * NULL removes it. */
+void zt__state_client_set_chunk_hook(zt_state_client_t *c,
+                                     void (*fn)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent),
+                                     void *user);
 
 #endif

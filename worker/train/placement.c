@@ -32,7 +32,6 @@ struct zt_placement_server {
     size_t *numel;    /* elements of each block */
     char *token;      /* bearer token read from token_file, or NULL */
     int64_t stale_step; /* zt_placement_server_stale_step: the older step a server reported, or -1 */
-    int64_t push_step;  /* the step being pushed (for the test pause hook) */
 };
 
 /* The run id: the run directory's last component, restricted to the characters run ids allow; see
@@ -344,7 +343,7 @@ int zt_placement_server_open(zt_placement_server **out, const zt_train_config *c
     int rc = zt_placement_client_create(cfg, &ps->client, &ps->token, err);
     if (rc < 0)
         goto fail;
-    zt__placement_test_watch_pushes(ps->client, &ps->push_step);
+    zt__placement_test_watch_pushes(ps->client);
 
     int nt = zt_gpt2_num_tensors(model);
     zt_server_block_desc *blocks = zt_xcalloc((size_t)ps->nblocks, sizeof(*blocks));
@@ -419,7 +418,6 @@ int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimiz
      * and committing again completes the step. A server at an older step cannot: its step is kept
      * (zt_placement_server_stale_step) and the run continues from the checkpoint of that step. */
     ps->stale_step = -1;
-    ps->push_step = step;
     for (int attempt = 0;; attempt++) {
         rc = 0;
         for (int b = 0; b < ps->nblocks && rc == 0 && !report->skipped; b++)
@@ -440,9 +438,7 @@ int zt_placement_server_step(zt_placement_server *ps, zt_gpt2 *model, zt_optimiz
         zt_log(ZT_LOG_WARN, "step %lld: the state servers did not take the step (%s); pushing the gradients again "
                "and committing once more", (long long)step, err ? err->msg : "");
     }
-    if (rc == 0)
-        rc = pull_all(ps, model, step, err);
-    return rc;
+    return pull_all(ps, model, step, err); /* the loop ends here with rc == 0 */
 }
 
 /* Fills the moments for a checkpoint and snapshots the servers; see placement.h. */
@@ -495,21 +491,22 @@ void zt__placement_test_pause(const char *where)
 }
 
 /* The chunk hook behind zt__placement_test_watch_pushes: "push:N" after the first chunk of block 1. */
-static void test_chunk_hook(void *user, int block, int shard, uint64_t bytes_sent)
+static void test_chunk_hook(void *user, int64_t step, int block, int shard, uint64_t bytes_sent)
 {
+    (void)user;
     (void)shard;
     (void)bytes_sent;
     char where[48];
-    snprintf(where, sizeof where, "push:%lld", (long long)*(const int64_t *)user);
+    snprintf(where, sizeof where, "push:%lld", (long long)step);
     if (block == 1)
         zt__placement_test_pause(where);
 }
 
 /* Installs the push pause hook on a client when the environment asks for pauses; see placement.h. */
-void zt__placement_test_watch_pushes(zt_state_client_t *client, const int64_t *push_step)
+void zt__placement_test_watch_pushes(zt_state_client_t *client)
 {
     if (client && getenv("ZT_TEST_PAUSE"))
-        zt__state_client_set_chunk_hook(client, test_chunk_hook, (void *)push_step);
+        zt__state_client_set_chunk_hook(client, test_chunk_hook, NULL);
 }
 
 /* Whether the servers are remote; see placement.h. */

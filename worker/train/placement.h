@@ -77,9 +77,9 @@ int64_t zt_placement_server_stale_step(const zt_placement_server *ps);
  * variables it does nothing. */
 void zt__placement_test_pause(const char *where);
 
-/* Test hook: makes the client's pushes call zt__placement_test_pause("push:N"), N read from *push_step at
- * each chunk, when ZT_TEST_PAUSE is set; otherwise does nothing. */
-void zt__placement_test_watch_pushes(zt_state_client_t *client, const int64_t *push_step);
+/* Test hook: makes the client's pushes call zt__placement_test_pause("push:N"), N the pushed step, when
+ * ZT_TEST_PAUSE is set; otherwise does nothing. */
+void zt__placement_test_watch_pushes(zt_state_client_t *client);
 
 /* Whether the servers are remote (then checkpoints do not carry the moments). */
 bool zt_placement_server_is_remote(const zt_placement_server *ps);
