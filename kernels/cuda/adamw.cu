@@ -26,6 +26,7 @@ struct adamw_batch {
     int first_block[ADAMW_MAX_TENSORS + 1]; /* tensor t has blocks first_block[t] .. first_block[t+1]-1 */
     unsigned char vec4[ADAMW_MAX_TENSORS];  /* 1: every pointer allows four-element accesses */
 };
+static_assert(sizeof(adamw_batch) <= 4096 - 256, "adamw_batch and the kernel's other arguments must fit in 4 KiB");
 
 struct adamw_hyper {
     float lr, beta1, beta2, eps, grad_scale;
