@@ -96,3 +96,14 @@ class LineLog:
 
     def join(self, timeout):
         self.reader.join(timeout)
+
+
+def stop_all(procs):
+    """Stops every process wrapper in procs (each with stop() and proc), killing the ones whose stop()
+    fails: ending every process matters more than why one failed."""
+    for p in procs:
+        try:
+            p.stop()
+        except Exception:  # noqa: BLE001
+            if hasattr(p, "proc") and p.proc.poll() is None:
+                p.proc.kill()

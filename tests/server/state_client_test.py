@@ -208,12 +208,7 @@ def main():
         check(srv.stop() == 0, "the last server exits 0 on SIGTERM")
     finally:
         t.cancel_deadline()
-        for p in procs:
-            try:
-                p.stop()
-            except Exception:  # noqa: BLE001  (ending every process matters more than why one failed)
-                if hasattr(p, "proc") and p.proc.poll() is None:
-                    p.proc.kill()
+        t.stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
     return t.summary()
 
