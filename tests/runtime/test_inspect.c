@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -32,10 +30,9 @@ static int inspect(char **argv, char *out, size_t cap)
 
 /* A checkpoint of a tiny model where every tensor holds 2.0 except h.1.attn.c_proj.weight, which
  * alternates -1, +1 (mean 0, std 1), with Adam m = 0.25 and v = 4 everywhere. */
-static int setup(void **state)
+/* The model every test here uses: 2 layers, 2 heads, 8 channels, 8 positions, 11 tokens. */
+static zt_gpt2_config tiny_config(void)
 {
-    (void)state;
-    assert_non_null(mkdtemp(dir));
     zt_gpt2_config c;
     zt_gpt2_config_default(&c);
     c.n_layer = 2;
@@ -43,6 +40,14 @@ static int setup(void **state)
     c.n_embd = 8;
     c.n_positions = 8;
     c.vocab_size = 11;
+    return c;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    assert_non_null(mkdtemp(dir));
+    zt_gpt2_config c = tiny_config();
     zt_err err = {{0}};
     zt_gpt2 *m = NULL;
     assert_int_equal(zt_gpt2_create(&m, &c, 1, 4, 1, &err), 0);
@@ -174,13 +179,7 @@ static void test_gradient_dump_on_load(void **state)
     zt_err err = {{0}};
     char ckpt[PATH_MAX], path[PATH_MAX + 32];
     assert_int_equal(zt_checkpoint_find(gdir, ckpt, sizeof ckpt, &err), 0);
-    zt_gpt2_config c;
-    zt_gpt2_config_default(&c);
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 8;
-    c.n_positions = 8;
-    c.vocab_size = 11;
+    zt_gpt2_config c = tiny_config();
     zt_gpt2 *m = NULL;
     assert_int_equal(zt_gpt2_create(&m, &c, 1, 4, 1, &err), 0);
     size_t n = zt_gpt2_num_params(m);
