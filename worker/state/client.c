@@ -395,25 +395,29 @@ static int step_refused(zt_state_client_t *c, int server, const char *run, int64
 
 /* ---- register ---- */
 
-int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err)
+/* The client's entry for run, or a free one (NULL when MAX_RUNS runs are already held). */
+static struct run_entry *run_slot(zt_state_client_t *c, const char *run)
 {
-    int have = 0;
     for (int i = 0; i < c->nruns; i++)
-        have |= strcmp(c->runs[i].id, desc->run_id) == 0;
-    if (!have) {
-        if (c->nruns == MAX_RUNS)
-            return zt_fail(err, ZT_ENOMEM, "a state client serves at most %d runs", MAX_RUNS);
-        snprintf(c->runs[c->nruns].id, sizeof(c->runs[c->nruns].id), "%s", desc->run_id);
-        c->runs[c->nruns].world_size = desc->world_size;
-        c->runs[c->nruns++].param_dtype = desc->param_dtype;
-    }
-    if (c->core != NULL) {
-        zt_server_run_info info;
-        int rc = zt_server_core_register(c->core, desc, &info, err);
-        if (rc == 0 && step != NULL)
-            *step = info.step;
-        return rc;
-    }
+        if (strcmp(c->runs[i].id, run) == 0)
+            return &c->runs[i];
+    return c->nruns < MAX_RUNS ? &c->runs[c->nruns] : NULL;
+}
+
+/* Records a run every server has accepted, so that pushes and pulls can route its shards. */
+static void remember_run(zt_state_client_t *c, const zt_server_run_desc *desc)
+{
+    struct run_entry *r = run_slot(c, desc->run_id);
+    if (r == &c->runs[c->nruns])
+        c->nruns++;
+    snprintf(r->id, sizeof(r->id), "%s", desc->run_id);
+    r->world_size = desc->world_size;
+    r->param_dtype = desc->param_dtype;
+}
+
+/* RegisterRun on every server; *step = the lowest step any of them holds. */
+static int register_remote(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err)
+{
     Ztrain__V1__RegisterRunRequest req = ZTRAIN__V1__REGISTER_RUN_REQUEST__INIT;
     req.run = (char *)desc->run_id;
     req.world_size = desc->world_size;
@@ -453,6 +457,8 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
         struct zt_rpc_status st;
         if (unary(c, i, SVC "RegisterRun", &req.base, &resp, &len, &st) != ZT_RPC_OK) {
             rc = rpc_fail(c, i, "RegisterRun", &st, err);
+            if (st.code == ZT_RPC_FAILED_PRECONDITION) /* another layout under this run id, as embedded */
+                rc = ZT_EMISMATCH;
             break;
         }
         Ztrain__V1__RegisterRunResponse *r = ztrain__v1__register_run_response__unpack(NULL, len, resp);
@@ -471,6 +477,27 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
     free(blocks);
     if (rc == 0 && step != NULL)
         *step = lowest;
+    return rc;
+}
+
+/* Registers on the servers first; the run is recorded here only once every server has accepted it, so
+ * a refused registration leaves the client as it was. */
+int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err)
+{
+    if (run_slot(c, desc->run_id) == NULL)
+        return zt_fail(err, ZT_ENOMEM, "a state client serves at most %d runs; use another client for run %s",
+                       MAX_RUNS, desc->run_id);
+    int rc;
+    if (c->core != NULL) {
+        zt_server_run_info info;
+        rc = zt_server_core_register(c->core, desc, &info, err);
+        if (rc == 0 && step != NULL)
+            *step = info.step;
+    } else {
+        rc = register_remote(c, desc, step, err);
+    }
+    if (rc == 0)
+        remember_run(c, desc);
     return rc;
 }
 

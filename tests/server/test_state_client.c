@@ -1,0 +1,171 @@
+/* The worker's state-service client (worker/state/client.h): what registration records, in embedded mode
+ * and against one state service on loopback gRPC in this process. A run is routed by the client only
+ * once the servers have accepted it, so a refused registration leaves the client as it was; a layout
+ * that differs from the registered one is ZT_EMISMATCH either way; the client's run limit is checked
+ * before anything is registered. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/status.h"
+#include "proto/rpc.h"
+#include "server/core.h"
+#include "server/service.h"
+#include "worker/state/client.h"
+
+static const zt_server_block_desc blocks[2] = {{.numel = 100}, {.numel = 37}};
+
+static zt_server_run_desc desc_of(const char *run, int world_size)
+{
+    zt_server_run_desc d = {.run_id = run, .world_size = world_size, .nblocks = 2, .blocks = blocks,
+                            .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .param_dtype = ZT_DTYPE_F32};
+    return d;
+}
+
+/* A client, embedded or talking to a state service of its own on a loopback port. */
+struct fixture {
+    int remote;
+    zt_server_core *core; /* the served core (remote), or the client's own (embedded) */
+    zt_service_t *svc;
+    zt_rpc_server_t *srv;
+    zt_state_client_t *client;
+};
+
+static int setup(void **state, int remote)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    zt_err err = {{0}};
+    struct zt_state_client_options opt = {.max_retries = 1, .backoff_s = 0.01};
+    char target[64];
+    f->remote = remote;
+    if (remote) {
+        zt_server_core_options copt = {0};
+        assert_int_equal(zt_server_core_create(&f->core, &copt, &err), 0);
+        assert_int_equal(zt_service_create(f->core, NULL, &f->svc, &err), 0);
+        struct zt_rpc_server_options ropt = {.listen_addr = "127.0.0.1:0"};
+        assert_int_equal(zt_rpc_server_create(&ropt, &f->srv, &err), 0);
+        assert_int_equal(zt_service_add_methods(f->svc, f->srv, &err), 0);
+        assert_int_equal(zt_rpc_server_start(f->srv, &err), 0);
+        snprintf(target, sizeof(target), "127.0.0.1:%d", zt_rpc_server_port(f->srv));
+        opt.servers = target;
+    }
+    assert_int_equal(zt_state_client_create(&opt, &f->client, &err), 0);
+    if (!remote)
+        f->core = zt_state_client_embedded_core(f->client);
+    *state = f;
+    return 0;
+}
+
+static int setup_embedded(void **state)
+{
+    return setup(state, 0);
+}
+
+static int setup_remote(void **state)
+{
+    return setup(state, 1);
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    zt_state_client_destroy(f->client);
+    if (f->remote) {
+        zt_rpc_server_destroy(f->srv, 5.0);
+        zt_service_destroy(f->svc);
+        zt_server_core_destroy(f->core);
+    }
+    free(f);
+    return 0;
+}
+
+/* A registration the servers refuse records nothing: pushes for that run are refused by the client
+ * itself (remote) or by the core (embedded), and a correct registration afterwards works. */
+static void test_refused_registration_records_nothing(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    zt_server_run_desc bad = desc_of("r", 0);
+    assert_int_equal(zt_state_client_register(f->client, &bad, NULL, &err), ZT_EINVAL_CONFIG);
+
+    float p[100] = {0};
+    int rc = zt_state_client_push_params(f->client, "r", 0, 0, p, 100, &err);
+    if (f->remote) {
+        assert_int_equal(rc, ZT_ESTATE);
+        assert_non_null(strstr(err.msg, "not registered through this client"));
+    } else {
+        assert_int_equal(rc, -ENOENT);
+    }
+
+    zt_server_run_desc good = desc_of("r", 1);
+    assert_int_equal(zt_state_client_register(f->client, &good, NULL, &err), 0);
+    assert_int_equal(zt_state_client_push_params(f->client, "r", 0, 0, p, 100, &err), 0);
+}
+
+/* Another layout under a registered run id is ZT_EMISMATCH, and the client keeps routing by the layout the
+ * server holds: shard 1 of the W = 2 run is still accepted after the refused W = 1 registration. */
+static void test_mismatched_registration_keeps_layout(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    zt_server_run_desc two = desc_of("r", 2), one = desc_of("r", 1);
+    int64_t step = -1;
+    assert_int_equal(zt_state_client_register(f->client, &two, &step, &err), 0);
+    assert_int_equal(step, 0);
+    assert_int_equal(zt_state_client_register(f->client, &one, NULL, &err), ZT_EMISMATCH);
+    assert_non_null(strstr(err.msg, "world"));
+
+    float p[50] = {0};
+    assert_int_equal(zt_state_client_push_params(f->client, "r", 0, 1, p, 50, &err), 0);
+    assert_int_equal(zt_state_client_push_params(f->client, "r", 1, 1, p, 19, &err), 0);
+    zt_server_run_info info;
+    assert_int_equal(zt_server_core_run_info(f->core, "r", &info, &err), 0);
+    assert_int_equal(info.world_size, 2);
+}
+
+/* The client serves a fixed number of runs: the next one is refused before any server registers it, and
+ * registering a run again does not take a new place. */
+static void test_run_limit_checked_first(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    char run[32];
+    int held = 0;
+    for (;; held++) {
+        snprintf(run, sizeof(run), "run-%d", held);
+        zt_server_run_desc d = desc_of(run, 1);
+        int rc = zt_state_client_register(f->client, &d, NULL, &err);
+        if (rc != 0) {
+            assert_int_equal(rc, ZT_ENOMEM);
+            assert_non_null(strstr(err.msg, "at most"));
+            break;
+        }
+        assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0); /* again: same place */
+        assert_true(held < 1000);
+    }
+    assert_true(held >= 2);
+    zt_server_run_info info;
+    assert_int_equal(zt_server_core_run_info(f->core, run, &info, &err), -ENOENT);
+    snprintf(run, sizeof(run), "run-%d", held - 1);
+    assert_int_equal(zt_server_core_run_info(f->core, run, &info, &err), 0);
+}
+
+#define BOTH(fn) cmocka_unit_test_setup_teardown(fn, setup_embedded, teardown), \
+                 cmocka_unit_test_setup_teardown(fn, setup_remote, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        BOTH(test_refused_registration_records_nothing),
+        BOTH(test_mismatched_registration_keeps_layout),
+        BOTH(test_run_limit_checked_first),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
