@@ -20,7 +20,6 @@
 #include "ztrain/v1/state.pb-c.h"
 
 #define SVC "/ztrain.v1.StateService/"
-#define MAX_RUNS 16
 
 /* Streams used when neither the options nor ZT_STATE_STREAMS say: a quarter of the cores, at most this. */
 #define DEFAULT_STREAMS_MAX 4
@@ -93,7 +92,7 @@ struct zt_state_client {
     struct lane_pool pool;
     pthread_mutex_t hook_mu; /* one hook call at a time */
     int64_t server_step;     /* see zt_state_client_server_step */
-    struct run_entry runs[MAX_RUNS];
+    struct run_entry runs[ZT_STATE_CLIENT_MAX_RUNS];
     int nruns;
     void (*hook)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent);
     void *hook_user;
@@ -395,13 +394,13 @@ static int step_refused(zt_state_client_t *c, int server, const char *run, int64
 
 /* ---- register ---- */
 
-/* The client's entry for run, or a free one (NULL when MAX_RUNS runs are already held). */
+/* The client's entry for run, or a free one (NULL when ZT_STATE_CLIENT_MAX_RUNS runs are already held). */
 static struct run_entry *run_slot(zt_state_client_t *c, const char *run)
 {
     for (int i = 0; i < c->nruns; i++)
         if (strcmp(c->runs[i].id, run) == 0)
             return &c->runs[i];
-    return c->nruns < MAX_RUNS ? &c->runs[c->nruns] : NULL;
+    return c->nruns < ZT_STATE_CLIENT_MAX_RUNS ? &c->runs[c->nruns] : NULL;
 }
 
 /* Records a run every server has accepted, so that pushes and pulls can route its shards. */
@@ -486,7 +485,7 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
 {
     if (run_slot(c, desc->run_id) == NULL)
         return zt_fail(err, ZT_ENOMEM, "a state client serves at most %d runs; use another client for run %s",
-                       MAX_RUNS, desc->run_id);
+                       ZT_STATE_CLIENT_MAX_RUNS, desc->run_id);
     int rc;
     if (c->core != NULL) {
         zt_server_run_info info;

@@ -42,6 +42,9 @@ typedef struct zt_state_client zt_state_client_t;
 /* The most concurrent streams one push or pull may use (zt_state_client_options.streams). */
 #define ZT_STATE_CLIENT_MAX_STREAMS 8
 
+/* The most runs one client registers (zt_state_client_register). */
+#define ZT_STATE_CLIENT_MAX_RUNS 16
+
 struct zt_state_client_options {
     const char *servers;        /* "host:port,host:port,..." (--servers), or NULL / "" for embedded mode */
     const char *token;          /* bearer token sent on every call, or NULL */
@@ -79,9 +82,9 @@ zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c);
 
 /* Registers the run on every server (idempotent: a restarted worker or server finds the run again) and
  * returns the lowest step any server holds in *step (may be NULL): the step the run can continue from.
- * The client routes a run's shards only after every server has accepted it; a client serves at most 16
- * runs. Returns 0 or a negative code with a message (a different layout under the run id: ZT_EMISMATCH,
- * embedded or remote; a 17th run: ZT_ENOMEM, before any server is asked). */
+ * The client routes a run's shards only after every server has accepted it. Returns 0 or a negative
+ * code with a message (a different layout under the run id: ZT_EMISMATCH, embedded or remote; a run
+ * beyond ZT_STATE_CLIENT_MAX_RUNS: ZT_ENOMEM, before any server is asked). */
 int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err);
 
 /* Pushes the initial fp32 parameters of one shard (n elements from element 0) to its owner; rank 0 does
