@@ -403,17 +403,6 @@ static struct run_entry *run_slot(zt_state_client_t *c, const char *run)
     return c->nruns < ZT_STATE_CLIENT_MAX_RUNS ? &c->runs[c->nruns] : NULL;
 }
 
-/* Records a run every server has accepted, so that pushes and pulls can route its shards. */
-static void remember_run(zt_state_client_t *c, const zt_server_run_desc *desc)
-{
-    struct run_entry *r = run_slot(c, desc->run_id);
-    if (r == &c->runs[c->nruns])
-        c->nruns++;
-    snprintf(r->id, sizeof(r->id), "%s", desc->run_id);
-    r->world_size = desc->world_size;
-    r->param_dtype = desc->param_dtype;
-}
-
 /* RegisterRun on every server; *step = the lowest step any of them holds. */
 static int register_remote(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err)
 {
@@ -483,7 +472,8 @@ static int register_remote(zt_state_client_t *c, const zt_server_run_desc *desc,
  * a refused registration leaves the client as it was. */
 int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err)
 {
-    if (run_slot(c, desc->run_id) == NULL)
+    struct run_entry *slot = run_slot(c, desc->run_id);
+    if (slot == NULL)
         return zt_fail(err, ZT_ENOMEM, "a state client serves at most %d runs; use another client for run %s",
                        ZT_STATE_CLIENT_MAX_RUNS, desc->run_id);
     int rc;
@@ -495,9 +485,15 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
     } else {
         rc = register_remote(c, desc, step, err);
     }
-    if (rc == 0)
-        remember_run(c, desc);
-    return rc;
+    if (rc < 0)
+        return rc;
+    /* every server accepted the run: from now on the client routes its shards */
+    if (slot == &c->runs[c->nruns])
+        c->nruns++;
+    snprintf(slot->id, sizeof(slot->id), "%s", desc->run_id);
+    slot->world_size = desc->world_size;
+    slot->param_dtype = desc->param_dtype;
+    return 0;
 }
 
 /* ---- pushes ---- */
