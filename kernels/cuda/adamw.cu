@@ -33,29 +33,6 @@ struct adamw_hyper {
     float bc1, bc2; /* 1 - beta^step, from the host in double precision */
 };
 
-/* Four consecutive elements as fp32, and back; p aligned to four elements. */
-template <typename T> __device__ __forceinline__ float4 load4(const T *p);
-template <> __device__ __forceinline__ float4 load4<float>(const float *p) { return *(const float4 *)p; }
-template <typename T> __device__ __forceinline__ float4 load4(const T *p)
-{
-    uint2 raw = *(const uint2 *)p;
-    const T *h = (const T *)&raw;
-    return make_float4(zt_to_float(h[0]), zt_to_float(h[1]), zt_to_float(h[2]), zt_to_float(h[3]));
-}
-
-template <typename T> __device__ __forceinline__ void store4(T *p, float4 x);
-template <> __device__ __forceinline__ void store4<float>(float *p, float4 x) { *(float4 *)p = x; }
-template <typename T> __device__ __forceinline__ void store4(T *p, float4 x)
-{
-    uint2 raw;
-    T *h = (T *)&raw;
-    h[0] = zt_from_float<T>(x.x);
-    h[1] = zt_from_float<T>(x.y);
-    h[2] = zt_from_float<T>(x.z);
-    h[3] = zt_from_float<T>(x.w);
-    *(uint2 *)p = raw;
-}
-
 /* One element's update; returns the new weight. Every operation is an explicitly rounded intrinsic, so
  * the compiler cannot fuse a multiply and an add differently in different instantiations: the update is
  * the same bits whatever the gradient's storage type (an fp32 gradient and a bf16 one of the same value
@@ -93,16 +70,16 @@ static __global__ void __launch_bounds__(ADAMW_THREADS)
     if (batch.vec4[t]) {
         const long long end4 = start + (end - start) / 4 * 4;
         for (long long i = start + 4 * threadIdx.x; i < end4; i += 4 * blockDim.x) {
-            float4 g = load4(grad + i), mi = load4(m + i), vi = load4(v + i), p = load4(param + i);
+            float4 g = zt_load4(grad + i), mi = zt_load4(m + i), vi = zt_load4(v + i), p = zt_load4(param + i);
             p.x = adamw_one(g.x, mi.x, vi.x, p.x, hp, gs, wd);
             p.y = adamw_one(g.y, mi.y, vi.y, p.y, hp, gs, wd);
             p.z = adamw_one(g.z, mi.z, vi.z, p.z, hp, gs, wd);
             p.w = adamw_one(g.w, mi.w, vi.w, p.w, hp, gs, wd);
-            store4(m + i, mi);
-            store4(v + i, vi);
-            store4(param + i, p);
+            zt_store4(m + i, mi);
+            zt_store4(v + i, vi);
+            zt_store4(param + i, p);
             if (lowp)
-                store4(lowp + i, p);
+                zt_store4(lowp + i, p);
         }
         done = end4;
     }

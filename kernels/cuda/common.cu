@@ -161,25 +161,17 @@ static __global__ void accumulate_kernel(float *__restrict__ dst, const T *__res
 
 /* The same over n4 groups of four elements: one 16-byte fp32 access and one 8-byte (16-bit src) or
  * 16-byte (fp32 src) read per group; dst 16-byte and src 4-element aligned. */
-template <typename T> struct accum_src4 {
-    typedef uint2 raw; /* four 16-bit values */
-};
-template <> struct accum_src4<float> {
-    typedef float4 raw;
-};
-
 template <typename T>
 static __global__ void accumulate4_kernel(float4 *__restrict__ dst, const T *__restrict__ src, size_t n4, float scale,
                                           int overwrite)
 {
-    typedef typename accum_src4<T>::raw raw_t;
-    const raw_t *s4 = (const raw_t *)src;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
-        raw_t raw = __ldcs(s4 + i);
-        const T *h = (const T *)&raw;
-        float4 x = make_float4(zt_to_float(h[0]) * scale, zt_to_float(h[1]) * scale, zt_to_float(h[2]) * scale,
-                               zt_to_float(h[3]) * scale);
+        float4 x = zt_load4_cs(src + 4 * i);
+        x.x *= scale;
+        x.y *= scale;
+        x.z *= scale;
+        x.w *= scale;
         if (!overwrite) {
             float4 d = dst[i];
             x.x = d.x + x.x;

@@ -73,6 +73,48 @@ template <typename T> __device__ __forceinline__ void zt_store_vec(T *p, const z
     *reinterpret_cast<int4 *>(p) = *reinterpret_cast<const int4 *>(&x);
 }
 
+/* ---- four consecutive elements as fp32, and back (p aligned to four elements): one 16-byte access for
+ * fp32, one 8-byte access for fp16/bf16. The _cs load streams (data read once). ---- */
+
+template <typename T> __device__ __forceinline__ float4 zt_float4_of(uint2 raw)
+{
+    const T *h = reinterpret_cast<const T *>(&raw);
+    return make_float4(zt_to_float(h[0]), zt_to_float(h[1]), zt_to_float(h[2]), zt_to_float(h[3]));
+}
+
+template <typename T> __device__ __forceinline__ float4 zt_load4(const T *p)
+{
+    return zt_float4_of<T>(*reinterpret_cast<const uint2 *>(p));
+}
+template <> __device__ __forceinline__ float4 zt_load4<float>(const float *p)
+{
+    return *reinterpret_cast<const float4 *>(p);
+}
+
+template <typename T> __device__ __forceinline__ float4 zt_load4_cs(const T *p)
+{
+    return zt_float4_of<T>(__ldcs(reinterpret_cast<const uint2 *>(p)));
+}
+template <> __device__ __forceinline__ float4 zt_load4_cs<float>(const float *p)
+{
+    return __ldcs(reinterpret_cast<const float4 *>(p));
+}
+
+template <typename T> __device__ __forceinline__ void zt_store4(T *p, float4 x)
+{
+    uint2 raw;
+    T *h = reinterpret_cast<T *>(&raw);
+    h[0] = zt_from_float<T>(x.x);
+    h[1] = zt_from_float<T>(x.y);
+    h[2] = zt_from_float<T>(x.z);
+    h[3] = zt_from_float<T>(x.w);
+    *reinterpret_cast<uint2 *>(p) = raw;
+}
+template <> __device__ __forceinline__ void zt_store4<float>(float *p, float4 x)
+{
+    *reinterpret_cast<float4 *>(p) = x;
+}
+
 /* True if p is 16-byte aligned (host side, for choosing vector paths in launchers). */
 static inline bool zt_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 

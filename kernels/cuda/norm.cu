@@ -11,19 +11,6 @@
 
 #define NORM_THREADS 256
 
-/* Four consecutive elements as fp32, read with a streaming load; p aligned to four elements. */
-template <typename T> __device__ __forceinline__ float4 load4_cs(const T *p);
-template <> __device__ __forceinline__ float4 load4_cs<float>(const float *p)
-{
-    return __ldcs(reinterpret_cast<const float4 *>(p));
-}
-template <typename T> __device__ __forceinline__ float4 load4_cs(const T *p)
-{
-    uint2 raw = __ldcs(reinterpret_cast<const uint2 *>(p));
-    const T *h = reinterpret_cast<const T *>(&raw);
-    return make_float4(zt_to_float(h[0]), zt_to_float(h[1]), zt_to_float(h[2]), zt_to_float(h[3]));
-}
-
 /* Every dtype is read four elements at a time in the same pattern, so the sum over fp16/bf16 data is
  * bit-identical to the sum over the same values held in fp32 (a norm over low-precision gradients then
  * equals the norm over their fp32 copy). Each thread handles two groups per round (more loads in flight)
@@ -40,8 +27,8 @@ static __global__ void __launch_bounds__(NORM_THREADS)
         const size_t ngroups = n / 4;
         for (size_t i = tid; i < ngroups; i += 2 * stride) {
             const bool second = i + stride < ngroups;
-            const float4 a = load4_cs(x + i * 4);
-            const float4 b = second ? load4_cs(x + (i + stride) * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 a = zt_load4_cs(x + i * 4);
+            const float4 b = second ? zt_load4_cs(x + (i + stride) * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             acc += a.x * a.x;
             acc += a.y * a.y;
             acc += a.z * a.z;
