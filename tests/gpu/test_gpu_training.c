@@ -32,7 +32,7 @@
 #include "worker/model/gpt2.h"
 #include "worker/train/trainer.h"
 
-#include "../worker/train_fixture.h"
+#include "gpu_fixture.h"
 
 #define VOCAB 200
 #define STEPS 20
@@ -55,35 +55,10 @@ static int teardown(void **state)
     return zt_fixture_remove_dir(g_dir);
 }
 
+/* A 2-layer model, 2 micro-batches of 4 sequences per step. */
 static void base_config(zt_train_config *c, const char *out, const char *device, const char *precision)
 {
-    zt_train_config_init(c);
-    zt_gpt2_config_default(&c->model);
-    c->model.n_layer = 2;
-    c->model.n_head = 2;
-    c->model.n_embd = 128;
-    c->model.n_positions = 64;
-    c->model.vocab_size = VOCAB;
-    c->model_loaded = true;
-    snprintf(c->train_data, sizeof(c->train_data), "%s/g_train_*.bin", g_dir);
-    snprintf(c->val_data, sizeof(c->val_data), "%s/g_val_*.bin", g_dir);
-    snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", g_dir, out);
-    snprintf(c->device, sizeof(c->device), "%s", device);
-    snprintf(c->precision, sizeof(c->precision), "%s", precision);
-    c->steps = STEPS;
-    c->batch_size = 4;
-    c->seq_len = 64;
-    c->grad_accum = 2;
-    c->lr = 2e-3;
-    c->min_lr = 2e-4;
-    c->warmup_steps = 3;
-    c->eval_every = 10;
-    c->eval_batches = 2;
-    c->save_every = 10;
-    c->log_every = 5;
-    c->seed = 11;
-    c->threads = 2;
-    zt_fixture_finish_config(c);
+    zt_gpu_fixture_config(c, g_dir, "g", out, device, precision, 2, VOCAB, STEPS, 4, 2);
 }
 
 /* base_config with the optimizer placed off the GPU: "cpu", or "server" with the embedded store
@@ -215,13 +190,11 @@ static void test_gpu_resume_is_exact(void **state)
         zt_fixture_train_ok(&c, &b);
         assert_int_equal(b.start_step, 10);
         assert_int_equal(b.end_step, STEPS);
-        for (int s = 0; s < 10; s++)
-            assert_memory_equal(&a.losses[s], &full.losses[s], sizeof(float));
-        for (int s = 0; s < 10; s++)
-            if (memcmp(&b.losses[s], &full.losses[10 + s], sizeof(float)) != 0)
-                fail_msg("%s resume: step %d loss %.9g vs %.9g uninterrupted", precisions[k], 11 + s,
-                         (double)b.losses[s], (double)full.losses[10 + s]);
-        printf("%s: GPU resume at step 10 reproduces steps 11..%d bit for bit\n", precisions[k], STEPS);
+        char what[64];
+        snprintf(what, sizeof what, "%s, stopped at step 10 vs uninterrupted", precisions[k]);
+        zt_gpu_fixture_same_losses(what, &a, &full, 1, 10);
+        snprintf(what, sizeof what, "%s, resumed on the GPU at step 10 vs uninterrupted", precisions[k]);
+        zt_gpu_fixture_same_losses(what, &b, &full, 11, STEPS);
         zt_train_result_free(&full);
         zt_train_result_free(&a);
         zt_train_result_free(&b);
@@ -278,10 +251,9 @@ static void test_offload_placements_identical(void **state)
     }
     compare("bf16, optimizer on the host", &r[0], 1, 3e-2);
     for (int k = 1; k < 3; k++) {
-        for (int s = 0; s < STEPS; s++)
-            if (memcmp(&r[k].losses[s], &r[0].losses[s], sizeof(float)) != 0)
-                fail_msg("%s: step %d loss %.9g vs %.9g with --optimizer cpu", outs[k], s + 1,
-                         (double)r[k].losses[s], (double)r[0].losses[s]);
+        char what[64];
+        snprintf(what, sizeof what, "%s vs --optimizer cpu", outs[k]);
+        zt_gpu_fixture_same_losses(what, &r[k], &r[0], 1, STEPS);
         expect_same_tensors(outs[0], outs[k], STEPS, "model.safetensors");
     }
     printf("optimizer cpu, server (ram) and server (disk) with bf16 on the GPU: identical losses and parameters\n");
@@ -308,11 +280,8 @@ static void test_offload_fp16_and_resume(void **state)
     snprintf(c.resume, sizeof c.resume, "%s/off_fp16_split", g_dir);
     zt_fixture_train_ok(&c, &b);
     assert_int_equal(b.start_step, 10);
-    for (int s = 0; s < 10; s++)
-        if (memcmp(&b.losses[s], &full.losses[10 + s], sizeof(float)) != 0)
-            fail_msg("resume: step %d loss %.9g vs %.9g uninterrupted", 11 + s, (double)b.losses[s],
-                     (double)full.losses[10 + s]);
-    printf("fp16 with the optimizer on the host: resume at step 10 reproduces steps 11..%d bit for bit\n", STEPS);
+    zt_gpu_fixture_same_losses("fp16 with the optimizer on the host, resumed at step 10 vs uninterrupted", &b, &full,
+                               11, STEPS);
     zt_train_result_free(&full);
     zt_train_result_free(&a);
     zt_train_result_free(&b);

@@ -31,7 +31,7 @@
 #include "worker/runtime/zero_train.h"
 #include "worker/train/trainer.h"
 
-#include "../worker/train_fixture.h"
+#include "gpu_fixture.h"
 
 #define VOCAB 200
 #define STEPS 20
@@ -54,36 +54,10 @@ static int teardown(void **state)
     return zt_fixture_remove_dir(g_dir);
 }
 
-/* A 4-layer model (so that every:2 checkpoints some layers and not others), head size 64. */
+/* A 4-layer model (so that every:2 checkpoints some layers and not others), 4 sequences per step. */
 static void base_config(zt_train_config *c, const char *out, const char *device, const char *precision, int accum)
 {
-    zt_train_config_init(c);
-    zt_gpt2_config_default(&c->model);
-    c->model.n_layer = 4;
-    c->model.n_head = 2;
-    c->model.n_embd = 128;
-    c->model.n_positions = 64;
-    c->model.vocab_size = VOCAB;
-    c->model_loaded = true;
-    snprintf(c->train_data, sizeof(c->train_data), "%s/z_train_*.bin", g_dir);
-    snprintf(c->val_data, sizeof(c->val_data), "%s/z_val_*.bin", g_dir);
-    snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", g_dir, out);
-    snprintf(c->device, sizeof(c->device), "%s", device);
-    snprintf(c->precision, sizeof(c->precision), "%s", precision);
-    c->steps = STEPS;
-    c->batch_size = 4 / accum;
-    c->seq_len = 64;
-    c->grad_accum = accum;
-    c->lr = 2e-3;
-    c->min_lr = 2e-4;
-    c->warmup_steps = 3;
-    c->eval_every = 10;
-    c->eval_batches = 2;
-    c->save_every = 10;
-    c->log_every = 5;
-    c->seed = 11;
-    c->threads = 2;
-    zt_fixture_finish_config(c);
+    zt_gpu_fixture_config(c, g_dir, "z", out, device, precision, 4, VOCAB, STEPS, 4 / accum, accum);
 }
 
 /* Trains on the ZeRO runtime (W = 1 from the empty launch environment); fails the test on error. */
@@ -99,27 +73,6 @@ static void zero_train_ok(const zt_train_config *c, int level, const char *ckpt,
     if (rc != 0)
         fail_msg("zt_zero_train_run (%s, level %d, checkpointing %s, prefetch %d) failed (%d): %s", c->out_dir, level,
                  ckpt, prefetch, rc, err.msg);
-}
-
-/* Steps [first, last] of a and b, which must be equal bit for bit. */
-static void same_losses(const char *what, const zt_train_result *a, const zt_train_result *b, int64_t first,
-                        int64_t last)
-{
-    double worst = 0.0;
-    int differ = 0;
-    for (int64_t s = first; s <= last; s++) {
-        float x = a->losses[s - a->start_step - 1], y = b->losses[s - b->start_step - 1];
-        double rel = fabs((double)x - (double)y) / fabs((double)y);
-        if (memcmp(&x, &y, sizeof x) != 0) {
-            differ++;
-            if (rel > worst || isnan(rel))
-                worst = rel;
-        }
-    }
-    printf("%s: steps %lld..%lld, %d of %lld losses differ (largest relative difference %.3g)\n", what,
-           (long long)first, (long long)last, differ, (long long)(last - first + 1), worst);
-    if (differ)
-        fail_msg("%s: the losses are not bit-identical (%d differ, up to %.3g relative)", what, differ, worst);
 }
 
 /* W = 1 over NCCL against the single-GPU trainer, bit for bit. */
@@ -143,7 +96,7 @@ static void test_w1_equals_single_gpu(void **state)
         assert_int_equal(z.end_step, STEPS);
         snprintf(what, sizeof what, "ZeRO-3 W=1 vs single GPU, %s, grad_accum %d", cases[k].precision,
                  cases[k].accum);
-        same_losses(what, &z, &ref, 1, STEPS);
+        zt_gpu_fixture_same_losses(what, &z, &ref, 1, STEPS);
         assert_memory_equal(&z.last_val_loss, &ref.last_val_loss, sizeof(float));
         assert_true(z.losses[STEPS - 1] < z.losses[0] - 0.5f); /* it learns */
         zt_train_result_free(&ref);
@@ -173,7 +126,7 @@ static void test_levels_prefetch_checkpointing(void **state)
         zt_train_result r;
         base_config(&c, out, "cuda", "bf16", 1);
         zero_train_ok(&c, cases[k].level, cases[k].ckpt, cases[k].prefetch, &r);
-        same_losses(what, &r, &ref, 1, STEPS);
+        zt_gpu_fixture_same_losses(what, &r, &ref, 1, STEPS);
         zt_train_result_free(&r);
     }
     zt_train_result_free(&ref);
@@ -224,7 +177,7 @@ static void test_checkpoints_cross(void **state)
     snprintf(c.resume, sizeof c.resume, "%s/x_z2s", g_dir);
     zt_fixture_train_ok(&c, &b);
     assert_int_equal(b.start_step, 10);
-    same_losses("ZeRO checkpoint at 10 -> single-GPU resume", &b, &full, 11, STEPS);
+    zt_gpu_fixture_same_losses("ZeRO checkpoint at 10 -> single-GPU resume", &b, &full, 11, STEPS);
     zt_train_result_free(&a);
     zt_train_result_free(&b);
 
@@ -236,7 +189,7 @@ static void test_checkpoints_cross(void **state)
     snprintf(c.resume, sizeof c.resume, "%s/x_s2z", g_dir);
     zero_train_ok(&c, 3, "all", 1, &b);
     assert_int_equal(b.start_step, 10);
-    same_losses("single-GPU checkpoint at 10 -> ZeRO resume", &b, &full, 11, STEPS);
+    zt_gpu_fixture_same_losses("single-GPU checkpoint at 10 -> ZeRO resume", &b, &full, 11, STEPS);
     zt_train_result_free(&a);
     zt_train_result_free(&b);
     zt_train_result_free(&full);

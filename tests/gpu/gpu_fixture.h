@@ -1,0 +1,72 @@
+/* Shared set-up of the GPU training tests (test_gpu_training, test_zero_gpu), on top of
+ * tests/worker/train_fixture.h: the small GPT-2 they train and a bit-for-bit loss comparison.
+ * Include after <cmocka.h>. */
+#ifndef ZT_TESTS_GPU_FIXTURE_H
+#define ZT_TESTS_GPU_FIXTURE_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../worker/train_fixture.h"
+#include "worker/model/gpt2.h"
+
+/* The GPT-2 of the GPU tests: n_layer layers of 2 heads of size 64, T = 64, a vocabulary of `vocab`, trained
+ * `steps` steps of grad_accum micro-batches of batch_size sequences on the shards dir/<shards>_train_*.bin,
+ * evaluated on dir/<shards>_val_*.bin, with checkpoints every 10 steps into dir/out. */
+static inline void zt_gpu_fixture_config(zt_train_config *c, const char *dir, const char *shards, const char *out,
+                                         const char *device, const char *precision, int n_layer, int vocab,
+                                         int steps, int batch_size, int grad_accum)
+{
+    zt_train_config_init(c);
+    zt_gpt2_config_default(&c->model);
+    c->model.n_layer = n_layer;
+    c->model.n_head = 2;
+    c->model.n_embd = 128;
+    c->model.n_positions = 64;
+    c->model.vocab_size = vocab;
+    c->model_loaded = true;
+    snprintf(c->train_data, sizeof(c->train_data), "%s/%s_train_*.bin", dir, shards);
+    snprintf(c->val_data, sizeof(c->val_data), "%s/%s_val_*.bin", dir, shards);
+    snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", dir, out);
+    snprintf(c->device, sizeof(c->device), "%s", device);
+    snprintf(c->precision, sizeof(c->precision), "%s", precision);
+    c->steps = steps;
+    c->batch_size = batch_size;
+    c->seq_len = 64;
+    c->grad_accum = grad_accum;
+    c->lr = 2e-3;
+    c->min_lr = 2e-4;
+    c->warmup_steps = 3;
+    c->eval_every = 10;
+    c->eval_batches = 2;
+    c->save_every = 10;
+    c->log_every = 5;
+    c->seed = 11;
+    c->threads = 2;
+    zt_fixture_finish_config(c);
+}
+
+/* Fails unless the losses of steps [first, last] (1-based, as logged) of a and b are equal bit for bit;
+ * a and b may start at different steps (a resumed run). Prints how many differ either way. */
+static inline void zt_gpu_fixture_same_losses(const char *what, const zt_train_result *a, const zt_train_result *b,
+                                              int64_t first, int64_t last)
+{
+    double worst = 0.0;
+    int differ = 0;
+    for (int64_t s = first; s <= last; s++) {
+        float x = a->losses[s - a->start_step - 1], y = b->losses[s - b->start_step - 1];
+        double rel = fabs((double)x - (double)y) / fabs((double)y);
+        if (memcmp(&x, &y, sizeof x) != 0) {
+            differ++;
+            if (rel > worst || isnan(rel))
+                worst = rel;
+        }
+    }
+    printf("%s: steps %lld..%lld, %d of %lld losses differ (largest relative difference %.3g)\n", what,
+           (long long)first, (long long)last, differ, (long long)(last - first + 1), worst);
+    if (differ)
+        fail_msg("%s: the losses are not bit-identical (%d differ, up to %.3g relative)", what, differ, worst);
+}
+
+#endif
