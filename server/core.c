@@ -321,7 +321,7 @@ void zt__run_remove(zt_server_core *core, zt__run *run)
 
 void zt__run_acquire(zt__run *run, int what)
 {
-    while (run->busy != ZT__IDLE)
+    while (run->busy != ZT__IDLE || run->grad_writers > 0)
         pthread_cond_wait(&run->cv, &run->mu);
     run->busy = what;
 }
@@ -940,12 +940,21 @@ int zt_server_core_push_grad(zt_server_core *core, const char *run_id, int64_t s
                      "send one dtype per shard and step", run_id, c->block, c->shard,
                      zt_dtype_name((enum zt_dtype)p->grad_dtype), zt_dtype_name(c->dtype));
     } else {
+        /* The copy runs outside the lock, so that chunks arriving on several streams are copied at the same
+         * time. Nothing else touches p->grad meanwhile: a commit or snapshot waits for grad_writers to reach
+         * 0, and concurrent chunks of one step and shard hold disjoint ranges (or, when a push is retried,
+         * the same bytes again). The range counts as arrived once its copy is done. */
         size_t es = zt_dtype_size(c->dtype);
         p->grad_dtype = (int)c->dtype;
+        run->grad_writers++;
+        pthread_mutex_unlock(&run->mu);
         if (c->n > 0)
             memcpy((char *)p->grad + c->offset * es, c->data, (size_t)c->n * es);
+        pthread_mutex_lock(&run->mu);
         ivset_add(&p->grad_cov, c->offset, c->offset + c->n);
         run->stats.bytes_pushed += c->n * es;
+        if (--run->grad_writers == 0)
+            pthread_cond_broadcast(&run->cv);
     }
     pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
@@ -1106,7 +1115,8 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
                      run->commit_step);
         goto out_locked;
     }
-    while (run->busy != ZT__IDLE) /* a snapshot or an initial-parameter write */
+    /* a snapshot or an initial-parameter write, or gradient chunks still being copied */
+    while (run->busy != ZT__IDLE || run->grad_writers > 0)
         pthread_cond_wait(&run->cv, &run->mu);
     if (step == run->step && step > 0) {
         res.already_committed = true;

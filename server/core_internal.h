@@ -67,6 +67,8 @@ typedef struct zt__run {
     int64_t adam_step;
     int cur;                  /* the committed state's slot */
     int busy;                 /* enum zt__busy */
+    int grad_writers;         /* gradient pushes copying into pair buffers outside mu; commits, snapshots and
+                                 initial-parameter writes wait for 0 */
     int64_t commit_step;      /* the step being committed, when busy == ZT__COMMIT */
     int ready_blocks;         /* blocks [0, ready_blocks) of commit_step are done */
     int init_pending;         /* pairs still waiting for their initial parameters */
@@ -100,7 +102,8 @@ int zt__run_create(zt_server_core *core, const zt_server_run_desc *desc, zt__run
 /* Removes a run from the table (it is freed when its last reference goes). */
 void zt__run_remove(zt_server_core *core, zt__run *run);
 
-/* Waits (run->mu held) until the run is idle, then marks it busy with `what`. */
+/* Waits (run->mu held) until the run is idle and no gradient push is copying, then marks it busy with
+ * `what`. */
 void zt__run_acquire(zt__run *run, int what);
 /* Marks the run idle again and wakes waiters (run->mu held). */
 void zt__run_unacquire(zt__run *run);

@@ -631,6 +631,8 @@ int zt_server_core_snapshot_read(zt_server_core *core, const char *dir, zt_serve
         pthread_mutex_unlock(&run->mu);
         rc = load_pairs(core, run, dir, dst, true, err);
         pthread_mutex_lock(&run->mu);
+        while (run->grad_writers > 0) /* pushes checked against the old step finish before it is reset */
+            pthread_cond_wait(&run->cv, &run->mu);
         if (rc == 0) {
             run->cur = dst;
             run->step = m.step;

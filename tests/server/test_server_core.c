@@ -807,22 +807,26 @@ static void test_snapshot_save_keep_and_metrics(void **state)
     cluster_destroy(&c);
 }
 
-/* ---- larger shards, pushed from one thread per rank, on both stores ---- */
+/* ---- larger shards, pushed from two threads per rank, on both stores ---- */
 
 #define BIG_NB 2
 #define BIG_W 3
 static const uint64_t k_big[BIG_NB] = {300001, 70000};
 
+#define BIG_LANES 2 /* threads pushing one shard at the same time, as the client's streams do */
+
 typedef struct pusher {
     zt_server_core *core;
     int shard;
+    int lane;            /* this thread pushes the chunks i with i % BIG_LANES == lane */
     int64_t step;
     float *const *grads; /* [BIG_NB] whole blocks */
     int rc;
     zt_err err;
 } pusher;
 
-/* Pushes this rank's shard of every block in 4096-element chunks, last block first (as backward does). */
+/* Pushes its lane's chunks of this rank's shard of every block (4096 elements each), last block first (as
+ * backward does). */
 static void *push_thread(void *arg)
 {
     pusher *p = arg;
@@ -833,7 +837,7 @@ static void *push_thread(void *arg)
             uint64_t e = (uint64_t)p->shard * n + i;
             s[i] = e < k_big[b] ? p->grads[b][e] : 0.0f;
         }
-        for (uint64_t off = 0; off < n && p->rc == 0; off += 4096) {
+        for (uint64_t off = (uint64_t)p->lane * 4096; off < n && p->rc == 0; off += BIG_LANES * 4096) {
             zt_server_chunk ch = {.block = b, .shard = p->shard, .offset = off, .n = n - off < 4096 ? n - off : 4096,
                                   .dtype = ZT_DTYPE_F32, .data = s + off};
             p->rc = zt_server_core_push_grad(p->core, "big", p->step, &ch, &p->err);
@@ -896,13 +900,14 @@ static void test_large_shards_threads_ram_and_nvme(void **state)
             for (uint64_t i = 0; i < k_big[b]; i++)
                 g[b][i] = (float)zt_rng_normal(&rng);
         for (int k = 0; k < 2; k++) {
-            pusher ps[BIG_W];
-            pthread_t t[BIG_W];
-            for (int r = 0; r < BIG_W; r++) {
-                ps[r] = (pusher){.core = core[k], .shard = r, .step = step, .grads = g};
+            pusher ps[BIG_W * BIG_LANES];
+            pthread_t t[BIG_W * BIG_LANES];
+            for (int r = 0; r < BIG_W * BIG_LANES; r++) {
+                ps[r] = (pusher){.core = core[k], .shard = r / BIG_LANES, .lane = r % BIG_LANES, .step = step,
+                                 .grads = g};
                 assert_int_equal(pthread_create(&t[r], NULL, push_thread, &ps[r]), 0);
             }
-            for (int r = 0; r < BIG_W; r++) {
+            for (int r = 0; r < BIG_W * BIG_LANES; r++) {
                 pthread_join(t[r], NULL);
                 must(ps[r].rc, &ps[r].err);
             }
