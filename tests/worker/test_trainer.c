@@ -513,6 +513,73 @@ static void test_optimizer_guards(void **state)
     zt_gpt2_destroy(m);
 }
 
+/* bf16 of x, rounded to nearest even (finite x). */
+static uint16_t bf16_rne(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* With o->lowp set, a step also writes every tensor's updated weights, rounded to bf16 or fp16, and leaves
+ * the fp32 update and the slab outside the tensors as they were. */
+static void test_optimizer_lowp_copy(void **state)
+{
+    (void)state;
+    const enum zt_dtype dtypes[2] = {ZT_DTYPE_BF16, ZT_DTYPE_F16};
+    for (int k = 0; k < 2; k++) {
+        zt_gpt2_config mc = tiny_model();
+        zt_gpt2 *a = NULL, *b = NULL;
+        zt_err err = {{0}};
+        assert_int_equal(zt_gpt2_create(&a, &mc, 1, 4, 3, &err), 0);
+        assert_int_equal(zt_gpt2_create(&b, &mc, 1, 4, 3, &err), 0);
+        size_t n = zt_gpt2_num_params(a);
+        zt_optimizer oa, ob;
+        assert_int_equal(zt_optimizer_init(&oa, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+        assert_int_equal(zt_optimizer_init(&ob, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+        uint16_t *lowp = malloc(n * sizeof(uint16_t));
+        memset(lowp, 0xab, n * sizeof(uint16_t));
+        ob.lowp = lowp;
+        ob.lowp_dtype = dtypes[k];
+        for (int step = 0; step < 2; step++) {
+            float *ga = zt_gpt2_grads(a), *gb = zt_gpt2_grads(b);
+            for (size_t i = 0; i < n; i++)
+                ga[i] = gb[i] = 0.01f * (float)((i * 7919 + (size_t)step * 104729) % 2001) / 1000.0f - 0.01f;
+            zt_optimizer_report ra, rb;
+            assert_int_equal(zt_optimizer_step(&oa, a, 2.0f, 1e-2f, &ra, &err), 0);
+            assert_int_equal(zt_optimizer_step(&ob, b, 2.0f, 1e-2f, &rb, &err), 0);
+        }
+        assert_memory_equal(zt_gpt2_params(a), zt_gpt2_params(b), n * sizeof(float));
+        const float *p = zt_gpt2_params(b);
+        bool *in_tensor = calloc(n, sizeof(bool));
+        for (int t = 0; t < zt_gpt2_num_tensors(b); t++) {
+            const zt_param_info *ti = zt_gpt2_tensor(b, t);
+            for (size_t i = ti->offset; i < ti->offset + ti->numel; i++) {
+                in_tensor[i] = true;
+                uint16_t want;
+                if (dtypes[k] == ZT_DTYPE_BF16) {
+                    want = bf16_rne(p[i]);
+                } else {
+                    _Float16 h = (_Float16)p[i]; /* the compiler's conversion: round to nearest even */
+                    memcpy(&want, &h, 2);
+                }
+                if (lowp[i] != want)
+                    fail_msg("%s: element %zu (%s): 0x%04x, want 0x%04x for %.9g", zt_dtype_name(dtypes[k]), i,
+                             ti->name, lowp[i], want, (double)p[i]);
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            if (!in_tensor[i])
+                assert_int_equal(lowp[i], 0xabab);
+        free(in_tensor);
+        free(lowp);
+        zt_optimizer_free(&oa);
+        zt_optimizer_free(&ob);
+        zt_gpt2_destroy(a);
+        zt_gpt2_destroy(b);
+    }
+}
+
 static void test_export(void **state)
 {
     (void)state;
@@ -643,6 +710,7 @@ int main(void)
         cmocka_unit_test(test_other_model_is_refused),
         cmocka_unit_test(test_setup_errors),
         cmocka_unit_test(test_optimizer_guards),
+        cmocka_unit_test(test_optimizer_lowp_copy),
         cmocka_unit_test(test_export),
         cmocka_unit_test(test_save_grads),
     };

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/safetensors.h"
 #include "kernels/adamw.h"
 #include "kernels/norm.h"
 #include "offload/cpu_adam.h"
@@ -91,6 +92,8 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
             .v = o->v + t->offset,
             .grad = grads + t->offset,
             .grad_dtype = ZT_DTYPE_F32,
+            .out = o->lowp ? (char *)o->lowp + t->offset * zt_dtype_size(o->lowp_dtype) : NULL,
+            .out_dtype = o->lowp_dtype,
             .n = t->numel,
         };
         rc = zt_cpu_adam_update(&r, &p, 0, err);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/safetensors.h"
 #include "common/status.h"
 #include "worker/model/gpt2.h"
 
@@ -32,6 +33,10 @@ typedef struct zt_optimizer {
     int64_t skipped_steps;  /* skipped steps over the whole run */
     bool loss_scaled;       /* fp16 with dynamic loss scaling: a skip with a finite loss is an overflow, not a
                                divergence (see zt_optimizer_account); false after zt_optimizer_init */
+    void *lowp;             /* NULL (after zt_optimizer_init), or a borrowed slab of n elements of lowp_dtype laid
+                               out like the parameters: zt_optimizer_step also writes each updated weight into
+                               it, rounded to nearest even, for a GPU that computes in bf16 or fp16 */
+    enum zt_dtype lowp_dtype; /* BF16 or F16, with lowp */
 } zt_optimizer;
 
 /* What one call of zt_optimizer_step did. */
@@ -54,7 +59,8 @@ double zt_optimizer_grad_norm(const float *grads, size_t n);
 /* The clipping factor for a gradient norm: min(1, max_norm / (norm + 1e-6)), or 1 when max_norm is 0. */
 float zt_optimizer_clip_coef(double norm, double max_norm);
 
-/* Applies one AdamW update with learning rate lr to the model's parameters from its gradient slab.
+/* Applies one AdamW update with learning rate lr to the model's parameters from its gradient slab (and
+ * writes the rounded weights into o->lowp when set).
  * loss is the step's loss: when it or the gradient norm is not finite the update is skipped
  * (report->skipped, counted in skipped_steps) and 0 is returned, unless that made
  * ZT_OPTIMIZER_MAX_BAD_STEPS skipped steps in a row: then ZT_ESTATE is returned with a message saying
