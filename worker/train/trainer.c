@@ -301,7 +301,8 @@ static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *
 /* One training step with the optimizer off the GPU (--optimizer cpu or server): the micro-batches run on the
  * GPU, their fp32 gradients come down into the host model's gradient slab, AdamW runs on the host (or in
  * the state servers, which send the parameters back into the host slab), and the updated parameters go
- * up again, rounded to the compute type on the device. Same contract as gpu_step. */
+ * up again: in the compute type when the host AdamW wrote them so (r->opt.lowp), else as fp32 that the
+ * device rounds. Same contract as gpu_step. */
 static int offload_step(struct run *r, const zt_train_config *cfg, int64_t step, float lr, float *loss,
                         zt_optimizer_report *rep, zt_err *err)
 {
