@@ -12,18 +12,18 @@
 # Needs python3 with numpy (random token shards, bench/make_shards.py).
 set -eu
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${1:-bench-out-placement}"
+RESULT_DIR="${1:-bench-out-placement}"
 ZTRAINS="${ZTRAINS:-ztrain=build/worker/ztrain}"
 PLACEMENTS="${PLACEMENTS:-gpu cpu}"
 PRECISIONS="${PRECISIONS:-bf16}"
 ROUNDS="${ROUNDS:-2}"
 STEPS="${STEPS:-30}"
 BATCH="${BATCH:-16}"
-mkdir -p "$OUT"
+mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || python3 "$HERE/make_shards.py" "$DATA/rnd" 4000000
-RES="$OUT/placement.tsv"
+RES="$RESULT_DIR/placement.tsv"
 : >"$RES"
 for round in $(seq 1 "$ROUNDS"); do
   for prec in $PRECISIONS; do
@@ -31,7 +31,7 @@ for round in $(seq 1 "$ROUNDS"); do
       for entry in $ZTRAINS; do
         label=${entry%%=*} bin=${entry#*=} run="${TMPDIR:-/tmp}/zt_bench_placement"
         rm -rf "$run"
-        log="$OUT/${label}_${place}_${prec}_r${round}.log"
+        log="$RESULT_DIR/${label}_${place}_${prec}_r${round}.log"
         "$bin" train --model "$HERE/gpt2-124m.json" --train-data "$DATA/rnd_train_000.bin" --device cuda \
           --precision "$prec" --optimizer "$place" --steps "$STEPS" --batch-size "$BATCH" --seq-len 1024 \
           --out "$run" --save-every 0 --eval-every 0 --log-every 10 >"$log" 2>&1 || { echo "failed: see $log"; exit 1; }
