@@ -206,8 +206,6 @@ struct run {
     zt_gpt2_cuda *gpu;      /* --device cuda: the device model (the host model keeps layout and files) */
     bool gpu_offload;       /* --device cuda with --optimizer cpu|server: the device holds no optimizer state */
     bool pinned;            /* the host model's parameter and gradient slabs are page-locked (cudaHostRegister) */
-    void *upload;           /* --optimizer cpu with bf16/fp16 compute: the weights in the compute type, written by
-                               the host AdamW and uploaded as they are (half the bytes of fp32), page-locked */
 #endif
     bool use_scaler;        /* fp16 on the GPU: dynamic loss scaling */
     zt_loss_scaler scaler;
@@ -224,7 +222,7 @@ static void run_free(struct run *r)
 {
 #ifdef ZT_WITH_CUDA
     zt_gpt2_cuda_destroy(r->gpu);
-    cudaFreeHost(r->upload);
+    cudaFreeHost(r->opt.lowp); /* page-locked here for --optimizer cpu with bf16/fp16 compute; NULL otherwise */
     if (r->pinned) {
         cudaHostUnregister(zt_gpt2_params(r->model));
         cudaHostUnregister(zt_gpt2_grads(r->model));
@@ -314,10 +312,9 @@ static int offload_step(struct run *r, const zt_train_config *cfg, int64_t step,
                       : zt_optimizer_step(&r->opt, r->model, *loss, lr, rep, err);
     if (rc < 0)
         return rc;
-    if (!rep->skipped && r->opt.lowp)
-        zt_gpt2_cuda_upload_weights(r->gpu, r->opt.lowp, r->opt.lowp_dtype);
-    else if (!rep->skipped)
-        zt_gpt2_cuda_upload_weights(r->gpu, zt_gpt2_params(r->model), ZT_DTYPE_F32);
+    if (!rep->skipped)
+        zt_gpt2_cuda_upload_weights(r->gpu, r->opt.lowp ? r->opt.lowp : (void *)zt_gpt2_params(r->model),
+                                    r->opt.lowp ? r->opt.lowp_dtype : ZT_DTYPE_F32);
     if (r->use_scaler)
         zt_loss_scaler_after_step(&r->scaler, rep, *loss, true);
     return 0;
@@ -558,14 +555,13 @@ static int train_once(const zt_train_config *cfg, zt_train_result *res, zt_err *
             }
             /* --optimizer cpu: the host AdamW also writes the weights in the compute type, so that half the
              * bytes go up (the state servers send fp32, which the device rounds). */
-            const size_t lowp_bytes = zt_gpt2_num_params(r.model) * zt_dtype_size(dt);
             if (strcmp(cfg->optimizer, "cpu") == 0 && dt != ZT_DTYPE_F32) {
-                if (cudaMallocHost(&r.upload, lowp_bytes) == cudaSuccess) {
-                    r.opt.lowp = r.upload;
+                const size_t lowp_bytes = zt_gpt2_num_params(r.model) * zt_dtype_size(dt);
+                if (cudaMallocHost(&r.opt.lowp, lowp_bytes) == cudaSuccess) {
                     r.opt.lowp_dtype = dt;
                 } else {
                     cudaGetLastError();
-                    r.upload = NULL;
+                    r.opt.lowp = NULL;
                     zt_log(ZT_LOG_WARN, "gpu: could not page-lock %zu bytes for the %s weights; fp32 weights go "
                            "up instead (twice the bytes)", lowp_bytes, zt_dtype_name(dt));
                 }
