@@ -4,7 +4,7 @@
  *   NCCL_NVLS_ENABLE=0 ztrain launch --nproc N -- bench_collectives [--dtype bf16|fp32] [--min-mib M]
  *                                                 [--max-mib M] [--iters K]
  *
- * Every rank joins through the rendezvous (worker/runtime/startup.h), takes GPU LOCAL_RANK, and times each
+ * Every rank joins through the rendezvous (worker/launch/startup.h), takes GPU LOCAL_RANK, and times each
  * collective with CUDA events on one stream: 5 warm-up calls, then K timed calls, per size. Sizes double
  * from --min-mib to --max-mib; a size is the bytes of the whole (gathered) buffer, as nccl-tests counts
  * them. Rank 0 prints one line per size and collective:
@@ -20,7 +20,7 @@
 #include "common/status.h"
 #include "worker/comm/comm.h"
 #include "worker/launch/env.h"
-#include "worker/runtime/startup.h"
+#include "worker/launch/startup.h"
 
 #define CHECK_CUDA(call)                                                                                     \
     do {                                                                                                     \

@@ -259,7 +259,7 @@ class Dockerfiles(unittest.TestCase):
                             if word.startswith("deploy/"):
                                 self.assertTrue(os.path.isfile(os.path.join(SRC, word)), word)
                                 self.assertFalse(ignored(word, patterns), "%s is in .dockerignore" % word)
-        for needed in ("CMakeLists.txt", "common/status.h", "worker/main.c", "deploy/docker/worker-entrypoint.sh"):
+        for needed in ("CMakeLists.txt", "common/status.h", "worker/cli/main.c", "deploy/docker/worker-entrypoint.sh"):
             self.assertFalse(ignored(needed, patterns), needed)
 
     def test_dockerignore_keeps_secrets_and_clutter_out(self):

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "../worker/train_fixture.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 /* The GPT-2 of the GPU tests: n_layer layers of 2 heads of size 64, T = 64, a vocabulary of `vocab`, trained
  * `steps` steps of grad_accum micro-batches of batch_size sequences on the shards dir/<shards>_train_*.bin,

@@ -29,7 +29,7 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "worker/data/dataloader.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/trainer.h"
 
 #include "gpu_fixture.h"

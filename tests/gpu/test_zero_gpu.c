@@ -27,7 +27,7 @@
 
 #include "common/log.h"
 #include "worker/data/dataloader.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/runtime/zero_train.h"
 #include "worker/train/trainer.h"
 

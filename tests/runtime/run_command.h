@@ -1,4 +1,4 @@
-/* Runs one `ztrain` subcommand function (worker/commands.h) in a forked child with its stdout and
+/* Runs one `ztrain` subcommand function (worker/cli/commands.h) in a forked child with its stdout and
  * stderr captured, for the tests of commands that print and exit. Include after <cmocka.h>. */
 #ifndef ZT_TESTS_RUN_COMMAND_H
 #define ZT_TESTS_RUN_COMMAND_H

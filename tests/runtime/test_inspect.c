@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 
 #include "run_command.h"
 #include "worker/train/checkpoint.h"

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 
 #include "run_command.h"
 

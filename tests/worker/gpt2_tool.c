@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 static int die(const char *msg)
 {

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/generate.h"
 
 /* ---- the sampler alone --------------------------------------------------------------------------- */

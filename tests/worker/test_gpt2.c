@@ -1,4 +1,4 @@
-/* Tests of the GPT-2 model (worker/model/gpt2.c): config.json parsing and writing, the parameter layout,
+/* Tests of the GPT-2 model (worker/models/gpt2.c): config.json parsing and writing, the parameter layout,
  * initialisation, safetensors export/import (round trip, dtypes, every refusal leaving the model
  * unchanged), a finite-difference check of the whole backward pass, and a tiny model learning a fixed
  * sequence with plain SGD. */
@@ -17,7 +17,7 @@
 
 #include "common/rng.h"
 #include "common/safetensors.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* helpers                                                                                              */

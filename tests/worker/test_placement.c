@@ -24,7 +24,7 @@
 #include "common/log.h"
 #include "kernels/adamw.h"
 #include "worker/data/dataloader.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/config.h"
 #include "worker/train/optimizer.h"

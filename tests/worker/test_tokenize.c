@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/data/dataloader.h"
 #include "worker/data/tokenize.h"
 

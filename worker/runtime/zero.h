@@ -28,7 +28,7 @@
 
 #include "common/status.h"
 #include "worker/comm/comm.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/state/client.h"
 #include "worker/train/optimizer.h"
 

@@ -15,7 +15,7 @@
 #include "kernels/adamw.h"            /* zt_cuda_adamw_update: the fused update of the owned pieces */
 #include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, casts, the non-finite check, gradient folding */
 #include "kernels/norm.h"             /* the sum of squares and the clip coefficient */
-#include "worker/model/gpt2_cuda.h"   /* the device model, asked to use this runtime's weights (hooks) */
+#include "worker/models/gpt2_cuda.h"   /* the device model, asked to use this runtime's weights (hooks) */
 
 #define SHARD_ALIGN 64     /* elements: every shard starts on this boundary */
 #define POOL_ALIGN 256     /* bytes */

@@ -1,6 +1,6 @@
 /* The ZeRO runtime on CUDA GPUs over NCCL (DESIGN.md decisions 4-6): the GPU twin of zero.h.
  *
- * Every block of the device model (worker/model/gpt2_cuda.h: 0 = embeddings and the tied head, 1..L =
+ * Every block of the device model (worker/models/gpt2_cuda.h: 0 = embeddings and the tied head, 1..L =
  * layers, L+1 = ln_f) is one flat buffer in the device layout, padded with zeros to P_b elements, a
  * multiple of 64 * W, and split into W shards of S_b = P_b / W elements (so every shard starts on a
  * 64-element boundary). Rank r owns shard r of every block and keeps it on its GPU:
@@ -48,7 +48,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "worker/comm/comm.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/runtime/zero.h"
 #include "worker/train/optimizer.h"
 

@@ -15,7 +15,7 @@
 #include "common/units.h"
 #include "kernels/cpu_threads.h"
 #include "worker/launch/env.h"
-#include "worker/runtime/startup.h"
+#include "worker/launch/startup.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
 #include "worker/train/placement.h"

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 #define ZT_TRAIN_PATH_MAX 1024
 /* The value of an integer setting that zt_train_config_resolve computes from the others. */

@@ -10,7 +10,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 /* Called once per generated token, in order. Return 0 to go on, a positive value to stop early (not an
  * error), or a negative ZT_E* / -errno code to stop with that error (for example a failed write). */

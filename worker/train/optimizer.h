@@ -14,7 +14,7 @@
 
 #include "common/safetensors.h"
 #include "common/status.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 /* A run stops after this many steps in a row with a non-finite loss or gradient norm. */
 #define ZT_OPTIMIZER_MAX_BAD_STEPS 10

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/state/client.h"
 #include "worker/train/config.h"
 #include "worker/train/optimizer.h"

@@ -23,7 +23,7 @@
 #include "worker/train/schedule.h"
 #ifdef ZT_WITH_CUDA
 #include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
-#include "worker/model/gpt2_cuda.h"   /* the model's device twin for --device cuda */
+#include "worker/models/gpt2_cuda.h"   /* the model's device twin for --device cuda */
 #endif
 
 #define PATH_CAP (ZT_TRAIN_PATH_MAX + 64)

@@ -14,7 +14,7 @@
 #include "common/safetensors.h" /* enum zt_dtype */
 #include "common/status.h"
 #include "worker/data/dataloader.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/config.h"
 
 typedef struct zt_train_result {

@@ -21,7 +21,7 @@
 #include "common/args.h"
 #include "common/fileio.h"
 #include "common/status.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/data/dataloader.h"
 #include "worker/data/tokenize.h"
 

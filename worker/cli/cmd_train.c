@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/runtime/zero_train.h" /* zt_zero_train_wanted/main: the WORLD_SIZE > 1 loop */
 #include "worker/train/checkpoint.h"
 #include "worker/train/config.h"

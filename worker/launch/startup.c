@@ -1,5 +1,5 @@
 /* Multi-rank start-up: the gRPC rendezvous, then the communicator (see startup.h). */
-#include "worker/runtime/startup.h"
+#include "worker/launch/startup.h"
 
 #include <stdbool.h>
 #include <stdio.h>

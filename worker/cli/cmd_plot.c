@@ -5,7 +5,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/train/plot.h"
 
 static const char usage_text[] =

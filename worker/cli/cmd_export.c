@@ -12,7 +12,7 @@
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/units.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/train/checkpoint.h"
 
 static const char export_usage[] =

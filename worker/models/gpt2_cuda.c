@@ -1,6 +1,6 @@
 /* GPT-2 on one CUDA GPU (see gpt2_cuda.h): device layout, memory pool, block-wise forward and backward
  * over the CUDA kernels, the fused optimizer step, and a profiling mode that times kernel families. */
-#include "worker/model/gpt2_cuda.h"
+#include "worker/models/gpt2_cuda.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 #include "kernels/matmul.h"          /* cuBLASLt GEMMs with bias / GELU / residual epilogues */
 #include "kernels/norm.h"            /* global norm and clip coefficient */
 
-/* Per-layer tensor order of the host layout (worker/model/gpt2.c). */
+/* Per-layer tensor order of the host layout (worker/models/gpt2.c). */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, LT_N };
 #define LAYER_TENSOR(l, k) (2 + (l) * LT_N + (k))
 

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/safetensors.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/train/checkpoint.h"
 
 #define HF_PREFIX "transformer."

@@ -10,7 +10,7 @@
  * Initialisation (see init_params): Hugging Face's GPT2PreTrainedModel scheme, i.e. normal(0, 0.02) for
  * wte, wpe and every linear weight, residual projections (attn.c_proj, mlp.c_proj) scaled by
  * 1/sqrt(2 n_layer), biases 0, layer norms weight 1 and bias 0. */
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 #include <limits.h>
 #include <math.h>

@@ -12,9 +12,9 @@
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 #include "worker/data/tokenize.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/generate.h"
 
 /* The Unicode replacement character, printed for a token the tokenizer has no bytes for. */

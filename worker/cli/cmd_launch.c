@@ -22,7 +22,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 
 #define LAUNCH_MAX_PROCS 256
 #define LAUNCH_KILL_GRACE_S 10.0 /* after SIGTERM, children get this long before SIGKILL */

@@ -1,9 +1,9 @@
-/* The `ztrain` program: dispatches to the subcommands of worker/commands.h, and answers --help and
+/* The `ztrain` program: dispatches to the subcommands of worker/cli/commands.h, and answers --help and
  * --version. */
 #include <stdio.h>
 #include <string.h>
 
-#include "worker/commands.h"
+#include "worker/cli/commands.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "unknown"

@@ -1,4 +1,4 @@
-/* GPT-2 on one CUDA GPU: the device twin of worker/model/gpt2.h, built from the same blocks.
+/* GPT-2 on one CUDA GPU: the device twin of worker/models/gpt2.h, built from the same blocks.
  *
  * The host model (zt_gpt2) stays the source of truth for the configuration, the parameter table and
  * the file formats (import, export, checkpoints); this object mirrors its parameters on the device and
@@ -27,7 +27,7 @@
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "kernels/adamw.h"
-#include "worker/model/gpt2.h"
+#include "worker/models/gpt2.h"
 
 typedef struct zt_gpt2_cuda zt_gpt2_cuda; /* opaque */
 
