@@ -831,6 +831,100 @@ static int get_chunk_pair(zt_server_core *core, const char *run_id, const zt_ser
     return rc;
 }
 
+/* Installs a fully written slot as the committed state; see core_internal.h. */
+void zt__run_install(zt__run *run, int dst, int64_t step, int64_t adam_step)
+{
+    while (run->grad_writers > 0) /* pushes checked against the old step finish before it is reset */
+        pthread_cond_wait(&run->cv, &run->mu);
+    run->cur = dst;
+    run->step = step;
+    run->adam_step = adam_step;
+    run->init_pending = 0;
+    for (int i = 0; i < run->npairs; i++) {
+        zt__pair *p = &run->pairs[i];
+        p->init_done = true;
+        zt_store_buffer_free(p->init);
+        p->init = NULL;
+        p->grad_dtype = -1;
+        p->grad_cov.n = 0;
+        p->init_cov.n = 0;
+    }
+    run->stats.step = run->step;
+}
+
+/* Replaces a run's state with the given shards; see core.h. */
+int zt_server_core_load_state(zt_server_core *core, const char *run_id, int64_t step, int64_t adam_step,
+                              const zt_server_shard_state *shards, int nshards, zt_err *err)
+{
+    if (step < 0 || adam_step < 0 || adam_step > step)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "run %s: cannot load step %" PRId64 " with Adam step %" PRId64, run_id,
+                       step, adam_step);
+    zt__run *run;
+    int rc = zt__run_get(core, run_id, &run, err);
+    if (rc < 0)
+        return rc;
+    /* every owned pair exactly once, before anything changes */
+    const zt_server_shard_state **of = zt_xcalloc((size_t)run->npairs + 1, sizeof *of);
+    for (int i = 0; i < nshards && rc == 0; i++) {
+        const zt_server_shard_state *st = &shards[i];
+        int k = -1;
+        if (st->block >= 0 && st->block < run->nblocks)
+            for (int j = run->block_pair[st->block]; j < run->block_pair[st->block + 1]; j++)
+                if (run->pairs[j].shard == st->shard)
+                    k = j;
+        if (k < 0 || of[k] || !st->master || !st->m || !st->v)
+            rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s: block %d shard %d is not owned by this server, given twice "
+                         "or without its master weights and moments", run_id, st->block, st->shard);
+        else
+            of[k] = st;
+    }
+    for (int j = 0; j < run->npairs && rc == 0; j++)
+        if (!of[j])
+            rc = zt_fail(err, ZT_EINVAL_CONFIG, "run %s: the state of block %d shard %d is missing", run_id,
+                         run->pairs[j].block, run->pairs[j].shard);
+    if (rc < 0) {
+        free(of);
+        zt__run_release(core, run);
+        return rc;
+    }
+    pthread_mutex_lock(&run->mu);
+    zt__run_acquire(run, ZT__EXCLUSIVE);
+    const int dst = 1 - run->cur;
+    pthread_mutex_unlock(&run->mu);
+    float *buf = NULL;
+    for (int j = 0; j < run->npairs && rc == 0; j++) {
+        zt__pair *p = &run->pairs[j];
+        float *data = NULL;
+        if (core->opt.store == ZT_SERVER_STORE_NVME) {
+            zt_store_buffer_free(buf);
+            buf = zt_store_buffer_alloc((size_t)p->n);
+            if (!buf) {
+                rc = zt_fail(err, ZT_ENOMEM, "run %s: out of memory loading block %d shard %d", run_id, p->block,
+                             p->shard);
+                break;
+            }
+            data = buf;
+        } else if ((rc = zt__pair_read(core, p, dst, NULL, &data, err)) < 0) {
+            break;
+        }
+        memcpy(data, of[j]->master, (size_t)p->n * 4);
+        memcpy(data + p->n, of[j]->m, (size_t)p->n * 4);
+        memcpy(data + 2 * p->n, of[j]->v, (size_t)p->n * 4);
+        rc = zt__pair_write(core, p, dst, data, err);
+        if (rc == 0)
+            rc = zt__pair_make_lowp(core, run, p, dst, data, err);
+    }
+    zt_store_buffer_free(buf);
+    free(of);
+    pthread_mutex_lock(&run->mu);
+    if (rc == 0)
+        zt__run_install(run, dst, step, adam_step);
+    zt__run_unacquire(run);
+    pthread_mutex_unlock(&run->mu);
+    zt__run_release(core, run);
+    return rc;
+}
+
 /* Stores initial parameters; see core.h. */
 int zt_server_core_push_params(zt_server_core *core, const char *run_id, const zt_server_chunk *c, zt_err *err)
 {

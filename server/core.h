@@ -219,6 +219,24 @@ int zt_server_core_wait_block(zt_server_core *core, const char *run_id, int64_t 
 int zt_server_core_pull(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
                         uint64_t offset, uint64_t n, void *out, int timeout_ms, zt_err *err);
 
+/* One owned shard's fp32 state for zt_server_core_load_state: master weights, m and v, each the shard's
+ * zt_server_shard_numel elements (padding included), borrowed for the call. */
+typedef struct zt_server_shard_state {
+    int block;
+    int shard;
+    const float *master;
+    const float *m;
+    const float *v;
+} zt_server_shard_state;
+
+/* Replaces the committed state of run_id with the given shards (every pair this server owns, exactly
+ * once) at `step` and `adam_step`, as zt_server_core_snapshot_read does from files: a worker resuming its
+ * own checkpoint with a core in its process. Pushed gradients are discarded; waits for a commit in
+ * progress. Returns 0, or -ENOENT / ZT_EINVAL_CONFIG (a pair missing, not owned or given twice) / a store
+ * error, with a message; nothing changes on error. */
+int zt_server_core_load_state(zt_server_core *core, const char *run_id, int64_t step, int64_t adam_step,
+                              const zt_server_shard_state *shards, int nshards, zt_err *err);
+
 /* Which fp32 tensor of a shard's committed state zt_server_core_read_state copies. */
 enum zt_server_state_tensor {
     ZT_SERVER_MASTER = 0,

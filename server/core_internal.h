@@ -108,6 +108,11 @@ void zt__run_acquire(zt__run *run, int what);
 /* Marks the run idle again and wakes waiters (run->mu held). */
 void zt__run_unacquire(zt__run *run);
 
+/* Makes slot `dst`, filled with a complete state of every owned pair, the committed state of `step` and
+ * `adam_step` (the run held exclusive, run->mu held): waits for gradient copies in flight, then resets
+ * the pairs' gradients and initial-parameter bookkeeping. Used by snapshot reads and state loads. */
+void zt__run_install(zt__run *run, int dst, int64_t step, int64_t adam_step);
+
 /* Fills *info (may be NULL) from the run (run->mu held). */
 void zt__run_fill_info(const zt__run *run, zt_server_run_info *info);
 

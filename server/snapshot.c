@@ -631,24 +631,8 @@ int zt_server_core_snapshot_read(zt_server_core *core, const char *dir, zt_serve
         pthread_mutex_unlock(&run->mu);
         rc = load_pairs(core, run, dir, dst, true, err);
         pthread_mutex_lock(&run->mu);
-        while (run->grad_writers > 0) /* pushes checked against the old step finish before it is reset */
-            pthread_cond_wait(&run->cv, &run->mu);
-        if (rc == 0) {
-            run->cur = dst;
-            run->step = m.step;
-            run->adam_step = m.adam_step;
-            run->init_pending = 0;
-            for (int i = 0; i < run->npairs; i++) {
-                zt__pair *p = &run->pairs[i];
-                p->init_done = true;
-                zt_store_buffer_free(p->init);
-                p->init = NULL;
-                p->grad_dtype = -1;
-                p->grad_cov.n = 0;
-                p->init_cov.n = 0;
-            }
-            run->stats.step = run->step;
-        }
+        if (rc == 0)
+            zt__run_install(run, dst, m.step, m.adam_step);
         zt__run_unacquire(run);
         if (rc == 0) {
             zt__run_fill_info(run, info);
