@@ -28,7 +28,9 @@ int zt_comm_create(zt_comm **out, const zt_comm_options *o, zt_err *err)
         return zt__comm_shm_create(out, o, err);
     if (o->backend == ZT_COMM_NCCL)
         return zt__comm_nccl_create(out, o, err);
-    return zt_fail(err, ZT_EINVAL_CONFIG, "unknown communication backend %d (use shm or nccl)", (int)o->backend);
+    if (o->backend == ZT_COMM_SELF)
+        return zt__comm_self_create(out, o, err);
+    return zt_fail(err, ZT_EINVAL_CONFIG, "unknown communication backend %d (use shm, nccl or self)", (int)o->backend);
 }
 
 /* Destroys the communicator through its backend; accepts NULL. */
@@ -165,3 +167,20 @@ int zt_comm_nccl_unique_id(unsigned char id[ZT_COMM_NCCL_ID_BYTES], zt_err *err)
     return zt_fail(err, ZT_EUNSUPPORTED, "this ztrain was built without NCCL");
 }
 #endif
+
+/* Agreement of the ranks on a local outcome; see comm.h. */
+int zt_comm_agree(zt_comm *c, int rc, zt_err *err)
+{
+    if (c->world_size == 1)
+        return rc;
+    float bad = rc < 0 ? (float)(c->rank + 1) : 0.0f, worst = 0.0f;
+    zt_err ce;
+    int crc = zt_comm_all_reduce(c, &bad, &worst, 1, ZT_COMM_F32, ZT_COMM_MAX, NULL, &ce);
+    if (rc < 0)
+        return rc;
+    if (crc < 0)
+        return zt_fail(err, crc, "%s", ce.msg);
+    if (worst > 0)
+        return zt_fail(err, ZT_ESTATE, "rank %d failed (its log says why); stopping with it", (int)worst - 1);
+    return 0;
+}

@@ -4,6 +4,7 @@
  *   shm   ranks are processes on one host; a POSIX shared-memory segment with process-shared locking.
  *         Reductions add the ranks' contributions in rank order 0, 1, ..., W-1, so results are the same
  *         on every rank and do not depend on timing. CPU memory only; fp32, fp64 and int32.
+ *   self  one rank alone (world size 1): every collective copies this rank's host data; no setup.
  *   nccl  GPUs (built when CUDA and NCCL are found); fp32, fp64, int32, bf16 and fp16. On device memory
  *         every call is enqueued on the given cudaStream_t (passed as void * so that CPU code needs no
  *         CUDA headers) and returns without waiting for it. all_gather, all_reduce and broadcast also take
@@ -26,7 +27,7 @@
 
 #include "common/status.h"
 
-enum zt_comm_backend { ZT_COMM_SHM = 0, ZT_COMM_NCCL = 1 };
+enum zt_comm_backend { ZT_COMM_SHM = 0, ZT_COMM_NCCL = 1, ZT_COMM_SELF = 2 };
 enum zt_comm_dtype { ZT_COMM_F32 = 0, ZT_COMM_F64 = 1, ZT_COMM_I32 = 2, ZT_COMM_BF16 = 3, ZT_COMM_F16 = 4 };
 enum zt_comm_op { ZT_COMM_SUM = 0, ZT_COMM_MAX = 1 };
 
@@ -89,6 +90,12 @@ int zt_comm_all_reduce(zt_comm *c, const void *send, void *recv, size_t count, e
 int zt_comm_broadcast(zt_comm *c, void *buf, size_t count, enum zt_comm_dtype dtype, int root, void *stream,
                       zt_err *err);
 
+/* Makes the ranks agree on a local outcome rc (0 or a negative code), with one all-reduce in host memory:
+ * returns 0 when rc == 0 on every rank; otherwise a negative code on every rank, keeping this rank's message
+ * when it failed itself and naming the first failed rank when not ("rank 2 failed (its log says why);
+ * stopping with it"). With one rank, returns rc. A collective. */
+int zt_comm_agree(zt_comm *c, int rc, zt_err *err);
+
 /* Returns once every rank has called it (for nccl: once the stream-ordered work before it is done on all
  * ranks' streams, which it synchronises). */
 int zt_comm_barrier(zt_comm *c, void *stream, zt_err *err);
@@ -135,5 +142,6 @@ struct zt_comm {
 
 int zt__comm_shm_create(zt_comm **out, const zt_comm_options *o, zt_err *err);
 int zt__comm_nccl_create(zt_comm **out, const zt_comm_options *o, zt_err *err);
+int zt__comm_self_create(zt_comm **out, const zt_comm_options *o, zt_err *err);
 
 #endif
