@@ -29,8 +29,10 @@ static inline void zt_gpu_fixture_config(zt_train_config *c, const char *dir, co
     snprintf(c->train_data, sizeof(c->train_data), "%s/%s_train_*.bin", dir, shards);
     snprintf(c->val_data, sizeof(c->val_data), "%s/%s_val_*.bin", dir, shards);
     snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", dir, out);
-    snprintf(c->device, sizeof(c->device), "%s", device);
-    snprintf(c->precision, sizeof(c->precision), "%s", precision);
+    zt_err err = {{0}};
+    if (zt_train_config_set_flag(c, "--device", device, &err) != 0 ||
+        zt_train_config_set_flag(c, "--precision", precision, &err) != 0)
+        fail_msg("%s", err.msg);
     c->steps = steps;
     c->batch_size = batch_size;
     c->seq_len = 64;

@@ -67,9 +67,10 @@ static void offload_config(zt_train_config *c, const char *out, const char *prec
                            const char *store)
 {
     base_config(c, out, "cuda", precision);
-    snprintf(c->optimizer, sizeof(c->optimizer), "%s", optimizer);
-    if (store)
-        snprintf(c->state_store, sizeof(c->state_store), "%s", store);
+    zt_err err = {{0}};
+    if (zt_train_config_set_flag(c, "--optimizer", optimizer, &err) != 0 ||
+        (store && zt_train_config_set_flag(c, "--state-store", store, &err) != 0))
+        fail_msg("%s", err.msg);
     zt_fixture_finish_config(c);
 }
 

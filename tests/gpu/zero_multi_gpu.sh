@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The ZeRO runtime on two GPUs (W = 2, NCCL) against one (W = 1), through `ztrain launch`:
+# The training engine on two GPUs (W = 2, NCCL) against one (W = 1), through `ztrain launch`:
 #   tests/gpu/zero_multi_gpu.sh [ZTRAIN]        (default build/worker/ztrain; ctest passes its own)
-# Trains a 4-layer GPT-2 for 20 steps in fp32 from the same seed and data: W = 1 (ZT_ZERO_LEVEL=3), W = 2
-# at ZeRO-3 with prefetch 2, and W = 2 at ZeRO-2 with activation checkpointing every:2 and grad_accum 2
+# Trains a 4-layer GPT-2 for 20 steps in fp32 from the same seed and data: W = 1, W = 2 at ZeRO-3 with
+# prefetch 2, W = 2 with the optimizer on the host, and W = 2 at ZeRO-2 with activation checkpointing every:2 and grad_accum 2
 # over half batches; the losses of metrics.jsonl must agree within 1e-4 relative (the sums over ranks
 # are added in another order, nothing else differs). Then W = 2 resumes from the W = 1 checkpoint of
 # step 10 and must follow the W = 1 run. Exits 77 (skipped) with fewer than two GPUs.
-# DEVICE=cpu runs the same comparison on the CPU runtime (a check of the script itself).
+# DEVICE=cpu runs the same comparison on the CPU (a check of the script itself).
 set -u
 ZTRAIN="${1:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
@@ -48,15 +48,16 @@ run() { # NAME ENV... -- ARGS...: one run, its log in $dir/NAME.log
     echo "FAIL: run $name failed; its log:"; tail -30 "$dir/$name.log"; fail=1
   fi
 }
-run w1 ZT_ZERO_LEVEL=3 "$ZTRAIN" train "${common[@]}" --batch-size 4 --out "$dir/w1"
-run w2 ZT_PREFETCH=2 "$ZTRAIN" launch --nproc 2 train "${common[@]}" --batch-size 4 --out "$dir/w2"
+run w1 "$ZTRAIN" train "${common[@]}" --batch-size 4 --out "$dir/w1"
+run w2 "$ZTRAIN" launch --nproc 2 train "${common[@]}" --batch-size 4 --prefetch 2 --out "$dir/w2"
+run w2h "$ZTRAIN" launch --nproc 2 train "${common[@]}" --batch-size 4 --optimizer cpu --out "$dir/w2h"
 # unshuffled data: grad_accum 2 over batches of 2 must see the tokens of batches of 4, so both are unshuffled
 cat > "$dir/noshuffle.json" <<'JSON'
 {"shuffle": false}
 JSON
-run w1n ZT_ZERO_LEVEL=3 "$ZTRAIN" train --config "$dir/noshuffle.json" "${common[@]}" --batch-size 4 --out "$dir/w1n"
-run w2b ZT_ZERO_LEVEL=2 ZT_CHECKPOINTING=every:2 "$ZTRAIN" launch --nproc 2 train --config "$dir/noshuffle.json" \
-  "${common[@]}" --batch-size 2 --grad-accum 2 --out "$dir/w2b"
+run w1n "$ZTRAIN" train --config "$dir/noshuffle.json" "${common[@]}" --batch-size 4 --out "$dir/w1n"
+run w2b "$ZTRAIN" launch --nproc 2 train --config "$dir/noshuffle.json" \
+  "${common[@]}" --batch-size 2 --grad-accum 2 --zero-level 2 --checkpointing every:2 --out "$dir/w2b"
 # W = 1's checkpoint of step 10, continued at W = 2
 cp -r "$dir/w1" "$dir/w2r" && rm -rf "$dir/w2r/ckpt_000020"
 run w2r "$ZTRAIN" launch --nproc 2 train "${common[@]}" --batch-size 4 --out "$dir/w2r" --resume "$dir/w2r/ckpt_000010"
@@ -68,7 +69,8 @@ d = sys.argv[1]
 def losses(name):
     return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/{name}/metrics.jsonl")) if "loss" in r}
 ok = True
-for ref, other, what in (("w1", "w2", "W=2 ZeRO-3 prefetch 2"), ("w1n", "w2b", "W=2 ZeRO-2 every:2 grad_accum 2"),
+for ref, other, what in (("w1", "w2", "W=2 ZeRO-3 prefetch 2"), ("w1", "w2h", "W=2 optimizer on the host"),
+                         ("w1n", "w2b", "W=2 ZeRO-2 every:2 grad_accum 2"),
                          ("w1", "w2r", "W=2 resumed from W=1's step 10")):
     a, b = losses(ref), losses(other)
     steps = sorted(set(a) & set(b))

@@ -19,10 +19,13 @@
   7. fault, a server that keeps going back: rank 0 pauses after step 3 four times (ZT_TEST_PAUSE_TIMES),
      and each time the server is killed and restarted at its snapshot of step 2; the run rewinds 3 times,
      then stops with a message saying it gave up after 3 automatic rewinds and exits 1.
-The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE, worker/train/placement.h), so every
-wait is for a log line or an exit, never a sleep. Every process is ended in a finally block.
+  8. placement cpu with 2 and 3 ranks (each rank's AdamW on its shard in its own process) gives the bits of
+     placement server with the same ranks: the same losses and the same final weights.
+The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE in tests/runtime/train_rank.c, a
+stand-in for `ztrain train` that carries the pause through the trainer's hooks), so every wait is for a
+log line or an exit, never a sleep. Every process is ended in a finally block.
 
-usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain
+usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain PATH/TO/zt_train_rank
 """
 import json
 import os
@@ -101,11 +104,25 @@ def same_curves(ref, run, what):
           (what, sorted(t), sorted(rt), bad[:3]))
 
 
+def final_weights(run):
+    """The bytes of the final checkpoint's weights."""
+    with open(os.path.join(run, "latest")) as f:
+        name = f.read().strip()
+    with open(os.path.join(run, name, "model.safetensors"), "rb") as f:
+        return f.read()
+
+
+def same_bits(a, b, what):
+    la, lb = losses(a), losses(b)
+    check(la == lb, "%s: the same train and val losses, bit for bit" % what)
+    check(final_weights(a) == final_weights(b), "%s: the same final weights, bit for bit" % what)
+
+
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) != 4:
         print(__doc__)
         return 2
-    server_bin, ztrain = (os.path.abspath(a) for a in sys.argv[1:])
+    server_bin, ztrain, train_rank = (os.path.abspath(a) for a in sys.argv[1:])
     t.set_deadline(240)
     work = tempfile.mkdtemp(prefix="zt-placement-")
     procs = []  # everything to end in finally
@@ -131,11 +148,16 @@ def main():
               "--grad-accum", "2", "--threads", "1", "--log-every", "1", "--eval-every", "3", "--eval-batches", "2",
               "--warmup", "1", "--save-every", "2", "--steps", str(STEPS), "--lr", "1e-2", "--optimizer", "server"]
 
-    def train(out, servers=None, nproc=1, extra=(), env=None):
+    def train(out, servers=None, nproc=1, extra=(), env=None, paused=False):
+        """`ztrain train` (or, for the runs that pause, the stand-in that carries the pauses), with nproc ranks."""
         argv = [ztrain]
         if nproc > 1:
             argv += ["launch", "--nproc", str(nproc), "--master-port", str(t.free_port())]
-        argv += ["train"] + common + ["--out", os.path.join(work, out)] + list(extra)
+        if paused:
+            argv = (argv + ["--"] if nproc > 1 else []) + [train_rank]
+        else:
+            argv += ["train"]
+        argv += common + ["--out", os.path.join(work, out)] + list(extra)
         if servers:
             argv += ["--servers", servers]
         return job(argv, env)
@@ -179,6 +201,14 @@ def main():
         same_curves(ref_dir, os.path.join(work, "three"), "1 server, 3 ranks")
         srv.stop()
 
+        # 8. placement cpu with 2 and 3 ranks: the bits of placement server with the same ranks
+        for nproc, server_run in ((2, "one"), (3, "three")):
+            name = "cpu%d" % nproc
+            j = train(name, nproc=nproc, extra=["--optimizer", "cpu"])
+            rc = j.wait()
+            check(rc == 0, "placement cpu, %d ranks, exits 0 (%s)" % (nproc, rc), j.text())
+            same_bits(os.path.join(work, server_run), os.path.join(work, name), "%d ranks: cpu vs server" % nproc)
+
         # 5. kill -9 between steps: a server on a fixed port with snapshots, so a restarted one has the
         # same address; with 2 ranks, then with one process
         port = t.free_port()
@@ -193,7 +223,7 @@ def main():
             env = dict(os.environ, ZT_TEST_PAUSE="step:3", ZT_TEST_PAUSE_FIFO=fifo)
             flags = server_flags("snap-" + name)
             srv = server(name + "-a", flags)
-            j = train(name, target, nproc=nproc, env=env)
+            j = train(name, target, nproc=nproc, env=env, paused=True)
             check(j.wait_log("test pause: step:3"), "W=%d: the run pauses after step 3" % nproc, j.text())
             srv.proc.kill()
             srv.stop()
@@ -219,7 +249,7 @@ def main():
             flags = server_flags("snap-" + name)
             env = dict(os.environ, ZT_TEST_PAUSE="push:5", ZT_TEST_PAUSE_FIFO=fifo)
             srv = server(name + "-a", flags)
-            j = train(name, target, nproc=nproc, env=env)
+            j = train(name, target, nproc=nproc, env=env, paused=True)
             check(j.wait_log("test pause: push:5"), "W=%d: pauses in its push of step 5" % nproc, j.text())
             srv.proc.kill()
             srv.stop()
@@ -239,7 +269,7 @@ def main():
         flags = server_flags("snap-dying")
         env = dict(os.environ, ZT_TEST_PAUSE="step:3", ZT_TEST_PAUSE_FIFO=fifo, ZT_TEST_PAUSE_TIMES="4")
         srv = server("dying0", flags)
-        j = train("dying", target, nproc=2, env=env)
+        j = train("dying", target, nproc=2, env=env, paused=True)
         for k in range(1, 5):
             check(j.wait_count("test pause: step:3 (", k), "pause %d after step 3" % k, j.text())
             srv.proc.kill()

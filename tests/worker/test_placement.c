@@ -27,7 +27,7 @@
 #include "worker/models/gpt2.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/config.h"
-#include "worker/train/optimizer.h"
+#include "worker/engine/optimizer.h"
 #include "worker/train/schedule.h"
 #include "worker/train/trainer.h"
 
@@ -69,7 +69,9 @@ static void base_config(zt_train_config *c, const char *out, const char *optimiz
     c->model_loaded = true;
     snprintf(c->train_data, sizeof(c->train_data), "%s/p_train_*.bin", g_dir);
     snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", g_dir, out);
-    snprintf(c->optimizer, sizeof(c->optimizer), "%s", optimizer);
+    zt_err ferr = {{0}};
+    if (zt_train_config_set_flag(c, "--optimizer", optimizer, &ferr) != 0)
+        fail_msg("%s", ferr.msg);
     c->steps = STEPS;
     c->batch_size = 2;
     c->seq_len = 16;
@@ -100,9 +102,9 @@ static void reference(float *losses, float **params_out, size_t *n_out)
     int32_t in[32], tg[32];
     zt_schedule s = {.lr = c.lr, .min_lr = c.min_lr, .warmup_steps = c.warmup_steps, .total_steps = c.steps,
                      .gamma = c.lr_gamma};
-    zt_schedule_parse(c.schedule, &s.kind, NULL);
+    s.kind = c.schedule;
     for (int step = 1; step <= STEPS; step++) {
-        losses[step - 1] = zt_trainer_accumulate(model, dl, (int)c.grad_accum, 2, 16, in, tg);
+        losses[step - 1] = zt_fixture_accumulate(model, dl, (int)c.grad_accum, 2, 16, in, tg);
         const float *g = zt_gpt2_grads(model);
         double norm = zt_optimizer_grad_norm(g, n);
         zt_adamw_params p = {.lr = (float)zt_schedule_lr(&s, step), .beta1 = (float)c.beta1,
@@ -209,7 +211,8 @@ static void test_placements_are_bit_identical(void **state)
     expect_same_checkpoint("cpu", "ram");
 
     base_config(&c, "nvme", "server");
-    snprintf(c.state_store, sizeof(c.state_store), "nvme:%s/nvme_store", g_dir);
+    c.state_store = ZT_STORE_NVME;
+    snprintf(c.state_store_dir, sizeof(c.state_store_dir), "%s/nvme_store", g_dir);
     zt_fixture_train_ok(&c, &res);
     expect_same_losses(want, &res, "server (embedded, NVMe)");
     zt_train_result_free(&res);
@@ -310,18 +313,22 @@ static void test_config_checks(void **state)
     assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
     assert_non_null(strstr(err.msg, "--servers"));
     base_config(&c, "x", "cpu"); /* the GPU computes, the CPU runs AdamW */
-    snprintf(c.device, sizeof(c.device), "cuda");
+    c.device = ZT_DEVICE_CUDA;
     assert_int_equal(zt_train_config_validate(&c, &err), 0);
     base_config(&c, "x", "cpu");
-    snprintf(c.optimizer, sizeof(c.optimizer), "gpu");
+    c.optimizer = ZT_OPTIMIZER_GPU;
     assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "--device cuda"));
     base_config(&c, "x", "server");
-    snprintf(c.state_store, sizeof(c.state_store), "disk");
-    assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_int_equal(zt_train_config_set_flag(&c, "--state-store", "disk", &err), ZT_EINVAL_CONFIG);
     assert_non_null(strstr(err.msg, "nvme:DIR"));
-    base_config(&c, "x", "cpu");
-    snprintf(c.checkpointing, sizeof(c.checkpointing), "every:0");
+    base_config(&c, "x", "cpu"); /* the NVMe store belongs to the embedded state server */
+    assert_int_equal(zt_train_config_set_flag(&c, "--state-store", "nvme:/tmp/x", &err), 0);
     assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "--optimizer server"));
+    base_config(&c, "x", "cpu");
+    assert_int_equal(zt_train_config_set_flag(&c, "--checkpointing", "every:0", &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "every:K"));
     /* the flags */
     zt_train_config_init(&c);
     assert_int_equal(zt_train_config_set_flag(&c, "--optimizer", "server", &err), 0);

@@ -82,7 +82,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.grad_accum, 1);
     assert_true(c.lr == 6e-4);
     assert_true(c.min_lr == 6e-5);
-    assert_string_equal(c.schedule, "cosine");
+    assert_int_equal(c.schedule, ZT_SCHEDULE_COSINE);
     assert_int_equal(c.warmup_steps, ZT_TRAIN_AUTO);
     assert_true(c.lr_gamma == 0.999);
     assert_true(c.weight_decay == 0.1);
@@ -154,7 +154,7 @@ static void test_file_then_flags(void **state)
     assert_int_equal(c.grad_accum, 2);
     assert_true(c.lr == 1e-3);
     assert_true(c.min_lr == 1e-5);
-    assert_string_equal(c.schedule, "linear");
+    assert_int_equal(c.schedule, ZT_SCHEDULE_LINEAR);
     assert_int_equal(c.warmup_steps, 7);
     assert_true(c.lr_gamma == 0.5);
     assert_true(c.weight_decay == 0.0);
@@ -183,7 +183,7 @@ static void test_file_then_flags(void **state)
     assert_int_equal(zt_train_config_set_flag(&c, "--resume", "runs/a", &err), 0);
     assert_int_equal(c.steps, 300);
     assert_true(c.lr == 2e-3);
-    assert_string_equal(c.schedule, "cosine");
+    assert_int_equal(c.schedule, ZT_SCHEDULE_COSINE);
     assert_int_equal(c.warmup_steps, 0);
     assert_string_equal(c.out_dir, "runs/b");
     assert_string_equal(c.val_data, "v_*.bin");
@@ -317,7 +317,7 @@ BAD(lr_zero, c->lr = 0.0)
 BAD(lr_nan, c->lr = NAN)
 BAD(min_lr_neg, c->min_lr = -1e-4)
 BAD(min_lr_above, c->min_lr = 1.0)
-BAD(schedule, snprintf(c->schedule, sizeof(c->schedule), "cosin"))
+BAD(schedule, c->schedule = (enum zt_schedule_kind)9)
 BAD(warmup_neg, c->warmup_steps = -5)
 BAD(warmup_long, c->warmup_steps = 100)
 BAD(gamma_zero, c->lr_gamma = 0.0)
@@ -352,7 +352,7 @@ static void test_validation_errors(void **state)
         {"lr nan", bad_lr_nan, "\"lr\" (--lr)", "out of range"},
         {"min_lr < 0", bad_min_lr_neg, "\"min_lr\" (--min-lr)", "out of range"},
         {"min_lr > lr", bad_min_lr_above, "\"min_lr\" (--min-lr)", "\"lr\" (--lr)"},
-        {"schedule", bad_schedule, "\"schedule\" (--schedule)", "'cosin'"},
+        {"schedule", bad_schedule, "\"schedule\" (--schedule)", "nodecay"},
         {"warmup < 0", bad_warmup_neg, "\"warmup_steps\" (--warmup)", "= -5"},
         {"warmup >= steps", bad_warmup_long, "\"warmup_steps\" (--warmup)", "\"steps\" (--steps) = 100"},
         {"lr_gamma 0", bad_gamma_zero, "\"lr_gamma\"", "out of range"},
@@ -391,9 +391,86 @@ static void test_validation_errors(void **state)
     zt_train_config c;
     valid_config(&c);
     c.warmup_steps = 100;
-    snprintf(c.schedule, sizeof(c.schedule), "nodecay");
+    c.schedule = ZT_SCHEDULE_NODECAY;
     zt_err err = {{0}};
     assert_int_equal(zt_train_config_validate(&c, &err), 0);
+}
+
+/* Typed settings: each value is read by name from flags and files, a wrong name is refused at once with
+ * the accepted ones, and every value saves and reads back as its name. */
+static void test_typed_settings(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *flag, *value, *needle;
+    } bad[] = {
+        {"--schedule", "cosin", "nodecay, noam, linear, cosine or exponential"},
+        {"--device", "gpu", "cpu or cuda"},
+        {"--precision", "fp8", "auto, fp32, bf16 or fp16"},
+        {"--optimizer", "host", "auto, gpu, cpu or server"},
+        {"--checkpointing", "every:0", "every:K"},
+        {"--checkpointing", "some", "none, all or every:K"},
+        {"--state-store", "disk", "ram or nvme:DIR"},
+        {"--state-store", "nvme:", "ram or nvme:DIR"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        zt_train_config c;
+        valid_config(&c);
+        zt_err err = {{0}};
+        if (zt_train_config_set_flag(&c, bad[i].flag, bad[i].value, &err) != ZT_EINVAL_CONFIG ||
+            !strstr(err.msg, bad[i].flag) || !strstr(err.msg, bad[i].needle))
+            fail_msg("%s %s: message '%s' lacks the flag or '%s'", bad[i].flag, bad[i].value, err.msg, bad[i].needle);
+    }
+    zt_train_config c;
+    valid_config(&c);
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_set_flag(&c, "--device", "cuda", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--precision", "bf16", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--optimizer", "server", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--checkpointing", "every:3", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--state-store", "nvme:/tmp/st", &err), 0);
+    assert_int_equal(c.device, ZT_DEVICE_CUDA);
+    assert_int_equal(c.precision, ZT_PRECISION_BF16);
+    assert_int_equal(c.optimizer, ZT_OPTIMIZER_SERVER);
+    assert_int_equal(c.checkpointing, ZT_CKPT_EVERY);
+    assert_int_equal(c.checkpoint_every, 3);
+    assert_true(zt_train_config_layer_checkpointed(&c, 3));
+    assert_false(zt_train_config_layer_checkpointed(&c, 4));
+    assert_int_equal(c.state_store, ZT_STORE_NVME);
+    assert_string_equal(c.state_store_dir, "/tmp/st");
+    assert_int_equal(zt_train_config_validate(&c, &err), 0);
+
+    char path[600];
+    snprintf(path, sizeof(path), "%s/typed.json", g_dir);
+    assert_int_equal(zt_train_config_save(&c, path, "model_config.json", &err), 0);
+    zt_train_config back;
+    zt_train_config_init(&back);
+    if (zt_train_config_load_file(&back, path, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(back.device, ZT_DEVICE_CUDA);
+    assert_int_equal(back.precision, ZT_PRECISION_BF16);
+    assert_int_equal(back.optimizer, ZT_OPTIMIZER_SERVER);
+    assert_int_equal(back.checkpointing, ZT_CKPT_EVERY);
+    assert_int_equal(back.checkpoint_every, 3);
+    assert_int_equal(back.state_store, ZT_STORE_NVME);
+    assert_string_equal(back.state_store_dir, "/tmp/st");
+
+    /* a file with a bad value names the file and the key */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"device\": \"tpu\"}\n", f);
+    fclose(f);
+    zt_train_config_init(&back);
+    assert_int_equal(zt_train_config_load_file(&back, path, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "typed.json"));
+    assert_non_null(strstr(err.msg, "'tpu'"));
+    assert_non_null(strstr(err.msg, "cpu or cuda"));
+
+    /* loss scales are powers of two */
+    valid_config(&c);
+    c.loss_scale = 1000.0;
+    assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "powers of two"));
 }
 
 /* save_grads: off by default, a flag with no value or true/false, on either device. */
@@ -428,7 +505,7 @@ static void test_save_and_load_back(void **state)
     c.grad_accum = 3;
     c.shuffle = false;
     snprintf(c.val_data, sizeof(c.val_data), "%s/v_*.bin", g_dir);
-    snprintf(c.schedule, sizeof(c.schedule), "exponential");
+    c.schedule = ZT_SCHEDULE_EXPONENTIAL;
 
     char dir[512], path[600], model_path[600];
     snprintf(dir, sizeof(dir), "%s/saved", g_dir);
@@ -464,7 +541,7 @@ static void test_save_and_load_back(void **state)
     assert_int_equal(back.warmup_steps, c.warmup_steps);
     assert_int_equal(back.steps, c.steps);
     assert_false(back.shuffle);
-    assert_string_equal(back.schedule, "exponential");
+    assert_int_equal(back.schedule, ZT_SCHEDULE_EXPONENTIAL);
     assert_true(back.eps == c.eps && back.beta2 == c.beta2 && back.lr_gamma == c.lr_gamma);
     assert_int_equal(zt_train_config_validate(&back, &err), 0);
 }
@@ -479,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_flag_errors),
         cmocka_unit_test(test_validation_errors),
+        cmocka_unit_test(test_typed_settings),
         cmocka_unit_test(test_save_grads_flag),
         cmocka_unit_test(test_save_and_load_back),
     };

@@ -25,7 +25,7 @@
 #include "worker/data/dataloader.h"
 #include "worker/models/gpt2.h"
 #include "worker/train/checkpoint.h"
-#include "worker/train/optimizer.h"
+#include "worker/engine/optimizer.h"
 #include "worker/train/trainer.h"
 
 #include "train_fixture.h"
@@ -273,8 +273,8 @@ static void test_grad_accum_matches_bigger_batch(void **state)
     assert_int_equal(zt_dataloader_open(&dl_big, pattern, 2 * B, T, false, 1, &err), 0);
 
     int32_t in[2 * B * T], tg[2 * B * T];
-    float loss_accum = zt_trainer_accumulate(small, dl_small, 2, B, T, in, tg);
-    float loss_big = zt_trainer_accumulate(big, dl_big, 1, 2 * B, T, in, tg);
+    float loss_accum = zt_fixture_accumulate(small, dl_small, 2, B, T, in, tg);
+    float loss_big = zt_fixture_accumulate(big, dl_big, 1, 2 * B, T, in, tg);
     assert_true(fabsf(loss_accum - loss_big) <= 1e-5f * fabsf(loss_big));
 
     const float *ga = zt_gpt2_grads(small), *gb = zt_gpt2_grads(big);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "worker/data/dataloader.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/config.h"
 #include "worker/train/trainer.h"
 
@@ -52,6 +53,24 @@ static inline void zt_fixture_write_phrase_shard(const char *dir, const char *na
     }
     zt_fixture_write_shard(dir, name, tok, n);
     free(tok);
+}
+
+/* The forward and backward passes of one step over the whole model, as a reference for the engine: zeroes
+ * the gradients, then for each of grad_accum micro-batches takes the next batch of B x T tokens from dl
+ * (into inputs and targets) and runs forward and backward with loss scale 1/grad_accum, so the gradient
+ * slab ends up holding the gradient of the mean loss. Returns that mean loss. */
+static inline float zt_fixture_accumulate(zt_gpt2 *model, zt_dataloader *dl, int grad_accum, int B, int T,
+                                          int32_t *inputs, int32_t *targets)
+{
+    zt_gpt2_zero_grad(model);
+    float scale = 1.0f / (float)grad_accum;
+    double sum = 0.0;
+    for (int i = 0; i < grad_accum; i++) {
+        zt_dataloader_next(dl, inputs, targets);
+        sum += zt_gpt2_forward(model, inputs, targets, B, T);
+        zt_gpt2_backward(model, scale);
+    }
+    return (float)(sum / grad_accum);
 }
 
 /* Resolves the automatic settings of a test config and validates it, as zt_cmd_train would. */

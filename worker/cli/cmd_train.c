@@ -10,7 +10,6 @@
 
 #include "common/log.h"
 #include "worker/cli/commands.h"
-#include "worker/runtime/zero_train.h" /* zt_zero_train_wanted/main: the WORLD_SIZE > 1 loop */
 #include "worker/train/checkpoint.h"
 #include "worker/train/config.h"
 #include "worker/train/trainer.h"
@@ -55,19 +54,20 @@ static const char train_usage[] =
     "                       process; shown by ztrain inspect)\n"
     "  --device D           cpu | cuda (default cpu)\n"
     "  --precision P        auto | fp32 | bf16 | fp16 on cuda (default auto: bf16 on sm_80+, fp16 below)\n"
-    "  --optimizer O        where AdamW runs: gpu (cuda) | cpu | server (default: gpu on cuda, cpu on cpu)\n"
+    "  --optimizer O        where AdamW and its state live: gpu (cuda) | cpu (host memory; with --device cuda\n"
+    "                       the host updates each block while the next step starts) | server (default: gpu on\n"
+    "                       cuda, cpu on cpu)\n"
     "  --servers LIST       state servers host:port,... for --optimizer server; without it the state\n"
     "                       server runs inside this process (embedded)\n"
     "  --token-file F       file holding the bearer token of the state servers\n"
     "  --tls-ca F           PEM CA of the state servers' certificates (TLS); --tls-cert/--tls-key F: mutual TLS\n"
     "  --state-store S      embedded state server's store: ram | nvme:DIR (default ram)\n"
-    "  --zero-level N       WORLD_SIZE > 1: ZeRO level 2 | 3 (default 3; env ZT_ZERO_LEVEL overrides; with one\n"
-    "                       rank, setting ZT_ZERO_LEVEL trains on the ZeRO runtime instead of the single-process\n"
-    "                       trainer). --device cuda: one GPU per rank (LOCAL_RANK), NCCL, optimizer gpu\n"
-    "  --checkpointing C    WORLD_SIZE > 1: activation checkpointing none | all | every:K (default none;\n"
-    "                       env ZT_CHECKPOINTING overrides)\n"
-    "  --prefetch N         WORLD_SIZE > 1: blocks gathered ahead on the GPUs' communication stream (default 1;\n"
-    "                       env ZT_PREFETCH overrides)\n"
+    "  --zero-level N       ZeRO level 2 (keep a block gathered until the step ends) | 3 (gather again for\n"
+    "                       the backward; default). With WORLD_SIZE > 1 ranks and --device cuda: one GPU per\n"
+    "                       rank (LOCAL_RANK) over NCCL\n"
+    "  --checkpointing C    activation checkpointing of the transformer layers: none | all | every:K (default\n"
+    "                       none): keep only a layer's input and recompute the rest before its backward\n"
+    "  --prefetch N         blocks gathered ahead on the GPUs' communication stream (default 1)\n"
     "  --log-level L        debug | info | warn | error (default info)\n"
     "\n"
     "Config-file keys without a flag: lr_gamma (exponential schedule), beta1, beta2, eps, shuffle,\n"
@@ -253,13 +253,9 @@ int zt_cmd_train(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     zt_train_result res;
-    /* Both loops continue by themselves from an older checkpoint when state servers restarted from older
-     * snapshots (the multi-rank one with every rank together). WORLD_SIZE > 1, ZT_ZERO_LEVEL or a malformed
-     * launch variable (reported there) choose the multi-rank loop. */
-    if (zt_zero_train_wanted())
-        rc = zt_zero_train_main(&cfg, &res, &err);
-    else
-        rc = zt_trainer_run(&cfg, &res, &err);
+    /* The loop continues by itself from an older checkpoint when state servers restarted from older
+     * snapshots (with several ranks, every rank together). */
+    rc = zt_trainer_run(&cfg, &res, &err);
     bool interrupted = res.interrupted;
     zt_train_result_free(&res);
     signal(SIGINT, SIG_DFL);

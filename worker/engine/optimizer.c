@@ -1,7 +1,7 @@
 /* AdamW over the model's parameter slab, with clipping folded into the gradient scale (see optimizer.h).
  * The update itself is offload/cpu_adam.h's multithreaded CPU AdamW (optimizer placement "cpu"), which
  * gives kernels/adamw.h's zt_cpu_adamw_update results bit for bit on fp32 gradients. */
-#include "worker/train/optimizer.h"
+#include "worker/engine/optimizer.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -724,6 +724,17 @@ const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m)
     return &m->cfg;
 }
 
+/* The largest micro-batch the activations were sized for. */
+int zt_gpt2_max_batch(const zt_gpt2 *m)
+{
+    return m->max_B;
+}
+
+int zt_gpt2_max_seq(const zt_gpt2 *m)
+{
+    return m->max_T;
+}
+
 /* Returns the number of parameters (floats in the parameter and in the gradient slab). */
 size_t zt_gpt2_num_params(const zt_gpt2 *m)
 {

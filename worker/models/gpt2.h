@@ -71,6 +71,9 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
 void zt_gpt2_destroy(zt_gpt2 *m); /* accepts NULL */
 
 const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m);
+/* The largest micro-batch (B, T) the model was created for. */
+int zt_gpt2_max_batch(const zt_gpt2 *m);
+int zt_gpt2_max_seq(const zt_gpt2 *m);
 size_t zt_gpt2_num_params(const zt_gpt2 *m);
 int zt_gpt2_num_tensors(const zt_gpt2 *m);
 const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i);
@@ -124,5 +127,13 @@ int zt_gpt2_export(const zt_gpt2 *m, const char *path, zt_err *err);
  * lm_head.weight equal to wte, and attn.bias / attn.masked_bias buffers) or misshapen tensors are errors
  * naming the tensor. Nothing in the model changes unless the whole import succeeds. */
 int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err);
+
+/* The training engine's view of this model on the CPU (worker/models/model.h), in *out: the per-block
+ * passes above over m's activations, with m's layout. m is borrowed and must outlive the result (free it
+ * with out->ops->destroy). max_micro is the most micro-batches per step; ckpt_layers (n_layer flags, or
+ * NULL for none) names the transformer layers whose activations are dropped after forward and rebuilt
+ * before backward. Returns 0 or ZT_EINVAL_CONFIG with a message. */
+struct zt_model;
+int zt_gpt2_model_cpu(struct zt_model **out, zt_gpt2 *m, int max_micro, const bool *ckpt_layers, zt_err *err);
 
 #endif

@@ -26,7 +26,7 @@
 #include "worker/data/dataloader.h"
 #include "worker/models/gpt2.h"
 #include "worker/train/config.h"
-#include "worker/train/optimizer.h"
+#include "worker/engine/optimizer.h"
 #include "worker/train/schedule.h"
 
 #define ZT_CKPT_FORMAT "ztrain-checkpoint"

@@ -28,6 +28,9 @@ enum key_type {
     KEY_BOOL,   /* bool */
     KEY_PATH,   /* char[cap]; relative to the config file's folder when read from a file */
     KEY_TEXT,   /* char[cap] */
+    KEY_ENUM,   /* an enum field: one of names[], stored as its index */
+    KEY_CKPT,   /* checkpointing: none | all | every:K (checkpointing and checkpoint_every) */
+    KEY_STORE,  /* state_store: ram | nvme:DIR (state_store and state_store_dir) */
 };
 
 struct key_def {
@@ -35,10 +38,19 @@ struct key_def {
     const char *flag; /* command-line flag, or NULL for file-only keys */
     enum key_type type;
     size_t offset;    /* of the field in zt_train_config */
-    size_t cap;       /* size of a string field */
+    size_t cap;       /* size of the field */
+    const char *const *names; /* KEY_ENUM: the value names, in enum order */
+    int nnames;
 };
 
-#define FIELD(name) offsetof(zt_train_config, name), sizeof(((zt_train_config *)0)->name)
+#define FIELD(name) offsetof(zt_train_config, name), sizeof(((zt_train_config *)0)->name), NULL, 0
+#define ENUM_FIELD(name, arr)                                                                                   \
+    offsetof(zt_train_config, name), sizeof(((zt_train_config *)0)->name), arr, (int)(sizeof(arr) / sizeof(arr[0]))
+
+static const char *const device_names[] = {"cpu", "cuda"};
+static const char *const precision_names[] = {"auto", "fp32", "bf16", "fp16"};
+static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "server"};
+static const char *const schedule_names[] = {"nodecay", "noam", "linear", "cosine", "exponential"};
 
 static const struct key_def keys[] = {
     {"model", "--model", KEY_PATH, FIELD(model_path)},
@@ -52,7 +64,7 @@ static const struct key_def keys[] = {
     {"grad_accum", "--grad-accum", KEY_INT, FIELD(grad_accum)},
     {"lr", "--lr", KEY_DOUBLE, FIELD(lr)},
     {"min_lr", "--min-lr", KEY_DOUBLE, FIELD(min_lr)},
-    {"schedule", "--schedule", KEY_TEXT, FIELD(schedule)},
+    {"schedule", "--schedule", KEY_ENUM, ENUM_FIELD(schedule, schedule_names)},
     {"warmup_steps", "--warmup", KEY_INT, FIELD(warmup_steps)},
     {"lr_gamma", NULL, KEY_DOUBLE, FIELD(lr_gamma)},
     {"weight_decay", "--weight-decay", KEY_DOUBLE, FIELD(weight_decay)},
@@ -68,20 +80,20 @@ static const struct key_def keys[] = {
     {"threads", "--threads", KEY_INT, FIELD(threads)},
     {"shuffle", NULL, KEY_BOOL, FIELD(shuffle)},
     {"save_grads", "--save-grads", KEY_BOOL, FIELD(save_grads)},
-    {"device", "--device", KEY_TEXT, FIELD(device)},
-    {"precision", "--precision", KEY_TEXT, FIELD(precision)},
+    {"device", "--device", KEY_ENUM, ENUM_FIELD(device, device_names)},
+    {"precision", "--precision", KEY_ENUM, ENUM_FIELD(precision, precision_names)},
     {"loss_scale", NULL, KEY_DOUBLE, FIELD(loss_scale)},
     {"loss_scale_window", NULL, KEY_INT, FIELD(loss_scale_window)},
     {"min_loss_scale", NULL, KEY_DOUBLE, FIELD(min_loss_scale)},
-    {"optimizer", "--optimizer", KEY_TEXT, FIELD(optimizer)},
+    {"optimizer", "--optimizer", KEY_ENUM, ENUM_FIELD(optimizer, optimizer_names)},
     {"servers", "--servers", KEY_TEXT, FIELD(servers)},
     {"token_file", "--token-file", KEY_PATH, FIELD(token_file)},
     {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
     {"tls_cert", "--tls-cert", KEY_PATH, FIELD(tls_cert)},
     {"tls_key", "--tls-key", KEY_PATH, FIELD(tls_key)},
-    {"state_store", "--state-store", KEY_TEXT, FIELD(state_store)},
+    {"state_store", "--state-store", KEY_STORE, FIELD(state_store)},
     {"zero_level", "--zero-level", KEY_INT, FIELD(zero_level)},
-    {"checkpointing", "--checkpointing", KEY_TEXT, FIELD(checkpointing)},
+    {"checkpointing", "--checkpointing", KEY_CKPT, FIELD(checkpointing)},
     {"prefetch", "--prefetch", KEY_INT, FIELD(prefetch)},
 };
 #define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
@@ -115,6 +127,94 @@ static const struct key_def *find_flag(const char *flag)
     return NULL;
 }
 
+/* The value names of the typed settings; see config.h. */
+const char *zt_train_device_name(enum zt_train_device d)
+{
+    return (unsigned)d < 2 ? device_names[d] : "?";
+}
+
+const char *zt_train_precision_name(enum zt_train_precision p)
+{
+    return (unsigned)p < 4 ? precision_names[p] : "?";
+}
+
+const char *zt_train_optimizer_name(enum zt_train_optimizer o)
+{
+    return (unsigned)o < 4 ? optimizer_names[o] : "?";
+}
+
+/* The accepted values of an enum key, for messages: "a, b or c". */
+static void list_names(const struct key_def *k, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < k->nnames && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i == 0 ? "" : i == k->nnames - 1 ? " or " : ", ",
+                                 k->names[i]);
+}
+
+/* Parses the text of a typed setting (KEY_ENUM, KEY_CKPT, KEY_STORE) into its fields; an unknown value is
+ * an error naming `where` and the accepted values. */
+static int set_typed(zt_train_config *c, const struct key_def *k, const char *text, const char *where, zt_err *err)
+{
+    if (k->type == KEY_ENUM) {
+        for (int i = 0; i < k->nnames; i++)
+            if (strcmp(text, k->names[i]) == 0) {
+                *(int *)((char *)c + k->offset) = i;
+                return 0;
+            }
+        char names[128];
+        list_names(k, names, sizeof names);
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown %s '%s'; use %s", where, k->key, text, names);
+    }
+    if (k->type == KEY_CKPT) {
+        if (strcmp(text, "none") == 0 || strcmp(text, "all") == 0) {
+            c->checkpointing = text[0] == 'n' ? ZT_CKPT_NONE : ZT_CKPT_ALL;
+            return 0;
+        }
+        char *end = NULL;
+        long kk = strncmp(text, "every:", 6) == 0 && text[6] ? strtol(text + 6, &end, 10) : 0;
+        if (end && *end == '\0' && kk >= 1 && kk <= 1000000) {
+            c->checkpointing = ZT_CKPT_EVERY;
+            c->checkpoint_every = kk;
+            return 0;
+        }
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s = '%s': use none, all or every:K (K from 1 to 1000000)", where, text);
+    }
+    /* KEY_STORE */
+    if (strcmp(text, "ram") == 0) {
+        c->state_store = ZT_STORE_RAM;
+        c->state_store_dir[0] = '\0';
+        return 0;
+    }
+    if (strncmp(text, "nvme:", 5) == 0 && text[5]) {
+        if (strlen(text + 5) >= sizeof c->state_store_dir)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the directory is too long (at most %zu characters)", where,
+                           sizeof c->state_store_dir - 1);
+        c->state_store = ZT_STORE_NVME;
+        snprintf(c->state_store_dir, sizeof c->state_store_dir, "%s", text + 5);
+        return 0;
+    }
+    return zt_fail(err, ZT_EINVAL_CONFIG, "%s = '%s': use ram or nvme:DIR (a directory for the state files)", where,
+                   text);
+}
+
+/* The text of a typed setting, as set_typed reads it. */
+static void typed_text(const zt_train_config *c, const struct key_def *k, char *buf, size_t cap)
+{
+    if (k->type == KEY_ENUM) {
+        int v = *(const int *)((const char *)c + k->offset);
+        snprintf(buf, cap, "%s", v >= 0 && v < k->nnames ? k->names[v] : "?");
+    } else if (k->type == KEY_CKPT) {
+        if (c->checkpointing == ZT_CKPT_EVERY)
+            snprintf(buf, cap, "every:%lld", (long long)c->checkpoint_every);
+        else
+            snprintf(buf, cap, "%s", c->checkpointing == ZT_CKPT_ALL ? "all" : "none");
+    } else {
+        snprintf(buf, cap, c->state_store == ZT_STORE_NVME ? "nvme:%s" : "ram", c->state_store_dir);
+    }
+}
+
 /* Fills c with the defaults; see config.h. */
 void zt_train_config_init(zt_train_config *c)
 {
@@ -128,7 +228,7 @@ void zt_train_config_init(zt_train_config *c)
     c->grad_accum = 1;
     c->lr = 6e-4;
     c->min_lr = 6e-5;
-    snprintf(c->schedule, sizeof(c->schedule), "cosine");
+    c->schedule = ZT_SCHEDULE_COSINE;
     c->warmup_steps = ZT_TRAIN_AUTO;
     c->lr_gamma = 0.999;
     c->weight_decay = 0.1;
@@ -143,15 +243,16 @@ void zt_train_config_init(zt_train_config *c)
     c->seed = 1337;
     c->threads = 0;
     c->shuffle = true;
-    snprintf(c->device, sizeof(c->device), "cpu");
-    snprintf(c->precision, sizeof(c->precision), "auto");
+    c->device = ZT_DEVICE_CPU;
+    c->precision = ZT_PRECISION_AUTO;
     c->loss_scale = 32768.0;
     c->loss_scale_window = 1024;
     c->min_loss_scale = 1.0;
-    snprintf(c->optimizer, sizeof(c->optimizer), "auto");
-    snprintf(c->state_store, sizeof(c->state_store), "ram");
+    c->optimizer = ZT_OPTIMIZER_AUTO;
+    c->state_store = ZT_STORE_RAM;
     c->zero_level = 3;
-    snprintf(c->checkpointing, sizeof(c->checkpointing), "none");
+    c->checkpointing = ZT_CKPT_NONE;
+    c->checkpoint_every = 1;
     c->prefetch = 1;
     c->stop_at_step = 0;
 }
@@ -273,6 +374,16 @@ int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err)
         case KEY_TEXT:
             rc = zt_json_get_string(&r, k->key, field_ptr(c, k), k->cap, err);
             break;
+        case KEY_ENUM:
+        case KEY_CKPT:
+        case KEY_STORE: {
+            char value[ZT_TRAIN_PATH_MAX + 8], where[ZT_TRAIN_PATH_MAX + 64];
+            rc = zt_json_get_string(&r, k->key, value, sizeof(value), err);
+            snprintf(where, sizeof(where), "%s: \"%s\"", path, k->key);
+            if (rc == 0)
+                rc = set_typed(c, k, value, where, err);
+            break;
+        }
         case KEY_PATH: {
             if (cJSON_IsNull(item)) { /* "init_from": null and the like: not given */
                 zt_json_accept(&r, k->key);
@@ -331,6 +442,10 @@ int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *v
             return 0;
         }
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: expected true or false, got '%s'", flag, value);
+    case KEY_ENUM:
+    case KEY_CKPT:
+    case KEY_STORE:
+        return set_typed(c, k, value, flag, err);
     case KEY_PATH:
     case KEY_TEXT: {
         int rc = set_string(c, k, value, flag, err);
@@ -347,8 +462,8 @@ int zt_train_config_resolve(zt_train_config *c, zt_err *err)
 {
     if (c->warmup_steps == ZT_TRAIN_AUTO)
         c->warmup_steps = c->steps / 10 < 50 ? c->steps / 10 : 50;
-    if (strcmp(c->optimizer, "auto") == 0)
-        snprintf(c->optimizer, sizeof(c->optimizer), "%s", strcmp(c->device, "cuda") == 0 ? "gpu" : "cpu");
+    if (c->optimizer == ZT_OPTIMIZER_AUTO)
+        c->optimizer = c->device == ZT_DEVICE_CUDA ? ZT_OPTIMIZER_GPU : ZT_OPTIMIZER_CPU;
     if (c->model_loaded)
         return 0;
     if (c->model_path[0] == '\0')
@@ -404,37 +519,22 @@ static int check_double(const zt_train_config *c, const char *key, double lo, bo
     return 0;
 }
 
-/* Checks "every:K" of the checkpointing setting: K a whole number >= 1. */
-static bool valid_checkpointing(const char *s)
-{
-    if (strcmp(s, "none") == 0 || strcmp(s, "all") == 0)
-        return true;
-    if (strncmp(s, "every:", 6) != 0 || s[6] == '\0')
-        return false;
-    char *end = NULL;
-    long k = strtol(s + 6, &end, 10);
-    return *end == '\0' && k >= 1 && k <= 1000000;
-}
-
-/* Checks the optimizer placement, the state-server settings and the ZeRO settings. */
+/* Checks the optimizer placement, the state-server settings and the engine's settings together. */
 static int validate_placement(const zt_train_config *c, zt_err *err)
 {
-    const bool cuda = strcmp(c->device, "cuda") == 0;
-    const char *opt = c->optimizer;
-    if (strcmp(opt, "auto") == 0)
-        opt = cuda ? "gpu" : "cpu";
-    if (strcmp(opt, "gpu") != 0 && strcmp(opt, "cpu") != 0 && strcmp(opt, "server") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: unknown placement '%s'; use gpu, cpu or server",
-                       label("optimizer"), c->optimizer);
-    if (strcmp(opt, "gpu") == 0 && !cuda)
+    const bool cuda = c->device == ZT_DEVICE_CUDA;
+    enum zt_train_optimizer opt = c->optimizer;
+    if (opt == ZT_OPTIMIZER_AUTO)
+        opt = cuda ? ZT_OPTIMIZER_GPU : ZT_OPTIMIZER_CPU;
+    if (opt == ZT_OPTIMIZER_GPU && !cuda)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = gpu needs --device cuda: on the CPU use --optimizer cpu "
                        "(the default) or server", label("optimizer"));
-    const bool server = strcmp(opt, "server") == 0;
+    const bool server = opt == ZT_OPTIMIZER_SERVER;
     const bool remote = c->servers[0] != '\0';
     if (remote && !server)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is given but %s = %s: state servers hold the optimizer "
                        "only with --optimizer server; add it or drop --servers", label("servers"), label("optimizer"),
-                       opt);
+                       zt_train_optimizer_name(opt));
     const char *remote_only[] = {"token_file", "tls_ca", "tls_cert", "tls_key"};
     for (size_t i = 0; i < sizeof(remote_only) / sizeof(remote_only[0]); i++) {
         const char *v = (const char *)field_cptr(c, find_key(remote_only[i]));
@@ -447,22 +547,34 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
                        label("tls_cert"), label("tls_key"));
     if ((c->tls_cert[0] || c->tls_key[0]) && !c->tls_ca[0])
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: a client certificate needs TLS: give %s too", label("tls_ca"));
-    if (strcmp(c->state_store, "ram") != 0) {
-        if (strncmp(c->state_store, "nvme:", 5) != 0 || c->state_store[5] == '\0')
-            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s': use ram or nvme:DIR (a directory for the "
-                           "state files)", label("state_store"), c->state_store);
-        if (!server || remote)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %s applies to the embedded state server only "
-                           "(--optimizer server without --servers); remote servers choose theirs with "
-                           "ztrain-server --store", label("state_store"), c->state_store);
-    }
+    if (c->state_store == ZT_STORE_NVME && (!server || remote))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = nvme:%s applies to the embedded state server only "
+                       "(--optimizer server without --servers); remote servers choose theirs with "
+                       "ztrain-server --store", label("state_store"), c->state_store_dir);
     int rc;
     if ((rc = check_int(c, "zero_level", 2, 3, err)) < 0 || (rc = check_int(c, "prefetch", 0, 64, err)) < 0)
         return rc;
-    if (!valid_checkpointing(c->checkpointing))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s': use none, all or every:K (K >= 1)",
-                       label("checkpointing"), c->checkpointing);
+    if (c->checkpointing == ZT_CKPT_EVERY && (c->checkpoint_every < 1 || c->checkpoint_every > 1000000))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = every:%lld: K must be from 1 to 1000000",
+                       label("checkpointing"), (long long)c->checkpoint_every);
     return 0;
+}
+
+/* Whether layer l keeps only its output; see config.h. */
+bool zt_train_config_layer_checkpointed(const zt_train_config *c, int l)
+{
+    if (c->checkpointing == ZT_CKPT_ALL)
+        return true;
+    if (c->checkpointing == ZT_CKPT_EVERY)
+        return l % c->checkpoint_every == 0;
+    return false;
+}
+
+/* Whether x is a power of two (1, 2, 4, ..., or 1/2, 1/4, ...). */
+static bool power_of_two(double x)
+{
+    int e;
+    return x > 0 && frexp(x, &e) == 0.5;
 }
 
 /* Checks every setting; the first problem is returned with the key, the flag and the fix. */
@@ -507,17 +619,25 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if (c->min_lr > c->lr)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g is above %s = %g: the floor of the schedule must "
                        "not exceed the peak rate; lower min_lr", label("min_lr"), c->min_lr, label("lr"), c->lr);
-    enum zt_schedule_kind kind;
-    if ((rc = zt_schedule_parse(c->schedule, &kind, err)) < 0)
-        return zt_fail(err, rc, "config: %s: unknown schedule '%s'; use one of nodecay, noam, linear, cosine, "
-                       "exponential", label("schedule"), c->schedule);
+    /* typed settings set in the struct directly (not through a flag or a file) */
+    for (size_t i = 0; i < NUM_KEYS; i++) {
+        const struct key_def *k = &keys[i];
+        int v = *(const int *)field_cptr(c, k);
+        if (k->type == KEY_ENUM && (v < 0 || v >= k->nnames)) {
+            char names[128];
+            list_names(k, names, sizeof names);
+            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s holds no known value (%d): use %s", label(k->key), v,
+                           names);
+        }
+    }
     if ((rc = check_int(c, "warmup_steps", 0, 1000000000, err)) < 0)
         return rc;
-    if (zt_schedule_decays(kind) && c->warmup_steps >= c->steps)
+    if (zt_schedule_decays(c->schedule) && c->warmup_steps >= c->steps)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "config: %s = %lld is not below \"steps\" (--steps) = %lld: the %s schedule decays after "
                        "warmup, so lower the warmup or raise the steps",
-                       label("warmup_steps"), (long long)c->warmup_steps, (long long)c->steps, c->schedule);
+                       label("warmup_steps"), (long long)c->warmup_steps, (long long)c->steps,
+                       zt_schedule_name(c->schedule));
     if ((rc = check_double(c, "lr_gamma", 0.0, true, 1.0, false, err)) < 0 ||
         (rc = check_double(c, "weight_decay", 0.0, false, 10.0, false, err)) < 0 ||
         (rc = check_double(c, "beta1", 0.0, false, 1.0, true, err)) < 0 ||
@@ -536,20 +656,19 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if (c->stop_at_step < 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: stop_at_step = %lld must be 0 (off) or a step number",
                        (long long)c->stop_at_step);
-    if (strcmp(c->device, "cpu") != 0 && strcmp(c->device, "cuda") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: unknown device '%s'; use cpu or cuda", label("device"),
-                       c->device);
-    if (strcmp(c->precision, "auto") != 0 && strcmp(c->precision, "fp32") != 0 &&
-        strcmp(c->precision, "bf16") != 0 && strcmp(c->precision, "fp16") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: unknown precision '%s'; use auto, fp32, bf16 or fp16",
-                       label("precision"), c->precision);
-    if (strcmp(c->device, "cpu") == 0 && strcmp(c->precision, "auto") != 0 && strcmp(c->precision, "fp32") != 0)
+    if (c->device == ZT_DEVICE_CPU && c->precision != ZT_PRECISION_AUTO && c->precision != ZT_PRECISION_FP32)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %s needs the GPU: the CPU trains in fp32 (pass "
-                       "--device cuda, or leave the precision on auto)", label("precision"), c->precision);
+                       "--device cuda, or leave the precision on auto)", label("precision"),
+                       zt_train_precision_name(c->precision));
     if ((rc = check_double(c, "loss_scale", 1.0, false, 16777216.0, false, err)) < 0 ||
         (rc = check_double(c, "min_loss_scale", 0.0, true, c->loss_scale, false, err)) < 0 ||
         (rc = check_int(c, "loss_scale_window", 1, 1000000000, err)) < 0)
         return rc;
+    /* Dynamic loss scaling halves and doubles the scale: powers of two keep every scaled gradient exact. */
+    if (!power_of_two(c->loss_scale) || !power_of_two(c->min_loss_scale))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g and %s = %g must be powers of two (e.g. 32768 and 1), "
+                       "so that scaling a gradient and removing the scale are exact", label("loss_scale"), c->loss_scale,
+                       label("min_loss_scale"), c->min_loss_scale);
     return validate_placement(c, err);
 }
 
@@ -570,6 +689,11 @@ static void format_value(const zt_train_config *c, const struct key_def *k, char
     case KEY_PATH:
     case KEY_TEXT:
         snprintf(buf, cap, "%s", ((const char *)p)[0] ? (const char *)p : "-");
+        break;
+    case KEY_ENUM:
+    case KEY_CKPT:
+    case KEY_STORE:
+        typed_text(c, k, buf, cap);
         break;
     }
 }
@@ -663,6 +787,14 @@ int zt_train_config_save(const zt_train_config *c, const char *path, const char 
         case KEY_TEXT:
             cJSON_AddStringToObject(root, k->key, (const char *)p);
             break;
+        case KEY_ENUM:
+        case KEY_CKPT:
+        case KEY_STORE: {
+            char text[ZT_TRAIN_PATH_MAX + 8];
+            typed_text(c, k, text, sizeof text);
+            cJSON_AddStringToObject(root, k->key, text);
+            break;
+        }
         case KEY_PATH:
             if (((const char *)p)[0] == '\0') {
                 cJSON_AddNullToObject(root, k->key);

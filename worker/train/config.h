@@ -14,10 +14,25 @@
 
 #include "common/status.h"
 #include "worker/models/gpt2.h"
+#include "worker/train/schedule.h"
 
 #define ZT_TRAIN_PATH_MAX 1024
 /* The value of an integer setting that zt_train_config_resolve computes from the others. */
 #define ZT_TRAIN_AUTO (-1)
+
+/* Typed settings: each is read from and saved as its name ("cuda", "bf16", ...), parsed and checked in
+ * config.c only. The values are ztrain's own (not saved as numbers). */
+enum zt_train_device { ZT_DEVICE_CPU = 0, ZT_DEVICE_CUDA = 1 };
+enum zt_train_precision { ZT_PRECISION_AUTO = 0, ZT_PRECISION_FP32 = 1, ZT_PRECISION_BF16 = 2, ZT_PRECISION_FP16 = 3 };
+enum zt_train_optimizer { ZT_OPTIMIZER_AUTO = 0, ZT_OPTIMIZER_GPU = 1, ZT_OPTIMIZER_CPU = 2, ZT_OPTIMIZER_SERVER = 3 };
+enum zt_train_ckpt { ZT_CKPT_NONE = 0, ZT_CKPT_ALL = 1, ZT_CKPT_EVERY = 2 };
+enum zt_train_store { ZT_STORE_RAM = 0, ZT_STORE_NVME = 1 };
+
+/* The name of a typed setting's value, as configs and flags spell it ("cpu", "cuda", "auto", "fp32", ...).
+ * Never NULL. */
+const char *zt_train_device_name(enum zt_train_device d);
+const char *zt_train_precision_name(enum zt_train_precision p);
+const char *zt_train_optimizer_name(enum zt_train_optimizer o);
 
 typedef struct zt_train_config {
     /* What to train, on what, and where the run goes. Empty strings mean "not given". */
@@ -39,7 +54,7 @@ typedef struct zt_train_config {
     /* Learning rate (schedule.h). */
     double lr;
     double min_lr;
-    char schedule[16];    /* nodecay | noam | linear | cosine | exponential */
+    enum zt_schedule_kind schedule; /* nodecay | noam | linear | cosine | exponential */
     int64_t warmup_steps; /* ZT_TRAIN_AUTO (the default) = min(50, steps / 10), set by resolve */
     double lr_gamma;      /* exponential only */
 
@@ -62,26 +77,27 @@ typedef struct zt_train_config {
     bool save_grads;      /* every checkpoint also holds grads.safetensors (the last step's gradients) */
 
     /* Where and in what precision to train. */
-    char device[8];       /* cpu | cuda */
-    char precision[8];    /* auto | fp32 | bf16 | fp16 (cuda only; auto = bf16 on sm_80+, fp16 below) */
-    double loss_scale;    /* fp16: initial dynamic loss scale (default 2^15) */
+    enum zt_train_device device;
+    enum zt_train_precision precision; /* cuda only; auto = bf16 on sm_80+, fp16 below */
+    double loss_scale;    /* fp16: initial dynamic loss scale, a power of two (default 2^15) */
     int64_t loss_scale_window; /* fp16: clean steps before the scale doubles (default 1024) */
-    double min_loss_scale;     /* fp16: the scale never drops below this (default 1) */
+    double min_loss_scale;     /* fp16: the scale never drops below this power of two (default 1) */
 
-    /* Where AdamW runs (DESIGN.md decision 7): "gpu" (fused kernel, --device cuda), "cpu" (offload/cpu_adam.h
-     * in this process) or "server" (state servers, worker/state/client.h); "auto" (the default) becomes
-     * "gpu" with --device cuda and "cpu" with --device cpu in zt_train_config_resolve. */
-    char optimizer[8];
+    /* Where AdamW runs (DESIGN.md decision 7; worker/engine/engine.h); auto (the default) becomes gpu with
+     * --device cuda and cpu with --device cpu in zt_train_config_resolve. */
+    enum zt_train_optimizer optimizer;
     char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
     char token_file[ZT_TRAIN_PATH_MAX]; /* file holding the bearer token of the state servers; "" = none */
     char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */
     char tls_cert[ZT_TRAIN_PATH_MAX];   /* client certificate (mutual TLS); "" = none */
     char tls_key[ZT_TRAIN_PATH_MAX];    /* its key */
-    char state_store[ZT_TRAIN_PATH_MAX]; /* embedded core's store: "ram" or "nvme:DIR" */
+    enum zt_train_store state_store;    /* embedded core's store: ram, or nvme with state_store_dir */
+    char state_store_dir[ZT_TRAIN_PATH_MAX]; /* nvme: the directory of the state files */
 
-    /* The multi-rank ZeRO runtime (WORLD_SIZE > 1; worker/runtime/zero.h). */
+    /* The engine (ZeRO over the model's blocks, any number of ranks). */
     int64_t zero_level;   /* 2 | 3 */
-    char checkpointing[32]; /* activation checkpointing: none | all | every:K */
+    enum zt_train_ckpt checkpointing; /* activation checkpointing of transformer layers */
+    int64_t checkpoint_every;         /* ZT_CKPT_EVERY: layers 0, K, 2K, ... are checkpointed */
     int64_t prefetch;     /* blocks gathered ahead, 0..64 */
 
     /* Not a file key nor a flag: stop after this step as if interrupted (checkpoint, then return with
@@ -121,6 +137,10 @@ void zt_train_config_log(const zt_train_config *c);
  * settings: paths are made absolute, and "model" is written as model_ref (a path relative to the saved
  * file's folder, e.g. "model_config.json" saved beside it). Returns 0 or a negative code with err. */
 int zt_train_config_save(const zt_train_config *c, const char *path, const char *model_ref, zt_err *err);
+
+/* Whether transformer layer l (0-based) keeps only its output in the forward pass under c's
+ * checkpointing. */
+bool zt_train_config_layer_checkpointed(const zt_train_config *c, int l);
 
 /* Internal, shared with checkpoint.c: a JSON number node whose text reads back as exactly v (cJSON's own
  * printing may drop the last bit of a double), and one for a whole number. */

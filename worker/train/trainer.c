@@ -1,7 +1,10 @@
-/* The training loop: setup (model, data, resume), steps, evaluation, metrics, checkpoints (see trainer.h). */
+/* The training loop (see trainer.h): start-up of the ranks, setup (model, data, resume, the engine and
+ * where its optimizer lives), steps, evaluation, metrics, checkpoints and the rewind after a state-server
+ * restart. */
 #include "worker/train/trainer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <math.h>
 #include <signal.h>
@@ -10,25 +13,31 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/units.h"
 #include "kernels/cpu_threads.h"
+#include "worker/data/dataloader.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/optimizer.h"
+#include "worker/launch/env.h"
+#include "worker/launch/startup.h"
+#include "worker/models/gpt2.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
-#include "worker/train/optimizer.h"
-#include "worker/train/placement.h"
 #include "worker/train/schedule.h"
 #ifdef ZT_WITH_CUDA
 #include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
-#include "worker/models/gpt2_cuda.h"   /* the model's device twin for --device cuda */
+#include "worker/models/gpt2_cuda.h"   /* the model's passes on the GPU */
 #endif
 
 #define PATH_CAP (ZT_TRAIN_PATH_MAX + 64)
 
 static volatile sig_atomic_t stop_requested;
+static zt_trainer_hooks hooks;
 
 /* Asks the running loop to stop after its current step; async-signal-safe. */
 void zt_trainer_request_stop(void)
@@ -36,12 +45,13 @@ void zt_trainer_request_stop(void)
     stop_requested = 1;
 }
 
-/* Returns and clears the stop request; see trainer.h. */
-bool zt_trainer_take_stop_request(void)
+/* Installs the hooks of this process; see trainer.h. */
+void zt_trainer_set_hooks(const zt_trainer_hooks *h)
 {
-    bool was = stop_requested != 0;
-    stop_requested = 0;
-    return was;
+    if (h)
+        hooks = *h;
+    else
+        memset(&hooks, 0, sizeof hooks);
 }
 
 /* Frees the losses of a result; see trainer.h. */
@@ -68,32 +78,63 @@ static bool file_exists(const char *dir, const char *name)
     return stat(path, &st) == 0;
 }
 
-/* Zeroes the gradients and accumulates grad_accum micro-batches; see trainer.h. */
-float zt_trainer_accumulate(zt_gpt2 *model, zt_dataloader *dl, int grad_accum, int B, int T, int32_t *inputs,
-                            int32_t *targets)
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 {
-    zt_gpt2_zero_grad(model);
-    float scale = 1.0f / (float)grad_accum;
-    double sum = 0.0;
-    for (int i = 0; i < grad_accum; i++) {
-        zt_dataloader_next(dl, inputs, targets);
-        sum += zt_gpt2_forward(model, inputs, targets, B, T);
-        zt_gpt2_backward(model, scale);
-    }
-    return (float)(sum / grad_accum);
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
 
-/* Mean loss over `batches` batches from the start of the validation data (the loader does not shuffle). */
-static float evaluate(zt_gpt2 *model, zt_dataloader *val, int64_t batches, int B, int T, int32_t *inputs,
-                      int32_t *targets)
+/* Hashes the config's values; see trainer.h. */
+uint64_t zt_trainer_config_hash(const zt_train_config *cfg)
 {
-    zt_dataloader_reset(val);
-    double sum = 0.0;
-    for (int64_t i = 0; i < batches; i++) {
-        zt_dataloader_next(val, inputs, targets);
-        sum += zt_gpt2_forward(model, inputs, targets, B, T);
+    uint64_t h = 0xcbf29ce484222325ull;
+    /* strings with their NUL, so that two adjacent strings cannot trade characters */
+    h = fnv1a(h, cfg->init_from, strlen(cfg->init_from) + 1);
+    h = fnv1a(h, cfg->train_data, strlen(cfg->train_data) + 1);
+    h = fnv1a(h, cfg->resume, strlen(cfg->resume) + 1);
+    h = fnv1a(h, cfg->val_data, strlen(cfg->val_data) + 1);
+    h = fnv1a(h, cfg->state_store_dir, strlen(cfg->state_store_dir) + 1);
+    /* field by field: the structs' padding bytes differ between processes. The number of state servers
+     * decides which server owns which shard; their addresses may differ between hosts. */
+    int64_t nservers = 0;
+    if (cfg->servers[0]) {
+        nservers = 1;
+        for (const char *p = cfg->servers; *p; p++)
+            nservers += *p == ',';
     }
-    return (float)(sum / (double)batches);
+    const zt_gpt2_config *m = &cfg->model;
+    const int64_t ints[] = {m->n_layer, m->n_head, m->n_embd, m->n_positions, m->vocab_size, m->tie_word_embeddings,
+                            cfg->steps, cfg->batch_size, cfg->seq_len, cfg->grad_accum, cfg->warmup_steps,
+                            cfg->save_every, cfg->seed, cfg->shuffle, cfg->eval_every, cfg->eval_batches,
+                            cfg->schedule, cfg->device, cfg->precision, cfg->optimizer, cfg->state_store, nservers,
+                            cfg->zero_level, cfg->checkpointing, cfg->checkpoint_every, cfg->prefetch,
+                            cfg->loss_scale_window};
+    const double reals[] = {m->layer_norm_epsilon, cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
+                            cfg->beta2, cfg->eps, cfg->grad_clip, cfg->loss_scale, cfg->min_loss_scale};
+    h = fnv1a(h, ints, sizeof ints);
+    return fnv1a(h, reals, sizeof reals);
+}
+
+/* The run id: the run directory's last component, restricted to the characters run ids allow; see
+ * trainer.h. */
+void zt_trainer_run_id(const char *out_dir, char *id, size_t cap)
+{
+    char dir[ZT_TRAIN_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", out_dir);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = '\0';
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    if (base[0] == '\0' || strcmp(base, ".") == 0 || strcmp(base, "..") == 0)
+        base = "train";
+    snprintf(id, cap, "%s", base);
+    for (char *p = id; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            *p = '_';
 }
 
 /* The largest token id of one shard file, or -1 if it cannot be read (the loader reported that already). */
@@ -124,7 +165,6 @@ static int shard_max_token(const char *path)
     return max;
 }
 
-/* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
 /* Puts the flag that named the data in front of a loader message ("--val-data: no files match ..."),
  * since the loader does not know which flag its pattern came from. */
 static void prefix_error(zt_err *err, const char *flag)
@@ -141,6 +181,7 @@ static void prefix_error(zt_err *err, const char *flag)
     err->msg[n - 1] = ' ';
 }
 
+/* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
 static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_size, zt_err *err)
 {
     int max = zt_dataloader_max_token(dl);
@@ -199,153 +240,6 @@ static void log_progress(int64_t step, int64_t steps, float loss, double lr, dou
            (long long)step, (long long)steps, (double)loss, lr, norm, tok_s, el, et);
 }
 
-/* Everything a run holds, so that one cleanup path frees it. */
-struct run {
-    zt_gpt2 *model;
-#ifdef ZT_WITH_CUDA
-    zt_gpt2_cuda *gpu;      /* --device cuda: the device model (the host model keeps layout and files) */
-    bool gpu_offload;       /* --device cuda with --optimizer cpu|server: the device holds no optimizer state */
-    bool pinned;            /* the host model's parameter and gradient slabs are page-locked (cudaHostRegister) */
-#endif
-    bool use_scaler;        /* fp16 on the GPU: dynamic loss scaling */
-    zt_loss_scaler scaler;
-    zt_optimizer opt;
-    zt_placement_server *state; /* --optimizer server: the state servers holding master weights and moments */
-    zt_dataloader *train;
-    zt_dataloader *val;
-    zt_metrics metrics;
-    int32_t *inputs;
-    int32_t *targets;
-};
-
-static void run_free(struct run *r)
-{
-#ifdef ZT_WITH_CUDA
-    zt_gpt2_cuda_destroy(r->gpu);
-    cudaFreeHost(r->opt.lowp); /* page-locked here for --optimizer cpu with bf16/fp16 compute; NULL otherwise */
-    if (r->pinned) {
-        cudaHostUnregister(zt_gpt2_params(r->model));
-        cudaHostUnregister(zt_gpt2_grads(r->model));
-    }
-#endif
-    zt_placement_server_close(r->state);
-    zt_gpt2_destroy(r->model);
-    zt_optimizer_free(&r->opt);
-    zt_dataloader_close(r->train);
-    zt_dataloader_close(r->val);
-    zt_metrics_close(&r->metrics);
-    free(r->inputs);
-    free(r->targets);
-}
-
-/* evaluate() on the device the run trains on. */
-static float run_evaluate(struct run *r, int64_t batches, int B, int T)
-{
-#ifdef ZT_WITH_CUDA
-    if (r->gpu) {
-        zt_dataloader_reset(r->val);
-        double sum = 0.0;
-        for (int64_t i = 0; i < batches; i++) {
-            zt_dataloader_next(r->val, r->inputs, r->targets);
-            sum += zt_gpt2_cuda_eval_loss(r->gpu, r->inputs, r->targets, B, T);
-        }
-        return (float)(sum / (double)batches);
-    }
-#endif
-    return evaluate(r->model, r->val, batches, B, T, r->inputs, r->targets);
-}
-
-#ifdef ZT_WITH_CUDA
-/* Queues the grad_accum micro-batches of a step on the GPU (under the fp16 loss scale). */
-static void run_micro_batches(struct run *r, const zt_train_config *cfg)
-{
-    const int B = (int)cfg->batch_size, T = (int)cfg->seq_len, accum = (int)cfg->grad_accum;
-    const float scale = r->use_scaler ? (float)r->scaler.scale : 1.0f;
-    zt_gpt2_cuda_zero_grad(r->gpu);
-    for (int i = 0; i < accum; i++) {
-        zt_dataloader_next(r->train, r->inputs, r->targets);
-        zt_gpt2_cuda_train_micro(r->gpu, r->inputs, r->targets, B, T, i, 1.0f / (float)accum, scale);
-    }
-}
-
-/* One training step on the GPU: grad_accum micro-batches, then the fused update; the host waits once,
- * for the loss and the norm. Fills *loss and *rep; returns 0 or ZT_ESTATE (diverged). */
-static int gpu_step(struct run *r, const zt_train_config *cfg, float lr, float *loss, zt_optimizer_report *rep,
-                    zt_err *err)
-{
-    const int accum = (int)cfg->grad_accum;
-    run_micro_batches(r, cfg);
-    zt_adamw_params p = {
-        .lr = lr,
-        .beta1 = r->opt.beta1,
-        .beta2 = r->opt.beta2,
-        .eps = r->opt.eps,
-        .weight_decay = r->opt.weight_decay,
-        .grad_scale = 1.0f,
-        .step = (int)(r->opt.adam_step + 1),
-    };
-    zt_gpt2_cuda_step_update(r->gpu, &p, r->opt.grad_clip);
-    double norm = 0.0;
-    bool nonfinite = false;
-    zt_gpt2_cuda_step_finish(r->gpu, accum, loss, &norm, &nonfinite);
-    int rc = zt_optimizer_account(&r->opt, *loss, norm, nonfinite, rep, err);
-    if (r->use_scaler)
-        zt_loss_scaler_after_step(&r->scaler, rep, *loss, true);
-    return rc;
-}
-#endif
-
-#ifdef ZT_WITH_CUDA
-/* One training step with the optimizer off the GPU (--optimizer cpu or server): the micro-batches run on the
- * GPU, their fp32 gradients come down into the host model's gradient slab, AdamW runs on the host (or in
- * the state servers, which send the parameters back into the host slab), and the updated parameters go
- * up again: in the compute type when the host AdamW wrote them so (r->opt.lowp), else as fp32 that the
- * device rounds. Same contract as gpu_step. */
-static int offload_step(struct run *r, const zt_train_config *cfg, int64_t step, float lr, float *loss,
-                        zt_optimizer_report *rep, zt_err *err)
-{
-    const int accum = (int)cfg->grad_accum;
-    run_micro_batches(r, cfg);
-    *loss = zt_gpt2_cuda_step_loss(r->gpu, accum);
-    zt_gpt2_cuda_download_grads(r->gpu, zt_gpt2_grads(r->model));
-    int rc = r->state ? zt_placement_server_step(r->state, r->model, &r->opt, step, *loss, lr, rep, err)
-                      : zt_optimizer_step(&r->opt, r->model, *loss, lr, rep, err);
-    if (rc < 0)
-        return rc;
-    if (!rep->skipped)
-        zt_gpt2_cuda_upload_weights(r->gpu, r->opt.lowp ? r->opt.lowp : (void *)zt_gpt2_params(r->model),
-                                    r->opt.lowp ? r->opt.lowp_dtype : ZT_DTYPE_F32);
-    if (r->use_scaler)
-        zt_loss_scaler_after_step(&r->scaler, rep, *loss, true);
-    return 0;
-}
-#endif
-
-#ifdef ZT_WITH_CUDA
-/* The compute type for --precision on CUDA device `device`; see trainer.h. */
-int zt_trainer_pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
-        cudaGetLastError();
-        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: CUDA device %d is needed but %d are visible (check the "
-                       "driver and CUDA_VISIBLE_DEVICES, with several ranks LOCAL_RANK and --nproc, or train with "
-                       "--device cpu)", device, n);
-    }
-    const enum zt_dtype best = zt_cuda_pick_dtype(device);
-    *dt = best;
-    if (strcmp(cfg->precision, "fp32") == 0)
-        *dt = ZT_DTYPE_F32;
-    else if (strcmp(cfg->precision, "bf16") == 0)
-        *dt = ZT_DTYPE_BF16;
-    else if (strcmp(cfg->precision, "fp16") == 0)
-        *dt = ZT_DTYPE_F16;
-    if (*dt == ZT_DTYPE_BF16 && best != ZT_DTYPE_BF16)
-        return zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
-                       "--precision fp16 (with loss scaling) or fp32");
-    return 0;
-}
-#endif
 
 /* Warns when the schedule of the checkpoint differs from the configured one (e.g. more steps): allowed,
  * but the learning rates then differ from an uninterrupted run. */
@@ -361,6 +255,7 @@ static void warn_schedule_change(const zt_schedule *saved, const zt_schedule *no
                (long long)saved->warmup_steps, zt_schedule_name(now->kind), (long long)now->total_steps, now->lr,
                now->min_lr, (long long)now->warmup_steps);
 }
+
 
 /* Whether a run goes on from the checkpoint of a restarted server's step; see trainer.h. */
 int zt_trainer_rewind_target(const zt_train_config *cfg, const zt_train_result *res, int rewinds_done, char *ckpt,
@@ -399,9 +294,9 @@ int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_confi
     zt_train_config_init(saved);
     zt_err ignored;
     bool remote_before = zt_train_config_load_file(saved, path, &ignored) == 0 &&
-                         strcmp(saved->optimizer, "server") == 0 && saved->servers[0] != '\0';
+                         saved->optimizer == ZT_OPTIMIZER_SERVER && saved->servers[0] != '\0';
     free(saved);
-    bool remote_now = strcmp(cfg->optimizer, "server") == 0 && cfg->servers[0] != '\0';
+    bool remote_now = cfg->optimizer == ZT_OPTIMIZER_SERVER && cfg->servers[0] != '\0';
     if (remote_before && !remote_now)
         return zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s was written with remote state servers, which keep the "
                        "Adam moments in their snapshots: resume it with --optimizer server --servers host:port,... "
@@ -409,58 +304,322 @@ int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_confi
     return 0;
 }
 
-/* One training run from the start or cfg->resume to cfg->steps. When a state server holds an older step,
- * the run fails with ZT_ESTATE and that step in res->rewind_to. */
-static int train_once(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
+
+/* ---- the state servers' client (placement server) ---- */
+
+/* Reads the bearer token: the file's first line without surrounding white space. */
+static int read_token(const char *path, char **out, zt_err *err)
 {
-    memset(res, 0, sizeof(*res));
-    res->first_val_loss = NAN;
-    res->last_val_loss = NAN;
-    res->rewind_to = -1;
-
-    int rc = zt_train_config_validate(cfg, err);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = zt_read_file(path, &text, &len, err);
     if (rc < 0)
+        return zt_fail(err, rc, "--token-file: %s", err ? err->msg : "cannot read it");
+    char *s = text;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strcspn(s, "\r\n");
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        n--;
+    if (n == 0) {
+        free(text);
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--token-file %s is empty: write the servers' token in it", path);
+    }
+    memmove(text, s, n);
+    text[n] = '\0';
+    *out = text;
+    return 0;
+}
+
+/* Whether files in dir can be opened with O_DIRECT (tmpfs cannot); creates dir if needed. */
+static bool dir_supports_direct(const char *dir)
+{
+    char probe[PATH_CAP];
+    mkdir(dir, 0755);
+    snprintf(probe, sizeof(probe), "%s/.ztrain_direct_probe", dir);
+    int fd = open(probe, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+    if (fd < 0) {
+        fd = open(probe, O_RDWR | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            close(fd);
+            unlink(probe);
+            return false;
+        }
+        return true; /* another problem: let the store report it */
+    }
+    close(fd);
+    unlink(probe);
+    return true;
+}
+
+/* Creates the state client cfg describes: remote servers (TLS files, the bearer token) or the core in
+ * this process (cfg->state_store). *token (freed after the client) receives the token used, or NULL. */
+static int state_client_create(const zt_train_config *cfg, zt_state_client_t **out, char **token, zt_err *err)
+{
+    *out = NULL;
+    *token = NULL;
+    int rc = 0;
+    if (cfg->token_file[0] && (rc = read_token(cfg->token_file, token, err)) < 0)
         return rc;
-    const int B = (int)cfg->batch_size;
-    const int T = (int)cfg->seq_len;
-    const int accum = (int)cfg->grad_accum;
-    const bool resuming = cfg->resume[0] != '\0';
-    struct run r;
-    memset(&r, 0, sizeof(r));
-    char path[PATH_CAP], ckpt_dir[PATH_CAP];
+    const bool remote = cfg->servers[0] != '\0';
+    struct zt_state_client_options copt;
+    memset(&copt, 0, sizeof(copt));
+    copt.servers = remote ? cfg->servers : NULL;
+    copt.token = *token;
+    copt.tls_ca_file = cfg->tls_ca[0] ? cfg->tls_ca : NULL;
+    copt.tls_cert_file = cfg->tls_cert[0] ? cfg->tls_cert : NULL;
+    copt.tls_key_file = cfg->tls_key[0] ? cfg->tls_key : NULL;
+    copt.embedded.threads = (int)cfg->threads;
+    if (!remote && cfg->state_store == ZT_STORE_NVME) {
+        copt.embedded.store = ZT_SERVER_STORE_NVME;
+        copt.embedded.store_path = cfg->state_store_dir;
+        copt.embedded.store_no_direct = !dir_supports_direct(cfg->state_store_dir);
+        if (copt.embedded.store_no_direct)
+            zt_log(ZT_LOG_WARN, "state store %s: the file system has no O_DIRECT (tmpfs?); using buffered I/O",
+                   cfg->state_store_dir);
+    }
+    rc = zt_state_client_create(&copt, out, err);
+    if (rc < 0) {
+        free(*token);
+        *token = NULL;
+    }
+    return rc;
+}
 
-    zt_cpu_set_threads((int)cfg->threads);
-    zt_train_config_log(cfg);
-    zt_log(ZT_LOG_INFO, "threads: %d", zt_cpu_get_threads());
+/* ---- the device ---- */
 
-    /* The run directory must not hold another run's checkpoints, unless this run continues it. (A run
-     * that stopped before its first checkpoint left nothing to continue: it is started over.) */
-    if (!resuming && file_exists(cfg->out_dir, "latest"))
+#ifdef ZT_WITH_CUDA
+/* The compute type of a run on CUDA device `device`: cfg->precision, or with "auto" bf16 on GPUs with bf16
+ * matrix units (sm_80+) and fp16 below. */
+static int pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
+        cudaGetLastError();
+        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: CUDA device %d is needed but %d are visible (check the "
+                       "driver and CUDA_VISIBLE_DEVICES, with several ranks LOCAL_RANK and --nproc, or train with "
+                       "--device cpu)", device, n);
+    }
+    ZT_CUDA_CHECK(cudaSetDevice(device));
+    const enum zt_dtype best = zt_cuda_pick_dtype(device);
+    switch (cfg->precision) {
+    case ZT_PRECISION_AUTO:
+        *dt = best;
+        break;
+    case ZT_PRECISION_FP32:
+        *dt = ZT_DTYPE_F32;
+        break;
+    case ZT_PRECISION_BF16:
+        *dt = ZT_DTYPE_BF16;
+        break;
+    case ZT_PRECISION_FP16:
+        *dt = ZT_DTYPE_F16;
+        break;
+    }
+    if (*dt == ZT_DTYPE_BF16 && best != ZT_DTYPE_BF16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--precision bf16: this GPU has no bf16 matrix units (sm_80+); use "
+                       "--precision fp16 (with loss scaling) or fp32");
+    return 0;
+}
+#endif
+
+/* The model as the engine drives it, on the device cfg asks for; b x T micro-batches. */
+static int create_model(const zt_train_config *cfg, zt_gpt2 *host, int local_rank, int b, int T, zt_model **out,
+                        enum zt_dtype *dtype, zt_err *err)
+{
+    const int L = cfg->model.n_layer;
+    bool *ckpt = zt_xcalloc((size_t)(L > 0 ? L : 1), sizeof(bool));
+    for (int l = 0; l < L; l++)
+        ckpt[l] = zt_train_config_layer_checkpointed(cfg, l);
+    int rc;
+    *dtype = ZT_DTYPE_F32;
+    if (cfg->device == ZT_DEVICE_CPU) {
+        rc = zt_gpt2_model_cpu(out, host, (int)cfg->grad_accum, ckpt, err);
+    } else {
+#ifdef ZT_WITH_CUDA
+        rc = pick_dtype(cfg, local_rank, dtype, err);
+        if (rc == 0)
+            rc = zt_gpt2_cuda_create(out, host, b, T, (int)cfg->grad_accum, *dtype, ckpt, err);
+#else
+        (void)local_rank;
+        (void)b;
+        (void)T;
+        rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: this ztrain was built without the CUDA backend (rebuild "
+                     "with -DZT_CUDA=ON on a machine with the CUDA toolkit, or train with --device cpu)");
+#endif
+    }
+    free(ckpt);
+    return rc;
+}
+
+static enum zt_placement engine_placement(enum zt_train_optimizer o)
+{
+    return o == ZT_OPTIMIZER_GPU ? ZT_PLACEMENT_GPU : o == ZT_OPTIMIZER_SERVER ? ZT_PLACEMENT_SERVER : ZT_PLACEMENT_CPU;
+}
+
+
+/* ---- one run ---- */
+
+/* Everything a run holds, so that one cleanup path frees it. */
+struct run {
+    zt_gpt2 *host;            /* configuration, tensor table, files; its slab receives checkpoints' weights */
+    zt_model *model;          /* the passes the engine drives */
+    zt_engine *engine;
+    zt_optimizer opt;         /* full-size m and v for checkpoints, and the step counters */
+    zt_state_client_t *client; /* placement server */
+    char *token;
+    zt_dataloader *train, *val;
+    zt_metrics metrics;
+    int32_t *tok, *tgt;       /* one global batch */
+    bool use_scaler;          /* fp16: dynamic loss scaling */
+    zt_loss_scaler scaler;
+    char run_id[ZT_SERVER_RUN_ID_MAX];
+};
+
+static void run_free(struct run *r)
+{
+    zt_engine_destroy(r->engine);
+    if (r->model)
+        r->model->ops->destroy(r->model);
+    zt_state_client_destroy(r->client);
+    free(r->token);
+    zt_gpt2_destroy(r->host);
+    zt_optimizer_free(&r->opt);
+    zt_dataloader_close(r->train);
+    zt_dataloader_close(r->val);
+    zt_metrics_close(&r->metrics);
+    free(r->tok);
+    free(r->tgt);
+}
+
+/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
+ * its rows of every batch (a collective). */
+static int evaluate(struct run *r, int64_t batches, size_t off, int b, int T, float *out, zt_err *err)
+{
+    zt_dataloader_reset(r->val);
+    double sum = 0.0;
+    for (int64_t i = 0; i < batches; i++) {
+        float mean;
+        zt_dataloader_next(r->val, r->tok, r->tgt);
+        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
+        if (rc < 0)
+            return rc;
+        sum += mean;
+    }
+    *out = (float)(sum / (double)batches);
+    return 0;
+}
+
+/* Rank 0's part of the setup: the run directory (a new run must not land on another run's checkpoints),
+ * its config files and metrics.jsonl. */
+static int setup_run_dir(struct run *r, const zt_train_config *cfg, int64_t step, bool resumed,
+                         zt_train_result *res, zt_err *err)
+{
+    if (!resumed && file_exists(cfg->out_dir, "latest"))
         return zt_fail(err, ZT_EINVAL_CONFIG, "'%s' already holds a run with checkpoints; continue it with "
                        "--resume %s, or start a new one with another --out directory (or delete this one)",
                        cfg->out_dir, cfg->out_dir);
-    if (resuming && (rc = zt_checkpoint_find(cfg->resume, ckpt_dir, sizeof(ckpt_dir), err)) < 0)
+    int rc = zt_check_writable_dir(cfg->out_dir, err);
+    if (rc < 0)
         return rc;
+    char path[PATH_CAP];
+    snprintf(path, sizeof path, "%s/config.json", cfg->out_dir);
+    if ((rc = zt_train_config_save(cfg, path, "model_config.json", err)) < 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/model_config.json", cfg->out_dir);
+    if ((rc = zt_gpt2_config_save(&cfg->model, path, err)) < 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out_dir);
+    if (!resumed)
+        return zt_metrics_create(&r->metrics, path, err);
+    double first_val = NAN;
+    rc = zt_metrics_resume(&r->metrics, path, step, &first_val, err);
+    res->first_val_loss = (float)first_val;
+    return rc;
+}
 
-    /* Model and optimizer. */
-    /* On the GPU the host model keeps the layout, the parameters and the files; it never runs, so its
+/* A checkpoint of the gathered state: every rank gathers, the state servers snapshot the step (remote ones
+ * keep the moments), rank 0 writes. */
+static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm, zt_train_result *res,
+                zt_err *err)
+{
+    const bool remote = cfg->optimizer == ZT_OPTIMIZER_SERVER && cfg->servers[0];
+    int rc = zt_engine_export(r->engine, zt_gpt2_params(r->host), r->opt.m, r->opt.v, err);
+    if (rc == 0 && cfg->save_grads)
+        rc = zt_engine_export_grads(r->engine, zt_gpt2_grads(r->host), err);
+    if (rc == 0 && remote && zt_comm_rank(comm) == 0)
+        rc = zt_engine_server_snapshot(r->engine, NULL, err);
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+        return rc;
+    if (zt_comm_rank(comm) == 0) {
+        zt_dataloader_get_position(r->train, &st->data);
+        st->adam_step = r->opt.adam_step;
+        st->skipped_steps = r->opt.skipped_steps;
+        st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
+        st->loss_scale_clean_steps = r->use_scaler ? r->scaler.clean_steps : 0;
+        rc = zt_checkpoint_save_with_grads(cfg->out_dir, r->host, &r->opt,
+                                           cfg->save_grads ? zt_gpt2_grads(r->host) : NULL, cfg, st, res->checkpoint,
+                                           sizeof res->checkpoint, err);
+        if (rc == 0)
+            zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
+    }
+    return zt_comm_agree(comm, rc, err);
+}
+
+/* One line of where a step's time went, with the optimizer off the GPU. */
+static void log_timing(zt_engine *e)
+{
+    zt_engine_timing t;
+    zt_engine_last_timing(e, &t);
+    char down[32], up[32];
+    zt_format_size(t.bytes_down, down, sizeof down);
+    zt_format_size(t.bytes_up, up, sizeof up);
+    zt_log(ZT_LOG_INFO, "engine: step %.3f s | host update %.3f s (overlaps the next step) | waited for updated "
+           "blocks %.3f s | waited for the backward and norm %.3f s | copied down %s, up %s",
+           t.step, t.host_update, t.wait_update, t.wait_norm, down, up);
+}
+
+/* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
+ * step fails because a state server holds an older step (the same on every rank), res->rewind_to
+ * receives that step. */
+static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_comm *comm, zt_train_result *res,
+                      zt_err *err)
+{
+    memset(res, 0, sizeof *res);
+    res->first_val_loss = NAN;
+    res->last_val_loss = NAN;
+    res->rewind_to = -1;
+    const int W = env->world_size, rank = env->rank, B = (int)cfg->batch_size, T = (int)cfg->seq_len;
+    const int accum = (int)cfg->grad_accum, b = B / W;
+    const bool is0 = rank == 0, on_gpu = cfg->device == ZT_DEVICE_CUDA;
+    const bool on_servers = cfg->optimizer == ZT_OPTIMIZER_SERVER;
+    struct run r;
+    memset(&r, 0, sizeof r);
+    int rc;
+    if (is0) {
+        zt_train_config_log(cfg);
+        zt_log(ZT_LOG_INFO, "threads: %d per rank, %d rank%s", zt_cpu_get_threads(), W, W == 1 ? "" : "s");
+    }
+
+    /* The host model keeps the layout, the parameters and the files; on the GPU it never runs, so its
      * activations are sized for one token. */
-    const bool on_gpu = strcmp(cfg->device, "cuda") == 0;
-    if ((rc = zt_gpt2_create(&r.model, &cfg->model, on_gpu ? 1 : B, on_gpu ? 1 : T, (uint64_t)cfg->seed, err)) < 0)
+    if ((rc = zt_gpt2_create(&r.host, &cfg->model, on_gpu ? 1 : b, on_gpu ? 1 : T, (uint64_t)cfg->seed, err)) < 0)
         goto out;
-    log_model(r.model, cfg);
-    if ((rc = zt_optimizer_init(&r.opt, zt_gpt2_num_params(r.model), cfg->beta1, cfg->beta2, cfg->eps,
+    if (is0)
+        log_model(r.host, cfg);
+    if ((rc = zt_optimizer_init(&r.opt, zt_gpt2_num_params(r.host), cfg->beta1, cfg->beta2, cfg->eps,
                                 cfg->weight_decay, cfg->grad_clip, err)) < 0)
         goto out;
 
-    /* Data. */
+    /* Data: every rank reads the global batches and trains on its rows. */
     if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
         prefix_error(err, "--train-data");
         goto out;
     }
     if ((rc = check_vocab(r.train, cfg->train_data, cfg->model.vocab_size, err)) < 0)
         goto out;
-    log_data("train", cfg->train_data, r.train, cfg);
+    if (is0)
+        log_data("train", cfg->train_data, r.train, cfg);
     int64_t eval_batches = cfg->eval_batches;
     if (cfg->val_data[0]) {
         if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0) {
@@ -469,164 +628,140 @@ static int train_once(const zt_train_config *cfg, zt_train_result *res, zt_err *
         }
         if ((rc = check_vocab(r.val, cfg->val_data, cfg->model.vocab_size, err)) < 0)
             goto out;
-        log_data("val", cfg->val_data, r.val, cfg);
+        if (is0)
+            log_data("val", cfg->val_data, r.val, cfg);
         uint64_t available = zt_dataloader_batches_per_epoch(r.val);
         if ((uint64_t)eval_batches > available) {
-            zt_log(ZT_LOG_INFO, "eval: the validation data has %llu batches; evaluating on those instead of %lld",
-                   (unsigned long long)available, (long long)eval_batches);
+            if (is0)
+                zt_log(ZT_LOG_INFO, "eval: the validation data has %llu batches; evaluating on those instead of %lld",
+                       (unsigned long long)available, (long long)eval_batches);
             eval_batches = (int64_t)available;
         }
-    } else {
+    } else if (is0) {
         zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
     }
-    r.inputs = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
-    r.targets = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
+    r.tok = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
+    r.tgt = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
 
     /* Starting state: fresh, from init_from, or from a checkpoint. */
-    zt_schedule sched;
-    enum zt_schedule_kind kind = ZT_SCHEDULE_COSINE;
-    zt_schedule_parse(cfg->schedule, &kind, NULL); /* validated above */
-    sched.kind = kind;
-    sched.lr = cfg->lr;
-    sched.min_lr = cfg->min_lr;
-    sched.warmup_steps = cfg->warmup_steps;
-    sched.total_steps = cfg->steps;
-    sched.gamma = cfg->lr_gamma;
-
+    zt_schedule sched = {.kind = cfg->schedule, .lr = cfg->lr, .min_lr = cfg->min_lr,
+                         .warmup_steps = cfg->warmup_steps, .total_steps = cfg->steps, .gamma = cfg->lr_gamma};
     zt_ckpt_state st;
-    memset(&st, 0, sizeof(st));
+    memset(&st, 0, sizeof st);
     zt_rng_seed(&st.rng, (uint64_t)cfg->seed);
-    if (resuming) {
-        if ((rc = zt_checkpoint_load(ckpt_dir, r.model, &r.opt, &st, err)) < 0)
+    const bool resumed = cfg->resume[0] != '\0';
+    if (resumed) {
+        char dir[PATH_CAP];
+        if ((rc = zt_checkpoint_find(cfg->resume, dir, sizeof dir, err)) < 0 ||
+            (rc = zt_trainer_check_resume_placement(dir, cfg, err)) < 0 ||
+            (rc = zt_checkpoint_load(dir, r.host, &r.opt, &st, err)) < 0)
             goto out;
         if (st.step >= cfg->steps) {
-            rc = zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s is at step %lld and the run is configured for "
-                         "%lld steps: nothing to do; raise --steps to train further", ckpt_dir,
-                         (long long)st.step, (long long)cfg->steps);
+            rc = zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s is at step %lld and the run is configured for %lld "
+                         "steps: nothing to do; raise --steps to train further", dir, (long long)st.step,
+                         (long long)cfg->steps);
             goto out;
         }
         zt_err pos_err;
         if ((rc = zt_dataloader_set_position(r.train, &st.data, &pos_err)) < 0) {
-            rc = zt_fail(err, rc, "resume from %s: %s (keep batch_size, seq_len and train_data of the run)",
-                         ckpt_dir, pos_err.msg);
+            rc = zt_fail(err, rc, "resume from %s: %s (keep batch_size, seq_len and train_data of the run)", dir,
+                         pos_err.msg);
             goto out;
         }
-        if ((rc = zt_trainer_check_resume_placement(ckpt_dir, cfg, err)) < 0)
-            goto out;
-        warn_schedule_change(&st.schedule, &sched);
-        if (cfg->init_from[0])
-            zt_log(ZT_LOG_WARN, "resume: init_from '%s' is ignored: the parameters come from the checkpoint",
-                   cfg->init_from);
-        zt_log(ZT_LOG_INFO, "resume: continuing from %s at step %lld (data epoch %llu, shard %llu, window %llu)",
-               ckpt_dir, (long long)st.step, (unsigned long long)st.data.epoch, (unsigned long long)st.data.shard,
-               (unsigned long long)st.data.window);
+        if (is0) {
+            warn_schedule_change(&st.schedule, &sched);
+            if (cfg->init_from[0])
+                zt_log(ZT_LOG_WARN, "resume: init_from '%s' is ignored: the parameters come from the checkpoint",
+                       cfg->init_from);
+            zt_log(ZT_LOG_INFO, "resume: continuing from %s at step %lld (data epoch %llu, shard %llu, window %llu)",
+                   dir, (long long)st.step, (unsigned long long)st.data.epoch, (unsigned long long)st.data.shard,
+                   (unsigned long long)st.data.window);
+        }
     } else if (cfg->init_from[0]) {
-        if ((rc = zt_gpt2_import(r.model, cfg->init_from, err)) < 0)
+        if ((rc = zt_gpt2_import(r.host, cfg->init_from, err)) < 0)
             goto out;
-        zt_log(ZT_LOG_INFO, "model: parameters initialised from %s", cfg->init_from);
+        if (is0)
+            zt_log(ZT_LOG_INFO, "model: parameters initialised from %s", cfg->init_from);
     }
     st.schedule = sched;
+    /* every rank has read its inputs; rank 0 prepares the run directory; all go on only if all succeeded */
+    rc = is0 ? setup_run_dir(&r, cfg, st.step, resumed, res, err) : 0;
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+        goto out;
 
-    /* The device. */
-    if (strcmp(cfg->device, "cuda") == 0) {
-#ifdef ZT_WITH_CUDA
-        enum zt_dtype dt;
-        if ((rc = zt_trainer_pick_dtype(cfg, 0, &dt, err)) < 0)
+    /* The model's passes and the engine around them. */
+    enum zt_dtype dtype;
+    rc = create_model(cfg, r.host, env->local_rank, b, T, &r.model, &dtype, err);
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+        goto out;
+    zt_engine_options eo;
+    zt_engine_options_init(&eo);
+    eo.zero_level = (int)cfg->zero_level;
+    eo.prefetch = (int)cfg->prefetch;
+    eo.grad_accum = accum;
+    eo.placement = engine_placement(cfg->optimizer);
+    eo.beta1 = cfg->beta1;
+    eo.beta2 = cfg->beta2;
+    eo.eps = cfg->eps;
+    eo.weight_decay = cfg->weight_decay;
+    eo.grad_clip = cfg->grad_clip;
+    zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
+    if (on_servers) {
+        rc = state_client_create(cfg, &r.client, &r.token, err);
+        if ((rc = zt_comm_agree(comm, rc, err)) < 0)
             goto out;
-        r.gpu_offload = strcmp(cfg->optimizer, "gpu") != 0;
-        if ((rc = zt_gpt2_cuda_create_state(&r.gpu, r.model, B, T, accum, dt,
-                                            r.gpu_offload ? ZT_GPT2_CUDA_NO_OPTIMIZER : ZT_GPT2_CUDA_FULL, err)) < 0)
-            goto out;
-        if (resuming && !r.gpu_offload)
-            zt_gpt2_cuda_upload(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
-        if (r.gpu_offload) {
-            /* Gradients come down and parameters go up every step: page-lock the two host slabs so the
-             * copies run at the bus's speed. (The device model uploaded the parameters at creation.) */
-            const size_t bytes = zt_gpt2_num_params(r.model) * sizeof(float);
-            if (cudaHostRegister(zt_gpt2_params(r.model), bytes, cudaHostRegisterDefault) == cudaSuccess &&
-                cudaHostRegister(zt_gpt2_grads(r.model), bytes, cudaHostRegisterDefault) == cudaSuccess) {
-                r.pinned = true;
-            } else {
-                cudaGetLastError();
-                cudaHostUnregister(zt_gpt2_params(r.model));
-                cudaGetLastError();
-                zt_log(ZT_LOG_WARN, "gpu: could not page-lock the host parameter and gradient slabs (check ulimit -l); "
-                       "the copies between host and GPU run slower");
-            }
-            /* --optimizer cpu: the host AdamW also writes the weights in the compute type, so that half the
-             * bytes go up (the state servers send fp32, which the device rounds). */
-            if (strcmp(cfg->optimizer, "cpu") == 0 && dt != ZT_DTYPE_F32) {
-                const size_t lowp_bytes = zt_gpt2_num_params(r.model) * zt_dtype_size(dt);
-                if (cudaMallocHost(&r.opt.lowp, lowp_bytes) == cudaSuccess) {
-                    r.opt.lowp_dtype = dt;
-                } else {
-                    cudaGetLastError();
-                    r.opt.lowp = NULL;
-                    zt_log(ZT_LOG_WARN, "gpu: could not page-lock %zu bytes for the %s weights; fp32 weights go "
-                           "up instead (twice the bytes)", lowp_bytes, zt_dtype_name(dt));
-                }
-            }
-            zt_log(ZT_LOG_INFO, "gpu: optimizer placement %s: gradients to the host and %s parameters back after "
-                   "every step", cfg->optimizer, zt_dtype_name(r.opt.lowp ? dt : ZT_DTYPE_F32));
+        if (hooks.on_state_client)
+            hooks.on_state_client(hooks.user, r.client);
+        eo.client = r.client;
+        eo.run_id = r.run_id;
+    }
+    rc = zt_engine_create(&r.engine, r.model, comm, &eo, zt_gpt2_params(r.host), err);
+    if (rc == 0 && resumed)
+        rc = zt_engine_import(r.engine, zt_gpt2_params(r.host), r.opt.m, r.opt.v, err);
+    if (rc == 0 && on_servers)
+        rc = zt_engine_attach_server(r.engine, st.step, st.adam_step, NULL, err);
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0) {
+        if (on_servers && zt_engine_server_step(r.engine) >= 0)
+            res->rewind_to = zt_engine_server_step(r.engine);
+        goto out;
+    }
+    if (is0) {
+        zt_engine_log_plan(r.engine);
+        if (on_servers)
+            zt_log(ZT_LOG_INFO, "optimizer: AdamW on %s%s, run '%s' at step %lld",
+                   cfg->servers[0] ? "the state servers " : "the embedded state server",
+                   cfg->servers[0] ? cfg->servers : cfg->state_store == ZT_STORE_NVME ? " (NVMe)" : " (RAM)",
+                   r.run_id, (long long)st.step);
+    }
+    if (dtype == ZT_DTYPE_F16) {
+        r.use_scaler = true;
+        r.opt.loss_scaled = true;
+        zt_loss_scaler_init(&r.scaler, cfg->loss_scale, cfg->min_loss_scale, cfg->loss_scale_window);
+        if (resumed && st.loss_scale > 0) {
+            r.scaler.scale = st.loss_scale;
+            r.scaler.clean_steps = st.loss_scale_clean_steps;
         }
-        if (dt == ZT_DTYPE_F16) {
-            r.use_scaler = true;
-            zt_loss_scaler_init(&r.scaler, cfg->loss_scale, cfg->min_loss_scale, cfg->loss_scale_window);
-            if (resuming && st.loss_scale > 0) {
-                r.scaler.scale = st.loss_scale;
-                r.scaler.clean_steps = st.loss_scale_clean_steps;
-            }
+        if (is0)
             zt_log(ZT_LOG_INFO, "fp16: dynamic loss scale %g (x2 after %lld clean steps, /2 on overflow, min %g)",
                    r.scaler.scale, (long long)r.scaler.window, r.scaler.min_scale);
-        }
-#else
-        rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: this ztrain was built without the CUDA backend "
-                     "(rebuild with -DZT_CUDA=ON on a machine with the CUDA toolkit, or train with --device cpu)");
-        goto out;
-#endif
     }
-
-    /* Everything is read: check that the run directory can be written before training starts, so that a
-     * long run does not fail at its first checkpoint. */
-    if ((rc = zt_check_writable_dir(cfg->out_dir, err)) < 0)
-        goto out;
-    /* --optimizer server: the master weights and moments move to the state servers (embedded or remote). */
-    if (strcmp(cfg->optimizer, "server") == 0 &&
-        (rc = zt_placement_server_open(&r.state, cfg, r.model, &r.opt, st.step, err)) < 0)
-        goto out;
-#ifdef ZT_WITH_CUDA
-    if (r.gpu_offload && r.state) /* remote servers may have sent their parameters into the host slab */
-        zt_gpt2_cuda_upload_weights(r.gpu, zt_gpt2_params(r.model), ZT_DTYPE_F32);
-    r.opt.loss_scaled = r.use_scaler;
-#endif
     res->start_step = st.step;
     res->end_step = st.step;
     res->skipped_steps = st.skipped_steps;
-    res->losses = zt_xcalloc((size_t)(cfg->steps - st.step), sizeof(float));
-
-    /* The run directory's config files, as this run started, and the metrics log. */
-    snprintf(path, sizeof(path), "%s/config.json", cfg->out_dir);
-    if ((rc = zt_train_config_save(cfg, path, "model_config.json", err)) < 0)
-        goto out;
-    snprintf(path, sizeof(path), "%s/model_config.json", cfg->out_dir);
-    if ((rc = zt_gpt2_config_save(&cfg->model, path, err)) < 0)
-        goto out;
-    snprintf(path, sizeof(path), "%s/metrics.jsonl", cfg->out_dir);
-    if (resuming) {
-        double first_val = NAN;
-        if ((rc = zt_metrics_resume(&r.metrics, path, st.step, &first_val, err)) < 0)
-            goto out;
-        res->first_val_loss = (float)first_val;
-    } else if ((rc = zt_metrics_create(&r.metrics, path, err)) < 0) {
-        goto out;
-    }
+    res->losses = zt_xcalloc((size_t)(cfg->steps - st.step) + 1, sizeof(float));
+    const size_t off = (size_t)rank * (size_t)b * (size_t)T;
 
     /* The starting validation loss, so that the curve has its origin. */
-    if (r.val && !resuming) {
-        float vl = run_evaluate(&r, eval_batches, B, T);
-        zt_log(ZT_LOG_INFO, "eval: step 0 | val loss %.4f", (double)vl);
+    if (r.val && !resumed) {
+        float vl;
+        if ((rc = evaluate(&r, eval_batches, off, b, T, &vl, err)) < 0)
+            goto out;
         res->first_val_loss = res->last_val_loss = vl;
-        if ((rc = zt_metrics_write_eval(&r.metrics, 0, vl, err)) < 0)
+        if (is0) {
+            zt_log(ZT_LOG_INFO, "eval: step 0 | val loss %.4f", (double)vl);
+            rc = zt_metrics_write_eval(&r.metrics, 0, vl, err);
+        }
+        if ((rc = zt_comm_agree(comm, rc, err)) < 0)
             goto out;
     }
 
@@ -635,131 +770,131 @@ static int train_once(const zt_train_config *cfg, zt_train_result *res, zt_err *
     const double step_tokens = (double)B * (double)T * (double)accum;
     double train_time = 0.0, window_time = 0.0, window_tokens = 0.0;
     int64_t steps_run = 0;
-#ifdef ZT_WITH_CUDA
+    /* ZT_GPU_PROFILE=N (a diagnostic): from step N on, time every kernel family (logged at the end). */
     const char *profile_env = getenv("ZT_GPU_PROFILE");
     const int64_t profile_from = profile_env ? atoll(profile_env) : 0;
-#endif
+    const bool offloaded = on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU;
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
-        double t0 = now_seconds();
-        double lr = zt_schedule_lr(&sched, step);
-        zt_optimizer_report rep;
-        float loss;
-#ifdef ZT_WITH_CUDA
-        /* ZT_GPU_PROFILE=N: from step N on, time every kernel family with CUDA events (logged at the end). */
-        if (r.gpu && profile_from > 0 && step == profile_from)
-            zt_gpt2_cuda_set_profiling(r.gpu, true);
-        if (r.gpu && !r.gpu_offload) {
-            if ((rc = gpu_step(&r, cfg, (float)lr, &loss, &rep, err)) < 0)
-                goto out;
-        } else if (r.gpu) {
-            if ((rc = offload_step(&r, cfg, step, (float)lr, &loss, &rep, err)) < 0)
-                goto out;
-        } else
-#endif
-        {
-            loss = zt_trainer_accumulate(r.model, r.train, accum, B, T, r.inputs, r.targets);
-            if (r.state)
-                rc = zt_placement_server_step(r.state, r.model, &r.opt, step, loss, (float)lr, &rep, err);
-            else
-                rc = zt_optimizer_step(&r.opt, r.model, loss, (float)lr, &rep, err);
-            if (rc < 0)
-                goto out;
+        const double t0 = now_seconds();
+        const double lr = zt_schedule_lr(&sched, step);
+        if (profile_from > 0 && step == profile_from)
+            zt_engine_set_profiling(r.engine, true);
+        const float scale = r.use_scaler ? (float)r.scaler.scale : 1.0f;
+        for (int a = 0; a < accum && rc == 0; a++) {
+            zt_dataloader_next(r.train, r.tok, r.tgt);
+            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, 1.0f / (float)(accum * W), scale, err);
         }
-        double dt = now_seconds() - t0;
-
+        zt_engine_step_result sr;
+        if (rc == 0)
+            rc = zt_engine_step(r.engine, (float)lr, r.opt.adam_step + 1, &sr, err);
+        if (rc < 0) {
+            if (on_servers && zt_engine_server_step(r.engine) >= 0) {
+                res->rewind_to = zt_engine_server_step(r.engine);
+                rc = zt_fail(err, ZT_ESTATE, "a state server of run '%s' holds step %lld while this run is at step "
+                             "%lld (it restarted from its last snapshot); the steps after %lld are lost: continue with "
+                             "`ztrain train --resume %s/ckpt_%06lld` and the same flags", r.run_id,
+                             (long long)res->rewind_to, (long long)step - 1, (long long)res->rewind_to, cfg->out_dir,
+                             (long long)res->rewind_to);
+            }
+            goto out;
+        }
+        zt_optimizer_report rep;
+        if ((rc = zt_optimizer_account(&r.opt, sr.loss, sr.grad_norm, sr.skipped, &rep, err)) < 0)
+            goto out;
+        if (r.use_scaler)
+            zt_loss_scaler_after_step(&r.scaler, &rep, sr.loss, is0);
+        const double dt = now_seconds() - t0;
         steps_run++;
         train_time += dt;
         window_time += dt;
         window_tokens += step_tokens;
         st.step = step;
         res->end_step = step;
-        res->losses[step - res->start_step - 1] = loss;
+        res->losses[step - res->start_step - 1] = sr.loss;
         res->skipped_steps = r.opt.skipped_steps;
-        double elapsed = elapsed_before + (now_seconds() - start);
-        if (rep.skipped)
-            zt_log(ZT_LOG_WARN, "step %lld skipped: loss %g, grad norm %g is not finite (%d in a row; the run stops "
-                   "at %d)", (long long)step, (double)loss, rep.grad_norm, r.opt.bad_in_a_row,
-                   ZT_OPTIMIZER_MAX_BAD_STEPS);
-
-        zt_metrics_train line = {
-            .step = step,
-            .loss = loss,
-            .lr = lr,
-            .grad_norm = rep.grad_norm,
-            .tokens_per_s = dt > 0 ? step_tokens / dt : 0.0,
-            .elapsed_s = elapsed,
-            .skipped = rep.skipped,
-        };
-        if ((rc = zt_metrics_write_train(&r.metrics, &line, err)) < 0)
-            goto out;
+        const double elapsed = elapsed_before + (now_seconds() - start);
         const bool last = step == cfg->steps;
-        if (step % cfg->log_every == 0 || step == res->start_step + 1 || last) {
-            double per_step = (now_seconds() - start) / (double)steps_run;
-            log_progress(step, cfg->steps, loss, lr, rep.grad_norm, window_time > 0 ? window_tokens / window_time : 0,
-                         elapsed, per_step * (double)(cfg->steps - step));
-            window_time = 0.0;
-            window_tokens = 0.0;
+        int mrc = 0; /* rank 0's metrics.jsonl writes */
+        zt_err merr = {{0}};
+        if (is0) {
+            if (step == res->start_step + 1 && zt_engine_measured_device_bytes(r.engine) > 0) {
+                char pl[32], me[32];
+                zt_format_size(zt_engine_plan_device_bytes(r.engine), pl, sizeof pl);
+                zt_format_size(zt_engine_measured_device_bytes(r.engine), me, sizeof me);
+                zt_log(ZT_LOG_INFO, "engine: GPU memory in use after the first step %s (plan %s; the rest is the CUDA "
+                       "context's, cuBLAS's and NCCL's)", me, pl);
+            }
+            if (rep.skipped)
+                zt_log(ZT_LOG_WARN, "step %lld skipped: loss %g, grad norm %g is not finite (%d in a row; the run "
+                       "stops at %d)", (long long)step, (double)sr.loss, rep.grad_norm, r.opt.bad_in_a_row,
+                       ZT_OPTIMIZER_MAX_BAD_STEPS);
+            zt_metrics_train line = {.step = step, .loss = sr.loss, .lr = lr, .grad_norm = rep.grad_norm,
+                                     .tokens_per_s = dt > 0 ? step_tokens / dt : 0.0, .elapsed_s = elapsed,
+                                     .skipped = rep.skipped};
+            mrc = zt_metrics_write_train(&r.metrics, &line, &merr);
+            if (step % cfg->log_every == 0 || step == res->start_step + 1 || last) {
+                double per_step = (now_seconds() - start) / (double)steps_run;
+                log_progress(step, cfg->steps, sr.loss, lr, rep.grad_norm,
+                             window_time > 0 ? window_tokens / window_time : 0, elapsed,
+                             per_step * (double)(cfg->steps - step));
+                if (offloaded)
+                    log_timing(r.engine);
+                window_time = 0.0;
+                window_tokens = 0.0;
+            }
         }
-
         if (r.val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
-            float vl = run_evaluate(&r, eval_batches, B, T);
-            zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)vl);
+            float vl;
+            if ((rc = evaluate(&r, eval_batches, off, b, T, &vl, err)) < 0)
+                goto out;
             res->last_val_loss = vl;
             if (isnan(res->first_val_loss))
                 res->first_val_loss = vl;
-            if ((rc = zt_metrics_write_eval(&r.metrics, step, vl, err)) < 0)
-                goto out;
-        }
-
-        const bool stop = stop_requested || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
-        if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
-            st.adam_step = r.opt.adam_step;
-            st.skipped_steps = r.opt.skipped_steps;
-            st.elapsed_s = elapsed_before + (now_seconds() - start);
-            zt_dataloader_get_position(r.train, &st.data);
-#ifdef ZT_WITH_CUDA
-            if (r.gpu && !r.gpu_offload) { /* with the optimizer off the GPU the host slabs are current */
-                zt_gpt2_cuda_download(r.gpu, zt_gpt2_params(r.model), r.opt.m, r.opt.v);
-                if (cfg->save_grads)
-                    zt_gpt2_cuda_download_grads(r.gpu, zt_gpt2_grads(r.model));
+            if (is0) {
+                zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)vl);
+                if (mrc == 0)
+                    mrc = zt_metrics_write_eval(&r.metrics, step, vl, &merr);
             }
-#endif
-            if (r.state && (rc = zt_placement_server_checkpoint(r.state, &r.opt, step, err)) < 0)
-                goto out;
-            st.loss_scale = r.use_scaler ? r.scaler.scale : 0.0;
-            st.loss_scale_clean_steps = r.use_scaler ? r.scaler.clean_steps : 0;
-            /* The CPU gradient slab still holds this step's gradients (clipping only scales the update). */
-            const float *grads = cfg->save_grads ? zt_gpt2_grads(r.model) : NULL;
-            if ((rc = zt_checkpoint_save_with_grads(cfg->out_dir, r.model, &r.opt, grads, cfg, &st, res->checkpoint,
-                                                    sizeof(res->checkpoint), err)) < 0)
-                goto out;
-            zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
         }
-        if (r.state) {
-            char where[48];
-            snprintf(where, sizeof(where), "step:%lld", (long long)step);
-            zt__placement_test_pause(where);
+        /* A stop request on any rank (or a metrics failure on rank 0) stops every rank after this step. */
+        float flag = mrc < 0 ? 2.0f : stop_requested ? 1.0f : 0.0f, any = flag;
+        stop_requested = 0;
+        zt_err ce;
+        if (W > 1 && zt_comm_all_reduce(comm, &flag, &any, 1, ZT_COMM_F32, ZT_COMM_MAX, NULL, &ce) < 0) {
+            rc = zt_fail(err, ZT_ESTATE, "%s", ce.msg);
+            goto out;
         }
+        if (any >= 2.0f) {
+            rc = mrc < 0 ? zt_fail(err, mrc, "%s", merr.msg)
+                         : zt_fail(err, ZT_ESTATE, "rank 0 could not write metrics.jsonl (its log says why); "
+                                   "stopping with it");
+            goto out;
+        }
+        const bool stop = any > 0 || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
+        if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
+            st.elapsed_s = elapsed_before + (now_seconds() - start);
+            if ((rc = save(&r, cfg, &st, comm, res, err)) < 0)
+                goto out;
+        }
+        if (is0 && hooks.after_step)
+            hooks.after_step(hooks.user, step);
         if (stop && !last) {
-            stop_requested = 0;
             res->interrupted = true;
-            zt_log(ZT_LOG_WARN, "stopped after step %lld/%lld; resume with: ztrain train --resume %s",
-                   (long long)step, (long long)cfg->steps, cfg->out_dir);
+            if (is0)
+                zt_log(ZT_LOG_WARN, "stopped after step %lld/%lld; resume with: ztrain train --resume %s",
+                       (long long)step, (long long)cfg->steps, cfg->out_dir);
             break;
         }
     }
-
     stop_requested = 0; /* a request that came with the last step needs no stop */
-#ifdef ZT_WITH_CUDA
-    if (r.gpu && profile_from > 0)
-        zt_gpt2_cuda_profile_report(r.gpu);
-#endif
+    if (profile_from > 0 && is0)
+        zt_engine_profile_report(r.engine);
     res->seconds = now_seconds() - start;
     res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
-    if (!res->interrupted) {
+    if (is0 && !res->interrupted) {
         char took[32];
-        zt_format_duration(res->seconds, took, sizeof(took));
+        zt_format_duration(res->seconds, took, sizeof took);
         if (r.val)
             zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f; checkpoint %s",
                    (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
@@ -774,31 +909,94 @@ static int train_once(const zt_train_config *cfg, zt_train_result *res, zt_err *
     }
     rc = 0;
 out:
-    if (rc < 0) /* a step that failed on a state server back at an older step: which one */
-        res->rewind_to = zt_placement_server_stale_step(r.state);
     run_free(&r);
     return rc;
 }
 
-/* Runs training as cfg says; see trainer.h. A state server that restarted from an older snapshot makes a
- * run fail with the server's step in res->rewind_to: training continues from the checkpoint of that step
- * (the server's snapshot was written with it), ZT_TRAIN_MAX_REWINDS times at most. */
+/* Checks what depends on the number of ranks, before any rank starts work. */
+static int check_ranks(const zt_train_config *cfg, const zt_launch_env *env, zt_err *err)
+{
+    const int W = env->world_size;
+    if (W == 1)
+        return 0;
+    /* The embedded state server lives inside one process; ranks are separate processes. */
+    if (cfg->optimizer == ZT_OPTIMIZER_SERVER && cfg->servers[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--optimizer server with WORLD_SIZE=%d needs state servers the ranks "
+                       "can reach: start `ztrain-server --listen 127.0.0.1:7070 --snapshot-dir DIR` and pass "
+                       "--servers 127.0.0.1:7070 (the embedded server lives inside one process: use it with one "
+                       "rank, WORLD_SIZE=1)", W);
+#ifndef ZT_WITH_NCCL
+    if (cfg->device == ZT_DEVICE_CUDA)
+        return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda with WORLD_SIZE=%d: this ztrain was built without NCCL "
+                       "(rebuild with -DZT_CUDA=ON where the CUDA toolkit and NCCL are installed, or train with "
+                       "--device cpu)", W);
+#endif
+    if (cfg->batch_size % W != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch_size %lld does not split over WORLD_SIZE=%d ranks: use a batch "
+                       "size that is a multiple of %d (--batch-size)", (long long)cfg->batch_size, W, W);
+    return 0;
+}
+
+/* Runs training as cfg says with the ranks of the launch environment; see trainer.h. A state server that
+ * restarted from an older snapshot makes a step fail on every rank with the server's step in
+ * res->rewind_to: training continues from the checkpoint of that step (the servers snapshot at every
+ * checkpoint), ZT_TRAIN_MAX_REWINDS times at most; the ranks agree on going on, since one of them may
+ * not find the checkpoint. */
 int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err)
 {
+    memset(res, 0, sizeof *res);
+    res->first_val_loss = NAN;
+    res->last_val_loss = NAN;
+    res->rewind_to = -1;
+    zt_launch_env env;
+    int rc = zt_launch_env_parse(NULL, &env, err);
+    if (rc < 0)
+        return rc;
+    zt_log_set_rank(env.world_size > 1 ? env.rank : -1);
+    if ((rc = zt_train_config_validate(cfg, err)) < 0 || (rc = check_ranks(cfg, &env, err)) < 0)
+        return rc;
+    /* threads = 0: share the cores between the ranks of this host, since the collectives wait for the
+     * slowest rank and every rank would otherwise start one thread per core. */
+    int threads = (int)cfg->threads;
+    if (threads == 0 && env.local_world_size > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cores / env.local_world_size);
+        if (threads < 1)
+            threads = 1;
+    }
+    zt_cpu_set_threads(threads);
+
+    zt_comm *comm = NULL;
+    if (env.world_size == 1) {
+        zt_comm_options co;
+        zt_comm_options_init(&co);
+        co.backend = ZT_COMM_SELF;
+        rc = zt_comm_create(&comm, &co, err);
+    } else {
+        /* GPUs: NCCL on device LOCAL_RANK; the CPU: the shared-memory backend */
+        const bool gpu = cfg->device == ZT_DEVICE_CUDA;
+        rc = zt_startup_comm(&env, gpu ? ZT_COMM_NCCL : ZT_COMM_SHM, zt_trainer_config_hash(cfg),
+                             gpu ? env.local_rank : 0, &comm, err);
+    }
+    if (rc < 0)
+        return rc;
     zt_train_config *again = zt_xmalloc(sizeof *again);
     *again = *cfg;
-    int rc;
     for (int rewinds = 0;; rewinds++) {
-        rc = train_once(again, res, err);
+        rc = train_once(again, &env, comm, res, err);
         if (rc != ZT_ESTATE || res->rewind_to < 0)
             break;
         char ckpt[sizeof again->resume];
-        if ((rc = zt_trainer_rewind_target(again, res, rewinds, ckpt, sizeof ckpt, err)) < 0)
+        const int64_t to = res->rewind_to;
+        rc = zt_trainer_rewind_target(again, res, rewinds, ckpt, sizeof ckpt, err);
+        if ((rc = zt_comm_agree(comm, rc, err)) < 0)
             break;
-        zt_trainer_log_rewind(again, res->rewind_to, rewinds, ckpt);
+        if (env.rank == 0)
+            zt_trainer_log_rewind(again, to, rewinds, ckpt);
         snprintf(again->resume, sizeof again->resume, "%s", ckpt);
         zt_train_result_free(res);
     }
     free(again);
+    zt_comm_destroy(comm);
     return rc;
 }

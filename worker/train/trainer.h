@@ -1,20 +1,43 @@
-/* The training loop of `ztrain train` on the CPU backend: model, data, AdamW with a learning-rate schedule,
- * evaluation, metrics, checkpoints and resume.
+/* The training loop of `ztrain train`: one loop for every number of ranks, device and optimizer placement,
+ * around the training engine (worker/engine/engine.h): data, the learning-rate schedule, evaluation,
+ * metrics, checkpoints, resume and the rewind after a state server restarted.
  *
- * One step: zero the gradients; grad_accum micro-batches (next batch, forward, backward with loss scale
- * 1/grad_accum); global gradient norm; clipping; learning rate of the step; AdamW. A run that resumes
- * from the checkpoint of step N and trains to step N+M produces the same losses and parameters, bit for
- * bit, as a run that trained N+M steps without stopping. */
+ * Ranks. The launch environment (worker/launch/env.h: RANK, WORLD_SIZE, ...) gives W; without it W = 1.
+ * W > 1 starts at rank 0's gRPC rendezvous (worker/launch/startup.h), which checks WORLD_SIZE and the
+ * config hash (zt_trainer_config_hash) on every rank. Every rank reads the same global batches of B
+ * sequences in the same order and trains on its B / W rows (B must be a multiple of W), so the losses do
+ * not depend on W and neither does a checkpoint. Rank 0 writes the run directory (config.json,
+ * model_config.json, metrics.jsonl, the progress lines, checkpoints from the gathered state); a run saved at
+ * W = 4 resumes at W = 1 and back.
+ *
+ * One step: grad_accum micro-batches (forward and backward), then the engine's step (global norm,
+ * clipping, the non-finite guard, AdamW where the placement puts it); its report is booked with
+ * zt_optimizer_account (skipped steps, divergence) and the fp16 loss scaler. A run that resumes from the
+ * checkpoint of step N and trains to N + M gives the same losses and parameters, bit for bit, as one that
+ * trained N + M steps without stopping.
+ *
+ * A stop request (zt_trainer_request_stop, from a SIGINT or SIGTERM handler) on any rank stops every rank
+ * after the same step (one all-reduce per step), with a checkpoint.
+ *
+ * Placement server (--optimizer server): the masters and moments live in state servers, embedded in the
+ * process (W = 1) or remote (--servers, any W); the run id is the run directory's name. At every
+ * checkpoint rank 0 first asks every server for a snapshot of the step. A remote server killed and
+ * restarted from its latest snapshot:
+ *   - at the step before the one in flight: the client's retries reconnect, the half-pushed step is pushed
+ *     again and committed: the run goes on by itself;
+ *   - at an older step s: every rank learns s, logs "state server HOST:PORT restarted at step s; rewinding
+ *     to checkpoint RUN_DIR/ckpt_s (rewind 1 of 3)" and runs again from that checkpoint, as
+ *     `--resume RUN_DIR/ckpt_s` would (metrics.jsonl is cut back to step s): the run ends on the losses of an
+ *     uninterrupted run. After ZT_TRAIN_MAX_REWINDS rewinds every rank stops with ZT_ESTATE and a message
+ *     naming the checkpoint to continue from by hand. */
 #ifndef ZT_WORKER_TRAINER_H
 #define ZT_WORKER_TRAINER_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/safetensors.h" /* enum zt_dtype */
 #include "common/status.h"
-#include "worker/data/dataloader.h"
-#include "worker/models/gpt2.h"
+#include "worker/state/client.h"
 #include "worker/train/config.h"
 
 typedef struct zt_train_result {
@@ -36,20 +59,18 @@ typedef struct zt_train_result {
  * restarted from older snapshots, before it gives up (zt_trainer_rewind_target). */
 #define ZT_TRAIN_MAX_REWINDS 3
 
-/* Trains as cfg says (validated again here), logging progress, writing the run directory (config.json,
- * model_config.json, metrics.jsonl, checkpoints). When state servers restarted from older snapshots, it
- * continues from the checkpoint of their step by itself (zt_trainer_rewind_target, at most
- * ZT_TRAIN_MAX_REWINDS times). Fills *res (free with zt_train_result_free, also after an error). Returns 0
- * when the run reached cfg->steps or stopped on request after writing a checkpoint (res->interrupted), or
- * a negative code with a message in err. */
+/* Trains as cfg says (validated again here) with the ranks of the launch environment, logging progress and
+ * writing the run directory. Fills *res on every rank (free with zt_train_result_free, also after an
+ * error). The join timeout is ZT_RDZV_TIMEOUT_S (default 60 s) and the collective timeout
+ * ZT_COMM_TIMEOUT_S (default 300 s). Returns 0 when the run reached cfg->steps or stopped on request after
+ * writing a checkpoint (res->interrupted), or a negative code with a message in err on every rank. */
 int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err);
 
 /* Decides whether a run that failed because a state server restarted at the older step res->rewind_to
  * continues by itself: when fewer than ZT_TRAIN_MAX_REWINDS rewinds were done and the checkpoint of that
  * step exists in cfg->out_dir, writes its path into ckpt (cap bytes) and returns 0; the caller then logs
  * it with zt_trainer_log_rewind and runs again with resume = ckpt. Otherwise returns ZT_ESTATE with the
- * failed run's message in err (which says how to resume by hand) and why there is no automatic rewind.
- * (Servers write a snapshot at every checkpoint, so a server's step always has a checkpoint.) */
+ * failed run's message in err (which says how to resume by hand) and why there is no automatic rewind. */
 int zt_trainer_rewind_target(const zt_train_config *cfg, const zt_train_result *res, int rewinds_done, char *ckpt,
                              size_t cap, zt_err *err);
 
@@ -67,25 +88,30 @@ void zt_trainer_request_stop(void);
 /* A checkpoint written with remote state servers holds the master weights but not the Adam moments (the
  * servers keep them in their snapshots): it can only continue with remote servers. Its saved config (in
  * ckpt_dir) says which placement wrote it. Returns 0, or ZT_EINVAL_CONFIG with a message when cfg does
- * not use remote servers. Used by every training loop that resumes. */
+ * not use remote servers. */
 int zt_trainer_check_resume_placement(const char *ckpt_dir, const zt_train_config *cfg, zt_err *err);
 
-/* Returns whether a stop was requested (zt_trainer_request_stop) since the last call, and clears the
- * request: for training loops other than zt_trainer_run (the multi-rank loop of worker/runtime). */
-bool zt_trainer_take_stop_request(void);
+/* A hash of the settings every rank must share (FNV-1a over the config's values): the model, data, schedule,
+ * AdamW and batch settings, and everything that changes the math or the protocol of a step: device,
+ * precision, optimizer placement, the number of state servers (not their addresses), the embedded state
+ * store, zero_level, checkpointing and prefetch. */
+uint64_t zt_trainer_config_hash(const zt_train_config *cfg);
 
-/* The forward and backward passes of one step: zeroes the gradients, then for each of grad_accum
- * micro-batches takes the next batch of B x T tokens from dl (into inputs and targets, B*T each) and runs
- * forward and backward with loss scale 1/grad_accum, so the gradient slab ends up holding the gradient of
- * the mean loss. Returns that mean loss. */
-float zt_trainer_accumulate(zt_gpt2 *model, zt_dataloader *dl, int grad_accum, int B, int T, int32_t *inputs,
-                            int32_t *targets);
+/* The run id on the state servers for a run directory: its last path component, characters outside
+ * [A-Za-z0-9._-] replaced by '_' ("train" for "/", "." or ".."). */
+void zt_trainer_run_id(const char *out_dir, char *id, size_t cap);
 
-#ifdef ZT_WITH_CUDA
-/* The compute type of a run on CUDA device `device`: cfg->precision, or with "auto" bf16 on GPUs with bf16
- * matrix units (sm_80+) and fp16 below. Returns 0, or ZT_EUNSUPPORTED with a message when the device is not
- * visible or bf16 is asked of a GPU without it. Shared by the single-process and the multi-rank loops. */
-int zt_trainer_pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err);
-#endif
+/* Points at which a program that embeds the loop (a test, a tool) can act; the `ztrain` program sets none.
+ * Per process; NULL functions are skipped. */
+typedef struct zt_trainer_hooks {
+    void *user;
+    /* rank 0, after step `step` and its checkpoint (if any) */
+    void (*after_step)(void *user, int64_t step);
+    /* after the state client is created (placement server), e.g. to watch its pushes */
+    void (*on_state_client)(void *user, zt_state_client_t *client);
+} zt_trainer_hooks;
+
+/* Installs hooks (copied) for the later runs of this process; NULL removes them. */
+void zt_trainer_set_hooks(const zt_trainer_hooks *hooks);
 
 #endif

@@ -1,0 +1,1172 @@
+/* The training engine (see engine.h): the shard layout, the block walk of a micro-batch, the gathered
+ * window with prefetch, the gradient path of each block, the step dispatch and the W-independent export
+ * and import of the training state. What differs between the CPU and a GPU is behind zt__engine_dev
+ * (engine_cpu.c, engine_cuda.c); the optimizer off the device is host_optimizer.c and engine_server.c. */
+#include "worker/engine/engine_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "offload/cpu_adam.h" /* zt_cpu_adam_convert: host weights to the compute dtype */
+#include "worker/engine/optimizer.h" /* zt_optimizer_clip_coef */
+
+#define GPU_SHARD_ALIGN 64 /* elements: on a GPU every shard starts on this boundary */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static enum zt_comm_dtype comm_dtype(enum zt_dtype d)
+{
+    return d == ZT_DTYPE_BF16 ? ZT_COMM_BF16 : d == ZT_DTYPE_F16 ? ZT_COMM_F16 : ZT_COMM_F32;
+}
+
+static void *at(const zt_engine *e, void *base, size_t i)
+{
+    return (char *)base + i * e->esize;
+}
+
+/* Sets the defaults; see engine.h. */
+void zt_engine_options_init(zt_engine_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->zero_level = 3;
+    o->prefetch = 1;
+    o->grad_accum = 1;
+    o->placement = ZT_PLACEMENT_CPU;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->weight_decay = 0.1;
+    o->grad_clip = 1.0;
+}
+
+/* Agreement of the ranks on a local outcome; see engine_internal.h. */
+int zt__engine_agree(zt_engine *e, int rc, zt_err *err)
+{
+    return zt_comm_agree(e->comm, rc, err);
+}
+
+/* The mean over ranks; see engine.h. */
+int zt_engine_mean(zt_engine *e, double x, double *out, zt_err *err)
+{
+    if (e->W == 1) {
+        *out = x;
+        return 0;
+    }
+    double sum = 0;
+    int rc = zt_comm_all_reduce(e->comm, &x, &sum, 1, ZT_COMM_F64, ZT_COMM_SUM, NULL, err);
+    *out = sum / e->W;
+    return rc;
+}
+
+/* ---- layout ---- */
+
+/* Block b's weights as the gathers read them: wshard at the block's shard (at W = 1, the whole block). */
+void *zt__engine_block_weights(zt_engine *e, int b)
+{
+    return at(e, e->wshard, e->blocks[b].shard_off);
+}
+
+/* The pieces of every tensor inside this rank's shards, in block order. */
+static void build_pieces(zt_engine *e)
+{
+    const zt_model *m = e->model;
+    e->pieces = zt_xcalloc((size_t)m->ntensors, sizeof *e->pieces);
+    for (int i = 0; i < m->ntensors; i++) {
+        const zt_model_tensor *t = &m->tensors[i];
+        const zt__block *k = &e->blocks[t->block];
+        size_t t_lo = t->offset - m->block_offset[t->block], t_hi = t_lo + t->len;
+        size_t s_lo = (size_t)e->rank * k->shard, s_hi = s_lo + k->shard;
+        size_t lo = t_lo > s_lo ? t_lo : s_lo, hi = t_hi < s_hi ? t_hi : s_hi;
+        if (lo >= hi)
+            continue;
+        e->pieces[e->npieces++] = (zt__piece){.block = t->block, .shard_off = k->shard_off + (lo - s_lo),
+                                              .n = hi - lo, .decay = t->weight_decay};
+    }
+}
+
+/* Writes block b of a host-layout slab into buf (the block's padded model layout, zeros elsewhere). */
+static void host_to_block(const zt_engine *e, int b, const float *slab, float *buf)
+{
+    const zt_model *m = e->model;
+    memset(buf, 0, e->blocks[b].padded * sizeof(float));
+    for (int i = 0; i < m->ntensors; i++) {
+        const zt_model_tensor *t = &m->tensors[i];
+        if (t->block == b)
+            memcpy(buf + (t->offset - m->block_offset[b]), slab + t->host_offset, t->numel * sizeof(float));
+    }
+}
+
+/* The reverse: the tensors of block b (padded model layout in buf) into a host-layout slab. */
+static void block_to_host(const zt_engine *e, int b, const float *buf, float *slab)
+{
+    const zt_model *m = e->model;
+    for (int i = 0; i < m->ntensors; i++) {
+        const zt_model_tensor *t = &m->tensors[i];
+        if (t->block == b)
+            memcpy(slab + t->host_offset, buf + (t->offset - m->block_offset[b]), t->numel * sizeof(float));
+    }
+}
+
+/* ---- memory ---- */
+
+/* One device or host allocation of the plan; counts the bytes, or fails naming the part. */
+static int take_dev(zt_engine *e, void **p, size_t bytes, const char *what, zt_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    *p = e->dev->alloc(bytes);
+    if (!*p) {
+        char need[32], have[32];
+        zt_format_size(bytes, need, sizeof need);
+        zt_format_size(e->device_bytes, have, sizeof have);
+        return zt_fail(err, ZT_ENOMEM, "out of %s memory for the %s (%s more after %s): use more ranks, "
+                       "--optimizer cpu, --checkpointing all, a smaller --prefetch or a smaller batch",
+                       e->dev->gpu ? "GPU" : "host", what, need, have);
+    }
+    e->device_bytes += bytes;
+    return 0;
+}
+
+static int take_host(zt_engine *e, void **p, size_t bytes, const char *what, zt_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    *p = e->dev->host_alloc(bytes);
+    if (!*p) {
+        char need[32];
+        zt_format_size(bytes, need, sizeof need);
+        return zt_fail(err, ZT_ENOMEM, "out of host memory for the %s (%s; page-locked memory is limited by ulimit "
+                       "-l): free memory, use more ranks, or place the optimizer on state servers", what, need);
+    }
+    e->host_bytes += bytes;
+    return 0;
+}
+
+/* Allocates every buffer the layout and the path need. */
+static int allocate(zt_engine *e, zt_err *err)
+{
+    const size_t ns = e->nshard, es = e->esize;
+    const bool lowp = e->dtype != ZT_DTYPE_F32;
+    size_t max_shard = 0, pad_sum = 0, max_other = 0;
+    for (int b = 0; b < e->nb; b++) {
+        max_shard = e->blocks[b].shard > max_shard ? e->blocks[b].shard : max_shard;
+        pad_sum += e->blocks[b].padded;
+        if (b != e->model->head_block && e->blocks[b].padded > max_other)
+            max_other = e->blocks[b].padded;
+    }
+    int rc = 0;
+    if (e->home == ZT__OPT_DEVICE) {
+        if ((rc = take_dev(e, (void **)&e->master, ns * 4, "fp32 master weights", err)) < 0 ||
+            (rc = take_dev(e, (void **)&e->m, ns * 4, "Adam first moments", err)) < 0 ||
+            (rc = take_dev(e, (void **)&e->v, ns * 4, "Adam second moments", err)) < 0)
+            return rc;
+    }
+    /* The reduced gradient on the device: every path but the one that writes compute-dtype gradients
+     * straight into glow_slab and the one that sends them to the host. */
+    if (e->path == ZT__GRAD_DIRECT_F32 || e->path == ZT__GRAD_REDUCE)
+        if ((rc = take_dev(e, (void **)&e->gshard, ns * 4, "fp32 gradient shards", err)) < 0)
+            return rc;
+    /* The weights the passes read: the masters themselves for fp32 on the device. */
+    if (e->home == ZT__OPT_DEVICE && !lowp)
+        e->wshard = e->master;
+    else if ((rc = take_dev(e, &e->wshard, ns * es, "compute-dtype weights", err)) < 0)
+        return rc;
+    if (e->path == ZT__GRAD_DIRECT_LOWP &&
+        (rc = take_dev(e, &e->glow_slab, ns * es, "compute-dtype gradients", err)) < 0)
+        return rc;
+    /* Compute-dtype gradient buffers of single blocks (the head's block keeps its own through the backward). */
+    if (lowp && e->path != ZT__GRAD_DIRECT_LOWP) {
+        if ((rc = take_dev(e, &e->glow0, e->blocks[e->model->head_block].padded * es, "gradient buffers", err)) < 0 ||
+            (rc = take_dev(e, &e->glow1, max_other * es, "gradient buffers", err)) < 0)
+            return rc;
+    }
+    if (e->path == ZT__GRAD_REDUCE && e->o.grad_accum > 1) {
+        if ((rc = take_dev(e, (void **)&e->gacc, pad_sum * 4, "fp32 gradient accumulation", err)) < 0)
+            return rc;
+    } else if (e->path == ZT__GRAD_REDUCE || e->path == ZT__GRAD_HOST) {
+        const zt__block *h = &e->blocks[e->model->head_block];
+        for (int r = 0; r <= ZT__RING; r++)
+            if ((rc = take_dev(e, (void **)&e->ring[r], (r == ZT__RING ? h->padded : e->max_padded) * 4,
+                               "fp32 block buffers", err)) < 0)
+                return rc;
+    }
+    if (e->path == ZT__GRAD_HOST && e->W > 1) {
+        const zt__block *h = &e->blocks[e->model->head_block];
+        for (int r = 0; r <= ZT__RING; r++) {
+            const size_t n = r == ZT__RING ? h->shard : max_shard;
+            if ((rc = take_dev(e, (void **)&e->dshard[r], n * 4, "gradient shard buffers", err)) < 0 ||
+                (rc = take_dev(e, (void **)&e->dshard2[r], n * 4, "gradient shard buffers", err)) < 0)
+                return rc;
+        }
+    }
+    for (int s = 0; s < e->nslots; s++) {
+        e->slots[s].elems = e->o.zero_level == 2 ? e->blocks[s].padded : e->max_padded;
+        if ((rc = take_dev(e, &e->slots[s].buf, e->slots[s].elems * es, "gathered window", err)) < 0)
+            return rc;
+    }
+    /* Host: the optimizer state and the gradient and weights in transit. */
+    if (e->home == ZT__OPT_HOST) {
+        if ((rc = take_host(e, (void **)&e->h_master, ns * 4, "host master weights", err)) < 0 ||
+            (rc = take_host(e, (void **)&e->h_m, ns * 4, "host Adam first moments", err)) < 0 ||
+            (rc = take_host(e, (void **)&e->h_v, ns * 4, "host Adam second moments", err)) < 0)
+            return rc;
+    }
+    if (e->path == ZT__GRAD_HOST) {
+        if ((rc = take_host(e, (void **)&e->h_grad, ns * 4, "host gradient", err)) < 0 ||
+            (rc = take_host(e, &e->h_lowp, ns * (e->home == ZT__OPT_SERVER ? 4 : es), "host weights in transit",
+                            err)) < 0)
+            return rc;
+    }
+    if (e->home == ZT__OPT_SERVER && (rc = take_host(e, (void **)&e->h_master, ns * 4, "host master weights", err)) < 0)
+        return rc;
+    return 0;
+}
+
+/* ---- creation ---- */
+
+static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *err)
+{
+    if (o->zero_level != 2 && o->zero_level != 3)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "ZeRO level %d is not supported; use 2 or 3", o->zero_level);
+    if (o->prefetch < 0 || o->grad_accum < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "prefetch depth (%d) must be >= 0 and grad_accum (%d) >= 1", o->prefetch,
+                       o->grad_accum);
+    if (o->grad_accum > m->max_micro)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is more than the model was made for (%d)", o->grad_accum,
+                       m->max_micro);
+    if (o->placement == ZT_PLACEMENT_GPU && m->backend != ZT_MODEL_CUDA)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--optimizer gpu needs --device cuda: on the CPU use --optimizer cpu or "
+                       "server");
+    if (o->placement == ZT_PLACEMENT_SERVER && (!o->client || !o->run_id))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "placement server needs a state client and a run id");
+    return 0;
+}
+
+/* The order in which a training micro-batch asks for block weights: forward 0..nb-1, the head, then the
+ * backward of every block that reads weights (nb-1..0). Evaluation stops after the head. */
+static void build_sequence(zt_engine *e, bool training)
+{
+    const zt_model *m = e->model;
+    int n = 0;
+    for (int b = 0; b < e->nb; b++)
+        e->seq[n++] = b;
+    e->seq[n++] = m->head_block;
+    if (training)
+        for (int b = e->nb - 1; b >= 0; b--)
+            if (m->backward_reads_weights[b] || m->checkpointed[b])
+                e->seq[n++] = b;
+    e->seq_len = n;
+    e->pos = 0;
+}
+
+/* Creates the engine; see engine.h. */
+int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_engine_options *o,
+                     const float *host_params, zt_err *err)
+{
+    *out = NULL;
+    int rc = check_options(o, model, err);
+    if (rc < 0)
+        return rc;
+    zt_engine *e = zt_xcalloc(1, sizeof *e);
+    e->model = model;
+    e->comm = comm;
+    e->o = *o;
+    e->o.run_id = NULL;
+    if (o->run_id)
+        snprintf(e->run_id, sizeof e->run_id, "%s", o->run_id);
+    e->stale_step = -1;
+#ifdef ZT_WITH_CUDA
+    e->dev = model->backend == ZT_MODEL_CUDA ? zt__engine_dev_cuda() : zt__engine_dev_cpu();
+#else
+    ZT_ASSERT(model->backend == ZT_MODEL_CPU);
+    e->dev = zt__engine_dev_cpu();
+#endif
+    e->W = zt_comm_world_size(comm);
+    e->rank = zt_comm_rank(comm);
+    e->nb = model->nblocks;
+    e->dtype = model->dtype;
+    e->esize = zt_dtype_size(model->dtype);
+    e->home = o->placement == ZT_PLACEMENT_SERVER ? ZT__OPT_SERVER
+              : o->placement == ZT_PLACEMENT_CPU && e->dev->gpu ? ZT__OPT_HOST
+                                                                 : ZT__OPT_DEVICE;
+    if (e->home == ZT__OPT_DEVICE)
+        e->path = e->W > 1 ? ZT__GRAD_REDUCE
+                  : e->dtype != ZT_DTYPE_F32 && o->grad_accum == 1 ? ZT__GRAD_DIRECT_LOWP
+                                                                    : ZT__GRAD_DIRECT_F32;
+    else if (e->dev->gpu)
+        e->path = ZT__GRAD_HOST;
+    else
+        e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
+
+    /* Blocks padded to a multiple of W (64 W on a GPU), shards laid end to end. */
+    e->blocks = zt_xcalloc((size_t)e->nb, sizeof *e->blocks);
+    const size_t unit = (e->dev->gpu ? GPU_SHARD_ALIGN : 1) * (size_t)e->W;
+    size_t pad_sum = 0;
+    for (int b = 0; b < e->nb; b++) {
+        zt__block *k = &e->blocks[b];
+        k->len = model->block_len[b];
+        k->padded = round_up(k->len, unit);
+        k->shard = k->padded / (size_t)e->W;
+        k->shard_off = e->nshard;
+        k->pad_off = pad_sum;
+        k->slot = -1;
+        k->ring = -1;
+        e->nshard += k->shard;
+        pad_sum += k->padded;
+        if (k->padded > e->max_padded)
+            e->max_padded = k->padded;
+        k->folded = e->dev->event_create();
+        k->loaded = e->dev->event_create();
+        k->grad_out = e->dev->event_create();
+        k->updated = e->dev->event_create();
+    }
+    build_pieces(e);
+    e->nslots = e->W == 1 ? 0 : o->zero_level == 2 ? e->nb : o->prefetch + 2;
+    e->slots = zt_xcalloc((size_t)(e->nslots > 0 ? e->nslots : 1), sizeof *e->slots);
+    for (int s = 0; s < e->nslots; s++) {
+        e->slots[s].block = -1;
+        e->slots[s].ready = e->dev->event_create();
+        e->slots[s].done = e->dev->event_create();
+    }
+    for (int r = 0; r <= ZT__RING; r++)
+        e->ring_free[r] = e->dev->event_create();
+    e->seq = zt_xcalloc((size_t)(2 * e->nb + 2), sizeof(int));
+    e->cs = model->stream;
+    if (e->dev->gpu) {
+        e->ms = e->dev->stream_create();
+        e->down = e->dev->stream_create();
+        e->up = e->dev->stream_create();
+    }
+
+    if ((rc = allocate(e, err)) < 0)
+        goto fail;
+#ifdef ZT_WITH_CUDA
+    rc = e->dev->gpu ? zt__engine_dev_setup_cuda(e, err) : zt__engine_dev_setup_cpu(e, err);
+#else
+    rc = zt__engine_dev_setup_cpu(e, err);
+#endif
+    if (rc < 0)
+        goto fail;
+    if ((e->home == ZT__OPT_HOST || (e->home == ZT__OPT_SERVER && e->dev->gpu)) && (rc = zt__host_opt_create(e, err)) < 0)
+        goto fail;
+    if ((rc = zt_engine_import(e, host_params, NULL, NULL, err)) < 0)
+        goto fail;
+    e->plan_device_bytes = e->device_bytes + model->device_bytes;
+    *out = e;
+    return 0;
+fail:
+    zt_engine_destroy(e);
+    return rc;
+}
+
+/* Frees everything; see engine.h. */
+void zt_engine_destroy(zt_engine *e)
+{
+    if (!e)
+        return;
+    const zt__engine_dev *d = e->dev;
+    if (e->host)
+        zt__host_opt_destroy(e);
+    if (d->gpu) {
+        if (e->cs)
+            d->stream_sync(e->cs);
+        if (e->ms)
+            d->stream_sync(e->ms);
+        if (e->down)
+            d->stream_sync(e->down);
+        if (e->up)
+            d->stream_sync(e->up);
+    }
+    if (d->teardown)
+        d->teardown(e);
+    for (int b = 0; e->blocks && b < e->nb; b++) {
+        d->event_destroy(e->blocks[b].folded);
+        d->event_destroy(e->blocks[b].loaded);
+        d->event_destroy(e->blocks[b].grad_out);
+        d->event_destroy(e->blocks[b].updated);
+    }
+    for (int s = 0; s < e->nslots; s++) {
+        d->event_destroy(e->slots[s].ready);
+        d->event_destroy(e->slots[s].done);
+        d->free(e->slots[s].buf);
+    }
+    for (int r = 0; r <= ZT__RING; r++) {
+        d->event_destroy(e->ring_free[r]);
+        d->free(e->ring[r]);
+        d->free(e->dshard[r]);
+        d->free(e->dshard2[r]);
+    }
+    if (e->wshard != e->master)
+        d->free(e->wshard);
+    d->free(e->master);
+    d->free(e->m);
+    d->free(e->v);
+    d->free(e->gshard);
+    d->free(e->glow_slab);
+    d->free(e->glow0);
+    d->free(e->glow1);
+    d->free(e->gacc);
+    d->host_free(e->h_master);
+    if (e->home == ZT__OPT_SERVER) { /* a resume's moments on their way to an embedded core (malloc) */
+        free(e->h_m);
+        free(e->h_v);
+    } else {
+        d->host_free(e->h_m);
+        d->host_free(e->h_v);
+    }
+    d->host_free(e->h_grad);
+    d->host_free(e->h_lowp);
+    if (d->gpu) {
+        if (e->ms)
+            d->stream_destroy(e->ms);
+        if (e->down)
+            d->stream_destroy(e->down);
+        if (e->up)
+            d->stream_destroy(e->up);
+    }
+    free(e->blocks);
+    free(e->slots);
+    free(e->seq);
+    free(e->pieces);
+    free(e);
+}
+
+/* ---- the plan ---- */
+
+static const char *path_name(enum zt__grad_path p)
+{
+    switch (p) {
+    case ZT__GRAD_DIRECT_LOWP:
+        return "compute-dtype gradients read by the optimizer";
+    case ZT__GRAD_DIRECT_F32:
+        return "fp32 gradients accumulated in place";
+    case ZT__GRAD_REDUCE:
+        return "fp32 gradients reduce-scattered into the shards";
+    case ZT__GRAD_HOST:
+        return "gradient shards to host memory, block by block";
+    }
+    return "?";
+}
+
+/* Logs the plan; see engine.h. */
+void zt_engine_log_plan(const zt_engine *e)
+{
+    char dev[32], model[32], host[32], all[32];
+    zt_format_size(e->device_bytes, dev, sizeof dev);
+    zt_format_size(e->model->device_bytes, model, sizeof model);
+    zt_format_size(e->host_bytes, host, sizeof host);
+    zt_format_size(e->plan_device_bytes, all, sizeof all);
+    size_t total = 0;
+    for (int b = 0; b < e->nb; b++)
+        total += e->blocks[b].len;
+    int nck = 0;
+    for (int b = 0; b < e->nb; b++)
+        nck += e->model->checkpointed[b];
+    static const char *const homes[] = {"on the compute device", "in host memory (AdamW on the host)",
+                                        "in state servers"};
+    zt_log(ZT_LOG_INFO, "engine: W=%d rank %d, ZeRO-%d, prefetch %d, grad_accum %d, %d of %d blocks checkpointed; "
+           "%zu of %zu elements per rank; optimizer state %s; %s",
+           e->W, e->rank, e->o.zero_level, e->o.prefetch, e->o.grad_accum, nck, e->nb, e->nshard, total,
+           homes[e->home], path_name(e->path));
+    if (e->dev->gpu)
+        zt_log(ZT_LOG_INFO, "engine: plan per rank: GPU %s (engine %s + model activations %s; cuBLAS, NCCL and the "
+               "CUDA context come on top), host page-locked %s", all, dev, model, host);
+    else
+        zt_log(ZT_LOG_INFO, "engine: plan per rank: %s of shards, window and gradient buffers (activations are the "
+               "model's)", dev);
+}
+
+size_t zt_engine_plan_device_bytes(const zt_engine *e)
+{
+    return e->plan_device_bytes;
+}
+
+size_t zt_engine_measured_device_bytes(const zt_engine *e)
+{
+    return e->measured_device_bytes;
+}
+
+/* ---- the window (W > 1) ---- */
+
+/* Position in the micro-batch's order at which block b is asked for next, from position `from` on, or a
+ * large number when it is not needed again. */
+static int next_use(const zt_engine *e, int b, int from)
+{
+    for (int j = from; j < e->seq_len; j++)
+        if (e->seq[j] == b)
+            return j;
+    return 1 << 30;
+}
+
+/* A slot to gather block b into, needed at position `when`: its own at ZeRO-2; at ZeRO-3 an empty slot or
+ * a cached one whose block is needed later than `when` (the one needed last), or -1 when none is. */
+static int pick_slot(zt_engine *e, int b, int when)
+{
+    if (e->o.zero_level == 2)
+        return b;
+    int best = -1, best_use = -1;
+    for (int s = 0; s < e->nslots; s++) {
+        zt__slot *sl = &e->slots[s];
+        if (sl->state == ZT__SLOT_EMPTY)
+            return s;
+        if (sl->state != ZT__SLOT_CACHED)
+            continue;
+        int use = next_use(e, sl->block, e->pos);
+        if (use > when && use > best_use) {
+            best = s;
+            best_use = use;
+        }
+    }
+    return best;
+}
+
+/* Enqueues the all-gather of block b into slot s (on the CPU it runs at once). */
+static int gather(zt_engine *e, int b, int s, zt_err *err)
+{
+    zt__slot *sl = &e->slots[s];
+    zt__block *k = &e->blocks[b];
+    if (sl->block >= 0)
+        e->blocks[sl->block].slot = -1;
+    if (e->host)
+        e->timing.wait_update += zt__host_opt_wait_block(e, b, e->ms);
+    e->dev->wait(e->ms, sl->done); /* its previous readers are done */
+    int rc = zt_comm_all_gather(e->comm, zt__engine_block_weights(e, b), sl->buf, k->shard, comm_dtype(e->dtype),
+                                e->ms, err);
+    e->dev->record(sl->ready, e->ms);
+    sl->block = b;
+    sl->state = ZT__SLOT_GATHERING;
+    k->slot = s;
+    return rc;
+}
+
+/* Gathers the blocks of the next `prefetch` positions that are not in the window yet, while slots allow. */
+static int prefetch(zt_engine *e, zt_err *err)
+{
+    for (int j = e->pos; j < e->seq_len && j < e->pos + e->o.prefetch; j++) {
+        int b = e->seq[j];
+        if (e->blocks[b].slot >= 0)
+            continue;
+        int s = pick_slot(e, b, j);
+        if (s < 0)
+            return 0;
+        int rc = gather(e, b, s, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Block b's weights for the next pass on the compute stream. */
+static int acquire(zt_engine *e, int b, void **w, zt_err *err)
+{
+    ZT_ASSERT(e->pos < e->seq_len && e->seq[e->pos] == b);
+    e->pos++;
+    if (e->W == 1) {
+        if (e->host)
+            e->timing.wait_update += zt__host_opt_wait_block(e, b, e->cs);
+        *w = zt__engine_block_weights(e, b);
+        return 0;
+    }
+    zt__block *k = &e->blocks[b];
+    int rc = 0;
+    if (k->slot < 0) {
+        int s = pick_slot(e, b, e->pos - 1);
+        ZT_ASSERT(s >= 0); /* the window has prefetch + 2 slots: two held at most, the rest in flight */
+        rc = gather(e, b, s, err);
+    }
+    zt__slot *sl = &e->slots[k->slot];
+    sl->state = ZT__SLOT_HELD;
+    if (rc == 0)
+        rc = prefetch(e, err);
+    e->dev->wait(e->cs, sl->ready);
+    *w = sl->buf;
+    return rc;
+}
+
+/* The pass is done reading block b's weights (for now). */
+static void release(zt_engine *e, int b)
+{
+    if (e->W == 1)
+        return;
+    zt__block *k = &e->blocks[b];
+    ZT_ASSERT(k->slot >= 0);
+    zt__slot *sl = &e->slots[k->slot];
+    e->dev->record(sl->done, e->cs);
+    sl->state = ZT__SLOT_CACHED;
+}
+
+/* Forgets what the window holds (the weights changed). */
+static void invalidate_window(zt_engine *e)
+{
+    for (int s = 0; s < e->nslots; s++) {
+        e->slots[s].block = -1;
+        e->slots[s].state = ZT__SLOT_EMPTY;
+    }
+    for (int b = 0; b < e->nb; b++)
+        e->blocks[b].slot = -1;
+}
+
+/* ---- gradients ---- */
+
+/* Takes block b's fp32 buffer once its last user is done (on `stream`): the head block's own, or the next
+ * of the ring. */
+static int ring_take(zt_engine *e, int b, void *stream)
+{
+    int r = ZT__RING;
+    if (b != e->model->head_block) {
+        r = e->ring_next;
+        e->ring_next = (r + 1) % ZT__RING;
+    }
+    e->dev->wait(stream, e->ring_free[r]);
+    return r;
+}
+
+/* The fp32 buffer of the whole block b that receives its folded gradient (REDUCE and HOST paths). At
+ * W = 1 on the HOST path, later micro-batches first load the step's gradient so far from the host, on
+ * the up stream while the block's backward runs; `loaded` says whether the compute stream must wait for
+ * it (set up here, waited for in grads_done or, in fp32, before the backward). */
+static float *fp32_target(zt_engine *e, int b)
+{
+    zt__block *k = &e->blocks[b];
+    if (k->gfull)
+        return k->gfull;
+    if (e->gacc) {
+        k->gfull = e->gacc + k->pad_off;
+        return k->gfull;
+    }
+    int r = ring_take(e, b, e->cs);
+    k->ring = r;
+    k->gfull = e->ring[r];
+    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0;
+    if (load) {
+        /* the gradient so far came down at the previous micro-batch (grad_out); bring it back up */
+        e->dev->wait(e->up, e->ring_free[r]);
+        e->dev->wait(e->up, k->grad_out);
+        e->dev->copy(k->gfull, e->h_grad + k->shard_off, k->shard * 4, e->up);
+        e->dev->record(k->loaded, e->up);
+        e->timing.bytes_up += k->shard * 4;
+    } else if (k->padded > k->len || e->dtype == ZT_DTYPE_F32) {
+        /* the padding after the block's last tensor enters the reduce-scatter and the norm: keep it zero
+         * (fp32 compute adds into the whole buffer: zero it all) */
+        size_t from = e->dtype == ZT_DTYPE_F32 ? 0 : k->len;
+        e->dev->memset0(k->gfull + from, (k->padded - from) * 4, e->cs);
+    }
+    return k->gfull;
+}
+
+/* Where block b's backward writes its gradients in this micro-batch (the head's block is asked twice). */
+static void *grad_buffer(zt_engine *e, int b)
+{
+    zt__block *k = &e->blocks[b];
+    if (k->gbuf)
+        return k->gbuf;
+    const bool f32 = e->dtype == ZT_DTYPE_F32;
+    switch (e->path) {
+    case ZT__GRAD_DIRECT_LOWP:
+        k->gbuf = at(e, e->glow_slab, k->shard_off);
+        e->dev->memset0(k->gbuf, k->len * e->esize, e->cs);
+        break;
+    case ZT__GRAD_DIRECT_F32:
+        if (f32) {
+            k->gbuf = e->gshard + k->shard_off;
+            if (e->micro == 0)
+                e->dev->memset0(k->gbuf, k->len * 4, e->cs);
+            break;
+        }
+        k->gbuf = b == e->model->head_block ? e->glow0 : e->glow1;
+        e->dev->memset0(k->gbuf, k->len * e->esize, e->cs);
+        break;
+    case ZT__GRAD_REDUCE:
+    case ZT__GRAD_HOST:
+        if (f32) {
+            k->gbuf = fp32_target(e, b);
+            if (e->gacc && e->micro == 0)
+                e->dev->memset0(k->gbuf, k->len * 4, e->cs);
+            if (e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0)
+                e->dev->wait(e->cs, k->loaded); /* the kernels add onto the loaded gradient */
+            break;
+        }
+        if (e->path == ZT__GRAD_HOST)
+            (void)fp32_target(e, b); /* start loading the host gradient while the backward runs */
+        k->gbuf = b == e->model->head_block ? e->glow0 : e->glow1;
+        e->dev->memset0(k->gbuf, k->len * e->esize, e->cs);
+        break;
+    }
+    return k->gbuf;
+}
+
+/* Block b's backward is enqueued: fold its gradients into fp32 and move them on (reduce-scatter on the
+ * last micro-batch; to the host on the HOST path). */
+static int grads_done(zt_engine *e, int b, zt_err *err)
+{
+    zt__block *k = &e->blocks[b];
+    const bool f32 = e->dtype == ZT_DTYPE_F32;
+    int rc = 0;
+    void *g = k->gbuf;
+    k->gbuf = NULL;
+    switch (e->path) {
+    case ZT__GRAD_DIRECT_LOWP:
+        return 0;
+    case ZT__GRAD_DIRECT_F32:
+        if (!f32)
+            e->dev->fold(e->gshard + k->shard_off, g, e->dtype, k->len, e->inv_scale, e->micro == 0, e->cs);
+        return 0;
+    case ZT__GRAD_REDUCE: {
+        float *f = fp32_target(e, b);
+        if (!f32)
+            e->dev->fold(f, g, e->dtype, k->len, e->inv_scale, e->micro == 0 || !e->gacc, e->cs);
+        if (!e->last) {
+            k->gfull = NULL; /* grad_accum > 1: kept in gacc */
+            return 0;
+        }
+        e->dev->record(k->folded, e->cs);
+        e->dev->wait(e->ms, k->folded);
+        rc = zt_comm_reduce_scatter(e->comm, f, e->gshard + k->shard_off, k->shard, ZT_COMM_F32, ZT_COMM_SUM, e->ms,
+                                    err);
+        if (k->ring >= 0)
+            e->dev->record(e->ring_free[k->ring], e->ms);
+        k->ring = -1;
+        k->gfull = NULL;
+        return rc;
+    }
+    case ZT__GRAD_HOST:
+        break;
+    }
+    /* HOST: this micro-batch's part of the owned shard, plus the earlier ones', goes down to h_grad. */
+    float *f = fp32_target(e, b);
+    const bool loaded = e->W == 1 && e->micro > 0;
+    if (!f32) {
+        if (loaded)
+            e->dev->wait(e->cs, k->loaded); /* the host gradient is on the device */
+        e->dev->fold(f, g, e->dtype, k->len, e->inv_scale, !loaded, e->cs);
+    }
+    float *out = f;
+    void *out_stream = e->cs;
+    const int r = k->ring;
+    if (e->W > 1) {
+        e->dev->record(k->folded, e->cs);
+        e->dev->wait(e->ms, k->folded);
+        out = e->dshard[r];
+        rc = zt_comm_reduce_scatter(e->comm, f, out, k->shard, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
+        out_stream = e->ms;
+        if (e->micro > 0) {
+            /* add the step's gradient so far, brought up from the host */
+            e->dev->wait(e->up, k->grad_out);
+            e->dev->copy(e->dshard2[r], e->h_grad + k->shard_off, k->shard * 4, e->up);
+            e->timing.bytes_up += k->shard * 4;
+            e->dev->record(k->loaded, e->up);
+            e->dev->wait(e->ms, k->loaded);
+            e->dev->fold(out, e->dshard2[r], ZT_DTYPE_F32, k->shard, 1.0f, false, e->ms);
+        }
+    }
+    if (e->last)
+        e->dev->norm_add(e, out, k->shard, out_stream);
+    e->dev->record(k->folded, out_stream);
+    e->dev->wait(e->down, k->folded);
+    e->dev->copy(e->h_grad + k->shard_off, out, k->shard * 4, e->down);
+    e->timing.bytes_down += k->shard * 4;
+    e->dev->record(k->grad_out, e->down);
+    e->dev->record(e->ring_free[r], e->down);
+    k->ring = -1;
+    k->gfull = NULL;
+    if (e->last && e->home == ZT__OPT_SERVER)
+        zt__host_opt_push(e, b);
+    return rc;
+}
+
+/* ---- a micro-batch ---- */
+
+/* One micro-batch; see engine.h. */
+int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                    float grad_weight, float loss_scale, zt_err *err)
+{
+    zt_model *m = e->model;
+    ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
+    if (micro == 0) {
+        memset(&e->timing, 0, sizeof e->timing);
+        e->t_step0 = now_s();
+    }
+    e->training = true;
+    e->micro = micro;
+    e->last = micro == e->o.grad_accum - 1;
+    e->inv_scale = 1.0f / loss_scale;
+    build_sequence(e, true);
+    m->ops->begin(m, tokens, targets, B, T, micro);
+    int rc = e->W > 1 ? prefetch(e, err) : 0;
+    void *w;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        if ((rc = acquire(e, b, &w, err)) < 0)
+            break;
+        m->ops->forward(m, b, w);
+        if (m->checkpointed[b])
+            m->ops->discard(m, b);
+        release(e, b);
+    }
+    const int h = m->head_block;
+    if (rc == 0 && (rc = acquire(e, h, &w, err)) == 0) {
+        m->ops->head(m, w, loss_scale * grad_weight);
+        m->ops->head_backward(m, w, grad_buffer(e, h));
+        release(e, h);
+    }
+    for (int b = e->nb - 1; b >= 0 && rc == 0; b--) {
+        w = NULL;
+        const bool reads = m->backward_reads_weights[b] || m->checkpointed[b];
+        if (reads && (rc = acquire(e, b, &w, err)) < 0)
+            break;
+        if (m->checkpointed[b])
+            m->ops->forward(m, b, w); /* rebuild the activations from the kept input */
+        m->ops->backward(m, b, w, grad_buffer(e, b));
+        if (reads)
+            release(e, b);
+        rc = grads_done(e, b, err);
+    }
+    if (rc == 0)
+        ZT_ASSERT(e->pos == e->seq_len);
+    e->micros_done = micro + 1;
+    return rc;
+}
+
+/* The mean of the step's micro-batch losses on this rank (the model's stream is done). */
+static double local_loss(zt_engine *e)
+{
+    double sum = 0.0;
+    for (int k = 0; k < e->micros_done; k++)
+        sum += e->model->ops->loss(e->model, k);
+    return sum / e->micros_done;
+}
+
+/* The step; see engine.h. */
+int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_result *res, zt_err *err)
+{
+    ZT_ASSERT(e->micros_done == e->o.grad_accum);
+    memset(res, 0, sizeof *res);
+    int rc;
+    if (e->home == ZT__OPT_DEVICE) {
+        rc = e->dev->resident_step(e, lr, adam_step, res, err);
+    } else {
+        /* The gradient left the device (or, on the CPU with servers, sits in gshard): the norm and the
+         * losses first, then the update where the optimizer lives. */
+        const double t0 = now_s();
+        double sumsq = 0.0, loss = 0.0;
+        bool nonfinite = false;
+        rc = e->dev->norm_finish(e, &sumsq, &nonfinite, err);
+        e->timing.wait_norm = now_s() - t0;
+        if (rc == 0)
+            rc = zt_engine_mean(e, local_loss(e), &loss, err);
+        if (rc < 0)
+            return rc;
+        res->loss = (float)loss;
+        res->grad_norm = sqrt(sumsq);
+        res->skipped = nonfinite || !isfinite(res->loss) || !isfinite(res->grad_norm);
+        res->clip_coef = 1.0f;
+        if (!res->skipped)
+            res->clip_coef = zt_optimizer_clip_coef(res->grad_norm, e->o.grad_clip);
+        if (e->home == ZT__OPT_HOST) {
+            zt__host_opt_update(e, lr, res->clip_coef, adam_step, res->skipped);
+        } else {
+            zt_err perr = {{0}};
+            int prc = e->host ? zt__host_opt_drain(e, &perr) : zt__server_push_all(e, e->server_step + 1, &perr);
+            rc = zt__server_step(e, prc, &perr, res->grad_norm, res->clip_coef, lr, res->skipped, err);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    if (rc < 0)
+        return rc;
+    invalidate_window(e);
+    e->step_no++;
+    e->micros_done = 0;
+    e->timing.step = now_s() - e->t_step0;
+    e->last_timing = e->timing;
+    if (e->measured_device_bytes == 0 && e->dev->used_bytes)
+        e->measured_device_bytes = e->dev->used_bytes(e); /* in use after the first step, for the plan's check */
+    return 0;
+}
+
+/* Evaluation; see engine.h. */
+int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, float *loss,
+                   zt_err *err)
+{
+    zt_model *m = e->model;
+    e->training = false;
+    build_sequence(e, false);
+    m->ops->begin(m, tokens, targets, B, T, 0);
+    int rc = e->W > 1 ? prefetch(e, err) : 0;
+    void *w;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        if ((rc = acquire(e, b, &w, err)) < 0)
+            break;
+        m->ops->forward(m, b, w);
+        release(e, b);
+    }
+    if (rc == 0 && (rc = acquire(e, m->head_block, &w, err)) == 0) {
+        m->ops->head(m, w, 0.0f);
+        release(e, m->head_block);
+    }
+    if (e->dev->gpu)
+        e->dev->stream_sync(e->cs);
+    if (rc < 0)
+        return rc;
+    double mean = 0;
+    rc = zt_engine_mean(e, m->ops->loss(m, 0), &mean, err);
+    *loss = (float)mean;
+    return rc;
+}
+
+/* ---- the training state in the host layout ---- */
+
+/* Waits until the update of the last step is done everywhere (host thread, copies, device). */
+static int settle(zt_engine *e, zt_err *err)
+{
+    int rc = e->host ? zt__host_opt_drain(e, err) : 0;
+    if (e->host)
+        for (int b = 0; b < e->nb; b++)
+            (void)zt__host_opt_wait_block(e, b, e->cs);
+    if (e->dev->gpu) {
+        e->dev->stream_sync(e->cs);
+        e->dev->stream_sync(e->ms);
+        e->dev->stream_sync(e->up);
+        e->dev->stream_sync(e->down);
+    }
+    return rc;
+}
+
+/* Gathers one fp32 shard slab of every rank (device or host memory) into a host-layout slab. */
+static int export_field(zt_engine *e, const float *field, bool on_device, float *slab, zt_err *err)
+{
+    float *stage = zt_xmalloc(e->max_padded * sizeof(float));
+    int rc = 0;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        const zt__block *k = &e->blocks[b];
+        const float *src = field + k->shard_off;
+        if (e->W == 1) {
+            if (on_device)
+                e->dev->copy(stage, src, k->padded * 4, e->cs), e->dev->stream_sync(e->cs);
+            else
+                memcpy(stage, src, k->padded * 4);
+        } else if (e->dev->gpu) {
+            /* NCCL gathers device memory: through the ring's first buffer */
+            float *d_in = e->dshard[0] ? e->dshard[0] : NULL;
+            if (!on_device) {
+                ZT_ASSERT(d_in); /* host-held state has the HOST path's shard buffers */
+                e->dev->copy(d_in, src, k->shard * 4, e->ms);
+                src = d_in;
+            }
+            float *d_out = e->ring[0] ? e->ring[0] : e->gacc;
+            ZT_ASSERT(d_out);
+            rc = zt_comm_all_gather(e->comm, src, d_out, k->shard, ZT_COMM_F32, e->ms, err);
+            if (rc == 0) {
+                e->dev->copy(stage, d_out, k->padded * 4, e->ms);
+                e->dev->stream_sync(e->ms);
+            }
+        } else {
+            rc = zt_comm_all_gather(e->comm, src, stage, k->shard, ZT_COMM_F32, NULL, err);
+        }
+        if (rc == 0)
+            block_to_host(e, b, stage, slab);
+    }
+    free(stage);
+    return rc;
+}
+
+/* The full state in the host layout; see engine.h. */
+int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *err)
+{
+    int rc = settle(e, err);
+    if (rc < 0)
+        return rc;
+    switch (e->home) {
+    case ZT__OPT_DEVICE:
+        rc = export_field(e, e->master, e->dev->gpu, params, err);
+        if (rc == 0 && m)
+            rc = export_field(e, e->m, e->dev->gpu, m, err);
+        if (rc == 0 && v)
+            rc = export_field(e, e->v, e->dev->gpu, v, err);
+        return rc;
+    case ZT__OPT_HOST:
+        rc = export_field(e, e->h_master, false, params, err);
+        if (rc == 0 && m)
+            rc = export_field(e, e->h_m, false, m, err);
+        if (rc == 0 && v)
+            rc = export_field(e, e->h_v, false, v, err);
+        return rc;
+    case ZT__OPT_SERVER:
+        break;
+    }
+    /* servers: the masters of the last pull; the moments only from an embedded core (one rank) */
+    rc = export_field(e, e->h_master, false, params, err);
+    zt_server_core *core = zt_state_client_embedded_core(e->o.client);
+    if (rc < 0 || !core || (!m && !v))
+        return rc;
+    float *stage = zt_xmalloc(e->max_padded * sizeof(float));
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        float *dst[2] = {m, v};
+        const enum zt_server_state_tensor which[2] = {ZT_SERVER_ADAM_M, ZT_SERVER_ADAM_V};
+        for (int i = 0; i < 2 && rc == 0; i++) {
+            int64_t at_step = -1;
+            if (!dst[i])
+                continue;
+            rc = zt_server_core_read_state(core, e->run_id, b, 0, which[i], stage, &at_step, err);
+            if (rc == 0 && at_step != e->server_step)
+                rc = zt_fail(err, ZT_ESTATE, "the embedded state server is at step %lld, the engine at %lld",
+                             (long long)at_step, (long long)e->server_step);
+            if (rc == 0)
+                block_to_host(e, b, stage, dst[i]);
+        }
+    }
+    free(stage);
+    return rc;
+}
+
+/* One compute-dtype value as fp32 (bf16: the top half of an fp32; fp16: IEEE half). */
+static float lowp_to_float(const void *p, size_t i, enum zt_dtype dt)
+{
+    const uint16_t h = ((const uint16_t *)p)[i];
+    if (dt == ZT_DTYPE_BF16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    _Float16 x;
+    memcpy(&x, &h, sizeof x);
+    return (float)x;
+}
+
+/* The last step's gradient in the host layout; see engine.h. */
+int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
+{
+    int rc = settle(e, err);
+    if (rc < 0)
+        return rc;
+    if (e->path == ZT__GRAD_HOST)
+        return export_field(e, e->h_grad, false, grads, err);
+    if (e->path != ZT__GRAD_DIRECT_LOWP)
+        return export_field(e, e->gshard, e->dev->gpu, grads, err);
+    /* W = 1, compute-dtype gradients in glow_slab with the loss scale still applied */
+    void *low = zt_xmalloc(e->max_padded * e->esize);
+    float *stage = zt_xmalloc(e->max_padded * sizeof(float));
+    for (int b = 0; b < e->nb; b++) {
+        const zt__block *k = &e->blocks[b];
+        e->dev->copy(low, at(e, e->glow_slab, k->shard_off), k->padded * e->esize, e->cs);
+        e->dev->stream_sync(e->cs);
+        for (size_t i = 0; i < k->padded; i++)
+            stage[i] = lowp_to_float(low, i, e->dtype) * e->inv_scale;
+        block_to_host(e, b, stage, grads);
+    }
+    free(low);
+    free(stage);
+    return 0;
+}
+
+/* Copies this rank's shard of every block of a host-layout slab into a shard slab (device or host). */
+static void import_field(zt_engine *e, const float *slab, float *field, bool on_device)
+{
+    float *stage = zt_xmalloc(e->max_padded * sizeof(float));
+    for (int b = 0; b < e->nb; b++) {
+        const zt__block *k = &e->blocks[b];
+        if (slab)
+            host_to_block(e, b, slab, stage);
+        else
+            memset(stage, 0, k->padded * sizeof(float));
+        const float *src = stage + (size_t)e->rank * k->shard;
+        if (on_device) {
+            e->dev->copy(field + k->shard_off, src, k->shard * 4, e->cs);
+            e->dev->stream_sync(e->cs);
+        } else {
+            memcpy(field + k->shard_off, src, k->shard * 4);
+        }
+    }
+    free(stage);
+}
+
+/* The compute-dtype weights from fp32 masters held on the host (HOST and SERVER homes): rounded on the
+ * host into h_lowp (or, on the CPU, copied), then copied up. */
+static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *err)
+{
+    if (!e->dev->gpu) {
+        memcpy(e->wshard, master, e->nshard * 4); /* the CPU computes in fp32 */
+        return 0;
+    }
+    void *lowp = e->h_lowp;
+    int rc = zt_cpu_adam_convert(lowp, e->dtype, master, e->nshard, e->o.threads, err);
+    if (rc < 0)
+        return rc;
+    e->dev->copy(e->wshard, lowp, e->nshard * e->esize, e->up);
+    e->dev->stream_sync(e->up);
+    return 0;
+}
+
+/* Takes this rank's shards of a full state; see engine.h. */
+int zt_engine_import(zt_engine *e, const float *params, const float *m, const float *v, zt_err *err)
+{
+    int rc = settle(e, err);
+    if (rc < 0)
+        return rc;
+    invalidate_window(e);
+    switch (e->home) {
+    case ZT__OPT_DEVICE:
+        import_field(e, params, e->master, e->dev->gpu);
+        import_field(e, m, e->m, e->dev->gpu);
+        import_field(e, v, e->v, e->dev->gpu);
+        if (e->wshard != e->master)
+            e->dev->cast(e->wshard, e->dtype, e->master, e->nshard, e->cs);
+        if (e->dev->gpu)
+            e->dev->stream_sync(e->cs);
+        return 0;
+    case ZT__OPT_HOST:
+        import_field(e, params, e->h_master, false);
+        import_field(e, m, e->h_m, false);
+        import_field(e, v, e->h_v, false);
+        return refresh_weights_from_host(e, e->h_master, err);
+    case ZT__OPT_SERVER:
+        break;
+    }
+    /* servers: the masters (and, for an embedded core's resume, the moments) wait for attach_server */
+    import_field(e, params, e->h_master, false);
+    if (m || v) {
+        if (!e->h_m)
+            e->h_m = zt_xmalloc(e->nshard * 4);
+        if (!e->h_v)
+            e->h_v = zt_xmalloc(e->nshard * 4);
+        import_field(e, m, e->h_m, false);
+        import_field(e, v, e->h_v, false);
+    }
+    return refresh_weights_from_host(e, e->h_master, err);
+}
+
+/* The last step's timing; see engine.h. */
+void zt_engine_last_timing(zt_engine *e, zt_engine_timing *t)
+{
+    *t = e->last_timing;
+    if (e->host)
+        t->host_update = zt__host_opt_busy(e);
+}
+
+/* Kernel profiling of the model; see engine.h. */
+void zt_engine_set_profiling(zt_engine *e, bool on)
+{
+    if (e->model->ops->set_profiling)
+        e->model->ops->set_profiling(e->model, on);
+}
+
+void zt_engine_profile_report(zt_engine *e)
+{
+    if (e->model->ops->profile_report)
+        e->model->ops->profile_report(e->model);
+}

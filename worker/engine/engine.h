@@ -1,0 +1,175 @@
+/* The training engine: one step engine for every number of ranks, every device and every optimizer
+ * placement (DESIGN.md decisions 1, 4-9). W = 1 is ZeRO with one rank.
+ *
+ * A model (worker/models/model.h) is a list of blocks; every block's parameters form one flat buffer in
+ * the model's layout, padded with zeros to P_b elements (a multiple of W, and of 64 W on a GPU) and split
+ * into W shards of S_b = P_b / W elements. Rank r owns shard r of every block: its fp32 master weights,
+ * Adam moments m and v, and the reduced fp32 gradient of the step. The engine drives the model block by
+ * block, the same way on the CPU and on GPUs:
+ *   gather   all-gather block b's low-precision weights (the compute dtype; fp32 on the CPU) into a slot
+ *            of the window, `prefetch` blocks ahead on a communication stream; at W = 1 the shard is the
+ *            block and nothing is copied;
+ *   compute  the block's forward, or (backward order) its recomputation when checkpointed and its
+ *            backward, into a gradient buffer in the compute dtype;
+ *   release  ZeRO-3 lets the slot go after each use; ZeRO-2 keeps the block until the step ends;
+ *   reduce   the block's gradient folded into fp32 and, at W > 1, reduce-scattered (sum) into the owned
+ *            shard, while the backward goes on with the next block;
+ *   update   AdamW on the owned shards, where the placement puts the optimizer:
+ *     gpu     (--device cuda) the fused kernel on the GPU after the backward, one host wait per step;
+ *     cpu     --device cpu: AdamW on the CPU shard (the compute device itself);
+ *             --device cuda: the master weights and moments live in host memory: each block's gradient
+ *             shard goes to pinned host memory as soon as it is reduced; after the backward (the global
+ *             norm is known) a host thread updates the blocks in order 0, 1, ... and sends each one's
+ *             new low-precision weights back, so the next step's forward waits only for the block it
+ *             needs. The GPU holds no fp32 gradient of the whole model; micro-batches of a step add up
+ *             in the host gradient (loaded back to the GPU block by block and added there);
+ *     server  state servers (worker/state/client.h: remote, or a core in this process) hold the masters
+ *             and moments: the gradient shards are pushed as they are reduced, the step is committed
+ *             after the backward (rank 0, once every rank has pushed), and the updated low-precision
+ *             shards are pulled back, block 0 first.
+ * cpu and server compute the same AdamW (offload/cpu_adam.h) on the same gradients: the same bits.
+ *
+ * Every rank calls the collectives (micro, step, eval, export, import) in the same order. Returns are 0
+ * or a negative ZT_E* code with a message in err. */
+#ifndef ZT_WORKER_ENGINE_H
+#define ZT_WORKER_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "worker/comm/comm.h"
+#include "worker/models/model.h"
+#include "worker/state/client.h"
+
+/* Where AdamW and its state live (DESIGN.md decision 7). */
+enum zt_placement {
+    ZT_PLACEMENT_GPU = 0,    /* on the GPU that computes (--device cuda) */
+    ZT_PLACEMENT_CPU = 1,    /* in this process's host memory */
+    ZT_PLACEMENT_SERVER = 2, /* in state servers, remote or embedded */
+};
+
+typedef struct zt_engine_options {
+    int zero_level;              /* 2: keep a block gathered until the step ends; 3: gather again for backward */
+    int prefetch;                /* blocks gathered ahead; >= 0 */
+    int grad_accum;              /* micro-batches per step; >= 1 */
+    enum zt_placement placement;
+    double beta1, beta2, eps, weight_decay, grad_clip; /* AdamW; grad_clip 0 = no clipping */
+    int threads;                 /* host AdamW threads; <= 0: the CPU kernels' count */
+    /* placement server only */
+    zt_state_client_t *client;   /* borrowed for the engine's lifetime */
+    const char *run_id;          /* the run's id on the servers (copied) */
+} zt_engine_options;
+
+typedef struct zt_engine zt_engine; /* opaque */
+
+/* Sets the defaults: ZeRO-3, prefetch 1, grad_accum 1, placement cpu, AdamW 0.9/0.95/1e-8/0.1, clip 1. */
+void zt_engine_options_init(zt_engine_options *o);
+
+/* Creates the engine for model over comm: lays out the padded shards, allocates every buffer the plan
+ * holds (refusing with ZT_ENOMEM and what to change when it does not fit), and takes this rank's shards of
+ * host_params (the host model's slab, model->host_numel floats, the same on every rank) as the initial
+ * fp32 masters; m and v start at zero. With placement server, call zt_engine_attach_server before the
+ * first step. Borrows model and comm for its lifetime. Not a collective. */
+int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_engine_options *o,
+                     const float *host_params, zt_err *err);
+/* Waits for the work in flight and frees everything; accepts NULL. */
+void zt_engine_destroy(zt_engine *e);
+
+/* Logs the memory plan of this rank (INFO): device bytes by part, host bytes, and what is where. */
+void zt_engine_log_plan(const zt_engine *e);
+/* Device bytes the plan holds (the engine's buffers plus the model's), and the device memory in use
+ * after the first step as the driver reports it (0 before; the CPU reports 0). */
+size_t zt_engine_plan_device_bytes(const zt_engine *e);
+size_t zt_engine_measured_device_bytes(const zt_engine *e);
+
+/* One micro-batch: forward and backward over this rank's tokens and targets [B,T] (host arrays, used
+ * only during the call), gradients weighted by grad_weight (1 / (grad_accum W) for the gradient of the
+ * global mean loss) and computed under loss_scale (fp16; 1 otherwise). micro counts the step's
+ * micro-batches from 0 to grad_accum - 1; the last one reduces the gradients. On a GPU the call returns
+ * once the work is enqueued (it may wait for the previous step's updates of the blocks it needs). */
+int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                    float grad_weight, float loss_scale, zt_err *err);
+
+/* What a step did. */
+typedef struct zt_engine_step_result {
+    float loss;        /* mean over ranks of each rank's mean micro-batch loss */
+    double grad_norm;  /* global L2 norm of the gradient before clipping (inf or nan when not finite) */
+    float clip_coef;   /* the factor the update applied to the gradient: min(1, clip / (norm + 1e-6)) */
+    bool skipped;      /* no update: a loss or the norm was not finite (an fp16 overflow or a divergence) */
+} zt_engine_step_result;
+
+/* The step after the last micro-batch: the global norm (one all-reduce), clipping, the non-finite check,
+ * and AdamW with learning rate lr at Adam step adam_step (1-based; not advanced when skipped). The host
+ * waits for the loss and the norm; with the optimizer off the GPU the update goes on after the call
+ * returns (the next micro-batch waits for the blocks it needs). Placement server commits step
+ * `server_step` of the servers (the engine counts it from zt_engine_attach_server). A collective. On a
+ * state-server failure *res is not meaningful and, when a server holds an older step, zt_engine_server_step
+ * gives it. */
+int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_result *res, zt_err *err);
+
+/* Mean loss of one batch of this rank's rows without backward, averaged over the ranks (waits for
+ * pending updates first). A collective. */
+int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, float *loss,
+                   zt_err *err);
+
+/* *out = the mean over ranks of x (an all-reduce in double). A collective. */
+int zt_engine_mean(zt_engine *e, double x, double *out, zt_err *err);
+
+/* Gathers the full training state on every rank into host arrays in the host model's layout
+ * (model->host_numel floats each; m and v may be NULL): the fp32 masters (pulled from the servers with
+ * placement server) and the moments (not available with remote servers: left as they are). Waits for
+ * pending updates first. A collective. */
+int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *err);
+
+/* Gathers the gradient of the last step (summed over its micro-batches, before clipping, any loss scale
+ * removed) on every rank into a host array in the host model's layout (model->host_numel floats), for
+ * checkpoints that keep it. Waits for pending work. A collective. */
+int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err);
+
+/* The reverse: takes this rank's shards of full host arrays (as a checkpoint leaves them, the same on
+ * every rank; m and v NULL for zeros) and refreshes the low-precision weights. With placement server the
+ * embedded core receives them (remote servers keep their own state: call zt_engine_attach_server with
+ * the step to pull theirs). Not a collective. */
+int zt_engine_import(zt_engine *e, const float *params, const float *m, const float *v, zt_err *err);
+
+/* Placement server: registers the run with the engine's layout (W shards of every block, the tensors'
+ * weight decay, AdamW from the options, the compute dtype for pulls), then
+ *   step 0, servers at step 0: pushes this rank's shards of the current masters as the initial weights;
+ *   step > 0, embedded core: loads this rank's shards of the current masters and moments (zt_engine_import
+ *     first) as the state of that step, Adam step adam_step;
+ *   step > 0, remote servers at the same step: pulls this rank's shards of that step;
+ *   otherwise ZT_EINVAL_CONFIG (a new run over one the servers hold) or ZT_ESTATE (the servers hold another
+ *     step; zt_engine_server_step gives it), with a message saying what to do.
+ * *server_step (may be NULL) receives the servers' step. Not a collective. */
+int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, int64_t *server_step, zt_err *err);
+
+/* Placement server: asks every server to write a snapshot of the run's current step (rank 0's part of a
+ * checkpoint; embedded_root is where the embedded core writes, NULL with remote servers). */
+int zt_engine_server_snapshot(zt_engine *e, const char *embedded_root, zt_err *err);
+
+/* Placement server: the step a server reported when a step failed because it holds an older one (it
+ * restarted from a snapshot), agreed by every rank; -1 otherwise. */
+int64_t zt_engine_server_step(const zt_engine *e);
+
+/* Where the last step's time went, on this rank (seconds; all 0 on the CPU except step). */
+typedef struct zt_engine_timing {
+    double step;          /* wall time from the first micro-batch to the end of zt_engine_step */
+    double host_update;   /* host AdamW (placement cpu) or push + commit + pull (server) of the step */
+    double wait_update;   /* the engine waiting for blocks that the previous step's update had not finished */
+    double wait_norm;     /* waiting at the end of the step for the backward and the norm */
+    double copy_down_s;   /* gradient copies to the host (busy time of that copy stream) */
+    double copy_up_s;     /* weight and gradient copies to the GPU (busy time of that copy stream) */
+    uint64_t bytes_down;  /* bytes copied to the host in the step */
+    uint64_t bytes_up;    /* bytes copied to the GPU in the step */
+} zt_engine_timing;
+
+/* The timing of the last completed step (its update included when it has finished by now). */
+void zt_engine_last_timing(zt_engine *e, zt_engine_timing *t);
+
+/* Turns the model's kernel profiling on (GPU; no-op on the CPU) and logs the report (bench). */
+void zt_engine_set_profiling(zt_engine *e, bool on);
+void zt_engine_profile_report(zt_engine *e);
+
+#endif

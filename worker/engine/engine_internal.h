@@ -1,0 +1,229 @@
+/* The training engine's internal structures, shared by engine.c (layout, the block walk, the window, the
+ * gradient path, state export), engine_cpu.c and engine_cuda.c (the device each computes on),
+ * host_optimizer.c (placement cpu with the model on a GPU) and engine_server.c (placement server). Not part
+ * of the API: worker/engine/engine.h is. */
+#ifndef ZT_WORKER_ENGINE_INTERNAL_H
+#define ZT_WORKER_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/engine/engine.h"
+
+/* What the engine asks of the device the model computes on. Work is enqueued on a stream (a
+ * cudaStream_t; NULL on the CPU, where everything runs at once in the caller) and ordered across streams
+ * with events. Failures of the device are broken invariants and abort (ZT_CUDA_CHECK). */
+typedef struct zt__engine_dev {
+    bool gpu;
+    void *(*alloc)(size_t bytes);        /* device memory, zeroed; NULL when there is not enough */
+    void (*free)(void *p);
+    void *(*host_alloc)(size_t bytes);   /* host memory for copies (page-locked on a GPU), zeroed; or NULL */
+    void (*host_free)(void *p);
+    void *(*stream_create)(void);
+    void (*stream_destroy)(void *s);
+    void (*stream_sync)(void *s);
+    void *(*event_create)(void);
+    void (*event_destroy)(void *ev);
+    void (*record)(void *ev, void *stream);
+    void (*wait)(void *stream, void *ev);      /* stream waits for ev's work */
+    void (*event_sync)(void *ev);              /* the host waits for ev's work */
+    float (*elapsed_ms)(void *a, void *b);     /* between two completed events; 0 on the CPU */
+    void (*memset0)(void *p, size_t bytes, void *stream);
+    void (*copy)(void *dst, const void *src, size_t bytes, void *stream); /* any direction */
+    /* dst[i] = src[i] * scale (overwrite) or dst[i] + src[i] * scale, src of dtype */
+    void (*fold)(float *dst, const void *src, enum zt_dtype dtype, size_t n, float scale, bool overwrite,
+                 void *stream);
+    void (*cast)(void *dst, enum zt_dtype dtype, const float *src, size_t n, void *stream);
+    /* The optimizer step with the state on this device (placement gpu on a GPU, cpu on the CPU). */
+    int (*resident_step)(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_result *res, zt_err *err);
+    /* Gradients leaving the device: adds the sum of squares of x [n fp32] into the step's norm. */
+    void (*norm_add)(zt_engine *e, const float *x, size_t n, void *stream);
+    /* ... and finishes it: every rank's sum (all-reduce) and the non-finite flag of the losses; waits
+     * for them on the host. */
+    int (*norm_finish)(zt_engine *e, double *sumsq, bool *nonfinite, zt_err *err);
+    /* Device memory in use as the driver reports it; NULL on the CPU. */
+    size_t (*used_bytes)(zt_engine *e);
+    /* Frees what the device part of the engine holds (scratch for the norm etc.). */
+    void (*teardown)(zt_engine *e);
+} zt__engine_dev;
+
+const zt__engine_dev *zt__engine_dev_cpu(void);
+#ifdef ZT_WITH_CUDA
+const zt__engine_dev *zt__engine_dev_cuda(void);
+#endif
+
+/* Sets up the device part of e (norm scratch, the resident optimizer's tensor list); 0 or ZT_ENOMEM. */
+int zt__engine_dev_setup_cpu(zt_engine *e, zt_err *err);
+#ifdef ZT_WITH_CUDA
+int zt__engine_dev_setup_cuda(zt_engine *e, zt_err *err);
+#endif
+
+/* Where the optimizer state lives, from (placement, device). */
+enum zt__opt_home {
+    ZT__OPT_DEVICE = 0, /* on the compute device: placement gpu, or cpu with the CPU computing */
+    ZT__OPT_HOST = 1,   /* host memory while a GPU computes: placement cpu */
+    ZT__OPT_SERVER = 2, /* state servers */
+};
+
+/* How a block's gradient reaches its owned fp32 shard (chosen once at creation). */
+enum zt__grad_path {
+    ZT__GRAD_DIRECT_LOWP = 0, /* W = 1, one micro-batch, bf16/fp16, optimizer on the device: the kernels write
+                                 the compute-dtype gradient into glow_slab, which the norm and AdamW read */
+    ZT__GRAD_DIRECT_F32 = 1,  /* W = 1, optimizer on the device: the gradient lands in gshard (fp32 compute:
+                                 the kernels add into it; else folded from a compute-dtype buffer) */
+    ZT__GRAD_REDUCE = 2,      /* W > 1, optimizer on the device: folded into an fp32 block buffer, reduce-
+                                 scattered into gshard on the step's last micro-batch */
+    ZT__GRAD_HOST = 3,        /* optimizer off the GPU: folded (and reduce-scattered) per micro-batch into a
+                                 device shard buffer that goes to the host gradient, where micro-batches add up */
+};
+
+/* A piece of one tensor inside this rank's shard of a block: what one AdamW call updates. */
+typedef struct zt__piece {
+    int block;
+    size_t shard_off;   /* first element in the shard slabs */
+    size_t n;
+    bool decay;
+} zt__piece;
+
+enum zt__slot_state { ZT__SLOT_EMPTY, ZT__SLOT_GATHERING, ZT__SLOT_HELD, ZT__SLOT_CACHED };
+
+typedef struct zt__slot {
+    void *buf;          /* compute dtype [elems] */
+    size_t elems;
+    int block;          /* the block it holds or receives, or -1 */
+    enum zt__slot_state state;
+    void *ready;        /* event: the all-gather into it is done (comm stream) */
+    void *done;         /* event: its last reader is done (compute stream) */
+} zt__slot;
+
+typedef struct zt__block {
+    size_t len;         /* elements in the model's layout */
+    size_t padded;      /* P_b */
+    size_t shard;       /* S_b = P_b / W */
+    size_t shard_off;   /* offset of the block's shard in the shard slabs */
+    size_t pad_off;     /* offset of the block in the fp32 accumulation slab (ZT__GRAD_REDUCE, grad_accum > 1) */
+    int slot;           /* window slot holding it, or -1 */
+    void *gbuf;         /* the gradient buffer handed to the model in this micro-batch, or NULL */
+    float *gfull;       /* the fp32 buffer of the whole block receiving it (REDUCE / HOST), or NULL */
+    int ring;           /* ring buffer index of gfull, or -1 */
+    void *folded;       /* event: folded (compute stream), or reduced */
+    void *loaded;       /* event: the step's gradient so far is back on the device (HOST path) */
+    void *grad_out;     /* event: the step's gradient shard reached the host (HOST path) */
+    void *updated;      /* event: the block's new weights are in wshard (optimizer off the device) */
+} zt__block;
+
+/* The ring of fp32 block buffers for REDUCE (grad_accum 1) and HOST paths; one more buffer, index ZT__RING,
+ * belongs to the head's block, whose gradient lives from the head's backward to the end of the backward. */
+#define ZT__RING 3
+
+struct zt_engine {
+    zt_model *model;
+    zt_comm *comm;
+    zt_engine_options o;
+    const zt__engine_dev *dev;
+    enum zt__opt_home home;
+    enum zt__grad_path path;
+    int W, rank, nb;
+    enum zt_dtype dtype;            /* compute dtype */
+    size_t esize;
+    zt__block *blocks;
+    size_t nshard;                  /* sum of S_b */
+    size_t max_padded;
+    void *cs, *ms, *down, *up;      /* streams: compute (the model's), communication, copies to and from the host */
+
+    /* Device buffers. */
+    float *master, *m, *v;          /* fp32 [nshard]: ZT__OPT_DEVICE only */
+    float *gshard;                  /* fp32 [nshard]: the reduced gradient (device optimizer), or NULL */
+    void *wshard;                   /* dtype [nshard]: the weights the gathers read; == master in fp32 on the device */
+    void *glow_slab;                /* dtype [nshard]: ZT__GRAD_DIRECT_LOWP */
+    void *glow0, *glow1;            /* dtype: compute-dtype gradient buffers (block 0's, the others') */
+    float *gacc;                    /* fp32 [sum P_b]: ZT__GRAD_REDUCE with grad_accum > 1 */
+    float *ring[ZT__RING + 1];      /* fp32 [max_padded]; the head's [its padded] */
+    void *ring_free[ZT__RING + 1];  /* events: the ring buffer's last user is done */
+    int ring_next;
+    float *dshard[ZT__RING + 1];    /* fp32 [max shard]: ZT__GRAD_HOST at W > 1 (reduce-scatter target, loaded sum) */
+    float *dshard2[ZT__RING + 1];
+    zt__slot *slots;
+    int nslots;
+    size_t device_bytes;            /* what the buffers above take */
+    size_t plan_device_bytes, measured_device_bytes, free_at_start;
+
+    /* Host buffers (optimizer off the device). */
+    float *h_master, *h_m, *h_v;    /* [nshard]: ZT__OPT_HOST */
+    float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
+    void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up */
+    size_t host_bytes;
+
+    /* Tensors inside this rank's shards. */
+    zt__piece *pieces;
+    int npieces;
+
+    /* The micro-batch in flight. */
+    int *seq, seq_len, pos;         /* order of weight acquisitions, and the next position */
+    int micro;
+    bool training, last;
+    float inv_scale;
+    float micro_loss_sum;           /* unused on the GPU until the step reads the model's losses */
+    int micros_done;
+
+    /* The step (host side). */
+    int64_t step_no;                /* steps completed by this engine */
+    int64_t ready_step;             /* ZT__OPT_HOST/SERVER: blocks hold the weights of this many steps once
+                                       their `updated` event completes; see block_ready */
+    double t_step0;
+
+    /* Device-specific state (engine_cpu.c / engine_cuda.c). */
+    void *devstate;
+
+    /* Host update thread (ZT__OPT_HOST, and ZT__OPT_SERVER on a GPU). */
+    struct zt__host_opt *host;
+
+    /* State servers (ZT__OPT_SERVER). */
+    char run_id[128];
+    int64_t server_step;            /* the servers' committed step as this engine last saw it */
+    int64_t stale_step;             /* zt_engine_server_step */
+
+    zt_engine_timing timing, last_timing;
+};
+
+/* ---- engine.c helpers used by the other files ---- */
+void *zt__engine_block_weights(zt_engine *e, int b); /* wshard + the block's shard (W = 1: the block) */
+
+/* ---- host_optimizer.c ---- */
+int zt__host_opt_create(zt_engine *e, zt_err *err);
+void zt__host_opt_destroy(zt_engine *e);
+/* Starts the host AdamW of the step (after the norm): updates blocks 0.. in order on the host thread and
+ * sends each block's weights up. skip: no update, the blocks are marked ready at once. */
+void zt__host_opt_update(zt_engine *e, float lr, float clip_coef, int64_t adam_step, bool skip);
+/* Queues the push of block b's gradient shard (placement server on a GPU) once its copy to the host is done. */
+void zt__host_opt_push(zt_engine *e, int b);
+/* Waits until the host thread has nothing queued; returns the first error of its jobs since the last
+ * call (0 when none), with the message in err. */
+int zt__host_opt_drain(zt_engine *e, zt_err *err);
+/* Makes `stream` wait until block b holds the weights of the current step (waits on the host until the
+ * host thread has queued the block's copy, then on the device for the copy). Returns the host-side wait in
+ * seconds. */
+double zt__host_opt_wait_block(zt_engine *e, int b, void *stream);
+/* Seconds the host thread spent on the last step's update (AdamW or server traffic). */
+double zt__host_opt_busy(zt_engine *e);
+/* Marks block b as holding the weights of `step` steps once the copy the caller queued on the host
+ * thread's stream (zt__host_opt_stream) and recorded as `updated` is done. */
+void zt__host_opt_mark(zt_engine *e, int b, int64_t step);
+void *zt__host_opt_stream(zt_engine *e);
+
+/* ---- engine_server.c ---- */
+int zt__server_push_all(zt_engine *e, int64_t step, zt_err *err);
+int zt__server_push_block(zt_engine *e, int64_t step, int b, zt_err *err);
+/* The server part of a step after the pushes: agreement, rank 0's commit, agreement; then pulls every
+ * block into the weights (on a GPU through h_lowp and the host thread's stream). */
+int zt__server_step(zt_engine *e, int push_rc, zt_err *push_err, double norm, float clip_coef, float lr,
+                    bool skip, zt_err *err);
+int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err);
+
+/* Makes the ranks agree on a local outcome: 0 when rc == 0 everywhere, else a negative code (this rank's
+ * message when it failed itself, one naming the failed rank otherwise). */
+int zt__engine_agree(zt_engine *e, int rc, zt_err *err);
+
+#endif

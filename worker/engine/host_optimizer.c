@@ -1,0 +1,278 @@
+/* The optimizer off the GPU, host side (see engine.h, placement cpu with --device cuda; and the gradient
+ * pushes of placement server): one thread that takes jobs from the engine in order.
+ *
+ *   UPDATE  after the step's norm: for blocks 0, 1, ... in order, wait until the block's gradient shard has
+ *           reached host memory, run AdamW (offload/cpu_adam.h) on its pieces writing the new weights in the
+ *           compute dtype, copy them up to the GPU on this thread's stream, and mark the block ready;
+ *   PUSH    placement server: once block b's gradient shard has reached host memory, push it to the servers
+ *           (this runs during the backward of the other blocks).
+ *
+ * Readiness: queued[b] is the number of steps whose update of block b has been queued on the GPU (its
+ * copy enqueued and `updated` recorded after it). The engine's step counter says which step the next pass
+ * belongs to; zt__host_opt_wait_block waits (on the host) until queued[b] reaches it, then makes a stream
+ * wait for the copy. So the next step's forward waits only for the block it needs, block 0 first. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "offload/cpu_adam.h"
+#include "worker/engine/engine_internal.h"
+
+enum job_kind { JOB_UPDATE, JOB_PUSH };
+
+typedef struct job {
+    enum job_kind kind;
+    int block;            /* PUSH */
+    int64_t step;         /* UPDATE: the step count once done; PUSH: the servers' step being pushed */
+    float lr, clip_coef;  /* UPDATE */
+    int64_t adam_step;    /* UPDATE */
+    bool skip;            /* UPDATE */
+} job;
+
+struct zt__host_opt {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* broadcast on every change: a job queued or done, a block ready */
+    job *q;                /* ring of jobs */
+    int cap, head, count;
+    bool busy;             /* the thread is working on a job */
+    bool stop;
+    int64_t *queued;       /* [nb] */
+    int *first_piece;      /* [nb + 1]: pieces of block b are [first_piece[b], first_piece[b + 1]) */
+    void *stream;          /* the thread's copies to the GPU */
+    int rc;                /* first failure since the last drain */
+    zt_err err;
+    double busy_s;         /* seconds of the last UPDATE */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Marks block b as holding the weights of `step` steps. */
+static void mark(struct zt__host_opt *h, int b, int64_t step)
+{
+    pthread_mutex_lock(&h->mu);
+    h->queued[b] = step;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. */
+static void run_update(zt_engine *e, const job *j)
+{
+    struct zt__host_opt *h = e->host;
+    const double t0 = now_s();
+    zt_adamw_params p = {
+        .lr = j->lr,
+        .beta1 = (float)e->o.beta1,
+        .beta2 = (float)e->o.beta2,
+        .eps = (float)e->o.eps,
+        .grad_scale = j->clip_coef,
+        .step = (int)j->adam_step,
+    };
+    for (int b = 0; b < e->nb; b++) {
+        zt__block *k = &e->blocks[b];
+        if (j->skip) {
+            mark(h, b, j->step);
+            continue;
+        }
+        e->dev->event_sync(k->grad_out); /* the step's gradient shard is in h_grad */
+        for (int i = h->first_piece[b]; i < h->first_piece[b + 1]; i++) {
+            const zt__piece *pc = &e->pieces[i];
+            p.weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
+            zt_cpu_adam_range r = {
+                .param = e->h_master + pc->shard_off,
+                .m = e->h_m + pc->shard_off,
+                .v = e->h_v + pc->shard_off,
+                .grad = e->h_grad + pc->shard_off,
+                .grad_dtype = ZT_DTYPE_F32,
+                .out = (char *)e->h_lowp + pc->shard_off * e->esize,
+                .out_dtype = e->dtype,
+                .n = pc->n,
+            };
+            zt_err aerr;
+            int rc = zt_cpu_adam_update(&r, &p, e->o.threads, &aerr);
+            ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1, arrays given: it cannot fail */
+            (void)rc;
+        }
+        e->dev->copy(zt__engine_block_weights(e, b), (char *)e->h_lowp + k->shard_off * e->esize,
+                     k->shard * e->esize, h->stream);
+        e->dev->record(k->updated, h->stream);
+        mark(h, b, j->step);
+    }
+    h->busy_s = now_s() - t0;
+}
+
+static void run_push(zt_engine *e, const job *j)
+{
+    struct zt__host_opt *h = e->host;
+    e->dev->event_sync(e->blocks[j->block].grad_out);
+    zt_err perr;
+    int rc = zt__server_push_block(e, j->step, j->block, &perr);
+    if (rc < 0) {
+        pthread_mutex_lock(&h->mu);
+        if (h->rc == 0) {
+            h->rc = rc;
+            h->err = perr;
+        }
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
+static void *thread_main(void *arg)
+{
+    zt_engine *e = arg;
+    struct zt__host_opt *h = e->host;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->count == 0 && !h->stop)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->count == 0 && h->stop)
+            break;
+        job j = h->q[h->head];
+        h->head = (h->head + 1) % h->cap;
+        h->count--;
+        h->busy = true;
+        pthread_mutex_unlock(&h->mu);
+        if (j.kind == JOB_UPDATE)
+            run_update(e, &j);
+        else
+            run_push(e, &j);
+        pthread_mutex_lock(&h->mu);
+        h->busy = false;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+static void enqueue(zt_engine *e, const job *j)
+{
+    struct zt__host_opt *h = e->host;
+    pthread_mutex_lock(&h->mu);
+    ZT_ASSERT(h->count < h->cap); /* at most one UPDATE and nb PUSHes are queued at a time */
+    h->q[(h->head + h->count) % h->cap] = *j;
+    h->count++;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Starts the thread; see engine_internal.h. */
+int zt__host_opt_create(zt_engine *e, zt_err *err)
+{
+    struct zt__host_opt *h = zt_xcalloc(1, sizeof *h);
+    h->cap = e->nb + 4;
+    h->q = zt_xcalloc((size_t)h->cap, sizeof *h->q);
+    h->queued = zt_xcalloc((size_t)e->nb, sizeof *h->queued);
+    h->first_piece = zt_xcalloc((size_t)e->nb + 1, sizeof *h->first_piece);
+    for (int b = 0, i = 0; b <= e->nb; b++) {
+        while (i < e->npieces && e->pieces[i].block < b)
+            i++;
+        h->first_piece[b] = i;
+    }
+    h->stream = e->dev->stream_create();
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    e->host = h;
+    if (pthread_create(&h->thread, NULL, thread_main, e) != 0) {
+        e->host = NULL;
+        e->dev->stream_destroy(h->stream);
+        free(h->q);
+        free(h->queued);
+        free(h->first_piece);
+        free(h);
+        return zt_fail(err, ZT_ENOMEM, "cannot start the host optimizer thread");
+    }
+    return 0;
+}
+
+/* Finishes the queued jobs and stops the thread. */
+void zt__host_opt_destroy(zt_engine *e)
+{
+    struct zt__host_opt *h = e->host;
+    pthread_mutex_lock(&h->mu);
+    h->stop = true;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    e->dev->stream_sync(h->stream);
+    e->dev->stream_destroy(h->stream);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h->q);
+    free(h->queued);
+    free(h->first_piece);
+    free(h);
+    e->host = NULL;
+}
+
+/* Queues the step's update; see engine_internal.h. */
+void zt__host_opt_update(zt_engine *e, float lr, float clip_coef, int64_t adam_step, bool skip)
+{
+    job j = {.kind = JOB_UPDATE, .step = e->step_no + 1, .lr = lr, .clip_coef = clip_coef, .adam_step = adam_step,
+             .skip = skip};
+    enqueue(e, &j);
+}
+
+/* Queues a push of block b's gradient; see engine_internal.h. */
+void zt__host_opt_push(zt_engine *e, int b)
+{
+    job j = {.kind = JOB_PUSH, .block = b, .step = e->server_step + 1};
+    enqueue(e, &j);
+}
+
+/* Waits for the queue; see engine_internal.h. */
+int zt__host_opt_drain(zt_engine *e, zt_err *err)
+{
+    struct zt__host_opt *h = e->host;
+    pthread_mutex_lock(&h->mu);
+    while (h->count > 0 || h->busy)
+        pthread_cond_wait(&h->cv, &h->mu);
+    int rc = h->rc;
+    if (rc < 0 && err)
+        *err = h->err;
+    h->rc = 0;
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+/* Marks block b ready after a copy queued by the caller (placement server's pulls). */
+void zt__host_opt_mark(zt_engine *e, int b, int64_t step)
+{
+    mark(e->host, b, step);
+}
+
+/* The host thread's copy stream (for the caller's copies that others wait on through `updated`). */
+void *zt__host_opt_stream(zt_engine *e)
+{
+    return e->host->stream;
+}
+
+/* Waits for block b's weights of the current step; see engine_internal.h. */
+double zt__host_opt_wait_block(zt_engine *e, int b, void *stream)
+{
+    struct zt__host_opt *h = e->host;
+    double waited = 0.0;
+    pthread_mutex_lock(&h->mu);
+    if (h->queued[b] < e->step_no) {
+        const double t0 = now_s();
+        while (h->queued[b] < e->step_no)
+            pthread_cond_wait(&h->cv, &h->mu);
+        waited = now_s() - t0;
+    }
+    pthread_mutex_unlock(&h->mu);
+    e->dev->wait(stream, e->blocks[b].updated);
+    return waited;
+}
+
+/* Seconds of the last update; see engine_internal.h. */
+double zt__host_opt_busy(zt_engine *e)
+{
+    return e->host->busy_s;
+}
