@@ -142,11 +142,12 @@ static int take_dev(zt_engine *e, void **p, size_t bytes, const char *what, zt_e
     return 0;
 }
 
-static int take_host(zt_engine *e, void **p, size_t bytes, const char *what, zt_err *err)
+/* Host memory: page-locked (for copies to and from a GPU) or plain (what only the host touches). */
+static int take_host(zt_engine *e, void **p, size_t bytes, bool pinned, const char *what, zt_err *err)
 {
     if (bytes == 0)
         return 0;
-    *p = e->dev->host_alloc(bytes);
+    *p = pinned ? e->dev->host_alloc(bytes) : zt__engine_dev_cpu()->alloc(bytes);
     if (!*p) {
         char need[32];
         zt_format_size(bytes, need, sizeof need);
@@ -162,9 +163,10 @@ static int allocate(zt_engine *e, zt_err *err)
 {
     const size_t ns = e->nshard, es = e->esize;
     const bool lowp = e->dtype != ZT_DTYPE_F32;
-    size_t max_shard = 0, pad_sum = 0, max_other = 0;
+    size_t max_shard = 0, pad_sum = 0, max_other = 0; /* max_shard, max_other: over the blocks but the head's */
     for (int b = 0; b < e->nb; b++) {
-        max_shard = e->blocks[b].shard > max_shard ? e->blocks[b].shard : max_shard;
+        if (b != e->model->head_block && e->blocks[b].shard > max_shard)
+            max_shard = e->blocks[b].shard;
         pad_sum += e->blocks[b].padded;
         if (b != e->model->head_block && e->blocks[b].padded > max_other)
             max_other = e->blocks[b].padded;
@@ -201,7 +203,7 @@ static int allocate(zt_engine *e, zt_err *err)
     } else if (e->path == ZT__GRAD_REDUCE || e->path == ZT__GRAD_HOST) {
         const zt__block *h = &e->blocks[e->model->head_block];
         for (int r = 0; r <= ZT__RING; r++)
-            if ((rc = take_dev(e, (void **)&e->ring[r], (r == ZT__RING ? h->padded : e->max_padded) * 4,
+            if ((rc = take_dev(e, (void **)&e->ring[r], (r == ZT__RING ? h->padded : max_other) * 4,
                                "fp32 block buffers", err)) < 0)
                 return rc;
     }
@@ -220,20 +222,19 @@ static int allocate(zt_engine *e, zt_err *err)
             return rc;
     }
     /* Host: the optimizer state and the gradient and weights in transit. */
+    if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
+        if ((rc = take_host(e, (void **)&e->h_master, ns * 4, false, "host master weights", err)) < 0)
+            return rc;
     if (e->home == ZT__OPT_HOST) {
-        if ((rc = take_host(e, (void **)&e->h_master, ns * 4, "host master weights", err)) < 0 ||
-            (rc = take_host(e, (void **)&e->h_m, ns * 4, "host Adam first moments", err)) < 0 ||
-            (rc = take_host(e, (void **)&e->h_v, ns * 4, "host Adam second moments", err)) < 0)
+        if ((rc = take_host(e, (void **)&e->h_m, ns * 4, false, "host Adam first moments", err)) < 0 ||
+            (rc = take_host(e, (void **)&e->h_v, ns * 4, false, "host Adam second moments", err)) < 0)
             return rc;
     }
     if (e->path == ZT__GRAD_HOST) {
-        if ((rc = take_host(e, (void **)&e->h_grad, ns * 4, "host gradient", err)) < 0 ||
-            (rc = take_host(e, &e->h_lowp, ns * (e->home == ZT__OPT_SERVER ? 4 : es), "host weights in transit",
-                            err)) < 0)
+        if ((rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err)) < 0 ||
+            (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0)
             return rc;
     }
-    if (e->home == ZT__OPT_SERVER && (rc = take_host(e, (void **)&e->h_master, ns * 4, "host master weights", err)) < 0)
-        return rc;
     return 0;
 }
 
@@ -421,14 +422,9 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->glow0);
     d->free(e->glow1);
     d->free(e->gacc);
-    d->host_free(e->h_master);
-    if (e->home == ZT__OPT_SERVER) { /* a resume's moments on their way to an embedded core (malloc) */
-        free(e->h_m);
-        free(e->h_v);
-    } else {
-        d->host_free(e->h_m);
-        d->host_free(e->h_v);
-    }
+    free(e->h_master); /* plain host memory (zt__engine_dev_cpu's alloc) */
+    free(e->h_m);
+    free(e->h_v);
     d->host_free(e->h_grad);
     d->host_free(e->h_lowp);
     if (d->gpu) {
@@ -960,14 +956,15 @@ static int export_field(zt_engine *e, const float *field, bool on_device, float 
             else
                 memcpy(stage, src, k->padded * 4);
         } else if (e->dev->gpu) {
-            /* NCCL gathers device memory: through the ring's first buffer */
-            float *d_in = e->dshard[0] ? e->dshard[0] : NULL;
+            /* NCCL gathers device memory: through the block's fp32 buffer (the head's own, or the ring's first) */
+            const int r = b == e->model->head_block ? ZT__RING : 0;
+            float *d_in = e->dshard[r];
             if (!on_device) {
                 ZT_ASSERT(d_in); /* host-held state has the HOST path's shard buffers */
                 e->dev->copy(d_in, src, k->shard * 4, e->ms);
                 src = d_in;
             }
-            float *d_out = e->ring[0] ? e->ring[0] : e->gacc;
+            float *d_out = e->ring[r] ? e->ring[r] : e->gacc;
             ZT_ASSERT(d_out);
             rc = zt_comm_all_gather(e->comm, src, d_out, k->shard, ZT_COMM_F32, e->ms, err);
             if (rc == 0) {

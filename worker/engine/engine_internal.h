@@ -116,7 +116,7 @@ typedef struct zt__block {
 
 /* The ring of fp32 block buffers for REDUCE (grad_accum 1) and HOST paths; one more buffer, index ZT__RING,
  * belongs to the head's block, whose gradient lives from the head's backward to the end of the backward. */
-#define ZT__RING 3
+#define ZT__RING 4
 
 struct zt_engine {
     zt_model *model;
