@@ -25,31 +25,36 @@ mkdir -p "$DATA"
 RES="$OUT/rows.jsonl"
 : > "$RES"
 
-# name | model | batch | grad_accum | optimizer | checkpointing
+# name | model | batch | grad_accum | optimizer | checkpointing | share of the optimizer kept on the GPU
+# (--optimizer-gpu-fraction; "-" for none: then the row also runs on ZTRAIN_OLD)
 TABLE="
-124m_gpu       124m   16 1 gpu none
-1558m_gpu      1558m  8  1 gpu none
-1558m_cpu_ga1  1558m  8  1 cpu none
-1558m_cpu_ga4  1558m  8  4 cpu none
-1558m_cpu_ga8  1558m  8  8 cpu none
-1558m_gpu_ckpt 1558m  8  1 gpu all
-1558m_cpu_ckpt 1558m  8  4 cpu all
+124m_gpu          124m   16 1 gpu none -
+1558m_gpu         1558m  8  1 gpu none -
+1558m_cpu_ga1     1558m  8  1 cpu none -
+1558m_cpu_ga4     1558m  8  4 cpu none -
+1558m_cpu_ga8     1558m  8  8 cpu none -
+1558m_cpu_ga1_f35 1558m  8  1 cpu none 0.35
+1558m_cpu_ga4_f35 1558m  8  4 cpu none 0.35
+1558m_cpu_ga8_f35 1558m  8  8 cpu none 0.35
+1558m_gpu_ckpt    1558m  8  1 gpu all  -
+1558m_cpu_ckpt    1558m  8  4 cpu all  -
 "
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
 
 baseline_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
 baseline_mib=${baseline_mib:-0}
 
-# run BUILD_LABEL BINARY NAME MODEL BATCH ACCUM OPTIMIZER CKPT
+# run BUILD_LABEL BINARY NAME MODEL BATCH ACCUM OPTIMIZER CKPT FRACTION
 run() {
-  local label=$1 bin=$2 name=$3 model=$4 batch=$5 accum=$6 opt=$7 ckpt=$8
-  local run="${TMPDIR:-/tmp}/zt_engine_run" log="$OUT/${name}_${label}.log" env=()
+  local label=$1 bin=$2 name=$3 model=$4 batch=$5 accum=$6 opt=$7 ckpt=$8 frac=$9
+  local run="${TMPDIR:-/tmp}/zt_engine_run" log="$OUT/${name}_${label}.log" env=() extra=()
+  [ "$frac" != - ] && extra=(--optimizer-gpu-fraction "$frac")
   # before the engine, activation checkpointing was on the ZeRO runtime only, chosen from the environment
   if [ "$label" = old ] && [ "$ckpt" != none ]; then env=(ZT_ZERO_LEVEL=3); fi
   rm -rf "$run"
   env "${env[@]}" "$bin" train --model "$HERE/gpt2-$model.json" --train-data "$DATA/rnd_train_000.bin" \
     --device cuda --precision bf16 --steps $((STEPS + 1)) --batch-size "$batch" --grad-accum "$accum" \
-    --seq-len 1024 --optimizer "$opt" --checkpointing "$ckpt" --save-every 0 --log-every 1 --out "$run" \
+    --seq-len 1024 --optimizer "$opt" --checkpointing "$ckpt" "${extra[@]}" --save-every 0 --log-every 1 --out "$run" \
     > "$log" 2>&1 &
   local pid=$! peak=0
   # the final checkpoint of 1558M is 18 GiB: stop once the last timed step is in metrics.jsonl
@@ -62,9 +67,9 @@ run() {
   done
   wait $pid 2>/dev/null
   "$PY" - "$run/metrics.jsonl" "$log" "$batch" "$accum" "$label" "$name" "$model" "$opt" "$ckpt" \
-    "$((peak - baseline_mib))" "$STEPS" <<'PY' | tee -a "$RES"
+    "$((peak - baseline_mib))" "$STEPS" "$frac" <<'PY' | tee -a "$RES"
 import json, re, sys
-metrics, log, batch, accum, label, name, model, opt, ckpt, peak, steps = sys.argv[1:]
+metrics, log, batch, accum, label, name, model, opt, ckpt, peak, steps, frac = sys.argv[1:]
 try:
     rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 except OSError:
@@ -73,7 +78,8 @@ tokens = int(batch) * int(accum) * 1024
 timed = [r for r in rows if 4 <= r["step"] <= int(steps)]
 text = open(log).read()
 out = {"name": name, "build": label, "model": model, "batch": int(batch), "grad_accum": int(accum),
-       "optimizer": opt, "checkpointing": ckpt, "peak_gib": int(peak) / 1024, "steps": len(timed)}
+       "optimizer": opt, "checkpointing": ckpt, "peak_gib": int(peak) / 1024, "steps": len(timed),
+       "gpu_fraction": 0.0 if frac == "-" else float(frac)}
 if timed:
     out["tokens_per_s"] = tokens * len(timed) / sum(tokens / r["tokens_per_s"] for r in timed)
     out["loss"] = rows[-1]["loss"]
@@ -96,7 +102,10 @@ for name in $ROWS; do
   [ -n "$row" ] || { echo "unknown row '$name' (see TABLE in $0)" >&2; exit 2; }
   set -- $row
   run new "$ZTRAIN" "$@"
-  [ -n "$ZTRAIN_OLD" ] && run old "$ZTRAIN_OLD" "$@"
+  # the build before the engine had no split of the optimizer, and no checkpointing with it off the GPU
+  if [ -n "$ZTRAIN_OLD" ] && [ "$7" = - ] && { [ "$5" = gpu ] || [ "$6" = none ]; }; then
+    run old "$ZTRAIN_OLD" "$@"
+  fi
 done
 
 "$PY" - "$RES" "${PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT/table.md"
@@ -108,16 +117,18 @@ gpu = {(r["model"], r["build"], r["checkpointing"]): r.get("tokens_per_s") for r
 print("| row | build | batch x T x grad_accum | optimizer | checkpointing | tokens/s | MFU | vs gpu | peak GPU GiB "
       "| host AdamW s | waited for updates s | waited for norm s | step s |")
 print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+def opt_name(r):
+    return r["optimizer"] + (f" ({100 * r['gpu_fraction']:.0f}% on the GPU)" if r.get("gpu_fraction") else "")
 for r in rows:
     if "tokens_per_s" not in r:
-        print(f"| {r['name']} | {r['build']} | | {r['optimizer']} | {r['checkpointing']} | failed: {r.get('error', '')} |")
+        print(f"| {r['name']} | {r['build']} | | {opt_name(r)} | {r['checkpointing']} | failed: {r.get('error', '')} |")
         continue
     L, C = shape[r["model"]]
     tf = r["tokens_per_s"] * (6 * r["params"] + 6 * L * 1024 * C) / 1e12
     ref = gpu.get((r["model"], r["build"], "none"))
     vs = f"{100 * r['tokens_per_s'] / ref:.0f}%" if ref and r["optimizer"] != "gpu" else ""
     br = [f"{r[k]:.3f}" if k in r else "" for k in ("host_update_s", "wait_update_s", "wait_norm_s", "step_s")]
-    print(f"| {r['name']} | {r['build']} | {r['batch']} x 1024 x {r['grad_accum']} | {r['optimizer']} | "
+    print(f"| {r['name']} | {r['build']} | {r['batch']} x 1024 x {r['grad_accum']} | {opt_name(r)} | "
           f"{r['checkpointing']} | {r['tokens_per_s']:,.0f} | {100 * tf / peak:.1f}% | {vs} | {r['peak_gib']:.1f} | "
           + " | ".join(br) + " |")
 PY

@@ -8,7 +8,8 @@
  * - a checkpoint written under one checkpointing policy resumes under another with the next losses of the
  *   uninterrupted run (bit for bit), and an fp32 checkpoint resumes on the CPU, following the CPU run;
  * - the optimizer off the GPU (placement cpu: the host AdamW overlapping the next step) tracks placement
- *   gpu within bf16's tolerance, with grad_accum 1 and 2 and every layer checkpointed. */
+ *   gpu within bf16's tolerance, with grad_accum 1 and 2 and every layer checkpointed; and with part of
+ *   its blocks updated on the GPU (--optimizer-gpu-fraction) it gives the same bits as with none. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +24,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 #include "worker/data/dataloader.h"
 #include "worker/models/gpt2.h"
@@ -180,6 +182,24 @@ static void test_checkpoints_cross(void **state)
     zt_train_result_free(&cpu);
 }
 
+/* Fails unless the final checkpoints (ckpt_<STEPS>) of two runs hold the same weights, byte for byte. */
+static void expect_same_weights(const char *a, const char *b)
+{
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/%s/ckpt_%06d/model.safetensors", g_dir, a, STEPS);
+    snprintf(pb, sizeof pb, "%s/%s/ckpt_%06d/model.safetensors", g_dir, b, STEPS);
+    char *da = NULL, *db = NULL;
+    size_t na = 0, nb = 0;
+    zt_err err = {{0}};
+    if (zt_read_file(pa, &da, &na, &err) != 0 || zt_read_file(pb, &db, &nb, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(na, nb);
+    if (memcmp(da, db, na) != 0)
+        fail_msg("the final weights of %s and %s differ", a, b);
+    free(da);
+    free(db);
+}
+
 /* The host AdamW (placement cpu) against the GPU's (placement gpu): the same math on the same gradients
  * up to the summation order of the norm: within bf16's tolerance, with grad_accum 1 and 2 (the host
  * gradient loaded back and added on the GPU) and every layer checkpointed. */
@@ -207,6 +227,18 @@ static void test_host_optimizer_tracks_gpu(void **state)
         printf("placement cpu vs gpu (bf16, grad_accum %d, checkpointing all): largest relative loss difference "
                "%.3g over %d steps\n", accum, worst, STEPS);
         assert_true(h.losses[STEPS - 1] < h.losses[0] - 0.5f); /* it learns */
+        /* half of the blocks' AdamW on the GPU, the rest on the host: the same bits, weights included */
+        char o3[32];
+        snprintf(o3, sizeof o3, "place_split_%d", accum);
+        zt_train_result split;
+        base_config(&c, o3, "cuda", "bf16", accum);
+        zt_err err = {{0}};
+        if (zt_train_config_set_flag(&c, "--optimizer-gpu-fraction", "0.5", &err) != 0)
+            fail_msg("%s", err.msg);
+        engine_train_ok(&c, 3, "all", 1, "cpu", &split);
+        zt_gpu_fixture_same_losses("placement cpu, half of it on the GPU, vs all on the host", &split, &h, 1, STEPS);
+        expect_same_weights(o2, o3);
+        zt_train_result_free(&split);
         zt_train_result_free(&g);
         zt_train_result_free(&h);
     }

@@ -20,7 +20,7 @@ static const char train_usage[] =
     "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
-    "                    [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
+    "                    [--optimizer-gpu-fraction X] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "\n"
     "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU or a CUDA GPU.\n"
@@ -57,6 +57,9 @@ static const char train_usage[] =
     "  --optimizer O        where AdamW and its state live: gpu (cuda) | cpu (host memory; with --device cuda\n"
     "                       the host updates each block while the next step starts) | server (default: gpu on\n"
     "                       cuda, cpu on cpu)\n"
+    "  --optimizer-gpu-fraction X  with --device cuda --optimizer cpu: the leading blocks holding this fraction\n"
+    "                       of the parameters keep their AdamW on the GPU, the host updates the rest (same\n"
+    "                       results; faster when the host is the bottleneck; default 0)\n"
     "  --servers LIST       state servers host:port,... for --optimizer server; without it the state\n"
     "                       server runs inside this process (embedded)\n"
     "  --token-file F       file holding the bearer token of the state servers\n"
@@ -149,6 +152,7 @@ int zt_cmd_train(int argc, char **argv)
         {"device", required_argument, NULL, OPT_SETTING},
         {"precision", required_argument, NULL, OPT_SETTING},
         {"optimizer", required_argument, NULL, OPT_SETTING},
+        {"optimizer-gpu-fraction", required_argument, NULL, OPT_SETTING},
         {"servers", required_argument, NULL, OPT_SETTING},
         {"token-file", required_argument, NULL, OPT_SETTING},
         {"tls-ca", required_argument, NULL, OPT_SETTING},

@@ -221,6 +221,12 @@ static int allocate(zt_engine *e, zt_err *err)
         if ((rc = take_dev(e, &e->slots[s].buf, e->slots[s].elems * es, "gathered window", err)) < 0)
             return rc;
     }
+    if (e->nres > 0 &&
+        ((rc = take_dev(e, (void **)&e->r_master, e->nres * 4, "GPU part of the optimizer (master)", err)) < 0 ||
+         (rc = take_dev(e, (void **)&e->r_m, e->nres * 4, "GPU part of the optimizer (m)", err)) < 0 ||
+         (rc = take_dev(e, (void **)&e->r_v, e->nres * 4, "GPU part of the optimizer (v)", err)) < 0 ||
+         (rc = take_dev(e, (void **)&e->r_grad, e->nres * 4, "GPU part of the optimizer (gradients)", err)) < 0))
+        return rc;
     /* Host: the optimizer state and the gradient and weights in transit. */
     if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
         if ((rc = take_host(e, (void **)&e->h_master, ns * 4, false, "host master weights", err)) < 0)
@@ -337,6 +343,16 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
         k->updated = e->dev->event_create();
     }
     build_pieces(e);
+    if (e->home == ZT__OPT_HOST && o->gpu_fraction > 0) {
+        /* the leading blocks until they hold gpu_fraction of this rank's elements */
+        const double want = o->gpu_fraction * (double)e->nshard;
+        for (int b = 0; b < e->nb && (double)e->nres < want; b++) {
+            e->blocks[b].resident = true;
+            e->blocks[b].res_off = e->nres;
+            e->nres += e->blocks[b].shard;
+            e->nresident = b + 1;
+        }
+    }
     e->nslots = e->W == 1 ? 0 : o->zero_level == 2 ? e->nb : o->prefetch + 2;
     e->slots = zt_xcalloc((size_t)(e->nslots > 0 ? e->nslots : 1), sizeof *e->slots);
     for (int s = 0; s < e->nslots; s++) {
@@ -422,6 +438,10 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->glow0);
     d->free(e->glow1);
     d->free(e->gacc);
+    d->free(e->r_master);
+    d->free(e->r_m);
+    d->free(e->r_v);
+    d->free(e->r_grad);
     free(e->h_master); /* plain host memory (zt__engine_dev_cpu's alloc) */
     free(e->h_m);
     free(e->h_v);
@@ -648,7 +668,7 @@ static float *fp32_target(zt_engine *e, int b)
     int r = ring_take(e, b, e->cs);
     k->ring = r;
     k->gfull = e->ring[r];
-    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0;
+    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !k->resident;
     if (load) {
         /* the gradient so far came down at the previous micro-batch (grad_out); bring it back up */
         e->dev->wait(e->up, e->ring_free[r]);
@@ -689,6 +709,18 @@ static void *grad_buffer(zt_engine *e, int b)
         break;
     case ZT__GRAD_REDUCE:
     case ZT__GRAD_HOST:
+        if (k->resident && e->W == 1) {
+            /* the block's gradient adds up on the GPU, in its part of r_grad */
+            if (f32) {
+                k->gbuf = e->r_grad + k->res_off;
+                if (e->micro == 0)
+                    e->dev->memset0(k->gbuf, k->padded * 4, e->cs);
+            } else {
+                k->gbuf = b == e->model->head_block ? e->glow0 : e->glow1;
+                e->dev->memset0(k->gbuf, k->len * e->esize, e->cs);
+            }
+            break;
+        }
         if (f32) {
             k->gbuf = fp32_target(e, b);
             if (e->gacc && e->micro == 0)
@@ -742,6 +774,31 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
     }
     case ZT__GRAD_HOST:
         break;
+    }
+    if (k->resident) {
+        /* HOST path, a block whose optimizer stays on the GPU: its gradient adds up in r_grad */
+        float *acc = e->r_grad + k->res_off;
+        void *stream = e->cs;
+        if (e->W == 1) {
+            if (!f32)
+                e->dev->fold(acc, g, e->dtype, k->len, e->inv_scale, e->micro == 0, e->cs);
+        } else {
+            float *f = fp32_target(e, b);
+            if (!f32)
+                e->dev->fold(f, g, e->dtype, k->len, e->inv_scale, true, e->cs);
+            const int r = k->ring;
+            e->dev->record(k->folded, e->cs);
+            e->dev->wait(e->ms, k->folded);
+            rc = zt_comm_reduce_scatter(e->comm, f, e->dshard[r], k->shard, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
+            e->dev->fold(acc, e->dshard[r], ZT_DTYPE_F32, k->shard, 1.0f, e->micro == 0, e->ms);
+            e->dev->record(e->ring_free[r], e->ms);
+            k->ring = -1;
+            k->gfull = NULL;
+            stream = e->ms;
+        }
+        if (e->last)
+            e->dev->norm_add(e, acc, k->shard, stream);
+        return rc;
     }
     /* HOST: this micro-batch's part of the owned shard, plus the earlier ones', goes down to h_grad. */
     float *f = fp32_target(e, b);
@@ -873,6 +930,10 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
         if (!res->skipped)
             res->clip_coef = zt_optimizer_clip_coef(res->grad_norm, e->o.grad_clip);
         if (e->home == ZT__OPT_HOST) {
+            if (e->nres > 0 && !res->skipped)
+                e->dev->resident_update(e, lr, res->clip_coef, adam_step);
+            for (int b = 0; b < e->nresident; b++) /* their update is on the compute stream, before any next pass */
+                zt__host_opt_mark(e, b, e->step_no + 1);
             zt__host_opt_update(e, lr, res->clip_coef, adam_step, res->skipped);
         } else {
             zt_err perr = {{0}};
@@ -942,6 +1003,23 @@ static int settle(zt_engine *e, zt_err *err)
     return rc;
 }
 
+/* The resident blocks' optimizer state (gpu_fraction) between the GPU and the host arrays: up after an
+ * import, down before an export. */
+static void sync_resident(zt_engine *e, bool to_host)
+{
+    float *host[4] = {e->h_master, e->h_m, e->h_v, e->h_grad}, *dev[4] = {e->r_master, e->r_m, e->r_v, e->r_grad};
+    for (int b = 0; b < e->nresident; b++) {
+        const zt__block *k = &e->blocks[b];
+        for (int i = 0; i < (to_host ? 4 : 3); i++) {
+            float *h = host[i] + k->shard_off, *d = dev[i] + k->res_off;
+            e->dev->copy(to_host ? (void *)h : (void *)d, to_host ? (const void *)d : (const void *)h, k->shard * 4,
+                         e->cs);
+        }
+    }
+    if (e->nresident > 0)
+        e->dev->stream_sync(e->cs);
+}
+
 /* Gathers one fp32 shard slab of every rank (device or host memory) into a host-layout slab. */
 static int export_field(zt_engine *e, const float *field, bool on_device, float *slab, zt_err *err)
 {
@@ -996,6 +1074,7 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
             rc = export_field(e, e->v, e->dev->gpu, v, err);
         return rc;
     case ZT__OPT_HOST:
+        sync_resident(e, true);
         rc = export_field(e, e->h_master, false, params, err);
         if (rc == 0 && m)
             rc = export_field(e, e->h_m, false, m, err);
@@ -1051,8 +1130,10 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
     int rc = settle(e, err);
     if (rc < 0)
         return rc;
-    if (e->path == ZT__GRAD_HOST)
+    if (e->path == ZT__GRAD_HOST) {
+        sync_resident(e, true);
         return export_field(e, e->h_grad, false, grads, err);
+    }
     if (e->path != ZT__GRAD_DIRECT_LOWP)
         return export_field(e, e->gshard, e->dev->gpu, grads, err);
     /* W = 1, compute-dtype gradients in glow_slab with the loss scale still applied */
@@ -1130,6 +1211,7 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
         import_field(e, params, e->h_master, false);
         import_field(e, m, e->h_m, false);
         import_field(e, v, e->h_v, false);
+        sync_resident(e, false);
         return refresh_weights_from_host(e, e->h_master, err);
     case ZT__OPT_SERVER:
         break;

@@ -27,7 +27,10 @@
  *             and moments: the gradient shards are pushed as they are reduced, the step is committed
  *             after the backward (rank 0, once every rank has pushed), and the updated low-precision
  *             shards are pulled back, block 0 first.
- * cpu and server compute the same AdamW (offload/cpu_adam.h) on the same gradients: the same bits.
+ *             With gpu_fraction > 0 the leading blocks' state stays on the GPU (DeepSpeed's Twin-Flow split):
+ *             those blocks are updated by the GPU at once and the host has fewer blocks to update;
+ * cpu and server compute the same AdamW (offload/cpu_adam.h, or its bit-identical GPU twin) on the same
+ * gradients: the same bits.
  *
  * Every rank calls the collectives (micro, step, eval, export, import) in the same order. Returns are 0
  * or a negative ZT_E* code with a message in err. */
@@ -57,6 +60,10 @@ typedef struct zt_engine_options {
     enum zt_placement placement;
     double beta1, beta2, eps, weight_decay, grad_clip; /* AdamW; grad_clip 0 = no clipping */
     int threads;                 /* host AdamW threads; <= 0: the CPU kernels' count */
+    double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
+                                    hold at least this fraction of the parameters keep their AdamW state on the
+                                    GPU and are updated there right after the norm, while the host updates the
+                                    rest; the same bits as 0 (none), fewer host bytes per step. 0 to 1 */
     /* placement server only */
     zt_state_client_t *client;   /* borrowed for the engine's lifetime */
     const char *run_id;          /* the run's id on the servers (copied) */

@@ -24,6 +24,8 @@ typedef struct cuda_state {
     float *h_small;         /* pinned: [0] sum of squares, [1] the flag's bits */
     zt_cuda_adamw_tensor *adam; /* [npieces] */
     zt_cuda_adamw_tensor *adam_lowg; /* the same reading glow_slab (ZT__GRAD_DIRECT_LOWP) */
+    zt_cuda_adamw_tensor *adam_res;  /* the resident blocks' pieces (gpu_fraction) */
+    int nadam_res;
     void *step_done;        /* event: the resident update is done (the next gathers read its weights) */
     void *ev;               /* scratch event for ordering streams */
     bool norm_started;      /* partials zeroed for this step */
@@ -277,6 +279,23 @@ static int cuda_norm_finish(zt_engine *e, double *sumsq, bool *nonfinite, zt_err
     return 0;
 }
 
+/* AdamW of the resident blocks (the optimizer off the GPU, gpu_fraction) with the clip coefficient the host
+ * computed for every block, so that they get the update the host gives the others, bit for bit. */
+static void cuda_resident_update(zt_engine *e, float lr, float clip_coef, int64_t adam_step)
+{
+    cuda_state *cs = e->devstate;
+    zt_adamw_params p = {
+        .lr = lr,
+        .beta1 = (float)e->o.beta1,
+        .beta2 = (float)e->o.beta2,
+        .eps = (float)e->o.eps,
+        .weight_decay = (float)e->o.weight_decay,
+        .grad_scale = clip_coef,
+        .step = (int)adam_step,
+    };
+    zt_cuda_adamw_update(cs->adam_res, cs->nadam_res, &p, ZT_DTYPE_F32, e->dtype, NULL, NULL, e->cs);
+}
+
 /* Device memory in use on the GPU now, as the driver reports it (this process's CUDA context, cuBLAS and
  * NCCL included). */
 static size_t cuda_used_bytes(zt_engine *e)
@@ -298,6 +317,7 @@ static void cuda_teardown(zt_engine *e)
     cuda_event_destroy(cs->ev);
     free(cs->adam);
     free(cs->adam_lowg);
+    free(cs->adam_res);
     free(cs);
     e->devstate = NULL;
 }
@@ -324,6 +344,7 @@ static const zt__engine_dev cuda_dev = {
     .resident_step = cuda_resident_step,
     .norm_add = cuda_norm_add,
     .norm_finish = cuda_norm_finish,
+    .resident_update = cuda_resident_update,
     .used_bytes = cuda_used_bytes,
     .teardown = cuda_teardown,
 };
@@ -349,6 +370,24 @@ int zt__engine_dev_setup_cuda(zt_engine *e, zt_err *err)
         return zt_fail(err, ZT_ENOMEM, "out of page-locked host memory (check ulimit -l)");
     cs->step_done = cuda_event_create();
     cs->ev = cuda_event_create();
+    if (e->nres > 0) {
+        cs->adam_res = zt_xcalloc((size_t)e->npieces, sizeof *cs->adam_res);
+        for (int i = 0; i < e->npieces; i++) {
+            const zt__piece *pc = &e->pieces[i];
+            const zt__block *k = &e->blocks[pc->block];
+            if (!k->resident)
+                continue;
+            const size_t j = k->res_off + (pc->shard_off - k->shard_off);
+            zt_cuda_adamw_tensor *a = &cs->adam_res[cs->nadam_res++];
+            a->param = e->r_master + j;
+            a->m = e->r_m + j;
+            a->v = e->r_v + j;
+            a->grad = e->r_grad + j;
+            a->param_lowp = (char *)e->wshard + pc->shard_off * e->esize;
+            a->n = pc->n;
+            a->weight_decay = pc->decay ? 1 : 0;
+        }
+    }
     if (e->home != ZT__OPT_DEVICE)
         return 0;
     cs->adam = zt_xcalloc((size_t)e->npieces, sizeof *cs->adam);

@@ -43,6 +43,8 @@ typedef struct zt__engine_dev {
     /* ... and finishes it: every rank's sum (all-reduce) and the non-finite flag of the losses; waits
      * for them on the host. */
     int (*norm_finish)(zt_engine *e, double *sumsq, bool *nonfinite, zt_err *err);
+    /* HOST path: AdamW of the resident blocks (gpu_fraction) on the device with the host's clip coefficient. */
+    void (*resident_update)(zt_engine *e, float lr, float clip_coef, int64_t adam_step);
     /* Device memory in use as the driver reports it; NULL on the CPU. */
     size_t (*used_bytes)(zt_engine *e);
     /* Frees what the device part of the engine holds (scratch for the norm etc.). */
@@ -112,6 +114,8 @@ typedef struct zt__block {
     void *loaded;       /* event: the step's gradient so far is back on the device (HOST path) */
     void *grad_out;     /* event: the step's gradient shard reached the host (HOST path) */
     void *updated;      /* event: the block's new weights are in wshard (optimizer off the device) */
+    bool resident;      /* HOST path: this block's optimizer state stays on the GPU (gpu_fraction) */
+    size_t res_off;     /* its shard's offset in the resident slabs */
 } zt__block;
 
 /* The ring of fp32 block buffers for REDUCE (grad_accum 1) and HOST paths; one more buffer, index ZT__RING,
@@ -149,6 +153,11 @@ struct zt_engine {
     int nslots;
     size_t device_bytes;            /* what the buffers above take */
     size_t plan_device_bytes, measured_device_bytes, free_at_start;
+
+    /* The leading blocks whose state stays on the GPU with the optimizer off it (gpu_fraction). */
+    float *r_master, *r_m, *r_v, *r_grad; /* fp32 [nres] */
+    size_t nres;
+    int nresident;                  /* blocks 0 .. nresident-1 */
 
     /* Host buffers (optimizer off the device). */
     float *h_master, *h_m, *h_v;    /* [nshard]: ZT__OPT_HOST */

@@ -78,6 +78,8 @@ static void run_update(zt_engine *e, const job *j)
     };
     for (int b = 0; b < e->nb; b++) {
         zt__block *k = &e->blocks[b];
+        if (k->resident)
+            continue; /* updated on the GPU (gpu_fraction), marked by the engine */
         if (j->skip) {
             mark(h, b, j->step);
             continue;

@@ -86,6 +86,7 @@ static const struct key_def keys[] = {
     {"loss_scale_window", NULL, KEY_INT, FIELD(loss_scale_window)},
     {"min_loss_scale", NULL, KEY_DOUBLE, FIELD(min_loss_scale)},
     {"optimizer", "--optimizer", KEY_ENUM, ENUM_FIELD(optimizer, optimizer_names)},
+    {"optimizer_gpu_fraction", "--optimizer-gpu-fraction", KEY_DOUBLE, FIELD(optimizer_gpu_fraction)},
     {"servers", "--servers", KEY_TEXT, FIELD(servers)},
     {"token_file", "--token-file", KEY_PATH, FIELD(token_file)},
     {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
@@ -529,6 +530,13 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
     if (opt == ZT_OPTIMIZER_GPU && !cuda)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = gpu needs --device cuda: on the CPU use --optimizer cpu "
                        "(the default) or server", label("optimizer"));
+    int rc;
+    if ((rc = check_double(c, "optimizer_gpu_fraction", 0.0, false, 1.0, false, err)) < 0)
+        return rc;
+    if (c->optimizer_gpu_fraction > 0 && (!cuda || opt != ZT_OPTIMIZER_CPU))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g splits the optimizer between the host and the GPU: it "
+                       "needs --device cuda --optimizer cpu (or set it to 0)", label("optimizer_gpu_fraction"),
+                       c->optimizer_gpu_fraction);
     const bool server = opt == ZT_OPTIMIZER_SERVER;
     const bool remote = c->servers[0] != '\0';
     if (remote && !server)
@@ -551,7 +559,6 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = nvme:%s applies to the embedded state server only "
                        "(--optimizer server without --servers); remote servers choose theirs with "
                        "ztrain-server --store", label("state_store"), c->state_store_dir);
-    int rc;
     if ((rc = check_int(c, "zero_level", 2, 3, err)) < 0 || (rc = check_int(c, "prefetch", 0, 64, err)) < 0)
         return rc;
     if (c->checkpointing == ZT_CKPT_EVERY && (c->checkpoint_every < 1 || c->checkpoint_every > 1000000))

@@ -86,6 +86,8 @@ typedef struct zt_train_config {
     /* Where AdamW runs (DESIGN.md decision 7; worker/engine/engine.h); auto (the default) becomes gpu with
      * --device cuda and cpu with --device cpu in zt_train_config_resolve. */
     enum zt_train_optimizer optimizer;
+    double optimizer_gpu_fraction;      /* --device cuda --optimizer cpu: the leading blocks holding this fraction of
+                                           the parameters keep their AdamW on the GPU (0 = none, the default) */
     char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
     char token_file[ZT_TRAIN_PATH_MAX]; /* file holding the bearer token of the state servers; "" = none */
     char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */

@@ -705,6 +705,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
     eo.eps = cfg->eps;
     eo.weight_decay = cfg->weight_decay;
     eo.grad_clip = cfg->grad_clip;
+    eo.gpu_fraction = cfg->optimizer_gpu_fraction;
     zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
     if (on_servers) {
         rc = state_client_create(cfg, &r.client, &r.token, err);
