@@ -71,7 +71,15 @@ class Job:
         return self.out.wait_count(text, 1, timeout)
 
     def wait(self, timeout=90.0):
-        rc = self.proc.wait(timeout)
+        """The exit status; on a timeout the process is killed, its log printed, and None returned."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.out.join(10)
+            print("TIMEOUT after %.0f s: %s\n%s" % (timeout, " ".join(self.argv[:6]), self.text()[-6000:]))
+            return None
         self.out.join(10)
         return rc
 

@@ -711,7 +711,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
         rc = state_client_create(cfg, &r.client, &r.token, err);
         if ((rc = zt_comm_agree(comm, rc, err)) < 0)
             goto out;
-        if (hooks.on_state_client)
+        if (is0 && hooks.on_state_client)
             hooks.on_state_client(hooks.user, r.client);
         eo.client = r.client;
         eo.run_id = r.run_id;

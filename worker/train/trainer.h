@@ -107,7 +107,7 @@ typedef struct zt_trainer_hooks {
     void *user;
     /* rank 0, after step `step` and its checkpoint (if any) */
     void (*after_step)(void *user, int64_t step);
-    /* after the state client is created (placement server), e.g. to watch its pushes */
+    /* rank 0, after its state client is created (placement server), e.g. to watch its pushes */
     void (*on_state_client)(void *user, zt_state_client_t *client);
 } zt_trainer_hooks;
 
