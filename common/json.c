@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *where_of(const zt_json_reader *r)
@@ -226,4 +227,31 @@ int zt_json_reader_finish(zt_json_reader *r, zt_err *err)
                        where_of(r));
     }
     return 0;
+}
+
+/* A raw JSON number that reads back as exactly v; see json.h. */
+cJSON *zt_json_exact_double(double v)
+{
+    char buf[40];
+    if (!isfinite(v))
+        return cJSON_CreateNull();
+    /* The shortest of 15, 16 or 17 significant digits that gives v back. */
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof(buf), "%.*g", digits, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    cJSON *n = cJSON_CreateRaw(buf);
+    ZT_ASSERT(n);
+    return n;
+}
+
+/* A raw JSON number for a whole number; see json.h. */
+cJSON *zt_json_exact_int(int64_t v)
+{
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%lld", (long long)v);
+    cJSON *n = cJSON_CreateRaw(buf);
+    ZT_ASSERT(n);
+    return n;
 }

@@ -42,4 +42,9 @@ void zt_json_accept(zt_json_reader *r, const char *key);
 /* Returns ZT_EINVAL_CONFIG naming the first key that was never asked for, or 0. */
 int zt_json_reader_finish(zt_json_reader *r, zt_err *err);
 
+/* A raw JSON number node whose text reads back as exactly v (cJSON's own printing may drop the last bit of
+ * a double; a non-finite v becomes null), and one for a whole number. Never NULL. */
+cJSON *zt_json_exact_double(double v);
+cJSON *zt_json_exact_int(int64_t v);
+
 #endif

@@ -2,6 +2,8 @@
  * the same quantities printed for people ("1.50 GiB", "1h02m03s"). */
 #include "common/units.h"
 
+#include <time.h>
+
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -232,4 +234,12 @@ char *zt_format_duration(double seconds, char *buf, size_t len)
     else
         snprintf(buf, len, "%s%llum%02llus", sign, m, s);
     return buf;
+}
+
+/* Seconds on the monotonic clock; see units.h. */
+double zt_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -18,6 +18,9 @@ int zt_parse_duration(const char *text, double *seconds, zt_err *err);
 /* Writes a byte count as "1.50 GiB" (binary units, 3 significant digits) into buf; returns buf. */
 char *zt_format_size(uint64_t bytes, char *buf, size_t len);
 
+/* Seconds on a monotonic clock (CLOCK_MONOTONIC), for measuring intervals. */
+double zt_now_s(void);
+
 /* Writes seconds as "1h02m03s", "4m05s" or "12.3s" into buf; returns buf. */
 char *zt_format_duration(double seconds, char *buf, size_t len);
 

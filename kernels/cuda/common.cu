@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_utils.cuh"
 
@@ -222,4 +224,22 @@ extern "C" void zt_cuda_accumulate(float *dst, const void *src, enum zt_dtype sr
     default:
         ZT_CUDA_BAD_DTYPE("accumulate", src_dtype);
     }
+}
+
+/* Page-locked host memory; see cuda_common.h. */
+extern "C" void *zt_cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+extern "C" void zt_cuda_host_free(void *p)
+{
+    if (p)
+        ZT_CUDA_CHECK(cudaFreeHost(p));
 }

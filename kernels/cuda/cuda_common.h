@@ -47,6 +47,12 @@ void zt__cublas_fail(const char *file, int line, const char *call, int status) _
  * no bf16 matrix units; fp16 there needs loss scaling). Aborts if the device cannot be queried. */
 enum zt_dtype zt_cuda_pick_dtype(int device);
 
+/* Page-locked host memory for copies to and from the GPU at the bus's speed: every page-locked
+ * allocation of ztrain goes through these two. Returns zeroed memory, or NULL when the memory (or the
+ * locked-memory limit, ulimit -l) is not there; the caller says what it was for. Free accepts NULL. */
+void *zt_cuda_host_alloc(size_t bytes);
+void zt_cuda_host_free(void *p);
+
 /* Writes n elements of dst (dst_dtype) converted from src (src_dtype), rounding to nearest even.
  * Both dtypes must be F32, F16 or BF16; dst and src must not overlap unless they are equal and the
  * dtypes are the same size. */

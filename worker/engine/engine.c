@@ -17,13 +17,6 @@
 
 #define GPU_SHARD_ALIGN 64 /* elements: on a GPU every shard starts on this boundary */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static size_t round_up(size_t x, size_t a)
 {
     return (x + a - 1) / a * a;
@@ -852,7 +845,7 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
     if (micro == 0) {
         memset(&e->timing, 0, sizeof e->timing);
-        e->t_step0 = now_s();
+        e->t_step0 = zt_now_s();
     }
     e->training = true;
     e->micro = micro;
@@ -914,11 +907,11 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
     } else {
         /* The gradient left the device (or, on the CPU with servers, sits in gshard): the norm and the
          * losses first, then the update where the optimizer lives. */
-        const double t0 = now_s();
+        const double t0 = zt_now_s();
         double sumsq = 0.0, loss = 0.0;
         bool nonfinite = false;
         rc = e->dev->norm_finish(e, &sumsq, &nonfinite, err);
-        e->timing.wait_norm = now_s() - t0;
+        e->timing.wait_norm = zt_now_s() - t0;
         if (rc == 0)
             rc = zt_engine_mean(e, local_loss(e), &loss, err);
         if (rc < 0)
@@ -948,7 +941,7 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
     invalidate_window(e);
     e->step_no++;
     e->micros_done = 0;
-    e->timing.step = now_s() - e->t_step0;
+    e->timing.step = zt_now_s() - e->t_step0;
     e->last_timing = e->timing;
     if (e->measured_device_bytes == 0 && e->dev->used_bytes)
         e->measured_device_bytes = e->dev->used_bytes(e); /* in use after the first step, for the plan's check */

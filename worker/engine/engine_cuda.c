@@ -48,23 +48,6 @@ static void cuda_free(void *p)
         ZT_CUDA_CHECK(cudaFree(p));
 }
 
-static void *cuda_host_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    memset(p, 0, bytes);
-    return p;
-}
-
-static void cuda_host_free(void *p)
-{
-    if (p)
-        ZT_CUDA_CHECK(cudaFreeHost(p));
-}
-
 static void *cuda_stream_create(void)
 {
     cudaStream_t s;
@@ -312,7 +295,7 @@ static void cuda_teardown(zt_engine *e)
     if (!cs)
         return;
     cuda_free(cs->partials);
-    cuda_host_free(cs->h_small);
+    zt_cuda_host_free(cs->h_small);
     cuda_event_destroy(cs->step_done);
     cuda_event_destroy(cs->ev);
     free(cs->adam);
@@ -326,8 +309,8 @@ static const zt__engine_dev cuda_dev = {
     .gpu = true,
     .alloc = cuda_alloc,
     .free = cuda_free,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
+    .host_alloc = zt_cuda_host_alloc,
+    .host_free = zt_cuda_host_free,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
@@ -365,7 +348,7 @@ int zt__engine_dev_setup_cuda(zt_engine *e, zt_err *err)
         return zt_fail(err, ZT_ENOMEM, "out of GPU memory for the gradient norm's scratch");
     cs->d_sumsq = cs->partials + ZT_CUDA_NORM_SLOTS;
     cs->d_clip = cs->d_sumsq + 1;
-    cs->h_small = cuda_host_alloc(4 * sizeof(float));
+    cs->h_small = zt_cuda_host_alloc(4 * sizeof(float));
     if (!cs->h_small)
         return zt_fail(err, ZT_ENOMEM, "out of page-locked host memory (check ulimit -l)");
     cs->step_done = cuda_event_create();

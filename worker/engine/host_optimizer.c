@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/units.h"
 #include "offload/cpu_adam.h"
 #include "worker/engine/engine_internal.h"
 
@@ -47,13 +48,6 @@ struct zt__host_opt {
     double busy_s;         /* seconds of the last UPDATE */
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Marks block b as holding the weights of `step` steps. */
 static void mark(struct zt__host_opt *h, int b, int64_t step)
 {
@@ -67,7 +61,7 @@ static void mark(struct zt__host_opt *h, int b, int64_t step)
 static void run_update(zt_engine *e, const job *j)
 {
     struct zt__host_opt *h = e->host;
-    const double t0 = now_s();
+    const double t0 = zt_now_s();
     zt_adamw_params p = {
         .lr = j->lr,
         .beta1 = (float)e->o.beta1,
@@ -108,7 +102,7 @@ static void run_update(zt_engine *e, const job *j)
         e->dev->record(k->updated, h->stream);
         mark(h, b, j->step);
     }
-    h->busy_s = now_s() - t0;
+    h->busy_s = zt_now_s() - t0;
 }
 
 static void run_push(zt_engine *e, const job *j)
@@ -263,10 +257,10 @@ double zt__host_opt_wait_block(zt_engine *e, int b, void *stream)
     double waited = 0.0;
     pthread_mutex_lock(&h->mu);
     if (h->queued[b] < e->step_no) {
-        const double t0 = now_s();
+        const double t0 = zt_now_s();
         while (h->queued[b] < e->step_no)
             pthread_cond_wait(&h->cv, &h->mu);
-        waited = now_s() - t0;
+        waited = zt_now_s() - t0;
     }
     pthread_mutex_unlock(&h->mu);
     e->dev->wait(stream, e->blocks[b].updated);

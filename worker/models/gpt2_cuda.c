@@ -268,16 +268,6 @@ static void build_layout(gpt2_cuda *g)
     }
 }
 
-static size_t dtype_size(enum zt_dtype d)
-{
-    return d == ZT_DTYPE_F32 ? 4 : 2;
-}
-
-static const char *dtype_name(enum zt_dtype d)
-{
-    return d == ZT_DTYPE_F32 ? "fp32" : d == ZT_DTYPE_BF16 ? "bf16" : "fp16";
-}
-
 static void cuda_destroy(zt_model *m);
 static const zt_model_ops cuda_ops;
 
@@ -314,7 +304,7 @@ static void init_shape(gpt2_cuda *g, const zt_gpt2 *host, int B, int T, int max_
         g->ckpt = zt_xcalloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof(bool));
         memcpy(g->ckpt, ckpt_layers, (size_t)cfg->n_layer * sizeof(bool));
     }
-    g->esize = dtype_size(dtype);
+    g->esize = zt_dtype_size(dtype);
     g->max_B = B;
     g->max_T = T;
     g->max_micro = max_micro;
@@ -393,13 +383,18 @@ int zt_gpt2_cuda_create(zt_model **out, const zt_gpt2 *host, int B, int T, int m
     }
     ZT_ASSERT(carve(g, g->pool, NULL) == g->pool_bytes);
     ZT_CUDA_CHECK(cudaMemsetAsync(g->pool, 0, g->pool_bytes, g->stream));
-    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", dtype_name(dtype), acts,
+    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
            B, T, scratch);
 
     const size_t N = (size_t)B * T;
-    ZT_CUDA_CHECK(cudaMallocHost((void **)&g->h_io[0], 4 * N * sizeof(int32_t)));
+    g->h_io[0] = zt_cuda_host_alloc(4 * N * sizeof(int32_t));
+    g->h_losses = zt_cuda_host_alloc((size_t)max_micro * N * sizeof(float));
+    if (!g->h_io[0] || !g->h_losses) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
+                     "(check ulimit -l)");
+        goto fail;
+    }
     g->h_io[1] = g->h_io[0] + 2 * N;
-    ZT_CUDA_CHECK(cudaMallocHost((void **)&g->h_losses, (size_t)max_micro * N * sizeof(float)));
     for (int i = 0; i < 2; i++)
         ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* the pool's zeroing */
@@ -448,8 +443,8 @@ static void cuda_destroy(zt_model *m)
     for (int i = 0; i < 2; i++)
         if (g->io_done[i])
             cudaEventDestroy(g->io_done[i]);
-    cudaFreeHost(g->h_io[0]);
-    cudaFreeHost(g->h_losses);
+    zt_cuda_host_free(g->h_io[0]);
+    zt_cuda_host_free(g->h_losses);
     cudaFree(g->pool);
     zt_cuda_blas_destroy(g->blas);
     if (g->stream)

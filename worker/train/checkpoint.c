@@ -87,20 +87,20 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, bool with_gr
     cJSON *root = cJSON_CreateObject();
     ZT_ASSERT(root);
     cJSON_AddStringToObject(root, "format", ZT_CKPT_FORMAT);
-    cJSON_AddItemToObject(root, "version", zt__json_exact_int(ZT_CKPT_VERSION));
-    cJSON_AddItemToObject(root, "step", zt__json_exact_int(st->step));
-    cJSON_AddItemToObject(root, "adam_step", zt__json_exact_int(st->adam_step));
-    cJSON_AddItemToObject(root, "skipped_steps", zt__json_exact_int(st->skipped_steps));
-    cJSON_AddItemToObject(root, "elapsed_s", zt__json_exact_double(st->elapsed_s));
+    cJSON_AddItemToObject(root, "version", zt_json_exact_int(ZT_CKPT_VERSION));
+    cJSON_AddItemToObject(root, "step", zt_json_exact_int(st->step));
+    cJSON_AddItemToObject(root, "adam_step", zt_json_exact_int(st->adam_step));
+    cJSON_AddItemToObject(root, "skipped_steps", zt_json_exact_int(st->skipped_steps));
+    cJSON_AddItemToObject(root, "elapsed_s", zt_json_exact_double(st->elapsed_s));
     if (st->loss_scale > 0) {
-        cJSON_AddItemToObject(root, "loss_scale", zt__json_exact_double(st->loss_scale));
-        cJSON_AddItemToObject(root, "loss_scale_clean_steps", zt__json_exact_int(st->loss_scale_clean_steps));
+        cJSON_AddItemToObject(root, "loss_scale", zt_json_exact_double(st->loss_scale));
+        cJSON_AddItemToObject(root, "loss_scale_clean_steps", zt_json_exact_int(st->loss_scale_clean_steps));
     }
 
     cJSON *pos = cJSON_AddObjectToObject(root, "data_position");
-    cJSON_AddItemToObject(pos, "epoch", zt__json_exact_int((int64_t)st->data.epoch));
-    cJSON_AddItemToObject(pos, "shard", zt__json_exact_int((int64_t)st->data.shard));
-    cJSON_AddItemToObject(pos, "window", zt__json_exact_int((int64_t)st->data.window));
+    cJSON_AddItemToObject(pos, "epoch", zt_json_exact_int((int64_t)st->data.epoch));
+    cJSON_AddItemToObject(pos, "shard", zt_json_exact_int((int64_t)st->data.shard));
+    cJSON_AddItemToObject(pos, "window", zt_json_exact_int((int64_t)st->data.window));
 
     /* 64-bit words do not fit JSON numbers (doubles): hex strings. */
     cJSON *rng = cJSON_AddArrayToObject(root, "rng_state");
@@ -112,11 +112,11 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, bool with_gr
 
     cJSON *sched = cJSON_AddObjectToObject(root, "schedule");
     cJSON_AddStringToObject(sched, "name", zt_schedule_name(st->schedule.kind));
-    cJSON_AddItemToObject(sched, "lr", zt__json_exact_double(st->schedule.lr));
-    cJSON_AddItemToObject(sched, "min_lr", zt__json_exact_double(st->schedule.min_lr));
-    cJSON_AddItemToObject(sched, "warmup_steps", zt__json_exact_int(st->schedule.warmup_steps));
-    cJSON_AddItemToObject(sched, "total_steps", zt__json_exact_int(st->schedule.total_steps));
-    cJSON_AddItemToObject(sched, "gamma", zt__json_exact_double(st->schedule.gamma));
+    cJSON_AddItemToObject(sched, "lr", zt_json_exact_double(st->schedule.lr));
+    cJSON_AddItemToObject(sched, "min_lr", zt_json_exact_double(st->schedule.min_lr));
+    cJSON_AddItemToObject(sched, "warmup_steps", zt_json_exact_int(st->schedule.warmup_steps));
+    cJSON_AddItemToObject(sched, "total_steps", zt_json_exact_int(st->schedule.total_steps));
+    cJSON_AddItemToObject(sched, "gamma", zt_json_exact_double(st->schedule.gamma));
 
     cJSON *files = cJSON_AddObjectToObject(root, "files");
     int rc = 0;
@@ -132,7 +132,7 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, bool with_gr
             cJSON *f = cJSON_AddObjectToObject(files, name);
             char hex[12];
             snprintf(hex, sizeof(hex), "%08" PRIx32, crc);
-            cJSON_AddItemToObject(f, "bytes", zt__json_exact_int((int64_t)size));
+            cJSON_AddItemToObject(f, "bytes", zt_json_exact_int((int64_t)size));
             cJSON_AddStringToObject(f, "crc32c", hex);
         }
     }

@@ -723,33 +723,6 @@ void zt_train_config_log(const zt_train_config *c)
         zt_log(ZT_LOG_INFO, "config: stop_at_step = %lld", (long long)c->stop_at_step);
 }
 
-/* A raw JSON number that reads back as exactly v; see config.h. */
-cJSON *zt__json_exact_double(double v)
-{
-    char buf[40];
-    if (!isfinite(v))
-        return cJSON_CreateNull();
-    /* The shortest of 15, 16 or 17 significant digits that gives v back. */
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(buf, sizeof(buf), "%.*g", digits, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    cJSON *n = cJSON_CreateRaw(buf);
-    ZT_ASSERT(n);
-    return n;
-}
-
-/* A raw JSON number for a whole number; see config.h. */
-cJSON *zt__json_exact_int(int64_t v)
-{
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%lld", (long long)v);
-    cJSON *n = cJSON_CreateRaw(buf);
-    ZT_ASSERT(n);
-    return n;
-}
-
 /* Makes a path absolute by prefixing the current directory; returns a malloc'd string or NULL on error. */
 static char *absolute_path(const char *path, zt_err *err)
 {
@@ -783,10 +756,10 @@ int zt_train_config_save(const zt_train_config *c, const char *path, const char 
         }
         switch (k->type) {
         case KEY_INT:
-            cJSON_AddItemToObject(root, k->key, zt__json_exact_int(*(const int64_t *)p));
+            cJSON_AddItemToObject(root, k->key, zt_json_exact_int(*(const int64_t *)p));
             break;
         case KEY_DOUBLE:
-            cJSON_AddItemToObject(root, k->key, zt__json_exact_double(*(const double *)p));
+            cJSON_AddItemToObject(root, k->key, zt_json_exact_double(*(const double *)p));
             break;
         case KEY_BOOL:
             cJSON_AddBoolToObject(root, k->key, *(const bool *)p);

@@ -144,9 +144,4 @@ int zt_train_config_save(const zt_train_config *c, const char *path, const char 
  * checkpointing. */
 bool zt_train_config_layer_checkpointed(const zt_train_config *c, int l);
 
-/* Internal, shared with checkpoint.c: a JSON number node whose text reads back as exactly v (cJSON's own
- * printing may drop the last bit of a double), and one for a whole number. */
-cJSON *zt__json_exact_double(double v);
-cJSON *zt__json_exact_int(int64_t v);
-
 #endif

@@ -63,13 +63,6 @@ void zt_train_result_free(zt_train_result *res)
     res->losses = NULL;
 }
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static bool file_exists(const char *dir, const char *name)
 {
     char path[PATH_CAP];
@@ -766,7 +759,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
             goto out;
     }
 
-    const double start = now_seconds();
+    const double start = zt_now_s();
     const double elapsed_before = st.elapsed_s;
     const double step_tokens = (double)B * (double)T * (double)accum;
     double train_time = 0.0, window_time = 0.0, window_tokens = 0.0;
@@ -777,7 +770,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
     const bool offloaded = on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU;
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
-        const double t0 = now_seconds();
+        const double t0 = zt_now_s();
         const double lr = zt_schedule_lr(&sched, step);
         if (profile_from > 0 && step == profile_from)
             zt_engine_set_profiling(r.engine, true);
@@ -805,7 +798,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
             goto out;
         if (r.use_scaler)
             zt_loss_scaler_after_step(&r.scaler, &rep, sr.loss, is0);
-        const double dt = now_seconds() - t0;
+        const double dt = zt_now_s() - t0;
         steps_run++;
         train_time += dt;
         window_time += dt;
@@ -814,7 +807,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
         res->end_step = step;
         res->losses[step - res->start_step - 1] = sr.loss;
         res->skipped_steps = r.opt.skipped_steps;
-        const double elapsed = elapsed_before + (now_seconds() - start);
+        const double elapsed = elapsed_before + (zt_now_s() - start);
         const bool last = step == cfg->steps;
         int mrc = 0; /* rank 0's metrics.jsonl writes */
         zt_err merr = {{0}};
@@ -835,7 +828,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
                                      .skipped = rep.skipped};
             mrc = zt_metrics_write_train(&r.metrics, &line, &merr);
             if (step % cfg->log_every == 0 || step == res->start_step + 1 || last) {
-                double per_step = (now_seconds() - start) / (double)steps_run;
+                double per_step = (zt_now_s() - start) / (double)steps_run;
                 log_progress(step, cfg->steps, sr.loss, lr, rep.grad_norm,
                              window_time > 0 ? window_tokens / window_time : 0, elapsed,
                              per_step * (double)(cfg->steps - step));
@@ -874,7 +867,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
         }
         const bool stop = any > 0 || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
         if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
-            st.elapsed_s = elapsed_before + (now_seconds() - start);
+            st.elapsed_s = elapsed_before + (zt_now_s() - start);
             if ((rc = save(&r, cfg, &st, comm, res, err)) < 0)
                 goto out;
         }
@@ -891,7 +884,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
     stop_requested = 0; /* a request that came with the last step needs no stop */
     if (profile_from > 0 && is0)
         zt_engine_profile_report(r.engine);
-    res->seconds = now_seconds() - start;
+    res->seconds = zt_now_s() - start;
     res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
     if (is0 && !res->interrupted) {
         char took[32];
