@@ -10,6 +10,10 @@
  *                                                         records (empty for ids the vocabulary skips)
  *   hf_tokenizer_tool time TOKENIZER.json FILE ROUNDS     encodes FILE whole ROUNDS times; prints bytes,
  *                                                         tokens and the best seconds of one round
+ *   hf_tokenizer_tool unicode FIRST LAST OUT              OUT gets one line per code point FIRST..LAST (hex):
+ *                                                         "CP CATEGORY WHITE_SPACE LOWER NFD" from the Unicode
+ *                                                         tables (worker/data/unicode.h), mappings as hex
+ *                                                         code points joined by '.' 
  * Exit status: 0, 1 when a file cannot be read or written or the tokenizer is refused (message on stderr),
  * 2 on bad arguments. */
 #include <errno.h>
@@ -20,6 +24,7 @@
 
 #include "common/fileio.h"
 #include "worker/data/tokenize.h"
+#include "worker/data/unicode.h"
 
 static int fail(const char *msg)
 {
@@ -162,8 +167,34 @@ static int time_encode(const zt_tokenizer *tok, const char *path, int rounds)
     return 0;
 }
 
+static void put_map(FILE *f, const uint32_t *cps, int n)
+{
+    for (int i = 0; i < n; i++)
+        fprintf(f, i ? ".%X" : " %X", cps[i]);
+}
+
+static int unicode_dump(const char *first, const char *last, const char *out)
+{
+    FILE *f = fopen(out, "w");
+    if (!f)
+        return fail(strerror(errno));
+    uint32_t a = (uint32_t)strtoul(first, NULL, 16), b = (uint32_t)strtoul(last, NULL, 16);
+    for (uint32_t cp = a; cp <= b && cp < ZT_UNICODE_LIMIT; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF)
+            continue;
+        uint32_t m[ZT_UNICODE_MAX_EXPANSION];
+        fprintf(f, "%X %d %d", cp, zt_unicode_category(cp), zt_unicode_is_white_space(cp));
+        put_map(f, m, zt_unicode_lower(cp, m));
+        put_map(f, m, zt_unicode_nfd(cp, m));
+        fputc('\n', f);
+    }
+    return fclose(f) == 0 ? 0 : fail("cannot write the output");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && strcmp(argv[1], "unicode") == 0)
+        return unicode_dump(argv[2], argv[3], argv[4]);
     if (argc < 3)
         return fprintf(stderr, "usage: see the comment at the top of hf_tokenizer_tool.c\n"), 2;
     zt_tokenizer *tok;

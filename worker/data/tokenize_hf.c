@@ -684,12 +684,16 @@ static int lower_cps(cpvec *c, cpvec *tmp)
     return 0;
 }
 
-static void drop_mn(cpvec *c)
+/* Drops the nonspacing marks (Mn: BertNormalizer's strip_accents), or every mark (Mn, Mc, Me: the
+ * StripAccents normalizer, which uses is_combining_mark). */
+static void drop_marks(cpvec *c, bool all_marks)
 {
     size_t m = 0;
-    for (size_t i = 0; i < c->n; i++)
-        if (zt_unicode_category(c->v[i]) != ZT_UCAT_MN)
+    for (size_t i = 0; i < c->n; i++) {
+        int k = zt_unicode_category(c->v[i]);
+        if (!(k == ZT_UCAT_MN || (all_marks && (k == ZT_UCAT_MC || k == ZT_UCAT_ME))))
             c->v[m++] = c->v[i];
+    }
     c->n = m;
 }
 
@@ -762,7 +766,7 @@ static int norm_step(const zt__norm *nm, const char *in, size_t len, buf *out, c
                 return ZT_ENOMEM;
             return from_cps(c2, out);
         }
-        drop_mn(c1);
+        drop_marks(c1, true);
         return from_cps(c1, out);
     case ZT__NORM_BERT: {
         c1->n = 0;
@@ -790,7 +794,7 @@ static int norm_step(const zt__norm *nm, const char *in, size_t len, buf *out, c
             cpvec t = *c1;
             *c1 = *c2;
             *c2 = t;
-            drop_mn(c1);
+            drop_marks(c1, false);
         }
         if (nm->lowercase && lower_cps(c1, c2) != 0)
             return ZT_ENOMEM;
