@@ -42,7 +42,8 @@ static int buf_add(buf *b, const void *s, size_t n)
 {
     if (buf_reserve(b, n + 1) != 0)
         return ZT_ENOMEM;
-    memcpy(b->p + b->len, s, n);
+    if (n > 0)
+        memcpy(b->p + b->len, s, n);
     b->len += n;
     return 0;
 }
@@ -837,7 +838,8 @@ int zt__hf_normalize(const zt__hf *hf, const char *text, size_t len, zt__bytes *
         if (!out->p)
             rc = ZT_ENOMEM;
         else {
-            memcpy(out->p, r.p, r.len);
+            if (r.len > 0)
+                memcpy(out->p, r.p, r.len);
             out->p[r.len] = '\0';
             out->len = r.len;
         }
@@ -1143,7 +1145,8 @@ static int model_word(encoder *e, const char *w, size_t len)
     if (zt__strmap_put(&e->cache, w, len, (int32_t)e->npool) != 0)
         return ZT_ENOMEM;
     e->pool[e->npool++] = (int32_t)e->nwids;
-    memcpy(e->pool + e->npool, e->wids, e->nwids * sizeof(int32_t));
+    if (e->nwids > 0)
+        memcpy(e->pool + e->npool, e->wids, e->nwids * sizeof(int32_t));
     e->npool += e->nwids;
     return 0;
 }
@@ -1341,7 +1344,8 @@ static int list_push(strlist *l, const char *p, size_t len)
     char *s = malloc(len + 1);
     if (!s)
         return ZT_ENOMEM;
-    memcpy(s, p, len);
+    if (len > 0)
+        memcpy(s, p, len);
     s[len] = '\0';
     l->v[l->n++] = (zt__bytes){s, len};
     return 0;
@@ -1508,7 +1512,8 @@ static int decoder_step(const zt__decoder *d, strlist *l, buf *t1, buf *t2)
                     break;
                 stop -= d->a.len;
             }
-            memmove(t->p, t->p + start, stop - start);
+            if (stop > start)
+                memmove(t->p, t->p + start, stop - start);
             t->len = stop - start;
             t->p[t->len] = '\0';
         }
@@ -1549,7 +1554,8 @@ static int decoder_step(const zt__decoder *d, strlist *l, buf *t1, buf *t2)
             char *p = malloc(t1->len + 1);
             if (!p)
                 return ZT_ENOMEM;
-            memcpy(p, t1->p ? t1->p : "", t1->len);
+            if (t1->len > 0)
+                memcpy(p, t1->p, t1->len);
             p[t1->len] = '\0';
             free(t->p);
             *t = (zt__bytes){p, t1->len};

@@ -31,7 +31,8 @@ static uint64_t hash_bytes(const char *p, size_t n)
         n -= 8;
     }
     uint64_t v = 0;
-    memcpy(&v, p, n);
+    if (n > 0)
+        memcpy(&v, p, n);
     h = (h ^ v) * 0x94D049BB133111EBull;
     h ^= h >> 32;
     return h;
@@ -66,7 +67,7 @@ int32_t zt__strmap_get(const zt__strmap *m, const char *key, size_t len)
         if (e == 0)
             return -1;
         const struct zt__strmap_entry *x = &m->entries[e - 1];
-        if (x->hash == h && x->len == len && memcmp(m->arena + x->off, key, len) == 0)
+        if (x->hash == h && x->len == len && (len == 0 || memcmp(m->arena + x->off, key, len) == 0))
             return x->value;
         s = (s + 1) & (m->nslots - 1);
     }
@@ -85,7 +86,7 @@ int zt__strmap_put(zt__strmap *m, const char *key, size_t len, int32_t value)
         if (e == 0)
             break;
         struct zt__strmap_entry *x = &m->entries[e - 1];
-        if (x->hash == h && x->len == len && memcmp(m->arena + x->off, key, len) == 0) {
+        if (x->hash == h && x->len == len && (len == 0 || memcmp(m->arena + x->off, key, len) == 0)) {
             x->value = value;
             return 0;
         }
@@ -111,7 +112,8 @@ int zt__strmap_put(zt__strmap *m, const char *key, size_t len, int32_t value)
         m->arena = p;
         m->arena_cap = cap;
     }
-    memcpy(m->arena + m->arena_len, key, len);
+    if (len > 0)
+        memcpy(m->arena + m->arena_len, key, len);
     m->entries[m->n] = (struct zt__strmap_entry){.hash = h, .off = (uint32_t)m->arena_len, .len = (uint32_t)len,
                                                  .value = value};
     m->arena_len += len;
@@ -1062,7 +1064,8 @@ static int push_ids(loader *ld, int32_t **ids, int *n, const int32_t *add, int n
     if (!p)
         return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading %s", ld->where);
     *ids = p;
-    memcpy(*ids + *n, add, (size_t)nadd * sizeof(int32_t));
+    if (nadd > 0)
+        memcpy(*ids + *n, add, (size_t)nadd * sizeof(int32_t));
     *n += nadd;
     return 0;
 }
