@@ -1159,6 +1159,17 @@ static int encode_words(encoder *e, const char *s, size_t len)
     const zt__hf *hf = e->hf;
     if (len == 0)
         return 0;
+    if (hf->npretoks == 0 && hf->split_at_meta) {
+        size_t start = 0;
+        for (;;) {
+            const char *next = len - start > 3 ? memmem(s + start + 1, len - start - 1, "\xe2\x96\x81", 3) : NULL;
+            size_t end = next ? (size_t)(next - s) : len;
+            int rc = model_word(e, s + start, end - start);
+            if (rc != 0 || !next)
+                return rc;
+            start = end;
+        }
+    }
     if (hf->npretoks == 0)
         return model_word(e, s, len);
     splits *in = &e->a, *out = &e->b;

@@ -129,6 +129,8 @@ typedef struct zt__hf {
     bool fuse_unk, byte_fallback, ignore_merges; /* BPE */
     int32_t byte_ids[256];   /* BPE byte_fallback: id of <0xXX>, -1 when absent */
     int max_input_chars_per_word; /* WordPiece */
+    bool split_at_meta;      /* BPE without pre-tokenizer whose merges can never join across a "▁" (U+2581):
+                              * words are cut before each one, which gives the same ids, faster */
     size_t max_token_len;    /* longest vocabulary entry, bytes */
     /* BPE merges: (left id, right id) -> rank and merged id */
     struct zt__merge { uint64_t key; uint32_t rank; int32_t id; } *merges; /* open addressing; key 0 = empty */

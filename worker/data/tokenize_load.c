@@ -1213,6 +1213,25 @@ static int load_post(loader *ld, const cJSON *obj, const char *path, int depth)
 
 /* ---- the whole file -------------------------------------------------------------------------------- */
 
+/* True when a BPE without pre-tokenizer (LLaMA-2 style: the whole text is one word) may be cut before every
+ * "▁": a merge of a left part with a right part that starts with "▁" makes a token with "▁" inside it, so
+ * if no vocabulary entry has one past its first byte, no merge crosses the cut. "▁" must be a token of its
+ * own (else unknown characters on both sides could fuse into one unknown token), and nothing may depend
+ * on where the word ends (end_of_word_suffix, continuing_subword_prefix, ignore_merges). */
+static bool meta_boundaries_safe(const zt__hf *hf)
+{
+    static const char meta[] = "\xe2\x96\x81";
+    if (hf->model != ZT__MODEL_BPE || hf->npretoks > 0 || hf->ignore_merges || hf->subword_prefix.len ||
+        hf->word_suffix.len || zt__strmap_get(&hf->vocab, meta, 3) < 0)
+        return false;
+    for (size_t i = 0; i < hf->vocab.n; i++) {
+        const struct zt__strmap_entry *e = &hf->vocab.entries[i];
+        if (e->len > 3 && memmem(hf->vocab.arena + e->off + 1, e->len - 1, meta, 3))
+            return false;
+    }
+    return true;
+}
+
 /* Fills hf->tokens, is_special and pieces for every id. */
 static int build_id_tables(loader *ld)
 {
@@ -1351,6 +1370,7 @@ int zt__hf_load(zt__hf *hf, const char *json, size_t len, const char *where, zt_
             goto done;
         }
     }
+    hf->split_at_meta = meta_boundaries_safe(hf);
     bool byte_level = false;
     for (int i = 0; i < hf->npretoks; i++)
         byte_level = byte_level || hf->pretoks[i].type == ZT__PRETOK_BYTE_LEVEL;
