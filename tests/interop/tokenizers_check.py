@@ -17,7 +17,10 @@ With the library it builds and saves (tokenizer.json) these tokenizers, training
                   <|begin_of_text|> $A;
   - qwen2:        the same with Qwen2's regex (digits one by one);
   - llama2:       LLaMA-2-style: Prepend and Replace "▁" normalizers, no pre-tokenizer, BPE with byte fallback
-                  (<0x00>..<0xFF>) and fused <unk>, decoder Replace/ByteFallback/Fuse/Strip, <s> $A.
+                  (<0x00>..<0xFF>) and fused <unk>, decoder Replace/ByteFallback/Fuse/Strip, <s> $A;
+  - llama2-metaspace: the same pieces with a Metaspace pre-tokenizer (prepend_scheme first, no split) and no
+                  normalizer, as newer conversions write LLaMA-2 and Mistral;
+  - metaspace-split: Metaspace splitting at every "▁" (prepend_scheme always) and a Metaspace decoder.
 For each, the ids of every text of the suite (Unicode: accents, CJK, Arabic, combining marks; emoji: ZWJ
 sequences, flags, skin tones; digits; whitespace runs: spaces, tabs, newlines, \\r\\n, NBSP; unknown
 characters; special tokens inside text) and of the whole corpus must equal the library's, with and without
@@ -171,13 +174,17 @@ def build_tokenizers():
         out[name] = t
 
     out["llama2"] = build_llama2()
+    out["llama2-metaspace"] = build_llama2(metaspace="first")
+    out["metaspace-split"] = build_llama2(metaspace="always")
     return out
 
 
-def build_llama2():
+def build_llama2(metaspace=None):
     """SentencePiece-style pieces trained with a Metaspace pre-tokenizer, then laid out as LLaMA-2's
     tokenizer.json is: <unk> <s> </s>, the 256 byte tokens, the pieces; normalizer Prepend + Replace, no
-    pre-tokenizer, byte fallback."""
+    pre-tokenizer, byte fallback. metaspace "first": as newer conversions write it, no normalizer and a
+    Metaspace pre-tokenizer (prepend_scheme first, no split); "always": Metaspace splitting at every "▁",
+    with a Metaspace decoder."""
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
     train(t, trainers.BpeTrainer(vocab_size=1500, show_progress=False, max_token_length=16))
@@ -210,6 +217,15 @@ def build_llama2():
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                   "vocab": vocab, "merges": trained["merges"]},
     }
+    if metaspace == "first":
+        spec["normalizer"] = None
+        spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    elif metaspace == "always":
+        spec["normalizer"] = None
+        spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
+        spec["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]}
     return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
 
 

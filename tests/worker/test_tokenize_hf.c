@@ -242,6 +242,30 @@ static void test_byte_fallback_bpe(void **state)
     free(json);
 }
 
+/* Metaspace instead of the normalizers: "first" prepends "▁" only where the text begins. */
+static void test_metaspace(void **state)
+{
+    (void)state;
+    char *json = llama2_json(true, true);
+    const char *from = strstr(json, "\"normalizer\": {");
+    const char *to = strstr(json, "\"pre_tokenizer\": null");
+    assert_non_null(from);
+    assert_non_null(to);
+    char *edited = malloc(strlen(json) + 256);
+    assert_non_null(edited);
+    size_t head = (size_t)(from - json);
+    memcpy(edited, json, head);
+    sprintf(edited + head, "\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": "
+                           "\"\\u2581\", \"prepend_scheme\": \"first\", \"split\": false}%s",
+            to + strlen("\"pre_tokenizer\": null"));
+    zt_tokenizer *tok = load_ok(edited);
+    expect_ids(tok, "hi hi", 0, IDS(263, 263));
+    expect_ids(tok, "<s>hi", 0, IDS(1, 260, 261)); /* after <s>: not the beginning, no "▁" */
+    zt_tokenizer_destroy(tok);
+    free(edited);
+    free(json);
+}
+
 /* ---- WordPiece (BERT) ---- */
 
 static char *bert_json(const char *normalizer, const char *extra_added)
@@ -332,8 +356,11 @@ static void test_refusals(void **state)
          "null", M, ZT_EUNSUPPORTED, {"normalizer.pattern", "Regex", NULL}},
         {"[]", "{\"type\": \"Lowercase\", \"extra\": 1}", "null", "null", "null", M, ZT_EUNSUPPORTED,
          {"normalizer.extra", NULL, NULL}},
-        {"[]", "null", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", "null", "null", M, ZT_EUNSUPPORTED,
-         {"pre_tokenizer.type", "Metaspace", NULL}},
+        {"[]", "null", "{\"type\": \"Whitespace\"}", "null", "null", M, ZT_EUNSUPPORTED,
+         {"pre_tokenizer.type", "Whitespace", NULL}},
+        {"[]", "{\"type\": \"BertNormalizer\"}", "{\"type\": \"Metaspace\", \"replacement\": \"_\", "
+               "\"prepend_scheme\": \"first\", \"split\": false}", "null", "null", M, ZT_EUNSUPPORTED,
+         {"pre_tokenizer.prepend_scheme", "first", NULL}},
         {"[]", "null", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, \"behavior\": \"Isolated\", "
                        "\"invert\": false}", "null", "null", M, ZT_EUNSUPPORTED,
          {"pre_tokenizer.pattern", "\\\\w+", "regex"}},
@@ -570,6 +597,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_byte_level_bpe),
         cmocka_unit_test(test_byte_fallback_bpe),
+        cmocka_unit_test(test_metaspace),
         cmocka_unit_test(test_wordpiece),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_text_and_id_errors),

@@ -470,8 +470,9 @@ static bool is_numeric(uint32_t cp)
     return zt_unicode_is_number(cp);
 }
 
-/* One pre-tokenizer step over every split of in, into out. */
-static int pretok_step(encoder *e, const zt__pretok *t, const splits *in, splits *out)
+/* One pre-tokenizer step over every split of in, into out. at_start: in's first split begins the text (what
+ * Metaspace's prepend_scheme "first" asks; the loader allows it only as the first step). */
+static int pretok_step(encoder *e, const zt__pretok *t, const splits *in, splits *out, bool at_start)
 {
     for (size_t k = 0; k < in->n; k++) {
         const char *s = in->text.p + in->v[k].off;
@@ -549,6 +550,40 @@ static int pretok_step(encoder *e, const zt__pretok *t, const splits *in, splits
                 i += (size_t)n;
             }
             if (splits_push(out, s + word, len - word) != 0)
+                return ZT_ENOMEM;
+            break;
+        }
+        case ZT__PRETOK_METASPACE: {
+            /* spaces become the replacement, which may also go in front; split: cut before each one */
+            e->tmp.len = 0;
+            const zt__bytes *rep = &t->a;
+            bool starts = len > 0 && (s[0] == ' ' || (len >= rep->len && memcmp(s, rep->p, rep->len) == 0));
+            bool prepend = t->prepend == ZT__PREPEND_ALWAYS || (t->prepend == ZT__PREPEND_FIRST && k == 0 && at_start);
+            if (prepend && !starts && buf_add(&e->tmp, rep->p, rep->len) != 0)
+                return ZT_ENOMEM;
+            for (size_t i = 0; i < len; i++)
+                if ((s[i] == ' ' ? buf_add(&e->tmp, rep->p, rep->len) : buf_add(&e->tmp, s + i, 1)) != 0)
+                    return ZT_ENOMEM;
+            const char *r = e->tmp.p;
+            size_t rlen = e->tmp.len;
+            if (!t->split) {
+                if (splits_push(out, r, rlen) != 0)
+                    return ZT_ENOMEM;
+                break;
+            }
+            size_t prev = 0;
+            for (size_t i = 0; i + rep->len <= rlen;) {
+                const char *hit = memmem(r + i, rlen - i, rep->p, rep->len);
+                if (!hit)
+                    break;
+                size_t at = (size_t)(hit - r);
+                if ((at > prev && push_seg(e, prev, at, false) != 0) || push_seg(e, at, at + rep->len, true) != 0)
+                    return ZT_ENOMEM;
+                prev = i = at + rep->len;
+            }
+            if (prev < rlen && push_seg(e, prev, rlen, false) != 0)
+                return ZT_ENOMEM;
+            if (apply_behavior(e, r, ZT__SPLIT_MERGED_WITH_NEXT, out) != 0)
                 return ZT_ENOMEM;
             break;
         }
@@ -1153,25 +1188,30 @@ static int model_word(encoder *e, const char *w, size_t len)
 
 /* ---- the pipeline ---------------------------------------------------------------------------------- */
 
-/* Pre-tokenizes one normalized piece and runs the model on each word. */
-static int encode_words(encoder *e, const char *s, size_t len)
+/* Runs the model on one word, cut before each "▁" when no merge can cross one (hf->split_at_meta). */
+static int cut_word(encoder *e, const char *s, size_t len)
+{
+    if (!e->hf->split_at_meta)
+        return model_word(e, s, len);
+    size_t start = 0;
+    for (;;) {
+        const char *next = len - start > 3 ? memmem(s + start + 1, len - start - 1, "\xe2\x96\x81", 3) : NULL;
+        size_t end = next ? (size_t)(next - s) : len;
+        int rc = model_word(e, s + start, end - start);
+        if (rc != 0 || !next)
+            return rc;
+        start = end;
+    }
+}
+
+/* Pre-tokenizes one normalized piece and runs the model on each word; at_start: the piece begins the text. */
+static int encode_words(encoder *e, const char *s, size_t len, bool at_start)
 {
     const zt__hf *hf = e->hf;
     if (len == 0)
         return 0;
-    if (hf->npretoks == 0 && hf->split_at_meta) {
-        size_t start = 0;
-        for (;;) {
-            const char *next = len - start > 3 ? memmem(s + start + 1, len - start - 1, "\xe2\x96\x81", 3) : NULL;
-            size_t end = next ? (size_t)(next - s) : len;
-            int rc = model_word(e, s + start, end - start);
-            if (rc != 0 || !next)
-                return rc;
-            start = end;
-        }
-    }
     if (hf->npretoks == 0)
-        return model_word(e, s, len);
+        return cut_word(e, s, len);
     splits *in = &e->a, *out = &e->b;
     in->n = 0;
     in->text.len = 0;
@@ -1180,14 +1220,14 @@ static int encode_words(encoder *e, const char *s, size_t len)
     for (int i = 0; i < hf->npretoks; i++) {
         out->n = 0;
         out->text.len = 0;
-        if (pretok_step(e, &hf->pretoks[i], in, out) != 0)
+        if (pretok_step(e, &hf->pretoks[i], in, out, at_start && i == 0) != 0)
             return ZT_ENOMEM;
         splits *t = in;
         in = out;
         out = t;
     }
     for (size_t k = 0; k < in->n; k++) {
-        int rc = model_word(e, in->text.p + in->v[k].off, in->v[k].len);
+        int rc = cut_word(e, in->text.p + in->v[k].off, in->v[k].len);
         if (rc != 0)
             return rc;
     }
@@ -1241,9 +1281,10 @@ static size_t space_after(const char *s, size_t len, size_t i)
     return i;
 }
 
-/* Cuts s at the added tokens of set: the tokens' ids go out, the text between them to fn. */
-static int split_added(encoder *e, const zt__added_set *set, const char *s, size_t len,
-                       int (*fn)(encoder *, const char *, size_t))
+/* Cuts s at the added tokens of set: the tokens' ids go out, the text between them to fn (with whether it
+ * begins the text: s does, at_start, and the piece starts at its beginning). */
+static int split_added(encoder *e, const zt__added_set *set, const char *s, size_t len, bool at_start,
+                       int (*fn)(encoder *, const char *, size_t, bool))
 {
     const zt__hf *hf = e->hf;
     size_t done = 0, from = 0, at;
@@ -1258,7 +1299,7 @@ static int split_added(encoder *e, const zt__added_set *set, const char *s, size
         if (a->rstrip)
             stop = space_after(s, len, stop);
         if (start > done) {
-            int rc = fn(e, s + done, start - done);
+            int rc = fn(e, s + done, start - done, at_start && done == 0);
             if (rc != 0)
                 return rc;
         }
@@ -1267,25 +1308,25 @@ static int split_added(encoder *e, const zt__added_set *set, const char *s, size
         done = from = stop;
     }
     if (done < len)
-        return fn(e, s + done, len - done);
+        return fn(e, s + done, len - done, at_start && done == 0);
     return 0;
 }
 
-static int normalized_piece(encoder *e, const char *s, size_t len)
+static int normalized_piece(encoder *e, const char *s, size_t len, bool at_start)
 {
-    return split_added(e, &e->hf->norm_set, s, len, encode_words);
+    return split_added(e, &e->hf->norm_set, s, len, at_start, encode_words);
 }
 
-static int raw_piece(encoder *e, const char *s, size_t len)
+static int raw_piece(encoder *e, const char *s, size_t len, bool at_start)
 {
     const zt__hf *hf = e->hf;
     if (hf->nnorms == 0)
-        return normalized_piece(e, s, len);
+        return normalized_piece(e, s, len, at_start);
     zt__bytes r;
     if (normalize_into(hf, s, len, &e->norm, &e->norm2, &r) != 0)
         return ZT_ENOMEM;
     /* encode_words does not touch e->norm / e->norm2, and one piece is normalized at a time */
-    return normalized_piece(e, r.p, r.len);
+    return normalized_piece(e, r.p, r.len, at_start);
 }
 
 static void encoder_free(encoder *e)
@@ -1317,7 +1358,7 @@ int zt__hf_encode(const zt__hf *hf, const char *text, size_t len, bool add_speci
         for (int i = 0; i < hf->nprefix && rc == 0; i++)
             rc = push_id(&e, hf->prefix_ids[i]);
     if (rc == 0)
-        rc = split_added(&e, &hf->raw_set, text, len, raw_piece);
+        rc = split_added(&e, &hf->raw_set, text, len, true, raw_piece);
     if (add_special)
         for (int i = 0; i < hf->nsuffix && rc == 0; i++)
             rc = push_id(&e, hf->suffix_ids[i]);
@@ -1532,10 +1573,16 @@ static int decoder_step(const zt__decoder *d, strlist *l, buf *t1, buf *t2)
     case ZT__DEC_REPLACE:
     case ZT__DEC_WORDPIECE:
     case ZT__DEC_BPE:
+    case ZT__DEC_METASPACE:
         for (size_t i = 0; i < l->n; i++) {
             zt__bytes *t = &l->v[i];
             t1->len = 0;
-            if (d->type == ZT__DEC_REPLACE) {
+            if (d->type == ZT__DEC_METASPACE) {
+                /* the replacement is a space, and is dropped in the first token unless prepend is never */
+                bool drop = i == 0 && d->prepend != ZT__PREPEND_NEVER;
+                if (replace_all(t->p, t->len, d->a.p, d->a.len, " ", drop ? 0 : 1, t1) != 0)
+                    return ZT_ENOMEM;
+            } else if (d->type == ZT__DEC_REPLACE) {
                 if (replace_all(t->p, t->len, d->a.p, d->a.len, d->b.p, d->b.len, t1) != 0)
                     return ZT_ENOMEM;
             } else if (d->type == ZT__DEC_BPE) {

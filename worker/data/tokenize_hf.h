@@ -73,12 +73,18 @@ enum zt__pretok_type {
     ZT__PRETOK_WHITESPACE_SPLIT, /* White_Space removed */
     ZT__PRETOK_PUNCTUATION,      /* behavior */
     ZT__PRETOK_DIGITS,           /* individual_digits */
+    ZT__PRETOK_METASPACE,        /* a: replacement, prepend, split */
 };
+
+/* Metaspace's prepend_scheme. */
+enum zt__prepend { ZT__PREPEND_ALWAYS, ZT__PREPEND_NEVER, ZT__PREPEND_FIRST };
 
 typedef struct zt__pretok {
     enum zt__pretok_type type;
     bool add_prefix_space, use_regex; /* BYTE_LEVEL */
     bool individual_digits;           /* DIGITS */
+    enum zt__prepend prepend;         /* METASPACE */
+    bool split;                       /* METASPACE */
     enum zt__regex regex;
     enum zt__split_behavior behavior;
     zt__bytes a;
@@ -92,6 +98,7 @@ enum zt__decoder_type {
     ZT__DEC_REPLACE,   /* a -> b */
     ZT__DEC_WORDPIECE, /* a: prefix, cleanup */
     ZT__DEC_BPE,       /* a: suffix */
+    ZT__DEC_METASPACE, /* a: replacement, prepend */
 };
 
 typedef struct zt__decoder {
@@ -99,6 +106,7 @@ typedef struct zt__decoder {
     zt__bytes a, b;
     int start, stop; /* STRIP: characters */
     bool cleanup;    /* WORDPIECE */
+    enum zt__prepend prepend; /* METASPACE */
 } zt__decoder;
 
 /* An added token, matched in the text before the model sees it. */
@@ -129,8 +137,8 @@ typedef struct zt__hf {
     bool fuse_unk, byte_fallback, ignore_merges; /* BPE */
     int32_t byte_ids[256];   /* BPE byte_fallback: id of <0xXX>, -1 when absent */
     int max_input_chars_per_word; /* WordPiece */
-    bool split_at_meta;      /* BPE without pre-tokenizer whose merges can never join across a "▁" (U+2581):
-                              * words are cut before each one, which gives the same ids, faster */
+    bool split_at_meta;      /* BPE whose merges can never join across a "▁" (U+2581): words are cut before
+                              * each one, which gives the same ids, faster */
     size_t max_token_len;    /* longest vocabulary entry, bytes */
     /* BPE merges: (left id, right id) -> rank and merged id */
     struct zt__merge { uint64_t key; uint32_t rank; int32_t id; } *merges; /* open addressing; key 0 = empty */

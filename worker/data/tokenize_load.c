@@ -477,9 +477,69 @@ static int get_behavior(loader *ld, const cJSON *obj, const char *path, enum zt_
     return bad_field(ld, p, "one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
 }
 
+/* The fields of Metaspace (pre-tokenizer and decoder): replacement, prepend_scheme, split, and the older
+ * add_prefix_space and str_rep, read as the library reads them. */
+static int get_metaspace(loader *ld, const cJSON *obj, const char *path, zt__bytes *rep, enum zt__prepend *prepend,
+                         bool *split)
+{
+    static const char *const keys[] = {"type", "replacement", "prepend_scheme", "split", "add_prefix_space",
+                                       "str_rep", NULL};
+    char p[PATH_LEN];
+    int rc;
+    bool add_prefix_space = true, has_aps;
+    zt__bytes unused = {0};
+    *prepend = ZT__PREPEND_ALWAYS;
+    *split = true;
+    if ((rc = check_keys(ld, obj, path, keys)) != 0 || (rc = need_string(ld, obj, path, "replacement", rep)) != 0 ||
+        (rc = get_bool(ld, obj, path, "split", split)) != 0 ||
+        (rc = get_bool(ld, obj, path, "add_prefix_space", &add_prefix_space)) != 0 ||
+        (rc = get_string(ld, obj, path, "str_rep", &unused, NULL)) != 0)
+        return rc;
+    free(unused.p);
+    uint32_t cp;
+    if (rep->len == 0 || zt_utf8_decode((const unsigned char *)rep->p, rep->len, &cp) != (int)rep->len) {
+        child_path(p, path, "replacement");
+        return bad_field(ld, p, "one character");
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "prepend_scheme");
+    child_path(p, path, "prepend_scheme");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v))
+            return bad_field(ld, p, "\"always\", \"never\" or \"first\"");
+        if (strcmp(v->valuestring, "always") == 0)
+            *prepend = ZT__PREPEND_ALWAYS;
+        else if (strcmp(v->valuestring, "never") == 0)
+            *prepend = ZT__PREPEND_NEVER;
+        else if (strcmp(v->valuestring, "first") == 0)
+            *prepend = ZT__PREPEND_FIRST;
+        else
+            return bad_field(ld, p, "\"always\", \"never\" or \"first\"");
+    }
+    has_aps = cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(obj, "add_prefix_space"));
+    if (has_aps && !add_prefix_space) {
+        if (*prepend != ZT__PREPEND_NEVER && v && !cJSON_IsNull(v))
+            return bad_field(ld, p, "\"never\" when add_prefix_space is false");
+        *prepend = ZT__PREPEND_NEVER;
+    }
+    return 0;
+}
+
+/* True when some normalizer step can delete characters at the start of a text, which moves where the
+ * first piece begins in the original text (Metaspace's "first" looks at that). */
+static bool normalizer_may_delete(const zt__hf *hf)
+{
+    for (int i = 0; i < hf->nnorms; i++) {
+        const zt__norm *n = &hf->norms[i];
+        if ((n->type == ZT__NORM_BERT && (n->clean_text || n->strip_accents)) || n->type == ZT__NORM_STRIP_ACCENTS ||
+            (n->type == ZT__NORM_STRIP && n->strip_left) || (n->type == ZT__NORM_REPLACE && n->b.len == 0))
+            return true;
+    }
+    return false;
+}
+
 static const char pretok_list[] =
     "ztrain implements the pre-tokenizers ByteLevel, Split (a String pattern, or the GPT-2, LLaMA-3/cl100k or "
-    "Qwen2 regex), BertPreTokenizer, WhitespaceSplit, Punctuation, Digits and Sequence";
+    "Qwen2 regex), Metaspace, BertPreTokenizer, WhitespaceSplit, Punctuation, Digits and Sequence";
 
 static int load_pretok(loader *ld, const cJSON *obj, const char *path, int depth)
 {
@@ -578,6 +638,23 @@ static int load_pretok(loader *ld, const cJSON *obj, const char *path, int depth
             return rc;
         return add_pretok(ld, t);
     }
+    if (strcmp(type, "Metaspace") == 0) {
+        t.type = ZT__PRETOK_METASPACE;
+        if ((rc = get_metaspace(ld, obj, path, &t.a, &t.prepend, &t.split)) != 0)
+            goto metaspace_fail;
+        if (t.prepend == ZT__PREPEND_FIRST && (ld->hf->npretoks > 0 || normalizer_may_delete(ld->hf))) {
+            child_path(p, path, "prepend_scheme");
+            rc = unsupported(ld, p, cJSON_GetObjectItemCaseSensitive(obj, "prepend_scheme"),
+                             "\"first\" is implemented for a Metaspace that comes first among the pre-tokenizers, "
+                             "after normalizers that delete no characters");
+            goto metaspace_fail;
+        }
+        if ((rc = add_pretok(ld, t)) == 0)
+            return 0;
+    metaspace_fail:
+        free(t.a.p);
+        return rc;
+    }
     if (strcmp(type, "Digits") == 0) {
         static const char *const keys[] = {"type", "individual_digits", NULL};
         t.type = ZT__PRETOK_DIGITS;
@@ -605,7 +682,7 @@ static int add_decoder(loader *ld, zt__decoder d)
 
 static const char decoder_list[] =
     "ztrain implements the decoders ByteLevel, ByteFallback, Fuse, Strip, Replace (with a String pattern), "
-    "WordPiece, BPEDecoder and Sequence";
+    "WordPiece, BPEDecoder, Metaspace and Sequence";
 
 static int load_decoder(loader *ld, const cJSON *obj, const char *path, int depth)
 {
@@ -713,6 +790,14 @@ static int load_decoder(loader *ld, const cJSON *obj, const char *path, int dept
     wp_fail:
         free(d.a.p);
         return rc == ZT_ENOMEM ? zt_fail(ld->err, rc, "out of memory reading %s", ld->where) : rc;
+    }
+    if (strcmp(type, "Metaspace") == 0) {
+        bool split;
+        d.type = ZT__DEC_METASPACE;
+        if ((rc = get_metaspace(ld, obj, path, &d.a, &d.prepend, &split)) == 0 && (rc = add_decoder(ld, d)) == 0)
+            return 0;
+        free(d.a.p);
+        return rc;
     }
     if (strcmp(type, "BPEDecoder") == 0) {
         static const char *const keys[] = {"type", "suffix", NULL};
@@ -1213,15 +1298,15 @@ static int load_post(loader *ld, const cJSON *obj, const char *path, int depth)
 
 /* ---- the whole file -------------------------------------------------------------------------------- */
 
-/* True when a BPE without pre-tokenizer (LLaMA-2 style: the whole text is one word) may be cut before every
- * "▁": a merge of a left part with a right part that starts with "▁" makes a token with "▁" inside it, so
+/* True when the words of a BPE may be cut before every "▁" (LLaMA-2 style, where the whole text is one
+ * word): a merge of a left part with a right part that starts with "▁" makes a token with "▁" inside it, so
  * if no vocabulary entry has one past its first byte, no merge crosses the cut. "▁" must be a token of its
  * own (else unknown characters on both sides could fuse into one unknown token), and nothing may depend
  * on where the word ends (end_of_word_suffix, continuing_subword_prefix, ignore_merges). */
 static bool meta_boundaries_safe(const zt__hf *hf)
 {
     static const char meta[] = "\xe2\x96\x81";
-    if (hf->model != ZT__MODEL_BPE || hf->npretoks > 0 || hf->ignore_merges || hf->subword_prefix.len ||
+    if (hf->model != ZT__MODEL_BPE || hf->ignore_merges || hf->subword_prefix.len ||
         hf->word_suffix.len || zt__strmap_get(&hf->vocab, meta, 3) < 0)
         return false;
     for (size_t i = 0; i < hf->vocab.n; i++) {
