@@ -8,6 +8,7 @@ With the library it builds and saves (tokenizer.json) these tokenizers, training
 (data/corpus.txt) plus half of a text suite, so that the other half has characters they never saw:
   - bpe-classic:  BPE with [UNK] (fused), end-of-word suffix, NFD + Lowercase + StripAccents, WhitespaceSplit +
                   Punctuation + Digits, BPEDecoder;
+  - bpe-splits:   BPE behind Split (String patterns) and Punctuation and Digits with every split behavior;
   - wordpiece:    BERT (BertNormalizer lowercasing and stripping accents, BertPreTokenizer, WordPiece "##",
                   [CLS] $A [SEP]), plus a normalized added token;
   - wordpiece-cased: BertNormalizer without lowercasing or accent stripping;
@@ -133,6 +134,17 @@ def build_tokenizers():
     out["bpe-classic"] = train(t, trainers.BpeTrainer(vocab_size=1200, special_tokens=["[UNK]"],
                                                       end_of_word_suffix="</w>", show_progress=False))
 
+    # Every split behavior: String splits and the character classes of Punctuation and Digits.
+    t = Tokenizer(models.BPE(unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="merged_with_previous"),
+        pre_tokenizers.Punctuation(behavior="contiguous"),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split("e", behavior="merged_with_next"),
+        pre_tokenizers.Split("\n", behavior="removed"),
+        pre_tokenizers.Split("th", behavior="contiguous")])
+    out["bpe-splits"] = train(t, trainers.BpeTrainer(vocab_size=800, special_tokens=["[UNK]"], show_progress=False))
+
     for name, lower in (("wordpiece", True), ("wordpiece-cased", False)):
         t = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
         t.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
@@ -195,6 +207,13 @@ def build_llama2(metaspace=None):
     for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
         if piece not in vocab:
             vocab[piece] = len(vocab)
+    # runs of "▁" for runs of spaces, as LLaMA-2 has them
+    merges = list(trained["merges"])
+    for run in ("▁▁", "▁▁▁▁"):
+        if run not in vocab:
+            vocab[run] = len(vocab)
+            half = run[:len(run) // 2]
+            merges.append([half, half])
     spec = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
@@ -215,7 +234,7 @@ def build_llama2(metaspace=None):
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": trained["merges"]},
+                  "vocab": vocab, "merges": merges},
     }
     if metaspace == "first":
         spec["normalizer"] = None

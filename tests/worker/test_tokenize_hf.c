@@ -181,13 +181,14 @@ static char *llama2_json(bool byte_fallback, bool fuse_unk)
     size_t n = (size_t)snprintf(vocab, cap, "{\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2");
     for (int b = 0; b < 256 && byte_fallback; b++)
         n += (size_t)snprintf(vocab + n, cap - n, ", \"<0x%02X>\": %d", b, 3 + b);
-    snprintf(vocab + n, cap - n, ", \"\\u2581\": 259, \"h\": 260, \"i\": 261, \"\\u2581h\": 262, \"\\u2581hi\": 263}");
+    snprintf(vocab + n, cap - n, ", \"\\u2581\": 259, \"h\": 260, \"i\": 261, \"\\u2581h\": 262, \"\\u2581hi\": 263, "
+                                 "\"\\u2581\\u2581\": 264}");
     char *model = malloc(cap);
     assert_non_null(model);
     snprintf(model, cap,
              "{\"type\": \"BPE\", \"dropout\": null, \"unk_token\": \"<unk>\", \"continuing_subword_prefix\": null, "
              "\"end_of_word_suffix\": null, \"fuse_unk\": %s, \"byte_fallback\": %s, \"ignore_merges\": false, "
-             "\"vocab\": %s, \"merges\": [\"\\u2581 h\", \"\\u2581h i\"]}",
+             "\"vocab\": %s, \"merges\": [\"\\u2581 h\", \"\\u2581h i\", \"\\u2581 \\u2581\"]}",
              fuse_unk ? "true" : "false", byte_fallback ? "true" : "false", vocab);
     char *json = make_json(
         "[{\"id\": 0, \"content\": \"<unk>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
@@ -214,8 +215,11 @@ static void test_byte_fallback_bpe(void **state)
     char *json = llama2_json(true, true);
     zt_tokenizer *tok = load_ok(json);
     assert_string_equal(zt_tokenizer_kind(tok), "bpe");
-    assert_int_equal(zt_tokenizer_vocab_size(tok), 264);
+    assert_int_equal(zt_tokenizer_vocab_size(tok), 265);
     expect_ids(tok, "hi hi", 0, IDS(263, 263));
+    /* "▁▁" is a token: the run of two spaces stays one word; ▁h (rank 0) merges before ▁▁ (rank 2) */
+    expect_ids(tok, "hi  hi", 0, IDS(263, 259, 263));
+    expect_ids(tok, "   ", 0, IDS(264, 264));
     expect_ids(tok, "hi hi", ZT_TOKENIZE_ADD_SPECIAL, IDS(1, 263, 263));
     /* é has no piece: its bytes C3 A9 */
     expect_ids(tok, "h\xc3\xa9", 0, IDS(262, 3 + 0xC3, 3 + 0xA9));

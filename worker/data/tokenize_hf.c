@@ -377,11 +377,12 @@ static int apply_behavior(encoder *e, const char *s, enum zt__split_behavior beh
     if (behavior == ZT__SPLIT_MERGED_WITH_NEXT) {
         bool prev_match = false;
         for (size_t i = n; i-- > 0;) {
-            if (g[i].match && !prev_match && m > 0)
+            bool match = g[i].match; /* read first: the slot written below may be g[i] itself */
+            if (match && !prev_match && m > 0)
                 g[n - m].start = g[i].start; /* merge into the next (the last kept, stored from the end) */
             else
                 g[n - ++m] = (seg){g[i].start, g[i].end, false};
-            prev_match = g[i].match;
+            prev_match = match;
         }
         for (size_t i = n - m; i < n; i++)
             if (splits_push(out, s + g[i].start, g[i].end - g[i].start) != 0)
@@ -390,12 +391,13 @@ static int apply_behavior(encoder *e, const char *s, enum zt__split_behavior beh
     }
     bool prev_match = false;
     for (size_t i = 0; i < n; i++) {
-        bool merge = behavior == ZT__SPLIT_CONTIGUOUS ? g[i].match == prev_match : g[i].match && !prev_match;
+        bool match = g[i].match; /* read first: the slot written below may be g[i] itself */
+        bool merge = behavior == ZT__SPLIT_CONTIGUOUS ? match == prev_match : match && !prev_match;
         if (merge && m > 0)
             g[m - 1].end = g[i].end;
         else
             g[m++] = (seg){g[i].start, g[i].end, false};
-        prev_match = g[i].match;
+        prev_match = match;
     }
     for (size_t i = 0; i < m; i++)
         if (splits_push(out, s + g[i].start, g[i].end - g[i].start) != 0)
@@ -1188,19 +1190,31 @@ static int model_word(encoder *e, const char *w, size_t len)
 
 /* ---- the pipeline ---------------------------------------------------------------------------------- */
 
-/* Runs the model on one word, cut before each "▁" when no merge can cross one (hf->split_at_meta). */
+/* Runs the model on one word, cut before each "▁" that follows another character when no merge can cross
+ * such a cut (hf->split_at_meta). */
 static int cut_word(encoder *e, const char *s, size_t len)
 {
     if (!e->hf->split_at_meta)
         return model_word(e, s, len);
-    size_t start = 0;
+    static const char meta[] = "\xe2\x96\x81";
+    size_t start = 0, from = 1;
     for (;;) {
-        const char *next = len - start > 3 ? memmem(s + start + 1, len - start - 1, "\xe2\x96\x81", 3) : NULL;
+        const char *next = NULL;
+        while (from < len && (next = memmem(s + from, len - from, meta, 3)) != NULL) {
+            size_t at = (size_t)(next - s);
+            if (at >= 3 && memcmp(s + at - 3, meta, 3) == 0) { /* inside a run of ▁: no cut */
+                from = at + 3;
+                next = NULL;
+                continue;
+            }
+            break;
+        }
         size_t end = next ? (size_t)(next - s) : len;
         int rc = model_word(e, s + start, end - start);
         if (rc != 0 || !next)
             return rc;
         start = end;
+        from = end + 3;
     }
 }
 

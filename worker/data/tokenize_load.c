@@ -1298,26 +1298,27 @@ static int load_post(loader *ld, const cJSON *obj, const char *path, int depth)
 
 /* ---- the whole file -------------------------------------------------------------------------------- */
 
-/* True when the words of a BPE may be cut before every "▁" (LLaMA-2 style, where the whole text is one
- * word): a merge of a left part with a right part that starts with "▁" makes a token with "▁" inside it, so
- * if no vocabulary entry has one past its first byte, no merge crosses the cut. "▁" must be a token of its
- * own (else unknown characters on both sides could fuse into one unknown token), and nothing may depend
- * on where the word ends (end_of_word_suffix, continuing_subword_prefix, ignore_merges). */
+/* True when the words of a BPE may be cut before every "▁" that follows another character (LLaMA-2 style,
+ * where the whole text is one word): a merge across such a cut makes a token in which "▁" follows another
+ * character, so if no vocabulary entry has one (runs such as "▁▁" are fine), no merge crosses the cut. "▁"
+ * must be a token of its own (else unknown characters on both sides could fuse into one unknown token), and
+ * nothing may depend on where the word ends (end_of_word_suffix, continuing_subword_prefix, ignore_merges). */
 static bool meta_boundaries_safe(const zt__hf *hf)
 {
     static const char meta[] = "\xe2\x96\x81";
-    if (hf->model != ZT__MODEL_BPE || hf->ignore_merges || hf->subword_prefix.len ||
-        hf->word_suffix.len || zt__strmap_get(&hf->vocab, meta, 3) < 0)
+    if (hf->model != ZT__MODEL_BPE || hf->ignore_merges || hf->subword_prefix.len || hf->word_suffix.len ||
+        zt__strmap_get(&hf->vocab, meta, 3) < 0)
         return false;
     for (size_t i = 0; i < hf->vocab.n; i++) {
-        const struct zt__strmap_entry *e = &hf->vocab.entries[i];
-        if (e->len > 3 && memmem(hf->vocab.arena + e->off + 1, e->len - 1, meta, 3))
-            return false;
+        const char *t = hf->vocab.arena + hf->vocab.entries[i].off;
+        size_t len = hf->vocab.entries[i].len;
+        for (size_t at = 1; at + 3 <= len; at++)
+            if (memcmp(t + at, meta, 3) == 0 && (at < 3 || memcmp(t + at - 3, meta, 3) != 0))
+                return false;
     }
     return true;
 }
 
-/* Fills hf->tokens, is_special and pieces for every id. */
 static int build_id_tables(loader *ld)
 {
     zt__hf *hf = ld->hf;
