@@ -460,6 +460,14 @@ static void test_text_and_id_errors(void **state)
     assert_int_equal(zt_tokenizer_token_bytes(tok, -1, &b, &len, &err), ZT_EMISMATCH);
     zt_tokenizer_destroy(tok);
     free(json);
+    /* a model without "type" (older files): merges make it a BPE */
+    json = make_json("[]", "null", "null", "null", "null", "{\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, "
+                     "\"merges\": [\"a b\"]}");
+    tok = load_ok(json);
+    assert_string_equal(zt_tokenizer_kind(tok), "bpe");
+    expect_ids(tok, "ab", 0, IDS(2));
+    zt_tokenizer_destroy(tok);
+    free(json);
     /* a hole: ids 0 and 5 only */
     json = make_json("[]", "null", "null", "null", "null",
                      "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 5}, \"merges\": []}");

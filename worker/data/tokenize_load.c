@@ -947,9 +947,14 @@ static int load_model(loader *ld, const cJSON *model)
     zt__hf *hf = ld->hf;
     if (!cJSON_IsObject(model))
         return bad_field(ld, "model", "an object (the tokenizer's model)");
-    const char *type = component_type(ld, model, "model");
-    if (!type)
+    const char *type;
+    if (!cJSON_GetObjectItemCaseSensitive(model, "type")) {
+        /* files of older library versions leave the type out: merges make a BPE, a vocabulary alone WordPiece
+         * (the order in which the library tries them) */
+        type = cJSON_GetObjectItemCaseSensitive(model, "merges") ? "BPE" : "WordPiece";
+    } else if (!(type = component_type(ld, model, "model"))) {
         return ZT_EFORMAT;
+    }
     int rc;
     bool present;
     hf->unk_id = -1;
