@@ -10,6 +10,7 @@
  * backtracking outcome as Oniguruma.
  *
  * Decoding runs the decoders over the list of token strings, as the library does. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,8 +78,6 @@ static unsigned char ascii_class[128];
 
 static void init_ascii_class(void)
 {
-    if (ascii_class['a'])
-        return;
     for (int c = 0; c < 128; c++) {
         unsigned char k = 0;
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
@@ -415,8 +414,6 @@ static bool char_bytes_ok[512];
 
 static void init_byte_chars(void)
 {
-    if (byte_chars['A'].n)
-        return;
     int next = 0;
     for (int b = 0; b < 256; b++) {
         bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
@@ -428,6 +425,20 @@ static void init_byte_chars(void)
         char_bytes_lo[cp] = (unsigned char)b;
         char_bytes_ok[cp] = true;
     }
+}
+
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void init_tables(void)
+{
+    init_ascii_class();
+    init_byte_chars();
+}
+
+/* Fills the static tables above once per process, whichever thread gets here first. */
+static void ensure_tables(void)
+{
+    pthread_once(&tables_once, init_tables);
 }
 
 static int byte_level_map(const char *s, size_t len, splits *out)
@@ -1364,8 +1375,7 @@ static void encoder_free(encoder *e)
 int zt__hf_encode(const zt__hf *hf, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n,
                   zt_err *err)
 {
-    init_ascii_class();
-    init_byte_chars();
+    ensure_tables();
     encoder e = {.hf = hf};
     int rc = 0;
     if (add_special)
@@ -1667,7 +1677,7 @@ static int decode_list(const zt__hf *hf, strlist *l, zt__bytes *out)
 
 int zt__hf_decode(const zt__hf *hf, const int32_t *ids, size_t n, zt__bytes *out, zt_err *err)
 {
-    init_byte_chars();
+    ensure_tables();
     strlist l = {0};
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
@@ -1680,7 +1690,7 @@ int zt__hf_decode(const zt__hf *hf, const int32_t *ids, size_t n, zt__bytes *out
 
 int zt__hf_token_piece(const zt__hf *hf, int32_t id, zt__bytes *out, zt_err *err)
 {
-    init_byte_chars();
+    ensure_tables();
     const zt__bytes *tok = &hf->tokens[id];
     buf t1 = {0}, t2 = {0};
     strlist l = {0};
