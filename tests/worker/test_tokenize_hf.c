@@ -392,6 +392,26 @@ static void test_refusals(void **state)
          ZT_EFORMAT, {"model.vocab", NULL, NULL}},
         {"[]", "null", "null", "null", "null", "{\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": "
                                               "{\"a\": 0}}", ZT_EFORMAT, {"[UNK]", "model.unk_token", NULL}},
+        {"[]", "null", "null", "null", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"_+\"}, \"content\": "
+                                       "\" \"}", M, ZT_EUNSUPPORTED, {"decoder.pattern", "Regex", NULL}},
+        {"[]", "null", "null", "null", "{\"type\": \"Strip\", \"content\": \"ab\", \"start\": 1, \"stop\": 0}", M,
+         ZT_EFORMAT, {"decoder.content", "one character", NULL}},
+        {"[]", "null", "null", "null", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": "
+                                       "\"CTC\"}]}", M, ZT_EUNSUPPORTED, {"decoder.decoders[1].type", "CTC", NULL}},
+        {"[]", "null", "null", "{\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\", "
+                               "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}], \"pair\": [], "
+                               "\"special_tokens\": {}}", "null", M, ZT_EUNSUPPORTED,
+         {"post_processor.single[1]", "sequence A once", NULL}},
+        {"[]", "null", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"add_prefix_space\": false, "
+                       "\"prepend_scheme\": \"always\"}", "null", "null", M, ZT_EFORMAT,
+         {"pre_tokenizer.prepend_scheme", "add_prefix_space", NULL}},
+        {"[]", "{\"normalizers\": []}", "null", "null", "null", M, ZT_EFORMAT, {"normalizer.type", NULL, NULL}},
+        {"[{\"id\": 3, \"special\": true}]", "null", "null", "null", "null", M, ZT_EFORMAT,
+         {"added_tokens[0].content", NULL, NULL}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b c\"]}",
+         ZT_EFORMAT, {"model.merges[0]", NULL, NULL}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": "
+                                              "[\"a b\"]}", ZT_EFORMAT, {"model.merges[0]", "'ab'", NULL}},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct refusal *c = &cases[i];
