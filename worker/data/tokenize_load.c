@@ -129,7 +129,7 @@ void zt__strmap_free(zt__strmap *m)
     memset(m, 0, sizeof(*m));
 }
 
-/* ---- helpers for messages and fields -------------------------------------------------------------- */
+/* ---- messages and fields ----------------------------------------------------------------------- */
 
 typedef struct loader {
     zt__hf *hf;
