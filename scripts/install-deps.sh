@@ -2,7 +2,7 @@
 # Installs what ztrain needs to build and test on Debian 12 (run as root; safe to run again).
 #   - Debian packages: compiler, CMake, and the libraries ztrain links (cJSON, cmocka, ...).
 #   - A Python virtual environment in .venv with the pinned reference libraries the tests compare
-#     ztrain against (numpy, safetensors), and the deploy tests' validators (kubernetes-validate,
+#     ztrain against (numpy, safetensors, tokenizers), and the deploy tests' validators (kubernetes-validate,
 #     PyYAML, dockerfile). Nothing from it is linked into ztrain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,8 @@ APT_PACKAGES=(
 command -v kubectl >/dev/null 2>&1 || APT_PACKAGES+=(kubernetes-client)
 PIP_PACKAGES=(numpy==1.26.4 safetensors==0.4.5
   kubernetes-validate==1.37.0 PyYAML==6.0.2 dockerfile==3.4.0
-  grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-health-checking==1.76.0 protobuf==6.33.0)
+  grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-health-checking==1.76.0 protobuf==6.33.0
+  tokenizers==0.23.3)
 
 log() { printf 'install-deps: %s\n' "$*"; }
 

@@ -479,6 +479,37 @@ if expect_error tokenize_missing_input 1 'no_such_corpus\.txt' 'not exist|no suc
     pass tokenize_missing_input
   fi
 fi
+# tokenizer.json files that are refused: an unimplemented component (named by its JSON path), a vocabulary
+# that 16-bit shards cannot hold; and a text that is not UTF-8.
+printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "Whitespace"}}' >tok_ws.json
+printf '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 70000}, "merges": []}}' >tok_big.json
+printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}' >tok_ok.json
+printf 'caf\xe9\n' >latin1.txt
+if expect_error tokenize_unsupported_tokenizer 1 'pre_tokenizer\.type' 'Whitespace' -- \
+  tokenize --input latin1.txt --out-dir "$WORK/tok_unsup" --tokenizer "$WORK/tok_ws.json" &&
+  expect_no_output tokenize_unsupported_tokenizer "$WORK/tok_unsup"; then
+  pass tokenize_unsupported_tokenizer
+fi
+if expect_error tokenize_vocab_too_large 1 'tok_big\.json' '65536' -- \
+  tokenize --input latin1.txt --out-dir "$WORK/tok_big" --tokenizer "$WORK/tok_big.json" &&
+  expect_no_output tokenize_vocab_too_large "$WORK/tok_big"; then
+  pass tokenize_vocab_too_large
+fi
+if expect_error tokenize_not_utf8 1 'latin1\.txt' 'UTF-8' -- \
+  tokenize --input latin1.txt --out-dir "$WORK/tok_latin1" --tokenizer "$WORK/tok_ok.json" &&
+  expect_no_output tokenize_not_utf8 "$WORK/tok_latin1"; then
+  pass tokenize_not_utf8
+fi
+if [ -d run ]; then # the end-to-end run's checkpoints
+  if expect_error generate_unsupported_tokenizer 1 'pre_tokenizer\.type' 'Whitespace' -- \
+    generate --checkpoint "$WORK/run" --tokenizer "$WORK/tok_ws.json" --max-new-tokens 5; then
+    if [ -s "$WORK/generate_unsupported_tokenizer.out" ]; then
+      fail generate_unsupported_tokenizer "printed text to stdout although the tokenizer was refused"
+    else
+      pass generate_unsupported_tokenizer
+    fi
+  fi
+fi
 if expect_error plot_missing_metrics 1 'no_such_metrics\.jsonl' 'not exist|no such|not found|cannot' -- \
   plot --metrics "$WORK/no_such_metrics.jsonl" --out "$WORK/missing.svg" &&
   expect_no_output plot_missing_metrics "$WORK/missing.svg" "$WORK/missing.svg.tmp"; then

@@ -23,6 +23,7 @@ static const char replacement_char[] = "\xEF\xBF\xBD";
 static const char usage_text[] =
     "usage: ztrain generate (--checkpoint DIR | --weights FILE.safetensors --model config.json)\n"
     "                       [--prompt TEXT] [--max-new-tokens N] [--temperature X] [--top-k N] [--seed N]\n"
+    "                       [--tokenizer tokenizer.json [--add-special-tokens]]\n"
     "\n"
     "Samples text from a trained GPT-2 and writes the prompt and the generated text to stdout.\n"
     "\n"
@@ -36,6 +37,9 @@ static const char usage_text[] =
     "  --temperature X       0 picks the most likely token every time; higher is more random (default 0.8)\n"
     "  --top-k N             sample among the N most likely tokens; 0 = all (default 40)\n"
     "  --seed N              the same seed gives the same text (default 1337)\n"
+    "  --tokenizer FILE      the Hugging Face tokenizer.json the model was trained with (default: the\n"
+    "                        byte-level tokenizer of 'ztrain tokenize' without --tokenizer)\n"
+    "  --add-special-tokens  put the tokenizer's special tokens around the prompt (<|begin_of_text|> ...)\n"
     "  --help                print this help\n";
 
 /* Prints one usage error line and returns the usage exit status. */
@@ -149,13 +153,15 @@ typedef struct generate_args {
     double temperature;
     int64_t top_k;
     int64_t seed;
+    const char *tokenizer; /* tokenizer.json, or NULL for bytes */
+    bool add_special;
 } generate_args;
 
 /* Parses the flags; returns 0, 2 after printing a usage error, or -1 when --help was printed. */
 static int parse_args(int argc, char **argv, generate_args *a)
 {
     enum { OPT_CHECKPOINT = 1000, OPT_WEIGHTS, OPT_MODEL, OPT_PROMPT, OPT_MAX_NEW, OPT_TEMPERATURE, OPT_TOP_K,
-           OPT_SEED, OPT_HELP };
+           OPT_SEED, OPT_HELP, OPT_TOKENIZER, OPT_ADD_SPECIAL };
     static const struct option options[] = {
         {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
         {"weights", required_argument, NULL, OPT_WEIGHTS},
@@ -166,6 +172,8 @@ static int parse_args(int argc, char **argv, generate_args *a)
         {"top-k", required_argument, NULL, OPT_TOP_K},
         {"seed", required_argument, NULL, OPT_SEED},
         {"help", no_argument, NULL, OPT_HELP},
+        {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+        {"add-special-tokens", no_argument, NULL, OPT_ADD_SPECIAL},
         {NULL, 0, NULL, 0},
     };
     *a = (generate_args){.prompt = "", .max_new = 200, .temperature = 0.8, .top_k = 40, .seed = 1337};
@@ -189,6 +197,8 @@ static int parse_args(int argc, char **argv, generate_args *a)
         case OPT_TOP_K: rc = zt_arg_int("--top-k", optarg, 0, 1000000000, &a->top_k, &err); break;
         case OPT_SEED: rc = zt_arg_int("--seed", optarg, 0, INT64_MAX, &a->seed, &err); break;
         case OPT_HELP: fputs(usage_text, stdout); return -1;
+        case OPT_TOKENIZER: a->tokenizer = optarg; break;
+        case OPT_ADD_SPECIAL: a->add_special = true; break;
         case ':':
             snprintf(msg, sizeof(msg), "%s needs a value", argv[optind - 1]);
             return usage_error(msg);
@@ -245,15 +255,21 @@ int zt_cmd_generate(int argc, char **argv)
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     int status = 1;
-    if (zt_tokenizer_create(&tok, "bytes", &err) < 0)
+    unsigned flags = a.add_special ? ZT_TOKENIZE_ADD_SPECIAL : 0;
+    if ((a.tokenizer ? zt_tokenizer_load(&tok, a.tokenizer, &err) : zt_tokenizer_create(&tok, "bytes", &err)) < 0)
         goto done;
-    if (zt_tokenizer_encode(tok, a.prompt, strlen(a.prompt), &prompt, &n_prompt, &err) < 0)
+    if (zt_tokenizer_encode_flags(tok, a.prompt, strlen(a.prompt), flags, &prompt, &n_prompt, &err) < 0)
         goto done;
     if (n_prompt == 0) {
         /* An empty prompt starts from a newline, the most neutral context for text. */
         free(prompt);
-        if (zt_tokenizer_encode(tok, "\n", 1, &prompt, &n_prompt, &err) < 0)
+        if (zt_tokenizer_encode_flags(tok, "\n", 1, flags, &prompt, &n_prompt, &err) < 0)
             goto done;
+    }
+    if (n_prompt == 0) {
+        zt_fail(&err, ZT_EINVAL_CONFIG, "the %s tokenizer makes no token of an empty prompt or a newline; give "
+                "some text with --prompt", zt_tokenizer_kind(tok));
+        goto done;
     }
     if (n_prompt > (size_t)INT32_MAX / 2) {
         zt_fail(&err, ZT_EINVAL_CONFIG, "the prompt is too long (%zu tokens)", n_prompt);

@@ -1,7 +1,8 @@
 /* `ztrain tokenize`: turns text files into token shards for `ztrain train`.
  *
- * The inputs are read whole, concatenated in the order given, encoded with the byte-level tokenizer, and
- * split into a training part (the beginning of the text) and a validation part (its last --val-fraction),
+ * The inputs are read whole, encoded one by one (with the byte-level tokenizer, or a Hugging Face
+ * tokenizer.json given with --tokenizer) and their tokens concatenated in the order given, then split into a
+ * training part (the beginning of the text) and a validation part (its last --val-fraction),
  * each written as shards of at most --shard-tokens tokens: DIR/NAME_train_000000.bin, ... and
  * DIR/NAME_val_000000.bin, .... Every file is written atomically; if one write fails, the files this run
  * already wrote are removed, so a failed run leaves no half-made data set. */
@@ -30,11 +31,12 @@
 
 static const char usage_text[] =
     "usage: ztrain tokenize --input FILE [--input FILE...] --out-dir DIR [--val-fraction F]\n"
-    "                       [--shard-tokens N] [--name PREFIX]\n"
+    "                       [--shard-tokens N] [--name PREFIX] [--tokenizer tokenizer.json]\n"
+    "                       [--add-special-tokens]\n"
     "\n"
-    "Turns text into token shards for 'ztrain train' (byte-level tokenizer: one token per byte, vocab 256).\n"
-    "The input files are concatenated in the order given. The last F of the tokens become the validation\n"
-    "data, the rest (the beginning of the text) the training data.\n"
+    "Turns text into token shards for 'ztrain train' (by default with the byte-level tokenizer: one token\n"
+    "per byte, vocab 256). The tokens of the input files are concatenated in the order given. The last F of\n"
+    "the tokens become the validation data, the rest (the beginning of the text) the training data.\n"
     "\n"
     "  --input FILE        text file to tokenize; repeat for several files (required)\n"
     "  --out-dir DIR       folder for the shards, created if missing (required)\n"
@@ -43,6 +45,10 @@ static const char usage_text[] =
     "  --shard-tokens N    at most N tokens per shard file (default 100000000)\n"
     "  --name PREFIX       file name prefix: letters, digits, '.', '_', '-' (default: the first input's\n"
     "                      name without its extension)\n"
+    "  --tokenizer FILE    a Hugging Face tokenizer.json (BPE as GPT-2, LLaMA-2 or LLaMA-3, or WordPiece as\n"
+    "                      BERT; the text must be UTF-8); the shards hold 16-bit ids, so at most 65536 ids\n"
+    "  --add-special-tokens  put the tokenizer's special tokens around each input file ([CLS] ... [SEP],\n"
+    "                      <|begin_of_text|> ...), as its post-processor says; off by default\n"
     "  --help              print this help\n"
     "\n"
     "Writes DIR/PREFIX_train_000000.bin, ... and DIR/PREFIX_val_000000.bin, ...; train on them with\n"
@@ -55,6 +61,8 @@ struct tokenize_opts {
     double val_fraction;
     int64_t shard_tokens;
     char name[MAX_NAME_LEN + 1];
+    const char *tokenizer; /* tokenizer.json, or NULL for bytes; borrowed from argv */
+    bool add_special;
 };
 
 /* Prints one "ztrain: error: ..." line for a usage mistake and returns exit status 2. */
@@ -110,6 +118,7 @@ static int parse_args(int argc, char **argv, struct tokenize_opts *o)
         {"input", required_argument, NULL, 'i'},      {"out-dir", required_argument, NULL, 'o'},
         {"val-fraction", required_argument, NULL, 'v'}, {"shard-tokens", required_argument, NULL, 's'},
         {"name", required_argument, NULL, 'n'},       {"help", no_argument, NULL, 'h'},
+        {"tokenizer", required_argument, NULL, 't'},  {"add-special-tokens", no_argument, NULL, 'a'},
         {NULL, 0, NULL, 0},
     };
     const char *name = NULL;
@@ -143,6 +152,14 @@ static int parse_args(int argc, char **argv, struct tokenize_opts *o)
         case 'n':
             name = optarg;
             break;
+        case 't':
+            if (optarg[0] == '\0')
+                return usage_error("--tokenizer: expected a tokenizer.json file, got an empty string");
+            o->tokenizer = optarg;
+            break;
+        case 'a':
+            o->add_special = true;
+            break;
         case ':':
             return usage_error("%s needs a value", argv[optind - 1]);
         default:
@@ -173,33 +190,47 @@ static int parse_args(int argc, char **argv, struct tokenize_opts *o)
     return -1;
 }
 
-/* Reads and concatenates every input. Returns 0 with *text (malloc'd) and *len, or a negative code with
- * a message in err. */
-static int read_inputs(const struct tokenize_opts *o, char **text, size_t *len, zt_err *err)
+/* Reads and encodes every input, concatenating the tokens. Returns 0 with *tokens (malloc'd), *ntok and the
+ * number of text bytes read, or a negative code with a message in err. */
+static int encode_inputs(const struct tokenize_opts *o, const zt_tokenizer *tok, int32_t **tokens, size_t *ntok,
+                         size_t *text_len, zt_err *err)
 {
-    char *all = NULL;
+    int32_t *all = NULL;
     size_t total = 0;
+    *text_len = 0;
     for (int i = 0; i < o->ninputs; i++) {
         char *buf;
         size_t n;
+        int32_t *t;
+        size_t nt;
         int rc = zt_read_file(o->inputs[i], &buf, &n, err);
+        if (rc == 0) {
+            rc = zt_tokenizer_encode_flags(tok, buf, n, o->add_special ? ZT_TOKENIZE_ADD_SPECIAL : 0, &t, &nt, err);
+            free(buf);
+            if (rc != 0) { /* name the file: the message says what is wrong with its text */
+                zt_err inner = *err;
+                zt_fail(err, rc, "%s: %s", o->inputs[i], inner.msg);
+            }
+        }
         if (rc != 0) {
             free(all);
             return rc;
         }
-        char *bigger = realloc(all, total + n + 1);
-        if (!bigger) {
-            free(buf);
+        *text_len += n;
+        int32_t *bigger = nt ? realloc(all, (total + nt) * sizeof(int32_t)) : all;
+        if (nt && !bigger) {
+            free(t);
             free(all);
-            return zt_fail(err, ZT_ENOMEM, "out of memory reading %s (%zu bytes so far)", o->inputs[i], total + n);
+            return zt_fail(err, ZT_ENOMEM, "out of memory tokenizing %s (%zu tokens so far)", o->inputs[i], total + nt);
         }
         all = bigger;
-        memcpy(all + total, buf, n);
-        total += n;
-        free(buf);
+        if (nt)
+            memcpy(all + total, t, nt * sizeof(int32_t));
+        total += nt;
+        free(t);
     }
-    *text = all;
-    *len = total;
+    *tokens = all;
+    *ntok = total;
     return 0;
 }
 
@@ -309,7 +340,6 @@ int zt_cmd_tokenize(int argc, char **argv)
     }
 
     zt_err err;
-    char *text = NULL;
     size_t text_len = 0;
     int32_t *tokens = NULL;
     size_t ntok = 0;
@@ -318,7 +348,20 @@ int zt_cmd_tokenize(int argc, char **argv)
     struct written w = {0};
     status = 1;
 
-    if (read_inputs(&o, &text, &text_len, &err) != 0) {
+    int rc = o.tokenizer ? zt_tokenizer_load(&tok, o.tokenizer, &err) : zt_tokenizer_create(&tok, "bytes", &err);
+    if (rc != 0) {
+        runtime_error(err.msg);
+        goto done;
+    }
+    if (zt_tokenizer_vocab_size(tok) > 65536) { /* shards store uint16 tokens */
+        fprintf(stderr,
+                "ztrain: error: %s has %d token ids, but token shards (llm.c's format) store 16-bit ids, at most "
+                "65536; use a tokenizer with at most 65536 ids (GPT-2, LLaMA-2 and BERT have fewer): shards for "
+                "larger vocabularies need a wider token format, which this version does not write\n",
+                o.tokenizer, zt_tokenizer_vocab_size(tok));
+        goto done;
+    }
+    if (encode_inputs(&o, tok, &tokens, &ntok, &text_len, &err) != 0) {
         runtime_error(err.msg);
         goto done;
     }
@@ -327,14 +370,6 @@ int zt_cmd_tokenize(int argc, char **argv)
                 o.inputs[0], o.ninputs > 1 ? " and the other --input files" : "");
         goto done;
     }
-    if (zt_tokenizer_create(&tok, "bytes", &err) != 0 ||
-        zt_tokenizer_encode(tok, text, text_len, &tokens, &ntok, &err) != 0) {
-        runtime_error(err.msg);
-        goto done;
-    }
-    free(text);
-    text = NULL;
-    ZT_ASSERT(zt_tokenizer_vocab_size(tok) <= 65536); /* shards store uint16 tokens */
 
     /* Validation is the end of the text, so that training starts at its beginning. */
     size_t nval = 0;
@@ -410,7 +445,6 @@ done:
     free(buf);
     free(tokens);
     zt_tokenizer_destroy(tok);
-    free(text);
     free(o.inputs);
     return status;
 }

@@ -1,23 +1,33 @@
 /* The tokenizers behind worker/data/tokenize.h. "bytes" maps each byte to the token of the same value;
- * it needs no vocabulary file and is what the demo corpus and the tiny models use. */
+ * it needs no vocabulary file and is what the demo corpus and the tiny models use. A Hugging Face
+ * tokenizer.json is read by tokenize_load.c and run by tokenize_hf.c; this file checks the arguments
+ * (UTF-8, token ranges) and dispatches. */
 #include "worker/data/tokenize.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-enum tok_kind { TOK_BYTES };
+#include "common/fileio.h"
+#include "worker/data/tokenize_hf.h"
+#include "worker/data/unicode.h"
+
+enum tok_kind { TOK_BYTES, TOK_HF };
 
 struct zt_tokenizer {
     enum tok_kind kind;
     int vocab_size;
     char byte_table[256]; /* byte_table[i] == i: the bytes of token i for the "bytes" kind */
+    zt__hf hf;            /* TOK_HF */
 };
 
 int zt_tokenizer_create(zt_tokenizer **out, const char *kind, zt_err *err)
 {
     *out = NULL;
     if (strcmp(kind, "bytes") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "unknown tokenizer '%s' (this build has: bytes)", kind);
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "unknown tokenizer '%s' (built in: bytes; other tokenizers come from a Hugging Face "
+                       "tokenizer.json file)",
+                       kind);
     zt_tokenizer *tok = calloc(1, sizeof(*tok));
     if (!tok)
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the tokenizer");
@@ -29,15 +39,53 @@ int zt_tokenizer_create(zt_tokenizer **out, const char *kind, zt_err *err)
     return 0;
 }
 
+int zt_tokenizer_load_json(zt_tokenizer **out, const char *json, const char *name, zt_err *err)
+{
+    *out = NULL;
+    zt_tokenizer *tok = calloc(1, sizeof(*tok));
+    if (!tok)
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the tokenizer");
+    tok->kind = TOK_HF;
+    int rc = zt__hf_load(&tok->hf, json, strlen(json), name, err);
+    if (rc != 0) {
+        zt_tokenizer_destroy(tok);
+        return rc;
+    }
+    tok->vocab_size = tok->hf.vocab_size;
+    *out = tok;
+    return 0;
+}
+
+int zt_tokenizer_load(zt_tokenizer **out, const char *path, zt_err *err)
+{
+    *out = NULL;
+    char *json = NULL;
+    size_t len = 0;
+    int rc = zt_read_file(path, &json, &len, err);
+    if (rc != 0)
+        return rc;
+    if (strlen(json) != len) {
+        free(json);
+        return zt_fail(err, ZT_EFORMAT, "%s holds a NUL byte, so it is not a tokenizer.json (JSON text); give the "
+                       "tokenizer.json file of the tokenizer", path);
+    }
+    rc = zt_tokenizer_load_json(out, json, path, err);
+    free(json);
+    return rc;
+}
+
 void zt_tokenizer_destroy(zt_tokenizer *tok)
 {
+    if (!tok)
+        return;
+    if (tok->kind == TOK_HF)
+        zt__hf_free(&tok->hf);
     free(tok);
 }
 
 const char *zt_tokenizer_kind(const zt_tokenizer *tok)
 {
-    (void)tok; /* one kind so far */
-    return "bytes";
+    return tok->kind == TOK_HF ? tok->hf.kind : "bytes";
 }
 
 int zt_tokenizer_vocab_size(const zt_tokenizer *tok)
@@ -45,12 +93,21 @@ int zt_tokenizer_vocab_size(const zt_tokenizer *tok)
     return tok->vocab_size;
 }
 
-int zt_tokenizer_encode(const zt_tokenizer *tok, const void *text, size_t len, int32_t **tokens, size_t *n,
-                        zt_err *err)
+int zt_tokenizer_encode_flags(const zt_tokenizer *tok, const void *text, size_t len, unsigned flags,
+                              int32_t **tokens, size_t *n, zt_err *err)
 {
-    (void)tok;
     *tokens = NULL;
     *n = 0;
+    if (tok->kind == TOK_HF) {
+        size_t ok = zt_utf8_valid_prefix(text, len);
+        if (ok != len)
+            return zt_fail(err, ZT_EFORMAT,
+                           "the text is not UTF-8: byte %zu (0x%02X) does not start a valid UTF-8 character, and "
+                           "Hugging Face tokenizers read UTF-8; convert the text first (for example with iconv "
+                           "-f LATIN1 -t UTF-8)",
+                           ok, ((const unsigned char *)text)[ok]);
+        return zt__hf_encode(&tok->hf, text, len, (flags & ZT_TOKENIZE_ADD_SPECIAL) != 0, tokens, n, err);
+    }
     if (len == 0)
         return 0;
     int32_t *t = malloc(len * sizeof(int32_t));
@@ -64,14 +121,39 @@ int zt_tokenizer_encode(const zt_tokenizer *tok, const void *text, size_t len, i
     return 0;
 }
 
+int zt_tokenizer_encode(const zt_tokenizer *tok, const void *text, size_t len, int32_t **tokens, size_t *n,
+                        zt_err *err)
+{
+    return zt_tokenizer_encode_flags(tok, text, len, 0, tokens, n, err);
+}
+
+/* ZT_EMISMATCH unless token is an id of tok. */
+static int check_token(const zt_tokenizer *tok, int32_t token, zt_err *err)
+{
+    if (token >= 0 && token < tok->vocab_size && (tok->kind != TOK_HF || tok->hf.tokens[token].p))
+        return 0;
+    if (token >= 0 && token < tok->vocab_size)
+        return zt_fail(err, ZT_EMISMATCH,
+                       "token %d is not in the '%s' tokenizer's vocabulary (its ids skip it); the model and the "
+                       "tokenizer do not belong together",
+                       (int)token, zt_tokenizer_kind(tok));
+    return zt_fail(err, ZT_EMISMATCH,
+                   "token %d is outside the '%s' tokenizer's vocabulary (0 to %d); the model's vocab_size "
+                   "is larger than the tokenizer's",
+                   (int)token, zt_tokenizer_kind(tok), tok->vocab_size - 1);
+}
+
 int zt_tokenizer_token_bytes(const zt_tokenizer *tok, int32_t token, const char **bytes, size_t *len,
                              zt_err *err)
 {
-    if (token < 0 || token >= tok->vocab_size)
-        return zt_fail(err, ZT_EMISMATCH,
-                       "token %d is outside the '%s' tokenizer's vocabulary (0 to %d); the model's vocab_size "
-                       "is larger than the tokenizer's",
-                       (int)token, zt_tokenizer_kind(tok), tok->vocab_size - 1);
+    int rc = check_token(tok, token, err);
+    if (rc != 0)
+        return rc;
+    if (tok->kind == TOK_HF) {
+        *bytes = tok->hf.pieces[token].p;
+        *len = tok->hf.pieces[token].len;
+        return 0;
+    }
     *bytes = &tok->byte_table[token];
     *len = 1;
     return 0;
@@ -82,23 +164,27 @@ int zt_tokenizer_decode(const zt_tokenizer *tok, const int32_t *tokens, size_t n
 {
     *text = NULL;
     *len = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = check_token(tok, tokens[i], err);
+        if (rc != 0)
+            return rc;
+    }
+    if (tok->kind == TOK_HF) {
+        zt__bytes out;
+        int rc = zt__hf_decode(&tok->hf, tokens, n, &out, err);
+        if (rc != 0)
+            return rc;
+        *text = out.p;
+        *len = out.len;
+        return 0;
+    }
     char *out = malloc(n + 1); /* one byte per token for "bytes" */
     if (!out)
         return zt_fail(err, ZT_ENOMEM, "out of memory decoding %zu tokens", n);
-    size_t used = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *b;
-        size_t blen;
-        int rc = zt_tokenizer_token_bytes(tok, tokens[i], &b, &blen, err);
-        if (rc != 0) {
-            free(out);
-            return rc;
-        }
-        memcpy(out + used, b, blen);
-        used += blen;
-    }
-    out[used] = '\0';
+    for (size_t i = 0; i < n; i++)
+        out[i] = tok->byte_table[tokens[i]];
+    out[n] = '\0';
     *text = out;
-    *len = used;
+    *len = n;
     return 0;
 }
