@@ -33,6 +33,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu (float build)");
 
@@ -299,6 +300,66 @@ static void test_layernorm(void **state)
         run_layernorm(k_dtypes[i], 3001, 1600);
         run_layernorm(k_dtypes[i], 300, 2048);
         run_layernorm(k_dtypes[i], 300, 2056);
+    }
+}
+
+/* ---- rmsnorm ---- */
+
+static void run_rmsnorm(enum zt_dtype dt, int N, int C)
+{
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    float *inp, *w, *dout, *dinp, *dw;
+    void *d_inp = dev_rand((size_t)N * C, 2.0f, dt, &inp);
+    void *d_w = dev_rand(C, 1.0f, dt, &w);
+    void *d_out = dev_alloc((size_t)N * C * es);
+    float *d_rstd = dev_alloc(N * sizeof(float));
+    zt_cuda_rmsnorm_forward(d_out, d_rstd, d_inp, d_w, N, C, 1e-6f, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)N * C, dt), *rstd = dev_download(d_rstd, N, ZT_DTYPE_F32);
+    float *ref = malloc(sizeof(float) * N * C), *rrstd = malloc(sizeof(float) * N);
+    zt_cpu_rmsnorm_forward(ref, rrstd, inp, w, N, C, 1e-6f);
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d forward out", N, C);
+    check_close(name, dt, out, ref, (size_t)N * C, tol_of(dt));
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d forward rstd", N, C);
+    check_close(name, dt, rstd, rrstd, N, 1e-5);
+
+    void *d_dout = dev_rand((size_t)N * C, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand((size_t)N * C, 0.5f, dt, &dinp);
+    void *d_dw = dev_rand(C, 0.5f, dt, &dw);
+    void *d_dinp0 = dev_clone(d_dinp, (size_t)N * C * es), *d_dw0 = dev_clone(d_dw, C * es);
+    void *scratch = dev_alloc(zt_cuda_rmsnorm_backward_scratch_size(N, C));
+    zt_cuda_rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C, scratch, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, (size_t)N * C, dt), *g_dw = dev_download(d_dw, C, dt);
+    zt_cpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); /* the GPU's statistics */
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d backward dinp", N, C);
+    check_close(name, dt, g_dinp, dinp, (size_t)N * C, tol_of(dt));
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d backward dweight", N, C);
+    check_close(name, dt, g_dw, dw, C, tol_of(dt));
+
+    /* Determinism: the same call from the same state gives the same bits. */
+    void *d_dinp1 = dev_clone(d_dinp, (size_t)N * C * es), *d_dw1 = dev_clone(d_dw, C * es);
+    dev_copy(d_dinp, d_dinp0, (size_t)N * C * es);
+    dev_copy(d_dw, d_dw0, C * es);
+    zt_cuda_rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dinp, d_dinp1, (size_t)N * C * es));
+    assert_true(dev_equal(d_dw, d_dw1, C * es));
+
+    free(inp), free(w), free(dout), free(dinp), free(dw), free(out), free(rstd), free(ref), free(rrstd);
+    free(g_dinp), free(g_dw);
+    void *dev[] = {d_inp, d_w, d_out, d_rstd, d_dout, d_dinp, d_dw, d_dinp0, d_dw0, scratch, d_dinp1, d_dw1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        run_rmsnorm(k_dtypes[i], 134, 768);   /* 16-byte rows */
+        run_rmsnorm(k_dtypes[i], 5, 75);      /* odd C: one element at a time */
+        run_rmsnorm(k_dtypes[i], 37, 4100);   /* fp32 rows of 16 bytes, 16-bit rows not: both paths */
+        run_rmsnorm(k_dtypes[i], 3001, 4096); /* LLaMA-7B width, many row slices */
+        run_rmsnorm(k_dtypes[i], 9, 8192);    /* LLaMA-70B width, fewer rows than a slice */
     }
 }
 
@@ -1195,6 +1256,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),        cmocka_unit_test(test_check_finite), cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_norm),        cmocka_unit_test(test_accumulate),
     };

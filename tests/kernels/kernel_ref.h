@@ -75,6 +75,35 @@ static inline void ref_layernorm_backward(double *dinp, double *dweight, double 
     }
 }
 
+static inline void ref_rmsnorm_forward(double *out, double *rstd, const double *inp, const double *weight, int N,
+                                       int C, double eps)
+{
+    for (int n = 0; n < N; n++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++)
+            ss += inp[n * C + c] * inp[n * C + c];
+        double s = 1.0 / sqrt(ss / C + eps);
+        for (int c = 0; c < C; c++)
+            out[n * C + c] = inp[n * C + c] * s * weight[c];
+        rstd[n] = s;
+    }
+}
+
+static inline void ref_rmsnorm_backward(double *dinp, double *dweight, const double *dout, const double *inp,
+                                        const double *weight, const double *rstd, int N, int C)
+{
+    memset(dweight, 0, sizeof(double) * C);
+    for (int n = 0; n < N; n++) {
+        double sgx = 0;
+        for (int c = 0; c < C; c++) {
+            sgx += dout[n * C + c] * weight[c] * inp[n * C + c];
+            dweight[c] += dout[n * C + c] * inp[n * C + c] * rstd[n];
+        }
+        for (int c = 0; c < C; c++)
+            dinp[n * C + c] = rstd[n] * (dout[n * C + c] * weight[c] - inp[n * C + c] * rstd[n] * rstd[n] * sgx / C);
+    }
+}
+
 static inline void ref_matmul_forward(double *out, const double *inp, const double *weight, const double *bias,
                                int N, int IC, int OC)
 {

@@ -26,6 +26,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu");
 
@@ -146,6 +147,26 @@ static void test_layernorm(void **state)
     free(inp); free(w); free(b); free(dout); free(out); free(mean); free(rstd); free(dinp); free(dw); free(db);
     free(inp_d); free(w_d); free(b_d); free(dout_d); free(want); free(rmean); free(rrstd);
     free(rdinp); free(rdw); free(rdb);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    enum { N = 37, C = 75 }; /* C odd: no row is a multiple of a vector width */
+    double *inp_d, *w_d, *dout_d;
+    float *inp = rnd_floats(N * C, 3, &inp_d), *w = rnd_floats(C, 1, &w_d), *dout = rnd_floats(N * C, 1, &dout_d);
+    float *out = zero_floats(N * C), *rstd = zero_floats(N), *dinp = zero_floats(N * C), *dw = zero_floats(C);
+    double *want = zero_doubles(N * C), *rrstd = zero_doubles(N), *rdinp = zero_doubles(N * C), *rdw = zero_doubles(C);
+    zt_cpu_rmsnorm_forward(out, rstd, inp, w, N, C, 1e-6f);
+    ref_rmsnorm_forward(want, rrstd, inp_d, w_d, N, C, (double)1e-6f);
+    expect_close_f("rmsnorm forward", out, want, N * C, F32_TOL);
+    expect_close_f("rmsnorm rstd", rstd, rrstd, N, F32_TOL);
+    zt_cpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    ref_rmsnorm_backward(rdinp, rdw, dout_d, inp_d, w_d, rrstd, N, C);
+    expect_close_f("rmsnorm dinp", dinp, rdinp, N * C, F32_TOL);
+    expect_close_f("rmsnorm dweight", dw, rdw, C, F32_TOL);
+    free(inp); free(w); free(dout); free(out); free(rstd); free(dinp); free(dw);
+    free(inp_d); free(w_d); free(dout_d); free(want); free(rrstd); free(rdinp); free(rdw);
 }
 
 /* One matmul shape: forward with and without bias, and the three gradients. */
@@ -441,6 +462,7 @@ int main(void)
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),           cmocka_unit_test(test_attention),
         cmocka_unit_test(test_gelu_residual),    cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_adamw_first_step), cmocka_unit_test(test_adamw_steps),

@@ -26,6 +26,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(double), "this test must link zt_kernels_cpu_f64");
 
@@ -227,6 +228,55 @@ static void test_layernorm(void **state)
     free(c.inp); free(c.weight); free(c.bias); free(c.out); free(c.mean); free(c.rstd); free(c.w);
     free(want); free(want_mean); free(want_rstd); free(dinp); free(dw); free(db);
     free(pre_x); free(pre_w); free(pre_b); free(acc_x); free(acc_w); free(acc_b);
+}
+
+/* ---- rmsnorm ---- */
+
+struct rmsnorm_ctx {
+    double *inp, *weight, *out, *rstd, *w;
+};
+
+static double rmsnorm_objective(void *p)
+{
+    struct rmsnorm_ctx *c = p;
+    zt_cpu_rmsnorm_forward(c->out, c->rstd, c->inp, c->weight, LN_N, C, 1e-6f);
+    return dot(c->out, c->w, LN_N * C);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    struct rmsnorm_ctx c;
+    c.inp = rnd_array(LN_N * C);
+    for (int i = 0; i < LN_N * C; i++)
+        c.inp[i] = 2.0 * c.inp[i] + 0.5; /* a non-zero mean, which RMS normalisation keeps */
+    c.weight = rnd_array(C);
+    c.out = zero_array(LN_N * C);
+    c.rstd = zero_array(LN_N);
+    c.w = rnd_array(LN_N * C);
+
+    double *want = zero_array(LN_N * C), *want_rstd = zero_array(LN_N);
+    rmsnorm_objective(&c);
+    ref_rmsnorm_forward(want, want_rstd, c.inp, c.weight, LN_N, C, (double)1e-6f);
+    expect_close("rmsnorm forward", c.out, want, LN_N * C, 1e-12);
+    expect_close("rmsnorm rstd", c.rstd, want_rstd, LN_N, 1e-12);
+
+    double *dinp = zero_array(LN_N * C), *dw = zero_array(C);
+    zt_cpu_rmsnorm_backward(dinp, dw, c.w, c.inp, c.weight, c.rstd, LN_N, C);
+    expect_fd("rmsnorm dinp", c.inp, LN_N * C, dinp, rmsnorm_objective, &c);
+    expect_fd("rmsnorm dweight", c.weight, C, dw, rmsnorm_objective, &c);
+
+    double *pre_x = rnd_array(LN_N * C), *pre_w = rnd_array(C);
+    double *acc_x = malloc(sizeof(double) * LN_N * C), *acc_w = malloc(sizeof(double) * C);
+    memcpy(acc_x, pre_x, sizeof(double) * LN_N * C);
+    memcpy(acc_w, pre_w, sizeof(double) * C);
+    rmsnorm_objective(&c); /* restore rstd of the unperturbed input */
+    zt_cpu_rmsnorm_backward(acc_x, acc_w, c.w, c.inp, c.weight, c.rstd, LN_N, C);
+    expect_accumulated("rmsnorm dinp +=", acc_x, pre_x, dinp, LN_N * C);
+    expect_accumulated("rmsnorm dweight +=", acc_w, pre_w, dw, C);
+
+    free(c.inp); free(c.weight); free(c.out); free(c.rstd); free(c.w); free(want); free(want_rstd);
+    free(dinp); free(dw); free(pre_x); free(pre_w); free(acc_x); free(acc_w);
 }
 
 /* ---- matmul ---- */
@@ -548,6 +598,7 @@ int main(void)
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),    cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_matmul_large),
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_causal),
