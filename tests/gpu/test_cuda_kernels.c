@@ -608,6 +608,18 @@ static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
     check_close(offset ? "gelu backward (unaligned)" : "gelu backward", dt, got, ref2, n, tol_of(dt));
     free(got);
 
+    /* tanh, backward from the forward's output (the GPU's, given to the CPU too). */
+    zt_cuda_tanh_forward(dout, dx, n, dt, g_stream);
+    got = dev_download(dout, n, dt);
+    zt_cpu_tanh_forward(ref, x + offset, n);
+    check_close(offset ? "tanh forward (unaligned)" : "tanh forward", dt, got, ref, n, tol_of(dt));
+    float *tacc = dev_download(dacc, n, dt);
+    zt_cuda_tanh_backward(dacc, dout, dg, n, dt, g_stream);
+    float *tgot = dev_download(dacc, n, dt);
+    zt_cpu_tanh_backward(tacc, got, g + offset, n);
+    check_close(offset ? "tanh backward (unaligned)" : "tanh backward", dt, tgot, tacc, n, tol_of(dt));
+    free(got), free(tacc), free(tgot);
+
     zt_cuda_residual_forward(dout, dx, dg, n, dt, g_stream);
     got = dev_download(dout, n, dt);
     zt_cpu_residual_forward(ref, x + offset, g + offset, n);
@@ -631,12 +643,40 @@ static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
     dev_free(bx), dev_free(bg), dev_free(bacc), dev_free(bout);
 }
 
+/* SwiGLU over inp [N,2F], accumulating into a random dinp. */
+static void run_swiglu(enum zt_dtype dt, int N, int F)
+{
+    const size_t n = (size_t)N * F, es = zt_dtype_size(dt);
+    char name[96];
+    float *inp, *dout, *dinp;
+    void *d_inp = dev_rand(2 * n, 5.0f, dt, &inp);
+    void *d_out = dev_alloc(n * es);
+    zt_cuda_swiglu_forward(d_out, d_inp, N, F, dt, g_stream);
+    float *out = dev_download(d_out, n, dt), *ref = malloc(sizeof(float) * n);
+    zt_cpu_swiglu_forward(ref, inp, N, F);
+    snprintf(name, sizeof(name), "swiglu N%d F%d forward", N, F);
+    check_close(name, dt, out, ref, n, tol_of(dt));
+
+    void *d_dout = dev_rand(n, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand(2 * n, 0.5f, dt, &dinp);
+    zt_cuda_swiglu_backward(d_dinp, d_inp, d_dout, N, F, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, 2 * n, dt);
+    zt_cpu_swiglu_backward(dinp, inp, dout, N, F);
+    snprintf(name, sizeof(name), "swiglu N%d F%d backward", N, F);
+    check_close(name, dt, g_dinp, dinp, 2 * n, tol_of(dt));
+    free(inp), free(dout), free(dinp), free(out), free(ref), free(g_dinp);
+    dev_free(d_inp), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
     for (int i = 0; i < 3; i++) {
         run_elementwise(k_dtypes[i], 100003, 0);
         run_elementwise(k_dtypes[i], 1001, 1);
+        run_swiglu(k_dtypes[i], 134, 1376); /* rows of 16-byte multiples: vector path */
+        run_swiglu(k_dtypes[i], 37, 301);   /* odd F (and N * F): one element at a time */
+        run_swiglu(k_dtypes[i], 3, 11008);  /* LLaMA-7B's intermediate size */
     }
 }
 

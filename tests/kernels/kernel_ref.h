@@ -235,6 +235,32 @@ static inline double ref_gelu_grad(double x)
     return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
+static inline double ref_sigmoid(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+/* SwiGLU over inp [N,2F] (gate | up per row) into out [N,F]. */
+static inline void ref_swiglu_forward(double *out, const double *inp, int N, int F)
+{
+    for (int n = 0; n < N; n++)
+        for (int f = 0; f < F; f++) {
+            double g = inp[(long)n * 2 * F + f], u = inp[(long)n * 2 * F + F + f];
+            out[(long)n * F + f] = g * ref_sigmoid(g) * u;
+        }
+}
+
+static inline void ref_swiglu_backward(double *dinp, const double *inp, const double *dout, int N, int F)
+{
+    for (int n = 0; n < N; n++)
+        for (int f = 0; f < F; f++) {
+            double g = inp[(long)n * 2 * F + f], u = inp[(long)n * 2 * F + F + f], d = dout[(long)n * F + f];
+            double s = ref_sigmoid(g);
+            dinp[(long)n * 2 * F + f] = d * u * (s + g * s * (1.0 - s));
+            dinp[(long)n * 2 * F + F + f] = d * g * s;
+        }
+}
+
 /* Losses and (grad_scale-weighted) dlogits of softmax cross-entropy; returns the non-ignored row count. */
 static inline int ref_crossentropy(double *losses, double *dlogits, const double *logits, const int32_t *targets,
                             int N, int V, int ignore_index, double grad_scale)

@@ -261,6 +261,34 @@ static void test_gelu_residual(void **state)
     free(x); free(y); free(dout); free(out); free(dinp); free(x_d); free(y_d); free(dout_d); free(want); free(want_d);
 }
 
+static void test_swiglu_tanh(void **state)
+{
+    (void)state;
+    enum { N = 37, F = 301 }; /* N * F above the size where the element-wise kernels go parallel */
+    double *x_d, *dout_d, *t_d;
+    float *x = rnd_floats(N * 2 * F, 6, &x_d), *dout = rnd_floats(N * F, 1, &dout_d);
+    float *out = zero_floats(N * F), *dinp = zero_floats(N * 2 * F);
+    double *want = zero_doubles(N * F), *want_d = zero_doubles(N * 2 * F);
+    zt_cpu_swiglu_forward(out, x, N, F);
+    ref_swiglu_forward(want, x_d, N, F);
+    expect_close_f("swiglu forward", out, want, N * F, F32_TOL);
+    zt_cpu_swiglu_backward(dinp, x, dout, N, F);
+    ref_swiglu_backward(want_d, x_d, dout_d, N, F);
+    expect_close_f("swiglu backward", dinp, want_d, N * 2 * F, F32_TOL);
+
+    float *t = rnd_floats(N * F, 3, &t_d), *tout = zero_floats(N * F), *tdinp = zero_floats(N * F);
+    zt_cpu_tanh_forward(tout, t, N * F);
+    zt_cpu_tanh_backward(tdinp, tout, dout, N * F);
+    for (int i = 0; i < N * F; i++) {
+        want[i] = tanh(t_d[i]);
+        want_d[i] = dout_d[i] * (1.0 - want[i] * want[i]);
+    }
+    expect_close_f("tanh forward", tout, want, N * F, F32_TOL);
+    expect_close_f("tanh backward", tdinp, want_d, N * F, F32_TOL);
+    free(x); free(dout); free(out); free(dinp); free(x_d); free(dout_d); free(want); free(want_d);
+    free(t); free(t_d); free(tout); free(tdinp);
+}
+
 static void test_crossentropy(void **state)
 {
     (void)state;
@@ -464,7 +492,8 @@ int main(void)
         cmocka_unit_test(test_embedding),        cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),           cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_gelu_residual),    cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_gelu_residual),
+        cmocka_unit_test(test_swiglu_tanh),    cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_adamw_first_step), cmocka_unit_test(test_adamw_steps),
         cmocka_unit_test(test_sum_squares),      cmocka_unit_test(test_thread_count_determinism),
         cmocka_unit_test(test_threads_setting),

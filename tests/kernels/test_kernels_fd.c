@@ -495,6 +495,79 @@ static void test_gelu(void **state)
     free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
 }
 
+/* ---- SwiGLU and tanh ---- */
+
+#define SWIGLU_N 3
+#define SWIGLU_F 7
+
+struct swiglu_ctx {
+    double *inp, *out, *w;
+};
+
+static double swiglu_objective(void *p)
+{
+    struct swiglu_ctx *c = p;
+    zt_cpu_swiglu_forward(c->out, c->inp, SWIGLU_N, SWIGLU_F);
+    return dot(c->out, c->w, SWIGLU_N * SWIGLU_F);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    enum { n_in = SWIGLU_N * 2 * SWIGLU_F, n_out = SWIGLU_N * SWIGLU_F };
+    struct swiglu_ctx c = {.inp = rnd_array(n_in), .out = zero_array(n_out), .w = rnd_array(n_out)};
+    for (int i = 0; i < n_in; i++)
+        c.inp[i] *= 5.0; /* across the sigmoid's curve */
+    double *want = zero_array(n_out);
+    swiglu_objective(&c);
+    ref_swiglu_forward(want, c.inp, SWIGLU_N, SWIGLU_F);
+    expect_close("swiglu forward", c.out, want, n_out, 1e-14);
+
+    double *dinp = zero_array(n_in);
+    zt_cpu_swiglu_backward(dinp, c.inp, c.w, SWIGLU_N, SWIGLU_F);
+    expect_fd("swiglu dinp", c.inp, n_in, dinp, swiglu_objective, &c);
+
+    double *pre = rnd_array(n_in), *acc = malloc(sizeof(double) * n_in);
+    memcpy(acc, pre, sizeof(double) * n_in);
+    zt_cpu_swiglu_backward(acc, c.inp, c.w, SWIGLU_N, SWIGLU_F);
+    expect_accumulated("swiglu dinp +=", acc, pre, dinp, n_in);
+    free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
+}
+
+#define TANH_N 31
+
+struct tanh_ctx {
+    double *inp, *out, *w;
+};
+
+static double tanh_objective(void *p)
+{
+    struct tanh_ctx *c = p;
+    zt_cpu_tanh_forward(c->out, c->inp, TANH_N);
+    return dot(c->out, c->w, TANH_N);
+}
+
+static void test_tanh(void **state)
+{
+    (void)state;
+    struct tanh_ctx c = {.inp = zero_array(TANH_N), .out = zero_array(TANH_N), .w = rnd_array(TANH_N)};
+    for (int i = 0; i < TANH_N; i++)
+        c.inp[i] = -3.0 + 6.0 * i / (TANH_N - 1) + 0.01 * rnd();
+    tanh_objective(&c);
+    for (int i = 0; i < TANH_N; i++)
+        assert_true(c.out[i] == tanh(c.inp[i]));
+    double *dinp = zero_array(TANH_N);
+    zt_cpu_tanh_backward(dinp, c.out, c.w, TANH_N);
+    expect_fd("tanh dinp", c.inp, TANH_N, dinp, tanh_objective, &c);
+
+    double *pre = rnd_array(TANH_N), *acc = malloc(sizeof(double) * TANH_N);
+    memcpy(acc, pre, sizeof(double) * TANH_N);
+    tanh_objective(&c);
+    zt_cpu_tanh_backward(acc, c.out, c.w, TANH_N);
+    expect_accumulated("tanh dinp +=", acc, pre, dinp, TANH_N);
+    free(c.inp); free(c.out); free(c.w); free(dinp); free(pre); free(acc);
+}
+
 /* ---- residual ---- */
 
 #define RES_N 29
@@ -603,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
         cmocka_unit_test(test_crossentropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
