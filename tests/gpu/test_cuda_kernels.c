@@ -34,6 +34,7 @@
 #include "kernels/norm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu (float build)");
 
@@ -360,6 +361,52 @@ static void test_rmsnorm(void **state)
         run_rmsnorm(k_dtypes[i], 37, 4100);   /* fp32 rows of 16 bytes, 16-bit rows not: both paths */
         run_rmsnorm(k_dtypes[i], 3001, 4096); /* LLaMA-7B width, many row slices */
         run_rmsnorm(k_dtypes[i], 9, 8192);    /* LLaMA-70B width, fewer rows than a slice */
+    }
+}
+
+/* ---- rotary position embeddings ---- */
+
+static void run_rope(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, int pos0, const zt_rope_config *cfg)
+{
+    const int W = (NH + 2 * NKV) * HS;
+    const size_t n = (size_t)B * T * W;
+    char name[96];
+    float *inv_freq = malloc(sizeof(float) * HS / 2);
+    assert_int_equal(zt_rope_inv_freq(inv_freq, HS, cfg, NULL), 0);
+    float *d_inv = dev_alloc(sizeof(float) * HS / 2);
+    ZT_CUDA_CHECK(cudaMemcpy(d_inv, inv_freq, sizeof(float) * HS / 2, cudaMemcpyHostToDevice));
+    float *qkv;
+    void *d_qkv = dev_rand(n, 2.0f, dt, &qkv);
+    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream);
+    float *got = dev_download(d_qkv, n, dt);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, pos0);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d forward", B, T, NH, NKV, HS, pos0);
+    check_close(name, dt, got, qkv, n, tol_of(dt));
+    memcpy(qkv, got, sizeof(float) * n); /* the backward's input: the GPU's rotated values, on both sides */
+    free(got);
+    /* The backward, in place like the forward. */
+    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream);
+    got = dev_download(d_qkv, n, dt);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, pos0);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d backward", B, T, NH, NKV, HS, pos0);
+    check_close(name, dt, got, qkv, n, tol_of(dt));
+    free(got), free(qkv), free(inv_freq);
+    dev_free(d_qkv), dev_free(d_inv);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    const zt_rope_config llama2 = {.theta = 10000.0};
+    const zt_rope_config llama3 = {.theta = 500000.0, .scaling = ZT_ROPE_SCALING_LLAMA3, .factor = 8.0,
+                                   .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                                   .original_max_position_embeddings = 8192};
+    const zt_rope_config linear = {.theta = 10000.0, .scaling = ZT_ROPE_SCALING_LINEAR, .factor = 4.0};
+    for (int i = 0; i < 3; i++) {
+        run_rope(k_dtypes[i], 2, 67, 4, 4, 128, 0, &llama2);      /* multi-head */
+        run_rope(k_dtypes[i], 3, 33, 6, 2, 80, 0, &linear);       /* grouped-query, ratio 3, head size 80 */
+        run_rope(k_dtypes[i], 1, 129, 32, 8, 128, 8000, &llama3); /* LLaMA-3 8B heads, positions 8000.. */
+        run_rope(k_dtypes[i], 2, 5, 5, 1, 40, 3, &llama2);        /* one key head, odd head count */
     }
 }
 
@@ -1296,7 +1343,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),        cmocka_unit_test(test_check_finite), cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_norm),        cmocka_unit_test(test_accumulate),
     };

@@ -261,6 +261,27 @@ static inline void ref_swiglu_backward(double *dinp, const double *inp, const do
         }
 }
 
+/* RoPE ("rotate_half") on the query and key heads of qkv [B,T,(NH+2*NKV)*HS], in place, by sign * angle.
+ * fp32_angle: the angle is pos * inv_freq rounded to fp32 (the float build and the GPU), else exact. */
+static inline void ref_rope(double *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
+                            double sign, int fp32_angle)
+{
+    int half = HS / 2;
+    long stride = (long)(NH + 2 * NKV) * HS;
+    for (long r = 0; r < (long)B * T; r++) {
+        int pos = pos0 + (int)(r % T);
+        for (int h = 0; h < NH + NKV; h++)
+            for (int i = 0; i < half; i++) {
+                double ang = fp32_angle ? (double)((float)pos * inv_freq[i]) : (double)pos * inv_freq[i];
+                double c = cos(ang), s = sign * sin(ang);
+                double *x = qkv + r * stride + (long)h * HS;
+                double x0 = x[i], x1 = x[i + half];
+                x[i] = x0 * c - x1 * s;
+                x[i + half] = x1 * c + x0 * s;
+            }
+    }
+}
+
 /* Losses and (grad_scale-weighted) dlogits of softmax cross-entropy; returns the non-ignored row count. */
 static inline int ref_crossentropy(double *losses, double *dlogits, const double *logits, const int32_t *targets,
                             int N, int V, int ignore_index, double grad_scale)

@@ -27,6 +27,7 @@
 #include "kernels/norm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu");
 
@@ -289,6 +290,31 @@ static void test_swiglu_tanh(void **state)
     free(t); free(t_d); free(tout); free(tdinp);
 }
 
+/* RoPE against the reference with the same fp32 angles, at positions up to 3000 (pos0 > 0). */
+static void test_rope(void **state)
+{
+    (void)state;
+    enum { B = 2, T = 37, NH = 6, NKV = 2, HS = 80, W = (NH + 2 * NKV) * HS };
+    float inv_freq[HS / 2];
+    zt_rope_config cfg = {.theta = 500000.0, .scaling = ZT_ROPE_SCALING_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                          .high_freq_factor = 4.0, .original_max_position_embeddings = 64};
+    assert_int_equal(zt_rope_inv_freq(inv_freq, HS, &cfg, NULL), 0);
+    double *qkv_d;
+    float *qkv = rnd_floats(B * T * W, 2, &qkv_d), *orig = malloc(sizeof(float) * B * T * W);
+    memcpy(orig, qkv, sizeof(float) * B * T * W);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 2963);
+    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, 2963, 1.0, 1);
+    expect_close_f("rope forward", qkv, qkv_d, B * T * W, F32_TOL);
+    for (int r = 0; r < B * T; r++) /* value heads untouched, bit for bit */
+        assert_memory_equal(qkv + r * W + (NH + NKV) * HS, orig + r * W + (NH + NKV) * HS, sizeof(float) * NKV * HS);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, 2963);
+    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, 2963, -1.0, 1);
+    expect_close_f("rope backward", qkv, qkv_d, B * T * W, F32_TOL);
+    for (int i = 0; i < B * T * W; i++) /* the backward undoes the forward (an orthogonal map) */
+        assert_true(fabsf(qkv[i] - orig[i]) <= 1e-5f * (1.0f + fabsf(orig[i])));
+    free(qkv); free(qkv_d); free(orig);
+}
+
 static void test_crossentropy(void **state)
 {
     (void)state;
@@ -493,7 +519,8 @@ int main(void)
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),           cmocka_unit_test(test_attention),
         cmocka_unit_test(test_gelu_residual),
-        cmocka_unit_test(test_swiglu_tanh),    cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_swiglu_tanh),
+        cmocka_unit_test(test_rope),    cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_adamw_first_step), cmocka_unit_test(test_adamw_steps),
         cmocka_unit_test(test_sum_squares),      cmocka_unit_test(test_thread_count_determinism),
         cmocka_unit_test(test_threads_setting),

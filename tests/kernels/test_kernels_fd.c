@@ -27,6 +27,7 @@
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(double), "this test must link zt_kernels_cpu_f64");
 
@@ -568,6 +569,112 @@ static void test_tanh(void **state)
     free(c.inp); free(c.out); free(c.w); free(dinp); free(pre); free(acc);
 }
 
+/* ---- rotary position embeddings ---- */
+
+enum { RP_NH = 4, RP_NKV = 2, RP_HS = 6, RP_W = (RP_NH + 2 * RP_NKV) * RP_HS, RP_POS0 = 3 };
+
+struct rope_ctx {
+    float inv_freq[RP_HS / 2];
+    double *qkv, *out, *w;
+};
+
+static double rope_objective(void *p)
+{
+    struct rope_ctx *c = p;
+    memcpy(c->out, c->qkv, sizeof(double) * B * T * RP_W);
+    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0);
+    return dot(c->out, c->w, B * T * RP_W);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    struct rope_ctx c;
+    zt_rope_config cfg = {.theta = 10.0}; /* a small base: angles far apart over a few positions */
+    assert_int_equal(zt_rope_inv_freq(c.inv_freq, RP_HS, &cfg, NULL), 0);
+    c.qkv = rnd_array(B * T * RP_W);
+    c.out = zero_array(B * T * RP_W);
+    c.w = rnd_array(B * T * RP_W);
+    double *want = zero_array(B * T * RP_W);
+    rope_objective(&c);
+    memcpy(want, c.qkv, sizeof(double) * B * T * RP_W);
+    ref_rope(want, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, 1.0, 0);
+    expect_close("rope forward", c.out, want, B * T * RP_W, 1e-14);
+
+    /* The backward of sum(rope(x) * w) is rope_backward(w): value columns carry w unchanged. */
+    double *grad = malloc(sizeof(double) * B * T * RP_W);
+    memcpy(grad, c.w, sizeof(double) * B * T * RP_W);
+    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0);
+    expect_fd("rope dqkv", c.qkv, B * T * RP_W, grad, rope_objective, &c);
+
+    /* Positions: a call at pos0 = RP_POS0 + 2 on rows 2.. of a sequence gives the same bits as those rows of
+     * the call at RP_POS0. */
+    double *tail = malloc(sizeof(double) * (T - 2) * RP_W);
+    memcpy(tail, c.qkv + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
+    zt_cpu_rope_forward(tail, c.inv_freq, 1, T - 2, RP_NH, RP_NKV, RP_HS, RP_POS0 + 2);
+    rope_objective(&c);
+    assert_memory_equal(tail, c.out + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
+    free(c.qkv); free(c.out); free(c.w); free(want); free(grad); free(tail);
+}
+
+/* The inverse frequencies against transformers' formulas written out in double. */
+static void test_rope_inv_freq(void **state)
+{
+    (void)state;
+    enum { HS128 = 128 };
+    float base[HS128 / 2], got[HS128 / 2];
+    zt_rope_config cfg = {.theta = 10000.0};
+    assert_int_equal(zt_rope_inv_freq(base, HS128, &cfg, NULL), 0);
+    for (int i = 0; i < HS128 / 2; i++)
+        assert_true(fabs(base[i] - pow(10000.0, -2.0 * i / HS128)) <= 2.4e-7 * base[i]);
+    assert_true(base[0] == 1.0f);
+
+    cfg.scaling = ZT_ROPE_SCALING_LINEAR;
+    cfg.factor = 4.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &cfg, NULL), 0);
+    for (int i = 0; i < HS128 / 2; i++)
+        assert_true(got[i] == (float)(base[i] / 4.0));
+
+    /* LLaMA-3.1: theta 500000, factor 8, low 1, high 4, 8192 original positions. */
+    zt_rope_config l3 = {.theta = 500000.0, .scaling = ZT_ROPE_SCALING_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                         .high_freq_factor = 4.0, .original_max_position_embeddings = 8192};
+    zt_rope_config plain = {.theta = 500000.0};
+    assert_int_equal(zt_rope_inv_freq(base, HS128, &plain, NULL), 0);
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &l3, NULL), 0);
+    int kept = 0, divided = 0, ramp = 0;
+    for (int i = 0; i < HS128 / 2; i++) {
+        double wavelen = 2.0 * M_PI / base[i], want;
+        if (wavelen < 8192.0 / 4.0) {
+            want = base[i];
+            kept++;
+        } else if (wavelen > 8192.0 / 1.0) {
+            want = base[i] / 8.0;
+            divided++;
+        } else {
+            double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+            want = (1.0 - smooth) * base[i] / 8.0 + smooth * base[i];
+            ramp++;
+        }
+        assert_true(got[i] == (float)want);
+        assert_true(i == 0 || got[i] < got[i - 1]);
+    }
+    assert_true(kept > 0 && divided > 0 && ramp > 0);
+
+    /* Refusals name the value. */
+    zt_err err;
+    assert_int_equal(zt_rope_inv_freq(got, 7, &plain, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "head size"));
+    l3.high_freq_factor = 1.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &l3, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "low_freq_factor"));
+    cfg.factor = 0.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &cfg, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "factor"));
+    plain.theta = -1.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &plain, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "rope_theta"));
+}
+
 /* ---- residual ---- */
 
 #define RES_N 29
@@ -677,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),
         cmocka_unit_test(test_crossentropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
