@@ -228,12 +228,77 @@ static void run_embedding(enum zt_dtype dt, int B, int T, int C, int V, int maxT
         dev_free(dev[i]);
 }
 
+/* BERT's embedding with NTT token types; type NTT - 1 never occurs when NTT > 2 (its gradient row stays). */
+static void run_embedding_typed(enum zt_dtype dt, int B, int T, int C, int V, int NTT)
+{
+    const int BT = B * T;
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    int32_t *tok = malloc(sizeof(int32_t) * BT), *typ = malloc(sizeof(int32_t) * BT);
+    assert_true(tok && typ);
+    for (int i = 0; i < BT; i++) {
+        tok[i] = (int32_t)zt_rng_below(&g_rng, V);
+        typ[i] = (int32_t)zt_rng_below(&g_rng, NTT > 2 ? NTT - 1 : NTT);
+    }
+    int32_t *d_tok = dev_alloc(sizeof(int32_t) * BT), *d_typ = dev_alloc(sizeof(int32_t) * BT);
+    ZT_CUDA_CHECK(cudaMemcpy(d_tok, tok, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+    ZT_CUDA_CHECK(cudaMemcpy(d_typ, typ, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+
+    float *wte, *wpe, *wtt, *dout, *dwte, *dwpe, *dwtt;
+    void *d_wte = dev_rand((size_t)V * C, 1.0f, dt, &wte);
+    void *d_wpe = dev_rand((size_t)T * C, 1.0f, dt, &wpe);
+    void *d_wtt = dev_rand((size_t)NTT * C, 1.0f, dt, &wtt);
+    void *d_out = dev_alloc((size_t)BT * C * es);
+    zt_cuda_embedding_forward_typed(d_out, d_tok, d_typ, d_wte, d_wpe, d_wtt, B, T, C, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)BT * C, dt), *ref = malloc(sizeof(float) * BT * C);
+    zt_cpu_embedding_forward_typed(ref, tok, typ, wte, wpe, wtt, B, T, C);
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d forward with types", B, T, C, NTT);
+    check_close(name, dt, out, ref, (size_t)BT * C, tol_of(dt));
+
+    void *d_dout = dev_rand((size_t)BT * C, 1.0f, dt, &dout);
+    void *d_dwte = dev_rand((size_t)V * C, 0.5f, dt, &dwte);
+    void *d_dwpe = dev_rand((size_t)T * C, 0.5f, dt, &dwpe);
+    void *d_dwtt = dev_rand((size_t)NTT * C, 0.5f, dt, &dwtt);
+    void *d_dwtt0 = dev_clone(d_dwtt, (size_t)NTT * C * es);
+    void *scratch = dev_alloc(zt_cuda_embedding_backward_typed_scratch_size(B, T, C, V, NTT));
+    zt_cuda_embedding_backward_typed(d_dwte, d_dwpe, d_dwtt, d_dout, d_tok, d_typ, B, T, C, V, NTT, scratch, dt,
+                                     g_stream);
+    float *g_dwte = dev_download(d_dwte, (size_t)V * C, dt), *g_dwpe = dev_download(d_dwpe, (size_t)T * C, dt);
+    float *g_dwtt = dev_download(d_dwtt, (size_t)NTT * C, dt);
+    float *dwtt0 = host_copy(dwtt, (size_t)NTT * C);
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, dout, tok, typ, B, T, C);
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d dwte (typed)", B, T, C, NTT);
+    check_close(name, dt, g_dwte, dwte, (size_t)V * C, tol_of(dt));
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d dwpe (typed)", B, T, C, NTT);
+    check_close(name, dt, g_dwpe, dwpe, (size_t)T * C, tol_of(dt));
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d dwtt", B, T, C, NTT);
+    check_close(name, dt, g_dwtt, dwtt, (size_t)NTT * C, tol_of(dt));
+    if (NTT > 2) /* the unused type's row: added nothing, so the same bits */
+        assert_memory_equal(g_dwtt + (size_t)(NTT - 1) * C, dwtt0 + (size_t)(NTT - 1) * C, sizeof(float) * C);
+
+    /* Determinism of dwtt: the same call from the same state, the same bits. */
+    void *d_dwtt1 = dev_clone(d_dwtt, (size_t)NTT * C * es);
+    dev_copy(d_dwtt, d_dwtt0, (size_t)NTT * C * es);
+    zt_cuda_embedding_backward_typed(d_dwte, d_dwpe, d_dwtt, d_dout, d_tok, d_typ, B, T, C, V, NTT, scratch, dt,
+                                     g_stream);
+    assert_true(dev_equal(d_dwtt, d_dwtt1, (size_t)NTT * C * es));
+
+    free(tok), free(typ), free(wte), free(wpe), free(wtt), free(dout), free(dwte), free(dwpe), free(dwtt);
+    free(out), free(ref), free(g_dwte), free(g_dwpe), free(g_dwtt), free(dwtt0);
+    void *dev[] = {d_tok, d_typ, d_wte, d_wpe, d_wtt, d_out, d_dout, d_dwte, d_dwpe, d_dwtt, d_dwtt0, scratch, d_dwtt1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
 static void test_embedding(void **state)
 {
     (void)state;
     for (int i = 0; i < 3; i++) {
         run_embedding(k_dtypes[i], 2, 67, 768, 1003, 80);
         run_embedding(k_dtypes[i], 3, 5, 64, 50257, 8);
+        run_embedding_typed(k_dtypes[i], 4, 129, 768, 1003, 2); /* BERT-base width, two types */
+        run_embedding_typed(k_dtypes[i], 3, 5, 64, 30522, 16);  /* the most types; fewer positions than a slice */
+        run_embedding_typed(k_dtypes[i], 64, 200, 128, 97, 3);   /* many slices; one type unused */
     }
 }
 

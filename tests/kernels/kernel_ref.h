@@ -32,6 +32,26 @@ static inline void ref_embedding_backward(double *dwte, double *dwpe, const doub
             }
 }
 
+/* BERT's embedding: the token + position one plus wtt[types[b,t],:]; dwtt [NTT,C] overwritten. */
+static inline void ref_embedding_typed_forward(double *out, const int32_t *tokens, const int32_t *types,
+                                               const double *wte, const double *wpe, const double *wtt, int B, int T,
+                                               int C)
+{
+    ref_embedding_forward(out, tokens, wte, wpe, B, T, C);
+    for (int bt = 0; bt < B * T; bt++)
+        for (int c = 0; c < C; c++)
+            out[bt * C + c] += wtt[types[bt] * C + c];
+}
+
+static inline void ref_embedding_types_backward(double *dwtt, const double *dout, const int32_t *types, int B, int T,
+                                                int C, int NTT)
+{
+    memset(dwtt, 0, sizeof(double) * NTT * C);
+    for (int bt = 0; bt < B * T; bt++)
+        for (int c = 0; c < C; c++)
+            dwtt[types[bt] * C + c] += dout[bt * C + c];
+}
+
 static inline void ref_layernorm_forward(double *out, double *mean, double *rstd, const double *inp,
                                   const double *weight, const double *bias, int N, int C, double eps)
 {

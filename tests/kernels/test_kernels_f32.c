@@ -120,8 +120,29 @@ static void test_embedding(void **state)
     ref_embedding_backward(rdwte, rdwpe, dout_d, tokens, B, T, C, V);
     expect_close_f("embedding dwte", dwte, rdwte, V * C, F32_TOL);
     expect_close_f("embedding dwpe", dwpe, rdwpe, T * C, F32_TOL);
-    free(wte); free(wpe); free(dout); free(out); free(dwte); free(dwpe);
-    free(wte_d); free(wpe_d); free(dout_d); free(want); free(rdwte); free(rdwpe);
+
+    /* With token types (BERT): three of them, the last never used. */
+    enum { NTT = 3 };
+    int32_t types[B * T];
+    for (int i = 0; i < B * T; i++)
+        types[i] = (int32_t)((i / 7) % 2);
+    double *wtt_d;
+    float *wtt = rnd_floats(NTT * C, 1, &wtt_d), *dwtt = zero_floats(NTT * C);
+    double *rdwtt = zero_doubles(NTT * C);
+    memset(dwte, 0, sizeof(float) * V * C);
+    memset(dwpe, 0, sizeof(float) * T * C);
+    zt_cpu_embedding_forward_typed(out, tokens, types, wte, wpe, wtt, B, T, C);
+    ref_embedding_typed_forward(want, tokens, types, wte_d, wpe_d, wtt_d, B, T, C);
+    expect_close_f("embedding forward with types", out, want, B * T * C, F32_TOL);
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, dout, tokens, types, B, T, C);
+    ref_embedding_types_backward(rdwtt, dout_d, types, B, T, C, NTT);
+    expect_close_f("embedding dwte with types", dwte, rdwte, V * C, F32_TOL);
+    expect_close_f("embedding dwpe with types", dwpe, rdwpe, T * C, F32_TOL);
+    expect_close_f("embedding dwtt", dwtt, rdwtt, NTT * C, F32_TOL);
+    for (int c = 0; c < C; c++)
+        assert_true(dwtt[2 * C + c] == 0.0f);
+    free(wte); free(wpe); free(dout); free(out); free(dwte); free(dwpe); free(wtt); free(dwtt);
+    free(wte_d); free(wpe_d); free(dout_d); free(want); free(rdwte); free(rdwpe); free(wtt_d); free(rdwtt);
 }
 
 static void test_layernorm(void **state)

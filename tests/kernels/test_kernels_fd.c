@@ -171,6 +171,51 @@ static void test_embedding(void **state)
     free(dwte); free(dwpe); free(pre_te); free(pre_pe); free(acc_te); free(acc_pe);
 }
 
+/* With token types: type 0 and 1 used, type 2 never (its gradient row must stay 0). */
+enum { NTT = 3 };
+
+struct embedding_typed_ctx {
+    int32_t tokens[B * T], types[B * T];
+    double *wte, *wpe, *wtt, *out, *w;
+};
+
+static double embedding_typed_objective(void *p)
+{
+    struct embedding_typed_ctx *c = p;
+    zt_cpu_embedding_forward_typed(c->out, c->tokens, c->types, c->wte, c->wpe, c->wtt, B, T, C);
+    return dot(c->out, c->w, B * T * C);
+}
+
+static void test_embedding_typed(void **state)
+{
+    (void)state;
+    struct embedding_typed_ctx c = {.tokens = {3, 1, 3, 0, 5, 2, 3, 4, 1, 3}, .types = {0, 0, 0, 1, 1, 0, 1, 1, 1, 0}};
+    c.wte = rnd_array(V * C);
+    c.wpe = rnd_array(T * C);
+    c.wtt = rnd_array(NTT * C);
+    c.out = zero_array(B * T * C);
+    c.w = rnd_array(B * T * C);
+    double *want = zero_array(B * T * C);
+    embedding_typed_objective(&c);
+    ref_embedding_typed_forward(want, c.tokens, c.types, c.wte, c.wpe, c.wtt, B, T, C);
+    expect_close("embedding forward with types", c.out, want, B * T * C, 1e-15);
+
+    double *dwte = zero_array(V * C), *dwpe = zero_array(T * C), *dwtt = zero_array(NTT * C);
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, c.w, c.tokens, c.types, B, T, C);
+    expect_fd("embedding dwte (typed)", c.wte, V * C, dwte, embedding_typed_objective, &c);
+    expect_fd("embedding dwpe (typed)", c.wpe, T * C, dwpe, embedding_typed_objective, &c);
+    expect_fd("embedding dwtt", c.wtt, NTT * C, dwtt, embedding_typed_objective, &c);
+
+    double *pre = rnd_array(NTT * C), *acc = malloc(sizeof(double) * NTT * C);
+    double *scratch_te = zero_array(V * C), *scratch_pe = zero_array(T * C);
+    memcpy(acc, pre, sizeof(double) * NTT * C);
+    zt_cpu_embedding_backward_typed(scratch_te, scratch_pe, acc, c.w, c.tokens, c.types, B, T, C);
+    expect_accumulated("embedding dwtt +=", acc, pre, dwtt, NTT * C);
+
+    free(c.wte); free(c.wpe); free(c.wtt); free(c.out); free(c.w); free(want);
+    free(dwte); free(dwpe); free(dwtt); free(pre); free(acc); free(scratch_te); free(scratch_pe);
+}
+
 /* ---- layernorm ---- */
 
 #define LN_N (B * T)
@@ -778,7 +823,7 @@ int main(void)
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),    cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_embedding_typed),
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_matmul_large),
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_causal),
