@@ -32,6 +32,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/pooler.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -794,17 +795,23 @@ static void test_elementwise(void **state)
 
 /* ---- fused classifier ---- */
 
-static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
+/* Which rows are ignored: every 7th (CE_SOME), all but every 7th (CE_MASKED_LM: a masked-LM batch, where
+ * most positions carry no label), or all of them (CE_ALL). */
+enum ce_pattern { CE_SOME, CE_MASKED_LM, CE_ALL };
+
+static void run_crossentropy(enum zt_dtype dt, int N, int V, int P, int ignore, enum ce_pattern pattern)
 {
     const size_t es = zt_dtype_size(dt);
-    const int ignore = -100;
     int32_t *tgt = malloc(sizeof(int32_t) * N);
     int valid = 0;
     for (int n = 0; n < N; n++) {
-        tgt[n] = n % 7 == 3 ? ignore : (int32_t)zt_rng_below(&g_rng, V);
-        valid += tgt[n] != ignore;
+        int ignored = pattern == CE_ALL || (pattern == CE_SOME ? n % 7 == 3 : n % 7 != 0);
+        tgt[n] = ignored ? ignore : (int32_t)zt_rng_below(&g_rng, V);
     }
-    tgt[0] = V - 1; /* row 0 is never ignored: the last class is a target */
+    if (pattern != CE_ALL)
+        tgt[0] = V - 1; /* row 0 is not ignored: the last class is a target */
+    for (int n = 0; n < N; n++)
+        valid += tgt[n] != ignore;
     int32_t *d_tgt = dev_alloc(sizeof(int32_t) * N);
     ZT_CUDA_CHECK(cudaMemcpy(d_tgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
 
@@ -822,7 +829,7 @@ static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
     float *d_loss = dev_alloc(sizeof(float) * N);
     int *d_count = dev_alloc(sizeof(int));
     ZT_CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof(int), g_stream));
-    float grad_scale = 1.0f / (float)valid;
+    float grad_scale = valid ? 1.0f / (float)valid : 1.0f;
 
     /* Losses only: logits untouched. */
     zt_cuda_crossentropy_forward_backward(d_loss, NULL, d_lg, d_tgt, N, V, P, ignore, grad_scale, d_count, dt,
@@ -843,7 +850,7 @@ static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
     int rvalid = zt_cpu_crossentropy_forward_backward(rloss, rgrad, dense, tgt, N, V, ignore, grad_scale);
     assert_int_equal(rvalid, valid);
     char name[80];
-    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d loss", N, V, P);
+    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d ignore %d loss", N, V, P, ignore);
     check_close(name, dt, loss, rloss, N, 1e-4);
     check_close("crossentropy loss without gradient", dt, loss_only, rloss, N, 1e-4);
     float *gdense = malloc(sizeof(float) * N * V);
@@ -857,7 +864,7 @@ static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
                 assert_true(grad[(size_t)n * P + i] == 0.0f);
         }
     }
-    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d dlogits", N, V, P);
+    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d ignore %d dlogits", N, V, P, ignore);
     check_close(name, dt, gdense, rgrad, (size_t)N * V, tol_of(dt));
 
     /* Determinism, into a separate buffer this time. */
@@ -877,9 +884,130 @@ static void test_crossentropy(void **state)
 {
     (void)state;
     for (int i = 0; i < 3; i++) {
-        run_crossentropy(k_dtypes[i], 134, 1003, 1003); /* odd V: unaligned rows, scalar path */
-        run_crossentropy(k_dtypes[i], 134, 1003, 1008); /* padded rows: vector path */
-        run_crossentropy(k_dtypes[i], 8, 50257, 50304); /* GPT-2's vocabulary */
+        run_crossentropy(k_dtypes[i], 134, 1003, 1003, -100, CE_SOME); /* odd V: unaligned rows, scalar path */
+        run_crossentropy(k_dtypes[i], 134, 1003, 1008, -100, CE_SOME); /* padded rows: vector path */
+        run_crossentropy(k_dtypes[i], 8, 50257, 50304, -100, CE_SOME); /* GPT-2's vocabulary */
+        /* Masked LM with ztrain's ignore_index -1: most rows carry no label; BERT's vocabulary. */
+        run_crossentropy(k_dtypes[i], 67, 30522, 30528, -1, CE_MASKED_LM);
+        run_crossentropy(k_dtypes[i], 9, 1003, 1008, -1, CE_ALL);
+        /* A classification head: three labels, one row per sequence. */
+        run_crossentropy(k_dtypes[i], 7, 3, 3, -1, CE_SOME);
+    }
+}
+
+/* ---- BERT's pooler and classification head, composed from the kernels ---- */
+
+/* Every stage on the GPU against its CPU twin fed the GPU's input to that stage: first token, pooler
+ * dense, tanh, classifier dense, cross-entropy with one label per sequence (ignore_index -1), and the
+ * backward through all of them. */
+static void run_classifier_head(enum zt_dtype dt, int B, int T, int C, int L)
+{
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    int32_t *lab = malloc(sizeof(int32_t) * B);
+    int valid = 0;
+    for (int b = 0; b < B; b++) {
+        lab[b] = b % 4 == 1 ? -1 : (int32_t)zt_rng_below(&g_rng, L);
+        valid += lab[b] != -1;
+    }
+    int32_t *d_lab = dev_alloc(sizeof(int32_t) * B);
+    ZT_CUDA_CHECK(cudaMemcpy(d_lab, lab, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+    float *h, *wp, *bp, *wc, *bc;
+    void *d_h = dev_rand((size_t)B * T * C, 1.0f, dt, &h);
+    void *d_wp = dev_rand((size_t)C * C, 0.1f, dt, &wp), *d_bp = dev_rand(C, 0.1f, dt, &bp);
+    void *d_wc = dev_rand((size_t)L * C, 0.3f, dt, &wc), *d_bc = dev_rand(L, 0.1f, dt, &bc);
+    void *d_first = dev_alloc((size_t)B * C * es), *d_pre = dev_alloc((size_t)B * C * es);
+    void *d_pooled = dev_alloc((size_t)B * C * es), *d_logits = dev_alloc((size_t)B * L * es);
+    float *d_loss = dev_alloc(sizeof(float) * B);
+
+    zt_cuda_first_token_forward(d_first, d_h, B, T, C, dt, g_stream);
+    zt_cuda_matmul_forward(g_blas, d_pre, NULL, d_first, d_wp, d_bp, B, C, C, dt, g_stream);
+    zt_cuda_tanh_forward(d_pooled, d_pre, (size_t)B * C, dt, g_stream);
+    zt_cuda_matmul_forward(g_blas, d_logits, NULL, d_pooled, d_wc, d_bc, B, C, L, dt, g_stream);
+    float *first = dev_download(d_first, (size_t)B * C, dt), *pre = dev_download(d_pre, (size_t)B * C, dt);
+    float *pooled = dev_download(d_pooled, (size_t)B * C, dt), *logits = dev_download(d_logits, (size_t)B * L, dt);
+    for (int b = 0; b < B; b++)
+        assert_memory_equal(first + (size_t)b * C, h + (size_t)b * T * C, sizeof(float) * C);
+    float *r = malloc(sizeof(float) * B * (C > L ? C : L));
+    zt_cpu_matmul_forward(r, first, wp, bp, B, C, C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d pooler dense", B, C, L);
+    check_close(name, dt, pre, r, (size_t)B * C, tol_of(dt));
+    zt_cpu_tanh_forward(r, pre, (size_t)B * C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d pooler tanh", B, C, L);
+    check_close(name, dt, pooled, r, (size_t)B * C, tol_of(dt));
+    zt_cpu_matmul_forward(r, pooled, wc, bc, B, C, L);
+    snprintf(name, sizeof(name), "head B%d C%d L%d logits", B, C, L);
+    check_close(name, dt, logits, r, (size_t)B * L, tol_of(dt));
+
+    /* Loss and dlogits in place (P = L: rows not padded), then the backward chain. */
+    const float scale = 1.0f / (float)valid;
+    zt_cuda_crossentropy_forward_backward(d_loss, d_logits, d_logits, d_lab, B, L, L, -1, scale, NULL, dt, g_stream);
+    float *loss = dev_download(d_loss, B, ZT_DTYPE_F32), *dlogits = dev_download(d_logits, (size_t)B * L, dt);
+    float *rloss = malloc(sizeof(float) * B), *rdlogits = malloc(sizeof(float) * B * L);
+    assert_int_equal(zt_cpu_crossentropy_forward_backward(rloss, rdlogits, logits, lab, B, L, -1, scale), valid);
+    snprintf(name, sizeof(name), "head B%d C%d L%d loss", B, C, L);
+    check_close(name, dt, loss, rloss, B, 1e-4);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dlogits", B, C, L);
+    check_close(name, dt, dlogits, rdlogits, (size_t)B * L, tol_of(dt));
+
+    void *d_dpooled = dev_alloc((size_t)B * C * es), *d_dpre = dev_alloc((size_t)B * C * es);
+    void *d_dfirst = dev_alloc((size_t)B * C * es), *d_dh = dev_alloc((size_t)B * T * C * es);
+    void *d_dwc = dev_alloc((size_t)L * C * es), *d_dbc = dev_alloc(L * es);
+    void *d_dwp = dev_alloc((size_t)C * C * es), *d_dbp = dev_alloc(C * es);
+    void *zero[] = {d_dpooled, d_dpre, d_dfirst, d_dh, d_dwc, d_dbc, d_dwp, d_dbp};
+    const size_t zbytes[] = {(size_t)B * C * es, (size_t)B * C * es, (size_t)B * C * es, (size_t)B * T * C * es,
+                             (size_t)L * C * es, L * es, (size_t)C * C * es, C * es};
+    for (int i = 0; i < 8; i++)
+        ZT_CUDA_CHECK(cudaMemsetAsync(zero[i], 0, zbytes[i], g_stream));
+    zt_cuda_matmul_backward(g_blas, d_dpooled, d_dwc, d_dbc, d_logits, d_pooled, d_wc, NULL, B, C, L, dt, g_stream);
+    zt_cuda_tanh_backward(d_dpre, d_pooled, d_dpooled, (size_t)B * C, dt, g_stream);
+    zt_cuda_matmul_backward(g_blas, d_dfirst, d_dwp, d_dbp, d_dpre, d_first, d_wp, NULL, B, C, C, dt, g_stream);
+    zt_cuda_first_token_backward(d_dh, d_dfirst, B, T, C, dt, g_stream);
+    float *dpooled = dev_download(d_dpooled, (size_t)B * C, dt), *dpre = dev_download(d_dpre, (size_t)B * C, dt);
+    float *dfirst = dev_download(d_dfirst, (size_t)B * C, dt), *dh = dev_download(d_dh, (size_t)B * T * C, dt);
+    float *dwc = dev_download(d_dwc, (size_t)L * C, dt), *dwp = dev_download(d_dwp, (size_t)C * C, dt);
+    float *rdwc = calloc((size_t)L * C, sizeof(float)), *rdbc = calloc(L, sizeof(float));
+    float *rdwp = calloc((size_t)C * C, sizeof(float)), *rdbp = calloc(C, sizeof(float));
+    float *rd = calloc((size_t)B * C, sizeof(float));
+    zt_cpu_matmul_backward(rd, rdwc, rdbc, dlogits, pooled, wc, B, C, L);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dpooled", B, C, L);
+    check_close(name, dt, dpooled, rd, (size_t)B * C, tol_of(dt));
+    snprintf(name, sizeof(name), "head B%d C%d L%d dW labels", B, C, L);
+    check_close(name, dt, dwc, rdwc, (size_t)L * C, tol_of(dt));
+    memset(rd, 0, sizeof(float) * B * C);
+    zt_cpu_tanh_backward(rd, pooled, dpooled, (size_t)B * C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dtanh", B, C, L);
+    check_close(name, dt, dpre, rd, (size_t)B * C, tol_of(dt));
+    memset(rd, 0, sizeof(float) * B * C);
+    zt_cpu_matmul_backward(rd, rdwp, rdbp, dpre, first, wp, B, C, C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dfirst", B, C, L);
+    check_close(name, dt, dfirst, rd, (size_t)B * C, tol_of(dt));
+    snprintf(name, sizeof(name), "head B%d C%d L%d dW pooler", B, C, L);
+    check_close(name, dt, dwp, rdwp, (size_t)C * C, tol_of(dt));
+    for (int b = 0; b < B; b++) {
+        assert_memory_equal(dh + (size_t)b * T * C, dfirst + (size_t)b * C, sizeof(float) * C);
+        for (size_t i = C; i < (size_t)T * C; i++)
+            assert_true(dh[(size_t)b * T * C + i] == 0.0f);
+    }
+
+    free(lab), free(h), free(wp), free(bp), free(wc), free(bc), free(first), free(pre), free(pooled), free(logits);
+    free(r), free(loss), free(dlogits), free(rloss), free(rdlogits), free(dpooled), free(dpre), free(dfirst), free(dh);
+    free(dwc), free(dwp), free(rdwc), free(rdbc), free(rdwp), free(rdbp), free(rd);
+    void *dev[] = {d_lab, d_h, d_wp, d_bp, d_wc, d_bc, d_first, d_pre, d_pooled, d_logits, d_loss};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+    for (int i = 0; i < 8; i++)
+        dev_free(zero[i]);
+}
+
+static void test_classifier_head(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        if (k_dtypes[i] == ZT_DTYPE_BF16 && g_cc_major < 8)
+            continue; /* no bf16 GEMM */
+        run_classifier_head(k_dtypes[i], 7, 13, 768, 3); /* BERT-base width, three labels */
+        run_classifier_head(k_dtypes[i], 32, 5, 64, 2);
     }
 }
 
@@ -1409,7 +1537,8 @@ int main(void)
         cmocka_unit_test(test_cast),        cmocka_unit_test(test_check_finite), cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),   cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_classifier_head),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_norm),        cmocka_unit_test(test_accumulate),
     };
     /* ZT_TEST_FILTER=test_attention (a glob) runs a subset, e.g. under compute-sanitizer. */

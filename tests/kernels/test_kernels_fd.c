@@ -25,6 +25,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/pooler.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -817,6 +818,80 @@ static void test_crossentropy(void **state)
     free(c.logits); free(c.losses); free(dlogits); free(want_losses); free(want_d); free(inplace); free(losses2);
 }
 
+/* ---- BERT's pooler and sequence-classification head, composed from the kernels ---- */
+
+enum { HB = 4, HT = 3, HC = 6, HL = 3 }; /* sequences, positions, channels, labels */
+
+struct head_ctx {
+    double *h, *wp, *bp, *wc, *bc;          /* inputs and parameters */
+    double *first, *pre, *pooled, *logits, *losses;
+    int32_t labels[HB];
+};
+
+/* CE_SCALE * the sum of the losses of softmax(tanh(h[:,0] Wp^T + bp) Wc^T + bc) against the labels. */
+static double head_objective(void *p)
+{
+    struct head_ctx *c = p;
+    zt_cpu_first_token_forward(c->first, c->h, HB, HT, HC);
+    zt_cpu_matmul_forward(c->pre, c->first, c->wp, c->bp, HB, HC, HC);
+    zt_cpu_tanh_forward(c->pooled, c->pre, HB * HC);
+    zt_cpu_matmul_forward(c->logits, c->pooled, c->wc, c->bc, HB, HC, HL);
+    zt_cpu_crossentropy_forward_backward(c->losses, NULL, c->logits, c->labels, HB, HL, CE_IGNORE, 1.0f);
+    double s = 0;
+    for (int b = 0; b < HB; b++)
+        s += c->losses[b];
+    return CE_SCALE * s;
+}
+
+static void test_classifier_head(void **state)
+{
+    (void)state;
+    struct head_ctx c = {.labels = {2, CE_IGNORE, 0, 1}};
+    c.h = rnd_array(HB * HT * HC);
+    c.wp = rnd_array(HC * HC);
+    c.bp = rnd_array(HC);
+    c.wc = rnd_array(HL * HC);
+    c.bc = rnd_array(HL);
+    c.first = zero_array(HB * HC);
+    c.pre = zero_array(HB * HC);
+    c.pooled = zero_array(HB * HC);
+    c.logits = zero_array(HB * HL);
+    c.losses = zero_array(HB);
+    head_objective(&c);
+    for (int b = 0; b < HB; b++) /* the pooler reads the first token */
+        assert_memory_equal(c.first + b * HC, c.h + b * HT * HC, sizeof(double) * HC);
+
+    double *dlogits = zero_array(HB * HL), *dpooled = zero_array(HB * HC), *dpre = zero_array(HB * HC);
+    double *dfirst = zero_array(HB * HC), *dh = zero_array(HB * HT * HC);
+    double *dwp = zero_array(HC * HC), *dbp = zero_array(HC), *dwc = zero_array(HL * HC), *dbc = zero_array(HL);
+    int counted = zt_cpu_crossentropy_forward_backward(c.losses, dlogits, c.logits, c.labels, HB, HL, CE_IGNORE,
+                                                       CE_SCALE);
+    assert_int_equal(counted, 3);
+    zt_cpu_matmul_backward(dpooled, dwc, dbc, dlogits, c.pooled, c.wc, HB, HC, HL);
+    zt_cpu_tanh_backward(dpre, c.pooled, dpooled, HB * HC);
+    zt_cpu_matmul_backward(dfirst, dwp, dbp, dpre, c.first, c.wp, HB, HC, HC);
+    zt_cpu_first_token_backward(dh, dfirst, HB, HT, HC);
+    for (int b = 0; b < HB; b++)
+        for (int i = HC; i < HT * HC; i++)
+            assert_true(dh[b * HT * HC + i] == 0.0); /* only the first token gets a gradient */
+    for (int i = 0; i < HC; i++)
+        assert_true(dh[1 * HT * HC + i] == 0.0); /* the ignored sequence adds nothing */
+    expect_fd("classifier head dh", c.h, HB * HT * HC, dh, head_objective, &c);
+    expect_fd("classifier head dW pooler", c.wp, HC * HC, dwp, head_objective, &c);
+    expect_fd("classifier head db pooler", c.bp, HC, dbp, head_objective, &c);
+    expect_fd("classifier head dW labels", c.wc, HL * HC, dwc, head_objective, &c);
+    expect_fd("classifier head db labels", c.bc, HL, dbc, head_objective, &c);
+
+    double *pre = rnd_array(HB * HT * HC), *acc = malloc(sizeof(double) * HB * HT * HC);
+    memcpy(acc, pre, sizeof(double) * HB * HT * HC);
+    zt_cpu_first_token_backward(acc, dfirst, HB, HT, HC);
+    expect_accumulated("first token dh +=", acc, pre, dh, HB * HT * HC);
+
+    free(c.h); free(c.wp); free(c.bp); free(c.wc); free(c.bc); free(c.first); free(c.pre); free(c.pooled);
+    free(c.logits); free(c.losses); free(dlogits); free(dpooled); free(dpre); free(dfirst); free(dh);
+    free(dwp); free(dbp); free(dwc); free(dbc); free(pre); free(acc);
+}
+
 int main(void)
 {
     /* More threads than rows in most shapes, so empty and partial thread shares are exercised too. */
@@ -830,7 +905,7 @@ int main(void)
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
         cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),
-        cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_classifier_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
