@@ -1,25 +1,57 @@
-/* Causal multi-head self-attention over a packed qkv tensor, flash style: no T x T matrix is kept
- * between forward and backward, only the log-sum-exp of each query row.
- * Shapes: qkv [B,T,3C] laid out as (q | k | v), each C = NH * HS with head h at columns h*HS..;
- *         out [B,T,C] (heads concatenated); lse [B,NH,T]. Scale 1/sqrt(HS). */
+/* Self-attention over a packed qkv tensor, flash style: no T x T matrix is kept between forward and
+ * backward, only the log-sum-exp of each query row. Scale 1/sqrt(HS).
+ *
+ * Causal multi-head attention (GPT-2; the first entry points):
+ *   qkv [B,T,3C] laid out as (q | k | v), each C = NH * HS with head h at columns h*HS..;
+ *   out [B,T,C] (heads concatenated); lse [B,NH,T].
+ *
+ * The general entry points (*_gqa; LLaMA, BERT) add grouped-query heads, bidirectional attention and a
+ * padding mask, with zt_attention_dims for the shape:
+ *   qkv [B,T,(NH+2*NKV)*HS]: each row holds NH query heads, then NKV key heads, then NKV value heads (what
+ *       one matmul produces whose weight stacks the q, k and v projections' rows in that order); query head
+ *       h reads key/value head h / (NH / NKV), as Hugging Face's repeat_kv pairs them. NKV = NH is
+ *       multi-head attention with the layout above (3C = (NH + 2 NH) HS);
+ *   out [B,T,NH*HS]; lse [B,NH,T].
+ *   Padding mask: lens holds B valid lengths (NULL: none; values are clamped to [0,T]). In sequence b, keys
+ *   at t >= lens[b] are masked for every query, and query rows t >= lens[b] produce zeros in out and +inf
+ *   in lse; the backward adds nothing to the rows t >= lens[b] of dqkv (q, k and v parts). With padding on
+ *   the right, as BERT's tokenizers put it, a causal row below the length never sees a padded key anyway. */
 #ifndef ZT_KERNELS_ATTENTION_H
 #define ZT_KERNELS_ATTENTION_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "kernels/real.h"
+
+/* The shape of a call of the general entry points. */
+typedef struct zt_attention_dims {
+    int B, T;    /* sequences, positions */
+    int NH;      /* query heads */
+    int NKV;     /* key/value heads, NH % NKV == 0 */
+    int HS;      /* head size */
+    bool causal; /* true: row t sees keys 0..t; false: every key of its sequence (bidirectional) */
+} zt_attention_dims;
 
 void zt_cpu_attention_forward(zt_real *out, zt_real *lse, const zt_real *qkv, int B, int T, int C, int NH);
 /* Accumulates (+=) into dqkv [B,T,3C]. Uses out and lse of the forward pass. */
 void zt_cpu_attention_backward(zt_real *dqkv, const zt_real *dout, const zt_real *qkv, const zt_real *out,
                                const zt_real *lse, int B, int T, int C, int NH);
 
+/* General forward (layout above); lens is a host array or NULL. Any head size. The multi-head entry points
+ * above are this one with NKV = NH, causal, no mask (same bits). */
+void zt_cpu_attention_forward_gqa(zt_real *out, zt_real *lse, const zt_real *qkv, const int32_t *lens,
+                                  const zt_attention_dims *d);
+/* Accumulates (+=) into dqkv [B,T,(NH+2*NKV)*HS]; uses out and lse of the forward pass and the same lens. A
+ * key/value head's gradient sums its NH / NKV query heads in head order. */
+void zt_cpu_attention_backward_gqa(zt_real *dqkv, const zt_real *dout, const zt_real *qkv, const zt_real *out,
+                                   const zt_real *lse, const int32_t *lens, const zt_attention_dims *d);
+
 #ifdef ZT_WITH_CUDA
 /* CUDA twins (kernels/cuda/attention.cu), flash style: tiles of queries and keys in shared memory, an
  * online softmax in fp32, nothing of size T x T in memory. qkv, out, dout, dqkv hold `dtype` elements
  * (F32, F16 or BF16); lse [B,NH,T] is fp32. Head sizes 64 and 128 (zt_cuda_attention_supported);
  * any T. */
-#include <stdbool.h>
-#include <stdint.h>
-
 #include <cuda_runtime.h>
 
 #ifdef __cplusplus

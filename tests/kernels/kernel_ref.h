@@ -243,6 +243,101 @@ static inline void ref_attention_backward(double *dqkv, const double *dout, cons
     free(dP);
 }
 
+/* The general attention (kernels/attention.h: grouped-query heads, causal or not, padding lengths) written
+ * out with the full probability matrix. qkv [B,T,(NH+2*NKV)*HS]; out [B,T,NH*HS]; padded rows of out are
+ * zero. causal: 1 or 0; lens: B lengths or NULL. */
+static inline int ref_attention_len(const int32_t *lens, int b, int T)
+{
+    return !lens ? T : lens[b] < 0 ? 0 : lens[b] > T ? T : lens[b];
+}
+
+/* P [T,T] of query head h of sequence b (rows at or past the length stay 0). */
+static inline void ref_attention_gqa_probs(double *P, const double *qkv, int b, int h, int T, int NH, int NKV, int HS,
+                                           int causal, int len)
+{
+    long W = (long)(NH + 2 * NKV) * HS;
+    int g = h / (NH / NKV);
+    double scale = 1.0 / sqrt((double)HS);
+    memset(P, 0, sizeof(double) * T * T);
+    for (int t = 0; t < len; t++) {
+        int kend = causal ? t + 1 : len;
+        double mx = -INFINITY, sum = 0;
+        for (int u = 0; u < kend; u++) {
+            double s = 0;
+            for (int i = 0; i < HS; i++)
+                s += qkv[(b * T + t) * W + h * HS + i] * qkv[(b * T + u) * W + (long)NH * HS + g * HS + i];
+            P[t * T + u] = s * scale;
+            mx = fmax(mx, s * scale);
+        }
+        for (int u = 0; u < kend; u++) {
+            P[t * T + u] = exp(P[t * T + u] - mx);
+            sum += P[t * T + u];
+        }
+        for (int u = 0; u < kend; u++)
+            P[t * T + u] /= sum;
+    }
+}
+
+static inline void ref_attention_gqa_forward(double *out, const double *qkv, const int32_t *lens, int B, int T, int NH,
+                                             int NKV, int HS, int causal)
+{
+    long W = (long)(NH + 2 * NKV) * HS, voff = (long)(NH + NKV) * HS;
+    double *P = malloc(sizeof(double) * T * T);
+    memset(out, 0, sizeof(double) * B * T * NH * HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int len = ref_attention_len(lens, b, T), g = h / (NH / NKV);
+            ref_attention_gqa_probs(P, qkv, b, h, T, NH, NKV, HS, causal, len);
+            for (int t = 0; t < len; t++)
+                for (int i = 0; i < HS; i++) {
+                    double acc = 0;
+                    for (int u = 0; u < T; u++)
+                        acc += P[t * T + u] * qkv[(b * T + u) * W + voff + g * HS + i];
+                    out[((long)b * T + t) * NH * HS + h * HS + i] = acc;
+                }
+        }
+    free(P);
+}
+
+/* dqkv (overwritten) of the objective sum(out * dout). */
+static inline void ref_attention_gqa_backward(double *dqkv, const double *dout, const double *qkv, const int32_t *lens,
+                                              int B, int T, int NH, int NKV, int HS, int causal)
+{
+    long W = (long)(NH + 2 * NKV) * HS, koff = (long)NH * HS, voff = (long)(NH + NKV) * HS, OW = (long)NH * HS;
+    double scale = 1.0 / sqrt((double)HS);
+    double *P = malloc(sizeof(double) * T * T), *dP = malloc(sizeof(double) * T * T);
+    memset(dqkv, 0, sizeof(double) * B * T * W);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int len = ref_attention_len(lens, b, T), g = h / (NH / NKV);
+            ref_attention_gqa_probs(P, qkv, b, h, T, NH, NKV, HS, causal, len);
+            for (int t = 0; t < len; t++)
+                for (int u = 0; u < len; u++) {
+                    double acc = 0;
+                    for (int i = 0; i < HS; i++)
+                        acc += dout[(b * T + t) * OW + h * HS + i] * qkv[(b * T + u) * W + voff + g * HS + i];
+                    dP[t * T + u] = acc;
+                }
+            for (int t = 0; t < len; t++) {
+                double dot = 0;
+                for (int u = 0; u < len; u++)
+                    dot += P[t * T + u] * dP[t * T + u];
+                for (int u = 0; u < len; u++) {
+                    if (P[t * T + u] == 0.0)
+                        continue; /* masked */
+                    double ds = P[t * T + u] * (dP[t * T + u] - dot) * scale;
+                    for (int i = 0; i < HS; i++) {
+                        dqkv[(b * T + t) * W + h * HS + i] += ds * qkv[(b * T + u) * W + koff + g * HS + i];
+                        dqkv[(b * T + u) * W + koff + g * HS + i] += ds * qkv[(b * T + t) * W + h * HS + i];
+                        dqkv[(b * T + u) * W + voff + g * HS + i] += P[t * T + u] * dout[(b * T + t) * OW + h * HS + i];
+                    }
+                }
+            }
+        }
+    free(P);
+    free(dP);
+}
+
 static inline double ref_gelu(double x)
 {
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));

@@ -256,6 +256,45 @@ static void test_attention(void **state)
     check_attention(1, 150, 64, 2);
 }
 
+/* One general attention shape (grouped-query, causal or not, lengths or NULL) against the reference. */
+static void check_attention_gqa(int B, int T, int NH, int NKV, int HS, int causal, const int32_t *lens)
+{
+    const int W = (NH + 2 * NKV) * HS, OW = NH * HS;
+    zt_attention_dims d = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal};
+    char what[96];
+    double *qkv_d, *dout_d;
+    float *qkv = rnd_floats(B * T * W, 1.5, &qkv_d), *dout = rnd_floats(B * T * OW, 1, &dout_d);
+    float *out = rnd_floats(B * T * OW, 1, NULL), *lse = zero_floats(B * NH * T), *dqkv = zero_floats(B * T * W);
+    double *want = zero_doubles(B * T * OW), *rdqkv = zero_doubles(B * T * W);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, lens, &d);
+    ref_attention_gqa_forward(want, qkv_d, lens, B, T, NH, NKV, HS, causal);
+    snprintf(what, sizeof(what), "attention B%d T%d NH%d NKV%d HS%d %s forward", B, T, NH, NKV, HS,
+             causal ? "causal" : "bidirectional");
+    expect_close_f(what, out, want, B * T * OW, F32_TOL);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                float l = lse[(b * NH + h) * T + t];
+                assert_true(t < ref_attention_len(lens, b, T) ? isfinite(l) : isinf(l) && l > 0);
+            }
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d);
+    ref_attention_gqa_backward(rdqkv, dout_d, qkv_d, lens, B, T, NH, NKV, HS, causal);
+    snprintf(what, sizeof(what), "attention B%d T%d NH%d NKV%d HS%d %s dqkv", B, T, NH, NKV, HS,
+             causal ? "causal" : "bidirectional");
+    expect_close_f(what, dqkv, rdqkv, B * T * W, F32_TOL);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(qkv_d); free(dout_d); free(want); free(rdqkv);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const int32_t lens3[3] = {70, 37, 0}, lens2[2] = {150, 65};
+    check_attention_gqa(2, 33, 6, 2, 16, 1, NULL);  /* grouped-query, ratio 3 */
+    check_attention_gqa(3, 70, 4, 4, 20, 0, lens3); /* bidirectional with padding: full, partial, empty */
+    check_attention_gqa(2, 150, 3, 1, 8, 1, lens2); /* one key/value head; causal with padding; > 2 key blocks */
+    check_attention_gqa(2, 130, 2, 1, 40, 0, lens2); /* bidirectional across key blocks, a length past T */
+}
+
 static void test_gelu_residual(void **state)
 {
     (void)state;
@@ -427,6 +466,8 @@ static void test_sum_squares(void **state)
 struct det_outputs {
     float *mm_out, *mm_dinp, *mm_dw, *mm_db;
     float *att_out, *att_lse, *att_dqkv;
+    float *gqa_out, *gqa_lse, *gqa_dqkv;
+    float *rms_out, *rms_dinp, *rms_dw;
     float *ln_out, *ln_dinp, *ln_dw, *ln_db;
     float *emb_dwte, *emb_dwpe;
     float *ce_losses, *ce_d;
@@ -458,6 +499,15 @@ static void run_all(struct det_outputs *o, int threads)
     o->att_dqkv = zero_floats(DB * DT * 3 * DC);
     zt_cpu_attention_forward(o->att_out, o->att_lse, qkv, DB, DT, DC, DNH);
     zt_cpu_attention_backward(o->att_dqkv, adout, qkv, o->att_out, o->att_lse, DB, DT, DC, DNH);
+    /* Grouped-query (4 query heads, 2 key/value heads of 16: the same inputs read as rows of 128),
+     * bidirectional with padding. */
+    zt_attention_dims gd = {.B = DB, .T = DT, .NH = DNH, .NKV = 2, .HS = DC / DNH, .causal = false};
+    const int32_t glens[DB] = {DT, DT / 3};
+    o->gqa_out = zero_floats(DB * DT * DC);
+    o->gqa_lse = zero_floats(DB * DNH * DT);
+    o->gqa_dqkv = zero_floats(DB * DT * 2 * DC);
+    zt_cpu_attention_forward_gqa(o->gqa_out, o->gqa_lse, qkv, glens, &gd);
+    zt_cpu_attention_backward_gqa(o->gqa_dqkv, adout, qkv, o->gqa_out, o->gqa_lse, glens, &gd);
     free(qkv); free(adout);
 
     int ln_n = DB * DT;
@@ -469,6 +519,11 @@ static void run_all(struct det_outputs *o, int threads)
     o->ln_db = zero_floats(DC);
     zt_cpu_layernorm_forward(o->ln_out, mean, rstd, x, lw, lb, ln_n, DC, 1e-5f);
     zt_cpu_layernorm_backward(o->ln_dinp, o->ln_dw, o->ln_db, ldout, x, lw, mean, rstd, ln_n, DC);
+    o->rms_out = zero_floats(ln_n * DC);
+    o->rms_dinp = zero_floats(ln_n * DC);
+    o->rms_dw = zero_floats(DC);
+    zt_cpu_rmsnorm_forward(o->rms_out, rstd, x, lw, ln_n, DC, 1e-6f);
+    zt_cpu_rmsnorm_backward(o->rms_dinp, o->rms_dw, ldout, x, lw, rstd, ln_n, DC);
     free(x); free(lw); free(lb); free(ldout); free(mean); free(rstd);
 
     int32_t tokens[DB * DT];
@@ -492,6 +547,8 @@ static void free_all(struct det_outputs *o)
 {
     free(o->mm_out); free(o->mm_dinp); free(o->mm_dw); free(o->mm_db);
     free(o->att_out); free(o->att_lse); free(o->att_dqkv);
+    free(o->gqa_out); free(o->gqa_lse); free(o->gqa_dqkv);
+    free(o->rms_out); free(o->rms_dinp); free(o->rms_dw);
     free(o->ln_out); free(o->ln_dinp); free(o->ln_dw); free(o->ln_db);
     free(o->emb_dwte); free(o->emb_dwpe); free(o->ce_losses); free(o->ce_d);
 }
@@ -510,6 +567,12 @@ static void test_thread_count_determinism(void **state)
     assert_memory_equal(one.att_out, three.att_out, sizeof(float) * DB * DT * DC);
     assert_memory_equal(one.att_lse, three.att_lse, sizeof(float) * DB * DNH * DT);
     assert_memory_equal(one.att_dqkv, three.att_dqkv, sizeof(float) * DB * DT * 3 * DC);
+    assert_memory_equal(one.gqa_out, three.gqa_out, sizeof(float) * DB * DT * DC);
+    assert_memory_equal(one.gqa_lse, three.gqa_lse, sizeof(float) * DB * DNH * DT);
+    assert_memory_equal(one.gqa_dqkv, three.gqa_dqkv, sizeof(float) * DB * DT * 2 * DC);
+    assert_memory_equal(one.rms_out, three.rms_out, sizeof(float) * DB * DT * DC);
+    assert_memory_equal(one.rms_dinp, three.rms_dinp, sizeof(float) * DB * DT * DC);
+    assert_memory_equal(one.rms_dw, three.rms_dw, sizeof(float) * DC);
     assert_memory_equal(one.ln_out, three.ln_out, sizeof(float) * DB * DT * DC);
     assert_memory_equal(one.ln_dinp, three.ln_dinp, sizeof(float) * DB * DT * DC);
     assert_memory_equal(one.ln_dw, three.ln_dw, sizeof(float) * DC);
@@ -539,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_embedding),        cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),           cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_gelu_residual),
         cmocka_unit_test(test_swiglu_tanh),
         cmocka_unit_test(test_rope),    cmocka_unit_test(test_crossentropy),

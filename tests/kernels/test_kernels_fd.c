@@ -501,6 +501,154 @@ static void test_attention_causal(void **state)
     free(qkv); free(out); free(out2); free(lse); free(lse2);
 }
 
+/* ---- general attention: grouped-query heads, bidirectional, padding ---- */
+
+enum { GNH = 4, GNKV = 2, GHS = 3, GW = (GNH + 2 * GNKV) * GHS, GOW = GNH * GHS };
+
+struct attention_gqa_ctx {
+    zt_attention_dims d;
+    const int32_t *lens;
+    double *qkv, *out, *lse, *w;
+};
+
+static double attention_gqa_objective(void *p)
+{
+    struct attention_gqa_ctx *c = p;
+    zt_cpu_attention_forward_gqa(c->out, c->lse, c->qkv, c->lens, &c->d);
+    return dot(c->out, c->w, B * T * GOW);
+}
+
+/* Forward against the reference, every derivative against finite differences, the backward against the
+ * reference, accumulation, and exact zeros for everything at or past a sequence's length. */
+static void check_attention_gqa_fd(int causal, const int32_t *lens)
+{
+    struct attention_gqa_ctx c = {.d = {.B = B, .T = T, .NH = GNH, .NKV = GNKV, .HS = GHS, .causal = causal},
+                                  .lens = lens};
+    char what[80];
+    const char *kind = causal ? (lens ? "causal, padded" : "causal") : (lens ? "bidirectional, padded" : "bidirectional");
+    c.qkv = rnd_array(B * T * GW);
+    for (int i = 0; i < B * T * GW; i++)
+        c.qkv[i] *= 2.0;
+    c.out = zero_array(B * T * GOW);
+    c.lse = zero_array(B * GNH * T);
+    c.w = rnd_array(B * T * GOW);
+    double *want = zero_array(B * T * GOW);
+    attention_gqa_objective(&c);
+    ref_attention_gqa_forward(want, c.qkv, lens, B, T, GNH, GNKV, GHS, causal);
+    snprintf(what, sizeof(what), "attention GQA %s forward", kind);
+    expect_close(what, c.out, want, B * T * GOW, 1e-12);
+
+    double *dqkv = zero_array(B * T * GW), *ref = zero_array(B * T * GW);
+    zt_cpu_attention_backward_gqa(dqkv, c.w, c.qkv, c.out, c.lse, lens, &c.d);
+    snprintf(what, sizeof(what), "attention GQA %s dqkv", kind);
+    expect_fd(what, c.qkv, B * T * GW, dqkv, attention_gqa_objective, &c);
+    ref_attention_gqa_backward(ref, c.w, c.qkv, lens, B, T, GNH, GNKV, GHS, causal);
+    expect_close(what, dqkv, ref, B * T * GW, 1e-12);
+    for (int b = 0; b < B; b++)
+        for (int t = ref_attention_len(lens, b, T); t < T; t++)
+            for (int i = 0; i < GW; i++)
+                assert_true(dqkv[(b * T + t) * GW + i] == 0.0);
+
+    double *pre = rnd_array(B * T * GW), *acc = malloc(sizeof(double) * B * T * GW);
+    memcpy(acc, pre, sizeof(double) * B * T * GW);
+    attention_gqa_objective(&c);
+    zt_cpu_attention_backward_gqa(acc, c.w, c.qkv, c.out, c.lse, lens, &c.d);
+    snprintf(what, sizeof(what), "attention GQA %s dqkv +=", kind);
+    expect_accumulated(what, acc, pre, dqkv, B * T * GW);
+    free(c.qkv); free(c.out); free(c.lse); free(c.w); free(want); free(dqkv); free(ref); free(pre); free(acc);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const int32_t lens[B] = {T, 3};
+    check_attention_gqa_fd(1, NULL);
+    check_attention_gqa_fd(0, NULL);
+    check_attention_gqa_fd(0, lens);
+    check_attention_gqa_fd(1, lens);
+}
+
+/* Grouped-query attention gives what multi-head attention gives with every key/value head repeated for
+ * its query heads (Hugging Face's repeat_kv): the same forward bits, and key/value gradients that are the
+ * sums over the repeated heads. The multi-head entry points give the bits of the general ones. */
+static void test_attention_gqa_equivalences(void **state)
+{
+    (void)state;
+    enum { G = GNH / GNKV, MW = 3 * GOW };
+    zt_attention_dims gd = {.B = B, .T = T, .NH = GNH, .NKV = GNKV, .HS = GHS, .causal = true};
+    zt_attention_dims md = gd;
+    md.NKV = GNH;
+    double *qkv = rnd_array(B * T * GW), *mqkv = zero_array(B * T * MW), *dout = rnd_array(B * T * GOW);
+    for (int bt = 0; bt < B * T; bt++) {
+        memcpy(mqkv + bt * MW, qkv + bt * GW, sizeof(double) * GOW);
+        for (int h = 0; h < GNH; h++) {
+            int g = h / G;
+            memcpy(mqkv + bt * MW + GOW + h * GHS, qkv + bt * GW + GOW + g * GHS, sizeof(double) * GHS);
+            memcpy(mqkv + bt * MW + 2 * GOW + h * GHS, qkv + bt * GW + GOW + GNKV * GHS + g * GHS,
+                   sizeof(double) * GHS);
+        }
+    }
+    double *out = zero_array(B * T * GOW), *mout = zero_array(B * T * GOW);
+    double *lse = zero_array(B * GNH * T), *mlse = zero_array(B * GNH * T);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, NULL, &gd);
+    zt_cpu_attention_forward_gqa(mout, mlse, mqkv, NULL, &md);
+    assert_memory_equal(out, mout, sizeof(double) * B * T * GOW);
+    assert_memory_equal(lse, mlse, sizeof(double) * B * GNH * T);
+
+    double *dqkv = zero_array(B * T * GW), *mdqkv = zero_array(B * T * MW), *folded = zero_array(B * T * GW);
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, &gd);
+    zt_cpu_attention_backward_gqa(mdqkv, dout, mqkv, mout, mlse, NULL, &md);
+    for (int bt = 0; bt < B * T; bt++) {
+        memcpy(folded + bt * GW, mdqkv + bt * MW, sizeof(double) * GOW);
+        for (int h = 0; h < GNH; h++)
+            for (int i = 0; i < GHS; i++) {
+                int g = h / G;
+                folded[bt * GW + GOW + g * GHS + i] += mdqkv[bt * MW + GOW + h * GHS + i];
+                folded[bt * GW + GOW + GNKV * GHS + g * GHS + i] += mdqkv[bt * MW + 2 * GOW + h * GHS + i];
+            }
+    }
+    expect_close("GQA dqkv vs repeated heads", dqkv, folded, B * T * GW, 1e-13);
+
+    /* The multi-head entry points: the general ones with NKV = NH, causal, no mask, bit for bit. */
+    double *out2 = zero_array(B * T * GOW), *lse2 = zero_array(B * GNH * T), *dqkv2 = zero_array(B * T * MW);
+    zt_cpu_attention_forward(out2, lse2, mqkv, B, T, GOW, GNH);
+    assert_memory_equal(out2, mout, sizeof(double) * B * T * GOW);
+    assert_memory_equal(lse2, mlse, sizeof(double) * B * GNH * T);
+    zt_cpu_attention_backward(dqkv2, dout, mqkv, out2, lse2, B, T, GOW, GNH);
+    assert_memory_equal(dqkv2, mdqkv, sizeof(double) * B * T * MW);
+    free(qkv); free(mqkv); free(dout); free(out); free(mout); free(lse); free(mlse); free(dqkv); free(mdqkv);
+    free(folded); free(out2); free(lse2); free(dqkv2);
+}
+
+/* Bidirectional with padding: changing a padded position's q, k and v leaves every output bit as it was
+ * (padded keys are masked, padded rows are zeros); changing a valid key changes every valid row of its
+ * sequence, earlier ones included. */
+static void test_attention_padding(void **state)
+{
+    (void)state;
+    const int32_t lens[B] = {T, 3};
+    zt_attention_dims d = {.B = B, .T = T, .NH = GNH, .NKV = GNKV, .HS = GHS, .causal = false};
+    double *qkv = rnd_array(B * T * GW), *out = zero_array(B * T * GOW), *out2 = zero_array(B * T * GOW);
+    double *lse = zero_array(B * GNH * T), *lse2 = zero_array(B * GNH * T);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, lens, &d);
+    for (int i = 0; i < GW; i++)
+        qkv[(1 * T + 4) * GW + i] += 0.75; /* sequence 1, position 4: padding */
+    zt_cpu_attention_forward_gqa(out2, lse2, qkv, lens, &d);
+    assert_memory_equal(out, out2, sizeof(double) * B * T * GOW);
+    assert_memory_equal(lse, lse2, sizeof(double) * B * GNH * T);
+    for (int t = 3; t < T; t++)
+        for (int i = 0; i < GOW; i++)
+            assert_true(out[(1 * T + t) * GOW + i] == 0.0);
+    for (int i = GOW; i < GW; i++)
+        qkv[(1 * T + 2) * GW + i] += 0.5; /* sequence 1, position 2: the last valid key and value */
+    zt_cpu_attention_forward_gqa(out2, lse2, qkv, lens, &d);
+    for (int t = 0; t < 3; t++)
+        for (int h = 0; h < GNH; h++)
+            if (memcmp(out + (1 * T + t) * GOW + h * GHS, out2 + (1 * T + t) * GOW + h * GHS, sizeof(double) * GHS) == 0)
+                fail_msg("bidirectional attention: row %d head %d did not see the change of key 2", t, h);
+    free(qkv); free(out); free(out2); free(lse); free(lse2);
+}
+
 /* ---- GELU ---- */
 
 #define GELU_N 37
@@ -902,6 +1050,8 @@ int main(void)
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_matmul_large),
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention_gqa), cmocka_unit_test(test_attention_gqa_equivalences),
+        cmocka_unit_test(test_attention_padding),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
         cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),
