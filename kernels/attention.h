@@ -94,17 +94,16 @@ void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void 
                                        const float *lse, const int32_t *lens, int B, int T, int C, int NH,
                                        void *scratch, enum zt_dtype dtype, cudaStream_t stream);
 /* For F16 and BF16 on sm_80+, the launchers prefer the mma.sync kernels (FlashAttention-2 style: fragments
- * in registers, ldmatrix, cp.async double buffering) over the WMMA ones when this is on. The default
- * comes from the environment variable ZT_CUDA_ATTENTION ("mma" or "wmma"; unset: the built-in default,
- * zt_cuda_attention_mma_default). Process-wide, like zt_cuda_attention_use_tensor_cores (which, when
- * off, turns both off). */
+ * in registers, ldmatrix, cp.async double buffering) over the WMMA ones when this is on (the default,
+ * zt_cuda_attention_mma_default). Process-wide, like zt_cuda_attention_use_tensor_cores (which, when off,
+ * turns both off). These choices change the result bits, so they are never read from the environment:
+ * only a program (a test, a benchmark) calls these setters. */
 void zt_cuda_attention_use_mma(bool on);
-/* Whether the mma.sync kernels are preferred when ZT_CUDA_ATTENTION is unset. */
+/* Whether the mma.sync kernels are preferred unless zt_cuda_attention_use_mma says otherwise. */
 bool zt_cuda_attention_mma_default(void);
 /* Rows of the tile each warp of the mma.sync kernels owns at head size 64: 32 (the default: every
  * operand fragment read from shared memory feeds two products) or 16 (the earlier kernels, kept to compare
- * against); 0 returns to the default, which the environment variable ZT_CUDA_ATTENTION_WARP_ROWS ("16" or
- * "32") can change. Head size 128 always runs 16. Process-wide. */
+ * against); 0 returns to the default. Head size 128 always runs 16. Process-wide. */
 void zt_cuda_attention_mma_warp_rows(int rows);
 
 #ifdef __cplusplus

@@ -21,15 +21,13 @@
  * 16-bit types at head size 64, smaller for fp32 or head size 128. These CUDA-core (SIMT) kernels serve
  * fp32 and every GPU; for bf16 and fp16 the launchers use the tensor-core kernels further down where
  * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores): on sm_80+ the
- * mma.sync kernels (the default; ZT_CUDA_ATTENTION=wmma or zt_cuda_attention_use_mma(false) turns them
- * off), else the WMMA kernels (sm_75: fp16).
+ * mma.sync kernels (the default; zt_cuda_attention_use_mma(false) turns them off), else the WMMA kernels
+ * (sm_75: fp16).
  *
  * Padding mask (the *_masked launchers): causal rows below a sequence's length never see keys past it,
  * so the forward kernels run as they are and padded rows get zeros and lse = +inf afterwards (the
  * mma.sync kernel skips their tiles); every backward kernel takes P = exp(S - lse) = 0 on those rows. */
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <mma.h>
 #include <type_traits>
@@ -1453,22 +1451,16 @@ template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, c
     return attr.ptxVersion >= (std::is_same<T, __nv_bfloat16>::value ? 80 : 70);
 }
 
-/* Whether the mma.sync kernels are preferred (-1: not decided yet; see zt_cuda_attention_use_mma). */
+/* Whether the mma.sync kernels are preferred (see zt_cuda_attention_use_mma). Not read from the
+ * environment: the choice changes the result bits, so only the program (a test, a benchmark) sets it. */
 #define ZT_ATTENTION_MMA_DEFAULT true
-static int g_use_mma = -1;
+static bool g_use_mma = ZT_ATTENTION_MMA_DEFAULT;
 
 extern "C" bool zt_cuda_attention_mma_default(void) { return ZT_ATTENTION_MMA_DEFAULT; }
 
 extern "C" void zt_cuda_attention_use_mma(bool on) { g_use_mma = on; }
 
-static bool mma_wanted(void)
-{
-    if (g_use_mma < 0) {
-        const char *env = getenv("ZT_CUDA_ATTENTION");
-        g_use_mma = env && strcmp(env, "mma") == 0 ? 1 : env && strcmp(env, "wmma") == 0 ? 0 : ZT_ATTENTION_MMA_DEFAULT;
-    }
-    return g_use_mma == 1;
-}
+static bool mma_wanted(void) { return g_use_mma; }
 
 /* Whether an mma.sync kernel can run here: wanted, and usable as a tensor-core kernel whose code was
  * built for sm_80 or newer (cp.async, bf16 and m16n8k16 need it). */
@@ -1490,27 +1482,18 @@ static void mask_rows(T *out, float *lse, const int32_t *lens, int B, int T_, in
     ZT_CUDA_CHECK_LAUNCH();
 }
 
-/* Rows per warp of the mma.sync kernels at head size 64: 16 or 32 (0: not decided yet; see
- * zt_cuda_attention_mma_warp_rows). Head size 128 always runs 16. */
+/* Rows per warp of the mma.sync kernels at head size 64: 16 or 32 (see zt_cuda_attention_mma_warp_rows;
+ * not read from the environment, like g_use_mma). Head size 128 always runs 16. */
 #define ZT_ATTENTION_WARP_ROWS_DEFAULT 32
-static int g_mma_warp_rows = 0;
+static int g_mma_warp_rows = ZT_ATTENTION_WARP_ROWS_DEFAULT;
 
 extern "C" void zt_cuda_attention_mma_warp_rows(int rows)
 {
     ZT_ASSERT(rows == 0 || rows == 16 || rows == 32);
-    g_mma_warp_rows = rows;
+    g_mma_warp_rows = rows ? rows : ZT_ATTENTION_WARP_ROWS_DEFAULT;
 }
 
-static int mma_warp_rows(void)
-{
-    if (g_mma_warp_rows == 0) {
-        const char *env = getenv("ZT_CUDA_ATTENTION_WARP_ROWS");
-        g_mma_warp_rows = env && strcmp(env, "16") == 0   ? 16
-                          : env && strcmp(env, "32") == 0 ? 32
-                                                          : ZT_ATTENTION_WARP_ROWS_DEFAULT;
-    }
-    return g_mma_warp_rows;
-}
+static int mma_warp_rows(void) { return g_mma_warp_rows; }
 
 /* The mma.sync kernels' grid: (batch, head) along x and the resident tiles along y, so that blocks start
  * tile by tile across every (batch, head). Under the causal mask a block's work grows with its tile's
