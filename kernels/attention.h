@@ -48,10 +48,16 @@ void zt_cpu_attention_backward_gqa(zt_real *dqkv, const zt_real *dout, const zt_
                                    const zt_real *lse, const int32_t *lens, const zt_attention_dims *d);
 
 #ifdef ZT_WITH_CUDA
-/* CUDA twins (kernels/cuda/attention.cu), flash style: tiles of queries and keys in shared memory, an
- * online softmax in fp32, nothing of size T x T in memory. qkv, out, dout, dqkv hold `dtype` elements
- * (F32, F16 or BF16); lse [B,NH,T] is fp32. Head sizes 64 and 128 (zt_cuda_attention_supported);
- * any T. */
+/* CUDA twins (kernels/cuda/attention.cu, attention_generic.cu), flash style: tiles of queries and keys in
+ * shared memory, an online softmax in fp32, nothing of size T x T in memory, backward passes without
+ * atomics (the same inputs give the same bits). qkv, out, dout, dqkv hold `dtype` elements (F32, F16 or
+ * BF16); lse [B,NH,T] and the scratch are fp32; lens is a device array. Any T.
+ *
+ * Head sizes 32, 64, 80, 96 and 128, and 256 on GPUs that give a block 66 KiB of shared memory (all but
+ * sm_75); zt_cuda_attention_supported and zt_cuda_attention_gqa_supported tell, so that a model can refuse
+ * a config early (a head size of 40, say). Causal multi-head attention at head sizes 64 and 128 runs tuned
+ * kernels (tensor cores for F16 and BF16 where the GPU has them); every other shape runs generic kernels
+ * on the CUDA cores, tiled like them. */
 #include <cuda_runtime.h>
 
 #ifdef __cplusplus
@@ -60,8 +66,10 @@ extern "C" {
 
 #include "common/safetensors.h"
 
-/* Whether the CUDA kernels serve C channels in NH heads (so that a model can refuse a config early). */
+/* Whether the CUDA kernels serve C channels in NH heads (causal multi-head attention). */
 bool zt_cuda_attention_supported(int C, int NH);
+/* Whether the CUDA kernels serve the general shape d (its head size and NH % NKV == 0; B and T are free). */
+bool zt_cuda_attention_gqa_supported(const zt_attention_dims *d);
 /* For F16 and BF16 the launchers use tensor-core (WMMA) kernels where the GPU (bf16: sm_80+, fp16:
  * sm_70+), the build, 16-byte aligned buffers and the shared memory allow, and CUDA-core kernels
  * otherwise (and always for F32). Passing false forces the CUDA-core kernels, process-wide: for tests
@@ -93,6 +101,20 @@ void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, co
 void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
                                        const float *lse, const int32_t *lens, int B, int T, int C, int NH,
                                        void *scratch, enum zt_dtype dtype, cudaStream_t stream);
+/* The general entry points (layout and padding as at the top of this file). The multi-head launchers above
+ * are these with NKV = NH and causal. */
+void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                   const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream);
+/* Bytes of device scratch zt_cuda_attention_backward_gqa needs (B*NH*T floats). */
+size_t zt_cuda_attention_backward_gqa_scratch_size(const zt_attention_dims *d);
+/* accumulate: adds (+=) into dqkv [B,T,(NH+2*NKV)*HS]; else overwrites it (padded rows become zeros). */
+void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                    const float *lse, const int32_t *lens, const zt_attention_dims *d,
+                                    bool accumulate, void *scratch, enum zt_dtype dtype, cudaStream_t stream);
+/* Runs the generic kernels for every shape, the tuned ones' included, when on (default off). Process-wide,
+ * for tests that check the generic kernels at head sizes 64 and 128 and for comparisons. */
+void zt_cuda_attention_use_generic(bool on);
+
 /* For F16 and BF16 on sm_80+, the launchers prefer the mma.sync kernels (FlashAttention-2 style: fragments
  * in registers, ldmatrix, cp.async double buffering) over the WMMA ones when this is on (the default,
  * zt_cuda_attention_mma_default). Process-wide, like zt_cuda_attention_use_tensor_cores (which, when off,

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/cuda_utils.cuh"
 
 #define ATT_THREADS 256
@@ -1652,14 +1653,39 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     ZT_CUDA_CHECK_LAUNCH();
 }
 
+/* ---- dispatch between the tuned kernels above and the generic ones (attention_generic.cu) ---- */
+
+/* Forces the generic kernels for every shape (zt_cuda_attention_use_generic). */
+static bool g_force_generic = false;
+
+extern "C" void zt_cuda_attention_use_generic(bool on) { g_force_generic = on; }
+
+/* Whether the kernels of this file serve the call: causal multi-head attention at head size 64 or 128. */
+static bool tuned_serves(const zt_attention_dims *d)
+{
+    return !g_force_generic && d->causal && d->NKV == d->NH && (d->HS == 64 || d->HS == 128);
+}
+
+static bool head_size_served(int HS) { return HS == 64 || HS == 128 || zt__cuda_attention_generic_serves(HS); }
+
 extern "C" bool zt_cuda_attention_supported(int C, int NH)
 {
-    return NH > 0 && C > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
+    return NH > 0 && C > 0 && C % NH == 0 && head_size_served(C / NH);
+}
+
+extern "C" bool zt_cuda_attention_gqa_supported(const zt_attention_dims *d)
+{
+    return d->NH > 0 && d->NKV > 0 && d->NH % d->NKV == 0 && head_size_served(d->HS);
 }
 
 extern "C" size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH)
 {
     return (size_t)B * NH * T * sizeof(float);
+}
+
+extern "C" size_t zt_cuda_attention_backward_gqa_scratch_size(const zt_attention_dims *d)
+{
+    return zt_cuda_attention_backward_scratch_size(d->B, d->T, d->NH);
 }
 
 template <typename T>
@@ -1682,10 +1708,15 @@ static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, cons
         backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
 }
 
-extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B,
-                                                 int T, int C, int NH, enum zt_dtype dtype, cudaStream_t stream)
+extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                              const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream)
 {
-    ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
+    ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
+    if (!tuned_serves(d)) {
+        zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream);
+        return;
+    }
+    const int B = d->B, T = d->T, NH = d->NH, C = d->NH * d->HS;
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0);
     switch (dtype) {
     case ZT_DTYPE_F32:
@@ -1698,16 +1729,15 @@ extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const vo
         forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, B, T, C, NH, stream);
         break;
     default:
-        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward_masked", dtype);
+        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward", dtype);
     }
 }
 
-/* The backward of every launcher below: accumulate true adds into dqkv, false overwrites it. */
-static void backward_any(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                         const int32_t *lens, int B, int T, int C, int NH, void *scratch, enum zt_dtype dtype,
-                         bool accumulate, cudaStream_t stream)
+/* The tuned backward: accumulate true adds into dqkv, false overwrites it (then lens is NULL). */
+static void backward_tuned(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                           const int32_t *lens, int B, int T, int C, int NH, void *scratch, enum zt_dtype dtype,
+                           bool accumulate, cudaStream_t stream)
 {
-    ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0 && ((uintptr_t)dout & 3u) == 0 && ((uintptr_t)scratch & 3u) == 0);
     ZT_ASSERT(accumulate || lens == NULL); /* an overwrite would leave the padded rows unwritten */
     float *D = (float *)scratch;
@@ -1729,11 +1759,47 @@ static void backward_any(void *dqkv, const void *dout, const void *qkv, const vo
     }
 }
 
+extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                               const float *lse, const int32_t *lens, const zt_attention_dims *d,
+                                               bool accumulate, void *scratch, enum zt_dtype dtype,
+                                               cudaStream_t stream)
+{
+    ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
+    const bool tuned = tuned_serves(d);
+    if (!accumulate && (lens || !tuned)) {
+        /* Only the tuned kernels without a mask store their results directly; the others add into zeros. */
+        const size_t n = (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS;
+        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, n * zt_dtype_size(dtype), stream));
+        accumulate = true;
+    }
+    if (tuned)
+        backward_tuned(dqkv, dout, qkv, out, lse, lens, d->B, d->T, d->NH * d->HS, d->NH, scratch, dtype, accumulate,
+                       stream);
+    else
+        zt__cuda_attention_generic_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, dtype, stream);
+}
+
+/* The multi-head entry points: causal, NKV = NH. */
+static zt_attention_dims mha_dims(int B, int T, int C, int NH)
+{
+    ZT_ASSERT(zt_cuda_attention_supported(C, NH));
+    zt_attention_dims d = {B, T, NH, NH, C / NH, true};
+    return d;
+}
+
+extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B,
+                                                 int T, int C, int NH, enum zt_dtype dtype, cudaStream_t stream)
+{
+    const zt_attention_dims d = mha_dims(B, T, C, NH);
+    zt_cuda_attention_forward_gqa(out, lse, qkv, lens, &d, dtype, stream);
+}
+
 extern "C" void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
                                                   const float *lse, const int32_t *lens, int B, int T, int C, int NH,
                                                   void *scratch, enum zt_dtype dtype, cudaStream_t stream)
 {
-    backward_any(dqkv, dout, qkv, out, lse, lens, B, T, C, NH, scratch, dtype, true, stream);
+    const zt_attention_dims d = mha_dims(B, T, C, NH);
+    zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d, true, scratch, dtype, stream);
 }
 
 extern "C" void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
@@ -1753,5 +1819,6 @@ extern "C" void zt_cuda_attention_backward_overwrite(void *dqkv, const void *dou
                                                      const float *lse, int B, int T, int C, int NH, void *scratch,
                                                      enum zt_dtype dtype, cudaStream_t stream)
 {
-    backward_any(dqkv, dout, qkv, out, lse, NULL, B, T, C, NH, scratch, dtype, false, stream);
+    const zt_attention_dims d = mha_dims(B, T, C, NH);
+    zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, &d, false, scratch, dtype, stream);
 }

@@ -6,7 +6,10 @@
  * the reference (so that elements near zero after cancellation are judged on the tensor's scale):
  * fp32 1e-4, fp16 5e-3, bf16 1e-2. Shapes include odd T (not a multiple of any tile), C = 768 = 3 * 256,
  * an odd vocabulary (1003), padded logits rows, ignored targets and tensors that cross the fused AdamW's
- * chunk and batch limits. The deterministic kernels are run twice and compared bit for bit.
+ * chunk and batch limits; for the LLaMA and BERT families, rows whose length is not a multiple of 16 bytes
+ * (RMSNorm, SwiGLU), grouped-query heads (ratios 3 and 4), head sizes 32 to 256, bidirectional attention
+ * with padding (empty and full sequences, lengths past T and below 0), and NH = 5 heads of 40 refused. The
+ * deterministic kernels are run twice and compared bit for bit.
  *
  * Exits 77 (skipped) when there is no CUDA device. Each check prints its largest error, so a log of
  * this test doubles as a record of the kernels' accuracy. */
@@ -1156,21 +1159,29 @@ static void test_attention(void **state)
     (void)state;
     assert_true(zt_cuda_attention_supported(768, 12));
     assert_true(zt_cuda_attention_supported(256, 2));
+    assert_true(zt_cuda_attention_supported(96, 3));  /* head size 32 */
+    assert_true(zt_cuda_attention_supported(400, 5)); /* head size 80 */
+    assert_true(zt_cuda_attention_supported(480, 5)); /* head size 96 */
     assert_false(zt_cuda_attention_supported(768, 10));
-    assert_false(zt_cuda_attention_supported(96, 3));
+    assert_false(zt_cuda_attention_supported(200, 5)); /* head size 40: refused, the caller reports it */
+    assert_false(zt_cuda_attention_supported(0, 5));
+    assert_false(zt_cuda_attention_supported(48, 3)); /* head size 16 */
+    if (g_cc_major >= 8)
+        assert_true(zt_cuda_attention_supported(256 * 4, 4)); /* head size 256 */
     /* Pass 0: the default path for every dtype, with the mma.sync kernels preferred (bf16 and fp16 on
      * sm_80+) at 32 rows per warp; pass 1: the mma.sync kernels at 16 rows per warp; pass 2: bf16 and fp16
-     * with the WMMA kernels; pass 3: the CUDA-core kernels. */
-    static const char *what[4] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
-                                  "WMMA (mma.sync off)", "CUDA cores only"};
+     * with the WMMA kernels; pass 3: the CUDA-core kernels; pass 4: the generic kernels, forced. */
+    static const char *what[5] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
+                                  "WMMA (mma.sync off)", "CUDA cores only", "generic kernels forced"};
     const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130}, lens_long[2] = {300, 257};
-    for (int pass = 0; pass < 4; pass++) {
+    for (int pass = 0; pass < 5; pass++) {
         zt_cuda_attention_use_tensor_cores(pass < 3);
         zt_cuda_attention_use_mma(pass < 2);
         zt_cuda_attention_mma_warp_rows(pass == 1 ? 16 : 32);
+        zt_cuda_attention_use_generic(pass == 4);
         g_attention_tc = pass < 3;
         printf("  -- attention: %s\n", what[pass]);
-        for (int i = pass == 0 ? 0 : 1; i < 3; i++) {
+        for (int i = pass == 0 || pass == 4 ? 0 : 1; i < 3; i++) {
             run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
             run_attention(k_dtypes[i], 1, 130, 256, 2);  /* head size 128 */
             run_attention(k_dtypes[i], 2, 200, 512, 4);  /* head size 128, several tiles */
@@ -1185,6 +1196,144 @@ static void test_attention(void **state)
     zt_cuda_attention_mma_warp_rows(0);
     zt_cuda_attention_use_tensor_cores(true);
     zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
+    zt_cuda_attention_use_generic(false);
+    /* The multi-head launchers at the head sizes only the generic kernels serve (GPT-2-like models). */
+    g_attention_tc = 0;
+    for (int i = 0; i < 3; i++) {
+        run_attention(k_dtypes[i], 2, 67, 400, 5);  /* 5 heads of 80 */
+        run_attention(k_dtypes[i], 1, 100, 96, 3);  /* 3 heads of 32 */
+        run_attention(k_dtypes[i], 2, 33, 480, 5);  /* 5 heads of 96 */
+        run_attention_masked(k_dtypes[i], 3, 150, 400, 5, lens);
+    }
+}
+
+/* ---- attention, general entry points: grouped-query heads, bidirectional, padding ---- */
+
+/* One general shape on the GPU against the CPU twin: forward (padded rows zeros and +inf), backward from
+ * the GPU's out and lse accumulating into random dqkv (q, k and v parts compared separately), the same bits
+ * on a second run, and the overwrite variant against zeroed + accumulated. lens: host lengths or NULL. */
+static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, bool causal,
+                              const int32_t *lens, double tol)
+{
+    const zt_attention_dims d = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal};
+    const int W = (NH + 2 * NKV) * HS, OW = NH * HS;
+    const size_t es = zt_dtype_size(dt), n3 = (size_t)B * T * W, n = (size_t)B * T * OW;
+    char name[128], shape[80];
+    snprintf(shape, sizeof(shape), "B%d T%d NH%d NKV%d HS%d %s%s", B, T, NH, NKV, HS,
+             causal ? "causal" : "bidirectional", lens ? " padded" : "");
+    assert_true(zt_cuda_attention_gqa_supported(&d));
+    float *qkv, *dout, *dqkv, *junk;
+    void *d_qkv = dev_rand(n3, 1.5f, dt, &qkv);
+    void *d_out = dev_rand(n, 1.0f, dt, &junk); /* garbage that padded rows must not keep */
+    free(junk);
+    float *d_lse = dev_alloc(sizeof(float) * B * NH * T);
+    int32_t *d_lens = NULL;
+    if (lens) {
+        d_lens = dev_alloc(sizeof(int32_t) * B);
+        ZT_CUDA_CHECK(cudaMemcpy(d_lens, lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+    }
+    zt_cuda_attention_forward_gqa(d_out, d_lse, d_qkv, d_lens, &d, dt, g_stream);
+    float *out = dev_download(d_out, n, dt), *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
+    float *rout = malloc(sizeof(float) * n), *rlse = malloc(sizeof(float) * B * NH * T);
+    zt_cpu_attention_forward_gqa(rout, rlse, qkv, lens, &d);
+    snprintf(name, sizeof(name), "attention %s fwd out", shape);
+    check_close(name, dt, out, rout, n, tol);
+    int padded_ok = 1;
+    for (size_t i = 0; i < (size_t)B * NH * T; i++)
+        if (isinf(rlse[i])) {
+            padded_ok &= isinf(lse[i]) && lse[i] > 0;
+            lse[i] = rlse[i] = 0.0f; /* finite for the comparison */
+        }
+    snprintf(name, sizeof(name), "attention %s fwd lse", shape);
+    check_close(name, dt, lse, rlse, (size_t)B * NH * T, dt == ZT_DTYPE_F32 ? 1e-5 : 1e-4);
+    assert_true(padded_ok);
+    free(lse);
+    lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32); /* the GPU's, +inf included, for the CPU */
+
+    void *d_dout = dev_rand(n, 1.0f, dt, &dout);
+    void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
+    void *d_dqkv0 = dev_clone(d_dqkv, n3 * es);
+    void *scratch = dev_alloc(zt_cuda_attention_backward_gqa_scratch_size(&d));
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    float *g_dqkv = dev_download(d_dqkv, n3, dt);
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d);
+    const char *part[3] = {"dq", "dk", "dv"};
+    const int col[4] = {0, NH * HS, (NH + NKV) * HS, W};
+    float *gp = malloc(sizeof(float) * n), *rp = malloc(sizeof(float) * n);
+    for (int p = 0; p < 3; p++) {
+        const int w = col[p + 1] - col[p];
+        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+            memcpy(gp + bt * w, g_dqkv + bt * W + col[p], sizeof(float) * w);
+            memcpy(rp + bt * w, dqkv + bt * W + col[p], sizeof(float) * w);
+        }
+        snprintf(name, sizeof(name), "attention %s bwd %s", shape, part[p]);
+        check_close(name, dt, gp, rp, (size_t)B * T * w, tol);
+    }
+
+    /* The same call from the same state: the same bits. */
+    void *d_dqkv1 = dev_clone(d_dqkv, n3 * es);
+    dev_copy(d_dqkv, d_dqkv0, n3 * es);
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dqkv, d_dqkv1, n3 * es));
+
+    /* Overwrite: from NaN (all bits set), the values that accumulating into zeros gives. */
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0, n3 * es, g_stream));
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    float *want = dev_download(d_dqkv, n3, dt);
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, false, scratch, dt, g_stream);
+    float *o_dqkv = dev_download(d_dqkv, n3, dt);
+    size_t unequal = 0;
+    for (size_t i = 0; i < n3; i++)
+        unequal += !(o_dqkv[i] == want[i]);
+    if (unequal)
+        printf("  attention %s bwd overwrite %s: %zu of %zu elements differ from zeroed + added\n", shape,
+               zt_dtype_name(dt), unequal, n3);
+    assert_int_equal(unequal, 0);
+
+    free(qkv), free(dout), free(dqkv), free(out), free(lse), free(rout), free(rlse), free(g_dqkv), free(gp), free(rp);
+    free(want), free(o_dqkv);
+    void *dev[] = {d_qkv, d_out, d_lse, d_dout, d_dqkv, d_dqkv0, scratch, d_dqkv1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+    if (d_lens)
+        dev_free(d_lens);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const zt_attention_dims bad_ratio = {.B = 1, .T = 8, .NH = 6, .NKV = 4, .HS = 64, .causal = true};
+    const zt_attention_dims bad_hs = {.B = 1, .T = 8, .NH = 5, .NKV = 5, .HS = 40, .causal = true};
+    assert_false(zt_cuda_attention_gqa_supported(&bad_ratio));
+    assert_false(zt_cuda_attention_gqa_supported(&bad_hs));
+    const int32_t bert[4] = {129, 77, 0, 1}, two[2] = {100, 51}, odd[3] = {33, 500, -3};
+    for (int i = 0; i < 3; i++) {
+        const enum zt_dtype dt = k_dtypes[i];
+        const double tol = tol_of(dt);
+        run_attention_gqa(dt, 2, 67, 6, 2, 128, true, NULL, tol);    /* grouped-query, ratio 3 */
+        run_attention_gqa(dt, 1, 130, 8, 2, 128, true, NULL, tol);   /* LLaMA-3's ratio 4, past two tiles */
+        run_attention_gqa(dt, 4, 129, 12, 12, 64, false, bert, tol); /* BERT-base: bidirectional, padded */
+        run_attention_gqa(dt, 2, 100, 5, 5, 80, true, two, tol);     /* 5 heads of 80, causal, padded */
+        run_attention_gqa(dt, 3, 33, 4, 1, 96, false, odd, tol);     /* one key/value head; lengths past T, < 0 */
+        run_attention_gqa(dt, 2, 200, 3, 3, 32, false, NULL, tol);   /* head size 32, bidirectional */
+        run_attention_gqa(dt, 2, 1, 6, 3, 64, true, NULL, tol);      /* a single position */
+        run_attention_gqa(dt, 1, 70, 6, 2, 80, false, NULL, tol);    /* bidirectional grouped-query */
+        if (zt_cuda_attention_supported(1024, 4)) {
+            run_attention_gqa(dt, 2, 50, 2, 1, 256, true, NULL, tol);
+            run_attention_gqa(dt, 2, 40, 4, 4, 256, false, two, tol);
+        } else {
+            printf("  attention head size 256 skipped: this GPU has too little shared memory per block\n");
+        }
+        /* The tuned kernels' shape through the general entry points (both paths). */
+        for (int generic = 0; generic < 2; generic++) {
+            zt_cuda_attention_use_generic(generic);
+            g_attention_tc = !generic;
+            run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, generic ? tol : attention_tol(dt));
+            run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, generic ? tol : attention_tol(dt));
+        }
+        zt_cuda_attention_use_generic(false);
+    }
 }
 
 /* ---- AdamW ---- */
@@ -1538,6 +1687,7 @@ int main(void)
         cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_classifier_head),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_norm),        cmocka_unit_test(test_accumulate),
     };
