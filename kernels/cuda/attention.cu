@@ -1246,6 +1246,8 @@ extern "C" void zt_cuda_attention_use_mma(bool on) { g_use_mma = on; }
 
 static bool mma_wanted(void) { return g_use_mma; }
 
+extern "C" bool zt__cuda_attention_mma_allowed(void) { return g_use_tensor_cores && g_use_mma; }
+
 /* Whether an mma.sync kernel can run here: wanted, and usable as a tensor-core kernel whose code was
  * built for sm_80 or newer (cp.async, bf16 and m16n8k16 need it). */
 template <typename T, typename K> static bool mma_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)

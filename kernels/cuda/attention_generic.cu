@@ -1,8 +1,8 @@
 /* Generic attention on the GPU: every shape the tuned kernels of attention.cu do not serve (head sizes 32,
  * 64, 80, 96, 128 and 256; grouped-query heads; causal or bidirectional; a padding mask), in fp32, fp16
- * and bf16 on every GPU. Simpler than the tuned kernels (CUDA cores, no tensor cores), but tiled and flash
- * style like them: nothing of size T x T in memory, an online softmax in fp32, and a deterministic
- * backward without atomics.
+ * and bf16 on every GPU. Simpler than the tuned kernels, but tiled and flash style like them: nothing of
+ * size T x T in memory, an online softmax in fp32, and a deterministic backward without atomics. The
+ * CUDA-core kernels below serve every case; tensor-core twins further down take bf16 and fp16 on sm_80+.
  *
  * Forward: a block owns a tile of TILE query rows of one (batch, query head) and walks the key tiles of the
  * head's key/value head, up to the diagonal (causal) or the sequence's length. Q, K, V tiles sit in shared
@@ -23,11 +23,21 @@
  *
  * Padding (lens): keys at or past a sequence's length are masked in every row; K and V rows past it are
  * loaded as zeros, and query rows past it produce zeros and lse = +inf (so P = 0 on them in the backward,
- * which also reads the mask from lens). Blocks whose whole tile is padding do no products. */
+ * which also reads the mask from lens). Blocks whose whole tile is padding do no products.
+ *
+ * For bf16 and fp16 on sm_80+ (head sizes up to 128, 16-byte aligned buffers, enough shared memory) the
+ * same passes run on the tensor cores instead, with the mma.sync building blocks of attention_mma.cuh: a
+ * block of 4 warps owns 64 resident rows (16 per warp) and walks the 64-row tiles of the other side,
+ * double buffered with cp.async; P and dS stay in registers between their two products, rounded to the
+ * storage type as the tuned kernels do. zt_cuda_attention_use_tensor_cores(false) or
+ * zt_cuda_attention_use_mma(false) keeps every call on the CUDA cores. */
 #include <math.h>
+
+#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 
 namespace {
@@ -476,6 +486,355 @@ __global__ void __launch_bounds__(GEN_THREADS)
     }
 }
 
+/* ---- tensor-core kernels (bf16 and fp16 on sm_80+) ---- */
+
+/* One 16-row block per warp: 64 resident rows, the size of a walked tile (MMA_TILE). */
+template <int HS> struct genm_shape {
+    static constexpr int RES_ELEMS = MMA_TILE * mma_cfg<HS>::LDS;
+    /* Forward: Q resident, 2 x K and 2 x V walked. */
+    static constexpr size_t fwd_smem = (size_t)(RES_ELEMS + 4 * mma_cfg<HS>::TILE_ELEMS) * 2;
+    /* Backward: two resident tiles, 2 x 2 walked ones, and the walked query tiles' lse and D. */
+    static constexpr size_t bwd_smem =
+        (size_t)(2 * RES_ELEMS + 4 * mma_cfg<HS>::TILE_ELEMS) * 2 + 4 * MMA_TILE * sizeof(float);
+};
+
+/* Forward: warp w owns query rows q0 + 16 w .. + 15 and walks the key tiles of the query head's key/value
+ * head up to the diagonal (causal) and the sequence's length. Rows past the length are not written here
+ * (gen_mask_rows_kernel does). */
+template <typename T, int HS>
+__global__ void __launch_bounds__(MMA_THREADS)
+    genm_forward_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
+                        const int32_t *__restrict__ lens, gen_args a, float scale_log2)
+{
+    if constexpr (!mma_supported<T>()) {
+        __trap();
+    } else {
+        using cfg = mma_cfg<HS>;
+        using sh = genm_shape<HS>;
+        extern __shared__ __align__(128) unsigned char msmem[];
+        T *Qs = reinterpret_cast<T *>(msmem);
+        T *Ks = Qs + sh::RES_ELEMS;       /* two buffers */
+        T *Vs = Ks + 2 * cfg::TILE_ELEMS; /* two buffers */
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int qt = a.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+        const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, kvh = h / a.G;
+        const int T_ = a.T, q0 = qt * MMA_TILE;
+        const int len = mma_seq_len(lens, b, T_);
+        if (q0 >= len)
+            return;
+        const T *base = qkv + (size_t)b * T_ * a.stride;
+        const T *kbase = base + a.koff + kvh * HS, *vbase = base + a.voff + kvh * HS;
+        const int kend = a.causal ? min(q0 + MMA_TILE, len) : len;
+        const int nkt = ZT_CEIL_DIV(kend, MMA_TILE);
+        const int wr0 = q0 + warp * 16; /* this lane's rows: wr0 + g, wr0 + g + 8 */
+
+        mma_load_tile<T, HS>(Qs, base + h * HS, q0, T_, a.stride);
+        mma_load_tile<T, HS>(Ks, kbase, 0, len, a.stride);
+        mma_load_tile<T, HS>(Vs, vbase, 0, len, a.stride);
+        cp_async_commit();
+
+        float o[1][HS / 8][4];
+        mma_zero(o);
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        for (int kt = 0; kt < nkt; kt++) {
+            if (kt + 1 < nkt) {
+                const int nb = (kt + 1) % 2;
+                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, kbase, (kt + 1) * MMA_TILE, len, a.stride);
+                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, vbase, (kt + 1) * MMA_TILE, len, a.stride);
+                cp_async_commit();
+                cp_async_wait<1>(); /* tile kt (and Q) landed; kt + 1 may still be in flight */
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const int k0 = kt * MMA_TILE;
+            if (!a.causal || k0 <= wr0 + 15) { /* else every key of the tile is past every row of this warp */
+                const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
+                float s[1][8][4];
+                mma_zero(s);
+                mma_rows_x_rows<T, HS, 1, 4>(s, Qs + warp * 16 * cfg::LDS, Kt);
+                /* s[0][j][e] is row wr0 + g + 8 (e / 2), key k0 + 8 j + 2 q + e % 2. */
+                const bool edge = k0 + MMA_TILE > len || (a.causal && k0 + MMA_TILE - 1 > wr0);
+                float mx[2] = {m[0], m[1]};
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + 8 * j + 2 * q + (e % 2), row = wr0 + g + 8 * (e / 2);
+                        float x = s[0][j][e] * scale_log2;
+                        if (edge && (key >= len || (a.causal && key > row)))
+                            x = -INFINITY;
+                        s[0][j][e] = x;
+                        mx[e / 2] = fmaxf(mx[e / 2], x);
+                    }
+                float alpha[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                    /* Finite: key 0 of the first tile is valid for every row (0 < len, 0 <= row). */
+                    alpha[i] = fast_exp2(m[i] - mx[i]);
+                    m[i] = mx[i];
+                    l[i] *= alpha[i];
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float p = fast_exp2(s[0][j][e] - m[e / 2]);
+                        s[0][j][e] = p;
+                        l[e / 2] += p;
+                    }
+#pragma unroll
+                for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        o[0][j][e] *= alpha[e / 2];
+                mma_acc_x_rows<T, HS, 1, 4>(o, s, Vt); /* O += P V */
+            }
+            __syncthreads(); /* every warp is done with buffer kt % 2 before it is refilled */
+        }
+
+        float inv[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+            inv[i] = 1.0f / l[i];
+            const int row = wr0 + g + 8 * i;
+            if (q == 0 && row < len)
+                lse[(size_t)bh * T_ + row] = (m[i] + log2f(l[i])) / GEN_LOG2E;
+        }
+#pragma unroll
+        for (int j = 0; j < HS / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[0][j][e] *= inv[e / 2];
+        mma_store_rows<T, HS>(out + (size_t)b * T_ * a.ostride + h * HS, a.ostride, wr0 + g, len, 1.0f, o[0], false);
+    }
+}
+
+/* dK, dV of 64 keys of one key/value head: warp w owns keys k0 + 16 w .. + 15 and walks, for each of the
+ * G query heads in order, the 64-query tiles from the diagonal (causal) or the start on, in steps of 32
+ * queries: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and
+ * dK += dS^T Q with P^T and dS^T straight from the registers. Adds into dqkv. */
+template <typename T, int HS>
+__global__ void __launch_bounds__(MMA_THREADS)
+    genm_backward_kv_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
+                            const float *__restrict__ lse, const float *__restrict__ D,
+                            const int32_t *__restrict__ lens, gen_args a, float scale)
+{
+    if constexpr (!mma_supported<T>()) {
+        __trap();
+    } else {
+        using cfg = mma_cfg<HS>;
+        using sh = genm_shape<HS>;
+        constexpr int SUB = 32; /* queries per step: two score tiles and two HS-wide accumulators in registers */
+        extern __shared__ __align__(128) unsigned char msmem[];
+        T *Ks = reinterpret_cast<T *>(msmem);
+        T *Vs = Ks + sh::RES_ELEMS;
+        T *Qs = Vs + sh::RES_ELEMS;        /* two buffers */
+        T *dOs = Qs + 2 * cfg::TILE_ELEMS; /* two buffers */
+        float *lse_s = reinterpret_cast<float *>(dOs + 2 * cfg::TILE_ELEMS); /* two buffers of 64 */
+        float *D_s = lse_s + 2 * MMA_TILE;                                   /* two buffers of 64 */
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int kt = blockIdx.y;
+        const int bg = blockIdx.x, b = bg / a.NKV, kvh = bg % a.NKV;
+        const int T_ = a.T, k0 = kt * MMA_TILE;
+        const int len = mma_seq_len(lens, b, T_);
+        if (k0 >= len)
+            return; /* padded keys: no query sees them */
+        const T *base = qkv + (size_t)b * T_ * a.stride;
+        const T *dobase = dout + (size_t)b * T_ * a.ostride;
+        const float scale_log2 = scale * GEN_LOG2E;
+        const int qbegin = a.causal ? kt : 0, nq = ZT_CEIL_DIV(len, MMA_TILE) - qbegin;
+        const int total = a.G * nq; /* (query head, query tile) steps */
+        const int wk0 = k0 + warp * 16; /* this lane's keys: wk0 + g, wk0 + g + 8 */
+
+        /* Starts loading step i into buffer nb: Q and dO by cp.async, lse and D by plain stores (rows past
+         * the length get lse = +inf, so P = 0 there). */
+        auto load_step = [&](int i, int nb) {
+            const int h = kvh * a.G + i / nq, t0 = (qbegin + i % nq) * MMA_TILE;
+            mma_load_tile<T, HS>(Qs + nb * cfg::TILE_ELEMS, base + h * HS, t0, len, a.stride);
+            mma_load_tile<T, HS>(dOs + nb * cfg::TILE_ELEMS, dobase + h * HS, t0, len, a.ostride);
+            const float *lrow = lse + ((size_t)b * a.NH + h) * T_, *drow = D + ((size_t)b * a.NH + h) * T_;
+            for (int r = threadIdx.x; r < MMA_TILE; r += MMA_THREADS) {
+                const int t = t0 + r;
+                lse_s[nb * MMA_TILE + r] = t < len ? lrow[t] * GEN_LOG2E : INFINITY;
+                D_s[nb * MMA_TILE + r] = t < len ? drow[t] : 0.0f;
+            }
+        };
+
+        mma_load_tile<T, HS>(Ks, base + a.koff + kvh * HS, k0, len, a.stride);
+        mma_load_tile<T, HS>(Vs, base + a.voff + kvh * HS, k0, len, a.stride);
+        load_step(0, 0);
+        cp_async_commit();
+
+        float dk[1][HS / 8][4], dv[1][HS / 8][4];
+        mma_zero(dk);
+        mma_zero(dv);
+
+        for (int i = 0; i < total; i++) {
+            const int cb = i % 2;
+            if (i + 1 < total) {
+                load_step(i + 1, 1 - cb);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const int qt = qbegin + i % nq;
+            const T *Qt = Qs + cb * cfg::TILE_ELEMS, *dOt = dOs + cb * cfg::TILE_ELEMS;
+            const float *lse_t = lse_s + cb * MMA_TILE, *D_t = D_s + cb * MMA_TILE;
+
+#pragma unroll 1
+            for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
+                const int qs0 = qt * MMA_TILE + sub * SUB; /* first query of the step */
+                if (a.causal && wk0 > qs0 + SUB - 1)
+                    continue; /* every key of this warp is past every query of the step: P = 0 */
+                const bool diag = a.causal && wk0 + 15 > qs0;
+                float s[1][SUB / 8][4], dp[1][SUB / 8][4];
+                mma_zero(s);
+                mma_zero(dp);
+                mma_rows_x_rows<T, HS, 1, SUB / 16>(s, Ks + warp * 16 * cfg::LDS, Qt + sub * SUB * cfg::LDS);
+                mma_rows_x_rows<T, HS, 1, SUB / 16>(dp, Vs + warp * 16 * cfg::LDS, dOt + sub * SUB * cfg::LDS);
+                /* s[0][j][e] is key wk0 + g + 8 (e / 2), query column c = sub * SUB + 8 j + 2 q + e % 2. Keys
+                 * past the length belong to rows of dK and dV that are not written. */
+#pragma unroll
+                for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int c = sub * SUB + 8 * j + 2 * q + (e % 2);
+                        const int key = wk0 + g + 8 * (e / 2);
+                        float p = fast_exp2(s[0][j][e] * scale_log2 - lse_t[c]);
+                        if (diag && key > qt * MMA_TILE + c)
+                            p = 0.0f;
+                        s[0][j][e] = p;
+                        dp[0][j][e] = p * (dp[0][j][e] - D_t[c]); /* dS^T */
+                    }
+                mma_acc_x_rows<T, HS, 1, SUB / 16>(dv, s, dOt + sub * SUB * cfg::LDS); /* dV += P^T dO */
+                mma_acc_x_rows<T, HS, 1, SUB / 16>(dk, dp, Qt + sub * SUB * cfg::LDS); /* dK += dS^T Q */
+            }
+            __syncthreads(); /* buffer cb is refilled in the next iteration */
+        }
+
+        T *rows = dqkv + (size_t)b * T_ * a.stride;
+        mma_store_rows<T, HS>(rows + a.koff + kvh * HS, a.stride, wk0 + g, len, scale, dk[0], true);
+        mma_store_rows<T, HS>(rows + a.voff + kvh * HS, a.stride, wk0 + g, len, 1.0f, dv[0], true);
+    }
+}
+
+/* dQ of 64 queries of one query head: warp w owns rows q0 + 16 w .. + 15 and walks the key tiles of the
+ * head's key/value head in steps of SUB keys: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. Adds
+ * into dqkv. */
+template <typename T, int HS>
+__global__ void __launch_bounds__(MMA_THREADS)
+    genm_backward_q_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
+                           const float *__restrict__ lse, const float *__restrict__ D,
+                           const int32_t *__restrict__ lens, gen_args a, float scale)
+{
+    if constexpr (!mma_supported<T>()) {
+        __trap();
+    } else {
+        using cfg = mma_cfg<HS>;
+        using sh = genm_shape<HS>;
+        constexpr int SUB = HS <= 64 ? 64 : 32; /* keys per step (one HS-wide accumulator) */
+        extern __shared__ __align__(128) unsigned char msmem[];
+        T *Qs = reinterpret_cast<T *>(msmem);
+        T *dOs = Qs + sh::RES_ELEMS;
+        T *Ks = dOs + sh::RES_ELEMS;      /* two buffers */
+        T *Vs = Ks + 2 * cfg::TILE_ELEMS; /* two buffers */
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+        const int qt = a.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+        const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, kvh = h / a.G;
+        const int T_ = a.T, q0 = qt * MMA_TILE;
+        const int len = mma_seq_len(lens, b, T_);
+        if (q0 >= len)
+            return; /* padded rows get no gradient */
+        const T *base = qkv + (size_t)b * T_ * a.stride;
+        const T *kbase = base + a.koff + kvh * HS, *vbase = base + a.voff + kvh * HS;
+        const float scale_log2 = scale * GEN_LOG2E;
+        const int wr0 = q0 + warp * 16; /* this lane's rows: wr0 + g, wr0 + g + 8 */
+        float lse2[2], Dr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int row = wr0 + g + 8 * i;
+            lse2[i] = row < len ? lse[(size_t)bh * T_ + row] * GEN_LOG2E : INFINITY;
+            Dr[i] = row < len ? D[(size_t)bh * T_ + row] : 0.0f;
+        }
+
+        mma_load_tile<T, HS>(Qs, base + h * HS, q0, len, a.stride);
+        mma_load_tile<T, HS>(dOs, dout + (size_t)b * T_ * a.ostride + h * HS, q0, len, a.ostride);
+        mma_load_tile<T, HS>(Ks, kbase, 0, len, a.stride);
+        mma_load_tile<T, HS>(Vs, vbase, 0, len, a.stride);
+        cp_async_commit();
+
+        float dq[1][HS / 8][4];
+        mma_zero(dq);
+
+        const int kend = a.causal ? min(q0 + MMA_TILE, len) : len;
+        const int nkt = ZT_CEIL_DIV(kend, MMA_TILE);
+        for (int kt = 0; kt < nkt; kt++) {
+            if (kt + 1 < nkt) {
+                const int nb = (kt + 1) % 2;
+                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, kbase, (kt + 1) * MMA_TILE, len, a.stride);
+                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, vbase, (kt + 1) * MMA_TILE, len, a.stride);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
+
+#pragma unroll 1
+            for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
+                const int ks0 = kt * MMA_TILE + sub * SUB; /* first key of the step */
+                if (a.causal && ks0 > wr0 + 15)
+                    continue; /* every key of the step is past every row of this warp: P = 0 */
+                const bool edge = ks0 + SUB > len || (a.causal && ks0 + SUB - 1 > wr0);
+                float s[1][SUB / 8][4], dp[1][SUB / 8][4];
+                mma_zero(s);
+                mma_zero(dp);
+                mma_rows_x_rows<T, HS, 1, SUB / 16>(s, Qs + warp * 16 * cfg::LDS, Kt + sub * SUB * cfg::LDS);
+                mma_rows_x_rows<T, HS, 1, SUB / 16>(dp, dOs + warp * 16 * cfg::LDS, Vt + sub * SUB * cfg::LDS);
+                /* s[0][j][e] is row wr0 + g + 8 (e / 2), key ks0 + 8 j + 2 q + e % 2; K rows past the length
+                 * are zeros, whose scores must not count. */
+#pragma unroll
+                for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = ks0 + 8 * j + 2 * q + (e % 2), i = e / 2;
+                        float p = fast_exp2(s[0][j][e] * scale_log2 - lse2[i]);
+                        if (edge && (key >= len || (a.causal && key > wr0 + g + 8 * i)))
+                            p = 0.0f;
+                        s[0][j][e] = p * (dp[0][j][e] - Dr[i]); /* dS */
+                    }
+                mma_acc_x_rows<T, HS, 1, SUB / 16>(dq, s, Kt + sub * SUB * cfg::LDS); /* dQ += dS K */
+            }
+            __syncthreads();
+        }
+        mma_store_rows<T, HS>(dqkv + (size_t)b * T_ * a.stride + h * HS, a.stride, wr0 + g, len, scale, dq[0], true);
+    }
+}
+
+/* Rows t >= lens[b] of the tensor-core forward: zeros in out, +inf in lse. One block per (b, t). */
+template <typename T>
+__global__ void gen_mask_rows_kernel(T *__restrict__ out, float *__restrict__ lse, const int32_t *__restrict__ lens,
+                                     int T_, int NH, int HS)
+{
+    const int b = blockIdx.x / T_, t = blockIdx.x % T_;
+    if (t < max(0, min(lens[b], T_)))
+        return;
+    T *row = out + ((size_t)b * T_ + t) * NH * HS;
+    for (int c = threadIdx.x; c < NH * HS; c += blockDim.x)
+        row[c] = zt_from_float<T>(0.0f);
+    for (int h = threadIdx.x; h < NH; h += blockDim.x)
+        lse[((size_t)b * NH + h) * T_ + t] = INFINITY;
+}
+
 /* ---- launchers ---- */
 
 gen_args gen_make_args(const zt_attention_dims *d)
@@ -512,9 +871,79 @@ template <int HS> constexpr size_t gen_smem_any()
     return gen_smem<float, HS>() > gen_smem<__half, HS>() ? gen_smem<float, HS>() : gen_smem<__half, HS>();
 }
 
+/* Whether a tensor-core kernel can run here: allowed (zt__cuda_attention_mma_allowed), 16-byte aligned
+ * buffers (row strides are multiples of 16 bytes: head sizes are multiples of 16), the shared memory on
+ * this GPU, and code built for sm_80 or newer. */
+template <typename T, typename K> bool genm_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)
+{
+    if (std::is_same<T, float>::value || !zt__cuda_attention_mma_allowed())
+        return false;
+    for (int i = 0; i < nptrs; i++)
+        if (!zt_aligned16(ptrs[i]))
+            return false;
+    int dev = 0, optin = 0;
+    ZT_CUDA_CHECK(cudaGetDevice(&dev));
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin)
+        return false;
+    cudaFuncAttributes attr;
+    ZT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion >= 80 && attr.binaryVersion >= 80;
+}
+
+/* The tensor-core forward; false (nothing launched) where it cannot run. */
+template <typename T, int HS>
+bool genm_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt_attention_dims *d,
+                  cudaStream_t stream)
+{
+    const void *ptrs[2] = {out, qkv};
+    const size_t smem = genm_shape<HS>::fwd_smem;
+    if (!genm_usable<T>(genm_forward_kernel<T, HS>, smem, ptrs, 2))
+        return false;
+    const int tiles = ZT_CEIL_DIV(d->T, MMA_TILE);
+    ZT_ASSERT(tiles <= 65535);
+    gen_allow_smem(genm_forward_kernel<T, HS>, smem);
+    genm_forward_kernel<T, HS><<<dim3(d->B * d->NH, tiles), MMA_THREADS, smem, stream>>>(
+        out, lse, qkv, lens, gen_make_args(d), GEN_LOG2E / sqrtf((float)HS));
+    ZT_CUDA_CHECK_LAUNCH();
+    if (lens) {
+        gen_mask_rows_kernel<T><<<(unsigned)((size_t)d->B * d->T), 128, 0, stream>>>(out, lse, lens, d->T, d->NH, HS);
+        ZT_CUDA_CHECK_LAUNCH();
+    }
+    return true;
+}
+
+/* The tensor-core backward after the row dots; false (nothing launched) where it cannot run. */
+template <typename T, int HS>
+bool genm_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens,
+                   const zt_attention_dims *d, const float *D, float scale, cudaStream_t stream)
+{
+    const void *ptrs[3] = {dqkv, dout, qkv};
+    const size_t smem = genm_shape<HS>::bwd_smem;
+    if (!genm_usable<T>(genm_backward_kv_kernel<T, HS>, smem, ptrs, 3) ||
+        !genm_usable<T>(genm_backward_q_kernel<T, HS>, smem, ptrs, 3))
+        return false;
+    const int tiles = ZT_CEIL_DIV(d->T, MMA_TILE);
+    ZT_ASSERT(tiles <= 65535);
+    const gen_args a = gen_make_args(d);
+    gen_allow_smem(genm_backward_kv_kernel<T, HS>, smem);
+    genm_backward_kv_kernel<T, HS><<<dim3(d->B * d->NKV, tiles), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D,
+                                                                                             lens, a, scale);
+    ZT_CUDA_CHECK_LAUNCH();
+    gen_allow_smem(genm_backward_q_kernel<T, HS>, smem);
+    genm_backward_q_kernel<T, HS><<<dim3(d->B * d->NH, tiles), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D,
+                                                                                           lens, a, scale);
+    ZT_CUDA_CHECK_LAUNCH();
+    return true;
+}
+
 template <typename T, int HS>
 void gen_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt_attention_dims *d, cudaStream_t stream)
 {
+    if constexpr (HS <= 128 && !std::is_same<T, float>::value) {
+        if (genm_forward<T, HS>(out, lse, qkv, lens, d, stream))
+            return;
+    }
     using cfg = gen_cfg<T, HS>;
     gen_allow_smem(gen_forward_kernel<T, HS>, cfg::fwd_smem);
     const dim3 grid(ZT_CEIL_DIV(d->T, cfg::TILE), d->B * d->NH);
@@ -534,6 +963,10 @@ void gen_backward(T *dqkv, const T *dout, const T *qkv, const T *out, const floa
     ZT_CUDA_CHECK_LAUNCH();
     const gen_args a = gen_make_args(d);
     const float scale = 1.0f / sqrtf((float)HS);
+    if constexpr (HS <= 128 && !std::is_same<T, float>::value) {
+        if (genm_backward<T, HS>(dqkv, dout, qkv, lse, lens, d, D, scale, stream))
+            return;
+    }
     const unsigned tiles = (unsigned)ZT_CEIL_DIV(d->T, cfg::TILE);
     gen_allow_smem(gen_backward_kv_kernel<T, HS>, cfg::kv_smem);
     gen_backward_kv_kernel<T, HS><<<dim3(tiles, d->B * d->NKV), GEN_THREADS, cfg::kv_smem, stream>>>(

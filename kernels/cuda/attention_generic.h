@@ -22,6 +22,9 @@ extern "C" {
  * size 256 in fp32 needs 66 KiB per block: not sm_75). For head size 256, false when no GPU can be
  * queried. */
 bool zt__cuda_attention_generic_serves(int HS);
+/* Whether tensor-core kernels may run (zt_cuda_attention_use_tensor_cores and zt_cuda_attention_use_mma
+ * both on); defined in attention.cu, which owns those settings. */
+bool zt__cuda_attention_mma_allowed(void);
 /* Writes out and lse (padded rows: zeros and +inf). */
 void zt__cuda_attention_generic_forward(void *out, float *lse, const void *qkv, const int32_t *lens,
                                         const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream);

@@ -1016,9 +1016,10 @@ static void test_classifier_head(void **state)
 
 /* ---- attention ---- */
 
-/* The tensor-core kernels round P and dS to the storage type before their second product, as
- * FlashAttention does: with bf16 that adds up to 2^-9 relative error per summed term, and the outputs
- * of random inputs are sums that largely cancel, so the bf16 tensor-core check allows twice the base. */
+/* The tensor-core kernels (tuned and generic) round P and dS to the storage type before their second
+ * product, as FlashAttention does: with bf16 that adds up to 2^-9 relative error per summed term, and the
+ * outputs of random inputs are sums that largely cancel, so the bf16 tensor-core check allows twice the
+ * base. */
 static int g_attention_tc;
 
 static double attention_tol(enum zt_dtype dt)
@@ -1170,18 +1171,20 @@ static void test_attention(void **state)
         assert_true(zt_cuda_attention_supported(256 * 4, 4)); /* head size 256 */
     /* Pass 0: the default path for every dtype, with the mma.sync kernels preferred (bf16 and fp16 on
      * sm_80+) at 32 rows per warp; pass 1: the mma.sync kernels at 16 rows per warp; pass 2: bf16 and fp16
-     * with the WMMA kernels; pass 3: the CUDA-core kernels; pass 4: the generic kernels, forced. */
-    static const char *what[5] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
-                                  "WMMA (mma.sync off)", "CUDA cores only", "generic kernels forced"};
+     * with the WMMA kernels; pass 3: the CUDA-core kernels; passes 4 and 5: the generic kernels, forced,
+     * on the tensor cores (bf16 and fp16 on sm_80+) and on the CUDA cores. */
+    static const char *what[6] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
+                                  "WMMA (mma.sync off)", "CUDA cores only", "generic kernels forced",
+                                  "generic kernels forced, CUDA cores only"};
     const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130}, lens_long[2] = {300, 257};
-    for (int pass = 0; pass < 5; pass++) {
-        zt_cuda_attention_use_tensor_cores(pass < 3);
-        zt_cuda_attention_use_mma(pass < 2);
+    for (int pass = 0; pass < 6; pass++) {
+        zt_cuda_attention_use_tensor_cores(pass < 3 || pass == 4);
+        zt_cuda_attention_use_mma(pass < 2 || pass == 4);
         zt_cuda_attention_mma_warp_rows(pass == 1 ? 16 : 32);
-        zt_cuda_attention_use_generic(pass == 4);
-        g_attention_tc = pass < 3;
+        zt_cuda_attention_use_generic(pass >= 4);
+        g_attention_tc = pass < 3 || pass == 4;
         printf("  -- attention: %s\n", what[pass]);
-        for (int i = pass == 0 || pass == 4 ? 0 : 1; i < 3; i++) {
+        for (int i = pass == 0 || pass >= 4 ? 0 : 1; i < 3; i++) {
             run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
             run_attention(k_dtypes[i], 1, 130, 256, 2);  /* head size 128 */
             run_attention(k_dtypes[i], 2, 200, 512, 4);  /* head size 128, several tiles */
@@ -1197,8 +1200,9 @@ static void test_attention(void **state)
     zt_cuda_attention_use_tensor_cores(true);
     zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
     zt_cuda_attention_use_generic(false);
-    /* The multi-head launchers at the head sizes only the generic kernels serve (GPT-2-like models). */
-    g_attention_tc = 0;
+    /* The multi-head launchers at the head sizes only the generic kernels serve (GPT-2-like models), by
+     * default on the tensor cores for bf16 and fp16 (sm_80+). */
+    g_attention_tc = 1;
     for (int i = 0; i < 3; i++) {
         run_attention(k_dtypes[i], 2, 67, 400, 5);  /* 5 heads of 80 */
         run_attention(k_dtypes[i], 1, 100, 96, 3);  /* 3 heads of 32 */
@@ -1300,6 +1304,34 @@ static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, i
         dev_free(d_lens);
 }
 
+/* Every general shape, with the tensor-core kernels allowed or not (g_attention_tc set to match). */
+static void run_attention_gqa_shapes(enum zt_dtype dt)
+{
+    const int32_t bert[4] = {129, 77, 0, 1}, two[2] = {100, 51}, odd[3] = {33, 500, -3};
+    const double tol = attention_tol(dt);
+    run_attention_gqa(dt, 2, 67, 6, 2, 128, true, NULL, tol);    /* grouped-query, ratio 3 */
+    run_attention_gqa(dt, 1, 130, 8, 2, 128, true, NULL, tol);   /* LLaMA-3's ratio 4, past two tiles */
+    run_attention_gqa(dt, 4, 129, 12, 12, 64, false, bert, tol); /* BERT-base: bidirectional, padded */
+    run_attention_gqa(dt, 2, 100, 5, 5, 80, true, two, tol);     /* 5 heads of 80, causal, padded */
+    run_attention_gqa(dt, 3, 33, 4, 1, 96, false, odd, tol);     /* one key/value head; lengths past T, < 0 */
+    run_attention_gqa(dt, 2, 200, 3, 3, 32, false, NULL, tol);   /* head size 32, bidirectional */
+    run_attention_gqa(dt, 2, 1, 6, 3, 64, true, NULL, tol);      /* a single position */
+    run_attention_gqa(dt, 1, 70, 6, 2, 80, false, NULL, tol);    /* bidirectional grouped-query */
+    if (zt_cuda_attention_supported(1024, 4)) {
+        run_attention_gqa(dt, 2, 50, 2, 1, 256, true, NULL, tol);
+        run_attention_gqa(dt, 2, 40, 4, 4, 256, false, two, tol);
+    } else {
+        printf("  attention head size 256 skipped: this GPU has too little shared memory per block\n");
+    }
+    /* The tuned kernels' shape through the general entry points (both kernel families). */
+    for (int generic = 0; generic < 2; generic++) {
+        zt_cuda_attention_use_generic(generic);
+        run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, tol);
+        run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, tol);
+    }
+    zt_cuda_attention_use_generic(false);
+}
+
 static void test_attention_gqa(void **state)
 {
     (void)state;
@@ -1307,33 +1339,15 @@ static void test_attention_gqa(void **state)
     const zt_attention_dims bad_hs = {.B = 1, .T = 8, .NH = 5, .NKV = 5, .HS = 40, .causal = true};
     assert_false(zt_cuda_attention_gqa_supported(&bad_ratio));
     assert_false(zt_cuda_attention_gqa_supported(&bad_hs));
-    const int32_t bert[4] = {129, 77, 0, 1}, two[2] = {100, 51}, odd[3] = {33, 500, -3};
-    for (int i = 0; i < 3; i++) {
-        const enum zt_dtype dt = k_dtypes[i];
-        const double tol = tol_of(dt);
-        run_attention_gqa(dt, 2, 67, 6, 2, 128, true, NULL, tol);    /* grouped-query, ratio 3 */
-        run_attention_gqa(dt, 1, 130, 8, 2, 128, true, NULL, tol);   /* LLaMA-3's ratio 4, past two tiles */
-        run_attention_gqa(dt, 4, 129, 12, 12, 64, false, bert, tol); /* BERT-base: bidirectional, padded */
-        run_attention_gqa(dt, 2, 100, 5, 5, 80, true, two, tol);     /* 5 heads of 80, causal, padded */
-        run_attention_gqa(dt, 3, 33, 4, 1, 96, false, odd, tol);     /* one key/value head; lengths past T, < 0 */
-        run_attention_gqa(dt, 2, 200, 3, 3, 32, false, NULL, tol);   /* head size 32, bidirectional */
-        run_attention_gqa(dt, 2, 1, 6, 3, 64, true, NULL, tol);      /* a single position */
-        run_attention_gqa(dt, 1, 70, 6, 2, 80, false, NULL, tol);    /* bidirectional grouped-query */
-        if (zt_cuda_attention_supported(1024, 4)) {
-            run_attention_gqa(dt, 2, 50, 2, 1, 256, true, NULL, tol);
-            run_attention_gqa(dt, 2, 40, 4, 4, 256, false, two, tol);
-        } else {
-            printf("  attention head size 256 skipped: this GPU has too little shared memory per block\n");
-        }
-        /* The tuned kernels' shape through the general entry points (both paths). */
-        for (int generic = 0; generic < 2; generic++) {
-            zt_cuda_attention_use_generic(generic);
-            g_attention_tc = !generic;
-            run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, generic ? tol : attention_tol(dt));
-            run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, generic ? tol : attention_tol(dt));
-        }
-        zt_cuda_attention_use_generic(false);
+    /* Pass 0: the default kernels (tensor cores for bf16 and fp16 on sm_80+); pass 1: CUDA cores only. */
+    for (int pass = 0; pass < 2; pass++) {
+        zt_cuda_attention_use_tensor_cores(pass == 0);
+        g_attention_tc = pass == 0;
+        printf("  -- general attention: %s\n", pass == 0 ? "default kernels" : "CUDA cores only");
+        for (int i = 0; i < 3; i++)
+            run_attention_gqa_shapes(k_dtypes[i]);
     }
+    zt_cuda_attention_use_tensor_cores(true);
 }
 
 /* ---- AdamW ---- */
