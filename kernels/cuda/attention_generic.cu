@@ -5,7 +5,8 @@
  * CUDA-core kernels below serve every case; tensor-core twins further down take bf16 and fp16 on sm_80+.
  *
  * Forward: a block owns a tile of TILE query rows of one (batch, query head) and walks the key tiles of the
- * head's key/value head, up to the diagonal (causal) or the sequence's length. Q, K, V tiles sit in shared
+ * head's key/value head, up to the diagonal (causal) or the sequence's length. Grids put the (batch, head)
+ * pairs along x and the tiles along y. Q, K, V tiles sit in shared
  * memory in the storage type; scores, the running max m and sum l (base 2) and the output accumulator are
  * fp32 in registers; the block saves lse = m + log(l) per row.
  *
@@ -187,9 +188,10 @@ __global__ void __launch_bounds__(GEN_THREADS)
     float *Ps = reinterpret_cast<float *>(smem + 3 * cfg::tile_bytes);
 
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    /* Causal: the last query tiles have the most keys to walk, so they start first. */
-    const int qt = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
+    /* Blocks start in order of blockIdx.y, then x: causal, the last query tiles of every head (the most
+     * keys to walk) start first and the short ones fill the last wave. */
+    const int qt = a.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
     const int T_ = a.T, q0 = qt * TILE;
     const int len = gen_len(lens, b, T_);
     const T *base = qkv + (size_t)b * T_ * a.stride;
@@ -322,8 +324,8 @@ __global__ void __launch_bounds__(GEN_THREADS)
     float *D_s = lse_s + TILE;
 
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int kt = blockIdx.x;
-    const int bg = blockIdx.y, b = bg / a.NKV, g = bg % a.NKV;
+    const int kt = blockIdx.y; /* causal: the first key tiles see the most query tiles, and start first */
+    const int bg = blockIdx.x, b = bg / a.NKV, g = bg % a.NKV;
     const int T_ = a.T, k0 = kt * TILE;
     const int len = gen_len(lens, b, T_);
     if (k0 >= len)
@@ -420,8 +422,8 @@ __global__ void __launch_bounds__(GEN_THREADS)
     float *Ps = reinterpret_cast<float *>(smem + 4 * cfg::tile_bytes);
 
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int qt = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    const int bh = blockIdx.y, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
+    const int qt = a.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
     const int T_ = a.T, q0 = qt * TILE;
     const int len = gen_len(lens, b, T_);
     if (q0 >= len)
@@ -859,6 +861,14 @@ template <typename K> void gen_allow_smem(K kernel, size_t bytes)
         ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+/* Tiles of `tile` rows over T positions: the grid's y dimension (at most 65535). */
+unsigned gen_tiles(int T_, int tile)
+{
+    const int tiles = ZT_CEIL_DIV(T_, tile);
+    ZT_ASSERT(tiles <= 65535);
+    return (unsigned)tiles;
+}
+
 /* The most dynamic shared memory the kernels for (T, HS) ask for. */
 template <typename T, int HS> constexpr size_t gen_smem()
 {
@@ -900,8 +910,7 @@ bool genm_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const z
     const size_t smem = genm_shape<HS>::fwd_smem;
     if (!genm_usable<T>(genm_forward_kernel<T, HS>, smem, ptrs, 2))
         return false;
-    const int tiles = ZT_CEIL_DIV(d->T, MMA_TILE);
-    ZT_ASSERT(tiles <= 65535);
+    const unsigned tiles = gen_tiles(d->T, MMA_TILE);
     gen_allow_smem(genm_forward_kernel<T, HS>, smem);
     genm_forward_kernel<T, HS><<<dim3(d->B * d->NH, tiles), MMA_THREADS, smem, stream>>>(
         out, lse, qkv, lens, gen_make_args(d), GEN_LOG2E / sqrtf((float)HS));
@@ -923,8 +932,7 @@ bool genm_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const
     if (!genm_usable<T>(genm_backward_kv_kernel<T, HS>, smem, ptrs, 3) ||
         !genm_usable<T>(genm_backward_q_kernel<T, HS>, smem, ptrs, 3))
         return false;
-    const int tiles = ZT_CEIL_DIV(d->T, MMA_TILE);
-    ZT_ASSERT(tiles <= 65535);
+    const unsigned tiles = gen_tiles(d->T, MMA_TILE);
     const gen_args a = gen_make_args(d);
     gen_allow_smem(genm_backward_kv_kernel<T, HS>, smem);
     genm_backward_kv_kernel<T, HS><<<dim3(d->B * d->NKV, tiles), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D,
@@ -946,7 +954,7 @@ void gen_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt
     }
     using cfg = gen_cfg<T, HS>;
     gen_allow_smem(gen_forward_kernel<T, HS>, cfg::fwd_smem);
-    const dim3 grid(ZT_CEIL_DIV(d->T, cfg::TILE), d->B * d->NH);
+    const dim3 grid(d->B * d->NH, gen_tiles(d->T, cfg::TILE));
     gen_forward_kernel<T, HS><<<grid, GEN_THREADS, cfg::fwd_smem, stream>>>(out, lse, qkv, lens, gen_make_args(d),
                                                                             GEN_LOG2E / sqrtf((float)HS));
     ZT_CUDA_CHECK_LAUNCH();
@@ -967,13 +975,13 @@ void gen_backward(T *dqkv, const T *dout, const T *qkv, const T *out, const floa
         if (genm_backward<T, HS>(dqkv, dout, qkv, lse, lens, d, D, scale, stream))
             return;
     }
-    const unsigned tiles = (unsigned)ZT_CEIL_DIV(d->T, cfg::TILE);
+    const unsigned tiles = gen_tiles(d->T, cfg::TILE);
     gen_allow_smem(gen_backward_kv_kernel<T, HS>, cfg::kv_smem);
-    gen_backward_kv_kernel<T, HS><<<dim3(tiles, d->B * d->NKV), GEN_THREADS, cfg::kv_smem, stream>>>(
+    gen_backward_kv_kernel<T, HS><<<dim3(d->B * d->NKV, tiles), GEN_THREADS, cfg::kv_smem, stream>>>(
         dqkv, dout, qkv, lse, D, lens, a, scale);
     ZT_CUDA_CHECK_LAUNCH();
     gen_allow_smem(gen_backward_q_kernel<T, HS>, cfg::q_smem);
-    gen_backward_q_kernel<T, HS><<<dim3(tiles, d->B * d->NH), GEN_THREADS, cfg::q_smem, stream>>>(
+    gen_backward_q_kernel<T, HS><<<dim3(d->B * d->NH, tiles), GEN_THREADS, cfg::q_smem, stream>>>(
         dqkv, dout, qkv, lse, D, lens, a, scale);
     ZT_CUDA_CHECK_LAUNCH();
 }
@@ -1013,9 +1021,8 @@ void gen_check(const void *qkv, const zt_attention_dims *d)
 {
     ZT_ASSERT(d->B > 0 && d->T > 0 && d->NH > 0 && d->NKV > 0 && d->NH % d->NKV == 0);
     ZT_ASSERT(zt__cuda_attention_generic_serves(d->HS));
-    ZT_ASSERT((size_t)d->B * d->NH <= 65535 && ZT_CEIL_DIV((size_t)d->T, (size_t)16) <= 0x7fffffffu);
-    ZT_ASSERT((size_t)d->T * (d->NH + 2 * d->NKV) * d->HS <= 0x7fffffffu / 2); /* int row offsets */
-    ZT_ASSERT(((uintptr_t)qkv & 3u) == 0);                                     /* 32-bit tile loads */
+    ZT_ASSERT((size_t)d->B * d->NH <= 0x7fffffffu && (size_t)(d->NH + 2 * d->NKV) * d->HS <= 0x7fffffffu);
+    ZT_ASSERT(((uintptr_t)qkv & 3u) == 0); /* 32-bit tile loads */
 }
 
 } /* namespace */
