@@ -1,4 +1,11 @@
-/* GELU, tanh approximation (as GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+/* Activations: GELU with the tanh approximation (GPT-2, BERT's MLP), SwiGLU (LLaMA's MLP) and tanh (BERT's
+ * pooler).
+ *
+ * GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+ * SwiGLU over the packed output of one gate-and-up matmul: row n of inp [N,2F] holds the gate in columns
+ * 0..F-1 and the up projection in columns F..2F-1, which is what a matmul produces whose weight [2F,C]
+ * stacks the gate projection's rows above the up projection's (Hugging Face's gate_proj, then up_proj).
+ * out [N,F] = silu(gate) * up, with silu(x) = x sigmoid(x). */
 #ifndef ZT_KERNELS_ACTIVATION_H
 #define ZT_KERNELS_ACTIVATION_H
 
@@ -10,9 +17,21 @@ void zt_cpu_gelu_forward(zt_real *out, const zt_real *inp, size_t n);
 /* Accumulates (+=) into dinp. */
 void zt_cpu_gelu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, size_t n);
 
+/* Writes out [N,F] from inp [N,2F] (layout above). */
+void zt_cpu_swiglu_forward(zt_real *out, const zt_real *inp, int N, int F);
+/* Accumulates (+=) into dinp [N,2F]: dout * up * silu'(gate) into the gate columns, dout * silu(gate) into
+ * the up columns. */
+void zt_cpu_swiglu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, int N, int F);
+
+/* out = tanh(inp); out may equal inp. */
+void zt_cpu_tanh_forward(zt_real *out, const zt_real *inp, size_t n);
+/* Accumulates (+=) dout * (1 - out^2) into dinp: the derivative taken from the forward's output. */
+void zt_cpu_tanh_backward(zt_real *dinp, const zt_real *out, const zt_real *dout, size_t n);
+
 #ifdef ZT_WITH_CUDA
-/* CUDA twins (kernels/cuda/activation.cu); every buffer holds n `dtype` elements (F32, F16 or BF16).
- * out may equal inp. */
+/* CUDA twins (kernels/cuda/activation.cu); every buffer holds `dtype` elements (F32, F16 or BF16), arithmetic
+ * is fp32. out may equal inp for GELU and tanh. Any sizes; 16-byte aligned buffers (and, for SwiGLU, rows of
+ * F elements that are a multiple of 16 bytes) are read 16 bytes at a time. */
 #include <cuda_runtime.h>
 
 #ifdef __cplusplus
@@ -24,6 +43,15 @@ extern "C" {
 void zt_cuda_gelu_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream);
 /* Accumulates (+=) into dinp. */
 void zt_cuda_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
+                           cudaStream_t stream);
+/* out [N,F] must not overlap inp [N,2F]. */
+void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype, cudaStream_t stream);
+/* Accumulates (+=) into dinp [N,2F]. */
+void zt_cuda_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F, enum zt_dtype dtype,
+                             cudaStream_t stream);
+void zt_cuda_tanh_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream);
+/* Accumulates (+=) dout * (1 - out^2) into dinp. */
+void zt_cuda_tanh_backward(void *dinp, const void *out, const void *dout, size_t n, enum zt_dtype dtype,
                            cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
-/* GELU with GPT-2's tanh approximation, forward and backward. Element-wise, so the split over threads
- * never changes a result. */
+/* Activations, forward and backward: GELU with GPT-2's tanh approximation, SwiGLU and tanh. Element-wise,
+ * so the split over threads never changes a result. */
 #include <stddef.h>
 
 #include "kernels/activation.h"
@@ -36,4 +36,55 @@ void zt_cpu_gelu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout
         zt_real grad = (zt_real)0.5 * ((zt_real)1 + th) + (zt_real)0.5 * x * sech2 * du;
         dinp[i] += grad * dout[i];
     }
+}
+
+/* sigmoid(x) = 1 / (1 + exp(-x)): exp overflows to inf for very negative x, which gives 0, not NaN. */
+static inline zt_real zt_sigmoid(zt_real x)
+{
+    return (zt_real)1 / ((zt_real)1 + zt_real_exp(-x));
+}
+
+/* Writes out[n,f] = silu(gate) * up with gate = inp[n,f], up = inp[n,F+f]. */
+void zt_cpu_swiglu_forward(zt_real *out, const zt_real *inp, int N, int F)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if ((size_t)N * F >= ZT_GELU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const zt_real *gate = inp + (size_t)n * 2 * F, *up = gate + F;
+        zt_real *o = out + (size_t)n * F;
+        for (int f = 0; f < F; f++)
+            o[f] = gate[f] * zt_sigmoid(gate[f]) * up[f];
+    }
+}
+
+/* Adds dout * up * silu'(gate) into the gate columns of dinp and dout * silu(gate) into its up columns,
+ * with silu'(x) = s (1 + x (1 - s)), s = sigmoid(x). */
+void zt_cpu_swiglu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, int N, int F)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if ((size_t)N * F >= ZT_GELU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const zt_real *gate = inp + (size_t)n * 2 * F, *up = gate + F;
+        const zt_real *d = dout + (size_t)n * F;
+        zt_real *dgate = dinp + (size_t)n * 2 * F, *dup = dgate + F;
+        for (int f = 0; f < F; f++) {
+            zt_real x = gate[f], s = zt_sigmoid(x);
+            dgate[f] += d[f] * up[f] * s * ((zt_real)1 + x * ((zt_real)1 - s));
+            dup[f] += d[f] * x * s;
+        }
+    }
+}
+
+/* Writes out[i] = tanh(inp[i]). */
+void zt_cpu_tanh_forward(zt_real *out, const zt_real *inp, size_t n)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (n >= ZT_GELU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        out[i] = zt_real_tanh(inp[i]);
+}
+
+/* Adds dout[i] * (1 - out[i]^2) into dinp[i]. */
+void zt_cpu_tanh_backward(zt_real *dinp, const zt_real *out, const zt_real *dout, size_t n)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (n >= ZT_GELU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += dout[i] * ((zt_real)1 - out[i] * out[i]);
 }

@@ -13,11 +13,15 @@
 #define zt_real_log log
 #define zt_real_sqrt sqrt
 #define zt_real_tanh tanh
+#define zt_real_cos cos
+#define zt_real_sin sin
 #else
 #define zt_real_exp expf
 #define zt_real_log logf
 #define zt_real_sqrt sqrtf
 #define zt_real_tanh tanhf
+#define zt_real_cos cosf
+#define zt_real_sin sinf
 #endif
 
 #endif

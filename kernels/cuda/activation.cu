@@ -1,5 +1,6 @@
-/* GELU (tanh approximation) forward and backward on the GPU (kernels/activation.h): elementwise, one
- * thread per 16 bytes, scalar code only for a ragged end or unaligned buffers. */
+/* Activations on the GPU (kernels/activation.h): GELU (tanh approximation), SwiGLU and tanh, forward and
+ * backward. Elementwise, one thread per 16 bytes, scalar code only for a ragged end or unaligned buffers
+ * (for SwiGLU: rows of F elements that are not a multiple of 16 bytes). */
 #include "kernels/activation.h"
 #include "kernels/cuda/cuda_utils.cuh"
 
@@ -35,6 +36,105 @@ static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout
     }
 }
 
+__device__ __forceinline__ float zt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* out[n,f] = silu(inp[n,f]) * inp[n,F+f]; thread i owns outputs i*VS .. i*VS + VS - 1 of the N*F (with
+ * vec, F % VS == 0, so they lie in one row). */
+template <typename T>
+static __global__ void swiglu_forward_kernel(T *__restrict__ out, const T *__restrict__ inp, int F, size_t n,
+                                             bool vec)
+{
+    constexpr int VS = zt_vec<T>::size;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
+    if (i >= n)
+        return;
+    if (vec) {
+        const size_t row = i / F, f = i % F;
+        const T *gate = inp + row * 2 * F + f;
+        zt_vec<T> g = zt_load_vec_cs(gate), u = zt_load_vec_cs(gate + F), r;
+        for (int k = 0; k < VS; k++) {
+            const float x = zt_to_float(g.v[k]);
+            r.v[k] = zt_from_float<T>(x * zt_sigmoid(x) * zt_to_float(u.v[k]));
+        }
+        zt_store_vec(out + i, r);
+    } else {
+        for (size_t j = i; j < i + VS && j < n; j++) {
+            const size_t row = j / F, f = j % F;
+            const float x = zt_to_float(inp[row * 2 * F + f]);
+            out[j] = zt_from_float<T>(x * zt_sigmoid(x) * zt_to_float(inp[row * 2 * F + F + f]));
+        }
+    }
+}
+
+/* dgate += dout * up * s (1 + x (1 - s)), dup += dout * x s with x = gate, s = sigmoid(x). */
+template <typename T>
+__device__ __forceinline__ void swiglu_grad(T &dgate, T &dup, T gate, T up, T dout)
+{
+    const float x = zt_to_float(gate), s = zt_sigmoid(x), d = zt_to_float(dout);
+    dgate = zt_from_float<T>(zt_to_float(dgate) + d * zt_to_float(up) * s * (1.0f + x * (1.0f - s)));
+    dup = zt_from_float<T>(zt_to_float(dup) + d * x * s);
+}
+
+template <typename T>
+static __global__ void swiglu_backward_kernel(T *__restrict__ dinp, const T *__restrict__ inp,
+                                              const T *__restrict__ dout, int F, size_t n, bool vec)
+{
+    constexpr int VS = zt_vec<T>::size;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
+    if (i >= n)
+        return;
+    if (vec) {
+        const size_t row = i / F, f = i % F, at = row * 2 * F + f;
+        zt_vec<T> g = zt_load_vec_cs(inp + at), u = zt_load_vec_cs(inp + at + F), d = zt_load_vec_cs(dout + i);
+        zt_vec<T> dg = zt_load_vec(dinp + at), du = zt_load_vec(dinp + at + F);
+        for (int k = 0; k < VS; k++)
+            swiglu_grad(dg.v[k], du.v[k], g.v[k], u.v[k], d.v[k]);
+        zt_store_vec(dinp + at, dg);
+        zt_store_vec(dinp + at + F, du);
+    } else {
+        for (size_t j = i; j < i + VS && j < n; j++) {
+            const size_t row = j / F, f = j % F, at = row * 2 * F + f;
+            swiglu_grad(dinp[at], dinp[at + F], inp[at], inp[at + F], dout[j]);
+        }
+    }
+}
+
+template <typename T>
+static __global__ void tanh_forward_kernel(T *out, const T *inp, size_t n, bool vec)
+{
+    constexpr int VS = zt_vec<T>::size;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
+    if (vec && i + VS <= n) {
+        zt_vec<T> x = zt_load_vec_cs(inp + i), r;
+        for (int k = 0; k < VS; k++)
+            r.v[k] = zt_from_float<T>(tanhf(zt_to_float(x.v[k])));
+        zt_store_vec(out + i, r);
+    } else {
+        for (size_t j = i; j < i + VS && j < n; j++)
+            out[j] = zt_from_float<T>(tanhf(zt_to_float(inp[j])));
+    }
+}
+
+template <typename T>
+static __global__ void tanh_backward_kernel(T *dinp, const T *out, const T *dout, size_t n, bool vec)
+{
+    constexpr int VS = zt_vec<T>::size;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
+    if (vec && i + VS <= n) {
+        zt_vec<T> y = zt_load_vec_cs(out + i), g = zt_load_vec_cs(dout + i), d = zt_load_vec(dinp + i);
+        for (int k = 0; k < VS; k++) {
+            const float yk = zt_to_float(y.v[k]);
+            d.v[k] = zt_from_float<T>(zt_to_float(d.v[k]) + zt_to_float(g.v[k]) * (1.0f - yk * yk));
+        }
+        zt_store_vec(dinp + i, d);
+    } else {
+        for (size_t j = i; j < i + VS && j < n; j++) {
+            const float yk = zt_to_float(out[j]);
+            dinp[j] = zt_from_float<T>(zt_to_float(dinp[j]) + zt_to_float(dout[j]) * (1.0f - yk * yk));
+        }
+    }
+}
+
 template <typename T> static unsigned elementwise_grid(size_t n, int block)
 {
     return (unsigned)ZT_CEIL_DIV(ZT_CEIL_DIV(n, (size_t)zt_vec<T>::size), (size_t)block);
@@ -53,6 +153,41 @@ template <typename T> static void gelu_backward(T *dinp, const T *inp, const T *
     const int block = 256;
     bool vec = zt_aligned16(dinp) && zt_aligned16(inp) && zt_aligned16(dout);
     gelu_backward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, n, vec);
+    ZT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T> static void swiglu_forward(T *out, const T *inp, int N, int F, cudaStream_t stream)
+{
+    const int block = 256;
+    const size_t n = (size_t)N * F;
+    const bool vec = F % zt_vec<T>::size == 0 && zt_aligned16(out) && zt_aligned16(inp);
+    swiglu_forward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(out, inp, F, n, vec);
+    ZT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+static void swiglu_backward(T *dinp, const T *inp, const T *dout, int N, int F, cudaStream_t stream)
+{
+    const int block = 256;
+    const size_t n = (size_t)N * F;
+    const bool vec = F % zt_vec<T>::size == 0 && zt_aligned16(dinp) && zt_aligned16(inp) && zt_aligned16(dout);
+    swiglu_backward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, F, n, vec);
+    ZT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T> static void tanh_forward(T *out, const T *inp, size_t n, cudaStream_t stream)
+{
+    const int block = 256;
+    bool vec = zt_aligned16(out) && zt_aligned16(inp);
+    tanh_forward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(out, inp, n, vec);
+    ZT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T> static void tanh_backward(T *dinp, const T *out, const T *dout, size_t n, cudaStream_t stream)
+{
+    const int block = 256;
+    bool vec = zt_aligned16(dinp) && zt_aligned16(out) && zt_aligned16(dout);
+    tanh_backward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, out, dout, n, vec);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
@@ -92,5 +227,87 @@ extern "C" void zt_cuda_gelu_backward(void *dinp, const void *inp, const void *d
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_backward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype,
+                                       cudaStream_t stream)
+{
+    ZT_ASSERT(N >= 0 && F >= 0);
+    if ((size_t)N * F == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        swiglu_forward((float *)out, (const float *)inp, N, F, stream);
+        break;
+    case ZT_DTYPE_F16:
+        swiglu_forward((__half *)out, (const __half *)inp, N, F, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        swiglu_forward((__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, N, F, stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_swiglu_forward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
+                                        enum zt_dtype dtype, cudaStream_t stream)
+{
+    ZT_ASSERT(N >= 0 && F >= 0);
+    if ((size_t)N * F == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        swiglu_backward((float *)dinp, (const float *)inp, (const float *)dout, N, F, stream);
+        break;
+    case ZT_DTYPE_F16:
+        swiglu_backward((__half *)dinp, (const __half *)inp, (const __half *)dout, N, F, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        swiglu_backward((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp, (const __nv_bfloat16 *)dout, N, F,
+                        stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_swiglu_backward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_tanh_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        tanh_forward((float *)out, (const float *)inp, n, stream);
+        break;
+    case ZT_DTYPE_F16:
+        tanh_forward((__half *)out, (const __half *)inp, n, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        tanh_forward((__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, n, stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_tanh_forward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_tanh_backward(void *dinp, const void *out, const void *dout, size_t n, enum zt_dtype dtype,
+                                      cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        tanh_backward((float *)dinp, (const float *)out, (const float *)dout, n, stream);
+        break;
+    case ZT_DTYPE_F16:
+        tanh_backward((__half *)dinp, (const __half *)out, (const __half *)dout, n, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        tanh_backward((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, n, stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_tanh_backward", dtype);
     }
 }

@@ -21,20 +21,20 @@
  * 16-bit types at head size 64, smaller for fp32 or head size 128. These CUDA-core (SIMT) kernels serve
  * fp32 and every GPU; for bf16 and fp16 the launchers use the tensor-core kernels further down where
  * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores): on sm_80+ the
- * mma.sync kernels (the default; ZT_CUDA_ATTENTION=wmma or zt_cuda_attention_use_mma(false) turns them
- * off), else the WMMA kernels (sm_75: fp16).
+ * mma.sync kernels (the default; zt_cuda_attention_use_mma(false) turns them off), else the WMMA kernels
+ * (sm_75: fp16).
  *
  * Padding mask (the *_masked launchers): causal rows below a sequence's length never see keys past it,
  * so the forward kernels run as they are and padded rows get zeros and lse = +inf afterwards (the
  * mma.sync kernel skips their tiles); every backward kernel takes P = exp(S - lse) = 0 on those rows. */
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <mma.h>
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 
 #define ATT_THREADS 256
@@ -449,12 +449,6 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 #define TC_SLD 68 /* fp32 score row stride, floats */
 #define TC_PLD 72 /* 16-bit P / dS row stride over the same region, elements */
 
-#if defined(__CUDA_ARCH__)
-#define ZT_ARCH __CUDA_ARCH__
-#else
-#define ZT_ARCH 0
-#endif
-
 /* Whether this compilation pass can build the tensor-core kernels for T. */
 template <typename T> __host__ __device__ constexpr bool tc_supported()
 {
@@ -820,26 +814,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
  * double buffered: cp.async fetches tile i + 1 while the tensor cores work on tile i. The grid puts the
  * (batch, head) pairs along x and the tiles along y, longest causal work first (mma_grid).
  *
- * Products are mma.sync.m16n8k16 (fp32 accumulation). Fragment layout for a lane (g = lane / 4,
- * q = lane % 4): the accumulator c[4] of a 16 x 8 tile holds (row g, cols 2q, 2q + 1) in c[0], c[1] and
- * (row g + 8, same cols) in c[2], c[3]; the A operand (16 x 16) holds (row g, cols 2q..) (row g + 8,
- * cols 2q..) (row g, cols 8 + 2q..) (row g + 8, cols 8 + 2q..) as pairs; B (16 x 8, k x n) holds
- * (k 2q, 2q + 1; n g) and (k 8 + 2q, 8 + 2q + 1; n g). So the accumulators of two neighbouring 16 x 8
- * score tiles are, once rounded to 16 bits, the A operand of the next product: P never leaves the
- * registers, and the softmax statistics of a row live in the 4 lanes that share g.
- *
- * Operands from shared memory come through ldmatrix.x4 (four 8 x 8 matrices, one row address per lane):
- * A from a row-major tile (rows = M), B from a row-major tile whose rows are N (K in Q K^T: plain
- * ldmatrix) or whose rows are K (V in P V: ldmatrix.trans). */
-
-#define MMA_WARPS 4
-#define MMA_THREADS (MMA_WARPS * 32)
-#define MMA_TILE 64 /* rows of a walked tile */
-
-template <int HS> struct mma_cfg {
-    static constexpr int LDS = HS + 8;                  /* shared row stride, elements */
-    static constexpr int TILE_ELEMS = MMA_TILE * LDS;   /* one walked tile */
-};
+ * The mma.sync building blocks (fragment layouts, ldmatrix, cp.async) are in attention_mma.cuh. */
 
 /* A block whose warps own MI blocks of 16 rows each: its resident tile has ROWS rows. MI = 2 lets each
  * operand fragment that ldmatrix brings from shared memory feed two products instead of one, which
@@ -860,199 +835,6 @@ template <int HS, int MI> struct mma_shape {
     /* The dQ pass holds one HS-wide accumulator, not two: 64 columns per step at head size 64. */
     static constexpr int SUB_Q = HS == 64 ? 64 : 32;
 };
-
-template <typename T> __host__ __device__ constexpr bool mma_supported()
-{
-    return (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) && ZT_ARCH >= 800;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared without passing through registers; zero-fills when !valid. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-/* Waits until at most N of this thread's committed groups are still in flight. */
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-/* d (16 x 8 fp32) += a (16 x 16) * b (16 x 8). */
-template <typename T> __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* 2^x through the special-function unit alone (ex2.approx.ftz: relative error about 2^-22, results
- * below 2^-126 flushed to 0, 2^-inf = 0), without exp2f's handling of subnormal results, which a
- * probability rounded to 16 bits cannot use. */
-__device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Two floats as one register of two 16-bit values, lo in the low half (the lower column). */
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi)
-{
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-/* The A operand of k-step ks (columns 16 ks .. 16 ks + 15) of a product whose left matrix is held as
- * accumulators acc[j] (16 x 8 each, columns 8 j ..): tiles 2 ks and 2 ks + 1, rounded to T. */
-template <typename T, int N>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&acc)[N][4], int ks)
-{
-    a[0] = pack2<T>(acc[2 * ks][0], acc[2 * ks][1]);
-    a[1] = pack2<T>(acc[2 * ks][2], acc[2 * ks][3]);
-    a[2] = pack2<T>(acc[2 * ks + 1][0], acc[2 * ks + 1][1]);
-    a[3] = pack2<T>(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
-}
-
-/* Starts copying rows [t0, t0 + ROWS) of one head's slice of a [*, stride] tensor into a padded tile;
- * rows at or past T_ are zero. */
-template <typename T, int HS, int ROWS = MMA_TILE>
-__device__ __forceinline__ void mma_load_tile(T *tile, const T *base, int t0, int T_, int stride)
-{
-    constexpr int CPR = HS / 8; /* 16-byte chunks per row */
-    for (int idx = threadIdx.x; idx < ROWS * CPR; idx += MMA_THREADS) {
-        const int r = idx / CPR, c = idx % CPR, t = t0 + r;
-        const bool ok = t < T_;
-        cp_async16(tile + r * mma_cfg<HS>::LDS + c * 8, base + (size_t)(ok ? t : 0) * stride + c * 8, ok);
-    }
-}
-
-/* acc[mi][j] (16 x 8 tiles, j < 2 NP) += the rows [16 mi, 16 mi + 16) of a (row-major, HS long) times
- * the rows [0, 16 NP) of tile b (row-major, HS long) transposed: S = Q K^T-like products. Each B fragment
- * serves the MI row blocks. */
-template <typename T, int HS, int MI, int NP>
-__device__ __forceinline__ void mma_rows_x_rows(float (&acc)[MI][2 * NP][4], const T *a, const T *b)
-{
-    constexpr int LDS = mma_cfg<HS>::LDS;
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int ks = 0; ks < HS / 16; ks++) {
-        uint32_t af[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-            ldsm_x4(af[mi], a + (mi * 16 + lane % 16) * LDS + ks * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int np = 0; np < NP; np++) {
-            /* Matrices: rows n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15. */
-            uint32_t bf[4];
-            ldsm_x4(bf, b + (np * 16 + (lane / 16) * 8 + lane % 8) * LDS + ks * 16 + ((lane / 8) % 2) * 8);
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                mma16816<T>(acc[mi][2 * np], af[mi], bf[0], bf[1]);
-                mma16816<T>(acc[mi][2 * np + 1], af[mi], bf[2], bf[3]);
-            }
-        }
-    }
-}
-
-/* acc[mi] (16 x HS as HS / 8 tiles) += P (accumulators p[mi][j], 16 x 16 KS) times rows [0, 16 KS) of
- * the row-major tile x (HS long): O += P V-like products. */
-template <typename T, int HS, int MI, int KS>
-__device__ __forceinline__ void mma_acc_x_rows(float (&acc)[MI][HS / 8][4], const float (&p)[MI][2 * KS][4],
-                                               const T *x)
-{
-    constexpr int LDS = mma_cfg<HS>::LDS;
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        uint32_t af[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-            acc_to_a<T>(af[mi], p[mi], ks);
-#pragma unroll
-        for (int dp = 0; dp < HS / 16; dp++) {
-            /* Transposed matrices: k 0-7 n 0-7, k 8-15 n 0-7, k 0-7 n 8-15, k 8-15 n 8-15. */
-            uint32_t bf[4];
-            ldsm_x4_trans(bf, x + (ks * 16 + lane % 16) * LDS + dp * 16 + (lane / 16) * 8);
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                mma16816<T>(acc[mi][2 * dp], af[mi], bf[0], bf[1]);
-                mma16816<T>(acc[mi][2 * dp + 1], af[mi], bf[2], bf[3]);
-            }
-        }
-    }
-}
-
-template <int MI, int N> __device__ __forceinline__ void mma_zero(float (&acc)[MI][N][4])
-{
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-        for (int j = 0; j < N; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[mi][j][e] = 0.0f;
-}
-
-/* Adds scale * acc (rows g and g + 8 of a warp's 16 x HS block, as HS / 8 accumulator tiles) into
- * rows row0 and row0 + 8 of a [*, stride] tensor (rows at or past end skipped); overwrites instead when
- * !accumulate. */
-template <typename T, int HS>
-__device__ __forceinline__ void mma_store_rows(T *dst, int stride, int row0, int end, float scale,
-                                               const float (&acc)[HS / 8][4], bool accumulate)
-{
-    const int q = threadIdx.x % 4;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int row = row0 + 8 * i;
-        if (row >= end)
-            continue;
-        T *p = dst + (size_t)row * stride + 2 * q;
-#pragma unroll
-        for (int j = 0; j < HS / 8; j++) {
-            float lo = acc[j][2 * i] * scale, hi = acc[j][2 * i + 1] * scale;
-            if (accumulate) {
-                lo += zt_to_float(p[8 * j]);
-                hi += zt_to_float(p[8 * j + 1]);
-            }
-            *reinterpret_cast<uint32_t *>(p + 8 * j) = pack2<T>(lo, hi);
-        }
-    }
-}
-
-/* The valid length of sequence b (T_ without a mask). */
-__device__ __forceinline__ int mma_seq_len(const int32_t *lens, int b, int T_)
-{
-    return lens ? max(0, min(lens[b], T_)) : T_;
-}
 
 /* Forward: a block owns ROWS queries (warp w: rows q0 + 16 MI w .. + 16 MI - 1) and walks the 64-key
  * tiles up to the diagonal and the sequence's length. A warp skips a tile whose keys all lie past its
@@ -1453,22 +1235,18 @@ template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, c
     return attr.ptxVersion >= (std::is_same<T, __nv_bfloat16>::value ? 80 : 70);
 }
 
-/* Whether the mma.sync kernels are preferred (-1: not decided yet; see zt_cuda_attention_use_mma). */
+/* Whether the mma.sync kernels are preferred (see zt_cuda_attention_use_mma). Not read from the
+ * environment: the choice changes the result bits, so only the program (a test, a benchmark) sets it. */
 #define ZT_ATTENTION_MMA_DEFAULT true
-static int g_use_mma = -1;
+static bool g_use_mma = ZT_ATTENTION_MMA_DEFAULT;
 
 extern "C" bool zt_cuda_attention_mma_default(void) { return ZT_ATTENTION_MMA_DEFAULT; }
 
 extern "C" void zt_cuda_attention_use_mma(bool on) { g_use_mma = on; }
 
-static bool mma_wanted(void)
-{
-    if (g_use_mma < 0) {
-        const char *env = getenv("ZT_CUDA_ATTENTION");
-        g_use_mma = env && strcmp(env, "mma") == 0 ? 1 : env && strcmp(env, "wmma") == 0 ? 0 : ZT_ATTENTION_MMA_DEFAULT;
-    }
-    return g_use_mma == 1;
-}
+static bool mma_wanted(void) { return g_use_mma; }
+
+extern "C" bool zt__cuda_attention_mma_allowed(void) { return g_use_tensor_cores && g_use_mma; }
 
 /* Whether an mma.sync kernel can run here: wanted, and usable as a tensor-core kernel whose code was
  * built for sm_80 or newer (cp.async, bf16 and m16n8k16 need it). */
@@ -1490,27 +1268,18 @@ static void mask_rows(T *out, float *lse, const int32_t *lens, int B, int T_, in
     ZT_CUDA_CHECK_LAUNCH();
 }
 
-/* Rows per warp of the mma.sync kernels at head size 64: 16 or 32 (0: not decided yet; see
- * zt_cuda_attention_mma_warp_rows). Head size 128 always runs 16. */
+/* Rows per warp of the mma.sync kernels at head size 64: 16 or 32 (see zt_cuda_attention_mma_warp_rows;
+ * not read from the environment, like g_use_mma). Head size 128 always runs 16. */
 #define ZT_ATTENTION_WARP_ROWS_DEFAULT 32
-static int g_mma_warp_rows = 0;
+static int g_mma_warp_rows = ZT_ATTENTION_WARP_ROWS_DEFAULT;
 
 extern "C" void zt_cuda_attention_mma_warp_rows(int rows)
 {
     ZT_ASSERT(rows == 0 || rows == 16 || rows == 32);
-    g_mma_warp_rows = rows;
+    g_mma_warp_rows = rows ? rows : ZT_ATTENTION_WARP_ROWS_DEFAULT;
 }
 
-static int mma_warp_rows(void)
-{
-    if (g_mma_warp_rows == 0) {
-        const char *env = getenv("ZT_CUDA_ATTENTION_WARP_ROWS");
-        g_mma_warp_rows = env && strcmp(env, "16") == 0   ? 16
-                          : env && strcmp(env, "32") == 0 ? 32
-                                                          : ZT_ATTENTION_WARP_ROWS_DEFAULT;
-    }
-    return g_mma_warp_rows;
-}
+static int mma_warp_rows(void) { return g_mma_warp_rows; }
 
 /* The mma.sync kernels' grid: (batch, head) along x and the resident tiles along y, so that blocks start
  * tile by tile across every (batch, head). Under the causal mask a block's work grows with its tile's
@@ -1669,14 +1438,39 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     ZT_CUDA_CHECK_LAUNCH();
 }
 
+/* ---- dispatch between the tuned kernels above and the generic ones (attention_generic.cu) ---- */
+
+/* Forces the generic kernels for every shape (zt_cuda_attention_use_generic). */
+static bool g_force_generic = false;
+
+extern "C" void zt_cuda_attention_use_generic(bool on) { g_force_generic = on; }
+
+/* Whether the kernels of this file serve the call: causal multi-head attention at head size 64 or 128. */
+static bool tuned_serves(const zt_attention_dims *d)
+{
+    return !g_force_generic && d->causal && d->NKV == d->NH && (d->HS == 64 || d->HS == 128);
+}
+
+static bool head_size_served(int HS) { return HS == 64 || HS == 128 || zt__cuda_attention_generic_serves(HS); }
+
 extern "C" bool zt_cuda_attention_supported(int C, int NH)
 {
-    return NH > 0 && C > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
+    return NH > 0 && C > 0 && C % NH == 0 && head_size_served(C / NH);
+}
+
+extern "C" bool zt_cuda_attention_gqa_supported(const zt_attention_dims *d)
+{
+    return d->NH > 0 && d->NKV > 0 && d->NH % d->NKV == 0 && head_size_served(d->HS);
 }
 
 extern "C" size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH)
 {
     return (size_t)B * NH * T * sizeof(float);
+}
+
+extern "C" size_t zt_cuda_attention_backward_gqa_scratch_size(const zt_attention_dims *d)
+{
+    return zt_cuda_attention_backward_scratch_size(d->B, d->T, d->NH);
 }
 
 template <typename T>
@@ -1699,10 +1493,15 @@ static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, cons
         backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
 }
 
-extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B,
-                                                 int T, int C, int NH, enum zt_dtype dtype, cudaStream_t stream)
+extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                              const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream)
 {
-    ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
+    ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
+    if (!tuned_serves(d)) {
+        zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream);
+        return;
+    }
+    const int B = d->B, T = d->T, NH = d->NH, C = d->NH * d->HS;
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0);
     switch (dtype) {
     case ZT_DTYPE_F32:
@@ -1715,16 +1514,15 @@ extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const vo
         forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, B, T, C, NH, stream);
         break;
     default:
-        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward_masked", dtype);
+        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward", dtype);
     }
 }
 
-/* The backward of every launcher below: accumulate true adds into dqkv, false overwrites it. */
-static void backward_any(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                         const int32_t *lens, int B, int T, int C, int NH, void *scratch, enum zt_dtype dtype,
-                         bool accumulate, cudaStream_t stream)
+/* The tuned backward: accumulate true adds into dqkv, false overwrites it (then lens is NULL). */
+static void backward_tuned(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                           const int32_t *lens, int B, int T, int C, int NH, void *scratch, enum zt_dtype dtype,
+                           bool accumulate, cudaStream_t stream)
 {
-    ZT_ASSERT(B > 0 && T > 0 && zt_cuda_attention_supported(C, NH));
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0 && ((uintptr_t)dout & 3u) == 0 && ((uintptr_t)scratch & 3u) == 0);
     ZT_ASSERT(accumulate || lens == NULL); /* an overwrite would leave the padded rows unwritten */
     float *D = (float *)scratch;
@@ -1746,11 +1544,47 @@ static void backward_any(void *dqkv, const void *dout, const void *qkv, const vo
     }
 }
 
+extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                               const float *lse, const int32_t *lens, const zt_attention_dims *d,
+                                               bool accumulate, void *scratch, enum zt_dtype dtype,
+                                               cudaStream_t stream)
+{
+    ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
+    const bool tuned = tuned_serves(d);
+    if (!accumulate && (lens || !tuned)) {
+        /* Only the tuned kernels without a mask store their results directly; the others add into zeros. */
+        const size_t n = (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS;
+        ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, n * zt_dtype_size(dtype), stream));
+        accumulate = true;
+    }
+    if (tuned)
+        backward_tuned(dqkv, dout, qkv, out, lse, lens, d->B, d->T, d->NH * d->HS, d->NH, scratch, dtype, accumulate,
+                       stream);
+    else
+        zt__cuda_attention_generic_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, dtype, stream);
+}
+
+/* The multi-head entry points: causal, NKV = NH. */
+static zt_attention_dims mha_dims(int B, int T, int C, int NH)
+{
+    ZT_ASSERT(zt_cuda_attention_supported(C, NH));
+    zt_attention_dims d = {B, T, NH, NH, C / NH, true};
+    return d;
+}
+
+extern "C" void zt_cuda_attention_forward_masked(void *out, float *lse, const void *qkv, const int32_t *lens, int B,
+                                                 int T, int C, int NH, enum zt_dtype dtype, cudaStream_t stream)
+{
+    const zt_attention_dims d = mha_dims(B, T, C, NH);
+    zt_cuda_attention_forward_gqa(out, lse, qkv, lens, &d, dtype, stream);
+}
+
 extern "C" void zt_cuda_attention_backward_masked(void *dqkv, const void *dout, const void *qkv, const void *out,
                                                   const float *lse, const int32_t *lens, int B, int T, int C, int NH,
                                                   void *scratch, enum zt_dtype dtype, cudaStream_t stream)
 {
-    backward_any(dqkv, dout, qkv, out, lse, lens, B, T, C, NH, scratch, dtype, true, stream);
+    const zt_attention_dims d = mha_dims(B, T, C, NH);
+    zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d, true, scratch, dtype, stream);
 }
 
 extern "C" void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH,
@@ -1770,5 +1604,6 @@ extern "C" void zt_cuda_attention_backward_overwrite(void *dqkv, const void *dou
                                                      const float *lse, int B, int T, int C, int NH, void *scratch,
                                                      enum zt_dtype dtype, cudaStream_t stream)
 {
-    backward_any(dqkv, dout, qkv, out, lse, NULL, B, T, C, NH, scratch, dtype, false, stream);
+    const zt_attention_dims d = mha_dims(B, T, C, NH);
+    zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, &d, false, scratch, dtype, stream);
 }

@@ -7,6 +7,10 @@
  *   bench_cuda_kernels attention [iterations]          attention only, WMMA vs mma.sync kernels (16 and 32
  *                                                      rows per warp), bf16 and fp16, at GPT-2 124M
  *                                                      and 1558M shapes
+ *   bench_cuda_kernels gqa [iterations]                the general attention entry points at LLaMA and BERT
+ *                                                      shapes (bf16): grouped-query, bidirectional with
+ *                                                      padding, head size 80, and the tuned shapes run by
+ *                                                      the tuned and by the generic kernels
  *   bench_cuda_kernels bandwidth [iterations]          the bandwidth-bound kernels of a bf16 training step
  *                                                      (layer norm, gradient fold, global norm, AdamW with
  *                                                      fp32 or bf16 gradients) at GPT-2 124M and 1558M
@@ -16,6 +20,7 @@
  * Attention TFLOP/s count the causal half of the products: forward 2 (S = Q K^T, O = P V), backward 5
  * (2.5x the forward: dV, dP, dS's S, dK, dQ), whatever a kernel recomputes. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +135,66 @@ static void bench_attention(enum zt_dtype dt, int b, int t, int c, int nh)
     void *bufs[] = {qkv, dqkv, out, dout, lse, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
+}
+
+/* The general attention entry points at one shape (bf16): forward and backward (accumulating), with the
+ * generic kernels forced when `generic`. lens: NULL or B host lengths (the pairs counted are the unmasked
+ * ones: causal rows below the length see t + 1 keys, bidirectional rows see the length). */
+static void bench_attention_gqa(const char *what, int b, int t, int nh, int nkv, int hs, bool causal,
+                                const int32_t *lens, bool generic)
+{
+    const enum zt_dtype dt = ZT_DTYPE_BF16;
+    const zt_attention_dims d = {.B = b, .T = t, .NH = nh, .NKV = nkv, .HS = hs, .causal = causal};
+    if (!zt_cuda_attention_gqa_supported(&d)) {
+        printf("%-44s not supported on this GPU\n", what);
+        return;
+    }
+    const size_t bt = (size_t)b * t, w = (size_t)(nh + 2 * nkv) * hs;
+    void *qkv = drand(bt * w, 1.0f, dt), *dqkv = drand(bt * w, 0.0f, dt);
+    void *out = drand(bt * nh * hs, 0.0f, dt), *dout = drand(bt * nh * hs, 1.0f, dt);
+    float *lse = dalloc(sizeof(float) * b * nh * t);
+    void *scratch = dalloc(zt_cuda_attention_backward_gqa_scratch_size(&d));
+    int32_t *dlens = NULL;
+    double pairs = 0;
+    for (int i = 0; i < b; i++) {
+        const double len = lens ? (lens[i] < t ? lens[i] : t) : t;
+        pairs += nh * (causal ? len * (len + 1) / 2.0 : len * len);
+    }
+    if (lens) {
+        dlens = dalloc(sizeof(int32_t) * b);
+        ZT_CUDA_CHECK(cudaMemcpy(dlens, lens, sizeof(int32_t) * b, cudaMemcpyHostToDevice));
+    }
+    zt_cuda_attention_use_generic(generic);
+    char name[128];
+    snprintf(name, sizeof(name), "%s forward", what);
+    BENCH(name, 2.0 * 2 * pairs * hs, 0, zt_cuda_attention_forward_gqa(out, lse, qkv, dlens, &d, dt, g_stream));
+    snprintf(name, sizeof(name), "%s backward", what);
+    BENCH(name, 5.0 * 2 * pairs * hs, 0,
+          zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, true, scratch, dt, g_stream));
+    zt_cuda_attention_use_generic(false);
+    void *bufs[] = {qkv, dqkv, out, dout, lse, scratch, dlens};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        if (bufs[i])
+            ZT_CUDA_CHECK(cudaFree(bufs[i]));
+}
+
+/* LLaMA and BERT attention shapes, and the tuned shapes by both kernel families for comparison. */
+static void bench_gqa(void)
+{
+    printf("-- general attention, bf16 (TFLOP/s count the unmasked pairs: forward 2 products, backward 5)\n");
+    bench_attention_gqa("124M MHA hs64 causal, tuned", 16, 1024, 12, 12, 64, true, NULL, false);
+    bench_attention_gqa("124M MHA hs64 causal, generic", 16, 1024, 12, 12, 64, true, NULL, true);
+    bench_attention_gqa("LLaMA-7B MHA hs128 causal, tuned", 4, 2048, 32, 32, 128, true, NULL, false);
+    bench_attention_gqa("LLaMA-7B MHA hs128 causal, generic", 4, 2048, 32, 32, 128, true, NULL, true);
+    bench_attention_gqa("LLaMA-3-8B GQA 32/8 hs128 causal", 4, 2048, 32, 8, 128, true, NULL, false);
+    /* BERT-base at sequence length 512, lengths spread over 128..512 as a padded batch has them. */
+    int32_t lens[32];
+    for (int i = 0; i < 32; i++)
+        lens[i] = 128 + (i * 97) % 385;
+    bench_attention_gqa("BERT-base hs64 bidirectional, no padding", 32, 512, 12, 12, 64, false, NULL, false);
+    bench_attention_gqa("BERT-base hs64 bidirectional, padded", 32, 512, 12, 12, 64, false, lens, false);
+    bench_attention_gqa("20 heads of 80, causal", 8, 1024, 20, 20, 80, true, NULL, false);
+    bench_attention_gqa("16 heads of 256, GQA 16/8, causal", 2, 2048, 16, 8, 256, true, NULL, false);
 }
 
 
@@ -262,6 +327,7 @@ int main(int argc, char **argv)
     enum zt_dtype dt = ZT_DTYPE_BF16;
     const int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
     const int bandwidth_only = argc > 1 && strcmp(argv[1], "bandwidth") == 0;
+    const int gqa_only = argc > 1 && strcmp(argv[1], "gqa") == 0;
     if (argc > 1 && strcmp(argv[1], "f16") == 0)
         dt = ZT_DTYPE_F16;
     else if (argc > 1 && strcmp(argv[1], "f32") == 0)
@@ -291,6 +357,12 @@ int main(int argc, char **argv)
         bench_bandwidth("GPT-2 124M", 16 * 1024, 768, 12, 50304);
         bench_bandwidth("GPT-2 1558M", 8 * 1024, 1600, 48, 50304);
         bench_overwrite(blas, "GPT-2 1558M", 8 * 1024, 1600, 25, 50304);
+        zt_cuda_blas_destroy(blas);
+        printf("done\n");
+        return 0;
+    }
+    if (gqa_only) {
+        bench_gqa();
         zt_cuda_blas_destroy(blas);
         printf("done\n");
         return 0;

@@ -6,7 +6,10 @@
  * the reference (so that elements near zero after cancellation are judged on the tensor's scale):
  * fp32 1e-4, fp16 5e-3, bf16 1e-2. Shapes include odd T (not a multiple of any tile), C = 768 = 3 * 256,
  * an odd vocabulary (1003), padded logits rows, ignored targets and tensors that cross the fused AdamW's
- * chunk and batch limits. The deterministic kernels are run twice and compared bit for bit.
+ * chunk and batch limits; for the LLaMA and BERT families, rows whose length is not a multiple of 16 bytes
+ * (RMSNorm, SwiGLU), grouped-query heads (ratios 3 and 4), head sizes 32 to 256, bidirectional attention
+ * with padding (empty and full sequences, lengths past T and below 0), and NH = 5 heads of 40 refused. The
+ * deterministic kernels are run twice and compared bit for bit.
  *
  * Exits 77 (skipped) when there is no CUDA device. Each check prints its largest error, so a log of
  * this test doubles as a record of the kernels' accuracy. */
@@ -32,7 +35,10 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/pooler.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu (float build)");
 
@@ -226,12 +232,77 @@ static void run_embedding(enum zt_dtype dt, int B, int T, int C, int V, int maxT
         dev_free(dev[i]);
 }
 
+/* BERT's embedding with NTT token types; type NTT - 1 never occurs when NTT > 2 (its gradient row stays). */
+static void run_embedding_typed(enum zt_dtype dt, int B, int T, int C, int V, int NTT)
+{
+    const int BT = B * T;
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    int32_t *tok = malloc(sizeof(int32_t) * BT), *typ = malloc(sizeof(int32_t) * BT);
+    assert_true(tok && typ);
+    for (int i = 0; i < BT; i++) {
+        tok[i] = (int32_t)zt_rng_below(&g_rng, V);
+        typ[i] = (int32_t)zt_rng_below(&g_rng, NTT > 2 ? NTT - 1 : NTT);
+    }
+    int32_t *d_tok = dev_alloc(sizeof(int32_t) * BT), *d_typ = dev_alloc(sizeof(int32_t) * BT);
+    ZT_CUDA_CHECK(cudaMemcpy(d_tok, tok, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+    ZT_CUDA_CHECK(cudaMemcpy(d_typ, typ, sizeof(int32_t) * BT, cudaMemcpyHostToDevice));
+
+    float *wte, *wpe, *wtt, *dout, *dwte, *dwpe, *dwtt;
+    void *d_wte = dev_rand((size_t)V * C, 1.0f, dt, &wte);
+    void *d_wpe = dev_rand((size_t)T * C, 1.0f, dt, &wpe);
+    void *d_wtt = dev_rand((size_t)NTT * C, 1.0f, dt, &wtt);
+    void *d_out = dev_alloc((size_t)BT * C * es);
+    zt_cuda_embedding_forward_typed(d_out, d_tok, d_typ, d_wte, d_wpe, d_wtt, B, T, C, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)BT * C, dt), *ref = malloc(sizeof(float) * BT * C);
+    zt_cpu_embedding_forward_typed(ref, tok, typ, wte, wpe, wtt, B, T, C);
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d forward with types", B, T, C, NTT);
+    check_close(name, dt, out, ref, (size_t)BT * C, tol_of(dt));
+
+    void *d_dout = dev_rand((size_t)BT * C, 1.0f, dt, &dout);
+    void *d_dwte = dev_rand((size_t)V * C, 0.5f, dt, &dwte);
+    void *d_dwpe = dev_rand((size_t)T * C, 0.5f, dt, &dwpe);
+    void *d_dwtt = dev_rand((size_t)NTT * C, 0.5f, dt, &dwtt);
+    void *d_dwtt0 = dev_clone(d_dwtt, (size_t)NTT * C * es);
+    void *scratch = dev_alloc(zt_cuda_embedding_backward_typed_scratch_size(B, T, C, V, NTT));
+    zt_cuda_embedding_backward_typed(d_dwte, d_dwpe, d_dwtt, d_dout, d_tok, d_typ, B, T, C, V, NTT, scratch, dt,
+                                     g_stream);
+    float *g_dwte = dev_download(d_dwte, (size_t)V * C, dt), *g_dwpe = dev_download(d_dwpe, (size_t)T * C, dt);
+    float *g_dwtt = dev_download(d_dwtt, (size_t)NTT * C, dt);
+    float *dwtt0 = host_copy(dwtt, (size_t)NTT * C);
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, dout, tok, typ, B, T, C);
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d dwte (typed)", B, T, C, NTT);
+    check_close(name, dt, g_dwte, dwte, (size_t)V * C, tol_of(dt));
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d dwpe (typed)", B, T, C, NTT);
+    check_close(name, dt, g_dwpe, dwpe, (size_t)T * C, tol_of(dt));
+    snprintf(name, sizeof(name), "embedding B%d T%d C%d NTT%d dwtt", B, T, C, NTT);
+    check_close(name, dt, g_dwtt, dwtt, (size_t)NTT * C, tol_of(dt));
+    if (NTT > 2) /* the unused type's row: added nothing, so the same bits */
+        assert_memory_equal(g_dwtt + (size_t)(NTT - 1) * C, dwtt0 + (size_t)(NTT - 1) * C, sizeof(float) * C);
+
+    /* Determinism of dwtt: the same call from the same state, the same bits. */
+    void *d_dwtt1 = dev_clone(d_dwtt, (size_t)NTT * C * es);
+    dev_copy(d_dwtt, d_dwtt0, (size_t)NTT * C * es);
+    zt_cuda_embedding_backward_typed(d_dwte, d_dwpe, d_dwtt, d_dout, d_tok, d_typ, B, T, C, V, NTT, scratch, dt,
+                                     g_stream);
+    assert_true(dev_equal(d_dwtt, d_dwtt1, (size_t)NTT * C * es));
+
+    free(tok), free(typ), free(wte), free(wpe), free(wtt), free(dout), free(dwte), free(dwpe), free(dwtt);
+    free(out), free(ref), free(g_dwte), free(g_dwpe), free(g_dwtt), free(dwtt0);
+    void *dev[] = {d_tok, d_typ, d_wte, d_wpe, d_wtt, d_out, d_dout, d_dwte, d_dwpe, d_dwtt, d_dwtt0, scratch, d_dwtt1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
 static void test_embedding(void **state)
 {
     (void)state;
     for (int i = 0; i < 3; i++) {
         run_embedding(k_dtypes[i], 2, 67, 768, 1003, 80);
         run_embedding(k_dtypes[i], 3, 5, 64, 50257, 8);
+        run_embedding_typed(k_dtypes[i], 4, 129, 768, 1003, 2); /* BERT-base width, two types */
+        run_embedding_typed(k_dtypes[i], 3, 5, 64, 30522, 16);  /* the most types; fewer positions than a slice */
+        run_embedding_typed(k_dtypes[i], 64, 200, 128, 97, 3);   /* many slices; one type unused */
     }
 }
 
@@ -299,6 +370,112 @@ static void test_layernorm(void **state)
         run_layernorm(k_dtypes[i], 3001, 1600);
         run_layernorm(k_dtypes[i], 300, 2048);
         run_layernorm(k_dtypes[i], 300, 2056);
+    }
+}
+
+/* ---- rmsnorm ---- */
+
+static void run_rmsnorm(enum zt_dtype dt, int N, int C)
+{
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    float *inp, *w, *dout, *dinp, *dw;
+    void *d_inp = dev_rand((size_t)N * C, 2.0f, dt, &inp);
+    void *d_w = dev_rand(C, 1.0f, dt, &w);
+    void *d_out = dev_alloc((size_t)N * C * es);
+    float *d_rstd = dev_alloc(N * sizeof(float));
+    zt_cuda_rmsnorm_forward(d_out, d_rstd, d_inp, d_w, N, C, 1e-6f, dt, g_stream);
+    float *out = dev_download(d_out, (size_t)N * C, dt), *rstd = dev_download(d_rstd, N, ZT_DTYPE_F32);
+    float *ref = malloc(sizeof(float) * N * C), *rrstd = malloc(sizeof(float) * N);
+    zt_cpu_rmsnorm_forward(ref, rrstd, inp, w, N, C, 1e-6f);
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d forward out", N, C);
+    check_close(name, dt, out, ref, (size_t)N * C, tol_of(dt));
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d forward rstd", N, C);
+    check_close(name, dt, rstd, rrstd, N, 1e-5);
+
+    void *d_dout = dev_rand((size_t)N * C, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand((size_t)N * C, 0.5f, dt, &dinp);
+    void *d_dw = dev_rand(C, 0.5f, dt, &dw);
+    void *d_dinp0 = dev_clone(d_dinp, (size_t)N * C * es), *d_dw0 = dev_clone(d_dw, C * es);
+    void *scratch = dev_alloc(zt_cuda_rmsnorm_backward_scratch_size(N, C));
+    zt_cuda_rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C, scratch, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, (size_t)N * C, dt), *g_dw = dev_download(d_dw, C, dt);
+    zt_cpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); /* the GPU's statistics */
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d backward dinp", N, C);
+    check_close(name, dt, g_dinp, dinp, (size_t)N * C, tol_of(dt));
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d backward dweight", N, C);
+    check_close(name, dt, g_dw, dw, C, tol_of(dt));
+
+    /* Determinism: the same call from the same state gives the same bits. */
+    void *d_dinp1 = dev_clone(d_dinp, (size_t)N * C * es), *d_dw1 = dev_clone(d_dw, C * es);
+    dev_copy(d_dinp, d_dinp0, (size_t)N * C * es);
+    dev_copy(d_dw, d_dw0, C * es);
+    zt_cuda_rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dinp, d_dinp1, (size_t)N * C * es));
+    assert_true(dev_equal(d_dw, d_dw1, C * es));
+
+    free(inp), free(w), free(dout), free(dinp), free(dw), free(out), free(rstd), free(ref), free(rrstd);
+    free(g_dinp), free(g_dw);
+    void *dev[] = {d_inp, d_w, d_out, d_rstd, d_dout, d_dinp, d_dw, d_dinp0, d_dw0, scratch, d_dinp1, d_dw1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        run_rmsnorm(k_dtypes[i], 134, 768);   /* 16-byte rows */
+        run_rmsnorm(k_dtypes[i], 5, 75);      /* odd C: one element at a time */
+        run_rmsnorm(k_dtypes[i], 37, 4100);   /* fp32 rows of 16 bytes, 16-bit rows not: both paths */
+        run_rmsnorm(k_dtypes[i], 3001, 4096); /* LLaMA-7B width, many row slices */
+        run_rmsnorm(k_dtypes[i], 9, 8192);    /* LLaMA-70B width, fewer rows than a slice */
+    }
+}
+
+/* ---- rotary position embeddings ---- */
+
+static void run_rope(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, int pos0, const zt_rope_config *cfg)
+{
+    const int W = (NH + 2 * NKV) * HS;
+    const size_t n = (size_t)B * T * W;
+    char name[96];
+    float *inv_freq = malloc(sizeof(float) * HS / 2);
+    assert_int_equal(zt_rope_inv_freq(inv_freq, HS, cfg, NULL), 0);
+    float *d_inv = dev_alloc(sizeof(float) * HS / 2);
+    ZT_CUDA_CHECK(cudaMemcpy(d_inv, inv_freq, sizeof(float) * HS / 2, cudaMemcpyHostToDevice));
+    float *qkv;
+    void *d_qkv = dev_rand(n, 2.0f, dt, &qkv);
+    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream);
+    float *got = dev_download(d_qkv, n, dt);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, pos0);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d forward", B, T, NH, NKV, HS, pos0);
+    check_close(name, dt, got, qkv, n, tol_of(dt));
+    memcpy(qkv, got, sizeof(float) * n); /* the backward's input: the GPU's rotated values, on both sides */
+    free(got);
+    /* The backward, in place like the forward. */
+    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream);
+    got = dev_download(d_qkv, n, dt);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, pos0);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d backward", B, T, NH, NKV, HS, pos0);
+    check_close(name, dt, got, qkv, n, tol_of(dt));
+    free(got), free(qkv), free(inv_freq);
+    dev_free(d_qkv), dev_free(d_inv);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    const zt_rope_config llama2 = {.theta = 10000.0};
+    const zt_rope_config llama3 = {.theta = 500000.0, .scaling = ZT_ROPE_SCALING_LLAMA3, .factor = 8.0,
+                                   .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                                   .original_max_position_embeddings = 8192};
+    const zt_rope_config linear = {.theta = 10000.0, .scaling = ZT_ROPE_SCALING_LINEAR, .factor = 4.0};
+    for (int i = 0; i < 3; i++) {
+        run_rope(k_dtypes[i], 2, 67, 4, 4, 128, 0, &llama2);      /* multi-head */
+        run_rope(k_dtypes[i], 3, 33, 6, 2, 80, 0, &linear);       /* grouped-query, ratio 3, head size 80 */
+        run_rope(k_dtypes[i], 1, 129, 32, 8, 128, 8000, &llama3); /* LLaMA-3 8B heads, positions 8000.. */
+        run_rope(k_dtypes[i], 2, 5, 5, 1, 40, 3, &llama2);        /* one key head, odd head count */
     }
 }
 
@@ -547,6 +724,18 @@ static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
     check_close(offset ? "gelu backward (unaligned)" : "gelu backward", dt, got, ref2, n, tol_of(dt));
     free(got);
 
+    /* tanh, backward from the forward's output (the GPU's, given to the CPU too). */
+    zt_cuda_tanh_forward(dout, dx, n, dt, g_stream);
+    got = dev_download(dout, n, dt);
+    zt_cpu_tanh_forward(ref, x + offset, n);
+    check_close(offset ? "tanh forward (unaligned)" : "tanh forward", dt, got, ref, n, tol_of(dt));
+    float *tacc = dev_download(dacc, n, dt);
+    zt_cuda_tanh_backward(dacc, dout, dg, n, dt, g_stream);
+    float *tgot = dev_download(dacc, n, dt);
+    zt_cpu_tanh_backward(tacc, got, g + offset, n);
+    check_close(offset ? "tanh backward (unaligned)" : "tanh backward", dt, tgot, tacc, n, tol_of(dt));
+    free(got), free(tacc), free(tgot);
+
     zt_cuda_residual_forward(dout, dx, dg, n, dt, g_stream);
     got = dev_download(dout, n, dt);
     zt_cpu_residual_forward(ref, x + offset, g + offset, n);
@@ -570,28 +759,62 @@ static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
     dev_free(bx), dev_free(bg), dev_free(bacc), dev_free(bout);
 }
 
+/* SwiGLU over inp [N,2F], accumulating into a random dinp. */
+static void run_swiglu(enum zt_dtype dt, int N, int F)
+{
+    const size_t n = (size_t)N * F, es = zt_dtype_size(dt);
+    char name[96];
+    float *inp, *dout, *dinp;
+    void *d_inp = dev_rand(2 * n, 5.0f, dt, &inp);
+    void *d_out = dev_alloc(n * es);
+    zt_cuda_swiglu_forward(d_out, d_inp, N, F, dt, g_stream);
+    float *out = dev_download(d_out, n, dt), *ref = malloc(sizeof(float) * n);
+    zt_cpu_swiglu_forward(ref, inp, N, F);
+    snprintf(name, sizeof(name), "swiglu N%d F%d forward", N, F);
+    check_close(name, dt, out, ref, n, tol_of(dt));
+
+    void *d_dout = dev_rand(n, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand(2 * n, 0.5f, dt, &dinp);
+    zt_cuda_swiglu_backward(d_dinp, d_inp, d_dout, N, F, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, 2 * n, dt);
+    zt_cpu_swiglu_backward(dinp, inp, dout, N, F);
+    snprintf(name, sizeof(name), "swiglu N%d F%d backward", N, F);
+    check_close(name, dt, g_dinp, dinp, 2 * n, tol_of(dt));
+    free(inp), free(dout), free(dinp), free(out), free(ref), free(g_dinp);
+    dev_free(d_inp), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
     for (int i = 0; i < 3; i++) {
         run_elementwise(k_dtypes[i], 100003, 0);
         run_elementwise(k_dtypes[i], 1001, 1);
+        run_swiglu(k_dtypes[i], 134, 1376); /* rows of 16-byte multiples: vector path */
+        run_swiglu(k_dtypes[i], 37, 301);   /* odd F (and N * F): one element at a time */
+        run_swiglu(k_dtypes[i], 3, 11008);  /* LLaMA-7B's intermediate size */
     }
 }
 
 /* ---- fused classifier ---- */
 
-static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
+/* Which rows are ignored: every 7th (CE_SOME), all but every 7th (CE_MASKED_LM: a masked-LM batch, where
+ * most positions carry no label), or all of them (CE_ALL). */
+enum ce_pattern { CE_SOME, CE_MASKED_LM, CE_ALL };
+
+static void run_crossentropy(enum zt_dtype dt, int N, int V, int P, int ignore, enum ce_pattern pattern)
 {
     const size_t es = zt_dtype_size(dt);
-    const int ignore = -100;
     int32_t *tgt = malloc(sizeof(int32_t) * N);
     int valid = 0;
     for (int n = 0; n < N; n++) {
-        tgt[n] = n % 7 == 3 ? ignore : (int32_t)zt_rng_below(&g_rng, V);
-        valid += tgt[n] != ignore;
+        int ignored = pattern == CE_ALL || (pattern == CE_SOME ? n % 7 == 3 : n % 7 != 0);
+        tgt[n] = ignored ? ignore : (int32_t)zt_rng_below(&g_rng, V);
     }
-    tgt[0] = V - 1; /* row 0 is never ignored: the last class is a target */
+    if (pattern != CE_ALL)
+        tgt[0] = V - 1; /* row 0 is not ignored: the last class is a target */
+    for (int n = 0; n < N; n++)
+        valid += tgt[n] != ignore;
     int32_t *d_tgt = dev_alloc(sizeof(int32_t) * N);
     ZT_CUDA_CHECK(cudaMemcpy(d_tgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
 
@@ -609,7 +832,7 @@ static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
     float *d_loss = dev_alloc(sizeof(float) * N);
     int *d_count = dev_alloc(sizeof(int));
     ZT_CUDA_CHECK(cudaMemsetAsync(d_count, 0, sizeof(int), g_stream));
-    float grad_scale = 1.0f / (float)valid;
+    float grad_scale = valid ? 1.0f / (float)valid : 1.0f;
 
     /* Losses only: logits untouched. */
     zt_cuda_crossentropy_forward_backward(d_loss, NULL, d_lg, d_tgt, N, V, P, ignore, grad_scale, d_count, dt,
@@ -630,7 +853,7 @@ static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
     int rvalid = zt_cpu_crossentropy_forward_backward(rloss, rgrad, dense, tgt, N, V, ignore, grad_scale);
     assert_int_equal(rvalid, valid);
     char name[80];
-    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d loss", N, V, P);
+    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d ignore %d loss", N, V, P, ignore);
     check_close(name, dt, loss, rloss, N, 1e-4);
     check_close("crossentropy loss without gradient", dt, loss_only, rloss, N, 1e-4);
     float *gdense = malloc(sizeof(float) * N * V);
@@ -644,7 +867,7 @@ static void run_crossentropy(enum zt_dtype dt, int N, int V, int P)
                 assert_true(grad[(size_t)n * P + i] == 0.0f);
         }
     }
-    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d dlogits", N, V, P);
+    snprintf(name, sizeof(name), "crossentropy N=%d V=%d P=%d ignore %d dlogits", N, V, P, ignore);
     check_close(name, dt, gdense, rgrad, (size_t)N * V, tol_of(dt));
 
     /* Determinism, into a separate buffer this time. */
@@ -664,17 +887,139 @@ static void test_crossentropy(void **state)
 {
     (void)state;
     for (int i = 0; i < 3; i++) {
-        run_crossentropy(k_dtypes[i], 134, 1003, 1003); /* odd V: unaligned rows, scalar path */
-        run_crossentropy(k_dtypes[i], 134, 1003, 1008); /* padded rows: vector path */
-        run_crossentropy(k_dtypes[i], 8, 50257, 50304); /* GPT-2's vocabulary */
+        run_crossentropy(k_dtypes[i], 134, 1003, 1003, -100, CE_SOME); /* odd V: unaligned rows, scalar path */
+        run_crossentropy(k_dtypes[i], 134, 1003, 1008, -100, CE_SOME); /* padded rows: vector path */
+        run_crossentropy(k_dtypes[i], 8, 50257, 50304, -100, CE_SOME); /* GPT-2's vocabulary */
+        /* Masked LM with ztrain's ignore_index -1: most rows carry no label; BERT's vocabulary. */
+        run_crossentropy(k_dtypes[i], 67, 30522, 30528, -1, CE_MASKED_LM);
+        run_crossentropy(k_dtypes[i], 9, 1003, 1008, -1, CE_ALL);
+        /* A classification head: three labels, one row per sequence. */
+        run_crossentropy(k_dtypes[i], 7, 3, 3, -1, CE_SOME);
+    }
+}
+
+/* ---- BERT's pooler and classification head, composed from the kernels ---- */
+
+/* Every stage on the GPU against its CPU twin fed the GPU's input to that stage: first token, pooler
+ * dense, tanh, classifier dense, cross-entropy with one label per sequence (ignore_index -1), and the
+ * backward through all of them. */
+static void run_classifier_head(enum zt_dtype dt, int B, int T, int C, int L)
+{
+    const size_t es = zt_dtype_size(dt);
+    char name[96];
+    int32_t *lab = malloc(sizeof(int32_t) * B);
+    int valid = 0;
+    for (int b = 0; b < B; b++) {
+        lab[b] = b % 4 == 1 ? -1 : (int32_t)zt_rng_below(&g_rng, L);
+        valid += lab[b] != -1;
+    }
+    int32_t *d_lab = dev_alloc(sizeof(int32_t) * B);
+    ZT_CUDA_CHECK(cudaMemcpy(d_lab, lab, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+    float *h, *wp, *bp, *wc, *bc;
+    void *d_h = dev_rand((size_t)B * T * C, 1.0f, dt, &h);
+    void *d_wp = dev_rand((size_t)C * C, 0.1f, dt, &wp), *d_bp = dev_rand(C, 0.1f, dt, &bp);
+    void *d_wc = dev_rand((size_t)L * C, 0.3f, dt, &wc), *d_bc = dev_rand(L, 0.1f, dt, &bc);
+    void *d_first = dev_alloc((size_t)B * C * es), *d_pre = dev_alloc((size_t)B * C * es);
+    void *d_pooled = dev_alloc((size_t)B * C * es), *d_logits = dev_alloc((size_t)B * L * es);
+    float *d_loss = dev_alloc(sizeof(float) * B);
+
+    zt_cuda_first_token_forward(d_first, d_h, B, T, C, dt, g_stream);
+    zt_cuda_matmul_forward(g_blas, d_pre, NULL, d_first, d_wp, d_bp, B, C, C, dt, g_stream);
+    zt_cuda_tanh_forward(d_pooled, d_pre, (size_t)B * C, dt, g_stream);
+    zt_cuda_matmul_forward(g_blas, d_logits, NULL, d_pooled, d_wc, d_bc, B, C, L, dt, g_stream);
+    float *first = dev_download(d_first, (size_t)B * C, dt), *pre = dev_download(d_pre, (size_t)B * C, dt);
+    float *pooled = dev_download(d_pooled, (size_t)B * C, dt), *logits = dev_download(d_logits, (size_t)B * L, dt);
+    for (int b = 0; b < B; b++)
+        assert_memory_equal(first + (size_t)b * C, h + (size_t)b * T * C, sizeof(float) * C);
+    float *r = malloc(sizeof(float) * B * (C > L ? C : L));
+    zt_cpu_matmul_forward(r, first, wp, bp, B, C, C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d pooler dense", B, C, L);
+    check_close(name, dt, pre, r, (size_t)B * C, tol_of(dt));
+    zt_cpu_tanh_forward(r, pre, (size_t)B * C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d pooler tanh", B, C, L);
+    check_close(name, dt, pooled, r, (size_t)B * C, tol_of(dt));
+    zt_cpu_matmul_forward(r, pooled, wc, bc, B, C, L);
+    snprintf(name, sizeof(name), "head B%d C%d L%d logits", B, C, L);
+    check_close(name, dt, logits, r, (size_t)B * L, tol_of(dt));
+
+    /* Loss and dlogits in place (P = L: rows not padded), then the backward chain. */
+    const float scale = 1.0f / (float)valid;
+    zt_cuda_crossentropy_forward_backward(d_loss, d_logits, d_logits, d_lab, B, L, L, -1, scale, NULL, dt, g_stream);
+    float *loss = dev_download(d_loss, B, ZT_DTYPE_F32), *dlogits = dev_download(d_logits, (size_t)B * L, dt);
+    float *rloss = malloc(sizeof(float) * B), *rdlogits = malloc(sizeof(float) * B * L);
+    assert_int_equal(zt_cpu_crossentropy_forward_backward(rloss, rdlogits, logits, lab, B, L, -1, scale), valid);
+    snprintf(name, sizeof(name), "head B%d C%d L%d loss", B, C, L);
+    check_close(name, dt, loss, rloss, B, 1e-4);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dlogits", B, C, L);
+    check_close(name, dt, dlogits, rdlogits, (size_t)B * L, tol_of(dt));
+
+    void *d_dpooled = dev_alloc((size_t)B * C * es), *d_dpre = dev_alloc((size_t)B * C * es);
+    void *d_dfirst = dev_alloc((size_t)B * C * es), *d_dh = dev_alloc((size_t)B * T * C * es);
+    void *d_dwc = dev_alloc((size_t)L * C * es), *d_dbc = dev_alloc(L * es);
+    void *d_dwp = dev_alloc((size_t)C * C * es), *d_dbp = dev_alloc(C * es);
+    void *zero[] = {d_dpooled, d_dpre, d_dfirst, d_dh, d_dwc, d_dbc, d_dwp, d_dbp};
+    const size_t zbytes[] = {(size_t)B * C * es, (size_t)B * C * es, (size_t)B * C * es, (size_t)B * T * C * es,
+                             (size_t)L * C * es, L * es, (size_t)C * C * es, C * es};
+    for (int i = 0; i < 8; i++)
+        ZT_CUDA_CHECK(cudaMemsetAsync(zero[i], 0, zbytes[i], g_stream));
+    zt_cuda_matmul_backward(g_blas, d_dpooled, d_dwc, d_dbc, d_logits, d_pooled, d_wc, NULL, B, C, L, dt, g_stream);
+    zt_cuda_tanh_backward(d_dpre, d_pooled, d_dpooled, (size_t)B * C, dt, g_stream);
+    zt_cuda_matmul_backward(g_blas, d_dfirst, d_dwp, d_dbp, d_dpre, d_first, d_wp, NULL, B, C, C, dt, g_stream);
+    zt_cuda_first_token_backward(d_dh, d_dfirst, B, T, C, dt, g_stream);
+    float *dpooled = dev_download(d_dpooled, (size_t)B * C, dt), *dpre = dev_download(d_dpre, (size_t)B * C, dt);
+    float *dfirst = dev_download(d_dfirst, (size_t)B * C, dt), *dh = dev_download(d_dh, (size_t)B * T * C, dt);
+    float *dwc = dev_download(d_dwc, (size_t)L * C, dt), *dwp = dev_download(d_dwp, (size_t)C * C, dt);
+    float *rdwc = calloc((size_t)L * C, sizeof(float)), *rdbc = calloc(L, sizeof(float));
+    float *rdwp = calloc((size_t)C * C, sizeof(float)), *rdbp = calloc(C, sizeof(float));
+    float *rd = calloc((size_t)B * C, sizeof(float));
+    zt_cpu_matmul_backward(rd, rdwc, rdbc, dlogits, pooled, wc, B, C, L);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dpooled", B, C, L);
+    check_close(name, dt, dpooled, rd, (size_t)B * C, tol_of(dt));
+    snprintf(name, sizeof(name), "head B%d C%d L%d dW labels", B, C, L);
+    check_close(name, dt, dwc, rdwc, (size_t)L * C, tol_of(dt));
+    memset(rd, 0, sizeof(float) * B * C);
+    zt_cpu_tanh_backward(rd, pooled, dpooled, (size_t)B * C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dtanh", B, C, L);
+    check_close(name, dt, dpre, rd, (size_t)B * C, tol_of(dt));
+    memset(rd, 0, sizeof(float) * B * C);
+    zt_cpu_matmul_backward(rd, rdwp, rdbp, dpre, first, wp, B, C, C);
+    snprintf(name, sizeof(name), "head B%d C%d L%d dfirst", B, C, L);
+    check_close(name, dt, dfirst, rd, (size_t)B * C, tol_of(dt));
+    snprintf(name, sizeof(name), "head B%d C%d L%d dW pooler", B, C, L);
+    check_close(name, dt, dwp, rdwp, (size_t)C * C, tol_of(dt));
+    for (int b = 0; b < B; b++) {
+        assert_memory_equal(dh + (size_t)b * T * C, dfirst + (size_t)b * C, sizeof(float) * C);
+        for (size_t i = C; i < (size_t)T * C; i++)
+            assert_true(dh[(size_t)b * T * C + i] == 0.0f);
+    }
+
+    free(lab), free(h), free(wp), free(bp), free(wc), free(bc), free(first), free(pre), free(pooled), free(logits);
+    free(r), free(loss), free(dlogits), free(rloss), free(rdlogits), free(dpooled), free(dpre), free(dfirst), free(dh);
+    free(dwc), free(dwp), free(rdwc), free(rdbc), free(rdwp), free(rdbp), free(rd);
+    void *dev[] = {d_lab, d_h, d_wp, d_bp, d_wc, d_bc, d_first, d_pre, d_pooled, d_logits, d_loss};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+    for (int i = 0; i < 8; i++)
+        dev_free(zero[i]);
+}
+
+static void test_classifier_head(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        if (k_dtypes[i] == ZT_DTYPE_BF16 && g_cc_major < 8)
+            continue; /* no bf16 GEMM */
+        run_classifier_head(k_dtypes[i], 7, 13, 768, 3); /* BERT-base width, three labels */
+        run_classifier_head(k_dtypes[i], 32, 5, 64, 2);
     }
 }
 
 /* ---- attention ---- */
 
-/* The tensor-core kernels round P and dS to the storage type before their second product, as
- * FlashAttention does: with bf16 that adds up to 2^-9 relative error per summed term, and the outputs
- * of random inputs are sums that largely cancel, so the bf16 tensor-core check allows twice the base. */
+/* The tensor-core kernels (tuned and generic) round P and dS to the storage type before their second
+ * product, as FlashAttention does: with bf16 that adds up to 2^-9 relative error per summed term, and the
+ * outputs of random inputs are sums that largely cancel, so the bf16 tensor-core check allows twice the
+ * base. */
 static int g_attention_tc;
 
 static double attention_tol(enum zt_dtype dt)
@@ -815,21 +1160,31 @@ static void test_attention(void **state)
     (void)state;
     assert_true(zt_cuda_attention_supported(768, 12));
     assert_true(zt_cuda_attention_supported(256, 2));
+    assert_true(zt_cuda_attention_supported(96, 3));  /* head size 32 */
+    assert_true(zt_cuda_attention_supported(400, 5)); /* head size 80 */
+    assert_true(zt_cuda_attention_supported(480, 5)); /* head size 96 */
     assert_false(zt_cuda_attention_supported(768, 10));
-    assert_false(zt_cuda_attention_supported(96, 3));
+    assert_false(zt_cuda_attention_supported(200, 5)); /* head size 40: refused, the caller reports it */
+    assert_false(zt_cuda_attention_supported(0, 5));
+    assert_false(zt_cuda_attention_supported(48, 3)); /* head size 16 */
+    if (g_cc_major >= 8)
+        assert_true(zt_cuda_attention_supported(256 * 4, 4)); /* head size 256 */
     /* Pass 0: the default path for every dtype, with the mma.sync kernels preferred (bf16 and fp16 on
      * sm_80+) at 32 rows per warp; pass 1: the mma.sync kernels at 16 rows per warp; pass 2: bf16 and fp16
-     * with the WMMA kernels; pass 3: the CUDA-core kernels. */
-    static const char *what[4] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
-                                  "WMMA (mma.sync off)", "CUDA cores only"};
+     * with the WMMA kernels; pass 3: the CUDA-core kernels; passes 4 and 5: the generic kernels, forced,
+     * on the tensor cores (bf16 and fp16 on sm_80+) and on the CUDA cores. */
+    static const char *what[6] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
+                                  "WMMA (mma.sync off)", "CUDA cores only", "generic kernels forced",
+                                  "generic kernels forced, CUDA cores only"};
     const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130}, lens_long[2] = {300, 257};
-    for (int pass = 0; pass < 4; pass++) {
-        zt_cuda_attention_use_tensor_cores(pass < 3);
-        zt_cuda_attention_use_mma(pass < 2);
+    for (int pass = 0; pass < 6; pass++) {
+        zt_cuda_attention_use_tensor_cores(pass < 3 || pass == 4);
+        zt_cuda_attention_use_mma(pass < 2 || pass == 4);
         zt_cuda_attention_mma_warp_rows(pass == 1 ? 16 : 32);
-        g_attention_tc = pass < 3;
+        zt_cuda_attention_use_generic(pass >= 4);
+        g_attention_tc = pass < 3 || pass == 4;
         printf("  -- attention: %s\n", what[pass]);
-        for (int i = pass == 0 ? 0 : 1; i < 3; i++) {
+        for (int i = pass == 0 || pass >= 4 ? 0 : 1; i < 3; i++) {
             run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
             run_attention(k_dtypes[i], 1, 130, 256, 2);  /* head size 128 */
             run_attention(k_dtypes[i], 2, 200, 512, 4);  /* head size 128, several tiles */
@@ -844,6 +1199,155 @@ static void test_attention(void **state)
     zt_cuda_attention_mma_warp_rows(0);
     zt_cuda_attention_use_tensor_cores(true);
     zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
+    zt_cuda_attention_use_generic(false);
+    /* The multi-head launchers at the head sizes only the generic kernels serve (GPT-2-like models), by
+     * default on the tensor cores for bf16 and fp16 (sm_80+). */
+    g_attention_tc = 1;
+    for (int i = 0; i < 3; i++) {
+        run_attention(k_dtypes[i], 2, 67, 400, 5);  /* 5 heads of 80 */
+        run_attention(k_dtypes[i], 1, 100, 96, 3);  /* 3 heads of 32 */
+        run_attention(k_dtypes[i], 2, 33, 480, 5);  /* 5 heads of 96 */
+        run_attention_masked(k_dtypes[i], 3, 150, 400, 5, lens);
+    }
+}
+
+/* ---- attention, general entry points: grouped-query heads, bidirectional, padding ---- */
+
+/* One general shape on the GPU against the CPU twin: forward (padded rows zeros and +inf), backward from
+ * the GPU's out and lse accumulating into random dqkv (q, k and v parts compared separately), the same bits
+ * on a second run, and the overwrite variant against zeroed + accumulated. lens: host lengths or NULL. */
+static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, bool causal,
+                              const int32_t *lens, double tol)
+{
+    const zt_attention_dims d = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal};
+    const int W = (NH + 2 * NKV) * HS, OW = NH * HS;
+    const size_t es = zt_dtype_size(dt), n3 = (size_t)B * T * W, n = (size_t)B * T * OW;
+    char name[128], shape[80];
+    snprintf(shape, sizeof(shape), "B%d T%d NH%d NKV%d HS%d %s%s", B, T, NH, NKV, HS,
+             causal ? "causal" : "bidirectional", lens ? " padded" : "");
+    assert_true(zt_cuda_attention_gqa_supported(&d));
+    float *qkv, *dout, *dqkv, *junk;
+    void *d_qkv = dev_rand(n3, 1.5f, dt, &qkv);
+    void *d_out = dev_rand(n, 1.0f, dt, &junk); /* garbage that padded rows must not keep */
+    free(junk);
+    float *d_lse = dev_alloc(sizeof(float) * B * NH * T);
+    int32_t *d_lens = NULL;
+    if (lens) {
+        d_lens = dev_alloc(sizeof(int32_t) * B);
+        ZT_CUDA_CHECK(cudaMemcpy(d_lens, lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
+    }
+    zt_cuda_attention_forward_gqa(d_out, d_lse, d_qkv, d_lens, &d, dt, g_stream);
+    float *out = dev_download(d_out, n, dt), *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
+    float *rout = malloc(sizeof(float) * n), *rlse = malloc(sizeof(float) * B * NH * T);
+    zt_cpu_attention_forward_gqa(rout, rlse, qkv, lens, &d);
+    snprintf(name, sizeof(name), "attention %s fwd out", shape);
+    check_close(name, dt, out, rout, n, tol);
+    int padded_ok = 1;
+    for (size_t i = 0; i < (size_t)B * NH * T; i++)
+        if (isinf(rlse[i])) {
+            padded_ok &= isinf(lse[i]) && lse[i] > 0;
+            lse[i] = rlse[i] = 0.0f; /* finite for the comparison */
+        }
+    snprintf(name, sizeof(name), "attention %s fwd lse", shape);
+    check_close(name, dt, lse, rlse, (size_t)B * NH * T, dt == ZT_DTYPE_F32 ? 1e-5 : 1e-4);
+    assert_true(padded_ok);
+    free(lse);
+    lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32); /* the GPU's, +inf included, for the CPU */
+
+    void *d_dout = dev_rand(n, 1.0f, dt, &dout);
+    void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
+    void *d_dqkv0 = dev_clone(d_dqkv, n3 * es);
+    void *scratch = dev_alloc(zt_cuda_attention_backward_gqa_scratch_size(&d));
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    float *g_dqkv = dev_download(d_dqkv, n3, dt);
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d);
+    const char *part[3] = {"dq", "dk", "dv"};
+    const int col[4] = {0, NH * HS, (NH + NKV) * HS, W};
+    float *gp = malloc(sizeof(float) * n), *rp = malloc(sizeof(float) * n);
+    for (int p = 0; p < 3; p++) {
+        const int w = col[p + 1] - col[p];
+        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+            memcpy(gp + bt * w, g_dqkv + bt * W + col[p], sizeof(float) * w);
+            memcpy(rp + bt * w, dqkv + bt * W + col[p], sizeof(float) * w);
+        }
+        snprintf(name, sizeof(name), "attention %s bwd %s", shape, part[p]);
+        check_close(name, dt, gp, rp, (size_t)B * T * w, tol);
+    }
+
+    /* The same call from the same state: the same bits. */
+    void *d_dqkv1 = dev_clone(d_dqkv, n3 * es);
+    dev_copy(d_dqkv, d_dqkv0, n3 * es);
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    assert_true(dev_equal(d_dqkv, d_dqkv1, n3 * es));
+
+    /* Overwrite: from NaN (all bits set), the values that accumulating into zeros gives. */
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0, n3 * es, g_stream));
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    float *want = dev_download(d_dqkv, n3, dt);
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
+    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, false, scratch, dt, g_stream);
+    float *o_dqkv = dev_download(d_dqkv, n3, dt);
+    size_t unequal = 0;
+    for (size_t i = 0; i < n3; i++)
+        unequal += !(o_dqkv[i] == want[i]);
+    if (unequal)
+        printf("  attention %s bwd overwrite %s: %zu of %zu elements differ from zeroed + added\n", shape,
+               zt_dtype_name(dt), unequal, n3);
+    assert_int_equal(unequal, 0);
+
+    free(qkv), free(dout), free(dqkv), free(out), free(lse), free(rout), free(rlse), free(g_dqkv), free(gp), free(rp);
+    free(want), free(o_dqkv);
+    void *dev[] = {d_qkv, d_out, d_lse, d_dout, d_dqkv, d_dqkv0, scratch, d_dqkv1};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        dev_free(dev[i]);
+    if (d_lens)
+        dev_free(d_lens);
+}
+
+/* Every general shape, with the tensor-core kernels allowed or not (g_attention_tc set to match). */
+static void run_attention_gqa_shapes(enum zt_dtype dt)
+{
+    const int32_t bert[4] = {129, 77, 0, 1}, two[2] = {100, 51}, odd[3] = {33, 500, -3};
+    const double tol = attention_tol(dt);
+    run_attention_gqa(dt, 2, 67, 6, 2, 128, true, NULL, tol);    /* grouped-query, ratio 3 */
+    run_attention_gqa(dt, 1, 130, 8, 2, 128, true, NULL, tol);   /* LLaMA-3's ratio 4, past two tiles */
+    run_attention_gqa(dt, 4, 129, 12, 12, 64, false, bert, tol); /* BERT-base: bidirectional, padded */
+    run_attention_gqa(dt, 2, 100, 5, 5, 80, true, two, tol);     /* 5 heads of 80, causal, padded */
+    run_attention_gqa(dt, 3, 33, 4, 1, 96, false, odd, tol);     /* one key/value head; lengths past T, < 0 */
+    run_attention_gqa(dt, 2, 200, 3, 3, 32, false, NULL, tol);   /* head size 32, bidirectional */
+    run_attention_gqa(dt, 2, 1, 6, 3, 64, true, NULL, tol);      /* a single position */
+    run_attention_gqa(dt, 1, 70, 6, 2, 80, false, NULL, tol);    /* bidirectional grouped-query */
+    if (zt_cuda_attention_supported(1024, 4)) {
+        run_attention_gqa(dt, 2, 50, 2, 1, 256, true, NULL, tol);
+        run_attention_gqa(dt, 2, 40, 4, 4, 256, false, two, tol);
+    } else {
+        printf("  attention head size 256 skipped: this GPU has too little shared memory per block\n");
+    }
+    /* The tuned kernels' shape through the general entry points (both kernel families). */
+    for (int generic = 0; generic < 2; generic++) {
+        zt_cuda_attention_use_generic(generic);
+        run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, tol);
+        run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, tol);
+    }
+    zt_cuda_attention_use_generic(false);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const zt_attention_dims bad_ratio = {.B = 1, .T = 8, .NH = 6, .NKV = 4, .HS = 64, .causal = true};
+    const zt_attention_dims bad_hs = {.B = 1, .T = 8, .NH = 5, .NKV = 5, .HS = 40, .causal = true};
+    assert_false(zt_cuda_attention_gqa_supported(&bad_ratio));
+    assert_false(zt_cuda_attention_gqa_supported(&bad_hs));
+    /* Pass 0: the default kernels (tensor cores for bf16 and fp16 on sm_80+); pass 1: CUDA cores only. */
+    for (int pass = 0; pass < 2; pass++) {
+        zt_cuda_attention_use_tensor_cores(pass == 0);
+        g_attention_tc = pass == 0;
+        printf("  -- general attention: %s\n", pass == 0 ? "default kernels" : "CUDA cores only");
+        for (int i = 0; i < 3; i++)
+            run_attention_gqa_shapes(k_dtypes[i]);
+    }
+    zt_cuda_attention_use_tensor_cores(true);
 }
 
 /* ---- AdamW ---- */
@@ -1195,7 +1699,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cast),        cmocka_unit_test(test_check_finite), cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),   cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),   cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_classifier_head),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_norm),        cmocka_unit_test(test_accumulate),
     };
     /* ZT_TEST_FILTER=test_attention (a glob) runs a subset, e.g. under compute-sanitizer. */

@@ -26,6 +26,8 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu");
 
@@ -118,8 +120,29 @@ static void test_embedding(void **state)
     ref_embedding_backward(rdwte, rdwpe, dout_d, tokens, B, T, C, V);
     expect_close_f("embedding dwte", dwte, rdwte, V * C, F32_TOL);
     expect_close_f("embedding dwpe", dwpe, rdwpe, T * C, F32_TOL);
-    free(wte); free(wpe); free(dout); free(out); free(dwte); free(dwpe);
-    free(wte_d); free(wpe_d); free(dout_d); free(want); free(rdwte); free(rdwpe);
+
+    /* With token types (BERT): three of them, the last never used. */
+    enum { NTT = 3 };
+    int32_t types[B * T];
+    for (int i = 0; i < B * T; i++)
+        types[i] = (int32_t)((i / 7) % 2);
+    double *wtt_d;
+    float *wtt = rnd_floats(NTT * C, 1, &wtt_d), *dwtt = zero_floats(NTT * C);
+    double *rdwtt = zero_doubles(NTT * C);
+    memset(dwte, 0, sizeof(float) * V * C);
+    memset(dwpe, 0, sizeof(float) * T * C);
+    zt_cpu_embedding_forward_typed(out, tokens, types, wte, wpe, wtt, B, T, C);
+    ref_embedding_typed_forward(want, tokens, types, wte_d, wpe_d, wtt_d, B, T, C);
+    expect_close_f("embedding forward with types", out, want, B * T * C, F32_TOL);
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, dout, tokens, types, B, T, C);
+    ref_embedding_types_backward(rdwtt, dout_d, types, B, T, C, NTT);
+    expect_close_f("embedding dwte with types", dwte, rdwte, V * C, F32_TOL);
+    expect_close_f("embedding dwpe with types", dwpe, rdwpe, T * C, F32_TOL);
+    expect_close_f("embedding dwtt", dwtt, rdwtt, NTT * C, F32_TOL);
+    for (int c = 0; c < C; c++)
+        assert_true(dwtt[2 * C + c] == 0.0f);
+    free(wte); free(wpe); free(dout); free(out); free(dwte); free(dwpe); free(wtt); free(dwtt);
+    free(wte_d); free(wpe_d); free(dout_d); free(want); free(rdwte); free(rdwpe); free(wtt_d); free(rdwtt);
 }
 
 static void test_layernorm(void **state)
@@ -146,6 +169,26 @@ static void test_layernorm(void **state)
     free(inp); free(w); free(b); free(dout); free(out); free(mean); free(rstd); free(dinp); free(dw); free(db);
     free(inp_d); free(w_d); free(b_d); free(dout_d); free(want); free(rmean); free(rrstd);
     free(rdinp); free(rdw); free(rdb);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    enum { N = 37, C = 75 }; /* C odd: no row is a multiple of a vector width */
+    double *inp_d, *w_d, *dout_d;
+    float *inp = rnd_floats(N * C, 3, &inp_d), *w = rnd_floats(C, 1, &w_d), *dout = rnd_floats(N * C, 1, &dout_d);
+    float *out = zero_floats(N * C), *rstd = zero_floats(N), *dinp = zero_floats(N * C), *dw = zero_floats(C);
+    double *want = zero_doubles(N * C), *rrstd = zero_doubles(N), *rdinp = zero_doubles(N * C), *rdw = zero_doubles(C);
+    zt_cpu_rmsnorm_forward(out, rstd, inp, w, N, C, 1e-6f);
+    ref_rmsnorm_forward(want, rrstd, inp_d, w_d, N, C, (double)1e-6f);
+    expect_close_f("rmsnorm forward", out, want, N * C, F32_TOL);
+    expect_close_f("rmsnorm rstd", rstd, rrstd, N, F32_TOL);
+    zt_cpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    ref_rmsnorm_backward(rdinp, rdw, dout_d, inp_d, w_d, rrstd, N, C);
+    expect_close_f("rmsnorm dinp", dinp, rdinp, N * C, F32_TOL);
+    expect_close_f("rmsnorm dweight", dw, rdw, C, F32_TOL);
+    free(inp); free(w); free(dout); free(out); free(rstd); free(dinp); free(dw);
+    free(inp_d); free(w_d); free(dout_d); free(want); free(rrstd); free(rdinp); free(rdw);
 }
 
 /* One matmul shape: forward with and without bias, and the three gradients. */
@@ -213,6 +256,45 @@ static void test_attention(void **state)
     check_attention(1, 150, 64, 2);
 }
 
+/* One general attention shape (grouped-query, causal or not, lengths or NULL) against the reference. */
+static void check_attention_gqa(int B, int T, int NH, int NKV, int HS, int causal, const int32_t *lens)
+{
+    const int W = (NH + 2 * NKV) * HS, OW = NH * HS;
+    zt_attention_dims d = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal};
+    char what[96];
+    double *qkv_d, *dout_d;
+    float *qkv = rnd_floats(B * T * W, 1.5, &qkv_d), *dout = rnd_floats(B * T * OW, 1, &dout_d);
+    float *out = rnd_floats(B * T * OW, 1, NULL), *lse = zero_floats(B * NH * T), *dqkv = zero_floats(B * T * W);
+    double *want = zero_doubles(B * T * OW), *rdqkv = zero_doubles(B * T * W);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, lens, &d);
+    ref_attention_gqa_forward(want, qkv_d, lens, B, T, NH, NKV, HS, causal);
+    snprintf(what, sizeof(what), "attention B%d T%d NH%d NKV%d HS%d %s forward", B, T, NH, NKV, HS,
+             causal ? "causal" : "bidirectional");
+    expect_close_f(what, out, want, B * T * OW, F32_TOL);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                float l = lse[(b * NH + h) * T + t];
+                assert_true(t < ref_attention_len(lens, b, T) ? isfinite(l) : isinf(l) && l > 0);
+            }
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d);
+    ref_attention_gqa_backward(rdqkv, dout_d, qkv_d, lens, B, T, NH, NKV, HS, causal);
+    snprintf(what, sizeof(what), "attention B%d T%d NH%d NKV%d HS%d %s dqkv", B, T, NH, NKV, HS,
+             causal ? "causal" : "bidirectional");
+    expect_close_f(what, dqkv, rdqkv, B * T * W, F32_TOL);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv); free(qkv_d); free(dout_d); free(want); free(rdqkv);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const int32_t lens3[3] = {70, 37, 0}, lens2[2] = {150, 65};
+    check_attention_gqa(2, 33, 6, 2, 16, 1, NULL);  /* grouped-query, ratio 3 */
+    check_attention_gqa(3, 70, 4, 4, 20, 0, lens3); /* bidirectional with padding: full, partial, empty */
+    check_attention_gqa(2, 150, 3, 1, 8, 1, lens2); /* one key/value head; causal with padding; > 2 key blocks */
+    check_attention_gqa(2, 130, 2, 1, 40, 0, lens2); /* bidirectional across key blocks, a length past T */
+}
+
 static void test_gelu_residual(void **state)
 {
     (void)state;
@@ -238,6 +320,59 @@ static void test_gelu_residual(void **state)
     for (int i = 0; i < n; i++)
         assert_true(out[i] == y[i] + x[i]);
     free(x); free(y); free(dout); free(out); free(dinp); free(x_d); free(y_d); free(dout_d); free(want); free(want_d);
+}
+
+static void test_swiglu_tanh(void **state)
+{
+    (void)state;
+    enum { N = 37, F = 301 }; /* N * F above the size where the element-wise kernels go parallel */
+    double *x_d, *dout_d, *t_d;
+    float *x = rnd_floats(N * 2 * F, 6, &x_d), *dout = rnd_floats(N * F, 1, &dout_d);
+    float *out = zero_floats(N * F), *dinp = zero_floats(N * 2 * F);
+    double *want = zero_doubles(N * F), *want_d = zero_doubles(N * 2 * F);
+    zt_cpu_swiglu_forward(out, x, N, F);
+    ref_swiglu_forward(want, x_d, N, F);
+    expect_close_f("swiglu forward", out, want, N * F, F32_TOL);
+    zt_cpu_swiglu_backward(dinp, x, dout, N, F);
+    ref_swiglu_backward(want_d, x_d, dout_d, N, F);
+    expect_close_f("swiglu backward", dinp, want_d, N * 2 * F, F32_TOL);
+
+    float *t = rnd_floats(N * F, 3, &t_d), *tout = zero_floats(N * F), *tdinp = zero_floats(N * F);
+    zt_cpu_tanh_forward(tout, t, N * F);
+    zt_cpu_tanh_backward(tdinp, tout, dout, N * F);
+    for (int i = 0; i < N * F; i++) {
+        want[i] = tanh(t_d[i]);
+        want_d[i] = dout_d[i] * (1.0 - want[i] * want[i]);
+    }
+    expect_close_f("tanh forward", tout, want, N * F, F32_TOL);
+    expect_close_f("tanh backward", tdinp, want_d, N * F, F32_TOL);
+    free(x); free(dout); free(out); free(dinp); free(x_d); free(dout_d); free(want); free(want_d);
+    free(t); free(t_d); free(tout); free(tdinp);
+}
+
+/* RoPE against the reference with the same fp32 angles, at positions up to 3000 (pos0 > 0). */
+static void test_rope(void **state)
+{
+    (void)state;
+    enum { B = 2, T = 37, NH = 6, NKV = 2, HS = 80, W = (NH + 2 * NKV) * HS };
+    float inv_freq[HS / 2];
+    zt_rope_config cfg = {.theta = 500000.0, .scaling = ZT_ROPE_SCALING_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                          .high_freq_factor = 4.0, .original_max_position_embeddings = 64};
+    assert_int_equal(zt_rope_inv_freq(inv_freq, HS, &cfg, NULL), 0);
+    double *qkv_d;
+    float *qkv = rnd_floats(B * T * W, 2, &qkv_d), *orig = malloc(sizeof(float) * B * T * W);
+    memcpy(orig, qkv, sizeof(float) * B * T * W);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 2963);
+    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, 2963, 1.0, 1);
+    expect_close_f("rope forward", qkv, qkv_d, B * T * W, F32_TOL);
+    for (int r = 0; r < B * T; r++) /* value heads untouched, bit for bit */
+        assert_memory_equal(qkv + r * W + (NH + NKV) * HS, orig + r * W + (NH + NKV) * HS, sizeof(float) * NKV * HS);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, 2963);
+    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, 2963, -1.0, 1);
+    expect_close_f("rope backward", qkv, qkv_d, B * T * W, F32_TOL);
+    for (int i = 0; i < B * T * W; i++) /* the backward undoes the forward (an orthogonal map) */
+        assert_true(fabsf(qkv[i] - orig[i]) <= 1e-5f * (1.0f + fabsf(orig[i])));
+    free(qkv); free(qkv_d); free(orig);
 }
 
 static void test_crossentropy(void **state)
@@ -331,6 +466,8 @@ static void test_sum_squares(void **state)
 struct det_outputs {
     float *mm_out, *mm_dinp, *mm_dw, *mm_db;
     float *att_out, *att_lse, *att_dqkv;
+    float *gqa_out, *gqa_lse, *gqa_dqkv;
+    float *rms_out, *rms_dinp, *rms_dw;
     float *ln_out, *ln_dinp, *ln_dw, *ln_db;
     float *emb_dwte, *emb_dwpe;
     float *ce_losses, *ce_d;
@@ -362,6 +499,15 @@ static void run_all(struct det_outputs *o, int threads)
     o->att_dqkv = zero_floats(DB * DT * 3 * DC);
     zt_cpu_attention_forward(o->att_out, o->att_lse, qkv, DB, DT, DC, DNH);
     zt_cpu_attention_backward(o->att_dqkv, adout, qkv, o->att_out, o->att_lse, DB, DT, DC, DNH);
+    /* Grouped-query (4 query heads, 2 key/value heads of 16: the same inputs read as rows of 128),
+     * bidirectional with padding. */
+    zt_attention_dims gd = {.B = DB, .T = DT, .NH = DNH, .NKV = 2, .HS = DC / DNH, .causal = false};
+    const int32_t glens[DB] = {DT, DT / 3};
+    o->gqa_out = zero_floats(DB * DT * DC);
+    o->gqa_lse = zero_floats(DB * DNH * DT);
+    o->gqa_dqkv = zero_floats(DB * DT * 2 * DC);
+    zt_cpu_attention_forward_gqa(o->gqa_out, o->gqa_lse, qkv, glens, &gd);
+    zt_cpu_attention_backward_gqa(o->gqa_dqkv, adout, qkv, o->gqa_out, o->gqa_lse, glens, &gd);
     free(qkv); free(adout);
 
     int ln_n = DB * DT;
@@ -373,6 +519,11 @@ static void run_all(struct det_outputs *o, int threads)
     o->ln_db = zero_floats(DC);
     zt_cpu_layernorm_forward(o->ln_out, mean, rstd, x, lw, lb, ln_n, DC, 1e-5f);
     zt_cpu_layernorm_backward(o->ln_dinp, o->ln_dw, o->ln_db, ldout, x, lw, mean, rstd, ln_n, DC);
+    o->rms_out = zero_floats(ln_n * DC);
+    o->rms_dinp = zero_floats(ln_n * DC);
+    o->rms_dw = zero_floats(DC);
+    zt_cpu_rmsnorm_forward(o->rms_out, rstd, x, lw, ln_n, DC, 1e-6f);
+    zt_cpu_rmsnorm_backward(o->rms_dinp, o->rms_dw, ldout, x, lw, rstd, ln_n, DC);
     free(x); free(lw); free(lb); free(ldout); free(mean); free(rstd);
 
     int32_t tokens[DB * DT];
@@ -396,6 +547,8 @@ static void free_all(struct det_outputs *o)
 {
     free(o->mm_out); free(o->mm_dinp); free(o->mm_dw); free(o->mm_db);
     free(o->att_out); free(o->att_lse); free(o->att_dqkv);
+    free(o->gqa_out); free(o->gqa_lse); free(o->gqa_dqkv);
+    free(o->rms_out); free(o->rms_dinp); free(o->rms_dw);
     free(o->ln_out); free(o->ln_dinp); free(o->ln_dw); free(o->ln_db);
     free(o->emb_dwte); free(o->emb_dwpe); free(o->ce_losses); free(o->ce_d);
 }
@@ -414,6 +567,12 @@ static void test_thread_count_determinism(void **state)
     assert_memory_equal(one.att_out, three.att_out, sizeof(float) * DB * DT * DC);
     assert_memory_equal(one.att_lse, three.att_lse, sizeof(float) * DB * DNH * DT);
     assert_memory_equal(one.att_dqkv, three.att_dqkv, sizeof(float) * DB * DT * 3 * DC);
+    assert_memory_equal(one.gqa_out, three.gqa_out, sizeof(float) * DB * DT * DC);
+    assert_memory_equal(one.gqa_lse, three.gqa_lse, sizeof(float) * DB * DNH * DT);
+    assert_memory_equal(one.gqa_dqkv, three.gqa_dqkv, sizeof(float) * DB * DT * 2 * DC);
+    assert_memory_equal(one.rms_out, three.rms_out, sizeof(float) * DB * DT * DC);
+    assert_memory_equal(one.rms_dinp, three.rms_dinp, sizeof(float) * DB * DT * DC);
+    assert_memory_equal(one.rms_dw, three.rms_dw, sizeof(float) * DC);
     assert_memory_equal(one.ln_out, three.ln_out, sizeof(float) * DB * DT * DC);
     assert_memory_equal(one.ln_dinp, three.ln_dinp, sizeof(float) * DB * DT * DC);
     assert_memory_equal(one.ln_dw, three.ln_dw, sizeof(float) * DC);
@@ -441,8 +600,12 @@ int main(void)
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),           cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_gelu_residual),    cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_gelu_residual),
+        cmocka_unit_test(test_swiglu_tanh),
+        cmocka_unit_test(test_rope),    cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_adamw_first_step), cmocka_unit_test(test_adamw_steps),
         cmocka_unit_test(test_sum_squares),      cmocka_unit_test(test_thread_count_determinism),
         cmocka_unit_test(test_threads_setting),

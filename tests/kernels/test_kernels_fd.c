@@ -25,7 +25,10 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/pooler.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 _Static_assert(sizeof(zt_real) == sizeof(double), "this test must link zt_kernels_cpu_f64");
 
@@ -169,6 +172,51 @@ static void test_embedding(void **state)
     free(dwte); free(dwpe); free(pre_te); free(pre_pe); free(acc_te); free(acc_pe);
 }
 
+/* With token types: type 0 and 1 used, type 2 never (its gradient row must stay 0). */
+enum { NTT = 3 };
+
+struct embedding_typed_ctx {
+    int32_t tokens[B * T], types[B * T];
+    double *wte, *wpe, *wtt, *out, *w;
+};
+
+static double embedding_typed_objective(void *p)
+{
+    struct embedding_typed_ctx *c = p;
+    zt_cpu_embedding_forward_typed(c->out, c->tokens, c->types, c->wte, c->wpe, c->wtt, B, T, C);
+    return dot(c->out, c->w, B * T * C);
+}
+
+static void test_embedding_typed(void **state)
+{
+    (void)state;
+    struct embedding_typed_ctx c = {.tokens = {3, 1, 3, 0, 5, 2, 3, 4, 1, 3}, .types = {0, 0, 0, 1, 1, 0, 1, 1, 1, 0}};
+    c.wte = rnd_array(V * C);
+    c.wpe = rnd_array(T * C);
+    c.wtt = rnd_array(NTT * C);
+    c.out = zero_array(B * T * C);
+    c.w = rnd_array(B * T * C);
+    double *want = zero_array(B * T * C);
+    embedding_typed_objective(&c);
+    ref_embedding_typed_forward(want, c.tokens, c.types, c.wte, c.wpe, c.wtt, B, T, C);
+    expect_close("embedding forward with types", c.out, want, B * T * C, 1e-15);
+
+    double *dwte = zero_array(V * C), *dwpe = zero_array(T * C), *dwtt = zero_array(NTT * C);
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, c.w, c.tokens, c.types, B, T, C);
+    expect_fd("embedding dwte (typed)", c.wte, V * C, dwte, embedding_typed_objective, &c);
+    expect_fd("embedding dwpe (typed)", c.wpe, T * C, dwpe, embedding_typed_objective, &c);
+    expect_fd("embedding dwtt", c.wtt, NTT * C, dwtt, embedding_typed_objective, &c);
+
+    double *pre = rnd_array(NTT * C), *acc = malloc(sizeof(double) * NTT * C);
+    double *scratch_te = zero_array(V * C), *scratch_pe = zero_array(T * C);
+    memcpy(acc, pre, sizeof(double) * NTT * C);
+    zt_cpu_embedding_backward_typed(scratch_te, scratch_pe, acc, c.w, c.tokens, c.types, B, T, C);
+    expect_accumulated("embedding dwtt +=", acc, pre, dwtt, NTT * C);
+
+    free(c.wte); free(c.wpe); free(c.wtt); free(c.out); free(c.w); free(want);
+    free(dwte); free(dwpe); free(dwtt); free(pre); free(acc); free(scratch_te); free(scratch_pe);
+}
+
 /* ---- layernorm ---- */
 
 #define LN_N (B * T)
@@ -227,6 +275,55 @@ static void test_layernorm(void **state)
     free(c.inp); free(c.weight); free(c.bias); free(c.out); free(c.mean); free(c.rstd); free(c.w);
     free(want); free(want_mean); free(want_rstd); free(dinp); free(dw); free(db);
     free(pre_x); free(pre_w); free(pre_b); free(acc_x); free(acc_w); free(acc_b);
+}
+
+/* ---- rmsnorm ---- */
+
+struct rmsnorm_ctx {
+    double *inp, *weight, *out, *rstd, *w;
+};
+
+static double rmsnorm_objective(void *p)
+{
+    struct rmsnorm_ctx *c = p;
+    zt_cpu_rmsnorm_forward(c->out, c->rstd, c->inp, c->weight, LN_N, C, 1e-6f);
+    return dot(c->out, c->w, LN_N * C);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    struct rmsnorm_ctx c;
+    c.inp = rnd_array(LN_N * C);
+    for (int i = 0; i < LN_N * C; i++)
+        c.inp[i] = 2.0 * c.inp[i] + 0.5; /* a non-zero mean, which RMS normalisation keeps */
+    c.weight = rnd_array(C);
+    c.out = zero_array(LN_N * C);
+    c.rstd = zero_array(LN_N);
+    c.w = rnd_array(LN_N * C);
+
+    double *want = zero_array(LN_N * C), *want_rstd = zero_array(LN_N);
+    rmsnorm_objective(&c);
+    ref_rmsnorm_forward(want, want_rstd, c.inp, c.weight, LN_N, C, (double)1e-6f);
+    expect_close("rmsnorm forward", c.out, want, LN_N * C, 1e-12);
+    expect_close("rmsnorm rstd", c.rstd, want_rstd, LN_N, 1e-12);
+
+    double *dinp = zero_array(LN_N * C), *dw = zero_array(C);
+    zt_cpu_rmsnorm_backward(dinp, dw, c.w, c.inp, c.weight, c.rstd, LN_N, C);
+    expect_fd("rmsnorm dinp", c.inp, LN_N * C, dinp, rmsnorm_objective, &c);
+    expect_fd("rmsnorm dweight", c.weight, C, dw, rmsnorm_objective, &c);
+
+    double *pre_x = rnd_array(LN_N * C), *pre_w = rnd_array(C);
+    double *acc_x = malloc(sizeof(double) * LN_N * C), *acc_w = malloc(sizeof(double) * C);
+    memcpy(acc_x, pre_x, sizeof(double) * LN_N * C);
+    memcpy(acc_w, pre_w, sizeof(double) * C);
+    rmsnorm_objective(&c); /* restore rstd of the unperturbed input */
+    zt_cpu_rmsnorm_backward(acc_x, acc_w, c.w, c.inp, c.weight, c.rstd, LN_N, C);
+    expect_accumulated("rmsnorm dinp +=", acc_x, pre_x, dinp, LN_N * C);
+    expect_accumulated("rmsnorm dweight +=", acc_w, pre_w, dw, C);
+
+    free(c.inp); free(c.weight); free(c.out); free(c.rstd); free(c.w); free(want); free(want_rstd);
+    free(dinp); free(dw); free(pre_x); free(pre_w); free(acc_x); free(acc_w);
 }
 
 /* ---- matmul ---- */
@@ -404,6 +501,154 @@ static void test_attention_causal(void **state)
     free(qkv); free(out); free(out2); free(lse); free(lse2);
 }
 
+/* ---- general attention: grouped-query heads, bidirectional, padding ---- */
+
+enum { GNH = 4, GNKV = 2, GHS = 3, GW = (GNH + 2 * GNKV) * GHS, GOW = GNH * GHS };
+
+struct attention_gqa_ctx {
+    zt_attention_dims d;
+    const int32_t *lens;
+    double *qkv, *out, *lse, *w;
+};
+
+static double attention_gqa_objective(void *p)
+{
+    struct attention_gqa_ctx *c = p;
+    zt_cpu_attention_forward_gqa(c->out, c->lse, c->qkv, c->lens, &c->d);
+    return dot(c->out, c->w, B * T * GOW);
+}
+
+/* Forward against the reference, every derivative against finite differences, the backward against the
+ * reference, accumulation, and exact zeros for everything at or past a sequence's length. */
+static void check_attention_gqa_fd(int causal, const int32_t *lens)
+{
+    struct attention_gqa_ctx c = {.d = {.B = B, .T = T, .NH = GNH, .NKV = GNKV, .HS = GHS, .causal = causal},
+                                  .lens = lens};
+    char what[80];
+    const char *kind = causal ? (lens ? "causal, padded" : "causal") : (lens ? "bidirectional, padded" : "bidirectional");
+    c.qkv = rnd_array(B * T * GW);
+    for (int i = 0; i < B * T * GW; i++)
+        c.qkv[i] *= 2.0;
+    c.out = zero_array(B * T * GOW);
+    c.lse = zero_array(B * GNH * T);
+    c.w = rnd_array(B * T * GOW);
+    double *want = zero_array(B * T * GOW);
+    attention_gqa_objective(&c);
+    ref_attention_gqa_forward(want, c.qkv, lens, B, T, GNH, GNKV, GHS, causal);
+    snprintf(what, sizeof(what), "attention GQA %s forward", kind);
+    expect_close(what, c.out, want, B * T * GOW, 1e-12);
+
+    double *dqkv = zero_array(B * T * GW), *ref = zero_array(B * T * GW);
+    zt_cpu_attention_backward_gqa(dqkv, c.w, c.qkv, c.out, c.lse, lens, &c.d);
+    snprintf(what, sizeof(what), "attention GQA %s dqkv", kind);
+    expect_fd(what, c.qkv, B * T * GW, dqkv, attention_gqa_objective, &c);
+    ref_attention_gqa_backward(ref, c.w, c.qkv, lens, B, T, GNH, GNKV, GHS, causal);
+    expect_close(what, dqkv, ref, B * T * GW, 1e-12);
+    for (int b = 0; b < B; b++)
+        for (int t = ref_attention_len(lens, b, T); t < T; t++)
+            for (int i = 0; i < GW; i++)
+                assert_true(dqkv[(b * T + t) * GW + i] == 0.0);
+
+    double *pre = rnd_array(B * T * GW), *acc = malloc(sizeof(double) * B * T * GW);
+    memcpy(acc, pre, sizeof(double) * B * T * GW);
+    attention_gqa_objective(&c);
+    zt_cpu_attention_backward_gqa(acc, c.w, c.qkv, c.out, c.lse, lens, &c.d);
+    snprintf(what, sizeof(what), "attention GQA %s dqkv +=", kind);
+    expect_accumulated(what, acc, pre, dqkv, B * T * GW);
+    free(c.qkv); free(c.out); free(c.lse); free(c.w); free(want); free(dqkv); free(ref); free(pre); free(acc);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    const int32_t lens[B] = {T, 3};
+    check_attention_gqa_fd(1, NULL);
+    check_attention_gqa_fd(0, NULL);
+    check_attention_gqa_fd(0, lens);
+    check_attention_gqa_fd(1, lens);
+}
+
+/* Grouped-query attention gives what multi-head attention gives with every key/value head repeated for
+ * its query heads (Hugging Face's repeat_kv): the same forward bits, and key/value gradients that are the
+ * sums over the repeated heads. The multi-head entry points give the bits of the general ones. */
+static void test_attention_gqa_equivalences(void **state)
+{
+    (void)state;
+    enum { G = GNH / GNKV, MW = 3 * GOW };
+    zt_attention_dims gd = {.B = B, .T = T, .NH = GNH, .NKV = GNKV, .HS = GHS, .causal = true};
+    zt_attention_dims md = gd;
+    md.NKV = GNH;
+    double *qkv = rnd_array(B * T * GW), *mqkv = zero_array(B * T * MW), *dout = rnd_array(B * T * GOW);
+    for (int bt = 0; bt < B * T; bt++) {
+        memcpy(mqkv + bt * MW, qkv + bt * GW, sizeof(double) * GOW);
+        for (int h = 0; h < GNH; h++) {
+            int g = h / G;
+            memcpy(mqkv + bt * MW + GOW + h * GHS, qkv + bt * GW + GOW + g * GHS, sizeof(double) * GHS);
+            memcpy(mqkv + bt * MW + 2 * GOW + h * GHS, qkv + bt * GW + GOW + GNKV * GHS + g * GHS,
+                   sizeof(double) * GHS);
+        }
+    }
+    double *out = zero_array(B * T * GOW), *mout = zero_array(B * T * GOW);
+    double *lse = zero_array(B * GNH * T), *mlse = zero_array(B * GNH * T);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, NULL, &gd);
+    zt_cpu_attention_forward_gqa(mout, mlse, mqkv, NULL, &md);
+    assert_memory_equal(out, mout, sizeof(double) * B * T * GOW);
+    assert_memory_equal(lse, mlse, sizeof(double) * B * GNH * T);
+
+    double *dqkv = zero_array(B * T * GW), *mdqkv = zero_array(B * T * MW), *folded = zero_array(B * T * GW);
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, &gd);
+    zt_cpu_attention_backward_gqa(mdqkv, dout, mqkv, mout, mlse, NULL, &md);
+    for (int bt = 0; bt < B * T; bt++) {
+        memcpy(folded + bt * GW, mdqkv + bt * MW, sizeof(double) * GOW);
+        for (int h = 0; h < GNH; h++)
+            for (int i = 0; i < GHS; i++) {
+                int g = h / G;
+                folded[bt * GW + GOW + g * GHS + i] += mdqkv[bt * MW + GOW + h * GHS + i];
+                folded[bt * GW + GOW + GNKV * GHS + g * GHS + i] += mdqkv[bt * MW + 2 * GOW + h * GHS + i];
+            }
+    }
+    expect_close("GQA dqkv vs repeated heads", dqkv, folded, B * T * GW, 1e-13);
+
+    /* The multi-head entry points: the general ones with NKV = NH, causal, no mask, bit for bit. */
+    double *out2 = zero_array(B * T * GOW), *lse2 = zero_array(B * GNH * T), *dqkv2 = zero_array(B * T * MW);
+    zt_cpu_attention_forward(out2, lse2, mqkv, B, T, GOW, GNH);
+    assert_memory_equal(out2, mout, sizeof(double) * B * T * GOW);
+    assert_memory_equal(lse2, mlse, sizeof(double) * B * GNH * T);
+    zt_cpu_attention_backward(dqkv2, dout, mqkv, out2, lse2, B, T, GOW, GNH);
+    assert_memory_equal(dqkv2, mdqkv, sizeof(double) * B * T * MW);
+    free(qkv); free(mqkv); free(dout); free(out); free(mout); free(lse); free(mlse); free(dqkv); free(mdqkv);
+    free(folded); free(out2); free(lse2); free(dqkv2);
+}
+
+/* Bidirectional with padding: changing a padded position's q, k and v leaves every output bit as it was
+ * (padded keys are masked, padded rows are zeros); changing a valid key changes every valid row of its
+ * sequence, earlier ones included. */
+static void test_attention_padding(void **state)
+{
+    (void)state;
+    const int32_t lens[B] = {T, 3};
+    zt_attention_dims d = {.B = B, .T = T, .NH = GNH, .NKV = GNKV, .HS = GHS, .causal = false};
+    double *qkv = rnd_array(B * T * GW), *out = zero_array(B * T * GOW), *out2 = zero_array(B * T * GOW);
+    double *lse = zero_array(B * GNH * T), *lse2 = zero_array(B * GNH * T);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, lens, &d);
+    for (int i = 0; i < GW; i++)
+        qkv[(1 * T + 4) * GW + i] += 0.75; /* sequence 1, position 4: padding */
+    zt_cpu_attention_forward_gqa(out2, lse2, qkv, lens, &d);
+    assert_memory_equal(out, out2, sizeof(double) * B * T * GOW);
+    assert_memory_equal(lse, lse2, sizeof(double) * B * GNH * T);
+    for (int t = 3; t < T; t++)
+        for (int i = 0; i < GOW; i++)
+            assert_true(out[(1 * T + t) * GOW + i] == 0.0);
+    for (int i = GOW; i < GW; i++)
+        qkv[(1 * T + 2) * GW + i] += 0.5; /* sequence 1, position 2: the last valid key and value */
+    zt_cpu_attention_forward_gqa(out2, lse2, qkv, lens, &d);
+    for (int t = 0; t < 3; t++)
+        for (int h = 0; h < GNH; h++)
+            if (memcmp(out + (1 * T + t) * GOW + h * GHS, out2 + (1 * T + t) * GOW + h * GHS, sizeof(double) * GHS) == 0)
+                fail_msg("bidirectional attention: row %d head %d did not see the change of key 2", t, h);
+    free(qkv); free(out); free(out2); free(lse); free(lse2);
+}
+
 /* ---- GELU ---- */
 
 #define GELU_N 37
@@ -443,6 +688,185 @@ static void test_gelu(void **state)
     zt_cpu_gelu_backward(acc, c.inp, c.w, GELU_N);
     expect_accumulated("gelu dinp +=", acc, pre, dinp, GELU_N);
     free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
+}
+
+/* ---- SwiGLU and tanh ---- */
+
+#define SWIGLU_N 3
+#define SWIGLU_F 7
+
+struct swiglu_ctx {
+    double *inp, *out, *w;
+};
+
+static double swiglu_objective(void *p)
+{
+    struct swiglu_ctx *c = p;
+    zt_cpu_swiglu_forward(c->out, c->inp, SWIGLU_N, SWIGLU_F);
+    return dot(c->out, c->w, SWIGLU_N * SWIGLU_F);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    enum { n_in = SWIGLU_N * 2 * SWIGLU_F, n_out = SWIGLU_N * SWIGLU_F };
+    struct swiglu_ctx c = {.inp = rnd_array(n_in), .out = zero_array(n_out), .w = rnd_array(n_out)};
+    for (int i = 0; i < n_in; i++)
+        c.inp[i] *= 5.0; /* across the sigmoid's curve */
+    double *want = zero_array(n_out);
+    swiglu_objective(&c);
+    ref_swiglu_forward(want, c.inp, SWIGLU_N, SWIGLU_F);
+    expect_close("swiglu forward", c.out, want, n_out, 1e-14);
+
+    double *dinp = zero_array(n_in);
+    zt_cpu_swiglu_backward(dinp, c.inp, c.w, SWIGLU_N, SWIGLU_F);
+    expect_fd("swiglu dinp", c.inp, n_in, dinp, swiglu_objective, &c);
+
+    double *pre = rnd_array(n_in), *acc = malloc(sizeof(double) * n_in);
+    memcpy(acc, pre, sizeof(double) * n_in);
+    zt_cpu_swiglu_backward(acc, c.inp, c.w, SWIGLU_N, SWIGLU_F);
+    expect_accumulated("swiglu dinp +=", acc, pre, dinp, n_in);
+    free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
+}
+
+#define TANH_N 31
+
+struct tanh_ctx {
+    double *inp, *out, *w;
+};
+
+static double tanh_objective(void *p)
+{
+    struct tanh_ctx *c = p;
+    zt_cpu_tanh_forward(c->out, c->inp, TANH_N);
+    return dot(c->out, c->w, TANH_N);
+}
+
+static void test_tanh(void **state)
+{
+    (void)state;
+    struct tanh_ctx c = {.inp = zero_array(TANH_N), .out = zero_array(TANH_N), .w = rnd_array(TANH_N)};
+    for (int i = 0; i < TANH_N; i++)
+        c.inp[i] = -3.0 + 6.0 * i / (TANH_N - 1) + 0.01 * rnd();
+    tanh_objective(&c);
+    for (int i = 0; i < TANH_N; i++)
+        assert_true(c.out[i] == tanh(c.inp[i]));
+    double *dinp = zero_array(TANH_N);
+    zt_cpu_tanh_backward(dinp, c.out, c.w, TANH_N);
+    expect_fd("tanh dinp", c.inp, TANH_N, dinp, tanh_objective, &c);
+
+    double *pre = rnd_array(TANH_N), *acc = malloc(sizeof(double) * TANH_N);
+    memcpy(acc, pre, sizeof(double) * TANH_N);
+    tanh_objective(&c);
+    zt_cpu_tanh_backward(acc, c.out, c.w, TANH_N);
+    expect_accumulated("tanh dinp +=", acc, pre, dinp, TANH_N);
+    free(c.inp); free(c.out); free(c.w); free(dinp); free(pre); free(acc);
+}
+
+/* ---- rotary position embeddings ---- */
+
+enum { RP_NH = 4, RP_NKV = 2, RP_HS = 6, RP_W = (RP_NH + 2 * RP_NKV) * RP_HS, RP_POS0 = 3 };
+
+struct rope_ctx {
+    float inv_freq[RP_HS / 2];
+    double *qkv, *out, *w;
+};
+
+static double rope_objective(void *p)
+{
+    struct rope_ctx *c = p;
+    memcpy(c->out, c->qkv, sizeof(double) * B * T * RP_W);
+    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0);
+    return dot(c->out, c->w, B * T * RP_W);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    struct rope_ctx c;
+    zt_rope_config cfg = {.theta = 10.0}; /* a small base: angles far apart over a few positions */
+    assert_int_equal(zt_rope_inv_freq(c.inv_freq, RP_HS, &cfg, NULL), 0);
+    c.qkv = rnd_array(B * T * RP_W);
+    c.out = zero_array(B * T * RP_W);
+    c.w = rnd_array(B * T * RP_W);
+    double *want = zero_array(B * T * RP_W);
+    rope_objective(&c);
+    memcpy(want, c.qkv, sizeof(double) * B * T * RP_W);
+    ref_rope(want, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, 1.0, 0);
+    expect_close("rope forward", c.out, want, B * T * RP_W, 1e-14);
+
+    /* The backward of sum(rope(x) * w) is rope_backward(w): value columns carry w unchanged. */
+    double *grad = malloc(sizeof(double) * B * T * RP_W);
+    memcpy(grad, c.w, sizeof(double) * B * T * RP_W);
+    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0);
+    expect_fd("rope dqkv", c.qkv, B * T * RP_W, grad, rope_objective, &c);
+
+    /* Positions: a call at pos0 = RP_POS0 + 2 on rows 2.. of a sequence gives the same bits as those rows of
+     * the call at RP_POS0. */
+    double *tail = malloc(sizeof(double) * (T - 2) * RP_W);
+    memcpy(tail, c.qkv + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
+    zt_cpu_rope_forward(tail, c.inv_freq, 1, T - 2, RP_NH, RP_NKV, RP_HS, RP_POS0 + 2);
+    rope_objective(&c);
+    assert_memory_equal(tail, c.out + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
+    free(c.qkv); free(c.out); free(c.w); free(want); free(grad); free(tail);
+}
+
+/* The inverse frequencies against transformers' formulas written out in double. */
+static void test_rope_inv_freq(void **state)
+{
+    (void)state;
+    enum { HS128 = 128 };
+    float base[HS128 / 2], got[HS128 / 2];
+    zt_rope_config cfg = {.theta = 10000.0};
+    assert_int_equal(zt_rope_inv_freq(base, HS128, &cfg, NULL), 0);
+    for (int i = 0; i < HS128 / 2; i++)
+        assert_true(fabs(base[i] - pow(10000.0, -2.0 * i / HS128)) <= 2.4e-7 * base[i]);
+    assert_true(base[0] == 1.0f);
+
+    cfg.scaling = ZT_ROPE_SCALING_LINEAR;
+    cfg.factor = 4.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &cfg, NULL), 0);
+    for (int i = 0; i < HS128 / 2; i++)
+        assert_true(got[i] == (float)(base[i] / 4.0));
+
+    /* LLaMA-3.1: theta 500000, factor 8, low 1, high 4, 8192 original positions. */
+    zt_rope_config l3 = {.theta = 500000.0, .scaling = ZT_ROPE_SCALING_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                         .high_freq_factor = 4.0, .original_max_position_embeddings = 8192};
+    zt_rope_config plain = {.theta = 500000.0};
+    assert_int_equal(zt_rope_inv_freq(base, HS128, &plain, NULL), 0);
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &l3, NULL), 0);
+    int kept = 0, divided = 0, ramp = 0;
+    for (int i = 0; i < HS128 / 2; i++) {
+        double wavelen = 2.0 * M_PI / base[i], want;
+        if (wavelen < 8192.0 / 4.0) {
+            want = base[i];
+            kept++;
+        } else if (wavelen > 8192.0 / 1.0) {
+            want = base[i] / 8.0;
+            divided++;
+        } else {
+            double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+            want = (1.0 - smooth) * base[i] / 8.0 + smooth * base[i];
+            ramp++;
+        }
+        assert_true(got[i] == (float)want);
+        assert_true(i == 0 || got[i] < got[i - 1]);
+    }
+    assert_true(kept > 0 && divided > 0 && ramp > 0);
+
+    /* Refusals name the value. */
+    zt_err err;
+    assert_int_equal(zt_rope_inv_freq(got, 7, &plain, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "head size"));
+    l3.high_freq_factor = 1.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &l3, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "low_freq_factor"));
+    cfg.factor = 0.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &cfg, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "factor"));
+    plain.theta = -1.0;
+    assert_int_equal(zt_rope_inv_freq(got, HS128, &plain, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "rope_theta"));
 }
 
 /* ---- residual ---- */
@@ -542,17 +966,96 @@ static void test_crossentropy(void **state)
     free(c.logits); free(c.losses); free(dlogits); free(want_losses); free(want_d); free(inplace); free(losses2);
 }
 
+/* ---- BERT's pooler and sequence-classification head, composed from the kernels ---- */
+
+enum { HB = 4, HT = 3, HC = 6, HL = 3 }; /* sequences, positions, channels, labels */
+
+struct head_ctx {
+    double *h, *wp, *bp, *wc, *bc;          /* inputs and parameters */
+    double *first, *pre, *pooled, *logits, *losses;
+    int32_t labels[HB];
+};
+
+/* CE_SCALE * the sum of the losses of softmax(tanh(h[:,0] Wp^T + bp) Wc^T + bc) against the labels. */
+static double head_objective(void *p)
+{
+    struct head_ctx *c = p;
+    zt_cpu_first_token_forward(c->first, c->h, HB, HT, HC);
+    zt_cpu_matmul_forward(c->pre, c->first, c->wp, c->bp, HB, HC, HC);
+    zt_cpu_tanh_forward(c->pooled, c->pre, HB * HC);
+    zt_cpu_matmul_forward(c->logits, c->pooled, c->wc, c->bc, HB, HC, HL);
+    zt_cpu_crossentropy_forward_backward(c->losses, NULL, c->logits, c->labels, HB, HL, CE_IGNORE, 1.0f);
+    double s = 0;
+    for (int b = 0; b < HB; b++)
+        s += c->losses[b];
+    return CE_SCALE * s;
+}
+
+static void test_classifier_head(void **state)
+{
+    (void)state;
+    struct head_ctx c = {.labels = {2, CE_IGNORE, 0, 1}};
+    c.h = rnd_array(HB * HT * HC);
+    c.wp = rnd_array(HC * HC);
+    c.bp = rnd_array(HC);
+    c.wc = rnd_array(HL * HC);
+    c.bc = rnd_array(HL);
+    c.first = zero_array(HB * HC);
+    c.pre = zero_array(HB * HC);
+    c.pooled = zero_array(HB * HC);
+    c.logits = zero_array(HB * HL);
+    c.losses = zero_array(HB);
+    head_objective(&c);
+    for (int b = 0; b < HB; b++) /* the pooler reads the first token */
+        assert_memory_equal(c.first + b * HC, c.h + b * HT * HC, sizeof(double) * HC);
+
+    double *dlogits = zero_array(HB * HL), *dpooled = zero_array(HB * HC), *dpre = zero_array(HB * HC);
+    double *dfirst = zero_array(HB * HC), *dh = zero_array(HB * HT * HC);
+    double *dwp = zero_array(HC * HC), *dbp = zero_array(HC), *dwc = zero_array(HL * HC), *dbc = zero_array(HL);
+    int counted = zt_cpu_crossentropy_forward_backward(c.losses, dlogits, c.logits, c.labels, HB, HL, CE_IGNORE,
+                                                       CE_SCALE);
+    assert_int_equal(counted, 3);
+    zt_cpu_matmul_backward(dpooled, dwc, dbc, dlogits, c.pooled, c.wc, HB, HC, HL);
+    zt_cpu_tanh_backward(dpre, c.pooled, dpooled, HB * HC);
+    zt_cpu_matmul_backward(dfirst, dwp, dbp, dpre, c.first, c.wp, HB, HC, HC);
+    zt_cpu_first_token_backward(dh, dfirst, HB, HT, HC);
+    for (int b = 0; b < HB; b++)
+        for (int i = HC; i < HT * HC; i++)
+            assert_true(dh[b * HT * HC + i] == 0.0); /* only the first token gets a gradient */
+    for (int i = 0; i < HC; i++)
+        assert_true(dh[1 * HT * HC + i] == 0.0); /* the ignored sequence adds nothing */
+    expect_fd("classifier head dh", c.h, HB * HT * HC, dh, head_objective, &c);
+    expect_fd("classifier head dW pooler", c.wp, HC * HC, dwp, head_objective, &c);
+    expect_fd("classifier head db pooler", c.bp, HC, dbp, head_objective, &c);
+    expect_fd("classifier head dW labels", c.wc, HL * HC, dwc, head_objective, &c);
+    expect_fd("classifier head db labels", c.bc, HL, dbc, head_objective, &c);
+
+    double *pre = rnd_array(HB * HT * HC), *acc = malloc(sizeof(double) * HB * HT * HC);
+    memcpy(acc, pre, sizeof(double) * HB * HT * HC);
+    zt_cpu_first_token_backward(acc, dfirst, HB, HT, HC);
+    expect_accumulated("first token dh +=", acc, pre, dh, HB * HT * HC);
+
+    free(c.h); free(c.wp); free(c.bp); free(c.wc); free(c.bc); free(c.first); free(c.pre); free(c.pooled);
+    free(c.logits); free(c.losses); free(dlogits); free(dpooled); free(dpre); free(dfirst); free(dh);
+    free(dwp); free(dbp); free(dwc); free(dbc); free(pre); free(acc);
+}
+
 int main(void)
 {
     /* More threads than rows in most shapes, so empty and partial thread shares are exercised too. */
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),    cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_embedding_typed),
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_matmul_large),
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_causal),
+        cmocka_unit_test(test_attention_gqa), cmocka_unit_test(test_attention_gqa_equivalences),
+        cmocka_unit_test(test_attention_padding),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
-        cmocka_unit_test(test_crossentropy),
+        cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),
+        cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_classifier_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
