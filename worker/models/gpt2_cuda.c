@@ -278,8 +278,9 @@ static int check_shape(const zt_gpt2_config *cfg, int max_micro, enum zt_dtype d
         return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
     if (!zt_cuda_attention_supported(cfg->n_embd, cfg->n_head))
         return zt_fail(err, ZT_EUNSUPPORTED,
-                       "the CUDA attention kernels serve head sizes 64 and 128; this model has %d / %d = %d (choose "
-                       "n_embd / n_head = 64 or 128, or train with --device cpu)",
+                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
+                       "of shared memory per block); this model has %d / %d = %d (choose n_embd / n_head among "
+                       "them, or train with --device cpu)",
                        cfg->n_embd, cfg->n_head, cfg->n_embd / cfg->n_head);
     if (cfg->n_embd % 8 != 0 || cfg->n_embd > 6144)
         return zt_fail(err, ZT_EUNSUPPORTED,
