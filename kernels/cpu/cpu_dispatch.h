@@ -6,13 +6,12 @@
  * count); machines with and without FMA may differ in the last bits. Files that use it are compiled with
  * -ffp-contract=fast (kernels/CMakeLists.txt) so that the AVX2 build fuses multiplies and adds.
  *
- * Setting the environment variable ZT_CPU_BASELINE=1 forces the baseline build everywhere: the tests use
- * it to check both builds on one machine, and it gives the same bits as a machine without AVX2. */
+ * zt_cpu_force_baseline (kernels/cpu_threads.h) forces the baseline build everywhere: the tests use it to
+ * check both builds on one machine, and it gives the same bits as a machine without AVX2. */
 #ifndef ZT_KERNELS_CPU_DISPATCH_H
 #define ZT_KERNELS_CPU_DISPATCH_H
 
-#include <stdlib.h>
-#include <string.h>
+#include "kernels/cpu_threads.h"
 
 /* Forces inlining, so that the body is compiled again inside each target-specific wrapper. */
 #define ZT_CPU_INLINE static inline __attribute__((always_inline))
@@ -21,11 +20,10 @@
 #define ZT_CPU_X86_DISPATCH 1
 #define ZT_CPU_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
-/* Whether the AVX2 + FMA builds should run: the CPU (and OS) supports them and ZT_CPU_BASELINE is not set. */
+/* Whether the AVX2 + FMA builds should run: the CPU (and OS) supports them and the baseline is not forced. */
 static inline int zt_cpu_has_avx2_fma(void)
 {
-    const char *baseline = getenv("ZT_CPU_BASELINE");
-    if (baseline && baseline[0] && strcmp(baseline, "0") != 0)
+    if (zt_cpu_baseline_forced())
         return 0;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

@@ -22,3 +22,16 @@ int zt_cpu_get_threads(void)
     int n = g_cpu_threads > 0 ? g_cpu_threads : omp_get_max_threads();
     return n > 0 ? n : 1;
 }
+
+static int g_force_baseline = 0;
+
+/* The portable build of the CPU kernels on or off; see cpu_threads.h. */
+void zt_cpu_force_baseline(int on)
+{
+    g_force_baseline = on != 0;
+}
+
+int zt_cpu_baseline_forced(void)
+{
+    return g_force_baseline;
+}

@@ -595,8 +595,10 @@ static void test_threads_setting(void **state)
     assert_true(zt_cpu_get_threads() >= 1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* --baseline: the portable build of the loops that have an AVX2 + FMA one (kernels/cpu/cpu_dispatch.h) */
+    zt_cpu_force_baseline(argc > 1 && strcmp(argv[1], "--baseline") == 0);
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),        cmocka_unit_test(test_layernorm),

@@ -1040,8 +1040,10 @@ static void test_classifier_head(void **state)
     free(dwp); free(dbp); free(dwc); free(dbc); free(pre); free(acc);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* --baseline: the portable build of the loops that have an AVX2 + FMA one (kernels/cpu/cpu_dispatch.h) */
+    zt_cpu_force_baseline(argc > 1 && strcmp(argv[1], "--baseline") == 0);
     /* More threads than rows in most shapes, so empty and partial thread shares are exercised too. */
     zt_cpu_set_threads(3);
     const struct CMUnitTest tests[] = {
