@@ -122,14 +122,21 @@ static int take_dev(zt_engine *e, void **p, size_t bytes, const char *what, zt_e
 {
     if (bytes == 0)
         return 0;
-    *p = e->dev->alloc(bytes);
+    if (e->dry) { /* zt_engine_plan_for: count only */
+        e->device_bytes += bytes;
+        return 0;
+    }
+    const bool over = e->o.device_budget > 0 && e->device_bytes + bytes > e->o.device_budget;
+    *p = over ? NULL : e->dev->alloc(bytes);
     if (!*p) {
-        char need[32], have[32];
+        char need[32], have[32], budget[32];
         zt_format_size(bytes, need, sizeof need);
         zt_format_size(e->device_bytes, have, sizeof have);
-        return zt_fail(err, ZT_ENOMEM, "out of %s memory for the %s (%s more after %s): use more ranks, "
+        zt_format_size(e->o.device_budget, budget, sizeof budget);
+        return zt_fail(err, ZT_ENOMEM, "out of %s memory for the %s (%s more after %s%s%s): use more ranks, "
                        "--optimizer cpu, --checkpointing all, a smaller --prefetch or a smaller batch",
-                       e->dev->gpu ? "GPU" : "host", what, need, have);
+                       e->dev->gpu ? "GPU" : "host", what, need, have, over ? " under the engine's budget of " : "",
+                       over ? budget : "");
     }
     e->device_bytes += bytes;
     return 0;
@@ -140,7 +147,14 @@ static int take_host(zt_engine *e, void **p, size_t bytes, bool pinned, const ch
 {
     if (bytes == 0)
         return 0;
-    *p = pinned ? e->dev->host_alloc(bytes) : zt__engine_dev_cpu()->alloc(bytes);
+    if (e->dry) {
+        e->host_bytes += bytes;
+        e->host_pinned_bytes += pinned ? bytes : 0;
+        return 0;
+    }
+    /* Pageable host buffers come zeroed from calloc: their pages are taken when first written (the moments
+     * at the first update), so the host slab the weights came from is gone by then. */
+    *p = pinned ? e->dev->host_alloc(bytes) : calloc(1, bytes);
     if (!*p) {
         char need[32];
         zt_format_size(bytes, need, sizeof need);
@@ -148,6 +162,7 @@ static int take_host(zt_engine *e, void **p, size_t bytes, bool pinned, const ch
                        "-l): free memory, use more ranks, or place the optimizer on state servers", what, need);
     }
     e->host_bytes += bytes;
+    e->host_pinned_bytes += pinned ? bytes : 0;
     return 0;
 }
 
@@ -176,16 +191,17 @@ static int allocate(zt_engine *e, zt_err *err)
     if (e->path == ZT__GRAD_DIRECT_F32 || e->path == ZT__GRAD_REDUCE)
         if ((rc = take_dev(e, (void **)&e->gshard, ns * 4, "fp32 gradient shards", err)) < 0)
             return rc;
-    /* The weights the passes read: the masters themselves for fp32 on the device. */
+    /* The weights the passes read: the masters themselves for fp32 on the device; none on the device when
+     * they are streamed from host memory (h_lowp). */
     if (e->home == ZT__OPT_DEVICE && !lowp)
         e->wshard = e->master;
-    else if ((rc = take_dev(e, &e->wshard, ns * es, "compute-dtype weights", err)) < 0)
+    else if (!e->o.stream && (rc = take_dev(e, &e->wshard, ns * es, "compute-dtype weights", err)) < 0)
         return rc;
     if (e->path == ZT__GRAD_DIRECT_LOWP &&
         (rc = take_dev(e, &e->glow_slab, ns * es, "compute-dtype gradients", err)) < 0)
         return rc;
     /* Compute-dtype gradient buffers of single blocks (the head's block keeps its own through the backward). */
-    if (lowp && e->path != ZT__GRAD_DIRECT_LOWP) {
+    if ((lowp || e->chunked) && e->path != ZT__GRAD_DIRECT_LOWP) {
         if ((rc = take_dev(e, &e->glow0, e->blocks[e->model->head_block].padded * es, "gradient buffers", err)) < 0 ||
             (rc = take_dev(e, &e->glow1, max_other * es, "gradient buffers", err)) < 0)
             return rc;
@@ -193,6 +209,10 @@ static int allocate(zt_engine *e, zt_err *err)
     if (e->path == ZT__GRAD_REDUCE && e->o.grad_accum > 1) {
         if ((rc = take_dev(e, (void **)&e->gacc, pad_sum * 4, "fp32 gradient accumulation", err)) < 0)
             return rc;
+    } else if (e->chunked) {
+        for (int r = 0; r < ZT__RING; r++)
+            if ((rc = take_dev(e, (void **)&e->ring[r], e->o.grad_chunk * 4, "fp32 gradient pieces", err)) < 0)
+                return rc;
     } else if (e->path == ZT__GRAD_REDUCE || e->path == ZT__GRAD_HOST) {
         const zt__block *h = &e->blocks[e->model->head_block];
         for (int r = 0; r <= ZT__RING; r++)
@@ -239,8 +259,13 @@ static int allocate(zt_engine *e, zt_err *err)
 
 /* ---- creation ---- */
 
-static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *err)
+static int check_options(const zt_engine_options *o, const zt_model *m, int W, zt_err *err)
 {
+    if (o->stream && (m->backend != ZT_MODEL_CUDA || o->placement == ZT_PLACEMENT_GPU || o->zero_level != 3 ||
+                      W != 1 || o->gpu_fraction > 0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "streaming the weights from host memory needs --device cuda, the "
+                       "optimizer off the GPU (--optimizer cpu or server, without --optimizer-gpu-fraction), ZeRO "
+                       "level 3 and one rank");
     if (o->zero_level != 2 && o->zero_level != 3)
         return zt_fail(err, ZT_EINVAL_CONFIG, "ZeRO level %d is not supported; use 2 or 3", o->zero_level);
     if (o->prefetch < 0 || o->grad_accum < 1)
@@ -274,17 +299,13 @@ static void build_sequence(zt_engine *e, bool training)
     e->pos = 0;
 }
 
-/* Creates the engine; see engine.h. */
-int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_engine_options *o,
-                     const float *host_params, zt_err *err)
+/* The engine's layout for model on rank `rank` of W with options o: where the optimizer lives, the gradient
+ * path, the padded blocks and their shards, the pieces of every tensor, the resident blocks and the window.
+ * No device work: zt_engine_plan_for uses it too. */
+static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_options *o)
 {
-    *out = NULL;
-    int rc = check_options(o, model, err);
-    if (rc < 0)
-        return rc;
     zt_engine *e = zt_xcalloc(1, sizeof *e);
     e->model = model;
-    e->comm = comm;
     e->o = *o;
     e->o.run_id = NULL;
     if (o->run_id)
@@ -296,8 +317,8 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
     ZT_ASSERT(model->backend == ZT_MODEL_CPU);
     e->dev = zt__engine_dev_cpu();
 #endif
-    e->W = zt_comm_world_size(comm);
-    e->rank = zt_comm_rank(comm);
+    e->W = W;
+    e->rank = rank;
     e->nb = model->nblocks;
     e->dtype = model->dtype;
     e->esize = zt_dtype_size(model->dtype);
@@ -312,6 +333,8 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
         e->path = ZT__GRAD_HOST;
     else
         e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
+    e->chunked = e->path == ZT__GRAD_HOST && e->W == 1 && o->grad_chunk > 0;
+    e->windowed = e->W > 1 || o->stream;
 
     /* Blocks padded to a multiple of W (64 W on a GPU), shards laid end to end. */
     e->blocks = zt_xcalloc((size_t)e->nb, sizeof *e->blocks);
@@ -330,10 +353,6 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
         pad_sum += k->padded;
         if (k->padded > e->max_padded)
             e->max_padded = k->padded;
-        k->folded = e->dev->event_create();
-        k->loaded = e->dev->event_create();
-        k->grad_out = e->dev->event_create();
-        k->updated = e->dev->event_create();
     }
     build_pieces(e);
     if (e->home == ZT__OPT_HOST && o->gpu_fraction > 0) {
@@ -346,10 +365,49 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
             e->nresident = b + 1;
         }
     }
-    e->nslots = e->W == 1 ? 0 : o->zero_level == 2 ? e->nb : o->prefetch + 2;
+    e->nslots = !e->windowed ? 0 : o->zero_level == 2 ? e->nb : o->prefetch + 2;
     e->slots = zt_xcalloc((size_t)(e->nslots > 0 ? e->nslots : 1), sizeof *e->slots);
-    for (int s = 0; s < e->nslots; s++) {
+    for (int s = 0; s < e->nslots; s++)
         e->slots[s].block = -1;
+    return e;
+}
+
+/* What an engine would hold, without creating it; see engine.h. */
+void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan)
+{
+    zt_engine *e = layout_new((zt_model *)model, W, 0, o);
+    e->dry = true;
+    zt_err ignored;
+    (void)allocate(e, &ignored); /* counts only */
+    plan->device_bytes = e->device_bytes;
+    plan->host_bytes = e->host_bytes;
+    plan->host_pinned_bytes = e->host_pinned_bytes;
+    plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * e->nshard * 4 : 0;
+    plan->shard_elems = e->nshard;
+    free(e->blocks);
+    free(e->slots);
+    free(e->pieces);
+    free(e);
+}
+
+/* Creates the engine; see engine.h. */
+int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_engine_options *o,
+                     const float *host_params, zt_err *err)
+{
+    *out = NULL;
+    int rc = check_options(o, model, zt_comm_world_size(comm), err);
+    if (rc < 0)
+        return rc;
+    zt_engine *e = layout_new(model, zt_comm_world_size(comm), zt_comm_rank(comm), o);
+    e->comm = comm;
+    for (int b = 0; b < e->nb; b++) {
+        zt__block *k = &e->blocks[b];
+        k->folded = e->dev->event_create();
+        k->loaded = e->dev->event_create();
+        k->grad_out = e->dev->event_create();
+        k->updated = e->dev->event_create();
+    }
+    for (int s = 0; s < e->nslots; s++) {
         e->slots[s].ready = e->dev->event_create();
         e->slots[s].done = e->dev->event_create();
     }
@@ -435,7 +493,7 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->r_m);
     d->free(e->r_v);
     d->free(e->r_grad);
-    free(e->h_master); /* plain host memory (zt__engine_dev_cpu's alloc) */
+    free(e->h_master); /* calloc (take_host) */
     free(e->h_m);
     free(e->h_v);
     d->host_free(e->h_grad);
@@ -554,8 +612,15 @@ static int gather(zt_engine *e, int b, int s, zt_err *err)
     if (e->host)
         e->timing.wait_update += zt__host_opt_wait_block(e, b, e->ms);
     e->dev->wait(e->ms, sl->done); /* its previous readers are done */
-    int rc = zt_comm_all_gather(e->comm, zt__engine_block_weights(e, b), sl->buf, k->shard, comm_dtype(e->dtype),
+    int rc = 0;
+    if (e->o.stream) {
+        /* one rank: the block's compute-dtype weights come up from host memory, where the update wrote them */
+        e->dev->copy(sl->buf, (char *)e->h_lowp + k->shard_off * e->esize, k->shard * e->esize, e->ms);
+        e->timing.bytes_up += k->shard * e->esize;
+    } else {
+        rc = zt_comm_all_gather(e->comm, zt__engine_block_weights(e, b), sl->buf, k->shard, comm_dtype(e->dtype),
                                 e->ms, err);
+    }
     e->dev->record(sl->ready, e->ms);
     sl->block = b;
     sl->state = ZT__SLOT_GATHERING;
@@ -585,7 +650,7 @@ static int acquire(zt_engine *e, int b, void **w, zt_err *err)
 {
     ZT_ASSERT(e->pos < e->seq_len && e->seq[e->pos] == b);
     e->pos++;
-    if (e->W == 1) {
+    if (!e->windowed) {
         if (e->host)
             e->timing.wait_update += zt__host_opt_wait_block(e, b, e->cs);
         *w = zt__engine_block_weights(e, b);
@@ -610,7 +675,7 @@ static int acquire(zt_engine *e, int b, void **w, zt_err *err)
 /* The pass is done reading block b's weights (for now). */
 static void release(zt_engine *e, int b)
 {
-    if (e->W == 1)
+    if (!e->windowed)
         return;
     zt__block *k = &e->blocks[b];
     ZT_ASSERT(k->slot >= 0);
@@ -714,6 +779,12 @@ static void *grad_buffer(zt_engine *e, int b)
             }
             break;
         }
+        if (e->chunked) {
+            /* one rank, the gradient goes out in pieces: the kernels write a whole-block buffer first */
+            k->gbuf = b == e->model->head_block ? e->glow0 : e->glow1;
+            e->dev->memset0(k->gbuf, k->len * e->esize, e->cs);
+            break;
+        }
         if (f32) {
             k->gbuf = fp32_target(e, b);
             if (e->gacc && e->micro == 0)
@@ -729,6 +800,46 @@ static void *grad_buffer(zt_engine *e, int b)
         break;
     }
     return k->gbuf;
+}
+
+/* One rank, the gradient off the GPU in pieces: block b's gradient g (compute dtype, the whole block) is
+ * folded piece by piece into a ring of fp32 buffers, added (after the first micro-batch) onto the step's
+ * gradient so far brought up from host memory, and copied down into h_grad. */
+static int send_pieces(zt_engine *e, int b, const void *g)
+{
+    zt__block *k = &e->blocks[b];
+    const size_t piece = e->o.grad_chunk;
+    for (size_t off = 0; off < k->shard; off += piece) {
+        const size_t n = k->shard - off < piece ? k->shard - off : piece;
+        const size_t real = off >= k->len ? 0 : k->len - off < n ? k->len - off : n; /* before the padding */
+        const int r = e->ring_next;
+        e->ring_next = (r + 1) % ZT__RING;
+        float *f = e->ring[r];
+        e->dev->wait(e->cs, e->ring_free[r]);
+        if (e->micro > 0) {
+            e->dev->wait(e->up, e->ring_free[r]);
+            e->dev->wait(e->up, k->grad_out); /* the previous micro-batch's copy down */
+            e->dev->copy(f, e->h_grad + k->shard_off + off, n * 4, e->up);
+            e->timing.bytes_up += n * 4;
+            e->dev->record(k->loaded, e->up);
+            e->dev->wait(e->cs, k->loaded);
+        } else if (real < n) {
+            e->dev->memset0(f + real, (n - real) * 4, e->cs); /* the padding stays zero */
+        }
+        if (real > 0)
+            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0, e->cs);
+        if (e->last)
+            e->dev->norm_add(e, f, n, e->cs);
+        e->dev->record(k->folded, e->cs);
+        e->dev->wait(e->down, k->folded);
+        e->dev->copy(e->h_grad + k->shard_off + off, f, n * 4, e->down);
+        e->timing.bytes_down += n * 4;
+        e->dev->record(e->ring_free[r], e->down);
+    }
+    e->dev->record(k->grad_out, e->down);
+    if (e->last && e->home == ZT__OPT_SERVER)
+        zt__host_opt_push(e, b);
+    return 0;
 }
 
 /* Block b's backward is enqueued: fold its gradients into fp32 and move them on (reduce-scatter on the
@@ -793,6 +904,8 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
             e->dev->norm_add(e, acc, k->shard, stream);
         return rc;
     }
+    if (e->chunked)
+        return send_pieces(e, b, g);
     /* HOST: this micro-batch's part of the owned shard, plus the earlier ones', goes down to h_grad. */
     float *f = fp32_target(e, b);
     const bool loaded = e->W == 1 && e->micro > 0;
@@ -853,7 +966,7 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     e->inv_scale = 1.0f / loss_scale;
     build_sequence(e, true);
     m->ops->begin(m, tokens, targets, B, T, micro);
-    int rc = e->W > 1 ? prefetch(e, err) : 0;
+    int rc = e->windowed ? prefetch(e, err) : 0;
     void *w;
     for (int b = 0; b < e->nb && rc == 0; b++) {
         if ((rc = acquire(e, b, &w, err)) < 0)
@@ -956,7 +1069,7 @@ int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, 
     e->training = false;
     build_sequence(e, false);
     m->ops->begin(m, tokens, targets, B, T, 0);
-    int rc = e->W > 1 ? prefetch(e, err) : 0;
+    int rc = e->windowed ? prefetch(e, err) : 0;
     void *w;
     for (int b = 0; b < e->nb && rc == 0; b++) {
         if ((rc = acquire(e, b, &w, err)) < 0)
@@ -1176,7 +1289,7 @@ static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *
     }
     void *lowp = e->h_lowp;
     int rc = zt_cpu_adam_convert(lowp, e->dtype, master, e->nshard, e->o.threads, err);
-    if (rc < 0)
+    if (rc < 0 || e->o.stream) /* streamed weights stay in h_lowp */
         return rc;
     e->dev->copy(e->wshard, lowp, e->nshard * e->esize, e->up);
     e->dev->stream_sync(e->up);

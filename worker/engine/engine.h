@@ -60,6 +60,12 @@ typedef struct zt_engine_options {
     enum zt_placement placement;
     double beta1, beta2, eps, weight_decay, grad_clip; /* AdamW; grad_clip 0 = no clipping */
     int threads;                 /* host AdamW threads; <= 0: the CPU kernels' count */
+    bool stream;                 /* GPU, optimizer off it (cpu or server), ZeRO-3, one rank: the compute-dtype weights
+                                    stay in host memory and each block is copied to the GPU when a pass needs it,
+                                    `prefetch` blocks ahead, in the forward and again in the backward */
+    size_t grad_chunk;           /* GPU, optimizer off it, one rank: fold and send the gradient in pieces of this
+                                    many elements through a few fp32 buffers (0: whole blocks) */
+    size_t device_budget;        /* bytes the engine may allocate on the device; 0: no limit */
     double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the
@@ -83,6 +89,17 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
                      const float *host_params, zt_err *err);
 /* Waits for the work in flight and frees everything; accepts NULL. */
 void zt_engine_destroy(zt_engine *e);
+
+/* What an engine for model with these options would hold on one rank of W, without creating it: device
+ * bytes (the engine's own buffers; the model's activations are model->device_bytes) and host bytes. */
+typedef struct zt_engine_plan {
+    size_t device_bytes;
+    size_t host_bytes;        /* of which page-locked: */
+    size_t host_pinned_bytes;
+    size_t host_moment_bytes; /* of which the Adam moments, whose pages are taken at the first update */
+    size_t shard_elems;       /* elements of this rank's shards (padding included) */
+} zt_engine_plan;
+void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 
 /* Logs the memory plan of this rank (INFO): device bytes by part, host bytes, and what is where. */
 void zt_engine_log_plan(const zt_engine *e);

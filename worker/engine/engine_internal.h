@@ -129,6 +129,9 @@ struct zt_engine {
     const zt__engine_dev *dev;
     enum zt__opt_home home;
     enum zt__grad_path path;
+    bool chunked;                   /* HOST path at W = 1 in pieces of o.grad_chunk elements (ring[] are pieces) */
+    bool windowed;                  /* block weights go through window slots: W > 1 (gathered) or streamed */
+    bool dry;                       /* zt_engine_plan_for: allocations are only counted */
     int W, rank, nb;
     enum zt_dtype dtype;            /* compute dtype */
     size_t esize;
@@ -163,7 +166,7 @@ struct zt_engine {
     float *h_master, *h_m, *h_v;    /* [nshard]: ZT__OPT_HOST */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up */
-    size_t host_bytes;
+    size_t host_bytes, host_pinned_bytes;
 
     /* Tensors inside this rank's shards. */
     zt__piece *pieces;

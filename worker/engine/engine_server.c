@@ -77,9 +77,11 @@ int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err)
         void *lowp = (char *)e->h_lowp + k->shard_off * e->esize;
         if ((rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
             return rc;
-        void *stream = zt__host_opt_stream(e);
-        e->dev->copy(zt__engine_block_weights(e, b), lowp, k->shard * e->esize, stream);
-        e->dev->record(k->updated, stream);
+        if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
+            void *stream = zt__host_opt_stream(e);
+            e->dev->copy(zt__engine_block_weights(e, b), lowp, k->shard * e->esize, stream);
+            e->dev->record(k->updated, stream);
+        }
         zt__host_opt_mark(e, b, ready);
     }
     return 0;

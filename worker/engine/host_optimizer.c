@@ -97,9 +97,11 @@ static void run_update(zt_engine *e, const job *j)
             ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1, arrays given: it cannot fail */
             (void)rc;
         }
-        e->dev->copy(zt__engine_block_weights(e, b), (char *)e->h_lowp + k->shard_off * e->esize,
-                     k->shard * e->esize, h->stream);
-        e->dev->record(k->updated, h->stream);
+        if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
+            e->dev->copy(zt__engine_block_weights(e, b), (char *)e->h_lowp + k->shard_off * e->esize,
+                         k->shard * e->esize, h->stream);
+            e->dev->record(k->updated, h->stream);
+        }
         mark(h, b, j->step);
     }
     h->busy_s = zt_now_s() - t0;
