@@ -35,6 +35,9 @@ typedef struct zt_cuda_blas zt_cuda_blas;
  * 0, or ZT_ENOMEM (device memory) / ZT_EUNSUPPORTED (cuBLASLt cannot start) with a message in err.
  * Free with zt_cuda_blas_destroy. */
 int zt_cuda_blas_create(zt_cuda_blas **out, size_t workspace_bytes, zt_err *err);
+/* Device bytes a context with the default workspace holds (workspace and scratch, rounded up): what a
+ * memory plan counts for it. */
+#define ZT_CUDA_BLAS_DEVICE_BYTES ((size_t)34 << 20)
 /* GEMM tuning, on unless the environment has ZT_GEMM_TUNE=0 at creation. The first call of each GEMM
  * form (shapes, epilogue, alignment) that overwrites its output runs up to 16 of the cuBLASLt heuristic's
  * algorithms into that output (synchronizing the stream; no memory is allocated, and the call's own run

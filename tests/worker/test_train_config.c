@@ -329,7 +329,11 @@ BAD(eps, c->eps = 0.0)
 BAD(clip, c->grad_clip = -1.0)
 BAD(eval_every, c->eval_every = -1)
 BAD(eval_batches, c->eval_batches = 0)
-BAD(save_every, c->save_every = -1)
+BAD(save_every, c->save_every = -2)
+BAD(gpu_mem_cpu, c->gpu_mem = 1ULL << 30)
+BAD(weights_cpu, c->weights = ZT_WEIGHTS_HOST)
+BAD(weights_host_gpu_opt, { c->device = ZT_DEVICE_CUDA; c->optimizer = ZT_OPTIMIZER_GPU; c->weights = ZT_WEIGHTS_HOST; })
+BAD(weights_host_zero2, { c->device = ZT_DEVICE_CUDA; c->optimizer = ZT_OPTIMIZER_CPU; c->zero_level = 2; c->weights = ZT_WEIGHTS_HOST; })
 BAD(log_every, c->log_every = 0)
 BAD(seed, c->seed = -1)
 BAD(threads, c->threads = -2)
@@ -364,7 +368,11 @@ static void test_validation_errors(void **state)
         {"grad_clip", bad_clip, "\"grad_clip\" (--grad-clip)", "out of range"},
         {"eval_every", bad_eval_every, "\"eval_every\" (--eval-every)", "= -1"},
         {"eval_batches", bad_eval_batches, "\"eval_batches\" (--eval-batches)", "= 0"},
-        {"save_every", bad_save_every, "\"save_every\" (--save-every)", "= -1"},
+        {"save_every", bad_save_every, "\"save_every\" (--save-every)", "= -2"},
+        {"gpu_mem on the CPU", bad_gpu_mem_cpu, "\"gpu_mem\" (--gpu-mem)", "--device cuda"},
+        {"weights on the CPU", bad_weights_cpu, "\"weights\" (--weights)", "--device cuda"},
+        {"weights host, optimizer gpu", bad_weights_host_gpu_opt, "\"weights\" (--weights)", "--optimizer cpu or server"},
+        {"weights host, ZeRO-2", bad_weights_host_zero2, "\"weights\" (--weights)", "--zero-level 3"},
         {"log_every", bad_log_every, "\"log_every\" (--log-every)", "= 0"},
         {"seed", bad_seed, "\"seed\" (--seed)", "= -1"},
         {"threads", bad_threads, "\"threads\" (--threads)", "= -2"},
@@ -412,6 +420,11 @@ static void test_typed_settings(void **state)
         {"--checkpointing", "some", "none, all or every:K"},
         {"--state-store", "disk", "ram or nvme:DIR"},
         {"--state-store", "nvme:", "ram or nvme:DIR"},
+        {"--gpu-mem", "lots", "11GiB"},
+        {"--gpu-mem", "-1GiB", "11GiB"},
+        {"--weights", "cpu", "auto, gpu or host"},
+        {"--offload", "disk", "nvme:DIR"},
+        {"--offload", "nvme:", "nvme:DIR"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         zt_train_config c;
@@ -429,6 +442,10 @@ static void test_typed_settings(void **state)
     assert_int_equal(zt_train_config_set_flag(&c, "--optimizer", "server", &err), 0);
     assert_int_equal(zt_train_config_set_flag(&c, "--checkpointing", "every:3", &err), 0);
     assert_int_equal(zt_train_config_set_flag(&c, "--state-store", "nvme:/tmp/st", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--gpu-mem", "11GiB", &err), 0);
+    assert_int_equal(zt_train_config_set_flag(&c, "--weights", "host", &err), 0);
+    assert_true(c.gpu_mem == 11ULL << 30);
+    assert_int_equal(c.weights, ZT_WEIGHTS_HOST);
     assert_int_equal(c.device, ZT_DEVICE_CUDA);
     assert_int_equal(c.precision, ZT_PRECISION_BF16);
     assert_int_equal(c.optimizer, ZT_OPTIMIZER_SERVER);
@@ -454,6 +471,21 @@ static void test_typed_settings(void **state)
     assert_int_equal(back.checkpoint_every, 3);
     assert_int_equal(back.state_store, ZT_STORE_NVME);
     assert_string_equal(back.state_store_dir, "/tmp/st");
+    assert_true(back.gpu_mem == 11ULL << 30);
+    assert_int_equal(back.weights, ZT_WEIGHTS_HOST);
+
+    /* --offload is shorthand for the optimizer's placement and the embedded server's store */
+    zt_train_config o;
+    valid_config(&o);
+    assert_int_equal(zt_train_config_set_flag(&o, "--offload", "nvme:/tmp/st2", &err), 0);
+    assert_int_equal(o.optimizer, ZT_OPTIMIZER_SERVER);
+    assert_int_equal(o.state_store, ZT_STORE_NVME);
+    assert_string_equal(o.state_store_dir, "/tmp/st2");
+    assert_int_equal(zt_train_config_set_flag(&o, "--offload", "cpu", &err), 0);
+    assert_int_equal(o.optimizer, ZT_OPTIMIZER_CPU);
+    /* a cap that is not a whole number of MiB saves as bytes and reads back */
+    assert_int_equal(zt_train_config_set_flag(&o, "--gpu-mem", "1000000000", &err), 0);
+    assert_true(o.gpu_mem == 1000000000ULL);
 
     /* a file with a bad value names the file and the key */
     FILE *f = fopen(path, "w");

@@ -632,6 +632,49 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
     free(u);
 }
 
+/* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
+static zt_gpt2 *new_tables(const zt_gpt2_config *cfg, int B, int T)
+{
+    zt_gpt2 *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->cfg = *cfg;
+    m->max_B = B;
+    m->max_T = T;
+    m->num_tensors = count_tensors(cfg);
+    m->num_blocks = cfg->n_layer + 2;
+    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
+    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
+    m->layers = calloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof *m->layers);
+    if (!m->tensors || !m->blocks || !m->layers) {
+        zt_gpt2_destroy(m);
+        return NULL;
+    }
+    m->num_params = build_layout(cfg, m->tensors, m->blocks);
+    ZT_ASSERT(m->num_params == zt_gpt2_config_num_params(cfg));
+    return m;
+}
+
+/* The layout alone; see gpt2.h. */
+int zt_gpt2_create_layout(zt_gpt2 **out, const zt_gpt2_config *cfg, zt_err *err)
+{
+    *out = NULL;
+    int rc = zt_gpt2_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out = new_tables(cfg, 1, 1)))
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    return 0;
+}
+
+/* Gives the parameter slab's memory back; see gpt2.h. */
+void zt_gpt2_release_params(zt_gpt2 *m)
+{
+    free(m->params);
+    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
+    ZT_ASSERT(m->params); /* calloc of untouched pages */
+}
+
 /* Creates a model with room for batches up to B x T (T <= n_positions), parameters initialised from seed.
  * Returns 0, ZT_EINVAL_CONFIG (bad config, B or T) or ZT_ENOMEM, with a message in err; *out is set only on
  * success and freed with zt_gpt2_destroy. */
@@ -651,23 +694,9 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
         return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large (keep it below 2^31)",
                        B, T);
 
-    zt_gpt2 *m = calloc(1, sizeof *m);
+    zt_gpt2 *m = new_tables(cfg, B, T);
     if (!m)
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model");
-    m->cfg = *cfg;
-    m->max_B = B;
-    m->max_T = T;
-    m->num_tensors = count_tensors(cfg);
-    m->num_blocks = cfg->n_layer + 2;
-    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
-    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
-    m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers);
-    if (!m->tensors || !m->blocks || !m->layers) {
-        rc = zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-        goto err;
-    }
-    m->num_params = build_layout(cfg, m->tensors, m->blocks);
-    ZT_ASSERT(m->num_params == zt_gpt2_config_num_params(cfg));
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
 
     size_t param_bytes = m->num_params * sizeof(float);
     m->params = malloc(param_bytes);

@@ -68,6 +68,16 @@ typedef struct zt_gpt2 zt_gpt2; /* opaque */
  * GPT-2 does (normal(0, 0.02); residual projections scaled by 1/sqrt(2 n_layer); layer norms 1 and 0;
  * biases 0) from a deterministic generator seeded with seed. Returns 0 or a code with a message. */
 int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint64_t seed, zt_err *err);
+
+/* The model's tables (configuration, tensors, blocks) and no slab, activations or data: for planning
+ * (zt_gpt2_cuda_shape) before the parameters are allocated. Only the layout queries may be used on it
+ * (num_params, tensors, blocks, config). Free with zt_gpt2_destroy. */
+int zt_gpt2_create_layout(zt_gpt2 **out, const zt_gpt2_config *cfg, zt_err *err);
+
+/* Gives the parameter slab's memory back to the system once the weights live elsewhere (a training
+ * engine on the GPU holds them): the slab reads as zeros and takes memory again only where written (a
+ * checkpoint's export). */
+void zt_gpt2_release_params(zt_gpt2 *m);
 void zt_gpt2_destroy(zt_gpt2 *m); /* accepts NULL */
 
 const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m);

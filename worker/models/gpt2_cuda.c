@@ -348,6 +348,38 @@ size_t zt_gpt2_cuda_plan_bytes(const zt_gpt2 *host, int B, int T, int max_micro,
     return bytes;
 }
 
+/* The engine's view of g's layout (no device state). */
+static void fill_base(gpt2_cuda *g)
+{
+    zt_model *m = &g->base;
+    m->ops = &cuda_ops;
+    m->backend = ZT_MODEL_CUDA;
+    m->dtype = g->dtype;
+    m->nblocks = g->num_blocks;
+    m->head_block = 0; /* the head is tied to wte, the first tensor of block 0 */
+    m->block_offset = g->boff;
+    m->block_len = g->blen;
+    m->checkpointed = g->block_ckpt;
+    m->backward_reads_weights = g->reads_weights;
+    m->ntensors = g->num_tensors;
+    m->tensors = g->tensors;
+    m->host_numel = zt_gpt2_num_params(g->host);
+    m->max_B = g->max_B;
+    m->max_T = g->max_T;
+    m->max_micro = g->max_micro;
+}
+
+/* The layout alone, for planning; see gpt2_cuda.h. */
+zt_model *zt_gpt2_cuda_shape(const zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                             const bool *ckpt_layers)
+{
+    gpt2_cuda *g = zt_xcalloc(1, sizeof *g);
+    init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
+    fill_base(g);
+    g->base.device_bytes = carve(g, NULL, NULL);
+    return &g->base;
+}
+
 /* Creates the device passes; see gpt2_cuda.h. */
 int zt_gpt2_cuda_create(zt_model **out, const zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
                         const bool *ckpt_layers, zt_err *err)
@@ -400,25 +432,11 @@ int zt_gpt2_cuda_create(zt_model **out, const zt_gpt2 *host, int B, int T, int m
         ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
     ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* the pool's zeroing */
 
+    fill_base(g);
+    g->base.stream = g->stream;
+    g->base.nonfinite_flag = g->d_flag;
+    g->base.device_bytes = g->pool_bytes;
     zt_model *m = &g->base;
-    m->ops = &cuda_ops;
-    m->backend = ZT_MODEL_CUDA;
-    m->dtype = dtype;
-    m->nblocks = g->num_blocks;
-    m->head_block = 0; /* the head is tied to wte, the first tensor of block 0 */
-    m->block_offset = g->boff;
-    m->block_len = g->blen;
-    m->checkpointed = g->block_ckpt;
-    m->backward_reads_weights = g->reads_weights;
-    m->ntensors = g->num_tensors;
-    m->tensors = g->tensors;
-    m->host_numel = zt_gpt2_num_params(host);
-    m->max_B = B;
-    m->max_T = T;
-    m->max_micro = max_micro;
-    m->stream = g->stream;
-    m->nonfinite_flag = g->d_flag;
-    m->device_bytes = g->pool_bytes;
     *out = m;
     return 0;
 

@@ -28,6 +28,12 @@
 size_t zt_gpt2_cuda_plan_bytes(const zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
                                const bool *ckpt_layers);
 
+/* A model with the device layout of host's GPT-2 for these sizes (blocks, tensors, checkpointed blocks;
+ * device_bytes = what zt_gpt2_cuda_plan_bytes counts) and no device state: for planning with
+ * zt_engine_plan_for. Its passes must not be run. Free with ->ops->destroy. */
+zt_model *zt_gpt2_cuda_shape(const zt_gpt2 *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                             const bool *ckpt_layers);
+
 /* Creates the device passes of host's GPT-2 in *out for micro-batches up to B x T, steps of up to
  * max_micro micro-batches and compute dtype dtype (F32, BF16 or F16), on the current CUDA device.
  * ckpt_layers (n_layer flags, or NULL) names the layers that keep only their output and rebuild their

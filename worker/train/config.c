@@ -20,6 +20,7 @@
 #include "common/fileio.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "worker/train/schedule.h"
 
 enum key_type {
@@ -31,6 +32,7 @@ enum key_type {
     KEY_ENUM,   /* an enum field: one of names[], stored as its index */
     KEY_CKPT,   /* checkpointing: none | all | every:K (checkpointing and checkpoint_every) */
     KEY_STORE,  /* state_store: ram | nvme:DIR (state_store and state_store_dir) */
+    KEY_SIZE,   /* uint64_t bytes: none (0) or a size with a unit, e.g. 11GiB */
 };
 
 struct key_def {
@@ -50,6 +52,7 @@ struct key_def {
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", "fp16"};
 static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "server"};
+static const char *const weights_names[] = {"auto", "gpu", "host"};
 static const char *const schedule_names[] = {"nodecay", "noam", "linear", "cosine", "exponential"};
 
 static const struct key_def keys[] = {
@@ -96,6 +99,9 @@ static const struct key_def keys[] = {
     {"zero_level", "--zero-level", KEY_INT, FIELD(zero_level)},
     {"checkpointing", "--checkpointing", KEY_CKPT, FIELD(checkpointing)},
     {"prefetch", "--prefetch", KEY_INT, FIELD(prefetch)},
+    {"gpu_mem", "--gpu-mem", KEY_SIZE, FIELD(gpu_mem)},
+    {"weights", "--weights", KEY_ENUM, ENUM_FIELD(weights, weights_names)},
+    {"auto_micro_batch", "--auto-micro-batch", KEY_BOOL, FIELD(auto_micro_batch)},
 };
 #define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -182,6 +188,15 @@ static int set_typed(zt_train_config *c, const struct key_def *k, const char *te
         }
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s = '%s': use none, all or every:K (K from 1 to 1000000)", where, text);
     }
+    if (k->type == KEY_SIZE) {
+        uint64_t bytes = 0;
+        zt_err serr;
+        if (strcmp(text, "none") != 0 && zt_parse_size(text, &bytes, &serr) < 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s = '%s': use none or a size with a unit, e.g. 11GiB or 8000MiB",
+                           where, text);
+        *(uint64_t *)((char *)c + k->offset) = bytes;
+        return 0;
+    }
     /* KEY_STORE */
     if (strcmp(text, "ram") == 0) {
         c->state_store = ZT_STORE_RAM;
@@ -211,6 +226,16 @@ static void typed_text(const zt_train_config *c, const struct key_def *k, char *
             snprintf(buf, cap, "every:%lld", (long long)c->checkpoint_every);
         else
             snprintf(buf, cap, "%s", c->checkpointing == ZT_CKPT_ALL ? "all" : "none");
+    } else if (k->type == KEY_SIZE) {
+        const uint64_t v = *(const uint64_t *)((const char *)c + k->offset);
+        if (v == 0)
+            snprintf(buf, cap, "none");
+        else if (v % (1ULL << 30) == 0)
+            snprintf(buf, cap, "%lluGiB", (unsigned long long)(v >> 30));
+        else if (v % (1ULL << 20) == 0)
+            snprintf(buf, cap, "%lluMiB", (unsigned long long)(v >> 20));
+        else
+            snprintf(buf, cap, "%llu", (unsigned long long)v);
     } else {
         snprintf(buf, cap, c->state_store == ZT_STORE_NVME ? "nvme:%s" : "ram", c->state_store_dir);
     }
@@ -377,7 +402,8 @@ int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err)
             break;
         case KEY_ENUM:
         case KEY_CKPT:
-        case KEY_STORE: {
+        case KEY_STORE:
+        case KEY_SIZE: {
             char value[ZT_TRAIN_PATH_MAX + 8], where[ZT_TRAIN_PATH_MAX + 64];
             rc = zt_json_get_string(&r, k->key, value, sizeof(value), err);
             snprintf(where, sizeof(where), "%s: \"%s\"", path, k->key);
@@ -418,6 +444,21 @@ int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *v
         snprintf(c->resume, sizeof(c->resume), "%s", value);
         return 0;
     }
+    if (strcmp(flag, "--offload") == 0) {
+        /* shorthand: cpu = the optimizer in host RAM; nvme:DIR = the embedded state server keeping the
+         * optimizer state on NVMe in DIR */
+        if (strcmp(value, "cpu") == 0) {
+            c->optimizer = ZT_OPTIMIZER_CPU;
+            return 0;
+        }
+        if (strncmp(value, "nvme:", 5) == 0 && value[5]) {
+            c->optimizer = ZT_OPTIMIZER_SERVER;
+            c->servers[0] = '\0';
+            return set_typed(c, find_key("state_store"), value, flag, err);
+        }
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--offload '%s': use cpu (the optimizer state in host RAM) or "
+                       "nvme:DIR (the optimizer state on NVMe, in directory DIR)", value);
+    }
     const struct key_def *k = find_flag(flag);
     if (!k)
         return zt_fail(err, ZT_EINVAL_CONFIG, "unknown flag '%s'; see ztrain train --help", flag);
@@ -446,6 +487,7 @@ int zt_train_config_set_flag(zt_train_config *c, const char *flag, const char *v
     case KEY_ENUM:
     case KEY_CKPT:
     case KEY_STORE:
+    case KEY_SIZE:
         return set_typed(c, k, value, flag, err);
     case KEY_PATH:
     case KEY_TEXT: {
@@ -561,6 +603,17 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
                        "ztrain-server --store", label("state_store"), c->state_store_dir);
     if ((rc = check_int(c, "zero_level", 2, 3, err)) < 0 || (rc = check_int(c, "prefetch", 0, 64, err)) < 0)
         return rc;
+    if (c->gpu_mem > 0 && !cuda)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s caps GPU memory: it needs --device cuda (or drop it)",
+                       label("gpu_mem"));
+    if (c->weights != ZT_WEIGHTS_AUTO && !cuda)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s places the weights on or off a GPU: it needs --device "
+                       "cuda (or set it to auto)", label("weights"));
+    if (c->weights == ZT_WEIGHTS_HOST && (opt == ZT_OPTIMIZER_GPU || c->zero_level != 3 ||
+                                          c->optimizer_gpu_fraction > 0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = host streams the weights from host memory, where the "
+                       "optimizer updates them: it needs --optimizer cpu or server (without "
+                       "--optimizer-gpu-fraction) and --zero-level 3", label("weights"));
     if (c->checkpointing == ZT_CKPT_EVERY && (c->checkpoint_every < 1 || c->checkpoint_every > 1000000))
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = every:%lld: K must be from 1 to 1000000",
                        label("checkpointing"), (long long)c->checkpoint_every);
@@ -655,7 +708,7 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
 
     if ((rc = check_int(c, "eval_every", 0, 1000000000, err)) < 0 ||
         (rc = check_int(c, "eval_batches", 1, 1000000, err)) < 0 ||
-        (rc = check_int(c, "save_every", 0, 1000000000, err)) < 0 ||
+        (rc = check_int(c, "save_every", -1, 1000000000, err)) < 0 ||
         (rc = check_int(c, "log_every", 1, 1000000000, err)) < 0 ||
         (rc = check_int(c, "seed", 0, JSON_INT_LIMIT, err)) < 0 ||
         (rc = check_int(c, "threads", 0, 4096, err)) < 0)
@@ -700,6 +753,7 @@ static void format_value(const zt_train_config *c, const struct key_def *k, char
     case KEY_ENUM:
     case KEY_CKPT:
     case KEY_STORE:
+    case KEY_SIZE:
         typed_text(c, k, buf, cap);
         break;
     }
@@ -769,7 +823,8 @@ int zt_train_config_save(const zt_train_config *c, const char *path, const char 
             break;
         case KEY_ENUM:
         case KEY_CKPT:
-        case KEY_STORE: {
+        case KEY_STORE:
+        case KEY_SIZE: {
             char text[ZT_TRAIN_PATH_MAX + 8];
             typed_text(c, k, text, sizeof text);
             cJSON_AddStringToObject(root, k->key, text);

@@ -27,6 +27,9 @@ enum zt_train_precision { ZT_PRECISION_AUTO = 0, ZT_PRECISION_FP32 = 1, ZT_PRECI
 enum zt_train_optimizer { ZT_OPTIMIZER_AUTO = 0, ZT_OPTIMIZER_GPU = 1, ZT_OPTIMIZER_CPU = 2, ZT_OPTIMIZER_SERVER = 3 };
 enum zt_train_ckpt { ZT_CKPT_NONE = 0, ZT_CKPT_ALL = 1, ZT_CKPT_EVERY = 2 };
 enum zt_train_store { ZT_STORE_RAM = 0, ZT_STORE_NVME = 1 };
+/* Where the compute-dtype weights live between passes: auto (on the GPU unless --gpu-mem needs them in host
+ * memory), gpu, or host (streamed to the GPU block by block, in the forward and again in the backward). */
+enum zt_train_weights { ZT_WEIGHTS_AUTO = 0, ZT_WEIGHTS_GPU = 1, ZT_WEIGHTS_HOST = 2 };
 
 /* The name of a typed setting's value, as configs and flags spell it ("cpu", "cuda", "auto", "fp32", ...).
  * Never NULL. */
@@ -68,7 +71,7 @@ typedef struct zt_train_config {
     /* Evaluation, checkpoints, logging (all in steps). */
     int64_t eval_every;   /* 0 = only before the first and after the last step */
     int64_t eval_batches;
-    int64_t save_every;   /* 0 = only the final checkpoint */
+    int64_t save_every;   /* 0 = only the final checkpoint; -1 = none */
     int64_t log_every;
 
     int64_t seed;
@@ -101,6 +104,13 @@ typedef struct zt_train_config {
     enum zt_train_ckpt checkpointing; /* activation checkpointing of transformer layers */
     int64_t checkpoint_every;         /* ZT_CKPT_EVERY: layers 0, K, 2K, ... are checkpointed */
     int64_t prefetch;     /* blocks gathered ahead, 0..64 */
+
+    /* Memory (worker/train/plan.h): a cap on the GPU memory of each rank (0 = the whole GPU) and where the
+     * weights live; the planner picks what the cap needs and refuses what cannot fit. */
+    uint64_t gpu_mem;
+    enum zt_train_weights weights;
+    bool auto_micro_batch; /* the planner may lower batch_size (rows per micro-batch), raising grad_accum so
+                              that a step keeps its tokens, until the run fits */
 
     /* Not a file key nor a flag: stop after this step as if interrupted (checkpoint, then return with
      * zt_train_result.interrupted set); 0 = run to `steps`. For tests and tools. */

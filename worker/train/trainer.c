@@ -28,9 +28,11 @@
 #include "worker/models/gpt2.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
+#include "worker/train/plan.h"
 #include "worker/train/schedule.h"
 #ifdef ZT_WITH_CUDA
 #include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
+#include "kernels/matmul.h"            /* ZT_CUDA_BLAS_DEVICE_BYTES */
 #include "worker/models/gpt2_cuda.h"   /* the model's passes on the GPU */
 #endif
 
@@ -416,27 +418,32 @@ static int pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt,
 }
 #endif
 
-/* The model as the engine drives it, on the device cfg asks for; b x T micro-batches. */
-static int create_model(const zt_train_config *cfg, zt_gpt2 *host, int local_rank, int b, int T, zt_model **out,
-                        enum zt_dtype *dtype, zt_err *err)
+/* The layer flags of activation checkpointing: every layer (all) or as cfg says. Free with free(). */
+static bool *layer_flags(const zt_train_config *cfg, bool all)
 {
     const int L = cfg->model.n_layer;
     bool *ckpt = zt_xcalloc((size_t)(L > 0 ? L : 1), sizeof(bool));
     for (int l = 0; l < L; l++)
-        ckpt[l] = zt_train_config_layer_checkpointed(cfg, l);
+        ckpt[l] = all || zt_train_config_layer_checkpointed(cfg, l);
+    return ckpt;
+}
+
+/* The model as the engine drives it, on the device cfg asks for, computing in dtype (chosen by
+ * plan_gpu_run on a GPU); b x T micro-batches. */
+static int create_model(const zt_train_config *cfg, zt_gpt2 *host, int b, int T, enum zt_dtype dtype, zt_model **out,
+                        zt_err *err)
+{
+    bool *ckpt = layer_flags(cfg, false);
     int rc;
-    *dtype = ZT_DTYPE_F32;
     if (cfg->device == ZT_DEVICE_CPU) {
         rc = zt_gpt2_model_cpu(out, host, (int)cfg->grad_accum, ckpt, err);
     } else {
 #ifdef ZT_WITH_CUDA
-        rc = pick_dtype(cfg, local_rank, dtype, err);
-        if (rc == 0)
-            rc = zt_gpt2_cuda_create(out, host, b, T, (int)cfg->grad_accum, *dtype, ckpt, err);
+        rc = zt_gpt2_cuda_create(out, host, b, T, (int)cfg->grad_accum, dtype, ckpt, err);
 #else
-        (void)local_rank;
         (void)b;
         (void)T;
+        (void)dtype;
         rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: this ztrain was built without the CUDA backend (rebuild "
                      "with -DZT_CUDA=ON on a machine with the CUDA toolkit, or train with --device cpu)");
 #endif
@@ -450,11 +457,194 @@ static enum zt_placement engine_placement(enum zt_train_optimizer o)
     return o == ZT_OPTIMIZER_GPU ? ZT_PLACEMENT_GPU : o == ZT_OPTIMIZER_SERVER ? ZT_PLACEMENT_SERVER : ZT_PLACEMENT_CPU;
 }
 
+/* The engine's options from cfg, for grad_accum micro-batches per step (the layout's fields stay 0). */
+static void engine_options(const zt_train_config *cfg, int accum, zt_engine_options *eo)
+{
+    zt_engine_options_init(eo);
+    eo->zero_level = (int)cfg->zero_level;
+    eo->prefetch = (int)cfg->prefetch;
+    eo->grad_accum = accum;
+    eo->placement = engine_placement(cfg->optimizer);
+    eo->beta1 = cfg->beta1;
+    eo->beta2 = cfg->beta2;
+    eo->eps = cfg->eps;
+    eo->weight_decay = cfg->weight_decay;
+    eo->grad_clip = cfg->grad_clip;
+    eo->gpu_fraction = cfg->optimizer_gpu_fraction;
+}
+
+/* What the planner chose for the engine. */
+struct layout {
+    bool stream;
+    size_t grad_chunk;
+    size_t device_budget; /* 0: no cap */
+};
+
+#ifdef ZT_WITH_CUDA
+/* Elements of the gradient pieces of the chunked and streamed layouts (three fp32 buffers of 32 MiB), and
+ * what NCCL's buffers are counted at with several ranks. */
+#define GRAD_CHUNK_ELEMS ((size_t)8 << 20)
+#define NCCL_RESERVE_BYTES ((size_t)256 << 20)
+
+/* A planner layout as engine options. */
+static void apply_layout(const zt_train_config *cfg, enum zt_plan_weights w, bool optimizer_on_gpu,
+                         zt_engine_options *o)
+{
+    o->stream = w == ZT_PLAN_STREAMED;
+    o->grad_chunk = w == ZT_PLAN_RESIDENT ? 0 : GRAD_CHUNK_ELEMS;
+    if (optimizer_on_gpu)
+        o->placement = ZT_PLACEMENT_GPU;
+    else if (o->placement == ZT_PLACEMENT_GPU) /* priced for --optimizer cpu */
+        o->placement = ZT_PLACEMENT_CPU;
+    (void)cfg;
+}
+
+struct pricing {
+    const zt_train_config *cfg;
+    const zt_gpt2 *layout; /* the model's tables */
+    int W;
+    enum zt_dtype dtype;
+};
+
+/* The engine options and the model's shape of a layout at micro-batch b (rows per rank). */
+static zt_model *shape_of(const struct pricing *p, enum zt_plan_weights w, bool on_gpu, int b, bool ckpt_all,
+                          zt_engine_options *o)
+{
+    const zt_train_config *cfg = p->cfg;
+    const int micro_cfg = (int)cfg->batch_size / p->W;
+    const int accum = (int)cfg->grad_accum * (micro_cfg / b);
+    bool *ckpt = layer_flags(cfg, ckpt_all);
+    zt_model *shape = zt_gpt2_cuda_shape(p->layout, b, (int)cfg->seq_len, accum, p->dtype, ckpt);
+    free(ckpt);
+    engine_options(cfg, accum, o);
+    apply_layout(cfg, w, on_gpu, o);
+    return shape;
+}
+
+/* The planner's price of a layout on the GPU: the engine's buffers, the model's activations, cuBLAS and
+ * NCCL. */
+static void price_layout(void *ctx, enum zt_plan_weights w, bool on_gpu, int b, bool ckpt_all, zt_plan_device *out)
+{
+    const struct pricing *p = ctx;
+    zt_engine_options o;
+    zt_model *shape = shape_of(p, w, on_gpu, b, ckpt_all, &o);
+    zt_engine_plan ep;
+    zt_engine_plan_for(shape, p->W, &o, &ep);
+    out->engine = ep.device_bytes;
+    out->model = shape->device_bytes;
+    out->fixed = ZT_CUDA_BLAS_DEVICE_BYTES + (p->W > 1 ? NCCL_RESERVE_BYTES : 0);
+    shape->ops->destroy(shape);
+}
+
+/* Plans a run on the GPU before anything large is allocated: the compute dtype, the layout under --gpu-mem
+ * (or the GPU's free memory), with an automatic micro-batch the rows per micro-batch (cfg's batch_size and
+ * grad_accum change then), and the host and disk bytes, refused when the machine lacks them. Logs the
+ * plan. */
+static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_dtype *dtype, struct layout *lay,
+                        zt_err *err)
+{
+    const int W = env->world_size;
+    int rc = pick_dtype(cfg, env->local_rank, dtype, err);
+    zt_gpt2 *tables = NULL;
+    if (rc < 0 || (rc = zt_gpt2_create_layout(&tables, &cfg->model, err)) < 0)
+        return rc;
+    size_t free_b = 0, total_b = 0;
+    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    struct pricing p = {.cfg = cfg, .layout = tables, .W = W, .dtype = *dtype};
+    const bool opt_gpu = cfg->optimizer == ZT_OPTIMIZER_GPU;
+    zt_plan_request q = {
+        .cap = cfg->gpu_mem,
+        .gpu_free = free_b,
+        .weights = cfg->weights,
+        .optimizer_on_gpu = opt_gpu,
+        .can_chunk = W == 1,
+        .can_stream = W == 1 && cfg->zero_level == 3 && cfg->optimizer_gpu_fraction == 0,
+        .ckpt_all = cfg->checkpointing == ZT_CKPT_ALL,
+        .world = W,
+        .micro_batch = (int)cfg->batch_size / W,
+        .grad_accum = (int)cfg->grad_accum,
+        .seq_len = (int)cfg->seq_len,
+        .auto_micro = cfg->auto_micro_batch,
+        .price = price_layout,
+        .ctx = &p,
+    };
+    zt_plan_choice ch;
+    if ((rc = zt_plan_fit(&q, &ch, err)) < 0)
+        goto done;
+    const bool is0 = env->rank == 0;
+    if (ch.micro_batch != q.micro_batch && is0)
+        zt_log(ZT_LOG_INFO, "plan: micro-batch %d rows per rank instead of %d, grad_accum %d instead of %d (the same "
+               "%lld tokens per step), to fit", ch.micro_batch, q.micro_batch, ch.grad_accum, q.grad_accum,
+               (long long)cfg->batch_size * (long long)cfg->grad_accum * (long long)cfg->seq_len);
+    cfg->batch_size = (int64_t)ch.micro_batch * W;
+    cfg->grad_accum = ch.grad_accum;
+    cfg->auto_micro_batch = false; /* the run directory's config holds what was chosen */
+    zt_engine_options o;
+    zt_model *shape = shape_of(&p, ch.weights, opt_gpu, ch.micro_batch, false, &o);
+    zt_engine_plan ep;
+    zt_engine_plan_for(shape, W, &o, &ep);
+    shape->ops->destroy(shape);
+    lay->stream = o.stream;
+    lay->grad_chunk = o.grad_chunk;
+    lay->device_budget = cfg->gpu_mem ? cfg->gpu_mem - ch.device.model - ch.device.fixed : 0;
+
+    /* Host: the engine's buffers (the Adam moments' pages are taken at the first update, after the host
+     * slab of the initial weights is given back), the embedded state server's records, the checkpoints'
+     * staging (the gathered weights, moments and their Hugging Face copy). Disk: the NVMe records. */
+    const uint64_t P = zt_gpt2_num_params(tables);
+    const bool embedded = cfg->optimizer == ZT_OPTIMIZER_SERVER && !cfg->servers[0];
+    const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
+    const uint64_t disk = embedded && cfg->state_store == ZT_STORE_NVME
+                              ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(cfg->model.n_layer + 2)
+                              : 0;
+    const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
+    const uint64_t steady = ep.host_bytes + server_ram + staging;
+    const uint64_t at_start = 4 * P + ep.host_bytes - ep.host_moment_bytes + server_ram;
+    const uint64_t ram = steady > at_start ? steady : at_start;
+    char parts[256], eng[32], pin[32], srv[32], stg[32];
+    zt_format_size(ep.host_bytes, eng, sizeof eng);
+    zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
+    zt_format_size(server_ram, srv, sizeof srv);
+    zt_format_size(staging, stg, sizeof stg);
+    snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s", eng,
+             pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "");
+    zt_plan_host h = {.ram_needed = ram, .ram_available = zt_plan_ram_available(), .disk_needed = disk,
+                      .disk_free = disk ? zt_plan_disk_free(cfg->state_store_dir) : 0,
+                      .disk_dir = cfg->state_store_dir, .ram_parts = parts};
+    if (is0) {
+        char all[32], lim[32], e[32], m[32], f[32], need[32], avail[32], dk[32], dfree[32];
+        zt_format_size(zt_plan_device_total(&ch.device), all, sizeof all);
+        zt_format_size(ch.limit, lim, sizeof lim);
+        zt_format_size(ch.device.engine, e, sizeof e);
+        zt_format_size(ch.device.model, m, sizeof m);
+        zt_format_size(ch.device.fixed, f, sizeof f);
+        zt_format_size(ram, need, sizeof need);
+        zt_format_size(h.ram_available, avail, sizeof avail);
+        zt_format_size(disk, dk, sizeof dk);
+        zt_format_size(h.disk_free, dfree, sizeof dfree);
+        zt_log(ZT_LOG_INFO, "plan: GPU %s of %s%s per rank: weights %s (engine %s, activations of %d x %lld tokens "
+               "%s, cuBLAS and NCCL %s)", all, lim, cfg->gpu_mem ? " (--gpu-mem)" : " free", zt_plan_weights_name(ch.weights),
+               e, ch.micro_batch, (long long)cfg->seq_len, m, f);
+        zt_log(ZT_LOG_INFO, "plan: host %s of %s available (%s)", need, avail, parts);
+        if (disk)
+            zt_log(ZT_LOG_INFO, "plan: disk %s of %s free in %s (fp32 masters and Adam moments)", dk, dfree,
+                   cfg->state_store_dir);
+        else
+            zt_log(ZT_LOG_INFO, "plan: disk 0 (no state on disk%s)", cfg->servers[0] ? "; the state servers hold it" : "");
+    }
+    rc = zt_plan_check_host(&h, err);
+done:
+    zt_gpt2_destroy(tables);
+    return rc;
+}
+#endif
+
 
 /* ---- one run ---- */
 
 /* Everything a run holds, so that one cleanup path frees it. */
 struct run {
+    zt_train_config *cfg;     /* this run's settings: the given ones, with what the planner chose */
     zt_gpt2 *host;            /* configuration, tensor table, files; its slab receives checkpoints' weights */
     zt_model *model;          /* the passes the engine drives */
     zt_engine *engine;
@@ -483,6 +673,7 @@ static void run_free(struct run *r)
     zt_metrics_close(&r->metrics);
     free(r->tok);
     free(r->tgt);
+    free(r->cfg);
 }
 
 /* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
@@ -575,24 +766,36 @@ static void log_timing(zt_engine *e)
 /* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
  * step fails because a state server holds an older step (the same on every rank), res->rewind_to
  * receives that step. */
-static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_comm *comm, zt_train_result *res,
+static int train_once(const zt_train_config *given, const zt_launch_env *env, zt_comm *comm, zt_train_result *res,
                       zt_err *err)
 {
     memset(res, 0, sizeof *res);
     res->first_val_loss = NAN;
     res->last_val_loss = NAN;
     res->rewind_to = -1;
-    const int W = env->world_size, rank = env->rank, B = (int)cfg->batch_size, T = (int)cfg->seq_len;
-    const int accum = (int)cfg->grad_accum, b = B / W;
-    const bool is0 = rank == 0, on_gpu = cfg->device == ZT_DEVICE_CUDA;
-    const bool on_servers = cfg->optimizer == ZT_OPTIMIZER_SERVER;
     struct run r;
     memset(&r, 0, sizeof r);
+    r.cfg = zt_xmalloc(sizeof *r.cfg);
+    *r.cfg = *given;
+    zt_train_config *const cfg = r.cfg;
+    const int W = env->world_size, rank = env->rank, T = (int)cfg->seq_len;
+    const bool is0 = rank == 0, on_gpu = cfg->device == ZT_DEVICE_CUDA;
+    const bool on_servers = cfg->optimizer == ZT_OPTIMIZER_SERVER;
     int rc;
     if (is0) {
         zt_train_config_log(cfg);
         zt_log(ZT_LOG_INFO, "threads: %d per rank, %d rank%s", zt_cpu_get_threads(), W, W == 1 ? "" : "s");
     }
+
+    /* On a GPU, the memory plan comes first: it may refuse, or lower the micro-batch. */
+    enum zt_dtype dtype = ZT_DTYPE_F32;
+    struct layout lay = {0};
+#ifdef ZT_WITH_CUDA
+    rc = on_gpu ? plan_gpu_run(cfg, env, &dtype, &lay, err) : 0;
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+        goto out;
+#endif
+    const int B = (int)cfg->batch_size, accum = (int)cfg->grad_accum, b = B / W;
 
     /* The host model keeps the layout, the parameters and the files; on the GPU it never runs, so its
      * activations are sized for one token. */
@@ -683,22 +886,14 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
         goto out;
 
     /* The model's passes and the engine around them. */
-    enum zt_dtype dtype;
-    rc = create_model(cfg, r.host, env->local_rank, b, T, &r.model, &dtype, err);
+    rc = create_model(cfg, r.host, b, T, dtype, &r.model, err);
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         goto out;
     zt_engine_options eo;
-    zt_engine_options_init(&eo);
-    eo.zero_level = (int)cfg->zero_level;
-    eo.prefetch = (int)cfg->prefetch;
-    eo.grad_accum = accum;
-    eo.placement = engine_placement(cfg->optimizer);
-    eo.beta1 = cfg->beta1;
-    eo.beta2 = cfg->beta2;
-    eo.eps = cfg->eps;
-    eo.weight_decay = cfg->weight_decay;
-    eo.grad_clip = cfg->grad_clip;
-    eo.gpu_fraction = cfg->optimizer_gpu_fraction;
+    engine_options(cfg, accum, &eo);
+    eo.stream = lay.stream;
+    eo.grad_chunk = lay.grad_chunk;
+    eo.device_budget = lay.device_budget;
     zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
     if (on_servers) {
         rc = state_client_create(cfg, &r.client, &r.token, err);
@@ -719,6 +914,8 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
             res->rewind_to = zt_engine_server_step(r.engine);
         goto out;
     }
+    if (on_gpu)
+        zt_gpt2_release_params(r.host); /* the engine holds the weights; checkpoints write the slab again */
     if (is0) {
         zt_engine_log_plan(r.engine);
         if (on_servers)
@@ -866,7 +1063,7 @@ static int train_once(const zt_train_config *cfg, const zt_launch_env *env, zt_c
             goto out;
         }
         const bool stop = any > 0 || (cfg->stop_at_step > 0 && step >= cfg->stop_at_step);
-        if ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop) {
+        if (cfg->save_every >= 0 && ((cfg->save_every > 0 && step % cfg->save_every == 0) || last || stop)) {
             st.elapsed_s = elapsed_before + (zt_now_s() - start);
             if ((rc = save(&r, cfg, &st, comm, res, err)) < 0)
                 goto out;

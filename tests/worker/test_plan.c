@@ -1,0 +1,167 @@
+/* The memory planner (worker/train/plan.h) with a made-up price list: it takes the fastest layout that
+ * fits, lowers an automatic micro-batch only as far as needed, and a refusal names the minimum and each
+ * change that would fit with its need. Host and disk refusals name both numbers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/status.h"
+#include "worker/train/plan.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* Prices: weights resident 1000 MiB (optimizer on the GPU: 4000), chunked 800, streamed 100; activations
+ * 100 MiB per row of the micro-batch, a third of it with every layer checkpointed; 34 MiB fixed. */
+static int priced; /* calls */
+static void price(void *ctx, enum zt_plan_weights w, bool on_gpu, int b, bool ckpt_all, zt_plan_device *out)
+{
+    (void)ctx;
+    priced++;
+    out->engine = (w == ZT_PLAN_RESIDENT ? (on_gpu ? 4000 : 1000) : w == ZT_PLAN_CHUNKED ? 800 : 100) * MiB;
+    out->model = (size_t)b * (ckpt_all ? 33 : 100) * MiB;
+    out->fixed = 34 * MiB;
+}
+
+static zt_plan_request request(uint64_t cap_mib, int micro)
+{
+    zt_plan_request r = {
+        .cap = cap_mib * MiB,
+        .gpu_free = 100000 * MiB,
+        .weights = ZT_WEIGHTS_AUTO,
+        .optimizer_on_gpu = false,
+        .can_chunk = true,
+        .can_stream = true,
+        .world = 1,
+        .micro_batch = micro,
+        .grad_accum = 2,
+        .seq_len = 1024,
+        .price = price,
+    };
+    return r;
+}
+
+static void test_fastest_that_fits(void **state)
+{
+    (void)state;
+    zt_plan_choice c;
+    zt_err err = {{0}};
+    /* 8 rows: 800 MiB of activations; resident 1834, chunked 1634, streamed 934 */
+    zt_plan_request r = request(2000, 8);
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_RESIDENT);
+    assert_int_equal(c.micro_batch, 8);
+    assert_int_equal(c.grad_accum, 2);
+    assert_true(c.limit == 2000 * MiB);
+    r = request(1700, 8);
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_CHUNKED);
+    r = request(1000, 8);
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_STREAMED);
+    assert_true(zt_plan_device_total(&c.device) == 934 * MiB);
+    /* no cap: the GPU's free memory */
+    r = request(0, 8);
+    r.gpu_free = 1500 * MiB;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_STREAMED);
+    assert_true(c.limit == 1500 * MiB);
+    /* --weights gpu never streams; --weights host always does */
+    r = request(1700, 8);
+    r.weights = ZT_WEIGHTS_HOST;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_STREAMED);
+    r = request(1000, 8);
+    r.weights = ZT_WEIGHTS_GPU;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+    /* several ranks: resident only */
+    r = request(1700, 8);
+    r.can_chunk = r.can_stream = false;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+}
+
+static void test_auto_micro_batch(void **state)
+{
+    (void)state;
+    zt_plan_choice c;
+    zt_err err = {{0}};
+    /* 12 rows do not fit 700 MiB in any layout; the divisors 6, 4 do not either (734, 534 streamed: 6 -> 734
+     * too much, 4 -> 534 fits) */
+    zt_plan_request r = request(700, 12);
+    r.auto_micro = true;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.micro_batch, 4);
+    assert_int_equal(c.grad_accum, 2 * 3);
+    assert_int_equal(c.weights, ZT_PLAN_STREAMED);
+    /* without auto the same request is refused */
+    r.auto_micro = false;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+}
+
+static void test_refusal_names_minimum_and_fixes(void **state)
+{
+    (void)state;
+    zt_plan_choice c;
+    zt_err err = {{0}};
+    /* 8 rows, optimizer on the GPU (resident only): 4000 + 800 + 34 = 4834 MiB against a cap of 1000; only
+     * moving the optimizer off the GPU fits (checkpointing or fewer rows leave 4000 MiB of weights) */
+    zt_plan_request r = request(1000, 8);
+    r.optimizer_on_gpu = true;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+    const char *m = err.msg;
+    if (!strstr(m, "--gpu-mem is 1000 MiB") || !strstr(m, "at least 4.72 GiB") ||
+        !strstr(m, "--optimizer cpu (streamed weights, 934 MiB)") || strstr(m, "--checkpointing all") ||
+        strstr(m, "--batch-size") || !strstr(m, "--gpu-mem 4916MiB or more"))
+        fail_msg("message: %s", m);
+    /* optimizer off the GPU but a cap below even the streamed minimum at 8 rows (934): checkpointing all
+     * (100 + 264 + 34 = 398) and 4 rows (534) would fit; 1 row would too, the largest fitting is named */
+    r = request(600, 8);
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+    m = err.msg;
+    if (!strstr(m, "at least 934 MiB") || strstr(m, "--optimizer cpu") || !strstr(m, "--checkpointing all (398 MiB)") ||
+        !strstr(m, "--batch-size 4 --grad-accum 4 for the same tokens per step (534 MiB)") ||
+        !strstr(m, "--gpu-mem 1024MiB"))
+        fail_msg("message: %s", m);
+    /* without a cap the message speaks of the GPU's free memory */
+    r = request(0, 8);
+    r.gpu_free = 100 * MiB;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "the GPU has 100 MiB") || !strstr(err.msg, "a GPU with --gpu-mem"))
+        fail_msg("message: %s", err.msg);
+}
+
+static void test_host_and_disk(void **state)
+{
+    (void)state;
+    zt_err err = {{0}};
+    zt_plan_host h = {.ram_needed = 120ULL << 30, .ram_available = 100ULL << 30, .ram_parts = "engine 120 GiB"};
+    assert_int_equal(zt_plan_check_host(&h, &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "120 GiB") || !strstr(err.msg, "100 GiB") || !strstr(err.msg, "--offload nvme:DIR"))
+        fail_msg("message: %s", err.msg);
+    h.ram_available = 200ULL << 30;
+    assert_int_equal(zt_plan_check_host(&h, &err), 0);
+    h.disk_needed = 80ULL << 30;
+    h.disk_free = 64ULL << 30;
+    h.disk_dir = "/mnt/nvme";
+    assert_int_equal(zt_plan_check_host(&h, &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "80.0 GiB") || !strstr(err.msg, "64.0 GiB") || !strstr(err.msg, "/mnt/nvme"))
+        fail_msg("message: %s", err.msg);
+    /* the machine's numbers are readable here */
+    assert_true(zt_plan_ram_available() > 0);
+    assert_true(zt_plan_disk_free(".") > 0);
+    assert_true(zt_plan_disk_free("/no/such/dir") == 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fastest_that_fits),
+        cmocka_unit_test(test_auto_micro_batch),
+        cmocka_unit_test(test_refusal_names_minimum_and_fixes),
+        cmocka_unit_test(test_host_and_disk),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

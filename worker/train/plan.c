@@ -1,0 +1,196 @@
+/* The memory planner; see plan.h. */
+#include "worker/train/plan.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/statvfs.h>
+
+#include "common/units.h"
+
+const char *zt_plan_weights_name(enum zt_plan_weights w)
+{
+    switch (w) {
+    case ZT_PLAN_RESIDENT:
+        return "resident";
+    case ZT_PLAN_CHUNKED:
+        return "chunked";
+    case ZT_PLAN_STREAMED:
+        return "streamed";
+    }
+    return "?";
+}
+
+size_t zt_plan_device_total(const zt_plan_device *d)
+{
+    return d->engine + d->model + d->fixed;
+}
+
+/* The layouts the request allows, fastest first; returns their count. */
+static int allowed_layouts(const zt_plan_request *r, bool optimizer_on_gpu, enum zt_plan_weights out[3])
+{
+    int n = 0;
+    const bool off = !optimizer_on_gpu;
+    if (r->weights != ZT_WEIGHTS_HOST) {
+        out[n++] = ZT_PLAN_RESIDENT;
+        if (off && r->can_chunk)
+            out[n++] = ZT_PLAN_CHUNKED;
+    }
+    if (r->weights != ZT_WEIGHTS_GPU && off && r->can_stream)
+        out[n++] = ZT_PLAN_STREAMED;
+    return n;
+}
+
+/* The smallest need among the allowed layouts at micro-batch b; *w receives its layout. Returns false
+ * when the request allows no layout. */
+static bool smallest(const zt_plan_request *r, bool optimizer_on_gpu, int b, bool ckpt_all, enum zt_plan_weights *w,
+                     zt_plan_device *d)
+{
+    enum zt_plan_weights ws[3];
+    const int n = allowed_layouts(r, optimizer_on_gpu, ws);
+    bool found = false;
+    for (int i = 0; i < n; i++) {
+        zt_plan_device x;
+        r->price(r->ctx, ws[i], optimizer_on_gpu, b, ckpt_all, &x);
+        if (!found || zt_plan_device_total(&x) < zt_plan_device_total(d)) {
+            *d = x;
+            *w = ws[i];
+            found = true;
+        }
+    }
+    return found;
+}
+
+static void size_text(uint64_t bytes, char *buf, size_t cap)
+{
+    zt_format_size(bytes, buf, cap);
+}
+
+/* A --gpu-mem value at least `bytes`, rounded up to a tenth of a GiB, as a flag value: "3.5GiB" becomes
+ * "3584MiB" (the parser takes whole numbers of a unit). */
+static void cap_flag(uint64_t bytes, char *buf, size_t cap)
+{
+    const uint64_t step = (1ULL << 30) / 10;
+    const uint64_t up = (bytes + step - 1) / step * step;
+    snprintf(buf, cap, "%lluMiB", (unsigned long long)((up + (1ULL << 20) - 1) >> 20));
+}
+
+int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const uint64_t limit = r->cap ? r->cap : r->gpu_free;
+    enum zt_plan_weights ws[3];
+    const int nw = allowed_layouts(r, r->optimizer_on_gpu, ws);
+    if (nw == 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--weights host streams the weights from host memory: it needs the "
+                       "optimizer off the GPU (--optimizer cpu or server), ZeRO-3 and one rank per GPU");
+    /* the configured micro-batch first; with an automatic one, its divisors downwards */
+    for (int b = r->micro_batch; b >= 1; b--) {
+        if (b != r->micro_batch && (!r->auto_micro || r->micro_batch % b != 0))
+            continue;
+        for (int i = 0; i < nw; i++) {
+            zt_plan_device d;
+            r->price(r->ctx, ws[i], r->optimizer_on_gpu, b, false, &d);
+            if (zt_plan_device_total(&d) <= limit) {
+                out->weights = ws[i];
+                out->micro_batch = b;
+                out->grad_accum = r->grad_accum * (r->micro_batch / b);
+                out->device = d;
+                out->limit = limit;
+                return 0;
+            }
+        }
+    }
+
+    /* Nothing fits: the minimum of this configuration, and what would fit. */
+    enum zt_plan_weights w0;
+    zt_plan_device d0;
+    const int b_min = r->auto_micro ? 1 : r->micro_batch;
+    smallest(r, r->optimizer_on_gpu, b_min, false, &w0, &d0);
+    char need[32], lim[32], eng[32], act[32], fix[32];
+    size_text(zt_plan_device_total(&d0), need, sizeof need);
+    size_text(limit, lim, sizeof lim);
+    size_text(d0.engine, eng, sizeof eng);
+    size_text(d0.model, act, sizeof act);
+    size_text(d0.fixed, fix, sizeof fix);
+    char ways[1024];
+    size_t used = 0;
+    ways[0] = '\0';
+    enum zt_plan_weights w;
+    zt_plan_device d;
+    char x[32];
+    if (r->optimizer_on_gpu) {
+        zt_plan_request off = *r;
+        off.optimizer_on_gpu = false;
+        if (smallest(&off, false, b_min, false, &w, &d) && zt_plan_device_total(&d) <= limit) {
+            size_text(zt_plan_device_total(&d), x, sizeof x);
+            used += (size_t)snprintf(ways + used, sizeof ways - used, "--optimizer cpu (%s weights, %s); ",
+                                     zt_plan_weights_name(w), x);
+        }
+    }
+    if (!r->ckpt_all && smallest(r, r->optimizer_on_gpu, b_min, true, &w, &d) && zt_plan_device_total(&d) <= limit) {
+        size_text(zt_plan_device_total(&d), x, sizeof x);
+        used += (size_t)snprintf(ways + used, sizeof ways - used, "--checkpointing all (%s); ", x);
+    }
+    for (int b = b_min - 1; b >= 1 && used < sizeof ways; b--) {
+        if (b_min % b != 0)
+            continue;
+        if (smallest(r, r->optimizer_on_gpu, b, false, &w, &d) && zt_plan_device_total(&d) <= limit) {
+            size_text(zt_plan_device_total(&d), x, sizeof x);
+            used += (size_t)snprintf(ways + used, sizeof ways - used,
+                                     "--batch-size %d --grad-accum %d for the same tokens per step (%s); ",
+                                     b * r->world, r->grad_accum * (b_min / b), x);
+            break;
+        }
+    }
+    char flag[32];
+    cap_flag(zt_plan_device_total(&d0), flag, sizeof flag);
+    if (used < sizeof ways)
+        snprintf(ways + used, sizeof ways - used, "%s--gpu-mem %s or more", r->cap ? "" : "a GPU with ", flag);
+    return zt_fail(err, ZT_ENOMEM, "%s %s: this run needs at least %s of GPU memory per rank (%s weights: engine %s, "
+                   "activations of %d x %d tokens %s, cuBLAS and NCCL %s); what would fit: %s",
+                   r->cap ? "--gpu-mem is" : "the GPU has", lim, need, zt_plan_weights_name(w0), eng, b_min,
+                   r->seq_len, act, fix, ways);
+}
+
+int zt_plan_check_host(const zt_plan_host *h, zt_err *err)
+{
+    char need[32], have[32];
+    if (h->ram_available > 0 && h->ram_needed > h->ram_available) {
+        size_text(h->ram_needed, need, sizeof need);
+        size_text(h->ram_available, have, sizeof have);
+        return zt_fail(err, ZT_ENOMEM, "host memory: this plan needs %s (%s) and %s are available (MemAvailable); "
+                       "free memory, keep the optimizer state on NVMe (--offload nvme:DIR), use state servers on "
+                       "other machines (--optimizer server --servers), or train a smaller model", need,
+                       h->ram_parts ? h->ram_parts : "", have);
+    }
+    if (h->disk_needed > 0 && h->disk_free > 0 && h->disk_needed > h->disk_free) {
+        size_text(h->disk_needed, need, sizeof need);
+        size_text(h->disk_free, have, sizeof have);
+        return zt_fail(err, ZT_ENOMEM, "disk: the optimizer state needs %s in '%s' and its file system has %s free; "
+                       "free space there, choose a larger disk (--offload nvme:DIR), or keep the state in RAM "
+                       "(--offload cpu)", need, h->disk_dir ? h->disk_dir : "?", have);
+    }
+    return 0;
+}
+
+uint64_t zt_plan_ram_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kib << 10;
+}
+
+uint64_t zt_plan_disk_free(const char *dir)
+{
+    struct statvfs s;
+    if (!dir || statvfs(dir, &s) != 0)
+        return 0;
+    return (uint64_t)s.f_bavail * (uint64_t)s.f_frsize;
+}

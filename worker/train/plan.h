@@ -1,0 +1,101 @@
+/* The memory planner: where a run's bytes go -- the GPU under --gpu-mem, host RAM and disk -- decided
+ * before anything large is allocated.
+ *
+ * On the GPU the planner prices the layouts the engine offers, fastest first, and takes the first that
+ * fits under the cap (--gpu-mem, or the GPU's free memory when no cap is given):
+ *   resident  the compute-dtype weights stay on the GPU (with --optimizer gpu, all of the optimizer too);
+ *   chunked   the weights stay on the GPU; each block's gradient goes to the host optimizer in pieces
+ *             through a few small fp32 buffers instead of whole-block ones;
+ *   streamed  the weights stay in page-locked host memory, where the optimizer writes them, and each
+ *             block is copied to the GPU ahead of its use, in the forward and again in the backward;
+ *             gradients go down in pieces.
+ * With an automatic micro-batch (ztrain finetune) it also lowers the rows per micro-batch, raising
+ * grad_accum so that a step keeps its tokens. When nothing fits, the refusal names the smallest
+ * configuration's need and the changes that would fit, each with its need.
+ *
+ * In host RAM and on disk the planner compares what the plan needs with what the machine has
+ * (MemAvailable, the free space of the state directory) and refuses, naming both numbers, before the
+ * run allocates. The pricing itself is the caller's (the trainer builds the model's and the engine's
+ * plans), so the choice and the messages are testable without a GPU. */
+#ifndef ZT_WORKER_TRAIN_PLAN_H
+#define ZT_WORKER_TRAIN_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "worker/train/config.h"
+
+enum zt_plan_weights {
+    ZT_PLAN_RESIDENT = 0,
+    ZT_PLAN_CHUNKED = 1,
+    ZT_PLAN_STREAMED = 2,
+};
+
+/* "resident", "chunked", "streamed". */
+const char *zt_plan_weights_name(enum zt_plan_weights w);
+
+/* Device bytes of one layout, by part. */
+typedef struct zt_plan_device {
+    size_t engine; /* weights, prefetch window, gradient buffers, the optimizer state on the GPU */
+    size_t model;  /* activations and scratch of the micro-batch */
+    size_t fixed;  /* cuBLAS workspace, NCCL buffers */
+} zt_plan_device;
+
+size_t zt_plan_device_total(const zt_plan_device *d);
+
+/* Prices a layout: weights w, the optimizer on the GPU or not, b rows per rank per micro-batch, every
+ * transformer layer checkpointed (true) or as configured (false). */
+typedef void (*zt_plan_price_fn)(void *ctx, enum zt_plan_weights w, bool optimizer_on_gpu, int b, bool ckpt_all,
+                                 zt_plan_device *out);
+
+typedef struct zt_plan_request {
+    uint64_t cap;                  /* --gpu-mem; 0: none */
+    uint64_t gpu_free;             /* the GPU's free memory now: the cap when none is given */
+    enum zt_train_weights weights; /* auto, gpu (resident or chunked) or host (streamed) */
+    bool optimizer_on_gpu;
+    bool can_chunk;                /* the optimizer off the GPU, one rank */
+    bool can_stream;               /* and ZeRO-3, no --optimizer-gpu-fraction */
+    bool ckpt_all;                 /* every layer is checkpointed already */
+    int world;                     /* ranks */
+    int micro_batch;               /* rows per rank per micro-batch, as configured */
+    int grad_accum;                /* as configured */
+    int seq_len;
+    bool auto_micro;               /* the planner may lower micro_batch (raising grad_accum) */
+    zt_plan_price_fn price;
+    void *ctx;
+} zt_plan_request;
+
+typedef struct zt_plan_choice {
+    enum zt_plan_weights weights;
+    int micro_batch;    /* rows per rank */
+    int grad_accum;     /* raised by as much as micro_batch was lowered */
+    zt_plan_device device;
+    uint64_t limit;     /* the cap it fits under (--gpu-mem, or the GPU's free memory) */
+} zt_plan_choice;
+
+/* Chooses the layout; see above. Returns 0, or ZT_ENOMEM with the minimum and the changes that fit in
+ * err. */
+int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err);
+
+/* Host RAM and disk: what the plan needs (at its peak) against what there is. */
+typedef struct zt_plan_host {
+    uint64_t ram_needed;
+    uint64_t ram_available; /* MemAvailable */
+    uint64_t disk_needed;   /* 0: nothing on disk */
+    uint64_t disk_free;
+    const char *disk_dir;   /* where the disk bytes go */
+    const char *ram_parts;  /* "master weights 24.9 GiB, ...": what ram_needed is made of, for the message */
+} zt_plan_host;
+
+/* Returns 0, or ZT_ENOMEM naming the numbers and the fixes. */
+int zt_plan_check_host(const zt_plan_host *h, zt_err *err);
+
+/* MemAvailable of /proc/meminfo, in bytes; 0 when unknown. */
+uint64_t zt_plan_ram_available(void);
+
+/* Free bytes of the file system holding dir (statvfs, for unprivileged users); 0 when unknown. */
+uint64_t zt_plan_disk_free(const char *dir);
+
+#endif
