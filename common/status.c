@@ -88,3 +88,23 @@ void *zt_xcalloc(size_t count, size_t size)
     }
     return p;
 }
+
+/* Resizes p to n bytes or aborts. */
+void *zt_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (q == NULL) {
+        fprintf(stderr, "ztrain: out of memory allocating %zu bytes\n", n);
+        abort();
+    }
+    return q;
+}
+
+/* Copies s or aborts. */
+char *zt_xstrdup(const char *s)
+{
+    const size_t n = strlen(s) + 1;
+    char *p = zt_xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}

@@ -47,5 +47,7 @@ void zt__assert_fail(const char *file, int line, const char *expr) __attribute__
 /* malloc/calloc that abort on failure (for the sizes a program cannot run without). */
 void *zt_xmalloc(size_t n);
 void *zt_xcalloc(size_t count, size_t size);
+void *zt_xrealloc(void *p, size_t n);
+char *zt_xstrdup(const char *s);
 
 #endif

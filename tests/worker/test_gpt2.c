@@ -552,6 +552,78 @@ static void rewrite_file(const char *src, const char *dst, const rewrite_opts *o
     zt_st_close(f);
 }
 
+/* Hugging Face's sharded form: model.safetensors.index.json maps every tensor to one of several files;
+ * the index, or the directory holding it, imports the same weights as the single file. A bad index, a
+ * shard outside the folder and a missing shard are refused with the model unchanged. */
+static void test_import_sharded(void **state)
+{
+    (void)state;
+    char src[320], idx[320], s0[320], s1[320];
+    path_in_dir(src, sizeof src, "whole.safetensors");
+    path_in_dir(idx, sizeof idx, "model.safetensors.index.json");
+    path_in_dir(s0, sizeof s0, "model-00001-of-00002.safetensors");
+    path_in_dir(s1, sizeof s1, "model-00002-of-00002.safetensors");
+    zt_gpt2_config c = tiny_config();
+    zt_gpt2 *a = create_model(&c, 1, 4, 1), *b = create_model(&c, 1, 4, 2);
+    randomise_params(a, 11, 0.5);
+    const size_t bytes = zt_gpt2_num_params(a) * sizeof(float);
+    zt_err err = {{0}};
+    assert_int_equal(zt_gpt2_export(a, src, &err), 0);
+
+    /* tensors alternate between the two shards */
+    zt_st_file *f = NULL;
+    assert_int_equal(zt_st_open(src, &f, &err), 0);
+    zt_st_writer *w[2] = {zt_st_writer_create(), zt_st_writer_create()};
+    FILE *ix = fopen(idx, "w");
+    assert_non_null(ix);
+    fputs("{\"metadata\": {\"total_size\": 0}, \"weight_map\": {", ix);
+    for (size_t i = 0; i < zt_st_count(f); i++) {
+        const zt_st_tensor *t = zt_st_get(f, i);
+        assert_int_equal(zt_st_writer_add(w[i % 2], t->name, t->dtype, t->ndim, t->shape, t->data, &err), 0);
+        fprintf(ix, "%s\"%s\": \"model-0000%zu-of-00002.safetensors\"", i ? ", " : "", t->name, i % 2 + 1);
+    }
+    fputs("}}\n", ix);
+    fclose(ix);
+    assert_int_equal(zt_st_writer_write(w[0], s0, &err), 0);
+    assert_int_equal(zt_st_writer_write(w[1], s1, &err), 0);
+    zt_st_writer_destroy(w[0]);
+    zt_st_writer_destroy(w[1]);
+    zt_st_close(f);
+    unlink(src); /* the directory holds only the shards and their index */
+
+    if (zt_gpt2_import(b, idx, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_memory_equal(zt_gpt2_params(a), zt_gpt2_params(b), bytes);
+    zt_gpt2_destroy(b);
+    b = create_model(&c, 1, 4, 3);
+    if (zt_gpt2_import(b, g_dir, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_memory_equal(zt_gpt2_params(a), zt_gpt2_params(b), bytes);
+
+    float *before = malloc(bytes);
+    memcpy(before, zt_gpt2_params(b), bytes);
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"not json", "weight_map"},
+        {"{\"weight_map\": {\"wte.weight\": \"../x.safetensors\"}}", "in the index's folder"},
+        {"{\"weight_map\": {\"wte.weight\": \"model-00003-of-00002.safetensors\"}}", "model-00003-of-00002"},
+        {"{\"weight_map\": {\"wte.weight\": \"model-00001-of-00002.safetensors\"}}", "is missing"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ix = fopen(idx, "w");
+        fputs(bad[i].text, ix);
+        fclose(ix);
+        memset(&err, 0, sizeof err);
+        if (zt_gpt2_import(b, idx, &err) == 0 || !strstr(err.msg, bad[i].needle))
+            fail_msg("case %zu: message '%s' does not name '%s'", i, err.msg, bad[i].needle);
+        assert_memory_equal(zt_gpt2_params(b), before, bytes);
+    }
+    free(before);
+    zt_gpt2_destroy(a);
+    zt_gpt2_destroy(b);
+}
+
 static void test_import_variants(void **state)
 {
     (void)state;
@@ -885,6 +957,7 @@ int main(void)
         cmocka_unit_test(test_init),
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_import_variants, make_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_import_sharded, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_import_errors_leave_model_unchanged, make_dir, remove_dir),
         cmocka_unit_test(test_forward_shapes_and_loss),
         cmocka_unit_test(test_backward_accumulates),

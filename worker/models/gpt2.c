@@ -12,11 +12,14 @@
  * 1/sqrt(2 n_layer), biases 0, layer norms weight 1 and bias 0. */
 #include "worker/models/gpt2.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/fileio.h"      /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"        /* strict reading of config.json */
@@ -1159,19 +1162,103 @@ static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float 
     return 0;
 }
 
-/* Imports parameters from a safetensors file with Hugging Face names (see the header for the rules).
- * Everything is converted into a temporary slab first; the model changes only when the whole file was
- * accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH (missing, extra or
- * misshapen tensors, untied head) or ZT_EUNSUPPORTED (dtype), with a message naming the tensor. */
+/* The safetensors files of an import: path itself, or the shards that a Hugging Face index
+ * (model.safetensors.index.json) names in its weight_map, or in a directory its model.safetensors or
+ * model.safetensors.index.json. Fills *files (each freed by the caller, then the array) and *n. */
+static int import_files(const char *path, char ***files, int *n, zt_err *err)
+{
+    *files = NULL;
+    *n = 0;
+    char probe[4096];
+    const char *index = NULL;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(probe, sizeof probe, "%s/model.safetensors", path);
+        if (access(probe, F_OK) == 0) {
+            *files = zt_xcalloc(1, sizeof **files);
+            (*files)[0] = zt_xstrdup(probe);
+            *n = 1;
+            return 0;
+        }
+        snprintf(probe, sizeof probe, "%s/model.safetensors.index.json", path);
+        if (access(probe, F_OK) != 0)
+            return zt_fail(err, -ENOENT, "%s: a directory without model.safetensors or model.safetensors.index.json "
+                           "(give the safetensors file, the index or the directory of a Hugging Face model)", path);
+        index = probe;
+    } else {
+        const size_t len = strlen(path);
+        if (len > 5 && strcmp(path + len - 5, ".json") == 0)
+            index = path;
+    }
+    if (!index) {
+        *files = zt_xcalloc(1, sizeof **files);
+        (*files)[0] = zt_xstrdup(path);
+        *n = 1;
+        return 0;
+    }
+    char *text = NULL;
+    size_t tlen = 0;
+    int rc = zt_read_file(index, &text, &tlen, err);
+    if (rc < 0)
+        return rc;
+    cJSON *root = cJSON_ParseWithLength(text, tlen);
+    free(text);
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(map) || !map->child) {
+        cJSON_Delete(root);
+        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
+                       "of tensor names to shard files)", index);
+    }
+    /* the folder of the index: the shards' names are relative to it */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", index);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    int cap = 0;
+    for (const cJSON *e = map->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
+            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
+                         index, e->string ? e->string : "?");
+            break;
+        }
+        char shard[4096 + 256];
+        snprintf(shard, sizeof shard, "%s%s", dir, e->valuestring);
+        bool known = false;
+        for (int i = 0; i < *n && !known; i++)
+            known = strcmp((*files)[i], shard) == 0;
+        if (known)
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *files = zt_xrealloc(*files, (size_t)cap * sizeof **files);
+        }
+        (*files)[(*n)++] = zt_xstrdup(shard);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
+ * header for the rules). Everything is converted into a temporary slab first; the model changes only when
+ * every file was accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH
+ * (missing, extra or misshapen tensors, untied head) or ZT_EUNSUPPORTED (dtype), with a message naming the
+ * tensor and its file. */
 int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
 {
-    zt_st_file *f = NULL;
+    char **files = NULL;
+    int nfiles = 0;
+    zt_st_file **fs = NULL;
     float *tmp = NULL;
     char *seen = NULL;
     const zt_st_tensor *lm_head = NULL;
-    int rc = zt_st_open(path, &f, err);
+    const char *lm_head_file = NULL;
+    int rc = import_files(path, &files, &nfiles, err);
     if (rc < 0)
-        return rc;
+        goto out;
+    fs = zt_xcalloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *fs);
     tmp = malloc(m->num_params * sizeof(float));
     seen = calloc((size_t)m->num_tensors, 1);
     if (!tmp || !seen) {
@@ -1179,58 +1266,69 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
                      (double)m->num_params * sizeof(float) / (1 << 20));
         goto out;
     }
+    if (nfiles > 1)
+        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
 
-    for (size_t i = 0; i < zt_st_count(f); i++) {
-        const zt_st_tensor *st = zt_st_get(f, i);
-        const char *name = st->name;
-        if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
-            name += strlen(HF_PREFIX);
-        if (strcmp(st->name, "lm_head.weight") == 0) {
-            lm_head = st;
-            continue;
-        }
-        if (is_attn_buffer(name))
-            continue;
-        int idx = find_tensor(m, name);
-        if (idx < 0) {
-            rc = zt_fail(err, ZT_EMISMATCH,
-                         "%s: unknown tensor '%s' (not a parameter of a GPT-2 with %d layers; is this the right "
-                         "model config?)",
-                         path, st->name, m->cfg.n_layer);
+    for (int fi = 0; fi < nfiles; fi++) {
+        const char *file = files[fi];
+        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
             goto out;
-        }
-        const zt_param_info *t = &m->tensors[idx];
-        if (seen[idx]) {
-            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' appears twice (with and without the '" HF_PREFIX
-                         "' prefix)", path, t->name);
-            goto out;
-        }
-        int64_t want[2];
-        hf_shape(t, want);
-        bool shape_ok = st->ndim == t->ndim && st->shape[0] == want[0] && (t->ndim == 1 || st->shape[1] == want[1]);
-        if (!shape_ok) {
-            char got[128] = "[";
-            for (int d = 0; d < st->ndim; d++) {
-                size_t len = strlen(got);
-                snprintf(got + len, sizeof got - len, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+        zt_st_file *f = fs[fi];
+        for (size_t i = 0; i < zt_st_count(f); i++) {
+            const zt_st_tensor *st = zt_st_get(f, i);
+            const char *name = st->name;
+            if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
+                name += strlen(HF_PREFIX);
+            if (strcmp(st->name, "lm_head.weight") == 0) {
+                lm_head = st;
+                lm_head_file = file;
+                continue;
             }
-            strncat(got, "]", sizeof got - strlen(got) - 1);
-            if (t->ndim == 1)
-                rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]",
-                             path, st->name, got, (long long)want[0]);
-            else
-                rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]",
-                             path, st->name, got, (long long)want[0], (long long)want[1]);
-            goto out;
+            if (is_attn_buffer(name))
+                continue;
+            int idx = find_tensor(m, name);
+            if (idx < 0) {
+                rc = zt_fail(err, ZT_EMISMATCH,
+                             "%s: unknown tensor '%s' (not a parameter of a GPT-2 with %d layers; is this the right "
+                             "model config?)",
+                             file, st->name, m->cfg.n_layer);
+                goto out;
+            }
+            const zt_param_info *t = &m->tensors[idx];
+            if (seen[idx]) {
+                rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' appears twice (with and without the '" HF_PREFIX
+                             "' prefix, or in two shards)", file, t->name);
+                goto out;
+            }
+            int64_t want[2];
+            hf_shape(t, want);
+            bool shape_ok =
+                st->ndim == t->ndim && st->shape[0] == want[0] && (t->ndim == 1 || st->shape[1] == want[1]);
+            if (!shape_ok) {
+                char got[128] = "[";
+                for (int d = 0; d < st->ndim; d++) {
+                    size_t len = strlen(got);
+                    snprintf(got + len, sizeof got - len, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+                }
+                strncat(got, "]", sizeof got - strlen(got) - 1);
+                if (t->ndim == 1)
+                    rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]",
+                                 file, st->name, got, (long long)want[0]);
+                else
+                    rc = zt_fail(err, ZT_EMISMATCH,
+                                 "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file,
+                                 st->name, got, (long long)want[0], (long long)want[1]);
+                goto out;
+            }
+            if (!is_float_dtype(st->dtype)) {
+                rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)",
+                             file, st->name, zt_dtype_name(st->dtype));
+                goto out;
+            }
+            if ((rc = convert_tensor(t, st, tmp + t->offset, file, err)) < 0)
+                goto out;
+            seen[idx] = 1;
         }
-        if (!is_float_dtype(st->dtype)) {
-            rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)", path,
-                         st->name, zt_dtype_name(st->dtype));
-            goto out;
-        }
-        if ((rc = convert_tensor(t, st, tmp + t->offset, path, err)) < 0)
-            goto out;
-        seen[idx] = 1;
     }
     for (int i = 0; i < m->num_tensors; i++) {
         if (!seen[i]) {
@@ -1247,7 +1345,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
             same = load_element(lm_head, i) == tmp[wte->offset + i];
         if (!same) {
             rc = zt_fail(err, ZT_EMISMATCH, "%s: lm_head.weight differs from wte: untied heads are not supported",
-                         path);
+                         lm_head_file);
             goto out;
         }
     }
@@ -1256,6 +1354,12 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
 out:
     free(tmp);
     free(seen);
-    zt_st_close(f);
+    for (int i = 0; i < nfiles; i++) {
+        if (fs)
+            zt_st_close(fs[i]);
+        free(files[i]);
+    }
+    free(fs);
+    free(files);
     return rc;
 }

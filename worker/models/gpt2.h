@@ -133,7 +133,8 @@ void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block);
  * separately with zt_gpt2_config_save. */
 int zt_gpt2_export(const zt_gpt2 *m, const char *path, zt_err *err);
 /* Imports parameters from a safetensors file with HF names (with or without the "transformer." prefix;
- * F32, F16 or BF16). Every tensor must be present with the right shape; missing, extra (other than
+ * F32, F16 or BF16), or from the shards of a Hugging Face index (model.safetensors.index.json, or a model
+ * directory holding model.safetensors or that index). Every tensor must be present with the right shape; missing, extra (other than
  * lm_head.weight equal to wte, and attn.bias / attn.masked_bias buffers) or misshapen tensors are errors
  * naming the tensor. Nothing in the model changes unless the whole import succeeds. */
 int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err);
