@@ -414,6 +414,20 @@ train_case flag_unknown 2 'bogus' -- --bogus 3
 train_case flag_missing_value 2 '--seq-len|value|argument' -- --seq-len
 train_case flag_batch_zero 2 '--batch-size' -- --batch-size 0
 if expect_error command_unknown 2 'frobnicate' -- frobnicate; then pass command_unknown; fi
+train_case flag_gpu_mem_not_a_size 2 '--gpu-mem' 'lots' -- --gpu-mem lots
+train_case flag_gpu_mem_on_cpu 2 'gpu_mem' '--device cuda' -- --gpu-mem 4GiB
+train_case flag_offload_unknown 2 '--offload' 'nvme:DIR' -- --offload disk
+train_case flag_weights_host_on_cpu 2 'weights' '--device cuda' -- --weights host
+if expect_error finetune_without_init 2 'finetune' '--init-from' -- finetune --train-data "$WORK/d1/d_train_*.bin" \
+  --out "$WORK/ft1" && expect_no_run_output finetune_without_init "$WORK/ft1"; then
+  pass finetune_without_init
+fi
+mkdir -p lone
+cp wa.safetensors lone/model.safetensors
+if expect_error finetune_no_config_beside 2 'config\.json' '--model' -- finetune --init-from "$WORK/lone/model.safetensors" \
+  --train-data "$WORK/d1/d_train_*.bin" --out "$WORK/ft2" && expect_no_run_output finetune_no_config_beside "$WORK/ft2"; then
+  pass finetune_no_config_beside
+fi
 if expect_error generate_bad_temperature 2 '--temperature' -- generate --checkpoint "$WORK/run" --temperature -1; then
   pass generate_bad_temperature
 fi

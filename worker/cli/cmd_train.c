@@ -5,7 +5,9 @@
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -22,6 +24,7 @@ static const char train_usage[] =
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
     "                    [--optimizer-gpu-fraction X] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
+    "                    [--gpu-mem SIZE] [--weights W] [--auto-micro-batch] [--offload O]\n"
     "\n"
     "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU or a CUDA GPU.\n"
     "Settings come from their defaults, then the JSON config file, then these flags.\n"
@@ -46,7 +49,7 @@ static const char train_usage[] =
     "  --grad-clip X        maximum global gradient norm, 0 = no clipping (default 1.0)\n"
     "  --eval-every N       steps between evaluations, 0 = only at start and end (default 100)\n"
     "  --eval-batches N     validation batches per evaluation (default 10)\n"
-    "  --save-every N       steps between checkpoints, 0 = only the final one (default 500)\n"
+    "  --save-every N       steps between checkpoints, 0 = only the final one, -1 = none (default 500)\n"
     "  --log-every N        steps between progress lines (default 10)\n"
     "  --seed N             seed of initialisation and shuffling (default 1337)\n"
     "  --threads N          CPU threads, 0 = one per core (default 0)\n"
@@ -71,11 +74,66 @@ static const char train_usage[] =
     "  --checkpointing C    activation checkpointing of the transformer layers: none | all | every:K (default\n"
     "                       none): keep only a layer's input and recompute the rest before its backward\n"
     "  --prefetch N         blocks gathered ahead on the GPUs' communication stream (default 1)\n"
+    "  --gpu-mem SIZE       cap on the GPU memory ztrain allocates per rank, e.g. 10GiB (default: the GPU's\n"
+    "                       free memory); the plan that fits is printed, or the run is refused with what fits\n"
+    "  --weights W          auto | gpu | host: where the weights live between passes; host streams each block\n"
+    "                       to the GPU when needed (one rank, --optimizer cpu or server; default auto: on the\n"
+    "                       GPU unless the memory plan needs them in host memory)\n"
+    "  --auto-micro-batch   let the planner lower --batch-size, raising --grad-accum to keep the tokens per\n"
+    "                       step, until the run fits\n"
+    "  --offload O          cpu (the optimizer in host RAM, as --optimizer cpu) | nvme:DIR (the embedded state\n"
+    "                       server keeps masters and moments on NVMe in DIR)\n"
     "  --log-level L        debug | info | warn | error (default info)\n"
     "\n"
     "Config-file keys without a flag: lr_gamma (exponential schedule), beta1, beta2, eps, shuffle,\n"
     "loss_scale, loss_scale_window, min_loss_scale (fp16 dynamic loss scaling).\n"
     "Ctrl-C stops after the current step and writes a checkpoint; continue with --resume DIR.\n";
+
+static const char finetune_usage[] =
+    "usage: ztrain finetune --init-from PATH --train-data GLOB [--model FILE] [--gpu-mem SIZE] [--offload O]\n"
+    "                       [any flag of ztrain train]\n"
+    "\n"
+    "Fine-tunes a Hugging Face GPT-2 checkpoint on one GPU whose memory may be smaller than the model's\n"
+    "training state: `ztrain train` with these defaults (each can be overridden by its flag):\n"
+    "  --device cuda --optimizer cpu (AdamW and its fp32 state in host memory) --checkpointing all\n"
+    "  --auto-micro-batch (the micro-batch is lowered until the plan fits --gpu-mem, grad_accum raised)\n"
+    "  --lr 3e-5 --min-lr 3e-6 --weight-decay 0 --steps 1000 --seq-len 1024 (at most the model's positions)\n"
+    "\n"
+    "  --init-from PATH     model.safetensors, a sharded checkpoint's model.safetensors.index.json, or the\n"
+    "                       directory of a Hugging Face model (required unless --resume)\n"
+    "  --model FILE         its config.json (default: config.json beside --init-from)\n"
+    "  --gpu-mem SIZE       cap on the GPU memory used, e.g. 10GiB on an 11 GiB card (default: what is free)\n"
+    "  --offload O          cpu (default) | nvme:DIR (masters and moments on NVMe through the embedded state\n"
+    "                       server)\n"
+    "See ztrain train --help for the other flags.\n";
+
+/* The settings `ztrain finetune` starts from, before the config file and the flags. */
+static void finetune_defaults(zt_train_config *c)
+{
+    c->device = ZT_DEVICE_CUDA;
+    c->optimizer = ZT_OPTIMIZER_CPU;
+    c->checkpointing = ZT_CKPT_ALL;
+    c->auto_micro_batch = true;
+    c->lr = 3e-5;
+    c->min_lr = 3e-6;
+    c->weight_decay = 0.0;
+    c->seq_len = 1024;
+}
+
+/* The folder of path (a file or a directory): "." when it has none. */
+static void folder_of(const char *path, bool is_dir, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", path);
+    if (is_dir)
+        return;
+    char *slash = strrchr(out, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else if (slash == out)
+        out[1] = '\0';
+    else
+        *slash = '\0';
+}
 
 static void on_stop_signal(int sig)
 {
@@ -110,17 +168,21 @@ static void run_dir_of(const char *resume, char *out, size_t cap)
         *slash = '\0';
 }
 
+static const char *g_command = "train";
+
 static int fail_usage(const char *fmt, const char *arg)
 {
     fprintf(stderr, "ztrain: error: ");
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "; see ztrain train --help\n");
+    fprintf(stderr, "; see ztrain %s --help\n", g_command);
     return 2;
 }
 
-/* Runs `ztrain train ARGS`; returns the exit status (0, 1, 2, or 130 when interrupted). */
-int zt_cmd_train(int argc, char **argv)
+/* Runs `ztrain train ARGS` or, with finetune, `ztrain finetune ARGS`; returns the exit status (0, 1, 2, or
+ * 130 when interrupted). */
+static int run_command(int argc, char **argv, bool finetune)
 {
+    g_command = finetune ? "finetune" : "train";
     enum { OPT_CONFIG = 1000, OPT_LOG_LEVEL, OPT_SETTING };
     static const struct option options[] = {
         {"help", no_argument, NULL, 'h'},
@@ -162,6 +224,10 @@ int zt_cmd_train(int argc, char **argv)
         {"zero-level", required_argument, NULL, OPT_SETTING},
         {"checkpointing", required_argument, NULL, OPT_SETTING},
         {"prefetch", required_argument, NULL, OPT_SETTING},
+        {"gpu-mem", required_argument, NULL, OPT_SETTING},
+        {"weights", required_argument, NULL, OPT_SETTING},
+        {"auto-micro-batch", no_argument, NULL, OPT_SETTING},
+        {"offload", required_argument, NULL, OPT_SETTING},
         {NULL, 0, NULL, 0},
     };
     enum { MAX_SETTINGS = 64 };
@@ -172,6 +238,8 @@ int zt_cmd_train(int argc, char **argv)
     int nsettings = 0;
     const char *config_path = NULL;
     const char *resume = NULL;
+    const char *init_from = NULL, *model = NULL;
+    bool seq_len_given = false;
     zt_err err = {{0}};
 
     /* Pass 1: collect the flags; they apply after the config file, whatever their position. */
@@ -181,7 +249,7 @@ int zt_cmd_train(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", options, &index)) != -1) {
         switch (c) {
         case 'h':
-            fputs(train_usage, stdout);
+            fputs(finetune ? finetune_usage : train_usage, stdout);
             return 0;
         case OPT_CONFIG:
             config_path = optarg;
@@ -200,6 +268,12 @@ int zt_cmd_train(int argc, char **argv)
             settings[nsettings].value = optarg ? optarg : ""; /* "" for a flag without a value */
             if (strcmp(options[index].name, "resume") == 0)
                 resume = optarg;
+            if (strcmp(options[index].name, "init-from") == 0)
+                init_from = optarg;
+            if (strcmp(options[index].name, "model") == 0)
+                model = optarg;
+            if (strcmp(options[index].name, "seq-len") == 0)
+                seq_len_given = true;
             nsettings++;
             break;
         case ':':
@@ -209,11 +283,16 @@ int zt_cmd_train(int argc, char **argv)
         }
     }
     if (optind < argc)
-        return fail_usage("unexpected argument '%s' (train takes only flags)", argv[optind]);
+        return fail_usage("unexpected argument '%s' (only flags are taken)", argv[optind]);
+    if (finetune && !init_from && !resume && !config_path)
+        return fail_usage("%s needs --init-from: the Hugging Face weights to start from (model.safetensors, "
+                          "its sharded index, or the model's directory)", "finetune");
 
     /* Defaults, then the file (or, when resuming without one, the config saved with the checkpoint). */
     zt_train_config cfg;
     zt_train_config_init(&cfg);
+    if (finetune)
+        finetune_defaults(&cfg);
     int rc = 0;
     if (config_path) {
         rc = zt_train_config_load_file(&cfg, config_path, &err);
@@ -239,10 +318,29 @@ int zt_cmd_train(int argc, char **argv)
             return 2;
         }
     }
+    /* finetune: the model's config.json beside its weights, and its full context unless told otherwise */
+    if (finetune && init_from && !model && !config_path && !resume) {
+        struct stat st;
+        const bool is_dir = stat(init_from, &st) == 0 && S_ISDIR(st.st_mode);
+        char dir[ZT_TRAIN_PATH_MAX], hf[ZT_TRAIN_PATH_MAX + 16];
+        folder_of(init_from, is_dir, dir, sizeof dir);
+        snprintf(hf, sizeof hf, "%s/config.json", dir);
+        if (access(hf, R_OK) != 0) {
+            fprintf(stderr, "ztrain: error: --init-from %s: no config.json beside it (%s); pass the model's "
+                    "config with --model FILE\n", init_from, hf);
+            return 2;
+        }
+        if ((rc = zt_train_config_set_flag(&cfg, "--model", hf, &err)) < 0) {
+            fprintf(stderr, "ztrain: error: %s\n", err.msg);
+            return 2;
+        }
+    }
     if ((rc = zt_train_config_resolve(&cfg, &err)) < 0) {
         fprintf(stderr, "ztrain: error: %s\n", err.msg);
         return cfg.model_path[0] ? 1 : 2; /* a model file that cannot be used is a runtime failure */
     }
+    if (finetune && !seq_len_given && !config_path && !resume && cfg.seq_len > cfg.model.n_positions)
+        cfg.seq_len = cfg.model.n_positions;
     if ((rc = zt_train_config_validate(&cfg, &err)) < 0) {
         fprintf(stderr, "ztrain: error: %s\n", err.msg);
         return 2;
@@ -269,4 +367,14 @@ int zt_cmd_train(int argc, char **argv)
         return 1;
     }
     return interrupted ? 130 : 0; /* the trainer logged how to resume */
+}
+
+int zt_cmd_train(int argc, char **argv)
+{
+    return run_command(argc, argv, false);
+}
+
+int zt_cmd_finetune(int argc, char **argv)
+{
+    return run_command(argc, argv, true);
 }

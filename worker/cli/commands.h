@@ -4,6 +4,7 @@
 #define ZT_WORKER_COMMANDS_H
 
 int zt_cmd_train(int argc, char **argv);
+int zt_cmd_finetune(int argc, char **argv); /* train with the one-GPU fine-tuning defaults */
 int zt_cmd_generate(int argc, char **argv);
 int zt_cmd_export(int argc, char **argv);
 int zt_cmd_tokenize(int argc, char **argv);

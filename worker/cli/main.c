@@ -15,6 +15,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"train", zt_cmd_train, "train a GPT-2 model on token shards (resumable; Ctrl-C saves a checkpoint)"},
+    {"finetune", zt_cmd_finetune, "fine-tune Hugging Face GPT-2 weights on one GPU, beyond its memory (--gpu-mem)"},
     {"generate", zt_cmd_generate, "sample text from a checkpoint or exported weights"},
     {"export", zt_cmd_export, "write a checkpoint's weights as Hugging Face safetensors + config.json"},
     {"tokenize", zt_cmd_tokenize, "turn text files into token shards for training"},
@@ -52,7 +53,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < NUM_COMMANDS; i++)
         if (strcmp(cmd, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "ztrain: error: unknown command '%s'; commands are train, generate, export, tokenize, plot, "
+    fprintf(stderr, "ztrain: error: unknown command '%s'; commands are train, finetune, generate, export, tokenize, plot, "
             "launch, inspect (see ztrain --help)\n", cmd);
     return 2;
 }
