@@ -9,7 +9,8 @@
  *   uninterrupted run (bit for bit), and an fp32 checkpoint resumes on the CPU, following the CPU run;
  * - the optimizer off the GPU (placement cpu: the host AdamW overlapping the next step) tracks placement
  *   gpu within bf16's tolerance, with grad_accum 1 and 2 and every layer checkpointed; and with part of
- *   its blocks updated on the GPU (--optimizer-gpu-fraction) it gives the same bits as with none. */
+ *   its blocks updated on the GPU (--optimizer-gpu-fraction) it gives the same bits as with none;
+ * - weights streamed from host memory give the bits of weights kept on the GPU (test_streamed_weights). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -244,6 +245,92 @@ static void test_host_optimizer_tracks_gpu(void **state)
     }
 }
 
+/* Weights streamed from host memory (--weights host: each block copied up before its forward and again
+ * before its backward, gradients sent down in pieces of grad_piece elements that do not divide the blocks)
+ * against the weights kept on the GPU with the same host optimizer: bit for bit without clipping (the
+ * norm's summation order is all that differs), for bf16 and fp16 (loss scaling), grad_accum 1 and 2, and
+ * with the embedded state server; within a tight tolerance with clipping. A cap below the minimum is
+ * refused with the minimum and what to change. */
+static void test_streamed_weights(void **state)
+{
+    (void)state;
+    static const char *const precisions[] = {"bf16", "fp16"};
+    zt_err err = {{0}};
+    for (int p = 0; p < 2; p++)
+        for (int accum = 1; accum <= 2; accum++) {
+            char o1[48], o2[48];
+            snprintf(o1, sizeof o1, "resident_%s_%d", precisions[p], accum);
+            snprintf(o2, sizeof o2, "streamed_%s_%d", precisions[p], accum);
+            zt_train_config c;
+            zt_train_result r, st;
+            base_config(&c, o1, "cuda", precisions[p], accum);
+            c.grad_clip = 0.0;
+            if (zt_train_config_set_flag(&c, "--weights", "gpu", &err) != 0)
+                fail_msg("%s", err.msg);
+            engine_train_ok(&c, 3, "all", 1, "cpu", &r);
+            base_config(&c, o2, "cuda", precisions[p], accum);
+            c.grad_clip = 0.0;
+            c.grad_piece = 1000;
+            if (zt_train_config_set_flag(&c, "--weights", "host", &err) != 0)
+                fail_msg("%s", err.msg);
+            engine_train_ok(&c, 3, "all", 1, "cpu", &st);
+            char what[96];
+            snprintf(what, sizeof what, "streamed vs resident weights (%s, grad_accum %d)", precisions[p], accum);
+            zt_gpu_fixture_same_losses(what, &st, &r, 1, STEPS);
+            expect_same_weights(o1, o2);
+            assert_true(st.losses[STEPS - 1] < st.losses[0] - 0.5f);
+            zt_train_result_free(&r);
+            zt_train_result_free(&st);
+        }
+
+    /* the embedded state server behind streamed weights */
+    zt_train_config c;
+    zt_train_result a, b;
+    base_config(&c, "streamed_cpu", "cuda", "bf16", 2);
+    c.grad_piece = 777;
+    if (zt_train_config_set_flag(&c, "--weights", "host", &err) != 0)
+        fail_msg("%s", err.msg);
+    engine_train_ok(&c, 3, "none", 2, "cpu", &a);
+    base_config(&c, "streamed_server", "cuda", "bf16", 2);
+    c.grad_piece = 777;
+    if (zt_train_config_set_flag(&c, "--weights", "host", &err) != 0)
+        fail_msg("%s", err.msg);
+    engine_train_ok(&c, 3, "none", 2, "server", &b);
+    zt_gpu_fixture_same_losses("streamed weights, optimizer embedded server vs cpu (bf16, clipping)", &b, &a, 1, STEPS);
+    expect_same_weights("streamed_cpu", "streamed_server");
+    zt_train_result_free(&b);
+
+    /* with clipping, against the resident layout: the norm's order only */
+    base_config(&c, "resident_clip", "cuda", "bf16", 2);
+    if (zt_train_config_set_flag(&c, "--weights", "gpu", &err) != 0)
+        fail_msg("%s", err.msg);
+    engine_train_ok(&c, 3, "none", 2, "cpu", &b);
+    double worst = 0.0;
+    for (int s = 0; s < STEPS; s++) {
+        double rel = fabs((double)a.losses[s] - (double)b.losses[s]) / fabs((double)b.losses[s]);
+        worst = rel > worst ? rel : worst;
+    }
+    printf("streamed vs resident with clipping (bf16, grad_accum 2): largest relative loss difference %.3g\n", worst);
+    assert_true(worst < 1e-3);
+    zt_train_result_free(&a);
+    zt_train_result_free(&b);
+
+    /* a cap below the minimum: refused before training, naming the minimum and the fixes */
+    base_config(&c, "too_small", "cuda", "bf16", 1);
+    if (zt_train_config_set_flag(&c, "--gpu-mem", "1MiB", &err) != 0 ||
+        zt_train_config_set_flag(&c, "--optimizer", "cpu", &err) != 0)
+        fail_msg("%s", err.msg);
+    zt_fixture_finish_config(&c);
+    zt_train_result res;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_ENOMEM);
+    printf("refusal: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "--gpu-mem is 1.00 MiB"));
+    assert_non_null(strstr(err.msg, "at least"));
+    assert_non_null(strstr(err.msg, "or more"));
+    zt_train_result_free(&res);
+}
+
 int main(void)
 {
     int n = 0;
@@ -262,6 +349,7 @@ int main(void)
         cmocka_unit_test(test_grad_accum),
         cmocka_unit_test(test_checkpoints_cross),
         cmocka_unit_test(test_host_optimizer_tracks_gpu),
+        cmocka_unit_test(test_streamed_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

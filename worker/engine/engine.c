@@ -248,6 +248,7 @@ static int allocate(zt_engine *e, zt_err *err)
         if ((rc = take_host(e, (void **)&e->h_m, ns * 4, false, "host Adam first moments", err)) < 0 ||
             (rc = take_host(e, (void **)&e->h_v, ns * 4, false, "host Adam second moments", err)) < 0)
             return rc;
+        e->h_moments_zero = true;
     }
     if (e->path == ZT__GRAD_HOST) {
         if ((rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err)) < 0 ||
@@ -1052,6 +1053,7 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
     if (rc < 0)
         return rc;
     invalidate_window(e);
+    e->h_moments_zero = false; /* the host AdamW writes them */
     e->step_no++;
     e->micros_done = 0;
     e->timing.step = zt_now_s() - e->t_step0;
@@ -1315,8 +1317,13 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
         return 0;
     case ZT__OPT_HOST:
         import_field(e, params, e->h_master, false);
-        import_field(e, m, e->h_m, false);
-        import_field(e, v, e->h_v, false);
+        /* zero moments that are still calloc's zeros are left alone: their pages are taken at the first
+         * update, after the caller gave back the slab the weights came from */
+        if (m || v || !e->h_moments_zero) {
+            import_field(e, m, e->h_m, false);
+            import_field(e, v, e->h_v, false);
+            e->h_moments_zero = false;
+        }
         sync_resident(e, false);
         return refresh_weights_from_host(e, e->h_master, err);
     case ZT__OPT_SERVER:

@@ -164,6 +164,7 @@ struct zt_engine {
 
     /* Host buffers (optimizer off the device). */
     float *h_master, *h_m, *h_v;    /* [nshard]: ZT__OPT_HOST */
+    bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up */
     size_t host_bytes, host_pinned_bytes;

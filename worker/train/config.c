@@ -102,6 +102,7 @@ static const struct key_def keys[] = {
     {"gpu_mem", "--gpu-mem", KEY_SIZE, FIELD(gpu_mem)},
     {"weights", "--weights", KEY_ENUM, ENUM_FIELD(weights, weights_names)},
     {"auto_micro_batch", "--auto-micro-batch", KEY_BOOL, FIELD(auto_micro_batch)},
+    {"grad_piece", NULL, KEY_INT, FIELD(grad_piece)},
 };
 #define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -280,6 +281,7 @@ void zt_train_config_init(zt_train_config *c)
     c->checkpointing = ZT_CKPT_NONE;
     c->checkpoint_every = 1;
     c->prefetch = 1;
+    c->grad_piece = 8 << 20;
     c->stop_at_step = 0;
 }
 
@@ -602,6 +604,8 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
                        "(--optimizer server without --servers); remote servers choose theirs with "
                        "ztrain-server --store", label("state_store"), c->state_store_dir);
     if ((rc = check_int(c, "zero_level", 2, 3, err)) < 0 || (rc = check_int(c, "prefetch", 0, 64, err)) < 0)
+        return rc;
+    if ((rc = check_int(c, "grad_piece", 256, 1 << 30, err)) < 0)
         return rc;
     if (c->gpu_mem > 0 && !cuda)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s caps GPU memory: it needs --device cuda (or drop it)",

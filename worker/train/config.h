@@ -109,6 +109,7 @@ typedef struct zt_train_config {
      * weights live; the planner picks what the cap needs and refuses what cannot fit. */
     uint64_t gpu_mem;
     enum zt_train_weights weights;
+    int64_t grad_piece;    /* chunked and streamed layouts: elements per gradient piece sent to the host */
     bool auto_micro_batch; /* the planner may lower batch_size (rows per micro-batch), raising grad_accum so
                               that a step keeps its tokens, until the run fits */
 

@@ -481,9 +481,7 @@ struct layout {
 };
 
 #ifdef ZT_WITH_CUDA
-/* Elements of the gradient pieces of the chunked and streamed layouts (three fp32 buffers of 32 MiB), and
- * what NCCL's buffers are counted at with several ranks. */
-#define GRAD_CHUNK_ELEMS ((size_t)8 << 20)
+/* What NCCL's buffers are counted at with several ranks. */
 #define NCCL_RESERVE_BYTES ((size_t)256 << 20)
 
 /* A planner layout as engine options. */
@@ -491,12 +489,11 @@ static void apply_layout(const zt_train_config *cfg, enum zt_plan_weights w, boo
                          zt_engine_options *o)
 {
     o->stream = w == ZT_PLAN_STREAMED;
-    o->grad_chunk = w == ZT_PLAN_RESIDENT ? 0 : GRAD_CHUNK_ELEMS;
+    o->grad_chunk = w == ZT_PLAN_RESIDENT ? 0 : (size_t)cfg->grad_piece;
     if (optimizer_on_gpu)
         o->placement = ZT_PLACEMENT_GPU;
     else if (o->placement == ZT_PLACEMENT_GPU) /* priced for --optimizer cpu */
         o->placement = ZT_PLACEMENT_CPU;
-    (void)cfg;
 }
 
 struct pricing {

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Training beyond GPU memory on one GPU: models whose training state does not fit under a --gpu-mem cap,
+# with the weights streamed from host memory and AdamW on the host.
+#   bench/beyond/run.sh [OUT_DIR]
+#   ZTRAIN=build/worker/ztrain      the build measured
+#   ROWS="..."                      which rows of the table below to run (default: all)
+# Each row trains a GPT-2-shaped model on random tokens, T = 1024, for its number of steps (the first 3
+# are not timed) without checkpoints (--save-every -1). Reported: tokens/s over the timed steps, TFLOP/s
+# (6N + 6 L T C FLOPs per token; the recomputation of checkpointed layers not counted), the peak GPU
+# memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s), the
+# planner's lines (GPU, host, disk), the engine's breakdown of the last step, and the first and last loss.
+# Pairs of rows named in PAIRS are compared step by step (largest relative loss difference; "same bits"
+# when every loss is equal). Writes OUT_DIR/rows.jsonl, one log per row, and prints OUT_DIR/table.md.
+set -u
+HERE="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:-bench-out/beyond}"
+ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+DATA="${TMPDIR:-/tmp}/zt_bench_data"
+mkdir -p "$DATA"
+[ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000 || exit 1
+NVME="${NVME_DIR:-${TMPDIR:-/tmp}/zt_beyond_nvme}"
+RES="$OUT/rows.jsonl"
+: > "$RES"
+
+# name | model | steps | batch | grad_accum | precision | flags (commas for spaces)
+TABLE="
+1558m_gpu          1558m 50 8 1 bf16 --optimizer,gpu
+1558m_streamed_11g 1558m 50 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
+1558m_streamed_11g_ga8 1558m 10 8 8 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
+1558m_auto_11g     1558m 10 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
+1558m_fp16_11g     1558m 50 8 1 fp16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
+124m_streamed_ram  124m  12 8 1 bf16 --offload,cpu,--weights,host,--gpu-mem,4GiB,--checkpointing,all
+124m_streamed_nvme 124m  12 8 1 bf16 --offload,nvme:NVME,--weights,host,--gpu-mem,4GiB,--checkpointing,all
+6.7b_11g_ga4       6.7b  7  8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
+6.7b_nocap_ga4     6.7b  7  8 4 bf16 --optimizer,cpu,--checkpointing,all
+"
+PAIRS="1558m_streamed_11g:1558m_gpu 1558m_auto_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram"
+ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
+
+baseline_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+baseline_mib=${baseline_mib:-0}
+
+# run NAME MODEL STEPS BATCH ACCUM PRECISION FLAGS
+run() {
+  local name=$1 model=$2 steps=$3 batch=$4 accum=$5 prec=$6 flags=$7
+  local run="${TMPDIR:-/tmp}/zt_beyond_run" log="$OUT/$name.log"
+  rm -rf "$run" "$NVME"
+  mkdir -p "$NVME"
+  IFS=, read -r -a extra <<< "${flags//NVME/$NVME}"
+  "$ZTRAIN" train --model "$HERE/gpt2-$model.json" --train-data "$DATA/rnd_train_000.bin" --device cuda \
+    --precision "$prec" --steps "$steps" --batch-size "$batch" --grad-accum "$accum" --seq-len 1024 \
+    --save-every -1 --log-every 1 --eval-every 0 --out "$run" "${extra[@]}" > "$log" 2>&1 &
+  local pid=$! peak=0 rss=0
+  while kill -0 $pid 2>/dev/null; do
+    local used kb
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+    [ -n "$used" ] && [ "$used" -gt "$peak" ] && peak=$used
+    kb=$(ps -o rss= --ppid $pid -p $pid 2>/dev/null | sort -n | tail -1 | tr -d ' ')
+    [ -n "$kb" ] && [ "$kb" -gt "$rss" ] && rss=$kb
+    sleep 0.5
+  done
+  wait $pid
+  local rc=$?
+  "$PY" - "$run/metrics.jsonl" "$log" "$name" "$model" "$batch" "$accum" "$prec" "$flags" \
+    "$((peak - baseline_mib))" "$rss" "$rc" <<'PY' | tee -a "$RES"
+import json, re, sys
+metrics, log, name, model, batch, accum, prec, flags, peak, rss, rc = sys.argv[1:]
+try:
+    rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
+except OSError:
+    rows = []
+tokens = int(batch) * int(accum) * 1024
+timed = [r for r in rows if r["step"] >= 4]
+text = open(log, errors="replace").read()
+out = {"name": name, "model": model, "batch": int(batch), "grad_accum": int(accum), "precision": prec,
+       "flags": flags.replace(",", " "), "peak_gpu_gib": int(peak) / 1024, "peak_host_gib": int(rss) / 2**20,
+       "rc": int(rc), "losses": [r["loss"] for r in rows], "skipped": sum(1 for r in rows if r.get("skipped"))}
+if timed:
+    out["tokens_per_s"] = tokens * len(timed) / sum(tokens / r["tokens_per_s"] for r in timed)
+if rc != "0" or not timed:
+    out["error"] = (re.findall(r"(?:ERROR|error:).*", text) or ["no timed steps"])[-1][:600]
+out["plan"] = re.findall(r"plan: .*", text)
+m = re.findall(r"engine: step ([0-9.]+) s \| host update ([0-9.]+) s .*?blocks ([0-9.]+) s \| waited for the "
+               r"backward and norm ([0-9.]+) s \| copied down ([0-9.]+ \w+), up ([0-9.]+ \w+)", text)
+if m:
+    s, h, wu, wn, down, up = m[-1]
+    out.update(step_s=float(s), host_update_s=float(h), wait_update_s=float(wu), wait_norm_s=float(wn),
+               down=down, up=up)
+p = re.search(r"([0-9.]+)M parameters", text)
+out["params"] = float(p.group(1)) * 1e6 if p else 0
+print(json.dumps(out))
+PY
+}
+
+for name in $ROWS; do
+  row=$(echo "$TABLE" | awk -v n="$name" '$1 == n')
+  [ -n "$row" ] || { echo "unknown row '$name' (see TABLE in $0)" >&2; exit 2; }
+  set -- $row
+  run "$@"
+done
+
+"$PY" - "$RES" "${PEAK_TFLOPS:-989}" "$PAIRS" <<'PY' | tee "$OUT/table.md"
+import json, sys
+peak = float(sys.argv[2])
+shape = {"124m": (12, 768), "1558m": (48, 1600), "6.7b": (32, 4096)}
+rows = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    rows[r["name"]] = r
+print("| row | params | batch x T x grad_accum | precision | flags | tokens/s | TFLOP/s | MFU | peak GPU GiB | "
+      "peak host GiB | loss first -> last | host AdamW s | waited for updates s | step s | copied down, up |")
+print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+for r in rows.values():
+    L, C = shape[r["model"]]
+    lo = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}" if r["losses"] else ""
+    if "tokens_per_s" in r:
+        tf = r["tokens_per_s"] * (6 * r["params"] + 6 * L * 1024 * C) / 1e12
+        speed = f"{r['tokens_per_s']:,.0f} | {tf:.0f} | {100 * tf / peak:.1f}%"
+    else:
+        speed = f"failed: {r.get('error', '')} | |"
+    br = [f"{r[k]:.3f}" if k in r else "" for k in ("host_update_s", "wait_update_s", "step_s")]
+    print(f"| {r['name']} | {r['params'] / 1e9:.2f}B | {r['batch']} x 1024 x {r['grad_accum']} | {r['precision']} | "
+          f"{r['flags']} | {speed} | {r['peak_gpu_gib']:.1f} | {r['peak_host_gib']:.1f} | {lo} | " + " | ".join(br)
+          + f" | {r.get('down', '')}, {r.get('up', '')} |")
+print()
+for pair in sys.argv[3].split():
+    a, b = pair.split(":")
+    if a not in rows or b not in rows or not rows[a]["losses"] or not rows[b]["losses"]:
+        continue
+    la, lb = rows[a]["losses"], rows[b]["losses"]
+    n = min(len(la), len(lb))
+    same = la[:n] == lb[:n]
+    worst = max(abs(x - y) / abs(y) for x, y in zip(la[:n], lb[:n]))
+    print(f"- {a} vs {b}: {n} steps, " + ("same bits" if same else f"largest relative loss difference {worst:.3g}"))
+print()
+for r in rows.values():
+    for line in r["plan"]:
+        print(f"    {r['name']}: {line}")
+PY
