@@ -36,7 +36,7 @@ TABLE="
 6.7b_11g_ga4       6.7b  7  8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 6.7b_nocap_ga4     6.7b  7  8 4 bf16 --optimizer,cpu,--checkpointing,all
 "
-PAIRS="1558m_streamed_11g:1558m_gpu 1558m_auto_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram"
+PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram"
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
 
 baseline_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
