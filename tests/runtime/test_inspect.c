@@ -43,21 +43,31 @@ static zt_gpt2_config tiny_config(void)
     return c;
 }
 
+/* tiny_config as a model family's config. */
+static zt_family_config tiny_family(void)
+{
+    zt_family_config f;
+    zt_family_config_default(&f);
+    f.gpt2 = tiny_config();
+    return f;
+}
+
+
 static int setup(void **state)
 {
     (void)state;
     assert_non_null(mkdtemp(dir));
-    zt_gpt2_config c = tiny_config();
+    zt_family_config c = tiny_family();
     zt_err err = {{0}};
-    zt_gpt2 *m = NULL;
-    assert_int_equal(zt_gpt2_create(&m, &c, 1, 4, 1, &err), 0);
-    float *p = zt_gpt2_params(m);
-    size_t n = zt_gpt2_num_params(m);
+    zt_family_model *m = NULL;
+    assert_int_equal(zt_family_model_create(&m, &c, 1, 4, 1, &err), 0);
+    float *p = zt_family_model_params(m);
+    size_t n = zt_family_model_num_params(m);
     for (size_t i = 0; i < n; i++)
         p[i] = 2.0f;
     bool found = false;
-    for (int t = 0; t < zt_gpt2_num_tensors(m); t++) {
-        const zt_param_info *info = zt_gpt2_tensor(m, t);
+    for (int t = 0; t < zt_family_model_num_tensors(m); t++) {
+        const zt_param_info *info = zt_family_model_tensor(m, t);
         if (strcmp(info->name, "h.1.attn.c_proj.weight") == 0) {
             for (size_t i = 0; i < info->numel; i++)
                 p[info->offset + i] = i % 2 ? 1.0f : -1.0f;
@@ -82,11 +92,11 @@ static int setup(void **state)
     st.adam_step = 7;
     assert_int_equal(zt_checkpoint_save(dir, m, &opt, &cfg, &st, NULL, 0, &err), 0);
     /* Gradients 0.5 everywhere but -3 in h.1.attn.c_proj.weight. */
-    float *g = zt_gpt2_grads(m);
+    float *g = zt_family_model_grads(m);
     for (size_t i = 0; i < n; i++)
         g[i] = 0.5f;
-    for (int t = 0; t < zt_gpt2_num_tensors(m); t++) {
-        const zt_param_info *info = zt_gpt2_tensor(m, t);
+    for (int t = 0; t < zt_family_model_num_tensors(m); t++) {
+        const zt_param_info *info = zt_family_model_tensor(m, t);
         if (strcmp(info->name, "h.1.attn.c_proj.weight") == 0)
             for (size_t i = 0; i < info->numel; i++)
                 g[info->offset + i] = -3.0f;
@@ -95,7 +105,7 @@ static int setup(void **state)
     assert_int_equal(mkdir(gdir, 0755), 0);
     assert_int_equal(zt_checkpoint_save_with_grads(gdir, m, &opt, g, &cfg, &st, NULL, 0, &err), 0);
     zt_optimizer_free(&opt);
-    zt_gpt2_destroy(m);
+    zt_family_model_destroy(m);
     return 0;
 }
 
@@ -179,19 +189,19 @@ static void test_gradient_dump_on_load(void **state)
     zt_err err = {{0}};
     char ckpt[PATH_MAX], path[PATH_MAX + 32];
     assert_int_equal(zt_checkpoint_find(gdir, ckpt, sizeof ckpt, &err), 0);
-    zt_gpt2_config c = tiny_config();
-    zt_gpt2 *m = NULL;
-    assert_int_equal(zt_gpt2_create(&m, &c, 1, 4, 1, &err), 0);
-    size_t n = zt_gpt2_num_params(m);
+    zt_family_config c = tiny_family();
+    zt_family_model *m = NULL;
+    assert_int_equal(zt_family_model_create(&m, &c, 1, 4, 1, &err), 0);
+    size_t n = zt_family_model_num_params(m);
     zt_optimizer opt;
     assert_int_equal(zt_optimizer_init(&opt, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
-    zt_gpt2_zero_grad(m);
+    zt_gpt2_zero_grad(zt_family_model_gpt2(m));
     zt_ckpt_state st;
     if (zt_checkpoint_load(ckpt, m, &opt, &st, &err) != 0)
         fail_msg("load failed: %s", err.msg);
     assert_int_equal(st.step, 7);
     for (size_t i = 0; i < n; i++)
-        assert_true(zt_gpt2_grads(m)[i] == 0.0f);
+        assert_true(zt_family_model_grads(m)[i] == 0.0f);
 
     /* Flip one byte of the last gradient value. */
     snprintf(path, sizeof path, "%s/grads.safetensors", ckpt);
@@ -210,7 +220,7 @@ static void test_gradient_dump_on_load(void **state)
     assert_int_equal(inspect(argv, out, sizeof out), 1);
     assert_contains(out, "grads.safetensors crc32c mismatch");
     zt_optimizer_free(&opt);
-    zt_gpt2_destroy(m);
+    zt_family_model_destroy(m);
 }
 
 static void test_bad_input(void **state)

@@ -139,33 +139,35 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     if (zt_comm_create(&comm, &co, &err) < 0)
         FAIL("rank %d: %s", rank, err.msg);
     const int b = GB / j->W;
-    zt_gpt2_config c = tiny_config();
-    zt_gpt2 *m = NULL;
-    if (zt_gpt2_create(&m, &c, b, T, 7, &err) < 0)
+    zt_family_config fc;
+    zt_family_config_default(&fc);
+    fc.gpt2 = tiny_config();
+    zt_family_model *fm = NULL;
+    if (zt_family_model_create(&fm, &fc, b, T, 7, &err) < 0)
         FAIL("%s", err.msg);
     bool ck[8];
-    ckpt_layers(j->ckpt, ck, c.n_layer);
+    ckpt_layers(j->ckpt, ck, fc.gpt2.n_layer);
     zt_model *model = NULL;
-    if (zt_gpt2_model_cpu(&model, m, j->accum, ck, &err) < 0)
+    if (zt_family_model_cpu(&model, fm, j->accum, ck, &err) < 0)
         FAIL("%s", err.msg);
     zt_engine_options eo;
     zt_engine_options_init(&eo);
     eo.zero_level = j->level;
     eo.grad_accum = j->accum;
     zt_optimizer full;
-    if (zt_optimizer_init(&full, zt_gpt2_num_params(m), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
+    if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
                           &err) < 0)
         FAIL("%s", err.msg);
     zt_ckpt_state st;
     memset(&st, 0, sizeof st);
-    if (j->load_dir && zt_checkpoint_load(j->load_dir, m, &full, &st, &err) < 0)
+    if (j->load_dir && zt_checkpoint_load(j->load_dir, fm, &full, &st, &err) < 0)
         FAIL("rank %d: %s", rank, err.msg);
     if (j->load_dir && st.step != j->first)
         FAIL("checkpoint is at step %lld, expected %d", (long long)st.step, j->first);
     zt_engine *e = NULL;
-    if (zt_engine_create(&e, model, comm, &eo, zt_gpt2_params(m), &err) < 0)
+    if (zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err) < 0)
         FAIL("%s", err.msg);
-    if (j->load_dir && zt_engine_import(e, zt_gpt2_params(m), full.m, full.v, &err) < 0)
+    if (j->load_dir && zt_engine_import(e, zt_family_model_params(fm), full.m, full.v, &err) < 0)
         FAIL("%s", err.msg);
     if (rank == 0)
         zt_engine_log_plan(e);
@@ -187,17 +189,17 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
             FAIL("cannot write the loss");
     }
     if (j->save_dir) {
-        if (zt_engine_export(e, zt_gpt2_params(m), full.m, full.v, &err) < 0)
+        if (zt_engine_export(e, zt_family_model_params(fm), full.m, full.v, &err) < 0)
             FAIL("%s", err.msg);
         if (rank == 0) {
             zt_train_config cfg;
             zt_train_config_init(&cfg);
-            cfg.model = c;
+            cfg.model = fc;
             cfg.model_loaded = true;
             cfg.steps = STEPS;
             st.step = j->last;
             st.adam_step = full.adam_step;
-            if (zt_checkpoint_save(j->save_dir, m, &full, &cfg, &st, NULL, 0, &err) < 0)
+            if (zt_checkpoint_save(j->save_dir, fm, &full, &cfg, &st, NULL, 0, &err) < 0)
                 FAIL("%s", err.msg);
         }
         if (zt_comm_barrier(comm, NULL, &err) < 0)
@@ -206,7 +208,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     zt_engine_destroy(e);
     model->ops->destroy(model);
     zt_optimizer_free(&full);
-    zt_gpt2_destroy(m);
+    zt_family_model_destroy(fm);
     zt_comm_destroy(comm);
     _exit(0);
 }
@@ -354,7 +356,8 @@ static void test_train_loop_matches_trainer(void **state)
     assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
     zt_train_config cfg;
     zt_train_config_init(&cfg);
-    cfg.model = tiny_config();
+    zt_family_config_default(&cfg.model);
+    cfg.model.gpt2 = tiny_config();
     cfg.model_loaded = true;
     snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
     snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s", out1);

@@ -143,23 +143,25 @@ static void test_non_finite_logits(void **state)
 /* A small random GPT-2 with its token embeddings multiplied by wte_scale (through the tied head this
  * sharpens the logits) and its other matrices by mix_scale (which makes the next token depend more on
  * the context than on the last token alone). (1, 1) is GPT-2's initial, nearly flat model. */
-static zt_gpt2 *make_model(float wte_scale, float mix_scale)
+static zt_family_model *make_model(float wte_scale, float mix_scale)
 {
-    zt_gpt2_config cfg;
-    zt_gpt2_config_default(&cfg);
+    zt_family_config fc;
+    zt_family_config_default(&fc);
+    zt_gpt2_config cfg = fc.gpt2;
     cfg.n_layer = 2;
     cfg.n_head = 2;
     cfg.n_embd = 16;
     cfg.n_positions = N_POS;
     cfg.vocab_size = VOCAB;
-    zt_gpt2 *m = NULL;
+    zt_family_model *m = NULL;
     zt_err err = {{0}};
-    int rc = zt_gpt2_create(&m, &cfg, 1, N_POS, 1234, &err);
+    fc.gpt2 = cfg;
+    int rc = zt_family_model_create(&m, &fc, 1, N_POS, 1234, &err);
     if (rc != 0)
-        fail_msg("zt_gpt2_create: %s", err.msg);
-    float *p = zt_gpt2_params(m);
-    for (int i = 0; i < zt_gpt2_num_tensors(m); i++) {
-        const zt_param_info *t = zt_gpt2_tensor(m, i);
+        fail_msg("zt_family_model_create: %s", err.msg);
+    float *p = zt_family_model_params(m);
+    for (int i = 0; i < zt_family_model_num_tensors(m); i++) {
+        const zt_param_info *t = zt_family_model_tensor(m, i);
         if (t->ndim != 2)
             continue;
         float scale = strcmp(t->name, "wte.weight") == 0 ? wte_scale : mix_scale;
@@ -192,7 +194,7 @@ static int record(int32_t token, void *user)
 static void test_greedy_matches_sliding_argmax(void **state)
 {
     (void)state;
-    zt_gpt2 *m = make_model(1.0f, 5.0f);
+    zt_family_model *m = make_model(1.0f, 5.0f);
     const int32_t prompt[] = {3, 1, 4};
     recorder r = {0};
     zt_err err = {{0}};
@@ -215,8 +217,8 @@ static void test_greedy_matches_sliding_argmax(void **state)
     for (int i = 0; i < max_new; i++) {
         int len = 3 + i;
         int ctx = len < N_POS ? len : N_POS;
-        zt_gpt2_forward(m, seq + len - ctx, NULL, 1, ctx);
-        const float *row = zt_gpt2_logits(m) + (size_t)(ctx - 1) * VOCAB;
+        zt_family_model_forward(m, seq + len - ctx, NULL, 1, ctx);
+        const float *row = zt_family_model_logits(m) + (size_t)(ctx - 1) * VOCAB;
         int best = 0;
         for (int v = 1; v < VOCAB; v++) {
             if (row[v] > row[best])
@@ -229,14 +231,14 @@ static void test_greedy_matches_sliding_argmax(void **state)
     recorder r1 = {0};
     assert_int_equal(zt_generate(m, prompt, 3, max_new, 1.0, 1, 77, record, &r1, &err), 0);
     assert_memory_equal(r1.tokens, r.tokens, (size_t)max_new * sizeof(int32_t));
-    zt_gpt2_destroy(m);
+    zt_family_model_destroy(m);
 }
 
 static void test_seeds(void **state)
 {
     (void)state;
     /* Flat logits: different seeds must give different text. */
-    zt_gpt2 *m = make_model(1.0f, 1.0f);
+    zt_family_model *m = make_model(1.0f, 1.0f);
     const int32_t prompt[] = {7};
     zt_err err = {{0}};
     recorder a = {0}, b = {0}, c = {0};
@@ -255,20 +257,20 @@ static void test_seeds(void **state)
     for (int i = 0; i < 12; i++) {
         int len = 1 + i;
         int ctx = len < N_POS ? len : N_POS;
-        zt_gpt2_forward(m, seq + len - ctx, NULL, 1, ctx);
-        const float *row = zt_gpt2_logits(m) + (size_t)(ctx - 1) * VOCAB;
+        zt_family_model_forward(m, seq + len - ctx, NULL, 1, ctx);
+        const float *row = zt_family_model_logits(m) + (size_t)(ctx - 1) * VOCAB;
         int above = 0;
         for (int v = 0; v < VOCAB; v++)
             above += row[v] > row[k.tokens[i]];
         assert_true(above < 3);
     }
-    zt_gpt2_destroy(m);
+    zt_family_model_destroy(m);
 }
 
 static void test_callback_and_errors(void **state)
 {
     (void)state;
-    zt_gpt2 *m = make_model(50.0f, 1.0f);
+    zt_family_model *m = make_model(50.0f, 1.0f);
     const int32_t prompt[] = {1, 2};
     zt_err err = {{0}};
 
@@ -294,13 +296,13 @@ static void test_callback_and_errors(void **state)
     assert_int_equal(none.n, 0);
 
     /* Broken weights: an error, not a made-up token. */
-    float *p = zt_gpt2_params(m);
-    for (size_t i = 0; i < zt_gpt2_num_params(m); i++)
+    float *p = zt_family_model_params(m);
+    for (size_t i = 0; i < zt_family_model_num_params(m); i++)
         p[i] = NAN;
     assert_int_equal(zt_generate(m, prompt, 2, 5, 0.8, 10, 1, record, &none, &err), ZT_EFORMAT);
     assert_non_null(strstr(err.msg, "non-finite"));
     assert_int_equal(none.n, 0);
-    zt_gpt2_destroy(m);
+    zt_family_model_destroy(m);
 }
 
 int main(void)

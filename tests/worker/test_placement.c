@@ -60,12 +60,12 @@ static int teardown(void **state)
 static void base_config(zt_train_config *c, const char *out, const char *optimizer)
 {
     zt_train_config_init(c);
-    zt_gpt2_config_default(&c->model);
-    c->model.n_layer = 2;
-    c->model.n_head = 2;
-    c->model.n_embd = 32;
-    c->model.n_positions = 32;
-    c->model.vocab_size = VOCAB;
+    zt_family_config_default(&c->model);
+    c->model.gpt2.n_layer = 2;
+    c->model.gpt2.n_head = 2;
+    c->model.gpt2.n_embd = 32;
+    c->model.gpt2.n_positions = 32;
+    c->model.gpt2.vocab_size = VOCAB;
     c->model_loaded = true;
     snprintf(c->train_data, sizeof(c->train_data), "%s/p_train_*.bin", g_dir);
     snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", g_dir, out);
@@ -95,7 +95,7 @@ static void reference(float *losses, float **params_out, size_t *n_out)
     zt_err err = {{0}};
     zt_gpt2 *model = NULL;
     zt_dataloader *dl = NULL;
-    assert_int_equal(zt_gpt2_create(&model, &c.model, 2, 16, (uint64_t)c.seed, &err), 0);
+    assert_int_equal(zt_gpt2_create(&model, &c.model.gpt2, 2, 16, (uint64_t)c.seed, &err), 0);
     assert_int_equal(zt_dataloader_open(&dl, c.train_data, 2, 16, c.shuffle, (uint64_t)c.seed, &err), 0);
     size_t n = zt_gpt2_num_params(model);
     float *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
@@ -219,20 +219,20 @@ static void test_placements_are_bit_identical(void **state)
     expect_same_checkpoint("cpu", "nvme");
 
     /* the checkpoint's parameters are the reference loop's */
-    zt_gpt2 *model = NULL;
+    zt_family_model *model = NULL;
     zt_optimizer opt;
     zt_ckpt_state st;
     zt_err err = {{0}};
     char ck[600];
     snprintf(ck, sizeof(ck), "%s/ram/ckpt_%06d", g_dir, STEPS);
     base_config(&c, "unused", "cpu");
-    assert_int_equal(zt_gpt2_create(&model, &c.model, 2, 16, 1, &err), 0);
+    assert_int_equal(zt_family_model_create(&model, &c.model, 2, 16, 1, &err), 0);
     assert_int_equal(zt_optimizer_init(&opt, n, c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip, &err), 0);
     if (zt_checkpoint_load(ck, model, &opt, &st, &err) != 0)
         fail_msg("%s", err.msg);
-    assert_memory_equal(zt_gpt2_params(model), ref_params, n * sizeof(float));
+    assert_memory_equal(zt_family_model_params(model), ref_params, n * sizeof(float));
     zt_optimizer_free(&opt);
-    zt_gpt2_destroy(model);
+    zt_family_model_destroy(model);
 
     const char *bin = getenv("ZT_SERVER_BIN");
     if (bin && bin[0]) {

@@ -81,7 +81,8 @@ static int teardown(void **state)
 static void base_config(zt_train_config *c, const char *out)
 {
     zt_train_config_init(c);
-    c->model = tiny_model();
+    zt_family_config_default(&c->model);
+    c->model.gpt2 = tiny_model();
     c->model_loaded = true;
     snprintf(c->train_data, sizeof(c->train_data), "%s/t_train_*.bin", g_dir);
     snprintf(c->val_data, sizeof(c->val_data), "%s/t_val_*.bin", g_dir);
@@ -385,7 +386,7 @@ static void test_other_model_is_refused(void **state)
     zt_train_result_free(&res);
 
     base_config(&c, "M");
-    c.model.n_layer = 1;
+    c.model.gpt2.n_layer = 1;
     c.steps = 4;
     snprintf(c.resume, sizeof(c.resume), "%s/M", g_dir);
     zt_err err = {{0}};

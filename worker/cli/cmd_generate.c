@@ -245,13 +245,13 @@ int zt_cmd_generate(int argc, char **argv)
         snprintf(weights_path, sizeof(weights_path), "%s", a.weights);
     }
 
-    zt_gpt2_config cfg;
-    zt_gpt2_config_default(&cfg);
-    if (zt_gpt2_config_load(&cfg, config_path, &err) < 0)
+    zt_family_config cfg;
+    if (zt_family_config_load(&cfg, config_path, &err) < 0)
         return runtime_error(&err);
 
     zt_tokenizer *tok = NULL;
-    zt_gpt2 *model = NULL;
+    zt_family_model *model = NULL;
+    const int vocab = zt_family_config_vocab(&cfg), positions = zt_family_config_positions(&cfg);
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     int status = 1;
@@ -277,29 +277,29 @@ int zt_cmd_generate(int argc, char **argv)
     }
     int tok_vocab = zt_tokenizer_vocab_size(tok);
     for (size_t i = 0; i < n_prompt; i++) {
-        if (prompt[i] >= cfg.vocab_size) {
+        if (prompt[i] >= vocab) {
             zt_fail(&err, ZT_EMISMATCH,
                     "the prompt has token %d but the model in %s knows only %d tokens; use a prompt the "
                     "model's vocabulary covers",
-                    (int)prompt[i], config_path, cfg.vocab_size);
+                    (int)prompt[i], config_path, vocab);
             goto done;
         }
     }
-    if (cfg.vocab_size > tok_vocab)
+    if (vocab > tok_vocab)
         ZT_WARN("generate: the model has %d tokens and the %s tokenizer %d; tokens it cannot print show as "
                 "U+FFFD",
-                cfg.vocab_size, zt_tokenizer_kind(tok), tok_vocab);
+                vocab, zt_tokenizer_kind(tok), tok_vocab);
 
     /* The context never grows past the prompt plus the new tokens, so the model needs no more room. */
     int64_t need = (int64_t)n_prompt + a.max_new;
-    int T = need < cfg.n_positions ? (int)need : cfg.n_positions;
-    if (zt_gpt2_create(&model, &cfg, 1, T, 0, &err) < 0)
+    int T = need < positions ? (int)need : positions;
+    if (zt_family_model_create(&model, &cfg, 1, T, 0, &err) < 0)
         goto done;
-    if (zt_gpt2_import(model, weights_path, &err) < 0)
+    if (zt_family_model_import(model, weights_path, &err) < 0)
         goto done;
     ZT_INFO("generate: %s (%zu parameters, %d layers, vocab %d), prompt of %zu tokens, %lld new tokens, "
             "temperature %g, top-k %lld, seed %lld",
-            weights_path, zt_gpt2_num_params(model), cfg.n_layer, cfg.vocab_size, n_prompt,
+            weights_path, zt_family_model_num_params(model), zt_family_config_layers(&cfg), vocab, n_prompt,
             (long long)a.max_new, a.temperature, (long long)a.top_k, (long long)a.seed);
 
     stream_state s = {.tok = tok, .out = stdout, .ends_with_newline = false};
@@ -327,7 +327,7 @@ int zt_cmd_generate(int argc, char **argv)
 done:
     if (status != 0)
         runtime_error(&err);
-    zt_gpt2_destroy(model);
+    zt_family_model_destroy(model);
     free(prompt);
     zt_tokenizer_destroy(tok);
     return status;

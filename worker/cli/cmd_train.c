@@ -339,8 +339,8 @@ static int run_command(int argc, char **argv, bool finetune)
         fprintf(stderr, "ztrain: error: %s\n", err.msg);
         return cfg.model_path[0] ? 1 : 2; /* a model file that cannot be used is a runtime failure */
     }
-    if (finetune && !seq_len_given && !config_path && !resume && cfg.seq_len > cfg.model.n_positions)
-        cfg.seq_len = cfg.model.n_positions;
+    if (finetune && !seq_len_given && !config_path && !resume && cfg.seq_len > zt_family_config_positions(&cfg.model))
+        cfg.seq_len = zt_family_config_positions(&cfg.model);
     if ((rc = zt_train_config_validate(&cfg, &err)) < 0) {
         fprintf(stderr, "ztrain: error: %s\n", err.msg);
         return 2;

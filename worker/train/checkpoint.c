@@ -39,15 +39,15 @@ static bool path_exists(const char *path)
 }
 
 /* optim.safetensors: "m.<name>" and "v.<name>" for every model tensor, in the model's layout. */
-static int write_optim(const char *path, const zt_gpt2 *model, const zt_optimizer *opt, zt_err *err)
+static int write_optim(const char *path, const zt_family_model *model, const zt_optimizer *opt, zt_err *err)
 {
-    int ntensors = zt_gpt2_num_tensors(model);
+    int ntensors = zt_family_model_num_tensors(model);
     char(*names)[80] = zt_xcalloc((size_t)ntensors * 2, sizeof(*names));
     zt_st_writer *w = zt_st_writer_create();
     ZT_ASSERT(w);
     int rc = 0;
     for (int i = 0; rc == 0 && i < ntensors; i++) {
-        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        const zt_param_info *t = zt_family_model_tensor(model, i);
         snprintf(names[2 * i], sizeof(names[0]), "m.%s", t->name);
         snprintf(names[2 * i + 1], sizeof(names[0]), "v.%s", t->name);
         rc = zt_st_writer_add(w, names[2 * i], ZT_DTYPE_F32, t->ndim, t->shape, opt->m + t->offset, err);
@@ -64,13 +64,13 @@ static int write_optim(const char *path, const zt_gpt2 *model, const zt_optimize
 }
 
 /* grads.safetensors: the gradient of every model tensor under its ztrain name, in the model's layout. */
-static int write_grads(const char *path, const zt_gpt2 *model, const float *grads, zt_err *err)
+static int write_grads(const char *path, const zt_family_model *model, const float *grads, zt_err *err)
 {
     zt_st_writer *w = zt_st_writer_create();
     ZT_ASSERT(w);
     int rc = 0;
-    for (int i = 0; rc == 0 && i < zt_gpt2_num_tensors(model); i++) {
-        const zt_param_info *t = zt_gpt2_tensor(model, i);
+    for (int i = 0; rc == 0 && i < zt_family_model_num_tensors(model); i++) {
+        const zt_param_info *t = zt_family_model_tensor(model, i);
         rc = zt_st_writer_add(w, t->name, ZT_DTYPE_F32, t->ndim, t->shape, grads + t->offset, err);
     }
     if (rc == 0)
@@ -150,7 +150,7 @@ static int write_manifest(const char *dir, const zt_ckpt_state *st, bool with_gr
 }
 
 /* Writes ckpt_<step> atomically and points `latest` at it; see checkpoint.h. */
-int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+int zt_checkpoint_save(const char *out_dir, const zt_family_model *model, const zt_optimizer *opt,
                        const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
                        zt_err *err)
 {
@@ -166,7 +166,7 @@ int zt_checkpoint_dir(const char *out_dir, int64_t step, char *out, size_t cap, 
 }
 
 /* zt_checkpoint_save with an optional gradient dump; see checkpoint.h. */
-int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+int zt_checkpoint_save_with_grads(const char *out_dir, const zt_family_model *model, const zt_optimizer *opt,
                                   const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
                                   char *path_out, size_t cap, zt_err *err)
 {
@@ -185,7 +185,7 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, con
     }
 
     snprintf(path, sizeof(path), "%s/model.safetensors", tmp_dir);
-    rc = zt_gpt2_export(model, path, err);
+    rc = zt_family_model_export(model, path, err);
     if (rc == 0) {
         snprintf(path, sizeof(path), "%s/optim.safetensors", tmp_dir);
         rc = write_optim(path, model, opt, err);
@@ -196,7 +196,7 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, con
     }
     if (rc == 0) {
         snprintf(path, sizeof(path), "%s/model_config.json", tmp_dir);
-        rc = zt_gpt2_config_save(zt_gpt2_get_config(model), path, err);
+        rc = zt_family_config_save(zt_family_model_config(model), path, err);
     }
     if (rc == 0 && grads) {
         snprintf(path, sizeof(path), "%s/grads.safetensors", tmp_dir);
@@ -473,39 +473,15 @@ int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st_out, zt_err *er
     return rc;
 }
 
-/* Names the first field in which two model configs differ, with both values, or returns NULL. */
-static const char *model_diff(const zt_gpt2_config *a, const zt_gpt2_config *b, char *av, char *bv, size_t cap)
-{
-#define CMP_INT(f)                                                                                            \
-    if (a->f != b->f) {                                                                                       \
-        snprintf(av, cap, "%d", (int)a->f);                                                                   \
-        snprintf(bv, cap, "%d", (int)b->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP_INT(n_layer)
-    CMP_INT(n_head)
-    CMP_INT(n_embd)
-    CMP_INT(n_positions)
-    CMP_INT(vocab_size)
-    CMP_INT(tie_word_embeddings)
-#undef CMP_INT
-    if (a->layer_norm_epsilon != b->layer_norm_epsilon) {
-        snprintf(av, cap, "%g", (double)a->layer_norm_epsilon);
-        snprintf(bv, cap, "%g", (double)b->layer_norm_epsilon);
-        return "layer_norm_epsilon";
-    }
-    return NULL;
-}
-
 /* Checks that optim.safetensors has m and v of the right shape for every model tensor, and nothing else. */
-static int check_optim(const zt_st_file *f, const zt_gpt2 *model, const char *path, zt_err *err)
+static int check_optim(const zt_st_file *f, const zt_family_model *model, const char *path, zt_err *err)
 {
-    int ntensors = zt_gpt2_num_tensors(model);
+    int ntensors = zt_family_model_num_tensors(model);
     if (zt_st_count(f) != (size_t)ntensors * 2)
         return zt_fail(err, ZT_EFORMAT, "%s holds %zu tensors, the model needs %d (m and v of each of %d); the "
                        "checkpoint does not belong to this model", path, zt_st_count(f), ntensors * 2, ntensors);
     for (int i = 0; i < ntensors; i++) {
-        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        const zt_param_info *t = zt_family_model_tensor(model, i);
         for (int k = 0; k < 2; k++) {
             char name[80];
             snprintf(name, sizeof(name), "%c.%s", k == 0 ? 'm' : 'v', t->name);
@@ -523,7 +499,7 @@ static int check_optim(const zt_st_file *f, const zt_gpt2 *model, const char *pa
 }
 
 /* Verifies a checkpoint and loads it into the model and the optimizer; see checkpoint.h. */
-int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err)
+int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err)
 {
     zt_ckpt_state state;
     int rc = zt_checkpoint_verify(ckpt_dir, &state, err);
@@ -533,12 +509,11 @@ int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, 
     char path[PATH_CAP];
     if ((rc = join(path, sizeof(path), ckpt_dir, "model_config.json", err)) < 0)
         return rc;
-    zt_gpt2_config saved;
-    zt_gpt2_config_default(&saved);
-    if ((rc = zt_gpt2_config_load(&saved, path, err)) < 0)
+    zt_family_config saved;
+    if ((rc = zt_family_config_load(&saved, path, err)) < 0)
         return rc;
     char sv[32], cv[32];
-    const char *field = model_diff(&saved, zt_gpt2_get_config(model), sv, cv, sizeof(sv));
+    const char *field = zt_family_config_diff(&saved, zt_family_model_config(model), sv, cv, sizeof(sv));
     if (field)
         return zt_fail(err, ZT_EMISMATCH, "checkpoint %s was saved from a model with %s = %s, but the configured "
                        "model has %s = %s; resume with the checkpoint's model (its model_config.json), or start a "
@@ -555,13 +530,13 @@ int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, 
     char model_path[PATH_CAP];
     if ((rc = join(model_path, sizeof(model_path), ckpt_dir, "model.safetensors", err)) < 0)
         goto done;
-    if ((rc = zt_gpt2_import(model, model_path, err)) < 0)
+    if ((rc = zt_family_model_import(model, model_path, err)) < 0)
         goto done;
 
     /* Everything is checked: nothing below can fail. */
-    int ntensors = zt_gpt2_num_tensors(model);
+    int ntensors = zt_family_model_num_tensors(model);
     for (int i = 0; i < ntensors; i++) {
-        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        const zt_param_info *t = zt_family_model_tensor(model, i);
         char name[80];
         snprintf(name, sizeof(name), "m.%s", t->name);
         memcpy(opt->m + t->offset, zt_st_find(f, name)->data, t->numel * sizeof(float));

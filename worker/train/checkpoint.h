@@ -3,7 +3,7 @@
  *   runs/demo/ckpt_000500/
  *     manifest.json       format version, step, Adam step, data position, RNG state, schedule, elapsed time,
  *                         and every other file of the directory with its size and CRC-32C
- *     model.safetensors   parameters with Hugging Face names, F32 (zt_gpt2_export: also a usable export)
+ *     model.safetensors   parameters with Hugging Face names, F32 (the family's export: also a usable export)
  *     optim.safetensors   Adam moments per tensor: "m.<name>" and "v.<name>" (ztrain names and layout), F32
  *     config.json         the training config (zt_train_config_save; "model" refers to model_config.json)
  *     model_config.json   the model's Hugging Face config
@@ -24,7 +24,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "worker/data/dataloader.h"
-#include "worker/models/gpt2.h"
+#include "worker/models/family.h"
 #include "worker/train/config.h"
 #include "worker/engine/optimizer.h"
 #include "worker/train/schedule.h"
@@ -53,13 +53,13 @@ int zt_checkpoint_dir(const char *out_dir, int64_t step, char *out, size_t cap, 
  * st, then points out_dir/latest at it. On success the checkpoint's path is written into path_out
  * (cap bytes; may be NULL). On failure nothing new is left behind (the .tmp directory is removed), the
  * previous checkpoint and `latest` are untouched, and a negative code is returned with a message. */
-int zt_checkpoint_save(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+int zt_checkpoint_save(const char *out_dir, const zt_family_model *model, const zt_optimizer *opt,
                        const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out, size_t cap,
                        zt_err *err);
 
 /* zt_checkpoint_save that also writes grads.safetensors from grads (the model's gradient slab layout,
- * zt_gpt2_num_params floats) and lists it in the manifest; grads NULL writes no gradient file. */
-int zt_checkpoint_save_with_grads(const char *out_dir, const zt_gpt2 *model, const zt_optimizer *opt,
+ * zt_family_model_num_params floats) and lists it in the manifest; grads NULL writes no gradient file. */
+int zt_checkpoint_save_with_grads(const char *out_dir, const zt_family_model *model, const zt_optimizer *opt,
                                   const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
                                   char *path_out, size_t cap, zt_err *err);
 
@@ -77,6 +77,6 @@ int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st, zt_err *err);
 /* Verifies ckpt_dir, checks that its model config equals the model's (ZT_EMISMATCH naming the first
  * field that differs otherwise), then loads the parameters into the model, the Adam moments and step
  * into opt, and the state into st. Nothing is changed unless everything checks out. */
-int zt_checkpoint_load(const char *ckpt_dir, zt_gpt2 *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err);
+int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err);
 
 #endif

@@ -246,7 +246,7 @@ static void typed_text(const zt_train_config *c, const struct key_def *k, char *
 void zt_train_config_init(zt_train_config *c)
 {
     memset(c, 0, sizeof(*c));
-    zt_gpt2_config_default(&c->model);
+    zt_family_config_default(&c->model);
     c->model_loaded = false;
     snprintf(c->out_dir, sizeof(c->out_dir), "runs/train");
     c->steps = 1000;
@@ -338,9 +338,8 @@ static int read_model_key(zt_train_config *c, zt_json_reader *r, const cJSON *ro
     if (cJSON_IsObject(item)) {
         char where[ZT_TRAIN_PATH_MAX + 16];
         snprintf(where, sizeof(where), "%s: \"model\"", path);
-        zt_gpt2_config m;
-        zt_gpt2_config_default(&m);
-        int rc = zt_gpt2_config_from_json(&m, item, where, err);
+        zt_family_config m;
+        int rc = zt_family_config_from_json(&m, item, where, err);
         if (rc < 0)
             return rc;
         c->model = m;
@@ -515,9 +514,8 @@ int zt_train_config_resolve(zt_train_config *c, zt_err *err)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "no model given: set \"model\" in the config file to a Hugging Face config.json "
                        "(or an inline object), or pass --model FILE (e.g. examples/gpt2-tiny.json)");
-    zt_gpt2_config m;
-    zt_gpt2_config_default(&m);
-    int rc = zt_gpt2_config_load(&m, c->model_path, err);
+    zt_family_config m;
+    int rc = zt_family_config_load(&m, c->model_path, err);
     if (rc < 0)
         return rc;
     c->model = m;
@@ -653,7 +651,7 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
         return zt_fail(err, ZT_EINVAL_CONFIG, "the model config '%s' was not read yet (zt_train_config_resolve)",
                        c->model_path);
     }
-    if ((rc = zt_gpt2_config_validate(&c->model, err)) < 0)
+    if ((rc = zt_family_config_validate(&c->model, err)) < 0)
         return rc;
     if (c->train_data[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -667,11 +665,12 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
         (rc = check_int(c, "seq_len", 1, 1 << 20, err)) < 0 ||
         (rc = check_int(c, "grad_accum", 1, 1 << 20, err)) < 0)
         return rc;
-    if (c->seq_len > c->model.n_positions)
+    const int positions = zt_family_config_positions(&c->model);
+    if (c->seq_len > positions)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "config: %s = %lld is longer than the model's n_positions %d: lower it to at most %d "
                        "(or use a model with more positions)",
-                       label("seq_len"), (long long)c->seq_len, c->model.n_positions, c->model.n_positions);
+                       label("seq_len"), (long long)c->seq_len, positions, positions);
     if (c->batch_size * c->seq_len > (1LL << 30))
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "config: batch_size x seq_len = %lld tokens per micro-batch is too many: lower %s or raise %s",

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "worker/models/gpt2.h"
+#include "worker/models/family.h"
 #include "worker/train/schedule.h"
 
 #define ZT_TRAIN_PATH_MAX 1024
@@ -40,7 +40,7 @@ const char *zt_train_optimizer_name(enum zt_train_optimizer o);
 typedef struct zt_train_config {
     /* What to train, on what, and where the run goes. Empty strings mean "not given". */
     char model_path[ZT_TRAIN_PATH_MAX]; /* HF config.json of the model; "" when given inline */
-    zt_gpt2_config model;               /* the model's config; meaningful once model_loaded */
+    zt_family_config model;             /* the model's config; meaningful once model_loaded */
     bool model_loaded;                  /* model holds the config (inline, or read from model_path) */
     char init_from[ZT_TRAIN_PATH_MAX];  /* safetensors with HF names to start from; "" = random init */
     char train_data[ZT_TRAIN_PATH_MAX]; /* glob of llm.c token shards */

@@ -89,12 +89,13 @@ int zt_generate_sample(const float *logits, int V, double temperature, int top_k
     return token;
 }
 
-int zt_generate(zt_gpt2 *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
+int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
                 uint64_t seed, zt_generate_token_fn on_token, void *user, zt_err *err)
 {
     ZT_ASSERT(model != NULL);
-    const zt_gpt2_config *cfg = zt_gpt2_get_config(model);
-    const int V = cfg->vocab_size;
+    const zt_family_config *cfg = zt_family_model_config(model);
+    const int V = zt_family_config_vocab(cfg);
+    const size_t positions = (size_t)zt_family_config_positions(cfg);
 
     if (n_prompt < 1 || !prompt)
         return zt_fail(err, ZT_EINVAL_CONFIG, "generation needs a prompt of at least one token, got %d", n_prompt);
@@ -124,9 +125,9 @@ int zt_generate(zt_gpt2 *model, const int32_t *prompt, int n_prompt, int max_new
     int rc = 0;
     for (size_t len = (size_t)n_prompt; len < total; len++) {
         /* The context is the last n_positions tokens at most: older ones fall out of the window. */
-        size_t ctx = len < (size_t)cfg->n_positions ? len : (size_t)cfg->n_positions;
-        zt_gpt2_forward(model, seq + (len - ctx), NULL, 1, (int)ctx);
-        const float *last = zt_gpt2_logits(model) + (ctx - 1) * (size_t)V;
+        size_t ctx = len < positions ? len : positions;
+        zt_family_model_forward(model, seq + (len - ctx), NULL, 1, (int)ctx);
+        const float *last = zt_family_model_logits(model) + (ctx - 1) * (size_t)V;
         int token = zt_generate_sample(last, V, temperature, top_k, &rng, err);
         if (token < 0) {
             rc = token;

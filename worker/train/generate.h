@@ -10,7 +10,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
-#include "worker/models/gpt2.h"
+#include "worker/models/family.h"
 
 /* Called once per generated token, in order. Return 0 to go on, a positive value to stop early (not an
  * error), or a negative ZT_E* / -errno code to stop with that error (for example a failed write). */
@@ -30,7 +30,7 @@ int zt_generate_sample(const float *logits, int V, double temperature, int top_k
  * pure function of (weights, prompt, temperature, top_k, seed). temperature must be >= 0 and top_k >= 0.
  * Returns 0 (also when on_token stopped early with a positive value), the negative code on_token
  * returned, or ZT_EINVAL_CONFIG / ZT_EFORMAT / ZT_ENOMEM with a message in err. */
-int zt_generate(zt_gpt2 *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
+int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
                 uint64_t seed, zt_generate_token_fn on_token, void *user, zt_err *err);
 
 #endif

@@ -25,7 +25,7 @@
 #include "worker/engine/optimizer.h"
 #include "worker/launch/env.h"
 #include "worker/launch/startup.h"
-#include "worker/models/gpt2.h"
+#include "worker/models/family.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/metrics.h"
 #include "worker/train/plan.h"
@@ -33,7 +33,6 @@
 #ifdef ZT_WITH_CUDA
 #include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
 #include "kernels/matmul.h"            /* ZT_CUDA_BLAS_DEVICE_BYTES */
-#include "worker/models/gpt2_cuda.h"   /* the model's passes on the GPU */
 #endif
 
 #define PATH_CAP (ZT_TRAIN_PATH_MAX + 64)
@@ -99,14 +98,13 @@ uint64_t zt_trainer_config_hash(const zt_train_config *cfg)
         for (const char *p = cfg->servers; *p; p++)
             nservers += *p == ',';
     }
-    const zt_gpt2_config *m = &cfg->model;
-    const int64_t ints[] = {m->n_layer, m->n_head, m->n_embd, m->n_positions, m->vocab_size, m->tie_word_embeddings,
+    const int64_t ints[] = {(int64_t)zt_family_config_fingerprint(&cfg->model),
                             cfg->steps, cfg->batch_size, cfg->seq_len, cfg->grad_accum, cfg->warmup_steps,
                             cfg->save_every, cfg->seed, cfg->shuffle, cfg->eval_every, cfg->eval_batches,
                             cfg->schedule, cfg->device, cfg->precision, cfg->optimizer, cfg->state_store, nservers,
                             cfg->zero_level, cfg->checkpointing, cfg->checkpoint_every, cfg->prefetch,
                             cfg->loss_scale_window};
-    const double reals[] = {m->layer_norm_epsilon, cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
+    const double reals[] = {cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
                             cfg->beta2, cfg->eps, cfg->grad_clip, cfg->loss_scale, cfg->min_loss_scale};
     h = fnv1a(h, ints, sizeof ints);
     return fnv1a(h, reals, sizeof reals);
@@ -200,16 +198,15 @@ static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_s
                    "the model's tokenizer or raise vocab_size)", max, pattern, vocab_size);
 }
 
-static void log_model(const zt_gpt2 *model, const zt_train_config *cfg)
+static void log_model(const zt_family_model *model, const zt_train_config *cfg)
 {
-    const zt_gpt2_config *m = zt_gpt2_get_config(model);
-    size_t n = zt_gpt2_num_params(model);
-    char weights[32], state[32];
+    size_t n = zt_family_model_num_params(model);
+    char weights[32], state[32], what[160];
     zt_format_size((uint64_t)n * sizeof(float), weights, sizeof(weights));
     zt_format_size((uint64_t)n * sizeof(float) * 4, state, sizeof(state));
-    zt_log(ZT_LOG_INFO, "model: GPT-2, %d layers x %d wide, %d heads, vocab %d, %d positions: %.2fM parameters "
-           "(%s fp32; %s with gradients and Adam state)",
-           m->n_layer, m->n_embd, m->n_head, m->vocab_size, m->n_positions, (double)n / 1e6, weights, state);
+    zt_family_config_describe(zt_family_model_config(model), what, sizeof what);
+    zt_log(ZT_LOG_INFO, "model: %s: %.2fM parameters (%s fp32; %s with gradients and Adam state)", what,
+           (double)n / 1e6, weights, state);
     zt_log(ZT_LOG_INFO, "model: a step is %lld x %lld sequences of %lld tokens = %lld tokens",
            (long long)cfg->grad_accum, (long long)cfg->batch_size, (long long)cfg->seq_len,
            (long long)(cfg->grad_accum * cfg->batch_size * cfg->seq_len));
@@ -421,7 +418,7 @@ static int pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt,
 /* The layer flags of activation checkpointing: every layer (all) or as cfg says. Free with free(). */
 static bool *layer_flags(const zt_train_config *cfg, bool all)
 {
-    const int L = cfg->model.n_layer;
+    const int L = zt_family_config_layers(&cfg->model);
     bool *ckpt = zt_xcalloc((size_t)(L > 0 ? L : 1), sizeof(bool));
     for (int l = 0; l < L; l++)
         ckpt[l] = all || zt_train_config_layer_checkpointed(cfg, l);
@@ -430,16 +427,16 @@ static bool *layer_flags(const zt_train_config *cfg, bool all)
 
 /* The model as the engine drives it, on the device cfg asks for, computing in dtype (chosen by
  * plan_gpu_run on a GPU); b x T micro-batches. */
-static int create_model(const zt_train_config *cfg, zt_gpt2 *host, int b, int T, enum zt_dtype dtype, zt_model **out,
+static int create_model(const zt_train_config *cfg, zt_family_model *host, int b, int T, enum zt_dtype dtype, zt_model **out,
                         zt_err *err)
 {
     bool *ckpt = layer_flags(cfg, false);
     int rc;
     if (cfg->device == ZT_DEVICE_CPU) {
-        rc = zt_gpt2_model_cpu(out, host, (int)cfg->grad_accum, ckpt, err);
+        rc = zt_family_model_cpu(out, host, (int)cfg->grad_accum, ckpt, err);
     } else {
 #ifdef ZT_WITH_CUDA
-        rc = zt_gpt2_cuda_create(out, host, b, T, (int)cfg->grad_accum, dtype, ckpt, err);
+        rc = zt_family_model_cuda(out, host, b, T, (int)cfg->grad_accum, dtype, ckpt, err);
 #else
         (void)b;
         (void)T;
@@ -498,7 +495,7 @@ static void apply_layout(const zt_train_config *cfg, enum zt_plan_weights w, boo
 
 struct pricing {
     const zt_train_config *cfg;
-    const zt_gpt2 *layout; /* the model's tables */
+    const zt_family_model *layout; /* the model's tables */
     int W;
     enum zt_dtype dtype;
 };
@@ -511,7 +508,7 @@ static zt_model *shape_of(const struct pricing *p, enum zt_plan_weights w, bool 
     const int micro_cfg = (int)cfg->batch_size / p->W;
     const int accum = (int)cfg->grad_accum * (micro_cfg / b);
     bool *ckpt = layer_flags(cfg, ckpt_all);
-    zt_model *shape = zt_gpt2_cuda_shape(p->layout, b, (int)cfg->seq_len, accum, p->dtype, ckpt);
+    zt_model *shape = zt_family_model_cuda_shape(p->layout, b, (int)cfg->seq_len, accum, p->dtype, ckpt);
     free(ckpt);
     engine_options(cfg, accum, o);
     apply_layout(cfg, w, on_gpu, o);
@@ -542,8 +539,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
 {
     const int W = env->world_size;
     int rc = pick_dtype(cfg, env->local_rank, dtype, err);
-    zt_gpt2 *tables = NULL;
-    if (rc < 0 || (rc = zt_gpt2_create_layout(&tables, &cfg->model, err)) < 0)
+    zt_family_model *tables = NULL;
+    if (rc < 0 || (rc = zt_family_model_create_layout(&tables, &cfg->model, err)) < 0)
         return rc;
     size_t free_b = 0, total_b = 0;
     ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -588,11 +585,11 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     /* Host: the engine's buffers (the Adam moments' pages are taken at the first update, after the host
      * slab of the initial weights is given back), the embedded state server's records, the checkpoints'
      * staging (the gathered weights, moments and their Hugging Face copy). Disk: the NVMe records. */
-    const uint64_t P = zt_gpt2_num_params(tables);
+    const uint64_t P = zt_family_model_num_params(tables);
     const bool embedded = cfg->optimizer == ZT_OPTIMIZER_SERVER && !cfg->servers[0];
     const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
     const uint64_t disk = embedded && cfg->state_store == ZT_STORE_NVME
-                              ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(cfg->model.n_layer + 2)
+                              ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(zt_family_config_layers(&cfg->model) + 2)
                               : 0;
     const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
     const uint64_t steady = ep.host_bytes + server_ram + staging;
@@ -631,7 +628,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     }
     rc = zt_plan_check_host(&h, err);
 done:
-    zt_gpt2_destroy(tables);
+    zt_family_model_destroy(tables);
     return rc;
 }
 #endif
@@ -642,7 +639,7 @@ done:
 /* Everything a run holds, so that one cleanup path frees it. */
 struct run {
     zt_train_config *cfg;     /* this run's settings: the given ones, with what the planner chose */
-    zt_gpt2 *host;            /* configuration, tensor table, files; its slab receives checkpoints' weights */
+    zt_family_model *host;    /* configuration, tensor table, files; its slab receives checkpoints' weights */
     zt_model *model;          /* the passes the engine drives */
     zt_engine *engine;
     zt_optimizer opt;         /* full-size m and v for checkpoints, and the step counters */
@@ -663,7 +660,7 @@ static void run_free(struct run *r)
         r->model->ops->destroy(r->model);
     zt_state_client_destroy(r->client);
     free(r->token);
-    zt_gpt2_destroy(r->host);
+    zt_family_model_destroy(r->host);
     zt_optimizer_free(&r->opt);
     zt_dataloader_close(r->train);
     zt_dataloader_close(r->val);
@@ -708,7 +705,7 @@ static int setup_run_dir(struct run *r, const zt_train_config *cfg, int64_t step
     if ((rc = zt_train_config_save(cfg, path, "model_config.json", err)) < 0)
         return rc;
     snprintf(path, sizeof path, "%s/model_config.json", cfg->out_dir);
-    if ((rc = zt_gpt2_config_save(&cfg->model, path, err)) < 0)
+    if ((rc = zt_family_config_save(&cfg->model, path, err)) < 0)
         return rc;
     snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->out_dir);
     if (!resumed)
@@ -725,9 +722,9 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
                 zt_err *err)
 {
     const bool remote = cfg->optimizer == ZT_OPTIMIZER_SERVER && cfg->servers[0];
-    int rc = zt_engine_export(r->engine, zt_gpt2_params(r->host), r->opt.m, r->opt.v, err);
+    int rc = zt_engine_export(r->engine, zt_family_model_params(r->host), r->opt.m, r->opt.v, err);
     if (rc == 0 && cfg->save_grads)
-        rc = zt_engine_export_grads(r->engine, zt_gpt2_grads(r->host), err);
+        rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
     if (rc == 0 && remote && zt_comm_rank(comm) == 0)
         rc = zt_engine_server_snapshot(r->engine, NULL, err);
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
@@ -739,7 +736,7 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
         st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
         st->loss_scale_clean_steps = r->use_scaler ? r->scaler.clean_steps : 0;
         rc = zt_checkpoint_save_with_grads(cfg->out_dir, r->host, &r->opt,
-                                           cfg->save_grads ? zt_gpt2_grads(r->host) : NULL, cfg, st, res->checkpoint,
+                                           cfg->save_grads ? zt_family_model_grads(r->host) : NULL, cfg, st, res->checkpoint,
                                            sizeof res->checkpoint, err);
         if (rc == 0)
             zt_log(ZT_LOG_INFO, "checkpoint: %s", res->checkpoint);
@@ -796,11 +793,12 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
 
     /* The host model keeps the layout, the parameters and the files; on the GPU it never runs, so its
      * activations are sized for one token. */
-    if ((rc = zt_gpt2_create(&r.host, &cfg->model, on_gpu ? 1 : b, on_gpu ? 1 : T, (uint64_t)cfg->seed, err)) < 0)
+    if ((rc = zt_family_model_create(&r.host, &cfg->model, on_gpu ? 1 : b, on_gpu ? 1 : T, (uint64_t)cfg->seed,
+                                     err)) < 0)
         goto out;
     if (is0)
         log_model(r.host, cfg);
-    if ((rc = zt_optimizer_init(&r.opt, zt_gpt2_num_params(r.host), cfg->beta1, cfg->beta2, cfg->eps,
+    if ((rc = zt_optimizer_init(&r.opt, zt_family_model_num_params(r.host), cfg->beta1, cfg->beta2, cfg->eps,
                                 cfg->weight_decay, cfg->grad_clip, err)) < 0)
         goto out;
 
@@ -809,7 +807,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
         prefix_error(err, "--train-data");
         goto out;
     }
-    if ((rc = check_vocab(r.train, cfg->train_data, cfg->model.vocab_size, err)) < 0)
+    if ((rc = check_vocab(r.train, cfg->train_data, zt_family_config_vocab(&cfg->model), err)) < 0)
         goto out;
     if (is0)
         log_data("train", cfg->train_data, r.train, cfg);
@@ -819,7 +817,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             prefix_error(err, "--val-data");
             goto out;
         }
-        if ((rc = check_vocab(r.val, cfg->val_data, cfg->model.vocab_size, err)) < 0)
+        if ((rc = check_vocab(r.val, cfg->val_data, zt_family_config_vocab(&cfg->model), err)) < 0)
             goto out;
         if (is0)
             log_data("val", cfg->val_data, r.val, cfg);
@@ -871,7 +869,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
                    (unsigned long long)st.data.window);
         }
     } else if (cfg->init_from[0]) {
-        if ((rc = zt_gpt2_import(r.host, cfg->init_from, err)) < 0)
+        if ((rc = zt_family_model_import(r.host, cfg->init_from, err)) < 0)
             goto out;
         if (is0)
             zt_log(ZT_LOG_INFO, "model: parameters initialised from %s", cfg->init_from);
@@ -901,9 +899,9 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
         eo.client = r.client;
         eo.run_id = r.run_id;
     }
-    rc = zt_engine_create(&r.engine, r.model, comm, &eo, zt_gpt2_params(r.host), err);
+    rc = zt_engine_create(&r.engine, r.model, comm, &eo, zt_family_model_params(r.host), err);
     if (rc == 0 && resumed)
-        rc = zt_engine_import(r.engine, zt_gpt2_params(r.host), r.opt.m, r.opt.v, err);
+        rc = zt_engine_import(r.engine, zt_family_model_params(r.host), r.opt.m, r.opt.v, err);
     if (rc == 0 && on_servers)
         rc = zt_engine_attach_server(r.engine, st.step, st.adam_step, NULL, err);
     if ((rc = zt_comm_agree(comm, rc, err)) < 0) {
@@ -912,7 +910,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
         goto out;
     }
     if (on_gpu)
-        zt_gpt2_release_params(r.host); /* the engine holds the weights; checkpoints write the slab again */
+        zt_family_model_release_params(r.host); /* the engine holds the weights; checkpoints write the slab again */
     if (is0) {
         zt_engine_log_plan(r.engine);
         if (on_servers)

@@ -1,0 +1,286 @@
+/* Model families: dispatch on the family; see family.h. */
+#include "worker/models/family.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fileio.h"
+#include "common/json.h"
+#include "worker/models/model.h"
+#ifdef ZT_WITH_CUDA
+#include "worker/models/gpt2_cuda.h"
+#endif
+
+struct zt_family_model {
+    zt_family_config cfg;
+    zt_gpt2 *gpt2; /* family gpt2 */
+};
+
+const char *zt_family_name(enum zt_family f)
+{
+    switch (f) {
+    case ZT_FAMILY_GPT2:
+        return "gpt2";
+    }
+    return "?";
+}
+
+void zt_family_config_default(zt_family_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->family = ZT_FAMILY_GPT2;
+    zt_gpt2_config_default(&c->gpt2);
+}
+
+int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char *where, zt_err *err)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "model_type");
+    if (type && !cJSON_IsString(type))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: \"model_type\" must be a string such as \"gpt2\"", where);
+    if (!type || strcmp(type->valuestring, "gpt2") == 0) {
+        zt_family_config_default(c);
+        return zt_gpt2_config_from_json(&c->gpt2, obj, where, err);
+    }
+    return zt_fail(err, ZT_EUNSUPPORTED, "%s: model_type '%s' is not a family ztrain trains (it trains gpt2)", where,
+                   type->valuestring);
+}
+
+int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = zt_read_file(path, &text, &len, err);
+    if (rc < 0)
+        return rc;
+    cJSON *root = NULL;
+    rc = zt_json_parse_object(text, path, &root, err);
+    free(text);
+    if (rc < 0)
+        return rc;
+    rc = zt_family_config_from_json(c, root, path, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int zt_family_config_save(const zt_family_config *c, const char *path, zt_err *err)
+{
+    return zt_gpt2_config_save(&c->gpt2, path, err);
+}
+
+int zt_family_config_validate(const zt_family_config *c, zt_err *err)
+{
+    if (c->family != ZT_FAMILY_GPT2)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "model family %d is not known", (int)c->family);
+    return zt_gpt2_config_validate(&c->gpt2, err);
+}
+
+const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
+                                  size_t cap)
+{
+    if (a->family != b->family) {
+        snprintf(av, cap, "%s", zt_family_name(a->family));
+        snprintf(bv, cap, "%s", zt_family_name(b->family));
+        return "model_type";
+    }
+    const zt_gpt2_config *x = &a->gpt2, *y = &b->gpt2;
+#define CMP_INT(f)                                                                                            \
+    if (x->f != y->f) {                                                                                       \
+        snprintf(av, cap, "%d", (int)x->f);                                                                   \
+        snprintf(bv, cap, "%d", (int)y->f);                                                                   \
+        return #f;                                                                                            \
+    }
+    CMP_INT(n_layer)
+    CMP_INT(n_head)
+    CMP_INT(n_embd)
+    CMP_INT(n_positions)
+    CMP_INT(vocab_size)
+    CMP_INT(tie_word_embeddings)
+#undef CMP_INT
+    if (x->layer_norm_epsilon != y->layer_norm_epsilon) {
+        snprintf(av, cap, "%g", (double)x->layer_norm_epsilon);
+        snprintf(bv, cap, "%g", (double)y->layer_norm_epsilon);
+        return "layer_norm_epsilon";
+    }
+    return NULL;
+}
+
+int zt_family_config_layers(const zt_family_config *c)
+{
+    return c->gpt2.n_layer;
+}
+
+int zt_family_config_positions(const zt_family_config *c)
+{
+    return c->gpt2.n_positions;
+}
+
+int zt_family_config_vocab(const zt_family_config *c)
+{
+    return c->gpt2.vocab_size;
+}
+
+int zt_family_config_width(const zt_family_config *c)
+{
+    return c->gpt2.n_embd;
+}
+
+int zt_family_config_heads(const zt_family_config *c)
+{
+    return c->gpt2.n_head;
+}
+
+size_t zt_family_config_num_params(const zt_family_config *c)
+{
+    return zt_gpt2_config_num_params(&c->gpt2);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+uint64_t zt_family_config_fingerprint(const zt_family_config *c)
+{
+    const zt_gpt2_config *g = &c->gpt2;
+    const int64_t ints[] = {c->family, g->n_layer, g->n_head, g->n_embd, g->n_positions, g->vocab_size,
+                            g->tie_word_embeddings};
+    const double eps = g->layer_norm_epsilon;
+    uint64_t h = fnv(14695981039346656037ULL, ints, sizeof ints);
+    return fnv(h, &eps, sizeof eps);
+}
+
+void zt_family_config_describe(const zt_family_config *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "GPT-2, %d layers x %d wide, %d heads, vocab %d, %d positions", c->gpt2.n_layer,
+             c->gpt2.n_embd, c->gpt2.n_head, c->gpt2.vocab_size, c->gpt2.n_positions);
+}
+
+/* ---- the host model ---- */
+
+static zt_family_model *wrap(const zt_family_config *c)
+{
+    zt_family_model *m = zt_xcalloc(1, sizeof *m);
+    m->cfg = *c;
+    return m;
+}
+
+int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int B, int T, uint64_t seed,
+                           zt_err *err)
+{
+    *out = NULL;
+    zt_family_model *m = wrap(c);
+    int rc = zt_gpt2_create(&m->gpt2, &c->gpt2, B, T, seed, err);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+int zt_family_model_create_layout(zt_family_model **out, const zt_family_config *c, zt_err *err)
+{
+    *out = NULL;
+    zt_family_model *m = wrap(c);
+    int rc = zt_gpt2_create_layout(&m->gpt2, &c->gpt2, err);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void zt_family_model_destroy(zt_family_model *m)
+{
+    if (!m)
+        return;
+    zt_gpt2_destroy(m->gpt2);
+    free(m);
+}
+
+const zt_family_config *zt_family_model_config(const zt_family_model *m)
+{
+    return &m->cfg;
+}
+
+zt_gpt2 *zt_family_model_gpt2(zt_family_model *m)
+{
+    return m->cfg.family == ZT_FAMILY_GPT2 ? m->gpt2 : NULL;
+}
+
+size_t zt_family_model_num_params(const zt_family_model *m)
+{
+    return zt_gpt2_num_params(m->gpt2);
+}
+
+int zt_family_model_num_tensors(const zt_family_model *m)
+{
+    return zt_gpt2_num_tensors(m->gpt2);
+}
+
+const zt_param_info *zt_family_model_tensor(const zt_family_model *m, int i)
+{
+    return zt_gpt2_tensor(m->gpt2, i);
+}
+
+float *zt_family_model_params(zt_family_model *m)
+{
+    return zt_gpt2_params(m->gpt2);
+}
+
+float *zt_family_model_grads(zt_family_model *m)
+{
+    return zt_gpt2_grads(m->gpt2);
+}
+
+void zt_family_model_release_params(zt_family_model *m)
+{
+    zt_gpt2_release_params(m->gpt2);
+}
+
+int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *err)
+{
+    return zt_gpt2_export(m->gpt2, path, err);
+}
+
+int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err)
+{
+    return zt_gpt2_import(m->gpt2, path, err);
+}
+
+float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
+    return zt_gpt2_forward(m->gpt2, tokens, targets, B, T);
+}
+
+const float *zt_family_model_logits(const zt_family_model *m)
+{
+    return zt_gpt2_logits(m->gpt2);
+}
+
+int zt_family_model_cpu(struct zt_model **out, zt_family_model *m, int max_micro, const bool *ckpt_layers,
+                        zt_err *err)
+{
+    return zt_gpt2_model_cpu(out, m->gpt2, max_micro, ckpt_layers, err);
+}
+
+#ifdef ZT_WITH_CUDA
+int zt_family_model_cuda(struct zt_model **out, const zt_family_model *m, int B, int T, int max_micro,
+                         enum zt_dtype dtype, const bool *ckpt_layers, zt_err *err)
+{
+    return zt_gpt2_cuda_create(out, m->gpt2, B, T, max_micro, dtype, ckpt_layers, err);
+}
+
+struct zt_model *zt_family_model_cuda_shape(const zt_family_model *m, int B, int T, int max_micro,
+                                            enum zt_dtype dtype, const bool *ckpt_layers)
+{
+    return zt_gpt2_cuda_shape(m->gpt2, B, T, max_micro, dtype, ckpt_layers);
+}
+#endif
