@@ -2,6 +2,8 @@
  * that reject wrong types and out-of-range values, and a final check that names unknown keys. */
 #include "common/json.h"
 
+#include "common/fileio.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,4 +256,18 @@ cJSON *zt_json_exact_int(int64_t v)
     cJSON *n = cJSON_CreateRaw(buf);
     ZT_ASSERT(n);
     return n;
+}
+
+/* Reads and parses a JSON object file; see json.h. */
+int zt_json_load_object(const char *path, cJSON **out, zt_err *err)
+{
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = zt_read_file(path, &text, &len, err);
+    if (rc < 0)
+        return rc;
+    rc = zt_json_parse_object(text, path, out, err);
+    free(text);
+    return rc;
 }

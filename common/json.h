@@ -27,6 +27,8 @@ typedef struct zt_json_reader {
 /* Parses text; on a syntax error returns ZT_EFORMAT with the line and column in err. *out is freed
  * with cJSON_Delete. A root that is not an object is an error too. */
 int zt_json_parse_object(const char *text, const char *where, cJSON **out, zt_err *err);
+/* Reads the file at path and parses it as zt_json_parse_object does (path names it in messages). */
+int zt_json_load_object(const char *path, cJSON **out, zt_err *err);
 
 void zt_json_reader_init(zt_json_reader *r, const cJSON *obj, const char *where);
 

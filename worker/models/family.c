@@ -48,14 +48,8 @@ int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char
 
 int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
 {
-    char *text = NULL;
-    size_t len = 0;
-    int rc = zt_read_file(path, &text, &len, err);
-    if (rc < 0)
-        return rc;
     cJSON *root = NULL;
-    rc = zt_json_parse_object(text, path, &root, err);
-    free(text);
+    int rc = zt_json_load_object(path, &root, err);
     if (rc < 0)
         return rc;
     rc = zt_family_config_from_json(c, root, path, err);

@@ -355,14 +355,8 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
  * code with a message naming the file. */
 int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err)
 {
-    char *text = NULL;
-    size_t len = 0;
     cJSON *obj = NULL;
-    int rc = zt_read_file(path, &text, &len, err);
-    if (rc < 0)
-        return rc;
-    rc = zt_json_parse_object(text, path, &obj, err);
-    free(text);
+    int rc = zt_json_load_object(path, &obj, err);
     if (rc < 0)
         return rc;
     rc = zt_gpt2_config_from_json(cfg, obj, path, err);

@@ -436,14 +436,8 @@ int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st_out, zt_err *er
     int rc = join(path, sizeof(path), ckpt_dir, "manifest.json", err);
     if (rc < 0)
         return rc;
-    char *text = NULL;
-    size_t len = 0;
-    if ((rc = zt_read_file(path, &text, &len, err)) < 0)
-        return rc;
     cJSON *root = NULL;
-    rc = zt_json_parse_object(text, path, &root, err);
-    free(text);
-    if (rc < 0)
+    if ((rc = zt_json_load_object(path, &root, err)) < 0)
         return rc;
 
     zt_ckpt_state st;

@@ -354,14 +354,8 @@ static int read_model_key(zt_train_config *c, zt_json_reader *r, const cJSON *ro
 /* Reads a JSON config file over c, paths relative to its folder; see config.h. */
 int zt_train_config_load_file(zt_train_config *c, const char *path, zt_err *err)
 {
-    char *text = NULL;
-    size_t len = 0;
     cJSON *root = NULL;
-    int rc = zt_read_file(path, &text, &len, err);
-    if (rc < 0)
-        return rc;
-    rc = zt_json_parse_object(text, path, &root, err);
-    free(text);
+    int rc = zt_json_load_object(path, &root, err);
     if (rc < 0)
         return rc;
 
