@@ -346,6 +346,34 @@ if [ $e2e_ok = 1 ]; then
             fail e2e_generate_export "the exported weights gave different text than the checkpoint"
           fi
         fi
+        # Sharded F32 (bit for bit the same weights, so the same text), then sharded BF16 (it loads and runs).
+        mkdir -p shards shards16
+        run_zt e2e_export_sharded export --checkpoint run/ckpt_000030 --out shards/model.safetensors \
+          --max-shard-size 20KB
+        nshards=$(ls shards/model-*-of-*.safetensors 2>/dev/null | wc -l)
+        if step_ok e2e_export_sharded && need_files e2e_export_sharded shards/model.safetensors.index.json \
+          shards/config.json; then
+          if [ "$nshards" -lt 2 ]; then
+            fail e2e_export_sharded "expected several shards of at most 20 KB, found $nshards"
+          else
+            run_zt e2e_generate_sharded generate --weights shards/model.safetensors.index.json \
+              --model shards/config.json --prompt "The " --max-new-tokens 20 --temperature 0.8 --top-k 40 --seed 3
+            if step_ok e2e_generate_sharded; then
+              if cmp -s generated.txt e2e_generate_sharded.out; then
+                pass e2e_export_sharded
+              else
+                fail e2e_export_sharded "the sharded export gave different text than the checkpoint"
+              fi
+            fi
+          fi
+        fi
+        run_zt e2e_export_bf16 export --checkpoint run/ckpt_000030 --out shards16/model.safetensors \
+          --dtype bf16 --max-shard-size 20KB
+        if step_ok e2e_export_bf16 && need_files e2e_export_bf16 shards16/model.safetensors.index.json; then
+          run_zt e2e_generate_bf16 generate --weights shards16 --model shards16/config.json --prompt "The " \
+            --max-new-tokens 20 --seed 3
+          step_ok e2e_generate_bf16 && pass e2e_export_bf16
+        fi
       else
         pass e2e_generate
       fi
@@ -414,6 +442,14 @@ train_case flag_unknown 2 'bogus' -- --bogus 3
 train_case flag_missing_value 2 '--seq-len|value|argument' -- --seq-len
 train_case flag_batch_zero 2 '--batch-size' -- --batch-size 0
 if expect_error command_unknown 2 'frobnicate' -- frobnicate; then pass command_unknown; fi
+if expect_error export_bad_dtype 2 '--dtype' 'bf16' -- export --checkpoint "$WORK/run" --out "$WORK/x/m.safetensors" \
+  --dtype fp8 && expect_no_output export_bad_dtype "$WORK/x"; then
+  pass export_bad_dtype
+fi
+if expect_error export_bad_shard_size 2 '--max-shard-size' -- export --checkpoint "$WORK/run" \
+  --out "$WORK/x/m.safetensors" --max-shard-size lots && expect_no_output export_bad_shard_size "$WORK/x"; then
+  pass export_bad_shard_size
+fi
 train_case flag_gpu_mem_not_a_size 2 '--gpu-mem' 'lots' -- --gpu-mem lots
 train_case flag_gpu_mem_on_cpu 2 'gpu_mem' '--device cuda' -- --gpu-mem 4GiB
 train_case flag_offload_unknown 2 '--offload' 'nvme:DIR' -- --offload disk
