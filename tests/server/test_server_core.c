@@ -639,9 +639,50 @@ static void test_register_idempotent_and_mismatch(void **state)
     must(zt_server_core_create(&small, &o, &err), &err);
     d = make_desc(k_run, ZT_DTYPE_F32, blocks);
     assert_int_equal(zt_server_core_register(small, &d, &info, &err), ZT_ENOMEM);
-    assert_non_null(strstr(err.msg, "--mem-limit"));
+    assert_non_null(strstr(err.msg, "--max-memory"));
     zt_server_core_destroy(small);
     cluster_destroy(&c);
+}
+
+/* Limits a hostile or mistaken RegisterRun meets before the server allocates anything: the number of runs
+ * (max_runs) and the shards of one run (blocks times world size). */
+static void test_register_limits(void **state)
+{
+    (void)state;
+    zt_err err = {{0}};
+    zt_server_core_options o = {.max_runs = 2};
+    zt_server_core *core;
+    must(zt_server_core_create(&core, &o, &err), &err);
+    zt_server_block_desc blocks[NB];
+    zt_server_run_info info;
+    static const char *const names[3] = {"run-a", "run-b", "run-c"};
+    for (int i = 0; i < 3; i++) {
+        zt_server_run_desc d = make_desc(names[i], ZT_DTYPE_F32, blocks);
+        int rc = zt_server_core_register(core, &d, &info, &err);
+        assert_int_equal(rc, i < 2 ? 0 : ZT_ENOMEM);
+    }
+    assert_non_null(strstr(err.msg, "--max-runs"));
+    /* A run already held registers again (a restarted worker), at the limit too. */
+    zt_server_run_desc d = make_desc("run-a", ZT_DTYPE_F32, blocks);
+    assert_int_equal(zt_server_core_register(core, &d, &info, &err), 0);
+    assert_int_equal(zt_server_core_drop(core, "run-b", &err), 0);
+    d = make_desc("run-c", ZT_DTYPE_F32, blocks);
+    assert_int_equal(zt_server_core_register(core, &d, &info, &err), 0);
+
+    /* 65536 blocks of 65536 shards would be 2^32 pairs: refused at once, naming the limit. */
+    zt_server_block_desc *many = calloc(ZT_SERVER_MAX_BLOCKS, sizeof(*many));
+    for (int b = 0; b < ZT_SERVER_MAX_BLOCKS; b++)
+        many[b].numel = 1;
+    zt_server_run_desc wide = {.run_id = "wide", .world_size = ZT_SERVER_MAX_WORLD, .nblocks = ZT_SERVER_MAX_BLOCKS,
+                               .blocks = many, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                               .param_dtype = ZT_DTYPE_F32};
+    assert_int_equal(zt_server_core_register(core, &wide, &info, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "at most 65536"));
+    wide.nblocks = 2; /* one shard over the limit */
+    wide.world_size = ZT_SERVER_MAX_SHARDS / 2 + 1;
+    assert_int_equal(zt_server_core_register(core, &wide, &info, &err), ZT_EINVAL_CONFIG);
+    free(many);
+    zt_server_core_destroy(core);
 }
 
 static void test_owner_mapping(void **state)
@@ -950,6 +991,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_owner_mapping),
         cmocka_unit_test(test_register_idempotent_and_mismatch),
+        cmocka_unit_test(test_register_limits),
         cmocka_unit_test(test_round_trip_ram_f32),
         cmocka_unit_test(test_round_trip_ram_bf16),
         cmocka_unit_test(test_round_trip_nvme),
