@@ -1,7 +1,10 @@
 /* ztrain-server: a state server process. It holds fp32 master weights and Adam moments of training runs
  * (RAM or NVMe tier), serves ztrain.v1.StateService and grpc.health.v1.Health over gRPC, optionally a
  * plaintext health-only port for Kubernetes probes and a Prometheus text endpoint, restores the latest
- * snapshots at start, and shuts down gracefully on SIGTERM or SIGINT. */
+ * snapshots at start, re-reads its token file on SIGHUP, and shuts down gracefully on SIGTERM or SIGINT.
+ * It refuses to start on an address other hosts can reach without a way to authenticate clients (a token
+ * or client certificates) unless --insecure says so: see docs/security.md. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -22,10 +25,16 @@
 #include "server/core.h"
 #include "server/service.h"
 
+/* The smallest --max-message: ztrain's clients send chunks of 1 MiB plus a header. */
+#define MIN_MESSAGE_BYTES (2u << 20)
+
 struct server_config {
     const char *listen;
     const char *store;
     uint64_t mem_limit;
+    int max_runs;
+    uint64_t max_message;
+    int insecure;
     int threads;
     const char *snapshot_dir;
     int snapshot_keep;
@@ -43,17 +52,79 @@ static void usage(FILE *f)
             "usage: ztrain-server [options]\n"
             "  --listen ADDR          gRPC address (default 127.0.0.1:7070; 0.0.0.0:PORT for other hosts)\n"
             "  --store ram|nvme:PATH  where master weights and Adam moments live (default ram)\n"
-            "  --mem-limit SIZE       RAM the runs may hold (e.g. 64GiB; default: no limit)\n"
+            "  --max-memory SIZE      RAM the runs may hold (e.g. 64GiB; default: no limit); a run that does not\n"
+            "                         fit is refused with RESOURCE_EXHAUSTED (also spelt --mem-limit)\n"
+            "  --max-runs N           runs held at once (default: no limit); more are refused with RESOURCE_EXHAUSTED\n"
+            "  --max-message SIZE     largest gRPC message received or sent (default 4MiB, at least 2MiB)\n"
             "  --threads N            CPU Adam threads (default: all cores)\n"
             "  --snapshot-dir DIR     snapshots: restored at start, written by SaveSnapshot\n"
             "  --snapshot-keep N      snapshots kept per run (default 2; 0 keeps all)\n"
             "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
             "  --tls-ca F             require client certificates signed by this CA (mutual TLS)\n"
-            "  --token-file F         require 'authorization: Bearer <token>' with the token in F on every call\n"
+            "  --token-file F         require 'authorization: Bearer <token>' with the token in F on every call;\n"
+            "                         SIGHUP re-reads F (the old token is refused from then on)\n"
+            "  --insecure yes         allow a --listen address other hosts can reach with neither --token-file\n"
+            "                         nor --tls-ca (without it such a server refuses to start)\n"
             "  --health-listen ADDR   plaintext port serving only grpc.health.v1.Health (Kubernetes probes)\n"
             "  --metrics-listen ADDR  Prometheus text on GET /metrics at ADDR (host:port)\n"
             "  --server-index I --server-count S   this server's place among S servers sharing runs\n"
             "  --log-level L          debug|info|warn|error (default info)\n");
+}
+
+/* Whether a gRPC listen address can be reached from this machine only: a loopback address (127.0.0.0/8,
+ * ::1, ::ffff:127.x.y.z), "localhost", or a Unix socket. Anything else, host names and the wildcard
+ * addresses included, counts as reachable from other hosts. */
+static int is_loopback(const char *addr)
+{
+    if (strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "unix-abstract:", 14) == 0)
+        return 1;
+    if (strncmp(addr, "ipv4:", 5) == 0 || strncmp(addr, "ipv6:", 5) == 0)
+        addr += 5;
+    char host[256];
+    size_t n;
+    if (addr[0] == '[') {
+        const char *end = strchr(addr, ']');
+        if (end == NULL)
+            return 0;
+        addr++;
+        n = (size_t)(end - addr);
+    } else {
+        const char *colon = strrchr(addr, ':');
+        n = colon ? (size_t)(colon - addr) : strlen(addr);
+    }
+    if (n == 0 || n >= sizeof(host))
+        return 0;
+    memcpy(host, addr, n);
+    host[n] = '\0';
+    if (strcmp(host, "localhost") == 0)
+        return 1;
+    struct in_addr v4;
+    if (inet_pton(AF_INET, host, &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    struct in6_addr v6;
+    if (inet_pton(AF_INET6, host, &v6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+    return 0;
+}
+
+/* Protected mode: a server that other hosts can reach must be able to tell its clients apart from
+ * anyone else's, by a bearer token or by client certificates (mutual TLS). Returns 0 when the listen
+ * address is loopback, one of the two is configured, or --insecure was given (then with a warning). */
+static int check_protected_mode(const struct server_config *cfg, zt_err *err)
+{
+    if (is_loopback(cfg->listen) || cfg->token_file != NULL || cfg->tls_ca != NULL)
+        return 0;
+    if (cfg->insecure) {
+        ZT_WARN("server: --insecure: %s can be reached from other hosts and any client there may read and change "
+                "every run's state (no --token-file, no --tls-ca)", cfg->listen);
+        return 0;
+    }
+    return zt_fail(err, ZT_EINVAL_CONFIG,
+                   "--listen %s can be reached from other hosts, but with neither --token-file nor --tls-ca any "
+                   "client there could read and change every run's state; give a token (--token-file) or client "
+                   "certificates (--tls-cert/--tls-key/--tls-ca), listen on 127.0.0.1, or add --insecure yes on a "
+                   "network you trust (docs/security.md)",
+                   cfg->listen);
 }
 
 static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *err)
@@ -70,6 +141,10 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
             usage(stdout);
             exit(0);
         }
+        if (strcmp(flag, "--insecure") == 0 && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+            cfg->insecure = 1; /* also accepted without a value */
+            continue;
+        }
         if (i + 1 >= argc)
             return zt_fail(err, ZT_EINVAL_CONFIG, "%s needs a value (see ztrain-server --help)", flag);
         const char *v = argv[++i];
@@ -79,8 +154,21 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
             cfg->listen = v;
         else if (strcmp(flag, "--store") == 0)
             cfg->store = v;
-        else if (strcmp(flag, "--mem-limit") == 0)
+        else if (strcmp(flag, "--max-memory") == 0 || strcmp(flag, "--mem-limit") == 0)
             rc = zt_parse_size(v, &cfg->mem_limit, err);
+        else if (strcmp(flag, "--max-runs") == 0) {
+            rc = zt_arg_int(flag, v, 1, 1000000, &n, err);
+            cfg->max_runs = (int)n;
+        } else if (strcmp(flag, "--max-message") == 0) {
+            rc = zt_parse_size(v, &cfg->max_message, err);
+            if (rc == 0 && (cfg->max_message < MIN_MESSAGE_BYTES || cfg->max_message > 0x7fffffffu))
+                return zt_fail(err, ZT_EINVAL_CONFIG, "--max-message %s: give 2MiB to 2GiB (ztrain's clients send "
+                               "chunks of 1 MiB)", v);
+        } else if (strcmp(flag, "--insecure") == 0) {
+            if (strcmp(v, "yes") != 0 && strcmp(v, "true") != 0 && strcmp(v, "1") != 0)
+                return zt_fail(err, ZT_EINVAL_CONFIG, "--insecure %s: write --insecure yes (or leave it out)", v);
+            cfg->insecure = 1;
+        }
         else if (strcmp(flag, "--threads") == 0) {
             rc = zt_arg_int(flag, v, 1, 4096, &n, err);
             cfg->threads = (int)n;
@@ -119,7 +207,7 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
                        cfg->server_count);
     if (strcmp(cfg->store, "ram") != 0 && (strncmp(cfg->store, "nvme:", 5) != 0 || cfg->store[5] == '\0'))
         return zt_fail(err, ZT_EINVAL_CONFIG, "--store %s: use ram or nvme:PATH", cfg->store);
-    return 0;
+    return check_protected_mode(cfg, err);
 }
 
 /* Reads the token file: its first line, without trailing whitespace. */
@@ -248,8 +336,12 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A file size limit (ulimit -f) makes a write fail with EFBIG, reported like a full disk, instead of
+     * killing the server. */
+    signal(SIGXFSZ, SIG_IGN);
 
     char *token = NULL;
     zt_server_core *core = NULL;
@@ -264,6 +356,7 @@ int main(int argc, char **argv)
     copt.store = strcmp(cfg.store, "ram") == 0 ? ZT_SERVER_STORE_RAM : ZT_SERVER_STORE_NVME;
     copt.store_path = copt.store == ZT_SERVER_STORE_NVME ? cfg.store + 5 : NULL;
     copt.mem_limit = cfg.mem_limit;
+    copt.max_runs = cfg.max_runs;
     copt.threads = cfg.threads;
     copt.server_index = cfg.server_index;
     copt.server_count = cfg.server_count;
@@ -286,6 +379,7 @@ int main(int argc, char **argv)
     ropt.tls_ca_file = cfg.tls_ca;
     ropt.require_client_cert = cfg.tls_ca != NULL;
     ropt.token = token;
+    ropt.max_message_bytes = (size_t)cfg.max_message;
     ropt.health_listen_addr = cfg.health_listen;
     if (zt_rpc_server_create(&ropt, &srv, &err) != 0 || zt_service_add_methods(svc, srv, &err) != 0 ||
         zt_rpc_server_start(srv, &err) != 0)
@@ -306,7 +400,24 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     int sig = 0;
-    sigwait(&sigs, &sig);
+    for (;;) {
+        sigwait(&sigs, &sig);
+        if (sig != SIGHUP)
+            break;
+        if (cfg.token_file == NULL) {
+            ZT_WARN("server: SIGHUP received; there is no --token-file to re-read");
+            continue;
+        }
+        char *fresh = NULL;
+        zt_err rerr = {{0}};
+        if (read_token(cfg.token_file, &fresh, &rerr) != 0 || zt_rpc_server_set_token(srv, fresh, &rerr) != 0)
+            ZT_ERROR("server: SIGHUP: %s; the token in use stays", rerr.msg);
+        else
+            ZT_INFO("server: SIGHUP: token reloaded from %s; calls with the previous token are refused", cfg.token_file);
+        if (fresh != NULL)
+            explicit_bzero(fresh, strlen(fresh));
+        free(fresh);
+    }
     ZT_INFO("server: %s received, shutting down (running calls get 10s)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     status = 0;
 
@@ -322,6 +433,8 @@ out:
     }
     zt_service_destroy(svc);
     zt_server_core_destroy(core);
+    if (token != NULL)
+        explicit_bzero(token, strlen(token));
     free(token);
     if (status == 0)
         ZT_INFO("server: stopped");
