@@ -792,6 +792,59 @@ static void snapshot_round_trip(enum zt_server_store_kind kind, int S)
     cluster_destroy(&c);
 }
 
+/* Replaces the first `from` in file path by `to`; fails the test if there is none. */
+static void replace_in_file(const char *path, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[16384];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, from);
+    assert_non_null(at);
+    char out[17000];
+    snprintf(out, sizeof(out), "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(out, f);
+    fclose(f);
+}
+
+/* Numbers in a manifest that no integer type holds (found by fuzz_snapshot_manifest: the range was
+ * checked after converting to int64_t, which is undefined for 1e300) are a damaged snapshot. */
+static void test_snapshot_manifest_numbers(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 5);
+    run_steps(&c, &r, 1, ZT_DTYPE_F32);
+    static const char *const edits[][2] = {
+        {"\"step\":\t1,", "\"step\":\t1e300,"},
+        {"\"world_size\":\t2,", "\"world_size\":\t-1e300,"},
+        {"\"numel\":\t1000,", "\"numel\":\t1.5,"},
+        {"[0, 800]", "[1e300, 800]"},
+        {"[0, 800]", "[0, -1e19]"},
+    };
+    zt_err err = {{0}};
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        char dir[400], file[500];
+        snprintf(dir, sizeof(dir), "%s/numbers-%zu", g_dir, i);
+        must(zt_server_core_snapshot_write(c.core[0], k_run, dir, &err), &err);
+        snprintf(file, sizeof(file), "%s/manifest.json", dir);
+        replace_in_file(file, edits[i][0], edits[i][1]);
+        zt_server_core *fresh;
+        zt_server_core_options o = {0};
+        must(zt_server_core_create(&fresh, &o, &err), &err);
+        assert_int_equal(zt_server_core_snapshot_read(fresh, dir, NULL, &err), ZT_EFORMAT);
+        zt_server_core_destroy(fresh);
+    }
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
 static void test_snapshot_ram(void **state)
 {
     (void)state;
@@ -1002,6 +1055,7 @@ int main(void)
         cmocka_unit_test(test_atomic_commit_nvme),
         cmocka_unit_test(test_pull_waits_for_block),
         cmocka_unit_test(test_snapshot_ram),
+        cmocka_unit_test(test_snapshot_manifest_numbers),
         cmocka_unit_test(test_snapshot_nvme_two_servers),
         cmocka_unit_test(test_snapshot_save_keep_and_metrics),
         cmocka_unit_test(test_large_shards_threads_ram_and_nvme),
