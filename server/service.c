@@ -471,7 +471,12 @@ static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMe
         const Ztrain__V1__PullRange *r = req->ranges[i];
         for (uint64_t done = 0; done < r->count; done += per_chunk) {
             uint64_t n = r->count - done < per_chunk ? r->count - done : per_chunk;
-            int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : (int)(zt_rpc_call_time_left(call) * 1000.0);
+            /* The client's wait, never past the call's deadline: a longer one would keep this thread (one of
+             * the server's max_calls) blocked after the client has gone. */
+            double left_ms = zt_rpc_call_time_left(call) * 1000.0;
+            int timeout_ms = left_ms > 0 ? (left_ms < INT32_MAX ? (int)left_ms : INT32_MAX) : 0;
+            if (req->timeout_ms > 0 && req->timeout_ms < timeout_ms)
+                timeout_ms = req->timeout_ms;
             /* One buffer per message, handed to gRPC without a copy: the header, then the core copies the
              * parameters right behind it. */
             uint8_t head[PARAM_CHUNK_HEAD_MAX];

@@ -395,11 +395,37 @@ static void test_bad_input(void **state)
     zt_server_core_destroy(local);
 }
 
+/* A pull's own timeout_ms never outlasts the call's deadline: a pull of a step no commit will make, asking
+ * to wait 2^31 - 1 ms, returns DEADLINE_EXCEEDED once its 0.2 s deadline passes (in process, so the
+ * handler's own return is seen, not the client's). Before the fix the handler waited the 24 days it was
+ * asked to, holding one of the server's threads whatever the client did. */
+static void test_pull_wait_bounded_by_deadline(void **state)
+{
+    struct fixture *f = *state;
+    prepare_run(f, NULL);
+    Ztrain__V1__PullRange r = ZTRAIN__V1__PULL_RANGE__INIT;
+    r.count = 1;
+    Ztrain__V1__PullRange *rp = &r;
+    Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
+    req.run = "r1";
+    req.step = 1; /* the next step: waits for a commit */
+    req.n_ranges = 1;
+    req.ranges = &rp;
+    req.timeout_ms = INT32_MAX;
+    uint8_t buf[128];
+    struct zt_rpc_part part = {buf, ztrain__v1__pull_params_request__pack(&req, buf)};
+    struct zt_rpc_local_msg msg = {&part, 1};
+    struct zt_rpc_status st;
+    assert_int_equal(zt_rpc_server_call_local(f->srv, M("PullParams"), &msg, 1, 0.2, NULL, NULL, &st),
+                     ZT_RPC_DEADLINE_EXCEEDED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_steps_match_in_process_core, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pull_wait_bounded_by_deadline, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
