@@ -37,6 +37,9 @@ static int grpc_code_of(int rc)
     case ZT_ESTATE:
         return ZT_RPC_FAILED_PRECONDITION;
     case ZT_ENOMEM:
+    case -ENOSPC: /* a full disk, a file size limit or a quota: a resource, not a bug */
+    case -EFBIG:
+    case -EDQUOT:
         return ZT_RPC_RESOURCE_EXHAUSTED;
     case -ETIMEDOUT:
         return ZT_RPC_DEADLINE_EXCEEDED;

@@ -9,7 +9,9 @@
   4. --max-message: a message over the limit gets RESOURCE_EXHAUSTED and the server goes on;
   5. --max-runs: the run past the limit gets RESOURCE_EXHAUSTED naming --max-runs, the others go on;
   6. --max-memory: a run that does not fit gets RESOURCE_EXHAUSTED naming --max-memory, the server stays
-     up and the run that fits trains on.
+     up and the run that fits trains on;
+  7. a full disk during SaveSnapshot (a file size limit put on the running server): RESOURCE_EXHAUSTED
+     naming the file, the server stays up, and a restart restores the snapshot before.
 Each check fails when its protection is taken out of the server. Loopback only; every process is ended in
 a finally block.
 
@@ -262,6 +264,59 @@ def run_limits(binary, workdir, mods):
     check(rc == 0, "--max-memory: the server exits 0 on SIGTERM")
 
 
+def run_disk_full(binary, workdir, mods):
+    """A snapshot that meets a full disk (a file size limit set on the running server, as `prlimit --fsize`
+    would): RESOURCE_EXHAUSTED naming the file, the server stays up (it ignores SIGXFSZ), the run keeps its
+    step, and a restart restores the previous snapshot."""
+    import resource
+    pb, pbg, _, _ = mods
+    snaps = os.path.join(workdir, "full-snaps")
+    model = g.Model(np.random.default_rng(5))
+    grads = [np.pad(np.full(n, 0.5, np.float32), (0, model.shard[b] * model.W - n)) for b, n in enumerate(model.NUMEL)]
+
+    def step(stub, s):
+        for b in range(len(model.NUMEL)):
+            for sh in range(model.W):
+                stub.PushGradients(g.push_stream(pb, model.RUN, s, b, sh, pb.DTYPE_F32,
+                                                 grads[b][model.shard_slice(b, sh)].tobytes(), 4096), timeout=TIMEOUT)
+        stub.CommitStep(pb.CommitStepRequest(run=model.RUN, step=s, grad_norm=1.0, clip_coef=1.0, lr=1e-3),
+                        timeout=TIMEOUT)
+
+    srv = g.Server(binary, workdir, "full", ["--snapshot-dir", snaps])
+    try:
+        ch = grpc.insecure_channel("127.0.0.1:%d" % srv.port)
+        stub = pbg.StateServiceStub(ch)
+        stub.RegisterRun(model.register_request(pb), timeout=TIMEOUT)
+        for b in range(len(model.NUMEL)):
+            for sh in range(model.W):
+                stub.PushParams(g.push_stream(pb, model.RUN, 0, b, sh, pb.DTYPE_F32,
+                                              model.p[b][model.shard_slice(b, sh)].tobytes(), 4096), timeout=TIMEOUT)
+        step(stub, 1)
+        check(stub.SaveSnapshot(pb.SaveSnapshotRequest(run=model.RUN), timeout=TIMEOUT).step == 1,
+              "disk full: the snapshot of step 1 is saved")
+        step(stub, 2)
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.prlimit(srv.proc.pid, resource.RLIMIT_FSIZE, (4096, hard))
+        c, d = g.code_of(lambda: stub.SaveSnapshot(pb.SaveSnapshotRequest(run=model.RUN), timeout=TIMEOUT))
+        check(c == grpc.StatusCode.RESOURCE_EXHAUSTED and "step_00000002.tmp" in d,
+              "disk full: SaveSnapshot -> %s (%r)" % (c.name, d))
+        check(srv.alive(), "disk full: the server is still running")
+        st = stub.Stats(pb.StatsRequest(run=model.RUN), timeout=TIMEOUT)
+        check(st.runs[0].step == 2, "disk full: the run is still at step 2")
+        ch.close()
+    finally:
+        rc = srv.stop()
+    check(rc == 0, "disk full: the server exits 0 on SIGTERM")
+    srv = g.Server(binary, workdir, "full2", ["--snapshot-dir", snaps])
+    try:
+        ch = grpc.insecure_channel("127.0.0.1:%d" % srv.port)
+        st = pbg.StateServiceStub(ch).Stats(pb.StatsRequest(run=model.RUN), timeout=TIMEOUT)
+        check(st.runs[0].step == 1, "disk full: a restart restores the snapshot of step 1")
+        ch.close()
+    finally:
+        srv.stop()
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -282,6 +337,7 @@ def main():
         run_rotation(binary, workdir, mods)
         run_mutual_tls(binary, workdir, certs, mods)
         run_limits(binary, workdir, mods)
+        run_disk_full(binary, workdir, mods)
     finally:
         t.cancel_deadline()
         shutil.rmtree(workdir, ignore_errors=True)
