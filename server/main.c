@@ -38,6 +38,7 @@ struct server_config {
     int threads;
     const char *snapshot_dir;
     int snapshot_keep;
+    int snapshot_commits;
     const char *tls_cert, *tls_key, *tls_ca;
     const char *token_file;
     const char *health_listen;
@@ -59,6 +60,9 @@ static void usage(FILE *f)
             "  --threads N            CPU Adam threads (default: all cores)\n"
             "  --snapshot-dir DIR     snapshots: restored at start, written by SaveSnapshot\n"
             "  --snapshot-keep N      snapshots kept per run (default 2; 0 keeps all)\n"
+            "  --snapshot-commits N   also a snapshot after every N-th commit, before it is answered, and when a\n"
+            "                         run's initial parameters are complete: a restart loses no answered commit\n"
+            "                         (default 0: snapshots only when workers ask, at their checkpoints)\n"
             "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
             "  --tls-ca F             require client certificates signed by this CA (mutual TLS)\n"
             "  --token-file F         require 'authorization: Bearer <token>' with the token in F on every call;\n"
@@ -177,6 +181,9 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
         else if (strcmp(flag, "--snapshot-keep") == 0) {
             rc = zt_arg_int(flag, v, 0, 1000000, &n, err);
             cfg->snapshot_keep = (int)n;
+        } else if (strcmp(flag, "--snapshot-commits") == 0) {
+            rc = zt_arg_int(flag, v, 0, 1000000, &n, err);
+            cfg->snapshot_commits = (int)n;
         } else if (strcmp(flag, "--tls-cert") == 0)
             cfg->tls_cert = v;
         else if (strcmp(flag, "--tls-key") == 0)
@@ -207,6 +214,8 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
                        cfg->server_count);
     if (strcmp(cfg->store, "ram") != 0 && (strncmp(cfg->store, "nvme:", 5) != 0 || cfg->store[5] == '\0'))
         return zt_fail(err, ZT_EINVAL_CONFIG, "--store %s: use ram or nvme:PATH", cfg->store);
+    if (cfg->snapshot_commits > 0 && cfg->snapshot_dir == NULL)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--snapshot-commits needs --snapshot-dir DIR to write the snapshots to");
     return check_protected_mode(cfg, err);
 }
 
@@ -369,6 +378,7 @@ int main(int argc, char **argv)
         ZT_INFO("server: restored %d run(s) from %s", nruns, cfg.snapshot_dir);
     }
     struct zt_service_options sopt = {.snapshot_dir = cfg.snapshot_dir, .snapshot_keep = cfg.snapshot_keep,
+                                      .snapshot_commits = cfg.snapshot_commits,
                                       .server_index = cfg.server_index, .server_count = cfg.server_count};
     if (zt_service_create(core, &sopt, &svc, &err) != 0)
         goto out;
