@@ -243,7 +243,9 @@ struct zt_rpc_server {
     struct listener health;
     int has_health;
     int local_only;         /* no listener: only zt_rpc_server_call_local (no gRPC core in use) */
-    char *token;            /* guarded by mu: zt_rpc_server_set_token replaces it while calls run */
+    char **tokens;          /* accepted bearer tokens (ntokens; none: no token required), guarded by mu:
+                             * zt_rpc_server_set_tokens replaces them while calls run */
+    int ntokens;
     size_t max_message;
     double default_deadline_s;
     int max_calls;
@@ -339,6 +341,16 @@ static void reject_inline(struct slot *s, grpc_status_code code, const char *msg
 static int finish_call(zt_rpc_call_t *c);
 static int run_health(zt_rpc_call_t *c, int watch);
 
+/* Wipes and frees an array of n tokens. */
+static void free_tokens(char **tokens, int n)
+{
+    for (int i = 0; i < n; i++) {
+        explicit_bzero(tokens[i], strlen(tokens[i]));
+        free(tokens[i]);
+    }
+    free(tokens);
+}
+
 /* Runs the handler of c->method_name (or the health service, or answers UNIMPLEMENTED) and records the
  * call's status: the step after authentication that network and in-process calls share. */
 static void run_method(zt_rpc_call_t *c, int health_only)
@@ -382,8 +394,8 @@ int zt_rpc_token_equal(const char *want, const void *got, size_t got_len)
     return diff == 0;
 }
 
-/* Checks "authorization: Bearer <token>" in constant time (zt_rpc_token_equal), against the token of the
- * moment (zt_rpc_server_set_token may replace it). Returns 0 when allowed. */
+/* Checks "authorization: Bearer <token>" in constant time (zt_rpc_token_equal) against every token
+ * accepted at the moment (zt_rpc_server_set_tokens may replace them). Returns 0 when allowed. */
 static int check_token(zt_rpc_server_t *srv, const grpc_metadata_array *md, char *why, size_t cap)
 {
     const grpc_slice *value = NULL;
@@ -392,14 +404,17 @@ static int check_token(zt_rpc_server_t *srv, const grpc_metadata_array *md, char
             value = &md->metadata[i].value;
     }
     pthread_mutex_lock(&srv->mu);
-    int ok = srv->token == NULL;
+    int ok = srv->ntokens == 0;
     if (!ok && value != NULL) {
         static const char prefix[] = "Bearer ";
         size_t plen = sizeof(prefix) - 1, vlen = GRPC_SLICE_LENGTH(*value);
         const unsigned char *v = GRPC_SLICE_START_PTR(*value);
-        /* The prefix is public: only the token's bytes need the constant-time comparison. */
+        /* The prefix is public: only the token's bytes need the constant-time comparison, against every
+         * accepted token (no early exit: the time does not tell which one, if any, matched). */
         int prefix_ok = vlen >= plen && memcmp(v, prefix, plen) == 0;
-        int token_ok = zt_rpc_token_equal(srv->token, prefix_ok ? v + plen : v, prefix_ok ? vlen - plen : 0);
+        int token_ok = 0;
+        for (int i = 0; i < srv->ntokens; i++)
+            token_ok |= zt_rpc_token_equal(srv->tokens[i], prefix_ok ? v + plen : v, prefix_ok ? vlen - plen : 0);
         ok = prefix_ok & token_ok;
     }
     pthread_mutex_unlock(&srv->mu);
@@ -634,7 +649,12 @@ int zt_rpc_server_create(const struct zt_rpc_server_options *opt, zt_rpc_server_
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     srv->serving = 1;
-    srv->token = opt->token ? strdup(opt->token) : NULL;
+    if (opt->token != NULL) {
+        srv->tokens = zt_xmalloc(sizeof(*srv->tokens));
+        srv->tokens[0] = strdup(opt->token);
+        ZT_ASSERT(srv->tokens[0] != NULL);
+        srv->ntokens = 1;
+    }
     srv->max_message = opt->max_message_bytes ? opt->max_message_bytes : ZT_RPC_DEFAULT_MAX_MESSAGE;
     if (srv->max_message > 0x7fffffff)
         srv->max_message = 0x7fffffff;
@@ -800,9 +820,7 @@ void zt_rpc_server_destroy(zt_rpc_server_t *srv, double grace_s)
         free(srv->methods[i].service);
     }
     free(srv->methods);
-    if (srv->token != NULL)
-        explicit_bzero(srv->token, strlen(srv->token));
-    free(srv->token);
+    free_tokens(srv->tokens, srv->ntokens);
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);
     int local_only = srv->local_only;
@@ -811,20 +829,32 @@ void zt_rpc_server_destroy(zt_rpc_server_t *srv, double grace_s)
         grpc_shutdown();
 }
 
+int zt_rpc_server_set_tokens(zt_rpc_server_t *srv, const char *const *tokens, int n, zt_err *err)
+{
+    if (n < 1 || n > ZT_RPC_MAX_TOKENS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%d bearer tokens: give 1 to %d", n, ZT_RPC_MAX_TOKENS);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] == NULL || tokens[i][0] == '\0')
+            return zt_fail(err, ZT_EINVAL_CONFIG, "the new bearer token is empty; put a non-empty token in the token "
+                           "file");
+    char **copy = zt_xmalloc((size_t)n * sizeof(*copy));
+    for (int i = 0; i < n; i++) {
+        copy[i] = strdup(tokens[i]);
+        ZT_ASSERT(copy[i] != NULL);
+    }
+    pthread_mutex_lock(&srv->mu);
+    char **old = srv->tokens;
+    int nold = srv->ntokens;
+    srv->tokens = copy;
+    srv->ntokens = n;
+    pthread_mutex_unlock(&srv->mu);
+    free_tokens(old, nold);
+    return 0;
+}
+
 int zt_rpc_server_set_token(zt_rpc_server_t *srv, const char *token, zt_err *err)
 {
-    if (token == NULL || token[0] == '\0')
-        return zt_fail(err, ZT_EINVAL_CONFIG, "the new bearer token is empty; put a non-empty token in the token file");
-    char *copy = strdup(token);
-    ZT_ASSERT(copy != NULL);
-    pthread_mutex_lock(&srv->mu);
-    char *old = srv->token;
-    srv->token = copy;
-    pthread_mutex_unlock(&srv->mu);
-    if (old != NULL)
-        explicit_bzero(old, strlen(old));
-    free(old);
-    return 0;
+    return zt_rpc_server_set_tokens(srv, &token, 1, err);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -171,9 +171,16 @@ const char *zt_rpc_call_peer(const zt_rpc_call_t *call);
 /* Returns the full method name of the call; owned by the call. */
 const char *zt_rpc_call_method(const zt_rpc_call_t *call);
 
-/* Replaces the bearer token every later call must carry (a token file re-read on SIGHUP): calls that
- * carry the old token are refused from the moment this returns; calls already running go on. token is
- * copied (the old copy is wiped). Returns 0, or ZT_EINVAL_CONFIG for a NULL or empty token. */
+/* The most bearer tokens a server accepts at once (zt_rpc_server_set_tokens). */
+#define ZT_RPC_MAX_TOKENS 8
+
+/* Replaces the bearer tokens every later call must carry one of (a token file re-read on SIGHUP; several
+ * while a token is being rotated): calls that carry a token no longer listed are refused from the moment
+ * this returns; calls already running go on. The tokens are copied (the old copies are wiped). Returns 0,
+ * or ZT_EINVAL_CONFIG for n outside [1, ZT_RPC_MAX_TOKENS] or a NULL or empty token. */
+int zt_rpc_server_set_tokens(zt_rpc_server_t *srv, const char *const *tokens, int n, zt_err *err);
+
+/* zt_rpc_server_set_tokens with one token. */
 int zt_rpc_server_set_token(zt_rpc_server_t *srv, const char *token, zt_err *err);
 
 /* Returns 1 when got[0..got_len) equals the NUL-terminated want, else 0, in a time that depends only on

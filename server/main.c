@@ -65,8 +65,9 @@ static void usage(FILE *f)
             "                         (default 0: snapshots only when workers ask, at their checkpoints)\n"
             "  --tls-cert F --tls-key F   serve TLS with this certificate and key (PEM)\n"
             "  --tls-ca F             require client certificates signed by this CA (mutual TLS)\n"
-            "  --token-file F         require 'authorization: Bearer <token>' with the token in F on every call;\n"
-            "                         SIGHUP re-reads F (the old token is refused from then on)\n"
+            "  --token-file F         require 'authorization: Bearer <token>' with the token of F's first line on\n"
+            "                         every call (further lines: tokens also accepted, during a rotation);\n"
+            "                         SIGHUP re-reads F (tokens no longer in it are refused from then on)\n"
             "  --insecure yes         allow a --listen address other hosts can reach with neither --token-file\n"
             "                         nor --tls-ca (without it such a server refuses to start)\n"
             "  --health-listen ADDR   plaintext port serving only grpc.health.v1.Health (Kubernetes probes)\n"
@@ -219,22 +220,54 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
     return check_protected_mode(cfg, err);
 }
 
-/* Reads the token file: its first line, without trailing whitespace. */
-static int read_token(const char *path, char **out, zt_err *err)
+/* The bearer tokens of a token file: its first line is the token clients send; further non-empty lines
+ * are tokens also accepted while a token is rotated (up to ZT_RPC_MAX_TOKENS in all). */
+struct tokens {
+    char *text;                         /* the file, cut into lines in place; owned */
+    const char *list[ZT_RPC_MAX_TOKENS];
+    int n;
+};
+
+static void tokens_free(struct tokens *t)
 {
+    if (t->text != NULL)
+        explicit_bzero(t->text, strlen(t->text));
+    free(t->text);
+    memset(t, 0, sizeof(*t));
+}
+
+/* Reads the token file into *t (lines without surrounding blanks). Returns 0, or a negative code with a
+ * message for an unreadable file, an empty first line or more than ZT_RPC_MAX_TOKENS tokens. */
+static int read_tokens(const char *path, struct tokens *t, zt_err *err)
+{
+    memset(t, 0, sizeof(*t));
     size_t len;
-    int rc = zt_read_file(path, out, &len, err);
+    int rc = zt_read_file(path, &t->text, &len, err);
     if (rc != 0)
         return rc;
-    char *t = *out;
-    t[strcspn(t, "\r\n")] = '\0';
-    size_t n = strlen(t);
-    while (n > 0 && (t[n - 1] == ' ' || t[n - 1] == '\t'))
-        t[--n] = '\0';
-    if (n == 0) {
-        free(t);
-        *out = NULL;
-        return zt_fail(err, ZT_EINVAL_CONFIG, "the token file %s is empty; write the token on its first line", path);
+    char *line = t->text;
+    for (int first = 1; line != NULL; first = 0) {
+        char *next = strpbrk(line, "\r\n");
+        if (next != NULL)
+            *next++ = '\0';
+        while (*line == ' ' || *line == '\t')
+            line++;
+        size_t n = strlen(line);
+        while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\t'))
+            line[--n] = '\0';
+        if (first && n == 0) {
+            tokens_free(t);
+            return zt_fail(err, ZT_EINVAL_CONFIG, "the token file %s is empty; write the token on its first line", path);
+        }
+        if (n > 0) {
+            if (t->n == ZT_RPC_MAX_TOKENS) {
+                tokens_free(t);
+                return zt_fail(err, ZT_EINVAL_CONFIG, "the token file %s holds more than %d tokens; keep the token "
+                               "and the ones still being rotated out", path, ZT_RPC_MAX_TOKENS);
+            }
+            t->list[t->n++] = line;
+        }
+        line = next;
     }
     return 0;
 }
@@ -352,14 +385,14 @@ int main(int argc, char **argv)
      * killing the server. */
     signal(SIGXFSZ, SIG_IGN);
 
-    char *token = NULL;
+    struct tokens tokens = {0};
     zt_server_core *core = NULL;
     zt_service_t *svc = NULL;
     zt_rpc_server_t *srv = NULL;
     struct metrics met = {.fd = -1};
     int status = 1;
 
-    if (cfg.token_file != NULL && read_token(cfg.token_file, &token, &err) != 0)
+    if (cfg.token_file != NULL && read_tokens(cfg.token_file, &tokens, &err) != 0)
         goto out;
     zt_server_core_options copt = {0};
     copt.store = strcmp(cfg.store, "ram") == 0 ? ZT_SERVER_STORE_RAM : ZT_SERVER_STORE_NVME;
@@ -388,10 +421,11 @@ int main(int argc, char **argv)
     ropt.tls_key_file = cfg.tls_key;
     ropt.tls_ca_file = cfg.tls_ca;
     ropt.require_client_cert = cfg.tls_ca != NULL;
-    ropt.token = token;
+    ropt.token = tokens.n > 0 ? tokens.list[0] : NULL;
     ropt.max_message_bytes = (size_t)cfg.max_message;
     ropt.health_listen_addr = cfg.health_listen;
     if (zt_rpc_server_create(&ropt, &srv, &err) != 0 || zt_service_add_methods(svc, srv, &err) != 0 ||
+        (tokens.n > 1 && zt_rpc_server_set_tokens(srv, tokens.list, tokens.n, &err) != 0) ||
         zt_rpc_server_start(srv, &err) != 0)
         goto out;
     if (cfg.metrics_listen != NULL) {
@@ -402,7 +436,7 @@ int main(int argc, char **argv)
     }
     ZT_INFO("server: listening on %s (port %d, %s%s, store %s, server %d of %d)%s%s", cfg.listen,
             zt_rpc_server_port(srv), cfg.tls_cert ? (cfg.tls_ca ? "mutual TLS" : "TLS") : "plaintext",
-            token ? ", token required" : "", cfg.store, cfg.server_index, cfg.server_count,
+            tokens.n ? ", token required" : "", cfg.store, cfg.server_index, cfg.server_count,
             cfg.health_listen ? ", health on " : "", cfg.health_listen ? cfg.health_listen : "");
     /* A line a supervising script can wait for (and read the port from, with --listen host:0). */
     printf("ztrain-server ready port=%d health_port=%d metrics_port=%d\n", zt_rpc_server_port(srv),
@@ -418,15 +452,15 @@ int main(int argc, char **argv)
             ZT_WARN("server: SIGHUP received; there is no --token-file to re-read");
             continue;
         }
-        char *fresh = NULL;
+        struct tokens fresh;
         zt_err rerr = {{0}};
-        if (read_token(cfg.token_file, &fresh, &rerr) != 0 || zt_rpc_server_set_token(srv, fresh, &rerr) != 0)
-            ZT_ERROR("server: SIGHUP: %s; the token in use stays", rerr.msg);
+        if (read_tokens(cfg.token_file, &fresh, &rerr) != 0 ||
+            zt_rpc_server_set_tokens(srv, fresh.list, fresh.n, &rerr) != 0)
+            ZT_ERROR("server: SIGHUP: %s; the tokens in use stay", rerr.msg);
         else
-            ZT_INFO("server: SIGHUP: token reloaded from %s; calls with the previous token are refused", cfg.token_file);
-        if (fresh != NULL)
-            explicit_bzero(fresh, strlen(fresh));
-        free(fresh);
+            ZT_INFO("server: SIGHUP: token reloaded from %s (%d accepted); calls with any other token are refused",
+                    cfg.token_file, fresh.n);
+        tokens_free(&fresh);
     }
     ZT_INFO("server: %s received, shutting down (running calls get 10s)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     status = 0;
@@ -443,9 +477,7 @@ out:
     }
     zt_service_destroy(svc);
     zt_server_core_destroy(core);
-    if (token != NULL)
-        explicit_bzero(token, strlen(token));
-    free(token);
+    tokens_free(&tokens);
     if (status == 0)
         ZT_INFO("server: stopped");
     return status;

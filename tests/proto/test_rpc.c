@@ -270,6 +270,15 @@ static void test_token_rotation(void **state)
     assert_int_equal(zt_rpc_server_set_token(srv, "", &err), ZT_EINVAL_CONFIG);
     assert_non_null(strstr(err.msg, "empty"));
     assert_int_equal(echo(c2, "still", &st), ZT_RPC_OK);
+    /* Two tokens during a rotation's overlap: both pass; then only the newer. */
+    const char *both[2] = {"token-one", "token-two"};
+    assert_int_equal(zt_rpc_server_set_tokens(srv, both, 2, &err), 0);
+    assert_int_equal(echo(c1, "overlap", &st), ZT_RPC_OK);
+    assert_int_equal(echo(c2, "overlap", &st), ZT_RPC_OK);
+    assert_int_equal(zt_rpc_server_set_tokens(srv, both, 1, &err), 0);
+    assert_int_equal(echo(c1, "after", &st), ZT_RPC_OK);
+    assert_int_equal(echo(c2, "after", &st), ZT_RPC_UNAUTHENTICATED);
+    assert_int_equal(zt_rpc_server_set_tokens(srv, both, 0, &err), ZT_EINVAL_CONFIG);
     zt_rpc_channel_destroy(c1);
     zt_rpc_channel_destroy(c2);
     zt_rpc_server_destroy(srv, 5.0);

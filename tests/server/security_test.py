@@ -3,7 +3,8 @@
      makes the server exit 2 before it listens, naming the fixes; --insecure yes, a token, or client
      certificates let it start; loopback needs none of them;
   2. token rotation: SIGHUP re-reads --token-file; from then on the old token is refused and the new one
-     accepted, without a restart; an empty token file keeps the token in use;
+     accepted, without a restart; a file of two lines accepts both (a rotation's overlap) until the old
+     line is removed and SIGHUP sent again; an empty token file keeps the tokens in use;
   3. mutual TLS: with --tls-ca a client without a certificate, or with one the CA did not sign, is
      refused; one signed by the CA is served;
   4. --max-message: a message over the limit gets RESOURCE_EXHAUSTED and the server goes on;
@@ -129,10 +130,22 @@ def run_rotation(binary, workdir, mods):
         check(c == grpc.StatusCode.UNAUTHENTICATED, "rotation: the old token is refused after SIGHUP (%s %r)" % (c.name, d))
         check(stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.OK,
               "rotation: the new token works without a restart")
+        # A rotation with overlap: the new token first, the old one still accepted, then the old one dropped.
+        write(tok, "third-token\nsecond-token\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        check(wait_log(srv, "(2 accepted)"), "rotation: SIGHUP with two lines -> two tokens accepted")
+        check(stats_code(target, pb, pbg, "third-token")[0] == grpc.StatusCode.OK
+              and stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.OK,
+              "rotation: during the overlap the new and the old token both work")
+        write(tok, "third-token\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        check(wait_log(srv, "(1 accepted)"), "rotation: SIGHUP with one line -> one token accepted")
+        check(stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.UNAUTHENTICATED,
+              "rotation: after the overlap the old token is refused")
         write(tok, "\n")
         srv.proc.send_signal(signal.SIGHUP)
-        check(wait_log(srv, "the token in use stays"), "rotation: an empty token file is refused with a message")
-        check(stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.OK and srv.alive(),
+        check(wait_log(srv, "the tokens in use stay"), "rotation: an empty token file is refused with a message")
+        check(stats_code(target, pb, pbg, "third-token")[0] == grpc.StatusCode.OK and srv.alive(),
               "rotation: after a bad file the token in use still works")
     finally:
         rc = srv.stop()
