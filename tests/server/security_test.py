@@ -5,8 +5,8 @@
   2. token rotation: SIGHUP re-reads --token-file; from then on the old token is refused and the new one
      accepted, without a restart; a file of two lines accepts both (a rotation's overlap) until the old
      line is removed and SIGHUP sent again; an empty token file keeps the tokens in use;
-  3. mutual TLS: with --tls-ca a client without a certificate, or with one the CA did not sign, is
-     refused; one signed by the CA is served;
+  3. mutual TLS: with --tls-ca a client without a certificate, or with one the CA did not sign, or in
+     plaintext, is refused; one signed by the CA is served;
   4. --max-message: a message over the limit gets RESOURCE_EXHAUSTED and the server goes on;
   5. --max-runs: the run past the limit gets RESOURCE_EXHAUSTED naming --max-runs, the others go on;
   6. --max-memory: a run that does not fit gets RESOURCE_EXHAUSTED naming --max-memory, the server stays
@@ -186,6 +186,8 @@ def run_mutual_tls(binary, workdir, certs, mods):
             c, d = stats_code(target, pb, pbg, None, creds)
             want = grpc.StatusCode.OK if ok else grpc.StatusCode.UNAVAILABLE
             check(c == want, "mutual TLS: %s -> %s (%r)" % (what, c.name, d[:100]))
+        c, d = stats_code(target, pb, pbg, None)
+        check(c == grpc.StatusCode.UNAVAILABLE, "mutual TLS: a plaintext client -> %s (%r)" % (c.name, d[:100]))
         check(srv.alive(), "mutual TLS: the server survived the refused clients")
     finally:
         srv.stop()
