@@ -1601,10 +1601,13 @@ int zt_rpc_unary(zt_rpc_channel_t *ch, const char *method, const void *req, size
     }
     int code = zt_rpc_stream_finish(s, st);
     if (code == ZT_RPC_OK && copy == NULL) {
-        code = ZT_RPC_INTERNAL;
+        /* The response was lost on the way: seen when the connection broke under a call, as when a server
+         * restarts. The server may or may not have run the call; UNAVAILABLE tells the caller to try again
+         * (every method of ztrain's services may be called twice). */
+        code = ZT_RPC_UNAVAILABLE;
         if (st != NULL) {
             st->code = code;
-            snprintf(st->msg, sizeof(st->msg), "%s answered OK without a response message", method);
+            snprintf(st->msg, sizeof(st->msg), "the connection broke before the response of %s arrived", method);
         }
     }
     if (code != ZT_RPC_OK) {
