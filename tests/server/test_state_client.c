@@ -196,7 +196,8 @@ static void step_one(struct fixture *f, float *p0, float *p1)
 
 /* A server that restarts before a run has its first snapshot has lost the run: the client registers it
  * there again and pushes again the initial parameters it pushed before (it keeps copies until the run's
- * first step is taken), whether the restart comes between two initial pushes or before the first step.
+ * first step is taken), whether the restart comes between two initial pushes, before the first step, or
+ * right after the registration.
  * Either way step 1 gives the parameters of a run without a restart, bit for bit. */
 static void test_server_lost_run_before_first_step(void **state)
 {
@@ -221,11 +222,14 @@ static void test_server_lost_run_before_first_step(void **state)
     assert_int_equal(zt_state_client_push_params(f->client, "r", 1, 0, init1, 37, &err), 0);
     step_one(f, want0, want1);
 
-    for (int when = 0; when < 2; when++) {
+    for (int when = 0; when < 3; when++) {
         restart_server(f);
         if (zt_state_client_register(f->client, &d, NULL, &err) != 0)
             fail_msg("register after a restart: %s", err.msg);
-        assert_int_equal(zt_state_client_push_params(f->client, "r", 0, 0, init0, 100, &err), 0);
+        if (when == 2)
+            restart_server(f); /* after the registration, before any initial push */
+        if (zt_state_client_push_params(f->client, "r", 0, 0, init0, 100, &err) != 0)
+            fail_msg("push: %s", err.msg);
         if (when == 0)
             restart_server(f); /* between the two initial pushes: the next one meets NOT_FOUND */
         assert_int_equal(zt_state_client_push_params(f->client, "r", 1, 0, init1, 37, &err), 0);

@@ -470,8 +470,8 @@ static void drop_init(zt_state_client_t *c, const char *run)
 /* A server answered NOT_FOUND (or FAILED_PRECONDITION) for run: it may have restarted before the run had a
  * snapshot and lost it. Registers the run there again (idempotent: a server that has the run answers with
  * its position) and, if its initial parameters are incomplete there, pushes the copies this client kept.
- * Returns 1 when the server now has the run with its initial parameters as far as this client can give
- * them (the caller tries its call again), 0 when there is nothing to recover. Logs what it does. */
+ * Returns 1 when the server now holds the run, with the initial parameters as far as this client can give
+ * them (the caller tries its call again), 0 when it could not be given the run. Logs what it does. */
 static int recover_run(zt_state_client_t *c, int server, const char *run)
 {
     struct run_entry *r = run_entry_of(c, run);
@@ -496,7 +496,7 @@ static int recover_run(zt_state_client_t *c, int server, const char *run)
     if (rr != NULL)
         ztrain__v1__register_run_response__free_unpacked(rr, NULL);
     if (ready || at != 0 || r->ninit == 0)
-        return at == 0 && !ready ? 0 : 1;
+        return 1; /* the server holds the run (again): the call can be tried again */
     ZT_WARN("state server %s lost run %s before it was saved (restarted?); registering it again and pushing its "
             "initial parameters again", c->srv[server].target, run);
     for (int i = 0; i < r->ninit; i++) {
