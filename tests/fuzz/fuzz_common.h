@@ -1,4 +1,4 @@
-/* Helpers shared by the libFuzzer harnesses of tests/fuzz: a scratch folder per process (in /dev/shm
+/* What the libFuzzer harnesses of tests/fuzz share: a scratch folder per process (in /dev/shm
  * when it exists, so that the fsyncs of atomic writes cost nothing), whole-file writes, removal of a
  * folder tree, and the seed-writing mode.
  *
