@@ -4,7 +4,8 @@ For each configuration (W ranks on the CPU: 1, 2 or 3; the server's store: ram o
   1. runs `ztrain [launch --nproc W] train --optimizer server --servers ...` once without a fault, against a
      fresh ztrain-server with --snapshot-dir (the reference: the final checkpoint's model.safetensors);
   2. runs TRIALS trials: the same command against a fresh server, which is killed with SIGKILL at a random
-     moment of the run (uniform over the reference run's duration, drawn from --seed) and started again at
+     moment (drawn from --seed, uniform over the part of the reference run in which the worker talks to the
+     server: from its log line "optimizer: AdamW on" less 50 ms to its last line) and started again at
      once on the same address with the same --snapshot-dir (and NVMe folder); the run must exit 0 and
      its final model.safetensors must equal the reference's, byte for byte;
   3. with --snapshot-kills K, K more trials kill the server while it writes a snapshot: each picks a step
@@ -14,14 +15,18 @@ For each configuration (W ranks on the CPU: 1, 2 or 3; the server's store: ram o
   4. with --checkpoint-kills K, K more trials kill the server while the worker writes a checkpoint: the
      script watches the run folder and kills as soon as a ckpt_N.tmp folder appears (N >= a random step).
 Everything goes only through the ztrain and ztrain-server command lines. A trial whose kill came after the
-run had ended is reported as "late" and drawn again. Prints one line per trial and a table:
-configuration, trials, bit-identical, failures, kills during a snapshot; exits 1 if any trial failed.
---json FILE writes the same as JSON. Every process is ended in a finally block.
+run had ended is reported as "late" and drawn again. Prints one line per trial (with what the run logged
+about the fault: "retry" of an unavailable server, "rewind" to a checkpoint, or "none seen" for a kill
+that came while the worker was not talking to the server) and a table: configuration, trials,
+bit-identical, failures, kills the run saw; exits 1 if any trial failed. --json FILE writes the same as
+JSON. Every process is ended in a finally block.
 
 usage: fault_injection.py ZTRAIN_SERVER ZTRAIN [--configs w1-ram,w2-nvme,...] [--trials N]
-                          [--snapshot-kills K] [--seed S] [--steps N] [--json FILE] [--keep]
+                          [--snapshot-kills K] [--checkpoint-kills K] [--seed S] [--steps N]
+                          [--server-flags "..."] [--json FILE] [--keep]
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -65,6 +70,26 @@ class TrainJob:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+def server_window(text, start, duration):
+    """The seconds after `start` (time.time()) from the log line that says the optimizer runs on the servers,
+    less 50 ms, to the last log line: where a kill meets the worker talking to the server. Falls back to
+    (0, duration) when the lines cannot be read."""
+    stamps = []
+    first = None
+    for line in text.splitlines():
+        word = line.split(" ", 1)[0]
+        try:
+            ts = datetime.datetime.fromisoformat(word.replace("Z", "+00:00")).timestamp() - start
+        except ValueError:
+            continue
+        stamps.append(ts)
+        if first is None and "optimizer: AdamW on" in line:
+            first = ts
+    if first is None or not stamps or stamps[-1] <= first:
+        return 0.0, duration
+    return max(0.0, first - 0.05), stamps[-1]
 
 
 def final_model(run_dir):
@@ -145,6 +170,7 @@ class Harness:
         snap, store = self.fresh_dirs(name, nvme)
         srv = self.server(name + "-server", port, snap, store)
         start = time.monotonic()
+        wall = time.time()
         job, out = self.train(name, nproc, "127.0.0.1:%d" % port)
         rc = job.wait(RUN_TIMEOUT)
         duration = time.monotonic() - start
@@ -154,7 +180,7 @@ class Harness:
         ckpt, model = final_model(out)
         if rc != 0 or model is None:
             raise RuntimeError("%s: the reference run failed (exit %s):\n%s" % (cfg, rc, text[-3000:]))
-        return ckpt, model, duration
+        return ckpt, model, duration, server_window(text, wall, duration)
 
     def trial(self, cfg, k, nproc, nvme, ref, delay, snapshot_kill, snapshot_step=0, checkpoint_kill=False):
         """One run with one kill. Returns a dict: outcome ('identical', 'different', 'failed', 'late',
@@ -270,18 +296,19 @@ def main():
         for cfg in a.configs.split(","):
             w, store = cfg.split("-")
             nproc, nvme = int(w[1:]), store == "nvme"
-            ref_ckpt, ref_model, duration = h.reference(cfg, nproc, nvme)
-            print("%s: reference %s in %.2f s" % (cfg, ref_ckpt, duration), flush=True)
+            ref_ckpt, ref_model, duration, (lo, hi) = h.reference(cfg, nproc, nvme)
+            print("%s: reference %s in %.2f s; random kills between %.3f and %.3f s" % (cfg, ref_ckpt, duration,
+                                                                                     lo, hi), flush=True)
             row = {"config": cfg, "trials": 0, "identical": 0, "failed": 0, "late": 0, "snapshot_trials": 0,
-                   "snapshot_identical": 0, "checkpoint_trials": 0, "checkpoint_identical": 0,
-                   "duration_s": round(duration, 2), "trial_log": []}
+                   "snapshot_identical": 0, "checkpoint_trials": 0, "checkpoint_identical": 0, "seen": 0,
+                   "duration_s": round(duration, 2), "window_s": [round(lo, 3), round(hi, 3)], "trial_log": []}
             plan = ["random"] * a.trials + ["snapshot"] * a.snapshot_kills + ["checkpoint"] * a.checkpoint_kills
             for k, kind in enumerate(plan):
                 snapshot_kill = kind == "snapshot"
                 attempts = 0
                 while True:
                     attempts += 1
-                    delay = rng.uniform(0.0, duration)
+                    delay = rng.uniform(lo, hi)
                     snap_step = rng.randint(0, a.steps)
                     r = h.trial(cfg, k, nproc, nvme, (ref_ckpt, ref_model), delay, snapshot_kill, snap_step,
                                 kind == "checkpoint")
@@ -292,6 +319,7 @@ def main():
                 r["trial"] = k
                 r["kind"] = kind
                 ok = r["outcome"] == "identical"
+                row["seen"] += r.get("recovery") in ("retry", "rewind")
                 if kind == "snapshot":
                     row["snapshot_trials"] += 1
                     row["snapshot_identical"] += ok
@@ -319,12 +347,12 @@ def main():
         else:
             shutil.rmtree(work, ignore_errors=True)
     print("| configuration | random kills | bit-identical | kills during a snapshot | bit-identical | "
-          "kills during a checkpoint | bit-identical | failed | kills redrawn |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "kills during a checkpoint | bit-identical | failed | kills the run saw | kills redrawn |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print("| %s | %d | %d | %d | %d | %d | %d | %d | %d |" % (
+        print("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d |" % (
             r["config"], r["trials"], r["identical"], r["snapshot_trials"], r["snapshot_identical"],
-            r["checkpoint_trials"], r["checkpoint_identical"], r["failed"], r["late"]))
+            r["checkpoint_trials"], r["checkpoint_identical"], r["failed"], r["seen"], r["late"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"seed": a.seed, "steps": a.steps, "results": results}, f, indent=1)
