@@ -13,6 +13,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define ZT_ADAM_X86 1
 #endif
@@ -338,6 +339,15 @@ static ZT_TARGET_AVX512 void adam_chunk_avx512(const zt_cpu_adam_range *r, const
 
 typedef void (*adam_chunk_fn)(const zt_cpu_adam_range *r, const adam_consts *c, size_t begin, size_t end);
 
+#ifdef ZT_ADAM_X86
+/* F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c"). */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 /* Whether this CPU (and build) can run the given instruction set: 1 or 0. */
 int zt_cpu_adam_isa_supported(enum zt_cpu_adam_isa isa)
 {
@@ -347,7 +357,7 @@ int zt_cpu_adam_isa_supported(enum zt_cpu_adam_isa isa)
 #ifdef ZT_ADAM_X86
     case ZT_CPU_ADAM_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case ZT_CPU_ADAM_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f");

@@ -193,6 +193,58 @@ static int join_handler(zt_rpc_call_t *call, void *user)
     return rc == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
 }
 
+int zt__rdzv_create(int world_size, uint64_t config_hash, const uint8_t nccl_id[ZT_RDZV_ID_BYTES], double timeout_s,
+                    zt__rdzv **out, zt_err *err)
+{
+    *out = NULL;
+    if (world_size < 1 || world_size > ZT_RDZV_MAX_WORLD)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "world size %d: WORLD_SIZE must be 1 to %d", world_size,
+                       ZT_RDZV_MAX_WORLD);
+    struct rdzv *r = zt_xcalloc(1, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    r->world_size = world_size;
+    r->config_hash = config_hash;
+    memcpy(r->nccl_id, nccl_id, ZT_RDZV_ID_BYTES);
+    r->timeout_s = timeout_s;
+    r->hosts = zt_xcalloc((size_t)world_size, sizeof(*r->hosts));
+    r->joined = zt_xcalloc((size_t)world_size, sizeof(int));
+    r->told = zt_xcalloc((size_t)world_size, sizeof(int));
+    r->joined[0] = 1;
+    r->n_joined = 1;
+    local_host(r->hosts[0], HOST_LEN);
+    clock_gettime(CLOCK_MONOTONIC, &r->deadline);
+    r->deadline.tv_sec += (time_t)timeout_s;
+    r->deadline.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
+    if (r->deadline.tv_nsec >= 1000000000L) {
+        r->deadline.tv_sec++;
+        r->deadline.tv_nsec -= 1000000000L;
+    }
+    *out = r;
+    return 0;
+}
+
+int zt__rdzv_add_methods(zt__rdzv *r, zt_rpc_server_t *srv, zt_err *err)
+{
+    return zt_rpc_server_add_method(srv, JOIN_METHOD, ZT_RPC_KIND_UNARY, join_handler, r, err);
+}
+
+void zt__rdzv_destroy(zt__rdzv *r)
+{
+    if (r == NULL)
+        return;
+    free(r->hosts);
+    free(r->joined);
+    free(r->told);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
 int zt_rdzv_serve(const char *addr, int world_size, uint64_t config_hash, const uint8_t nccl_id[ZT_RDZV_ID_BYTES],
                   double timeout_s, const struct zt_rdzv_security *sec, zt_err *err)
 {
@@ -200,31 +252,10 @@ int zt_rdzv_serve(const char *addr, int world_size, uint64_t config_hash, const 
         return zt_fail(err, ZT_EINVAL_CONFIG, "world size %d: WORLD_SIZE must be at least 1", world_size);
     if (world_size == 1)
         return 0;
-    struct rdzv r;
-    memset(&r, 0, sizeof(r));
-    pthread_mutex_init(&r.mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r.cv, &ca);
-    pthread_condattr_destroy(&ca);
-    r.world_size = world_size;
-    r.config_hash = config_hash;
-    memcpy(r.nccl_id, nccl_id, ZT_RDZV_ID_BYTES);
-    r.timeout_s = timeout_s;
-    r.hosts = zt_xcalloc((size_t)world_size, sizeof(*r.hosts));
-    r.joined = zt_xcalloc((size_t)world_size, sizeof(int));
-    r.told = zt_xcalloc((size_t)world_size, sizeof(int));
-    r.joined[0] = 1;
-    r.n_joined = 1;
-    local_host(r.hosts[0], HOST_LEN);
-    clock_gettime(CLOCK_MONOTONIC, &r.deadline);
-    r.deadline.tv_sec += (time_t)timeout_s;
-    r.deadline.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
-    if (r.deadline.tv_nsec >= 1000000000L) {
-        r.deadline.tv_sec++;
-        r.deadline.tv_nsec -= 1000000000L;
-    }
+    struct rdzv *r = NULL;
+    int rc = zt__rdzv_create(world_size, config_hash, nccl_id, timeout_s, &r, err);
+    if (rc != 0)
+        return rc;
 
     struct zt_rpc_server_options opt = {0};
     opt.listen_addr = addr;
@@ -236,45 +267,41 @@ int zt_rdzv_serve(const char *addr, int world_size, uint64_t config_hash, const 
     }
     zt_rpc_server_t *srv = NULL;
     zt_err e;
-    int rc = zt_rpc_server_create(&opt, &srv, &e);
+    rc = zt_rpc_server_create(&opt, &srv, &e);
     if (rc == 0)
-        rc = zt_rpc_server_add_method(srv, JOIN_METHOD, ZT_RPC_KIND_UNARY, join_handler, &r, &e);
+        rc = zt__rdzv_add_methods(r, srv, &e);
     if (rc == 0)
         rc = zt_rpc_server_start(srv, &e);
     if (rc != 0) {
         zt_fail(err, rc, "rank 0 cannot serve the rendezvous: %s", e.msg);
     } else {
         ZT_INFO("rendezvous: rank 0 serving on %s for %d ranks (timeout %.0fs)", addr, world_size, timeout_s);
-        pthread_mutex_lock(&r.mu);
-        while (r.n_told < world_size - 1) {
-            if (timed_out(&r.deadline)) {
-                if (!r.failed) {
+        pthread_mutex_lock(&r->mu);
+        while (r->n_told < world_size - 1) {
+            if (timed_out(&r->deadline)) {
+                if (!r->failed) {
                     char missing[ZT_ERR_LEN / 2];
                     char msg[ZT_ERR_LEN];
-                    missing_ranks(&r, missing, sizeof(missing));
+                    missing_ranks(r, missing, sizeof(missing));
                     snprintf(msg, sizeof(msg),
                              "rank(s) %s never joined the rendezvous at %s within %.0fs; check that every rank is "
                              "started and reaches MASTER_ADDR:MASTER_PORT",
                              missing, addr, timeout_s);
-                    fail_locked(&r, ZT_RPC_DEADLINE_EXCEEDED, msg);
+                    fail_locked(r, ZT_RPC_DEADLINE_EXCEEDED, msg);
                 }
                 break;
             }
-            pthread_cond_timedwait(&r.cv, &r.mu, &r.deadline);
+            pthread_cond_timedwait(&r->cv, &r->mu, &r->deadline);
         }
-        if (r.failed)
-            rc = zt_fail(err, r.fail_code == ZT_RPC_DEADLINE_EXCEEDED ? -ETIMEDOUT : ZT_EMISMATCH, "%s", r.fail_msg);
-        pthread_mutex_unlock(&r.mu);
+        if (r->failed)
+            rc = zt_fail(err, r->fail_code == ZT_RPC_DEADLINE_EXCEEDED ? -ETIMEDOUT : ZT_EMISMATCH, "%s", r->fail_msg);
+        pthread_mutex_unlock(&r->mu);
     }
     /* Give the handlers time to deliver their answers; they are already decided. */
     zt_rpc_server_destroy(srv, 5.0);
     if (rc == 0)
         ZT_INFO("rendezvous: all %d ranks joined", world_size);
-    free(r.hosts);
-    free(r.joined);
-    free(r.told);
-    pthread_cond_destroy(&r.cv);
-    pthread_mutex_destroy(&r.mu);
+    zt__rdzv_destroy(r);
     return rc;
 }
 

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "proto/rpc.h"
 
 /* Size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). The bytes are opaque here. */
 #define ZT_RDZV_ID_BYTES 128
@@ -44,5 +45,28 @@ int zt_rdzv_serve(const char *addr, int world_size, uint64_t config_hash, const 
  * rank 0 could not be reached). sec may be NULL. */
 int zt_rdzv_join(const char *master, int rank, int world_size, uint64_t config_hash, double timeout_s,
                  const struct zt_rdzv_security *sec, uint8_t nccl_id[ZT_RDZV_ID_BYTES], zt_err *err);
+
+/* ---- tests and fuzzing harnesses ---- */
+
+/* The largest world size a rendezvous accepts. */
+#define ZT_RDZV_MAX_WORLD 65536
+
+/* The state of rank 0's rendezvous without its server, so that a test or a fuzzing harness can put its
+ * Join handler on a server of its own (zt_rpc_server_call_local: no network). zt_rdzv_serve is these
+ * three around a listening server. */
+typedef struct rdzv zt__rdzv;
+
+/* Creates the state of a rendezvous of world_size ranks in which rank 0 has joined; the join of every
+ * other rank is decided against world_size and config_hash within timeout_s seconds. Returns 0 and *out
+ * (free with zt__rdzv_destroy after the server that uses it), or ZT_EINVAL_CONFIG for a world size outside
+ * [1, ZT_RDZV_MAX_WORLD]. */
+int zt__rdzv_create(int world_size, uint64_t config_hash, const uint8_t nccl_id[ZT_RDZV_ID_BYTES], double timeout_s,
+                    zt__rdzv **out, zt_err *err);
+
+/* Registers the Join method of r on srv (before zt_rpc_server_start). Returns 0 or a negative code. */
+int zt__rdzv_add_methods(zt__rdzv *r, zt_rpc_server_t *srv, zt_err *err);
+
+/* Frees r. Accepts NULL. */
+void zt__rdzv_destroy(zt__rdzv *r);
 
 #endif

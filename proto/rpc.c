@@ -242,7 +242,10 @@ struct zt_rpc_server {
     struct listener main;
     struct listener health;
     int has_health;
-    char *token;
+    int local_only;         /* no listener: only zt_rpc_server_call_local (no gRPC core in use) */
+    char **tokens;          /* accepted bearer tokens (ntokens; none: no token required), guarded by mu:
+                             * zt_rpc_server_set_tokens replaces them while calls run */
+    int ntokens;
     size_t max_message;
     double default_deadline_s;
     int max_calls;
@@ -279,6 +282,14 @@ struct zt_rpc_call {
     grpc_byte_buffer *held;     /* the message zt_rpc_call_read_parts() last returned, or NULL */
     struct zt_rpc_part *parts;  /* its pieces */
     size_t parts_cap;
+    /* An in-process call (zt_rpc_server_call_local): requests from memory, responses to a callback. */
+    int local;
+    const struct zt_rpc_local_msg *local_reqs;
+    size_t local_nreqs;
+    size_t local_next;
+    zt_rpc_response_fn local_cb;
+    void *local_user;
+    int local_ended; /* the status is decided (a message over the limit), as when the core cancels a call */
 };
 
 static int post_request(struct listener *lis)
@@ -330,36 +341,92 @@ static void reject_inline(struct slot *s, grpc_status_code code, const char *msg
 static int finish_call(zt_rpc_call_t *c);
 static int run_health(zt_rpc_call_t *c, int watch);
 
-/* Checks "authorization: Bearer <token>" in constant time. Returns 0 when allowed. */
-static int check_token(const zt_rpc_server_t *srv, const grpc_metadata_array *md, char *why, size_t cap)
+/* Wipes and frees an array of n tokens. */
+static void free_tokens(char **tokens, int n)
 {
-    if (srv->token == NULL)
-        return 0;
+    for (int i = 0; i < n; i++) {
+        explicit_bzero(tokens[i], strlen(tokens[i]));
+        free(tokens[i]);
+    }
+    free(tokens);
+}
+
+/* Runs the handler of c->method_name (or the health service, or answers UNIMPLEMENTED) and records the
+ * call's status: the step after authentication that network and in-process calls share. */
+static void run_method(zt_rpc_call_t *c, int health_only)
+{
+    zt_rpc_server_t *srv = c->srv;
+    if (strcmp(c->method_name, HEALTH_CHECK) == 0 || strcmp(c->method_name, HEALTH_WATCH) == 0) {
+        if (c->local && strcmp(c->method_name, HEALTH_WATCH) == 0)
+            zt_rpc_call_fail(c, ZT_RPC_UNIMPLEMENTED, "Health/Watch is not served to in-process calls");
+        else
+            run_health(c, strcmp(c->method_name, HEALTH_WATCH) == 0);
+        return;
+    }
+    for (int i = 0; !health_only && i < srv->n_methods; i++) {
+        if (strcmp(srv->methods[i].name, c->method_name) == 0)
+            c->method = &srv->methods[i];
+    }
+    if (c->method == NULL) {
+        zt_rpc_call_fail(c, ZT_RPC_UNIMPLEMENTED, "method %s is not served here%s", c->method_name,
+                         health_only ? " (this port serves only grpc.health.v1.Health)" : "");
+        return;
+    }
+    int code = c->method->handler(c, c->method->user);
+    if (code != ZT_RPC_OK && c->status_code == ZT_RPC_OK)
+        zt_rpc_call_fail(c, code, "%s failed", c->method_name);
+    else if (code == ZT_RPC_OK && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes == 0 &&
+             c->status_code == ZT_RPC_OK)
+        zt_rpc_call_fail(c, ZT_RPC_INTERNAL, "%s returned no response", c->method_name);
+}
+
+/* Compares in time that depends only on want_len: every byte of want is looked at, whatever the
+ * presented bytes are (see rpc.h). */
+int zt_rpc_token_equal(const char *want, const void *got, size_t got_len)
+{
+    const volatile unsigned char *g = got;
+    size_t wlen = strlen(want);
+    unsigned diff = (unsigned)(got_len != wlen);
+    for (size_t i = 0; i < wlen; i++) {
+        unsigned char have = i < got_len ? g[i] : 0;
+        diff |= (unsigned)((unsigned char)want[i] ^ have);
+    }
+    return diff == 0;
+}
+
+/* Checks "authorization: Bearer <token>" in constant time (zt_rpc_token_equal) against every token
+ * accepted at the moment (zt_rpc_server_set_tokens may replace them). Returns 0 when allowed. */
+static int check_token(zt_rpc_server_t *srv, const grpc_metadata_array *md, char *why, size_t cap)
+{
     const grpc_slice *value = NULL;
     for (size_t i = 0; i < md->count; i++) {
         if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") == 0)
             value = &md->metadata[i].value;
     }
-    if (value == NULL) {
+    pthread_mutex_lock(&srv->mu);
+    int ok = srv->ntokens == 0;
+    if (!ok && value != NULL) {
+        static const char prefix[] = "Bearer ";
+        size_t plen = sizeof(prefix) - 1, vlen = GRPC_SLICE_LENGTH(*value);
+        const unsigned char *v = GRPC_SLICE_START_PTR(*value);
+        /* The prefix is public: only the token's bytes need the constant-time comparison, against every
+         * accepted token (no early exit: the time does not tell which one, if any, matched). */
+        int prefix_ok = vlen >= plen && memcmp(v, prefix, plen) == 0;
+        int token_ok = 0;
+        for (int i = 0; i < srv->ntokens; i++)
+            token_ok |= zt_rpc_token_equal(srv->tokens[i], prefix_ok ? v + plen : v, prefix_ok ? vlen - plen : 0);
+        ok = prefix_ok & token_ok;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (ok)
+        return 0;
+    if (value == NULL)
         snprintf(why, cap, "this server requires a bearer token and the call carried none: send metadata "
                            "'authorization: Bearer <token>' (ztrain: --token-file)");
-        return -1;
-    }
-    const char *prefix = "Bearer ";
-    size_t plen = strlen(prefix), tlen = strlen(srv->token), vlen = GRPC_SLICE_LENGTH(*value);
-    const unsigned char *v = GRPC_SLICE_START_PTR(*value);
-    unsigned diff = (vlen != plen + tlen);
-    for (size_t i = 0; i < plen + tlen; i++) {
-        unsigned char want = i < plen ? (unsigned char)prefix[i] : (unsigned char)srv->token[i - plen];
-        unsigned char got = i < vlen ? v[i] : 0;
-        diff |= (unsigned)(want ^ got);
-    }
-    if (diff != 0) {
+    else
         snprintf(why, cap, "the bearer token of the call does not match this server's token: check that "
                            "client and server read the same token file");
-        return -1;
-    }
-    return 0;
+    return -1;
 }
 
 static void *call_thread(void *arg)
@@ -393,24 +460,8 @@ static void *call_thread(void *arg)
     if (!s->lis->health_only && check_token(srv, &s->md, why, sizeof(why)) != 0) {
         ZT_WARN("rpc: %s from %s refused: %s", c->method_name, c->peer, why);
         zt_rpc_call_fail(c, ZT_RPC_UNAUTHENTICATED, "%s", why);
-    } else if (strcmp(c->method_name, HEALTH_CHECK) == 0 || strcmp(c->method_name, HEALTH_WATCH) == 0) {
-        run_health(c, strcmp(c->method_name, HEALTH_WATCH) == 0);
     } else {
-        for (int i = 0; !s->lis->health_only && i < srv->n_methods; i++) {
-            if (strcmp(srv->methods[i].name, c->method_name) == 0)
-                c->method = &srv->methods[i];
-        }
-        if (c->method == NULL) {
-            zt_rpc_call_fail(c, ZT_RPC_UNIMPLEMENTED, "method %s is not served here%s", c->method_name,
-                             s->lis->health_only ? " (this port serves only grpc.health.v1.Health)" : "");
-        } else {
-            int code = c->method->handler(c, c->method->user);
-            if (code != ZT_RPC_OK && c->status_code == ZT_RPC_OK)
-                zt_rpc_call_fail(c, code, "%s failed", c->method_name);
-            else if (code == ZT_RPC_OK && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes == 0 &&
-                     c->status_code == ZT_RPC_OK)
-                zt_rpc_call_fail(c, ZT_RPC_INTERNAL, "%s returned no response", c->method_name);
-        }
+        run_method(c, s->lis->health_only);
     }
     finish_call(c);
 
@@ -568,7 +619,22 @@ static void close_listener(struct listener *lis)
 int zt_rpc_server_create(const struct zt_rpc_server_options *opt, zt_rpc_server_t **out, zt_err *err)
 {
     *out = NULL;
-    if (opt == NULL || opt->listen_addr == NULL || opt->listen_addr[0] == '\0')
+    if (opt == NULL)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "no server options given");
+    if (opt->listen_addr == NULL && opt->health_listen_addr == NULL) {
+        /* No listener: a server for in-process calls only, which needs nothing of the gRPC core. */
+        zt_rpc_server_t *srv = zt_xcalloc(1, sizeof(*srv));
+        pthread_mutex_init(&srv->mu, NULL);
+        pthread_cond_init(&srv->cv, NULL);
+        srv->local_only = 1;
+        srv->serving = 1;
+        srv->max_message = opt->max_message_bytes ? opt->max_message_bytes : ZT_RPC_DEFAULT_MAX_MESSAGE;
+        srv->default_deadline_s = opt->default_deadline_s > 0 ? opt->default_deadline_s : ZT_RPC_DEFAULT_DEADLINE_S;
+        srv->max_calls = opt->max_calls > 0 ? opt->max_calls : DEFAULT_MAX_CALLS;
+        *out = srv;
+        return 0;
+    }
+    if (opt->listen_addr == NULL || opt->listen_addr[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "no listen address given (example: 127.0.0.1:7070)");
     if ((opt->tls_cert_file == NULL) != (opt->tls_key_file == NULL))
         return zt_fail(err, ZT_EINVAL_CONFIG, "TLS needs both a certificate and a key (--tls-cert and --tls-key)");
@@ -583,7 +649,12 @@ int zt_rpc_server_create(const struct zt_rpc_server_options *opt, zt_rpc_server_
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     srv->serving = 1;
-    srv->token = opt->token ? strdup(opt->token) : NULL;
+    if (opt->token != NULL) {
+        srv->tokens = zt_xmalloc(sizeof(*srv->tokens));
+        srv->tokens[0] = strdup(opt->token);
+        ZT_ASSERT(srv->tokens[0] != NULL);
+        srv->ntokens = 1;
+    }
     srv->max_message = opt->max_message_bytes ? opt->max_message_bytes : ZT_RPC_DEFAULT_MAX_MESSAGE;
     if (srv->max_message > 0x7fffffff)
         srv->max_message = 0x7fffffff;
@@ -673,6 +744,8 @@ int zt_rpc_server_start(zt_rpc_server_t *srv, zt_err *err)
     if (srv->started)
         return zt_fail(err, ZT_ESTATE, "the server is already started");
     srv->started = 1;
+    if (srv->local_only)
+        return 0;
     int rc = start_listener(&srv->main, err);
     if (rc == 0 && srv->has_health)
         rc = start_listener(&srv->health, err);
@@ -747,11 +820,41 @@ void zt_rpc_server_destroy(zt_rpc_server_t *srv, double grace_s)
         free(srv->methods[i].service);
     }
     free(srv->methods);
-    free(srv->token);
+    free_tokens(srv->tokens, srv->ntokens);
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);
+    int local_only = srv->local_only;
     free(srv);
-    grpc_shutdown();
+    if (!local_only)
+        grpc_shutdown();
+}
+
+int zt_rpc_server_set_tokens(zt_rpc_server_t *srv, const char *const *tokens, int n, zt_err *err)
+{
+    if (n < 1 || n > ZT_RPC_MAX_TOKENS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%d bearer tokens: give 1 to %d", n, ZT_RPC_MAX_TOKENS);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] == NULL || tokens[i][0] == '\0')
+            return zt_fail(err, ZT_EINVAL_CONFIG, "the new bearer token is empty; put a non-empty token in the token "
+                           "file");
+    char **copy = zt_xmalloc((size_t)n * sizeof(*copy));
+    for (int i = 0; i < n; i++) {
+        copy[i] = strdup(tokens[i]);
+        ZT_ASSERT(copy[i] != NULL);
+    }
+    pthread_mutex_lock(&srv->mu);
+    char **old = srv->tokens;
+    int nold = srv->ntokens;
+    srv->tokens = copy;
+    srv->ntokens = n;
+    pthread_mutex_unlock(&srv->mu);
+    free_tokens(old, nold);
+    return 0;
+}
+
+int zt_rpc_server_set_token(zt_rpc_server_t *srv, const char *token, zt_err *err)
+{
+    return zt_rpc_server_set_tokens(srv, &token, 1, err);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -805,10 +908,62 @@ static int recv_request(zt_rpc_call_t *c, grpc_byte_buffer **out)
     return 1;
 }
 
+/* The next request of an in-process call: 1 with *m, 0 after the last one, -ETIMEDOUT once the call's
+ * deadline has passed (as a network call's read would report it). */
+static int local_request(zt_rpc_call_t *c, const struct zt_rpc_local_msg **m)
+{
+    if (seconds_until(c->deadline) <= 0)
+        return -ETIMEDOUT;
+    if (c->local_next >= c->local_nreqs) {
+        c->read_done = 1;
+        return 0;
+    }
+    *m = &c->local_reqs[c->local_next++];
+    size_t len = 0;
+    for (size_t i = 0; i < (*m)->nparts; i++)
+        len += (*m)->parts[i].len;
+    if (len > c->srv->max_message) { /* what the gRPC core does with such a message: cancel the call */
+        zt_rpc_call_fail(c, ZT_RPC_RESOURCE_EXHAUSTED, "a request of %zu bytes is over the server's limit of %zu",
+                         len, c->srv->max_message);
+        c->local_ended = 1;
+        return -ECANCELED;
+    }
+    return 1;
+}
+
+/* Copies the pieces of an in-process request into c->buf; returns its length. */
+static size_t local_flatten(zt_rpc_call_t *c, const struct zt_rpc_local_msg *m)
+{
+    size_t len = 0;
+    for (size_t i = 0; i < m->nparts; i++)
+        len += m->parts[i].len;
+    if (len + 1 > c->cap) {
+        free(c->buf);
+        c->cap = len + 1;
+        c->buf = zt_xmalloc(c->cap);
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < m->nparts; i++) {
+        if (m->parts[i].len > 0)
+            memcpy(c->buf + off, m->parts[i].data, m->parts[i].len);
+        off += m->parts[i].len;
+    }
+    return len;
+}
+
 int zt_rpc_call_read(zt_rpc_call_t *c, const void **data, size_t *len)
 {
     *data = NULL;
     *len = 0;
+    if (c->local) {
+        const struct zt_rpc_local_msg *m;
+        int rc = local_request(c, &m);
+        if (rc <= 0)
+            return rc;
+        *len = local_flatten(c, m);
+        *data = c->buf;
+        return 1;
+    }
     grpc_byte_buffer *bb;
     int rc = recv_request(c, &bb);
     if (rc <= 0)
@@ -861,6 +1016,17 @@ int zt_rpc_call_read_parts(zt_rpc_call_t *c, const struct zt_rpc_part **parts, s
     *parts = NULL;
     *nparts = 0;
     *len = 0;
+    if (c->local) {
+        const struct zt_rpc_local_msg *m;
+        int rc = local_request(c, &m);
+        if (rc <= 0)
+            return rc;
+        for (size_t i = 0; i < m->nparts; i++)
+            *len += m->parts[i].len;
+        *parts = m->parts;
+        *nparts = m->nparts;
+        return 1;
+    }
     grpc_byte_buffer *bb;
     int rc = recv_request(c, &bb);
     if (rc <= 0)
@@ -898,18 +1064,40 @@ static int send_response(zt_rpc_call_t *c, grpc_byte_buffer *bb)
     return 0;
 }
 
+/* Hands a response of an in-process call to its callback. */
+static int local_response(zt_rpc_call_t *c, const void *data, size_t len)
+{
+    if (c->method != NULL && c->method->kind != ZT_RPC_KIND_SERVER_STREAM && c->writes > 0)
+        return ZT_ESTATE;
+    if (seconds_until(c->deadline) <= 0)
+        return -ECONNABORTED;
+    if (c->local_cb != NULL)
+        c->local_cb(data, len, c->local_user);
+    c->writes++;
+    return 0;
+}
+
 int zt_rpc_call_write_owned(zt_rpc_call_t *c, void *data, size_t len)
 {
+    if (c->local) {
+        int rc = local_response(c, data, len);
+        free(data);
+        return rc;
+    }
     return send_response(c, owned_buffer(data, len)); /* data is freed when gRPC lets go of it */
 }
 
 int zt_rpc_call_write(zt_rpc_call_t *c, const void *data, size_t len)
 {
+    if (c->local)
+        return local_response(c, data, len);
     return send_response(c, make_buffer(data, len));
 }
 
 int zt_rpc_call_fail(zt_rpc_call_t *c, int code, const char *fmt, ...)
 {
+    if (c->local_ended)
+        return code;
     c->status_code = code;
     va_list ap;
     va_start(ap, fmt);
@@ -925,6 +1113,8 @@ double zt_rpc_call_time_left(const zt_rpc_call_t *c)
 
 int zt_rpc_call_is_cancelled(zt_rpc_call_t *c)
 {
+    if (c->local)
+        return seconds_until(c->deadline) <= 0;
     poll_close(c);
     if (c->close_done && c->cancelled)
         return 1;
@@ -933,7 +1123,34 @@ int zt_rpc_call_is_cancelled(zt_rpc_call_t *c)
 
 const char *zt_rpc_call_peer(const zt_rpc_call_t *c)
 {
+    if (c->local)
+        return "local";
     return c->peer ? c->peer : "unknown";
+}
+
+int zt_rpc_server_call_local(zt_rpc_server_t *srv, const char *method, const struct zt_rpc_local_msg *reqs,
+                             size_t nreqs, double timeout_s, zt_rpc_response_fn on_response, void *user,
+                             struct zt_rpc_status *st)
+{
+    zt_rpc_call_t *c = zt_xcalloc(1, sizeof(*c));
+    c->srv = srv;
+    c->local = 1;
+    c->local_reqs = reqs;
+    c->local_nreqs = nreqs;
+    c->local_cb = on_response;
+    c->local_user = user;
+    double limit = timeout_s > 0 && timeout_s < srv->default_deadline_s ? timeout_s : srv->default_deadline_s;
+    c->deadline = deadline_in(limit);
+    snprintf(c->method_name, sizeof(c->method_name), "%s", method ? method : "");
+    run_method(c, 0);
+    int code = c->status_code;
+    if (st != NULL) {
+        st->code = code;
+        snprintf(st->msg, sizeof(st->msg), "%s", c->status_msg);
+    }
+    free(c->buf);
+    free(c);
+    return code;
 }
 
 const char *zt_rpc_call_method(const zt_rpc_call_t *c)
@@ -1384,10 +1601,13 @@ int zt_rpc_unary(zt_rpc_channel_t *ch, const char *method, const void *req, size
     }
     int code = zt_rpc_stream_finish(s, st);
     if (code == ZT_RPC_OK && copy == NULL) {
-        code = ZT_RPC_INTERNAL;
+        /* The response was lost on the way: seen when the connection broke under a call, as when a server
+         * restarts. The server may or may not have run the call; UNAVAILABLE tells the caller to try again
+         * (every method of ztrain's services may be called twice). */
+        code = ZT_RPC_UNAVAILABLE;
         if (st != NULL) {
             st->code = code;
-            snprintf(st->msg, sizeof(st->msg), "%s answered OK without a response message", method);
+            snprintf(st->msg, sizeof(st->msg), "the connection broke before the response of %s arrived", method);
         }
     }
     if (code != ZT_RPC_OK) {

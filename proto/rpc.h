@@ -80,7 +80,8 @@ typedef struct zt_rpc_server zt_rpc_server_t;
 typedef struct zt_rpc_call zt_rpc_call_t;
 
 struct zt_rpc_server_options {
-    const char *listen_addr;        /* "127.0.0.1:7070"; port 0 picks a free port (see _port) */
+    const char *listen_addr;        /* "127.0.0.1:7070"; port 0 picks a free port (see _port); NULL (with no
+                                     * health_listen_addr): no listener, in-process calls only */
     const char *tls_cert_file;      /* PEM server certificate chain, or NULL for plaintext */
     const char *tls_key_file;       /* PEM private key; required with tls_cert_file */
     const char *tls_ca_file;        /* PEM CA that signs client certificates, or NULL */
@@ -98,7 +99,7 @@ struct zt_rpc_server_options {
 typedef int (*zt_rpc_handler_fn)(zt_rpc_call_t *call, void *user);
 
 /* Creates a server bound to opt->listen_addr (and opt->health_listen_addr when set) that is not yet
- * serving. Reads the TLS files now. Returns 0 and *out, or a negative code with a message in err (bad
+ * serving (with neither address: a server for zt_rpc_server_call_local only). Reads the TLS files now. Returns 0 and *out, or a negative code with a message in err (bad
  * address, port in use, unreadable certificate). Free with zt_rpc_server_destroy(). */
 int zt_rpc_server_create(const struct zt_rpc_server_options *opt, zt_rpc_server_t **out, zt_err *err);
 
@@ -169,6 +170,49 @@ const char *zt_rpc_call_peer(const zt_rpc_call_t *call);
 
 /* Returns the full method name of the call; owned by the call. */
 const char *zt_rpc_call_method(const zt_rpc_call_t *call);
+
+/* The most bearer tokens a server accepts at once (zt_rpc_server_set_tokens). */
+#define ZT_RPC_MAX_TOKENS 8
+
+/* Replaces the bearer tokens every later call must carry one of (a token file re-read on SIGHUP; several
+ * while a token is being rotated): calls that carry a token no longer listed are refused from the moment
+ * this returns; calls already running go on. The tokens are copied (the old copies are wiped). Returns 0,
+ * or ZT_EINVAL_CONFIG for n outside [1, ZT_RPC_MAX_TOKENS] or a NULL or empty token. */
+int zt_rpc_server_set_tokens(zt_rpc_server_t *srv, const char *const *tokens, int n, zt_err *err);
+
+/* zt_rpc_server_set_tokens with one token. */
+int zt_rpc_server_set_token(zt_rpc_server_t *srv, const char *token, zt_err *err);
+
+/* Returns 1 when got[0..got_len) equals the NUL-terminated want, else 0, in a time that depends only on
+ * the length of want: every byte of want is compared whatever got holds, so the time a refusal takes
+ * does not tell an attacker how much of a guessed token was right. The server checks tokens with it. */
+int zt_rpc_token_equal(const char *want, const void *got, size_t got_len);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* In-process calls (tests and fuzzing harnesses)                                                   */
+
+/* One request message of an in-process call, given as pieces (a message split anywhere, as one that
+ * arrives from the network may be); the pieces are borrowed for the call. */
+struct zt_rpc_local_msg {
+    const struct zt_rpc_part *parts;
+    size_t nparts;
+};
+
+/* Receives each response message of an in-process call; data is valid only during the callback. */
+typedef void (*zt_rpc_response_fn)(const void *data, size_t len, void *user);
+
+/* Runs one call of method on srv in the calling thread, without a network: the handler reads
+ * reqs[0..nreqs) and then the end of the client's stream, and each response it writes goes to
+ * on_response (may be NULL). Everything the handler sees is as for a network call (deadline of timeout_s
+ * seconds, capped by the server's default; the message size limit), except that no token is checked (the
+ * caller is the process itself), the peer is "local" and Health/Watch is not served. Works on any server,
+ * also on one created with neither listen_addr nor health_listen_addr, which listens nowhere, needs no
+ * zt_rpc_server_start and serves only these calls. Returns the call's gRPC status code, with the message
+ * in st (may be NULL). The handler's decode and validation code runs exactly as it does for a client,
+ * so a fuzzer can feed it bytes without sockets. */
+int zt_rpc_server_call_local(zt_rpc_server_t *srv, const char *method, const struct zt_rpc_local_msg *reqs,
+                             size_t nreqs, double timeout_s, zt_rpc_response_fn on_response, void *user,
+                             struct zt_rpc_status *st);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Client                                                                                           */

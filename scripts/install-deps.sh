@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ztrain needs to build and test on Debian 12 (run as root; safe to run again).
-#   - Debian packages: compiler, CMake, and the libraries ztrain links (cJSON, cmocka, ...).
+#   - Debian packages: compiler, CMake, and the libraries ztrain links (cJSON, cmocka, ...); clang and
+#     libomp-dev build the fuzzing harnesses (bench/fuzz/run.sh).
 #   - A Python virtual environment in .venv with the pinned reference libraries the tests compare
 #     ztrain against (numpy, safetensors, tokenizers), and the deploy tests' validators (kubernetes-validate,
 #     PyYAML, dockerfile). Nothing from it is linked into ztrain.
@@ -13,6 +14,7 @@ APT_PACKAGES=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler liburing-dev
   python3 python3-venv python3-pip
   openssl
+  clang libomp-dev
 )
 # The deploy tests render the Kubernetes manifests with `kubectl kustomize`: Debian's kubernetes-client,
 # unless a kubectl is already installed (another vendor's package would clash over /usr/bin/kubectl).

@@ -347,6 +347,10 @@ int zt__desc_validate(const zt_server_run_desc *d, zt_err *err)
     if (d->nblocks < 1 || d->nblocks > ZT_SERVER_MAX_BLOCKS || !d->blocks)
         return zt_fail(err, ZT_EINVAL_CONFIG, "run %s: %d blocks; a layout has 1 to %d blocks", id, d->nblocks,
                        ZT_SERVER_MAX_BLOCKS);
+    if ((uint64_t)d->nblocks * (uint64_t)d->world_size > ZT_SERVER_MAX_SHARDS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "run %s: %d blocks of %d shards are %" PRIu64 " shards; a run has at "
+                       "most %d (fewer blocks or ranks)", id, d->nblocks, d->world_size,
+                       (uint64_t)d->nblocks * (uint64_t)d->world_size, ZT_SERVER_MAX_SHARDS);
     if (!(d->beta1 >= 0.0f && d->beta1 < 1.0f) || !(d->beta2 >= 0.0f && d->beta2 < 1.0f))
         return zt_fail(err, ZT_EINVAL_CONFIG, "run %s: AdamW betas (%g, %g) must lie in [0, 1)", id,
                        (double)d->beta1, (double)d->beta2);
@@ -432,9 +436,65 @@ void zt__run_fill_info(const zt__run *run, zt_server_run_info *info)
 }
 
 /* Builds a run at step 0 and inserts it; see core_internal.h. */
+/* Refuses a new run that the core's limits cannot take, before anything is allocated for it: the run
+ * count (max_runs) and the RAM it needs (mem_limit), as far as they can be told without the core's lock.
+ * Called with core->mu held; `bytes` is the run's RAM. Returns 0 or ZT_ENOMEM with the message. */
+static int check_limits_locked(const zt_server_core *core, const char *run_id, uint64_t bytes, zt_err *err)
+{
+    if (core->opt.max_runs > 0 && core->nruns >= core->opt.max_runs)
+        return zt_fail(err, ZT_ENOMEM, "run %s cannot be registered: this server holds %d runs, its --max-runs; "
+                       "use a server with room (or raise --max-runs)", run_id, core->nruns);
+    if (core->opt.mem_limit && core->ram_bytes + bytes > core->opt.mem_limit) {
+        char a[32], b2[32], c2[32];
+        return zt_fail(err, ZT_ENOMEM, "run %s needs %s of RAM on this server, %s of the %s --max-memory is in use: "
+                       "raise --max-memory, add servers, or use the NVMe store", run_id,
+                       zt_format_size(bytes, a, sizeof(a)), zt_format_size(core->ram_bytes, b2, sizeof(b2)),
+                       zt_format_size(core->opt.mem_limit, c2, sizeof(c2)));
+    }
+    return 0;
+}
+
+/* The RAM a run of description d holds on this server (what zt__run_create accounts), and its owned
+ * pairs and largest owned shard. */
+static uint64_t run_bytes(const zt_server_core *core, const zt_server_run_desc *d, int *npairs_out, uint64_t *max_n_out)
+{
+    int W = d->world_size, S = nservers(core), me = core->opt.server_index;
+    size_t esize = zt_dtype_size(d->param_dtype);
+    uint64_t bytes = 0, max_n = 0;
+    int npairs = 0;
+    for (int b = 0; b < d->nblocks; b++) {
+        uint64_t n = zt_server_shard_numel(d->blocks[b].numel, W);
+        for (int r = 0; r < W; r++) {
+            if (zt_server_owner(d->run_id, b, r, W, S) != me)
+                continue;
+            npairs++;
+            if (n > max_n)
+                max_n = n;
+            bytes += n * 4 + 2 * n * esize;
+            if (core->opt.store == ZT_SERVER_STORE_RAM)
+                bytes += 2 * 12 * n;
+        }
+    }
+    if (core->opt.store == ZT_SERVER_STORE_NVME && npairs > 0)
+        bytes += 2 * (uint64_t)zt_store_buffer_bytes((size_t)max_n);
+    if (npairs_out)
+        *npairs_out = npairs;
+    if (max_n_out)
+        *max_n_out = max_n;
+    return bytes;
+}
+
 int zt__run_create(zt_server_core *core, const zt_server_run_desc *d, zt__run **out, zt_err *err)
 {
     *out = NULL;
+    /* A run the limits refuse is refused before its tables are allocated (a hostile RegisterRun must not
+     * make the server allocate what it then refuses). The check is repeated under the lock below. */
+    uint64_t need = run_bytes(core, d, NULL, NULL);
+    pthread_mutex_lock(&core->mu);
+    int limit_rc = check_limits_locked(core, d->run_id, need, err);
+    pthread_mutex_unlock(&core->mu);
+    if (limit_rc < 0)
+        return limit_rc;
     zt__run *run = zt_xcalloc(1, sizeof(*run));
     pthread_mutex_init(&run->mu, NULL);
     pthread_condattr_t ca;
@@ -521,15 +581,11 @@ int zt__run_create(zt_server_core *core, const zt_server_run_desc *d, zt__run **
                            d->run_id, other);
         }
     }
-    if (core->opt.mem_limit && core->ram_bytes + bytes > core->opt.mem_limit) {
-        uint64_t used = core->ram_bytes;
+    int lrc = check_limits_locked(core, d->run_id, bytes, err);
+    if (lrc < 0) {
         pthread_mutex_unlock(&core->mu);
         run_free(NULL, run);
-        char a[32], b2[32], c2[32];
-        return zt_fail(err, ZT_ENOMEM, "run %s needs %s of RAM on this server, %s of the %s --mem-limit is in use: "
-                       "raise --mem-limit, add servers, or use the NVMe store", d->run_id,
-                       zt_format_size(bytes, a, sizeof(a)), zt_format_size(used, b2, sizeof(b2)),
-                       zt_format_size(core->opt.mem_limit, c2, sizeof(c2)));
+        return lrc;
     }
     core->ram_bytes += bytes;
     pthread_mutex_unlock(&core->mu);

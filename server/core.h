@@ -40,6 +40,7 @@
 #define ZT_SERVER_RUN_ID_MAX 128  /* bytes of a run id with its NUL */
 #define ZT_SERVER_MAX_BLOCKS 65536
 #define ZT_SERVER_MAX_WORLD 65536
+#define ZT_SERVER_MAX_SHARDS 65536 /* (block, shard) pairs of one run: blocks times world size */
 
 typedef struct zt_server_core zt_server_core; /* opaque */
 
@@ -57,6 +58,7 @@ typedef struct zt_server_core_options {
                                          borrowed for create */
     bool store_no_direct;             /* NVMe tier without O_DIRECT (filesystems such as tmpfs lack it; tests) */
     uint64_t mem_limit;               /* bytes of RAM the core may hold for runs; 0 = no limit */
+    int max_runs;                     /* runs the core holds at once; 0 = no limit */
     int threads;                      /* CPU Adam threads; <= 0: the CPU kernels' default */
     int server_index;                 /* this server's index in [0, server_count) */
     int server_count;                 /* S, the number of servers sharing runs; 0 means 1 */
@@ -127,7 +129,9 @@ typedef struct zt_server_run_info {
  * waits for its initial parameters (zt_server_core_push_params). The same description again returns 0
  * with the run's current position in *info (may be NULL); a different one returns ZT_EMISMATCH naming
  * the first difference ("block 3: numel 2359296, registered 2360064"). Bad descriptions return
- * ZT_EINVAL_CONFIG; not enough memory under mem_limit returns ZT_ENOMEM with the bytes needed. */
+ * ZT_EINVAL_CONFIG (also more than ZT_SERVER_MAX_SHARDS shards); not enough memory under mem_limit, or
+ * max_runs runs held already, returns ZT_ENOMEM with the bytes needed or the count, before anything is
+ * allocated for the run. */
 int zt_server_core_register(zt_server_core *core, const zt_server_run_desc *desc, zt_server_run_info *info,
                             zt_err *err);
 

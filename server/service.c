@@ -21,6 +21,7 @@ struct zt_service {
     zt_server_core *core;
     char *snapshot_dir;
     int snapshot_keep;
+    int snapshot_commits;
     int server_index;
     int server_count;
 };
@@ -37,6 +38,9 @@ static int grpc_code_of(int rc)
     case ZT_ESTATE:
         return ZT_RPC_FAILED_PRECONDITION;
     case ZT_ENOMEM:
+    case -ENOSPC: /* a full disk, a file size limit or a quota: a resource, not a bug */
+    case -EFBIG:
+    case -EDQUOT:
         return ZT_RPC_RESOURCE_EXHAUSTED;
     case -ETIMEDOUT:
         return ZT_RPC_DEADLINE_EXCEEDED;
@@ -198,6 +202,19 @@ static int register_run(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCM
 static int handle_register(zt_rpc_call_t *call, void *user)
 {
     return serve_request(call, user, &ztrain__v1__register_run_request__descriptor, register_run);
+}
+
+/* Durable state (snapshot_commits): saves run's committed state under the snapshot folder before the call
+ * that made it is answered, so that a server killed right after answering restarts where its clients
+ * think it is. A failure is logged and the call still answered: what it did is done in memory. */
+static void save_durable(zt_service_t *svc, const char *run, const char *why)
+{
+    zt_err err = {{0}};
+    char path[4096];
+    if (zt_server_core_snapshot_save(svc->core, run, svc->snapshot_dir, svc->snapshot_keep, path, sizeof(path),
+                                     &err) != 0)
+        ZT_ERROR("service: run %s: the snapshot after %s failed, so a restart would not find it: %s", run, why,
+                 err.msg);
 }
 
 /* ---- PushParams and PushGradients ---- */
@@ -381,6 +398,12 @@ static int handle_push(zt_rpc_call_t *call, zt_service_t *svc, int params)
     if (received != total)
         return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s ended after %" PRIu64 " of the %" PRIu64
                                 " bytes its header announced", what, received, total);
+    if (params && svc->snapshot_commits > 0 && svc->snapshot_dir != NULL) {
+        /* The push that completed the initial parameters makes step 0 durable. */
+        zt_server_run_info info;
+        if (zt_server_core_run_info(svc->core, run, &info, &err) == 0 && info.params_ready && info.step == 0)
+            save_durable(svc, run, "its initial parameters");
+    }
     Ztrain__V1__PushResponse resp = ZTRAIN__V1__PUSH_RESPONSE__INIT;
     resp.bytes_received = received;
     return send_packed(call, &resp.base);
@@ -408,6 +431,11 @@ static int commit_step(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMe
     int rc = zt_server_core_commit(svc->core, req->run, &args, &res, &err);
     if (rc != 0)
         return core_fail(call, rc, &err);
+    if (svc->snapshot_commits > 0 && svc->snapshot_dir != NULL && res.step % svc->snapshot_commits == 0) {
+        char why[64];
+        snprintf(why, sizeof(why), "commit %" PRId64, res.step);
+        save_durable(svc, req->run, why); /* a retried commit finds the snapshot there and writes nothing */
+    }
     Ztrain__V1__CommitStepResponse resp = ZTRAIN__V1__COMMIT_STEP_RESPONSE__INIT;
     resp.step = res.step;
     resp.adam_step = res.adam_step;
@@ -471,7 +499,12 @@ static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMe
         const Ztrain__V1__PullRange *r = req->ranges[i];
         for (uint64_t done = 0; done < r->count; done += per_chunk) {
             uint64_t n = r->count - done < per_chunk ? r->count - done : per_chunk;
-            int timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : (int)(zt_rpc_call_time_left(call) * 1000.0);
+            /* The client's wait, never past the call's deadline: a longer one would keep this thread (one of
+             * the server's max_calls) blocked after the client has gone. */
+            double left_ms = zt_rpc_call_time_left(call) * 1000.0;
+            int timeout_ms = left_ms > 0 ? (left_ms < INT32_MAX ? (int)left_ms : INT32_MAX) : 0;
+            if (req->timeout_ms > 0 && req->timeout_ms < timeout_ms)
+                timeout_ms = req->timeout_ms;
             /* One buffer per message, handed to gRPC without a copy: the header, then the core copies the
              * parameters right behind it. */
             uint8_t head[PARAM_CHUNK_HEAD_MAX];
@@ -676,6 +709,7 @@ int zt_service_create(zt_server_core *core, const struct zt_service_options *opt
     if (opt != NULL) {
         svc->snapshot_dir = opt->snapshot_dir ? strdup(opt->snapshot_dir) : NULL;
         svc->snapshot_keep = opt->snapshot_keep;
+        svc->snapshot_commits = opt->snapshot_commits > 0 ? opt->snapshot_commits : 0;
         svc->server_index = opt->server_index;
         svc->server_count = opt->server_count;
     }

@@ -16,6 +16,9 @@ typedef struct zt_service zt_service_t;
 struct zt_service_options {
     const char *snapshot_dir; /* root of SaveSnapshot / LoadSnapshot, or NULL: those calls are refused */
     int snapshot_keep;        /* snapshots kept per run and server; 0 keeps all */
+    int snapshot_commits;     /* with snapshot_dir: a snapshot after every N-th commit, written before the commit
+                               * is answered, and one when a run's initial parameters are complete; 0: only
+                               * SaveSnapshot writes snapshots */
     int server_index;         /* this server's index, as given to the core */
     int server_count;         /* S; 0 means 1 */
 };

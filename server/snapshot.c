@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,8 +344,9 @@ static int get_int(const cJSON *obj, const char *key, int64_t min, int64_t max, 
                    zt_err *err)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble ||
-        it->valuedouble < (double)min || it->valuedouble > (double)max)
+    /* The range first: converting a double outside int64_t's range to an integer is undefined. */
+    if (!cJSON_IsNumber(it) || !(it->valuedouble >= (double)min && it->valuedouble <= (double)max) ||
+        it->valuedouble != floor(it->valuedouble))
         return zt_fail(err, ZT_EFORMAT, "%s: \"%s\" is missing or not a whole number in [%" PRId64 ", %" PRId64
                        "]; the snapshot is damaged", where, key, min, max);
     *out = (int64_t)it->valuedouble;
@@ -365,7 +367,10 @@ static int get_pair(const cJSON *arr, int64_t *a, int64_t *b)
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != 2)
         return -1;
     const cJSON *x = cJSON_GetArrayItem(arr, 0), *y = cJSON_GetArrayItem(arr, 1);
-    if (!cJSON_IsNumber(x) || !cJSON_IsNumber(y) || x->valuedouble < 0 || y->valuedouble < 0)
+    const double top = 281474976710656.0; /* 2^48, the most parameters a block has */
+    if (!cJSON_IsNumber(x) || !cJSON_IsNumber(y) || !(x->valuedouble >= 0 && x->valuedouble <= top) ||
+        !(y->valuedouble >= 0 && y->valuedouble <= top) || x->valuedouble != floor(x->valuedouble) ||
+        y->valuedouble != floor(y->valuedouble))
         return -1;
     *a = (int64_t)x->valuedouble;
     *b = (int64_t)y->valuedouble;

@@ -13,7 +13,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -414,6 +416,43 @@ static void test_nvme_errors(void **unused)
     remove_dir();
 }
 
+/* A full disk (a file size limit, SIGXFSZ ignored) when a record is created: -EFBIG with a message that
+ * says what to do, no file and no record left behind, and the records already there read and write on.
+ * Records reserve their space at creation, so a write never meets a full disk. */
+static void test_nvme_file_size_limit(void **unused)
+{
+    (void)unused;
+    make_dir();
+    zt_store *s = open_nvme(0, 4, 0);
+    zt_err err = {{0}};
+    zt_store_key a = {.run = 3, .block = 0, .shard = 0}, b = {.run = 3, .block = 1, .shard = 0};
+    assert_int_equal(zt_store_create(s, a, 1000, &err), 0);
+    float *buf = zt_store_buffer_alloc(1000), *back = zt_store_buffer_alloc(1000);
+    fill_random(buf, 1000, 5);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    low = old;
+    low.rlim_cur = 16384; /* record a is 4096 + 12288 bytes: it fits, a larger one does not */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &low), 0);
+    int rc = zt_store_create(s, b, 5000, &err);
+    int wrc = zt_store_write(s, a, buf, &err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    assert_int_equal(rc, -EFBIG);
+    assert_int_equal(wrc, 0);
+    assert_int_equal(zt_store_lookup(s, b, NULL), -ENOENT);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "test $(ls '%s' | wc -l) -eq 1", g_dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(zt_store_read(s, a, back, &err), 0);
+    assert_memory_equal(back, buf, 1000 * 12);
+    assert_int_equal(zt_store_create(s, b, 5000, &err), 0); /* room again */
+    zt_store_buffer_free(buf);
+    zt_store_buffer_free(back);
+    zt_store_close(s);
+    remove_dir();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -423,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_nvme_piecewise_checksum),
         cmocka_unit_test(test_nvme_pipeline_window),
         cmocka_unit_test(test_nvme_errors),
+        cmocka_unit_test(test_nvme_file_size_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "proto/rendezvous.h"
+#include "ztrain/v1/rendezvous.pb-c.h"
 
 #define HASH 0x1234abcd5678ef00ull
 #define CHILD_MATCHED 0 /* exit codes of a joining child */
@@ -236,6 +237,49 @@ static void test_join_without_master(void **state)
     assert_non_null(strstr(err.msg, master));
 }
 
+/* Packs a JoinRequest into buf and returns its length. */
+static size_t pack_join(int rank, int world, uint64_t hash, uint8_t *buf)
+{
+    Ztrain__V1__JoinRequest req = ZTRAIN__V1__JOIN_REQUEST__INIT;
+    req.rank = rank;
+    req.world_size = world;
+    req.config_hash = hash;
+    req.host = "test-host";
+    return ztrain__v1__join_request__pack(&req, buf);
+}
+
+static int local_join(zt_rpc_server_t *srv, const void *data, size_t len, struct zt_rpc_status *st)
+{
+    struct zt_rpc_part part = {data, len};
+    struct zt_rpc_local_msg msg = {&part, 1};
+    return zt_rpc_server_call_local(srv, "/ztrain.v1.Rendezvous/Join", &msg, 1, 5.0, NULL, NULL, st);
+}
+
+/* The Join handler without a network (as the fuzzing harness drives it): a second rank of two joins at
+ * once, the same rank again is refused, and so is a message that is not a JoinRequest. */
+static void test_join_in_process(void **state)
+{
+    (void)state;
+    uint8_t id[ZT_RDZV_ID_BYTES];
+    make_id(id);
+    zt__rdzv *r = NULL;
+    zt_err err = {{0}};
+    assert_int_equal(zt__rdzv_create(0, HASH, id, 5.0, &r, &err), ZT_EINVAL_CONFIG);
+    assert_int_equal(zt__rdzv_create(2, HASH, id, 5.0, &r, &err), 0);
+    struct zt_rpc_server_options opt = {0};
+    zt_rpc_server_t *srv = NULL;
+    assert_int_equal(zt_rpc_server_create(&opt, &srv, &err), 0);
+    assert_int_equal(zt__rdzv_add_methods(r, srv, &err), 0);
+    struct zt_rpc_status st;
+    uint8_t buf[256];
+    assert_int_equal(local_join(srv, "\xff\xff\xff", 3, &st), ZT_RPC_INVALID_ARGUMENT);
+    assert_int_equal(local_join(srv, buf, pack_join(1, 2, HASH, buf), &st), ZT_RPC_OK);
+    assert_int_equal(local_join(srv, buf, pack_join(1, 2, HASH, buf), &st), ZT_RPC_ALREADY_EXISTS);
+    assert_non_null(strstr(st.msg, "joined twice"));
+    zt_rpc_server_destroy(srv, 1.0);
+    zt__rdzv_destroy(r);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 10 && strcmp(argv[1], "--join") == 0)
@@ -250,6 +294,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_duplicate_rank),
         cmocka_unit_test(test_timeout_names_missing_ranks),
         cmocka_unit_test(test_join_without_master),
+        cmocka_unit_test(test_join_in_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,12 +2,14 @@
  * the answers the server gives by itself (UNIMPLEMENTED, UNAUTHENTICATED, RESOURCE_EXHAUSTED, deadlines,
  * health) and TLS / mutual TLS with certificates made by openssl for the test. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -244,6 +246,196 @@ static void test_token(void **state)
     zt_rpc_server_destroy(srv, 5.0);
 }
 
+/* Rotation: after zt_rpc_server_set_token the old token is refused and the new one accepted, without a
+ * restart. Without the rotation (set_token doing nothing) the old token would still pass. */
+static void test_token_rotation(void **state)
+{
+    (void)state;
+    struct zt_rpc_server_options sopt = {0};
+    sopt.token = "token-one";
+    zt_rpc_server_t *srv = start_server(&sopt);
+    int port = zt_rpc_server_port(srv);
+    struct zt_rpc_status st;
+    struct zt_rpc_channel_options one = {.token = "token-one"}, two = {.token = "token-two"};
+    zt_rpc_channel_t *c1 = connect_to(port, &one), *c2 = connect_to(port, &two);
+    assert_int_equal(echo(c1, "before", &st), ZT_RPC_OK);
+    assert_int_equal(echo(c2, "before", &st), ZT_RPC_UNAUTHENTICATED);
+
+    zt_err err = {{0}};
+    assert_int_equal(zt_rpc_server_set_token(srv, "token-two", &err), 0);
+    assert_int_equal(echo(c1, "after", &st), ZT_RPC_UNAUTHENTICATED);
+    assert_non_null(strstr(st.msg, "does not match"));
+    assert_int_equal(echo(c2, "after", &st), ZT_RPC_OK);
+    /* An empty token is refused and the current one stays. */
+    assert_int_equal(zt_rpc_server_set_token(srv, "", &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "empty"));
+    assert_int_equal(echo(c2, "still", &st), ZT_RPC_OK);
+    /* Two tokens during a rotation's overlap: both pass; then only the newer. */
+    const char *both[2] = {"token-one", "token-two"};
+    assert_int_equal(zt_rpc_server_set_tokens(srv, both, 2, &err), 0);
+    assert_int_equal(echo(c1, "overlap", &st), ZT_RPC_OK);
+    assert_int_equal(echo(c2, "overlap", &st), ZT_RPC_OK);
+    assert_int_equal(zt_rpc_server_set_tokens(srv, both, 1, &err), 0);
+    assert_int_equal(echo(c1, "after", &st), ZT_RPC_OK);
+    assert_int_equal(echo(c2, "after", &st), ZT_RPC_UNAUTHENTICATED);
+    assert_int_equal(zt_rpc_server_set_tokens(srv, both, 0, &err), ZT_EINVAL_CONFIG);
+    zt_rpc_channel_destroy(c1);
+    zt_rpc_channel_destroy(c2);
+    zt_rpc_server_destroy(srv, 5.0);
+}
+
+/* ---- constant-time token comparison ---- */
+
+static sigjmp_buf fault_jump;
+
+static void on_fault(int sig)
+{
+    (void)sig;
+    siglongjmp(fault_jump, 1);
+}
+
+/* Calls zt_rpc_token_equal(want, got, len) and returns 1 if it touched memory it may not read (SIGSEGV
+ * caught), 0 otherwise; *equal gets its answer when it returned. */
+static int compare_faults(const char *want, const unsigned char *got, size_t len, int *equal)
+{
+    struct sigaction sa, old_segv, old_bus;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_fault;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
+    int faulted = 1;
+    if (sigsetjmp(fault_jump, 1) == 0) {
+        *equal = zt_rpc_token_equal(want, got, len);
+        faulted = 0;
+    }
+    sigaction(SIGSEGV, &old_segv, NULL);
+    sigaction(SIGBUS, &old_bus, NULL);
+    return faulted;
+}
+
+/* The comparison must not stop at the first differing byte: a 512-byte token guessed wrong in its
+ * first byte is put 256 bytes before the end of a readable page, the rest of it in a page that cannot be
+ * read. A comparison that stops early (a byte loop with an early return, strcmp, or memcmp, which stops
+ * within a few vector loads of the difference) never touches that page and returns; the constant-time
+ * one reads every byte and faults. No clock is involved. */
+static void test_token_equal_constant_time(void **state)
+{
+    (void)state;
+    enum { N = 512, READABLE = 256 };
+    char *want = malloc(N + 1);
+    for (int i = 0; i < N; i++)
+        want[i] = "0123456789abcdef"[i % 16];
+    want[N] = '\0';
+    long page = sysconf(_SC_PAGESIZE);
+    unsigned char *mem = mmap(NULL, (size_t)page * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(mem != MAP_FAILED);
+    assert_int_equal(mprotect(mem + page, (size_t)page, PROT_NONE), 0);
+    int equal = -1;
+
+    /* Plain answers, from readable memory. */
+    unsigned char *copy = malloc(N);
+    memcpy(copy, want, N);
+    assert_int_equal(compare_faults(want, copy, N, &equal), 0);
+    assert_int_equal(equal, 1);
+    copy[N - 1] ^= 1;
+    assert_int_equal(compare_faults(want, copy, N, &equal), 0);
+    assert_int_equal(equal, 0);
+    assert_int_equal(compare_faults(want, copy, N - 1, &equal), 0); /* a prefix is not the token */
+    assert_int_equal(equal, 0);
+    assert_int_equal(compare_faults(want, (const unsigned char *)"", 0, &equal), 0);
+    assert_int_equal(equal, 0);
+
+    /* First byte wrong, the token's bytes from READABLE on in the unreadable page: the comparison goes on
+     * past the difference. */
+    unsigned char *got = mem + page - READABLE;
+    memcpy(got, want, READABLE);
+    got[0] ^= 0x55;
+    assert_int_equal(compare_faults(want, got, N, &equal), 1);
+    /* It never reads past got_len, whatever want's length. */
+    assert_int_equal(compare_faults(want, got, READABLE, &equal), 0);
+    assert_int_equal(equal, 0);
+    munmap(mem, (size_t)page * 2);
+    free(copy);
+    free(want);
+}
+
+/* ---- in-process calls ---- */
+
+struct responses {
+    int count;
+    char last[64];
+};
+
+static void collect(const void *data, size_t len, void *user)
+{
+    struct responses *r = user;
+    r->count++;
+    size_t n = len < sizeof(r->last) - 1 ? len : sizeof(r->last) - 1;
+    memcpy(r->last, data, n);
+    r->last[n] = '\0';
+}
+
+static void test_local_calls(void **state)
+{
+    (void)state;
+    struct zt_rpc_server_options sopt = {.max_message_bytes = 1000, .token = "ignored-in-process"};
+    zt_rpc_server_t *srv = NULL;
+    zt_err err = {{0}};
+    assert_int_equal(zt_rpc_server_create(&sopt, &srv, &err), 0); /* no listen address: in-process only */
+    assert_int_equal(zt_rpc_server_add_method(srv, ECHO, ZT_RPC_KIND_UNARY, echo_handler, NULL, &err), 0);
+    assert_int_equal(zt_rpc_server_add_method(srv, SUM, ZT_RPC_KIND_CLIENT_STREAM, sum_handler, NULL, &err), 0);
+    assert_int_equal(zt_rpc_server_add_method(srv, COUNT, ZT_RPC_KIND_SERVER_STREAM, count_handler, NULL, &err), 0);
+    assert_int_equal(zt_rpc_server_port(srv), 0);
+    struct zt_rpc_status st;
+    struct responses r = {0};
+
+    /* A message in three pieces reads as one. */
+    struct zt_rpc_part pieces[3] = {{"he", 2}, {"", 0}, {"llo", 3}};
+    struct zt_rpc_local_msg hello = {pieces, 3};
+    assert_int_equal(zt_rpc_server_call_local(srv, ECHO, &hello, 1, 5.0, collect, &r, &st), ZT_RPC_OK);
+    assert_int_equal(r.count, 1);
+    assert_string_equal(r.last, "hello");
+
+    struct zt_rpc_part failp = {"fail", 4};
+    struct zt_rpc_local_msg fail = {&failp, 1};
+    assert_int_equal(zt_rpc_server_call_local(srv, ECHO, &fail, 1, 5.0, NULL, NULL, &st), ZT_RPC_NOT_FOUND);
+    assert_string_equal(st.msg, "asked to fail");
+    assert_int_equal(zt_rpc_server_call_local(srv, ECHO, NULL, 0, 5.0, NULL, NULL, &st), ZT_RPC_INVALID_ARGUMENT);
+    assert_int_equal(zt_rpc_server_call_local(srv, "/x.Y/Z", &hello, 1, 5.0, NULL, NULL, &st), ZT_RPC_UNIMPLEMENTED);
+
+    /* Client stream: every message, then the end of the stream. */
+    struct zt_rpc_local_msg three[3] = {{pieces, 1}, {pieces + 2, 1}, {pieces, 3}};
+    r.count = 0;
+    assert_int_equal(zt_rpc_server_call_local(srv, SUM, three, 3, 5.0, collect, &r, &st), ZT_RPC_OK);
+    assert_string_equal(r.last, "10/3");
+
+    /* Server stream: each response reaches the callback. */
+    struct zt_rpc_part fivep = {"5", 1};
+    struct zt_rpc_local_msg five = {&fivep, 1};
+    r.count = 0;
+    assert_int_equal(zt_rpc_server_call_local(srv, COUNT, &five, 1, 5.0, collect, &r, &st), ZT_RPC_OK);
+    assert_int_equal(r.count, 5);
+    assert_string_equal(r.last, "4");
+
+    /* The size limit holds as on the network. */
+    char *big = calloc(1, 1001);
+    struct zt_rpc_part bigp = {big, 1001};
+    struct zt_rpc_local_msg bigm = {&bigp, 1};
+    assert_int_equal(zt_rpc_server_call_local(srv, ECHO, &bigm, 1, 5.0, NULL, NULL, &st), ZT_RPC_RESOURCE_EXHAUSTED);
+    free(big);
+
+    /* Health/Check is served; the server is SERVING. */
+    uint8_t req[2] = {0};
+    struct zt_rpc_part hp = {req, 0};
+    struct zt_rpc_local_msg hm = {&hp, 1};
+    r.count = 0;
+    assert_int_equal(zt_rpc_server_call_local(srv, "/grpc.health.v1.Health/Check", &hm, 1, 5.0, collect, &r, &st),
+                     ZT_RPC_OK);
+    assert_int_equal(r.count, 1);
+    zt_rpc_server_destroy(srv, 1.0);
+}
+
 static void test_size_limit(void **state)
 {
     (void)state;
@@ -398,7 +590,8 @@ static void make_certs(void)
              "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr && "
              "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile san.ext -out server.pem && "
              "openssl req -newkey rsa:2048 -nodes -subj /CN=ztrain-worker -keyout client.key -out client.csr && "
-             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out client.pem",
+             "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out client.pem && "
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=ztrain-worker -keyout rogue.key -out rogue.pem",
              tls_dir);
     char quiet[4200];
     snprintf(quiet, sizeof(quiet), "(%s) >/dev/null 2>&1", cmd);
@@ -467,6 +660,16 @@ static void test_tls(void **state)
     ch = connect_to(port, &withcert);
     assert_int_equal(echo(ch, "with cert", &st), ZT_RPC_OK);
     zt_rpc_channel_destroy(ch);
+    /* A certificate with the right name that the CA did not sign: refused (the server verifies it). */
+    char rcert[300], rkey[300];
+    struct zt_rpc_channel_options rogue = {
+        .tls_ca_file = ca,
+        .tls_cert_file = tls_path("rogue.pem", rcert, sizeof(rcert)),
+        .tls_key_file = tls_path("rogue.key", rkey, sizeof(rkey)),
+    };
+    ch = connect_to(port, &rogue);
+    assert_int_equal(echo(ch, "self-signed", &st), ZT_RPC_UNAVAILABLE);
+    zt_rpc_channel_destroy(ch);
     zt_rpc_server_destroy(srv, 5.0);
     remove_certs();
 }
@@ -477,6 +680,8 @@ int main(void)
         cmocka_unit_test(test_unary_and_errors), cmocka_unit_test(test_streams), cmocka_unit_test(test_token),
         cmocka_unit_test(test_size_limit),       cmocka_unit_test(test_deadlines), cmocka_unit_test(test_health),
         cmocka_unit_test(test_bad_options),      cmocka_unit_test(test_tls),
+        cmocka_unit_test(test_token_rotation),   cmocka_unit_test(test_token_equal_constant_time),
+        cmocka_unit_test(test_local_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

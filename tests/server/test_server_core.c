@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -639,9 +641,50 @@ static void test_register_idempotent_and_mismatch(void **state)
     must(zt_server_core_create(&small, &o, &err), &err);
     d = make_desc(k_run, ZT_DTYPE_F32, blocks);
     assert_int_equal(zt_server_core_register(small, &d, &info, &err), ZT_ENOMEM);
-    assert_non_null(strstr(err.msg, "--mem-limit"));
+    assert_non_null(strstr(err.msg, "--max-memory"));
     zt_server_core_destroy(small);
     cluster_destroy(&c);
+}
+
+/* Limits a hostile or mistaken RegisterRun meets before the server allocates anything: the number of runs
+ * (max_runs) and the shards of one run (blocks times world size). */
+static void test_register_limits(void **state)
+{
+    (void)state;
+    zt_err err = {{0}};
+    zt_server_core_options o = {.max_runs = 2};
+    zt_server_core *core;
+    must(zt_server_core_create(&core, &o, &err), &err);
+    zt_server_block_desc blocks[NB];
+    zt_server_run_info info;
+    static const char *const names[3] = {"run-a", "run-b", "run-c"};
+    for (int i = 0; i < 3; i++) {
+        zt_server_run_desc d = make_desc(names[i], ZT_DTYPE_F32, blocks);
+        int rc = zt_server_core_register(core, &d, &info, &err);
+        assert_int_equal(rc, i < 2 ? 0 : ZT_ENOMEM);
+    }
+    assert_non_null(strstr(err.msg, "--max-runs"));
+    /* A run already held registers again (a restarted worker), at the limit too. */
+    zt_server_run_desc d = make_desc("run-a", ZT_DTYPE_F32, blocks);
+    assert_int_equal(zt_server_core_register(core, &d, &info, &err), 0);
+    assert_int_equal(zt_server_core_drop(core, "run-b", &err), 0);
+    d = make_desc("run-c", ZT_DTYPE_F32, blocks);
+    assert_int_equal(zt_server_core_register(core, &d, &info, &err), 0);
+
+    /* 65536 blocks of 65536 shards would be 2^32 pairs: refused at once, naming the limit. */
+    zt_server_block_desc *many = calloc(ZT_SERVER_MAX_BLOCKS, sizeof(*many));
+    for (int b = 0; b < ZT_SERVER_MAX_BLOCKS; b++)
+        many[b].numel = 1;
+    zt_server_run_desc wide = {.run_id = "wide", .world_size = ZT_SERVER_MAX_WORLD, .nblocks = ZT_SERVER_MAX_BLOCKS,
+                               .blocks = many, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                               .param_dtype = ZT_DTYPE_F32};
+    assert_int_equal(zt_server_core_register(core, &wide, &info, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "at most 65536"));
+    wide.nblocks = 2; /* one shard over the limit */
+    wide.world_size = ZT_SERVER_MAX_SHARDS / 2 + 1;
+    assert_int_equal(zt_server_core_register(core, &wide, &info, &err), ZT_EINVAL_CONFIG);
+    free(many);
+    zt_server_core_destroy(core);
 }
 
 static void test_owner_mapping(void **state)
@@ -747,6 +790,171 @@ static void snapshot_round_trip(enum zt_server_store_kind kind, int S)
     }
     cluster_destroy(&e);
     cluster_destroy(&d);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+/* Replaces the first `from` in file path by `to`; fails the test if there is none. */
+static void replace_in_file(const char *path, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[16384];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *at = strstr(text, from);
+    assert_non_null(at);
+    char out[17000];
+    snprintf(out, sizeof(out), "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(out, f);
+    fclose(f);
+}
+
+/* Numbers in a manifest that no integer type holds (found by fuzz_snapshot_manifest: the range was
+ * checked after converting to int64_t, which is undefined for 1e300) are a damaged snapshot. */
+static void test_snapshot_manifest_numbers(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 5);
+    run_steps(&c, &r, 1, ZT_DTYPE_F32);
+    static const char *const edits[][2] = {
+        {"\"step\":\t1,", "\"step\":\t1e300,"},
+        {"\"world_size\":\t2,", "\"world_size\":\t-1e300,"},
+        {"\"numel\":\t1000,", "\"numel\":\t1.5,"},
+        {"[0, 800]", "[1e300, 800]"},
+        {"[0, 800]", "[0, -1e19]"},
+    };
+    zt_err err = {{0}};
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        char dir[400], file[500];
+        snprintf(dir, sizeof(dir), "%s/numbers-%zu", g_dir, i);
+        must(zt_server_core_snapshot_write(c.core[0], k_run, dir, &err), &err);
+        snprintf(file, sizeof(file), "%s/manifest.json", dir);
+        replace_in_file(file, edits[i][0], edits[i][1]);
+        zt_server_core *fresh;
+        zt_server_core_options o = {0};
+        must(zt_server_core_create(&fresh, &o, &err), &err);
+        assert_int_equal(zt_server_core_snapshot_read(fresh, dir, NULL, &err), ZT_EFORMAT);
+        zt_server_core_destroy(fresh);
+    }
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+/* Lowers the file size limit to `bytes` (as ulimit -f, or a disk that fills up at that size: writes past
+ * it fail with EFBIG, SIGXFSZ being ignored) and returns the limit to put back. */
+static struct rlimit limit_file_size(rlim_t bytes)
+{
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    low = old;
+    low.rlim_cur = bytes;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &low), 0);
+    return old;
+}
+
+/* A snapshot that meets a full disk fails with a message naming the file; nothing of it is left, `latest`
+ * still names the previous snapshot, which restores, and the live run loses nothing: it is still at its
+ * step with its state, and the next save, with room again, succeeds. */
+static void snapshot_disk_full(enum zt_server_store_kind kind)
+{
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, kind);
+    ref_init(&r, 13);
+    run_steps(&c, &r, 1, ZT_DTYPE_F32);
+    char root[300], path[600], file[700];
+    snprintf(root, sizeof(root), "%s/full-%d", g_dir, (int)kind);
+    zt_err err = {0};
+    must(zt_server_core_snapshot_save(c.core[0], k_run, root, 2, path, sizeof(path), &err), &err);
+    ref_make_grads(&r, 300);
+    push_all(&c, &r, false, 2, 301);
+    commit_all(&c, 2, 1e-3f, 1.0f, false);
+    ref_step(&r, 1e-3f, 1.0f);
+
+    struct rlimit old = limit_file_size(4096); /* block 0's file is 12 KiB */
+    int rc = zt_server_core_snapshot_save(c.core[0], k_run, root, 2, path, sizeof(path), &err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    assert_int_equal(rc, -EFBIG);
+    assert_non_null(strstr(err.msg, "step_00000002.tmp/block_000000.safetensors"));
+
+    snprintf(file, sizeof(file), "%s/%s/server0of1/step_00000002", root, k_run);
+    struct stat st;
+    assert_int_not_equal(stat(file, &st), 0);
+    snprintf(file, sizeof(file), "%s/%s/server0of1/step_00000002.tmp", root, k_run);
+    assert_int_not_equal(stat(file, &st), 0);
+    snprintf(file, sizeof(file), "%s/%s/server0of1/latest", root, k_run);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    char line[64] = "";
+    assert_non_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    assert_string_equal(line, "step_00000001\n");
+    cluster d;
+    cluster_create(&d, 1, kind);
+    int nruns = 0;
+    must(zt_server_core_restore_all(d.core[0], root, &nruns, &err), &err);
+    zt_server_run_info info;
+    must(zt_server_core_run_info(d.core[0], k_run, &info, &err), &err);
+    assert_int_equal(info.step, 1);
+    cluster_destroy(&d);
+    check_state(&c, &r, 2, ZT_DTYPE_F32); /* nothing committed is lost */
+    must(zt_server_core_snapshot_save(c.core[0], k_run, root, 2, path, sizeof(path), &err), &err);
+    assert_non_null(strstr(path, "step_00000002"));
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
+static void test_snapshot_disk_full_ram(void **state)
+{
+    (void)state;
+    snapshot_disk_full(ZT_SERVER_STORE_RAM);
+}
+
+static void test_snapshot_disk_full_nvme(void **state)
+{
+    (void)state;
+    snapshot_disk_full(ZT_SERVER_STORE_NVME);
+}
+
+/* The NVMe tier reserves a run's files when the run registers (posix_fallocate), so a full disk shows
+ * then, as a clean refusal that leaves no run and no files behind, and never in the middle of a commit.
+ * The run registered before goes on. */
+static void test_nvme_register_disk_full(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_NVME);
+    ref_init(&r, 17);
+    run_steps(&c, &r, 1, ZT_DTYPE_F32);
+    zt_server_block_desc blocks[NB];
+    zt_server_run_desc d = make_desc("second-run", ZT_DTYPE_F32, blocks);
+    zt_err err = {0};
+    zt_server_run_info info;
+    struct rlimit old = limit_file_size(8192); /* a record of block 0's shard needs 4096 + 8192 bytes */
+    int rc = zt_server_core_register(c.core[0], &d, &info, &err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    assert_int_equal(rc, -EFBIG);
+    assert_non_null(strstr(err.msg, "free disk space"));
+    assert_int_equal(zt_server_core_run_info(c.core[0], "second-run", &info, &err), -ENOENT);
+    char store[300];
+    snprintf(store, sizeof(store), "%s/store0", g_dir);
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "test $(ls '%s' | wc -l) -eq %d", store, 2 * NB * W); /* the first run's only */
+    assert_int_equal(system(cmd), 0);
+    ref_make_grads(&r, 400);
+    push_all(&c, &r, false, 2, 401);
+    commit_all(&c, 2, 1e-3f, 1.0f, false);
+    ref_step(&r, 1e-3f, 1.0f);
+    check_state(&c, &r, 2, ZT_DTYPE_F32);
     ref_free(&r);
     cluster_destroy(&c);
 }
@@ -950,6 +1158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_owner_mapping),
         cmocka_unit_test(test_register_idempotent_and_mismatch),
+        cmocka_unit_test(test_register_limits),
         cmocka_unit_test(test_round_trip_ram_f32),
         cmocka_unit_test(test_round_trip_ram_bf16),
         cmocka_unit_test(test_round_trip_nvme),
@@ -960,6 +1169,10 @@ int main(void)
         cmocka_unit_test(test_atomic_commit_nvme),
         cmocka_unit_test(test_pull_waits_for_block),
         cmocka_unit_test(test_snapshot_ram),
+        cmocka_unit_test(test_snapshot_manifest_numbers),
+        cmocka_unit_test(test_snapshot_disk_full_ram),
+        cmocka_unit_test(test_snapshot_disk_full_nvme),
+        cmocka_unit_test(test_nvme_register_disk_full),
         cmocka_unit_test(test_snapshot_nvme_two_servers),
         cmocka_unit_test(test_snapshot_save_keep_and_metrics),
         cmocka_unit_test(test_large_shards_threads_ram_and_nvme),

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -395,11 +396,109 @@ static void test_bad_input(void **state)
     zt_server_core_destroy(local);
 }
 
+/* A pull's own timeout_ms never outlasts the call's deadline: a pull of a step no commit will make, asking
+ * to wait 2^31 - 1 ms, returns DEADLINE_EXCEEDED once its 0.2 s deadline passes (in process, so the
+ * handler's own return is seen, not the client's). Before the fix the handler waited the 24 days it was
+ * asked to, holding one of the server's threads whatever the client did. */
+static void test_pull_wait_bounded_by_deadline(void **state)
+{
+    struct fixture *f = *state;
+    prepare_run(f, NULL);
+    Ztrain__V1__PullRange r = ZTRAIN__V1__PULL_RANGE__INIT;
+    r.count = 1;
+    Ztrain__V1__PullRange *rp = &r;
+    Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
+    req.run = "r1";
+    req.step = 1; /* the next step: waits for a commit */
+    req.n_ranges = 1;
+    req.ranges = &rp;
+    req.timeout_ms = INT32_MAX;
+    uint8_t buf[128];
+    struct zt_rpc_part part = {buf, ztrain__v1__pull_params_request__pack(&req, buf)};
+    struct zt_rpc_local_msg msg = {&part, 1};
+    struct zt_rpc_status st;
+    assert_int_equal(zt_rpc_server_call_local(f->srv, M("PullParams"), &msg, 1, 0.2, NULL, NULL, &st),
+                     ZT_RPC_DEADLINE_EXCEEDED);
+}
+
+static int path_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* --snapshot-commits 1: when the push that completes a run's initial parameters is answered, the snapshot
+ * of step 0 is on disk, and when a commit is answered, the snapshot of its step; a server restored from
+ * the folder is at the last answered commit. A commit retried after a restart finds its snapshot there. */
+static void test_durable_commits(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_test_durable_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct fixture f = {0};
+    zt_err err = {{0}};
+    zt_server_core_options copt = {0};
+    assert_int_equal(zt_server_core_create(&f.core, &copt, &err), 0);
+    struct zt_service_options so = {.snapshot_dir = dir, .snapshot_keep = 2, .snapshot_commits = 1};
+    assert_int_equal(zt_service_create(f.core, &so, &f.svc, &err), 0);
+    struct zt_rpc_server_options ropt = {.listen_addr = "127.0.0.1:0"};
+    assert_int_equal(zt_rpc_server_create(&ropt, &f.srv, &err), 0);
+    assert_int_equal(zt_service_add_methods(f.svc, f.srv, &err), 0);
+    assert_int_equal(zt_rpc_server_start(f.srv, &err), 0);
+    char target[64], path[600];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", zt_rpc_server_port(f.srv));
+    struct zt_rpc_channel_options chopt = {.target = target};
+    assert_int_equal(zt_rpc_channel_create(&chopt, &f.ch, &err), 0);
+
+    struct zt_rpc_status st;
+    assert_int_equal(register_run(f.ch, "r1", &st), ZT_RPC_OK);
+    float vals[16];
+    snprintf(path, sizeof(path), "%s/r1/server0of1/step_00000000", dir);
+    for (int b = 0; b < 2; b++) {
+        for (int s = 0; s < WORLD; s++) {
+            assert_false(path_exists(path)); /* not before the last initial push */
+            uint64_t sn = zt_server_shard_numel(NUMEL[b], WORLD);
+            shard_values(b, s, init_value, vals);
+            assert_int_equal(push(f.ch, M("PushParams"), "r1", 0, b, s, vals, sn * 4, 12, &st), ZT_RPC_OK);
+        }
+    }
+    assert_true(path_exists(path));
+    for (int b = 0; b < 2; b++) {
+        for (int s = 0; s < WORLD; s++) {
+            uint64_t sn = zt_server_shard_numel(NUMEL[b], WORLD);
+            shard_values(b, s, grad_value, vals);
+            assert_int_equal(push(f.ch, M("PushGradients"), "r1", 1, b, s, vals, sn * 4, 8, &st), ZT_RPC_OK);
+        }
+    }
+    assert_int_equal(commit(f.ch, "r1", 1, &st), ZT_RPC_OK);
+    snprintf(path, sizeof(path), "%s/r1/server0of1/step_00000001", dir);
+    assert_true(path_exists(path));
+    assert_int_equal(commit(f.ch, "r1", 1, &st), ZT_RPC_OK); /* a retry: already committed and saved */
+
+    zt_server_core *back = NULL;
+    assert_int_equal(zt_server_core_create(&back, &copt, &err), 0);
+    int nruns = 0;
+    assert_int_equal(zt_server_core_restore_all(back, dir, &nruns, &err), 0);
+    zt_server_run_info info;
+    assert_int_equal(zt_server_core_run_info(back, "r1", &info, &err), 0);
+    assert_int_equal(info.step, 1);
+    zt_server_core_destroy(back);
+    zt_rpc_channel_destroy(f.ch);
+    zt_rpc_server_destroy(f.srv, 5.0);
+    zt_service_destroy(f.svc);
+    zt_server_core_destroy(f.core);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_steps_match_in_process_core, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pull_wait_bounded_by_deadline, setup, teardown),
+        cmocka_unit_test(test_durable_commits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

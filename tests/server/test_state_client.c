@@ -156,6 +156,91 @@ static void test_run_limit_checked_first(void **state)
     assert_int_equal(zt_server_core_run_info(f->core, run, &info, &err), 0);
 }
 
+/* Replaces the served state service by a fresh one on the same port: a server that was killed and came
+ * back without a snapshot of the run. */
+static void restart_server(struct fixture *f)
+{
+    int port = zt_rpc_server_port(f->srv);
+    zt_rpc_server_destroy(f->srv, 5.0);
+    zt_service_destroy(f->svc);
+    zt_server_core_destroy(f->core);
+    zt_err err = {{0}};
+    zt_server_core_options copt = {0};
+    assert_int_equal(zt_server_core_create(&f->core, &copt, &err), 0);
+    assert_int_equal(zt_service_create(f->core, NULL, &f->svc, &err), 0);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    struct zt_rpc_server_options ropt = {.listen_addr = addr};
+    assert_int_equal(zt_rpc_server_create(&ropt, &f->srv, &err), 0);
+    assert_int_equal(zt_service_add_methods(f->svc, f->srv, &err), 0);
+    assert_int_equal(zt_rpc_server_start(f->srv, &err), 0);
+}
+
+/* Step 1 of run "r" (W = 1) through the client, then the pulled parameters of both blocks. */
+static void step_one(struct fixture *f, float *p0, float *p1)
+{
+    zt_err err = {{0}};
+    float g0[100], g1[37];
+    for (int i = 0; i < 100; i++)
+        g0[i] = 0.01f * (float)(i % 7);
+    for (int i = 0; i < 37; i++)
+        g1[i] = -0.02f * (float)(i % 5);
+    assert_int_equal(zt_state_client_push_grad(f->client, "r", 1, 0, 0, ZT_DTYPE_F32, g0, 100, &err), 0);
+    assert_int_equal(zt_state_client_push_grad(f->client, "r", 1, 1, 0, ZT_DTYPE_F32, g1, 37, &err), 0);
+    zt_server_commit_args a = {.step = 1, .grad_norm = 1.0, .clip_coef = 1.0f, .lr = 1e-2f};
+    if (zt_state_client_commit(f->client, "r", &a, &err) != 0)
+        fail_msg("commit: %s", err.msg);
+    assert_int_equal(zt_state_client_pull(f->client, "r", 1, 0, 0, 0, 100, p0, &err), 0);
+    assert_int_equal(zt_state_client_pull(f->client, "r", 1, 1, 0, 0, 37, p1, &err), 0);
+}
+
+/* A server that restarts before a run has its first snapshot has lost the run: the client registers it
+ * there again and pushes again the initial parameters it pushed before (it keeps copies until the run's
+ * first step is taken), whether the restart comes between two initial pushes, before the first step, or
+ * right after the registration.
+ * Either way step 1 gives the parameters of a run without a restart, bit for bit. */
+static void test_server_lost_run_before_first_step(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    /* A client that waits out a restart as the trainer's does (the fixture's retries only once). */
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", zt_rpc_server_port(f->srv));
+    struct zt_state_client_options opt = {.servers = target, .max_retries = 8, .backoff_s = 0.05};
+    zt_state_client_destroy(f->client);
+    assert_int_equal(zt_state_client_create(&opt, &f->client, &err), 0);
+    zt_server_run_desc d = desc_of("r", 1);
+    float init0[100], init1[37], want0[100], want1[37], got0[100], got1[37];
+    for (int i = 0; i < 100; i++)
+        init0[i] = 0.5f - 0.01f * (float)i;
+    for (int i = 0; i < 37; i++)
+        init1[i] = 0.25f + 0.02f * (float)i;
+
+    /* Without a restart. */
+    assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0);
+    assert_int_equal(zt_state_client_push_params(f->client, "r", 0, 0, init0, 100, &err), 0);
+    assert_int_equal(zt_state_client_push_params(f->client, "r", 1, 0, init1, 37, &err), 0);
+    step_one(f, want0, want1);
+
+    for (int when = 0; when < 3; when++) {
+        restart_server(f);
+        if (zt_state_client_register(f->client, &d, NULL, &err) != 0)
+            fail_msg("register after a restart: %s", err.msg);
+        if (when == 2)
+            restart_server(f); /* after the registration, before any initial push */
+        if (zt_state_client_push_params(f->client, "r", 0, 0, init0, 100, &err) != 0)
+            fail_msg("push: %s", err.msg);
+        if (when == 0)
+            restart_server(f); /* between the two initial pushes: the next one meets NOT_FOUND */
+        assert_int_equal(zt_state_client_push_params(f->client, "r", 1, 0, init1, 37, &err), 0);
+        if (when == 1)
+            restart_server(f); /* after them, before the first step */
+        step_one(f, got0, got1);
+        assert_memory_equal(got0, want0, sizeof(want0));
+        assert_memory_equal(got1, want1, sizeof(want1));
+    }
+}
+
 #define BOTH(fn) cmocka_unit_test_setup_teardown(fn, setup_embedded, teardown), \
                  cmocka_unit_test_setup_teardown(fn, setup_remote, teardown)
 
@@ -165,6 +250,7 @@ int main(void)
         BOTH(test_refused_registration_records_nothing),
         BOTH(test_mismatched_registration_keeps_layout),
         BOTH(test_run_limit_checked_first),
+        cmocka_unit_test_setup_teardown(test_server_lost_run_before_first_step, setup_remote, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

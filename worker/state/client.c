@@ -31,12 +31,27 @@ struct remote {
     zt_rpc_channel_t *ch[ZT_STATE_CLIENT_MAX_STREAMS]; /* one channel per lane; lanes 1.. own their connection */
 };
 
+/* A copy of initial parameters this client pushed (one shard), kept until the run's first commit. */
+struct init_copy {
+    int block;
+    int shard;
+    float *data; /* n floats, owned */
+    uint64_t n;
+};
+
 /* The world size and parameter dtype of each run registered through this client: the owner mapping and
- * the split of pulls need them. */
+ * the split of pulls need them. Remote runs also keep their packed RegisterRunRequest and, until the first
+ * commit, copies of the initial parameters pushed, to give a server that lost the run (killed before the
+ * run's first snapshot) the run again (recover_run). */
 struct run_entry {
     char id[ZT_SERVER_RUN_ID_MAX];
     int world_size;
     enum zt_dtype param_dtype;
+    uint8_t *reg;            /* the packed RegisterRunRequest (remote), owned */
+    size_t reg_len;
+    struct init_copy *init;  /* initial parameters pushed through this client, until the first commit */
+    int ninit;
+    int init_cap;
 };
 
 /* One piece of a push or pull: a contiguous range of one shard, sent on one lane's stream. */
@@ -240,6 +255,12 @@ void zt_state_client_destroy(zt_state_client_t *c)
         free(c->srv[i].target);
     }
     free(c->srv);
+    for (int i = 0; i < c->nruns; i++) {
+        free(c->runs[i].reg);
+        for (int k = 0; k < c->runs[i].ninit; k++)
+            free(c->runs[i].init[k].data);
+        free(c->runs[i].init);
+    }
     zt_server_core_destroy(c->core);
     pthread_mutex_destroy(&c->pool.mu);
     pthread_cond_destroy(&c->pool.work);
@@ -392,6 +413,104 @@ static int step_refused(zt_state_client_t *c, int server, const char *run, int64
                    c->srv[server].target, run, at, step - 1, at);
 }
 
+/* ---- a server that lost a run ---- */
+
+static int push_remote_once(zt_state_client_t *c, const char *method, const char *run, int64_t step, int block,
+                            int shard, Ztrain__V1__DType dtype, size_t es, const void *data, uint64_t n, int *code,
+                            struct zt_rpc_status *st);
+
+static struct run_entry *run_entry_of(zt_state_client_t *c, const char *run)
+{
+    for (int i = 0; i < c->nruns; i++)
+        if (strcmp(c->runs[i].id, run) == 0)
+            return &c->runs[i];
+    return NULL;
+}
+
+/* Keeps a copy of initial parameters pushed for run (replacing one of the same shard). */
+static void keep_init(zt_state_client_t *c, const char *run, int block, int shard, const float *data, uint64_t n)
+{
+    struct run_entry *r = run_entry_of(c, run);
+    if (r == NULL)
+        return;
+    struct init_copy *slot = NULL;
+    for (int i = 0; i < r->ninit; i++)
+        if (r->init[i].block == block && r->init[i].shard == shard)
+            slot = &r->init[i];
+    if (slot == NULL) {
+        if (r->ninit == r->init_cap) {
+            r->init_cap = r->init_cap ? 2 * r->init_cap : 16;
+            r->init = realloc(r->init, (size_t)r->init_cap * sizeof(*r->init));
+            ZT_ASSERT(r->init != NULL);
+        }
+        slot = &r->init[r->ninit++];
+        slot->data = NULL;
+    }
+    free(slot->data);
+    slot->block = block;
+    slot->shard = shard;
+    slot->n = n;
+    slot->data = zt_xmalloc(n ? n * sizeof(float) : 1);
+    memcpy(slot->data, data, n * sizeof(float));
+}
+
+/* Drops the copies of run's initial parameters: a commit succeeded, so every server had them. */
+static void drop_init(zt_state_client_t *c, const char *run)
+{
+    struct run_entry *r = run_entry_of(c, run);
+    if (r == NULL)
+        return;
+    for (int i = 0; i < r->ninit; i++)
+        free(r->init[i].data);
+    free(r->init);
+    r->init = NULL;
+    r->ninit = r->init_cap = 0;
+}
+
+/* A server answered NOT_FOUND (or FAILED_PRECONDITION) for run: it may have restarted before the run had a
+ * snapshot and lost it. Registers the run there again (idempotent: a server that has the run answers with
+ * its position) and, if its initial parameters are incomplete there, pushes the copies this client kept.
+ * Returns 1 when the server now holds the run, with the initial parameters as far as this client can give
+ * them (the caller tries its call again), 0 when it could not be given the run. Logs what it does. */
+static int recover_run(zt_state_client_t *c, int server, const char *run)
+{
+    struct run_entry *r = run_entry_of(c, run);
+    if (r == NULL || r->reg == NULL)
+        return 0;
+    void *resp = NULL;
+    size_t len = 0;
+    struct zt_rpc_status st;
+    int code = ZT_RPC_UNAVAILABLE;
+    for (int attempt = 0;; attempt++) {
+        code = zt_rpc_unary(c->srv[server].ch[0], SVC "RegisterRun", r->reg, r->reg_len, c->timeout_s, 0, &resp,
+                            &len, &st);
+        if (!should_retry(c, server, code, attempt, &st))
+            break;
+    }
+    if (code != ZT_RPC_OK)
+        return 0;
+    Ztrain__V1__RegisterRunResponse *rr = ztrain__v1__register_run_response__unpack(NULL, len, resp);
+    free(resp);
+    int ready = rr != NULL && rr->info != NULL && rr->info->params_ready;
+    int64_t at = rr != NULL && rr->info != NULL ? rr->info->step : -1;
+    if (rr != NULL)
+        ztrain__v1__register_run_response__free_unpacked(rr, NULL);
+    if (ready || at != 0 || r->ninit == 0)
+        return 1; /* the server holds the run (again): the call can be tried again */
+    ZT_WARN("state server %s lost run %s before it was saved (restarted?); registering it again and pushing its "
+            "initial parameters again", c->srv[server].target, run);
+    for (int i = 0; i < r->ninit; i++) {
+        const struct init_copy *k = &r->init[i];
+        if (zt_server_owner(run, k->block, k->shard, r->world_size, c->n) != server)
+            continue;
+        int pc;
+        if (push_remote_once(c, SVC "PushParams", run, 0, k->block, k->shard, ZTRAIN__V1__DTYPE__DTYPE_F32, 4, k->data,
+                             k->n, &pc, &st) != 0)
+            return 0;
+    }
+    return 1;
+}
+
 /* ---- register ---- */
 
 /* The client's entry for run, or a free one (NULL when ZT_STATE_CLIENT_MAX_RUNS runs are already held). */
@@ -403,8 +522,10 @@ static struct run_entry *run_slot(zt_state_client_t *c, const char *run)
     return c->nruns < ZT_STATE_CLIENT_MAX_RUNS ? &c->runs[c->nruns] : NULL;
 }
 
-/* RegisterRun on every server; *step = the lowest step any of them holds. */
-static int register_remote(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, zt_err *err)
+/* RegisterRun on every server; *step = the lowest step any of them holds, *packed (malloc'd) and *packed_len
+ * the request's bytes, which the caller keeps. */
+static int register_remote(zt_state_client_t *c, const zt_server_run_desc *desc, int64_t *step, uint8_t **packed,
+                           size_t *packed_len, zt_err *err)
 {
     Ztrain__V1__RegisterRunRequest req = ZTRAIN__V1__REGISTER_RUN_REQUEST__INIT;
     req.run = (char *)desc->run_id;
@@ -459,6 +580,8 @@ static int register_remote(zt_state_client_t *c, const zt_server_run_desc *desc,
             ztrain__v1__register_run_response__free_unpacked(r, NULL);
         free(resp);
     }
+    if (rc == 0)
+        *packed = pack(&req.base, packed_len);
     free(rptr);
     free(ranges);
     free(bptr);
@@ -477,19 +600,26 @@ int zt_state_client_register(zt_state_client_t *c, const zt_server_run_desc *des
         return zt_fail(err, ZT_ENOMEM, "a state client serves at most %d runs; use another client for run %s",
                        ZT_STATE_CLIENT_MAX_RUNS, desc->run_id);
     int rc;
+    uint8_t *packed = NULL;
+    size_t packed_len = 0;
     if (c->core != NULL) {
         zt_server_run_info info;
         rc = zt_server_core_register(c->core, desc, &info, err);
         if (rc == 0 && step != NULL)
             *step = info.step;
     } else {
-        rc = register_remote(c, desc, step, err);
+        rc = register_remote(c, desc, step, &packed, &packed_len, err);
     }
     if (rc < 0)
         return rc;
     /* every server accepted the run: from now on the client routes its shards */
-    if (slot == &c->runs[c->nruns])
+    if (slot == &c->runs[c->nruns]) {
+        memset(slot, 0, sizeof(*slot));
         c->nruns++;
+    }
+    free(slot->reg);
+    slot->reg = packed;
+    slot->reg_len = packed_len;
     snprintf(slot->id, sizeof(slot->id), "%s", desc->run_id);
     slot->world_size = desc->world_size;
     slot->param_dtype = desc->param_dtype;
@@ -703,13 +833,14 @@ static int first_failed(const struct piece *pieces, int k)
     return -1;
 }
 
-static int push_remote(zt_state_client_t *c, const char *method, const char *run, int64_t step, int block, int shard,
-                       Ztrain__V1__DType dtype, size_t es, const void *data, uint64_t n, zt_err *err)
+/* One push of a whole shard to its owner (split over the lanes, each piece retried on UNAVAILABLE).
+ * Returns 0, or -1 with the failed piece's gRPC code in *code and status in *st. */
+static int push_remote_once(zt_state_client_t *c, const char *method, const char *run, int64_t step, int block,
+                            int shard, Ztrain__V1__DType dtype, size_t es, const void *data, uint64_t n, int *code,
+                            struct zt_rpc_status *st)
 {
-    int server = owner_of(c, run, block, shard, err);
-    if (server < 0)
-        return server;
-    c->server_step = -1;
+    const struct run_entry *r = run_entry_of(c, run);
+    int server = zt_server_owner(run, block, shard, r->world_size, c->n);
     const struct piece tmpl = {.server = server, .method = method, .run = run, .step = step, .block = block,
                                .shard = shard, .dtype = dtype, .es = es};
     struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
@@ -720,8 +851,28 @@ static int push_remote(zt_state_client_t *c, const char *method, const char *run
     int bad = first_failed(pieces, k);
     if (bad < 0)
         return 0;
-    return step > 0 ? step_refused(c, server, run, step, method + strlen(SVC), &pieces[bad].st, err)
-                    : rpc_fail(c, server, method + strlen(SVC), &pieces[bad].st, err);
+    *code = pieces[bad].code;
+    *st = pieces[bad].st;
+    return -1;
+}
+
+static int push_remote(zt_state_client_t *c, const char *method, const char *run, int64_t step, int block, int shard,
+                       Ztrain__V1__DType dtype, size_t es, const void *data, uint64_t n, zt_err *err)
+{
+    int server = owner_of(c, run, block, shard, err);
+    if (server < 0)
+        return server;
+    c->server_step = -1;
+    int code = ZT_RPC_OK;
+    struct zt_rpc_status st;
+    if (push_remote_once(c, method, run, step, block, shard, dtype, es, data, n, &code, &st) == 0)
+        return 0;
+    /* A server that lost the run: give it the run again, then try once more. */
+    if (code == ZT_RPC_NOT_FOUND && recover_run(c, server, run) &&
+        push_remote_once(c, method, run, step, block, shard, dtype, es, data, n, &code, &st) == 0)
+        return 0;
+    return step > 0 ? step_refused(c, server, run, step, method + strlen(SVC), &st, err)
+                    : rpc_fail(c, server, method + strlen(SVC), &st, err);
 }
 
 int zt_state_client_push_params(zt_state_client_t *c, const char *run, int block, int shard, const float *data,
@@ -731,7 +882,10 @@ int zt_state_client_push_params(zt_state_client_t *c, const char *run, int block
         zt_server_chunk ch = {.block = block, .shard = shard, .offset = 0, .n = n, .dtype = ZT_DTYPE_F32, .data = data};
         return zt_server_core_push_params(c->core, run, &ch, err);
     }
-    return push_remote(c, SVC "PushParams", run, 0, block, shard, ZTRAIN__V1__DTYPE__DTYPE_F32, 4, data, n, err);
+    int rc = push_remote(c, SVC "PushParams", run, 0, block, shard, ZTRAIN__V1__DTYPE__DTYPE_F32, 4, data, n, err);
+    if (rc == 0)
+        keep_init(c, run, block, shard, data, n);
+    return rc;
 }
 
 int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
@@ -740,6 +894,15 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
     if (c->core != NULL) {
         zt_server_chunk ch = {.block = block, .shard = shard, .offset = 0, .n = n, .dtype = dtype, .data = data};
         return zt_server_core_push_grad(c->core, run, step, &ch, err);
+    }
+    /* Before the run's first step is taken, a server may have restarted without the initial parameters
+     * this client pushed (it had no snapshot of the run yet): make sure it has them. */
+    const struct run_entry *r = run_entry_of(c, run);
+    if (r != NULL && r->ninit > 0) {
+        int server = owner_of(c, run, block, shard, err);
+        if (server < 0)
+            return server;
+        recover_run(c, server, run);
     }
     return push_remote(c, SVC "PushGradients", run, step, block, shard, dtype_to_wire(dtype), zt_dtype_size(dtype),
                        data, n, err);
@@ -763,10 +926,16 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
         void *resp = NULL;
         size_t len = 0;
         struct zt_rpc_status st;
-        if (unary(c, i, SVC "CommitStep", &req.base, &resp, &len, &st) != ZT_RPC_OK)
+        if (unary(c, i, SVC "CommitStep", &req.base, &resp, &len, &st) != ZT_RPC_OK) {
+            /* A server that lost the run before its first snapshot gets it again; the gradients it lost are
+             * then pushed again by the caller, which retries a step the servers did not take. */
+            if (st.code == ZT_RPC_NOT_FOUND || st.code == ZT_RPC_FAILED_PRECONDITION)
+                recover_run(c, i, run);
             return step_refused(c, i, run, args->step, "CommitStep", &st, err);
+        }
         free(resp);
     }
+    drop_init(c, run); /* every server took a step, so every server had the initial parameters */
     return 0;
 }
 
@@ -907,6 +1076,8 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
     }
     run_pieces(c, pieces, k);
     int bad = first_failed(pieces, k);
+    if (bad < 0 && step > 0)
+        drop_init(c, run); /* a step was taken, so the server had every initial parameter */
     return bad < 0 ? 0 : rpc_fail(c, server, "PullParams", &pieces[bad].st, err);
 }
 

@@ -13,7 +13,15 @@
  * server that restarted from a snapshot older than the run's step answers pushes and commits with
  * FAILED_PRECONDITION: the client then returns ZT_ESTATE with the server's step in *server_step (see
  * zt_state_client_server_step), and the caller resumes the run from there (pull the parameters of that
- * step, recompute, push again). Nothing of a step is applied on a server until its commit.
+ * step, recompute, push again). Nothing of a step is applied on a server until its commit. A server that
+ * restarted before the run had a snapshot there (killed between registration and the first step) has lost
+ * the run: the client registers it again and pushes again the initial parameters it pushed itself, for
+ * which it keeps copies until the run's first step is taken (its first successful commit or pull of a step
+ * after 0; rank 0 of W = 1 holds the whole model's fp32 parameters that long, each rank of a ZeRO run its
+ * shards). Until then every gradient push first checks (RegisterRun, idempotent) that its server holds
+ * the run's initial parameters. With ztrain-server --snapshot-commits 1 a restarted server never lost an
+ * answered push of initial parameters or commit, so together the two survive a server killed at any
+ * moment (tests/fault).
  *
  * Parallelism: a push or pull of a large shard is split into up to `streams` contiguous pieces (whole
  * chunks, at least 4 chunks each) that go to the owner at the same time, each on its own stream, TCP
