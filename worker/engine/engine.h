@@ -172,6 +172,9 @@ int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, int64
 /* Placement server: asks every server to write a snapshot of the run's current step (rank 0's part of a
  * checkpoint; embedded_root is where the embedded core writes, NULL with remote servers). */
 int zt_engine_server_snapshot(zt_engine *e, const char *embedded_root, zt_err *err);
+/* Placement server, before the first step, on every rank: gives a server that lost the run its
+ * registration and this rank's initial parameters again (zt_state_client_restore_initial). */
+int zt_engine_server_restore_initial(zt_engine *e, zt_err *err);
 
 /* Placement server: the step a server reported when a step failed because it holds an older one (it
  * restarted from a snapshot), agreed by every rank; -1 otherwise. */

@@ -245,6 +245,13 @@ int zt_engine_server_snapshot(zt_engine *e, const char *embedded_root, zt_err *e
     return zt_state_client_save_snapshot(e->o.client, e->run_id, embedded_root, err);
 }
 
+/* The initial parameters again, for servers that lost the run; see engine.h. */
+int zt_engine_server_restore_initial(zt_engine *e, zt_err *err)
+{
+    ZT_ASSERT(e->home == ZT__OPT_SERVER);
+    return zt_state_client_restore_initial(e->o.client, e->run_id, err);
+}
+
 /* The older step a server reported; see engine.h. */
 int64_t zt_engine_server_step(const zt_engine *e)
 {

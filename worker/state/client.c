@@ -1078,10 +1078,39 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
     int bad = first_failed(pieces, k);
     if (bad < 0 && step > 0)
         drop_init(c, run); /* a step was taken, so the server had every initial parameter */
-    return bad < 0 ? 0 : rpc_fail(c, server, "PullParams", &pieces[bad].st, err);
+    if (bad < 0)
+        return 0;
+    /* Pulls follow a commit that succeeded: a server below `step` restarted from an older snapshot (it
+     * refuses a step in its future, or waits out the deadline for a commit it lost). */
+    const struct zt_rpc_status *st = &pieces[bad].st;
+    c->server_step = -1;
+    if (step > 0 && (st->code == ZT_RPC_FAILED_PRECONDITION || st->code == ZT_RPC_NOT_FOUND ||
+                     st->code == ZT_RPC_DEADLINE_EXCEEDED)) {
+        int64_t at = remote_step(c, server, run);
+        if (at >= 0 && at < step) {
+            c->server_step = at;
+            ZT_WARN("state server %s holds run %s at step %" PRId64 " (restarted from a snapshot?); the run resumes "
+                    "there", c->srv[server].target, run, at);
+            return zt_fail(err, ZT_ESTATE, "state server %s holds run %s at step %" PRId64 ", not %" PRId64
+                           ": resume the run from step %" PRId64, c->srv[server].target, run, at, step, at);
+        }
+    }
+    return rpc_fail(c, server, "PullParams", st, err);
 }
 
 /* ---- snapshots ---- */
+
+int zt_state_client_restore_initial(zt_state_client_t *c, const char *run, zt_err *err)
+{
+    const struct run_entry *r = c->core != NULL ? NULL : run_entry_of(c, run);
+    if (r == NULL || r->ninit == 0)
+        return 0;
+    for (int i = 0; i < c->n; i++)
+        if (!recover_run(c, i, run))
+            return zt_fail(err, ZT_EIO, "state server %s: run %s could not be registered again with its initial "
+                           "parameters (its log says why)", c->srv[i].target, run);
+    return 0;
+}
 
 int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const char *embedded_root, zt_err *err)
 {
@@ -1096,7 +1125,13 @@ int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const c
         void *resp = NULL;
         size_t len = 0;
         struct zt_rpc_status st;
-        if (unary(c, i, SVC "SaveSnapshot", &req.base, &resp, &len, &st) != ZT_RPC_OK)
+        int code = unary(c, i, SVC "SaveSnapshot", &req.base, &resp, &len, &st);
+        /* Before the first step (the checkpoint of step 0), a server that restarted and lost the run gets it
+         * again, with the initial parameters this client kept, and snapshots it. */
+        const struct run_entry *r = run_entry_of(c, run);
+        if (code == ZT_RPC_NOT_FOUND && r != NULL && r->ninit > 0 && recover_run(c, i, run))
+            code = unary(c, i, SVC "SaveSnapshot", &req.base, &resp, &len, &st);
+        if (code != ZT_RPC_OK)
             return rpc_fail(c, i, "SaveSnapshot", &st, err);
         free(resp);
     }

@@ -727,6 +727,14 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
         rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
     if (rc == 0 && remote && zt_comm_rank(comm) == 0)
         rc = zt_engine_server_snapshot(r->engine, NULL, err);
+    if (remote && st->step == 0 && (rc = zt_comm_agree(comm, rc, err)) < 0) {
+        /* before the first step a server that restarted has lost the run: every rank gives it its initial
+         * parameters again, then the snapshot is asked for once more */
+        zt_log(ZT_LOG_WARN, "checkpoint of step 0: %s; giving the state servers the run again", err->msg);
+        rc = zt_engine_server_restore_initial(r->engine, err);
+        if ((rc = zt_comm_agree(comm, rc, err)) == 0 && zt_comm_rank(comm) == 0)
+            rc = zt_engine_server_snapshot(r->engine, NULL, err);
+    }
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
     if (zt_comm_rank(comm) == 0) {
@@ -936,6 +944,14 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     res->skipped_steps = st.skipped_steps;
     res->losses = zt_xcalloc((size_t)(cfg->steps - st.step) + 1, sizeof(float));
     const size_t off = (size_t)rank * (size_t)b * (size_t)T;
+
+    /* Remote state servers: a checkpoint of step 0 (they snapshot the run with it), so that a server that
+     * restarts before the first checkpoint has a step to go back to, and the run a checkpoint to resume
+     * from. */
+    if (on_servers && cfg->servers[0] && !resumed && cfg->save_every >= 0) {
+        if ((rc = save(&r, cfg, &st, comm, res, err)) < 0)
+            goto out;
+    }
 
     /* The starting validation loss, so that the curve has its origin. */
     if (r.val && !resumed) {
