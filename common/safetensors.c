@@ -717,3 +717,43 @@ int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
     free(h.p);
     return rc;
 }
+
+/* IEEE half to float, exactly. */
+float zt_f16_to_f32(uint16_t h)
+{
+    const int exponent = (h >> 10) & 0x1f;
+    const int mantissa = h & 0x3ff;
+    float v;
+    if (exponent == 0x1f) {
+        uint32_t bits = ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((uint32_t)mantissa << 13);
+        memcpy(&v, &bits, sizeof v);
+        return v;
+    }
+    if (exponent == 0)
+        v = ldexpf((float)mantissa, -24); /* zero and subnormals */
+    else
+        v = ldexpf((float)(mantissa | 0x400), exponent - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* bfloat16 is the top half of a float. */
+float zt_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+float zt_st_load_element(const zt_st_tensor *t, size_t i)
+{
+    const unsigned char *d = t->data;
+    if (t->dtype == ZT_DTYPE_F32) {
+        float v;
+        memcpy(&v, d + 4 * i, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, d + 2 * i, sizeof h);
+    return t->dtype == ZT_DTYPE_F16 ? zt_f16_to_f32(h) : zt_bf16_to_f32(h);
+}

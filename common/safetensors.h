@@ -38,6 +38,9 @@ enum zt_dtype {
 
 /* Bytes per element of a dtype. */
 size_t zt_dtype_size(enum zt_dtype dtype);
+/* IEEE half and bfloat16 to float, exactly. */
+float zt_f16_to_f32(uint16_t h);
+float zt_bf16_to_f32(uint16_t h);
 /* "F32", "BF16", ... as written in safetensors headers. */
 const char *zt_dtype_name(enum zt_dtype dtype);
 /* Parses a safetensors dtype name; returns 0 or ZT_EFORMAT. */
@@ -63,6 +66,8 @@ void zt_st_close(zt_st_file *f); /* accepts NULL */
 /* Number of tensors and the i-th one, in file order of their data offsets. */
 size_t zt_st_count(const zt_st_file *f);
 const zt_st_tensor *zt_st_get(const zt_st_file *f, size_t i);
+/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
+float zt_st_load_element(const zt_st_tensor *t, size_t i);
 /* The tensor called name, or NULL. */
 const zt_st_tensor *zt_st_find(const zt_st_file *f, const char *name);
 /* The value of a "__metadata__" key, or NULL. */

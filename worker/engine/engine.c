@@ -1221,15 +1221,7 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
 static float lowp_to_float(const void *p, size_t i, enum zt_dtype dt)
 {
     const uint16_t h = ((const uint16_t *)p)[i];
-    if (dt == ZT_DTYPE_BF16) {
-        uint32_t u = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &u, sizeof f);
-        return f;
-    }
-    _Float16 x;
-    memcpy(&x, &h, sizeof x);
-    return (float)x;
+    return dt == ZT_DTYPE_BF16 ? zt_bf16_to_f32(h) : zt_f16_to_f32(h);
 }
 
 /* The last step's gradient in the host layout; see engine.h. */

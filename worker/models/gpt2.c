@@ -1069,43 +1069,6 @@ out:
     return rc;
 }
 
-/* IEEE half to float, exactly. */
-static float f16_to_f32(uint16_t h)
-{
-    const int exponent = (h >> 10) & 0x1f;
-    const int mantissa = h & 0x3ff;
-    float v;
-    if (exponent == 0x1f) {
-        uint32_t bits = ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((uint32_t)mantissa << 13);
-        memcpy(&v, &bits, sizeof v);
-        return v;
-    }
-    if (exponent == 0)
-        v = ldexpf((float)mantissa, -24); /* zero and subnormals */
-    else
-        v = ldexpf((float)(mantissa | 0x400), exponent - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
-static float load_element(const zt_st_tensor *t, size_t i)
-{
-    const unsigned char *d = t->data;
-    if (t->dtype == ZT_DTYPE_F32) {
-        float v;
-        memcpy(&v, d + 4 * i, sizeof v);
-        return v;
-    }
-    uint16_t h;
-    memcpy(&h, d + 2 * i, sizeof h);
-    if (t->dtype == ZT_DTYPE_F16)
-        return f16_to_f32(h);
-    uint32_t bits = (uint32_t)h << 16; /* BF16 is the top half of an F32 */
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
 /* Whether name is one of the attention-mask buffers HF keeps in older files: h.<n>.attn.bias or
  * h.<n>.attn.masked_bias. */
 static bool is_attn_buffer(const char *name)
@@ -1142,12 +1105,12 @@ static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float 
         const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
         for (size_t k = 0; k < cols; k++)
             for (size_t o = 0; o < rows; o++)
-                dst[o * cols + k] = load_element(st, k * rows + o);
+                dst[o * cols + k] = zt_st_load_element(st, k * rows + o);
     } else if (st->dtype == ZT_DTYPE_F32) {
         memcpy(dst, st->data, t->numel * sizeof(float));
     } else {
         for (size_t i = 0; i < t->numel; i++)
-            dst[i] = load_element(st, i);
+            dst[i] = zt_st_load_element(st, i);
     }
     for (size_t i = 0; i < t->numel; i++)
         if (!isfinite(dst[i]))
@@ -1336,7 +1299,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
         bool same = is_float_dtype(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
                     lm_head->shape[1] == wte->shape[1];
         for (size_t i = 0; same && i < wte->numel; i++)
-            same = load_element(lm_head, i) == tmp[wte->offset + i];
+            same = zt_st_load_element(lm_head, i) == tmp[wte->offset + i];
         if (!same) {
             rc = zt_fail(err, ZT_EMISMATCH, "%s: lm_head.weight differs from wte: untied heads are not supported",
                          lm_head_file);
