@@ -14,10 +14,10 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 
 HARNESSES=(fuzz_state_service fuzz_rendezvous fuzz_safetensors fuzz_token_shard fuzz_train_config
-           fuzz_checkpoint_manifest fuzz_snapshot_manifest fuzz_store_record)
+           fuzz_checkpoint_manifest fuzz_snapshot_manifest fuzz_store_record fuzz_tokenizer_json)
 # Harnesses whose inputs are JSON get the JSON dictionary (number forms, literals, the manifests' keys).
 declare -A DICT=([fuzz_train_config]=json [fuzz_checkpoint_manifest]=json [fuzz_snapshot_manifest]=json
-                 [fuzz_safetensors]=json)
+                 [fuzz_safetensors]=json [fuzz_tokenizer_json]=json)
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ $# -lt 1 ]; then usage; exit 2; fi

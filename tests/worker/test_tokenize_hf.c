@@ -346,6 +346,24 @@ struct refusal {
     const char *words[3]; /* the message must hold each */
 };
 
+/* A tokenizer.json that is not UTF-8 (here an added token's content) is refused at load with the byte
+ * offset, before any of its strings is read as UTF-8 (found by the fuzzing harness: the normalizer read
+ * past the end of such a string). */
+static void test_not_utf8(void **state)
+{
+    (void)state;
+    char *json = bert_json("{\"type\": \"BertNormalizer\", \"clean_text\": true, \"handle_chinese_chars\": true, "
+                           "\"strip_accents\": null, \"lowercase\": true}",
+                           ", {\"id\": 13, \"content\": \"ab\xe4\xb8\", \"single_word\": false, \"lstrip\": false, "
+                           "\"rstrip\": false, \"normalized\": true, \"special\": false}");
+    zt_tokenizer *tok = NULL;
+    zt_err err = {{0}};
+    assert_int_equal(zt_tokenizer_load_json(&tok, json, "bad.json", &err), ZT_EFORMAT);
+    assert_null(tok);
+    assert_non_null(strstr(err.msg, "bad.json: not UTF-8 at byte"));
+    free(json);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -632,6 +650,7 @@ int main(void)
         cmocka_unit_test(test_metaspace),
         cmocka_unit_test(test_wordpiece),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_not_utf8),
         cmocka_unit_test(test_text_and_id_errors),
         cmocka_unit_test(test_utf8_and_unicode),
         cmocka_unit_test_setup_teardown(test_cmd_tokenize_with_tokenizer, setup, teardown),

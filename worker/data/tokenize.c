@@ -42,6 +42,11 @@ int zt_tokenizer_create(zt_tokenizer **out, const char *kind, zt_err *err)
 int zt_tokenizer_load_json(zt_tokenizer **out, const char *json, const char *name, zt_err *err)
 {
     *out = NULL;
+    /* JSON is UTF-8 (RFC 8259), and every string in it (vocabulary, merges, added tokens) is read as such */
+    const size_t len = strlen(json), valid = zt_utf8_valid_prefix(json, len);
+    if (valid != len)
+        return zt_fail(err, ZT_EFORMAT, "%s: not UTF-8 at byte %zu (a tokenizer.json is UTF-8 text; save it as "
+                       "UTF-8)", name, valid);
     zt_tokenizer *tok = calloc(1, sizeof(*tok));
     if (!tok)
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the tokenizer");
