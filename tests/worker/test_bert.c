@@ -897,6 +897,51 @@ static void test_import_errors_leave_model_unchanged(void **state)
     zt_bert_destroy(m);
 }
 
+/* Fine-tuning from a pretrained checkpoint: a masked-LM file into a classifier and back. The body comes from
+ * the file, the head the file lacks keeps its initial values, the other head's tensors are skipped; the
+ * body must still be complete. */
+static void test_import_pretrained(void **state)
+{
+    (void)state;
+    char path[300];
+    path_in_dir(path, sizeof path, "model.safetensors");
+    for (int roberta = 0; roberta < 2; roberta++) {
+        zt_bert_config mc = small_config(roberta, ZT_BERT_HEAD_MLM), cc = small_config(roberta, ZT_BERT_HEAD_CLASSIFY);
+        zt_bert *mlm = create_model(&mc, 1, 4, 1), *cls = create_model(&cc, 1, 4, 2);
+        randomise_params(mlm, 4, 0.5);
+        zt_err err = {{0}};
+        const size_t body = zt_bert_block(cls, cc.num_hidden_layers + 1)->offset; /* blocks 0..L */
+        const size_t head = zt_bert_num_params(cls) - body;
+        float *head_before = malloc(head * sizeof(float));
+        memcpy(head_before, zt_bert_params(cls) + body, head * sizeof(float));
+        assert_int_equal(zt_bert_export(mlm, path, &err), 0);
+        assert_int_equal(zt_bert_import(cls, path, &err), ZT_EMISMATCH); /* the strict import refuses */
+        if (zt_bert_import_pretrained(cls, path, &err) != 0)
+            fail_msg("%s", err.msg);
+        assert_memory_equal(zt_bert_params(cls), zt_bert_params(mlm), body * sizeof(float));
+        assert_memory_equal(zt_bert_params(cls) + body, head_before, head * sizeof(float));
+        /* and back: the classifier's pooler and classifier are skipped, the masked-LM head is kept */
+        randomise_params(cls, 6, 0.5);
+        const size_t mbody = zt_bert_block(mlm, mc.num_hidden_layers + 1)->offset;
+        float *mhead = malloc((zt_bert_num_params(mlm) - mbody) * sizeof(float));
+        memcpy(mhead, zt_bert_params(mlm) + mbody, (zt_bert_num_params(mlm) - mbody) * sizeof(float));
+        assert_int_equal(zt_bert_export(cls, path, &err), 0);
+        assert_int_equal(zt_bert_import_pretrained(mlm, path, &err), 0);
+        assert_memory_equal(zt_bert_params(mlm), zt_bert_params(cls), mbody * sizeof(float));
+        assert_memory_equal(zt_bert_params(mlm) + mbody, mhead, (zt_bert_num_params(mlm) - mbody) * sizeof(float));
+        /* a body tensor missing is still an error */
+        char name[96];
+        snprintf(name, sizeof name, "%sencoder.layer.0.intermediate.dense.bias", roberta ? "roberta." : "bert.");
+        write_edited(mlm, path, &(edit){.drop = name});
+        assert_int_equal(zt_bert_import_pretrained(cls, path, &err), ZT_EMISMATCH);
+        assert_non_null(strstr(err.msg, name));
+        free(head_before);
+        free(mhead);
+        zt_bert_destroy(mlm);
+        zt_bert_destroy(cls);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* masking                                                                                              */
 /* ---------------------------------------------------------------------------------------------------- */
@@ -984,6 +1029,7 @@ int main(void)
         cmocka_unit_test(test_token_types),
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_import_errors_leave_model_unchanged, make_dir, remove_dir),
+        cmocka_unit_test_setup_teardown(test_import_pretrained, make_dir, remove_dir),
         cmocka_unit_test(test_mask_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1624,9 +1624,21 @@ static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const fl
     return true;
 }
 
-/* Imports parameters with Hugging Face names; see bert.h. Returns 0, a negative errno, ZT_EFORMAT,
- * ZT_EMISMATCH or ZT_EUNSUPPORTED (dtype), with a message naming the tensor and its file. */
-int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
+/* Whether a file tensor's name is that of a task head the model does not have: another head's (cls.,
+ * lm_head., classifier.), BERT's pre-training heads (cls.) or a pooler that a masked-LM model leaves out. */
+static bool is_other_head(const zt_bert *m, const char *name)
+{
+    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
+    if (strncmp(name, prefix, strlen(prefix)) == 0)
+        name += strlen(prefix);
+    return strncmp(name, "cls.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0 ||
+           strncmp(name, "classifier.", 11) == 0 || strncmp(name, "pooler.", 7) == 0;
+}
+
+/* Imports parameters with Hugging Face names (see zt_bert_import and zt_bert_import_pretrained). Returns 0,
+ * a negative errno, ZT_EFORMAT, ZT_EMISMATCH or ZT_EUNSUPPORTED (dtype), with a message naming the tensor
+ * and its file. */
+static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *err)
 {
     char **files = NULL;
     int nfiles = 0;
@@ -1648,6 +1660,9 @@ int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
     }
     if (nfiles > 1)
         zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
+    if (pretrained)
+        memcpy(tmp, m->params, m->num_params * sizeof(float)); /* what the file lacks of the head stays */
+    int skipped = 0, kept = 0;
     for (int fi = 0; fi < nfiles; fi++) {
         const char *file = files[fi];
         if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
@@ -1662,6 +1677,10 @@ int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
                 const int k = kind == NAME_TIED_BIAS;
                 tied[k] = st;
                 tied_file[k] = file;
+                continue;
+            }
+            if (kind == NAME_UNKNOWN && pretrained && is_other_head(m, st->name)) {
+                skipped++;
                 continue;
             }
             if (kind == NAME_UNKNOWN) {
@@ -1710,6 +1729,10 @@ int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
         }
     }
     for (int i = 0; i < m->num_tensors; i++) {
+        if (!seen[i] && pretrained && m->tensors[i].block == m->num_blocks - 1) {
+            kept++;
+            continue;
+        }
         if (!seen[i]) {
             rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' is missing (a %s with %d layers has it)", path,
                          m->tensors[i].name, zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
@@ -1728,6 +1751,9 @@ int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
         }
     }
     memcpy(m->params, tmp, m->num_params * sizeof(float));
+    if (kept || skipped)
+        zt_log(ZT_LOG_INFO, "model: %s: %d tensors of the %s head keep their initial values; %d tensors of other "
+               "heads were skipped", path, kept, zt_bert_config_architecture(&m->cfg), skipped);
     rc = 0;
 out:
     free(tmp);
@@ -1739,4 +1765,16 @@ out:
     free(fs);
     free(files);
     return rc;
+}
+
+/* Imports every parameter; see bert.h. */
+int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
+{
+    return import_params(m, path, false, err);
+}
+
+/* Imports a pretrained body for fine-tuning; see bert.h. */
+int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
+{
+    return import_params(m, path, true, err);
 }

@@ -199,6 +199,12 @@ int zt_bert_export(const zt_bert *m, const char *path, zt_err *err);
  * misshapen tensors are ZT_EMISMATCH naming the tensor and the file; nothing changes unless the whole
  * import succeeds. */
 int zt_bert_import(zt_bert *m, const char *path, zt_err *err);
+/* zt_bert_import for fine-tuning from a pretrained checkpoint (bert-base-uncased into a classifier, say), as
+ * transformers' from_pretrained does it: the tensors of the task head (block L+1) that the files lack keep
+ * their current values (the initialisation), and the tensors of other heads in the files (cls.*, lm_head.*,
+ * classifier.*, a pooler) are skipped; both counts are logged. Everything else is as strict as
+ * zt_bert_import: the encoder and embeddings must all be there with the right shapes. */
+int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err);
 
 /* Masked-LM inputs, as Hugging Face's DataCollatorForLanguageModeling makes them: each of tokens[0..n) that
  * is not one of special[0..nspecial) (CLS, SEP, PAD: never chosen) is chosen with probability prob (0.15);
