@@ -1011,26 +1011,31 @@ void zt_bert_destroy(zt_bert *m)
     free(m);
 }
 
+/* Returns the model's configuration (valid while the model lives). */
 const zt_bert_config *zt_bert_get_config(const zt_bert *m)
 {
     return &m->cfg;
 }
 
+/* The largest micro-batch (B) the activations were sized for. */
 int zt_bert_max_batch(const zt_bert *m)
 {
     return m->max_B;
 }
 
+/* The longest sequence (T) the activations were sized for. */
 int zt_bert_max_seq(const zt_bert *m)
 {
     return m->max_T;
 }
 
+/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
 size_t zt_bert_num_params(const zt_bert *m)
 {
     return m->num_params;
 }
 
+/* Returns the number of parameter tensors. */
 int zt_bert_num_tensors(const zt_bert *m)
 {
     return m->num_tensors;
@@ -1043,6 +1048,7 @@ const zt_param_info *zt_bert_tensor(const zt_bert *m, int i)
     return &m->tensors[i];
 }
 
+/* Returns the number of blocks (num_hidden_layers + 2). */
 int zt_bert_num_blocks(const zt_bert *m)
 {
     return m->num_blocks;
@@ -1055,16 +1061,19 @@ const zt_block_info *zt_bert_block(const zt_bert *m, int i)
     return &m->blocks[i];
 }
 
+/* The block whose parameters the head pass reads; see bert.h. */
 int zt_bert_head_block(const zt_bert *m)
 {
     return m->cfg.head == ZT_BERT_HEAD_MLM ? 0 : m->cfg.num_hidden_layers + 1;
 }
 
+/* Returns the parameter slab (num_params floats), owned by the model. */
 float *zt_bert_params(zt_bert *m)
 {
     return m->params;
 }
 
+/* Returns the gradient slab (num_params floats, the parameters' layout), owned by the model. */
 float *zt_bert_grads(zt_bert *m)
 {
     return m->grads;
@@ -1391,11 +1400,13 @@ void zt_bert_backward(zt_bert *m, float loss_scale)
         zt_bert_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
 }
 
+/* Sets every gradient to zero. */
 void zt_bert_zero_grad(zt_bert *m)
 {
     memset(m->grads, 0, m->num_params * sizeof(float));
 }
 
+/* Returns the logits of the last forward pass (see bert.h for their shape and lifetime). */
 const float *zt_bert_logits(const zt_bert *m)
 {
     return m->logits;

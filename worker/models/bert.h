@@ -121,9 +121,10 @@ typedef struct zt_bert zt_bert; /* opaque */
 
 /* Creates a model with room for batches up to B x T (T <= zt_bert_config_max_seq). Parameters are
  * initialised as BertPreTrainedModel does: normal(0, initializer_range) for linear weights and embeddings
- * (the padding row of word and position embeddings zeroed, as nn.Embedding(padding_idx) and transformers
- * leave it), LayerNorm weights 1 and biases 0, every bias 0 (the decoder bias too), from a deterministic
- * generator seeded with seed (common/rng.h). Returns 0 or a code with a message. */
+ * (the word embeddings' pad_token_id row zeroed, and RoBERTa's position embeddings' too, as
+ * nn.Embedding(padding_idx) leaves them), LayerNorm weights 1 and biases 0, every bias 0 (the decoder bias
+ * too), from a deterministic generator seeded with seed (common/rng.h). Returns 0, ZT_EINVAL_CONFIG or
+ * ZT_ENOMEM with a message; free with zt_bert_destroy. */
 int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint64_t seed, zt_err *err);
 /* The tables (configuration, tensors, blocks) without slabs or activations: for planning. Only the layout
  * queries may be used on it. Free with zt_bert_destroy. */
@@ -155,7 +156,8 @@ void zt_bert_set_token_types(zt_bert *m, const int32_t *types);
 /* Forward pass over tokens [B,T]. With targets (the layouts above; -1 ignored) returns the mean loss over
  * the counted rows (0 when none) and keeps the activations for zt_bert_backward; with targets NULL only
  * fills the logits and returns 0. B and T may be smaller than at creation. Tokens outside the vocabulary,
- * targets outside [0, outputs) other than -1, and token types out of range are caller bugs (abort). */
+ * targets outside [0, outputs) other than -1, a classification target other than -1 after a sequence's
+ * first position, and token types out of range are caller bugs (abort). */
 float zt_bert_forward(zt_bert *m, const int32_t *tokens, const int32_t *targets, int B, int T);
 /* Backward of the last forward (which had targets): accumulates (+=) d(mean loss)/d(params) * loss_scale
  * into the gradient slab. */
