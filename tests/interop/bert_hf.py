@@ -170,7 +170,8 @@ def check_model(tool, arch, fields, B, T, tmp):
     if rel_back > 1e-6:
         problems.append(f"logits differ by {rel_back:.1e}")
     failures += not report(not problems, f"{arch} re-export loads in transformers",
-                           f"loss {back_loss:.9g}, logits relative {rel_back:.1e}" + "".join(f"; {p}" for p in problems))
+                           f"loss {back_loss:.9g}, logits relative {rel_back:.1e}"
+                           + "".join(f"; {p}" for p in problems))
     return failures
 
 

@@ -18,7 +18,7 @@ F16, LayerNorm gamma/beta, the position_ids buffer, the tied decoder, and a shar
 must give them back unchanged. Exits 0 when all checks pass, 1 on a mismatch, 77 (skipped) without numpy
 or safetensors.
 
-The helpers (CONFIGS, write_config, make_batch, write_batch, run_tool, read_logits, numpy_forward,
+The functions and tables (CONFIGS, write_config, make_batch, write_batch, run_tool, read_logits, numpy_forward,
 hf_shapes, random_weights) are also used by bert_hf.py.
 """
 import json

@@ -24,7 +24,7 @@
 #include "worker/models/model.h"
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* helpers                                                                                              */
+/* fixtures                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
 
 static char g_dir[256]; /* a temporary folder for the files of one test */
@@ -128,7 +128,8 @@ static batch make_batch(const zt_bert_config *c, int B, int T, const int *pad_ro
             x.tokens[i] = padded ? c->pad_token_id : tok >= c->pad_token_id ? tok + 1 : tok;
             x.types[i] = padded ? 0 : (int32_t)zt_rng_below(&r, (uint64_t)c->type_vocab_size);
             if (c->head == ZT_BERT_HEAD_MLM)
-                x.targets[i] = padded || zt_rng_uniform(&r) < 0.4 ? -1 : (int32_t)zt_rng_below(&r, (uint64_t)c->vocab_size);
+                x.targets[i] = padded || zt_rng_uniform(&r) < 0.4 ? -1
+                                                                  : (int32_t)zt_rng_below(&r, (uint64_t)c->vocab_size);
             else
                 x.targets[i] = t == 0 ? (int32_t)zt_rng_below(&r, (uint64_t)c->num_labels) : -1;
         }
@@ -387,8 +388,9 @@ static void test_layout(void **state)
             }
         const zt_param_info *last = zt_bert_tensor(m, zt_bert_num_tensors(m) - 1);
         assert_int_equal(last->block, L + 1);
-        const char *last_name = c.head == ZT_BERT_HEAD_MLM ? (c.roberta ? "lm_head.bias" : "cls.predictions.bias")
-                                                           : (c.roberta ? "classifier.out_proj.bias" : "classifier.bias");
+        const char *last_name = c.head == ZT_BERT_HEAD_MLM
+                                    ? (c.roberta ? "lm_head.bias" : "cls.predictions.bias")
+                                    : (c.roberta ? "classifier.out_proj.bias" : "classifier.bias");
         assert_string_equal(last->name, last_name);
         assert_int_equal(zt_bert_head_block(m), c.head == ZT_BERT_HEAD_MLM ? 0 : L + 1);
         zt_bert_destroy(m);

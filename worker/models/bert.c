@@ -349,8 +349,9 @@ static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_confi
         if (strcmp(name, known[i].name) != 0)
             continue;
         if (known[i].roberta != c->roberta)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: architectures names %s, but model_type is \"%s\" (make them agree)",
-                           r->where, name, c->roberta ? "roberta" : "bert");
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: architectures names %s, but model_type is \"%s\" (make them agree)", r->where, name,
+                           c->roberta ? "roberta" : "bert");
         c->head = known[i].head;
         return 0;
     }
@@ -401,8 +402,9 @@ static int read_labels(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, z
         snprintf(key, sizeof key, "%d", i);
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(id2label, key);
         if (!v)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label has %d labels but no label \"%s\" (ids run from 0 to %d)",
-                           r->where, n, key, n - 1);
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: id2label has %d labels but no label \"%s\" (ids run from 0 to %d)", r->where, n, key,
+                           n - 1);
         if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
             return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label[\"%s\"] must be a non-empty string", r->where, key);
         const size_t len = strlen(v->valuestring);
