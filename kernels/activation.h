@@ -1,7 +1,8 @@
-/* Activations: GELU with the tanh approximation (GPT-2, BERT's MLP), SwiGLU (LLaMA's MLP) and tanh (BERT's
- * pooler).
+/* Activations: GELU with the tanh approximation (GPT-2; Hugging Face's "gelu_new"), GELU in its exact form
+ * (BERT's and RoBERTa's "gelu"), SwiGLU (LLaMA's MLP) and tanh (BERT's pooler).
  *
  * GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+ * Exact GELU: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), PyTorch's nn.GELU() default.
  * SwiGLU over the packed output of one gate-and-up matmul: row n of inp [N,2F] holds the gate in columns
  * 0..F-1 and the up projection in columns F..2F-1, which is what a matmul produces whose weight [2F,C]
  * stacks the gate projection's rows above the up projection's (Hugging Face's gate_proj, then up_proj).
@@ -16,6 +17,11 @@
 void zt_cpu_gelu_forward(zt_real *out, const zt_real *inp, size_t n);
 /* Accumulates (+=) into dinp. */
 void zt_cpu_gelu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, size_t n);
+
+/* Exact GELU; out may equal inp. */
+void zt_cpu_gelu_erf_forward(zt_real *out, const zt_real *inp, size_t n);
+/* Accumulates (+=) dout * (Phi(x) + x phi(x)) into dinp, with phi the standard normal density. */
+void zt_cpu_gelu_erf_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, size_t n);
 
 /* Writes out [N,F] from inp [N,2F] (layout above). */
 void zt_cpu_swiglu_forward(zt_real *out, const zt_real *inp, int N, int F);
@@ -44,6 +50,11 @@ void zt_cuda_gelu_forward(void *out, const void *inp, size_t n, enum zt_dtype dt
 /* Accumulates (+=) into dinp. */
 void zt_cuda_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
                            cudaStream_t stream);
+/* Exact GELU (erff); out may equal inp. */
+void zt_cuda_gelu_erf_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream);
+/* Accumulates (+=) into dinp. */
+void zt_cuda_gelu_erf_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
+                               cudaStream_t stream);
 /* out [N,F] must not overlap inp [N,2F]. */
 void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype, cudaStream_t stream);
 /* Accumulates (+=) into dinp [N,2F]. */

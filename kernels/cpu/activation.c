@@ -1,4 +1,4 @@
-/* Activations, forward and backward: GELU with GPT-2's tanh approximation, SwiGLU and tanh. Element-wise,
+/* Activations, forward and backward: GELU with GPT-2's tanh approximation, exact GELU, SwiGLU and tanh. Element-wise,
  * so the split over threads never changes a result. */
 #include <stddef.h>
 
@@ -35,6 +35,32 @@ void zt_cpu_gelu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout
         zt_real du = (zt_real)ZT_GELU_SCALE * ((zt_real)1 + (zt_real)(3.0 * ZT_GELU_CUBIC) * x * x);
         zt_real grad = (zt_real)0.5 * ((zt_real)1 + th) + (zt_real)0.5 * x * sech2 * du;
         dinp[i] += grad * dout[i];
+    }
+}
+
+/* 1 / sqrt(2) and 1 / sqrt(2 pi) */
+#define ZT_GELU_ERF_SCALE 0.7071067811865476
+#define ZT_GELU_ERF_DENSITY 0.3989422804014327
+
+/* Writes out[i] = 0.5 x (1 + erf(x / sqrt(2))) with x = inp[i]. */
+void zt_cpu_gelu_erf_forward(zt_real *out, const zt_real *inp, size_t n)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (n >= ZT_GELU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        zt_real x = inp[i];
+        out[i] = (zt_real)0.5 * x * ((zt_real)1 + zt_real_erf(x * (zt_real)ZT_GELU_ERF_SCALE));
+    }
+}
+
+/* Adds dout[i] * (Phi(x) + x phi(x)) into dinp[i], x = inp[i]. */
+void zt_cpu_gelu_erf_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, size_t n)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (n >= ZT_GELU_PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        zt_real x = inp[i];
+        zt_real cdf = (zt_real)0.5 * ((zt_real)1 + zt_real_erf(x * (zt_real)ZT_GELU_ERF_SCALE));
+        zt_real pdf = (zt_real)ZT_GELU_ERF_DENSITY * zt_real_exp((zt_real)-0.5 * x * x);
+        dinp[i] += (cdf + x * pdf) * dout[i];
     }
 }
 

@@ -15,6 +15,7 @@
 #define zt_real_tanh tanh
 #define zt_real_cos cos
 #define zt_real_sin sin
+#define zt_real_erf erf
 #else
 #define zt_real_exp expf
 #define zt_real_log logf
@@ -22,6 +23,7 @@
 #define zt_real_tanh tanhf
 #define zt_real_cos cosf
 #define zt_real_sin sinf
+#define zt_real_erf erff
 #endif
 
 #endif

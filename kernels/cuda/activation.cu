@@ -1,10 +1,26 @@
-/* Activations on the GPU (kernels/activation.h): GELU (tanh approximation), SwiGLU and tanh, forward and
- * backward. Elementwise, one thread per 16 bytes, scalar code only for a ragged end or unaligned buffers
+/* Activations on the GPU (kernels/activation.h): GELU (tanh approximation and exact), SwiGLU and tanh,
+ * forward and backward. Elementwise, one thread per 16 bytes, scalar code only for a ragged end or unaligned buffers
  * (for SwiGLU: rows of F elements that are not a multiple of 16 bytes). */
 #include "kernels/activation.h"
 #include "kernels/cuda/cuda_utils.cuh"
 
-template <typename T>
+/* The exact GELU, x Phi(x), and its derivative Phi(x) + x phi(x). */
+__device__ __forceinline__ float zt_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+__device__ __forceinline__ float zt_gelu_erf_grad(float x)
+{
+    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    return cdf + x * 0.39894228040143268f * expf(-0.5f * x * x);
+}
+
+/* GELU in the form ERF selects (true: exact; false: tanh approximation) and its derivative. */
+template <bool ERF> __device__ __forceinline__ float gelu_of(float x) { return ERF ? zt_gelu_erf(x) : zt_gelu(x); }
+template <bool ERF> __device__ __forceinline__ float gelu_grad_of(float x)
+{
+    return ERF ? zt_gelu_erf_grad(x) : zt_gelu_grad(x);
+}
+
+template <typename T, bool ERF>
 static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool vec)
 {
     constexpr int VS = zt_vec<T>::size;
@@ -12,15 +28,15 @@ static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool 
     if (vec && i + VS <= n) {
         zt_vec<T> x = zt_load_vec_cs(inp + i), r;
         for (int k = 0; k < VS; k++)
-            r.v[k] = zt_from_float<T>(zt_gelu(zt_to_float(x.v[k])));
+            r.v[k] = zt_from_float<T>(gelu_of<ERF>(zt_to_float(x.v[k])));
         zt_store_vec(out + i, r);
     } else {
         for (size_t j = i; j < i + VS && j < n; j++)
-            out[j] = zt_from_float<T>(zt_gelu(zt_to_float(inp[j])));
+            out[j] = zt_from_float<T>(gelu_of<ERF>(zt_to_float(inp[j])));
     }
 }
 
-template <typename T>
+template <typename T, bool ERF>
 static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n, bool vec)
 {
     constexpr int VS = zt_vec<T>::size;
@@ -28,11 +44,13 @@ static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout
     if (vec && i + VS <= n) {
         zt_vec<T> x = zt_load_vec_cs(inp + i), g = zt_load_vec_cs(dout + i), d = zt_load_vec(dinp + i);
         for (int k = 0; k < VS; k++)
-            d.v[k] = zt_from_float<T>(zt_to_float(d.v[k]) + zt_gelu_grad(zt_to_float(x.v[k])) * zt_to_float(g.v[k]));
+            d.v[k] = zt_from_float<T>(zt_to_float(d.v[k]) +
+                                      gelu_grad_of<ERF>(zt_to_float(x.v[k])) * zt_to_float(g.v[k]));
         zt_store_vec(dinp + i, d);
     } else {
         for (size_t j = i; j < i + VS && j < n; j++)
-            dinp[j] = zt_from_float<T>(zt_to_float(dinp[j]) + zt_gelu_grad(zt_to_float(inp[j])) * zt_to_float(dout[j]));
+            dinp[j] = zt_from_float<T>(zt_to_float(dinp[j]) +
+                                       gelu_grad_of<ERF>(zt_to_float(inp[j])) * zt_to_float(dout[j]));
     }
 }
 
@@ -140,19 +158,20 @@ template <typename T> static unsigned elementwise_grid(size_t n, int block)
     return (unsigned)ZT_CEIL_DIV(ZT_CEIL_DIV(n, (size_t)zt_vec<T>::size), (size_t)block);
 }
 
-template <typename T> static void gelu_forward(T *out, const T *inp, size_t n, cudaStream_t stream)
+template <typename T, bool ERF> static void gelu_forward(T *out, const T *inp, size_t n, cudaStream_t stream)
 {
     const int block = 256;
     bool vec = zt_aligned16(out) && zt_aligned16(inp);
-    gelu_forward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(out, inp, n, vec);
+    gelu_forward_kernel<T, ERF><<<elementwise_grid<T>(n, block), block, 0, stream>>>(out, inp, n, vec);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T> static void gelu_backward(T *dinp, const T *inp, const T *dout, size_t n, cudaStream_t stream)
+template <typename T, bool ERF>
+static void gelu_backward(T *dinp, const T *inp, const T *dout, size_t n, cudaStream_t stream)
 {
     const int block = 256;
     bool vec = zt_aligned16(dinp) && zt_aligned16(inp) && zt_aligned16(dout);
-    gelu_backward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, n, vec);
+    gelu_backward_kernel<T, ERF><<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, n, vec);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
@@ -197,13 +216,13 @@ extern "C" void zt_cuda_gelu_forward(void *out, const void *inp, size_t n, enum 
         return;
     switch (dtype) {
     case ZT_DTYPE_F32:
-        gelu_forward((float *)out, (const float *)inp, n, stream);
+        gelu_forward<float, false>((float *)out, (const float *)inp, n, stream);
         break;
     case ZT_DTYPE_F16:
-        gelu_forward((__half *)out, (const __half *)inp, n, stream);
+        gelu_forward<__half, false>((__half *)out, (const __half *)inp, n, stream);
         break;
     case ZT_DTYPE_BF16:
-        gelu_forward((__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, n, stream);
+        gelu_forward<__nv_bfloat16, false>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, n, stream);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_forward", dtype);
@@ -217,16 +236,57 @@ extern "C" void zt_cuda_gelu_backward(void *dinp, const void *inp, const void *d
         return;
     switch (dtype) {
     case ZT_DTYPE_F32:
-        gelu_backward((float *)dinp, (const float *)inp, (const float *)dout, n, stream);
+        gelu_backward<float, false>((float *)dinp, (const float *)inp, (const float *)dout, n, stream);
         break;
     case ZT_DTYPE_F16:
-        gelu_backward((__half *)dinp, (const __half *)inp, (const __half *)dout, n, stream);
+        gelu_backward<__half, false>((__half *)dinp, (const __half *)inp, (const __half *)dout, n, stream);
         break;
     case ZT_DTYPE_BF16:
-        gelu_backward((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp, (const __nv_bfloat16 *)dout, n, stream);
+        gelu_backward<__nv_bfloat16, false>((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp,
+                                           (const __nv_bfloat16 *)dout, n, stream);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_backward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_gelu_erf_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        gelu_forward<float, true>((float *)out, (const float *)inp, n, stream);
+        break;
+    case ZT_DTYPE_F16:
+        gelu_forward<__half, true>((__half *)out, (const __half *)inp, n, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        gelu_forward<__nv_bfloat16, true>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)inp, n, stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_erf_forward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_gelu_erf_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
+                                          cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        gelu_backward<float, true>((float *)dinp, (const float *)inp, (const float *)dout, n, stream);
+        break;
+    case ZT_DTYPE_F16:
+        gelu_backward<__half, true>((__half *)dinp, (const __half *)inp, (const __half *)dout, n, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        gelu_backward<__nv_bfloat16, true>((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp,
+                                           (const __nv_bfloat16 *)dout, n, stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_erf_backward", dtype);
     }
 }
 

@@ -724,6 +724,19 @@ static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
     check_close(offset ? "gelu backward (unaligned)" : "gelu backward", dt, got, ref2, n, tol_of(dt));
     free(got);
 
+    /* Exact GELU: forward, then backward into a copy of the starting accumulator. */
+    zt_cuda_gelu_erf_forward(dout, dx, n, dt, g_stream);
+    got = dev_download(dout, n, dt);
+    zt_cpu_gelu_erf_forward(ref, x + offset, n);
+    check_close(offset ? "gelu_erf forward (unaligned)" : "gelu_erf forward", dt, got, ref, n, tol_of(dt));
+    free(got);
+    float *eacc = dev_download(dacc, n, dt);
+    zt_cuda_gelu_erf_backward(dacc, dx, dg, n, dt, g_stream);
+    got = dev_download(dacc, n, dt);
+    zt_cpu_gelu_erf_backward(eacc, x + offset, g + offset, n);
+    check_close(offset ? "gelu_erf backward (unaligned)" : "gelu_erf backward", dt, got, eacc, n, tol_of(dt));
+    free(got), free(eacc);
+
     /* tanh, backward from the forward's output (the GPU's, given to the CPU too). */
     zt_cuda_tanh_forward(dout, dx, n, dt, g_stream);
     got = dev_download(dout, n, dt);

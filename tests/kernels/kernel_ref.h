@@ -350,6 +350,17 @@ static inline double ref_gelu_grad(double x)
     return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
+/* Exact GELU, x Phi(x), and its derivative Phi(x) + x phi(x). */
+static inline double ref_gelu_erf(double x)
+{
+    return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+}
+
+static inline double ref_gelu_erf_grad(double x)
+{
+    return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
 static inline double ref_sigmoid(double x)
 {
     return 1.0 / (1.0 + exp(-x));

@@ -312,6 +312,16 @@ static void test_gelu_residual(void **state)
     expect_close_f("gelu forward", out, want, n, F32_TOL);
     expect_close_f("gelu backward", dinp, want_d, n, F32_TOL);
 
+    memset(dinp, 0, sizeof(float) * n);
+    zt_cpu_gelu_erf_forward(out, x, n);
+    zt_cpu_gelu_erf_backward(dinp, x, dout, n);
+    for (int i = 0; i < n; i++) {
+        want[i] = ref_gelu_erf(x_d[i]);
+        want_d[i] = ref_gelu_erf_grad(x_d[i]) * dout_d[i];
+    }
+    expect_close_f("gelu_erf forward", out, want, n, F32_TOL);
+    expect_close_f("gelu_erf backward", dinp, want_d, n, F32_TOL);
+
     zt_cpu_residual_forward(out, x, y, n);
     for (int i = 0; i < n; i++)
         assert_true(out[i] == x[i] + y[i]);

@@ -690,6 +690,46 @@ static void test_gelu(void **state)
     free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
 }
 
+/* Exact GELU (BERT's "gelu"). */
+static double gelu_erf_objective(void *p)
+{
+    struct gelu_ctx *c = p;
+    zt_cpu_gelu_erf_forward(c->out, c->inp, GELU_N);
+    return dot(c->out, c->w, GELU_N);
+}
+
+static void test_gelu_erf(void **state)
+{
+    (void)state;
+    struct gelu_ctx c;
+    c.inp = zero_array(GELU_N);
+    for (int i = 0; i < GELU_N; i++)
+        c.inp[i] = -4.0 + 8.0 * i / (GELU_N - 1) + 0.01 * rnd();
+    c.out = zero_array(GELU_N);
+    c.w = rnd_array(GELU_N);
+    double *want = zero_array(GELU_N);
+    gelu_erf_objective(&c);
+    for (int i = 0; i < GELU_N; i++)
+        want[i] = ref_gelu_erf(c.inp[i]);
+    expect_close("gelu_erf forward", c.out, want, GELU_N, 1e-14);
+
+    double *dinp = zero_array(GELU_N);
+    zt_cpu_gelu_erf_backward(dinp, c.inp, c.w, GELU_N);
+    expect_fd("gelu_erf dinp", c.inp, GELU_N, dinp, gelu_erf_objective, &c);
+
+    double *pre = rnd_array(GELU_N), *acc = malloc(sizeof(double) * GELU_N);
+    memcpy(acc, pre, sizeof(double) * GELU_N);
+    zt_cpu_gelu_erf_backward(acc, c.inp, c.w, GELU_N);
+    expect_accumulated("gelu_erf dinp +=", acc, pre, dinp, GELU_N);
+    /* The two forms differ (by up to ~5e-4 near |x| = 2): each is its own function. */
+    double *tanh_form = zero_array(GELU_N), worst = 0.0;
+    zt_cpu_gelu_forward(tanh_form, c.inp, GELU_N);
+    for (int i = 0; i < GELU_N; i++)
+        worst = fmax(worst, fabs(tanh_form[i] - c.out[i]));
+    assert_true(worst > 1e-5 && worst < 1e-3);
+    free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc); free(tanh_form);
+}
+
 /* ---- SwiGLU and tanh ---- */
 
 #define SWIGLU_N 3
@@ -1054,7 +1094,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_attention_gqa), cmocka_unit_test(test_attention_gqa_equivalences),
         cmocka_unit_test(test_attention_padding),
-        cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_gelu),         cmocka_unit_test(test_gelu_erf),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
         cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_classifier_head),

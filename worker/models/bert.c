@@ -1,0 +1,1793 @@
+/* BERT and RoBERTa on the CPU kernels: Hugging Face config.json reading and writing, the parameter layout in
+ * blocks, BertPreTrainedModel's initialisation, forward and backward passes with the masked-LM or the
+ * sequence-classification head, safetensors export/import with Hugging Face tensor names, and the
+ * masked-LM masking of inputs.
+ *
+ * As in worker/models/gpt2.c: one parameter slab, one gradient slab of the same layout, one activation slab
+ * carved at create time for the largest batch; the forward pass keeps what the backward pass reads, and the
+ * backward pass allocates nothing (its scratch is part of the activation slab, reused by every layer). */
+#include "worker/models/bert.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fileio.h"       /* zt_read_file, zt_write_file_atomic */
+#include "common/json.h"         /* strict reading of config.json */
+#include "common/log.h"          /* the initialisation of a large model is logged */
+#include "common/safetensors.h"  /* export and import */
+#include "kernels/activation.h"  /* exact and tanh GELU, tanh (pooler) */
+#include "kernels/attention.h"   /* bidirectional attention with a padding mask */
+#include "kernels/cpu_threads.h" /* threads for the initialisation */
+#include "kernels/crossentropy.h"
+#include "kernels/embedding.h" /* word + token type + position embeddings */
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"   /* linear layers and the tied decoder */
+#include "kernels/pooler.h"   /* the first token of each sequence */
+#include "kernels/residual.h" /* residual adds */
+
+/* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
+#define BERT_MAX_LAYERS 1024
+#define BERT_MAX_HIDDEN 65536
+#define BERT_MAX_INTERMEDIATE (1 << 20)
+#define BERT_MAX_POSITIONS (1 << 20)
+#define BERT_MAX_VOCAB (1 << 24)
+#define BERT_MAX_TYPES 1024
+
+#define IGNORE_INDEX (-1)
+
+/* Tensors of the embeddings (block 0), in slab order. */
+enum emb_tensor { E_WORD, E_POS, E_TYPE, E_LN_W, E_LN_B, E_COUNT };
+
+/* Tensors of one encoder layer, in slab order: q, k and v weights adjacent (one [3C, C] matrix), then their
+ * biases (one [3C] vector). */
+enum layer_tensor {
+    LT_Q_W, LT_K_W, LT_V_W, LT_Q_B, LT_K_B, LT_V_B,
+    LT_AO_W, LT_AO_B, LT_ALN_W, LT_ALN_B,
+    LT_I_W, LT_I_B, LT_O_W, LT_O_B, LT_OLN_W, LT_OLN_B,
+    LT_COUNT
+};
+
+/* Tensors of the head (block L+1), by head. */
+enum mlm_tensor { H_DENSE_W, H_DENSE_B, H_LN_W, H_LN_B, H_BIAS, H_MLM_COUNT };
+enum cls_tensor { H_POOL_W, H_POOL_B, H_CLS_W, H_CLS_B, H_CLS_COUNT };
+
+#define LAYER_TENSOR(l, k) (E_COUNT + (l) * LT_COUNT + (k))
+#define HEAD_TENSOR(m, k) (E_COUNT + (m)->cfg.num_hidden_layers * LT_COUNT + (k))
+
+/* What the forward pass keeps of one encoder layer for the backward pass. */
+typedef struct layer_acts {
+    float *qkv;                       /* [N,3C] */
+    float *atty, *att_lse;            /* [N,C] attention output; [B,NH,T] log-sum-exp per query row */
+    float *res1;                      /* [N,C] x + attention.output.dense(atty) */
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] attention.output.LayerNorm */
+    float *inter, *inter_act;         /* [N,I] intermediate.dense before and after GELU */
+    float *res2;                      /* [N,C] ln1 + output.dense(inter_act) */
+    float *out, *out_mean, *out_rstd; /* [N,C], [N], [N] output.LayerNorm: the layer's output */
+} layer_acts;
+
+struct zt_bert {
+    zt_bert_config cfg;
+    int max_B, max_T;
+
+    size_t num_params;
+    int num_tensors;
+    zt_param_info *tensors; /* [num_tensors] */
+    int num_blocks;
+    zt_block_info *blocks; /* [num_blocks] */
+    float *params;         /* [num_params] */
+    float *grads;          /* [num_params] */
+
+    /* Activation slab; N = B*T rows are used of max_B*max_T. */
+    float *acts;
+    float *emb, *emb_mean, *emb_rstd, *enc; /* [N,C] embedding sum, its LayerNorm stats, block 0's output */
+    layer_acts *layers;
+    /* masked-LM head */
+    float *tr_pre, *tr_act, *tr_ln, *tr_mean, *tr_rstd; /* [N,C] x3, [N] x2 */
+    float *dec_bias, *ddec_bias;                         /* [V] the decoder bias of block L+1; its gradient */
+    /* classification head */
+    float *first, *pool_pre, *pooled; /* [B,C] */
+    float *dpooled, *dpool_pre, *dfirst; /* [B,C] */
+    float *logits; /* [N,V] or [B,NL]; the logits' gradient after a backward pass */
+    float *losses; /* [N] or [B] */
+    /* backward scratch */
+    float *proj;              /* [N,C] a projection before its residual add (forward) */
+    float *dres;              /* [N,C] gradient of the residual stream (a block's output, then its input) */
+    float *dln;               /* [N,C] */
+    float *datty;             /* [N,C] */
+    float *dqkv;              /* [N,3C] */
+    float *dinter, *dinter_act; /* [N,I] */
+    int32_t *tokens;          /* [N] inputs of the last forward pass */
+    int32_t *types;           /* [N] their token types */
+    int32_t *targets;         /* [N] (masked LM) or [B] (classification) counted targets of the last forward */
+    int32_t *lens;            /* [B] tokens before each sequence's trailing padding */
+    const int32_t *next_types; /* set by zt_bert_set_token_types for the next forward_begin; borrowed */
+
+    int B, T;           /* shape of the last forward pass */
+    bool have_targets;  /* the last forward pass had targets and no backward has consumed it */
+    int n_valid;        /* counted targets of the last forward pass */
+    int n_correct;      /* of which the argmax got right */
+    bool backward_skip; /* the running backward pass has nothing to do (no counted target) */
+};
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Configuration                                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Sets bert-base-uncased's values with the masked-LM head. */
+void zt_bert_config_default(zt_bert_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->roberta = false;
+    cfg->head = ZT_BERT_HEAD_MLM;
+    cfg->vocab_size = 30522;
+    cfg->hidden_size = 768;
+    cfg->num_hidden_layers = 12;
+    cfg->num_attention_heads = 12;
+    cfg->intermediate_size = 3072;
+    cfg->max_position_embeddings = 512;
+    cfg->type_vocab_size = 2;
+    cfg->pad_token_id = 0;
+    cfg->hidden_act = ZT_BERT_ACT_GELU;
+    cfg->layer_norm_eps = 1e-12f;
+    cfg->initializer_range = 0.02f;
+    cfg->num_labels = 2;
+}
+
+/* Sets roberta-base's values with the masked-LM head. */
+void zt_bert_config_default_roberta(zt_bert_config *cfg)
+{
+    zt_bert_config_default(cfg);
+    cfg->roberta = true;
+    cfg->vocab_size = 50265;
+    cfg->max_position_embeddings = 514;
+    cfg->type_vocab_size = 1;
+    cfg->pad_token_id = 1;
+    cfg->layer_norm_eps = 1e-5f;
+}
+
+/* The longest sequence cfg serves; see bert.h. */
+int zt_bert_config_max_seq(const zt_bert_config *cfg)
+{
+    return cfg->roberta ? cfg->max_position_embeddings - cfg->pad_token_id - 1 : cfg->max_position_embeddings;
+}
+
+/* Outputs of the head per scored row. */
+int zt_bert_config_outputs(const zt_bert_config *cfg)
+{
+    return cfg->head == ZT_BERT_HEAD_MLM ? cfg->vocab_size : cfg->num_labels;
+}
+
+/* Hugging Face's class for cfg. */
+const char *zt_bert_config_architecture(const zt_bert_config *cfg)
+{
+    if (cfg->head == ZT_BERT_HEAD_MLM)
+        return cfg->roberta ? "RobertaForMaskedLM" : "BertForMaskedLM";
+    return cfg->roberta ? "RobertaForSequenceClassification" : "BertForSequenceClassification";
+}
+
+/* The name of label i: its stored name, or LABEL_<i>. */
+const char *zt_bert_config_label(const zt_bert_config *cfg, int i, char *buf, size_t cap)
+{
+    ZT_ASSERT(i >= 0 && i < cfg->num_labels);
+    if (cfg->label_names[0]) {
+        const char *s = cfg->label_names;
+        for (int k = 0; k < i; k++)
+            s += strlen(s) + 1;
+        return s;
+    }
+    snprintf(buf, cap, "LABEL_%d", i);
+    return buf;
+}
+
+/* Validation with the source named in messages. */
+static int validate_config(const zt_bert_config *c, const char *where, zt_err *err)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+        int max;
+    } sizes[] = {
+        {"vocab_size", offsetof(zt_bert_config, vocab_size), BERT_MAX_VOCAB},
+        {"hidden_size", offsetof(zt_bert_config, hidden_size), BERT_MAX_HIDDEN},
+        {"num_hidden_layers", offsetof(zt_bert_config, num_hidden_layers), BERT_MAX_LAYERS},
+        {"num_attention_heads", offsetof(zt_bert_config, num_attention_heads), BERT_MAX_HIDDEN},
+        {"intermediate_size", offsetof(zt_bert_config, intermediate_size), BERT_MAX_INTERMEDIATE},
+        {"max_position_embeddings", offsetof(zt_bert_config, max_position_embeddings), BERT_MAX_POSITIONS},
+        {"type_vocab_size", offsetof(zt_bert_config, type_vocab_size), BERT_MAX_TYPES},
+        {"num_labels", offsetof(zt_bert_config, num_labels), ZT_BERT_MAX_LABELS},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int v = *(const int *)((const char *)c + sizes[i].offset);
+        if (v < 1 || v > sizes[i].max)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from 1 to %d, got %d", where, sizes[i].name,
+                           sizes[i].max, v);
+    }
+    if (c->hidden_size % c->num_attention_heads != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: hidden_size %d is not divisible by num_attention_heads %d (every head gets hidden_size / "
+                       "num_attention_heads channels: choose a head count that divides hidden_size)",
+                       where, c->hidden_size, c->num_attention_heads);
+    if (c->pad_token_id < 0 || c->pad_token_id >= c->vocab_size)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: pad_token_id %d is not a token id below vocab_size %d", where,
+                       c->pad_token_id, c->vocab_size);
+    if (c->roberta && zt_bert_config_max_seq(c) < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: max_position_embeddings %d leaves no position for RoBERTa, whose positions start at "
+                       "pad_token_id + 1 = %d (make max_position_embeddings larger)",
+                       where, c->max_position_embeddings, c->pad_token_id + 1);
+    if (!(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_eps must be between 0 and 1 (exclusive), got %g", where,
+                       (double)c->layer_norm_eps);
+    if (!(c->initializer_range > 0.0f && c->initializer_range <= 10.0f))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be above 0 and at most 10, got %g", where,
+                       (double)c->initializer_range);
+    if (c->hidden_act != ZT_BERT_ACT_GELU && c->hidden_act != ZT_BERT_ACT_GELU_TANH)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown hidden_act %d", where, (int)c->hidden_act);
+    if (c->head != ZT_BERT_HEAD_MLM && c->head != ZT_BERT_HEAD_CLASSIFY)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown head %d", where, (int)c->head);
+    if (c->head == ZT_BERT_HEAD_CLASSIFY && c->num_labels < 2)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: num_labels is 1, which transformers treats as regression (mean squared error); ztrain's "
+                       "classification head needs at least 2 labels",
+                       where);
+    if (c->label_names[0]) {
+        /* num_labels NUL-terminated names inside the buffer */
+        size_t at = 0;
+        for (int i = 0; i < c->num_labels; i++) {
+            const char *nul = at < sizeof c->label_names
+                                  ? memchr(c->label_names + at, '\0', sizeof c->label_names - at)
+                                  : NULL;
+            if (!nul || c->label_names[at] == '\0')
+                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the label names do not hold %d non-empty names", where,
+                               c->num_labels);
+            at = (size_t)(nul - c->label_names) + 1;
+        }
+    }
+    return 0;
+}
+
+/* Checks ranges and consistency of cfg. */
+int zt_bert_config_validate(const zt_bert_config *cfg, zt_err *err)
+{
+    return validate_config(cfg, "model config", err);
+}
+
+/* Fields every transformers config may carry that do not change the math: accepted and ignored. */
+static const char *const ignored_keys[] = {
+    /* BertConfig / RobertaConfig */
+    "use_cache", "gradient_checkpointing", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id",
+    "mask_token_id", "chunk_size_feed_forward", "output_past",
+    /* PretrainedConfig bookkeeping */
+    "transformers_version", "_name_or_path", "_commit_hash", "_attn_implementation",
+    "_attn_implementation_internal", "_attn_implementation_autoset", "_experts_implementation",
+    "attn_implementation", "name_or_path", "return_dict", "use_return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "cross_attention_hidden_size",
+    "tie_encoder_decoder", "finetuning_task", "tokenizer_class", "prefix", "decoder_start_token_id",
+    "task_specific_params", "torch_dtype", "dtype",
+    /* generation defaults that older transformers versions saved in every config */
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "output_logits",
+};
+
+static bool is_ignored_key(const char *key)
+{
+    for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
+        if (strcmp(key, ignored_keys[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Reads an int field into *out when present. */
+static int get_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, zt_err *err)
+{
+    int64_t v = INT64_MIN;
+    int rc = zt_json_get_int(r, key, min, max, &v, err);
+    if (rc == 0 && v != INT64_MIN)
+        *out = (int)v;
+    return rc;
+}
+
+/* A bool field that ztrain supports with one value only. */
+static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
+{
+    bool v = required;
+    int rc = zt_json_get_bool(r, key, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v != required)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
+                       v ? "true" : "false", required ? "true" : "false", why);
+    return 0;
+}
+
+/* A dropout probability: null or a number in [0,1], accepted and unused (ztrain trains without dropout). */
+static int accept_probability(zt_json_reader *r, const cJSON *obj, const char *key, bool nullable, zt_err *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (v && nullable && cJSON_IsNull(v)) {
+        zt_json_accept(r, key);
+        return 0;
+    }
+    double p = 0.0;
+    return zt_json_get_double(r, key, 0.0, 1.0, &p, err);
+}
+
+/* Reads the head from "architectures" (a list of one class name, as transformers writes it). */
+static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, zt_err *err)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
+    if (!a)
+        return 0;
+    zt_json_accept(r, "architectures");
+    if (cJSON_IsNull(a))
+        return 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 1 || !cJSON_IsString(a->child))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: architectures must be a list of one class name, such as [\"BertForMaskedLM\"]", r->where);
+    const char *name = a->child->valuestring;
+    static const struct {
+        const char *name;
+        bool roberta;
+        enum zt_bert_head head;
+    } known[] = {
+        {"BertForMaskedLM", false, ZT_BERT_HEAD_MLM},
+        {"BertForSequenceClassification", false, ZT_BERT_HEAD_CLASSIFY},
+        {"RobertaForMaskedLM", true, ZT_BERT_HEAD_MLM},
+        {"RobertaForSequenceClassification", true, ZT_BERT_HEAD_CLASSIFY},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(name, known[i].name) != 0)
+            continue;
+        if (known[i].roberta != c->roberta)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: architectures names %s, but model_type is \"%s\" (make them agree)", r->where, name,
+                           c->roberta ? "roberta" : "bert");
+        c->head = known[i].head;
+        return 0;
+    }
+    return zt_fail(err, ZT_EINVAL_CONFIG,
+                   "%s: architectures names %s, but ztrain's BERT and RoBERTa have the heads of %s and %s (a "
+                   "masked-LM or a sequence-classification head)",
+                   r->where, name, c->roberta ? "RobertaForMaskedLM" : "BertForMaskedLM",
+                   c->roberta ? "RobertaForSequenceClassification" : "BertForSequenceClassification");
+}
+
+/* Reads num_labels, id2label and label2id: id2label maps "0".."n-1" to names, label2id is its inverse. */
+static int read_labels(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, zt_err *err)
+{
+    int num_labels = 0;
+    int rc = get_int(r, "num_labels", 1, ZT_BERT_MAX_LABELS, &num_labels, err);
+    if (rc < 0)
+        return rc;
+    const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(obj, "id2label");
+    const cJSON *label2id = cJSON_GetObjectItemCaseSensitive(obj, "label2id");
+    if (id2label)
+        zt_json_accept(r, "id2label");
+    if (label2id)
+        zt_json_accept(r, "label2id");
+    if (!id2label) {
+        if (label2id && !cJSON_IsNull(label2id))
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id without id2label (give both, or neither)", r->where);
+        if (num_labels > 0 && num_labels != c->num_labels) {
+            c->num_labels = num_labels;
+            c->label_names[0] = '\0';
+        }
+        return 0;
+    }
+    if (!cJSON_IsObject(id2label) || !id2label->child)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label must be an object of label ids to names, such as "
+                       "{\"0\": \"negative\", \"1\": \"positive\"}", r->where);
+    const int n = cJSON_GetArraySize(id2label);
+    if (n > ZT_BERT_MAX_LABELS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label has %d labels, more than ztrain's %d", r->where, n,
+                       ZT_BERT_MAX_LABELS);
+    if (num_labels > 0 && num_labels != n)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_labels is %d but id2label has %d labels (make them agree)",
+                       r->where, num_labels, n);
+    char text[ZT_BERT_LABEL_TEXT];
+    size_t at = 0;
+    bool all_default = true;
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(id2label, key);
+        if (!v)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: id2label has %d labels but no label \"%s\" (ids run from 0 to %d)", r->where, n, key,
+                           n - 1);
+        if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label[\"%s\"] must be a non-empty string", r->where, key);
+        const size_t len = strlen(v->valuestring);
+        if (at + len + 1 > sizeof text)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the names in id2label take more than ztrain's %d bytes "
+                           "(shorten them)", r->where, ZT_BERT_LABEL_TEXT);
+        memcpy(text + at, v->valuestring, len + 1);
+        at += len + 1;
+        char def[32];
+        snprintf(def, sizeof def, "LABEL_%d", i);
+        all_default = all_default && strcmp(v->valuestring, def) == 0;
+        if (label2id && !cJSON_IsNull(label2id)) {
+            const cJSON *id = cJSON_IsObject(label2id) ? cJSON_GetObjectItemCaseSensitive(label2id, v->valuestring)
+                                                        : NULL;
+            if (!cJSON_IsNumber(id) || id->valuedouble != (double)i)
+                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id[\"%s\"] must be %d, the inverse of id2label",
+                               r->where, v->valuestring, i);
+        }
+    }
+    if (label2id && !cJSON_IsNull(label2id) && cJSON_GetArraySize(label2id) != n)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id has %d entries but id2label %d (label2id must be the "
+                       "inverse of id2label)", r->where, cJSON_GetArraySize(label2id), n);
+    c->num_labels = n;
+    if (all_default)
+        c->label_names[0] = '\0';
+    else
+        memcpy(c->label_names, text, at);
+    return 0;
+}
+
+/* Fills cfg from a Hugging Face BERT or RoBERTa config.json object; see bert.h. */
+int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
+    zt_bert_config c = *cfg;
+    zt_json_reader r;
+    int rc;
+    if (!cJSON_IsObject(obj))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
+    int nkeys = cJSON_GetArraySize(obj);
+    if (nkeys > ZT_JSON_MAX_KEYS - 32)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d fields is more than a BERT config.json has (at most %d)", where,
+                       nkeys, ZT_JSON_MAX_KEYS - 32);
+    zt_json_reader_init(&r, obj, where);
+
+    char text[64] = "";
+    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+        return rc;
+    if (text[0]) {
+        if (strcmp(text, "bert") != 0 && strcmp(text, "roberta") != 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: model_type is \"%s\", but this loader reads \"bert\" and \"roberta\" configs", where,
+                           text);
+        const bool roberta = strcmp(text, "roberta") == 0;
+        if (roberta != c.roberta) {
+            const enum zt_bert_head head = c.head;
+            if (roberta)
+                zt_bert_config_default_roberta(&c);
+            else
+                zt_bert_config_default(&c);
+            c.head = head;
+        }
+    }
+    if ((rc = read_architectures(&r, obj, &c, err)) < 0)
+        return rc;
+
+    static const struct {
+        const char *key;
+        int64_t max;
+        size_t offset;
+    } sizes[] = {
+        {"vocab_size", BERT_MAX_VOCAB, offsetof(zt_bert_config, vocab_size)},
+        {"hidden_size", BERT_MAX_HIDDEN, offsetof(zt_bert_config, hidden_size)},
+        {"num_hidden_layers", BERT_MAX_LAYERS, offsetof(zt_bert_config, num_hidden_layers)},
+        {"num_attention_heads", BERT_MAX_HIDDEN, offsetof(zt_bert_config, num_attention_heads)},
+        {"intermediate_size", BERT_MAX_INTERMEDIATE, offsetof(zt_bert_config, intermediate_size)},
+        {"max_position_embeddings", BERT_MAX_POSITIONS, offsetof(zt_bert_config, max_position_embeddings)},
+        {"type_vocab_size", BERT_MAX_TYPES, offsetof(zt_bert_config, type_vocab_size)},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if ((rc = get_int(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), err)) < 0)
+            return rc;
+    const cJSON *pad = cJSON_GetObjectItemCaseSensitive(obj, "pad_token_id");
+    if (pad && !cJSON_IsNumber(pad))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: pad_token_id must be the padding token's id (a whole number), as BERT and RoBERTa "
+                       "tokenizers have one",
+                       where);
+    if ((rc = get_int(&r, "pad_token_id", 0, BERT_MAX_VOCAB, &c.pad_token_id, err)) < 0)
+        return rc;
+
+    text[0] = '\0';
+    if ((rc = zt_json_get_string(&r, "hidden_act", text, sizeof text, err)) < 0)
+        return rc;
+    if (text[0]) {
+        if (strcmp(text, "gelu") == 0)
+            c.hidden_act = ZT_BERT_ACT_GELU;
+        else if (strcmp(text, "gelu_new") == 0 || strcmp(text, "gelu_pytorch_tanh") == 0)
+            c.hidden_act = ZT_BERT_ACT_GELU_TANH;
+        else
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: hidden_act is \"%s\", but ztrain implements \"gelu\" (exact) and \"gelu_new\" (tanh "
+                           "approximation)",
+                           where, text);
+    }
+    text[0] = '\0';
+    if ((rc = zt_json_get_string(&r, "position_embedding_type", text, sizeof text, err)) < 0)
+        return rc;
+    if (text[0] && strcmp(text, "absolute") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: position_embedding_type is \"%s\", but ztrain implements only \"absolute\" positions",
+                       where, text);
+    const cJSON *problem = cJSON_GetObjectItemCaseSensitive(obj, "problem_type");
+    if (problem && cJSON_IsNull(problem)) {
+        zt_json_accept(&r, "problem_type");
+    } else {
+        text[0] = '\0';
+        if ((rc = zt_json_get_string(&r, "problem_type", text, sizeof text, err)) < 0)
+            return rc;
+        if (text[0] && strcmp(text, "single_label_classification") != 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: problem_type is \"%s\", but ztrain implements only \"single_label_classification\" "
+                           "(cross-entropy, one label per sequence)",
+                           where, text);
+    }
+
+    double v = c.layer_norm_eps;
+    if ((rc = zt_json_get_double(&r, "layer_norm_eps", 0.0, 1.0, &v, err)) < 0)
+        return rc;
+    c.layer_norm_eps = (float)v;
+    v = c.initializer_range;
+    if ((rc = zt_json_get_double(&r, "initializer_range", 0.0, 10.0, &v, err)) < 0)
+        return rc;
+    c.initializer_range = (float)v;
+    if ((rc = accept_probability(&r, obj, "hidden_dropout_prob", false, err)) < 0 ||
+        (rc = accept_probability(&r, obj, "attention_probs_dropout_prob", false, err)) < 0 ||
+        (rc = accept_probability(&r, obj, "classifier_dropout", true, err)) < 0)
+        return rc;
+    if ((rc = read_labels(&r, obj, &c, err)) < 0)
+        return rc;
+
+    if ((rc = require_bool(&r, "tie_word_embeddings", true, "the masked-LM decoder is the word embeddings", err)) < 0 ||
+        (rc = require_bool(&r, "is_decoder", false, "BERT is a bidirectional encoder", err)) < 0 ||
+        (rc = require_bool(&r, "add_cross_attention", false, "an encoder without cross-attention", err)) < 0 ||
+        (rc = require_bool(&r, "is_encoder_decoder", false, "an encoder alone", err)) < 0)
+        return rc;
+    const cJSON *pruned = cJSON_GetObjectItemCaseSensitive(obj, "pruned_heads");
+    if (pruned) {
+        if (!(cJSON_IsNull(pruned) || (cJSON_IsObject(pruned) && pruned->child == NULL)))
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: pruned_heads is not empty, but ztrain supports only models with all heads", where);
+        zt_json_accept(&r, "pruned_heads");
+    }
+    for (const cJSON *item = obj->child; item; item = item->next)
+        if (item->string && is_ignored_key(item->string))
+            zt_json_accept(&r, item->string);
+    if ((rc = zt_json_reader_finish(&r, err)) < 0)
+        return rc;
+    if ((rc = validate_config(&c, where, err)) < 0)
+        return rc;
+    *cfg = c;
+    return 0;
+}
+
+/* Reads a config.json file; absent fields take the defaults of its model_type. */
+int zt_bert_config_load(zt_bert_config *cfg, const char *path, zt_err *err)
+{
+    cJSON *obj = NULL;
+    int rc = zt_json_load_object(path, &obj, err);
+    if (rc < 0)
+        return rc;
+    zt_bert_config c;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "model_type");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "roberta") == 0)
+        zt_bert_config_default_roberta(&c);
+    else
+        zt_bert_config_default(&c);
+    rc = zt_bert_config_from_json(&c, obj, path, err);
+    cJSON_Delete(obj);
+    if (rc == 0)
+        *cfg = c;
+    return rc;
+}
+
+/* The shortest decimal that reads back as the same float (1e-12f is written 1e-12). */
+static double short_decimal(float f)
+{
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if ((float)strtod(buf, NULL) == f)
+            return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+/* Writes cfg as a Hugging Face config.json, keys sorted as transformers writes them, atomically. */
+int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err)
+{
+    int rc = validate_config(cfg, path, err);
+    if (rc < 0)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(zt_bert_config_architecture(cfg)));
+    cJSON_AddNumberToObject(o, "attention_probs_dropout_prob", 0.0);
+    cJSON_AddNullToObject(o, "classifier_dropout");
+    cJSON_AddStringToObject(o, "hidden_act", cfg->hidden_act == ZT_BERT_ACT_GELU ? "gelu" : "gelu_new");
+    cJSON_AddNumberToObject(o, "hidden_dropout_prob", 0.0);
+    cJSON_AddNumberToObject(o, "hidden_size", cfg->hidden_size);
+    const bool labels = cfg->head == ZT_BERT_HEAD_CLASSIFY || cfg->num_labels != 2 || cfg->label_names[0];
+    if (labels) {
+        cJSON *id2label = cJSON_AddObjectToObject(o, "id2label");
+        for (int i = 0; i < cfg->num_labels; i++) {
+            char key[16], buf[32];
+            snprintf(key, sizeof key, "%d", i);
+            cJSON_AddStringToObject(id2label, key, zt_bert_config_label(cfg, i, buf, sizeof buf));
+        }
+    }
+    cJSON_AddItemToObject(o, "initializer_range", zt_json_exact_double(short_decimal(cfg->initializer_range)));
+    cJSON_AddNumberToObject(o, "intermediate_size", cfg->intermediate_size);
+    if (labels) {
+        cJSON *label2id = cJSON_AddObjectToObject(o, "label2id");
+        for (int i = 0; i < cfg->num_labels; i++) {
+            char buf[32];
+            cJSON_AddNumberToObject(label2id, zt_bert_config_label(cfg, i, buf, sizeof buf), i);
+        }
+    }
+    cJSON_AddItemToObject(o, "layer_norm_eps", zt_json_exact_double(short_decimal(cfg->layer_norm_eps)));
+    cJSON_AddNumberToObject(o, "max_position_embeddings", cfg->max_position_embeddings);
+    cJSON_AddStringToObject(o, "model_type", cfg->roberta ? "roberta" : "bert");
+    cJSON_AddNumberToObject(o, "num_attention_heads", cfg->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", cfg->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "pad_token_id", cfg->pad_token_id);
+    cJSON_AddStringToObject(o, "position_embedding_type", "absolute");
+    if (cfg->head == ZT_BERT_HEAD_CLASSIFY)
+        cJSON_AddStringToObject(o, "problem_type", "single_label_classification");
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddNumberToObject(o, "type_vocab_size", cfg->type_vocab_size);
+    cJSON_AddTrueToObject(o, "use_cache");
+    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
+    char *json = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!json)
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
+    const size_t len = strlen(json);
+    char *with_newline = zt_xmalloc(len + 2);
+    memcpy(with_newline, json, len);
+    with_newline[len] = '\n';
+    with_newline[len + 1] = '\0';
+    cJSON_free(json);
+    rc = zt_write_file_atomic(path, with_newline, len + 1, err);
+    free(with_newline);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Parameter layout                                                                                     */
+/* ---------------------------------------------------------------------------------------------------- */
+
+static int head_count(const zt_bert_config *cfg)
+{
+    return cfg->head == ZT_BERT_HEAD_MLM ? H_MLM_COUNT : H_CLS_COUNT;
+}
+
+static int count_tensors(const zt_bert_config *cfg)
+{
+    return E_COUNT + cfg->num_hidden_layers * LT_COUNT + head_count(cfg);
+}
+
+/* Appends one tensor (d1 = 0: a vector) to the table at *offset (elements) and advances it. */
+static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1)
+{
+    memset(t, 0, sizeof *t);
+    int n = snprintf(t->name, sizeof t->name, "%s", name);
+    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->offset = *offset;
+    t->block = block;
+    t->weight_decay = t->ndim == 2; /* not biases and LayerNorm parameters */
+    t->transposed_in_hf = false;
+    *offset += t->numel;
+}
+
+/* Fills tensors[count_tensors(cfg)] and blocks[L + 2] with Hugging Face's names; returns the parameter count. */
+static size_t build_layout(const zt_bert_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
+{
+    const int64_t C = cfg->hidden_size, V = cfg->vocab_size, I = cfg->intermediate_size;
+    const char *prefix = cfg->roberta ? "roberta." : "bert.";
+    const int L = cfg->num_hidden_layers;
+    size_t off = 0;
+    int i = 0;
+    char name[96];
+
+    blocks[0].offset = off;
+    static const char *const emb[E_COUNT] = {"word_embeddings.weight", "position_embeddings.weight",
+                                             "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"};
+    const int64_t emb_rows[E_COUNT] = {V, cfg->max_position_embeddings, cfg->type_vocab_size, C, C};
+    for (int k = 0; k < E_COUNT; k++) {
+        snprintf(name, sizeof name, "%sembeddings.%s", prefix, emb[k]);
+        add_tensor(&tensors[i++], 0, &off, name, emb_rows[k], k < E_LN_W ? C : 0);
+    }
+    blocks[0].numel = off - blocks[0].offset;
+
+    static const struct {
+        const char *suffix;
+        char out, in; /* 'C', 'I', or 0 for a vector */
+    } lt[LT_COUNT] = {
+        [LT_Q_W] = {"attention.self.query.weight", 'C', 'C'},   [LT_K_W] = {"attention.self.key.weight", 'C', 'C'},
+        [LT_V_W] = {"attention.self.value.weight", 'C', 'C'},   [LT_Q_B] = {"attention.self.query.bias", 'C', 0},
+        [LT_K_B] = {"attention.self.key.bias", 'C', 0},         [LT_V_B] = {"attention.self.value.bias", 'C', 0},
+        [LT_AO_W] = {"attention.output.dense.weight", 'C', 'C'}, [LT_AO_B] = {"attention.output.dense.bias", 'C', 0},
+        [LT_ALN_W] = {"attention.output.LayerNorm.weight", 'C', 0},
+        [LT_ALN_B] = {"attention.output.LayerNorm.bias", 'C', 0},
+        [LT_I_W] = {"intermediate.dense.weight", 'I', 'C'},     [LT_I_B] = {"intermediate.dense.bias", 'I', 0},
+        [LT_O_W] = {"output.dense.weight", 'C', 'I'},           [LT_O_B] = {"output.dense.bias", 'C', 0},
+        [LT_OLN_W] = {"output.LayerNorm.weight", 'C', 0},       [LT_OLN_B] = {"output.LayerNorm.bias", 'C', 0},
+    };
+    for (int l = 0; l < L; l++) {
+        blocks[1 + l].offset = off;
+        for (int k = 0; k < LT_COUNT; k++) {
+            snprintf(name, sizeof name, "%sencoder.layer.%d.%s", prefix, l, lt[k].suffix);
+            const int64_t d0 = lt[k].out == 'I' ? I : C;
+            const int64_t d1 = lt[k].in == 0 ? 0 : lt[k].in == 'I' ? I : C;
+            add_tensor(&tensors[i++], 1 + l, &off, name, d0, d1);
+        }
+        blocks[1 + l].numel = off - blocks[1 + l].offset;
+    }
+
+    const int h = L + 1;
+    blocks[h].offset = off;
+    if (cfg->head == ZT_BERT_HEAD_MLM) {
+        static const char *const bert_names[H_MLM_COUNT] = {
+            "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
+            "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.bias",
+            "cls.predictions.bias"};
+        static const char *const roberta_names[H_MLM_COUNT] = {"lm_head.dense.weight", "lm_head.dense.bias",
+                                                               "lm_head.layer_norm.weight", "lm_head.layer_norm.bias",
+                                                               "lm_head.bias"};
+        const char *const *names = cfg->roberta ? roberta_names : bert_names;
+        add_tensor(&tensors[i++], h, &off, names[H_DENSE_W], C, C);
+        add_tensor(&tensors[i++], h, &off, names[H_DENSE_B], C, 0);
+        add_tensor(&tensors[i++], h, &off, names[H_LN_W], C, 0);
+        add_tensor(&tensors[i++], h, &off, names[H_LN_B], C, 0);
+        add_tensor(&tensors[i++], h, &off, names[H_BIAS], V, 0);
+    } else {
+        const int64_t NL = cfg->num_labels;
+        char pool_w[64], pool_b[64];
+        snprintf(pool_w, sizeof pool_w, "%s", cfg->roberta ? "classifier.dense.weight" : "bert.pooler.dense.weight");
+        snprintf(pool_b, sizeof pool_b, "%s", cfg->roberta ? "classifier.dense.bias" : "bert.pooler.dense.bias");
+        add_tensor(&tensors[i++], h, &off, pool_w, C, C);
+        add_tensor(&tensors[i++], h, &off, pool_b, C, 0);
+        add_tensor(&tensors[i++], h, &off, cfg->roberta ? "classifier.out_proj.weight" : "classifier.weight", NL, C);
+        add_tensor(&tensors[i++], h, &off, cfg->roberta ? "classifier.out_proj.bias" : "classifier.bias", NL, 0);
+    }
+    blocks[h].numel = off - blocks[h].offset;
+    ZT_ASSERT(i == count_tensors(cfg));
+    return off;
+}
+
+/* The parameter count of cfg's shape, by formula. */
+size_t zt_bert_config_num_params(const zt_bert_config *cfg)
+{
+    const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
+    const size_t emb = (V + (size_t)cfg->max_position_embeddings + (size_t)cfg->type_vocab_size) * C + 2 * C;
+    const size_t layer = 3 * (C * C + C) + (C * C + C) + 2 * C + (I * C + I) + (C * I + C) + 2 * C;
+    const size_t head = cfg->head == ZT_BERT_HEAD_MLM ? C * C + C + 2 * C + V
+                                                      : C * C + C + (size_t)cfg->num_labels * (C + 1);
+    return emb + (size_t)cfg->num_hidden_layers * layer + head;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Creation                                                                                             */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Hands out n floats from base (or only counts them when base is NULL). */
+static float *take(float *base, size_t *used, size_t n)
+{
+    float *p = base ? base + *used : NULL;
+    *used += n;
+    return p;
+}
+
+/* Carves the activation slab at base for max_B x max_T rows; returns its size in floats (base NULL: counts). */
+static size_t carve_acts(zt_bert *m, float *base)
+{
+    const size_t B = (size_t)m->max_B, N = B * (size_t)m->max_T;
+    const size_t C = (size_t)m->cfg.hidden_size, I = (size_t)m->cfg.intermediate_size;
+    const size_t V = (size_t)m->cfg.vocab_size, NH = (size_t)m->cfg.num_attention_heads;
+    const bool mlm = m->cfg.head == ZT_BERT_HEAD_MLM;
+    size_t used = 0;
+    m->emb = take(base, &used, N * C);
+    m->emb_mean = take(base, &used, N);
+    m->emb_rstd = take(base, &used, N);
+    m->enc = take(base, &used, N * C);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        layer_acts *a = &m->layers[l];
+        a->qkv = take(base, &used, N * 3 * C);
+        a->atty = take(base, &used, N * C);
+        a->att_lse = take(base, &used, N * NH);
+        a->res1 = take(base, &used, N * C);
+        a->ln1 = take(base, &used, N * C);
+        a->ln1_mean = take(base, &used, N);
+        a->ln1_rstd = take(base, &used, N);
+        a->inter = take(base, &used, N * I);
+        a->inter_act = take(base, &used, N * I);
+        a->res2 = take(base, &used, N * C);
+        a->out = take(base, &used, N * C);
+        a->out_mean = take(base, &used, N);
+        a->out_rstd = take(base, &used, N);
+    }
+    if (mlm) {
+        m->tr_pre = take(base, &used, N * C);
+        m->tr_act = take(base, &used, N * C);
+        m->tr_ln = take(base, &used, N * C);
+        m->tr_mean = take(base, &used, N);
+        m->tr_rstd = take(base, &used, N);
+        m->dec_bias = take(base, &used, V);
+        m->ddec_bias = take(base, &used, V);
+        m->logits = take(base, &used, N * V);
+        m->losses = take(base, &used, N);
+    } else {
+        const size_t NL = (size_t)m->cfg.num_labels;
+        m->first = take(base, &used, B * C);
+        m->pool_pre = take(base, &used, B * C);
+        m->pooled = take(base, &used, B * C);
+        m->dpooled = take(base, &used, B * C);
+        m->dpool_pre = take(base, &used, B * C);
+        m->dfirst = take(base, &used, B * C);
+        m->logits = take(base, &used, B * NL);
+        m->losses = take(base, &used, B);
+    }
+    m->proj = take(base, &used, N * C);
+    m->dres = take(base, &used, N * C);
+    m->dln = take(base, &used, N * C);
+    m->datty = take(base, &used, N * C);
+    m->dqkv = take(base, &used, N * 3 * C);
+    m->dinter = take(base, &used, N * I);
+    m->dinter_act = take(base, &used, N * I);
+    return used;
+}
+
+#define INIT_CHUNK ((size_t)1 << 20) /* normals drawn per round of fill_normal */
+
+/* Writes normal(0, std) values from r into x[0..n), the values zt_rng_normal would give one by one: the
+ * uniforms are drawn in order on this thread, the Box-Muller transform runs on the CPU kernels' threads
+ * (each element on its own, so the thread count does not change a value). u holds 2 * INIT_CHUNK doubles. */
+static void fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
+{
+    for (size_t done = 0; done < n; done += INIT_CHUNK) {
+        const size_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
+        for (size_t i = 0; i < 2 * k; i++)
+            u[i] = zt_rng_uniform(r);
+        float *y = x + done;
+#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
+        for (size_t i = 0; i < k; i++)
+            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
+    }
+}
+
+/* BertPreTrainedModel's initialisation (see bert.h), tensors filled in slab order from one generator. */
+static void init_params(zt_bert *m, uint64_t seed)
+{
+    zt_rng r;
+    zt_rng_seed(&r, seed);
+    double *u = zt_xmalloc(2 * INIT_CHUNK * sizeof *u);
+    const size_t C = (size_t)m->cfg.hidden_size, pad = (size_t)m->cfg.pad_token_id;
+    for (int i = 0; i < m->num_tensors; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        float *x = m->params + t->offset;
+        const size_t len = strlen(t->name);
+        const bool norm_weight = (len > 16 && strcmp(t->name + len - 16, "LayerNorm.weight") == 0) ||
+                                 (len > 17 && strcmp(t->name + len - 17, "layer_norm.weight") == 0);
+        if (norm_weight) {
+            for (size_t j = 0; j < t->numel; j++)
+                x[j] = 1.0f;
+        } else if (t->ndim == 1) {
+            memset(x, 0, t->numel * sizeof *x);
+        } else {
+            fill_normal(&r, x, t->numel, (double)m->cfg.initializer_range, u);
+        }
+    }
+    free(u);
+    /* nn.Embedding(padding_idx): the padding rows start at zero (RoBERTa's positions have one too). */
+    memset(m->params + m->tensors[E_WORD].offset + pad * C, 0, C * sizeof(float));
+    if (m->cfg.roberta)
+        memset(m->params + m->tensors[E_POS].offset + pad * C, 0, C * sizeof(float));
+}
+
+/* The tables without any slab; NULL when out of memory. */
+static zt_bert *new_tables(const zt_bert_config *cfg, int B, int T)
+{
+    zt_bert *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->cfg = *cfg;
+    m->max_B = B;
+    m->max_T = T;
+    m->num_tensors = count_tensors(cfg);
+    m->num_blocks = cfg->num_hidden_layers + 2;
+    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
+    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
+    m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
+    if (!m->tensors || !m->blocks || !m->layers) {
+        zt_bert_destroy(m);
+        return NULL;
+    }
+    m->num_params = build_layout(cfg, m->tensors, m->blocks);
+    ZT_ASSERT(m->num_params == zt_bert_config_num_params(cfg));
+    return m;
+}
+
+/* The layout alone; see bert.h. */
+int zt_bert_create_layout(zt_bert **out, const zt_bert_config *cfg, zt_err *err)
+{
+    *out = NULL;
+    int rc = zt_bert_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out = new_tables(cfg, 1, 1)))
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    return 0;
+}
+
+/* Gives the parameter slab's memory back; see bert.h. */
+void zt_bert_release_params(zt_bert *m)
+{
+    free(m->params);
+    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
+    ZT_ASSERT(m->params); /* calloc of untouched pages */
+}
+
+/* Creates a model for batches up to B x T, initialised from seed; see bert.h. */
+int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint64_t seed, zt_err *err)
+{
+    *out = NULL;
+    int rc = zt_bert_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (B < 1 || T < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
+    const int max_T = zt_bert_config_max_seq(cfg);
+    if (T > max_T)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "sequence length %d exceeds the %d positions of the model (max_position_embeddings %d%s); use a "
+                       "sequence length of at most %d",
+                       T, max_T, cfg->max_position_embeddings, cfg->roberta ? ", less RoBERTa's pad_token_id + 1" : "",
+                       max_T);
+    if ((int64_t)B * T > INT_MAX / 4)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large (keep it below 2^29)",
+                       B, T);
+    zt_bert *m = new_tables(cfg, B, T);
+    if (!m)
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    const size_t param_bytes = m->num_params * sizeof(float);
+    m->params = malloc(param_bytes);
+    m->grads = calloc(m->num_params, sizeof(float));
+    if (!m->params || !m->grads) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
+                     2.0 * (double)param_bytes / (1 << 20));
+        goto err;
+    }
+    const size_t act_floats = carve_acts(m, NULL);
+    const size_t N = (size_t)B * (size_t)T;
+    m->acts = malloc(act_floats * sizeof(float));
+    m->tokens = malloc(N * sizeof(int32_t));
+    m->types = malloc(N * sizeof(int32_t));
+    m->targets = malloc(N * sizeof(int32_t));
+    m->lens = malloc((size_t)B * sizeof(int32_t));
+    if (!m->acts || !m->tokens || !m->types || !m->targets || !m->lens) {
+        rc = zt_fail(err, ZT_ENOMEM,
+                     "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
+                     "length)",
+                     B, T, (double)act_floats * sizeof(float) / (1 << 20));
+        goto err;
+    }
+    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
+    if (m->num_params >= ((size_t)100 << 20))
+        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
+               (unsigned long long)seed, zt_cpu_get_threads());
+    init_params(m, seed);
+    *out = m;
+    return 0;
+err:
+    zt_bert_destroy(m);
+    return rc;
+}
+
+/* Frees the model and everything it owns; accepts NULL. */
+void zt_bert_destroy(zt_bert *m)
+{
+    if (!m)
+        return;
+    free(m->tensors);
+    free(m->blocks);
+    free(m->layers);
+    free(m->params);
+    free(m->grads);
+    free(m->acts);
+    free(m->tokens);
+    free(m->types);
+    free(m->targets);
+    free(m->lens);
+    free(m);
+}
+
+/* Returns the model's configuration (valid while the model lives). */
+const zt_bert_config *zt_bert_get_config(const zt_bert *m)
+{
+    return &m->cfg;
+}
+
+/* The largest micro-batch (B) the activations were sized for. */
+int zt_bert_max_batch(const zt_bert *m)
+{
+    return m->max_B;
+}
+
+/* The longest sequence (T) the activations were sized for. */
+int zt_bert_max_seq(const zt_bert *m)
+{
+    return m->max_T;
+}
+
+/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
+size_t zt_bert_num_params(const zt_bert *m)
+{
+    return m->num_params;
+}
+
+/* Returns the number of parameter tensors. */
+int zt_bert_num_tensors(const zt_bert *m)
+{
+    return m->num_tensors;
+}
+
+/* The i-th tensor (0 <= i < zt_bert_num_tensors), in slab order. */
+const zt_param_info *zt_bert_tensor(const zt_bert *m, int i)
+{
+    ZT_ASSERT(i >= 0 && i < m->num_tensors);
+    return &m->tensors[i];
+}
+
+/* Returns the number of blocks (num_hidden_layers + 2). */
+int zt_bert_num_blocks(const zt_bert *m)
+{
+    return m->num_blocks;
+}
+
+/* The i-th block's range of the slab (0 <= i < zt_bert_num_blocks). */
+const zt_block_info *zt_bert_block(const zt_bert *m, int i)
+{
+    ZT_ASSERT(i >= 0 && i < m->num_blocks);
+    return &m->blocks[i];
+}
+
+/* The block whose parameters the head pass reads; see bert.h. */
+int zt_bert_head_block(const zt_bert *m)
+{
+    return m->cfg.head == ZT_BERT_HEAD_MLM ? 0 : m->cfg.num_hidden_layers + 1;
+}
+
+/* Returns the parameter slab (num_params floats), owned by the model. */
+float *zt_bert_params(zt_bert *m)
+{
+    return m->params;
+}
+
+/* Returns the gradient slab (num_params floats, the parameters' layout), owned by the model. */
+float *zt_bert_grads(zt_bert *m)
+{
+    return m->grads;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Forward and backward                                                                                 */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Tensor idx inside its block's flat buffer bp. */
+static const float *in_block(const zt_bert *m, const float *bp, int idx)
+{
+    const zt_param_info *t = &m->tensors[idx];
+    return bp + (t->offset - m->blocks[t->block].offset);
+}
+
+static float *in_block_mut(const zt_bert *m, float *bp, int idx)
+{
+    const zt_param_info *t = &m->tensors[idx];
+    return bp + (t->offset - m->blocks[t->block].offset);
+}
+
+/* The hidden states entering encoder layer l (l == L: the encoder's output, the head's input). */
+static const float *layer_input(const zt_bert *m, int l)
+{
+    return l > 0 ? m->layers[l - 1].out : m->enc;
+}
+
+/* Rows of the position table that position 0 reads: RoBERTa's positions start after its padding id. */
+static size_t position_row0(const zt_bert *m)
+{
+    return m->cfg.roberta ? (size_t)m->cfg.pad_token_id + 1 : 0;
+}
+
+static void act_forward(enum zt_bert_act act, float *out, const float *inp, size_t n)
+{
+    if (act == ZT_BERT_ACT_GELU)
+        zt_cpu_gelu_erf_forward(out, inp, n);
+    else
+        zt_cpu_gelu_forward(out, inp, n);
+}
+
+static void act_backward(enum zt_bert_act act, float *dinp, const float *inp, const float *dout, size_t n)
+{
+    if (act == ZT_BERT_ACT_GELU)
+        zt_cpu_gelu_erf_backward(dinp, inp, dout, n);
+    else
+        zt_cpu_gelu_backward(dinp, inp, dout, n);
+}
+
+/* The activation of the masked-LM head's transform: RoBERTa's lm_head applies the exact GELU always. */
+static enum zt_bert_act head_act(const zt_bert *m)
+{
+    return m->cfg.roberta ? ZT_BERT_ACT_GELU : m->cfg.hidden_act;
+}
+
+/* Token types for the next forward; see bert.h. */
+void zt_bert_set_token_types(zt_bert *m, const int32_t *types)
+{
+    m->next_types = types;
+}
+
+/* Starts a forward pass over tokens [B,T]: copies tokens and token types, finds each sequence's length
+ * before its trailing padding. */
+void zt_bert_forward_begin(zt_bert *m, const int32_t *tokens, int B, int T)
+{
+    ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
+    const int V = m->cfg.vocab_size, N = B * T, pad = m->cfg.pad_token_id;
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+    memmove(m->tokens, tokens, (size_t)N * sizeof *tokens);
+    if (m->next_types) {
+        for (int i = 0; i < N; i++)
+            ZT_ASSERT(m->next_types[i] >= 0 && m->next_types[i] < m->cfg.type_vocab_size);
+        memmove(m->types, m->next_types, (size_t)N * sizeof *m->types);
+    } else {
+        memset(m->types, 0, (size_t)N * sizeof *m->types);
+    }
+    m->next_types = NULL;
+    for (int b = 0; b < B; b++) {
+        int len = T;
+        while (len > 0 && m->tokens[b * T + len - 1] == pad)
+            len--;
+        m->lens[b] = len;
+    }
+    m->B = B;
+    m->T = T;
+    m->have_targets = false;
+}
+
+/* Runs block `block` of the forward pass with its parameters at bp; see bert.h. */
+void zt_bert_forward_block(zt_bert *m, int block, const float *bp)
+{
+    ZT_ASSERT(block >= 0 && block < m->num_blocks);
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.hidden_size, NH = m->cfg.num_attention_heads, L = m->cfg.num_hidden_layers;
+    const int I = m->cfg.intermediate_size;
+    const float eps = m->cfg.layer_norm_eps;
+    const size_t NC = (size_t)N * C;
+    if (block == 0) {
+        const float *wpe = in_block(m, bp, E_POS) + position_row0(m) * (size_t)C;
+        zt_cpu_embedding_forward_typed(m->emb, m->tokens, m->types, in_block(m, bp, E_WORD), wpe,
+                                       in_block(m, bp, E_TYPE), B, T, C);
+        zt_cpu_layernorm_forward(m->enc, m->emb_mean, m->emb_rstd, m->emb, in_block(m, bp, E_LN_W),
+                                 in_block(m, bp, E_LN_B), N, C, eps);
+        return;
+    }
+    const float *h = layer_input(m, L);
+#define H(k) in_block(m, bp, HEAD_TENSOR(m, k))
+    if (block == L + 1 && m->cfg.head == ZT_BERT_HEAD_MLM) {
+        zt_cpu_matmul_forward(m->tr_pre, h, H(H_DENSE_W), H(H_DENSE_B), N, C, C);
+        act_forward(head_act(m), m->tr_act, m->tr_pre, NC);
+        zt_cpu_layernorm_forward(m->tr_ln, m->tr_mean, m->tr_rstd, m->tr_act, H(H_LN_W), H(H_LN_B), N, C, eps);
+        memcpy(m->dec_bias, H(H_BIAS), (size_t)m->cfg.vocab_size * sizeof(float)); /* for the head pass */
+        return;
+    }
+    if (block == L + 1) {
+        zt_cpu_first_token_forward(m->first, h, B, T, C);
+        zt_cpu_matmul_forward(m->pool_pre, m->first, H(H_POOL_W), H(H_POOL_B), B, C, C);
+        zt_cpu_tanh_forward(m->pooled, m->pool_pre, (size_t)B * C);
+        return;
+    }
+#undef H
+    const int l = block - 1;
+    layer_acts *a = &m->layers[l];
+    const float *x = layer_input(m, l);
+    const zt_attention_dims dims = {.B = B, .T = T, .NH = NH, .NKV = NH, .HS = C / NH, .causal = false};
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
+    zt_cpu_matmul_forward(a->qkv, x, W(LT_Q_W), W(LT_Q_B), N, C, 3 * C); /* q, k, v weights are adjacent */
+    zt_cpu_attention_forward_gqa(a->atty, a->att_lse, a->qkv, m->lens, &dims);
+    zt_cpu_matmul_forward(m->proj, a->atty, W(LT_AO_W), W(LT_AO_B), N, C, C);
+    zt_cpu_residual_forward(a->res1, x, m->proj, NC);
+    zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res1, W(LT_ALN_W), W(LT_ALN_B), N, C, eps);
+    zt_cpu_matmul_forward(a->inter, a->ln1, W(LT_I_W), W(LT_I_B), N, C, I);
+    act_forward(m->cfg.hidden_act, a->inter_act, a->inter, (size_t)N * I);
+    zt_cpu_matmul_forward(m->proj, a->inter_act, W(LT_O_W), W(LT_O_B), N, I, C);
+    zt_cpu_residual_forward(a->res2, a->ln1, m->proj, NC);
+    zt_cpu_layernorm_forward(a->out, a->out_mean, a->out_rstd, a->res2, W(LT_OLN_W), W(LT_OLN_B), N, C, eps);
+#undef W
+}
+
+/* Index of the first largest of x[0..n). */
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* The head's output layer and, with targets, the loss; see bert.h. */
+float zt_bert_forward_head(zt_bert *m, const float *hp, const int32_t *targets)
+{
+    const int B = m->B, T = m->T, N = B * T, C = m->cfg.hidden_size, pad = m->cfg.pad_token_id;
+    const bool mlm = m->cfg.head == ZT_BERT_HEAD_MLM;
+    const int rows = mlm ? N : B, K = zt_bert_config_outputs(&m->cfg);
+    if (mlm)
+        zt_cpu_matmul_forward(m->logits, m->tr_ln, in_block(m, hp, E_WORD), m->dec_bias, N, C, K);
+    else
+        zt_cpu_matmul_forward(m->logits, m->pooled, in_block(m, hp, HEAD_TENSOR(m, H_CLS_W)),
+                              in_block(m, hp, HEAD_TENSOR(m, H_CLS_B)), B, C, K);
+    m->n_valid = m->n_correct = 0;
+    if (!targets)
+        return 0.0f;
+    /* The counted targets: none at a padding token (for classification: a sequence that starts with one). */
+    for (int r = 0; r < rows; r++) {
+        const int at = mlm ? r : r * T;
+        const int32_t y = targets[at];
+        ZT_ASSERT(y == IGNORE_INDEX || (y >= 0 && y < K));
+        if (!mlm)
+            for (int t = 1; t < T; t++)
+                ZT_ASSERT(targets[at + t] == IGNORE_INDEX); /* one label per sequence, at its first position */
+        m->targets[r] = m->tokens[at] == pad ? IGNORE_INDEX : y;
+    }
+    m->n_valid = zt_cpu_crossentropy_forward_backward(m->losses, NULL, m->logits, m->targets, rows, K, IGNORE_INDEX,
+                                                      0.0f);
+    for (int r = 0; r < rows; r++)
+        if (m->targets[r] != IGNORE_INDEX && argmax(m->logits + (size_t)r * K, K) == m->targets[r])
+            m->n_correct++;
+    m->have_targets = true;
+    if (m->n_valid == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (int r = 0; r < rows; r++)
+        sum += m->losses[r];
+    return (float)(sum / m->n_valid);
+}
+
+/* Runs the whole forward pass; see bert.h. */
+float zt_bert_forward(zt_bert *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
+    zt_bert_forward_begin(m, tokens, B, T);
+    for (int b = 0; b < m->num_blocks; b++)
+        zt_bert_forward_block(m, b, m->params + m->blocks[b].offset);
+    return zt_bert_forward_head(m, m->params + m->blocks[zt_bert_head_block(m)].offset, targets);
+}
+
+/* The head's backward; see bert.h. */
+void zt_bert_backward_head(zt_bert *m, const float *hp, float *hg, float loss_scale)
+{
+    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
+    m->have_targets = false;
+    m->backward_skip = m->n_valid == 0;
+    if (m->backward_skip)
+        return;
+    const int B = m->B, N = B * m->T, C = m->cfg.hidden_size, K = zt_bert_config_outputs(&m->cfg);
+    const float scale = loss_scale / (float)m->n_valid;
+    if (m->cfg.head == ZT_BERT_HEAD_MLM) {
+        /* dlogits replace the logits in place (the kernel allows the alias). */
+        zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, K, IGNORE_INDEX, scale);
+        memset(m->dln, 0, (size_t)N * C * sizeof(float));
+        memset(m->ddec_bias, 0, (size_t)K * sizeof(float));
+        zt_cpu_matmul_backward(m->dln, in_block_mut(m, hg, E_WORD), m->ddec_bias, m->logits, m->tr_ln,
+                               in_block(m, hp, E_WORD), N, C, K);
+        return;
+    }
+    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, B, K, IGNORE_INDEX, scale);
+    memset(m->dpooled, 0, (size_t)B * C * sizeof(float));
+    zt_cpu_matmul_backward(m->dpooled, in_block_mut(m, hg, HEAD_TENSOR(m, H_CLS_W)),
+                           in_block_mut(m, hg, HEAD_TENSOR(m, H_CLS_B)), m->logits, m->pooled,
+                           in_block(m, hp, HEAD_TENSOR(m, H_CLS_W)), B, C, K);
+}
+
+/* Runs block `block` of the backward pass; see bert.h. */
+void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
+{
+    ZT_ASSERT(block >= 0 && block < m->num_blocks);
+    if (m->backward_skip)
+        return;
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.hidden_size, NH = m->cfg.num_attention_heads, L = m->cfg.num_hidden_layers;
+    const int I = m->cfg.intermediate_size;
+    const size_t NC = (size_t)N * C, NI = (size_t)N * I;
+    if (block == L + 1) {
+#define W(k) in_block(m, bp, HEAD_TENSOR(m, k))
+#define G(k) in_block_mut(m, bg, HEAD_TENSOR(m, k))
+        const float *h = layer_input(m, L);
+        memset(m->dres, 0, NC * sizeof(float));
+        if (m->cfg.head == ZT_BERT_HEAD_MLM) {
+            /* m->dln holds d(transform LayerNorm output) from the decoder. */
+            memset(m->proj, 0, NC * sizeof(float));
+            zt_cpu_layernorm_backward(m->proj, G(H_LN_W), G(H_LN_B), m->dln, m->tr_act, W(H_LN_W), m->tr_mean,
+                                      m->tr_rstd, N, C);
+            memset(m->datty, 0, NC * sizeof(float));
+            act_backward(head_act(m), m->datty, m->tr_pre, m->proj, NC);
+            zt_cpu_matmul_backward(m->dres, G(H_DENSE_W), G(H_DENSE_B), m->datty, h, W(H_DENSE_W), N, C, C);
+            zt_cpu_add_inplace(G(H_BIAS), m->ddec_bias, (size_t)m->cfg.vocab_size);
+        } else {
+            const size_t BC = (size_t)B * C;
+            memset(m->dpool_pre, 0, BC * sizeof(float));
+            zt_cpu_tanh_backward(m->dpool_pre, m->pooled, m->dpooled, BC);
+            memset(m->dfirst, 0, BC * sizeof(float));
+            zt_cpu_matmul_backward(m->dfirst, G(H_POOL_W), G(H_POOL_B), m->dpool_pre, m->first, W(H_POOL_W), B, C, C);
+            zt_cpu_first_token_backward(m->dres, m->dfirst, B, T, C);
+        }
+        return;
+#undef W
+#undef G
+    }
+    if (block == 0) {
+        memset(m->dln, 0, NC * sizeof(float));
+        zt_cpu_layernorm_backward(m->dln, in_block_mut(m, bg, E_LN_W), in_block_mut(m, bg, E_LN_B), m->dres, m->emb,
+                                  in_block(m, bp, E_LN_W), m->emb_mean, m->emb_rstd, N, C);
+        zt_cpu_embedding_backward_typed(in_block_mut(m, bg, E_WORD),
+                                        in_block_mut(m, bg, E_POS) + position_row0(m) * (size_t)C,
+                                        in_block_mut(m, bg, E_TYPE), m->dln, m->tokens, m->types, B, T, C);
+        return;
+    }
+    /* m->dres holds the gradient of the layer's output; it leaves with the gradient of its input. */
+    const int l = block - 1;
+    const layer_acts *a = &m->layers[l];
+    const float *x = layer_input(m, l);
+    const zt_attention_dims dims = {.B = B, .T = T, .NH = NH, .NKV = NH, .HS = C / NH, .causal = false};
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
+#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, k))
+    /* out = LN(res2), res2 = ln1 + output.dense(act(intermediate.dense(ln1))). */
+    memset(m->dln, 0, NC * sizeof(float));
+    zt_cpu_layernorm_backward(m->dln, G(LT_OLN_W), G(LT_OLN_B), m->dres, a->res2, W(LT_OLN_W), a->out_mean,
+                              a->out_rstd, N, C);
+    memset(m->dinter_act, 0, NI * sizeof(float));
+    zt_cpu_matmul_backward(m->dinter_act, G(LT_O_W), G(LT_O_B), m->dln, a->inter_act, W(LT_O_W), N, I, C);
+    memset(m->dinter, 0, NI * sizeof(float));
+    act_backward(m->cfg.hidden_act, m->dinter, a->inter, m->dinter_act, NI);
+    zt_cpu_matmul_backward(m->dln, G(LT_I_W), G(LT_I_B), m->dinter, a->ln1, W(LT_I_W), N, C, I); /* dln: d(ln1) */
+    /* ln1 = LN(res1), res1 = x + attention.output.dense(attention(qkv(x))). */
+    memset(m->dres, 0, NC * sizeof(float));
+    zt_cpu_layernorm_backward(m->dres, G(LT_ALN_W), G(LT_ALN_B), m->dln, a->res1, W(LT_ALN_W), a->ln1_mean,
+                              a->ln1_rstd, N, C);
+    memset(m->datty, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->datty, G(LT_AO_W), G(LT_AO_B), m->dres, a->atty, W(LT_AO_W), N, C, C);
+    memset(m->dqkv, 0, 3 * NC * sizeof(float));
+    zt_cpu_attention_backward_gqa(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, m->lens, &dims);
+    zt_cpu_matmul_backward(m->dres, G(LT_Q_W), G(LT_Q_B), m->dqkv, x, W(LT_Q_W), N, C, 3 * C); /* dres: d(x) */
+#undef W
+#undef G
+}
+
+/* Poisons an encoder layer's intermediate activations (checkpointing drops them); see bert.h. */
+void zt_bert_discard_block_acts(zt_bert *m, int block)
+{
+    if (block < 1 || block > m->cfg.num_hidden_layers)
+        return;
+    const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg.hidden_size;
+    const size_t I = (size_t)m->cfg.intermediate_size, NH = (size_t)m->cfg.num_attention_heads;
+    layer_acts *a = &m->layers[block - 1];
+    struct {
+        float *p;
+        size_t n;
+    } parts[] = {{a->qkv, N * 3 * C}, {a->atty, N * C},     {a->att_lse, N * NH}, {a->res1, N * C},
+                 {a->ln1, N * C},     {a->ln1_mean, N},     {a->ln1_rstd, N},     {a->inter, N * I},
+                 {a->inter_act, N * I}, {a->res2, N * C},   {a->out_mean, N},     {a->out_rstd, N}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        for (size_t i = 0; i < parts[k].n; i++)
+            parts[k].p[i] = NAN;
+}
+
+/* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. */
+void zt_bert_backward(zt_bert *m, float loss_scale)
+{
+    const size_t h = m->blocks[zt_bert_head_block(m)].offset;
+    zt_bert_backward_head(m, m->params + h, m->grads + h, loss_scale);
+    for (int b = m->num_blocks - 1; b >= 0; b--)
+        zt_bert_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+}
+
+/* Sets every gradient to zero. */
+void zt_bert_zero_grad(zt_bert *m)
+{
+    memset(m->grads, 0, m->num_params * sizeof(float));
+}
+
+/* Returns the logits of the last forward pass (see bert.h for their shape and lifetime). */
+const float *zt_bert_logits(const zt_bert *m)
+{
+    return m->logits;
+}
+
+/* The counted rows of the last forward with targets and the correct ones among them. */
+void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
+{
+    *correct = m->n_correct;
+    *counted = m->n_valid;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Masked-LM inputs                                                                                     */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Chooses and masks tokens as DataCollatorForLanguageModeling does; see bert.h. */
+size_t zt_bert_mask_tokens(int32_t *tokens, int32_t *targets, size_t n, int32_t mask_id, int vocab,
+                           const int32_t *special, int nspecial, zt_rng *rng, float prob)
+{
+    ZT_ASSERT(vocab > 0 && mask_id >= 0 && mask_id < vocab && prob >= 0.0f && prob <= 1.0f);
+    size_t chosen = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool is_special = false;
+        for (int k = 0; k < nspecial && !is_special; k++)
+            is_special = tokens[i] == special[k];
+        targets[i] = IGNORE_INDEX;
+        if (is_special || zt_rng_uniform(rng) >= (double)prob)
+            continue;
+        chosen++;
+        targets[i] = tokens[i];
+        const double u = zt_rng_uniform(rng);
+        if (u < 0.8)
+            tokens[i] = mask_id;
+        else if (u < 0.9)
+            tokens[i] = (int32_t)zt_rng_below(rng, (uint64_t)vocab);
+    }
+    return chosen;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* safetensors export and import                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Exports the parameters as F32 safetensors with Hugging Face names; see bert.h. */
+int zt_bert_export(const zt_bert *m, const char *path, zt_err *err)
+{
+    zt_st_writer *w = zt_st_writer_create();
+    if (!w)
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory preparing the export", path);
+    int rc = zt_st_writer_add_metadata(w, "format", "pt", err);
+    for (int i = 0; i < m->num_tensors && rc == 0; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        rc = zt_st_writer_add(w, t->name, ZT_DTYPE_F32, t->ndim, t->shape, m->params + t->offset, err);
+    }
+    if (rc == 0)
+        rc = zt_st_writer_write(w, path, err);
+    zt_st_writer_destroy(w);
+    return rc;
+}
+
+/* The safetensors files that path stands for: itself, the shards an index (a path ending in ".json")
+ * names in its weight_map, each once in the order of first appearance, or for a directory its
+ * model.safetensors, else its model.safetensors.index.json. Fills *files (the caller frees each, then the
+ * array) and *n. Returns 0, a negative errno or ZT_EFORMAT with a message. */
+static int shard_files(const char *path, char ***files, int *n, zt_err *err)
+{
+    *files = NULL;
+    *n = 0;
+    char buf[4096];
+    const char *index = path;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(buf, sizeof buf, "%s/model.safetensors", path);
+        if (access(buf, F_OK) != 0) {
+            snprintf(buf, sizeof buf, "%s/model.safetensors.index.json", path);
+            if (access(buf, F_OK) != 0)
+                return zt_fail(err, -ENOENT,
+                               "%s: a directory without model.safetensors or model.safetensors.index.json (give the "
+                               "safetensors file, the index or the directory of a Hugging Face model)",
+                               path);
+        }
+        index = buf;
+    }
+    const size_t len = strlen(index);
+    if (len <= 5 || strcmp(index + len - 5, ".json") != 0) {
+        *files = zt_xcalloc(1, sizeof **files);
+        (*files)[0] = zt_xstrdup(index);
+        *n = 1;
+        return 0;
+    }
+    cJSON *root = NULL;
+    int rc = zt_json_load_object(index, &root, err);
+    if (rc < 0)
+        return rc;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(map) || !map->child) {
+        cJSON_Delete(root);
+        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
+                       "of tensor names to shard files)", index);
+    }
+    const char *slash = strrchr(index, '/');
+    const int dirlen = slash ? (int)(slash - index + 1) : 0;
+    for (const cJSON *e = map->child; e && rc == 0; e = e->next) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
+            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
+                         index, e->string ? e->string : "?");
+            break;
+        }
+        char shard[4096 + 256];
+        snprintf(shard, sizeof shard, "%.*s%s", dirlen, index, e->valuestring);
+        bool known = false;
+        for (int i = 0; i < *n && !known; i++)
+            known = strcmp((*files)[i], shard) == 0;
+        if (!known) {
+            *files = zt_xrealloc(*files, (size_t)(*n + 1) * sizeof **files);
+            (*files)[(*n)++] = zt_xstrdup(shard);
+        }
+    }
+    cJSON_Delete(root);
+    if (rc < 0) {
+        for (int i = 0; i < *n; i++)
+            free((*files)[i]);
+        free(*files);
+        *files = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
+static float element_f32(const zt_st_tensor *t, size_t i)
+{
+    const unsigned char *d = t->data;
+    float v;
+    if (t->dtype == ZT_DTYPE_F32) {
+        memcpy(&v, d + 4 * i, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, d + 2 * i, sizeof h);
+    if (t->dtype == ZT_DTYPE_BF16) {
+        const uint32_t bits = (uint32_t)h << 16;
+        memcpy(&v, &bits, sizeof v);
+        return v;
+    }
+    const int e = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (e == 0x1f)
+        v = mant ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexpf((float)mant, -24);
+    else
+        v = ldexpf((float)(mant | 0x400), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+static bool is_float_dtype(enum zt_dtype d)
+{
+    return d == ZT_DTYPE_F32 || d == ZT_DTYPE_F16 || d == ZT_DTYPE_BF16;
+}
+
+/* What a file's tensor name means for the model. */
+enum name_kind { NAME_PARAM, NAME_BUFFER, NAME_TIED_WEIGHT, NAME_TIED_BIAS, NAME_UNKNOWN };
+
+/* Maps a file's tensor name onto the model: the index of a parameter in *idx (names may lack the "bert." /
+ * "roberta." prefix; LayerNorm "gamma" / "beta" are weight / bias), a buffer to skip, the tied decoder's
+ * weight or bias, or unknown. */
+static enum name_kind classify_name(const zt_bert *m, const char *name, int *idx)
+{
+    char buf[160];
+    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
+    const size_t plen = strlen(prefix);
+    if (strlen(name) + plen + 8 >= sizeof buf)
+        return NAME_UNKNOWN;
+    if (strncmp(name, "embeddings.", 11) == 0 || strncmp(name, "encoder.", 8) == 0 || strncmp(name, "pooler.", 7) == 0)
+        snprintf(buf, sizeof buf, "%s%s", prefix, name);
+    else
+        snprintf(buf, sizeof buf, "%s", name);
+    size_t len = strlen(buf);
+    if (len > 15 && strcmp(buf + len - 15, "LayerNorm.gamma") == 0)
+        strcpy(buf + len - 5, "weight");
+    else if (len > 14 && strcmp(buf + len - 14, "LayerNorm.beta") == 0)
+        strcpy(buf + len - 4, "bias");
+    char emb[64];
+    snprintf(emb, sizeof emb, "%sembeddings.position_ids", prefix);
+    if (strcmp(buf, emb) == 0)
+        return NAME_BUFFER;
+    snprintf(emb, sizeof emb, "%sembeddings.token_type_ids", prefix);
+    if (strcmp(buf, emb) == 0)
+        return NAME_BUFFER;
+    if (m->cfg.head == ZT_BERT_HEAD_MLM) {
+        const char *dw = m->cfg.roberta ? "lm_head.decoder.weight" : "cls.predictions.decoder.weight";
+        const char *db = m->cfg.roberta ? "lm_head.decoder.bias" : "cls.predictions.decoder.bias";
+        if (strcmp(buf, dw) == 0)
+            return NAME_TIED_WEIGHT;
+        if (strcmp(buf, db) == 0)
+            return NAME_TIED_BIAS;
+    }
+    for (int i = 0; i < m->num_tensors; i++)
+        if (strcmp(m->tensors[i].name, buf) == 0) {
+            *idx = i;
+            return NAME_PARAM;
+        }
+    return NAME_UNKNOWN;
+}
+
+/* "[d0, d1, ...]" of a file tensor's shape. */
+static void shape_text(const zt_st_tensor *st, char *out, size_t cap)
+{
+    size_t at = (size_t)snprintf(out, cap, "[");
+    for (int d = 0; d < st->ndim && at < cap; d++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+    if (at < cap)
+        snprintf(out + at, cap - at, "]");
+}
+
+/* Whether the file tensor st holds exactly the values of model tensor t in slab tmp. */
+static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const float *tmp)
+{
+    if (!is_float_dtype(st->dtype) || st->ndim != t->ndim || st->shape[0] != t->shape[0] ||
+        (t->ndim == 2 && st->shape[1] != t->shape[1]))
+        return false;
+    for (size_t i = 0; i < t->numel; i++)
+        if (element_f32(st, i) != tmp[t->offset + i])
+            return false;
+    return true;
+}
+
+/* Whether a file tensor's name is that of a task head the model does not have: another head's (cls.,
+ * lm_head., classifier.), BERT's pre-training heads (cls.) or a pooler that a masked-LM model leaves out. */
+static bool is_other_head(const zt_bert *m, const char *name)
+{
+    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
+    if (strncmp(name, prefix, strlen(prefix)) == 0)
+        name += strlen(prefix);
+    return strncmp(name, "cls.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0 ||
+           strncmp(name, "classifier.", 11) == 0 || strncmp(name, "pooler.", 7) == 0;
+}
+
+/* Imports parameters with Hugging Face names (see zt_bert_import and zt_bert_import_pretrained). Returns 0,
+ * a negative errno, ZT_EFORMAT, ZT_EMISMATCH or ZT_EUNSUPPORTED (dtype), with a message naming the tensor
+ * and its file. */
+static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *err)
+{
+    char **files = NULL;
+    int nfiles = 0;
+    zt_st_file **fs = NULL;
+    float *tmp = NULL;
+    int *seen = NULL; /* per tensor: 1 + the file that held it, 0 when not seen yet */
+    const zt_st_tensor *tied[2] = {NULL, NULL};
+    const char *tied_file[2] = {NULL, NULL};
+    int rc = shard_files(path, &files, &nfiles, err);
+    if (rc < 0)
+        return rc;
+    fs = zt_xcalloc((size_t)nfiles, sizeof *fs);
+    tmp = malloc(m->num_params * sizeof(float));
+    seen = calloc((size_t)m->num_tensors, sizeof *seen);
+    if (!tmp || !seen) {
+        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
+                     (double)m->num_params * sizeof(float) / (1 << 20));
+        goto out;
+    }
+    if (nfiles > 1)
+        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
+    if (pretrained)
+        memcpy(tmp, m->params, m->num_params * sizeof(float)); /* what the file lacks of the head stays */
+    int skipped = 0, kept = 0;
+    for (int fi = 0; fi < nfiles; fi++) {
+        const char *file = files[fi];
+        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
+            goto out;
+        for (size_t i = 0; i < zt_st_count(fs[fi]); i++) {
+            const zt_st_tensor *st = zt_st_get(fs[fi], i);
+            int idx = -1;
+            const enum name_kind kind = classify_name(m, st->name, &idx);
+            if (kind == NAME_BUFFER)
+                continue;
+            if (kind == NAME_TIED_WEIGHT || kind == NAME_TIED_BIAS) {
+                const int k = kind == NAME_TIED_BIAS;
+                tied[k] = st;
+                tied_file[k] = file;
+                continue;
+            }
+            if (kind == NAME_UNKNOWN && pretrained && is_other_head(m, st->name)) {
+                skipped++;
+                continue;
+            }
+            if (kind == NAME_UNKNOWN) {
+                rc = zt_fail(err, ZT_EMISMATCH,
+                             "%s: unknown tensor '%s' (not a parameter of a %s with %d layers; is this the right "
+                             "model config?)",
+                             file, st->name, zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
+                goto out;
+            }
+            const zt_param_info *t = &m->tensors[idx];
+            if (seen[idx]) {
+                rc = zt_fail(err, ZT_EMISMATCH,
+                             "%s: tensor '%s' appears twice (under two names such as with and without the prefix, "
+                             "or in two shards; the other is in %s)",
+                             file, t->name, files[seen[idx] - 1]);
+                goto out;
+            }
+            if (st->ndim != t->ndim || st->shape[0] != t->shape[0] || (t->ndim == 2 && st->shape[1] != t->shape[1])) {
+                char got[128];
+                shape_text(st, got, sizeof got);
+                if (t->ndim == 1)
+                    rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]",
+                                 file, st->name, got, (long long)t->shape[0]);
+                else
+                    rc = zt_fail(err, ZT_EMISMATCH,
+                                 "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file, st->name,
+                                 got, (long long)t->shape[0], (long long)t->shape[1]);
+                goto out;
+            }
+            if (!is_float_dtype(st->dtype)) {
+                rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)",
+                             file, st->name, zt_dtype_name(st->dtype));
+                goto out;
+            }
+            float *dst = tmp + t->offset;
+            for (size_t j = 0; j < t->numel; j++) {
+                dst[j] = element_f32(st, j);
+                if (!isfinite(dst[j])) {
+                    rc = zt_fail(err, ZT_EFORMAT,
+                                 "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu", file,
+                                 st->name, j);
+                    goto out;
+                }
+            }
+            seen[idx] = fi + 1;
+        }
+    }
+    for (int i = 0; i < m->num_tensors; i++) {
+        if (!seen[i] && pretrained && m->tensors[i].block == m->num_blocks - 1) {
+            kept++;
+            continue;
+        }
+        if (!seen[i]) {
+            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' is missing (a %s with %d layers has it)", path,
+                         m->tensors[i].name, zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
+            goto out;
+        }
+    }
+    /* The tied decoder: accepted when it holds what it is tied to. */
+    const int tied_to[2] = {E_WORD, m->cfg.head == ZT_BERT_HEAD_MLM ? HEAD_TENSOR(m, H_BIAS) : 0};
+    for (int k = 0; k < 2; k++) {
+        if (tied[k] && !same_values(tied[k], &m->tensors[tied_to[k]], tmp)) {
+            rc = zt_fail(err, ZT_EMISMATCH,
+                         "%s: tensor '%s' differs from '%s': ztrain's decoder is tied to it (an untied decoder is not "
+                         "supported)",
+                         tied_file[k], tied[k]->name, m->tensors[tied_to[k]].name);
+            goto out;
+        }
+    }
+    memcpy(m->params, tmp, m->num_params * sizeof(float));
+    if (kept || skipped)
+        zt_log(ZT_LOG_INFO, "model: %s: %d tensors of the %s head keep their initial values; %d tensors of other "
+               "heads were skipped", path, kept, zt_bert_config_architecture(&m->cfg), skipped);
+    rc = 0;
+out:
+    free(tmp);
+    free(seen);
+    for (int i = 0; i < nfiles; i++) {
+        zt_st_close(fs ? fs[i] : NULL);
+        free(files[i]);
+    }
+    free(fs);
+    free(files);
+    return rc;
+}
+
+/* Imports every parameter; see bert.h. */
+int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
+{
+    return import_params(m, path, false, err);
+}
+
+/* Imports a pretrained body for fine-tuning; see bert.h. */
+int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
+{
+    return import_params(m, path, true, err);
+}
