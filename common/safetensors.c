@@ -470,6 +470,110 @@ const char *zt_st_metadata(const zt_st_file *f, const char *key)
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Values and checkpoints                                                                          */
+
+/* F32, F16 and BF16: the dtypes zt_st_element_f32 reads. */
+bool zt_st_dtype_is_f32_readable(enum zt_dtype dtype)
+{
+    return dtype == ZT_DTYPE_F32 || dtype == ZT_DTYPE_F16 || dtype == ZT_DTYPE_BF16;
+}
+
+/* Frees the list of zt_st_shard_files. */
+void zt_st_shard_files_free(char **files, int n)
+{
+    for (int i = 0; files && i < n; i++)
+        free(files[i]);
+    free(files);
+}
+
+/* A list of one file. */
+static void one_file(const char *path, char ***files, int *n)
+{
+    *files = zt_xcalloc(1, sizeof **files);
+    (*files)[0] = zt_xstrdup(path);
+    *n = 1;
+}
+
+/* The files of a checkpoint: path itself, the shards of an index, or a directory's model.safetensors or
+ * index (see the header). */
+int zt_st_shard_files(const char *path, char ***files, int *n, zt_err *err)
+{
+    *files = NULL;
+    *n = 0;
+    char probe[4096];
+    const char *index = NULL;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(probe, sizeof probe, "%s/model.safetensors", path);
+        if (access(probe, F_OK) == 0) {
+            one_file(probe, files, n);
+            return 0;
+        }
+        snprintf(probe, sizeof probe, "%s/model.safetensors.index.json", path);
+        if (access(probe, F_OK) != 0)
+            return zt_fail(err, -ENOENT, "%s: a directory without model.safetensors or model.safetensors.index.json "
+                           "(give the safetensors file, the index or the directory of a Hugging Face model)", path);
+        index = probe;
+    } else {
+        const size_t len = strlen(path);
+        if (len > 5 && strcmp(path + len - 5, ".json") == 0)
+            index = path;
+    }
+    if (!index) {
+        one_file(path, files, n);
+        return 0;
+    }
+    char *text = NULL;
+    size_t tlen = 0;
+    int rc = zt_read_file(index, &text, &tlen, err);
+    if (rc < 0)
+        return rc;
+    cJSON *root = cJSON_ParseWithLength(text, tlen);
+    free(text);
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(map) || !map->child) {
+        cJSON_Delete(root);
+        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
+                       "of tensor names to shard files)", index);
+    }
+    /* the folder of the index: the shards' names are relative to it */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", index);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    int cap = 0;
+    for (const cJSON *e = map->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
+            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
+                         index, e->string ? e->string : "?");
+            break;
+        }
+        char shard[4096 + 256];
+        snprintf(shard, sizeof shard, "%s%s", dir, e->valuestring);
+        bool known = false;
+        for (int i = 0; i < *n && !known; i++)
+            known = strcmp((*files)[i], shard) == 0;
+        if (known)
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *files = zt_xrealloc(*files, (size_t)cap * sizeof **files);
+        }
+        (*files)[(*n)++] = zt_xstrdup(shard);
+    }
+    cJSON_Delete(root);
+    if (rc < 0) {
+        zt_st_shard_files_free(*files, *n);
+        *files = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Writing                                                                                         */
 
 typedef struct st_wtensor {

@@ -12,8 +12,10 @@
 #ifndef ZT_COMMON_SAFETENSORS_H
 #define ZT_COMMON_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/status.h"
 
@@ -67,6 +69,71 @@ const zt_st_tensor *zt_st_get(const zt_st_file *f, size_t i);
 const zt_st_tensor *zt_st_find(const zt_st_file *f, const char *name);
 /* The value of a "__metadata__" key, or NULL. */
 const char *zt_st_metadata(const zt_st_file *f, const char *key);
+
+/* Whether zt_st_element_f32 reads this dtype: F32, F16 and BF16 (the weight dtypes of Hugging Face
+ * checkpoints; not F64 or the integer types). */
+bool zt_st_dtype_is_f32_readable(enum zt_dtype dtype);
+
+/* IEEE half to float, exactly (zero, subnormals, infinities and NaN included), by moving the bits. */
+static inline float zt__st_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1f;
+    uint32_t mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else {
+        /* a subnormal half is a normal float: shift the leading one into the implicit bit */
+        uint32_t e = 127 - 15 + 1;
+        do {
+            mantissa <<= 1;
+            e--;
+        } while (!(mantissa & 0x400));
+        bits = sign | (e << 23) | ((mantissa & 0x3ff) << 13);
+    }
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Element i of tensor t as a float, exactly (F16 and BF16 widen without rounding); t->dtype must be
+ * F32, F16 or BF16 (zt_st_dtype_is_f32_readable). The data is little-endian and may be unaligned.
+ * Inline: importers call it once per element of every weight. */
+static inline float zt_st_element_f32(const zt_st_tensor *t, size_t i)
+{
+    const unsigned char *d = (const unsigned char *)t->data;
+    if (t->dtype == ZT_DTYPE_F32) {
+        float v;
+        memcpy(&v, d + 4 * i, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, d + 2 * i, sizeof h);
+    if (t->dtype == ZT_DTYPE_F16)
+        return zt__st_f16_to_f32(h);
+    uint32_t bits = (uint32_t)h << 16; /* BF16 is the top half of an F32 */
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* The safetensors files of a model checkpoint at path, in the three forms Hugging Face uses: a single
+ * .safetensors file (path itself); a sharded checkpoint's index, a path ending in ".json" (such as
+ * model.safetensors.index.json), whose "weight_map" maps tensor names to shard files in the index's
+ * folder (each shard is listed once, in the order of its first appearance); or a model directory,
+ * which stands for its model.safetensors if it has one, else for its model.safetensors.index.json.
+ * Only names are resolved here: the files are opened by the caller (zt_st_open), so a missing shard is
+ * reported there. On success *files is an array of *n paths that the caller frees with
+ * zt_st_shard_files_free. Returns 0, a negative errno (an unreadable index, a directory without either
+ * file) or ZT_EFORMAT (an index without a weight_map, or one naming a file outside its folder), with a
+ * message in err; on error *files is NULL and *n is 0. */
+int zt_st_shard_files(const char *path, char ***files, int *n, zt_err *err);
+/* Frees what zt_st_shard_files returned (accepts NULL). */
+void zt_st_shard_files_free(char **files, int n);
 
 /* Writing: collect tensors (borrowed data pointers must stay valid until zt_st_write returns), then
  * write the file atomically. Tensors are written in the order they were added. */

@@ -12,20 +12,17 @@
  * 1/sqrt(2 n_layer), biases 0, layer norms weight 1 and bias 0. */
 #include "worker/models/gpt2.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/fileio.h"      /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"        /* strict reading of config.json */
 #include "common/log.h"         /* the initialisation of a large model is logged */
 #include "common/rng.h"         /* deterministic initialisation */
-#include "common/safetensors.h" /* export and import */
+#include "common/safetensors.h" /* export and import, the files of a sharded checkpoint */
 #include "kernels/activation.h" /* GELU (tanh form) */
 #include "kernels/attention.h"  /* causal self-attention */
 #include "kernels/cpu_threads.h" /* threads for the initialisation */
@@ -1075,43 +1072,6 @@ out:
     return rc;
 }
 
-/* IEEE half to float, exactly. */
-static float f16_to_f32(uint16_t h)
-{
-    const int exponent = (h >> 10) & 0x1f;
-    const int mantissa = h & 0x3ff;
-    float v;
-    if (exponent == 0x1f) {
-        uint32_t bits = ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((uint32_t)mantissa << 13);
-        memcpy(&v, &bits, sizeof v);
-        return v;
-    }
-    if (exponent == 0)
-        v = ldexpf((float)mantissa, -24); /* zero and subnormals */
-    else
-        v = ldexpf((float)(mantissa | 0x400), exponent - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
-static float load_element(const zt_st_tensor *t, size_t i)
-{
-    const unsigned char *d = t->data;
-    if (t->dtype == ZT_DTYPE_F32) {
-        float v;
-        memcpy(&v, d + 4 * i, sizeof v);
-        return v;
-    }
-    uint16_t h;
-    memcpy(&h, d + 2 * i, sizeof h);
-    if (t->dtype == ZT_DTYPE_F16)
-        return f16_to_f32(h);
-    uint32_t bits = (uint32_t)h << 16; /* BF16 is the top half of an F32 */
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
 /* Whether name is one of the attention-mask buffers HF keeps in older files: h.<n>.attn.bias or
  * h.<n>.attn.masked_bias. */
 static bool is_attn_buffer(const char *name)
@@ -1124,11 +1084,6 @@ static bool is_attn_buffer(const char *name)
     while (*s >= '0' && *s <= '9')
         s++;
     return strcmp(s, ".attn.bias") == 0 || strcmp(s, ".attn.masked_bias") == 0;
-}
-
-static bool is_float_dtype(enum zt_dtype d)
-{
-    return d == ZT_DTYPE_F32 || d == ZT_DTYPE_F16 || d == ZT_DTYPE_BF16;
 }
 
 /* Index of the tensor named name (without the HF prefix), or -1. */
@@ -1148,97 +1103,18 @@ static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float 
         const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
         for (size_t k = 0; k < cols; k++)
             for (size_t o = 0; o < rows; o++)
-                dst[o * cols + k] = load_element(st, k * rows + o);
+                dst[o * cols + k] = zt_st_element_f32(st, k * rows + o);
     } else if (st->dtype == ZT_DTYPE_F32) {
         memcpy(dst, st->data, t->numel * sizeof(float));
     } else {
         for (size_t i = 0; i < t->numel; i++)
-            dst[i] = load_element(st, i);
+            dst[i] = zt_st_element_f32(st, i);
     }
     for (size_t i = 0; i < t->numel; i++)
         if (!isfinite(dst[i]))
             return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
                            path, st->name, i);
     return 0;
-}
-
-/* The safetensors files of an import: path itself, or the shards that a Hugging Face index
- * (model.safetensors.index.json) names in its weight_map, or in a directory its model.safetensors or
- * model.safetensors.index.json. Fills *files (each freed by the caller, then the array) and *n. */
-static int import_files(const char *path, char ***files, int *n, zt_err *err)
-{
-    *files = NULL;
-    *n = 0;
-    char probe[4096];
-    const char *index = NULL;
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(probe, sizeof probe, "%s/model.safetensors", path);
-        if (access(probe, F_OK) == 0) {
-            *files = zt_xcalloc(1, sizeof **files);
-            (*files)[0] = zt_xstrdup(probe);
-            *n = 1;
-            return 0;
-        }
-        snprintf(probe, sizeof probe, "%s/model.safetensors.index.json", path);
-        if (access(probe, F_OK) != 0)
-            return zt_fail(err, -ENOENT, "%s: a directory without model.safetensors or model.safetensors.index.json "
-                           "(give the safetensors file, the index or the directory of a Hugging Face model)", path);
-        index = probe;
-    } else {
-        const size_t len = strlen(path);
-        if (len > 5 && strcmp(path + len - 5, ".json") == 0)
-            index = path;
-    }
-    if (!index) {
-        *files = zt_xcalloc(1, sizeof **files);
-        (*files)[0] = zt_xstrdup(path);
-        *n = 1;
-        return 0;
-    }
-    char *text = NULL;
-    size_t tlen = 0;
-    int rc = zt_read_file(index, &text, &tlen, err);
-    if (rc < 0)
-        return rc;
-    cJSON *root = cJSON_ParseWithLength(text, tlen);
-    free(text);
-    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    if (!cJSON_IsObject(map) || !map->child) {
-        cJSON_Delete(root);
-        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
-                       "of tensor names to shard files)", index);
-    }
-    /* the folder of the index: the shards' names are relative to it */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", index);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        slash[1] = '\0';
-    else
-        dir[0] = '\0';
-    int cap = 0;
-    for (const cJSON *e = map->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
-            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
-                         index, e->string ? e->string : "?");
-            break;
-        }
-        char shard[4096 + 256];
-        snprintf(shard, sizeof shard, "%s%s", dir, e->valuestring);
-        bool known = false;
-        for (int i = 0; i < *n && !known; i++)
-            known = strcmp((*files)[i], shard) == 0;
-        if (known)
-            continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 8;
-            *files = zt_xrealloc(*files, (size_t)cap * sizeof **files);
-        }
-        (*files)[(*n)++] = zt_xstrdup(shard);
-    }
-    cJSON_Delete(root);
-    return rc;
 }
 
 /* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
@@ -1255,7 +1131,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
     char *seen = NULL;
     const zt_st_tensor *lm_head = NULL;
     const char *lm_head_file = NULL;
-    int rc = import_files(path, &files, &nfiles, err);
+    int rc = zt_st_shard_files(path, &files, &nfiles, err);
     if (rc < 0)
         goto out;
     fs = zt_xcalloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *fs);
@@ -1320,7 +1196,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
                                  st->name, got, (long long)want[0], (long long)want[1]);
                 goto out;
             }
-            if (!is_float_dtype(st->dtype)) {
+            if (!zt_st_dtype_is_f32_readable(st->dtype)) {
                 rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)",
                              file, st->name, zt_dtype_name(st->dtype));
                 goto out;
@@ -1339,10 +1215,10 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
     }
     if (lm_head) {
         const zt_param_info *wte = &m->tensors[0];
-        bool same = is_float_dtype(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
+        bool same = zt_st_dtype_is_f32_readable(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
                     lm_head->shape[1] == wte->shape[1];
         for (size_t i = 0; same && i < wte->numel; i++)
-            same = load_element(lm_head, i) == tmp[wte->offset + i];
+            same = zt_st_element_f32(lm_head, i) == tmp[wte->offset + i];
         if (!same) {
             rc = zt_fail(err, ZT_EMISMATCH, "%s: lm_head.weight differs from wte: untied heads are not supported",
                          lm_head_file);
