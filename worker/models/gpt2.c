@@ -25,12 +25,13 @@
 #include "common/safetensors.h" /* export and import, the files of a sharded checkpoint */
 #include "kernels/activation.h" /* GELU (tanh form) */
 #include "kernels/attention.h"  /* causal self-attention */
-#include "kernels/cpu_threads.h" /* threads for the initialisation */
+#include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
 #include "kernels/crossentropy.h"
 #include "kernels/embedding.h" /* token + position embedding */
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"   /* linear layers and the tied head */
 #include "kernels/residual.h" /* residual adds */
+#include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define GPT2_MAX_LAYERS 1024
@@ -163,29 +164,13 @@ int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* Fields of Hugging Face configs that do not change GPT-2's math: accepted and ignored. They cover
- * GPT2Config's own fields and what PretrainedConfig (transformers 4.x and 5.x) writes into config.json:
- * dropout rates, initialisation, token ids, generation defaults, task heads and bookkeeping. */
+/* Fields of GPT2Config that do not change GPT-2's math (dropout rates, initialisation, token ids, the
+ * summary head): accepted and ignored, as are the fields every Hugging Face config carries
+ * (zt__host_hf_generic_key). */
 static const char *const ignored_keys[] = {
-    /* GPT2Config */
     "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "bos_token_id", "eos_token_id",
     "use_cache", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "output_past", "gradient_checkpointing",
-    /* PretrainedConfig bookkeeping */
-    "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "_commit_hash",
-    "_attn_implementation", "_attn_implementation_internal", "_attn_implementation_autoset",
-    "_experts_implementation", "attn_implementation", "name_or_path", "return_dict", "use_return_dict",
-    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
-    "chunk_size_feed_forward", "is_decoder", "cross_attention_hidden_size", "tie_encoder_decoder",
-    "finetuning_task", "id2label", "label2id", "num_labels", "problem_type", "tokenizer_class", "prefix",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "task_specific_params",
-    /* generation defaults that older transformers versions saved in the model config */
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
-    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
-    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-    "output_logits",
 };
 
 static bool is_ignored_key(const char *key)
@@ -193,7 +178,7 @@ static bool is_ignored_key(const char *key)
     for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
         if (strcmp(key, ignored_keys[i]) == 0)
             return true;
-    return false;
+    return zt__host_hf_generic_key(key);
 }
 
 /* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
@@ -367,19 +352,6 @@ int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err)
     return rc;
 }
 
-/* The shortest decimal that reads back as the same float, as a double, so that 1e-5f is written as 1e-05
- * rather than 9.99999974737875e-06. */
-static double short_decimal(float f)
-{
-    char buf[32];
-    for (int digits = 6; digits < 9; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
-        if ((float)strtod(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
 /* Writes cfg as a Hugging Face config.json (GPT2LMHeadModel, keys sorted as transformers writes them)
  * atomically. Dropout rates are written as 0 because ztrain trains without dropout. Returns 0 or a
  * negative code with a message naming the path. */
@@ -404,7 +376,7 @@ int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err
     }
     cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
     cJSON_AddNumberToObject(o, "initializer_range", 0.02);
-    cJSON_AddNumberToObject(o, "layer_norm_epsilon", short_decimal(cfg->layer_norm_epsilon));
+    cJSON_AddNumberToObject(o, "layer_norm_epsilon", zt__host_short_decimal(cfg->layer_norm_epsilon));
     cJSON_AddStringToObject(o, "model_type", "gpt2");
     cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
     cJSON_AddNumberToObject(o, "n_embd", cfg->n_embd);
@@ -587,32 +559,13 @@ static size_t carve_acts(zt_gpt2 *m, float *base)
     return used;
 }
 
-#define INIT_CHUNK ((size_t)1 << 20) /* normals drawn per round of fill_normal */
-
-/* Writes normal(0, std) values from r into x[0..n): the values zt_rng_normal would give one by one. The
- * uniforms are drawn in order on this thread (cheap) into u (2 * INIT_CHUNK doubles), and the Box-Muller
- * transform (log, sqrt, cos: most of the cost) runs on the CPU kernels' threads, each element on its own:
- * the result does not depend on the thread count. */
-static void fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
-{
-    for (size_t done = 0; done < n; done += INIT_CHUNK) {
-        const size_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
-        for (size_t i = 0; i < 2 * k; i++)
-            u[i] = zt_rng_uniform(r);
-        float *y = x + done;
-#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
-        for (size_t i = 0; i < k; i++)
-            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
-    }
-}
-
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the
  * file). Tensors are filled in slab order from one generator. */
 static void init_params(zt_gpt2 *m, uint64_t seed)
 {
     zt_rng r;
     zt_rng_seed(&r, seed);
-    double *u = zt_xmalloc(2 * INIT_CHUNK * sizeof *u);
+    double *u = zt_xmalloc(2 * ZT__HOST_INIT_CHUNK * sizeof *u);
     const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
@@ -626,7 +579,7 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
             memset(x, 0, t->numel * sizeof *x); /* biases and layer-norm biases */
         } else {
             bool residual = strstr(t->name, "c_proj.weight") != NULL;
-            fill_normal(&r, x, t->numel, residual ? residual_std : std, u);
+            zt__host_fill_normal(&r, x, t->numel, residual ? residual_std : std, u);
         }
     }
     free(u);
