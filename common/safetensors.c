@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "common/json.h" /* the exact total size in a shard index */
 
 /* The reference implementation refuses headers above 100 MB; so do we. */
 #define ST_MAX_HEADER 100000000ULL
@@ -819,5 +820,85 @@ int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
     int rc = zt_write_file_atomic_parts(path, parts, nparts, err);
     free(parts);
     free(h.p);
+    return rc;
+}
+
+/* The shard each tensor goes to (shard_of[i], from 0) and the number of shards. */
+static int plan_shards(const zt_st_writer *w, size_t max_bytes, int *shard_of)
+{
+    int k = 0;
+    size_t used = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        const size_t n = w->tensors[i].nbytes;
+        if (used > 0 && used + n > max_bytes) {
+            k++;
+            used = 0;
+        }
+        shard_of[i] = k;
+        used += n;
+    }
+    return k + 1;
+}
+
+/* Writes the tensors in shards with an index; see safetensors.h. */
+int zt_st_writer_write_sharded(zt_st_writer *w, const char *dir, size_t max_shard_bytes, int *nshards,
+                               zt_err *err)
+{
+    if (nshards)
+        *nshards = 0;
+    if (max_shard_bytes == 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the shard size must be at least one byte", dir);
+    int rc = zt_mkdir_p(dir, err);
+    if (rc < 0)
+        return rc;
+    char path[4096 + 64];
+    int *shard_of = zt_xcalloc(w->count ? w->count : 1, sizeof *shard_of);
+    const int n = plan_shards(w, max_shard_bytes, shard_of);
+    if (n == 1) {
+        free(shard_of);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        rc = zt_st_writer_write(w, path, err);
+        if (rc == 0 && nshards)
+            *nshards = 1;
+        return rc;
+    }
+    cJSON *index = cJSON_CreateObject(), *map = cJSON_CreateObject();
+    uint64_t total = 0;
+    for (int k = 0; k < n && rc == 0; k++) {
+        char file[64];
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, n);
+        zt_st_writer *part = zt_st_writer_create();
+        for (size_t i = 0; i < w->nmeta && rc == 0; i++)
+            rc = zt_st_writer_add_metadata(part, w->meta[i].key, w->meta[i].value, err);
+        for (size_t i = 0; i < w->count && rc == 0; i++) {
+            const st_wtensor *t = &w->tensors[i];
+            if (shard_of[i] != k)
+                continue;
+            rc = zt_st_writer_add(part, t->name, t->dtype, t->ndim, t->shape, t->data, err);
+            cJSON_AddStringToObject(map, t->name, file);
+            total += t->nbytes;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if (rc == 0)
+            rc = zt_st_writer_write(part, path, err);
+        zt_st_writer_destroy(part);
+    }
+    free(shard_of);
+    if (rc == 0) {
+        cJSON *meta = cJSON_AddObjectToObject(index, "metadata");
+        cJSON_AddItemToObject(meta, "total_size", zt_json_exact_int((int64_t)total));
+        cJSON_AddItemToObject(index, "weight_map", map);
+        map = NULL;
+        char *text = cJSON_Print(index);
+        ZT_ASSERT(text != NULL);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
+        rc = zt_write_file_atomic_parts(path, parts, 2, err);
+        cJSON_free(text);
+    }
+    cJSON_Delete(map);
+    cJSON_Delete(index);
+    if (rc == 0 && nshards)
+        *nshards = n;
     return rc;
 }

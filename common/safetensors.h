@@ -148,5 +148,15 @@ int zt_st_writer_add_metadata(zt_st_writer *w, const char *key, const char *valu
 /* Writes path via path.tmp + fsync + rename. On failure nothing is left at path or path.tmp, and a
  * negative errno or ZT_E* code is returned with a message naming the path. */
 int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err);
+/* Writes the collected tensors into the folder dir (created if missing) the way Hugging Face shards a
+ * checkpoint: tensors in the order they were added fill shards of at most max_shard_bytes of data (a
+ * tensor larger than that gets a shard of its own), written as model-00001-of-0000N.safetensors ... with
+ * the writer's metadata in each, then model.safetensors.index.json ({"metadata": {"total_size": bytes},
+ * "weight_map": {tensor: shard}}) last, every file atomically. When everything fits in one shard, only
+ * dir/model.safetensors is written, as transformers does. *nshards (if not NULL) receives the number of
+ * files with tensors. Returns 0, or ZT_EINVAL_CONFIG (max_shard_bytes 0), a negative errno or a ZT_E*
+ * code with a message naming the file. */
+int zt_st_writer_write_sharded(zt_st_writer *w, const char *dir, size_t max_shard_bytes, int *nshards,
+                               zt_err *err);
 
 #endif

@@ -601,6 +601,66 @@ static void test_shard_files(void **state)
     assert_int_equal(n, 0);
 }
 
+/* A checkpoint written in shards of at most 100 bytes: tensors in order, a large one alone, the index
+ * naming each tensor's shard and the total size; zt_st_shard_files finds the shards again. With room
+ * for everything, one model.safetensors and no index. */
+static void test_write_sharded(void **state)
+{
+    (void)state;
+    static const float data[64];
+    const int64_t sizes[5] = {10, 12, 40, 3, 5}; /* floats: 40, 48, 160, 12 and 20 bytes */
+    const int want_shard[5] = {1, 1, 2, 3, 3};
+    zt_err err = {{0}};
+    zt_st_writer *w = zt_st_writer_create();
+    char name[32], dir[160], path[200];
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "t%d", i);
+        assert_int_equal(zt_st_writer_add(w, name, ZT_DTYPE_F32, 1, &sizes[i], data, &err), 0);
+    }
+    assert_int_equal(zt_st_writer_add_metadata(w, "format", "pt", &err), 0);
+    snprintf(dir, sizeof dir, "%s/sharded", g_dir);
+    int n = 0;
+    if (zt_st_writer_write_sharded(w, dir, 100, &n, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(n, 3);
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/model-%05d-of-00003.safetensors", dir, want_shard[i]);
+        zt_st_file *f = NULL;
+        assert_int_equal(zt_st_open(path, &f, &err), 0);
+        snprintf(name, sizeof name, "t%d", i);
+        const zt_st_tensor *t = zt_st_find(f, name);
+        assert_non_null(t);
+        assert_int_equal(t->shape[0], sizes[i]);
+        assert_string_equal(zt_st_metadata(f, "format"), "pt");
+        zt_st_close(f);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char text[1024];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    assert_non_null(strstr(text, "\"total_size\":\t280"));
+    assert_non_null(strstr(text, "\"t2\":\t\"model-00002-of-00003.safetensors\""));
+    char **files = NULL;
+    assert_int_equal(zt_st_shard_files(dir, &files, &n, &err), 0);
+    assert_int_equal(n, 3);
+    snprintf(path, sizeof path, "%s/model-00003-of-00003.safetensors", dir);
+    assert_string_equal(files[2], path);
+    zt_st_shard_files_free(files, n);
+
+    snprintf(dir, sizeof dir, "%s/whole", g_dir);
+    assert_int_equal(zt_st_writer_write_sharded(w, dir, 280, &n, &err), 0);
+    assert_int_equal(n, 1);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_true(exists(path));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    assert_false(exists(path));
+    assert_int_equal(zt_st_writer_write_sharded(w, dir, 0, &n, &err), ZT_EINVAL_CONFIG);
+    zt_st_writer_destroy(w);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -619,6 +679,7 @@ int main(void)
         T(test_reader_rejects_bad_metadata),
         cmocka_unit_test(test_element_f32),
         T(test_shard_files),
+        T(test_write_sharded),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
