@@ -13,6 +13,9 @@ own config.json. Then it compares, on a batch of 2 x 16 tokens:
   - every parameter's gradient of that loss (loss.backward()), 1e-4 relative to the tensor's largest entry;
   - ztrain's re-export (model.safetensors and config.json): from_pretrained loads it without missing,
     unexpected or mismatched tensors, it holds exactly the original weights, and gives the same logits.
+Then models that ztrain initialises in the shapes of llama_numpy_ref.py (llama3 scaling and an untied head,
+linear scaling and a tied head, a Mistral config) load from ztrain's export with AutoModelForCausalLM and
+give ztrain's logits and loss (1e-4 relative).
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) when torch or transformers is missing.
 """
 import os
@@ -24,14 +27,14 @@ try:
     import torch
     import transformers
     from safetensors.numpy import load_file
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"skipped: {e} (this check needs numpy, safetensors, torch and transformers)")
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
-from llama_numpy_ref import run_tool  # noqa: E402
+from llama_numpy_ref import CONFIGS, run_tool, write_config  # noqa: E402
 
 TOL = 1e-4
 MAJOR = int(transformers.__version__.split(".")[0])
@@ -48,9 +51,9 @@ def make_config(tied):
                        initializer_range=0.2, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, **rope_kw)
 
 
-def load(folder):
+def load(folder, cls=LlamaForCausalLM):
     kw = dict(dtype=torch.float32) if MAJOR >= 5 else dict(torch_dtype=torch.float32)
-    return LlamaForCausalLM.from_pretrained(folder, output_loading_info=True, **kw)
+    return cls.from_pretrained(folder, output_loading_info=True, **kw)
 
 
 def rel(a, b):
@@ -133,6 +136,33 @@ def check(tool, tmp, tied, rng):
     return ok
 
 
+def check_export(tool, tmp, name, fields, B, T, rng):
+    """A model ztrain initialised, loaded by transformers from ztrain's export."""
+    d = os.path.join(tmp, f"export-{name}")
+    os.makedirs(d)
+    cfg_in, tok, out = (os.path.join(d, f) for f in ("in_config.json", "tokens.bin", "out"))
+    write_config(cfg_in, fields)
+    rows = random_rows(rng, B, T, fields["vocab_size"])
+    write_tokens(tok, rows)
+    ours_loss = run_tool(tool, cfg_in, 3, tok, out)
+    ours = load_file(os.path.join(out, "outputs.safetensors"))["logits"]
+    model, info = load(out, AutoModelForCausalLM)
+    model.eval()
+    problems = [f"{what} tensors: {list(keys)[:5]}" for what in ("missing", "unexpected", "mismatched")
+                if (keys := [k for k in info.get(f"{what}_keys", []) if k != "lm_head.weight"])]
+    with torch.no_grad():
+        logits = model(input_ids=torch.as_tensor(rows[:, :-1], dtype=torch.long)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.as_tensor(rows[:, 1:], dtype=torch.long).reshape(-1)).item()
+    d_logits = rel(torch.from_numpy(ours), logits)
+    d_loss = abs(ours_loss - loss) / abs(loss)
+    ok = d_logits < TOL and d_loss < TOL and not problems
+    print(f"{'ok  ' if ok else 'FAIL'} export {name} as {type(model).__name__}: loss ztrain {ours_loss:.9g}, "
+          f"transformers {loss:.9g}; relative differences: logits {d_logits:.2e}, loss {d_loss:.2e}"
+          + "".join(f"; {p}" for p in problems))
+    return ok
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: llama_hf.py LLAMA_TOOL", file=sys.stderr)
@@ -145,6 +175,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="zt_llama_hf_") as tmp:
         for tied in (False, True):
             failures += not check(tool, tmp, tied, rng)
+        for name, fields, B, T in CONFIGS:
+            failures += not check_export(tool, tmp, name, fields, B, T, rng)
     return 1 if failures else 0
 
 
