@@ -340,7 +340,6 @@ static int parse_rope_object(const cJSON *d, const char *name, bool with_theta, 
     }
     if ((rc = zt_json_reader_finish(&r, err)) < 0)
         return rc;
-    out.theta = rope->theta;
     *rope = out;
     return 0;
 }
