@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "common/json.h" /* the exact total size in a shard index */
 
 /* The reference implementation refuses headers above 100 MB; so do we. */
 #define ST_MAX_HEADER 100000000ULL
@@ -470,6 +471,110 @@ const char *zt_st_metadata(const zt_st_file *f, const char *key)
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Values and checkpoints                                                                          */
+
+/* F32, F16 and BF16: the dtypes zt_st_element_f32 reads. */
+bool zt_st_dtype_is_f32_readable(enum zt_dtype dtype)
+{
+    return dtype == ZT_DTYPE_F32 || dtype == ZT_DTYPE_F16 || dtype == ZT_DTYPE_BF16;
+}
+
+/* Frees the list of zt_st_shard_files. */
+void zt_st_shard_files_free(char **files, int n)
+{
+    for (int i = 0; files && i < n; i++)
+        free(files[i]);
+    free(files);
+}
+
+/* A list of one file. */
+static void one_file(const char *path, char ***files, int *n)
+{
+    *files = zt_xcalloc(1, sizeof **files);
+    (*files)[0] = zt_xstrdup(path);
+    *n = 1;
+}
+
+/* The files of a checkpoint: path itself, the shards of an index, or a directory's model.safetensors or
+ * index (see the header). */
+int zt_st_shard_files(const char *path, char ***files, int *n, zt_err *err)
+{
+    *files = NULL;
+    *n = 0;
+    char probe[4096];
+    const char *index = NULL;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(probe, sizeof probe, "%s/model.safetensors", path);
+        if (access(probe, F_OK) == 0) {
+            one_file(probe, files, n);
+            return 0;
+        }
+        snprintf(probe, sizeof probe, "%s/model.safetensors.index.json", path);
+        if (access(probe, F_OK) != 0)
+            return zt_fail(err, -ENOENT, "%s: a directory without model.safetensors or model.safetensors.index.json "
+                           "(give the safetensors file, the index or the directory of a Hugging Face model)", path);
+        index = probe;
+    } else {
+        const size_t len = strlen(path);
+        if (len > 5 && strcmp(path + len - 5, ".json") == 0)
+            index = path;
+    }
+    if (!index) {
+        one_file(path, files, n);
+        return 0;
+    }
+    char *text = NULL;
+    size_t tlen = 0;
+    int rc = zt_read_file(index, &text, &tlen, err);
+    if (rc < 0)
+        return rc;
+    cJSON *root = cJSON_ParseWithLength(text, tlen);
+    free(text);
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(map) || !map->child) {
+        cJSON_Delete(root);
+        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
+                       "of tensor names to shard files)", index);
+    }
+    /* the folder of the index: the shards' names are relative to it */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", index);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    int cap = 0;
+    for (const cJSON *e = map->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
+            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
+                         index, e->string ? e->string : "?");
+            break;
+        }
+        char shard[4096 + 256];
+        snprintf(shard, sizeof shard, "%s%s", dir, e->valuestring);
+        bool known = false;
+        for (int i = 0; i < *n && !known; i++)
+            known = strcmp((*files)[i], shard) == 0;
+        if (known)
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            *files = zt_xrealloc(*files, (size_t)cap * sizeof **files);
+        }
+        (*files)[(*n)++] = zt_xstrdup(shard);
+    }
+    cJSON_Delete(root);
+    if (rc < 0) {
+        zt_st_shard_files_free(*files, *n);
+        *files = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Writing                                                                                         */
 
 typedef struct st_wtensor {
@@ -718,42 +823,82 @@ int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
     return rc;
 }
 
-/* IEEE half to float, exactly. */
-float zt_f16_to_f32(uint16_t h)
+/* The shard each tensor goes to (shard_of[i], from 0) and the number of shards. */
+static int plan_shards(const zt_st_writer *w, size_t max_bytes, int *shard_of)
 {
-    const int exponent = (h >> 10) & 0x1f;
-    const int mantissa = h & 0x3ff;
-    float v;
-    if (exponent == 0x1f) {
-        uint32_t bits = ((uint32_t)(h & 0x8000) << 16) | 0x7f800000u | ((uint32_t)mantissa << 13);
-        memcpy(&v, &bits, sizeof v);
-        return v;
+    int k = 0;
+    size_t used = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        const size_t n = w->tensors[i].nbytes;
+        if (used > 0 && used + n > max_bytes) {
+            k++;
+            used = 0;
+        }
+        shard_of[i] = k;
+        used += n;
     }
-    if (exponent == 0)
-        v = ldexpf((float)mantissa, -24); /* zero and subnormals */
-    else
-        v = ldexpf((float)(mantissa | 0x400), exponent - 25);
-    return (h & 0x8000) ? -v : v;
+    return k + 1;
 }
 
-/* bfloat16 is the top half of a float. */
-float zt_bf16_to_f32(uint16_t h)
+/* Writes the tensors in shards with an index; see safetensors.h. */
+int zt_st_writer_write_sharded(zt_st_writer *w, const char *dir, size_t max_shard_bytes, int *nshards,
+                               zt_err *err)
 {
-    uint32_t bits = (uint32_t)h << 16;
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-float zt_st_load_element(const zt_st_tensor *t, size_t i)
-{
-    const unsigned char *d = t->data;
-    if (t->dtype == ZT_DTYPE_F32) {
-        float v;
-        memcpy(&v, d + 4 * i, sizeof v);
-        return v;
+    if (nshards)
+        *nshards = 0;
+    if (max_shard_bytes == 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the shard size must be at least one byte", dir);
+    int rc = zt_mkdir_p(dir, err);
+    if (rc < 0)
+        return rc;
+    char path[4096 + 64];
+    int *shard_of = zt_xcalloc(w->count ? w->count : 1, sizeof *shard_of);
+    const int n = plan_shards(w, max_shard_bytes, shard_of);
+    if (n == 1) {
+        free(shard_of);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        rc = zt_st_writer_write(w, path, err);
+        if (rc == 0 && nshards)
+            *nshards = 1;
+        return rc;
     }
-    uint16_t h;
-    memcpy(&h, d + 2 * i, sizeof h);
-    return t->dtype == ZT_DTYPE_F16 ? zt_f16_to_f32(h) : zt_bf16_to_f32(h);
+    cJSON *index = cJSON_CreateObject(), *map = cJSON_CreateObject();
+    uint64_t total = 0;
+    for (int k = 0; k < n && rc == 0; k++) {
+        char file[64];
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", k + 1, n);
+        zt_st_writer *part = zt_st_writer_create();
+        for (size_t i = 0; i < w->nmeta && rc == 0; i++)
+            rc = zt_st_writer_add_metadata(part, w->meta[i].key, w->meta[i].value, err);
+        for (size_t i = 0; i < w->count && rc == 0; i++) {
+            const st_wtensor *t = &w->tensors[i];
+            if (shard_of[i] != k)
+                continue;
+            rc = zt_st_writer_add(part, t->name, t->dtype, t->ndim, t->shape, t->data, err);
+            cJSON_AddStringToObject(map, t->name, file);
+            total += t->nbytes;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if (rc == 0)
+            rc = zt_st_writer_write(part, path, err);
+        zt_st_writer_destroy(part);
+    }
+    free(shard_of);
+    if (rc == 0) {
+        cJSON *meta = cJSON_AddObjectToObject(index, "metadata");
+        cJSON_AddItemToObject(meta, "total_size", zt_json_exact_int((int64_t)total));
+        cJSON_AddItemToObject(index, "weight_map", map);
+        map = NULL;
+        char *text = cJSON_Print(index);
+        ZT_ASSERT(text != NULL);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
+        rc = zt_write_file_atomic_parts(path, parts, 2, err);
+        cJSON_free(text);
+    }
+    cJSON_Delete(map);
+    cJSON_Delete(index);
+    if (rc == 0 && nshards)
+        *nshards = n;
+    return rc;
 }

@@ -12,8 +12,10 @@
 #ifndef ZT_COMMON_SAFETENSORS_H
 #define ZT_COMMON_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/status.h"
 
@@ -38,9 +40,7 @@ enum zt_dtype {
 
 /* Bytes per element of a dtype. */
 size_t zt_dtype_size(enum zt_dtype dtype);
-/* IEEE half and bfloat16 to float, exactly. */
-float zt_f16_to_f32(uint16_t h);
-float zt_bf16_to_f32(uint16_t h);
+
 /* "F32", "BF16", ... as written in safetensors headers. */
 const char *zt_dtype_name(enum zt_dtype dtype);
 /* Parses a safetensors dtype name; returns 0 or ZT_EFORMAT. */
@@ -66,12 +66,79 @@ void zt_st_close(zt_st_file *f); /* accepts NULL */
 /* Number of tensors and the i-th one, in file order of their data offsets. */
 size_t zt_st_count(const zt_st_file *f);
 const zt_st_tensor *zt_st_get(const zt_st_file *f, size_t i);
-/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
-float zt_st_load_element(const zt_st_tensor *t, size_t i);
 /* The tensor called name, or NULL. */
 const zt_st_tensor *zt_st_find(const zt_st_file *f, const char *name);
 /* The value of a "__metadata__" key, or NULL. */
 const char *zt_st_metadata(const zt_st_file *f, const char *key);
+
+/* Whether zt_st_element_f32 reads this dtype: F32, F16 and BF16 (the weight dtypes of Hugging Face
+ * checkpoints; not F64 or the integer types). */
+bool zt_st_dtype_is_f32_readable(enum zt_dtype dtype);
+
+/* IEEE half to float, exactly (zero, subnormals, infinities and NaN included), by moving the bits. */
+static inline float zt_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1f;
+    uint32_t mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else {
+        /* a subnormal half is a normal float: shift the leading one into the implicit bit */
+        uint32_t e = 127 - 15 + 1;
+        do {
+            mantissa <<= 1;
+            e--;
+        } while (!(mantissa & 0x400));
+        bits = sign | (e << 23) | ((mantissa & 0x3ff) << 13);
+    }
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* bfloat16 to float, exactly: the top half of a float. */
+static inline float zt_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Element i of tensor t as a float, exactly (F16 and BF16 widen without rounding); t->dtype must be
+ * F32, F16 or BF16 (zt_st_dtype_is_f32_readable). The data is little-endian and may be unaligned.
+ * Inline: importers call it once per element of every weight. */
+static inline float zt_st_element_f32(const zt_st_tensor *t, size_t i)
+{
+    const unsigned char *d = (const unsigned char *)t->data;
+    if (t->dtype == ZT_DTYPE_F32) {
+        float v;
+        memcpy(&v, d + 4 * i, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, d + 2 * i, sizeof h);
+    return t->dtype == ZT_DTYPE_F16 ? zt_f16_to_f32(h) : zt_bf16_to_f32(h);
+}
+
+/* The safetensors files of a model checkpoint at path, in the three forms Hugging Face uses: a single
+ * .safetensors file (path itself); a sharded checkpoint's index, a path ending in ".json" (such as
+ * model.safetensors.index.json), whose "weight_map" maps tensor names to shard files in the index's
+ * folder (each shard is listed once, in the order of its first appearance); or a model directory,
+ * which stands for its model.safetensors if it has one, else for its model.safetensors.index.json.
+ * Only names are resolved here: the files are opened by the caller (zt_st_open), so a missing shard is
+ * reported there. On success *files is an array of *n paths that the caller frees with
+ * zt_st_shard_files_free. Returns 0, a negative errno (an unreadable index, a directory without either
+ * file) or ZT_EFORMAT (an index without a weight_map, or one naming a file outside its folder), with a
+ * message in err; on error *files is NULL and *n is 0. */
+int zt_st_shard_files(const char *path, char ***files, int *n, zt_err *err);
+/* Frees what zt_st_shard_files returned (accepts NULL). */
+void zt_st_shard_files_free(char **files, int n);
 
 /* Writing: collect tensors (borrowed data pointers must stay valid until zt_st_write returns), then
  * write the file atomically. Tensors are written in the order they were added. */
@@ -86,5 +153,15 @@ int zt_st_writer_add_metadata(zt_st_writer *w, const char *key, const char *valu
 /* Writes path via path.tmp + fsync + rename. On failure nothing is left at path or path.tmp, and a
  * negative errno or ZT_E* code is returned with a message naming the path. */
 int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err);
+/* Writes the collected tensors into the folder dir (created if missing) the way Hugging Face shards a
+ * checkpoint: tensors in the order they were added fill shards of at most max_shard_bytes of data (a
+ * tensor larger than that gets a shard of its own), written as model-00001-of-0000N.safetensors ... with
+ * the writer's metadata in each, then model.safetensors.index.json ({"metadata": {"total_size": bytes},
+ * "weight_map": {tensor: shard}}) last, every file atomically. When everything fits in one shard, only
+ * dir/model.safetensors is written, as transformers does. *nshards (if not NULL) receives the number of
+ * files with tensors. Returns 0, or ZT_EINVAL_CONFIG (max_shard_bytes 0), a negative errno or a ZT_E*
+ * code with a message naming the file. */
+int zt_st_writer_write_sharded(zt_st_writer *w, const char *dir, size_t max_shard_bytes, int *nshards,
+                               zt_err *err);
 
 #endif

@@ -12,7 +12,7 @@
 /* Columns per unit of work in the backward: wide enough for whole cache lines and SIMD. */
 #define ZT_EMBED_COL_BLOCK 32
 
-/* Writes out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. */
+/* Writes out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:], or wte[tokens[b,t],:] alone when wpe is NULL. */
 void zt_cpu_embedding_forward(zt_real *out, const int32_t *tokens, const zt_real *wte, const zt_real *wpe,
                               int B, int T, int C)
 {
@@ -20,8 +20,13 @@ void zt_cpu_embedding_forward(zt_real *out, const int32_t *tokens, const zt_real
     for (long bt = 0; bt < (long)B * T; bt++) {
         int t = (int)(bt % T);
         const zt_real *w = wte + (long)tokens[bt] * C;
-        const zt_real *p = wpe + (long)t * C;
         zt_real *o = out + bt * C;
+        if (!wpe) {
+            for (int c = 0; c < C; c++)
+                o[c] = w[c];
+            continue;
+        }
+        const zt_real *p = wpe + (long)t * C;
         for (int c = 0; c < C; c++)
             o[c] = w[c] + p[c];
     }
@@ -57,10 +62,15 @@ static void zt_embedding_backward(zt_real *dwte, zt_real *dwpe, zt_real *dwtt, c
             for (int t = 0; t < T; t++) {
                 const zt_real *d = dout + ((long)b * T + t) * C;
                 zt_real *w = dwte + (long)tokens[(long)b * T + t] * C;
-                zt_real *p = dwpe + (long)t * C;
-                for (int c = c0; c < c1; c++) {
-                    w[c] += d[c];
-                    p[c] += d[c];
+                if (dwpe) {
+                    zt_real *p = dwpe + (long)t * C;
+                    for (int c = c0; c < c1; c++) {
+                        w[c] += d[c];
+                        p[c] += d[c];
+                    }
+                } else {
+                    for (int c = c0; c < c1; c++)
+                        w[c] += d[c];
                 }
                 if (types) {
                     zt_real *y = dwtt + (long)types[(long)b * T + t] * C;
@@ -72,7 +82,7 @@ static void zt_embedding_backward(zt_real *dwte, zt_real *dwpe, zt_real *dwtt, c
     }
 }
 
-/* Adds dout[b,t,:] into dwte[tokens[b,t],:] and dwpe[t,:], summing in (b,t) order per element. */
+/* Adds dout[b,t,:] into dwte[tokens[b,t],:] and (unless NULL) dwpe[t,:], summing in (b,t) order per element. */
 void zt_cpu_embedding_backward(zt_real *dwte, zt_real *dwpe, const zt_real *dout, const int32_t *tokens,
                                int B, int T, int C)
 {

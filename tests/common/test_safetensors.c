@@ -2,6 +2,7 @@
  * argument checks, atomic writes that leave nothing behind on failure, and one crafted bad file for
  * each check of the reader (each message must name the file and the problem). */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -479,6 +480,187 @@ static void test_reader_rejects_bad_metadata(void **state)
     zt_st_close(f);
 }
 
+/* Every half-precision value widens to the float that ldexpf computes from its fields; BF16 is the top
+ * half of a float; F32 reads from any alignment. */
+static void test_element_f32(void **state)
+{
+    (void)state;
+    uint16_t *h = malloc(65536 * sizeof *h);
+    assert_non_null(h);
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    zt_st_tensor t = {.name = "h", .dtype = ZT_DTYPE_F16, .ndim = 1, .shape = {65536}, .data = h};
+    for (uint32_t i = 0; i < 65536; i++) {
+        const int e = (i >> 10) & 0x1f, m = i & 0x3ff;
+        const float got = zt_st_element_f32(&t, i);
+        if (e == 0x1f) {
+            assert_true(m == 0 ? isinf(got) : isnan(got));
+            assert_true((signbit(got) != 0) == ((i & 0x8000) != 0));
+            continue;
+        }
+        float want = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(m | 0x400), e - 25);
+        if (i & 0x8000)
+            want = -want;
+        uint32_t gb, wb;
+        memcpy(&gb, &got, 4);
+        memcpy(&wb, &want, 4);
+        if (gb != wb)
+            fail_msg("half 0x%04x: got %a, expected %a", (unsigned)i, (double)got, (double)want);
+    }
+    free(h);
+
+    const uint16_t bf[3] = {0x3f80, 0xc040, 0x0001}; /* 1, -3, the smallest subnormal */
+    t = (zt_st_tensor){.name = "b", .dtype = ZT_DTYPE_BF16, .ndim = 1, .shape = {3}, .data = bf};
+    assert_true(zt_st_element_f32(&t, 0) == 1.0f);
+    assert_true(zt_st_element_f32(&t, 1) == -3.0f);
+    assert_true(zt_st_element_f32(&t, 2) == ldexpf(1.0f, -133));
+    unsigned char raw[9];
+    const float x = -1.25f;
+    memcpy(raw + 5, &x, 4);
+    t = (zt_st_tensor){.name = "f", .dtype = ZT_DTYPE_F32, .ndim = 1, .shape = {2}, .data = raw + 1};
+    assert_true(zt_st_element_f32(&t, 1) == x);
+    assert_true(zt_st_dtype_is_f32_readable(ZT_DTYPE_F32) && zt_st_dtype_is_f32_readable(ZT_DTYPE_F16) &&
+                zt_st_dtype_is_f32_readable(ZT_DTYPE_BF16));
+    assert_false(zt_st_dtype_is_f32_readable(ZT_DTYPE_F64) || zt_st_dtype_is_f32_readable(ZT_DTYPE_I32));
+}
+
+/* Writes text to the file dir/name. */
+static void write_text(const char *name, const char *text)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The three forms of a checkpoint: a file, an index (each shard once, in order of first mention, beside
+ * the index), a directory (its model.safetensors first, else its index); and the refusals. */
+static void test_shard_files(void **state)
+{
+    (void)state;
+    char **files = NULL, path[160], want[160];
+    int n = -1;
+    zt_err err = {{0}};
+    /* A file is itself, whether it exists or not (opening it reports what is wrong). */
+    assert_int_equal(zt_st_shard_files("/nonexistent/x.safetensors", &files, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(files[0], "/nonexistent/x.safetensors");
+    zt_st_shard_files_free(files, n);
+
+    write_text("model.safetensors.index.json",
+               "{\"metadata\": {\"total_size\": 8}, \"weight_map\": {\"a\": \"s2.safetensors\", "
+               "\"b\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", g_dir);
+    for (int form = 0; form < 2; form++) {
+        assert_int_equal(zt_st_shard_files(form ? g_dir : path, &files, &n, &err), 0);
+        assert_int_equal(n, 2);
+        snprintf(want, sizeof want, "%s/s2.safetensors", g_dir);
+        assert_string_equal(files[0], want);
+        snprintf(want, sizeof want, "%s/s1.safetensors", g_dir);
+        assert_string_equal(files[1], want);
+        zt_st_shard_files_free(files, n);
+    }
+    /* A directory's model.safetensors comes before its index. */
+    write_text("model.safetensors", "");
+    assert_int_equal(zt_st_shard_files(g_dir, &files, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(files[0], g_path);
+    zt_st_shard_files_free(files, n);
+
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"not json", "weight_map"},
+        {"{\"weight_map\": {}}", "weight_map"},
+        {"{\"weight_map\": [\"a\"]}", "weight_map"},
+        {"{\"weight_map\": {\"a\": \"s1.safetensors\", \"w\": \"../x.safetensors\"}}", "'w'"},
+        {"{\"weight_map\": {\"w\": \"..\"}}", "in the index's folder"},
+        {"{\"weight_map\": {\"w\": 3}}", "'w'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_text("model.safetensors.index.json", bad[i].text);
+        files = (char **)&err; /* must be reset */
+        n = -1;
+        memset(&err, 0, sizeof err);
+        int rc = zt_st_shard_files(path, &files, &n, &err);
+        if (rc != ZT_EFORMAT || !strstr(err.msg, bad[i].needle) || !strstr(err.msg, path))
+            fail_msg("case %zu: rc %d, message '%s'", i, rc, err.msg);
+        assert_null(files);
+        assert_int_equal(n, 0);
+    }
+    assert_true(zt_st_shard_files("/nonexistent/model.safetensors.index.json", &files, &n, &err) < 0);
+    assert_null(files);
+    /* A directory with neither file. */
+    unlink(g_path);
+    unlink(path);
+    assert_int_equal(zt_st_shard_files(g_dir, &files, &n, &err), -ENOENT);
+    assert_non_null(strstr(err.msg, "model.safetensors.index.json"));
+    assert_null(files);
+    assert_int_equal(n, 0);
+}
+
+/* A checkpoint written in shards of at most 100 bytes: tensors in order, a large one alone, the index
+ * naming each tensor's shard and the total size; zt_st_shard_files finds the shards again. With room
+ * for everything, one model.safetensors and no index. */
+static void test_write_sharded(void **state)
+{
+    (void)state;
+    static const float data[64];
+    const int64_t sizes[5] = {10, 12, 40, 3, 5}; /* floats: 40, 48, 160, 12 and 20 bytes */
+    const int want_shard[5] = {1, 1, 2, 3, 3};
+    zt_err err = {{0}};
+    zt_st_writer *w = zt_st_writer_create();
+    char name[32], dir[160], path[200];
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "t%d", i);
+        assert_int_equal(zt_st_writer_add(w, name, ZT_DTYPE_F32, 1, &sizes[i], data, &err), 0);
+    }
+    assert_int_equal(zt_st_writer_add_metadata(w, "format", "pt", &err), 0);
+    snprintf(dir, sizeof dir, "%s/sharded", g_dir);
+    int n = 0;
+    if (zt_st_writer_write_sharded(w, dir, 100, &n, &err) != 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(n, 3);
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/model-%05d-of-00003.safetensors", dir, want_shard[i]);
+        zt_st_file *f = NULL;
+        assert_int_equal(zt_st_open(path, &f, &err), 0);
+        snprintf(name, sizeof name, "t%d", i);
+        const zt_st_tensor *t = zt_st_find(f, name);
+        assert_non_null(t);
+        assert_int_equal(t->shape[0], sizes[i]);
+        assert_string_equal(zt_st_metadata(f, "format"), "pt");
+        zt_st_close(f);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char text[1024];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    assert_non_null(strstr(text, "\"total_size\":\t280"));
+    assert_non_null(strstr(text, "\"t2\":\t\"model-00002-of-00003.safetensors\""));
+    char **files = NULL;
+    assert_int_equal(zt_st_shard_files(dir, &files, &n, &err), 0);
+    assert_int_equal(n, 3);
+    snprintf(path, sizeof path, "%s/model-00003-of-00003.safetensors", dir);
+    assert_string_equal(files[2], path);
+    zt_st_shard_files_free(files, n);
+
+    snprintf(dir, sizeof dir, "%s/whole", g_dir);
+    assert_int_equal(zt_st_writer_write_sharded(w, dir, 280, &n, &err), 0);
+    assert_int_equal(n, 1);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_true(exists(path));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    assert_false(exists(path));
+    assert_int_equal(zt_st_writer_write_sharded(w, dir, 0, &n, &err), ZT_EINVAL_CONFIG);
+    zt_st_writer_destroy(w);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -495,6 +677,9 @@ int main(void)
         T(test_reader_rejects_bad_entries),
         T(test_reader_rejects_bad_layout),
         T(test_reader_rejects_bad_metadata),
+        cmocka_unit_test(test_element_f32),
+        T(test_shard_files),
+        T(test_write_sharded),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -121,6 +121,16 @@ static void test_embedding(void **state)
     expect_close_f("embedding dwte", dwte, rdwte, V * C, F32_TOL);
     expect_close_f("embedding dwpe", dwpe, rdwpe, T * C, F32_TOL);
 
+    /* Without positions (wpe and dwpe NULL): the rows of wte exactly, and the same dwte bits. */
+    float *out0 = zero_floats(B * T * C), *dwte0 = zero_floats(V * C);
+    zt_cpu_embedding_forward(out0, tokens, wte, NULL, B, T, C);
+    for (int i = 0; i < B * T; i++)
+        assert_memory_equal(out0 + (size_t)i * C, wte + (size_t)tokens[i] * C, sizeof(float) * C);
+    zt_cpu_embedding_backward(dwte0, NULL, dout, tokens, B, T, C);
+    assert_memory_equal(dwte0, dwte, sizeof(float) * V * C);
+    free(out0);
+    free(dwte0);
+
     /* With token types (BERT): three of them, the last never used. */
     enum { NTT = 3 };
     int32_t types[B * T];

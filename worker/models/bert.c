@@ -1470,100 +1470,6 @@ int zt_bert_export(const zt_bert *m, const char *path, zt_err *err)
     return rc;
 }
 
-/* The safetensors files that path stands for: itself, the shards an index (a path ending in ".json")
- * names in its weight_map, each once in the order of first appearance, or for a directory its
- * model.safetensors, else its model.safetensors.index.json. Fills *files (the caller frees each, then the
- * array) and *n. Returns 0, a negative errno or ZT_EFORMAT with a message. */
-static int shard_files(const char *path, char ***files, int *n, zt_err *err)
-{
-    *files = NULL;
-    *n = 0;
-    char buf[4096];
-    const char *index = path;
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(buf, sizeof buf, "%s/model.safetensors", path);
-        if (access(buf, F_OK) != 0) {
-            snprintf(buf, sizeof buf, "%s/model.safetensors.index.json", path);
-            if (access(buf, F_OK) != 0)
-                return zt_fail(err, -ENOENT,
-                               "%s: a directory without model.safetensors or model.safetensors.index.json (give the "
-                               "safetensors file, the index or the directory of a Hugging Face model)",
-                               path);
-        }
-        index = buf;
-    }
-    const size_t len = strlen(index);
-    if (len <= 5 || strcmp(index + len - 5, ".json") != 0) {
-        *files = zt_xcalloc(1, sizeof **files);
-        (*files)[0] = zt_xstrdup(index);
-        *n = 1;
-        return 0;
-    }
-    cJSON *root = NULL;
-    int rc = zt_json_load_object(index, &root, err);
-    if (rc < 0)
-        return rc;
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-    if (!cJSON_IsObject(map) || !map->child) {
-        cJSON_Delete(root);
-        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
-                       "of tensor names to shard files)", index);
-    }
-    const char *slash = strrchr(index, '/');
-    const int dirlen = slash ? (int)(slash - index + 1) : 0;
-    for (const cJSON *e = map->child; e && rc == 0; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
-            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
-                         index, e->string ? e->string : "?");
-            break;
-        }
-        char shard[4096 + 256];
-        snprintf(shard, sizeof shard, "%.*s%s", dirlen, index, e->valuestring);
-        bool known = false;
-        for (int i = 0; i < *n && !known; i++)
-            known = strcmp((*files)[i], shard) == 0;
-        if (!known) {
-            *files = zt_xrealloc(*files, (size_t)(*n + 1) * sizeof **files);
-            (*files)[(*n)++] = zt_xstrdup(shard);
-        }
-    }
-    cJSON_Delete(root);
-    if (rc < 0) {
-        for (int i = 0; i < *n; i++)
-            free((*files)[i]);
-        free(*files);
-        *files = NULL;
-        *n = 0;
-    }
-    return rc;
-}
-
-/* Element i of a tensor's data as float (F32, F16 or BF16, little-endian, possibly unaligned). */
-static float element_f32(const zt_st_tensor *t, size_t i)
-{
-    const unsigned char *d = t->data;
-    float v;
-    if (t->dtype == ZT_DTYPE_F32) {
-        memcpy(&v, d + 4 * i, sizeof v);
-        return v;
-    }
-    uint16_t h;
-    memcpy(&h, d + 2 * i, sizeof h);
-    if (t->dtype == ZT_DTYPE_BF16) {
-        const uint32_t bits = (uint32_t)h << 16;
-        memcpy(&v, &bits, sizeof v);
-        return v;
-    }
-    const int e = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (e == 0x1f)
-        v = mant ? NAN : INFINITY;
-    else if (e == 0)
-        v = ldexpf((float)mant, -24);
-    else
-        v = ldexpf((float)(mant | 0x400), e - 25);
-    return (h & 0x8000) ? -v : v;
-}
 
 static bool is_float_dtype(enum zt_dtype d)
 {
@@ -1632,7 +1538,7 @@ static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const fl
         (t->ndim == 2 && st->shape[1] != t->shape[1]))
         return false;
     for (size_t i = 0; i < t->numel; i++)
-        if (element_f32(st, i) != tmp[t->offset + i])
+        if (zt_st_element_f32(st, i) != tmp[t->offset + i])
             return false;
     return true;
 }
@@ -1660,7 +1566,7 @@ static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *
     int *seen = NULL; /* per tensor: 1 + the file that held it, 0 when not seen yet */
     const zt_st_tensor *tied[2] = {NULL, NULL};
     const char *tied_file[2] = {NULL, NULL};
-    int rc = shard_files(path, &files, &nfiles, err);
+    int rc = zt_st_shard_files(path, &files, &nfiles, err);
     if (rc < 0)
         return rc;
     fs = zt_xcalloc((size_t)nfiles, sizeof *fs);
@@ -1730,7 +1636,7 @@ static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *
             }
             float *dst = tmp + t->offset;
             for (size_t j = 0; j < t->numel; j++) {
-                dst[j] = element_f32(st, j);
+                dst[j] = zt_st_element_f32(st, j);
                 if (!isfinite(dst[j])) {
                     rc = zt_fail(err, ZT_EFORMAT,
                                  "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu", file,
@@ -1771,12 +1677,10 @@ static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *
 out:
     free(tmp);
     free(seen);
-    for (int i = 0; i < nfiles; i++) {
+    for (int i = 0; i < nfiles; i++)
         zt_st_close(fs ? fs[i] : NULL);
-        free(files[i]);
-    }
     free(fs);
-    free(files);
+    zt_st_shard_files_free(files, nfiles);
     return rc;
 }
 

@@ -12,28 +12,26 @@
  * 1/sqrt(2 n_layer), biases 0, layer norms weight 1 and bias 0. */
 #include "worker/models/gpt2.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "common/fileio.h"      /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"        /* strict reading of config.json */
 #include "common/log.h"         /* the initialisation of a large model is logged */
 #include "common/rng.h"         /* deterministic initialisation */
-#include "common/safetensors.h" /* export and import */
+#include "common/safetensors.h" /* export and import, the files of a sharded checkpoint */
 #include "kernels/activation.h" /* GELU (tanh form) */
 #include "kernels/attention.h"  /* causal self-attention */
-#include "kernels/cpu_threads.h" /* threads for the initialisation */
+#include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
 #include "kernels/crossentropy.h"
 #include "kernels/embedding.h" /* token + position embedding */
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"   /* linear layers and the tied head */
 #include "kernels/residual.h" /* residual adds */
+#include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define GPT2_MAX_LAYERS 1024
@@ -166,29 +164,13 @@ int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* Fields of Hugging Face configs that do not change GPT-2's math: accepted and ignored. They cover
- * GPT2Config's own fields and what PretrainedConfig (transformers 4.x and 5.x) writes into config.json:
- * dropout rates, initialisation, token ids, generation defaults, task heads and bookkeeping. */
+/* Fields of GPT2Config that do not change GPT-2's math (dropout rates, initialisation, token ids, the
+ * summary head): accepted and ignored, as are the fields every Hugging Face config carries
+ * (zt__host_hf_generic_key). */
 static const char *const ignored_keys[] = {
-    /* GPT2Config */
     "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "bos_token_id", "eos_token_id",
     "use_cache", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "output_past", "gradient_checkpointing",
-    /* PretrainedConfig bookkeeping */
-    "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "_commit_hash",
-    "_attn_implementation", "_attn_implementation_internal", "_attn_implementation_autoset",
-    "_experts_implementation", "attn_implementation", "name_or_path", "return_dict", "use_return_dict",
-    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
-    "chunk_size_feed_forward", "is_decoder", "cross_attention_hidden_size", "tie_encoder_decoder",
-    "finetuning_task", "id2label", "label2id", "num_labels", "problem_type", "tokenizer_class", "prefix",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "task_specific_params",
-    /* generation defaults that older transformers versions saved in the model config */
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
-    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
-    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-    "output_logits",
 };
 
 static bool is_ignored_key(const char *key)
@@ -196,7 +178,7 @@ static bool is_ignored_key(const char *key)
     for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
         if (strcmp(key, ignored_keys[i]) == 0)
             return true;
-    return false;
+    return zt__host_hf_generic_key(key);
 }
 
 /* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
@@ -364,19 +346,6 @@ int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err)
     return rc;
 }
 
-/* The shortest decimal that reads back as the same float, as a double, so that 1e-5f is written as 1e-05
- * rather than 9.99999974737875e-06. */
-static double short_decimal(float f)
-{
-    char buf[32];
-    for (int digits = 6; digits < 9; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
-        if ((float)strtod(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
 /* Writes cfg as a Hugging Face config.json (GPT2LMHeadModel, keys sorted as transformers writes them)
  * atomically. Dropout rates are written as 0 because ztrain trains without dropout. Returns 0 or a
  * negative code with a message naming the path. */
@@ -401,7 +370,7 @@ int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err
     }
     cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
     cJSON_AddNumberToObject(o, "initializer_range", 0.02);
-    cJSON_AddNumberToObject(o, "layer_norm_epsilon", short_decimal(cfg->layer_norm_epsilon));
+    cJSON_AddNumberToObject(o, "layer_norm_epsilon", zt__host_short_decimal(cfg->layer_norm_epsilon));
     cJSON_AddStringToObject(o, "model_type", "gpt2");
     cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
     cJSON_AddNumberToObject(o, "n_embd", cfg->n_embd);
@@ -584,32 +553,13 @@ static size_t carve_acts(zt_gpt2 *m, float *base)
     return used;
 }
 
-#define INIT_CHUNK ((size_t)1 << 20) /* normals drawn per round of fill_normal */
-
-/* Writes normal(0, std) values from r into x[0..n): the values zt_rng_normal would give one by one. The
- * uniforms are drawn in order on this thread (cheap) into u (2 * INIT_CHUNK doubles), and the Box-Muller
- * transform (log, sqrt, cos: most of the cost) runs on the CPU kernels' threads, each element on its own:
- * the result does not depend on the thread count. */
-static void fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
-{
-    for (size_t done = 0; done < n; done += INIT_CHUNK) {
-        const size_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
-        for (size_t i = 0; i < 2 * k; i++)
-            u[i] = zt_rng_uniform(r);
-        float *y = x + done;
-#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
-        for (size_t i = 0; i < k; i++)
-            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
-    }
-}
-
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the
  * file). Tensors are filled in slab order from one generator. */
 static void init_params(zt_gpt2 *m, uint64_t seed)
 {
     zt_rng r;
     zt_rng_seed(&r, seed);
-    double *u = zt_xmalloc(2 * INIT_CHUNK * sizeof *u);
+    double *u = zt_xmalloc(2 * ZT__HOST_INIT_CHUNK * sizeof *u);
     const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
@@ -623,7 +573,7 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
             memset(x, 0, t->numel * sizeof *x); /* biases and layer-norm biases */
         } else {
             bool residual = strstr(t->name, "c_proj.weight") != NULL;
-            fill_normal(&r, x, t->numel, residual ? residual_std : std, u);
+            zt__host_fill_normal(&r, x, t->numel, residual ? residual_std : std, u);
         }
     }
     free(u);
@@ -1083,11 +1033,6 @@ static bool is_attn_buffer(const char *name)
     return strcmp(s, ".attn.bias") == 0 || strcmp(s, ".attn.masked_bias") == 0;
 }
 
-static bool is_float_dtype(enum zt_dtype d)
-{
-    return d == ZT_DTYPE_F32 || d == ZT_DTYPE_F16 || d == ZT_DTYPE_BF16;
-}
-
 /* Index of the tensor named name (without the HF prefix), or -1. */
 static int find_tensor(const zt_gpt2 *m, const char *name)
 {
@@ -1105,97 +1050,18 @@ static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float 
         const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
         for (size_t k = 0; k < cols; k++)
             for (size_t o = 0; o < rows; o++)
-                dst[o * cols + k] = zt_st_load_element(st, k * rows + o);
+                dst[o * cols + k] = zt_st_element_f32(st, k * rows + o);
     } else if (st->dtype == ZT_DTYPE_F32) {
         memcpy(dst, st->data, t->numel * sizeof(float));
     } else {
         for (size_t i = 0; i < t->numel; i++)
-            dst[i] = zt_st_load_element(st, i);
+            dst[i] = zt_st_element_f32(st, i);
     }
     for (size_t i = 0; i < t->numel; i++)
         if (!isfinite(dst[i]))
             return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
                            path, st->name, i);
     return 0;
-}
-
-/* The safetensors files of an import: path itself, or the shards that a Hugging Face index
- * (model.safetensors.index.json) names in its weight_map, or in a directory its model.safetensors or
- * model.safetensors.index.json. Fills *files (each freed by the caller, then the array) and *n. */
-static int import_files(const char *path, char ***files, int *n, zt_err *err)
-{
-    *files = NULL;
-    *n = 0;
-    char probe[4096];
-    const char *index = NULL;
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(probe, sizeof probe, "%s/model.safetensors", path);
-        if (access(probe, F_OK) == 0) {
-            *files = zt_xcalloc(1, sizeof **files);
-            (*files)[0] = zt_xstrdup(probe);
-            *n = 1;
-            return 0;
-        }
-        snprintf(probe, sizeof probe, "%s/model.safetensors.index.json", path);
-        if (access(probe, F_OK) != 0)
-            return zt_fail(err, -ENOENT, "%s: a directory without model.safetensors or model.safetensors.index.json "
-                           "(give the safetensors file, the index or the directory of a Hugging Face model)", path);
-        index = probe;
-    } else {
-        const size_t len = strlen(path);
-        if (len > 5 && strcmp(path + len - 5, ".json") == 0)
-            index = path;
-    }
-    if (!index) {
-        *files = zt_xcalloc(1, sizeof **files);
-        (*files)[0] = zt_xstrdup(path);
-        *n = 1;
-        return 0;
-    }
-    char *text = NULL;
-    size_t tlen = 0;
-    int rc = zt_read_file(index, &text, &tlen, err);
-    if (rc < 0)
-        return rc;
-    cJSON *root = cJSON_ParseWithLength(text, tlen);
-    free(text);
-    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    if (!cJSON_IsObject(map) || !map->child) {
-        cJSON_Delete(root);
-        return zt_fail(err, ZT_EFORMAT, "%s: not a safetensors index (expected a JSON object with a \"weight_map\" "
-                       "of tensor names to shard files)", index);
-    }
-    /* the folder of the index: the shards' names are relative to it */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", index);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        slash[1] = '\0';
-    else
-        dir[0] = '\0';
-    int cap = 0;
-    for (const cJSON *e = map->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strcmp(e->valuestring, "..") == 0) {
-            rc = zt_fail(err, ZT_EFORMAT, "%s: weight_map entry '%s' must name a shard file in the index's folder",
-                         index, e->string ? e->string : "?");
-            break;
-        }
-        char shard[4096 + 256];
-        snprintf(shard, sizeof shard, "%s%s", dir, e->valuestring);
-        bool known = false;
-        for (int i = 0; i < *n && !known; i++)
-            known = strcmp((*files)[i], shard) == 0;
-        if (known)
-            continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 8;
-            *files = zt_xrealloc(*files, (size_t)cap * sizeof **files);
-        }
-        (*files)[(*n)++] = zt_xstrdup(shard);
-    }
-    cJSON_Delete(root);
-    return rc;
 }
 
 /* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
@@ -1212,7 +1078,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
     char *seen = NULL;
     const zt_st_tensor *lm_head = NULL;
     const char *lm_head_file = NULL;
-    int rc = import_files(path, &files, &nfiles, err);
+    int rc = zt_st_shard_files(path, &files, &nfiles, err);
     if (rc < 0)
         goto out;
     fs = zt_xcalloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *fs);
@@ -1277,7 +1143,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
                                  st->name, got, (long long)want[0], (long long)want[1]);
                 goto out;
             }
-            if (!is_float_dtype(st->dtype)) {
+            if (!zt_st_dtype_is_f32_readable(st->dtype)) {
                 rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)",
                              file, st->name, zt_dtype_name(st->dtype));
                 goto out;
@@ -1296,10 +1162,10 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
     }
     if (lm_head) {
         const zt_param_info *wte = &m->tensors[0];
-        bool same = is_float_dtype(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
+        bool same = zt_st_dtype_is_f32_readable(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
                     lm_head->shape[1] == wte->shape[1];
         for (size_t i = 0; same && i < wte->numel; i++)
-            same = zt_st_load_element(lm_head, i) == tmp[wte->offset + i];
+            same = zt_st_element_f32(lm_head, i) == tmp[wte->offset + i];
         if (!same) {
             rc = zt_fail(err, ZT_EMISMATCH, "%s: lm_head.weight differs from wte: untied heads are not supported",
                          lm_head_file);

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/status.h"
+#include "worker/models/params.h" /* zt_param_info, zt_block_info */
 
 typedef struct zt_gpt2_config {
     int n_layer;
@@ -44,23 +45,6 @@ int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err
 int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err);
 /* Number of parameters of a GPT-2 with cfg's shape (cfg valid), computed without creating a model. */
 size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg);
-
-/* One named parameter tensor. */
-typedef struct zt_param_info {
-    char name[64];      /* e.g. "h.3.attn.c_attn.weight" */
-    int ndim;           /* 1 or 2 */
-    int64_t shape[2];   /* ztrain layout ([out, in] for linear weights) */
-    size_t offset;      /* in elements, from the start of the parameter slab */
-    size_t numel;
-    int block;          /* index of the block that owns it */
-    bool weight_decay;  /* false for biases, layer-norm parameters (and nothing else) */
-    bool transposed_in_hf; /* stored transposed in HF files (Conv1D weights) */
-} zt_param_info;
-
-typedef struct zt_block_info {
-    size_t offset;      /* in elements, first element of the block in the parameter slab */
-    size_t numel;
-} zt_block_info;
 
 typedef struct zt_gpt2 zt_gpt2; /* opaque */
 

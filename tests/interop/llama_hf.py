@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Checks ztrain's LLaMA against Hugging Face transformers' LlamaForCausalLM, both ways.
+
+Usage: llama_hf.py LLAMA_TOOL
+
+LLAMA_TOOL is tests/worker/llama_tool from a ztrain build. For an odd config (6 query heads sharing 2
+key/value heads, i.e. 3 query heads per group; heads of 8 channels; an MLP of 40; a vocabulary of 1000;
+llama3 rope scaling whose ramp the head's frequencies straddle) with an untied head, and the same with a
+tied head saved in shards, it builds a random LlamaForCausalLM in float32 (initializer_range 0.2, norm
+weights away from 1), saves it with save_pretrained, and has ztrain import the saved folder with transformers'
+own config.json. Then it compares, on a batch of 2 x 16 tokens:
+  - ztrain's logits and mean loss with transformers' (eval mode, cross-entropy of the logits), 1e-4 relative;
+  - every parameter's gradient of that loss (loss.backward()), 1e-4 relative to the tensor's largest entry;
+  - ztrain's re-export (model.safetensors and config.json): from_pretrained loads it without missing,
+    unexpected or mismatched tensors, it holds exactly the original weights, and gives the same logits.
+Then models that ztrain initialises in the shapes of llama_numpy_ref.py (llama3 scaling and an untied head,
+linear scaling and a tied head, a Mistral config) load from ztrain's export with AutoModelForCausalLM and
+give ztrain's logits and loss (1e-4 relative).
+Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) when torch or transformers is missing.
+"""
+import os
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+except ImportError as e:  # pragma: no cover - depends on the environment
+    print(f"skipped: {e} (this check needs numpy, safetensors, torch and transformers)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
+from llama_numpy_ref import CONFIGS, run_tool, write_config  # noqa: E402
+
+TOL = 1e-4
+MAJOR = int(transformers.__version__.split(".")[0])
+
+
+def make_config(tied):
+    rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=16)
+    # transformers 5 keeps rope_theta and the scaling in rope_parameters; 4.x in rope_theta and rope_scaling.
+    rope_kw = dict(rope_parameters=dict(rope, rope_theta=10000.0)) if MAJOR >= 5 else \
+        dict(rope_theta=10000.0, rope_scaling=rope)
+    return LlamaConfig(vocab_size=1000, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                       initializer_range=0.2, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, **rope_kw)
+
+
+def load(folder, cls=LlamaForCausalLM):
+    kw = dict(dtype=torch.float32) if MAJOR >= 5 else dict(torch_dtype=torch.float32)
+    return cls.from_pretrained(folder, output_loading_info=True, **kw)
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def check(tool, tmp, tied, rng):
+    label = "tied head, sharded" if tied else "untied head"
+    problems = []
+    torch.manual_seed(1 + tied)
+    model = LlamaForCausalLM(make_config(tied)).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    model.eval()
+    hf_dir = os.path.join(tmp, f"hf-{int(tied)}")
+    # the tied model in shards of 100 kB: ztrain reads the index through the folder
+    model.save_pretrained(hf_dir, **(dict(max_shard_size="100KB") if tied else {}))
+    if tied and not os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")):
+        problems.append("save_pretrained wrote no sharded checkpoint")
+
+    B, T = 2, 16
+    rows = random_rows(rng, B, T, 1000)
+    rows[1, -1] = -1  # one ignored target
+    tok = os.path.join(tmp, f"tokens-{int(tied)}.bin")
+    write_tokens(tok, rows)
+    out = os.path.join(tmp, f"zt-{int(tied)}")
+    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), 0, tok, out, init=hf_dir)
+    ours = load_file(os.path.join(out, "outputs.safetensors"))
+
+    ids = torch.as_tensor(rows[:, :-1], dtype=torch.long)
+    targets = torch.as_tensor(rows[:, 1:], dtype=torch.long)
+    model.zero_grad()
+    logits = model(input_ids=ids).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                             ignore_index=-1)
+    loss.backward()
+    d_logits = rel(torch.from_numpy(ours["logits"]), logits.detach())
+    d_loss = abs(ours_loss - loss.item()) / abs(loss.item())
+    if d_logits > TOL:
+        problems.append(f"logits differ by {d_logits:.2e}")
+    if d_loss > TOL:
+        problems.append(f"loss {ours_loss:.9g} against {loss.item():.9g}")
+    worst_grad, worst_name = 0.0, ""
+    for name, p in model.named_parameters():
+        key = "grad." + name
+        if key not in ours:
+            problems.append(f"ztrain wrote no gradient for {name}")
+            continue
+        d = rel(torch.from_numpy(ours[key]), p.grad)
+        if d > worst_grad:
+            worst_grad, worst_name = d, name
+    if worst_grad > TOL:
+        problems.append(f"gradient of {worst_name} differs by {worst_grad:.2e}")
+
+    # ztrain's export, loaded back into transformers.
+    back, info = load(out)
+    back.eval()
+    missing = [k for k in info.get("missing_keys", []) if not (tied and k == "lm_head.weight")]
+    for what, keys in (("missing", missing), ("unexpected", info.get("unexpected_keys", [])),
+                       ("mismatched", info.get("mismatched_keys", []))):
+        if keys:
+            problems.append(f"{what} tensors when loading ztrain's export: {list(keys)[:5]}")
+    want, got = model.state_dict(), back.state_dict()
+    changed = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
+    if changed:
+        problems.append(f"tensors changed through ztrain: {changed[:5]}")
+    if back.config.num_key_value_heads != 2 or back.config.tie_word_embeddings != tied:
+        problems.append("ztrain's config.json loads with other sizes")
+    with torch.no_grad():
+        d_back = rel(back(input_ids=ids).logits, logits.detach())
+    if d_back > 1e-6:
+        problems.append(f"the re-export's logits differ by {d_back:.2e}")
+
+    ok = not problems
+    print(f"{'ok  ' if ok else 'FAIL'} {label}: loss ztrain {ours_loss:.9g}, transformers {loss.item():.9g}; "
+          f"relative differences: logits {d_logits:.2e}, loss {d_loss:.2e}, gradients {worst_grad:.2e} "
+          f"(largest: {worst_name}), re-export logits {d_back:.2e}" + "".join(f"; {p}" for p in problems))
+    return ok
+
+
+def check_export(tool, tmp, name, fields, B, T, rng):
+    """A model ztrain initialised, loaded by transformers from ztrain's export."""
+    d = os.path.join(tmp, f"export-{name}")
+    os.makedirs(d)
+    cfg_in, tok, out = (os.path.join(d, f) for f in ("in_config.json", "tokens.bin", "out"))
+    write_config(cfg_in, fields)
+    rows = random_rows(rng, B, T, fields["vocab_size"])
+    write_tokens(tok, rows)
+    ours_loss = run_tool(tool, cfg_in, 3, tok, out)
+    ours = load_file(os.path.join(out, "outputs.safetensors"))["logits"]
+    model, info = load(out, AutoModelForCausalLM)
+    model.eval()
+    problems = [f"{what} tensors: {list(keys)[:5]}" for what in ("missing", "unexpected", "mismatched")
+                if (keys := [k for k in info.get(f"{what}_keys", []) if k != "lm_head.weight"])]
+    with torch.no_grad():
+        logits = model(input_ids=torch.as_tensor(rows[:, :-1], dtype=torch.long)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.as_tensor(rows[:, 1:], dtype=torch.long).reshape(-1)).item()
+    d_logits = rel(torch.from_numpy(ours), logits)
+    d_loss = abs(ours_loss - loss) / abs(loss)
+    ok = d_logits < TOL and d_loss < TOL and not problems
+    print(f"{'ok  ' if ok else 'FAIL'} export {name} as {type(model).__name__}: loss ztrain {ours_loss:.9g}, "
+          f"transformers {loss:.9g}; relative differences: logits {d_logits:.2e}, loss {d_loss:.2e}"
+          + "".join(f"; {p}" for p in problems))
+    return ok
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: llama_hf.py LLAMA_TOOL", file=sys.stderr)
+        return 2
+    tool = os.path.abspath(sys.argv[1])
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    torch.set_num_threads(min(4, os.cpu_count() or 1))
+    rng = np.random.default_rng(7)
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="zt_llama_hf_") as tmp:
+        for tied in (False, True):
+            failures += not check(tool, tmp, tied, rng)
+        for name, fields, B, T in CONFIGS:
+            failures += not check_export(tool, tmp, name, fields, B, T, rng)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+/* llama_tool: a small driver of the LLaMA model for the interop checks in tests/interop/.
+ *
+ *   llama_tool [--shard-bytes N] CONFIG_JSON SEED TOKENS_FILE OUT_DIR [INIT_WEIGHTS]
+ *
+ * Reads a Hugging Face config.json, creates a model from SEED (or imports INIT_WEIGHTS: a safetensors file, a
+ * model.safetensors.index.json or a model directory), runs a forward and a backward pass on the tokens,
+ * prints the mean loss with 9 significant digits on stdout, and writes into OUT_DIR (created if missing):
+ *   model.safetensors   the weights as zt_llama_export writes them (with --shard-bytes N: shards of at most N
+ *                       bytes and model.safetensors.index.json instead, zt_llama_export_sharded);
+ *   config.json         zt_llama_config_save's config (so the folder loads with from_pretrained);
+ *   outputs.safetensors "logits" [B,T,V] and, for every parameter, "grad.<Hugging Face name>": the gradient
+ *                       of the mean loss (F32).
+ *
+ * TOKENS_FILE: little-endian int32 values: B, T, then B rows of T+1 tokens; inputs are the first T of a row,
+ * targets the last T (the last token of a row may be -1: an ignored target). Exit status 0 on success, 1 on
+ * a failure, 2 on bad usage. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fileio.h"
+#include "common/safetensors.h"
+#include "worker/models/llama.h"
+
+static int die(const char *msg)
+{
+    fprintf(stderr, "llama_tool: error: %s\n", msg);
+    return 1;
+}
+
+/* Reads the tokens file into *inputs and *targets ([B,T] each, malloc'd). */
+static int read_tokens(const char *path, int vocab, int *B, int *T, int32_t **inputs, int32_t **targets, char *msg,
+                       size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, cap, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    int32_t hdr[2];
+    int rc = -1;
+    int32_t *row = NULL;
+    if (fread(hdr, sizeof hdr[0], 2, f) != 2 || hdr[0] < 1 || hdr[1] < 1 || hdr[0] > 4096 || hdr[1] > 65536) {
+        snprintf(msg, cap, "%s: expected int32 B >= 1 and T >= 1 first", path);
+        goto out;
+    }
+    *B = hdr[0];
+    *T = hdr[1];
+    const size_t n = (size_t)*B * (size_t)*T;
+    *inputs = malloc(n * sizeof(int32_t));
+    *targets = malloc(n * sizeof(int32_t));
+    row = malloc(((size_t)*T + 1) * sizeof(int32_t));
+    if (!*inputs || !*targets || !row) {
+        snprintf(msg, cap, "out of memory reading %s", path);
+        goto out;
+    }
+    for (int b = 0; b < *B; b++) {
+        if (fread(row, sizeof(int32_t), (size_t)*T + 1, f) != (size_t)*T + 1) {
+            snprintf(msg, cap, "%s: file ends inside row %d (expected %d rows of %d tokens)", path, b, *B, *T + 1);
+            goto out;
+        }
+        for (int t = 0; t <= *T; t++) {
+            /* Only the last token of a row is a target and nothing else, so only it may be -1. */
+            bool ok = (row[t] >= 0 && row[t] < vocab) || (t == *T && row[t] == -1);
+            if (!ok) {
+                snprintf(msg, cap, "%s: token %" PRId32 " at row %d, column %d is outside the vocabulary of %d", path,
+                         row[t], b, t, vocab);
+                goto out;
+            }
+        }
+        memcpy(*inputs + (size_t)b * *T, row, (size_t)*T * sizeof(int32_t));
+        memcpy(*targets + (size_t)b * *T, row + 1, (size_t)*T * sizeof(int32_t));
+    }
+    rc = 0;
+out:
+    free(row);
+    fclose(f);
+    return rc;
+}
+
+/* Writes logits [B,T,V] and every parameter's gradient (with Hugging Face names) to path. */
+static int write_outputs(zt_llama *m, const float *logits, int B, int T, const char *path, zt_err *err)
+{
+    const zt_llama_config *cfg = zt_llama_get_config(m);
+    zt_st_writer *w = zt_st_writer_create();
+    char (*names)[96] = calloc((size_t)zt_llama_num_tensors(m), sizeof *names);
+    const int64_t shape[3] = {B, T, cfg->vocab_size};
+    int rc = zt_st_writer_add(w, "logits", ZT_DTYPE_F32, 3, shape, logits, err);
+    for (int i = 0; i < zt_llama_num_tensors(m) && rc == 0; i++) {
+        const zt_param_info *t = zt_llama_tensor(m, i);
+        snprintf(names[i], sizeof names[i], "grad.%s%s", strcmp(t->name, "lm_head.weight") == 0 ? "" : "model.",
+                 t->name);
+        rc = zt_st_writer_add(w, names[i], ZT_DTYPE_F32, t->ndim, t->shape, zt_llama_grads(m) + t->offset, err);
+    }
+    if (rc == 0)
+        rc = zt_st_writer_write(w, path, err);
+    zt_st_writer_destroy(w);
+    free(names);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    size_t shard_bytes = 0;
+    int a = 1;
+    if (argc > 2 && strcmp(argv[1], "--shard-bytes") == 0) {
+        char *end = NULL;
+        shard_bytes = strtoull(argv[2], &end, 10);
+        if (*end || shard_bytes == 0) {
+            fprintf(stderr, "llama_tool: error: --shard-bytes takes a positive whole number, got '%s'\n", argv[2]);
+            return 2;
+        }
+        a = 3;
+    }
+    if (argc - a != 4 && argc - a != 5) {
+        fprintf(stderr, "usage: llama_tool [--shard-bytes N] CONFIG_JSON SEED TOKENS_FILE OUT_DIR [INIT_WEIGHTS]\n");
+        return 2;
+    }
+    const char *config = argv[a], *tokens = argv[a + 2], *out_dir = argv[a + 3];
+    const char *init = argc - a == 5 ? argv[a + 4] : NULL;
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long seed = strtoull(argv[a + 1], &end, 10);
+    if (errno || *end || end == argv[a + 1]) {
+        fprintf(stderr, "llama_tool: error: SEED must be a whole number, got '%s'\n", argv[a + 1]);
+        return 2;
+    }
+    zt_err err = {{0}};
+    zt_llama_config cfg;
+    zt_llama_config_default(&cfg);
+    if (zt_llama_config_load(&cfg, config, &err) < 0)
+        return die(err.msg);
+
+    int B = 0, T = 0;
+    int32_t *inputs = NULL, *targets = NULL;
+    char msg[512], path[4096 + 32];
+    if (read_tokens(tokens, cfg.vocab_size, &B, &T, &inputs, &targets, msg, sizeof msg) < 0)
+        return die(msg);
+
+    zt_llama *m = NULL;
+    float *logits = NULL;
+    int status = 1;
+    if (zt_llama_create(&m, &cfg, B, T, seed, &err) < 0 || (init && zt_llama_import(m, init, &err) < 0) ||
+        zt_mkdir_p(out_dir, &err) < 0) {
+        die(err.msg);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    if ((shard_bytes ? zt_llama_export_sharded(m, out_dir, shard_bytes, &err) : zt_llama_export(m, path, &err)) < 0) {
+        die(err.msg);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    if (zt_llama_config_save(&cfg, path, &err) < 0) {
+        die(err.msg);
+        goto out;
+    }
+    zt_llama_zero_grad(m);
+    const float loss = zt_llama_forward(m, inputs, targets, B, T);
+    /* the logits, before the backward pass turns them into their gradient */
+    const size_t nlogits = (size_t)B * T * cfg.vocab_size;
+    logits = malloc(nlogits * sizeof(float));
+    if (!logits) {
+        die("out of memory");
+        goto out;
+    }
+    memcpy(logits, zt_llama_logits(m), nlogits * sizeof(float));
+    zt_llama_backward(m, 1.0f);
+    snprintf(path, sizeof path, "%s/outputs.safetensors", out_dir);
+    if (write_outputs(m, logits, B, T, path, &err) < 0) {
+        die(err.msg);
+        goto out;
+    }
+    printf("%.9g\n", (double)loss);
+    status = 0;
+out:
+    zt_llama_destroy(m);
+    free(logits);
+    free(inputs);
+    free(targets);
+    return status;
+}

@@ -1,0 +1,60 @@
+/* Helpers shared by the host models; see host_shared.h. */
+#include "worker/models/host_shared.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu_threads.h" /* threads for the initialisation */
+
+/* Fields of Hugging Face configs that no model's math depends on: what PretrainedConfig (transformers 4.x
+ * and 5.x) writes into config.json. */
+static const char *const generic_keys[] = {
+    /* PretrainedConfig bookkeeping */
+    "architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "_commit_hash",
+    "_attn_implementation", "_attn_implementation_internal", "_attn_implementation_autoset",
+    "_experts_implementation", "attn_implementation", "name_or_path", "return_dict", "use_return_dict",
+    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "chunk_size_feed_forward", "is_decoder", "cross_attention_hidden_size", "tie_encoder_decoder",
+    "finetuning_task", "id2label", "label2id", "num_labels", "problem_type", "tokenizer_class", "prefix",
+    "pad_token_id", "sep_token_id", "decoder_start_token_id", "task_specific_params",
+    /* generation defaults that older transformers versions saved in the model config */
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "output_logits",
+};
+
+bool zt__host_hf_generic_key(const char *key)
+{
+    for (size_t i = 0; i < sizeof generic_keys / sizeof generic_keys[0]; i++)
+        if (strcmp(key, generic_keys[i]) == 0)
+            return true;
+    return false;
+}
+
+double zt__host_short_decimal(float f)
+{
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if ((float)strtod(buf, NULL) == f)
+            return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
+{
+    for (size_t done = 0; done < n; done += ZT__HOST_INIT_CHUNK) {
+        const size_t k = n - done < ZT__HOST_INIT_CHUNK ? n - done : ZT__HOST_INIT_CHUNK;
+        for (size_t i = 0; i < 2 * k; i++)
+            u[i] = zt_rng_uniform(r);
+        float *y = x + done;
+#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
+        for (size_t i = 0; i < k; i++)
+            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
+    }
+}

@@ -1,0 +1,31 @@
+/* What the host models (worker/models/gpt2.c, llama.c) share: the Hugging Face config.json fields that no
+ * model's math depends on, the shortest decimal form of a float for the configs they write, and the
+ * deterministic normal initialisation of their weights. Internal to worker/models/. */
+#ifndef ZT_WORKER_MODELS_HOST_SHARED_H
+#define ZT_WORKER_MODELS_HOST_SHARED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/rng.h"
+
+/* Whether key is one that PretrainedConfig (transformers 4.x and 5.x) writes into every model's
+ * config.json and that changes no model's math: bookkeeping (architectures, torch_dtype, ...), task heads,
+ * label maps, special token ids other than bos/eos, and the generation defaults that older versions saved
+ * in the model config. A model's reader accepts these after reading its own fields. */
+bool zt__host_hf_generic_key(const char *key);
+
+/* The shortest decimal that reads back as the same float, as a double, so that 1e-5f is written as 1e-05
+ * rather than 9.99999974737875e-06. */
+double zt__host_short_decimal(float f);
+
+/* Normals drawn per round of zt__host_fill_normal; its scratch u holds 2 * ZT__HOST_INIT_CHUNK doubles. */
+#define ZT__HOST_INIT_CHUNK ((size_t)1 << 20)
+
+/* Writes normal(0, std) values from r into x[0..n): the values zt_rng_normal would give one by one. The
+ * uniforms are drawn in order on this thread (cheap) into u (2 * ZT__HOST_INIT_CHUNK doubles), and the
+ * Box-Muller transform (log, sqrt, cos: most of the cost) runs on the CPU kernels' threads, each element
+ * on its own: the result does not depend on the thread count. */
+void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std, double *u);
+
+#endif

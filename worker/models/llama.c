@@ -1,0 +1,1455 @@
+/* LLaMA on the CPU kernels: Hugging Face config.json reading and writing, the parameter layout in blocks,
+ * deterministic initialisation, forward and backward passes, and safetensors export/import with Hugging
+ * Face tensor names.
+ *
+ * The structure is gpt2.c's (itself llm.c's train_gpt2.c): one parameter slab, one gradient slab of the
+ * same layout, one activation slab carved at create time for the largest batch, a forward pass that keeps
+ * exactly what the backward pass reads, and a backward pass that allocates nothing.
+ *
+ * Initialisation (see init_params): LlamaPreTrainedModel._init_weights, i.e. normal(0, initializer_range)
+ * for embed_tokens, lm_head and every linear weight (no residual scaling, unlike GPT-2), RMSNorm weights 1,
+ * and embed_tokens' row pad_token_id 0 (nn.Embedding's padding_idx). */
+#include "worker/models/llama.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fileio.h"       /* zt_read_file, zt_write_file_atomic */
+#include "common/json.h"         /* strict reading of config.json, exact numbers in the one written */
+#include "common/log.h"          /* the initialisation of a large model is logged */
+#include "common/rng.h"          /* deterministic initialisation */
+#include "common/safetensors.h"  /* export and import, the files of a sharded checkpoint */
+#include "kernels/activation.h"  /* SwiGLU */
+#include "kernels/attention.h"   /* causal grouped-query attention */
+#include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
+#include "kernels/crossentropy.h"
+#include "kernels/embedding.h" /* the token embedding (no position table) */
+#include "kernels/matmul.h"    /* linear layers and the head */
+#include "kernels/residual.h"  /* residual adds */
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"                   /* rotary position embeddings */
+#include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
+
+/* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
+#define LLAMA_MAX_LAYERS 1024
+#define LLAMA_MAX_HIDDEN 65536
+#define LLAMA_MAX_INTERMEDIATE (1 << 20)
+#define LLAMA_MAX_POSITIONS (1 << 24)
+#define LLAMA_MAX_VOCAB (1 << 24)
+
+#define IGNORE_INDEX (-1)
+#define HF_PREFIX "model."
+#define LM_HEAD "lm_head.weight"
+
+/* Tensors of one decoder layer, in slab order: q, k, v adjacent (one packed weight), gate and up adjacent
+ * (one packed weight). */
+enum layer_tensor {
+    LT_IN_NORM,
+    LT_Q,
+    LT_K,
+    LT_V,
+    LT_O,
+    LT_POST_NORM,
+    LT_GATE,
+    LT_UP,
+    LT_DOWN,
+    LT_COUNT
+};
+
+/* Index of tensor k of layer l in the tensor table (embed_tokens comes first). */
+#define LAYER_TENSOR(l, k) (1 + (l) * LT_COUNT + (k))
+
+/* What the forward pass keeps of one layer for the backward pass. */
+typedef struct layer_acts {
+    float *ln1, *ln1_rstd; /* [N,C], [N] input_layernorm's output and 1/rms */
+    float *qkv;            /* [N,QKV] q | k | v after RoPE (the attention's input) */
+    float *atty;           /* [N,C] attention output, heads concatenated */
+    float *att_lse;        /* [B,NH,T] log-sum-exp per query row */
+    float *res2;           /* [N,C] residual stream after attention */
+    float *ln2, *ln2_rstd; /* [N,C], [N] post_attention_layernorm's output and 1/rms */
+    float *gu;             /* [N,2F] gate | up before the activation */
+    float *act;            /* [N,F] silu(gate) * up */
+    float *res3;           /* [N,C] residual stream after the MLP (the layer's output) */
+} layer_acts;
+
+struct zt_llama {
+    zt_llama_config cfg;
+    int max_B, max_T;
+    int HS;  /* head size */
+    int QKV; /* width of a packed q | k | v row: (NH + 2 NKV) HS */
+
+    size_t num_params;
+    int num_tensors;
+    zt_param_info *tensors; /* [num_tensors] */
+    int num_blocks;
+    zt_block_info *blocks; /* [num_blocks] */
+    int head_block;        /* 0 when tied, L+1 when not */
+    int head_tensor;       /* embed_tokens (0) or lm_head (the last tensor) */
+    float *params;         /* [num_params] */
+    float *grads;          /* [num_params] */
+    float *inv_freq;       /* [HS/2] RoPE inverse frequencies */
+
+    /* Activation slab (forward state and backward scratch); N = B*T rows are used of max_B*max_T. */
+    float *acts;
+    float *encoded; /* [N,C] embeddings, the input of layer 0 */
+    layer_acts *layers;
+    float *lnf, *lnf_rstd; /* [N,C], [N] final norm */
+    float *logits;         /* [N,V]; holds dlogits after a backward pass */
+    float *losses;         /* [N] */
+    float *proj;           /* [N,C] projection output before its residual add (not kept) */
+    float *dres;           /* [N,C] gradient of the residual stream */
+    float *dln;            /* [N,C] gradient of a norm's output */
+    float *datty;          /* [N,C] */
+    float *dqkv;           /* [N,QKV] */
+    float *dgu;            /* [N,2F] */
+    float *dact;           /* [N,F] */
+    float *pad_row;        /* [C] the padding row's gradient, kept across the embedding's backward */
+    int32_t *tokens;       /* [N] inputs of the last forward pass */
+    int32_t *targets;      /* [N] targets of the last forward pass */
+
+    int B, T;           /* shape of the last forward pass */
+    bool have_targets;  /* the last forward pass had targets and no backward has consumed it */
+    int n_valid;        /* non-ignored targets of the last forward pass */
+    bool backward_skip; /* the running backward pass has nothing to do (every target was ignored) */
+};
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Configuration                                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Sets Hugging Face LlamaConfig's defaults. */
+void zt_llama_config_default(zt_llama_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->family = ZT_LLAMA_FAMILY_LLAMA;
+    cfg->num_hidden_layers = 32;
+    cfg->hidden_size = 4096;
+    cfg->num_attention_heads = 32;
+    cfg->num_key_value_heads = 32;
+    cfg->intermediate_size = 11008;
+    cfg->max_position_embeddings = 2048;
+    cfg->vocab_size = 32000;
+    cfg->rms_norm_eps = 1e-6f;
+    cfg->rope = (zt_rope_config){.theta = 10000.0, .scaling = ZT_ROPE_SCALING_NONE};
+    cfg->tie_word_embeddings = false;
+    cfg->initializer_range = 0.02;
+    cfg->bos_token_id = 1;
+    cfg->pad_token_id = -1;
+    cfg->num_eos_token_ids = 1;
+    cfg->eos_token_ids[0] = 2;
+}
+
+/* Validation with the source named in messages. */
+static int validate_config(const zt_llama_config *c, const char *where, zt_err *err)
+{
+    static const struct {
+        const char *key;
+        int max;
+        size_t offset;
+    } sizes[] = {
+        {"num_hidden_layers", LLAMA_MAX_LAYERS, offsetof(zt_llama_config, num_hidden_layers)},
+        {"hidden_size", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, hidden_size)},
+        {"intermediate_size", LLAMA_MAX_INTERMEDIATE, offsetof(zt_llama_config, intermediate_size)},
+        {"max_position_embeddings", LLAMA_MAX_POSITIONS, offsetof(zt_llama_config, max_position_embeddings)},
+        {"vocab_size", LLAMA_MAX_VOCAB, offsetof(zt_llama_config, vocab_size)},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const int v = *(const int *)((const char *)c + sizes[i].offset);
+        if (v < 1 || v > sizes[i].max)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from 1 to %d, got %d", where, sizes[i].key,
+                           sizes[i].max, v);
+    }
+    const int C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
+    if (NH < 1 || NH > C)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_attention_heads must be from 1 to hidden_size (%d), got %d",
+                       where, C, NH);
+    if (C % NH != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: hidden_size %d is not divisible by num_attention_heads %d (every head gets hidden_size / "
+                       "num_attention_heads channels: choose a head count that divides hidden_size)",
+                       where, C, NH);
+    if (NKV < 1 || NKV > NH || NH % NKV != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: num_key_value_heads is %d, but it must divide num_attention_heads (%d): each key/value "
+                       "head serves the same number of query heads",
+                       where, NKV, NH);
+    const int HS = C / NH;
+    if (HS % 2 != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: the head size hidden_size / num_attention_heads = %d is odd, but rotary embeddings turn "
+                       "pairs of channels (choose sizes that give an even head size)",
+                       where, HS);
+    if (!(c->rms_norm_eps > 0.0f && c->rms_norm_eps < 1.0f))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rms_norm_eps must be between 0 and 1 (exclusive), got %g", where,
+                       (double)c->rms_norm_eps);
+    if (!(c->initializer_range >= 0.0 && c->initializer_range <= 1.0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be from 0 to 1, got %g", where,
+                       c->initializer_range);
+    if (c->family != ZT_LLAMA_FAMILY_LLAMA && c->family != ZT_LLAMA_FAMILY_MISTRAL)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown model family %d", where, (int)c->family);
+    if (c->pad_token_id < -1 || c->pad_token_id >= c->vocab_size)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: pad_token_id %d is not a token of the vocabulary of %d (embed_tokens' padding row must "
+                       "exist; set it to null for none)",
+                       where, c->pad_token_id, c->vocab_size);
+    if (c->num_eos_token_ids < 0 || c->num_eos_token_ids > ZT_LLAMA_MAX_EOS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d end-of-sequence ids (at most %d)", where, c->num_eos_token_ids,
+                       ZT_LLAMA_MAX_EOS);
+    float *inv_freq = zt_xmalloc((size_t)HS / 2 * sizeof *inv_freq);
+    zt_err rope_err = {{0}};
+    int rc = zt_rope_inv_freq(inv_freq, HS, &c->rope, &rope_err);
+    free(inv_freq);
+    if (rc < 0)
+        return zt_fail(err, rc, "%s: %s", where, rope_err.msg);
+    return 0;
+}
+
+/* Checks ranges and consistency of cfg. Returns 0 or ZT_EINVAL_CONFIG with a message in err. */
+int zt_llama_config_validate(const zt_llama_config *cfg, zt_err *err)
+{
+    return validate_config(cfg, "model config", err);
+}
+
+/* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
+static int get_int_field(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
+                         zt_err *err)
+{
+    int64_t v = INT64_MIN;
+    int rc = zt_json_get_int(r, key, min, max, &v, err);
+    if (rc < 0)
+        return rc;
+    if (present)
+        *present = v != INT64_MIN;
+    if (v != INT64_MIN)
+        *out = (int)v;
+    return 0;
+}
+
+/* Reads a bool field that ztrain supports only with one value. */
+static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
+{
+    bool v = required;
+    int rc = zt_json_get_bool(r, key, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v != required)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
+                       v ? "true" : "false", required ? "true" : "false", why);
+    return 0;
+}
+
+/* A token id field: a whole number from 0, or null (-1). Absent leaves *out. */
+static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (cJSON_IsNull(item)) {
+        zt_json_accept(r, key);
+        *out = -1;
+        return 0;
+    }
+    return get_int_field(r, key, 0, INT32_MAX, out, NULL, err);
+}
+
+/* eos_token_id: an id, a list of ids (LLaMA-3.1) or null. */
+static int get_eos_ids(zt_json_reader *r, const cJSON *obj, zt_llama_config *c, zt_err *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, "eos_token_id");
+    if (!item)
+        return 0;
+    zt_json_accept(r, "eos_token_id");
+    if (cJSON_IsNull(item)) {
+        c->num_eos_token_ids = 0;
+        return 0;
+    }
+    const cJSON *one = cJSON_IsArray(item) ? item->child : item;
+    int n = 0;
+    for (; one; one = cJSON_IsArray(item) ? one->next : NULL) {
+        double v = cJSON_IsNumber(one) ? one->valuedouble : -1.0;
+        if (v < 0 || v > INT32_MAX || v != floor(v))
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: eos_token_id must be a token id (a whole number from 0), a list of them or null",
+                           r->where);
+        if (n == ZT_LLAMA_MAX_EOS)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: eos_token_id lists more than %d ids", r->where,
+                           ZT_LLAMA_MAX_EOS);
+        c->eos_token_ids[n++] = (int)v;
+    }
+    c->num_eos_token_ids = n;
+    return 0;
+}
+
+/* Reads a rope_scaling (transformers 4.x) or rope_parameters (5.x) object into rope: a rope_type (or its
+ * older name "type") of "default", "linear" (factor) or "llama3" (factor, low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings); rope_parameters also holds rope_theta, stored in
+ * *theta when present (else left alone). */
+static int parse_rope_object(const cJSON *d, const char *name, bool with_theta, zt_rope_config *rope, double *theta,
+                             const char *where, zt_err *err)
+{
+    char w[320];
+    snprintf(w, sizeof w, "%s, %s", where, name);
+    if (!cJSON_IsObject(d))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s must be an object or null", w);
+    zt_json_reader r;
+    zt_json_reader_init(&r, d, w);
+    char type[32] = "", alias[32] = "";
+    int rc;
+    if ((rc = zt_json_get_string(&r, "rope_type", type, sizeof type, err)) < 0 ||
+        (rc = zt_json_get_string(&r, "type", alias, sizeof alias, err)) < 0)
+        return rc;
+    if (type[0] && alias[0] && strcmp(type, alias) != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_type \"%s\" and its older name type \"%s\" disagree", w, type,
+                       alias);
+    if (!type[0])
+        snprintf(type, sizeof type, "%s", alias[0] ? alias : "default");
+    zt_rope_config out = {.theta = rope->theta};
+    if (strcmp(type, "default") == 0) {
+        out.scaling = ZT_ROPE_SCALING_NONE;
+    } else if (strcmp(type, "linear") == 0) {
+        out.scaling = ZT_ROPE_SCALING_LINEAR;
+    } else if (strcmp(type, "llama3") == 0) {
+        out.scaling = ZT_ROPE_SCALING_LLAMA3;
+    } else {
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: rope_type \"%s\" is not one ztrain computes (it computes \"default\", \"linear\" and "
+                       "\"llama3\")",
+                       w, type);
+    }
+    if (with_theta && (rc = zt_json_get_double(&r, "rope_theta", 0.0, 1e300, theta, err)) < 0)
+        return rc;
+    if (out.scaling != ZT_ROPE_SCALING_NONE) {
+        const bool llama3 = out.scaling == ZT_ROPE_SCALING_LLAMA3;
+        static const char *const needed[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                             "original_max_position_embeddings"};
+        for (int i = 0; i < (llama3 ? 4 : 1); i++)
+            if (!cJSON_GetObjectItemCaseSensitive(d, needed[i]))
+                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_type \"%s\" needs %s", w, type, needed[i]);
+        if ((rc = zt_json_get_double(&r, "factor", 0.0, 1e300, &out.factor, err)) < 0)
+            return rc;
+        if (llama3 && ((rc = zt_json_get_double(&r, "low_freq_factor", 0.0, 1e300, &out.low_freq_factor, err)) < 0 ||
+                       (rc = zt_json_get_double(&r, "high_freq_factor", 0.0, 1e300, &out.high_freq_factor, err)) < 0))
+            return rc;
+        /* linear scaling has no use for the original length, but transformers writes it in some configs */
+        if ((rc = get_int_field(&r, "original_max_position_embeddings", 1, LLAMA_MAX_POSITIONS,
+                                &out.original_max_position_embeddings, NULL, err)) < 0)
+            return rc;
+        if (!llama3)
+            out.original_max_position_embeddings = 0;
+    }
+    if ((rc = zt_json_reader_finish(&r, err)) < 0)
+        return rc;
+    *rope = out;
+    return 0;
+}
+
+/* rope_theta, rope_scaling (transformers 4.x) and rope_parameters (5.x) into c->rope. */
+static int parse_rope(zt_json_reader *r, const cJSON *obj, zt_llama_config *c, const char *where, zt_err *err)
+{
+    double theta = c->rope.theta;
+    int rc = zt_json_get_double(r, "rope_theta", 0.0, 1e300, &theta, err);
+    if (rc < 0)
+        return rc;
+    const bool have_theta = cJSON_GetObjectItemCaseSensitive(obj, "rope_theta") != NULL;
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(obj, "rope_scaling");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(obj, "rope_parameters");
+    if (scaling)
+        zt_json_accept(r, "rope_scaling");
+    if (params)
+        zt_json_accept(r, "rope_parameters");
+    if (scaling && !cJSON_IsNull(scaling) && params && !cJSON_IsNull(params))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: both rope_scaling and rope_parameters are given (keep rope_parameters, transformers 5's "
+                       "form, or rope_scaling with rope_theta, the older one)",
+                       where);
+    zt_rope_config rope = c->rope;
+    rope.theta = theta;
+    if (scaling) {
+        if (cJSON_IsNull(scaling))
+            rope = (zt_rope_config){.theta = theta, .scaling = ZT_ROPE_SCALING_NONE};
+        else if ((rc = parse_rope_object(scaling, "rope_scaling", false, &rope, NULL, where, err)) < 0)
+            return rc;
+    }
+    if (params && !cJSON_IsNull(params)) {
+        double ptheta = NAN;
+        if ((rc = parse_rope_object(params, "rope_parameters", true, &rope, &ptheta, where, err)) < 0)
+            return rc;
+        if (!isnan(ptheta)) {
+            if (have_theta && ptheta != theta)
+                return zt_fail(err, ZT_EINVAL_CONFIG,
+                               "%s: rope_theta (%g) and rope_parameters.rope_theta (%g) disagree (keep one)", where,
+                               theta, ptheta);
+            rope.theta = ptheta;
+        }
+    }
+    c->rope = rope;
+    return 0;
+}
+
+/* Fills cfg from a Hugging Face LLaMA or Mistral config.json object; see llama.h. */
+int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
+    zt_llama_config c = *cfg;
+    zt_json_reader r;
+    int rc;
+    if (!cJSON_IsObject(obj))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
+    int nkeys = cJSON_GetArraySize(obj);
+    if (nkeys > ZT_JSON_MAX_KEYS - 32)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d fields is more than a LLaMA config.json has (at most %d)",
+                       where, nkeys, ZT_JSON_MAX_KEYS - 32);
+    zt_json_reader_init(&r, obj, where);
+
+    char text[64] = "";
+    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+        return rc;
+    if (strcmp(text, "llama") == 0)
+        c.family = ZT_LLAMA_FAMILY_LLAMA;
+    else if (strcmp(text, "mistral") == 0)
+        c.family = ZT_LLAMA_FAMILY_MISTRAL;
+    else if (text[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: model_type is \"%s\", but this loader reads only \"llama\" and \"mistral\" configs", where,
+                       text);
+
+    static const struct {
+        const char *key;
+        int64_t max;
+        size_t offset;
+    } sizes[] = {
+        {"num_hidden_layers", LLAMA_MAX_LAYERS, offsetof(zt_llama_config, num_hidden_layers)},
+        {"hidden_size", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, hidden_size)},
+        {"num_attention_heads", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, num_attention_heads)},
+        {"intermediate_size", LLAMA_MAX_INTERMEDIATE, offsetof(zt_llama_config, intermediate_size)},
+        {"max_position_embeddings", LLAMA_MAX_POSITIONS, offsetof(zt_llama_config, max_position_embeddings)},
+        {"vocab_size", LLAMA_MAX_VOCAB, offsetof(zt_llama_config, vocab_size)},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if ((rc = get_int_field(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), NULL,
+                                err)) < 0)
+            return rc;
+    /* num_key_value_heads: absent or null means one per query head, as transformers reads it. */
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(obj, "num_key_value_heads");
+    c.num_key_value_heads = c.num_attention_heads;
+    if (cJSON_IsNull(kv))
+        zt_json_accept(&r, "num_key_value_heads");
+    else if ((rc = get_int_field(&r, "num_key_value_heads", 1, LLAMA_MAX_HIDDEN, &c.num_key_value_heads, NULL,
+                                 err)) < 0)
+        return rc;
+    /* head_dim: null, or hidden_size / num_attention_heads (the only head size ztrain's layout has). */
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(obj, "head_dim");
+    if (cJSON_IsNull(hd)) {
+        zt_json_accept(&r, "head_dim");
+    } else {
+        int head_dim = 0;
+        bool have = false;
+        if ((rc = get_int_field(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have, err)) < 0)
+            return rc;
+        if (have && (int64_t)head_dim * c.num_attention_heads != c.hidden_size)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: head_dim is %d, but ztrain's LLaMA has heads of hidden_size / num_attention_heads = "
+                           "%d / %d channels (set head_dim to that or to null)",
+                           where, head_dim, c.hidden_size, c.num_attention_heads);
+    }
+
+    double eps = c.rms_norm_eps;
+    if ((rc = zt_json_get_double(&r, "rms_norm_eps", 0.0, 1.0, &eps, err)) < 0)
+        return rc;
+    c.rms_norm_eps = (float)eps;
+    if ((rc = zt_json_get_double(&r, "initializer_range", 0.0, 1.0, &c.initializer_range, err)) < 0 ||
+        (rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
+        return rc;
+    if ((rc = parse_rope(&r, obj, &c, where, err)) < 0)
+        return rc;
+
+    text[0] = '\0';
+    if ((rc = zt_json_get_string(&r, "hidden_act", text, sizeof text, err)) < 0)
+        return rc;
+    if (text[0] && strcmp(text, "silu") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: hidden_act is \"%s\", but ztrain's LLaMA computes only SwiGLU's \"silu\"", where, text);
+    if ((rc = require_bool(&r, "attention_bias", false, "q, k, v and o projections without bias", err)) < 0 ||
+        (rc = require_bool(&r, "mlp_bias", false, "MLP projections without bias", err)) < 0)
+        return rc;
+    double dropout = 0.0;
+    if ((rc = zt_json_get_double(&r, "attention_dropout", 0.0, 1.0, &dropout, err)) < 0)
+        return rc;
+    if (dropout != 0.0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: attention_dropout is %g, but ztrain trains without dropout (set it to 0)", where, dropout);
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(obj, "pretraining_tp");
+    if (cJSON_IsNull(tp)) {
+        zt_json_accept(&r, "pretraining_tp");
+    } else {
+        int pretraining_tp = 1;
+        if ((rc = get_int_field(&r, "pretraining_tp", 0, INT_MAX, &pretraining_tp, NULL, err)) < 0)
+            return rc;
+        if (pretraining_tp != 1)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: pretraining_tp is %d, but ztrain computes the projections whole (set it to 1: the "
+                           "result is the same up to rounding)",
+                           where, pretraining_tp);
+    }
+    bool use_cache = true;
+    if ((rc = zt_json_get_bool(&r, "use_cache", &use_cache, err)) < 0)
+        return rc;
+
+    /* Mistral's sliding window: none, or one no shorter than the context (the same math as full attention). */
+    int window = 0;
+    bool have_window = false;
+    if (c.family == ZT_LLAMA_FAMILY_MISTRAL) {
+        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
+        if (cJSON_IsNull(sw))
+            zt_json_accept(&r, "sliding_window");
+        else if ((rc = get_int_field(&r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
+            return rc;
+    }
+
+    if ((rc = get_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
+        (rc = get_token_id(&r, obj, "pad_token_id", &c.pad_token_id, err)) < 0 ||
+        (rc = get_eos_ids(&r, obj, &c, err)) < 0)
+        return rc;
+
+    /* architectures: the causal LM heads of the two families (other heads have other weights). */
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
+    if (arch && !cJSON_IsNull(arch)) {
+        bool ok = cJSON_IsArray(arch);
+        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
+            ok = cJSON_IsString(a) &&
+                 (strcmp(a->valuestring, "LlamaForCausalLM") == 0 || strcmp(a->valuestring, "MistralForCausalLM") == 0);
+        if (!ok)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: architectures must list LlamaForCausalLM or MistralForCausalLM (ztrain trains the causal "
+                           "language model; other heads have other weights)",
+                           where);
+    }
+
+    for (const cJSON *item = obj->child; item; item = item->next)
+        if (item->string && zt__host_hf_generic_key(item->string))
+            zt_json_accept(&r, item->string);
+    if ((rc = zt_json_reader_finish(&r, err)) < 0)
+        return rc;
+    if (have_window && window < c.max_position_embeddings)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: sliding_window is %d, shorter than max_position_embeddings (%d), but ztrain's attention "
+                       "sees the whole context (set sliding_window to null)",
+                       where, window, c.max_position_embeddings);
+    if ((rc = validate_config(&c, where, err)) < 0)
+        return rc;
+    *cfg = c;
+    return 0;
+}
+
+/* Reads a Hugging Face config.json file into cfg (see zt_llama_config_from_json). Returns 0 or a negative
+ * code with a message naming the file. */
+int zt_llama_config_load(zt_llama_config *cfg, const char *path, zt_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *obj = NULL;
+    int rc = zt_read_file(path, &text, &len, err);
+    if (rc < 0)
+        return rc;
+    rc = zt_json_parse_object(text, path, &obj, err);
+    free(text);
+    if (rc < 0)
+        return rc;
+    rc = zt_llama_config_from_json(cfg, obj, path, err);
+    cJSON_Delete(obj);
+    return rc;
+}
+
+/* A JSON number that reads back as exactly v and as a float in Python (10000.0, not 10000). */
+static cJSON *float_number(double v)
+{
+    char buf[48];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    if (!strpbrk(buf, ".eEn"))
+        strcat(buf, ".0");
+    cJSON *n = cJSON_CreateRaw(buf);
+    ZT_ASSERT(n);
+    return n;
+}
+
+static void add_token_id(cJSON *o, const char *key, int id)
+{
+    if (id < 0)
+        cJSON_AddNullToObject(o, key);
+    else
+        cJSON_AddItemToObject(o, key, zt_json_exact_int(id));
+}
+
+/* Writes cfg as a Hugging Face config.json (keys sorted, as transformers writes them) atomically; see
+ * llama.h. Returns 0 or a negative code with a message naming the path. */
+int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err)
+{
+    int rc = validate_config(c, path, err);
+    if (rc < 0)
+        return rc;
+    const bool llama = c->family == ZT_LLAMA_FAMILY_LLAMA;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(llama ? "LlamaForCausalLM" : "MistralForCausalLM"));
+    if (llama)
+        cJSON_AddFalseToObject(o, "attention_bias");
+    cJSON_AddItemToObject(o, "attention_dropout", float_number(0.0));
+    add_token_id(o, "bos_token_id", c->bos_token_id);
+    if (c->num_eos_token_ids == 0) {
+        cJSON_AddNullToObject(o, "eos_token_id");
+    } else if (c->num_eos_token_ids == 1) {
+        cJSON_AddItemToObject(o, "eos_token_id", zt_json_exact_int(c->eos_token_ids[0]));
+    } else {
+        cJSON *eos = cJSON_AddArrayToObject(o, "eos_token_id");
+        for (int i = 0; i < c->num_eos_token_ids; i++)
+            cJSON_AddItemToArray(eos, zt_json_exact_int(c->eos_token_ids[i]));
+    }
+    cJSON_AddNumberToObject(o, "head_dim", c->hidden_size / c->num_attention_heads);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddItemToObject(o, "initializer_range", float_number(c->initializer_range));
+    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
+    if (llama)
+        cJSON_AddFalseToObject(o, "mlp_bias");
+    cJSON_AddStringToObject(o, "model_type", llama ? "llama" : "mistral");
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
+    if (c->pad_token_id >= 0)
+        add_token_id(o, "pad_token_id", c->pad_token_id);
+    if (llama)
+        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+    cJSON_AddItemToObject(o, "rms_norm_eps", float_number(zt__host_short_decimal(c->rms_norm_eps)));
+    if (c->rope.scaling == ZT_ROPE_SCALING_NONE) {
+        if (llama)
+            cJSON_AddNullToObject(o, "rope_scaling");
+    } else {
+        cJSON *s = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddItemToObject(s, "factor", float_number(c->rope.factor));
+        if (c->rope.scaling == ZT_ROPE_SCALING_LLAMA3) {
+            cJSON_AddItemToObject(s, "high_freq_factor", float_number(c->rope.high_freq_factor));
+            cJSON_AddItemToObject(s, "low_freq_factor", float_number(c->rope.low_freq_factor));
+            cJSON_AddNumberToObject(s, "original_max_position_embeddings", c->rope.original_max_position_embeddings);
+        }
+        cJSON_AddStringToObject(s, "rope_type", c->rope.scaling == ZT_ROPE_SCALING_LLAMA3 ? "llama3" : "linear");
+    }
+    cJSON_AddItemToObject(o, "rope_theta", float_number(c->rope.theta));
+    if (!llama)
+        cJSON_AddNullToObject(o, "sliding_window");
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddTrueToObject(o, "use_cache");
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text)
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
+    const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
+    rc = zt_write_file_atomic_parts(path, parts, 2, err);
+    cJSON_free(text);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Parameter layout                                                                                     */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Number of parameter tensors of a model with cfg's shape. */
+static int count_tensors(const zt_llama_config *cfg)
+{
+    return 1 + cfg->num_hidden_layers * LT_COUNT + 1 + (cfg->tie_word_embeddings ? 0 : 1);
+}
+
+/* Appends one tensor to the table at *offset (elements) and advances it. */
+static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
+                       bool decay)
+{
+    memset(t, 0, sizeof *t);
+    int n = snprintf(t->name, sizeof t->name, "%s", name);
+    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->offset = *offset;
+    t->block = block;
+    t->weight_decay = decay;
+    t->transposed_in_hf = false;
+    *offset += t->numel;
+}
+
+/* Fills tensors[count_tensors(cfg)] and blocks[L + 2]; returns the number of parameters. */
+static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
+{
+    const int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
+    const int64_t HS = C / cfg->num_attention_heads, KV = (int64_t)cfg->num_key_value_heads * HS;
+    size_t off = 0;
+    int i = 0;
+    char name[64];
+
+    blocks[0].offset = off;
+    add_tensor(&tensors[i++], 0, &off, "embed_tokens.weight", V, C, true);
+    blocks[0].numel = off - blocks[0].offset;
+
+    const struct {
+        const char *suffix;
+        int64_t out, in; /* in 0 for vectors */
+    } lt[LT_COUNT] = {
+        [LT_IN_NORM] = {"input_layernorm.weight", C, 0},
+        [LT_Q] = {"self_attn.q_proj.weight", C, C},
+        [LT_K] = {"self_attn.k_proj.weight", KV, C},
+        [LT_V] = {"self_attn.v_proj.weight", KV, C},
+        [LT_O] = {"self_attn.o_proj.weight", C, C},
+        [LT_POST_NORM] = {"post_attention_layernorm.weight", C, 0},
+        [LT_GATE] = {"mlp.gate_proj.weight", F, C},
+        [LT_UP] = {"mlp.up_proj.weight", F, C},
+        [LT_DOWN] = {"mlp.down_proj.weight", C, F},
+    };
+    for (int l = 0; l < cfg->num_hidden_layers; l++) {
+        blocks[1 + l].offset = off;
+        for (int k = 0; k < LT_COUNT; k++) {
+            snprintf(name, sizeof name, "layers.%d.%s", l, lt[k].suffix);
+            add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out, lt[k].in, lt[k].in > 0);
+        }
+        blocks[1 + l].numel = off - blocks[1 + l].offset;
+    }
+
+    const int last = cfg->num_hidden_layers + 1;
+    blocks[last].offset = off;
+    add_tensor(&tensors[i++], last, &off, "norm.weight", C, 0, false);
+    if (!cfg->tie_word_embeddings)
+        add_tensor(&tensors[i++], last, &off, LM_HEAD, V, C, true);
+    blocks[last].numel = off - blocks[last].offset;
+    ZT_ASSERT(i == count_tensors(cfg));
+    return off;
+}
+
+/* Returns the number of parameters of a LLaMA with cfg's shape (cfg must be valid), without allocating the
+ * model. */
+size_t zt_llama_config_num_params(const zt_llama_config *cfg)
+{
+    const size_t C = (size_t)cfg->hidden_size, V = (size_t)cfg->vocab_size, F = (size_t)cfg->intermediate_size;
+    const size_t KV = (size_t)cfg->num_key_value_heads * (C / (size_t)cfg->num_attention_heads);
+    const size_t per_layer = C                 /* input_layernorm */
+                             + C * C + 2 * KV * C /* q_proj, k_proj, v_proj */
+                             + C * C              /* o_proj */
+                             + C                  /* post_attention_layernorm */
+                             + 3 * F * C;         /* gate_proj, up_proj, down_proj */
+    return V * C + (size_t)cfg->num_hidden_layers * per_layer + C + (cfg->tie_word_embeddings ? 0 : V * C);
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Creation                                                                                             */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Hands out n floats from base (or only counts them when base is NULL). */
+static float *take(float *base, size_t *used, size_t n)
+{
+    float *p = base ? base + *used : NULL;
+    *used += n;
+    return p;
+}
+
+/* Carves the activation slab at base for max_B x max_T rows and returns its size in floats. With base NULL
+ * it only counts. */
+static size_t carve_acts(zt_llama *m, float *base)
+{
+    const size_t N = (size_t)m->max_B * (size_t)m->max_T;
+    const size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size, NH = (size_t)m->cfg.num_attention_heads;
+    const size_t F = (size_t)m->cfg.intermediate_size, QKV = (size_t)m->QKV;
+    size_t used = 0;
+    m->encoded = take(base, &used, N * C);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        layer_acts *a = &m->layers[l];
+        a->ln1 = take(base, &used, N * C);
+        a->ln1_rstd = take(base, &used, N);
+        a->qkv = take(base, &used, N * QKV);
+        a->atty = take(base, &used, N * C);
+        a->att_lse = take(base, &used, N * NH);
+        a->res2 = take(base, &used, N * C);
+        a->ln2 = take(base, &used, N * C);
+        a->ln2_rstd = take(base, &used, N);
+        a->gu = take(base, &used, N * 2 * F);
+        a->act = take(base, &used, N * F);
+        a->res3 = take(base, &used, N * C);
+    }
+    m->lnf = take(base, &used, N * C);
+    m->lnf_rstd = take(base, &used, N);
+    m->logits = take(base, &used, N * V);
+    m->losses = take(base, &used, N);
+    m->proj = take(base, &used, N * C);
+    m->dres = take(base, &used, N * C);
+    m->dln = take(base, &used, N * C);
+    m->datty = take(base, &used, N * C);
+    m->dqkv = take(base, &used, N * QKV);
+    m->dgu = take(base, &used, N * 2 * F);
+    m->dact = take(base, &used, N * F);
+    m->pad_row = take(base, &used, C);
+    return used;
+}
+
+/* Initialises the parameters deterministically from seed (the scheme is described at the top of the file).
+ * Tensors are filled in slab order from one generator. */
+static void init_params(zt_llama *m, uint64_t seed)
+{
+    zt_rng r;
+    zt_rng_seed(&r, seed);
+    double *u = zt_xmalloc(2 * ZT__HOST_INIT_CHUNK * sizeof *u);
+    for (int i = 0; i < m->num_tensors; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        float *x = m->params + t->offset;
+        if (t->ndim == 1) { /* RMSNorm weights */
+            for (size_t j = 0; j < t->numel; j++)
+                x[j] = 1.0f;
+        } else {
+            zt__host_fill_normal(&r, x, t->numel, m->cfg.initializer_range, u);
+        }
+    }
+    free(u);
+    if (m->cfg.pad_token_id >= 0) /* nn.Embedding(padding_idx): that row starts at zero */
+        memset(m->params + (size_t)m->cfg.pad_token_id * (size_t)m->cfg.hidden_size, 0,
+               (size_t)m->cfg.hidden_size * sizeof(float));
+}
+
+/* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
+static zt_llama *new_tables(const zt_llama_config *cfg, int B, int T)
+{
+    zt_llama *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->cfg = *cfg;
+    m->max_B = B;
+    m->max_T = T;
+    m->HS = cfg->hidden_size / cfg->num_attention_heads;
+    m->QKV = (cfg->num_attention_heads + 2 * cfg->num_key_value_heads) * m->HS;
+    m->num_tensors = count_tensors(cfg);
+    m->num_blocks = cfg->num_hidden_layers + 2;
+    m->head_block = cfg->tie_word_embeddings ? 0 : cfg->num_hidden_layers + 1;
+    m->head_tensor = cfg->tie_word_embeddings ? 0 : m->num_tensors - 1;
+    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
+    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
+    m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
+    m->inv_freq = calloc((size_t)m->HS / 2, sizeof *m->inv_freq);
+    if (!m->tensors || !m->blocks || !m->layers || !m->inv_freq) {
+        zt_llama_destroy(m);
+        return NULL;
+    }
+    m->num_params = build_layout(cfg, m->tensors, m->blocks);
+    ZT_ASSERT(m->num_params == zt_llama_config_num_params(cfg));
+    ZT_ASSERT(zt_rope_inv_freq(m->inv_freq, m->HS, &cfg->rope, NULL) == 0); /* validated */
+    return m;
+}
+
+/* The layout alone; see llama.h. */
+int zt_llama_create_layout(zt_llama **out, const zt_llama_config *cfg, zt_err *err)
+{
+    *out = NULL;
+    int rc = zt_llama_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out = new_tables(cfg, 1, 1)))
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    return 0;
+}
+
+/* Gives the parameter slab's memory back; see llama.h. */
+void zt_llama_release_params(zt_llama *m)
+{
+    free(m->params);
+    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
+    ZT_ASSERT(m->params); /* calloc of untouched pages */
+}
+
+/* Creates a model with room for batches up to B x T, parameters initialised from seed. Returns 0,
+ * ZT_EINVAL_CONFIG (bad config, B or T) or ZT_ENOMEM, with a message in err; *out is set only on success
+ * and freed with zt_llama_destroy. */
+int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, uint64_t seed, zt_err *err)
+{
+    *out = NULL;
+    int rc = zt_llama_config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (B < 1 || T < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
+    if (T > cfg->max_position_embeddings)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "sequence length %d exceeds the model's max_position_embeddings %d (use a sequence length of "
+                       "at most %d)",
+                       T, cfg->max_position_embeddings, cfg->max_position_embeddings);
+    const int64_t widest = cfg->vocab_size > 2 * cfg->intermediate_size ? cfg->vocab_size : 2 * cfg->intermediate_size;
+    if ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
+
+    zt_llama *m = new_tables(cfg, B, T);
+    if (!m)
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    const size_t param_bytes = m->num_params * sizeof(float);
+    m->params = malloc(param_bytes);
+    m->grads = calloc(m->num_params, sizeof(float));
+    if (!m->params || !m->grads) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
+                     2.0 * (double)param_bytes / (1 << 20));
+        goto err;
+    }
+    const size_t act_floats = carve_acts(m, NULL);
+    m->acts = malloc(act_floats * sizeof(float));
+    m->tokens = malloc((size_t)B * (size_t)T * sizeof(int32_t));
+    m->targets = malloc((size_t)B * (size_t)T * sizeof(int32_t));
+    if (!m->acts || !m->tokens || !m->targets) {
+        rc = zt_fail(err, ZT_ENOMEM,
+                     "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
+                     "length)",
+                     B, T, (double)act_floats * sizeof(float) / (1 << 20));
+        goto err;
+    }
+    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
+    if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
+        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
+               (unsigned long long)seed, zt_cpu_get_threads());
+    init_params(m, seed);
+    *out = m;
+    return 0;
+
+err:
+    zt_llama_destroy(m);
+    return rc;
+}
+
+/* Frees the model and everything it owns; accepts NULL. */
+void zt_llama_destroy(zt_llama *m)
+{
+    if (!m)
+        return;
+    free(m->tensors);
+    free(m->blocks);
+    free(m->layers);
+    free(m->inv_freq);
+    free(m->params);
+    free(m->grads);
+    free(m->acts);
+    free(m->tokens);
+    free(m->targets);
+    free(m);
+}
+
+/* Returns the model's configuration (valid while the model lives). */
+const zt_llama_config *zt_llama_get_config(const zt_llama *m)
+{
+    return &m->cfg;
+}
+
+/* The largest micro-batch the activations were sized for. */
+int zt_llama_max_batch(const zt_llama *m)
+{
+    return m->max_B;
+}
+
+int zt_llama_max_seq(const zt_llama *m)
+{
+    return m->max_T;
+}
+
+/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
+size_t zt_llama_num_params(const zt_llama *m)
+{
+    return m->num_params;
+}
+
+/* Returns the number of parameter tensors. */
+int zt_llama_num_tensors(const zt_llama *m)
+{
+    return m->num_tensors;
+}
+
+/* Returns the i-th parameter tensor (0 <= i < zt_llama_num_tensors), in slab order. */
+const zt_param_info *zt_llama_tensor(const zt_llama *m, int i)
+{
+    ZT_ASSERT(i >= 0 && i < m->num_tensors);
+    return &m->tensors[i];
+}
+
+/* Returns the number of blocks (num_hidden_layers + 2). */
+int zt_llama_num_blocks(const zt_llama *m)
+{
+    return m->num_blocks;
+}
+
+/* Returns the i-th block's range of the slab (0 <= i < zt_llama_num_blocks). */
+const zt_block_info *zt_llama_block(const zt_llama *m, int i)
+{
+    ZT_ASSERT(i >= 0 && i < m->num_blocks);
+    return &m->blocks[i];
+}
+
+/* Returns the block whose weights the head reads. */
+int zt_llama_head_block(const zt_llama *m)
+{
+    return m->head_block;
+}
+
+/* Returns the parameter slab (num_params floats), owned by the model. */
+float *zt_llama_params(zt_llama *m)
+{
+    return m->params;
+}
+
+/* Returns the gradient slab (num_params floats, same layout as the parameters), owned by the model. */
+float *zt_llama_grads(zt_llama *m)
+{
+    return m->grads;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Forward and backward                                                                                 */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* The start of tensor idx inside its block's flat buffer bp (laid out like the block's slab range). */
+static const float *in_block(const zt_llama *m, const float *bp, int idx)
+{
+    const zt_param_info *t = &m->tensors[idx];
+    return bp + (t->offset - m->blocks[t->block].offset);
+}
+
+static float *in_block_mut(const zt_llama *m, float *bp, int idx)
+{
+    const zt_param_info *t = &m->tensors[idx];
+    return bp + (t->offset - m->blocks[t->block].offset);
+}
+
+/* The residual stream entering decoder layer l (l == L: entering the final norm). */
+static float *layer_input(zt_llama *m, int l)
+{
+    return l > 0 ? m->layers[l - 1].res3 : m->encoded;
+}
+
+/* The shape of the attention calls of the current batch. */
+static zt_attention_dims attention_dims(const zt_llama *m)
+{
+    return (zt_attention_dims){.B = m->B, .T = m->T, .NH = m->cfg.num_attention_heads,
+                               .NKV = m->cfg.num_key_value_heads, .HS = m->HS, .causal = true};
+}
+
+/* Starts a forward pass over tokens [B,T] for the per-block functions; see llama.h. */
+void zt_llama_forward_begin(zt_llama *m, const int32_t *tokens, int B, int T)
+{
+    ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
+    const int V = m->cfg.vocab_size, N = B * T;
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+    memmove(m->tokens, tokens, (size_t)N * sizeof *tokens);
+    m->B = B;
+    m->T = T;
+    m->have_targets = false;
+}
+
+/* Runs block `block` of the forward pass with its parameters at bp; see llama.h. */
+void zt_llama_forward_block(zt_llama *m, int block, const float *bp)
+{
+    ZT_ASSERT(block >= 0 && block < m->num_blocks);
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.hidden_size, F = m->cfg.intermediate_size, L = m->cfg.num_hidden_layers;
+    const float eps = m->cfg.rms_norm_eps;
+    if (block == 0) {
+        zt_cpu_embedding_forward(m->encoded, m->tokens, in_block(m, bp, 0), NULL, B, T, C);
+        return;
+    }
+    if (block == L + 1) {
+        const int norm = LAYER_TENSOR(L, 0);
+        zt_cpu_rmsnorm_forward(m->lnf, m->lnf_rstd, layer_input(m, L), in_block(m, bp, norm), N, C, eps);
+        return;
+    }
+    const int l = block - 1;
+    layer_acts *a = &m->layers[l];
+    const float *x = layer_input(m, l);
+    const zt_attention_dims d = attention_dims(m);
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
+    zt_cpu_rmsnorm_forward(a->ln1, a->ln1_rstd, x, W(LT_IN_NORM), N, C, eps);
+    zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_Q), NULL, N, C, m->QKV); /* q_proj | k_proj | v_proj */
+    zt_cpu_rope_forward(a->qkv, m->inv_freq, B, T, d.NH, d.NKV, d.HS, 0);
+    zt_cpu_attention_forward_gqa(a->atty, a->att_lse, a->qkv, NULL, &d);
+    zt_cpu_matmul_forward(m->proj, a->atty, W(LT_O), NULL, N, C, C);
+    zt_cpu_residual_forward(a->res2, x, m->proj, (size_t)N * C);
+    zt_cpu_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, W(LT_POST_NORM), N, C, eps);
+    zt_cpu_matmul_forward(a->gu, a->ln2, W(LT_GATE), NULL, N, C, 2 * F); /* gate_proj | up_proj */
+    zt_cpu_swiglu_forward(a->act, a->gu, N, F);
+    zt_cpu_matmul_forward(m->proj, a->act, W(LT_DOWN), NULL, N, F, C);
+    zt_cpu_residual_forward(a->res3, a->res2, m->proj, (size_t)N * C);
+#undef W
+}
+
+/* The head and the loss after the last block; see llama.h. */
+float zt_llama_forward_head(zt_llama *m, const float *hp, const int32_t *targets)
+{
+    const int N = m->B * m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    zt_cpu_matmul_forward(m->logits, m->lnf, in_block(m, hp, m->head_tensor), NULL, N, C, V);
+    if (!targets)
+        return 0.0f;
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
+    memmove(m->targets, targets, (size_t)N * sizeof *targets);
+    m->n_valid =
+        zt_cpu_crossentropy_forward_backward(m->losses, NULL, m->logits, m->targets, N, V, IGNORE_INDEX, 0.0f);
+    m->have_targets = true;
+    if (m->n_valid == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += m->losses[i];
+    return (float)(sum / m->n_valid);
+}
+
+/* Runs the forward pass over tokens [B,T]; see llama.h. */
+float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
+    zt_llama_forward_begin(m, tokens, B, T);
+    for (int b = 0; b < m->num_blocks; b++)
+        zt_llama_forward_block(m, b, m->params + m->blocks[b].offset);
+    return zt_llama_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
+}
+
+/* The backward of the head; see llama.h. */
+void zt_llama_backward_head(zt_llama *m, const float *hp, float *hg, float loss_scale)
+{
+    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
+    m->have_targets = false;
+    m->backward_skip = m->n_valid == 0;
+    if (m->backward_skip)
+        return;
+    const int N = m->B * m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    /* dlogits overwrite the logits in place (the kernel allows the alias). */
+    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, V, IGNORE_INDEX,
+                                         loss_scale / (float)m->n_valid);
+    memset(m->dln, 0, (size_t)N * C * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, in_block_mut(m, hg, m->head_tensor), NULL, m->logits, m->lnf,
+                           in_block(m, hp, m->head_tensor), N, C, V);
+}
+
+/* The embedding's backward; the padding row (pad_token_id) receives nothing from it, as in nn.Embedding with
+ * padding_idx (with a tied head it keeps the head's part). */
+static void embedding_backward(zt_llama *m, float *dwte)
+{
+    const size_t C = (size_t)m->cfg.hidden_size;
+    float *pad = m->cfg.pad_token_id >= 0 ? dwte + (size_t)m->cfg.pad_token_id * C : NULL;
+    if (pad)
+        memcpy(m->pad_row, pad, C * sizeof(float));
+    zt_cpu_embedding_backward(dwte, NULL, m->dres, m->tokens, m->B, m->T, (int)C);
+    if (pad)
+        memcpy(pad, m->pad_row, C * sizeof(float));
+}
+
+/* Runs block `block` of the backward pass; see llama.h. */
+void zt_llama_backward_block(zt_llama *m, int block, const float *bp, float *bg)
+{
+    ZT_ASSERT(block >= 0 && block < m->num_blocks);
+    if (m->backward_skip)
+        return;
+    const int B = m->B, T = m->T, N = B * T;
+    const int C = m->cfg.hidden_size, F = m->cfg.intermediate_size, L = m->cfg.num_hidden_layers;
+    const size_t NC = (size_t)N * C;
+    if (block == L + 1) {
+        const int norm = LAYER_TENSOR(L, 0);
+        memset(m->dres, 0, NC * sizeof(float));
+        zt_cpu_rmsnorm_backward(m->dres, in_block_mut(m, bg, norm), m->dln, layer_input(m, L), in_block(m, bp, norm),
+                                m->lnf_rstd, N, C);
+        return;
+    }
+    if (block == 0) {
+        embedding_backward(m, in_block_mut(m, bg, 0));
+        return;
+    }
+    /* m->dres holds the gradient of the residual stream; each layer turns d(output) into d(input). */
+    const int l = block - 1;
+    const layer_acts *a = &m->layers[l];
+    const float *x = layer_input(m, l);
+    const zt_attention_dims d = attention_dims(m);
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
+#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, k))
+    /* MLP: res3 = res2 + down_proj(silu(gate_proj(ln2)) * up_proj(ln2)), ln2 = post_attention_layernorm(res2). */
+    memset(m->dact, 0, (size_t)N * F * sizeof(float));
+    zt_cpu_matmul_backward(m->dact, G(LT_DOWN), NULL, m->dres, a->act, W(LT_DOWN), N, F, C);
+    memset(m->dgu, 0, (size_t)N * 2 * F * sizeof(float));
+    zt_cpu_swiglu_backward(m->dgu, a->gu, m->dact, N, F);
+    memset(m->dln, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, G(LT_GATE), NULL, m->dgu, a->ln2, W(LT_GATE), N, C, 2 * F);
+    zt_cpu_rmsnorm_backward(m->dres, G(LT_POST_NORM), m->dln, a->res2, W(LT_POST_NORM), a->ln2_rstd, N, C);
+    /* Attention: res2 = x + o_proj(attn(rope(q), rope(k), v)), q | k | v = qkv_proj(input_layernorm(x)). */
+    memset(m->datty, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->datty, G(LT_O), NULL, m->dres, a->atty, W(LT_O), N, C, C);
+    memset(m->dqkv, 0, (size_t)N * m->QKV * sizeof(float));
+    zt_cpu_attention_backward_gqa(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, NULL, &d);
+    zt_cpu_rope_backward(m->dqkv, m->inv_freq, B, T, d.NH, d.NKV, d.HS, 0);
+    memset(m->dln, 0, NC * sizeof(float));
+    zt_cpu_matmul_backward(m->dln, G(LT_Q), NULL, m->dqkv, a->ln1, W(LT_Q), N, C, m->QKV);
+    zt_cpu_rmsnorm_backward(m->dres, G(LT_IN_NORM), m->dln, x, W(LT_IN_NORM), a->ln1_rstd, N, C);
+#undef W
+#undef G
+}
+
+/* Poisons a decoder layer's intermediate activations (checkpointing drops them); see llama.h. */
+void zt_llama_discard_block_acts(zt_llama *m, int block)
+{
+    if (block < 1 || block > m->cfg.num_hidden_layers)
+        return;
+    const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg.hidden_size;
+    const size_t NH = (size_t)m->cfg.num_attention_heads, F = (size_t)m->cfg.intermediate_size;
+    layer_acts *a = &m->layers[block - 1];
+    struct {
+        float *p;
+        size_t n;
+    } parts[] = {{a->ln1, N * C},  {a->ln1_rstd, N},     {a->qkv, N * (size_t)m->QKV}, {a->atty, N * C},
+                 {a->att_lse, N * NH}, {a->res2, N * C}, {a->ln2, N * C},              {a->ln2_rstd, N},
+                 {a->gu, N * 2 * F},  {a->act, N * F}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        for (size_t i = 0; i < parts[k].n; i++)
+            parts[k].p[i] = NAN;
+}
+
+/* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
+ * forward must have had targets, and each forward supports one backward: the logits buffer is turned into
+ * the logits' gradient. */
+void zt_llama_backward(zt_llama *m, float loss_scale)
+{
+    const size_t h = m->blocks[m->head_block].offset;
+    zt_llama_backward_head(m, m->params + h, m->grads + h, loss_scale);
+    for (int b = m->num_blocks - 1; b >= 0; b--)
+        zt_llama_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+}
+
+/* Sets every gradient to zero. */
+void zt_llama_zero_grad(zt_llama *m)
+{
+    memset(m->grads, 0, m->num_params * sizeof(float));
+}
+
+/* Returns the logits [B,T,V] of the last forward pass. */
+const float *zt_llama_logits(const zt_llama *m)
+{
+    return m->logits;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* safetensors export and import                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* The Hugging Face name of tensor t: "model." + its name, except lm_head.weight. */
+static void hf_name(const zt_param_info *t, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s%s", strcmp(t->name, LM_HEAD) == 0 ? "" : HF_PREFIX, t->name);
+}
+
+/* A writer holding every tensor with its Hugging Face name (borrowing the slab). */
+static int export_writer(const zt_llama *m, zt_st_writer **out, zt_err *err)
+{
+    zt_st_writer *w = zt_st_writer_create();
+    int rc = zt_st_writer_add_metadata(w, "format", "pt", err);
+    for (int i = 0; i < m->num_tensors && rc == 0; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        char name[96];
+        hf_name(t, name, sizeof name);
+        rc = zt_st_writer_add(w, name, ZT_DTYPE_F32, t->ndim, t->shape, m->params + t->offset, err);
+    }
+    if (rc < 0) {
+        zt_st_writer_destroy(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+/* Exports the parameters to path as F32 safetensors with Hugging Face names, atomically. Returns 0 or a
+ * negative code with a message naming the path. */
+int zt_llama_export(const zt_llama *m, const char *path, zt_err *err)
+{
+    zt_st_writer *w = NULL;
+    int rc = export_writer(m, &w, err);
+    if (rc == 0)
+        rc = zt_st_writer_write(w, path, err);
+    zt_st_writer_destroy(w);
+    return rc;
+}
+
+/* Exports the parameters in Hugging Face's sharded form into dir; see llama.h. */
+int zt_llama_export_sharded(const zt_llama *m, const char *dir, size_t max_shard_bytes, zt_err *err)
+{
+    zt_st_writer *w = NULL;
+    int rc = export_writer(m, &w, err);
+    if (rc == 0)
+        rc = zt_st_writer_write_sharded(w, dir, max_shard_bytes, NULL, err);
+    zt_st_writer_destroy(w);
+    return rc;
+}
+
+/* Whether name is a rotary-embedding buffer that older transformers versions saved
+ * ("model.layers.N.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq"). */
+static bool is_rotary_buffer(const char *name)
+{
+    static const char suffix[] = "rotary_emb.inv_freq";
+    const size_t n = strlen(name), s = sizeof suffix - 1;
+    return n >= s && strcmp(name + n - s, suffix) == 0 && (n == s || name[n - s - 1] == '.');
+}
+
+/* Index of the tensor named name (without the HF prefix), or -1. */
+static int find_tensor(const zt_llama *m, const char *name)
+{
+    for (int i = 0; i < m->num_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Converts file tensor st into tensor t of slab dst; rejects non-finite values. */
+static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float *dst, const char *path, zt_err *err)
+{
+    if (st->dtype == ZT_DTYPE_F32) {
+        memcpy(dst, st->data, t->numel * sizeof(float));
+    } else {
+        for (size_t i = 0; i < t->numel; i++)
+            dst[i] = zt_st_element_f32(st, i);
+    }
+    for (size_t i = 0; i < t->numel; i++)
+        if (!isfinite(dst[i]))
+            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
+                           path, st->name, i);
+    return 0;
+}
+
+/* Formats a file tensor's shape as "[a, b]". */
+static void shape_text(const zt_st_tensor *st, char *out, size_t cap)
+{
+    snprintf(out, cap, "[");
+    for (int d = 0; d < st->ndim; d++) {
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+    }
+    strncat(out, "]", cap - strlen(out) - 1);
+}
+
+/* Checks one file tensor against model tensor t and converts it into tmp. */
+static int import_tensor(const zt_param_info *t, const zt_st_tensor *st, float *tmp, const char *file, zt_err *err)
+{
+    bool shape_ok = st->ndim == t->ndim && st->shape[0] == t->shape[0] && (t->ndim == 1 || st->shape[1] == t->shape[1]);
+    if (!shape_ok) {
+        char got[128];
+        shape_text(st, got, sizeof got);
+        if (t->ndim == 1)
+            return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]", file,
+                           st->name, got, (long long)t->shape[0]);
+        return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file,
+                       st->name, got, (long long)t->shape[0], (long long)t->shape[1]);
+    }
+    if (!zt_st_dtype_is_f32_readable(st->dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)", file,
+                       st->name, zt_dtype_name(st->dtype));
+    return convert_tensor(t, st, tmp + t->offset, file, err);
+}
+
+/* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
+ * header for the rules). Everything is converted into a temporary slab first; the model changes only when
+ * every file was accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH
+ * (missing, extra or misshapen tensors, an lm_head that differs from a tied embedding) or ZT_EUNSUPPORTED
+ * (dtype), with a message naming the tensor and its file. */
+int zt_llama_import(zt_llama *m, const char *path, zt_err *err)
+{
+    char **files = NULL;
+    int nfiles = 0;
+    zt_st_file **fs = NULL;
+    float *tmp = NULL;
+    char *seen = NULL;
+    const zt_st_tensor *tied_head = NULL; /* lm_head.weight in a file while the head is tied */
+    const char *tied_head_file = NULL;
+    int rc = zt_st_shard_files(path, &files, &nfiles, err);
+    if (rc < 0)
+        return rc;
+    fs = zt_xcalloc((size_t)nfiles, sizeof *fs);
+    tmp = malloc(m->num_params * sizeof(float));
+    seen = calloc((size_t)m->num_tensors, 1);
+    if (!tmp || !seen) {
+        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
+                     (double)m->num_params * sizeof(float) / (1 << 20));
+        goto out;
+    }
+    if (nfiles > 1)
+        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
+
+    for (int fi = 0; fi < nfiles; fi++) {
+        const char *file = files[fi];
+        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
+            goto out;
+        const zt_st_file *f = fs[fi];
+        for (size_t i = 0; i < zt_st_count(f); i++) {
+            const zt_st_tensor *st = zt_st_get(f, i);
+            if (is_rotary_buffer(st->name))
+                continue;
+            const bool prefixed = strncmp(st->name, HF_PREFIX, strlen(HF_PREFIX)) == 0;
+            const char *name = prefixed ? st->name + strlen(HF_PREFIX) : st->name;
+            if (strcmp(st->name, LM_HEAD) == 0 && m->cfg.tie_word_embeddings) {
+                tied_head = st;
+                tied_head_file = file;
+                continue;
+            }
+            int idx = prefixed && strcmp(name, LM_HEAD) == 0 ? -1 : find_tensor(m, name);
+            if (idx < 0) {
+                rc = zt_fail(err, ZT_EMISMATCH,
+                             "%s: unknown tensor '%s' (not a parameter of a LLaMA with %d layers and %s head; is this "
+                             "the right model config?)",
+                             file, st->name, m->cfg.num_hidden_layers, m->cfg.tie_word_embeddings ? "a tied" : "an untied");
+                goto out;
+            }
+            const zt_param_info *t = &m->tensors[idx];
+            if (seen[idx]) {
+                rc = zt_fail(err, ZT_EMISMATCH,
+                             "%s: tensor '%s' appears twice (with and without the '" HF_PREFIX "' prefix, or in two "
+                             "shards)",
+                             file, t->name);
+                goto out;
+            }
+            if ((rc = import_tensor(t, st, tmp, file, err)) < 0)
+                goto out;
+            seen[idx] = 1;
+        }
+    }
+    for (int i = 0; i < m->num_tensors; i++) {
+        if (seen[i])
+            continue;
+        const zt_param_info *t = &m->tensors[i];
+        if (strcmp(t->name, LM_HEAD) == 0)
+            rc = zt_fail(err, ZT_EMISMATCH,
+                         "%s: tensor 'lm_head.weight' is missing, but the model config unties the head "
+                         "(tie_word_embeddings false); set tie_word_embeddings to true if the head reads "
+                         "embed_tokens",
+                         path);
+        else
+            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '" HF_PREFIX "%s' (or '%s') is missing", path, t->name,
+                         t->name);
+        goto out;
+    }
+    if (tied_head) {
+        const zt_param_info *emb = &m->tensors[0];
+        bool same = zt_st_dtype_is_f32_readable(tied_head->dtype) && tied_head->ndim == 2 &&
+                    tied_head->shape[0] == emb->shape[0] && tied_head->shape[1] == emb->shape[1];
+        for (size_t i = 0; same && i < emb->numel; i++)
+            same = zt_st_element_f32(tied_head, i) == tmp[emb->offset + i];
+        if (!same) {
+            rc = zt_fail(err, ZT_EMISMATCH,
+                         "%s: lm_head.weight differs from embed_tokens.weight, but the model config ties them "
+                         "(tie_word_embeddings true); set tie_word_embeddings to false to import an untied head",
+                         tied_head_file);
+            goto out;
+        }
+    }
+    memcpy(m->params, tmp, m->num_params * sizeof(float));
+    rc = 0;
+out:
+    free(tmp);
+    free(seen);
+    for (int i = 0; i < nfiles; i++)
+        zt_st_close(fs[i]);
+    free(fs);
+    zt_st_shard_files_free(files, nfiles);
+    return rc;
+}
