@@ -350,7 +350,7 @@ static void test_validation_errors(void **state)
         {"steps", bad_steps, "\"steps\" (--steps)", "= 0"},
         {"batch_size", bad_batch, "\"batch_size\" (--batch-size)", "= 0"},
         {"seq_len 0", bad_seq_len_zero, "\"seq_len\" (--seq-len)", "= 0"},
-        {"seq_len > n_positions", bad_seq_len_long, "\"seq_len\" (--seq-len)", "n_positions 64"},
+        {"seq_len > n_positions", bad_seq_len_long, "\"seq_len\" (--seq-len)", "64 positions"},
         {"grad_accum", bad_accum, "\"grad_accum\" (--grad-accum)", "= 0"},
         {"lr 0", bad_lr_zero, "\"lr\" (--lr)", "out of range"},
         {"lr nan", bad_lr_nan, "\"lr\" (--lr)", "out of range"},

@@ -235,6 +235,67 @@ static void test_resume_is_bit_identical(void **state)
     zt_train_result_free(&other);
 }
 
+/* A LLaMA model (a family beside GPT-2, worker/models/family.h) through the same loop: it learns, resumes
+ * bit for bit from a checkpoint, and a GPT-2 run cannot be resumed with it. */
+static void llama_config(zt_train_config *c, const char *out)
+{
+    base_config(c, out);
+    c->model.family = ZT_FAMILY_LLAMA;
+    zt_llama_config_default(&c->model.llama);
+    zt_llama_config *l = &c->model.llama;
+    l->num_hidden_layers = 2;
+    l->hidden_size = 24;
+    l->num_attention_heads = 3; /* head size 8, grouped 3:1 */
+    l->num_key_value_heads = 1;
+    l->intermediate_size = 40;
+    l->max_position_embeddings = 32;
+    l->vocab_size = VOCAB;
+    l->tie_word_embeddings = false;
+    l->bos_token_id = -1;
+    l->num_eos_token_ids = 0;
+    zt_err err = {{0}};
+    if (zt_family_config_validate(&c->model, &err) != 0)
+        fail_msg("%s", err.msg);
+}
+
+static void test_llama_family(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result straight, first, second;
+    llama_config(&c, "LA");
+    zt_fixture_train_ok(&c, &straight);
+    assert_true(straight.losses[5] < straight.losses[0]);
+    assert_true(straight.last_val_loss < straight.first_val_loss);
+    size_t n = 0;
+    char *cfg = slurp("LA/model_config.json", &n);
+    assert_non_null(strstr(cfg, "\"llama\"")); /* model_type */
+    free(cfg);
+
+    llama_config(&c, "LB");
+    c.stop_at_step = 3;
+    zt_fixture_train_ok(&c, &first);
+    llama_config(&c, "LB");
+    snprintf(c.resume, sizeof(c.resume), "%s/LB", g_dir);
+    zt_fixture_train_ok(&c, &second);
+    assert_memory_equal(first.losses, straight.losses, 3 * sizeof(float));
+    assert_memory_equal(second.losses, straight.losses + 3, 3 * sizeof(float));
+    expect_same_file("LA/ckpt_000006/model.safetensors", "LB/ckpt_000006/model.safetensors");
+    expect_same_file("LA/ckpt_000006/optim.safetensors", "LB/ckpt_000006/optim.safetensors");
+
+    /* the GPT-2 run A cannot go on as a LLaMA */
+    llama_config(&c, "LC");
+    snprintf(c.resume, sizeof(c.resume), "%s/A/ckpt_000002", g_dir);
+    zt_train_result res;
+    zt_err err = {{0}};
+    assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EMISMATCH);
+    assert_non_null(strstr(err.msg, "model_type"));
+    zt_train_result_free(&res);
+    zt_train_result_free(&straight);
+    zt_train_result_free(&first);
+    zt_train_result_free(&second);
+}
+
 static void test_request_stop(void **state)
 {
     (void)state;
@@ -705,6 +766,7 @@ int main(void)
     zt_log_set_level(ZT_LOG_ERROR); /* the runs' progress lines would drown cmocka's report */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_llama_family),
         cmocka_unit_test(test_request_stop),
         cmocka_unit_test(test_grad_accum_matches_bigger_batch),
         cmocka_unit_test(test_corrupt_checkpoint_is_refused),

@@ -14,14 +14,19 @@
 
 struct zt_family_model {
     zt_family_config cfg;
-    zt_gpt2 *gpt2; /* family gpt2 */
+    zt_gpt2 *gpt2;   /* family gpt2 */
+    zt_llama *llama; /* family llama */
 };
+
+#define IS_LLAMA(c) ((c)->family == ZT_FAMILY_LLAMA)
 
 const char *zt_family_name(enum zt_family f)
 {
     switch (f) {
     case ZT_FAMILY_GPT2:
         return "gpt2";
+    case ZT_FAMILY_LLAMA:
+        return "llama";
     }
     return "?";
 }
@@ -42,8 +47,14 @@ int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char
         zt_family_config_default(c);
         return zt_gpt2_config_from_json(&c->gpt2, obj, where, err);
     }
-    return zt_fail(err, ZT_EUNSUPPORTED, "%s: model_type '%s' is not a family ztrain trains (it trains gpt2)", where,
-                   type->valuestring);
+    if (strcmp(type->valuestring, "llama") == 0 || strcmp(type->valuestring, "mistral") == 0) {
+        zt_family_config_default(c);
+        c->family = ZT_FAMILY_LLAMA;
+        zt_llama_config_default(&c->llama);
+        return zt_llama_config_from_json(&c->llama, obj, where, err);
+    }
+    return zt_fail(err, ZT_EUNSUPPORTED, "%s: model_type '%s' is not a family ztrain trains (it trains gpt2, llama and "
+                   "mistral)", where, type->valuestring);
 }
 
 int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
@@ -59,14 +70,14 @@ int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
 
 int zt_family_config_save(const zt_family_config *c, const char *path, zt_err *err)
 {
-    return zt_gpt2_config_save(&c->gpt2, path, err);
+    return IS_LLAMA(c) ? zt_llama_config_save(&c->llama, path, err) : zt_gpt2_config_save(&c->gpt2, path, err);
 }
 
 int zt_family_config_validate(const zt_family_config *c, zt_err *err)
 {
-    if (c->family != ZT_FAMILY_GPT2)
+    if (c->family != ZT_FAMILY_GPT2 && c->family != ZT_FAMILY_LLAMA)
         return zt_fail(err, ZT_EINVAL_CONFIG, "model family %d is not known", (int)c->family);
-    return zt_gpt2_config_validate(&c->gpt2, err);
+    return IS_LLAMA(c) ? zt_llama_config_validate(&c->llama, err) : zt_gpt2_config_validate(&c->gpt2, err);
 }
 
 const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
@@ -77,56 +88,85 @@ const char *zt_family_config_diff(const zt_family_config *a, const zt_family_con
         snprintf(bv, cap, "%s", zt_family_name(b->family));
         return "model_type";
     }
-    const zt_gpt2_config *x = &a->gpt2, *y = &b->gpt2;
 #define CMP_INT(f)                                                                                            \
     if (x->f != y->f) {                                                                                       \
         snprintf(av, cap, "%d", (int)x->f);                                                                   \
         snprintf(bv, cap, "%d", (int)y->f);                                                                   \
         return #f;                                                                                            \
     }
+#define CMP_REAL(f)                                                                                           \
+    if (x->f != y->f) {                                                                                       \
+        snprintf(av, cap, "%g", (double)x->f);                                                                \
+        snprintf(bv, cap, "%g", (double)y->f);                                                                \
+        return #f;                                                                                            \
+    }
+    if (IS_LLAMA(a)) {
+        const zt_llama_config *x = &a->llama, *y = &b->llama;
+        CMP_INT(family)
+        CMP_INT(num_hidden_layers)
+        CMP_INT(hidden_size)
+        CMP_INT(num_attention_heads)
+        CMP_INT(num_key_value_heads)
+        CMP_INT(intermediate_size)
+        CMP_INT(max_position_embeddings)
+        CMP_INT(vocab_size)
+        CMP_INT(tie_word_embeddings)
+        CMP_INT(pad_token_id)
+        CMP_REAL(rms_norm_eps)
+        CMP_REAL(rope.theta)
+        CMP_INT(rope.scaling)
+        CMP_REAL(rope.factor)
+        CMP_REAL(rope.low_freq_factor)
+        CMP_REAL(rope.high_freq_factor)
+        CMP_INT(rope.original_max_position_embeddings)
+        return NULL;
+    }
+    const zt_gpt2_config *x = &a->gpt2, *y = &b->gpt2;
     CMP_INT(n_layer)
     CMP_INT(n_head)
     CMP_INT(n_embd)
     CMP_INT(n_positions)
     CMP_INT(vocab_size)
     CMP_INT(tie_word_embeddings)
+    CMP_REAL(layer_norm_epsilon)
 #undef CMP_INT
-    if (x->layer_norm_epsilon != y->layer_norm_epsilon) {
-        snprintf(av, cap, "%g", (double)x->layer_norm_epsilon);
-        snprintf(bv, cap, "%g", (double)y->layer_norm_epsilon);
-        return "layer_norm_epsilon";
-    }
+#undef CMP_REAL
     return NULL;
+}
+
+bool zt_family_config_has_cuda(const zt_family_config *c)
+{
+    return !IS_LLAMA(c);
 }
 
 int zt_family_config_layers(const zt_family_config *c)
 {
-    return c->gpt2.n_layer;
+    return IS_LLAMA(c) ? c->llama.num_hidden_layers : c->gpt2.n_layer;
 }
 
 int zt_family_config_positions(const zt_family_config *c)
 {
-    return c->gpt2.n_positions;
+    return IS_LLAMA(c) ? c->llama.max_position_embeddings : c->gpt2.n_positions;
 }
 
 int zt_family_config_vocab(const zt_family_config *c)
 {
-    return c->gpt2.vocab_size;
+    return IS_LLAMA(c) ? c->llama.vocab_size : c->gpt2.vocab_size;
 }
 
 int zt_family_config_width(const zt_family_config *c)
 {
-    return c->gpt2.n_embd;
+    return IS_LLAMA(c) ? c->llama.hidden_size : c->gpt2.n_embd;
 }
 
 int zt_family_config_heads(const zt_family_config *c)
 {
-    return c->gpt2.n_head;
+    return IS_LLAMA(c) ? c->llama.num_attention_heads : c->gpt2.n_head;
 }
 
 size_t zt_family_config_num_params(const zt_family_config *c)
 {
-    return zt_gpt2_config_num_params(&c->gpt2);
+    return IS_LLAMA(c) ? zt_llama_config_num_params(&c->llama) : zt_gpt2_config_num_params(&c->gpt2);
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -141,6 +181,16 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 
 uint64_t zt_family_config_fingerprint(const zt_family_config *c)
 {
+    if (IS_LLAMA(c)) {
+        const zt_llama_config *l = &c->llama;
+        const int64_t ints[] = {c->family, l->family, l->num_hidden_layers, l->hidden_size, l->num_attention_heads,
+                                l->num_key_value_heads, l->intermediate_size, l->max_position_embeddings,
+                                l->vocab_size, l->tie_word_embeddings, l->pad_token_id, l->rope.scaling,
+                                l->rope.original_max_position_embeddings};
+        const double reals[] = {l->rms_norm_eps, l->rope.theta, l->rope.factor, l->rope.low_freq_factor,
+                                l->rope.high_freq_factor, l->initializer_range};
+        return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
+    }
     const zt_gpt2_config *g = &c->gpt2;
     const int64_t ints[] = {c->family, g->n_layer, g->n_head, g->n_embd, g->n_positions, g->vocab_size,
                             g->tie_word_embeddings};
@@ -151,6 +201,14 @@ uint64_t zt_family_config_fingerprint(const zt_family_config *c)
 
 void zt_family_config_describe(const zt_family_config *c, char *buf, size_t cap)
 {
+    if (IS_LLAMA(c)) {
+        const zt_llama_config *l = &c->llama;
+        snprintf(buf, cap, "%s, %d layers x %d wide, %d heads (%d key/value), MLP %d, vocab %d, %d positions%s",
+                 l->family == ZT_LLAMA_FAMILY_MISTRAL ? "Mistral" : "LLaMA", l->num_hidden_layers, l->hidden_size,
+                 l->num_attention_heads, l->num_key_value_heads, l->intermediate_size, l->vocab_size,
+                 l->max_position_embeddings, l->tie_word_embeddings ? ", tied head" : "");
+        return;
+    }
     snprintf(buf, cap, "GPT-2, %d layers x %d wide, %d heads, vocab %d, %d positions", c->gpt2.n_layer,
              c->gpt2.n_embd, c->gpt2.n_head, c->gpt2.vocab_size, c->gpt2.n_positions);
 }
@@ -169,7 +227,8 @@ int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int
 {
     *out = NULL;
     zt_family_model *m = wrap(c);
-    int rc = zt_gpt2_create(&m->gpt2, &c->gpt2, B, T, seed, err);
+    int rc = IS_LLAMA(c) ? zt_llama_create(&m->llama, &c->llama, B, T, seed, err)
+                         : zt_gpt2_create(&m->gpt2, &c->gpt2, B, T, seed, err);
     if (rc < 0) {
         free(m);
         return rc;
@@ -182,7 +241,8 @@ int zt_family_model_create_layout(zt_family_model **out, const zt_family_config 
 {
     *out = NULL;
     zt_family_model *m = wrap(c);
-    int rc = zt_gpt2_create_layout(&m->gpt2, &c->gpt2, err);
+    int rc = IS_LLAMA(c) ? zt_llama_create_layout(&m->llama, &c->llama, err)
+                         : zt_gpt2_create_layout(&m->gpt2, &c->gpt2, err);
     if (rc < 0) {
         free(m);
         return rc;
@@ -196,6 +256,7 @@ void zt_family_model_destroy(zt_family_model *m)
     if (!m)
         return;
     zt_gpt2_destroy(m->gpt2);
+    zt_llama_destroy(m->llama);
     free(m);
 }
 
@@ -206,75 +267,89 @@ const zt_family_config *zt_family_model_config(const zt_family_model *m)
 
 zt_gpt2 *zt_family_model_gpt2(zt_family_model *m)
 {
-    return m->cfg.family == ZT_FAMILY_GPT2 ? m->gpt2 : NULL;
+    return m->gpt2;
+}
+
+zt_llama *zt_family_model_llama(zt_family_model *m)
+{
+    return m->llama;
 }
 
 size_t zt_family_model_num_params(const zt_family_model *m)
 {
-    return zt_gpt2_num_params(m->gpt2);
+    return m->llama ? zt_llama_num_params(m->llama) : zt_gpt2_num_params(m->gpt2);
 }
 
 int zt_family_model_num_tensors(const zt_family_model *m)
 {
-    return zt_gpt2_num_tensors(m->gpt2);
+    return m->llama ? zt_llama_num_tensors(m->llama) : zt_gpt2_num_tensors(m->gpt2);
 }
 
 const zt_param_info *zt_family_model_tensor(const zt_family_model *m, int i)
 {
-    return zt_gpt2_tensor(m->gpt2, i);
+    return m->llama ? zt_llama_tensor(m->llama, i) : zt_gpt2_tensor(m->gpt2, i);
 }
 
 float *zt_family_model_params(zt_family_model *m)
 {
-    return zt_gpt2_params(m->gpt2);
+    return m->llama ? zt_llama_params(m->llama) : zt_gpt2_params(m->gpt2);
 }
 
 float *zt_family_model_grads(zt_family_model *m)
 {
-    return zt_gpt2_grads(m->gpt2);
+    return m->llama ? zt_llama_grads(m->llama) : zt_gpt2_grads(m->gpt2);
 }
 
 void zt_family_model_release_params(zt_family_model *m)
 {
-    zt_gpt2_release_params(m->gpt2);
+    if (m->llama)
+        zt_llama_release_params(m->llama);
+    else
+        zt_gpt2_release_params(m->gpt2);
 }
 
 int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *err)
 {
-    return zt_gpt2_export(m->gpt2, path, err);
+    return m->llama ? zt_llama_export(m->llama, path, err) : zt_gpt2_export(m->gpt2, path, err);
 }
 
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err)
 {
-    return zt_gpt2_import(m->gpt2, path, err);
+    return m->llama ? zt_llama_import(m->llama, path, err) : zt_gpt2_import(m->gpt2, path, err);
 }
 
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
-    return zt_gpt2_forward(m->gpt2, tokens, targets, B, T);
+    return m->llama ? zt_llama_forward(m->llama, tokens, targets, B, T) : zt_gpt2_forward(m->gpt2, tokens, targets, B, T);
 }
 
 const float *zt_family_model_logits(const zt_family_model *m)
 {
-    return zt_gpt2_logits(m->gpt2);
+    return m->llama ? zt_llama_logits(m->llama) : zt_gpt2_logits(m->gpt2);
 }
 
 int zt_family_model_cpu(struct zt_model **out, zt_family_model *m, int max_micro, const bool *ckpt_layers,
                         zt_err *err)
 {
-    return zt_gpt2_model_cpu(out, m->gpt2, max_micro, ckpt_layers, err);
+    return m->llama ? zt_llama_model_cpu(out, m->llama, max_micro, ckpt_layers, err)
+                    : zt_gpt2_model_cpu(out, m->gpt2, max_micro, ckpt_layers, err);
 }
 
 #ifdef ZT_WITH_CUDA
 int zt_family_model_cuda(struct zt_model **out, const zt_family_model *m, int B, int T, int max_micro,
                          enum zt_dtype dtype, const bool *ckpt_layers, zt_err *err)
 {
+    if (m->llama) {
+        *out = NULL;
+        return zt_fail(err, ZT_EUNSUPPORTED, "LLaMA and Mistral models train on the CPU only in this version (their "
+                       "CUDA executor is not built yet): train with --device cpu");
+    }
     return zt_gpt2_cuda_create(out, m->gpt2, B, T, max_micro, dtype, ckpt_layers, err);
 }
 
 struct zt_model *zt_family_model_cuda_shape(const zt_family_model *m, int B, int T, int max_micro,
                                             enum zt_dtype dtype, const bool *ckpt_layers)
 {
-    return zt_gpt2_cuda_shape(m->gpt2, B, T, max_micro, dtype, ckpt_layers);
+    return m->llama ? NULL : zt_gpt2_cuda_shape(m->gpt2, B, T, max_micro, dtype, ckpt_layers);
 }
 #endif

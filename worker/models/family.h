@@ -1,12 +1,12 @@
 /* Model families: what the training loop, checkpoints, export and generation need of a model, whatever
- * its architecture. A family (GPT-2 today) has a Hugging Face config, a host model (the tensor table and
+ * its architecture. A family (GPT-2; LLaMA and Mistral) has a Hugging Face config, a host model (the tensor table and
  * the fp32 parameter slab in the family's layout, initialisation, safetensors import and export with
  * Hugging Face names, a forward pass for generation) and executors for the training engine
  * (worker/models/model.h) on the CPU and on CUDA. This module dispatches on the family; the families
  * themselves live beside it (gpt2.h, gpt2_cpu.c, gpt2_cuda.c).
  *
- * The family of a config.json is its "model_type" ("gpt2"; a config without one is GPT-2, as earlier
- * releases wrote them). */
+ * The family of a config.json is its "model_type" ("gpt2"; "llama" or "mistral"; a config without one is
+ * GPT-2, as earlier releases wrote them). LLaMA trains on the CPU; its CUDA executor is not built yet. */
 #ifndef ZT_WORKER_MODELS_FAMILY_H
 #define ZT_WORKER_MODELS_FAMILY_H
 
@@ -19,16 +19,18 @@
 #include "common/safetensors.h" /* enum zt_dtype */
 #include "common/status.h"
 #include "worker/models/gpt2.h"
+#include "worker/models/llama.h"
 
-enum zt_family { ZT_FAMILY_GPT2 = 0 };
+enum zt_family { ZT_FAMILY_GPT2 = 0, ZT_FAMILY_LLAMA = 1 };
 
-/* "gpt2". */
+/* "gpt2", "llama". */
 const char *zt_family_name(enum zt_family f);
 
 /* A model's configuration: the family and that family's config. */
 typedef struct zt_family_config {
     enum zt_family family;
-    zt_gpt2_config gpt2; /* family gpt2 */
+    zt_gpt2_config gpt2;   /* family gpt2 */
+    zt_llama_config llama; /* family llama (LLaMA and Mistral) */
 } zt_family_config;
 
 /* GPT-2 small. */
@@ -44,6 +46,9 @@ int zt_family_config_validate(const zt_family_config *c, zt_err *err);
  * into av and bv; NULL when they describe the same model. */
 const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
                                   size_t cap);
+
+/* Whether the family has a CUDA executor (LLaMA does not yet). */
+bool zt_family_config_has_cuda(const zt_family_config *c);
 
 /* Shape queries. */
 int zt_family_config_layers(const zt_family_config *c);
@@ -68,9 +73,10 @@ int zt_family_model_create_layout(zt_family_model **out, const zt_family_config 
 void zt_family_model_destroy(zt_family_model *m); /* accepts NULL */
 
 const zt_family_config *zt_family_model_config(const zt_family_model *m);
-/* The GPT-2 host model behind m (its family's own API, e.g. the whole-model backward), or NULL when m is
- * of another family. */
+/* The host model behind m in its family's own API (e.g. the whole-model backward), or NULL when m is of
+ * another family. */
 zt_gpt2 *zt_family_model_gpt2(zt_family_model *m);
+zt_llama *zt_family_model_llama(zt_family_model *m);
 size_t zt_family_model_num_params(const zt_family_model *m);
 int zt_family_model_num_tensors(const zt_family_model *m);
 const zt_param_info *zt_family_model_tensor(const zt_family_model *m, int i);

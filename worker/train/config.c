@@ -662,8 +662,8 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     const int positions = zt_family_config_positions(&c->model);
     if (c->seq_len > positions)
         return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "config: %s = %lld is longer than the model's n_positions %d: lower it to at most %d "
-                       "(or use a model with more positions)",
+                       "config: %s = %lld is longer than the model's %d positions (n_positions, "
+                       "max_position_embeddings): lower it to at most %d (or use a model with more positions)",
                        label("seq_len"), (long long)c->seq_len, positions, positions);
     if (c->batch_size * c->seq_len > (1LL << 30))
         return zt_fail(err, ZT_EINVAL_CONFIG,

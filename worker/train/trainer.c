@@ -538,6 +538,9 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
                         zt_err *err)
 {
     const int W = env->world_size;
+    if (!zt_family_config_has_cuda(&cfg->model))
+        return zt_fail(err, ZT_EUNSUPPORTED, "%s models train on the CPU only in this version (their CUDA executor "
+                       "is not built yet): train with --device cpu", zt_family_name(cfg->model.family));
     int rc = pick_dtype(cfg, env->local_rank, dtype, err);
     zt_family_model *tables = NULL;
     if (rc < 0 || (rc = zt_family_model_create_layout(&tables, &cfg->model, err)) < 0)
