@@ -174,6 +174,27 @@ static void prefix_error(zt_err *err, const char *flag)
     err->msg[n - 1] = ' ';
 }
 
+/* Checks, before the slower GPU plan, that --train-data and --val-data name readable token files, so that
+ * a wrong path is the first error reported whatever the device. The loaders are opened for one row and
+ * closed; train_once opens them again with the planned batch. */
+static int check_data_paths(const zt_train_config *cfg, zt_err *err)
+{
+    const char *flags[2] = {"--train-data", "--val-data"};
+    const char *paths[2] = {cfg->train_data, cfg->val_data};
+    for (int i = 0; i < 2; i++) {
+        if (paths[i][0] == '\0')
+            continue;
+        zt_dataloader *dl = NULL;
+        int rc = zt_dataloader_open(&dl, paths[i], 1, (int)cfg->seq_len, false, (uint64_t)cfg->seed, err);
+        zt_dataloader_close(dl);
+        if (rc < 0) {
+            prefix_error(err, flags[i]);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
 static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_size, zt_err *err)
 {
@@ -795,6 +816,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* On a GPU, the memory plan comes first: it may refuse, or lower the micro-batch. */
     enum zt_dtype dtype = ZT_DTYPE_F32;
     struct layout lay = {0};
+    if ((rc = zt_comm_agree(comm, check_data_paths(cfg, err), err)) < 0)
+        goto out;
 #ifdef ZT_WITH_CUDA
     rc = on_gpu ? plan_gpu_run(cfg, env, &dtype, &lay, err) : 0;
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
