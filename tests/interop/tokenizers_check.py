@@ -362,6 +362,61 @@ def check_tokenizer(rep, tool, name, path, lib, work):
         rep.check(not bad, f"{name}: the bytes of the tokens, one by one, make the decoded text")
 
 
+PAIR_TEXTS = [
+    ("The movie was great", "I loved every minute of it, really."),
+    ("short", "a much longer second text that has many more words than the first one does"),
+    ("a much longer first text that has many more words than the second one does, twice over", "tiny"),
+    ("Ünïcödé ünd 🙂 emoji", "数字 12345 and 日本語のテキスト"),
+    ("", "empty first"),
+    ("only a first text", None),
+    ("a single text that is long enough to be cut at the shorter lengths of the sweep", None),
+]
+PAIR_LENGTHS = (0, 6, 7, 12, 13, 32)
+
+
+def write_pair_records(path, pairs):
+    with open(path, "wb") as f:
+        for a, b in pairs:
+            ab = a.encode("utf-8")
+            f.write(b"%d\n" % len(ab) + ab)
+            if b is None:
+                f.write(b"-\n")
+            else:
+                bb = b.encode("utf-8")
+                f.write(b"%d\n" % len(bb) + bb)
+
+
+def check_pairs(rep, tool, name, path, lib, work):
+    """Pairs of texts with special tokens and longest_first truncation: ids and type ids."""
+    inp, out = os.path.join(work, "pairs.bin"), os.path.join(work, "pairs.txt")
+    write_pair_records(inp, PAIR_TEXTS)
+    specials_pair = lib.num_special_tokens_to_add(True)
+    specials_single = lib.num_special_tokens_to_add(False)
+    bad = []
+    for max_len in PAIR_LENGTHS:
+        run_tool(tool, "pair", path, inp, out, str(max_len))
+        with open(out, encoding="utf-8") as f:
+            lines = f.read().split("\n")[:-1]
+        if max_len:
+            lib.enable_truncation(max_len, strategy="longest_first")
+        else:
+            lib.no_truncation()
+        for (a, b), line in zip(PAIR_TEXTS, lines):
+            if max_len and max_len < (specials_pair if b is not None else specials_single):
+                if not line.startswith("error"):
+                    bad.append((max_len, a, "ztrain did not refuse a length shorter than the special tokens"))
+                continue
+            e = lib.encode(a, b, add_special_tokens=True)
+            want = " ".join(map(str, e.ids)) + " |" + "".join(f" {t}" for t in e.type_ids)
+            if line.strip() != want.strip():
+                bad.append((max_len, a, f"ztrain {line[:80]!r} library {want[:80]!r}"))
+    lib.no_truncation()
+    rep.check(not bad, f"{name}: {len(PAIR_TEXTS)} texts and pairs with special tokens and type ids, truncated "
+                       f"to {', '.join(map(str, PAIR_LENGTHS))} tokens")
+    for max_len, a, msg in bad[:4]:
+        print(f"     max_len {max_len}, {a[:30]!r}: {msg}")
+
+
 # ---- Unicode tables ----------------------------------------------------------------------------------
 
 def sweep_code_points():
@@ -483,6 +538,16 @@ def main():
             legacy_merges(path, path)
             lib = Tokenizer.from_file(path)
         check_tokenizer(rep, tool, name, path, lib, work)
+        if name in ("wordpiece", "gpt2", "llama3", "llama2"):
+            check_pairs(rep, tool, name, path, lib, work)
+    # BERT's and RoBERTa's own post-processors on the WordPiece vocabulary.
+    for name, proc in (("bert-processing", processors.BertProcessing),
+                       ("roberta-processing", processors.RobertaProcessing)):
+        lib = Tokenizer.from_str(toks["wordpiece"].to_str())
+        lib.post_processor = proc(("[SEP]", lib.token_to_id("[SEP]")), ("[CLS]", lib.token_to_id("[CLS]")))
+        path = os.path.join(work, f"{name}.json")
+        lib.save(path)
+        check_pairs(rep, tool, name, path, lib, work)
     check_unicode(rep, tool, work)
     print(f"{rep.failures} check(s) failed" if rep.failures else "all checks passed")
     return 1 if rep.failures else 0

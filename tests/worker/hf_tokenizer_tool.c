@@ -4,6 +4,9 @@
  *   hf_tokenizer_tool encode TOKENIZER.json IN OUT [--add-special]
  *       IN holds records "LENGTH\n" + LENGTH bytes of text; OUT gets one line of ids per record
  *       ("error: MESSAGE" for a text that is refused)
+ *   hf_tokenizer_tool pair TOKENIZER.json IN OUT MAXLEN
+ *       IN holds records in twos: text A, then text B or "-\n" for none; OUT gets "IDS | TYPES" per pair,
+ *       encoded with special tokens and truncated to MAXLEN tokens (0: none)
  *   hf_tokenizer_tool decode TOKENIZER.json IN OUT
  *       IN holds one line of ids per text; OUT gets records "LENGTH\n" + the decoded bytes
  *   hf_tokenizer_tool pieces TOKENIZER.json OUT           OUT gets zt_tokenizer_token_bytes of every id, as
@@ -66,6 +69,66 @@ static int encode(const zt_tokenizer *tok, const char *in, const char *out, unsi
             free(ids);
         }
         pos = (size_t)(text - data) + (size_t)n;
+    }
+    free(data);
+    return fclose(f) == 0 ? 0 : fail("cannot write the output");
+}
+
+/* Reads the record at *pos ("LENGTH\n" + bytes, or "-\n" for none: *text NULL); 0, or -1 if malformed. */
+static int next_record(const char *data, size_t len, size_t *pos, const char **text, size_t *n)
+{
+    if (*pos + 2 <= len && data[*pos] == '-' && data[*pos + 1] == '\n') {
+        *text = NULL;
+        *n = 0;
+        *pos += 2;
+        return 0;
+    }
+    char *end;
+    unsigned long long v = strtoull(data + *pos, &end, 10);
+    if (*end != '\n' || (size_t)(end + 1 - data) + v > len)
+        return -1;
+    *text = end + 1;
+    *n = (size_t)v;
+    *pos = (size_t)(*text - data) + (size_t)v;
+    return 0;
+}
+
+/* IN holds records in twos (text A, then text B or "-\n" for none); OUT gets a line "IDS | TYPES" per pair. */
+static int encode_pairs(const zt_tokenizer *tok, const char *in, const char *out, size_t max_len)
+{
+    zt_err err;
+    char *data;
+    size_t len;
+    if (zt_read_file(in, &data, &len, &err) != 0)
+        return fail(err.msg);
+    FILE *f = fopen(out, "w");
+    if (!f) {
+        free(data);
+        return fail(strerror(errno));
+    }
+    size_t pos = 0;
+    while (pos < len) {
+        const char *a, *b;
+        size_t na, nb;
+        if (next_record(data, len, &pos, &a, &na) != 0 || a == NULL || next_record(data, len, &pos, &b, &nb) != 0) {
+            fclose(f);
+            free(data);
+            return fail("bad record in the input");
+        }
+        int32_t *ids, *types;
+        size_t nids;
+        if (zt_tokenizer_encode_pair(tok, a, na, b, nb, max_len, &ids, &types, &nids, &err) != 0) {
+            fprintf(f, "error: %s\n", err.msg);
+            continue;
+        }
+        for (size_t i = 0; i < nids; i++)
+            fprintf(f, i ? " %d" : "%d", (int)ids[i]);
+        fputs(" |", f);
+        for (size_t i = 0; i < nids; i++)
+            fprintf(f, " %d", (int)types[i]);
+        fputc('\n', f);
+        free(ids);
+        free(types);
     }
     free(data);
     return fclose(f) == 0 ? 0 : fail("cannot write the output");
@@ -211,6 +274,8 @@ int main(int argc, char **argv)
     } else if (strcmp(argv[1], "encode") == 0 && (argc == 5 || argc == 6)) {
         unsigned flags = argc == 6 && strcmp(argv[5], "--add-special") == 0 ? ZT_TOKENIZE_ADD_SPECIAL : 0;
         rc = encode(tok, argv[3], argv[4], flags);
+    } else if (strcmp(argv[1], "pair") == 0 && argc == 6) {
+        rc = encode_pairs(tok, argv[3], argv[4], (size_t)strtoull(argv[5], NULL, 10));
     } else if (strcmp(argv[1], "decode") == 0 && argc == 5) {
         rc = decode(tok, argv[3], argv[4]);
     } else if (strcmp(argv[1], "pieces") == 0 && argc == 4) {

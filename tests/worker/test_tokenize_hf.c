@@ -311,6 +311,34 @@ static void test_wordpiece(void **state)
     expect_piece(tok, 4, "aff", 3);
     expect_piece(tok, 6, " hello", 6);
     expect_piece(tok, 7, ",", 1); /* cleanup: " ," is "," */
+    /* pairs: [CLS] A [SEP] B [SEP] with B's segment 1; longest_first truncation cuts the longer text */
+    {
+        int32_t *ids, *types;
+        size_t n;
+        zt_err err;
+        assert_int_equal(zt_tokenizer_encode_pair(tok, "UnAffable,", 10, "Hello!", 6, 0, &ids, &types, &n, &err), 0);
+        const int32_t want_ids[] = {1, 3, 4, 5, 7, 2, 6, 8, 2}, want_types[] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
+        assert_int_equal(n, 9);
+        assert_memory_equal(ids, want_ids, sizeof want_ids);
+        assert_memory_equal(types, want_types, sizeof want_types);
+        free(ids);
+        free(types);
+        assert_int_equal(zt_tokenizer_encode_pair(tok, "UnAffable,", 10, "Hello!", 6, 6, &ids, &types, &n, &err), 0);
+        const int32_t cut_ids[] = {1, 3, 4, 2, 6, 2}; /* 3 tokens to share: B, the shorter, keeps 1, A 2 */
+        assert_int_equal(n, 6);
+        assert_memory_equal(ids, cut_ids, sizeof cut_ids);
+        free(ids);
+        free(types);
+        assert_int_equal(zt_tokenizer_encode_pair(tok, "UnAffable,", 10, NULL, 0, 4, &ids, &types, &n, &err), 0);
+        const int32_t single_ids[] = {1, 3, 4, 2};
+        assert_int_equal(n, 4);
+        assert_memory_equal(ids, single_ids, sizeof single_ids);
+        free(ids);
+        free(types);
+        assert_int_equal(zt_tokenizer_encode_pair(tok, "a", 1, "b", 1, 2, &ids, &types, &n, &err), ZT_EINVAL_CONFIG);
+        assert_non_null(strstr(err.msg, "3 special tokens"));
+        assert_null(ids);
+    }
     zt_tokenizer_destroy(tok);
     free(json);
 

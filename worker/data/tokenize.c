@@ -98,19 +98,28 @@ int zt_tokenizer_vocab_size(const zt_tokenizer *tok)
     return tok->vocab_size;
 }
 
+/* ZT_EFORMAT unless text is UTF-8 (what a tokenizer.json reads), naming the first bad byte. */
+static int check_utf8(const void *text, size_t len, zt_err *err)
+{
+    size_t ok = zt_utf8_valid_prefix(text, len);
+    if (ok == len)
+        return 0;
+    return zt_fail(err, ZT_EFORMAT,
+                   "the text is not UTF-8: byte %zu (0x%02X) does not start a valid UTF-8 character, and "
+                   "Hugging Face tokenizers read UTF-8; convert the text first (for example with iconv "
+                   "-f LATIN1 -t UTF-8)",
+                   ok, ((const unsigned char *)text)[ok]);
+}
+
 int zt_tokenizer_encode_flags(const zt_tokenizer *tok, const void *text, size_t len, unsigned flags,
                               int32_t **tokens, size_t *n, zt_err *err)
 {
     *tokens = NULL;
     *n = 0;
     if (tok->kind == TOK_HF) {
-        size_t ok = zt_utf8_valid_prefix(text, len);
-        if (ok != len)
-            return zt_fail(err, ZT_EFORMAT,
-                           "the text is not UTF-8: byte %zu (0x%02X) does not start a valid UTF-8 character, and "
-                           "Hugging Face tokenizers read UTF-8; convert the text first (for example with iconv "
-                           "-f LATIN1 -t UTF-8)",
-                           ok, ((const unsigned char *)text)[ok]);
+        int rc = check_utf8(text, len, err);
+        if (rc != 0)
+            return rc;
         return zt__hf_encode(&tok->hf, text, len, (flags & ZT_TOKENIZE_ADD_SPECIAL) != 0, tokens, n, err);
     }
     if (len == 0)
@@ -130,6 +139,44 @@ int zt_tokenizer_encode(const zt_tokenizer *tok, const void *text, size_t len, i
                         zt_err *err)
 {
     return zt_tokenizer_encode_flags(tok, text, len, 0, tokens, n, err);
+}
+
+int zt_tokenizer_encode_pair(const zt_tokenizer *tok, const char *a, size_t alen, const char *b, size_t blen,
+                             size_t max_len, int32_t **tokens, int32_t **types, size_t *n, zt_err *err)
+{
+    *tokens = NULL;
+    *types = NULL;
+    *n = 0;
+    if (tok->kind == TOK_HF) {
+        int rc = check_utf8(a, alen, err);
+        if (rc == 0 && b)
+            rc = check_utf8(b, blen, err);
+        return rc != 0 ? rc : zt__hf_encode_pair(&tok->hf, a, alen, b, blen, max_len, tokens, types, n, err);
+    }
+    size_t na = alen, nb = b ? blen : 0;
+    if (max_len > 0 && !b && na > max_len)
+        na = max_len;
+    else if (max_len > 0 && b)
+        zt__truncate_longest_first(&na, &nb, max_len);
+    const size_t total = na + nb;
+    int32_t *t = malloc((total ? total : 1) * sizeof(int32_t)), *y = malloc((total ? total : 1) * sizeof(int32_t));
+    if (!t || !y) {
+        free(t);
+        free(y);
+        return zt_fail(err, ZT_ENOMEM, "out of memory encoding %zu bytes of text", total);
+    }
+    for (size_t i = 0; i < na; i++) {
+        t[i] = ((const unsigned char *)a)[i];
+        y[i] = 0;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        t[na + i] = ((const unsigned char *)b)[i];
+        y[na + i] = 1;
+    }
+    *tokens = t;
+    *types = y;
+    *n = total;
+    return 0;
 }
 
 /* ZT_EMISMATCH unless token is an id of tok. */

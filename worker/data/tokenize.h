@@ -58,6 +58,17 @@ int zt_tokenizer_encode(const zt_tokenizer *tok, const void *text, size_t len, i
 int zt_tokenizer_encode_flags(const zt_tokenizer *tok, const void *text, size_t len, unsigned flags,
                               int32_t **tokens, size_t *n, zt_err *err);
 
+/* Encodes text a, or the pair (a, b) when b is not NULL, for a sequence-classification model, as the tokenizers
+ * library's encode(a, b, add_special_tokens=True) with truncation="longest_first" to max_len tokens does
+ * (max_len 0: no truncation): the post-processor's special tokens around the text or the pair ([CLS] A
+ * [SEP] B [SEP]; <s> A </s></s> B </s>; a template's "pair"), and in *types each token's type id (segment:
+ * 0 for A and 1 for B in BERT's layout). Truncation cuts the longer text first, from the right. The
+ * "bytes" tokenizer gives the bytes of a then of b, types 0 and 1. *tokens and *types are malloc'd arrays
+ * of *n entries (the caller frees both). Returns 0, ZT_EFORMAT (a text that is not UTF-8),
+ * ZT_EINVAL_CONFIG (max_len cannot hold the special tokens), ZT_EUNSUPPORTED or ZT_ENOMEM. */
+int zt_tokenizer_encode_pair(const zt_tokenizer *tok, const char *a, size_t alen, const char *b, size_t blen,
+                             size_t max_len, int32_t **tokens, int32_t **types, size_t *n, zt_err *err);
+
 /* Decodes n tokens into *text, a malloc'd buffer of *len bytes plus a NUL (not counted in *len) that the
  * caller frees. A tokenizer.json decodes through its decoders, special tokens included, as the library's
  * decode(ids, skip_special_tokens=False) does (so bytes that are not UTF-8 become U+FFFD). Returns 0,

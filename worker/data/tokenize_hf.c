@@ -1744,3 +1744,114 @@ int zt__hf_token_piece(const zt__hf *hf, int32_t id, zt__bytes *out, zt_err *err
     list_free(&l);
     return rc == 0 ? 0 : zt_fail(err, rc, "out of memory preparing the tokenizer's token strings");
 }
+
+void zt__truncate_longest_first(size_t *na, size_t *nb, size_t budget)
+{
+    if (*na + *nb <= budget)
+        return;
+    size_t n1 = *na, n2 = *nb;
+    const bool swap = n1 > n2;
+    if (swap) {
+        n1 = *nb;
+        n2 = *na;
+    }
+    n2 = n1 > budget ? n1 : (n1 > budget - n1 ? n1 : budget - n1);
+    if (n1 + n2 > budget) {
+        n1 = budget / 2;
+        n2 = n1 + budget % 2;
+    }
+    *na = swap ? n2 : n1;
+    *nb = swap ? n1 : n2;
+}
+
+int zt__hf_encode_pair(const zt__hf *hf, const char *a, size_t alen, const char *b, size_t blen, size_t max_len,
+                       int32_t **ids, int32_t **types, size_t *n, zt_err *err)
+{
+    *ids = NULL;
+    *types = NULL;
+    *n = 0;
+    if (b && hf->pair_processors > 1)
+        return zt_fail(err, ZT_EUNSUPPORTED, "this tokenizer.json has %d post-processors that lay out pairs of texts; "
+                       "ztrain encodes pairs with one (give single texts, or a tokenizer with one template)",
+                       hf->pair_processors);
+    if (b && hf->pair_problem)
+        return zt_fail(err, ZT_EUNSUPPORTED, "this tokenizer.json cannot encode pairs of texts: %s (give single "
+                       "texts, or fix the template)", hf->pair_problem);
+    int32_t *ta = NULL, *tb = NULL;
+    size_t na = 0, nb = 0;
+    int rc = zt__hf_encode(hf, a, alen, false, &ta, &na, err);
+    if (rc == 0 && b)
+        rc = zt__hf_encode(hf, b, blen, false, &tb, &nb, err);
+    if (rc != 0) {
+        free(ta);
+        return rc;
+    }
+    /* the layout: single texts take prefix + A + suffix; pairs the pair pieces (or A B with types 0 and 1) */
+    size_t specials = 0;
+    if (!b)
+        specials = (size_t)hf->nprefix + (size_t)hf->nsuffix;
+    else
+        for (int k = 0; k < hf->npair; k++)
+            specials += (size_t)hf->pair[k].nids;
+    if (max_len > 0) {
+        if (max_len < specials) {
+            free(ta);
+            free(tb);
+            return zt_fail(err, ZT_EINVAL_CONFIG, "a sequence of %zu tokens cannot hold the %zu special tokens the "
+                           "tokenizer adds around %s; raise the sequence length", max_len, specials,
+                           b ? "a pair of texts" : "a text");
+        }
+        const size_t budget = max_len - specials;
+        if (!b)
+            na = na < budget ? na : budget;
+        else
+            zt__truncate_longest_first(&na, &nb, budget);
+    }
+    const size_t total = specials + na + nb;
+    int32_t *oi = malloc((total ? total : 1) * sizeof(int32_t)), *ot = malloc((total ? total : 1) * sizeof(int32_t));
+    if (!oi || !ot) {
+        free(oi);
+        free(ot);
+        free(ta);
+        free(tb);
+        return zt_fail(err, ZT_ENOMEM, "out of memory encoding a pair of texts");
+    }
+    size_t k = 0;
+#define PUT(id, type)                                                                                         \
+    do {                                                                                                      \
+        oi[k] = (id);                                                                                         \
+        ot[k] = (type);                                                                                       \
+        k++;                                                                                                  \
+    } while (0)
+    if (!b) {
+        for (int i = 0; i < hf->nprefix; i++)
+            PUT(hf->prefix_ids[i], 0);
+        for (size_t i = 0; i < na; i++)
+            PUT(ta[i], 0);
+        for (int i = 0; i < hf->nsuffix; i++)
+            PUT(hf->suffix_ids[i], 0);
+    } else if (hf->npair == 0) {
+        for (size_t i = 0; i < na; i++)
+            PUT(ta[i], 0);
+        for (size_t i = 0; i < nb; i++)
+            PUT(tb[i], 1);
+    } else {
+        for (int p = 0; p < hf->npair; p++) {
+            const struct zt__pair_piece *pc = &hf->pair[p];
+            if (pc->seq == 0)
+                for (int i = 0; i < pc->nids; i++)
+                    PUT(pc->ids[i], pc->type_id);
+            for (size_t i = 0; pc->seq == 1 && i < na; i++)
+                PUT(ta[i], pc->type_id);
+            for (size_t i = 0; pc->seq == 2 && i < nb; i++)
+                PUT(tb[i], pc->type_id);
+        }
+    }
+#undef PUT
+    free(ta);
+    free(tb);
+    *ids = oi;
+    *types = ot;
+    *n = k;
+    return 0;
+}

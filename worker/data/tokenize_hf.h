@@ -157,6 +157,20 @@ typedef struct zt__hf {
     zt__added_set raw_set, norm_set; /* normalized false / true */
     int32_t *prefix_ids, *suffix_ids; /* added around a text when special tokens are asked for */
     int nprefix, nsuffix;
+    /* The layout of a pair of texts (zt__hf_encode_pair): the pieces of the post-processor that defines one
+     * (TemplateProcessing's "pair", BertProcessing, RobertaProcessing), in order. npair 0 with
+     * pair_processors 0: no such post-processor, and a pair is A then B, with type ids 0 and 1, as the
+     * library's default processing gives it. More than one such post-processor: pairs are refused. */
+    struct zt__pair_piece {
+        int seq;          /* 0: special tokens (ids), 1: the text A, 2: the text B */
+        int32_t type_id;
+        int32_t *ids;     /* seq 0 */
+        int nids;
+    } *pair;
+    int npair;
+    int pair_processors;
+    const char *pair_problem; /* why pairs are refused (a pair template ztrain cannot use), or NULL; such a
+                               * template does not stop the tokenizer from loading: single texts work */
     /* id -> token */
     int32_t vocab_size;      /* largest id + 1 */
     zt__bytes *tokens;       /* [vocab_size]: the token string (added tokens: their content); p NULL for holes */
@@ -179,6 +193,20 @@ int zt__hf_normalize(const zt__hf *hf, const char *text, size_t len, zt__bytes *
 /* Encodes valid UTF-8 text (the public zt_tokenizer_encode checks it) into *ids (malloc'd, *n ids). */
 int zt__hf_encode(const zt__hf *hf, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n,
                   zt_err *err);
+
+/* The lengths texts A and B (*na, *nb tokens) keep within budget tokens, as the library's "longest_first"
+ * truncation gives them: only the longer one is cut while the shorter fits in half; otherwise both get
+ * half (B the odd token). */
+void zt__truncate_longest_first(size_t *na, size_t *nb, size_t budget);
+
+/* Encodes the text a, or with b the pair (a, b), as the library's encode(a, b, add_special_tokens=True)
+ * does with truncation to max_len tokens ("longest_first", from the right; 0: no truncation): special
+ * tokens of the post-processor around them, and each id's type id (segment) in *types. Both texts are
+ * valid UTF-8 (b may be NULL). *ids and *types are malloc'd, *n entries each. Returns 0, ZT_EINVAL_CONFIG
+ * (max_len is shorter than the special tokens), ZT_EUNSUPPORTED (post-processors that disagree on pairs)
+ * or ZT_ENOMEM. */
+int zt__hf_encode_pair(const zt__hf *hf, const char *a, size_t alen, const char *b, size_t blen, size_t max_len,
+                       int32_t **ids, int32_t **types, size_t *n, zt_err *err);
 
 /* Decodes ids (each in [0, vocab_size), not a hole) through the decoders into *out (malloc'd, NUL-terminated,
  * the NUL not counted in out->len). */

@@ -1190,6 +1190,128 @@ static int wrap_ids(loader *ld, const int32_t *pre, int npre, const int32_t *suf
     return push_ids(ld, &hf->suffix_ids, &hf->nsuffix, suf, nsuf);
 }
 
+/* Appends one piece to hf's pair layout; ids (seq 0) are copied. */
+static int push_pair_piece(loader *ld, int seq, int32_t type_id, const int32_t *ids, int nids)
+{
+    zt__hf *hf = ld->hf;
+    void *p = realloc(hf->pair, (size_t)(hf->npair + 1) * sizeof *hf->pair);
+    if (!p)
+        return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading %s", ld->where);
+    hf->pair = p;
+    struct zt__pair_piece *pc = &hf->pair[hf->npair++];
+    memset(pc, 0, sizeof *pc);
+    pc->seq = seq;
+    pc->type_id = type_id;
+    return nids > 0 ? push_ids(ld, &pc->ids, &pc->nids, ids, nids) : 0;
+}
+
+/* A post-processor that defines the pair layout: the second one makes pairs unsupported (a Sequence of
+ * two such processors nests templates, which no published tokenizer does). */
+static void begin_pair_layout(loader *ld)
+{
+    zt__hf *hf = ld->hf;
+    for (int i = 0; i < hf->npair; i++)
+        free(hf->pair[i].ids);
+    hf->npair = 0;
+    hf->pair_processors++;
+}
+
+/* The ids of a template's special token `name` (its entry in special_tokens). */
+static const cJSON *template_special(loader *ld, const cJSON *specials, const char *q, const char *name)
+{
+    const cJSON *def = specials ? cJSON_GetObjectItemCaseSensitive(specials, name) : NULL;
+    const cJSON *ids = def ? cJSON_GetObjectItemCaseSensitive(def, "ids") : NULL;
+    if (!cJSON_IsArray(ids)) {
+        zt_fail(ld->err, ZT_EFORMAT, "%s: %s uses the special token '%s', which post_processor.special_tokens "
+                "does not define with its ids; the file is not a valid tokenizer.json", ld->where, q, name);
+        return NULL;
+    }
+    return ids;
+}
+
+/* TemplateProcessing's "pair": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A",
+ * "type_id": 0}}, ...] with A and B once each. A template ztrain cannot use leaves the tokenizer loadable
+ * (hf->pair_problem says why pairs are refused); only ZT_ENOMEM fails. */
+static int load_pair_template(loader *ld, const cJSON *obj)
+{
+    zt__hf *hf = ld->hf;
+    const cJSON *pair = cJSON_GetObjectItemCaseSensitive(obj, "pair");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(obj, "special_tokens");
+    if (!pair || cJSON_IsNull(pair))
+        return 0; /* no pair layout: pairs take the default */
+    begin_pair_layout(ld);
+    if (!cJSON_IsArray(pair)) {
+        hf->pair_problem = "post_processor.pair is not an array of template pieces";
+        return 0;
+    }
+    int seen[3] = {0, 0, 0}, rc = 0;
+    for (const cJSON *it = pair->child; it && rc == 0; it = it->next) {
+        const cJSON *seq = cJSON_GetObjectItemCaseSensitive(it, "Sequence");
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+        const cJSON *body = seq ? seq : sp;
+        const cJSON *id = body ? cJSON_GetObjectItemCaseSensitive(body, "id") : NULL;
+        const cJSON *type = body ? cJSON_GetObjectItemCaseSensitive(body, "type_id") : NULL;
+        if (!cJSON_IsString(id) || (type && (!cJSON_IsNumber(type) || type->valuedouble < 0 ||
+                                             type->valuedouble > 255))) {
+            hf->pair_problem = "post_processor.pair holds a piece that is not {\"Sequence\": {\"id\", \"type_id\"}} "
+                               "or {\"SpecialToken\": {\"id\", \"type_id\"}}";
+            return 0;
+        }
+        const int32_t type_id = type ? (int32_t)type->valuedouble : 0;
+        if (seq) {
+            int which = strcmp(id->valuestring, "A") == 0 ? 1 : strcmp(id->valuestring, "B") == 0 ? 2 : 0;
+            if (which == 0 || seen[which]++)
+                break;
+            rc = push_pair_piece(ld, which, type_id, NULL, 0);
+            continue;
+        }
+        const cJSON *def = specials ? cJSON_GetObjectItemCaseSensitive(specials, id->valuestring) : NULL;
+        const cJSON *ids = def ? cJSON_GetObjectItemCaseSensitive(def, "ids") : NULL;
+        if (!cJSON_IsArray(ids)) {
+            hf->pair_problem = "post_processor.pair uses a special token that post_processor.special_tokens does not "
+                               "define";
+            return 0;
+        }
+        int32_t *v = NULL;
+        int nv = 0;
+        for (const cJSON *x = ids->child; x && rc == 0; x = x->next) {
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= (double)INT32_MAX) {
+                free(v);
+                hf->pair_problem = "post_processor.special_tokens holds an id that is not an integer from 0";
+                return 0;
+            }
+            int32_t one = (int32_t)x->valuedouble;
+            rc = push_ids(ld, &v, &nv, &one, 1);
+        }
+        if (rc == 0)
+            rc = push_pair_piece(ld, 0, type_id, v, nv);
+        free(v);
+    }
+    if (rc == 0 && (seen[1] != 1 || seen[2] != 1))
+        hf->pair_problem = "post_processor.pair does not hold the sequences A and B once each";
+    return rc;
+}
+
+/* BertProcessing's pair: [CLS] A [SEP] B [SEP], B and its [SEP] of type 1; RobertaProcessing's:
+ * <s> A </s> </s> B </s>, every type 0 (as the tokenizers library gives them). */
+static int bert_pair_layout(loader *ld, bool roberta, int32_t cls, int32_t sep)
+{
+    begin_pair_layout(ld);
+    const int32_t tb = roberta ? 0 : 1;
+    int rc = push_pair_piece(ld, 0, 0, &cls, 1);
+    if (rc == 0)
+        rc = push_pair_piece(ld, 1, 0, NULL, 0);
+    if (rc == 0)
+        rc = push_pair_piece(ld, 0, 0, &sep, 1);
+    if (rc == 0 && roberta)
+        rc = push_pair_piece(ld, 0, 0, &sep, 1);
+    if (rc == 0)
+        rc = push_pair_piece(ld, 2, tb, NULL, 0);
+    if (rc == 0)
+        rc = push_pair_piece(ld, 0, tb, &sep, 1);
+    return rc;
+}
+
 static int load_template(loader *ld, const cJSON *obj, const char *path)
 {
     char p[PATH_LEN];
@@ -1221,12 +1343,9 @@ static int load_template(loader *ld, const cJSON *obj, const char *path)
             rc = bad_field(ld, q, "{\"Sequence\": ...} or {\"SpecialToken\": {\"id\": ...}}");
             break;
         }
-        const cJSON *def = specials ? cJSON_GetObjectItemCaseSensitive(specials, name->valuestring) : NULL;
-        const cJSON *ids = def ? cJSON_GetObjectItemCaseSensitive(def, "ids") : NULL;
-        if (!cJSON_IsArray(ids)) {
-            rc = zt_fail(ld->err, ZT_EFORMAT, "%s: %s uses the special token '%s', which post_processor.special_tokens "
-                         "does not define with its ids; the file is not a valid tokenizer.json",
-                         ld->where, q, name->valuestring);
+        const cJSON *ids = template_special(ld, specials, q, name->valuestring);
+        if (!ids) {
+            rc = ZT_EFORMAT;
             break;
         }
         for (const cJSON *x = ids->child; x && rc == 0; x = x->next) {
@@ -1244,7 +1363,7 @@ static int load_template(loader *ld, const cJSON *obj, const char *path)
         rc = wrap_ids(ld, pre, npre, suf, nsuf);
     free(pre);
     free(suf);
-    return rc;
+    return rc == 0 ? load_pair_template(ld, obj) : rc;
 }
 
 static int load_post(loader *ld, const cJSON *obj, const char *path, int depth)
@@ -1292,7 +1411,9 @@ static int load_post(loader *ld, const cJSON *obj, const char *path, int depth)
         if ((rc = check_keys(ld, obj, path, type[0] == 'B' ? bert_keys : roberta_keys)) != 0 ||
             (rc = token_pair(ld, obj, path, "cls", &cls)) != 0 || (rc = token_pair(ld, obj, path, "sep", &sep)) != 0)
             return rc;
-        return wrap_ids(ld, &cls, 1, &sep, 1);
+        if ((rc = wrap_ids(ld, &cls, 1, &sep, 1)) != 0)
+            return rc;
+        return bert_pair_layout(ld, type[0] == 'R', cls, sep);
     }
     char p[PATH_LEN];
     child_path(p, path, "type");
@@ -1399,6 +1520,9 @@ void zt__hf_free(zt__hf *hf)
     free(hf->norm_set.order);
     free(hf->prefix_ids);
     free(hf->suffix_ids);
+    for (int i = 0; i < hf->npair; i++)
+        free(hf->pair[i].ids);
+    free(hf->pair);
     if (hf->tokens)
         for (int32_t i = 0; i < hf->vocab_size; i++) {
             free(hf->tokens[i].p);
@@ -1461,6 +1585,12 @@ int zt__hf_load(zt__hf *hf, const char *json, size_t len, const char *where, zt_
             goto done;
         }
     }
+    for (int k = 0; k < hf->npair; k++)
+        for (int i = 0; i < hf->pair[k].nids; i++) {
+            int32_t id = hf->pair[k].ids[i];
+            if (id >= hf->vocab_size || !hf->tokens[id].p)
+                hf->pair_problem = "post_processor's pair template adds a token id that is not in the vocabulary";
+        }
     hf->split_at_meta = meta_boundaries_safe(hf);
     bool byte_level = false;
     for (int i = 0; i < hf->npretoks; i++)
