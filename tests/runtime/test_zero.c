@@ -31,6 +31,8 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/trainer.h"
 
+#include "../worker/train_fixture.h"
+
 #define STEPS 20
 #define GB 12 /* global micro-batch rows: divisible by 1, 2, 3 and 4 */
 #define T 8
@@ -373,37 +375,8 @@ static void test_train_loop_matches_trainer(void **state)
     if (zt_trainer_run(&cfg, &single, &err) < 0)
         fail_msg("%s", err.msg);
     snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s", out2);
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pids[2];
-    fflush(NULL);
-    for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0) {
-            char v[16];
-            snprintf(v, sizeof v, "%d", r);
-            setenv("RANK", v, 1);
-            setenv("WORLD_SIZE", "2", 1);
-            snprintf(v, sizeof v, "%d", 20000 + (int)(getppid() % 20000));
-            setenv("MASTER_PORT", v, 1);
-            zt_train_result res;
-            if (zt_trainer_run(&cfg, &res, &err) < 0)
-                FAIL("rank %d: %s", r, err.msg);
-            if (r == 0 && write(fds[1], res.losses, 8 * sizeof(float)) != 8 * (ssize_t)sizeof(float))
-                _exit(1);
-            _exit(0);
-        }
-    }
-    close(fds[1]);
     float losses[8];
-    assert_int_equal(read(fds[0], losses, sizeof losses), (ssize_t)sizeof losses);
-    close(fds[0]);
-    for (int r = 0; r < 2; r++) {
-        int st;
-        assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+    zt_fixture_train_ranks(&cfg, 2, losses, 8, NULL);
     assert_close(losses, single.losses, 8, 1e-5, "ztrain train at W=2");
     /* the final checkpoint has the single-process trainer's format */
     char ckpt[PATH_MAX];

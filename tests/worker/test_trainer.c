@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fileio.h"
@@ -291,6 +292,215 @@ static void test_llama_family(void **state)
     assert_int_equal(zt_trainer_run(&c, &res, &err), ZT_EMISMATCH);
     assert_non_null(strstr(err.msg, "model_type"));
     zt_train_result_free(&res);
+    zt_train_result_free(&straight);
+    zt_train_result_free(&first);
+    zt_train_result_free(&second);
+}
+
+/* ---- a BERT classifier on labelled texts ---- */
+
+/* A WordPiece tokenizer.json with BERT's post-processor: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, then words. */
+static const char *const cls_words[] = {"the", "movie", "film", "was", "is", "good", "bad", "very", "not", "a",
+                                        "story", "and", "plot", "acting", "great", "awful"};
+#define CLS_VOCAB (4 + (int)(sizeof(cls_words) / sizeof(cls_words[0])))
+
+static void write_text_file(const char *rel, const char *text)
+{
+    char path[512];
+    path_of(path, sizeof path, rel);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void write_cls_tokenizer(void)
+{
+    char vocab[2048];
+    size_t k = (size_t)snprintf(vocab, sizeof vocab, "{\"[PAD]\": 0, \"[UNK]\": 1, \"[CLS]\": 2, \"[SEP]\": 3");
+    for (int i = 0; i < CLS_VOCAB - 4; i++)
+        k += (size_t)snprintf(vocab + k, sizeof vocab - k, ", \"%s\": %d", cls_words[i], i + 4);
+    snprintf(vocab + k, sizeof vocab - k, "}");
+    char json[4096];
+    snprintf(json, sizeof json,
+             "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null, \"added_tokens\": ["
+             "{\"id\": 0, \"content\": \"[PAD]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+             "\"normalized\": false, \"special\": true}, "
+             "{\"id\": 2, \"content\": \"[CLS]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+             "\"normalized\": false, \"special\": true}, "
+             "{\"id\": 3, \"content\": \"[SEP]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+             "\"normalized\": false, \"special\": true}], "
+             "\"normalizer\": {\"type\": \"BertNormalizer\", \"clean_text\": true, \"handle_chinese_chars\": true, "
+             "\"strip_accents\": null, \"lowercase\": true}, \"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}, "
+             "\"post_processor\": {\"type\": \"BertProcessing\", \"sep\": [\"[SEP]\", 3], \"cls\": [\"[CLS]\", 2]}, "
+             "\"decoder\": {\"type\": \"WordPiece\", \"prefix\": \"##\", \"cleanup\": true}, "
+             "\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"continuing_subword_prefix\": \"##\", "
+             "\"max_input_chars_per_word\": 100, \"vocab\": %s}}",
+             vocab);
+    write_text_file("cls_tok.json", json);
+}
+
+/* n examples: a review of filler words holding "good"/"great" (positive) or "bad"/"awful" (negative), with
+ * a filler pair text on every third; labels by name or number. */
+static void write_cls_data(const char *rel, int n, uint32_t seed)
+{
+    char path[512];
+    path_of(path, sizeof path, rel);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    uint32_t x = seed;
+    for (int i = 0; i < n; i++) {
+        char text[256] = "";
+        size_t k = 0;
+        x = x * 1664525u + 1013904223u;
+        const int positive = (x >> 16) & 1;
+        const int len = 3 + (int)((x >> 8) % 6), at = (int)((x >> 20) % (uint32_t)len);
+        for (int w = 0; w < len; w++) {
+            x = x * 1664525u + 1013904223u;
+            const char *word = w == at ? (positive ? ((x >> 9) & 1 ? "good" : "Great")
+                                                   : ((x >> 9) & 1 ? "bad" : "awful"))
+                                       : cls_words[(x >> 12) % 5 + 7 * ((x >> 20) & 1)];
+            k += (size_t)snprintf(text + k, sizeof text - k, "%s%s", w ? " " : "", word);
+        }
+        if (i % 3 == 0)
+            fprintf(f, "{\"text\": \"%s\", \"text_pair\": \"the plot and the acting\", \"label\": %d}\n", text,
+                    positive);
+        else
+            fprintf(f, "{\"text\": \"%s\", \"label\": \"%s\"}\n", text, positive ? "positive" : "negative");
+        if (i % 10 == 4)
+            fputs("\n", f); /* blank lines are skipped */
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+static void bert_classify_config(zt_train_config *c, const char *out)
+{
+    base_config(c, out);
+    c->model.family = ZT_FAMILY_BERT;
+    zt_bert_config_default(&c->model.bert);
+    zt_bert_config *e = &c->model.bert;
+    e->head = ZT_BERT_HEAD_CLASSIFY;
+    e->vocab_size = CLS_VOCAB;
+    e->hidden_size = 24;
+    e->num_hidden_layers = 2;
+    e->num_attention_heads = 3;
+    e->intermediate_size = 40;
+    e->max_position_embeddings = 32;
+    e->num_labels = 2;
+    e->initializer_range = 0.2f;
+    memcpy(e->label_names, "negative\0positive", sizeof "negative\0positive");
+    snprintf(c->train_data, sizeof c->train_data, "%s/cls_train.jsonl", g_dir);
+    snprintf(c->val_data, sizeof c->val_data, "%s/cls_val.jsonl", g_dir);
+    snprintf(c->tokenizer, sizeof c->tokenizer, "%s/cls_tok.json", g_dir);
+    c->batch_size = 8;
+    c->grad_accum = 1;
+    c->steps = 100;
+    c->lr = 5e-3;
+    c->min_lr = 5e-4;
+    c->warmup_steps = 4;
+    c->weight_decay = 0.01;
+    c->eval_every = 50;
+    c->save_every = 10;
+    zt_fixture_finish_config(c);
+}
+
+/* A BERT classifier fine-tunes on JSONL texts (single and pairs, labels by name and by number) through the
+ * same loop: the loss falls, the validation accuracy rises well above chance, a resumed run is bit for bit
+ * the straight one, and bad inputs are refused with the line and the fix. */
+static void test_bert_classifier(void **state)
+{
+    (void)state;
+    write_cls_tokenizer();
+    write_cls_data("cls_train.jsonl", 160, 11);
+    write_cls_data("cls_val.jsonl", 37, 12); /* 37: the last batch of 8 is filled up with unscored rows */
+    zt_train_config c;
+    zt_train_result straight, first, second;
+    bert_classify_config(&c, "BA");
+    zt_fixture_train_ok(&c, &straight);
+    print_message("bert classifier: val loss %.4f -> %.4f, accuracy %.4f\n", (double)straight.first_val_loss,
+                  (double)straight.last_val_loss, (double)straight.last_val_accuracy);
+    assert_true(straight.last_val_loss < 0.5f * straight.first_val_loss);
+    assert_true(straight.last_val_accuracy >= 0.9f);
+    size_t n = 0;
+    char *text = slurp("BA/metrics.jsonl", &n);
+    assert_non_null(strstr(text, "\"val_accuracy\""));
+    free(text);
+    text = slurp("BA/ckpt_000100/model_config.json", &n);
+    assert_non_null(strstr(text, "BertForSequenceClassification"));
+    assert_non_null(strstr(text, "\"positive\""));
+    free(text);
+
+    bert_classify_config(&c, "BB");
+    c.stop_at_step = 13;
+    zt_fixture_train_ok(&c, &first);
+    bert_classify_config(&c, "BB");
+    snprintf(c.resume, sizeof(c.resume), "%s/BB", g_dir);
+    zt_fixture_train_ok(&c, &second);
+    assert_memory_equal(first.losses, straight.losses, 13 * sizeof(float));
+    assert_memory_equal(second.losses, straight.losses + 13, 87 * sizeof(float));
+    expect_same_file("BA/ckpt_000100/model.safetensors", "BB/ckpt_000100/model.safetensors");
+    assert_true(second.last_val_accuracy == straight.last_val_accuracy);
+
+    /* two ranks, each with half of every batch: the same losses, and the accuracy summed over both (the
+     * validation file's last batch puts 4 scored rows on rank 0 and 1 on rank 1) */
+    bert_classify_config(&c, "BW");
+    float two[100], two_acc = NAN;
+    zt_fixture_train_ranks(&c, 2, two, 100, &two_acc);
+    for (int i = 0; i < 100; i++)
+        if (fabsf(two[i] - straight.losses[i]) > 1e-4f * fabsf(straight.losses[i]) + 1e-6f)
+            fail_msg("W=2 step %d: loss %.9g, W=1 %.9g", i + 1, (double)two[i], (double)straight.losses[i]);
+    assert_true(two_acc == straight.last_val_accuracy);
+
+    /* fine-tuning from a masked-LM checkpoint (as bert-base-uncased is): the encoder comes from the file, the
+     * classification head keeps its initialisation */
+    {
+        bert_classify_config(&c, "BM");
+        zt_bert_config mlm = c.model.bert;
+        mlm.head = ZT_BERT_HEAD_MLM;
+        zt_bert *pre = NULL;
+        zt_err err = {{0}};
+        assert_int_equal(zt_bert_create(&pre, &mlm, 1, T, 77, &err), 0);
+        char path[512];
+        path_of(path, sizeof path, "mlm.safetensors");
+        assert_int_equal(zt_bert_export(pre, path, &err), 0);
+        zt_bert_destroy(pre);
+        snprintf(c.init_from, sizeof c.init_from, "%s", path);
+        c.steps = 2;
+        c.warmup_steps = 1;
+        zt_train_result res;
+        zt_fixture_train_ok(&c, &res);
+        assert_true(res.first_val_loss != straight.first_val_loss); /* other encoder weights than seed 5's */
+        zt_train_result_free(&res);
+    }
+
+    /* bad inputs: the file and line, or the missing setting, and the fix */
+    static const struct {
+        const char *line, *want;
+    } bad[] = {
+        {"{\"text\": \"good\", \"label\": \"neutral\"}", "cls_bad.jsonl:2: \"label\" 'neutral' is not a label"},
+        {"{\"text\": \"good\", \"label\": 2}", "cls_bad.jsonl:2: \"label\" 2 is not a class"},
+        {"{\"label\": 1}", "cls_bad.jsonl:2: \"text\" is missing"},
+        {"{\"text\": \"good\"}", "cls_bad.jsonl:2: \"label\" is missing"},
+        {"[1, 2]", "cls_bad.jsonl:2: not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"text\": \"bad\", \"label\": 0}\n%s\n", bad[i].line);
+        write_text_file("cls_bad.jsonl", body);
+        bert_classify_config(&c, "BC");
+        snprintf(c.train_data, sizeof c.train_data, "%s/cls_bad.jsonl", g_dir);
+        zt_train_result res;
+        zt_err err = {{0}};
+        assert_true(zt_trainer_run(&c, &res, &err) < 0);
+        if (!strstr(err.msg, bad[i].want) || !strstr(err.msg, "--train-data"))
+            fail_msg("'%s': %s", bad[i].line, err.msg);
+        zt_train_result_free(&res);
+    }
+    bert_classify_config(&c, "BC");
+    c.tokenizer[0] = '\0';
+    zt_err err = {{0}};
+    assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "tokenizer.json"));
     zt_train_result_free(&straight);
     zt_train_result_free(&first);
     zt_train_result_free(&second);
@@ -767,6 +977,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_llama_family),
+        cmocka_unit_test(test_bert_classifier),
         cmocka_unit_test(test_request_stop),
         cmocka_unit_test(test_grad_accum_matches_bigger_batch),
         cmocka_unit_test(test_corrupt_checkpoint_is_refused),

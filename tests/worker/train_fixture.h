@@ -5,8 +5,11 @@
 #ifndef ZT_TESTS_TRAIN_FIXTURE_H
 #define ZT_TESTS_TRAIN_FIXTURE_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "worker/data/dataloader.h"
 #include "worker/models/gpt2.h"
@@ -89,6 +92,62 @@ static inline void zt_fixture_train_ok(const zt_train_config *c, zt_train_result
     int rc = zt_trainer_run(c, res, &err);
     if (rc != 0)
         fail_msg("zt_trainer_run (%s) failed (%d): %s", c->out_dir, rc, err.msg);
+}
+
+/* Trains as c says with W ranks, each a forked process with RANK, WORLD_SIZE and MASTER_PORT set as a
+ * launcher would: fills losses with rank 0's train losses of its first nsteps steps and *accuracy (may be
+ * NULL) with its last validation accuracy; fails the test when a rank fails. */
+static inline void zt_fixture_train_ranks(const zt_train_config *c, int W, float *losses, int nsteps,
+                                          float *accuracy)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pids[16];
+    assert_true(W >= 1 && W <= 16);
+    fflush(NULL);
+    for (int r = 0; r < W; r++) {
+        pids[r] = fork();
+        assert_true(pids[r] >= 0);
+        if (pids[r] == 0) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", r);
+            setenv("RANK", v, 1);
+            snprintf(v, sizeof v, "%d", W);
+            setenv("WORLD_SIZE", v, 1);
+            snprintf(v, sizeof v, "%d", 20000 + (int)(getppid() % 20000));
+            setenv("MASTER_PORT", v, 1);
+            zt_train_result res;
+            zt_err err = {{0}};
+            if (zt_trainer_run(c, &res, &err) < 0) {
+                fprintf(stderr, "rank %d: %s\n", r, err.msg);
+                _exit(1);
+            }
+            const size_t n = (size_t)nsteps * sizeof(float);
+            if (r == 0 && (write(fds[1], res.losses, n) != (ssize_t)n ||
+                           write(fds[1], &res.last_val_accuracy, sizeof(float)) != (ssize_t)sizeof(float)))
+                _exit(1);
+            _exit(0);
+        }
+    }
+    close(fds[1]);
+    size_t got = 0, want = (size_t)nsteps * sizeof(float);
+    while (got < want) {
+        ssize_t n = read(fds[0], (char *)losses + got, want - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    float acc = NAN;
+    if (got == want && read(fds[0], &acc, sizeof acc) == (ssize_t)sizeof acc && accuracy)
+        *accuracy = acc;
+    close(fds[0]);
+    for (int r = 0; r < W; r++) {
+        int st;
+        assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail_msg("%s: rank %d of %d failed (status %d)", c->out_dir, r, W, st);
+    }
+    assert_int_equal(got, want);
 }
 
 #endif

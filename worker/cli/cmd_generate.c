@@ -248,6 +248,12 @@ int zt_cmd_generate(int argc, char **argv)
     zt_family_config cfg;
     if (zt_family_config_load(&cfg, config_path, &err) < 0)
         return runtime_error(&err);
+    if (zt_family_config_task(&cfg) != ZT_TASK_CAUSAL_LM) {
+        zt_fail(&err, ZT_EUNSUPPORTED, "%s is a %s model, which does not generate text (generate works with causal "
+                "language models: GPT-2, LLaMA, Mistral); evaluate it with ztrain train's --val-data instead",
+                config_path, zt_family_name(cfg.family));
+        return runtime_error(&err);
+    }
 
     zt_tokenizer *tok = NULL;
     zt_family_model *model = NULL;

@@ -18,7 +18,7 @@
 
 static const char train_usage[] =
     "usage: ztrain train [--config FILE] [--model FILE] [--init-from FILE] [--train-data GLOB] [--val-data GLOB]\n"
-    "                    [--steps N] [--out DIR] [--resume DIR] [--batch-size N] [--seq-len N] [--grad-accum N]\n"
+    "                    [--tokenizer FILE] [--steps N] [--out DIR] [--resume DIR] [--batch-size N] [--seq-len N] [--grad-accum N]\n"
     "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
@@ -26,7 +26,8 @@ static const char train_usage[] =
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "                    [--gpu-mem SIZE] [--weights W] [--auto-micro-batch] [--offload O]\n"
     "\n"
-    "Trains a GPT-2 model on token shards made by `ztrain tokenize`, on the CPU or a CUDA GPU.\n"
+    "Trains a GPT-2, LLaMA or Mistral model on token shards made by `ztrain tokenize` (on the CPU or, for\n"
+    "GPT-2, a CUDA GPU), or fine-tunes a BERT or RoBERTa classifier on labelled texts (JSONL, on the CPU).\n"
     "Settings come from their defaults, then the JSON config file, then these flags.\n"
     "\n"
     "  --config FILE        training config (JSON; paths in it are relative to its folder)\n"
@@ -34,6 +35,9 @@ static const char train_usage[] =
     "  --init-from FILE     start from these weights (safetensors with Hugging Face names)\n"
     "  --train-data GLOB    training shards, e.g. 'runs/demo/data/corpus_train_*.bin'\n"
     "  --val-data GLOB      validation shards; without them there is no evaluation\n"
+    "                       (a classifier: JSONL files of {\"text\", \"text_pair\" (optional), \"label\"}\n"
+    "                       per line for both; evaluation also reports accuracy)\n"
+    "  --tokenizer FILE     a classifier's tokenizer.json, which turns its JSONL texts into tokens\n"
     "  --steps N            optimizer steps to train to (default 1000)\n"
     "  --out DIR            run directory: config, metrics.jsonl, checkpoints (default runs/train)\n"
     "  --resume DIR         continue a run directory (its latest checkpoint) or a ckpt_NNNNNN directory;\n"
@@ -192,6 +196,7 @@ static int run_command(int argc, char **argv, bool finetune)
         {"init-from", required_argument, NULL, OPT_SETTING},
         {"train-data", required_argument, NULL, OPT_SETTING},
         {"val-data", required_argument, NULL, OPT_SETTING},
+        {"tokenizer", required_argument, NULL, OPT_SETTING},
         {"steps", required_argument, NULL, OPT_SETTING},
         {"out", required_argument, NULL, OPT_SETTING},
         {"resume", required_argument, NULL, OPT_SETTING},

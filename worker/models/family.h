@@ -1,12 +1,13 @@
 /* Model families: what the training loop, checkpoints, export and generation need of a model, whatever
- * its architecture. A family (GPT-2; LLaMA and Mistral) has a Hugging Face config, a host model (the tensor table and
+ * its architecture. A family (GPT-2; LLaMA and Mistral; BERT and RoBERTa) has a Hugging Face config, a host model (the tensor table and
  * the fp32 parameter slab in the family's layout, initialisation, safetensors import and export with
  * Hugging Face names, a forward pass for generation) and executors for the training engine
  * (worker/models/model.h) on the CPU and on CUDA. This module dispatches on the family; the families
  * themselves live beside it (gpt2.h, gpt2_cpu.c, gpt2_cuda.c).
  *
- * The family of a config.json is its "model_type" ("gpt2"; "llama" or "mistral"; a config without one is
- * GPT-2, as earlier releases wrote them). LLaMA trains on the CPU; its CUDA executor is not built yet. */
+ * The family of a config.json is its "model_type" ("gpt2"; "llama" or "mistral"; "bert" or "roberta"; a
+ * config without one is GPT-2, as earlier releases wrote them). LLaMA and BERT train on the CPU; their CUDA
+ * executors are not built yet. */
 #ifndef ZT_WORKER_MODELS_FAMILY_H
 #define ZT_WORKER_MODELS_FAMILY_H
 
@@ -19,11 +20,12 @@
 #include "common/safetensors.h" /* enum zt_dtype */
 #include "common/status.h"
 #include "worker/models/gpt2.h"
+#include "worker/models/bert.h"
 #include "worker/models/llama.h"
 
-enum zt_family { ZT_FAMILY_GPT2 = 0, ZT_FAMILY_LLAMA = 1 };
+enum zt_family { ZT_FAMILY_GPT2 = 0, ZT_FAMILY_LLAMA = 1, ZT_FAMILY_BERT = 2 };
 
-/* "gpt2", "llama". */
+/* "gpt2", "llama", "bert". */
 const char *zt_family_name(enum zt_family f);
 
 /* A model's configuration: the family and that family's config. */
@@ -31,6 +33,7 @@ typedef struct zt_family_config {
     enum zt_family family;
     zt_gpt2_config gpt2;   /* family gpt2 */
     zt_llama_config llama; /* family llama (LLaMA and Mistral) */
+    zt_bert_config bert;   /* family bert (BERT and RoBERTa) */
 } zt_family_config;
 
 /* GPT-2 small. */
@@ -47,8 +50,16 @@ int zt_family_config_validate(const zt_family_config *c, zt_err *err);
 const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
                                   size_t cap);
 
-/* Whether the family has a CUDA executor (LLaMA does not yet). */
+/* Whether the family has a CUDA executor (LLaMA and BERT do not yet). */
 bool zt_family_config_has_cuda(const zt_family_config *c);
+
+/* What a model of c learns from, as the trainer feeds it. */
+enum zt_family_task {
+    ZT_TASK_CAUSAL_LM = 0, /* GPT-2, LLaMA: the next token of token shards */
+    ZT_TASK_CLASSIFY = 1,  /* BERT / RoBERTa with a classification head: labelled texts (JSONL) */
+    ZT_TASK_MASKED_LM = 2, /* BERT / RoBERTa with the masked-LM head */
+};
+enum zt_family_task zt_family_config_task(const zt_family_config *c);
 
 /* Shape queries. */
 int zt_family_config_layers(const zt_family_config *c);
@@ -77,6 +88,7 @@ const zt_family_config *zt_family_model_config(const zt_family_model *m);
  * another family. */
 zt_gpt2 *zt_family_model_gpt2(zt_family_model *m);
 zt_llama *zt_family_model_llama(zt_family_model *m);
+zt_bert *zt_family_model_bert(zt_family_model *m);
 size_t zt_family_model_num_params(const zt_family_model *m);
 int zt_family_model_num_tensors(const zt_family_model *m);
 const zt_param_info *zt_family_model_tensor(const zt_family_model *m, int i);
@@ -87,7 +99,8 @@ void zt_family_model_release_params(zt_family_model *m);
 /* Safetensors with Hugging Face names (see the family's header for the rules). */
 int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *err);
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
-/* Forward pass on the CPU (targets NULL: logits only; see zt_gpt2_forward) and its logits [B, T, V]. */
+/* Forward pass on the CPU (targets NULL: logits only; see zt_gpt2_forward) and its logits [B, T, V]; for
+ * generation, so causal families only (zt_family_config_task). */
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
 const float *zt_family_model_logits(const zt_family_model *m);
 

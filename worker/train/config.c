@@ -60,6 +60,7 @@ static const struct key_def keys[] = {
     {"init_from", "--init-from", KEY_PATH, FIELD(init_from)},
     {"train_data", "--train-data", KEY_PATH, FIELD(train_data)},
     {"val_data", "--val-data", KEY_PATH, FIELD(val_data)},
+    {"tokenizer", "--tokenizer", KEY_PATH, FIELD(tokenizer)},
     {"out_dir", "--out", KEY_PATH, FIELD(out_dir)},
     {"steps", "--steps", KEY_INT, FIELD(steps)},
     {"batch_size", "--batch-size", KEY_INT, FIELD(batch_size)},
@@ -647,10 +648,25 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     }
     if ((rc = zt_family_config_validate(&c->model, err)) < 0)
         return rc;
+    const enum zt_family_task task = zt_family_config_task(&c->model);
     if (c->train_data[0] == '\0')
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "no training data given: set %s to a glob of token shards made by `ztrain tokenize`, "
-                       "e.g. \"runs/demo/data/corpus_train_*.bin\"", label("train_data"));
+        return task == ZT_TASK_CLASSIFY
+                   ? zt_fail(err, ZT_EINVAL_CONFIG, "no training data given: set %s to a JSONL file of examples "
+                             "({\"text\": ..., \"label\": ...} per line)", label("train_data"))
+                   : zt_fail(err, ZT_EINVAL_CONFIG,
+                             "no training data given: set %s to a glob of token shards made by `ztrain tokenize`, "
+                             "e.g. \"runs/demo/data/corpus_train_*.bin\"", label("train_data"));
+    if (task == ZT_TASK_CLASSIFY && c->tokenizer[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "a classification model reads texts: set %s to the model's "
+                       "tokenizer.json", label("tokenizer"));
+    if (task != ZT_TASK_CLASSIFY && c->tokenizer[0] != '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s is for classification models, which read JSONL texts; this %s "
+                       "model reads token shards made by `ztrain tokenize --tokenizer`: leave it out",
+                       label("tokenizer"), zt_family_name(c->model.family));
+    if (task == ZT_TASK_MASKED_LM)
+        return zt_fail(err, ZT_EUNSUPPORTED, "masked-LM training of %s models is not built yet: train a "
+                       "classifier (architectures [\"BertForSequenceClassification\"] in the model's config.json) "
+                       "or a causal model", c->model.bert.roberta ? "RoBERTa" : "BERT");
     if (c->out_dir[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "no run directory given: set %s, e.g. \"runs/demo\"", label("out_dir"));
 

@@ -45,6 +45,7 @@ typedef struct zt_train_config {
     char init_from[ZT_TRAIN_PATH_MAX];  /* safetensors with HF names to start from; "" = random init */
     char train_data[ZT_TRAIN_PATH_MAX]; /* glob of llm.c token shards */
     char val_data[ZT_TRAIN_PATH_MAX];   /* glob of validation shards; "" = no evaluation */
+    char tokenizer[ZT_TRAIN_PATH_MAX];  /* tokenizer.json of a classification model's JSONL data; "" = none */
     char out_dir[ZT_TRAIN_PATH_MAX];    /* run directory */
     char resume[ZT_TRAIN_PATH_MAX];     /* run or checkpoint directory to continue; flag only; "" = new run */
 

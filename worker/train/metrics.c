@@ -114,10 +114,12 @@ int zt_metrics_write_train(zt_metrics *mt, const zt_metrics_train *l, zt_err *er
 }
 
 /* Appends an eval line; see metrics.h. */
-int zt_metrics_write_eval(zt_metrics *mt, int64_t step, float val_loss, zt_err *err)
+int zt_metrics_write_eval(zt_metrics *mt, int64_t step, float val_loss, float val_accuracy, zt_err *err)
 {
     fprintf(mt->f, "{\"step\":%lld", (long long)step);
     put_number(mt->f, "val_loss", val_loss, "%.9g");
+    if (!isnan(val_accuracy))
+        put_number(mt->f, "val_accuracy", val_accuracy, "%.9g");
     return finish_line(mt, err);
 }
 

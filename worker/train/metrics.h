@@ -39,9 +39,10 @@ int zt_metrics_create(zt_metrics *mt, const char *path, zt_err *err);
  * kept, or NAN if there is none. Returns 0 or a negative code with a message. */
 int zt_metrics_resume(zt_metrics *mt, const char *path, int64_t step, double *first_val_loss, zt_err *err);
 
-/* Appends a train line, or an eval line, and flushes it. Returns 0 or a negative errno with a message. */
+/* Appends a train line, or an eval line (with "val_accuracy" unless val_accuracy is NAN), and flushes it.
+ * Returns 0 or a negative errno with a message. */
 int zt_metrics_write_train(zt_metrics *mt, const zt_metrics_train *line, zt_err *err);
-int zt_metrics_write_eval(zt_metrics *mt, int64_t step, float val_loss, zt_err *err);
+int zt_metrics_write_eval(zt_metrics *mt, int64_t step, float val_loss, float val_accuracy, zt_err *err);
 
 /* Closes the file; accepts a closed one. */
 void zt_metrics_close(zt_metrics *mt);

@@ -20,7 +20,9 @@
 #include "common/rng.h"
 #include "common/units.h"
 #include "kernels/cpu_threads.h"
+#include "worker/data/classify.h"
 #include "worker/data/dataloader.h"
+#include "worker/data/tokenize.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/optimizer.h"
 #include "worker/launch/env.h"
@@ -184,6 +186,12 @@ static int check_data_paths(const zt_train_config *cfg, zt_err *err)
     for (int i = 0; i < 2; i++) {
         if (paths[i][0] == '\0')
             continue;
+        if (zt_family_config_task(&cfg->model) == ZT_TASK_CLASSIFY) {
+            if (access(paths[i], R_OK) != 0)
+                return zt_fail(err, -errno, "%s: cannot read '%s': %s (give the JSONL file of examples)", flags[i],
+                               paths[i], strerror(errno));
+            continue;
+        }
         zt_dataloader *dl = NULL;
         int rc = zt_dataloader_open(&dl, paths[i], 1, (int)cfg->seq_len, false, (uint64_t)cfg->seed, err);
         zt_dataloader_close(dl);
@@ -240,6 +248,16 @@ static void log_data(const char *what, const char *pattern, const zt_dataloader 
     zt_log(ZT_LOG_INFO, "data: %s '%s': %llu tokens, %llu batches of %lld x %lld per epoch (max token id %d)",
            what, pattern, (unsigned long long)tokens, (unsigned long long)batches, (long long)cfg->batch_size,
            (long long)cfg->seq_len, zt_dataloader_max_token(dl));
+}
+
+/* The `eval: step 120 | val loss ...` line, with the accuracy of a classifier (acc not NAN). */
+static void log_eval(int64_t step, float loss, float acc)
+{
+    if (isnan(acc))
+        zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)loss);
+    else
+        zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f | accuracy %.4f", (long long)step, (double)loss,
+               (double)acc);
 }
 
 /* The `step 120/1000 | loss ...` line. */
@@ -669,9 +687,13 @@ struct run {
     zt_optimizer opt;         /* full-size m and v for checkpoints, and the step counters */
     zt_state_client_t *client; /* placement server */
     char *token;
-    zt_dataloader *train, *val;
+    zt_dataloader *train, *val; /* token shards (causal LM) */
+    bool classify;            /* a classifier: labelled texts instead of shards */
+    zt_tokenizer *tokenizer;  /* classify: the texts' tokenizer */
+    zt_classify_data *ctrain, *cval;
     zt_metrics metrics;
     int32_t *tok, *tgt;       /* one global batch */
+    int32_t *types;           /* classify: its token types */
     bool use_scaler;          /* fp16: dynamic loss scaling */
     zt_loss_scaler scaler;
     char run_id[ZT_SERVER_RUN_ID_MAX];
@@ -688,21 +710,80 @@ static void run_free(struct run *r)
     zt_optimizer_free(&r->opt);
     zt_dataloader_close(r->train);
     zt_dataloader_close(r->val);
+    zt_classify_close(r->ctrain);
+    zt_classify_close(r->cval);
+    zt_tokenizer_destroy(r->tokenizer);
+    free(r->types);
     zt_metrics_close(&r->metrics);
     free(r->tok);
     free(r->tgt);
     free(r->cfg);
 }
 
-/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
- * its rows of every batch (a collective). */
-static int evaluate(struct run *r, int64_t batches, size_t off, int b, int T, float *out, zt_err *err)
+/* The next global batch of the training data, or of the validation data (val): tokens, targets and, for a
+ * classifier, token types. */
+static void next_batch(struct run *r, bool val)
 {
+    if (r->classify)
+        zt_classify_next(val ? r->cval : r->ctrain, r->tok, r->types, r->tgt);
+    else
+        zt_dataloader_next(val ? r->val : r->train, r->tok, r->tgt);
+}
+
+/* A classifier's token types of this rank's rows, for the micro-batch that follows. */
+static void set_types(struct run *r, size_t off)
+{
+    if (r->classify)
+        zt_bert_set_token_types(zt_family_model_bert(r->host), r->types + off);
+}
+
+/* A classifier's evaluation over the whole validation file: the mean loss over its examples and the
+ * accuracy (the fraction whose highest logit is the label), summed over the ranks' rows. */
+static int evaluate_classify(struct run *r, zt_comm *comm, size_t off, int b, int T, float *loss, float *accuracy,
+                             zt_err *err)
+{
+    zt_classify_reset(r->cval);
+    const uint64_t batches = zt_classify_batches_per_epoch(r->cval);
+    double sums[3] = {0, 0, 0}; /* loss x counted, correct, counted */
+    for (uint64_t i = 0; i < batches; i++) {
+        float mean;
+        next_batch(r, true);
+        set_types(r, off);
+        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
+        if (rc < 0)
+            return rc;
+        int correct = 0, counted = 0;
+        zt_bert_model_cpu_accuracy(r->model, 0, &correct, &counted);
+        sums[0] += (double)r->model->ops->loss(r->model, 0) * counted;
+        sums[1] += correct;
+        sums[2] += counted;
+    }
+    float local[3] = {(float)sums[0], (float)sums[1], (float)sums[2]}, all[3];
+    memcpy(all, local, sizeof all);
+    if (zt_comm_world_size(comm) > 1) {
+        zt_err ce;
+        if (zt_comm_all_reduce(comm, local, all, 3, ZT_COMM_F32, ZT_COMM_SUM, NULL, &ce) < 0)
+            return zt_fail(err, ZT_ESTATE, "%s", ce.msg);
+    }
+    *loss = all[2] > 0 ? all[0] / all[2] : 0.0f;
+    *accuracy = all[2] > 0 ? all[1] / all[2] : 0.0f;
+    return 0;
+}
+
+/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
+ * its rows of every batch (a collective); a classifier evaluates its whole validation file and also gives
+ * the accuracy (NAN otherwise). */
+static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, int b, int T, float *out,
+                    float *accuracy, zt_err *err)
+{
+    *accuracy = NAN;
+    if (r->classify)
+        return evaluate_classify(r, comm, off, b, T, out, accuracy, err);
     zt_dataloader_reset(r->val);
     double sum = 0.0;
     for (int64_t i = 0; i < batches; i++) {
         float mean;
-        zt_dataloader_next(r->val, r->tok, r->tgt);
+        next_batch(r, true);
         int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
         if (rc < 0)
             return rc;
@@ -710,6 +791,52 @@ static int evaluate(struct run *r, int64_t batches, size_t off, int b, int T, fl
     }
     *out = (float)(sum / (double)batches);
     return 0;
+}
+
+/* A classifier's data: the tokenizer, the JSONL examples of --train-data and --val-data, tokenized for
+ * B x T batches with the model's labels and padding. */
+static int open_classify_data(struct run *r, const zt_train_config *cfg, int B, int T, bool is0, zt_err *err)
+{
+    const zt_bert_config *bc = &cfg->model.bert;
+    int rc = zt_tokenizer_load(&r->tokenizer, cfg->tokenizer, err);
+    if (rc < 0) {
+        prefix_error(err, "--tokenizer");
+        return rc;
+    }
+    /* the label names: id2label's, or LABEL_<i> (written into bufs) */
+    char *bufs = zt_xcalloc((size_t)bc->num_labels, 32);
+    const char **names = zt_xcalloc((size_t)bc->num_labels, sizeof(char *));
+    for (int i = 0; i < bc->num_labels; i++)
+        names[i] = zt_bert_config_label(bc, i, bufs + 32 * (size_t)i, 32);
+    const zt_classify_labels labels = {.num_labels = bc->num_labels, .names = names};
+    const char *flags[2] = {"--train-data", "--val-data"};
+    const char *paths[2] = {cfg->train_data, cfg->val_data};
+    zt_classify_data **sets[2] = {&r->ctrain, &r->cval};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        if (paths[i][0] == '\0')
+            continue;
+        rc = zt_classify_open(sets[i], paths[i], r->tokenizer, bc->vocab_size, bc->pad_token_id, &labels, B, T,
+                              i == 0 && cfg->shuffle, (uint64_t)cfg->seed, err);
+        if (rc < 0) {
+            prefix_error(err, flags[i]);
+            break;
+        }
+        if (is0)
+            zt_log(ZT_LOG_INFO, "data: %s '%s': %zu examples (%zu cut to %d tokens), %llu batches of %d per epoch, "
+                   "%d labels", i == 0 ? "train" : "val", paths[i], zt_classify_examples(*sets[i]),
+                   zt_classify_truncated(*sets[i]), T, (unsigned long long)zt_classify_batches_per_epoch(*sets[i]), B,
+                   bc->num_labels);
+    }
+    free(names);
+    free(bufs);
+    if (rc == 0 && is0) {
+        if (r->cval)
+            zt_log(ZT_LOG_INFO, "eval: a classifier is evaluated on its whole validation file (loss and accuracy; "
+                   "eval_batches does not apply)");
+        else
+            zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
+    }
+    return rc;
 }
 
 /* Rank 0's part of the setup: the run directory (a new run must not land on another run's checkpoints),
@@ -762,7 +889,10 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
     if (zt_comm_rank(comm) == 0) {
-        zt_dataloader_get_position(r->train, &st->data);
+        if (r->classify)
+            zt_classify_get_position(r->ctrain, &st->data);
+        else
+            zt_dataloader_get_position(r->train, &st->data);
         st->adam_step = r->opt.adam_step;
         st->skipped_steps = r->opt.skipped_steps;
         st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
@@ -798,6 +928,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     memset(res, 0, sizeof *res);
     res->first_val_loss = NAN;
     res->last_val_loss = NAN;
+    res->last_val_accuracy = NAN;
     res->rewind_to = -1;
     struct run r;
     memset(&r, 0, sizeof r);
@@ -837,36 +968,43 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
         goto out;
 
     /* Data: every rank reads the global batches and trains on its rows. */
-    if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
-        prefix_error(err, "--train-data");
-        goto out;
-    }
-    if ((rc = check_vocab(r.train, cfg->train_data, zt_family_config_vocab(&cfg->model), err)) < 0)
-        goto out;
-    if (is0)
-        log_data("train", cfg->train_data, r.train, cfg);
     int64_t eval_batches = cfg->eval_batches;
-    if (cfg->val_data[0]) {
-        if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0) {
-            prefix_error(err, "--val-data");
+    r.classify = zt_family_config_task(&cfg->model) == ZT_TASK_CLASSIFY;
+    if (r.classify) {
+        if ((rc = open_classify_data(&r, cfg, B, T, is0, err)) < 0)
+            goto out;
+    } else {
+        if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
+            prefix_error(err, "--train-data");
             goto out;
         }
-        if ((rc = check_vocab(r.val, cfg->val_data, zt_family_config_vocab(&cfg->model), err)) < 0)
+        if ((rc = check_vocab(r.train, cfg->train_data, zt_family_config_vocab(&cfg->model), err)) < 0)
             goto out;
         if (is0)
-            log_data("val", cfg->val_data, r.val, cfg);
-        uint64_t available = zt_dataloader_batches_per_epoch(r.val);
-        if ((uint64_t)eval_batches > available) {
+            log_data("train", cfg->train_data, r.train, cfg);
+        if (cfg->val_data[0]) {
+            if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0) {
+                prefix_error(err, "--val-data");
+                goto out;
+            }
+            if ((rc = check_vocab(r.val, cfg->val_data, zt_family_config_vocab(&cfg->model), err)) < 0)
+                goto out;
             if (is0)
-                zt_log(ZT_LOG_INFO, "eval: the validation data has %llu batches; evaluating on those instead of %lld",
-                       (unsigned long long)available, (long long)eval_batches);
-            eval_batches = (int64_t)available;
+                log_data("val", cfg->val_data, r.val, cfg);
+            uint64_t available = zt_dataloader_batches_per_epoch(r.val);
+            if ((uint64_t)eval_batches > available) {
+                if (is0)
+                    zt_log(ZT_LOG_INFO, "eval: the validation data has %llu batches; evaluating on those instead of %lld",
+                           (unsigned long long)available, (long long)eval_batches);
+                eval_batches = (int64_t)available;
+            }
+        } else if (is0) {
+            zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
         }
-    } else if (is0) {
-        zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
     }
     r.tok = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
     r.tgt = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
+    r.types = zt_xcalloc((size_t)B * (size_t)T, sizeof(int32_t));
 
     /* Starting state: fresh, from init_from, or from a checkpoint. */
     zt_schedule sched = {.kind = cfg->schedule, .lr = cfg->lr, .min_lr = cfg->min_lr,
@@ -888,7 +1026,9 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             goto out;
         }
         zt_err pos_err;
-        if ((rc = zt_dataloader_set_position(r.train, &st.data, &pos_err)) < 0) {
+        rc = r.classify ? zt_classify_set_position(r.ctrain, &st.data, &pos_err)
+                        : zt_dataloader_set_position(r.train, &st.data, &pos_err);
+        if (rc < 0) {
             rc = zt_fail(err, rc, "resume from %s: %s (keep batch_size, seq_len and train_data of the run)", dir,
                          pos_err.msg);
             goto out;
@@ -980,14 +1120,16 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     }
 
     /* The starting validation loss, so that the curve has its origin. */
-    if (r.val && !resumed) {
-        float vl;
-        if ((rc = evaluate(&r, eval_batches, off, b, T, &vl, err)) < 0)
+    const bool has_val = r.val || r.cval;
+    if (has_val && !resumed) {
+        float vl, acc;
+        if ((rc = evaluate(&r, comm, eval_batches, off, b, T, &vl, &acc, err)) < 0)
             goto out;
         res->first_val_loss = res->last_val_loss = vl;
+        res->last_val_accuracy = acc;
         if (is0) {
-            zt_log(ZT_LOG_INFO, "eval: step 0 | val loss %.4f", (double)vl);
-            rc = zt_metrics_write_eval(&r.metrics, 0, vl, err);
+            log_eval(0, vl, acc);
+            rc = zt_metrics_write_eval(&r.metrics, 0, vl, acc, err);
         }
         if ((rc = zt_comm_agree(comm, rc, err)) < 0)
             goto out;
@@ -1010,7 +1152,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_engine_set_profiling(r.engine, true);
         const float scale = r.use_scaler ? (float)r.scaler.scale : 1.0f;
         for (int a = 0; a < accum && rc == 0; a++) {
-            zt_dataloader_next(r.train, r.tok, r.tgt);
+            next_batch(&r, false);
+            set_types(&r, off);
             rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, 1.0f / (float)(accum * W), scale, err);
         }
         zt_engine_step_result sr;
@@ -1072,17 +1215,18 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
                 window_tokens = 0.0;
             }
         }
-        if (r.val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
-            float vl;
-            if ((rc = evaluate(&r, eval_batches, off, b, T, &vl, err)) < 0)
+        if (has_val && ((cfg->eval_every > 0 && step % cfg->eval_every == 0) || last)) {
+            float vl, acc;
+            if ((rc = evaluate(&r, comm, eval_batches, off, b, T, &vl, &acc, err)) < 0)
                 goto out;
             res->last_val_loss = vl;
+            res->last_val_accuracy = acc;
             if (isnan(res->first_val_loss))
                 res->first_val_loss = vl;
             if (is0) {
-                zt_log(ZT_LOG_INFO, "eval: step %lld | val loss %.4f", (long long)step, (double)vl);
+                log_eval(step, vl, acc);
                 if (mrc == 0)
-                    mrc = zt_metrics_write_eval(&r.metrics, step, vl, &merr);
+                    mrc = zt_metrics_write_eval(&r.metrics, step, vl, acc, &merr);
             }
         }
         /* A stop request on any rank (or a metrics failure on rank 0) stops every rank after this step. */
@@ -1123,7 +1267,11 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     if (is0 && !res->interrupted) {
         char took[32];
         zt_format_duration(res->seconds, took, sizeof took);
-        if (r.val)
+        if (has_val && r.classify)
+            zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f, accuracy %.4f; checkpoint "
+                   "%s", (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
+                   (double)res->last_val_loss, (double)res->last_val_accuracy, res->checkpoint);
+        else if (has_val)
             zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f; checkpoint %s",
                    (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
                    (double)res->last_val_loss, res->checkpoint);
@@ -1175,6 +1323,7 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     memset(res, 0, sizeof *res);
     res->first_val_loss = NAN;
     res->last_val_loss = NAN;
+    res->last_val_accuracy = NAN;
     res->rewind_to = -1;
     zt_launch_env env;
     int rc = zt_launch_env_parse(NULL, &env, err);

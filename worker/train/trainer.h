@@ -46,6 +46,7 @@ typedef struct zt_train_result {
     float *losses;            /* train loss of steps start_step+1 .. end_step, in order; owned */
     float first_val_loss;     /* the run's first val loss (step 0, or read from metrics.jsonl on resume); or NAN */
     float last_val_loss;      /* the latest val loss; NAN if none */
+    float last_val_accuracy;  /* a classifier's latest val accuracy (0 to 1); NAN if none */
     int64_t skipped_steps;    /* steps skipped for a non-finite loss or norm, over the whole run */
     double seconds;           /* wall time of this call's training loop */
     double tokens_per_s;      /* training tokens per second in this call */
