@@ -95,10 +95,10 @@ static inline void zt_fixture_train_ok(const zt_train_config *c, zt_train_result
 }
 
 /* Trains as c says with W ranks, each a forked process with RANK, WORLD_SIZE and MASTER_PORT set as a
- * launcher would: fills losses with rank 0's train losses of its first nsteps steps and *accuracy (may be
- * NULL) with its last validation accuracy; fails the test when a rank fails. */
+ * launcher would: fills losses with rank 0's train losses of its first nsteps steps and val (may be NULL)
+ * with its last validation loss and accuracy; fails the test when a rank fails. */
 static inline void zt_fixture_train_ranks(const zt_train_config *c, int W, float *losses, int nsteps,
-                                          float *accuracy)
+                                          float val[2])
 {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -123,8 +123,9 @@ static inline void zt_fixture_train_ranks(const zt_train_config *c, int W, float
                 _exit(1);
             }
             const size_t n = (size_t)nsteps * sizeof(float);
+            const float last[2] = {res.last_val_loss, res.last_val_accuracy};
             if (r == 0 && (write(fds[1], res.losses, n) != (ssize_t)n ||
-                           write(fds[1], &res.last_val_accuracy, sizeof(float)) != (ssize_t)sizeof(float)))
+                           write(fds[1], last, sizeof last) != (ssize_t)sizeof last))
                 _exit(1);
             _exit(0);
         }
@@ -137,9 +138,11 @@ static inline void zt_fixture_train_ranks(const zt_train_config *c, int W, float
             break;
         got += (size_t)n;
     }
-    float acc = NAN;
-    if (got == want && read(fds[0], &acc, sizeof acc) == (ssize_t)sizeof acc && accuracy)
-        *accuracy = acc;
+    float last[2] = {NAN, NAN};
+    if (got == want && read(fds[0], last, sizeof last) == (ssize_t)sizeof last && val) {
+        val[0] = last[0];
+        val[1] = last[1];
+    }
     close(fds[0]);
     for (int r = 0; r < W; r++) {
         int st;

@@ -98,6 +98,22 @@ int zt_tokenizer_vocab_size(const zt_tokenizer *tok)
     return tok->vocab_size;
 }
 
+int32_t zt_tokenizer_find(const zt_tokenizer *tok, const char *token)
+{
+    const size_t len = strlen(token);
+    if (tok->kind != TOK_HF)
+        return len == 1 ? (int32_t)(unsigned char)token[0] : -1;
+    for (int k = 0; k < tok->hf.nadded; k++) /* added tokens first: they win over the model's entry */
+        if (tok->hf.added[k].content.len == len && memcmp(tok->hf.added[k].content.p, token, len) == 0)
+            return tok->hf.added[k].id;
+    return zt__strmap_get(&tok->hf.vocab, token, len);
+}
+
+bool zt_tokenizer_is_special(const zt_tokenizer *tok, int32_t id)
+{
+    return tok->kind == TOK_HF && id >= 0 && id < tok->vocab_size && tok->hf.is_special[id];
+}
+
 /* ZT_EFORMAT unless text is UTF-8 (what a tokenizer.json reads), naming the first bad byte. */
 static int check_utf8(const void *text, size_t len, zt_err *err)
 {

@@ -13,6 +13,7 @@
 #ifndef ZT_WORKER_TOKENIZE_H
 #define ZT_WORKER_TOKENIZE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,13 @@ const char *zt_tokenizer_kind(const zt_tokenizer *tok);
 /* Returns the number of token ids: every token this tokenizer makes is in [0, vocab size). For a
  * tokenizer.json that is its largest id (model vocabulary or added token) plus one. */
 int zt_tokenizer_vocab_size(const zt_tokenizer *tok);
+
+/* The id of the token whose text is exactly `token` (a vocabulary entry or an added token such as
+ * "[MASK]"), or -1 when there is none. */
+int32_t zt_tokenizer_find(const zt_tokenizer *tok, const char *token);
+/* Whether id is a special token of the tokenizer.json (an added token marked "special": [CLS], <s>, ...);
+ * false for the "bytes" tokenizer and for ids outside the vocabulary. */
+bool zt_tokenizer_is_special(const zt_tokenizer *tok, int32_t id);
 
 /* Flags of zt_tokenizer_encode_flags. */
 enum zt_tokenize_flag {

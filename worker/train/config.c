@@ -659,14 +659,13 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if (task == ZT_TASK_CLASSIFY && c->tokenizer[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "a classification model reads texts: set %s to the model's "
                        "tokenizer.json", label("tokenizer"));
-    if (task != ZT_TASK_CLASSIFY && c->tokenizer[0] != '\0')
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s is for classification models, which read JSONL texts; this %s "
-                       "model reads token shards made by `ztrain tokenize --tokenizer`: leave it out",
-                       label("tokenizer"), zt_family_name(c->model.family));
-    if (task == ZT_TASK_MASKED_LM)
-        return zt_fail(err, ZT_EUNSUPPORTED, "masked-LM training of %s models is not built yet: train a "
-                       "classifier (architectures [\"BertForSequenceClassification\"] in the model's config.json) "
-                       "or a causal model", c->model.bert.roberta ? "RoBERTa" : "BERT");
+    if (task == ZT_TASK_MASKED_LM && c->tokenizer[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "a masked-LM model masks its tokens with [MASK] and never masks special "
+                       "tokens: set %s to the model's tokenizer.json, which names them", label("tokenizer"));
+    if (task == ZT_TASK_CAUSAL_LM && c->tokenizer[0] != '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s is for BERT and RoBERTa models; this %s model reads token shards "
+                       "made by `ztrain tokenize --tokenizer`: leave it out", label("tokenizer"),
+                       zt_family_name(c->model.family));
     if (c->out_dir[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "no run directory given: set %s, e.g. \"runs/demo\"", label("out_dir"));
 

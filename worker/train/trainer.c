@@ -689,7 +689,11 @@ struct run {
     char *token;
     zt_dataloader *train, *val; /* token shards (causal LM) */
     bool classify;            /* a classifier: labelled texts instead of shards */
-    zt_tokenizer *tokenizer;  /* classify: the texts' tokenizer */
+    zt_tokenizer *tokenizer;  /* classify: the texts' tokenizer; mlm: its [MASK] and special tokens */
+    bool mlm;                 /* a masked LM: shards whose tokens are masked as they are read */
+    int32_t mask_id;          /* mlm: [MASK] / <mask> */
+    int32_t *specials;        /* mlm: the ids never masked (special tokens and padding) */
+    int nspecials;
     zt_classify_data *ctrain, *cval;
     zt_metrics metrics;
     int32_t *tok, *tgt;       /* one global batch */
@@ -713,6 +717,7 @@ static void run_free(struct run *r)
     zt_classify_close(r->ctrain);
     zt_classify_close(r->cval);
     zt_tokenizer_destroy(r->tokenizer);
+    free(r->specials);
     free(r->types);
     zt_metrics_close(&r->metrics);
     free(r->tok);
@@ -721,13 +726,41 @@ static void run_free(struct run *r)
 }
 
 /* The next global batch of the training data, or of the validation data (val): tokens, targets and, for a
- * classifier, token types. */
-static void next_batch(struct run *r, bool val)
+ * classifier, token types. A masked LM masks the shard's tokens (targets: the tokens chosen, -1 elsewhere)
+ * with draws that depend on the seed and `key` only, so that every rank, a resumed run and every evaluation
+ * mask alike. */
+static void next_batch(struct run *r, bool val, uint64_t key)
 {
-    if (r->classify)
+    if (r->classify) {
         zt_classify_next(val ? r->cval : r->ctrain, r->tok, r->types, r->tgt);
-    else
-        zt_dataloader_next(val ? r->val : r->train, r->tok, r->tgt);
+        return;
+    }
+    zt_dataloader_next(val ? r->val : r->train, r->tok, r->tgt);
+    if (r->mlm) {
+        zt_rng rng;
+        zt_rng_seed(&rng, ((uint64_t)r->cfg->seed * 0x9E3779B97F4A7C15ULL) ^ (key + (val ? 1ULL << 63 : 0)));
+        zt_bert_mask_tokens(r->tok, r->tgt, (size_t)r->cfg->batch_size * (size_t)r->cfg->seq_len, r->mask_id,
+                            r->cfg->model.bert.vocab_size, r->specials, r->nspecials, &rng, 0.15f);
+    }
+}
+
+/* The weight of this rank's gradient in the micro-batch just read: 1 / (grad_accum W) when every rank scores
+ * as many targets (causal LM); for a BERT model, whose rows hold different numbers of masked tokens or
+ * labelled examples, the rank's share of the batch's scored targets over grad_accum, so that the step's
+ * gradient is that of the mean over all the batch's targets at any number of ranks (each rank's loss is
+ * the mean over its own targets). */
+static float micro_weight(const struct run *r, size_t off, int b, int T, int accum, int W)
+{
+    if (!r->classify && !r->mlm)
+        return 1.0f / (float)(accum * W);
+    const size_t all = (size_t)r->cfg->batch_size * (size_t)T, mine = (size_t)b * (size_t)T;
+    size_t total = 0, local = 0;
+    for (size_t i = 0; i < all; i++)
+        if (r->tgt[i] != -1) {
+            total++;
+            local += i >= off && i < off + mine;
+        }
+    return total ? (float)((double)local / ((double)total * (double)accum)) : 0.0f;
 }
 
 /* A classifier's token types of this rank's rows, for the micro-batch that follows. */
@@ -737,17 +770,22 @@ static void set_types(struct run *r, size_t off)
         zt_bert_set_token_types(zt_family_model_bert(r->host), r->types + off);
 }
 
-/* A classifier's evaluation over the whole validation file: the mean loss over its examples and the
- * accuracy (the fraction whose highest logit is the label), summed over the ranks' rows. */
-static int evaluate_classify(struct run *r, zt_comm *comm, size_t off, int b, int T, float *loss, float *accuracy,
-                             zt_err *err)
+/* A BERT model's evaluation: a classifier's over its whole validation file, a masked LM's over `batches`
+ * batches of validation shards; the mean loss over the scored rows (labelled examples, masked tokens) and
+ * the accuracy (the fraction whose highest logit is the target), summed over the ranks' rows. */
+static int evaluate_bert(struct run *r, zt_comm *comm, int64_t batches, size_t off, int b, int T, float *loss,
+                         float *accuracy, zt_err *err)
 {
-    zt_classify_reset(r->cval);
-    const uint64_t batches = zt_classify_batches_per_epoch(r->cval);
+    if (r->classify) {
+        zt_classify_reset(r->cval);
+        batches = (int64_t)zt_classify_batches_per_epoch(r->cval);
+    } else {
+        zt_dataloader_reset(r->val);
+    }
     double sums[3] = {0, 0, 0}; /* loss x counted, correct, counted */
-    for (uint64_t i = 0; i < batches; i++) {
+    for (int64_t i = 0; i < batches; i++) {
         float mean;
-        next_batch(r, true);
+        next_batch(r, true, (uint64_t)i);
         set_types(r, off);
         int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
         if (rc < 0)
@@ -777,19 +815,50 @@ static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, i
                     float *accuracy, zt_err *err)
 {
     *accuracy = NAN;
-    if (r->classify)
-        return evaluate_classify(r, comm, off, b, T, out, accuracy, err);
+    if (r->classify || r->mlm)
+        return evaluate_bert(r, comm, batches, off, b, T, out, accuracy, err);
     zt_dataloader_reset(r->val);
     double sum = 0.0;
     for (int64_t i = 0; i < batches; i++) {
         float mean;
-        next_batch(r, true);
+        next_batch(r, true, (uint64_t)i);
         int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
         if (rc < 0)
             return rc;
         sum += mean;
     }
     *out = (float)(sum / (double)batches);
+    return 0;
+}
+
+/* A masked LM's tokens from its tokenizer.json: [MASK] (or RoBERTa's <mask>), and the ids never masked
+ * (every special token, and padding). */
+static int open_mask_tokens(struct run *r, const zt_train_config *cfg, bool is0, zt_err *err)
+{
+    const zt_bert_config *bc = &cfg->model.bert;
+    int rc = zt_tokenizer_load(&r->tokenizer, cfg->tokenizer, err);
+    if (rc < 0) {
+        prefix_error(err, "--tokenizer");
+        return rc;
+    }
+    r->mask_id = zt_tokenizer_find(r->tokenizer, "[MASK]");
+    if (r->mask_id < 0)
+        r->mask_id = zt_tokenizer_find(r->tokenizer, "<mask>");
+    if (r->mask_id < 0 || r->mask_id >= bc->vocab_size)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--tokenizer %s: %s; a masked LM needs the model's own tokenizer.json, "
+                       "which has [MASK] (BERT) or <mask> (RoBERTa)", cfg->tokenizer,
+                       r->mask_id < 0 ? "it has neither [MASK] nor <mask>"
+                                      : "its mask token is outside the model's vocabulary");
+    const int V = zt_tokenizer_vocab_size(r->tokenizer) < bc->vocab_size ? zt_tokenizer_vocab_size(r->tokenizer)
+                                                                          : bc->vocab_size;
+    r->specials = zt_xcalloc((size_t)V + 1, sizeof(int32_t));
+    r->specials[r->nspecials++] = bc->pad_token_id;
+    for (int32_t id = 0; id < V; id++)
+        if (id != bc->pad_token_id && zt_tokenizer_is_special(r->tokenizer, id))
+            r->specials[r->nspecials++] = id;
+    if (is0)
+        zt_log(ZT_LOG_INFO, "masked LM: 15%% of the tokens of each batch are chosen (80%% become token %d, 10%% a "
+               "random token, 10%% stay), never the %d special tokens", (int)r->mask_id, r->nspecials);
     return 0;
 }
 
@@ -970,10 +1039,13 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* Data: every rank reads the global batches and trains on its rows. */
     int64_t eval_batches = cfg->eval_batches;
     r.classify = zt_family_config_task(&cfg->model) == ZT_TASK_CLASSIFY;
+    r.mlm = zt_family_config_task(&cfg->model) == ZT_TASK_MASKED_LM;
     if (r.classify) {
         if ((rc = open_classify_data(&r, cfg, B, T, is0, err)) < 0)
             goto out;
     } else {
+        if (r.mlm && (rc = open_mask_tokens(&r, cfg, is0, err)) < 0)
+            goto out;
         if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
             prefix_error(err, "--train-data");
             goto out;
@@ -1152,9 +1224,10 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_engine_set_profiling(r.engine, true);
         const float scale = r.use_scaler ? (float)r.scaler.scale : 1.0f;
         for (int a = 0; a < accum && rc == 0; a++) {
-            next_batch(&r, false);
+            next_batch(&r, false, ((uint64_t)step << 20) + (uint64_t)a);
             set_types(&r, off);
-            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, 1.0f / (float)(accum * W), scale, err);
+            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, micro_weight(&r, off, b, T, accum, W),
+                                 scale, err);
         }
         zt_engine_step_result sr;
         if (rc == 0)
@@ -1267,7 +1340,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     if (is0 && !res->interrupted) {
         char took[32];
         zt_format_duration(res->seconds, took, sizeof took);
-        if (has_val && r.classify)
+        if (has_val && (r.classify || r.mlm))
             zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f, accuracy %.4f; checkpoint "
                    "%s", (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
                    (double)res->last_val_loss, (double)res->last_val_accuracy, res->checkpoint);
