@@ -1,6 +1,7 @@
 /* libFuzzer harness: the Hugging Face tokenizer.json reader (zt_tokenizer_load_json,
  * worker/data/tokenize_hf.c). The input is a tokenizer.json; an accepted tokenizer encodes a few texts
  * (with and without special tokens, added tokens, invalid and multi-byte UTF-8) and decodes what it made,
+ * encodes pairs and single texts truncated to a few lengths as a classifier's data does,
  * and every id's bytes are looked up. */
 #include "fuzz_common.h"
 
@@ -92,6 +93,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 free(back);
             free(ids);
         }
+    /* pairs and single texts for a classifier, truncated to a few lengths: ids in the vocabulary, types
+     * given, never longer than asked */
+    static const size_t lengths[] = {0, 1, 3, 7, 64};
+    for (size_t t = 0; t + 1 < sizeof(texts) / sizeof(texts[0]); t++)
+        for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++)
+            for (int pair = 0; pair < 2; pair++) {
+                int32_t *ids = NULL, *types = NULL;
+                size_t n = 0;
+                const char *b = pair ? texts[t + 1] : NULL;
+                if (zt_tokenizer_encode_pair(tok, texts[t], strlen(texts[t]), b, b ? strlen(b) : 0, lengths[k],
+                                             &ids, &types, &n, &err) != 0)
+                    continue;
+                if (lengths[k] > 0 && n > lengths[k])
+                    abort();
+                for (size_t i = 0; i < n; i++)
+                    if (ids[i] < 0 || ids[i] >= vocab || types[i] < 0)
+                        abort();
+                free(ids);
+                free(types);
+            }
+    (void)zt_tokenizer_find(tok, "[MASK]");
+    (void)zt_tokenizer_is_special(tok, 0);
     for (int32_t id = 0; id < vocab && id < 4096; id++) {
         const char *b;
         size_t len;
