@@ -529,8 +529,8 @@ if expect_error tokenize_missing_input 1 'no_such_corpus\.txt' 'not exist|no suc
     pass tokenize_missing_input
   fi
 fi
-# tokenizer.json files that are refused: an unimplemented component (named by its JSON path), a vocabulary
-# that 16-bit shards cannot hold; and a text that is not UTF-8.
+# tokenizer.json files that are refused: an unimplemented component (named by its JSON path); a text that
+# is not UTF-8; and 32-bit shards (a vocabulary over 65536 ids) whose ids the model has no row for.
 printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "Whitespace"}}' >tok_ws.json
 printf '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 70000}, "merges": []}}' >tok_big.json
 printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}' >tok_ok.json
@@ -540,10 +540,13 @@ if expect_error tokenize_unsupported_tokenizer 1 'pre_tokenizer\.type' 'Whitespa
   expect_no_output tokenize_unsupported_tokenizer "$WORK/tok_unsup"; then
   pass tokenize_unsupported_tokenizer
 fi
-if expect_error tokenize_vocab_too_large 1 'tok_big\.json' '65536' -- \
-  tokenize --input latin1.txt --out-dir "$WORK/tok_big" --tokenizer "$WORK/tok_big.json" &&
-  expect_no_output tokenize_vocab_too_large "$WORK/tok_big"; then
-  pass tokenize_vocab_too_large
+for ((i = 0; i < 40; i++)); do printf 'ab'; done >ab.txt
+run_zt tokenize_big tokenize --input "$WORK/ab.txt" --out-dir "$WORK/tok_big" --tokenizer "$WORK/tok_big.json"
+if [ "$rc" -eq 0 ] && grep -q '32-bit tokens' "$WORK/tokenize_big.out"; then
+  train_case vocab_mismatch_32bit 1 'ab_train_000000\.bin' '70000' -- --train-data "$WORK/tok_big/ab_train_*.bin"
+else
+  fail vocab_mismatch_32bit "tokenize with a 70001-id tokenizer did not write 32-bit shards (exit $rc): $(cat \
+    "$WORK/tokenize_big.err")"
 fi
 if expect_error tokenize_not_utf8 1 'latin1\.txt' 'UTF-8' -- \
   tokenize --input latin1.txt --out-dir "$WORK/tok_latin1" --tokenizer "$WORK/tok_ok.json" &&

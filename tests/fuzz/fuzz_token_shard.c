@@ -1,4 +1,4 @@
-/* libFuzzer harness: the token shard reader (worker/data/dataloader.c, llm.c's shard format). The input
+/* libFuzzer harness: the token shard reader (worker/data/dataloader.c, llm.c's 16- and 32-bit shard formats). The input
  * is one shard file; the harness opens it through the public loader API (B = 2, T = 4, shuffled) and,
  * when the loader accepts it, draws batches across an epoch boundary and moves the position back and
  * forth, so every token the loader hands out is read. */
@@ -28,6 +28,14 @@ static void write_seeds(void)
         abort();
     data = fz_read(path, &len);
     fz_write_seed("shard_one_window.bin", data, len);
+    free(data);
+    uint32_t wide[64]; /* the 32-bit format, with ids above 65535 */
+    for (int i = 0; i < 64; i++)
+        wide[i] = (uint32_t)(i * 4099 + 70000);
+    if (zt_shard_write32(path, wide, 64, &err) != 0)
+        abort();
+    data = fz_read(path, &len);
+    fz_write_seed("shard32_64_tokens.bin", data, len);
     free(data);
 }
 

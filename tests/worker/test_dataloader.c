@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,10 +463,64 @@ static void test_shard_write_layout(void **state)
     assert_non_null(strstr(err.msg, "no_such_dir/w.bin"));
 }
 
+/* The 32-bit format (llm.c's LLaMA-3 shards): its header and layout, ids above 65535 through the loader
+ * and zt_shard_max_token, a glob mixing both formats, and its own format errors. */
+static void test_32bit_shards(void **state)
+{
+    (void)state;
+    const uint32_t t[5] = {0, 65535, 65536, 128255, 4000000000u};
+    char p[512];
+    path_of(p, sizeof(p), "w32.bin");
+    zt_err err;
+    assert_int_equal(zt_shard_write32(p, t, 5, &err), 0);
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    unsigned char buf[2048];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    assert_int_equal(n, 1024 + 20);
+    const unsigned char head[12] = {0xa1, 0xd9, 0x34, 0x01, 7, 0, 0, 0, 5, 0, 0, 0}; /* 20240801, 7, 5 LE */
+    assert_memory_equal(buf, head, 12);
+    const unsigned char body[8] = {0, 0, 0, 0, 0xff, 0xff, 0, 0};
+    assert_memory_equal(buf + 1024, body, 8);
+    assert_int_equal(zt_shard_max_token(p), INT32_MAX); /* 4e9 saturates */
+
+    /* ids above 65535 through the loader, beside a 16-bit shard of the same glob */
+    const int B = 2, T = 4;
+    uint32_t wide[40];
+    for (int j = 0; j < 40; j++)
+        wide[j] = (uint32_t)(100000 + j);
+    path_of(p, sizeof(p), "mix_000.bin");
+    assert_int_equal(zt_shard_write32(p, wide, 40, &err), 0);
+    assert_int_equal(zt_shard_max_token(p), 100039);
+    write_test_shard("mix_001.bin", 2, 17);
+    zt_dataloader *dl = open_ok("mix_*.bin", B, T, false, 0);
+    assert_int_equal(zt_dataloader_num_tokens(dl), 57);
+    assert_int_equal(zt_dataloader_max_token(dl), 100039);
+    assert_int_equal(zt_dataloader_batches_per_epoch(dl), 4 + 2);
+    int32_t in[MAXB], tg[MAXB];
+    for (int k = 0; k < 4; k++) {
+        zt_dataloader_next(dl, in, tg);
+        assert_int_equal(check_batch(in, tg, B, T), 100000 + k * B * T);
+    }
+    zt_dataloader_next(dl, in, tg);
+    assert_int_equal(check_batch(in, tg, B, T), 20000);
+    zt_dataloader_close(dl);
+
+    /* the 32-bit format's size and version checks */
+    write_raw_shard("u_000.bin", ZT_SHARD32_MAGIC, ZT_SHARD32_VERSION, 10, 2 * 10);
+    assert_int_equal(open_fail("u_*.bin", 1, 4, &err), ZT_EFORMAT);
+    assert_non_null(strstr(err.msg, "truncated: header says 10 tokens (1064 bytes) but the file has 1044 bytes"));
+    write_raw_shard("v_000.bin", ZT_SHARD32_MAGIC, 1, 10, 40);
+    assert_int_equal(open_fail("v_*.bin", 1, 4, &err), ZT_EFORMAT);
+    assert_non_null(strstr(err.msg, "version 7 of the 32-bit format"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_batches_in_file_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_32bit_shards, setup, teardown),
         cmocka_unit_test_setup_teardown(test_epoch_wrap_and_reset, setup, teardown),
         cmocka_unit_test_setup_teardown(test_several_shards_sorted_and_small_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shuffle_deterministic, setup, teardown),

@@ -46,7 +46,8 @@ static const char usage_text[] =
     "  --name PREFIX       file name prefix: letters, digits, '.', '_', '-' (default: the first input's\n"
     "                      name without its extension)\n"
     "  --tokenizer FILE    a Hugging Face tokenizer.json (BPE as GPT-2, LLaMA-2 or LLaMA-3, or WordPiece as\n"
-    "                      BERT; the text must be UTF-8); the shards hold 16-bit ids, so at most 65536 ids\n"
+    "                      BERT; the text must be UTF-8); the shards hold 16-bit ids, or 32-bit ones for\n"
+    "                      more than 65536 ids\n"
     "  --add-special-tokens  put the tokenizer's special tokens around each input file ([CLS] ... [SEP],\n"
     "                      <|begin_of_text|> ...), as its post-processor says; off by default\n"
     "  --help              print this help\n"
@@ -300,19 +301,24 @@ static void remove_written(struct written *w)
 }
 
 /* Writes tokens[0..n) as shards DIR/NAME_<split>_%06d.bin of at most per_shard tokens each, printing
- * one line per file. Returns 0 or a negative code with a message in err. */
+ * one line per file: 16-bit tokens, or 32-bit ones (wide) for a vocabulary above 65536 ids. buf holds
+ * per_shard tokens of the width. Returns 0 or a negative code with a message in err. */
 static int write_split(const struct tokenize_opts *o, const char *split, const int32_t *tokens, size_t n,
-                       size_t per_shard, uint16_t *buf, struct written *w, zt_err *err)
+                       size_t per_shard, bool wide, void *buf, struct written *w, zt_err *err)
 {
     for (size_t start = 0, index = 0; start < n; start += per_shard, index++) {
         size_t count = n - start < per_shard ? n - start : per_shard;
-        for (size_t i = 0; i < count; i++)
-            buf[i] = (uint16_t)tokens[start + i];
+        for (size_t i = 0; i < count; i++) {
+            if (wide)
+                ((uint32_t *)buf)[i] = (uint32_t)tokens[start + i];
+            else
+                ((uint16_t *)buf)[i] = (uint16_t)tokens[start + i];
+        }
         char path[PATH_MAX];
         if (snprintf(path, sizeof(path), "%s/%s_%s_%06zu.bin", o->out_dir, o->name, split, index) >=
             (int)sizeof(path))
             return zt_fail(err, -ENAMETOOLONG, "--out-dir '%s': path too long", o->out_dir);
-        int rc = zt_shard_write(path, buf, count, err);
+        int rc = wide ? zt_shard_write32(path, buf, count, err) : zt_shard_write(path, buf, count, err);
         if (rc != 0)
             return rc;
         w->paths[w->n] = strdup(path);
@@ -344,7 +350,7 @@ int zt_cmd_tokenize(int argc, char **argv)
     int32_t *tokens = NULL;
     size_t ntok = 0;
     zt_tokenizer *tok = NULL;
-    uint16_t *buf = NULL;
+    void *buf = NULL;
     struct written w = {0};
     status = 1;
 
@@ -353,14 +359,7 @@ int zt_cmd_tokenize(int argc, char **argv)
         runtime_error(err.msg);
         goto done;
     }
-    if (zt_tokenizer_vocab_size(tok) > 65536) { /* shards store uint16 tokens */
-        fprintf(stderr,
-                "ztrain: error: %s has %d token ids, but token shards (llm.c's format) store 16-bit ids, at most "
-                "65536; use a tokenizer with at most 65536 ids (GPT-2, LLaMA-2 and BERT have fewer): shards for "
-                "larger vocabularies need a wider token format, which this version does not write\n",
-                o.tokenizer, zt_tokenizer_vocab_size(tok));
-        goto done;
-    }
+    const bool wide = zt_tokenizer_vocab_size(tok) > 65536; /* 32-bit shards (llm.c's LLaMA-3 format) */
     if (encode_inputs(&o, tok, &tokens, &ntok, &text_len, &err) != 0) {
         runtime_error(err.msg);
         goto done;
@@ -411,14 +410,14 @@ int zt_cmd_tokenize(int argc, char **argv)
     }
 
     size_t largest_split = ntrain > nval ? ntrain : nval;
-    buf = malloc((largest_split < per_shard ? largest_split : per_shard) * sizeof(uint16_t));
+    buf = malloc((largest_split < per_shard ? largest_split : per_shard) * (wide ? 4 : 2));
     w.paths = calloc(ntrain_files + nval_files, sizeof(char *));
     if (!buf || !w.paths) {
         runtime_error("out of memory for the shard buffer; lower --shard-tokens");
         goto done;
     }
-    if (write_split(&o, "train", tokens, ntrain, per_shard, buf, &w, &err) != 0 ||
-        write_split(&o, "val", tokens + ntrain, nval, per_shard, buf, &w, &err) != 0) {
+    if (write_split(&o, "train", tokens, ntrain, per_shard, wide, buf, &w, &err) != 0 ||
+        write_split(&o, "val", tokens + ntrain, nval, per_shard, wide, buf, &w, &err) != 0) {
         remove_written(&w);
         if (w.n > 0)
             fprintf(stderr, "ztrain: error: %s (removed the %zu shard file(s) this run had written)\n", err.msg,
@@ -428,9 +427,9 @@ int zt_cmd_tokenize(int argc, char **argv)
         goto done;
     }
     printf("tokenized %zu bytes from %d file(s) with the '%s' tokenizer (vocab %d): %zu train tokens in %zu "
-           "shard(s), %zu val tokens in %zu shard(s)\n",
+           "shard(s), %zu val tokens in %zu shard(s), %d-bit tokens\n",
            text_len, o.ninputs, zt_tokenizer_kind(tok), zt_tokenizer_vocab_size(tok), ntrain, ntrain_files, nval,
-           nval_files);
+           nval_files, wide ? 32 : 16);
     printf("train on them with: --train-data '%s/%s_train_*.bin'", o.out_dir, o.name);
     if (nval > 0)
         printf(" --val-data '%s/%s_val_*.bin'", o.out_dir, o.name);

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -18,7 +19,8 @@
 #include "common/log.h"
 #include "common/rng.h"
 
-/* Tokens are read straight from the mapped file as uint16, which is only right on a little-endian host. */
+/* Tokens are read straight from the mapped file as uint16 or uint32, which is only right on a little-endian
+ * host. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token shards are little-endian; big-endian hosts are not supported");
 
 #define HEADER_BYTES (ZT_SHARD_HEADER_INTS * 4)
@@ -28,10 +30,17 @@ struct shard {
     char *path;             /* owned */
     void *map;              /* whole file, PROT_READ */
     size_t map_len;         /* bytes */
-    const uint16_t *tokens; /* map + HEADER_BYTES */
+    const void *tokens;     /* map + HEADER_BYTES */
+    int width;              /* bytes per token: 2 (uint16) or 4 (uint32) */
     uint64_t ntok;
     uint64_t nwin;          /* windows of B*T+1 tokens starting at k*B*T */
 };
+
+/* Token i of a shard, in either format. */
+static inline uint32_t token_at(const struct shard *s, uint64_t i)
+{
+    return s->width == 2 ? ((const uint16_t *)s->tokens)[i] : ((const uint32_t *)s->tokens)[i];
+}
 
 struct zt_dataloader {
     int B, T;
@@ -166,27 +175,29 @@ static int open_shard(struct shard *s, bool *kept, const char *path, uint64_t bt
     int32_t magic = (int32_t)read_le32(header);
     int32_t version = (int32_t)read_le32(header + 4);
     int32_t count = (int32_t)read_le32(header + 8);
-    if (magic != ZT_SHARD_MAGIC) {
+    if (magic != ZT_SHARD_MAGIC && magic != ZT_SHARD32_MAGIC) {
         rc = zt_fail(err, ZT_EFORMAT,
-                     "%s: bad magic %" PRId32 " in header[0] (expected %d); this is not a token shard (write "
-                     "shards with 'ztrain tokenize')",
-                     path, magic, ZT_SHARD_MAGIC);
+                     "%s: bad magic %" PRId32 " in header[0] (expected %d for 16-bit or %d for 32-bit tokens); "
+                     "this is not a token shard (write shards with 'ztrain tokenize')",
+                     path, magic, ZT_SHARD_MAGIC, ZT_SHARD32_MAGIC);
         goto out;
     }
-    if (version != ZT_SHARD_VERSION) {
+    const int want_version = magic == ZT_SHARD_MAGIC ? ZT_SHARD_VERSION : ZT_SHARD32_VERSION;
+    if (version != want_version) {
         rc = zt_fail(err, ZT_EFORMAT,
-                     "%s: unsupported shard version %" PRId32 " in header[1] (this build reads version %d); "
-                     "re-create the shard with 'ztrain tokenize'",
-                     path, version, ZT_SHARD_VERSION);
+                     "%s: unsupported shard version %" PRId32 " in header[1] (this build reads version %d of "
+                     "the %d-bit format); re-create the shard with 'ztrain tokenize'",
+                     path, version, want_version, magic == ZT_SHARD_MAGIC ? 16 : 32);
         goto out;
     }
+    const int width = magic == ZT_SHARD_MAGIC ? 2 : 4;
     if (count < 0) {
         rc = zt_fail(err, ZT_EFORMAT, "%s: negative token count %" PRId32 " in header[2]; the shard is corrupt",
                      path, count);
         goto out;
     }
     uint64_t ntok = (uint64_t)count;
-    uint64_t expect = HEADER_BYTES + 2 * ntok;
+    uint64_t expect = HEADER_BYTES + (uint64_t)width * ntok;
     if (size < expect) {
         rc = zt_fail(err, ZT_EFORMAT,
                      "%s: truncated: header says %" PRIu64 " tokens (%" PRIu64 " bytes) but the file has %" PRIu64
@@ -224,7 +235,8 @@ static int open_shard(struct shard *s, bool *kept, const char *path, uint64_t bt
     }
     s->map = map;
     s->map_len = (size_t)size;
-    s->tokens = (const uint16_t *)((const unsigned char *)map + HEADER_BYTES);
+    s->tokens = (const unsigned char *)map + HEADER_BYTES;
+    s->width = width;
     s->ntok = ntok;
     s->nwin = nwin;
     *kept = true;
@@ -303,15 +315,16 @@ int zt_dataloader_open(zt_dataloader **out, const char *pattern, int B, int T, b
 
     /* One pass over every token: cheap next to training, and it lets the trainer reject data whose
      * tokens do not fit the model's vocabulary before the first step. */
-    int max_token = 0;
+    uint32_t max_token = 0;
     for (uint64_t i = 0; i < dl->nshards; i++) {
-        const uint16_t *t = dl->shards[i].tokens;
-        uint64_t n = dl->shards[i].ntok;
-        for (uint64_t j = 0; j < n; j++)
-            if (t[j] > max_token)
-                max_token = t[j];
+        const struct shard *sh = &dl->shards[i];
+        for (uint64_t j = 0; j < sh->ntok; j++) {
+            uint32_t t = token_at(sh, j);
+            if (t > max_token)
+                max_token = t;
+        }
     }
-    dl->max_token = max_token;
+    dl->max_token = max_token > INT32_MAX ? INT32_MAX : (int)max_token; /* saturated: no model has that many */
 
     dl->shard_order = calloc(dl->nshards, sizeof(uint64_t));
     dl->window_order = calloc(max_nwin, sizeof(uint64_t));
@@ -356,12 +369,13 @@ void zt_dataloader_next(zt_dataloader *dl, int32_t *inputs, int32_t *targets)
     }
 
     const int B = dl->B, T = dl->T;
-    const uint16_t *w = s->tokens + k * (uint64_t)B * (uint64_t)T;
+    const uint64_t w = k * (uint64_t)B * (uint64_t)T;
     for (int b = 0; b < B; b++) {
-        const uint16_t *row = w + (size_t)b * T;
+        const uint64_t row = w + (uint64_t)b * (uint64_t)T;
         for (int t = 0; t < T; t++) {
-            inputs[(size_t)b * T + t] = row[t];
-            targets[(size_t)b * T + t] = row[t + 1];
+            /* ids above INT32_MAX wrap negative here; the trainer refuses such data (max_token) first */
+            inputs[(size_t)b * T + t] = (int32_t)token_at(s, row + (uint64_t)t);
+            targets[(size_t)b * T + t] = (int32_t)token_at(s, row + (uint64_t)t + 1);
         }
     }
 
@@ -425,7 +439,40 @@ uint64_t zt_dataloader_batches_per_epoch(const zt_dataloader *dl)
     return dl->batches_per_epoch;
 }
 
-int zt_shard_write(const char *path, const uint16_t *tokens, size_t n, zt_err *err)
+int zt_shard_max_token(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    unsigned char header[HEADER_BYTES];
+    if (fread(header, 1, sizeof header, f) != sizeof header) {
+        fclose(f);
+        return -1;
+    }
+    const int32_t magic = (int32_t)read_le32(header);
+    const int width = magic == ZT_SHARD_MAGIC ? 2 : magic == ZT_SHARD32_MAGIC ? 4 : 0;
+    int64_t left = (int32_t)read_le32(header + 8);
+    uint32_t buf[1 << 14];
+    int64_t max = -1;
+    while (width && left > 0) {
+        const size_t per = sizeof buf / (size_t)width;
+        size_t want = left < (int64_t)per ? (size_t)left : per;
+        size_t got = fread(buf, (size_t)width, want, f);
+        if (got == 0)
+            break;
+        for (size_t i = 0; i < got; i++) {
+            const uint32_t t = width == 2 ? ((const uint16_t *)buf)[i] : buf[i];
+            if ((int64_t)t > max)
+                max = t;
+        }
+        left -= (int64_t)got;
+    }
+    fclose(f);
+    return max > INT32_MAX ? INT32_MAX : (int)max;
+}
+
+/* One shard file of n tokens of `width` bytes, in the format of that width. */
+static int shard_write(const char *path, const void *tokens, size_t n, int width, zt_err *err)
 {
     if (n > INT32_MAX)
         return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -434,10 +481,20 @@ int zt_shard_write(const char *path, const uint16_t *tokens, size_t n, zt_err *e
                        path, n, INT32_MAX);
     unsigned char header[HEADER_BYTES];
     memset(header, 0, sizeof(header));
-    write_le32(header, ZT_SHARD_MAGIC);
-    write_le32(header + 4, ZT_SHARD_VERSION);
+    write_le32(header, width == 2 ? ZT_SHARD_MAGIC : ZT_SHARD32_MAGIC);
+    write_le32(header + 4, width == 2 ? ZT_SHARD_VERSION : ZT_SHARD32_VERSION);
     write_le32(header + 8, (uint32_t)n);
     /* The tokens are written as they are in memory: little-endian, as the assertion above ensures. */
-    zt_file_part parts[2] = {{header, sizeof(header)}, {tokens, 2 * n}};
+    zt_file_part parts[2] = {{header, sizeof(header)}, {tokens, (size_t)width * n}};
     return zt_write_file_atomic_parts(path, parts, 2, err);
+}
+
+int zt_shard_write(const char *path, const uint16_t *tokens, size_t n, zt_err *err)
+{
+    return shard_write(path, tokens, n, 2, err);
+}
+
+int zt_shard_write32(const char *path, const uint32_t *tokens, size_t n, zt_err *err)
+{
+    return shard_write(path, tokens, n, 4, err);
 }

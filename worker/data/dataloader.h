@@ -1,8 +1,10 @@
 /* Token data in llm.c's shard format, and a deterministic, resumable batch loader over several shards.
  *
- * Shard file: 256 little-endian int32 header (header[0] = 20240520 magic, header[1] = 1 version,
- * header[2] = number of tokens), then that many uint16 tokens. Anything else is a format error naming
- * the file and the field.
+ * Shard file: 256 little-endian int32 header, then header[2] tokens, little-endian, in one of llm.c's two
+ * formats: header[0] = 20240520 and header[1] = 1 with uint16 tokens (GPT-2's; vocabularies up to 65536
+ * ids), or header[0] = 20240801 and header[1] = 7 with uint32 tokens (LLaMA-3's; larger vocabularies).
+ * Anything else is a format error naming the file and the field. The shards of one pattern may mix the
+ * formats.
  *
  * A batch is B rows of T+1 consecutive tokens from one shard (inputs = first T, targets = last T).
  * An epoch visits every shard, and in each shard every window start k*B*T (windows that fit). With
@@ -18,8 +20,10 @@
 
 #include "common/status.h"
 
-#define ZT_SHARD_MAGIC 20240520
+#define ZT_SHARD_MAGIC 20240520   /* uint16 tokens */
 #define ZT_SHARD_VERSION 1
+#define ZT_SHARD32_MAGIC 20240801 /* uint32 tokens */
+#define ZT_SHARD32_VERSION 7
 #define ZT_SHARD_HEADER_INTS 256
 
 typedef struct zt_dataloader zt_dataloader; /* opaque */
@@ -52,7 +56,13 @@ uint64_t zt_dataloader_num_tokens(const zt_dataloader *dl);
 int zt_dataloader_max_token(const zt_dataloader *dl);
 uint64_t zt_dataloader_batches_per_epoch(const zt_dataloader *dl);
 
-/* Writes tokens as one shard file, atomically. Tokens must be < 65536. */
+/* The largest token id of one shard file (either format; saturated at INT32_MAX), or -1 if it cannot be
+ * read or is not a shard. */
+int zt_shard_max_token(const char *path);
+
+/* Writes tokens as one shard file, atomically: 16-bit tokens (< 65536) in the GPT-2 format, or 32-bit ones
+ * in the LLaMA-3 format. */
 int zt_shard_write(const char *path, const uint16_t *tokens, size_t n, zt_err *err);
+int zt_shard_write32(const char *path, const uint32_t *tokens, size_t n, zt_err *err);
 
 #endif

@@ -132,34 +132,6 @@ void zt_trainer_run_id(const char *out_dir, char *id, size_t cap)
             *p = '_';
 }
 
-/* The largest token id of one shard file, or -1 if it cannot be read (the loader reported that already). */
-static int shard_max_token(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -1;
-    int32_t header[ZT_SHARD_HEADER_INTS];
-    if (fread(header, sizeof(int32_t), ZT_SHARD_HEADER_INTS, f) != ZT_SHARD_HEADER_INTS) {
-        fclose(f);
-        return -1;
-    }
-    uint16_t buf[1 << 15];
-    int64_t left = header[2];
-    int max = -1;
-    while (left > 0) {
-        size_t want = left < (int64_t)(sizeof(buf) / sizeof(buf[0])) ? (size_t)left : sizeof(buf) / sizeof(buf[0]);
-        size_t got = fread(buf, sizeof(uint16_t), want, f);
-        if (got == 0)
-            break;
-        for (size_t i = 0; i < got; i++)
-            if (buf[i] > max)
-                max = buf[i];
-        left -= (int64_t)got;
-    }
-    fclose(f);
-    return max;
-}
-
 /* Puts the flag that named the data in front of a loader message ("--val-data: no files match ..."),
  * since the loader does not know which flag its pattern came from. */
 static void prefix_error(zt_err *err, const char *flag)
@@ -212,7 +184,7 @@ static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_s
     glob_t g;
     if (glob(pattern, 0, NULL, &g) == 0) {
         for (size_t i = 0; i < g.gl_pathc; i++) {
-            int file_max = shard_max_token(g.gl_pathv[i]);
+            int file_max = zt_shard_max_token(g.gl_pathv[i]);
             if (file_max >= vocab_size) {
                 int rc = zt_fail(err, ZT_EMISMATCH, "token id %d in '%s' does not fit vocab_size %d of the model "
                                  "(tokenize with the model's tokenizer or raise vocab_size)",
