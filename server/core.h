@@ -285,6 +285,12 @@ int zt_server_core_snapshot_read(zt_server_core *core, const char *dir, zt_serve
  * returns 0 without writing. The snapshot's path goes into path_out (cap bytes; may be NULL). */
 int zt_server_core_snapshot_save(zt_server_core *core, const char *run_id, const char *root, int keep,
                                  char *path_out, size_t cap, zt_err *err);
+/* zt_server_core_snapshot_save for a worker's checkpoint (SaveSnapshot): the snapshot is marked as one
+ * (an empty file step_<step>.checkpoint beside it), and pruning counts the checkpoints' snapshots apart
+ * from the others (--snapshot-commits'), keeping the newest `keep` of each, so that a worker resuming its
+ * last checkpoint finds the snapshot of its step however many commits came after it. */
+int zt_server_core_snapshot_save_checkpoint(zt_server_core *core, const char *run_id, const char *root, int keep,
+                                            char *path_out, size_t cap, zt_err *err);
 
 /* Restores, for every run directory under root, the snapshot its `latest` names for this server
  * (ztrain-server --snapshot-dir at start). A root without runs restores nothing and returns 0; the

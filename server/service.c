@@ -567,8 +567,9 @@ static int save_snapshot(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufC
     zt_err err = {{0}};
     char path[4096] = "";
     zt_server_run_info info;
-    int rc = zt_server_core_snapshot_save(svc->core, req->run, svc->snapshot_dir,
-                                          req->keep > 0 ? req->keep : svc->snapshot_keep, path, sizeof(path), &err);
+    int rc = zt_server_core_snapshot_save_checkpoint(svc->core, req->run, svc->snapshot_dir,
+                                                     req->keep > 0 ? req->keep : svc->snapshot_keep, path,
+                                                     sizeof(path), &err);
     if (rc == 0)
         rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
     if (rc != 0)
@@ -620,7 +621,7 @@ static int load_snapshot(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufC
     char dir[4096];
     int count = svc->server_count > 0 ? svc->server_count : 1;
     int rc = 0;
-    if (req->step == 0)
+    if (req->step == 0 && !req->exact_step)
         rc = latest_snapshot(svc, req->run, count, dir, sizeof(dir), &err);
     else
         snprintf(dir, sizeof(dir), "%s/%s/server%dof%d/step_%08" PRId64, svc->snapshot_dir, req->run,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -244,7 +245,16 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Removes snapshots step_* of dir beyond the newest keep. */
+/* Whether snapshot `name` of dir was saved for a worker's checkpoint (the marker NAME.checkpoint beside it). */
+static bool is_checkpoint(const char *dir, const char *name)
+{
+    char path[SNAP_MAX_PATH];
+    return snprintf(path, sizeof(path), "%s/%s.checkpoint", dir, name) < (int)sizeof(path) && access(path, F_OK) == 0;
+}
+
+/* Removes snapshots step_* of dir beyond the newest keep of their kind: those saved for a worker's
+ * checkpoint (with their markers) and the others (--snapshot-commits) are counted apart, so that many
+ * commits after a checkpoint do not remove the snapshot a worker resuming that checkpoint needs. */
 static void prune(const char *dir, int keep)
 {
     if (keep <= 0)
@@ -272,11 +282,22 @@ static void prune(const char *dir, int keep)
     if (n > 0)
         qsort(names, (size_t)n, sizeof(*names), cmp_str);
     char path[SNAP_MAX_PATH];
+    bool *ckpt = calloc((size_t)(n > 0 ? n : 1), sizeof(bool));
+    ZT_ASSERT(ckpt);
+    int total[2] = {0, 0}, seen[2] = {0, 0};
+    for (int i = 0; i < n; i++)
+        total[ckpt[i] = is_checkpoint(dir, names[i])]++;
     for (int i = 0; i < n; i++) {
-        if (i < n - keep && snprintf(path, sizeof(path), "%s/%s", dir, names[i]) < (int)sizeof(path))
-            zt_remove_flat_dir(path);
+        const int k = ckpt[i];
+        if (seen[k]++ < total[k] - keep) {
+            if (snprintf(path, sizeof(path), "%s/%s", dir, names[i]) < (int)sizeof(path))
+                zt_remove_flat_dir(path);
+            if (k && snprintf(path, sizeof(path), "%s/%s.checkpoint", dir, names[i]) < (int)sizeof(path))
+                unlink(path);
+        }
         free(names[i]);
     }
+    free(ckpt);
     free(names);
 }
 
@@ -285,9 +306,9 @@ static void server_dir(char *out, size_t cap, const char *root, const char *run_
     snprintf(out, cap, "%s/%s/server%dof%d", root, run_id, core->opt.server_index, core->opt.server_count);
 }
 
-/* Saves a snapshot under root, points `latest` at it and prunes; see core.h. */
-int zt_server_core_snapshot_save(zt_server_core *core, const char *run_id, const char *root, int keep,
-                                 char *path_out, size_t cap, zt_err *err)
+/* Saves a snapshot under root, marks it as a checkpoint's (checkpoint), points `latest` at it and prunes. */
+static int snapshot_save(zt_server_core *core, const char *run_id, const char *root, int keep, bool checkpoint,
+                         char *path_out, size_t cap, zt_err *err)
 {
     if (!root || !root[0])
         return zt_fail(err, ZT_EINVAL_CONFIG, "no snapshot directory given: use --snapshot-dir");
@@ -312,11 +333,33 @@ int zt_server_core_snapshot_save(zt_server_core *core, const char *run_id, const
     rc = join(latest, sizeof(latest), parent, "latest", err);
     if (rc == 0)
         rc = zt_write_file_atomic(latest, line, strlen(line), err);
+    char marker[SNAP_MAX_PATH + 16];
+    if (rc == 0 && checkpoint) {
+        /* after the snapshot exists (a snapshot of the step saved before, by a commit, gets the marker too) */
+        if (snprintf(marker, sizeof(marker), "%s.checkpoint", path) >= (int)sizeof(marker))
+            rc = zt_fail(err, -ENAMETOOLONG, "snapshot path %s is too long", path);
+        else
+            rc = zt_write_file_atomic(marker, "checkpoint\n", 11, err);
+    }
     if (rc == 0)
         prune(parent, keep);
     if (rc == 0 && path_out && cap > 0)
         snprintf(path_out, cap, "%s", path);
     return rc;
+}
+
+/* See core.h. */
+int zt_server_core_snapshot_save(zt_server_core *core, const char *run_id, const char *root, int keep,
+                                 char *path_out, size_t cap, zt_err *err)
+{
+    return snapshot_save(core, run_id, root, keep, false, path_out, cap, err);
+}
+
+/* See core.h. */
+int zt_server_core_snapshot_save_checkpoint(zt_server_core *core, const char *run_id, const char *root, int keep,
+                                            char *path_out, size_t cap, zt_err *err)
+{
+    return snapshot_save(core, run_id, root, keep, true, path_out, cap, err);
 }
 
 /* ---- reading ---- */

@@ -1,4 +1,4 @@
-"""Random kills of a state server during training, and the check that they change nothing.
+"""Random kills of a state server or of a worker during training, and the check that they change nothing.
 
 For each configuration (W ranks on the CPU: 1, 2 or 3; the server's store: ram or nvme) this script
   1. runs `ztrain [launch --nproc W] train --optimizer server --servers ...` once without a fault, against a
@@ -13,7 +13,14 @@ For each configuration (W ranks on the CPU: 1, 2 or 3; the server's store: ram o
      M >= N appears; a kill counts as one during a snapshot only if the .tmp folder is still there after it
      (the write was cut), and such a trial is drawn again (up to 10 times) until one is;
   4. with --checkpoint-kills K, K more trials kill the server while the worker writes a checkpoint: the
-     script watches the run folder and kills as soon as a ckpt_N.tmp folder appears (N >= a random step).
+     script watches the run folder and kills as soon as a ckpt_N.tmp folder appears (N >= a random step);
+  5. with --worker-kills K, K more trials kill a worker instead (one rank process, chosen at random, with
+     SIGKILL; `ztrain launch` then stops the others) at a random moment of the run, and K more while rank 0
+     writes a checkpoint; the server (if any) stays up, and the run is continued as a user would: `ztrain
+     ... train --resume RUN_DIR` with the same flags (the same command again when no checkpoint was
+     written yet). Its final model.safetensors must equal the reference's.
+A configuration is wN-ram, wN-nvme (--optimizer server, the server's store) or wN-cpu (--optimizer cpu, no
+server: only worker kills apply).
 Everything goes only through the ztrain and ztrain-server command lines. A trial whose kill came after the
 run had ended is reported as "late" and drawn again. Prints one line per trial (with what the run logged
 about the fault: "retry" of an unavailable server, "rewind" to a checkpoint, or "none seen" for a kill
@@ -21,8 +28,8 @@ that came while the worker was not talking to the server) and a table: configura
 bit-identical, failures, kills the run saw; exits 1 if any trial failed. --json FILE writes the same as
 JSON. Every process is ended in a finally block.
 
-usage: fault_injection.py ZTRAIN_SERVER ZTRAIN [--configs w1-ram,w2-nvme,...] [--trials N]
-                          [--snapshot-kills K] [--checkpoint-kills K] [--seed S] [--steps N]
+usage: fault_injection.py ZTRAIN_SERVER ZTRAIN [--configs w1-ram,w2-nvme,w2-cpu,...] [--trials N]
+                          [--snapshot-kills K] [--checkpoint-kills K] [--worker-kills K] [--seed S] [--steps N]
                           [--server-flags "..."] [--json FILE] [--keep]
 """
 import argparse
@@ -121,7 +128,7 @@ class Harness:
                        "--val-data", os.path.join(work, "val_*.bin"), "--batch-size", "6", "--seq-len", "8",
                        "--grad-accum", "1", "--threads", "1", "--log-every", "1", "--eval-every", "4",
                        "--eval-batches", "1", "--warmup", "1", "--save-every", "2", "--steps", str(steps),
-                       "--lr", "1e-2", "--optimizer", "server"]
+                       "--lr", "1e-2"]
 
     def server(self, name, port, snap, store):
         argv = ["--listen", "127.0.0.1:%d" % port, "--snapshot-dir", snap, "--log-level", "warn"] + self.server_extra
@@ -131,13 +138,17 @@ class Harness:
         self.procs.append(s)
         return s
 
-    def train(self, name, nproc, target):
+    def train(self, name, nproc, target, resume=False, log_suffix=""):
+        """`ztrain [launch] train` against the server at target (None: --optimizer cpu, no server)."""
         argv = [self.ztrain]
         if nproc > 1:
             argv += ["launch", "--nproc", str(nproc), "--master-port", str(t.free_port())]
         out = os.path.join(self.work, name)
-        argv += ["train"] + self.common + ["--out", out, "--servers", target]
-        j = TrainJob(argv, os.path.join(self.work, name + ".train.log"))
+        argv += ["train"] + self.common + ["--out", out]
+        argv += ["--optimizer", "server", "--servers", target] if target else ["--optimizer", "cpu"]
+        if resume:
+            argv += ["--resume", out]
+        j = TrainJob(argv, os.path.join(self.work, name + log_suffix + ".train.log"))
         self.procs.append(j)
         return j, out
 
@@ -158,23 +169,24 @@ class Harness:
     def cleanup(self, name):
         for suffix in ("", "-snap", "-nvme"):
             shutil.rmtree(os.path.join(self.work, name + suffix), ignore_errors=True)
-        for ext in (".train.log",):
+        for ext in (".train.log", "-resume.train.log"):
             try:
                 os.remove(os.path.join(self.work, name + ext))
             except OSError:
                 pass
 
-    def reference(self, cfg, nproc, nvme):
+    def reference(self, cfg, nproc, nvme, with_server=True):
         name = "ref-" + cfg
         port = t.free_port()
         snap, store = self.fresh_dirs(name, nvme)
-        srv = self.server(name + "-server", port, snap, store)
+        srv = self.server(name + "-server", port, snap, store) if with_server else None
         start = time.monotonic()
         wall = time.time()
-        job, out = self.train(name, nproc, "127.0.0.1:%d" % port)
+        job, out = self.train(name, nproc, "127.0.0.1:%d" % port if with_server else None)
         rc = job.wait(RUN_TIMEOUT)
         duration = time.monotonic() - start
-        srv.stop()
+        if srv:
+            srv.stop()
         text = job.text()
         self.stop_all()
         ckpt, model = final_model(out)
@@ -230,6 +242,64 @@ class Harness:
             if not os.environ.get("ZT_KEEP_TEST_DIR"):
                 self.cleanup(name)
 
+    def worker_trial(self, cfg, k, nproc, nvme, with_server, ref, delay, checkpoint_step=None):
+        """One run whose worker is killed (one rank, SIGKILL), at `delay` seconds or, with checkpoint_step,
+        while rank 0 writes a checkpoint of a step >= it; then continued with --resume. Returns a dict as
+        trial does."""
+        name = "%s-w%d" % (cfg, k)
+        port = t.free_port()
+        target = "127.0.0.1:%d" % port if with_server else None
+        snap, store = self.fresh_dirs(name, nvme)
+        if with_server:
+            self.server(name + "-a", port, snap, store)
+        start = time.monotonic()
+        job, out = self.train(name, nproc, target)
+        cut = None
+        try:
+            if checkpoint_step is not None:
+                until = start + 60.0
+                while time.monotonic() < until and job.proc.poll() is None and cut is None:
+                    cut = find_tmp(out, checkpoint_step, "ckpt_") if os.path.isdir(out) else None
+                if cut is None:
+                    return {"outcome": "late", "kill_s": None}
+            else:
+                while time.monotonic() - start < delay and job.proc.poll() is None:
+                    time.sleep(min(0.002, max(0.0, delay - (time.monotonic() - start))))
+            victim = pick_rank(job.proc.pid, nproc, self.rng)
+            if job.proc.poll() is not None or victim is None:
+                return {"outcome": "late", "kill_s": delay}
+            os.kill(victim, signal.SIGKILL)
+            kill_s = time.monotonic() - start
+            rc0 = job.wait(RUN_TIMEOUT)
+            if rc0 == 0:
+                return {"outcome": "late", "kill_s": kill_s}  # the killed rank had already finished its work
+            if cut is not None:
+                cut = cut if cut_still_there(cut) else cut + " (done meanwhile)"
+            ckpt, model = final_model(out)
+            if ckpt == ref[0]:
+                # the final checkpoint was written before the kill: the run is done, nothing to continue
+                return {"outcome": "late", "kill_s": kill_s}
+            resumed = ckpt is not None
+            again, _ = self.train(name, nproc, target, resume=resumed, log_suffix="-resume")
+            rc = again.wait(RUN_TIMEOUT)
+            text = again.text()
+            ckpt, model = final_model(out)
+            what = "resume" if resumed else "restart"
+            if "taking them back to their snapshot" in text:
+                what += ", servers back to the checkpoint"
+            if rc != 0 or model is None:
+                outcome, detail = "failed", "exit %s: %s" % (rc, tail_of(text))
+            elif ckpt != ref[0] or model != ref[1]:
+                outcome, detail = "different", "final %s differs from the reference's %s" % (ckpt, ref[0])
+            else:
+                outcome, detail = "identical", ""
+            return {"outcome": outcome, "kill_s": round(kill_s, 3), "recovery": what, "detail": detail,
+                    "snapshot_cut": os.path.basename(cut) if cut else None}
+        finally:
+            self.stop_all()
+            if not os.environ.get("ZT_KEEP_TEST_DIR"):
+                self.cleanup(name)
+
     def kill_during_snapshot(self, srv, job, folder, min_step, until, prefix):
         """Kills the server as soon as a folder PREFIXN.tmp with N >= min_step appears under folder (a snapshot
         being written: step_N.tmp, somewhere under the snapshot folder; a worker checkpoint: ckpt_N.tmp in the
@@ -240,6 +310,25 @@ class Harness:
                 srv.proc.send_signal(signal.SIGKILL)
                 return tmp
         return None
+
+
+def pick_rank(pid, nproc, rng):
+    """A rank process of the job: the job itself with one rank, else a random child of `ztrain launch`
+    (found in /proc), or None when it has none left."""
+    if nproc == 1:
+        return pid
+    kids = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % e) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                kids.append(int(e))
+        except (OSError, IndexError, ValueError):
+            continue
+    return rng.choice(sorted(kids)) if kids else None
 
 
 def find_tmp(folder, min_step, prefix):
@@ -280,6 +369,8 @@ def main():
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--snapshot-kills", type=int, default=0)
     ap.add_argument("--checkpoint-kills", type=int, default=0)
+    ap.add_argument("--worker-kills", type=int, default=0,
+                    help="K trials that kill a worker at a random moment, and K while it writes a checkpoint")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--server-flags", default="--snapshot-commits 1",
@@ -290,20 +381,26 @@ def main():
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="zt-fault-", dir=os.environ.get("ZT_TEST_TMPDIR"))
     h = Harness(os.path.abspath(a.server_bin), os.path.abspath(a.ztrain), work, a.steps, a.server_flags.split())
+    h.rng = rng
     results = []
     failed = 0
     try:
         for cfg in a.configs.split(","):
             w, store = cfg.split("-")
-            nproc, nvme = int(w[1:]), store == "nvme"
-            ref_ckpt, ref_model, duration, (lo, hi) = h.reference(cfg, nproc, nvme)
+            nproc, nvme, with_server = int(w[1:]), store == "nvme", store != "cpu"
+            ref_ckpt, ref_model, duration, (lo, hi) = h.reference(cfg, nproc, nvme, with_server)
             print("%s: reference %s in %.2f s; random kills between %.3f and %.3f s" % (cfg, ref_ckpt, duration,
                                                                                      lo, hi), flush=True)
             row = {"config": cfg, "trials": 0, "identical": 0, "failed": 0, "late": 0, "snapshot_trials": 0,
-                   "snapshot_identical": 0, "checkpoint_trials": 0, "checkpoint_identical": 0, "seen": 0,
+                   "snapshot_identical": 0, "checkpoint_trials": 0, "checkpoint_identical": 0,
+                   "worker_trials": 0, "worker_identical": 0, "worker_checkpoint_trials": 0,
+                   "worker_checkpoint_identical": 0, "seen": 0,
                    "unplaced": 0,
                    "duration_s": round(duration, 2), "window_s": [round(lo, 3), round(hi, 3)], "trial_log": []}
-            plan = ["random"] * a.trials + ["snapshot"] * a.snapshot_kills + ["checkpoint"] * a.checkpoint_kills
+            plan = []
+            if with_server:
+                plan += ["random"] * a.trials + ["snapshot"] * a.snapshot_kills + ["checkpoint"] * a.checkpoint_kills
+            plan += ["worker"] * a.worker_kills + ["worker-ckpt"] * a.worker_kills
             for k, kind in enumerate(plan):
                 snapshot_kill = kind == "snapshot"
                 attempts = 0
@@ -311,8 +408,13 @@ def main():
                     attempts += 1
                     delay = rng.uniform(lo, hi)
                     snap_step = rng.randint(0, a.steps)
-                    r = h.trial(cfg, k, nproc, nvme, (ref_ckpt, ref_model), delay, snapshot_kill, snap_step,
-                                kind == "checkpoint")
+                    if kind.startswith("worker"):
+                        # worker kills: anywhere in the run (0 .. the reference's duration)
+                        r = h.worker_trial(cfg, k, nproc, nvme, with_server, (ref_ckpt, ref_model),
+                                           rng.uniform(0.0, duration), snap_step if kind == "worker-ckpt" else None)
+                    else:
+                        r = h.trial(cfg, k, nproc, nvme, (ref_ckpt, ref_model), delay, snapshot_kill, snap_step,
+                                    kind == "checkpoint")
                     if r["outcome"] in ("late", "no-snapshot-cut") and attempts < (20 if kind == "random" else 10):
                         row["late"] += 1
                         continue
@@ -327,7 +429,13 @@ def main():
                     continue
                 ok = r["outcome"] == "identical"
                 row["seen"] += r.get("recovery") in ("retry", "rewind")
-                if kind == "snapshot":
+                if kind == "worker":
+                    row["worker_trials"] += 1
+                    row["worker_identical"] += ok
+                elif kind == "worker-ckpt":
+                    row["worker_checkpoint_trials"] += 1
+                    row["worker_checkpoint_identical"] += ok
+                elif kind == "snapshot":
                     row["snapshot_trials"] += 1
                     row["snapshot_identical"] += ok
                 elif kind == "checkpoint":
@@ -353,12 +461,15 @@ def main():
         else:
             shutil.rmtree(work, ignore_errors=True)
     print("| configuration | random kills | bit-identical | kills during a snapshot | bit-identical | "
-          "kills during a checkpoint | bit-identical | failed | kills the run saw | kills redrawn | not placed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "kills during a checkpoint | bit-identical | worker kills | bit-identical | worker kills during a "
+          "checkpoint | bit-identical | failed | kills the run saw | kills redrawn | not placed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |" % (
+        print("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |" % (
             r["config"], r["trials"], r["identical"], r["snapshot_trials"], r["snapshot_identical"],
-            r["checkpoint_trials"], r["checkpoint_identical"], r["failed"], r["seen"], r["late"], r["unplaced"]))
+            r["checkpoint_trials"], r["checkpoint_identical"], r["worker_trials"], r["worker_identical"],
+            r["worker_checkpoint_trials"], r["worker_checkpoint_identical"], r["failed"], r["seen"], r["late"],
+            r["unplaced"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"seed": a.seed, "steps": a.steps, "results": results}, f, indent=1)

@@ -1015,6 +1015,52 @@ static void test_snapshot_save_keep_and_metrics(void **state)
     cluster_destroy(&c);
 }
 
+/* Snapshots of workers' checkpoints are kept apart from the durable ones of every commit: with keep 2, the
+ * checkpoint snapshots of steps 2 and 4 survive the commit snapshots of steps 5 to 9, a durable snapshot of
+ * a checkpoint's step becomes a checkpoint one, and the oldest checkpoint snapshot goes with its marker;
+ * LoadSnapshot's reader takes the kept checkpoint back. */
+static void test_snapshot_checkpoints_kept_apart(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 10);
+    cluster_register(&c, ZT_DTYPE_F32);
+    zt_err err = {0};
+    char root[300], p[600], dir[700];
+    snprintf(root, sizeof(root), "%s/pinned", g_dir);
+    push_all(&c, &r, true, 0, 7);
+    struct stat st;
+    for (int s = 1; s <= 9; s++) {
+        ref_make_grads(&r, 500 + (uint64_t)s);
+        push_all(&c, &r, false, s, 600 + (uint64_t)s);
+        commit_all(&c, s, 1e-3f, 1.0f, false);
+        must(zt_server_core_snapshot_save(c.core[0], k_run, root, 2, p, sizeof(p), &err), &err); /* durable */
+        if (s == 1 || s == 2 || s == 4) /* a worker's checkpoint of the step, after the durable snapshot */
+            must(zt_server_core_snapshot_save_checkpoint(c.core[0], k_run, root, 2, p, sizeof(p), &err), &err);
+    }
+    static const struct {
+        int step;
+        bool kept, marked;
+    } want[] = {{1, false, false}, {2, true, true}, {3, false, false}, {4, true, true},
+                {7, false, false}, {8, true, false}, {9, true, false}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        snprintf(dir, sizeof(dir), "%s/%s/server0of1/step_%08d", root, k_run, want[i].step);
+        if ((stat(dir, &st) == 0) != want[i].kept)
+            fail_msg("step %d: kept %d, expected %d", want[i].step, stat(dir, &st) == 0, want[i].kept);
+        snprintf(dir, sizeof(dir), "%s/%s/server0of1/step_%08d.checkpoint", root, k_run, want[i].step);
+        if ((stat(dir, &st) == 0) != want[i].marked)
+            fail_msg("step %d: marker %d, expected %d", want[i].step, stat(dir, &st) == 0, want[i].marked);
+    }
+    zt_server_run_info info;
+    snprintf(dir, sizeof(dir), "%s/%s/server0of1/step_%08d", root, k_run, 4);
+    must(zt_server_core_snapshot_read(c.core[0], dir, &info, &err), &err);
+    assert_int_equal(info.step, 4);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
 /* ---- larger shards, pushed from two threads per rank, on both stores ---- */
 
 #define BIG_NB 2
@@ -1175,6 +1221,7 @@ int main(void)
         cmocka_unit_test(test_nvme_register_disk_full),
         cmocka_unit_test(test_snapshot_nvme_two_servers),
         cmocka_unit_test(test_snapshot_save_keep_and_metrics),
+        cmocka_unit_test(test_snapshot_checkpoints_kept_apart),
         cmocka_unit_test(test_large_shards_threads_ram_and_nvme),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

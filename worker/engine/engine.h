@@ -161,13 +161,17 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
 /* Placement server: registers the run with the engine's layout (W shards of every block, the tensors'
  * weight decay, AdamW from the options, the compute dtype for pulls), then
  *   step 0, servers at step 0: pushes this rank's shards of the current masters as the initial weights;
- *   step > 0, embedded core: loads this rank's shards of the current masters and moments (zt_engine_import
- *     first) as the state of that step, Adam step adam_step;
- *   step > 0, remote servers at the same step: pulls this rank's shards of that step;
- *   otherwise ZT_EINVAL_CONFIG (a new run over one the servers hold) or ZT_ESTATE (the servers hold another
- *     step; zt_engine_server_step gives it), with a message saying what to do.
- * *server_step (may be NULL) receives the servers' step. Not a collective. */
-int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, int64_t *server_step, zt_err *err);
+ *   a new run (not resumed) that the servers hold at a later step: ZT_EINVAL_CONFIG saying what to do;
+ *   a resumed checkpoint of step > 0, embedded core: loads this rank's shards of the current masters and
+ *     moments (zt_engine_import first) as the state of that step, Adam step adam_step;
+ *   a resumed checkpoint, remote servers: if any server holds another step, rank 0 asks every server for
+ *     its snapshot of the checkpoint's step (a worker that stopped after the servers committed more steps);
+ *     then every rank pulls its shards of that step. ZT_ESTATE when a server cannot go back to it (one
+ *     behind the checkpoint: zt_engine_server_step gives its step, for the trainer's rewind).
+ * *server_step (may be NULL) receives the servers' step at registration. A collective for resumed remote
+ * runs. */
+int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, bool resumed, int64_t *server_step,
+                            zt_err *err);
 
 /* Placement server: asks every server to write a snapshot of the run's current step (rank 0's part of a
  * checkpoint; embedded_root is where the embedded core writes, NULL with remote servers). */

@@ -198,8 +198,38 @@ static int load_embedded(zt_engine *e, zt_server_core *core, int64_t step, int64
     return rc;
 }
 
+/* Resuming a checkpoint of `step` while a server reported the run at `at`: every rank learns whether any
+ * server is elsewhere (ranks register one after the other), then rank 0 asks every server for its snapshot
+ * of the checkpoint's step, so that all pull the checkpoint's state. A server behind the checkpoint (it
+ * restarted from an older snapshot) may not have one: that is the rewind the trainer handles (ZT_ESTATE). */
+static int back_to_checkpoint(zt_engine *e, int64_t at, int64_t step, zt_err *err)
+{
+    float mine = at != step ? 1.0f : 0.0f, any = mine;
+    if (zt_comm_world_size(e->comm) > 1) {
+        zt_err ce;
+        if (zt_comm_all_reduce(e->comm, &mine, &any, 1, ZT_COMM_F32, ZT_COMM_MAX, NULL, &ce) < 0)
+            return zt_fail(err, ZT_ESTATE, "%s", ce.msg);
+    }
+    if (any == 0.0f)
+        return 0;
+    int rc = 0;
+    if (zt_comm_rank(e->comm) == 0) {
+        zt_log(ZT_LOG_WARN, "resume: the state servers hold run '%s' at step %lld, the checkpoint is at step %lld; "
+               "taking them back to their snapshot of step %lld", e->run_id, (long long)at, (long long)step,
+               (long long)step);
+        zt_err lerr;
+        rc = zt_state_client_load_snapshot(e->o.client, e->run_id, step, &lerr);
+        if (rc < 0)
+            rc = zt_fail(err, ZT_ESTATE, "the state servers hold run '%s' at step %lld, the checkpoint is at step "
+                         "%lld%s: %s", e->run_id, (long long)at, (long long)step,
+                         at > step ? ", and they cannot go back to it" : "", lerr.msg);
+    }
+    return zt_comm_agree(e->comm, rc, err);
+}
+
 /* Attaches the state servers; see engine.h. */
-int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, int64_t *server_step, zt_err *err)
+int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, bool resumed, int64_t *server_step,
+                            zt_err *err)
 {
     ZT_ASSERT(e->home == ZT__OPT_SERVER);
     e->stale_step = -1;
@@ -214,18 +244,18 @@ int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, int64
         for (int b = 0; b < e->nb && rc == 0; b++)
             rc = zt_state_client_push_params(e->o.client, e->run_id, b, e->rank, e->h_master + e->blocks[b].shard_off,
                                              e->blocks[b].shard, err);
-    } else if (step == 0) {
+    } else if (!resumed) {
         rc = zt_fail(err, ZT_EINVAL_CONFIG, "the state servers already hold run '%s' at step %lld: continue it "
                      "with --resume, or start a new run in a run directory of another name (--out)", e->run_id,
                      (long long)at);
-    } else if (core) {
+    } else if (core && step > 0) {
         rc = load_embedded(e, core, step, adam_step, err);
-    } else if (at != step) {
-        e->stale_step = at;
-        rc = zt_fail(err, ZT_ESTATE, "the state servers hold run '%s' at step %lld, the checkpoint is at step %lld: "
-                     "resume from the checkpoint of step %lld (--resume RUN_DIR/ckpt_%06lld), or restart the "
-                     "servers with --snapshot-dir holding the run's snapshot of step %lld", e->run_id,
-                     (long long)at, (long long)step, (long long)at, (long long)at, (long long)step);
+    } else if (core) {
+        rc = zt_fail(err, ZT_ESTATE, "the embedded state server holds run '%s' at step %lld, the checkpoint is at "
+                     "step 0", e->run_id, (long long)at);
+    } else if ((rc = back_to_checkpoint(e, at, step, err)) < 0) {
+        if (at < step)
+            e->stale_step = at;
     } else {
         const int64_t saved = e->step_no;
         e->step_no = saved - 1; /* the pulled weights are those of the current step count */

@@ -1112,12 +1112,43 @@ int zt_state_client_restore_initial(zt_state_client_t *c, const char *run, zt_er
     return 0;
 }
 
+int zt_state_client_load_snapshot(zt_state_client_t *c, const char *run, int64_t step, zt_err *err)
+{
+    if (c->core != NULL)
+        return 0;
+    Ztrain__V1__LoadSnapshotRequest req = ZTRAIN__V1__LOAD_SNAPSHOT_REQUEST__INIT;
+    req.run = (char *)run;
+    req.step = step;
+    req.exact_step = 1;
+    for (int i = 0; i < c->n; i++) {
+        void *resp = NULL;
+        size_t len = 0;
+        struct zt_rpc_status st;
+        int code = unary(c, i, SVC "LoadSnapshot", &req.base, &resp, &len, &st);
+        if (code == ZT_RPC_NOT_FOUND)
+            return zt_fail(err, -ENOENT, "state server %s has no snapshot of run '%s' at step %lld (%s): it keeps "
+                           "the newest --snapshot-keep snapshots; resume from the checkpoint of a step it has, or "
+                           "start it with a larger --snapshot-keep", c->srv[i].target, run, (long long)step, st.msg);
+        if (code != ZT_RPC_OK)
+            return rpc_fail(c, i, "LoadSnapshot", &st, err);
+        Ztrain__V1__LoadSnapshotResponse *r = ztrain__v1__load_snapshot_response__unpack(NULL, len, resp);
+        free(resp);
+        const int64_t got = r && r->info ? r->info->step : -1;
+        if (r)
+            ztrain__v1__load_snapshot_response__free_unpacked(r, NULL);
+        if (got != step)
+            return zt_fail(err, ZT_EFORMAT, "state server %s: LoadSnapshot of run '%s' at step %lld answered step "
+                           "%lld", c->srv[i].target, run, (long long)step, (long long)got);
+    }
+    return 0;
+}
+
 int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const char *embedded_root, zt_err *err)
 {
     if (c->core != NULL) {
         if (embedded_root == NULL)
             return zt_fail(err, ZT_EINVAL_CONFIG, "an embedded state server needs a snapshot directory");
-        return zt_server_core_snapshot_save(c->core, run, embedded_root, 0, NULL, 0, err);
+        return zt_server_core_snapshot_save_checkpoint(c->core, run, embedded_root, 0, NULL, 0, err);
     }
     Ztrain__V1__SaveSnapshotRequest req = ZTRAIN__V1__SAVE_SNAPSHOT_REQUEST__INIT;
     req.run = (char *)run;

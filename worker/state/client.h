@@ -120,6 +120,12 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
  * embedded_root, which may then not be NULL). Returns 0 or a negative code with a message. */
 int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const char *embedded_root, zt_err *err);
 
+/* Asks every server to replace the run's state with its snapshot of `step` (ztrain-server --snapshot-dir):
+ * a worker that resumes a checkpoint older than the servers' step (it stopped after they had committed
+ * more) takes them back to the checkpoint. Nothing to do in embedded mode. Returns 0, or -ENOENT naming
+ * the server that has no such snapshot, or another negative code with a message. */
+int zt_state_client_load_snapshot(zt_state_client_t *c, const char *run, int64_t step, zt_err *err);
+
 /* Before the run's first step: gives every server that lost the run (it restarted without a snapshot of
  * it) the run again, with the initial parameters this client pushed. Every rank calls it, so that each
  * pushes its own shards. Returns 0 (nothing to do in embedded mode or after the first step) or a negative

@@ -1121,7 +1121,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     if (rc == 0 && resumed)
         rc = zt_engine_import(r.engine, zt_family_model_params(r.host), r.opt.m, r.opt.v, err);
     if (rc == 0 && on_servers)
-        rc = zt_engine_attach_server(r.engine, st.step, st.adam_step, NULL, err);
+        rc = zt_engine_attach_server(r.engine, st.step, st.adam_step, resumed, NULL, err);
     if ((rc = zt_comm_agree(comm, rc, err)) < 0) {
         if (on_servers && zt_engine_server_step(r.engine) >= 0)
             res->rewind_to = zt_engine_server_step(r.engine);
