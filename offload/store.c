@@ -1005,10 +1005,14 @@ int zt_store_wait(zt_store *s, int ticket, zt_err *err)
     q->rec->pending--;
     q->in_use = 0;
     pthread_mutex_unlock(&s->mu);
-    if (rc != 0)
-        return zt_fail(err, rc, "store: %s of record (run %" PRIu64 ", block %" PRIu32 ", shard %" PRIu32 ") failed: %s",
-                       is_write ? "write" : "read", key.run, key.block, key.shard,
-                       rc == ZT_EIO ? "the record is incomplete (a write failed or the file is short)" : zt_strerror(rc));
+    if (rc != 0) {
+        char path[4096];
+        record_path(s, key, path, sizeof(path));
+        return zt_fail(err, rc, "store: %s of %s (run %" PRIu64 ", block %" PRIu32 ", shard %" PRIu32 ") failed: %s%s",
+                       is_write ? "write" : "read", path, key.run, key.block, key.shard,
+                       rc == ZT_EIO ? "the record is incomplete (a write failed or the file is short)" : zt_strerror(rc),
+                       is_write ? " (free space on that disk or fix it, then resume from the last checkpoint)" : "");
+    }
     if (verify && zt_crc32c(got, buf + checked, payload - checked) != want)
         return zt_fail(err, ZT_ECHECKSUM,
                        "store: record (run %" PRIu64 ", block %" PRIu32 ", shard %" PRIu32 ") fails its checksum: the "

@@ -79,20 +79,21 @@ class TrainJob:
         self.log.close()
 
 
-def server_window(text, start, duration):
-    """The seconds after `start` (time.time()) from the log line that says the optimizer runs on the servers,
-    less 50 ms, to the last log line: where a kill meets the worker talking to the server. Falls back to
+def server_window(text, start, duration, marker="optimizer: AdamW on"):
+    """The seconds after `start` (time.time()) from the first log line holding `marker` (by default the line
+    that says the optimizer runs on the servers; for worker kills the first step's line), less 50 ms, to the
+    last log line: where a kill meets the worker talking to the server, or training. Falls back to
     (0, duration) when the lines cannot be read."""
     stamps = []
     first = None
     for line in text.splitlines():
-        word = line.split(" ", 1)[0]
+        word = line.split(" ", 1)[0].split("]")[-1]  # "[r0]" prefixes of ztrain launch
         try:
             ts = datetime.datetime.fromisoformat(word.replace("Z", "+00:00")).timestamp() - start
         except ValueError:
             continue
         stamps.append(ts)
-        if first is None and "optimizer: AdamW on" in line:
+        if first is None and marker in line:
             first = ts
     if first is None or not stamps or stamps[-1] <= first:
         return 0.0, duration
@@ -192,7 +193,8 @@ class Harness:
         ckpt, model = final_model(out)
         if rc != 0 or model is None:
             raise RuntimeError("%s: the reference run failed (exit %s):\n%s" % (cfg, rc, text[-3000:]))
-        return ckpt, model, duration, server_window(text, wall, duration)
+        return (ckpt, model, duration, server_window(text, wall, duration),
+                server_window(text, wall, duration, "step 1/"))
 
     def trial(self, cfg, k, nproc, nvme, ref, delay, snapshot_kill, snapshot_step=0, checkpoint_kill=False):
         """One run with one kill. Returns a dict: outcome ('identical', 'different', 'failed', 'late',
@@ -388,15 +390,16 @@ def main():
         for cfg in a.configs.split(","):
             w, store = cfg.split("-")
             nproc, nvme, with_server = int(w[1:]), store == "nvme", store != "cpu"
-            ref_ckpt, ref_model, duration, (lo, hi) = h.reference(cfg, nproc, nvme, with_server)
-            print("%s: reference %s in %.2f s; random kills between %.3f and %.3f s" % (cfg, ref_ckpt, duration,
-                                                                                     lo, hi), flush=True)
+            ref_ckpt, ref_model, duration, (lo, hi), (wlo, whi) = h.reference(cfg, nproc, nvme, with_server)
+            print("%s: reference %s in %.2f s; random server kills between %.3f and %.3f s, worker kills between "
+                  "%.3f and %.3f s" % (cfg, ref_ckpt, duration, lo, hi, wlo, whi), flush=True)
             row = {"config": cfg, "trials": 0, "identical": 0, "failed": 0, "late": 0, "snapshot_trials": 0,
                    "snapshot_identical": 0, "checkpoint_trials": 0, "checkpoint_identical": 0,
                    "worker_trials": 0, "worker_identical": 0, "worker_checkpoint_trials": 0,
                    "worker_checkpoint_identical": 0, "seen": 0,
                    "unplaced": 0,
-                   "duration_s": round(duration, 2), "window_s": [round(lo, 3), round(hi, 3)], "trial_log": []}
+                   "duration_s": round(duration, 2), "window_s": [round(lo, 3), round(hi, 3)],
+                   "worker_window_s": [round(wlo, 3), round(whi, 3)], "trial_log": []}
             plan = []
             if with_server:
                 plan += ["random"] * a.trials + ["snapshot"] * a.snapshot_kills + ["checkpoint"] * a.checkpoint_kills
@@ -409,9 +412,9 @@ def main():
                     delay = rng.uniform(lo, hi)
                     snap_step = rng.randint(0, a.steps)
                     if kind.startswith("worker"):
-                        # worker kills: anywhere in the run (0 .. the reference's duration)
+                        # worker kills: while the reference trained (from its first step's line to its end)
                         r = h.worker_trial(cfg, k, nproc, nvme, with_server, (ref_ckpt, ref_model),
-                                           rng.uniform(0.0, duration), snap_step if kind == "worker-ckpt" else None)
+                                           rng.uniform(wlo, whi), snap_step if kind == "worker-ckpt" else None)
                     else:
                         r = h.trial(cfg, k, nproc, nvme, (ref_ckpt, ref_model), delay, snapshot_kill, snap_step,
                                     kind == "checkpoint")

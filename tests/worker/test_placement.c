@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -345,6 +346,61 @@ static void test_config_checks(void **state)
 /* The automatic rewind after a state server restarted from an older snapshot: only to an existing
  * checkpoint of the server's step, at most ZT_TRAIN_MAX_REWINDS times, otherwise the run's own message
  * (how to resume by hand) with the reason added. */
+/* The NVMe tier failing in the middle of a run (a disk that fills up or stops taking writes, here a soft
+ * file size limit of one byte set after step 4, when the checkpoint of step 3 is on disk): the run stops at
+ * the next step with an error naming what failed, the checkpoint of step 3 verifies, and resuming it (the
+ * limit lifted) ends on the uninterrupted run's checkpoint, bit for bit. */
+static struct rlimit g_fsize;
+static void limit_writes_after(void *user, int64_t step)
+{
+    if (step == *(const int64_t *)user) {
+        signal(SIGXFSZ, SIG_IGN); /* writes past the limit fail with EFBIG instead of killing the process */
+        struct rlimit one = {1, g_fsize.rlim_max};
+        setrlimit(RLIMIT_FSIZE, &one);
+    }
+}
+
+static void test_nvme_fails_mid_run(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    zt_train_result res;
+    base_config(&c, "nvme_ref", "server");
+    c.state_store = ZT_STORE_NVME;
+    snprintf(c.state_store_dir, sizeof(c.state_store_dir), "%s/nvme_ref_store", g_dir);
+    zt_fixture_train_ok(&c, &res);
+    zt_train_result_free(&res);
+
+    base_config(&c, "nvme_fail", "server");
+    c.state_store = ZT_STORE_NVME;
+    snprintf(c.state_store_dir, sizeof(c.state_store_dir), "%s/nvme_fail_store", g_dir);
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &g_fsize), 0);
+    static int64_t at = 4;
+    zt_trainer_hooks h = {.user = &at, .after_step = limit_writes_after};
+    zt_trainer_set_hooks(&h);
+    zt_err err = {{0}};
+    int rc = zt_trainer_run(&c, &res, &err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &g_fsize), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    zt_trainer_set_hooks(NULL);
+    print_message("NVMe tier failing after step 4: %s\n", err.msg);
+    assert_true(rc < 0);                /* stopped with an error ... */
+    assert_int_equal(res.end_step, 4);   /* ... in step 5, whose update could not be written */
+    assert_non_null(strstr(err.msg, "File too large"));
+    zt_train_result_free(&res);
+    char ck[600];
+    assert_int_equal(zt_checkpoint_find(c.out_dir, ck, sizeof ck, &err), 0);
+    assert_non_null(strstr(ck, "ckpt_000003"));
+    if (zt_checkpoint_verify(ck, NULL, &err) != 0)
+        fail_msg("%s", err.msg);
+
+    snprintf(c.resume, sizeof(c.resume), "%s/nvme_fail", g_dir);
+    zt_fixture_train_ok(&c, &res);
+    assert_int_equal(res.end_step, STEPS);
+    zt_train_result_free(&res);
+    expect_same_checkpoint("nvme_ref", "nvme_fail");
+}
+
 static void test_rewind_target(void **state)
 {
     (void)state;
@@ -395,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_resume_across_placements),
         cmocka_unit_test(test_config_checks),
         cmocka_unit_test(test_rewind_target),
+        cmocka_unit_test(test_nvme_fails_mid_run),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
