@@ -228,17 +228,9 @@ class Harness:
             srv = self.server(name + "-b", port, snap, store)
             rc = job.wait(RUN_TIMEOUT)
             text = job.text()
-            ckpt, model = final_model(out)
             what = "rewind" if "rewinding to checkpoint" in text else ("retry" if "unavailable, retry" in text
                                                                        else "none seen")
-            if rc != 0 or model is None:
-                outcome, detail = "failed", "exit %s: %s" % (rc, tail_of(text))
-            elif ckpt != ref[0] or model != ref[1]:
-                outcome, detail = "different", "final %s differs from the reference's %s" % (ckpt, ref[0])
-            else:
-                outcome, detail = "identical", ""
-            return {"outcome": outcome, "kill_s": round(kill_s, 3), "recovery": what, "detail": detail,
-                    "snapshot_cut": os.path.basename(cut) if cut else None}
+            return judge(rc, text, out, ref, kill_s, what, cut)
         finally:
             self.stop_all()
             if not os.environ.get("ZT_KEEP_TEST_DIR"):
@@ -285,18 +277,10 @@ class Harness:
             again, _ = self.train(name, nproc, target, resume=resumed, log_suffix="-resume")
             rc = again.wait(RUN_TIMEOUT)
             text = again.text()
-            ckpt, model = final_model(out)
             what = "resume" if resumed else "restart"
             if "taking them back to their snapshot" in text:
                 what += ", servers back to the checkpoint"
-            if rc != 0 or model is None:
-                outcome, detail = "failed", "exit %s: %s" % (rc, tail_of(text))
-            elif ckpt != ref[0] or model != ref[1]:
-                outcome, detail = "different", "final %s differs from the reference's %s" % (ckpt, ref[0])
-            else:
-                outcome, detail = "identical", ""
-            return {"outcome": outcome, "kill_s": round(kill_s, 3), "recovery": what, "detail": detail,
-                    "snapshot_cut": os.path.basename(cut) if cut else None}
+            return judge(rc, text, out, ref, kill_s, what, cut)
         finally:
             self.stop_all()
             if not os.environ.get("ZT_KEEP_TEST_DIR"):
@@ -312,6 +296,20 @@ class Harness:
                 srv.proc.send_signal(signal.SIGKILL)
                 return tmp
         return None
+
+
+def judge(rc, text, out, ref, kill_s, recovery, cut):
+    """A trial's result: 'failed' (the run did not end well), 'different' (its final checkpoint is not the
+    reference's, byte for byte) or 'identical'."""
+    ckpt, model = final_model(out)
+    if rc != 0 or model is None:
+        outcome, detail = "failed", "exit %s: %s" % (rc, tail_of(text))
+    elif ckpt != ref[0] or model != ref[1]:
+        outcome, detail = "different", "final %s differs from the reference's %s" % (ckpt, ref[0])
+    else:
+        outcome, detail = "identical", ""
+    return {"outcome": outcome, "kill_s": round(kill_s, 3), "recovery": recovery, "detail": detail,
+            "snapshot_cut": os.path.basename(cut) if cut else None}
 
 
 def pick_rank(pid, nproc, rng):

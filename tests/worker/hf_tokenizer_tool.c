@@ -36,44 +36,6 @@ static int fail(const char *msg)
     return 1;
 }
 
-static int encode(const zt_tokenizer *tok, const char *in, const char *out, unsigned flags)
-{
-    zt_err err;
-    char *data;
-    size_t len;
-    if (zt_read_file(in, &data, &len, &err) != 0)
-        return fail(err.msg);
-    FILE *f = fopen(out, "w");
-    if (!f) {
-        free(data);
-        return fail(strerror(errno));
-    }
-    size_t pos = 0;
-    while (pos < len) {
-        char *end;
-        unsigned long long n = strtoull(data + pos, &end, 10);
-        if (*end != '\n' || (size_t)(end + 1 - data) + n > len) {
-            fclose(f);
-            free(data);
-            return fail("bad record in the input");
-        }
-        const char *text = end + 1;
-        int32_t *ids;
-        size_t nids;
-        if (zt_tokenizer_encode_flags(tok, text, (size_t)n, flags, &ids, &nids, &err) != 0) {
-            fprintf(f, "error: %s\n", err.msg);
-        } else {
-            for (size_t i = 0; i < nids; i++)
-                fprintf(f, i ? " %d" : "%d", (int)ids[i]);
-            fputc('\n', f);
-            free(ids);
-        }
-        pos = (size_t)(text - data) + (size_t)n;
-    }
-    free(data);
-    return fclose(f) == 0 ? 0 : fail("cannot write the output");
-}
-
 /* Reads the record at *pos ("LENGTH\n" + bytes, or "-\n" for none: *text NULL); 0, or -1 if malformed. */
 static int next_record(const char *data, size_t len, size_t *pos, const char **text, size_t *n)
 {
@@ -91,6 +53,42 @@ static int next_record(const char *data, size_t len, size_t *pos, const char **t
     *n = (size_t)v;
     *pos = (size_t)(*text - data) + (size_t)v;
     return 0;
+}
+
+static int encode(const zt_tokenizer *tok, const char *in, const char *out, unsigned flags)
+{
+    zt_err err;
+    char *data;
+    size_t len;
+    if (zt_read_file(in, &data, &len, &err) != 0)
+        return fail(err.msg);
+    FILE *f = fopen(out, "w");
+    if (!f) {
+        free(data);
+        return fail(strerror(errno));
+    }
+    size_t pos = 0;
+    while (pos < len) {
+        const char *text;
+        size_t n;
+        if (next_record(data, len, &pos, &text, &n) != 0 || text == NULL) {
+            fclose(f);
+            free(data);
+            return fail("bad record in the input");
+        }
+        int32_t *ids;
+        size_t nids;
+        if (zt_tokenizer_encode_flags(tok, text, n, flags, &ids, &nids, &err) != 0) {
+            fprintf(f, "error: %s\n", err.msg);
+        } else {
+            for (size_t i = 0; i < nids; i++)
+                fprintf(f, i ? " %d" : "%d", (int)ids[i]);
+            fputc('\n', f);
+            free(ids);
+        }
+    }
+    free(data);
+    return fclose(f) == 0 ? 0 : fail("cannot write the output");
 }
 
 /* IN holds records in twos (text A, then text B or "-\n" for none); OUT gets a line "IDS | TYPES" per pair. */
