@@ -4,6 +4,8 @@
  * forth, so every token the loader hands out is read. */
 #include "fuzz_common.h"
 
+#include <limits.h>
+
 #include "worker/data/dataloader.h"
 
 static char g_path[512];
@@ -60,12 +62,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (zt_dataloader_open(&dl, g_path, 2, 4, true, 7, &err) != 0)
         return 0;
     int32_t in[8], tg[8];
-    volatile int32_t sink = zt_dataloader_max_token(dl) + (int32_t)zt_dataloader_num_tokens(dl);
+    const int max = zt_dataloader_max_token(dl); /* INT32_MAX when saturated (32-bit ids above it) */
+    volatile uint64_t sink = zt_dataloader_num_tokens(dl);
     (void)sink;
     uint64_t per_epoch = zt_dataloader_batches_per_epoch(dl);
     for (uint64_t i = 0; i < per_epoch + 2 && i < 64; i++) {
         zt_dataloader_next(dl, in, tg);
-        sink ^= in[0] ^ tg[7];
+        for (int k = 0; k < 8 && max < INT32_MAX; k++)
+            if (in[k] < 0 || in[k] > max || tg[k] < 0 || tg[k] > max)
+                abort(); /* every id a batch holds is one the loader counted in max_token */
+        sink ^= (uint32_t)in[0] ^ (uint32_t)tg[7];
     }
     zt_data_position pos;
     zt_dataloader_get_position(dl, &pos);
