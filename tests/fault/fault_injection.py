@@ -262,7 +262,10 @@ class Harness:
             victim = pick_rank(job.proc.pid, nproc, self.rng)
             if job.proc.poll() is not None or victim is None:
                 return {"outcome": "late", "kill_s": delay}
-            os.kill(victim, signal.SIGKILL)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:  # the rank ended between the listing and the kill
+                return {"outcome": "late", "kill_s": delay}
             kill_s = time.monotonic() - start
             rc0 = job.wait(RUN_TIMEOUT)
             if rc0 == 0:
