@@ -13,15 +13,15 @@
 # when every loss is equal). Writes OUT_DIR/rows.jsonl, one log per row, and prints OUT_DIR/table.md.
 set -u
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${1:-bench-out/beyond}"
+OUT_DIR="${1:-bench-out/beyond}"
 ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
-mkdir -p "$OUT"
+mkdir -p "$OUT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000 || exit 1
 NVME="${NVME_DIR:-${TMPDIR:-/tmp}/zt_beyond_nvme}"
-RES="$OUT/rows.jsonl"
+RES="$OUT_DIR/rows.jsonl"
 : > "$RES"
 
 # name | model | steps | batch | grad_accum | precision | flags (commas for spaces)
@@ -45,7 +45,7 @@ baseline_mib=${baseline_mib:-0}
 # run NAME MODEL STEPS BATCH ACCUM PRECISION FLAGS
 run() {
   local name=$1 model=$2 steps=$3 batch=$4 accum=$5 prec=$6 flags=$7
-  local run="${TMPDIR:-/tmp}/zt_beyond_run" log="$OUT/$name.log"
+  local run="${TMPDIR:-/tmp}/zt_beyond_run" log="$OUT_DIR/$name.log"
   rm -rf "$run" "$NVME"
   mkdir -p "$NVME"
   IFS=, read -r -a extra <<< "${flags//NVME/$NVME}"
@@ -101,7 +101,7 @@ for name in $ROWS; do
   run "$@"
 done
 
-"$PY" - "$RES" "${PEAK_TFLOPS:-989}" "$PAIRS" <<'PY' | tee "$OUT/table.md"
+"$PY" - "$RES" "${PEAK_TFLOPS:-989}" "$PAIRS" <<'PY' | tee "$OUT_DIR/table.md"
 import json, sys
 peak = float(sys.argv[2])
 shape = {"124m": (12, 768), "1558m": (48, 1600), "6.7b": (32, 4096)}

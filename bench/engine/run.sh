@@ -13,16 +13,16 @@
 # Writes OUT_DIR/rows.jsonl, one log per row, and prints a table (OUT_DIR/table.md).
 set -u
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${1:-bench-out/engine}"
+OUT_DIR="${1:-bench-out/engine}"
 ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
 ZTRAIN_OLD="${ZTRAIN_OLD:-}"
 PY="${PYTHON:-python3}"
 STEPS="${STEPS:-12}"
-mkdir -p "$OUT"
+mkdir -p "$OUT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000 || exit 1
-RES="$OUT/rows.jsonl"
+RES="$OUT_DIR/rows.jsonl"
 : > "$RES"
 
 # name | model | batch | grad_accum | optimizer | checkpointing | share of the optimizer kept on the GPU
@@ -47,7 +47,7 @@ baseline_mib=${baseline_mib:-0}
 # run BUILD_LABEL BINARY NAME MODEL BATCH ACCUM OPTIMIZER CKPT FRACTION
 run() {
   local label=$1 bin=$2 name=$3 model=$4 batch=$5 accum=$6 opt=$7 ckpt=$8 frac=$9
-  local run="${TMPDIR:-/tmp}/zt_engine_run" log="$OUT/${name}_${label}.log" env=() extra=()
+  local run="${TMPDIR:-/tmp}/zt_engine_run" log="$OUT_DIR/${name}_${label}.log" env=() extra=()
   [ "$frac" != - ] && extra=(--optimizer-gpu-fraction "$frac")
   # before the engine, activation checkpointing was on the ZeRO runtime only, chosen from the environment
   if [ "$label" = old ] && [ "$ckpt" != none ]; then env=(ZT_ZERO_LEVEL=3); fi
@@ -108,7 +108,7 @@ for name in $ROWS; do
   fi
 done
 
-"$PY" - "$RES" "${PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT/table.md"
+"$PY" - "$RES" "${PEAK_TFLOPS:-989}" <<'PY' | tee "$OUT_DIR/table.md"
 import json, sys
 peak = float(sys.argv[2])
 shape = {"124m": (12, 768), "1558m": (48, 1600)}

@@ -9,9 +9,9 @@
 set -u
 OLD="$1"
 NEW="$2"
-OUT="${3:-bench-out/same_bits}"
+OUT_DIR="${3:-bench-out/same_bits}"
 PY="${PYTHON:-python3}"
-mkdir -p "$OUT"
+mkdir -p "$OUT_DIR"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/zt_same_bits_XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 "$PY" - "$dir" <<'PY'
@@ -39,8 +39,8 @@ for c in "fp32 4 1" "bf16 4 1" "bf16 2 2" "fp16 4 1"; do
   for b in old new; do
     bin=$OLD; [ $b = new ] && bin=$NEW
     if ! "$bin" train "${common[@]}" --precision "$1" --batch-size "$2" --grad-accum "$3" --out "$dir/${name}_$b" \
-        > "$OUT/${name}_$b.log" 2>&1; then
-      echo "FAIL $name: the $b build failed (see $OUT/${name}_$b.log)"; fail=1; continue 2
+        > "$OUT_DIR/${name}_$b.log" 2>&1; then
+      echo "FAIL $name: the $b build failed (see $OUT_DIR/${name}_$b.log)"; fail=1; continue 2
     fi
   done
   if "$PY" - "$dir/${name}_old" "$dir/${name}_new" "$name" <<'PY'

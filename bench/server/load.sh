@@ -32,8 +32,8 @@ read -r line <"$TMP/ready"
 port=$(field port "$line")
 [ -n "$port" ] || { echo "ztrain-server did not start:"; cat "$TMP/server.log"; exit 1; }
 rc=0
-out=$("$B/bench/server/bench_load" "127.0.0.1:$port" "$CLIENTS" "$STEPS" "$NUMEL" "$SERVER_PID" 2>"$TMP/bench.log") || rc=$?
-echo "$out"
+result=$("$B/bench/server/bench_load" "127.0.0.1:$port" "$CLIENTS" "$STEPS" "$NUMEL" "$SERVER_PID" 2>"$TMP/bench.log") || rc=$?
+echo "$result"
 if [ "$rc" -ne 0 ]; then
     echo "bench_load failed (exit $rc):"
     head -20 "$TMP/bench.log"
@@ -41,10 +41,10 @@ fi
 limit_mib=$(awk -v l="$LIMIT" 'BEGIN { printf "%.1f", l / 1048576 }')
 echo "| clients | steps each | commits checked | mismatches | extra run | push p50 ms | push p99 ms | push max ms | step p50 ms | step p99 ms | run RAM MiB (limit) | server peak RSS MiB | wall s |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-echo "| $(field clients "$out") | $STEPS | $(field commits "$out") | $(field mismatches "$out") | $(field extra_run "$out") |" \
-    "$(field push_p50_ms "$out") | $(field push_p99_ms "$out") | $(field push_max_ms "$out") |" \
-    "$(field step_p50_ms "$out") | $(field step_p99_ms "$out") | $(field server_run_ram_mib "$out") ($limit_mib) |" \
-    "$(field server_peak_rss_mib "$out") | $(field wall_s "$out") |"
+echo "| $(field clients "$result") | $STEPS | $(field commits "$result") | $(field mismatches "$result") | $(field extra_run "$result") |" \
+    "$(field push_p50_ms "$result") | $(field push_p99_ms "$result") | $(field push_max_ms "$result") |" \
+    "$(field step_p50_ms "$result") | $(field step_p99_ms "$result") | $(field server_run_ram_mib "$result") ($limit_mib) |" \
+    "$(field server_peak_rss_mib "$result") | $(field wall_s "$result") |"
 kill "$SERVER_PID"
 wait "$SERVER_PID" || rc=1
 SERVER_PID=
