@@ -399,6 +399,9 @@ static void test_refusals(void **state)
     const struct refusal cases[] = {
         {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"vocab\": []}", ZT_EUNSUPPORTED,
          {"model.type", "Unigram", "BPE and WordPiece"}},
+        /* an id far above any vocabulary (found by fuzzing: the id tables took 3.5 GB) */
+        {"[]", "null", "null", "null", "null", "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 222222221}, "
+         "\"merges\": []}", ZT_EUNSUPPORTED, {"token id 222222221", "8388607", NULL}},
         {"[]", "{\"type\": \"NFKC\"}", "null", "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.type", "NFKC", NULL}},
         {"[]", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFD\"}, {\"type\": \"Precompiled\"}]}", "null",
          "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.normalizers[1].type", "Precompiled", NULL}},

@@ -15,6 +15,9 @@
 
 #include "common/status.h"
 
+/* The largest token id a tokenizer.json may use (8,388,607): the id tables hold an entry per id. */
+#define ZT__HF_MAX_ID ((1 << 23) - 1)
+
 /* An owned byte string (not NUL-terminated unless said). */
 typedef struct zt__bytes {
     char *p;

@@ -1458,6 +1458,10 @@ static int build_id_tables(loader *ld)
     if (max_id < 0)
         return zt_fail(ld->err, ZT_EFORMAT, "%s: the vocabulary is empty; the file is not a usable tokenizer.json",
                        ld->where);
+    if (max_id > ZT__HF_MAX_ID) /* the id tables below have an entry per id up to the largest */
+        return zt_fail(ld->err, ZT_EUNSUPPORTED, "%s: token id %d is above the largest id ztrain reads (%d; the "
+                       "largest published vocabularies have about 1 million ids); the file is not a usable "
+                       "tokenizer.json", ld->where, (int)max_id, ZT__HF_MAX_ID);
     hf->vocab_size = max_id + 1;
     hf->tokens = calloc((size_t)hf->vocab_size, sizeof(zt__bytes));
     hf->pieces = calloc((size_t)hf->vocab_size, sizeof(zt__bytes));
