@@ -17,6 +17,7 @@
 
 #define JOIN_METHOD "/ztrain.v1.Rendezvous/Join"
 #define HOST_LEN 256
+#define RECEIVED_WAIT_S 5 /* how long rank 0 keeps the rendezvous up for the ranks to say their answer arrived */
 
 struct rdzv {
     pthread_mutex_t mu;
@@ -29,8 +30,10 @@ struct rdzv {
     char (*hosts)[HOST_LEN];
     int *joined; /* per rank */
     int *told;   /* per rank: received its answer (success or failure) */
+    int *received; /* per rank: said that its successful answer arrived (JoinRequest.received) */
     int n_joined;
     int n_told;
+    int n_received;
     int failed;
     int fail_code; /* enum zt_rpc_code */
     char fail_msg[ZT_ERR_LEN];
@@ -107,12 +110,25 @@ static int join_handler(zt_rpc_call_t *call, void *user)
         return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "the JoinRequest is not a valid protobuf message");
     int rank = req->rank, world = req->world_size;
     uint64_t hash = req->config_hash;
+    const int received = req->received;
     char host[HOST_LEN];
     snprintf(host, sizeof(host), "%s", req->host && req->host[0] ? req->host : zt_rpc_call_peer(call));
     ztrain__v1__join_request__free_unpacked(req, NULL);
 
     char msg[ZT_ERR_LEN];
     pthread_mutex_lock(&r->mu);
+    if (received) { /* the second word of a rank that has its answer: count it, answer empty */
+        if (rank > 0 && rank < r->world_size && r->told[rank] && !r->received[rank]) {
+            r->received[rank] = 1;
+            r->n_received++;
+            pthread_cond_broadcast(&r->cv);
+        }
+        pthread_mutex_unlock(&r->mu);
+        Ztrain__V1__JoinResponse empty = ZTRAIN__V1__JOIN_RESPONSE__INIT;
+        uint8_t none[8];
+        size_t n = ztrain__v1__join_response__pack(&empty, none);
+        return zt_rpc_call_write(call, none, n) == 0 ? ZT_RPC_OK : ZT_RPC_CANCELLED;
+    }
     if (r->failed) {
         int code = answer_failure_locked(call, r, rank);
         pthread_mutex_unlock(&r->mu);
@@ -214,6 +230,7 @@ int zt__rdzv_create(int world_size, uint64_t config_hash, const uint8_t nccl_id[
     r->hosts = zt_xcalloc((size_t)world_size, sizeof(*r->hosts));
     r->joined = zt_xcalloc((size_t)world_size, sizeof(int));
     r->told = zt_xcalloc((size_t)world_size, sizeof(int));
+    r->received = zt_xcalloc((size_t)world_size, sizeof(int));
     r->joined[0] = 1;
     r->n_joined = 1;
     local_host(r->hosts[0], HOST_LEN);
@@ -240,6 +257,7 @@ void zt__rdzv_destroy(zt__rdzv *r)
     free(r->hosts);
     free(r->joined);
     free(r->told);
+    free(r->received);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -295,6 +313,14 @@ int zt_rdzv_serve(const char *addr, int world_size, uint64_t config_hash, const 
         }
         if (r->failed)
             rc = zt_fail(err, r->fail_code == ZT_RPC_DEADLINE_EXCEEDED ? -ETIMEDOUT : ZT_EMISMATCH, "%s", r->fail_msg);
+        /* An answer is written when its call ends, but closing the server right then can cut it off in the
+         * connection: every rank says when its answer arrived, and the server stays up until all have
+         * (at most RECEIVED_WAIT_S more; a rank that died after its answer does not hold the others). */
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += RECEIVED_WAIT_S;
+        while (rc == 0 && r->n_received < world_size - 1 && !timed_out(&until))
+            pthread_cond_timedwait(&r->cv, &r->mu, &until);
         pthread_mutex_unlock(&r->mu);
     }
     /* Give the handlers time to deliver their answers; they are already decided. */
@@ -361,6 +387,17 @@ int zt_rdzv_join(const char *master, int rank, int world_size, uint64_t config_h
             }
             if (r != NULL)
                 ztrain__v1__join_response__free_unpacked(r, NULL);
+            if (rc == 0) { /* tell rank 0 the answer arrived (its reply, or its failure, changes nothing) */
+                req.received = 1;
+                size_t n2 = ztrain__v1__join_request__get_packed_size(&req);
+                uint8_t *buf2 = zt_xmalloc(n2);
+                ztrain__v1__join_request__pack(&req, buf2);
+                void *ack = NULL;
+                size_t ack_len = 0;
+                (void)zt_rpc_unary(ch, JOIN_METHOD, buf2, n2, RECEIVED_WAIT_S, 0, &ack, &ack_len, &st);
+                free(ack);
+                free(buf2);
+            }
             break;
         }
         /* UNAVAILABLE: rank 0 went away between connecting and answering; try again within the timeout.
