@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "worker/models/bert.h"
+#include "worker/models/cpu_layout.h"
 #include "worker/models/model.h"
 
 typedef struct bert_cpu {
@@ -16,9 +17,7 @@ typedef struct bert_cpu {
     float *micro_loss;       /* [max_micro] mean loss of each micro-batch */
     int *micro_correct;      /* [max_micro] correct predictions of each micro-batch */
     int *micro_counted;      /* [max_micro] counted targets of each micro-batch */
-    size_t *block_offset, *block_len;
-    bool *checkpointed, *reads_weights;
-    zt_model_tensor *tensors;
+    zt__cpu_layout lay;      /* the tables base points at */
 } bert_cpu;
 
 static void cpu_destroy(zt_model *base)
@@ -27,11 +26,7 @@ static void cpu_destroy(zt_model *base)
     free(m->micro_loss);
     free(m->micro_correct);
     free(m->micro_counted);
-    free(m->block_offset);
-    free(m->block_len);
-    free(m->checkpointed);
-    free(m->reads_weights);
-    free(m->tensors);
+    zt__cpu_layout_free(&m->lay);
     free(m);
 }
 
@@ -113,40 +108,13 @@ int zt_bert_model_cpu(zt_model **out, zt_bert *host, int max_micro, const bool *
     m->micro_loss = zt_xcalloc((size_t)max_micro, sizeof(float));
     m->micro_correct = zt_xcalloc((size_t)max_micro, sizeof(int));
     m->micro_counted = zt_xcalloc((size_t)max_micro, sizeof(int));
-    m->block_offset = zt_xcalloc((size_t)nb, sizeof(size_t));
-    m->block_len = zt_xcalloc((size_t)nb, sizeof(size_t));
-    m->checkpointed = zt_xcalloc((size_t)nb, sizeof(bool));
-    m->reads_weights = zt_xcalloc((size_t)nb, sizeof(bool));
-    m->tensors = zt_xcalloc((size_t)nt, sizeof(zt_model_tensor));
-    for (int b = 0; b < nb; b++) {
-        m->block_offset[b] = zt_bert_block(host, b)->offset;
-        m->block_len[b] = zt_bert_block(host, b)->numel;
-        /* blocks 1..L are the encoder layers, the only ones checkpointing applies to */
-        m->checkpointed[b] = ckpt_layers && b >= 1 && b <= cfg->num_hidden_layers && ckpt_layers[b - 1];
-        m->reads_weights[b] = true; /* every block ends in a LayerNorm or a linear layer, whose backward reads it */
-    }
-    for (int i = 0; i < nt; i++) {
-        const zt_param_info *t = zt_bert_tensor(host, i);
-        m->tensors[i] = (zt_model_tensor){.block = t->block, .offset = t->offset, .len = t->numel,
-                                          .host_offset = t->offset, .numel = t->numel,
-                                          .weight_decay = t->weight_decay};
-    }
+    const zt__cpu_host h = {.blocks = zt_bert_block(host, 0), .nblocks = nb, .tensors = zt_bert_tensor(host, 0),
+                            .ntensors = nt, .nlayers = cfg->num_hidden_layers, .embedding_reads_weights = true,
+                            .head_block = zt_bert_head_block(host), .num_params = zt_bert_num_params(host),
+                            .max_B = zt_bert_max_batch(host), .max_T = zt_bert_max_seq(host)};
     zt_model *base = &m->base;
+    zt__cpu_layout_init(base, &m->lay, &h, ckpt_layers, max_micro);
     base->ops = &cpu_ops;
-    base->backend = ZT_MODEL_CPU;
-    base->dtype = ZT_DTYPE_F32;
-    base->nblocks = nb;
-    base->head_block = zt_bert_head_block(host);
-    base->block_offset = m->block_offset;
-    base->block_len = m->block_len;
-    base->checkpointed = m->checkpointed;
-    base->backward_reads_weights = m->reads_weights;
-    base->ntensors = nt;
-    base->tensors = m->tensors;
-    base->host_numel = zt_bert_num_params(host);
-    base->max_B = zt_bert_max_batch(host);
-    base->max_T = zt_bert_max_seq(host);
-    base->max_micro = max_micro;
     *out = base;
     return 0;
 }
