@@ -10,7 +10,7 @@
 #include "kernels/real.h"
 
 /* wpe NULL: a token embedding without positions (LLaMA, whose positions enter through RoPE), out[b,t,:] =
- * wte[tokens[b,t],:] exactly; the backward then takes dwpe NULL. The CUDA twins need wpe for now. */
+ * wte[tokens[b,t],:] exactly; the backward then takes dwpe NULL. The CUDA twins take NULL the same way. */
 void zt_cpu_embedding_forward(zt_real *out, const int32_t *tokens, const zt_real *wte, const zt_real *wpe,
                               int B, int T, int C);
 /* Accumulates (+=) into dwte [V,C] and dwpe [maxT,C] (NULL: none). Deterministic: rows of dwte are summed in

@@ -15,7 +15,7 @@
 #include "kernels/cuda/cuda_utils.cuh"
 #include "kernels/embedding.h"
 
-/* types and wtt are NULL without token types. */
+/* types and wtt are NULL without token types; wpe is NULL without learned positions (LLaMA). */
 template <typename T>
 static __global__ void embedding_forward_kernel(T *__restrict__ out, const int32_t *__restrict__ tokens,
                                                 const int32_t *__restrict__ types, const T *__restrict__ wte,
@@ -31,7 +31,12 @@ static __global__ void embedding_forward_kernel(T *__restrict__ out, const int32
     int t = bt % T_;
     int tok = tokens[bt];
     zt_vec<T> a = zt_load_vec(wte + (size_t)tok * C + c);
-    zt_vec<T> p = zt_load_vec(wpe + (size_t)t * C + c);
+    zt_vec<T> p;
+    if (wpe)
+        p = zt_load_vec(wpe + (size_t)t * C + c);
+    else
+        for (int k = 0; k < VS; k++)
+            p.v[k] = zt_from_float<T>(0.0f);
     zt_vec<T> o;
     if (types) {
         zt_vec<T> y = zt_load_vec(wtt + (size_t)types[bt] * C + c);
@@ -232,10 +237,13 @@ static void embedding_backward(T *dwte, T *dwpe, const T *dout, const int32_t *t
     constexpr int VS = zt_vec<T>::size;
     const int block = 256;
 
-    /* dwpe: independent of the sort. */
-    size_t nvec = (size_t)T_ * C / VS;
-    wpe_backward_kernel<<<(unsigned)ZT_CEIL_DIV(nvec, (size_t)block), block, 0, stream>>>(dwpe, dout, B, T_, C);
-    ZT_CUDA_CHECK_LAUNCH();
+    /* dwpe: independent of the sort (none without learned positions). */
+    if (dwpe) {
+        size_t nvec = (size_t)T_ * C / VS;
+        wpe_backward_kernel<<<(unsigned)ZT_CEIL_DIV(nvec, (size_t)block), block, 0, stream>>>(dwpe, dout, B, T_,
+                                                                                             C);
+        ZT_CUDA_CHECK_LAUNCH();
+    }
 
     char *s = (char *)scratch;
     uint32_t *sorted_tokens = (uint32_t *)s;

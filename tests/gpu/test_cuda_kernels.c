@@ -225,6 +225,19 @@ static void run_embedding(enum zt_dtype dt, int B, int T, int C, int V, int maxT
     assert_true(dev_equal(d_dwte, d_dwte1, (size_t)V * C * zt_dtype_size(dt)));
     assert_true(dev_equal(d_dwpe, d_dwpe1, (size_t)maxT * C * zt_dtype_size(dt)));
 
+    /* Without learned positions (LLaMA): the rows of wte exactly, and dwte alone in the backward. */
+    zt_cuda_embedding_forward(d_out, d_tok, d_wte, NULL, B, T, C, dt, g_stream);
+    float *out_np = dev_download(d_out, (size_t)BT * C, dt);
+    zt_cpu_embedding_forward(ref, tok, wte, NULL, B, T, C);
+    check_close("embedding forward out (no positions)", dt, out_np, ref, (size_t)BT * C, 0.0f);
+    dev_copy(d_dwte, d_dwte0, (size_t)V * C * zt_dtype_size(dt));
+    float *dwte_np = dev_download(d_dwte0, (size_t)V * C, dt);
+    zt_cuda_embedding_backward(d_dwte, NULL, d_dout, d_tok, B, T, C, V, scratch, dt, g_stream);
+    float *g_dwte_np = dev_download(d_dwte, (size_t)V * C, dt);
+    zt_cpu_embedding_backward(dwte_np, NULL, dout, tok, B, T, C);
+    check_close("embedding backward dwte (no positions)", dt, g_dwte_np, dwte_np, (size_t)V * C, tol_of(dt));
+    free(out_np), free(dwte_np), free(g_dwte_np);
+
     free(tok), free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out), free(ref), free(g_dwte);
     free(g_dwpe);
     void *dev[] = {d_tok, d_wte, d_wpe, d_out, d_dout, d_dwte, d_dwpe, d_dwte0, d_dwpe0, scratch, d_dwte1, d_dwpe1};
