@@ -13,6 +13,9 @@ own config.json. Then it compares, on a batch of 2 x 16 tokens:
   - every parameter's gradient of that loss (loss.backward()), 1e-4 relative to the tensor's largest entry;
   - ztrain's re-export (model.safetensors and config.json): from_pretrained loads it without missing,
     unexpected or mismatched tensors, it holds exactly the original weights, and gives the same logits.
+Where a GPU is visible and llama_tool was built with CUDA, the first two checks run again with ztrain's
+forward and backward on the GPU (llama_tool --device cuda, the training engine's CUDA executor in fp32), with
+heads of 32 channels (192 wide, an MLP of 344), which the CUDA attention serves.
 Then models that ztrain initialises in the shapes of llama_numpy_ref.py (llama3 scaling and an untied head,
 linear scaling and a tied head, a Mistral config) load from ztrain's export with AutoModelForCausalLM and
 give ztrain's logits and loss (1e-4 relative).
@@ -40,13 +43,15 @@ TOL = 1e-4
 MAJOR = int(transformers.__version__.split(".")[0])
 
 
-def make_config(tied):
+def make_config(tied, gpu=False):
     rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                 original_max_position_embeddings=16)
     # transformers 5 keeps rope_theta and the scaling in rope_parameters; 4.x in rope_theta and rope_scaling.
     rope_kw = dict(rope_parameters=dict(rope, rope_theta=10000.0)) if MAJOR >= 5 else \
         dict(rope_theta=10000.0, rope_scaling=rope)
-    return LlamaConfig(vocab_size=1000, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
+    # On the GPU, heads of 32 channels (the CUDA attention serves 32, 64, 80, 96, 128, 256) and an MLP of 344.
+    width = dict(hidden_size=192, intermediate_size=344) if gpu else dict(hidden_size=48, intermediate_size=40)
+    return LlamaConfig(vocab_size=1000, num_hidden_layers=2, **width,
                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
                        initializer_range=0.2, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, **rope_kw)
 
@@ -60,17 +65,18 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def check(tool, tmp, tied, rng):
-    label = "tied head, sharded" if tied else "untied head"
+def check(tool, tmp, tied, rng, device=None):
+    label = ("tied head, sharded" if tied else "untied head") + (f", ztrain on {device}" if device else "")
     problems = []
     torch.manual_seed(1 + tied)
-    model = LlamaForCausalLM(make_config(tied)).float()
+    model = LlamaForCausalLM(make_config(tied, gpu=device == "cuda")).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.3 * torch.randn_like(p))
     model.eval()
-    hf_dir = os.path.join(tmp, f"hf-{int(tied)}")
+    tag = f"{int(tied)}{device or ''}"
+    hf_dir = os.path.join(tmp, f"hf-{tag}")
     # the tied model in shards of 100 kB: ztrain reads the index through the folder
     model.save_pretrained(hf_dir, **(dict(max_shard_size="100KB") if tied else {}))
     if tied and not os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")):
@@ -79,10 +85,10 @@ def check(tool, tmp, tied, rng):
     B, T = 2, 16
     rows = random_rows(rng, B, T, 1000)
     rows[1, -1] = -1  # one ignored target
-    tok = os.path.join(tmp, f"tokens-{int(tied)}.bin")
+    tok = os.path.join(tmp, f"tokens-{tag}.bin")
     write_tokens(tok, rows)
-    out = os.path.join(tmp, f"zt-{int(tied)}")
-    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), 0, tok, out, init=hf_dir)
+    out = os.path.join(tmp, f"zt-{tag}")
+    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), 0, tok, out, init=hf_dir, device=device)
     ours = load_file(os.path.join(out, "outputs.safetensors"))
 
     ids = torch.as_tensor(rows[:, :-1], dtype=torch.long)
@@ -163,6 +169,13 @@ def check_export(tool, tmp, name, fields, B, T, rng):
     return ok
 
 
+def gpu_tool(tool):
+    """Whether llama_tool takes --device cuda (a CUDA build)."""
+    import subprocess
+    res = subprocess.run([tool, "--device", "cuda"], capture_output=True, text=True)
+    return "needs a build with CUDA" not in res.stderr
+
+
 def main():
     if len(sys.argv) != 2:
         print("usage: llama_hf.py LLAMA_TOOL", file=sys.stderr)
@@ -175,6 +188,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="zt_llama_hf_") as tmp:
         for tied in (False, True):
             failures += not check(tool, tmp, tied, rng)
+        # The CUDA executor, where this machine has a GPU and the tool was built with CUDA.
+        if torch.cuda.is_available() and gpu_tool(tool):
+            for tied in (False, True):
+                failures += not check(tool, tmp, tied, rng, device="cuda")
+        else:
+            print("skipped: the CUDA executor's check (no GPU here, or llama_tool was built without CUDA)")
         for name, fields, B, T in CONFIGS:
             failures += not check_export(tool, tmp, name, fields, B, T, rng)
     return 1 if failures else 0

@@ -71,9 +71,10 @@ def write_config(path, fields):
         json.dump(cfg, f, indent=2)
 
 
-def run_tool(tool, config, seed, tokens, out_dir, init=None, shard_bytes=None):
-    """Runs llama_tool and returns the loss it printed."""
+def run_tool(tool, config, seed, tokens, out_dir, init=None, shard_bytes=None, device=None):
+    """Runs llama_tool (on device "cuda" when given) and returns the loss it printed."""
     cmd = [tool] + (["--shard-bytes", str(shard_bytes)] if shard_bytes else [])
+    cmd += ["--device", device] if device else []
     cmd += [config, str(seed), tokens, out_dir] + ([init] if init else [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:

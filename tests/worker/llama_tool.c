@@ -1,6 +1,6 @@
 /* llama_tool: a small driver of the LLaMA model for the interop checks in tests/interop/.
  *
- *   llama_tool [--shard-bytes N] CONFIG_JSON SEED TOKENS_FILE OUT_DIR [INIT_WEIGHTS]
+ *   llama_tool [--shard-bytes N] [--device cuda] CONFIG_JSON SEED TOKENS_FILE OUT_DIR [INIT_WEIGHTS]
  *
  * Reads a Hugging Face config.json, creates a model from SEED (or imports INIT_WEIGHTS: a safetensors file, a
  * model.safetensors.index.json or a model directory), runs a forward and a backward pass on the tokens,
@@ -11,10 +11,14 @@
  *   outputs.safetensors "logits" [B,T,V] and, for every parameter, "grad.<Hugging Face name>": the gradient
  *                       of the mean loss (F32).
  *
+ * With --device cuda (a CUDA build on a machine with a GPU) the forward and backward pass run on the GPU
+ * through the training engine's CUDA executor (worker/models/llama_cuda.c) in fp32 instead of the CPU model.
+ *
  * TOKENS_FILE: little-endian int32 values: B, T, then B rows of T+1 tokens; inputs are the first T of a row,
  * targets the last T (the last token of a row may be -1: an ignored target). Exit status 0 on success, 1 on
  * a failure, 2 on bad usage. */
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +27,10 @@
 #include "common/fileio.h"
 #include "common/safetensors.h"
 #include "worker/models/llama.h"
+#ifdef ZT_WITH_CUDA
+#include "worker/models/llama_cuda.h"
+#endif
+#include "model_once.h"
 
 static int die(const char *msg)
 {
@@ -104,18 +112,38 @@ static int write_outputs(zt_llama *m, const float *logits, int B, int T, const c
 int main(int argc, char **argv)
 {
     size_t shard_bytes = 0;
+    bool on_gpu = false;
     int a = 1;
-    if (argc > 2 && strcmp(argv[1], "--shard-bytes") == 0) {
-        char *end = NULL;
-        shard_bytes = strtoull(argv[2], &end, 10);
-        if (*end || shard_bytes == 0) {
-            fprintf(stderr, "llama_tool: error: --shard-bytes takes a positive whole number, got '%s'\n", argv[2]);
-            return 2;
+    for (;;) {
+        if (argc > a + 1 && strcmp(argv[a], "--shard-bytes") == 0) {
+            char *end = NULL;
+            shard_bytes = strtoull(argv[a + 1], &end, 10);
+            if (*end || shard_bytes == 0) {
+                fprintf(stderr, "llama_tool: error: --shard-bytes takes a positive whole number, got '%s'\n",
+                        argv[a + 1]);
+                return 2;
+            }
+            a += 2;
+        } else if (argc > a + 1 && strcmp(argv[a], "--device") == 0) {
+            if (strcmp(argv[a + 1], "cuda") != 0 && strcmp(argv[a + 1], "cpu") != 0) {
+                fprintf(stderr, "llama_tool: error: --device takes cpu or cuda, got '%s'\n", argv[a + 1]);
+                return 2;
+            }
+            on_gpu = strcmp(argv[a + 1], "cuda") == 0;
+            a += 2;
+        } else {
+            break;
         }
-        a = 3;
     }
+#ifndef ZT_WITH_CUDA
+    if (on_gpu) {
+        fprintf(stderr, "llama_tool: error: --device cuda needs a build with CUDA (-DZT_CUDA=ON)\n");
+        return 2;
+    }
+#endif
     if (argc - a != 4 && argc - a != 5) {
-        fprintf(stderr, "usage: llama_tool [--shard-bytes N] CONFIG_JSON SEED TOKENS_FILE OUT_DIR [INIT_WEIGHTS]\n");
+        fprintf(stderr, "usage: llama_tool [--shard-bytes N] [--device cpu|cuda] CONFIG_JSON SEED TOKENS_FILE OUT_DIR "
+                "[INIT_WEIGHTS]\n");
         return 2;
     }
     const char *config = argv[a], *tokens = argv[a + 2], *out_dir = argv[a + 3];
@@ -158,16 +186,33 @@ int main(int argc, char **argv)
         goto out;
     }
     zt_llama_zero_grad(m);
-    const float loss = zt_llama_forward(m, inputs, targets, B, T);
-    /* the logits, before the backward pass turns them into their gradient */
     const size_t nlogits = (size_t)B * T * cfg.vocab_size;
     logits = malloc(nlogits * sizeof(float));
     if (!logits) {
         die("out of memory");
         goto out;
     }
-    memcpy(logits, zt_llama_logits(m), nlogits * sizeof(float));
-    zt_llama_backward(m, 1.0f);
+    float loss = 0.0f;
+    if (on_gpu) {
+#ifdef ZT_WITH_CUDA
+        zt_model *gm = NULL;
+        if (zt_llama_cuda_create(&gm, m, B, T, 1, ZT_DTYPE_F32, NULL, &err) < 0) {
+            die(err.msg);
+            goto out;
+        }
+        loss = zt_test_model_once(gm, zt_llama_params(m), inputs, targets, B, T, logits, zt_llama_grads(m));
+        gm->ops->destroy(gm);
+        if (loss < 0.0f) {
+            die("a CUDA call failed");
+            goto out;
+        }
+#endif
+    } else {
+        loss = zt_llama_forward(m, inputs, targets, B, T);
+        /* the logits, before the backward pass turns them into their gradient */
+        memcpy(logits, zt_llama_logits(m), nlogits * sizeof(float));
+        zt_llama_backward(m, 1.0f);
+    }
     snprintf(path, sizeof path, "%s/outputs.safetensors", out_dir);
     if (write_outputs(m, logits, B, T, path, &err) < 0) {
         die(err.msg);

@@ -44,23 +44,18 @@
 #define HF_PREFIX "model."
 #define LM_HEAD "lm_head.weight"
 
-/* Tensors of one decoder layer, in slab order: q, k, v adjacent (one packed weight), gate and up adjacent
- * (one packed weight). */
-enum layer_tensor {
-    LT_IN_NORM,
-    LT_Q,
-    LT_K,
-    LT_V,
-    LT_O,
-    LT_POST_NORM,
-    LT_GATE,
-    LT_UP,
-    LT_DOWN,
-    LT_COUNT
-};
-
-/* Index of tensor k of layer l in the tensor table (embed_tokens comes first). */
-#define LAYER_TENSOR(l, k) (1 + (l) * LT_COUNT + (k))
+/* The tensors of a decoder layer (ZT_LLAMA_T_*, llama.h), by shorter names. */
+#define LT_IN_NORM ZT_LLAMA_T_IN_NORM
+#define LT_Q ZT_LLAMA_T_Q
+#define LT_K ZT_LLAMA_T_K
+#define LT_V ZT_LLAMA_T_V
+#define LT_O ZT_LLAMA_T_O
+#define LT_POST_NORM ZT_LLAMA_T_POST_NORM
+#define LT_GATE ZT_LLAMA_T_GATE
+#define LT_UP ZT_LLAMA_T_UP
+#define LT_DOWN ZT_LLAMA_T_DOWN
+#define LT_COUNT ZT_LLAMA_T_COUNT
+#define LAYER_TENSOR(l, k) ZT_LLAMA_LAYER_TENSOR(l, k)
 
 /* What the forward pass keeps of one layer for the backward pass. */
 typedef struct layer_acts {

@@ -82,6 +82,25 @@ int zt_llama_config_validate(const zt_llama_config *cfg, zt_err *err);
 /* Number of parameters of a LLaMA with cfg's shape (cfg valid), computed without creating a model. */
 size_t zt_llama_config_num_params(const zt_llama_config *cfg);
 
+/* The tensors of a decoder layer, in slab order: q, k, v adjacent (one packed weight), gate and up adjacent
+ * (one packed weight). The tensor table holds embed_tokens, then every layer's tensors in this order, then
+ * norm and (untied) lm_head. */
+enum zt_llama_layer_tensor {
+    ZT_LLAMA_T_IN_NORM,
+    ZT_LLAMA_T_Q,
+    ZT_LLAMA_T_K,
+    ZT_LLAMA_T_V,
+    ZT_LLAMA_T_O,
+    ZT_LLAMA_T_POST_NORM,
+    ZT_LLAMA_T_GATE,
+    ZT_LLAMA_T_UP,
+    ZT_LLAMA_T_DOWN,
+    ZT_LLAMA_T_COUNT
+};
+/* Index of tensor k of layer l in the tensor table; the final norm is ZT_LLAMA_LAYER_TENSOR(L, 0) and an
+ * untied lm_head the one after it. */
+#define ZT_LLAMA_LAYER_TENSOR(l, k) (1 + (l) * ZT_LLAMA_T_COUNT + (k))
+
 typedef struct zt_llama zt_llama; /* opaque */
 
 /* Creates a model with room for batches up to B x T (T <= max_position_embeddings). Parameters are

@@ -70,6 +70,9 @@ typedef struct zt_model_ops {
     /* After the model's stream is done (the engine waits for it): the mean loss of micro-batch `micro`
      * over its counted positions (0 when none counted), summed in double and rounded to float. */
     float (*loss)(const zt_model *m, int micro);
+    /* Optional (NULL where not offered): copies the logits of the last head, which was called with scale 0,
+     * into out [B,T,V] as fp32 (after waiting for the model's stream): for interop checks and generation. */
+    void (*logits)(zt_model *m, float *out);
     /* Optional (NULL where not offered): times the kernel families while on, and logs what was timed. */
     void (*set_profiling)(zt_model *m, bool on);
     void (*profile_report)(zt_model *m);

@@ -1,0 +1,649 @@
+/* LLaMA on one CUDA GPU (see llama_cuda.h): device layout, activation pool, and the block-wise forward and
+ * backward passes over the CUDA kernels behind the engine's model interface. The passes follow
+ * zt_llama_forward_block / zt_llama_backward_block (worker/models/llama.c) call for call, except that the
+ * residual additions ride in the projections' GEMM epilogues. */
+#include "worker/models/llama_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "kernels/activation.h"       /* SwiGLU */
+#include "kernels/attention.h"        /* grouped-query attention */
+#include "kernels/crossentropy.h"     /* the fused classifier */
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check, pinned host memory */
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+#define ALIGN_ELEMS 64  /* tensors start on a 64-element boundary of the device layout (but see packed()) */
+#define VOCAB_PAD 128   /* embed_tokens and lm_head rows on the device: the vocabulary rounded up to this */
+#define POOL_ALIGN 256  /* bytes */
+#define MAX_MICRO 1024  /* micro-batches per step */
+#define LT(l, k) ZT_LLAMA_LAYER_TENSOR(l, k)
+
+typedef struct layer_acts {
+    void *ln1, *qkv, *atty, *res2, *ln2, *gu, *act, *res3; /* dtype */
+    float *ln1_rstd, *lse, *ln2_rstd;
+} layer_acts;
+
+typedef struct llama_cuda {
+    zt_model base;           /* first member: a zt_model * is a llama_cuda * */
+    const zt_llama *host;
+    zt_llama_config cfg;
+    enum zt_dtype dtype;
+    size_t esize;            /* bytes per dtype element */
+    int HS, QKV, Vp, L;      /* head size, packed q|k|v width, padded vocabulary, layers */
+    int head_tensor;         /* embed_tokens (0) or lm_head (the last tensor) */
+    bool *ckpt;              /* [L]: layers whose activations are rebuilt in backward, or NULL */
+    int max_B, max_T, max_micro;
+    cudaStream_t stream;
+    zt_cuda_blas *blas;
+
+    /* Layout: device offset and length (elements) of every tensor and block, and the engine's view. */
+    int num_tensors, num_blocks;
+    size_t *toff, *tlen, *boff, *blen;
+    zt_model_tensor *tensors;
+    bool *block_ckpt, *reads_weights;
+
+    /* The pool and what is carved from it. */
+    void *pool;
+    size_t pool_bytes;
+    layer_acts *layers;
+    layer_acts shared;       /* the activations that checkpointed layers share (not res3) */
+    void *encoded, *lnf, *logits, *dres, *dln, *datty, *dqkv, *dgu, *dact, *pad_row;
+    float *lnf_rstd, *losses, *inv_freq;
+    int32_t *d_tokens, *d_targets;
+    void *attn_scratch, *emb_scratch, *norm_scratch;
+    int *d_flag;
+
+    /* Pinned host staging. */
+    int32_t *h_io[2];        /* two slots of tokens then targets [2 * max_B * max_T] */
+    cudaEvent_t io_done[2];
+    float *h_losses;         /* [max_micro * max_B * max_T] */
+    int n_valid[MAX_MICRO];
+    int cur_B, cur_T, micro;
+} llama_cuda;
+
+/* ---- layout and creation ---- */
+
+static size_t round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static void *take(char *base, size_t *used, size_t bytes)
+{
+    void *p = base ? base + *used : NULL;
+    *used += round_up(bytes, POOL_ALIGN);
+    return p;
+}
+
+static bool layer_ckpt(const llama_cuda *g, int l)
+{
+    return g->ckpt && g->ckpt[l];
+}
+
+/* Whether tensor i continues the packed weight of the tensor before it (k and v after q, up after gate). */
+static bool packed(const llama_cuda *g, int i)
+{
+    if (i < 1 || i > g->L * ZT_LLAMA_T_COUNT)
+        return false;
+    const int k = (i - 1) % ZT_LLAMA_T_COUNT;
+    return k == ZT_LLAMA_T_K || k == ZT_LLAMA_T_V || k == ZT_LLAMA_T_UP;
+}
+
+/* Carves every device buffer from base; returns the bytes used (with base NULL only counts). plan, when
+ * not NULL, receives the bytes of activations and of scratch. */
+static size_t carve(llama_cuda *g, char *base, size_t plan[2])
+{
+    const size_t N = (size_t)g->max_B * g->max_T, C = (size_t)g->cfg.hidden_size;
+    const size_t NH = (size_t)g->cfg.num_attention_heads, F = (size_t)g->cfg.intermediate_size;
+    const size_t e = g->esize, NC = N * C, QKV = (size_t)g->QKV;
+    size_t used = 0;
+    g->encoded = take(base, &used, NC * e);
+    bool any_ckpt = false;
+    for (int l = 0; l < g->L; l++)
+        any_ckpt |= layer_ckpt(g, l);
+    for (int l = -1; l < g->L; l++) {
+        /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
+        if (l < 0 && !any_ckpt)
+            continue;
+        layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
+        if (l >= 0 && layer_ckpt(g, l)) {
+            *a = g->shared;
+            a->res3 = take(base, &used, NC * e);
+            continue;
+        }
+        a->ln1 = take(base, &used, NC * e);
+        a->ln1_rstd = take(base, &used, N * 4);
+        a->qkv = take(base, &used, N * QKV * e);
+        a->atty = take(base, &used, NC * e);
+        a->lse = take(base, &used, N * NH * 4);
+        a->res2 = take(base, &used, NC * e);
+        a->ln2 = take(base, &used, NC * e);
+        a->ln2_rstd = take(base, &used, N * 4);
+        a->gu = take(base, &used, N * 2 * F * e);
+        a->act = take(base, &used, N * F * e);
+        a->res3 = take(base, &used, NC * e);
+    }
+    g->lnf = take(base, &used, NC * e);
+    g->lnf_rstd = take(base, &used, N * 4);
+    g->logits = take(base, &used, N * (size_t)g->Vp * e);
+    g->losses = take(base, &used, N * 4);
+    g->dres = take(base, &used, NC * e);
+    g->dln = take(base, &used, NC * e);
+    g->datty = take(base, &used, NC * e);
+    g->dqkv = take(base, &used, N * QKV * e);
+    g->dgu = take(base, &used, N * 2 * F * e);
+    g->dact = take(base, &used, N * F * e);
+    if (plan)
+        plan[0] = used;
+    const size_t mark = used;
+    const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = (int)NH,
+                                 .NKV = g->cfg.num_key_value_heads, .HS = g->HS, .causal = true};
+    g->d_tokens = take(base, &used, N * 4);
+    g->d_targets = take(base, &used, N * 4);
+    g->inv_freq = take(base, &used, (size_t)g->HS / 2 * 4);
+    g->pad_row = take(base, &used, C * e);
+    g->attn_scratch = take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
+    g->emb_scratch =
+        take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->cfg.vocab_size));
+    g->norm_scratch = take(base, &used, zt_cuda_rmsnorm_backward_scratch_size((int)N, (int)C));
+    g->d_flag = take(base, &used, 4);
+    if (plan)
+        plan[1] = used - mark;
+    return used;
+}
+
+/* Fills the device layout from the host model's tensor table, and the engine's view of it. */
+static void build_layout(llama_cuda *g)
+{
+    const int nt = g->num_tensors;
+    size_t off = 0;
+    for (int i = 0; i < nt; i++) {
+        const zt_param_info *t = zt_llama_tensor(g->host, i);
+        const bool vocab_rows = i == 0 || (i == nt - 1 && !g->cfg.tie_word_embeddings);
+        if (!packed(g, i))
+            off = round_up(off, ALIGN_ELEMS);
+        g->toff[i] = off;
+        g->tlen[i] = vocab_rows ? (size_t)g->Vp * (size_t)g->cfg.hidden_size : t->numel;
+        off += g->tlen[i];
+        g->tensors[i] = (zt_model_tensor){.block = t->block, .offset = g->toff[i], .len = g->tlen[i],
+                                          .host_offset = t->offset, .numel = t->numel,
+                                          .weight_decay = t->weight_decay};
+    }
+    for (int b = 0; b < g->num_blocks; b++) {
+        int first = -1, last = -1;
+        for (int i = 0; i < nt; i++)
+            if (zt_llama_tensor(g->host, i)->block == b) {
+                if (first < 0)
+                    first = i;
+                last = i;
+            }
+        ZT_ASSERT(first >= 0);
+        g->boff[b] = g->toff[first];
+        g->blen[b] = round_up(g->toff[last] + g->tlen[last], ALIGN_ELEMS) - g->toff[first];
+        g->block_ckpt[b] = b >= 1 && b <= g->L && layer_ckpt(g, b - 1);
+        g->reads_weights[b] = b != 0; /* the embedding's backward reads no weights */
+    }
+}
+
+static void cuda_destroy(zt_model *m);
+static const zt_model_ops cuda_ops;
+
+/* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
+static int check_shape(const zt_llama_config *cfg, int max_micro, enum zt_dtype dtype, zt_err *err)
+{
+    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
+    const int C = cfg->hidden_size, NH = cfg->num_attention_heads;
+    const zt_attention_dims d = {.B = 1, .T = 1, .NH = NH, .NKV = cfg->num_key_value_heads, .HS = C / NH,
+                                 .causal = true};
+    if (!zt_cuda_attention_gqa_supported(&d))
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
+                       "of shared memory per block); this model has %d / %d = %d (choose hidden_size / "
+                       "num_attention_heads among them, or train with --device cpu)",
+                       C, NH, C / NH);
+    if (C % 8 != 0 || cfg->intermediate_size % 8 != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA kernels need hidden_size and intermediate_size to be multiples of 8 (they are %d and "
+                       "%d); train with --device cpu",
+                       C, cfg->intermediate_size);
+    if (max_micro < 1 || max_micro > MAX_MICRO)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
+                       max_micro, MAX_MICRO);
+    return 0;
+}
+
+/* Sets the sizes and the layout of g (no device memory yet). */
+static void init_shape(llama_cuda *g, const zt_llama *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                       const bool *ckpt_layers)
+{
+    const zt_llama_config *cfg = zt_llama_get_config(host);
+    g->host = host;
+    g->cfg = *cfg;
+    g->dtype = dtype;
+    g->L = cfg->num_hidden_layers;
+    g->HS = cfg->hidden_size / cfg->num_attention_heads;
+    g->QKV = (cfg->num_attention_heads + 2 * cfg->num_key_value_heads) * g->HS;
+    g->Vp = (int)round_up((size_t)cfg->vocab_size, VOCAB_PAD);
+    g->head_tensor = cfg->tie_word_embeddings ? 0 : zt_llama_num_tensors(host) - 1;
+    const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
+    if (ckpt_layers) {
+        g->ckpt = zt_xcalloc(nl, sizeof(bool));
+        memcpy(g->ckpt, ckpt_layers, (size_t)g->L * sizeof(bool));
+    }
+    g->esize = zt_dtype_size(dtype);
+    g->max_B = B;
+    g->max_T = T;
+    g->max_micro = max_micro;
+    g->num_tensors = zt_llama_num_tensors(host);
+    g->num_blocks = zt_llama_num_blocks(host);
+    g->toff = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
+    g->tlen = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
+    g->boff = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
+    g->blen = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
+    g->tensors = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_model_tensor));
+    g->block_ckpt = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
+    g->reads_weights = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
+    g->layers = zt_xcalloc(nl, sizeof(layer_acts));
+    build_layout(g);
+}
+
+static void free_shape(llama_cuda *g)
+{
+    free(g->toff);
+    free(g->tlen);
+    free(g->boff);
+    free(g->blen);
+    free(g->tensors);
+    free(g->block_ckpt);
+    free(g->reads_weights);
+    free(g->layers);
+    free(g->ckpt);
+}
+
+/* The engine's view of g's layout (no device state). */
+static void fill_base(llama_cuda *g)
+{
+    zt_model *m = &g->base;
+    m->ops = &cuda_ops;
+    m->backend = ZT_MODEL_CUDA;
+    m->dtype = g->dtype;
+    m->nblocks = g->num_blocks;
+    m->head_block = zt_llama_head_block(g->host);
+    m->block_offset = g->boff;
+    m->block_len = g->blen;
+    m->checkpointed = g->block_ckpt;
+    m->backward_reads_weights = g->reads_weights;
+    m->ntensors = g->num_tensors;
+    m->tensors = g->tensors;
+    m->host_numel = zt_llama_num_params(g->host);
+    m->max_B = g->max_B;
+    m->max_T = g->max_T;
+    m->max_micro = g->max_micro;
+}
+
+/* The layout alone, for planning; see llama_cuda.h. */
+zt_model *zt_llama_cuda_shape(const zt_llama *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                              const bool *ckpt_layers)
+{
+    llama_cuda *g = zt_xcalloc(1, sizeof *g);
+    init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
+    fill_base(g);
+    g->base.device_bytes = carve(g, NULL, NULL);
+    return &g->base;
+}
+
+/* Creates the device passes; see llama_cuda.h. */
+int zt_llama_cuda_create(zt_model **out, const zt_llama *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    *out = NULL;
+    const zt_llama_config *cfg = zt_llama_get_config(host);
+    int rc = check_shape(cfg, max_micro, dtype, err);
+    if (rc < 0)
+        return rc;
+    int dev_count = 0;
+    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+        cudaGetLastError();
+        return zt_fail(err, ZT_EUNSUPPORTED, "no CUDA GPU is visible (train with --device cpu)");
+    }
+    llama_cuda *g = zt_xcalloc(1, sizeof *g);
+    init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
+    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    if ((rc = zt_cuda_blas_create(&g->blas, 0, err)) < 0)
+        goto fail;
+
+    size_t plan[2];
+    g->pool_bytes = carve(g, NULL, plan);
+    size_t free_b = 0, total_b = 0;
+    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    char acts[32], scratch[32], avail[32];
+    zt_format_size(plan[0], acts, sizeof acts);
+    zt_format_size(plan[1], scratch, sizeof scratch);
+    zt_format_size(free_b, avail, sizeof avail);
+    if (cudaMalloc(&g->pool, g->pool_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model's activations need %s (lower the batch "
+                     "size or sequence length, use grad_accum for the same tokens per step, or "
+                     "--checkpointing all)", avail, acts);
+        goto fail;
+    }
+    ZT_ASSERT(carve(g, g->pool, NULL) == g->pool_bytes);
+    ZT_CUDA_CHECK(cudaMemsetAsync(g->pool, 0, g->pool_bytes, g->stream));
+
+    /* The RoPE frequencies, as the CPU model computes them. */
+    float *inv_freq = zt_xcalloc((size_t)g->HS / 2, sizeof(float));
+    rc = zt_rope_inv_freq(inv_freq, g->HS, &cfg->rope, err);
+    if (rc == 0)
+        ZT_CUDA_CHECK(cudaMemcpy(g->inv_freq, inv_freq, (size_t)g->HS / 2 * sizeof(float), cudaMemcpyHostToDevice));
+    free(inv_freq);
+    if (rc < 0)
+        goto fail;
+    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
+           B, T, scratch);
+
+    const size_t N = (size_t)B * T;
+    g->h_io[0] = zt_cuda_host_alloc(4 * N * sizeof(int32_t));
+    g->h_losses = zt_cuda_host_alloc((size_t)max_micro * N * sizeof(float));
+    if (!g->h_io[0] || !g->h_losses) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
+                     "(check ulimit -l)");
+        goto fail;
+    }
+    g->h_io[1] = g->h_io[0] + 2 * N;
+    for (int i = 0; i < 2; i++)
+        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* the pool's zeroing */
+
+    fill_base(g);
+    g->base.stream = g->stream;
+    g->base.nonfinite_flag = g->d_flag;
+    g->base.device_bytes = g->pool_bytes;
+    *out = &g->base;
+    return 0;
+
+fail:
+    cuda_destroy(&g->base);
+    return rc;
+}
+
+/* Frees the device model (after waiting for its stream). */
+static void cuda_destroy(zt_model *m)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    if (!g)
+        return;
+    if (g->stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    for (int i = 0; i < 2; i++)
+        if (g->io_done[i])
+            cudaEventDestroy(g->io_done[i]);
+    zt_cuda_host_free(g->h_io[0]);
+    zt_cuda_host_free(g->h_losses);
+    cudaFree(g->pool);
+    zt_cuda_blas_destroy(g->blas);
+    if (g->stream)
+        cudaStreamDestroy(g->stream);
+    free_shape(g);
+    free(g);
+}
+
+/* ---- forward and backward, block by block ---- */
+
+/* Tensor idx inside block b's buffer (weights or gradients), given the block's base pointer. */
+static void *in_block(const llama_cuda *g, const void *block_base, int b, int idx)
+{
+    return (char *)block_base + (g->toff[idx] - g->boff[b]) * g->esize;
+}
+
+static void zero(llama_cuda *g, void *p, size_t elems)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->stream));
+}
+
+/* The residual stream entering layer l (l == L: entering the final norm). */
+static void *layer_input(llama_cuda *g, int l)
+{
+    return l > 0 ? g->layers[l - 1].res3 : g->encoded;
+}
+
+static zt_attention_dims attention_dims(const llama_cuda *g)
+{
+    return (zt_attention_dims){.B = g->cur_B, .T = g->cur_T, .NH = g->cfg.num_attention_heads,
+                               .NKV = g->cfg.num_key_value_heads, .HS = g->HS, .causal = true};
+}
+
+/* Block 1+l forward: one decoder layer from layer_input(l) into layers[l].res3. */
+static void forward_layer(llama_cuda *g, int l, const void *w)
+{
+    const int B = g->cur_B, T = g->cur_T, N = B * T, b = 1 + l;
+    const int C = g->cfg.hidden_size, F = g->cfg.intermediate_size;
+    const float eps = g->cfg.rms_norm_eps;
+    const enum zt_dtype dt = g->dtype;
+    const zt_attention_dims d = attention_dims(g);
+    layer_acts *a = &g->layers[l];
+    const void *x = layer_input(g, l);
+    cudaStream_t s = g->stream;
+#define W(k) in_block(g, w, b, LT(l, k))
+    zt_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, W(ZT_LLAMA_T_IN_NORM), N, C, eps, dt, s);
+    zt_cuda_matmul_forward(g->blas, a->qkv, NULL, a->ln1, W(ZT_LLAMA_T_Q), NULL, N, C, g->QKV, dt, s);
+    zt_cuda_rope_forward(a->qkv, g->inv_freq, B, T, d.NH, d.NKV, d.HS, 0, dt, s);
+    zt_cuda_attention_forward_gqa(a->atty, a->lse, a->qkv, NULL, &d, dt, s);
+    zt_cuda_matmul_forward_residual(g->blas, a->res2, a->atty, W(ZT_LLAMA_T_O), NULL, x, N, C, C, dt, s);
+    zt_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, W(ZT_LLAMA_T_POST_NORM), N, C, eps, dt, s);
+    zt_cuda_matmul_forward(g->blas, a->gu, NULL, a->ln2, W(ZT_LLAMA_T_GATE), NULL, N, C, 2 * F, dt, s);
+    zt_cuda_swiglu_forward(a->act, a->gu, N, F, dt, s);
+    zt_cuda_matmul_forward_residual(g->blas, a->res3, a->act, W(ZT_LLAMA_T_DOWN), NULL, a->res2, N, F, C, dt, s);
+#undef W
+}
+
+/* Block 1+l backward: dres holds d(layer output) and becomes d(layer input); the layer's weight gradients
+ * are added into its block's gradient buffer gr. */
+static void backward_layer(llama_cuda *g, int l, const void *w, void *gr)
+{
+    const int B = g->cur_B, T = g->cur_T, N = B * T, b = 1 + l;
+    const int C = g->cfg.hidden_size, F = g->cfg.intermediate_size;
+    const enum zt_dtype dt = g->dtype;
+    const zt_attention_dims d = attention_dims(g);
+    const layer_acts *a = &g->layers[l];
+    const void *x = layer_input(g, l);
+    cudaStream_t s = g->stream;
+#define W(k) in_block(g, w, b, LT(l, k))
+#define G(k) in_block(g, gr, b, LT(l, k))
+    /* MLP: res3 = res2 + down_proj(silu(gate) * up), gate | up = gate_up_proj(post_attention_layernorm(res2)). */
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dact, G(ZT_LLAMA_T_DOWN), NULL, g->dres, a->act,
+                                      W(ZT_LLAMA_T_DOWN), NULL, N, F, C, dt, s);
+    zero(g, g->dgu, (size_t)N * 2 * F);
+    zt_cuda_swiglu_backward(g->dgu, a->gu, g->dact, N, F, dt, s);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(ZT_LLAMA_T_GATE), NULL, g->dgu, a->ln2, W(ZT_LLAMA_T_GATE),
+                                      NULL, N, C, 2 * F, dt, s);
+    zt_cuda_rmsnorm_backward(g->dres, G(ZT_LLAMA_T_POST_NORM), g->dln, a->res2, W(ZT_LLAMA_T_POST_NORM), a->ln2_rstd,
+                             N, C, g->norm_scratch, dt, s);
+    /* Attention: res2 = x + o_proj(attn(rope(q), rope(k), v)), q | k | v = qkv_proj(input_layernorm(x)). */
+    zt_cuda_matmul_backward_overwrite(g->blas, g->datty, G(ZT_LLAMA_T_O), NULL, g->dres, a->atty, W(ZT_LLAMA_T_O),
+                                      NULL, N, C, C, dt, s);
+    zt_cuda_attention_backward_gqa(g->dqkv, g->datty, a->qkv, a->atty, a->lse, NULL, &d, false, g->attn_scratch, dt,
+                                   s);
+    zt_cuda_rope_backward(g->dqkv, g->inv_freq, B, T, d.NH, d.NKV, d.HS, 0, dt, s);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(ZT_LLAMA_T_Q), NULL, g->dqkv, a->ln1, W(ZT_LLAMA_T_Q), NULL,
+                                      N, C, g->QKV, dt, s);
+    zt_cuda_rmsnorm_backward(g->dres, G(ZT_LLAMA_T_IN_NORM), g->dln, x, W(ZT_LLAMA_T_IN_NORM), a->ln1_rstd, N, C,
+                             g->norm_scratch, dt, s);
+#undef W
+#undef G
+}
+
+/* Block 0 backward: embed_tokens (whose rows hold the head's gradient too when the head is tied). The
+ * padding row (pad_token_id) receives nothing from the embedding, as nn.Embedding's padding_idx. */
+static void backward_embed(llama_cuda *g, void *gr)
+{
+    const size_t C = (size_t)g->cfg.hidden_size, rowb = C * g->esize;
+    char *dwte = in_block(g, gr, 0, 0);
+    char *pad = g->cfg.pad_token_id >= 0 ? dwte + (size_t)g->cfg.pad_token_id * rowb : NULL;
+    if (pad)
+        ZT_CUDA_CHECK(cudaMemcpyAsync(g->pad_row, pad, rowb, cudaMemcpyDeviceToDevice, g->stream));
+    zt_cuda_embedding_backward(dwte, NULL, g->dres, g->d_tokens, g->cur_B, g->cur_T, (int)C, g->cfg.vocab_size,
+                               g->emb_scratch, g->dtype, g->stream);
+    if (pad)
+        ZT_CUDA_CHECK(cudaMemcpyAsync(pad, g->pad_row, rowb, cudaMemcpyDeviceToDevice, g->stream));
+}
+
+/* Stages tokens and targets (NULL: every position ignored) through a pinned slot and copies them to the
+ * device. Returns the number of targets that count. */
+static int stage_batch(llama_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T, int slot)
+{
+    const size_t N = (size_t)B * T;
+    const int V = g->cfg.vocab_size;
+    int32_t *h = g->h_io[slot];
+    ZT_CUDA_CHECK(cudaEventSynchronize(g->io_done[slot])); /* the slot's previous copy has been made */
+    int valid = 0;
+    for (size_t i = 0; i < N; i++) {
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+        int32_t t = targets ? targets[i] : -1;
+        ZT_ASSERT(t == -1 || (t >= 0 && t < V));
+        valid += t != -1;
+        h[N + i] = t;
+    }
+    memcpy(h, tokens, N * sizeof(int32_t));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, h + N, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->io_done[slot], g->stream));
+    return valid;
+}
+
+/* ---- the model interface (worker/models/model.h) ---- */
+
+static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *targets, int B, int T, int micro)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
+    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
+    g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1);
+    g->cur_B = B;
+    g->cur_T = T;
+    g->micro = micro;
+}
+
+static void cuda_forward(zt_model *m, int b, const void *w)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    const int L = g->L, N = g->cur_B * g->cur_T, C = g->cfg.hidden_size;
+    if (b == 0) {
+        zt_cuda_embedding_forward(g->encoded, g->d_tokens, in_block(g, w, 0, 0), NULL, g->cur_B, g->cur_T, C,
+                                  g->dtype, g->stream);
+    } else if (b <= L) {
+        forward_layer(g, b - 1, w);
+    } else {
+        zt_cuda_rmsnorm_forward(g->lnf, g->lnf_rstd, layer_input(g, L), in_block(g, w, L + 1, LT(L, 0)), N, C,
+                                g->cfg.rms_norm_eps, g->dtype, g->stream);
+    }
+}
+
+/* Checkpointed layers write their activations into the set they share: nothing to drop. */
+static void cuda_discard(zt_model *m, int b)
+{
+    (void)m;
+    (void)b;
+}
+
+/* The head (logits = norm output @ W^T, W embed_tokens or lm_head) and the fused classifier, which writes
+ * the losses and, in training (scale != 0), replaces the logits with their gradient. */
+static void cuda_head(zt_model *m, const void *w, float scale)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    const int C = g->cfg.hidden_size, N = g->cur_B * g->cur_T, valid = g->n_valid[g->micro];
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    const int hb = m->head_block;
+    zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->lnf, in_block(g, w, hb, g->head_tensor), NULL, N, C, g->Vp,
+                           g->dtype, g->stream);
+    zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, N,
+                                          g->cfg.vocab_size, g->Vp, -1, grad_scale, NULL, g->dtype, g->stream);
+    if (train)
+        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
+                                  cudaMemcpyDeviceToHost, g->stream));
+}
+
+/* The head's backward: the head weight's gradient into the head block's buffer, and dln, the gradient of
+ * the final norm's output. */
+static void cuda_head_backward(zt_model *m, const void *w, void *gr)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    const int C = g->cfg.hidden_size, N = g->cur_B * g->cur_T, hb = m->head_block;
+    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, in_block(g, gr, hb, g->head_tensor), NULL, g->logits, g->lnf,
+                                      in_block(g, w, hb, g->head_tensor), NULL, N, C, g->Vp, g->dtype, g->stream);
+}
+
+static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    const int L = g->L, N = g->cur_B * g->cur_T, C = g->cfg.hidden_size;
+    if (b == 0) {
+        backward_embed(g, gr);
+    } else if (b <= L) {
+        backward_layer(g, b - 1, w, gr);
+    } else {
+        zero(g, g->dres, (size_t)N * C);
+        zt_cuda_rmsnorm_backward(g->dres, in_block(g, gr, L + 1, LT(L, 0)), g->dln, layer_input(g, L),
+                                 in_block(g, w, L + 1, LT(L, 0)), g->lnf_rstd, N, C, g->norm_scratch, g->dtype,
+                                 g->stream);
+    }
+}
+
+/* The mean loss of micro-batch `micro` (its losses came back with the stream, which the caller waited for). */
+static float cuda_loss(const zt_model *m, int micro)
+{
+    const llama_cuda *g = (const llama_cuda *)m;
+    if (g->n_valid[micro] == 0)
+        return 0.0f;
+    const size_t N = (size_t)g->cur_B * g->cur_T;
+    const float *l = g->h_losses + (size_t)micro * N;
+    double sum = 0.0;
+    for (size_t i = 0; i < N; i++)
+        sum += l[i];
+    return (float)(sum / g->n_valid[micro]);
+}
+
+/* The logits of the last head (called with scale 0) as fp32 [B,T,V]. */
+static void cuda_logits(zt_model *m, float *out)
+{
+    llama_cuda *g = (llama_cuda *)m;
+    const size_t N = (size_t)g->cur_B * g->cur_T, V = (size_t)g->cfg.vocab_size, P = (size_t)g->Vp;
+    void *h = zt_xcalloc(N * P, g->esize);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(h, g->logits, N * P * g->esize, cudaMemcpyDeviceToHost, g->stream));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    for (size_t i = 0; i < N; i++)
+        for (size_t v = 0; v < V; v++) {
+            const size_t k = i * P + v;
+            if (g->dtype == ZT_DTYPE_F32)
+                out[i * V + v] = ((const float *)h)[k];
+            else if (g->dtype == ZT_DTYPE_BF16)
+                out[i * V + v] = zt_bf16_to_f32(((const uint16_t *)h)[k]);
+            else
+                out[i * V + v] = zt_f16_to_f32(((const uint16_t *)h)[k]);
+        }
+    free(h);
+}
+
+static const zt_model_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .begin = cuda_begin,
+    .forward = cuda_forward,
+    .discard = cuda_discard,
+    .head = cuda_head,
+    .head_backward = cuda_head_backward,
+    .backward = cuda_backward,
+    .loss = cuda_loss,
+    .logits = cuda_logits,
+};
