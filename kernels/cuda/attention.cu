@@ -842,7 +842,7 @@ template <int HS, int MI> struct mma_shape {
 template <typename T, int HS, int MI>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_forward_mma_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
-                                 const int32_t *__restrict__ lens, int T_, int C, int NH, float scale_log2)
+                                 const int32_t *__restrict__ lens, int T_, int C, int NH, int NKV, float scale_log2)
 {
     if constexpr (!mma_supported<T>()) {
         __trap();
@@ -862,15 +862,18 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
             return; /* every row is padding: the mask kernel writes them */
-        const int stride = 3 * C;
+        /* Rows of NH query heads, then NKV key heads, then NKV value heads; query head h reads key/value head
+         * h / (NH / NKV) (NKV = NH: multi-head attention, rows of 3C). */
+        const int stride = C + 2 * NKV * HS;
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const T *kbase = qkv + (size_t)b * T_ * stride + C + (h / (NH / NKV)) * HS, *vbase = kbase + NKV * HS;
         /* Rows below len see keys below len only. */
         const int nkt = min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE));
         const int wr0 = q0 + warp * 16 * MI; /* this warp's first row; this lane's: wr0 + 16 mi + g (+ 8) */
 
         mma_load_tile<T, HS, sh::ROWS>(Qs, base, q0, T_, stride);
-        mma_load_tile<T, HS>(Ks, base + C, 0, T_, stride);
-        mma_load_tile<T, HS>(Vs, base + 2 * C, 0, T_, stride);
+        mma_load_tile<T, HS>(Ks, kbase, 0, T_, stride);
+        mma_load_tile<T, HS>(Vs, vbase, 0, T_, stride);
         cp_async_commit();
 
         float o[MI][HS / 8][4];
@@ -884,8 +887,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         for (int kt = 0; kt < nkt; kt++) {
             if (kt + 1 < nkt) {
                 const int nb = (kt + 1) % 2;
-                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, base + C, (kt + 1) * MMA_TILE, T_, stride);
-                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, base + 2 * C, (kt + 1) * MMA_TILE, T_, stride);
+                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, kbase, (kt + 1) * MMA_TILE, T_, stride);
+                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, vbase, (kt + 1) * MMA_TILE, T_, stride);
                 cp_async_commit();
                 cp_async_wait<1>(); /* tile kt (and Q) landed; kt + 1 may still be in flight */
             } else {
@@ -968,15 +971,15 @@ static __global__ void __launch_bounds__(MMA_THREADS)
     }
 }
 
-/* dK, dV of ROWS keys: warp w owns keys k0 + 16 MI w .. + 16 MI - 1 and walks the 64-query tiles from
- * the diagonal down. Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T, P^T =
+/* dK, dV of ROWS keys of one key/value head: warp w owns keys k0 + 16 MI w .. + 16 MI - 1 and walks, for
+ * each of the head's NH / NKV query heads in order, the 64-query tiles from the diagonal down. Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T, P^T =
  * exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight
  * from the registers. A warp skips the steps whose queries all precede its keys. */
 template <typename T, int HS, int MI>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *__restrict__ lse, const float *__restrict__ D,
-                                     const int32_t *__restrict__ lens, int T_, int C, int NH, float scale,
+                                     const int32_t *__restrict__ lens, int T_, int C, int NH, int NKV, float scale,
                                      bool accumulate)
 {
     if constexpr (!mma_supported<T>()) {
@@ -995,43 +998,48 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         /* The first key tiles see the most query tiles: those of every (batch, head) start first. */
         const int kt = blockIdx.y;
-        const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+        const int bkv = blockIdx.x, b = bkv / NKV, kvh = bkv % NKV, G = NH / NKV;
         const int k0 = kt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (k0 >= len)
             return; /* padded keys: only padded queries see them, and those add nothing */
-        const int stride = 3 * C;
-        const T *base = qkv + (size_t)b * T_ * stride + h * HS;
-        const T *dobase = dout + (size_t)b * T_ * C + h * HS;
+        const int stride = C + 2 * NKV * HS; /* rows of q (NH heads) | k (NKV heads) | v (NKV heads) */
+        const T *qrow = qkv + (size_t)b * T_ * stride;
+        const T *kbase = qrow + C + kvh * HS, *vbase = kbase + NKV * HS;
         const float scale_log2 = scale * LOG2E;
-        const int qbegin = k0 / MMA_TILE, qend = ZT_CEIL_DIV(len, MMA_TILE);
+        const int qbegin = k0 / MMA_TILE, qend = ZT_CEIL_DIV(len, MMA_TILE), nq = qend - qbegin;
         const int wk0 = k0 + warp * 16 * MI; /* this warp's first key; this lane's: wk0 + 16 mi + g (+ 8) */
 
-        /* Starts loading query tile qt into buffer nb: Q and dO by cp.async, lse and D by plain stores
-         * (padded and out-of-range rows get lse = +inf, so P = 0 there). */
-        auto load_query_tile = [&](int qt, int nb) {
-            mma_load_tile<T, HS>(Qs + nb * cfg::TILE_ELEMS, base, qt * MMA_TILE, T_, stride);
-            mma_load_tile<T, HS>(dOs + nb * cfg::TILE_ELEMS, dobase, qt * MMA_TILE, T_, C);
+        /* Step it walks query tile qbegin + it % nq of query head kvh G + it / nq. Starts loading its tile into
+         * buffer nb: Q and dO by cp.async, lse and D by plain stores (padded and out-of-range rows get
+         * lse = +inf, so P = 0 there). */
+        auto load_query_tile = [&](int it, int nb) {
+            const int h = kvh * G + it / nq, qt = qbegin + it % nq;
+            const size_t bh = (size_t)b * NH + h;
+            mma_load_tile<T, HS>(Qs + nb * cfg::TILE_ELEMS, qrow + h * HS, qt * MMA_TILE, T_, stride);
+            mma_load_tile<T, HS>(dOs + nb * cfg::TILE_ELEMS, dout + (size_t)b * T_ * C + h * HS, qt * MMA_TILE, T_,
+                                 C);
             for (int i = threadIdx.x; i < MMA_TILE; i += MMA_THREADS) {
                 const int t = qt * MMA_TILE + i;
-                lse_s[nb * MMA_TILE + i] = t < len ? lse[(size_t)bh * T_ + t] * LOG2E : INFINITY;
-                D_s[nb * MMA_TILE + i] = t < len ? D[(size_t)bh * T_ + t] : 0.0f;
+                lse_s[nb * MMA_TILE + i] = t < len ? lse[bh * T_ + t] * LOG2E : INFINITY;
+                D_s[nb * MMA_TILE + i] = t < len ? D[bh * T_ + t] : 0.0f;
             }
         };
 
-        mma_load_tile<T, HS, sh::ROWS>(Ks, base + C, k0, T_, stride);
-        mma_load_tile<T, HS, sh::ROWS>(Vs, base + 2 * C, k0, T_, stride);
-        load_query_tile(qbegin, 0);
+        mma_load_tile<T, HS, sh::ROWS>(Ks, kbase, k0, T_, stride);
+        mma_load_tile<T, HS, sh::ROWS>(Vs, vbase, k0, T_, stride);
+        load_query_tile(0, 0);
         cp_async_commit();
 
         float dk[MI][HS / 8][4], dv[MI][HS / 8][4];
         mma_zero(dk);
         mma_zero(dv);
 
-        for (int qt = qbegin; qt < qend; qt++) {
-            const int cb = (qt - qbegin) % 2;
-            if (qt + 1 < qend) {
-                load_query_tile(qt + 1, 1 - cb);
+        const int steps = G * nq;
+        for (int it = 0; it < steps; it++) {
+            const int qt = qbegin + it % nq, cb = it % 2;
+            if (it + 1 < steps) {
+                load_query_tile(it + 1, 1 - cb);
                 cp_async_commit();
                 cp_async_wait<1>();
             } else {
@@ -1073,12 +1081,12 @@ static __global__ void __launch_bounds__(MMA_THREADS)
             __syncthreads(); /* buffer cb is refilled in the next iteration */
         }
 
-        T *rows = dqkv + (size_t)b * T_ * stride + h * HS;
+        T *krows = dqkv + (size_t)b * T_ * stride + C + kvh * HS;
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
             const int key0 = wk0 + 16 * mi + g;
-            mma_store_rows<T, HS>(rows + C, stride, key0, len, scale, dk[mi], accumulate);
-            mma_store_rows<T, HS>(rows + 2 * C, stride, key0, len, 1.0f, dv[mi], accumulate);
+            mma_store_rows<T, HS>(krows, stride, key0, len, scale, dk[mi], accumulate);
+            mma_store_rows<T, HS>(krows + NKV * HS, stride, key0, len, 1.0f, dv[mi], accumulate);
         }
     }
 }
@@ -1090,7 +1098,7 @@ template <typename T, int HS, int MI>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_q_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                     const float *__restrict__ lse, const float *__restrict__ D,
-                                    const int32_t *__restrict__ lens, int T_, int C, int NH, float scale,
+                                    const int32_t *__restrict__ lens, int T_, int C, int NH, int NKV, float scale,
                                     bool accumulate)
 {
     if constexpr (!mma_supported<T>()) {
@@ -1113,8 +1121,9 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
             return;
-        const int stride = 3 * C;
+        const int stride = C + 2 * NKV * HS; /* rows of q (NH heads) | k (NKV heads) | v (NKV heads) */
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
+        const T *kbase = qkv + (size_t)b * T_ * stride + C + (h / (NH / NKV)) * HS, *vbase = kbase + NKV * HS;
         const T *dobase = dout + (size_t)b * T_ * C + h * HS;
         const float scale_log2 = scale * LOG2E;
         const int wr0 = q0 + warp * 16 * MI; /* this warp's first row; this lane's: wr0 + 16 mi + g (+ 8) */
@@ -1130,8 +1139,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 
         mma_load_tile<T, HS, sh::ROWS>(Qs, base, q0, T_, stride);
         mma_load_tile<T, HS, sh::ROWS>(dOs, dobase, q0, T_, C);
-        mma_load_tile<T, HS>(Ks, base + C, 0, T_, stride);
-        mma_load_tile<T, HS>(Vs, base + 2 * C, 0, T_, stride);
+        mma_load_tile<T, HS>(Ks, kbase, 0, T_, stride);
+        mma_load_tile<T, HS>(Vs, vbase, 0, T_, stride);
         cp_async_commit();
 
         float dq[MI][HS / 8][4];
@@ -1141,8 +1150,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         for (int kt = 0; kt < nkt; kt++) {
             if (kt + 1 < nkt) {
                 const int nb = (kt + 1) % 2;
-                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, base + C, (kt + 1) * MMA_TILE, T_, stride);
-                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, base + 2 * C, (kt + 1) * MMA_TILE, T_, stride);
+                mma_load_tile<T, HS>(Ks + nb * cfg::TILE_ELEMS, kbase, (kt + 1) * MMA_TILE, T_, stride);
+                mma_load_tile<T, HS>(Vs + nb * cfg::TILE_ELEMS, vbase, (kt + 1) * MMA_TILE, T_, stride);
                 cp_async_commit();
                 cp_async_wait<1>();
             } else {
@@ -1295,7 +1304,7 @@ template <int HS, int MI> static dim3 mma_grid(int B, int T_, int NH)
 /* Launches the mma.sync forward with MI row blocks per warp; false (nothing launched) where it cannot run. */
 template <typename T, int HS, int MI>
 static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                           float scale_log2, cudaStream_t stream)
+                           int NKV, float scale_log2, cudaStream_t stream)
 {
     const void *ptrs[2] = {out, qkv};
     const size_t smem = mma_shape<HS, MI>::fwd_smem;
@@ -1303,7 +1312,7 @@ static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens
         return false;
     allow_smem(attention_forward_mma_kernel<T, HS, MI>, smem);
     const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
-    attention_forward_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(out, lse, qkv, lens, T_, C, NH,
+    attention_forward_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(out, lse, qkv, lens, T_, C, NH, NKV,
                                                                                 scale_log2);
     ZT_CUDA_CHECK_LAUNCH();
     return true;
@@ -1311,13 +1320,14 @@ static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens
 
 template <typename T, int HS>
 static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                        float scale_log2, cudaStream_t stream)
+                        int NKV, float scale_log2, cudaStream_t stream)
 {
     if constexpr (HS == 64) {
-        if (mma_warp_rows() == 32 && mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, scale_log2, stream))
+        if (mma_warp_rows() == 32 &&
+            mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, NKV, scale_log2, stream))
             return true;
     }
-    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, scale_log2, stream);
+    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, NKV, scale_log2, stream);
 }
 
 /* The mma.sync backward (dK/dV pass, then dQ pass) with MI row blocks per warp; false (nothing launched)
@@ -1325,35 +1335,35 @@ static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, i
  * kernels store; otherwise they add. */
 template <typename T, int HS, int MI>
 static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B,
-                            int T_, int C, int NH, const float *D, float scale, bool accumulate, cudaStream_t stream)
+                            int T_, int C, int NH, int NKV, const float *D, float scale, bool accumulate,
+                            cudaStream_t stream)
 {
     const void *ptrs[3] = {dqkv, dout, qkv};
     const size_t smem = mma_shape<HS, MI>::bwd_smem;
     if (!mma_usable<T>(attention_backward_kv_mma_kernel<T, HS, MI>, smem, ptrs, 3) ||
         !mma_usable<T>(attention_backward_q_mma_kernel<T, HS, MI>, smem, ptrs, 3))
         return false;
-    const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
     allow_smem(attention_backward_kv_mma_kernel<T, HS, MI>, smem);
-    attention_backward_kv_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                    T_, C, NH, scale, accumulate);
+    attention_backward_kv_mma_kernel<T, HS, MI><<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(
+        dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV, scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
     allow_smem(attention_backward_q_mma_kernel<T, HS, MI>, smem);
-    attention_backward_q_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens,
-                                                                                   T_, C, NH, scale, accumulate);
+    attention_backward_q_mma_kernel<T, HS, MI><<<mma_grid<HS, MI>(B, T_, NH), MMA_THREADS, smem, stream>>>(
+        dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV, scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
     return true;
 }
 
 template <typename T, int HS>
 static bool mma_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B, int T_,
-                         int C, int NH, const float *D, float scale, bool accumulate, cudaStream_t stream)
+                         int C, int NH, int NKV, const float *D, float scale, bool accumulate, cudaStream_t stream)
 {
     if constexpr (HS == 64) {
         if (mma_warp_rows() == 32 &&
-            mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream))
+            mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, D, scale, accumulate, stream))
             return true;
     }
-    return mma_backward_mi<T, HS, 1>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream);
+    return mma_backward_mi<T, HS, 1>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, D, scale, accumulate, stream);
 }
 
 template <typename T, int HS>
@@ -1362,7 +1372,7 @@ static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B
 {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if constexpr (!std::is_same<T, float>::value) {
-        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, scale_log2, stream)) {
+        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, NH, scale_log2, stream)) {
             mask_rows(out, lse, lens, B, T_, C, NH, stream);
             return;
         }
@@ -1403,7 +1413,7 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     /* Padded rows (lens) carry lse = +inf from the forward pass, so P = 0 there in every kernel below;
      * the mma.sync kernels also use lens to skip the padded tiles. */
     if constexpr (!std::is_same<T, float>::value) {
-        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, D, scale, accumulate, stream))
+        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NH, D, scale, accumulate, stream))
             return;
     }
     if (!accumulate)
@@ -1493,12 +1503,71 @@ static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, cons
         backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
 }
 
+/* Grouped-query attention (NKV < NH) on the mma.sync kernels: causal, head size 64 or 128, F16 or BF16. The
+ * launchers return false (nothing launched) where they cannot run; the generic kernels serve the call then. */
+static bool gqa_tuned_candidate(const zt_attention_dims *d, enum zt_dtype dtype)
+{
+    return !g_force_generic && d->causal && d->NKV != d->NH && (d->HS == 64 || d->HS == 128) &&
+           (dtype == ZT_DTYPE_F16 || dtype == ZT_DTYPE_BF16);
+}
+
+template <typename T, int HS>
+static bool gqa_forward_t(void *out, float *lse, const void *qkv, const int32_t *lens, const zt_attention_dims *d,
+                          cudaStream_t stream)
+{
+    const int C = d->NH * HS;
+    if (!mma_forward<T, HS>((T *)out, lse, (const T *)qkv, lens, d->B, d->T, C, d->NH, d->NKV,
+                            LOG2E / sqrtf((float)HS), stream))
+        return false;
+    mask_rows((T *)out, lse, lens, d->B, d->T, C, d->NH, stream);
+    return true;
+}
+
+template <typename T, int HS>
+static bool gqa_backward_t(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                           const int32_t *lens, const zt_attention_dims *d, float *D, bool accumulate,
+                           cudaStream_t stream)
+{
+    const int C = d->NH * HS;
+    const size_t items = (size_t)d->B * d->T * d->NH;
+    attention_rowdot_kernel<T><<<(unsigned)ZT_CEIL_DIV(items, (size_t)8), 256, 0, stream>>>(
+        D, (const T *)dout, (const T *)out, d->B, d->T, C, d->NH);
+    ZT_CUDA_CHECK_LAUNCH();
+    return mma_backward<T, HS>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, lens, d->B, d->T, C, d->NH, d->NKV, D,
+                               1.0f / sqrtf((float)HS), accumulate, stream);
+}
+
+static bool gqa_tuned_forward(void *out, float *lse, const void *qkv, const int32_t *lens, const zt_attention_dims *d,
+                              enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (!gqa_tuned_candidate(d, dtype))
+        return false;
+    if (dtype == ZT_DTYPE_BF16)
+        return d->HS == 64 ? gqa_forward_t<__nv_bfloat16, 64>(out, lse, qkv, lens, d, stream)
+                           : gqa_forward_t<__nv_bfloat16, 128>(out, lse, qkv, lens, d, stream);
+    return d->HS == 64 ? gqa_forward_t<__half, 64>(out, lse, qkv, lens, d, stream)
+                       : gqa_forward_t<__half, 128>(out, lse, qkv, lens, d, stream);
+}
+
+static bool gqa_tuned_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                               const int32_t *lens, const zt_attention_dims *d, float *D, bool accumulate,
+                               enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (dtype == ZT_DTYPE_BF16)
+        return d->HS == 64 ? gqa_backward_t<__nv_bfloat16, 64>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream)
+                           : gqa_backward_t<__nv_bfloat16, 128>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate,
+                                                                 stream);
+    return d->HS == 64 ? gqa_backward_t<__half, 64>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream)
+                       : gqa_backward_t<__half, 128>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream);
+}
+
 extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
                                               const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream)
 {
     ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
     if (!tuned_serves(d)) {
-        zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream);
+        if (!gqa_tuned_forward(out, lse, qkv, lens, d, dtype, stream))
+            zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream);
         return;
     }
     const int B = d->B, T = d->T, NH = d->NH, C = d->NH * d->HS;
@@ -1551,6 +1620,17 @@ extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, con
 {
     ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
     const bool tuned = tuned_serves(d);
+    if (!tuned && gqa_tuned_candidate(d, dtype)) {
+        ZT_ASSERT(((uintptr_t)scratch & 3u) == 0);
+        if (!accumulate && lens) {
+            /* The mma.sync kernels leave the padded rows unwritten: they add into zeros then. */
+            const size_t n = (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS;
+            ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, n * zt_dtype_size(dtype), stream));
+            accumulate = true;
+        }
+        if (gqa_tuned_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, accumulate, dtype, stream))
+            return;
+    }
     if (!accumulate && (lens || !tuned)) {
         /* Only the tuned kernels without a mask store their results directly; the others add into zeros. */
         const size_t n = (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS;

@@ -1349,11 +1349,14 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
     } else {
         printf("  attention head size 256 skipped: this GPU has too little shared memory per block\n");
     }
-    /* The tuned kernels' shape through the general entry points (both kernel families). */
+    /* The tuned kernels' shapes through the general entry points (both kernel families). */
     for (int generic = 0; generic < 2; generic++) {
         zt_cuda_attention_use_generic(generic);
         run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, tol);
         run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, tol);
+        /* Grouped-query at the tuned head sizes (the mma.sync kernels for bf16 and fp16), padded too. */
+        run_attention_gqa(dt, 2, 150, 8, 2, 64, true, two, tol);
+        run_attention_gqa(dt, 1, 200, 6, 3, 128, true, NULL, tol);
     }
     zt_cuda_attention_use_generic(false);
 }
