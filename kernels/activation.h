@@ -60,6 +60,10 @@ void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F, enum zt_dt
 /* Accumulates (+=) into dinp [N,2F]. */
 void zt_cuda_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F, enum zt_dtype dtype,
                              cudaStream_t stream);
+/* zt_cuda_swiglu_backward, except that dinp is overwritten (=): the bits of zeroing it first and adding,
+ * without the zeroing and the read. */
+void zt_cuda_swiglu_backward_overwrite(void *dinp, const void *inp, const void *dout, int N, int F,
+                                       enum zt_dtype dtype, cudaStream_t stream);
 void zt_cuda_tanh_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream);
 /* Accumulates (+=) dout * (1 - out^2) into dinp. */
 void zt_cuda_tanh_backward(void *dinp, const void *out, const void *dout, size_t n, enum zt_dtype dtype,

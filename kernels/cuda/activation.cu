@@ -95,7 +95,7 @@ __device__ __forceinline__ void swiglu_grad(T &dgate, T &dup, T gate, T up, T do
 
 template <typename T>
 static __global__ void swiglu_backward_kernel(T *__restrict__ dinp, const T *__restrict__ inp,
-                                              const T *__restrict__ dout, int F, size_t n, bool vec)
+                                              const T *__restrict__ dout, int F, size_t n, bool vec, bool acc)
 {
     constexpr int VS = zt_vec<T>::size;
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
@@ -104,7 +104,14 @@ static __global__ void swiglu_backward_kernel(T *__restrict__ dinp, const T *__r
     if (vec) {
         const size_t row = i / F, f = i % F, at = row * 2 * F + f;
         zt_vec<T> g = zt_load_vec_cs(inp + at), u = zt_load_vec_cs(inp + at + F), d = zt_load_vec_cs(dout + i);
-        zt_vec<T> dg = zt_load_vec(dinp + at), du = zt_load_vec(dinp + at + F);
+        zt_vec<T> dg, du;
+        if (acc) {
+            dg = zt_load_vec(dinp + at);
+            du = zt_load_vec(dinp + at + F);
+        } else {
+            for (int k = 0; k < VS; k++)
+                dg.v[k] = du.v[k] = zt_from_float<T>(0.0f); /* 0 + x rounds as x: the bits of zeroing first */
+        }
         for (int k = 0; k < VS; k++)
             swiglu_grad(dg.v[k], du.v[k], g.v[k], u.v[k], d.v[k]);
         zt_store_vec(dinp + at, dg);
@@ -112,6 +119,8 @@ static __global__ void swiglu_backward_kernel(T *__restrict__ dinp, const T *__r
     } else {
         for (size_t j = i; j < i + VS && j < n; j++) {
             const size_t row = j / F, f = j % F, at = row * 2 * F + f;
+            if (!acc)
+                dinp[at] = dinp[at + F] = zt_from_float<T>(0.0f);
             swiglu_grad(dinp[at], dinp[at + F], inp[at], inp[at + F], dout[j]);
         }
     }
@@ -185,12 +194,12 @@ template <typename T> static void swiglu_forward(T *out, const T *inp, int N, in
 }
 
 template <typename T>
-static void swiglu_backward(T *dinp, const T *inp, const T *dout, int N, int F, cudaStream_t stream)
+static void swiglu_backward(T *dinp, const T *inp, const T *dout, int N, int F, bool acc, cudaStream_t stream)
 {
     const int block = 256;
     const size_t n = (size_t)N * F;
     const bool vec = F % zt_vec<T>::size == 0 && zt_aligned16(dinp) && zt_aligned16(inp) && zt_aligned16(dout);
-    swiglu_backward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, F, n, vec);
+    swiglu_backward_kernel<<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, F, n, vec, acc);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
@@ -311,26 +320,38 @@ extern "C" void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F,
     }
 }
 
-extern "C" void zt_cuda_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
-                                        enum zt_dtype dtype, cudaStream_t stream)
+static void swiglu_backward_any(void *dinp, const void *inp, const void *dout, int N, int F, bool acc,
+                                enum zt_dtype dtype, cudaStream_t stream)
 {
     ZT_ASSERT(N >= 0 && F >= 0);
     if ((size_t)N * F == 0)
         return;
     switch (dtype) {
     case ZT_DTYPE_F32:
-        swiglu_backward((float *)dinp, (const float *)inp, (const float *)dout, N, F, stream);
+        swiglu_backward((float *)dinp, (const float *)inp, (const float *)dout, N, F, acc, stream);
         break;
     case ZT_DTYPE_F16:
-        swiglu_backward((__half *)dinp, (const __half *)inp, (const __half *)dout, N, F, stream);
+        swiglu_backward((__half *)dinp, (const __half *)inp, (const __half *)dout, N, F, acc, stream);
         break;
     case ZT_DTYPE_BF16:
-        swiglu_backward((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp, (const __nv_bfloat16 *)dout, N, F,
+        swiglu_backward((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp, (const __nv_bfloat16 *)dout, N, F, acc,
                         stream);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_swiglu_backward", dtype);
     }
+}
+
+extern "C" void zt_cuda_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
+                                        enum zt_dtype dtype, cudaStream_t stream)
+{
+    swiglu_backward_any(dinp, inp, dout, N, F, true, dtype, stream);
+}
+
+extern "C" void zt_cuda_swiglu_backward_overwrite(void *dinp, const void *inp, const void *dout, int N, int F,
+                                                  enum zt_dtype dtype, cudaStream_t stream)
+{
+    swiglu_backward_any(dinp, inp, dout, N, F, false, dtype, stream);
 }
 
 extern "C" void zt_cuda_tanh_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream)

@@ -806,6 +806,15 @@ static void run_swiglu(enum zt_dtype dt, int N, int F)
     zt_cpu_swiglu_backward(dinp, inp, dout, N, F);
     snprintf(name, sizeof(name), "swiglu N%d F%d backward", N, F);
     check_close(name, dt, g_dinp, dinp, 2 * n, tol_of(dt));
+
+    /* Overwrite: from NaN (all bits set), the bits of zeroing first and adding. */
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dinp, 0, 2 * n * es, g_stream));
+    zt_cuda_swiglu_backward(d_dinp, d_inp, d_dout, N, F, dt, g_stream);
+    void *d_want = dev_clone(d_dinp, 2 * n * es);
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dinp, 0xff, 2 * n * es, g_stream));
+    zt_cuda_swiglu_backward_overwrite(d_dinp, d_inp, d_dout, N, F, dt, g_stream);
+    assert_true(dev_equal(d_dinp, d_want, 2 * n * es));
+    dev_free(d_want);
     free(inp), free(dout), free(dinp), free(out), free(ref), free(g_dinp);
     dev_free(d_inp), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp);
 }

@@ -461,8 +461,7 @@ static void backward_layer(llama_cuda *g, int l, const void *w, void *gr)
     /* MLP: res3 = res2 + down_proj(silu(gate) * up), gate | up = gate_up_proj(post_attention_layernorm(res2)). */
     zt_cuda_matmul_backward_overwrite(g->blas, g->dact, G(ZT_LLAMA_T_DOWN), NULL, g->dres, a->act,
                                       W(ZT_LLAMA_T_DOWN), NULL, N, F, C, dt, s);
-    zero(g, g->dgu, (size_t)N * 2 * F);
-    zt_cuda_swiglu_backward(g->dgu, a->gu, g->dact, N, F, dt, s);
+    zt_cuda_swiglu_backward_overwrite(g->dgu, a->gu, g->dact, N, F, dt, s);
     zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(ZT_LLAMA_T_GATE), NULL, g->dgu, a->ln2, W(ZT_LLAMA_T_GATE),
                                       NULL, N, C, 2 * F, dt, s);
     zt_cuda_rmsnorm_backward(g->dres, G(ZT_LLAMA_T_POST_NORM), g->dln, a->res2, W(ZT_LLAMA_T_POST_NORM), a->ln2_rstd,
