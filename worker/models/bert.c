@@ -41,24 +41,9 @@
 
 #define IGNORE_INDEX (-1)
 
-/* Tensors of the embeddings (block 0), in slab order. */
-enum emb_tensor { E_WORD, E_POS, E_TYPE, E_LN_W, E_LN_B, E_COUNT };
-
-/* Tensors of one encoder layer, in slab order: q, k and v weights adjacent (one [3C, C] matrix), then their
- * biases (one [3C] vector). */
-enum layer_tensor {
-    LT_Q_W, LT_K_W, LT_V_W, LT_Q_B, LT_K_B, LT_V_B,
-    LT_AO_W, LT_AO_B, LT_ALN_W, LT_ALN_B,
-    LT_I_W, LT_I_B, LT_O_W, LT_O_B, LT_OLN_W, LT_OLN_B,
-    LT_COUNT
-};
-
-/* Tensors of the head (block L+1), by head. */
-enum mlm_tensor { H_DENSE_W, H_DENSE_B, H_LN_W, H_LN_B, H_BIAS, H_MLM_COUNT };
-enum cls_tensor { H_POOL_W, H_POOL_B, H_CLS_W, H_CLS_B, H_CLS_COUNT };
-
-#define LAYER_TENSOR(l, k) (E_COUNT + (l) * LT_COUNT + (k))
-#define HEAD_TENSOR(m, k) (E_COUNT + (m)->cfg.num_hidden_layers * LT_COUNT + (k))
+/* The tensor tables' order: ZT_BERT_E_* (block 0), ZT_BERT_T_* (a layer), ZT_BERT_H_* (the head), bert.h. */
+#define LAYER_TENSOR(l, k) ZT_BERT_LAYER_TENSOR(l, k)
+#define HEAD_TENSOR(m, k) ZT_BERT_HEAD_TENSOR((m)->cfg.num_hidden_layers, k)
 
 /* What the forward pass keeps of one encoder layer for the backward pass. */
 typedef struct layer_acts {
@@ -666,12 +651,12 @@ int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err
 
 static int head_count(const zt_bert_config *cfg)
 {
-    return cfg->head == ZT_BERT_HEAD_MLM ? H_MLM_COUNT : H_CLS_COUNT;
+    return cfg->head == ZT_BERT_HEAD_MLM ? ZT_BERT_H_MLM_COUNT : ZT_BERT_H_CLS_COUNT;
 }
 
 static int count_tensors(const zt_bert_config *cfg)
 {
-    return E_COUNT + cfg->num_hidden_layers * LT_COUNT + head_count(cfg);
+    return ZT_BERT_E_COUNT + cfg->num_hidden_layers * ZT_BERT_T_COUNT + head_count(cfg);
 }
 
 /* Appends one tensor (d1 = 0: a vector) to the table at *offset (elements) and advances it. */
@@ -702,32 +687,39 @@ static size_t build_layout(const zt_bert_config *cfg, zt_param_info *tensors, zt
     char name[96];
 
     blocks[0].offset = off;
-    static const char *const emb[E_COUNT] = {"word_embeddings.weight", "position_embeddings.weight",
+    static const char *const emb[ZT_BERT_E_COUNT] = {"word_embeddings.weight", "position_embeddings.weight",
                                              "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"};
-    const int64_t emb_rows[E_COUNT] = {V, cfg->max_position_embeddings, cfg->type_vocab_size, C, C};
-    for (int k = 0; k < E_COUNT; k++) {
+    const int64_t emb_rows[ZT_BERT_E_COUNT] = {V, cfg->max_position_embeddings, cfg->type_vocab_size, C, C};
+    for (int k = 0; k < ZT_BERT_E_COUNT; k++) {
         snprintf(name, sizeof name, "%sembeddings.%s", prefix, emb[k]);
-        add_tensor(&tensors[i++], 0, &off, name, emb_rows[k], k < E_LN_W ? C : 0);
+        add_tensor(&tensors[i++], 0, &off, name, emb_rows[k], k < ZT_BERT_E_LN_W ? C : 0);
     }
     blocks[0].numel = off - blocks[0].offset;
 
     static const struct {
         const char *suffix;
         char out, in; /* 'C', 'I', or 0 for a vector */
-    } lt[LT_COUNT] = {
-        [LT_Q_W] = {"attention.self.query.weight", 'C', 'C'},   [LT_K_W] = {"attention.self.key.weight", 'C', 'C'},
-        [LT_V_W] = {"attention.self.value.weight", 'C', 'C'},   [LT_Q_B] = {"attention.self.query.bias", 'C', 0},
-        [LT_K_B] = {"attention.self.key.bias", 'C', 0},         [LT_V_B] = {"attention.self.value.bias", 'C', 0},
-        [LT_AO_W] = {"attention.output.dense.weight", 'C', 'C'}, [LT_AO_B] = {"attention.output.dense.bias", 'C', 0},
-        [LT_ALN_W] = {"attention.output.LayerNorm.weight", 'C', 0},
-        [LT_ALN_B] = {"attention.output.LayerNorm.bias", 'C', 0},
-        [LT_I_W] = {"intermediate.dense.weight", 'I', 'C'},     [LT_I_B] = {"intermediate.dense.bias", 'I', 0},
-        [LT_O_W] = {"output.dense.weight", 'C', 'I'},           [LT_O_B] = {"output.dense.bias", 'C', 0},
-        [LT_OLN_W] = {"output.LayerNorm.weight", 'C', 0},       [LT_OLN_B] = {"output.LayerNorm.bias", 'C', 0},
+    } lt[ZT_BERT_T_COUNT] = {
+        [ZT_BERT_T_Q_W] = {"attention.self.query.weight", 'C', 'C'},
+        [ZT_BERT_T_K_W] = {"attention.self.key.weight", 'C', 'C'},
+        [ZT_BERT_T_V_W] = {"attention.self.value.weight", 'C', 'C'},
+        [ZT_BERT_T_Q_B] = {"attention.self.query.bias", 'C', 0},
+        [ZT_BERT_T_K_B] = {"attention.self.key.bias", 'C', 0},
+        [ZT_BERT_T_V_B] = {"attention.self.value.bias", 'C', 0},
+        [ZT_BERT_T_AO_W] = {"attention.output.dense.weight", 'C', 'C'},
+        [ZT_BERT_T_AO_B] = {"attention.output.dense.bias", 'C', 0},
+        [ZT_BERT_T_ALN_W] = {"attention.output.LayerNorm.weight", 'C', 0},
+        [ZT_BERT_T_ALN_B] = {"attention.output.LayerNorm.bias", 'C', 0},
+        [ZT_BERT_T_I_W] = {"intermediate.dense.weight", 'I', 'C'},
+        [ZT_BERT_T_I_B] = {"intermediate.dense.bias", 'I', 0},
+        [ZT_BERT_T_O_W] = {"output.dense.weight", 'C', 'I'},
+        [ZT_BERT_T_O_B] = {"output.dense.bias", 'C', 0},
+        [ZT_BERT_T_OLN_W] = {"output.LayerNorm.weight", 'C', 0},
+        [ZT_BERT_T_OLN_B] = {"output.LayerNorm.bias", 'C', 0},
     };
     for (int l = 0; l < L; l++) {
         blocks[1 + l].offset = off;
-        for (int k = 0; k < LT_COUNT; k++) {
+        for (int k = 0; k < ZT_BERT_T_COUNT; k++) {
             snprintf(name, sizeof name, "%sencoder.layer.%d.%s", prefix, l, lt[k].suffix);
             const int64_t d0 = lt[k].out == 'I' ? I : C;
             const int64_t d1 = lt[k].in == 0 ? 0 : lt[k].in == 'I' ? I : C;
@@ -739,19 +731,19 @@ static size_t build_layout(const zt_bert_config *cfg, zt_param_info *tensors, zt
     const int h = L + 1;
     blocks[h].offset = off;
     if (cfg->head == ZT_BERT_HEAD_MLM) {
-        static const char *const bert_names[H_MLM_COUNT] = {
+        static const char *const bert_names[ZT_BERT_H_MLM_COUNT] = {
             "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
             "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.bias",
             "cls.predictions.bias"};
-        static const char *const roberta_names[H_MLM_COUNT] = {"lm_head.dense.weight", "lm_head.dense.bias",
+        static const char *const roberta_names[ZT_BERT_H_MLM_COUNT] = {"lm_head.dense.weight", "lm_head.dense.bias",
                                                                "lm_head.layer_norm.weight", "lm_head.layer_norm.bias",
                                                                "lm_head.bias"};
         const char *const *names = cfg->roberta ? roberta_names : bert_names;
-        add_tensor(&tensors[i++], h, &off, names[H_DENSE_W], C, C);
-        add_tensor(&tensors[i++], h, &off, names[H_DENSE_B], C, 0);
-        add_tensor(&tensors[i++], h, &off, names[H_LN_W], C, 0);
-        add_tensor(&tensors[i++], h, &off, names[H_LN_B], C, 0);
-        add_tensor(&tensors[i++], h, &off, names[H_BIAS], V, 0);
+        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_DENSE_W], C, C);
+        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_DENSE_B], C, 0);
+        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_LN_W], C, 0);
+        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_LN_B], C, 0);
+        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_BIAS], V, 0);
     } else {
         const int64_t NL = cfg->num_labels;
         char pool_w[64], pool_b[64];
@@ -891,9 +883,9 @@ static void init_params(zt_bert *m, uint64_t seed)
     }
     free(u);
     /* nn.Embedding(padding_idx): the padding rows start at zero (RoBERTa's positions have one too). */
-    memset(m->params + m->tensors[E_WORD].offset + pad * C, 0, C * sizeof(float));
+    memset(m->params + m->tensors[ZT_BERT_E_WORD].offset + pad * C, 0, C * sizeof(float));
     if (m->cfg.roberta)
-        memset(m->params + m->tensors[E_POS].offset + pad * C, 0, C * sizeof(float));
+        memset(m->params + m->tensors[ZT_BERT_E_POS].offset + pad * C, 0, C * sizeof(float));
 }
 
 /* The tables without any slab; NULL when out of memory. */
@@ -1176,25 +1168,25 @@ void zt_bert_forward_block(zt_bert *m, int block, const float *bp)
     const float eps = m->cfg.layer_norm_eps;
     const size_t NC = (size_t)N * C;
     if (block == 0) {
-        const float *wpe = in_block(m, bp, E_POS) + position_row0(m) * (size_t)C;
-        zt_cpu_embedding_forward_typed(m->emb, m->tokens, m->types, in_block(m, bp, E_WORD), wpe,
-                                       in_block(m, bp, E_TYPE), B, T, C);
-        zt_cpu_layernorm_forward(m->enc, m->emb_mean, m->emb_rstd, m->emb, in_block(m, bp, E_LN_W),
-                                 in_block(m, bp, E_LN_B), N, C, eps);
+        const float *wpe = in_block(m, bp, ZT_BERT_E_POS) + position_row0(m) * (size_t)C;
+        zt_cpu_embedding_forward_typed(m->emb, m->tokens, m->types, in_block(m, bp, ZT_BERT_E_WORD), wpe,
+                                       in_block(m, bp, ZT_BERT_E_TYPE), B, T, C);
+        zt_cpu_layernorm_forward(m->enc, m->emb_mean, m->emb_rstd, m->emb, in_block(m, bp, ZT_BERT_E_LN_W),
+                                 in_block(m, bp, ZT_BERT_E_LN_B), N, C, eps);
         return;
     }
     const float *h = layer_input(m, L);
-#define H(k) in_block(m, bp, HEAD_TENSOR(m, k))
+#define H(k) in_block(m, bp, HEAD_TENSOR(m, ZT_BERT_H_##k))
     if (block == L + 1 && m->cfg.head == ZT_BERT_HEAD_MLM) {
-        zt_cpu_matmul_forward(m->tr_pre, h, H(H_DENSE_W), H(H_DENSE_B), N, C, C);
+        zt_cpu_matmul_forward(m->tr_pre, h, H(DENSE_W), H(DENSE_B), N, C, C);
         act_forward(head_act(m), m->tr_act, m->tr_pre, NC);
-        zt_cpu_layernorm_forward(m->tr_ln, m->tr_mean, m->tr_rstd, m->tr_act, H(H_LN_W), H(H_LN_B), N, C, eps);
-        memcpy(m->dec_bias, H(H_BIAS), (size_t)m->cfg.vocab_size * sizeof(float)); /* for the head pass */
+        zt_cpu_layernorm_forward(m->tr_ln, m->tr_mean, m->tr_rstd, m->tr_act, H(LN_W), H(LN_B), N, C, eps);
+        memcpy(m->dec_bias, H(BIAS), (size_t)m->cfg.vocab_size * sizeof(float)); /* for the head pass */
         return;
     }
     if (block == L + 1) {
         zt_cpu_first_token_forward(m->first, h, B, T, C);
-        zt_cpu_matmul_forward(m->pool_pre, m->first, H(H_POOL_W), H(H_POOL_B), B, C, C);
+        zt_cpu_matmul_forward(m->pool_pre, m->first, H(POOL_W), H(POOL_B), B, C, C);
         zt_cpu_tanh_forward(m->pooled, m->pool_pre, (size_t)B * C);
         return;
     }
@@ -1203,17 +1195,17 @@ void zt_bert_forward_block(zt_bert *m, int block, const float *bp)
     layer_acts *a = &m->layers[l];
     const float *x = layer_input(m, l);
     const zt_attention_dims dims = {.B = B, .T = T, .NH = NH, .NKV = NH, .HS = C / NH, .causal = false};
-#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
-    zt_cpu_matmul_forward(a->qkv, x, W(LT_Q_W), W(LT_Q_B), N, C, 3 * C); /* q, k, v weights are adjacent */
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, ZT_BERT_T_##k))
+    zt_cpu_matmul_forward(a->qkv, x, W(Q_W), W(Q_B), N, C, 3 * C); /* q, k, v weights are adjacent */
     zt_cpu_attention_forward_gqa(a->atty, a->att_lse, a->qkv, m->lens, &dims);
-    zt_cpu_matmul_forward(m->proj, a->atty, W(LT_AO_W), W(LT_AO_B), N, C, C);
+    zt_cpu_matmul_forward(m->proj, a->atty, W(AO_W), W(AO_B), N, C, C);
     zt_cpu_residual_forward(a->res1, x, m->proj, NC);
-    zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res1, W(LT_ALN_W), W(LT_ALN_B), N, C, eps);
-    zt_cpu_matmul_forward(a->inter, a->ln1, W(LT_I_W), W(LT_I_B), N, C, I);
+    zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res1, W(ALN_W), W(ALN_B), N, C, eps);
+    zt_cpu_matmul_forward(a->inter, a->ln1, W(I_W), W(I_B), N, C, I);
     act_forward(m->cfg.hidden_act, a->inter_act, a->inter, (size_t)N * I);
-    zt_cpu_matmul_forward(m->proj, a->inter_act, W(LT_O_W), W(LT_O_B), N, I, C);
+    zt_cpu_matmul_forward(m->proj, a->inter_act, W(O_W), W(O_B), N, I, C);
     zt_cpu_residual_forward(a->res2, a->ln1, m->proj, NC);
-    zt_cpu_layernorm_forward(a->out, a->out_mean, a->out_rstd, a->res2, W(LT_OLN_W), W(LT_OLN_B), N, C, eps);
+    zt_cpu_layernorm_forward(a->out, a->out_mean, a->out_rstd, a->res2, W(OLN_W), W(OLN_B), N, C, eps);
 #undef W
 }
 
@@ -1234,10 +1226,10 @@ float zt_bert_forward_head(zt_bert *m, const float *hp, const int32_t *targets)
     const bool mlm = m->cfg.head == ZT_BERT_HEAD_MLM;
     const int rows = mlm ? N : B, K = zt_bert_config_outputs(&m->cfg);
     if (mlm)
-        zt_cpu_matmul_forward(m->logits, m->tr_ln, in_block(m, hp, E_WORD), m->dec_bias, N, C, K);
+        zt_cpu_matmul_forward(m->logits, m->tr_ln, in_block(m, hp, ZT_BERT_E_WORD), m->dec_bias, N, C, K);
     else
-        zt_cpu_matmul_forward(m->logits, m->pooled, in_block(m, hp, HEAD_TENSOR(m, H_CLS_W)),
-                              in_block(m, hp, HEAD_TENSOR(m, H_CLS_B)), B, C, K);
+        zt_cpu_matmul_forward(m->logits, m->pooled, in_block(m, hp, HEAD_TENSOR(m, ZT_BERT_H_CLS_W)),
+                              in_block(m, hp, HEAD_TENSOR(m, ZT_BERT_H_CLS_B)), B, C, K);
     m->n_valid = m->n_correct = 0;
     if (!targets)
         return 0.0f;
@@ -1289,15 +1281,15 @@ void zt_bert_backward_head(zt_bert *m, const float *hp, float *hg, float loss_sc
         zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, K, IGNORE_INDEX, scale);
         memset(m->dln, 0, (size_t)N * C * sizeof(float));
         memset(m->ddec_bias, 0, (size_t)K * sizeof(float));
-        zt_cpu_matmul_backward(m->dln, in_block_mut(m, hg, E_WORD), m->ddec_bias, m->logits, m->tr_ln,
-                               in_block(m, hp, E_WORD), N, C, K);
+        zt_cpu_matmul_backward(m->dln, in_block_mut(m, hg, ZT_BERT_E_WORD), m->ddec_bias, m->logits, m->tr_ln,
+                               in_block(m, hp, ZT_BERT_E_WORD), N, C, K);
         return;
     }
     zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, B, K, IGNORE_INDEX, scale);
     memset(m->dpooled, 0, (size_t)B * C * sizeof(float));
-    zt_cpu_matmul_backward(m->dpooled, in_block_mut(m, hg, HEAD_TENSOR(m, H_CLS_W)),
-                           in_block_mut(m, hg, HEAD_TENSOR(m, H_CLS_B)), m->logits, m->pooled,
-                           in_block(m, hp, HEAD_TENSOR(m, H_CLS_W)), B, C, K);
+    zt_cpu_matmul_backward(m->dpooled, in_block_mut(m, hg, HEAD_TENSOR(m, ZT_BERT_H_CLS_W)),
+                           in_block_mut(m, hg, HEAD_TENSOR(m, ZT_BERT_H_CLS_B)), m->logits, m->pooled,
+                           in_block(m, hp, HEAD_TENSOR(m, ZT_BERT_H_CLS_W)), B, C, K);
 }
 
 /* Runs block `block` of the backward pass; see bert.h. */
@@ -1311,25 +1303,25 @@ void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
     const int I = m->cfg.intermediate_size;
     const size_t NC = (size_t)N * C, NI = (size_t)N * I;
     if (block == L + 1) {
-#define W(k) in_block(m, bp, HEAD_TENSOR(m, k))
-#define G(k) in_block_mut(m, bg, HEAD_TENSOR(m, k))
+#define W(k) in_block(m, bp, HEAD_TENSOR(m, ZT_BERT_H_##k))
+#define G(k) in_block_mut(m, bg, HEAD_TENSOR(m, ZT_BERT_H_##k))
         const float *h = layer_input(m, L);
         memset(m->dres, 0, NC * sizeof(float));
         if (m->cfg.head == ZT_BERT_HEAD_MLM) {
             /* m->dln holds d(transform LayerNorm output) from the decoder. */
             memset(m->proj, 0, NC * sizeof(float));
-            zt_cpu_layernorm_backward(m->proj, G(H_LN_W), G(H_LN_B), m->dln, m->tr_act, W(H_LN_W), m->tr_mean,
+            zt_cpu_layernorm_backward(m->proj, G(LN_W), G(LN_B), m->dln, m->tr_act, W(LN_W), m->tr_mean,
                                       m->tr_rstd, N, C);
             memset(m->datty, 0, NC * sizeof(float));
             act_backward(head_act(m), m->datty, m->tr_pre, m->proj, NC);
-            zt_cpu_matmul_backward(m->dres, G(H_DENSE_W), G(H_DENSE_B), m->datty, h, W(H_DENSE_W), N, C, C);
-            zt_cpu_add_inplace(G(H_BIAS), m->ddec_bias, (size_t)m->cfg.vocab_size);
+            zt_cpu_matmul_backward(m->dres, G(DENSE_W), G(DENSE_B), m->datty, h, W(DENSE_W), N, C, C);
+            zt_cpu_add_inplace(G(BIAS), m->ddec_bias, (size_t)m->cfg.vocab_size);
         } else {
             const size_t BC = (size_t)B * C;
             memset(m->dpool_pre, 0, BC * sizeof(float));
             zt_cpu_tanh_backward(m->dpool_pre, m->pooled, m->dpooled, BC);
             memset(m->dfirst, 0, BC * sizeof(float));
-            zt_cpu_matmul_backward(m->dfirst, G(H_POOL_W), G(H_POOL_B), m->dpool_pre, m->first, W(H_POOL_W), B, C, C);
+            zt_cpu_matmul_backward(m->dfirst, G(POOL_W), G(POOL_B), m->dpool_pre, m->first, W(POOL_W), B, C, C);
             zt_cpu_first_token_backward(m->dres, m->dfirst, B, T, C);
         }
         return;
@@ -1338,11 +1330,11 @@ void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
     }
     if (block == 0) {
         memset(m->dln, 0, NC * sizeof(float));
-        zt_cpu_layernorm_backward(m->dln, in_block_mut(m, bg, E_LN_W), in_block_mut(m, bg, E_LN_B), m->dres, m->emb,
-                                  in_block(m, bp, E_LN_W), m->emb_mean, m->emb_rstd, N, C);
-        zt_cpu_embedding_backward_typed(in_block_mut(m, bg, E_WORD),
-                                        in_block_mut(m, bg, E_POS) + position_row0(m) * (size_t)C,
-                                        in_block_mut(m, bg, E_TYPE), m->dln, m->tokens, m->types, B, T, C);
+        zt_cpu_layernorm_backward(m->dln, in_block_mut(m, bg, ZT_BERT_E_LN_W), in_block_mut(m, bg, ZT_BERT_E_LN_B),
+                                  m->dres, m->emb, in_block(m, bp, ZT_BERT_E_LN_W), m->emb_mean, m->emb_rstd, N, C);
+        zt_cpu_embedding_backward_typed(in_block_mut(m, bg, ZT_BERT_E_WORD),
+                                        in_block_mut(m, bg, ZT_BERT_E_POS) + position_row0(m) * (size_t)C,
+                                        in_block_mut(m, bg, ZT_BERT_E_TYPE), m->dln, m->tokens, m->types, B, T, C);
         return;
     }
     /* m->dres holds the gradient of the layer's output; it leaves with the gradient of its input. */
@@ -1350,26 +1342,26 @@ void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
     const layer_acts *a = &m->layers[l];
     const float *x = layer_input(m, l);
     const zt_attention_dims dims = {.B = B, .T = T, .NH = NH, .NKV = NH, .HS = C / NH, .causal = false};
-#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
-#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, k))
+#define W(k) in_block(m, bp, LAYER_TENSOR(l, ZT_BERT_T_##k))
+#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, ZT_BERT_T_##k))
     /* out = LN(res2), res2 = ln1 + output.dense(act(intermediate.dense(ln1))). */
     memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_layernorm_backward(m->dln, G(LT_OLN_W), G(LT_OLN_B), m->dres, a->res2, W(LT_OLN_W), a->out_mean,
+    zt_cpu_layernorm_backward(m->dln, G(OLN_W), G(OLN_B), m->dres, a->res2, W(OLN_W), a->out_mean,
                               a->out_rstd, N, C);
     memset(m->dinter_act, 0, NI * sizeof(float));
-    zt_cpu_matmul_backward(m->dinter_act, G(LT_O_W), G(LT_O_B), m->dln, a->inter_act, W(LT_O_W), N, I, C);
+    zt_cpu_matmul_backward(m->dinter_act, G(O_W), G(O_B), m->dln, a->inter_act, W(O_W), N, I, C);
     memset(m->dinter, 0, NI * sizeof(float));
     act_backward(m->cfg.hidden_act, m->dinter, a->inter, m->dinter_act, NI);
-    zt_cpu_matmul_backward(m->dln, G(LT_I_W), G(LT_I_B), m->dinter, a->ln1, W(LT_I_W), N, C, I); /* dln: d(ln1) */
+    zt_cpu_matmul_backward(m->dln, G(I_W), G(I_B), m->dinter, a->ln1, W(I_W), N, C, I); /* dln: d(ln1) */
     /* ln1 = LN(res1), res1 = x + attention.output.dense(attention(qkv(x))). */
     memset(m->dres, 0, NC * sizeof(float));
-    zt_cpu_layernorm_backward(m->dres, G(LT_ALN_W), G(LT_ALN_B), m->dln, a->res1, W(LT_ALN_W), a->ln1_mean,
+    zt_cpu_layernorm_backward(m->dres, G(ALN_W), G(ALN_B), m->dln, a->res1, W(ALN_W), a->ln1_mean,
                               a->ln1_rstd, N, C);
     memset(m->datty, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->datty, G(LT_AO_W), G(LT_AO_B), m->dres, a->atty, W(LT_AO_W), N, C, C);
+    zt_cpu_matmul_backward(m->datty, G(AO_W), G(AO_B), m->dres, a->atty, W(AO_W), N, C, C);
     memset(m->dqkv, 0, 3 * NC * sizeof(float));
     zt_cpu_attention_backward_gqa(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, m->lens, &dims);
-    zt_cpu_matmul_backward(m->dres, G(LT_Q_W), G(LT_Q_B), m->dqkv, x, W(LT_Q_W), N, C, 3 * C); /* dres: d(x) */
+    zt_cpu_matmul_backward(m->dres, G(Q_W), G(Q_B), m->dqkv, x, W(Q_W), N, C, 3 * C); /* dres: d(x) */
 #undef W
 #undef G
 }
@@ -1659,7 +1651,7 @@ static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *
         }
     }
     /* The tied decoder: accepted when it holds what it is tied to. */
-    const int tied_to[2] = {E_WORD, m->cfg.head == ZT_BERT_HEAD_MLM ? HEAD_TENSOR(m, H_BIAS) : 0};
+    const int tied_to[2] = {ZT_BERT_E_WORD, m->cfg.head == ZT_BERT_HEAD_MLM ? HEAD_TENSOR(m, ZT_BERT_H_BIAS) : 0};
     for (int k = 0; k < 2; k++) {
         if (tied[k] && !same_values(tied[k], &m->tensors[tied_to[k]], tmp)) {
             rc = zt_fail(err, ZT_EMISMATCH,

@@ -117,6 +117,24 @@ const char *zt_bert_config_architecture(const zt_bert_config *cfg);
 /* The name of label i (0 <= i < num_labels): its id2label entry, or "LABEL_<i>" written into buf. */
 const char *zt_bert_config_label(const zt_bert_config *cfg, int i, char *buf, size_t cap);
 
+/* The tensor table's order: the embeddings (block 0), then each encoder layer's tensors, then the head's. */
+enum zt_bert_emb_tensor {
+    ZT_BERT_E_WORD, ZT_BERT_E_POS, ZT_BERT_E_TYPE, ZT_BERT_E_LN_W, ZT_BERT_E_LN_B, ZT_BERT_E_COUNT
+};
+/* An encoder layer: q, k and v weights adjacent (one [3C, C] matrix), then their biases (one [3C] vector). */
+enum zt_bert_layer_tensor {
+    ZT_BERT_T_Q_W, ZT_BERT_T_K_W, ZT_BERT_T_V_W, ZT_BERT_T_Q_B, ZT_BERT_T_K_B, ZT_BERT_T_V_B,
+    ZT_BERT_T_AO_W, ZT_BERT_T_AO_B, ZT_BERT_T_ALN_W, ZT_BERT_T_ALN_B,
+    ZT_BERT_T_I_W, ZT_BERT_T_I_B, ZT_BERT_T_O_W, ZT_BERT_T_O_B, ZT_BERT_T_OLN_W, ZT_BERT_T_OLN_B,
+    ZT_BERT_T_COUNT
+};
+/* The head (block L+1): masked LM or classification. */
+enum zt_bert_mlm_tensor { ZT_BERT_H_DENSE_W, ZT_BERT_H_DENSE_B, ZT_BERT_H_LN_W, ZT_BERT_H_LN_B, ZT_BERT_H_BIAS,
+                          ZT_BERT_H_MLM_COUNT };
+enum zt_bert_cls_tensor { ZT_BERT_H_POOL_W, ZT_BERT_H_POOL_B, ZT_BERT_H_CLS_W, ZT_BERT_H_CLS_B, ZT_BERT_H_CLS_COUNT };
+#define ZT_BERT_LAYER_TENSOR(l, k) (ZT_BERT_E_COUNT + (l) * ZT_BERT_T_COUNT + (k))
+#define ZT_BERT_HEAD_TENSOR(L, k) (ZT_BERT_E_COUNT + (L) * ZT_BERT_T_COUNT + (k))
+
 typedef struct zt_bert zt_bert; /* opaque */
 
 /* Creates a model with room for batches up to B x T (T <= zt_bert_config_max_seq). Parameters are
