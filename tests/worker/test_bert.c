@@ -558,7 +558,7 @@ static void test_engine_cpu(void **state)
         zt_bert_set_token_types(m, x.types);
         assert_int_equal(zt_engine_micro(e, x.tokens, x.targets, x.B, x.T, 0, 1.0f, 1.0f, &err), 0);
         int ec = 0, en = 0;
-        zt_bert_model_cpu_accuracy(model, 0, &ec, &en);
+        model->ops->accuracy(model, 0, &ec, &en);
         assert_int_equal(ec, correct);
         assert_int_equal(en, counted);
         zt_engine_step_result res;

@@ -242,8 +242,5 @@ size_t zt_bert_mask_tokens(int32_t *tokens, int32_t *targets, size_t n, int32_t 
  * token types on m (zt_bert_set_token_types) before each micro-batch. Returns 0 or ZT_EINVAL_CONFIG. */
 struct zt_model;
 int zt_bert_model_cpu(struct zt_model **out, zt_bert *m, int max_micro, const bool *ckpt_layers, zt_err *err);
-/* The correct predictions and counted rows of micro-batch `micro` of the current step (see
- * zt_bert_accuracy); model must come from zt_bert_model_cpu. */
-void zt_bert_model_cpu_accuracy(const struct zt_model *model, int micro, int *correct, int *counted);
 
 #endif

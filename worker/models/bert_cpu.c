@@ -75,6 +75,19 @@ static float cpu_loss(const zt_model *base, int micro)
     return ((const bert_cpu *)base)->micro_loss[micro];
 }
 
+static void cpu_set_token_types(zt_model *base, const int32_t *types)
+{
+    zt_bert_set_token_types(((bert_cpu *)base)->host, types);
+}
+
+static void cpu_accuracy(zt_model *base, int micro, int *correct, int *counted)
+{
+    const bert_cpu *m = (const bert_cpu *)base;
+    ZT_ASSERT(micro >= 0 && micro < base->max_micro);
+    *correct = m->micro_correct[micro];
+    *counted = m->micro_counted[micro];
+}
+
 static const zt_model_ops cpu_ops = {
     .destroy = cpu_destroy,
     .begin = cpu_begin,
@@ -84,16 +97,9 @@ static const zt_model_ops cpu_ops = {
     .head_backward = cpu_head_backward,
     .backward = cpu_backward,
     .loss = cpu_loss,
+    .set_token_types = cpu_set_token_types,
+    .accuracy = cpu_accuracy,
 };
-
-/* The correct predictions and counted rows of one micro-batch; see bert.h. */
-void zt_bert_model_cpu_accuracy(const zt_model *model, int micro, int *correct, int *counted)
-{
-    ZT_ASSERT(model->ops == &cpu_ops && micro >= 0 && micro < model->max_micro);
-    const bert_cpu *m = (const bert_cpu *)model;
-    *correct = m->micro_correct[micro];
-    *counted = m->micro_counted[micro];
-}
 
 /* Wraps a host model for the engine; see bert.h. */
 int zt_bert_model_cpu(zt_model **out, zt_bert *host, int max_micro, const bool *ckpt_layers, zt_err *err)

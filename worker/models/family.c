@@ -11,6 +11,7 @@
 #ifdef ZT_WITH_CUDA
 #include "worker/models/gpt2_cuda.h"
 #include "worker/models/llama_cuda.h"
+#include "worker/models/bert_cuda.h"
 #endif
 
 struct zt_family_model {
@@ -171,7 +172,8 @@ const char *zt_family_config_diff(const zt_family_config *a, const zt_family_con
 
 bool zt_family_config_has_cuda(const zt_family_config *c)
 {
-    return c->family != ZT_FAMILY_BERT;
+    (void)c;
+    return true; /* every family has one */
 }
 
 enum zt_family_task zt_family_config_task(const zt_family_config *c)
@@ -421,11 +423,8 @@ int zt_family_model_cpu(struct zt_model **out, zt_family_model *m, int max_micro
 int zt_family_model_cuda(struct zt_model **out, const zt_family_model *m, int B, int T, int max_micro,
                          enum zt_dtype dtype, const bool *ckpt_layers, zt_err *err)
 {
-    if (m->bert) {
-        *out = NULL;
-        return zt_fail(err, ZT_EUNSUPPORTED, "BERT and RoBERTa models train on the CPU only in this version (their "
-                       "CUDA executor is not built yet): train with --device cpu");
-    }
+    if (m->bert)
+        return zt_bert_cuda_create(out, m->bert, B, T, max_micro, dtype, ckpt_layers, err);
     if (m->llama)
         return zt_llama_cuda_create(out, m->llama, B, T, max_micro, dtype, ckpt_layers, err);
     return zt_gpt2_cuda_create(out, m->gpt2, B, T, max_micro, dtype, ckpt_layers, err);
@@ -435,7 +434,7 @@ struct zt_model *zt_family_model_cuda_shape(const zt_family_model *m, int B, int
                                             enum zt_dtype dtype, const bool *ckpt_layers)
 {
     if (m->bert)
-        return NULL;
+        return zt_bert_cuda_shape(m->bert, B, T, max_micro, dtype, ckpt_layers);
     if (m->llama)
         return zt_llama_cuda_shape(m->llama, B, T, max_micro, dtype, ckpt_layers);
     return zt_gpt2_cuda_shape(m->gpt2, B, T, max_micro, dtype, ckpt_layers);

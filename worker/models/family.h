@@ -3,11 +3,11 @@
  * the fp32 parameter slab in the family's layout, initialisation, safetensors import and export with
  * Hugging Face names, a forward pass for generation) and executors for the training engine
  * (worker/models/model.h) on the CPU and on CUDA. This module dispatches on the family; the families
- * themselves live beside it (gpt2.h, gpt2_cpu.c, gpt2_cuda.c; llama.h, llama_cpu.c, llama_cuda.c; bert.h, bert_cpu.c).
+ * themselves live beside it (gpt2.h, gpt2_cpu.c, gpt2_cuda.c; llama.h, llama_cpu.c, llama_cuda.c; bert.h, bert_cpu.c, bert_cuda.c).
  *
  * The family of a config.json is its "model_type" ("gpt2"; "llama" or "mistral"; "bert" or "roberta"; a
- * config without one is GPT-2, as earlier releases wrote them). GPT-2 and LLaMA train on the CPU and on CUDA
- * GPUs; BERT trains on the CPU (its CUDA executor is not built yet). */
+ * config without one is GPT-2, as earlier releases wrote them). Every family trains on the CPU and on CUDA
+ * GPUs. */
 #ifndef ZT_WORKER_MODELS_FAMILY_H
 #define ZT_WORKER_MODELS_FAMILY_H
 
@@ -50,7 +50,7 @@ int zt_family_config_validate(const zt_family_config *c, zt_err *err);
 const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
                                   size_t cap);
 
-/* Whether the family has a CUDA executor (BERT does not yet). */
+/* Whether the family has a CUDA executor (every family has one in this version). */
 bool zt_family_config_has_cuda(const zt_family_config *c);
 
 /* What a model of c learns from, as the trainer feeds it. */

@@ -70,6 +70,13 @@ typedef struct zt_model_ops {
     /* After the model's stream is done (the engine waits for it): the mean loss of micro-batch `micro`
      * over its counted positions (0 when none counted), summed in double and rounded to float. */
     float (*loss)(const zt_model *m, int micro);
+    /* Optional (NULL for models without token types): token types [B,T] for the next begin, which copies
+     * them (NULL: type 0 everywhere); every begin forgets them. */
+    void (*set_token_types)(zt_model *m, const int32_t *types);
+    /* Optional (NULL for models that do not count): after the head of an evaluation micro-batch (scale 0)
+     * and the stream, the counted rows of micro-batch `micro` and how many of them have their target as the
+     * highest logit (the first highest, on a tie). */
+    void (*accuracy)(zt_model *m, int micro, int *correct, int *counted);
     /* Optional (NULL where not offered): copies the logits of the last head, which was called with scale 0,
      * into out [B,T,V] as fp32 (after waiting for the model's stream): for interop checks and generation. */
     void (*logits)(zt_model *m, float *out);

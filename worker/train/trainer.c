@@ -738,8 +738,8 @@ static float micro_weight(const struct run *r, size_t off, int b, int T, int acc
 /* A classifier's token types of this rank's rows, for the micro-batch that follows. */
 static void set_types(struct run *r, size_t off)
 {
-    if (r->classify)
-        zt_bert_set_token_types(zt_family_model_bert(r->host), r->types + off);
+    if (r->classify && r->model->ops->set_token_types)
+        r->model->ops->set_token_types(r->model, r->types + off);
 }
 
 /* A BERT model's evaluation: a classifier's over its whole validation file, a masked LM's over `batches`
@@ -763,7 +763,7 @@ static int evaluate_bert(struct run *r, zt_comm *comm, int64_t batches, size_t o
         if (rc < 0)
             return rc;
         int correct = 0, counted = 0;
-        zt_bert_model_cpu_accuracy(r->model, 0, &correct, &counted);
+        r->model->ops->accuracy(r->model, 0, &correct, &counted);
         sums[0] += (double)r->model->ops->loss(r->model, 0) * counted;
         sums[1] += correct;
         sums[2] += counted;

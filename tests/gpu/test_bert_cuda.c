@@ -1,0 +1,201 @@
+/* BERT and RoBERTa on the GPU (ctest label gpu; exit 77 without a GPU): the CUDA executor
+ * (worker/models/bert_cuda.c) against the CPU host model (worker/models/bert.c), which
+ * tests/interop/bert_hf.py checks against transformers. One micro-batch's logits, loss and every parameter's
+ * gradient in fp32, 1e-4 relative (gradients relative to the tensor's largest entry), for
+ * - BERT with the masked-LM head: 5 heads of 32, an MLP of 200, a vocabulary of 1001 (padded to 1024 on the
+ *   GPU), two token types, exact GELU, sequences with trailing padding, ignored targets;
+ * - RoBERTa with a 3-label classification head: 3 heads of 64, the tanh GELU, positions after the padding id,
+ *   a sequence that is all padding (not counted);
+ * and checkpointed layers give the same bits as kept ones. The trainer's GPU runs of both heads are in
+ * tests/worker/test_trainer.c (test_bert_on_gpu). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "common/log.h"
+#include "worker/models/bert.h"
+#include "worker/models/bert_cuda.h"
+#include "worker/models/model.h"
+
+#include "../worker/model_once.h"
+
+#define PB 3
+#define PT 29
+
+static uint64_t g_lcg = 1234567ull;
+static uint32_t next_u32(void)
+{
+    g_lcg = g_lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_lcg >> 33);
+}
+
+static float noise(void)
+{
+    return (float)(next_u32() % 1000000u) / 1e6f - 0.5f;
+}
+
+/* Fails unless got is within tol of want relative to want's largest entry, or within 1e-7: the key bias's
+ * gradient is zero in exact arithmetic (softmax ignores a shift shared by every key), so both sides hold
+ * rounding noise of about 1e-8 there. */
+static void expect_close(const char *what, const float *got, const float *want, size_t n, double tol)
+{
+    double big = 0.0, worst = 0.0;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; i++)
+        big = fmax(big, fabs((double)want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= worst)) {
+            worst = d;
+            wi = i;
+        }
+    }
+    if (!(worst <= tol * big || worst <= 1e-7))
+        fail_msg("%s: element %zu is %.8g on the GPU and %.8g on the CPU (%.3g of the largest, %.3g; tolerance %.3g)",
+                 what, wi, (double)got[wi], (double)want[wi], worst / big, big, tol);
+}
+
+static float run_cuda(const zt_bert *host, const bool *ckpt, const int32_t *tok, const int32_t *types,
+                      const int32_t *tgt, float *logits, float *grads)
+{
+    zt_model *m = NULL;
+    zt_err err = {{0}};
+    if (zt_bert_cuda_create(&m, host, PB, PT, 1, ZT_DTYPE_F32, ckpt, &err) != 0)
+        fail_msg("%s", err.msg);
+    m->ops->set_token_types(m, types);
+    const float loss = zt_test_model_once(m, zt_bert_params((zt_bert *)host), tok, tgt, PB, PT, logits, grads);
+    assert_true(loss >= 0.0f);
+    m->ops->destroy(m);
+    return loss;
+}
+
+static void check_passes(const zt_bert_config *cfg)
+{
+    zt_bert *host = NULL;
+    zt_err err = {{0}};
+    if (zt_bert_create(&host, cfg, PB, PT, 42, &err) != 0)
+        fail_msg("%s", err.msg);
+    /* LayerNorm weights and biases away from 1 and 0, every bias non-zero. */
+    float *params = zt_bert_params(host);
+    for (int i = 0; i < zt_bert_num_tensors(host); i++) {
+        const zt_param_info *t = zt_bert_tensor(host, i);
+        if (t->ndim == 1)
+            for (size_t k = 0; k < t->numel; k++)
+                params[t->offset + k] += 0.3f * noise();
+    }
+    const bool mlm = cfg->head == ZT_BERT_HEAD_MLM;
+    const int N = PB * PT, pad = cfg->pad_token_id, K = zt_bert_config_outputs(cfg);
+    int32_t tok[PB * PT], types[PB * PT], tgt[PB * PT];
+    for (int b = 0; b < PB; b++) {
+        /* sequence 0: full; 1: 9 trailing pad tokens; 2 (RoBERTa): all padding, (BERT) one pad inside */
+        const int len = b == 0 ? PT : b == 1 ? PT - 9 : mlm ? PT - 3 : 0;
+        for (int t = 0; t < PT; t++) {
+            const int i = b * PT + t;
+            tok[i] = t < len ? (int32_t)(4 + next_u32() % (uint32_t)(cfg->vocab_size - 4)) : pad;
+            types[i] = cfg->type_vocab_size > 1 && t >= len / 2 ? 1 : 0;
+            tgt[i] = -1;
+            if (mlm && (t % 3 == 1 || t == PT - 1))
+                tgt[i] = (int32_t)(next_u32() % (uint32_t)K);
+        }
+        if (!mlm)
+            tgt[b * PT] = b % K;
+    }
+    if (mlm)
+        tok[2 * PT + 5] = pad; /* a pad token inside a sequence is attended to like any token */
+
+    zt_bert_set_token_types(host, types);
+    const float want_loss = zt_bert_forward(host, tok, tgt, PB, PT);
+    const size_t rows = mlm ? (size_t)N : PB, P = zt_bert_num_params(host);
+    float *want_logits = malloc(rows * K * sizeof(float));
+    memcpy(want_logits, zt_bert_logits(host), rows * K * sizeof(float));
+    zt_bert_zero_grad(host);
+    zt_bert_backward(host, 1.0f);
+    const float *want_grads = zt_bert_grads(host);
+
+    float *logits = malloc(rows * K * sizeof(float)), *grads = calloc(P, sizeof(float));
+    const float loss = run_cuda(host, NULL, tok, types, tgt, logits, grads);
+    printf("%s %s: loss %.7f on the GPU, %.7f on the CPU\n", cfg->roberta ? "roberta" : "bert",
+           mlm ? "masked LM" : "classifier", (double)loss, (double)want_loss);
+    assert_true(fabs((double)loss - (double)want_loss) <= 1e-4 * fabs((double)want_loss));
+    /* Padded positions' logits mean nothing (bert.h): compare the rows of real tokens. */
+    for (size_t r = 0; r < rows; r++)
+        if (!mlm || tok[r] != pad) {
+            char what[64];
+            snprintf(what, sizeof what, "logits of row %zu", r);
+            expect_close(what, logits + r * K, want_logits + r * K, (size_t)K, 1e-4);
+        }
+    for (int i = 0; i < zt_bert_num_tensors(host); i++) {
+        const zt_param_info *t = zt_bert_tensor(host, i);
+        expect_close(t->name, grads + t->offset, want_grads + t->offset, t->numel, 1e-4);
+    }
+
+    bool ckpt[2] = {true, true};
+    float *logits2 = malloc(rows * K * sizeof(float)), *grads2 = calloc(P, sizeof(float));
+    const float loss2 = run_cuda(host, ckpt, tok, types, tgt, logits2, grads2);
+    assert_memory_equal(&loss2, &loss, sizeof loss);
+    assert_memory_equal(grads2, grads, P * sizeof(float));
+
+    free(want_logits);
+    free(logits);
+    free(grads);
+    free(logits2);
+    free(grads2);
+    zt_bert_destroy(host);
+}
+
+static void test_bert_masked_lm(void **state)
+{
+    (void)state;
+    zt_bert_config c;
+    zt_bert_config_default(&c);
+    c.vocab_size = 1001;
+    c.hidden_size = 160;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 5;
+    c.intermediate_size = 200;
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.1f;
+    check_passes(&c);
+}
+
+static void test_roberta_classifier(void **state)
+{
+    (void)state;
+    zt_bert_config c;
+    zt_bert_config_default_roberta(&c);
+    c.head = ZT_BERT_HEAD_CLASSIFY;
+    c.num_labels = 3;
+    c.vocab_size = 777;
+    c.hidden_size = 192;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 3;
+    c.intermediate_size = 344;
+    c.max_position_embeddings = 40;
+    c.hidden_act = ZT_BERT_ACT_GELU_TANH;
+    c.initializer_range = 0.1f;
+    check_passes(&c);
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA GPU: skipped\n");
+        return 77;
+    }
+    zt_log_set_level(ZT_LOG_WARN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bert_masked_lm),
+        cmocka_unit_test(test_roberta_classifier),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

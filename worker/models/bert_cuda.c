@@ -1,0 +1,838 @@
+/* BERT and RoBERTa on one CUDA GPU (see bert_cuda.h): device layout, activation pool, and the block-wise
+ * forward and backward passes over the CUDA kernels behind the engine's model interface. The passes follow
+ * zt_bert_forward_block / zt_bert_backward_block (worker/models/bert.c) call for call, except that the
+ * residual additions ride in the projections' GEMM epilogues (and the tanh GELU in the intermediate one). */
+#include "worker/models/bert_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/pooler.h"
+#include "kernels/residual.h"
+
+#define ALIGN_ELEMS 64 /* tensors start on a 64-element boundary of the device layout (but see packed()) */
+#define VOCAB_PAD 128  /* word embedding rows and decoder bias entries: the vocabulary rounded up to this */
+#define LABEL_PAD 8    /* classifier rows: the labels rounded up to this */
+#define POOL_ALIGN 256 /* bytes */
+#define MAX_MICRO 1024
+
+typedef struct layer_acts {
+    void *qkv, *atty, *res1, *ln1, *inter, *inter_act, *res2, *out; /* dtype */
+    float *lse, *ln1_mean, *ln1_rstd, *out_mean, *out_rstd;
+} layer_acts;
+
+typedef struct bert_cuda {
+    zt_model base; /* first member: a zt_model * is a bert_cuda * */
+    const zt_bert *host;
+    zt_bert_config cfg;
+    enum zt_dtype dtype;
+    size_t esize;
+    bool mlm;          /* the masked-LM head (else classification) */
+    int L, Vp, K, Kp;  /* layers, padded vocabulary, outputs per scored row and their padded count */
+    size_t row0;       /* the position table's row of position 0 (RoBERTa: pad_token_id + 1) */
+    bool *ckpt;
+    int max_B, max_T, max_micro;
+    cudaStream_t stream;
+    zt_cuda_blas *blas;
+
+    int num_tensors, num_blocks;
+    size_t *toff, *tlen, *boff, *blen;
+    zt_model_tensor *tensors;
+    bool *block_ckpt, *reads_weights;
+
+    void *pool;
+    size_t pool_bytes;
+    layer_acts *layers, shared;
+    void *emb, *enc;                                  /* [N,C] */
+    float *emb_mean, *emb_rstd;                       /* [N] */
+    void *tr_pre, *tr_act, *tr_ln, *dec_bias, *ddec_bias; /* masked LM: [N,C] x3, [Vp] x2 */
+    float *tr_mean, *tr_rstd;
+    void *first, *pool_pre, *pooled, *dpooled, *dpool_pre, *dfirst; /* classification: [B,C] */
+    void *logits;                                     /* [rows, Kp] */
+    float *losses;                                    /* [rows] */
+    void *dres, *dln, *datty, *dtmp, *dqkv, *dinter, *dinter_act;
+    int32_t *d_tokens, *d_types, *d_targets, *d_lens;
+    void *attn_scratch, *emb_scratch, *ln_scratch;
+    int *d_flag;
+
+    /* Pinned host staging: per slot tokens, types, targets [N] each and lens [B]. */
+    int32_t *h_io[2];
+    cudaEvent_t io_done[2];
+    float *h_losses;         /* [max_micro * rows] */
+    int32_t *h_targets;      /* [max_micro * rows] the counted targets, for the accuracy */
+    const int32_t *next_types;
+    int n_valid[MAX_MICRO];
+    int cur_B, cur_T, micro;
+} bert_cuda;
+
+#define ET(k) (ZT_BERT_E_##k)
+#define LT(l, k) ZT_BERT_LAYER_TENSOR(l, ZT_BERT_T_##k)
+#define HT(k) ZT_BERT_HEAD_TENSOR(g->L, ZT_BERT_H_##k)
+
+/* ---- layout and creation ---- */
+
+static size_t round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static void *take(char *base, size_t *used, size_t bytes)
+{
+    void *p = base ? base + *used : NULL;
+    *used += round_up(bytes, POOL_ALIGN);
+    return p;
+}
+
+static bool layer_ckpt(const bert_cuda *g, int l)
+{
+    return g->ckpt && g->ckpt[l];
+}
+
+/* Rows the head scores: every position (masked LM) or every sequence (classification). */
+static size_t head_rows(const bert_cuda *g, size_t B, size_t T)
+{
+    return g->mlm ? B * T : B;
+}
+
+/* Whether tensor i continues the packed weight or bias of the tensor before it (key and value after query). */
+static bool packed(const bert_cuda *g, int i)
+{
+    if (i < ZT_BERT_E_COUNT || i >= ZT_BERT_LAYER_TENSOR(g->L, 0))
+        return false;
+    const int k = (i - ZT_BERT_E_COUNT) % ZT_BERT_T_COUNT;
+    return k == ZT_BERT_T_K_W || k == ZT_BERT_T_V_W || k == ZT_BERT_T_K_B || k == ZT_BERT_T_V_B;
+}
+
+/* Carves every device buffer from base; returns the bytes used (base NULL: only counts). plan, when not
+ * NULL, receives the bytes of activations and of scratch. */
+static size_t carve(bert_cuda *g, char *base, size_t plan[2])
+{
+    const size_t B = (size_t)g->max_B, N = B * g->max_T, C = (size_t)g->cfg.hidden_size;
+    const size_t NH = (size_t)g->cfg.num_attention_heads, I = (size_t)g->cfg.intermediate_size;
+    const size_t e = g->esize, NC = N * C, NI = N * I, rows = head_rows(g, B, (size_t)g->max_T);
+    size_t used = 0;
+    g->emb = take(base, &used, NC * e);
+    g->emb_mean = take(base, &used, N * 4);
+    g->emb_rstd = take(base, &used, N * 4);
+    g->enc = take(base, &used, NC * e);
+    bool any_ckpt = false;
+    for (int l = 0; l < g->L; l++)
+        any_ckpt |= layer_ckpt(g, l);
+    for (int l = -1; l < g->L; l++) {
+        /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
+        if (l < 0 && !any_ckpt)
+            continue;
+        layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
+        if (l >= 0 && layer_ckpt(g, l)) {
+            *a = g->shared;
+            a->out = take(base, &used, NC * e);
+            continue;
+        }
+        a->qkv = take(base, &used, 3 * NC * e);
+        a->atty = take(base, &used, NC * e);
+        a->lse = take(base, &used, N * NH * 4);
+        a->res1 = take(base, &used, NC * e);
+        a->ln1 = take(base, &used, NC * e);
+        a->ln1_mean = take(base, &used, N * 4);
+        a->ln1_rstd = take(base, &used, N * 4);
+        a->inter = take(base, &used, NI * e);
+        a->inter_act = take(base, &used, NI * e);
+        a->res2 = take(base, &used, NC * e);
+        a->out = take(base, &used, NC * e);
+        a->out_mean = take(base, &used, N * 4);
+        a->out_rstd = take(base, &used, N * 4);
+    }
+    if (g->mlm) {
+        g->tr_pre = take(base, &used, NC * e);
+        g->tr_act = take(base, &used, NC * e);
+        g->tr_ln = take(base, &used, NC * e);
+        g->tr_mean = take(base, &used, N * 4);
+        g->tr_rstd = take(base, &used, N * 4);
+        g->dec_bias = take(base, &used, (size_t)g->Vp * e);
+        g->ddec_bias = take(base, &used, (size_t)g->Vp * e);
+    } else {
+        const size_t BC = B * C * e;
+        g->first = take(base, &used, BC);
+        g->pool_pre = take(base, &used, BC);
+        g->pooled = take(base, &used, BC);
+        g->dpooled = take(base, &used, BC);
+        g->dpool_pre = take(base, &used, BC);
+        g->dfirst = take(base, &used, BC);
+    }
+    g->logits = take(base, &used, rows * (size_t)g->Kp * e);
+    g->losses = take(base, &used, rows * 4);
+    g->dres = take(base, &used, NC * e);
+    g->dln = take(base, &used, NC * e);
+    g->datty = take(base, &used, NC * e);
+    g->dtmp = take(base, &used, NC * e);
+    g->dqkv = take(base, &used, 3 * NC * e);
+    g->dinter = take(base, &used, NI * e);
+    g->dinter_act = take(base, &used, NI * e);
+    if (plan)
+        plan[0] = used;
+    const size_t mark = used;
+    const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = (int)NH, .NKV = (int)NH,
+                                 .HS = (int)(C / NH), .causal = false};
+    g->d_tokens = take(base, &used, N * 4);
+    g->d_types = take(base, &used, N * 4);
+    g->d_targets = take(base, &used, rows * 4);
+    g->d_lens = take(base, &used, B * 4);
+    g->attn_scratch = take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
+    g->emb_scratch = take(base, &used, zt_cuda_embedding_backward_typed_scratch_size(
+                                           g->max_B, g->max_T, (int)C, g->cfg.vocab_size, g->cfg.type_vocab_size));
+    g->ln_scratch = take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, (int)C));
+    g->d_flag = take(base, &used, 4);
+    if (plan)
+        plan[1] = used - mark;
+    return used;
+}
+
+/* Fills the device layout from the host model's tensor table, and the engine's view of it. */
+static void build_layout(bert_cuda *g)
+{
+    const int nt = g->num_tensors;
+    const size_t C = (size_t)g->cfg.hidden_size;
+    size_t off = 0;
+    for (int i = 0; i < nt; i++) {
+        const zt_param_info *t = zt_bert_tensor(g->host, i);
+        size_t len = t->numel;
+        if (i == ZT_BERT_E_WORD)
+            len = (size_t)g->Vp * C;
+        else if (g->mlm && i == HT(BIAS))
+            len = (size_t)g->Vp;
+        else if (!g->mlm && i == HT(CLS_W))
+            len = (size_t)g->Kp * C;
+        else if (!g->mlm && i == HT(CLS_B))
+            len = (size_t)g->Kp;
+        if (!packed(g, i))
+            off = round_up(off, ALIGN_ELEMS);
+        g->toff[i] = off;
+        g->tlen[i] = len;
+        off += len;
+        g->tensors[i] = (zt_model_tensor){.block = t->block, .offset = off - len, .len = len,
+                                          .host_offset = t->offset, .numel = t->numel,
+                                          .weight_decay = t->weight_decay};
+    }
+    for (int b = 0; b < g->num_blocks; b++) {
+        int first = -1, last = -1;
+        for (int i = 0; i < nt; i++)
+            if (zt_bert_tensor(g->host, i)->block == b) {
+                if (first < 0)
+                    first = i;
+                last = i;
+            }
+        ZT_ASSERT(first >= 0);
+        g->boff[b] = g->toff[first];
+        g->blen[b] = round_up(g->toff[last] + g->tlen[last], ALIGN_ELEMS) - g->toff[first];
+        g->block_ckpt[b] = b >= 1 && b <= g->L && layer_ckpt(g, b - 1);
+        g->reads_weights[b] = true; /* the embeddings' LayerNorm too */
+    }
+}
+
+static void cuda_destroy(zt_model *m);
+static const zt_model_ops cuda_ops;
+
+/* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
+static int check_shape(const zt_bert_config *cfg, int max_micro, enum zt_dtype dtype, zt_err *err)
+{
+    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
+    const int C = cfg->hidden_size, NH = cfg->num_attention_heads;
+    const zt_attention_dims d = {.B = 1, .T = 1, .NH = NH, .NKV = NH, .HS = C / NH, .causal = false};
+    if (!zt_cuda_attention_gqa_supported(&d))
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
+                       "of shared memory per block); this model has %d / %d = %d (choose hidden_size / "
+                       "num_attention_heads among them, or train with --device cpu)",
+                       C, NH, C / NH);
+    if (C % 8 != 0 || C > 6144 || cfg->intermediate_size % 8 != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA kernels need hidden_size to be a multiple of 8 up to 6144 and intermediate_size a "
+                       "multiple of 8 (they are %d and %d); train with --device cpu",
+                       C, cfg->intermediate_size);
+    if (cfg->type_vocab_size > ZT_CUDA_EMBEDDING_MAX_TYPES)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA embedding serves at most %d token types (type_vocab_size is "
+                       "%d); train with --device cpu", ZT_CUDA_EMBEDDING_MAX_TYPES, cfg->type_vocab_size);
+    if (max_micro < 1 || max_micro > MAX_MICRO)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
+                       max_micro, MAX_MICRO);
+    return 0;
+}
+
+static void init_shape(bert_cuda *g, const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                       const bool *ckpt_layers)
+{
+    const zt_bert_config *cfg = zt_bert_get_config(host);
+    g->host = host;
+    g->cfg = *cfg;
+    g->dtype = dtype;
+    g->esize = zt_dtype_size(dtype);
+    g->mlm = cfg->head == ZT_BERT_HEAD_MLM;
+    g->L = cfg->num_hidden_layers;
+    g->Vp = (int)round_up((size_t)cfg->vocab_size, VOCAB_PAD);
+    g->K = zt_bert_config_outputs(cfg);
+    g->Kp = g->mlm ? g->Vp : (int)round_up((size_t)g->K, LABEL_PAD);
+    g->row0 = cfg->roberta ? (size_t)cfg->pad_token_id + 1 : 0;
+    const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
+    if (ckpt_layers) {
+        g->ckpt = zt_xcalloc(nl, sizeof(bool));
+        memcpy(g->ckpt, ckpt_layers, (size_t)g->L * sizeof(bool));
+    }
+    g->max_B = B;
+    g->max_T = T;
+    g->max_micro = max_micro;
+    g->num_tensors = zt_bert_num_tensors(host);
+    g->num_blocks = zt_bert_num_blocks(host);
+    g->toff = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
+    g->tlen = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
+    g->boff = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
+    g->blen = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
+    g->tensors = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_model_tensor));
+    g->block_ckpt = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
+    g->reads_weights = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
+    g->layers = zt_xcalloc(nl, sizeof(layer_acts));
+    build_layout(g);
+}
+
+static void free_shape(bert_cuda *g)
+{
+    free(g->toff);
+    free(g->tlen);
+    free(g->boff);
+    free(g->blen);
+    free(g->tensors);
+    free(g->block_ckpt);
+    free(g->reads_weights);
+    free(g->layers);
+    free(g->ckpt);
+}
+
+static void fill_base(bert_cuda *g)
+{
+    zt_model *m = &g->base;
+    m->ops = &cuda_ops;
+    m->backend = ZT_MODEL_CUDA;
+    m->dtype = g->dtype;
+    m->nblocks = g->num_blocks;
+    m->head_block = zt_bert_head_block(g->host);
+    m->block_offset = g->boff;
+    m->block_len = g->blen;
+    m->checkpointed = g->block_ckpt;
+    m->backward_reads_weights = g->reads_weights;
+    m->ntensors = g->num_tensors;
+    m->tensors = g->tensors;
+    m->host_numel = zt_bert_num_params(g->host);
+    m->max_B = g->max_B;
+    m->max_T = g->max_T;
+    m->max_micro = g->max_micro;
+}
+
+zt_model *zt_bert_cuda_shape(const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                             const bool *ckpt_layers)
+{
+    bert_cuda *g = zt_xcalloc(1, sizeof *g);
+    init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
+    fill_base(g);
+    g->base.device_bytes = carve(g, NULL, NULL);
+    return &g->base;
+}
+
+int zt_bert_cuda_create(zt_model **out, const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
+                        const bool *ckpt_layers, zt_err *err)
+{
+    *out = NULL;
+    int rc = check_shape(zt_bert_get_config(host), max_micro, dtype, err);
+    if (rc < 0)
+        return rc;
+    int dev_count = 0;
+    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+        cudaGetLastError();
+        return zt_fail(err, ZT_EUNSUPPORTED, "no CUDA GPU is visible (train with --device cpu)");
+    }
+    bert_cuda *g = zt_xcalloc(1, sizeof *g);
+    init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
+    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    if ((rc = zt_cuda_blas_create(&g->blas, 0, err)) < 0)
+        goto fail;
+    size_t plan[2];
+    g->pool_bytes = carve(g, NULL, plan);
+    size_t free_b = 0, total_b = 0;
+    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    char acts[32], scratch[32], avail[32];
+    zt_format_size(plan[0], acts, sizeof acts);
+    zt_format_size(plan[1], scratch, sizeof scratch);
+    zt_format_size(free_b, avail, sizeof avail);
+    if (cudaMalloc(&g->pool, g->pool_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model's activations need %s (lower the batch "
+                     "size or sequence length, use grad_accum for the same examples per step, or "
+                     "--checkpointing all)", avail, acts);
+        goto fail;
+    }
+    ZT_ASSERT(carve(g, g->pool, NULL) == g->pool_bytes);
+    ZT_CUDA_CHECK(cudaMemsetAsync(g->pool, 0, g->pool_bytes, g->stream));
+    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
+           B, T, scratch);
+
+    const size_t N = (size_t)B * T, rows = head_rows(g, (size_t)B, (size_t)T);
+    const size_t slot = 3 * N + (size_t)B;
+    g->h_io[0] = zt_cuda_host_alloc(2 * slot * sizeof(int32_t));
+    g->h_losses = zt_cuda_host_alloc((size_t)max_micro * rows * sizeof(float));
+    if (!g->h_io[0] || !g->h_losses) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
+                     "(check ulimit -l)");
+        goto fail;
+    }
+    g->h_io[1] = g->h_io[0] + slot;
+    g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
+    for (int i = 0; i < 2; i++)
+        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+
+    fill_base(g);
+    g->base.stream = g->stream;
+    g->base.nonfinite_flag = g->d_flag;
+    g->base.device_bytes = g->pool_bytes;
+    *out = &g->base;
+    return 0;
+
+fail:
+    cuda_destroy(&g->base);
+    return rc;
+}
+
+static void cuda_destroy(zt_model *m)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    if (!g)
+        return;
+    if (g->stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    for (int i = 0; i < 2; i++)
+        if (g->io_done[i])
+            cudaEventDestroy(g->io_done[i]);
+    zt_cuda_host_free(g->h_io[0]);
+    zt_cuda_host_free(g->h_losses);
+    free(g->h_targets);
+    cudaFree(g->pool);
+    zt_cuda_blas_destroy(g->blas);
+    if (g->stream)
+        cudaStreamDestroy(g->stream);
+    free_shape(g);
+    free(g);
+}
+
+/* ---- forward and backward, block by block ---- */
+
+static void *in_block(const bert_cuda *g, const void *block_base, int b, int idx)
+{
+    return (char *)block_base + (g->toff[idx] - g->boff[b]) * g->esize;
+}
+
+static void zero(bert_cuda *g, void *p, size_t elems)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->stream));
+}
+
+static const void *layer_input(const bert_cuda *g, int l)
+{
+    return l > 0 ? g->layers[l - 1].out : g->enc;
+}
+
+/* The exact GELU (erf) or its tanh approximation. */
+static void act_forward(const bert_cuda *g, enum zt_bert_act act, void *out, const void *inp, size_t n)
+{
+    if (act == ZT_BERT_ACT_GELU)
+        zt_cuda_gelu_erf_forward(out, inp, n, g->dtype, g->stream);
+    else
+        zt_cuda_gelu_forward(out, inp, n, g->dtype, g->stream);
+}
+
+/* Accumulates (+=) into dinp. */
+static void act_backward(const bert_cuda *g, enum zt_bert_act act, void *dinp, const void *inp, const void *dout,
+                         size_t n)
+{
+    if (act == ZT_BERT_ACT_GELU)
+        zt_cuda_gelu_erf_backward(dinp, inp, dout, n, g->dtype, g->stream);
+    else
+        zt_cuda_gelu_backward(dinp, inp, dout, n, g->dtype, g->stream);
+}
+
+/* RoBERTa's masked-LM head applies the exact GELU always. */
+static enum zt_bert_act head_act(const bert_cuda *g)
+{
+    return g->cfg.roberta ? ZT_BERT_ACT_GELU : g->cfg.hidden_act;
+}
+
+static zt_attention_dims attention_dims(const bert_cuda *g)
+{
+    const int NH = g->cfg.num_attention_heads;
+    return (zt_attention_dims){.B = g->cur_B, .T = g->cur_T, .NH = NH, .NKV = NH,
+                               .HS = g->cfg.hidden_size / NH, .causal = false};
+}
+
+static void forward_embed(bert_cuda *g, const void *w)
+{
+    const int B = g->cur_B, T = g->cur_T, C = g->cfg.hidden_size;
+    const char *wpe = (const char *)in_block(g, w, 0, ET(POS)) + g->row0 * (size_t)C * g->esize;
+    zt_cuda_embedding_forward_typed(g->emb, g->d_tokens, g->d_types, in_block(g, w, 0, ET(WORD)), wpe,
+                                    in_block(g, w, 0, ET(TYPE)), B, T, C, g->dtype, g->stream);
+    zt_cuda_layernorm_forward(g->enc, g->emb_mean, g->emb_rstd, g->emb, in_block(g, w, 0, ET(LN_W)),
+                              in_block(g, w, 0, ET(LN_B)), B * T, C, g->cfg.layer_norm_eps, g->dtype, g->stream);
+}
+
+static void forward_layer(bert_cuda *g, int l, const void *w)
+{
+    const int N = g->cur_B * g->cur_T, C = g->cfg.hidden_size, I = g->cfg.intermediate_size, b = 1 + l;
+    const float eps = g->cfg.layer_norm_eps;
+    const enum zt_dtype dt = g->dtype;
+    const zt_attention_dims d = attention_dims(g);
+    layer_acts *a = &g->layers[l];
+    const void *x = layer_input(g, l);
+    cudaStream_t s = g->stream;
+#define W(k) in_block(g, w, b, LT(l, k))
+    zt_cuda_matmul_forward(g->blas, a->qkv, NULL, x, W(Q_W), W(Q_B), N, C, 3 * C, dt, s);
+    zt_cuda_attention_forward_gqa(a->atty, a->lse, a->qkv, g->d_lens, &d, dt, s);
+    zt_cuda_matmul_forward_residual(g->blas, a->res1, a->atty, W(AO_W), W(AO_B), x, N, C, C, dt, s);
+    zt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res1, W(ALN_W), W(ALN_B), N, C, eps, dt, s);
+    if (g->cfg.hidden_act == ZT_BERT_ACT_GELU_TANH) {
+        zt_cuda_matmul_forward(g->blas, a->inter_act, a->inter, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
+    } else {
+        zt_cuda_matmul_forward(g->blas, a->inter, NULL, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
+        act_forward(g, ZT_BERT_ACT_GELU, a->inter_act, a->inter, (size_t)N * I);
+    }
+    zt_cuda_matmul_forward_residual(g->blas, a->res2, a->inter_act, W(O_W), W(O_B), a->ln1, N, I, C, dt, s);
+    zt_cuda_layernorm_forward(a->out, a->out_mean, a->out_rstd, a->res2, W(OLN_W), W(OLN_B), N, C, eps, dt, s);
+#undef W
+}
+
+/* Block L+1 forward: the head up to its output layer (the masked-LM transform, or the pooler). */
+static void forward_head_block(bert_cuda *g, const void *w)
+{
+    const int B = g->cur_B, T = g->cur_T, N = B * T, C = g->cfg.hidden_size, hb = g->L + 1;
+    const enum zt_dtype dt = g->dtype;
+    const void *h = layer_input(g, g->L);
+    cudaStream_t s = g->stream;
+#define H(k) in_block(g, w, hb, HT(k))
+    if (g->mlm) {
+        if (head_act(g) == ZT_BERT_ACT_GELU_TANH) {
+            zt_cuda_matmul_forward(g->blas, g->tr_act, g->tr_pre, h, H(DENSE_W), H(DENSE_B), N, C, C, dt, s);
+        } else {
+            zt_cuda_matmul_forward(g->blas, g->tr_pre, NULL, h, H(DENSE_W), H(DENSE_B), N, C, C, dt, s);
+            act_forward(g, ZT_BERT_ACT_GELU, g->tr_act, g->tr_pre, (size_t)N * C);
+        }
+        zt_cuda_layernorm_forward(g->tr_ln, g->tr_mean, g->tr_rstd, g->tr_act, H(LN_W), H(LN_B), N, C,
+                                  g->cfg.layer_norm_eps, dt, s);
+        /* The decoder bias, for the head pass (which reads the word embeddings' block). */
+        ZT_CUDA_CHECK(cudaMemcpyAsync(g->dec_bias, H(BIAS), (size_t)g->Vp * g->esize, cudaMemcpyDeviceToDevice, s));
+    } else {
+        zt_cuda_first_token_forward(g->first, h, B, T, C, dt, s);
+        zt_cuda_matmul_forward(g->blas, g->pool_pre, NULL, g->first, H(POOL_W), H(POOL_B), B, C, C, dt, s);
+        zt_cuda_tanh_forward(g->pooled, g->pool_pre, (size_t)B * C, dt, s);
+    }
+#undef H
+}
+
+static void backward_head_block(bert_cuda *g, const void *w, void *gr)
+{
+    const int B = g->cur_B, T = g->cur_T, N = B * T, C = g->cfg.hidden_size, hb = g->L + 1;
+    const size_t NC = (size_t)N * C, BC = (size_t)B * C;
+    const enum zt_dtype dt = g->dtype;
+    const void *h = layer_input(g, g->L);
+    cudaStream_t s = g->stream;
+#define W(k) in_block(g, w, hb, HT(k))
+#define G(k) in_block(g, gr, hb, HT(k))
+    if (g->mlm) {
+        /* dln holds d(transform LayerNorm output), from the decoder. */
+        zero(g, g->datty, NC);
+        zt_cuda_layernorm_backward(g->datty, G(LN_W), G(LN_B), g->dln, g->tr_act, W(LN_W), g->tr_mean, g->tr_rstd, N,
+                                   C, g->ln_scratch, dt, s);
+        zero(g, g->dtmp, NC);
+        act_backward(g, head_act(g), g->dtmp, g->tr_pre, g->datty, NC);
+        zt_cuda_matmul_backward_overwrite(g->blas, g->dres, G(DENSE_W), G(DENSE_B), g->dtmp, h, W(DENSE_W), NULL, N,
+                                          C, C, dt, s);
+        zt_cuda_add_inplace(G(BIAS), g->ddec_bias, (size_t)g->Vp, dt, s);
+    } else {
+        zero(g, g->dpool_pre, BC);
+        zt_cuda_tanh_backward(g->dpool_pre, g->pooled, g->dpooled, BC, dt, s);
+        zt_cuda_matmul_backward_overwrite(g->blas, g->dfirst, G(POOL_W), G(POOL_B), g->dpool_pre, g->first, W(POOL_W),
+                                          NULL, B, C, C, dt, s);
+        zero(g, g->dres, NC);
+        zt_cuda_first_token_backward(g->dres, g->dfirst, B, T, C, dt, s);
+    }
+#undef W
+#undef G
+}
+
+/* Block 1+l backward: dres holds d(layer output) and becomes d(layer input). */
+static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
+{
+    const int N = g->cur_B * g->cur_T, C = g->cfg.hidden_size, I = g->cfg.intermediate_size, b = 1 + l;
+    const size_t NC = (size_t)N * C, NI = (size_t)N * I;
+    const enum zt_dtype dt = g->dtype;
+    const zt_attention_dims d = attention_dims(g);
+    const layer_acts *a = &g->layers[l];
+    const void *x = layer_input(g, l);
+    cudaStream_t s = g->stream;
+#define W(k) in_block(g, w, b, LT(l, k))
+#define G(k) in_block(g, gr, b, LT(l, k))
+    /* out = LN(res2), res2 = ln1 + output.dense(act(intermediate.dense(ln1))). */
+    zero(g, g->dln, NC);
+    zt_cuda_layernorm_backward(g->dln, G(OLN_W), G(OLN_B), g->dres, a->res2, W(OLN_W), a->out_mean, a->out_rstd, N, C,
+                               g->ln_scratch, dt, s);
+    if (g->cfg.hidden_act == ZT_BERT_ACT_GELU_TANH) {
+        /* dinter = gelu'(inter) * (dln W_O), in one call */
+        zt_cuda_matmul_backward(g->blas, g->dinter, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W), a->inter, N, I, C,
+                                dt, s);
+    } else {
+        zt_cuda_matmul_backward_overwrite(g->blas, g->dinter_act, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W), NULL, N,
+                                          I, C, dt, s);
+        zero(g, g->dinter, NI);
+        act_backward(g, ZT_BERT_ACT_GELU, g->dinter, a->inter, g->dinter_act, NI);
+    }
+    /* dln: d(ln1), the residual's part plus the intermediate's. */
+    zt_cuda_matmul_backward(g->blas, g->dln, G(I_W), G(I_B), g->dinter, a->ln1, W(I_W), NULL, N, C, I, dt, s);
+    /* ln1 = LN(res1), res1 = x + attention.output.dense(attention(qkv(x))). */
+    zero(g, g->dres, NC);
+    zt_cuda_layernorm_backward(g->dres, G(ALN_W), G(ALN_B), g->dln, a->res1, W(ALN_W), a->ln1_mean, a->ln1_rstd, N, C,
+                               g->ln_scratch, dt, s);
+    zt_cuda_matmul_backward_overwrite(g->blas, g->datty, G(AO_W), G(AO_B), g->dres, a->atty, W(AO_W), NULL, N, C, C,
+                                      dt, s);
+    zt_cuda_attention_backward_gqa(g->dqkv, g->datty, a->qkv, a->atty, a->lse, g->d_lens, &d, false, g->attn_scratch,
+                                   dt, s);
+    /* dres: d(x), the residual's part plus the projection's. */
+    zt_cuda_matmul_backward(g->blas, g->dres, G(Q_W), G(Q_B), g->dqkv, x, W(Q_W), NULL, N, C, 3 * C, dt, s);
+#undef W
+#undef G
+}
+
+static void backward_embed(bert_cuda *g, const void *w, void *gr)
+{
+    const int B = g->cur_B, T = g->cur_T, N = B * T, C = g->cfg.hidden_size;
+    zero(g, g->dln, (size_t)N * C);
+    zt_cuda_layernorm_backward(g->dln, in_block(g, gr, 0, ET(LN_W)), in_block(g, gr, 0, ET(LN_B)), g->dres, g->emb,
+                               in_block(g, w, 0, ET(LN_W)), g->emb_mean, g->emb_rstd, N, C, g->ln_scratch, g->dtype,
+                               g->stream);
+    char *dwpe = (char *)in_block(g, gr, 0, ET(POS)) + g->row0 * (size_t)C * g->esize;
+    zt_cuda_embedding_backward_typed(in_block(g, gr, 0, ET(WORD)), dwpe, in_block(g, gr, 0, ET(TYPE)), g->dln,
+                                     g->d_tokens, g->d_types, B, T, C, g->cfg.vocab_size, g->cfg.type_vocab_size,
+                                     g->emb_scratch, g->dtype, g->stream);
+}
+
+/* Stages tokens, token types, the counted targets (none at a pad token; one per sequence for
+ * classification) and each sequence's length before its trailing padding, and copies them to the device.
+ * Returns the number of counted targets. */
+static int stage_batch(bert_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T, int slot,
+                       int micro)
+{
+    const size_t N = (size_t)B * T, rows = head_rows(g, (size_t)B, (size_t)T);
+    const int V = g->cfg.vocab_size, pad = g->cfg.pad_token_id;
+    int32_t *tok = g->h_io[slot], *typ = tok + N, *tgt = typ + N, *lens = tgt + N;
+    int32_t *keep = g->h_targets + (size_t)micro * rows;
+    ZT_CUDA_CHECK(cudaEventSynchronize(g->io_done[slot]));
+    for (size_t i = 0; i < N; i++) {
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+        tok[i] = tokens[i];
+        typ[i] = g->next_types ? g->next_types[i] : 0;
+        ZT_ASSERT(typ[i] >= 0 && typ[i] < g->cfg.type_vocab_size);
+    }
+    g->next_types = NULL;
+    int valid = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const size_t at = g->mlm ? r : r * (size_t)T;
+        int32_t y = targets ? targets[at] : -1;
+        ZT_ASSERT(y == -1 || (y >= 0 && y < g->K));
+        if (!g->mlm && targets)
+            for (int t = 1; t < T; t++)
+                ZT_ASSERT(targets[at + (size_t)t] == -1); /* one label per sequence, at its first position */
+        if (tok[at] == pad)
+            y = -1;
+        tgt[r] = keep[r] = y;
+        valid += y != -1;
+    }
+    for (int b = 0; b < B; b++) {
+        int len = T;
+        while (len > 0 && tok[(size_t)b * T + (size_t)len - 1] == pad)
+            len--;
+        lens[b] = len;
+    }
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, tok, N * 4, cudaMemcpyHostToDevice, g->stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->io_done[slot], g->stream));
+    return valid;
+}
+
+/* ---- the model interface (worker/models/model.h) ---- */
+
+static void cuda_set_token_types(zt_model *m, const int32_t *types)
+{
+    ((bert_cuda *)m)->next_types = types;
+}
+
+static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *targets, int B, int T, int micro)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
+    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
+    g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1, micro);
+    g->cur_B = B;
+    g->cur_T = T;
+    g->micro = micro;
+}
+
+static void cuda_forward(zt_model *m, int b, const void *w)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    if (b == 0)
+        forward_embed(g, w);
+    else if (b <= g->L)
+        forward_layer(g, b - 1, w);
+    else
+        forward_head_block(g, w);
+}
+
+static void cuda_discard(zt_model *m, int b)
+{
+    (void)m;
+    (void)b;
+}
+
+/* The head's output layer (the tied decoder with its bias, or the classifier) and the fused classifier
+ * loss, which in training (scale != 0) replaces the logits with their gradient. */
+static void cuda_head(zt_model *m, const void *w, float scale)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    const int C = g->cfg.hidden_size, B = g->cur_B, N = B * g->cur_T, hb = m->head_block;
+    const int rows = (int)head_rows(g, (size_t)B, (size_t)g->cur_T), valid = g->n_valid[g->micro];
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    if (g->mlm)
+        zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->tr_ln, in_block(g, w, hb, ET(WORD)), g->dec_bias, N, C,
+                               g->Kp, g->dtype, g->stream);
+    else
+        zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->pooled, in_block(g, w, hb, HT(CLS_W)),
+                               in_block(g, w, hb, HT(CLS_B)), B, C, g->Kp, g->dtype, g->stream);
+    zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, rows, g->K,
+                                          g->Kp, -1, grad_scale, NULL, g->dtype, g->stream);
+    if (train)
+        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)rows, ZT_DTYPE_F32, g->stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses + (size_t)g->micro * rows, g->losses, (size_t)rows * sizeof(float),
+                                  cudaMemcpyDeviceToHost, g->stream));
+}
+
+static void cuda_head_backward(zt_model *m, const void *w, void *gr)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    const int C = g->cfg.hidden_size, B = g->cur_B, N = B * g->cur_T, hb = m->head_block;
+    if (g->mlm) {
+        zero(g, g->ddec_bias, (size_t)g->Vp);
+        zt_cuda_matmul_backward_overwrite(g->blas, g->dln, in_block(g, gr, hb, ET(WORD)), g->ddec_bias, g->logits,
+                                          g->tr_ln, in_block(g, w, hb, ET(WORD)), NULL, N, C, g->Kp, g->dtype,
+                                          g->stream);
+    } else {
+        zt_cuda_matmul_backward_overwrite(g->blas, g->dpooled, in_block(g, gr, hb, HT(CLS_W)),
+                                          in_block(g, gr, hb, HT(CLS_B)), g->logits, g->pooled,
+                                          in_block(g, w, hb, HT(CLS_W)), NULL, B, C, g->Kp, g->dtype, g->stream);
+    }
+}
+
+static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    if (g->n_valid[g->micro] == 0)
+        return; /* nothing counted: no gradient (as the CPU model) */
+    if (b == 0)
+        backward_embed(g, w, gr);
+    else if (b <= g->L)
+        backward_layer(g, b - 1, w, gr);
+    else
+        backward_head_block(g, w, gr);
+}
+
+static float cuda_loss(const zt_model *m, int micro)
+{
+    const bert_cuda *g = (const bert_cuda *)m;
+    if (g->n_valid[micro] == 0)
+        return 0.0f;
+    const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T);
+    const float *l = g->h_losses + (size_t)micro * rows;
+    double sum = 0.0;
+    for (size_t i = 0; i < rows; i++)
+        sum += l[i];
+    return (float)(sum / g->n_valid[micro]);
+}
+
+/* Copies the logits of the last head [rows, K] to out as fp32. */
+static void copy_logits(bert_cuda *g, float *out)
+{
+    const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T), K = (size_t)g->K, P = (size_t)g->Kp;
+    void *h = zt_xcalloc(rows * P, g->esize);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(h, g->logits, rows * P * g->esize, cudaMemcpyDeviceToHost, g->stream));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    for (size_t r = 0; r < rows; r++)
+        for (size_t k = 0; k < K; k++) {
+            const size_t i = r * P + k;
+            out[r * K + k] = g->dtype == ZT_DTYPE_F32    ? ((const float *)h)[i]
+                             : g->dtype == ZT_DTYPE_BF16 ? zt_bf16_to_f32(((const uint16_t *)h)[i])
+                                                         : zt_f16_to_f32(((const uint16_t *)h)[i]);
+        }
+    free(h);
+}
+
+static void cuda_logits(zt_model *m, float *out)
+{
+    copy_logits((bert_cuda *)m, out);
+}
+
+/* The argmax of each counted row against its target, from the logits of the evaluation head. */
+static void cuda_accuracy(zt_model *m, int micro, int *correct, int *counted)
+{
+    bert_cuda *g = (bert_cuda *)m;
+    ZT_ASSERT(micro == g->micro);
+    const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T), K = (size_t)g->K;
+    const int32_t *tgt = g->h_targets + (size_t)micro * rows;
+    float *x = zt_xcalloc(rows * K, sizeof(float));
+    copy_logits(g, x);
+    *correct = *counted = 0;
+    for (size_t r = 0; r < rows; r++) {
+        if (tgt[r] == -1)
+            continue;
+        const float *row = x + r * K;
+        size_t best = 0;
+        for (size_t k = 1; k < K; k++)
+            if (row[k] > row[best])
+                best = k;
+        (*counted)++;
+        *correct += (int32_t)best == tgt[r];
+    }
+    free(x);
+}
+
+static const zt_model_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .begin = cuda_begin,
+    .forward = cuda_forward,
+    .discard = cuda_discard,
+    .head = cuda_head,
+    .head_backward = cuda_head_backward,
+    .backward = cuda_backward,
+    .loss = cuda_loss,
+    .set_token_types = cuda_set_token_types,
+    .accuracy = cuda_accuracy,
+    .logits = cuda_logits,
+};
