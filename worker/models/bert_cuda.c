@@ -20,12 +20,9 @@
 #include "kernels/matmul.h"
 #include "kernels/pooler.h"
 #include "kernels/residual.h"
+#include "worker/models/cuda_exec.h"
 
-#define ALIGN_ELEMS 64 /* tensors start on a 64-element boundary of the device layout (but see packed()) */
-#define VOCAB_PAD 128  /* word embedding rows and decoder bias entries: the vocabulary rounded up to this */
-#define LABEL_PAD 8    /* classifier rows: the labels rounded up to this */
-#define POOL_ALIGN 256 /* bytes */
-#define MAX_MICRO 1024
+#define LABEL_PAD 8 /* classifier rows: the labels rounded up to this */
 
 typedef struct layer_acts {
     void *qkv, *atty, *res1, *ln1, *inter, *inter_act, *res2, *out; /* dtype */
@@ -43,16 +40,12 @@ typedef struct bert_cuda {
     size_t row0;       /* the position table's row of position 0 (RoBERTa: pad_token_id + 1) */
     bool *ckpt;
     int max_B, max_T, max_micro;
-    cudaStream_t stream;
-    zt_cuda_blas *blas;
+    zt__cuda_layout lay;     /* the device layout and the engine's view of it */
+    zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
+    cudaStream_t stream;     /* cs.stream */
+    zt_cuda_blas *blas;      /* cs.blas */
 
-    int num_tensors, num_blocks;
-    size_t *toff, *tlen, *boff, *blen;
-    zt_model_tensor *tensors;
-    bool *block_ckpt, *reads_weights;
-
-    void *pool;
-    size_t pool_bytes;
+    /* Carved from the pool. */
     layer_acts *layers, shared;
     void *emb, *enc;                                  /* [N,C] */
     float *emb_mean, *emb_rstd;                       /* [N] */
@@ -66,13 +59,11 @@ typedef struct bert_cuda {
     void *attn_scratch, *emb_scratch, *ln_scratch;
     int *d_flag;
 
-    /* Pinned host staging: per slot tokens, types, targets [N] each and lens [B]. */
-    int32_t *h_io[2];
-    cudaEvent_t io_done[2];
-    float *h_losses;         /* [max_micro * rows] */
+    /* Staging: cs.h_io's slots hold tokens, types, targets [N] each and lens [B]; cs.h_losses
+     * [max_micro * rows]. */
     int32_t *h_targets;      /* [max_micro * rows] the counted targets, for the accuracy */
     const int32_t *next_types;
-    int n_valid[MAX_MICRO];
+    int n_valid[ZT__CUDA_MAX_MICRO];
     int cur_B, cur_T, micro;
 } bert_cuda;
 
@@ -81,18 +72,6 @@ typedef struct bert_cuda {
 #define HT(k) ZT_BERT_HEAD_TENSOR(g->L, ZT_BERT_H_##k)
 
 /* ---- layout and creation ---- */
-
-static size_t round_up(size_t x, size_t a)
-{
-    return (x + a - 1) / a * a;
-}
-
-static void *take(char *base, size_t *used, size_t bytes)
-{
-    void *p = base ? base + *used : NULL;
-    *used += round_up(bytes, POOL_ALIGN);
-    return p;
-}
 
 static bool layer_ckpt(const bert_cuda *g, int l)
 {
@@ -122,10 +101,10 @@ static size_t carve(bert_cuda *g, char *base, size_t plan[2])
     const size_t NH = (size_t)g->cfg.num_attention_heads, I = (size_t)g->cfg.intermediate_size;
     const size_t e = g->esize, NC = N * C, NI = N * I, rows = head_rows(g, B, (size_t)g->max_T);
     size_t used = 0;
-    g->emb = take(base, &used, NC * e);
-    g->emb_mean = take(base, &used, N * 4);
-    g->emb_rstd = take(base, &used, N * 4);
-    g->enc = take(base, &used, NC * e);
+    g->emb = zt__pool_take(base, &used, NC * e);
+    g->emb_mean = zt__pool_take(base, &used, N * 4);
+    g->emb_rstd = zt__pool_take(base, &used, N * 4);
+    g->enc = zt__pool_take(base, &used, NC * e);
     bool any_ckpt = false;
     for (int l = 0; l < g->L; l++)
         any_ckpt |= layer_ckpt(g, l);
@@ -136,108 +115,86 @@ static size_t carve(bert_cuda *g, char *base, size_t plan[2])
         layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
         if (l >= 0 && layer_ckpt(g, l)) {
             *a = g->shared;
-            a->out = take(base, &used, NC * e);
+            a->out = zt__pool_take(base, &used, NC * e);
             continue;
         }
-        a->qkv = take(base, &used, 3 * NC * e);
-        a->atty = take(base, &used, NC * e);
-        a->lse = take(base, &used, N * NH * 4);
-        a->res1 = take(base, &used, NC * e);
-        a->ln1 = take(base, &used, NC * e);
-        a->ln1_mean = take(base, &used, N * 4);
-        a->ln1_rstd = take(base, &used, N * 4);
-        a->inter = take(base, &used, NI * e);
-        a->inter_act = take(base, &used, NI * e);
-        a->res2 = take(base, &used, NC * e);
-        a->out = take(base, &used, NC * e);
-        a->out_mean = take(base, &used, N * 4);
-        a->out_rstd = take(base, &used, N * 4);
+        a->qkv = zt__pool_take(base, &used, 3 * NC * e);
+        a->atty = zt__pool_take(base, &used, NC * e);
+        a->lse = zt__pool_take(base, &used, N * NH * 4);
+        a->res1 = zt__pool_take(base, &used, NC * e);
+        a->ln1 = zt__pool_take(base, &used, NC * e);
+        a->ln1_mean = zt__pool_take(base, &used, N * 4);
+        a->ln1_rstd = zt__pool_take(base, &used, N * 4);
+        a->inter = zt__pool_take(base, &used, NI * e);
+        a->inter_act = zt__pool_take(base, &used, NI * e);
+        a->res2 = zt__pool_take(base, &used, NC * e);
+        a->out = zt__pool_take(base, &used, NC * e);
+        a->out_mean = zt__pool_take(base, &used, N * 4);
+        a->out_rstd = zt__pool_take(base, &used, N * 4);
     }
     if (g->mlm) {
-        g->tr_pre = take(base, &used, NC * e);
-        g->tr_act = take(base, &used, NC * e);
-        g->tr_ln = take(base, &used, NC * e);
-        g->tr_mean = take(base, &used, N * 4);
-        g->tr_rstd = take(base, &used, N * 4);
-        g->dec_bias = take(base, &used, (size_t)g->Vp * e);
-        g->ddec_bias = take(base, &used, (size_t)g->Vp * e);
+        g->tr_pre = zt__pool_take(base, &used, NC * e);
+        g->tr_act = zt__pool_take(base, &used, NC * e);
+        g->tr_ln = zt__pool_take(base, &used, NC * e);
+        g->tr_mean = zt__pool_take(base, &used, N * 4);
+        g->tr_rstd = zt__pool_take(base, &used, N * 4);
+        g->dec_bias = zt__pool_take(base, &used, (size_t)g->Vp * e);
+        g->ddec_bias = zt__pool_take(base, &used, (size_t)g->Vp * e);
     } else {
         const size_t BC = B * C * e;
-        g->first = take(base, &used, BC);
-        g->pool_pre = take(base, &used, BC);
-        g->pooled = take(base, &used, BC);
-        g->dpooled = take(base, &used, BC);
-        g->dpool_pre = take(base, &used, BC);
-        g->dfirst = take(base, &used, BC);
+        g->first = zt__pool_take(base, &used, BC);
+        g->pool_pre = zt__pool_take(base, &used, BC);
+        g->pooled = zt__pool_take(base, &used, BC);
+        g->dpooled = zt__pool_take(base, &used, BC);
+        g->dpool_pre = zt__pool_take(base, &used, BC);
+        g->dfirst = zt__pool_take(base, &used, BC);
     }
-    g->logits = take(base, &used, rows * (size_t)g->Kp * e);
-    g->losses = take(base, &used, rows * 4);
-    g->dres = take(base, &used, NC * e);
-    g->dln = take(base, &used, NC * e);
-    g->datty = take(base, &used, NC * e);
-    g->dtmp = take(base, &used, NC * e);
-    g->dqkv = take(base, &used, 3 * NC * e);
-    g->dinter = take(base, &used, NI * e);
-    g->dinter_act = take(base, &used, NI * e);
+    g->logits = zt__pool_take(base, &used, rows * (size_t)g->Kp * e);
+    g->losses = zt__pool_take(base, &used, rows * 4);
+    g->dres = zt__pool_take(base, &used, NC * e);
+    g->dln = zt__pool_take(base, &used, NC * e);
+    g->datty = zt__pool_take(base, &used, NC * e);
+    g->dtmp = zt__pool_take(base, &used, NC * e);
+    g->dqkv = zt__pool_take(base, &used, 3 * NC * e);
+    g->dinter = zt__pool_take(base, &used, NI * e);
+    g->dinter_act = zt__pool_take(base, &used, NI * e);
     if (plan)
         plan[0] = used;
     const size_t mark = used;
     const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = (int)NH, .NKV = (int)NH,
                                  .HS = (int)(C / NH), .causal = false};
-    g->d_tokens = take(base, &used, N * 4);
-    g->d_types = take(base, &used, N * 4);
-    g->d_targets = take(base, &used, rows * 4);
-    g->d_lens = take(base, &used, B * 4);
-    g->attn_scratch = take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
-    g->emb_scratch = take(base, &used, zt_cuda_embedding_backward_typed_scratch_size(
+    g->d_tokens = zt__pool_take(base, &used, N * 4);
+    g->d_types = zt__pool_take(base, &used, N * 4);
+    g->d_targets = zt__pool_take(base, &used, rows * 4);
+    g->d_lens = zt__pool_take(base, &used, B * 4);
+    g->attn_scratch = zt__pool_take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
+    g->emb_scratch = zt__pool_take(base, &used, zt_cuda_embedding_backward_typed_scratch_size(
                                            g->max_B, g->max_T, (int)C, g->cfg.vocab_size, g->cfg.type_vocab_size));
-    g->ln_scratch = take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, (int)C));
-    g->d_flag = take(base, &used, 4);
+    g->ln_scratch = zt__pool_take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, (int)C));
+    g->d_flag = zt__pool_take(base, &used, 4);
     if (plan)
         plan[1] = used - mark;
     return used;
 }
 
-/* Fills the device layout from the host model's tensor table, and the engine's view of it. */
-static void build_layout(bert_cuda *g)
+/* The device layout of the host model's tensor table: the word embeddings and the decoder bias padded to Vp,
+ * the classifier to Kp labels, key and value packed after query. */
+static void build_layout(bert_cuda *g, const bool *ckpt_layers)
 {
-    const int nt = g->num_tensors;
+    const int nt = zt_bert_num_tensors(g->host);
+    const zt_param_info *tensors = zt_bert_tensor(g->host, 0);
     const size_t C = (size_t)g->cfg.hidden_size;
-    size_t off = 0;
-    for (int i = 0; i < nt; i++) {
-        const zt_param_info *t = zt_bert_tensor(g->host, i);
-        size_t len = t->numel;
-        if (i == ZT_BERT_E_WORD)
-            len = (size_t)g->Vp * C;
-        else if (g->mlm && i == HT(BIAS))
-            len = (size_t)g->Vp;
-        else if (!g->mlm && i == HT(CLS_W))
-            len = (size_t)g->Kp * C;
-        else if (!g->mlm && i == HT(CLS_B))
-            len = (size_t)g->Kp;
-        if (!packed(g, i))
-            off = round_up(off, ALIGN_ELEMS);
-        g->toff[i] = off;
-        g->tlen[i] = len;
-        off += len;
-        g->tensors[i] = (zt_model_tensor){.block = t->block, .offset = off - len, .len = len,
-                                          .host_offset = t->offset, .numel = t->numel,
-                                          .weight_decay = t->weight_decay};
+    zt__cuda_layout_init(&g->lay, tensors, nt, zt_bert_num_blocks(g->host));
+    g->lay.tlen[ZT_BERT_E_WORD] = (size_t)g->Vp * C;
+    if (g->mlm) {
+        g->lay.tlen[HT(BIAS)] = (size_t)g->Vp;
+    } else {
+        g->lay.tlen[HT(CLS_W)] = (size_t)g->Kp * C;
+        g->lay.tlen[HT(CLS_B)] = (size_t)g->Kp;
     }
-    for (int b = 0; b < g->num_blocks; b++) {
-        int first = -1, last = -1;
-        for (int i = 0; i < nt; i++)
-            if (zt_bert_tensor(g->host, i)->block == b) {
-                if (first < 0)
-                    first = i;
-                last = i;
-            }
-        ZT_ASSERT(first >= 0);
-        g->boff[b] = g->toff[first];
-        g->blen[b] = round_up(g->toff[last] + g->tlen[last], ALIGN_ELEMS) - g->toff[first];
-        g->block_ckpt[b] = b >= 1 && b <= g->L && layer_ckpt(g, b - 1);
-        g->reads_weights[b] = true; /* the embeddings' LayerNorm too */
-    }
+    for (int i = 0; i < nt; i++)
+        g->lay.packed[i] = packed(g, i);
+    zt__cuda_layout_finish(&g->lay, tensors, g->L, ckpt_layers, true); /* the embeddings' LayerNorm reads its weights */
 }
 
 static void cuda_destroy(zt_model *m);
@@ -264,9 +221,9 @@ static int check_shape(const zt_bert_config *cfg, int max_micro, enum zt_dtype d
     if (cfg->type_vocab_size > ZT_CUDA_EMBEDDING_MAX_TYPES)
         return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA embedding serves at most %d token types (type_vocab_size is "
                        "%d); train with --device cpu", ZT_CUDA_EMBEDDING_MAX_TYPES, cfg->type_vocab_size);
-    if (max_micro < 1 || max_micro > MAX_MICRO)
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
         return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
-                       max_micro, MAX_MICRO);
+                       max_micro, ZT__CUDA_MAX_MICRO);
     return 0;
 }
 
@@ -280,9 +237,9 @@ static void init_shape(bert_cuda *g, const zt_bert *host, int B, int T, int max_
     g->esize = zt_dtype_size(dtype);
     g->mlm = cfg->head == ZT_BERT_HEAD_MLM;
     g->L = cfg->num_hidden_layers;
-    g->Vp = (int)round_up((size_t)cfg->vocab_size, VOCAB_PAD);
+    g->Vp = (int)zt__round_up((size_t)cfg->vocab_size, ZT__CUDA_VOCAB_PAD);
     g->K = zt_bert_config_outputs(cfg);
-    g->Kp = g->mlm ? g->Vp : (int)round_up((size_t)g->K, LABEL_PAD);
+    g->Kp = g->mlm ? g->Vp : (int)zt__round_up((size_t)g->K, LABEL_PAD);
     g->row0 = cfg->roberta ? (size_t)cfg->pad_token_id + 1 : 0;
     const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
     if (ckpt_layers) {
@@ -292,50 +249,22 @@ static void init_shape(bert_cuda *g, const zt_bert *host, int B, int T, int max_
     g->max_B = B;
     g->max_T = T;
     g->max_micro = max_micro;
-    g->num_tensors = zt_bert_num_tensors(host);
-    g->num_blocks = zt_bert_num_blocks(host);
-    g->toff = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
-    g->tlen = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
-    g->boff = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
-    g->blen = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
-    g->tensors = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_model_tensor));
-    g->block_ckpt = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
-    g->reads_weights = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
     g->layers = zt_xcalloc(nl, sizeof(layer_acts));
-    build_layout(g);
+    build_layout(g, ckpt_layers);
 }
 
 static void free_shape(bert_cuda *g)
 {
-    free(g->toff);
-    free(g->tlen);
-    free(g->boff);
-    free(g->blen);
-    free(g->tensors);
-    free(g->block_ckpt);
-    free(g->reads_weights);
+    zt__cuda_layout_free(&g->lay);
     free(g->layers);
     free(g->ckpt);
 }
 
 static void fill_base(bert_cuda *g)
 {
-    zt_model *m = &g->base;
-    m->ops = &cuda_ops;
-    m->backend = ZT_MODEL_CUDA;
-    m->dtype = g->dtype;
-    m->nblocks = g->num_blocks;
-    m->head_block = zt_bert_head_block(g->host);
-    m->block_offset = g->boff;
-    m->block_len = g->blen;
-    m->checkpointed = g->block_ckpt;
-    m->backward_reads_weights = g->reads_weights;
-    m->ntensors = g->num_tensors;
-    m->tensors = g->tensors;
-    m->host_numel = zt_bert_num_params(g->host);
-    m->max_B = g->max_B;
-    m->max_T = g->max_T;
-    m->max_micro = g->max_micro;
+    g->base.ops = &cuda_ops;
+    zt__cuda_layout_describe(&g->base, &g->lay, g->dtype, zt_bert_head_block(g->host), zt_bert_num_params(g->host),
+                             g->max_B, g->max_T, g->max_micro);
 }
 
 zt_model *zt_bert_cuda_shape(const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
@@ -355,55 +284,24 @@ int zt_bert_cuda_create(zt_model **out, const zt_bert *host, int B, int T, int m
     int rc = check_shape(zt_bert_get_config(host), max_micro, dtype, err);
     if (rc < 0)
         return rc;
-    int dev_count = 0;
-    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-        cudaGetLastError();
-        return zt_fail(err, ZT_EUNSUPPORTED, "no CUDA GPU is visible (train with --device cpu)");
-    }
     bert_cuda *g = zt_xcalloc(1, sizeof *g);
     init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
-    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
-    if ((rc = zt_cuda_blas_create(&g->blas, 0, err)) < 0)
-        goto fail;
     size_t plan[2];
-    g->pool_bytes = carve(g, NULL, plan);
-    size_t free_b = 0, total_b = 0;
-    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    char acts[32], scratch[32], avail[32];
-    zt_format_size(plan[0], acts, sizeof acts);
-    zt_format_size(plan[1], scratch, sizeof scratch);
-    zt_format_size(free_b, avail, sizeof avail);
-    if (cudaMalloc(&g->pool, g->pool_bytes) != cudaSuccess) {
-        cudaGetLastError();
-        rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model's activations need %s (lower the batch "
-                     "size or sequence length, use grad_accum for the same examples per step, or "
-                     "--checkpointing all)", avail, acts);
-        goto fail;
-    }
-    ZT_ASSERT(carve(g, g->pool, NULL) == g->pool_bytes);
-    ZT_CUDA_CHECK(cudaMemsetAsync(g->pool, 0, g->pool_bytes, g->stream));
-    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
-           B, T, scratch);
-
+    const size_t pool_bytes = carve(g, NULL, plan);
     const size_t N = (size_t)B * T, rows = head_rows(g, (size_t)B, (size_t)T);
-    const size_t slot = 3 * N + (size_t)B;
-    g->h_io[0] = zt_cuda_host_alloc(2 * slot * sizeof(int32_t));
-    g->h_losses = zt_cuda_host_alloc((size_t)max_micro * rows * sizeof(float));
-    if (!g->h_io[0] || !g->h_losses) {
-        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
-                     "(check ulimit -l)");
+    rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 3 * N + (size_t)B, (size_t)max_micro * rows, dtype, B, T,
+                             err);
+    if (rc < 0)
         goto fail;
-    }
-    g->h_io[1] = g->h_io[0] + slot;
+    g->stream = g->cs.stream;
+    g->blas = g->cs.blas;
+    ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
     g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
-    for (int i = 0; i < 2; i++)
-        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
 
     fill_base(g);
     g->base.stream = g->stream;
     g->base.nonfinite_flag = g->d_flag;
-    g->base.device_bytes = g->pool_bytes;
+    g->base.device_bytes = pool_bytes;
     *out = &g->base;
     return 0;
 
@@ -417,18 +315,8 @@ static void cuda_destroy(zt_model *m)
     bert_cuda *g = (bert_cuda *)m;
     if (!g)
         return;
-    if (g->stream)
-        ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    for (int i = 0; i < 2; i++)
-        if (g->io_done[i])
-            cudaEventDestroy(g->io_done[i]);
-    zt_cuda_host_free(g->h_io[0]);
-    zt_cuda_host_free(g->h_losses);
+    zt__cuda_state_close(&g->cs);
     free(g->h_targets);
-    cudaFree(g->pool);
-    zt_cuda_blas_destroy(g->blas);
-    if (g->stream)
-        cudaStreamDestroy(g->stream);
     free_shape(g);
     free(g);
 }
@@ -437,7 +325,7 @@ static void cuda_destroy(zt_model *m)
 
 static void *in_block(const bert_cuda *g, const void *block_base, int b, int idx)
 {
-    return (char *)block_base + (g->toff[idx] - g->boff[b]) * g->esize;
+    return zt__cuda_in_block(&g->lay, block_base, b, idx, g->esize);
 }
 
 static void zero(bert_cuda *g, void *p, size_t elems)
@@ -638,9 +526,9 @@ static int stage_batch(bert_cuda *g, const int32_t *tokens, const int32_t *targe
 {
     const size_t N = (size_t)B * T, rows = head_rows(g, (size_t)B, (size_t)T);
     const int V = g->cfg.vocab_size, pad = g->cfg.pad_token_id;
-    int32_t *tok = g->h_io[slot], *typ = tok + N, *tgt = typ + N, *lens = tgt + N;
+    int32_t *tok = g->cs.h_io[slot], *typ = tok + N, *tgt = typ + N, *lens = tgt + N;
     int32_t *keep = g->h_targets + (size_t)micro * rows;
-    ZT_CUDA_CHECK(cudaEventSynchronize(g->io_done[slot]));
+    ZT_CUDA_CHECK(cudaEventSynchronize(g->cs.io_done[slot])); /* the slot's previous copy has been made */
     for (size_t i = 0; i < N; i++) {
         ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
         tok[i] = tokens[i];
@@ -671,7 +559,7 @@ static int stage_batch(bert_cuda *g, const int32_t *tokens, const int32_t *targe
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->stream));
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->stream));
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaEventRecord(g->io_done[slot], g->stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->cs.io_done[slot], g->stream));
     return valid;
 }
 
@@ -731,7 +619,7 @@ static void cuda_head(zt_model *m, const void *w, float scale)
                                           g->Kp, -1, grad_scale, NULL, g->dtype, g->stream);
     if (train)
         zt_cuda_check_finite(g->d_flag, g->losses, (size_t)rows, ZT_DTYPE_F32, g->stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses + (size_t)g->micro * rows, g->losses, (size_t)rows * sizeof(float),
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * rows, g->losses, (size_t)rows * sizeof(float),
                                   cudaMemcpyDeviceToHost, g->stream));
 }
 
@@ -767,31 +655,15 @@ static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
 static float cuda_loss(const zt_model *m, int micro)
 {
     const bert_cuda *g = (const bert_cuda *)m;
-    if (g->n_valid[micro] == 0)
-        return 0.0f;
     const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T);
-    const float *l = g->h_losses + (size_t)micro * rows;
-    double sum = 0.0;
-    for (size_t i = 0; i < rows; i++)
-        sum += l[i];
-    return (float)(sum / g->n_valid[micro]);
+    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * rows, rows, g->n_valid[micro]);
 }
 
 /* Copies the logits of the last head [rows, K] to out as fp32. */
 static void copy_logits(bert_cuda *g, float *out)
 {
-    const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T), K = (size_t)g->K, P = (size_t)g->Kp;
-    void *h = zt_xcalloc(rows * P, g->esize);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(h, g->logits, rows * P * g->esize, cudaMemcpyDeviceToHost, g->stream));
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    for (size_t r = 0; r < rows; r++)
-        for (size_t k = 0; k < K; k++) {
-            const size_t i = r * P + k;
-            out[r * K + k] = g->dtype == ZT_DTYPE_F32    ? ((const float *)h)[i]
-                             : g->dtype == ZT_DTYPE_BF16 ? zt_bf16_to_f32(((const uint16_t *)h)[i])
-                                                         : zt_f16_to_f32(((const uint16_t *)h)[i]);
-        }
-    free(h);
+    const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T);
+    zt__cuda_rows_to_f32(out, g->logits, rows, (size_t)g->K, (size_t)g->Kp, g->dtype, g->stream);
 }
 
 static void cuda_logits(zt_model *m, float *out)

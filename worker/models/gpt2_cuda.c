@@ -17,16 +17,13 @@
 #include "kernels/embedding.h"       /* zt_cuda_embedding_forward / backward */
 #include "kernels/layernorm.h"       /* zt_cuda_layernorm_forward / backward */
 #include "kernels/matmul.h"          /* cuBLASLt GEMMs with bias / GELU / residual epilogues */
+#include "worker/models/cuda_exec.h"  /* the layout, pool, stream and staging every executor shares */
 
 /* Per-layer tensor order of the host layout (worker/models/gpt2.c). */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, LT_N };
 #define LAYER_TENSOR(l, k) (2 + (l) * LT_N + (k))
 
-#define ALIGN_ELEMS 64     /* every tensor starts on a 64-element boundary of the device layout */
-#define VOCAB_PAD 128      /* wte rows on the device: the vocabulary rounded up to this */
-#define POOL_ALIGN 256     /* bytes */
 #define PROF_EVENTS 8192
-#define MAX_MICRO 1024     /* micro-batches per step */
 
 /* Kernel families timed in profiling mode. */
 enum prof_family {
@@ -54,19 +51,12 @@ typedef struct gpt2_cuda {
     layer_acts shared;       /* the activations that checkpointed layers share (not res3) */
     size_t esize;            /* bytes per dtype element */
     int max_B, max_T, max_micro, Vp;
-    cudaStream_t stream;
-    zt_cuda_blas *blas;
+    zt__cuda_layout lay;     /* the device layout and the engine's view of it */
+    zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
+    cudaStream_t stream;     /* cs.stream */
+    zt_cuda_blas *blas;      /* cs.blas */
 
-    /* Layout: device offset and length (elements) of every tensor and block, and the engine's view. */
-    int num_tensors, num_blocks;
-    size_t *toff, *tlen;
-    size_t *boff, *blen;
-    zt_model_tensor *tensors;
-    bool *block_ckpt, *reads_weights;
-
-    /* The pool and what is carved from it. */
-    void *pool;
-    size_t pool_bytes;
+    /* Carved from the pool. */
     layer_acts *layers;
     void *encoded, *lnf, *logits, *dres, *dln, *datty, *dqkv, *dfch;
     float *lnf_mean, *lnf_rstd, *losses;
@@ -74,11 +64,7 @@ typedef struct gpt2_cuda {
     void *attn_scratch, *emb_scratch, *ln_scratch;
     int *d_flag;
 
-    /* Pinned host staging. */
-    int32_t *h_io[2];        /* two slots of tokens then targets [2 * max_B * max_T] */
-    cudaEvent_t io_done[2];
-    float *h_losses;         /* [max_micro * max_B * max_T] */
-    int n_valid[MAX_MICRO];  /* per micro-batch of the current step */
+    int n_valid[ZT__CUDA_MAX_MICRO]; /* per micro-batch of the current step */
     int cur_B, cur_T, micro;
     float grad_scale;        /* of the micro-batch in flight: scale / counted targets */
 
@@ -159,18 +145,6 @@ void zt_gpt2_cuda_profile_report(zt_model *m)
 
 /* ---- creation ---- */
 
-static size_t round_up(size_t x, size_t a)
-{
-    return (x + a - 1) / a * a;
-}
-
-/* Hands out `bytes` from the pool at base (or only counts them when base is NULL). */
-static void *take(char *base, size_t *used, size_t bytes)
-{
-    void *p = base ? base + *used : NULL;
-    *used += round_up(bytes, POOL_ALIGN);
-    return p;
-}
 
 /* Whether layer l keeps only its output in the forward pass. */
 static bool layer_ckpt(const gpt2_cuda *g, int l)
@@ -185,7 +159,7 @@ static size_t carve(gpt2_cuda *g, char *base, size_t plan[2])
     const size_t N = (size_t)g->max_B * g->max_T, C = (size_t)g->cfg.n_embd, NH = (size_t)g->cfg.n_head;
     const size_t e = g->esize, NC = N * C;
     size_t used = 0;
-    g->encoded = take(base, &used, NC * e);
+    g->encoded = zt__pool_take(base, &used, NC * e);
     bool any_ckpt = false;
     for (int l = 0; l < g->cfg.n_layer; l++)
         any_ckpt |= layer_ckpt(g, l);
@@ -196,76 +170,55 @@ static size_t carve(gpt2_cuda *g, char *base, size_t plan[2])
         layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
         if (l >= 0 && layer_ckpt(g, l)) {
             *a = g->shared;
-            a->res3 = take(base, &used, NC * e);
+            a->res3 = zt__pool_take(base, &used, NC * e);
             continue;
         }
-        a->ln1 = take(base, &used, NC * e);
-        a->ln1_mean = take(base, &used, N * 4);
-        a->ln1_rstd = take(base, &used, N * 4);
-        a->qkv = take(base, &used, 3 * NC * e);
-        a->atty = take(base, &used, NC * e);
-        a->lse = take(base, &used, N * NH * 4);
-        a->res2 = take(base, &used, NC * e);
-        a->ln2 = take(base, &used, NC * e);
-        a->ln2_mean = take(base, &used, N * 4);
-        a->ln2_rstd = take(base, &used, N * 4);
-        a->fch = take(base, &used, 4 * NC * e);
-        a->fch_gelu = take(base, &used, 4 * NC * e);
-        a->res3 = take(base, &used, NC * e);
+        a->ln1 = zt__pool_take(base, &used, NC * e);
+        a->ln1_mean = zt__pool_take(base, &used, N * 4);
+        a->ln1_rstd = zt__pool_take(base, &used, N * 4);
+        a->qkv = zt__pool_take(base, &used, 3 * NC * e);
+        a->atty = zt__pool_take(base, &used, NC * e);
+        a->lse = zt__pool_take(base, &used, N * NH * 4);
+        a->res2 = zt__pool_take(base, &used, NC * e);
+        a->ln2 = zt__pool_take(base, &used, NC * e);
+        a->ln2_mean = zt__pool_take(base, &used, N * 4);
+        a->ln2_rstd = zt__pool_take(base, &used, N * 4);
+        a->fch = zt__pool_take(base, &used, 4 * NC * e);
+        a->fch_gelu = zt__pool_take(base, &used, 4 * NC * e);
+        a->res3 = zt__pool_take(base, &used, NC * e);
     }
-    g->lnf = take(base, &used, NC * e);
-    g->lnf_mean = take(base, &used, N * 4);
-    g->lnf_rstd = take(base, &used, N * 4);
-    g->logits = take(base, &used, N * (size_t)g->Vp * e);
-    g->losses = take(base, &used, N * 4);
-    g->dres = take(base, &used, NC * e);
-    g->dln = take(base, &used, NC * e);
-    g->datty = take(base, &used, NC * e);
-    g->dqkv = take(base, &used, 3 * NC * e);
-    g->dfch = take(base, &used, 4 * NC * e);
+    g->lnf = zt__pool_take(base, &used, NC * e);
+    g->lnf_mean = zt__pool_take(base, &used, N * 4);
+    g->lnf_rstd = zt__pool_take(base, &used, N * 4);
+    g->logits = zt__pool_take(base, &used, N * (size_t)g->Vp * e);
+    g->losses = zt__pool_take(base, &used, N * 4);
+    g->dres = zt__pool_take(base, &used, NC * e);
+    g->dln = zt__pool_take(base, &used, NC * e);
+    g->datty = zt__pool_take(base, &used, NC * e);
+    g->dqkv = zt__pool_take(base, &used, 3 * NC * e);
+    g->dfch = zt__pool_take(base, &used, 4 * NC * e);
     if (plan)
         plan[0] = used;
     const size_t mark = used;
-    g->d_tokens = take(base, &used, N * 4);
-    g->d_targets = take(base, &used, N * 4);
-    g->attn_scratch = take(base, &used, zt_cuda_attention_backward_scratch_size(g->max_B, g->max_T, (int)NH));
+    g->d_tokens = zt__pool_take(base, &used, N * 4);
+    g->d_targets = zt__pool_take(base, &used, N * 4);
+    g->attn_scratch = zt__pool_take(base, &used, zt_cuda_attention_backward_scratch_size(g->max_B, g->max_T, (int)NH));
     g->emb_scratch =
-        take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->cfg.vocab_size));
-    g->ln_scratch = take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, (int)C));
-    g->d_flag = take(base, &used, 4);
+        zt__pool_take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->cfg.vocab_size));
+    g->ln_scratch = zt__pool_take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, (int)C));
+    g->d_flag = zt__pool_take(base, &used, 4);
     if (plan)
         plan[1] = used - mark;
     return used;
 }
 
-/* Fills the device layout from the host model's tensor table, and the engine's view of it. */
+/* The device layout of the host model's tensor table: wte padded to Vp rows. */
 static void build_layout(gpt2_cuda *g)
 {
-    const int nt = g->num_tensors;
-    size_t off = 0;
-    for (int i = 0; i < nt; i++) {
-        const zt_param_info *t = zt_gpt2_tensor(g->host, i);
-        g->toff[i] = off;
-        g->tlen[i] = i == 0 ? (size_t)g->Vp * (size_t)g->cfg.n_embd : t->numel; /* wte padded */
-        off = round_up(off + g->tlen[i], ALIGN_ELEMS);
-        g->tensors[i] = (zt_model_tensor){.block = t->block, .offset = g->toff[i], .len = g->tlen[i],
-                                          .host_offset = t->offset, .numel = t->numel,
-                                          .weight_decay = t->weight_decay};
-    }
-    for (int b = 0; b < g->num_blocks; b++) {
-        int first = -1, last = -1;
-        for (int i = 0; i < nt; i++)
-            if (zt_gpt2_tensor(g->host, i)->block == b) {
-                if (first < 0)
-                    first = i;
-                last = i;
-            }
-        ZT_ASSERT(first >= 0);
-        g->boff[b] = g->toff[first];
-        g->blen[b] = round_up(g->toff[last] + g->tlen[last], ALIGN_ELEMS) - g->toff[first];
-        g->block_ckpt[b] = b >= 1 && b <= g->cfg.n_layer && layer_ckpt(g, b - 1);
-        g->reads_weights[b] = b != 0; /* the embeddings' backward reads no weights */
-    }
+    const zt_param_info *tensors = zt_gpt2_tensor(g->host, 0);
+    zt__cuda_layout_init(&g->lay, tensors, zt_gpt2_num_tensors(g->host), zt_gpt2_num_blocks(g->host));
+    g->lay.tlen[0] = (size_t)g->Vp * (size_t)g->cfg.n_embd;
+    zt__cuda_layout_finish(&g->lay, tensors, g->cfg.n_layer, g->ckpt, false);
 }
 
 static void cuda_destroy(zt_model *m);
@@ -287,9 +240,9 @@ static int check_shape(const zt_gpt2_config *cfg, int max_micro, enum zt_dtype d
                        "the CUDA kernels need n_embd to be a multiple of 8 and at most 6144 (it is %d); train "
                        "with --device cpu",
                        cfg->n_embd);
-    if (max_micro < 1 || max_micro > MAX_MICRO)
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
         return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
-                       max_micro, MAX_MICRO);
+                       max_micro, ZT__CUDA_MAX_MICRO);
     return 0;
 }
 
@@ -309,29 +262,14 @@ static void init_shape(gpt2_cuda *g, const zt_gpt2 *host, int B, int T, int max_
     g->max_B = B;
     g->max_T = T;
     g->max_micro = max_micro;
-    g->Vp = (int)round_up((size_t)cfg->vocab_size, VOCAB_PAD);
-    g->num_tensors = zt_gpt2_num_tensors(host);
-    g->num_blocks = zt_gpt2_num_blocks(host);
-    g->toff = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
-    g->tlen = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
-    g->boff = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
-    g->blen = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
-    g->tensors = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_model_tensor));
-    g->block_ckpt = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
-    g->reads_weights = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
+    g->Vp = (int)zt__round_up((size_t)cfg->vocab_size, ZT__CUDA_VOCAB_PAD);
     g->layers = zt_xcalloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof(layer_acts));
     build_layout(g);
 }
 
 static void free_shape(gpt2_cuda *g)
 {
-    free(g->toff);
-    free(g->tlen);
-    free(g->boff);
-    free(g->blen);
-    free(g->tensors);
-    free(g->block_ckpt);
-    free(g->reads_weights);
+    zt__cuda_layout_free(&g->lay);
     free(g->layers);
     free(g->ckpt);
 }
@@ -348,25 +286,12 @@ size_t zt_gpt2_cuda_plan_bytes(const zt_gpt2 *host, int B, int T, int max_micro,
     return bytes;
 }
 
-/* The engine's view of g's layout (no device state). */
+/* The engine's view of g's layout (no device state); the head is tied to wte, the first tensor of block 0. */
 static void fill_base(gpt2_cuda *g)
 {
-    zt_model *m = &g->base;
-    m->ops = &cuda_ops;
-    m->backend = ZT_MODEL_CUDA;
-    m->dtype = g->dtype;
-    m->nblocks = g->num_blocks;
-    m->head_block = 0; /* the head is tied to wte, the first tensor of block 0 */
-    m->block_offset = g->boff;
-    m->block_len = g->blen;
-    m->checkpointed = g->block_ckpt;
-    m->backward_reads_weights = g->reads_weights;
-    m->ntensors = g->num_tensors;
-    m->tensors = g->tensors;
-    m->host_numel = zt_gpt2_num_params(g->host);
-    m->max_B = g->max_B;
-    m->max_T = g->max_T;
-    m->max_micro = g->max_micro;
+    g->base.ops = &cuda_ops;
+    zt__cuda_layout_describe(&g->base, &g->lay, g->dtype, 0, zt_gpt2_num_params(g->host), g->max_B, g->max_T,
+                             g->max_micro);
 }
 
 /* The layout alone, for planning; see gpt2_cuda.h. */
@@ -388,56 +313,22 @@ int zt_gpt2_cuda_create(zt_model **out, const zt_gpt2 *host, int B, int T, int m
     int rc = check_shape(zt_gpt2_get_config(host), max_micro, dtype, err);
     if (rc < 0)
         return rc;
-    int dev_count = 0;
-    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-        cudaGetLastError();
-        return zt_fail(err, ZT_EUNSUPPORTED, "no CUDA GPU is visible (train with --device cpu)");
-    }
     gpt2_cuda *g = zt_xcalloc(1, sizeof *g);
     init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
-    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
-    if ((rc = zt_cuda_blas_create(&g->blas, 0, err)) < 0)
-        goto fail;
-
     size_t plan[2];
-    g->pool_bytes = carve(g, NULL, plan);
-    size_t free_b = 0, total_b = 0;
-    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    char acts[32], scratch[32], avail[32];
-    zt_format_size(plan[0], acts, sizeof acts);
-    zt_format_size(plan[1], scratch, sizeof scratch);
-    zt_format_size(free_b, avail, sizeof avail);
-    if (cudaMalloc(&g->pool, g->pool_bytes) != cudaSuccess) {
-        cudaGetLastError();
-        rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model's activations need %s (lower the batch "
-                     "size or sequence length, use grad_accum for the same tokens per step, or "
-                     "--checkpointing all)", avail, acts);
+    const size_t pool_bytes = carve(g, NULL, plan), N = (size_t)B * T;
+    rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err);
+    if (rc < 0)
         goto fail;
-    }
-    ZT_ASSERT(carve(g, g->pool, NULL) == g->pool_bytes);
-    ZT_CUDA_CHECK(cudaMemsetAsync(g->pool, 0, g->pool_bytes, g->stream));
-    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
-           B, T, scratch);
-
-    const size_t N = (size_t)B * T;
-    g->h_io[0] = zt_cuda_host_alloc(4 * N * sizeof(int32_t));
-    g->h_losses = zt_cuda_host_alloc((size_t)max_micro * N * sizeof(float));
-    if (!g->h_io[0] || !g->h_losses) {
-        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
-                     "(check ulimit -l)");
-        goto fail;
-    }
-    g->h_io[1] = g->h_io[0] + 2 * N;
-    for (int i = 0; i < 2; i++)
-        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* the pool's zeroing */
+    g->stream = g->cs.stream;
+    g->blas = g->cs.blas;
+    ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
 
     fill_base(g);
     g->base.stream = g->stream;
     g->base.nonfinite_flag = g->d_flag;
-    g->base.device_bytes = g->pool_bytes;
-    zt_model *m = &g->base;
-    *out = m;
+    g->base.device_bytes = pool_bytes;
+    *out = &g->base;
     return 0;
 
 fail:
@@ -459,31 +350,17 @@ static void cuda_destroy(zt_model *m)
         free(g->prof_ev);
         free(g->prof_fam);
     }
-    for (int i = 0; i < 2; i++)
-        if (g->io_done[i])
-            cudaEventDestroy(g->io_done[i]);
-    zt_cuda_host_free(g->h_io[0]);
-    zt_cuda_host_free(g->h_losses);
-    cudaFree(g->pool);
-    zt_cuda_blas_destroy(g->blas);
-    if (g->stream)
-        cudaStreamDestroy(g->stream);
+    zt__cuda_state_close(&g->cs);
     free_shape(g);
     free(g);
 }
 
 /* ---- forward and backward, block by block ---- */
 
-/* Element i of a dtype buffer. */
-static void *at(const gpt2_cuda *g, void *base, size_t i)
-{
-    return (char *)base + i * g->esize;
-}
-
 /* Tensor idx inside block b's buffer (weights or gradients), given the block's base pointer. */
 static void *in_block(const gpt2_cuda *g, void *block_base, int b, int idx)
 {
-    return at(g, block_base, g->toff[idx] - g->boff[b]);
+    return zt__cuda_in_block(&g->lay, block_base, b, idx, g->esize);
 }
 
 static void zero(gpt2_cuda *g, void *p, size_t elems)
@@ -545,7 +422,7 @@ static void *last_residual(gpt2_cuda *g)
 /* Block L+1 forward: the final layer norm. */
 static void forward_lnf(gpt2_cuda *g, void *w_lnf, int B, int T)
 {
-    const int C = g->cfg.n_embd, N = B * T, L = g->cfg.n_layer, lnf = g->num_tensors - 2;
+    const int C = g->cfg.n_embd, N = B * T, L = g->cfg.n_layer, lnf = g->lay.ntensors - 2;
     prof_begin(g, PF_LAYERNORM);
     zt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, last_residual(g), in_block(g, w_lnf, L + 1, lnf),
                               in_block(g, w_lnf, L + 1, lnf + 1), N, C, g->cfg.layer_norm_epsilon, g->dtype,
@@ -557,7 +434,7 @@ static void forward_lnf(gpt2_cuda *g, void *w_lnf, int B, int T)
  * last residual stream; the layer norm's weight gradients are added into g_lnf. */
 static void backward_lnf(gpt2_cuda *g, void *w_lnf, void *g_lnf, int B, int T)
 {
-    const int C = g->cfg.n_embd, N = B * T, L = g->cfg.n_layer, lnf = g->num_tensors - 2;
+    const int C = g->cfg.n_embd, N = B * T, L = g->cfg.n_layer, lnf = g->lay.ntensors - 2;
     zero(g, g->dres, (size_t)N * C);
     prof_begin(g, PF_B_LAYERNORM);
     zt_cuda_layernorm_backward(g->dres, in_block(g, g_lnf, L + 1, lnf), in_block(g, g_lnf, L + 1, lnf + 1), g->dln,
@@ -619,28 +496,6 @@ static void backward_embed(gpt2_cuda *g, void *gr, int B, int T)
     prof_end(g);
 }
 
-/* Stages tokens and targets (NULL: every position ignored) through a pinned slot and copies them to the
- * device. Returns the number of targets that count. */
-static int stage_batch(gpt2_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T, int slot)
-{
-    const size_t N = (size_t)B * T;
-    const int V = g->cfg.vocab_size;
-    int32_t *h = g->h_io[slot];
-    ZT_CUDA_CHECK(cudaEventSynchronize(g->io_done[slot])); /* the slot's previous copy has been made */
-    int valid = 0;
-    for (size_t i = 0; i < N; i++) {
-        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
-        int32_t t = targets ? targets[i] : -1;
-        ZT_ASSERT(t == -1 || (t >= 0 && t < V));
-        valid += t != -1;
-        h[N + i] = t;
-    }
-    memcpy(h, tokens, N * sizeof(int32_t));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, h + N, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaEventRecord(g->io_done[slot], g->stream));
-    return valid;
-}
 
 /* ---- the model interface (worker/models/model.h) ---- */
 
@@ -651,7 +506,8 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     ZT_ASSERT(micro >= 0 && micro < g->max_micro);
     if (micro == 0)
         ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
-    g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1);
+    g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, tokens, targets, B, T, g->cfg.vocab_size, g->d_tokens,
+                                          g->d_targets);
     g->cur_B = B;
     g->cur_T = T;
     g->micro = micro;
@@ -696,7 +552,7 @@ static void cuda_head(zt_model *m, const void *w_emb, float scale)
     prof_end(g);
     if (train)
         zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
                                   cudaMemcpyDeviceToHost, g->stream));
 }
 
@@ -730,14 +586,8 @@ static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
 static float cuda_loss(const zt_model *m, int micro)
 {
     const gpt2_cuda *g = (const gpt2_cuda *)m;
-    if (g->n_valid[micro] == 0)
-        return 0.0f;
     const size_t N = (size_t)g->cur_B * g->cur_T;
-    const float *l = g->h_losses + (size_t)micro * N;
-    double sum = 0.0;
-    for (size_t i = 0; i < N; i++)
-        sum += l[i];
-    return (float)(sum / g->n_valid[micro]);
+    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * N, N, g->n_valid[micro]);
 }
 
 static const zt_model_ops cuda_ops = {

@@ -19,11 +19,8 @@
 #include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "worker/models/cuda_exec.h"
 
-#define ALIGN_ELEMS 64  /* tensors start on a 64-element boundary of the device layout (but see packed()) */
-#define VOCAB_PAD 128   /* embed_tokens and lm_head rows on the device: the vocabulary rounded up to this */
-#define POOL_ALIGN 256  /* bytes */
-#define MAX_MICRO 1024  /* micro-batches per step */
 #define LT(l, k) ZT_LLAMA_LAYER_TENSOR(l, k)
 
 typedef struct layer_acts {
@@ -41,18 +38,12 @@ typedef struct llama_cuda {
     int head_tensor;         /* embed_tokens (0) or lm_head (the last tensor) */
     bool *ckpt;              /* [L]: layers whose activations are rebuilt in backward, or NULL */
     int max_B, max_T, max_micro;
-    cudaStream_t stream;
-    zt_cuda_blas *blas;
+    zt__cuda_layout lay;     /* the device layout and the engine's view of it */
+    zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
+    cudaStream_t stream;     /* cs.stream */
+    zt_cuda_blas *blas;      /* cs.blas */
 
-    /* Layout: device offset and length (elements) of every tensor and block, and the engine's view. */
-    int num_tensors, num_blocks;
-    size_t *toff, *tlen, *boff, *blen;
-    zt_model_tensor *tensors;
-    bool *block_ckpt, *reads_weights;
-
-    /* The pool and what is carved from it. */
-    void *pool;
-    size_t pool_bytes;
+    /* Carved from the pool. */
     layer_acts *layers;
     layer_acts shared;       /* the activations that checkpointed layers share (not res3) */
     void *encoded, *lnf, *logits, *dres, *dln, *datty, *dqkv, *dgu, *dact, *pad_row;
@@ -61,27 +52,11 @@ typedef struct llama_cuda {
     void *attn_scratch, *emb_scratch, *norm_scratch;
     int *d_flag;
 
-    /* Pinned host staging. */
-    int32_t *h_io[2];        /* two slots of tokens then targets [2 * max_B * max_T] */
-    cudaEvent_t io_done[2];
-    float *h_losses;         /* [max_micro * max_B * max_T] */
-    int n_valid[MAX_MICRO];
+    int n_valid[ZT__CUDA_MAX_MICRO];
     int cur_B, cur_T, micro;
 } llama_cuda;
 
 /* ---- layout and creation ---- */
-
-static size_t round_up(size_t x, size_t a)
-{
-    return (x + a - 1) / a * a;
-}
-
-static void *take(char *base, size_t *used, size_t bytes)
-{
-    void *p = base ? base + *used : NULL;
-    *used += round_up(bytes, POOL_ALIGN);
-    return p;
-}
 
 static bool layer_ckpt(const llama_cuda *g, int l)
 {
@@ -105,7 +80,7 @@ static size_t carve(llama_cuda *g, char *base, size_t plan[2])
     const size_t NH = (size_t)g->cfg.num_attention_heads, F = (size_t)g->cfg.intermediate_size;
     const size_t e = g->esize, NC = N * C, QKV = (size_t)g->QKV;
     size_t used = 0;
-    g->encoded = take(base, &used, NC * e);
+    g->encoded = zt__pool_take(base, &used, NC * e);
     bool any_ckpt = false;
     for (int l = 0; l < g->L; l++)
         any_ckpt |= layer_ckpt(g, l);
@@ -116,81 +91,63 @@ static size_t carve(llama_cuda *g, char *base, size_t plan[2])
         layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
         if (l >= 0 && layer_ckpt(g, l)) {
             *a = g->shared;
-            a->res3 = take(base, &used, NC * e);
+            a->res3 = zt__pool_take(base, &used, NC * e);
             continue;
         }
-        a->ln1 = take(base, &used, NC * e);
-        a->ln1_rstd = take(base, &used, N * 4);
-        a->qkv = take(base, &used, N * QKV * e);
-        a->atty = take(base, &used, NC * e);
-        a->lse = take(base, &used, N * NH * 4);
-        a->res2 = take(base, &used, NC * e);
-        a->ln2 = take(base, &used, NC * e);
-        a->ln2_rstd = take(base, &used, N * 4);
-        a->gu = take(base, &used, N * 2 * F * e);
-        a->act = take(base, &used, N * F * e);
-        a->res3 = take(base, &used, NC * e);
+        a->ln1 = zt__pool_take(base, &used, NC * e);
+        a->ln1_rstd = zt__pool_take(base, &used, N * 4);
+        a->qkv = zt__pool_take(base, &used, N * QKV * e);
+        a->atty = zt__pool_take(base, &used, NC * e);
+        a->lse = zt__pool_take(base, &used, N * NH * 4);
+        a->res2 = zt__pool_take(base, &used, NC * e);
+        a->ln2 = zt__pool_take(base, &used, NC * e);
+        a->ln2_rstd = zt__pool_take(base, &used, N * 4);
+        a->gu = zt__pool_take(base, &used, N * 2 * F * e);
+        a->act = zt__pool_take(base, &used, N * F * e);
+        a->res3 = zt__pool_take(base, &used, NC * e);
     }
-    g->lnf = take(base, &used, NC * e);
-    g->lnf_rstd = take(base, &used, N * 4);
-    g->logits = take(base, &used, N * (size_t)g->Vp * e);
-    g->losses = take(base, &used, N * 4);
-    g->dres = take(base, &used, NC * e);
-    g->dln = take(base, &used, NC * e);
-    g->datty = take(base, &used, NC * e);
-    g->dqkv = take(base, &used, N * QKV * e);
-    g->dgu = take(base, &used, N * 2 * F * e);
-    g->dact = take(base, &used, N * F * e);
+    g->lnf = zt__pool_take(base, &used, NC * e);
+    g->lnf_rstd = zt__pool_take(base, &used, N * 4);
+    g->logits = zt__pool_take(base, &used, N * (size_t)g->Vp * e);
+    g->losses = zt__pool_take(base, &used, N * 4);
+    g->dres = zt__pool_take(base, &used, NC * e);
+    g->dln = zt__pool_take(base, &used, NC * e);
+    g->datty = zt__pool_take(base, &used, NC * e);
+    g->dqkv = zt__pool_take(base, &used, N * QKV * e);
+    g->dgu = zt__pool_take(base, &used, N * 2 * F * e);
+    g->dact = zt__pool_take(base, &used, N * F * e);
     if (plan)
         plan[0] = used;
     const size_t mark = used;
     const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = (int)NH,
                                  .NKV = g->cfg.num_key_value_heads, .HS = g->HS, .causal = true};
-    g->d_tokens = take(base, &used, N * 4);
-    g->d_targets = take(base, &used, N * 4);
-    g->inv_freq = take(base, &used, (size_t)g->HS / 2 * 4);
-    g->pad_row = take(base, &used, C * e);
-    g->attn_scratch = take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
+    g->d_tokens = zt__pool_take(base, &used, N * 4);
+    g->d_targets = zt__pool_take(base, &used, N * 4);
+    g->inv_freq = zt__pool_take(base, &used, (size_t)g->HS / 2 * 4);
+    g->pad_row = zt__pool_take(base, &used, C * e);
+    g->attn_scratch = zt__pool_take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
     g->emb_scratch =
-        take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->cfg.vocab_size));
-    g->norm_scratch = take(base, &used, zt_cuda_rmsnorm_backward_scratch_size((int)N, (int)C));
-    g->d_flag = take(base, &used, 4);
+        zt__pool_take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->cfg.vocab_size));
+    g->norm_scratch = zt__pool_take(base, &used, zt_cuda_rmsnorm_backward_scratch_size((int)N, (int)C));
+    g->d_flag = zt__pool_take(base, &used, 4);
     if (plan)
         plan[1] = used - mark;
     return used;
 }
 
-/* Fills the device layout from the host model's tensor table, and the engine's view of it. */
-static void build_layout(llama_cuda *g)
+/* The device layout of the host model's tensor table: embed_tokens and lm_head padded to Vp rows, k and v
+ * packed after q, up after gate. */
+static void build_layout(llama_cuda *g, const bool *ckpt_layers)
 {
-    const int nt = g->num_tensors;
-    size_t off = 0;
-    for (int i = 0; i < nt; i++) {
-        const zt_param_info *t = zt_llama_tensor(g->host, i);
-        const bool vocab_rows = i == 0 || (i == nt - 1 && !g->cfg.tie_word_embeddings);
-        if (!packed(g, i))
-            off = round_up(off, ALIGN_ELEMS);
-        g->toff[i] = off;
-        g->tlen[i] = vocab_rows ? (size_t)g->Vp * (size_t)g->cfg.hidden_size : t->numel;
-        off += g->tlen[i];
-        g->tensors[i] = (zt_model_tensor){.block = t->block, .offset = g->toff[i], .len = g->tlen[i],
-                                          .host_offset = t->offset, .numel = t->numel,
-                                          .weight_decay = t->weight_decay};
-    }
-    for (int b = 0; b < g->num_blocks; b++) {
-        int first = -1, last = -1;
-        for (int i = 0; i < nt; i++)
-            if (zt_llama_tensor(g->host, i)->block == b) {
-                if (first < 0)
-                    first = i;
-                last = i;
-            }
-        ZT_ASSERT(first >= 0);
-        g->boff[b] = g->toff[first];
-        g->blen[b] = round_up(g->toff[last] + g->tlen[last], ALIGN_ELEMS) - g->toff[first];
-        g->block_ckpt[b] = b >= 1 && b <= g->L && layer_ckpt(g, b - 1);
-        g->reads_weights[b] = b != 0; /* the embedding's backward reads no weights */
-    }
+    const int nt = zt_llama_num_tensors(g->host);
+    const zt_param_info *tensors = zt_llama_tensor(g->host, 0);
+    zt__cuda_layout_init(&g->lay, tensors, nt, zt_llama_num_blocks(g->host));
+    g->lay.tlen[0] = (size_t)g->Vp * (size_t)g->cfg.hidden_size;
+    if (!g->cfg.tie_word_embeddings)
+        g->lay.tlen[nt - 1] = (size_t)g->Vp * (size_t)g->cfg.hidden_size;
+    for (int i = 0; i < nt; i++)
+        g->lay.packed[i] = packed(g, i);
+    zt__cuda_layout_finish(&g->lay, tensors, g->L, ckpt_layers, false);
 }
 
 static void cuda_destroy(zt_model *m);
@@ -215,9 +172,9 @@ static int check_shape(const zt_llama_config *cfg, int max_micro, enum zt_dtype 
                        "the CUDA kernels need hidden_size and intermediate_size to be multiples of 8 (they are %d and "
                        "%d); train with --device cpu",
                        C, cfg->intermediate_size);
-    if (max_micro < 1 || max_micro > MAX_MICRO)
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
         return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
-                       max_micro, MAX_MICRO);
+                       max_micro, ZT__CUDA_MAX_MICRO);
     return 0;
 }
 
@@ -232,7 +189,7 @@ static void init_shape(llama_cuda *g, const zt_llama *host, int B, int T, int ma
     g->L = cfg->num_hidden_layers;
     g->HS = cfg->hidden_size / cfg->num_attention_heads;
     g->QKV = (cfg->num_attention_heads + 2 * cfg->num_key_value_heads) * g->HS;
-    g->Vp = (int)round_up((size_t)cfg->vocab_size, VOCAB_PAD);
+    g->Vp = (int)zt__round_up((size_t)cfg->vocab_size, ZT__CUDA_VOCAB_PAD);
     g->head_tensor = cfg->tie_word_embeddings ? 0 : zt_llama_num_tensors(host) - 1;
     const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
     if (ckpt_layers) {
@@ -243,28 +200,13 @@ static void init_shape(llama_cuda *g, const zt_llama *host, int B, int T, int ma
     g->max_B = B;
     g->max_T = T;
     g->max_micro = max_micro;
-    g->num_tensors = zt_llama_num_tensors(host);
-    g->num_blocks = zt_llama_num_blocks(host);
-    g->toff = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
-    g->tlen = zt_xcalloc((size_t)g->num_tensors, sizeof(size_t));
-    g->boff = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
-    g->blen = zt_xcalloc((size_t)g->num_blocks, sizeof(size_t));
-    g->tensors = zt_xcalloc((size_t)g->num_tensors, sizeof(zt_model_tensor));
-    g->block_ckpt = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
-    g->reads_weights = zt_xcalloc((size_t)g->num_blocks, sizeof(bool));
     g->layers = zt_xcalloc(nl, sizeof(layer_acts));
-    build_layout(g);
+    build_layout(g, ckpt_layers);
 }
 
 static void free_shape(llama_cuda *g)
 {
-    free(g->toff);
-    free(g->tlen);
-    free(g->boff);
-    free(g->blen);
-    free(g->tensors);
-    free(g->block_ckpt);
-    free(g->reads_weights);
+    zt__cuda_layout_free(&g->lay);
     free(g->layers);
     free(g->ckpt);
 }
@@ -272,22 +214,9 @@ static void free_shape(llama_cuda *g)
 /* The engine's view of g's layout (no device state). */
 static void fill_base(llama_cuda *g)
 {
-    zt_model *m = &g->base;
-    m->ops = &cuda_ops;
-    m->backend = ZT_MODEL_CUDA;
-    m->dtype = g->dtype;
-    m->nblocks = g->num_blocks;
-    m->head_block = zt_llama_head_block(g->host);
-    m->block_offset = g->boff;
-    m->block_len = g->blen;
-    m->checkpointed = g->block_ckpt;
-    m->backward_reads_weights = g->reads_weights;
-    m->ntensors = g->num_tensors;
-    m->tensors = g->tensors;
-    m->host_numel = zt_llama_num_params(g->host);
-    m->max_B = g->max_B;
-    m->max_T = g->max_T;
-    m->max_micro = g->max_micro;
+    g->base.ops = &cuda_ops;
+    zt__cuda_layout_describe(&g->base, &g->lay, g->dtype, zt_llama_head_block(g->host), zt_llama_num_params(g->host),
+                             g->max_B, g->max_T, g->max_micro);
 }
 
 /* The layout alone, for planning; see llama_cuda.h. */
@@ -310,34 +239,16 @@ int zt_llama_cuda_create(zt_model **out, const zt_llama *host, int B, int T, int
     int rc = check_shape(cfg, max_micro, dtype, err);
     if (rc < 0)
         return rc;
-    int dev_count = 0;
-    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-        cudaGetLastError();
-        return zt_fail(err, ZT_EUNSUPPORTED, "no CUDA GPU is visible (train with --device cpu)");
-    }
     llama_cuda *g = zt_xcalloc(1, sizeof *g);
     init_shape(g, host, B, T, max_micro, dtype, ckpt_layers);
-    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
-    if ((rc = zt_cuda_blas_create(&g->blas, 0, err)) < 0)
-        goto fail;
-
     size_t plan[2];
-    g->pool_bytes = carve(g, NULL, plan);
-    size_t free_b = 0, total_b = 0;
-    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    char acts[32], scratch[32], avail[32];
-    zt_format_size(plan[0], acts, sizeof acts);
-    zt_format_size(plan[1], scratch, sizeof scratch);
-    zt_format_size(free_b, avail, sizeof avail);
-    if (cudaMalloc(&g->pool, g->pool_bytes) != cudaSuccess) {
-        cudaGetLastError();
-        rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model's activations need %s (lower the batch "
-                     "size or sequence length, use grad_accum for the same tokens per step, or "
-                     "--checkpointing all)", avail, acts);
+    const size_t pool_bytes = carve(g, NULL, plan), N = (size_t)B * T;
+    rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err);
+    if (rc < 0)
         goto fail;
-    }
-    ZT_ASSERT(carve(g, g->pool, NULL) == g->pool_bytes);
-    ZT_CUDA_CHECK(cudaMemsetAsync(g->pool, 0, g->pool_bytes, g->stream));
+    g->stream = g->cs.stream;
+    g->blas = g->cs.blas;
+    ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
 
     /* The RoPE frequencies, as the CPU model computes them. */
     float *inv_freq = zt_xcalloc((size_t)g->HS / 2, sizeof(float));
@@ -347,26 +258,11 @@ int zt_llama_cuda_create(zt_model **out, const zt_llama *host, int B, int T, int
     free(inv_freq);
     if (rc < 0)
         goto fail;
-    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
-           B, T, scratch);
-
-    const size_t N = (size_t)B * T;
-    g->h_io[0] = zt_cuda_host_alloc(4 * N * sizeof(int32_t));
-    g->h_losses = zt_cuda_host_alloc((size_t)max_micro * N * sizeof(float));
-    if (!g->h_io[0] || !g->h_losses) {
-        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
-                     "(check ulimit -l)");
-        goto fail;
-    }
-    g->h_io[1] = g->h_io[0] + 2 * N;
-    for (int i = 0; i < 2; i++)
-        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->io_done[i], cudaEventDisableTiming));
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream)); /* the pool's zeroing */
 
     fill_base(g);
     g->base.stream = g->stream;
     g->base.nonfinite_flag = g->d_flag;
-    g->base.device_bytes = g->pool_bytes;
+    g->base.device_bytes = pool_bytes;
     *out = &g->base;
     return 0;
 
@@ -381,17 +277,7 @@ static void cuda_destroy(zt_model *m)
     llama_cuda *g = (llama_cuda *)m;
     if (!g)
         return;
-    if (g->stream)
-        ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    for (int i = 0; i < 2; i++)
-        if (g->io_done[i])
-            cudaEventDestroy(g->io_done[i]);
-    zt_cuda_host_free(g->h_io[0]);
-    zt_cuda_host_free(g->h_losses);
-    cudaFree(g->pool);
-    zt_cuda_blas_destroy(g->blas);
-    if (g->stream)
-        cudaStreamDestroy(g->stream);
+    zt__cuda_state_close(&g->cs);
     free_shape(g);
     free(g);
 }
@@ -401,7 +287,7 @@ static void cuda_destroy(zt_model *m)
 /* Tensor idx inside block b's buffer (weights or gradients), given the block's base pointer. */
 static void *in_block(const llama_cuda *g, const void *block_base, int b, int idx)
 {
-    return (char *)block_base + (g->toff[idx] - g->boff[b]) * g->esize;
+    return zt__cuda_in_block(&g->lay, block_base, b, idx, g->esize);
 }
 
 static void zero(llama_cuda *g, void *p, size_t elems)
@@ -495,28 +381,6 @@ static void backward_embed(llama_cuda *g, void *gr)
         ZT_CUDA_CHECK(cudaMemcpyAsync(pad, g->pad_row, rowb, cudaMemcpyDeviceToDevice, g->stream));
 }
 
-/* Stages tokens and targets (NULL: every position ignored) through a pinned slot and copies them to the
- * device. Returns the number of targets that count. */
-static int stage_batch(llama_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T, int slot)
-{
-    const size_t N = (size_t)B * T;
-    const int V = g->cfg.vocab_size;
-    int32_t *h = g->h_io[slot];
-    ZT_CUDA_CHECK(cudaEventSynchronize(g->io_done[slot])); /* the slot's previous copy has been made */
-    int valid = 0;
-    for (size_t i = 0; i < N; i++) {
-        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
-        int32_t t = targets ? targets[i] : -1;
-        ZT_ASSERT(t == -1 || (t >= 0 && t < V));
-        valid += t != -1;
-        h[N + i] = t;
-    }
-    memcpy(h, tokens, N * sizeof(int32_t));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, h + N, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaEventRecord(g->io_done[slot], g->stream));
-    return valid;
-}
 
 /* ---- the model interface (worker/models/model.h) ---- */
 
@@ -527,7 +391,8 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     ZT_ASSERT(micro >= 0 && micro < g->max_micro);
     if (micro == 0)
         ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
-    g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1);
+    g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, tokens, targets, B, T, g->cfg.vocab_size, g->d_tokens,
+                                          g->d_targets);
     g->cur_B = B;
     g->cur_T = T;
     g->micro = micro;
@@ -570,7 +435,7 @@ static void cuda_head(zt_model *m, const void *w, float scale)
                                           g->cfg.vocab_size, g->Vp, -1, grad_scale, NULL, g->dtype, g->stream);
     if (train)
         zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
                                   cudaMemcpyDeviceToHost, g->stream));
 }
 
@@ -604,35 +469,16 @@ static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
 static float cuda_loss(const zt_model *m, int micro)
 {
     const llama_cuda *g = (const llama_cuda *)m;
-    if (g->n_valid[micro] == 0)
-        return 0.0f;
     const size_t N = (size_t)g->cur_B * g->cur_T;
-    const float *l = g->h_losses + (size_t)micro * N;
-    double sum = 0.0;
-    for (size_t i = 0; i < N; i++)
-        sum += l[i];
-    return (float)(sum / g->n_valid[micro]);
+    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * N, N, g->n_valid[micro]);
 }
 
 /* The logits of the last head (called with scale 0) as fp32 [B,T,V]. */
 static void cuda_logits(zt_model *m, float *out)
 {
     llama_cuda *g = (llama_cuda *)m;
-    const size_t N = (size_t)g->cur_B * g->cur_T, V = (size_t)g->cfg.vocab_size, P = (size_t)g->Vp;
-    void *h = zt_xcalloc(N * P, g->esize);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(h, g->logits, N * P * g->esize, cudaMemcpyDeviceToHost, g->stream));
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    for (size_t i = 0; i < N; i++)
-        for (size_t v = 0; v < V; v++) {
-            const size_t k = i * P + v;
-            if (g->dtype == ZT_DTYPE_F32)
-                out[i * V + v] = ((const float *)h)[k];
-            else if (g->dtype == ZT_DTYPE_BF16)
-                out[i * V + v] = zt_bf16_to_f32(((const uint16_t *)h)[k]);
-            else
-                out[i * V + v] = zt_f16_to_f32(((const uint16_t *)h)[k]);
-        }
-    free(h);
+    const size_t N = (size_t)g->cur_B * g->cur_T;
+    zt__cuda_rows_to_f32(out, g->logits, N, (size_t)g->cfg.vocab_size, (size_t)g->Vp, g->dtype, g->stream);
 }
 
 static const zt_model_ops cuda_ops = {

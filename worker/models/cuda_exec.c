@@ -1,0 +1,228 @@
+/* What the CUDA executors share; see cuda_exec.h. */
+#include "worker/models/cuda_exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, pinned host memory */
+
+size_t zt__round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+void *zt__pool_take(char *base, size_t *used, size_t bytes)
+{
+    void *p = base ? base + *used : NULL;
+    *used += zt__round_up(bytes, ZT__CUDA_POOL_ALIGN);
+    return p;
+}
+
+/* ---- layout ---- */
+
+void zt__cuda_layout_init(zt__cuda_layout *lay, const zt_param_info *tensors, int ntensors, int nblocks)
+{
+    memset(lay, 0, sizeof *lay);
+    lay->ntensors = ntensors;
+    lay->nblocks = nblocks;
+    const size_t nt = (size_t)ntensors, nb = (size_t)nblocks;
+    lay->toff = zt_xcalloc(nt, sizeof(size_t));
+    lay->tlen = zt_xcalloc(nt, sizeof(size_t));
+    lay->packed = zt_xcalloc(nt, sizeof(bool));
+    lay->boff = zt_xcalloc(nb, sizeof(size_t));
+    lay->blen = zt_xcalloc(nb, sizeof(size_t));
+    lay->tensors = zt_xcalloc(nt, sizeof(zt_model_tensor));
+    lay->block_ckpt = zt_xcalloc(nb, sizeof(bool));
+    lay->reads_weights = zt_xcalloc(nb, sizeof(bool));
+    for (int i = 0; i < ntensors; i++)
+        lay->tlen[i] = tensors[i].numel;
+}
+
+void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, int nlayers, const bool *ckpt_layers,
+                            bool embedding_reads_weights)
+{
+    size_t off = 0;
+    for (int i = 0; i < lay->ntensors; i++) {
+        const zt_param_info *t = &tensors[i];
+        ZT_ASSERT(lay->tlen[i] >= t->numel);
+        ZT_ASSERT(!lay->packed[i] || (i > 0 && tensors[i - 1].block == t->block));
+        if (!lay->packed[i])
+            off = zt__round_up(off, ZT__CUDA_ALIGN_ELEMS);
+        lay->toff[i] = off;
+        off += lay->tlen[i];
+        lay->tensors[i] = (zt_model_tensor){.block = t->block, .offset = lay->toff[i], .len = lay->tlen[i],
+                                            .host_offset = t->offset, .numel = t->numel,
+                                            .weight_decay = t->weight_decay};
+    }
+    for (int b = 0; b < lay->nblocks; b++) {
+        int first = -1, last = -1;
+        for (int i = 0; i < lay->ntensors; i++)
+            if (tensors[i].block == b) {
+                if (first < 0)
+                    first = i;
+                last = i;
+            }
+        ZT_ASSERT(first >= 0);
+        lay->boff[b] = lay->toff[first];
+        lay->blen[b] = zt__round_up(lay->toff[last] + lay->tlen[last], ZT__CUDA_ALIGN_ELEMS) - lay->toff[first];
+        lay->block_ckpt[b] = ckpt_layers && b >= 1 && b <= nlayers && ckpt_layers[b - 1];
+        lay->reads_weights[b] = b != 0 || embedding_reads_weights;
+    }
+}
+
+void zt__cuda_layout_free(zt__cuda_layout *lay)
+{
+    free(lay->toff);
+    free(lay->tlen);
+    free(lay->packed);
+    free(lay->boff);
+    free(lay->blen);
+    free(lay->tensors);
+    free(lay->block_ckpt);
+    free(lay->reads_weights);
+    memset(lay, 0, sizeof *lay);
+}
+
+void zt__cuda_layout_describe(zt_model *base, const zt__cuda_layout *lay, enum zt_dtype dtype, int head_block,
+                              size_t host_numel, int max_B, int max_T, int max_micro)
+{
+    base->backend = ZT_MODEL_CUDA;
+    base->dtype = dtype;
+    base->nblocks = lay->nblocks;
+    base->head_block = head_block;
+    base->block_offset = lay->boff;
+    base->block_len = lay->blen;
+    base->checkpointed = lay->block_ckpt;
+    base->backward_reads_weights = lay->reads_weights;
+    base->ntensors = lay->ntensors;
+    base->tensors = lay->tensors;
+    base->host_numel = host_numel;
+    base->max_B = max_B;
+    base->max_T = max_T;
+    base->max_micro = max_micro;
+}
+
+void *zt__cuda_in_block(const zt__cuda_layout *lay, const void *block_base, int b, int idx, size_t esize)
+{
+    return (char *)block_base + (lay->toff[idx] - lay->boff[b]) * esize;
+}
+
+/* ---- device state ---- */
+
+int zt__cuda_state_open(zt__cuda_state *s, size_t pool_bytes, const size_t plan[2], size_t slot_ints,
+                        size_t loss_floats, enum zt_dtype dtype, int B, int T, zt_err *err)
+{
+    memset(s, 0, sizeof *s);
+    int dev_count = 0;
+    if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+        cudaGetLastError();
+        return zt_fail(err, ZT_EUNSUPPORTED, "no CUDA GPU is visible (train with --device cpu)");
+    }
+    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    int rc = zt_cuda_blas_create(&s->blas, 0, err);
+    if (rc < 0)
+        goto fail;
+    size_t free_b = 0, total_b = 0;
+    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    char acts[32], scratch[32], avail[32];
+    zt_format_size(plan[0], acts, sizeof acts);
+    zt_format_size(plan[1], scratch, sizeof scratch);
+    zt_format_size(free_b, avail, sizeof avail);
+    if (cudaMalloc(&s->pool, pool_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        s->pool = NULL;
+        rc = zt_fail(err, ZT_ENOMEM, "the GPU has %s free but the model's activations need %s (lower the batch "
+                     "size or sequence length, use grad_accum for the same tokens per step, or "
+                     "--checkpointing all)", avail, acts);
+        goto fail;
+    }
+    s->pool_bytes = pool_bytes;
+    ZT_CUDA_CHECK(cudaMemsetAsync(s->pool, 0, pool_bytes, s->stream));
+    s->h_io[0] = zt_cuda_host_alloc(2 * slot_ints * sizeof(int32_t));
+    s->h_losses = zt_cuda_host_alloc(loss_floats * sizeof(float));
+    if (!s->h_io[0] || !s->h_losses) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of page-locked host memory for the model's token and loss staging "
+                     "(check ulimit -l)");
+        goto fail;
+    }
+    s->h_io[1] = s->h_io[0] + slot_ints;
+    for (int i = 0; i < 2; i++)
+        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&s->io_done[i], cudaEventDisableTiming));
+    /* The zeroing is done before anything else (a copy on another stream, say) writes into the pool. */
+    ZT_CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    zt_log(ZT_LOG_INFO, "gpu: %s compute; model activations %s (batch %d x %d), scratch %s", zt_dtype_name(dtype), acts,
+           B, T, scratch);
+    return 0;
+
+fail:
+    zt__cuda_state_close(s);
+    return rc;
+}
+
+void zt__cuda_state_close(zt__cuda_state *s)
+{
+    if (s->stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    for (int i = 0; i < 2; i++)
+        if (s->io_done[i])
+            cudaEventDestroy(s->io_done[i]);
+    zt_cuda_host_free(s->h_io[0]);
+    zt_cuda_host_free(s->h_losses);
+    cudaFree(s->pool);
+    zt_cuda_blas_destroy(s->blas);
+    if (s->stream)
+        cudaStreamDestroy(s->stream);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- staging and read-back ---- */
+
+int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
+                      int V, int32_t *d_tokens, int32_t *d_targets)
+{
+    const size_t N = (size_t)B * T;
+    int32_t *h = s->h_io[slot];
+    ZT_CUDA_CHECK(cudaEventSynchronize(s->io_done[slot])); /* the slot's previous copy has been made */
+    int valid = 0;
+    for (size_t i = 0; i < N; i++) {
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+        int32_t t = targets ? targets[i] : -1;
+        ZT_ASSERT(t == -1 || (t >= 0 && t < V));
+        valid += t != -1;
+        h[N + i] = t;
+    }
+    memcpy(h, tokens, N * sizeof(int32_t));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(d_tokens, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(d_targets, h + N, N * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
+    ZT_CUDA_CHECK(cudaEventRecord(s->io_done[slot], s->stream));
+    return valid;
+}
+
+float zt__cuda_mean_loss(const float *losses, size_t n, int counted)
+{
+    if (counted == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += losses[i];
+    return (float)(sum / counted);
+}
+
+void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,
+                          cudaStream_t stream)
+{
+    const size_t es = zt_dtype_size(dtype);
+    void *h = zt_xcalloc(rows * stride, es);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(h, dev, rows * stride * es, cudaMemcpyDeviceToHost, stream));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            const size_t i = r * stride + c;
+            out[r * cols + c] = dtype == ZT_DTYPE_F32    ? ((const float *)h)[i]
+                                : dtype == ZT_DTYPE_BF16 ? zt_bf16_to_f32(((const uint16_t *)h)[i])
+                                                         : zt_f16_to_f32(((const uint16_t *)h)[i]);
+        }
+    free(h);
+}

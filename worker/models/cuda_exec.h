@@ -1,0 +1,92 @@
+/* What the families' CUDA executors share (gpt2_cuda.c, llama_cuda.c, bert_cuda.c): the device layout of a
+ * host model's tensor table, the pool that activations and scratch are carved from, the stream, cuBLASLt
+ * handle and pinned staging, token staging and reading losses and logits back. Internal to worker/models/.
+ *
+ * Device layout: the host slab's tensors in order, each starting on a ZT__CUDA_ALIGN_ELEMS boundary unless
+ * the family marks it packed (it continues the tensor before it, as k and v after q form one packed weight);
+ * a tensor may take more elements than it holds (padding rows, zero, whose gradients are never read);
+ * blocks are contiguous and their lengths rounded up to ZT__CUDA_ALIGN_ELEMS. */
+#ifndef ZT_WORKER_MODELS_CUDA_EXEC_H
+#define ZT_WORKER_MODELS_CUDA_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "kernels/matmul.h" /* zt_cuda_blas */
+#include "worker/models/model.h"
+#include "worker/models/params.h" /* zt_param_info */
+
+#define ZT__CUDA_ALIGN_ELEMS 64 /* tensors start on a 64-element boundary of the device layout */
+#define ZT__CUDA_VOCAB_PAD 128  /* vocabulary rows on the device: the vocabulary rounded up to this */
+#define ZT__CUDA_POOL_ALIGN 256 /* bytes between buffers carved from the pool */
+#define ZT__CUDA_MAX_MICRO 1024 /* micro-batches per step */
+
+size_t zt__round_up(size_t x, size_t a);
+
+/* Hands out `bytes` from the pool at base (or only counts them when base is NULL), advancing *used. */
+void *zt__pool_take(char *base, size_t *used, size_t bytes);
+
+typedef struct zt__cuda_layout {
+    int ntensors, nblocks;
+    size_t *toff, *tlen;              /* [ntensors] device offset and length (elements) */
+    bool *packed;                     /* [ntensors] continues the tensor before it without alignment */
+    size_t *boff, *blen;              /* [nblocks] */
+    zt_model_tensor *tensors;         /* [ntensors] the engine's view */
+    bool *block_ckpt, *reads_weights; /* [nblocks] */
+} zt__cuda_layout;
+
+/* Allocates lay's tables for a host table of ntensors tensors in nblocks blocks, every tensor at its numel
+ * and unpacked: the family then sets tlen[i] of padded tensors and packed[i], and calls
+ * zt__cuda_layout_finish. */
+void zt__cuda_layout_init(zt__cuda_layout *lay, const zt_param_info *tensors, int ntensors, int nblocks);
+/* Computes the offsets, the blocks and the engine's view. Blocks 1..nlayers are the layers (ckpt_layers,
+ * nlayers flags or NULL, names the checkpointed ones); every block's backward reads its weights except
+ * block 0's unless embedding_reads_weights. */
+void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, int nlayers, const bool *ckpt_layers,
+                            bool embedding_reads_weights);
+void zt__cuda_layout_free(zt__cuda_layout *lay);
+/* Points base's layout fields at lay and sets the rest of its description (ops, stream and device fields
+ * stay the caller's). */
+void zt__cuda_layout_describe(zt_model *base, const zt__cuda_layout *lay, enum zt_dtype dtype, int head_block,
+                              size_t host_numel, int max_B, int max_T, int max_micro);
+/* Tensor idx inside block b's buffer (weights or gradients) of elements of esize bytes. */
+void *zt__cuda_in_block(const zt__cuda_layout *lay, const void *block_base, int b, int idx, size_t esize);
+
+/* A created executor's device state. */
+typedef struct zt__cuda_state {
+    cudaStream_t stream;
+    zt_cuda_blas *blas;
+    void *pool;
+    size_t pool_bytes;
+    int32_t *h_io[2];        /* two pinned staging slots of slot_ints int32 */
+    cudaEvent_t io_done[2];  /* the last copy out of each slot */
+    float *h_losses;         /* pinned, loss_floats */
+} zt__cuda_state;
+
+/* Checks that a GPU is visible, creates the stream and the cuBLASLt handle, allocates and zeroes the pool of
+ * pool_bytes (plan: its activation and scratch bytes, for the log and the message when the GPU lacks them),
+ * and the pinned staging; waits for the zeroing and logs the model's memory ("gpu: ... compute"). Returns 0,
+ * or ZT_EUNSUPPORTED / ZT_ENOMEM with a message saying what to change; s is closed then. */
+int zt__cuda_state_open(zt__cuda_state *s, size_t pool_bytes, const size_t plan[2], size_t slot_ints,
+                        size_t loss_floats, enum zt_dtype dtype, int B, int T, zt_err *err);
+/* Waits for the stream and frees everything (accepts a state that failed to open, or a zeroed one). */
+void zt__cuda_state_close(zt__cuda_state *s);
+
+/* Stages tokens and targets [B,T] (targets NULL: every position ignored) through pinned slot `slot` (whose
+ * previous copy it waits for) into d_tokens and d_targets on s's stream. Tokens and targets must lie in
+ * [0,V) (targets -1: ignored). Returns the number of targets that count. */
+int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
+                      int V, int32_t *d_tokens, int32_t *d_targets);
+/* The sum of losses[0..n) in double over counted, rounded to float (0 when counted is 0). */
+float zt__cuda_mean_loss(const float *losses, size_t n, int counted);
+/* Copies rows x cols of a device matrix of dtype elements with row stride `stride` into out [rows, cols] as
+ * fp32, after the stream's work so far. */
+void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,
+                          cudaStream_t stream);
+
+#endif
