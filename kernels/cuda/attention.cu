@@ -972,10 +972,11 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 }
 
 /* dK, dV of ROWS keys of one key/value head: warp w owns keys k0 + 16 MI w .. + 16 MI - 1 and walks, for
- * each of the head's NH / NKV query heads in order, the 64-query tiles from the diagonal down. Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T, P^T =
- * exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight
- * from the registers. A warp skips the steps whose queries all precede its keys. */
-template <typename T, int HS, int MI>
+ * each of the head's NH / NKV query heads in order, the 64-query tiles from the diagonal down. Per query
+ * tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D),
+ * then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight from the registers. A warp skips the steps
+ * whose queries all precede its keys. GQA false: NKV = NH, compiled without the walk over query heads. */
+template <typename T, int HS, int MI, bool GQA>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *__restrict__ lse, const float *__restrict__ D,
@@ -998,7 +999,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         /* The first key tiles see the most query tiles: those of every (batch, head) start first. */
         const int kt = blockIdx.y;
-        const int bkv = blockIdx.x, b = bkv / NKV, kvh = bkv % NKV, G = NH / NKV;
+        const int bkv = blockIdx.x, b = bkv / NKV, kvh = bkv % NKV, G = GQA ? NH / NKV : 1;
         const int k0 = kt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (k0 >= len)
@@ -1014,7 +1015,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
          * buffer nb: Q and dO by cp.async, lse and D by plain stores (padded and out-of-range rows get
          * lse = +inf, so P = 0 there). */
         auto load_query_tile = [&](int it, int nb) {
-            const int h = kvh * G + it / nq, qt = qbegin + it % nq;
+            const int h = kvh * G + (GQA ? it / nq : 0), qt = qbegin + (GQA ? it % nq : it);
             const size_t bh = (size_t)b * NH + h;
             mma_load_tile<T, HS>(Qs + nb * cfg::TILE_ELEMS, qrow + h * HS, qt * MMA_TILE, T_, stride);
             mma_load_tile<T, HS>(dOs + nb * cfg::TILE_ELEMS, dout + (size_t)b * T_ * C + h * HS, qt * MMA_TILE, T_,
@@ -1035,9 +1036,9 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         mma_zero(dk);
         mma_zero(dv);
 
-        const int steps = G * nq;
+        const int steps = GQA ? G * nq : nq;
         for (int it = 0; it < steps; it++) {
-            const int qt = qbegin + it % nq, cb = it % 2;
+            const int qt = qbegin + (GQA ? it % nq : it), cb = it % 2;
             if (it + 1 < steps) {
                 load_query_tile(it + 1, 1 - cb);
                 cp_async_commit();
@@ -1340,12 +1341,14 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
 {
     const void *ptrs[3] = {dqkv, dout, qkv};
     const size_t smem = mma_shape<HS, MI>::bwd_smem;
-    if (!mma_usable<T>(attention_backward_kv_mma_kernel<T, HS, MI>, smem, ptrs, 3) ||
+    auto kv_kernel = NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false>
+                               : attention_backward_kv_mma_kernel<T, HS, MI, true>;
+    if (!mma_usable<T>(kv_kernel, smem, ptrs, 3) ||
         !mma_usable<T>(attention_backward_q_mma_kernel<T, HS, MI>, smem, ptrs, 3))
         return false;
-    allow_smem(attention_backward_kv_mma_kernel<T, HS, MI>, smem);
-    attention_backward_kv_mma_kernel<T, HS, MI><<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(
-        dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV, scale, accumulate);
+    allow_smem(kv_kernel, smem);
+    kv_kernel<<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV,
+                                                                          scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
     allow_smem(attention_backward_q_mma_kernel<T, HS, MI>, smem);
     attention_backward_q_mma_kernel<T, HS, MI><<<mma_grid<HS, MI>(B, T_, NH), MMA_THREADS, smem, stream>>>(
