@@ -30,6 +30,7 @@
 #include "kernels/matmul.h"   /* linear layers and the tied decoder */
 #include "kernels/pooler.h"   /* the first token of each sequence */
 #include "kernels/residual.h" /* residual adds */
+#include "worker/models/host_shared.h" /* the import of one safetensors tensor */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define BERT_MAX_LAYERS 1024
@@ -1513,16 +1514,6 @@ static enum name_kind classify_name(const zt_bert *m, const char *name, int *idx
     return NAME_UNKNOWN;
 }
 
-/* "[d0, d1, ...]" of a file tensor's shape. */
-static void shape_text(const zt_st_tensor *st, char *out, size_t cap)
-{
-    size_t at = (size_t)snprintf(out, cap, "[");
-    for (int d = 0; d < st->ndim && at < cap; d++)
-        at += (size_t)snprintf(out + at, cap - at, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
-    if (at < cap)
-        snprintf(out + at, cap - at, "]");
-}
-
 /* Whether the file tensor st holds exactly the values of model tensor t in slab tmp. */
 static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const float *tmp)
 {
@@ -1609,33 +1600,8 @@ static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *
                              file, t->name, files[seen[idx] - 1]);
                 goto out;
             }
-            if (st->ndim != t->ndim || st->shape[0] != t->shape[0] || (t->ndim == 2 && st->shape[1] != t->shape[1])) {
-                char got[128];
-                shape_text(st, got, sizeof got);
-                if (t->ndim == 1)
-                    rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]",
-                                 file, st->name, got, (long long)t->shape[0]);
-                else
-                    rc = zt_fail(err, ZT_EMISMATCH,
-                                 "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file, st->name,
-                                 got, (long long)t->shape[0], (long long)t->shape[1]);
+            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
                 goto out;
-            }
-            if (!is_float_dtype(st->dtype)) {
-                rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)",
-                             file, st->name, zt_dtype_name(st->dtype));
-                goto out;
-            }
-            float *dst = tmp + t->offset;
-            for (size_t j = 0; j < t->numel; j++) {
-                dst[j] = zt_st_element_f32(st, j);
-                if (!isfinite(dst[j])) {
-                    rc = zt_fail(err, ZT_EFORMAT,
-                                 "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu", file,
-                                 st->name, j);
-                    goto out;
-                }
-            }
             seen[idx] = fi + 1;
         }
     }

@@ -1042,28 +1042,6 @@ static int find_tensor(const zt_gpt2 *m, const char *name)
     return -1;
 }
 
-/* Converts file tensor st into tensor t of slab dst (ztrain layout); rejects non-finite values. */
-static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float *dst, const char *path,
-                          zt_err *err)
-{
-    if (t->transposed_in_hf) {
-        const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
-        for (size_t k = 0; k < cols; k++)
-            for (size_t o = 0; o < rows; o++)
-                dst[o * cols + k] = zt_st_element_f32(st, k * rows + o);
-    } else if (st->dtype == ZT_DTYPE_F32) {
-        memcpy(dst, st->data, t->numel * sizeof(float));
-    } else {
-        for (size_t i = 0; i < t->numel; i++)
-            dst[i] = zt_st_element_f32(st, i);
-    }
-    for (size_t i = 0; i < t->numel; i++)
-        if (!isfinite(dst[i]))
-            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
-                           path, st->name, i);
-    return 0;
-}
-
 /* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
  * header for the rules). Everything is converted into a temporary slab first; the model changes only when
  * every file was accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH
@@ -1123,32 +1101,7 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
                              "' prefix, or in two shards)", file, t->name);
                 goto out;
             }
-            int64_t want[2];
-            hf_shape(t, want);
-            bool shape_ok =
-                st->ndim == t->ndim && st->shape[0] == want[0] && (t->ndim == 1 || st->shape[1] == want[1]);
-            if (!shape_ok) {
-                char got[128] = "[";
-                for (int d = 0; d < st->ndim; d++) {
-                    size_t len = strlen(got);
-                    snprintf(got + len, sizeof got - len, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
-                }
-                strncat(got, "]", sizeof got - strlen(got) - 1);
-                if (t->ndim == 1)
-                    rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]",
-                                 file, st->name, got, (long long)want[0]);
-                else
-                    rc = zt_fail(err, ZT_EMISMATCH,
-                                 "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file,
-                                 st->name, got, (long long)want[0], (long long)want[1]);
-                goto out;
-            }
-            if (!zt_st_dtype_is_f32_readable(st->dtype)) {
-                rc = zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)",
-                             file, st->name, zt_dtype_name(st->dtype));
-                goto out;
-            }
-            if ((rc = convert_tensor(t, st, tmp + t->offset, file, err)) < 0)
+            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
                 goto out;
             seen[idx] = 1;
         }

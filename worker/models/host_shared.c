@@ -1,6 +1,7 @@
 /* Helpers shared by the host models; see host_shared.h. */
 #include "worker/models/host_shared.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,4 +58,50 @@ void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
         for (size_t i = 0; i < k; i++)
             y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
     }
+}
+
+/* "[d0, d1, ...]" of a file tensor's shape. */
+static void shape_text(const zt_st_tensor *st, char *out, size_t cap)
+{
+    size_t at = (size_t)snprintf(out, cap, "[");
+    for (int d = 0; d < st->ndim && at < cap; d++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+    if (at < cap)
+        snprintf(out + at, cap - at, "]");
+}
+
+int zt__host_import_tensor(const zt_param_info *t, const zt_st_tensor *st, float *slab, const char *file,
+                           zt_err *err)
+{
+    const int64_t want0 = t->transposed_in_hf ? t->shape[1] : t->shape[0];
+    const int64_t want1 = t->transposed_in_hf ? t->shape[0] : t->shape[1];
+    if (st->ndim != t->ndim || st->shape[0] != want0 || (t->ndim == 2 && st->shape[1] != want1)) {
+        char got[128];
+        shape_text(st, got, sizeof got);
+        if (t->ndim == 1)
+            return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]", file,
+                           st->name, got, (long long)want0);
+        return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file,
+                       st->name, got, (long long)want0, (long long)want1);
+    }
+    if (!zt_st_dtype_is_f32_readable(st->dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)", file,
+                       st->name, zt_dtype_name(st->dtype));
+    float *dst = slab + t->offset;
+    if (t->transposed_in_hf) {
+        const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
+        for (size_t k = 0; k < cols; k++)
+            for (size_t o = 0; o < rows; o++)
+                dst[o * cols + k] = zt_st_element_f32(st, k * rows + o);
+    } else if (st->dtype == ZT_DTYPE_F32) {
+        memcpy(dst, st->data, t->numel * sizeof(float));
+    } else {
+        for (size_t i = 0; i < t->numel; i++)
+            dst[i] = zt_st_element_f32(st, i);
+    }
+    for (size_t i = 0; i < t->numel; i++)
+        if (!isfinite(dst[i]))
+            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
+                           file, st->name, i);
+    return 0;
 }

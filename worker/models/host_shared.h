@@ -1,6 +1,7 @@
-/* What the host models (worker/models/gpt2.c, llama.c) share: the Hugging Face config.json fields that no
- * model's math depends on, the shortest decimal form of a float for the configs they write, and the
- * deterministic normal initialisation of their weights. Internal to worker/models/. */
+/* What the host models (worker/models/gpt2.c, llama.c, bert.c) share: the Hugging Face config.json fields
+ * that no model's math depends on, the shortest decimal form of a float for the configs they write, the
+ * deterministic normal initialisation of their weights, and the import of one safetensors tensor. Internal
+ * to worker/models/. */
 #ifndef ZT_WORKER_MODELS_HOST_SHARED_H
 #define ZT_WORKER_MODELS_HOST_SHARED_H
 
@@ -8,6 +9,9 @@
 #include <stddef.h>
 
 #include "common/rng.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "worker/models/params.h"
 
 /* Whether key is one that PretrainedConfig (transformers 4.x and 5.x) writes into every model's
  * config.json and that changes no model's math: bookkeeping (architectures, torch_dtype, ...), task heads,
@@ -27,5 +31,12 @@ double zt__host_short_decimal(float f);
  * Box-Muller transform (log, sqrt, cos: most of the cost) runs on the CPU kernels' threads, each element
  * on its own: the result does not depend on the thread count. */
 void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std, double *u);
+
+/* Imports the file tensor st (of file `file`) as the model's tensor t into the slab: checks its shape
+ * (Hugging Face's, [in, out] for a tensor transposed_in_hf) and dtype (F32, F16 or BF16), converts it into
+ * slab + t->offset in ztrain's layout and refuses non-finite values. Returns 0, or ZT_EMISMATCH (shape),
+ * ZT_EUNSUPPORTED (dtype) or ZT_EFORMAT (a NaN or infinity) with a message naming the tensor and the file. */
+int zt__host_import_tensor(const zt_param_info *t, const zt_st_tensor *st, float *slab, const char *file,
+                           zt_err *err);
 
 #endif

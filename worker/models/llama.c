@@ -1297,52 +1297,6 @@ static int find_tensor(const zt_llama *m, const char *name)
     return -1;
 }
 
-/* Converts file tensor st into tensor t of slab dst; rejects non-finite values. */
-static int convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float *dst, const char *path, zt_err *err)
-{
-    if (st->dtype == ZT_DTYPE_F32) {
-        memcpy(dst, st->data, t->numel * sizeof(float));
-    } else {
-        for (size_t i = 0; i < t->numel; i++)
-            dst[i] = zt_st_element_f32(st, i);
-    }
-    for (size_t i = 0; i < t->numel; i++)
-        if (!isfinite(dst[i]))
-            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
-                           path, st->name, i);
-    return 0;
-}
-
-/* Formats a file tensor's shape as "[a, b]". */
-static void shape_text(const zt_st_tensor *st, char *out, size_t cap)
-{
-    snprintf(out, cap, "[");
-    for (int d = 0; d < st->ndim; d++) {
-        size_t len = strlen(out);
-        snprintf(out + len, cap - len, "%s%lld", d ? ", " : "", (long long)st->shape[d]);
-    }
-    strncat(out, "]", cap - strlen(out) - 1);
-}
-
-/* Checks one file tensor against model tensor t and converts it into tmp. */
-static int import_tensor(const zt_param_info *t, const zt_st_tensor *st, float *tmp, const char *file, zt_err *err)
-{
-    bool shape_ok = st->ndim == t->ndim && st->shape[0] == t->shape[0] && (t->ndim == 1 || st->shape[1] == t->shape[1]);
-    if (!shape_ok) {
-        char got[128];
-        shape_text(st, got, sizeof got);
-        if (t->ndim == 1)
-            return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld]", file,
-                           st->name, got, (long long)t->shape[0]);
-        return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' has shape %s, the model config expects [%lld, %lld]", file,
-                       st->name, got, (long long)t->shape[0], (long long)t->shape[1]);
-    }
-    if (!zt_st_dtype_is_f32_readable(st->dtype))
-        return zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)", file,
-                       st->name, zt_dtype_name(st->dtype));
-    return convert_tensor(t, st, tmp + t->offset, file, err);
-}
-
 /* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
  * header for the rules). Everything is converted into a temporary slab first; the model changes only when
  * every file was accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH
@@ -1403,7 +1357,7 @@ int zt_llama_import(zt_llama *m, const char *path, zt_err *err)
                              file, t->name);
                 goto out;
             }
-            if ((rc = import_tensor(t, st, tmp, file, err)) < 0)
+            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
                 goto out;
             seen[idx] = 1;
         }
