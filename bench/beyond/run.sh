@@ -4,7 +4,8 @@
 #   bench/beyond/run.sh [OUT_DIR]
 #   ZTRAIN=build/worker/ztrain      the build measured
 #   ROWS="..."                      which rows of the table below to run (default: all)
-# Each row trains a GPT-2-shaped model on random tokens, T = 1024, for its number of steps (the first 3
+# Each row trains a GPT-2-shaped model (bench/gpt2-MODEL.json), or the LLaMA-2-7B shape (model llama-7b:
+# bench/llama-7b.json), on random tokens, T = 1024, for its number of steps (the first 3
 # are not timed) without checkpoints (--save-every -1). Reported: tokens/s over the timed steps, TFLOP/s
 # (6N + 6 L T C FLOPs per token; the recomputation of checkpointed layers not counted), the peak GPU
 # memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s), the
@@ -35,6 +36,7 @@ TABLE="
 124m_streamed_nvme 124m  12 8 1 bf16 --offload,nvme:NVME,--weights,host,--gpu-mem,4GiB,--checkpointing,all
 6.7b_11g_ga4       6.7b  7  8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 6.7b_nocap_ga4     6.7b  7  8 4 bf16 --optimizer,cpu,--checkpointing,all
+llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 "
 PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram"
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
@@ -49,7 +51,12 @@ run() {
   rm -rf "$run" "$NVME"
   mkdir -p "$NVME"
   IFS=, read -r -a extra <<< "${flags//NVME/$NVME}"
-  "$ZTRAIN" train --model "$HERE/gpt2-$model.json" --train-data "$DATA/rnd_train_000.bin" --device cuda \
+  local cfg="$HERE/gpt2-$model.json" data="$DATA/rnd_train_000.bin"
+  if [ "$model" = llama-7b ]; then
+    cfg="$HERE/llama-7b.json" data="$DATA/rnd32k_train_000.bin"
+    [ -f "$data" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd32k" 4000000 32000 || return 1
+  fi
+  "$ZTRAIN" train --model "$cfg" --train-data "$data" --device cuda \
     --precision "$prec" --steps "$steps" --batch-size "$batch" --grad-accum "$accum" --seq-len 1024 \
     --save-every -1 --log-every 1 --eval-every 0 --out "$run" "${extra[@]}" > "$log" 2>&1 &
   local pid=$! peak=0 rss=0
@@ -104,7 +111,7 @@ done
 "$PY" - "$RES" "${PEAK_TFLOPS:-989}" "$PAIRS" <<'PY' | tee "$OUT_DIR/table.md"
 import json, sys
 peak = float(sys.argv[2])
-shape = {"124m": (12, 768), "1558m": (48, 1600), "6.7b": (32, 4096)}
+shape = {"124m": (12, 768), "1558m": (48, 1600), "6.7b": (32, 4096), "llama-7b": (32, 4096)}
 rows = {}
 for l in open(sys.argv[1]):
     r = json.loads(l)
