@@ -18,6 +18,11 @@ It then requires, in float32 on the CPU:
   - ztrain's export loads back with from_pretrained with no missing, unexpected or mismatched tensors (the
     tied decoder aside), the same architecture, and gives transformers' logits again.
 
+Where a GPU is visible and bert_tool was built with CUDA, the same checks run again with ztrain's forward and
+backward on the GPU (bert_tool --device cuda: the training engine's CUDA executor in fp32) for a
+BertForSequenceClassification and a RobertaForMaskedLM with heads of 32 channels, which the CUDA attention
+serves.
+
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) without torch or transformers.
 """
 import json
@@ -100,29 +105,52 @@ def report(ok, label, detail):
     return ok
 
 
-def check_model(tool, arch, fields, B, T, tmp):
+# On the GPU: heads of 32 channels (3 and 5 heads), MLP widths that are multiples of 8.
+GPU_MODELS = [
+    ("BertForSequenceClassification",
+     dict(vocab_size=103, hidden_size=96, num_hidden_layers=2, num_attention_heads=3, intermediate_size=56,
+          max_position_embeddings=24, type_vocab_size=3, pad_token_id=0, hidden_act="gelu", layer_norm_eps=1e-12,
+          num_labels=3), 4, 11),
+    ("RobertaForMaskedLM",
+     dict(vocab_size=97, hidden_size=160, num_hidden_layers=2, num_attention_heads=5, intermediate_size=48,
+          max_position_embeddings=20, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+          hidden_act="gelu", layer_norm_eps=1e-5), 3, 13),
+]
+
+
+def gpu_tool(tool):
+    """Whether bert_tool takes --device cuda (a CUDA build)."""
+    import subprocess
+    res = subprocess.run([tool, "--device", "cuda"], capture_output=True, text=True)
+    return "needs a build with CUDA" not in res.stderr
+
+
+def check_model(tool, arch, fields, B, T, tmp, device=None):
     mlm = arch.endswith("ForMaskedLM")
     model = make_model(arch, fields)
-    src = os.path.join(tmp, arch, "hf")
-    out = os.path.join(tmp, arch, "ztrain")
+    where = os.path.join(tmp, arch + (f"-{device}" if device else ""))
+    src = os.path.join(where, "hf")
+    out = os.path.join(where, "ztrain")
     os.makedirs(out)
     model.save_pretrained(src, safe_serialization=True)
     with open(os.path.join(src, "config.json")) as f:
         saved = json.load(f)
     batch_fields = dict(fields, model_type=saved["model_type"], architectures=[arch])
     tokens, types, targets = make_batch(np.random.default_rng(7), batch_fields, B, T)
-    batch = os.path.join(tmp, arch, "batch.bin")
+    batch = os.path.join(where, "batch.bin")
     write_batch(batch, tokens, types, targets)
     failures = 0
 
-    loss, correct, counted = run_tool(tool, os.path.join(src, "config.json"), 0, batch, out, init=src)
+    loss, correct, counted = run_tool(tool, os.path.join(src, "config.json"), 0, batch, out, init=src,
+                                      device=device)
+    arch_label = arch + (f" (ztrain on {device})" if device else "")
     logits = read_logits(out, batch_fields, B, T)
     hf_logits, hf_loss, hf_grads = hf_run(model, tokens, types, targets, mlm)
     keep = tokens != fields["pad_token_id"]
     a, b = (logits[keep], hf_logits[keep]) if mlm else (logits, hf_logits)
     rel_logits = float(np.abs(a - b).max() / np.abs(b).max())
     rel_loss = abs(loss - hf_loss) / abs(hf_loss)
-    failures += not report(rel_logits < 1e-4 and rel_loss < 1e-4, f"{arch} logits and loss",
+    failures += not report(rel_logits < 1e-4 and rel_loss < 1e-4, f"{arch_label} logits and loss",
                            f"loss ztrain {loss:.9g}, transformers {hf_loss:.9g} (relative {rel_loss:.1e}); logits "
                            f"relative {rel_logits:.1e}; accuracy {correct}/{counted}")
 
@@ -147,7 +175,7 @@ def check_model(tool, arch, fields, B, T, tmp):
     extra = sorted(set(ours) - set(hf_grads))
     if extra:
         problems.append(f"gradients of tensors transformers does not have: {extra[:4]}")
-    failures += not report(not problems, f"{arch} gradients",
+    failures += not report(not problems, f"{arch_label} gradients",
                            f"{len(hf_grads)} tensors, worst {worst:.1e} of the tensor's largest value (key biases: "
                            f"{worst_kb:.1e} of the floor)"
                            + "".join(f"; {p}" for p in problems[:6]))
@@ -169,7 +197,7 @@ def check_model(tool, arch, fields, B, T, tmp):
     rel_back = float(np.abs(a2 - b).max() / np.abs(b).max())
     if rel_back > 1e-6:
         problems.append(f"logits differ by {rel_back:.1e}")
-    failures += not report(not problems, f"{arch} re-export loads in transformers",
+    failures += not report(not problems, f"{arch_label} re-export loads in transformers",
                            f"loss {back_loss:.9g}, logits relative {rel_back:.1e}"
                            + "".join(f"; {p}" for p in problems))
     return failures
@@ -186,6 +214,11 @@ def main():
     with tempfile.TemporaryDirectory(prefix="zt_bert_hf_") as tmp:
         for arch, fields, B, T in MODELS:
             failures += check_model(tool, arch, fields, B, T, tmp)
+        if torch.cuda.is_available() and gpu_tool(tool):
+            for arch, fields, B, T in GPU_MODELS:
+                failures += check_model(tool, arch, fields, B, T, tmp, device="cuda")
+        else:
+            print("skipped: the CUDA executor's checks (no GPU here, or bert_tool was built without CUDA)")
     return 1 if failures else 0
 
 

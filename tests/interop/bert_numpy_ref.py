@@ -101,9 +101,10 @@ def write_batch(path, tokens, types, targets):
             f.write(np.asarray(a, dtype="<i4").tobytes())
 
 
-def run_tool(tool, config, seed, batch, out_dir, init=None):
-    """Runs bert_tool; returns (loss, correct, counted)."""
-    cmd = [tool, config, str(seed), batch, out_dir] + ([init] if init else [])
+def run_tool(tool, config, seed, batch, out_dir, init=None, device=None):
+    """Runs bert_tool (on device "cuda" when given); returns (loss, correct, counted)."""
+    cmd = [tool] + (["--device", device] if device else [])
+    cmd += [config, str(seed), batch, out_dir] + ([init] if init else [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
