@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include "common/log.h"
-#include "common/units.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"

@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include "common/log.h"
-#include "common/units.h"
 #include "kernels/activation.h"       /* SwiGLU */
 #include "kernels/attention.h"        /* grouped-query attention */
 #include "kernels/crossentropy.h"     /* the fused classifier */
