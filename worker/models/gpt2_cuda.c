@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include "common/log.h"
-#include "common/units.h"
 #include "kernels/attention.h"       /* zt_cuda_attention_forward / backward */
 #include "kernels/crossentropy.h"    /* zt_cuda_crossentropy_forward_backward: the fused classifier */
 #include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check */
