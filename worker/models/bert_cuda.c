@@ -37,12 +37,9 @@ typedef struct bert_cuda {
     bool mlm;          /* the masked-LM head (else classification) */
     int L, Vp, K, Kp;  /* layers, padded vocabulary, outputs per scored row and their padded count */
     size_t row0;       /* the position table's row of position 0 (RoBERTa: pad_token_id + 1) */
-    bool *ckpt;
     int max_B, max_T, max_micro;
     zt__cuda_layout lay;     /* the device layout and the engine's view of it */
     zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
-    cudaStream_t stream;     /* cs.stream */
-    zt_cuda_blas *blas;      /* cs.blas */
 
     /* Carved from the pool. */
     layer_acts *layers, shared;
@@ -74,7 +71,7 @@ typedef struct bert_cuda {
 
 static bool layer_ckpt(const bert_cuda *g, int l)
 {
-    return g->ckpt && g->ckpt[l];
+    return g->lay.block_ckpt[1 + l];
 }
 
 /* Rows the head scores: every position (masked LM) or every sequence (classification). */
@@ -104,9 +101,7 @@ static size_t carve(bert_cuda *g, char *base, size_t plan[2])
     g->emb_mean = zt__pool_take(base, &used, N * 4);
     g->emb_rstd = zt__pool_take(base, &used, N * 4);
     g->enc = zt__pool_take(base, &used, NC * e);
-    bool any_ckpt = false;
-    for (int l = 0; l < g->L; l++)
-        any_ckpt |= layer_ckpt(g, l);
+    const bool any_ckpt = zt__cuda_layout_any_checkpointed(&g->lay);
     for (int l = -1; l < g->L; l++) {
         /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
         if (l < 0 && !any_ckpt)
@@ -193,7 +188,8 @@ static void build_layout(bert_cuda *g, const bool *ckpt_layers)
     }
     for (int i = 0; i < nt; i++)
         g->lay.packed[i] = packed(g, i);
-    zt__cuda_layout_finish(&g->lay, tensors, g->L, ckpt_layers, true); /* the embeddings' LayerNorm reads its weights */
+    /* the embeddings' backward reads their LayerNorm's weights */
+    zt__cuda_layout_finish(&g->lay, tensors, g->L, ckpt_layers, true);
 }
 
 static void cuda_destroy(zt_model *m);
@@ -241,10 +237,6 @@ static void init_shape(bert_cuda *g, const zt_bert *host, int B, int T, int max_
     g->Kp = g->mlm ? g->Vp : (int)zt__round_up((size_t)g->K, LABEL_PAD);
     g->row0 = cfg->roberta ? (size_t)cfg->pad_token_id + 1 : 0;
     const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
-    if (ckpt_layers) {
-        g->ckpt = zt_xcalloc(nl, sizeof(bool));
-        memcpy(g->ckpt, ckpt_layers, (size_t)g->L * sizeof(bool));
-    }
     g->max_B = B;
     g->max_T = T;
     g->max_micro = max_micro;
@@ -256,7 +248,6 @@ static void free_shape(bert_cuda *g)
 {
     zt__cuda_layout_free(&g->lay);
     free(g->layers);
-    free(g->ckpt);
 }
 
 static void fill_base(bert_cuda *g)
@@ -292,13 +283,11 @@ int zt_bert_cuda_create(zt_model **out, const zt_bert *host, int B, int T, int m
                              err);
     if (rc < 0)
         goto fail;
-    g->stream = g->cs.stream;
-    g->blas = g->cs.blas;
     ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
     g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
 
     fill_base(g);
-    g->base.stream = g->stream;
+    g->base.stream = g->cs.stream;
     g->base.nonfinite_flag = g->d_flag;
     g->base.device_bytes = pool_bytes;
     *out = &g->base;
@@ -329,7 +318,7 @@ static void *in_block(const bert_cuda *g, const void *block_base, int b, int idx
 
 static void zero(bert_cuda *g, void *p, size_t elems)
 {
-    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->stream));
+    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->cs.stream));
 }
 
 static const void *layer_input(const bert_cuda *g, int l)
@@ -341,9 +330,9 @@ static const void *layer_input(const bert_cuda *g, int l)
 static void act_forward(const bert_cuda *g, enum zt_bert_act act, void *out, const void *inp, size_t n)
 {
     if (act == ZT_BERT_ACT_GELU)
-        zt_cuda_gelu_erf_forward(out, inp, n, g->dtype, g->stream);
+        zt_cuda_gelu_erf_forward(out, inp, n, g->dtype, g->cs.stream);
     else
-        zt_cuda_gelu_forward(out, inp, n, g->dtype, g->stream);
+        zt_cuda_gelu_forward(out, inp, n, g->dtype, g->cs.stream);
 }
 
 /* Accumulates (+=) into dinp. */
@@ -351,9 +340,9 @@ static void act_backward(const bert_cuda *g, enum zt_bert_act act, void *dinp, c
                          size_t n)
 {
     if (act == ZT_BERT_ACT_GELU)
-        zt_cuda_gelu_erf_backward(dinp, inp, dout, n, g->dtype, g->stream);
+        zt_cuda_gelu_erf_backward(dinp, inp, dout, n, g->dtype, g->cs.stream);
     else
-        zt_cuda_gelu_backward(dinp, inp, dout, n, g->dtype, g->stream);
+        zt_cuda_gelu_backward(dinp, inp, dout, n, g->dtype, g->cs.stream);
 }
 
 /* RoBERTa's masked-LM head applies the exact GELU always. */
@@ -374,9 +363,9 @@ static void forward_embed(bert_cuda *g, const void *w)
     const int B = g->cur_B, T = g->cur_T, C = g->cfg.hidden_size;
     const char *wpe = (const char *)in_block(g, w, 0, ET(POS)) + g->row0 * (size_t)C * g->esize;
     zt_cuda_embedding_forward_typed(g->emb, g->d_tokens, g->d_types, in_block(g, w, 0, ET(WORD)), wpe,
-                                    in_block(g, w, 0, ET(TYPE)), B, T, C, g->dtype, g->stream);
+                                    in_block(g, w, 0, ET(TYPE)), B, T, C, g->dtype, g->cs.stream);
     zt_cuda_layernorm_forward(g->enc, g->emb_mean, g->emb_rstd, g->emb, in_block(g, w, 0, ET(LN_W)),
-                              in_block(g, w, 0, ET(LN_B)), B * T, C, g->cfg.layer_norm_eps, g->dtype, g->stream);
+                              in_block(g, w, 0, ET(LN_B)), B * T, C, g->cfg.layer_norm_eps, g->dtype, g->cs.stream);
 }
 
 static void forward_layer(bert_cuda *g, int l, const void *w)
@@ -387,19 +376,19 @@ static void forward_layer(bert_cuda *g, int l, const void *w)
     const zt_attention_dims d = attention_dims(g);
     layer_acts *a = &g->layers[l];
     const void *x = layer_input(g, l);
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LT(l, k))
-    zt_cuda_matmul_forward(g->blas, a->qkv, NULL, x, W(Q_W), W(Q_B), N, C, 3 * C, dt, s);
+    zt_cuda_matmul_forward(g->cs.blas, a->qkv, NULL, x, W(Q_W), W(Q_B), N, C, 3 * C, dt, s);
     zt_cuda_attention_forward_gqa(a->atty, a->lse, a->qkv, g->d_lens, &d, dt, s);
-    zt_cuda_matmul_forward_residual(g->blas, a->res1, a->atty, W(AO_W), W(AO_B), x, N, C, C, dt, s);
+    zt_cuda_matmul_forward_residual(g->cs.blas, a->res1, a->atty, W(AO_W), W(AO_B), x, N, C, C, dt, s);
     zt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res1, W(ALN_W), W(ALN_B), N, C, eps, dt, s);
     if (g->cfg.hidden_act == ZT_BERT_ACT_GELU_TANH) {
-        zt_cuda_matmul_forward(g->blas, a->inter_act, a->inter, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
+        zt_cuda_matmul_forward(g->cs.blas, a->inter_act, a->inter, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
     } else {
-        zt_cuda_matmul_forward(g->blas, a->inter, NULL, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
+        zt_cuda_matmul_forward(g->cs.blas, a->inter, NULL, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
         act_forward(g, ZT_BERT_ACT_GELU, a->inter_act, a->inter, (size_t)N * I);
     }
-    zt_cuda_matmul_forward_residual(g->blas, a->res2, a->inter_act, W(O_W), W(O_B), a->ln1, N, I, C, dt, s);
+    zt_cuda_matmul_forward_residual(g->cs.blas, a->res2, a->inter_act, W(O_W), W(O_B), a->ln1, N, I, C, dt, s);
     zt_cuda_layernorm_forward(a->out, a->out_mean, a->out_rstd, a->res2, W(OLN_W), W(OLN_B), N, C, eps, dt, s);
 #undef W
 }
@@ -410,13 +399,13 @@ static void forward_head_block(bert_cuda *g, const void *w)
     const int B = g->cur_B, T = g->cur_T, N = B * T, C = g->cfg.hidden_size, hb = g->L + 1;
     const enum zt_dtype dt = g->dtype;
     const void *h = layer_input(g, g->L);
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define H(k) in_block(g, w, hb, HT(k))
     if (g->mlm) {
         if (head_act(g) == ZT_BERT_ACT_GELU_TANH) {
-            zt_cuda_matmul_forward(g->blas, g->tr_act, g->tr_pre, h, H(DENSE_W), H(DENSE_B), N, C, C, dt, s);
+            zt_cuda_matmul_forward(g->cs.blas, g->tr_act, g->tr_pre, h, H(DENSE_W), H(DENSE_B), N, C, C, dt, s);
         } else {
-            zt_cuda_matmul_forward(g->blas, g->tr_pre, NULL, h, H(DENSE_W), H(DENSE_B), N, C, C, dt, s);
+            zt_cuda_matmul_forward(g->cs.blas, g->tr_pre, NULL, h, H(DENSE_W), H(DENSE_B), N, C, C, dt, s);
             act_forward(g, ZT_BERT_ACT_GELU, g->tr_act, g->tr_pre, (size_t)N * C);
         }
         zt_cuda_layernorm_forward(g->tr_ln, g->tr_mean, g->tr_rstd, g->tr_act, H(LN_W), H(LN_B), N, C,
@@ -425,7 +414,7 @@ static void forward_head_block(bert_cuda *g, const void *w)
         ZT_CUDA_CHECK(cudaMemcpyAsync(g->dec_bias, H(BIAS), (size_t)g->Vp * g->esize, cudaMemcpyDeviceToDevice, s));
     } else {
         zt_cuda_first_token_forward(g->first, h, B, T, C, dt, s);
-        zt_cuda_matmul_forward(g->blas, g->pool_pre, NULL, g->first, H(POOL_W), H(POOL_B), B, C, C, dt, s);
+        zt_cuda_matmul_forward(g->cs.blas, g->pool_pre, NULL, g->first, H(POOL_W), H(POOL_B), B, C, C, dt, s);
         zt_cuda_tanh_forward(g->pooled, g->pool_pre, (size_t)B * C, dt, s);
     }
 #undef H
@@ -437,7 +426,7 @@ static void backward_head_block(bert_cuda *g, const void *w, void *gr)
     const size_t NC = (size_t)N * C, BC = (size_t)B * C;
     const enum zt_dtype dt = g->dtype;
     const void *h = layer_input(g, g->L);
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, hb, HT(k))
 #define G(k) in_block(g, gr, hb, HT(k))
     if (g->mlm) {
@@ -447,14 +436,14 @@ static void backward_head_block(bert_cuda *g, const void *w, void *gr)
                                    C, g->ln_scratch, dt, s);
         zero(g, g->dtmp, NC);
         act_backward(g, head_act(g), g->dtmp, g->tr_pre, g->datty, NC);
-        zt_cuda_matmul_backward_overwrite(g->blas, g->dres, G(DENSE_W), G(DENSE_B), g->dtmp, h, W(DENSE_W), NULL, N,
+        zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dres, G(DENSE_W), G(DENSE_B), g->dtmp, h, W(DENSE_W), NULL, N,
                                           C, C, dt, s);
         zt_cuda_add_inplace(G(BIAS), g->ddec_bias, (size_t)g->Vp, dt, s);
     } else {
         zero(g, g->dpool_pre, BC);
         zt_cuda_tanh_backward(g->dpool_pre, g->pooled, g->dpooled, BC, dt, s);
-        zt_cuda_matmul_backward_overwrite(g->blas, g->dfirst, G(POOL_W), G(POOL_B), g->dpool_pre, g->first, W(POOL_W),
-                                          NULL, B, C, C, dt, s);
+        zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dfirst, G(POOL_W), G(POOL_B), g->dpool_pre, g->first,
+                                          W(POOL_W), NULL, B, C, C, dt, s);
         zero(g, g->dres, NC);
         zt_cuda_first_token_backward(g->dres, g->dfirst, B, T, C, dt, s);
     }
@@ -471,7 +460,7 @@ static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
     const zt_attention_dims d = attention_dims(g);
     const layer_acts *a = &g->layers[l];
     const void *x = layer_input(g, l);
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LT(l, k))
 #define G(k) in_block(g, gr, b, LT(l, k))
     /* out = LN(res2), res2 = ln1 + output.dense(act(intermediate.dense(ln1))). */
@@ -480,26 +469,26 @@ static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
                                g->ln_scratch, dt, s);
     if (g->cfg.hidden_act == ZT_BERT_ACT_GELU_TANH) {
         /* dinter = gelu'(inter) * (dln W_O), in one call */
-        zt_cuda_matmul_backward(g->blas, g->dinter, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W), a->inter, N, I, C,
+        zt_cuda_matmul_backward(g->cs.blas, g->dinter, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W), a->inter, N, I, C,
                                 dt, s);
     } else {
-        zt_cuda_matmul_backward_overwrite(g->blas, g->dinter_act, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W), NULL, N,
-                                          I, C, dt, s);
+        zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dinter_act, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W),
+                                          NULL, N, I, C, dt, s);
         zero(g, g->dinter, NI);
         act_backward(g, ZT_BERT_ACT_GELU, g->dinter, a->inter, g->dinter_act, NI);
     }
     /* dln: d(ln1), the residual's part plus the intermediate's. */
-    zt_cuda_matmul_backward(g->blas, g->dln, G(I_W), G(I_B), g->dinter, a->ln1, W(I_W), NULL, N, C, I, dt, s);
+    zt_cuda_matmul_backward(g->cs.blas, g->dln, G(I_W), G(I_B), g->dinter, a->ln1, W(I_W), NULL, N, C, I, dt, s);
     /* ln1 = LN(res1), res1 = x + attention.output.dense(attention(qkv(x))). */
     zero(g, g->dres, NC);
     zt_cuda_layernorm_backward(g->dres, G(ALN_W), G(ALN_B), g->dln, a->res1, W(ALN_W), a->ln1_mean, a->ln1_rstd, N, C,
                                g->ln_scratch, dt, s);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->datty, G(AO_W), G(AO_B), g->dres, a->atty, W(AO_W), NULL, N, C, C,
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->datty, G(AO_W), G(AO_B), g->dres, a->atty, W(AO_W), NULL, N, C, C,
                                       dt, s);
     zt_cuda_attention_backward_gqa(g->dqkv, g->datty, a->qkv, a->atty, a->lse, g->d_lens, &d, false, g->attn_scratch,
                                    dt, s);
     /* dres: d(x), the residual's part plus the projection's. */
-    zt_cuda_matmul_backward(g->blas, g->dres, G(Q_W), G(Q_B), g->dqkv, x, W(Q_W), NULL, N, C, 3 * C, dt, s);
+    zt_cuda_matmul_backward(g->cs.blas, g->dres, G(Q_W), G(Q_B), g->dqkv, x, W(Q_W), NULL, N, C, 3 * C, dt, s);
 #undef W
 #undef G
 }
@@ -510,11 +499,11 @@ static void backward_embed(bert_cuda *g, const void *w, void *gr)
     zero(g, g->dln, (size_t)N * C);
     zt_cuda_layernorm_backward(g->dln, in_block(g, gr, 0, ET(LN_W)), in_block(g, gr, 0, ET(LN_B)), g->dres, g->emb,
                                in_block(g, w, 0, ET(LN_W)), g->emb_mean, g->emb_rstd, N, C, g->ln_scratch, g->dtype,
-                               g->stream);
+                               g->cs.stream);
     char *dwpe = (char *)in_block(g, gr, 0, ET(POS)) + g->row0 * (size_t)C * g->esize;
     zt_cuda_embedding_backward_typed(in_block(g, gr, 0, ET(WORD)), dwpe, in_block(g, gr, 0, ET(TYPE)), g->dln,
                                      g->d_tokens, g->d_types, B, T, C, g->cfg.vocab_size, g->cfg.type_vocab_size,
-                                     g->emb_scratch, g->dtype, g->stream);
+                                     g->emb_scratch, g->dtype, g->cs.stream);
 }
 
 /* Stages tokens, token types, the counted targets (none at a pad token; one per sequence for
@@ -554,11 +543,11 @@ static int stage_batch(bert_cuda *g, const int32_t *tokens, const int32_t *targe
             len--;
         lens[b] = len;
     }
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, tok, N * 4, cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->stream));
-    ZT_CUDA_CHECK(cudaEventRecord(g->cs.io_done[slot], g->stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, tok, N * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->cs.io_done[slot], g->cs.stream));
     return valid;
 }
 
@@ -575,7 +564,7 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
     ZT_ASSERT(micro >= 0 && micro < g->max_micro);
     if (micro == 0)
-        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
     g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1, micro);
     g->cur_B = B;
     g->cur_T = T;
@@ -609,17 +598,17 @@ static void cuda_head(zt_model *m, const void *w, float scale)
     const bool train = scale != 0.0f;
     const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
     if (g->mlm)
-        zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->tr_ln, in_block(g, w, hb, ET(WORD)), g->dec_bias, N, C,
-                               g->Kp, g->dtype, g->stream);
+        zt_cuda_matmul_forward(g->cs.blas, g->logits, NULL, g->tr_ln, in_block(g, w, hb, ET(WORD)), g->dec_bias, N, C,
+                               g->Kp, g->dtype, g->cs.stream);
     else
-        zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->pooled, in_block(g, w, hb, HT(CLS_W)),
-                               in_block(g, w, hb, HT(CLS_B)), B, C, g->Kp, g->dtype, g->stream);
+        zt_cuda_matmul_forward(g->cs.blas, g->logits, NULL, g->pooled, in_block(g, w, hb, HT(CLS_W)),
+                               in_block(g, w, hb, HT(CLS_B)), B, C, g->Kp, g->dtype, g->cs.stream);
     zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, rows, g->K,
-                                          g->Kp, -1, grad_scale, NULL, g->dtype, g->stream);
+                                          g->Kp, -1, grad_scale, NULL, g->dtype, g->cs.stream);
     if (train)
-        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)rows, ZT_DTYPE_F32, g->stream);
+        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)rows, ZT_DTYPE_F32, g->cs.stream);
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * rows, g->losses, (size_t)rows * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->stream));
+                                  cudaMemcpyDeviceToHost, g->cs.stream));
 }
 
 static void cuda_head_backward(zt_model *m, const void *w, void *gr)
@@ -628,13 +617,13 @@ static void cuda_head_backward(zt_model *m, const void *w, void *gr)
     const int C = g->cfg.hidden_size, B = g->cur_B, N = B * g->cur_T, hb = m->head_block;
     if (g->mlm) {
         zero(g, g->ddec_bias, (size_t)g->Vp);
-        zt_cuda_matmul_backward_overwrite(g->blas, g->dln, in_block(g, gr, hb, ET(WORD)), g->ddec_bias, g->logits,
+        zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, in_block(g, gr, hb, ET(WORD)), g->ddec_bias, g->logits,
                                           g->tr_ln, in_block(g, w, hb, ET(WORD)), NULL, N, C, g->Kp, g->dtype,
-                                          g->stream);
+                                          g->cs.stream);
     } else {
-        zt_cuda_matmul_backward_overwrite(g->blas, g->dpooled, in_block(g, gr, hb, HT(CLS_W)),
+        zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dpooled, in_block(g, gr, hb, HT(CLS_W)),
                                           in_block(g, gr, hb, HT(CLS_B)), g->logits, g->pooled,
-                                          in_block(g, w, hb, HT(CLS_W)), NULL, B, C, g->Kp, g->dtype, g->stream);
+                                          in_block(g, w, hb, HT(CLS_W)), NULL, B, C, g->Kp, g->dtype, g->cs.stream);
     }
 }
 
@@ -662,7 +651,7 @@ static float cuda_loss(const zt_model *m, int micro)
 static void copy_logits(bert_cuda *g, float *out)
 {
     const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T);
-    zt__cuda_rows_to_f32(out, g->logits, rows, (size_t)g->K, (size_t)g->Kp, g->dtype, g->stream);
+    zt__cuda_rows_to_f32(out, g->logits, rows, (size_t)g->K, (size_t)g->Kp, g->dtype, g->cs.stream);
 }
 
 static void cuda_logits(zt_model *m, float *out)

@@ -72,6 +72,14 @@ void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, 
     }
 }
 
+bool zt__cuda_layout_any_checkpointed(const zt__cuda_layout *lay)
+{
+    for (int b = 0; b < lay->nblocks; b++)
+        if (lay->block_ckpt[b])
+            return true;
+    return false;
+}
+
 void zt__cuda_layout_free(zt__cuda_layout *lay)
 {
     free(lay->toff);

@@ -50,6 +50,8 @@ void zt__cuda_layout_init(zt__cuda_layout *lay, const zt_param_info *tensors, in
 void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, int nlayers, const bool *ckpt_layers,
                             bool embedding_reads_weights);
 void zt__cuda_layout_free(zt__cuda_layout *lay);
+/* Whether any block is checkpointed (then the checkpointed layers share one set of activations). */
+bool zt__cuda_layout_any_checkpointed(const zt__cuda_layout *lay);
 /* Points base's layout fields at lay and sets the rest of its description (ops, stream and device fields
  * stay the caller's). */
 void zt__cuda_layout_describe(zt_model *base, const zt__cuda_layout *lay, enum zt_dtype dtype, int head_block,

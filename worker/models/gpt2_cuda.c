@@ -46,14 +46,11 @@ typedef struct gpt2_cuda {
     const zt_gpt2 *host;
     zt_gpt2_config cfg;
     enum zt_dtype dtype;
-    bool *ckpt;              /* [n_layer]: layers whose activations are rebuilt in backward, or NULL */
     layer_acts shared;       /* the activations that checkpointed layers share (not res3) */
     size_t esize;            /* bytes per dtype element */
     int max_B, max_T, max_micro, Vp;
     zt__cuda_layout lay;     /* the device layout and the engine's view of it */
     zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
-    cudaStream_t stream;     /* cs.stream */
-    zt_cuda_blas *blas;      /* cs.blas */
 
     /* Carved from the pool. */
     layer_acts *layers;
@@ -82,7 +79,7 @@ static void prof_flush(gpt2_cuda *g)
 {
     if (g->prof_used == 0)
         return;
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream));
     for (int i = 0; i < g->prof_used; i++) {
         float ms = 0.0f;
         ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, g->prof_ev[2 * i], g->prof_ev[2 * i + 1]));
@@ -98,7 +95,7 @@ static void prof_begin(gpt2_cuda *g, int fam)
     if (g->prof_used == PROF_EVENTS / 2)
         prof_flush(g);
     g->prof_fam[g->prof_used] = fam;
-    ZT_CUDA_CHECK(cudaEventRecord(g->prof_ev[2 * g->prof_used], g->stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->prof_ev[2 * g->prof_used], g->cs.stream));
     g->prof_open = 1;
 }
 
@@ -106,7 +103,7 @@ static void prof_end(gpt2_cuda *g)
 {
     if (!g->profiling || !g->prof_open)
         return;
-    ZT_CUDA_CHECK(cudaEventRecord(g->prof_ev[2 * g->prof_used + 1], g->stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->prof_ev[2 * g->prof_used + 1], g->cs.stream));
     g->prof_used++;
     g->prof_open = 0;
 }
@@ -148,7 +145,7 @@ void zt_gpt2_cuda_profile_report(zt_model *m)
 /* Whether layer l keeps only its output in the forward pass. */
 static bool layer_ckpt(const gpt2_cuda *g, int l)
 {
-    return g->ckpt && g->ckpt[l];
+    return g->lay.block_ckpt[1 + l];
 }
 
 /* Carves every device buffer from base; returns the bytes used. With base NULL only counts. plan, when
@@ -159,9 +156,7 @@ static size_t carve(gpt2_cuda *g, char *base, size_t plan[2])
     const size_t e = g->esize, NC = N * C;
     size_t used = 0;
     g->encoded = zt__pool_take(base, &used, NC * e);
-    bool any_ckpt = false;
-    for (int l = 0; l < g->cfg.n_layer; l++)
-        any_ckpt |= layer_ckpt(g, l);
+    const bool any_ckpt = zt__cuda_layout_any_checkpointed(&g->lay);
     for (int l = -1; l < g->cfg.n_layer; l++) {
         /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
         if (l < 0 && !any_ckpt)
@@ -212,12 +207,12 @@ static size_t carve(gpt2_cuda *g, char *base, size_t plan[2])
 }
 
 /* The device layout of the host model's tensor table: wte padded to Vp rows. */
-static void build_layout(gpt2_cuda *g)
+static void build_layout(gpt2_cuda *g, const bool *ckpt_layers)
 {
     const zt_param_info *tensors = zt_gpt2_tensor(g->host, 0);
     zt__cuda_layout_init(&g->lay, tensors, zt_gpt2_num_tensors(g->host), zt_gpt2_num_blocks(g->host));
     g->lay.tlen[0] = (size_t)g->Vp * (size_t)g->cfg.n_embd;
-    zt__cuda_layout_finish(&g->lay, tensors, g->cfg.n_layer, g->ckpt, false);
+    zt__cuda_layout_finish(&g->lay, tensors, g->cfg.n_layer, ckpt_layers, false);
 }
 
 static void cuda_destroy(zt_model *m);
@@ -253,24 +248,19 @@ static void init_shape(gpt2_cuda *g, const zt_gpt2 *host, int B, int T, int max_
     g->host = host;
     g->cfg = *cfg;
     g->dtype = dtype;
-    if (ckpt_layers) {
-        g->ckpt = zt_xcalloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof(bool));
-        memcpy(g->ckpt, ckpt_layers, (size_t)cfg->n_layer * sizeof(bool));
-    }
     g->esize = zt_dtype_size(dtype);
     g->max_B = B;
     g->max_T = T;
     g->max_micro = max_micro;
     g->Vp = (int)zt__round_up((size_t)cfg->vocab_size, ZT__CUDA_VOCAB_PAD);
     g->layers = zt_xcalloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof(layer_acts));
-    build_layout(g);
+    build_layout(g, ckpt_layers);
 }
 
 static void free_shape(gpt2_cuda *g)
 {
     zt__cuda_layout_free(&g->lay);
     free(g->layers);
-    free(g->ckpt);
 }
 
 /* Device bytes of the activations and scratch; see gpt2_cuda.h. */
@@ -319,12 +309,10 @@ int zt_gpt2_cuda_create(zt_model **out, const zt_gpt2 *host, int B, int T, int m
     rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err);
     if (rc < 0)
         goto fail;
-    g->stream = g->cs.stream;
-    g->blas = g->cs.blas;
     ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
 
     fill_base(g);
-    g->base.stream = g->stream;
+    g->base.stream = g->cs.stream;
     g->base.nonfinite_flag = g->d_flag;
     g->base.device_bytes = pool_bytes;
     *out = &g->base;
@@ -341,8 +329,8 @@ static void cuda_destroy(zt_model *m)
     gpt2_cuda *g = (gpt2_cuda *)m;
     if (!g)
         return;
-    if (g->stream)
-        ZT_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    if (g->cs.stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream));
     if (g->prof_ev) {
         for (int i = 0; i < PROF_EVENTS; i++)
             cudaEventDestroy(g->prof_ev[i]);
@@ -365,7 +353,7 @@ static void *in_block(const gpt2_cuda *g, void *block_base, int b, int idx)
 static void zero(gpt2_cuda *g, void *p, size_t elems)
 {
     prof_begin(g, PF_MEMSET);
-    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->stream));
+    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->cs.stream));
     prof_end(g);
 }
 
@@ -374,7 +362,7 @@ static void forward_embed(gpt2_cuda *g, const void *w, int B, int T)
 {
     prof_begin(g, PF_EMBED);
     zt_cuda_embedding_forward(g->encoded, g->d_tokens, in_block(g, (void *)w, 0, 0), in_block(g, (void *)w, 0, 1),
-                              B, T, g->cfg.n_embd, g->dtype, g->stream);
+                              B, T, g->cfg.n_embd, g->dtype, g->cs.stream);
     prof_end(g);
 }
 
@@ -385,29 +373,29 @@ static void forward_layer(gpt2_cuda *g, int l, void *w, const void *x, int B, in
     const float eps = g->cfg.layer_norm_epsilon;
     const enum zt_dtype dt = g->dtype;
     layer_acts *a = &g->layers[l];
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LAYER_TENSOR(l, k))
     prof_begin(g, PF_LAYERNORM);
     zt_cuda_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(LN1_W), W(LN1_B), N, C, eps, dt, s);
     prof_end(g);
     prof_begin(g, PF_MM_QKV);
-    zt_cuda_matmul_forward(g->blas, a->qkv, NULL, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C, dt, s);
+    zt_cuda_matmul_forward(g->cs.blas, a->qkv, NULL, a->ln1, W(QKV_W), W(QKV_B), N, C, 3 * C, dt, s);
     prof_end(g);
     prof_begin(g, PF_ATTN);
     zt_cuda_attention_forward(a->atty, a->lse, a->qkv, B, T, C, NH, dt, s);
     prof_end(g);
     prof_begin(g, PF_MM_ATTPROJ);
-    zt_cuda_matmul_forward_residual(g->blas, a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), x, N, C, C, dt, s);
+    zt_cuda_matmul_forward_residual(g->cs.blas, a->res2, a->atty, W(ATTPROJ_W), W(ATTPROJ_B), x, N, C, C, dt, s);
     prof_end(g);
     prof_begin(g, PF_LAYERNORM);
     zt_cuda_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LN2_W), W(LN2_B), N, C, eps, dt, s);
     prof_end(g);
     prof_begin(g, PF_MM_FC);
-    zt_cuda_matmul_forward(g->blas, a->fch_gelu, a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C, dt, s);
+    zt_cuda_matmul_forward(g->cs.blas, a->fch_gelu, a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C, dt, s);
     prof_end(g);
     prof_begin(g, PF_MM_FCPROJ);
-    zt_cuda_matmul_forward_residual(g->blas, a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), a->res2, N, 4 * C, C, dt,
-                                    s);
+    zt_cuda_matmul_forward_residual(g->cs.blas, a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), a->res2, N, 4 * C, C,
+                                    dt, s);
     prof_end(g);
 #undef W
 }
@@ -425,7 +413,7 @@ static void forward_lnf(gpt2_cuda *g, void *w_lnf, int B, int T)
     prof_begin(g, PF_LAYERNORM);
     zt_cuda_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, last_residual(g), in_block(g, w_lnf, L + 1, lnf),
                               in_block(g, w_lnf, L + 1, lnf + 1), N, C, g->cfg.layer_norm_epsilon, g->dtype,
-                              g->stream);
+                              g->cs.stream);
     prof_end(g);
 }
 
@@ -438,7 +426,7 @@ static void backward_lnf(gpt2_cuda *g, void *w_lnf, void *g_lnf, int B, int T)
     prof_begin(g, PF_B_LAYERNORM);
     zt_cuda_layernorm_backward(g->dres, in_block(g, g_lnf, L + 1, lnf), in_block(g, g_lnf, L + 1, lnf + 1), g->dln,
                                last_residual(g), in_block(g, w_lnf, L + 1, lnf), g->lnf_mean, g->lnf_rstd, N, C,
-                               g->ln_scratch, g->dtype, g->stream);
+                               g->ln_scratch, g->dtype, g->cs.stream);
     prof_end(g);
 }
 
@@ -449,16 +437,16 @@ static void backward_layer(gpt2_cuda *g, int l, void *w, void *gr, const void *x
     const int C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T, b = 1 + l;
     const enum zt_dtype dt = g->dtype;
     const layer_acts *a = &g->layers[l];
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LAYER_TENSOR(l, k))
 #define G(k) in_block(g, gr, b, LAYER_TENSOR(l, k))
     /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); the GELU's backward is fused (dfch overwritten). */
     prof_begin(g, PF_B_MM_FCPROJ);
-    zt_cuda_matmul_backward(g->blas, g->dfch, G(FCPROJ_W), G(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), a->fch,
+    zt_cuda_matmul_backward(g->cs.blas, g->dfch, G(FCPROJ_W), G(FCPROJ_B), g->dres, a->fch_gelu, W(FCPROJ_W), a->fch,
                             N, 4 * C, C, dt, s);
     prof_end(g);
     prof_begin(g, PF_B_MM_FC);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(FC_W), G(FC_B), g->dfch, a->ln2, W(FC_W), NULL, N, C, 4 * C,
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, G(FC_W), G(FC_B), g->dfch, a->ln2, W(FC_W), NULL, N, C, 4 * C,
                                       dt, s);
     prof_end(g);
     prof_begin(g, PF_B_LAYERNORM);
@@ -467,7 +455,7 @@ static void backward_layer(gpt2_cuda *g, int l, void *w, void *gr, const void *x
     prof_end(g);
     /* Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
     prof_begin(g, PF_B_MM_ATTPROJ);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->datty, G(ATTPROJ_W), G(ATTPROJ_B), g->dres, a->atty, W(ATTPROJ_W),
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->datty, G(ATTPROJ_W), G(ATTPROJ_B), g->dres, a->atty, W(ATTPROJ_W),
                                       NULL, N, C, C, dt, s);
     prof_end(g);
     prof_begin(g, PF_B_ATTN);
@@ -475,7 +463,7 @@ static void backward_layer(gpt2_cuda *g, int l, void *w, void *gr, const void *x
                                          s);
     prof_end(g);
     prof_begin(g, PF_B_MM_QKV);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(QKV_W), G(QKV_B), g->dqkv, a->ln1, W(QKV_W), NULL, N, C,
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, G(QKV_W), G(QKV_B), g->dqkv, a->ln1, W(QKV_W), NULL, N, C,
                                       3 * C, dt, s);
     prof_end(g);
     prof_begin(g, PF_B_LAYERNORM);
@@ -491,7 +479,7 @@ static void backward_embed(gpt2_cuda *g, void *gr, int B, int T)
 {
     prof_begin(g, PF_B_EMBED);
     zt_cuda_embedding_backward(in_block(g, gr, 0, 0), in_block(g, gr, 0, 1), g->dres, g->d_tokens, B, T,
-                               g->cfg.n_embd, g->cfg.vocab_size, g->emb_scratch, g->dtype, g->stream);
+                               g->cfg.n_embd, g->cfg.vocab_size, g->emb_scratch, g->dtype, g->cs.stream);
     prof_end(g);
 }
 
@@ -504,7 +492,7 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
     ZT_ASSERT(micro >= 0 && micro < g->max_micro);
     if (micro == 0)
-        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
     g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, tokens, targets, B, T, g->cfg.vocab_size, g->d_tokens,
                                           g->d_targets);
     g->cur_B = B;
@@ -542,17 +530,17 @@ static void cuda_head(zt_model *m, const void *w_emb, float scale)
     const bool train = scale != 0.0f;
     g->grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
     prof_begin(g, PF_HEAD);
-    zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->lnf, in_block(g, (void *)w_emb, 0, 0), NULL, N, C, g->Vp,
-                           g->dtype, g->stream);
+    zt_cuda_matmul_forward(g->cs.blas, g->logits, NULL, g->lnf, in_block(g, (void *)w_emb, 0, 0), NULL, N, C, g->Vp,
+                           g->dtype, g->cs.stream);
     prof_end(g);
     prof_begin(g, PF_CLASSIFIER);
     zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, N,
-                                          g->cfg.vocab_size, g->Vp, -1, g->grad_scale, NULL, g->dtype, g->stream);
+                                          g->cfg.vocab_size, g->Vp, -1, g->grad_scale, NULL, g->dtype, g->cs.stream);
     prof_end(g);
     if (train)
-        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->stream);
+        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->cs.stream);
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->stream));
+                                  cudaMemcpyDeviceToHost, g->cs.stream));
 }
 
 /* The head's backward: gradients into wte (block 0's buffer) and dln, the gradient of ln_f's output. */
@@ -561,8 +549,8 @@ static void cuda_head_backward(zt_model *m, const void *w_emb, void *g_emb)
     gpt2_cuda *g = (gpt2_cuda *)m;
     const int C = g->cfg.n_embd, N = g->cur_B * g->cur_T;
     prof_begin(g, PF_B_HEAD);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, in_block(g, g_emb, 0, 0), NULL, g->logits, g->lnf,
-                                      in_block(g, (void *)w_emb, 0, 0), NULL, N, C, g->Vp, g->dtype, g->stream);
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, in_block(g, g_emb, 0, 0), NULL, g->logits, g->lnf,
+                                      in_block(g, (void *)w_emb, 0, 0), NULL, N, C, g->Vp, g->dtype, g->cs.stream);
     prof_end(g);
 }
 

@@ -35,12 +35,9 @@ typedef struct llama_cuda {
     size_t esize;            /* bytes per dtype element */
     int HS, QKV, Vp, L;      /* head size, packed q|k|v width, padded vocabulary, layers */
     int head_tensor;         /* embed_tokens (0) or lm_head (the last tensor) */
-    bool *ckpt;              /* [L]: layers whose activations are rebuilt in backward, or NULL */
     int max_B, max_T, max_micro;
     zt__cuda_layout lay;     /* the device layout and the engine's view of it */
     zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
-    cudaStream_t stream;     /* cs.stream */
-    zt_cuda_blas *blas;      /* cs.blas */
 
     /* Carved from the pool. */
     layer_acts *layers;
@@ -59,7 +56,7 @@ typedef struct llama_cuda {
 
 static bool layer_ckpt(const llama_cuda *g, int l)
 {
-    return g->ckpt && g->ckpt[l];
+    return g->lay.block_ckpt[1 + l];
 }
 
 /* Whether tensor i continues the packed weight of the tensor before it (k and v after q, up after gate). */
@@ -80,9 +77,7 @@ static size_t carve(llama_cuda *g, char *base, size_t plan[2])
     const size_t e = g->esize, NC = N * C, QKV = (size_t)g->QKV;
     size_t used = 0;
     g->encoded = zt__pool_take(base, &used, NC * e);
-    bool any_ckpt = false;
-    for (int l = 0; l < g->L; l++)
-        any_ckpt |= layer_ckpt(g, l);
+    const bool any_ckpt = zt__cuda_layout_any_checkpointed(&g->lay);
     for (int l = -1; l < g->L; l++) {
         /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
         if (l < 0 && !any_ckpt)
@@ -191,10 +186,6 @@ static void init_shape(llama_cuda *g, const zt_llama *host, int B, int T, int ma
     g->Vp = (int)zt__round_up((size_t)cfg->vocab_size, ZT__CUDA_VOCAB_PAD);
     g->head_tensor = cfg->tie_word_embeddings ? 0 : zt_llama_num_tensors(host) - 1;
     const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
-    if (ckpt_layers) {
-        g->ckpt = zt_xcalloc(nl, sizeof(bool));
-        memcpy(g->ckpt, ckpt_layers, (size_t)g->L * sizeof(bool));
-    }
     g->esize = zt_dtype_size(dtype);
     g->max_B = B;
     g->max_T = T;
@@ -207,7 +198,6 @@ static void free_shape(llama_cuda *g)
 {
     zt__cuda_layout_free(&g->lay);
     free(g->layers);
-    free(g->ckpt);
 }
 
 /* The engine's view of g's layout (no device state). */
@@ -245,8 +235,6 @@ int zt_llama_cuda_create(zt_model **out, const zt_llama *host, int B, int T, int
     rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err);
     if (rc < 0)
         goto fail;
-    g->stream = g->cs.stream;
-    g->blas = g->cs.blas;
     ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
 
     /* The RoPE frequencies, as the CPU model computes them. */
@@ -259,7 +247,7 @@ int zt_llama_cuda_create(zt_model **out, const zt_llama *host, int B, int T, int
         goto fail;
 
     fill_base(g);
-    g->base.stream = g->stream;
+    g->base.stream = g->cs.stream;
     g->base.nonfinite_flag = g->d_flag;
     g->base.device_bytes = pool_bytes;
     *out = &g->base;
@@ -291,7 +279,7 @@ static void *in_block(const llama_cuda *g, const void *block_base, int b, int id
 
 static void zero(llama_cuda *g, void *p, size_t elems)
 {
-    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->stream));
+    ZT_CUDA_CHECK(cudaMemsetAsync(p, 0, elems * g->esize, g->cs.stream));
 }
 
 /* The residual stream entering layer l (l == L: entering the final norm). */
@@ -316,17 +304,17 @@ static void forward_layer(llama_cuda *g, int l, const void *w)
     const zt_attention_dims d = attention_dims(g);
     layer_acts *a = &g->layers[l];
     const void *x = layer_input(g, l);
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LT(l, k))
     zt_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, W(ZT_LLAMA_T_IN_NORM), N, C, eps, dt, s);
-    zt_cuda_matmul_forward(g->blas, a->qkv, NULL, a->ln1, W(ZT_LLAMA_T_Q), NULL, N, C, g->QKV, dt, s);
+    zt_cuda_matmul_forward(g->cs.blas, a->qkv, NULL, a->ln1, W(ZT_LLAMA_T_Q), NULL, N, C, g->QKV, dt, s);
     zt_cuda_rope_forward(a->qkv, g->inv_freq, B, T, d.NH, d.NKV, d.HS, 0, dt, s);
     zt_cuda_attention_forward_gqa(a->atty, a->lse, a->qkv, NULL, &d, dt, s);
-    zt_cuda_matmul_forward_residual(g->blas, a->res2, a->atty, W(ZT_LLAMA_T_O), NULL, x, N, C, C, dt, s);
+    zt_cuda_matmul_forward_residual(g->cs.blas, a->res2, a->atty, W(ZT_LLAMA_T_O), NULL, x, N, C, C, dt, s);
     zt_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, W(ZT_LLAMA_T_POST_NORM), N, C, eps, dt, s);
-    zt_cuda_matmul_forward(g->blas, a->gu, NULL, a->ln2, W(ZT_LLAMA_T_GATE), NULL, N, C, 2 * F, dt, s);
+    zt_cuda_matmul_forward(g->cs.blas, a->gu, NULL, a->ln2, W(ZT_LLAMA_T_GATE), NULL, N, C, 2 * F, dt, s);
     zt_cuda_swiglu_forward(a->act, a->gu, N, F, dt, s);
-    zt_cuda_matmul_forward_residual(g->blas, a->res3, a->act, W(ZT_LLAMA_T_DOWN), NULL, a->res2, N, F, C, dt, s);
+    zt_cuda_matmul_forward_residual(g->cs.blas, a->res3, a->act, W(ZT_LLAMA_T_DOWN), NULL, a->res2, N, F, C, dt, s);
 #undef W
 }
 
@@ -340,24 +328,24 @@ static void backward_layer(llama_cuda *g, int l, const void *w, void *gr)
     const zt_attention_dims d = attention_dims(g);
     const layer_acts *a = &g->layers[l];
     const void *x = layer_input(g, l);
-    cudaStream_t s = g->stream;
+    cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LT(l, k))
 #define G(k) in_block(g, gr, b, LT(l, k))
     /* MLP: res3 = res2 + down_proj(silu(gate) * up), gate | up = gate_up_proj(post_attention_layernorm(res2)). */
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dact, G(ZT_LLAMA_T_DOWN), NULL, g->dres, a->act,
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dact, G(ZT_LLAMA_T_DOWN), NULL, g->dres, a->act,
                                       W(ZT_LLAMA_T_DOWN), NULL, N, F, C, dt, s);
     zt_cuda_swiglu_backward_overwrite(g->dgu, a->gu, g->dact, N, F, dt, s);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(ZT_LLAMA_T_GATE), NULL, g->dgu, a->ln2, W(ZT_LLAMA_T_GATE),
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, G(ZT_LLAMA_T_GATE), NULL, g->dgu, a->ln2, W(ZT_LLAMA_T_GATE),
                                       NULL, N, C, 2 * F, dt, s);
     zt_cuda_rmsnorm_backward(g->dres, G(ZT_LLAMA_T_POST_NORM), g->dln, a->res2, W(ZT_LLAMA_T_POST_NORM), a->ln2_rstd,
                              N, C, g->norm_scratch, dt, s);
     /* Attention: res2 = x + o_proj(attn(rope(q), rope(k), v)), q | k | v = qkv_proj(input_layernorm(x)). */
-    zt_cuda_matmul_backward_overwrite(g->blas, g->datty, G(ZT_LLAMA_T_O), NULL, g->dres, a->atty, W(ZT_LLAMA_T_O),
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->datty, G(ZT_LLAMA_T_O), NULL, g->dres, a->atty, W(ZT_LLAMA_T_O),
                                       NULL, N, C, C, dt, s);
     zt_cuda_attention_backward_gqa(g->dqkv, g->datty, a->qkv, a->atty, a->lse, NULL, &d, false, g->attn_scratch, dt,
                                    s);
     zt_cuda_rope_backward(g->dqkv, g->inv_freq, B, T, d.NH, d.NKV, d.HS, 0, dt, s);
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, G(ZT_LLAMA_T_Q), NULL, g->dqkv, a->ln1, W(ZT_LLAMA_T_Q), NULL,
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, G(ZT_LLAMA_T_Q), NULL, g->dqkv, a->ln1, W(ZT_LLAMA_T_Q), NULL,
                                       N, C, g->QKV, dt, s);
     zt_cuda_rmsnorm_backward(g->dres, G(ZT_LLAMA_T_IN_NORM), g->dln, x, W(ZT_LLAMA_T_IN_NORM), a->ln1_rstd, N, C,
                              g->norm_scratch, dt, s);
@@ -373,11 +361,11 @@ static void backward_embed(llama_cuda *g, void *gr)
     char *dwte = in_block(g, gr, 0, 0);
     char *pad = g->cfg.pad_token_id >= 0 ? dwte + (size_t)g->cfg.pad_token_id * rowb : NULL;
     if (pad)
-        ZT_CUDA_CHECK(cudaMemcpyAsync(g->pad_row, pad, rowb, cudaMemcpyDeviceToDevice, g->stream));
+        ZT_CUDA_CHECK(cudaMemcpyAsync(g->pad_row, pad, rowb, cudaMemcpyDeviceToDevice, g->cs.stream));
     zt_cuda_embedding_backward(dwte, NULL, g->dres, g->d_tokens, g->cur_B, g->cur_T, (int)C, g->cfg.vocab_size,
-                               g->emb_scratch, g->dtype, g->stream);
+                               g->emb_scratch, g->dtype, g->cs.stream);
     if (pad)
-        ZT_CUDA_CHECK(cudaMemcpyAsync(pad, g->pad_row, rowb, cudaMemcpyDeviceToDevice, g->stream));
+        ZT_CUDA_CHECK(cudaMemcpyAsync(pad, g->pad_row, rowb, cudaMemcpyDeviceToDevice, g->cs.stream));
 }
 
 
@@ -389,7 +377,7 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
     ZT_ASSERT(micro >= 0 && micro < g->max_micro);
     if (micro == 0)
-        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->stream));
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
     g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, tokens, targets, B, T, g->cfg.vocab_size, g->d_tokens,
                                           g->d_targets);
     g->cur_B = B;
@@ -403,12 +391,12 @@ static void cuda_forward(zt_model *m, int b, const void *w)
     const int L = g->L, N = g->cur_B * g->cur_T, C = g->cfg.hidden_size;
     if (b == 0) {
         zt_cuda_embedding_forward(g->encoded, g->d_tokens, in_block(g, w, 0, 0), NULL, g->cur_B, g->cur_T, C,
-                                  g->dtype, g->stream);
+                                  g->dtype, g->cs.stream);
     } else if (b <= L) {
         forward_layer(g, b - 1, w);
     } else {
         zt_cuda_rmsnorm_forward(g->lnf, g->lnf_rstd, layer_input(g, L), in_block(g, w, L + 1, LT(L, 0)), N, C,
-                                g->cfg.rms_norm_eps, g->dtype, g->stream);
+                                g->cfg.rms_norm_eps, g->dtype, g->cs.stream);
     }
 }
 
@@ -428,14 +416,14 @@ static void cuda_head(zt_model *m, const void *w, float scale)
     const bool train = scale != 0.0f;
     const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
     const int hb = m->head_block;
-    zt_cuda_matmul_forward(g->blas, g->logits, NULL, g->lnf, in_block(g, w, hb, g->head_tensor), NULL, N, C, g->Vp,
-                           g->dtype, g->stream);
+    zt_cuda_matmul_forward(g->cs.blas, g->logits, NULL, g->lnf, in_block(g, w, hb, g->head_tensor), NULL, N, C, g->Vp,
+                           g->dtype, g->cs.stream);
     zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, N,
-                                          g->cfg.vocab_size, g->Vp, -1, grad_scale, NULL, g->dtype, g->stream);
+                                          g->cfg.vocab_size, g->Vp, -1, grad_scale, NULL, g->dtype, g->cs.stream);
     if (train)
-        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->stream);
+        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->cs.stream);
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->stream));
+                                  cudaMemcpyDeviceToHost, g->cs.stream));
 }
 
 /* The head's backward: the head weight's gradient into the head block's buffer, and dln, the gradient of
@@ -444,8 +432,8 @@ static void cuda_head_backward(zt_model *m, const void *w, void *gr)
 {
     llama_cuda *g = (llama_cuda *)m;
     const int C = g->cfg.hidden_size, N = g->cur_B * g->cur_T, hb = m->head_block;
-    zt_cuda_matmul_backward_overwrite(g->blas, g->dln, in_block(g, gr, hb, g->head_tensor), NULL, g->logits, g->lnf,
-                                      in_block(g, w, hb, g->head_tensor), NULL, N, C, g->Vp, g->dtype, g->stream);
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, in_block(g, gr, hb, g->head_tensor), NULL, g->logits, g->lnf,
+                                      in_block(g, w, hb, g->head_tensor), NULL, N, C, g->Vp, g->dtype, g->cs.stream);
 }
 
 static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
@@ -460,7 +448,7 @@ static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
         zero(g, g->dres, (size_t)N * C);
         zt_cuda_rmsnorm_backward(g->dres, in_block(g, gr, L + 1, LT(L, 0)), g->dln, layer_input(g, L),
                                  in_block(g, w, L + 1, LT(L, 0)), g->lnf_rstd, N, C, g->norm_scratch, g->dtype,
-                                 g->stream);
+                                 g->cs.stream);
     }
 }
 
@@ -477,7 +465,7 @@ static void cuda_logits(zt_model *m, float *out)
 {
     llama_cuda *g = (llama_cuda *)m;
     const size_t N = (size_t)g->cur_B * g->cur_T;
-    zt__cuda_rows_to_f32(out, g->logits, N, (size_t)g->cfg.vocab_size, (size_t)g->Vp, g->dtype, g->stream);
+    zt__cuda_rows_to_f32(out, g->logits, N, (size_t)g->cfg.vocab_size, (size_t)g->Vp, g->dtype, g->cs.stream);
 }
 
 static const zt_model_ops cuda_ops = {
