@@ -1,5 +1,6 @@
 /* Shared set-up of the GPU training tests (test_gpu_training, test_zero_gpu), on top of
- * tests/worker/train_fixture.h: the small GPT-2 they train and a bit-for-bit loss comparison.
+ * tests/worker/train_fixture.h: the small GPT-2 they train, a bit-for-bit loss comparison and a tolerance
+ * check of GPU values against the CPU's.
  * Include after <cmocka.h>. */
 #ifndef ZT_TESTS_GPU_FIXTURE_H
 #define ZT_TESTS_GPU_FIXTURE_H
@@ -69,6 +70,27 @@ static inline void zt_gpu_fixture_same_losses(const char *what, const zt_train_r
            (long long)first, (long long)last, differ, (long long)(last - first + 1), worst);
     if (differ)
         fail_msg("%s: the losses are not bit-identical (%d differ, up to %.3g relative)", what, differ, worst);
+}
+
+/* Fails unless got [n] is within tol of want relative to want's largest entry, or within the absolute floor
+ * (for tensors whose gradient is zero but for rounding). Names the worst element. */
+static inline void zt_gpu_fixture_expect_close(const char *what, const float *got, const float *want, size_t n,
+                                               double tol, double floor)
+{
+    double big = 0.0, worst = 0.0;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; i++)
+        big = fmax(big, fabs((double)want[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= worst)) {
+            worst = d;
+            wi = i;
+        }
+    }
+    if (!(worst <= tol * big || worst <= floor))
+        fail_msg("%s: element %zu is %.8g on the GPU and %.8g on the CPU (%.3g of the largest, %.3g; tolerance %.3g)",
+                 what, wi, (double)got[wi], (double)want[wi], worst / big, big, tol);
 }
 
 #endif

@@ -27,6 +27,7 @@
 #include "worker/models/model.h"
 
 #include "../worker/model_once.h"
+#include "gpu_fixture.h"
 
 #define PB 3
 #define PT 29
@@ -41,27 +42,6 @@ static uint32_t next_u32(void)
 static float noise(void)
 {
     return (float)(next_u32() % 1000000u) / 1e6f - 0.5f;
-}
-
-/* Fails unless got is within tol of want relative to want's largest entry, or within 1e-7: the key bias's
- * gradient is zero in exact arithmetic (softmax ignores a shift shared by every key), so both sides hold
- * rounding noise of about 1e-8 there. */
-static void expect_close(const char *what, const float *got, const float *want, size_t n, double tol)
-{
-    double big = 0.0, worst = 0.0;
-    size_t wi = 0;
-    for (size_t i = 0; i < n; i++)
-        big = fmax(big, fabs((double)want[i]));
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (!(d <= worst)) {
-            worst = d;
-            wi = i;
-        }
-    }
-    if (!(worst <= tol * big || worst <= 1e-7))
-        fail_msg("%s: element %zu is %.8g on the GPU and %.8g on the CPU (%.3g of the largest, %.3g; tolerance %.3g)",
-                 what, wi, (double)got[wi], (double)want[wi], worst / big, big, tol);
 }
 
 static float run_cuda(const zt_bert *host, const bool *ckpt, const int32_t *tok, const int32_t *types,
@@ -131,11 +111,13 @@ static void check_passes(const zt_bert_config *cfg)
         if (!mlm || tok[r] != pad) {
             char what[64];
             snprintf(what, sizeof what, "logits of row %zu", r);
-            expect_close(what, logits + r * K, want_logits + r * K, (size_t)K, 1e-4);
+            zt_gpu_fixture_expect_close(what, logits + r * K, want_logits + r * K, (size_t)K, 1e-4, 1e-7);
         }
     for (int i = 0; i < zt_bert_num_tensors(host); i++) {
         const zt_param_info *t = zt_bert_tensor(host, i);
-        expect_close(t->name, grads + t->offset, want_grads + t->offset, t->numel, 1e-4);
+        /* 1e-7 absolute: the key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by
+         * every key), so both sides hold rounding noise of about 1e-8 there. */
+        zt_gpu_fixture_expect_close(t->name, grads + t->offset, want_grads + t->offset, t->numel, 1e-4, 1e-7);
     }
 
     bool ckpt[2] = {true, true};

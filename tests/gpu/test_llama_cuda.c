@@ -99,25 +99,6 @@ static float run_cuda(const zt_llama *host, const bool *ckpt, const int32_t *tok
     return loss;
 }
 
-/* Fails unless got is within tol of want relative to want's largest entry. */
-static void expect_close(const char *what, const float *got, const float *want, size_t n, double tol)
-{
-    double big = 0.0, worst = 0.0;
-    size_t wi = 0;
-    for (size_t i = 0; i < n; i++)
-        big = fmax(big, fabs((double)want[i]));
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (!(d <= worst)) {
-            worst = d;
-            wi = i;
-        }
-    }
-    if (!(worst <= tol * big))
-        fail_msg("%s: element %zu is %.8g on the GPU and %.8g on the CPU (%.3g of the largest, %.3g; tolerance %.3g)",
-                 what, wi, (double)got[wi], (double)want[wi], worst / big, big, tol);
-}
-
 static void check_passes(bool tied)
 {
     zt_llama_config cfg;
@@ -157,10 +138,10 @@ static void check_passes(bool tied)
     printf("%s head: loss %.7f on the GPU, %.7f on the CPU\n", tied ? "tied" : "untied", (double)loss,
            (double)want_loss);
     assert_true(fabs((double)loss - (double)want_loss) <= 1e-4 * fabs((double)want_loss));
-    expect_close("logits", logits, want_logits, NV, 1e-4);
+    zt_gpu_fixture_expect_close("logits", logits, want_logits, NV, 1e-4, 0.0);
     for (int i = 0; i < zt_llama_num_tensors(host); i++) {
         const zt_param_info *t = zt_llama_tensor(host, i);
-        expect_close(t->name, grads + t->offset, want_grads + t->offset, t->numel, 1e-4);
+        zt_gpu_fixture_expect_close(t->name, grads + t->offset, want_grads + t->offset, t->numel, 1e-4, 0.0);
     }
     /* The padding row: no gradient from the embedding (with a tied head, the head's part alone). */
     if (!tied)
