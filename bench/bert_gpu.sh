@@ -3,7 +3,8 @@
 # one GPU under a memory cap, ztrain against Hugging Face PyTorch, in one go:
 #   bench/bert_gpu.sh [OUT_DIR]     (CAPS="11 32" GiB; CKPT="all none", ztrain's --checkpointing modes;
 #                                    HF_BATCHES="79 319", the batches PyTorch runs at each cap, with gradient
-#                                    checkpointing; SKIP_TORCH=1)
+#                                    checkpointing; SKIP_TORCH=1; BATCHES="107 483": ztrain's micro-batch per
+#                                    cap, instead of searching for the largest)
 # ztrain, per cap and checkpointing mode: the largest micro-batch that its planner fits under --gpu-mem
 # (binary search over 1..1024, one step each), then 8 steps at that batch (steps 4-8 timed), bf16. PyTorch:
 # bench/torch_bert.py at the given batches with gradient checkpointing under
@@ -19,6 +20,7 @@ CAPS="${CAPS:-11 32}"
 CKPT="${CKPT:-all none}"
 HF_BATCHES="${HF_BATCHES:-79 319}"
 SKIP_TORCH="${SKIP_TORCH:-0}"
+read -r -a FIXED <<< "${BATCHES:-}"
 CFG="$HERE/bert-large-cls.json"
 mkdir -p "$RESULT_DIR"
 DATA="${TMPDIR:-/tmp}/zt_bench_cls"
@@ -35,14 +37,20 @@ run() {
     --save-every -1 --log-every 1 --out "$run" > "$4" 2>&1
 }
 
+ci=0
 for cap in $CAPS; do
   for mode in $CKPT; do
-    lo=0 hi=1025
-    while [ $((hi - lo)) -gt 1 ]; do
-      mid=$(((lo + hi) / 2))
-      if run "$cap" "$mid" 1 "$RESULT_DIR/probe.log"; then lo=$mid; else hi=$mid; fi
-    done
-    echo "ztrain: largest micro-batch under ${cap} GiB with --checkpointing $mode: $lo"
+    if [ -n "${FIXED[$ci]:-}" ]; then
+      lo=${FIXED[$ci]}
+      echo "ztrain: micro-batch $lo under ${cap} GiB with --checkpointing $mode (BATCHES)"
+    else
+      lo=0 hi=1025
+      while [ $((hi - lo)) -gt 1 ]; do
+        mid=$(((lo + hi) / 2))
+        if run "$cap" "$mid" 1 "$RESULT_DIR/probe.log"; then lo=$mid; else hi=$mid; fi
+      done
+      echo "ztrain: largest micro-batch under ${cap} GiB with --checkpointing $mode: $lo"
+    fi
     log="$RESULT_DIR/ztrain_${cap}g_$mode.log"
     run "$cap" "$lo" 8 "$log"
     "$PY" - "${TMPDIR:-/tmp}/zt_bench_bert_run/metrics.jsonl" "$log" "$lo" "$cap" "$mode" <<'PY' | tee -a "$RES"
@@ -55,6 +63,7 @@ plan = re.search(r"plan: GPU ([0-9.]+ [MG]iB)", open(sys.argv[2]).read())
 print(json.dumps({"impl": "ztrain", "cap_gib": float(sys.argv[4]), "batch": B, "checkpointing": sys.argv[5],
                   "examples_per_s": B * len(timed) / secs, "plan": plan.group(1) if plan else "?"}))
 PY
+    ci=$((ci + 1))
   done
 done
 

@@ -56,9 +56,9 @@ void zt_cpu_attention_backward_gqa(zt_real *dqkv, const zt_real *dout, const zt_
  * Head sizes 32, 64, 80, 96 and 128, and 256 on GPUs that give a block 66 KiB of shared memory (all but
  * sm_75); zt_cuda_attention_supported and zt_cuda_attention_gqa_supported tell, so that a model can refuse
  * a config early (a head size of 40, say). Causal multi-head attention at head sizes 64 and 128 runs tuned
- * kernels (tensor cores for F16 and BF16 where the GPU has them), and so does causal grouped-query
- * attention at those head sizes in F16 and BF16 on sm_80+ (the mma.sync kernels; a key/value head's dK and
- * dV sum its query heads in order); every other shape runs generic kernels,
+ * kernels (tensor cores for F16 and BF16 where the GPU has them), and so do grouped-query and bidirectional
+ * attention, padded or not, at those head sizes in F16 and BF16 on sm_80+ (the mma.sync kernels; a
+ * key/value head's dK and dV sum its query heads in order); every other shape runs generic kernels,
  * on the tensor cores for F16 and BF16 on sm_80+ up to head size 128, on the CUDA cores otherwise. */
 #include <cuda_runtime.h>
 

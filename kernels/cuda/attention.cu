@@ -837,9 +837,9 @@ template <int HS, int MI> struct mma_shape {
 };
 
 /* Forward: a block owns ROWS queries (warp w: rows q0 + 16 MI w .. + 16 MI - 1) and walks the 64-key
- * tiles up to the diagonal and the sequence's length. A warp skips a tile whose keys all lie past its
- * rows (their P is 0). */
-template <typename T, int HS, int MI>
+ * tiles up to the sequence's length (CAUSAL: and the diagonal; a warp skips a tile whose keys all lie past
+ * its rows, their P is 0). Bidirectional: the last tile masks the keys at and past the length. */
+template <typename T, int HS, int MI, bool CAUSAL>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_forward_mma_kernel(T *__restrict__ out, float *__restrict__ lse, const T *__restrict__ qkv,
                                  const int32_t *__restrict__ lens, int T_, int C, int NH, int NKV, float scale_log2)
@@ -868,7 +868,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
         const T *kbase = qkv + (size_t)b * T_ * stride + C + (h / (NH / NKV)) * HS, *vbase = kbase + NKV * HS;
         /* Rows below len see keys below len only. */
-        const int nkt = min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE));
+        const int nkt = CAUSAL ? min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE))
+                               : ZT_CEIL_DIV(len, MMA_TILE);
         const int wr0 = q0 + warp * 16 * MI; /* this warp's first row; this lane's: wr0 + 16 mi + g (+ 8) */
 
         mma_load_tile<T, HS, sh::ROWS>(Qs, base, q0, T_, stride);
@@ -896,14 +897,15 @@ static __global__ void __launch_bounds__(MMA_THREADS)
             }
             __syncthreads();
             const int k0 = kt * MMA_TILE;
-            if (k0 <= wr0 + 16 * MI - 1) { /* else every key of the tile is past every row of this warp */
+            if (!CAUSAL || k0 <= wr0 + 16 * MI - 1) { /* else every key of the tile is past every row of the warp */
                 const T *Kt = Ks + (kt % 2) * cfg::TILE_ELEMS, *Vt = Vs + (kt % 2) * cfg::TILE_ELEMS;
                 float s[MI][8][4];
                 mma_zero(s);
                 mma_rows_x_rows<T, HS, MI, 4>(s, Qs + warp * 16 * MI * cfg::LDS, Kt);
 
-                /* Online softmax. s[mi][j][e] is row wr0 + 16 mi + g + 8 (e / 2), key k0 + 8 j + 2 q + e % 2. */
-                const bool diag = k0 + MMA_TILE - 1 > wr0;
+                /* Online softmax. s[mi][j][e] is row wr0 + 16 mi + g + 8 (e / 2), key k0 + 8 j + 2 q + e % 2.
+                 * Masked: causal, keys past the row; bidirectional, keys at and past the length. */
+                const bool edge = CAUSAL ? k0 + MMA_TILE - 1 > wr0 : k0 + MMA_TILE > len;
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++) {
                     float mx[2] = {m[mi][0], m[mi][1]};
@@ -914,7 +916,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                             const int key = k0 + 8 * j + 2 * q + (e % 2);
                             const int row = wr0 + 16 * mi + g + 8 * (e / 2);
                             float x = s[mi][j][e] * scale_log2;
-                            if (diag && key > row)
+                            if (edge && (CAUSAL ? key > row : key >= len))
                                 x = -INFINITY;
                             s[mi][j][e] = x;
                             mx[e / 2] = fmaxf(mx[e / 2], x);
@@ -924,7 +926,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                     for (int i = 0; i < 2; i++) {
                         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
                         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                        /* Finite: key 0 of the first tile is never masked. */
+                        /* Finite: key 0 of the first tile is never masked (len >= 1). */
                         alpha[i] = fast_exp2(m[mi][i] - mx[i]);
                         m[mi][i] = mx[i];
                         l[mi][i] *= alpha[i];
@@ -972,11 +974,13 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 }
 
 /* dK, dV of ROWS keys of one key/value head: warp w owns keys k0 + 16 MI w .. + 16 MI - 1 and walks, for
- * each of the head's NH / NKV query heads in order, the 64-query tiles from the diagonal down. Per query
- * tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D),
- * then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight from the registers. A warp skips the steps
- * whose queries all precede its keys. GQA false: NKV = NH, compiled without the walk over query heads. */
-template <typename T, int HS, int MI, bool GQA>
+ * each of the head's NH / NKV query heads in order, the 64-query tiles below the length (CAUSAL: from the
+ * diagonal down). Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T,
+ * P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight
+ * from the registers. CAUSAL: a warp skips the steps whose queries all precede its keys. Bidirectional:
+ * nothing to mask (padded queries have lse = +inf, so P = 0; the rows of padded keys are not stored).
+ * GQA false: NKV = NH, compiled without the walk over query heads. */
+template <typename T, int HS, int MI, bool GQA, bool CAUSAL>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *__restrict__ lse, const float *__restrict__ D,
@@ -1008,7 +1012,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const T *qrow = qkv + (size_t)b * T_ * stride;
         const T *kbase = qrow + C + kvh * HS, *vbase = kbase + NKV * HS;
         const float scale_log2 = scale * LOG2E;
-        const int qbegin = k0 / MMA_TILE, qend = ZT_CEIL_DIV(len, MMA_TILE), nq = qend - qbegin;
+        const int qbegin = CAUSAL ? k0 / MMA_TILE : 0, qend = ZT_CEIL_DIV(len, MMA_TILE), nq = qend - qbegin;
         const int wk0 = k0 + warp * 16 * MI; /* this warp's first key; this lane's: wk0 + 16 mi + g (+ 8) */
 
         /* Step it walks query tile qbegin + it % nq of query head kvh G + it / nq. Starts loading its tile into
@@ -1053,9 +1057,9 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 #pragma unroll 1
             for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
                 const int qs0 = qt * MMA_TILE + sub * SUB; /* first query of the step */
-                if (wk0 > qs0 + SUB - 1)
+                if (CAUSAL && wk0 > qs0 + SUB - 1)
                     continue; /* every key of this warp is past every query of the step: P = 0 */
-                const bool diag = wk0 + 16 * MI - 1 > qs0;
+                const bool diag = CAUSAL && wk0 + 16 * MI - 1 > qs0;
                 float s[MI][SUB / 8][4], dp[MI][SUB / 8][4];
                 mma_zero(s);
                 mma_zero(dp);
@@ -1093,9 +1097,10 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 }
 
 /* dQ of ROWS queries: warp w owns queries q0 + 16 MI w .. + 16 MI - 1 and walks the 64-key tiles up to
- * the diagonal. Per key tile, in steps of SUB keys: S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K.
- * A warp skips the steps whose keys all lie past its rows. */
-template <typename T, int HS, int MI>
+ * the length (CAUSAL: and the diagonal). Per key tile, in steps of SUB keys: S = Q K^T, dP = dO V^T,
+ * dS = P (dP - D), dQ += dS K. CAUSAL: a warp skips the steps whose keys all lie past its rows;
+ * bidirectional: the keys at and past the length are masked. */
+template <typename T, int HS, int MI, bool CAUSAL>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_q_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                     const float *__restrict__ lse, const float *__restrict__ D,
@@ -1147,7 +1152,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         float dq[MI][HS / 8][4];
         mma_zero(dq);
 
-        const int nkt = min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE));
+        const int nkt = CAUSAL ? min(ZT_CEIL_DIV(q0 + sh::ROWS, MMA_TILE), ZT_CEIL_DIV(len, MMA_TILE))
+                               : ZT_CEIL_DIV(len, MMA_TILE);
         for (int kt = 0; kt < nkt; kt++) {
             if (kt + 1 < nkt) {
                 const int nb = (kt + 1) % 2;
@@ -1164,9 +1170,9 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 #pragma unroll 1
             for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
                 const int ks0 = kt * MMA_TILE + sub * SUB; /* first key of the step */
-                if (ks0 > wr0 + 16 * MI - 1)
+                if (CAUSAL && ks0 > wr0 + 16 * MI - 1)
                     continue; /* every key of the step is past every row of this warp: P = 0 */
-                const bool diag = ks0 + SUB - 1 > wr0;
+                const bool edge = CAUSAL ? ks0 + SUB - 1 > wr0 : ks0 + SUB > len;
                 float s[MI][SUB / 8][4], dp[MI][SUB / 8][4];
                 mma_zero(s);
                 mma_zero(dp);
@@ -1182,7 +1188,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                             const int key = ks0 + 8 * j + 2 * q + (e % 2);
                             const int i = e / 2;
                             float p = fast_exp2(s[mi][j][e] * scale_log2 - lse2[mi][i]);
-                            if (diag && key > wr0 + 16 * mi + g + 8 * i)
+                            if (edge && (CAUSAL ? key > wr0 + 16 * mi + g + 8 * i : key >= len))
                                 p = 0.0f;
                             s[mi][j][e] = p * (dp[mi][j][e] - Dr[mi][i]); /* dS */
                         }
@@ -1302,33 +1308,34 @@ template <int HS, int MI> static dim3 mma_grid(int B, int T_, int NH)
     return dim3((unsigned)(B * NH), (unsigned)tiles);
 }
 
-/* Launches the mma.sync forward with MI row blocks per warp; false (nothing launched) where it cannot run. */
+/* Launches the mma.sync forward with MI row blocks per warp, causal or bidirectional; false (nothing
+ * launched) where it cannot run. */
 template <typename T, int HS, int MI>
 static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                           int NKV, float scale_log2, cudaStream_t stream)
+                           int NKV, bool causal, float scale_log2, cudaStream_t stream)
 {
     const void *ptrs[2] = {out, qkv};
     const size_t smem = mma_shape<HS, MI>::fwd_smem;
-    if (!mma_usable<T>(attention_forward_mma_kernel<T, HS, MI>, smem, ptrs, 2))
+    auto kernel = causal ? attention_forward_mma_kernel<T, HS, MI, true> : attention_forward_mma_kernel<T, HS, MI, false>;
+    if (!mma_usable<T>(kernel, smem, ptrs, 2))
         return false;
-    allow_smem(attention_forward_mma_kernel<T, HS, MI>, smem);
+    allow_smem(kernel, smem);
     const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
-    attention_forward_mma_kernel<T, HS, MI><<<grid, MMA_THREADS, smem, stream>>>(out, lse, qkv, lens, T_, C, NH, NKV,
-                                                                                scale_log2);
+    kernel<<<grid, MMA_THREADS, smem, stream>>>(out, lse, qkv, lens, T_, C, NH, NKV, scale_log2);
     ZT_CUDA_CHECK_LAUNCH();
     return true;
 }
 
 template <typename T, int HS>
 static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                        int NKV, float scale_log2, cudaStream_t stream)
+                        int NKV, bool causal, float scale_log2, cudaStream_t stream)
 {
     if constexpr (HS == 64) {
         if (mma_warp_rows() == 32 &&
-            mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, NKV, scale_log2, stream))
+            mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream))
             return true;
     }
-    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, NKV, scale_log2, stream);
+    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream);
 }
 
 /* The mma.sync backward (dK/dV pass, then dQ pass) with MI row blocks per warp; false (nothing launched)
@@ -1336,37 +1343,44 @@ static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, i
  * kernels store; otherwise they add. */
 template <typename T, int HS, int MI>
 static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B,
-                            int T_, int C, int NH, int NKV, const float *D, float scale, bool accumulate,
+                            int T_, int C, int NH, int NKV, bool causal, const float *D, float scale, bool accumulate,
                             cudaStream_t stream)
 {
     const void *ptrs[3] = {dqkv, dout, qkv};
     const size_t smem = mma_shape<HS, MI>::bwd_smem;
-    auto kv_kernel = NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false>
-                               : attention_backward_kv_mma_kernel<T, HS, MI, true>;
-    if (!mma_usable<T>(kv_kernel, smem, ptrs, 3) ||
-        !mma_usable<T>(attention_backward_q_mma_kernel<T, HS, MI>, smem, ptrs, 3))
+    /* Grouped-query and bidirectional calls run their own instances, so the causal multi-head kernels
+     * (GPT-2's) carry neither the walk over query heads nor the length mask. */
+    auto kv_kernel = causal ? (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, true>
+                                         : attention_backward_kv_mma_kernel<T, HS, MI, true, true>)
+                            : (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, false>
+                                         : attention_backward_kv_mma_kernel<T, HS, MI, true, false>);
+    auto q_kernel = causal ? attention_backward_q_mma_kernel<T, HS, MI, true>
+                           : attention_backward_q_mma_kernel<T, HS, MI, false>;
+    if (!mma_usable<T>(kv_kernel, smem, ptrs, 3) || !mma_usable<T>(q_kernel, smem, ptrs, 3))
         return false;
     allow_smem(kv_kernel, smem);
     kv_kernel<<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV,
                                                                           scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
-    allow_smem(attention_backward_q_mma_kernel<T, HS, MI>, smem);
-    attention_backward_q_mma_kernel<T, HS, MI><<<mma_grid<HS, MI>(B, T_, NH), MMA_THREADS, smem, stream>>>(
-        dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV, scale, accumulate);
+    allow_smem(q_kernel, smem);
+    q_kernel<<<mma_grid<HS, MI>(B, T_, NH), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV,
+                                                                        scale, accumulate);
     ZT_CUDA_CHECK_LAUNCH();
     return true;
 }
 
 template <typename T, int HS>
 static bool mma_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B, int T_,
-                         int C, int NH, int NKV, const float *D, float scale, bool accumulate, cudaStream_t stream)
+                         int C, int NH, int NKV, bool causal, const float *D, float scale, bool accumulate,
+                         cudaStream_t stream)
 {
     if constexpr (HS == 64) {
-        if (mma_warp_rows() == 32 &&
-            mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, D, scale, accumulate, stream))
+        if (mma_warp_rows() == 32 && mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, causal, D,
+                                                               scale, accumulate, stream))
             return true;
     }
-    return mma_backward_mi<T, HS, 1>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, D, scale, accumulate, stream);
+    return mma_backward_mi<T, HS, 1>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, causal, D, scale, accumulate,
+                                     stream);
 }
 
 template <typename T, int HS>
@@ -1375,7 +1389,7 @@ static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B
 {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if constexpr (!std::is_same<T, float>::value) {
-        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, NH, scale_log2, stream)) {
+        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, NH, true, scale_log2, stream)) {
             mask_rows(out, lse, lens, B, T_, C, NH, stream);
             return;
         }
@@ -1416,7 +1430,7 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     /* Padded rows (lens) carry lse = +inf from the forward pass, so P = 0 there in every kernel below;
      * the mma.sync kernels also use lens to skip the padded tiles. */
     if constexpr (!std::is_same<T, float>::value) {
-        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NH, D, scale, accumulate, stream))
+        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NH, true, D, scale, accumulate, stream))
             return;
     }
     if (!accumulate)
@@ -1506,11 +1520,12 @@ static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, cons
         backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
 }
 
-/* Grouped-query attention (NKV < NH) on the mma.sync kernels: causal, head size 64 or 128, F16 or BF16. The
- * launchers return false (nothing launched) where they cannot run; the generic kernels serve the call then. */
+/* Grouped-query (NKV < NH) or bidirectional attention on the mma.sync kernels: head size 64 or 128, F16 or
+ * BF16, with or without padding. The launchers return false (nothing launched) where they cannot run; the
+ * generic kernels serve the call then. */
 static bool gqa_tuned_candidate(const zt_attention_dims *d, enum zt_dtype dtype)
 {
-    return !g_force_generic && d->causal && d->NKV != d->NH && (d->HS == 64 || d->HS == 128) &&
+    return !g_force_generic && (d->NKV != d->NH || !d->causal) && (d->HS == 64 || d->HS == 128) &&
            (dtype == ZT_DTYPE_F16 || dtype == ZT_DTYPE_BF16);
 }
 
@@ -1519,7 +1534,7 @@ static bool gqa_forward_t(void *out, float *lse, const void *qkv, const int32_t 
                           cudaStream_t stream)
 {
     const int C = d->NH * HS;
-    if (!mma_forward<T, HS>((T *)out, lse, (const T *)qkv, lens, d->B, d->T, C, d->NH, d->NKV,
+    if (!mma_forward<T, HS>((T *)out, lse, (const T *)qkv, lens, d->B, d->T, C, d->NH, d->NKV, d->causal,
                             LOG2E / sqrtf((float)HS), stream))
         return false;
     mask_rows((T *)out, lse, lens, d->B, d->T, C, d->NH, stream);
@@ -1536,8 +1551,8 @@ static bool gqa_backward_t(void *dqkv, const void *dout, const void *qkv, const 
     attention_rowdot_kernel<T><<<(unsigned)ZT_CEIL_DIV(items, (size_t)8), 256, 0, stream>>>(
         D, (const T *)dout, (const T *)out, d->B, d->T, C, d->NH);
     ZT_CUDA_CHECK_LAUNCH();
-    return mma_backward<T, HS>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, lens, d->B, d->T, C, d->NH, d->NKV, D,
-                               1.0f / sqrtf((float)HS), accumulate, stream);
+    return mma_backward<T, HS>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, lens, d->B, d->T, C, d->NH, d->NKV,
+                               d->causal, D, 1.0f / sqrtf((float)HS), accumulate, stream);
 }
 
 static bool gqa_tuned_forward(void *out, float *lse, const void *qkv, const int32_t *lens, const zt_attention_dims *d,

@@ -1366,6 +1366,12 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
         /* Grouped-query at the tuned head sizes (the mma.sync kernels for bf16 and fp16), padded too. */
         run_attention_gqa(dt, 2, 150, 8, 2, 64, true, two, tol);
         run_attention_gqa(dt, 1, 200, 6, 3, 128, true, NULL, tol);
+        /* Bidirectional at the tuned head sizes (BERT's; the mma.sync kernels for bf16 and fp16): padded,
+         * lengths past T and below 0, grouped-query, a length inside the first and the last tile. */
+        run_attention_gqa(dt, 3, 130, 4, 4, 64, false, odd, tol);
+        run_attention_gqa(dt, 2, 150, 2, 2, 128, false, two, tol);
+        run_attention_gqa(dt, 2, 67, 6, 2, 64, false, NULL, tol);
+        run_attention_gqa(dt, 4, 192, 3, 1, 128, false, bert, tol);
     }
     zt_cuda_attention_use_generic(false);
 }
