@@ -36,6 +36,9 @@ TABLE="
 124m_streamed_nvme 124m  12 8 1 bf16 --offload,nvme:NVME,--weights,host,--gpu-mem,4GiB,--checkpointing,all
 6.7b_11g_ga4       6.7b  7  8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 6.7b_nocap_ga4     6.7b  7  8 4 bf16 --optimizer,cpu,--checkpointing,all
+6.7b_11g_b14_ga8   6.7b  6 14 8 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
+6.7b_nocap_b14_ga8 6.7b  6 14 8 bf16 --optimizer,cpu,--checkpointing,all
+6.7b_gpu_b14_ga8   6.7b  6 14 8 bf16 --optimizer,gpu,--checkpointing,all
 llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 "
 PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram"
