@@ -4,6 +4,7 @@
 #   bench/beyond/run.sh [OUT_DIR]
 #   ZTRAIN=build/worker/ztrain      the build measured
 #   ROWS="..."                      which rows of the table below to run (default: all)
+#   STEPS=N                         steps per row instead of the table's (at least 4: the first 3 are not timed)
 # Each row trains a GPT-2-shaped model (bench/gpt2-MODEL.json), or the LLaMA-2-7B shape (model llama-7b:
 # bench/llama-7b.json), on random tokens, T = 1024, for its number of steps (the first 3
 # are not timed) without checkpoints (--save-every -1). Reported: tokens/s over the timed steps, TFLOP/s
@@ -49,7 +50,7 @@ baseline_mib=${baseline_mib:-0}
 
 # run NAME MODEL STEPS BATCH ACCUM PRECISION FLAGS
 run() {
-  local name=$1 model=$2 steps=$3 batch=$4 accum=$5 prec=$6 flags=$7
+  local name=$1 model=$2 steps=${STEPS:-$3} batch=$4 accum=$5 prec=$6 flags=$7
   local run="${TMPDIR:-/tmp}/zt_beyond_run" log="$OUT_DIR/$name.log"
   rm -rf "$run" "$NVME"
   mkdir -p "$NVME"
