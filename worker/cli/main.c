@@ -14,8 +14,8 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *summary;
 } commands[] = {
-    {"train", zt_cmd_train, "train a GPT-2 model on token shards (resumable; Ctrl-C saves a checkpoint)"},
-    {"finetune", zt_cmd_finetune, "fine-tune Hugging Face GPT-2 weights on one GPU, beyond its memory (--gpu-mem)"},
+    {"train", zt_cmd_train, "train a model (GPT-2, LLaMA, BERT, RoBERTa) on token shards or labelled texts (resumable)"},
+    {"finetune", zt_cmd_finetune, "fine-tune Hugging Face weights on one GPU, beyond its memory (--gpu-mem)"},
     {"generate", zt_cmd_generate, "sample text from a checkpoint or exported weights"},
     {"export", zt_cmd_export, "write a checkpoint's weights as Hugging Face safetensors + config.json"},
     {"tokenize", zt_cmd_tokenize, "turn text files into token shards for training"},
@@ -29,7 +29,7 @@ static void print_usage(FILE *f)
 {
     fprintf(f, "usage: ztrain <command> [flags]   (ztrain <command> --help for its flags)\n"
                "       ztrain --help | ztrain --version\n\n"
-               "Trains GPT-2-style transformers in C.\n\ncommands:\n");
+               "Trains transformers (GPT-2, LLaMA, BERT, RoBERTa families) in C and CUDA.\n\ncommands:\n");
     for (size_t i = 0; i < NUM_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nexit status: 0 success, 1 runtime failure, 2 usage error, 130 interrupted\n");
