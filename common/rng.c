@@ -2,6 +2,8 @@
 #include "common/rng.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <string.h>
 
 static uint64_t splitmix64(uint64_t *x)
 {
@@ -75,4 +77,58 @@ void zt_rng_shuffle_u64(zt_rng *r, uint64_t *idx, uint64_t n)
         idx[i - 1] = idx[j];
         idx[j] = t;
     }
+}
+
+/* ---- jumping ahead ----
+ *
+ * One step of xoshiro256** is linear over GF(2) on its 256 state bits: state' = M state. A matrix is kept
+ * as its 256 columns (the images of the 256 unit states), each 4 words; M^n applied to a state is the XOR
+ * of the columns of its set bits. g_pow[k] = M^(2^k), built once; jumping n steps applies g_pow[k] for
+ * each set bit k of n (the powers of one matrix commute). */
+
+typedef struct jump_matrix {
+    uint64_t col[256][4];
+} jump_matrix;
+
+static jump_matrix g_pow[64];
+static pthread_once_t g_pow_once = PTHREAD_ONCE_INIT;
+
+/* y = A x (y may not alias x). */
+static void apply(const jump_matrix *a, const uint64_t x[4], uint64_t y[4])
+{
+    y[0] = y[1] = y[2] = y[3] = 0;
+    for (int w = 0; w < 4; w++)
+        for (uint64_t bits = x[w]; bits; bits &= bits - 1) {
+            const uint64_t *c = a->col[w * 64 + __builtin_ctzll(bits)];
+            y[0] ^= c[0];
+            y[1] ^= c[1];
+            y[2] ^= c[2];
+            y[3] ^= c[3];
+        }
+}
+
+static void build_powers(void)
+{
+    for (int i = 0; i < 256; i++) {
+        zt_rng r = {{0, 0, 0, 0}};
+        r.s[i / 64] = 1ULL << (i % 64);
+        (void)zt_rng_u64(&r);
+        memcpy(g_pow[0].col[i], r.s, sizeof r.s);
+    }
+    for (int k = 1; k < 64; k++)
+        for (int i = 0; i < 256; i++) /* column i of M^(2^k) = M^(2^(k-1)) applied to its own column i */
+            apply(&g_pow[k - 1], g_pow[k - 1].col[i], g_pow[k].col[i]);
+}
+
+void zt_rng_jump(zt_rng *r, uint64_t n)
+{
+    if (n == 0)
+        return;
+    pthread_once(&g_pow_once, build_powers);
+    for (int k = 0; k < 64; k++)
+        if (n >> k & 1) {
+            uint64_t y[4];
+            apply(&g_pow[k], r->s, y);
+            memcpy(r->s, y, sizeof y);
+        }
 }

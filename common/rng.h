@@ -22,6 +22,9 @@ double zt_rng_normal(zt_rng *r);
  * that callers can draw the uniforms in order and transform them elsewhere (for example on several
  * threads) and get the same values. */
 double zt_rng_normal_from(double u1, double u2);
+/* Advances r as n calls of zt_rng_u64 would (in O(log n)), so that threads can each draw their own part
+ * of one sequence: the values are the sequence's whatever the split. Thread-safe on distinct r. */
+void zt_rng_jump(zt_rng *r, uint64_t n);
 /* Fisher-Yates shuffle of idx[0..n). */
 void zt_rng_shuffle_u64(zt_rng *r, uint64_t *idx, uint64_t n);
 

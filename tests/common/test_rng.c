@@ -149,12 +149,39 @@ static void test_shuffle(void **state)
         assert_true(perm_counts[k] > 9500 && perm_counts[k] < 10500);
 }
 
+/* A jump of n equals n draws, for n around the word and power-of-two boundaries and beyond; jumps compose. */
+static void test_jump(void **state)
+{
+    (void)state;
+    const uint64_t ns[] = {0, 1, 2, 3, 63, 64, 65, 255, 256, 1000, 65537, 1234567};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        zt_rng a, b;
+        zt_rng_seed(&a, 1337 + i);
+        b = a;
+        for (uint64_t k = 0; k < ns[i]; k++)
+            (void)zt_rng_u64(&a);
+        zt_rng_jump(&b, ns[i]);
+        assert_memory_equal(a.s, b.s, sizeof a.s);
+        assert_true(zt_rng_u64(&a) == zt_rng_u64(&b));
+    }
+    zt_rng a, b;
+    zt_rng_seed(&a, 9);
+    b = a;
+    zt_rng_jump(&a, 1ULL << 40);
+    zt_rng_jump(&a, 12345);
+    zt_rng_jump(&b, (1ULL << 40) + 12345);
+    assert_memory_equal(a.s, b.s, sizeof a.s);
+    zt_rng_jump(&b, UINT64_MAX); /* every power once */
+    assert_true(b.s[0] | b.s[1] | b.s[2] | b.s[3]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xoshiro_reference), cmocka_unit_test(test_seeding),
         cmocka_unit_test(test_state_restores_stream), cmocka_unit_test(test_below),
         cmocka_unit_test(test_uniform_and_normal), cmocka_unit_test(test_shuffle),
+        cmocka_unit_test(test_jump),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
