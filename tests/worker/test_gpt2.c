@@ -17,7 +17,9 @@
 
 #include "common/rng.h"
 #include "common/safetensors.h"
+#include "kernels/cpu_threads.h"
 #include "worker/models/gpt2.h"
+#include "worker/models/host_shared.h" /* zt__host_fill_normal */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* helpers                                                                                              */
@@ -388,6 +390,36 @@ static void test_init(void **state)
     c.n_head = 3;
     assert_int_equal(zt_gpt2_create(&m, &c, 1, 4, 1, &err), ZT_EINVAL_CONFIG);
     assert_null(m);
+}
+
+/* The initialisation's normals (every family's, worker/models/host_shared.c) are zt_rng_normal's, one by
+ * one, whatever the thread count, and leave the generator where the one-by-one draws would. */
+static void test_init_normals_threads(void **state)
+{
+    (void)state;
+    const size_t ns[] = {1000, 65536, 100003, 300001};
+    const int threads[] = {1, 2, 3, 7};
+    const int before = zt_cpu_get_threads();
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        const size_t n = ns[i];
+        float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+        zt_rng a;
+        zt_rng_seed(&a, 100 + i);
+        (void)zt_rng_u64(&a); /* an odd position in the stream */
+        zt_rng start = a;
+        for (size_t j = 0; j < n; j++)
+            want[j] = (float)(0.02 * zt_rng_normal(&a));
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            zt_cpu_set_threads(threads[t]);
+            zt_rng b = start;
+            zt__host_fill_normal(&b, got, n, 0.02);
+            assert_memory_equal(got, want, n * sizeof *got);
+            assert_memory_equal(b.s, a.s, sizeof a.s);
+        }
+        free(want);
+        free(got);
+    }
+    zt_cpu_set_threads(before);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -955,6 +987,7 @@ int main(void)
         cmocka_unit_test(test_num_params_124m),
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_init),
+        cmocka_unit_test(test_init_normals_threads),
         cmocka_unit_test_setup_teardown(test_export_import_roundtrip, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_import_variants, make_dir, remove_dir),
         cmocka_unit_test_setup_teardown(test_import_sharded, make_dir, remove_dir),

@@ -30,7 +30,7 @@
 #include "kernels/matmul.h"   /* linear layers and the tied decoder */
 #include "kernels/pooler.h"   /* the first token of each sequence */
 #include "kernels/residual.h" /* residual adds */
-#include "worker/models/host_shared.h" /* the import of one safetensors tensor */
+#include "worker/models/host_shared.h" /* the import of one safetensors tensor, the normal initialisation */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define BERT_MAX_LAYERS 1024
@@ -842,30 +842,11 @@ static size_t carve_acts(zt_bert *m, float *base)
     return used;
 }
 
-#define INIT_CHUNK ((size_t)1 << 20) /* normals drawn per round of fill_normal */
-
-/* Writes normal(0, std) values from r into x[0..n), the values zt_rng_normal would give one by one: the
- * uniforms are drawn in order on this thread, the Box-Muller transform runs on the CPU kernels' threads
- * (each element on its own, so the thread count does not change a value). u holds 2 * INIT_CHUNK doubles. */
-static void fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
-{
-    for (size_t done = 0; done < n; done += INIT_CHUNK) {
-        const size_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
-        for (size_t i = 0; i < 2 * k; i++)
-            u[i] = zt_rng_uniform(r);
-        float *y = x + done;
-#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
-        for (size_t i = 0; i < k; i++)
-            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
-    }
-}
-
 /* BertPreTrainedModel's initialisation (see bert.h), tensors filled in slab order from one generator. */
 static void init_params(zt_bert *m, uint64_t seed)
 {
     zt_rng r;
     zt_rng_seed(&r, seed);
-    double *u = zt_xmalloc(2 * INIT_CHUNK * sizeof *u);
     const size_t C = (size_t)m->cfg.hidden_size, pad = (size_t)m->cfg.pad_token_id;
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
@@ -879,10 +860,9 @@ static void init_params(zt_bert *m, uint64_t seed)
         } else if (t->ndim == 1) {
             memset(x, 0, t->numel * sizeof *x);
         } else {
-            fill_normal(&r, x, t->numel, (double)m->cfg.initializer_range, u);
+            zt__host_fill_normal(&r, x, t->numel, (double)m->cfg.initializer_range);
         }
     }
-    free(u);
     /* nn.Embedding(padding_idx): the padding rows start at zero (RoBERTa's positions have one too). */
     memset(m->params + m->tensors[ZT_BERT_E_WORD].offset + pad * C, 0, C * sizeof(float));
     if (m->cfg.roberta)

@@ -559,7 +559,6 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
 {
     zt_rng r;
     zt_rng_seed(&r, seed);
-    double *u = zt_xmalloc(2 * ZT__HOST_INIT_CHUNK * sizeof *u);
     const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
@@ -573,10 +572,9 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
             memset(x, 0, t->numel * sizeof *x); /* biases and layer-norm biases */
         } else {
             bool residual = strstr(t->name, "c_proj.weight") != NULL;
-            zt__host_fill_normal(&r, x, t->numel, residual ? residual_std : std, u);
+            zt__host_fill_normal(&r, x, t->numel, residual ? residual_std : std);
         }
     }
-    free(u);
 }
 
 /* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */

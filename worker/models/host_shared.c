@@ -2,6 +2,7 @@
 #include "worker/models/host_shared.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,17 +48,28 @@ double zt__host_short_decimal(float f)
     return (double)f;
 }
 
-void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std, double *u)
+void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std)
 {
-    for (size_t done = 0; done < n; done += ZT__HOST_INIT_CHUNK) {
-        const size_t k = n - done < ZT__HOST_INIT_CHUNK ? n - done : ZT__HOST_INIT_CHUNK;
-        for (size_t i = 0; i < 2 * k; i++)
-            u[i] = zt_rng_uniform(r);
-        float *y = x + done;
-#pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (k >= 65536)
-        for (size_t i = 0; i < k; i++)
-            y[i] = (float)(std * zt_rng_normal_from(u[2 * i], u[2 * i + 1]));
+    const int threads = n >= ZT__HOST_INIT_PAR_MIN ? zt_cpu_get_threads() : 1;
+    const zt_rng start = *r;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        const size_t parts = (size_t)omp_get_num_threads(), j = (size_t)omp_get_thread_num();
+        const size_t a = n / parts * j + (j < n % parts ? j : n % parts);
+        const size_t b = a + n / parts + (j < n % parts ? 1 : 0);
+        zt_rng g = start;
+        zt_rng_jump(&g, 2 * (uint64_t)a); /* element i takes draws 2i and 2i + 1 */
+        double u[2 * ZT__HOST_INIT_ROUND];
+        for (size_t i = a; i < b; i += ZT__HOST_INIT_ROUND) {
+            /* the draws of a round first, then their transforms: two tight loops */
+            const size_t k = b - i < ZT__HOST_INIT_ROUND ? b - i : ZT__HOST_INIT_ROUND;
+            for (size_t q = 0; q < 2 * k; q++)
+                u[q] = zt_rng_uniform(&g);
+            for (size_t q = 0; q < k; q++)
+                x[i + q] = (float)(std * zt_rng_normal_from(u[2 * q], u[2 * q + 1]));
+        }
     }
+    zt_rng_jump(r, 2 * (uint64_t)n);
 }
 
 /* "[d0, d1, ...]" of a file tensor's shape. */

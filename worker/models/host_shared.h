@@ -23,14 +23,15 @@ bool zt__host_hf_generic_key(const char *key);
  * rather than 9.99999974737875e-06. */
 double zt__host_short_decimal(float f);
 
-/* Normals drawn per round of zt__host_fill_normal; its scratch u holds 2 * ZT__HOST_INIT_CHUNK doubles. */
-#define ZT__HOST_INIT_CHUNK ((size_t)1 << 20)
+/* Below this many values zt__host_fill_normal runs on one thread; each thread works in rounds of
+ * ZT__HOST_INIT_ROUND values. */
+#define ZT__HOST_INIT_PAR_MIN ((size_t)1 << 16)
+#define ZT__HOST_INIT_ROUND ((size_t)1024)
 
-/* Writes normal(0, std) values from r into x[0..n): the values zt_rng_normal would give one by one. The
- * uniforms are drawn in order on this thread (cheap) into u (2 * ZT__HOST_INIT_CHUNK doubles), and the
- * Box-Muller transform (log, sqrt, cos: most of the cost) runs on the CPU kernels' threads, each element
- * on its own: the result does not depend on the thread count. */
-void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std, double *u);
+/* Writes normal(0, std) values from r into x[0..n) and advances r past them: the values zt_rng_normal
+ * would give one by one. The CPU kernels' threads each take a contiguous part and jump their copy of the
+ * generator to its first draw (zt_rng_jump), so the result does not depend on the thread count. */
+void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std);
 
 /* Imports the file tensor st (of file `file`) as the model's tensor t into the slab: checks its shape
  * (Hugging Face's, [in, out] for a tensor transposed_in_hf) and dtype (F32, F16 or BF16), converts it into

@@ -794,7 +794,6 @@ static void init_params(zt_llama *m, uint64_t seed)
 {
     zt_rng r;
     zt_rng_seed(&r, seed);
-    double *u = zt_xmalloc(2 * ZT__HOST_INIT_CHUNK * sizeof *u);
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
         float *x = m->params + t->offset;
@@ -802,10 +801,9 @@ static void init_params(zt_llama *m, uint64_t seed)
             for (size_t j = 0; j < t->numel; j++)
                 x[j] = 1.0f;
         } else {
-            zt__host_fill_normal(&r, x, t->numel, m->cfg.initializer_range, u);
+            zt__host_fill_normal(&r, x, t->numel, m->cfg.initializer_range);
         }
     }
-    free(u);
     if (m->cfg.pad_token_id >= 0) /* nn.Embedding(padding_idx): that row starts at zero */
         memset(m->params + (size_t)m->cfg.pad_token_id * (size_t)m->cfg.hidden_size, 0,
                (size_t)m->cfg.hidden_size * sizeof(float));
