@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/memory.h"
 #include "kernels/norm.h"
 #include "offload/cpu_adam.h"
 #include "worker/engine/engine_internal.h"
@@ -19,6 +20,7 @@ static void *cpu_alloc(size_t bytes)
     void *p = NULL;
     if (posix_memalign(&p, CPU_ALIGN, bytes ? bytes : CPU_ALIGN) != 0)
         return NULL;
+    zt_advise_huge_pages(p, bytes); /* before the zeroing touches the pages */
     memset(p, 0, bytes);
     return p;
 }

@@ -20,6 +20,7 @@
 #include "common/fileio.h"       /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"         /* strict reading of config.json */
 #include "common/log.h"          /* the initialisation of a large model is logged */
+#include "common/memory.h"       /* huge pages for the slabs */
 #include "common/safetensors.h"  /* export and import */
 #include "kernels/activation.h"  /* exact and tanh GELU, tanh (pooler) */
 #include "kernels/attention.h"   /* bidirectional attention with a padding mask */
@@ -937,6 +938,8 @@ int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint6
     const size_t param_bytes = m->num_params * sizeof(float);
     m->params = malloc(param_bytes);
     m->grads = calloc(m->num_params, sizeof(float));
+    zt_advise_huge_pages(m->params, param_bytes); /* the slabs of a large model fault in 2 MiB pages */
+    zt_advise_huge_pages(m->grads, param_bytes);
     if (!m->params || !m->grads) {
         rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
                      2.0 * (double)param_bytes / (1 << 20));
@@ -945,6 +948,7 @@ int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint6
     const size_t act_floats = carve_acts(m, NULL);
     const size_t N = (size_t)B * (size_t)T;
     m->acts = malloc(act_floats * sizeof(float));
+    zt_advise_huge_pages(m->acts, act_floats * sizeof(float));
     m->tokens = malloc(N * sizeof(int32_t));
     m->types = malloc(N * sizeof(int32_t));
     m->targets = malloc(N * sizeof(int32_t));

@@ -20,6 +20,7 @@
 #include "common/fileio.h"       /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"         /* strict reading of config.json, exact numbers in the one written */
 #include "common/log.h"          /* the initialisation of a large model is logged */
+#include "common/memory.h"       /* huge pages for the slabs */
 #include "common/rng.h"          /* deterministic initialisation */
 #include "common/safetensors.h"  /* export and import, the files of a sharded checkpoint */
 #include "kernels/activation.h"  /* SwiGLU */
@@ -884,6 +885,8 @@ int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, ui
     const size_t param_bytes = m->num_params * sizeof(float);
     m->params = malloc(param_bytes);
     m->grads = calloc(m->num_params, sizeof(float));
+    zt_advise_huge_pages(m->params, param_bytes); /* the slabs of a large model fault in 2 MiB pages */
+    zt_advise_huge_pages(m->grads, param_bytes);
     if (!m->params || !m->grads) {
         rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
                      2.0 * (double)param_bytes / (1 << 20));
@@ -891,6 +894,7 @@ int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, ui
     }
     const size_t act_floats = carve_acts(m, NULL);
     m->acts = malloc(act_floats * sizeof(float));
+    zt_advise_huge_pages(m->acts, act_floats * sizeof(float));
     m->tokens = malloc((size_t)B * (size_t)T * sizeof(int32_t));
     m->targets = malloc((size_t)B * (size_t)T * sizeof(int32_t));
     if (!m->acts || !m->tokens || !m->targets) {
