@@ -48,9 +48,14 @@ double zt__host_short_decimal(float f)
     return (double)f;
 }
 
+/* Below this many values the normals are drawn on one thread; each thread works in rounds of INIT_ROUND
+ * values (the draws of a round, then their transforms). */
+#define INIT_PAR_MIN ((size_t)1 << 16)
+#define INIT_ROUND ((size_t)1024)
+
 void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std)
 {
-    const int threads = n >= ZT__HOST_INIT_PAR_MIN ? zt_cpu_get_threads() : 1;
+    const int threads = n >= INIT_PAR_MIN ? zt_cpu_get_threads() : 1;
     const zt_rng start = *r;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -59,10 +64,9 @@ void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std)
         const size_t b = a + n / parts + (j < n % parts ? 1 : 0);
         zt_rng g = start;
         zt_rng_jump(&g, 2 * (uint64_t)a); /* element i takes draws 2i and 2i + 1 */
-        double u[2 * ZT__HOST_INIT_ROUND];
-        for (size_t i = a; i < b; i += ZT__HOST_INIT_ROUND) {
-            /* the draws of a round first, then their transforms: two tight loops */
-            const size_t k = b - i < ZT__HOST_INIT_ROUND ? b - i : ZT__HOST_INIT_ROUND;
+        double u[2 * INIT_ROUND];
+        for (size_t i = a; i < b; i += INIT_ROUND) {
+            const size_t k = b - i < INIT_ROUND ? b - i : INIT_ROUND;
             for (size_t q = 0; q < 2 * k; q++)
                 u[q] = zt_rng_uniform(&g);
             for (size_t q = 0; q < k; q++)

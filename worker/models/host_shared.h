@@ -23,11 +23,6 @@ bool zt__host_hf_generic_key(const char *key);
  * rather than 9.99999974737875e-06. */
 double zt__host_short_decimal(float f);
 
-/* Below this many values zt__host_fill_normal runs on one thread; each thread works in rounds of
- * ZT__HOST_INIT_ROUND values. */
-#define ZT__HOST_INIT_PAR_MIN ((size_t)1 << 16)
-#define ZT__HOST_INIT_ROUND ((size_t)1024)
-
 /* Writes normal(0, std) values from r into x[0..n) and advances r past them: the values zt_rng_normal
  * would give one by one. The CPU kernels' threads each take a contiguous part and jump their copy of the
  * generator to its first draw (zt_rng_jump), so the result does not depend on the thread count. */
