@@ -208,6 +208,9 @@ static int allocate(zt_engine *e, zt_err *err)
         if ((rc = take_dev(e, &e->glow0, e->blocks[e->model->head_block].padded * es, "gradient buffers", err)) < 0 ||
             (rc = take_dev(e, &e->glow1, max_other * es, "gradient buffers", err)) < 0)
             return rc;
+        /* chunked: the next block's backward writes one while the fold stream reads the other */
+        if (e->chunked && (rc = take_dev(e, &e->glow2, max_other * es, "gradient buffers", err)) < 0)
+            return rc;
     }
     if (e->path == ZT__GRAD_REDUCE && e->o.grad_accum > 1) {
         if ((rc = take_dev(e, (void **)&e->gacc, pad_sum * 4, "fp32 gradient accumulation", err)) < 0)
@@ -417,12 +420,17 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
     }
     for (int r = 0; r <= ZT__RING; r++)
         e->ring_free[r] = e->dev->event_create();
+    for (int i = 0; i < 3; i++)
+        e->glow_free[i] = e->dev->event_create();
+    e->glow_next = 1;
     e->seq = zt_xcalloc((size_t)(2 * e->nb + 2), sizeof(int));
     e->cs = model->stream;
     if (e->dev->gpu) {
         e->ms = e->dev->stream_create();
         e->down = e->dev->stream_create();
         e->up = e->dev->stream_create();
+        if (e->chunked)
+            e->fs = e->dev->stream_create();
     }
 
     if ((rc = allocate(e, err)) < 0)
@@ -463,6 +471,8 @@ void zt_engine_destroy(zt_engine *e)
             d->stream_sync(e->down);
         if (e->up)
             d->stream_sync(e->up);
+        if (e->fs)
+            d->stream_sync(e->fs);
     }
     if (d->teardown)
         d->teardown(e);
@@ -492,6 +502,7 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->glow_slab);
     d->free(e->glow0);
     d->free(e->glow1);
+    d->free(e->glow2);
     d->free(e->gacc);
     d->free(e->r_master);
     d->free(e->r_m);
@@ -509,7 +520,11 @@ void zt_engine_destroy(zt_engine *e)
             d->stream_destroy(e->down);
         if (e->up)
             d->stream_destroy(e->up);
+        if (e->fs)
+            d->stream_destroy(e->fs);
     }
+    for (int i = 0; i < 3; i++)
+        d->event_destroy(e->glow_free[i]);
     free(e->blocks);
     free(e->slots);
     free(e->seq);
@@ -784,8 +799,16 @@ static void *grad_buffer(zt_engine *e, int b)
             break;
         }
         if (e->chunked) {
-            /* one rank, the gradient goes out in pieces: the kernels write a whole-block buffer first */
-            k->gbuf = b == e->model->head_block ? e->glow0 : e->glow1;
+            /* one rank, the gradient goes out in pieces: the kernels write a whole-block buffer first, one that
+             * the fold stream is done reading (the other blocks alternate between two) */
+            int i = 0;
+            if (b != e->model->head_block) {
+                i = e->glow_next;
+                e->glow_next = 3 - i;
+            }
+            k->gbuf = i == 0 ? e->glow0 : i == 1 ? e->glow1 : e->glow2;
+            k->glow = i;
+            e->dev->wait(e->cs, e->glow_free[i]);
             e->dev->memset0(k->gbuf, k->len * e->esize, e->cs);
             break;
         }
@@ -808,38 +831,44 @@ static void *grad_buffer(zt_engine *e, int b)
 
 /* One rank, the gradient off the GPU in pieces: block b's gradient g (compute dtype, the whole block) is
  * folded piece by piece into a ring of fp32 buffers, added (after the first micro-batch) onto the step's
- * gradient so far brought up from host memory, and copied down into h_grad. */
+ * gradient so far brought up from host memory, and copied down into h_grad. The folds run on their own
+ * stream (fs), after the block's backward: the compute stream goes on with the next block's backward
+ * (into the other of glow1 and glow2) while the pieces come up, are folded and go down. */
 static int send_pieces(zt_engine *e, int b, const void *g)
 {
     zt__block *k = &e->blocks[b];
     const size_t piece = e->o.grad_chunk;
+    void *fs = e->fs;
+    e->dev->record(k->folded, e->cs); /* the block's backward has written g */
+    e->dev->wait(fs, k->folded);
     for (size_t off = 0; off < k->shard; off += piece) {
         const size_t n = k->shard - off < piece ? k->shard - off : piece;
         const size_t real = off >= k->len ? 0 : k->len - off < n ? k->len - off : n; /* before the padding */
         const int r = e->ring_next;
         e->ring_next = (r + 1) % ZT__RING;
         float *f = e->ring[r];
-        e->dev->wait(e->cs, e->ring_free[r]);
+        e->dev->wait(fs, e->ring_free[r]);
         if (e->micro > 0) {
             e->dev->wait(e->up, e->ring_free[r]);
             e->dev->wait(e->up, k->grad_out); /* the previous micro-batch's copy down */
             e->dev->copy(f, e->h_grad + k->shard_off + off, n * 4, e->up);
             e->timing.bytes_up += n * 4;
             e->dev->record(k->loaded, e->up);
-            e->dev->wait(e->cs, k->loaded);
+            e->dev->wait(fs, k->loaded);
         } else if (real < n) {
-            e->dev->memset0(f + real, (n - real) * 4, e->cs); /* the padding stays zero */
+            e->dev->memset0(f + real, (n - real) * 4, fs); /* the padding stays zero */
         }
         if (real > 0)
-            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0, e->cs);
+            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0, fs);
         if (e->last)
-            e->dev->norm_add(e, f, n, e->cs);
-        e->dev->record(k->folded, e->cs);
+            e->dev->norm_add(e, f, n, fs);
+        e->dev->record(k->folded, fs);
         e->dev->wait(e->down, k->folded);
         e->dev->copy(e->h_grad + k->shard_off + off, f, n * 4, e->down);
         e->timing.bytes_down += n * 4;
         e->dev->record(e->ring_free[r], e->down);
     }
+    e->dev->record(e->glow_free[k->glow], fs); /* g may be written again */
     e->dev->record(k->grad_out, e->down);
     if (e->last && e->home == ZT__OPT_SERVER)
         zt__host_opt_push(e, b);
@@ -1109,6 +1138,8 @@ static int settle(zt_engine *e, zt_err *err)
         e->dev->stream_sync(e->cs);
         e->dev->stream_sync(e->ms);
         e->dev->stream_sync(e->up);
+        if (e->fs)
+            e->dev->stream_sync(e->fs);
         e->dev->stream_sync(e->down);
     }
     return rc;

@@ -242,6 +242,10 @@ static int cuda_norm_finish(zt_engine *e, double *sumsq, bool *nonfinite, zt_err
     cudaStream_t s = e->cs;
     cuda_record(cs->ev, e->ms); /* shard sums added on the communication stream */
     cuda_wait(s, cs->ev);
+    if (e->fs) { /* ... or on the fold stream (chunked) */
+        cuda_record(cs->ev, e->fs);
+        cuda_wait(s, cs->ev);
+    }
     zt_cuda_sum_squares_finish(cs->d_sumsq, cs->partials, s);
     int rc = 0;
     if (e->W > 1)

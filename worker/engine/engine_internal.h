@@ -110,6 +110,7 @@ typedef struct zt__block {
     void *gbuf;         /* the gradient buffer handed to the model in this micro-batch, or NULL */
     float *gfull;       /* the fp32 buffer of the whole block receiving it (REDUCE / HOST), or NULL */
     int ring;           /* ring buffer index of gfull, or -1 */
+    int glow;           /* chunked: which compute-dtype buffer (0, 1, 2: glow0..2) gbuf is */
     void *folded;       /* event: folded (compute stream), or reduced */
     void *loaded;       /* event: the step's gradient so far is back on the device (HOST path) */
     void *grad_out;     /* event: the step's gradient shard reached the host (HOST path) */
@@ -139,6 +140,8 @@ struct zt_engine {
     size_t nshard;                  /* sum of S_b */
     size_t max_padded;
     void *cs, *ms, *down, *up;      /* streams: compute (the model's), communication, copies to and from the host */
+    void *fs;                       /* chunked: the stream that folds gradient pieces and sends them down, so that
+                                       the next block's backward need not wait for the sums coming up */
 
     /* Device buffers. */
     float *master, *m, *v;          /* fp32 [nshard]: ZT__OPT_DEVICE only */
@@ -146,6 +149,9 @@ struct zt_engine {
     void *wshard;                   /* dtype [nshard]: the weights the gathers read; == master in fp32 on the device */
     void *glow_slab;                /* dtype [nshard]: ZT__GRAD_DIRECT_LOWP */
     void *glow0, *glow1;            /* dtype: compute-dtype gradient buffers (block 0's, the others') */
+    void *glow2;                    /* chunked: a second buffer for the other blocks, alternating with glow1 */
+    void *glow_free[3];             /* chunked: events, the folds of glow0, glow1, glow2 are done (fold stream) */
+    int glow_next;                  /* chunked: 1 or 2, the buffer the next non-head block takes */
     float *gacc;                    /* fp32 [sum P_b]: ZT__GRAD_REDUCE with grad_accum > 1 */
     float *ring[ZT__RING + 1];      /* fp32 [max_padded]; the head's [its padded] */
     void *ring_free[ZT__RING + 1];  /* events: the ring buffer's last user is done */
