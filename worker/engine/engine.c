@@ -933,6 +933,12 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
             k->gfull = NULL;
             stream = e->ms;
         }
+        if (e->last && e->fs) {
+            /* the norm's partial sums take every addition on one stream: the fold stream's pieces too */
+            e->dev->record(k->folded, stream);
+            e->dev->wait(e->fs, k->folded);
+            stream = e->fs;
+        }
         if (e->last)
             e->dev->norm_add(e, acc, k->shard, stream);
         return rc;
