@@ -55,6 +55,10 @@ void zt_cuda_gelu_erf_forward(void *out, const void *inp, size_t n, enum zt_dtyp
 /* Accumulates (+=) into dinp. */
 void zt_cuda_gelu_erf_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
                                cudaStream_t stream);
+/* zt_cuda_gelu_erf_backward, except that dinp is overwritten (=): the bits of zeroing it first and adding,
+ * without the zeroing and the read. */
+void zt_cuda_gelu_erf_backward_overwrite(void *dinp, const void *inp, const void *dout, size_t n,
+                                         enum zt_dtype dtype, cudaStream_t stream);
 /* out [N,F] must not overlap inp [N,2F]. */
 void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype, cudaStream_t stream);
 /* Accumulates (+=) into dinp [N,2F]. */

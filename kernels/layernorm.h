@@ -34,6 +34,11 @@ size_t zt_cuda_layernorm_backward_scratch_size(int N, int C);
 void zt_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias, const void *dout, const void *inp,
                                 const void *weight, const float *mean, const float *rstd, int N, int C,
                                 void *scratch, enum zt_dtype dtype, cudaStream_t stream);
+/* zt_cuda_layernorm_backward, except that dinp is overwritten (=): the bits of zeroing it first and adding,
+ * without the zeroing and the read. dweight and dbias still accumulate. */
+void zt_cuda_layernorm_backward_overwrite(void *dinp, void *dweight, void *dbias, const void *dout,
+                                          const void *inp, const void *weight, const float *mean, const float *rstd,
+                                          int N, int C, void *scratch, enum zt_dtype dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

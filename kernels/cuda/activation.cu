@@ -36,20 +36,23 @@ static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool 
     }
 }
 
-template <typename T, bool ERF>
+/* ACC: dinp += gelu'(inp) dout; else dinp = 0 + gelu'(inp) dout (the same bits, without reading dinp). */
+template <typename T, bool ERF, bool ACC>
 static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n, bool vec)
 {
     constexpr int VS = zt_vec<T>::size;
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
     if (vec && i + VS <= n) {
-        zt_vec<T> x = zt_load_vec_cs(inp + i), g = zt_load_vec_cs(dout + i), d = zt_load_vec(dinp + i);
+        zt_vec<T> x = zt_load_vec_cs(inp + i), g = zt_load_vec_cs(dout + i), d;
+        if (ACC)
+            d = zt_load_vec(dinp + i);
         for (int k = 0; k < VS; k++)
-            d.v[k] = zt_from_float<T>(zt_to_float(d.v[k]) +
+            d.v[k] = zt_from_float<T>((ACC ? zt_to_float(d.v[k]) : 0.0f) +
                                       gelu_grad_of<ERF>(zt_to_float(x.v[k])) * zt_to_float(g.v[k]));
         zt_store_vec(dinp + i, d);
     } else {
         for (size_t j = i; j < i + VS && j < n; j++)
-            dinp[j] = zt_from_float<T>(zt_to_float(dinp[j]) +
+            dinp[j] = zt_from_float<T>((ACC ? zt_to_float(dinp[j]) : 0.0f) +
                                        gelu_grad_of<ERF>(zt_to_float(inp[j])) * zt_to_float(dout[j]));
     }
 }
@@ -175,12 +178,12 @@ template <typename T, bool ERF> static void gelu_forward(T *out, const T *inp, s
     ZT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, bool ERF>
+template <typename T, bool ERF, bool ACC = true>
 static void gelu_backward(T *dinp, const T *inp, const T *dout, size_t n, cudaStream_t stream)
 {
     const int block = 256;
     bool vec = zt_aligned16(dinp) && zt_aligned16(inp) && zt_aligned16(dout);
-    gelu_backward_kernel<T, ERF><<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, n, vec);
+    gelu_backward_kernel<T, ERF, ACC><<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, n, vec);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
@@ -296,6 +299,27 @@ extern "C" void zt_cuda_gelu_erf_backward(void *dinp, const void *inp, const voi
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_erf_backward", dtype);
+    }
+}
+
+extern "C" void zt_cuda_gelu_erf_backward_overwrite(void *dinp, const void *inp, const void *dout, size_t n,
+                                                    enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        gelu_backward<float, true, false>((float *)dinp, (const float *)inp, (const float *)dout, n, stream);
+        break;
+    case ZT_DTYPE_F16:
+        gelu_backward<__half, true, false>((__half *)dinp, (const __half *)inp, (const __half *)dout, n, stream);
+        break;
+    case ZT_DTYPE_BF16:
+        gelu_backward<__nv_bfloat16, true, false>((__nv_bfloat16 *)dinp, (const __nv_bfloat16 *)inp,
+                                                  (const __nv_bfloat16 *)dout, n, stream);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_gelu_erf_backward_overwrite", dtype);
     }
 }
 

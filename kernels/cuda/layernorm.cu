@@ -67,7 +67,8 @@ static __global__ void layernorm_forward_kernel(T *__restrict__ out, float *__re
     }
 }
 
-template <typename T>
+/* ACC: dinp += dx; else dinp = 0 + dx (the same bits, without reading dinp). */
+template <typename T, bool ACC>
 static __global__ void layernorm_backward_kernel(T *__restrict__ dinp, float *__restrict__ partials,
                                                  const T *__restrict__ dout, const T *__restrict__ inp,
                                                  const T *__restrict__ weight, const float *__restrict__ mean,
@@ -104,12 +105,14 @@ static __global__ void layernorm_backward_kernel(T *__restrict__ dinp, float *__
         T *d = dinp + (size_t)row * C;
         for (int c = lane * VS; c < C; c += ZT_WARP_SIZE * VS) {
             zt_vec<T> xv = zt_load_vec_cs(x + c), gv = zt_load_vec_cs(g + c), wv = zt_load_vec(weight + c);
-            zt_vec<T> dv = zt_load_vec(d + c);
+            zt_vec<T> dv;
+            if (ACC)
+                dv = zt_load_vec(d + c);
             for (int k = 0; k < VS; k++) {
                 float norm = (zt_to_float(xv.v[k]) - m) * s;
                 float gk = zt_to_float(gv.v[k]);
                 float dnorm = zt_to_float(wv.v[k]) * gk;
-                dv.v[k] = zt_from_float<T>(zt_to_float(dv.v[k]) + (dnorm - a - norm * b) * s);
+                dv.v[k] = zt_from_float<T>((ACC ? zt_to_float(dv.v[k]) : 0.0f) + (dnorm - a - norm * b) * s);
                 dw[c + k] += norm * gk;
                 db[c + k] += gk;
             }
@@ -132,7 +135,7 @@ static __global__ void layernorm_backward_kernel(T *__restrict__ dinp, float *__
  * of x, dout and dinp in registers, so the row is read once, its two sums are reduced, and dinp is
  * written; the weight (C elements) stays in L1. No weight-gradient sums here (see the kernel below), so
  * few registers and many rows in flight. */
-template <typename T, int NV>
+template <typename T, int NV, bool ACC>
 static __global__ void __launch_bounds__(LN_ROW_WARPS *ZT_WARP_SIZE)
     layernorm_backward_dx_kernel(T *__restrict__ dinp, const T *__restrict__ dout, const T *__restrict__ inp,
                                  const T *__restrict__ weight, const float *__restrict__ mean,
@@ -154,7 +157,8 @@ static __global__ void __launch_bounds__(LN_ROW_WARPS *ZT_WARP_SIZE)
         if (c < C) {
             xv[j] = zt_load_vec(x + c);
             gv[j] = zt_load_vec(g + c);
-            dv[j] = zt_load_vec(d + c);
+            if (ACC)
+                dv[j] = zt_load_vec(d + c);
         }
     }
 
@@ -183,7 +187,7 @@ static __global__ void __launch_bounds__(LN_ROW_WARPS *ZT_WARP_SIZE)
             for (int k = 0; k < VS; k++) {
                 float norm = (zt_to_float(xv[j].v[k]) - m) * s;
                 float dnorm = zt_to_float(wv.v[k]) * zt_to_float(gv[j].v[k]);
-                dv[j].v[k] = zt_from_float<T>(zt_to_float(dv[j].v[k]) + (dnorm - a - norm * b) * s);
+                dv[j].v[k] = zt_from_float<T>((ACC ? zt_to_float(dv[j].v[k]) : 0.0f) + (dnorm - a - norm * b) * s);
             }
             zt_store_vec(d + c, dv[j]);
         }
@@ -310,15 +314,15 @@ extern "C" size_t zt_cuda_layernorm_backward_scratch_size(int N, int C)
     return (size_t)b * 2 * C * sizeof(float);
 }
 
-template <typename T, int NV>
+template <typename T, int NV, bool ACC>
 static void launch_dx(T *dinp, const T *dout, const T *inp, const T *weight, const float *mean, const float *rstd,
                       int N, int C, cudaStream_t stream)
 {
-    layernorm_backward_dx_kernel<T, NV><<<ZT_CEIL_DIV(N, LN_ROW_WARPS), LN_ROW_WARPS * ZT_WARP_SIZE, 0, stream>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_dx_kernel<T, NV, ACC><<<ZT_CEIL_DIV(N, LN_ROW_WARPS), LN_ROW_WARPS * ZT_WARP_SIZE, 0,
+                                               stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
 }
 
-template <typename T>
+template <typename T, bool ACC>
 static void layernorm_backward(T *dinp, T *dweight, T *dbias, const T *dout, const T *inp, const T *weight,
                                const float *mean, const float *rstd, int N, int C, void *scratch,
                                cudaStream_t stream)
@@ -335,21 +339,21 @@ static void layernorm_backward(T *dinp, T *dweight, T *dbias, const T *dout, con
             partials, dout, inp, mean, rstd, N, C, rows_per_slice);
         ZT_CUDA_CHECK_LAUNCH();
         switch (nv) {
-        case 1: launch_dx<T, 1>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        case 2: launch_dx<T, 2>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        case 3: launch_dx<T, 3>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        case 4: launch_dx<T, 4>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        case 5: launch_dx<T, 5>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        case 6: launch_dx<T, 6>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        case 7: launch_dx<T, 7>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
-        default: launch_dx<T, 8>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 1: launch_dx<T, 1, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 2: launch_dx<T, 2, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 3: launch_dx<T, 3, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 4: launch_dx<T, 4, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 5: launch_dx<T, 5, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 6: launch_dx<T, 6, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        case 7: launch_dx<T, 7, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
+        default: launch_dx<T, 8, ACC>(dinp, dout, inp, weight, mean, rstd, N, C, stream); break;
         }
     } else {
         int warps = ln_bwd_warps(C);
         blocks = ln_bwd_blocks(N, C);
         size_t smem = (size_t)warps * 2 * C * sizeof(float);
-        layernorm_backward_kernel<<<blocks, warps * ZT_WARP_SIZE, smem, stream>>>(dinp, partials, dout, inp, weight,
-                                                                                  mean, rstd, N, C);
+        layernorm_backward_kernel<T, ACC><<<blocks, warps * ZT_WARP_SIZE, smem, stream>>>(dinp, partials, dout, inp,
+                                                                                          weight, mean, rstd, N, C);
     }
     ZT_CUDA_CHECK_LAUNCH();
     layernorm_backward_reduce_kernel<<<ZT_CEIL_DIV(2 * C, ZT_WARP_SIZE), LN_RED_ROWS * ZT_WARP_SIZE, 0, stream>>>(
@@ -381,29 +385,47 @@ extern "C" void zt_cuda_layernorm_forward(void *out, float *mean, float *rstd, c
     }
 }
 
-extern "C" void zt_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias, const void *dout,
-                                           const void *inp, const void *weight, const float *mean,
-                                           const float *rstd, int N, int C, void *scratch, enum zt_dtype dtype,
-                                           cudaStream_t stream)
+template <bool ACC>
+static void layernorm_backward_any(void *dinp, void *dweight, void *dbias, const void *dout, const void *inp,
+                                   const void *weight, const float *mean, const float *rstd, int N, int C,
+                                   void *scratch, enum zt_dtype dtype, cudaStream_t stream)
 {
     ZT_ASSERT(N > 0 && C > 0 && C % 8 == 0 && C <= LN_MAX_C);
     ZT_ASSERT(zt_aligned16(dinp) && zt_aligned16(dout) && zt_aligned16(inp) && zt_aligned16(weight));
     ZT_ASSERT(zt_aligned16(scratch));
     switch (dtype) {
     case ZT_DTYPE_F32:
-        layernorm_backward((float *)dinp, (float *)dweight, (float *)dbias, (const float *)dout,
-                           (const float *)inp, (const float *)weight, mean, rstd, N, C, scratch, stream);
+        layernorm_backward<float, ACC>((float *)dinp, (float *)dweight, (float *)dbias, (const float *)dout,
+                                       (const float *)inp, (const float *)weight, mean, rstd, N, C, scratch, stream);
         break;
     case ZT_DTYPE_F16:
-        layernorm_backward((__half *)dinp, (__half *)dweight, (__half *)dbias, (const __half *)dout,
-                           (const __half *)inp, (const __half *)weight, mean, rstd, N, C, scratch, stream);
+        layernorm_backward<__half, ACC>((__half *)dinp, (__half *)dweight, (__half *)dbias, (const __half *)dout,
+                                        (const __half *)inp, (const __half *)weight, mean, rstd, N, C, scratch,
+                                        stream);
         break;
     case ZT_DTYPE_BF16:
-        layernorm_backward((__nv_bfloat16 *)dinp, (__nv_bfloat16 *)dweight, (__nv_bfloat16 *)dbias,
-                           (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)inp,
-                           (const __nv_bfloat16 *)weight, mean, rstd, N, C, scratch, stream);
+        layernorm_backward<__nv_bfloat16, ACC>((__nv_bfloat16 *)dinp, (__nv_bfloat16 *)dweight,
+                                               (__nv_bfloat16 *)dbias, (const __nv_bfloat16 *)dout,
+                                               (const __nv_bfloat16 *)inp, (const __nv_bfloat16 *)weight, mean, rstd,
+                                               N, C, scratch, stream);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_layernorm_backward", dtype);
     }
+}
+
+extern "C" void zt_cuda_layernorm_backward(void *dinp, void *dweight, void *dbias, const void *dout,
+                                           const void *inp, const void *weight, const float *mean,
+                                           const float *rstd, int N, int C, void *scratch, enum zt_dtype dtype,
+                                           cudaStream_t stream)
+{
+    layernorm_backward_any<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, dtype, stream);
+}
+
+extern "C" void zt_cuda_layernorm_backward_overwrite(void *dinp, void *dweight, void *dbias, const void *dout,
+                                                     const void *inp, const void *weight, const float *mean,
+                                                     const float *rstd, int N, int C, void *scratch,
+                                                     enum zt_dtype dtype, cudaStream_t stream)
+{
+    layernorm_backward_any<false>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, dtype, stream);
 }

@@ -363,6 +363,23 @@ static void run_layernorm(enum zt_dtype dt, int N, int C)
     assert_true(dev_equal(d_dw, d_dw1, C * zt_dtype_size(dt)));
     assert_true(dev_equal(d_db, d_db1, C * zt_dtype_size(dt)));
 
+    /* Overwrite: from NaN (all bits set), the dinp of zeroing first and adding; the same weight sums. */
+    const size_t nb = (size_t)N * C * zt_dtype_size(dt);
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dinp, 0, nb, g_stream));
+    dev_copy(d_dw, d_dw0, C * zt_dtype_size(dt));
+    dev_copy(d_db, d_db0, C * zt_dtype_size(dt));
+    zt_cuda_layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C, scratch, dt, g_stream);
+    void *want = dev_clone(d_dinp, nb);
+    ZT_CUDA_CHECK(cudaMemsetAsync(d_dinp, 0xff, nb, g_stream));
+    dev_copy(d_dw, d_dw0, C * zt_dtype_size(dt));
+    dev_copy(d_db, d_db0, C * zt_dtype_size(dt));
+    zt_cuda_layernorm_backward_overwrite(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C, scratch, dt,
+                                         g_stream);
+    assert_true(dev_equal(d_dinp, want, nb));
+    assert_true(dev_equal(d_dw, d_dw1, C * zt_dtype_size(dt)));
+    assert_true(dev_equal(d_db, d_db1, C * zt_dtype_size(dt)));
+    dev_free(want);
+
     free(inp), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(out), free(mean), free(rstd);
     free(ref), free(rmean), free(rrstd), free(g_dinp), free(g_dw), free(g_db);
     void *dev[] = {d_inp, d_w,     d_b,   d_out, d_mean, d_rstd,  d_dout,  d_dinp, d_dw,
@@ -749,6 +766,14 @@ static void run_elementwise(enum zt_dtype dt, size_t n, size_t offset)
     zt_cpu_gelu_erf_backward(eacc, x + offset, g + offset, n);
     check_close(offset ? "gelu_erf backward (unaligned)" : "gelu_erf backward", dt, got, eacc, n, tol_of(dt));
     free(got), free(eacc);
+    /* Overwrite: from NaN (all bits set), the bits of zeroing first and adding. */
+    ZT_CUDA_CHECK(cudaMemsetAsync(dout, 0, n * es, g_stream));
+    zt_cuda_gelu_erf_backward(dout, dx, dg, n, dt, g_stream);
+    void *want = dev_clone(dout, n * es);
+    ZT_CUDA_CHECK(cudaMemsetAsync(dout, 0xff, n * es, g_stream));
+    zt_cuda_gelu_erf_backward_overwrite(dout, dx, dg, n, dt, g_stream);
+    assert_true(dev_equal(dout, want, n * es));
+    dev_free(want);
 
     /* tanh, backward from the forward's output (the GPU's, given to the CPU too). */
     zt_cuda_tanh_forward(dout, dx, n, dt, g_stream);

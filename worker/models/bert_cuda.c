@@ -431,9 +431,8 @@ static void backward_head_block(bert_cuda *g, const void *w, void *gr)
 #define G(k) in_block(g, gr, hb, HT(k))
     if (g->mlm) {
         /* dln holds d(transform LayerNorm output), from the decoder. */
-        zero(g, g->datty, NC);
-        zt_cuda_layernorm_backward(g->datty, G(LN_W), G(LN_B), g->dln, g->tr_act, W(LN_W), g->tr_mean, g->tr_rstd, N,
-                                   C, g->ln_scratch, dt, s);
+        zt_cuda_layernorm_backward_overwrite(g->datty, G(LN_W), G(LN_B), g->dln, g->tr_act, W(LN_W), g->tr_mean,
+                                             g->tr_rstd, N, C, g->ln_scratch, dt, s);
         zero(g, g->dtmp, NC);
         act_backward(g, head_act(g), g->dtmp, g->tr_pre, g->datty, NC);
         zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dres, G(DENSE_W), G(DENSE_B), g->dtmp, h, W(DENSE_W), NULL, N,
@@ -455,7 +454,7 @@ static void backward_head_block(bert_cuda *g, const void *w, void *gr)
 static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
 {
     const int N = g->cur_B * g->cur_T, C = g->cfg.hidden_size, I = g->cfg.intermediate_size, b = 1 + l;
-    const size_t NC = (size_t)N * C, NI = (size_t)N * I;
+    const size_t NI = (size_t)N * I;
     const enum zt_dtype dt = g->dtype;
     const zt_attention_dims d = attention_dims(g);
     const layer_acts *a = &g->layers[l];
@@ -464,9 +463,8 @@ static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
 #define W(k) in_block(g, w, b, LT(l, k))
 #define G(k) in_block(g, gr, b, LT(l, k))
     /* out = LN(res2), res2 = ln1 + output.dense(act(intermediate.dense(ln1))). */
-    zero(g, g->dln, NC);
-    zt_cuda_layernorm_backward(g->dln, G(OLN_W), G(OLN_B), g->dres, a->res2, W(OLN_W), a->out_mean, a->out_rstd, N, C,
-                               g->ln_scratch, dt, s);
+    zt_cuda_layernorm_backward_overwrite(g->dln, G(OLN_W), G(OLN_B), g->dres, a->res2, W(OLN_W), a->out_mean,
+                                         a->out_rstd, N, C, g->ln_scratch, dt, s);
     if (g->cfg.hidden_act == ZT_BERT_ACT_GELU_TANH) {
         /* dinter = gelu'(inter) * (dln W_O), in one call */
         zt_cuda_matmul_backward(g->cs.blas, g->dinter, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W), a->inter, N, I, C,
@@ -474,15 +472,13 @@ static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
     } else {
         zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dinter_act, G(O_W), G(O_B), g->dln, a->inter_act, W(O_W),
                                           NULL, N, I, C, dt, s);
-        zero(g, g->dinter, NI);
-        act_backward(g, ZT_BERT_ACT_GELU, g->dinter, a->inter, g->dinter_act, NI);
+        zt_cuda_gelu_erf_backward_overwrite(g->dinter, a->inter, g->dinter_act, NI, dt, s);
     }
     /* dln: d(ln1), the residual's part plus the intermediate's. */
     zt_cuda_matmul_backward(g->cs.blas, g->dln, G(I_W), G(I_B), g->dinter, a->ln1, W(I_W), NULL, N, C, I, dt, s);
     /* ln1 = LN(res1), res1 = x + attention.output.dense(attention(qkv(x))). */
-    zero(g, g->dres, NC);
-    zt_cuda_layernorm_backward(g->dres, G(ALN_W), G(ALN_B), g->dln, a->res1, W(ALN_W), a->ln1_mean, a->ln1_rstd, N, C,
-                               g->ln_scratch, dt, s);
+    zt_cuda_layernorm_backward_overwrite(g->dres, G(ALN_W), G(ALN_B), g->dln, a->res1, W(ALN_W), a->ln1_mean,
+                                         a->ln1_rstd, N, C, g->ln_scratch, dt, s);
     zt_cuda_matmul_backward_overwrite(g->cs.blas, g->datty, G(AO_W), G(AO_B), g->dres, a->atty, W(AO_W), NULL, N, C, C,
                                       dt, s);
     zt_cuda_attention_backward_gqa(g->dqkv, g->datty, a->qkv, a->atty, a->lse, g->d_lens, &d, false, g->attn_scratch,
@@ -496,10 +492,9 @@ static void backward_layer(bert_cuda *g, int l, const void *w, void *gr)
 static void backward_embed(bert_cuda *g, const void *w, void *gr)
 {
     const int B = g->cur_B, T = g->cur_T, N = B * T, C = g->cfg.hidden_size;
-    zero(g, g->dln, (size_t)N * C);
-    zt_cuda_layernorm_backward(g->dln, in_block(g, gr, 0, ET(LN_W)), in_block(g, gr, 0, ET(LN_B)), g->dres, g->emb,
-                               in_block(g, w, 0, ET(LN_W)), g->emb_mean, g->emb_rstd, N, C, g->ln_scratch, g->dtype,
-                               g->cs.stream);
+    zt_cuda_layernorm_backward_overwrite(g->dln, in_block(g, gr, 0, ET(LN_W)), in_block(g, gr, 0, ET(LN_B)), g->dres,
+                                         g->emb, in_block(g, w, 0, ET(LN_W)), g->emb_mean, g->emb_rstd, N, C,
+                                         g->ln_scratch, g->dtype, g->cs.stream);
     char *dwpe = (char *)in_block(g, gr, 0, ET(POS)) + g->row0 * (size_t)C * g->esize;
     zt_cuda_embedding_backward_typed(in_block(g, gr, 0, ET(WORD)), dwpe, in_block(g, gr, 0, ET(TYPE)), g->dln,
                                      g->d_tokens, g->d_types, B, T, C, g->cfg.vocab_size, g->cfg.type_vocab_size,
