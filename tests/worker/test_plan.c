@@ -131,6 +131,22 @@ static void test_refusal_names_minimum_and_fixes(void **state)
     assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
     if (!strstr(err.msg, "the GPU has 100 MiB") || !strstr(err.msg, "a GPU with --gpu-mem"))
         fail_msg("message: %s", err.msg);
+    /* a cap above the GPU's free memory: the free memory is the limit, and the message says so */
+    r = request(2000, 8);
+    r.gpu_free = 1000 * MiB;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_STREAMED);
+    assert_true(c.limit == 1000 * MiB);
+    assert_false(c.capped);
+    r = request(2000, 8);
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_true(c.capped);
+    r = request(2000, 8);
+    r.gpu_free = 600 * MiB;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "the GPU has 600 MiB free (less than --gpu-mem 1.95 GiB)") ||
+        !strstr(err.msg, "a GPU with --gpu-mem"))
+        fail_msg("message: %s", err.msg);
 }
 
 static void test_host_and_disk(void **state)

@@ -77,7 +77,9 @@ static void cap_flag(uint64_t bytes, char *buf, size_t cap)
 int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
 {
     memset(out, 0, sizeof *out);
-    const uint64_t limit = r->cap ? r->cap : r->gpu_free;
+    /* --gpu-mem, unless the GPU has less free (gpu_free 0: unknown) */
+    const bool capped = r->cap && (r->gpu_free == 0 || r->cap <= r->gpu_free);
+    const uint64_t limit = capped ? r->cap : r->gpu_free;
     enum zt_plan_weights ws[3];
     const int nw = allowed_layouts(r, r->optimizer_on_gpu, ws);
     if (nw == 0)
@@ -96,6 +98,7 @@ int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
                 out->grad_accum = r->grad_accum * (r->micro_batch / b);
                 out->device = d;
                 out->limit = limit;
+                out->capped = capped;
                 return 0;
             }
         }
@@ -145,10 +148,16 @@ int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
     char flag[32];
     cap_flag(zt_plan_device_total(&d0), flag, sizeof flag);
     if (used < sizeof ways)
-        snprintf(ways + used, sizeof ways - used, "%s--gpu-mem %s or more", r->cap ? "" : "a GPU with ", flag);
-    return zt_fail(err, ZT_ENOMEM, "%s %s: this run needs at least %s of GPU memory per rank (%s weights: engine %s, "
+        snprintf(ways + used, sizeof ways - used, "%s--gpu-mem %s or more", capped ? "" : "a GPU with ", flag);
+    char cap_text[64] = "";
+    if (r->cap && !capped) {
+        char c[32];
+        size_text(r->cap, c, sizeof c);
+        snprintf(cap_text, sizeof cap_text, " free (less than --gpu-mem %s)", c);
+    }
+    return zt_fail(err, ZT_ENOMEM, "%s %s%s: this run needs at least %s of GPU memory per rank (%s weights: engine %s, "
                    "activations of %d x %d tokens %s, cuBLAS and NCCL %s); what would fit: %s",
-                   r->cap ? "--gpu-mem is" : "the GPU has", lim, need, zt_plan_weights_name(w0), eng, b_min,
+                   capped ? "--gpu-mem is" : "the GPU has", lim, cap_text, need, zt_plan_weights_name(w0), eng, b_min,
                    r->seq_len, act, fix, ways);
 }
 

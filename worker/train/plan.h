@@ -72,7 +72,10 @@ typedef struct zt_plan_choice {
     int micro_batch;    /* rows per rank */
     int grad_accum;     /* raised by as much as micro_batch was lowered */
     zt_plan_device device;
-    uint64_t limit;     /* the cap it fits under (--gpu-mem, or the GPU's free memory) */
+    uint64_t limit;     /* the cap it fits under: --gpu-mem, or the GPU's free memory when there is no cap
+                           or less memory free than the cap (a cap at the card's size leaves nothing for
+                           the CUDA context and other processes) */
+    bool capped;        /* limit is --gpu-mem */
 } zt_plan_choice;
 
 /* Chooses the layout; see above. Returns 0, or ZT_ENOMEM with the minimum and the changes that fit in

@@ -594,7 +594,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     shape->ops->destroy(shape);
     lay->stream = o.stream;
     lay->grad_chunk = o.grad_chunk;
-    lay->device_budget = cfg->gpu_mem ? cfg->gpu_mem - ch.device.model - ch.device.fixed : 0;
+    lay->device_budget = cfg->gpu_mem ? ch.limit - ch.device.model - ch.device.fixed : 0;
 
     /* Host: the engine's buffers (the Adam moments' pages are taken at the first update, after the host
      * slab of the initial weights is given back), the embedded state server's records, the checkpoints'
@@ -631,7 +631,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         zt_format_size(disk, dk, sizeof dk);
         zt_format_size(h.disk_free, dfree, sizeof dfree);
         zt_log(ZT_LOG_INFO, "plan: GPU %s of %s%s per rank: weights %s (engine %s, activations of %d x %lld tokens "
-               "%s, cuBLAS and NCCL %s)", all, lim, cfg->gpu_mem ? " (--gpu-mem)" : " free", zt_plan_weights_name(ch.weights),
+               "%s, cuBLAS and NCCL %s)", all, lim,
+               ch.capped ? " (--gpu-mem)" : cfg->gpu_mem ? " free (less than --gpu-mem)" : " free", zt_plan_weights_name(ch.weights),
                e, ch.micro_batch, (long long)cfg->seq_len, m, f);
         zt_log(ZT_LOG_INFO, "plan: host %s of %s available (%s)", need, avail, parts);
         if (disk)
