@@ -108,6 +108,7 @@ typedef struct job {
     int first, last;        /* steps first..last-1 */
     const char *load_dir;   /* resume from this checkpoint before step `first`, or NULL */
     const char *save_dir;   /* rank 0 saves a checkpoint here after step last-1, or NULL */
+    bool stream;            /* weights streamed from the host arrays (the GPU's offload layout on the CPU) */
 } job;
 
 #define FAIL(...)                                                                                          \
@@ -156,6 +157,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     zt_engine_options_init(&eo);
     eo.zero_level = j->level;
     eo.grad_accum = j->accum;
+    eo.stream = j->stream;
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
                           &err) < 0)
@@ -189,6 +191,12 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
             FAIL("%s", err.msg);
         if (rank == 0 && write(fd, &sr.loss, sizeof sr.loss) != (ssize_t)sizeof sr.loss)
             FAIL("cannot write the loss");
+        zt_engine_timing tm;
+        zt_engine_last_timing(e, &tm);
+        /* streamed: every pass copies this rank's shards up from the host arrays, and nothing else does */
+        if (j->stream != (tm.bytes_up > 0))
+            FAIL("rank %d step %d: %llu bytes copied up with stream %d", rank, s, (unsigned long long)tm.bytes_up,
+                 (int)j->stream);
     }
     if (j->save_dir) {
         if (zt_engine_export(e, zt_family_model_params(fm), full.m, full.v, &err) < 0)
@@ -279,7 +287,7 @@ static void test_equivalence_w1_to_w4(void **state)
     assert_true(ref[STEPS - 1] < 0.95f * ref[0]);
     for (int W = 1; W <= MAX_W; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false};
         run(&j, l);
         char what[32];
         snprintf(what, sizeof what, "W=%d", W);
@@ -293,10 +301,10 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
 {
     (void)state;
     float l3[STEPS], l2[STEPS], lall[STEPS], levery[STEPS];
-    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL};
-    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL};
-    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL};
-    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL};
+    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false};
+    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false};
+    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false};
+    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false};
     run(&j3, l3);
     run(&j2, l2);
     run(&jall, lall);
@@ -306,14 +314,57 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
     assert_close(levery, ref, STEPS, 1e-5, "W=2 level 2 every:2");
     /* one micro-batch per step: block buffers taken in turn from a ring, the head's kept apart */
     float o1[STEPS], o3[STEPS], o3c[STEPS];
-    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL};
-    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL};
-    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL};
+    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false};
+    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false};
+    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false};
     run(&one1, o1);
     run(&one3, o3);
     run(&one3c, o3c);
     assert_close(o3, o1, STEPS, 1e-5, "W=3 grad_accum 1");
     assert_memory_equal(o3c, o3, sizeof o3);
+}
+
+/* Weights streamed from host memory (the layout of a GPU whose weights do not fit, run here on CPU ranks):
+ * each rank copies only its own shard of a block up and the all-gather assembles the block; the gradient
+ * is reduce-scattered per micro-batch into the host arrays, where the host thread runs AdamW. The same
+ * losses as the resident layout. */
+static void test_streamed_weights(void **state)
+{
+    (void)state;
+    for (int W = 1; W <= 3; W++) {
+        float l[STEPS];
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true};
+        run(&j, l);
+        char what[48];
+        snprintf(what, sizeof what, "W=%d streamed", W);
+        assert_close(l, ref, STEPS, 1e-5, what);
+    }
+    /* one micro-batch per step, and with recomputation: against the resident layout of the same W */
+    float res[STEPS], st[STEPS], stc[STEPS];
+    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false};
+    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true};
+    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true};
+    run(&jres, res);
+    run(&jst, st);
+    run(&jstc, stc);
+    assert_close(st, res, STEPS, 1e-5, "W=3 grad_accum 1 streamed vs resident");
+    assert_memory_equal(stc, st, sizeof st); /* recomputation is exact */
+    /* resumed from a checkpoint of a resident run, streamed at another W */
+    char dir[] = "/tmp/zt_zero_stream_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    float first[STEPS], rest[STEPS];
+    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false};
+    run(&save, first);
+    char ckpt[PATH_MAX];
+    zt_err err = {{0}};
+    assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
+    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true};
+    run(&load, rest);
+    assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
+    assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void test_resume_at_other_world_sizes(void **state)
@@ -322,14 +373,14 @@ static void test_resume_at_other_world_sizes(void **state)
     char dir[] = "/tmp/zt_zero_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], second[STEPS];
-    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir};
+    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false};
     run(&save, first);
     assert_close(first, ref, STEPS / 2, 1e-5, "W=4 first half");
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
     for (int W = 2; W >= 1; W--) {
-        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL};
+        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false};
         run(&resume, second);
         char what[32];
         snprintf(what, sizeof what, "resumed at W=%d", W);
@@ -420,6 +471,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence_w1_to_w4),
         cmocka_unit_test(test_zero2_equals_zero3_and_checkpointing),
+        cmocka_unit_test(test_streamed_weights),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),

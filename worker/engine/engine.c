@@ -235,6 +235,13 @@ static int allocate(zt_engine *e, zt_err *err)
                 return rc;
         }
     }
+    if (e->o.stream && e->W > 1) {
+        size_t most = 0;
+        for (int b = 0; b < e->nb; b++)
+            most = e->blocks[b].shard > most ? e->blocks[b].shard : most;
+        if ((rc = take_dev(e, &e->sstage, most * es, "streamed shard staging", err)) < 0)
+            return rc;
+    }
     for (int s = 0; s < e->nslots; s++) {
         e->slots[s].elems = e->o.zero_level == 2 ? e->blocks[s].padded : e->max_padded;
         if ((rc = take_dev(e, &e->slots[s].buf, e->slots[s].elems * es, "gathered window", err)) < 0)
@@ -266,13 +273,13 @@ static int allocate(zt_engine *e, zt_err *err)
 
 /* ---- creation ---- */
 
-static int check_options(const zt_engine_options *o, const zt_model *m, int W, zt_err *err)
+static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *err)
 {
-    if (o->stream && (m->backend != ZT_MODEL_CUDA || o->placement == ZT_PLACEMENT_GPU || o->zero_level != 3 ||
-                      W != 1 || o->gpu_fraction > 0))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "streaming the weights from host memory needs --device cuda, the "
-                       "optimizer off the GPU (--optimizer cpu or server, without --optimizer-gpu-fraction), ZeRO "
-                       "level 3 and one rank");
+    if (o->stream && (o->placement == ZT_PLACEMENT_GPU || o->zero_level != 3 || o->gpu_fraction > 0 ||
+                      (m->backend != ZT_MODEL_CUDA && o->placement != ZT_PLACEMENT_CPU)))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "streaming the weights from host memory needs the optimizer off the "
+                       "GPU (--optimizer cpu or server, without --optimizer-gpu-fraction; on the CPU, --optimizer "
+                       "cpu) and ZeRO level 3");
     if (o->zero_level != 2 && o->zero_level != 3)
         return zt_fail(err, ZT_EINVAL_CONFIG, "ZeRO level %d is not supported; use 2 or 3", o->zero_level);
     if (o->prefetch < 0 || o->grad_accum < 1)
@@ -330,13 +337,13 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     e->dtype = model->dtype;
     e->esize = zt_dtype_size(model->dtype);
     e->home = o->placement == ZT_PLACEMENT_SERVER ? ZT__OPT_SERVER
-              : o->placement == ZT_PLACEMENT_CPU && e->dev->gpu ? ZT__OPT_HOST
+              : o->placement == ZT_PLACEMENT_CPU && (e->dev->gpu || o->stream) ? ZT__OPT_HOST
                                                                  : ZT__OPT_DEVICE;
     if (e->home == ZT__OPT_DEVICE)
         e->path = e->W > 1 ? ZT__GRAD_REDUCE
                   : e->dtype != ZT_DTYPE_F32 && o->grad_accum == 1 ? ZT__GRAD_DIRECT_LOWP
                                                                     : ZT__GRAD_DIRECT_F32;
-    else if (e->dev->gpu)
+    else if (e->dev->gpu || e->home == ZT__OPT_HOST)
         e->path = ZT__GRAD_HOST;
     else
         e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
@@ -402,7 +409,7 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
                      const float *host_params, zt_err *err)
 {
     *out = NULL;
-    int rc = check_options(o, model, zt_comm_world_size(comm), err);
+    int rc = check_options(o, model, err);
     if (rc < 0)
         return rc;
     zt_engine *e = layout_new(model, zt_comm_world_size(comm), zt_comm_rank(comm), o);
@@ -503,6 +510,7 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->glow0);
     d->free(e->glow1);
     d->free(e->glow2);
+    d->free(e->sstage);
     d->free(e->gacc);
     d->free(e->r_master);
     d->free(e->r_m);
@@ -566,9 +574,12 @@ void zt_engine_log_plan(const zt_engine *e)
     static const char *const homes[] = {"on the compute device", "in host memory (AdamW on the host)",
                                         "in state servers"};
     zt_log(ZT_LOG_INFO, "engine: W=%d rank %d, ZeRO-%d, prefetch %d, grad_accum %d, %d of %d blocks checkpointed; "
-           "%zu of %zu elements per rank; optimizer state %s; %s",
+           "%zu of %zu elements per rank; optimizer state %s; %s%s",
            e->W, e->rank, e->o.zero_level, e->o.prefetch, e->o.grad_accum, nck, e->nb, e->nshard, total,
-           homes[e->home], path_name(e->path));
+           homes[e->home], path_name(e->path),
+           !e->o.stream ? ""
+           : e->W == 1  ? "; weights streamed from host memory"
+                        : "; weights streamed from host memory, each rank's shard, then all-gathered");
     if (e->dev->gpu)
         zt_log(ZT_LOG_INFO, "engine: plan per rank: GPU %s (engine %s + model activations %s; cuBLAS, NCCL and the "
                "CUDA context come on top), host page-locked %s", all, dev, model, host);
@@ -633,8 +644,16 @@ static int gather(zt_engine *e, int b, int s, zt_err *err)
     e->dev->wait(e->ms, sl->done); /* its previous readers are done */
     int rc = 0;
     if (e->o.stream) {
-        /* one rank: the block's compute-dtype weights come up from host memory, where the update wrote them */
-        e->dev->copy(sl->buf, (char *)e->h_lowp + k->shard_off * e->esize, k->shard * e->esize, e->ms);
+        /* the block's compute-dtype weights come up from host memory, where the update wrote them: at W = 1
+         * the whole block into the slot; at W > 1 this rank's shard, then the all-gather assembles the block
+         * (the copy and the gather are ordered on the communication stream, so one staging buffer serves) */
+        const void *src = (const char *)e->h_lowp + k->shard_off * e->esize;
+        if (e->W == 1) {
+            e->dev->copy(sl->buf, src, k->shard * e->esize, e->ms);
+        } else {
+            e->dev->copy(e->sstage, src, k->shard * e->esize, e->ms);
+            rc = zt_comm_all_gather(e->comm, e->sstage, sl->buf, k->shard, comm_dtype(e->dtype), e->ms, err);
+        }
         e->timing.bytes_up += k->shard * e->esize;
     } else {
         rc = zt_comm_all_gather(e->comm, zt__engine_block_weights(e, b), sl->buf, k->shard, comm_dtype(e->dtype),
@@ -1314,11 +1333,11 @@ static void import_field(zt_engine *e, const float *slab, float *field, bool on_
 }
 
 /* The compute-dtype weights from fp32 masters held on the host (HOST and SERVER homes): rounded on the
- * host into h_lowp (or, on the CPU, copied), then copied up. */
+ * host into h_lowp (or, on the CPU, copied), then copied up unless the passes stream them from there. */
 static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *err)
 {
-    if (!e->dev->gpu) {
-        memcpy(e->wshard, master, e->nshard * 4); /* the CPU computes in fp32 */
+    if (!e->dev->gpu) { /* the CPU computes in fp32; streamed, the passes read h_lowp */
+        memcpy(e->o.stream ? e->h_lowp : e->wshard, master, e->nshard * 4);
         return 0;
     }
     void *lowp = e->h_lowp;

@@ -60,9 +60,13 @@ typedef struct zt_engine_options {
     enum zt_placement placement;
     double beta1, beta2, eps, weight_decay, grad_clip; /* AdamW; grad_clip 0 = no clipping */
     int threads;                 /* host AdamW threads; <= 0: the CPU kernels' count */
-    bool stream;                 /* GPU, optimizer off it (cpu or server), ZeRO-3, one rank: the compute-dtype weights
-                                    stay in host memory and each block is copied to the GPU when a pass needs it,
-                                    `prefetch` blocks ahead, in the forward and again in the backward */
+    bool stream;                 /* optimizer off the GPU (cpu or server), ZeRO-3: the compute-dtype weights stay in
+                                    host memory and each block is copied to the GPU when a pass needs it, `prefetch`
+                                    blocks ahead, in the forward and again in the backward; with W > 1 each rank
+                                    copies up only its own shard and the all-gather assembles the block. On the
+                                    CPU (placement cpu) the same path runs with host memory on both sides: the
+                                    optimizer state lives in the host arrays of the GPU's layout and AdamW runs on
+                                    the host thread, as it does with a GPU */
     size_t grad_chunk;           /* GPU, optimizer off it, one rank: fold and send the gradient in pieces of this
                                     many elements through a few fp32 buffers (0: whole blocks) */
     size_t device_budget;        /* bytes the engine may allocate on the device; 0: no limit */

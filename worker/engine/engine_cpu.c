@@ -15,6 +15,11 @@
 
 #define CPU_ALIGN 64
 
+/* The CPU's part of an engine (e->devstate). */
+typedef struct cpu_state {
+    double sumsq; /* HOST path: the step's sum of squares of the shards that left so far */
+} cpu_state;
+
 static void *cpu_alloc(size_t bytes)
 {
     void *p = NULL;
@@ -157,21 +162,33 @@ static int cpu_resident_step(zt_engine *e, float lr, int64_t adam_step, zt_engin
     return rc;
 }
 
+/* The HOST path (streamed weights on the CPU): each gradient shard leaving for the host arrays adds its sum
+ * of squares, block by block, as on a GPU. */
 static void cpu_norm_add(zt_engine *e, const float *x, size_t n, void *stream)
 {
-    (void)e;
-    (void)x;
-    (void)n;
     (void)stream;
-    ZT_ASSERT(!"the CPU keeps its gradients in gshard"); /* only the GPU's HOST path adds block by block */
+    cpu_state *cs = e->devstate;
+    cs->sumsq += zt_cpu_sum_squares(x, n);
 }
 
-/* Placement server on the CPU: the norm over gshard; the CPU's losses are checked by the caller. */
+/* The norm: over gshard (placement server on the CPU), or the shards that left on the HOST path; the
+ * CPU's losses are checked by the caller. */
 static int cpu_norm_finish(zt_engine *e, double *sumsq, bool *nonfinite, zt_err *err)
 {
     *nonfinite = false;
-    return cpu_sumsq(e, sumsq, err);
+    if (e->path != ZT__GRAD_HOST)
+        return cpu_sumsq(e, sumsq, err);
+    cpu_state *cs = e->devstate;
+    double mine = cs->sumsq;
+    cs->sumsq = 0.0;
+    if (e->W == 1) {
+        *sumsq = mine;
+        return 0;
+    }
+    return zt_comm_all_reduce(e->comm, &mine, sumsq, 1, ZT_COMM_F64, ZT_COMM_SUM, NULL, err);
 }
+
+static void cpu_teardown(zt_engine *e);
 
 static const zt__engine_dev cpu_dev = {
     .gpu = false,
@@ -196,7 +213,7 @@ static const zt__engine_dev cpu_dev = {
     .norm_add = cpu_norm_add,
     .norm_finish = cpu_norm_finish,
     .used_bytes = NULL,
-    .teardown = NULL,
+    .teardown = cpu_teardown,
 };
 
 const zt__engine_dev *zt__engine_dev_cpu(void)
@@ -204,10 +221,16 @@ const zt__engine_dev *zt__engine_dev_cpu(void)
     return &cpu_dev;
 }
 
-/* Nothing to set up on the CPU. */
+static void cpu_teardown(zt_engine *e)
+{
+    free(e->devstate);
+    e->devstate = NULL;
+}
+
+/* The CPU's state: the norm's running sum on the HOST path. */
 int zt__engine_dev_setup_cpu(zt_engine *e, zt_err *err)
 {
-    (void)e;
     (void)err;
+    e->devstate = zt_xcalloc(1, sizeof(cpu_state));
     return 0;
 }

@@ -140,6 +140,8 @@ struct zt_engine {
     size_t nshard;                  /* sum of S_b */
     size_t max_padded;
     void *cs, *ms, *down, *up;      /* streams: compute (the model's), communication, copies to and from the host */
+    void *sstage;                   /* streamed, W > 1: compute dtype [max shard], this rank's shard on its way into
+                                       the all-gather (on the communication stream) */
     void *fs;                       /* chunked: the stream that folds gradient pieces and sends them down, so that
                                        the next block's backward need not wait for the sums coming up */
 

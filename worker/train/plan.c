@@ -84,7 +84,7 @@ int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
     const int nw = allowed_layouts(r, r->optimizer_on_gpu, ws);
     if (nw == 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "--weights host streams the weights from host memory: it needs the "
-                       "optimizer off the GPU (--optimizer cpu or server), ZeRO-3 and one rank per GPU");
+                       "optimizer off the GPU (--optimizer cpu or server, without --optimizer-gpu-fraction) and ZeRO-3");
     /* the configured micro-batch first; with an automatic one, its divisors downwards */
     for (int b = r->micro_batch; b >= 1; b--) {
         if (b != r->micro_batch && (!r->auto_micro || r->micro_batch % b != 0))

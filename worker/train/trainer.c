@@ -566,7 +566,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         .weights = cfg->weights,
         .optimizer_on_gpu = opt_gpu,
         .can_chunk = W == 1,
-        .can_stream = W == 1 && cfg->zero_level == 3 && cfg->optimizer_gpu_fraction == 0,
+        .can_stream = cfg->zero_level == 3 && cfg->optimizer_gpu_fraction == 0,
         .ckpt_all = cfg->checkpointing == ZT_CKPT_ALL,
         .world = W,
         .micro_batch = (int)cfg->batch_size / W,
