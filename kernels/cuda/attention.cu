@@ -1099,8 +1099,10 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 /* dQ of ROWS queries: warp w owns queries q0 + 16 MI w .. + 16 MI - 1 and walks the 64-key tiles up to
  * the length (CAUSAL: and the diagonal). Per key tile, in steps of SUB keys: S = Q K^T, dP = dO V^T,
  * dS = P (dP - D), dQ += dS K. CAUSAL: a warp skips the steps whose keys all lie past its rows;
- * bidirectional: the keys at and past the length are masked. */
-template <typename T, int HS, int MI, bool CAUSAL>
+ * bidirectional: the keys at and past the length are masked. GQA false (NKV = NH): rows of 3C, and the
+ * key/value head is h, addressed from the query's own pointer as the kernel was before grouped-query heads
+ * (one pointer fewer live: this kernel is at the register limit, and every extra one spills). */
+template <typename T, int HS, int MI, bool GQA, bool CAUSAL>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_q_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                     const float *__restrict__ lse, const float *__restrict__ D,
@@ -1127,9 +1129,11 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const int len = mma_seq_len(lens, b, T_);
         if (q0 >= len)
             return;
-        const int stride = C + 2 * NKV * HS; /* rows of q (NH heads) | k (NKV heads) | v (NKV heads) */
+        /* rows of q (NH heads) | k (NKV heads) | v (NKV heads) */
+        const int stride = GQA ? C + 2 * NKV * HS : 3 * C;
         const T *base = qkv + (size_t)b * T_ * stride + h * HS;
-        const T *kbase = qkv + (size_t)b * T_ * stride + C + (h / (NH / NKV)) * HS, *vbase = kbase + NKV * HS;
+        const T *kbase = GQA ? qkv + (size_t)b * T_ * stride + C + (h / (NH / NKV)) * HS : base + C;
+        const T *vbase = GQA ? kbase + NKV * HS : base + 2 * C;
         const T *dobase = dout + (size_t)b * T_ * C + h * HS;
         const float scale_log2 = scale * LOG2E;
         const int wr0 = q0 + warp * 16 * MI; /* this warp's first row; this lane's: wr0 + 16 mi + g (+ 8) */
@@ -1354,8 +1358,10 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
                                          : attention_backward_kv_mma_kernel<T, HS, MI, true, true>)
                             : (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, false>
                                          : attention_backward_kv_mma_kernel<T, HS, MI, true, false>);
-    auto q_kernel = causal ? attention_backward_q_mma_kernel<T, HS, MI, true>
-                           : attention_backward_q_mma_kernel<T, HS, MI, false>;
+    auto q_kernel = causal ? (NKV == NH ? attention_backward_q_mma_kernel<T, HS, MI, false, true>
+                                        : attention_backward_q_mma_kernel<T, HS, MI, true, true>)
+                           : (NKV == NH ? attention_backward_q_mma_kernel<T, HS, MI, false, false>
+                                        : attention_backward_q_mma_kernel<T, HS, MI, true, false>);
     if (!mma_usable<T>(kv_kernel, smem, ptrs, 3) || !mma_usable<T>(q_kernel, smem, ptrs, 3))
         return false;
     allow_smem(kv_kernel, smem);
