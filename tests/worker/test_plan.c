@@ -77,9 +77,14 @@ static void test_fastest_that_fits(void **state)
     r = request(1000, 8);
     r.weights = ZT_WEIGHTS_GPU;
     assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
-    /* several ranks: resident only */
+    /* several ranks: no gradient pieces (one rank's path), but the weights stream (each rank its shard) */
     r = request(1700, 8);
-    r.can_chunk = r.can_stream = false;
+    r.world = 2;
+    r.can_chunk = false;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_STREAMED);
+    /* ... unless streaming is ruled out (ZeRO-2, --optimizer-gpu-fraction): resident only */
+    r.can_stream = false;
     assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
 }
 
