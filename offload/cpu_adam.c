@@ -405,6 +405,73 @@ enum zt_cpu_adam_isa zt_cpu_adam_get_isa(void)
     return (enum zt_cpu_adam_isa)chosen;
 }
 
+/* ---- bf16 moments ---- */
+
+/* A 32-bit mixing function (the "lowbias32" finaliser): every output bit depends on every input bit. */
+ZT_ADAM_INLINE uint32_t mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* The key of moment `which` (0: m, 1: v) for the elements whose index has these high 32 bits. */
+ZT_ADAM_INLINE uint32_t sr_key(uint64_t seed, uint32_t idx_hi, uint32_t which)
+{
+    return mix32(mix32((uint32_t)seed ^ (which ? 0x9e3779b9u : 0x85ebca6bu)) ^ mix32((uint32_t)(seed >> 32) + idx_hi));
+}
+
+/* x rounded to bf16 stochastically with the random 16 bits r16: the 16 bits dropped, plus r16, carry
+ * into the kept ones with probability (dropped bits) / 65536. Infinity and NaN round to nearest (a NaN
+ * stays a NaN); a carry into the all-ones exponent truncates instead. */
+ZT_ADAM_INLINE uint16_t f32_to_bf16_sr(float x, uint32_t r16)
+{
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) >= 0x7f800000u)
+        return f32_to_bf16(x);
+    uint32_t t = u + r16;
+    if ((t & 0x7f800000u) == 0x7f800000u)
+        t = u;
+    return (uint16_t)(t >> 16);
+}
+
+/* One chunk with bf16 moments: widen m and v, the fp32 update of `fn` on the chunk, narrow them back. */
+static void adam_chunk_bf16_moments(adam_chunk_fn fn, const zt_cpu_adam_range *r, const adam_consts *c,
+                                    size_t begin, size_t end)
+{
+    float mt[ZT_ADAM_CHUNK], vt[ZT_ADAM_CHUNK];
+    uint16_t *m16 = (uint16_t *)r->m + begin, *v16 = (uint16_t *)r->v + begin;
+    const size_t len = end - begin;
+    for (size_t i = 0; i < len; i++) {
+        mt[i] = bf16_to_f32(m16[i]);
+        vt[i] = bf16_to_f32(v16[i]);
+    }
+    zt_cpu_adam_range sub = *r;
+    sub.param = r->param + begin;
+    sub.m = mt;
+    sub.v = vt;
+    sub.grad = (const char *)r->grad + begin * zt_dtype_size(r->grad_dtype);
+    sub.out = r->out ? (char *)r->out + begin * zt_dtype_size(r->out_dtype) : NULL;
+    sub.n = len;
+    sub.moment_dtype = ZT_DTYPE_F32;
+    fn(&sub, c, 0, len);
+    const uint64_t first = r->index_base + begin;
+    uint32_t hi = (uint32_t)(first >> 32), km = sr_key(r->seed, hi, 0), kv = sr_key(r->seed, hi, 1);
+    for (size_t i = 0; i < len; i++) {
+        const uint64_t idx = first + i;
+        if ((uint32_t)(idx >> 32) != hi) { /* crossed a multiple of 2^32 */
+            hi = (uint32_t)(idx >> 32);
+            km = sr_key(r->seed, hi, 0);
+            kv = sr_key(r->seed, hi, 1);
+        }
+        m16[i] = f32_to_bf16_sr(mt[i], mix32((uint32_t)idx ^ km) >> 16);
+        v16[i] = f32_to_bf16_sr(vt[i], mix32((uint32_t)idx ^ kv) >> 16);
+    }
+}
+
 static int dtype_ok(enum zt_dtype dt)
 {
     return dt == ZT_DTYPE_F32 || dt == ZT_DTYPE_F16 || dt == ZT_DTYPE_BF16;
@@ -422,6 +489,9 @@ static int check_range(const zt_cpu_adam_range *r, const zt_adamw_params *p, zt_
     if (r->out && !dtype_ok(r->out_dtype))
         return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: output dtype %s is not supported; use F32, F16 or BF16",
                        zt_dtype_name(r->out_dtype));
+    if (r->moment_dtype != ZT_DTYPE_F32 && r->moment_dtype != ZT_DTYPE_BF16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: moment dtype %s is not supported; use F32 or BF16",
+                       zt_dtype_name(r->moment_dtype));
     if (r->n > 0 && (!r->param || !r->m || !r->v || !r->grad))
         return zt_fail(err, ZT_EINVAL_CONFIG, "cpu adam: param, m, v and grad must not be NULL for n = %zu", r->n);
     return 0;
@@ -467,7 +537,10 @@ int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r,
     for (size_t k = 0; k < chunks; k++) {
         size_t begin = k * ZT_ADAM_CHUNK;
         size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
-        fn(r, &c, begin, end);
+        if (r->moment_dtype == ZT_DTYPE_BF16)
+            adam_chunk_bf16_moments(fn, r, &c, begin, end);
+        else
+            fn(r, &c, begin, end);
     }
     return 0;
 }

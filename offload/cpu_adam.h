@@ -15,6 +15,7 @@
 #define ZT_OFFLOAD_CPU_ADAM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -27,16 +28,26 @@ enum zt_cpu_adam_isa {
     ZT_CPU_ADAM_ISA_AVX512 = 2, /* AVX-512F (bf16 conversions with integer operations) */
 };
 
-/* One range of a shard to update. All arrays hold n elements and may not overlap each other. */
+/* One range of a shard to update. All arrays hold n elements and may not overlap each other.
+ *
+ * Moments in bf16 (moment_dtype BF16, half the bytes): each element's m and v are widened to fp32, the
+ * update runs exactly as with fp32 moments (the same parameter bits for the same widened moments), and
+ * the new m and v are rounded back to bf16 stochastically: up with probability equal to the fraction of
+ * the bf16 step the value lies above the lower neighbour, so that small updates (beta2 close to 1) are
+ * not rounded away on average. The random bits are a hash of (seed, index_base + i): the results depend
+ * on neither the thread count nor the instruction set. */
 typedef struct zt_cpu_adam_range {
     float *param;              /* fp32 master weights, updated in place */
-    float *m;                  /* fp32 first moment, updated in place */
-    float *v;                  /* fp32 second moment, updated in place */
+    void *m;                   /* first moment of moment_dtype, updated in place */
+    void *v;                   /* second moment of moment_dtype, updated in place */
     const void *grad;          /* gradient of grad_dtype */
     enum zt_dtype grad_dtype;  /* F32, F16 or BF16 */
     void *out;                 /* NULL, or receives the updated weights as out_dtype */
     enum zt_dtype out_dtype;   /* F32, F16 or BF16; ignored where out is NULL */
     size_t n;                  /* elements */
+    enum zt_dtype moment_dtype; /* F32 (0, the default) or BF16 */
+    uint64_t seed;             /* BF16 moments: the stochastic rounding's seed (e.g. the Adam step) */
+    uint64_t index_base;       /* BF16 moments: the index of element 0 in the hash (e.g. its shard offset) */
 } zt_cpu_adam_range;
 
 /* The instruction set zt_cpu_adam_update uses: the best one this CPU supports, unless the environment

@@ -352,6 +352,160 @@ static void test_threads_deterministic(void **unused)
     state_free(&base);
 }
 
+/* bf16 moments: the parameters (and the bf16 output) are exactly those of the fp32 update on the widened
+ * moments; each new moment is one of the two bf16 values around the fp32 result (the value itself when it
+ * is a bf16 value), rounded up about as often as its position between them says; every instruction set
+ * and thread count gives the same bits; the indices cross a multiple of 2^32. */
+static void test_bf16_moments(void **unused)
+{
+    (void)unused;
+    const size_t n = 100003;
+    const uint64_t base_index = (1ull << 32) - 40000;
+    state s0;
+    state_init(&s0, n);
+    uint16_t *m16 = malloc(n * 2), *v16 = malloc(n * 2), *out_ref = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        m16[i] = ref_bf16(s0.m[i]);
+        v16[i] = ref_bf16(s0.v[i]);
+        s0.m[i] = ref_bf16_to_f32(m16[i]); /* the widened moments the reference starts from */
+        s0.v[i] = ref_bf16_to_f32(v16[i]);
+    }
+    state ref;
+    state_copy(&ref, &s0);
+    zt_adamw_params p = params(5, 0.1f);
+    zt_cpu_adam_range rr = {.param = ref.param, .m = ref.m, .v = ref.v, .grad = ref.grad, .grad_dtype = ZT_DTYPE_F32,
+                            .out = out_ref, .out_dtype = ZT_DTYPE_BF16, .n = n};
+    assert_int_equal(zt_cpu_adam_update_isa(ZT_CPU_ADAM_ISA_SCALAR, &rr, &p, 1, NULL), 0);
+
+    uint16_t *first_m = NULL, *first_v = NULL;
+    const int threads[] = {1, 3};
+    for (size_t k = 0; k < sizeof k_isas / sizeof k_isas[0]; k++) {
+        if (!zt_cpu_adam_isa_supported(k_isas[k]))
+            continue;
+        for (int t = 0; t < 2; t++) {
+            float *param = malloc(n * 4);
+            uint16_t *m = malloc(n * 2), *v = malloc(n * 2), *out = malloc(n * 2);
+            memcpy(param, s0.param, n * 4);
+            memcpy(m, m16, n * 2);
+            memcpy(v, v16, n * 2);
+            zt_cpu_adam_range r = {.param = param, .m = m, .v = v, .grad = s0.grad, .grad_dtype = ZT_DTYPE_F32,
+                                   .out = out, .out_dtype = ZT_DTYPE_BF16, .n = n, .moment_dtype = ZT_DTYPE_BF16,
+                                   .seed = 5, .index_base = base_index};
+            assert_int_equal(zt_cpu_adam_update_isa(k_isas[k], &r, &p, threads[t], NULL), 0);
+            assert_same_bits(param, ref.param, n, "param with bf16 moments");
+            assert_memory_equal(out, out_ref, n * 2);
+            double up_minus_frac = 0.0;
+            size_t inexact = 0;
+            for (size_t i = 0; i < n; i++) {
+                const float want[2] = {ref.m[i], ref.v[i]};
+                const uint16_t got[2] = {m[i], v[i]};
+                for (int j = 0; j < 2; j++) {
+                    uint32_t b = bits(want[j]), low = b & 0xffffu, lo = b >> 16;
+                    if (low == 0) {
+                        if (got[j] != lo)
+                            fail_msg("moment %d [%zu]: exact bf16 value 0x%04x became 0x%04x", j, i, lo, got[j]);
+                        continue;
+                    }
+                    if (got[j] != lo && got[j] != lo + 1)
+                        fail_msg("moment %d [%zu]: %.9g rounded to 0x%04x, not a neighbour", j, i, (double)want[j],
+                                 got[j]);
+                    up_minus_frac += (got[j] == lo + 1 ? 1.0 : 0.0) - low / 65536.0;
+                    inexact++;
+                }
+            }
+            /* unbiased: rounded up as often as the fractions say (about 200k draws: 5 sigma is 0.0056) */
+            if (fabs(up_minus_frac / (double)inexact) > 0.006)
+                fail_msg("stochastic rounding is biased: mean(up - fraction) = %.4f", up_minus_frac / inexact);
+            if (!first_m) {
+                first_m = m;
+                first_v = v;
+            } else {
+                assert_memory_equal(m, first_m, n * 2);
+                assert_memory_equal(v, first_v, n * 2);
+                free(m);
+                free(v);
+            }
+            free(param);
+            free(out);
+        }
+    }
+    /* another seed draws other bits */
+    {
+        float *param = malloc(n * 4);
+        uint16_t *m = malloc(n * 2), *v = malloc(n * 2);
+        memcpy(param, s0.param, n * 4);
+        memcpy(m, m16, n * 2);
+        memcpy(v, v16, n * 2);
+        zt_cpu_adam_range r = {.param = param, .m = m, .v = v, .grad = s0.grad, .grad_dtype = ZT_DTYPE_F32, .n = n,
+                               .moment_dtype = ZT_DTYPE_BF16, .seed = 6, .index_base = base_index};
+        assert_int_equal(zt_cpu_adam_update(&r, &p, 2, NULL), 0);
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++)
+            differ += m[i] != first_m[i];
+        assert_true(differ > n / 10);
+        /* moments in another dtype are refused, nothing changed */
+        memcpy(m, first_m, n * 2);
+        r.moment_dtype = ZT_DTYPE_F16;
+        zt_err err = {{0}};
+        assert_int_equal(zt_cpu_adam_update(&r, &p, 2, &err), ZT_EUNSUPPORTED);
+        assert_non_null(strstr(err.msg, "moment dtype"));
+        assert_memory_equal(m, first_m, n * 2);
+        free(param);
+        free(m);
+        free(v);
+    }
+    free(first_m);
+    free(first_v);
+    free(m16);
+    free(v16);
+    free(out_ref);
+    state_free(&ref);
+    state_free(&s0);
+}
+
+/* Why stochastic rounding: with beta2 = 0.999 and a squared gradient 0.1% above v, each step moves v by
+ * 1e-6 relative, far below bf16's half step (2e-3): rounded to nearest, v never moves. Rounded
+ * stochastically, its mean over many elements follows the fp32 recurrence. */
+static void test_bf16_moments_follow_small_updates(void **unused)
+{
+    (void)unused;
+    const size_t n = 16384;
+    const int steps = 2000;
+    float *p32 = malloc(n * 4), *m32 = calloc(n, 4), *v32 = malloc(n * 4), *g = malloc(n * 4), *p16 = malloc(n * 4);
+    uint16_t *m16 = calloc(n, 2), *v16 = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        p32[i] = p16[i] = 0.5f;
+        v32[i] = 1.0f;
+        v16[i] = 0x3f80; /* 1.0 */
+        g[i] = sqrtf(1.001f);
+    }
+    zt_adamw_params p = {.lr = 1e-6f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_scale = 1.0f};
+    for (int s = 1; s <= steps; s++) {
+        p.step = s;
+        zt_cpu_adam_range a = {.param = p32, .m = m32, .v = v32, .grad = g, .grad_dtype = ZT_DTYPE_F32, .n = n};
+        zt_cpu_adam_range b = {.param = p16, .m = m16, .v = v16, .grad = g, .grad_dtype = ZT_DTYPE_F32, .n = n,
+                               .moment_dtype = ZT_DTYPE_BF16, .seed = (uint64_t)s};
+        assert_int_equal(zt_cpu_adam_update(&a, &p, 1, NULL), 0);
+        assert_int_equal(zt_cpu_adam_update(&b, &p, 1, NULL), 0);
+    }
+    double mean = 0.0;
+    for (size_t i = 0; i < n; i++)
+        mean += ref_bf16_to_f32(v16[i]);
+    mean /= (double)n;
+    const double want = v32[0], moved = want - 1.0; /* about 8.6e-4 */
+    print_message("v after %d steps: fp32 %.7f, bf16 moments (mean of %zu) %.7f\n", steps, want, n, mean);
+    assert_true(moved > 5e-4);
+    if (fabs(mean - want) > 0.2 * moved) /* the mean's spread is about 2% of `moved` */
+        fail_msg("bf16 v mean %.7f does not follow fp32 %.7f", mean, want);
+    free(p32);
+    free(m32);
+    free(v32);
+    free(g);
+    free(p16);
+    free(m16);
+    free(v16);
+}
+
 /* Bad dtypes, step 0 and NULL arrays are refused with a message, and nothing changes. */
 static void test_bad_arguments(void **unused)
 {
@@ -407,7 +561,8 @@ int main(void)
         cmocka_unit_test(test_f32_matches_reference), cmocka_unit_test(test_f32_special_values),
         cmocka_unit_test(test_lowp_grads_and_outputs), cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_threads_deterministic),  cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_env_override),
+        cmocka_unit_test(test_env_override),         cmocka_unit_test(test_bf16_moments),
+        cmocka_unit_test(test_bf16_moments_follow_small_updates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
