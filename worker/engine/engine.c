@@ -69,6 +69,18 @@ int zt_engine_mean(zt_engine *e, double x, double *out, zt_err *err)
 
 /* ---- layout ---- */
 
+/* The moment fields of an AdamW range; see engine_internal.h. The stochastic rounding's indices are this
+ * rank's shard offsets and its seed mixes the Adam step with the rank, so every element of every rank and
+ * step draws its own bits whatever the thread count. */
+void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t off, int64_t adam_step)
+{
+    r->m = (char *)m + off * e->msize;
+    r->v = (char *)v + off * e->msize;
+    r->moment_dtype = e->o.moment_dtype;
+    r->seed = (uint64_t)adam_step ^ ((uint64_t)e->rank << 40);
+    r->index_base = off;
+}
+
 /* Block b's weights as the gathers read them: wshard at the block's shard (at W = 1, the whole block). */
 void *zt__engine_block_weights(zt_engine *e, int b)
 {
@@ -185,8 +197,8 @@ static int allocate(zt_engine *e, zt_err *err)
     int rc = 0;
     if (e->home == ZT__OPT_DEVICE) {
         if ((rc = take_dev(e, (void **)&e->master, ns * 4, "fp32 master weights", err)) < 0 ||
-            (rc = take_dev(e, (void **)&e->m, ns * 4, "Adam first moments", err)) < 0 ||
-            (rc = take_dev(e, (void **)&e->v, ns * 4, "Adam second moments", err)) < 0)
+            (rc = take_dev(e, &e->m, ns * e->msize, "Adam first moments", err)) < 0 ||
+            (rc = take_dev(e, &e->v, ns * e->msize, "Adam second moments", err)) < 0)
             return rc;
     }
     /* The reduced gradient on the device: every path but the one that writes compute-dtype gradients
@@ -258,8 +270,8 @@ static int allocate(zt_engine *e, zt_err *err)
         if ((rc = take_host(e, (void **)&e->h_master, ns * 4, false, "host master weights", err)) < 0)
             return rc;
     if (e->home == ZT__OPT_HOST) {
-        if ((rc = take_host(e, (void **)&e->h_m, ns * 4, false, "host Adam first moments", err)) < 0 ||
-            (rc = take_host(e, (void **)&e->h_v, ns * 4, false, "host Adam second moments", err)) < 0)
+        if ((rc = take_host(e, &e->h_m, ns * e->msize, false, "host Adam first moments", err)) < 0 ||
+            (rc = take_host(e, &e->h_v, ns * e->msize, false, "host Adam second moments", err)) < 0)
             return rc;
         e->h_moments_zero = true;
     }
@@ -280,6 +292,12 @@ static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *
         return zt_fail(err, ZT_EINVAL_CONFIG, "streaming the weights from host memory needs the optimizer off the "
                        "GPU (--optimizer cpu or server, without --optimizer-gpu-fraction; on the CPU, --optimizer "
                        "cpu) and ZeRO level 3");
+    if (o->moment_dtype != ZT_DTYPE_F32 && o->moment_dtype != ZT_DTYPE_BF16)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "Adam moments in %s are not supported; use fp32 or bf16",
+                       zt_dtype_name(o->moment_dtype));
+    if (o->moment_dtype == ZT_DTYPE_BF16 && (o->placement != ZT_PLACEMENT_CPU || o->gpu_fraction > 0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "bf16 Adam moments are kept by the host AdamW: they need --optimizer "
+                       "cpu without --optimizer-gpu-fraction (or use fp32 moments)");
     if (o->zero_level != 2 && o->zero_level != 3)
         return zt_fail(err, ZT_EINVAL_CONFIG, "ZeRO level %d is not supported; use 2 or 3", o->zero_level);
     if (o->prefetch < 0 || o->grad_accum < 1)
@@ -336,6 +354,7 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     e->nb = model->nblocks;
     e->dtype = model->dtype;
     e->esize = zt_dtype_size(model->dtype);
+    e->msize = o->moment_dtype == ZT_DTYPE_BF16 ? 2 : 4;
     e->home = o->placement == ZT_PLACEMENT_SERVER ? ZT__OPT_SERVER
               : o->placement == ZT_PLACEMENT_CPU && (e->dev->gpu || o->stream) ? ZT__OPT_HOST
                                                                  : ZT__OPT_DEVICE;
@@ -396,7 +415,7 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->device_bytes = e->device_bytes;
     plan->host_bytes = e->host_bytes;
     plan->host_pinned_bytes = e->host_pinned_bytes;
-    plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * e->nshard * 4 : 0;
+    plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * e->nshard * e->msize : 0;
     plan->shard_elems = e->nshard;
     free(e->blocks);
     free(e->slots);
@@ -574,9 +593,9 @@ void zt_engine_log_plan(const zt_engine *e)
     static const char *const homes[] = {"on the compute device", "in host memory (AdamW on the host)",
                                         "in state servers"};
     zt_log(ZT_LOG_INFO, "engine: W=%d rank %d, ZeRO-%d, prefetch %d, grad_accum %d, %d of %d blocks checkpointed; "
-           "%zu of %zu elements per rank; optimizer state %s; %s%s",
+           "%zu of %zu elements per rank; optimizer state %s%s; %s%s",
            e->W, e->rank, e->o.zero_level, e->o.prefetch, e->o.grad_accum, nck, e->nb, e->nshard, total,
-           homes[e->home], path_name(e->path),
+           homes[e->home], e->msize == 2 ? " (Adam moments in bf16)" : "", path_name(e->path),
            !e->o.stream ? ""
            : e->W == 1  ? "; weights streamed from host memory"
                         : "; weights streamed from host memory, each rank's shard, then all-gathered");
@@ -1174,7 +1193,9 @@ static int settle(zt_engine *e, zt_err *err)
  * import, down before an export. */
 static void sync_resident(zt_engine *e, bool to_host)
 {
-    float *host[4] = {e->h_master, e->h_m, e->h_v, e->h_grad}, *dev[4] = {e->r_master, e->r_m, e->r_v, e->r_grad};
+    /* fp32 moments: bf16 ones are refused with gpu_fraction */
+    float *host[4] = {e->h_master, (float *)e->h_m, (float *)e->h_v, e->h_grad};
+    float *dev[4] = {e->r_master, e->r_m, e->r_v, e->r_grad};
     for (int b = 0; b < e->nresident; b++) {
         const zt__block *k = &e->blocks[b];
         for (int i = 0; i < (to_host ? 4 : 3); i++) {
@@ -1187,14 +1208,29 @@ static void sync_resident(zt_engine *e, bool to_host)
         e->dev->stream_sync(e->cs);
 }
 
-/* Gathers one fp32 shard slab of every rank (device or host memory) into a host-layout slab. */
-static int export_field(zt_engine *e, const float *field, bool on_device, float *slab, zt_err *err)
+/* Gathers one shard slab of every rank (device or host memory; fp32, or bf16 moments in host memory, widened
+ * block by block) into a host-layout fp32 slab. */
+static int export_field(zt_engine *e, const void *field, enum zt_dtype fdt, bool on_device, float *slab, zt_err *err)
 {
     float *stage = zt_xmalloc(e->max_padded * sizeof(float));
+    float *wide = NULL;
+    if (fdt == ZT_DTYPE_BF16) {
+        ZT_ASSERT(!on_device || !e->dev->gpu); /* bf16 moments live in host memory */
+        wide = zt_xmalloc(e->max_padded * sizeof(float));
+    }
     int rc = 0;
     for (int b = 0; b < e->nb && rc == 0; b++) {
         const zt__block *k = &e->blocks[b];
-        const float *src = field + k->shard_off;
+        const float *src = (const float *)field + k->shard_off;
+        if (wide) {
+            const uint16_t *h = (const uint16_t *)field + k->shard_off;
+            for (size_t i = 0; i < k->shard; i++) {
+                uint32_t u = (uint32_t)h[i] << 16;
+                memcpy(&wide[i], &u, 4);
+            }
+            src = wide;
+            on_device = false;
+        }
         if (e->W == 1) {
             if (on_device)
                 e->dev->copy(stage, src, k->padded * 4, e->cs), e->dev->stream_sync(e->cs);
@@ -1223,6 +1259,7 @@ static int export_field(zt_engine *e, const float *field, bool on_device, float 
             block_to_host(e, b, stage, slab);
     }
     free(stage);
+    free(wide);
     return rc;
 }
 
@@ -1234,25 +1271,25 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
         return rc;
     switch (e->home) {
     case ZT__OPT_DEVICE:
-        rc = export_field(e, e->master, e->dev->gpu, params, err);
+        rc = export_field(e, e->master, ZT_DTYPE_F32, e->dev->gpu, params, err);
         if (rc == 0 && m)
-            rc = export_field(e, e->m, e->dev->gpu, m, err);
+            rc = export_field(e, e->m, e->o.moment_dtype, e->dev->gpu, m, err);
         if (rc == 0 && v)
-            rc = export_field(e, e->v, e->dev->gpu, v, err);
+            rc = export_field(e, e->v, e->o.moment_dtype, e->dev->gpu, v, err);
         return rc;
     case ZT__OPT_HOST:
         sync_resident(e, true);
-        rc = export_field(e, e->h_master, false, params, err);
+        rc = export_field(e, e->h_master, ZT_DTYPE_F32, false, params, err);
         if (rc == 0 && m)
-            rc = export_field(e, e->h_m, false, m, err);
+            rc = export_field(e, e->h_m, e->o.moment_dtype, false, m, err);
         if (rc == 0 && v)
-            rc = export_field(e, e->h_v, false, v, err);
+            rc = export_field(e, e->h_v, e->o.moment_dtype, false, v, err);
         return rc;
     case ZT__OPT_SERVER:
         break;
     }
     /* servers: the masters of the last pull; the moments only from an embedded core (one rank) */
-    rc = export_field(e, e->h_master, false, params, err);
+    rc = export_field(e, e->h_master, ZT_DTYPE_F32, false, params, err);
     zt_server_core *core = zt_state_client_embedded_core(e->o.client);
     if (rc < 0 || !core || (!m && !v))
         return rc;
@@ -1291,10 +1328,10 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
         return rc;
     if (e->path == ZT__GRAD_HOST) {
         sync_resident(e, true);
-        return export_field(e, e->h_grad, false, grads, err);
+        return export_field(e, e->h_grad, ZT_DTYPE_F32, false, grads, err);
     }
     if (e->path != ZT__GRAD_DIRECT_LOWP)
-        return export_field(e, e->gshard, e->dev->gpu, grads, err);
+        return export_field(e, e->gshard, ZT_DTYPE_F32, e->dev->gpu, grads, err);
     /* W = 1, compute-dtype gradients in glow_slab with the loss scale still applied */
     void *low = zt_xmalloc(e->max_padded * e->esize);
     float *stage = zt_xmalloc(e->max_padded * sizeof(float));
@@ -1311,8 +1348,9 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
     return 0;
 }
 
-/* Copies this rank's shard of every block of a host-layout slab into a shard slab (device or host). */
-static void import_field(zt_engine *e, const float *slab, float *field, bool on_device)
+/* Copies this rank's shard of every block of a host-layout slab into a shard slab (device or host; fp32, or
+ * bf16 moments in host memory, rounded to nearest). */
+static void import_field(zt_engine *e, const float *slab, void *field, enum zt_dtype fdt, bool on_device)
 {
     float *stage = zt_xmalloc(e->max_padded * sizeof(float));
     for (int b = 0; b < e->nb; b++) {
@@ -1322,11 +1360,18 @@ static void import_field(zt_engine *e, const float *slab, float *field, bool on_
         else
             memset(stage, 0, k->padded * sizeof(float));
         const float *src = stage + (size_t)e->rank * k->shard;
-        if (on_device) {
-            e->dev->copy(field + k->shard_off, src, k->shard * 4, e->cs);
+        if (fdt == ZT_DTYPE_BF16) {
+            ZT_ASSERT(!on_device || !e->dev->gpu); /* bf16 moments live in host memory */
+            zt_err cerr;
+            int rc = zt_cpu_adam_convert((uint16_t *)field + k->shard_off, ZT_DTYPE_BF16, src, k->shard, e->o.threads,
+                                         &cerr);
+            ZT_ASSERT(rc == 0); /* bf16 is a supported dtype */
+            (void)rc;
+        } else if (on_device) {
+            e->dev->copy((float *)field + k->shard_off, src, k->shard * 4, e->cs);
             e->dev->stream_sync(e->cs);
         } else {
-            memcpy(field + k->shard_off, src, k->shard * 4);
+            memcpy((float *)field + k->shard_off, src, k->shard * 4);
         }
     }
     free(stage);
@@ -1358,21 +1403,21 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
     invalidate_window(e);
     switch (e->home) {
     case ZT__OPT_DEVICE:
-        import_field(e, params, e->master, e->dev->gpu);
-        import_field(e, m, e->m, e->dev->gpu);
-        import_field(e, v, e->v, e->dev->gpu);
+        import_field(e, params, e->master, ZT_DTYPE_F32, e->dev->gpu);
+        import_field(e, m, e->m, e->o.moment_dtype, e->dev->gpu);
+        import_field(e, v, e->v, e->o.moment_dtype, e->dev->gpu);
         if (e->wshard != e->master)
             e->dev->cast(e->wshard, e->dtype, e->master, e->nshard, e->cs);
         if (e->dev->gpu)
             e->dev->stream_sync(e->cs);
         return 0;
     case ZT__OPT_HOST:
-        import_field(e, params, e->h_master, false);
+        import_field(e, params, e->h_master, ZT_DTYPE_F32, false);
         /* zero moments that are still calloc's zeros are left alone: their pages are taken at the first
          * update, after the caller gave back the slab the weights came from */
         if (m || v || !e->h_moments_zero) {
-            import_field(e, m, e->h_m, false);
-            import_field(e, v, e->h_v, false);
+            import_field(e, m, e->h_m, e->o.moment_dtype, false);
+            import_field(e, v, e->h_v, e->o.moment_dtype, false);
             e->h_moments_zero = false;
         }
         sync_resident(e, false);
@@ -1381,14 +1426,14 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
         break;
     }
     /* servers: the masters (and, for an embedded core's resume, the moments) wait for attach_server */
-    import_field(e, params, e->h_master, false);
+    import_field(e, params, e->h_master, ZT_DTYPE_F32, false);
     if (m || v) {
         if (!e->h_m)
             e->h_m = zt_xmalloc(e->nshard * 4);
         if (!e->h_v)
             e->h_v = zt_xmalloc(e->nshard * 4);
-        import_field(e, m, e->h_m, false);
-        import_field(e, v, e->h_v, false);
+        import_field(e, m, e->h_m, e->o.moment_dtype, false);
+        import_field(e, v, e->h_v, e->o.moment_dtype, false);
     }
     return refresh_weights_from_host(e, e->h_master, err);
 }

@@ -70,6 +70,8 @@ typedef struct zt_engine_options {
     size_t grad_chunk;           /* GPU, optimizer off it, one rank: fold and send the gradient in pieces of this
                                     many elements through a few fp32 buffers (0: whole blocks) */
     size_t device_budget;        /* bytes the engine may allocate on the device; 0: no limit */
+    enum zt_dtype moment_dtype;  /* the Adam moments: F32 (default) or BF16 (half the bytes, rounded stochastically;
+                                    offload/cpu_adam.h), placement cpu only, without gpu_fraction */
     double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the

@@ -151,12 +151,11 @@ static int cpu_resident_step(zt_engine *e, float lr, int64_t adam_step, zt_engin
         p.weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
         zt_cpu_adam_range r = {
             .param = e->master + pc->shard_off,
-            .m = e->m + pc->shard_off,
-            .v = e->v + pc->shard_off,
             .grad = e->gshard + pc->shard_off,
             .grad_dtype = ZT_DTYPE_F32,
             .n = pc->n,
         };
+        zt__engine_moments(e, &r, e->m, e->v, pc->shard_off, adam_step);
         rc = zt_cpu_adam_update(&r, &p, e->o.threads, err);
     }
     return rc;

@@ -383,8 +383,8 @@ int zt__engine_dev_setup_cuda(zt_engine *e, zt_err *err)
         const zt__piece *pc = &e->pieces[i];
         zt_cuda_adamw_tensor *a = &cs->adam[i];
         a->param = e->master + pc->shard_off;
-        a->m = e->m + pc->shard_off;
-        a->v = e->v + pc->shard_off;
+        a->m = (float *)e->m + pc->shard_off; /* fp32: bf16 moments need the host AdamW */
+        a->v = (float *)e->v + pc->shard_off;
         a->grad = e->gshard ? (const void *)(e->gshard + pc->shard_off) : NULL;
         a->param_lowp = e->dtype == ZT_DTYPE_F32 ? NULL : (char *)e->wshard + pc->shard_off * e->esize;
         a->n = pc->n;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "offload/cpu_adam.h"
 #include "worker/engine/engine.h"
 
 /* What the engine asks of the device the model computes on. Work is enqueued on a stream (a
@@ -146,7 +147,8 @@ struct zt_engine {
                                        the next block's backward need not wait for the sums coming up */
 
     /* Device buffers. */
-    float *master, *m, *v;          /* fp32 [nshard]: ZT__OPT_DEVICE only */
+    float *master;                  /* fp32 [nshard]: ZT__OPT_DEVICE only */
+    void *m, *v;                    /* moment dtype [nshard]: ZT__OPT_DEVICE only */
     float *gshard;                  /* fp32 [nshard]: the reduced gradient (device optimizer), or NULL */
     void *wshard;                   /* dtype [nshard]: the weights the gathers read; == master in fp32 on the device */
     void *glow_slab;                /* dtype [nshard]: ZT__GRAD_DIRECT_LOWP */
@@ -171,7 +173,9 @@ struct zt_engine {
     int nresident;                  /* blocks 0 .. nresident-1 */
 
     /* Host buffers (optimizer off the device). */
-    float *h_master, *h_m, *h_v;    /* [nshard]: ZT__OPT_HOST */
+    float *h_master;                /* [nshard]: ZT__OPT_HOST (and SERVER) */
+    void *h_m, *h_v;                /* moment dtype [nshard]: ZT__OPT_HOST; fp32 in SERVER's resume */
+    size_t msize;                   /* bytes of a moment element (4, or 2 with bf16 moments) */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up */
@@ -211,6 +215,10 @@ struct zt_engine {
 
 /* ---- engine.c helpers used by the other files ---- */
 void *zt__engine_block_weights(zt_engine *e, int b); /* wshard + the block's shard (W = 1: the block) */
+/* Fills the moment fields of an AdamW range over shard elements [off, off + n): m and v at off in the moment
+ * slabs m and v, their dtype, and the stochastic rounding's seed and indices (bf16 moments). */
+void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t off,
+                        int64_t adam_step);
 
 /* ---- host_optimizer.c ---- */
 int zt__host_opt_create(zt_engine *e, zt_err *err);

@@ -188,7 +188,7 @@ static int load_embedded(zt_engine *e, zt_server_core *core, int64_t step, int64
     for (int b = 0; b < e->nb; b++) {
         size_t off = e->blocks[b].shard_off;
         st[b] = (zt_server_shard_state){.block = b, .shard = e->rank, .master = e->h_master + off,
-                                        .m = e->h_m + off, .v = e->h_v + off};
+                                        .m = (float *)e->h_m + off, .v = (float *)e->h_v + off};
     }
     int rc = zt_server_core_load_state(core, e->run_id, step, adam_step, st, e->nb, err);
     free(st);

@@ -84,14 +84,13 @@ static void run_update(zt_engine *e, const job *j)
             p.weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
             zt_cpu_adam_range r = {
                 .param = e->h_master + pc->shard_off,
-                .m = e->h_m + pc->shard_off,
-                .v = e->h_v + pc->shard_off,
                 .grad = e->h_grad + pc->shard_off,
                 .grad_dtype = ZT_DTYPE_F32,
                 .out = (char *)e->h_lowp + pc->shard_off * e->esize,
                 .out_dtype = e->dtype,
                 .n = pc->n,
             };
+            zt__engine_moments(e, &r, e->h_m, e->h_v, pc->shard_off, j->adam_step);
             zt_err aerr;
             int rc = zt_cpu_adam_update(&r, &p, e->o.threads, &aerr);
             ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1, arrays given: it cannot fail */

@@ -53,6 +53,7 @@ static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", "fp16"};
 static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "server"};
 static const char *const weights_names[] = {"auto", "gpu", "host"};
+static const char *const moments_names[] = {"fp32", "bf16"};
 static const char *const schedule_names[] = {"nodecay", "noam", "linear", "cosine", "exponential"};
 
 static const struct key_def keys[] = {
@@ -91,6 +92,7 @@ static const struct key_def keys[] = {
     {"min_loss_scale", NULL, KEY_DOUBLE, FIELD(min_loss_scale)},
     {"optimizer", "--optimizer", KEY_ENUM, ENUM_FIELD(optimizer, optimizer_names)},
     {"optimizer_gpu_fraction", "--optimizer-gpu-fraction", KEY_DOUBLE, FIELD(optimizer_gpu_fraction)},
+    {"adam_moments", "--adam-moments", KEY_ENUM, ENUM_FIELD(adam_moments, moments_names)},
     {"servers", "--servers", KEY_TEXT, FIELD(servers)},
     {"token_file", "--token-file", KEY_PATH, FIELD(token_file)},
     {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
@@ -574,6 +576,9 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %g splits the optimizer between the host and the GPU: it "
                        "needs --device cuda --optimizer cpu (or set it to 0)", label("optimizer_gpu_fraction"),
                        c->optimizer_gpu_fraction);
+    if (c->adam_moments == ZT_MOMENTS_BF16 && (opt != ZT_OPTIMIZER_CPU || c->optimizer_gpu_fraction > 0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = bf16 keeps the moments in the host AdamW: it needs "
+                       "--optimizer cpu without --optimizer-gpu-fraction (or use fp32)", label("adam_moments"));
     const bool server = opt == ZT_OPTIMIZER_SERVER;
     const bool remote = c->servers[0] != '\0';
     if (remote && !server)

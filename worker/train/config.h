@@ -30,6 +30,8 @@ enum zt_train_store { ZT_STORE_RAM = 0, ZT_STORE_NVME = 1 };
 /* Where the compute-dtype weights live between passes: auto (on the GPU unless --gpu-mem needs them in host
  * memory), gpu, or host (streamed to the GPU block by block, in the forward and again in the backward). */
 enum zt_train_weights { ZT_WEIGHTS_AUTO = 0, ZT_WEIGHTS_GPU = 1, ZT_WEIGHTS_HOST = 2 };
+/* The Adam moments' storage: fp32, or bf16 with stochastic rounding (half the bytes; --optimizer cpu). */
+enum zt_train_moments { ZT_MOMENTS_FP32 = 0, ZT_MOMENTS_BF16 = 1 };
 
 /* The name of a typed setting's value, as configs and flags spell it ("cpu", "cuda", "auto", "fp32", ...).
  * Never NULL. */
@@ -92,6 +94,7 @@ typedef struct zt_train_config {
     enum zt_train_optimizer optimizer;
     double optimizer_gpu_fraction;      /* --device cuda --optimizer cpu: the leading blocks holding this fraction of
                                            the parameters keep their AdamW on the GPU (0 = none, the default) */
+    enum zt_train_moments adam_moments; /* --optimizer cpu: fp32 (default) or bf16 moments */
     char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
     char token_file[ZT_TRAIN_PATH_MAX]; /* file holding the bearer token of the state servers; "" = none */
     char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */

@@ -105,7 +105,7 @@ uint64_t zt_trainer_config_hash(const zt_train_config *cfg)
                             cfg->save_every, cfg->seed, cfg->shuffle, cfg->eval_every, cfg->eval_batches,
                             cfg->schedule, cfg->device, cfg->precision, cfg->optimizer, cfg->state_store, nservers,
                             cfg->zero_level, cfg->checkpointing, cfg->checkpoint_every, cfg->prefetch,
-                            cfg->loss_scale_window};
+                            cfg->loss_scale_window, cfg->adam_moments};
     const double reals[] = {cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
                             cfg->beta2, cfg->eps, cfg->grad_clip, cfg->loss_scale, cfg->min_loss_scale};
     h = fnv1a(h, ints, sizeof ints);
@@ -479,6 +479,7 @@ static void engine_options(const zt_train_config *cfg, int accum, zt_engine_opti
     eo->weight_decay = cfg->weight_decay;
     eo->grad_clip = cfg->grad_clip;
     eo->gpu_fraction = cfg->optimizer_gpu_fraction;
+    eo->moment_dtype = cfg->adam_moments == ZT_MOMENTS_BF16 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
 }
 
 /* What the planner chose for the engine. */
