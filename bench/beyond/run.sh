@@ -31,6 +31,7 @@ TABLE="
 1558m_gpu          1558m 50 8 1 bf16 --optimizer,gpu
 1558m_streamed_11g 1558m 50 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
 1558m_streamed_11g_ga8 1558m 10 8 8 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
+1558m_streamed_11g_m16 1558m 50 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16
 1558m_auto_11g     1558m 10 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 1558m_fp16_11g     1558m 50 8 1 fp16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
 124m_streamed_ram  124m  12 8 1 bf16 --offload,cpu,--weights,host,--gpu-mem,4GiB,--checkpointing,all
@@ -42,7 +43,7 @@ TABLE="
 6.7b_gpu_b14_ga8   6.7b  6 14 8 bf16 --optimizer,gpu,--checkpointing,all
 llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 "
-PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram"
+PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram 1558m_streamed_11g_m16:1558m_streamed_11g"
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
 
 baseline_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
