@@ -438,17 +438,92 @@ ZT_ADAM_INLINE uint16_t f32_to_bf16_sr(float x, uint32_t r16)
     return (uint16_t)(t >> 16);
 }
 
-/* One chunk with bf16 moments: widen m and v, the fp32 update of `fn` on the chunk, narrow them back. */
-static void adam_chunk_bf16_moments(adam_chunk_fn fn, const zt_cpu_adam_range *r, const adam_consts *c,
-                                    size_t begin, size_t end)
+/* dst[i] = src[i] widened, i < len. */
+static void widen_scalar(float *dst, const uint16_t *src, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        dst[i] = bf16_to_f32(src[i]);
+}
+
+/* The random 16 bits of element index lo + i: the top of a Weyl sequence over the indices, (lo + i) times
+ * the golden ratio plus the step's key, modulo 2^32. Within a step the elements' bits are spread evenly;
+ * across steps each element's are offset by a fresh key, so every element is rounded up with the right
+ * probability on average. One multiply (or, in the vector loop, one add) per element. */
+#define ZT_ADAM_WEYL 0x9e3779b9u
+
+/* dst[i] = src[i] rounded stochastically with the bits of element index lo + i (lo + len - 1 must not pass
+ * 2^32: one key serves the whole range). */
+static void narrow_scalar(uint16_t *dst, const float *src, uint32_t lo, uint32_t key, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        dst[i] = f32_to_bf16_sr(src[i], ((lo + (uint32_t)i) * ZT_ADAM_WEYL + key) >> 16);
+}
+
+#ifdef ZT_ADAM_X86
+static ZT_TARGET_AVX2 void widen_avx2(float *dst, const uint16_t *src, size_t len)
+{
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+    }
+    widen_scalar(dst + i, src + i, len - i);
+}
+
+/* narrow_scalar's bits, 8 lanes at a time. */
+static ZT_TARGET_AVX2 void narrow_avx2(uint16_t *dst, const float *src, uint32_t lo, uint32_t key, size_t len)
+{
+    /* the Weyl sequence of lanes lo .. lo + 7, advanced by 8 steps per iteration */
+    __m256i weyl = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                       _mm256_set1_epi32((int)ZT_ADAM_WEYL)),
+                                    _mm256_set1_epi32((int)(lo * ZT_ADAM_WEYL + key)));
+    const __m256i step8 = _mm256_set1_epi32((int)(8u * ZT_ADAM_WEYL));
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff), expmask = _mm256_set1_epi32(0x7f800000);
+    const __m256i maxfin = _mm256_set1_epi32(0x7f7fffff);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        __m256i r16 = _mm256_srli_epi32(weyl, 16);
+        weyl = _mm256_add_epi32(weyl, step8);
+        __m256 x = _mm256_loadu_ps(src + i);
+        __m256i u = _mm256_castps_si256(x);
+        /* stochastic: u + r16, unless that carries into the all-ones exponent (then u truncated) */
+        __m256i t = _mm256_add_epi32(u, r16);
+        __m256i over = _mm256_cmpeq_epi32(_mm256_and_si256(t, expmask), expmask);
+        t = _mm256_blendv_epi8(t, u, over);
+        /* infinity and NaN: rounded to nearest as f32_to_bf16 does (NaN quiet) */
+        __m256i special = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), maxfin);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        __m256i rne = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+        __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), expmask);
+        rne = _mm256_blendv_epi8(rne, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), isnan);
+        __m256i res = _mm256_srli_epi32(_mm256_blendv_epi8(t, rne, special), 16);
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(res, res), 0x08);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(packed));
+    }
+    narrow_scalar(dst + i, src + i, lo + (uint32_t)i, key, len - i);
+}
+#endif
+
+/* One chunk with bf16 moments: widen m and v, the fp32 update of `fn` on the chunk, narrow them back. The
+ * conversions use AVX2 where the update's instruction set has it; they give the scalar bits everywhere. */
+static void adam_chunk_bf16_moments(enum zt_cpu_adam_isa isa, adam_chunk_fn fn, const zt_cpu_adam_range *r,
+                                    const adam_consts *c, size_t begin, size_t end)
 {
     float mt[ZT_ADAM_CHUNK], vt[ZT_ADAM_CHUNK];
     uint16_t *m16 = (uint16_t *)r->m + begin, *v16 = (uint16_t *)r->v + begin;
     const size_t len = end - begin;
-    for (size_t i = 0; i < len; i++) {
-        mt[i] = bf16_to_f32(m16[i]);
-        vt[i] = bf16_to_f32(v16[i]);
+    void (*widen)(float *, const uint16_t *, size_t) = widen_scalar;
+    void (*narrow)(uint16_t *, const float *, uint32_t, uint32_t, size_t) = narrow_scalar;
+#ifdef ZT_ADAM_X86
+    if (isa >= ZT_CPU_ADAM_ISA_AVX2) {
+        widen = widen_avx2;
+        narrow = narrow_avx2;
     }
+#else
+    (void)isa;
+#endif
+    widen(mt, m16, len);
+    widen(vt, v16, len);
     zt_cpu_adam_range sub = *r;
     sub.param = r->param + begin;
     sub.m = mt;
@@ -458,17 +533,15 @@ static void adam_chunk_bf16_moments(adam_chunk_fn fn, const zt_cpu_adam_range *r
     sub.n = len;
     sub.moment_dtype = ZT_DTYPE_F32;
     fn(&sub, c, 0, len);
-    const uint64_t first = r->index_base + begin;
-    uint32_t hi = (uint32_t)(first >> 32), km = sr_key(r->seed, hi, 0), kv = sr_key(r->seed, hi, 1);
-    for (size_t i = 0; i < len; i++) {
-        const uint64_t idx = first + i;
-        if ((uint32_t)(idx >> 32) != hi) { /* crossed a multiple of 2^32 */
-            hi = (uint32_t)(idx >> 32);
-            km = sr_key(r->seed, hi, 0);
-            kv = sr_key(r->seed, hi, 1);
-        }
-        m16[i] = f32_to_bf16_sr(mt[i], mix32((uint32_t)idx ^ km) >> 16);
-        v16[i] = f32_to_bf16_sr(vt[i], mix32((uint32_t)idx ^ kv) >> 16);
+    /* in runs of indices that share their high 32 bits (one key each) */
+    for (size_t i = 0; i < len;) {
+        const uint64_t idx = r->index_base + begin + i;
+        const uint32_t hi = (uint32_t)(idx >> 32), lo = (uint32_t)idx;
+        const uint64_t left = ((uint64_t)1 << 32) - lo; /* indices before the high bits change */
+        const size_t run = left < len - i ? (size_t)left : len - i;
+        narrow(m16 + i, mt + i, lo, sr_key(r->seed, hi, 0), run);
+        narrow(v16 + i, vt + i, lo, sr_key(r->seed, hi, 1), run);
+        i += run;
     }
 }
 
@@ -538,7 +611,7 @@ int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r,
         size_t begin = k * ZT_ADAM_CHUNK;
         size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
         if (r->moment_dtype == ZT_DTYPE_BF16)
-            adam_chunk_bf16_moments(fn, r, &c, begin, end);
+            adam_chunk_bf16_moments(isa, fn, r, &c, begin, end);
         else
             fn(r, &c, begin, end);
     }
