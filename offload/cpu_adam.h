@@ -34,8 +34,9 @@ enum zt_cpu_adam_isa {
  * update runs exactly as with fp32 moments (the same parameter bits for the same widened moments), and
  * the new m and v are rounded back to bf16 stochastically: up with probability equal to the fraction of
  * the bf16 step the value lies above the lower neighbour, so that small updates (beta2 close to 1) are
- * not rounded away on average. The random bits are a hash of (seed, index_base + i): the results depend
- * on neither the thread count nor the instruction set. */
+ * not rounded away on average. The random bits come from (seed, index_base + i) alone (a Weyl sequence
+ * over the indices, offset by a hash of the seed): the results depend on neither the thread count nor the
+ * instruction set. */
 typedef struct zt_cpu_adam_range {
     float *param;              /* fp32 master weights, updated in place */
     void *m;                   /* first moment of moment_dtype, updated in place */
