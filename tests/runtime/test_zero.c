@@ -110,6 +110,7 @@ typedef struct job {
     const char *save_dir;   /* rank 0 saves a checkpoint here after step last-1, or NULL */
     bool stream;            /* weights streamed from the host arrays (the GPU's offload layout on the CPU) */
     bool bf16_moments;      /* Adam moments in bf16 (stochastic rounding) */
+    const char *moments_dir; /* Adam moments on disk here (streamed weights), or NULL */
 } job;
 
 #define FAIL(...)                                                                                          \
@@ -160,6 +161,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     eo.grad_accum = j->accum;
     eo.stream = j->stream;
     eo.moment_dtype = j->bf16_moments ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
+    eo.moments_dir = j->moments_dir;
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
                           &err) < 0)
@@ -289,7 +291,7 @@ static void test_equivalence_w1_to_w4(void **state)
     assert_true(ref[STEPS - 1] < 0.95f * ref[0]);
     for (int W = 1; W <= MAX_W; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
         run(&j, l);
         char what[32];
         snprintf(what, sizeof what, "W=%d", W);
@@ -303,10 +305,10 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
 {
     (void)state;
     float l3[STEPS], l2[STEPS], lall[STEPS], levery[STEPS];
-    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false};
-    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false};
-    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false};
-    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false};
+    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
+    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL};
+    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL};
+    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL};
     run(&j3, l3);
     run(&j2, l2);
     run(&jall, lall);
@@ -316,9 +318,9 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
     assert_close(levery, ref, STEPS, 1e-5, "W=2 level 2 every:2");
     /* one micro-batch per step: block buffers taken in turn from a ring, the head's kept apart */
     float o1[STEPS], o3[STEPS], o3c[STEPS];
-    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false};
-    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false};
-    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false};
+    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
+    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
+    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL};
     run(&one1, o1);
     run(&one3, o3);
     run(&one3c, o3c);
@@ -335,7 +337,7 @@ static void test_streamed_weights(void **state)
     (void)state;
     for (int W = 1; W <= 3; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL};
         run(&j, l);
         char what[48];
         snprintf(what, sizeof what, "W=%d streamed", W);
@@ -343,9 +345,9 @@ static void test_streamed_weights(void **state)
     }
     /* one micro-batch per step, and with recomputation: against the resident layout of the same W */
     float res[STEPS], st[STEPS], stc[STEPS];
-    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false};
-    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false};
-    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false};
+    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
+    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL};
+    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL};
     run(&jres, res);
     run(&jst, st);
     run(&jstc, stc);
@@ -355,12 +357,12 @@ static void test_streamed_weights(void **state)
     char dir[] = "/tmp/zt_zero_stream_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false};
+    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL};
     run(&save, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false};
+    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL};
     run(&load, rest);
     assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
     assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
@@ -376,9 +378,9 @@ static void test_bf16_moments(void **state)
 {
     (void)state;
     float l1[STEPS], l2[STEPS], ls[STEPS];
-    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true};
-    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true};
-    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true};
+    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL};
+    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL};
+    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL};
     run(&j1, l1);
     run(&j2, l2);
     run(&js, ls);
@@ -390,18 +392,91 @@ static void test_bf16_moments(void **state)
     char dir[] = "/tmp/zt_zero_bf16_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true};
+    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL};
     run(&save, first);
     assert_memory_equal(first, l2, sizeof(float) * (STEPS / 2));
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true};
+    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL};
     run(&load, rest);
     assert_memory_equal(rest, l2 + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
+}
+
+/* Adam moments on disk (an NVMe store in a temporary directory; buffered I/O where it has no O_DIRECT): the
+ * host AdamW reads each block's record ahead and writes it behind, with the same bits as moments in host
+ * memory, fp32 or bf16; a checkpoint resumes on them; a directory that does not exist is refused. */
+static void test_moments_on_disk(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_mdisk_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int bf16 = 0; bf16 <= 1; bf16++)
+        for (int W = 1; W <= 2; W++) {
+            float ram[STEPS], disk[STEPS];
+            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL};
+            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir};
+            run(&jr, ram);
+            run(&jd, disk);
+            char what[64];
+            snprintf(what, sizeof what, "W=%d %s moments on disk", W, bf16 ? "bf16" : "fp32");
+            print_message("%s: last loss %.6f (in memory %.6f)\n", what, disk[STEPS - 1], ram[STEPS - 1]);
+            assert_memory_equal(disk, ram, sizeof ram);
+        }
+    /* a checkpoint of a run with its moments on disk, resumed with them on disk */
+    char ck[] = "/tmp/zt_zero_mdisk_ckpt_XXXXXX";
+    assert_non_null(mkdtemp(ck));
+    float whole[STEPS], first[STEPS], rest[STEPS];
+    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir};
+    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir};
+    run(&jw, whole);
+    run(&js, first);
+    char ckpt[PATH_MAX];
+    zt_err err = {{0}};
+    assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
+    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir};
+    run(&jl, rest);
+    assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+    char cmd[2 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir, ck);
+    assert_int_equal(system(cmd), 0);
+
+    /* a directory that does not exist: refused at creation, naming it */
+    zt_comm_options co;
+    zt_comm_options_init(&co);
+    co.rank = 0;
+    co.world_size = 1;
+    snprintf(co.name, sizeof co.name, "zmd%d", (int)getpid());
+    zt_comm *comm = NULL;
+    assert_int_equal(zt_comm_create(&comm, &co, &err), 0);
+    zt_family_config fc;
+    zt_family_config_default(&fc);
+    fc.gpt2 = tiny_config();
+    zt_family_model *fm = NULL;
+    assert_int_equal(zt_family_model_create(&fm, &fc, GB, T, 7, &err), 0);
+    zt_model *model = NULL;
+    bool ck_layers[8] = {false};
+    assert_int_equal(zt_family_model_cpu(&model, fm, 1, ck_layers, &err), 0);
+    zt_engine_options eo;
+    zt_engine_options_init(&eo);
+    eo.stream = true;
+    eo.moments_dir = "/nonexistent/zt_moments";
+    zt_engine *e = NULL;
+    int rc = zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err);
+    print_message("refusal: %s\n", err.msg);
+    assert_true(rc < 0);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "/nonexistent/zt_moments"));
+    /* ... and on disk with the optimizer on the device (no host arrays) */
+    eo.stream = false;
+    assert_int_equal(zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "--optimizer cpu"));
+    model->ops->destroy(model);
+    zt_family_model_destroy(fm);
+    zt_comm_destroy(comm);
 }
 
 static void test_resume_at_other_world_sizes(void **state)
@@ -410,14 +485,14 @@ static void test_resume_at_other_world_sizes(void **state)
     char dir[] = "/tmp/zt_zero_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], second[STEPS];
-    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false};
+    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL};
     run(&save, first);
     assert_close(first, ref, STEPS / 2, 1e-5, "W=4 first half");
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
     for (int W = 2; W >= 1; W--) {
-        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false};
+        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL};
         run(&resume, second);
         char what[32];
         snprintf(what, sizeof what, "resumed at W=%d", W);
@@ -510,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_zero2_equals_zero3_and_checkpointing),
         cmocka_unit_test(test_streamed_weights),
         cmocka_unit_test(test_bf16_moments),
+        cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),

@@ -269,7 +269,10 @@ static int allocate(zt_engine *e, zt_err *err)
     if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
         if ((rc = take_host(e, (void **)&e->h_master, ns * 4, false, "host master weights", err)) < 0)
             return rc;
-    if (e->home == ZT__OPT_HOST) {
+    if (e->home == ZT__OPT_HOST && e->moments_dir[0]) {
+        e->host_bytes += 2 * zt__mdisk_buffer_bytes(e); /* the staging of two blocks' records (zt__mdisk_open) */
+        e->h_moments_zero = true;                       /* the records start zero */
+    } else if (e->home == ZT__OPT_HOST) {
         if ((rc = take_host(e, &e->h_m, ns * e->msize, false, "host Adam first moments", err)) < 0 ||
             (rc = take_host(e, &e->h_v, ns * e->msize, false, "host Adam second moments", err)) < 0)
             return rc;
@@ -295,6 +298,14 @@ static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *
     if (o->moment_dtype != ZT_DTYPE_F32 && o->moment_dtype != ZT_DTYPE_BF16)
         return zt_fail(err, ZT_EINVAL_CONFIG, "Adam moments in %s are not supported; use fp32 or bf16",
                        zt_dtype_name(o->moment_dtype));
+    if (o->moments_dir && o->moments_dir[0] &&
+        (o->placement != ZT_PLACEMENT_CPU || o->gpu_fraction > 0 || (m->backend != ZT_MODEL_CUDA && !o->stream)))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "Adam moments on disk are read and written by the host AdamW: they need "
+                       "--optimizer cpu without --optimizer-gpu-fraction and the optimizer's arrays in host memory "
+                       "(--device cuda, or streamed weights)");
+    if (o->moments_dir && strlen(o->moments_dir) >= 4000)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "the moments' directory path is too long (%zu bytes; at most 4000)",
+                       strlen(o->moments_dir));
     if (o->moment_dtype == ZT_DTYPE_BF16 && (o->placement != ZT_PLACEMENT_CPU || o->gpu_fraction > 0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "bf16 Adam moments are kept by the host AdamW: they need --optimizer "
                        "cpu without --optimizer-gpu-fraction (or use fp32 moments)");
@@ -342,6 +353,9 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     e->o.run_id = NULL;
     if (o->run_id)
         snprintf(e->run_id, sizeof e->run_id, "%s", o->run_id);
+    e->o.moments_dir = NULL;
+    if (o->moments_dir)
+        snprintf(e->moments_dir, sizeof e->moments_dir, "%s", o->moments_dir);
     e->stale_step = -1;
 #ifdef ZT_WITH_CUDA
     e->dev = model->backend == ZT_MODEL_CUDA ? zt__engine_dev_cuda() : zt__engine_dev_cpu();
@@ -415,7 +429,8 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->device_bytes = e->device_bytes;
     plan->host_bytes = e->host_bytes;
     plan->host_pinned_bytes = e->host_pinned_bytes;
-    plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * e->nshard * e->msize : 0;
+    plan->host_moment_bytes = e->home == ZT__OPT_HOST && !e->moments_dir[0] ? 2 * e->nshard * e->msize : 0;
+    plan->disk_bytes = e->home == ZT__OPT_HOST && e->moments_dir[0] ? zt__mdisk_bytes(e) : 0;
     plan->shard_elems = e->nshard;
     free(e->blocks);
     free(e->slots);
@@ -461,6 +476,8 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
 
     if ((rc = allocate(e, err)) < 0)
         goto fail;
+    if (e->home == ZT__OPT_HOST && e->moments_dir[0] && (rc = zt__mdisk_open(e, err)) < 0)
+        goto fail;
 #ifdef ZT_WITH_CUDA
     rc = e->dev->gpu ? zt__engine_dev_setup_cuda(e, err) : zt__engine_dev_setup_cpu(e, err);
 #else
@@ -488,6 +505,8 @@ void zt_engine_destroy(zt_engine *e)
     const zt__engine_dev *d = e->dev;
     if (e->host)
         zt__host_opt_destroy(e);
+    if (e->mstore || e->mbuf[0] || e->mbuf[1])
+        zt__mdisk_close(e);
     if (d->gpu) {
         if (e->cs)
             d->stream_sync(e->cs);
@@ -1033,6 +1052,12 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
 {
     zt_model *m = e->model;
     ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
+    if (micro == 0 && e->mstore) {
+        /* an update that failed on disk stops every rank here, before the step that would need it */
+        int rc = zt__engine_agree(e, zt__host_opt_failed(e, err), err);
+        if (rc < 0)
+            return rc;
+    }
     if (micro == 0) {
         memset(&e->timing, 0, sizeof e->timing);
         e->t_step0 = zt_now_s();
@@ -1186,6 +1211,8 @@ static int settle(zt_engine *e, zt_err *err)
             e->dev->stream_sync(e->fs);
         e->dev->stream_sync(e->down);
     }
+    if (rc == 0 && e->mstore)
+        rc = zt__host_opt_failed(e, err);
     return rc;
 }
 
@@ -1208,6 +1235,50 @@ static void sync_resident(zt_engine *e, bool to_host)
         e->dev->stream_sync(e->cs);
 }
 
+/* Widens n bf16 values to fp32; see engine_internal.h. */
+void zt__widen_bf16(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, 4);
+    }
+}
+
+/* Gathers block b's shard of every rank (src: this rank's fp32 shard, device or host memory) into the
+ * block's place in a host-layout slab; stage holds max_padded floats. */
+static int export_block(zt_engine *e, int b, const float *src, bool on_device, float *stage, float *slab, zt_err *err)
+{
+    const zt__block *k = &e->blocks[b];
+    int rc = 0;
+    if (e->W == 1) {
+        if (on_device)
+            e->dev->copy(stage, src, k->padded * 4, e->cs), e->dev->stream_sync(e->cs);
+        else
+            memcpy(stage, src, k->padded * 4);
+    } else if (e->dev->gpu) {
+        /* NCCL gathers device memory: through the block's fp32 buffer (the head's own, or the ring's first) */
+        const int r = b == e->model->head_block ? ZT__RING : 0;
+        float *d_in = e->dshard[r];
+        if (!on_device) {
+            ZT_ASSERT(d_in); /* host-held state has the HOST path's shard buffers */
+            e->dev->copy(d_in, src, k->shard * 4, e->ms);
+            src = d_in;
+        }
+        float *d_out = e->ring[r] ? e->ring[r] : e->gacc;
+        ZT_ASSERT(d_out);
+        rc = zt_comm_all_gather(e->comm, src, d_out, k->shard, ZT_COMM_F32, e->ms, err);
+        if (rc == 0) {
+            e->dev->copy(stage, d_out, k->padded * 4, e->ms);
+            e->dev->stream_sync(e->ms);
+        }
+    } else {
+        rc = zt_comm_all_gather(e->comm, src, stage, k->shard, ZT_COMM_F32, NULL, err);
+    }
+    if (rc == 0)
+        block_to_host(e, b, stage, slab);
+    return rc;
+}
+
 /* Gathers one shard slab of every rank (device or host memory; fp32, or bf16 moments in host memory, widened
  * block by block) into a host-layout fp32 slab. */
 static int export_field(zt_engine *e, const void *field, enum zt_dtype fdt, bool on_device, float *slab, zt_err *err)
@@ -1222,44 +1293,36 @@ static int export_field(zt_engine *e, const void *field, enum zt_dtype fdt, bool
     for (int b = 0; b < e->nb && rc == 0; b++) {
         const zt__block *k = &e->blocks[b];
         const float *src = (const float *)field + k->shard_off;
+        bool dev = on_device;
         if (wide) {
-            const uint16_t *h = (const uint16_t *)field + k->shard_off;
-            for (size_t i = 0; i < k->shard; i++) {
-                uint32_t u = (uint32_t)h[i] << 16;
-                memcpy(&wide[i], &u, 4);
-            }
+            zt__widen_bf16(wide, (const uint16_t *)field + k->shard_off, k->shard);
             src = wide;
-            on_device = false;
+            dev = false;
         }
-        if (e->W == 1) {
-            if (on_device)
-                e->dev->copy(stage, src, k->padded * 4, e->cs), e->dev->stream_sync(e->cs);
-            else
-                memcpy(stage, src, k->padded * 4);
-        } else if (e->dev->gpu) {
-            /* NCCL gathers device memory: through the block's fp32 buffer (the head's own, or the ring's first) */
-            const int r = b == e->model->head_block ? ZT__RING : 0;
-            float *d_in = e->dshard[r];
-            if (!on_device) {
-                ZT_ASSERT(d_in); /* host-held state has the HOST path's shard buffers */
-                e->dev->copy(d_in, src, k->shard * 4, e->ms);
-                src = d_in;
-            }
-            float *d_out = e->ring[r] ? e->ring[r] : e->gacc;
-            ZT_ASSERT(d_out);
-            rc = zt_comm_all_gather(e->comm, src, d_out, k->shard, ZT_COMM_F32, e->ms, err);
-            if (rc == 0) {
-                e->dev->copy(stage, d_out, k->padded * 4, e->ms);
-                e->dev->stream_sync(e->ms);
-            }
-        } else {
-            rc = zt_comm_all_gather(e->comm, src, stage, k->shard, ZT_COMM_F32, NULL, err);
-        }
-        if (rc == 0)
-            block_to_host(e, b, stage, slab);
+        rc = export_block(e, b, src, dev, stage, slab, err);
     }
     free(stage);
     free(wide);
+    return rc;
+}
+
+/* Moments on disk: every block's record read back and widened, then gathered like export_field. */
+static int export_disk_moments(zt_engine *e, float *m, float *v, zt_err *err)
+{
+    float *stage = zt_xmalloc(e->max_padded * sizeof(float));
+    float *wm = zt_xcalloc(e->max_padded, sizeof(float)), *wv = zt_xcalloc(e->max_padded, sizeof(float));
+    int rc = 0;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        rc = zt__mdisk_load(e, b, wm, wv, err);
+        rc = zt__engine_agree(e, rc, err);
+        if (rc == 0 && m)
+            rc = export_block(e, b, wm, false, stage, m, err);
+        if (rc == 0 && v)
+            rc = export_block(e, b, wv, false, stage, v, err);
+    }
+    free(stage);
+    free(wm);
+    free(wv);
     return rc;
 }
 
@@ -1280,6 +1343,8 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
     case ZT__OPT_HOST:
         sync_resident(e, true);
         rc = export_field(e, e->h_master, ZT_DTYPE_F32, false, params, err);
+        if (rc == 0 && e->mstore)
+            return m || v ? export_disk_moments(e, m, v, err) : 0;
         if (rc == 0 && m)
             rc = export_field(e, e->h_m, e->o.moment_dtype, false, m, err);
         if (rc == 0 && v)
@@ -1377,6 +1442,29 @@ static void import_field(zt_engine *e, const float *slab, void *field, enum zt_d
     free(stage);
 }
 
+/* Moments on disk: this rank's shard of every block of the host-layout m and v (NULL: zeros) written into the
+ * block's record (bf16: rounded to nearest). */
+static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_err *err)
+{
+    float *sm = zt_xmalloc(e->max_padded * sizeof(float)), *sv = zt_xmalloc(e->max_padded * sizeof(float));
+    int rc = 0;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        const zt__block *k = &e->blocks[b];
+        float *st[2] = {sm, sv};
+        const float *slabs[2] = {m, v};
+        for (int i = 0; i < 2; i++) {
+            if (slabs[i])
+                host_to_block(e, b, slabs[i], st[i]);
+            else
+                memset(st[i], 0, k->padded * sizeof(float));
+        }
+        rc = zt__mdisk_store(e, b, sm + (size_t)e->rank * k->shard, sv + (size_t)e->rank * k->shard, err);
+    }
+    free(sm);
+    free(sv);
+    return rc;
+}
+
 /* The compute-dtype weights from fp32 masters held on the host (HOST and SERVER homes): rounded on the
  * host into h_lowp (or, on the CPU, copied), then copied up unless the passes stream them from there. */
 static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *err)
@@ -1415,7 +1503,12 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
         import_field(e, params, e->h_master, ZT_DTYPE_F32, false);
         /* zero moments that are still calloc's zeros are left alone: their pages are taken at the first
          * update, after the caller gave back the slab the weights came from */
-        if (m || v || !e->h_moments_zero) {
+        if (e->mstore && (m || v || !e->h_moments_zero)) {
+            int rc = import_disk_moments(e, m, v, err);
+            if (rc < 0)
+                return rc;
+            e->h_moments_zero = false;
+        } else if (m || v || !e->h_moments_zero) {
             import_field(e, m, e->h_m, e->o.moment_dtype, false);
             import_field(e, v, e->h_v, e->o.moment_dtype, false);
             e->h_moments_zero = false;

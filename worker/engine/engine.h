@@ -72,6 +72,10 @@ typedef struct zt_engine_options {
     size_t device_budget;        /* bytes the engine may allocate on the device; 0: no limit */
     enum zt_dtype moment_dtype;  /* the Adam moments: F32 (default) or BF16 (half the bytes, rounded stochastically;
                                     offload/cpu_adam.h), placement cpu only, without gpu_fraction */
+    const char *moments_dir;     /* placement cpu with the optimizer's arrays in host memory (a GPU, or streamed
+                                    weights on the CPU), without gpu_fraction: the moments live on disk in this
+                                    directory (NVMe through io_uring), read ahead of each block's update and
+                                    written behind it; NULL or "": host memory. Copied */
     double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the
@@ -103,6 +107,7 @@ typedef struct zt_engine_plan {
     size_t host_bytes;        /* of which page-locked: */
     size_t host_pinned_bytes;
     size_t host_moment_bytes; /* of which the Adam moments, whose pages are taken at the first update */
+    size_t disk_bytes;        /* the moments' records on disk (moments_dir), or 0 */
     size_t shard_elems;       /* elements of this rank's shards (padding included) */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);

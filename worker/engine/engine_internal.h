@@ -176,6 +176,9 @@ struct zt_engine {
     float *h_master;                /* [nshard]: ZT__OPT_HOST (and SERVER) */
     void *h_m, *h_v;                /* moment dtype [nshard]: ZT__OPT_HOST; fp32 in SERVER's resume */
     size_t msize;                   /* bytes of a moment element (4, or 2 with bf16 moments) */
+    char moments_dir[4096];         /* the moments' directory (o.moments_dir), "" = host memory */
+    struct zt_store *mstore;        /* the moments' records on disk, or NULL */
+    float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up */
@@ -220,6 +223,25 @@ void *zt__engine_block_weights(zt_engine *e, int b); /* wshard + the block's sha
 void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t off,
                         int64_t adam_step);
 
+/* Widens n bf16 values to fp32. */
+void zt__widen_bf16(float *dst, const uint16_t *src, size_t n);
+
+/* ---- moments_disk.c: the Adam moments on disk (moments_dir) ---- */
+size_t zt__mdisk_record_elems(const zt_engine *e, int b); /* store elements of block b's record */
+size_t zt__mdisk_buffer_bytes(const zt_engine *e);        /* bytes of one staging buffer */
+size_t zt__mdisk_bytes(const zt_engine *e);               /* disk bytes of all records */
+/* Opens the store in moments_dir, creates zero records (replacing this rank's earlier ones) and the two
+ * staging buffers; 0 or an error naming the directory and the fix. */
+int zt__mdisk_open(zt_engine *e, zt_err *err);
+void zt__mdisk_close(zt_engine *e);
+/* Asynchronous read / write of block b's record into / from staging buffer buf; wait with zt__mdisk_wait. */
+int zt__mdisk_read_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err);
+int zt__mdisk_write_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err);
+int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err);
+/* Synchronous, through staging buffer 0: block b's moments as fp32 [S_b] each, read or written. */
+int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err);
+int zt__mdisk_store(zt_engine *e, int b, const float *m, const float *v, zt_err *err);
+
 /* ---- host_optimizer.c ---- */
 int zt__host_opt_create(zt_engine *e, zt_err *err);
 void zt__host_opt_destroy(zt_engine *e);
@@ -235,6 +257,8 @@ int zt__host_opt_drain(zt_engine *e, zt_err *err);
  * host thread has queued the block's copy, then on the device for the copy). Returns the host-side wait in
  * seconds. */
 double zt__host_opt_wait_block(zt_engine *e, int b, void *stream);
+/* The first failure of an update (moments on disk) since the engine started, with its message: 0 when none. */
+int zt__host_opt_failed(zt_engine *e, zt_err *err);
 /* Seconds the host thread spent on the last step's update (AdamW or server traffic). */
 double zt__host_opt_busy(zt_engine *e);
 /* Marks block b as holding the weights of `step` steps once the copy the caller queued on the host

@@ -45,6 +45,8 @@ struct zt__host_opt {
     void *stream;          /* the thread's copies to the GPU */
     int rc;                /* first failure since the last drain */
     zt_err err;
+    int update_rc;         /* first failure of an update (moments on disk); never cleared */
+    zt_err update_err;
     double busy_s;         /* seconds of the last UPDATE */
 };
 
@@ -57,7 +59,47 @@ static void mark(struct zt__host_opt *h, int b, int64_t step)
     pthread_mutex_unlock(&h->mu);
 }
 
-/* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. */
+/* Records a failure of the update (the first one stays) with its message. */
+static void fail_update(struct zt__host_opt *h, int rc, const zt_err *why)
+{
+    pthread_mutex_lock(&h->mu);
+    if (h->update_rc == 0) {
+        h->update_rc = rc;
+        h->update_err = *why;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* AdamW of block b's pieces with the moments at m and v (the host arrays, or a staging buffer holding the
+ * block's record: then at the block's start). */
+static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, void *m, void *v, size_t base)
+{
+    struct zt__host_opt *h = e->host;
+    for (int i = h->first_piece[b]; i < h->first_piece[b + 1]; i++) {
+        const zt__piece *pc = &e->pieces[i];
+        p->weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
+        zt_cpu_adam_range r = {
+            .param = e->h_master + pc->shard_off,
+            .grad = e->h_grad + pc->shard_off,
+            .grad_dtype = ZT_DTYPE_F32,
+            .out = (char *)e->h_lowp + pc->shard_off * e->esize,
+            .out_dtype = e->dtype,
+            .n = pc->n,
+        };
+        zt__engine_moments(e, &r, m, v, pc->shard_off - base, j->adam_step);
+        r.index_base = pc->shard_off; /* the same rounding bits wherever the moments are held */
+        zt_err aerr;
+        int rc = zt_cpu_adam_update(&r, p, e->o.threads, &aerr);
+        ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1, arrays given: it cannot fail */
+        (void)rc;
+    }
+}
+
+/* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. With the
+ * moments on disk, block b + 1's record is read while block b is updated, and each record is written back
+ * behind its update (two staging buffers: a buffer is read into only once its last write is done). A disk
+ * failure stops the update: the blocks left keep their weights, and the engine reports it at the next
+ * micro-batch. */
 static void run_update(zt_engine *e, const job *j)
 {
     struct zt__host_opt *h = e->host;
@@ -70,31 +112,47 @@ static void run_update(zt_engine *e, const job *j)
         .grad_scale = j->clip_coef,
         .step = (int)j->adam_step,
     };
+    const bool disk = e->mstore != NULL && !j->skip;
+    int rd[2] = {-1, -1}, wr[2] = {-1, -1}; /* tickets of each staging buffer's read and write in flight */
+    bool failed = false;
+    zt_err ioerr = {{0}};
+    int rc = 0;
+    if (disk && h->update_rc == 0 && (rc = zt__mdisk_read_async(e, 0, 0, &rd[0], &ioerr)) < 0)
+        failed = true;
+    if (disk && h->update_rc != 0)
+        failed = true; /* an earlier step failed: no more updates */
     for (int b = 0; b < e->nb; b++) {
         zt__block *k = &e->blocks[b];
         if (k->resident)
             continue; /* updated on the GPU (gpu_fraction), marked by the engine */
-        if (j->skip) {
+        if (j->skip || failed) {
             mark(h, b, j->step);
             continue;
         }
         e->dev->event_sync(k->grad_out); /* the step's gradient shard is in h_grad */
-        for (int i = h->first_piece[b]; i < h->first_piece[b + 1]; i++) {
-            const zt__piece *pc = &e->pieces[i];
-            p.weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
-            zt_cpu_adam_range r = {
-                .param = e->h_master + pc->shard_off,
-                .grad = e->h_grad + pc->shard_off,
-                .grad_dtype = ZT_DTYPE_F32,
-                .out = (char *)e->h_lowp + pc->shard_off * e->esize,
-                .out_dtype = e->dtype,
-                .n = pc->n,
-            };
-            zt__engine_moments(e, &r, e->h_m, e->h_v, pc->shard_off, j->adam_step);
-            zt_err aerr;
-            int rc = zt_cpu_adam_update(&r, &p, e->o.threads, &aerr);
-            ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1, arrays given: it cannot fail */
-            (void)rc;
+        if (disk) {
+            const int cur = b % 2, nxt = 1 - cur;
+            rc = zt__mdisk_wait(e, rd[cur], &ioerr);
+            rd[cur] = -1;
+            if (rc == 0 && b + 1 < e->nb) {
+                if (wr[nxt] >= 0) { /* block b - 1's record is still being written from that buffer */
+                    rc = zt__mdisk_wait(e, wr[nxt], &ioerr);
+                    wr[nxt] = -1;
+                }
+                if (rc == 0)
+                    rc = zt__mdisk_read_async(e, b + 1, nxt, &rd[nxt], &ioerr);
+            }
+            if (rc < 0) {
+                failed = true;
+                mark(h, b, j->step);
+                continue;
+            }
+            uint16_t *rec = (uint16_t *)e->mbuf[cur];
+            update_block(e, j, &p, b, rec, (char *)rec + k->shard * e->msize, k->shard_off);
+            if ((rc = zt__mdisk_write_async(e, b, cur, &wr[cur], &ioerr)) < 0)
+                failed = true;
+        } else {
+            update_block(e, j, &p, b, e->h_m, e->h_v, 0);
         }
         if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
             e->dev->copy(zt__engine_block_weights(e, b), (char *)e->h_lowp + k->shard_off * e->esize,
@@ -102,6 +160,21 @@ static void run_update(zt_engine *e, const job *j)
             e->dev->record(k->updated, h->stream);
         }
         mark(h, b, j->step);
+    }
+    for (int i = 0; i < 2; i++) { /* the last writes (and a read-ahead cut short) */
+        zt_err werr;
+        if (rd[i] >= 0 && zt__mdisk_wait(e, rd[i], &werr) < 0 && !failed)
+            failed = true, ioerr = werr;
+        if (wr[i] >= 0 && zt__mdisk_wait(e, wr[i], &werr) < 0 && !failed)
+            failed = true, ioerr = werr;
+    }
+    if (failed && h->update_rc == 0) {
+        zt_err why;
+        const int code = rc < 0 ? rc : ZT_EIO;
+        zt_fail(&why, code, "the host AdamW could not read or write the Adam moments on disk in '%s' (%s): training "
+                "stops; the last checkpoint is intact (free space there, or resume it with another --moments-dir)",
+                e->moments_dir, ioerr.msg);
+        fail_update(h, code, &why);
     }
     h->busy_s = zt_now_s() - t0;
 }
@@ -266,6 +339,18 @@ double zt__host_opt_wait_block(zt_engine *e, int b, void *stream)
     pthread_mutex_unlock(&h->mu);
     e->dev->wait(stream, e->blocks[b].updated);
     return waited;
+}
+
+/* The first failure of an update; see engine_internal.h. */
+int zt__host_opt_failed(zt_engine *e, zt_err *err)
+{
+    struct zt__host_opt *h = e->host;
+    pthread_mutex_lock(&h->mu);
+    int rc = h->update_rc;
+    if (rc < 0 && err)
+        *err = h->update_err;
+    pthread_mutex_unlock(&h->mu);
+    return rc;
 }
 
 /* Seconds of the last update; see engine_internal.h. */

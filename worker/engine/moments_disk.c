@@ -1,0 +1,147 @@
+/* Adam moments on disk (placement cpu with moments_dir; see engine.h): this rank's m and v of every block
+ * live in one record per block of an NVMe store (offload/store.h: files read and written through io_uring,
+ * O_DIRECT, with a checksum), m first, then v, in the moment dtype. The host AdamW (host_optimizer.c)
+ * reads block b + 1's record while it updates block b and writes each record back behind it, through two
+ * staging buffers; so the host holds two blocks' moments instead of the model's.
+ *
+ * A store record is sized in elements of 12 bytes (offload/store.h); a block's record takes the fewest that
+ * hold 2 S_b moments. The records are created zero when the engine starts: the directory holds the state
+ * of one run at a time, and what a previous run left there under the same keys is replaced. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "offload/store.h"
+#include "worker/engine/engine_internal.h"
+
+/* The key of this rank's record of block b ("mom" in the run field keeps them apart from a state server's). */
+static zt_store_key key_of(const zt_engine *e, int b)
+{
+    return (zt_store_key){.run = 0x6d6f6d656e7473ull, .block = (uint32_t)b, .shard = (uint32_t)e->rank};
+}
+
+size_t zt__mdisk_record_elems(const zt_engine *e, int b)
+{
+    const size_t bytes = 2 * e->blocks[b].shard * e->msize;
+    return (bytes + 11) / 12;
+}
+
+/* The record elements of the largest block. */
+static size_t max_record_elems(const zt_engine *e)
+{
+    size_t most = 0;
+    for (int b = 0; b < e->nb; b++) {
+        size_t n = zt__mdisk_record_elems(e, b);
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
+size_t zt__mdisk_buffer_bytes(const zt_engine *e)
+{
+    return zt_store_buffer_bytes(max_record_elems(e));
+}
+
+size_t zt__mdisk_bytes(const zt_engine *e)
+{
+    size_t sum = 0;
+    for (int b = 0; b < e->nb; b++)
+        sum += zt_store_buffer_bytes(zt__mdisk_record_elems(e, b)) + 4096; /* payload and header */
+    return sum;
+}
+
+int zt__mdisk_open(zt_engine *e, zt_err *err)
+{
+    zt_store_config cfg = {.kind = ZT_STORE_NVME, .path = e->moments_dir};
+    int rc = zt_store_open(&cfg, &e->mstore, err);
+    if (rc == ZT_EUNSUPPORTED && strstr(err->msg, "O_DIRECT")) {
+        /* a file system without direct I/O (tmpfs): the page cache then holds the moments as well */
+        zt_log(ZT_LOG_WARN, "moments: %s has no O_DIRECT: buffered I/O (the page cache will hold the moments "
+               "too; use a directory on a disk)", e->moments_dir);
+        cfg.buffered = 1;
+        rc = zt_store_open(&cfg, &e->mstore, err);
+    }
+    char why[sizeof err->msg];
+    if (rc < 0) {
+        snprintf(why, sizeof why, "%s", err->msg);
+        return zt_fail(err, rc, "Adam moments on disk in '%s': %s", e->moments_dir, why);
+    }
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        const zt_store_key k = key_of(e, b);
+        if (zt_store_lookup(e->mstore, k, NULL) == 0 && (rc = zt_store_remove(e->mstore, k, err)) < 0)
+            break;
+        rc = zt_store_create(e->mstore, k, zt__mdisk_record_elems(e, b), err);
+    }
+    if (rc < 0) {
+        snprintf(why, sizeof why, "%s", err->msg);
+        return zt_fail(err, rc, "Adam moments on disk in '%s': %s (free space there or choose another directory)",
+                       e->moments_dir, why);
+    }
+    for (int i = 0; i < 2; i++) {
+        e->mbuf[i] = zt_store_buffer_alloc(max_record_elems(e));
+        if (!e->mbuf[i])
+            return zt_fail(err, ZT_ENOMEM, "out of host memory for the staging of the Adam moments (2 x %zu bytes)",
+                           zt__mdisk_buffer_bytes(e));
+    }
+    return 0;
+}
+
+void zt__mdisk_close(zt_engine *e)
+{
+    zt_store_close(e->mstore); /* the records stay: they are this run's, replaced by the next */
+    e->mstore = NULL;
+    for (int i = 0; i < 2; i++) {
+        zt_store_buffer_free(e->mbuf[i]);
+        e->mbuf[i] = NULL;
+    }
+}
+
+int zt__mdisk_read_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err)
+{
+    return zt_store_read_async(e->mstore, key_of(e, b), e->mbuf[buf], ticket, err);
+}
+
+int zt__mdisk_write_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err)
+{
+    return zt_store_write_async(e->mstore, key_of(e, b), e->mbuf[buf], ticket, err);
+}
+
+int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err)
+{
+    return zt_store_wait(e->mstore, ticket, err);
+}
+
+/* Block b's moments, widened to fp32 (m and v hold S_b floats each). */
+int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err)
+{
+    int rc = zt_store_read(e->mstore, key_of(e, b), e->mbuf[0], err);
+    if (rc < 0)
+        return rc;
+    const size_t n = e->blocks[b].shard;
+    if (e->msize == 4) {
+        memcpy(m, e->mbuf[0], n * 4);
+        memcpy(v, e->mbuf[0] + n, n * 4);
+    } else {
+        const uint16_t *h = (const uint16_t *)e->mbuf[0];
+        zt__widen_bf16(m, h, n);
+        zt__widen_bf16(v, h + n, n);
+    }
+    return 0;
+}
+
+/* Writes block b's moments from fp32 (rounded to nearest for bf16). */
+int zt__mdisk_store(zt_engine *e, int b, const float *m, const float *v, zt_err *err)
+{
+    const size_t n = e->blocks[b].shard;
+    if (e->msize == 4) {
+        memcpy(e->mbuf[0], m, n * 4);
+        memcpy(e->mbuf[0] + n, v, n * 4);
+    } else {
+        uint16_t *h = (uint16_t *)e->mbuf[0];
+        zt_err cerr;
+        if (zt_cpu_adam_convert(h, ZT_DTYPE_BF16, m, n, e->o.threads, &cerr) < 0 ||
+            zt_cpu_adam_convert(h + n, ZT_DTYPE_BF16, v, n, e->o.threads, &cerr) < 0)
+            ZT_ASSERT(!"bf16 is a supported dtype");
+    }
+    return zt_store_write(e->mstore, key_of(e, b), e->mbuf[0], err);
+}
