@@ -93,6 +93,7 @@ static const struct key_def keys[] = {
     {"optimizer", "--optimizer", KEY_ENUM, ENUM_FIELD(optimizer, optimizer_names)},
     {"optimizer_gpu_fraction", "--optimizer-gpu-fraction", KEY_DOUBLE, FIELD(optimizer_gpu_fraction)},
     {"adam_moments", "--adam-moments", KEY_ENUM, ENUM_FIELD(adam_moments, moments_names)},
+    {"moments_dir", "--moments-dir", KEY_PATH, FIELD(moments_dir)},
     {"servers", "--servers", KEY_TEXT, FIELD(servers)},
     {"token_file", "--token-file", KEY_PATH, FIELD(token_file)},
     {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
@@ -579,6 +580,10 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
     if (c->adam_moments == ZT_MOMENTS_BF16 && (opt != ZT_OPTIMIZER_CPU || c->optimizer_gpu_fraction > 0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = bf16 keeps the moments in the host AdamW: it needs "
                        "--optimizer cpu without --optimizer-gpu-fraction (or use fp32)", label("adam_moments"));
+    if (c->moments_dir[0] && (!cuda || opt != ZT_OPTIMIZER_CPU || c->optimizer_gpu_fraction > 0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s' puts the Adam moments of the host AdamW on disk: it "
+                       "needs --device cuda --optimizer cpu without --optimizer-gpu-fraction (or drop it)",
+                       label("moments_dir"), c->moments_dir);
     const bool server = opt == ZT_OPTIMIZER_SERVER;
     const bool remote = c->servers[0] != '\0';
     if (remote && !server)

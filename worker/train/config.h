@@ -95,6 +95,7 @@ typedef struct zt_train_config {
     double optimizer_gpu_fraction;      /* --device cuda --optimizer cpu: the leading blocks holding this fraction of
                                            the parameters keep their AdamW on the GPU (0 = none, the default) */
     enum zt_train_moments adam_moments; /* --optimizer cpu: fp32 (default) or bf16 moments */
+    char moments_dir[ZT_TRAIN_PATH_MAX]; /* --device cuda --optimizer cpu: the Adam moments on disk here; "" = RAM */
     char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
     char token_file[ZT_TRAIN_PATH_MAX]; /* file holding the bearer token of the state servers; "" = none */
     char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */

@@ -176,8 +176,8 @@ int zt_plan_check_host(const zt_plan_host *h, zt_err *err)
         size_text(h->disk_needed, need, sizeof need);
         size_text(h->disk_free, have, sizeof have);
         return zt_fail(err, ZT_ENOMEM, "disk: the optimizer state needs %s in '%s' and its file system has %s free; "
-                       "free space there, choose a larger disk (--offload nvme:DIR), or keep the state in RAM "
-                       "(--offload cpu)", need, h->disk_dir ? h->disk_dir : "?", have);
+                       "free space there, choose a directory on a larger disk (--moments-dir DIR, --offload nvme:DIR), "
+                       "or keep the state in RAM (without them)", need, h->disk_dir ? h->disk_dir : "?", have);
     }
     return 0;
 }

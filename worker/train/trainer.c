@@ -480,6 +480,7 @@ static void engine_options(const zt_train_config *cfg, int accum, zt_engine_opti
     eo->grad_clip = cfg->grad_clip;
     eo->gpu_fraction = cfg->optimizer_gpu_fraction;
     eo->moment_dtype = cfg->adam_moments == ZT_MOMENTS_BF16 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
+    eo->moments_dir = cfg->moments_dir[0] ? cfg->moments_dir : NULL;
 }
 
 /* What the planner chose for the engine. */
@@ -605,7 +606,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
     const uint64_t disk = embedded && cfg->state_store == ZT_STORE_NVME
                               ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(zt_family_config_layers(&cfg->model) + 2)
-                              : 0;
+                              : ep.disk_bytes;
+    const char *disk_dir = ep.disk_bytes ? cfg->moments_dir : cfg->state_store_dir;
     const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
     const uint64_t steady = ep.host_bytes + server_ram + staging;
     const uint64_t at_start = 4 * P + ep.host_bytes - ep.host_moment_bytes + server_ram;
@@ -618,8 +620,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s", eng,
              pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "");
     zt_plan_host h = {.ram_needed = ram, .ram_available = zt_plan_ram_available(), .disk_needed = disk,
-                      .disk_free = disk ? zt_plan_disk_free(cfg->state_store_dir) : 0,
-                      .disk_dir = cfg->state_store_dir, .ram_parts = parts};
+                      .disk_free = disk ? zt_plan_disk_free(disk_dir) : 0,
+                      .disk_dir = disk_dir, .ram_parts = parts};
     if (is0) {
         char all[32], lim[32], e[32], m[32], f[32], need[32], avail[32], dk[32], dfree[32];
         zt_format_size(zt_plan_device_total(&ch.device), all, sizeof all);
@@ -637,8 +639,9 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
                e, ch.micro_batch, (long long)cfg->seq_len, m, f);
         zt_log(ZT_LOG_INFO, "plan: host %s of %s available (%s)", need, avail, parts);
         if (disk)
-            zt_log(ZT_LOG_INFO, "plan: disk %s of %s free in %s (fp32 masters and Adam moments)", dk, dfree,
-                   cfg->state_store_dir);
+            zt_log(ZT_LOG_INFO, "plan: disk %s of %s free in %s (%s)", dk, dfree, disk_dir,
+                   ep.disk_bytes ? (cfg->adam_moments == ZT_MOMENTS_BF16 ? "bf16 Adam moments" : "Adam moments")
+                                 : "fp32 masters and Adam moments");
         else
             zt_log(ZT_LOG_INFO, "plan: disk 0 (no state on disk%s)", cfg->servers[0] ? "; the state servers hold it" : "");
     }
