@@ -273,6 +273,14 @@ static void assert_close(const float *a, const float *ref, int n, double rel, co
     }
 }
 
+/* Removes a test's temporary directory and what it holds. */
+static void remove_dir(const char *dir)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static float ref[STEPS];
 
 static int setup(void **state)
@@ -366,9 +374,7 @@ static void test_streamed_weights(void **state)
     run(&load, rest);
     assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
     assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* bf16 Adam moments: the losses follow the fp32 moments' closely but not exactly; the host arrays of the
@@ -401,9 +407,7 @@ static void test_bf16_moments(void **state)
     job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL};
     run(&load, rest);
     assert_memory_equal(rest, l2 + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* Adam moments on disk (an NVMe store in a temporary directory; buffered I/O where it has no O_DIRECT): the
@@ -440,9 +444,8 @@ static void test_moments_on_disk(void **state)
     job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir};
     run(&jl, rest);
     assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
-    char cmd[2 * PATH_MAX];
-    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir, ck);
-    assert_int_equal(system(cmd), 0);
+    remove_dir(dir);
+    remove_dir(ck);
 
     /* a directory that does not exist: refused at creation, naming it */
     zt_comm_options co;
@@ -498,9 +501,7 @@ static void test_resume_at_other_world_sizes(void **state)
         snprintf(what, sizeof what, "resumed at W=%d", W);
         assert_close(second, ref + STEPS / 2, STEPS / 2, 1e-5, what);
     }
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* The training loop of `ztrain train` under WORLD_SIZE = 2 against the single-process trainer, on a token
@@ -546,9 +547,7 @@ static void test_train_loop_matches_trainer(void **state)
     assert_int_equal(zt_checkpoint_find(out2, ckpt, sizeof ckpt, &err), 0);
     assert_int_equal(zt_checkpoint_verify(ckpt, NULL, &err), 0);
     zt_train_result_free(&single);
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    remove_dir(dir);
 }
 
 /* Every setting that changes the math or the protocol of a step changes the config hash that the
