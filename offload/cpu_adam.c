@@ -502,10 +502,49 @@ static ZT_TARGET_AVX2 void narrow_avx2(uint16_t *dst, const float *src, uint32_t
     }
     narrow_scalar(dst + i, src + i, lo + (uint32_t)i, key, len - i);
 }
+
+static ZT_TARGET_AVX512 void widen_avx512(float *dst, const uint16_t *src, size_t len)
+{
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+    }
+    widen_scalar(dst + i, src + i, len - i);
+}
+
+/* narrow_scalar's bits, 16 lanes at a time. */
+static ZT_TARGET_AVX512 void narrow_avx512(uint16_t *dst, const float *src, uint32_t lo, uint32_t key, size_t len)
+{
+    __m512i weyl = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                                         13, 14, 15),
+                                                       _mm512_set1_epi32((int)ZT_ADAM_WEYL)),
+                                    _mm512_set1_epi32((int)(lo * ZT_ADAM_WEYL + key)));
+    const __m512i step16 = _mm512_set1_epi32((int)(16u * ZT_ADAM_WEYL));
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff), expmask = _mm512_set1_epi32(0x7f800000);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m512i r16 = _mm512_srli_epi32(weyl, 16);
+        weyl = _mm512_add_epi32(weyl, step16);
+        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+        __m512i t = _mm512_add_epi32(u, r16);
+        __mmask16 over = _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, expmask), expmask);
+        t = _mm512_mask_blend_epi32(over, t, u);
+        __m512i absu = _mm512_and_si512(u, absmask);
+        __mmask16 special = _mm512_cmpge_epu32_mask(absu, expmask);
+        __mmask16 isnan = _mm512_cmpgt_epu32_mask(absu, expmask);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i rne = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+        rne = _mm512_mask_blend_epi32(isnan, rne, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
+        __m512i res = _mm512_srli_epi32(_mm512_mask_blend_epi32(special, t, rne), 16);
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(res));
+    }
+    narrow_scalar(dst + i, src + i, lo + (uint32_t)i, key, len - i);
+}
 #endif
 
 /* One chunk with bf16 moments: widen m and v, the fp32 update of `fn` on the chunk, narrow them back. The
- * conversions use AVX2 where the update's instruction set has it; they give the scalar bits everywhere. */
+ * conversions use the update's instruction set (AVX-512 or AVX2); they give the scalar bits everywhere. */
 static void adam_chunk_bf16_moments(enum zt_cpu_adam_isa isa, adam_chunk_fn fn, const zt_cpu_adam_range *r,
                                     const adam_consts *c, size_t begin, size_t end)
 {
@@ -515,7 +554,10 @@ static void adam_chunk_bf16_moments(enum zt_cpu_adam_isa isa, adam_chunk_fn fn, 
     void (*widen)(float *, const uint16_t *, size_t) = widen_scalar;
     void (*narrow)(uint16_t *, const float *, uint32_t, uint32_t, size_t) = narrow_scalar;
 #ifdef ZT_ADAM_X86
-    if (isa >= ZT_CPU_ADAM_ISA_AVX2) {
+    if (isa >= ZT_CPU_ADAM_ISA_AVX512) {
+        widen = widen_avx512;
+        narrow = narrow_avx512;
+    } else if (isa >= ZT_CPU_ADAM_ISA_AVX2) {
         widen = widen_avx2;
         narrow = narrow_avx2;
     }
