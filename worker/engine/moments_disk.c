@@ -5,10 +5,13 @@
  * staging buffers; so the host holds two blocks' moments instead of the model's.
  *
  * A store record is sized in elements of 12 bytes (offload/store.h); a block's record takes the fewest that
- * hold 2 S_b moments. The records are created zero when the engine starts: the directory holds the state
- * of one run at a time, and what a previous run left there under the same keys is replaced. */
+ * hold 2 S_b moments. Rank r keeps its records in DIR/rank<r>. The records are created zero when the engine
+ * starts: the directory holds the state of one run at a time, and what a previous run left there under the
+ * same keys is replaced. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/log.h"
 #include "offload/store.h"
@@ -52,7 +55,17 @@ size_t zt__mdisk_bytes(const zt_engine *e)
 
 int zt__mdisk_open(zt_engine *e, zt_err *err)
 {
-    zt_store_config cfg = {.kind = ZT_STORE_NVME, .path = e->moments_dir};
+    /* each rank its own store in its own folder: ranks sharing the directory never read each other's
+     * records while they are being created */
+    struct stat st;
+    if (stat(e->moments_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "Adam moments on disk: '%s' is not a directory; create it first (an "
+                       "empty directory on a local disk)", e->moments_dir);
+    char path[sizeof e->moments_dir + 32];
+    snprintf(path, sizeof path, "%s/rank%d", e->moments_dir, e->rank);
+    if (mkdir(path, 0700) != 0 && errno != EEXIST)
+        return zt_fail(err, -errno, "Adam moments on disk: cannot create '%s': %s", path, strerror(errno));
+    zt_store_config cfg = {.kind = ZT_STORE_NVME, .path = path};
     int rc = zt_store_open(&cfg, &e->mstore, err);
     if (rc == ZT_EUNSUPPORTED && strstr(err->msg, "O_DIRECT")) {
         /* a file system without direct I/O (tmpfs): the page cache then holds the moments as well */
