@@ -477,6 +477,41 @@ static void test_moments_on_disk(void **state)
     eo.stream = false;
     assert_int_equal(zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err), ZT_EINVAL_CONFIG);
     assert_non_null(strstr(err.msg, "--optimizer cpu"));
+
+    /* a record that goes bad between steps (a failing disk): the update that reads it stops, and the next
+     * step returns the error naming the directory (at its first micro-batch, or at the step once its passes
+     * have waited for the update); nothing hangs, the engine is destroyed cleanly */
+    char bad[] = "/tmp/zt_zero_mdisk_bad_XXXXXX";
+    assert_non_null(mkdtemp(bad));
+    eo.stream = true;
+    eo.moments_dir = bad;
+    assert_int_equal(zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err), 0);
+    int32_t tok[GB * T], tgt[GB * T];
+    zt_engine_step_result sr;
+    for (int s = 0; s < 2; s++) {
+        global_batch(s, 0, tok, tgt);
+        assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+        assert_int_equal(zt_engine_step(e, LR, s + 1, &sr, &err), 0);
+    }
+    float *scratch = malloc(zt_family_model_num_params(fm) * sizeof(float));
+    assert_int_equal(zt_engine_export(e, scratch, NULL, NULL, &err), 0); /* the updates so far are done */
+    char cmd[PATH_MAX + 64];
+    snprintf(cmd, sizeof cmd, "truncate -s 4096 %s/rank0/*-b1-s0.zts", bad);
+    assert_int_equal(system(cmd), 0);
+    global_batch(2, 0, tok, tgt);
+    assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+    assert_int_equal(zt_engine_step(e, LR, 3, &sr, &err), 0); /* its update meets the bad record */
+    global_batch(3, 0, tok, tgt);
+    rc = zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err);
+    if (rc == 0)
+        rc = zt_engine_step(e, LR, 4, &sr, &err);
+    print_message("failing disk: %s\n", err.msg);
+    assert_true(rc < 0);
+    assert_non_null(strstr(err.msg, bad));
+    assert_non_null(strstr(err.msg, "training stops"));
+    zt_engine_destroy(e);
+    free(scratch);
+    remove_dir(bad);
     model->ops->destroy(model);
     zt_family_model_destroy(fm);
     zt_comm_destroy(comm);

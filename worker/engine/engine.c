@@ -1117,6 +1117,11 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
     ZT_ASSERT(e->micros_done == e->o.grad_accum);
     memset(res, 0, sizeof *res);
     int rc;
+    if (e->mstore) {
+        /* the passes of this step have waited for every block's update of the last: its outcome is known */
+        if ((rc = zt__engine_agree(e, zt__host_opt_failed(e, err), err)) < 0)
+            return rc;
+    }
     if (e->home == ZT__OPT_DEVICE) {
         rc = e->dev->resident_step(e, lr, adam_step, res, err);
     } else {

@@ -59,13 +59,20 @@ static void mark(struct zt__host_opt *h, int b, int64_t step)
     pthread_mutex_unlock(&h->mu);
 }
 
-/* Records a failure of the update (the first one stays) with its message. */
-static void fail_update(struct zt__host_opt *h, int rc, const zt_err *why)
+/* Records a failure of the disk traffic of the update (the first one stays), before the blocks it leaves
+ * are marked ready: whoever waits for them sees it. */
+static void fail_update(zt_engine *e, int rc, const zt_err *io)
 {
+    struct zt__host_opt *h = e->host;
+    zt_err why;
+    const int code = rc < 0 ? rc : ZT_EIO;
+    zt_fail(&why, code, "the host AdamW could not read or write the Adam moments on disk in '%s' (%s): training "
+            "stops; the last checkpoint is intact (free space there, or resume it with another --moments-dir)",
+            e->moments_dir, io->msg);
     pthread_mutex_lock(&h->mu);
     if (h->update_rc == 0) {
-        h->update_rc = rc;
-        h->update_err = *why;
+        h->update_rc = code;
+        h->update_err = why;
     }
     pthread_mutex_unlock(&h->mu);
 }
@@ -117,10 +124,10 @@ static void run_update(zt_engine *e, const job *j)
     bool failed = false;
     zt_err ioerr = {{0}};
     int rc = 0;
-    if (disk && h->update_rc == 0 && (rc = zt__mdisk_read_async(e, 0, 0, &rd[0], &ioerr)) < 0)
-        failed = true;
     if (disk && h->update_rc != 0)
         failed = true; /* an earlier step failed: no more updates */
+    else if (disk && (rc = zt__mdisk_read_async(e, 0, 0, &rd[0], &ioerr)) < 0)
+        failed = true, fail_update(e, rc, &ioerr);
     for (int b = 0; b < e->nb; b++) {
         zt__block *k = &e->blocks[b];
         if (k->resident)
@@ -144,13 +151,14 @@ static void run_update(zt_engine *e, const job *j)
             }
             if (rc < 0) {
                 failed = true;
+                fail_update(e, rc, &ioerr);
                 mark(h, b, j->step);
                 continue;
             }
             uint16_t *rec = (uint16_t *)e->mbuf[cur];
             update_block(e, j, &p, b, rec, (char *)rec + k->shard * e->msize, k->shard_off);
             if ((rc = zt__mdisk_write_async(e, b, cur, &wr[cur], &ioerr)) < 0)
-                failed = true;
+                failed = true, fail_update(e, rc, &ioerr);
         } else {
             update_block(e, j, &p, b, e->h_m, e->h_v, 0);
         }
@@ -163,18 +171,11 @@ static void run_update(zt_engine *e, const job *j)
     }
     for (int i = 0; i < 2; i++) { /* the last writes (and a read-ahead cut short) */
         zt_err werr;
-        if (rd[i] >= 0 && zt__mdisk_wait(e, rd[i], &werr) < 0 && !failed)
-            failed = true, ioerr = werr;
-        if (wr[i] >= 0 && zt__mdisk_wait(e, wr[i], &werr) < 0 && !failed)
-            failed = true, ioerr = werr;
-    }
-    if (failed && h->update_rc == 0) {
-        zt_err why;
-        const int code = rc < 0 ? rc : ZT_EIO;
-        zt_fail(&why, code, "the host AdamW could not read or write the Adam moments on disk in '%s' (%s): training "
-                "stops; the last checkpoint is intact (free space there, or resume it with another --moments-dir)",
-                e->moments_dir, ioerr.msg);
-        fail_update(h, code, &why);
+        int wrc;
+        if (rd[i] >= 0 && (wrc = zt__mdisk_wait(e, rd[i], &werr)) < 0)
+            fail_update(e, wrc, &werr);
+        if (wr[i] >= 0 && (wrc = zt__mdisk_wait(e, wr[i], &werr)) < 0)
+            fail_update(e, wrc, &werr);
     }
     h->busy_s = zt_now_s() - t0;
 }
