@@ -21,3 +21,14 @@ void zt_advise_huge_pages(void *p, size_t bytes)
     (void)bytes;
 #endif
 }
+
+void zt_release_pages(void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    const long ps = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    const uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), b = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED); /* private memory: cannot fail for a mapped range */
+}

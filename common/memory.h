@@ -10,4 +10,9 @@
  * the system has no transparent huge pages, or refuses, nothing changes. Contents are untouched. */
 void zt_advise_huge_pages(void *p, size_t bytes);
 
+/* Gives the whole pages inside [p, p + bytes) back to the kernel (madvise MADV_DONTNEED): memory from
+ * malloc/calloc reads as zeros there afterwards and takes pages again when written. For a buffer whose
+ * contents are no longer needed but which stays allocated. */
+void zt_release_pages(void *p, size_t bytes);
+
 #endif

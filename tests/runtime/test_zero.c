@@ -517,6 +517,74 @@ static void test_moments_on_disk(void **state)
     zt_comm_destroy(comm);
 }
 
+/* One rank in this process, a GPT-2 wide enough for whole pages inside its tensors: the losses of `steps`
+ * steps, with the engine giving back the initial weights' pages as it takes them or not; *released
+ * receives whether the first big tensor of the slab reads zeros after the engine's creation. */
+static void train_in_process(bool release, bool stream, int steps, float *losses, bool *released)
+{
+    zt_err err = {{0}};
+    zt_comm_options co;
+    zt_comm_options_init(&co);
+    co.rank = 0;
+    co.world_size = 1;
+    snprintf(co.name, sizeof co.name, "zrl%d", (int)getpid());
+    zt_comm *comm = NULL;
+    assert_int_equal(zt_comm_create(&comm, &co, &err), 0);
+    zt_family_config fc;
+    zt_family_config_default(&fc);
+    fc.gpt2 = tiny_config();
+    fc.gpt2.n_embd = 64; /* c_fc.weight: 64 x 256 floats, several whole pages */
+    zt_family_model *fm = NULL;
+    assert_int_equal(zt_family_model_create(&fm, &fc, GB, T, 7, &err), 0);
+    zt_model *model = NULL;
+    bool ck_layers[8] = {false};
+    assert_int_equal(zt_family_model_cpu(&model, fm, 1, ck_layers, &err), 0);
+    const zt_model_tensor *big = NULL;
+    for (int i = 0; i < model->ntensors && !big; i++)
+        if (model->tensors[i].numel >= 8192)
+            big = &model->tensors[i];
+    assert_non_null(big);
+    const float *slab = zt_family_model_params(fm);
+    zt_engine_options eo;
+    zt_engine_options_init(&eo);
+    eo.stream = stream;
+    eo.release_host_params = release;
+    zt_engine *e = NULL;
+    assert_int_equal(zt_engine_create(&e, model, comm, &eo, slab, &err), 0);
+    bool zeros = true;
+    for (size_t j = 2048; j < 4096; j++) /* a stretch in the tensor's inside: its whole pages */
+        zeros = zeros && slab[big->host_offset + j] == 0.0f;
+    *released = zeros;
+    int32_t tok[GB * T], tgt[GB * T];
+    for (int s = 0; s < steps; s++) {
+        zt_engine_step_result sr;
+        global_batch(s, 0, tok, tgt);
+        assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+        assert_int_equal(zt_engine_step(e, LR, s + 1, &sr, &err), 0);
+        losses[s] = sr.loss;
+    }
+    zt_engine_destroy(e);
+    model->ops->destroy(model);
+    zt_family_model_destroy(fm);
+    zt_comm_destroy(comm);
+}
+
+/* release_host_params: the initial weights' pages are given back block by block as the engine takes them,
+ * and training goes on with the same bits (optimizer on the CPU's shards, and in the host arrays). */
+static void test_release_host_params(void **state)
+{
+    (void)state;
+    for (int stream = 0; stream <= 1; stream++) {
+        float kept[8], given[8];
+        bool released_kept, released_given;
+        train_in_process(false, stream, 8, kept, &released_kept);
+        train_in_process(true, stream, 8, given, &released_given);
+        assert_false(released_kept);
+        assert_true(released_given);
+        assert_memory_equal(given, kept, sizeof kept);
+    }
+}
+
 static void test_resume_at_other_world_sizes(void **state)
 {
     (void)state;
@@ -620,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_streamed_weights),
         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_moments_on_disk),
+        cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),

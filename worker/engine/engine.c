@@ -487,7 +487,10 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
         goto fail;
     if ((e->home == ZT__OPT_HOST || (e->home == ZT__OPT_SERVER && e->dev->gpu)) && (rc = zt__host_opt_create(e, err)) < 0)
         goto fail;
-    if ((rc = zt_engine_import(e, host_params, NULL, NULL, err)) < 0)
+    e->releasing = o->release_host_params; /* the weights' import gives their pages back as it goes */
+    rc = zt_engine_import(e, host_params, NULL, NULL, err);
+    e->releasing = false;
+    if (rc < 0)
         goto fail;
     e->plan_device_bytes = e->device_bytes + model->device_bytes;
     *out = e;
@@ -1418,6 +1421,27 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
     return 0;
 }
 
+/* Gives back the pages of block b's tensors in a host-layout slab (release_host_params), except where a later
+ * block's tensor shares them: import walks the blocks in order, so a range goes once its last reader is done.
+ * Only the whole pages inside each tensor are given back. */
+static void release_block_source(const zt_engine *e, int b, const float *slab)
+{
+    const zt_model *m = e->model;
+    for (int i = 0; i < m->ntensors; i++) {
+        const zt_model_tensor *t = &m->tensors[i];
+        if (t->block != b)
+            continue;
+        bool later = false;
+        for (int j = 0; j < m->ntensors && !later; j++) {
+            const zt_model_tensor *u = &m->tensors[j];
+            later = u->block > b && u->host_offset < t->host_offset + t->numel &&
+                    t->host_offset < u->host_offset + u->numel;
+        }
+        if (!later)
+            zt_release_pages((void *)(slab + t->host_offset), t->numel * sizeof(float));
+    }
+}
+
 /* Copies this rank's shard of every block of a host-layout slab into a shard slab (device or host; fp32, or
  * bf16 moments in host memory, rounded to nearest). */
 static void import_field(zt_engine *e, const float *slab, void *field, enum zt_dtype fdt, bool on_device)
@@ -1429,6 +1453,8 @@ static void import_field(zt_engine *e, const float *slab, void *field, enum zt_d
             host_to_block(e, b, slab, stage);
         else
             memset(stage, 0, k->padded * sizeof(float));
+        if (slab && e->releasing)
+            release_block_source(e, b, slab);
         const float *src = stage + (size_t)e->rank * k->shard;
         if (fdt == ZT_DTYPE_BF16) {
             ZT_ASSERT(!on_device || !e->dev->gpu); /* bf16 moments live in host memory */

@@ -80,6 +80,9 @@ typedef struct zt_engine_options {
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the
                                     rest; the same bits as 0 (none), fewer host bytes per step. 0 to 1 */
+    bool release_host_params;    /* zt_engine_create gives back the pages of host_params block by block as it takes
+                                    them (madvise), so that the start holds no second copy of the weights; the
+                                    caller must not read host_params again (its pages read as zeros) */
     /* placement server only */
     zt_state_client_t *client;   /* borrowed for the engine's lifetime */
     const char *run_id;          /* the run's id on the servers (copied) */

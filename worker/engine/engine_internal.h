@@ -134,6 +134,8 @@ struct zt_engine {
     bool chunked;                   /* HOST path at W = 1 in pieces of o.grad_chunk elements (ring[] are pieces) */
     bool windowed;                  /* block weights go through window slots: W > 1 (gathered) or streamed */
     bool dry;                       /* zt_engine_plan_for: allocations are only counted */
+    bool releasing;                 /* zt_engine_create's import with release_host_params: each block's source
+                                       pages are given back once taken */
     int W, rank, nb;
     enum zt_dtype dtype;            /* compute dtype */
     size_t esize;

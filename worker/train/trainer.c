@@ -610,7 +610,10 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const char *disk_dir = ep.disk_bytes ? cfg->moments_dir : cfg->state_store_dir;
     const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
     const uint64_t steady = ep.host_bytes + server_ram + staging;
-    const uint64_t at_start = 4 * P + ep.host_bytes - ep.host_moment_bytes + server_ram;
+    /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays: a new run's
+     * engine gives their pages back as it fills its masters, so they replace the masters' (untouched until
+     * then); a resumed run's slab stays until the checkpoint's second import. */
+    const uint64_t at_start = (cfg->resume[0] ? 4 * P : 0) + ep.host_bytes - ep.host_moment_bytes + server_ram;
     const uint64_t ram = steady > at_start ? steady : at_start;
     char parts[256], eng[32], pin[32], srv[32], stg[32];
     zt_format_size(ep.host_bytes, eng, sizeof eng);
@@ -1112,6 +1115,9 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     eo.stream = lay.stream;
     eo.grad_chunk = lay.grad_chunk;
     eo.device_budget = lay.device_budget;
+    /* a new run on GPUs reads the initial weights once: the engine gives their pages back as it takes them,
+     * so the start holds one copy (a resumed run imports the checkpoint's slab again below) */
+    eo.release_host_params = on_gpu && !resumed;
     zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
     if (on_servers) {
         rc = state_client_create(cfg, &r.client, &r.token, err);
