@@ -410,6 +410,41 @@ static void test_bf16_moments(void **state)
     remove_dir(dir);
 }
 
+/* One rank in this process (the self backend) and a tiny GPT-2 of width n_embd on the CPU, for the tests
+ * that drive an engine directly. */
+typedef struct solo {
+    zt_comm *comm;
+    zt_family_model *fm;
+    zt_model *model;
+} solo;
+
+static solo solo_open(int n_embd)
+{
+    solo s = {0};
+    zt_err err = {{0}};
+    zt_comm_options co;
+    zt_comm_options_init(&co);
+    co.rank = 0;
+    co.world_size = 1;
+    snprintf(co.name, sizeof co.name, "zs%d", (int)getpid());
+    assert_int_equal(zt_comm_create(&s.comm, &co, &err), 0);
+    zt_family_config fc;
+    zt_family_config_default(&fc);
+    fc.gpt2 = tiny_config();
+    fc.gpt2.n_embd = n_embd;
+    assert_int_equal(zt_family_model_create(&s.fm, &fc, GB, T, 7, &err), 0);
+    bool ck_layers[8] = {false};
+    assert_int_equal(zt_family_model_cpu(&s.model, s.fm, 1, ck_layers, &err), 0);
+    return s;
+}
+
+static void solo_close(solo *s)
+{
+    s->model->ops->destroy(s->model);
+    zt_family_model_destroy(s->fm);
+    zt_comm_destroy(s->comm);
+}
+
 /* Adam moments on disk (an NVMe store in a temporary directory; buffered I/O where it has no O_DIRECT): the
  * host AdamW reads each block's record ahead and writes it behind, with the same bits as moments in host
  * memory, fp32 or bf16; a checkpoint resumes on them; a directory that does not exist is refused. */
@@ -448,21 +483,10 @@ static void test_moments_on_disk(void **state)
     remove_dir(ck);
 
     /* a directory that does not exist: refused at creation, naming it */
-    zt_comm_options co;
-    zt_comm_options_init(&co);
-    co.rank = 0;
-    co.world_size = 1;
-    snprintf(co.name, sizeof co.name, "zmd%d", (int)getpid());
-    zt_comm *comm = NULL;
-    assert_int_equal(zt_comm_create(&comm, &co, &err), 0);
-    zt_family_config fc;
-    zt_family_config_default(&fc);
-    fc.gpt2 = tiny_config();
-    zt_family_model *fm = NULL;
-    assert_int_equal(zt_family_model_create(&fm, &fc, GB, T, 7, &err), 0);
-    zt_model *model = NULL;
-    bool ck_layers[8] = {false};
-    assert_int_equal(zt_family_model_cpu(&model, fm, 1, ck_layers, &err), 0);
+    solo so = solo_open(tiny_config().n_embd);
+    zt_comm *comm = so.comm;
+    zt_family_model *fm = so.fm;
+    zt_model *model = so.model;
     zt_engine_options eo;
     zt_engine_options_init(&eo);
     eo.stream = true;
@@ -512,9 +536,7 @@ static void test_moments_on_disk(void **state)
     zt_engine_destroy(e);
     free(scratch);
     remove_dir(bad);
-    model->ops->destroy(model);
-    zt_family_model_destroy(fm);
-    zt_comm_destroy(comm);
+    solo_close(&so);
 }
 
 /* One rank in this process, a GPT-2 wide enough for whole pages inside its tensors: the losses of `steps`
@@ -523,28 +545,15 @@ static void test_moments_on_disk(void **state)
 static void train_in_process(bool release, bool stream, int steps, float *losses, bool *released)
 {
     zt_err err = {{0}};
-    zt_comm_options co;
-    zt_comm_options_init(&co);
-    co.rank = 0;
-    co.world_size = 1;
-    snprintf(co.name, sizeof co.name, "zrl%d", (int)getpid());
-    zt_comm *comm = NULL;
-    assert_int_equal(zt_comm_create(&comm, &co, &err), 0);
-    zt_family_config fc;
-    zt_family_config_default(&fc);
-    fc.gpt2 = tiny_config();
-    fc.gpt2.n_embd = 64; /* c_fc.weight: 64 x 256 floats, several whole pages */
-    zt_family_model *fm = NULL;
-    assert_int_equal(zt_family_model_create(&fm, &fc, GB, T, 7, &err), 0);
-    zt_model *model = NULL;
-    bool ck_layers[8] = {false};
-    assert_int_equal(zt_family_model_cpu(&model, fm, 1, ck_layers, &err), 0);
+    solo so = solo_open(64); /* c_fc.weight: 64 x 256 floats, several whole pages */
+    zt_comm *comm = so.comm;
+    zt_model *model = so.model;
     const zt_model_tensor *big = NULL;
     for (int i = 0; i < model->ntensors && !big; i++)
         if (model->tensors[i].numel >= 8192)
             big = &model->tensors[i];
     assert_non_null(big);
-    const float *slab = zt_family_model_params(fm);
+    const float *slab = zt_family_model_params(so.fm);
     zt_engine_options eo;
     zt_engine_options_init(&eo);
     eo.stream = stream;
@@ -564,9 +573,7 @@ static void train_in_process(bool release, bool stream, int steps, float *losses
         losses[s] = sr.loss;
     }
     zt_engine_destroy(e);
-    model->ops->destroy(model);
-    zt_family_model_destroy(fm);
-    zt_comm_destroy(comm);
+    solo_close(&so);
 }
 
 /* release_host_params: the initial weights' pages are given back block by block as the engine takes them,
