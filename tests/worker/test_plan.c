@@ -162,6 +162,12 @@ static void test_host_and_disk(void **state)
     assert_int_equal(zt_plan_check_host(&h, &err), ZT_ENOMEM);
     if (!strstr(err.msg, "120 GiB") || !strstr(err.msg, "100 GiB") || !strstr(err.msg, "--offload nvme:DIR"))
         fail_msg("message: %s", err.msg);
+    /* with the other settings that would fit, the message names them instead */
+    h.ram_fixes = "--adam-moments bf16 (RAM 98.0 GiB)";
+    assert_int_equal(zt_plan_check_host(&h, &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "what would fit: --adam-moments bf16 (RAM 98.0 GiB)") || !strstr(err.msg, "120 GiB"))
+        fail_msg("message: %s", err.msg);
+    h.ram_fixes = NULL;
     h.ram_available = 200ULL << 30;
     assert_int_equal(zt_plan_check_host(&h, &err), 0);
     h.disk_needed = 80ULL << 30;

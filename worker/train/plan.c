@@ -167,6 +167,9 @@ int zt_plan_check_host(const zt_plan_host *h, zt_err *err)
     if (h->ram_available > 0 && h->ram_needed > h->ram_available) {
         size_text(h->ram_needed, need, sizeof need);
         size_text(h->ram_available, have, sizeof have);
+        if (h->ram_fixes && h->ram_fixes[0])
+            return zt_fail(err, ZT_ENOMEM, "host memory: this plan needs %s (%s) and %s are available (MemAvailable); "
+                           "what would fit: %s", need, h->ram_parts ? h->ram_parts : "", have, h->ram_fixes);
         return zt_fail(err, ZT_ENOMEM, "host memory: this plan needs %s (%s) and %s are available (MemAvailable); "
                        "free memory, keep the optimizer state on NVMe (--offload nvme:DIR), use state servers on "
                        "other machines (--optimizer server --servers), or train a smaller model", need,

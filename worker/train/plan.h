@@ -90,6 +90,7 @@ typedef struct zt_plan_host {
     uint64_t disk_free;
     const char *disk_dir;   /* where the disk bytes go */
     const char *ram_parts;  /* "master weights 24.9 GiB, ...": what ram_needed is made of, for the message */
+    const char *ram_fixes;  /* "" or NULL, or the other settings that would fit, with their needs */
 } zt_plan_host;
 
 /* Returns 0, or ZT_ENOMEM naming the numbers and the fixes. */

@@ -543,6 +543,43 @@ static void price_layout(void *ctx, enum zt_plan_weights w, bool on_gpu, int b, 
     shape->ops->destroy(shape);
 }
 
+/* The host AdamW's other ways of holding its state that fit in `available` bytes of RAM (bf16 moments,
+ * moments on disk, both; without checkpoints when those are what does not fit), as text for the refusal:
+ * "--adam-moments bf16 (RAM 98.0 GiB); ...". `other` is the RAM the plan needs besides the engine's. */
+static void ram_fixes(const zt_model *shape, int W, const zt_engine_options *o, uint64_t other, uint64_t available,
+                      uint64_t staging, char *out, size_t cap)
+{
+    static const char *const flags[3] = {"--adam-moments bf16", "--moments-dir DIR", "--adam-moments bf16 --moments-dir DIR"};
+    size_t used = 0;
+    for (int i = 0; i < 3; i++) {
+        zt_engine_options x = *o;
+        if (i != 1) {
+            if (o->moment_dtype == ZT_DTYPE_BF16)
+                continue; /* already */
+            x.moment_dtype = ZT_DTYPE_BF16;
+        }
+        if (i != 0) {
+            if (o->moments_dir && o->moments_dir[0])
+                continue;
+            x.moments_dir = "DIR";
+        }
+        zt_engine_plan xp;
+        zt_engine_plan_for(shape, W, &x, &xp);
+        const uint64_t need = other + xp.host_bytes;
+        const bool fits = need <= available, fits_nockpt = staging && need - staging <= available;
+        if (!fits && !fits_nockpt)
+            continue;
+        char r[32], d[32];
+        zt_format_size(fits ? need : need - staging, r, sizeof r);
+        zt_format_size(xp.disk_bytes, d, sizeof d);
+        used += (size_t)snprintf(out + used, cap - used, "%s%s%s (RAM %s%s%s)", used ? "; " : "", flags[i],
+                                 fits ? "" : " --save-every -1", r, xp.disk_bytes ? ", disk " : "",
+                                 xp.disk_bytes ? d : "");
+        if (used >= cap)
+            break;
+    }
+}
+
 /* Plans a run on the GPU before anything large is allocated: the compute dtype, the layout under --gpu-mem
  * (or the GPU's free memory), with an automatic micro-batch the rows per micro-batch (cfg's batch_size and
  * grad_accum change then), and the host and disk bytes, refused when the machine lacks them. Logs the
@@ -593,7 +630,6 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     zt_model *shape = shape_of(&p, ch.weights, opt_gpu, ch.micro_batch, false, &o);
     zt_engine_plan ep;
     zt_engine_plan_for(shape, W, &o, &ep);
-    shape->ops->destroy(shape);
     lay->stream = o.stream;
     lay->grad_chunk = o.grad_chunk;
     lay->device_budget = cfg->gpu_mem ? ch.limit - ch.device.model - ch.device.fixed : 0;
@@ -625,6 +661,12 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     zt_plan_host h = {.ram_needed = ram, .ram_available = zt_plan_ram_available(), .disk_needed = disk,
                       .disk_free = disk ? zt_plan_disk_free(disk_dir) : 0,
                       .disk_dir = disk_dir, .ram_parts = parts};
+    /* Too little RAM with the host AdamW: what the other ways of holding its state would need. */
+    char fixes[512] = "";
+    if (h.ram_available > 0 && ram > h.ram_available && o.placement == ZT_PLACEMENT_CPU && o.gpu_fraction == 0)
+        ram_fixes(shape, W, &o, ram - ep.host_bytes, h.ram_available, staging, fixes, sizeof fixes);
+    h.ram_fixes = fixes;
+    shape->ops->destroy(shape);
     if (is0) {
         char all[32], lim[32], e[32], m[32], f[32], need[32], avail[32], dk[32], dfree[32];
         zt_format_size(zt_plan_device_total(&ch.device), all, sizeof all);
