@@ -42,6 +42,7 @@ TABLE="
 6.7b_nocap_b14_ga8 6.7b  6 14 8 bf16 --optimizer,cpu,--checkpointing,all
 6.7b_gpu_b14_ga8   6.7b  6 14 8 bf16 --optimizer,gpu,--checkpointing,all
 llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
+13b_11g_m16disk    13b   5 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 "
 PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram 1558m_streamed_11g_m16:1558m_streamed_11g"
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
