@@ -111,6 +111,7 @@ typedef struct job {
     bool stream;            /* weights streamed from the host arrays (the GPU's offload layout on the CPU) */
     bool bf16_moments;      /* Adam moments in bf16 (stochastic rounding) */
     const char *moments_dir; /* Adam moments on disk here (streamed weights), or NULL */
+    int grad_chunk;         /* streamed: the gradient leaves in pieces of this many elements per rank (0: blocks) */
 } job;
 
 #define FAIL(...)                                                                                          \
@@ -162,6 +163,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     eo.stream = j->stream;
     eo.moment_dtype = j->bf16_moments ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
     eo.moments_dir = j->moments_dir;
+    eo.grad_chunk = (size_t)j->grad_chunk;
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
                           &err) < 0)
@@ -299,7 +301,7 @@ static void test_equivalence_w1_to_w4(void **state)
     assert_true(ref[STEPS - 1] < 0.95f * ref[0]);
     for (int W = 1; W <= MAX_W; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
         run(&j, l);
         char what[32];
         snprintf(what, sizeof what, "W=%d", W);
@@ -313,10 +315,10 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
 {
     (void)state;
     float l3[STEPS], l2[STEPS], lall[STEPS], levery[STEPS];
-    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
-    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL};
-    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL};
-    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL};
+    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL, 0};
     run(&j3, l3);
     run(&j2, l2);
     run(&jall, lall);
@@ -326,9 +328,9 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
     assert_close(levery, ref, STEPS, 1e-5, "W=2 level 2 every:2");
     /* one micro-batch per step: block buffers taken in turn from a ring, the head's kept apart */
     float o1[STEPS], o3[STEPS], o3c[STEPS];
-    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
-    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
-    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL};
+    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0};
     run(&one1, o1);
     run(&one3, o3);
     run(&one3c, o3c);
@@ -345,17 +347,29 @@ static void test_streamed_weights(void **state)
     (void)state;
     for (int W = 1; W <= 3; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0};
         run(&j, l);
         char what[48];
         snprintf(what, sizeof what, "W=%d streamed", W);
         assert_close(l, ref, STEPS, 1e-5, what);
     }
+    /* the gradient in pieces (each rank's shard cut in pieces of 100 elements, the matching pieces of all
+     * ranks reduce-scattered together), W = 2 and 3, two micro-batches per step: against whole blocks */
+    for (int W = 2; W <= 3; W++) {
+        float whole[STEPS], pieces[STEPS];
+        job jw = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0};
+        job jp = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 100};
+        run(&jw, whole);
+        run(&jp, pieces);
+        char what[48];
+        snprintf(what, sizeof what, "W=%d streamed, gradient in pieces", W);
+        assert_close(pieces, whole, STEPS, 1e-6, what);
+    }
     /* one micro-batch per step, and with recomputation: against the resident layout of the same W */
     float res[STEPS], st[STEPS], stc[STEPS];
-    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL};
-    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL};
-    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL};
+    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0};
+    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL, 0};
     run(&jres, res);
     run(&jst, st);
     run(&jstc, stc);
@@ -365,12 +379,12 @@ static void test_streamed_weights(void **state)
     char dir[] = "/tmp/zt_zero_stream_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL};
+    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0};
     run(&save, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL};
+    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL, 0};
     run(&load, rest);
     assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
     assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
@@ -384,9 +398,9 @@ static void test_bf16_moments(void **state)
 {
     (void)state;
     float l1[STEPS], l2[STEPS], ls[STEPS];
-    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL};
-    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL};
-    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL};
+    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0};
+    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0};
+    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0};
     run(&j1, l1);
     run(&j2, l2);
     run(&js, ls);
@@ -398,13 +412,13 @@ static void test_bf16_moments(void **state)
     char dir[] = "/tmp/zt_zero_bf16_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL};
+    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL, 0};
     run(&save, first);
     assert_memory_equal(first, l2, sizeof(float) * (STEPS / 2));
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL};
+    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL, 0};
     run(&load, rest);
     assert_memory_equal(rest, l2 + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -456,8 +470,8 @@ static void test_moments_on_disk(void **state)
     for (int bf16 = 0; bf16 <= 1; bf16++)
         for (int W = 1; W <= 2; W++) {
             float ram[STEPS], disk[STEPS];
-            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL};
-            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir};
+            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL, 0};
+            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir, 0};
             run(&jr, ram);
             run(&jd, disk);
             char what[64];
@@ -469,14 +483,14 @@ static void test_moments_on_disk(void **state)
     char ck[] = "/tmp/zt_zero_mdisk_ckpt_XXXXXX";
     assert_non_null(mkdtemp(ck));
     float whole[STEPS], first[STEPS], rest[STEPS];
-    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir};
-    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir};
+    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir, 0};
+    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir, 0};
     run(&jw, whole);
     run(&js, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
-    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir};
+    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0};
     run(&jl, rest);
     assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -598,14 +612,14 @@ static void test_resume_at_other_world_sizes(void **state)
     char dir[] = "/tmp/zt_zero_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], second[STEPS];
-    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL};
+    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0};
     run(&save, first);
     assert_close(first, ref, STEPS / 2, 1e-5, "W=4 first half");
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
     for (int W = 2; W >= 1; W--) {
-        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL};
+        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL, 0};
         run(&resume, second);
         char what[32];
         snprintf(what, sizeof what, "resumed at W=%d", W);

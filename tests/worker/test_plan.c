@@ -77,13 +77,16 @@ static void test_fastest_that_fits(void **state)
     r = request(1000, 8);
     r.weights = ZT_WEIGHTS_GPU;
     assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
-    /* several ranks: no gradient pieces (one rank's path), but the weights stream (each rank its shard) */
+    /* several ranks: gradient pieces and streamed weights as with one */
     r = request(1700, 8);
     r.world = 2;
+    assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
+    assert_int_equal(c.weights, ZT_PLAN_CHUNKED);
+    /* a request without pieces still streams the weights */
     r.can_chunk = false;
     assert_int_equal(zt_plan_fit(&r, &c, &err), 0);
     assert_int_equal(c.weights, ZT_PLAN_STREAMED);
-    /* ... unless streaming is ruled out (ZeRO-2, --optimizer-gpu-fraction): resident only */
+    /* ... and with streaming ruled out too (ZeRO-2), resident only */
     r.can_stream = false;
     assert_int_equal(zt_plan_fit(&r, &c, &err), ZT_ENOMEM);
 }

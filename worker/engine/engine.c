@@ -228,8 +228,10 @@ static int allocate(zt_engine *e, zt_err *err)
         if ((rc = take_dev(e, (void **)&e->gacc, pad_sum * 4, "fp32 gradient accumulation", err)) < 0)
             return rc;
     } else if (e->chunked) {
+        /* a piece of every rank's shard, side by side for the reduce-scatter (W = 1: the piece) */
         for (int r = 0; r < ZT__RING; r++)
-            if ((rc = take_dev(e, (void **)&e->ring[r], e->o.grad_chunk * 4, "fp32 gradient pieces", err)) < 0)
+            if ((rc = take_dev(e, (void **)&e->ring[r], e->o.grad_chunk * (size_t)e->W * 4, "fp32 gradient pieces",
+                               err)) < 0)
                 return rc;
     } else if (e->path == ZT__GRAD_REDUCE || e->path == ZT__GRAD_HOST) {
         const zt__block *h = &e->blocks[e->model->head_block];
@@ -241,7 +243,7 @@ static int allocate(zt_engine *e, zt_err *err)
     if (e->path == ZT__GRAD_HOST && e->W > 1) {
         const zt__block *h = &e->blocks[e->model->head_block];
         for (int r = 0; r <= ZT__RING; r++) {
-            const size_t n = r == ZT__RING ? h->shard : max_shard;
+            const size_t n = e->chunked ? e->o.grad_chunk : r == ZT__RING ? h->shard : max_shard;
             if ((rc = take_dev(e, (void **)&e->dshard[r], n * 4, "gradient shard buffers", err)) < 0 ||
                 (rc = take_dev(e, (void **)&e->dshard2[r], n * 4, "gradient shard buffers", err)) < 0)
                 return rc;
@@ -380,7 +382,8 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
         e->path = ZT__GRAD_HOST;
     else
         e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
-    e->chunked = e->path == ZT__GRAD_HOST && e->W == 1 && o->grad_chunk > 0;
+    /* pieces: one rank, or several without blocks kept on the GPU (whose gradients take whole-block buffers) */
+    e->chunked = e->path == ZT__GRAD_HOST && o->grad_chunk > 0 && (e->W == 1 || o->gpu_fraction == 0);
     e->windowed = e->W > 1 || o->stream;
 
     /* Blocks padded to a multiple of W (64 W on a GPU), shards laid end to end. */
@@ -470,7 +473,7 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
         e->ms = e->dev->stream_create();
         e->down = e->dev->stream_create();
         e->up = e->dev->stream_create();
-        if (e->chunked)
+        if (e->chunked && e->W == 1) /* several ranks fold and reduce on the communication stream */
             e->fs = e->dev->stream_create();
     }
 
@@ -615,9 +618,10 @@ void zt_engine_log_plan(const zt_engine *e)
     static const char *const homes[] = {"on the compute device", "in host memory (AdamW on the host)",
                                         "in state servers"};
     zt_log(ZT_LOG_INFO, "engine: W=%d rank %d, ZeRO-%d, prefetch %d, grad_accum %d, %d of %d blocks checkpointed; "
-           "%zu of %zu elements per rank; optimizer state %s%s; %s%s",
+           "%zu of %zu elements per rank; optimizer state %s%s; %s%s%s",
            e->W, e->rank, e->o.zero_level, e->o.prefetch, e->o.grad_accum, nck, e->nb, e->nshard, total,
            homes[e->home], e->msize == 2 ? " (Adam moments in bf16)" : "", path_name(e->path),
+           e->chunked ? " (in pieces)" : "",
            !e->o.stream ? ""
            : e->W == 1  ? "; weights streamed from host memory"
                         : "; weights streamed from host memory, each rank's shard, then all-gathered");
@@ -935,6 +939,59 @@ static int send_pieces(zt_engine *e, int b, const void *g)
     return 0;
 }
 
+/* Several ranks, the gradient off the GPU in pieces: for each piece of grad_chunk elements of a shard, the
+ * matching piece of every rank's shard of block b's gradient g is folded into fp32 side by side, the
+ * pieces are reduce-scattered (this rank's sum lands in dshard), the step's gradient so far comes up and
+ * is added after the first micro-batch, and the sum goes down into h_grad. On the communication stream,
+ * in order with the gathers, as the whole-block path does; the GPU holds pieces instead of blocks. */
+static int send_pieces_reduced(zt_engine *e, int b, const void *g, zt_err *err)
+{
+    zt__block *k = &e->blocks[b];
+    const size_t piece = e->o.grad_chunk;
+    e->dev->record(k->folded, e->cs); /* the block's backward has written g */
+    e->dev->wait(e->ms, k->folded);
+    int rc = 0;
+    for (size_t off = 0; off < k->shard && rc == 0; off += piece) {
+        const size_t n = k->shard - off < piece ? k->shard - off : piece;
+        const int r = e->ring_next;
+        e->ring_next = (r + 1) % ZT__RING;
+        float *in = e->ring[r], *out = e->dshard[r];
+        e->dev->wait(e->ms, e->ring_free[r]);
+        for (int q = 0; q < e->W; q++) {
+            const size_t at = (size_t)q * k->shard + off; /* rank q's piece in the block */
+            const size_t real = at >= k->len ? 0 : k->len - at < n ? k->len - at : n;
+            if (real < n)
+                e->dev->memset0(in + (size_t)q * n + real, (n - real) * 4, e->ms); /* the padding stays zero */
+            if (real > 0)
+                e->dev->fold(in + (size_t)q * n, (const char *)g + at * e->esize, e->dtype, real, e->inv_scale, true,
+                             e->ms);
+        }
+        rc = zt_comm_reduce_scatter(e->comm, in, out, n, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
+        if (e->micro > 0) {
+            /* add the step's gradient so far, brought up from the host */
+            e->dev->wait(e->up, e->ring_free[r]);
+            e->dev->wait(e->up, k->grad_out);
+            e->dev->copy(e->dshard2[r], e->h_grad + k->shard_off + off, n * 4, e->up);
+            e->timing.bytes_up += n * 4;
+            e->dev->record(k->loaded, e->up);
+            e->dev->wait(e->ms, k->loaded);
+            e->dev->fold(out, e->dshard2[r], ZT_DTYPE_F32, n, 1.0f, false, e->ms);
+        }
+        if (e->last)
+            e->dev->norm_add(e, out, n, e->ms);
+        e->dev->record(k->folded, e->ms);
+        e->dev->wait(e->down, k->folded);
+        e->dev->copy(e->h_grad + k->shard_off + off, out, n * 4, e->down);
+        e->timing.bytes_down += n * 4;
+        e->dev->record(e->ring_free[r], e->down);
+    }
+    e->dev->record(e->glow_free[k->glow], e->ms); /* g may be written again */
+    e->dev->record(k->grad_out, e->down);
+    if (e->last && e->home == ZT__OPT_SERVER)
+        zt__host_opt_push(e, b);
+    return rc;
+}
+
 /* Block b's backward is enqueued: fold its gradients into fp32 and move them on (reduce-scatter on the
  * last micro-batch; to the host on the HOST path). */
 static int grads_done(zt_engine *e, int b, zt_err *err)
@@ -1004,7 +1061,7 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         return rc;
     }
     if (e->chunked)
-        return send_pieces(e, b, g);
+        return e->W == 1 ? send_pieces(e, b, g) : send_pieces_reduced(e, b, g, err);
     /* HOST: this micro-batch's part of the owned shard, plus the earlier ones', goes down to h_grad. */
     float *f = fp32_target(e, b);
     const bool loaded = e->W == 1 && e->micro > 0;
@@ -1263,6 +1320,19 @@ static int export_block(zt_engine *e, int b, const float *src, bool on_device, f
             e->dev->copy(stage, src, k->padded * 4, e->cs), e->dev->stream_sync(e->cs);
         else
             memcpy(stage, src, k->padded * 4);
+    } else if (e->dev->gpu && e->chunked) {
+        /* NCCL gathers device memory, here through the gradient's piece buffers: this rank's piece up, the
+         * all-gather, then each rank's part down into its place */
+        const size_t piece = e->o.grad_chunk;
+        float *d_in = e->dshard[0], *d_out = e->ring[0];
+        for (size_t off = 0; off < k->shard && rc == 0; off += piece) {
+            const size_t n = k->shard - off < piece ? k->shard - off : piece;
+            e->dev->copy(d_in, src + off, n * 4, e->ms);
+            rc = zt_comm_all_gather(e->comm, d_in, d_out, n, ZT_COMM_F32, e->ms, err);
+            for (int q = 0; rc == 0 && q < e->W; q++)
+                e->dev->copy(stage + (size_t)q * k->shard + off, d_out + (size_t)q * n, n * 4, e->ms);
+            e->dev->stream_sync(e->ms); /* d_in and d_out are taken again by the next piece's copies */
+        }
     } else if (e->dev->gpu) {
         /* NCCL gathers device memory: through the block's fp32 buffer (the head's own, or the ring's first) */
         const int r = b == e->model->head_block ? ZT__RING : 0;

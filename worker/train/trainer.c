@@ -604,7 +604,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         .gpu_free = free_b,
         .weights = cfg->weights,
         .optimizer_on_gpu = opt_gpu,
-        .can_chunk = W == 1,
+        .can_chunk = W == 1 || cfg->optimizer_gpu_fraction == 0,
         .can_stream = cfg->zero_level == 3 && cfg->optimizer_gpu_fraction == 0,
         .ckpt_all = cfg->checkpointing == ZT_CKPT_ALL,
         .world = W,
