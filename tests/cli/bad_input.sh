@@ -454,6 +454,9 @@ train_case flag_gpu_mem_not_a_size 2 '--gpu-mem' 'lots' -- --gpu-mem lots
 train_case flag_gpu_mem_on_cpu 2 'gpu_mem' '--device cuda' -- --gpu-mem 4GiB
 train_case flag_offload_unknown 2 '--offload' 'nvme:DIR' -- --offload disk
 train_case flag_weights_host_on_cpu 2 'weights' '--device cuda' -- --weights host
+train_case flag_adam_moments_unknown 2 '--adam-moments' 'fp32 or bf16' -- --adam-moments fp8
+train_case flag_adam_moments_optimizer_server 2 'adam_moments' '--optimizer cpu' -- --adam-moments bf16 --optimizer server
+train_case flag_moments_dir_on_cpu 2 'moments_dir' '--device cuda' -- --moments-dir /tmp
 if expect_error finetune_without_init 2 'finetune' '--init-from' -- finetune --train-data "$WORK/d1/d_train_*.bin" \
   --out "$WORK/ft1" && expect_no_run_output finetune_without_init "$WORK/ft1"; then
   pass finetune_without_init
