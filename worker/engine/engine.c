@@ -72,13 +72,14 @@ int zt_engine_mean(zt_engine *e, double x, double *out, zt_err *err)
 /* The moment fields of an AdamW range; see engine_internal.h. The stochastic rounding's indices are this
  * rank's shard offsets and its seed mixes the Adam step with the rank, so every element of every rank and
  * step draws its own bits whatever the thread count. */
-void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t off, int64_t adam_step)
+void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t moff, size_t index,
+                        int64_t adam_step)
 {
-    r->m = (char *)m + off * e->msize;
-    r->v = (char *)v + off * e->msize;
+    r->m = (char *)m + moff * e->msize;
+    r->v = (char *)v + moff * e->msize;
     r->moment_dtype = e->o.moment_dtype;
     r->seed = (uint64_t)adam_step ^ ((uint64_t)e->rank << 40);
-    r->index_base = off;
+    r->index_base = index;
 }
 
 /* Block b's weights as the gathers read them: wshard at the block's shard (at W = 1, the whole block). */

@@ -155,7 +155,7 @@ static int cpu_resident_step(zt_engine *e, float lr, int64_t adam_step, zt_engin
             .grad_dtype = ZT_DTYPE_F32,
             .n = pc->n,
         };
-        zt__engine_moments(e, &r, e->m, e->v, pc->shard_off, adam_step);
+        zt__engine_moments(e, &r, e->m, e->v, pc->shard_off, pc->shard_off, adam_step);
         rc = zt_cpu_adam_update(&r, &p, e->o.threads, err);
     }
     return rc;

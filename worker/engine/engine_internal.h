@@ -220,9 +220,10 @@ struct zt_engine {
 
 /* ---- engine.c helpers used by the other files ---- */
 void *zt__engine_block_weights(zt_engine *e, int b); /* wshard + the block's shard (W = 1: the block) */
-/* Fills the moment fields of an AdamW range over shard elements [off, off + n): m and v at off in the moment
- * slabs m and v, their dtype, and the stochastic rounding's seed and indices (bf16 moments). */
-void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t off,
+/* Fills the moment fields of an AdamW range over this rank's shard elements [index, index + n): m and v at
+ * element moff of the moment arrays m and v (the shard slabs, moff = index; or a block's staging buffer),
+ * their dtype, and the stochastic rounding's seed and first index (bf16 moments). */
+void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t moff, size_t index,
                         int64_t adam_step);
 
 /* Widens n bf16 values to fp32. */

@@ -93,8 +93,8 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
             .out_dtype = e->dtype,
             .n = pc->n,
         };
-        zt__engine_moments(e, &r, m, v, pc->shard_off - base, j->adam_step);
-        r.index_base = pc->shard_off; /* the same rounding bits wherever the moments are held */
+        /* the rounding bits follow the element, wherever its moments are held */
+        zt__engine_moments(e, &r, m, v, pc->shard_off - base, pc->shard_off, j->adam_step);
         zt_err aerr;
         int rc = zt_cpu_adam_update(&r, p, e->o.threads, &aerr);
         ZT_ASSERT(rc == 0); /* fp32 gradients, step >= 1, arrays given: it cannot fail */
