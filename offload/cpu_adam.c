@@ -721,3 +721,52 @@ int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, si
     }
     return 0;
 }
+
+/* Widens src[begin, end) of dt to fp32 (the bf16 chunk path's conversions for bf16). */
+static void widen_chunk(float *dst, const void *src, enum zt_dtype dt, size_t begin, size_t end)
+{
+    if (dt == ZT_DTYPE_BF16) {
+        const uint16_t *h = (const uint16_t *)src + begin;
+#ifdef ZT_ADAM_X86
+        const enum zt_cpu_adam_isa isa = zt_cpu_adam_get_isa();
+        if (isa >= ZT_CPU_ADAM_ISA_AVX512) {
+            widen_avx512(dst + begin, h, end - begin);
+            return;
+        }
+        if (isa >= ZT_CPU_ADAM_ISA_AVX2) {
+            widen_avx2(dst + begin, h, end - begin);
+            return;
+        }
+#endif
+        widen_scalar(dst + begin, h, end - begin);
+        return;
+    }
+    for (size_t i = begin; i < end; i++)
+        dst[i] = load_grad1(src, dt, i);
+}
+
+/* Widens n values to fp32; see offload/cpu_adam.h. */
+int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, int threads, zt_err *err)
+{
+    if (!dtype_ok(src_dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: input dtype %s is not supported; use F32, F16 or BF16",
+                       zt_dtype_name(src_dtype));
+    if (n == 0)
+        return 0;
+    if (src_dtype == ZT_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return 0;
+    }
+    size_t chunks = (n + ZT_ADAM_CHUNK - 1) / ZT_ADAM_CHUNK;
+    if (threads <= 0)
+        threads = zt_cpu_get_threads();
+    if ((size_t)threads > chunks)
+        threads = (int)chunks;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (size_t k = 0; k < chunks; k++) {
+        size_t begin = k * ZT_ADAM_CHUNK;
+        size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
+        widen_chunk(dst, src, src_dtype, begin, end);
+    }
+    return 0;
+}

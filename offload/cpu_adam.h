@@ -77,4 +77,8 @@ int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r,
  * ZT_EUNSUPPORTED with the reason in err. */
 int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, size_t n, int threads, zt_err *err);
 
+/* The reverse: n values of src_dtype (F32, F16 or BF16) widened to fp32, exactly (NaN stays NaN), e.g. bf16
+ * Adam moments for a checkpoint. Returns 0 or ZT_EUNSUPPORTED with the reason in err. */
+int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, int threads, zt_err *err);
+
 #endif

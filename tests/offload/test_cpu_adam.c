@@ -472,6 +472,37 @@ static void test_bf16_moments(void **unused)
     state_free(&s0);
 }
 
+/* Widening to fp32 is exact for every bf16 and fp16 bit pattern (NaN stays NaN), on every size (vector
+ * bodies and tails) and thread count. */
+static void test_widen(void **unused)
+{
+    (void)unused;
+    const size_t n = 65536 + 37; /* every 16-bit pattern, then a tail */
+    uint16_t *h = malloc(n * 2);
+    float *out = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (uint16_t)(i * 40503u);
+    for (int t = 1; t <= 3; t += 2) {
+        assert_int_equal(zt_cpu_adam_widen(out, h, ZT_DTYPE_BF16, n, t, NULL), 0);
+        for (size_t i = 0; i < n; i++) {
+            float want = ref_bf16_to_f32(h[i]);
+            if (isnan(want) ? !isnan(out[i]) : bits(out[i]) != bits(want))
+                fail_msg("bf16 0x%04x widened to 0x%08x", h[i], bits(out[i]));
+        }
+        assert_int_equal(zt_cpu_adam_widen(out, h, ZT_DTYPE_F16, n, t, NULL), 0);
+        for (size_t i = 0; i < n; i++) {
+            float want = ref_f16_to_f32(h[i]);
+            if (isnan(want) ? !isnan(out[i]) : bits(out[i]) != bits(want))
+                fail_msg("fp16 0x%04x widened to 0x%08x", h[i], bits(out[i]));
+        }
+    }
+    zt_err err = {{0}};
+    assert_int_equal(zt_cpu_adam_widen(out, h, ZT_DTYPE_I32, n, 1, &err), ZT_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "input dtype"));
+    free(h);
+    free(out);
+}
+
 /* Why stochastic rounding: with beta2 = 0.999 and a squared gradient 0.1% above v, each step moves v by
  * 1e-6 relative, far below bf16's half step (2e-3): rounded to nearest, v never moves. Rounded
  * stochastically, its mean over many elements follows the fp32 recurrence. */
@@ -571,7 +602,7 @@ int main(void)
         cmocka_unit_test(test_lowp_grads_and_outputs), cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_threads_deterministic),  cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_env_override),         cmocka_unit_test(test_bf16_moments),
-        cmocka_unit_test(test_bf16_moments_follow_small_updates),
+        cmocka_unit_test(test_bf16_moments_follow_small_updates), cmocka_unit_test(test_widen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1301,15 +1301,6 @@ static void sync_resident(zt_engine *e, bool to_host)
         e->dev->stream_sync(e->cs);
 }
 
-/* Widens n bf16 values to fp32; see engine_internal.h. */
-void zt__widen_bf16(float *dst, const uint16_t *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &u, 4);
-    }
-}
-
 /* Gathers block b's shard of every rank (src: this rank's fp32 shard, device or host memory) into the
  * block's place in a host-layout slab; stage holds max_padded floats. */
 static int export_block(zt_engine *e, int b, const float *src, bool on_device, float *stage, float *slab, zt_err *err)
@@ -1374,7 +1365,11 @@ static int export_field(zt_engine *e, const void *field, enum zt_dtype fdt, bool
         const float *src = (const float *)field + k->shard_off;
         bool dev = on_device;
         if (wide) {
-            zt__widen_bf16(wide, (const uint16_t *)field + k->shard_off, k->shard);
+            zt_err werr;
+            int wrc = zt_cpu_adam_widen(wide, (const uint16_t *)field + k->shard_off, ZT_DTYPE_BF16, k->shard,
+                                        e->o.threads, &werr);
+            ZT_ASSERT(wrc == 0); /* bf16 is a supported dtype */
+            (void)wrc;
             src = wide;
             dev = false;
         }

@@ -226,9 +226,6 @@ void *zt__engine_block_weights(zt_engine *e, int b); /* wshard + the block's sha
 void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void *v, size_t moff, size_t index,
                         int64_t adam_step);
 
-/* Widens n bf16 values to fp32. */
-void zt__widen_bf16(float *dst, const uint16_t *src, size_t n);
-
 /* ---- moments_disk.c: the Adam moments on disk (moments_dir) ---- */
 size_t zt__mdisk_record_elems(const zt_engine *e, int b); /* store elements of block b's record */
 size_t zt__mdisk_buffer_bytes(const zt_engine *e);        /* bytes of one staging buffer */

@@ -131,14 +131,11 @@ int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err)
     if (rc < 0)
         return rc;
     const size_t n = e->blocks[b].shard;
-    if (e->msize == 4) {
-        memcpy(m, e->mbuf[0], n * 4);
-        memcpy(v, e->mbuf[0] + n, n * 4);
-    } else {
-        const uint16_t *h = (const uint16_t *)e->mbuf[0];
-        zt__widen_bf16(m, h, n);
-        zt__widen_bf16(v, h + n, n);
-    }
+    const char *rec = (const char *)e->mbuf[0];
+    zt_err cerr;
+    if (zt_cpu_adam_widen(m, rec, e->o.moment_dtype, n, e->o.threads, &cerr) < 0 ||
+        zt_cpu_adam_widen(v, rec + n * e->msize, e->o.moment_dtype, n, e->o.threads, &cerr) < 0)
+        ZT_ASSERT(!"fp32 and bf16 are supported dtypes");
     return 0;
 }
 
@@ -146,15 +143,10 @@ int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err)
 int zt__mdisk_store(zt_engine *e, int b, const float *m, const float *v, zt_err *err)
 {
     const size_t n = e->blocks[b].shard;
-    if (e->msize == 4) {
-        memcpy(e->mbuf[0], m, n * 4);
-        memcpy(e->mbuf[0] + n, v, n * 4);
-    } else {
-        uint16_t *h = (uint16_t *)e->mbuf[0];
-        zt_err cerr;
-        if (zt_cpu_adam_convert(h, ZT_DTYPE_BF16, m, n, e->o.threads, &cerr) < 0 ||
-            zt_cpu_adam_convert(h + n, ZT_DTYPE_BF16, v, n, e->o.threads, &cerr) < 0)
-            ZT_ASSERT(!"bf16 is a supported dtype");
-    }
+    char *rec = (char *)e->mbuf[0];
+    zt_err cerr;
+    if (zt_cpu_adam_convert(rec, e->o.moment_dtype, m, n, e->o.threads, &cerr) < 0 ||
+        zt_cpu_adam_convert(rec + n * e->msize, e->o.moment_dtype, v, n, e->o.threads, &cerr) < 0)
+        ZT_ASSERT(!"fp32 and bf16 are supported dtypes");
     return zt_store_write(e->mstore, key_of(e, b), e->mbuf[0], err);
 }
