@@ -1113,12 +1113,6 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
 {
     zt_model *m = e->model;
     ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
-    if (micro == 0 && e->mstore) {
-        /* an update that failed on disk stops every rank here, before the step that would need it */
-        int rc = zt__engine_agree(e, zt__host_opt_failed(e, err), err);
-        if (rc < 0)
-            return rc;
-    }
     if (micro == 0) {
         memset(&e->timing, 0, sizeof e->timing);
         e->t_step0 = zt_now_s();
@@ -1179,7 +1173,9 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
     memset(res, 0, sizeof *res);
     int rc;
     if (e->mstore) {
-        /* the passes of this step have waited for every block's update of the last: its outcome is known */
+        /* the passes of this step have waited for every block's update of the last, so a disk failure in it is
+         * known here (a failed write behind the last block, at the latest at the next step): every rank stops
+         * before updating with what it computed on the blocks left behind */
         if ((rc = zt__engine_agree(e, zt__host_opt_failed(e, err), err)) < 0)
             return rc;
     }

@@ -105,8 +105,8 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
 /* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. With the
  * moments on disk, block b + 1's record is read while block b is updated, and each record is written back
  * behind its update (two staging buffers: a buffer is read into only once its last write is done). A disk
- * failure stops the update: the blocks left keep their weights, and the engine reports it at the next
- * micro-batch. */
+ * failure stops the update: the blocks left keep their weights, and zt_engine_step reports it (the next
+ * step's, once its passes have waited for the blocks). */
 static void run_update(zt_engine *e, const job *j)
 {
     struct zt__host_opt *h = e->host;
