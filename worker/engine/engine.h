@@ -75,7 +75,8 @@ typedef struct zt_engine_options {
     const char *moments_dir;     /* placement cpu with the optimizer's arrays in host memory (a GPU, or streamed
                                     weights on the CPU), without gpu_fraction: the moments live on disk in this
                                     directory (NVMe through io_uring), read ahead of each block's update and
-                                    written behind it; NULL or "": host memory. Copied */
+                                    written behind it; NULL or "": host memory. Copied. A read or write that fails
+                                    stops the updates; the next zt_engine_step returns the error on every rank */
     double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the
