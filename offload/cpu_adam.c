@@ -696,32 +696,6 @@ static void convert_chunk(void *dst, enum zt_dtype dt, const float *src, size_t 
         store_out1(dst, dt, i, src[i]);
 }
 
-/* Converts n fp32 values to dst_dtype; see offload/cpu_adam.h. */
-int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, size_t n, int threads, zt_err *err)
-{
-    if (!dtype_ok(dst_dtype))
-        return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: output dtype %s is not supported; use F32, F16 or BF16",
-                       zt_dtype_name(dst_dtype));
-    if (n == 0)
-        return 0;
-    if (dst_dtype == ZT_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-        return 0;
-    }
-    size_t chunks = (n + ZT_ADAM_CHUNK - 1) / ZT_ADAM_CHUNK;
-    if (threads <= 0)
-        threads = zt_cpu_get_threads();
-    if ((size_t)threads > chunks)
-        threads = (int)chunks;
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (size_t k = 0; k < chunks; k++) {
-        size_t begin = k * ZT_ADAM_CHUNK;
-        size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
-        convert_chunk(dst, dst_dtype, src, begin, end);
-    }
-    return 0;
-}
-
 /* Widens src[begin, end) of dt to fp32 (the bf16 chunk path's conversions for bf16). */
 static void widen_chunk(float *dst, const void *src, enum zt_dtype dt, size_t begin, size_t end)
 {
@@ -745,18 +719,10 @@ static void widen_chunk(float *dst, const void *src, enum zt_dtype dt, size_t be
         dst[i] = load_grad1(src, dt, i);
 }
 
-/* Widens n values to fp32; see offload/cpu_adam.h. */
-int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, int threads, zt_err *err)
+/* Converts n values between fp32 and dt in chunks over `threads` threads: to dt (narrow: src fp32) or from
+ * it (widen: dst fp32). */
+static void convert_chunks(void *dst, const void *src, enum zt_dtype dt, bool narrow, size_t n, int threads)
 {
-    if (!dtype_ok(src_dtype))
-        return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: input dtype %s is not supported; use F32, F16 or BF16",
-                       zt_dtype_name(src_dtype));
-    if (n == 0)
-        return 0;
-    if (src_dtype == ZT_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-        return 0;
-    }
     size_t chunks = (n + ZT_ADAM_CHUNK - 1) / ZT_ADAM_CHUNK;
     if (threads <= 0)
         threads = zt_cpu_get_threads();
@@ -766,7 +732,35 @@ int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size
     for (size_t k = 0; k < chunks; k++) {
         size_t begin = k * ZT_ADAM_CHUNK;
         size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
-        widen_chunk(dst, src, src_dtype, begin, end);
+        if (narrow)
+            convert_chunk(dst, dt, (const float *)src, begin, end);
+        else
+            widen_chunk((float *)dst, src, dt, begin, end);
     }
+}
+
+/* Converts n fp32 values to dst_dtype; see offload/cpu_adam.h. */
+int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, size_t n, int threads, zt_err *err)
+{
+    if (!dtype_ok(dst_dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: output dtype %s is not supported; use F32, F16 or BF16",
+                       zt_dtype_name(dst_dtype));
+    if (dst_dtype == ZT_DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else if (n > 0)
+        convert_chunks(dst, src, dst_dtype, true, n, threads);
+    return 0;
+}
+
+/* Widens n values to fp32; see offload/cpu_adam.h. */
+int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, int threads, zt_err *err)
+{
+    if (!dtype_ok(src_dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED, "cpu adam: input dtype %s is not supported; use F32, F16 or BF16",
+                       zt_dtype_name(src_dtype));
+    if (src_dtype == ZT_DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else if (n > 0)
+        convert_chunks(dst, src, src_dtype, false, n, threads);
     return 0;
 }
