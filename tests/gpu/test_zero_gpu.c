@@ -246,7 +246,8 @@ static void test_host_optimizer_tracks_gpu(void **state)
 }
 
 /* Weights streamed from host memory (--weights host: each block copied up before its forward and again
- * before its backward, gradients sent down in pieces of grad_piece elements that do not divide the blocks)
+ * before its backward, gradients sent down in pieces of grad_piece elements that do not divide the blocks;
+ * --weights masters: the fp32 masters copied up in pieces and rounded on the GPU)
  * against the weights kept on the GPU with the same host optimizer: bit for bit without clipping (the
  * norm's summation order is all that differs), for bf16 and fp16 (loss scaling), grad_accum 1 and 2, and
  * with the embedded state server; within a tight tolerance with clipping. A cap below the minimum is
@@ -279,8 +280,23 @@ static void test_streamed_weights(void **state)
             zt_gpu_fixture_same_losses(what, &st, &r, 1, STEPS);
             expect_same_weights(o1, o2);
             assert_true(st.losses[STEPS - 1] < st.losses[0] - 0.5f);
+            /* the fp32 masters streamed and rounded on the GPU (--weights masters): the same bits again */
+            char o3[48];
+            zt_train_result sm;
+            snprintf(o3, sizeof o3, "masters_%s_%d", precisions[p], accum);
+            base_config(&c, o3, "cuda", precisions[p], accum);
+            c.grad_clip = 0.0;
+            c.grad_piece = 1000;
+            if (zt_train_config_set_flag(&c, "--weights", "masters", &err) != 0)
+                fail_msg("%s", err.msg);
+            engine_train_ok(&c, 3, "all", 1, "cpu", &sm);
+            snprintf(what, sizeof what, "streamed masters vs resident weights (%s, grad_accum %d)", precisions[p],
+                     accum);
+            zt_gpu_fixture_same_losses(what, &sm, &r, 1, STEPS);
+            expect_same_weights(o1, o3);
             zt_train_result_free(&r);
             zt_train_result_free(&st);
+            zt_train_result_free(&sm);
         }
 
     /* bf16 Adam moments in host memory: streamed = resident, bit for bit; close to fp32 moments, not equal */

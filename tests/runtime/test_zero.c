@@ -112,6 +112,7 @@ typedef struct job {
     bool bf16_moments;      /* Adam moments in bf16 (stochastic rounding) */
     const char *moments_dir; /* Adam moments on disk here (streamed weights), or NULL */
     int grad_chunk;         /* streamed: the gradient leaves in pieces of this many elements per rank (0: blocks) */
+    bool stream_masters;    /* streamed: the weights come up as the fp32 masters, in pieces of grad_chunk */
 } job;
 
 #define FAIL(...)                                                                                          \
@@ -164,6 +165,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     eo.moment_dtype = j->bf16_moments ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
     eo.moments_dir = j->moments_dir;
     eo.grad_chunk = (size_t)j->grad_chunk;
+    eo.stream_masters = j->stream_masters;
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
                           &err) < 0)
@@ -301,7 +303,7 @@ static void test_equivalence_w1_to_w4(void **state)
     assert_true(ref[STEPS - 1] < 0.95f * ref[0]);
     for (int W = 1; W <= MAX_W; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
         run(&j, l);
         char what[32];
         snprintf(what, sizeof what, "W=%d", W);
@@ -315,10 +317,10 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
 {
     (void)state;
     float l3[STEPS], l2[STEPS], lall[STEPS], levery[STEPS];
-    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
-    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
-    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0};
-    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
     run(&j3, l3);
     run(&j2, l2);
     run(&jall, lall);
@@ -328,9 +330,9 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
     assert_close(levery, ref, STEPS, 1e-5, "W=2 level 2 every:2");
     /* one micro-batch per step: block buffers taken in turn from a ring, the head's kept apart */
     float o1[STEPS], o3[STEPS], o3c[STEPS];
-    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
-    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
-    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0};
+    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
     run(&one1, o1);
     run(&one3, o3);
     run(&one3c, o3c);
@@ -347,7 +349,7 @@ static void test_streamed_weights(void **state)
     (void)state;
     for (int W = 1; W <= 3; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
         run(&j, l);
         char what[48];
         snprintf(what, sizeof what, "W=%d streamed", W);
@@ -357,8 +359,8 @@ static void test_streamed_weights(void **state)
      * ranks reduce-scattered together), W = 2 and 3, two micro-batches per step: against whole blocks */
     for (int W = 2; W <= 3; W++) {
         float whole[STEPS], pieces[STEPS];
-        job jw = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0};
-        job jp = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 100};
+        job jw = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
+        job jp = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 100, false};
         run(&jw, whole);
         run(&jp, pieces);
         char what[48];
@@ -367,9 +369,9 @@ static void test_streamed_weights(void **state)
     }
     /* one micro-batch per step, and with recomputation: against the resident layout of the same W */
     float res[STEPS], st[STEPS], stc[STEPS];
-    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0};
-    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0};
-    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL, 0};
+    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
+    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
     run(&jres, res);
     run(&jst, st);
     run(&jstc, stc);
@@ -379,15 +381,21 @@ static void test_streamed_weights(void **state)
     char dir[] = "/tmp/zt_zero_stream_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0};
+    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false};
     run(&save, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL, 0};
+    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL, 0, false};
     run(&load, rest);
     assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
     assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
+    /* the same resume with the masters streamed: the same bits */
+    float rest_m[STEPS];
+    job load_m = load;
+    load_m.stream_masters = true;
+    run(&load_m, rest_m);
+    assert_memory_equal(rest_m, rest, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
 }
 
@@ -398,9 +406,9 @@ static void test_bf16_moments(void **state)
 {
     (void)state;
     float l1[STEPS], l2[STEPS], ls[STEPS];
-    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0};
-    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0};
-    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0};
+    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false};
+    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false};
+    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0, false};
     run(&j1, l1);
     run(&j2, l2);
     run(&js, ls);
@@ -412,13 +420,13 @@ static void test_bf16_moments(void **state)
     char dir[] = "/tmp/zt_zero_bf16_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL, 0};
+    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL, 0, false};
     run(&save, first);
     assert_memory_equal(first, l2, sizeof(float) * (STEPS / 2));
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL, 0};
+    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL, 0, false};
     run(&load, rest);
     assert_memory_equal(rest, l2 + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -470,8 +478,8 @@ static void test_moments_on_disk(void **state)
     for (int bf16 = 0; bf16 <= 1; bf16++)
         for (int W = 1; W <= 2; W++) {
             float ram[STEPS], disk[STEPS];
-            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL, 0};
-            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir, 0};
+            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL, 0, false};
+            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir, 0, false};
             run(&jr, ram);
             run(&jd, disk);
             char what[64];
@@ -483,14 +491,14 @@ static void test_moments_on_disk(void **state)
     char ck[] = "/tmp/zt_zero_mdisk_ckpt_XXXXXX";
     assert_non_null(mkdtemp(ck));
     float whole[STEPS], first[STEPS], rest[STEPS];
-    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir, 0};
-    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir, 0};
+    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir, 0, false};
+    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir, 0, false};
     run(&jw, whole);
     run(&js, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
-    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0};
+    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0, false};
     run(&jl, rest);
     assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -548,6 +556,42 @@ static void test_moments_on_disk(void **state)
     zt_engine_destroy(e);
     free(scratch);
     remove_dir(bad);
+    solo_close(&so);
+}
+
+/* The streamed weights come up as the fp32 masters instead of a compute-dtype host copy (on the CPU the
+ * compute dtype is fp32, so what is checked here is the walk: pieces through the staging buffer, each
+ * rank's shard into the all-gather): the same bits as from the copy, W = 1, 2, 3, in whole shards and in
+ * pieces of 100 elements, with one micro-batch and with two. */
+static void test_streamed_masters(void **state)
+{
+    (void)state;
+    for (int W = 1; W <= 3; W++)
+        for (int chunk = 0; chunk <= 100; chunk += 100)
+            for (int accum = 1; accum <= ACCUM; accum += ACCUM - 1) {
+                float copy[STEPS], masters[STEPS];
+                job jc = {W, accum, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, chunk, false};
+                job jm = jc;
+                jm.stream_masters = true;
+                run(&jc, copy);
+                run(&jm, masters);
+                char what[64];
+                snprintf(what, sizeof what, "W=%d chunk %d grad_accum %d", W, chunk, accum);
+                for (int s = 0; s < STEPS; s++)
+                    if (memcmp(&copy[s], &masters[s], sizeof(float)) != 0)
+                        fail_msg("%s: step %d: %.9g from the masters, %.9g from the copy", what, s, masters[s], copy[s]);
+            }
+    /* refused without streamed weights, naming what it needs */
+    solo so = solo_open(tiny_config().n_embd);
+    zt_engine_options eo;
+    zt_engine_options_init(&eo);
+    eo.stream_masters = true;
+    zt_engine *e = NULL;
+    zt_err err = {{0}};
+    assert_int_equal(zt_engine_create(&e, so.model, so.comm, &eo, zt_family_model_params(so.fm), &err),
+                     ZT_EINVAL_CONFIG);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "streamed weights"));
     solo_close(&so);
 }
 
@@ -610,14 +654,14 @@ static void test_resume_at_other_world_sizes(void **state)
     char dir[] = "/tmp/zt_zero_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], second[STEPS];
-    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0};
+    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false};
     run(&save, first);
     assert_close(first, ref, STEPS / 2, 1e-5, "W=4 first half");
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
     for (int W = 2; W >= 1; W--) {
-        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL, 0};
+        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL, 0, false};
         run(&resume, second);
         char what[32];
         snprintf(what, sizeof what, "resumed at W=%d", W);
@@ -705,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_equivalence_w1_to_w4),
         cmocka_unit_test(test_zero2_equals_zero3_and_checkpointing),
         cmocka_unit_test(test_streamed_weights),
+        cmocka_unit_test(test_streamed_masters),
         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_release_host_params),

@@ -426,7 +426,7 @@ static void test_typed_settings(void **state)
         {"--state-store", "nvme:", "ram or nvme:DIR"},
         {"--gpu-mem", "lots", "11GiB"},
         {"--gpu-mem", "-1GiB", "11GiB"},
-        {"--weights", "cpu", "auto, gpu or host"},
+        {"--weights", "cpu", "auto, gpu, host or masters"},
         {"--offload", "disk", "nvme:DIR"},
         {"--offload", "nvme:", "nvme:DIR"},
     };
@@ -460,6 +460,13 @@ static void test_typed_settings(void **state)
     assert_int_equal(c.state_store, ZT_STORE_NVME);
     assert_string_equal(c.state_store_dir, "/tmp/st");
     assert_int_equal(zt_train_config_validate(&c, &err), 0);
+    /* the masters are streamed from the host AdamW only: refused with the state servers, naming the fix */
+    assert_int_equal(zt_train_config_set_flag(&c, "--weights", "masters", &err), 0);
+    assert_int_equal(c.weights, ZT_WEIGHTS_MASTERS);
+    assert_int_equal(zt_train_config_validate(&c, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "--optimizer cpu"));
+    assert_non_null(strstr(err.msg, "--weights host"));
+    assert_int_equal(zt_train_config_set_flag(&c, "--weights", "host", &err), 0);
 
     char path[600];
     snprintf(path, sizeof(path), "%s/typed.json", g_dir);

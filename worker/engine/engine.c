@@ -257,6 +257,11 @@ static int allocate(zt_engine *e, zt_err *err)
         if ((rc = take_dev(e, &e->sstage, most * es, "streamed shard staging", err)) < 0)
             return rc;
     }
+    if (e->o.stream_masters) {
+        e->mpiece = e->o.grad_chunk > 0 && e->o.grad_chunk < max_shard ? e->o.grad_chunk : max_shard;
+        if ((rc = take_dev(e, (void **)&e->mstage, e->mpiece * 4, "streamed master pieces", err)) < 0)
+            return rc;
+    }
     for (int s = 0; s < e->nslots; s++) {
         e->slots[s].elems = e->o.zero_level == 2 ? e->blocks[s].padded : e->max_padded;
         if ((rc = take_dev(e, &e->slots[s].buf, e->slots[s].elems * es, "gathered window", err)) < 0)
@@ -272,6 +277,8 @@ static int allocate(zt_engine *e, zt_err *err)
     if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
         if ((rc = take_host(e, (void **)&e->h_master, ns * 4, false, "host master weights", err)) < 0)
             return rc;
+    if (e->o.stream_masters)
+        e->host_pinned_bytes += ns * 4; /* page-locked after the first import */
     if (e->home == ZT__OPT_HOST && e->moments_dir[0]) {
         e->host_bytes += 2 * zt__mdisk_buffer_bytes(e); /* the staging of two blocks' records (zt__mdisk_open) */
         e->h_moments_zero = true;                       /* the records start zero */
@@ -283,7 +290,7 @@ static int allocate(zt_engine *e, zt_err *err)
     }
     if (e->path == ZT__GRAD_HOST) {
         if ((rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err)) < 0 ||
-            (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0)
+            (!e->o.stream_masters && (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0))
             return rc;
     }
     return 0;
@@ -298,6 +305,9 @@ static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *
         return zt_fail(err, ZT_EINVAL_CONFIG, "streaming the weights from host memory needs the optimizer off the "
                        "GPU (--optimizer cpu or server, without --optimizer-gpu-fraction; on the CPU, --optimizer "
                        "cpu) and ZeRO level 3");
+    if (o->stream_masters && (!o->stream || o->placement != ZT_PLACEMENT_CPU))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "streaming the fp32 masters needs streamed weights with --optimizer cpu "
+                       "(the host AdamW keeps the masters)");
     if (o->moment_dtype != ZT_DTYPE_F32 && o->moment_dtype != ZT_DTYPE_BF16)
         return zt_fail(err, ZT_EINVAL_CONFIG, "Adam moments in %s are not supported; use fp32 or bf16",
                        zt_dtype_name(o->moment_dtype));
@@ -556,11 +566,14 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->glow1);
     d->free(e->glow2);
     d->free(e->sstage);
+    d->free(e->mstage);
     d->free(e->gacc);
     d->free(e->r_master);
     d->free(e->r_m);
     d->free(e->r_v);
     d->free(e->r_grad);
+    if (e->master_registered)
+        d->host_unregister(e->h_master);
     free(e->h_master); /* calloc (take_host) */
     free(e->h_m);
     free(e->h_v);
@@ -693,14 +706,22 @@ static int gather(zt_engine *e, int b, int s, zt_err *err)
         /* the block's compute-dtype weights come up from host memory, where the update wrote them: at W = 1
          * the whole block into the slot; at W > 1 this rank's shard, then the all-gather assembles the block
          * (the copy and the gather are ordered on the communication stream, so one staging buffer serves) */
-        const void *src = (const char *)e->h_lowp + k->shard_off * e->esize;
-        if (e->W == 1) {
-            e->dev->copy(sl->buf, src, k->shard * e->esize, e->ms);
+        void *shard = e->W == 1 ? sl->buf : e->sstage;
+        if (e->o.stream_masters) {
+            /* the fp32 masters piece by piece through mstage, rounded on the way (one stream orders each
+             * piece's copy after the previous piece's rounding) */
+            for (size_t off = 0; off < k->shard; off += e->mpiece) {
+                const size_t n = k->shard - off < e->mpiece ? k->shard - off : e->mpiece;
+                e->dev->copy(e->mstage, e->h_master + k->shard_off + off, n * 4, e->ms);
+                e->dev->cast((char *)shard + off * e->esize, e->dtype, e->mstage, n, e->ms);
+            }
+            e->timing.bytes_up += k->shard * 4;
         } else {
-            e->dev->copy(e->sstage, src, k->shard * e->esize, e->ms);
-            rc = zt_comm_all_gather(e->comm, e->sstage, sl->buf, k->shard, comm_dtype(e->dtype), e->ms, err);
+            e->dev->copy(shard, (const char *)e->h_lowp + k->shard_off * e->esize, k->shard * e->esize, e->ms);
+            e->timing.bytes_up += k->shard * e->esize;
         }
-        e->timing.bytes_up += k->shard * e->esize;
+        if (e->W > 1)
+            rc = zt_comm_all_gather(e->comm, e->sstage, sl->buf, k->shard, comm_dtype(e->dtype), e->ms, err);
     } else {
         rc = zt_comm_all_gather(e->comm, zt__engine_block_weights(e, b), sl->buf, k->shard, comm_dtype(e->dtype),
                                 e->ms, err);
@@ -1562,6 +1583,15 @@ static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_
  * host into h_lowp (or, on the CPU, copied), then copied up unless the passes stream them from there. */
 static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *err)
 {
+    if (e->o.stream_masters) { /* the passes read the masters; page-locked once, for copies at full speed */
+        if (!e->master_registered && !(e->master_registered = e->dev->host_register(e->h_master, e->nshard * 4))) {
+            char need[32];
+            zt_format_size(e->nshard * 4, need, sizeof need);
+            return zt_fail(err, ZT_ENOMEM, "could not page-lock the host master weights (%s; page-locked memory is "
+                           "limited by ulimit -l and the free RAM): raise ulimit -l or free memory", need);
+        }
+        return 0;
+    }
     if (!e->dev->gpu) { /* the CPU computes in fp32; streamed, the passes read h_lowp */
         memcpy(e->o.stream ? e->h_lowp : e->wshard, master, e->nshard * 4);
         return 0;

@@ -67,6 +67,12 @@ typedef struct zt_engine_options {
                                     CPU (placement cpu) the same path runs with host memory on both sides: the
                                     optimizer state lives in the host arrays of the GPU's layout and AdamW runs on
                                     the host thread, as it does with a GPU */
+    bool stream_masters;         /* with stream and placement cpu: the weights come up as the fp32 master shards, in
+                                    pieces through a device buffer, and are rounded to the compute dtype on the
+                                    device (the bits the host rounding gives): host memory holds no compute-dtype
+                                    copy (2 bytes per parameter less with bf16), and each pass copies up 4 bytes
+                                    per parameter instead of 2. The masters are page-locked after the first
+                                    zt_engine_import */
     size_t grad_chunk;           /* GPU, optimizer off it, one rank: fold and send the gradient in pieces of this
                                     many elements through a few fp32 buffers (0: whole blocks) */
     size_t device_budget;        /* bytes the engine may allocate on the device; 0: no limit */

@@ -35,6 +35,19 @@ static void cpu_free(void *p)
     free(p);
 }
 
+/* Host memory is the device's own: nothing to lock. */
+static bool cpu_host_register(void *p, size_t bytes)
+{
+    (void)p;
+    (void)bytes;
+    return true;
+}
+
+static void cpu_host_unregister(void *p)
+{
+    (void)p;
+}
+
 /* Streams and events do not exist on the CPU: a non-NULL token stands for them. */
 static char event_token;
 
@@ -195,6 +208,8 @@ static const zt__engine_dev cpu_dev = {
     .free = cpu_free,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
+    .host_register = cpu_host_register,
+    .host_unregister = cpu_host_unregister,
     .stream_create = cpu_stream_create,
     .stream_destroy = cpu_stream_nop,
     .stream_sync = cpu_stream_nop,

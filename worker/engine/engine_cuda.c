@@ -48,6 +48,20 @@ static void cuda_free(void *p)
         ZT_CUDA_CHECK(cudaFree(p));
 }
 
+static bool cuda_host_register(void *p, size_t bytes)
+{
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+static void cuda_host_unregister(void *p)
+{
+    ZT_CUDA_CHECK(cudaHostUnregister(p));
+}
+
 static void *cuda_stream_create(void)
 {
     cudaStream_t s;
@@ -315,6 +329,8 @@ static const zt__engine_dev cuda_dev = {
     .free = cuda_free,
     .host_alloc = zt_cuda_host_alloc,
     .host_free = zt_cuda_host_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,

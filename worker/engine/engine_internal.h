@@ -22,6 +22,10 @@ typedef struct zt__engine_dev {
     void (*free)(void *p);
     void *(*host_alloc)(size_t bytes);   /* host memory for copies (page-locked on a GPU), zeroed; or NULL */
     void (*host_free)(void *p);
+    /* Page-locks host memory that calloc gave (copies from it run at the link's speed): true when done (always
+     * on the CPU); host_unregister undoes it before the memory is freed. */
+    bool (*host_register)(void *p, size_t bytes);
+    void (*host_unregister)(void *p);
     void *(*stream_create)(void);
     void (*stream_destroy)(void *s);
     void (*stream_sync)(void *s);
@@ -145,6 +149,8 @@ struct zt_engine {
     void *cs, *ms, *down, *up;      /* streams: compute (the model's), communication, copies to and from the host */
     void *sstage;                   /* streamed, W > 1: compute dtype [max shard], this rank's shard on its way into
                                        the all-gather (on the communication stream) */
+    float *mstage;                  /* o.stream_masters: fp32 [mpiece], a piece of a master shard on its way up */
+    size_t mpiece;                  /* its elements: o.grad_chunk, or the largest shard */
     void *fs;                       /* chunked: the stream that folds gradient pieces and sends them down, so that
                                        the next block's backward need not wait for the sums coming up */
 
@@ -183,7 +189,9 @@ struct zt_engine {
     float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
-    void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up */
+    void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up (none
+                                       with o.stream_masters) */
+    bool master_registered;         /* o.stream_masters: h_master is page-locked (host_register) */
     size_t host_bytes, host_pinned_bytes;
 
     /* Tensors inside this rank's shards. */

@@ -89,7 +89,7 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
             .param = e->h_master + pc->shard_off,
             .grad = e->h_grad + pc->shard_off,
             .grad_dtype = ZT_DTYPE_F32,
-            .out = (char *)e->h_lowp + pc->shard_off * e->esize,
+            .out = e->o.stream_masters ? NULL : (char *)e->h_lowp + pc->shard_off * e->esize,
             .out_dtype = e->dtype,
             .n = pc->n,
         };

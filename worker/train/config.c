@@ -52,7 +52,7 @@ struct key_def {
 static const char *const device_names[] = {"cpu", "cuda"};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", "fp16"};
 static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "server"};
-static const char *const weights_names[] = {"auto", "gpu", "host"};
+static const char *const weights_names[] = {"auto", "gpu", "host", "masters"};
 static const char *const moments_names[] = {"fp32", "bf16"};
 static const char *const schedule_names[] = {"nodecay", "noam", "linear", "cosine", "exponential"};
 
@@ -621,6 +621,11 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = host streams the weights from host memory, where the "
                        "optimizer updates them: it needs --optimizer cpu or server (without "
                        "--optimizer-gpu-fraction) and --zero-level 3", label("weights"));
+    if (c->weights == ZT_WEIGHTS_MASTERS && (opt != ZT_OPTIMIZER_CPU || c->zero_level != 3 ||
+                                             c->optimizer_gpu_fraction > 0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = masters streams the fp32 masters of the host AdamW: it "
+                       "needs --optimizer cpu (without --optimizer-gpu-fraction) and --zero-level 3 (or use "
+                       "--weights host)", label("weights"));
     if (c->checkpointing == ZT_CKPT_EVERY && (c->checkpoint_every < 1 || c->checkpoint_every > 1000000))
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = every:%lld: K must be from 1 to 1000000",
                        label("checkpointing"), (long long)c->checkpoint_every);

@@ -28,8 +28,10 @@ enum zt_train_optimizer { ZT_OPTIMIZER_AUTO = 0, ZT_OPTIMIZER_GPU = 1, ZT_OPTIMI
 enum zt_train_ckpt { ZT_CKPT_NONE = 0, ZT_CKPT_ALL = 1, ZT_CKPT_EVERY = 2 };
 enum zt_train_store { ZT_STORE_RAM = 0, ZT_STORE_NVME = 1 };
 /* Where the compute-dtype weights live between passes: auto (on the GPU unless --gpu-mem needs them in host
- * memory), gpu, or host (streamed to the GPU block by block, in the forward and again in the backward). */
-enum zt_train_weights { ZT_WEIGHTS_AUTO = 0, ZT_WEIGHTS_GPU = 1, ZT_WEIGHTS_HOST = 2 };
+ * memory), gpu, host (streamed to the GPU block by block, in the forward and again in the backward), or
+ * masters (streamed as the fp32 masters of the host AdamW and rounded on the GPU: no compute-dtype copy in
+ * host memory, twice the bytes up; auto and host switch to it when RAM is short). */
+enum zt_train_weights { ZT_WEIGHTS_AUTO = 0, ZT_WEIGHTS_GPU = 1, ZT_WEIGHTS_HOST = 2, ZT_WEIGHTS_MASTERS = 3 };
 /* The Adam moments' storage: fp32, or bf16 with stochastic rounding (half the bytes; --optimizer cpu). */
 enum zt_train_moments { ZT_MOMENTS_FP32 = 0, ZT_MOMENTS_BF16 = 1 };
 

@@ -30,7 +30,7 @@ static int allowed_layouts(const zt_plan_request *r, bool optimizer_on_gpu, enum
 {
     int n = 0;
     const bool off = !optimizer_on_gpu;
-    if (r->weights != ZT_WEIGHTS_HOST) {
+    if (r->weights != ZT_WEIGHTS_HOST && r->weights != ZT_WEIGHTS_MASTERS) {
         out[n++] = ZT_PLAN_RESIDENT;
         if (off && r->can_chunk)
             out[n++] = ZT_PLAN_CHUNKED;

@@ -486,6 +486,7 @@ static void engine_options(const zt_train_config *cfg, int accum, zt_engine_opti
 /* What the planner chose for the engine. */
 struct layout {
     bool stream;
+    bool stream_masters; /* the streamed weights come up as the fp32 masters (no compute-dtype host copy) */
     size_t grad_chunk;
     size_t device_budget; /* 0: no cap */
 };
@@ -499,6 +500,7 @@ static void apply_layout(const zt_train_config *cfg, enum zt_plan_weights w, boo
                          zt_engine_options *o)
 {
     o->stream = w == ZT_PLAN_STREAMED;
+    o->stream_masters = o->stream && cfg->weights == ZT_WEIGHTS_MASTERS;
     o->grad_chunk = w == ZT_PLAN_RESIDENT ? 0 : (size_t)cfg->grad_piece;
     if (optimizer_on_gpu)
         o->placement = ZT_PLACEMENT_GPU;
@@ -580,6 +582,19 @@ static void ram_fixes(const zt_model *shape, int W, const zt_engine_options *o, 
     }
 }
 
+/* Host RAM counted for the process besides its plan: the CUDA context and libraries, the model's host
+ * tables, the data loader. */
+#define PROCESS_RAM_BYTES ((uint64_t)2 << 30)
+
+/* The host RAM a run needs: the engine's arrays with `steady_other` beside them, or at the start (before
+ * the first update takes the moments' pages) with `start_other`, whichever is more. */
+static uint64_t host_ram(const zt_engine_plan *ep, uint64_t steady_other, uint64_t start_other)
+{
+    const uint64_t steady = ep->host_bytes + steady_other;
+    const uint64_t at_start = ep->host_bytes - ep->host_moment_bytes + start_other;
+    return steady > at_start ? steady : at_start;
+}
+
 /* Plans a run on the GPU before anything large is allocated: the compute dtype, the layout under --gpu-mem
  * (or the GPU's free memory), with an automatic micro-batch the rows per micro-batch (cfg's batch_size and
  * grad_accum change then), and the host and disk bytes, refused when the machine lacks them. Logs the
@@ -645,20 +660,46 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
                               : ep.disk_bytes;
     const char *disk_dir = ep.disk_bytes ? cfg->moments_dir : cfg->state_store_dir;
     const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
-    const uint64_t steady = ep.host_bytes + server_ram + staging;
     /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays: a new run's
      * engine gives their pages back as it fills its masters, so they replace the masters' (untouched until
      * then); a resumed run's slab stays until the checkpoint's second import. */
-    const uint64_t at_start = (cfg->resume[0] ? 4 * P : 0) + ep.host_bytes - ep.host_moment_bytes + server_ram;
-    const uint64_t ram = steady > at_start ? steady : at_start;
-    char parts[256], eng[32], pin[32], srv[32], stg[32];
+    const uint64_t start_slab = cfg->resume[0] ? 4 * P : 0;
+    uint64_t ram = host_ram(&ep, server_ram + staging + PROCESS_RAM_BYTES, start_slab + server_ram + PROCESS_RAM_BYTES);
+    const uint64_t ram_available = zt_plan_ram_available();
+    /* Streamed weights whose compute-dtype host copy does not fit: the masters come up instead (twice the
+     * bytes up with bf16, 2 bytes per parameter less RAM; with fp32, 4 less), where the GPU has room for their
+     * staging. */
+    if (ram_available > 0 && ram > ram_available && o.stream && !o.stream_masters && o.placement == ZT_PLACEMENT_CPU &&
+        cfg->weights != ZT_WEIGHTS_GPU) {
+        zt_engine_options x = o;
+        x.stream_masters = true;
+        zt_engine_plan xp;
+        zt_engine_plan_for(shape, W, &x, &xp);
+        const uint64_t xram =
+            host_ram(&xp, server_ram + staging + PROCESS_RAM_BYTES, start_slab + server_ram + PROCESS_RAM_BYTES);
+        if (xram < ram && ch.device.model + xp.device_bytes + ch.device.fixed <= ch.limit) {
+            char before[32], after[32];
+            zt_format_size(ram, before, sizeof before);
+            zt_format_size(xram, after, sizeof after);
+            if (is0)
+                zt_log(ZT_LOG_INFO, "plan: the streamed weights come up as the fp32 masters, rounded on the GPU (no "
+                       "compute-dtype copy in host memory: RAM %s instead of %s; 4 bytes per parameter up per pass "
+                       "instead of 2)", after, before);
+            o = x;
+            ep = xp;
+            ram = xram;
+            ch.device.engine = xp.device_bytes;
+        }
+    }
+    lay->stream_masters = o.stream_masters;
+    char parts[320], eng[32], pin[32], srv[32], stg[32];
     zt_format_size(ep.host_bytes, eng, sizeof eng);
     zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
     zt_format_size(server_ram, srv, sizeof srv);
     zt_format_size(staging, stg, sizeof stg);
-    snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s", eng,
-             pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "");
-    zt_plan_host h = {.ram_needed = ram, .ram_available = zt_plan_ram_available(), .disk_needed = disk,
+    snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s, "
+             "the process 2.00 GiB", eng, pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "");
+    zt_plan_host h = {.ram_needed = ram, .ram_available = ram_available, .disk_needed = disk,
                       .disk_free = disk ? zt_plan_disk_free(disk_dir) : 0,
                       .disk_dir = disk_dir, .ram_parts = parts};
     /* Too little RAM with the host AdamW: what the other ways of holding its state would need. */
@@ -1155,6 +1196,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     zt_engine_options eo;
     engine_options(cfg, accum, &eo);
     eo.stream = lay.stream;
+    eo.stream_masters = lay.stream_masters;
     eo.grad_chunk = lay.grad_chunk;
     eo.device_budget = lay.device_budget;
     /* a new run on GPUs reads the initial weights once: the engine gives their pages back as it takes them,
