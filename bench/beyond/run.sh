@@ -43,6 +43,7 @@ TABLE="
 6.7b_gpu_b14_ga8   6.7b  6 14 8 bf16 --optimizer,gpu,--checkpointing,all
 llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 13b_11g_m16disk    13b   5 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
+13b_11g_m16disk_ga16 13b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 "
 PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram 1558m_streamed_11g_m16:1558m_streamed_11g"
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
@@ -117,7 +118,7 @@ done
 "$PY" - "$RES" "${PEAK_TFLOPS:-989}" "$PAIRS" <<'PY' | tee "$OUT_DIR/table.md"
 import json, sys
 peak = float(sys.argv[2])
-shape = {"124m": (12, 768), "1558m": (48, 1600), "6.7b": (32, 4096), "llama-7b": (32, 4096)}
+shape = {"124m": (12, 768), "1558m": (48, 1600), "6.7b": (32, 4096), "13b": (41, 5120), "llama-7b": (32, 4096)}
 rows = {}
 for l in open(sys.argv[1]):
     r = json.loads(l)
