@@ -289,7 +289,8 @@ static int allocate(zt_engine *e, zt_err *err)
         e->h_moments_zero = true;
     }
     if (e->path == ZT__GRAD_HOST) {
-        if ((rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err)) < 0 ||
+        if ((e->hgrad_lowp ? (rc = take_host(e, (void **)&e->h_grad16, ns * 2, true, "host gradient", err))
+                           : (rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err))) < 0 ||
             (!e->o.stream_masters && (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0))
             return rc;
     }
@@ -395,6 +396,8 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
         e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
     /* pieces: one rank, or several without blocks kept on the GPU (whose gradients take whole-block buffers) */
     e->chunked = e->path == ZT__GRAD_HOST && o->grad_chunk > 0 && (e->W == 1 || o->gpu_fraction == 0);
+    e->hgrad_lowp = e->chunked && e->W == 1 && e->home == ZT__OPT_HOST && e->dtype == ZT_DTYPE_BF16 &&
+                    o->grad_accum == 1 && o->gpu_fraction == 0;
     e->windowed = e->W > 1 || o->stream;
 
     /* Blocks padded to a multiple of W (64 W on a GPU), shards laid end to end. */
@@ -578,6 +581,7 @@ void zt_engine_destroy(zt_engine *e)
     free(e->h_m);
     free(e->h_v);
     d->host_free(e->h_grad);
+    d->host_free(e->h_grad16);
     d->host_free(e->h_lowp);
     if (d->gpu) {
         if (e->ms)
@@ -950,11 +954,20 @@ static int send_pieces(zt_engine *e, int b, const void *g)
             e->dev->norm_add(e, f, n, fs);
         e->dev->record(k->folded, fs);
         e->dev->wait(e->down, k->folded);
-        e->dev->copy(e->h_grad + k->shard_off + off, f, n * 4, e->down);
-        e->timing.bytes_down += n * 4;
+        if (e->hgrad_lowp) {
+            /* the bf16 gradient itself (the fold above only feeds the norm); the padding stays zero */
+            if (real > 0)
+                e->dev->copy(e->h_grad16 + k->shard_off + off, (const char *)g + off * e->esize, real * 2, e->down);
+            e->timing.bytes_down += real * 2;
+        } else {
+            e->dev->copy(e->h_grad + k->shard_off + off, f, n * 4, e->down);
+            e->timing.bytes_down += n * 4;
+        }
         e->dev->record(e->ring_free[r], e->down);
     }
-    e->dev->record(e->glow_free[k->glow], fs); /* g may be written again */
+    /* g may be written again once its last reader is done: the fold stream, or the copies down, which wait
+     * for the fold stream */
+    e->dev->record(e->glow_free[k->glow], e->hgrad_lowp ? e->down : fs);
     e->dev->record(k->grad_out, e->down);
     if (e->last && e->home == ZT__OPT_SERVER)
         zt__host_opt_push(e, b);
@@ -1484,7 +1497,8 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
         return rc;
     if (e->path == ZT__GRAD_HOST) {
         sync_resident(e, true);
-        return export_field(e, e->h_grad, ZT_DTYPE_F32, false, grads, err);
+        return e->hgrad_lowp ? export_field(e, e->h_grad16, ZT_DTYPE_BF16, false, grads, err)
+                             : export_field(e, e->h_grad, ZT_DTYPE_F32, false, grads, err);
     }
     if (e->path != ZT__GRAD_DIRECT_LOWP)
         return export_field(e, e->gshard, ZT_DTYPE_F32, e->dev->gpu, grads, err);

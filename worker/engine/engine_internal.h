@@ -136,6 +136,9 @@ struct zt_engine {
     enum zt__opt_home home;
     enum zt__grad_path path;
     bool chunked;                   /* HOST path at W = 1 in pieces of o.grad_chunk elements (ring[] are pieces) */
+    bool hgrad_lowp;                /* chunked, one rank, placement cpu, bf16, grad_accum 1, no gpu_fraction: the
+                                       step's gradient is one micro-batch's bf16 gradient times 1, exact in bf16:
+                                       h_grad16 holds it */
     bool windowed;                  /* block weights go through window slots: W > 1 (gathered) or streamed */
     bool dry;                       /* zt_engine_plan_for: allocations are only counted */
     bool releasing;                 /* zt_engine_create's import with release_host_params: each block's source
@@ -189,6 +192,7 @@ struct zt_engine {
     float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
+    uint16_t *h_grad16;             /* [nshard] page-locked, instead of h_grad where hgrad_lowp */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up (none
                                        with o.stream_masters) */
     bool master_registered;         /* o.stream_masters: h_master is page-locked (host_register) */

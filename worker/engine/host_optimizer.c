@@ -28,6 +28,7 @@ typedef struct job {
     int block;            /* PUSH */
     int64_t step;         /* UPDATE: the step count once done; PUSH: the servers' step being pushed */
     float lr, clip_coef;  /* UPDATE */
+    float bf16_grad_scale; /* UPDATE, bf16 host gradient: the micro-batch's scale, not applied on the GPU (1 in training) */
     int64_t adam_step;    /* UPDATE */
     bool skip;            /* UPDATE */
 } job;
@@ -87,8 +88,9 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
         p->weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
         zt_cpu_adam_range r = {
             .param = e->h_master + pc->shard_off,
-            .grad = e->h_grad + pc->shard_off,
-            .grad_dtype = ZT_DTYPE_F32,
+            .grad = e->hgrad_lowp ? (const void *)(e->h_grad16 + pc->shard_off)
+                                  : (const void *)(e->h_grad + pc->shard_off),
+            .grad_dtype = e->hgrad_lowp ? ZT_DTYPE_BF16 : ZT_DTYPE_F32,
             .out = e->o.stream_masters ? NULL : (char *)e->h_lowp + pc->shard_off * e->esize,
             .out_dtype = e->dtype,
             .n = pc->n,
@@ -116,7 +118,7 @@ static void run_update(zt_engine *e, const job *j)
         .beta1 = (float)e->o.beta1,
         .beta2 = (float)e->o.beta2,
         .eps = (float)e->o.eps,
-        .grad_scale = j->clip_coef,
+        .grad_scale = e->hgrad_lowp && j->bf16_grad_scale != 1.0f ? j->clip_coef * j->bf16_grad_scale : j->clip_coef,
         .step = (int)j->adam_step,
     };
     const bool disk = e->mstore != NULL && !j->skip;
@@ -287,7 +289,7 @@ void zt__host_opt_destroy(zt_engine *e)
 void zt__host_opt_update(zt_engine *e, float lr, float clip_coef, int64_t adam_step, bool skip)
 {
     job j = {.kind = JOB_UPDATE, .step = e->step_no + 1, .lr = lr, .clip_coef = clip_coef, .adam_step = adam_step,
-             .skip = skip};
+             .skip = skip, .bf16_grad_scale = e->inv_scale};
     enqueue(e, &j);
 }
 
