@@ -4,9 +4,10 @@
 #   bench/beyond/run.sh [OUT_DIR]
 #   ZTRAIN=build/worker/ztrain      the build measured
 #   ROWS="..."                      which rows of the table below to run (default: all)
-#   STEPS=N                         steps per row instead of the table's (at least 4: the first 3 are not timed)
+#   STEPS=N                         steps per row instead of the table's (more than SKIP)
+#   SKIP=N                          the first N steps are not timed (default 3)
 # Each row trains a GPT-2-shaped model (bench/gpt2-MODEL.json), or the LLaMA-2-7B shape (model llama-7b:
-# bench/llama-7b.json), on random tokens, T = 1024, for its number of steps (the first 3
+# bench/llama-7b.json), on random tokens, T = 1024, for its number of steps (the first SKIP = 3
 # are not timed) without checkpoints (--save-every -1). Reported: tokens/s over the timed steps, TFLOP/s
 # (6N + 6 L T C FLOPs per token; the recomputation of checkpointed layers not counted), the peak GPU
 # memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s), the
@@ -79,14 +80,14 @@ run() {
   local rc=$?
   "$PY" - "$run/metrics.jsonl" "$log" "$name" "$model" "$batch" "$accum" "$prec" "$flags" \
     "$((peak - baseline_mib))" "$rss" "$rc" <<'PY' | tee -a "$RES"
-import json, re, sys
+import json, os, re, sys
 metrics, log, name, model, batch, accum, prec, flags, peak, rss, rc = sys.argv[1:]
 try:
     rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 except OSError:
     rows = []
 tokens = int(batch) * int(accum) * 1024
-timed = [r for r in rows if r["step"] >= 4]
+timed = [r for r in rows if r["step"] > int(os.environ.get("SKIP", "3"))]
 text = open(log, errors="replace").read()
 out = {"name": name, "model": model, "batch": int(batch), "grad_accum": int(accum), "precision": prec,
        "flags": flags.replace(",", " "), "peak_gpu_gib": int(peak) / 1024, "peak_host_gib": int(rss) / 2**20,
