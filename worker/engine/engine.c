@@ -258,7 +258,9 @@ static int allocate(zt_engine *e, zt_err *err)
             return rc;
     }
     if (e->o.stream_masters) {
-        e->mpiece = e->o.grad_chunk > 0 && e->o.grad_chunk < max_shard ? e->o.grad_chunk : max_shard;
+        size_t most = e->blocks[e->model->head_block].shard > max_shard ? e->blocks[e->model->head_block].shard
+                                                                          : max_shard;
+        e->mpiece = e->o.grad_chunk > 0 && e->o.grad_chunk < most ? e->o.grad_chunk : most;
         if ((rc = take_dev(e, (void **)&e->mstage, e->mpiece * 4, "streamed master pieces", err)) < 0)
             return rc;
     }

@@ -153,7 +153,7 @@ struct zt_engine {
     void *sstage;                   /* streamed, W > 1: compute dtype [max shard], this rank's shard on its way into
                                        the all-gather (on the communication stream) */
     float *mstage;                  /* o.stream_masters: fp32 [mpiece], a piece of a master shard on its way up */
-    size_t mpiece;                  /* its elements: o.grad_chunk, or the largest shard */
+    size_t mpiece;                  /* its elements: o.grad_chunk, or the largest shard (the head's too) */
     void *fs;                       /* chunked: the stream that folds gradient pieces and sends them down, so that
                                        the next block's backward need not wait for the sums coming up */
 
