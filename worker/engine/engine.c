@@ -1499,8 +1499,14 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err)
         return rc;
     if (e->path == ZT__GRAD_HOST) {
         sync_resident(e, true);
-        return e->hgrad_lowp ? export_field(e, e->h_grad16, ZT_DTYPE_BF16, false, grads, err)
-                             : export_field(e, e->h_grad, ZT_DTYPE_F32, false, grads, err);
+        if (!e->hgrad_lowp)
+            return export_field(e, e->h_grad, ZT_DTYPE_F32, false, grads, err);
+        /* the micro-batch's bf16 gradient, its loss scale (1 in training: bf16 is not scaled) removed here */
+        if ((rc = export_field(e, e->h_grad16, ZT_DTYPE_BF16, false, grads, err)) < 0 || e->inv_scale == 1.0f)
+            return rc;
+        for (size_t i = 0; i < e->model->host_numel; i++)
+            grads[i] *= e->inv_scale;
+        return 0;
     }
     if (e->path != ZT__GRAD_DIRECT_LOWP)
         return export_field(e, e->gshard, ZT_DTYPE_F32, e->dev->gpu, grads, err);
