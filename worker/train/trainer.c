@@ -663,8 +663,9 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays: a new run's
      * engine gives their pages back as it fills its masters, so they replace the masters' (untouched until
      * then); a resumed run's slab stays until the checkpoint's second import. */
-    const uint64_t start_slab = cfg->resume[0] ? 4 * P : 0;
-    uint64_t ram = host_ram(&ep, server_ram + staging + PROCESS_RAM_BYTES, start_slab + server_ram + PROCESS_RAM_BYTES);
+    const uint64_t steady_other = server_ram + staging + PROCESS_RAM_BYTES;
+    const uint64_t start_other = (cfg->resume[0] ? 4 * P : 0) + server_ram + PROCESS_RAM_BYTES;
+    uint64_t ram = host_ram(&ep, steady_other, start_other);
     const uint64_t ram_available = zt_plan_ram_available();
     /* Streamed weights whose compute-dtype host copy does not fit: the masters come up instead (twice the
      * bytes up with bf16, 2 bytes per parameter less RAM; with fp32, 4 less), where the GPU has room for their
@@ -675,8 +676,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         x.stream_masters = true;
         zt_engine_plan xp;
         zt_engine_plan_for(shape, W, &x, &xp);
-        const uint64_t xram =
-            host_ram(&xp, server_ram + staging + PROCESS_RAM_BYTES, start_slab + server_ram + PROCESS_RAM_BYTES);
+        const uint64_t xram = host_ram(&xp, steady_other, start_other);
         if (xram < ram && ch.device.model + xp.device_bytes + ch.device.fixed <= ch.limit) {
             char before[32], after[32];
             zt_format_size(ram, before, sizeof before);
@@ -692,13 +692,14 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         }
     }
     lay->stream_masters = o.stream_masters;
-    char parts[320], eng[32], pin[32], srv[32], stg[32];
+    char parts[320], eng[32], pin[32], srv[32], stg[32], proc[32];
+    zt_format_size(PROCESS_RAM_BYTES, proc, sizeof proc);
     zt_format_size(ep.host_bytes, eng, sizeof eng);
     zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
     zt_format_size(server_ram, srv, sizeof srv);
     zt_format_size(staging, stg, sizeof stg);
     snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s, "
-             "the process 2.00 GiB", eng, pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "");
+             "the process %s", eng, pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "", proc);
     zt_plan_host h = {.ram_needed = ram, .ram_available = ram_available, .disk_needed = disk,
                       .disk_free = disk ? zt_plan_disk_free(disk_dir) : 0,
                       .disk_dir = disk_dir, .ram_parts = parts};
