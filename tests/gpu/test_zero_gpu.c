@@ -301,23 +301,28 @@ static void test_streamed_weights(void **state)
 
     /* bf16 Adam moments in host memory: streamed = resident, bit for bit; close to fp32 moments, not equal */
     {
-        static const char *const names[4] = {"resident_m16", "streamed_m16", "resident_m32", "streamed_m16_disk"};
+        static const char *const names[5] = {"resident_m16", "streamed_m16", "resident_m32", "streamed_m16_disk",
+                                             "streamed_m16_split"};
         char mdir[] = "/tmp/zt_gpu_moments_XXXXXX";
         assert_non_null(mkdtemp(mdir));
-        zt_train_result res[4];
-        for (int i = 0; i < 4; i++) {
+        zt_train_result res[5];
+        for (int i = 0; i < 5; i++) {
             zt_train_config c;
             base_config(&c, names[i], "cuda", "bf16", 1);
             c.grad_clip = 0.0;
             c.grad_piece = 1000;
-            if (zt_train_config_set_flag(&c, "--weights", i == 1 || i == 3 ? "host" : "gpu", &err) != 0 ||
+            /* on disk: every block's moments (1KiB holds none of them), or the leading blocks' in RAM (2MiB) */
+            if (zt_train_config_set_flag(&c, "--weights", i == 1 || i >= 3 ? "host" : "gpu", &err) != 0 ||
                 zt_train_config_set_flag(&c, "--adam-moments", i == 2 ? "fp32" : "bf16", &err) != 0 ||
-                (i == 3 && zt_train_config_set_flag(&c, "--moments-dir", mdir, &err) != 0))
+                (i >= 3 && zt_train_config_set_flag(&c, "--moments-dir", mdir, &err) != 0) ||
+                (i >= 3 && zt_train_config_set_flag(&c, "--moments-ram", i == 3 ? "1KiB" : "2MiB", &err) != 0))
                 fail_msg("%s", err.msg);
             engine_train_ok(&c, 3, "all", 1, "cpu", &res[i]);
         }
         zt_gpu_fixture_same_losses("streamed vs resident weights, bf16 moments", &res[1], &res[0], 1, STEPS);
         zt_gpu_fixture_same_losses("bf16 moments on disk vs in host memory", &res[3], &res[1], 1, STEPS);
+        zt_gpu_fixture_same_losses("bf16 moments split between RAM and disk vs in host memory", &res[4], &res[1], 1,
+                                   STEPS);
         char cmd[64];
         snprintf(cmd, sizeof cmd, "rm -rf %s", mdir);
         assert_int_equal(system(cmd), 0);
@@ -328,7 +333,7 @@ static void test_streamed_weights(void **state)
         }
         printf("bf16 vs fp32 Adam moments (bf16 weights): largest relative loss difference %.3g\n", worst);
         assert_true(worst > 0.0 && worst < 2e-2);
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             zt_train_result_free(&res[i]);
     }
 

@@ -113,6 +113,8 @@ typedef struct job {
     const char *moments_dir; /* Adam moments on disk here (streamed weights), or NULL */
     int grad_chunk;         /* streamed: the gradient leaves in pieces of this many elements per rank (0: blocks) */
     bool stream_masters;    /* streamed: the weights come up as the fp32 masters, in pieces of grad_chunk */
+    double moments_ram;     /* moments on disk: this fraction of this rank's moments may stay in host memory
+                               (0 < f < 1: checked to split the blocks between RAM and disk) */
 } job;
 
 #define FAIL(...)                                                                                          \
@@ -166,6 +168,17 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     eo.moments_dir = j->moments_dir;
     eo.grad_chunk = (size_t)j->grad_chunk;
     eo.stream_masters = j->stream_masters;
+    if (j->moments_ram > 0) {
+        const size_t msize = j->bf16_moments ? 2 : 4;
+        eo.moments_ram_bytes = (size_t)(j->moments_ram * 2.0 * (double)msize *
+                                        (double)(zt_family_model_num_params(fm) / (size_t)j->W));
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        const int nb = model->nblocks;
+        if (j->moments_ram < 1.0 && (pl.moments_ram_blocks <= 0 || pl.moments_ram_blocks >= nb))
+            FAIL("moments_ram %.2f keeps %d of %d blocks' moments in RAM: not a split", j->moments_ram,
+                 pl.moments_ram_blocks, nb);
+    }
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
                           &err) < 0)
@@ -303,7 +316,7 @@ static void test_equivalence_w1_to_w4(void **state)
     assert_true(ref[STEPS - 1] < 0.95f * ref[0]);
     for (int W = 1; W <= MAX_W; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
         run(&j, l);
         char what[32];
         snprintf(what, sizeof what, "W=%d", W);
@@ -317,10 +330,10 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
 {
     (void)state;
     float l3[STEPS], l2[STEPS], lall[STEPS], levery[STEPS];
-    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
-    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
-    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
-    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
     run(&j3, l3);
     run(&j2, l2);
     run(&jall, lall);
@@ -330,9 +343,9 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
     assert_close(levery, ref, STEPS, 1e-5, "W=2 level 2 every:2");
     /* one micro-batch per step: block buffers taken in turn from a ring, the head's kept apart */
     float o1[STEPS], o3[STEPS], o3c[STEPS];
-    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
-    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
-    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
+    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
     run(&one1, o1);
     run(&one3, o3);
     run(&one3c, o3c);
@@ -349,7 +362,7 @@ static void test_streamed_weights(void **state)
     (void)state;
     for (int W = 1; W <= 3; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
+        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
         run(&j, l);
         char what[48];
         snprintf(what, sizeof what, "W=%d streamed", W);
@@ -359,8 +372,8 @@ static void test_streamed_weights(void **state)
      * ranks reduce-scattered together), W = 2 and 3, two micro-batches per step: against whole blocks */
     for (int W = 2; W <= 3; W++) {
         float whole[STEPS], pieces[STEPS];
-        job jw = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
-        job jp = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 100, false};
+        job jw = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
+        job jp = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 100, false, 0};
         run(&jw, whole);
         run(&jp, pieces);
         char what[48];
@@ -369,9 +382,9 @@ static void test_streamed_weights(void **state)
     }
     /* one micro-batch per step, and with recomputation: against the resident layout of the same W */
     float res[STEPS], st[STEPS], stc[STEPS];
-    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false};
-    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
-    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL, 0, false};
+    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
+    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
     run(&jres, res);
     run(&jst, st);
     run(&jstc, stc);
@@ -381,12 +394,12 @@ static void test_streamed_weights(void **state)
     char dir[] = "/tmp/zt_zero_stream_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false};
+    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false, 0};
     run(&save, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL, 0, false};
+    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL, 0, false, 0};
     run(&load, rest);
     assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
     assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
@@ -406,9 +419,9 @@ static void test_bf16_moments(void **state)
 {
     (void)state;
     float l1[STEPS], l2[STEPS], ls[STEPS];
-    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false};
-    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false};
-    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0, false};
+    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false, 0};
+    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false, 0};
+    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0, false, 0};
     run(&j1, l1);
     run(&j2, l2);
     run(&js, ls);
@@ -420,13 +433,13 @@ static void test_bf16_moments(void **state)
     char dir[] = "/tmp/zt_zero_bf16_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL, 0, false};
+    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL, 0, false, 0};
     run(&save, first);
     assert_memory_equal(first, l2, sizeof(float) * (STEPS / 2));
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL, 0, false};
+    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL, 0, false, 0};
     run(&load, rest);
     assert_memory_equal(rest, l2 + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -478,27 +491,57 @@ static void test_moments_on_disk(void **state)
     for (int bf16 = 0; bf16 <= 1; bf16++)
         for (int W = 1; W <= 2; W++) {
             float ram[STEPS], disk[STEPS];
-            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL, 0, false};
-            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir, 0, false};
+            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL, 0, false, 0};
+            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir, 0, false, 0};
             run(&jr, ram);
             run(&jd, disk);
             char what[64];
             snprintf(what, sizeof what, "W=%d %s moments on disk", W, bf16 ? "bf16" : "fp32");
             print_message("%s: last loss %.6f (in memory %.6f)\n", what, disk[STEPS - 1], ram[STEPS - 1]);
             assert_memory_equal(disk, ram, sizeof ram);
+            /* the leading blocks' moments in host memory, the rest on disk: the same bits again */
+            float split[STEPS];
+            job js = jd;
+            js.moments_ram = 0.5;
+            run(&js, split);
+            snprintf(what, sizeof what, "W=%d %s moments split", W, bf16 ? "bf16" : "fp32");
+            assert_memory_equal(split, ram, sizeof ram);
         }
+    /* a checkpoint of a split run resumed with another split, and all on disk: the same bits as the run
+     * that did not stop (bf16 moments: their rounding follows the rank, so the same W) */
+    {
+        char sck[] = "/tmp/zt_zero_msplit_ckpt_XXXXXX";
+        assert_non_null(mkdtemp(sck));
+        float whole[STEPS], first[STEPS], rest[STEPS], rest_disk[STEPS];
+        job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0, false, 0};
+        job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, sck, true, true, dir, 0, false, 0.5};
+        run(&jw, whole);
+        run(&js, first);
+        char ckpt[PATH_MAX];
+        zt_err err = {{0}};
+        assert_int_equal(zt_checkpoint_find(sck, ckpt, sizeof ckpt, &err), 0);
+        job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0, false, 0.3};
+        run(&jl, rest);
+        job jd = jl;
+        jd.moments_ram = 0;
+        run(&jd, rest_disk);
+        assert_memory_equal(first, whole, sizeof(float) * (STEPS / 2));
+        assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+        assert_memory_equal(rest_disk, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+        remove_dir(sck);
+    }
     /* a checkpoint of a run with its moments on disk, resumed with them on disk */
     char ck[] = "/tmp/zt_zero_mdisk_ckpt_XXXXXX";
     assert_non_null(mkdtemp(ck));
     float whole[STEPS], first[STEPS], rest[STEPS];
-    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir, 0, false};
-    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir, 0, false};
+    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir, 0, false, 0};
+    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir, 0, false, 0};
     run(&jw, whole);
     run(&js, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
-    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0, false};
+    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0, false, 0};
     run(&jl, rest);
     assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -570,7 +613,7 @@ static void test_streamed_masters(void **state)
         for (int chunk = 0; chunk <= 100; chunk += 100)
             for (int accum = 1; accum <= ACCUM; accum += ACCUM - 1) {
                 float copy[STEPS], masters[STEPS];
-                job jc = {W, accum, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, chunk, false};
+                job jc = {W, accum, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, chunk, false, 0};
                 job jm = jc;
                 jm.stream_masters = true;
                 run(&jc, copy);
@@ -654,14 +697,14 @@ static void test_resume_at_other_world_sizes(void **state)
     char dir[] = "/tmp/zt_zero_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], second[STEPS];
-    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false};
+    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false, 0};
     run(&save, first);
     assert_close(first, ref, STEPS / 2, 1e-5, "W=4 first half");
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
     for (int W = 2; W >= 1; W--) {
-        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL, 0, false};
+        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL, 0, false, 0};
         run(&resume, second);
         char what[32];
         snprintf(what, sizeof what, "resumed at W=%d", W);

@@ -22,7 +22,7 @@ static const char train_usage[] =
     "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
-    "                    [--optimizer-gpu-fraction X] [--adam-moments M] [--moments-dir DIR] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
+    "                    [--optimizer-gpu-fraction X] [--adam-moments M] [--moments-dir DIR] [--moments-ram SIZE] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "                    [--gpu-mem SIZE] [--weights W] [--auto-micro-batch] [--offload O]\n"
     "\n"
@@ -75,6 +75,9 @@ static const char train_usage[] =
     "  --moments-dir DIR    with --device cuda --optimizer cpu: the Adam moments live on disk in DIR (NVMe,\n"
     "                       io_uring), each block's read ahead of its update and written behind it; the host\n"
     "                       keeps 8 (fp32) or 4 (bf16) bytes per parameter less, the disk holds them\n"
+    "  --moments-ram SIZE   with --moments-dir: RAM the moments of the leading blocks keep instead of the disk\n"
+    "                       (less disk traffic per step; default none: what the memory plan leaves free,\n"
+    "                       less 4 GiB or 5%; a size below one block's moments keeps them all on disk)\n"
     "  --servers LIST       state servers host:port,... for --optimizer server; without it the state\n"
     "                       server runs inside this process (embedded)\n"
     "  --token-file F       file holding the bearer token of the state servers\n"
@@ -234,6 +237,7 @@ static int run_command(int argc, char **argv, bool finetune)
         {"optimizer-gpu-fraction", required_argument, NULL, OPT_SETTING},
         {"adam-moments", required_argument, NULL, OPT_SETTING},
         {"moments-dir", required_argument, NULL, OPT_SETTING},
+        {"moments-ram", required_argument, NULL, OPT_SETTING},
         {"servers", required_argument, NULL, OPT_SETTING},
         {"token-file", required_argument, NULL, OPT_SETTING},
         {"tls-ca", required_argument, NULL, OPT_SETTING},

@@ -182,6 +182,15 @@ static int take_host(zt_engine *e, void **p, size_t bytes, bool pinned, const ch
     return 0;
 }
 
+/* Elements of this rank's moments held in host memory (placement cpu): all, or with moments_dir those of
+ * the blocks before mram_blocks (the shards are laid out in block order). */
+static size_t ram_moment_elems(const zt_engine *e)
+{
+    if (!e->moments_dir[0])
+        return e->nshard;
+    return e->mram_blocks == 0 ? 0 : e->blocks[e->mram_blocks - 1].shard_off + e->blocks[e->mram_blocks - 1].shard;
+}
+
 /* Allocates every buffer the layout and the path need. */
 static int allocate(zt_engine *e, zt_err *err)
 {
@@ -281,14 +290,15 @@ static int allocate(zt_engine *e, zt_err *err)
             return rc;
     if (e->o.stream_masters)
         e->host_pinned_bytes += ns * 4; /* page-locked after the first import */
-    if (e->home == ZT__OPT_HOST && e->moments_dir[0]) {
-        e->host_bytes += 2 * zt__mdisk_buffer_bytes(e); /* the staging of two blocks' records (zt__mdisk_open) */
-        e->h_moments_zero = true;                       /* the records start zero */
-    } else if (e->home == ZT__OPT_HOST) {
-        if ((rc = take_host(e, &e->h_m, ns * e->msize, false, "host Adam first moments", err)) < 0 ||
-            (rc = take_host(e, &e->h_v, ns * e->msize, false, "host Adam second moments", err)) < 0)
+    if (e->home == ZT__OPT_HOST) {
+        /* in host memory: every block's moments, or with moments_dir the leading mram_blocks' */
+        const size_t nram = ram_moment_elems(e);
+        if ((rc = take_host(e, &e->h_m, nram * e->msize, false, "host Adam first moments", err)) < 0 ||
+            (rc = take_host(e, &e->h_v, nram * e->msize, false, "host Adam second moments", err)) < 0)
             return rc;
-        e->h_moments_zero = true;
+        if (e->moments_dir[0] && e->mram_blocks < e->nb) /* the staging of two blocks' records (zt__mdisk_open) */
+            e->host_bytes += 2 * zt__mdisk_buffer_bytes(e);
+        e->h_moments_zero = true; /* calloc's zeros, and records created zero */
     }
     if (e->path == ZT__GRAD_HOST) {
         if ((e->hgrad_lowp ? (rc = take_host(e, (void **)&e->h_grad16, ns * 2, true, "host gradient", err))
@@ -421,6 +431,11 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
             e->max_padded = k->padded;
     }
     build_pieces(e);
+    if (e->home == ZT__OPT_HOST && e->moments_dir[0]) /* the leading blocks whose moments fit the RAM allowed */
+        while (e->mram_blocks < e->nb &&
+               2 * (e->blocks[e->mram_blocks].shard_off + e->blocks[e->mram_blocks].shard) * e->msize <=
+                   o->moments_ram_bytes)
+            e->mram_blocks++;
     if (e->home == ZT__OPT_HOST && o->gpu_fraction > 0) {
         /* the leading blocks until they hold gpu_fraction of this rank's elements */
         const double want = o->gpu_fraction * (double)e->nshard;
@@ -448,8 +463,9 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->device_bytes = e->device_bytes;
     plan->host_bytes = e->host_bytes;
     plan->host_pinned_bytes = e->host_pinned_bytes;
-    plan->host_moment_bytes = e->home == ZT__OPT_HOST && !e->moments_dir[0] ? 2 * e->nshard * e->msize : 0;
+    plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * ram_moment_elems(e) * e->msize : 0;
     plan->disk_bytes = e->home == ZT__OPT_HOST && e->moments_dir[0] ? zt__mdisk_bytes(e) : 0;
+    plan->moments_ram_blocks = e->home == ZT__OPT_HOST && e->moments_dir[0] ? e->mram_blocks : e->nb;
     plan->shard_elems = e->nshard;
     free(e->blocks);
     free(e->slots);
@@ -1412,14 +1428,24 @@ static int export_field(zt_engine *e, const void *field, enum zt_dtype fdt, bool
     return rc;
 }
 
-/* Moments on disk: every block's record read back and widened, then gathered like export_field. */
+/* Moments on disk: every block's record read back and widened (or its moments in host memory widened), then
+ * gathered like export_field. */
 static int export_disk_moments(zt_engine *e, float *m, float *v, zt_err *err)
 {
     float *stage = zt_xmalloc(e->max_padded * sizeof(float));
     float *wm = zt_xcalloc(e->max_padded, sizeof(float)), *wv = zt_xcalloc(e->max_padded, sizeof(float));
     int rc = 0;
     for (int b = 0; b < e->nb && rc == 0; b++) {
-        rc = zt__mdisk_load(e, b, wm, wv, err);
+        const zt__block *k = &e->blocks[b];
+        if (zt__mdisk_has(e, b)) {
+            rc = zt__mdisk_load(e, b, wm, wv, err);
+        } else {
+            const char *src[2] = {(const char *)e->h_m + k->shard_off * e->msize,
+                                  (const char *)e->h_v + k->shard_off * e->msize};
+            float *dst[2] = {wm, wv};
+            for (int i = 0; i < 2 && rc == 0; i++)
+                rc = zt_cpu_adam_widen(dst[i], src[i], e->o.moment_dtype, k->shard, e->o.threads, err);
+        }
         rc = zt__engine_agree(e, rc, err);
         if (rc == 0 && m)
             rc = export_block(e, b, wm, false, stage, m, err);
@@ -1579,7 +1605,7 @@ static void import_field(zt_engine *e, const float *slab, void *field, enum zt_d
 }
 
 /* Moments on disk: this rank's shard of every block of the host-layout m and v (NULL: zeros) written into the
- * block's record (bf16: rounded to nearest). */
+ * block's record, or into h_m and h_v for the blocks that keep them there (bf16: rounded to nearest). */
 static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_err *err)
 {
     float *sm = zt_xmalloc(e->max_padded * sizeof(float)), *sv = zt_xmalloc(e->max_padded * sizeof(float));
@@ -1594,7 +1620,14 @@ static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_
             else
                 memset(st[i], 0, k->padded * sizeof(float));
         }
-        rc = zt__mdisk_store(e, b, sm + (size_t)e->rank * k->shard, sv + (size_t)e->rank * k->shard, err);
+        const float *mine[2] = {sm + (size_t)e->rank * k->shard, sv + (size_t)e->rank * k->shard};
+        if (zt__mdisk_has(e, b)) {
+            rc = zt__mdisk_store(e, b, mine[0], mine[1], err);
+        } else { /* a block whose moments stay in host memory */
+            void *dst[2] = {(char *)e->h_m + k->shard_off * e->msize, (char *)e->h_v + k->shard_off * e->msize};
+            for (int i = 0; i < 2 && rc == 0; i++)
+                rc = zt_cpu_adam_convert(dst[i], e->o.moment_dtype, mine[i], k->shard, e->o.threads, err);
+        }
     }
     free(sm);
     free(sv);

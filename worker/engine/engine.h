@@ -83,6 +83,8 @@ typedef struct zt_engine_options {
                                     directory (NVMe through io_uring), read ahead of each block's update and
                                     written behind it; NULL or "": host memory. Copied. A read or write that fails
                                     stops the updates; the next zt_engine_step returns the error on every rank */
+    size_t moments_ram_bytes;    /* with moments_dir: host memory the moments may keep; the leading blocks whose m
+                                    and v fit in it stay in host memory, the rest go to disk (0: all on disk) */
     double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the
@@ -119,6 +121,7 @@ typedef struct zt_engine_plan {
     size_t host_moment_bytes; /* of which the Adam moments, whose pages are taken at the first update */
     size_t disk_bytes;        /* the moments' records on disk (moments_dir), or 0 */
     size_t shard_elems;       /* elements of this rank's shards (padding included) */
+    int moments_ram_blocks;   /* the leading blocks whose moments stay in host memory (all without moments_dir) */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 

@@ -190,6 +190,8 @@ struct zt_engine {
     char moments_dir[4096];         /* the moments' directory (o.moments_dir), "" = host memory */
     struct zt_store *mstore;        /* the moments' records on disk, or NULL */
     float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
+    int mram_blocks;                /* moments_dir: blocks [0, mram_blocks) keep their moments in h_m and h_v
+                                       (o.moments_ram_bytes), the others in records on disk */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
     uint16_t *h_grad16;             /* [nshard] page-locked, instead of h_grad where hgrad_lowp */
@@ -242,6 +244,11 @@ void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void 
 size_t zt__mdisk_record_elems(const zt_engine *e, int b); /* store elements of block b's record */
 size_t zt__mdisk_buffer_bytes(const zt_engine *e);        /* bytes of one staging buffer */
 size_t zt__mdisk_bytes(const zt_engine *e);               /* disk bytes of all records */
+/* Whether block b's moments are on disk (else in h_m and h_v at the block's shard offset). */
+static inline bool zt__mdisk_has(const zt_engine *e, int b)
+{
+    return e->moments_dir[0] && b >= e->mram_blocks;
+}
 /* Opens the store in moments_dir, creates zero records (replacing this rank's earlier ones) and the two
  * staging buffers; 0 or an error naming the directory and the fix. */
 int zt__mdisk_open(zt_engine *e, zt_err *err);

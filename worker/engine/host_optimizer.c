@@ -105,7 +105,8 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
 }
 
 /* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. With the
- * moments on disk, block b + 1's record is read while block b is updated, and each record is written back
+ * moments on disk (the blocks from mram_blocks on; the first one's record is read while the blocks before it
+ * are updated from host memory), block b + 1's record is read while block b is updated, and each record is written back
  * behind its update (two staging buffers: a buffer is read into only once its last write is done). A disk
  * failure stops the update: the blocks left keep their weights, and zt_engine_step reports it (the next
  * step's, once its passes have waited for the blocks). */
@@ -122,13 +123,14 @@ static void run_update(zt_engine *e, const job *j)
         .step = (int)j->adam_step,
     };
     const bool disk = e->mstore != NULL && !j->skip;
+    const int d0 = e->mram_blocks; /* the first block whose moments are on disk (nb: none) */
     int rd[2] = {-1, -1}, wr[2] = {-1, -1}; /* tickets of each staging buffer's read and write in flight */
     bool failed = false;
     zt_err ioerr = {{0}};
     int rc = 0;
     if (disk && h->update_rc != 0)
         failed = true; /* an earlier step failed: no more updates */
-    else if (disk && (rc = zt__mdisk_read_async(e, 0, 0, &rd[0], &ioerr)) < 0)
+    else if (disk && d0 < e->nb && (rc = zt__mdisk_read_async(e, d0, 0, &rd[0], &ioerr)) < 0)
         failed = true, fail_update(e, rc, &ioerr);
     for (int b = 0; b < e->nb; b++) {
         zt__block *k = &e->blocks[b];
@@ -139,8 +141,8 @@ static void run_update(zt_engine *e, const job *j)
             continue;
         }
         e->dev->event_sync(k->grad_out); /* the step's gradient shard is in h_grad */
-        if (disk) {
-            const int cur = b % 2, nxt = 1 - cur;
+        if (disk && b >= d0) {
+            const int cur = (b - d0) % 2, nxt = 1 - cur;
             rc = zt__mdisk_wait(e, rd[cur], &ioerr);
             rd[cur] = -1;
             if (rc == 0 && b + 1 < e->nb) {

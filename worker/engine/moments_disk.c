@@ -4,6 +4,9 @@
  * reads block b + 1's record while it updates block b and writes each record back behind it, through two
  * staging buffers; so the host holds two blocks' moments instead of the model's.
  *
+ * With moments_ram_bytes the leading blocks (mram_blocks) keep theirs in host memory, as without a directory,
+ * and only the others have records.
+ *
  * A store record is sized in elements of 12 bytes (offload/store.h); a block's record takes the fewest that
  * hold 2 S_b moments. Rank r keeps its records in DIR/rank<r>. The records are created zero when the engine
  * starts: the directory holds the state of one run at a time, and what a previous run left there under the
@@ -29,11 +32,11 @@ size_t zt__mdisk_record_elems(const zt_engine *e, int b)
     return (bytes + 11) / 12;
 }
 
-/* The record elements of the largest block. */
+/* The record elements of the largest block on disk. */
 static size_t max_record_elems(const zt_engine *e)
 {
     size_t most = 0;
-    for (int b = 0; b < e->nb; b++) {
+    for (int b = e->mram_blocks; b < e->nb; b++) {
         size_t n = zt__mdisk_record_elems(e, b);
         most = n > most ? n : most;
     }
@@ -48,7 +51,7 @@ size_t zt__mdisk_buffer_bytes(const zt_engine *e)
 size_t zt__mdisk_bytes(const zt_engine *e)
 {
     size_t sum = 0;
-    for (int b = 0; b < e->nb; b++)
+    for (int b = e->mram_blocks; b < e->nb; b++)
         sum += zt_store_buffer_bytes(zt__mdisk_record_elems(e, b)) + 4096; /* payload and header */
     return sum;
 }
@@ -79,7 +82,7 @@ int zt__mdisk_open(zt_engine *e, zt_err *err)
         snprintf(why, sizeof why, "%s", err->msg);
         return zt_fail(err, rc, "Adam moments on disk in '%s': %s", e->moments_dir, why);
     }
-    for (int b = 0; b < e->nb && rc == 0; b++) {
+    for (int b = e->mram_blocks; b < e->nb && rc == 0; b++) {
         const zt_store_key k = key_of(e, b);
         if (zt_store_lookup(e->mstore, k, NULL) == 0 && (rc = zt_store_remove(e->mstore, k, err)) < 0)
             break;
@@ -90,7 +93,7 @@ int zt__mdisk_open(zt_engine *e, zt_err *err)
         return zt_fail(err, rc, "Adam moments on disk in '%s': %s (free space there or choose another directory)",
                        e->moments_dir, why);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && e->mram_blocks < e->nb; i++) {
         e->mbuf[i] = zt_store_buffer_alloc(max_record_elems(e));
         if (!e->mbuf[i])
             return zt_fail(err, ZT_ENOMEM, "out of host memory for the staging of the Adam moments (2 x %zu bytes)",

@@ -94,6 +94,7 @@ static const struct key_def keys[] = {
     {"optimizer_gpu_fraction", "--optimizer-gpu-fraction", KEY_DOUBLE, FIELD(optimizer_gpu_fraction)},
     {"adam_moments", "--adam-moments", KEY_ENUM, ENUM_FIELD(adam_moments, moments_names)},
     {"moments_dir", "--moments-dir", KEY_PATH, FIELD(moments_dir)},
+    {"moments_ram", "--moments-ram", KEY_SIZE, FIELD(moments_ram)},
     {"servers", "--servers", KEY_TEXT, FIELD(servers)},
     {"token_file", "--token-file", KEY_PATH, FIELD(token_file)},
     {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
@@ -584,6 +585,9 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s' puts the Adam moments of the host AdamW on disk: it "
                        "needs --device cuda --optimizer cpu without --optimizer-gpu-fraction (or drop it)",
                        label("moments_dir"), c->moments_dir);
+    if (c->moments_ram > 0 && !c->moments_dir[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s sets how much of the moments stays in RAM beside "
+                       "--moments-dir: give --moments-dir DIR too (or drop it)", label("moments_ram"));
     const bool server = opt == ZT_OPTIMIZER_SERVER;
     const bool remote = c->servers[0] != '\0';
     if (remote && !server)

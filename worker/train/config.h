@@ -98,6 +98,8 @@ typedef struct zt_train_config {
                                            the parameters keep their AdamW on the GPU (0 = none, the default) */
     enum zt_train_moments adam_moments; /* --optimizer cpu: fp32 (default) or bf16 moments */
     char moments_dir[ZT_TRAIN_PATH_MAX]; /* --device cuda --optimizer cpu: the Adam moments on disk here; "" = RAM */
+    uint64_t moments_ram;               /* with moments_dir: RAM the leading blocks' moments may keep instead (0 = what
+                                           the plan leaves free, less a margin) */
     char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
     char token_file[ZT_TRAIN_PATH_MAX]; /* file holding the bearer token of the state servers; "" = none */
     char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */
