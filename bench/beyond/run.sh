@@ -33,6 +33,8 @@ TABLE="
 1558m_streamed_11g 1558m 50 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
 1558m_streamed_11g_ga8 1558m 10 8 8 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
 1558m_streamed_11g_m16 1558m 50 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16
+1558m_m16disk      1558m 10 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
+1558m_m16split     1558m 10 8 1 bf16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--moments-ram,3GiB
 1558m_auto_11g     1558m 10 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 1558m_fp16_11g     1558m 50 8 1 fp16 --optimizer,cpu,--weights,host,--gpu-mem,11GiB,--checkpointing,all
 124m_streamed_ram  124m  12 8 1 bf16 --offload,cpu,--weights,host,--gpu-mem,4GiB,--checkpointing,all
