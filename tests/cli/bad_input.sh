@@ -457,6 +457,8 @@ train_case flag_weights_host_on_cpu 2 'weights' '--device cuda' -- --weights hos
 train_case flag_adam_moments_unknown 2 '--adam-moments' 'fp32 or bf16' -- --adam-moments fp8
 train_case flag_adam_moments_optimizer_server 2 'adam_moments' '--optimizer cpu' -- --adam-moments bf16 --optimizer server
 train_case flag_moments_dir_on_cpu 2 'moments_dir' '--device cuda' -- --moments-dir /tmp
+train_case flag_moments_ram_without_dir 2 'moments_ram' '--moments-dir DIR' -- --moments-ram 3GiB
+train_case flag_moments_ram_not_a_size 2 '--moments-ram' '11GiB' -- --moments-ram lots
 if expect_error finetune_without_init 2 'finetune' '--init-from' -- finetune --train-data "$WORK/d1/d_train_*.bin" \
   --out "$WORK/ft1" && expect_no_run_output finetune_without_init "$WORK/ft1"; then
   pass finetune_without_init
