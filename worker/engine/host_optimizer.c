@@ -27,8 +27,7 @@ typedef struct job {
     enum job_kind kind;
     int block;            /* PUSH */
     int64_t step;         /* UPDATE: the step count once done; PUSH: the servers' step being pushed */
-    float lr, clip_coef;  /* UPDATE */
-    float bf16_grad_scale; /* UPDATE, bf16 host gradient: the micro-batch's scale, not applied on the GPU (1 in training) */
+    float lr, clip_coef;  /* UPDATE; clip_coef: times the inverse loss scale for a bf16 host gradient */
     int64_t adam_step;    /* UPDATE */
     bool skip;            /* UPDATE */
 } job;
@@ -106,8 +105,8 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
 
 /* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. With the
  * moments on disk (the blocks from mram_blocks on; the first one's record is read while the blocks before it
- * are updated from host memory), block b + 1's record is read while block b is updated, and each record is written back
- * behind its update (two staging buffers: a buffer is read into only once its last write is done). A disk
+ * are updated from host memory), block b + 1's record is read while block b is updated, and each record is
+ * written back behind its update (two staging buffers: a buffer is read into only once its last write is done). A disk
  * failure stops the update: the blocks left keep their weights, and zt_engine_step reports it (the next
  * step's, once its passes have waited for the blocks). */
 static void run_update(zt_engine *e, const job *j)
@@ -119,7 +118,7 @@ static void run_update(zt_engine *e, const job *j)
         .beta1 = (float)e->o.beta1,
         .beta2 = (float)e->o.beta2,
         .eps = (float)e->o.eps,
-        .grad_scale = e->hgrad_lowp && j->bf16_grad_scale != 1.0f ? j->clip_coef * j->bf16_grad_scale : j->clip_coef,
+        .grad_scale = j->clip_coef,
         .step = (int)j->adam_step,
     };
     const bool disk = e->mstore != NULL && !j->skip;
@@ -141,7 +140,7 @@ static void run_update(zt_engine *e, const job *j)
             continue;
         }
         e->dev->event_sync(k->grad_out); /* the step's gradient shard is in h_grad */
-        if (disk && b >= d0) {
+        if (disk && zt__mdisk_has(e, b)) {
             const int cur = (b - d0) % 2, nxt = 1 - cur;
             rc = zt__mdisk_wait(e, rd[cur], &ioerr);
             rd[cur] = -1;
@@ -290,8 +289,11 @@ void zt__host_opt_destroy(zt_engine *e)
 /* Queues the step's update; see engine_internal.h. */
 void zt__host_opt_update(zt_engine *e, float lr, float clip_coef, int64_t adam_step, bool skip)
 {
-    job j = {.kind = JOB_UPDATE, .step = e->step_no + 1, .lr = lr, .clip_coef = clip_coef, .adam_step = adam_step,
-             .skip = skip, .bf16_grad_scale = e->inv_scale};
+    /* a bf16 host gradient still holds the micro-batch's loss scale (1 in training: bf16 is not scaled), which
+     * the folds remove from an fp32 one */
+    const float scale = e->hgrad_lowp ? clip_coef * e->inv_scale : clip_coef;
+    job j = {.kind = JOB_UPDATE, .step = e->step_no + 1, .lr = lr, .clip_coef = scale, .adam_step = adam_step,
+             .skip = skip};
     enqueue(e, &j);
 }
 
