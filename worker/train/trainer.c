@@ -667,8 +667,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     /* Streamed weights whose compute-dtype host copy does not fit: the masters come up instead (twice the
      * bytes up with bf16, 2 bytes per parameter less RAM; with fp32, 4 less), where the GPU has room for their
      * staging. */
-    if (ram_available > 0 && ram > ram_available && o.stream && !o.stream_masters && o.placement == ZT_PLACEMENT_CPU &&
-        cfg->weights != ZT_WEIGHTS_GPU) {
+    if (ram_available > 0 && ram > ram_available && o.stream && !o.stream_masters && o.placement == ZT_PLACEMENT_CPU) {
         zt_engine_options x = o;
         x.stream_masters = true;
         zt_engine_plan xp;
