@@ -14,7 +14,8 @@
 #include "worker/models/model.h"
 
 /* Runs tokens and targets [B,T] through m (an F32 CUDA executor) with the weights of the host slab params:
- * forward, the head with scale 0 (logits [B,T,V] into logits), the head again with scale 1 and the backward.
+ * forward, the head with scale 0 (logits [B,T,V] into logits), the head again with scale 1 and the backward,
+ * in the engine's order (checkpointed blocks discarded after their forward and rebuilt before their backward).
  * Writes the gradient of the mean loss into grads (the host layout, host_numel floats) and returns the mean
  * loss; -1 when a CUDA call fails. */
 static inline float zt_test_model_once(zt_model *m, const float *params, const int32_t *tokens,
@@ -34,8 +35,11 @@ static inline float zt_test_model_once(zt_model *m, const float *params, const i
         cudaMemset(dg, 0, total * sizeof(float)) != cudaSuccess)
         goto out;
     m->ops->begin(m, tokens, targets, B, T, 0);
-    for (int b = 0; b < nb; b++)
+    for (int b = 0; b < nb; b++) {
         m->ops->forward(m, b, dw + m->block_offset[b]);
+        if (m->checkpointed[b])
+            m->ops->discard(m, b);
+    }
     m->ops->head(m, dw + m->block_offset[m->head_block], 0.0f);
     m->ops->logits(m, logits);
     m->ops->head(m, dw + m->block_offset[m->head_block], 1.0f);

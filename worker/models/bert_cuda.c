@@ -26,6 +26,7 @@
 typedef struct layer_acts {
     void *qkv, *atty, *res1, *ln1, *inter, *inter_act, *res2, *out; /* dtype */
     float *lse, *ln1_mean, *ln1_rstd, *out_mean, *out_rstd;
+    void *oln_w, *oln_b; /* keep_sum layers: the output LayerNorm's weight and bias [C], copied at the forward */
 } layer_acts;
 
 typedef struct bert_cuda {
@@ -41,8 +42,15 @@ typedef struct bert_cuda {
     zt__cuda_layout lay;     /* the device layout and the engine's view of it */
     zt__cuda_state cs;       /* stream, cuBLASLt, pool, pinned staging */
 
+    /* Checkpointed layers keep their output's sum before the output LayerNorm (res2, with its statistics)
+     * rather than the output itself when the layer above is checkpointed too (or it is the last): the output
+     * is the next layer's input, which that layer's rebuild normalises again from the kept sum, so no
+     * rebuild runs the output projection. Their outputs alternate between the two shared buffers outbuf. */
+    bool *keep_sum; /* [L] */
+
     /* Carved from the pool. */
     layer_acts *layers, shared;
+    void *outbuf[2];
     void *emb, *enc;                                  /* [N,C] */
     float *emb_mean, *emb_rstd;                       /* [N] */
     void *tr_pre, *tr_act, *tr_ln, *dec_bias, *ddec_bias; /* masked LM: [N,C] x3, [Vp] x2 */
@@ -101,15 +109,28 @@ static size_t carve(bert_cuda *g, char *base, size_t plan[2])
     g->emb_mean = zt__pool_take(base, &used, N * 4);
     g->emb_rstd = zt__pool_take(base, &used, N * 4);
     g->enc = zt__pool_take(base, &used, NC * e);
-    const bool any_ckpt = zt__cuda_layout_any_checkpointed(&g->lay);
+    bool any_sum = false, any_out = false; /* checkpointed layers that keep their sum; that keep their output */
+    for (int l = 0; l < g->L; l++) {
+        any_sum |= g->keep_sum[l];
+        any_out |= layer_ckpt(g, l) && !g->keep_sum[l];
+    }
     for (int l = -1; l < g->L; l++) {
-        /* l = -1: the set that checkpointed layers share; a checkpointed layer keeps only its output */
-        if (l < 0 && !any_ckpt)
+        /* l = -1: the set that checkpointed layers share */
+        if (l < 0 && !any_sum && !any_out)
             continue;
         layer_acts *a = l < 0 ? &g->shared : &g->layers[l];
         if (l >= 0 && layer_ckpt(g, l)) {
             *a = g->shared;
-            a->out = zt__pool_take(base, &used, NC * e);
+            if (g->keep_sum[l]) {
+                a->res2 = zt__pool_take(base, &used, NC * e);
+                a->out_mean = zt__pool_take(base, &used, N * 4);
+                a->out_rstd = zt__pool_take(base, &used, N * 4);
+                a->oln_w = zt__pool_take(base, &used, C * e);
+                a->oln_b = zt__pool_take(base, &used, C * e);
+                a->out = g->outbuf[l & 1];
+            } else {
+                a->out = zt__pool_take(base, &used, NC * e);
+            }
             continue;
         }
         a->qkv = zt__pool_take(base, &used, 3 * NC * e);
@@ -121,10 +142,17 @@ static size_t carve(bert_cuda *g, char *base, size_t plan[2])
         a->ln1_rstd = zt__pool_take(base, &used, N * 4);
         a->inter = zt__pool_take(base, &used, NI * e);
         a->inter_act = zt__pool_take(base, &used, NI * e);
-        a->res2 = zt__pool_take(base, &used, NC * e);
-        a->out = zt__pool_take(base, &used, NC * e);
-        a->out_mean = zt__pool_take(base, &used, N * 4);
-        a->out_rstd = zt__pool_take(base, &used, N * 4);
+        if (l >= 0 || any_out) {
+            a->res2 = zt__pool_take(base, &used, NC * e);
+            a->out_mean = zt__pool_take(base, &used, N * 4);
+            a->out_rstd = zt__pool_take(base, &used, N * 4);
+        }
+        if (l >= 0) {
+            a->out = zt__pool_take(base, &used, NC * e);
+        } else if (any_sum) {
+            g->outbuf[0] = zt__pool_take(base, &used, NC * e);
+            g->outbuf[1] = zt__pool_take(base, &used, NC * e);
+        }
     }
     if (g->mlm) {
         g->tr_pre = zt__pool_take(base, &used, NC * e);
@@ -242,12 +270,16 @@ static void init_shape(bert_cuda *g, const zt_bert *host, int B, int T, int max_
     g->max_micro = max_micro;
     g->layers = zt_xcalloc(nl, sizeof(layer_acts));
     build_layout(g, ckpt_layers);
+    g->keep_sum = zt_xcalloc(nl, sizeof(bool));
+    for (int l = 0; l < g->L; l++)
+        g->keep_sum[l] = layer_ckpt(g, l) && (l == g->L - 1 || layer_ckpt(g, l + 1));
 }
 
 static void free_shape(bert_cuda *g)
 {
     zt__cuda_layout_free(&g->lay);
     free(g->layers);
+    free(g->keep_sum);
 }
 
 static void fill_base(bert_cuda *g)
@@ -368,7 +400,7 @@ static void forward_embed(bert_cuda *g, const void *w)
                               in_block(g, w, 0, ET(LN_B)), B * T, C, g->cfg.layer_norm_eps, g->dtype, g->cs.stream);
 }
 
-static void forward_layer(bert_cuda *g, int l, const void *w)
+static void forward_layer(bert_cuda *g, int l, const void *w, enum zt__cuda_pass pass)
 {
     const int N = g->cur_B * g->cur_T, C = g->cfg.hidden_size, I = g->cfg.intermediate_size, b = 1 + l;
     const float eps = g->cfg.layer_norm_eps;
@@ -377,6 +409,12 @@ static void forward_layer(bert_cuda *g, int l, const void *w)
     layer_acts *a = &g->layers[l];
     const void *x = layer_input(g, l);
     cudaStream_t s = g->cs.stream;
+    const bool rebuild = pass == ZT__CUDA_PASS_REBUILD;
+    if (rebuild && l > 0 && g->keep_sum[l - 1]) {
+        /* the input, from the sum the layer below kept (its LayerNorm again: the same bits) */
+        layer_acts *p = &g->layers[l - 1];
+        zt_cuda_layernorm_forward(p->out, p->out_mean, p->out_rstd, p->res2, p->oln_w, p->oln_b, N, C, eps, dt, s);
+    }
 #define W(k) in_block(g, w, b, LT(l, k))
     zt_cuda_matmul_forward(g->cs.blas, a->qkv, NULL, x, W(Q_W), W(Q_B), N, C, 3 * C, dt, s);
     zt_cuda_attention_forward_gqa(a->atty, a->lse, a->qkv, g->d_lens, &d, dt, s);
@@ -388,8 +426,15 @@ static void forward_layer(bert_cuda *g, int l, const void *w)
         zt_cuda_matmul_forward(g->cs.blas, a->inter, NULL, a->ln1, W(I_W), W(I_B), N, C, I, dt, s);
         act_forward(g, ZT_BERT_ACT_GELU, a->inter_act, a->inter, (size_t)N * I);
     }
+    if (rebuild && g->keep_sum[l])
+        return; /* res2 and its statistics were kept */
     zt_cuda_matmul_forward_residual(g->cs.blas, a->res2, a->inter_act, W(O_W), W(O_B), a->ln1, N, I, C, dt, s);
     zt_cuda_layernorm_forward(a->out, a->out_mean, a->out_rstd, a->res2, W(OLN_W), W(OLN_B), N, C, eps, dt, s);
+    if (pass == ZT__CUDA_PASS_FIRST && g->keep_sum[l]) {
+        /* the layer above rebuilds its input with them, when this block's weights may be gone */
+        ZT_CUDA_CHECK(cudaMemcpyAsync(a->oln_w, W(OLN_W), (size_t)C * g->esize, cudaMemcpyDeviceToDevice, s));
+        ZT_CUDA_CHECK(cudaMemcpyAsync(a->oln_b, W(OLN_B), (size_t)C * g->esize, cudaMemcpyDeviceToDevice, s));
+    }
 #undef W
 }
 
@@ -564,23 +609,28 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     g->cur_B = B;
     g->cur_T = T;
     g->micro = micro;
+    zt__cuda_passes_begin(&g->lay);
 }
 
 static void cuda_forward(zt_model *m, int b, const void *w)
 {
     bert_cuda *g = (bert_cuda *)m;
-    if (b == 0)
+    if (b == 0) {
         forward_embed(g, w);
-    else if (b <= g->L)
-        forward_layer(g, b - 1, w);
-    else
+    } else if (b <= g->L) {
+        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
+        if (pass != ZT__CUDA_PASS_KEPT)
+            forward_layer(g, b - 1, w, pass);
+    } else {
         forward_head_block(g, w);
+    }
 }
 
+/* Checkpointed layers write their activations into the set they share: nothing to free, but the next forward
+ * of b is a rebuild. */
 static void cuda_discard(zt_model *m, int b)
 {
-    (void)m;
-    (void)b;
+    zt__cuda_pass_discard(&((bert_cuda *)m)->lay, b);
 }
 
 /* The head's output layer (the tied decoder with its bias, or the classifier) and the fused classifier

@@ -36,6 +36,8 @@ void zt__cuda_layout_init(zt__cuda_layout *lay, const zt_param_info *tensors, in
     lay->tensors = zt_xcalloc(nt, sizeof(zt_model_tensor));
     lay->block_ckpt = zt_xcalloc(nb, sizeof(bool));
     lay->reads_weights = zt_xcalloc(nb, sizeof(bool));
+    lay->discarded = zt_xcalloc(nb, sizeof(bool));
+    lay->top_ckpt = -1;
     for (int i = 0; i < ntensors; i++)
         lay->tlen[i] = tensors[i].numel;
 }
@@ -69,7 +71,29 @@ void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, 
         lay->blen[b] = zt__round_up(lay->toff[last] + lay->tlen[last], ZT__CUDA_ALIGN_ELEMS) - lay->toff[first];
         lay->block_ckpt[b] = ckpt_layers && b >= 1 && b <= nlayers && ckpt_layers[b - 1];
         lay->reads_weights[b] = b != 0 || embedding_reads_weights;
+        if (lay->block_ckpt[b])
+            lay->top_ckpt = b;
     }
+}
+
+void zt__cuda_passes_begin(zt__cuda_layout *lay)
+{
+    memset(lay->discarded, 0, (size_t)lay->nblocks * sizeof(bool));
+}
+
+void zt__cuda_pass_discard(zt__cuda_layout *lay, int b)
+{
+    ZT_ASSERT(b >= 0 && b < lay->nblocks && lay->block_ckpt[b]);
+    lay->discarded[b] = true;
+}
+
+enum zt__cuda_pass zt__cuda_pass_of(zt__cuda_layout *lay, int b)
+{
+    ZT_ASSERT(b >= 0 && b < lay->nblocks);
+    if (!lay->discarded[b])
+        return ZT__CUDA_PASS_FIRST;
+    lay->discarded[b] = false;
+    return b == lay->top_ckpt ? ZT__CUDA_PASS_KEPT : ZT__CUDA_PASS_REBUILD;
 }
 
 bool zt__cuda_layout_any_checkpointed(const zt__cuda_layout *lay)
@@ -90,6 +114,7 @@ void zt__cuda_layout_free(zt__cuda_layout *lay)
     free(lay->tensors);
     free(lay->block_ckpt);
     free(lay->reads_weights);
+    free(lay->discarded);
     memset(lay, 0, sizeof *lay);
 }
 

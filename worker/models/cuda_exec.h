@@ -38,7 +38,19 @@ typedef struct zt__cuda_layout {
     size_t *boff, *blen;              /* [nblocks] */
     zt_model_tensor *tensors;         /* [ntensors] the engine's view */
     bool *block_ckpt, *reads_weights; /* [nblocks] */
+    bool *discarded;                  /* [nblocks] checkpointed blocks discarded since the micro-batch began */
+    int top_ckpt;                     /* the highest checkpointed block, or -1 */
 } zt__cuda_layout;
+
+/* Which forward a block's forward(b) call is (model.h: a checkpointed block's forward runs again before its
+ * backward). A rebuild computes only what the block's backward reads: the block's output, which the engine
+ * kept, is not computed again. */
+enum zt__cuda_pass {
+    ZT__CUDA_PASS_FIRST,   /* the micro-batch's forward */
+    ZT__CUDA_PASS_REBUILD, /* a checkpointed block's activations again, before its backward */
+    ZT__CUDA_PASS_KEPT,    /* the highest checkpointed block before its backward: no layer above it shares its
+                              activations, so those of its first forward are still in place */
+};
 
 /* Allocates lay's tables for a host table of ntensors tensors in nblocks blocks, every tensor at its numel
  * and unpacked: the family then sets tlen[i] of padded tensors and packed[i], and calls
@@ -52,6 +64,12 @@ void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, 
 void zt__cuda_layout_free(zt__cuda_layout *lay);
 /* Whether any block is checkpointed (then the checkpointed layers share one set of activations). */
 bool zt__cuda_layout_any_checkpointed(const zt__cuda_layout *lay);
+/* The micro-batch begins: every block's next forward is a first one. */
+void zt__cuda_passes_begin(zt__cuda_layout *lay);
+/* Block b discarded its activations after its first forward. */
+void zt__cuda_pass_discard(zt__cuda_layout *lay, int b);
+/* Which forward the call of block b's forward is; the next call of a rebuilt block is a first one again. */
+enum zt__cuda_pass zt__cuda_pass_of(zt__cuda_layout *lay, int b);
 /* Points base's layout fields at lay and sets the rest of its description (ops, stream and device fields
  * stay the caller's). */
 void zt__cuda_layout_describe(zt_model *base, const zt__cuda_layout *lay, enum zt_dtype dtype, int head_block,

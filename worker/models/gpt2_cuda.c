@@ -366,8 +366,9 @@ static void forward_embed(gpt2_cuda *g, const void *w, int B, int T)
     prof_end(g);
 }
 
-/* Block 1+l forward: one transformer layer from x into layers[l].res3. */
-static void forward_layer(gpt2_cuda *g, int l, void *w, const void *x, int B, int T)
+/* Block 1+l forward: one transformer layer from x into layers[l].res3; a rebuild (`rebuild`) stops before the
+ * MLP's output projection, whose only product is res3, the output the checkpointed layer kept. */
+static void forward_layer(gpt2_cuda *g, int l, void *w, const void *x, int B, int T, bool rebuild)
 {
     const int C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T, b = 1 + l;
     const float eps = g->cfg.layer_norm_epsilon;
@@ -393,6 +394,8 @@ static void forward_layer(gpt2_cuda *g, int l, void *w, const void *x, int B, in
     prof_begin(g, PF_MM_FC);
     zt_cuda_matmul_forward(g->cs.blas, a->fch_gelu, a->fch, a->ln2, W(FC_W), W(FC_B), N, C, 4 * C, dt, s);
     prof_end(g);
+    if (rebuild)
+        return;
     prof_begin(g, PF_MM_FCPROJ);
     zt_cuda_matmul_forward_residual(g->cs.blas, a->res3, a->fch_gelu, W(FCPROJ_W), W(FCPROJ_B), a->res2, N, 4 * C, C,
                                     dt, s);
@@ -498,6 +501,7 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     g->cur_B = B;
     g->cur_T = T;
     g->micro = micro;
+    zt__cuda_passes_begin(&g->lay);
 }
 
 static void cuda_forward(zt_model *m, int b, const void *w)
@@ -508,17 +512,20 @@ static void cuda_forward(zt_model *m, int b, const void *w)
         forward_embed(g, w, B, T);
     } else if (b <= L) {
         const int l = b - 1;
-        forward_layer(g, l, (void *)w, l > 0 ? g->layers[l - 1].res3 : g->encoded, B, T);
+        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
+        if (pass != ZT__CUDA_PASS_KEPT)
+            forward_layer(g, l, (void *)w, l > 0 ? g->layers[l - 1].res3 : g->encoded, B, T,
+                          pass == ZT__CUDA_PASS_REBUILD);
     } else {
         forward_lnf(g, (void *)w, B, T);
     }
 }
 
-/* Checkpointed layers write their activations into the set they share: nothing to drop. */
+/* Checkpointed layers write their activations into the set they share: nothing to free, but the next forward
+ * of b is a rebuild. */
 static void cuda_discard(zt_model *m, int b)
 {
-    (void)m;
-    (void)b;
+    zt__cuda_pass_discard(&((gpt2_cuda *)m)->lay, b);
 }
 
 /* The tied head (logits = ln_f output @ wte^T) and the fused classifier, which writes the losses and,

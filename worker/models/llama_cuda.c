@@ -294,8 +294,9 @@ static zt_attention_dims attention_dims(const llama_cuda *g)
                                .NKV = g->cfg.num_key_value_heads, .HS = g->HS, .causal = true};
 }
 
-/* Block 1+l forward: one decoder layer from layer_input(l) into layers[l].res3. */
-static void forward_layer(llama_cuda *g, int l, const void *w)
+/* Block 1+l forward: one decoder layer from layer_input(l) into layers[l].res3; a rebuild (`rebuild`) stops
+ * before the down projection, whose only product is res3, the output the checkpointed layer kept. */
+static void forward_layer(llama_cuda *g, int l, const void *w, bool rebuild)
 {
     const int B = g->cur_B, T = g->cur_T, N = B * T, b = 1 + l;
     const int C = g->cfg.hidden_size, F = g->cfg.intermediate_size;
@@ -314,7 +315,8 @@ static void forward_layer(llama_cuda *g, int l, const void *w)
     zt_cuda_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, W(ZT_LLAMA_T_POST_NORM), N, C, eps, dt, s);
     zt_cuda_matmul_forward(g->cs.blas, a->gu, NULL, a->ln2, W(ZT_LLAMA_T_GATE), NULL, N, C, 2 * F, dt, s);
     zt_cuda_swiglu_forward(a->act, a->gu, N, F, dt, s);
-    zt_cuda_matmul_forward_residual(g->cs.blas, a->res3, a->act, W(ZT_LLAMA_T_DOWN), NULL, a->res2, N, F, C, dt, s);
+    if (!rebuild)
+        zt_cuda_matmul_forward_residual(g->cs.blas, a->res3, a->act, W(ZT_LLAMA_T_DOWN), NULL, a->res2, N, F, C, dt, s);
 #undef W
 }
 
@@ -383,6 +385,7 @@ static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *target
     g->cur_B = B;
     g->cur_T = T;
     g->micro = micro;
+    zt__cuda_passes_begin(&g->lay);
 }
 
 static void cuda_forward(zt_model *m, int b, const void *w)
@@ -393,18 +396,20 @@ static void cuda_forward(zt_model *m, int b, const void *w)
         zt_cuda_embedding_forward(g->encoded, g->d_tokens, in_block(g, w, 0, 0), NULL, g->cur_B, g->cur_T, C,
                                   g->dtype, g->cs.stream);
     } else if (b <= L) {
-        forward_layer(g, b - 1, w);
+        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
+        if (pass != ZT__CUDA_PASS_KEPT)
+            forward_layer(g, b - 1, w, pass == ZT__CUDA_PASS_REBUILD);
     } else {
         zt_cuda_rmsnorm_forward(g->lnf, g->lnf_rstd, layer_input(g, L), in_block(g, w, L + 1, LT(L, 0)), N, C,
                                 g->cfg.rms_norm_eps, g->dtype, g->cs.stream);
     }
 }
 
-/* Checkpointed layers write their activations into the set they share: nothing to drop. */
+/* Checkpointed layers write their activations into the set they share: nothing to free, but the next forward
+ * of b is a rebuild. */
 static void cuda_discard(zt_model *m, int b)
 {
-    (void)m;
-    (void)b;
+    zt__cuda_pass_discard(&((llama_cuda *)m)->lay, b);
 }
 
 /* The head (logits = norm output @ W^T, W embed_tokens or lm_head) and the fused classifier, which writes
