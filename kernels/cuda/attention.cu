@@ -879,7 +879,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 
         float o[MI][HS / 8][4];
         mma_zero(o);
-        /* Running max (base 2, scaled) and this lane's part of the running sum, per row. */
+        /* Running max (of the raw scores) and this lane's part of the running sum, per row. */
         float m[MI][2], l[MI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
@@ -904,7 +904,9 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                 mma_rows_x_rows<T, HS, MI, 4>(s, Qs + warp * 16 * MI * cfg::LDS, Kt);
 
                 /* Online softmax. s[mi][j][e] is row wr0 + 16 mi + g + 8 (e / 2), key k0 + 8 j + 2 q + e % 2.
-                 * Masked: causal, keys past the row; bidirectional, keys at and past the length. */
+                 * Masked: causal, keys past the row; bidirectional, keys at and past the length. The max is
+                 * taken over the raw scores (the scale is positive) and the scale applied inside the
+                 * exponent, one FMA per score. */
                 const bool edge = CAUSAL ? k0 + MMA_TILE - 1 > wr0 : k0 + MMA_TILE > len;
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++) {
@@ -915,27 +917,26 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                         for (int e = 0; e < 4; e++) {
                             const int key = k0 + 8 * j + 2 * q + (e % 2);
                             const int row = wr0 + 16 * mi + g + 8 * (e / 2);
-                            float x = s[mi][j][e] * scale_log2;
                             if (edge && (CAUSAL ? key > row : key >= len))
-                                x = -INFINITY;
-                            s[mi][j][e] = x;
-                            mx[e / 2] = fmaxf(mx[e / 2], x);
+                                s[mi][j][e] = -INFINITY;
+                            mx[e / 2] = fmaxf(mx[e / 2], s[mi][j][e]);
                         }
-                    float alpha[2];
+                    float alpha[2], ms[2];
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
                         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
                         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
                         /* Finite: key 0 of the first tile is never masked (len >= 1). */
-                        alpha[i] = fast_exp2(m[mi][i] - mx[i]);
+                        alpha[i] = fast_exp2((m[mi][i] - mx[i]) * scale_log2);
                         m[mi][i] = mx[i];
+                        ms[i] = mx[i] * scale_log2;
                         l[mi][i] *= alpha[i];
                     }
 #pragma unroll
                     for (int j = 0; j < 8; j++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            const float p = fast_exp2(s[mi][j][e] - m[mi][e / 2]);
+                            const float p = fast_exp2(fmaf(s[mi][j][e], scale_log2, -ms[e / 2]));
                             s[mi][j][e] = p;
                             l[mi][e / 2] += p;
                         }
@@ -961,7 +962,7 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                 inv[i] = 1.0f / l[mi][i];
                 const int row = row0 + 8 * i;
                 if (q == 0 && row < len)
-                    lse[(size_t)bh * T_ + row] = (m[mi][i] + log2f(l[mi][i])) / LOG2E;
+                    lse[(size_t)bh * T_ + row] = (m[mi][i] * scale_log2 + log2f(l[mi][i])) / LOG2E;
             }
 #pragma unroll
             for (int j = 0; j < HS / 8; j++)
