@@ -20,19 +20,34 @@ template <bool ERF> __device__ __forceinline__ float gelu_grad_of(float x)
     return ERF ? zt_gelu_erf_grad(x) : zt_gelu_grad(x);
 }
 
+/* Vectors per thread of the GELU kernels: their loads are all issued before the math, which keeps enough bytes
+ * in flight for the exact GELU, whose erf costs as much time as its memory traffic when one vector waits for
+ * the next. Thread t of a block handles vectors t, t + blockDim, ... (coalesced). */
+#define GELU_UNROLL 4
+
 template <typename T, bool ERF>
 static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool vec)
 {
-    constexpr int VS = zt_vec<T>::size;
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
-    if (vec && i + VS <= n) {
-        zt_vec<T> x = zt_load_vec_cs(inp + i), r;
-        for (int k = 0; k < VS; k++)
-            r.v[k] = zt_from_float<T>(gelu_of<ERF>(zt_to_float(x.v[k])));
-        zt_store_vec(out + i, r);
+    constexpr int VS = zt_vec<T>::size, U = GELU_UNROLL;
+    const size_t step = (size_t)blockDim.x * VS;
+    const size_t i0 = (size_t)blockIdx.x * blockDim.x * VS * U + (size_t)threadIdx.x * VS;
+    if (vec && i0 + (U - 1) * step + VS <= n) {
+        zt_vec<T> x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            x[u] = zt_load_vec_cs(inp + i0 + u * step);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            zt_vec<T> r;
+#pragma unroll
+            for (int k = 0; k < VS; k++)
+                r.v[k] = zt_from_float<T>(gelu_of<ERF>(zt_to_float(x[u].v[k])));
+            zt_store_vec(out + i0 + u * step, r);
+        }
     } else {
-        for (size_t j = i; j < i + VS && j < n; j++)
-            out[j] = zt_from_float<T>(gelu_of<ERF>(zt_to_float(inp[j])));
+        for (int u = 0; u < U; u++)
+            for (size_t j = i0 + u * step; j < i0 + u * step + VS && j < n; j++)
+                out[j] = zt_from_float<T>(gelu_of<ERF>(zt_to_float(inp[j])));
     }
 }
 
@@ -40,20 +55,31 @@ static __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool 
 template <typename T, bool ERF, bool ACC>
 static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n, bool vec)
 {
-    constexpr int VS = zt_vec<T>::size;
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VS;
-    if (vec && i + VS <= n) {
-        zt_vec<T> x = zt_load_vec_cs(inp + i), g = zt_load_vec_cs(dout + i), d;
-        if (ACC)
-            d = zt_load_vec(dinp + i);
-        for (int k = 0; k < VS; k++)
-            d.v[k] = zt_from_float<T>((ACC ? zt_to_float(d.v[k]) : 0.0f) +
-                                      gelu_grad_of<ERF>(zt_to_float(x.v[k])) * zt_to_float(g.v[k]));
-        zt_store_vec(dinp + i, d);
+    constexpr int VS = zt_vec<T>::size, U = GELU_UNROLL;
+    const size_t step = (size_t)blockDim.x * VS;
+    const size_t i0 = (size_t)blockIdx.x * blockDim.x * VS * U + (size_t)threadIdx.x * VS;
+    if (vec && i0 + (U - 1) * step + VS <= n) {
+        zt_vec<T> x[U], g[U], d[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            x[u] = zt_load_vec_cs(inp + i0 + u * step);
+            g[u] = zt_load_vec_cs(dout + i0 + u * step);
+            if (ACC)
+                d[u] = zt_load_vec(dinp + i0 + u * step);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int k = 0; k < VS; k++)
+                d[u].v[k] = zt_from_float<T>((ACC ? zt_to_float(d[u].v[k]) : 0.0f) +
+                                             gelu_grad_of<ERF>(zt_to_float(x[u].v[k])) * zt_to_float(g[u].v[k]));
+            zt_store_vec(dinp + i0 + u * step, d[u]);
+        }
     } else {
-        for (size_t j = i; j < i + VS && j < n; j++)
-            dinp[j] = zt_from_float<T>((ACC ? zt_to_float(dinp[j]) : 0.0f) +
-                                       gelu_grad_of<ERF>(zt_to_float(inp[j])) * zt_to_float(dout[j]));
+        for (int u = 0; u < U; u++)
+            for (size_t j = i0 + u * step; j < i0 + u * step + VS && j < n; j++)
+                dinp[j] = zt_from_float<T>((ACC ? zt_to_float(dinp[j]) : 0.0f) +
+                                           gelu_grad_of<ERF>(zt_to_float(inp[j])) * zt_to_float(dout[j]));
     }
 }
 
@@ -174,7 +200,7 @@ template <typename T, bool ERF> static void gelu_forward(T *out, const T *inp, s
 {
     const int block = 256;
     bool vec = zt_aligned16(out) && zt_aligned16(inp);
-    gelu_forward_kernel<T, ERF><<<elementwise_grid<T>(n, block), block, 0, stream>>>(out, inp, n, vec);
+    gelu_forward_kernel<T, ERF><<<elementwise_grid<T>(n, block * GELU_UNROLL), block, 0, stream>>>(out, inp, n, vec);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
@@ -183,7 +209,8 @@ static void gelu_backward(T *dinp, const T *inp, const T *dout, size_t n, cudaSt
 {
     const int block = 256;
     bool vec = zt_aligned16(dinp) && zt_aligned16(inp) && zt_aligned16(dout);
-    gelu_backward_kernel<T, ERF, ACC><<<elementwise_grid<T>(n, block), block, 0, stream>>>(dinp, inp, dout, n, vec);
+    gelu_backward_kernel<T, ERF, ACC>
+        <<<elementwise_grid<T>(n, block * GELU_UNROLL), block, 0, stream>>>(dinp, inp, dout, n, vec);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
