@@ -25,6 +25,7 @@ extern "C" {
 
 #define BLAS_DEFAULT_WORKSPACE (32u << 20)
 #define DBIAS_SLICES 64 /* row slices of the bias-gradient sum; fixed for determinism */
+#define DBIAS_WARPS 8   /* warps (rows side by side) per block of the vectorised bias-gradient sum */
 #define ALGO_SLOTS 64                /* GEMM forms whose algorithm is remembered */
 #define TUNE_CANDIDATES 16           /* asked of the heuristic (it offers 8 for GPT-2's GEMMs on an H200) */
 #define TUNE_RUNS 5                  /* timed runs per candidate, after one warm-up */
@@ -392,6 +393,47 @@ static __global__ void dbias_partial_kernel(float *__restrict__ partial, const T
     partial[(size_t)blockIdx.y * OC + c] = acc;
 }
 
+/* The same partial sums with 16-byte loads, for OC a multiple of the vector and an aligned dout: lane l of a
+ * block covers the VS columns (blockIdx.x * 32 + l) * VS .. + VS - 1; its DBIAS_WARPS warps take the rows
+ * r0 + w, r0 + w + DBIAS_WARPS, ... of the slice in order, and warp 0 adds their sums in warp order. */
+template <typename T>
+static __global__ void __launch_bounds__(DBIAS_WARPS *ZT_WARP_SIZE)
+    dbias_partial_vec_kernel(float *__restrict__ partial, const T *__restrict__ dout, int N, int OC)
+{
+    constexpr int VS = zt_vec<T>::size;
+    __shared__ float sums[DBIAS_WARPS][ZT_WARP_SIZE * VS];
+    const int lane = threadIdx.x % ZT_WARP_SIZE, warp = threadIdx.x / ZT_WARP_SIZE;
+    const int c = (blockIdx.x * ZT_WARP_SIZE + lane) * VS;
+    const int rows_per_slice = ZT_CEIL_DIV(N, (int)gridDim.y);
+    const int r0 = blockIdx.y * rows_per_slice, r1 = min(N, r0 + rows_per_slice);
+    float acc[VS];
+#pragma unroll
+    for (int k = 0; k < VS; k++)
+        acc[k] = 0.0f;
+    if (c < OC) {
+#pragma unroll 4
+        for (int r = r0 + warp; r < r1; r += DBIAS_WARPS) {
+            const zt_vec<T> v = zt_load_vec_cs(dout + (size_t)r * OC + c);
+#pragma unroll
+            for (int k = 0; k < VS; k++)
+                acc[k] += zt_to_float(v.v[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < VS; k++)
+        sums[warp][lane * VS + k] = acc[k];
+    __syncthreads();
+    if (warp != 0 || c >= OC)
+        return;
+#pragma unroll
+    for (int k = 0; k < VS; k++) {
+        float sum = 0.0f;
+        for (int w = 0; w < DBIAS_WARPS; w++)
+            sum += sums[w][lane * VS + k];
+        partial[(size_t)blockIdx.y * OC + c + k] = sum;
+    }
+}
+
 /* dbias[c] += sum over slices of partial[slice, c], slices in order. */
 template <typename T>
 static __global__ void dbias_reduce_kernel(T *__restrict__ dbias, const float *__restrict__ partial, int slices, int OC)
@@ -473,8 +515,14 @@ static void dbias(zt_cuda_blas *ctx, T *db, const T *dout, int N, int OC, cudaSt
     /* The partial sums borrow the cuBLASLt workspace: same stream, so the GEMMs queued after them wait. */
     ZT_ASSERT((size_t)slices * OC * sizeof(float) <= ctx->workspace_bytes);
     float *partial = (float *)ctx->workspace;
-    dim3 grid(ZT_CEIL_DIV(OC, 128), slices);
-    dbias_partial_kernel<<<grid, 128, 0, stream>>>(partial, dout, N, OC);
+    constexpr int VS = zt_vec<T>::size;
+    if (OC % VS == 0 && zt_aligned16(dout)) {
+        dim3 grid(ZT_CEIL_DIV(OC, ZT_WARP_SIZE * VS), slices);
+        dbias_partial_vec_kernel<<<grid, DBIAS_WARPS * ZT_WARP_SIZE, 0, stream>>>(partial, dout, N, OC);
+    } else {
+        dim3 grid(ZT_CEIL_DIV(OC, 128), slices);
+        dbias_partial_kernel<<<grid, 128, 0, stream>>>(partial, dout, N, OC);
+    }
     ZT_CUDA_CHECK_LAUNCH();
     dbias_reduce_kernel<<<ZT_CEIL_DIV(OC, 256), 256, 0, stream>>>(db, partial, slices, OC);
     ZT_CUDA_CHECK_LAUNCH();

@@ -12,6 +12,7 @@
  *                                                      padding, head size 80, and the tuned shapes run by
  *                                                      the tuned and by the generic kernels
  *   bench_cuda_kernels bandwidth [iterations]          the bandwidth-bound kernels of a bf16 training step
+ *   bench_cuda_kernels bert [iterations]               BERT-Large's GELU and LayerNorms against a copy
  *                                                      (layer norm, gradient fold, global norm, AdamW with
  *                                                      fp32 or bf16 gradients) at GPT-2 124M and 1558M
  *                                                      shapes, then at 1558M the input-gradient GEMMs and
@@ -193,6 +194,11 @@ static void bench_gqa(void)
         lens[i] = 128 + (i * 97) % 385;
     bench_attention_gqa("BERT-base hs64 bidirectional, no padding", 32, 512, 12, 12, 64, false, NULL, false);
     bench_attention_gqa("BERT-base hs64 bidirectional, padded", 32, 512, 12, 12, 64, false, lens, false);
+    /* BERT-Large's micro-batches are larger: both row counts per warp of the mma.sync kernels. */
+    bench_attention_gqa("BERT-Large hs64 bidirectional, 32 rows/warp", 64, 512, 16, 16, 64, false, NULL, false);
+    zt_cuda_attention_mma_warp_rows(16);
+    bench_attention_gqa("BERT-Large hs64 bidirectional, 16 rows/warp", 64, 512, 16, 16, 64, false, NULL, false);
+    zt_cuda_attention_mma_warp_rows(0);
     bench_attention_gqa("20 heads of 80, causal", 8, 1024, 20, 20, 80, true, NULL, false);
     bench_attention_gqa("16 heads of 256, GQA 16/8, causal", 2, 2048, 16, 8, 256, true, NULL, false);
 }
@@ -322,6 +328,43 @@ static void bench_overwrite(zt_cuda_blas *blas, const char *model, int rows, int
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
 }
 
+/* BERT-Large's memory-bound kernels (bf16) over rows of sequence 512: the exact GELU over the intermediate
+ * width and the LayerNorms over the hidden width, against a device-to-device copy of the same bytes. */
+static void bench_bert(int rows)
+{
+    const enum zt_dtype dt = ZT_DTYPE_BF16;
+    const int c = 1024, I = 4096;
+    const double es = 2.0, ni = (double)rows * I, nc = (double)rows * c;
+    printf("-- BERT-Large: %d rows, hidden %d, intermediate %d (bf16)\n", rows, c, I);
+    void *a = drand((size_t)ni, 2.0f, dt), *b = drand((size_t)ni, 1.0f, dt), *d = drand((size_t)ni, 0.0f, dt);
+    BENCH("copy (intermediate, device to device)", 0, es * 2.0 * ni,
+          ZT_CUDA_CHECK(cudaMemcpyAsync(d, a, (size_t)ni * 2, cudaMemcpyDeviceToDevice, g_stream)));
+    BENCH("gelu (erf) forward", 0, es * 2.0 * ni, zt_cuda_gelu_erf_forward(d, a, (size_t)ni, dt, g_stream));
+    BENCH("gelu (erf) backward, overwrite", 0, es * 3.0 * ni,
+          zt_cuda_gelu_erf_backward_overwrite(d, a, b, (size_t)ni, dt, g_stream));
+    zt_cuda_blas *blas = NULL;
+    zt_err err;
+    if (zt_cuda_blas_create(&blas, 0, &err) != 0)
+        return;
+    void *dbq = drand(4 * (size_t)c, 0.0f, dt);
+    BENCH("bias gradient (intermediate width)", 0, es * ni,
+          zt_cuda_matmul_backward(blas, NULL, NULL, dbq, a, NULL, NULL, NULL, rows, c, I, dt, g_stream));
+    BENCH("bias gradient (hidden width)", 0, es * nc,
+          zt_cuda_matmul_backward(blas, NULL, NULL, dbq, a, NULL, NULL, NULL, rows, c, c, dt, g_stream));
+    ZT_CUDA_CHECK(cudaFree(dbq));
+    zt_cuda_blas_destroy(blas);
+    void *w = drand(c, 1.0f, dt), *bias = drand(c, 0.1f, dt), *dw = drand(c, 0.0f, dt), *db = drand(c, 0.0f, dt);
+    float *mean = dalloc(sizeof(float) * rows), *rstd = dalloc(sizeof(float) * rows);
+    void *scratch = dalloc(zt_cuda_layernorm_backward_scratch_size(rows, c));
+    BENCH("layernorm forward", 0, es * 2.0 * nc,
+          zt_cuda_layernorm_forward(d, mean, rstd, a, w, bias, rows, c, 1e-12f, dt, g_stream));
+    BENCH("layernorm backward, overwrite", 0, es * 3.0 * nc,
+          zt_cuda_layernorm_backward_overwrite(d, dw, db, b, a, w, mean, rstd, rows, c, scratch, dt, g_stream));
+    void *bufs[] = {a, b, d, w, bias, dw, db, mean, rstd, scratch};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        ZT_CUDA_CHECK(cudaFree(bufs[i]));
+}
+
 int main(int argc, char **argv)
 {
     enum zt_dtype dt = ZT_DTYPE_BF16;
@@ -357,6 +400,12 @@ int main(int argc, char **argv)
         bench_bandwidth("GPT-2 124M", 16 * 1024, 768, 12, 50304);
         bench_bandwidth("GPT-2 1558M", 8 * 1024, 1600, 48, 50304);
         bench_overwrite(blas, "GPT-2 1558M", 8 * 1024, 1600, 25, 50304);
+        zt_cuda_blas_destroy(blas);
+        printf("done\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "bert") == 0) {
+        bench_bert(64 * 512);
         zt_cuda_blas_destroy(blas);
         printf("done\n");
         return 0;

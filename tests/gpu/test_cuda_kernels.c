@@ -718,6 +718,8 @@ static void test_matmul(void **state)
             run_matmul(dt, 134, 768, 1003, 0, 0); /* LM head, odd vocabulary */
             run_matmul(dt, 67, 72, 40, 1, 0);     /* small and odd */
             run_matmul(dt, 67, 64, 48, 1, 1);     /* small, fused GELU */
+            run_matmul(dt, 67, 72, 44, 1, 0);     /* bias gradient of a width that is no multiple of 8 */
+            run_matmul(dt, 3001, 64, 1000, 1, 0); /* bias gradient over many rows per slice and warp */
         }
         zt_cuda_blas_set_tuning(g_blas, false);
         run_matmul_tuning_bits(dt, 1024, 768, 2304, 0); /* GPT-2 124M shapes at 1 x 1024 tokens */
