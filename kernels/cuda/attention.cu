@@ -1208,20 +1208,24 @@ static __global__ void __launch_bounds__(MMA_THREADS)
     }
 }
 
-/* Padding rows of the forward pass: out rows t >= lens[b] become zero and their lse +inf (so that the
- * backward kernels, which take P = exp(S - lse), see P = 0 there). One block per (b, t). */
+/* Padding rows: rows t >= lens[b] of x [B, T, W] become zero, and with lse [B, NH, T] their lse +inf (so that
+ * the backward kernels, which take P = exp(S - lse), see P = 0 there). Block (b, y) owns the MASK_ROWS rows
+ * from y MASK_ROWS and returns at once where they all hold tokens, as in a batch without padding. */
+#define MASK_ROWS 32
 template <typename T>
-static __global__ void attention_mask_rows_kernel(T *__restrict__ out, float *__restrict__ lse,
-                                                  const int32_t *__restrict__ lens, int T_, int C, int NH)
+static __global__ void attention_mask_rows_kernel(T *__restrict__ x, float *__restrict__ lse,
+                                                  const int32_t *__restrict__ lens, int T_, int W, int NH)
 {
-    const int b = blockIdx.x / T_, t = blockIdx.x % T_;
-    if (t < max(0, min(lens[b], T_)))
-        return;
-    T *row = out + ((size_t)b * T_ + t) * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        row[c] = zt_from_float<T>(0.0f);
-    for (int h = threadIdx.x; h < NH; h += blockDim.x)
-        lse[((size_t)b * NH + h) * T_ + t] = INFINITY;
+    const int b = blockIdx.x, t0 = blockIdx.y * MASK_ROWS;
+    const int first = max(t0, max(0, min(lens[b], T_))), last = min(T_, t0 + MASK_ROWS);
+    for (int t = first; t < last; t++) {
+        T *row = x + ((size_t)b * T_ + t) * W;
+        for (int c = threadIdx.x; c < W; c += blockDim.x)
+            row[c] = zt_from_float<T>(0.0f);
+        if (lse)
+            for (int h = threadIdx.x; h < NH; h += blockDim.x)
+                lse[((size_t)b * NH + h) * T_ + t] = INFINITY;
+    }
 }
 
 /* ---- launchers ---- */
@@ -1285,7 +1289,9 @@ static void mask_rows(T *out, float *lse, const int32_t *lens, int B, int T_, in
 {
     if (!lens)
         return;
-    attention_mask_rows_kernel<T><<<(unsigned)(B * T_), 128, 0, stream>>>(out, lse, lens, T_, C, NH);
+    const dim3 grid((unsigned)B, (unsigned)ZT_CEIL_DIV(T_, MASK_ROWS));
+    ZT_ASSERT(grid.y <= 65535);
+    attention_mask_rows_kernel<T><<<grid, 128, 0, stream>>>(out, lse, lens, T_, C, NH);
     ZT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1638,6 +1644,17 @@ static void backward_tuned(void *dqkv, const void *dout, const void *qkv, const 
     }
 }
 
+/* Zeroes rows t >= lens[b] of x [B, T, W] (16-bit types). */
+static void mask_rows_any(void *x, const int32_t *lens, int B, int T_, int W, enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (dtype == ZT_DTYPE_BF16)
+        mask_rows((__nv_bfloat16 *)x, (float *)NULL, lens, B, T_, W, 0, stream);
+    else if (dtype == ZT_DTYPE_F16)
+        mask_rows((__half *)x, (float *)NULL, lens, B, T_, W, 0, stream);
+    else
+        ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward_gqa", dtype);
+}
+
 extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
                                                const float *lse, const int32_t *lens, const zt_attention_dims *d,
                                                bool accumulate, void *scratch, enum zt_dtype dtype,
@@ -1647,14 +1664,13 @@ extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, con
     const bool tuned = tuned_serves(d);
     if (!tuned && gqa_tuned_candidate(d, dtype)) {
         ZT_ASSERT(((uintptr_t)scratch & 3u) == 0);
-        if (!accumulate && lens) {
-            /* The mma.sync kernels leave the padded rows unwritten: they add into zeros then. */
-            const size_t n = (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS;
-            ZT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, n * zt_dtype_size(dtype), stream));
-            accumulate = true;
-        }
-        if (gqa_tuned_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, accumulate, dtype, stream))
+        if (gqa_tuned_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, accumulate, dtype, stream)) {
+            /* Overwriting, the mma.sync kernels store every row below the length and leave the padded rows,
+             * which become zero here (instead of adding into a zeroed dqkv: a third of the traffic). */
+            if (!accumulate && lens)
+                mask_rows_any(dqkv, lens, d->B, d->T, (d->NH + 2 * d->NKV) * d->HS, dtype, stream);
             return;
+        }
     }
     if (!accumulate && (lens || !tuned)) {
         /* Only the tuned kernels without a mask store their results directly; the others add into zeros. */

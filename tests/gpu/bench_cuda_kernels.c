@@ -172,6 +172,9 @@ static void bench_attention_gqa(const char *what, int b, int t, int nh, int nkv,
     snprintf(name, sizeof(name), "%s backward", what);
     BENCH(name, 5.0 * 2 * pairs * hs, 0,
           zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, true, scratch, dt, g_stream));
+    snprintf(name, sizeof(name), "%s backward, overwrite", what);
+    BENCH(name, 5.0 * 2 * pairs * hs, 0,
+          zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, false, scratch, dt, g_stream));
     zt_cuda_attention_use_generic(false);
     void *bufs[] = {qkv, dqkv, out, dout, lse, scratch, dlens};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -199,6 +202,11 @@ static void bench_gqa(void)
     zt_cuda_attention_mma_warp_rows(16);
     bench_attention_gqa("BERT-Large hs64 bidirectional, 16 rows/warp", 64, 512, 16, 16, 64, false, NULL, false);
     zt_cuda_attention_mma_warp_rows(0);
+    /* As the BERT executor calls it: every sequence's length given (here all 512, no padding). */
+    int32_t full[64];
+    for (int i = 0; i < 64; i++)
+        full[i] = 512;
+    bench_attention_gqa("BERT-Large hs64 bidirectional, lengths given", 64, 512, 16, 16, 64, false, full, false);
     bench_attention_gqa("20 heads of 80, causal", 8, 1024, 20, 20, 80, true, NULL, false);
     bench_attention_gqa("16 heads of 256, GQA 16/8, causal", 2, 2048, 16, 8, 256, true, NULL, false);
 }
