@@ -56,7 +56,8 @@ typedef struct zt_model_ops {
     /* Block b's forward from the previous block's output, with its weights at w. */
     void (*forward)(zt_model *m, int b, const void *w);
     /* Drops block b's intermediate activations after its forward (checkpointed blocks keep their output);
-     * the next forward(b) rebuilds them. */
+     * the next forward(b) rebuilds them: what block b's backward reads, which need not include the kept
+     * output (begin() forgets every discard). */
     void (*discard)(zt_model *m, int b);
     /* The head (logits from the last block's output with head_block's weights) and the loss of every
      * position; scale != 0 also turns the logits into their gradient, scaled by scale / counted targets. */
