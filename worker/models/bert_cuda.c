@@ -675,6 +675,7 @@ static void cuda_head_backward(zt_model *m, const void *w, void *gr)
 static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
 {
     bert_cuda *g = (bert_cuda *)m;
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
     if (g->n_valid[g->micro] == 0)
         return; /* nothing counted: no gradient (as the CPU model) */
     if (b == 0)

@@ -37,6 +37,7 @@ void zt__cuda_layout_init(zt__cuda_layout *lay, const zt_param_info *tensors, in
     lay->block_ckpt = zt_xcalloc(nb, sizeof(bool));
     lay->reads_weights = zt_xcalloc(nb, sizeof(bool));
     lay->discarded = zt_xcalloc(nb, sizeof(bool));
+    lay->rebuilt = zt_xcalloc(nb, sizeof(bool));
     lay->top_ckpt = -1;
     for (int i = 0; i < ntensors; i++)
         lay->tlen[i] = tensors[i].numel;
@@ -79,6 +80,7 @@ void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, 
 void zt__cuda_passes_begin(zt__cuda_layout *lay)
 {
     memset(lay->discarded, 0, (size_t)lay->nblocks * sizeof(bool));
+    memset(lay->rebuilt, 0, (size_t)lay->nblocks * sizeof(bool));
 }
 
 void zt__cuda_pass_discard(zt__cuda_layout *lay, int b)
@@ -90,10 +92,19 @@ void zt__cuda_pass_discard(zt__cuda_layout *lay, int b)
 enum zt__cuda_pass zt__cuda_pass_of(zt__cuda_layout *lay, int b)
 {
     ZT_ASSERT(b >= 0 && b < lay->nblocks);
-    if (!lay->discarded[b])
+    if (!lay->discarded[b]) {
+        lay->rebuilt[b] = false;
         return ZT__CUDA_PASS_FIRST;
+    }
     lay->discarded[b] = false;
+    lay->rebuilt[b] = true;
     return b == lay->top_ckpt ? ZT__CUDA_PASS_KEPT : ZT__CUDA_PASS_REBUILD;
+}
+
+bool zt__cuda_pass_backward_ready(const zt__cuda_layout *lay, int b)
+{
+    ZT_ASSERT(b >= 0 && b < lay->nblocks);
+    return !lay->block_ckpt[b] || lay->rebuilt[b];
 }
 
 bool zt__cuda_layout_any_checkpointed(const zt__cuda_layout *lay)
@@ -115,6 +126,7 @@ void zt__cuda_layout_free(zt__cuda_layout *lay)
     free(lay->block_ckpt);
     free(lay->reads_weights);
     free(lay->discarded);
+    free(lay->rebuilt);
     memset(lay, 0, sizeof *lay);
 }
 

@@ -39,6 +39,7 @@ typedef struct zt__cuda_layout {
     zt_model_tensor *tensors;         /* [ntensors] the engine's view */
     bool *block_ckpt, *reads_weights; /* [nblocks] */
     bool *discarded;                  /* [nblocks] checkpointed blocks discarded since the micro-batch began */
+    bool *rebuilt;                    /* [nblocks] checkpointed blocks rebuilt since (their backward may run) */
     int top_ckpt;                     /* the highest checkpointed block, or -1 */
 } zt__cuda_layout;
 
@@ -70,6 +71,10 @@ void zt__cuda_passes_begin(zt__cuda_layout *lay);
 void zt__cuda_pass_discard(zt__cuda_layout *lay, int b);
 /* Which forward the call of block b's forward is; the next call of a rebuilt block is a first one again. */
 enum zt__cuda_pass zt__cuda_pass_of(zt__cuda_layout *lay, int b);
+/* Whether block b's backward may run: it is not checkpointed, or it was discarded and rebuilt in this
+ * micro-batch (model.h's order; a checkpointed layer's first forward leaves shared buffers that the layers
+ * after it overwrite). */
+bool zt__cuda_pass_backward_ready(const zt__cuda_layout *lay, int b);
 /* Points base's layout fields at lay and sets the rest of its description (ops, stream and device fields
  * stay the caller's). */
 void zt__cuda_layout_describe(zt_model *base, const zt__cuda_layout *lay, enum zt_dtype dtype, int head_block,

@@ -564,6 +564,7 @@ static void cuda_head_backward(zt_model *m, const void *w_emb, void *g_emb)
 static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
 {
     gpt2_cuda *g = (gpt2_cuda *)m;
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
     const int L = g->cfg.n_layer, B = g->cur_B, T = g->cur_T;
     if (b == 0) {
         backward_embed(g, gr, B, T);

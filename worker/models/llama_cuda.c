@@ -444,6 +444,7 @@ static void cuda_head_backward(zt_model *m, const void *w, void *gr)
 static void cuda_backward(zt_model *m, int b, const void *w, void *gr)
 {
     llama_cuda *g = (llama_cuda *)m;
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
     const int L = g->L, N = g->cur_B * g->cur_T, C = g->cfg.hidden_size;
     if (b == 0) {
         backward_embed(g, gr);
