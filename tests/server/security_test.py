@@ -46,11 +46,13 @@ def write(path, text):
     os.replace(path + ".new", path)
 
 
-def wait_log(srv, text, timeout=TIMEOUT):
-    """Waits until the server's log holds text (the log is a file: read again until it appears)."""
+def wait_log(srv, text, after=0, timeout=TIMEOUT):
+    """Waits until the server's log holds text past its first `after` characters (the log is a file: read
+    again until it appears). Pass the log's length before a signal to wait for that signal's line, not an
+    earlier one of the same text."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if text in srv.log_text():
+        if text in srv.log_text()[after:]:
             return True
         if not srv.alive():
             return False
@@ -124,27 +126,31 @@ def run_rotation(binary, workdir, mods):
         # Before SIGHUP the file is not read again: the first token still works.
         check(stats_code(target, pb, pbg, "first-token")[0] == grpc.StatusCode.OK,
               "rotation: nothing changes until SIGHUP")
+        mark = len(srv.log_text())
         srv.proc.send_signal(signal.SIGHUP)
-        check(wait_log(srv, "token reloaded"), "rotation: SIGHUP -> 'token reloaded' logged")
+        check(wait_log(srv, "token reloaded", mark), "rotation: SIGHUP -> 'token reloaded' logged")
         c, d = stats_code(target, pb, pbg, "first-token")
         check(c == grpc.StatusCode.UNAUTHENTICATED, "rotation: the old token is refused after SIGHUP (%s %r)" % (c.name, d))
         check(stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.OK,
               "rotation: the new token works without a restart")
         # A rotation with overlap: the new token first, the old one still accepted, then the old one dropped.
         write(tok, "third-token\nsecond-token\n")
+        mark = len(srv.log_text())
         srv.proc.send_signal(signal.SIGHUP)
-        check(wait_log(srv, "(2 accepted)"), "rotation: SIGHUP with two lines -> two tokens accepted")
+        check(wait_log(srv, "(2 accepted)", mark), "rotation: SIGHUP with two lines -> two tokens accepted")
         check(stats_code(target, pb, pbg, "third-token")[0] == grpc.StatusCode.OK
               and stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.OK,
               "rotation: during the overlap the new and the old token both work")
         write(tok, "third-token\n")
+        mark = len(srv.log_text())
         srv.proc.send_signal(signal.SIGHUP)
-        check(wait_log(srv, "(1 accepted)"), "rotation: SIGHUP with one line -> one token accepted")
+        check(wait_log(srv, "(1 accepted)", mark), "rotation: SIGHUP with one line -> one token accepted")
         check(stats_code(target, pb, pbg, "second-token")[0] == grpc.StatusCode.UNAUTHENTICATED,
               "rotation: after the overlap the old token is refused")
         write(tok, "\n")
+        mark = len(srv.log_text())
         srv.proc.send_signal(signal.SIGHUP)
-        check(wait_log(srv, "the tokens in use stay"), "rotation: an empty token file is refused with a message")
+        check(wait_log(srv, "the tokens in use stay", mark), "rotation: an empty token file is refused with a message")
         check(stats_code(target, pb, pbg, "third-token")[0] == grpc.StatusCode.OK and srv.alive(),
               "rotation: after a bad file the token in use still works")
     finally:
