@@ -212,15 +212,11 @@ static void bench_gqa(void)
 }
 
 
-/* The memory-bound kernels of a bf16 training step at one model's shapes: layer norm over the B x T rows,
- * and over all parameters the bf16 -> fp32 gradient fold, the fp32 global norm and AdamW with fp32
- * gradients and a bf16 copy of the weights (as worker/models/gpt2_cuda.c calls them). The optimizer
- * buffers are zeros: the kernels' speed does not depend on the values. */
-static void bench_bandwidth(const char *model, int rows, int c, int layers, int vp)
+/* Layer norm over rows x c (bf16): the forward, and the backward adding into dx or (overwrite) storing it. */
+static void bench_layernorm(int rows, int c, bool overwrite)
 {
     const enum zt_dtype dt = ZT_DTYPE_BF16;
     const double es = 2.0, nc = (double)rows * c;
-    printf("-- %s: layer norm over %d x %d (bf16)\n", model, rows, c);
     void *x = drand((size_t)rows * c, 1.0f, dt), *y = drand((size_t)rows * c, 1.0f, dt);
     void *dx = drand((size_t)rows * c, 0.0f, dt), *w = drand(c, 1.0f, dt), *b = drand(c, 0.1f, dt);
     void *dw = drand(c, 0.0f, dt), *db = drand(c, 0.0f, dt);
@@ -228,11 +224,26 @@ static void bench_bandwidth(const char *model, int rows, int c, int layers, int 
     void *scratch = dalloc(zt_cuda_layernorm_backward_scratch_size(rows, c));
     BENCH("layernorm forward", 0, es * 2.0 * nc,
           zt_cuda_layernorm_forward(y, mean, rstd, x, w, b, rows, c, 1e-5f, dt, g_stream));
-    BENCH("layernorm backward (dx += ...)", 0, es * 4.0 * nc,
-          zt_cuda_layernorm_backward(dx, dw, db, y, x, w, mean, rstd, rows, c, scratch, dt, g_stream));
+    if (overwrite)
+        BENCH("layernorm backward, overwrite", 0, es * 3.0 * nc,
+              zt_cuda_layernorm_backward_overwrite(dx, dw, db, y, x, w, mean, rstd, rows, c, scratch, dt, g_stream));
+    else
+        BENCH("layernorm backward (dx += ...)", 0, es * 4.0 * nc,
+              zt_cuda_layernorm_backward(dx, dw, db, y, x, w, mean, rstd, rows, c, scratch, dt, g_stream));
     void *bufs[] = {x, y, dx, w, b, dw, db, mean, rstd, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
+}
+
+/* The memory-bound kernels of a bf16 training step at one model's shapes: layer norm over the B x T rows,
+ * and over all parameters the bf16 -> fp32 gradient fold, the fp32 global norm and AdamW with fp32
+ * gradients and a bf16 copy of the weights (as worker/models/gpt2_cuda.c calls them). The optimizer
+ * buffers are zeros: the kernels' speed does not depend on the values. */
+static void bench_bandwidth(const char *model, int rows, int c, int layers, int vp)
+{
+    const enum zt_dtype dt = ZT_DTYPE_BF16;
+    printf("-- %s: layer norm over %d x %d (bf16)\n", model, rows, c);
+    bench_layernorm(rows, c, false);
 
     /* GPT-2's parameter tensors: wte (padded), wpe, 12 per layer, ln_f. */
     size_t sizes[2 + 12 * 48 + 2];
@@ -338,39 +349,27 @@ static void bench_overwrite(zt_cuda_blas *blas, const char *model, int rows, int
 
 /* BERT-Large's memory-bound kernels (bf16) over rows of sequence 512: the exact GELU over the intermediate
  * width and the LayerNorms over the hidden width, against a device-to-device copy of the same bytes. */
-static void bench_bert(int rows)
+static void bench_bert(zt_cuda_blas *blas, int rows)
 {
     const enum zt_dtype dt = ZT_DTYPE_BF16;
     const int c = 1024, I = 4096;
     const double es = 2.0, ni = (double)rows * I, nc = (double)rows * c;
     printf("-- BERT-Large: %d rows, hidden %d, intermediate %d (bf16)\n", rows, c, I);
     void *a = drand((size_t)ni, 2.0f, dt), *b = drand((size_t)ni, 1.0f, dt), *d = drand((size_t)ni, 0.0f, dt);
+    void *dbias = drand(I, 0.0f, dt);
     BENCH("copy (intermediate, device to device)", 0, es * 2.0 * ni,
           ZT_CUDA_CHECK(cudaMemcpyAsync(d, a, (size_t)ni * 2, cudaMemcpyDeviceToDevice, g_stream)));
     BENCH("gelu (erf) forward", 0, es * 2.0 * ni, zt_cuda_gelu_erf_forward(d, a, (size_t)ni, dt, g_stream));
     BENCH("gelu (erf) backward, overwrite", 0, es * 3.0 * ni,
           zt_cuda_gelu_erf_backward_overwrite(d, a, b, (size_t)ni, dt, g_stream));
-    zt_cuda_blas *blas = NULL;
-    zt_err err;
-    if (zt_cuda_blas_create(&blas, 0, &err) != 0)
-        return;
-    void *dbq = drand(4 * (size_t)c, 0.0f, dt);
     BENCH("bias gradient (intermediate width)", 0, es * ni,
-          zt_cuda_matmul_backward(blas, NULL, NULL, dbq, a, NULL, NULL, NULL, rows, c, I, dt, g_stream));
+          zt_cuda_matmul_backward(blas, NULL, NULL, dbias, a, NULL, NULL, NULL, rows, c, I, dt, g_stream));
     BENCH("bias gradient (hidden width)", 0, es * nc,
-          zt_cuda_matmul_backward(blas, NULL, NULL, dbq, a, NULL, NULL, NULL, rows, c, c, dt, g_stream));
-    ZT_CUDA_CHECK(cudaFree(dbq));
-    zt_cuda_blas_destroy(blas);
-    void *w = drand(c, 1.0f, dt), *bias = drand(c, 0.1f, dt), *dw = drand(c, 0.0f, dt), *db = drand(c, 0.0f, dt);
-    float *mean = dalloc(sizeof(float) * rows), *rstd = dalloc(sizeof(float) * rows);
-    void *scratch = dalloc(zt_cuda_layernorm_backward_scratch_size(rows, c));
-    BENCH("layernorm forward", 0, es * 2.0 * nc,
-          zt_cuda_layernorm_forward(d, mean, rstd, a, w, bias, rows, c, 1e-12f, dt, g_stream));
-    BENCH("layernorm backward, overwrite", 0, es * 3.0 * nc,
-          zt_cuda_layernorm_backward_overwrite(d, dw, db, b, a, w, mean, rstd, rows, c, scratch, dt, g_stream));
-    void *bufs[] = {a, b, d, w, bias, dw, db, mean, rstd, scratch};
+          zt_cuda_matmul_backward(blas, NULL, NULL, dbias, a, NULL, NULL, NULL, rows, c, c, dt, g_stream));
+    void *bufs[] = {a, b, d, dbias};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
+    bench_layernorm(rows, c, true);
 }
 
 int main(int argc, char **argv)
@@ -413,7 +412,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "bert") == 0) {
-        bench_bert(64 * 512);
+        bench_bert(blas, 64 * 512);
         zt_cuda_blas_destroy(blas);
         printf("done\n");
         return 0;
