@@ -117,6 +117,13 @@ typedef struct job {
                                (0 < f < 1: checked to split the blocks between RAM and disk) */
 } job;
 
+/* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
+ * steps 0..STEPS-1 from the same initialisation, resident weights, fp32 moments in host memory. */
+static job job_of(int W)
+{
+    return (job){.W = W, .accum = ACCUM, .level = 3, .ckpt = "none", .first = 0, .last = STEPS};
+}
+
 #define FAIL(...)                                                                                          \
     do {                                                                                                   \
         fprintf(stderr, __VA_ARGS__);                                                                      \
@@ -316,7 +323,7 @@ static void test_equivalence_w1_to_w4(void **state)
     assert_true(ref[STEPS - 1] < 0.95f * ref[0]);
     for (int W = 1; W <= MAX_W; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+        job j = job_of(W);
         run(&j, l);
         char what[32];
         snprintf(what, sizeof what, "W=%d", W);
@@ -330,10 +337,14 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
 {
     (void)state;
     float l3[STEPS], l2[STEPS], lall[STEPS], levery[STEPS];
-    job j3 = {3, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
-    job j2 = {3, ACCUM, 2, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
-    job jall = {3, ACCUM, 3, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
-    job jevery = {2, ACCUM, 2, "every:2", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job j3 = job_of(3);
+    job j2 = job_of(3);
+    j2.level = 2;
+    job jall = job_of(3);
+    jall.ckpt = "all";
+    job jevery = job_of(2);
+    jevery.level = 2;
+    jevery.ckpt = "every:2";
     run(&j3, l3);
     run(&j2, l2);
     run(&jall, lall);
@@ -343,9 +354,14 @@ static void test_zero2_equals_zero3_and_checkpointing(void **state)
     assert_close(levery, ref, STEPS, 1e-5, "W=2 level 2 every:2");
     /* one micro-batch per step: block buffers taken in turn from a ring, the head's kept apart */
     float o1[STEPS], o3[STEPS], o3c[STEPS];
-    job one1 = {1, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
-    job one3 = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
-    job one3c = {3, 1, 2, "all", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
+    job one1 = job_of(1);
+    one1.accum = 1;
+    job one3 = job_of(3);
+    one3.accum = 1;
+    job one3c = job_of(3);
+    one3c.accum = 1;
+    one3c.level = 2;
+    one3c.ckpt = "all";
     run(&one1, o1);
     run(&one3, o3);
     run(&one3c, o3c);
@@ -362,7 +378,8 @@ static void test_streamed_weights(void **state)
     (void)state;
     for (int W = 1; W <= 3; W++) {
         float l[STEPS];
-        job j = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
+        job j = job_of(W);
+        j.stream = true;
         run(&j, l);
         char what[48];
         snprintf(what, sizeof what, "W=%d streamed", W);
@@ -372,8 +389,11 @@ static void test_streamed_weights(void **state)
      * ranks reduce-scattered together), W = 2 and 3, two micro-batches per step: against whole blocks */
     for (int W = 2; W <= 3; W++) {
         float whole[STEPS], pieces[STEPS];
-        job jw = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
-        job jp = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 100, false, 0};
+        job jw = job_of(W);
+        jw.stream = true;
+        job jp = job_of(W);
+        jp.stream = true;
+        jp.grad_chunk = 100;
         run(&jw, whole);
         run(&jp, pieces);
         char what[48];
@@ -382,9 +402,15 @@ static void test_streamed_weights(void **state)
     }
     /* one micro-batch per step, and with recomputation: against the resident layout of the same W */
     float res[STEPS], st[STEPS], stc[STEPS];
-    job jres = {3, 1, 3, "none", 0, STEPS, NULL, NULL, false, false, NULL, 0, false, 0};
-    job jst = {3, 1, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
-    job jstc = {3, 1, 3, "all", 0, STEPS, NULL, NULL, true, false, NULL, 0, false, 0};
+    job jres = job_of(3);
+    jres.accum = 1;
+    job jst = job_of(3);
+    jst.accum = 1;
+    jst.stream = true;
+    job jstc = job_of(3);
+    jstc.accum = 1;
+    jstc.ckpt = "all";
+    jstc.stream = true;
     run(&jres, res);
     run(&jst, st);
     run(&jstc, stc);
@@ -394,12 +420,17 @@ static void test_streamed_weights(void **state)
     char dir[] = "/tmp/zt_zero_stream_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false, 0};
+    job save = job_of(2);
+    save.last = STEPS / 2;
+    save.save_dir = dir;
     run(&save, first);
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {3, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, false, NULL, 0, false, 0};
+    job load = job_of(3);
+    load.first = STEPS / 2;
+    load.load_dir = ckpt;
+    load.stream = true;
     run(&load, rest);
     assert_close(first, ref, STEPS / 2, 1e-5, "resident W=2 before the checkpoint");
     assert_close(rest, ref + STEPS / 2, STEPS - STEPS / 2, 1e-5, "streamed W=3 after resuming");
@@ -419,9 +450,15 @@ static void test_bf16_moments(void **state)
 {
     (void)state;
     float l1[STEPS], l2[STEPS], ls[STEPS];
-    job j1 = {1, ACCUM, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false, 0};
-    job j2 = {2, 1, 3, "none", 0, STEPS, NULL, NULL, false, true, NULL, 0, false, 0};
-    job js = {2, 1, 3, "none", 0, STEPS, NULL, NULL, true, true, NULL, 0, false, 0};
+    job j1 = job_of(1);
+    j1.bf16_moments = true;
+    job j2 = job_of(2);
+    j2.accum = 1;
+    j2.bf16_moments = true;
+    job js = job_of(2);
+    js.accum = 1;
+    js.stream = true;
+    js.bf16_moments = true;
     run(&j1, l1);
     run(&j2, l2);
     run(&js, ls);
@@ -433,13 +470,21 @@ static void test_bf16_moments(void **state)
     char dir[] = "/tmp/zt_zero_bf16_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], rest[STEPS];
-    job save = {2, 1, 3, "none", 0, STEPS / 2, NULL, dir, false, true, NULL, 0, false, 0};
+    job save = job_of(2);
+    save.accum = 1;
+    save.last = STEPS / 2;
+    save.save_dir = dir;
+    save.bf16_moments = true;
     run(&save, first);
     assert_memory_equal(first, l2, sizeof(float) * (STEPS / 2));
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
-    job load = {2, 1, 3, "none", STEPS / 2, STEPS, ckpt, NULL, false, true, NULL, 0, false, 0};
+    job load = job_of(2);
+    load.accum = 1;
+    load.first = STEPS / 2;
+    load.load_dir = ckpt;
+    load.bf16_moments = true;
     run(&load, rest);
     assert_memory_equal(rest, l2 + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
     remove_dir(dir);
@@ -492,8 +537,13 @@ static void test_moments_on_disk(void **state)
     for (int bf16 = 0; bf16 <= 1; bf16++)
         for (int W = 1; W <= 2; W++) {
             float ram[STEPS], disk[STEPS];
-            job jr = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, NULL, 0, false, 0};
-            job jd = {W, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, bf16, dir, 0, false, 0};
+            job jr = job_of(W);
+            jr.stream = true;
+            jr.bf16_moments = bf16;
+            job jd = job_of(W);
+            jd.stream = true;
+            jd.bf16_moments = bf16;
+            jd.moments_dir = dir;
             run(&jr, ram);
             run(&jd, disk);
             char what[64];
@@ -513,15 +563,29 @@ static void test_moments_on_disk(void **state)
     char ck[] = "/tmp/zt_zero_mdisk_ckpt_XXXXXX";
     assert_non_null(mkdtemp(ck));
     float whole[STEPS], first[STEPS], rest_disk[STEPS], rest_split[STEPS];
-    job jw = {2, ACCUM, 3, "none", 0, STEPS, NULL, NULL, true, true, dir, 0, false, 0};
-    job js = {2, ACCUM, 3, "none", 0, STEPS / 2, NULL, ck, true, true, dir, 0, false, 0.5};
+    job jw = job_of(2);
+    jw.stream = true;
+    jw.bf16_moments = true;
+    jw.moments_dir = dir;
+    job js = job_of(2);
+    js.last = STEPS / 2;
+    js.save_dir = ck;
+    js.stream = true;
+    js.bf16_moments = true;
+    js.moments_dir = dir;
+    js.moments_ram = 0.5;
     run(&jw, whole);
     run(&js, first);
     assert_memory_equal(first, whole, sizeof(float) * (STEPS / 2));
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
-    job jl = {2, ACCUM, 3, "none", STEPS / 2, STEPS, ckpt, NULL, true, true, dir, 0, false, 0};
+    job jl = job_of(2);
+    jl.first = STEPS / 2;
+    jl.load_dir = ckpt;
+    jl.stream = true;
+    jl.bf16_moments = true;
+    jl.moments_dir = dir;
     run(&jl, rest_disk);
     jl.moments_ram = 0.3;
     run(&jl, rest_split);
@@ -596,7 +660,10 @@ static void test_streamed_masters(void **state)
         for (int chunk = 0; chunk <= 100; chunk += 100)
             for (int accum = 1; accum <= ACCUM; accum += ACCUM - 1) {
                 float copy[STEPS], masters[STEPS];
-                job jc = {W, accum, 3, "none", 0, STEPS, NULL, NULL, true, false, NULL, chunk, false, 0};
+                job jc = job_of(W);
+                jc.accum = accum;
+                jc.stream = true;
+                jc.grad_chunk = chunk;
                 job jm = jc;
                 jm.stream_masters = true;
                 run(&jc, copy);
@@ -680,14 +747,19 @@ static void test_resume_at_other_world_sizes(void **state)
     char dir[] = "/tmp/zt_zero_XXXXXX";
     assert_non_null(mkdtemp(dir));
     float first[STEPS], second[STEPS];
-    job save = {4, ACCUM, 3, "none", 0, STEPS / 2, NULL, dir, false, false, NULL, 0, false, 0};
+    job save = job_of(4);
+    save.last = STEPS / 2;
+    save.save_dir = dir;
     run(&save, first);
     assert_close(first, ref, STEPS / 2, 1e-5, "W=4 first half");
     char ckpt[PATH_MAX];
     zt_err err = {{0}};
     assert_int_equal(zt_checkpoint_find(dir, ckpt, sizeof ckpt, &err), 0);
     for (int W = 2; W >= 1; W--) {
-        job resume = {W, ACCUM, 3, "all", STEPS / 2, STEPS, ckpt, NULL, false, false, NULL, 0, false, 0};
+        job resume = job_of(W);
+        resume.ckpt = "all";
+        resume.first = STEPS / 2;
+        resume.load_dir = ckpt;
         run(&resume, second);
         char what[32];
         snprintf(what, sizeof what, "resumed at W=%d", W);
