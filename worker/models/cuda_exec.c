@@ -36,8 +36,7 @@ void zt__cuda_layout_init(zt__cuda_layout *lay, const zt_param_info *tensors, in
     lay->tensors = zt_xcalloc(nt, sizeof(zt_model_tensor));
     lay->block_ckpt = zt_xcalloc(nb, sizeof(bool));
     lay->reads_weights = zt_xcalloc(nb, sizeof(bool));
-    lay->discarded = zt_xcalloc(nb, sizeof(bool));
-    lay->rebuilt = zt_xcalloc(nb, sizeof(bool));
+    lay->state = zt_xcalloc(nb, 1);
     lay->top_ckpt = -1;
     for (int i = 0; i < ntensors; i++)
         lay->tlen[i] = tensors[i].numel;
@@ -79,32 +78,30 @@ void zt__cuda_layout_finish(zt__cuda_layout *lay, const zt_param_info *tensors, 
 
 void zt__cuda_passes_begin(zt__cuda_layout *lay)
 {
-    memset(lay->discarded, 0, (size_t)lay->nblocks * sizeof(bool));
-    memset(lay->rebuilt, 0, (size_t)lay->nblocks * sizeof(bool));
+    memset(lay->state, ZT__CUDA_FORWARDED, (size_t)lay->nblocks);
 }
 
 void zt__cuda_pass_discard(zt__cuda_layout *lay, int b)
 {
     ZT_ASSERT(b >= 0 && b < lay->nblocks && lay->block_ckpt[b]);
-    lay->discarded[b] = true;
+    lay->state[b] = ZT__CUDA_DISCARDED;
 }
 
 enum zt__cuda_pass zt__cuda_pass_of(zt__cuda_layout *lay, int b)
 {
     ZT_ASSERT(b >= 0 && b < lay->nblocks);
-    if (!lay->discarded[b]) {
-        lay->rebuilt[b] = false;
+    if (lay->state[b] != ZT__CUDA_DISCARDED) {
+        lay->state[b] = ZT__CUDA_FORWARDED;
         return ZT__CUDA_PASS_FIRST;
     }
-    lay->discarded[b] = false;
-    lay->rebuilt[b] = true;
+    lay->state[b] = ZT__CUDA_REBUILT;
     return b == lay->top_ckpt ? ZT__CUDA_PASS_KEPT : ZT__CUDA_PASS_REBUILD;
 }
 
 bool zt__cuda_pass_backward_ready(const zt__cuda_layout *lay, int b)
 {
     ZT_ASSERT(b >= 0 && b < lay->nblocks);
-    return !lay->block_ckpt[b] || lay->rebuilt[b];
+    return !lay->block_ckpt[b] || lay->state[b] == ZT__CUDA_REBUILT;
 }
 
 bool zt__cuda_layout_any_checkpointed(const zt__cuda_layout *lay)
@@ -125,8 +122,7 @@ void zt__cuda_layout_free(zt__cuda_layout *lay)
     free(lay->tensors);
     free(lay->block_ckpt);
     free(lay->reads_weights);
-    free(lay->discarded);
-    free(lay->rebuilt);
+    free(lay->state);
     memset(lay, 0, sizeof *lay);
 }
 

@@ -38,10 +38,13 @@ typedef struct zt__cuda_layout {
     size_t *boff, *blen;              /* [nblocks] */
     zt_model_tensor *tensors;         /* [ntensors] the engine's view */
     bool *block_ckpt, *reads_weights; /* [nblocks] */
-    bool *discarded;                  /* [nblocks] checkpointed blocks discarded since the micro-batch began */
-    bool *rebuilt;                    /* [nblocks] checkpointed blocks rebuilt since (their backward may run) */
+    unsigned char *state;             /* [nblocks] where each block stands in the micro-batch: ZT__CUDA_* below */
     int top_ckpt;                     /* the highest checkpointed block, or -1 */
 } zt__cuda_layout;
+
+/* A block's state: its last forward was a first one (or none yet), it discarded its activations after it,
+ * or it rebuilt them since (then its backward may run). */
+enum { ZT__CUDA_FORWARDED = 0, ZT__CUDA_DISCARDED, ZT__CUDA_REBUILT };
 
 /* Which forward a block's forward(b) call is (model.h: a checkpointed block's forward runs again before its
  * backward). A rebuild computes only what the block's backward reads: the block's output, which the engine
