@@ -21,11 +21,11 @@ static inline void zt_gpu_fixture_config(zt_train_config *c, const char *dir, co
 {
     zt_train_config_init(c);
     zt_family_config_default(&c->model);
-    c->model.gpt2.n_layer = n_layer;
-    c->model.gpt2.n_head = 2;
-    c->model.gpt2.n_embd = 128;
-    c->model.gpt2.n_positions = 64;
-    c->model.gpt2.vocab_size = vocab;
+    ZT_GPT2_CONFIG(&c->model)->n_layer = n_layer;
+    ZT_GPT2_CONFIG(&c->model)->n_head = 2;
+    ZT_GPT2_CONFIG(&c->model)->n_embd = 128;
+    ZT_GPT2_CONFIG(&c->model)->n_positions = 64;
+    ZT_GPT2_CONFIG(&c->model)->vocab_size = vocab;
     c->model_loaded = true;
     snprintf(c->train_data, sizeof(c->train_data), "%s/%s_train_*.bin", dir, shards);
     snprintf(c->val_data, sizeof(c->val_data), "%s/%s_val_*.bin", dir, shards);

@@ -184,10 +184,10 @@ static void test_tied_head_matches_cpu(void **state)
 static void train_config(zt_train_config *c, const char *out, const char *device, const char *precision)
 {
     zt_gpu_fixture_config(c, g_dir, "l", out, device, precision, 2, VOCAB, STEPS, 4, 2);
-    c->model.family = ZT_FAMILY_LLAMA;
-    odd_config(&c->model.llama, false);
-    c->model.llama.initializer_range = 0.02;
-    c->model.llama.pad_token_id = -1;
+    zt_family_config_default_of(&c->model, "llama");
+    odd_config(ZT_LLAMA_CONFIG(&c->model), false);
+    ZT_LLAMA_CONFIG(&c->model)->initializer_range = 0.02;
+    ZT_LLAMA_CONFIG(&c->model)->pad_token_id = -1;
     zt_fixture_finish_config(c);
 }
 

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "worker/models/gpt2.h"
 #include "worker/cli/commands.h"
 
 #include "run_command.h"
@@ -48,7 +49,7 @@ static zt_family_config tiny_family(void)
 {
     zt_family_config f;
     zt_family_config_default(&f);
-    f.gpt2 = tiny_config();
+    (*ZT_GPT2_CONFIG(&f)) = tiny_config();
     return f;
 }
 
@@ -195,7 +196,7 @@ static void test_gradient_dump_on_load(void **state)
     size_t n = zt_family_model_num_params(m);
     zt_optimizer opt;
     assert_int_equal(zt_optimizer_init(&opt, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
-    zt_gpt2_zero_grad(zt_family_model_gpt2(m));
+    zt_family_model_zero_grad(m);
     zt_ckpt_state st;
     if (zt_checkpoint_load(ckpt, m, &opt, &st, &err) != 0)
         fail_msg("load failed: %s", err.msg);

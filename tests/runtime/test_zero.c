@@ -157,12 +157,12 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     const int b = GB / j->W;
     zt_family_config fc;
     zt_family_config_default(&fc);
-    fc.gpt2 = tiny_config();
+    (*ZT_GPT2_CONFIG(&fc)) = tiny_config();
     zt_family_model *fm = NULL;
     if (zt_family_model_create(&fm, &fc, b, T, 7, &err) < 0)
         FAIL("%s", err.msg);
     bool ck[8];
-    ckpt_layers(j->ckpt, ck, fc.gpt2.n_layer);
+    ckpt_layers(j->ckpt, ck, ZT_GPT2_CONFIG(&fc)->n_layer);
     zt_model *model = NULL;
     if (zt_family_model_cpu(&model, fm, j->accum, ck, &err) < 0)
         FAIL("%s", err.msg);
@@ -510,8 +510,8 @@ static solo solo_open(int n_embd)
     assert_int_equal(zt_comm_create(&s.comm, &co, &err), 0);
     zt_family_config fc;
     zt_family_config_default(&fc);
-    fc.gpt2 = tiny_config();
-    fc.gpt2.n_embd = n_embd;
+    (*ZT_GPT2_CONFIG(&fc)) = tiny_config();
+    ZT_GPT2_CONFIG(&fc)->n_embd = n_embd;
     assert_int_equal(zt_family_model_create(&s.fm, &fc, GB, T, 7, &err), 0);
     bool ck_layers[8] = {false};
     assert_int_equal(zt_family_model_cpu(&s.model, s.fm, 1, ck_layers, &err), 0);
@@ -787,7 +787,7 @@ static void test_train_loop_matches_trainer(void **state)
     zt_train_config cfg;
     zt_train_config_init(&cfg);
     zt_family_config_default(&cfg.model);
-    cfg.model.gpt2 = tiny_config();
+    (*ZT_GPT2_CONFIG(&cfg.model)) = tiny_config();
     cfg.model_loaded = true;
     snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
     snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s", out1);

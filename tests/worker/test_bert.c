@@ -21,6 +21,7 @@
 #include "worker/comm/comm.h"
 #include "worker/engine/engine.h"
 #include "worker/models/bert.h"
+#include "worker/train/task.h"
 #include "worker/models/model.h"
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -948,7 +949,7 @@ static void test_import_pretrained(void **state)
 /* masking                                                                                              */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* zt_bert_mask_tokens: 15% of the non-special tokens chosen; of those 80% masked, 10% random, 10% kept
+/* zt_task_mask_tokens: 15% of the non-special tokens chosen; of those 80% masked, 10% random, 10% kept
  * (each within 5 standard deviations); special tokens never chosen; targets hold the original tokens. */
 static void test_mask_tokens(void **state)
 {
@@ -965,9 +966,9 @@ static void test_mask_tokens(void **state)
     memcpy(tok, orig, n * sizeof(int32_t));
     memcpy(tok2, orig, n * sizeof(int32_t));
     zt_rng_seed(&r, 42);
-    const size_t chosen = zt_bert_mask_tokens(tok, tgt, n, MASK, V, special, 3, &r, 0.15f);
+    const size_t chosen = zt_task_mask_tokens(tok, tgt, n, MASK, V, special, 3, &r, 0.15f);
     zt_rng_seed(&r, 42);
-    assert_int_equal(zt_bert_mask_tokens(tok2, tgt2, n, MASK, V, special, 3, &r, 0.15f), chosen);
+    assert_int_equal(zt_task_mask_tokens(tok2, tgt2, n, MASK, V, special, 3, &r, 0.15f), chosen);
     assert_memory_equal(tok, tok2, n * sizeof(int32_t));
     assert_memory_equal(tgt, tgt2, n * sizeof(int32_t));
     size_t eligible = 0, masked = 0, kept = 0, replaced = 0, counted = 0;

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "worker/models/gpt2.h"
 #include "common/fileio.h"
 #include "train_fixture.h"
 #include "worker/train/checkpoint.h"
@@ -76,14 +77,14 @@ static void test_save_with_disk_full(void **state)
     (void)state;
     zt_family_config fc;
     zt_family_config_default(&fc);
-    zt_gpt2_config mc = fc.gpt2;
+    zt_gpt2_config mc = (*ZT_GPT2_CONFIG(&fc));
     mc.n_layer = 1;
     mc.n_head = 2;
     mc.n_embd = 16;
     mc.n_positions = 8;
     mc.vocab_size = 32;
     zt_err err = {{0}};
-    fc.gpt2 = mc;
+    (*ZT_GPT2_CONFIG(&fc)) = mc;
     zt_family_model *model = NULL;
     if (zt_family_model_create(&model, &fc, 1, 8, 5, &err) != 0)
         fail_msg("%s", err.msg);

@@ -147,7 +147,7 @@ static zt_family_model *make_model(float wte_scale, float mix_scale)
 {
     zt_family_config fc;
     zt_family_config_default(&fc);
-    zt_gpt2_config cfg = fc.gpt2;
+    zt_gpt2_config cfg = (*ZT_GPT2_CONFIG(&fc));
     cfg.n_layer = 2;
     cfg.n_head = 2;
     cfg.n_embd = 16;
@@ -155,7 +155,7 @@ static zt_family_model *make_model(float wte_scale, float mix_scale)
     cfg.vocab_size = VOCAB;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    fc.gpt2 = cfg;
+    (*ZT_GPT2_CONFIG(&fc)) = cfg;
     int rc = zt_family_model_create(&m, &fc, 1, N_POS, 1234, &err);
     if (rc != 0)
         fail_msg("zt_family_model_create: %s", err.msg);

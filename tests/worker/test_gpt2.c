@@ -734,7 +734,7 @@ static void test_import_errors_leave_model_unchanged(void **state)
         {{.reshape = "transformer.ln_f.weight"}, "ln_f.weight"},
         {{.extra = "transformer.h.2.ln_1.weight"}, "h.2.ln_1.weight"},
         {{.extra = "score.weight"}, "score.weight"},
-        {{.add_lm_head = true, .lm_head_differs = true}, "lm_head.weight differs from wte"},
+        {{.add_lm_head = true, .lm_head_differs = true}, "'lm_head.weight' differs from 'wte.weight'"},
         {{.int_dtype_on_wte = true}, "I32"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

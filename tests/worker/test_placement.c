@@ -62,11 +62,11 @@ static void base_config(zt_train_config *c, const char *out, const char *optimiz
 {
     zt_train_config_init(c);
     zt_family_config_default(&c->model);
-    c->model.gpt2.n_layer = 2;
-    c->model.gpt2.n_head = 2;
-    c->model.gpt2.n_embd = 32;
-    c->model.gpt2.n_positions = 32;
-    c->model.gpt2.vocab_size = VOCAB;
+    ZT_GPT2_CONFIG(&c->model)->n_layer = 2;
+    ZT_GPT2_CONFIG(&c->model)->n_head = 2;
+    ZT_GPT2_CONFIG(&c->model)->n_embd = 32;
+    ZT_GPT2_CONFIG(&c->model)->n_positions = 32;
+    ZT_GPT2_CONFIG(&c->model)->vocab_size = VOCAB;
     c->model_loaded = true;
     snprintf(c->train_data, sizeof(c->train_data), "%s/p_train_*.bin", g_dir);
     snprintf(c->out_dir, sizeof(c->out_dir), "%s/%s", g_dir, out);
@@ -96,7 +96,7 @@ static void reference(float *losses, float **params_out, size_t *n_out)
     zt_err err = {{0}};
     zt_gpt2 *model = NULL;
     zt_dataloader *dl = NULL;
-    assert_int_equal(zt_gpt2_create(&model, &c.model.gpt2, 2, 16, (uint64_t)c.seed, &err), 0);
+    assert_int_equal(zt_gpt2_create(&model, ZT_GPT2_CONFIG(&c.model), 2, 16, (uint64_t)c.seed, &err), 0);
     assert_int_equal(zt_dataloader_open(&dl, c.train_data, 2, 16, c.shuffle, (uint64_t)c.seed, &err), 0);
     size_t n = zt_gpt2_num_params(model);
     float *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));

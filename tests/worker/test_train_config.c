@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "worker/models/gpt2.h"
 #include "common/log.h"
 #include "worker/train/config.h"
 
@@ -195,8 +196,8 @@ static void test_file_then_flags(void **state)
 
     assert_int_equal(zt_train_config_resolve(&c, &err), 0);
     assert_true(c.model_loaded);
-    assert_int_equal(c.model.gpt2.n_layer, 2);
-    assert_int_equal(c.model.gpt2.n_embd, 32);
+    assert_int_equal(ZT_GPT2_CONFIG(&c.model)->n_layer, 2);
+    assert_int_equal(ZT_GPT2_CONFIG(&c.model)->n_embd, 32);
     if (zt_train_config_validate(&c, &err) != 0)
         fail_msg("%s", err.msg);
     zt_train_config_log(&c); /* one line per key; must not crash */
@@ -216,7 +217,7 @@ static void test_inline_model(void **state)
         fail_msg("%s", err.msg);
     assert_true(c.model_loaded);
     assert_string_equal(c.model_path, "");
-    assert_int_equal(c.model.gpt2.n_head, 2);
+    assert_int_equal(ZT_GPT2_CONFIG(&c.model)->n_head, 2);
     assert_int_equal(zt_train_config_resolve(&c, &err), 0);
     assert_int_equal(zt_train_config_validate(&c, &err), 0);
 
@@ -342,7 +343,7 @@ BAD(threads, c->threads = -2)
 BAD(train_data, c->train_data[0] = '\0')
 BAD(out_dir, c->out_dir[0] = '\0')
 BAD(model_missing, { c->model_loaded = false; c->model_path[0] = '\0'; })
-BAD(model_heads, { c->model.gpt2.n_head = 3; })
+BAD(model_heads, { ZT_GPT2_CONFIG(&c->model)->n_head = 3; })
 BAD(stop_at, c->stop_at_step = -1)
 
 static void test_validation_errors(void **state)
@@ -565,12 +566,12 @@ static void test_save_and_load_back(void **state)
         fail_msg("%s", err.msg);
     assert_int_equal(zt_train_config_resolve(&back, &err), 0);
     assert_string_equal(back.model_path, model_path);
-    assert_int_equal(back.model.gpt2.n_layer, c.model.gpt2.n_layer);
-    assert_int_equal(back.model.gpt2.n_head, c.model.gpt2.n_head);
-    assert_int_equal(back.model.gpt2.n_embd, c.model.gpt2.n_embd);
-    assert_int_equal(back.model.gpt2.n_positions, c.model.gpt2.n_positions);
-    assert_int_equal(back.model.gpt2.vocab_size, c.model.gpt2.vocab_size);
-    assert_true(back.model.gpt2.layer_norm_epsilon == c.model.gpt2.layer_norm_epsilon);
+    assert_int_equal(ZT_GPT2_CONFIG(&back.model)->n_layer, ZT_GPT2_CONFIG(&c.model)->n_layer);
+    assert_int_equal(ZT_GPT2_CONFIG(&back.model)->n_head, ZT_GPT2_CONFIG(&c.model)->n_head);
+    assert_int_equal(ZT_GPT2_CONFIG(&back.model)->n_embd, ZT_GPT2_CONFIG(&c.model)->n_embd);
+    assert_int_equal(ZT_GPT2_CONFIG(&back.model)->n_positions, ZT_GPT2_CONFIG(&c.model)->n_positions);
+    assert_int_equal(ZT_GPT2_CONFIG(&back.model)->vocab_size, ZT_GPT2_CONFIG(&c.model)->vocab_size);
+    assert_true(ZT_GPT2_CONFIG(&back.model)->layer_norm_epsilon == ZT_GPT2_CONFIG(&c.model)->layer_norm_epsilon);
     /* A relative path is saved as an absolute one. */
     char cwd[512], want[1200];
     assert_non_null(getcwd(cwd, sizeof(cwd)));

@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "worker/models/bert.h"
+#include "worker/models/llama.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/safetensors.h"
@@ -87,7 +89,7 @@ static void base_config(zt_train_config *c, const char *out)
 {
     zt_train_config_init(c);
     zt_family_config_default(&c->model);
-    c->model.gpt2 = tiny_model();
+    (*ZT_GPT2_CONFIG(&c->model)) = tiny_model();
     c->model_loaded = true;
     snprintf(c->train_data, sizeof(c->train_data), "%s/t_train_*.bin", g_dir);
     snprintf(c->val_data, sizeof(c->val_data), "%s/t_val_*.bin", g_dir);
@@ -245,9 +247,8 @@ static void test_resume_is_bit_identical(void **state)
 static void llama_config(zt_train_config *c, const char *out)
 {
     base_config(c, out);
-    c->model.family = ZT_FAMILY_LLAMA;
-    zt_llama_config_default(&c->model.llama);
-    zt_llama_config *l = &c->model.llama;
+    zt_family_config_default_of(&c->model, "llama");
+    zt_llama_config *l = ZT_LLAMA_CONFIG(&c->model);
     l->num_hidden_layers = 2;
     l->hidden_size = 24;
     l->num_attention_heads = 3; /* head size 8, grouped 3:1 */
@@ -382,9 +383,8 @@ static void write_cls_data(const char *rel, int n, uint32_t seed)
 static void bert_classify_config(zt_train_config *c, const char *out)
 {
     base_config(c, out);
-    c->model.family = ZT_FAMILY_BERT;
-    zt_bert_config_default(&c->model.bert);
-    zt_bert_config *e = &c->model.bert;
+    zt_family_config_default_of(&c->model, "bert");
+    zt_bert_config *e = ZT_BERT_CONFIG(&c->model);
     e->head = ZT_BERT_HEAD_CLASSIFY;
     e->vocab_size = CLS_VOCAB;
     e->hidden_size = 24;
@@ -462,7 +462,7 @@ static void test_bert_classifier(void **state)
      * classification head keeps its initialisation */
     {
         bert_classify_config(&c, "BM");
-        zt_bert_config mlm = c.model.bert;
+        zt_bert_config mlm = (*ZT_BERT_CONFIG(&c.model));
         mlm.head = ZT_BERT_HEAD_MLM;
         zt_bert *pre = NULL;
         zt_err err = {{0}};
@@ -518,7 +518,7 @@ static void test_bert_classifier(void **state)
 static void bert_mlm_config(zt_train_config *c, const char *out)
 {
     bert_classify_config(c, out);
-    zt_bert_config *e = &c->model.bert;
+    zt_bert_config *e = ZT_BERT_CONFIG(&c->model);
     e->head = ZT_BERT_HEAD_MLM;
     e->vocab_size = VOCAB; /* the shards' ids; the tokenizer's [MASK] (20) is among them */
     e->initializer_range = 0.02f;
@@ -559,7 +559,7 @@ static void test_bert_on_gpu(void **state)
                 bert_mlm_config(&c, out);
             else
                 bert_classify_config(&c, out);
-            c.model.bert.hidden_size = 96; /* 3 heads of 32 */
+            ZT_BERT_CONFIG(&c.model)->hidden_size = 96; /* 3 heads of 32 */
             c.steps = mlm ? 20 : 40;
             c.eval_every = mlm ? 10 : 20;
             zt_err err = {{0}};
@@ -794,7 +794,7 @@ static void test_other_model_is_refused(void **state)
     zt_train_result_free(&res);
 
     base_config(&c, "M");
-    c.model.gpt2.n_layer = 1;
+    ZT_GPT2_CONFIG(&c.model)->n_layer = 1;
     c.steps = 4;
     snprintf(c.resume, sizeof(c.resume), "%s/M", g_dir);
     zt_err err = {{0}};

@@ -251,7 +251,7 @@ int zt_cmd_generate(int argc, char **argv)
     if (zt_family_config_task(&cfg) != ZT_TASK_CAUSAL_LM) {
         zt_fail(&err, ZT_EUNSUPPORTED, "%s is a %s model, which does not generate text (generate works with causal "
                 "language models: GPT-2, LLaMA, Mistral); evaluate it with ztrain train's --val-data instead",
-                config_path, zt_family_name(cfg.family));
+                config_path, zt_family_name(&cfg));
         return runtime_error(&err);
     }
 

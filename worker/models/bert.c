@@ -31,7 +31,13 @@
 #include "kernels/matmul.h"   /* linear layers and the tied decoder */
 #include "kernels/pooler.h"   /* the first token of each sequence */
 #include "kernels/residual.h" /* residual adds */
-#include "worker/models/host_shared.h" /* the import of one safetensors tensor, the normal initialisation */
+#include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
+#include "worker/models/family.h"      /* the family definition */
+#include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
+#include "worker/models/host_shared.h" /* the normal initialisation */
+#ifdef ZT_WITH_CUDA
+#include "worker/models/bert_cuda.h" /* the CUDA executor */
+#endif
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define BERT_MAX_LAYERS 1024
@@ -1402,112 +1408,40 @@ void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
 /* Masked-LM inputs                                                                                     */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Chooses and masks tokens as DataCollatorForLanguageModeling does; see bert.h. */
-size_t zt_bert_mask_tokens(int32_t *tokens, int32_t *targets, size_t n, int32_t mask_id, int vocab,
-                           const int32_t *special, int nspecial, zt_rng *rng, float prob)
-{
-    ZT_ASSERT(vocab > 0 && mask_id >= 0 && mask_id < vocab && prob >= 0.0f && prob <= 1.0f);
-    size_t chosen = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool is_special = false;
-        for (int k = 0; k < nspecial && !is_special; k++)
-            is_special = tokens[i] == special[k];
-        targets[i] = IGNORE_INDEX;
-        if (is_special || zt_rng_uniform(rng) >= (double)prob)
-            continue;
-        chosen++;
-        targets[i] = tokens[i];
-        const double u = zt_rng_uniform(rng);
-        if (u < 0.8)
-            tokens[i] = mask_id;
-        else if (u < 0.9)
-            tokens[i] = (int32_t)zt_rng_below(rng, (uint64_t)vocab);
-    }
-    return chosen;
-}
+/* ---------------------------------------------------------------------------------------------------- */
+/* Hugging Face files and the family definition                                                         */
+/* ---------------------------------------------------------------------------------------------------- */
 
-/* ---------------------------------------------------------------------------------------------------- */
-/* safetensors export and import                                                                        */
-/* ---------------------------------------------------------------------------------------------------- */
+extern const zt_family_def zt__family_bert;
+
+/* The engine's CPU executor of m; see bert.h. */
+int zt_bert_model_cpu(zt_model **out, zt_bert *m, int max_micro, const bool *ckpt_layers, zt_err *err)
+{
+    return zt__cpu_exec_create(out, &zt__family_bert, m, max_micro, ckpt_layers, err);
+}
 
 /* Exports the parameters as F32 safetensors with Hugging Face names; see bert.h. */
 int zt_bert_export(const zt_bert *m, const char *path, zt_err *err)
 {
-    zt_st_writer *w = zt_st_writer_create();
-    if (!w)
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory preparing the export", path);
-    int rc = zt_st_writer_add_metadata(w, "format", "pt", err);
-    for (int i = 0; i < m->num_tensors && rc == 0; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        rc = zt_st_writer_add(w, t->name, ZT_DTYPE_F32, t->ndim, t->shape, m->params + t->offset, err);
-    }
-    if (rc == 0)
-        rc = zt_st_writer_write(w, path, err);
-    zt_st_writer_destroy(w);
-    return rc;
+    return zt__host_export(&zt__family_bert, m, path, err);
 }
 
-
-static bool is_float_dtype(enum zt_dtype d)
+/* Imports every parameter; see bert.h. */
+int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
 {
-    return d == ZT_DTYPE_F32 || d == ZT_DTYPE_F16 || d == ZT_DTYPE_BF16;
+    return zt__host_import(&zt__family_bert, m, path, false, err);
 }
 
-/* What a file's tensor name means for the model. */
-enum name_kind { NAME_PARAM, NAME_BUFFER, NAME_TIED_WEIGHT, NAME_TIED_BIAS, NAME_UNKNOWN };
-
-/* Maps a file's tensor name onto the model: the index of a parameter in *idx (names may lack the "bert." /
- * "roberta." prefix; LayerNorm "gamma" / "beta" are weight / bias), a buffer to skip, the tied decoder's
- * weight or bias, or unknown. */
-static enum name_kind classify_name(const zt_bert *m, const char *name, int *idx)
+/* Imports a pretrained body for fine-tuning; see bert.h. */
+int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
 {
-    char buf[160];
-    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
-    const size_t plen = strlen(prefix);
-    if (strlen(name) + plen + 8 >= sizeof buf)
-        return NAME_UNKNOWN;
-    if (strncmp(name, "embeddings.", 11) == 0 || strncmp(name, "encoder.", 8) == 0 || strncmp(name, "pooler.", 7) == 0)
-        snprintf(buf, sizeof buf, "%s%s", prefix, name);
-    else
-        snprintf(buf, sizeof buf, "%s", name);
-    size_t len = strlen(buf);
-    if (len > 15 && strcmp(buf + len - 15, "LayerNorm.gamma") == 0)
-        strcpy(buf + len - 5, "weight");
-    else if (len > 14 && strcmp(buf + len - 14, "LayerNorm.beta") == 0)
-        strcpy(buf + len - 4, "bias");
-    char emb[64];
-    snprintf(emb, sizeof emb, "%sembeddings.position_ids", prefix);
-    if (strcmp(buf, emb) == 0)
-        return NAME_BUFFER;
-    snprintf(emb, sizeof emb, "%sembeddings.token_type_ids", prefix);
-    if (strcmp(buf, emb) == 0)
-        return NAME_BUFFER;
-    if (m->cfg.head == ZT_BERT_HEAD_MLM) {
-        const char *dw = m->cfg.roberta ? "lm_head.decoder.weight" : "cls.predictions.decoder.weight";
-        const char *db = m->cfg.roberta ? "lm_head.decoder.bias" : "cls.predictions.decoder.bias";
-        if (strcmp(buf, dw) == 0)
-            return NAME_TIED_WEIGHT;
-        if (strcmp(buf, db) == 0)
-            return NAME_TIED_BIAS;
-    }
-    for (int i = 0; i < m->num_tensors; i++)
-        if (strcmp(m->tensors[i].name, buf) == 0) {
-            *idx = i;
-            return NAME_PARAM;
-        }
-    return NAME_UNKNOWN;
+    return zt__host_import(&zt__family_bert, m, path, true, err);
 }
 
-/* Whether the file tensor st holds exactly the values of model tensor t in slab tmp. */
-static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const float *tmp)
+static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
 {
-    if (!is_float_dtype(st->dtype) || st->ndim != t->ndim || st->shape[0] != t->shape[0] ||
-        (t->ndim == 2 && st->shape[1] != t->shape[1]))
-        return false;
-    for (size_t i = 0; i < t->numel; i++)
-        if (zt_st_element_f32(st, i) != tmp[t->offset + i])
-            return false;
-    return true;
+    (void)m;
+    snprintf(out, cap, "%s", t->name);
 }
 
 /* Whether a file tensor's name is that of a task head the model does not have: another head's (cls.,
@@ -1521,119 +1455,238 @@ static bool is_other_head(const zt_bert *m, const char *name)
            strncmp(name, "classifier.", 11) == 0 || strncmp(name, "pooler.", 7) == 0;
 }
 
-/* Imports parameters with Hugging Face names (see zt_bert_import and zt_bert_import_pretrained). Returns 0,
- * a negative errno, ZT_EFORMAT, ZT_EMISMATCH or ZT_EUNSUPPORTED (dtype), with a message naming the tensor
- * and its file. */
-static int import_params(zt_bert *m, const char *path, bool pretrained, zt_err *err)
+/* A file's tensor name for the model: names may lack the "bert." / "roberta." prefix and LayerNorm "gamma"
+ * / "beta" are weight / bias; position and token type ids are buffers; the masked-LM decoder's weight and
+ * bias are tied to the word embeddings and the head's bias. */
+static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
 {
-    char **files = NULL;
-    int nfiles = 0;
-    zt_st_file **fs = NULL;
-    float *tmp = NULL;
-    int *seen = NULL; /* per tensor: 1 + the file that held it, 0 when not seen yet */
-    const zt_st_tensor *tied[2] = {NULL, NULL};
-    const char *tied_file[2] = {NULL, NULL};
-    int rc = zt_st_shard_files(path, &files, &nfiles, err);
-    if (rc < 0)
-        return rc;
-    fs = zt_xcalloc((size_t)nfiles, sizeof *fs);
-    tmp = malloc(m->num_params * sizeof(float));
-    seen = calloc((size_t)m->num_tensors, sizeof *seen);
-    if (!tmp || !seen) {
-        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
-                     (double)m->num_params * sizeof(float) / (1 << 20));
-        goto out;
-    }
-    if (nfiles > 1)
-        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
-    if (pretrained)
-        memcpy(tmp, m->params, m->num_params * sizeof(float)); /* what the file lacks of the head stays */
-    int skipped = 0, kept = 0;
-    for (int fi = 0; fi < nfiles; fi++) {
-        const char *file = files[fi];
-        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
-            goto out;
-        for (size_t i = 0; i < zt_st_count(fs[fi]); i++) {
-            const zt_st_tensor *st = zt_st_get(fs[fi], i);
-            int idx = -1;
-            const enum name_kind kind = classify_name(m, st->name, &idx);
-            if (kind == NAME_BUFFER)
-                continue;
-            if (kind == NAME_TIED_WEIGHT || kind == NAME_TIED_BIAS) {
-                const int k = kind == NAME_TIED_BIAS;
-                tied[k] = st;
-                tied_file[k] = file;
-                continue;
-            }
-            if (kind == NAME_UNKNOWN && pretrained && is_other_head(m, st->name)) {
-                skipped++;
-                continue;
-            }
-            if (kind == NAME_UNKNOWN) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: unknown tensor '%s' (not a parameter of a %s with %d layers; is this the right "
-                             "model config?)",
-                             file, st->name, zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
-                goto out;
-            }
-            const zt_param_info *t = &m->tensors[idx];
-            if (seen[idx]) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: tensor '%s' appears twice (under two names such as with and without the prefix, "
-                             "or in two shards; the other is in %s)",
-                             file, t->name, files[seen[idx] - 1]);
-                goto out;
-            }
-            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
-                goto out;
-            seen[idx] = fi + 1;
+    const zt_bert *m = mv;
+    char buf[160];
+    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
+    const size_t plen = strlen(prefix);
+    if (strlen(name) + plen + 8 >= sizeof buf)
+        return ZT_HF_UNKNOWN;
+    if (strncmp(name, "embeddings.", 11) == 0 || strncmp(name, "encoder.", 8) == 0 || strncmp(name, "pooler.", 7) == 0)
+        snprintf(buf, sizeof buf, "%s%s", prefix, name);
+    else
+        snprintf(buf, sizeof buf, "%s", name);
+    size_t len = strlen(buf);
+    if (len > 15 && strcmp(buf + len - 15, "LayerNorm.gamma") == 0)
+        strcpy(buf + len - 5, "weight");
+    else if (len > 14 && strcmp(buf + len - 14, "LayerNorm.beta") == 0)
+        strcpy(buf + len - 4, "bias");
+    const char *sub = buf + (strncmp(buf, prefix, plen) == 0 ? plen : 0);
+    if (strcmp(sub, "embeddings.position_ids") == 0 || strcmp(sub, "embeddings.token_type_ids") == 0)
+        return ZT_HF_BUFFER;
+    if (m->cfg.head == ZT_BERT_HEAD_MLM) {
+        const char *dw = m->cfg.roberta ? "lm_head.decoder.weight" : "cls.predictions.decoder.weight";
+        const char *db = m->cfg.roberta ? "lm_head.decoder.bias" : "cls.predictions.decoder.bias";
+        if (strcmp(buf, dw) == 0 || strcmp(buf, db) == 0) {
+            *idx = strcmp(buf, dw) == 0 ? ZT_BERT_E_WORD : HEAD_TENSOR(m, ZT_BERT_H_BIAS);
+            return ZT_HF_TIED;
         }
     }
-    for (int i = 0; i < m->num_tensors; i++) {
-        if (!seen[i] && pretrained && m->tensors[i].block == m->num_blocks - 1) {
-            kept++;
-            continue;
-        }
-        if (!seen[i]) {
-            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' is missing (a %s with %d layers has it)", path,
-                         m->tensors[i].name, zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
-            goto out;
-        }
-    }
-    /* The tied decoder: accepted when it holds what it is tied to. */
-    const int tied_to[2] = {ZT_BERT_E_WORD, m->cfg.head == ZT_BERT_HEAD_MLM ? HEAD_TENSOR(m, ZT_BERT_H_BIAS) : 0};
-    for (int k = 0; k < 2; k++) {
-        if (tied[k] && !same_values(tied[k], &m->tensors[tied_to[k]], tmp)) {
-            rc = zt_fail(err, ZT_EMISMATCH,
-                         "%s: tensor '%s' differs from '%s': ztrain's decoder is tied to it (an untied decoder is not "
-                         "supported)",
-                         tied_file[k], tied[k]->name, m->tensors[tied_to[k]].name);
-            goto out;
-        }
-    }
-    memcpy(m->params, tmp, m->num_params * sizeof(float));
-    if (kept || skipped)
-        zt_log(ZT_LOG_INFO, "model: %s: %d tensors of the %s head keep their initial values; %d tensors of other "
-               "heads were skipped", path, kept, zt_bert_config_architecture(&m->cfg), skipped);
-    rc = 0;
-out:
-    free(tmp);
-    free(seen);
-    for (int i = 0; i < nfiles; i++)
-        zt_st_close(fs ? fs[i] : NULL);
-    free(fs);
-    zt_st_shard_files_free(files, nfiles);
-    return rc;
+    *idx = zt__host_find_tensor(m->tensors, m->num_tensors, buf);
+    if (*idx >= 0)
+        return ZT_HF_PARAM;
+    return is_other_head(m, name) ? ZT_HF_OTHER_HEAD : ZT_HF_UNKNOWN;
 }
 
-/* Imports every parameter; see bert.h. */
-int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
+static void hf_describe(const void *mv, char *out, size_t cap)
 {
-    return import_params(m, path, false, err);
+    const zt_bert *m = mv;
+    snprintf(out, cap, "a %s with %d layers", zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
 }
 
-/* Imports a pretrained body for fine-tuning; see bert.h. */
-int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
+static const zt_hf_names hf_names = {
+    .export_name = hf_export_name,
+    .map = hf_map,
+    .describe = hf_describe,
+    .tied_fix = "ztrain's decoder is tied to it: an untied decoder is not supported",
+    .head_optional = true,
+};
+
+/* The family's entries over void pointers (family.h). */
+static void f_config_default(void *c, const char *model_type)
 {
-    return import_params(m, path, true, err);
+    if (strcmp(model_type, "roberta") == 0)
+        zt_bert_config_default_roberta(c);
+    else
+        zt_bert_config_default(c);
 }
+static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
+{
+    return zt_bert_config_from_json(c, o, where, err);
+}
+static int f_config_save(const void *c, const char *path, zt_err *err)
+{
+    return zt_bert_config_save(c, path, err);
+}
+static int f_config_validate(const void *c, zt_err *err)
+{
+    return zt_bert_config_validate(c, err);
+}
+
+static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
+{
+    const zt_bert_config *x = a, *y = b;
+#define CMP(f, fmt, cast)                                                                                     \
+    if (x->f != y->f) {                                                                                       \
+        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
+        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
+        return #f;                                                                                            \
+    }
+    CMP(roberta, "%d", int)
+    CMP(head, "%d", int)
+    CMP(vocab_size, "%d", int)
+    CMP(hidden_size, "%d", int)
+    CMP(num_hidden_layers, "%d", int)
+    CMP(num_attention_heads, "%d", int)
+    CMP(intermediate_size, "%d", int)
+    CMP(max_position_embeddings, "%d", int)
+    CMP(type_vocab_size, "%d", int)
+    CMP(pad_token_id, "%d", int)
+    CMP(hidden_act, "%d", int)
+    CMP(layer_norm_eps, "%g", double)
+    CMP(num_labels, "%d", int)
+#undef CMP
+    return NULL;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Every field, after the family's number (2) that earlier releases hashed first. */
+static uint64_t f_config_fingerprint(const void *c)
+{
+    const zt_bert_config *e = c;
+    const int64_t ints[] = {2, e->roberta, e->head, e->vocab_size, e->hidden_size, e->num_hidden_layers,
+                            e->num_attention_heads, e->intermediate_size, e->max_position_embeddings,
+                            e->type_vocab_size, e->pad_token_id, e->hidden_act, e->num_labels};
+    const double reals[] = {e->layer_norm_eps, e->initializer_range};
+    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
+}
+
+static void f_config_describe(const void *c, char *buf, size_t cap)
+{
+    const zt_bert_config *e = c;
+    snprintf(buf, cap, "%s, %d layers x %d wide, %d heads, MLP %d, vocab %d, %d positions, %s",
+             e->roberta ? "RoBERTa" : "BERT", e->num_hidden_layers, e->hidden_size, e->num_attention_heads,
+             e->intermediate_size, e->vocab_size, zt_bert_config_max_seq(e),
+             e->head == ZT_BERT_HEAD_CLASSIFY ? "classification head" : "masked-LM head");
+    if (e->head == ZT_BERT_HEAD_CLASSIFY) {
+        size_t k = strlen(buf);
+        snprintf(buf + k, cap > k ? cap - k : 0, " (%d labels)", e->num_labels);
+    }
+}
+
+static void f_config_shape(const void *c, zt_family_shape *s)
+{
+    const zt_bert_config *e = c;
+    *s = (zt_family_shape){.layers = e->num_hidden_layers, .positions = zt_bert_config_max_seq(e),
+                           .vocab = e->vocab_size, .width = e->hidden_size, .heads = e->num_attention_heads,
+                           .num_params = zt_bert_config_num_params(e),
+                           .task = e->head == ZT_BERT_HEAD_CLASSIFY ? ZT_TASK_CLASSIFY : ZT_TASK_MASKED_LM,
+                           .pad_token_id = e->pad_token_id,
+                           .num_labels = e->head == ZT_BERT_HEAD_CLASSIFY ? e->num_labels : 0};
+}
+
+static const char *f_config_label(const void *c, int i, char *buf, size_t cap)
+{
+    return zt_bert_config_label(c, i, buf, cap);
+}
+
+static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
+{
+    return zt_bert_create((zt_bert **)out, c, B, T, seed, err);
+}
+static int f_create_layout(void **out, const void *c, zt_err *err)
+{
+    return zt_bert_create_layout((zt_bert **)out, c, err);
+}
+static void f_destroy(void *m) { zt_bert_destroy(m); }
+static const void *f_config(const void *m) { return zt_bert_get_config(m); }
+static size_t f_num_params(const void *m) { return zt_bert_num_params(m); }
+static int f_num_tensors(const void *m) { return zt_bert_num_tensors(m); }
+static const zt_param_info *f_tensor(const void *m, int i) { return zt_bert_tensor(m, i); }
+static int f_num_blocks(const void *m) { return zt_bert_num_blocks(m); }
+static const zt_block_info *f_block(const void *m, int i) { return zt_bert_block(m, i); }
+static int f_head_block(const void *m) { return zt_bert_head_block(m); }
+static int f_max_batch(const void *m) { return zt_bert_max_batch(m); }
+static int f_max_seq(const void *m) { return zt_bert_max_seq(m); }
+static float *f_params(void *m) { return zt_bert_params(m); }
+static float *f_grads(void *m) { return zt_bert_grads(m); }
+static void f_release_params(void *m) { zt_bert_release_params(m); }
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T) { zt_bert_forward_begin(m, tok, B, T); }
+static void f_forward_block(void *m, int b, const float *w) { zt_bert_forward_block(m, b, w); }
+static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_bert_forward_head(m, w, t); }
+static void f_backward_head(void *m, const float *w, float *g, float s) { zt_bert_backward_head(m, w, g, s); }
+static void f_backward_block(void *m, int b, const float *w, float *g) { zt_bert_backward_block(m, b, w, g); }
+static void f_discard_block(void *m, int b) { zt_bert_discard_block_acts(m, b); }
+static const float *f_logits(const void *m) { return zt_bert_logits(m); }
+static void f_set_token_types(void *m, const int32_t *types) { zt_bert_set_token_types(m, types); }
+static void f_accuracy(const void *m, int *correct, int *counted) { zt_bert_accuracy(m, correct, counted); }
+#ifdef ZT_WITH_CUDA
+static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    return zt_bert_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+}
+static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
+{
+    return zt_bert_cuda_shape(m, B, T, max_micro, dtype, ckpt);
+}
+#endif
+
+static const char *const model_types[] = {"bert", "roberta", NULL};
+
+const zt_family_def zt__family_bert = {
+    .name = "bert",
+    .model_types = model_types,
+    .config_default = f_config_default,
+    .config_from_json = f_config_from_json,
+    .config_save = f_config_save,
+    .config_validate = f_config_validate,
+    .config_diff = f_config_diff,
+    .config_fingerprint = f_config_fingerprint,
+    .config_describe = f_config_describe,
+    .config_shape = f_config_shape,
+    .config_label = f_config_label,
+    .create = f_create,
+    .create_layout = f_create_layout,
+    .destroy = f_destroy,
+    .config = f_config,
+    .num_params = f_num_params,
+    .num_tensors = f_num_tensors,
+    .tensor = f_tensor,
+    .num_blocks = f_num_blocks,
+    .block = f_block,
+    .head_block = f_head_block,
+    .max_batch = f_max_batch,
+    .max_seq = f_max_seq,
+    .params = f_params,
+    .grads = f_grads,
+    .release_params = f_release_params,
+    .hf = &hf_names,
+    .forward_begin = f_forward_begin,
+    .forward_block = f_forward_block,
+    .forward_head = f_forward_head,
+    .backward_head = f_backward_head,
+    .backward_block = f_backward_block,
+    .discard_block = f_discard_block,
+    .logits = f_logits,
+    .embedding_reads_weights = true,
+    .set_token_types = f_set_token_types,
+    .accuracy = f_accuracy,
+#ifdef ZT_WITH_CUDA
+    .cuda_create = f_cuda_create,
+    .cuda_shape = f_cuda_shape,
+#endif
+};

@@ -30,7 +30,7 @@
  * Token types (segment ids): zt_bert_set_token_types before each forward; none means all zero.
  *
  * Losses. Masked LM: the mean cross-entropy over the positions whose target is not -1 (the caller masks
- * the inputs and writes the targets: zt_bert_mask_tokens). Classification: targets [B,T] hold sequence b's
+ * the inputs and writes the targets: the masked-LM task, worker/train/task.h). Classification: targets [B,T] hold sequence b's
  * label at targets[b*T] and -1 elsewhere; the loss is the mean cross-entropy of the labelled sequences
  * (a label of -1 leaves the sequence out). zt_bert_accuracy counts the correct argmax predictions. */
 #ifndef ZT_WORKER_BERT_H
@@ -44,6 +44,7 @@
 
 #include "common/rng.h"
 #include "common/status.h"
+#include "worker/models/family.h" /* zt_family_config_body */
 #include "worker/models/gpt2.h" /* zt_param_info, zt_block_info */
 
 /* The task head (Hugging Face "architectures"). */
@@ -226,15 +227,6 @@ int zt_bert_import(zt_bert *m, const char *path, zt_err *err);
  * zt_bert_import: the encoder and embeddings must all be there with the right shapes. */
 int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err);
 
-/* Masked-LM inputs, as Hugging Face's DataCollatorForLanguageModeling makes them: each of tokens[0..n) that
- * is not one of special[0..nspecial) (CLS, SEP, PAD: never chosen) is chosen with probability prob (0.15);
- * a chosen token's target becomes the token, and the token becomes mask_id with probability 0.8, a uniform
- * random id below vocab with probability 0.1, or stays as it is. Targets of tokens not chosen become -1.
- * Tokens are rewritten in place; targets [n] are written. Draws from rng (the same stream gives the same
- * masks). Returns the number of chosen tokens. */
-size_t zt_bert_mask_tokens(int32_t *tokens, int32_t *targets, size_t n, int32_t mask_id, int vocab,
-                           const int32_t *special, int nspecial, zt_rng *rng, float prob);
-
 /* The training engine's view of this model on the CPU (worker/models/model.h): the per-block passes above,
  * with m's layout; head_block is zt_bert_head_block(m). m is borrowed and must outlive the result (free it
  * with out->ops->destroy). max_micro is the most micro-batches per step; ckpt_layers (num_hidden_layers
@@ -242,5 +234,8 @@ size_t zt_bert_mask_tokens(int32_t *tokens, int32_t *targets, size_t n, int32_t 
  * token types on m (zt_bert_set_token_types) before each micro-batch. Returns 0 or ZT_EINVAL_CONFIG. */
 struct zt_model;
 int zt_bert_model_cpu(struct zt_model **out, zt_bert *m, int max_micro, const bool *ckpt_layers, zt_err *err);
+
+/* The zt_bert_config config inside a zt_family_config of this family (worker/models/family.h). */
+#define ZT_BERT_CONFIG(fc) ((zt_bert_config *)zt_family_config_body(fc))
 
 #endif

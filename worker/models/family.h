@@ -1,16 +1,20 @@
 /* Model families: what the training loop, checkpoints, export and generation need of a model, whatever
- * its architecture. A family (GPT-2; LLaMA and Mistral; BERT and RoBERTa) has a Hugging Face config, a host model (the tensor table and
- * the fp32 parameter slab in the family's layout, initialisation, safetensors import and export with
- * Hugging Face names, a forward pass for generation) and executors for the training engine
- * (worker/models/model.h) on the CPU and on CUDA. This module dispatches on the family; the families
- * themselves live beside it (gpt2.h, gpt2_cpu.c, gpt2_cuda.c; llama.h, llama_cpu.c, llama_cuda.c; bert.h, bert_cpu.c, bert_cuda.c).
+ * its architecture, and the registry of the families ztrain knows.
  *
- * The family of a config.json is its "model_type" ("gpt2"; "llama" or "mistral"; "bert" or "roberta"; a
- * config without one is GPT-2, as earlier releases wrote them). Every family trains on the CPU and on CUDA
- * GPUs. */
+ * A family (GPT-2; LLaMA, Mistral and Qwen2; BERT and RoBERTa) is one definition, zt_family_def: its
+ * Hugging Face config mapping, its host model (the tensor table and the fp32 parameter slab in the family's
+ * layout, initialisation as transformers does, the per-block passes on the CPU) and its CUDA executor. The
+ * registry (family.c) lists the definitions and picks one by the config's "model_type"; nothing outside
+ * worker/models names a family. What a family shares with the others (safetensors import and export from
+ * its tensor table, the engine's CPU executor) is written once beside this module (host_io.c,
+ * cpu_exec.c).
+ *
+ * The family of a config.json is its "model_type" (a config without one is GPT-2, as earlier releases
+ * wrote them). Every family trains on the CPU and on CUDA GPUs. */
 #ifndef ZT_WORKER_MODELS_FAMILY_H
 #define ZT_WORKER_MODELS_FAMILY_H
 
+#include <stdalign.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,25 +23,113 @@
 
 #include "common/safetensors.h" /* enum zt_dtype */
 #include "common/status.h"
-#include "worker/models/gpt2.h"
-#include "worker/models/bert.h"
-#include "worker/models/llama.h"
+#include "worker/models/params.h" /* zt_param_info, zt_block_info */
 
-enum zt_family { ZT_FAMILY_GPT2 = 0, ZT_FAMILY_LLAMA = 1, ZT_FAMILY_BERT = 2 };
+/* What a model of a family learns from, as the trainer feeds it (worker/train/task.h). */
+enum zt_family_task {
+    ZT_TASK_CAUSAL_LM = 0, /* the next token of token shards (GPT-2, LLaMA) */
+    ZT_TASK_CLASSIFY = 1,  /* a label per sequence: labelled texts (JSONL) */
+    ZT_TASK_MASKED_LM = 2, /* masked tokens of token shards */
+};
 
-/* "gpt2", "llama", "bert". */
-const char *zt_family_name(enum zt_family f);
+/* Bytes a family's own config struct may take inside zt_family_config. */
+#define ZT_FAMILY_CONFIG_BYTES 8192
 
-/* A model's configuration: the family and that family's config. */
+typedef struct zt_family_def zt_family_def;
+
+/* A model's configuration: its family and that family's config struct (opaque here: the family's header
+ * declares it, zt_family_config_body reaches it). Copy by value. */
 typedef struct zt_family_config {
-    enum zt_family family;
-    zt_gpt2_config gpt2;   /* family gpt2 */
-    zt_llama_config llama; /* family llama (LLaMA and Mistral) */
-    zt_bert_config bert;   /* family bert (BERT and RoBERTa) */
+    const zt_family_def *def; /* never NULL once set by zt_family_config_default / _from_json */
+    alignas(max_align_t) unsigned char body[ZT_FAMILY_CONFIG_BYTES];
 } zt_family_config;
+
+/* The shape of a config, for planning and logs. */
+typedef struct zt_family_shape {
+    int layers;        /* transformer layers (the blocks checkpointing applies to: blocks 1..layers) */
+    int positions;     /* the longest sequence */
+    int vocab;
+    int width;         /* hidden size */
+    int heads;
+    size_t num_params;
+    enum zt_family_task task;
+    int pad_token_id;  /* the padding token (never masked, no loss), or -1 */
+    int num_labels;    /* a classifier's outputs; 0 for other tasks */
+} zt_family_shape;
+
+/* One family. Host-model functions take the family's own host model (void *m: zt_gpt2 *, zt_llama *, ...);
+ * config functions the family's config struct. Optional entries are NULL where the family has none. */
+struct zt_family_def {
+    const char *name;                /* "gpt2", "llama", "bert": logs and messages */
+    const char *const *model_types;  /* NULL-terminated "model_type" values the family reads */
+
+    /* Configuration (the family's config struct behind void *). */
+    void (*config_default)(void *cfg, const char *model_type);
+    int (*config_from_json)(void *cfg, const cJSON *obj, const char *where, zt_err *err);
+    int (*config_save)(const void *cfg, const char *path, zt_err *err);
+    int (*config_validate)(const void *cfg, zt_err *err);
+    /* The first field in which a and b differ, with both values in av / bv; NULL when the same. */
+    const char *(*config_diff)(const void *a, const void *b, char *av, char *bv, size_t cap);
+    uint64_t (*config_fingerprint)(const void *cfg);
+    void (*config_describe)(const void *cfg, char *buf, size_t cap);
+    void (*config_shape)(const void *cfg, zt_family_shape *out);
+    /* The name of label i of a classifier (NULL for families without labels). */
+    const char *(*config_label)(const void *cfg, int i, char *buf, size_t cap);
+
+    /* The host model. */
+    int (*create)(void **out, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
+    int (*create_layout)(void **out, const void *cfg, zt_err *err);
+    void (*destroy)(void *m);
+    const void *(*config)(const void *m);
+    size_t (*num_params)(const void *m);
+    int (*num_tensors)(const void *m);
+    const zt_param_info *(*tensor)(const void *m, int i);
+    int (*num_blocks)(const void *m);
+    const zt_block_info *(*block)(const void *m, int i);
+    int (*head_block)(const void *m);   /* the block whose weights the head reads */
+    int (*max_batch)(const void *m);
+    int (*max_seq)(const void *m);
+    float *(*params)(void *m);
+    float *(*grads)(void *m);
+    void (*release_params)(void *m);
+    /* How the tensor table meets Hugging Face files (host_io.c). */
+    const struct zt_hf_names *hf;
+
+    /* The per-block passes on the CPU (worker/models/model.h's order; cpu_exec.c drives them). */
+    void (*forward_begin)(void *m, const int32_t *tokens, int B, int T);
+    void (*forward_block)(void *m, int b, const float *w);
+    float (*forward_head)(void *m, const float *w, const int32_t *targets);
+    void (*backward_head)(void *m, const float *w, float *g, float loss_scale);
+    void (*backward_block)(void *m, int b, const float *w, float *g);
+    void (*discard_block)(void *m, int b);
+    const float *(*logits)(const void *m);
+    bool embedding_reads_weights;      /* block 0's backward reads its weights */
+    void (*set_token_types)(void *m, const int32_t *types);          /* optional */
+    void (*accuracy)(const void *m, int *correct, int *counted);     /* optional */
+
+#ifdef ZT_WITH_CUDA
+    /* The CUDA executor of a host model, and its layout without device state (for planning). */
+    int (*cuda_create)(struct zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                       const bool *ckpt_layers, zt_err *err);
+    struct zt_model *(*cuda_shape)(const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                                   const bool *ckpt_layers);
+#endif
+};
+
+/* The registry: the families ztrain knows, and the one reading model_type (NULL when none does). */
+int zt_family_count(void);
+const zt_family_def *zt_family_at(int i);
+const zt_family_def *zt_family_find(const char *model_type);
+/* "gpt2", "llama", ... */
+const char *zt_family_name(const zt_family_config *c);
 
 /* GPT-2 small. */
 void zt_family_config_default(zt_family_config *c);
+/* The family's config struct inside c (its family's header declares the type). */
+void *zt_family_config_body(zt_family_config *c);
+const void *zt_family_config_body_const(const zt_family_config *c);
+/* Sets c to the defaults of model_type's family (which must be registered). */
+void zt_family_config_default_of(zt_family_config *c, const char *model_type);
 /* Reads a Hugging Face config.json object (the family from "model_type"); `where` names the source in
  * messages. Unknown fields and values are errors naming them. */
 int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char *where, zt_err *err);
@@ -52,22 +144,19 @@ const char *zt_family_config_diff(const zt_family_config *a, const zt_family_con
 
 /* Whether the family has a CUDA executor (every family has one in this version). */
 bool zt_family_config_has_cuda(const zt_family_config *c);
-
-/* What a model of c learns from, as the trainer feeds it. */
-enum zt_family_task {
-    ZT_TASK_CAUSAL_LM = 0, /* GPT-2, LLaMA: the next token of token shards */
-    ZT_TASK_CLASSIFY = 1,  /* BERT / RoBERTa with a classification head: labelled texts (JSONL) */
-    ZT_TASK_MASKED_LM = 2, /* BERT / RoBERTa with the masked-LM head */
-};
 enum zt_family_task zt_family_config_task(const zt_family_config *c);
 
 /* Shape queries. */
+void zt_family_config_shape(const zt_family_config *c, zt_family_shape *out);
 int zt_family_config_layers(const zt_family_config *c);
 int zt_family_config_positions(const zt_family_config *c); /* the longest sequence */
 int zt_family_config_vocab(const zt_family_config *c);
 int zt_family_config_width(const zt_family_config *c);     /* hidden size */
 int zt_family_config_heads(const zt_family_config *c);
 size_t zt_family_config_num_params(const zt_family_config *c);
+/* The name of label i of a classifier's config (its id2label, or "LABEL_<i>" in buf); NULL when the family
+ * has no labels. */
+const char *zt_family_config_label(const zt_family_config *c, int i, char *buf, size_t cap);
 /* A 64-bit fingerprint of every field of c (for checking that ranks run the same model). */
 uint64_t zt_family_config_fingerprint(const zt_family_config *c);
 /* One line for logs: "GPT-2, 12 layers x 768 wide, 12 heads, vocab 50257, 1024 positions". */
@@ -84,24 +173,30 @@ int zt_family_model_create_layout(zt_family_model **out, const zt_family_config 
 void zt_family_model_destroy(zt_family_model *m); /* accepts NULL */
 
 const zt_family_config *zt_family_model_config(const zt_family_model *m);
-/* The host model behind m in its family's own API (e.g. the whole-model backward), or NULL when m is of
- * another family. */
-zt_gpt2 *zt_family_model_gpt2(zt_family_model *m);
-zt_llama *zt_family_model_llama(zt_family_model *m);
-zt_bert *zt_family_model_bert(zt_family_model *m);
+/* The family's own host model behind m (zt_gpt2 *, zt_llama *, ...: its header's API). */
+void *zt_family_model_host(zt_family_model *m);
 size_t zt_family_model_num_params(const zt_family_model *m);
 int zt_family_model_num_tensors(const zt_family_model *m);
 const zt_param_info *zt_family_model_tensor(const zt_family_model *m, int i);
 float *zt_family_model_params(zt_family_model *m);
 float *zt_family_model_grads(zt_family_model *m);
-/* See zt_gpt2_release_params. */
+/* Gives the parameter slab's memory back once the weights live elsewhere: the slab reads as zeros and takes
+ * memory again only where written (a checkpoint's export). */
 void zt_family_model_release_params(zt_family_model *m);
-/* Safetensors with Hugging Face names (see the family's header for the rules). */
+/* Safetensors with Hugging Face names (host_io.h has the rules). */
 int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *err);
+/* The sharded form into dir (model-0000i-of-0000n.safetensors and model.safetensors.index.json, shards of at
+ * most max_shard_bytes; one model.safetensors when everything fits). */
+int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, size_t max_shard_bytes, zt_err *err);
+/* Reads weights with Hugging Face names; a pretrained encoder without the configured task head keeps the
+ * head's initialisation, as transformers' from_pretrained does. Nothing changes unless all of it is read. */
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
-/* Forward pass on the CPU (targets NULL: logits only; see zt_gpt2_forward) and its logits [B, T, V]; for
- * generation, so causal families only (zt_family_config_task). */
+/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs]; the whole-model
+ * backward of the last forward with targets (adds d(mean loss)/d(params) * loss_scale into the gradient
+ * slab) and the zeroing of that slab. */
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
+void zt_family_model_backward(zt_family_model *m, float loss_scale);
+void zt_family_model_zero_grad(zt_family_model *m);
 const float *zt_family_model_logits(const zt_family_model *m);
 
 /* The training engine's executors of m (worker/models/model.h). m must outlive them. */
@@ -111,7 +206,7 @@ int zt_family_model_cpu(struct zt_model **out, zt_family_model *m, int max_micro
 #ifdef ZT_WITH_CUDA
 int zt_family_model_cuda(struct zt_model **out, const zt_family_model *m, int B, int T, int max_micro,
                          enum zt_dtype dtype, const bool *ckpt_layers, zt_err *err);
-/* The CUDA executor's layout without device state, for planning (see zt_gpt2_cuda_shape). */
+/* The CUDA executor's layout without device state, for planning. */
 struct zt_model *zt_family_model_cuda_shape(const zt_family_model *m, int B, int T, int max_micro,
                                             enum zt_dtype dtype, const bool *ckpt_layers);
 #endif

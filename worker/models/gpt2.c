@@ -32,7 +32,13 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"   /* linear layers and the tied head */
 #include "kernels/residual.h" /* residual adds */
+#include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
+#include "worker/models/family.h"      /* the family definition */
+#include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
+#ifdef ZT_WITH_CUDA
+#include "worker/models/gpt2_cuda.h" /* the CUDA executor */
+#endif
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define GPT2_MAX_LAYERS 1024
@@ -966,59 +972,27 @@ const float *zt_gpt2_logits(const zt_gpt2 *m)
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* safetensors export and import                                                                        */
+/* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Shape of tensor t as Hugging Face stores it (Conv1D weights are [in, out]). */
-static void hf_shape(const zt_param_info *t, int64_t shape[2])
+extern const zt_family_def zt__family_gpt2;
+
+/* The engine's CPU executor of m; see gpt2.h. */
+int zt_gpt2_model_cpu(zt_model **out, zt_gpt2 *m, int max_micro, const bool *ckpt_layers, zt_err *err)
 {
-    shape[0] = t->shape[0];
-    shape[1] = t->shape[1];
-    if (t->transposed_in_hf) {
-        shape[0] = t->shape[1];
-        shape[1] = t->shape[0];
-    }
+    return zt__cpu_exec_create(out, &zt__family_gpt2, m, max_micro, ckpt_layers, err);
 }
 
-/* Exports the parameters to path as F32 safetensors with Hugging Face GPT2LMHeadModel names, atomically,
- * with metadata {"format": "pt"} (which transformers requires). Returns 0 or a negative code with a
- * message naming the path. */
+/* Exports the parameters with Hugging Face names; see gpt2.h. */
 int zt_gpt2_export(const zt_gpt2 *m, const char *path, zt_err *err)
 {
-    int rc = 0;
-    zt_st_writer *w = zt_st_writer_create();
-    float *hf = malloc(m->num_params * sizeof(float)); /* the slab in HF layout */
-    if (!w || !hf) {
-        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory preparing the export (%.1f MiB)", path,
-                     (double)m->num_params * sizeof(float) / (1 << 20));
-        goto out;
-    }
-    if ((rc = zt_st_writer_add_metadata(w, "format", "pt", err)) < 0)
-        goto out;
-    for (int i = 0; i < m->num_tensors; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        const float *src = m->params + t->offset;
-        float *dst = hf + t->offset;
-        if (t->transposed_in_hf) {
-            const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* [out, in] */
-            for (size_t o = 0; o < rows; o++)
-                for (size_t k = 0; k < cols; k++)
-                    dst[k * rows + o] = src[o * cols + k];
-        } else {
-            memcpy(dst, src, t->numel * sizeof(float));
-        }
-        char name[96];
-        int64_t shape[2];
-        snprintf(name, sizeof name, HF_PREFIX "%s", t->name);
-        hf_shape(t, shape);
-        if ((rc = zt_st_writer_add(w, name, ZT_DTYPE_F32, t->ndim, shape, dst, err)) < 0)
-            goto out;
-    }
-    rc = zt_st_writer_write(w, path, err);
-out:
-    zt_st_writer_destroy(w);
-    free(hf);
-    return rc;
+    return zt__host_export(&zt__family_gpt2, m, path, err);
+}
+
+/* Imports parameters with Hugging Face names; see gpt2.h. */
+int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
+{
+    return zt__host_import(&zt__family_gpt2, m, path, false, err);
 }
 
 /* Whether name is one of the attention-mask buffers HF keeps in older files: h.<n>.attn.bias or
@@ -1035,109 +1009,194 @@ static bool is_attn_buffer(const char *name)
     return strcmp(s, ".attn.bias") == 0 || strcmp(s, ".attn.masked_bias") == 0;
 }
 
-/* Index of the tensor named name (without the HF prefix), or -1. */
-static int find_tensor(const zt_gpt2 *m, const char *name)
+static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
 {
-    for (int i = 0; i < m->num_tensors; i++)
-        if (strcmp(m->tensors[i].name, name) == 0)
-            return i;
-    return -1;
+    (void)m;
+    snprintf(out, cap, HF_PREFIX "%s", t->name);
 }
 
-/* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
- * header for the rules). Everything is converted into a temporary slab first; the model changes only when
- * every file was accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH
- * (missing, extra or misshapen tensors, untied head) or ZT_EUNSUPPORTED (dtype), with a message naming the
- * tensor and its file. */
-int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
+/* Names with or without the "transformer." prefix; lm_head.weight is the tied head (it must equal wte). */
+static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
 {
-    char **files = NULL;
-    int nfiles = 0;
-    zt_st_file **fs = NULL;
-    float *tmp = NULL;
-    char *seen = NULL;
-    const zt_st_tensor *lm_head = NULL;
-    const char *lm_head_file = NULL;
-    int rc = zt_st_shard_files(path, &files, &nfiles, err);
-    if (rc < 0)
-        goto out;
-    fs = zt_xcalloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *fs);
-    tmp = malloc(m->num_params * sizeof(float));
-    seen = calloc((size_t)m->num_tensors, 1);
-    if (!tmp || !seen) {
-        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
-                     (double)m->num_params * sizeof(float) / (1 << 20));
-        goto out;
+    const zt_gpt2 *m = mv;
+    if (strcmp(name, "lm_head.weight") == 0) {
+        *idx = 0;
+        return ZT_HF_TIED;
     }
-    if (nfiles > 1)
-        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
-
-    for (int fi = 0; fi < nfiles; fi++) {
-        const char *file = files[fi];
-        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
-            goto out;
-        zt_st_file *f = fs[fi];
-        for (size_t i = 0; i < zt_st_count(f); i++) {
-            const zt_st_tensor *st = zt_st_get(f, i);
-            const char *name = st->name;
-            if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
-                name += strlen(HF_PREFIX);
-            if (strcmp(st->name, "lm_head.weight") == 0) {
-                lm_head = st;
-                lm_head_file = file;
-                continue;
-            }
-            if (is_attn_buffer(name))
-                continue;
-            int idx = find_tensor(m, name);
-            if (idx < 0) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: unknown tensor '%s' (not a parameter of a GPT-2 with %d layers; is this the right "
-                             "model config?)",
-                             file, st->name, m->cfg.n_layer);
-                goto out;
-            }
-            const zt_param_info *t = &m->tensors[idx];
-            if (seen[idx]) {
-                rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' appears twice (with and without the '" HF_PREFIX
-                             "' prefix, or in two shards)", file, t->name);
-                goto out;
-            }
-            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
-                goto out;
-            seen[idx] = 1;
-        }
-    }
-    for (int i = 0; i < m->num_tensors; i++) {
-        if (!seen[i]) {
-            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' (or '" HF_PREFIX "%s') is missing", path,
-                         m->tensors[i].name, m->tensors[i].name);
-            goto out;
-        }
-    }
-    if (lm_head) {
-        const zt_param_info *wte = &m->tensors[0];
-        bool same = zt_st_dtype_is_f32_readable(lm_head->dtype) && lm_head->ndim == 2 && lm_head->shape[0] == wte->shape[0] &&
-                    lm_head->shape[1] == wte->shape[1];
-        for (size_t i = 0; same && i < wte->numel; i++)
-            same = zt_st_element_f32(lm_head, i) == tmp[wte->offset + i];
-        if (!same) {
-            rc = zt_fail(err, ZT_EMISMATCH, "%s: lm_head.weight differs from wte: untied heads are not supported",
-                         lm_head_file);
-            goto out;
-        }
-    }
-    memcpy(m->params, tmp, m->num_params * sizeof(float));
-    rc = 0;
-out:
-    free(tmp);
-    free(seen);
-    for (int i = 0; i < nfiles; i++) {
-        if (fs)
-            zt_st_close(fs[i]);
-        free(files[i]);
-    }
-    free(fs);
-    free(files);
-    return rc;
+    if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
+        name += strlen(HF_PREFIX);
+    if (is_attn_buffer(name))
+        return ZT_HF_BUFFER;
+    *idx = zt__host_find_tensor(m->tensors, m->num_tensors, name);
+    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
 }
+
+static void hf_describe(const void *mv, char *out, size_t cap)
+{
+    snprintf(out, cap, "a GPT-2 with %d layers", ((const zt_gpt2 *)mv)->cfg.n_layer);
+}
+
+static const zt_hf_names hf_names = {
+    .export_name = hf_export_name,
+    .map = hf_map,
+    .describe = hf_describe,
+    .tied_fix = "ztrain's GPT-2 ties its head to wte: untied heads are not supported",
+    .head_optional = false,
+};
+
+/* The family's entries over void pointers (family.h). */
+static void f_config_default(void *c, const char *model_type)
+{
+    (void)model_type;
+    zt_gpt2_config_default(c);
+}
+static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
+{
+    return zt_gpt2_config_from_json(c, o, where, err);
+}
+static int f_config_save(const void *c, const char *path, zt_err *err)
+{
+    return zt_gpt2_config_save(c, path, err);
+}
+static int f_config_validate(const void *c, zt_err *err)
+{
+    return zt_gpt2_config_validate(c, err);
+}
+
+static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
+{
+    const zt_gpt2_config *x = a, *y = b;
+#define CMP(f, fmt, cast)                                                                                     \
+    if (x->f != y->f) {                                                                                       \
+        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
+        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
+        return #f;                                                                                            \
+    }
+    CMP(n_layer, "%d", int)
+    CMP(n_head, "%d", int)
+    CMP(n_embd, "%d", int)
+    CMP(n_positions, "%d", int)
+    CMP(vocab_size, "%d", int)
+    CMP(tie_word_embeddings, "%d", int)
+    CMP(layer_norm_epsilon, "%g", double)
+#undef CMP
+    return NULL;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Every field, after the family's number (0) that earlier releases hashed first. */
+static uint64_t f_config_fingerprint(const void *c)
+{
+    const zt_gpt2_config *g = c;
+    const int64_t ints[] = {0, g->n_layer, g->n_head, g->n_embd, g->n_positions, g->vocab_size,
+                            g->tie_word_embeddings};
+    const double eps = g->layer_norm_epsilon;
+    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), &eps, sizeof eps);
+}
+
+static void f_config_describe(const void *c, char *buf, size_t cap)
+{
+    const zt_gpt2_config *g = c;
+    snprintf(buf, cap, "GPT-2, %d layers x %d wide, %d heads, vocab %d, %d positions", g->n_layer, g->n_embd,
+             g->n_head, g->vocab_size, g->n_positions);
+}
+
+static void f_config_shape(const void *c, zt_family_shape *s)
+{
+    const zt_gpt2_config *g = c;
+    *s = (zt_family_shape){.layers = g->n_layer, .positions = g->n_positions, .vocab = g->vocab_size,
+                           .width = g->n_embd, .heads = g->n_head, .num_params = zt_gpt2_config_num_params(g),
+                           .task = ZT_TASK_CAUSAL_LM, .pad_token_id = -1};
+}
+
+static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
+{
+    return zt_gpt2_create((zt_gpt2 **)out, c, B, T, seed, err);
+}
+static int f_create_layout(void **out, const void *c, zt_err *err)
+{
+    return zt_gpt2_create_layout((zt_gpt2 **)out, c, err);
+}
+static void f_destroy(void *m) { zt_gpt2_destroy(m); }
+static const void *f_config(const void *m) { return zt_gpt2_get_config(m); }
+static size_t f_num_params(const void *m) { return zt_gpt2_num_params(m); }
+static int f_num_tensors(const void *m) { return zt_gpt2_num_tensors(m); }
+static const zt_param_info *f_tensor(const void *m, int i) { return zt_gpt2_tensor(m, i); }
+static int f_num_blocks(const void *m) { return zt_gpt2_num_blocks(m); }
+static const zt_block_info *f_block(const void *m, int i) { return zt_gpt2_block(m, i); }
+static int f_head_block(const void *m) { (void)m; return 0; } /* the head is tied to wte */
+static int f_max_batch(const void *m) { return zt_gpt2_max_batch(m); }
+static int f_max_seq(const void *m) { return zt_gpt2_max_seq(m); }
+static float *f_params(void *m) { return zt_gpt2_params(m); }
+static float *f_grads(void *m) { return zt_gpt2_grads(m); }
+static void f_release_params(void *m) { zt_gpt2_release_params(m); }
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T) { zt_gpt2_forward_begin(m, tok, B, T); }
+static void f_forward_block(void *m, int b, const float *w) { zt_gpt2_forward_block(m, b, w); }
+static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_gpt2_forward_head(m, w, t); }
+static void f_backward_head(void *m, const float *w, float *g, float s) { zt_gpt2_backward_head(m, w, g, s); }
+static void f_backward_block(void *m, int b, const float *w, float *g) { zt_gpt2_backward_block(m, b, w, g); }
+static void f_discard_block(void *m, int b) { zt_gpt2_discard_block_acts(m, b); }
+static const float *f_logits(const void *m) { return zt_gpt2_logits(m); }
+
+#ifdef ZT_WITH_CUDA
+static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    return zt_gpt2_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+}
+static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
+{
+    return zt_gpt2_cuda_shape(m, B, T, max_micro, dtype, ckpt);
+}
+#endif
+
+static const char *const model_types[] = {"gpt2", NULL};
+
+const zt_family_def zt__family_gpt2 = {
+    .name = "gpt2",
+    .model_types = model_types,
+    .config_default = f_config_default,
+    .config_from_json = f_config_from_json,
+    .config_save = f_config_save,
+    .config_validate = f_config_validate,
+    .config_diff = f_config_diff,
+    .config_fingerprint = f_config_fingerprint,
+    .config_describe = f_config_describe,
+    .config_shape = f_config_shape,
+    .create = f_create,
+    .create_layout = f_create_layout,
+    .destroy = f_destroy,
+    .config = f_config,
+    .num_params = f_num_params,
+    .num_tensors = f_num_tensors,
+    .tensor = f_tensor,
+    .num_blocks = f_num_blocks,
+    .block = f_block,
+    .head_block = f_head_block,
+    .max_batch = f_max_batch,
+    .max_seq = f_max_seq,
+    .params = f_params,
+    .grads = f_grads,
+    .release_params = f_release_params,
+    .hf = &hf_names,
+    .forward_begin = f_forward_begin,
+    .forward_block = f_forward_block,
+    .forward_head = f_forward_head,
+    .backward_head = f_backward_head,
+    .backward_block = f_backward_block,
+    .discard_block = f_discard_block,
+    .logits = f_logits,
+#ifdef ZT_WITH_CUDA
+    .cuda_create = f_cuda_create,
+    .cuda_shape = f_cuda_shape,
+#endif
+};

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/status.h"
+#include "worker/models/family.h" /* zt_family_config_body */
 #include "worker/models/params.h" /* zt_param_info, zt_block_info */
 
 typedef struct zt_gpt2_config {
@@ -130,5 +131,8 @@ int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err);
  * before backward. Returns 0 or ZT_EINVAL_CONFIG with a message. */
 struct zt_model;
 int zt_gpt2_model_cpu(struct zt_model **out, zt_gpt2 *m, int max_micro, const bool *ckpt_layers, zt_err *err);
+
+/* The zt_gpt2_config config inside a zt_family_config of this family (worker/models/family.h). */
+#define ZT_GPT2_CONFIG(fc) ((zt_gpt2_config *)zt_family_config_body(fc))
 
 #endif

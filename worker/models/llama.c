@@ -32,7 +32,13 @@
 #include "kernels/residual.h"  /* residual adds */
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"                   /* rotary position embeddings */
+#include "worker/models/cpu_exec.h"         /* the engine's CPU executor */
+#include "worker/models/family.h"           /* the family definition */
+#include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
+#ifdef ZT_WITH_CUDA
+#include "worker/models/llama_cuda.h" /* the CUDA executor */
+#endif
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define LLAMA_MAX_LAYERS 1024
@@ -1230,55 +1236,33 @@ const float *zt_llama_logits(const zt_llama *m)
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* safetensors export and import                                                                        */
+/* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* The Hugging Face name of tensor t: "model." + its name, except lm_head.weight. */
-static void hf_name(const zt_param_info *t, char *out, size_t cap)
+extern const zt_family_def zt__family_llama;
+
+/* The engine's CPU executor of m; see llama.h. */
+int zt_llama_model_cpu(zt_model **out, zt_llama *m, int max_micro, const bool *ckpt_layers, zt_err *err)
 {
-    snprintf(out, cap, "%s%s", strcmp(t->name, LM_HEAD) == 0 ? "" : HF_PREFIX, t->name);
+    return zt__cpu_exec_create(out, &zt__family_llama, m, max_micro, ckpt_layers, err);
 }
 
-/* A writer holding every tensor with its Hugging Face name (borrowing the slab). */
-static int export_writer(const zt_llama *m, zt_st_writer **out, zt_err *err)
-{
-    zt_st_writer *w = zt_st_writer_create();
-    int rc = zt_st_writer_add_metadata(w, "format", "pt", err);
-    for (int i = 0; i < m->num_tensors && rc == 0; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        char name[96];
-        hf_name(t, name, sizeof name);
-        rc = zt_st_writer_add(w, name, ZT_DTYPE_F32, t->ndim, t->shape, m->params + t->offset, err);
-    }
-    if (rc < 0) {
-        zt_st_writer_destroy(w);
-        return rc;
-    }
-    *out = w;
-    return 0;
-}
-
-/* Exports the parameters to path as F32 safetensors with Hugging Face names, atomically. Returns 0 or a
- * negative code with a message naming the path. */
+/* Exports the parameters with Hugging Face names; see llama.h. */
 int zt_llama_export(const zt_llama *m, const char *path, zt_err *err)
 {
-    zt_st_writer *w = NULL;
-    int rc = export_writer(m, &w, err);
-    if (rc == 0)
-        rc = zt_st_writer_write(w, path, err);
-    zt_st_writer_destroy(w);
-    return rc;
+    return zt__host_export(&zt__family_llama, m, path, err);
 }
 
 /* Exports the parameters in Hugging Face's sharded form into dir; see llama.h. */
 int zt_llama_export_sharded(const zt_llama *m, const char *dir, size_t max_shard_bytes, zt_err *err)
 {
-    zt_st_writer *w = NULL;
-    int rc = export_writer(m, &w, err);
-    if (rc == 0)
-        rc = zt_st_writer_write_sharded(w, dir, max_shard_bytes, NULL, err);
-    zt_st_writer_destroy(w);
-    return rc;
+    return zt__host_export_sharded(&zt__family_llama, m, dir, max_shard_bytes, err);
+}
+
+/* Imports parameters with Hugging Face names; see llama.h. */
+int zt_llama_import(zt_llama *m, const char *path, zt_err *err)
+{
+    return zt__host_import(&zt__family_llama, m, path, false, err);
 }
 
 /* Whether name is a rotary-embedding buffer that older transformers versions saved
@@ -1290,117 +1274,214 @@ static bool is_rotary_buffer(const char *name)
     return n >= s && strcmp(name + n - s, suffix) == 0 && (n == s || name[n - s - 1] == '.');
 }
 
-/* Index of the tensor named name (without the HF prefix), or -1. */
-static int find_tensor(const zt_llama *m, const char *name)
+/* "model." + the table's name, except lm_head.weight. */
+static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
 {
-    for (int i = 0; i < m->num_tensors; i++)
-        if (strcmp(m->tensors[i].name, name) == 0)
-            return i;
-    return -1;
+    (void)m;
+    snprintf(out, cap, "%s%s", strcmp(t->name, LM_HEAD) == 0 ? "" : HF_PREFIX, t->name);
 }
 
-/* Imports parameters from a safetensors file, or the shards of an index, with Hugging Face names (see the
- * header for the rules). Everything is converted into a temporary slab first; the model changes only when
- * every file was accepted. Returns 0, a negative errno (unreadable file), ZT_EFORMAT, ZT_EMISMATCH
- * (missing, extra or misshapen tensors, an lm_head that differs from a tied embedding) or ZT_EUNSUPPORTED
- * (dtype), with a message naming the tensor and its file. */
-int zt_llama_import(zt_llama *m, const char *path, zt_err *err)
+/* Names with or without the "model." prefix (lm_head.weight never has it); with a tied head, a file's
+ * lm_head.weight must equal embed_tokens. */
+static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
 {
-    char **files = NULL;
-    int nfiles = 0;
-    zt_st_file **fs = NULL;
-    float *tmp = NULL;
-    char *seen = NULL;
-    const zt_st_tensor *tied_head = NULL; /* lm_head.weight in a file while the head is tied */
-    const char *tied_head_file = NULL;
-    int rc = zt_st_shard_files(path, &files, &nfiles, err);
-    if (rc < 0)
-        return rc;
-    fs = zt_xcalloc((size_t)nfiles, sizeof *fs);
-    tmp = malloc(m->num_params * sizeof(float));
-    seen = calloc((size_t)m->num_tensors, 1);
-    if (!tmp || !seen) {
-        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
-                     (double)m->num_params * sizeof(float) / (1 << 20));
-        goto out;
+    const zt_llama *m = mv;
+    if (is_rotary_buffer(name))
+        return ZT_HF_BUFFER;
+    if (strcmp(name, LM_HEAD) == 0 && m->cfg.tie_word_embeddings) {
+        *idx = 0;
+        return ZT_HF_TIED;
     }
-    if (nfiles > 1)
-        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
-
-    for (int fi = 0; fi < nfiles; fi++) {
-        const char *file = files[fi];
-        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
-            goto out;
-        const zt_st_file *f = fs[fi];
-        for (size_t i = 0; i < zt_st_count(f); i++) {
-            const zt_st_tensor *st = zt_st_get(f, i);
-            if (is_rotary_buffer(st->name))
-                continue;
-            const bool prefixed = strncmp(st->name, HF_PREFIX, strlen(HF_PREFIX)) == 0;
-            const char *name = prefixed ? st->name + strlen(HF_PREFIX) : st->name;
-            if (strcmp(st->name, LM_HEAD) == 0 && m->cfg.tie_word_embeddings) {
-                tied_head = st;
-                tied_head_file = file;
-                continue;
-            }
-            int idx = prefixed && strcmp(name, LM_HEAD) == 0 ? -1 : find_tensor(m, name);
-            if (idx < 0) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: unknown tensor '%s' (not a parameter of a LLaMA with %d layers and %s head; is this "
-                             "the right model config?)",
-                             file, st->name, m->cfg.num_hidden_layers, m->cfg.tie_word_embeddings ? "a tied" : "an untied");
-                goto out;
-            }
-            const zt_param_info *t = &m->tensors[idx];
-            if (seen[idx]) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: tensor '%s' appears twice (with and without the '" HF_PREFIX "' prefix, or in two "
-                             "shards)",
-                             file, t->name);
-                goto out;
-            }
-            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
-                goto out;
-            seen[idx] = 1;
-        }
-    }
-    for (int i = 0; i < m->num_tensors; i++) {
-        if (seen[i])
-            continue;
-        const zt_param_info *t = &m->tensors[i];
-        if (strcmp(t->name, LM_HEAD) == 0)
-            rc = zt_fail(err, ZT_EMISMATCH,
-                         "%s: tensor 'lm_head.weight' is missing, but the model config unties the head "
-                         "(tie_word_embeddings false); set tie_word_embeddings to true if the head reads "
-                         "embed_tokens",
-                         path);
-        else
-            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '" HF_PREFIX "%s' (or '%s') is missing", path, t->name,
-                         t->name);
-        goto out;
-    }
-    if (tied_head) {
-        const zt_param_info *emb = &m->tensors[0];
-        bool same = zt_st_dtype_is_f32_readable(tied_head->dtype) && tied_head->ndim == 2 &&
-                    tied_head->shape[0] == emb->shape[0] && tied_head->shape[1] == emb->shape[1];
-        for (size_t i = 0; same && i < emb->numel; i++)
-            same = zt_st_element_f32(tied_head, i) == tmp[emb->offset + i];
-        if (!same) {
-            rc = zt_fail(err, ZT_EMISMATCH,
-                         "%s: lm_head.weight differs from embed_tokens.weight, but the model config ties them "
-                         "(tie_word_embeddings true); set tie_word_embeddings to false to import an untied head",
-                         tied_head_file);
-            goto out;
-        }
-    }
-    memcpy(m->params, tmp, m->num_params * sizeof(float));
-    rc = 0;
-out:
-    free(tmp);
-    free(seen);
-    for (int i = 0; i < nfiles; i++)
-        zt_st_close(fs[i]);
-    free(fs);
-    zt_st_shard_files_free(files, nfiles);
-    return rc;
+    const bool prefixed = strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0;
+    if (prefixed)
+        name += strlen(HF_PREFIX);
+    *idx = prefixed && strcmp(name, LM_HEAD) == 0 ? -1 : zt__host_find_tensor(m->tensors, m->num_tensors, name);
+    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
 }
+
+static void hf_describe(const void *mv, char *out, size_t cap)
+{
+    const zt_llama *m = mv;
+    snprintf(out, cap, "a LLaMA with %d layers and %s head (tie_word_embeddings %s)", m->cfg.num_hidden_layers,
+             m->cfg.tie_word_embeddings ? "a tied" : "an untied", m->cfg.tie_word_embeddings ? "true" : "false");
+}
+
+static const zt_hf_names hf_names = {
+    .export_name = hf_export_name,
+    .map = hf_map,
+    .describe = hf_describe,
+    .tied_fix = "tie_word_embeddings is true; set it to false to import an untied head",
+    .head_optional = false,
+};
+
+/* The family's entries over void pointers (family.h). */
+static void f_config_default(void *c, const char *model_type)
+{
+    (void)model_type; /* zt_llama_config_from_json reads it */
+    zt_llama_config_default(c);
+}
+static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
+{
+    return zt_llama_config_from_json(c, o, where, err);
+}
+static int f_config_save(const void *c, const char *path, zt_err *err)
+{
+    return zt_llama_config_save(c, path, err);
+}
+static int f_config_validate(const void *c, zt_err *err)
+{
+    return zt_llama_config_validate(c, err);
+}
+
+static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
+{
+    const zt_llama_config *x = a, *y = b;
+#define CMP(f, fmt, cast)                                                                                     \
+    if (x->f != y->f) {                                                                                       \
+        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
+        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
+        return #f;                                                                                            \
+    }
+    CMP(family, "%d", int)
+    CMP(num_hidden_layers, "%d", int)
+    CMP(hidden_size, "%d", int)
+    CMP(num_attention_heads, "%d", int)
+    CMP(num_key_value_heads, "%d", int)
+    CMP(intermediate_size, "%d", int)
+    CMP(max_position_embeddings, "%d", int)
+    CMP(vocab_size, "%d", int)
+    CMP(tie_word_embeddings, "%d", int)
+    CMP(pad_token_id, "%d", int)
+    CMP(rms_norm_eps, "%g", double)
+    CMP(rope.theta, "%g", double)
+    CMP(rope.scaling, "%d", int)
+    CMP(rope.factor, "%g", double)
+    CMP(rope.low_freq_factor, "%g", double)
+    CMP(rope.high_freq_factor, "%g", double)
+    CMP(rope.original_max_position_embeddings, "%d", int)
+#undef CMP
+    return NULL;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Every field, after the family's number (1) that earlier releases hashed first. */
+static uint64_t f_config_fingerprint(const void *c)
+{
+    const zt_llama_config *l = c;
+    const int64_t ints[] = {1, l->family, l->num_hidden_layers, l->hidden_size, l->num_attention_heads,
+                            l->num_key_value_heads, l->intermediate_size, l->max_position_embeddings,
+                            l->vocab_size, l->tie_word_embeddings, l->pad_token_id, l->rope.scaling,
+                            l->rope.original_max_position_embeddings};
+    const double reals[] = {l->rms_norm_eps, l->rope.theta, l->rope.factor, l->rope.low_freq_factor,
+                            l->rope.high_freq_factor, l->initializer_range};
+    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
+}
+
+static void f_config_describe(const void *c, char *buf, size_t cap)
+{
+    const zt_llama_config *l = c;
+    snprintf(buf, cap, "%s, %d layers x %d wide, %d heads (%d key/value), MLP %d, vocab %d, %d positions%s",
+             l->family == ZT_LLAMA_FAMILY_MISTRAL ? "Mistral" : "LLaMA", l->num_hidden_layers, l->hidden_size,
+             l->num_attention_heads, l->num_key_value_heads, l->intermediate_size, l->vocab_size,
+             l->max_position_embeddings, l->tie_word_embeddings ? ", tied head" : "");
+}
+
+static void f_config_shape(const void *c, zt_family_shape *s)
+{
+    const zt_llama_config *l = c;
+    *s = (zt_family_shape){.layers = l->num_hidden_layers, .positions = l->max_position_embeddings,
+                           .vocab = l->vocab_size, .width = l->hidden_size, .heads = l->num_attention_heads,
+                           .num_params = zt_llama_config_num_params(l), .task = ZT_TASK_CAUSAL_LM,
+                           .pad_token_id = l->pad_token_id};
+}
+
+static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
+{
+    return zt_llama_create((zt_llama **)out, c, B, T, seed, err);
+}
+static int f_create_layout(void **out, const void *c, zt_err *err)
+{
+    return zt_llama_create_layout((zt_llama **)out, c, err);
+}
+static void f_destroy(void *m) { zt_llama_destroy(m); }
+static const void *f_config(const void *m) { return zt_llama_get_config(m); }
+static size_t f_num_params(const void *m) { return zt_llama_num_params(m); }
+static int f_num_tensors(const void *m) { return zt_llama_num_tensors(m); }
+static const zt_param_info *f_tensor(const void *m, int i) { return zt_llama_tensor(m, i); }
+static int f_num_blocks(const void *m) { return zt_llama_num_blocks(m); }
+static const zt_block_info *f_block(const void *m, int i) { return zt_llama_block(m, i); }
+static int f_head_block(const void *m) { return zt_llama_head_block(m); }
+static int f_max_batch(const void *m) { return zt_llama_max_batch(m); }
+static int f_max_seq(const void *m) { return zt_llama_max_seq(m); }
+static float *f_params(void *m) { return zt_llama_params(m); }
+static float *f_grads(void *m) { return zt_llama_grads(m); }
+static void f_release_params(void *m) { zt_llama_release_params(m); }
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T) { zt_llama_forward_begin(m, tok, B, T); }
+static void f_forward_block(void *m, int b, const float *w) { zt_llama_forward_block(m, b, w); }
+static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_llama_forward_head(m, w, t); }
+static void f_backward_head(void *m, const float *w, float *g, float s) { zt_llama_backward_head(m, w, g, s); }
+static void f_backward_block(void *m, int b, const float *w, float *g) { zt_llama_backward_block(m, b, w, g); }
+static void f_discard_block(void *m, int b) { zt_llama_discard_block_acts(m, b); }
+static const float *f_logits(const void *m) { return zt_llama_logits(m); }
+#ifdef ZT_WITH_CUDA
+static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    return zt_llama_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+}
+static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
+{
+    return zt_llama_cuda_shape(m, B, T, max_micro, dtype, ckpt);
+}
+#endif
+
+static const char *const model_types[] = {"llama", "mistral", NULL};
+
+const zt_family_def zt__family_llama = {
+    .name = "llama",
+    .model_types = model_types,
+    .config_default = f_config_default,
+    .config_from_json = f_config_from_json,
+    .config_save = f_config_save,
+    .config_validate = f_config_validate,
+    .config_diff = f_config_diff,
+    .config_fingerprint = f_config_fingerprint,
+    .config_describe = f_config_describe,
+    .config_shape = f_config_shape,
+    .create = f_create,
+    .create_layout = f_create_layout,
+    .destroy = f_destroy,
+    .config = f_config,
+    .num_params = f_num_params,
+    .num_tensors = f_num_tensors,
+    .tensor = f_tensor,
+    .num_blocks = f_num_blocks,
+    .block = f_block,
+    .head_block = f_head_block,
+    .max_batch = f_max_batch,
+    .max_seq = f_max_seq,
+    .params = f_params,
+    .grads = f_grads,
+    .release_params = f_release_params,
+    .hf = &hf_names,
+    .forward_begin = f_forward_begin,
+    .forward_block = f_forward_block,
+    .forward_head = f_forward_head,
+    .backward_head = f_backward_head,
+    .backward_block = f_backward_block,
+    .discard_block = f_discard_block,
+    .logits = f_logits,
+#ifdef ZT_WITH_CUDA
+    .cuda_create = f_cuda_create,
+    .cuda_shape = f_cuda_shape,
+#endif
+};

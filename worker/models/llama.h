@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/status.h"
+#include "worker/models/family.h" /* zt_family_config_body */
 #include "kernels/rope.h"         /* zt_rope_config */
 #include "worker/models/params.h" /* zt_param_info, zt_block_info */
 
@@ -193,5 +194,8 @@ int zt_llama_import(zt_llama *m, const char *path, zt_err *err);
  * dropped after forward and rebuilt before backward. Returns 0 or ZT_EINVAL_CONFIG with a message. */
 struct zt_model;
 int zt_llama_model_cpu(struct zt_model **out, zt_llama *m, int max_micro, const bool *ckpt_layers, zt_err *err);
+
+/* The zt_llama_config config inside a zt_family_config of this family (worker/models/family.h). */
+#define ZT_LLAMA_CONFIG(fc) ((zt_llama_config *)zt_family_config_body(fc))
 
 #endif

@@ -684,7 +684,7 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if (task == ZT_TASK_CAUSAL_LM && c->tokenizer[0] != '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s is for BERT and RoBERTa models; this %s model reads token shards "
                        "made by `ztrain tokenize --tokenizer`: leave it out", label("tokenizer"),
-                       zt_family_name(c->model.family));
+                       zt_family_name(&c->model));
     if (c->out_dir[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "no run directory given: set %s, e.g. \"runs/demo\"", label("out_dir"));
 

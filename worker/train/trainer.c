@@ -20,7 +20,6 @@
 #include "common/rng.h"
 #include "common/units.h"
 #include "kernels/cpu_threads.h"
-#include "worker/data/classify.h"
 #include "worker/data/dataloader.h"
 #include "worker/data/tokenize.h"
 #include "worker/engine/engine.h"
@@ -32,6 +31,7 @@
 #include "worker/train/metrics.h"
 #include "worker/train/plan.h"
 #include "worker/train/schedule.h"
+#include "worker/train/task.h"
 #ifdef ZT_WITH_CUDA
 #include "kernels/cuda/cuda_common.h" /* zt_cuda_pick_dtype */
 #include "kernels/matmul.h"            /* ZT_CUDA_BLAS_DEVICE_BYTES */
@@ -132,73 +132,6 @@ void zt_trainer_run_id(const char *out_dir, char *id, size_t cap)
             *p = '_';
 }
 
-/* Puts the flag that named the data in front of a loader message ("--val-data: no files match ..."),
- * since the loader does not know which flag its pattern came from. */
-static void prefix_error(zt_err *err, const char *flag)
-{
-    if (err == NULL)
-        return;
-    size_t n = strlen(flag) + 2; /* "flag: " */
-    if (n >= sizeof(err->msg))
-        return;
-    memmove(err->msg + n, err->msg, sizeof(err->msg) - n);
-    err->msg[sizeof(err->msg) - 1] = '\0';
-    memcpy(err->msg, flag, n - 2);
-    err->msg[n - 2] = ':';
-    err->msg[n - 1] = ' ';
-}
-
-/* Checks, before the slower GPU plan, that --train-data and --val-data name readable token files, so that
- * a wrong path is the first error reported whatever the device. The loaders are opened for one row and
- * closed; train_once opens them again with the planned batch. */
-static int check_data_paths(const zt_train_config *cfg, zt_err *err)
-{
-    const char *flags[2] = {"--train-data", "--val-data"};
-    const char *paths[2] = {cfg->train_data, cfg->val_data};
-    for (int i = 0; i < 2; i++) {
-        if (paths[i][0] == '\0')
-            continue;
-        if (zt_family_config_task(&cfg->model) == ZT_TASK_CLASSIFY) {
-            if (access(paths[i], R_OK) != 0)
-                return zt_fail(err, -errno, "%s: cannot read '%s': %s (give the JSONL file of examples)", flags[i],
-                               paths[i], strerror(errno));
-            continue;
-        }
-        zt_dataloader *dl = NULL;
-        int rc = zt_dataloader_open(&dl, paths[i], 1, (int)cfg->seq_len, false, (uint64_t)cfg->seed, err);
-        zt_dataloader_close(dl);
-        if (rc < 0) {
-            prefix_error(err, flags[i]);
-            return rc;
-        }
-    }
-    return 0;
-}
-
-/* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
-static int check_vocab(const zt_dataloader *dl, const char *pattern, int vocab_size, zt_err *err)
-{
-    int max = zt_dataloader_max_token(dl);
-    if (max < vocab_size)
-        return 0;
-    glob_t g;
-    if (glob(pattern, 0, NULL, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; i++) {
-            int file_max = zt_shard_max_token(g.gl_pathv[i]);
-            if (file_max >= vocab_size) {
-                int rc = zt_fail(err, ZT_EMISMATCH, "token id %d in '%s' does not fit vocab_size %d of the model "
-                                 "(tokenize with the model's tokenizer or raise vocab_size)",
-                                 file_max, g.gl_pathv[i], vocab_size);
-                globfree(&g);
-                return rc;
-            }
-        }
-        globfree(&g);
-    }
-    return zt_fail(err, ZT_EMISMATCH, "token id %d in '%s' does not fit vocab_size %d of the model (tokenize with "
-                   "the model's tokenizer or raise vocab_size)", max, pattern, vocab_size);
-}
-
 static void log_model(const zt_family_model *model, const zt_train_config *cfg)
 {
     size_t n = zt_family_model_num_params(model);
@@ -211,15 +144,6 @@ static void log_model(const zt_family_model *model, const zt_train_config *cfg)
     zt_log(ZT_LOG_INFO, "model: a step is %lld x %lld sequences of %lld tokens = %lld tokens",
            (long long)cfg->grad_accum, (long long)cfg->batch_size, (long long)cfg->seq_len,
            (long long)(cfg->grad_accum * cfg->batch_size * cfg->seq_len));
-}
-
-static void log_data(const char *what, const char *pattern, const zt_dataloader *dl, const zt_train_config *cfg)
-{
-    uint64_t tokens = zt_dataloader_num_tokens(dl);
-    uint64_t batches = zt_dataloader_batches_per_epoch(dl);
-    zt_log(ZT_LOG_INFO, "data: %s '%s': %llu tokens, %llu batches of %lld x %lld per epoch (max token id %d)",
-           what, pattern, (unsigned long long)tokens, (unsigned long long)batches, (long long)cfg->batch_size,
-           (long long)cfg->seq_len, zt_dataloader_max_token(dl));
 }
 
 /* The `eval: step 120 | val loss ...` line, with the accuracy of a classifier (acc not NAN). */
@@ -606,7 +530,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const int W = env->world_size;
     if (!zt_family_config_has_cuda(&cfg->model))
         return zt_fail(err, ZT_EUNSUPPORTED, "%s models train on the CPU only in this version (their CUDA executor "
-                       "is not built yet): train with --device cpu", zt_family_name(cfg->model.family));
+                       "is not built yet): train with --device cpu", zt_family_name(&cfg->model));
     int rc = pick_dtype(cfg, env->local_rank, dtype, err);
     zt_family_model *tables = NULL;
     if (rc < 0 || (rc = zt_family_model_create_layout(&tables, &cfg->model, err)) < 0)
@@ -774,17 +698,10 @@ struct run {
     zt_optimizer opt;         /* full-size m and v for checkpoints, and the step counters */
     zt_state_client_t *client; /* placement server */
     char *token;
-    zt_dataloader *train, *val; /* token shards (causal LM) */
-    bool classify;            /* a classifier: labelled texts instead of shards */
-    zt_tokenizer *tokenizer;  /* classify: the texts' tokenizer; mlm: its [MASK] and special tokens */
-    bool mlm;                 /* a masked LM: shards whose tokens are masked as they are read */
-    int32_t mask_id;          /* mlm: [MASK] / <mask> */
-    int32_t *specials;        /* mlm: the ids never masked (special tokens and padding) */
-    int nspecials;
-    zt_classify_data *ctrain, *cval;
+    zt_task *task;            /* what the model learns from: its data, batches and scoring */
     zt_metrics metrics;
     int32_t *tok, *tgt;       /* one global batch */
-    int32_t *types;           /* classify: its token types */
+    int32_t *types;           /* one global batch's token types */
     bool use_scaler;          /* fp16: dynamic loss scaling */
     zt_loss_scaler scaler;
     char run_id[ZT_SERVER_RUN_ID_MAX];
@@ -799,12 +716,7 @@ static void run_free(struct run *r)
     free(r->token);
     zt_family_model_destroy(r->host);
     zt_optimizer_free(&r->opt);
-    zt_dataloader_close(r->train);
-    zt_dataloader_close(r->val);
-    zt_classify_close(r->ctrain);
-    zt_classify_close(r->cval);
-    zt_tokenizer_destroy(r->tokenizer);
-    free(r->specials);
+    zt_task_close(r->task);
     free(r->types);
     zt_metrics_close(&r->metrics);
     free(r->tok);
@@ -812,33 +724,14 @@ static void run_free(struct run *r)
     free(r->cfg);
 }
 
-/* The next global batch of the training data, or of the validation data (val): tokens, targets and, for a
- * classifier, token types. A masked LM masks the shard's tokens (targets: the tokens chosen, -1 elsewhere)
- * with draws that depend on the seed and `key` only, so that every rank, a resumed run and every evaluation
- * mask alike. */
-static void next_batch(struct run *r, bool val, uint64_t key)
-{
-    if (r->classify) {
-        zt_classify_next(val ? r->cval : r->ctrain, r->tok, r->types, r->tgt);
-        return;
-    }
-    zt_dataloader_next(val ? r->val : r->train, r->tok, r->tgt);
-    if (r->mlm) {
-        zt_rng rng;
-        zt_rng_seed(&rng, ((uint64_t)r->cfg->seed * 0x9E3779B97F4A7C15ULL) ^ (key + (val ? 1ULL << 63 : 0)));
-        zt_bert_mask_tokens(r->tok, r->tgt, (size_t)r->cfg->batch_size * (size_t)r->cfg->seq_len, r->mask_id,
-                            r->cfg->model.bert.vocab_size, r->specials, r->nspecials, &rng, 0.15f);
-    }
-}
-
 /* The weight of this rank's gradient in the micro-batch just read: 1 / (grad_accum W) when every rank scores
- * as many targets (causal LM); for a BERT model, whose rows hold different numbers of masked tokens or
- * labelled examples, the rank's share of the batch's scored targets over grad_accum, so that the step's
+ * as many targets (causal LM); for a task whose rows hold different numbers of scored targets (masked tokens,
+ * labelled examples), the rank's share of the batch's scored targets over grad_accum, so that the step's
  * gradient is that of the mean over all the batch's targets at any number of ranks (each rank's loss is
  * the mean over its own targets). */
 static float micro_weight(const struct run *r, size_t off, int b, int T, int accum, int W)
 {
-    if (!r->classify && !r->mlm)
+    if (!zt_task_weighs_targets(r->task))
         return 1.0f / (float)(accum * W);
     const size_t all = (size_t)r->cfg->batch_size * (size_t)T, mine = (size_t)b * (size_t)T;
     size_t total = 0, local = 0;
@@ -850,38 +743,39 @@ static float micro_weight(const struct run *r, size_t off, int b, int T, int acc
     return total ? (float)((double)local / ((double)total * (double)accum)) : 0.0f;
 }
 
-/* A classifier's token types of this rank's rows, for the micro-batch that follows. */
-static void set_types(struct run *r, size_t off)
+/* The validation loss: the task's validation batches (a classifier's whole file, else `batches` global
+ * batches from the start of the validation data), each rank taking its rows of every batch (a collective).
+ * Tasks that count correct predictions give the mean over the scored rows and the accuracy (the fraction whose
+ * highest logit is the target), summed over the ranks' rows; the others the mean of the batches' losses and
+ * an accuracy of NAN. */
+static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, int b, int T, float *loss,
+                    float *accuracy, zt_err *err)
 {
-    if (r->classify && r->model->ops->set_token_types)
-        r->model->ops->set_token_types(r->model, r->types + off);
-}
-
-/* A BERT model's evaluation: a classifier's over its whole validation file, a masked LM's over `batches`
- * batches of validation shards; the mean loss over the scored rows (labelled examples, masked tokens) and
- * the accuracy (the fraction whose highest logit is the target), summed over the ranks' rows. */
-static int evaluate_bert(struct run *r, zt_comm *comm, int64_t batches, size_t off, int b, int T, float *loss,
-                         float *accuracy, zt_err *err)
-{
-    if (r->classify) {
-        zt_classify_reset(r->cval);
-        batches = (int64_t)zt_classify_batches_per_epoch(r->cval);
-    } else {
-        zt_dataloader_reset(r->val);
-    }
-    double sums[3] = {0, 0, 0}; /* loss x counted, correct, counted */
+    const bool counted = zt_task_reports_accuracy(r->task);
+    batches = zt_task_val_begin(r->task, batches);
+    double sums[3] = {0, 0, 0}; /* loss x counted (or the batches' losses), correct, counted */
     for (int64_t i = 0; i < batches; i++) {
         float mean;
-        next_batch(r, true, (uint64_t)i);
-        set_types(r, off);
+        zt_task_next(r->task, true, (uint64_t)i, r->tok, r->tgt, r->types);
+        if (r->model->ops->set_token_types)
+            r->model->ops->set_token_types(r->model, r->types + off);
         int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
         if (rc < 0)
             return rc;
-        int correct = 0, counted = 0;
-        r->model->ops->accuracy(r->model, 0, &correct, &counted);
-        sums[0] += (double)r->model->ops->loss(r->model, 0) * counted;
+        if (!counted) {
+            sums[0] += mean;
+            continue;
+        }
+        int correct = 0, n = 0;
+        r->model->ops->accuracy(r->model, 0, &correct, &n);
+        sums[0] += (double)r->model->ops->loss(r->model, 0) * n;
         sums[1] += correct;
-        sums[2] += counted;
+        sums[2] += n;
+    }
+    if (!counted) {
+        *loss = (float)(sums[0] / (double)batches);
+        *accuracy = NAN;
+        return 0;
     }
     float local[3] = {(float)sums[0], (float)sums[1], (float)sums[2]}, all[3];
     memcpy(all, local, sizeof all);
@@ -893,106 +787,6 @@ static int evaluate_bert(struct run *r, zt_comm *comm, int64_t batches, size_t o
     *loss = all[2] > 0 ? all[0] / all[2] : 0.0f;
     *accuracy = all[2] > 0 ? all[1] / all[2] : 0.0f;
     return 0;
-}
-
-/* The mean val loss over `batches` global batches from the start of the validation data, each rank taking
- * its rows of every batch (a collective); a classifier evaluates its whole validation file and also gives
- * the accuracy (NAN otherwise). */
-static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, int b, int T, float *out,
-                    float *accuracy, zt_err *err)
-{
-    *accuracy = NAN;
-    if (r->classify || r->mlm)
-        return evaluate_bert(r, comm, batches, off, b, T, out, accuracy, err);
-    zt_dataloader_reset(r->val);
-    double sum = 0.0;
-    for (int64_t i = 0; i < batches; i++) {
-        float mean;
-        next_batch(r, true, (uint64_t)i);
-        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
-        if (rc < 0)
-            return rc;
-        sum += mean;
-    }
-    *out = (float)(sum / (double)batches);
-    return 0;
-}
-
-/* A masked LM's tokens from its tokenizer.json: [MASK] (or RoBERTa's <mask>), and the ids never masked
- * (every special token, and padding). */
-static int open_mask_tokens(struct run *r, const zt_train_config *cfg, bool is0, zt_err *err)
-{
-    const zt_bert_config *bc = &cfg->model.bert;
-    int rc = zt_tokenizer_load(&r->tokenizer, cfg->tokenizer, err);
-    if (rc < 0) {
-        prefix_error(err, "--tokenizer");
-        return rc;
-    }
-    r->mask_id = zt_tokenizer_find(r->tokenizer, "[MASK]");
-    if (r->mask_id < 0)
-        r->mask_id = zt_tokenizer_find(r->tokenizer, "<mask>");
-    if (r->mask_id < 0 || r->mask_id >= bc->vocab_size)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "--tokenizer %s: %s; a masked LM needs the model's own tokenizer.json, "
-                       "which has [MASK] (BERT) or <mask> (RoBERTa)", cfg->tokenizer,
-                       r->mask_id < 0 ? "it has neither [MASK] nor <mask>"
-                                      : "its mask token is outside the model's vocabulary");
-    const int V = zt_tokenizer_vocab_size(r->tokenizer) < bc->vocab_size ? zt_tokenizer_vocab_size(r->tokenizer)
-                                                                          : bc->vocab_size;
-    r->specials = zt_xcalloc((size_t)V + 1, sizeof(int32_t));
-    r->specials[r->nspecials++] = bc->pad_token_id;
-    for (int32_t id = 0; id < V; id++)
-        if (id != bc->pad_token_id && zt_tokenizer_is_special(r->tokenizer, id))
-            r->specials[r->nspecials++] = id;
-    if (is0)
-        zt_log(ZT_LOG_INFO, "masked LM: 15%% of the tokens of each batch are chosen (80%% become token %d, 10%% a "
-               "random token, 10%% stay), never the %d special tokens", (int)r->mask_id, r->nspecials);
-    return 0;
-}
-
-/* A classifier's data: the tokenizer, the JSONL examples of --train-data and --val-data, tokenized for
- * B x T batches with the model's labels and padding. */
-static int open_classify_data(struct run *r, const zt_train_config *cfg, int B, int T, bool is0, zt_err *err)
-{
-    const zt_bert_config *bc = &cfg->model.bert;
-    int rc = zt_tokenizer_load(&r->tokenizer, cfg->tokenizer, err);
-    if (rc < 0) {
-        prefix_error(err, "--tokenizer");
-        return rc;
-    }
-    /* the label names: id2label's, or LABEL_<i> (written into bufs) */
-    char *bufs = zt_xcalloc((size_t)bc->num_labels, 32);
-    const char **names = zt_xcalloc((size_t)bc->num_labels, sizeof(char *));
-    for (int i = 0; i < bc->num_labels; i++)
-        names[i] = zt_bert_config_label(bc, i, bufs + 32 * (size_t)i, 32);
-    const zt_classify_labels labels = {.num_labels = bc->num_labels, .names = names};
-    const char *flags[2] = {"--train-data", "--val-data"};
-    const char *paths[2] = {cfg->train_data, cfg->val_data};
-    zt_classify_data **sets[2] = {&r->ctrain, &r->cval};
-    for (int i = 0; i < 2 && rc == 0; i++) {
-        if (paths[i][0] == '\0')
-            continue;
-        rc = zt_classify_open(sets[i], paths[i], r->tokenizer, bc->vocab_size, bc->pad_token_id, &labels, B, T,
-                              i == 0 && cfg->shuffle, (uint64_t)cfg->seed, err);
-        if (rc < 0) {
-            prefix_error(err, flags[i]);
-            break;
-        }
-        if (is0)
-            zt_log(ZT_LOG_INFO, "data: %s '%s': %zu examples (%zu cut to %d tokens), %llu batches of %d per epoch, "
-                   "%d labels", i == 0 ? "train" : "val", paths[i], zt_classify_examples(*sets[i]),
-                   zt_classify_truncated(*sets[i]), T, (unsigned long long)zt_classify_batches_per_epoch(*sets[i]), B,
-                   bc->num_labels);
-    }
-    free(names);
-    free(bufs);
-    if (rc == 0 && is0) {
-        if (r->cval)
-            zt_log(ZT_LOG_INFO, "eval: a classifier is evaluated on its whole validation file (loss and accuracy; "
-                   "eval_batches does not apply)");
-        else
-            zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
-    }
-    return rc;
 }
 
 /* Rank 0's part of the setup: the run directory (a new run must not land on another run's checkpoints),
@@ -1045,10 +839,7 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
     if (zt_comm_rank(comm) == 0) {
-        if (r->classify)
-            zt_classify_get_position(r->ctrain, &st->data);
-        else
-            zt_dataloader_get_position(r->train, &st->data);
+        zt_task_get_position(r->task, &st->data);
         st->adam_step = r->opt.adam_step;
         st->skipped_steps = r->opt.skipped_steps;
         st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
@@ -1103,7 +894,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* On a GPU, the memory plan comes first: it may refuse, or lower the micro-batch. */
     enum zt_dtype dtype = ZT_DTYPE_F32;
     struct layout lay = {0};
-    if ((rc = zt_comm_agree(comm, check_data_paths(cfg, err), err)) < 0)
+    if ((rc = zt_comm_agree(comm, zt_task_check_paths(cfg, err), err)) < 0)
         goto out;
 #ifdef ZT_WITH_CUDA
     rc = on_gpu ? plan_gpu_run(cfg, env, &dtype, &lay, err) : 0;
@@ -1125,42 +916,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
 
     /* Data: every rank reads the global batches and trains on its rows. */
     int64_t eval_batches = cfg->eval_batches;
-    r.classify = zt_family_config_task(&cfg->model) == ZT_TASK_CLASSIFY;
-    r.mlm = zt_family_config_task(&cfg->model) == ZT_TASK_MASKED_LM;
-    if (r.classify) {
-        if ((rc = open_classify_data(&r, cfg, B, T, is0, err)) < 0)
-            goto out;
-    } else {
-        if (r.mlm && (rc = open_mask_tokens(&r, cfg, is0, err)) < 0)
-            goto out;
-        if ((rc = zt_dataloader_open(&r.train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
-            prefix_error(err, "--train-data");
-            goto out;
-        }
-        if ((rc = check_vocab(r.train, cfg->train_data, zt_family_config_vocab(&cfg->model), err)) < 0)
-            goto out;
-        if (is0)
-            log_data("train", cfg->train_data, r.train, cfg);
-        if (cfg->val_data[0]) {
-            if ((rc = zt_dataloader_open(&r.val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0) {
-                prefix_error(err, "--val-data");
-                goto out;
-            }
-            if ((rc = check_vocab(r.val, cfg->val_data, zt_family_config_vocab(&cfg->model), err)) < 0)
-                goto out;
-            if (is0)
-                log_data("val", cfg->val_data, r.val, cfg);
-            uint64_t available = zt_dataloader_batches_per_epoch(r.val);
-            if ((uint64_t)eval_batches > available) {
-                if (is0)
-                    zt_log(ZT_LOG_INFO, "eval: the validation data has %llu batches; evaluating on those instead of %lld",
-                           (unsigned long long)available, (long long)eval_batches);
-                eval_batches = (int64_t)available;
-            }
-        } else if (is0) {
-            zt_log(ZT_LOG_INFO, "data: no val_data given: no evaluation");
-        }
-    }
+    if ((rc = zt_task_open(&r.task, cfg, B, T, is0, &eval_batches, err)) < 0)
+        goto out;
     r.tok = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
     r.tgt = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
     r.types = zt_xcalloc((size_t)B * (size_t)T, sizeof(int32_t));
@@ -1185,8 +942,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             goto out;
         }
         zt_err pos_err;
-        rc = r.classify ? zt_classify_set_position(r.ctrain, &st.data, &pos_err)
-                        : zt_dataloader_set_position(r.train, &st.data, &pos_err);
+        rc = zt_task_set_position(r.task, &st.data, &pos_err);
         if (rc < 0) {
             rc = zt_fail(err, rc, "resume from %s: %s (keep batch_size, seq_len and train_data of the run)", dir,
                          pos_err.msg);
@@ -1284,7 +1040,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     }
 
     /* The starting validation loss, so that the curve has its origin. */
-    const bool has_val = r.val || r.cval;
+    const bool has_val = zt_task_has_val(r.task);
     if (has_val && !resumed) {
         float vl, acc;
         if ((rc = evaluate(&r, comm, eval_batches, off, b, T, &vl, &acc, err)) < 0)
@@ -1316,8 +1072,9 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_engine_set_profiling(r.engine, true);
         const float scale = r.use_scaler ? (float)r.scaler.scale : 1.0f;
         for (int a = 0; a < accum && rc == 0; a++) {
-            next_batch(&r, false, ((uint64_t)step << 20) + (uint64_t)a);
-            set_types(&r, off);
+            zt_task_next(r.task, false, ((uint64_t)step << 20) + (uint64_t)a, r.tok, r.tgt, r.types);
+            if (r.model->ops->set_token_types)
+                r.model->ops->set_token_types(r.model, r.types + off);
             rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, micro_weight(&r, off, b, T, accum, W),
                                  scale, err);
         }
@@ -1432,7 +1189,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     if (is0 && !res->interrupted) {
         char took[32];
         zt_format_duration(res->seconds, took, sizeof took);
-        if (has_val && (r.classify || r.mlm))
+        if (has_val && zt_task_reports_accuracy(r.task))
             zt_log(ZT_LOG_INFO, "done: %lld steps in %s, %.0f tok/s; val loss %.4f -> %.4f, accuracy %.4f; checkpoint "
                    "%s", (long long)steps_run, took, res->tokens_per_s, (double)res->first_val_loss,
                    (double)res->last_val_loss, (double)res->last_val_accuracy, res->checkpoint);

@@ -1,0 +1,63 @@
+/* Safetensors import and export of a host model from its tensor table, for every family (written once).
+ *
+ * A family says how its table meets Hugging Face files (struct zt_hf_names): the name each tensor is
+ * exported under, and what a name found in a file means — a parameter (with or without the prefix that
+ * Hugging Face puts before the base model's tensors, under older aliases), a buffer to skip (rotary
+ * inv_freq, attention masks, position ids), a tensor tied to a parameter (lm_head.weight of a tied head: it
+ * must hold the same values), or the tensor of a task head the model does not have (skipped when importing
+ * a pretrained body). Linear weights marked transposed_in_hf (GPT-2's Conv1D) are transposed both ways.
+ *
+ * Import reads a single file, a sharded index (model.safetensors.index.json) or a model folder, converts
+ * F32, F16 and BF16 into a temporary slab and changes the model only when every tensor was accepted:
+ * missing, extra, duplicated or misshapen tensors and tied tensors that differ are errors naming the tensor
+ * and its file. Internal to worker/models/. */
+#ifndef ZT_WORKER_MODELS_HOST_IO_H
+#define ZT_WORKER_MODELS_HOST_IO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/status.h"
+#include "worker/models/params.h"
+
+struct zt_family_def;
+
+/* What a tensor name in a file means to the model. */
+enum zt_hf_kind {
+    ZT_HF_PARAM = 0,   /* the model's tensor *idx */
+    ZT_HF_BUFFER,      /* not a parameter (a buffer that older files carry): skipped */
+    ZT_HF_TIED,        /* a tensor that must equal the model's tensor *idx (a tied head) */
+    ZT_HF_OTHER_HEAD,  /* a task head the model does not have: skipped for a pretrained body, else unknown */
+    ZT_HF_UNKNOWN,
+};
+
+typedef struct zt_hf_names {
+    /* The name tensor t is exported under (at most cap bytes with the NUL). */
+    void (*export_name)(const void *m, const zt_param_info *t, char *out, size_t cap);
+    /* What the file's tensor `name` is, with the table index in *idx for ZT_HF_PARAM and ZT_HF_TIED. */
+    enum zt_hf_kind (*map)(const void *m, const char *name, int *idx);
+    /* The model in words for messages: "a GPT-2 with 12 layers". */
+    void (*describe)(const void *m, char *out, size_t cap);
+    /* Appended to the message of a tied tensor that differs: what to change in the config. */
+    const char *tied_fix;
+    /* A pretrained body may lack the tensors of the last block (the task head: they keep their initial
+     * values); false: every tensor is required. */
+    bool head_optional;
+} zt_hf_names;
+
+/* The index of the tensor named name in the table, or -1. */
+int zt__host_find_tensor(const zt_param_info *tensors, int n, const char *name);
+
+/* Exports the host model m of family def as F32 safetensors with Hugging Face names into path, atomically
+ * (metadata {"format": "pt"}, which transformers requires). */
+int zt__host_export(const struct zt_family_def *def, const void *m, const char *path, zt_err *err);
+/* The same in Hugging Face's sharded form into dir (shards of at most max_shard_bytes and
+ * model.safetensors.index.json; a single model.safetensors when it fits). */
+int zt__host_export_sharded(const struct zt_family_def *def, const void *m, const char *dir,
+                            size_t max_shard_bytes, zt_err *err);
+/* Imports m's parameters from path (a file, an index or a folder). With pretrained, tensors of the
+ * last block (a task head) that the files lack keep their values and other heads' tensors are skipped (both
+ * counted in a log line). Returns 0 or a negative code with a message naming the tensor and the file. */
+int zt__host_import(const struct zt_family_def *def, void *m, const char *path, bool pretrained, zt_err *err);
+
+#endif
