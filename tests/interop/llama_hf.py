@@ -30,7 +30,7 @@ try:
     import torch
     import transformers
     from safetensors.numpy import load_file
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 except ImportError as e:  # pragma: no cover - depends on the environment
     print(f"skipped: {e} (this check needs numpy, safetensors, torch and transformers)")
     sys.exit(77)
@@ -43,7 +43,7 @@ TOL = 1e-4
 MAJOR = int(transformers.__version__.split(".")[0])
 
 
-def make_config(tied, gpu=False):
+def make_config(tied, gpu=False, qwen2=False):
     rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                 original_max_position_embeddings=16)
     # transformers 5 keeps rope_theta and the scaling in rope_parameters; 4.x in rope_theta and rope_scaling.
@@ -51,9 +51,10 @@ def make_config(tied, gpu=False):
         dict(rope_theta=10000.0, rope_scaling=rope)
     # On the GPU, heads of 32 channels (the CUDA attention serves 32, 64, 80, 96, 128, 256) and an MLP of 344.
     width = dict(hidden_size=192, intermediate_size=344) if gpu else dict(hidden_size=48, intermediate_size=40)
-    return LlamaConfig(vocab_size=1000, num_hidden_layers=2, **width,
-                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
-                       initializer_range=0.2, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, **rope_kw)
+    cls = Qwen2Config if qwen2 else LlamaConfig
+    return cls(vocab_size=1000, num_hidden_layers=2, **width,
+               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+               initializer_range=0.2, tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, **rope_kw)
 
 
 def load(folder, cls=LlamaForCausalLM):
@@ -65,17 +66,19 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def check(tool, tmp, tied, rng, device=None):
-    label = ("tied head, sharded" if tied else "untied head") + (f", ztrain on {device}" if device else "")
+def check(tool, tmp, tied, rng, device=None, qwen2=False):
+    label = ("Qwen2, " if qwen2 else "") + ("tied head, sharded" if tied else "untied head") + \
+        (f", ztrain on {device}" if device else "")
     problems = []
     torch.manual_seed(1 + tied)
-    model = LlamaForCausalLM(make_config(tied, gpu=device == "cuda")).float()
+    cls = Qwen2ForCausalLM if qwen2 else LlamaForCausalLM
+    model = cls(make_config(tied, gpu=device == "cuda", qwen2=qwen2)).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.endswith("_proj.bias"):  # away from 1 and from 0
                 p.add_(0.3 * torch.randn_like(p))
     model.eval()
-    tag = f"{int(tied)}{device or ''}"
+    tag = f"{int(tied)}{device or ''}{'q' if qwen2 else ''}"
     hf_dir = os.path.join(tmp, f"hf-{tag}")
     # the tied model in shards of 100 kB: ztrain reads the index through the folder
     model.save_pretrained(hf_dir, **(dict(max_shard_size="100KB") if tied else {}))
@@ -117,7 +120,7 @@ def check(tool, tmp, tied, rng, device=None):
         problems.append(f"gradient of {worst_name} differs by {worst_grad:.2e}")
 
     # ztrain's export, loaded back into transformers.
-    back, info = load(out)
+    back, info = load(out, cls)
     back.eval()
     missing = [k for k in info.get("missing_keys", []) if not (tied and k == "lm_head.weight")]
     for what, keys in (("missing", missing), ("unexpected", info.get("unexpected_keys", [])),
@@ -169,6 +172,31 @@ def check_export(tool, tmp, name, fields, B, T, rng):
     return ok
 
 
+def check_generate(ztrain, tmp, qwen2):
+    """`ztrain generate --temperature 0` against transformers' greedy decoding, on a byte-level model."""
+    name = "qwen2" if qwen2 else "llama"
+    torch.manual_seed(11)
+    cfg = make_config(False, qwen2=qwen2)
+    cfg.vocab_size, cfg.initializer_range = 256, 0.5  # token ids are bytes; peaked logits, no near ties
+    model = (Qwen2ForCausalLM if qwen2 else LlamaForCausalLM)(cfg).float().eval()
+    d = os.path.join(tmp, f"gen-{name}")
+    model.save_pretrained(d)
+    prompt, new = b"The ", 24
+    with torch.no_grad():
+        out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    want = bytes(out[0].tolist())
+    import subprocess
+    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(d, "model.safetensors"), "--model",
+                          os.path.join(d, "config.json"), "--prompt", prompt.decode(), "--max-new-tokens",
+                          str(new), "--temperature", "0"], capture_output=True)
+    got = res.stdout[:len(want)] if res.returncode == 0 else b""
+    ok = res.returncode == 0 and got == want
+    print(f"{'ok  ' if ok else 'FAIL'} greedy generation ({name}): ztrain {got!r}, transformers {want!r}"
+          + ("" if res.returncode == 0 else f"; ztrain failed: {res.stderr.decode()[-300:]}"))
+    return ok
+
+
 def gpu_tool(tool):
     """Whether llama_tool takes --device cuda (a CUDA build)."""
     import subprocess
@@ -186,16 +214,21 @@ def main():
     rng = np.random.default_rng(7)
     failures = 0
     with tempfile.TemporaryDirectory(prefix="zt_llama_hf_") as tmp:
-        for tied in (False, True):
-            failures += not check(tool, tmp, tied, rng)
+        for qwen2 in (False, True):
+            for tied in (False, True):
+                failures += not check(tool, tmp, tied, rng, qwen2=qwen2)
         # The CUDA executor, where this machine has a GPU and the tool was built with CUDA.
         if torch.cuda.is_available() and gpu_tool(tool):
-            for tied in (False, True):
-                failures += not check(tool, tmp, tied, rng, device="cuda")
+            for qwen2 in (False, True):
+                for tied in (False, True):
+                    failures += not check(tool, tmp, tied, rng, device="cuda", qwen2=qwen2)
         else:
             print("skipped: the CUDA executor's check (no GPU here, or llama_tool was built without CUDA)")
         for name, fields, B, T in CONFIGS:
             failures += not check_export(tool, tmp, name, fields, B, T, rng)
+        ztrain = os.environ.get("ZTRAIN") or os.path.join(os.path.dirname(tool), "..", "..", "worker", "ztrain")
+        for qwen2 in (False, True):
+            failures += not check_generate(ztrain, tmp, qwen2)
     return 1 if failures else 0
 
 

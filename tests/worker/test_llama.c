@@ -103,7 +103,7 @@ static void randomise_params(zt_llama *m, uint64_t seed, double scale)
     for (int i = 0; i < zt_llama_num_tensors(m); i++) {
         const zt_param_info *t = zt_llama_tensor(m, i);
         for (size_t j = 0; j < t->numel; j++)
-            p[t->offset + j] = (float)((t->ndim == 1 ? 1.0 : 0.0) + scale * zt_rng_normal(&r));
+            p[t->offset + j] = (float)((t->ndim == 1 && !strstr(t->name, "bias") ? 1.0 : 0.0) + scale * zt_rng_normal(&r));
     }
 }
 
@@ -681,13 +681,17 @@ static double central_difference(zt_llama *m, size_t j, float h, const int32_t *
  * (it converges to the backward as the step shrinks), and a smaller step drowns in the float forward's
  * rounding. So the difference is extrapolated (Richardson: (4 D(h/2) - D(h)) / 3 cancels the h^2 term) with
  * h = 1e-2. Entries above 1e-3 must agree within 2%, smaller ones within 1e-4. */
-static void check_gradients(bool tied)
+static void check_gradients(bool tied, bool qwen2)
 {
     zt_llama_config c = odd_config();
     c.tie_word_embeddings = tied;
+    if (qwen2) { /* q, k and v with biases */
+        c.family = ZT_LLAMA_FAMILY_QWEN2;
+        c.qkv_bias = true;
+    }
     const int B = 2, T = 7;
     zt_llama *m = create_model(&c, B, T, 4);
-    randomise_params(m, tied ? 78 : 77, 0.3);
+    randomise_params(m, tied ? 78 : 77, qwen2 ? 0.25 : 0.3); /* biases shift q and k: a little less curvature */
     int32_t tokens[14] = {1, 4, 2, 9, 10, 0, 36, 3, 3, 7, 5, 6, 8, 30};
     int32_t targets[14] = {4, 2, 9, 10, 0, 6, 3, -1, 5, 6, 8, 1, 35, 2};
     zt_llama_zero_grad(m);
@@ -730,9 +734,9 @@ static void check_gradients(bool tied)
         if (tensor_large == 0) /* every tensor's check is not vacuous */
             fail_msg("%s: no entry with a gradient above 1e-3", t->name);
     }
-    print_message("gradient check (%s head): %d entries, %d with |g| > 1e-3, worst relative error %.3g, worst "
+    print_message("gradient check (%s%s head): %d entries, %d with |g| > 1e-3, worst relative error %.3g, worst "
                   "absolute error of small ones %.3g\n",
-                  tied ? "tied" : "untied", checked, large, worst_rel, worst_abs);
+                  qwen2 ? "Qwen2, " : "", tied ? "tied" : "untied", checked, large, worst_rel, worst_abs);
     assert_true(large > checked / 2);
     zt_llama_destroy(m);
 }
@@ -740,8 +744,73 @@ static void check_gradients(bool tied)
 static void test_gradient_check(void **state)
 {
     (void)state;
-    check_gradients(false);
-    check_gradients(true);
+    check_gradients(false, false);
+    check_gradients(true, false);
+    check_gradients(false, true);
+    check_gradients(true, true);
+}
+
+/* Qwen2's config.json as transformers writes it: the LLaMA math with q, k and v biases, whose tensors come
+ * after each layer's MLP in the table (one packed bias for the packed q | k | v weight) and start at zero; the
+ * window fields are accepted while use_sliding_window is false, refused otherwise; a saved config reads back
+ * the same. */
+static void test_qwen2_config(void **state)
+{
+    (void)state;
+    const char *json =
+        "{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0, \"bos_token_id\": 151643, "
+        "\"eos_token_id\": 151645, \"hidden_act\": \"silu\", \"hidden_size\": 96, \"initializer_range\": 0.02, "
+        "\"intermediate_size\": 200, \"layer_types\": [\"full_attention\", \"full_attention\"], "
+        "\"max_position_embeddings\": 64, \"max_window_layers\": 21, \"model_type\": \"qwen2\", "
+        "\"num_attention_heads\": 6, \"num_hidden_layers\": 2, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, "
+        "\"rope_scaling\": null, \"rope_theta\": 1000000.0, \"sliding_window\": 32768, \"tie_word_embeddings\": true, "
+        "\"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.43.1\", \"use_cache\": true, "
+        "\"use_sliding_window\": false, \"vocab_size\": 151937}";
+    cJSON *o = cJSON_Parse(json);
+    assert_non_null(o);
+    zt_family_config fc;
+    zt_err err;
+    if (zt_family_config_from_json(&fc, o, "qwen2.json", &err) != 0)
+        fail_msg("%s", err.msg);
+    const zt_llama_config *c = ZT_LLAMA_CONFIG(&fc);
+    assert_int_equal(c->family, ZT_LLAMA_FAMILY_QWEN2);
+    assert_true(c->qkv_bias);
+    assert_string_equal(zt_family_name(&fc), "llama");
+    zt_llama *m = NULL;
+    assert_int_equal(zt_llama_create_layout(&m, c, &err), 0);
+    const zt_param_info *qb = zt_llama_tensor(m, ZT_LLAMA_LAYER_TENSOR(ZT_LLAMA_T_COUNT_QKV_BIAS, 1, ZT_LLAMA_T_Q_BIAS));
+    assert_string_equal(qb->name, "layers.1.self_attn.q_proj.bias");
+    assert_int_equal(qb->shape[0], 96);
+    const zt_param_info *vb = zt_llama_tensor(m, ZT_LLAMA_LAYER_TENSOR(ZT_LLAMA_T_COUNT_QKV_BIAS, 1, ZT_LLAMA_T_V_BIAS));
+    assert_int_equal(vb->shape[0], 32);
+    assert_int_equal(vb->offset, qb->offset + 96 + 32); /* q | k | v biases adjacent */
+    assert_int_equal(zt_llama_num_params(m), zt_llama_config_num_params(c));
+    zt_llama_destroy(m);
+    zt_llama *full = create_model(c, 1, 4, 3);
+    assert_float_equal(zt_llama_params(full)[qb->offset], 0.0f, 0.0f);
+    zt_llama_destroy(full);
+
+    /* saved and read back */
+    char path[] = "/tmp/zt_qwen2_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    if (zt_family_config_save(&fc, path, &err) != 0)
+        fail_msg("%s", err.msg);
+    zt_family_config back;
+    if (zt_family_config_load(&back, path, &err) != 0)
+        fail_msg("%s", err.msg);
+    char av[64], bv[64];
+    const char *diff = zt_family_config_diff(&fc, &back, av, bv, sizeof av);
+    if (diff)
+        fail_msg("%s: %s vs %s", diff, av, bv);
+    unlink(path);
+
+    /* a sliding window in use is refused, naming the field */
+    cJSON_ReplaceItemInObject(o, "use_sliding_window", cJSON_CreateTrue());
+    assert_int_equal(zt_family_config_from_json(&fc, o, "qwen2.json", &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "use_sliding_window"));
+    cJSON_Delete(o);
 }
 
 static void test_backward_accumulates(void **state)
@@ -1305,6 +1374,7 @@ int main(void)
         cmocka_unit_test(test_per_block_equals_whole),
         cmocka_unit_test(test_checkpointing_equals_kept),
         cmocka_unit_test(test_gradient_check),
+        cmocka_unit_test(test_qwen2_config),
         cmocka_unit_test(test_backward_accumulates),
         cmocka_unit_test(test_padding_row),
         cmocka_unit_test(test_sgd_learns),

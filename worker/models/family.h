@@ -36,6 +36,7 @@ enum zt_family_task {
 #define ZT_FAMILY_CONFIG_BYTES 8192
 
 typedef struct zt_family_def zt_family_def;
+struct zt_model; /* worker/models/model.h */
 
 /* A model's configuration: its family and that family's config struct (opaque here: the family's header
  * declares it, zt_family_config_body reaches it). Copy by value. */

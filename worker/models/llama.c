@@ -61,8 +61,8 @@
 #define LT_GATE ZT_LLAMA_T_GATE
 #define LT_UP ZT_LLAMA_T_UP
 #define LT_DOWN ZT_LLAMA_T_DOWN
-#define LT_COUNT ZT_LLAMA_T_COUNT
-#define LAYER_TENSOR(l, k) ZT_LLAMA_LAYER_TENSOR(l, k)
+#define LT_Q_BIAS ZT_LLAMA_T_Q_BIAS
+#define LAYER_TENSOR(l, k) ZT_LLAMA_LAYER_TENSOR(m->per_layer, l, k) /* in functions with the model m */
 
 /* What the forward pass keeps of one layer for the backward pass. */
 typedef struct layer_acts {
@@ -82,6 +82,7 @@ struct zt_llama {
     int max_B, max_T;
     int HS;  /* head size */
     int QKV; /* width of a packed q | k | v row: (NH + 2 NKV) HS */
+    int per_layer; /* tensors per layer (zt_llama_config_layer_tensors) */
 
     size_t num_params;
     int num_tensors;
@@ -190,8 +191,11 @@ static int validate_config(const zt_llama_config *c, const char *where, zt_err *
     if (!(c->initializer_range >= 0.0 && c->initializer_range <= 1.0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be from 0 to 1, got %g", where,
                        c->initializer_range);
-    if (c->family != ZT_LLAMA_FAMILY_LLAMA && c->family != ZT_LLAMA_FAMILY_MISTRAL)
+    if (c->family != ZT_LLAMA_FAMILY_LLAMA && c->family != ZT_LLAMA_FAMILY_MISTRAL && c->family != ZT_LLAMA_FAMILY_QWEN2)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown model family %d", where, (int)c->family);
+    if (c->qkv_bias != (c->family == ZT_LLAMA_FAMILY_QWEN2))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: q, k and v biases come with Qwen2 only (model_type \"qwen2\")",
+                       where);
     if (c->pad_token_id < -1 || c->pad_token_id >= c->vocab_size)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: pad_token_id %d is not a token of the vocabulary of %d (embed_tokens' padding row must "
@@ -389,7 +393,38 @@ static int parse_rope(zt_json_reader *r, const cJSON *obj, zt_llama_config *c, c
     return 0;
 }
 
-/* Fills cfg from a Hugging Face LLaMA or Mistral config.json object; see llama.h. */
+/* Qwen2's attention window fields: use_sliding_window must be false (ztrain attends to the whole context);
+ * sliding_window and max_window_layers then change nothing; layer_types, where given, must all be
+ * "full_attention". */
+static int read_qwen2_window(zt_json_reader *r, const cJSON *obj, const char *where, bool *accepted, zt_err *err)
+{
+    bool sliding = false;
+    int rc = zt_json_get_bool(r, "use_sliding_window", &sliding, err);
+    if (rc < 0)
+        return rc;
+    if (sliding)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: use_sliding_window is true, but ztrain's attention sees the whole "
+                       "context (set it to false)", where);
+    static const char *const ignored[] = {"sliding_window", "max_window_layers"};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+        if (cJSON_GetObjectItemCaseSensitive(obj, ignored[i]))
+            zt_json_accept(r, ignored[i]);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(obj, "layer_types");
+    if (types && !cJSON_IsNull(types)) {
+        bool ok = cJSON_IsArray(types);
+        for (const cJSON *t = ok ? types->child : NULL; t && ok; t = t->next)
+            ok = cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0;
+        if (!ok)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_types must all be \"full_attention\" (ztrain's attention "
+                           "sees the whole context in every layer)", where);
+    }
+    if (types)
+        zt_json_accept(r, "layer_types");
+    *accepted = false; /* no window to check against the context */
+    return 0;
+}
+
+/* Fills cfg from a Hugging Face LLaMA, Mistral or Qwen2 config.json object; see llama.h. */
 int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
     zt_llama_config c = *cfg;
@@ -410,10 +445,13 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
         c.family = ZT_LLAMA_FAMILY_LLAMA;
     else if (strcmp(text, "mistral") == 0)
         c.family = ZT_LLAMA_FAMILY_MISTRAL;
+    else if (strcmp(text, "qwen2") == 0)
+        c.family = ZT_LLAMA_FAMILY_QWEN2;
     else if (text[0])
         return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: model_type is \"%s\", but this loader reads only \"llama\" and \"mistral\" configs", where,
-                       text);
+                       "%s: model_type is \"%s\", but this loader reads only \"llama\", \"mistral\" and \"qwen2\" "
+                       "configs", where, text);
+    c.qkv_bias = c.family == ZT_LLAMA_FAMILY_QWEN2;
 
     static const struct {
         const char *key;
@@ -497,9 +535,13 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
     if ((rc = zt_json_get_bool(&r, "use_cache", &use_cache, err)) < 0)
         return rc;
 
-    /* Mistral's sliding window: none, or one no shorter than the context (the same math as full attention). */
+    /* Mistral's sliding window: none, or one no shorter than the context (the same math as full attention).
+     * Qwen2's applies only with use_sliding_window, which ztrain refuses; every layer attends to the whole
+     * context then (layer_types all "full_attention"). */
     int window = 0;
     bool have_window = false;
+    if (c.family == ZT_LLAMA_FAMILY_QWEN2 && (rc = read_qwen2_window(&r, obj, where, &have_window, err)) < 0)
+        return rc;
     if (c.family == ZT_LLAMA_FAMILY_MISTRAL) {
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
         if (cJSON_IsNull(sw))
@@ -519,11 +561,12 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
         bool ok = cJSON_IsArray(arch);
         for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
             ok = cJSON_IsString(a) &&
-                 (strcmp(a->valuestring, "LlamaForCausalLM") == 0 || strcmp(a->valuestring, "MistralForCausalLM") == 0);
+                 (strcmp(a->valuestring, "LlamaForCausalLM") == 0 || strcmp(a->valuestring, "MistralForCausalLM") == 0 ||
+                  strcmp(a->valuestring, "Qwen2ForCausalLM") == 0);
         if (!ok)
             return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: architectures must list LlamaForCausalLM or MistralForCausalLM (ztrain trains the causal "
-                           "language model; other heads have other weights)",
+                           "%s: architectures must list LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (ztrain "
+                           "trains the causal language model; other heads have other weights)",
                            where);
     }
 
@@ -593,10 +636,12 @@ int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err
     int rc = validate_config(c, path, err);
     if (rc < 0)
         return rc;
-    const bool llama = c->family == ZT_LLAMA_FAMILY_LLAMA;
+    const bool llama = c->family == ZT_LLAMA_FAMILY_LLAMA, qwen2 = c->family == ZT_LLAMA_FAMILY_QWEN2;
+    static const char *const arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+    static const char *const type_names[] = {"llama", "mistral", "qwen2"};
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(llama ? "LlamaForCausalLM" : "MistralForCausalLM"));
+    cJSON_AddItemToArray(arch, cJSON_CreateString(arch_names[c->family]));
     if (llama)
         cJSON_AddFalseToObject(o, "attention_bias");
     cJSON_AddItemToObject(o, "attention_dropout", float_number(0.0));
@@ -618,7 +663,9 @@ int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err
     cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
     if (llama)
         cJSON_AddFalseToObject(o, "mlp_bias");
-    cJSON_AddStringToObject(o, "model_type", llama ? "llama" : "mistral");
+    if (qwen2)
+        cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
+    cJSON_AddStringToObject(o, "model_type", type_names[c->family]);
     cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
@@ -646,6 +693,8 @@ int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
     cJSON_AddTrueToObject(o, "use_cache");
+    if (qwen2)
+        cJSON_AddFalseToObject(o, "use_sliding_window");
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
@@ -661,10 +710,15 @@ int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err
 /* Parameter layout                                                                                     */
 /* ---------------------------------------------------------------------------------------------------- */
 
+int zt_llama_config_layer_tensors(const zt_llama_config *cfg)
+{
+    return cfg->qkv_bias ? ZT_LLAMA_T_COUNT_QKV_BIAS : ZT_LLAMA_T_COUNT;
+}
+
 /* Number of parameter tensors of a model with cfg's shape. */
 static int count_tensors(const zt_llama_config *cfg)
 {
-    return 1 + cfg->num_hidden_layers * LT_COUNT + 1 + (cfg->tie_word_embeddings ? 0 : 1);
+    return 1 + cfg->num_hidden_layers * zt_llama_config_layer_tensors(cfg) + 1 + (cfg->tie_word_embeddings ? 0 : 1);
 }
 
 /* Appends one tensor to the table at *offset (elements) and advances it. */
@@ -701,7 +755,7 @@ static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, z
     const struct {
         const char *suffix;
         int64_t out, in; /* in 0 for vectors */
-    } lt[LT_COUNT] = {
+    } lt[ZT_LLAMA_T_COUNT_QKV_BIAS] = {
         [LT_IN_NORM] = {"input_layernorm.weight", C, 0},
         [LT_Q] = {"self_attn.q_proj.weight", C, C},
         [LT_K] = {"self_attn.k_proj.weight", KV, C},
@@ -711,10 +765,14 @@ static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, z
         [LT_GATE] = {"mlp.gate_proj.weight", F, C},
         [LT_UP] = {"mlp.up_proj.weight", F, C},
         [LT_DOWN] = {"mlp.down_proj.weight", C, F},
+        [ZT_LLAMA_T_Q_BIAS] = {"self_attn.q_proj.bias", C, 0},
+        [ZT_LLAMA_T_K_BIAS] = {"self_attn.k_proj.bias", KV, 0},
+        [ZT_LLAMA_T_V_BIAS] = {"self_attn.v_proj.bias", KV, 0},
     };
+    const int per_layer = zt_llama_config_layer_tensors(cfg);
     for (int l = 0; l < cfg->num_hidden_layers; l++) {
         blocks[1 + l].offset = off;
-        for (int k = 0; k < LT_COUNT; k++) {
+        for (int k = 0; k < per_layer; k++) {
             snprintf(name, sizeof name, "layers.%d.%s", l, lt[k].suffix);
             add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out, lt[k].in, lt[k].in > 0);
         }
@@ -741,7 +799,8 @@ size_t zt_llama_config_num_params(const zt_llama_config *cfg)
                              + C * C + 2 * KV * C /* q_proj, k_proj, v_proj */
                              + C * C              /* o_proj */
                              + C                  /* post_attention_layernorm */
-                             + 3 * F * C;         /* gate_proj, up_proj, down_proj */
+                             + 3 * F * C          /* gate_proj, up_proj, down_proj */
+                             + (cfg->qkv_bias ? C + 2 * KV : 0); /* q, k and v biases */
     return V * C + (size_t)cfg->num_hidden_layers * per_layer + C + (cfg->tie_word_embeddings ? 0 : V * C);
 }
 
@@ -804,7 +863,9 @@ static void init_params(zt_llama *m, uint64_t seed)
     for (int i = 0; i < m->num_tensors; i++) {
         const zt_param_info *t = &m->tensors[i];
         float *x = m->params + t->offset;
-        if (t->ndim == 1) { /* RMSNorm weights */
+        if (t->ndim == 1 && strstr(t->name, "_proj.bias")) { /* Qwen2's q, k, v biases */
+            memset(x, 0, t->numel * sizeof *x);
+        } else if (t->ndim == 1) { /* RMSNorm weights */
             for (size_t j = 0; j < t->numel; j++)
                 x[j] = 1.0f;
         } else {
@@ -827,6 +888,7 @@ static zt_llama *new_tables(const zt_llama_config *cfg, int B, int T)
     m->max_T = T;
     m->HS = cfg->hidden_size / cfg->num_attention_heads;
     m->QKV = (cfg->num_attention_heads + 2 * cfg->num_key_value_heads) * m->HS;
+    m->per_layer = zt_llama_config_layer_tensors(cfg);
     m->num_tensors = count_tensors(cfg);
     m->num_blocks = cfg->num_hidden_layers + 2;
     m->head_block = cfg->tie_word_embeddings ? 0 : cfg->num_hidden_layers + 1;
@@ -1072,7 +1134,8 @@ void zt_llama_forward_block(zt_llama *m, int block, const float *bp)
     const zt_attention_dims d = attention_dims(m);
 #define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
     zt_cpu_rmsnorm_forward(a->ln1, a->ln1_rstd, x, W(LT_IN_NORM), N, C, eps);
-    zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_Q), NULL, N, C, m->QKV); /* q_proj | k_proj | v_proj */
+    zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_Q), m->cfg.qkv_bias ? W(LT_Q_BIAS) : NULL, N, C,
+                          m->QKV); /* q_proj | k_proj | v_proj */
     zt_cpu_rope_forward(a->qkv, m->inv_freq, B, T, d.NH, d.NKV, d.HS, 0);
     zt_cpu_attention_forward_gqa(a->atty, a->att_lse, a->qkv, NULL, &d);
     zt_cpu_matmul_forward(m->proj, a->atty, W(LT_O), NULL, N, C, C);
@@ -1187,7 +1250,8 @@ void zt_llama_backward_block(zt_llama *m, int block, const float *bp, float *bg)
     zt_cpu_attention_backward_gqa(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, NULL, &d);
     zt_cpu_rope_backward(m->dqkv, m->inv_freq, B, T, d.NH, d.NKV, d.HS, 0);
     memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, G(LT_Q), NULL, m->dqkv, a->ln1, W(LT_Q), N, C, m->QKV);
+    zt_cpu_matmul_backward(m->dln, G(LT_Q), m->cfg.qkv_bias ? G(LT_Q_BIAS) : NULL, m->dqkv, a->ln1, W(LT_Q), N, C,
+                           m->QKV);
     zt_cpu_rmsnorm_backward(m->dres, G(LT_IN_NORM), m->dln, x, W(LT_IN_NORM), a->ln1_rstd, N, C);
 #undef W
 #undef G
@@ -1389,8 +1453,9 @@ static uint64_t f_config_fingerprint(const void *c)
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
     const zt_llama_config *l = c;
+    static const char *const names[] = {"LLaMA", "Mistral", "Qwen2"};
     snprintf(buf, cap, "%s, %d layers x %d wide, %d heads (%d key/value), MLP %d, vocab %d, %d positions%s",
-             l->family == ZT_LLAMA_FAMILY_MISTRAL ? "Mistral" : "LLaMA", l->num_hidden_layers, l->hidden_size,
+             names[l->family], l->num_hidden_layers, l->hidden_size,
              l->num_attention_heads, l->num_key_value_heads, l->intermediate_size, l->vocab_size,
              l->max_position_embeddings, l->tie_word_embeddings ? ", tied head" : "");
 }
@@ -1444,7 +1509,7 @@ static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum z
 }
 #endif
 
-static const char *const model_types[] = {"llama", "mistral", NULL};
+static const char *const model_types[] = {"llama", "mistral", "qwen2", NULL};
 
 const zt_family_def zt__family_llama = {
     .name = "llama",

@@ -36,6 +36,7 @@
 enum zt_llama_family {
     ZT_LLAMA_FAMILY_LLAMA = 0,   /* model_type "llama", LlamaForCausalLM */
     ZT_LLAMA_FAMILY_MISTRAL = 1, /* model_type "mistral", MistralForCausalLM, without a sliding window */
+    ZT_LLAMA_FAMILY_QWEN2 = 2,   /* model_type "qwen2", Qwen2ForCausalLM: q, k and v projections with biases */
 };
 
 /* The most end-of-sequence ids a config may list (LLaMA-3.1 lists three). */
@@ -43,6 +44,7 @@ enum zt_llama_family {
 
 typedef struct zt_llama_config {
     enum zt_llama_family family;
+    bool qkv_bias;               /* q_proj, k_proj and v_proj have biases (Qwen2; no other family here) */
     int num_hidden_layers;       /* L */
     int hidden_size;             /* C */
     int num_attention_heads;     /* NH; head size HS = C / NH (head_dim) */
@@ -96,11 +98,18 @@ enum zt_llama_layer_tensor {
     ZT_LLAMA_T_GATE,
     ZT_LLAMA_T_UP,
     ZT_LLAMA_T_DOWN,
-    ZT_LLAMA_T_COUNT
+    ZT_LLAMA_T_COUNT,
+    /* Qwen2's layers end with the biases of q, k and v, adjacent (one packed bias of the packed weight). */
+    ZT_LLAMA_T_Q_BIAS = ZT_LLAMA_T_COUNT,
+    ZT_LLAMA_T_K_BIAS,
+    ZT_LLAMA_T_V_BIAS,
+    ZT_LLAMA_T_COUNT_QKV_BIAS
 };
-/* Index of tensor k of layer l in the tensor table; the final norm is ZT_LLAMA_LAYER_TENSOR(L, 0) and an
- * untied lm_head the one after it. */
-#define ZT_LLAMA_LAYER_TENSOR(l, k) (1 + (l) * ZT_LLAMA_T_COUNT + (k))
+/* Tensors per decoder layer of cfg: ZT_LLAMA_T_COUNT, or ZT_LLAMA_T_COUNT_QKV_BIAS with q/k/v biases. */
+int zt_llama_config_layer_tensors(const zt_llama_config *cfg);
+/* Index of tensor k of layer l in the tensor table of a model with `per` tensors per layer; the final norm
+ * is ZT_LLAMA_LAYER_TENSOR(per, L, 0) and an untied lm_head the one after it. */
+#define ZT_LLAMA_LAYER_TENSOR(per, l, k) (1 + (l) * (per) + (k))
 
 typedef struct zt_llama zt_llama; /* opaque */
 

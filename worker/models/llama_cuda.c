@@ -20,7 +20,7 @@
 #include "kernels/rope.h"
 #include "worker/models/cuda_exec.h"
 
-#define LT(l, k) ZT_LLAMA_LAYER_TENSOR(l, k)
+#define LT(l, k) ZT_LLAMA_LAYER_TENSOR(g->per_layer, l, k) /* in functions with the executor g */
 
 typedef struct layer_acts {
     void *ln1, *qkv, *atty, *res2, *ln2, *gu, *act, *res3; /* dtype */
@@ -34,6 +34,7 @@ typedef struct llama_cuda {
     enum zt_dtype dtype;
     size_t esize;            /* bytes per dtype element */
     int HS, QKV, Vp, L;      /* head size, packed q|k|v width, padded vocabulary, layers */
+    int per_layer;           /* tensors per layer (zt_llama_config_layer_tensors) */
     int head_tensor;         /* embed_tokens (0) or lm_head (the last tensor) */
     int max_B, max_T, max_micro;
     zt__cuda_layout lay;     /* the device layout and the engine's view of it */
@@ -59,13 +60,15 @@ static bool layer_ckpt(const llama_cuda *g, int l)
     return g->lay.block_ckpt[1 + l];
 }
 
-/* Whether tensor i continues the packed weight of the tensor before it (k and v after q, up after gate). */
+/* Whether tensor i continues the packed weight of the tensor before it (k and v after q, up after gate, and
+ * the biases of k and v after q's). */
 static bool packed(const llama_cuda *g, int i)
 {
-    if (i < 1 || i > g->L * ZT_LLAMA_T_COUNT)
+    if (i < 1 || i > g->L * g->per_layer)
         return false;
-    const int k = (i - 1) % ZT_LLAMA_T_COUNT;
-    return k == ZT_LLAMA_T_K || k == ZT_LLAMA_T_V || k == ZT_LLAMA_T_UP;
+    const int k = (i - 1) % g->per_layer;
+    return k == ZT_LLAMA_T_K || k == ZT_LLAMA_T_V || k == ZT_LLAMA_T_UP || k == ZT_LLAMA_T_K_BIAS ||
+           k == ZT_LLAMA_T_V_BIAS;
 }
 
 /* Carves every device buffer from base; returns the bytes used (with base NULL only counts). plan, when
@@ -183,6 +186,7 @@ static void init_shape(llama_cuda *g, const zt_llama *host, int B, int T, int ma
     g->L = cfg->num_hidden_layers;
     g->HS = cfg->hidden_size / cfg->num_attention_heads;
     g->QKV = (cfg->num_attention_heads + 2 * cfg->num_key_value_heads) * g->HS;
+    g->per_layer = zt_llama_config_layer_tensors(cfg);
     g->Vp = (int)zt__round_up((size_t)cfg->vocab_size, ZT__CUDA_VOCAB_PAD);
     g->head_tensor = cfg->tie_word_embeddings ? 0 : zt_llama_num_tensors(host) - 1;
     const size_t nl = (size_t)(g->L > 0 ? g->L : 1);
@@ -308,7 +312,8 @@ static void forward_layer(llama_cuda *g, int l, const void *w, bool rebuild)
     cudaStream_t s = g->cs.stream;
 #define W(k) in_block(g, w, b, LT(l, k))
     zt_cuda_rmsnorm_forward(a->ln1, a->ln1_rstd, x, W(ZT_LLAMA_T_IN_NORM), N, C, eps, dt, s);
-    zt_cuda_matmul_forward(g->cs.blas, a->qkv, NULL, a->ln1, W(ZT_LLAMA_T_Q), NULL, N, C, g->QKV, dt, s);
+    zt_cuda_matmul_forward(g->cs.blas, a->qkv, NULL, a->ln1, W(ZT_LLAMA_T_Q),
+                           g->cfg.qkv_bias ? W(ZT_LLAMA_T_Q_BIAS) : NULL, N, C, g->QKV, dt, s);
     zt_cuda_rope_forward(a->qkv, g->inv_freq, B, T, d.NH, d.NKV, d.HS, 0, dt, s);
     zt_cuda_attention_forward_gqa(a->atty, a->lse, a->qkv, NULL, &d, dt, s);
     zt_cuda_matmul_forward_residual(g->cs.blas, a->res2, a->atty, W(ZT_LLAMA_T_O), NULL, x, N, C, C, dt, s);
@@ -347,8 +352,8 @@ static void backward_layer(llama_cuda *g, int l, const void *w, void *gr)
     zt_cuda_attention_backward_gqa(g->dqkv, g->datty, a->qkv, a->atty, a->lse, NULL, &d, false, g->attn_scratch, dt,
                                    s);
     zt_cuda_rope_backward(g->dqkv, g->inv_freq, B, T, d.NH, d.NKV, d.HS, 0, dt, s);
-    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, G(ZT_LLAMA_T_Q), NULL, g->dqkv, a->ln1, W(ZT_LLAMA_T_Q), NULL,
-                                      N, C, g->QKV, dt, s);
+    zt_cuda_matmul_backward_overwrite(g->cs.blas, g->dln, G(ZT_LLAMA_T_Q), g->cfg.qkv_bias ? G(ZT_LLAMA_T_Q_BIAS) : NULL,
+                                      g->dqkv, a->ln1, W(ZT_LLAMA_T_Q), NULL, N, C, g->QKV, dt, s);
     zt_cuda_rmsnorm_backward(g->dres, G(ZT_LLAMA_T_IN_NORM), g->dln, x, W(ZT_LLAMA_T_IN_NORM), a->ln1_rstd, N, C,
                              g->norm_scratch, dt, s);
 #undef W
