@@ -24,15 +24,9 @@
 #include "common/memory.h"      /* huge pages for the slabs */
 #include "common/rng.h"         /* deterministic initialisation */
 #include "common/safetensors.h" /* export and import, the files of a sharded checkpoint */
-#include "kernels/activation.h" /* GELU (tanh form) */
-#include "kernels/attention.h"  /* causal self-attention */
 #include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
-#include "kernels/crossentropy.h"
-#include "kernels/embedding.h" /* token + position embedding */
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"   /* linear layers and the tied head */
-#include "kernels/residual.h" /* residual adds */
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
+#include "worker/models/decoder.h"     /* the layer program and its CPU runner */
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
@@ -46,7 +40,6 @@
 #define GPT2_MAX_POSITIONS (1 << 20)
 #define GPT2_MAX_VOCAB (1 << 24)
 
-#define IGNORE_INDEX (-1)
 #define HF_PREFIX "transformer."
 
 /* Tensors of one transformer layer, in slab order. */
@@ -69,18 +62,6 @@ enum layer_tensor {
 /* Index of the first tensor of layer l in the tensor table (wte and wpe come first). */
 #define LAYER_TENSOR(l, k) (2 + (l) * LT_COUNT + (k))
 
-/* What the forward pass keeps of one layer for the backward pass. */
-typedef struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* [N,C], [N], [N] */
-    float *qkv;                       /* [N,3C] */
-    float *atty;                      /* [N,C] attention output, heads concatenated */
-    float *att_lse;                   /* [B,NH,T] log-sum-exp per query row */
-    float *res2;                      /* [N,C] residual stream after attention */
-    float *ln2, *ln2_mean, *ln2_rstd; /* [N,C], [N], [N] */
-    float *fch, *fch_gelu;            /* [N,4C] MLP hidden before and after GELU */
-    float *res3;                      /* [N,C] residual stream after the MLP (the layer's output) */
-} layer_acts;
-
 struct zt_gpt2 {
     zt_gpt2_config cfg;
     int max_B, max_T;
@@ -92,27 +73,8 @@ struct zt_gpt2 {
     zt_block_info *blocks; /* [num_blocks] */
     float *params;         /* [num_params] */
     float *grads;          /* [num_params] */
-
-    /* Activation slab (forward state and backward scratch); N = B*T rows are used of max_B*max_T. */
-    float *acts;
-    float *encoded; /* [N,C] embeddings, the input of layer 0 */
-    layer_acts *layers;
-    float *lnf, *lnf_mean, *lnf_rstd; /* [N,C], [N], [N] */
-    float *logits;                    /* [N,V]; holds dlogits after a backward pass */
-    float *losses;                    /* [N] */
-    float *proj;                      /* [N,C] projection output before its residual add (not kept) */
-    float *dres;                      /* [N,C] gradient of the residual stream */
-    float *dln;                       /* [N,C] gradient of a layer norm's output */
-    float *datty;                     /* [N,C] */
-    float *dqkv;                      /* [N,3C] */
-    float *dfch, *dfch_gelu;          /* [N,4C] */
-    int32_t *tokens;                  /* [N] inputs of the last forward pass */
-    int32_t *targets;                 /* [N] targets of the last forward pass */
-
-    int B, T;          /* shape of the last forward pass */
-    bool have_targets; /* the last forward pass had targets and no backward has consumed it */
-    int n_valid;       /* non-ignored targets of the last forward pass */
-    bool backward_skip; /* the running backward pass has nothing to do (every target was ignored) */
+    zt__dec_arch arch;     /* the decoder program's view of the model */
+    zt__dec_cpu *run;      /* its activations and per-block passes on the CPU (NULL for a layout) */
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -513,53 +475,6 @@ size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg)
 /* Creation                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Hands out n floats from base (or only counts them when base is NULL). */
-static float *take(float *base, size_t *used, size_t n)
-{
-    float *p = base ? base + *used : NULL;
-    *used += n;
-    return p;
-}
-
-/* Carves the activation slab at base for max_B x max_T rows and returns its size in floats. With base
- * NULL it only counts. */
-static size_t carve_acts(zt_gpt2 *m, float *base)
-{
-    const size_t N = (size_t)m->max_B * (size_t)m->max_T;
-    const size_t C = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.vocab_size, NH = (size_t)m->cfg.n_head;
-    size_t used = 0;
-    m->encoded = take(base, &used, N * C);
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        layer_acts *a = &m->layers[l];
-        a->ln1 = take(base, &used, N * C);
-        a->ln1_mean = take(base, &used, N);
-        a->ln1_rstd = take(base, &used, N);
-        a->qkv = take(base, &used, N * 3 * C);
-        a->atty = take(base, &used, N * C);
-        a->att_lse = take(base, &used, N * NH);
-        a->res2 = take(base, &used, N * C);
-        a->ln2 = take(base, &used, N * C);
-        a->ln2_mean = take(base, &used, N);
-        a->ln2_rstd = take(base, &used, N);
-        a->fch = take(base, &used, N * 4 * C);
-        a->fch_gelu = take(base, &used, N * 4 * C);
-        a->res3 = take(base, &used, N * C);
-    }
-    m->lnf = take(base, &used, N * C);
-    m->lnf_mean = take(base, &used, N);
-    m->lnf_rstd = take(base, &used, N);
-    m->logits = take(base, &used, N * V);
-    m->losses = take(base, &used, N);
-    m->proj = take(base, &used, N * C);
-    m->dres = take(base, &used, N * C);
-    m->dln = take(base, &used, N * C);
-    m->datty = take(base, &used, N * C);
-    m->dqkv = take(base, &used, N * 3 * C);
-    m->dfch = take(base, &used, N * 4 * C);
-    m->dfch_gelu = take(base, &used, N * 4 * C);
-    return used;
-}
-
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the
  * file). Tensors are filled in slab order from one generator. */
 static void init_params(zt_gpt2 *m, uint64_t seed)
@@ -584,6 +499,25 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
     }
 }
 
+/* GPT-2 as the decoder program sees it: LayerNorms with biases, the tanh GELU, learned positions, every
+ * linear layer with a bias, and the head tied to wte. */
+static void decoder_arch(const zt_gpt2_config *cfg, zt__dec_arch *a)
+{
+    const int C = cfg->n_embd;
+    *a = (zt__dec_arch){.L = cfg->n_layer, .C = C, .NH = cfg->n_head, .NKV = cfg->n_head, .HS = C / cfg->n_head,
+                        .F = 4 * C, .V = cfg->vocab_size, .norm = ZT__DEC_LAYERNORM, .eps = cfg->layer_norm_epsilon,
+                        .mlp = ZT__DEC_MLP_GELU_TANH, .wpe = true, .pad_token_id = -1, .layer0 = 2,
+                        .per_layer = LT_COUNT, .head_tensor = 0};
+    const int role[ZT__DEC_ROLES] = {
+        [ZT__DEC_LN1_W] = LT_LN1_W, [ZT__DEC_LN1_B] = LT_LN1_B, [ZT__DEC_QKV_W] = LT_QKV_W,
+        [ZT__DEC_QKV_B] = LT_QKV_B, [ZT__DEC_O_W] = LT_ATTPROJ_W, [ZT__DEC_O_B] = LT_ATTPROJ_B,
+        [ZT__DEC_LN2_W] = LT_LN2_W, [ZT__DEC_LN2_B] = LT_LN2_B, [ZT__DEC_UP_W] = LT_FC_W, [ZT__DEC_UP_B] = LT_FC_B,
+        [ZT__DEC_DOWN_W] = LT_FCPROJ_W, [ZT__DEC_DOWN_B] = LT_FCPROJ_B};
+    memcpy(a->role, role, sizeof role);
+    a->final_w = 2 + cfg->n_layer * LT_COUNT;
+    a->final_b = a->final_w + 1;
+}
+
 /* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
 static zt_gpt2 *new_tables(const zt_gpt2_config *cfg, int B, int T)
 {
@@ -597,13 +531,13 @@ static zt_gpt2 *new_tables(const zt_gpt2_config *cfg, int B, int T)
     m->num_blocks = cfg->n_layer + 2;
     m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
     m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
-    m->layers = calloc((size_t)(cfg->n_layer > 0 ? cfg->n_layer : 1), sizeof *m->layers);
-    if (!m->tensors || !m->blocks || !m->layers) {
+    if (!m->tensors || !m->blocks) {
         zt_gpt2_destroy(m);
         return NULL;
     }
     m->num_params = build_layout(cfg, m->tensors, m->blocks);
     ZT_ASSERT(m->num_params == zt_gpt2_config_num_params(cfg));
+    decoder_arch(cfg, &m->arch);
     return m;
 }
 
@@ -661,19 +595,8 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
                      2.0 * (double)param_bytes / (1 << 20));
         goto err;
     }
-    size_t act_floats = carve_acts(m, NULL);
-    m->acts = malloc(act_floats * sizeof(float));
-    zt_advise_huge_pages(m->acts, act_floats * sizeof(float));
-    m->tokens = malloc((size_t)B * (size_t)T * sizeof(int32_t));
-    m->targets = malloc((size_t)B * (size_t)T * sizeof(int32_t));
-    if (!m->acts || !m->tokens || !m->targets) {
-        rc = zt_fail(err, ZT_ENOMEM,
-                     "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or "
-                     "sequence length)",
-                     B, T, (double)act_floats * sizeof(float) / (1 << 20));
+    if ((rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, NULL, err)) < 0)
         goto err;
-    }
-    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
     if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
         zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)",
                (double)m->num_params / 1e6, (unsigned long long)seed, zt_cpu_get_threads());
@@ -691,14 +614,11 @@ void zt_gpt2_destroy(zt_gpt2 *m)
 {
     if (!m)
         return;
+    zt__dec_cpu_destroy(m->run);
     free(m->tensors);
     free(m->blocks);
-    free(m->layers);
     free(m->params);
     free(m->grads);
-    free(m->acts);
-    free(m->tokens);
-    free(m->targets);
     free(m);
 }
 
@@ -767,92 +687,20 @@ float *zt_gpt2_grads(zt_gpt2 *m)
 /* Forward and backward                                                                                 */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* The start of tensor idx inside its block's flat buffer bp (laid out like the block's slab range). */
-static const float *in_block(const zt_gpt2 *m, const float *bp, int idx)
-{
-    const zt_param_info *t = &m->tensors[idx];
-    return bp + (t->offset - m->blocks[t->block].offset);
-}
-
-static float *in_block_mut(const zt_gpt2 *m, float *bp, int idx)
-{
-    const zt_param_info *t = &m->tensors[idx];
-    return bp + (t->offset - m->blocks[t->block].offset);
-}
-
-/* The residual stream entering transformer layer l (l == n_layer: entering ln_f). */
-static float *layer_input(zt_gpt2 *m, int l)
-{
-    return l > 0 ? m->layers[l - 1].res3 : m->encoded;
-}
-
-/* Starts a forward pass over tokens [B,T] for the per-block functions; see gpt2.h. */
+/* The per-block passes are the decoder program's (decoder.h) on the CPU. */
 void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tokens, int B, int T)
 {
-    ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
-    const int V = m->cfg.vocab_size, N = B * T;
-    for (int i = 0; i < N; i++)
-        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
-    memmove(m->tokens, tokens, (size_t)N * sizeof *tokens);
-    m->B = B;
-    m->T = T;
-    m->have_targets = false;
+    zt__dec_cpu_begin(m->run, tokens, B, T);
 }
 
-/* Runs block `block` of the forward pass with its parameters at bp; see gpt2.h. */
 void zt_gpt2_forward_block(zt_gpt2 *m, int block, const float *bp)
 {
-    ZT_ASSERT(block >= 0 && block < m->num_blocks);
-    const int B = m->B, T = m->T, N = B * T;
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, L = m->cfg.n_layer;
-    const float eps = m->cfg.layer_norm_epsilon;
-    if (block == 0) {
-        zt_cpu_embedding_forward(m->encoded, m->tokens, in_block(m, bp, 0), in_block(m, bp, 1), B, T, C);
-        return;
-    }
-    if (block == L + 1) {
-        const int lnf = m->num_tensors - 2;
-        zt_cpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, layer_input(m, L), in_block(m, bp, lnf),
-                                 in_block(m, bp, lnf + 1), N, C, eps);
-        return;
-    }
-    const int l = block - 1;
-    layer_acts *a = &m->layers[l];
-    const float *x = layer_input(m, l);
-#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
-    zt_cpu_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(LT_LN1_W), W(LT_LN1_B), N, C, eps);
-    zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_QKV_W), W(LT_QKV_B), N, C, 3 * C);
-    zt_cpu_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
-    zt_cpu_matmul_forward(m->proj, a->atty, W(LT_ATTPROJ_W), W(LT_ATTPROJ_B), N, C, C);
-    zt_cpu_residual_forward(a->res2, x, m->proj, (size_t)N * C);
-    zt_cpu_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(LT_LN2_W), W(LT_LN2_B), N, C, eps);
-    zt_cpu_matmul_forward(a->fch, a->ln2, W(LT_FC_W), W(LT_FC_B), N, C, 4 * C);
-    zt_cpu_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-    zt_cpu_matmul_forward(m->proj, a->fch_gelu, W(LT_FCPROJ_W), W(LT_FCPROJ_B), N, 4 * C, C);
-    zt_cpu_residual_forward(a->res3, a->res2, m->proj, (size_t)N * C);
-#undef W
+    zt__dec_cpu_forward_block(m->run, block, bp);
 }
 
-/* The tied head and the loss after the last block; see gpt2.h. */
 float zt_gpt2_forward_head(zt_gpt2 *m, const float *wte, const int32_t *targets)
 {
-    const int N = m->B * m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size;
-    /* The head is tied: logits = lnf @ wte^T. */
-    zt_cpu_matmul_forward(m->logits, m->lnf, wte, NULL, N, C, V);
-    if (!targets)
-        return 0.0f;
-    for (int i = 0; i < N; i++)
-        ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
-    memmove(m->targets, targets, (size_t)N * sizeof *targets);
-    m->n_valid =
-        zt_cpu_crossentropy_forward_backward(m->losses, NULL, m->logits, m->targets, N, V, IGNORE_INDEX, 0.0f);
-    m->have_targets = true;
-    if (m->n_valid == 0)
-        return 0.0f;
-    double sum = 0.0;
-    for (int i = 0; i < N; i++)
-        sum += m->losses[i];
-    return (float)(sum / m->n_valid);
+    return zt__dec_cpu_forward_head(m->run, wte, targets);
 }
 
 /* Runs the forward pass over tokens [B,T]; with targets returns the mean loss over non-ignored positions
@@ -866,87 +714,19 @@ float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets,
     return zt_gpt2_forward_head(m, m->params, targets);
 }
 
-/* The backward of the tied head; see gpt2.h. */
 void zt_gpt2_backward_head(zt_gpt2 *m, const float *wte, float *dwte, float loss_scale)
 {
-    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
-    m->have_targets = false;
-    m->backward_skip = m->n_valid == 0;
-    if (m->backward_skip)
-        return;
-    const int N = m->B * m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size;
-    /* dlogits overwrite the logits in place (the kernel allows the alias). */
-    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, V, IGNORE_INDEX,
-                                         loss_scale / (float)m->n_valid);
-    memset(m->dln, 0, (size_t)N * C * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, dwte, NULL, m->logits, m->lnf, wte, N, C, V);
+    zt__dec_cpu_backward_head(m->run, wte, dwte, loss_scale);
 }
 
-/* Runs block `block` of the backward pass; see gpt2.h. */
 void zt_gpt2_backward_block(zt_gpt2 *m, int block, const float *bp, float *bg)
 {
-    ZT_ASSERT(block >= 0 && block < m->num_blocks);
-    if (m->backward_skip)
-        return;
-    const int B = m->B, T = m->T, N = B * T;
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, L = m->cfg.n_layer;
-    const size_t NC = (size_t)N * C;
-    if (block == L + 1) {
-        const int lnf = m->num_tensors - 2;
-        memset(m->dres, 0, NC * sizeof(float));
-        zt_cpu_layernorm_backward(m->dres, in_block_mut(m, bg, lnf), in_block_mut(m, bg, lnf + 1), m->dln,
-                                  layer_input(m, L), in_block(m, bp, lnf), m->lnf_mean, m->lnf_rstd, N, C);
-        return;
-    }
-    if (block == 0) {
-        zt_cpu_embedding_backward(in_block_mut(m, bg, 0), in_block_mut(m, bg, 1), m->dres, m->tokens, B, T, C);
-        return;
-    }
-    /* m->dres holds the gradient of the residual stream; each layer turns d(output) into d(input). */
-    const int l = block - 1;
-    const layer_acts *a = &m->layers[l];
-    const float *x = layer_input(m, l);
-#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
-#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, k))
-    /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
-    memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dfch_gelu, G(LT_FCPROJ_W), G(LT_FCPROJ_B), m->dres, a->fch_gelu, W(LT_FCPROJ_W), N,
-                           4 * C, C);
-    memset(m->dfch, 0, 4 * NC * sizeof(float));
-    zt_cpu_gelu_backward(m->dfch, a->fch, m->dfch_gelu, 4 * NC);
-    memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, G(LT_FC_W), G(LT_FC_B), m->dfch, a->ln2, W(LT_FC_W), N, C, 4 * C);
-    zt_cpu_layernorm_backward(m->dres, G(LT_LN2_W), G(LT_LN2_B), m->dln, a->res2, W(LT_LN2_W), a->ln2_mean,
-                              a->ln2_rstd, N, C);
-    /* Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
-    memset(m->datty, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->datty, G(LT_ATTPROJ_W), G(LT_ATTPROJ_B), m->dres, a->atty, W(LT_ATTPROJ_W), N, C, C);
-    memset(m->dqkv, 0, 3 * NC * sizeof(float));
-    zt_cpu_attention_backward(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, B, T, C, NH);
-    memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, G(LT_QKV_W), G(LT_QKV_B), m->dqkv, a->ln1, W(LT_QKV_W), N, C, 3 * C);
-    zt_cpu_layernorm_backward(m->dres, G(LT_LN1_W), G(LT_LN1_B), m->dln, x, W(LT_LN1_W), a->ln1_mean, a->ln1_rstd,
-                              N, C);
-#undef W
-#undef G
+    zt__dec_cpu_backward_block(m->run, block, bp, bg);
 }
 
-/* Poisons a transformer layer's intermediate activations (checkpointing drops them); see gpt2.h. */
 void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block)
 {
-    if (block < 1 || block > m->cfg.n_layer)
-        return;
-    const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
-    layer_acts *a = &m->layers[block - 1];
-    struct {
-        float *p;
-        size_t n;
-    } parts[] = {{a->ln1, N * C},   {a->ln1_mean, N}, {a->ln1_rstd, N},     {a->qkv, N * 3 * C},
-                 {a->atty, N * C},  {a->att_lse, N * NH}, {a->res2, N * C}, {a->ln2, N * C},
-                 {a->ln2_mean, N},  {a->ln2_rstd, N}, {a->fch, N * 4 * C},  {a->fch_gelu, N * 4 * C}};
-    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
-        for (size_t i = 0; i < parts[k].n; i++)
-            parts[k].p[i] = NAN;
+    zt__dec_cpu_discard_block(m->run, block);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -968,7 +748,7 @@ void zt_gpt2_zero_grad(zt_gpt2 *m)
 /* Returns the logits [B,T,V] of the last forward pass. */
 const float *zt_gpt2_logits(const zt_gpt2 *m)
 {
-    return m->logits;
+    return zt__dec_cpu_logits(m->run);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */

@@ -23,16 +23,10 @@
 #include "common/memory.h"       /* huge pages for the slabs */
 #include "common/rng.h"          /* deterministic initialisation */
 #include "common/safetensors.h"  /* export and import, the files of a sharded checkpoint */
-#include "kernels/activation.h"  /* SwiGLU */
-#include "kernels/attention.h"   /* causal grouped-query attention */
 #include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
-#include "kernels/crossentropy.h"
-#include "kernels/embedding.h" /* the token embedding (no position table) */
-#include "kernels/matmul.h"    /* linear layers and the head */
-#include "kernels/residual.h"  /* residual adds */
-#include "kernels/rmsnorm.h"
 #include "kernels/rope.h"                   /* rotary position embeddings */
 #include "worker/models/cpu_exec.h"         /* the engine's CPU executor */
+#include "worker/models/decoder.h"          /* the layer program and its CPU runner */
 #include "worker/models/family.h"           /* the family definition */
 #include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
@@ -47,7 +41,6 @@
 #define LLAMA_MAX_POSITIONS (1 << 24)
 #define LLAMA_MAX_VOCAB (1 << 24)
 
-#define IGNORE_INDEX (-1)
 #define HF_PREFIX "model."
 #define LM_HEAD "lm_head.weight"
 
@@ -63,19 +56,6 @@
 #define LT_DOWN ZT_LLAMA_T_DOWN
 #define LT_Q_BIAS ZT_LLAMA_T_Q_BIAS
 #define LAYER_TENSOR(l, k) ZT_LLAMA_LAYER_TENSOR(m->per_layer, l, k) /* in functions with the model m */
-
-/* What the forward pass keeps of one layer for the backward pass. */
-typedef struct layer_acts {
-    float *ln1, *ln1_rstd; /* [N,C], [N] input_layernorm's output and 1/rms */
-    float *qkv;            /* [N,QKV] q | k | v after RoPE (the attention's input) */
-    float *atty;           /* [N,C] attention output, heads concatenated */
-    float *att_lse;        /* [B,NH,T] log-sum-exp per query row */
-    float *res2;           /* [N,C] residual stream after attention */
-    float *ln2, *ln2_rstd; /* [N,C], [N] post_attention_layernorm's output and 1/rms */
-    float *gu;             /* [N,2F] gate | up before the activation */
-    float *act;            /* [N,F] silu(gate) * up */
-    float *res3;           /* [N,C] residual stream after the MLP (the layer's output) */
-} layer_acts;
 
 struct zt_llama {
     zt_llama_config cfg;
@@ -94,29 +74,8 @@ struct zt_llama {
     float *params;         /* [num_params] */
     float *grads;          /* [num_params] */
     float *inv_freq;       /* [HS/2] RoPE inverse frequencies */
-
-    /* Activation slab (forward state and backward scratch); N = B*T rows are used of max_B*max_T. */
-    float *acts;
-    float *encoded; /* [N,C] embeddings, the input of layer 0 */
-    layer_acts *layers;
-    float *lnf, *lnf_rstd; /* [N,C], [N] final norm */
-    float *logits;         /* [N,V]; holds dlogits after a backward pass */
-    float *losses;         /* [N] */
-    float *proj;           /* [N,C] projection output before its residual add (not kept) */
-    float *dres;           /* [N,C] gradient of the residual stream */
-    float *dln;            /* [N,C] gradient of a norm's output */
-    float *datty;          /* [N,C] */
-    float *dqkv;           /* [N,QKV] */
-    float *dgu;            /* [N,2F] */
-    float *dact;           /* [N,F] */
-    float *pad_row;        /* [C] the padding row's gradient, kept across the embedding's backward */
-    int32_t *tokens;       /* [N] inputs of the last forward pass */
-    int32_t *targets;      /* [N] targets of the last forward pass */
-
-    int B, T;           /* shape of the last forward pass */
-    bool have_targets;  /* the last forward pass had targets and no backward has consumed it */
-    int n_valid;        /* non-ignored targets of the last forward pass */
-    bool backward_skip; /* the running backward pass has nothing to do (every target was ignored) */
+    zt__dec_arch arch;     /* the decoder program's view of the model */
+    zt__dec_cpu *run;      /* its activations and per-block passes on the CPU (NULL for a layout) */
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -808,52 +767,6 @@ size_t zt_llama_config_num_params(const zt_llama_config *cfg)
 /* Creation                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Hands out n floats from base (or only counts them when base is NULL). */
-static float *take(float *base, size_t *used, size_t n)
-{
-    float *p = base ? base + *used : NULL;
-    *used += n;
-    return p;
-}
-
-/* Carves the activation slab at base for max_B x max_T rows and returns its size in floats. With base NULL
- * it only counts. */
-static size_t carve_acts(zt_llama *m, float *base)
-{
-    const size_t N = (size_t)m->max_B * (size_t)m->max_T;
-    const size_t C = (size_t)m->cfg.hidden_size, V = (size_t)m->cfg.vocab_size, NH = (size_t)m->cfg.num_attention_heads;
-    const size_t F = (size_t)m->cfg.intermediate_size, QKV = (size_t)m->QKV;
-    size_t used = 0;
-    m->encoded = take(base, &used, N * C);
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-        layer_acts *a = &m->layers[l];
-        a->ln1 = take(base, &used, N * C);
-        a->ln1_rstd = take(base, &used, N);
-        a->qkv = take(base, &used, N * QKV);
-        a->atty = take(base, &used, N * C);
-        a->att_lse = take(base, &used, N * NH);
-        a->res2 = take(base, &used, N * C);
-        a->ln2 = take(base, &used, N * C);
-        a->ln2_rstd = take(base, &used, N);
-        a->gu = take(base, &used, N * 2 * F);
-        a->act = take(base, &used, N * F);
-        a->res3 = take(base, &used, N * C);
-    }
-    m->lnf = take(base, &used, N * C);
-    m->lnf_rstd = take(base, &used, N);
-    m->logits = take(base, &used, N * V);
-    m->losses = take(base, &used, N);
-    m->proj = take(base, &used, N * C);
-    m->dres = take(base, &used, N * C);
-    m->dln = take(base, &used, N * C);
-    m->datty = take(base, &used, N * C);
-    m->dqkv = take(base, &used, N * QKV);
-    m->dgu = take(base, &used, N * 2 * F);
-    m->dact = take(base, &used, N * F);
-    m->pad_row = take(base, &used, C);
-    return used;
-}
-
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the file).
  * Tensors are filled in slab order from one generator. */
 static void init_params(zt_llama *m, uint64_t seed)
@@ -877,6 +790,29 @@ static void init_params(zt_llama *m, uint64_t seed)
                (size_t)m->cfg.hidden_size * sizeof(float));
 }
 
+/* LLaMA as the decoder program sees it: RMSNorms, SwiGLU, rotary embeddings, no biases but Qwen2's on q, k
+ * and v, the head tied to embed_tokens or lm_head. */
+static void decoder_arch(const zt_llama *m, zt__dec_arch *a)
+{
+    const zt_llama_config *c = &m->cfg;
+    *a = (zt__dec_arch){.L = c->num_hidden_layers, .C = c->hidden_size, .NH = c->num_attention_heads,
+                        .NKV = c->num_key_value_heads, .HS = m->HS, .F = c->intermediate_size, .V = c->vocab_size,
+                        .norm = ZT__DEC_RMSNORM, .eps = c->rms_norm_eps, .mlp = ZT__DEC_MLP_SWIGLU, .rope = true,
+                        .pad_token_id = c->pad_token_id, .layer0 = 1, .per_layer = m->per_layer,
+                        .head_tensor = m->head_tensor};
+    for (int k = 0; k < ZT__DEC_ROLES; k++)
+        a->role[k] = -1;
+    a->role[ZT__DEC_LN1_W] = LT_IN_NORM;
+    a->role[ZT__DEC_QKV_W] = LT_Q;
+    a->role[ZT__DEC_QKV_B] = c->qkv_bias ? LT_Q_BIAS : -1;
+    a->role[ZT__DEC_O_W] = LT_O;
+    a->role[ZT__DEC_LN2_W] = LT_POST_NORM;
+    a->role[ZT__DEC_UP_W] = LT_GATE;
+    a->role[ZT__DEC_DOWN_W] = LT_DOWN;
+    a->final_w = 1 + c->num_hidden_layers * m->per_layer;
+    a->final_b = -1;
+}
+
 /* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
 static zt_llama *new_tables(const zt_llama_config *cfg, int B, int T)
 {
@@ -895,15 +831,15 @@ static zt_llama *new_tables(const zt_llama_config *cfg, int B, int T)
     m->head_tensor = cfg->tie_word_embeddings ? 0 : m->num_tensors - 1;
     m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
     m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
-    m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
     m->inv_freq = calloc((size_t)m->HS / 2, sizeof *m->inv_freq);
-    if (!m->tensors || !m->blocks || !m->layers || !m->inv_freq) {
+    if (!m->tensors || !m->blocks || !m->inv_freq) {
         zt_llama_destroy(m);
         return NULL;
     }
     m->num_params = build_layout(cfg, m->tensors, m->blocks);
     ZT_ASSERT(m->num_params == zt_llama_config_num_params(cfg));
     ZT_ASSERT(zt_rope_inv_freq(m->inv_freq, m->HS, &cfg->rope, NULL) == 0); /* validated */
+    decoder_arch(m, &m->arch);
     return m;
 }
 
@@ -960,19 +896,8 @@ int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, ui
                      2.0 * (double)param_bytes / (1 << 20));
         goto err;
     }
-    const size_t act_floats = carve_acts(m, NULL);
-    m->acts = malloc(act_floats * sizeof(float));
-    zt_advise_huge_pages(m->acts, act_floats * sizeof(float));
-    m->tokens = malloc((size_t)B * (size_t)T * sizeof(int32_t));
-    m->targets = malloc((size_t)B * (size_t)T * sizeof(int32_t));
-    if (!m->acts || !m->tokens || !m->targets) {
-        rc = zt_fail(err, ZT_ENOMEM,
-                     "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
-                     "length)",
-                     B, T, (double)act_floats * sizeof(float) / (1 << 20));
+    if ((rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err)) < 0)
         goto err;
-    }
-    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
     if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
         zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
                (unsigned long long)seed, zt_cpu_get_threads());
@@ -990,15 +915,12 @@ void zt_llama_destroy(zt_llama *m)
 {
     if (!m)
         return;
+    zt__dec_cpu_destroy(m->run);
     free(m->tensors);
     free(m->blocks);
-    free(m->layers);
     free(m->inv_freq);
     free(m->params);
     free(m->grads);
-    free(m->acts);
-    free(m->tokens);
-    free(m->targets);
     free(m);
 }
 
@@ -1073,100 +995,20 @@ float *zt_llama_grads(zt_llama *m)
 /* Forward and backward                                                                                 */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* The start of tensor idx inside its block's flat buffer bp (laid out like the block's slab range). */
-static const float *in_block(const zt_llama *m, const float *bp, int idx)
-{
-    const zt_param_info *t = &m->tensors[idx];
-    return bp + (t->offset - m->blocks[t->block].offset);
-}
-
-static float *in_block_mut(const zt_llama *m, float *bp, int idx)
-{
-    const zt_param_info *t = &m->tensors[idx];
-    return bp + (t->offset - m->blocks[t->block].offset);
-}
-
-/* The residual stream entering decoder layer l (l == L: entering the final norm). */
-static float *layer_input(zt_llama *m, int l)
-{
-    return l > 0 ? m->layers[l - 1].res3 : m->encoded;
-}
-
-/* The shape of the attention calls of the current batch. */
-static zt_attention_dims attention_dims(const zt_llama *m)
-{
-    return (zt_attention_dims){.B = m->B, .T = m->T, .NH = m->cfg.num_attention_heads,
-                               .NKV = m->cfg.num_key_value_heads, .HS = m->HS, .causal = true};
-}
-
-/* Starts a forward pass over tokens [B,T] for the per-block functions; see llama.h. */
+/* The per-block passes are the decoder program's (decoder.h) on the CPU. */
 void zt_llama_forward_begin(zt_llama *m, const int32_t *tokens, int B, int T)
 {
-    ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
-    const int V = m->cfg.vocab_size, N = B * T;
-    for (int i = 0; i < N; i++)
-        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
-    memmove(m->tokens, tokens, (size_t)N * sizeof *tokens);
-    m->B = B;
-    m->T = T;
-    m->have_targets = false;
+    zt__dec_cpu_begin(m->run, tokens, B, T);
 }
 
-/* Runs block `block` of the forward pass with its parameters at bp; see llama.h. */
 void zt_llama_forward_block(zt_llama *m, int block, const float *bp)
 {
-    ZT_ASSERT(block >= 0 && block < m->num_blocks);
-    const int B = m->B, T = m->T, N = B * T;
-    const int C = m->cfg.hidden_size, F = m->cfg.intermediate_size, L = m->cfg.num_hidden_layers;
-    const float eps = m->cfg.rms_norm_eps;
-    if (block == 0) {
-        zt_cpu_embedding_forward(m->encoded, m->tokens, in_block(m, bp, 0), NULL, B, T, C);
-        return;
-    }
-    if (block == L + 1) {
-        const int norm = LAYER_TENSOR(L, 0);
-        zt_cpu_rmsnorm_forward(m->lnf, m->lnf_rstd, layer_input(m, L), in_block(m, bp, norm), N, C, eps);
-        return;
-    }
-    const int l = block - 1;
-    layer_acts *a = &m->layers[l];
-    const float *x = layer_input(m, l);
-    const zt_attention_dims d = attention_dims(m);
-#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
-    zt_cpu_rmsnorm_forward(a->ln1, a->ln1_rstd, x, W(LT_IN_NORM), N, C, eps);
-    zt_cpu_matmul_forward(a->qkv, a->ln1, W(LT_Q), m->cfg.qkv_bias ? W(LT_Q_BIAS) : NULL, N, C,
-                          m->QKV); /* q_proj | k_proj | v_proj */
-    zt_cpu_rope_forward(a->qkv, m->inv_freq, B, T, d.NH, d.NKV, d.HS, 0);
-    zt_cpu_attention_forward_gqa(a->atty, a->att_lse, a->qkv, NULL, &d);
-    zt_cpu_matmul_forward(m->proj, a->atty, W(LT_O), NULL, N, C, C);
-    zt_cpu_residual_forward(a->res2, x, m->proj, (size_t)N * C);
-    zt_cpu_rmsnorm_forward(a->ln2, a->ln2_rstd, a->res2, W(LT_POST_NORM), N, C, eps);
-    zt_cpu_matmul_forward(a->gu, a->ln2, W(LT_GATE), NULL, N, C, 2 * F); /* gate_proj | up_proj */
-    zt_cpu_swiglu_forward(a->act, a->gu, N, F);
-    zt_cpu_matmul_forward(m->proj, a->act, W(LT_DOWN), NULL, N, F, C);
-    zt_cpu_residual_forward(a->res3, a->res2, m->proj, (size_t)N * C);
-#undef W
+    zt__dec_cpu_forward_block(m->run, block, bp);
 }
 
-/* The head and the loss after the last block; see llama.h. */
 float zt_llama_forward_head(zt_llama *m, const float *hp, const int32_t *targets)
 {
-    const int N = m->B * m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    zt_cpu_matmul_forward(m->logits, m->lnf, in_block(m, hp, m->head_tensor), NULL, N, C, V);
-    if (!targets)
-        return 0.0f;
-    for (int i = 0; i < N; i++)
-        ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
-    memmove(m->targets, targets, (size_t)N * sizeof *targets);
-    m->n_valid =
-        zt_cpu_crossentropy_forward_backward(m->losses, NULL, m->logits, m->targets, N, V, IGNORE_INDEX, 0.0f);
-    m->have_targets = true;
-    if (m->n_valid == 0)
-        return 0.0f;
-    double sum = 0.0;
-    for (int i = 0; i < N; i++)
-        sum += m->losses[i];
-    return (float)(sum / m->n_valid);
+    return zt__dec_cpu_forward_head(m->run, hp, targets);
 }
 
 /* Runs the forward pass over tokens [B,T]; see llama.h. */
@@ -1178,102 +1020,19 @@ float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *target
     return zt_llama_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
 }
 
-/* The backward of the head; see llama.h. */
 void zt_llama_backward_head(zt_llama *m, const float *hp, float *hg, float loss_scale)
 {
-    ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
-    m->have_targets = false;
-    m->backward_skip = m->n_valid == 0;
-    if (m->backward_skip)
-        return;
-    const int N = m->B * m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
-    /* dlogits overwrite the logits in place (the kernel allows the alias). */
-    zt_cpu_crossentropy_forward_backward(m->losses, m->logits, m->logits, m->targets, N, V, IGNORE_INDEX,
-                                         loss_scale / (float)m->n_valid);
-    memset(m->dln, 0, (size_t)N * C * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, in_block_mut(m, hg, m->head_tensor), NULL, m->logits, m->lnf,
-                           in_block(m, hp, m->head_tensor), N, C, V);
+    zt__dec_cpu_backward_head(m->run, hp, hg, loss_scale);
 }
 
-/* The embedding's backward; the padding row (pad_token_id) receives nothing from it, as in nn.Embedding with
- * padding_idx (with a tied head it keeps the head's part). */
-static void embedding_backward(zt_llama *m, float *dwte)
-{
-    const size_t C = (size_t)m->cfg.hidden_size;
-    float *pad = m->cfg.pad_token_id >= 0 ? dwte + (size_t)m->cfg.pad_token_id * C : NULL;
-    if (pad)
-        memcpy(m->pad_row, pad, C * sizeof(float));
-    zt_cpu_embedding_backward(dwte, NULL, m->dres, m->tokens, m->B, m->T, (int)C);
-    if (pad)
-        memcpy(pad, m->pad_row, C * sizeof(float));
-}
-
-/* Runs block `block` of the backward pass; see llama.h. */
 void zt_llama_backward_block(zt_llama *m, int block, const float *bp, float *bg)
 {
-    ZT_ASSERT(block >= 0 && block < m->num_blocks);
-    if (m->backward_skip)
-        return;
-    const int B = m->B, T = m->T, N = B * T;
-    const int C = m->cfg.hidden_size, F = m->cfg.intermediate_size, L = m->cfg.num_hidden_layers;
-    const size_t NC = (size_t)N * C;
-    if (block == L + 1) {
-        const int norm = LAYER_TENSOR(L, 0);
-        memset(m->dres, 0, NC * sizeof(float));
-        zt_cpu_rmsnorm_backward(m->dres, in_block_mut(m, bg, norm), m->dln, layer_input(m, L), in_block(m, bp, norm),
-                                m->lnf_rstd, N, C);
-        return;
-    }
-    if (block == 0) {
-        embedding_backward(m, in_block_mut(m, bg, 0));
-        return;
-    }
-    /* m->dres holds the gradient of the residual stream; each layer turns d(output) into d(input). */
-    const int l = block - 1;
-    const layer_acts *a = &m->layers[l];
-    const float *x = layer_input(m, l);
-    const zt_attention_dims d = attention_dims(m);
-#define W(k) in_block(m, bp, LAYER_TENSOR(l, k))
-#define G(k) in_block_mut(m, bg, LAYER_TENSOR(l, k))
-    /* MLP: res3 = res2 + down_proj(silu(gate_proj(ln2)) * up_proj(ln2)), ln2 = post_attention_layernorm(res2). */
-    memset(m->dact, 0, (size_t)N * F * sizeof(float));
-    zt_cpu_matmul_backward(m->dact, G(LT_DOWN), NULL, m->dres, a->act, W(LT_DOWN), N, F, C);
-    memset(m->dgu, 0, (size_t)N * 2 * F * sizeof(float));
-    zt_cpu_swiglu_backward(m->dgu, a->gu, m->dact, N, F);
-    memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, G(LT_GATE), NULL, m->dgu, a->ln2, W(LT_GATE), N, C, 2 * F);
-    zt_cpu_rmsnorm_backward(m->dres, G(LT_POST_NORM), m->dln, a->res2, W(LT_POST_NORM), a->ln2_rstd, N, C);
-    /* Attention: res2 = x + o_proj(attn(rope(q), rope(k), v)), q | k | v = qkv_proj(input_layernorm(x)). */
-    memset(m->datty, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->datty, G(LT_O), NULL, m->dres, a->atty, W(LT_O), N, C, C);
-    memset(m->dqkv, 0, (size_t)N * m->QKV * sizeof(float));
-    zt_cpu_attention_backward_gqa(m->dqkv, m->datty, a->qkv, a->atty, a->att_lse, NULL, &d);
-    zt_cpu_rope_backward(m->dqkv, m->inv_freq, B, T, d.NH, d.NKV, d.HS, 0);
-    memset(m->dln, 0, NC * sizeof(float));
-    zt_cpu_matmul_backward(m->dln, G(LT_Q), m->cfg.qkv_bias ? G(LT_Q_BIAS) : NULL, m->dqkv, a->ln1, W(LT_Q), N, C,
-                           m->QKV);
-    zt_cpu_rmsnorm_backward(m->dres, G(LT_IN_NORM), m->dln, x, W(LT_IN_NORM), a->ln1_rstd, N, C);
-#undef W
-#undef G
+    zt__dec_cpu_backward_block(m->run, block, bp, bg);
 }
 
-/* Poisons a decoder layer's intermediate activations (checkpointing drops them); see llama.h. */
 void zt_llama_discard_block_acts(zt_llama *m, int block)
 {
-    if (block < 1 || block > m->cfg.num_hidden_layers)
-        return;
-    const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg.hidden_size;
-    const size_t NH = (size_t)m->cfg.num_attention_heads, F = (size_t)m->cfg.intermediate_size;
-    layer_acts *a = &m->layers[block - 1];
-    struct {
-        float *p;
-        size_t n;
-    } parts[] = {{a->ln1, N * C},  {a->ln1_rstd, N},     {a->qkv, N * (size_t)m->QKV}, {a->atty, N * C},
-                 {a->att_lse, N * NH}, {a->res2, N * C}, {a->ln2, N * C},              {a->ln2_rstd, N},
-                 {a->gu, N * 2 * F},  {a->act, N * F}};
-    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
-        for (size_t i = 0; i < parts[k].n; i++)
-            parts[k].p[i] = NAN;
+    zt__dec_cpu_discard_block(m->run, block);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -1296,7 +1055,7 @@ void zt_llama_zero_grad(zt_llama *m)
 /* Returns the logits [B,T,V] of the last forward pass. */
 const float *zt_llama_logits(const zt_llama *m)
 {
-    return m->logits;
+    return zt__dec_cpu_logits(m->run);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */

@@ -1,0 +1,431 @@
+/* The decoder-only transformer's layer program, its activations and its CPU runner; see decoder.h. */
+#include "worker/models/decoder.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/memory.h"      /* huge pages for the activation slab */
+#include "kernels/crossentropy.h"
+#include "kernels/matmul.h"     /* the head on the CPU */
+
+#define IGNORE_INDEX (-1)
+
+int zt__dec_qkv_width(const zt__dec_arch *a)
+{
+    return (a->NH + 2 * a->NKV) * a->HS;
+}
+
+int zt__dec_up_width(const zt__dec_arch *a)
+{
+    return a->mlp == ZT__DEC_MLP_SWIGLU ? 2 * a->F : a->F;
+}
+
+void *zt__dec_take(char *base, size_t *used, size_t bytes, size_t align)
+{
+    *used = (*used + align - 1) / align * align;
+    void *p = base ? base + *used : NULL;
+    *used += bytes;
+    return p;
+}
+
+void zt__dec_carve_acts(const zt__dec_arch *a, size_t N, size_t esize, size_t align, char *base, size_t *used,
+                        zt__dec_acts *acts, bool out_only)
+{
+    const size_t C = (size_t)a->C, e = esize, f4 = sizeof(float);
+    if (!out_only) {
+        const bool ln = a->norm == ZT__DEC_LAYERNORM;
+        acts->ln1 = zt__dec_take(base, used, N * C * e, align);
+        acts->ln1_mean = ln ? zt__dec_take(base, used, N * f4, align) : NULL;
+        acts->ln1_rstd = zt__dec_take(base, used, N * f4, align);
+        acts->qkv = zt__dec_take(base, used, N * (size_t)zt__dec_qkv_width(a) * e, align);
+        acts->atty = zt__dec_take(base, used, N * C * e, align);
+        acts->lse = zt__dec_take(base, used, N * (size_t)a->NH * f4, align);
+        acts->res2 = zt__dec_take(base, used, N * C * e, align);
+        acts->ln2 = zt__dec_take(base, used, N * C * e, align);
+        acts->ln2_mean = ln ? zt__dec_take(base, used, N * f4, align) : NULL;
+        acts->ln2_rstd = zt__dec_take(base, used, N * f4, align);
+        acts->h = zt__dec_take(base, used, N * (size_t)zt__dec_up_width(a) * e, align);
+        acts->act = zt__dec_take(base, used, N * (size_t)a->F * e, align);
+    }
+    acts->out = zt__dec_take(base, used, N * C * e, align);
+}
+
+void zt__dec_carve_work(const zt__dec_arch *a, size_t N, size_t esize, size_t align, char *base, size_t *used,
+                        zt__dec_work *work)
+{
+    const size_t C = (size_t)a->C, e = esize;
+    work->dres = zt__dec_take(base, used, N * C * e, align);
+    work->dln = zt__dec_take(base, used, N * C * e, align);
+    work->datty = zt__dec_take(base, used, N * C * e, align);
+    work->dqkv = zt__dec_take(base, used, N * (size_t)zt__dec_qkv_width(a) * e, align);
+    work->dh = zt__dec_take(base, used, N * (size_t)zt__dec_up_width(a) * e, align);
+    work->dact = a->mlp == ZT__DEC_MLP_SWIGLU ? zt__dec_take(base, used, N * (size_t)a->F * e, align) : NULL;
+}
+
+/* ---- the program ---- */
+
+static void norm_forward(const zt_ops *o, const zt__dec_arch *a, void *out, float *mean, float *rstd, const void *x,
+                         const void *w, const void *b, int N)
+{
+    if (a->norm == ZT__DEC_LAYERNORM)
+        o->layernorm(o, out, mean, rstd, x, w, b, N, a->C, a->eps);
+    else
+        o->rmsnorm(o, out, rstd, x, w, N, a->C, a->eps);
+}
+
+/* dx += the norm's input gradient of dout; its weight (and bias) gradients into dw (db). */
+static void norm_backward(const zt_ops *o, const zt__dec_arch *a, void *dx, void *dw, void *db, const void *dout,
+                          const void *x, const void *w, const float *mean, const float *rstd, int N)
+{
+    if (a->norm == ZT__DEC_LAYERNORM)
+        o->layernorm_backward(o, dx, dw, db, dout, x, w, mean, rstd, N, a->C);
+    else
+        o->rmsnorm_backward(o, dx, dw, dout, x, w, rstd, N, a->C);
+}
+
+static zt_attention_dims attention_dims(const zt__dec_arch *a, int B, int T)
+{
+    return (zt_attention_dims){.B = B, .T = T, .NH = a->NH, .NKV = a->NKV, .HS = a->HS, .causal = true};
+}
+
+void zt__dec_layer_forward(const zt_ops *o, const zt__dec_arch *a, const zt__dec_w *w, const void *x,
+                           zt__dec_acts *s, const float *inv_freq, int B, int T, bool rebuild)
+{
+    const int N = B * T, C = a->C, F = a->F, QKV = zt__dec_qkv_width(a), UP = zt__dec_up_width(a);
+    const zt_attention_dims d = attention_dims(a, B, T);
+#define W(r) w->t[ZT__DEC_##r]
+    /* attention: res2 = x + o_proj(attention(rope(qkv_proj(norm1(x))))) */
+    norm_forward(o, a, s->ln1, s->ln1_mean, s->ln1_rstd, x, W(LN1_W), W(LN1_B), N);
+    o->linear(o, s->qkv, s->ln1, W(QKV_W), W(QKV_B), N, C, QKV);
+    if (a->rope)
+        o->rope(o, s->qkv, inv_freq, B, T, a->NH, a->NKV, a->HS);
+    o->attention(o, s->atty, s->lse, s->qkv, &d);
+    o->linear_residual(o, s->res2, s->atty, W(O_W), W(O_B), x, N, C, C);
+    /* MLP: out = res2 + down_proj(act(up_proj(norm2(res2)))) */
+    norm_forward(o, a, s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, W(LN2_W), W(LN2_B), N);
+    if (a->mlp == ZT__DEC_MLP_SWIGLU) {
+        o->linear(o, s->h, s->ln2, W(UP_W), W(UP_B), N, C, UP);
+        o->swiglu(o, s->act, s->h, N, F);
+    } else {
+        o->linear_gelu(o, s->h, s->act, s->ln2, W(UP_W), W(UP_B), N, C, UP);
+    }
+    if (!rebuild)
+        o->linear_residual(o, s->out, s->act, W(DOWN_W), W(DOWN_B), s->res2, N, F, C);
+#undef W
+}
+
+void zt__dec_layer_backward(const zt_ops *o, const zt__dec_arch *a, const zt__dec_w *w, const zt__dec_g *g,
+                            const void *x, const zt__dec_acts *s, zt__dec_work *k, const float *inv_freq, int B, int T)
+{
+    const int N = B * T, C = a->C, F = a->F, QKV = zt__dec_qkv_width(a), UP = zt__dec_up_width(a);
+    const zt_attention_dims d = attention_dims(a, B, T);
+#define W(r) w->t[ZT__DEC_##r]
+#define G(r) g->t[ZT__DEC_##r]
+    /* MLP */
+    if (a->mlp == ZT__DEC_MLP_SWIGLU) {
+        o->linear_backward(o, k->dact, G(DOWN_W), G(DOWN_B), k->dres, s->act, W(DOWN_W), N, F, C);
+        o->swiglu_backward(o, k->dh, s->h, k->dact, N, F);
+    } else {
+        o->linear_backward_gelu(o, k->dh, G(DOWN_W), G(DOWN_B), k->dres, s->act, W(DOWN_W), s->h, N, F, C);
+    }
+    o->linear_backward(o, k->dln, G(UP_W), G(UP_B), k->dh, s->ln2, W(UP_W), N, C, UP);
+    norm_backward(o, a, k->dres, G(LN2_W), G(LN2_B), k->dln, s->res2, W(LN2_W), s->ln2_mean, s->ln2_rstd, N);
+    /* attention */
+    o->linear_backward(o, k->datty, G(O_W), G(O_B), k->dres, s->atty, W(O_W), N, C, C);
+    o->attention_backward(o, k->dqkv, k->datty, s->qkv, s->atty, s->lse, &d);
+    if (a->rope)
+        o->rope_backward(o, k->dqkv, inv_freq, B, T, a->NH, a->NKV, a->HS);
+    o->linear_backward(o, k->dln, G(QKV_W), G(QKV_B), k->dqkv, s->ln1, W(QKV_W), N, C, QKV);
+    norm_backward(o, a, k->dres, G(LN1_W), G(LN1_B), k->dln, x, W(LN1_W), s->ln1_mean, s->ln1_rstd, N);
+#undef W
+#undef G
+}
+
+void zt__dec_final_forward(const zt_ops *o, const zt__dec_arch *a, void *out, float *mean, float *rstd, const void *x,
+                           const void *w, const void *b, int N)
+{
+    norm_forward(o, a, out, mean, rstd, x, w, b, N);
+}
+
+void zt__dec_final_backward(const zt_ops *o, const zt__dec_arch *a, void *dres, void *dw, void *db, const void *dout,
+                            const void *x, const void *w, const float *mean, const float *rstd, int N)
+{
+    o->zero(o, dres, (size_t)N * a->C);
+    norm_backward(o, a, dres, dw, db, dout, x, w, mean, rstd, N);
+}
+
+void zt__dec_embedding_backward(const zt_ops *o, const zt__dec_arch *a, void *dwte, void *dwpe, const void *dres,
+                                const int32_t *tokens, void *pad_row, int B, int T)
+{
+    const size_t C = (size_t)a->C;
+    char *pad = a->pad_token_id >= 0 ? (char *)dwte + (size_t)a->pad_token_id * C * o->esize : NULL;
+    if (pad)
+        o->copy(o, pad_row, pad, C);
+    o->embedding_backward(o, dwte, dwpe, dres, tokens, B, T, a->C, a->V);
+    if (pad)
+        o->copy(o, pad, pad_row, C);
+}
+
+/* ---- the CPU runner ---- */
+
+struct zt__dec_cpu {
+    zt__dec_arch a;
+    const zt_param_info *tensors; /* borrowed */
+    const zt_block_info *blocks;  /* borrowed */
+    zt_ops ops;                   /* the CPU binding */
+    int max_B, max_T;
+    float *inv_freq;              /* [HS/2] when a.rope */
+
+    /* The activation slab; N = B*T rows are used of max_B*max_T. */
+    char *slab;
+    float *encoded;               /* [N,C] the input of layer 0 */
+    zt__dec_acts *layers;         /* [L] */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;                /* [N,V]; the logits' gradient after backward_head */
+    float *losses;                /* [N] */
+    zt__dec_work work;
+    float *pad_row;               /* [C] */
+    int32_t *tokens, *targets;    /* [N] of the micro-batch begun last */
+    bool *discarded;              /* [L+2] a checkpointed block dropped its activations after its forward */
+
+    int B, T;
+    bool have_targets;            /* the last head had targets and no backward consumed them */
+    int n_valid;                  /* counted targets of the last head */
+    bool backward_skip;           /* the running backward has nothing to do (every target ignored) */
+};
+
+/* Carves the runner's activations from base (or counts them with base NULL); returns the bytes. */
+static size_t carve(zt__dec_cpu *r, char *base)
+{
+    const zt__dec_arch *a = &r->a;
+    const size_t N = (size_t)r->max_B * r->max_T, C = (size_t)a->C, f = sizeof(float), al = 64;
+    size_t used = 0;
+    r->encoded = zt__dec_take(base, &used, N * C * f, al);
+    for (int l = 0; l < a->L; l++)
+        zt__dec_carve_acts(a, N, f, al, base, &used, &r->layers[l], false);
+    r->lnf = zt__dec_take(base, &used, N * C * f, al);
+    r->lnf_mean = zt__dec_take(base, &used, N * f, al);
+    r->lnf_rstd = zt__dec_take(base, &used, N * f, al);
+    r->logits = zt__dec_take(base, &used, N * (size_t)a->V * f, al);
+    r->losses = zt__dec_take(base, &used, N * f, al);
+    zt__dec_carve_work(a, N, f, al, base, &used, &r->work);
+    r->pad_row = zt__dec_take(base, &used, C * f, al);
+    return used;
+}
+
+size_t zt__dec_cpu_bytes(const zt__dec_arch *a, int B, int T)
+{
+    zt__dec_cpu r = {.a = *a, .max_B = B, .max_T = T};
+    r.layers = zt_xcalloc((size_t)(a->L > 0 ? a->L : 1), sizeof *r.layers);
+    size_t bytes = carve(&r, NULL);
+    free(r.layers);
+    return bytes;
+}
+
+int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_info *tensors,
+                       const zt_block_info *blocks, int B, int T, const float *inv_freq, zt_err *err)
+{
+    *out = NULL;
+    zt__dec_cpu *r = zt_xcalloc(1, sizeof *r);
+    r->a = *a;
+    r->tensors = tensors;
+    r->blocks = blocks;
+    r->max_B = B;
+    r->max_T = T;
+    r->layers = zt_xcalloc((size_t)(a->L > 0 ? a->L : 1), sizeof *r->layers);
+    r->discarded = zt_xcalloc((size_t)a->L + 2, sizeof *r->discarded);
+    const size_t bytes = carve(r, NULL), N = (size_t)B * T;
+    r->slab = malloc(bytes);
+    r->tokens = malloc(N * sizeof(int32_t));
+    r->targets = malloc(N * sizeof(int32_t));
+    if (!r->slab || !r->tokens || !r->targets) {
+        zt__dec_cpu_destroy(r);
+        return zt_fail(err, ZT_ENOMEM,
+                       "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
+                       "length)", B, T, (double)bytes / (1 << 20));
+    }
+    zt_advise_huge_pages(r->slab, bytes);
+    ZT_ASSERT(carve(r, r->slab) == bytes);
+    if (a->rope) {
+        r->inv_freq = zt_xmalloc((size_t)a->HS / 2 * sizeof(float));
+        memcpy(r->inv_freq, inv_freq, (size_t)a->HS / 2 * sizeof(float));
+    }
+    /* the unfused compositions' scratch: the widest linear output or GELU output */
+    const int widest = a->F > a->C ? a->F : a->C;
+    zt__ops_cpu_init(&r->ops, N, (size_t)widest);
+    *out = r;
+    return 0;
+}
+
+void zt__dec_cpu_destroy(zt__dec_cpu *r)
+{
+    if (!r)
+        return;
+    if (r->ops.ctx)
+        zt__ops_cpu_free(&r->ops);
+    free(r->layers);
+    free(r->discarded);
+    free(r->inv_freq);
+    free(r->slab);
+    free(r->tokens);
+    free(r->targets);
+    free(r);
+}
+
+/* Tensor idx inside its block's flat buffer bp (laid out like the block's range of the slab). */
+static const float *in_block(const zt__dec_cpu *r, const float *bp, int idx)
+{
+    const zt_param_info *t = &r->tensors[idx];
+    return bp + (t->offset - r->blocks[t->block].offset);
+}
+
+static float *in_block_mut(const zt__dec_cpu *r, float *bp, int idx)
+{
+    return (float *)in_block(r, bp, idx);
+}
+
+/* Layer l's weights (or gradients) in its block's buffer, by role. */
+static void layer_weights(const zt__dec_cpu *r, int l, const float *bp, zt__dec_w *w)
+{
+    for (int k = 0; k < ZT__DEC_ROLES; k++)
+        w->t[k] = r->a.role[k] < 0 ? NULL : in_block(r, bp, r->a.layer0 + l * r->a.per_layer + r->a.role[k]);
+}
+
+static void layer_grads(const zt__dec_cpu *r, int l, float *bg, zt__dec_g *g)
+{
+    for (int k = 0; k < ZT__DEC_ROLES; k++)
+        g->t[k] = r->a.role[k] < 0 ? NULL : in_block_mut(r, bg, r->a.layer0 + l * r->a.per_layer + r->a.role[k]);
+}
+
+/* The residual stream entering layer l (l == L: entering the final norm). */
+static const float *layer_input(const zt__dec_cpu *r, int l)
+{
+    return l > 0 ? r->layers[l - 1].out : r->encoded;
+}
+
+void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T)
+{
+    ZT_ASSERT(B >= 1 && B <= r->max_B && T >= 1 && T <= r->max_T);
+    const int N = B * T;
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < r->a.V);
+    memmove(r->tokens, tokens, (size_t)N * sizeof *tokens);
+    r->B = B;
+    r->T = T;
+    r->have_targets = false;
+    memset(r->discarded, 0, ((size_t)r->a.L + 2) * sizeof *r->discarded);
+}
+
+void zt__dec_cpu_forward_block(zt__dec_cpu *r, int block, const float *bp)
+{
+    const zt__dec_arch *a = &r->a;
+    ZT_ASSERT(block >= 0 && block <= a->L + 1);
+    const int N = r->B * r->T;
+    if (block == 0) {
+        r->ops.embedding(&r->ops, r->encoded, r->tokens, in_block(r, bp, 0), a->wpe ? in_block(r, bp, 1) : NULL,
+                         r->B, r->T, a->C);
+        return;
+    }
+    if (block == a->L + 1) {
+        zt__dec_final_forward(&r->ops, a, r->lnf, r->lnf_mean, r->lnf_rstd, layer_input(r, a->L),
+                              in_block(r, bp, a->final_w), a->final_b >= 0 ? in_block(r, bp, a->final_b) : NULL, N);
+        return;
+    }
+    const int l = block - 1;
+    zt__dec_w w;
+    layer_weights(r, l, bp, &w);
+    const bool rebuild = r->discarded[block];
+    r->discarded[block] = false;
+    zt__dec_layer_forward(&r->ops, a, &w, layer_input(r, l), &r->layers[l], r->inv_freq, r->B, r->T, rebuild);
+}
+
+float zt__dec_cpu_forward_head(zt__dec_cpu *r, const float *hp, const int32_t *targets)
+{
+    const int N = r->B * r->T, C = r->a.C, V = r->a.V;
+    zt_cpu_matmul_forward(r->logits, r->lnf, in_block(r, hp, r->a.head_tensor), NULL, N, C, V);
+    if (!targets)
+        return 0.0f;
+    for (int i = 0; i < N; i++)
+        ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
+    memmove(r->targets, targets, (size_t)N * sizeof *targets);
+    r->n_valid =
+        zt_cpu_crossentropy_forward_backward(r->losses, NULL, r->logits, r->targets, N, V, IGNORE_INDEX, 0.0f);
+    r->have_targets = true;
+    if (r->n_valid == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += r->losses[i];
+    return (float)(sum / r->n_valid);
+}
+
+void zt__dec_cpu_backward_head(zt__dec_cpu *r, const float *hp, float *hg, float loss_scale)
+{
+    ZT_ASSERT(r->have_targets); /* backward needs a forward pass with targets, once */
+    r->have_targets = false;
+    r->backward_skip = r->n_valid == 0;
+    if (r->backward_skip)
+        return;
+    const int N = r->B * r->T, C = r->a.C, V = r->a.V;
+    /* dlogits overwrite the logits in place (the kernel allows the alias). */
+    zt_cpu_crossentropy_forward_backward(r->losses, r->logits, r->logits, r->targets, N, V, IGNORE_INDEX,
+                                         loss_scale / (float)r->n_valid);
+    memset(r->work.dln, 0, (size_t)N * C * sizeof(float));
+    zt_cpu_matmul_backward(r->work.dln, in_block_mut(r, hg, r->a.head_tensor), NULL, r->logits, r->lnf,
+                           in_block(r, hp, r->a.head_tensor), N, C, V);
+}
+
+void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, float *bg)
+{
+    const zt__dec_arch *a = &r->a;
+    ZT_ASSERT(block >= 0 && block <= a->L + 1);
+    if (r->backward_skip)
+        return;
+    const int N = r->B * r->T;
+    if (block == a->L + 1) {
+        zt__dec_final_backward(&r->ops, a, r->work.dres, in_block_mut(r, bg, a->final_w),
+                               a->final_b >= 0 ? in_block_mut(r, bg, a->final_b) : NULL, r->work.dln,
+                               layer_input(r, a->L), in_block(r, bp, a->final_w), r->lnf_mean, r->lnf_rstd, N);
+        return;
+    }
+    if (block == 0) {
+        zt__dec_embedding_backward(&r->ops, a, in_block_mut(r, bg, 0), a->wpe ? in_block_mut(r, bg, 1) : NULL,
+                                   r->work.dres, r->tokens, r->pad_row, r->B, r->T);
+        return;
+    }
+    const int l = block - 1;
+    zt__dec_w w;
+    zt__dec_g g;
+    layer_weights(r, l, bp, &w);
+    layer_grads(r, l, bg, &g);
+    zt__dec_layer_backward(&r->ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->B, r->T);
+}
+
+/* Fills a layer's intermediate activations with NaN, keeping its output: a rebuild must recompute them. */
+void zt__dec_cpu_discard_block(zt__dec_cpu *r, int block)
+{
+    if (block < 1 || block > r->a.L)
+        return;
+    const zt__dec_arch *a = &r->a;
+    const size_t N = (size_t)r->B * r->T, C = (size_t)a->C;
+    zt__dec_acts *s = &r->layers[block - 1];
+    struct {
+        float *p;
+        size_t n;
+    } parts[] = {{s->ln1, N * C},      {s->ln1_mean, s->ln1_mean ? N : 0},
+                 {s->ln1_rstd, N},     {s->qkv, N * (size_t)zt__dec_qkv_width(a)},
+                 {s->atty, N * C},     {s->lse, N * (size_t)a->NH},
+                 {s->res2, N * C},     {s->ln2, N * C},
+                 {s->ln2_mean, s->ln2_mean ? N : 0}, {s->ln2_rstd, N},
+                 {s->h, N * (size_t)zt__dec_up_width(a)}, {s->act, N * (size_t)a->F}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        for (size_t i = 0; i < parts[k].n; i++)
+            parts[k].p[i] = NAN;
+    r->discarded[block] = true;
+}
+
+const float *zt__dec_cpu_logits(const zt__dec_cpu *r)
+{
+    return r->logits;
+}

@@ -1,0 +1,85 @@
+/* The operations a model's layer program is written with, bound to a backend: the CPU kernels (ops_cpu.c,
+ * the reference) or the CUDA kernels (ops_cuda.c). A layer program (decoder.c) calls o->linear(o, ...)
+ * and never knows which backend runs it, so every layer is written once.
+ *
+ * Buffers are `void *` of the backend's element type: fp32 on the CPU, the compute dtype (bf16, fp16 or fp32)
+ * on CUDA; the statistics of norms and attention (mean, rstd, lse) are fp32 on both. Matrices are row-major,
+ * weights in nn.Linear's [out, in] layout. Unless said otherwise an input gradient (din, dx) is written (=)
+ * and a weight or bias gradient (dw, db) is added into (+=), so that micro-batches accumulate. A fused CUDA
+ * operation (the bias, GELU and residual in the GEMM's epilogue, the GELU's backward in the GEMM's) has the
+ * unfused composition of the CPU kernels as its CPU binding, which gives the CPU reference for every path the
+ * GPU takes. Calls only enqueue work on a GPU (the binding's stream). Internal to worker/models/. */
+#ifndef ZT_WORKER_MODELS_OPS_H
+#define ZT_WORKER_MODELS_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/safetensors.h" /* enum zt_dtype */
+#include "kernels/attention.h"  /* zt_attention_dims */
+
+typedef struct zt_ops zt_ops;
+
+struct zt_ops {
+    /* x[0..n) = 0 */
+    void (*zero)(const zt_ops *o, void *x, size_t n);
+    /* out [N,OC] = in [N,IC] w^T + b (b may be NULL) */
+    void (*linear)(const zt_ops *o, void *out, const void *in, const void *w, const void *b, int N, int IC, int OC);
+    /* out = res + in w^T + b (out is not res) */
+    void (*linear_residual)(const zt_ops *o, void *out, const void *in, const void *w, const void *b,
+                            const void *res, int N, int IC, int OC);
+    /* pre = in w^T + b; post = gelu(pre), GELU's tanh form */
+    void (*linear_gelu)(const zt_ops *o, void *pre, void *post, const void *in, const void *w, const void *b, int N,
+                        int IC, int OC);
+    /* din [N,IC] = dout [N,OC] w; dw += dout^T in; db += column sums of dout (din, db may be NULL) */
+    void (*linear_backward)(const zt_ops *o, void *din, void *dw, void *db, const void *dout, const void *in,
+                            const void *w, int N, int IC, int OC);
+    /* The backward of a linear layer whose input was post = gelu(pre) (tanh form): dpre = gelu'(pre) (dout w);
+     * dw += dout^T post; db += column sums of dout */
+    void (*linear_backward_gelu)(const zt_ops *o, void *dpre, void *dw, void *db, const void *dout, const void *post,
+                                 const void *w, const void *pre, int N, int IC, int OC);
+    /* out = x Phi(x), the exact GELU; and its backward din = gelu'(in) dout */
+    void (*gelu_erf)(const zt_ops *o, void *out, const void *in, size_t n);
+    void (*gelu_erf_backward)(const zt_ops *o, void *din, const void *in, const void *dout, size_t n);
+    /* LayerNorm over rows of C: out, mean and rstd [N] from x; backward adds into dx, dw and db */
+    void (*layernorm)(const zt_ops *o, void *out, float *mean, float *rstd, const void *x, const void *w,
+                      const void *b, int N, int C, float eps);
+    void (*layernorm_backward)(const zt_ops *o, void *dx, void *dw, void *db, const void *dout, const void *x,
+                               const void *w, const float *mean, const float *rstd, int N, int C);
+    /* RMSNorm; backward adds into dx and dw */
+    void (*rmsnorm)(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
+    void (*rmsnorm_backward)(const zt_ops *o, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                             const float *rstd, int N, int C);
+    /* Rotary embeddings of the q and k heads of packed qkv rows [B,T,(NH+2 NKV) HS], in place, and the
+     * backward (in place on dqkv); inv_freq [HS/2] is the binding's memory (device memory on CUDA). */
+    void (*rope)(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS);
+    void (*rope_backward)(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS);
+    /* Attention over packed qkv rows (d: shape, grouped key/value heads, causal): out [B,T,NH HS] and lse
+     * [B,NH,T]; the backward writes dqkv */
+    void (*attention)(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d);
+    void (*attention_backward)(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
+                               const float *lse, const zt_attention_dims *d);
+    /* out [N,F] = silu(h[:, :F]) * h[:, F:]; the backward writes dh [N,2F] */
+    void (*swiglu)(const zt_ops *o, void *out, const void *h, int N, int F);
+    void (*swiglu_backward)(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F);
+    /* out [B,T,C] = wte[tokens] (+ wpe[t] when wpe is not NULL); the backward adds into dwte rows (and dwpe) */
+    void (*embedding)(const zt_ops *o, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
+                      int T, int C);
+    void (*embedding_backward)(const zt_ops *o, void *dwte, void *dwpe, const void *dout, const int32_t *tokens,
+                               int B, int T, int C, int V);
+    /* dst[0..n) = src[0..n) in elements */
+    void (*copy)(const zt_ops *o, void *dst, const void *src, size_t n);
+
+    /* The binding's state. */
+    enum zt_dtype dtype;  /* of every buffer but the statistics */
+    size_t esize;         /* bytes per element */
+    void *ctx;            /* the binding's own context (scratch buffers, stream, cuBLASLt) */
+};
+
+/* The CPU binding, with scratch for max_rows x max_width floats (the widest linear output it is given: the
+ * unfused compositions keep intermediates there). Free with zt__ops_cpu_free. */
+void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width);
+void zt__ops_cpu_free(zt_ops *o);
+
+#endif

@@ -1,0 +1,219 @@
+/* The CPU binding of the layer operations (ops.h): the reference kernels, and the unfused compositions of
+ * the operations the CUDA binding fuses. Every input gradient the table writes (=) is zeroed here and then
+ * accumulated by the kernel, which is how the CPU models have always computed it. */
+#include "worker/models/ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+typedef struct cpu_ctx {
+    float *scratch;      /* max_rows x max_width: a linear output before its residual, the gradient of a GELU's output */
+    size_t scratch_len;
+} cpu_ctx;
+
+static float *scratch(const zt_ops *o, size_t n)
+{
+    cpu_ctx *c = o->ctx;
+    ZT_ASSERT(n <= c->scratch_len);
+    return c->scratch;
+}
+
+static void cpu_zero(const zt_ops *o, void *x, size_t n)
+{
+    (void)o;
+    memset(x, 0, n * sizeof(float));
+}
+
+static void cpu_copy(const zt_ops *o, void *dst, const void *src, size_t n)
+{
+    (void)o;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_linear(const zt_ops *o, void *out, const void *in, const void *w, const void *b, int N, int IC, int OC)
+{
+    (void)o;
+    zt_cpu_matmul_forward(out, in, w, b, N, IC, OC);
+}
+
+static void cpu_linear_residual(const zt_ops *o, void *out, const void *in, const void *w, const void *b,
+                                const void *res, int N, int IC, int OC)
+{
+    float *proj = scratch(o, (size_t)N * OC);
+    zt_cpu_matmul_forward(proj, in, w, b, N, IC, OC);
+    zt_cpu_residual_forward(out, res, proj, (size_t)N * OC);
+}
+
+static void cpu_linear_gelu(const zt_ops *o, void *pre, void *post, const void *in, const void *w, const void *b,
+                            int N, int IC, int OC)
+{
+    (void)o;
+    zt_cpu_matmul_forward(pre, in, w, b, N, IC, OC);
+    zt_cpu_gelu_forward(post, pre, (size_t)N * OC);
+}
+
+static void cpu_linear_backward(const zt_ops *o, void *din, void *dw, void *db, const void *dout, const void *in,
+                                const void *w, int N, int IC, int OC)
+{
+    (void)o;
+    if (din)
+        memset(din, 0, (size_t)N * IC * sizeof(float));
+    zt_cpu_matmul_backward(din, dw, db, dout, in, w, N, IC, OC);
+}
+
+static void cpu_linear_backward_gelu(const zt_ops *o, void *dpre, void *dw, void *db, const void *dout,
+                                     const void *post, const void *w, const void *pre, int N, int IC, int OC)
+{
+    float *dpost = scratch(o, (size_t)N * IC);
+    memset(dpost, 0, (size_t)N * IC * sizeof(float));
+    zt_cpu_matmul_backward(dpost, dw, db, dout, post, w, N, IC, OC);
+    memset(dpre, 0, (size_t)N * IC * sizeof(float));
+    zt_cpu_gelu_backward(dpre, pre, dpost, (size_t)N * IC);
+}
+
+static void cpu_gelu_erf(const zt_ops *o, void *out, const void *in, size_t n)
+{
+    (void)o;
+    zt_cpu_gelu_erf_forward(out, in, n);
+}
+
+static void cpu_gelu_erf_backward(const zt_ops *o, void *din, const void *in, const void *dout, size_t n)
+{
+    (void)o;
+    memset(din, 0, n * sizeof(float));
+    zt_cpu_gelu_erf_backward(din, in, dout, n);
+}
+
+static void cpu_layernorm(const zt_ops *o, void *out, float *mean, float *rstd, const void *x, const void *w,
+                          const void *b, int N, int C, float eps)
+{
+    (void)o;
+    zt_cpu_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
+}
+
+static void cpu_layernorm_backward(const zt_ops *o, void *dx, void *dw, void *db, const void *dout, const void *x,
+                                   const void *w, const float *mean, const float *rstd, int N, int C)
+{
+    (void)o;
+    zt_cpu_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+
+static void cpu_rmsnorm(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
+{
+    (void)o;
+    zt_cpu_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+}
+
+static void cpu_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                                 const float *rstd, int N, int C)
+{
+    (void)o;
+    zt_cpu_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+}
+
+static void cpu_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+{
+    (void)o;
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0);
+}
+
+static void cpu_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV,
+                              int HS)
+{
+    (void)o;
+    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0);
+}
+
+static void cpu_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
+{
+    (void)o;
+    zt_cpu_attention_forward_gqa(out, lse, qkv, NULL, d);
+}
+
+static void cpu_attention_backward(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                   const float *lse, const zt_attention_dims *d)
+{
+    (void)o;
+    memset(dqkv, 0, (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS * sizeof(float));
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, d);
+}
+
+static void cpu_swiglu(const zt_ops *o, void *out, const void *h, int N, int F)
+{
+    (void)o;
+    zt_cpu_swiglu_forward(out, h, N, F);
+}
+
+static void cpu_swiglu_backward(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F)
+{
+    (void)o;
+    memset(dh, 0, (size_t)N * 2 * F * sizeof(float));
+    zt_cpu_swiglu_backward(dh, h, dout, N, F);
+}
+
+static void cpu_embedding(const zt_ops *o, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
+                          int T, int C)
+{
+    (void)o;
+    zt_cpu_embedding_forward(out, tokens, wte, wpe, B, T, C);
+}
+
+static void cpu_embedding_backward(const zt_ops *o, void *dwte, void *dwpe, const void *dout, const int32_t *tokens,
+                                   int B, int T, int C, int V)
+{
+    (void)o;
+    (void)V;
+    zt_cpu_embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+}
+
+void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
+{
+    cpu_ctx *c = zt_xcalloc(1, sizeof *c);
+    c->scratch_len = max_rows * max_width;
+    c->scratch = zt_xmalloc((c->scratch_len ? c->scratch_len : 1) * sizeof(float));
+    *o = (zt_ops){
+        .zero = cpu_zero,
+        .linear = cpu_linear,
+        .linear_residual = cpu_linear_residual,
+        .linear_gelu = cpu_linear_gelu,
+        .linear_backward = cpu_linear_backward,
+        .linear_backward_gelu = cpu_linear_backward_gelu,
+        .gelu_erf = cpu_gelu_erf,
+        .gelu_erf_backward = cpu_gelu_erf_backward,
+        .layernorm = cpu_layernorm,
+        .layernorm_backward = cpu_layernorm_backward,
+        .rmsnorm = cpu_rmsnorm,
+        .rmsnorm_backward = cpu_rmsnorm_backward,
+        .rope = cpu_rope,
+        .rope_backward = cpu_rope_backward,
+        .attention = cpu_attention,
+        .attention_backward = cpu_attention_backward,
+        .swiglu = cpu_swiglu,
+        .swiglu_backward = cpu_swiglu_backward,
+        .embedding = cpu_embedding,
+        .embedding_backward = cpu_embedding_backward,
+        .copy = cpu_copy,
+        .dtype = ZT_DTYPE_F32,
+        .esize = sizeof(float),
+        .ctx = c,
+    };
+}
+
+void zt__ops_cpu_free(zt_ops *o)
+{
+    cpu_ctx *c = o->ctx;
+    if (c)
+        free(c->scratch);
+    free(c);
+    o->ctx = NULL;
+}
