@@ -237,7 +237,7 @@ static void bench_layernorm(int rows, int c, bool overwrite)
 
 /* The memory-bound kernels of a bf16 training step at one model's shapes: layer norm over the B x T rows,
  * and over all parameters the bf16 -> fp32 gradient fold, the fp32 global norm and AdamW with fp32
- * gradients and a bf16 copy of the weights (as worker/models/gpt2_cuda.c calls them). The optimizer
+ * gradients and a bf16 copy of the weights (as worker/models/decoder_cuda.c calls them). The optimizer
  * buffers are zeros: the kernels' speed does not depend on the values. */
 static void bench_bandwidth(const char *model, int rows, int c, int layers, int vp)
 {

@@ -1,4 +1,4 @@
-/* LLaMA on the GPU (ctest label gpu; exit 77 without a GPU): the CUDA executor (worker/models/llama_cuda.c)
+/* LLaMA on the GPU (ctest label gpu; exit 77 without a GPU): the CUDA executor (worker/models/decoder_cuda.c)
  * against the CPU host model (worker/models/llama.c), which tests/interop/llama_hf.py checks against
  * transformers.
  *
@@ -24,7 +24,7 @@
 
 #include "common/log.h"
 #include "worker/models/llama.h"
-#include "worker/models/llama_cuda.h"
+#include "worker/models/llama.h"
 #include "worker/models/model.h"
 #include "worker/train/trainer.h"
 

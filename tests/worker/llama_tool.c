@@ -12,7 +12,7 @@
  *                       of the mean loss (F32).
  *
  * With --device cuda (a CUDA build on a machine with a GPU) the forward and backward pass run on the GPU
- * through the training engine's CUDA executor (worker/models/llama_cuda.c) in fp32 instead of the CPU model.
+ * through the training engine's CUDA executor (worker/models/decoder_cuda.c) in fp32 instead of the CPU model.
  *
  * TOKENS_FILE: little-endian int32 values: B, T, then B rows of T+1 tokens; inputs are the first T of a row,
  * targets the last T (the last token of a row may be -1: an ignored target). Exit status 0 on success, 1 on
@@ -28,7 +28,7 @@
 #include "common/safetensors.h"
 #include "worker/models/llama.h"
 #ifdef ZT_WITH_CUDA
-#include "worker/models/llama_cuda.h"
+#include "worker/models/llama.h"
 #endif
 #include "model_once.h"
 

@@ -68,7 +68,7 @@ float zt_optimizer_clip_coef(double norm, double max_norm);
 int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_optimizer_report *report,
                       zt_err *err);
 
-/* Books a step whose update ran on the GPU (zt_gpt2_cuda_step_update), with the same rules as
+/* Books a step whose update ran on the GPU (the fused AdamW of the GPU placement), with the same rules as
  * zt_optimizer_step: the step counts as skipped when nonfinite (the device skipped the update) or the
  * loss or norm is not finite. With o->loss_scaled (fp16), a skip with a finite loss is a loss-scale
  * overflow: counted in skipped_steps but not as a divergence (the scaler lowers the scale instead).

@@ -27,7 +27,7 @@
 #include "worker/models/model.h"
 
 /* The device layout of host's model for these sizes with no device state: for planning (see
- * zt_llama_cuda_shape). Free with ->ops->destroy. */
+ * the decoder executor's zt__dec_cuda_shape). Free with ->ops->destroy. */
 zt_model *zt_bert_cuda_shape(const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
                              const bool *ckpt_layers);
 

@@ -1,4 +1,4 @@
-/* What the families' CUDA executors share (gpt2_cuda.c, llama_cuda.c, bert_cuda.c): the device layout of a
+/* What the families' CUDA executors share (decoder_cuda.c, bert_cuda.c): the device layout of a
  * host model's tensor table, the pool that activations and scratch are carved from, the stream, cuBLASLt
  * handle and pinned staging, token staging and reading losses and logits back. Internal to worker/models/.
  *

@@ -34,6 +34,8 @@ enum zt__dec_role {
     ZT__DEC_ROLES
 };
 
+#define ZT__DEC_MAX_PER_LAYER 16
+
 typedef struct zt__dec_arch {
     int L, C, NH, NKV, HS, F, V; /* layers, width, heads, key/value heads, head size, MLP width, vocabulary */
     enum zt__dec_norm norm;
@@ -45,6 +47,8 @@ typedef struct zt__dec_arch {
     int layer0;                  /* index of layer 0's first tensor in the table */
     int per_layer;               /* tensors per layer */
     int role[ZT__DEC_ROLES];     /* each role's tensor within a layer (0 .. per_layer-1), -1 when absent */
+    bool packed[ZT__DEC_MAX_PER_LAYER]; /* tensor k of a layer continues the one before it in memory (k and v
+                                           after q: parts of one packed weight), on every backend */
     int final_w, final_b;        /* the final norm's tensors (final_b -1: RMSNorm) */
     int head_tensor;             /* the head's weight: the token embedding (0) when tied */
 } zt__dec_arch;
@@ -120,5 +124,30 @@ void zt__dec_cpu_backward_head(zt__dec_cpu *r, const float *hp, float *hg, float
 void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, float *bg);
 void zt__dec_cpu_discard_block(zt__dec_cpu *r, int block);
 const float *zt__dec_cpu_logits(const zt__dec_cpu *r);
+
+/* ---- the CUDA executor (decoder_cuda.c) ---- */
+
+/* A host model as the CUDA executor needs it: its architecture and tables (borrowed), its size, the block
+ * its head reads, and the rotary frequencies (host memory, [HS/2], when a->rope). */
+typedef struct zt__dec_model {
+    const zt__dec_arch *arch;
+    const zt_param_info *tensors;
+    int ntensors, nblocks, head_block;
+    size_t num_params;
+    const float *inv_freq;
+} zt__dec_model;
+
+#ifdef ZT_WITH_CUDA
+struct zt_model;
+/* The training engine's executor on one CUDA GPU (worker/models/model.h): the decoder program with the CUDA
+ * binding, activations in dtype for micro-batches up to B x T, max_micro micro-batches per step, the layers
+ * ckpt_layers names (or none) checkpointed. Returns 0, or ZT_EUNSUPPORTED / ZT_ENOMEM with a message saying
+ * what to change. */
+int zt__dec_cuda_create(struct zt_model **out, const zt__dec_model *m, int B, int T, int max_micro,
+                        enum zt_dtype dtype, const bool *ckpt_layers, zt_err *err);
+/* Its layout and device bytes without device state, for planning. Free with ->ops->destroy. */
+struct zt_model *zt__dec_cuda_shape(const zt__dec_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                                    const bool *ckpt_layers);
+#endif
 
 #endif

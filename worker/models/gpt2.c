@@ -30,9 +30,6 @@
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
-#ifdef ZT_WITH_CUDA
-#include "worker/models/gpt2_cuda.h" /* the CUDA executor */
-#endif
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define GPT2_MAX_LAYERS 1024
@@ -928,14 +925,22 @@ static void f_discard_block(void *m, int b) { zt_gpt2_discard_block_acts(m, b); 
 static const float *f_logits(const void *m) { return zt_gpt2_logits(m); }
 
 #ifdef ZT_WITH_CUDA
+/* The decoder program's CUDA executor over m's tables. */
+static zt__dec_model dec_model(const zt_gpt2 *m)
+{
+    return (zt__dec_model){.arch = &m->arch, .tensors = m->tensors, .ntensors = m->num_tensors,
+                           .nblocks = m->num_blocks, .head_block = 0, .num_params = m->num_params};
+}
 static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
                          const bool *ckpt_layers, zt_err *err)
 {
-    return zt_gpt2_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+    const zt__dec_model d = dec_model(m);
+    return zt__dec_cuda_create(out, &d, B, T, max_micro, dtype, ckpt_layers, err);
 }
 static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
 {
-    return zt_gpt2_cuda_shape(m, B, T, max_micro, dtype, ckpt);
+    const zt__dec_model d = dec_model(m);
+    return zt__dec_cuda_shape(&d, B, T, max_micro, dtype, ckpt);
 }
 #endif
 

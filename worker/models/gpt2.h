@@ -55,7 +55,7 @@ typedef struct zt_gpt2 zt_gpt2; /* opaque */
 int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint64_t seed, zt_err *err);
 
 /* The model's tables (configuration, tensors, blocks) and no slab, activations or data: for planning
- * (zt_gpt2_cuda_shape) before the parameters are allocated. Only the layout queries may be used on it
+ * (the CUDA executor's shape) before the parameters are allocated. Only the layout queries may be used on it
  * (num_params, tensors, blocks, config). Free with zt_gpt2_destroy. */
 int zt_gpt2_create_layout(zt_gpt2 **out, const zt_gpt2_config *cfg, zt_err *err);
 

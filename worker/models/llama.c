@@ -30,9 +30,6 @@
 #include "worker/models/family.h"           /* the family definition */
 #include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
-#ifdef ZT_WITH_CUDA
-#include "worker/models/llama_cuda.h" /* the CUDA executor */
-#endif
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define LLAMA_MAX_LAYERS 1024
@@ -811,6 +808,10 @@ static void decoder_arch(const zt_llama *m, zt__dec_arch *a)
     a->role[ZT__DEC_DOWN_W] = LT_DOWN;
     a->final_w = 1 + c->num_hidden_layers * m->per_layer;
     a->final_b = -1;
+    /* k and v continue q (one packed weight, and one packed bias), up continues gate */
+    a->packed[LT_K] = a->packed[LT_V] = a->packed[LT_UP] = true;
+    if (c->qkv_bias)
+        a->packed[ZT_LLAMA_T_K_BIAS] = a->packed[ZT_LLAMA_T_V_BIAS] = true;
 }
 
 /* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
@@ -1257,6 +1258,19 @@ static void f_backward_block(void *m, int b, const float *w, float *g) { zt_llam
 static void f_discard_block(void *m, int b) { zt_llama_discard_block_acts(m, b); }
 static const float *f_logits(const void *m) { return zt_llama_logits(m); }
 #ifdef ZT_WITH_CUDA
+/* The decoder program's CUDA executor over m's tables. */
+static zt__dec_model dec_model(const zt_llama *m)
+{
+    return (zt__dec_model){.arch = &m->arch, .tensors = m->tensors, .ntensors = m->num_tensors,
+                           .nblocks = m->num_blocks, .head_block = m->head_block, .num_params = m->num_params,
+                           .inv_freq = m->inv_freq};
+}
+int zt_llama_cuda_create(zt_model **out, const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    const zt__dec_model d = dec_model(m);
+    return zt__dec_cuda_create(out, &d, B, T, max_micro, dtype, ckpt_layers, err);
+}
 static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
                          const bool *ckpt_layers, zt_err *err)
 {
@@ -1264,7 +1278,8 @@ static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_mi
 }
 static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
 {
-    return zt_llama_cuda_shape(m, B, T, max_micro, dtype, ckpt);
+    const zt__dec_model d = dec_model(m);
+    return zt__dec_cuda_shape(&d, B, T, max_micro, dtype, ckpt);
 }
 #endif
 

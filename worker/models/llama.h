@@ -207,4 +207,13 @@ int zt_llama_model_cpu(struct zt_model **out, zt_llama *m, int max_micro, const 
 /* The zt_llama_config config inside a zt_family_config of this family (worker/models/family.h). */
 #define ZT_LLAMA_CONFIG(fc) ((zt_llama_config *)zt_family_config_body(fc))
 
+#ifdef ZT_WITH_CUDA
+#include "common/safetensors.h" /* enum zt_dtype */
+/* The training engine's executor of m on one CUDA GPU (the decoder program of worker/models/decoder.h),
+ * for micro-batches up to B x T computing in dtype; ckpt_layers (num_hidden_layers flags, or NULL) names the
+ * checkpointed layers. m is borrowed and must outlive it. Returns 0, or ZT_EUNSUPPORTED / ZT_ENOMEM. */
+int zt_llama_cuda_create(struct zt_model **out, const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err);
+#endif
+
 #endif

@@ -1,0 +1,290 @@
+/* The CUDA binding of the layer operations (ops.h): every entry on one stream, cuBLASLt GEMMs with their
+ * bias, GELU and residual epilogues, and a profiling mode that times each operation with events. */
+#include "worker/models/ops_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "common/log.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK */
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+#define PROF_EVENTS 8192
+
+/* What profiling sums time over: each operation of the table. */
+enum prof_op {
+    P_ZERO, P_COPY, P_LINEAR, P_LINEAR_RES, P_LINEAR_GELU, P_LINEAR_BWD, P_LINEAR_GELU_BWD, P_GELU_ERF,
+    P_GELU_ERF_BWD, P_NORM, P_NORM_BWD, P_ROPE, P_ROPE_BWD, P_ATTN, P_ATTN_BWD, P_SWIGLU, P_SWIGLU_BWD, P_EMBED,
+    P_EMBED_BWD, P_COUNT
+};
+static const char *const prof_names[P_COUNT] = {
+    "memset", "copy", "linear", "linear+residual", "linear+gelu", "linear backward", "linear backward+dgelu",
+    "gelu (erf)", "gelu (erf) backward", "norm", "norm backward", "rope", "rope backward", "attention",
+    "attention backward", "swiglu", "swiglu backward", "embedding", "embedding backward"};
+
+typedef struct cuda_ctx {
+    zt__ops_cuda_res r;
+    bool profiling;
+    cudaEvent_t *ev;   /* [PROF_EVENTS] */
+    int *op;           /* [PROF_EVENTS / 2] */
+    int used;
+    double ms[P_COUNT];
+} cuda_ctx;
+
+static cuda_ctx *ctx_of(const zt_ops *o)
+{
+    return o->ctx;
+}
+
+static cudaStream_t stream_of(const zt_ops *o)
+{
+    return ctx_of(o)->r.stream;
+}
+
+static void prof_flush(cuda_ctx *c)
+{
+    if (c->used == 0)
+        return;
+    ZT_CUDA_CHECK(cudaStreamSynchronize(c->r.stream));
+    for (int i = 0; i < c->used; i++) {
+        float ms = 0.0f;
+        ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
+        c->ms[c->op[i]] += ms;
+    }
+    c->used = 0;
+}
+
+static void prof_begin(const zt_ops *o, int op)
+{
+    cuda_ctx *c = ctx_of(o);
+    if (!c->profiling)
+        return;
+    if (c->used == PROF_EVENTS / 2)
+        prof_flush(c);
+    c->op[c->used] = op;
+    ZT_CUDA_CHECK(cudaEventRecord(c->ev[2 * c->used], c->r.stream));
+}
+
+static void prof_end(const zt_ops *o)
+{
+    cuda_ctx *c = ctx_of(o);
+    if (!c->profiling)
+        return;
+    ZT_CUDA_CHECK(cudaEventRecord(c->ev[2 * c->used + 1], c->r.stream));
+    c->used++;
+}
+
+/* Every entry times itself between these. */
+#define TIMED(op, call)                                                                                       \
+    do {                                                                                                      \
+        prof_begin(o, op);                                                                                    \
+        call;                                                                                                 \
+        prof_end(o);                                                                                          \
+    } while (0)
+
+static void k_zero(const zt_ops *o, void *x, size_t n)
+{
+    TIMED(P_ZERO, ZT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * o->esize, stream_of(o))));
+}
+
+static void k_copy(const zt_ops *o, void *dst, const void *src, size_t n)
+{
+    TIMED(P_COPY, ZT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * o->esize, cudaMemcpyDeviceToDevice, stream_of(o))));
+}
+
+static void k_linear(const zt_ops *o, void *out, const void *in, const void *w, const void *b, int N, int IC, int OC)
+{
+    TIMED(P_LINEAR, zt_cuda_matmul_forward(ctx_of(o)->r.blas, out, NULL, in, w, b, N, IC, OC, o->dtype, stream_of(o)));
+}
+
+static void k_linear_residual(const zt_ops *o, void *out, const void *in, const void *w, const void *b,
+                              const void *res, int N, int IC, int OC)
+{
+    TIMED(P_LINEAR_RES, zt_cuda_matmul_forward_residual(ctx_of(o)->r.blas, out, in, w, b, res, N, IC, OC, o->dtype,
+                                                        stream_of(o)));
+}
+
+static void k_linear_gelu(const zt_ops *o, void *pre, void *post, const void *in, const void *w, const void *b, int N,
+                          int IC, int OC)
+{
+    TIMED(P_LINEAR_GELU,
+          zt_cuda_matmul_forward(ctx_of(o)->r.blas, post, pre, in, w, b, N, IC, OC, o->dtype, stream_of(o)));
+}
+
+static void k_linear_backward(const zt_ops *o, void *din, void *dw, void *db, const void *dout, const void *in,
+                              const void *w, int N, int IC, int OC)
+{
+    TIMED(P_LINEAR_BWD, zt_cuda_matmul_backward_overwrite(ctx_of(o)->r.blas, din, dw, db, dout, in, w, NULL, N, IC, OC,
+                                                          o->dtype, stream_of(o)));
+}
+
+static void k_linear_backward_gelu(const zt_ops *o, void *dpre, void *dw, void *db, const void *dout,
+                                   const void *post, const void *w, const void *pre, int N, int IC, int OC)
+{
+    TIMED(P_LINEAR_GELU_BWD, zt_cuda_matmul_backward(ctx_of(o)->r.blas, dpre, dw, db, dout, post, w, pre, N, IC, OC,
+                                                     o->dtype, stream_of(o)));
+}
+
+static void k_gelu_erf(const zt_ops *o, void *out, const void *in, size_t n)
+{
+    TIMED(P_GELU_ERF, zt_cuda_gelu_erf_forward(out, in, n, o->dtype, stream_of(o)));
+}
+
+static void k_gelu_erf_backward(const zt_ops *o, void *din, const void *in, const void *dout, size_t n)
+{
+    TIMED(P_GELU_ERF_BWD, zt_cuda_gelu_erf_backward_overwrite(din, in, dout, n, o->dtype, stream_of(o)));
+}
+
+static void k_layernorm(const zt_ops *o, void *out, float *mean, float *rstd, const void *x, const void *w,
+                        const void *b, int N, int C, float eps)
+{
+    TIMED(P_NORM, zt_cuda_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, o->dtype, stream_of(o)));
+}
+
+static void k_layernorm_backward(const zt_ops *o, void *dx, void *dw, void *db, const void *dout, const void *x,
+                                 const void *w, const float *mean, const float *rstd, int N, int C)
+{
+    TIMED(P_NORM_BWD, zt_cuda_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, ctx_of(o)->r.norm_scratch,
+                                                 o->dtype, stream_of(o)));
+}
+
+static void k_rmsnorm(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
+{
+    TIMED(P_NORM, zt_cuda_rmsnorm_forward(out, rstd, x, w, N, C, eps, o->dtype, stream_of(o)));
+}
+
+static void k_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                               const float *rstd, int N, int C)
+{
+    TIMED(P_NORM_BWD, zt_cuda_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, ctx_of(o)->r.norm_scratch, o->dtype,
+                                               stream_of(o)));
+}
+
+static void k_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+{
+    TIMED(P_ROPE, zt_cuda_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o)));
+}
+
+static void k_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+{
+    TIMED(P_ROPE_BWD, zt_cuda_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o)));
+}
+
+static void k_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
+{
+    TIMED(P_ATTN, zt_cuda_attention_forward_gqa(out, lse, qkv, NULL, d, o->dtype, stream_of(o)));
+}
+
+static void k_attention_backward(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                 const float *lse, const zt_attention_dims *d)
+{
+    TIMED(P_ATTN_BWD, zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, d, false,
+                                                     ctx_of(o)->r.attn_scratch, o->dtype, stream_of(o)));
+}
+
+static void k_swiglu(const zt_ops *o, void *out, const void *h, int N, int F)
+{
+    TIMED(P_SWIGLU, zt_cuda_swiglu_forward(out, h, N, F, o->dtype, stream_of(o)));
+}
+
+static void k_swiglu_backward(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F)
+{
+    TIMED(P_SWIGLU_BWD, zt_cuda_swiglu_backward_overwrite(dh, h, dout, N, F, o->dtype, stream_of(o)));
+}
+
+static void k_embedding(const zt_ops *o, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
+                        int T, int C)
+{
+    TIMED(P_EMBED, zt_cuda_embedding_forward(out, tokens, wte, wpe, B, T, C, o->dtype, stream_of(o)));
+}
+
+static void k_embedding_backward(const zt_ops *o, void *dwte, void *dwpe, const void *dout, const int32_t *tokens,
+                                 int B, int T, int C, int V)
+{
+    TIMED(P_EMBED_BWD, zt_cuda_embedding_backward(dwte, dwpe, dout, tokens, B, T, C, V, ctx_of(o)->r.emb_scratch,
+                                                  o->dtype, stream_of(o)));
+}
+
+void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype)
+{
+    cuda_ctx *c = zt_xcalloc(1, sizeof *c);
+    c->r = *r;
+    *o = (zt_ops){
+        .zero = k_zero,
+        .linear = k_linear,
+        .linear_residual = k_linear_residual,
+        .linear_gelu = k_linear_gelu,
+        .linear_backward = k_linear_backward,
+        .linear_backward_gelu = k_linear_backward_gelu,
+        .gelu_erf = k_gelu_erf,
+        .gelu_erf_backward = k_gelu_erf_backward,
+        .layernorm = k_layernorm,
+        .layernorm_backward = k_layernorm_backward,
+        .rmsnorm = k_rmsnorm,
+        .rmsnorm_backward = k_rmsnorm_backward,
+        .rope = k_rope,
+        .rope_backward = k_rope_backward,
+        .attention = k_attention,
+        .attention_backward = k_attention_backward,
+        .swiglu = k_swiglu,
+        .swiglu_backward = k_swiglu_backward,
+        .embedding = k_embedding,
+        .embedding_backward = k_embedding_backward,
+        .copy = k_copy,
+        .dtype = dtype,
+        .esize = zt_dtype_size(dtype),
+        .ctx = c,
+    };
+}
+
+void zt__ops_cuda_free(zt_ops *o)
+{
+    cuda_ctx *c = o->ctx;
+    if (!c)
+        return;
+    if (c->ev) {
+        for (int i = 0; i < PROF_EVENTS; i++)
+            cudaEventDestroy(c->ev[i]);
+        free(c->ev);
+        free(c->op);
+    }
+    free(c);
+    o->ctx = NULL;
+}
+
+void zt__ops_cuda_set_profiling(zt_ops *o, bool on)
+{
+    cuda_ctx *c = o->ctx;
+    if (on && !c->ev) {
+        c->ev = zt_xcalloc(PROF_EVENTS, sizeof *c->ev);
+        c->op = zt_xcalloc(PROF_EVENTS / 2, sizeof *c->op);
+        for (int i = 0; i < PROF_EVENTS; i++)
+            ZT_CUDA_CHECK(cudaEventCreate(&c->ev[i]));
+    }
+    if (!on)
+        prof_flush(c);
+    c->profiling = on;
+}
+
+void zt__ops_cuda_profile_report(zt_ops *o)
+{
+    cuda_ctx *c = o->ctx;
+    prof_flush(c);
+    double total = 0.0;
+    for (int i = 0; i < P_COUNT; i++)
+        total += c->ms[i];
+    for (int i = 0; i < P_COUNT; i++)
+        if (c->ms[i] > 0)
+            zt_log(ZT_LOG_INFO, "profile: %-26s %10.2f ms  %5.1f%%", prof_names[i], c->ms[i],
+                   total > 0 ? 100.0 * c->ms[i] / total : 0.0);
+    zt_log(ZT_LOG_INFO, "profile: %-26s %10.2f ms", "total (layer operations)", total);
+    memset(c->ms, 0, sizeof c->ms);
+}
