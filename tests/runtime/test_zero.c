@@ -115,6 +115,9 @@ typedef struct job {
     bool stream_masters;    /* streamed: the weights come up as the fp32 masters, in pieces of grad_chunk */
     double moments_ram;     /* moments on disk: this fraction of this rank's moments may stay in host memory
                                (0 < f < 1: checked to split the blocks between RAM and disk) */
+    bool masters_disk;      /* moments on disk: the fp32 masters too, but for the share masters_ram of them */
+    double masters_ram;     /* masters_disk: this fraction of this rank's masters may stay in host memory */
+    bool grad_accum_host;   /* the middle micro-batches' gradients are added on the host */
 } job;
 
 /* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
@@ -185,6 +188,22 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
         if (j->moments_ram < 1.0 && (pl.moments_ram_blocks <= 0 || pl.moments_ram_blocks >= nb))
             FAIL("moments_ram %.2f keeps %d of %d blocks' moments in RAM: not a split", j->moments_ram,
                  pl.moments_ram_blocks, nb);
+    }
+    eo.grad_accum_host = j->grad_accum_host;
+    if (j->masters_disk) {
+        eo.masters_disk = true;
+        eo.masters_ram_bytes = (size_t)(j->masters_ram * 4.0 * (double)(zt_family_model_num_params(fm) / (size_t)j->W));
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (pl.masters_ram_blocks >= model->nblocks || (j->masters_ram > 0 && pl.masters_ram_blocks == 0))
+            FAIL("masters_ram %.2f keeps %d of %d blocks' masters in RAM", j->masters_ram, pl.masters_ram_blocks,
+                 model->nblocks);
+    }
+    if (j->grad_accum_host) {
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (!pl.grad_accum_host)
+            FAIL("grad_accum_host does not apply to W=%d grad_accum %d grad_chunk %d", j->W, j->accum, j->grad_chunk);
     }
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
@@ -649,6 +668,74 @@ static void test_moments_on_disk(void **state)
     solo_close(&so);
 }
 
+/* The fp32 masters on disk as well, in the records of the moments (all of them, or the leading blocks' in host
+ * memory): the same bits as masters in host memory at W = 1, 2, 3, fp32 and bf16 moments; a checkpoint of such
+ * a run (its state read from where it lives) resumes on the bits of the run that did not stop, here with
+ * another split of the masters; asked for without moments on disk, refused. */
+static void test_masters_on_disk(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_xdisk_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int W = 1; W <= 3; W++) {
+        const int bf16 = W == 2;
+        float ram[STEPS], disk[STEPS], split[STEPS];
+        job jr = job_of(W);
+        jr.stream = true;
+        jr.bf16_moments = bf16;
+        job jd = jr;
+        jd.moments_dir = dir;
+        jd.masters_disk = true;
+        job js = jd;
+        js.moments_ram = 0.3;
+        js.masters_ram = 0.5;
+        run(&jr, ram);
+        run(&jd, disk);
+        run(&js, split);
+        char what[64];
+        snprintf(what, sizeof what, "W=%d masters on disk (%s moments)", W, bf16 ? "bf16" : "fp32");
+        print_message("%s: last loss %.6f (in memory %.6f)\n", what, disk[STEPS - 1], ram[STEPS - 1]);
+        assert_memory_equal(disk, ram, sizeof ram);
+        assert_memory_equal(split, ram, sizeof ram);
+    }
+    char ck[] = "/tmp/zt_zero_xdisk_ckpt_XXXXXX";
+    assert_non_null(mkdtemp(ck));
+    float whole[STEPS], first[STEPS], rest[STEPS];
+    job jw = job_of(2);
+    jw.stream = true;
+    jw.moments_dir = dir;
+    jw.masters_disk = true;
+    job js = jw;
+    js.last = STEPS / 2;
+    js.save_dir = ck;
+    js.masters_ram = 0.5;
+    run(&jw, whole);
+    run(&js, first);
+    assert_memory_equal(first, whole, sizeof(float) * (STEPS / 2));
+    char ckpt[PATH_MAX];
+    zt_err err = {{0}};
+    assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
+    job jl = jw;
+    jl.first = STEPS / 2;
+    jl.load_dir = ckpt;
+    run(&jl, rest);
+    assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+    remove_dir(dir);
+    remove_dir(ck);
+
+    solo so = solo_open(tiny_config().n_embd);
+    zt_engine_options eo;
+    zt_engine_options_init(&eo);
+    eo.stream = true;
+    eo.masters_disk = true;
+    zt_engine *e = NULL;
+    assert_int_equal(zt_engine_create(&e, so.model, so.comm, &eo, zt_family_model_params(so.fm), &err),
+                     ZT_EINVAL_CONFIG);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "--moments-dir"));
+    solo_close(&so);
+}
+
 /* The streamed weights come up as the fp32 masters instead of a compute-dtype host copy (on the CPU the
  * compute dtype is fp32, so what is checked here is the walk: pieces through the staging buffer, each
  * rank's shard into the all-gather): the same bits as from the copy, W = 1, 2, 3, in whole shards and in
@@ -850,6 +937,7 @@ int main(void)
         cmocka_unit_test(test_streamed_masters),
         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_moments_on_disk),
+        cmocka_unit_test(test_masters_on_disk),
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),

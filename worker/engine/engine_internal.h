@@ -192,8 +192,14 @@ struct zt_engine {
     float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
     int mram_blocks;                /* moments_dir: blocks [0, mram_blocks) keep their moments in h_m and h_v
                                        (o.moments_ram_bytes), the others in records on disk */
+    int xram_blocks;                /* masters_disk: blocks [0, xram_blocks) keep their fp32 masters in h_master (at
+                                       least mram_blocks), the others in their records; nb without masters_disk */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
+    bool hacc;                      /* grad_accum_host applies: the middle micro-batches add on the host */
+    float *h_gstage;                /* hacc: page-locked [the largest shard, or a piece]: a micro-batch's gradient
+                                       on its way into h_grad */
+    float *h_part;                  /* hacc, pieces: [nshard] page-locked, the sum's part in flight (see send_pieces) */
     uint16_t *h_grad16;             /* [nshard] page-locked, instead of h_grad where hgrad_lowp */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up (none
                                        with o.stream_masters) */
@@ -249,6 +255,17 @@ static inline bool zt__mdisk_has(const zt_engine *e, int b)
 {
     return e->moments_dir[0] && b >= e->mram_blocks;
 }
+/* Whether block b's fp32 masters are in its record (then at its start, the moments after them), else in
+ * h_master at the block's shard offset. */
+static inline bool zt__mdisk_has_master(const zt_engine *e, int b)
+{
+    return b >= e->xram_blocks;
+}
+/* Byte offset of the moments in block b's record (after its masters where it holds them). */
+static inline size_t zt__mdisk_moment_off(const zt_engine *e, int b)
+{
+    return zt__mdisk_has_master(e, b) ? e->blocks[b].shard * 4 : 0;
+}
 /* Opens the store in moments_dir, creates zero records (replacing this rank's earlier ones) and the two
  * staging buffers; 0 or an error naming the directory and the fix. */
 int zt__mdisk_open(zt_engine *e, zt_err *err);
@@ -257,9 +274,10 @@ void zt__mdisk_close(zt_engine *e);
 int zt__mdisk_read_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err);
 int zt__mdisk_write_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err);
 int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err);
-/* Synchronous, through staging buffer 0: block b's moments as fp32 [S_b] each, read or written. */
-int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err);
-int zt__mdisk_store(zt_engine *e, int b, const float *m, const float *v, zt_err *err);
+/* Synchronous, through staging buffer 0: block b's record as fp32 [S_b] each, read or written: its masters
+ * (master: where the record holds them, else ignored and may be NULL) and its moments. */
+int zt__mdisk_load(zt_engine *e, int b, float *master, float *m, float *v, zt_err *err);
+int zt__mdisk_store(zt_engine *e, int b, const float *master, const float *m, const float *v, zt_err *err);
 
 /* ---- host_optimizer.c ---- */
 int zt__host_opt_create(zt_engine *e, zt_err *err);
