@@ -736,6 +736,80 @@ static void test_masters_on_disk(void **state)
     solo_close(&so);
 }
 
+/* The gradient of the middle micro-batches added on the host (grad_accum_host) instead of the sum coming up:
+ * the same bits as the device's additions with four micro-batches per step, W = 2 and 3 in whole blocks and
+ * in pieces, W = 1 in pieces, and with the state on disk; and 4 bytes per element less up per middle
+ * micro-batch, counted. (One rank in whole blocks computing in fp32 is left out: its kernels add onto the
+ * loaded sum in their own order, which the host's one addition per element would change.) */
+static void test_grad_accum_on_host(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_hacc_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    static const int cases[][3] = {{1, 100, 0}, {2, 0, 0}, {2, 100, 0}, {3, 0, 0}, {3, 100, 0}, {2, 0, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float dev[STEPS], host[STEPS];
+        job jd = job_of(cases[c][0]);
+        jd.accum = 4;
+        jd.stream = true;
+        jd.grad_chunk = cases[c][1];
+        if (cases[c][2]) {
+            jd.moments_dir = dir;
+            jd.masters_disk = true;
+        }
+        job jh = jd;
+        jh.grad_accum_host = true;
+        run(&jd, dev);
+        run(&jh, host);
+        char what[64];
+        snprintf(what, sizeof what, "W=%d chunk %d%s", cases[c][0], cases[c][1], cases[c][2] ? " state on disk" : "");
+        print_message("%s: last loss %.6f on the host, %.6f on the device\n", what, host[STEPS - 1], dev[STEPS - 1]);
+        if (memcmp(dev, host, sizeof dev) != 0)
+            fail_msg("%s: the losses differ", what);
+    }
+    remove_dir(dir);
+
+    /* the bytes up of a step: the weights twice (forward, backward), and the sum so far once instead of at every
+     * micro-batch after the first */
+    uint64_t up[2];
+    size_t nshard = 0;
+    for (int h = 0; h <= 1; h++) {
+        solo so = solo_open(tiny_config().n_embd);
+        zt_model *model = NULL;
+        zt_err err = {{0}};
+        bool ck[8] = {false};
+        assert_int_equal(zt_family_model_cpu(&model, so.fm, 4, ck, &err), 0);
+        zt_engine_options eo;
+        zt_engine_options_init(&eo);
+        eo.stream = true;
+        eo.grad_accum = 4;
+        eo.grad_chunk = 100;
+        eo.grad_accum_host = h;
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, 1, &eo, &pl);
+        assert_int_equal(pl.grad_accum_host, h);
+        nshard = pl.shard_elems;
+        zt_engine *e = NULL;
+        assert_int_equal(zt_engine_create(&e, model, so.comm, &eo, zt_family_model_params(so.fm), &err), 0);
+        int32_t tok[GB * T], tgt[GB * T];
+        zt_engine_step_result sr;
+        for (int a = 0; a < 4; a++) {
+            global_batch(0, a, tok, tgt);
+            assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, a, 0.25f, 1.0f, &err), 0);
+        }
+        assert_int_equal(zt_engine_step(e, LR, 1, &sr, &err), 0);
+        zt_engine_timing tm;
+        zt_engine_last_timing(e, &tm);
+        up[h] = tm.bytes_up;
+        zt_engine_destroy(e);
+        model->ops->destroy(model);
+        solo_close(&so);
+    }
+    print_message("bytes up per step: %llu with the sums on the host, %llu on the device\n", (unsigned long long)up[1],
+                  (unsigned long long)up[0]);
+    assert_true(up[0] - up[1] == 2 * nshard * 4);
+}
+
 /* The streamed weights come up as the fp32 masters instead of a compute-dtype host copy (on the CPU the
  * compute dtype is fp32, so what is checked here is the walk: pieces through the staging buffer, each
  * rank's shard into the all-gather): the same bits as from the copy, W = 1, 2, 3, in whole shards and in
@@ -938,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_masters_on_disk),
+        cmocka_unit_test(test_grad_accum_on_host),
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),

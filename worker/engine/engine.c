@@ -314,6 +314,14 @@ static int allocate(zt_engine *e, zt_err *err)
                            : (rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err))) < 0 ||
             (!e->o.stream_masters && (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0))
             return rc;
+        if (e->hacc) {
+            size_t most = e->blocks[e->model->head_block].shard > max_shard ? e->blocks[e->model->head_block].shard
+                                                                              : max_shard;
+            if (e->chunked && e->o.grad_chunk < most)
+                most = e->o.grad_chunk;
+            if ((rc = take_host(e, (void **)&e->h_gstage, most * 4, true, "host gradient staging", err)) < 0)
+                return rc;
+        }
     }
     return 0;
 }
@@ -424,6 +432,10 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     e->hgrad_lowp = e->chunked && e->W == 1 && e->home == ZT__OPT_HOST && e->dtype == ZT_DTYPE_BF16 &&
                     o->grad_accum == 1 && o->gpu_fraction == 0;
     e->windowed = e->W > 1 || o->stream;
+    /* the host adds what the device would: one rank in whole blocks computing in fp32 is left out (its kernels
+     * add onto the loaded sum), and fp16 (its scaled fold is one fused operation on a GPU) */
+    e->hacc = o->grad_accum_host && e->path == ZT__GRAD_HOST && o->grad_accum > 2 && e->dtype != ZT_DTYPE_F16 &&
+              !e->hgrad_lowp && (e->W > 1 || e->chunked || e->dtype != ZT_DTYPE_F32);
 
     /* Blocks padded to a multiple of W (64 W on a GPU), shards laid end to end. */
     e->blocks = zt_xcalloc((size_t)e->nb, sizeof *e->blocks);
@@ -538,6 +550,26 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
 
     if ((rc = allocate(e, err)) < 0)
         goto fail;
+    if (e->hacc) {
+        /* the additions into h_grad: one per block, or one per piece of grad_chunk elements */
+        e->hadd_first = zt_xcalloc((size_t)e->nb + 1, sizeof *e->hadd_first);
+        size_t total = 0;
+        for (int b = 0; b < e->nb; b++) {
+            e->hadd_first[b] = (int)total;
+            total += e->chunked ? (e->blocks[b].shard + e->o.grad_chunk - 1) / e->o.grad_chunk : 1;
+        }
+        e->hadd_first[e->nb] = (int)total;
+        e->hadds = zt_xcalloc(total, sizeof *e->hadds);
+        for (int b = 0; b < e->nb; b++) {
+            const zt__block *k = &e->blocks[b];
+            const size_t piece = e->chunked ? e->o.grad_chunk : k->shard;
+            for (int i = e->hadd_first[b]; i < e->hadd_first[b + 1]; i++) {
+                const size_t off = (size_t)(i - e->hadd_first[b]) * piece;
+                e->hadds[i] = (zt__hadd){.dst = e->h_grad + k->shard_off + off, .src = e->h_gstage,
+                                         .n = k->shard - off < piece ? k->shard - off : piece, .threads = o->threads};
+            }
+        }
+    }
     if (e->home == ZT__OPT_HOST && e->moments_dir[0] && (rc = zt__mdisk_open(e, err)) < 0)
         goto fail;
 #ifdef ZT_WITH_CUDA
@@ -628,6 +660,9 @@ void zt_engine_destroy(zt_engine *e)
     d->host_free(e->h_grad);
     d->host_free(e->h_grad16);
     d->host_free(e->h_lowp);
+    d->host_free(e->h_gstage);
+    free(e->hadds);
+    free(e->hadd_first);
     if (d->gpu) {
         if (e->ms)
             d->stream_destroy(e->ms);
@@ -877,6 +912,29 @@ static int ring_take(zt_engine *e, int b, void *stream)
     return r;
 }
 
+/* A micro-batch between the step's first and last with grad_accum_host: its gradient goes down and is added
+ * on the host (hacc). */
+static bool host_adds(const zt_engine *e)
+{
+    return e->hacc && e->micro > 0 && !e->last;
+}
+
+static void hadd_run(void *arg)
+{
+    const zt__hadd *a = arg;
+    zt_cpu_adam_accumulate(a->dst, a->src, a->n, a->threads);
+}
+
+/* Sends n fp32 elements of a micro-batch's gradient at src (device) down into the host staging and adds them
+ * to the step's sum there (addition i of hadds), in order on the copy stream down. */
+static void send_added(zt_engine *e, int i, const float *src, size_t n)
+{
+    ZT_ASSERT(e->hadds[i].n == n);
+    e->dev->copy(e->h_gstage, src, n * 4, e->down);
+    e->dev->host_call(e->down, hadd_run, &e->hadds[i]);
+    e->timing.bytes_down += n * 4;
+}
+
 /* The fp32 buffer of the whole block b that receives its folded gradient (REDUCE and HOST paths). At
  * W = 1 on the HOST path, later micro-batches first load the step's gradient so far from the host, on
  * the up stream while the block's backward runs; `loaded` says whether the compute stream must wait for
@@ -893,7 +951,7 @@ static float *fp32_target(zt_engine *e, int b)
     int r = ring_take(e, b, e->cs);
     k->ring = r;
     k->gfull = e->ring[r];
-    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !k->resident;
+    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !k->resident && !host_adds(e);
     if (load) {
         /* the gradient so far came down at the previous micro-batch (grad_out); bring it back up */
         e->dev->wait(e->up, e->ring_free[r]);
@@ -964,7 +1022,7 @@ static void *grad_buffer(zt_engine *e, int b)
             k->gbuf = fp32_target(e, b);
             if (e->gacc && e->micro == 0)
                 e->dev->memset0(k->gbuf, k->len * 4, e->cs);
-            if (e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0)
+            if (e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !host_adds(e))
                 e->dev->wait(e->cs, k->loaded); /* the kernels add onto the loaded gradient */
             break;
         }
@@ -996,7 +1054,8 @@ static int send_pieces(zt_engine *e, int b, const void *g)
         e->ring_next = (r + 1) % ZT__RING;
         float *f = e->ring[r];
         e->dev->wait(fs, e->ring_free[r]);
-        if (e->micro > 0) {
+        const bool adds = host_adds(e);
+        if (e->micro > 0 && !adds) {
             e->dev->wait(e->up, e->ring_free[r]);
             e->dev->wait(e->up, k->grad_out); /* the previous micro-batch's copy down */
             e->dev->copy(f, e->h_grad + k->shard_off + off, n * 4, e->up);
@@ -1007,12 +1066,14 @@ static int send_pieces(zt_engine *e, int b, const void *g)
             e->dev->memset0(f + real, (n - real) * 4, fs); /* the padding stays zero */
         }
         if (real > 0)
-            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0, fs);
+            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0 || adds, fs);
         if (e->last)
             e->dev->norm_add(e, f, n, fs);
         e->dev->record(k->folded, fs);
         e->dev->wait(e->down, k->folded);
-        if (e->hgrad_lowp) {
+        if (adds) {
+            send_added(e, e->hadd_first[b] + (int)(off / piece), f, n);
+        } else if (e->hgrad_lowp) {
             /* the bf16 gradient itself (the fold above only feeds the norm); the padding stays zero */
             if (real > 0)
                 e->dev->copy(e->h_grad16 + k->shard_off + off, (const char *)g + off * e->esize, real * 2, e->down);
@@ -1060,7 +1121,8 @@ static int send_pieces_reduced(zt_engine *e, int b, const void *g, zt_err *err)
                              e->ms);
         }
         rc = zt_comm_reduce_scatter(e->comm, in, out, n, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
-        if (e->micro > 0) {
+        const bool adds = host_adds(e);
+        if (e->micro > 0 && !adds) {
             /* add the step's gradient so far, brought up from the host */
             e->dev->wait(e->up, e->ring_free[r]);
             e->dev->wait(e->up, k->grad_out);
@@ -1074,8 +1136,12 @@ static int send_pieces_reduced(zt_engine *e, int b, const void *g, zt_err *err)
             e->dev->norm_add(e, out, n, e->ms);
         e->dev->record(k->folded, e->ms);
         e->dev->wait(e->down, k->folded);
-        e->dev->copy(e->h_grad + k->shard_off + off, out, n * 4, e->down);
-        e->timing.bytes_down += n * 4;
+        if (adds) {
+            send_added(e, e->hadd_first[b] + (int)(off / piece), out, n);
+        } else {
+            e->dev->copy(e->h_grad + k->shard_off + off, out, n * 4, e->down);
+            e->timing.bytes_down += n * 4;
+        }
         e->dev->record(e->ring_free[r], e->down);
     }
     e->dev->record(e->glow_free[k->glow], e->ms); /* g may be written again */
@@ -1157,7 +1223,8 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         return e->W == 1 ? send_pieces(e, b, g) : send_pieces_reduced(e, b, g, err);
     /* HOST: this micro-batch's part of the owned shard, plus the earlier ones', goes down to h_grad. */
     float *f = fp32_target(e, b);
-    const bool loaded = e->W == 1 && e->micro > 0;
+    const bool adds = host_adds(e);
+    const bool loaded = e->W == 1 && e->micro > 0 && !adds;
     if (!f32) {
         if (loaded)
             e->dev->wait(e->cs, k->loaded); /* the host gradient is on the device */
@@ -1172,7 +1239,7 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         out = e->dshard[r];
         rc = zt_comm_reduce_scatter(e->comm, f, out, k->shard, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
         out_stream = e->ms;
-        if (e->micro > 0) {
+        if (e->micro > 0 && !adds) {
             /* add the step's gradient so far, brought up from the host */
             e->dev->wait(e->up, k->grad_out);
             e->dev->copy(e->dshard2[r], e->h_grad + k->shard_off, k->shard * 4, e->up);
@@ -1186,8 +1253,12 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         e->dev->norm_add(e, out, k->shard, out_stream);
     e->dev->record(k->folded, out_stream);
     e->dev->wait(e->down, k->folded);
-    e->dev->copy(e->h_grad + k->shard_off, out, k->shard * 4, e->down);
-    e->timing.bytes_down += k->shard * 4;
+    if (adds) {
+        send_added(e, e->hadd_first[b], out, k->shard);
+    } else {
+        e->dev->copy(e->h_grad + k->shard_off, out, k->shard * 4, e->down);
+        e->timing.bytes_down += k->shard * 4;
+    }
     e->dev->record(k->grad_out, e->down);
     e->dev->record(e->ring_free[r], e->down);
     k->ring = -1;

@@ -41,6 +41,9 @@ typedef struct zt__engine_dev {
     void (*fold)(float *dst, const void *src, enum zt_dtype dtype, size_t n, float scale, bool overwrite,
                  void *stream);
     void (*cast)(void *dst, enum zt_dtype dtype, const float *src, size_t n, void *stream);
+    /* Runs fn(arg) on the host once the stream's work before it is done, and holds the stream's later work
+     * until it returns (at once on the CPU). fn may not call the device. */
+    void (*host_call)(void *stream, void (*fn)(void *arg), void *arg);
     /* The optimizer step with the state on this device (placement gpu on a GPU, cpu on the CPU). */
     int (*resident_step)(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_result *res, zt_err *err);
     /* Gradients leaving the device: adds the sum of squares of x [n fp32] into the step's norm. */
@@ -124,6 +127,15 @@ typedef struct zt__block {
     size_t res_off;     /* its shard's offset in the resident slabs */
 } zt__block;
 
+/* One addition of a micro-batch's gradient (in h_gstage) into the step's sum in h_grad, on the host
+ * (grad_accum_host): the argument of a host_call, one per block or per piece of a block. */
+typedef struct zt__hadd {
+    float *dst;
+    const float *src;
+    size_t n;
+    int threads;
+} zt__hadd;
+
 /* The ring of fp32 block buffers for REDUCE (grad_accum 1) and HOST paths; one more buffer, index ZT__RING,
  * belongs to the head's block, whose gradient lives from the head's backward to the end of the backward. */
 #define ZT__RING 4
@@ -199,7 +211,8 @@ struct zt_engine {
     bool hacc;                      /* grad_accum_host applies: the middle micro-batches add on the host */
     float *h_gstage;                /* hacc: page-locked [the largest shard, or a piece]: a micro-batch's gradient
                                        on its way into h_grad */
-    float *h_part;                  /* hacc, pieces: [nshard] page-locked, the sum's part in flight (see send_pieces) */
+    zt__hadd *hadds;                /* hacc: the additions, block b's from hadd_first[b] (one per piece) */
+    int *hadd_first;                /* [nb + 1] */
     uint16_t *h_grad16;             /* [nshard] page-locked, instead of h_grad where hgrad_lowp */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up (none
                                        with o.stream_masters) */
