@@ -161,6 +161,83 @@ int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
                    r->seq_len, act, fix, ways);
 }
 
+void zt_plan_size_flag(uint64_t bytes, char *buf, size_t cap)
+{
+    const uint64_t step = bytes >= (1ULL << 30) ? 64ULL << 20 : 1ULL << 20;
+    const uint64_t up = (bytes + step - 1) / step * step;
+    snprintf(buf, cap, "%lluMiB", (unsigned long long)((up + (1ULL << 20) - 1) >> 20));
+}
+
+/* Fits the host state under the cap; see plan.h. */
+int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    zt_plan_tiers t = {0};
+    zt_plan_host_price p;
+    r->price(r->ctx, &t, &p);
+    if (p.ram <= r->cap) {
+        out->tiers = t;
+        out->price = p;
+        return 0;
+    }
+    const zt_plan_host_price all_ram = p;
+    /* the moments on disk, then the masters: each tier keeps its leading blocks in what the cap leaves */
+    zt_plan_host_price tier[2];
+    int ntier = 0;
+    for (int level = 1; level <= 2; level++) {
+        if (level == 2 && !r->can_masters_disk)
+            break;
+        zt_plan_tiers x = {.moments_disk = true, .masters_disk = level == 2};
+        r->price(r->ctx, &x, &tier[ntier]);
+        const zt_plan_host_price floor = tier[ntier++];
+        if (!r->has_dir || floor.ram > r->cap)
+            continue;
+        if (level == 1)
+            x.moments_ram = r->cap - floor.ram;
+        else
+            x.masters_ram = r->cap - floor.ram;
+        r->price(r->ctx, &x, &p);
+        if (p.ram > r->cap) { /* a record's staging that the blocks left on disk do not shrink: none kept */
+            x.moments_ram = x.masters_ram = 0;
+            p = floor;
+        }
+        out->tiers = x;
+        out->price = p;
+        return 0;
+    }
+    /* Nothing fits: the smallest plan with what is given, and the changes. */
+    const zt_plan_host_price *min = r->has_dir ? &tier[ntier - 1] : &all_ram;
+    char cap_s[32], need[32], flag[32], ways[768];
+    zt_format_size(r->cap, cap_s, sizeof cap_s);
+    zt_format_size(min->ram, need, sizeof need);
+    zt_plan_size_flag(min->ram, flag, sizeof flag);
+    size_t used = (size_t)snprintf(ways, sizeof ways, "--host-mem %s or more", flag);
+    if (r->staging && min->ram - r->staging <= r->cap) {
+        char x[32];
+        zt_format_size(min->ram - r->staging, x, sizeof x);
+        used += (size_t)snprintf(ways + used, sizeof ways - used, "; --save-every -1 (no checkpoint staging: %s)", x);
+    }
+    if (!r->has_dir && used < sizeof ways) {
+        for (int i = 0; i < ntier && used < sizeof ways; i++) {
+            char x[32], d[32];
+            zt_format_size(tier[i].ram, x, sizeof x);
+            zt_format_size(tier[i].disk, d, sizeof d);
+            used += (size_t)snprintf(ways + used, sizeof ways - used, "; --moments-dir DIR with %s on disk (RAM %s%s, "
+                                     "disk %s)", i == 0 ? "the Adam moments" : "the moments and fp32 masters", x,
+                                     tier[i].ram <= r->cap ? "" : ", still above the cap", d);
+        }
+    }
+    if (used < sizeof ways)
+        snprintf(ways + used, sizeof ways - used, "; or more ranks, or a smaller model");
+    return zt_fail(err, ZT_ENOMEM, "--host-mem %s is below this run's smallest plan: it needs at least %s of host "
+                   "memory per rank (%s%s); what would fit: %s", cap_s, need, min->parts,
+                   r->has_dir ? (r->can_masters_disk ? ", with the moments and fp32 masters on disk"
+                                                     : ", with the moments on disk; the fp32 masters stay in RAM "
+                                                       "with --weights masters")
+                              : "",
+                   ways);
+}
+
 int zt_plan_check_host(const zt_plan_host *h, zt_err *err)
 {
     char need[32], have[32];
