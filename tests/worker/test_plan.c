@@ -254,9 +254,18 @@ static void test_host_mem_tiers(void **state)
     r.has_dir = false;
     assert_int_equal(zt_plan_fit_host(&r, &c, &err), ZT_ENOMEM);
     print_message("refusal: %s\n", err.msg);
-    if (!strstr(err.msg, "at least 116 GiB") || !strstr(err.msg, "--moments-dir DIR with the Adam moments on disk (RAM "
-                                                                  "52.0 GiB, still above the cap, disk 64.0 GiB)") ||
-        !strstr(err.msg, "the moments and fp32 masters on disk (RAM 20.0 GiB, disk 96.0 GiB)"))
+    if (!strstr(err.msg, "at least 116 GiB") ||
+        !strstr(err.msg, "--moments-dir DIR, moments on disk (RAM 52.0 GiB, above the cap, disk 64.0 GiB)") ||
+        !strstr(err.msg, "--moments-dir DIR, moments and masters on disk (RAM 20.0 GiB, disk 96.0 GiB)"))
+        fail_msg("message: %s", err.msg);
+    /* a checkpoint that the disk cannot hold: refused before writing, naming both numbers */
+    const uint64_t need = zt_plan_checkpoint_bytes(1000000000ULL, false);
+    assert_true(need == 12000000000ULL + (1ULL << 20));
+    assert_true(zt_plan_checkpoint_bytes(1000000000ULL, true) == need + 4000000000ULL);
+    assert_int_equal(zt_plan_check_checkpoint(need, need, "/ckpt", &err), 0);
+    assert_int_equal(zt_plan_check_checkpoint(need, 0, "/ckpt", &err), 0); /* unknown: not refused */
+    assert_int_equal(zt_plan_check_checkpoint(need, 10 * GiB, "/ckpt", &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "11.2 GiB in '/ckpt'") || !strstr(err.msg, "10.0 GiB free") || !strstr(err.msg, "--save-every -1"))
         fail_msg("message: %s", err.msg);
     char flag[32];
     zt_plan_size_flag(3 * (1ULL << 20) + 1, flag, sizeof flag);

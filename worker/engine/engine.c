@@ -730,8 +730,8 @@ void zt_engine_log_plan(const zt_engine *e)
                e->mram_blocks, e->nb - 1);
         if (e->xram_blocks < e->nb)
             zt_log(ZT_LOG_INFO, "engine: fp32 masters on disk: blocks %d..%d (read ahead and written behind with their "
-                   "moments); host memory keeps %d block%s' and the compute-dtype copy of all", e->xram_blocks, e->nb - 1,
-                   e->xram_blocks, e->xram_blocks == 1 ? "" : "s");
+                   "moments); host memory keeps the masters of %d block%s and the compute-dtype copy of all", e->xram_blocks,
+                   e->nb - 1, e->xram_blocks, e->xram_blocks == 1 ? "" : "s");
     }
     if (e->hacc)
         zt_log(ZT_LOG_INFO, "engine: the gradients of micro-batches 2..%d of a step are added on the host (the sum "

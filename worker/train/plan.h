@@ -136,6 +136,14 @@ typedef struct zt_plan_host_choice {
  * -1, --moments-dir with its need). */
 int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt_err *err);
 
+/* The bytes of one checkpoint of P parameters (model.safetensors 4 P, optim.safetensors 8 P, with grads 4 P
+ * more; headers, config and manifest within 1 MiB per million tensors' worth of names, counted as 1 MiB). */
+uint64_t zt_plan_checkpoint_bytes(uint64_t P, bool grads);
+
+/* A checkpoint of `need` bytes into dir whose file system has `free_bytes` free (0: unknown, not refused):
+ * returns 0, or ZT_ENOMEM naming both numbers, the directory and the fixes, before anything is written. */
+int zt_plan_check_checkpoint(uint64_t need, uint64_t free_bytes, const char *dir, zt_err *err);
+
 /* A size flag's value at least `bytes`, rounded up to 64 MiB above 1 GiB (to a MiB below), as the parser
  * takes it: "3584MiB". */
 void zt_plan_size_flag(uint64_t bytes, char *buf, size_t cap);
