@@ -987,6 +987,7 @@ static void test_config_hash_covers_runtime_settings(void **state)
         {"--optimizer", "server"}, {"--servers", "a:1,b:2"}, {"--zero-level", "2"},
         {"--checkpointing", "all"}, {"--prefetch", "3"},     {"--state-store", "nvme:/tmp/x"},
         {"--grad-clip", "0.5"},    {"--batch-size", "24"},  {"--adam-moments", "bf16"},
+        {"--host-mem", "64GiB"},   {"--moments-dir", "/tmp"},
     };
     for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
         zt_train_config c = base;

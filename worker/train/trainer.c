@@ -105,7 +105,8 @@ uint64_t zt_trainer_config_hash(const zt_train_config *cfg)
                             cfg->save_every, cfg->seed, cfg->shuffle, cfg->eval_every, cfg->eval_batches,
                             cfg->schedule, cfg->device, cfg->precision, cfg->optimizer, cfg->state_store, nservers,
                             cfg->zero_level, cfg->checkpointing, cfg->checkpoint_every, cfg->prefetch,
-                            cfg->loss_scale_window, cfg->adam_moments};
+                            cfg->loss_scale_window, cfg->adam_moments, (int64_t)cfg->host_mem,
+                            cfg->moments_dir[0] != '\0'};
     const double reals[] = {cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
                             cfg->beta2, cfg->eps, cfg->grad_clip, cfg->loss_scale, cfg->min_loss_scale};
     h = fnv1a(h, ints, sizeof ints);
