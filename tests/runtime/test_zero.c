@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -975,6 +977,107 @@ static void test_train_loop_matches_trainer(void **state)
     remove_dir(dir);
 }
 
+/* Bytes of the regular files in dir (0 when it does not exist). */
+static uint64_t dir_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t sum = 0;
+    struct dirent *ent;
+    while (d && (ent = readdir(d))) {
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    return sum;
+}
+
+/* `ztrain train` at W = 2 under --host-mem with --moments-dir: a cap between the smallest plan (moments and
+ * masters on disk) and the plan with the masters in RAM puts fp32 masters in the records on disk (their
+ * files grow), and the losses are those of the same run with the masters in RAM, bit for bit. The cap is
+ * priced here as the trainer prices CPU ranks: the engine's buffers, the model's parameters and gradients
+ * (8 bytes per parameter), the checkpoints' staging (12). */
+static void test_train_under_host_mem(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_hm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uint16_t toks[4096];
+    for (int i = 0; i < 4096; i++)
+        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
+    char shard[256], sdir[256], rank0[300];
+    snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    snprintf(rank0, sizeof rank0, "%s/rank0", sdir);
+    assert_int_equal(mkdir(sdir, 0700), 0);
+    zt_err err = {{0}};
+    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    zt_train_config cfg;
+    zt_train_config_init(&cfg);
+    zt_family_config_default(&cfg.model);
+    cfg.model.gpt2 = tiny_config();
+    cfg.model.gpt2.n_layer = 6;
+    cfg.model.gpt2.n_embd = 64;
+    cfg.model_loaded = true;
+    snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
+    snprintf(cfg.moments_dir, sizeof cfg.moments_dir, "%s", sdir);
+    cfg.steps = 6;
+    cfg.batch_size = 4;
+    cfg.seq_len = 8;
+    cfg.grad_accum = 2;
+    cfg.lr = 1e-2;
+    cfg.threads = 1;
+    cfg.log_every = 3;
+    assert_int_equal(zt_train_config_resolve(&cfg, &err), 0);
+
+    /* the prices of the two plans at W = 2, rank 0 */
+    const int W = 2;
+    zt_family_model *fm = NULL;
+    assert_int_equal(zt_family_model_create(&fm, &cfg.model, 2, 8, 7, &err), 0);
+    bool ck[8] = {false};
+    zt_model *model = NULL;
+    assert_int_equal(zt_family_model_cpu(&model, fm, 2, ck, &err), 0);
+    const uint64_t P = zt_family_model_num_params(fm);
+    uint64_t price[2];
+    for (int masters = 0; masters <= 1; masters++) {
+        zt_engine_options eo;
+        zt_engine_options_init(&eo);
+        eo.grad_accum = 2;
+        eo.stream = true;
+        eo.moments_dir = sdir;
+        eo.masters_disk = masters;
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, W, &eo, &pl);
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + 12 * P;
+    }
+    model->ops->destroy(model);
+    zt_family_model_destroy(fm);
+    print_message("W=2 plans: %llu bytes with the masters in RAM, %llu with them on disk\n",
+                  (unsigned long long)price[0], (unsigned long long)price[1]);
+    assert_true(price[1] + 4096 < price[0]);
+
+    float in_ram[6], capped[6];
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s/ram", dir);
+    zt_fixture_train_ranks(&cfg, W, in_ram, 6, NULL);
+    const uint64_t records_ram = dir_bytes(rank0);
+    cfg.host_mem = (price[0] + price[1]) / 2;
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s/capped", dir);
+    zt_fixture_train_ranks(&cfg, W, capped, 6, NULL);
+    const uint64_t records_capped = dir_bytes(rank0);
+    print_message("records of rank 0: %llu bytes with the masters in RAM, %llu under --host-mem %llu\n",
+                  (unsigned long long)records_ram, (unsigned long long)records_capped,
+                  (unsigned long long)cfg.host_mem);
+    assert_true(records_capped > records_ram);
+    assert_memory_equal(capped, in_ram, sizeof in_ram);
+    char ckpt[PATH_MAX];
+    assert_int_equal(zt_checkpoint_find(cfg.out_dir, ckpt, sizeof ckpt, &err), 0);
+    assert_int_equal(zt_checkpoint_verify(ckpt, NULL, &err), 0);
+    remove_dir(dir);
+}
+
 /* Every setting that changes the math or the protocol of a step changes the config hash that the
  * rendezvous compares; the addresses of the state servers (which differ between hosts) do not. */
 static void test_config_hash_covers_runtime_settings(void **state)
@@ -1017,6 +1120,7 @@ int main(void)
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
+        cmocka_unit_test(test_train_under_host_mem),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
