@@ -752,6 +752,23 @@ int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, si
     return 0;
 }
 
+/* Adds src into dst; see offload/cpu_adam.h. */
+void zt_cpu_adam_accumulate(float *dst, const float *src, size_t n, int threads)
+{
+    size_t chunks = (n + ZT_ADAM_CHUNK - 1) / ZT_ADAM_CHUNK;
+    if (threads <= 0)
+        threads = zt_cpu_get_threads();
+    if ((size_t)threads > chunks)
+        threads = (int)chunks;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (size_t k = 0; k < chunks; k++) {
+        size_t begin = k * ZT_ADAM_CHUNK;
+        size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
+        for (size_t i = begin; i < end; i++)
+            dst[i] += src[i];
+    }
+}
+
 /* Widens n values to fp32; see offload/cpu_adam.h. */
 int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, int threads, zt_err *err)
 {

@@ -81,4 +81,9 @@ int zt_cpu_adam_convert(void *dst, enum zt_dtype dst_dtype, const float *src, si
  * Adam moments for a checkpoint. Returns 0 or ZT_EUNSUPPORTED with the reason in err. */
 int zt_cpu_adam_widen(float *dst, const void *src, enum zt_dtype src_dtype, size_t n, int threads, zt_err *err);
 
+/* dst[i] += src[i] for n fp32 values (the gradient of a micro-batch added to the step's sum on the host), on
+ * `threads` threads (<= 0: the CPU kernels' count): one IEEE addition per element, so the same bits as the
+ * device's fold of the same two numbers, whatever the thread count. dst and src may not overlap. */
+void zt_cpu_adam_accumulate(float *dst, const float *src, size_t n, int threads);
+
 #endif

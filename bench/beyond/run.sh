@@ -12,6 +12,12 @@
 # (6N + 6 L T C FLOPs per token; the recomputation of checkpointed layers not counted), the peak GPU
 # memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s), the
 # planner's lines (GPU, host, disk), the engine's breakdown of the last step, and the first and last loss.
+# The rows under --host-mem (llama7b_11g_h64*, llama7b_11g_h32*) show the host budget in the plan: the peak
+# resident memory must stay under the cap; the *_hacc rows add the middle micro-batches' gradients on the
+# host (--host-grad-accum) and must give the bits of the row without it (PAIRS). Under 32 GiB the fp32 host
+# gradient of a 6.74B model (27 GB) with the bf16 copy of the weights (13.5 GB) does not fit: the
+# grad_accum 16 row is expected to be refused with its minimum, and the grad_accum 1 row trains with the
+# bf16 host gradient of one micro-batch (13.5 GB), the moments and masters on disk.
 # Pairs of rows named in PAIRS are compared step by step (largest relative loss difference; "same bits"
 # when every loss is equal). Writes OUT_DIR/rows.jsonl, one log per row, and prints OUT_DIR/table.md.
 set -u
@@ -47,8 +53,15 @@ TABLE="
 llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all
 13b_11g_m16disk    13b   5 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 13b_11g_m16disk_ga16 13b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
+13b_11g_m16disk_ga16_hacc 13b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--host-grad-accum
+llama7b_11g_h64_ga16 llama-7b 5 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
+llama7b_11g_h64_ga16_hacc llama-7b 5 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--host-grad-accum
+llama7b_11g_h32_ga16 llama-7b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,32GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
+llama7b_11g_h32_ga1 llama-7b 6 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,32GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 "
-PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram 1558m_streamed_11g_m16:1558m_streamed_11g"
+PAIRS="1558m_streamed_11g:1558m_gpu 1558m_fp16_11g:1558m_gpu 124m_streamed_nvme:124m_streamed_ram 1558m_streamed_11g_m16:1558m_streamed_11g
+13b_11g_m16disk_ga16_hacc:13b_11g_m16disk_ga16 llama7b_11g_h64_ga16_hacc:llama7b_11g_h64_ga16
+llama7b_11g_h32_ga16:llama7b_11g_h64_ga16"
 ROWS="${ROWS:-$(echo "$TABLE" | awk 'NF {print $1}')}"
 
 baseline_mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)

@@ -308,6 +308,50 @@ if [ $e2e_ok = 1 ]; then
   fi
 fi
 
+# ---- --host-mem on CPU ranks: the state moved to disk to fit, and a resume on the same bits ------------
+# A model whose fp32 state dwarfs the buffers: the smallest plan (from the refusal of a cap too small) plus
+# 1 MiB leaves the Adam moments all on disk and the fp32 masters mostly there. A run of 20 steps and one
+# resumed from its step-10 checkpoint must write the same step-20 checkpoint, byte for byte.
+cat >model_hm.json <<'EOF'
+{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 8, "n_head": 2, "n_embd": 128,
+ "n_positions": 64, "vocab_size": 256, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": true}
+EOF
+if [ $e2e_ok = 1 ]; then
+  mkdir -p hm_state
+  hm_args=(train --model model_hm.json --train-data 'data/corpus_train_*.bin' --batch-size 4 --seq-len 16 --threads 1
+    --lr 1e-3 --moments-dir "$WORK/hm_state" --steps 20 --save-every 10)
+  run_zt hostmem_probe "${hm_args[@]}" --out hm_probe --host-mem 1MiB
+  hm_min=$(grep -Eo -- '--host-mem [0-9]+MiB or more' "$WORK/hostmem_probe.err" | grep -Eo '[0-9]+' | head -1)
+  if [ -z "$hm_min" ]; then
+    fail hostmem_train "the refusal of --host-mem 1MiB names no minimum"
+  else
+    hm_cap="$((hm_min + 1))MiB"
+    run_zt hostmem_train "${hm_args[@]}" --out hm_run --host-mem "$hm_cap"
+    if step_ok hostmem_train && need_files hostmem_train hm_run/ckpt_000010/model.safetensors \
+      hm_run/ckpt_000020/optim.safetensors; then
+      if ! grep -Eq "plan: host .* of --host-mem .*Adam moments on disk; fp32 masters on disk" "$WORK/hostmem_train.err"; then
+        fail hostmem_train "the plan under --host-mem $hm_cap does not put the moments and the masters on disk"
+      elif ! grep -q "fp32 masters on disk: blocks" "$WORK/hostmem_train.err"; then
+        fail hostmem_train "the engine does not keep fp32 masters on disk"
+      else
+        pass hostmem_train
+        cp -r hm_run hm_resumed
+        rm -rf hm_resumed/ckpt_000020
+        printf 'ckpt_000010' >hm_resumed/latest
+        run_zt hostmem_resume train --resume hm_resumed --steps 20 --host-mem "$hm_cap"
+        if step_ok hostmem_resume && need_files hostmem_resume hm_resumed/ckpt_000020/model.safetensors; then
+          if cmp -s hm_run/ckpt_000020/model.safetensors hm_resumed/ckpt_000020/model.safetensors &&
+            cmp -s hm_run/ckpt_000020/optim.safetensors hm_resumed/ckpt_000020/optim.safetensors; then
+            pass hostmem_resume
+          else
+            fail hostmem_resume "the resumed run's step-20 checkpoint differs from the run that did not stop"
+          fi
+        fi
+      fi
+    fi
+  fi
+fi
+
 export_ok=0
 if [ $e2e_ok = 1 ]; then
   mkdir -p export
@@ -456,7 +500,12 @@ train_case flag_offload_unknown 2 '--offload' 'nvme:DIR' -- --offload disk
 train_case flag_weights_host_on_cpu 2 'weights' '--device cuda' -- --weights host
 train_case flag_adam_moments_unknown 2 '--adam-moments' 'fp32 or bf16' -- --adam-moments fp8
 train_case flag_adam_moments_optimizer_server 2 'adam_moments' '--optimizer cpu' -- --adam-moments bf16 --optimizer server
-train_case flag_moments_dir_on_cpu 2 'moments_dir' '--device cuda' -- --moments-dir /tmp
+train_case flag_moments_dir_optimizer_server 2 'moments_dir' '--optimizer cpu' -- --moments-dir /tmp --optimizer server
+train_case flag_host_mem_not_a_size 2 '--host-mem' -- --host-mem lots
+train_case flag_host_mem_below_minimum 1 'host-mem 1\.00 MiB is below' 'smallest plan: at least [0-9.]+ [KM]iB' \
+  'what would fit: --host-mem [0-9]+MiB or more' -- --host-mem 1MiB
+train_case flag_host_mem_below_minimum_with_dir 1 'smallest plan: at least' 'moments and fp32 masters on disk' \
+  '--host-mem [0-9]+MiB or more' -- --host-mem 1MiB --moments-dir "$WORK"
 train_case flag_moments_ram_without_dir 2 'moments_ram' '--moments-dir DIR' -- --moments-ram 3GiB
 train_case flag_moments_ram_not_a_size 2 '--moments-ram' '11GiB' -- --moments-ram lots
 if expect_error finetune_without_init 2 'finetune' '--init-from' -- finetune --train-data "$WORK/d1/d_train_*.bin" \

@@ -376,6 +376,60 @@ static void test_streamed_weights(void **state)
     zt_train_result_free(&res);
 }
 
+/* The host side under --host-mem, on the GPU (bf16, four micro-batches per step, streamed weights, gradients
+ * in pieces, no clipping): the middle micro-batches' gradients added on the host (--host-grad-accum) and the
+ * Adam moments and fp32 masters moved to disk by --host-mem give the bits of the plain streamed run, losses
+ * and weights; a cap below the smallest plan is refused naming the minimum. */
+static void test_host_mem(void **state)
+{
+    (void)state;
+    zt_err err = {{0}};
+    char sdir[] = "/tmp/zt_gpu_hostmem_XXXXXX";
+    assert_non_null(mkdtemp(sdir));
+    static const char *const names[3] = {"hm_plain", "hm_host_accum", "hm_capped"};
+    zt_train_result res[3];
+    char cap[32] = "";
+    for (int i = 0; i < 3; i++) {
+        zt_train_config c;
+        base_config(&c, names[i], "cuda", "bf16", 4);
+        c.grad_clip = 0.0;
+        c.grad_piece = 1000;
+        if (zt_train_config_set_flag(&c, "--weights", "host", &err) != 0 ||
+            (i >= 1 && zt_train_config_set_flag(&c, "--host-grad-accum", "true", &err) != 0) ||
+            (i == 2 && zt_train_config_set_flag(&c, "--moments-dir", sdir, &err) != 0))
+            fail_msg("%s", err.msg);
+        if (i == 2) {
+            /* the smallest plan from the refusal of a cap too small, plus 1 MiB: the state mostly on disk */
+            zt_train_config probe = c;
+            if (zt_train_config_set_flag(&probe, "--host-mem", "1MiB", &err) != 0)
+                fail_msg("%s", err.msg);
+            zt_fixture_finish_config(&probe);
+            zt_train_result pr;
+            memset(&err, 0, sizeof err);
+            assert_int_equal(zt_trainer_run(&probe, &pr, &err), ZT_ENOMEM);
+            printf("refusal: %s\n", err.msg);
+            const char *at = strstr(err.msg, "what would fit: --host-mem ");
+            assert_non_null(at);
+            snprintf(cap, sizeof cap, "%ldMiB", strtol(at + strlen("what would fit: --host-mem "), NULL, 10) + 1);
+            zt_train_result_free(&pr);
+            if (zt_train_config_set_flag(&c, "--host-mem", cap, &err) != 0)
+                fail_msg("%s", err.msg);
+        }
+        engine_train_ok(&c, 3, "all", 1, "cpu", &res[i]);
+    }
+    zt_gpu_fixture_same_losses("gradients of the middle micro-batches added on the host", &res[1], &res[0], 1, STEPS);
+    expect_same_weights(names[0], names[1]);
+    char what[96];
+    snprintf(what, sizeof what, "moments and masters on disk under --host-mem %s", cap);
+    zt_gpu_fixture_same_losses(what, &res[2], &res[0], 1, STEPS);
+    expect_same_weights(names[0], names[2]);
+    for (int i = 0; i < 3; i++)
+        zt_train_result_free(&res[i]);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     int n = 0;
@@ -395,6 +449,7 @@ int main(void)
         cmocka_unit_test(test_checkpoints_cross),
         cmocka_unit_test(test_host_optimizer_tracks_gpu),
         cmocka_unit_test(test_streamed_weights),
+        cmocka_unit_test(test_host_mem),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,6 +117,9 @@ typedef struct job {
     bool stream_masters;    /* streamed: the weights come up as the fp32 masters, in pieces of grad_chunk */
     double moments_ram;     /* moments on disk: this fraction of this rank's moments may stay in host memory
                                (0 < f < 1: checked to split the blocks between RAM and disk) */
+    bool masters_disk;      /* moments on disk: the fp32 masters too, but for the share masters_ram of them */
+    double masters_ram;     /* masters_disk: this fraction of this rank's masters may stay in host memory */
+    bool grad_accum_host;   /* the middle micro-batches' gradients are added on the host */
 } job;
 
 /* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
@@ -185,6 +190,22 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
         if (j->moments_ram < 1.0 && (pl.moments_ram_blocks <= 0 || pl.moments_ram_blocks >= nb))
             FAIL("moments_ram %.2f keeps %d of %d blocks' moments in RAM: not a split", j->moments_ram,
                  pl.moments_ram_blocks, nb);
+    }
+    eo.grad_accum_host = j->grad_accum_host;
+    if (j->masters_disk) {
+        eo.masters_disk = true;
+        eo.masters_ram_bytes = (size_t)(j->masters_ram * 4.0 * (double)(zt_family_model_num_params(fm) / (size_t)j->W));
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (pl.masters_ram_blocks >= model->nblocks || (j->masters_ram > 0 && pl.masters_ram_blocks == 0))
+            FAIL("masters_ram %.2f keeps %d of %d blocks' masters in RAM", j->masters_ram, pl.masters_ram_blocks,
+                 model->nblocks);
+    }
+    if (j->grad_accum_host) {
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (!pl.grad_accum_host)
+            FAIL("grad_accum_host does not apply to W=%d grad_accum %d grad_chunk %d", j->W, j->accum, j->grad_chunk);
     }
     zt_optimizer full;
     if (zt_optimizer_init(&full, zt_family_model_num_params(fm), eo.beta1, eo.beta2, eo.eps, eo.weight_decay, eo.grad_clip,
@@ -649,6 +670,148 @@ static void test_moments_on_disk(void **state)
     solo_close(&so);
 }
 
+/* The fp32 masters on disk as well, in the records of the moments (all of them, or the leading blocks' in host
+ * memory): the same bits as masters in host memory at W = 1, 2, 3, fp32 and bf16 moments; a checkpoint of such
+ * a run (its state read from where it lives) resumes on the bits of the run that did not stop, here with
+ * another split of the masters; asked for without moments on disk, refused. */
+static void test_masters_on_disk(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_xdisk_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int W = 1; W <= 3; W++) {
+        const int bf16 = W == 2;
+        float ram[STEPS], disk[STEPS], split[STEPS];
+        job jr = job_of(W);
+        jr.stream = true;
+        jr.bf16_moments = bf16;
+        job jd = jr;
+        jd.moments_dir = dir;
+        jd.masters_disk = true;
+        job js = jd;
+        js.moments_ram = 0.3;
+        js.masters_ram = 0.5;
+        run(&jr, ram);
+        run(&jd, disk);
+        run(&js, split);
+        char what[64];
+        snprintf(what, sizeof what, "W=%d masters on disk (%s moments)", W, bf16 ? "bf16" : "fp32");
+        print_message("%s: last loss %.6f (in memory %.6f)\n", what, disk[STEPS - 1], ram[STEPS - 1]);
+        assert_memory_equal(disk, ram, sizeof ram);
+        assert_memory_equal(split, ram, sizeof ram);
+    }
+    char ck[] = "/tmp/zt_zero_xdisk_ckpt_XXXXXX";
+    assert_non_null(mkdtemp(ck));
+    float whole[STEPS], first[STEPS], rest[STEPS];
+    job jw = job_of(2);
+    jw.stream = true;
+    jw.moments_dir = dir;
+    jw.masters_disk = true;
+    job js = jw;
+    js.last = STEPS / 2;
+    js.save_dir = ck;
+    js.masters_ram = 0.5;
+    run(&jw, whole);
+    run(&js, first);
+    assert_memory_equal(first, whole, sizeof(float) * (STEPS / 2));
+    char ckpt[PATH_MAX];
+    zt_err err = {{0}};
+    assert_int_equal(zt_checkpoint_find(ck, ckpt, sizeof ckpt, &err), 0);
+    job jl = jw;
+    jl.first = STEPS / 2;
+    jl.load_dir = ckpt;
+    run(&jl, rest);
+    assert_memory_equal(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+    remove_dir(dir);
+    remove_dir(ck);
+
+    solo so = solo_open(tiny_config().n_embd);
+    zt_engine_options eo;
+    zt_engine_options_init(&eo);
+    eo.stream = true;
+    eo.masters_disk = true;
+    zt_engine *e = NULL;
+    assert_int_equal(zt_engine_create(&e, so.model, so.comm, &eo, zt_family_model_params(so.fm), &err),
+                     ZT_EINVAL_CONFIG);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "--moments-dir"));
+    solo_close(&so);
+}
+
+/* The gradient of the middle micro-batches added on the host (grad_accum_host) instead of the sum coming up:
+ * the same bits as the device's additions with four micro-batches per step, W = 2 and 3 in whole blocks and
+ * in pieces, W = 1 in pieces, and with the state on disk; and 4 bytes per element less up per middle
+ * micro-batch, counted. (One rank in whole blocks computing in fp32 is left out: its kernels add onto the
+ * loaded sum in their own order, which the host's one addition per element would change.) */
+static void test_grad_accum_on_host(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_hacc_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    static const int cases[][3] = {{1, 100, 0}, {2, 0, 0}, {2, 100, 0}, {3, 0, 0}, {3, 100, 0}, {2, 0, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float dev[STEPS], host[STEPS];
+        job jd = job_of(cases[c][0]);
+        jd.accum = 4;
+        jd.stream = true;
+        jd.grad_chunk = cases[c][1];
+        if (cases[c][2]) {
+            jd.moments_dir = dir;
+            jd.masters_disk = true;
+        }
+        job jh = jd;
+        jh.grad_accum_host = true;
+        run(&jd, dev);
+        run(&jh, host);
+        char what[64];
+        snprintf(what, sizeof what, "W=%d chunk %d%s", cases[c][0], cases[c][1], cases[c][2] ? " state on disk" : "");
+        print_message("%s: last loss %.6f on the host, %.6f on the device\n", what, host[STEPS - 1], dev[STEPS - 1]);
+        if (memcmp(dev, host, sizeof dev) != 0)
+            fail_msg("%s: the losses differ", what);
+    }
+    remove_dir(dir);
+
+    /* the bytes up of a step: the weights twice (forward, backward), and the sum so far once instead of at every
+     * micro-batch after the first */
+    uint64_t up[2];
+    size_t nshard = 0;
+    for (int h = 0; h <= 1; h++) {
+        solo so = solo_open(tiny_config().n_embd);
+        zt_model *model = NULL;
+        zt_err err = {{0}};
+        bool ck[8] = {false};
+        assert_int_equal(zt_family_model_cpu(&model, so.fm, 4, ck, &err), 0);
+        zt_engine_options eo;
+        zt_engine_options_init(&eo);
+        eo.stream = true;
+        eo.grad_accum = 4;
+        eo.grad_chunk = 100;
+        eo.grad_accum_host = h;
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, 1, &eo, &pl);
+        assert_int_equal(pl.grad_accum_host, h);
+        nshard = pl.shard_elems;
+        zt_engine *e = NULL;
+        assert_int_equal(zt_engine_create(&e, model, so.comm, &eo, zt_family_model_params(so.fm), &err), 0);
+        int32_t tok[GB * T], tgt[GB * T];
+        zt_engine_step_result sr;
+        for (int a = 0; a < 4; a++) {
+            global_batch(0, a, tok, tgt);
+            assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, a, 0.25f, 1.0f, &err), 0);
+        }
+        assert_int_equal(zt_engine_step(e, LR, 1, &sr, &err), 0);
+        zt_engine_timing tm;
+        zt_engine_last_timing(e, &tm);
+        up[h] = tm.bytes_up;
+        zt_engine_destroy(e);
+        model->ops->destroy(model);
+        solo_close(&so);
+    }
+    print_message("bytes up per step: %llu with the sums on the host, %llu on the device\n", (unsigned long long)up[1],
+                  (unsigned long long)up[0]);
+    assert_true(up[0] - up[1] == 2 * nshard * 4);
+}
+
 /* The streamed weights come up as the fp32 masters instead of a compute-dtype host copy (on the CPU the
  * compute dtype is fp32, so what is checked here is the walk: pieces through the staging buffer, each
  * rank's shard into the all-gather): the same bits as from the copy, W = 1, 2, 3, in whole shards and in
@@ -814,6 +977,107 @@ static void test_train_loop_matches_trainer(void **state)
     remove_dir(dir);
 }
 
+/* Bytes of the regular files in dir (0 when it does not exist). */
+static uint64_t dir_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t sum = 0;
+    struct dirent *ent;
+    while (d && (ent = readdir(d))) {
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    return sum;
+}
+
+/* `ztrain train` at W = 2 under --host-mem with --moments-dir: a cap between the smallest plan (moments and
+ * masters on disk) and the plan with the masters in RAM puts fp32 masters in the records on disk (their
+ * files grow), and the losses are those of the same run with the masters in RAM, bit for bit. The cap is
+ * priced here as the trainer prices CPU ranks: the engine's buffers, the model's parameters and gradients
+ * (8 bytes per parameter), the checkpoints' staging (12). */
+static void test_train_under_host_mem(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_hm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uint16_t toks[4096];
+    for (int i = 0; i < 4096; i++)
+        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
+    char shard[256], sdir[256], rank0[300];
+    snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    snprintf(rank0, sizeof rank0, "%s/rank0", sdir);
+    assert_int_equal(mkdir(sdir, 0700), 0);
+    zt_err err = {{0}};
+    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    zt_train_config cfg;
+    zt_train_config_init(&cfg);
+    zt_family_config_default(&cfg.model);
+    cfg.model.gpt2 = tiny_config();
+    cfg.model.gpt2.n_layer = 6;
+    cfg.model.gpt2.n_embd = 64;
+    cfg.model_loaded = true;
+    snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
+    snprintf(cfg.moments_dir, sizeof cfg.moments_dir, "%s", sdir);
+    cfg.steps = 6;
+    cfg.batch_size = 4;
+    cfg.seq_len = 8;
+    cfg.grad_accum = 2;
+    cfg.lr = 1e-2;
+    cfg.threads = 1;
+    cfg.log_every = 3;
+    assert_int_equal(zt_train_config_resolve(&cfg, &err), 0);
+
+    /* the prices of the two plans at W = 2, rank 0 */
+    const int W = 2;
+    zt_family_model *fm = NULL;
+    assert_int_equal(zt_family_model_create(&fm, &cfg.model, 2, 8, 7, &err), 0);
+    bool ck[8] = {false};
+    zt_model *model = NULL;
+    assert_int_equal(zt_family_model_cpu(&model, fm, 2, ck, &err), 0);
+    const uint64_t P = zt_family_model_num_params(fm);
+    uint64_t price[2];
+    for (int masters = 0; masters <= 1; masters++) {
+        zt_engine_options eo;
+        zt_engine_options_init(&eo);
+        eo.grad_accum = 2;
+        eo.stream = true;
+        eo.moments_dir = sdir;
+        eo.masters_disk = masters;
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, W, &eo, &pl);
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + 12 * P;
+    }
+    model->ops->destroy(model);
+    zt_family_model_destroy(fm);
+    print_message("W=2 plans: %llu bytes with the masters in RAM, %llu with them on disk\n",
+                  (unsigned long long)price[0], (unsigned long long)price[1]);
+    assert_true(price[1] + 4096 < price[0]);
+
+    float in_ram[6], capped[6];
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s/ram", dir);
+    zt_fixture_train_ranks(&cfg, W, in_ram, 6, NULL);
+    const uint64_t records_ram = dir_bytes(rank0);
+    cfg.host_mem = (price[0] + price[1]) / 2;
+    snprintf(cfg.out_dir, sizeof cfg.out_dir, "%s/capped", dir);
+    zt_fixture_train_ranks(&cfg, W, capped, 6, NULL);
+    const uint64_t records_capped = dir_bytes(rank0);
+    print_message("records of rank 0: %llu bytes with the masters in RAM, %llu under --host-mem %llu\n",
+                  (unsigned long long)records_ram, (unsigned long long)records_capped,
+                  (unsigned long long)cfg.host_mem);
+    assert_true(records_capped > records_ram);
+    assert_memory_equal(capped, in_ram, sizeof in_ram);
+    char ckpt[PATH_MAX];
+    assert_int_equal(zt_checkpoint_find(cfg.out_dir, ckpt, sizeof ckpt, &err), 0);
+    assert_int_equal(zt_checkpoint_verify(ckpt, NULL, &err), 0);
+    remove_dir(dir);
+}
+
 /* Every setting that changes the math or the protocol of a step changes the config hash that the
  * rendezvous compares; the addresses of the state servers (which differ between hosts) do not. */
 static void test_config_hash_covers_runtime_settings(void **state)
@@ -826,6 +1090,7 @@ static void test_config_hash_covers_runtime_settings(void **state)
         {"--optimizer", "server"}, {"--servers", "a:1,b:2"}, {"--zero-level", "2"},
         {"--checkpointing", "all"}, {"--prefetch", "3"},     {"--state-store", "nvme:/tmp/x"},
         {"--grad-clip", "0.5"},    {"--batch-size", "24"},  {"--adam-moments", "bf16"},
+        {"--host-mem", "64GiB"},   {"--moments-dir", "/tmp"},
     };
     for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
         zt_train_config c = base;
@@ -850,9 +1115,12 @@ int main(void)
         cmocka_unit_test(test_streamed_masters),
         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_moments_on_disk),
+        cmocka_unit_test(test_masters_on_disk),
+        cmocka_unit_test(test_grad_accum_on_host),
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
+        cmocka_unit_test(test_train_under_host_mem),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

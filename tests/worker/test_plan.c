@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -185,6 +186,92 @@ static void test_host_and_disk(void **state)
     assert_true(zt_plan_disk_free("/no/such/dir") == 0);
 }
 
+/* A made-up host price list: base bytes, moments M and masters X in 8 equal blocks; a tier on disk keeps the
+ * whole blocks that fit its RAM share; staging S inside base. */
+#define GiB (1ULL << 30)
+struct host_list {
+    uint64_t base, M, X;
+};
+
+static uint64_t kept(uint64_t total, bool disk, uint64_t ram)
+{
+    if (!disk)
+        return total;
+    const uint64_t block = total / 8;
+    uint64_t n = ram / block;
+    return (n > 8 ? 8 : n) * block;
+}
+
+static void host_price(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
+{
+    const struct host_list *l = ctx;
+    const uint64_t m = kept(l->M, t->moments_disk, t->moments_ram), x = kept(l->X, t->masters_disk, t->masters_ram);
+    out->ram = l->base + m + x;
+    out->disk = (l->M - m) + (l->X - x);
+    snprintf(out->parts, sizeof out->parts, "base %llu GiB", (unsigned long long)(l->base / GiB));
+}
+
+static void test_host_mem_tiers(void **state)
+{
+    (void)state;
+    struct host_list l = {.base = 20 * GiB, .M = 64 * GiB, .X = 32 * GiB};
+    zt_plan_host_request r = {.cap = 200 * GiB, .has_dir = true, .can_masters_disk = true, .staging = 8 * GiB,
+                              .price = host_price, .ctx = &l};
+    zt_plan_host_choice c;
+    zt_err err = {{0}};
+    /* everything fits: nothing moves */
+    assert_int_equal(zt_plan_fit_host(&r, &c, &err), 0);
+    assert_false(c.tiers.moments_disk);
+    assert_true(c.price.ram == 116 * GiB && c.price.disk == 0);
+    /* 100 GiB: the moments go to disk but for the blocks that fit in what is left (80 - 52 = 28 GiB: 3 of 8) */
+    r.cap = 80 * GiB;
+    assert_int_equal(zt_plan_fit_host(&r, &c, &err), 0);
+    assert_true(c.tiers.moments_disk && !c.tiers.masters_disk);
+    assert_true(c.price.ram == 52 * GiB + 24 * GiB && c.price.ram <= r.cap);
+    assert_true(c.price.disk == 40 * GiB);
+    /* 40 GiB: the moments all on disk, the masters too but for 20 GiB of them (5 of 8 blocks) */
+    r.cap = 40 * GiB;
+    assert_int_equal(zt_plan_fit_host(&r, &c, &err), 0);
+    assert_true(c.tiers.moments_disk && c.tiers.masters_disk && c.tiers.moments_ram == 0);
+    assert_true(c.price.ram == 40 * GiB && c.price.disk == 64 * GiB + 12 * GiB);
+    /* below the smallest plan (20 GiB): refused with the minimum, and without checkpoints what fits */
+    r.cap = 16 * GiB;
+    assert_int_equal(zt_plan_fit_host(&r, &c, &err), ZT_ENOMEM);
+    print_message("refusal: %s\n", err.msg);
+    if (!strstr(err.msg, "--host-mem 16.0 GiB") || !strstr(err.msg, "at least 20.0 GiB") ||
+        !strstr(err.msg, "--host-mem 20480MiB or more") || !strstr(err.msg, "--save-every -1 (no checkpoint staging: "
+                                                                           "12.0 GiB)") ||
+        !strstr(err.msg, "base 20 GiB"))
+        fail_msg("message: %s", err.msg);
+    /* masters that cannot leave RAM: the moments' floor is the minimum */
+    r.can_masters_disk = false;
+    r.cap = 40 * GiB;
+    assert_int_equal(zt_plan_fit_host(&r, &c, &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "at least 52.0 GiB") || !strstr(err.msg, "--weights masters"))
+        fail_msg("message: %s", err.msg);
+    /* no directory: refused, naming what --moments-dir would need */
+    r.can_masters_disk = true;
+    r.has_dir = false;
+    assert_int_equal(zt_plan_fit_host(&r, &c, &err), ZT_ENOMEM);
+    print_message("refusal: %s\n", err.msg);
+    if (!strstr(err.msg, "at least 116 GiB") ||
+        !strstr(err.msg, "--moments-dir DIR, moments on disk (RAM 52.0 GiB, above the cap, disk 64.0 GiB)") ||
+        !strstr(err.msg, "--moments-dir DIR, moments and masters on disk (RAM 20.0 GiB, disk 96.0 GiB)"))
+        fail_msg("message: %s", err.msg);
+    /* a checkpoint that the disk cannot hold: refused before writing, naming both numbers */
+    const uint64_t need = zt_plan_checkpoint_bytes(1000000000ULL, false);
+    assert_true(need == 12000000000ULL + (1ULL << 20));
+    assert_true(zt_plan_checkpoint_bytes(1000000000ULL, true) == need + 4000000000ULL);
+    assert_int_equal(zt_plan_check_checkpoint(need, need, "/ckpt", &err), 0);
+    assert_int_equal(zt_plan_check_checkpoint(need, 0, "/ckpt", &err), 0); /* unknown: not refused */
+    assert_int_equal(zt_plan_check_checkpoint(need, 10 * GiB, "/ckpt", &err), ZT_ENOMEM);
+    if (!strstr(err.msg, "11.2 GiB in '/ckpt'") || !strstr(err.msg, "10.0 GiB free") || !strstr(err.msg, "--save-every -1"))
+        fail_msg("message: %s", err.msg);
+    char flag[32];
+    zt_plan_size_flag(3 * (1ULL << 20) + 1, flag, sizeof flag);
+    assert_string_equal(flag, "4MiB");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -192,6 +279,7 @@ int main(void)
         cmocka_unit_test(test_auto_micro_batch),
         cmocka_unit_test(test_refusal_names_minimum_and_fixes),
         cmocka_unit_test(test_host_and_disk),
+        cmocka_unit_test(test_host_mem_tiers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

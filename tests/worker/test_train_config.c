@@ -336,7 +336,7 @@ BAD(weights_cpu, c->weights = ZT_WEIGHTS_HOST)
 BAD(weights_host_gpu_opt, { c->device = ZT_DEVICE_CUDA; c->optimizer = ZT_OPTIMIZER_GPU; c->weights = ZT_WEIGHTS_HOST; })
 BAD(weights_host_zero2, { c->device = ZT_DEVICE_CUDA; c->optimizer = ZT_OPTIMIZER_CPU; c->zero_level = 2; c->weights = ZT_WEIGHTS_HOST; })
 BAD(moments_bf16_gpu_opt, { c->device = ZT_DEVICE_CUDA; c->optimizer = ZT_OPTIMIZER_GPU; c->adam_moments = ZT_MOMENTS_BF16; })
-BAD(moments_dir_cpu, { c->optimizer = ZT_OPTIMIZER_CPU; snprintf(c->moments_dir, sizeof c->moments_dir, "/tmp"); })
+BAD(moments_dir_cpu, { c->optimizer = ZT_OPTIMIZER_CPU; c->zero_level = 2; snprintf(c->moments_dir, sizeof c->moments_dir, "/tmp"); })
 BAD(log_every, c->log_every = 0)
 BAD(seed, c->seed = -1)
 BAD(threads, c->threads = -2)
@@ -377,7 +377,7 @@ static void test_validation_errors(void **state)
         {"weights host, optimizer gpu", bad_weights_host_gpu_opt, "\"weights\" (--weights)", "--optimizer cpu or server"},
         {"weights host, ZeRO-2", bad_weights_host_zero2, "\"weights\" (--weights)", "--zero-level 3"},
         {"bf16 moments, optimizer gpu", bad_moments_bf16_gpu_opt, "\"adam_moments\" (--adam-moments)", "--optimizer cpu"},
-        {"moments on disk, CPU device", bad_moments_dir_cpu, "\"moments_dir\" (--moments-dir)", "--device cuda"},
+        {"moments on disk, CPU device, ZeRO-2", bad_moments_dir_cpu, "\"moments_dir\" (--moments-dir)", "--zero-level 3"},
         {"log_every", bad_log_every, "\"log_every\" (--log-every)", "= 0"},
         {"seed", bad_seed, "\"seed\" (--seed)", "= -1"},
         {"threads", bad_threads, "\"threads\" (--threads)", "= -2"},

@@ -24,7 +24,8 @@ static const char train_usage[] =
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
     "                    [--optimizer-gpu-fraction X] [--adam-moments M] [--moments-dir DIR] [--moments-ram SIZE] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
-    "                    [--gpu-mem SIZE] [--weights W] [--auto-micro-batch] [--offload O]\n"
+    "                    [--gpu-mem SIZE] [--host-mem SIZE] [--host-grad-accum] [--weights W] [--auto-micro-batch]\n"
+    "                    [--offload O]\n"
     "\n"
     "Trains a GPT-2, LLaMA or Mistral model on token shards made by `ztrain tokenize`, a BERT or RoBERTa\n"
     "masked LM on token shards, or a BERT or RoBERTa classifier on labelled texts (JSONL); every family\n"
@@ -72,9 +73,10 @@ static const char train_usage[] =
     "  --adam-moments M     fp32 | bf16: with --optimizer cpu, bf16 halves the moments' host memory (2 bytes\n"
     "                       each instead of 4), rounded stochastically so small updates are kept on average;\n"
     "                       results differ from fp32's within rounding (default fp32)\n"
-    "  --moments-dir DIR    with --device cuda --optimizer cpu: the Adam moments live on disk in DIR (NVMe,\n"
-    "                       io_uring), each block's read ahead of its update and written behind it; the host\n"
-    "                       keeps 8 (fp32) or 4 (bf16) bytes per parameter less, the disk holds them\n"
+    "  --moments-dir DIR    with --optimizer cpu: the Adam moments live on disk in DIR (NVMe, io_uring), each\n"
+    "                       block's read ahead of its update and written behind it; the host keeps 8 (fp32)\n"
+    "                       or 4 (bf16) bytes per parameter less, the disk holds them (under --host-mem the\n"
+    "                       fp32 masters too, where needed; on the CPU the weights are streamed, ZeRO-3)\n"
     "  --moments-ram SIZE   with --moments-dir: RAM the moments of the leading blocks keep instead of the disk\n"
     "                       (less disk traffic per step; default none: what the memory plan leaves free,\n"
     "                       less 4 GiB or 5%; a size below one block's moments keeps them all on disk)\n"
@@ -91,6 +93,12 @@ static const char train_usage[] =
     "  --prefetch N         blocks gathered ahead on the GPUs' communication stream (default 1)\n"
     "  --gpu-mem SIZE       cap on the GPU memory ztrain allocates per rank, e.g. 10GiB (default: the GPU's\n"
     "                       free memory); the plan that fits is printed, or the run is refused with what fits\n"
+    "  --host-mem SIZE      cap on the host memory of each rank's training state, e.g. 64GiB: the engine's host\n"
+    "                       arrays (pinned and pageable), the embedded state server's, the checkpoints' staging;\n"
+    "                       the planner moves the Adam moments, then the fp32 masters, to --moments-dir to fit\n"
+    "                       (the plan printed at start shows where), or refuses naming the minimum\n"
+    "  --host-grad-accum    add the gradients of the middle micro-batches of a step on the host instead of\n"
+    "                       bringing the sum up to the GPU each time (the same bits where it applies)\n"
     "  --weights W          auto | gpu | host | masters: where the weights live between passes; host streams\n"
     "                       each block to the GPU when needed (--optimizer cpu or server, ZeRO-3; with several\n"
     "                       ranks each copies up its shard and the all-gather joins them; default auto: on the\n"
@@ -248,6 +256,8 @@ static int run_command(int argc, char **argv, bool finetune)
         {"checkpointing", required_argument, NULL, OPT_SETTING},
         {"prefetch", required_argument, NULL, OPT_SETTING},
         {"gpu-mem", required_argument, NULL, OPT_SETTING},
+        {"host-mem", required_argument, NULL, OPT_SETTING},
+        {"host-grad-accum", no_argument, NULL, OPT_SETTING},
         {"weights", required_argument, NULL, OPT_SETTING},
         {"auto-micro-batch", no_argument, NULL, OPT_SETTING},
         {"offload", required_argument, NULL, OPT_SETTING},

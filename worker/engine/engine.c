@@ -191,6 +191,15 @@ static size_t ram_moment_elems(const zt_engine *e)
     return e->mram_blocks == 0 ? 0 : e->blocks[e->mram_blocks - 1].shard_off + e->blocks[e->mram_blocks - 1].shard;
 }
 
+/* Elements of this rank's fp32 masters held in host memory (HOST and SERVER homes): all, or with masters_disk
+ * those of the blocks before xram_blocks. */
+static size_t ram_master_elems(const zt_engine *e)
+{
+    return e->xram_blocks == e->nb ? e->nshard
+           : e->xram_blocks == 0   ? 0
+                                   : e->blocks[e->xram_blocks - 1].shard_off + e->blocks[e->xram_blocks - 1].shard;
+}
+
 /* Allocates every buffer the layout and the path need. */
 static int allocate(zt_engine *e, zt_err *err)
 {
@@ -286,7 +295,7 @@ static int allocate(zt_engine *e, zt_err *err)
         return rc;
     /* Host: the optimizer state and the gradient and weights in transit. */
     if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
-        if ((rc = take_host(e, (void **)&e->h_master, ns * 4, false, "host master weights", err)) < 0)
+        if ((rc = take_host(e, (void **)&e->h_master, ram_master_elems(e) * 4, false, "host master weights", err)) < 0)
             return rc;
     if (e->o.stream_masters)
         e->host_pinned_bytes += ns * 4; /* page-locked after the first import */
@@ -305,6 +314,14 @@ static int allocate(zt_engine *e, zt_err *err)
                            : (rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err))) < 0 ||
             (!e->o.stream_masters && (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0))
             return rc;
+        if (e->hacc) {
+            size_t most = e->blocks[e->model->head_block].shard > max_shard ? e->blocks[e->model->head_block].shard
+                                                                              : max_shard;
+            if (e->chunked && e->o.grad_chunk < most)
+                most = e->o.grad_chunk;
+            if ((rc = take_host(e, (void **)&e->h_gstage, most * 4, true, "host gradient staging", err)) < 0)
+                return rc;
+        }
     }
     return 0;
 }
@@ -329,6 +346,10 @@ static int check_options(const zt_engine_options *o, const zt_model *m, zt_err *
         return zt_fail(err, ZT_EINVAL_CONFIG, "Adam moments on disk are read and written by the host AdamW: they need "
                        "--optimizer cpu without --optimizer-gpu-fraction and the optimizer's arrays in host memory "
                        "(--device cuda, or streamed weights)");
+    if (o->masters_disk && (!o->moments_dir || !o->moments_dir[0] || o->stream_masters))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "fp32 masters on disk live in the records of the Adam moments and the "
+                       "passes read a compute-dtype copy: they need --moments-dir and the weights' copy in host "
+                       "memory (not --weights masters)");
     if (o->moments_dir && strlen(o->moments_dir) >= 4000)
         return zt_fail(err, ZT_EINVAL_CONFIG, "the moments' directory path is too long (%zu bytes; at most 4000)",
                        strlen(o->moments_dir));
@@ -411,6 +432,10 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     e->hgrad_lowp = e->chunked && e->W == 1 && e->home == ZT__OPT_HOST && e->dtype == ZT_DTYPE_BF16 &&
                     o->grad_accum == 1 && o->gpu_fraction == 0;
     e->windowed = e->W > 1 || o->stream;
+    /* the host adds what the device would: one rank in whole blocks computing in fp32 is left out (its kernels
+     * add onto the loaded sum), and fp16 (its scaled fold is one fused operation on a GPU) */
+    e->hacc = o->grad_accum_host && e->path == ZT__GRAD_HOST && o->grad_accum > 2 && e->dtype != ZT_DTYPE_F16 &&
+              !e->hgrad_lowp && (e->W > 1 || e->chunked || e->dtype != ZT_DTYPE_F32);
 
     /* Blocks padded to a multiple of W (64 W on a GPU), shards laid end to end. */
     e->blocks = zt_xcalloc((size_t)e->nb, sizeof *e->blocks);
@@ -436,6 +461,17 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
                2 * (e->blocks[e->mram_blocks].shard_off + e->blocks[e->mram_blocks].shard) * e->msize <=
                    o->moments_ram_bytes)
             e->mram_blocks++;
+    e->xram_blocks = e->nb;
+    if (e->home == ZT__OPT_HOST && e->moments_dir[0] && o->masters_disk) {
+        /* the leading blocks whose masters fit the RAM allowed, and at least those whose moments stay there (the
+         * masters go to disk after the moments) */
+        e->xram_blocks = 0;
+        while (e->xram_blocks < e->nb &&
+               4 * (e->blocks[e->xram_blocks].shard_off + e->blocks[e->xram_blocks].shard) <= o->masters_ram_bytes)
+            e->xram_blocks++;
+        if (e->xram_blocks < e->mram_blocks)
+            e->xram_blocks = e->mram_blocks;
+    }
     if (e->home == ZT__OPT_HOST && o->gpu_fraction > 0) {
         /* the leading blocks until they hold gpu_fraction of this rank's elements */
         const double want = o->gpu_fraction * (double)e->nshard;
@@ -464,6 +500,9 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->host_bytes = e->host_bytes;
     plan->host_pinned_bytes = e->host_pinned_bytes;
     plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * ram_moment_elems(e) * e->msize : 0;
+    plan->host_master_bytes = e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER ? ram_master_elems(e) * 4 : 0;
+    plan->masters_ram_blocks = e->xram_blocks;
+    plan->grad_accum_host = e->hacc;
     plan->disk_bytes = e->home == ZT__OPT_HOST && e->moments_dir[0] ? zt__mdisk_bytes(e) : 0;
     plan->moments_ram_blocks = e->home == ZT__OPT_HOST && e->moments_dir[0] ? e->mram_blocks : e->nb;
     plan->shard_elems = e->nshard;
@@ -511,6 +550,26 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
 
     if ((rc = allocate(e, err)) < 0)
         goto fail;
+    if (e->hacc) {
+        /* the additions into h_grad: one per block, or one per piece of grad_chunk elements */
+        e->hadd_first = zt_xcalloc((size_t)e->nb + 1, sizeof *e->hadd_first);
+        size_t total = 0;
+        for (int b = 0; b < e->nb; b++) {
+            e->hadd_first[b] = (int)total;
+            total += e->chunked ? (e->blocks[b].shard + e->o.grad_chunk - 1) / e->o.grad_chunk : 1;
+        }
+        e->hadd_first[e->nb] = (int)total;
+        e->hadds = zt_xcalloc(total, sizeof *e->hadds);
+        for (int b = 0; b < e->nb; b++) {
+            const zt__block *k = &e->blocks[b];
+            const size_t piece = e->chunked ? e->o.grad_chunk : k->shard;
+            for (int i = e->hadd_first[b]; i < e->hadd_first[b + 1]; i++) {
+                const size_t off = (size_t)(i - e->hadd_first[b]) * piece;
+                e->hadds[i] = (zt__hadd){.dst = e->h_grad + k->shard_off + off, .src = e->h_gstage,
+                                         .n = k->shard - off < piece ? k->shard - off : piece, .threads = o->threads};
+            }
+        }
+    }
     if (e->home == ZT__OPT_HOST && e->moments_dir[0] && (rc = zt__mdisk_open(e, err)) < 0)
         goto fail;
 #ifdef ZT_WITH_CUDA
@@ -601,6 +660,9 @@ void zt_engine_destroy(zt_engine *e)
     d->host_free(e->h_grad);
     d->host_free(e->h_grad16);
     d->host_free(e->h_lowp);
+    d->host_free(e->h_gstage);
+    free(e->hadds);
+    free(e->hadd_first);
     if (d->gpu) {
         if (e->ms)
             d->stream_destroy(e->ms);
@@ -661,6 +723,19 @@ void zt_engine_log_plan(const zt_engine *e)
            !e->o.stream ? ""
            : e->W == 1  ? "; weights streamed from host memory"
                         : "; weights streamed from host memory, each rank's shard, then all-gathered");
+    if (e->mstore) {
+        char disk[32];
+        zt_format_size(zt__mdisk_bytes(e), disk, sizeof disk);
+        zt_log(ZT_LOG_INFO, "engine: state on disk in %s: %s, the Adam moments of blocks %d..%d", e->moments_dir, disk,
+               e->mram_blocks, e->nb - 1);
+        if (e->xram_blocks < e->nb)
+            zt_log(ZT_LOG_INFO, "engine: fp32 masters on disk: blocks %d..%d (read ahead and written behind with their "
+                   "moments); host memory keeps the masters of %d block%s and the compute-dtype copy of all", e->xram_blocks,
+                   e->nb - 1, e->xram_blocks, e->xram_blocks == 1 ? "" : "s");
+    }
+    if (e->hacc)
+        zt_log(ZT_LOG_INFO, "engine: the gradients of micro-batches 2..%d of a step are added on the host (the sum "
+               "comes up once, at the last)", e->o.grad_accum - 1);
     if (e->dev->gpu)
         zt_log(ZT_LOG_INFO, "engine: plan per rank: GPU %s (engine %s + model activations %s; cuBLAS, NCCL and the "
                "CUDA context come on top), host page-locked %s", all, dev, model, host);
@@ -837,6 +912,29 @@ static int ring_take(zt_engine *e, int b, void *stream)
     return r;
 }
 
+/* A micro-batch between the step's first and last with grad_accum_host: its gradient goes down and is added
+ * on the host (hacc). */
+static bool host_adds(const zt_engine *e)
+{
+    return e->hacc && e->micro > 0 && !e->last;
+}
+
+static void hadd_run(void *arg)
+{
+    const zt__hadd *a = arg;
+    zt_cpu_adam_accumulate(a->dst, a->src, a->n, a->threads);
+}
+
+/* Sends n fp32 elements of a micro-batch's gradient at src (device) down into the host staging and adds them
+ * to the step's sum there (addition i of hadds), in order on the copy stream down. */
+static void send_added(zt_engine *e, int i, const float *src, size_t n)
+{
+    ZT_ASSERT(e->hadds[i].n == n);
+    e->dev->copy(e->h_gstage, src, n * 4, e->down);
+    e->dev->host_call(e->down, hadd_run, &e->hadds[i]);
+    e->timing.bytes_down += n * 4;
+}
+
 /* The fp32 buffer of the whole block b that receives its folded gradient (REDUCE and HOST paths). At
  * W = 1 on the HOST path, later micro-batches first load the step's gradient so far from the host, on
  * the up stream while the block's backward runs; `loaded` says whether the compute stream must wait for
@@ -853,7 +951,7 @@ static float *fp32_target(zt_engine *e, int b)
     int r = ring_take(e, b, e->cs);
     k->ring = r;
     k->gfull = e->ring[r];
-    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !k->resident;
+    const bool load = e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !k->resident && !host_adds(e);
     if (load) {
         /* the gradient so far came down at the previous micro-batch (grad_out); bring it back up */
         e->dev->wait(e->up, e->ring_free[r]);
@@ -924,7 +1022,7 @@ static void *grad_buffer(zt_engine *e, int b)
             k->gbuf = fp32_target(e, b);
             if (e->gacc && e->micro == 0)
                 e->dev->memset0(k->gbuf, k->len * 4, e->cs);
-            if (e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0)
+            if (e->path == ZT__GRAD_HOST && e->W == 1 && e->micro > 0 && !host_adds(e))
                 e->dev->wait(e->cs, k->loaded); /* the kernels add onto the loaded gradient */
             break;
         }
@@ -956,7 +1054,8 @@ static int send_pieces(zt_engine *e, int b, const void *g)
         e->ring_next = (r + 1) % ZT__RING;
         float *f = e->ring[r];
         e->dev->wait(fs, e->ring_free[r]);
-        if (e->micro > 0) {
+        const bool adds = host_adds(e);
+        if (e->micro > 0 && !adds) {
             e->dev->wait(e->up, e->ring_free[r]);
             e->dev->wait(e->up, k->grad_out); /* the previous micro-batch's copy down */
             e->dev->copy(f, e->h_grad + k->shard_off + off, n * 4, e->up);
@@ -967,12 +1066,14 @@ static int send_pieces(zt_engine *e, int b, const void *g)
             e->dev->memset0(f + real, (n - real) * 4, fs); /* the padding stays zero */
         }
         if (real > 0)
-            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0, fs);
+            e->dev->fold(f, (const char *)g + off * e->esize, e->dtype, real, e->inv_scale, e->micro == 0 || adds, fs);
         if (e->last)
             e->dev->norm_add(e, f, n, fs);
         e->dev->record(k->folded, fs);
         e->dev->wait(e->down, k->folded);
-        if (e->hgrad_lowp) {
+        if (adds) {
+            send_added(e, e->hadd_first[b] + (int)(off / piece), f, n);
+        } else if (e->hgrad_lowp) {
             /* the bf16 gradient itself (the fold above only feeds the norm); the padding stays zero */
             if (real > 0)
                 e->dev->copy(e->h_grad16 + k->shard_off + off, (const char *)g + off * e->esize, real * 2, e->down);
@@ -1020,7 +1121,8 @@ static int send_pieces_reduced(zt_engine *e, int b, const void *g, zt_err *err)
                              e->ms);
         }
         rc = zt_comm_reduce_scatter(e->comm, in, out, n, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
-        if (e->micro > 0) {
+        const bool adds = host_adds(e);
+        if (e->micro > 0 && !adds) {
             /* add the step's gradient so far, brought up from the host */
             e->dev->wait(e->up, e->ring_free[r]);
             e->dev->wait(e->up, k->grad_out);
@@ -1034,8 +1136,12 @@ static int send_pieces_reduced(zt_engine *e, int b, const void *g, zt_err *err)
             e->dev->norm_add(e, out, n, e->ms);
         e->dev->record(k->folded, e->ms);
         e->dev->wait(e->down, k->folded);
-        e->dev->copy(e->h_grad + k->shard_off + off, out, n * 4, e->down);
-        e->timing.bytes_down += n * 4;
+        if (adds) {
+            send_added(e, e->hadd_first[b] + (int)(off / piece), out, n);
+        } else {
+            e->dev->copy(e->h_grad + k->shard_off + off, out, n * 4, e->down);
+            e->timing.bytes_down += n * 4;
+        }
         e->dev->record(e->ring_free[r], e->down);
     }
     e->dev->record(e->glow_free[k->glow], e->ms); /* g may be written again */
@@ -1117,7 +1223,8 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         return e->W == 1 ? send_pieces(e, b, g) : send_pieces_reduced(e, b, g, err);
     /* HOST: this micro-batch's part of the owned shard, plus the earlier ones', goes down to h_grad. */
     float *f = fp32_target(e, b);
-    const bool loaded = e->W == 1 && e->micro > 0;
+    const bool adds = host_adds(e);
+    const bool loaded = e->W == 1 && e->micro > 0 && !adds;
     if (!f32) {
         if (loaded)
             e->dev->wait(e->cs, k->loaded); /* the host gradient is on the device */
@@ -1132,7 +1239,7 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         out = e->dshard[r];
         rc = zt_comm_reduce_scatter(e->comm, f, out, k->shard, ZT_COMM_F32, ZT_COMM_SUM, e->ms, err);
         out_stream = e->ms;
-        if (e->micro > 0) {
+        if (e->micro > 0 && !adds) {
             /* add the step's gradient so far, brought up from the host */
             e->dev->wait(e->up, k->grad_out);
             e->dev->copy(e->dshard2[r], e->h_grad + k->shard_off, k->shard * 4, e->up);
@@ -1146,8 +1253,12 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
         e->dev->norm_add(e, out, k->shard, out_stream);
     e->dev->record(k->folded, out_stream);
     e->dev->wait(e->down, k->folded);
-    e->dev->copy(e->h_grad + k->shard_off, out, k->shard * 4, e->down);
-    e->timing.bytes_down += k->shard * 4;
+    if (adds) {
+        send_added(e, e->hadd_first[b], out, k->shard);
+    } else {
+        e->dev->copy(e->h_grad + k->shard_off, out, k->shard * 4, e->down);
+        e->timing.bytes_down += k->shard * 4;
+    }
     e->dev->record(k->grad_out, e->down);
     e->dev->record(e->ring_free[r], e->down);
     k->ring = -1;
@@ -1428,18 +1539,22 @@ static int export_field(zt_engine *e, const void *field, enum zt_dtype fdt, bool
     return rc;
 }
 
-/* Moments on disk: every block's record read back and widened (or its moments in host memory widened), then
- * gathered like export_field. */
-static int export_disk_moments(zt_engine *e, float *m, float *v, zt_err *err)
+/* State on disk: every block's record read back once (its masters where it holds them, its moments widened),
+ * or its state in host memory (moments widened), then gathered like export_field: the host holds one block's
+ * state at a time, never a second copy of what is on disk. params, m and v may be NULL. */
+static int export_disk_state(zt_engine *e, float *params, float *m, float *v, zt_err *err)
 {
     float *stage = zt_xmalloc(e->max_padded * sizeof(float));
     float *wm = zt_xcalloc(e->max_padded, sizeof(float)), *wv = zt_xcalloc(e->max_padded, sizeof(float));
+    float *wx = zt_xcalloc(e->max_padded, sizeof(float));
     int rc = 0;
     for (int b = 0; b < e->nb && rc == 0; b++) {
         const zt__block *k = &e->blocks[b];
-        if (zt__mdisk_has(e, b)) {
-            rc = zt__mdisk_load(e, b, wm, wv, err);
-        } else {
+        const bool own = zt__mdisk_has_master(e, b);
+        const float *master = own ? wx : e->h_master + k->shard_off;
+        if (own || (zt__mdisk_has(e, b) && (m || v))) {
+            rc = zt__mdisk_load(e, b, wx, wm, wv, err);
+        } else if (m || v) {
             const char *src[2] = {(const char *)e->h_m + k->shard_off * e->msize,
                                   (const char *)e->h_v + k->shard_off * e->msize};
             float *dst[2] = {wm, wv};
@@ -1447,6 +1562,8 @@ static int export_disk_moments(zt_engine *e, float *m, float *v, zt_err *err)
                 rc = zt_cpu_adam_widen(dst[i], src[i], e->o.moment_dtype, k->shard, e->o.threads, err);
         }
         rc = zt__engine_agree(e, rc, err);
+        if (rc == 0 && params)
+            rc = export_block(e, b, master, false, stage, params, err);
         if (rc == 0 && m)
             rc = export_block(e, b, wm, false, stage, m, err);
         if (rc == 0 && v)
@@ -1455,6 +1572,7 @@ static int export_disk_moments(zt_engine *e, float *m, float *v, zt_err *err)
     free(stage);
     free(wm);
     free(wv);
+    free(wx);
     return rc;
 }
 
@@ -1474,9 +1592,9 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
         return rc;
     case ZT__OPT_HOST:
         sync_resident(e, true);
+        if (e->mstore)
+            return export_disk_state(e, params, m, v, err);
         rc = export_field(e, e->h_master, ZT_DTYPE_F32, false, params, err);
-        if (rc == 0 && e->mstore)
-            return m || v ? export_disk_moments(e, m, v, err) : 0;
         if (rc == 0 && m)
             rc = export_field(e, e->h_m, e->o.moment_dtype, false, m, err);
         if (rc == 0 && v)
@@ -1573,12 +1691,12 @@ static void release_block_source(const zt_engine *e, int b, const float *slab)
     }
 }
 
-/* Copies this rank's shard of every block of a host-layout slab into a shard slab (device or host; fp32, or
- * bf16 moments in host memory, rounded to nearest). */
-static void import_field(zt_engine *e, const float *slab, void *field, enum zt_dtype fdt, bool on_device)
+/* Copies this rank's shard of blocks [0, upto) of a host-layout slab into a shard slab (device or host; fp32,
+ * or bf16 moments in host memory, rounded to nearest). */
+static void import_blocks(zt_engine *e, const float *slab, void *field, enum zt_dtype fdt, bool on_device, int upto)
 {
     float *stage = zt_xmalloc(e->max_padded * sizeof(float));
-    for (int b = 0; b < e->nb; b++) {
+    for (int b = 0; b < upto; b++) {
         const zt__block *k = &e->blocks[b];
         if (slab)
             host_to_block(e, b, slab, stage);
@@ -1604,16 +1722,30 @@ static void import_field(zt_engine *e, const float *slab, void *field, enum zt_d
     free(stage);
 }
 
-/* Moments on disk: this rank's shard of every block of the host-layout m and v (NULL: zeros) written into the
- * block's record, or into h_m and h_v for the blocks that keep them there (bf16: rounded to nearest). */
-static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_err *err)
+/* The same for every block. */
+static void import_field(zt_engine *e, const float *slab, void *field, enum zt_dtype fdt, bool on_device)
+{
+    import_blocks(e, slab, field, fdt, on_device, e->nb);
+}
+
+/* State on disk: this rank's shard of every block of the host-layout m and v (NULL: zeros) written into the
+ * block's record, or into h_m and h_v for the blocks that keep them there (bf16: rounded to nearest), where
+ * `moments`; with masters_disk the masters of the blocks whose records hold them, from params, written into
+ * the record (with zero moments where not `moments`) and rounded into the compute-dtype copy the passes
+ * read. */
+static int import_disk_state(zt_engine *e, const float *params, const float *m, const float *v, bool moments,
+                             zt_err *err)
 {
     float *sm = zt_xmalloc(e->max_padded * sizeof(float)), *sv = zt_xmalloc(e->max_padded * sizeof(float));
+    float *sx = zt_xmalloc(e->max_padded * sizeof(float));
     int rc = 0;
     for (int b = 0; b < e->nb && rc == 0; b++) {
         const zt__block *k = &e->blocks[b];
+        const bool own = zt__mdisk_has_master(e, b);
+        if (!moments && !own)
+            continue;
         float *st[2] = {sm, sv};
-        const float *slabs[2] = {m, v};
+        const float *slabs[2] = {moments ? m : NULL, moments ? v : NULL};
         for (int i = 0; i < 2; i++) {
             if (slabs[i])
                 host_to_block(e, b, slabs[i], st[i]);
@@ -1621,8 +1753,19 @@ static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_
                 memset(st[i], 0, k->padded * sizeof(float));
         }
         const float *mine[2] = {sm + (size_t)e->rank * k->shard, sv + (size_t)e->rank * k->shard};
+        const float *mx = sx + (size_t)e->rank * k->shard;
+        if (own) {
+            host_to_block(e, b, params, sx);
+            if (e->releasing)
+                release_block_source(e, b, params);
+            void *lowp = (char *)e->h_lowp + k->shard_off * e->esize;
+            if (e->dtype == ZT_DTYPE_F32)
+                memcpy(lowp, mx, k->shard * 4);
+            else if ((rc = zt_cpu_adam_convert(lowp, e->dtype, mx, k->shard, e->o.threads, err)) < 0)
+                break;
+        }
         if (zt__mdisk_has(e, b)) {
-            rc = zt__mdisk_store(e, b, mine[0], mine[1], err);
+            rc = zt__mdisk_store(e, b, mx, mine[0], mine[1], err);
         } else { /* a block whose moments stay in host memory */
             void *dst[2] = {(char *)e->h_m + k->shard_off * e->msize, (char *)e->h_v + k->shard_off * e->msize};
             for (int i = 0; i < 2 && rc == 0; i++)
@@ -1631,6 +1774,7 @@ static int import_disk_moments(zt_engine *e, const float *m, const float *v, zt_
     }
     free(sm);
     free(sv);
+    free(sx);
     return rc;
 }
 
@@ -1647,12 +1791,14 @@ static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *
         }
         return 0;
     }
+    /* the masters in host memory (with masters_disk the others' copy was written as their records were) */
+    const size_t nram = ram_master_elems(e);
     if (!e->dev->gpu) { /* the CPU computes in fp32; streamed, the passes read h_lowp */
-        memcpy(e->o.stream ? e->h_lowp : e->wshard, master, e->nshard * 4);
+        memcpy(e->o.stream ? e->h_lowp : e->wshard, master, nram * 4);
         return 0;
     }
     void *lowp = e->h_lowp;
-    int rc = zt_cpu_adam_convert(lowp, e->dtype, master, e->nshard, e->o.threads, err);
+    int rc = zt_cpu_adam_convert(lowp, e->dtype, master, nram, e->o.threads, err);
     if (rc < 0 || e->o.stream) /* streamed weights stay in h_lowp */
         return rc;
     e->dev->copy(e->wshard, lowp, e->nshard * e->esize, e->up);
@@ -1678,14 +1824,15 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
             e->dev->stream_sync(e->cs);
         return 0;
     case ZT__OPT_HOST:
-        import_field(e, params, e->h_master, ZT_DTYPE_F32, false);
+        import_blocks(e, params, e->h_master, ZT_DTYPE_F32, false, e->xram_blocks);
         /* zero moments that are still calloc's zeros are left alone: their pages are taken at the first
          * update, after the caller gave back the slab the weights came from */
-        if (e->mstore && (m || v || !e->h_moments_zero)) {
-            int rc = import_disk_moments(e, m, v, err);
+        if (e->mstore && (m || v || !e->h_moments_zero || e->xram_blocks < e->nb)) {
+            const bool moments = m || v || !e->h_moments_zero;
+            int rc = import_disk_state(e, params, m, v, moments, err);
             if (rc < 0)
                 return rc;
-            e->h_moments_zero = false;
+            e->h_moments_zero = e->h_moments_zero && !moments;
         } else if (m || v || !e->h_moments_zero) {
             import_field(e, m, e->h_m, e->o.moment_dtype, false);
             import_field(e, v, e->h_v, e->o.moment_dtype, false);

@@ -85,6 +85,23 @@ typedef struct zt_engine_options {
                                     stops the updates; the next zt_engine_step returns the error on every rank */
     size_t moments_ram_bytes;    /* with moments_dir: host memory the moments may keep; the leading blocks whose m
                                     and v fit in it stay in host memory, the rest go to disk (0: all on disk) */
+    bool masters_disk;           /* with moments_dir and a compute-dtype copy of the weights in host memory (not
+                                    stream_masters): the fp32 masters of the blocks from masters_ram_bytes on live in
+                                    their block's record on disk beside its moments (the third tier of the fp32
+                                    state), read ahead of the block's update and written behind it; the passes read
+                                    the compute-dtype copy the update writes. The same bits as masters in RAM */
+    size_t masters_ram_bytes;    /* with masters_disk: host memory the masters may keep; the leading blocks whose
+                                    masters fit stay in host memory (never fewer than keep their moments there; 0:
+                                    the others on disk) */
+    bool grad_accum_host;        /* optimizer off the device, grad_accum > 2: the middle micro-batches' gradient
+                                    shards go down and are added to the step's sum on the host, instead of the sum
+                                    coming up, being added on the device and going down again (4 bytes per
+                                    parameter per micro-batch up saved); the first goes down as it is, the last
+                                    brings the sum up once for the norm. The same bits where the device would add
+                                    the same two fp32 numbers: several ranks, or one rank with the gradient in
+                                    pieces (grad_chunk), with a loss scale of 1. Ignored elsewhere (one rank in whole
+                                    blocks: the kernels add onto the loaded sum in their own order; fp16: the
+                                    scaled fold is one fused operation on a GPU) */
     double gpu_fraction;         /* placement cpu with the model on a GPU: the leading blocks (block 0 first) that
                                     hold at least this fraction of the parameters keep their AdamW state on the
                                     GPU and are updated there right after the norm, while the host updates the
@@ -119,9 +136,12 @@ typedef struct zt_engine_plan {
     size_t host_bytes;        /* of which page-locked: */
     size_t host_pinned_bytes;
     size_t host_moment_bytes; /* of which the Adam moments, whose pages are taken at the first update */
-    size_t disk_bytes;        /* the moments' records on disk (moments_dir), or 0 */
+    size_t host_master_bytes; /* of which the fp32 masters */
+    size_t disk_bytes;        /* the records on disk (moments_dir: the moments, with masters_disk some masters), or 0 */
     size_t shard_elems;       /* elements of this rank's shards (padding included) */
     int moments_ram_blocks;   /* the leading blocks whose moments stay in host memory (all without moments_dir) */
+    int masters_ram_blocks;   /* the leading blocks whose fp32 masters stay in host memory (all without masters_disk) */
+    bool grad_accum_host;     /* the middle micro-batches' gradients are added on the host (grad_accum_host applies) */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 

@@ -115,6 +115,12 @@ static void cpu_fold(float *dst, const void *src, enum zt_dtype dtype, size_t n,
     }
 }
 
+static void cpu_host_call(void *stream, void (*fn)(void *arg), void *arg)
+{
+    (void)stream;
+    fn(arg);
+}
+
 static void cpu_cast(void *dst, enum zt_dtype dtype, const float *src, size_t n, void *stream)
 {
     (void)stream;
@@ -223,6 +229,7 @@ static const zt__engine_dev cpu_dev = {
     .copy = cpu_copy,
     .fold = cpu_fold,
     .cast = cpu_cast,
+    .host_call = cpu_host_call,
     .resident_step = cpu_resident_step,
     .norm_add = cpu_norm_add,
     .norm_finish = cpu_norm_finish,

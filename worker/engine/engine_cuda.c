@@ -323,6 +323,11 @@ static void cuda_teardown(zt_engine *e)
     e->devstate = NULL;
 }
 
+static void cuda_host_call(void *stream, void (*fn)(void *arg), void *arg)
+{
+    ZT_CUDA_CHECK(cudaLaunchHostFunc((cudaStream_t)stream, fn, arg));
+}
+
 static const zt__engine_dev cuda_dev = {
     .gpu = true,
     .alloc = cuda_alloc,
@@ -344,6 +349,7 @@ static const zt__engine_dev cuda_dev = {
     .copy = cuda_copy,
     .fold = cuda_fold,
     .cast = cuda_cast,
+    .host_call = cuda_host_call,
     .resident_step = cuda_resident_step,
     .norm_add = cuda_norm_add,
     .norm_finish = cuda_norm_finish,

@@ -41,6 +41,9 @@ typedef struct zt__engine_dev {
     void (*fold)(float *dst, const void *src, enum zt_dtype dtype, size_t n, float scale, bool overwrite,
                  void *stream);
     void (*cast)(void *dst, enum zt_dtype dtype, const float *src, size_t n, void *stream);
+    /* Runs fn(arg) on the host once the stream's work before it is done, and holds the stream's later work
+     * until it returns (at once on the CPU). fn may not call the device. */
+    void (*host_call)(void *stream, void (*fn)(void *arg), void *arg);
     /* The optimizer step with the state on this device (placement gpu on a GPU, cpu on the CPU). */
     int (*resident_step)(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_result *res, zt_err *err);
     /* Gradients leaving the device: adds the sum of squares of x [n fp32] into the step's norm. */
@@ -124,6 +127,15 @@ typedef struct zt__block {
     size_t res_off;     /* its shard's offset in the resident slabs */
 } zt__block;
 
+/* One addition of a micro-batch's gradient (in h_gstage) into the step's sum in h_grad, on the host
+ * (grad_accum_host): the argument of a host_call, one per block or per piece of a block. */
+typedef struct zt__hadd {
+    float *dst;
+    const float *src;
+    size_t n;
+    int threads;
+} zt__hadd;
+
 /* The ring of fp32 block buffers for REDUCE (grad_accum 1) and HOST paths; one more buffer, index ZT__RING,
  * belongs to the head's block, whose gradient lives from the head's backward to the end of the backward. */
 #define ZT__RING 4
@@ -192,8 +204,15 @@ struct zt_engine {
     float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
     int mram_blocks;                /* moments_dir: blocks [0, mram_blocks) keep their moments in h_m and h_v
                                        (o.moments_ram_bytes), the others in records on disk */
+    int xram_blocks;                /* masters_disk: blocks [0, xram_blocks) keep their fp32 masters in h_master (at
+                                       least mram_blocks), the others in their records; nb without masters_disk */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
     float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
+    bool hacc;                      /* grad_accum_host applies: the middle micro-batches add on the host */
+    float *h_gstage;                /* hacc: page-locked [the largest shard, or a piece]: a micro-batch's gradient
+                                       on its way into h_grad */
+    zt__hadd *hadds;                /* hacc: the additions, block b's from hadd_first[b] (one per piece) */
+    int *hadd_first;                /* [nb + 1] */
     uint16_t *h_grad16;             /* [nshard] page-locked, instead of h_grad where hgrad_lowp */
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up (none
                                        with o.stream_masters) */
@@ -249,6 +268,17 @@ static inline bool zt__mdisk_has(const zt_engine *e, int b)
 {
     return e->moments_dir[0] && b >= e->mram_blocks;
 }
+/* Whether block b's fp32 masters are in its record (then at its start, the moments after them), else in
+ * h_master at the block's shard offset. */
+static inline bool zt__mdisk_has_master(const zt_engine *e, int b)
+{
+    return b >= e->xram_blocks;
+}
+/* Byte offset of the moments in block b's record (after its masters where it holds them). */
+static inline size_t zt__mdisk_moment_off(const zt_engine *e, int b)
+{
+    return zt__mdisk_has_master(e, b) ? e->blocks[b].shard * 4 : 0;
+}
 /* Opens the store in moments_dir, creates zero records (replacing this rank's earlier ones) and the two
  * staging buffers; 0 or an error naming the directory and the fix. */
 int zt__mdisk_open(zt_engine *e, zt_err *err);
@@ -257,9 +287,10 @@ void zt__mdisk_close(zt_engine *e);
 int zt__mdisk_read_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err);
 int zt__mdisk_write_async(zt_engine *e, int b, int buf, int *ticket, zt_err *err);
 int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err);
-/* Synchronous, through staging buffer 0: block b's moments as fp32 [S_b] each, read or written. */
-int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err);
-int zt__mdisk_store(zt_engine *e, int b, const float *m, const float *v, zt_err *err);
+/* Synchronous, through staging buffer 0: block b's record as fp32 [S_b] each, read or written: its masters
+ * (master: where the record holds them, else ignored and may be NULL) and its moments. */
+int zt__mdisk_load(zt_engine *e, int b, float *master, float *m, float *v, zt_err *err);
+int zt__mdisk_store(zt_engine *e, int b, const float *master, const float *m, const float *v, zt_err *err);
 
 /* ---- host_optimizer.c ---- */
 int zt__host_opt_create(zt_engine *e, zt_err *err);

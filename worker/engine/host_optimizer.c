@@ -77,16 +77,18 @@ static void fail_update(zt_engine *e, int rc, const zt_err *io)
     pthread_mutex_unlock(&h->mu);
 }
 
-/* AdamW of block b's pieces with the moments at m and v (the host arrays, or a staging buffer holding the
- * block's record: then at the block's start). */
-static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, void *m, void *v, size_t base)
+/* AdamW of block b's pieces with the masters at master (h_master, xbase 0; or the staging buffer of the
+ * block's record, xbase the block's shard offset) and the moments at m and v (the host arrays, or the record:
+ * then at the block's start, base its shard offset). */
+static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, float *master, size_t xbase, void *m,
+                         void *v, size_t base)
 {
     struct zt__host_opt *h = e->host;
     for (int i = h->first_piece[b]; i < h->first_piece[b + 1]; i++) {
         const zt__piece *pc = &e->pieces[i];
         p->weight_decay = pc->decay ? (float)e->o.weight_decay : 0.0f;
         zt_cpu_adam_range r = {
-            .param = e->h_master + pc->shard_off,
+            .param = master + (pc->shard_off - xbase),
             .grad = e->hgrad_lowp ? (const void *)(e->h_grad16 + pc->shard_off)
                                   : (const void *)(e->h_grad + pc->shard_off),
             .grad_dtype = e->hgrad_lowp ? ZT_DTYPE_BF16 : ZT_DTYPE_F32,
@@ -158,12 +160,15 @@ static void run_update(zt_engine *e, const job *j)
                 mark(h, b, j->step);
                 continue;
             }
-            uint16_t *rec = (uint16_t *)e->mbuf[cur];
-            update_block(e, j, &p, b, rec, (char *)rec + k->shard * e->msize, k->shard_off);
+            char *rec = (char *)e->mbuf[cur];
+            const bool own = zt__mdisk_has_master(e, b); /* the record holds the block's masters, first */
+            char *mom = rec + zt__mdisk_moment_off(e, b);
+            update_block(e, j, &p, b, own ? (float *)rec : e->h_master, own ? k->shard_off : 0, mom,
+                         mom + k->shard * e->msize, k->shard_off);
             if ((rc = zt__mdisk_write_async(e, b, cur, &wr[cur], &ioerr)) < 0)
                 failed = true, fail_update(e, rc, &ioerr);
         } else {
-            update_block(e, j, &p, b, e->h_m, e->h_v, 0);
+            update_block(e, j, &p, b, e->h_master, 0, e->h_m, e->h_v, 0);
         }
         if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
             e->dev->copy(zt__engine_block_weights(e, b), (char *)e->h_lowp + k->shard_off * e->esize,

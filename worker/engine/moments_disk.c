@@ -7,6 +7,10 @@
  * With moments_ram_bytes the leading blocks (mram_blocks) keep theirs in host memory, as without a directory,
  * and only the others have records.
  *
+ * With masters_disk the fp32 masters of the blocks from xram_blocks on (a subset of those with records) are in
+ * the record too, before the moments: the update reads and writes a block's whole fp32 state in one record,
+ * so the host holds the masters of the leading blocks only, and the compute-dtype copy the passes read.
+ *
  * A store record is sized in elements of 12 bytes (offload/store.h); a block's record takes the fewest that
  * hold 2 S_b moments. Rank r keeps its records in DIR/rank<r>. The records are created zero when the engine
  * starts: the directory holds the state of one run at a time, and what a previous run left there under the
@@ -28,7 +32,7 @@ static zt_store_key key_of(const zt_engine *e, int b)
 
 size_t zt__mdisk_record_elems(const zt_engine *e, int b)
 {
-    const size_t bytes = 2 * e->blocks[b].shard * e->msize;
+    const size_t bytes = zt__mdisk_moment_off(e, b) + 2 * e->blocks[b].shard * e->msize;
     return (bytes + 11) / 12;
 }
 
@@ -127,14 +131,17 @@ int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err)
     return zt_store_wait(e->mstore, ticket, err);
 }
 
-/* Block b's moments, widened to fp32 (m and v hold S_b floats each). */
-int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err)
+/* Block b's record: its masters (where it holds them) and its moments widened to fp32 (S_b floats each). */
+int zt__mdisk_load(zt_engine *e, int b, float *master, float *m, float *v, zt_err *err)
 {
     int rc = zt_store_read(e->mstore, key_of(e, b), e->mbuf[0], err);
     if (rc < 0)
         return rc;
     const size_t n = e->blocks[b].shard;
     const char *rec = (const char *)e->mbuf[0];
+    if (zt__mdisk_has_master(e, b))
+        memcpy(master, rec, n * 4);
+    rec += zt__mdisk_moment_off(e, b);
     zt_err cerr;
     if (zt_cpu_adam_widen(m, rec, e->o.moment_dtype, n, e->o.threads, &cerr) < 0 ||
         zt_cpu_adam_widen(v, rec + n * e->msize, e->o.moment_dtype, n, e->o.threads, &cerr) < 0)
@@ -142,11 +149,15 @@ int zt__mdisk_load(zt_engine *e, int b, float *m, float *v, zt_err *err)
     return 0;
 }
 
-/* Writes block b's moments from fp32 (rounded to nearest for bf16). */
-int zt__mdisk_store(zt_engine *e, int b, const float *m, const float *v, zt_err *err)
+/* Writes block b's record: its masters (where it holds them) and its moments from fp32 (rounded to nearest
+ * for bf16). */
+int zt__mdisk_store(zt_engine *e, int b, const float *master, const float *m, const float *v, zt_err *err)
 {
     const size_t n = e->blocks[b].shard;
     char *rec = (char *)e->mbuf[0];
+    if (zt__mdisk_has_master(e, b))
+        memcpy(rec, master, n * 4);
+    rec += zt__mdisk_moment_off(e, b);
     zt_err cerr;
     if (zt_cpu_adam_convert(rec, e->o.moment_dtype, m, n, e->o.threads, &cerr) < 0 ||
         zt_cpu_adam_convert(rec + n * e->msize, e->o.moment_dtype, v, n, e->o.threads, &cerr) < 0)

@@ -105,6 +105,8 @@ static const struct key_def keys[] = {
     {"checkpointing", "--checkpointing", KEY_CKPT, FIELD(checkpointing)},
     {"prefetch", "--prefetch", KEY_INT, FIELD(prefetch)},
     {"gpu_mem", "--gpu-mem", KEY_SIZE, FIELD(gpu_mem)},
+    {"host_mem", "--host-mem", KEY_SIZE, FIELD(host_mem)},
+    {"host_grad_accum", "--host-grad-accum", KEY_BOOL, FIELD(host_grad_accum)},
     {"weights", "--weights", KEY_ENUM, ENUM_FIELD(weights, weights_names)},
     {"auto_micro_batch", "--auto-micro-batch", KEY_BOOL, FIELD(auto_micro_batch)},
     {"grad_piece", NULL, KEY_INT, FIELD(grad_piece)},
@@ -581,10 +583,13 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
     if (c->adam_moments == ZT_MOMENTS_BF16 && (opt != ZT_OPTIMIZER_CPU || c->optimizer_gpu_fraction > 0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = bf16 keeps the moments in the host AdamW: it needs "
                        "--optimizer cpu without --optimizer-gpu-fraction (or use fp32)", label("adam_moments"));
-    if (c->moments_dir[0] && (!cuda || opt != ZT_OPTIMIZER_CPU || c->optimizer_gpu_fraction > 0))
+    if (c->moments_dir[0] && (opt != ZT_OPTIMIZER_CPU || c->optimizer_gpu_fraction > 0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = '%s' puts the Adam moments of the host AdamW on disk: it "
-                       "needs --device cuda --optimizer cpu without --optimizer-gpu-fraction (or drop it)",
+                       "needs --optimizer cpu without --optimizer-gpu-fraction (or drop it)",
                        label("moments_dir"), c->moments_dir);
+    if (c->moments_dir[0] && !cuda && c->zero_level != 3)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s on the CPU streams the weights from the host AdamW's arrays: "
+                       "it needs --zero-level 3 (or drop it)", label("moments_dir"));
     if (c->moments_ram > 0 && !c->moments_dir[0])
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s sets how much of the moments stays in RAM beside "
                        "--moments-dir: give --moments-dir DIR too (or drop it)", label("moments_ram"));

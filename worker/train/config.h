@@ -97,7 +97,9 @@ typedef struct zt_train_config {
     double optimizer_gpu_fraction;      /* --device cuda --optimizer cpu: the leading blocks holding this fraction of
                                            the parameters keep their AdamW on the GPU (0 = none, the default) */
     enum zt_train_moments adam_moments; /* --optimizer cpu: fp32 (default) or bf16 moments */
-    char moments_dir[ZT_TRAIN_PATH_MAX]; /* --device cuda --optimizer cpu: the Adam moments on disk here; "" = RAM */
+    char moments_dir[ZT_TRAIN_PATH_MAX]; /* --optimizer cpu: the Adam moments (under --host-mem, the fp32 masters
+                                            too) on disk here; "" = RAM. On the CPU the weights are then streamed
+                                            from the host AdamW's arrays (ZeRO-3) */
     uint64_t moments_ram;               /* with moments_dir: RAM the leading blocks' moments may keep instead (0 = what
                                            the plan leaves free, less a margin) */
     char servers[ZT_TRAIN_PATH_MAX];    /* "host:port,..." of the state servers; "" = embedded core */
@@ -117,6 +119,11 @@ typedef struct zt_train_config {
     /* Memory (worker/train/plan.h): a cap on the GPU memory of each rank (0 = the whole GPU) and where the
      * weights live; the planner picks what the cap needs and refuses what cannot fit. */
     uint64_t gpu_mem;
+    /* A cap on the host memory of each rank's training state (0 = none; MemAvailable is checked either way): the
+     * engine's host arrays, the embedded state server's, the checkpoints' staging; the planner moves the Adam
+     * moments, then the fp32 masters, to --moments-dir to fit, and refuses what cannot fit. */
+    uint64_t host_mem;
+    bool host_grad_accum; /* the middle micro-batches' gradients are added on the host (engine.h grad_accum_host) */
     enum zt_train_weights weights;
     int64_t grad_piece;    /* chunked and streamed layouts: elements per gradient piece sent to the host */
     bool auto_micro_batch; /* the planner may lower batch_size (rows per micro-batch), raising grad_accum so

@@ -161,6 +161,104 @@ int zt_plan_fit(const zt_plan_request *r, zt_plan_choice *out, zt_err *err)
                    r->seq_len, act, fix, ways);
 }
 
+uint64_t zt_plan_checkpoint_bytes(uint64_t P, bool grads)
+{
+    return (grads ? 16 : 12) * P + (1ULL << 20);
+}
+
+int zt_plan_check_checkpoint(uint64_t need, uint64_t free_bytes, const char *dir, zt_err *err)
+{
+    if (free_bytes == 0 || need <= free_bytes)
+        return 0;
+    char n[32], f[32];
+    zt_format_size(need, n, sizeof n);
+    zt_format_size(free_bytes, f, sizeof f);
+    return zt_fail(err, ZT_ENOMEM, "disk: a checkpoint needs %s in '%s' and its file system has %s free; nothing was "
+                   "written (the last checkpoint is intact): free space there, train into a directory on a larger disk "
+                   "(--out), or train without checkpoints (--save-every -1)", n, dir, f);
+}
+
+void zt_plan_size_flag(uint64_t bytes, char *buf, size_t cap)
+{
+    const uint64_t step = bytes >= (1ULL << 30) ? 64ULL << 20 : 1ULL << 20;
+    const uint64_t up = (bytes + step - 1) / step * step;
+    snprintf(buf, cap, "%lluMiB", (unsigned long long)((up + (1ULL << 20) - 1) >> 20));
+}
+
+/* Fits the host state under the cap; see plan.h. */
+int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    zt_plan_tiers t = {0};
+    zt_plan_host_price p;
+    r->price(r->ctx, &t, &p);
+    if (p.ram <= r->cap) {
+        out->tiers = t;
+        out->price = p;
+        return 0;
+    }
+    const zt_plan_host_price all_ram = p;
+    /* the moments on disk, then the masters: each tier keeps its leading blocks in what the cap leaves */
+    zt_plan_host_price tier[2];
+    int ntier = 0;
+    for (int level = 1; level <= 2; level++) {
+        if (level == 2 && !r->can_masters_disk)
+            break;
+        zt_plan_tiers x = {.moments_disk = true, .masters_disk = level == 2};
+        r->price(r->ctx, &x, &tier[ntier]);
+        const zt_plan_host_price floor = tier[ntier++];
+        if (!r->has_dir || floor.ram > r->cap)
+            continue;
+        if (level == 1)
+            x.moments_ram = r->cap - floor.ram;
+        else
+            x.masters_ram = r->cap - floor.ram;
+        r->price(r->ctx, &x, &p);
+        if (p.ram > r->cap) { /* a record's staging that the blocks left on disk do not shrink: none kept */
+            x.moments_ram = x.masters_ram = 0;
+            p = floor;
+        }
+        out->tiers = x;
+        out->price = p;
+        return 0;
+    }
+    /* Nothing fits: the smallest plan with what is given, and the changes. */
+    const zt_plan_host_price *min = &all_ram;
+    bool min_disk = false; /* the smallest plan puts state on disk */
+    for (int i = 0; r->has_dir && i < ntier; i++)
+        if (tier[i].ram < min->ram)
+            min = &tier[i], min_disk = true;
+    char cap_s[32], need[32], flag[32], ways[768];
+    zt_format_size(r->cap, cap_s, sizeof cap_s);
+    zt_format_size(min->ram, need, sizeof need);
+    zt_plan_size_flag(min->ram, flag, sizeof flag);
+    size_t used = (size_t)snprintf(ways, sizeof ways, "--host-mem %s or more", flag);
+    if (r->staging && min->ram - r->staging <= r->cap) {
+        char x[32];
+        zt_format_size(min->ram - r->staging, x, sizeof x);
+        used += (size_t)snprintf(ways + used, sizeof ways - used, "; --save-every -1 (no checkpoint staging: %s)", x);
+    }
+    if (!r->has_dir && used < sizeof ways) {
+        for (int i = 0; i < ntier && used < sizeof ways; i++) {
+            if (tier[i].ram >= all_ram.ram)
+                continue; /* the disk would not lower this plan's RAM */
+            char x[32], d[32];
+            zt_format_size(tier[i].ram, x, sizeof x);
+            zt_format_size(tier[i].disk, d, sizeof d);
+            used += (size_t)snprintf(ways + used, sizeof ways - used, "; --moments-dir DIR, %s on disk (RAM %s%s, "
+                                     "disk %s)", i == 0 ? "moments" : "moments and masters", x,
+                                     tier[i].ram <= r->cap ? "" : ", above the cap", d);
+        }
+    }
+    return zt_fail(err, ZT_ENOMEM, "--host-mem %s is below this run's smallest plan: at least %s of host memory per "
+                   "rank (%s%s); what would fit: %s", cap_s, need, min->parts,
+                   !min_disk                   ? ""
+                   : min == &tier[1]           ? "; moments and fp32 masters on disk"
+                   : r->can_masters_disk       ? "; moments on disk"
+                                               : "; moments on disk, fp32 masters in RAM with --weights masters",
+                   ways);
+}
+
 int zt_plan_check_host(const zt_plan_host *h, zt_err *err)
 {
     char need[32], have[32];

@@ -15,7 +15,10 @@
  *
  * In host RAM and on disk the planner compares what the plan needs with what the machine has
  * (MemAvailable, the free space of the state directory) and refuses, naming both numbers, before the
- * run allocates. The pricing itself is the caller's (the trainer builds the model's and the engine's
+ * run allocates. Under --host-mem it fits the plan's host bytes under the cap, moving state down the tiers
+ * as needed: the Adam moments to --moments-dir first (the leading blocks' stay in RAM as far as the cap
+ * allows), then the fp32 masters (the same way), and refuses what cannot fit with the minimum and the
+ * changes that would fit. The pricing itself is the caller's (the trainer builds the model's and the engine's
  * plans), so the choice and the messages are testable without a GPU. */
 #ifndef ZT_WORKER_TRAIN_PLAN_H
 #define ZT_WORKER_TRAIN_PLAN_H
@@ -95,6 +98,55 @@ typedef struct zt_plan_host {
 
 /* Returns 0, or ZT_ENOMEM naming the numbers and the fixes. */
 int zt_plan_check_host(const zt_plan_host *h, zt_err *err);
+
+/* Where the fp32 state of the host AdamW lives, tier by tier. */
+typedef struct zt_plan_tiers {
+    bool moments_disk;    /* the Adam moments on disk but for the leading blocks' within moments_ram */
+    uint64_t moments_ram; /* bytes */
+    bool masters_disk;    /* the fp32 masters on disk too but for the leading blocks' within masters_ram */
+    uint64_t masters_ram; /* bytes */
+} zt_plan_tiers;
+
+/* What one placement of the state costs on the host and on disk, and what the host bytes are made of. */
+typedef struct zt_plan_host_price {
+    uint64_t ram;
+    uint64_t disk;
+    char parts[320]; /* "engine 12.0 GiB of which ..., checkpoint staging ...": for the messages */
+} zt_plan_host_price;
+
+typedef void (*zt_plan_host_price_fn)(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out);
+
+typedef struct zt_plan_host_request {
+    uint64_t cap;            /* --host-mem, > 0 */
+    bool has_dir;            /* --moments-dir is given (else the disk tiers are priced for the message only) */
+    bool can_masters_disk;   /* the masters may go to disk (the passes read a compute-dtype copy) */
+    uint64_t staging;        /* the checkpoints' staging inside every price (0: no checkpoints) */
+    zt_plan_host_price_fn price;
+    void *ctx;
+} zt_plan_host_request;
+
+typedef struct zt_plan_host_choice {
+    zt_plan_tiers tiers;
+    zt_plan_host_price price;
+} zt_plan_host_choice;
+
+/* Fits the host state under r->cap: everything in RAM if it fits; else with a directory the moments on disk
+ * (the leading blocks' in what the cap leaves), then the masters as well. Returns 0, or ZT_ENOMEM naming the
+ * cap, the smallest plan's need and what it is made of, and the changes that fit (--host-mem, --save-every
+ * -1, --moments-dir with its need). */
+int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt_err *err);
+
+/* The bytes of one checkpoint of P parameters (model.safetensors 4 P, optim.safetensors 8 P, with grads 4 P
+ * more; headers, config and manifest within 1 MiB per million tensors' worth of names, counted as 1 MiB). */
+uint64_t zt_plan_checkpoint_bytes(uint64_t P, bool grads);
+
+/* A checkpoint of `need` bytes into dir whose file system has `free_bytes` free (0: unknown, not refused):
+ * returns 0, or ZT_ENOMEM naming both numbers, the directory and the fixes, before anything is written. */
+int zt_plan_check_checkpoint(uint64_t need, uint64_t free_bytes, const char *dir, zt_err *err);
+
+/* A size flag's value at least `bytes`, rounded up to 64 MiB above 1 GiB (to a MiB below), as the parser
+ * takes it: "3584MiB". */
+void zt_plan_size_flag(uint64_t bytes, char *buf, size_t cap);
 
 /* MemAvailable of /proc/meminfo, in bytes; 0 when unknown. */
 uint64_t zt_plan_ram_available(void);

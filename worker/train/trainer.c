@@ -105,7 +105,8 @@ uint64_t zt_trainer_config_hash(const zt_train_config *cfg)
                             cfg->save_every, cfg->seed, cfg->shuffle, cfg->eval_every, cfg->eval_batches,
                             cfg->schedule, cfg->device, cfg->precision, cfg->optimizer, cfg->state_store, nservers,
                             cfg->zero_level, cfg->checkpointing, cfg->checkpoint_every, cfg->prefetch,
-                            cfg->loss_scale_window, cfg->adam_moments};
+                            cfg->loss_scale_window, cfg->adam_moments, (int64_t)cfg->host_mem,
+                            cfg->moments_dir[0] != '\0'};
     const double reals[] = {cfg->lr, cfg->min_lr, cfg->lr_gamma, cfg->weight_decay, cfg->beta1,
                             cfg->beta2, cfg->eps, cfg->grad_clip, cfg->loss_scale, cfg->min_loss_scale};
     h = fnv1a(h, ints, sizeof ints);
@@ -405,16 +406,114 @@ static void engine_options(const zt_train_config *cfg, int accum, zt_engine_opti
     eo->gpu_fraction = cfg->optimizer_gpu_fraction;
     eo->moment_dtype = cfg->adam_moments == ZT_MOMENTS_BF16 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
     eo->moments_dir = cfg->moments_dir[0] ? cfg->moments_dir : NULL;
+    eo->grad_accum_host = cfg->host_grad_accum;
 }
 
 /* What the planner chose for the engine. */
 struct layout {
     size_t moments_ram_bytes; /* --moments-dir: the moments' share of RAM (the leading blocks') */
+    bool moments_ram_only;    /* --host-mem chose to keep every moment in RAM despite --moments-dir */
+    bool masters_disk;        /* --host-mem: the fp32 masters on disk too, but for masters_ram_bytes of them */
+    size_t masters_ram_bytes;
     bool stream;
     bool stream_masters; /* the streamed weights come up as the fp32 masters (no compute-dtype host copy) */
     size_t grad_chunk;
     size_t device_budget; /* 0: no cap */
 };
+
+/* The host tiers of the state as engine options (--host-mem): moments and masters on disk or not, and their
+ * shares of RAM. */
+static void apply_tiers(const zt_train_config *cfg, const zt_plan_tiers *t, zt_engine_options *o)
+{
+    o->moments_dir = t->moments_disk ? (cfg->moments_dir[0] ? cfg->moments_dir : "DIR") : NULL;
+    o->moments_ram_bytes = t->moments_disk ? (size_t)t->moments_ram : 0;
+    o->masters_disk = t->masters_disk;
+    o->masters_ram_bytes = t->masters_disk ? (size_t)t->masters_ram : 0;
+    if (t->masters_disk)
+        o->stream_masters = false; /* the passes read the compute-dtype copy */
+}
+
+static void apply_tiers_layout(const zt_plan_tiers *t, const zt_engine_options *o, struct layout *lay)
+{
+    lay->moments_ram_only = !t->moments_disk;
+    lay->moments_ram_bytes = o->moments_ram_bytes;
+    lay->masters_disk = o->masters_disk;
+    lay->masters_ram_bytes = o->masters_ram_bytes;
+    lay->stream_masters = o->stream_masters;
+}
+
+/* Logs the host part of the plan under --host-mem (rank 0). */
+static void log_host_tiers(const zt_train_config *cfg, const zt_plan_host_choice *c)
+{
+    char need[32], cap[32], disk[32], mom[32], mas[32], mtext[96], xtext[96];
+    zt_format_size(c->price.ram, need, sizeof need);
+    zt_format_size(cfg->host_mem, cap, sizeof cap);
+    zt_format_size(c->price.disk, disk, sizeof disk);
+    const zt_plan_tiers *t = &c->tiers;
+    zt_format_size(t->moments_ram, mom, sizeof mom);
+    zt_format_size(t->masters_ram, mas, sizeof mas);
+    snprintf(mtext, sizeof mtext, !t->moments_disk ? "in RAM" : t->moments_ram ? "on disk, the leading blocks' within "
+             "%s in RAM" : "on disk", mom);
+    snprintf(xtext, sizeof xtext, !t->masters_disk ? "in RAM" : t->masters_ram ? "on disk, the leading blocks' within "
+             "%s in RAM" : "on disk", mas);
+    zt_log(ZT_LOG_INFO, "plan: host %s of --host-mem %s (%s); Adam moments %s; fp32 masters %s; disk %s%s%s", need, cap,
+           c->price.parts, mtext, xtext, disk, c->price.disk ? " in " : "", c->price.disk ? cfg->moments_dir : "");
+}
+
+/* The host price of a placement of the state on CPU ranks: the engine's arrays (on the CPU its "device"
+ * buffers are host memory too), the host model's parameters and gradients, the checkpoints' staging (the
+ * moments gathered and the exported weights). The activations of the micro-batch are the model's and not
+ * counted. */
+struct cpu_pricing {
+    const zt_train_config *cfg;
+    zt_model *model;
+    int W;
+    zt_engine_options base;
+    uint64_t P, staging;
+};
+
+static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
+{
+    const struct cpu_pricing *p = ctx;
+    zt_engine_options o = p->base;
+    apply_tiers(p->cfg, t, &o);
+    o.stream = o.stream || o.moments_dir; /* the host arrays hold the state on disk's way */
+    zt_engine_plan ep;
+    zt_engine_plan_for(p->model, p->W, &o, &ep);
+    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + p->staging;
+    out->disk = ep.disk_bytes;
+    char eng[32], mod[32], stg[32];
+    zt_format_size(ep.device_bytes + ep.host_bytes, eng, sizeof eng);
+    zt_format_size(8 * p->P, mod, sizeof mod);
+    zt_format_size(p->staging, stg, sizeof stg);
+    snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s", eng, mod, stg);
+}
+
+/* Plans the host memory of CPU ranks under --host-mem before the engine allocates its state: the tiers of the
+ * state, the disk's free space for the records and a checkpoint. Logs the plan; refuses what does not fit. */
+static int plan_cpu_host(const zt_train_config *cfg, int W, bool is0, zt_model *model, const zt_family_model *host,
+                         struct layout *lay, zt_err *err)
+{
+    struct cpu_pricing p = {.cfg = cfg, .model = model, .W = W, .P = zt_family_model_num_params(host)};
+    engine_options(cfg, (int)cfg->grad_accum, &p.base);
+    p.base.stream = lay->stream;
+    p.staging = cfg->save_every >= 0 ? 12 * p.P : 0;
+    zt_plan_host_request q = {.cap = cfg->host_mem, .has_dir = cfg->moments_dir[0] != '\0', .can_masters_disk = true,
+                              .staging = p.staging, .price = price_cpu_host, .ctx = &p};
+    zt_plan_host_choice c;
+    int rc = zt_plan_fit_host(&q, &c, err);
+    if (rc < 0)
+        return rc;
+    zt_engine_options o = p.base;
+    apply_tiers(cfg, &c.tiers, &o);
+    apply_tiers_layout(&c.tiers, &o, lay);
+    if (is0)
+        log_host_tiers(cfg, &c);
+    zt_plan_host h = {.ram_needed = c.price.ram, .ram_available = zt_plan_ram_available(), .disk_needed = c.price.disk,
+                      .disk_free = c.price.disk ? zt_plan_disk_free(cfg->moments_dir) : 0, .disk_dir = cfg->moments_dir,
+                      .ram_parts = c.price.parts};
+    return zt_plan_check_host(&h, err);
+}
 
 #ifdef ZT_WITH_CUDA
 /* What NCCL's buffers are counted at with several ranks. */
@@ -520,6 +619,35 @@ static uint64_t host_ram(const zt_engine_plan *ep, uint64_t steady_other, uint64
     return steady > at_start ? steady : at_start;
 }
 
+/* The host price of a placement of the state on a GPU run (--host-mem): the engine's host arrays with the
+ * rest of the plan's host bytes beside them (host_ram). */
+struct gpu_host_pricing {
+    const zt_train_config *cfg;
+    const zt_model *shape;
+    int W;
+    zt_engine_options base;
+    uint64_t steady_other, start_other, server_ram, staging;
+};
+
+static void price_gpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
+{
+    const struct gpu_host_pricing *p = ctx;
+    zt_engine_options o = p->base;
+    apply_tiers(p->cfg, t, &o);
+    zt_engine_plan ep;
+    zt_engine_plan_for(p->shape, p->W, &o, &ep);
+    out->ram = host_ram(&ep, p->steady_other, p->start_other);
+    out->disk = ep.disk_bytes;
+    char eng[32], pin[32], srv[32], stg[32], proc[32];
+    zt_format_size(ep.host_bytes, eng, sizeof eng);
+    zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
+    zt_format_size(p->server_ram, srv, sizeof srv);
+    zt_format_size(p->staging, stg, sizeof stg);
+    zt_format_size(PROCESS_RAM_BYTES, proc, sizeof proc);
+    snprintf(out->parts, sizeof out->parts, "engine %s (%s pinned), state server %s, checkpoint staging %s, process %s",
+             eng, pin, srv, stg, proc);
+}
+
 /* Plans a run on the GPU before anything large is allocated: the compute dtype, the layout under --gpu-mem
  * (or the GPU's free memory), with an automatic micro-batch the rows per micro-batch (cfg's batch_size and
  * grad_accum change then), and the host and disk bytes, refused when the machine lacks them. Logs the
@@ -588,10 +716,32 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const uint64_t start_other = (cfg->resume[0] ? 4 * P : 0) + server_ram + PROCESS_RAM_BYTES;
     uint64_t ram = host_ram(&ep, steady_other, start_other);
     const uint64_t ram_available = zt_plan_ram_available();
+    if (cfg->host_mem) {
+        /* --host-mem: the tiers of the state under the cap (the moments to disk, then the masters) */
+        struct gpu_host_pricing hp = {.cfg = cfg, .shape = shape, .W = W, .base = o, .steady_other = steady_other,
+                                      .start_other = start_other, .server_ram = server_ram, .staging = staging};
+        zt_plan_host_request hq = {.cap = cfg->host_mem, .has_dir = cfg->moments_dir[0] != '\0',
+                                   .can_masters_disk = o.placement == ZT_PLACEMENT_CPU && o.gpu_fraction == 0 &&
+                                                       cfg->weights != ZT_WEIGHTS_MASTERS,
+                                   .staging = staging, .price = price_gpu_host, .ctx = &hp};
+        zt_plan_host_choice hc;
+        if ((rc = zt_plan_fit_host(&hq, &hc, err)) < 0) {
+            shape->ops->destroy(shape);
+            goto done;
+        }
+        apply_tiers(cfg, &hc.tiers, &o);
+        apply_tiers_layout(&hc.tiers, &o, lay);
+        zt_engine_plan_for(shape, W, &o, &ep);
+        ram = hc.price.ram;
+        ch.device.engine = ep.device_bytes;
+        if (is0)
+            log_host_tiers(cfg, &hc);
+    }
     /* Streamed weights whose compute-dtype host copy does not fit: the masters come up instead (twice the
      * bytes up with bf16, 2 bytes per parameter less RAM; with fp32, 4 less), where the GPU has room for their
      * staging. */
-    if (ram_available > 0 && ram > ram_available && o.stream && !o.stream_masters && o.placement == ZT_PLACEMENT_CPU) {
+    if (!cfg->host_mem && ram_available > 0 && ram > ram_available && o.stream && !o.stream_masters &&
+        o.placement == ZT_PLACEMENT_CPU) {
         zt_engine_options x = o;
         x.stream_masters = true;
         zt_engine_plan xp;
@@ -613,7 +763,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     }
     /* Moments on disk with RAM to spare: the leading blocks keep theirs in RAM (less disk traffic per step),
      * up to --moments-ram or what the plan leaves free less a margin (4 GiB or 5% of it). */
-    if (o.moments_dir && o.moments_dir[0] && o.placement == ZT_PLACEMENT_CPU && ram_available > 0) {
+    if (!cfg->host_mem && o.moments_dir && o.moments_dir[0] && o.placement == ZT_PLACEMENT_CPU && ram_available > 0) {
         const uint64_t margin = ram_available / 20 > ((uint64_t)4 << 30) ? ram_available / 20 : (uint64_t)4 << 30;
         const uint64_t spare = ram_available > ram + margin ? ram_available - ram - margin : 0;
         zt_engine_options x = o;
@@ -635,6 +785,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     }
     lay->moments_ram_bytes = o.moments_ram_bytes;
     lay->stream_masters = o.stream_masters;
+    lay->masters_disk = o.masters_disk;
+    lay->masters_ram_bytes = o.masters_ram_bytes;
     const uint64_t disk = embedded && cfg->state_store == ZT_STORE_NVME
                               ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(zt_family_config_layers(&cfg->model) + 2)
                               : ep.disk_bytes;
@@ -819,11 +971,30 @@ static int setup_run_dir(struct run *r, const zt_train_config *cfg, int64_t step
 
 /* A checkpoint of the gathered state: every rank gathers, the state servers snapshot the step (remote ones
  * keep the moments), rank 0 writes. */
+/* Rank 0: whether the run directory's disk holds one more checkpoint (statvfs), before anything is gathered or
+ * written; logs the numbers when `log`. */
+static int check_checkpoint_space(const struct run *r, const zt_train_config *cfg, bool log, zt_err *err)
+{
+    const uint64_t need = zt_plan_checkpoint_bytes(zt_family_model_num_params(r->host), cfg->save_grads);
+    const uint64_t free_b = zt_plan_disk_free(cfg->out_dir);
+    if (log) {
+        char n[32], f[32];
+        zt_format_size(need, n, sizeof n);
+        zt_format_size(free_b, f, sizeof f);
+        zt_log(ZT_LOG_INFO, "plan: a checkpoint takes %s in %s (%s free)", n, cfg->out_dir, f);
+    }
+    return zt_plan_check_checkpoint(need, free_b, cfg->out_dir, err);
+}
+
 static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm, zt_train_result *res,
                 zt_err *err)
 {
     const bool remote = cfg->optimizer == ZT_OPTIMIZER_SERVER && cfg->servers[0];
-    int rc = zt_engine_export(r->engine, zt_family_model_params(r->host), r->opt.m, r->opt.v, err);
+    /* a disk that cannot hold the checkpoint is refused before the state is gathered or a file written */
+    int rc = zt_comm_rank(comm) == 0 ? check_checkpoint_space(r, cfg, false, err) : 0;
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+        return rc;
+    rc = zt_engine_export(r->engine, zt_family_model_params(r->host), r->opt.m, r->opt.v, err);
     if (rc == 0 && cfg->save_grads)
         rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
     if (rc == 0 && remote && zt_comm_rank(comm) == 0)
@@ -966,6 +1137,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     st.schedule = sched;
     /* every rank has read its inputs; rank 0 prepares the run directory; all go on only if all succeeded */
     rc = is0 ? setup_run_dir(&r, cfg, st.step, resumed, res, err) : 0;
+    if (rc == 0 && is0 && cfg->save_every >= 0)
+        rc = check_checkpoint_space(&r, cfg, true, err);
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         goto out;
 
@@ -973,9 +1146,20 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     rc = create_model(cfg, r.host, b, T, dtype, &r.model, err);
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         goto out;
+    if (!on_gpu) {
+        /* on the CPU, state on disk goes through the host AdamW's arrays: the weights are streamed from them */
+        lay.stream = cfg->moments_dir[0] != '\0';
+        lay.moments_ram_bytes = cfg->moments_ram;
+        if (cfg->host_mem && (rc = zt_comm_agree(comm, plan_cpu_host(cfg, W, is0, r.model, r.host, &lay, err), err)) < 0)
+            goto out;
+    }
     zt_engine_options eo;
     engine_options(cfg, accum, &eo);
     eo.stream = lay.stream;
+    eo.masters_disk = lay.masters_disk;
+    eo.masters_ram_bytes = lay.masters_ram_bytes;
+    if (lay.moments_ram_only)
+        eo.moments_dir = NULL;
     eo.stream_masters = lay.stream_masters;
     eo.moments_ram_bytes = lay.moments_ram_bytes;
     eo.grad_chunk = lay.grad_chunk;
