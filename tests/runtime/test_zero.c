@@ -1018,9 +1018,9 @@ static void test_train_under_host_mem(void **state)
     zt_train_config cfg;
     zt_train_config_init(&cfg);
     zt_family_config_default(&cfg.model);
-    cfg.model.gpt2 = tiny_config();
-    cfg.model.gpt2.n_layer = 6;
-    cfg.model.gpt2.n_embd = 64;
+    *ZT_GPT2_CONFIG(&cfg.model) = tiny_config();
+    ZT_GPT2_CONFIG(&cfg.model)->n_layer = 6;
+    ZT_GPT2_CONFIG(&cfg.model)->n_embd = 64;
     cfg.model_loaded = true;
     snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
     snprintf(cfg.moments_dir, sizeof cfg.moments_dir, "%s", sdir);
