@@ -14,6 +14,8 @@ mkdir -p "$out"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000
+# TinyLlama's vocabulary of 32000: shards of its own
+[ -f "$DATA/rnd32k_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd32k" 8000000 32000
 
 flags() {
   case $1 in
@@ -30,7 +32,8 @@ run() {
   local dir="$out/$1_$2_$3"
   rm -rf "$dir"
   # shellcheck disable=SC2046
-  "$bin" train $(flags "$1") --train-data "$DATA/rnd_train_000.bin" --device cuda --precision bf16 --steps 16 \
+  local data="$DATA/rnd_train_000.bin"; [ "$1" = tiny ] && data="$DATA/rnd32k_train_000.bin"
+  "$bin" train $(flags "$1") --train-data "$data" --device cuda --precision bf16 --steps 16 \
     --out "$dir" --save-every -1 --log-every 1 --seed 1 > "$dir.log" 2>&1 || echo "FAILED: $1 $2 (see $dir.log)"
 }
 
