@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/status.h"
 #include "kernels/real.h"
 
 /* The shape of a call of the general entry points. */
@@ -32,6 +33,105 @@ typedef struct zt_attention_dims {
     int HS;      /* head size */
     bool causal; /* true: row t sees keys 0..t; false: every key of its sequence (bidirectional) */
 } zt_attention_dims;
+
+/* ---- the descriptor: one struct for every attention call ----
+ *
+ * Rows. Query rows (q, out, dout, dq) and key rows (k, v, dk, dv) are rows of 2-D tensors with a row stride in
+ * elements; in a row, query head h occupies columns h*HS .. h*HS+HS-1 and key/value head g columns g*HS.. of
+ * k and v. Packed qkv [N, (NH+2*NKV)*HS] is q = qkv, k = qkv + NH*HS, v = qkv + (NH+NKV)*HS with all three
+ * strides (NH+2*NKV)*HS; a separate kv tensor (T5's cross-attention) is just other pointers and strides.
+ *
+ * Sequences. Fixed layout (cu_seqlens_q == NULL): B sequences of Tq query rows and Tk key rows, sequence b at
+ * query rows b*Tq.. and key rows b*Tk... Variable lengths (cu_seqlens_q and cu_seqlens_k, both B+1 int32
+ * prefix sums starting at 0): sequence b is query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 and key rows
+ * cu_seqlens_k[b] ..; Tq and Tk are then the longest lengths (at least every sequence's length). Packed
+ * documents and padding-free batches are this layout: every sequence attends only within itself and its
+ * positions restart at 0. Padding (BERT): lens, B valid lengths, with the fixed layout and Tq == Tk; keys at
+ * or past lens[b] are masked and query rows at or past it get zeros and lse = +inf (values clamped to [0,T]).
+ *
+ * Masks. In a sequence of lq query rows and lk key rows, query i sits at position i + lk - lq (queries are
+ * aligned with the end of the keys, "bottom-right", as FlashAttention 2.1+ and a decoder continuing a cache
+ * do; with lq == lk it is position i). Query i sees key j iff
+ *     (!causal || j <= i + lk - lq) && (window < 0 || j >= i + lk - lq - window)
+ * so window = W lets a query see itself and the W keys before it (FlashAttention's window_size = (W, 0)).
+ * A query that sees no key (causal with lq > lk, or past a length) gets zeros in out and lse = +inf, and
+ * contributes nothing to any gradient.
+ *
+ * Scores. s_ij = scale * q_i . k_j + bias_ij, with scale <= 0 meaning 1/sqrt(HS) (T5 sets 1). The optional
+ * bias is T5's relative position bias: bias_ij = bias_table[bucket(j - pos_i) * NH + h] with pos_i the query
+ * position above and bucket = zt_attention_t5_bucket(rel, bias_bidirectional, num_buckets, max_distance) as
+ * in transformers' T5Attention._relative_position_bucket (the encoder is bidirectional, the decoder's
+ * self-attention not). The table is [num_buckets, NH] in fp32 (float) on the GPU, zt_real on the CPU.
+ *
+ * Outputs. The forward writes out (out_stride; head h at column h*HS) and lse, fp32 (zt_real on the CPU)
+ * log-sum-exp of each query row of each head, [B, NH, Tq]: sequence b, head h, row t at (b*NH + h)*Tq + t
+ * (with cu_seqlens, t counts from the sequence's first row and entries past its length are untouched). The
+ * backward reads out and lse and writes or adds (zt_attention_grads.accumulate) dq, dk, dv and dbias_table.
+ * A key/value head's dk and dv sum its NH / NKV query heads. */
+
+/* Keeps the kind of additive bias of a descriptor. Values only grow. */
+enum zt_attention_bias {
+    ZT_ATTENTION_BIAS_NONE = 0,
+    ZT_ATTENTION_BIAS_T5 = 1, /* bucketed relative position bias, bias_table [num_buckets, NH] */
+};
+
+/* Most buckets of a T5 bias the GPU kernels take (the CPU takes any number). */
+#define ZT_ATTENTION_MAX_BUCKETS 256
+
+/* One attention call: shape, options and the forward's tensors. Pointers are borrowed for the call. On the
+ * CPU the tensors hold zt_real; on the GPU q, k, v, out hold the call's dtype, lse and bias_table are fp32
+ * and the int32 arrays are device memory. */
+typedef struct zt_attention_desc {
+    const void *q, *k, *v;   /* query, key, value rows (see above) */
+    long q_stride, k_stride, v_stride; /* elements between rows */
+    void *out;               /* [query rows, >= NH*HS] */
+    long out_stride;         /* elements between rows of out (and of dout) */
+    void *lse;               /* [B, NH, Tq]; written by the forward, read by the backward */
+    int B;                   /* sequences */
+    int Tq, Tk;              /* rows per sequence (fixed layout) or the longest (cu_seqlens) */
+    int NH, NKV, HS;         /* query heads, key/value heads (NH % NKV == 0), head size */
+    float scale;             /* scores' factor; <= 0: 1/sqrt(HS) */
+    bool causal;             /* mask keys after the query's position (bottom-right aligned) */
+    int window;              /* < 0: none; else keys more than `window` before the query's position are masked */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL (fixed layout) or B+1 offsets each */
+    const int32_t *lens;     /* NULL or B valid lengths (fixed layout, Tq == Tk): padding */
+    enum zt_attention_bias bias;
+    const void *bias_table;  /* [num_buckets, NH] when bias is T5 */
+    int num_buckets;         /* T5: buckets (32 in T5), even when bidirectional */
+    int max_distance;        /* T5: distance of the last bucket (128 in T5) */
+    bool bias_bidirectional; /* T5: true for the encoder, false for the decoder's self-attention */
+} zt_attention_desc;
+
+/* The backward's tensors. dout has the layout of out (out_stride); dq, dk, dv have the layouts of q, k, v
+ * with their own strides (packed dqkv: the same pointer arithmetic as qkv). dbias_table [num_buckets, NH]
+ * (the type of bias_table) is required with a bias and ignored without. accumulate true: the backward adds
+ * (+=) into dq, dk, dv and dbias_table; false: it overwrites them, the heads' columns of every row of every
+ * sequence (padded rows and rows that see no key included, which become zeros) and the whole table. */
+typedef struct zt_attention_grads {
+    const void *dout;
+    void *dq, *dk, *dv;
+    long dq_stride, dk_stride, dv_stride;
+    void *dbias_table;
+    bool accumulate;
+} zt_attention_grads;
+
+/* The bucket of a relative position rel = key position - query position, exactly as transformers'
+ * T5Attention._relative_position_bucket (float32 logarithm, truncation): with bidirectional, half the buckets
+ * for rel > 0; num_buckets/2 (or /4 bidirectional) exact buckets, then logarithmic up to max_distance. */
+int zt_attention_t5_bucket(int rel, bool bidirectional, int num_buckets, int max_distance);
+
+/* Checks a descriptor's shape and options (not the pointers' contents; cu_seqlens and lens are host arrays
+ * for this check only when host_arrays is true). Returns 0, or ZT_EINVAL_CONFIG with a sentence in err
+ * naming the bad field and the fix. */
+int zt_attention_check(const zt_attention_desc *d, bool host_arrays, zt_err *err);
+
+/* CPU forward of a descriptor (host arrays, zt_real tensors): writes out and lse. Returns 0 or the error of
+ * zt_attention_check (nothing written then). For the cases of the entry points below (packed qkv, Tq == Tk,
+ * default scale, no bias, window or cu_seqlens) it runs the same arithmetic, so the same bits. */
+int zt_cpu_attention_fwd(const zt_attention_desc *d, zt_err *err);
+/* CPU backward of a descriptor: dq, dk, dv and dbias_table from g->dout and the forward's out and lse.
+ * Returns 0 or the error of zt_attention_check. */
+int zt_cpu_attention_bwd(const zt_attention_desc *d, const zt_attention_grads *g, zt_err *err);
 
 void zt_cpu_attention_forward(zt_real *out, zt_real *lse, const zt_real *qkv, int B, int T, int C, int NH);
 /* Accumulates (+=) into dqkv [B,T,3C]. Uses out and lse of the forward pass. */
