@@ -263,29 +263,6 @@ ZT_CPU_TARGET_AVX2 static void zt_attn_backward_group_avx2(zt_real *dq, zt_real 
 
 /* ---- the descriptor ---- */
 
-int zt_attention_t5_bucket(int rel, bool bidirectional, int num_buckets, int max_distance)
-{
-    int bucket = 0, nb = num_buckets;
-    if (bidirectional) {
-        nb /= 2;
-        if (rel > 0)
-            bucket += nb;
-        rel = rel < 0 ? -rel : rel;
-    } else {
-        rel = rel < 0 ? -rel : 0;
-    }
-    const int max_exact = nb / 2;
-    if (rel < max_exact)
-        return bucket + rel;
-    /* float32 as transformers computes it: log(rel / max_exact) / log(max_distance / max_exact) * (nb - max_exact),
-     * truncated, capped at nb - 1. */
-    const float ratio = logf((float)rel / (float)max_exact) / (float)log((double)max_distance / max_exact);
-    int large = max_exact + (int)(ratio * (float)(nb - max_exact));
-    if (large > nb - 1)
-        large = nb - 1;
-    return bucket + large;
-}
-
 int zt_attention_check(const zt_attention_desc *d, bool host_arrays, zt_err *err)
 {
     if (d->NH <= 0 || d->NKV <= 0 || d->NH % d->NKV != 0)
