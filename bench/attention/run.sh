@@ -20,8 +20,9 @@ ARCHS="${ZT_CUDA_ARCHS:-90}"
 PY="${PYTHON:-python3}"
 status=0
 
+mkdir -p "$BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS="$ARCHS" -DZT_BUILD_TESTS=ON \
-    > "$BUILD.configure.log" 2>&1 || { cat "$BUILD.configure.log"; exit 1; }
+    > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
 cmake --build "$BUILD" -j"$(nproc)" --target test_attention test_cuda_kernels bench_attention || exit 1
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
