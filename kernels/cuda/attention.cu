@@ -20,8 +20,8 @@
  * Tiles are sized so a kernel needs at most 64 KiB of shared memory (sm_75's limit): TILE = 64 for
  * 16-bit types at head size 64, smaller for fp32 or head size 128. These CUDA-core (SIMT) kernels serve
  * fp32 and every GPU; for bf16 and fp16 the launchers use the tensor-core kernels further down where
- * the GPU, the build and the shared memory allow (zt_cuda_attention_use_tensor_cores): on sm_80+ the
- * mma.sync kernels (the default; zt_cuda_attention_use_mma(false) turns them off), else the WMMA kernels
+ * the GPU, the build and the shared memory allow (a zt_attention_variant can ask for the CUDA cores): on
+ * sm_80+ the mma.sync kernels (the default; the variant's wmma turns them off), else the WMMA kernels
  * (sm_75: fp16).
  *
  * Padding mask (the *_masked launchers): causal rows below a sequence's length never see keys past it,
@@ -1237,15 +1237,12 @@ template <typename K> static void allow_smem(K kernel, size_t bytes)
         ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-static bool g_use_tensor_cores = true;
-
-extern "C" void zt_cuda_attention_use_tensor_cores(bool on) { g_use_tensor_cores = on; }
-
 /* Whether a tensor-core kernel can run here: allowed, enough shared memory on this GPU, and its code
  * built for an architecture with the needed MMA (a build for sm_75 alone cannot do bf16). */
-template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)
+template <typename T, typename K>
+static bool tc_usable(const zt_attention_variant *v, K kernel, size_t smem, const void *const *ptrs, int nptrs)
 {
-    if (!g_use_tensor_cores || std::is_same<T, float>::value)
+    if (v->cuda_cores || std::is_same<T, float>::value)
         return false;
     for (int i = 0; i < nptrs; i++)
         if (!zt_aligned16(ptrs[i]))
@@ -1260,24 +1257,12 @@ template <typename T, typename K> static bool tc_usable(K kernel, size_t smem, c
     return attr.ptxVersion >= (std::is_same<T, __nv_bfloat16>::value ? 80 : 70);
 }
 
-/* Whether the mma.sync kernels are preferred (see zt_cuda_attention_use_mma). Not read from the
- * environment: the choice changes the result bits, so only the program (a test, a benchmark) sets it. */
-#define ZT_ATTENTION_MMA_DEFAULT true
-static bool g_use_mma = ZT_ATTENTION_MMA_DEFAULT;
-
-extern "C" bool zt_cuda_attention_mma_default(void) { return ZT_ATTENTION_MMA_DEFAULT; }
-
-extern "C" void zt_cuda_attention_use_mma(bool on) { g_use_mma = on; }
-
-static bool mma_wanted(void) { return g_use_mma; }
-
-extern "C" bool zt__cuda_attention_mma_allowed(void) { return g_use_tensor_cores && g_use_mma; }
-
 /* Whether an mma.sync kernel can run here: wanted, and usable as a tensor-core kernel whose code was
  * built for sm_80 or newer (cp.async, bf16 and m16n8k16 need it). */
-template <typename T, typename K> static bool mma_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)
+template <typename T, typename K>
+static bool mma_usable(const zt_attention_variant *v, K kernel, size_t smem, const void *const *ptrs, int nptrs)
 {
-    if (!mma_wanted() || !tc_usable<T>(kernel, smem, ptrs, nptrs))
+    if (v->wmma || !tc_usable<T>(v, kernel, smem, ptrs, nptrs))
         return false;
     cudaFuncAttributes attr;
     ZT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -1295,18 +1280,10 @@ static void mask_rows(T *out, float *lse, const int32_t *lens, int B, int T_, in
     ZT_CUDA_CHECK_LAUNCH();
 }
 
-/* Rows per warp of the mma.sync kernels at head size 64: 16 or 32 (see zt_cuda_attention_mma_warp_rows;
- * not read from the environment, like g_use_mma). Head size 128 always runs 16. */
-#define ZT_ATTENTION_WARP_ROWS_DEFAULT 32
-static int g_mma_warp_rows = ZT_ATTENTION_WARP_ROWS_DEFAULT;
-
-extern "C" void zt_cuda_attention_mma_warp_rows(int rows)
-{
-    ZT_ASSERT(rows == 0 || rows == 16 || rows == 32);
-    g_mma_warp_rows = rows ? rows : ZT_ATTENTION_WARP_ROWS_DEFAULT;
-}
-
-static int mma_warp_rows(void) { return g_mma_warp_rows; }
+/* Rows per warp of the mma.sync kernels at head size 64: 32 (the default: every operand fragment read from
+ * shared memory feeds two products) or 16 (the earlier kernels, kept to compare against; the variant's
+ * mma_warp_rows). Head size 128 always runs 16. */
+static int mma_warp_rows(const zt_attention_variant *v) { return v->mma_warp_rows == 16 ? 16 : 32; }
 
 /* The mma.sync kernels' grid: (batch, head) along x and the resident tiles along y, so that blocks start
  * tile by tile across every (batch, head). Under the causal mask a block's work grows with its tile's
@@ -1323,12 +1300,12 @@ template <int HS, int MI> static dim3 mma_grid(int B, int T_, int NH)
  * launched) where it cannot run. */
 template <typename T, int HS, int MI>
 static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                           int NKV, bool causal, float scale_log2, cudaStream_t stream)
+                           int NKV, bool causal, float scale_log2, cudaStream_t stream, const zt_attention_variant *v)
 {
     const void *ptrs[2] = {out, qkv};
     const size_t smem = mma_shape<HS, MI>::fwd_smem;
     auto kernel = causal ? attention_forward_mma_kernel<T, HS, MI, true> : attention_forward_mma_kernel<T, HS, MI, false>;
-    if (!mma_usable<T>(kernel, smem, ptrs, 2))
+    if (!mma_usable<T>(v, kernel, smem, ptrs, 2))
         return false;
     allow_smem(kernel, smem);
     const dim3 grid = mma_grid<HS, MI>(B, T_, NH);
@@ -1339,14 +1316,14 @@ static bool mma_forward_mi(T *out, float *lse, const T *qkv, const int32_t *lens
 
 template <typename T, int HS>
 static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                        int NKV, bool causal, float scale_log2, cudaStream_t stream)
+                        int NKV, bool causal, float scale_log2, cudaStream_t stream, const zt_attention_variant *v)
 {
     if constexpr (HS == 64) {
-        if (mma_warp_rows() == 32 &&
-            mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream))
+        if (mma_warp_rows(v) == 32 &&
+            mma_forward_mi<T, HS, 2>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream, v))
             return true;
     }
-    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream);
+    return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream, v);
 }
 
 /* The mma.sync backward (dK/dV pass, then dQ pass) with MI row blocks per warp; false (nothing launched)
@@ -1355,7 +1332,7 @@ static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, i
 template <typename T, int HS, int MI>
 static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B,
                             int T_, int C, int NH, int NKV, bool causal, const float *D, float scale, bool accumulate,
-                            cudaStream_t stream)
+                            cudaStream_t stream, const zt_attention_variant *v)
 {
     const void *ptrs[3] = {dqkv, dout, qkv};
     const size_t smem = mma_shape<HS, MI>::bwd_smem;
@@ -1369,7 +1346,7 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
                                         : attention_backward_q_mma_kernel<T, HS, MI, true, true>)
                            : (NKV == NH ? attention_backward_q_mma_kernel<T, HS, MI, false, false>
                                         : attention_backward_q_mma_kernel<T, HS, MI, true, false>);
-    if (!mma_usable<T>(kv_kernel, smem, ptrs, 3) || !mma_usable<T>(q_kernel, smem, ptrs, 3))
+    if (!mma_usable<T>(v, kv_kernel, smem, ptrs, 3) || !mma_usable<T>(v, q_kernel, smem, ptrs, 3))
         return false;
     allow_smem(kv_kernel, smem);
     kv_kernel<<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV,
@@ -1385,30 +1362,30 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
 template <typename T, int HS>
 static bool mma_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B, int T_,
                          int C, int NH, int NKV, bool causal, const float *D, float scale, bool accumulate,
-                         cudaStream_t stream)
+                         cudaStream_t stream, const zt_attention_variant *v)
 {
     if constexpr (HS == 64) {
-        if (mma_warp_rows() == 32 && mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, causal, D,
-                                                               scale, accumulate, stream))
+        if (mma_warp_rows(v) == 32 && mma_backward_mi<T, HS, 2>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, causal, D,
+                                                               scale, accumulate, stream, v))
             return true;
     }
     return mma_backward_mi<T, HS, 1>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NKV, causal, D, scale, accumulate,
-                                     stream);
+                                     stream, v);
 }
 
 template <typename T, int HS>
 static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                    cudaStream_t stream)
+                    cudaStream_t stream, const zt_attention_variant *v)
 {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if constexpr (!std::is_same<T, float>::value) {
-        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, NH, true, scale_log2, stream)) {
+        if (mma_forward<T, HS>(out, lse, qkv, lens, B, T_, C, NH, NH, true, scale_log2, stream, v)) {
             mask_rows(out, lse, lens, B, T_, C, NH, stream);
             return;
         }
         const void *ptrs[2] = {out, qkv};
         const size_t smem = tc_cfg<HS>::fwd_smem;
-        if (tc_usable<T>(attention_forward_tc_kernel<T, HS>, smem, ptrs, 2)) {
+        if (tc_usable<T>(v, attention_forward_tc_kernel<T, HS>, smem, ptrs, 2)) {
             allow_smem(attention_forward_tc_kernel<T, HS>, smem);
             dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
             attention_forward_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(out, lse, qkv, T_, C, NH, scale_log2);
@@ -1431,7 +1408,7 @@ static void forward(T *out, float *lse, const T *qkv, const int32_t *lens, int B
  * add, into a dqkv zeroed first. */
 template <typename T, int HS>
 static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
-                     int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream)
+                     int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream, const zt_attention_variant *v)
 {
     using cfg = att_cfg<T, HS>;
     const size_t items = (size_t)B * T_ * NH;
@@ -1443,7 +1420,7 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     /* Padded rows (lens) carry lse = +inf from the forward pass, so P = 0 there in every kernel below;
      * the mma.sync kernels also use lens to skip the padded tiles. */
     if constexpr (!std::is_same<T, float>::value) {
-        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NH, true, D, scale, accumulate, stream))
+        if (mma_backward<T, HS>(dqkv, dout, qkv, lse, lens, B, T_, C, NH, NH, true, D, scale, accumulate, stream, v))
             return;
     }
     if (!accumulate)
@@ -1451,8 +1428,8 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
     if constexpr (!std::is_same<T, float>::value) {
         const void *ptrs[3] = {dqkv, dout, qkv};
         const size_t smem = tc_cfg<HS>::bwd_smem;
-        if (tc_usable<T>(attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
-            tc_usable<T>(attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {
+        if (tc_usable<T>(v, attention_backward_kv_tc_kernel<T, HS>, smem, ptrs, 3) &&
+            tc_usable<T>(v, attention_backward_q_tc_kernel<T, HS>, smem, ptrs, 3)) {
             dim3 grid(ZT_CEIL_DIV(T_, TC_TILE), B * NH);
             allow_smem(attention_backward_kv_tc_kernel<T, HS>, smem);
             attention_backward_kv_tc_kernel<T, HS><<<grid, TC_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, T_, C,
@@ -1480,15 +1457,10 @@ static void backward(T *dqkv, const T *dout, const T *qkv, const T *out, const f
 
 /* ---- dispatch between the tuned kernels above and the generic ones (attention_generic.cu) ---- */
 
-/* Forces the generic kernels for every shape (zt_cuda_attention_use_generic). */
-static bool g_force_generic = false;
-
-extern "C" void zt_cuda_attention_use_generic(bool on) { g_force_generic = on; }
-
 /* Whether the kernels of this file serve the call: causal multi-head attention at head size 64 or 128. */
-static bool tuned_serves(const zt_attention_dims *d)
+static bool tuned_serves(const zt_attention_dims *d, const zt_attention_variant *v)
 {
-    return !g_force_generic && d->causal && d->NKV == d->NH && (d->HS == 64 || d->HS == 128);
+    return !v->generic && d->causal && d->NKV == d->NH && (d->HS == 64 || d->HS == 128);
 }
 
 static bool head_size_served(int HS) { return HS == 64 || HS == 128 || zt__cuda_attention_generic_serves(HS); }
@@ -1515,40 +1487,40 @@ extern "C" size_t zt_cuda_attention_backward_gqa_scratch_size(const zt_attention
 
 template <typename T>
 static void forward_hs(T *out, float *lse, const T *qkv, const int32_t *lens, int B, int T_, int C, int NH,
-                       cudaStream_t stream)
+                       cudaStream_t stream, const zt_attention_variant *v)
 {
     if (C / NH == 64)
-        forward<T, 64>(out, lse, qkv, lens, B, T_, C, NH, stream);
+        forward<T, 64>(out, lse, qkv, lens, B, T_, C, NH, stream, v);
     else
-        forward<T, 128>(out, lse, qkv, lens, B, T_, C, NH, stream);
+        forward<T, 128>(out, lse, qkv, lens, B, T_, C, NH, stream, v);
 }
 
 template <typename T>
 static void backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
-                        int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream)
+                        int B, int T_, int C, int NH, float *D, bool accumulate, cudaStream_t stream, const zt_attention_variant *v)
 {
     if (C / NH == 64)
-        backward<T, 64>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
+        backward<T, 64>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream, v);
     else
-        backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream);
+        backward<T, 128>(dqkv, dout, qkv, out, lse, lens, B, T_, C, NH, D, accumulate, stream, v);
 }
 
 /* Grouped-query (NKV < NH) or bidirectional attention on the mma.sync kernels: head size 64 or 128, F16 or
  * BF16, with or without padding. The launchers return false (nothing launched) where they cannot run; the
  * generic kernels serve the call then. */
-static bool gqa_tuned_candidate(const zt_attention_dims *d, enum zt_dtype dtype)
+static bool gqa_tuned_candidate(const zt_attention_dims *d, enum zt_dtype dtype, const zt_attention_variant *v)
 {
-    return !g_force_generic && (d->NKV != d->NH || !d->causal) && (d->HS == 64 || d->HS == 128) &&
+    return !v->generic && (d->NKV != d->NH || !d->causal) && (d->HS == 64 || d->HS == 128) &&
            (dtype == ZT_DTYPE_F16 || dtype == ZT_DTYPE_BF16);
 }
 
 template <typename T, int HS>
 static bool gqa_forward_t(void *out, float *lse, const void *qkv, const int32_t *lens, const zt_attention_dims *d,
-                          cudaStream_t stream)
+                          cudaStream_t stream, const zt_attention_variant *v)
 {
     const int C = d->NH * HS;
     if (!mma_forward<T, HS>((T *)out, lse, (const T *)qkv, lens, d->B, d->T, C, d->NH, d->NKV, d->causal,
-                            LOG2E / sqrtf((float)HS), stream))
+                            LOG2E / sqrtf((float)HS), stream, v))
         return false;
     mask_rows((T *)out, lse, lens, d->B, d->T, C, d->NH, stream);
     return true;
@@ -1557,7 +1529,7 @@ static bool gqa_forward_t(void *out, float *lse, const void *qkv, const int32_t 
 template <typename T, int HS>
 static bool gqa_backward_t(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                            const int32_t *lens, const zt_attention_dims *d, float *D, bool accumulate,
-                           cudaStream_t stream)
+                           cudaStream_t stream, const zt_attention_variant *v)
 {
     const int C = d->NH * HS;
     const size_t items = (size_t)d->B * d->T * d->NH;
@@ -1565,53 +1537,57 @@ static bool gqa_backward_t(void *dqkv, const void *dout, const void *qkv, const 
         D, (const T *)dout, (const T *)out, d->B, d->T, C, d->NH);
     ZT_CUDA_CHECK_LAUNCH();
     return mma_backward<T, HS>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, lens, d->B, d->T, C, d->NH, d->NKV,
-                               d->causal, D, 1.0f / sqrtf((float)HS), accumulate, stream);
+                               d->causal, D, 1.0f / sqrtf((float)HS), accumulate, stream, v);
 }
 
 static bool gqa_tuned_forward(void *out, float *lse, const void *qkv, const int32_t *lens, const zt_attention_dims *d,
-                              enum zt_dtype dtype, cudaStream_t stream)
+                              enum zt_dtype dtype, cudaStream_t stream, const zt_attention_variant *v)
 {
-    if (!gqa_tuned_candidate(d, dtype))
+    if (!gqa_tuned_candidate(d, dtype, v))
         return false;
     if (dtype == ZT_DTYPE_BF16)
-        return d->HS == 64 ? gqa_forward_t<__nv_bfloat16, 64>(out, lse, qkv, lens, d, stream)
-                           : gqa_forward_t<__nv_bfloat16, 128>(out, lse, qkv, lens, d, stream);
-    return d->HS == 64 ? gqa_forward_t<__half, 64>(out, lse, qkv, lens, d, stream)
-                       : gqa_forward_t<__half, 128>(out, lse, qkv, lens, d, stream);
+        return d->HS == 64 ? gqa_forward_t<__nv_bfloat16, 64>(out, lse, qkv, lens, d, stream, v)
+                           : gqa_forward_t<__nv_bfloat16, 128>(out, lse, qkv, lens, d, stream, v);
+    return d->HS == 64 ? gqa_forward_t<__half, 64>(out, lse, qkv, lens, d, stream, v)
+                       : gqa_forward_t<__half, 128>(out, lse, qkv, lens, d, stream, v);
 }
 
 static bool gqa_tuned_backward(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                                const int32_t *lens, const zt_attention_dims *d, float *D, bool accumulate,
-                               enum zt_dtype dtype, cudaStream_t stream)
+                               enum zt_dtype dtype, cudaStream_t stream, const zt_attention_variant *v)
 {
     if (dtype == ZT_DTYPE_BF16)
-        return d->HS == 64 ? gqa_backward_t<__nv_bfloat16, 64>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream)
+        return d->HS == 64 ? gqa_backward_t<__nv_bfloat16, 64>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream, v)
                            : gqa_backward_t<__nv_bfloat16, 128>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate,
-                                                                 stream);
-    return d->HS == 64 ? gqa_backward_t<__half, 64>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream)
-                       : gqa_backward_t<__half, 128>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream);
+                                                                 stream, v);
+    return d->HS == 64 ? gqa_backward_t<__half, 64>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream, v)
+                       : gqa_backward_t<__half, 128>(dqkv, dout, qkv, out, lse, lens, d, D, accumulate, stream, v);
 }
 
-extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
-                                              const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream)
+extern "C" void zt__cuda_attention_packed_forward(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                                  const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream,
+                                                  const zt_attention_variant *v)
 {
+    const zt_attention_variant none = {};
+    if (!v)
+        v = &none;
     ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
-    if (!tuned_serves(d)) {
-        if (!gqa_tuned_forward(out, lse, qkv, lens, d, dtype, stream))
-            zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream);
+    if (!tuned_serves(d, v)) {
+        if (!gqa_tuned_forward(out, lse, qkv, lens, d, dtype, stream, v))
+            zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream, v);
         return;
     }
     const int B = d->B, T = d->T, NH = d->NH, C = d->NH * d->HS;
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0);
     switch (dtype) {
     case ZT_DTYPE_F32:
-        forward_hs((float *)out, lse, (const float *)qkv, lens, B, T, C, NH, stream);
+        forward_hs((float *)out, lse, (const float *)qkv, lens, B, T, C, NH, stream, v);
         break;
     case ZT_DTYPE_F16:
-        forward_hs((__half *)out, lse, (const __half *)qkv, lens, B, T, C, NH, stream);
+        forward_hs((__half *)out, lse, (const __half *)qkv, lens, B, T, C, NH, stream, v);
         break;
     case ZT_DTYPE_BF16:
-        forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, B, T, C, NH, stream);
+        forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, B, T, C, NH, stream, v);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward", dtype);
@@ -1621,7 +1597,7 @@ extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void 
 /* The tuned backward: accumulate true adds into dqkv, false overwrites it (then lens is NULL). */
 static void backward_tuned(void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                            const int32_t *lens, int B, int T, int C, int NH, void *scratch, enum zt_dtype dtype,
-                           bool accumulate, cudaStream_t stream)
+                           bool accumulate, cudaStream_t stream, const zt_attention_variant *v)
 {
     ZT_ASSERT(((uintptr_t)qkv & 3u) == 0 && ((uintptr_t)dout & 3u) == 0 && ((uintptr_t)scratch & 3u) == 0);
     ZT_ASSERT(accumulate || lens == NULL); /* an overwrite would leave the padded rows unwritten */
@@ -1629,15 +1605,15 @@ static void backward_tuned(void *dqkv, const void *dout, const void *qkv, const 
     switch (dtype) {
     case ZT_DTYPE_F32:
         backward_hs((float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, lens, B, T, C, NH, D,
-                    accumulate, stream);
+                    accumulate, stream, v);
         break;
     case ZT_DTYPE_F16:
         backward_hs((__half *)dqkv, (const __half *)dout, (const __half *)qkv, (const __half *)out, lse, lens, B, T,
-                    C, NH, D, accumulate, stream);
+                    C, NH, D, accumulate, stream, v);
         break;
     case ZT_DTYPE_BF16:
         backward_hs((__nv_bfloat16 *)dqkv, (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)qkv,
-                    (const __nv_bfloat16 *)out, lse, lens, B, T, C, NH, D, accumulate, stream);
+                    (const __nv_bfloat16 *)out, lse, lens, B, T, C, NH, D, accumulate, stream, v);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward", dtype);
@@ -1655,16 +1631,19 @@ static void mask_rows_any(void *x, const int32_t *lens, int B, int T_, int W, en
         ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward_gqa", dtype);
 }
 
-extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
-                                               const float *lse, const int32_t *lens, const zt_attention_dims *d,
-                                               bool accumulate, void *scratch, enum zt_dtype dtype,
-                                               cudaStream_t stream)
+extern "C" void zt__cuda_attention_packed_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                                   const float *lse, const int32_t *lens, const zt_attention_dims *d,
+                                                   bool accumulate, void *scratch, enum zt_dtype dtype,
+                                                   cudaStream_t stream, const zt_attention_variant *v)
 {
+    const zt_attention_variant none = {};
+    if (!v)
+        v = &none;
     ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
-    const bool tuned = tuned_serves(d);
-    if (!tuned && gqa_tuned_candidate(d, dtype)) {
+    const bool tuned = tuned_serves(d, v);
+    if (!tuned && gqa_tuned_candidate(d, dtype, v)) {
         ZT_ASSERT(((uintptr_t)scratch & 3u) == 0);
-        if (gqa_tuned_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, accumulate, dtype, stream)) {
+        if (gqa_tuned_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, accumulate, dtype, stream, v)) {
             /* Overwriting, the mma.sync kernels store every row below the length and leave the padded rows,
              * which become zero here (instead of adding into a zeroed dqkv: a third of the traffic). */
             if (!accumulate && lens)
@@ -1680,9 +1659,23 @@ extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, con
     }
     if (tuned)
         backward_tuned(dqkv, dout, qkv, out, lse, lens, d->B, d->T, d->NH * d->HS, d->NH, scratch, dtype, accumulate,
-                       stream);
+                       stream, v);
     else
-        zt__cuda_attention_generic_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, dtype, stream);
+        zt__cuda_attention_generic_backward(dqkv, dout, qkv, out, lse, lens, d, (float *)scratch, dtype, stream, v);
+}
+
+extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                              const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream)
+{
+    zt__cuda_attention_packed_forward(out, lse, qkv, lens, d, dtype, stream, NULL);
+}
+
+extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                               const float *lse, const int32_t *lens, const zt_attention_dims *d,
+                                               bool accumulate, void *scratch, enum zt_dtype dtype,
+                                               cudaStream_t stream)
+{
+    zt__cuda_attention_packed_backward(dqkv, dout, qkv, out, lse, lens, d, accumulate, scratch, dtype, stream, NULL);
 }
 
 /* The multi-head entry points: causal, NKV = NH. */

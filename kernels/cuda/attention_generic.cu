@@ -30,8 +30,8 @@
  * same passes run on the tensor cores instead, with the mma.sync building blocks of attention_mma.cuh: a
  * block of 4 warps owns 64 resident rows (16 per warp) and walks the 64-row tiles of the other side,
  * double buffered with cp.async; P and dS stay in registers between their two products, rounded to the
- * storage type as the tuned kernels do. zt_cuda_attention_use_tensor_cores(false) or
- * zt_cuda_attention_use_mma(false) keeps every call on the CUDA cores. */
+ * storage type as the tuned kernels do. A zt_attention_variant with cuda_cores or wmma keeps every call on
+ * the CUDA cores. */
 #include <math.h>
 
 #include <type_traits>
@@ -881,12 +881,14 @@ template <int HS> constexpr size_t gen_smem_any()
     return gen_smem<float, HS>() > gen_smem<__half, HS>() ? gen_smem<float, HS>() : gen_smem<__half, HS>();
 }
 
-/* Whether a tensor-core kernel can run here: allowed (zt__cuda_attention_mma_allowed), 16-byte aligned
+/* Whether a tensor-core kernel can run here: allowed (the variant asks neither for the CUDA cores nor for
+ * WMMA), 16-byte aligned
  * buffers (row strides are multiples of 16 bytes: head sizes are multiples of 16), the shared memory on
  * this GPU, and code built for sm_80 or newer. */
-template <typename T, typename K> bool genm_usable(K kernel, size_t smem, const void *const *ptrs, int nptrs)
+template <typename T, typename K>
+bool genm_usable(const zt_attention_variant *v, K kernel, size_t smem, const void *const *ptrs, int nptrs)
 {
-    if (std::is_same<T, float>::value || !zt__cuda_attention_mma_allowed())
+    if (std::is_same<T, float>::value || v->cuda_cores || v->wmma)
         return false;
     for (int i = 0; i < nptrs; i++)
         if (!zt_aligned16(ptrs[i]))
@@ -904,11 +906,11 @@ template <typename T, typename K> bool genm_usable(K kernel, size_t smem, const 
 /* The tensor-core forward; false (nothing launched) where it cannot run. */
 template <typename T, int HS>
 bool genm_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt_attention_dims *d,
-                  cudaStream_t stream)
+                  cudaStream_t stream, const zt_attention_variant *v)
 {
     const void *ptrs[2] = {out, qkv};
     const size_t smem = genm_shape<HS>::fwd_smem;
-    if (!genm_usable<T>(genm_forward_kernel<T, HS>, smem, ptrs, 2))
+    if (!genm_usable<T>(v, genm_forward_kernel<T, HS>, smem, ptrs, 2))
         return false;
     const unsigned tiles = gen_tiles(d->T, MMA_TILE);
     gen_allow_smem(genm_forward_kernel<T, HS>, smem);
@@ -925,12 +927,12 @@ bool genm_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const z
 /* The tensor-core backward after the row dots; false (nothing launched) where it cannot run. */
 template <typename T, int HS>
 bool genm_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens,
-                   const zt_attention_dims *d, const float *D, float scale, cudaStream_t stream)
+                   const zt_attention_dims *d, const float *D, float scale, cudaStream_t stream, const zt_attention_variant *v)
 {
     const void *ptrs[3] = {dqkv, dout, qkv};
     const size_t smem = genm_shape<HS>::bwd_smem;
-    if (!genm_usable<T>(genm_backward_kv_kernel<T, HS>, smem, ptrs, 3) ||
-        !genm_usable<T>(genm_backward_q_kernel<T, HS>, smem, ptrs, 3))
+    if (!genm_usable<T>(v, genm_backward_kv_kernel<T, HS>, smem, ptrs, 3) ||
+        !genm_usable<T>(v, genm_backward_q_kernel<T, HS>, smem, ptrs, 3))
         return false;
     const unsigned tiles = gen_tiles(d->T, MMA_TILE);
     const gen_args a = gen_make_args(d);
@@ -946,10 +948,10 @@ bool genm_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const
 }
 
 template <typename T, int HS>
-void gen_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt_attention_dims *d, cudaStream_t stream)
+void gen_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt_attention_dims *d, cudaStream_t stream, const zt_attention_variant *v)
 {
     if constexpr (HS <= 128 && !std::is_same<T, float>::value) {
-        if (genm_forward<T, HS>(out, lse, qkv, lens, d, stream))
+        if (genm_forward<T, HS>(out, lse, qkv, lens, d, stream, v))
             return;
     }
     using cfg = gen_cfg<T, HS>;
@@ -962,7 +964,7 @@ void gen_forward(T *out, float *lse, const T *qkv, const int32_t *lens, const zt
 
 template <typename T, int HS>
 void gen_backward(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
-                  const zt_attention_dims *d, float *D, cudaStream_t stream)
+                  const zt_attention_dims *d, float *D, cudaStream_t stream, const zt_attention_variant *v)
 {
     using cfg = gen_cfg<T, HS>;
     const size_t items = (size_t)d->B * d->T * d->NH;
@@ -972,7 +974,7 @@ void gen_backward(T *dqkv, const T *dout, const T *qkv, const T *out, const floa
     const gen_args a = gen_make_args(d);
     const float scale = 1.0f / sqrtf((float)HS);
     if constexpr (HS <= 128 && !std::is_same<T, float>::value) {
-        if (genm_backward<T, HS>(dqkv, dout, qkv, lse, lens, d, D, scale, stream))
+        if (genm_backward<T, HS>(dqkv, dout, qkv, lse, lens, d, D, scale, stream, v))
             return;
     }
     const unsigned tiles = gen_tiles(d->T, cfg::TILE);
@@ -988,30 +990,30 @@ void gen_backward(T *dqkv, const T *dout, const T *qkv, const T *out, const floa
 
 template <typename T>
 void gen_forward_hs(T *out, float *lse, const T *qkv, const int32_t *lens, const zt_attention_dims *d,
-                    cudaStream_t stream)
+                    cudaStream_t stream, const zt_attention_variant *v)
 {
     switch (d->HS) {
-    case 32: gen_forward<T, 32>(out, lse, qkv, lens, d, stream); break;
-    case 64: gen_forward<T, 64>(out, lse, qkv, lens, d, stream); break;
-    case 80: gen_forward<T, 80>(out, lse, qkv, lens, d, stream); break;
-    case 96: gen_forward<T, 96>(out, lse, qkv, lens, d, stream); break;
-    case 128: gen_forward<T, 128>(out, lse, qkv, lens, d, stream); break;
-    case 256: gen_forward<T, 256>(out, lse, qkv, lens, d, stream); break;
+    case 32: gen_forward<T, 32>(out, lse, qkv, lens, d, stream, v); break;
+    case 64: gen_forward<T, 64>(out, lse, qkv, lens, d, stream, v); break;
+    case 80: gen_forward<T, 80>(out, lse, qkv, lens, d, stream, v); break;
+    case 96: gen_forward<T, 96>(out, lse, qkv, lens, d, stream, v); break;
+    case 128: gen_forward<T, 128>(out, lse, qkv, lens, d, stream, v); break;
+    case 256: gen_forward<T, 256>(out, lse, qkv, lens, d, stream, v); break;
     default: ZT_ASSERT(!"a head size the generic attention kernels are built for");
     }
 }
 
 template <typename T>
 void gen_backward_hs(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, const int32_t *lens,
-                     const zt_attention_dims *d, float *D, cudaStream_t stream)
+                     const zt_attention_dims *d, float *D, cudaStream_t stream, const zt_attention_variant *v)
 {
     switch (d->HS) {
-    case 32: gen_backward<T, 32>(dqkv, dout, qkv, out, lse, lens, d, D, stream); break;
-    case 64: gen_backward<T, 64>(dqkv, dout, qkv, out, lse, lens, d, D, stream); break;
-    case 80: gen_backward<T, 80>(dqkv, dout, qkv, out, lse, lens, d, D, stream); break;
-    case 96: gen_backward<T, 96>(dqkv, dout, qkv, out, lse, lens, d, D, stream); break;
-    case 128: gen_backward<T, 128>(dqkv, dout, qkv, out, lse, lens, d, D, stream); break;
-    case 256: gen_backward<T, 256>(dqkv, dout, qkv, out, lse, lens, d, D, stream); break;
+    case 32: gen_backward<T, 32>(dqkv, dout, qkv, out, lse, lens, d, D, stream, v); break;
+    case 64: gen_backward<T, 64>(dqkv, dout, qkv, out, lse, lens, d, D, stream, v); break;
+    case 80: gen_backward<T, 80>(dqkv, dout, qkv, out, lse, lens, d, D, stream, v); break;
+    case 96: gen_backward<T, 96>(dqkv, dout, qkv, out, lse, lens, d, D, stream, v); break;
+    case 128: gen_backward<T, 128>(dqkv, dout, qkv, out, lse, lens, d, D, stream, v); break;
+    case 256: gen_backward<T, 256>(dqkv, dout, qkv, out, lse, lens, d, D, stream, v); break;
     default: ZT_ASSERT(!"a head size the generic attention kernels are built for");
     }
 }
@@ -1052,18 +1054,18 @@ extern "C" bool zt__cuda_attention_generic_serves(int HS)
 
 extern "C" void zt__cuda_attention_generic_forward(void *out, float *lse, const void *qkv, const int32_t *lens,
                                                    const zt_attention_dims *d, enum zt_dtype dtype,
-                                                   cudaStream_t stream)
+                                                   cudaStream_t stream, const zt_attention_variant *v)
 {
     gen_check(qkv, d);
     switch (dtype) {
     case ZT_DTYPE_F32:
-        gen_forward_hs((float *)out, lse, (const float *)qkv, lens, d, stream);
+        gen_forward_hs((float *)out, lse, (const float *)qkv, lens, d, stream, v);
         break;
     case ZT_DTYPE_F16:
-        gen_forward_hs((__half *)out, lse, (const __half *)qkv, lens, d, stream);
+        gen_forward_hs((__half *)out, lse, (const __half *)qkv, lens, d, stream, v);
         break;
     case ZT_DTYPE_BF16:
-        gen_forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, d, stream);
+        gen_forward_hs((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, lens, d, stream, v);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_attention_forward_gqa", dtype);
@@ -1073,22 +1075,22 @@ extern "C" void zt__cuda_attention_generic_forward(void *out, float *lse, const 
 extern "C" void zt__cuda_attention_generic_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                                     const float *lse, const int32_t *lens,
                                                     const zt_attention_dims *d, float *D, enum zt_dtype dtype,
-                                                    cudaStream_t stream)
+                                                    cudaStream_t stream, const zt_attention_variant *v)
 {
     gen_check(qkv, d);
     ZT_ASSERT(((uintptr_t)dout & 3u) == 0 && ((uintptr_t)D & 3u) == 0);
     switch (dtype) {
     case ZT_DTYPE_F32:
         gen_backward_hs((float *)dqkv, (const float *)dout, (const float *)qkv, (const float *)out, lse, lens, d, D,
-                        stream);
+                        stream, v);
         break;
     case ZT_DTYPE_F16:
         gen_backward_hs((__half *)dqkv, (const __half *)dout, (const __half *)qkv, (const __half *)out, lse, lens, d,
-                        D, stream);
+                        D, stream, v);
         break;
     case ZT_DTYPE_BF16:
         gen_backward_hs((__nv_bfloat16 *)dqkv, (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)qkv,
-                        (const __nv_bfloat16 *)out, lse, lens, d, D, stream);
+                        (const __nv_bfloat16 *)out, lse, lens, d, D, stream, v);
         break;
     default:
         ZT_CUDA_BAD_DTYPE("zt_cuda_attention_backward_gqa", dtype);

@@ -1,5 +1,6 @@
 /* The generic attention kernels of the CUDA backend (kernels/cuda/attention_generic.cu), which
- * kernels/cuda/attention.cu runs for every shape its tuned kernels do not serve. Internal to kernels/cuda/:
+ * kernels/cuda/attention.cu runs for every shape its tuned kernels do not serve, and the packed-qkv
+ * dispatch of attention.cu with a kernel variant (for attention_desc.cu). Internal to kernels/cuda/:
  * callers use the launchers of kernels/attention.h. Layout, lengths and lse as kernels/attention.h says. */
 #ifndef ZT_KERNELS_CUDA_ATTENTION_GENERIC_H
 #define ZT_KERNELS_CUDA_ATTENTION_GENERIC_H
@@ -22,16 +23,23 @@ extern "C" {
  * size 256 in fp32 needs 66 KiB per block: not sm_75). For head size 256, false when no GPU can be
  * queried. */
 bool zt__cuda_attention_generic_serves(int HS);
-/* Whether tensor-core kernels may run (zt_cuda_attention_use_tensor_cores and zt_cuda_attention_use_mma
- * both on); defined in attention.cu, which owns those settings. */
-bool zt__cuda_attention_mma_allowed(void);
-/* Writes out and lse (padded rows: zeros and +inf). */
+/* Writes out and lse (padded rows: zeros and +inf); v (not NULL) may keep the calls on the CUDA cores. */
 void zt__cuda_attention_generic_forward(void *out, float *lse, const void *qkv, const int32_t *lens,
-                                        const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream);
+                                        const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream,
+                                        const zt_attention_variant *v);
 /* Adds (+=) into dqkv; D: B*NH*T floats of device scratch. */
 void zt__cuda_attention_generic_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                          const float *lse, const int32_t *lens, const zt_attention_dims *d, float *D,
-                                         enum zt_dtype dtype, cudaStream_t stream);
+                                         enum zt_dtype dtype, cudaStream_t stream, const zt_attention_variant *v);
+/* zt_cuda_attention_forward_gqa and zt_cuda_attention_backward_gqa (attention.cu) with a kernel variant (NULL:
+ * the default choice); the descriptor chooser (attention_desc.cu) calls these for packed-qkv descriptors. */
+void zt__cuda_attention_packed_forward(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                       const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream,
+                                       const zt_attention_variant *v);
+void zt__cuda_attention_packed_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
+                                        const float *lse, const int32_t *lens, const zt_attention_dims *d,
+                                        bool accumulate, void *scratch, enum zt_dtype dtype, cudaStream_t stream,
+                                        const zt_attention_variant *v);
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,7 @@
 #include "kernels/activation.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "attention_variant.h"
 #include "kernels/crossentropy.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/embedding.h"
@@ -122,17 +123,15 @@ static void bench_attention(enum zt_dtype dt, int b, int t, int c, int nh)
     printf("-- attention %s B=%d T=%d C=%d NH=%d (head size %d)\n", zt_dtype_name(dt), b, t, c, nh, (int)hs);
     for (int k = 0; k < 3; k++) {
         char name[96];
-        zt_cuda_attention_use_mma(k > 0);
-        zt_cuda_attention_mma_warp_rows(k == 2 ? 32 : 16);
+        g_att_variant = (zt_attention_variant){.wmma = k == 0, .mma_warp_rows = k == 2 ? 32 : 16};
         const char *which = k == 0 ? "WMMA" : k == 1 ? "mma.sync 16 rows/warp" : "mma.sync 32 rows/warp";
         snprintf(name, sizeof(name), "attention forward  %s", which);
-        BENCH(name, 2.0 * 2 * pairs * hs, 0, zt_cuda_attention_forward(out, lse, qkv, b, t, c, nh, dt, g_stream));
+        BENCH(name, 2.0 * 2 * pairs * hs, 0, att_forward(out, lse, qkv, b, t, c, nh, dt, g_stream));
         snprintf(name, sizeof(name), "attention backward %s", which);
         BENCH(name, 5.0 * 2 * pairs * hs, 0,
-              zt_cuda_attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
+              att_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
     }
-    zt_cuda_attention_mma_warp_rows(0);
-    zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
+    g_att_variant = (zt_attention_variant){0};
     void *bufs[] = {qkv, dqkv, out, dout, lse, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
@@ -165,17 +164,17 @@ static void bench_attention_gqa(const char *what, int b, int t, int nh, int nkv,
         dlens = dalloc(sizeof(int32_t) * b);
         ZT_CUDA_CHECK(cudaMemcpy(dlens, lens, sizeof(int32_t) * b, cudaMemcpyHostToDevice));
     }
-    zt_cuda_attention_use_generic(generic);
+    g_att_variant.generic = generic;
     char name[128];
     snprintf(name, sizeof(name), "%s forward", what);
-    BENCH(name, 2.0 * 2 * pairs * hs, 0, zt_cuda_attention_forward_gqa(out, lse, qkv, dlens, &d, dt, g_stream));
+    BENCH(name, 2.0 * 2 * pairs * hs, 0, att_forward_gqa(out, lse, qkv, dlens, &d, dt, g_stream));
     snprintf(name, sizeof(name), "%s backward", what);
     BENCH(name, 5.0 * 2 * pairs * hs, 0,
-          zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, true, scratch, dt, g_stream));
+          att_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, true, scratch, dt, g_stream));
     snprintf(name, sizeof(name), "%s backward, overwrite", what);
     BENCH(name, 5.0 * 2 * pairs * hs, 0,
-          zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, false, scratch, dt, g_stream));
-    zt_cuda_attention_use_generic(false);
+          att_backward_gqa(dqkv, dout, qkv, out, lse, dlens, &d, false, scratch, dt, g_stream));
+    g_att_variant.generic = false;
     void *bufs[] = {qkv, dqkv, out, dout, lse, scratch, dlens};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
@@ -199,9 +198,9 @@ static void bench_gqa(void)
     bench_attention_gqa("BERT-base hs64 bidirectional, padded", 32, 512, 12, 12, 64, false, lens, false);
     /* BERT-Large's micro-batches are larger: both row counts per warp of the mma.sync kernels. */
     bench_attention_gqa("BERT-Large hs64 bidirectional, 32 rows/warp", 64, 512, 16, 16, 64, false, NULL, false);
-    zt_cuda_attention_mma_warp_rows(16);
+    g_att_variant.mma_warp_rows = 16;
     bench_attention_gqa("BERT-Large hs64 bidirectional, 16 rows/warp", 64, 512, 16, 16, 64, false, NULL, false);
-    zt_cuda_attention_mma_warp_rows(0);
+    g_att_variant.mma_warp_rows = 0;
     /* As the BERT executor calls it: every sequence's length given (here all 512, no padding). */
     int32_t full[64];
     for (int i = 0; i < 64; i++)
@@ -335,13 +334,13 @@ static void bench_overwrite(zt_cuda_blas *blas, const char *model, int rows, int
     float *lse = dalloc(sizeof(float) * b * nh * t);
     void *scratch = dalloc(zt_cuda_attention_backward_scratch_size(b, t, nh));
     const double pairs = (double)b * nh * t * (t + 1) / 2.0, flop = 5.0 * 2 * pairs * (c / nh);
-    zt_cuda_attention_forward(out, lse, qkv, b, t, c, nh, dt, g_stream);
+    att_forward(out, lse, qkv, b, t, c, nh, dt, g_stream);
     BENCH("attention backward, memset + add", flop, 0, {
         ZT_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)rows * 3 * c * es, g_stream));
-        zt_cuda_attention_backward(dinp, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream);
+        att_backward(dinp, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream);
     });
     BENCH("attention backward, overwrite", flop, 0,
-          zt_cuda_attention_backward_overwrite(dinp, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
+          att_backward_overwrite(dinp, dout, qkv, out, lse, b, t, c, nh, scratch, dt, g_stream));
     void *bufs[] = {dout, w, dinp, qkv, out, lse, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         ZT_CUDA_CHECK(cudaFree(bufs[i]));
@@ -505,15 +504,15 @@ int main(int argc, char **argv)
         /* Causal: half of the T x T scores; forward 2 GEMM-like products, backward 5 (see the top). */
         double hs = C / NH, pairs = (double)B * NH * T * (T + 1) / 2.0;
         BENCH("attention forward", 2.0 * 2 * pairs * hs, 0,
-              zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
+              att_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
         BENCH("attention backward", 5.0 * 2 * pairs * hs, 0,
-              zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
-        zt_cuda_attention_use_tensor_cores(false);
+              att_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
+        g_att_variant.cuda_cores = true;
         BENCH("attention forward, CUDA cores only", 2.0 * 2 * pairs * hs, 0,
-              zt_cuda_attention_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
+              att_forward(x, lse, qkv, B, T, C, NH, dt, g_stream));
         BENCH("attention backward, CUDA cores only", 5.0 * 2 * pairs * hs, 0,
-              zt_cuda_attention_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
-        zt_cuda_attention_use_tensor_cores(true);
+              att_backward(dqkv, y, qkv, x, lse, B, T, C, NH, ascratch, dt, g_stream));
+        g_att_variant.cuda_cores = false;
     }
 
     /* Fused classifier over the padded logits, in place. */

@@ -28,6 +28,7 @@
 #include "kernels/activation.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "attention_variant.h"
 #include "kernels/cpu_threads.h"
 #include "kernels/crossentropy.h"
 #include "kernels/cuda/cuda_common.h"
@@ -1097,7 +1098,7 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
     void *d_qkv = dev_rand((size_t)B * T * 3 * C, 1.5f, dt, &qkv);
     void *d_out = dev_alloc((size_t)B * T * C * es);
     float *d_lse = dev_alloc(sizeof(float) * B * NH * T);
-    zt_cuda_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, dt, g_stream);
+    att_forward(d_out, d_lse, d_qkv, B, T, C, NH, dt, g_stream);
     float *out = dev_download(d_out, (size_t)B * T * C, dt);
     float *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
     float *rout = malloc(sizeof(float) * B * T * C), *rlse = malloc(sizeof(float) * B * NH * T);
@@ -1112,7 +1113,7 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
     void *d_dqkv = dev_rand((size_t)B * T * 3 * C, 0.5f, dt, &dqkv);
     void *d_dqkv0 = dev_clone(d_dqkv, (size_t)B * T * 3 * C * es);
     void *scratch = dev_alloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
-    zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    att_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     float *g_dqkv = dev_download(d_dqkv, (size_t)B * T * 3 * C, dt);
     zt_cpu_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
     /* Compare q, k and v parts separately: their scales differ. */
@@ -1130,7 +1131,7 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
 
     void *d_dqkv1 = dev_clone(d_dqkv, (size_t)B * T * 3 * C * es);
     dev_copy(d_dqkv, d_dqkv0, (size_t)B * T * 3 * C * es);
-    zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    att_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     assert_true(dev_equal(d_dqkv, d_dqkv1, (size_t)B * T * 3 * C * es));
 
     /* The overwrite variant: dqkv starts as NaN (all bits set), which it must never read, and ends with the
@@ -1139,10 +1140,10 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
      * dq is 0 and both sides hold only rounding noise. Twice the same bits. */
     const size_t n3 = (size_t)B * T * 3 * C;
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0, n3 * es, g_stream));
-    zt_cuda_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    att_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     float *want = dev_download(d_dqkv, n3, dt);
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
-    zt_cuda_attention_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    att_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     float *o_dqkv = dev_download(d_dqkv, n3, dt);
     size_t unequal = 0;
     for (size_t i = 0; i < n3; i++)
@@ -1152,7 +1153,7 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
     assert_int_equal(unequal, 0);
     dev_copy(d_dqkv1, d_dqkv, n3 * es);
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
-    zt_cuda_attention_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
+    att_backward_overwrite(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     assert_true(dev_equal(d_dqkv, d_dqkv1, n3 * es));
     free(o_dqkv), free(want);
 
@@ -1177,7 +1178,7 @@ static void run_attention_masked(enum zt_dtype dt, int B, int T, int C, int NH, 
     float *d_lse = dev_alloc(sizeof(float) * B * NH * T);
     int32_t *d_lens = dev_alloc(sizeof(int32_t) * B);
     ZT_CUDA_CHECK(cudaMemcpy(d_lens, lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
-    zt_cuda_attention_forward_masked(d_out, d_lse, d_qkv, d_lens, B, T, C, NH, dt, g_stream);
+    att_forward_masked(d_out, d_lse, d_qkv, d_lens, B, T, C, NH, dt, g_stream);
     float *out = dev_download(d_out, n, dt);
     float *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
     float *rout = malloc(sizeof(float) * n), *rlse = malloc(sizeof(float) * B * NH * T);
@@ -1201,7 +1202,7 @@ static void run_attention_masked(enum zt_dtype dt, int B, int T, int C, int NH, 
     void *d_dout = dev_rand(n, 1.0f, dt, &dout);
     void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
     void *scratch = dev_alloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
-    zt_cuda_attention_backward_masked(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, B, T, C, NH, scratch, dt,
+    att_backward_masked(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, B, T, C, NH, scratch, dt,
                                       g_stream);
     float *g_dqkv = dev_download(d_dqkv, n3, dt);
     for (int b = 0; b < B; b++)
@@ -1240,10 +1241,8 @@ static void test_attention(void **state)
                                   "generic kernels forced, CUDA cores only"};
     const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130}, lens_long[2] = {300, 257};
     for (int pass = 0; pass < 6; pass++) {
-        zt_cuda_attention_use_tensor_cores(pass < 3 || pass == 4);
-        zt_cuda_attention_use_mma(pass < 2 || pass == 4);
-        zt_cuda_attention_mma_warp_rows(pass == 1 ? 16 : 32);
-        zt_cuda_attention_use_generic(pass >= 4);
+        g_att_variant = (zt_attention_variant){.cuda_cores = pass == 3 || pass == 5, .wmma = pass == 2,
+                                               .generic = pass >= 4, .mma_warp_rows = pass == 1 ? 16 : 0};
         g_attention_tc = pass < 3 || pass == 4;
         printf("  -- attention: %s\n", what[pass]);
         for (int i = pass == 0 || pass >= 4 ? 0 : 1; i < 3; i++) {
@@ -1258,10 +1257,7 @@ static void test_attention(void **state)
             run_attention_masked(k_dtypes[i], 2, 320, 128, 2, lens_long); /* head size 64, lengths inside a tile */
         }
     }
-    zt_cuda_attention_mma_warp_rows(0);
-    zt_cuda_attention_use_tensor_cores(true);
-    zt_cuda_attention_use_mma(zt_cuda_attention_mma_default());
-    zt_cuda_attention_use_generic(false);
+    g_att_variant = (zt_attention_variant){0};
     /* The multi-head launchers at the head sizes only the generic kernels serve (GPT-2-like models), by
      * default on the tensor cores for bf16 and fp16 (sm_80+). */
     g_attention_tc = 1;
@@ -1298,7 +1294,7 @@ static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, i
         d_lens = dev_alloc(sizeof(int32_t) * B);
         ZT_CUDA_CHECK(cudaMemcpy(d_lens, lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
     }
-    zt_cuda_attention_forward_gqa(d_out, d_lse, d_qkv, d_lens, &d, dt, g_stream);
+    att_forward_gqa(d_out, d_lse, d_qkv, d_lens, &d, dt, g_stream);
     float *out = dev_download(d_out, n, dt), *lse = dev_download(d_lse, (size_t)B * NH * T, ZT_DTYPE_F32);
     float *rout = malloc(sizeof(float) * n), *rlse = malloc(sizeof(float) * B * NH * T);
     zt_cpu_attention_forward_gqa(rout, rlse, qkv, lens, &d);
@@ -1320,7 +1316,7 @@ static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, i
     void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
     void *d_dqkv0 = dev_clone(d_dqkv, n3 * es);
     void *scratch = dev_alloc(zt_cuda_attention_backward_gqa_scratch_size(&d));
-    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    att_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
     float *g_dqkv = dev_download(d_dqkv, n3, dt);
     zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d);
     const char *part[3] = {"dq", "dk", "dv"};
@@ -1339,15 +1335,15 @@ static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, i
     /* The same call from the same state: the same bits. */
     void *d_dqkv1 = dev_clone(d_dqkv, n3 * es);
     dev_copy(d_dqkv, d_dqkv0, n3 * es);
-    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    att_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
     assert_true(dev_equal(d_dqkv, d_dqkv1, n3 * es));
 
     /* Overwrite: from NaN (all bits set), the values that accumulating into zeros gives. */
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0, n3 * es, g_stream));
-    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
+    att_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
     float *want = dev_download(d_dqkv, n3, dt);
     ZT_CUDA_CHECK(cudaMemsetAsync(d_dqkv, 0xff, n3 * es, g_stream));
-    zt_cuda_attention_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, false, scratch, dt, g_stream);
+    att_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, false, scratch, dt, g_stream);
     float *o_dqkv = dev_download(d_dqkv, n3, dt);
     size_t unequal = 0;
     for (size_t i = 0; i < n3; i++)
@@ -1387,7 +1383,7 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
     }
     /* The tuned kernels' shapes through the general entry points (both kernel families). */
     for (int generic = 0; generic < 2; generic++) {
-        zt_cuda_attention_use_generic(generic);
+        g_att_variant.generic = generic;
         run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, tol);
         run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, tol);
         /* Grouped-query at the tuned head sizes (the mma.sync kernels for bf16 and fp16), padded too. */
@@ -1400,7 +1396,7 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
         run_attention_gqa(dt, 2, 67, 6, 2, 64, false, NULL, tol);
         run_attention_gqa(dt, 4, 192, 3, 1, 128, false, bert, tol);
     }
-    zt_cuda_attention_use_generic(false);
+    g_att_variant.generic = false;
 }
 
 static void test_attention_gqa(void **state)
@@ -1412,13 +1408,13 @@ static void test_attention_gqa(void **state)
     assert_false(zt_cuda_attention_gqa_supported(&bad_hs));
     /* Pass 0: the default kernels (tensor cores for bf16 and fp16 on sm_80+); pass 1: CUDA cores only. */
     for (int pass = 0; pass < 2; pass++) {
-        zt_cuda_attention_use_tensor_cores(pass == 0);
+        g_att_variant.cuda_cores = pass != 0;
         g_attention_tc = pass == 0;
         printf("  -- general attention: %s\n", pass == 0 ? "default kernels" : "CUDA cores only");
         for (int i = 0; i < 3; i++)
             run_attention_gqa_shapes(k_dtypes[i]);
     }
-    zt_cuda_attention_use_tensor_cores(true);
+    g_att_variant.cuda_cores = false;
 }
 
 /* ---- AdamW ---- */

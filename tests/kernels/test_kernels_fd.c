@@ -1080,6 +1080,316 @@ static void test_classifier_head(void **state)
     free(dwp); free(dbp); free(dwc); free(dbc); free(pre); free(acc);
 }
 
+/* ---- the attention descriptor: separate q and kv, Tq != Tk, scale, windows, T5 bias, varlen ---- */
+
+/* One descriptor case. Buffers get row strides wider than the heads (the extra columns must stay untouched). */
+struct desc_case {
+    const char *name;
+    int B, Tq, Tk, NH, NKV, HS;
+    double scale; /* 0: the default */
+    bool causal;
+    int window;
+    const int32_t *cu_q, *cu_k, *lens;
+    bool bias, bidir;
+    int nb, maxd;
+};
+
+struct desc_ctx {
+    const struct desc_case *c;
+    zt_attention_desc d;
+    long nq, nk;             /* query rows, key rows */
+    double *q, *kv, *out, *lse, *table, *w;
+};
+
+static double desc_objective(void *p)
+{
+    struct desc_ctx *x = p;
+    zt_err err;
+    int rc = zt_cpu_attention_fwd(&x->d, &err);
+    if (rc)
+        fail_msg("%s: %s", x->c->name, err.msg);
+    return dot(x->out, x->w, (size_t)x->nq * x->d.out_stride);
+}
+
+/* Naive forward from the definitions of kernels/attention.h: every score, one softmax per row. */
+static void desc_reference(const struct desc_ctx *x, double *out, double *lse)
+{
+    const zt_attention_desc *d = &x->d;
+    const double scale = d->scale > 0 ? d->scale : 1.0 / sqrt(d->HS);
+    double *s = zero_array((size_t)d->Tk + 1);
+    for (int b = 0; b < d->B; b++) {
+        long q0 = d->cu_seqlens_q ? d->cu_seqlens_q[b] : (long)b * d->Tq;
+        long k0 = d->cu_seqlens_k ? d->cu_seqlens_k[b] : (long)b * d->Tk;
+        int lq = d->cu_seqlens_q ? d->cu_seqlens_q[b + 1] - d->cu_seqlens_q[b] : d->Tq;
+        int lk = d->cu_seqlens_k ? d->cu_seqlens_k[b + 1] - d->cu_seqlens_k[b] : d->Tk;
+        int valid = lq, kvalid = lk, off = lk - lq;
+        if (d->lens) {
+            valid = kvalid = d->lens[b] < 0 ? 0 : d->lens[b] > lq ? lq : d->lens[b];
+            off = 0;
+        }
+        for (int h = 0; h < d->NH; h++) {
+            int g = h / (d->NH / d->NKV);
+            for (int t = 0; t < lq; t++) {
+                const double *q = x->q + (q0 + t) * d->q_stride + h * d->HS;
+                double *o = out + (q0 + t) * d->out_stride + h * d->HS;
+                int pos = t + off, any = 0;
+                double mx = -INFINITY;
+                for (int j = 0; j < lk; j++) {
+                    int vis = t < valid && j < kvalid && (!d->causal || j <= pos) &&
+                              (d->window < 0 || j >= pos - d->window);
+                    s[j] = -INFINITY;
+                    if (!vis)
+                        continue;
+                    const double *k = x->kv + (k0 + j) * d->k_stride + g * d->HS;
+                    double v = 0;
+                    for (int i = 0; i < d->HS; i++)
+                        v += q[i] * k[i];
+                    v *= scale;
+                    if (d->bias == ZT_ATTENTION_BIAS_T5)
+                        v += x->table[zt_attention_t5_bucket(j - pos, d->bias_bidirectional, d->num_buckets,
+                                                             d->max_distance) * d->NH + h];
+                    s[j] = v;
+                    mx = fmax(mx, v);
+                    any = 1;
+                }
+                for (int i = 0; i < d->HS; i++)
+                    o[i] = 0;
+                lse[((long)b * d->NH + h) * d->Tq + t] = INFINITY;
+                if (!any)
+                    continue;
+                double sum = 0;
+                for (int j = 0; j < lk; j++)
+                    sum += s[j] == -INFINITY ? 0 : exp(s[j] - mx);
+                for (int j = 0; j < lk; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
+                    const double *v = x->kv + (k0 + j) * d->v_stride + d->NKV * d->HS + g * d->HS;
+                    for (int i = 0; i < d->HS; i++)
+                        o[i] += exp(s[j] - mx) / sum * v[i];
+                }
+                lse[((long)b * d->NH + h) * d->Tq + t] = mx + log(sum);
+            }
+        }
+    }
+    free(s);
+}
+
+/* Zeroes columns [w, stride) of n rows: the columns outside the heads, which no call may touch. */
+static void zero_outside(double *x, long n, long stride, long w)
+{
+    for (long r = 0; r < n; r++)
+        for (long i = w; i < stride; i++)
+            x[r * stride + i] = 0;
+}
+
+/* Forward against the naive reference, every derivative (q, k, v, bias table) against finite differences,
+ * accumulation and overwriting. */
+static void check_desc(const struct desc_case *c)
+{
+    struct desc_ctx x = {.c = c};
+    x.nq = c->cu_q ? c->cu_q[c->B] : (long)c->B * c->Tq;
+    x.nk = c->cu_k ? c->cu_k[c->B] : (long)c->B * c->Tk;
+    const long qs = (long)c->NH * c->HS + 2, kvs = 2L * c->NKV * c->HS + 1, os = (long)c->NH * c->HS + 1;
+    const long nlse = (long)c->B * c->NH * c->Tq, ntab = c->bias ? (long)c->nb * c->NH : 0;
+    x.q = rnd_array((size_t)(x.nq * qs));
+    x.kv = rnd_array((size_t)(x.nk * kvs));
+    for (long i = 0; i < x.nq * qs; i++)
+        x.q[i] *= 2.0;
+    for (long i = 0; i < x.nk * kvs; i++)
+        x.kv[i] *= 2.0;
+    x.out = zero_array((size_t)(x.nq * os));
+    x.lse = zero_array((size_t)nlse);
+    x.w = rnd_array((size_t)(x.nq * os));
+    x.table = c->bias ? rnd_array((size_t)ntab) : NULL;
+    x.d = (zt_attention_desc){.q = x.q, .k = x.kv, .v = x.kv + (long)c->NKV * c->HS, .q_stride = qs,
+                              .k_stride = kvs, .v_stride = kvs, .out = x.out, .out_stride = os, .lse = x.lse,
+                              .B = c->B, .Tq = c->Tq, .Tk = c->Tk, .NH = c->NH, .NKV = c->NKV, .HS = c->HS,
+                              .scale = (float)c->scale, .causal = c->causal, .window = c->window,
+                              .cu_seqlens_q = c->cu_q, .cu_seqlens_k = c->cu_k, .lens = c->lens,
+                              .bias = c->bias ? ZT_ATTENTION_BIAS_T5 : ZT_ATTENTION_BIAS_NONE,
+                              .bias_table = x.table, .num_buckets = c->nb, .max_distance = c->maxd,
+                              .bias_bidirectional = c->bidir};
+    char what[160];
+    double *want = zero_array((size_t)(x.nq * os)), *wlse = zero_array((size_t)nlse);
+    desc_objective(&x);
+    desc_reference(&x, want, wlse);
+    snprintf(what, sizeof(what), "%s: forward", c->name);
+    expect_close(what, x.out, want, (size_t)(x.nq * os), 1e-12);
+    for (long i = 0; i < nlse; i++)
+        if (isinf(wlse[i]) || isinf(x.lse[i]))
+            assert_true(isinf(wlse[i]) && isinf(x.lse[i]) && x.lse[i] > 0);
+        else
+            assert_true(fabs(x.lse[i] - wlse[i]) <= 1e-12 * fmax(1, fabs(wlse[i])));
+
+    /* Analytic gradients, started from zeros. */
+    double *dq = zero_array((size_t)(x.nq * qs)), *dkv = zero_array((size_t)(x.nk * kvs));
+    double *dtab = c->bias ? zero_array((size_t)ntab) : NULL;
+    zt_attention_grads g = {.dout = x.w, .dq = dq, .dk = dkv, .dv = dkv + (long)c->NKV * c->HS, .dq_stride = qs,
+                            .dk_stride = kvs, .dv_stride = kvs, .dbias_table = dtab, .accumulate = true};
+    zt_err err;
+    desc_objective(&x);
+    assert_int_equal(zt_cpu_attention_bwd(&x.d, &g, &err), 0);
+    snprintf(what, sizeof(what), "%s: dq", c->name);
+    expect_fd(what, x.q, (size_t)(x.nq * qs), dq, desc_objective, &x);
+    snprintf(what, sizeof(what), "%s: dk, dv", c->name);
+    expect_fd(what, x.kv, (size_t)(x.nk * kvs), dkv, desc_objective, &x);
+    if (c->bias) {
+        snprintf(what, sizeof(what), "%s: dbias_table", c->name);
+        expect_fd(what, x.table, (size_t)ntab, dtab, desc_objective, &x);
+        double nz = 0;
+        for (long i = 0; i < ntab; i++)
+            nz += fabs(dtab[i]);
+        assert_true(nz > 0);
+    }
+
+    /* accumulate: prefill + grad; overwrite: exactly the grad from zeros, whatever the buffers held. */
+    double *aq = rnd_array((size_t)(x.nq * qs)), *akv = rnd_array((size_t)(x.nk * kvs));
+    double *atab = c->bias ? rnd_array((size_t)ntab) : NULL;
+    zero_outside(aq, x.nq, qs, (long)c->NH * c->HS);
+    zero_outside(akv, x.nk, kvs, 2L * c->NKV * c->HS);
+    double *pq = malloc(sizeof(double) * x.nq * qs), *pkv = malloc(sizeof(double) * x.nk * kvs);
+    double *ptab = c->bias ? malloc(sizeof(double) * ntab) : NULL;
+    memcpy(pq, aq, sizeof(double) * x.nq * qs);
+    memcpy(pkv, akv, sizeof(double) * x.nk * kvs);
+    if (c->bias)
+        memcpy(ptab, atab, sizeof(double) * ntab);
+    zt_attention_grads ga = {.dout = x.w, .dq = aq, .dk = akv, .dv = akv + (long)c->NKV * c->HS, .dq_stride = qs,
+                             .dk_stride = kvs, .dv_stride = kvs, .dbias_table = atab, .accumulate = true};
+    desc_objective(&x);
+    assert_int_equal(zt_cpu_attention_bwd(&x.d, &ga, &err), 0);
+    snprintf(what, sizeof(what), "%s: dq +=", c->name);
+    expect_accumulated(what, aq, pq, dq, (size_t)(x.nq * qs));
+    snprintf(what, sizeof(what), "%s: dkv +=", c->name);
+    expect_accumulated(what, akv, pkv, dkv, (size_t)(x.nk * kvs));
+    if (c->bias)
+        expect_accumulated("dbias_table +=", atab, ptab, dtab, (size_t)ntab);
+    ga.accumulate = false;
+    assert_int_equal(zt_cpu_attention_bwd(&x.d, &ga, &err), 0);
+    assert_memory_equal(aq, dq, sizeof(double) * x.nq * qs);
+    assert_memory_equal(akv, dkv, sizeof(double) * x.nk * kvs);
+    if (c->bias)
+        assert_memory_equal(atab, dtab, sizeof(double) * ntab);
+
+    free(x.q); free(x.kv); free(x.out); free(x.lse); free(x.w); free(x.table); free(want); free(wlse);
+    free(dq); free(dkv); free(dtab); free(aq); free(akv); free(atab); free(pq); free(pkv); free(ptab);
+}
+
+static void test_attention_desc(void **state)
+{
+    (void)state;
+    static const int32_t docs[4] = {0, 3, 3, 8};               /* packed documents, one empty */
+    static const int32_t xq[3] = {0, 2, 6}, xk[3] = {0, 5, 8}; /* varlen cross-attention */
+    static const int32_t lens[2] = {5, 3};
+    const struct desc_case cases[] = {
+        {.name = "cross-attention Tq 4 Tk 7, GQA, T5 encoder bias, scale 1", .B = 2, .Tq = 4, .Tk = 7, .NH = 4,
+         .NKV = 2, .HS = 3, .scale = 1.0, .window = -1, .bias = true, .bidir = true, .nb = 8, .maxd = 10},
+        {.name = "causal bottom-right Tq 4 Tk 6, window 2, T5 decoder bias", .B = 2, .Tq = 4, .Tk = 6, .NH = 2,
+         .NKV = 1, .HS = 3, .causal = true, .window = 2, .bias = true, .bidir = false, .nb = 6, .maxd = 8},
+        {.name = "causal Tq 6 > Tk 4 (rows without keys), scale 0.7", .B = 1, .Tq = 6, .Tk = 4, .NH = 2, .NKV = 2,
+         .HS = 2, .scale = 0.7, .causal = true, .window = -1},
+        {.name = "packed documents (cu_seqlens), causal, GQA, T5 decoder bias", .B = 3, .Tq = 5, .Tk = 5, .NH = 4,
+         .NKV = 1, .HS = 3, .causal = true, .window = -1, .cu_q = docs, .cu_k = docs, .bias = true,
+         .bidir = false, .nb = 6, .maxd = 8},
+        {.name = "varlen cross-attention, window 1, bidirectional", .B = 2, .Tq = 4, .Tk = 5, .NH = 2, .NKV = 2,
+         .HS = 3, .window = 1, .cu_q = xq, .cu_k = xk},
+        {.name = "padding (lens), window 3, T5 encoder bias", .B = 2, .Tq = 5, .Tk = 5, .NH = 2, .NKV = 1, .HS = 3,
+         .window = 3, .lens = lens, .bias = true, .bidir = true, .nb = 8, .maxd = 10},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_desc(&cases[i]);
+}
+
+/* The packed documents of a varlen call give, bit for bit, what each document gives alone (positions restart,
+ * nothing crosses a document's border). */
+static void test_attention_desc_documents(void **state)
+{
+    (void)state;
+    static const int32_t cu[4] = {0, 4, 5, 11};
+    enum { DN = 11, DNH = 2, DHS = 3, DW = 3 * DNH * DHS };
+    double *qkv = rnd_array(DN * DW), *out = zero_array(DN * DNH * DHS), *lse = zero_array(3 * DNH * 6);
+    double *table = rnd_array(6 * DNH);
+    zt_attention_desc d = {.q = qkv, .k = qkv + DNH * DHS, .v = qkv + 2 * DNH * DHS, .q_stride = DW, .k_stride = DW,
+                           .v_stride = DW, .out = out, .out_stride = DNH * DHS, .lse = lse, .B = 3, .Tq = 6, .Tk = 6,
+                           .NH = DNH, .NKV = DNH, .HS = DHS, .causal = true, .window = -1, .cu_seqlens_q = cu,
+                           .cu_seqlens_k = cu, .bias = ZT_ATTENTION_BIAS_T5, .bias_table = table, .num_buckets = 6,
+                           .max_distance = 8};
+    zt_err err;
+    assert_int_equal(zt_cpu_attention_fwd(&d, &err), 0);
+    for (int b = 0; b < 3; b++) {
+        int n = cu[b + 1] - cu[b];
+        double *o1 = zero_array((size_t)n * DNH * DHS), *l1 = zero_array((size_t)DNH * n);
+        zt_attention_desc one = d;
+        one.q = qkv + cu[b] * DW;
+        one.k = qkv + cu[b] * DW + DNH * DHS;
+        one.v = qkv + cu[b] * DW + 2 * DNH * DHS;
+        one.out = o1;
+        one.lse = l1;
+        one.B = 1;
+        one.Tq = one.Tk = n;
+        one.cu_seqlens_q = one.cu_seqlens_k = NULL;
+        assert_int_equal(zt_cpu_attention_fwd(&one, &err), 0);
+        assert_memory_equal(o1, out + cu[b] * DNH * DHS, sizeof(double) * n * DNH * DHS);
+        for (int h = 0; h < DNH; h++)
+            assert_memory_equal(l1 + h * n, lse + (b * DNH + h) * 6, sizeof(double) * n);
+        free(o1); free(l1);
+    }
+    free(qkv); free(out); free(lse); free(table);
+}
+
+/* T5's buckets (32 buckets, max distance 128) as transformers' _relative_position_bucket gives them. */
+static void test_attention_t5_bucket(void **state)
+{
+    (void)state;
+    static const int rel[19] = {-300, -128, -127, -64, -20, -9, -8, -7, -1, 0, 1, 7, 8, 9, 20, 64, 127, 128, 300};
+    static const int bidir[19] = {15, 15, 15, 14, 10, 8, 8, 7, 1, 0, 17, 23, 24, 24, 26, 30, 31, 31, 31};
+    static const int causal[19] = {31, 31, 31, 26, 17, 9, 8, 7, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 19; i++) {
+        assert_int_equal(zt_attention_t5_bucket(rel[i], true, 32, 128), bidir[i]);
+        assert_int_equal(zt_attention_t5_bucket(rel[i], false, 32, 128), causal[i]);
+    }
+}
+
+/* Bad descriptors are refused with a sentence naming the field. */
+static void test_attention_desc_errors(void **state)
+{
+    (void)state;
+    double buf[64] = {0};
+    zt_attention_desc ok = {.q = buf, .k = buf, .v = buf, .q_stride = 6, .k_stride = 6, .v_stride = 6, .out = buf,
+                            .out_stride = 6, .lse = buf, .B = 1, .Tq = 2, .Tk = 2, .NH = 2, .NKV = 2, .HS = 3,
+                            .window = -1};
+    zt_err err;
+    assert_int_equal(zt_attention_check(&ok, true, &err), 0);
+    zt_attention_desc d = ok;
+    d.NKV = 4;
+    assert_int_equal(zt_attention_check(&d, true, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "key/value heads"));
+    d = ok;
+    d.k_stride = 5;
+    assert_int_equal(zt_attention_check(&d, true, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "strides"));
+    static const int32_t cu[2] = {0, 3}, lens[1] = {1};
+    d = ok;
+    d.cu_seqlens_q = cu;
+    assert_int_equal(zt_attention_check(&d, true, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "cu_seqlens_k"));
+    d.cu_seqlens_k = cu; /* 3 rows > Tq 2 */
+    assert_int_equal(zt_attention_check(&d, true, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "longest"));
+    d = ok;
+    d.lens = lens;
+    d.Tk = 3;
+    assert_int_equal(zt_attention_check(&d, true, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "Tq == Tk"));
+    d = ok;
+    d.bias = ZT_ATTENTION_BIAS_T5;
+    d.bias_table = buf;
+    d.num_buckets = 32;
+    d.max_distance = 8;
+    assert_int_equal(zt_attention_check(&d, true, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "max distance"));
+    assert_int_equal(zt_cpu_attention_fwd(&d, &err), ZT_EINVAL_CONFIG);
+}
+
 int main(int argc, char **argv)
 {
     /* --baseline: the portable build of the loops that have an AVX2 + FMA one (kernels/cpu/cpu_dispatch.h) */
@@ -1094,6 +1404,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attention_causal),
         cmocka_unit_test(test_attention_gqa), cmocka_unit_test(test_attention_gqa_equivalences),
         cmocka_unit_test(test_attention_padding),
+        cmocka_unit_test(test_attention_desc), cmocka_unit_test(test_attention_desc_documents),
+        cmocka_unit_test(test_attention_t5_bucket), cmocka_unit_test(test_attention_desc_errors),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_gelu_erf),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
         cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Attention on one GPU, in one go: builds the CUDA kernels, checks every feature of the attention descriptor
+# against the CPU reference (tests/gpu/test_attention, and the attention tests of test_cuda_kernels, which
+# cover every kernel family), then prints attention TFLOP/s per shape and kernel family (bench_attention)
+# beside PyTorch's scaled_dot_product_attention with its flash, cuDNN and memory-efficient backends, in the
+# same run:
+#   bench/attention/run.sh [BUILD_DIR]        (from the repository root; default build-attention)
+#   ZT_CUDA_ARCHS=90                          architectures to build (default 90)
+#   SKIP_TESTS=1                              only the benchmark
+#   PYTHON=python3                            the interpreter with torch (the PyTorch rows are skipped without)
+# Shapes: GPT-2 1558M (25 heads of 64, T 1024, causal, batch 8), TinyLlama (32 heads of 64, 4 key/value
+# heads, T 2048, causal, batch 4), BERT-Large (16 heads of 64, T 512, bidirectional, a padded batch of 32
+# with lengths 128..512), T5 (16 heads of 64, Tq 128, Tk 512, bidirectional relative position bias, scale 1,
+# batch 8). bf16. TFLOP/s count the unmasked (query, key) pairs for every implementation: forward 4 HS FLOPs
+# per pair, backward 10 HS (PyTorch with a padding mask computes the padded pairs too; its "no mask" rows
+# run the full T x T and count it).
+set -u
+BUILD="${1:-build-attention}"
+ARCHS="${ZT_CUDA_ARCHS:-90}"
+PY="${PYTHON:-python3}"
+status=0
+
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS="$ARCHS" -DZT_BUILD_TESTS=ON \
+    > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target test_attention test_cuda_kernels bench_attention || exit 1
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    echo "== tests/gpu/test_attention: the descriptor against the CPU reference"
+    "$BUILD/tests/gpu/test_attention" || status=1
+    echo "== tests/gpu/test_cuda_kernels: the packed-qkv entry points, every kernel family"
+    ZT_TEST_FILTER='test_attention*' "$BUILD/tests/gpu/test_cuda_kernels" || status=1
+fi
+
+echo "== attention TFLOP/s, ztrain (bf16)"
+"$BUILD/tests/gpu/bench_attention" || status=1
+
+echo "== attention TFLOP/s, PyTorch scaled_dot_product_attention (bf16, same shapes)"
+"$PY" - <<'PY' || echo "(PyTorch rows skipped: $PY has no working torch on the GPU)"
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+dev, dt = "cuda", torch.bfloat16
+lens = [128 + (i * 97) % 385 for i in range(32)]
+# name, B, Tq, Tk, NH, NKV, HS, causal, kind (None, "pad", "nopad", "bias")
+shapes = [
+    ("GPT-2 1558M: 25x64, T 1024, causal, B 8", 8, 1024, 1024, 25, 25, 64, True, None),
+    ("TinyLlama: 32x64, 4 kv, T 2048, causal, B 4", 4, 2048, 2048, 32, 4, 64, True, None),
+    ("BERT-Large: 16x64, T 512, padded, B 32", 32, 512, 512, 16, 16, 64, False, "pad"),
+    ("BERT-Large: 16x64, T 512, no mask, B 32", 32, 512, 512, 16, 16, 64, False, "nopad"),
+    ("T5: 16x64, Tq 128, Tk 512, bias, B 8", 8, 128, 512, 16, 16, 64, False, "bias"),
+]
+backends = [("torch flash", SDPBackend.FLASH_ATTENTION), ("torch cuDNN", SDPBackend.CUDNN_ATTENTION),
+            ("torch mem-efficient", SDPBackend.EFFICIENT_ATTENTION)]
+
+
+def ms(fn, iters=20):
+    fn(); fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+for name, B, Tq, Tk, NH, NKV, HS, causal, kind in shapes:
+    if kind == "pad":
+        pairs = NH * sum(l * l for l in lens)
+    elif causal:
+        pairs = B * NH * Tq * (Tq + 1) / 2
+    else:
+        pairs = B * NH * Tq * Tk
+    q = torch.randn(B, NH, Tq, HS, device=dev, dtype=dt, requires_grad=True)
+    k = torch.randn(B, NKV, Tk, HS, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(B, NKV, Tk, HS, device=dev, dtype=dt, requires_grad=True)
+    mask, scale = None, None
+    if kind == "pad":
+        keep = torch.arange(Tk, device=dev)[None, :] < torch.tensor(lens, device=dev)[:, None]
+        mask = keep[:, None, None, :].expand(B, 1, Tq, Tk)
+    elif kind == "bias":
+        mask = torch.randn(1, NH, Tq, Tk, device=dev, dtype=dt)
+        scale = 1.0
+    for bname, be in backends:
+        try:
+            kw = dict(attn_mask=mask, is_causal=causal, scale=scale)
+            if NKV != NH:
+                kw["enable_gqa"] = True
+            with sdpa_kernel(be):
+                with torch.no_grad():
+                    fms = ms(lambda: F.scaled_dot_product_attention(q, k, v, **kw))
+                o = F.scaled_dot_product_attention(q, k, v, **kw)
+                g = torch.randn_like(o)
+                bms = ms(lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))
+            print(f"| {name:<34} | {bname:<22} | torch   | {fms:8.3f} | {4 * pairs * HS / fms / 1e9:7.1f} "
+                  f"| {bms:8.3f} | {10 * pairs * HS / bms / 1e9:7.1f} |", flush=True)
+        except Exception as e:  # a backend that does not take this shape
+            msg = str(e).strip().splitlines()[0][:60] if str(e).strip() else type(e).__name__
+            print(f"| {name:<34} | {bname:<22} | n/a     | {msg} | | | |", flush=True)
+PY
+exit $status
