@@ -431,7 +431,8 @@ static void test_untrained_dropped(void **state)
 static void test_seq2seq(void **state)
 {
     (void)state;
-    zt_sft_data *d = open_ok("{\"input\": \"abc\", \"target\": \"xy\"}\n", NULL);
+    zt_sft_data *d = open_ok("{\"input\": \"abc\", \"target\": \"xy\"}\n{\"input\": \"abcdef\", \"target\": "
+                             "\"z\"}\n", NULL);
     zt_sft_example ex;
     zt_sft_get(d, 0, &ex);
     assert_int_equal(ex.nsrc, 3);
@@ -442,9 +443,36 @@ static void test_seq2seq(void **state)
     assert_int_equal(ex.trained[1], 1);
     zt_sft_loader *l;
     zt_err err;
-    zt_sft_batch_options bo = {.B = 1, .T = 8, .packed = true};
+    zt_sft_batch_options bo = {.B = 3, .T = 4, .pad_id = 0, .decoder_start_id = 9};
     assert_int_equal(zt_sft_loader_create(&l, d, &bo, &err), ZT_EINVAL_CONFIG);
     assert_non_null(strstr(err.msg, "encoder-decoder"));
+    bo.S = 4;
+    bo.overlong = ZT_SFT_REFUSE;
+    assert_int_equal(zt_sft_loader_create(&l, d, &bo, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "line 2, has 6 tokens"));
+    bo.overlong = ZT_SFT_TRUNCATE;
+    assert_int_equal(zt_sft_loader_create(&l, d, &bo, &err), 0);
+    assert_int_equal(zt_sft_loader_truncated(l), 1);
+    int32_t src[12], slen[3], din[12], tgt[12];
+    zt_sft_seq2seq_batch b = {src, slen, din, tgt, 0, 0};
+    assert_int_equal(zt_sft_loader_next_seq2seq(l, &b, &err), 0);
+    const int32_t wsrc[12] = {'a', 'b', 'c', 0, 'a', 'b', 'c', 'd', 0, 0, 0, 0};
+    const int32_t wdin[12] = {9, 'x', 'y', 0, 9, 'z', 0, 0, 9, 0, 0, 0};
+    const int32_t wtgt[12] = {'x', 'y', -1, -1, 'z', -1, -1, -1, -1, -1, -1, -1};
+    assert_memory_equal(src, wsrc, sizeof src);
+    assert_memory_equal(din, wdin, sizeof din);
+    assert_memory_equal(tgt, wtgt, sizeof tgt);
+    assert_int_equal(slen[0], 3);
+    assert_int_equal(slen[1], 4);
+    assert_int_equal(slen[2], 0);
+    assert_int_equal(b.trained, 3);
+    assert_int_equal(b.examples, 2);
+    zt_sft_loader_destroy(l);
+    zt_sft_close(d);
+    /* a decoder's data is not read as sequence to sequence */
+    d = open_ok("{\"prompt\": \"a\", \"completion\": \"b\"}\n", NULL);
+    assert_int_equal(zt_sft_loader_create(&l, d, &bo, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "only for input/target data"));
     zt_sft_close(d);
 }
 

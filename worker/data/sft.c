@@ -658,6 +658,13 @@ int zt_sft_open(zt_sft_data **out, const char *path, const zt_tokenizer *tok, co
             return zt_fail(err, ZT_EINVAL_CONFIG, "the eos token '%s' is not in the tokenizer's vocabulary; give the "
                            "model's own eos token (tokenizer_config.json's eos_token)", opt->eos_token);
     }
+    if (opt->chat_template) {
+        const char *eot = zt_chat_template_end_of_turn(opt->chat_template);
+        if (zt_tokenizer_find(tok, eot) < 0)
+            ZT_WARN("sft: the %s template ends each answer with '%s', which is not a token of this tokenizer: it is "
+                    "trained as text, and generation will not stop at one token; check that the template and the "
+                    "tokenizer belong to the same model", zt_chat_template_name(opt->chat_template), eot);
+    }
     char *text = NULL;
     size_t len = 0;
     int rc = zt_read_file(path, &text, &len, err);
@@ -846,9 +853,13 @@ int zt_sft_loader_create(zt_sft_loader **out, const zt_sft_data *d, const zt_sft
     if (o->B < 1 || o->T < 2)
         return zt_fail(err, ZT_EINVAL_CONFIG, "supervised batches need B >= 1 rows and T >= 2 tokens (B %d, T %d)",
                        o->B, o->T);
-    if (d->format == ZT_SFT_SEQ2SEQ)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s holds input/target records, which are for encoder-decoder "
-                       "models (T5); for a decoder, write them as {\"prompt\": ..., \"completion\": ...}", d->path);
+    const bool s2s = d->format == ZT_SFT_SEQ2SEQ;
+    if (s2s && (o->S < 1 || o->packed))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s holds input/target records, for encoder-decoder models: their "
+                       "batches need an input length (S %d) and are not packed", d->path, o->S);
+    if (!s2s && o->S > 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s holds %s records, for decoder-only models; an input length S "
+                       "is only for input/target data", d->path, format_name(d->format));
     zt_sft_loader *l = zt_xcalloc(1, sizeof *l);
     l->d = d;
     l->o = *o;
@@ -860,14 +871,14 @@ int zt_sft_loader_create(zt_sft_loader **out, const zt_sft_data *d, const zt_sft
         zt_sft_example ex;
         zt_sft_get(d, i, &ex);
         size_t L = ex.n;
-        if (L > T) {
+        if (L > T || (s2s && ex.nsrc > (size_t)o->S)) {
             if (longer++ == 0) {
                 first_line = ex.line;
-                first_len = ex.n;
+                first_len = L > T ? ex.n : ex.nsrc;
             }
-            L = T;
+            L = L > T ? T : L;
             size_t k = 0;
-            for (size_t j = 1; j < L; j++)
+            for (size_t j = s2s ? 0 : 1; j < L; j++) /* a decoder predicts its first target from the start */
                 k += ex.trained[j];
             if (k == 0) {
                 if (l->dropped++ == 0)
@@ -881,9 +892,10 @@ int zt_sft_loader_create(zt_sft_loader **out, const zt_sft_data *d, const zt_sft
     l->truncated = longer;
     if (longer && o->overlong == ZT_SFT_REFUSE) {
         zt_sft_loader_destroy(l);
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %zu examples are longer than the sequence length %d (the first, "
-                       "line %zu, has %zu tokens); raise the sequence length, or let them be truncated", d->path,
-                       longer, o->T, first_line, first_len);
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %zu examples are longer than the sequence length %d%s (the "
+                       "first, line %zu, has %zu tokens); raise the sequence length, or let them be truncated",
+                       d->path, longer, o->T, s2s ? " or their inputs than the input length" : "", first_line,
+                       first_len);
     }
     if (longer)
         ZT_WARN("sft: %s: %zu examples truncated to %d tokens (the first: line %zu, %zu tokens)%s", d->path, longer,
@@ -940,8 +952,58 @@ uint64_t zt_sft_loader_tokens(const zt_sft_loader *l)
     return l->tokens;
 }
 
+/* Moves to the next batch; returns the batch just served in *epoch, *batch. */
+static void advance(zt_sft_loader *l, uint64_t *epoch, uint64_t *batch)
+{
+    *epoch = l->epoch;
+    *batch = l->batch;
+    if (++l->batch >= zt_sft_loader_batches_per_epoch(l)) {
+        l->batch = 0;
+        l->epoch++;
+        plan_epoch(l);
+    }
+}
+
+static int untrained(const zt_sft_loader *l, uint64_t epoch, uint64_t batch, zt_err *err)
+{
+    return zt_fail(err, ZT_ESTATE, "%s: batch %llu of epoch %llu has no trained token (every target is -1); "
+                   "it was skipped, not trained on", l->d->path, (unsigned long long)batch, (unsigned long long)epoch);
+}
+
+int zt_sft_loader_next_seq2seq(zt_sft_loader *l, zt_sft_seq2seq_batch *b, zt_err *err)
+{
+    ZT_ASSERT(l->d->format == ZT_SFT_SEQ2SEQ);
+    const size_t T = (size_t)l->o.T, S = (size_t)l->o.S;
+    b->trained = 0;
+    b->examples = 0;
+    for (int row = 0; row < l->o.B; row++) {
+        int32_t *src = b->src + (size_t)row * S, *din = b->dec_in + (size_t)row * T, *tgt = b->targets + (size_t)row * T;
+        const size_t r = (size_t)l->batch * (size_t)l->o.B + (size_t)row;
+        size_t ns = 0, nt = 0;
+        zt_sft_example ex = {0};
+        if (r < l->nrows) {
+            zt_sft_get(l->d, l->ex[l->items[l->row_start[r]]], &ex);
+            ns = ex.nsrc < S ? ex.nsrc : S;
+            nt = l->len[l->items[l->row_start[r]]];
+            b->examples++;
+        }
+        for (size_t j = 0; j < S; j++)
+            src[j] = j < ns ? ex.src[j] : l->o.pad_id;
+        for (size_t j = 0; j < T; j++) {
+            din[j] = j == 0 ? l->o.decoder_start_id : j <= nt ? ex.ids[j - 1] : l->o.pad_id;
+            tgt[j] = j < nt && ex.trained[j] ? ex.ids[j] : -1;
+            b->trained += tgt[j] >= 0;
+        }
+        b->src_len[row] = (int32_t)ns;
+    }
+    uint64_t epoch, batch;
+    advance(l, &epoch, &batch);
+    return b->trained ? 0 : untrained(l, epoch, batch, err);
+}
+
 int zt_sft_loader_next(zt_sft_loader *l, zt_sft_batch *b, zt_err *err)
 {
+    ZT_ASSERT(l->d->format != ZT_SFT_SEQ2SEQ);
     const size_t T = (size_t)l->o.T;
     b->trained = 0;
     b->examples = 0;
@@ -978,17 +1040,9 @@ int zt_sft_loader_next(zt_sft_loader *l, zt_sft_batch *b, zt_err *err)
             cu[++ns] = (int32_t)T;
         b->nseqs[row] = ns;
     }
-    const uint64_t epoch = l->epoch, batch = l->batch;
-    if (++l->batch >= zt_sft_loader_batches_per_epoch(l)) {
-        l->batch = 0;
-        l->epoch++;
-        plan_epoch(l);
-    }
-    if (b->trained == 0)
-        return zt_fail(err, ZT_ESTATE, "%s: batch %llu of epoch %llu has no trained token (every target is -1); "
-                       "it was skipped, not trained on", l->d->path, (unsigned long long)batch,
-                       (unsigned long long)epoch);
-    return 0;
+    uint64_t epoch, batch;
+    advance(l, &epoch, &batch);
+    return b->trained ? 0 : untrained(l, epoch, batch, err);
 }
 
 void zt_sft_loader_reset(zt_sft_loader *l)

@@ -133,12 +133,14 @@ int zt_sft_encode_chat(const zt_tokenizer *tok, const zt_chat_template *tmpl, co
 enum zt_sft_overlong { ZT_SFT_TRUNCATE, ZT_SFT_REFUSE };
 
 typedef struct zt_sft_batch_options {
-    int B, T;                      /* rows, tokens a row */
+    int B, T;                      /* rows, tokens a row (the decoder's, for input/target data) */
     bool packed;                   /* several examples a row; false: one, padded */
     bool shuffle;
     uint64_t seed;
     int32_t pad_id;                /* token written where a row has no example */
     enum zt_sft_overlong overlong;
+    int S;                         /* input/target data only: encoder tokens a row */
+    int32_t decoder_start_id;      /* input/target data only: the decoder's first input (T5: the pad id) */
 } zt_sft_batch_options;
 
 /* One batch, in buffers the caller allocates (B*T int32 for tokens, targets and positions; B*(T+1) for
@@ -153,8 +155,9 @@ typedef struct zt_sft_batch {
     int examples;        /* out: examples in the batch */
 } zt_sft_batch;
 
-/* Makes a loader over d (borrowed; it must outlive the loader). Examples of input/target records are
- * refused (they are for encoder-decoder models). Examples longer than T: with ZT_SFT_REFUSE, ZT_EINVAL_CONFIG
+/* Makes a loader over d (borrowed; it must outlive the loader). For input/target data the loader serves
+ * sequence-to-sequence batches (zt_sft_loader_next_seq2seq; o->S > 0, not packed); for the other formats
+ * decoder batches (zt_sft_loader_next). Examples longer than T (or inputs longer than S): with ZT_SFT_REFUSE, ZT_EINVAL_CONFIG
  * naming how many and the file:line of the first; with ZT_SFT_TRUNCATE they are cut to T tokens (those left
  * without a trained token are dropped), counted and logged. Returns 0 and *out, or ZT_EINVAL_CONFIG. */
 int zt_sft_loader_create(zt_sft_loader **out, const zt_sft_data *d, const zt_sft_batch_options *o, zt_err *err);
@@ -174,6 +177,17 @@ uint64_t zt_sft_loader_tokens(const zt_sft_loader *l);
  * with a message when the batch has no trained target (the caller must not step on it silently; the
  * loader has advanced past it). */
 int zt_sft_loader_next(zt_sft_loader *l, zt_sft_batch *b, zt_err *err);
+/* A sequence-to-sequence batch (input/target data), one example a row, in caller-allocated buffers. */
+typedef struct zt_sft_seq2seq_batch {
+    int32_t *src;        /* [B*S] the input's tokens, then pad_id */
+    int32_t *src_len;    /* [B] tokens of each input (0 for an empty row) */
+    int32_t *dec_in;     /* [B*T] decoder inputs: decoder_start_id, then the target shifted right, then pad_id */
+    int32_t *targets;    /* [B*T] the target's tokens, then -1 */
+    int64_t trained;     /* out: targets that are not -1 */
+    int examples;        /* out */
+} zt_sft_seq2seq_batch;
+/* Writes the next sequence-to-sequence batch and advances, as zt_sft_loader_next does. */
+int zt_sft_loader_next_seq2seq(zt_sft_loader *l, zt_sft_seq2seq_batch *b, zt_err *err);
 /* Back to the start of epoch 0. */
 void zt_sft_loader_reset(zt_sft_loader *l);
 /* The position of the next batch (shard is always 0; window is the batch index in the epoch). */
