@@ -351,6 +351,21 @@ static void test_detect(void **state)
                                 "<|im_start|>assistant\na<|im_end|>\n");
     zt_chat_render_free(&r);
     zt_chat_template_destroy(t);
+    /* ... or from the template's text outside its tags (Qwen2-VL), not from an expression */
+    assert_int_equal(zt_chat_template_detect(&t, "{% if loop.first and message['role'] != 'system' %}<|im_start|>"
+                                             "system\nBe nice.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}"
+                                             "\n", NULL, NULL, "x", &err), 0);
+    assert_int_equal(zt_chat_template_render(t, m, 2, false, &r, &err), 0);
+    assert_string_equal(r.text, "<|im_start|>system\nBe nice.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
+                                "<|im_start|>assistant\na<|im_end|>\n");
+    zt_chat_render_free(&r);
+    zt_chat_template_destroy(t);
+    assert_int_equal(zt_chat_template_detect(&t, "{{ '<|im_start|>system\\n' + messages[0]['content'] + "
+                                             "'<|im_end|>\\n' }}", NULL, NULL, "x", &err), 0);
+    assert_int_equal(zt_chat_template_render(t, m, 2, false, &r, &err), 0);
+    assert_string_equal(r.text, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n");
+    zt_chat_render_free(&r);
+    zt_chat_template_destroy(t);
 
     /* from a tokenizer_config.json: its tokens; a list of named templates; none */
     const char *cfg = write_file("tokenizer_config.json", "{\"bos_token\": {\"content\": \"<S>\"}, \"eos_token\": "

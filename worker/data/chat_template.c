@@ -183,26 +183,41 @@ static size_t read_literal(const char *s, char q, sbuf *b)
     return s[i] == q ? i + 1 : 0;
 }
 
-/* The default system prompt of a ChatML template: a string literal "<|im_start|>system\n TEXT <|im_end|>"
- * with TEXT not empty (Qwen's), or NULL. */
+/* The default system prompt of a ChatML template: "<|im_start|>system\n TEXT <|im_end|>" written as one
+ * string literal (Qwen2's and Qwen2.5's) or as text outside the template's tags (Qwen2-VL's), with TEXT not
+ * empty; NULL when there is none. */
 static char *chatml_default_system(const char *jinja)
 {
-    for (const char *p = jinja; (p = strstr(p, "<|im_start|>system")) != NULL; p++) {
-        if (p == jinja || (p[-1] != '\'' && p[-1] != '"'))
-            continue;
+    static const char head[] = "<|im_start|>system", end[] = "<|im_end|>";
+    for (const char *p = jinja; (p = strstr(p, head)) != NULL; p++) {
         sbuf b = {0};
-        size_t n = read_literal(p, p[-1], &b);
-        const char *head = "<|im_start|>system\n", *tail = "<|im_end|>\n";
-        if (n && b.len > strlen(head) + strlen(tail) && strncmp(b.p, head, strlen(head)) == 0 &&
-            strcmp(b.p + b.len - strlen(tail), tail) == 0) {
-            size_t tl = b.len - strlen(head) - strlen(tail);
-            char *sys = zt_xmalloc(tl + 1);
-            memcpy(sys, b.p + strlen(head), tl);
-            sys[tl] = '\0';
-            free(b.p);
-            return sys;
+        if (p > jinja && (p[-1] == '\'' || p[-1] == '"')) {
+            if (!read_literal(p, p[-1], &b)) {
+                free(b.p);
+                continue;
+            }
+        } else if (p - jinja >= 2 && p[-1] == '}' && (p[-2] == '}' || p[-2] == '%')) {
+            const char *e = strstr(p, end); /* raw template text, up to the next tag */
+            const char *tag = strchr(p, '{');
+            if (!e || e < p || (tag && tag < e))
+                continue;
+            sb_add(&b, p, (size_t)(e - p) + strlen(end) + (e[strlen(end)] == '\n'));
+        } else {
+            continue;
+        }
+        const size_t hl = strlen(head) + 1, el = strlen(end);
+        char *sys = NULL;
+        if (b.len > hl + el && strncmp(b.p, head, hl - 1) == 0 && b.p[hl - 1] == '\n') {
+            const char *e = strstr(b.p + hl, end);
+            if (e && e > b.p + hl && strcmp(e, "<|im_end|>\n") == 0) {
+                sys = zt_xmalloc((size_t)(e - b.p) - hl + 1);
+                memcpy(sys, b.p + hl, (size_t)(e - b.p) - hl);
+                sys[(size_t)(e - b.p) - hl] = '\0';
+            }
         }
         free(b.p);
+        if (sys)
+            return sys;
     }
     return NULL;
 }

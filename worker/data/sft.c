@@ -977,7 +977,8 @@ int zt_sft_loader_next_seq2seq(zt_sft_loader *l, zt_sft_seq2seq_batch *b, zt_err
     b->trained = 0;
     b->examples = 0;
     for (int row = 0; row < l->o.B; row++) {
-        int32_t *src = b->src + (size_t)row * S, *din = b->dec_in + (size_t)row * T, *tgt = b->targets + (size_t)row * T;
+        int32_t *src = b->src + (size_t)row * S, *din = b->dec_in + (size_t)row * T;
+        int32_t *tgt = b->targets + (size_t)row * T;
         const size_t r = (size_t)l->batch * (size_t)l->o.B + (size_t)row;
         size_t ns = 0, nt = 0;
         zt_sft_example ex = {0};

@@ -157,9 +157,10 @@ typedef struct zt_sft_batch {
 
 /* Makes a loader over d (borrowed; it must outlive the loader). For input/target data the loader serves
  * sequence-to-sequence batches (zt_sft_loader_next_seq2seq; o->S > 0, not packed); for the other formats
- * decoder batches (zt_sft_loader_next). Examples longer than T (or inputs longer than S): with ZT_SFT_REFUSE, ZT_EINVAL_CONFIG
- * naming how many and the file:line of the first; with ZT_SFT_TRUNCATE they are cut to T tokens (those left
- * without a trained token are dropped), counted and logged. Returns 0 and *out, or ZT_EINVAL_CONFIG. */
+ * decoder batches (zt_sft_loader_next). Examples longer than T (or inputs longer than S): with
+ * ZT_SFT_REFUSE, ZT_EINVAL_CONFIG naming how many and the file:line of the first; with ZT_SFT_TRUNCATE
+ * they keep their first T tokens (and S input tokens; those left without a trained token are dropped),
+ * counted and logged. Returns 0 and *out, or ZT_EINVAL_CONFIG. */
 int zt_sft_loader_create(zt_sft_loader **out, const zt_sft_data *d, const zt_sft_batch_options *o, zt_err *err);
 void zt_sft_loader_destroy(zt_sft_loader *l); /* accepts NULL */
 
@@ -177,6 +178,7 @@ uint64_t zt_sft_loader_tokens(const zt_sft_loader *l);
  * with a message when the batch has no trained target (the caller must not step on it silently; the
  * loader has advanced past it). */
 int zt_sft_loader_next(zt_sft_loader *l, zt_sft_batch *b, zt_err *err);
+
 /* A sequence-to-sequence batch (input/target data), one example a row, in caller-allocated buffers. */
 typedef struct zt_sft_seq2seq_batch {
     int32_t *src;        /* [B*S] the input's tokens, then pad_id */
