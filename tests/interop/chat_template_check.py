@@ -409,7 +409,7 @@ CASES = {
 }
 
 # What comes before an assistant turn, and the turn as the template writes it (the trained text).
-HEAD = {"chatml": "<|im_start|>assistant\n", "llama2": " [/INST]", "llama3": "<|end_header_id|>\n\n",
+HEAD = {"chatml": "<|im_start|>assistant\n", "llama2": " [/INST]", "llama3": "assistant<|end_header_id|>\n\n",
         "mistral": "[/INST]", "gemma": "<start_of_turn>model\n", "phi3": "<|assistant|>\n"}
 
 
@@ -449,6 +449,7 @@ CONVERSATIONS = [
     [u("Is <b>bold</b> [x] {y} markup?"), a("Yes: <b> is HTML, [x] is a link label.")],
     [s("Système: réponds en français."), u("Combien font 7 × 6 ?"), a("7 × 6 = 42."), u("Et 12 ÷ 4 ?"), a("3.")],
     [u("Count: 1 2 3"), a("4 5 6"), u("again"), a("7  8   9")],
+    [s(""), u("Say nothing."), a(""), u("   "), a("  \t ")],
     # breaks the rules of some templates
     [u("first"), u("second"), a("answer")],
     [s("system only before an assistant"), a("no user turn")],
