@@ -18,7 +18,9 @@ Mistral, Gemma and Phi-3), with the special tokens the template writes added:
     ends inside an assistant turn as the template writes it, located in transformers' rendering (content,
     trimmed where the template trims, and the end-of-turn marker);
   - the same conversations read from a JSONL file by ztrain's supervised data reader give the same ids and
-    flags, line by line.
+    flags, line by line;
+  - prompt/completion records (read without a template) give the library's ids of prompt + completion with
+    its special tokens, then eos, and train exactly the tokens whose text ends in the completion, and eos.
 Then an unknown template is refused with a message naming the templates ztrain knows.
 
 Exit status: 0 when everything matches, 1 otherwise, 77 when transformers, jinja2 or tokenizers is missing.
@@ -31,7 +33,7 @@ import tempfile
 
 try:
     import jinja2  # noqa: F401  (apply_chat_template needs it)
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     import transformers
     from transformers import PreTrainedTokenizerFast
 except ImportError as e:
@@ -537,13 +539,20 @@ def sentencepiece(style, specials):
     return t
 
 
+def with_bos(t, bos):
+    """A post-processor that puts bos before a text, as the models' tokenizer.json files have it (the chat
+    template writes its own bos: apply_chat_template adds no special tokens, and neither does ztrain)."""
+    t.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, t.token_to_id(bos))])
+    return t
+
+
 def build_tokenizer(style, specials):
     if style == "qwen":
         return byte_level(QWEN2_RE, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + specials)
     if style == "llama3":
-        return byte_level(CL100K_RE, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                                      "<|end_header_id|>", "<|eot_id|>"] + specials)
-    return sentencepiece(style, specials)
+        return with_bos(byte_level(CL100K_RE, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                                               "<|end_header_id|>", "<|eot_id|>"] + specials), "<|begin_of_text|>")
+    return with_bos(sentencepiece(style, specials), "<bos>" if style == "spm-gemma" else "<s>")
 
 
 # ---- running ztrain ----
@@ -677,6 +686,36 @@ def check_case(rep, tool, name, case, work):
             rep.check(zids == ids and zflags == want, f"{name}: the reader's example {ln.split(':')[0]} differs")
 
 
+PAIRS = [("Q: What is 2+3?\nA:", " 5"), ("Reverse 'abc': ", "cba"), ("Übersetze: ", "おはよう 🙂"),
+         ("prompt ending in spaces   ", "  answer"), ("no space", "joined"), ("", "all completion")]
+
+
+def check_prompt_completion(rep, tool, name, work):
+    """prompt/completion records read without a template: the library's ids of prompt + completion with its
+    special tokens (bos), then eos; trained: the tokens whose text ends in the completion, and eos."""
+    tok_path = os.path.join(work, f"{name}.tokenizer.json")
+    lib = Tokenizer.from_file(tok_path)
+    eos = CASES[name][3]
+    data_path = os.path.join(work, f"{name}.pc.jsonl")
+    with open(data_path, "w", encoding="utf-8") as f:
+        for p, c in PAIRS:
+            f.write(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False) + "\n")
+    rc, _, err = run_tool(tool, "open", tok_path, "-", data_path, data_path + ".out", "--eos", eos)
+    if rc != 0:
+        rep.check(False, f"{name} prompt/completion: refused: {err.strip()}")
+        return
+    with open(data_path + ".out", encoding="utf-8") as f:
+        got = [ln for ln in f.read().split("\n") if ln]
+    rep.check(len(got) == len(PAIRS), f"{name} prompt/completion: {len(got)} examples of {len(PAIRS)}")
+    for (p, c), ln in zip(PAIRS, got):
+        enc = lib.encode(p + c, add_special_tokens=True)
+        ids = enc.ids + [lib.token_to_id(eos)]
+        want = [int(e > len(p) and not sp) for (_, e), sp in zip(enc.offsets, enc.special_tokens_mask)] + [1]
+        zids, zflags = parse_ids(ln.split(":", 1)[1])
+        rep.check(zids == ids, f"{name} prompt/completion {p!r}: ids {zids} expected {ids}")
+        rep.check(zflags == want, f"{name} prompt/completion {p!r}: flags {zflags} expected {want}")
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -689,6 +728,8 @@ def main():
     for name, case in CASES.items():
         before = rep.failures
         check_case(rep, tool, name, case, work)
+        if name in ("llama2", "llama3", "mistral"):
+            check_prompt_completion(rep, tool, name, work)
         print(f"{name}: {'ok' if rep.failures == before else 'FAILED'}")
     # an unknown template: Vicuna's, which ztrain does not render
     cfg_path = os.path.join(work, "unknown.tokenizer_config.json")

@@ -42,15 +42,12 @@ static const char *format_name(enum zt_sft_format f)
 /* ---- masked tokenization ---- */
 
 /* The index of the first token of ids (the whole text's) that does not come from text[0, b): the length of
- * the common prefix of ids and the ids of that prefix. */
+ * the common prefix of ids and the ids of that prefix (special tokens the flags add before a text, such as
+ * bos, come from every prefix, the empty one too). */
 static int boundary(const zt_tokenizer *tok, const char *text, size_t len, unsigned flags, size_t b,
                     const int32_t *ids, size_t n, size_t *k, zt_err *err)
 {
-    if (b == 0) {
-        *k = 0;
-        return 0;
-    }
-    if (b >= len) {
+    if (b >= len && len > 0) {
         *k = n;
         return 0;
     }
