@@ -3,8 +3,9 @@
 #   - Debian packages: compiler, CMake, and the libraries ztrain links (cJSON, cmocka, ...); clang and
 #     libomp-dev build the fuzzing harnesses (bench/fuzz/run.sh).
 #   - A Python virtual environment in .venv with the pinned reference libraries the tests compare
-#     ztrain against (numpy, safetensors, tokenizers), and the deploy tests' validators (kubernetes-validate,
-#     PyYAML, dockerfile). Nothing from it is linked into ztrain.
+#     ztrain against (numpy, safetensors, tokenizers; transformers without PyTorch and jinja2 for the chat
+#     templates' apply_chat_template), and the deploy tests' validators (kubernetes-validate, PyYAML,
+#     dockerfile). Nothing from it is linked into ztrain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,10 +20,10 @@ APT_PACKAGES=(
 # The deploy tests render the Kubernetes manifests with `kubectl kustomize`: Debian's kubernetes-client,
 # unless a kubectl is already installed (another vendor's package would clash over /usr/bin/kubectl).
 command -v kubectl >/dev/null 2>&1 || APT_PACKAGES+=(kubernetes-client)
-PIP_PACKAGES=(numpy==1.26.4 safetensors==0.4.5
+PIP_PACKAGES=(numpy==1.26.4 safetensors==0.8.0
   kubernetes-validate==1.37.0 PyYAML==6.0.2 dockerfile==3.4.0
   grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-health-checking==1.76.0 protobuf==6.33.0
-  tokenizers==0.23.3)
+  tokenizers==0.23.3 transformers==5.23.0 jinja2==3.1.6)
 
 log() { printf 'install-deps: %s\n' "$*"; }
 

@@ -215,6 +215,11 @@ def part_b(tool, tmp):
         "bf.matrix": {"dtype": "bfloat16", "shape": [2, 2], "data": bits[:4].tobytes()},
         "f32.after": {"dtype": "float32", "shape": [1], "data": np.array([1.25], dtype="<f4").tobytes()},
     }
+    if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.8 takes each tensor's bytes by address
+        keep = {name: np.frombuffer(t["data"], dtype=np.uint8) for name, t in raw.items()}
+        raw = {name: safetensors.TensorSpec(dtype=t["dtype"], shape=t["shape"], data_ptr=keep[name].ctypes.data,
+                                            data_len=len(t["data"]))
+               for name, t in raw.items()}
     safetensors.serialize_file(raw, path)
     want = {
         "bf.weight": ("BF16", [7], bits.tobytes()),
