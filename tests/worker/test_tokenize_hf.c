@@ -397,16 +397,29 @@ static void test_refusals(void **state)
     (void)state;
     const char *M = small_model;
     const struct refusal cases[] = {
-        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"vocab\": []}", ZT_EUNSUPPORTED,
-         {"model.type", "Unigram", "BPE and WordPiece"}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"WordLevel\", \"vocab\": {}}", ZT_EUNSUPPORTED,
+         {"model.type", "WordLevel", "BPE, WordPiece and Unigram"}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"unk_id\": 2, \"vocab\": [[\"a\", -1.0], "
+         "[\"b\", -2.0]]}", ZT_EFORMAT, {"model.unk_id", "2 pieces", NULL}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"a\", \"x\"]]}",
+         ZT_EFORMAT, {"model.vocab[0]", "[piece, score]", NULL}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"a\", 0.0]], "
+         "\"alpha\": 0.1}", ZT_EUNSUPPORTED, {"model.alpha", NULL, NULL}},
+        {"[]", "{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"not base64!\"}", "null", "null", "null",
+         M, ZT_EFORMAT, {"normalizer.precompiled_charsmap", "base64", NULL}},
+        {"[]", "{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"QAAAAA==\"}", "null", "null", "null", M,
+         ZT_EFORMAT, {"normalizer.precompiled_charsmap", "trie fits", NULL}},
+        {"[]", "{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"BAAAAAAAAAA=\"}",
+         "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"first\", \"split\": false}",
+         "null", "null", M, ZT_EUNSUPPORTED, {"pre_tokenizer.prepend_scheme", "first", NULL}},
         /* an id far above any vocabulary (found by fuzzing: the id tables took 3.5 GB) */
         {"[]", "null", "null", "null", "null", "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 222222221}, "
          "\"merges\": []}", ZT_EUNSUPPORTED, {"token id 222222221", "8388607", NULL}},
         {"[]", "{\"type\": \"NFKC\"}", "null", "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.type", "NFKC", NULL}},
         {"[]", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFD\"}, {\"type\": \"Precompiled\"}]}", "null",
-         "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.normalizers[1].type", "Precompiled", NULL}},
-        {"[]", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {2,}\"}, \"content\": \" \"}", "null", "null",
-         "null", M, ZT_EUNSUPPORTED, {"normalizer.pattern", "Regex", NULL}},
+         "null", "null", M, ZT_EFORMAT, {"normalizer.normalizers[1].precompiled_charsmap", NULL, NULL}},
+        {"[]", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {3,}\"}, \"content\": \" \"}", "null", "null",
+         "null", M, ZT_EUNSUPPORTED, {"normalizer.pattern", "Regex", " {2,}"}},
         {"[]", "{\"type\": \"Lowercase\", \"extra\": 1}", "null", "null", "null", M, ZT_EUNSUPPORTED,
          {"normalizer.extra", NULL, NULL}},
         {"[]", "null", "{\"type\": \"Whitespace\"}", "null", "null", M, ZT_EUNSUPPORTED,

@@ -94,6 +94,11 @@ int zt_unicode_nfd(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_EXPANSION]);
 /* Returns the canonical combining class of cp (0 for most characters). */
 int zt_unicode_ccc(uint32_t cp);
 
+/* Returns the end (a byte offset) of the extended grapheme cluster that begins at byte i of the valid
+ * UTF-8 s (len bytes), by the rules of Unicode's UAX #29 (GB3 to GB13; not GB9c, the Indic conjuncts of
+ * Unicode 15.1) over the Grapheme_Cluster_Break property of Unicode 14.0. Returns len when i >= len. */
+size_t zt_unicode_grapheme_end(const unsigned char *s, size_t len, size_t i);
+
 /* Decodes one UTF-8 character at s (len > 0 bytes available): returns its length (1 to 4) and sets *cp,
  * or returns 0 if the bytes there are not well-formed UTF-8 (overlong forms, surrogates and code points
  * above U+10FFFF are not). */
