@@ -28,8 +28,8 @@ With the library it builds and saves (tokenizer.json) these tokenizers, training
                   fallback (unknown characters fuse into one <unk>);
   - unigram-metaspace: the charsmap alone before Metaspace (the older T5 and mT5 files: whitespace runs
                   become runs of "▁"), byte fallback to <0xXX> pieces;
-  - unigram-first: no charsmap, Replace " {2,}" -> " ", Metaspace with prepend_scheme first, byte fallback,
-                  <s> $A.
+  - unigram-first: NFKC and Replace " {2,}" -> " " (no charsmap), Metaspace with prepend_scheme first, byte
+                  fallback, <s> $A.
   The Unigram tokenizers are trained on a mixed-script corpus (the bundled one and lines of Latin with
   accents, Cyrillic, Greek, CJK, Arabic, emoji, digits) and compared as the library reads them back from
   the file (it parses the scores in its own way, not always to the nearest double).
@@ -342,7 +342,7 @@ def build_unigrams():
                                              normalizers.Replace(Regex(" {2,}"), "▁")]),
                        pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), meta]), False, "$A </s>"),
         "unigram-metaspace": (pre, meta, True, None),
-        "unigram-first": (normalizers.Sequence([normalizers.Replace(Regex(" {2,}"), " ")]),
+        "unigram-first": (normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")]),
                           pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True), True,
                           "<s> $A"),
     }
@@ -617,6 +617,34 @@ def ztrain_category(tool, cp, work):
         return CATEGORIES[int(f.read().split()[1])]
 
 
+def check_unicode_forms(rep, tool, work):
+    """The normalizers NFC, NFKC and NFKD on every code point of planes 0 to 3 and 14 (each one alone, which
+    decomposes and composes it again) and on the suites; they may differ only on characters that ztrain's
+    Unicode tables do not have (or that the library's, of another version, treat otherwise), never on the
+    suites' characters."""
+    cps = sweep_code_points()
+    suite = SUITE + UNIGRAM_SUITE
+    suite_cps = {ord(ch) for t in suite for ch in t}
+    for form in ("NFC", "NFKC", "NFKD"):
+        spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                "normalizer": {"type": form}, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                "model": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]], "byte_fallback": False}}
+        path = os.path.join(work, f"{form}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        lib = Tokenizer.from_file(path).normalizer
+        got = normalize_with_tool(tool, path, ["\n".join(chr(c) for c in cps)] + suite, work)
+        want_cps = lib.normalize_str("\n".join(chr(c) for c in cps)).split("\n")
+        got_cps = got[0].split("\n")
+        bad = {c for c, g, w in zip(cps, got_cps, want_cps) if g != w} if len(got_cps) == len(cps) else set(cps)
+        bad_texts = [t for t, g in zip(suite, got[1:]) if g != lib.normalize_str(t)]
+        print(f"     {form}: {len(bad)} code points differ" + (": " + " ".join(f"U+{c:04X}" for c in sorted(bad)[:8])
+                                                          if bad else "") + (" ..." if len(bad) > 8 else ""))
+        rep.check(not (bad & suite_cps) and not bad_texts,
+                  f"{form}: the suites' texts are normalized as the library does"
+                  + (f" (differ: {[t[:30] for t in bad_texts[:3]]})" if bad_texts else ""))
+
+
 def check_charsmap(rep, tool, work):
     """The Precompiled normalizer alone, over every code point of planes 0 to 3 and 14: after a key ("q"
     and "™"; the cluster "q" + c is replaced by "Q" alone when c extends the cluster), before a key
@@ -798,6 +826,7 @@ def main():
         lib.save(path)
         check_pairs(rep, tool, name, path, lib, work)
     check_charsmap(rep, tool, work)
+    check_unicode_forms(rep, tool, work)
     check_unicode(rep, tool, work)
     print(f"{rep.failures} check(s) failed" if rep.failures else "all checks passed")
     return 1 if rep.failures else 0

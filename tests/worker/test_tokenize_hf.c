@@ -563,6 +563,36 @@ static void test_unigram_t5(void **state)
     free(json);
 }
 
+/* NFC, NFKC and NFKD: compatibility characters (ligature, circled digit, the Arabic ligature of 18
+ * characters), a singleton (the Angstrom sign), Hangul jamo, marks to reorder and compose, a mark blocked
+ * from its base by one of the same class, a text that begins with a mark. The results are the library's. */
+static void test_unicode_forms(void **state)
+{
+    (void)state;
+    const char *text = "\xef\xac\x81x \xe2\x91\xa0 \xe2\x84\xab \xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8 e\xcc\x81\xcc\xa3 "
+                       "\xcc\xa3" "e\xcc\x81 \xc3\x85\xcc\x81 \xef\xb7\xba a\xcc\xa8\xcc\x81 \xcc\x81x";
+    static const char arabic[] = "\xd8\xb5\xd9\x84\xd9\x89 \xd8\xa7\xd9\x84\xd9\x84\xd9\x87 \xd8\xb9\xd9\x84\xd9\x8a"
+                                 "\xd9\x87 \xd9\x88\xd8\xb3\xd9\x84\xd9\x85";
+    char want[3][512];
+    snprintf(want[0], sizeof(want[0]), "%s",
+             "\xef\xac\x81x \xe2\x91\xa0 \xc3\x85 \xea\xb0\x81 \xe1\xba\xb9\xcc\x81 \xcc\xa3\xc3\xa9 \xc7\xba \xef\xb7\xba "
+             "\xc4\x85\xcc\x81 \xcc\x81x");
+    snprintf(want[1], sizeof(want[1]), "fix 1 \xc3\x85 \xea\xb0\x81 \xe1\xba\xb9\xcc\x81 \xcc\xa3\xc3\xa9 \xc7\xba %s "
+             "\xc4\x85\xcc\x81 \xcc\x81x", arabic);
+    snprintf(want[2], sizeof(want[2]), "fix 1 A\xcc\x8a \xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8 e\xcc\xa3\xcc\x81 "
+             "\xcc\xa3" "e\xcc\x81 A\xcc\x8a\xcc\x81 %s a\xcc\xa8\xcc\x81 \xcc\x81x", arabic);
+    const char *forms[3] = {"NFC", "NFKC", "NFKD"};
+    for (int f = 0; f < 3; f++) {
+        char norm[64];
+        snprintf(norm, sizeof(norm), "{\"type\": \"%s\"}", forms[f]);
+        char *json = make_json("[]", norm, "null", "null", "null", small_model);
+        zt_tokenizer *tok = load_ok(json);
+        expect_normalized(tok, text, want[f]);
+        zt_tokenizer_destroy(tok);
+        free(json);
+    }
+}
+
 static void test_not_utf8(void **state)
 {
     (void)state;
@@ -601,7 +631,7 @@ static void test_refusals(void **state)
         /* an id far above any vocabulary (found by fuzzing: the id tables took 3.5 GB) */
         {"[]", "null", "null", "null", "null", "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 222222221}, "
          "\"merges\": []}", ZT_EUNSUPPORTED, {"token id 222222221", "8388607", NULL}},
-        {"[]", "{\"type\": \"NFKC\"}", "null", "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.type", "NFKC", NULL}},
+        {"[]", "{\"type\": \"Nmt\"}", "null", "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.type", "Nmt", NULL}},
         {"[]", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFD\"}, {\"type\": \"Precompiled\"}]}", "null",
          "null", "null", M, ZT_EFORMAT, {"normalizer.normalizers[1].precompiled_charsmap", NULL, NULL}},
         {"[]", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {3,}\"}, \"content\": \" \"}", "null", "null",
@@ -913,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_wordpiece),
         cmocka_unit_test(test_unigram),
         cmocka_unit_test(test_unigram_t5),
+        cmocka_unit_test(test_unicode_forms),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_not_utf8),
         cmocka_unit_test(test_text_and_id_errors),

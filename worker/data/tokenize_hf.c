@@ -699,6 +699,52 @@ static int decompose(const cpvec *in, cpvec *out)
     return 0;
 }
 
+/* Compatibility decomposition (NFKD) of in into out, canonically ordered. */
+static int decompose_compat(const cpvec *in, cpvec *out)
+{
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        uint32_t d[ZT_UNICODE_MAX_NFKD];
+        int k = zt_unicode_nfkd(in->v[i], d);
+        for (int j = 0; j < k; j++)
+            if (cp_push(out, d[j]) != 0)
+                return ZT_ENOMEM;
+    }
+    canonical_order(out);
+    return 0;
+}
+
+/* Canonical composition of a decomposed, ordered c, in place (UAX #15): a character joins the last starter
+ * when it is not blocked from it (no character between them of its combining class or higher, or a starter
+ * right after the starter). */
+static void compose(cpvec *c)
+{
+    size_t w = 0;
+    bool have_starter = false;
+    size_t starter = 0; /* where the last starter is in the output */
+    int last = 0;       /* class of the last character written after it; 0: it is the last one written */
+    for (size_t i = 0; i < c->n; i++) {
+        uint32_t ch = c->v[i];
+        int cc = zt_unicode_ccc(ch);
+        if (have_starter && (last < cc || last == 0)) {
+            uint32_t comp = zt_unicode_compose(c->v[starter], ch);
+            if (comp) {
+                c->v[starter] = comp;
+                continue;
+            }
+        }
+        if (cc == 0) {
+            have_starter = true;
+            starter = w;
+            last = 0;
+        } else {
+            last = cc;
+        }
+        c->v[w++] = ch;
+    }
+    c->n = w;
+}
+
 static int to_cps(const char *s, size_t len, cpvec *c)
 {
     c->n = 0;
@@ -905,6 +951,17 @@ static int norm_step(const zt__norm *nm, const char *in, size_t len, buf *out, c
         if (to_cps(in, len, c1) != 0 || lower_cps(c1, c2) != 0)
             return ZT_ENOMEM;
         return from_cps(c1, out);
+    }
+    case ZT__NORM_NFKD:
+    case ZT__NORM_NFC:
+    case ZT__NORM_NFKC: {
+        if (to_cps(in, len, c1) != 0)
+            return ZT_ENOMEM;
+        if ((nm->type == ZT__NORM_NFC ? decompose(c1, c2) : decompose_compat(c1, c2)) != 0)
+            return ZT_ENOMEM;
+        if (nm->type != ZT__NORM_NFKD)
+            compose(c2);
+        return from_cps(c2, out);
     }
     case ZT__NORM_NFD:
     case ZT__NORM_STRIP_ACCENTS:

@@ -49,6 +49,9 @@ enum zt__norm_type {
     ZT__NORM_BERT,          /* clean_text, handle_chinese_chars, strip_accents, lowercase */
     ZT__NORM_LOWERCASE,
     ZT__NORM_NFD,
+    ZT__NORM_NFKD,
+    ZT__NORM_NFC,
+    ZT__NORM_NFKC,
     ZT__NORM_STRIP_ACCENTS, /* drops marks, Mn Mc Me (no decomposition of its own) */
     ZT__NORM_STRIP,         /* strip_left / strip_right of White_Space */
     ZT__NORM_PREPEND,       /* a: the string put before a non-empty text */

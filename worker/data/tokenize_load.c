@@ -332,8 +332,8 @@ static int add_norm(loader *ld, zt__norm n)
 }
 
 static const char norm_list[] =
-    "ztrain implements the normalizers BertNormalizer, Lowercase, NFD, StripAccents, Strip, Prepend, Replace (with "
-    "a String pattern or the Regex \" {2,}\"), Precompiled and Sequence";
+    "ztrain implements the normalizers BertNormalizer, Lowercase, NFD, NFKD, NFC, NFKC, StripAccents, Strip, "
+    "Prepend, Replace (with a String pattern or the Regex \" {2,}\"), Precompiled and Sequence";
 
 /* Standard base64 with padding (the library's BASE64_STANDARD) into *out; false when s is not that. */
 static bool base64_decode(const char *s, size_t len, zt__bytes *out)
@@ -460,11 +460,17 @@ static int load_normalizer(loader *ld, const cJSON *obj, const char *path, int d
         n.strip_accents = strip_set ? strip : n.lowercase; /* null follows lowercase, as in the library */
         return add_norm(ld, n);
     }
-    if (strcmp(type, "Lowercase") == 0 || strcmp(type, "NFD") == 0 || strcmp(type, "StripAccents") == 0) {
+    if (strcmp(type, "Lowercase") == 0 || strcmp(type, "NFD") == 0 || strcmp(type, "StripAccents") == 0 ||
+        strcmp(type, "NFKD") == 0 || strcmp(type, "NFC") == 0 || strcmp(type, "NFKC") == 0) {
         static const char *const keys[] = {"type", NULL};
         if ((rc = check_keys(ld, obj, path, keys)) != 0)
             return rc;
-        n.type = type[0] == 'L' ? ZT__NORM_LOWERCASE : type[0] == 'N' ? ZT__NORM_NFD : ZT__NORM_STRIP_ACCENTS;
+        n.type = type[0] == 'L'                 ? ZT__NORM_LOWERCASE
+                 : strcmp(type, "NFD") == 0     ? ZT__NORM_NFD
+                 : strcmp(type, "NFKD") == 0    ? ZT__NORM_NFKD
+                 : strcmp(type, "NFC") == 0     ? ZT__NORM_NFC
+                 : strcmp(type, "NFKC") == 0    ? ZT__NORM_NFKC
+                                                : ZT__NORM_STRIP_ACCENTS;
         return add_norm(ld, n);
     }
     if (strcmp(type, "Precompiled") == 0) {

@@ -60,7 +60,7 @@ int zt_unicode_lower(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_EXPANSION])
 }
 
 /* Hangul syllables decompose by arithmetic (Unicode 3.12). */
-enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7, HANGUL_VN = 21,
+enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7, HANGUL_LN = 19, HANGUL_VN = 21,
        HANGUL_TN = 28, HANGUL_COUNT = 11172 };
 
 int zt_unicode_nfd(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_EXPANSION])
@@ -86,6 +86,42 @@ int zt_unicode_nfd(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_EXPANSION])
     for (int i = 0; i < m->len; i++)
         out[i] = zt__uc_nfd_pool[m->start + i];
     return m->len;
+}
+
+int zt_unicode_nfkd(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_NFKD])
+{
+    const zt__uc_map *m = cp < 0xA0 ? NULL : find_map(zt__uc_nfkd, zt__uc_nfkd_count, cp);
+    if (!m) { /* no compatibility mapping: the canonical one */
+        uint32_t d[ZT_UNICODE_MAX_EXPANSION];
+        int n = zt_unicode_nfd(cp, d);
+        for (int i = 0; i < n; i++)
+            out[i] = d[i];
+        return n;
+    }
+    for (int i = 0; i < m->len; i++)
+        out[i] = zt__uc_nfkd_pool[m->start + i];
+    return m->len;
+}
+
+uint32_t zt_unicode_compose(uint32_t first, uint32_t second)
+{
+    if (first >= HANGUL_L && first < HANGUL_L + HANGUL_LN && second >= HANGUL_V && second < HANGUL_V + HANGUL_VN)
+        return HANGUL_S + ((first - HANGUL_L) * HANGUL_VN + (second - HANGUL_V)) * HANGUL_TN;
+    if (first >= HANGUL_S && first < HANGUL_S + HANGUL_COUNT && (first - HANGUL_S) % HANGUL_TN == 0 &&
+        second > HANGUL_T && second < HANGUL_T + HANGUL_TN)
+        return first + (second - HANGUL_T);
+    int lo = 0, hi = zt__uc_comp_count - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const zt__uc_pair *c = &zt__uc_comp[mid];
+        if (c->first == first && c->second == second)
+            return c->composite;
+        if (c->first < first || (c->first == first && c->second < second))
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return 0;
 }
 
 int zt_unicode_ccc(uint32_t cp)
