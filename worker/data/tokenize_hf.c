@@ -333,7 +333,7 @@ typedef struct encoder {
     /* Unigram: the best path ending at each byte of a word */
     struct best {
         double score;
-        int32_t start; /* -1: no path ends here yet */
+        int64_t start; /* -1: no path ends here yet */
         int32_t id;
     } *best;
     size_t capbest;
@@ -1370,7 +1370,7 @@ static int unigram_word(encoder *e, const char *w, size_t len)
             if (id >= 0) {
                 double cand = hf->uni_scores[id] + here;
                 if (b[end].start < 0 || cand > b[end].score)
-                    b[end] = (struct best){cand, (int32_t)start, id};
+                    b[end] = (struct best){cand, (int64_t)start, id};
                 single = single || end - start == (size_t)mblen;
             }
             if (zt__strmap_get(&hf->uni_prefixes, w + start, end - start) < 0)
@@ -1382,7 +1382,7 @@ static int unigram_word(encoder *e, const char *w, size_t len)
             if (b[next].start < 0 || cand > b[next].score) {
                 if (hf->unk_id < 0)
                     return unigram_no_unk(e, w + start);
-                b[next] = (struct best){cand, (int32_t)start, hf->unk_id};
+                b[next] = (struct best){cand, (int64_t)start, hf->unk_id};
             }
         }
         start = next;
