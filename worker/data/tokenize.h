@@ -6,9 +6,10 @@
  *     exactly;
  *   - a Hugging Face tokenizer.json (zt_tokenizer_load): BPE (byte-level as GPT-2 and LLaMA-3, or with byte
  *     fallback as LLaMA-2), WordPiece (BERT) and Unigram (SentencePiece's, as T5 and mT5), giving the ids of
- *     the tokenizers library. Their kinds are "byte-level-bpe", "bpe", "wordpiece" and "unigram". A component of the file that is not implemented is refused
- *     when the file is loaded (ZT_EUNSUPPORTED, naming its JSON path), never skipped. The pre-tokenizers are
- *     written by hand over the Unicode tables of worker/data/unicode.h.
+ *     the tokenizers library. Their kinds are "byte-level-bpe", "bpe", "wordpiece" and "unigram". A
+ *     component of the file that is not implemented is refused when the file is loaded (ZT_EUNSUPPORTED,
+ *     naming its JSON path), never skipped. The pre-tokenizers are written by hand over the Unicode tables
+ *     of worker/data/unicode.h.
  * A tokenizer is read-only after it is made: several threads may encode and decode with it at once. */
 #ifndef ZT_WORKER_TOKENIZE_H
 #define ZT_WORKER_TOKENIZE_H

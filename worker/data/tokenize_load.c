@@ -349,8 +349,12 @@ static bool base64_decode(const char *s, size_t len, zt__bytes *out)
         int pad = 0;
         for (int k = 0; k < 4; k++) {
             char c = s[i + k];
-            int d = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
-                    : c == '+' ? 62 : c == '/' ? 63 : -1;
+            int d = c >= 'A' && c <= 'Z'   ? c - 'A'
+                    : c >= 'a' && c <= 'z' ? c - 'a' + 26
+                    : c >= '0' && c <= '9' ? c - '0' + 52
+                    : c == '+'             ? 62
+                    : c == '/'             ? 63
+                                           : -1;
             if (c == '=' && i + 4 == len && k >= 2 && (k == 3 || s[i + 3] == '=')) {
                 pad++;
                 d = 0;
