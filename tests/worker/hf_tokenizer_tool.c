@@ -7,6 +7,8 @@
  *   hf_tokenizer_tool pair TOKENIZER.json IN OUT MAXLEN
  *       IN holds records in twos: text A, then text B or "-\n" for none; OUT gets "IDS | TYPES" per pair,
  *       encoded with special tokens and truncated to MAXLEN tokens (0: none)
+ *   hf_tokenizer_tool normalize TOKENIZER.json IN OUT
+ *       IN holds records as for encode; OUT gets the normalized texts as records (zt_tokenizer_normalize)
  *   hf_tokenizer_tool decode TOKENIZER.json IN OUT
  *       IN holds one line of ids per text; OUT gets records "LENGTH\n" + the decoded bytes
  *   hf_tokenizer_tool pieces TOKENIZER.json OUT           OUT gets zt_tokenizer_token_bytes of every id, as
@@ -130,6 +132,41 @@ static int encode_pairs(const zt_tokenizer *tok, const char *in, const char *out
     }
     free(data);
     return fclose(f) == 0 ? 0 : fail("cannot write the output");
+}
+
+static int normalize(const zt_tokenizer *tok, const char *in, const char *out)
+{
+    zt_err err;
+    char *data;
+    size_t len;
+    if (zt_read_file(in, &data, &len, &err) != 0)
+        return fail(err.msg);
+    FILE *f = fopen(out, "wb");
+    if (!f) {
+        free(data);
+        return fail(strerror(errno));
+    }
+    int rc = 0;
+    for (size_t pos = 0; pos < len && rc == 0;) {
+        const char *text;
+        size_t n;
+        if (next_record(data, len, &pos, &text, &n) != 0 || text == NULL) {
+            rc = fail("bad record in the input");
+            break;
+        }
+        char *norm;
+        size_t nlen;
+        if (zt_tokenizer_normalize(tok, text, n, &norm, &nlen, &err) != 0) {
+            rc = fail(err.msg);
+            break;
+        }
+        fprintf(f, "%zu\n", nlen);
+        fwrite(norm, 1, nlen, f);
+        free(norm);
+    }
+    fclose(f);
+    free(data);
+    return rc;
 }
 
 static int decode(const zt_tokenizer *tok, const char *in, const char *out)
@@ -274,6 +311,8 @@ int main(int argc, char **argv)
         rc = encode(tok, argv[3], argv[4], flags);
     } else if (strcmp(argv[1], "pair") == 0 && argc == 6) {
         rc = encode_pairs(tok, argv[3], argv[4], (size_t)strtoull(argv[5], NULL, 10));
+    } else if (strcmp(argv[1], "normalize") == 0 && argc == 5) {
+        rc = normalize(tok, argv[3], argv[4]);
     } else if (strcmp(argv[1], "decode") == 0 && argc == 5) {
         rc = decode(tok, argv[3], argv[4]);
     } else if (strcmp(argv[1], "pieces") == 0 && argc == 4) {

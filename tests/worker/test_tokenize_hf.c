@@ -1,5 +1,6 @@
 /* Tests of the Hugging Face tokenizer.json tokenizers (worker/data/tokenize.h) on small hand-written files:
- * byte-level BPE, BPE with byte fallback (LLaMA-2 style), WordPiece (BERT), added tokens, post-processors,
+ * byte-level BPE, BPE with byte fallback (LLaMA-2 style), WordPiece (BERT), Unigram (T5: its Viterbi, the
+ * precompiled charsmap, Metaspace), added tokens, post-processors,
  * decoding and per-token bytes, every refusal of an unimplemented component, and `ztrain tokenize
  * --tokenizer`. The comparison with the tokenizers library itself is tests/interop/tokenizers_check.py. */
 #include <setjmp.h>
@@ -377,6 +378,221 @@ struct refusal {
 /* A tokenizer.json that is not UTF-8 (here an added token's content) is refused at load with the byte
  * offset, before any of its strings is read as UTF-8 (found by the fuzzing harness: the normalizer read
  * past the end of such a string). */
+/* ---- Unigram (SentencePiece, T5) ---- */
+
+/* Pieces and scores chosen for the Viterbi's ties: "ab" = "a" + "b" exactly (the piece wins, its path is
+ * found first), "abc" loses to "ab" + "c", "d" is listed twice (the later id and score count), and "ee"'s
+ * score is a number the library reads as -2.0000000000000004 where strtod gives -2.0, so "e" + "e" (-2.0)
+ * beats it. The ids of every case below are the library's (tokenizers 0.23.3). */
+static char *unigram_json(bool byte_fallback, bool unk)
+{
+    char model[1024];
+    snprintf(model, sizeof(model),
+             "{\"type\": \"Unigram\", \"unk_id\": %s, \"vocab\": [[\"<unk>\", 0.0], [\"a\", -1.0], [\"b\", -2.0], "
+             "[\"ab\", -3.0], [\"c\", -1.5], [\"abc\", -5.0], [\"d\", -1.0], [\"<0x78>\", -20.0], [\"<0x79>\", -20.0], "
+             "[\"d\", -0.5], [\"e\", -1.0], [\"ee\", -2.00000000000000017]], \"byte_fallback\": %s}",
+             unk ? "0" : "null", byte_fallback ? "true" : "false");
+    return make_json("[]", "null", "null", "null", "null", model);
+}
+
+static void test_unigram(void **state)
+{
+    (void)state;
+    char *json = unigram_json(false, true);
+    zt_tokenizer *tok = load_ok(json);
+    assert_string_equal(zt_tokenizer_kind(tok), "unigram");
+    assert_int_equal(zt_tokenizer_vocab_size(tok), 12);
+    expect_ids(tok, "ab", 0, IDS(3));
+    expect_ids(tok, "abc", 0, IDS(3, 4));
+    expect_ids(tok, "abcabc", 0, IDS(3, 4, 3, 4));
+    expect_ids(tok, "ba", 0, IDS(2, 1));
+    expect_ids(tok, "d", 0, IDS(9));
+    expect_ids(tok, "ee", 0, IDS(10, 10));
+    expect_ids(tok, "", 0, NULL, 0);
+    /* characters without a piece: one unknown token for the run */
+    expect_ids(tok, "xyz", 0, IDS(0));
+    expect_ids(tok, "axyb", 0, IDS(1, 0, 2));
+    expect_ids(tok, "axzb", 0, IDS(1, 0, 2));
+    zt_tokenizer_destroy(tok);
+    free(json);
+
+    /* byte fallback takes the fused run as a whole: "xy" has both bytes, "xz" not (then <unk>) */
+    json = unigram_json(true, true);
+    tok = load_ok(json);
+    expect_ids(tok, "axyb", 0, IDS(1, 7, 8, 2));
+    expect_ids(tok, "axzb", 0, IDS(1, 0, 2));
+    expect_ids(tok, "xyz", 0, IDS(0));
+    zt_tokenizer_destroy(tok);
+    free(json);
+
+    /* no unk_id: a text with a character without a piece is refused, as the library refuses it */
+    json = unigram_json(false, false);
+    tok = load_ok(json);
+    expect_ids(tok, "ab", 0, IDS(3));
+    int32_t *ids;
+    size_t n;
+    zt_err err;
+    assert_int_equal(zt_tokenizer_encode_flags(tok, "ax", 2, 0, &ids, &n, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "U+0078"));
+    assert_non_null(strstr(err.msg, "unk_id"));
+    zt_tokenizer_destroy(tok);
+    free(json);
+}
+
+/* A precompiled charsmap made by tests/interop/tokenizers_check.py (charsmap_base64) from
+ * {"ﬁ": "fi", "\t": " ", "\r": " ", "\n": " ", "e\u0301": "é", "™": "TM", "\x01": ""}. */
+static const char small_charsmap[] =
+    "AAQAAAAAAAABRQAAAAAAAAkAAIAAAAAAAAAAAAYAAIAAAAAAAAAAAAkZAAAKEQAAAwAAgAEAAIANBQAAAQAAgAEAAIAAAACAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAZYgBAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAhBQCAAAAAAAA"
+    "AAAAgQECAAAAAAAAAAAAAAAAAAAAAAAAAAAAgQkCAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAooUC"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAArLwCAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAzAwDAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAADimAMAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA77gDAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAIADDqQBUTQBmaQA=";
+
+/* T5's pipeline around a small vocabulary: Precompiled, Strip (right), Replace " {2,}" -> "▁", WhitespaceSplit
+ * + Metaspace, $A </s>, a Metaspace decoder. pre: another pre_tokenizer; norm: another normalizer. */
+static char *t5_json(const char *norm, const char *pre)
+{
+    static const char vocab[] =
+        "[[\"<pad>\", 0.0], [\"</s>\", 0.0], [\"<unk>\", 0.0], [\"\\u2581\", -2.0], [\"\\u2581fi\", -3.0], "
+        "[\"x\", -2.5], [\"\\u00e9\", -3.0], [\"TM\", -4.0], [\"\\u2581TM\", -4.5], [\"fi\", -3.5], "
+        "[\"\\u2581a\", -3.0], [\"b\", -3.0], [\"\\u2581\\u2581\", -5.0], [\"\\u2581\\u00e9\", -3.5], [\"\\u2581b\", -3.0]]";
+    size_t cap = sizeof(small_charsmap) + 4096;
+    char *model = malloc(cap), *normalizer = malloc(cap);
+    assert_non_null(model);
+    assert_non_null(normalizer);
+    snprintf(model, cap, "{\"type\": \"Unigram\", \"unk_id\": 2, \"vocab\": %s, \"byte_fallback\": false}", vocab);
+    if (norm)
+        snprintf(normalizer, cap, norm, small_charsmap);
+    else
+        snprintf(normalizer, cap,
+                 "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Precompiled\", \"precompiled_charsmap\": "
+                 "\"%s\"}, {\"type\": \"Strip\", \"strip_left\": false, \"strip_right\": true}, {\"type\": "
+                 "\"Replace\", \"pattern\": {\"Regex\": \" {2,}\"}, \"content\": \"\\u2581\"}]}",
+                 small_charsmap);
+    char *json = make_json(
+        "[{\"id\": 0, \"content\": \"<pad>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+        "\"normalized\": false, \"special\": true}, {\"id\": 1, \"content\": \"</s>\", \"single_word\": false, "
+        "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true}, {\"id\": 2, \"content\": "
+        "\"<unk>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+        "\"special\": true}]",
+        normalizer,
+        pre ? pre
+            : "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"WhitespaceSplit\"}, {\"type\": \"Metaspace\", "
+              "\"replacement\": \"\\u2581\", \"prepend_scheme\": \"always\", \"split\": true}]}",
+        "{\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, "
+        "{\"SpecialToken\": {\"id\": \"</s>\", \"type_id\": 0}}], \"pair\": [], \"special_tokens\": {\"</s>\": "
+        "{\"id\": \"</s>\", \"ids\": [1], \"tokens\": [\"</s>\"]}}}",
+        "{\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"always\", \"split\": true}",
+        model);
+    free(model);
+    free(normalizer);
+    return json;
+}
+
+static void expect_normalized(const zt_tokenizer *tok, const char *text, const char *want)
+{
+    char *out;
+    size_t len;
+    zt_err err;
+    assert_int_equal(zt_tokenizer_normalize(tok, text, strlen(text), &out, &len, &err), 0);
+    if (len != strlen(want) || memcmp(out, want, len) != 0)
+        fail_msg("'%s' normalized to '%s', expected '%s'", text, out, want);
+    free(out);
+}
+
+static void test_unigram_t5(void **state)
+{
+    (void)state;
+    char *json = t5_json(NULL, NULL);
+    zt_tokenizer *tok = load_ok(json);
+    assert_string_equal(zt_tokenizer_kind(tok), "unigram");
+    /* the charsmap: a key, a two-character key, a key that begins a grapheme cluster shorter than 6 bytes
+     * (the whole cluster is replaced: the accent goes), CR LF as one cluster (one space), a key mapped to
+     * nothing; then Strip and Replace */
+    expect_normalized(tok, "\xef\xac\x81x", "fix");
+    expect_normalized(tok, "e\xcc\x81", "\xc3\xa9");
+    expect_normalized(tok, "\xe2\x84\xa2\xcc\x81", "TM");
+    expect_normalized(tok, "a\r\nb", "a b");
+    expect_normalized(tok, "a\n\nb", "a\xe2\x96\x81" "b");
+    expect_normalized(tok, "a\x01" "b", "ab");
+    expect_normalized(tok, "  \xef\xac\x81x\tx  ", "\xe2\x96\x81" "fix x");
+    expect_ids(tok, "\xef\xac\x81x", 0, IDS(4, 5));
+    expect_ids(tok, "\xef\xac\x81x", ZT_TOKENIZE_ADD_SPECIAL, IDS(4, 5, 1));
+    expect_ids(tok, "  \xef\xac\x81x\tx  ", ZT_TOKENIZE_ADD_SPECIAL, IDS(4, 5, 3, 5, 1));
+    expect_ids(tok, "a\r\nb", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 14, 1));
+    expect_ids(tok, "e\xcc\x81", ZT_TOKENIZE_ADD_SPECIAL, IDS(13, 1));
+    expect_ids(tok, "\xe2\x84\xa2\xcc\x81", ZT_TOKENIZE_ADD_SPECIAL, IDS(8, 1));
+    expect_ids(tok, "x\xe2\x84\xa2", ZT_TOKENIZE_ADD_SPECIAL, IDS(3, 5, 7, 1));
+    expect_ids(tok, "a\x01" "b", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 11, 1));
+    expect_ids(tok, "zz q", ZT_TOKENIZE_ADD_SPECIAL, IDS(3, 2, 3, 2, 1));
+    expect_ids(tok, "x   x", ZT_TOKENIZE_ADD_SPECIAL, IDS(3, 5, 3, 5, 1));
+    expect_ids(tok, "a</s>b", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 1, 14, 1));
+    expect_decode(tok, IDS(4, 5, 3, 5, 1), "fix x</s>");
+    expect_decode(tok, IDS(3, 2, 3, 2, 1), "<unk> <unk></s>");
+    zt_tokenizer_destroy(tok);
+    free(json);
+
+    /* the older form: the charsmap alone and Metaspace (add_prefix_space): runs of spaces are runs of "▁" */
+    json = t5_json("{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"%s\"}",
+                   "{\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"add_prefix_space\": true}");
+    tok = load_ok(json);
+    expect_ids(tok, "a  b", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 3, 14, 1));
+    expect_ids(tok, "a\tb", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 14, 1));
+    expect_ids(tok, " a", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 1));
+    expect_ids(tok, "\xef\xac\x81 \xef\xac\x81", ZT_TOKENIZE_ADD_SPECIAL, IDS(4, 4, 1));
+    zt_tokenizer_destroy(tok);
+    free(json);
+
+    /* prepend_scheme first: "▁" only where the text begins, not after an added token */
+    json = t5_json("null", "{\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"first\", "
+                           "\"split\": true}");
+    tok = load_ok(json);
+    expect_ids(tok, "a b", ZT_TOKENIZE_ADD_SPECIAL, IDS(10, 14, 1));
+    expect_ids(tok, "</s>b", ZT_TOKENIZE_ADD_SPECIAL, IDS(1, 11, 1));
+    expect_ids(tok, "b</s>b", ZT_TOKENIZE_ADD_SPECIAL, IDS(14, 1, 11, 1));
+    zt_tokenizer_destroy(tok);
+    free(json);
+}
+
+/* NFC, NFKC and NFKD: compatibility characters (ligature, circled digit, the Arabic ligature of 18
+ * characters), a singleton (the Angstrom sign), Hangul jamo, marks to reorder and compose, a mark blocked
+ * from its base by one of the same class, a text that begins with a mark. The results are the library's. */
+static void test_unicode_forms(void **state)
+{
+    (void)state;
+    const char *text = "\xef\xac\x81x \xe2\x91\xa0 \xe2\x84\xab \xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8 e\xcc\x81\xcc\xa3 "
+                       "\xcc\xa3" "e\xcc\x81 \xc3\x85\xcc\x81 \xef\xb7\xba a\xcc\xa8\xcc\x81 \xcc\x81x";
+    static const char arabic[] = "\xd8\xb5\xd9\x84\xd9\x89 \xd8\xa7\xd9\x84\xd9\x84\xd9\x87 \xd8\xb9\xd9\x84\xd9\x8a"
+                                 "\xd9\x87 \xd9\x88\xd8\xb3\xd9\x84\xd9\x85";
+    char want[3][512];
+    snprintf(want[0], sizeof(want[0]), "%s",
+             "\xef\xac\x81x \xe2\x91\xa0 \xc3\x85 \xea\xb0\x81 \xe1\xba\xb9\xcc\x81 \xcc\xa3\xc3\xa9 \xc7\xba "
+             "\xef\xb7\xba \xc4\x85\xcc\x81 \xcc\x81x");
+    snprintf(want[1], sizeof(want[1]), "fix 1 \xc3\x85 \xea\xb0\x81 \xe1\xba\xb9\xcc\x81 \xcc\xa3\xc3\xa9 \xc7\xba %s "
+             "\xc4\x85\xcc\x81 \xcc\x81x", arabic);
+    snprintf(want[2], sizeof(want[2]), "fix 1 A\xcc\x8a \xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8 e\xcc\xa3\xcc\x81 "
+             "\xcc\xa3" "e\xcc\x81 A\xcc\x8a\xcc\x81 %s a\xcc\xa8\xcc\x81 \xcc\x81x", arabic);
+    const char *forms[3] = {"NFC", "NFKC", "NFKD"};
+    for (int f = 0; f < 3; f++) {
+        char norm[64];
+        snprintf(norm, sizeof(norm), "{\"type\": \"%s\"}", forms[f]);
+        char *json = make_json("[]", norm, "null", "null", "null", small_model);
+        zt_tokenizer *tok = load_ok(json);
+        expect_normalized(tok, text, want[f]);
+        zt_tokenizer_destroy(tok);
+        free(json);
+    }
+}
+
 static void test_not_utf8(void **state)
 {
     (void)state;
@@ -397,16 +613,29 @@ static void test_refusals(void **state)
     (void)state;
     const char *M = small_model;
     const struct refusal cases[] = {
-        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"vocab\": []}", ZT_EUNSUPPORTED,
-         {"model.type", "Unigram", "BPE and WordPiece"}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"WordLevel\", \"vocab\": {}}", ZT_EUNSUPPORTED,
+         {"model.type", "WordLevel", "BPE, WordPiece and Unigram"}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"unk_id\": 2, \"vocab\": [[\"a\", -1.0], "
+         "[\"b\", -2.0]]}", ZT_EFORMAT, {"model.unk_id", "2 pieces", NULL}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"a\", \"x\"]]}",
+         ZT_EFORMAT, {"model.vocab[0]", "[piece, score]", NULL}},
+        {"[]", "null", "null", "null", "null", "{\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"a\", 0.0]], "
+         "\"alpha\": 0.1}", ZT_EUNSUPPORTED, {"model.alpha", NULL, NULL}},
+        {"[]", "{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"not base64!\"}", "null", "null", "null",
+         M, ZT_EFORMAT, {"normalizer.precompiled_charsmap", "base64", NULL}},
+        {"[]", "{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"QAAAAA==\"}", "null", "null", "null", M,
+         ZT_EFORMAT, {"normalizer.precompiled_charsmap", "trie fits", NULL}},
+        {"[]", "{\"type\": \"Precompiled\", \"precompiled_charsmap\": \"BAAAAAAAAAA=\"}",
+         "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"first\", \"split\": false}",
+         "null", "null", M, ZT_EUNSUPPORTED, {"pre_tokenizer.prepend_scheme", "first", NULL}},
         /* an id far above any vocabulary (found by fuzzing: the id tables took 3.5 GB) */
         {"[]", "null", "null", "null", "null", "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 222222221}, "
          "\"merges\": []}", ZT_EUNSUPPORTED, {"token id 222222221", "8388607", NULL}},
-        {"[]", "{\"type\": \"NFKC\"}", "null", "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.type", "NFKC", NULL}},
+        {"[]", "{\"type\": \"Nmt\"}", "null", "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.type", "Nmt", NULL}},
         {"[]", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFD\"}, {\"type\": \"Precompiled\"}]}", "null",
-         "null", "null", M, ZT_EUNSUPPORTED, {"normalizer.normalizers[1].type", "Precompiled", NULL}},
-        {"[]", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {2,}\"}, \"content\": \" \"}", "null", "null",
-         "null", M, ZT_EUNSUPPORTED, {"normalizer.pattern", "Regex", NULL}},
+         "null", "null", M, ZT_EFORMAT, {"normalizer.normalizers[1].precompiled_charsmap", NULL, NULL}},
+        {"[]", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {3,}\"}, \"content\": \" \"}", "null", "null",
+         "null", M, ZT_EUNSUPPORTED, {"normalizer.pattern", "Regex", " {2,}"}},
         {"[]", "{\"type\": \"Lowercase\", \"extra\": 1}", "null", "null", "null", M, ZT_EUNSUPPORTED,
          {"normalizer.extra", NULL, NULL}},
         {"[]", "null", "{\"type\": \"Whitespace\"}", "null", "null", M, ZT_EUNSUPPORTED,
@@ -641,12 +870,35 @@ static void test_cmd_tokenize_with_tokenizer(void **state)
     zt_err err;
     assert_int_equal(zt_dataloader_open(&dl, pat, 1, 4, false, 0, &err), 0);
     assert_int_equal(zt_dataloader_num_tokens(dl), 5);
-    int32_t in[4], tg[4];
+    int32_t in[4], tg[4], in6[6], tg6[6];
     zt_dataloader_next(dl, in, tg);
     const int32_t want[5] = {1, 263, 263, 1, 263};
     for (int i = 0; i < 4; i++) {
         assert_int_equal(in[i], want[i]);
         assert_int_equal(tg[i], want[i + 1]);
+    }
+    zt_dataloader_close(dl);
+
+    /* a Unigram tokenizer.json (T5's pipeline): </s> after the text */
+    json = t5_json(NULL, NULL);
+    write_text("t5.json", json);
+    free(json);
+    write_text("t5.txt", "a\r\nb x   x");
+    char t5[512], t5_txt[512], t5_dir[512];
+    snprintf(t5, sizeof(t5), "%s/t5.json", g_dir);
+    snprintf(t5_txt, sizeof(t5_txt), "%s/t5.txt", g_dir);
+    snprintf(t5_dir, sizeof(t5_dir), "%s/t5", g_dir);
+    char *args_t5[] = {"--input", t5_txt, "--out-dir", t5_dir, "--name", "t", "--val-fraction", "0",
+                       "--tokenizer", t5, "--add-special-tokens"};
+    assert_int_equal(run_tokenize(args_t5, 11), 0);
+    snprintf(pat, sizeof(pat), "%s/t_train_*.bin", t5_dir);
+    assert_int_equal(zt_dataloader_open(&dl, pat, 1, 6, false, 0, &err), 0);
+    assert_int_equal(zt_dataloader_num_tokens(dl), 7);
+    zt_dataloader_next(dl, in6, tg6);
+    const int32_t want_t5[7] = {10, 14, 3, 5, 3, 5, 1};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(in6[i], want_t5[i]);
+        assert_int_equal(tg6[i], want_t5[i + 1]);
     }
     zt_dataloader_close(dl);
 
@@ -668,7 +920,7 @@ static void test_cmd_tokenize_with_tokenizer(void **state)
     char out2[512];
     snprintf(out2, sizeof(out2), "%s/out2", g_dir);
     /* a refused tokenizer.json and text that is not UTF-8: exit 1, nothing written */
-    write_text("bad.json", "{\"model\": {\"type\": \"Unigram\"}}");
+    write_text("bad.json", "{\"model\": {\"type\": \"WordLevel\", \"vocab\": {}}}");
     write_text("latin1.txt", "caf\xe9");
     char bad[512], latin1[512];
     snprintf(bad, sizeof(bad), "%s/bad.json", g_dir);
@@ -689,6 +941,9 @@ int main(void)
         cmocka_unit_test(test_byte_fallback_bpe),
         cmocka_unit_test(test_metaspace),
         cmocka_unit_test(test_wordpiece),
+        cmocka_unit_test(test_unigram),
+        cmocka_unit_test(test_unigram_t5),
+        cmocka_unit_test(test_unicode_forms),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_not_utf8),
         cmocka_unit_test(test_text_and_id_errors),

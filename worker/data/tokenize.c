@@ -127,6 +127,31 @@ static int check_utf8(const void *text, size_t len, zt_err *err)
                    ok, ((const unsigned char *)text)[ok]);
 }
 
+int zt_tokenizer_normalize(const zt_tokenizer *tok, const void *text, size_t len, char **out, size_t *out_len,
+                           zt_err *err)
+{
+    *out = NULL;
+    *out_len = 0;
+    int rc = check_utf8(text, len, err);
+    if (rc != 0)
+        return rc;
+    zt__bytes r = {0};
+    if (tok->kind == TOK_HF) {
+        if ((rc = zt__hf_normalize(&tok->hf, text, len, &r, err)) != 0)
+            return rc;
+    } else {
+        r.p = malloc(len + 1);
+        if (!r.p)
+            return zt_fail(err, ZT_ENOMEM, "out of memory normalizing %zu bytes of text", len);
+        memcpy(r.p, text, len);
+        r.p[len] = '\0';
+        r.len = len;
+    }
+    *out = r.p;
+    *out_len = r.len;
+    return 0;
+}
+
 int zt_tokenizer_encode_flags(const zt_tokenizer *tok, const void *text, size_t len, unsigned flags,
                               int32_t **tokens, size_t *n, zt_err *err)
 {

@@ -5,10 +5,11 @@
  *   - "bytes" (zt_tokenizer_create): token = byte value, vocabulary 256, every byte string round-trips
  *     exactly;
  *   - a Hugging Face tokenizer.json (zt_tokenizer_load): BPE (byte-level as GPT-2 and LLaMA-3, or with byte
- *     fallback as LLaMA-2) and WordPiece (BERT), giving the ids of the tokenizers library. Their kinds are
- *     "byte-level-bpe", "bpe" and "wordpiece". A component of the file that is not implemented is refused
- *     when the file is loaded (ZT_EUNSUPPORTED, naming its JSON path), never skipped. The pre-tokenizers are
- *     written by hand over the Unicode tables of worker/data/unicode.h.
+ *     fallback as LLaMA-2), WordPiece (BERT) and Unigram (SentencePiece's, as T5 and mT5), giving the ids of
+ *     the tokenizers library. Their kinds are "byte-level-bpe", "bpe", "wordpiece" and "unigram". A
+ *     component of the file that is not implemented is refused when the file is loaded (ZT_EUNSUPPORTED,
+ *     naming its JSON path), never skipped. The pre-tokenizers are written by hand over the Unicode tables
+ *     of worker/data/unicode.h.
  * A tokenizer is read-only after it is made: several threads may encode and decode with it at once. */
 #ifndef ZT_WORKER_TOKENIZE_H
 #define ZT_WORKER_TOKENIZE_H
@@ -35,7 +36,7 @@ int zt_tokenizer_load_json(zt_tokenizer **out, const char *json, const char *nam
 /* Frees a tokenizer; accepts NULL. */
 void zt_tokenizer_destroy(zt_tokenizer *tok);
 
-/* Returns the kind: "bytes", "byte-level-bpe", "bpe" or "wordpiece" (a string that lives as long as tok;
+/* Returns the kind: "bytes", "byte-level-bpe", "bpe", "wordpiece" or "unigram" (a string that lives as long as tok;
  * never NULL). */
 const char *zt_tokenizer_kind(const zt_tokenizer *tok);
 /* Returns the number of token ids: every token this tokenizer makes is in [0, vocab size). For a
@@ -76,6 +77,12 @@ int zt_tokenizer_encode_flags(const zt_tokenizer *tok, const void *text, size_t 
  * ZT_EINVAL_CONFIG (max_len cannot hold the special tokens), ZT_EUNSUPPORTED or ZT_ENOMEM. */
 int zt_tokenizer_encode_pair(const zt_tokenizer *tok, const char *a, size_t alen, const char *b, size_t blen,
                              size_t max_len, int32_t **tokens, int32_t **types, size_t *n, zt_err *err);
+
+/* Applies the normalizer of a tokenizer.json to UTF-8 text, as the library's normalizer.normalize_str does
+ * (the bytes tokenizer has none: the text comes back as it is). *out (malloc'd, NUL-terminated, the NUL not
+ * counted in *out_len) is freed by the caller. Returns 0, ZT_EFORMAT (the text is not UTF-8) or ZT_ENOMEM. */
+int zt_tokenizer_normalize(const zt_tokenizer *tok, const void *text, size_t len, char **out, size_t *out_len,
+                           zt_err *err);
 
 /* Decodes n tokens into *text, a malloc'd buffer of *len bytes plus a NUL (not counted in *len) that the
  * caller frees. A tokenizer.json decodes through its decoders, special tokens included, as the library's

@@ -11,6 +11,7 @@
  *
  * Decoding runs the decoders over the list of token strings, as the library does. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -329,6 +330,18 @@ typedef struct encoder {
     size_t nheap, capheap;
     int32_t *wids;
     size_t nwids, capwids;
+    /* Unigram: the best path ending at each byte of a word */
+    struct best {
+        double score;
+        int64_t start; /* -1: no path ends here yet */
+        int32_t id;
+    } *best;
+    size_t capbest;
+    struct cut {
+        size_t start, end;
+    } *cuts;
+    size_t ncuts, capcuts;
+    char problem[400]; /* why a text cannot be encoded (a character without a piece and no unk_id) */
 } encoder;
 
 static int push_id(encoder *e, int32_t id)
@@ -686,6 +699,52 @@ static int decompose(const cpvec *in, cpvec *out)
     return 0;
 }
 
+/* Compatibility decomposition (NFKD) of in into out, canonically ordered. */
+static int decompose_compat(const cpvec *in, cpvec *out)
+{
+    out->n = 0;
+    for (size_t i = 0; i < in->n; i++) {
+        uint32_t d[ZT_UNICODE_MAX_NFKD];
+        int k = zt_unicode_nfkd(in->v[i], d);
+        for (int j = 0; j < k; j++)
+            if (cp_push(out, d[j]) != 0)
+                return ZT_ENOMEM;
+    }
+    canonical_order(out);
+    return 0;
+}
+
+/* Canonical composition of a decomposed, ordered c, in place (UAX #15): a character joins the last starter
+ * when it is not blocked from it (no character between them of its combining class or higher, or a starter
+ * right after the starter). */
+static void compose(cpvec *c)
+{
+    size_t w = 0;
+    bool have_starter = false;
+    size_t starter = 0; /* where the last starter is in the output */
+    int last = 0;       /* class of the last character written after it; 0: it is the last one written */
+    for (size_t i = 0; i < c->n; i++) {
+        uint32_t ch = c->v[i];
+        int cc = zt_unicode_ccc(ch);
+        if (have_starter && (last < cc || last == 0)) {
+            uint32_t comp = zt_unicode_compose(c->v[starter], ch);
+            if (comp) {
+                c->v[starter] = comp;
+                continue;
+            }
+        }
+        if (cc == 0) {
+            have_starter = true;
+            starter = w;
+            last = 0;
+        } else {
+            last = cc;
+        }
+        c->v[w++] = ch;
+    }
+    c->n = w;
+}
+
 static int to_cps(const char *s, size_t len, cpvec *c)
 {
     c->n = 0;
@@ -746,6 +805,73 @@ static void drop_marks(cpvec *c, bool all_marks)
     c->n = m;
 }
 
+/* ---- the precompiled charsmap (normalizers/precompiled.rs and the spm_precompiled crate) ------------ */
+
+/* The first (shortest) key of the charsmap's double-array trie (darts-clone's layout) that is a prefix of
+ * key[0..len), as common_prefix_search(...)[0]; the search stops at a NUL byte. Returns the offset of its
+ * normalized string, or -1 when no key is a prefix. */
+static int64_t charsmap_first(const zt__norm *nm, const unsigned char *key, size_t len)
+{
+    const uint32_t *a = nm->trie;
+#define UNIT_OFFSET(u) (((uint64_t)(u) >> 10) << (((u) & (1u << 9)) >> 6))
+    uint64_t pos = UNIT_OFFSET(a[0]);
+    for (size_t i = 0; i < len && key[i] != 0; i++) {
+        pos ^= key[i];
+        if (pos >= nm->ntrie)
+            return -1;
+        uint32_t unit = a[pos];
+        if ((unit & ((1u << 31) | 0xFFu)) != key[i])
+            return -1;
+        pos ^= UNIT_OFFSET(unit);
+        if ((unit >> 8) & 1)
+            return pos < nm->ntrie ? (int64_t)(a[pos] & 0x7FFFFFFFu) : -1;
+    }
+#undef UNIT_OFFSET
+    return -1;
+}
+
+/* Appends the normalized string at offset v (up to its NUL) of the charsmap; false when v is past the end. */
+static bool charsmap_put(const zt__norm *nm, int64_t v, buf *out, int *rc)
+{
+    if ((size_t)v > nm->a.len || ((size_t)v < nm->a.len && ((unsigned char)nm->a.p[v] & 0xC0) == 0x80))
+        return false; /* not the start of a string: the library panics on such a charsmap */
+    const char *p = nm->a.p + v;
+    const char *nul = memchr(p, 0, nm->a.len - (size_t)v);
+    size_t n = nul ? (size_t)(nul - p) : nm->a.len - (size_t)v;
+    *rc = buf_add(out, p, n);
+    return true;
+}
+
+/* Precompiled over in[0..len): grapheme cluster by grapheme cluster, a cluster shorter than 6 bytes that
+ * begins with a key of the charsmap is replaced as a whole by that (shortest) key's string, whatever follows
+ * the key in the cluster; any other cluster character by character, each one that is a key replaced. This
+ * is what the library does (not SentencePiece's longest match over the text). */
+static int precompiled(const zt__norm *nm, const char *in, size_t len, buf *out)
+{
+    const unsigned char *u = (const unsigned char *)in;
+    int rc = 0;
+    for (size_t i = 0; i < len && rc == 0;) {
+        size_t end = zt_unicode_grapheme_end(u, len, i);
+        if (end - i < 6) {
+            int64_t v = charsmap_first(nm, u + i, end - i);
+            if (v >= 0 && charsmap_put(nm, v, out, &rc)) {
+                i = end;
+                continue;
+            }
+        }
+        for (size_t j = i; j < end && rc == 0;) {
+            int n;
+            next_cp(u, j, &n);
+            int64_t v = charsmap_first(nm, u + j, (size_t)n);
+            if (!(v >= 0 && charsmap_put(nm, v, out, &rc)))
+                rc = buf_add(out, in + j, (size_t)n);
+            j += (size_t)n;
+        }
+        i = end;
+    }
+    return rc != 0 ? rc : buf_reserve(out, 1);
+}
+
 /* One normalizer step: in (len bytes) -> out. */
 static int norm_step(const zt__norm *nm, const char *in, size_t len, buf *out, cpvec *c1, cpvec *c2)
 {
@@ -768,6 +894,26 @@ static int norm_step(const zt__norm *nm, const char *in, size_t len, buf *out, c
         }
         return buf_add(out, in + i, len - i);
     }
+    case ZT__NORM_REPLACE_SPACES:
+        for (size_t i = 0; i < len;) {
+            size_t j = i;
+            while (j < len && in[j] == ' ')
+                j++;
+            if (j - i >= 2) {
+                if (buf_add(out, nm->b.p, nm->b.len) != 0)
+                    return ZT_ENOMEM;
+                i = j;
+                continue;
+            }
+            if (j == i)
+                j++;
+            if (buf_add(out, in + i, j - i) != 0)
+                return ZT_ENOMEM;
+            i = j;
+        }
+        return buf_reserve(out, 1);
+    case ZT__NORM_PRECOMPILED:
+        return precompiled(nm, in, len, out);
     case ZT__NORM_STRIP: {
         size_t start = 0, end = len;
         const unsigned char *u = (const unsigned char *)in;
@@ -805,6 +951,17 @@ static int norm_step(const zt__norm *nm, const char *in, size_t len, buf *out, c
         if (to_cps(in, len, c1) != 0 || lower_cps(c1, c2) != 0)
             return ZT_ENOMEM;
         return from_cps(c1, out);
+    }
+    case ZT__NORM_NFKD:
+    case ZT__NORM_NFC:
+    case ZT__NORM_NFKC: {
+        if (to_cps(in, len, c1) != 0)
+            return ZT_ENOMEM;
+        if ((nm->type == ZT__NORM_NFC ? decompose(c1, c2) : decompose_compat(c1, c2)) != 0)
+            return ZT_ENOMEM;
+        if (nm->type != ZT__NORM_NFKD)
+            compose(c2);
+        return from_cps(c2, out);
     }
     case ZT__NORM_NFD:
     case ZT__NORM_STRIP_ACCENTS:
@@ -1142,6 +1299,126 @@ static int wordpiece_word(encoder *e, const char *w, size_t len)
     return 0;
 }
 
+/* The id of the piece s[0..len) in a Unigram vocabulary, byte fallback (the piece's bytes as <0xXX> tokens,
+ * when it has no id and every byte has one) or the unknown token, into e->wids (models/unigram/model.rs
+ * tokenize). */
+static int unigram_piece(encoder *e, const char *s, size_t len)
+{
+    const zt__hf *hf = e->hf;
+    int32_t id = zt__strmap_get(&hf->vocab, s, len);
+    if (id >= 0)
+        return word_push(e, id);
+    if (hf->byte_fallback) {
+        bool all = true;
+        for (size_t j = 0; j < len && all; j++)
+            all = hf->byte_ids[(unsigned char)s[j]] >= 0;
+        if (all) {
+            for (size_t j = 0; j < len; j++)
+                if (word_push(e, hf->byte_ids[(unsigned char)s[j]]) != 0)
+                    return ZT_ENOMEM;
+            return 0;
+        }
+    }
+    return word_push(e, hf->unk_id); /* unigram_word saw that the model has one */
+}
+
+/* Fails the encoding of a text in which the character at w has no piece and the model no unk_id, as the
+ * library does ("Encountered an unknown token but `unk_id` is missing"). */
+static int unigram_no_unk(encoder *e, const char *w)
+{
+    int n;
+    uint32_t cp = next_cp((const unsigned char *)w, 0, &n);
+    snprintf(e->problem, sizeof(e->problem), "the text has the character U+%04X, which the Unigram vocabulary has no "
+             "piece for, and the tokenizer has no unk_id to stand for it (the tokenizers library refuses the text "
+             "too): remove the character, or use a tokenizer.json with an unk_id", (unsigned)cp);
+    return ZT_EINVAL_CONFIG;
+}
+
+/* Unigram of one word into e->wids: the segmentation of highest total score, found left to right as the
+ * library's encode_optimized does (which is SentencePiece's), with the same ties (a path replaces the best
+ * one ending at a position only with a strictly higher score: earlier starts and, from one start, shorter
+ * pieces win), a character without a piece of its own as the unknown token (score: the lowest piece score
+ * minus 10), and runs of unknown tokens fused into one, which then goes through byte fallback as a whole. */
+static int unigram_word(encoder *e, const char *w, size_t len)
+{
+    const zt__hf *hf = e->hf;
+    const unsigned char *u = (const unsigned char *)w;
+    if (len + 1 > e->capbest) {
+        size_t cap = e->capbest ? e->capbest : 64;
+        while (cap < len + 1)
+            cap *= 2;
+        struct best *p = realloc(e->best, cap * sizeof(*p));
+        if (!p)
+            return ZT_ENOMEM;
+        e->best = p;
+        e->capbest = cap;
+    }
+    struct best *b = e->best;
+    for (size_t i = 0; i <= len; i++)
+        b[i] = (struct best){0.0, -1, 0};
+    const double unk_score = hf->uni_min_score - 10.0;
+    for (size_t start = 0; start < len;) {
+        const double here = b[start].score;
+        int mblen;
+        next_cp(u, start, &mblen);
+        bool single = false;
+        for (size_t end = start; end < len && end - start < hf->max_token_len;) {
+            int n;
+            next_cp(u, end, &n);
+            end += (size_t)n;
+            int32_t id = zt__strmap_get(&hf->vocab, w + start, end - start);
+            if (id >= 0) {
+                double cand = hf->uni_scores[id] + here;
+                if (b[end].start < 0 || cand > b[end].score)
+                    b[end] = (struct best){cand, (int64_t)start, id};
+                single = single || end - start == (size_t)mblen;
+            }
+            if (zt__strmap_get(&hf->uni_prefixes, w + start, end - start) < 0)
+                break; /* no longer piece begins with these characters */
+        }
+        size_t next = start + (size_t)mblen;
+        if (!single) {
+            double cand = unk_score + here;
+            if (b[next].start < 0 || cand > b[next].score) {
+                if (hf->unk_id < 0)
+                    return unigram_no_unk(e, w + start);
+                b[next] = (struct best){cand, (int64_t)start, hf->unk_id};
+            }
+        }
+        start = next;
+    }
+    /* Back from the end: the path's cuts, last first; a run of unknown tokens (pieces with the unk id, as
+     * in the library) is one cut. */
+    e->ncuts = 0;
+    bool fusing = false;
+    for (size_t end = len; end > 0;) {
+        const struct best *node = &b[end];
+        size_t start = (size_t)node->start;
+        bool unk = hf->unk_id >= 0 && node->id == hf->unk_id;
+        if (unk && fusing) {
+            e->cuts[e->ncuts - 1].start = start;
+        } else {
+            if (e->ncuts == e->capcuts) {
+                size_t cap = e->capcuts ? e->capcuts * 2 : 64;
+                struct cut *p = realloc(e->cuts, cap * sizeof(*p));
+                if (!p)
+                    return ZT_ENOMEM;
+                e->cuts = p;
+                e->capcuts = cap;
+            }
+            e->cuts[e->ncuts++] = (struct cut){start, end};
+        }
+        fusing = unk;
+        end = start;
+    }
+    for (size_t k = e->ncuts; k-- > 0;) {
+        int rc = unigram_piece(e, w + e->cuts[k].start, e->cuts[k].end - e->cuts[k].start);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 #define CACHE_MAX_WORD 256       /* longer words are not cached (the library's MAX_LENGTH) */
 #define CACHE_MAX_ENTRIES 200000 /* then the cache starts again */
 
@@ -1166,7 +1443,9 @@ static int model_word(encoder *e, const char *w, size_t len)
         }
     }
     e->nwids = 0;
-    int rc = hf->model == ZT__MODEL_BPE ? bpe_word(e, w, len) : wordpiece_word(e, w, len);
+    int rc = hf->model == ZT__MODEL_BPE         ? bpe_word(e, w, len)
+             : hf->model == ZT__MODEL_UNIGRAM ? unigram_word(e, w, len)
+                                              : wordpiece_word(e, w, len);
     if (rc != 0)
         return rc;
     for (size_t i = 0; i < e->nwids; i++)
@@ -1370,6 +1649,8 @@ static void encoder_free(encoder *e)
     free(e->syms);
     free(e->heap);
     free(e->wids);
+    free(e->best);
+    free(e->cuts);
 }
 
 int zt__hf_encode(const zt__hf *hf, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n,
@@ -1389,6 +1670,8 @@ int zt__hf_encode(const zt__hf *hf, const char *text, size_t len, bool add_speci
     encoder_free(&e);
     if (rc != 0) {
         free(e.ids);
+        if (rc != ZT_ENOMEM && e.problem[0])
+            return zt_fail(err, rc, "%s", e.problem);
         return zt_fail(err, rc, "out of memory encoding %zu bytes of text", len);
     }
     if (e.n == 0) {

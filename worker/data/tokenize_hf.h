@@ -49,10 +49,15 @@ enum zt__norm_type {
     ZT__NORM_BERT,          /* clean_text, handle_chinese_chars, strip_accents, lowercase */
     ZT__NORM_LOWERCASE,
     ZT__NORM_NFD,
+    ZT__NORM_NFKD,
+    ZT__NORM_NFC,
+    ZT__NORM_NFKC,
     ZT__NORM_STRIP_ACCENTS, /* drops marks, Mn Mc Me (no decomposition of its own) */
     ZT__NORM_STRIP,         /* strip_left / strip_right of White_Space */
     ZT__NORM_PREPEND,       /* a: the string put before a non-empty text */
     ZT__NORM_REPLACE,       /* a: the pattern (a plain string), b: what replaces it */
+    ZT__NORM_REPLACE_SPACES, /* the Regex " {2,}" (T5's): every run of two or more spaces -> b */
+    ZT__NORM_PRECOMPILED,   /* SentencePiece's precompiled charsmap (trie, ntrie, a: the normalized strings) */
 };
 
 typedef struct zt__norm {
@@ -60,6 +65,8 @@ typedef struct zt__norm {
     bool clean_text, handle_chinese_chars, strip_accents, lowercase; /* BERT */
     bool strip_left, strip_right;                                    /* STRIP */
     zt__bytes a, b;
+    uint32_t *trie;                                                  /* PRECOMPILED: double-array units */
+    size_t ntrie;                                                    /* PRECOMPILED: units in trie */
 } zt__norm;
 
 enum zt__split_behavior { ZT__SPLIT_REMOVED, ZT__SPLIT_ISOLATED, ZT__SPLIT_MERGED_WITH_PREVIOUS,
@@ -127,7 +134,7 @@ typedef struct zt__added_set {
     int count;
 } zt__added_set;
 
-enum zt__model_type { ZT__MODEL_BPE, ZT__MODEL_WORDPIECE };
+enum zt__model_type { ZT__MODEL_BPE, ZT__MODEL_WORDPIECE, ZT__MODEL_UNIGRAM };
 
 typedef struct zt__hf {
     /* model */
@@ -143,6 +150,15 @@ typedef struct zt__hf {
     bool split_at_meta;      /* BPE whose merges can never join across a "▁" (U+2581): words are cut before
                               * each one, which gives the same ids, faster */
     size_t max_token_len;    /* longest vocabulary entry, bytes */
+    /* Unigram: the pieces in file order (the id is the index; a piece listed twice keeps both ids, and the
+     * vocabulary map above, like the library's, the last), their scores, the lowest score, and every proper
+     * prefix of a piece that ends on a character boundary (so that the search for pieces at a position can
+     * stop early) */
+    zt__bytes *uni_pieces;   /* [nuni] */
+    double *uni_scores;      /* [nuni] */
+    int32_t nuni;
+    double uni_min_score;
+    zt__strmap uni_prefixes;
     /* BPE merges: (left id, right id) -> rank and merged id */
     struct zt__merge { uint64_t key; uint32_t rank; int32_t id; } *merges; /* open addressing; key 0 = empty */
     size_t merges_mask;      /* slots - 1 */
@@ -180,7 +196,7 @@ typedef struct zt__hf {
     zt__bytes *pieces;       /* [vocab_size]: the bytes the token stands for inside a text (decoders applied
                               * token by token), for zt_tokenizer_token_bytes */
     bool *is_special;        /* [vocab_size] */
-    char kind[32];           /* "bpe", "byte-level-bpe", "wordpiece" */
+    char kind[32];           /* "bpe", "byte-level-bpe", "wordpiece", "unigram" */
 } zt__hf;
 
 /* Parses a tokenizer.json text into hf (zeroed by the caller); where names the file in messages. Returns

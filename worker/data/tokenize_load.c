@@ -135,6 +135,8 @@ typedef struct loader {
     zt__hf *hf;
     const char *where; /* file name for messages */
     zt_err *err;
+    const char *json;  /* the file's text (Unigram scores are read from it as the library reads them) */
+    size_t len;
 } loader;
 
 /* A short rendering of a JSON value for messages. */
@@ -330,8 +332,91 @@ static int add_norm(loader *ld, zt__norm n)
 }
 
 static const char norm_list[] =
-    "ztrain implements the normalizers BertNormalizer, Lowercase, NFD, StripAccents, Strip, Prepend, Replace (with "
-    "a String pattern) and Sequence";
+    "ztrain implements the normalizers BertNormalizer, Lowercase, NFD, NFKD, NFC, NFKC, StripAccents, Strip, "
+    "Prepend, Replace (with a String pattern or the Regex \" {2,}\"), Precompiled and Sequence";
+
+/* Standard base64 with padding (the library's BASE64_STANDARD) into *out; false when s is not that. */
+static bool base64_decode(const char *s, size_t len, zt__bytes *out)
+{
+    if (len % 4 != 0)
+        return false;
+    out->p = malloc(len / 4 * 3 + 1);
+    if (!out->p)
+        return false;
+    size_t n = 0;
+    for (size_t i = 0; i < len; i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            char c = s[i + k];
+            int d = c >= 'A' && c <= 'Z'   ? c - 'A'
+                    : c >= 'a' && c <= 'z' ? c - 'a' + 26
+                    : c >= '0' && c <= '9' ? c - '0' + 52
+                    : c == '+'             ? 62
+                    : c == '/'             ? 63
+                                           : -1;
+            if (c == '=' && i + 4 == len && k >= 2 && (k == 3 || s[i + 3] == '=')) {
+                pad++;
+                d = 0;
+            } else if (d < 0 || pad) {
+                free(out->p);
+                out->p = NULL;
+                return false;
+            }
+            v = v << 6 | (uint32_t)d;
+        }
+        out->p[n++] = (char)(v >> 16);
+        if (pad < 2)
+            out->p[n++] = (char)(v >> 8);
+        if (pad < 1)
+            out->p[n++] = (char)v;
+    }
+    out->len = n;
+    return true;
+}
+
+/* Precompiled: SentencePiece's precompiled_charsmap, base64 of [u32 trie size in bytes][the trie's u32
+ * units][the normalized strings, each ended by a NUL], as spm_precompiled reads it. */
+static int load_precompiled(loader *ld, const cJSON *obj, const char *path, zt__norm *n)
+{
+    static const char *const keys[] = {"type", "precompiled_charsmap", NULL};
+    char p[PATH_LEN];
+    int rc;
+    zt__bytes b64 = {0}, blob = {0};
+    child_path(p, path, "precompiled_charsmap");
+    if ((rc = check_keys(ld, obj, path, keys)) != 0 ||
+        (rc = need_string(ld, obj, path, "precompiled_charsmap", &b64)) != 0)
+        return rc;
+    bool ok = base64_decode(b64.p, b64.len, &blob);
+    free(b64.p);
+    if (!ok)
+        return bad_field(ld, p, "a base64 string (SentencePiece's precompiled charsmap)");
+    const unsigned char *u = (const unsigned char *)blob.p;
+    uint32_t trie_bytes = blob.len >= 4 ? (uint32_t)u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 |
+                                              (uint32_t)u[3] << 24
+                                        : 0;
+    size_t units = trie_bytes / 4;
+    if (blob.len < 4 || units == 0 || (blob.len - 4) / 4 < units) {
+        free(blob.p);
+        return bad_field(ld, p, "a charsmap whose trie fits in it (4 bytes of trie size, then the trie)");
+    }
+    n->type = ZT__NORM_PRECOMPILED;
+    n->ntrie = units;
+    n->trie = malloc(units * sizeof(uint32_t));
+    size_t rest = blob.len - 4 - units * 4;
+    if (!n->trie || dup_bytes(&n->a, blob.p + 4 + units * 4, rest) != 0) {
+        free(blob.p);
+        return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading %s", ld->where);
+    }
+    for (size_t i = 0; i < units; i++) {
+        const unsigned char *q = u + 4 + 4 * i;
+        n->trie[i] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+    }
+    free(blob.p);
+    if (zt_utf8_valid_prefix(n->a.p, n->a.len) != n->a.len)
+        return bad_field(ld, p, "a charsmap whose normalized strings are UTF-8");
+    return 0;
+}
 
 static int load_normalizer(loader *ld, const cJSON *obj, const char *path, int depth)
 {
@@ -379,12 +464,25 @@ static int load_normalizer(loader *ld, const cJSON *obj, const char *path, int d
         n.strip_accents = strip_set ? strip : n.lowercase; /* null follows lowercase, as in the library */
         return add_norm(ld, n);
     }
-    if (strcmp(type, "Lowercase") == 0 || strcmp(type, "NFD") == 0 || strcmp(type, "StripAccents") == 0) {
+    if (strcmp(type, "Lowercase") == 0 || strcmp(type, "NFD") == 0 || strcmp(type, "StripAccents") == 0 ||
+        strcmp(type, "NFKD") == 0 || strcmp(type, "NFC") == 0 || strcmp(type, "NFKC") == 0) {
         static const char *const keys[] = {"type", NULL};
         if ((rc = check_keys(ld, obj, path, keys)) != 0)
             return rc;
-        n.type = type[0] == 'L' ? ZT__NORM_LOWERCASE : type[0] == 'N' ? ZT__NORM_NFD : ZT__NORM_STRIP_ACCENTS;
+        n.type = type[0] == 'L'                 ? ZT__NORM_LOWERCASE
+                 : strcmp(type, "NFD") == 0     ? ZT__NORM_NFD
+                 : strcmp(type, "NFKD") == 0    ? ZT__NORM_NFKD
+                 : strcmp(type, "NFC") == 0     ? ZT__NORM_NFC
+                 : strcmp(type, "NFKC") == 0    ? ZT__NORM_NFKC
+                                                : ZT__NORM_STRIP_ACCENTS;
         return add_norm(ld, n);
+    }
+    if (strcmp(type, "Precompiled") == 0) {
+        if ((rc = load_precompiled(ld, obj, path, &n)) == 0 && (rc = add_norm(ld, n)) == 0)
+            return 0;
+        free(n.a.p);
+        free(n.trie);
+        return rc;
     }
     if (strcmp(type, "Strip") == 0) {
         static const char *const keys[] = {"type", "strip_left", "strip_right", NULL};
@@ -414,9 +512,12 @@ static int load_normalizer(loader *ld, const cJSON *obj, const char *path, int d
             (rc = need_string(ld, obj, path, "content", &n.b)) != 0)
             goto replace_fail;
         child_path(p, path, "pattern");
-        if (is_regex) {
+        if (is_regex && strcmp(n.a.p, " {2,}") == 0) {
+            n.type = ZT__NORM_REPLACE_SPACES; /* T5's, matched by hand */
+        } else if (is_regex) {
             rc = unsupported(ld, p, cJSON_GetObjectItemCaseSensitive(obj, "pattern"),
-                             "Replace takes a String pattern here, not a Regex");
+                             "ztrain has no regex engine; Replace takes a String pattern, or the Regex \" {2,}\" "
+                             "(runs of spaces, as T5 has)");
             goto replace_fail;
         }
         if (n.a.len == 0) {
@@ -531,7 +632,9 @@ static bool normalizer_may_delete(const zt__hf *hf)
     for (int i = 0; i < hf->nnorms; i++) {
         const zt__norm *n = &hf->norms[i];
         if ((n->type == ZT__NORM_BERT && (n->clean_text || n->strip_accents)) || n->type == ZT__NORM_STRIP_ACCENTS ||
-            (n->type == ZT__NORM_STRIP && n->strip_left) || (n->type == ZT__NORM_REPLACE && n->b.len == 0))
+            (n->type == ZT__NORM_STRIP && n->strip_left) ||
+            ((n->type == ZT__NORM_REPLACE || n->type == ZT__NORM_REPLACE_SPACES) && n->b.len == 0) ||
+            n->type == ZT__NORM_PRECOMPILED) /* a charsmap may map characters to nothing */
             return true;
     }
     return false;
@@ -942,6 +1045,315 @@ static int load_merges(loader *ld, const cJSON *model)
     return rc;
 }
 
+/* ---- Unigram scores, read as the library reads them ---------------------------------------------- */
+
+/* The library parses tokenizer.json with serde_json, whose default float parsing is not correctly rounded:
+ * the digits go into a u64 (digits past its range are dropped), which becomes a double and is then
+ * multiplied or divided by a power of ten, two roundings. strtod (cJSON) is correctly rounded, and the two
+ * differ in the last bit for about one score in twenty. Viterbi compares sums of scores, so a score one bit
+ * off can change a segmentation where two paths are nearly tied: the scores are read again from the file's
+ * text, the serde_json way. */
+
+/* serde_json's f64_from_parts: significand * 10^exponent in two roundings. */
+static double serde_from_parts(bool positive, uint64_t significand, int64_t exponent, const double *pow10)
+{
+    double f = (double)significand;
+    for (;;) {
+        int64_t a = exponent < 0 ? -exponent : exponent;
+        if (a <= 308) {
+            if (exponent >= 0)
+                f *= pow10[a];
+            else
+                f /= pow10[a];
+            break;
+        }
+        if (f == 0.0)
+            break;
+        if (exponent >= 0) {
+            f = INFINITY; /* the library refuses such a number; cJSON's value is used then */
+            break;
+        }
+        f /= 1e308;
+        exponent += 308;
+    }
+    return positive ? f : -f;
+}
+
+/* Parses the JSON number at p (up to end) as serde_json does; false when it is not one. */
+static bool serde_number(const char *p, const char *end, const double *pow10, double *out)
+{
+    bool positive = true;
+    if (p < end && *p == '-') {
+        positive = false;
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9')
+        return false;
+    const uint64_t max10 = UINT64_MAX / 10, maxd = UINT64_MAX % 10;
+    uint64_t sig = 0;
+    int64_t exponent = 0;
+    bool overflow = false;
+    if (*p == '0') {
+        p++;
+    } else {
+        while (p < end && *p >= '0' && *p <= '9') {
+            uint64_t d = (uint64_t)(*p - '0');
+            if (overflow || (sig >= max10 && (sig > max10 || d > maxd))) {
+                overflow = true; /* parse_long_integer: the digit counts in the exponent */
+                exponent++;
+            } else {
+                sig = sig * 10 + d;
+            }
+            p++;
+        }
+    }
+    bool is_float = overflow;
+    if (p < end && *p == '.') {
+        is_float = true;
+        p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return false;
+        while (p < end && *p >= '0' && *p <= '9') {
+            uint64_t d = (uint64_t)(*p - '0');
+            if (!overflow && sig >= max10 && (sig > max10 || d > maxd))
+                overflow = true; /* parse_decimal_overflow: further digits are dropped */
+            if (!overflow) {
+                sig = sig * 10 + d;
+                exponent--;
+            }
+            p++;
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        is_float = true;
+        p++;
+        bool pos_exp = true;
+        if (p < end && (*p == '+' || *p == '-'))
+            pos_exp = *p++ == '+';
+        if (p >= end || *p < '0' || *p > '9')
+            return false;
+        int64_t e = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (e < 100000)
+                e = e * 10 + (*p - '0');
+            p++;
+        }
+        if (e >= 100000) { /* parse_exponent_overflow */
+            if (sig != 0 && pos_exp)
+                return false;
+            *out = positive ? 0.0 : -0.0;
+            return true;
+        }
+        exponent += pos_exp ? e : -e;
+    }
+    if (!is_float) { /* an integer: u64, or i64, made a double */
+        *out = positive ? (double)sig : -(double)sig;
+        return true;
+    }
+    *out = serde_from_parts(positive, sig, exponent, pow10);
+    return true;
+}
+
+static const char *json_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* Past the JSON value at p (which cJSON has already found valid), or NULL. */
+static const char *json_skip(const char *p, const char *end)
+{
+    p = json_ws(p, end);
+    if (p >= end)
+        return NULL;
+    if (*p == '"') {
+        for (p++; p < end; p++) {
+            if (*p == '\\')
+                p++;
+            else if (*p == '"')
+                return p + 1;
+        }
+        return NULL;
+    }
+    if (*p == '{' || *p == '[') {
+        int depth = 0;
+        for (; p < end; p++) {
+            if (*p == '"') {
+                p = json_skip(p, end);
+                if (!p)
+                    return NULL;
+                p--;
+            } else if (*p == '{' || *p == '[') {
+                depth++;
+            } else if (*p == '}' || *p == ']') {
+                if (--depth == 0)
+                    return p + 1;
+            }
+        }
+        return NULL;
+    }
+    while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t')
+        p++;
+    return p;
+}
+
+/* The value of the first member named key (written without escapes) of the object at p, or NULL. */
+static const char *json_member(const char *p, const char *end, const char *key)
+{
+    p = json_ws(p, end);
+    if (!p || p >= end || *p != '{')
+        return NULL;
+    p++;
+    size_t klen = strlen(key);
+    for (;;) {
+        p = json_ws(p, end);
+        if (p >= end || *p != '"')
+            return NULL;
+        const char *k = p + 1;
+        const char *after = json_skip(p, end);
+        if (!after)
+            return NULL;
+        bool same = (size_t)(after - 1 - k) == klen && memcmp(k, key, klen) == 0;
+        p = json_ws(after, end);
+        if (p >= end || *p != ':')
+            return NULL;
+        p = json_ws(p + 1, end);
+        if (same)
+            return p;
+        p = json_skip(p, end);
+        if (!p)
+            return NULL;
+        p = json_ws(p, end);
+        if (p >= end || *p != ',')
+            return NULL;
+        p++;
+    }
+}
+
+/* Reads the n scores of model.vocab ([[piece, score], ...]) from the text as serde_json does. False when
+ * the text cannot be followed (a key written with escapes, say): then cJSON's values stay. */
+static bool serde_scores(const loader *ld, double *scores, int32_t n)
+{
+    double pow10[309];
+    for (int i = 0; i <= 308; i++) {
+        char t[16];
+        snprintf(t, sizeof(t), "1e%d", i);
+        pow10[i] = strtod(t, NULL);
+    }
+    const char *end = ld->json + ld->len;
+    const char *p = json_member(ld->json, end, "model");
+    p = p ? json_member(p, end, "vocab") : NULL;
+    if (!p || *p != '[')
+        return false;
+    double *tmp = malloc(((size_t)n + 1) * sizeof(double));
+    if (!tmp)
+        return false;
+    p++;
+    int32_t i = 0;
+    bool ok = true;
+    while (ok) {
+        p = json_ws(p, end);
+        if (p < end && *p == ']')
+            break;
+        if (i >= n || p >= end || *p != '[') {
+            ok = false;
+            break;
+        }
+        p = json_skip(p + 1, end); /* the piece */
+        p = p ? json_ws(p, end) : NULL;
+        if (!p || p >= end || *p != ',') {
+            ok = false;
+            break;
+        }
+        p = json_ws(p + 1, end);
+        const char *num = p;
+        p = json_skip(p, end);
+        double v;
+        /* the same number as cJSON read, within a few units in the last place */
+        ok = p && serde_number(num, p, pow10, &v) && isfinite(v) &&
+             fabs(v - scores[i]) <= 4 * fabs(nextafter(scores[i], INFINITY) - scores[i]);
+        if (!ok)
+            break;
+        tmp[i++] = v;
+        p = json_ws(p, end);
+        if (p >= end || *p != ']') {
+            ok = false;
+            break;
+        }
+        p = json_ws(p + 1, end);
+        if (p < end && *p == ',')
+            p++;
+    }
+    if (ok && i == n)
+        memcpy(scores, tmp, (size_t)n * sizeof(double));
+    free(tmp);
+    return ok && i == n;
+}
+
+/* model.type "Unigram": vocab [[piece, score], ...] (the id is the index), unk_id, byte_fallback. */
+static int load_unigram(loader *ld, const cJSON *model)
+{
+    zt__hf *hf = ld->hf;
+    static const char *const keys[] = {"type", "unk_id", "vocab", "byte_fallback", NULL};
+    int rc;
+    hf->model = ZT__MODEL_UNIGRAM;
+    if ((rc = check_keys(ld, model, "model", keys)) != 0 ||
+        (rc = get_bool(ld, model, "model", "byte_fallback", &hf->byte_fallback)) != 0)
+        return rc;
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    if (!cJSON_IsArray(vocab))
+        return bad_field(ld, "model.vocab", "an array of [piece, score]");
+    int n = cJSON_GetArraySize(vocab);
+    if (n > ZT__HF_MAX_ID)
+        return zt_fail(ld->err, ZT_EUNSUPPORTED, "%s: model.vocab has %d pieces, more than ztrain reads (%d)",
+                       ld->where, n, ZT__HF_MAX_ID);
+    hf->uni_pieces = calloc((size_t)n + 1, sizeof(zt__bytes));
+    hf->uni_scores = calloc((size_t)n + 1, sizeof(double));
+    if (!hf->uni_pieces || !hf->uni_scores)
+        return zt_fail(ld->err, ZT_ENOMEM, "out of memory for the %d pieces of %s", n, ld->where);
+    hf->uni_min_score = INFINITY;
+    int i = 0;
+    for (const cJSON *it = vocab->child; it; it = it->next, i++) {
+        char p[PATH_LEN];
+        index_path(p, "model.vocab", i);
+        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2 || !cJSON_IsString(it->child) ||
+            !cJSON_IsNumber(it->child->next))
+            return bad_field(ld, p, "[piece, score] (a string and a number)");
+        const char *piece = it->child->valuestring;
+        size_t len = strlen(piece);
+        if (dup_bytes(&hf->uni_pieces[i], piece, len) != 0 || zt__strmap_put(&hf->vocab, piece, len, i) != 0)
+            return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading the vocabulary of %s", ld->where);
+        hf->uni_scores[i] = it->child->next->valuedouble;
+        if (len > hf->max_token_len)
+            hf->max_token_len = len;
+        for (size_t k = 1; k < len; k++) /* the proper prefixes that end on a character boundary */
+            if (((unsigned char)piece[k] & 0xC0) != 0x80 && zt__strmap_put(&hf->uni_prefixes, piece, k, 0) != 0)
+                return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading the vocabulary of %s", ld->where);
+        hf->nuni = i + 1;
+    }
+    serde_scores(ld, hf->uni_scores, hf->nuni);
+    for (i = 0; i < hf->nuni; i++)
+        if (hf->uni_scores[i] < hf->uni_min_score)
+            hf->uni_min_score = hf->uni_scores[i];
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_id");
+    if (unk && !cJSON_IsNull(unk)) {
+        int64_t v = 0;
+        if ((rc = get_int(ld, model, "model", "unk_id", INT32_MAX, &v)) != 0)
+            return rc;
+        if (v >= hf->nuni)
+            return zt_fail(ld->err, ZT_EFORMAT, "%s: model.unk_id is %lld, but model.vocab has %d pieces; the file is "
+                           "not a valid tokenizer.json", ld->where, (long long)v, (int)hf->nuni);
+        hf->unk_id = (int32_t)v;
+    }
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof(name), "<0x%02X>", b);
+        hf->byte_ids[b] = zt__strmap_get(&hf->vocab, name, 6);
+    }
+    return 0;
+}
+
 static int load_model(loader *ld, const cJSON *model)
 {
     zt__hf *hf = ld->hf;
@@ -993,6 +1405,8 @@ static int load_model(loader *ld, const cJSON *model)
         }
         return 0;
     }
+    if (strcmp(type, "Unigram") == 0)
+        return load_unigram(ld, model);
     if (strcmp(type, "WordPiece") == 0) {
         static const char *const keys[] = {"type", "unk_token", "continuing_subword_prefix",
                                            "max_input_chars_per_word", "vocab", NULL};
@@ -1020,7 +1434,7 @@ static int load_model(loader *ld, const cJSON *model)
         return 0;
     }
     return unsupported(ld, "model.type", cJSON_GetObjectItemCaseSensitive(model, "type"),
-                       "ztrain implements the models BPE and WordPiece");
+                       "ztrain implements the models BPE, WordPiece and Unigram");
 }
 
 /* ---- added tokens ---------------------------------------------------------------------------------- */
@@ -1037,7 +1451,8 @@ static int load_added(loader *ld, const cJSON *list)
     if (!hf->added)
         return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading %s", ld->where);
     zt__strmap by_content = {0};
-    int32_t next_id = (int32_t)hf->vocab.n; /* the library numbers new tokens from the model's vocabulary size */
+    /* the library numbers new tokens from the model's vocabulary size (a Unigram's: its list, duplicates too) */
+    int32_t next_id = hf->model == ZT__MODEL_UNIGRAM ? hf->nuni : (int32_t)hf->vocab.n;
     int rc = 0, i = 0;
     for (const cJSON *it = list->child; it; it = it->next, i++) {
         static const char *const keys[] = {"id", "content", "single_word", "lstrip", "rstrip", "normalized",
@@ -1475,6 +1890,9 @@ static int build_id_tables(loader *ld)
         if (dup_bytes(t, hf->vocab.arena + e->off, e->len) != 0)
             return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading %s", ld->where);
     }
+    for (int32_t i = 0; i < hf->nuni; i++) /* a Unigram piece listed twice: the earlier id has it too */
+        if (!hf->tokens[i].p && dup_bytes(&hf->tokens[i], hf->uni_pieces[i].p, hf->uni_pieces[i].len) != 0)
+            return zt_fail(ld->err, ZT_ENOMEM, "out of memory reading %s", ld->where);
     for (int k = 0; k < hf->nadded; k++) {
         zt__bytes *t = &hf->tokens[hf->added[k].id];
         free(t->p);
@@ -1498,6 +1916,12 @@ void zt__hf_free(zt__hf *hf)
     if (!hf)
         return;
     zt__strmap_free(&hf->vocab);
+    zt__strmap_free(&hf->uni_prefixes);
+    if (hf->uni_pieces)
+        for (int32_t i = 0; i < hf->nuni; i++)
+            free(hf->uni_pieces[i].p);
+    free(hf->uni_pieces);
+    free(hf->uni_scores);
     free(hf->unk_token.p);
     free(hf->subword_prefix.p);
     free(hf->word_suffix.p);
@@ -1505,6 +1929,7 @@ void zt__hf_free(zt__hf *hf)
     for (int i = 0; i < hf->nnorms; i++) {
         free(hf->norms[i].a.p);
         free(hf->norms[i].b.p);
+        free(hf->norms[i].trie);
     }
     free(hf->norms);
     for (int i = 0; i < hf->npretoks; i++)
@@ -1540,8 +1965,7 @@ void zt__hf_free(zt__hf *hf)
 
 int zt__hf_load(zt__hf *hf, const char *json, size_t len, const char *where, zt_err *err)
 {
-    (void)len;
-    loader ld = {.hf = hf, .where = where, .err = err};
+    loader ld = {.hf = hf, .where = where, .err = err, .json = json, .len = len};
     cJSON *root = NULL;
     int rc = zt_json_parse_object(json, where, &root, err);
     if (rc != 0)
@@ -1600,7 +2024,10 @@ int zt__hf_load(zt__hf *hf, const char *json, size_t len, const char *where, zt_
     for (int i = 0; i < hf->npretoks; i++)
         byte_level = byte_level || hf->pretoks[i].type == ZT__PRETOK_BYTE_LEVEL;
     snprintf(hf->kind, sizeof(hf->kind), "%s",
-             hf->model == ZT__MODEL_WORDPIECE ? "wordpiece" : byte_level ? "byte-level-bpe" : "bpe");
+             hf->model == ZT__MODEL_WORDPIECE ? "wordpiece"
+             : hf->model == ZT__MODEL_UNIGRAM ? "unigram"
+             : byte_level                     ? "byte-level-bpe"
+                                              : "bpe");
 done:
     cJSON_Delete(root);
     return rc;

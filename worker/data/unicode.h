@@ -25,6 +25,8 @@ enum zt_ucat {
 #define ZT_UNICODE_LIMIT 0x110000u
 /* At most this many code points come out of zt_unicode_lower or zt_unicode_nfd for one code point. */
 #define ZT_UNICODE_MAX_EXPANSION 4
+/* At most this many come out of zt_unicode_nfkd (U+FDFA, an Arabic ligature, makes 18). */
+#define ZT_UNICODE_MAX_NFKD 18
 
 /* The generated tables (worker/data/unicode_tables.c); read them through the functions below. */
 typedef struct zt__uc_map {
@@ -36,13 +38,17 @@ typedef struct zt__uc_range {
     uint32_t first, last; /* inclusive */
     uint8_t value;
 } zt__uc_range;
+typedef struct zt__uc_pair {
+    uint32_t first, second, composite;
+} zt__uc_pair;
 extern const char zt__unicode_tables_version[];
 extern const uint16_t zt__uc_cat_stage1[ZT_UNICODE_LIMIT >> 8];
 extern const uint8_t zt__uc_cat_stage2[];
-extern const int zt__uc_lower_count, zt__uc_nfd_count, zt__uc_ccc_count;
-extern const zt__uc_map zt__uc_lower[], zt__uc_nfd[];
-extern const uint32_t zt__uc_lower_pool[], zt__uc_nfd_pool[];
+extern const int zt__uc_lower_count, zt__uc_nfd_count, zt__uc_ccc_count, zt__uc_nfkd_count, zt__uc_comp_count;
+extern const zt__uc_map zt__uc_lower[], zt__uc_nfd[], zt__uc_nfkd[];
+extern const uint32_t zt__uc_lower_pool[], zt__uc_nfd_pool[], zt__uc_nfkd_pool[];
 extern const zt__uc_range zt__uc_ccc[];
+extern const zt__uc_pair zt__uc_comp[];
 
 /* Returns the Unicode version of the tables, such as "14.0.0" (a static string). */
 const char *zt_unicode_version(void);
@@ -93,6 +99,19 @@ int zt_unicode_nfd(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_EXPANSION]);
 
 /* Returns the canonical combining class of cp (0 for most characters). */
 int zt_unicode_ccc(uint32_t cp);
+
+/* Writes the compatibility decomposition of cp, fully expanded (NFKD of cp alone), into out and returns its
+ * length, 1 to ZT_UNICODE_MAX_NFKD (1 and cp itself when cp does not decompose). */
+int zt_unicode_nfkd(uint32_t cp, uint32_t out[ZT_UNICODE_MAX_NFKD]);
+
+/* Returns the primary composite of first + second (canonical composition, Hangul included), or 0 when
+ * they do not compose. */
+uint32_t zt_unicode_compose(uint32_t first, uint32_t second);
+
+/* Returns the end (a byte offset) of the extended grapheme cluster that begins at byte i of the valid
+ * UTF-8 s (len bytes), by the rules of Unicode's UAX #29 (GB3 to GB13; not GB9c, the Indic conjuncts of
+ * Unicode 15.1) over the Grapheme_Cluster_Break property of Unicode 14.0. Returns len when i >= len. */
+size_t zt_unicode_grapheme_end(const unsigned char *s, size_t len, size_t i);
 
 /* Decodes one UTF-8 character at s (len > 0 bytes available): returns its length (1 to 4) and sets *cp,
  * or returns 0 if the bytes there are not well-formed UTF-8 (overlong forms, surrogates and code points
