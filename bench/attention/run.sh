@@ -7,6 +7,7 @@
 #   bench/attention/run.sh [BUILD_DIR]        (from the repository root; default build-attention)
 #   ZT_CUDA_ARCHS=90                          architectures to build (default 90)
 #   SKIP_TESTS=1                              only the benchmark
+#   SKIP_BUILD=1                              run the programs already in BUILD_DIR/tests/gpu
 #   PYTHON=python3                            the interpreter with torch (the PyTorch rows are skipped without)
 # Shapes: GPT-2 1558M (25 heads of 64, T 1024, causal, batch 8), TinyLlama (32 heads of 64, 4 key/value
 # heads, T 2048, causal, batch 4), BERT-Large (16 heads of 64, T 512, bidirectional, a padded batch of 32
@@ -20,10 +21,12 @@ ARCHS="${ZT_CUDA_ARCHS:-90}"
 PY="${PYTHON:-python3}"
 status=0
 
-mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS="$ARCHS" -DZT_BUILD_TESTS=ON \
-    > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target test_attention test_cuda_kernels bench_attention || exit 1
+if [ "${SKIP_BUILD:-0}" != 1 ]; then  # SKIP_BUILD=1: BUILD_DIR already holds the three programs
+    mkdir -p "$BUILD"
+    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DZT_CUDA=ON -DZT_CUDA_ARCHS="$ARCHS" -DZT_BUILD_TESTS=ON \
+        > "$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+    cmake --build "$BUILD" -j"$(nproc)" --target test_attention test_cuda_kernels bench_attention || exit 1
+fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     echo "== tests/gpu/test_attention: the descriptor against the CPU reference"

@@ -209,7 +209,11 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     const long qs = c->packed ? hq + 2 * hk : hq + 8, kvs = 2 * hk + 8, os = c->packed ? hq : hq + 8;
     const size_t nqe = (size_t)(nq * qs), nke = c->packed ? 0 : (size_t)(nk * kvs), noe = (size_t)(nq * os);
     const size_t nlse = (size_t)c->B * c->NH * c->Tq, ntab = c->bias ? (size_t)c->nb * c->NH : 0;
+    /* bf16: 2e-2 of |ref| + rms, as test_cuda_kernels checks the same kernels; the packed (mma.sync) backward
+     * rounds P and dP to bf16 before its dQ and dK products, which reached 2.4e-2 on 1 element of 153,600 at
+     * GPT-2's shape on an H200, so the packed backward gets 3e-2 */
     const double tol = dt == ZT_DTYPE_F32 ? 1e-4 : dt == ZT_DTYPE_F16 ? 5e-3 : 2e-2;
+    const double tol_bwd = dt == ZT_DTYPE_BF16 && c->packed ? 3e-2 : tol;
     printf("  %s (%s)\n", c->name, zt_dtype_name(dt));
 
     struct gbufs h, d;
@@ -290,7 +294,7 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     if (zt_cpu_attention_bwd(&hd, &hg, &err) != 0)
         fail_msg("%s: %s", c->name, err.msg);
     float *gdq = dev_download(d.dq, nqe, dt), *gdkv = c->packed ? NULL : dev_download(d.dkv, nke, dt);
-    check_close(c->packed ? "backward dqkv" : "backward dq", dt, gdq, h.dq, nqe, tol);
+    check_close(c->packed ? "backward dqkv" : "backward dq", dt, gdq, h.dq, nqe, tol_bwd);
     if (!c->packed)
         check_close("backward dk, dv", dt, gdkv, h.dkv, nke, tol);
     float *gtab = NULL;
@@ -320,7 +324,7 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     assert_int_equal(zt_cpu_attention_bwd(&hd, &hg, &err), 0);
     free(gdq);
     gdq = dev_download(d.dq, nqe, dt);
-    check_close(c->packed ? "accumulated dqkv" : "accumulated dq", dt, gdq, h.dq, nqe, tol);
+    check_close(c->packed ? "accumulated dqkv" : "accumulated dq", dt, gdq, h.dq, nqe, tol_bwd);
     if (!c->packed) {
         free(gdkv);
         gdkv = dev_download(d.dkv, nke, dt);
