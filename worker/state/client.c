@@ -700,6 +700,22 @@ static void call_hook(zt_state_client_t *c, int64_t step, int block, int shard, 
     pthread_mutex_unlock(&c->hook_mu);
 }
 
+/* The chunks of one push attempt that gRPC still references (zt_rpc_stream_send_borrowed). */
+struct borrowed {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left;
+};
+
+static void give_back(void *user)
+{
+    struct borrowed *b = user;
+    pthread_mutex_lock(&b->mu);
+    if (--b->left == 0)
+        pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
 /* One attempt at a push stream of one piece (the elements [p->first, p->first + p->n) of the shard).
  * Returns the gRPC code with st filled. */
 static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
@@ -727,14 +743,19 @@ static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     void *buf = pack(&m.base, &len);
     int ok = zt_rpc_stream_send(s, buf, len) == 0;
     free(buf);
+    /* The chunks' data is sent from where it lies (no protobuf-c pack, no copy): gRPC references the
+     * caller's array behind each chunk's small header until it lets go, which the push waits for. */
+    struct borrowed lent = {.left = 0};
+    pthread_mutex_init(&lent.mu, NULL);
+    pthread_cond_init(&lent.cv, NULL);
     for (uint64_t at = 0; ok && at < bytes; at += c->chunk_bytes) {
         size_t n = (size_t)(bytes - at < c->chunk_bytes ? bytes - at : c->chunk_bytes);
-        /* The chunk's data is copied once, right behind its header, into a buffer that gRPC sends and
-         * frees (no protobuf-c pack, no copy into a slice). */
-        uint8_t *msg = zt_xmalloc(PUSH_CHUNK_HEAD_MAX + n);
-        size_t hlen = put_push_chunk_head(msg, at, n);
-        memcpy(msg + hlen, p->src + at, n);
-        ok = zt_rpc_stream_send_owned(s, msg, hlen + n) == 0;
+        uint8_t head[PUSH_CHUNK_HEAD_MAX];
+        size_t hlen = put_push_chunk_head(head, at, n);
+        pthread_mutex_lock(&lent.mu);
+        lent.left++;
+        pthread_mutex_unlock(&lent.mu);
+        ok = zt_rpc_stream_send_borrowed(s, head, hlen, p->src + at, n, give_back, &lent) == 0;
         if (ok && c->hook != NULL)
             call_hook(c, p->step, p->block, p->shard, base + at + n);
     }
@@ -744,6 +765,12 @@ static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     size_t rlen;
     int got = zt_rpc_stream_recv(s, &r, &rlen);
     int code = zt_rpc_stream_finish(s, st);
+    pthread_mutex_lock(&lent.mu); /* the caller's array is its own again only when gRPC has let go */
+    while (lent.left > 0)
+        pthread_cond_wait(&lent.cv, &lent.mu);
+    pthread_mutex_unlock(&lent.mu);
+    pthread_mutex_destroy(&lent.mu);
+    pthread_cond_destroy(&lent.cv);
     if (code == ZT_RPC_OK && got != 1) {
         st->code = code = ZT_RPC_INTERNAL;
         snprintf(st->msg, sizeof(st->msg), "the server ended the push without a PushResponse");
