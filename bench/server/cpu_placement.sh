@@ -50,7 +50,7 @@ start_servers() { # start_servers N: N servers sharing runs; their list in $TMP/
     list=
     i=0
     while [ "$i" -lt "$1" ]; do
-        rm -f "$TMP/ready$i"
+        rm -rf "$TMP/ready$i" "$TMP/snap$i" # a fresh server: no snapshot of the last trial's run
         mkfifo "$TMP/ready$i"
         "$B/server/ztrain-server" --listen 127.0.0.1:0 --server-index "$i" --server-count "$1" \
             --snapshot-dir "$TMP/snap$i" --log-level warn >"$TMP/ready$i" 2>"$TMP/server$i.log" &
