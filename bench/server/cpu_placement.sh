@@ -93,7 +93,7 @@ wire() { # wire LOG: "GiB/s" of the steps' pushes and pulls, or "-" when the log
                 if ($i == "wire") { b += $(i + 1) }
             }
         }
-        END { if (p + q > 0) printf "%.2f", b / (p + q) / 1024; else printf "-" }' "$1"
+        END { if (p + q > 0) printf "%.2f\n", b / (p + q) / 1024; else printf "-\n" }' "$1"
 }
 
 : >"$TMP/cpu"
