@@ -311,9 +311,6 @@ int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool s
     if (!e->spipe && (rc = pipe_create(e, err)) < 0)
         return rc;
     /* the pulls of the last step (done: this step's passes read every block) */
-    struct zt__server_pipe *p = e->spipe;
-    e->timing.pull_s = p->t_done > p->t_post ? p->t_done - p->t_post : 0.0;
-    e->timing.bytes_pulled = p->bytes;
     zt_err serr;
     int src = zt__server_settle(e, &serr);
     if (src < 0) {
@@ -321,6 +318,11 @@ int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool s
             *err = serr;
         return src;
     }
+    struct zt__server_pipe *p = e->spipe;
+    pthread_mutex_lock(&p->mu); /* the job is done: settle waited for it */
+    e->timing.pull_s = p->t_done > p->t_post ? p->t_done - p->t_post : 0.0;
+    e->timing.bytes_pulled = p->bytes;
+    pthread_mutex_unlock(&p->mu);
     bool pulling = false;
     t0 = zt_now_s();
     for (int attempt = 0;; attempt++) {
