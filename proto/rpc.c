@@ -1660,6 +1660,26 @@ int zt_rpc_stream_send_owned(zt_rpc_stream_t *s, void *data, size_t len)
     return stream_send_buffer(s, owned_buffer(data, len)); /* data is freed when gRPC lets go of it */
 }
 
+int zt_rpc_stream_send_borrowed(zt_rpc_stream_t *s, const void *head, size_t head_len, const void *data,
+                                size_t data_len, void (*release)(void *user), void *user)
+{
+    if (s->broken || s->send_closed) {
+        release(user);
+        return -EPIPE;
+    }
+    /* two slices, one message: the small head copied, the data referenced where it lies (gRPC only reads
+     * it; the cast drops const for the slice API) */
+    grpc_slice slices[2] = {grpc_slice_from_copied_buffer(head, head_len),
+                            data_len > 0 ? grpc_slice_new_with_user_data((void *)data, data_len, release, user)
+                                         : grpc_empty_slice()};
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, 2);
+    grpc_slice_unref(slices[0]);
+    grpc_slice_unref(slices[1]);
+    if (data_len == 0)
+        release(user);
+    return stream_send_buffer(s, bb);
+}
+
 int zt_rpc_stream_recv_parts(zt_rpc_stream_t *s, const struct zt_rpc_part **parts, size_t *nparts, size_t *len)
 {
     *parts = NULL;

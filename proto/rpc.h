@@ -277,6 +277,13 @@ int zt_rpc_stream_finish(zt_rpc_stream_t *s, struct zt_rpc_status *st);
  * caller builds in a buffer of their own. */
 int zt_rpc_stream_send_owned(zt_rpc_stream_t *s, void *data, size_t len);
 
+/* Sends one request message made of head (copied) followed by data, without copying data: gRPC reads it
+ * where it lies until it lets go of it, then calls release(user) once (also when the send fails; possibly
+ * after this call returns and on another thread). The caller keeps data unchanged until then. Returns 0
+ * or a negative code as zt_rpc_stream_send(). For bulk chunks of arrays the caller owns. */
+int zt_rpc_stream_send_borrowed(zt_rpc_stream_t *s, const void *head, size_t head_len, const void *data,
+                                size_t data_len, void (*release)(void *user), void *user);
+
 /* Receives the next response message like zt_rpc_stream_recv(), but without copying it into one buffer:
  * *parts and *nparts give the pieces the message arrived in, in order, and *len their total. The pieces
  * are owned by the stream and stay valid until the next receive of either kind or zt_rpc_stream_finish().

@@ -895,6 +895,7 @@ void zt__run_install(zt__run *run, int dst, int64_t step, int64_t adam_step)
     run->cur = dst;
     run->step = step;
     run->adam_step = adam_step;
+    run->failed_step = 0;
     run->init_pending = 0;
     for (int i = 0; i < run->npairs; i++) {
         zt__pair *p = &run->pairs[i];
@@ -1247,6 +1248,18 @@ static int apply_update(zt_server_core *core, zt__run *run, int src, int dst, co
     return rc;
 }
 
+/* Records a failed commit of the run's next step (run->mu held): pulls waiting for it, and those of that
+ * step that come later (until a commit of it starts again), end with the commit's message, so that a worker
+ * pulling while it commits never waits out its deadline for a commit that was refused. */
+static void commit_failed(zt__run *run, int64_t step, int rc, const char *msg)
+{
+    run->fail_seq++;
+    run->fail_code = rc;
+    run->failed_step = step;
+    snprintf(run->fail_msg, sizeof(run->fail_msg), "%s", msg);
+    pthread_cond_broadcast(&run->cv);
+}
+
 /* Commits a step atomically; see core.h. */
 int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_server_commit_args *args,
                           zt_server_commit_result *result, zt_err *err)
@@ -1259,6 +1272,7 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
     if (rc < 0)
         return rc;
     int64_t step = args->step;
+    bool applied = false;
     pthread_mutex_lock(&run->mu);
     if (run->busy == ZT__COMMIT) {
         rc = zt_fail(err, ZT_ESTATE, "run %s: step %" PRId64 " is being committed already; wait for it", run_id,
@@ -1321,6 +1335,7 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
 
     run->busy = ZT__COMMIT;
     run->commit_step = step;
+    run->failed_step = 0;
     run->ready_blocks = 0;
     int src = run->cur, dst = 1 - run->cur;
     zt_adamw_params hp = {
@@ -1335,6 +1350,7 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
     pthread_mutex_unlock(&run->mu);
 
     double t0 = now_s();
+    applied = true; /* a failure from here on is recorded where it happens */
     rc = apply_update(core, run, src, dst, &hp, err);
     double dt = now_s() - t0;
 
@@ -1352,10 +1368,10 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
         run->stats.total_commit_s += dt;
         res.seconds = dt;
     } else {
-        run->fail_seq++;
-        run->fail_code = rc;
-        snprintf(run->fail_msg, sizeof(run->fail_msg), "run %s: commit of step %" PRId64 " failed, the run stays "
-                 "at step %" PRId64 ": %.300s", run_id, step, run->step, err ? err->msg : zt_strerror(rc));
+        char msg[ZT_ERR_LEN];
+        snprintf(msg, sizeof(msg), "run %s: commit of step %" PRId64 " failed, the run stays at step %" PRId64
+                 ": %.300s", run_id, step, run->step, err ? err->msg : zt_strerror(rc));
+        commit_failed(run, step, rc, msg);
         if (err)
             snprintf(err->msg, sizeof(err->msg), "%s", run->fail_msg);
         ZT_WARN("server: %s", run->fail_msg);
@@ -1368,6 +1384,10 @@ done_locked:
     res.step = run->step;
     res.adam_step = run->adam_step;
 out_locked:
+    /* a commit of the next step refused before it started (gradients or initial parameters missing, bad
+     * arguments): its pulls end too */
+    if (rc < 0 && !applied && step == run->step + 1 && run->busy != ZT__COMMIT)
+        commit_failed(run, step, rc, err ? err->msg : zt_strerror(rc));
     pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
     if (result && rc == 0)
@@ -1417,7 +1437,7 @@ static int wait_ready(zt__run *run, int64_t step, int block, int timeout_ms, int
             *slot = 1 - run->cur;
             return 0;
         }
-        if (run->fail_seq != seq0 && step == run->step + 1)
+        if ((run->fail_seq != seq0 || run->failed_step == step) && step == run->step + 1)
             return zt_fail(err, run->fail_code, "%s", run->fail_msg);
         if (timeout_ms < 0) {
             pthread_cond_wait(&run->cv, &run->mu);

@@ -210,7 +210,10 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
                           zt_server_commit_result *result, zt_err *err);
 
 /* Waits until block `block` of step `step` can be pulled: immediately when step is the committed step,
- * or until the commit in progress (or about to start) of that step has finished the block. For step 0 it
+ * or until the commit in progress (or about to start) of that step has finished the block. A worker may
+ * thus pull while it commits (the pulls follow the update block by block). A commit of that step that
+ * fails, before it starts (refused) or while it applies, ends the waiting pulls with its error, and so
+ * does every later pull of that step until a commit of it starts again. For step 0 it
  * waits for the initial parameters of the owned shards of the block. Returns 0; -ETIMEDOUT after
  * timeout_ms milliseconds (< 0: wait forever); the commit's error if that commit failed; ZT_ESTATE for a
  * step older than the committed one (those parameters are gone) or more than one step ahead. */

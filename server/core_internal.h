@@ -73,6 +73,8 @@ typedef struct zt__run {
     int ready_blocks;         /* blocks [0, ready_blocks) of commit_step are done */
     int init_pending;         /* pairs still waiting for their initial parameters */
     uint64_t fail_seq;        /* counts failed commits, so waiters notice one */
+    int64_t failed_step;      /* the step of the last failed commit until a commit of it starts again (0:
+                                 none), so that pulls of it that arrive after the failure end at once too */
     int fail_code;
     char fail_msg[ZT_ERR_LEN];
 

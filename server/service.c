@@ -688,6 +688,8 @@ static int report_stats(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCM
     Ztrain__V1__StatsResponse resp = ZTRAIN__V1__STATS_RESPONSE__INIT;
     resp.n_runs = (size_t)n;
     resp.runs = ptrs;
+    resp.snapshot_dir = svc->snapshot_dir != NULL ? ZTRAIN__V1__SNAPSHOT_DIR__SNAPSHOT_DIR_SET
+                                                  : ZTRAIN__V1__SNAPSHOT_DIR__SNAPSHOT_DIR_NONE;
     int code = send_packed(call, &resp.base);
     free(ptrs);
     free(items);

@@ -18,6 +18,9 @@
  * its name, with "/main" for the main thread (the one calling the client here). A thread near 1.0 is the
  * one that limits the transfer.
  *
+ * TLS: ZT_BENCH_TLS_CA (the servers' CA, PEM) makes the client speak TLS; ZT_BENCH_TLS_CERT and
+ * ZT_BENCH_TLS_KEY add a client certificate (mutual TLS), as ztrain train's --tls-ca/--tls-cert/--tls-key.
+ *
  * usage: bench_state_rpc HOST:PORT MIB REPS [SERVER_PID] */
 #include <dirent.h>
 #include <stdio.h>
@@ -139,6 +142,9 @@ int main(int argc, char **argv)
     uint64_t n = (uint64_t)atoll(argv[2]) << 18; /* fp32 elements in MIB MiB */
     int reps = atoi(argv[3]);
     struct zt_state_client_options opt = {.servers = argv[1], .timeout_s = 600.0};
+    opt.tls_ca_file = getenv("ZT_BENCH_TLS_CA");
+    opt.tls_cert_file = getenv("ZT_BENCH_TLS_CERT");
+    opt.tls_key_file = getenv("ZT_BENCH_TLS_KEY");
     zt_state_client_t *c = NULL;
     zt_err err = {{0}};
     float *buf = malloc(n * sizeof(float));

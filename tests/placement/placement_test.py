@@ -19,8 +19,12 @@
   7. fault, a server that keeps going back: rank 0 pauses after step 3 four times (ZT_TEST_PAUSE_TIMES),
      and each time the server is killed and restarted at its snapshot of step 2; the run rewinds 3 times,
      then stops with a message saying it gave up after 3 automatic rewinds and exits 1.
-  8. placement cpu with 2 and 3 ranks (each rank's AdamW on its shard in its own process) gives the bits of
-     placement server with the same ranks: the same losses and the same final weights.
+  8. placement cpu with 1, 2 and 3 ranks (each rank's AdamW on its shard in its own process) gives the bits
+     of placement server (overlapped: pushes during the backward, pulls behind the servers' update and into
+     the next forward) with the same ranks against 1 and against 2 servers: the same losses and the same
+     final weights;
+  9. a run that will checkpoint against a server without --snapshot-dir is refused before the model is
+     built, naming the server and --snapshot-dir.
 The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE in tests/runtime/train_rank.c, a
 stand-in for `ztrain train` that carries the pause through the trainer's hooks), so every wait is for a
 log line or an exit, never a sleep. Every process is ended in a finally block.
@@ -209,13 +213,40 @@ def main():
         same_curves(ref_dir, os.path.join(work, "three"), "1 server, 3 ranks")
         srv.stop()
 
-        # 8. placement cpu with 2 and 3 ranks: the bits of placement server with the same ranks
-        for nproc, server_run in ((2, "one"), (3, "three")):
+        # the other pairs of ranks and servers: W = 1 against 1 and 2 servers, W = 3 against 2 servers
+        for nproc, nsrv in ((1, 1), (1, 2), (3, 2)):
+            name = "w%ds%d" % (nproc, nsrv)
+            srvs = [server("%s-%d" % (name, i), ["--server-index", str(i), "--server-count", str(nsrv),
+                                                  "--snapshot-dir", os.path.join(work, "snap-" + name)])
+                    for i in range(nsrv)]
+            j = train(name, ",".join("127.0.0.1:%d" % x.port for x in srvs), nproc=nproc)
+            rc = j.wait()
+            check(rc == 0, "%d server(s) + %d rank(s) exits 0 (%s)" % (nsrv, nproc, rc), j.text())
+            check("server push" in j.text() and "server update" in j.text() and "waited for pulled blocks" in j.text(),
+                  "%d server(s) + %d rank(s): the step breakdown names push, update and pull" % (nsrv, nproc), j.text())
+            for x in srvs:
+                x.stop()
+
+        # 8. placement cpu with 1, 2 and 3 ranks: the bits of placement server with the same ranks, 1 and 2 servers
+        for nproc, server_runs in ((1, ("w1s1", "w1s2")), (2, ("one", "two")), (3, ("three", "w3s2"))):
             name = "cpu%d" % nproc
             j = train(name, nproc=nproc, extra=["--optimizer", "cpu"])
             rc = j.wait()
             check(rc == 0, "placement cpu, %d ranks, exits 0 (%s)" % (nproc, rc), j.text())
-            same_bits(os.path.join(work, server_run), os.path.join(work, name), "%d ranks: cpu vs server" % nproc)
+            for server_run in server_runs:
+                same_bits(os.path.join(work, server_run), os.path.join(work, name),
+                          "%d ranks: cpu vs server (%s)" % (nproc, server_run))
+
+        # 9. a server without a snapshot directory, and a run that checkpoints: refused before the model is built
+        srv = server("nosnap", [])
+        j = train("nosnap", "127.0.0.1:%d" % srv.port, nproc=2)
+        rc = j.wait()
+        text = j.text()
+        check(rc != 0 and ("state server 127.0.0.1:%d has no snapshot directory" % srv.port) in text and
+              "--snapshot-dir DIR" in text and "--save-every -1" in text,
+              "a server without --snapshot-dir is refused for a run that checkpoints (%s)" % rc, text)
+        check("model:" not in text and "engine:" not in text, "... before the model is built", text)
+        srv.stop()
 
         # 5. kill -9 between steps: a server on a fixed port with snapshots, so a restarted one has the
         # same address; with 2 ranks, then with one process

@@ -579,7 +579,7 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
 #endif
     if (rc < 0)
         goto fail;
-    if ((e->home == ZT__OPT_HOST || (e->home == ZT__OPT_SERVER && e->dev->gpu)) && (rc = zt__host_opt_create(e, err)) < 0)
+    if ((e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER) && (rc = zt__host_opt_create(e, err)) < 0)
         goto fail;
     e->releasing = o->release_host_params; /* the weights' import gives their pages back as it goes */
     rc = zt_engine_import(e, host_params, NULL, NULL, err);
@@ -600,6 +600,7 @@ void zt_engine_destroy(zt_engine *e)
     if (!e)
         return;
     const zt__engine_dev *d = e->dev;
+    zt__server_pipe_destroy(e); /* before the host thread: it marks blocks there */
     if (e->host)
         zt__host_opt_destroy(e);
     if (e->mstore || e->mbuf[0] || e->mbuf[1])
@@ -1313,6 +1314,8 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
         if (reads)
             release(e, b);
         rc = grads_done(e, b, err);
+        if (rc == 0 && e->last && e->home == ZT__OPT_SERVER && !e->dev->gpu)
+            zt__host_opt_push(e, b); /* gshard holds the block's gradient shard: push it during the backward */
     }
     if (rc == 0)
         ZT_ASSERT(e->pos == e->seq_len);
@@ -1369,9 +1372,7 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
                 zt__host_opt_mark(e, b, e->step_no + 1);
             zt__host_opt_update(e, lr, res->clip_coef, adam_step, res->skipped);
         } else {
-            zt_err perr = {{0}};
-            int prc = e->host ? zt__host_opt_drain(e, &perr) : zt__server_push_all(e, e->server_step + 1, &perr);
-            rc = zt__server_step(e, prc, &perr, res->grad_norm, res->clip_coef, lr, res->skipped, err);
+            rc = zt__server_step(e, res->grad_norm, res->clip_coef, lr, res->skipped, err);
             if (rc < 0)
                 return rc;
         }
@@ -1394,6 +1395,11 @@ int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, 
                    zt_err *err)
 {
     zt_model *m = e->model;
+    if (e->home == ZT__OPT_SERVER) { /* the weights pulled after the last step, on every rank */
+        int src = zt__server_settle(e, err);
+        if (src < 0)
+            return src;
+    }
     e->training = false;
     build_sequence(e, false);
     m->ops->begin(m, tokens, targets, B, T, 0);
@@ -1424,7 +1430,9 @@ int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, 
 /* Waits until the update of the last step is done everywhere (host thread, copies, device). */
 static int settle(zt_engine *e, zt_err *err)
 {
-    int rc = e->host ? zt__host_opt_drain(e, err) : 0;
+    int rc = e->home == ZT__OPT_SERVER ? zt__server_settle(e, err) : 0;
+    if (rc == 0 && e->host)
+        rc = zt__host_opt_drain(e, err);
     if (e->host)
         for (int b = 0; b < e->nb; b++)
             (void)zt__host_opt_wait_block(e, b, e->cs);
@@ -1860,7 +1868,9 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
 void zt_engine_last_timing(zt_engine *e, zt_engine_timing *t)
 {
     *t = e->last_timing;
-    if (e->host)
+    if (e->home == ZT__OPT_SERVER)
+        zt__server_timing(e, t);
+    else if (e->host)
         t->host_update = zt__host_opt_busy(e);
 }
 

@@ -228,7 +228,7 @@ int zt_engine_server_restore_initial(zt_engine *e, zt_err *err);
  * restarted from a snapshot), agreed by every rank; -1 otherwise. */
 int64_t zt_engine_server_step(const zt_engine *e);
 
-/* Where the last step's time went, on this rank (seconds; all 0 on the CPU except step). */
+/* Where the last step's time went, on this rank (seconds; on the CPU only step and the server fields). */
 typedef struct zt_engine_timing {
     double step;          /* wall time from the first micro-batch to the end of zt_engine_step */
     double host_update;   /* host AdamW (placement cpu) or push + commit + pull (server) of the step */
@@ -238,6 +238,16 @@ typedef struct zt_engine_timing {
     double copy_up_s;     /* weight and gradient copies to the GPU (busy time of that copy stream) */
     uint64_t bytes_down;  /* bytes copied to the host in the step */
     uint64_t bytes_up;    /* bytes copied to the GPU in the step */
+    /* Placement server (on the CPU too): */
+    bool server;          /* the fields below are filled */
+    double push_s;        /* this rank's gradient pushes, on the host thread while the backward goes on */
+    double push_wait_s;   /* after the backward, waiting for the pushes still going */
+    double update_s;      /* the commit: the servers' AdamW (rank 0 asks, the other ranks wait for its answer) */
+    double pull_s;        /* the pull of the weights this step computed with (the last step's update), from the
+                             commit to the last block: it follows the update block by block and overlaps this
+                             step's forward, which waited wait_update for blocks not yet back */
+    uint64_t bytes_pushed; /* gradient bytes this rank pushed in the step */
+    uint64_t bytes_pulled; /* parameter bytes of that pull */
 } zt_engine_timing;
 
 /* The timing of the last completed step (its update included when it has finished by now). */

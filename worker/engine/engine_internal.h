@@ -247,6 +247,7 @@ struct zt_engine {
     char run_id[128];
     int64_t server_step;            /* the servers' committed step as this engine last saw it */
     int64_t stale_step;             /* zt_engine_server_step */
+    struct zt__server_pipe *spipe;  /* the thread pulling updated blocks (engine_server.c), or NULL */
 
     zt_engine_timing timing, last_timing;
 };
@@ -318,12 +319,24 @@ void *zt__host_opt_stream(zt_engine *e);
 
 /* ---- engine_server.c ---- */
 int zt__server_push_all(zt_engine *e, int64_t step, zt_err *err);
+/* Pushes block b's gradient shard of `step` (the host thread calls it during the backward). */
 int zt__server_push_block(zt_engine *e, int64_t step, int b, zt_err *err);
-/* The server part of a step after the pushes: agreement, rank 0's commit, agreement; then pulls every
- * block into the weights (on a GPU through h_lowp and the host thread's stream). */
-int zt__server_step(zt_engine *e, int push_rc, zt_err *push_err, double norm, float clip_coef, float lr,
-                    bool skip, zt_err *err);
+/* The server part of a step after the norm: waits for this rank's pushes, agreement, then the pulls of the
+ * new weights start on the engine's pull thread while rank 0 commits (the servers update block 0 first,
+ * each block is pulled as soon as it is done), agreement on the commit; returns without waiting for the
+ * pulls: the next passes wait for each block they read (zt__host_opt_wait_block). */
+int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool skip, zt_err *err);
+/* Synchronous pull of every block of `step` (attach on resume). */
 int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err);
+/* Waits for the pulls of the last step and makes the ranks agree on their outcome: 0, or the first failure
+ * (ZT_ESTATE with e->stale_step for a server at an older step). Every rank calls it at the same points
+ * (before a step's commit, an evaluation, an export): a pull that failed left its blocks with the weights
+ * they had, so nothing computed on them may count. */
+int zt__server_settle(zt_engine *e, zt_err *err);
+/* Stops the pull thread (engine destroy); accepts an engine without one. */
+void zt__server_pipe_destroy(zt_engine *e);
+/* Fills the server fields of a step's timing. */
+void zt__server_timing(zt_engine *e, zt_engine_timing *t);
 
 /* Makes the ranks agree on a local outcome: 0 when rc == 0 everywhere, else a negative code (this rank's
  * message when it failed itself, one naming the failed rank otherwise). */

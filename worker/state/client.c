@@ -106,7 +106,9 @@ struct zt_state_client {
     int streams;             /* lanes per server, 1 to ZT_STATE_CLIENT_MAX_STREAMS */
     struct lane_pool pool;
     pthread_mutex_t hook_mu; /* one hook call at a time */
-    int64_t server_step;     /* see zt_state_client_server_step */
+    pthread_mutex_t xfer_mu; /* one split transfer on the pool at a time (several threads may move data) */
+    pthread_mutex_t init_mu; /* guards the runs' initial-parameter copies: a pull on one thread drops them
+                                while a commit on another may push them again */
     struct run_entry runs[ZT_STATE_CLIENT_MAX_RUNS];
     int nruns;
     void (*hook)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent);
@@ -198,6 +200,8 @@ int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_c
     pthread_cond_init(&c->pool.work, NULL);
     pthread_cond_init(&c->pool.done, NULL);
     pthread_mutex_init(&c->hook_mu, NULL);
+    pthread_mutex_init(&c->init_mu, NULL);
+    pthread_mutex_init(&c->xfer_mu, NULL);
     c->max_retries = opt->max_retries > 0 ? opt->max_retries : 8;
     c->backoff_s = opt->backoff_s > 0 ? opt->backoff_s : 0.1;
     c->timeout_s = opt->timeout_s > 0 ? opt->timeout_s : 120.0;
@@ -205,7 +209,6 @@ int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_c
     c->chunk_bytes -= c->chunk_bytes % 4; /* whole elements of every dtype */
     if (c->chunk_bytes == 0)
         c->chunk_bytes = 4;
-    c->server_step = -1;
     int rc;
     if (opt->servers == NULL || opt->servers[0] == '\0') {
         c->n = 1;
@@ -266,6 +269,8 @@ void zt_state_client_destroy(zt_state_client_t *c)
     pthread_cond_destroy(&c->pool.work);
     pthread_cond_destroy(&c->pool.done);
     pthread_mutex_destroy(&c->hook_mu);
+    pthread_mutex_destroy(&c->init_mu);
+    pthread_mutex_destroy(&c->xfer_mu);
     free(c);
 }
 
@@ -284,9 +289,23 @@ zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c)
     return c->core;
 }
 
+/* The step a server reported to the last push, commit or pull that this thread made through client
+ * `client` (see zt_state_client_server_step): per thread, since an engine pulls on one thread while it
+ * commits on another. */
+static _Thread_local struct {
+    const zt_state_client_t *client;
+    int64_t step;
+} told;
+
+static void set_server_step(const zt_state_client_t *c, int64_t step)
+{
+    told.client = c;
+    told.step = step;
+}
+
 int64_t zt_state_client_server_step(const zt_state_client_t *c)
 {
-    return c->server_step;
+    return told.client == c ? told.step : -1;
 }
 
 void zt__state_client_set_chunk_hook(zt_state_client_t *c, void (*fn)(void *, int64_t, int, int, uint64_t), void *user)
@@ -405,7 +424,7 @@ static int step_refused(zt_state_client_t *c, int server, const char *run, int64
     int64_t at = remote_step(c, server, run);
     if (at < 0 || at >= step - 1)
         return rpc_fail(c, server, what, st, err);
-    c->server_step = at;
+    set_server_step(c, at);
     ZT_WARN("state server %s holds run %s at step %" PRId64 " (restarted from a snapshot?); the run resumes there",
             c->srv[server].target, run, at);
     return zt_fail(err, ZT_ESTATE, "state server %s holds run %s at step %" PRId64 ", not %" PRId64
@@ -433,6 +452,7 @@ static void keep_init(zt_state_client_t *c, const char *run, int block, int shar
     struct run_entry *r = run_entry_of(c, run);
     if (r == NULL)
         return;
+    pthread_mutex_lock(&c->init_mu);
     struct init_copy *slot = NULL;
     for (int i = 0; i < r->ninit; i++)
         if (r->init[i].block == block && r->init[i].shard == shard)
@@ -452,6 +472,18 @@ static void keep_init(zt_state_client_t *c, const char *run, int block, int shar
     slot->n = n;
     slot->data = zt_xmalloc(n ? n * sizeof(float) : 1);
     memcpy(slot->data, data, n * sizeof(float));
+    pthread_mutex_unlock(&c->init_mu);
+}
+
+/* Whether copies of run's initial parameters are still kept (the run has taken no step yet). */
+static int has_init(zt_state_client_t *c, const struct run_entry *r)
+{
+    if (r == NULL)
+        return 0;
+    pthread_mutex_lock(&c->init_mu);
+    int n = r->ninit;
+    pthread_mutex_unlock(&c->init_mu);
+    return n > 0;
 }
 
 /* Drops the copies of run's initial parameters: a commit succeeded, so every server had them. */
@@ -460,11 +492,13 @@ static void drop_init(zt_state_client_t *c, const char *run)
     struct run_entry *r = run_entry_of(c, run);
     if (r == NULL)
         return;
+    pthread_mutex_lock(&c->init_mu);
     for (int i = 0; i < r->ninit; i++)
         free(r->init[i].data);
     free(r->init);
     r->init = NULL;
     r->ninit = r->init_cap = 0;
+    pthread_mutex_unlock(&c->init_mu);
 }
 
 /* A server answered NOT_FOUND (or FAILED_PRECONDITION) for run: it may have restarted before the run had a
@@ -495,20 +529,23 @@ static int recover_run(zt_state_client_t *c, int server, const char *run)
     int64_t at = rr != NULL && rr->info != NULL ? rr->info->step : -1;
     if (rr != NULL)
         ztrain__v1__register_run_response__free_unpacked(rr, NULL);
-    if (ready || at != 0 || r->ninit == 0)
+    if (ready || at != 0 || !has_init(c, r))
         return 1; /* the server holds the run (again): the call can be tried again */
     ZT_WARN("state server %s lost run %s before it was saved (restarted?); registering it again and pushing its "
             "initial parameters again", c->srv[server].target, run);
-    for (int i = 0; i < r->ninit; i++) {
+    int ok = 1;
+    pthread_mutex_lock(&c->init_mu);
+    for (int i = 0; ok && i < r->ninit; i++) {
         const struct init_copy *k = &r->init[i];
         if (zt_server_owner(run, k->block, k->shard, r->world_size, c->n) != server)
             continue;
         int pc;
         if (push_remote_once(c, SVC "PushParams", run, 0, k->block, k->shard, ZTRAIN__V1__DTYPE__DTYPE_F32, 4, k->data,
                              k->n, &pc, &st) != 0)
-            return 0;
+            ok = 0;
     }
-    return 1;
+    pthread_mutex_unlock(&c->init_mu);
+    return ok;
 }
 
 /* ---- register ---- */
@@ -663,6 +700,22 @@ static void call_hook(zt_state_client_t *c, int64_t step, int block, int shard, 
     pthread_mutex_unlock(&c->hook_mu);
 }
 
+/* The chunks of one push attempt that gRPC still references (zt_rpc_stream_send_borrowed). */
+struct borrowed {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left;
+};
+
+static void give_back(void *user)
+{
+    struct borrowed *b = user;
+    pthread_mutex_lock(&b->mu);
+    if (--b->left == 0)
+        pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
 /* One attempt at a push stream of one piece (the elements [p->first, p->first + p->n) of the shard).
  * Returns the gRPC code with st filled. */
 static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
@@ -690,14 +743,19 @@ static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     void *buf = pack(&m.base, &len);
     int ok = zt_rpc_stream_send(s, buf, len) == 0;
     free(buf);
+    /* The chunks' data is sent from where it lies (no protobuf-c pack, no copy): gRPC references the
+     * caller's array behind each chunk's small header until it lets go, which the push waits for. */
+    struct borrowed lent = {.left = 0};
+    pthread_mutex_init(&lent.mu, NULL);
+    pthread_cond_init(&lent.cv, NULL);
     for (uint64_t at = 0; ok && at < bytes; at += c->chunk_bytes) {
         size_t n = (size_t)(bytes - at < c->chunk_bytes ? bytes - at : c->chunk_bytes);
-        /* The chunk's data is copied once, right behind its header, into a buffer that gRPC sends and
-         * frees (no protobuf-c pack, no copy into a slice). */
-        uint8_t *msg = zt_xmalloc(PUSH_CHUNK_HEAD_MAX + n);
-        size_t hlen = put_push_chunk_head(msg, at, n);
-        memcpy(msg + hlen, p->src + at, n);
-        ok = zt_rpc_stream_send_owned(s, msg, hlen + n) == 0;
+        uint8_t head[PUSH_CHUNK_HEAD_MAX];
+        size_t hlen = put_push_chunk_head(head, at, n);
+        pthread_mutex_lock(&lent.mu);
+        lent.left++;
+        pthread_mutex_unlock(&lent.mu);
+        ok = zt_rpc_stream_send_borrowed(s, head, hlen, p->src + at, n, give_back, &lent) == 0;
         if (ok && c->hook != NULL)
             call_hook(c, p->step, p->block, p->shard, base + at + n);
     }
@@ -707,6 +765,12 @@ static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     size_t rlen;
     int got = zt_rpc_stream_recv(s, &r, &rlen);
     int code = zt_rpc_stream_finish(s, st);
+    pthread_mutex_lock(&lent.mu); /* the caller's array is its own again only when gRPC has let go */
+    while (lent.left > 0)
+        pthread_cond_wait(&lent.cv, &lent.mu);
+    pthread_mutex_unlock(&lent.mu);
+    pthread_mutex_destroy(&lent.mu);
+    pthread_cond_destroy(&lent.cv);
     if (code == ZT_RPC_OK && got != 1) {
         st->code = code = ZT_RPC_INTERNAL;
         snprintf(st->msg, sizeof(st->msg), "the server ended the push without a PushResponse");
@@ -775,8 +839,12 @@ static void start_pool(zt_state_client_t *c)
  * are done. */
 static void run_pieces(zt_state_client_t *c, struct piece *pieces, int k)
 {
-    if (k > 1)
-        start_pool(c);
+    if (k == 1) { /* the calling thread alone, on lane 0's channel (channels serve any thread) */
+        run_piece(c, &pieces[0]);
+        return;
+    }
+    pthread_mutex_lock(&c->xfer_mu);
+    start_pool(c);
     int posted = k - 1 < c->pool.nthreads ? k - 1 : c->pool.nthreads; /* lanes 1..posted have threads */
     if (posted > 0) {
         pthread_mutex_lock(&c->pool.mu);
@@ -795,6 +863,7 @@ static void run_pieces(zt_state_client_t *c, struct piece *pieces, int k)
             pthread_cond_wait(&c->pool.done, &c->pool.mu);
         pthread_mutex_unlock(&c->pool.mu);
     }
+    pthread_mutex_unlock(&c->xfer_mu);
 }
 
 /* Splits n elements into at most c->streams contiguous pieces of whole granules (the last piece may end
@@ -862,7 +931,7 @@ static int push_remote(zt_state_client_t *c, const char *method, const char *run
     int server = owner_of(c, run, block, shard, err);
     if (server < 0)
         return server;
-    c->server_step = -1;
+    set_server_step(c, -1);
     int code = ZT_RPC_OK;
     struct zt_rpc_status st;
     if (push_remote_once(c, method, run, step, block, shard, dtype, es, data, n, &code, &st) == 0)
@@ -898,7 +967,7 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
     /* Before the run's first step is taken, a server may have restarted without the initial parameters
      * this client pushed (it had no snapshot of the run yet): make sure it has them. */
     const struct run_entry *r = run_entry_of(c, run);
-    if (r != NULL && r->ninit > 0) {
+    if (has_init(c, r)) {
         int server = owner_of(c, run, block, shard, err);
         if (server < 0)
             return server;
@@ -910,9 +979,28 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
 
 /* ---- commit ---- */
 
+/* One server's CommitStep, on a thread of its own when there are several servers. */
+struct commit_call {
+    zt_state_client_t *c;
+    int server;
+    const ProtobufCMessage *req;
+    int code;
+    struct zt_rpc_status st;
+};
+
+static void *commit_main(void *arg)
+{
+    struct commit_call *k = arg;
+    void *resp = NULL;
+    size_t len = 0;
+    k->code = unary(k->c, k->server, SVC "CommitStep", k->req, &resp, &len, &k->st);
+    free(resp);
+    return NULL;
+}
+
 int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err)
 {
-    c->server_step = -1;
+    set_server_step(c, -1);
     if (c->core != NULL)
         return zt_server_core_commit(c->core, run, args, NULL, err);
     Ztrain__V1__CommitStepRequest req = ZTRAIN__V1__COMMIT_STEP_REQUEST__INIT;
@@ -922,21 +1010,38 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
     req.clip_coef = args->clip_coef;
     req.lr = args->lr;
     req.overflow = args->overflow;
+    /* every server applies its part of the update at the same time: one thread per server beyond the first
+     * (the calling thread commits on server 0; a thread that cannot start leaves its server to it) */
+    struct commit_call *calls = zt_xcalloc((size_t)c->n, sizeof(*calls));
+    pthread_t *th = zt_xcalloc((size_t)c->n, sizeof(*th));
+    bool *started = zt_xcalloc((size_t)c->n, sizeof(*started));
     for (int i = 0; i < c->n; i++) {
-        void *resp = NULL;
-        size_t len = 0;
-        struct zt_rpc_status st;
-        if (unary(c, i, SVC "CommitStep", &req.base, &resp, &len, &st) != ZT_RPC_OK) {
-            /* A server that lost the run before its first snapshot gets it again; the gradients it lost are
-             * then pushed again by the caller, which retries a step the servers did not take. */
-            if (st.code == ZT_RPC_NOT_FOUND || st.code == ZT_RPC_FAILED_PRECONDITION)
-                recover_run(c, i, run);
-            return step_refused(c, i, run, args->step, "CommitStep", &st, err);
-        }
-        free(resp);
+        calls[i] = (struct commit_call){.c = c, .server = i, .req = &req.base};
+        started[i] = i > 0 && pthread_create(&th[i], NULL, commit_main, &calls[i]) == 0;
     }
-    drop_init(c, run); /* every server took a step, so every server had the initial parameters */
-    return 0;
+    for (int i = 0; i < c->n; i++)
+        if (!started[i])
+            commit_main(&calls[i]);
+    for (int i = 1; i < c->n; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+    int rc = 0;
+    for (int i = 0; i < c->n && rc == 0; i++) {
+        const struct zt_rpc_status *st = &calls[i].st;
+        if (calls[i].code == ZT_RPC_OK)
+            continue;
+        /* A server that lost the run before its first snapshot gets it again; the gradients it lost are then
+         * pushed again by the caller, which retries a step the servers did not take. */
+        if (st->code == ZT_RPC_NOT_FOUND || st->code == ZT_RPC_FAILED_PRECONDITION)
+            recover_run(c, i, run);
+        rc = step_refused(c, i, run, args->step, "CommitStep", st, err);
+    }
+    free(calls);
+    free(th);
+    free(started);
+    if (rc == 0)
+        drop_init(c, run); /* every server took a step, so every server had the initial parameters */
+    return rc;
 }
 
 /* ---- pull ---- */
@@ -1083,12 +1188,12 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
     /* Pulls follow a commit that succeeded: a server below `step` restarted from an older snapshot (it
      * refuses a step in its future, or waits out the deadline for a commit it lost). */
     const struct zt_rpc_status *st = &pieces[bad].st;
-    c->server_step = -1;
+    set_server_step(c, -1);
     if (step > 0 && (st->code == ZT_RPC_FAILED_PRECONDITION || st->code == ZT_RPC_NOT_FOUND ||
                      st->code == ZT_RPC_DEADLINE_EXCEEDED)) {
         int64_t at = remote_step(c, server, run);
         if (at >= 0 && at < step) {
-            c->server_step = at;
+            set_server_step(c, at);
             ZT_WARN("state server %s holds run %s at step %" PRId64 " (restarted from a snapshot?); the run resumes "
                     "there", c->srv[server].target, run, at);
             return zt_fail(err, ZT_ESTATE, "state server %s holds run %s at step %" PRId64 ", not %" PRId64
@@ -1100,10 +1205,37 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
 
 /* ---- snapshots ---- */
 
+int zt_state_client_check_snapshots(zt_state_client_t *c, const char *why, zt_err *err)
+{
+    if (c->core != NULL)
+        return 0;
+    Ztrain__V1__StatsRequest req = ZTRAIN__V1__STATS_REQUEST__INIT;
+    req.run = "";
+    for (int i = 0; i < c->n; i++) {
+        void *resp = NULL;
+        size_t len = 0;
+        struct zt_rpc_status st;
+        if (unary(c, i, SVC "Stats", &req.base, &resp, &len, &st) != ZT_RPC_OK)
+            return rpc_fail(c, i, "Stats", &st, err);
+        Ztrain__V1__StatsResponse *r = ztrain__v1__stats_response__unpack(NULL, len, resp);
+        free(resp);
+        if (r == NULL)
+            return zt_fail(err, ZT_EFORMAT, "state server %s: the StatsResponse is not valid protobuf",
+                           c->srv[i].target);
+        const bool none = r->snapshot_dir == ZTRAIN__V1__SNAPSHOT_DIR__SNAPSHOT_DIR_NONE;
+        ztrain__v1__stats_response__free_unpacked(r, NULL);
+        if (none)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "state server %s has no snapshot directory, and %s: start it with "
+                           "`ztrain-server --snapshot-dir DIR` (the servers' half of every checkpoint), or train "
+                           "with --save-every -1 (no checkpoints)", c->srv[i].target, why);
+    }
+    return 0;
+}
+
 int zt_state_client_restore_initial(zt_state_client_t *c, const char *run, zt_err *err)
 {
     const struct run_entry *r = c->core != NULL ? NULL : run_entry_of(c, run);
-    if (r == NULL || r->ninit == 0)
+    if (!has_init(c, r))
         return 0;
     for (int i = 0; i < c->n; i++)
         if (!recover_run(c, i, run))
@@ -1160,7 +1292,7 @@ int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const c
         /* Before the first step (the checkpoint of step 0), a server that restarted and lost the run gets it
          * again, with the initial parameters this client kept, and snapshots it. */
         const struct run_entry *r = run_entry_of(c, run);
-        if (code == ZT_RPC_NOT_FOUND && r != NULL && r->ninit > 0 && recover_run(c, i, run))
+        if (code == ZT_RPC_NOT_FOUND && has_init(c, r) && recover_run(c, i, run))
             code = unary(c, i, SVC "SaveSnapshot", &req.base, &resp, &len, &st);
         if (code != ZT_RPC_OK)
             return rpc_fail(c, i, "SaveSnapshot", &st, err);

@@ -35,7 +35,9 @@
  * threads do not make heaps shrink and fault their pages in again; GLIBC_TUNABLES with a glibc.malloc
  * setting, MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment leave the process as set.
  *
- * Threading: one client per rank, used from one thread at a time. */
+ * Threading: one client per rank. Calls may come from two threads at once (an engine pulls the updated
+ * shards of a step on one thread while it commits the step on another); split transfers take turns on
+ * the pool, and zt_state_client_server_step answers for the calling thread. */
 #ifndef ZT_WORKER_STATE_CLIENT_H
 #define ZT_WORKER_STATE_CLIENT_H
 
@@ -106,7 +108,7 @@ int zt_state_client_push_params(zt_state_client_t *c, const char *run, int block
 int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
                               enum zt_dtype dtype, const void *data, uint64_t n, zt_err *err);
 
-/* Commits step args->step on every server (a server that already committed it answers so, which counts
+/* Commits step args->step on every server, all at the same time (a server that already committed it answers so, which counts
  * as done). Returns 0, ZT_ESTATE as push does, or another negative code with a message. */
 int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err);
 
@@ -120,6 +122,13 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
  * embedded_root, which may then not be NULL). Returns 0 or a negative code with a message. */
 int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const char *embedded_root, zt_err *err);
 
+/* Asks every server whether it keeps snapshots (ztrain-server --snapshot-dir), before anything is built: a
+ * worker that will write checkpoints needs them on every server. Returns 0 (also in embedded mode, and for
+ * servers too old to say), ZT_EINVAL_CONFIG naming the first server without a snapshot directory, `why`
+ * (what needs them, e.g. "this run writes checkpoints (--save-every 500)") and the fix, or the error of a
+ * server that cannot be reached. */
+int zt_state_client_check_snapshots(zt_state_client_t *c, const char *why, zt_err *err);
+
 /* Asks every server to replace the run's state with its snapshot of `step` (ztrain-server --snapshot-dir):
  * a worker that resumes a checkpoint older than the servers' step (it stopped after they had committed
  * more) takes them back to the checkpoint. Nothing to do in embedded mode. Returns 0, or -ENOENT naming
@@ -132,7 +141,8 @@ int zt_state_client_load_snapshot(zt_state_client_t *c, const char *run, int64_t
  * code with a message. */
 int zt_state_client_restore_initial(zt_state_client_t *c, const char *run, zt_err *err);
 
-/* The step the last server that refused a push or commit with a step mismatch reported, or -1. */
+/* The step that the server which refused this thread's last push, commit or pull with a step mismatch
+ * reported, or -1. */
 int64_t zt_state_client_server_step(const zt_state_client_t *c);
 
 /* For tests: fn(user, step, block, shard, bytes_sent) runs after every chunk a push sends (to stop a rank

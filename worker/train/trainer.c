@@ -1032,6 +1032,15 @@ static void log_timing(zt_engine *e)
     char down[32], up[32];
     zt_format_size(t.bytes_down, down, sizeof down);
     zt_format_size(t.bytes_up, up, sizeof up);
+    if (t.server) {
+        /* the wire's MiB are greppable as "wire N MiB" (bench/server/cpu_placement.sh reads them) */
+        zt_log(ZT_LOG_INFO, "engine: step %.3f s | server push %.3f s (during the backward; waited %.3f s after it) | "
+               "server update %.3f s | pull %.3f s (behind the update, into the forward) | waited for pulled blocks "
+               "%.3f s | waited for the backward and norm %.3f s | wire %.1f MiB pushed + pulled | copied down %s, up %s",
+               t.step, t.push_s, t.push_wait_s, t.update_s, t.pull_s, t.wait_update, t.wait_norm,
+               (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), down, up);
+        return;
+    }
     zt_log(ZT_LOG_INFO, "engine: step %.3f s | host update %.3f s (overlaps the next step) | waited for updated "
            "blocks %.3f s | waited for the backward and norm %.3f s | copied down %s, up %s",
            t.step, t.host_update, t.wait_update, t.wait_norm, down, up);
@@ -1067,6 +1076,20 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     struct layout lay = {0};
     if ((rc = zt_comm_agree(comm, zt_task_check_paths(cfg, err), err)) < 0)
         goto out;
+    /* The state servers first: a server that cannot take this run's checkpoints refuses it before anything
+     * is built. */
+    if (on_servers) {
+        rc = state_client_create(cfg, &r.client, &r.token, err);
+        if (rc == 0 && is0 && cfg->servers[0] && cfg->save_every >= 0) {
+            char why[96];
+            snprintf(why, sizeof why, "this run writes checkpoints (--save-every %lld)", (long long)cfg->save_every);
+            rc = zt_state_client_check_snapshots(r.client, why, err);
+        }
+        if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+            goto out;
+        if (is0 && hooks.on_state_client)
+            hooks.on_state_client(hooks.user, r.client);
+    }
 #ifdef ZT_WITH_CUDA
     rc = on_gpu ? plan_gpu_run(cfg, env, &dtype, &lay, err) : 0;
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
@@ -1169,11 +1192,6 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     eo.release_host_params = on_gpu && !resumed;
     zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
     if (on_servers) {
-        rc = state_client_create(cfg, &r.client, &r.token, err);
-        if ((rc = zt_comm_agree(comm, rc, err)) < 0)
-            goto out;
-        if (is0 && hooks.on_state_client)
-            hooks.on_state_client(hooks.user, r.client);
         eo.client = r.client;
         eo.run_id = r.run_id;
     }
@@ -1247,7 +1265,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* ZT_GPU_PROFILE=N (a diagnostic): from step N on, time every kernel family (logged at the end). */
     const char *profile_env = getenv("ZT_GPU_PROFILE");
     const int64_t profile_from = profile_env ? atoll(profile_env) : 0;
-    const bool offloaded = on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU;
+    const bool offloaded = (on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU) || on_servers;
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
         const double t0 = zt_now_s();

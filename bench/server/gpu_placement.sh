@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# GPU workers with their optimizer in ztrain-servers against the embedded host AdamW, on one machine:
+# tokens/s of `ztrain train --device cuda --precision bf16 --optimizer cpu` and `--optimizer server` against
+# NSERVERS ztrain-servers on loopback (each with --snapshot-dir and a bearer token), for GPT-2 124M
+# (grad_accum 1 and 8) and 1558M (grad_accum 4), batch 8 x 1024, printed as one table. The server rows
+# also give the bytes per second of the step's wire traffic (gradient shards pushed, parameters pulled)
+# over the push and pull time of the engine's step breakdown, against a raw loopback TCP copy
+# (bench_raw_tcp) measured in the same run.
+#
+#   bench/server/gpu_placement.sh [BUILD_DIR] [OUT_DIR]
+#     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build)
+#     OUT_DIR    logs (default bench-out/server)
+#   CASES="124m:1 124m:8 1558m:4"  model:grad_accum pairs;  NSERVERS="1"  e.g. "1 2 4" for the aggregate
+#   STEPS=12: tokens/s is the mean over steps 5..STEPS (metrics.jsonl)
+#   TLS=1: also the server rows with TLS and with mutual TLS (certificates made with openssl, as
+#   docs/security.md describes)
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+B="${1:-build}"
+OUT="${2:-bench-out/server}"
+CASES="${CASES:-124m:1 124m:8 1558m:4}"
+NSERVERS="${NSERVERS:-1}"
+STEPS="${STEPS:-12}"
+TLS="${TLS:-0}"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+DATA="${TMPDIR:-/tmp}/zt_bench_data"
+mkdir -p "$DATA"
+[ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$ROOT/bench/make_shards.py" "$DATA/rnd" 4000000
+WORK="$(mktemp -d)"
+PIDS=""
+cleanup() {
+  for p in $PIDS; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/token"
+
+if [ "$TLS" = 1 ]; then # a CA, a server certificate for 127.0.0.1, a client certificate
+  (cd "$WORK" &&
+   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=bench-ca" &&
+   openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=127.0.0.1" &&
+   printf "subjectAltName=IP:127.0.0.1" > san.ext &&
+   openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile san.ext &&
+   openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj "/CN=bench-worker" &&
+   openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2) \
+    > "$OUT/openssl.log" 2>&1 || { echo "openssl failed: $OUT/openssl.log"; exit 1; }
+fi
+
+# start_servers N SECURITY: N servers sharing runs (plain | tls | mtls); their list in $WORK/list
+start_servers() {
+  local n=$1 sec=$2 list="" i=0 extra=""
+  [ "$sec" != plain ] && extra="--tls-cert $WORK/server.pem --tls-key $WORK/server.key"
+  [ "$sec" = mtls ] && extra="$extra --tls-ca $WORK/ca.pem"
+  while [ "$i" -lt "$n" ]; do
+    rm -rf "$WORK/snap$i" "$WORK/ready$i"
+    mkfifo "$WORK/ready$i"
+    # shellcheck disable=SC2086
+    "$B/server/ztrain-server" --listen 127.0.0.1:0 --server-index "$i" --server-count "$n" --token-file "$WORK/token" \
+      --snapshot-dir "$WORK/snap$i" --log-level warn $extra > "$WORK/ready$i" 2> "$OUT/server$i.log" &
+    PIDS="$PIDS $!"
+    local line port
+    read -r line < "$WORK/ready$i"
+    port=$(echo "$line" | tr ' ' '\n' | sed -n 's/^port=//p')
+    [ -n "$port" ] || { echo "ztrain-server did not start: $OUT/server$i.log"; exit 1; }
+    list="$list${list:+,}127.0.0.1:$port"
+    i=$((i + 1))
+  done
+  echo "$list" > "$WORK/list"
+}
+stop_servers() {
+  for p in $PIDS; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  PIDS=""
+}
+
+# train NAME MODEL ACCUM FLAGS...: prints "tokens/s wire_GiB/s" (wire "-" without a server breakdown)
+train() {
+  local name=$1 model=$2 accum=$3
+  shift 3
+  rm -rf "$WORK/run"
+  "$B/worker/ztrain" train --model "$ROOT/bench/gpt2-$model.json" --train-data "$DATA/rnd_train_000.bin" \
+    --device cuda --precision bf16 --batch-size 8 --seq-len 1024 --grad-accum "$accum" --steps "$STEPS" \
+    --warmup 2 --log-every 1 --eval-every 0 --save-every -1 --out "$WORK/run" "$@" > "$OUT/$name.log" 2>&1 ||
+    { echo "ztrain failed: $OUT/$name.log" >&2; echo "- -"; return; }
+  "$PY" - "$WORK/run/metrics.jsonl" "$OUT/$name.log" $((8 * 1024 * accum)) <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+tokens = int(sys.argv[3])
+timed = [r for r in rows if r["step"] >= 5]
+tps = tokens * len(timed) / sum(tokens / r["tokens_per_s"] for r in timed)
+mib = secs = 0.0
+for line in open(sys.argv[2]):
+    m = re.search(r"server push ([0-9.]+) s .* pull ([0-9.]+) s .* wire ([0-9.]+) MiB", line)
+    if m:
+        secs += float(m.group(1)) + float(m.group(2))
+        mib += float(m.group(3))
+print("%.0f %s" % (tps, "%.2f" % (mib / 1024 / secs) if secs > 0 else "-"))
+PY
+}
+
+raw=$("$B/bench/server/bench_raw_tcp" 4096 | tr ' ' '\n' | sed -n 's/^gib_s=//p')
+echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) |"
+echo "| --- | --- | ---: | ---: | ---: | ---: |"
+secs="plain"
+[ "$TLS" = 1 ] && secs="plain tls mtls"
+for c in $CASES; do
+  model=${c%%:*}
+  accum=${c##*:}
+  read -r cpu _ < <(train "cpu_${model}_$accum" "$model" "$accum" --optimizer cpu)
+  echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - |"
+  for n in $NSERVERS; do
+    for sec in $secs; do
+      start_servers "$n" "$sec"
+      flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
+      [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
+      [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
+      read -r tps wire < <(train "server${n}_${sec}_${model}_$accum" "$model" "$accum" "${flags[@]}")
+      stop_servers
+      pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
+      echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") |"
+    done
+  done
+done
