@@ -1,5 +1,5 @@
 /* The state server core: the shard table of fp32 master weights and Adam moments, the step protocol of
- * DESIGN.md decision 8 (idempotent gradient pushes, atomic commit, block-by-block update, pull of the
+ * the step protocol of docs/state-server.md (idempotent gradient pushes, atomic commit, block-by-block update, pull of the
  * updated low-precision parameters block 0 first) and snapshots. No networking: ztrain-server calls it
  * from its gRPC handlers and the worker calls it in process when it runs without --servers (embedded
  * mode). Every entry point is thread-safe and returns 0 or a negative code (ZT_E* or -errno) with one
@@ -8,7 +8,7 @@
  *
  * Terms.
  *   run    a training run, named by a run id (1..ZT_SERVER_RUN_ID_MAX-1 bytes of [A-Za-z0-9._-]).
- *   block  one flat buffer of a model's parameters (DESIGN.md decision 4), numel elements.
+ *   block  one flat buffer of a model's parameters, numel elements.
  *   shard  block b split over the W worker ranks: the block is padded with zeros to
  *          padded = ceil(numel / W) * W elements and rank r owns elements [r * s, (r + 1) * s) with
  *          s = padded / W (zt_server_shard_numel). The padding elements are part of the last shard(s):

@@ -1,5 +1,5 @@
 /* Collective communication between the worker ranks of one job: the one interface the runtime uses, with
- * two backends (DESIGN.md decisions 4, 5 and 10).
+ * two backends.
  *
  *   shm   ranks are processes on one host; a POSIX shared-memory segment with process-shared locking.
  *         Reductions add the ranks' contributions in rank order 0, 1, ..., W-1, so results are the same

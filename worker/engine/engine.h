@@ -1,5 +1,5 @@
 /* The training engine: one step engine for every number of ranks, every device and every optimizer
- * placement (DESIGN.md decisions 1, 4-9). W = 1 is ZeRO with one rank.
+ * placement (docs/architecture.md). W = 1 is ZeRO with one rank.
  *
  * A model (worker/models/model.h) is a list of blocks; every block's parameters form one flat buffer in
  * the model's layout, padded with zeros to P_b elements (a multiple of W, and of 64 W on a GPU) and split
@@ -46,7 +46,7 @@
 #include "worker/models/model.h"
 #include "worker/state/client.h"
 
-/* Where AdamW and its state live (DESIGN.md decision 7). */
+/* Where AdamW and its state live. */
 enum zt_placement {
     ZT_PLACEMENT_GPU = 0,    /* on the GPU that computes (--device cuda) */
     ZT_PLACEMENT_CPU = 1,    /* in this process's host memory */

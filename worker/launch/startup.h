@@ -1,4 +1,4 @@
-/* Multi-rank start-up (DESIGN.md decision 10): the ranks of a job meet at rank 0's gRPC rendezvous
+/* Multi-rank start-up: the ranks of a job meet at rank 0's gRPC rendezvous
  * (proto/rendezvous.h), which checks that every rank brings the same WORLD_SIZE and the same config hash
  * and hands out the NCCL unique id; then each rank creates its communicator (worker/comm/comm.h).
  *

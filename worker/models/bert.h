@@ -1,5 +1,5 @@
-/* BERT and RoBERTa encoders (Hugging Face BertModel / RobertaModel), built from blocks (DESIGN.md decision
- * 1): explicit forward and backward over the CPU kernels, with one of two task heads.
+/* BERT and RoBERTa encoders (Hugging Face BertModel / RobertaModel), built from blocks: explicit forward and
+ * backward over the CPU kernels, with one of two task heads (bert_cuda.c runs the same passes on a GPU).
  *
  * Blocks, in order: 0 = embeddings (word, position and token-type embeddings, then a LayerNorm);
  * 1..L = encoder layers, post-LN: x = LN(x + attention.output.dense(attention(x)));

@@ -1,4 +1,5 @@
-/* GPT-2, built from blocks (DESIGN.md decision 1): explicit forward and backward over the CPU kernels.
+/* GPT-2, built from blocks whose passes are the decoder program's (worker/models/decoder.h) on the CPU and
+ * on CUDA.
  *
  * Blocks, in order: 0 = embeddings (wte, wpe); 1..n_layer = transformer layers h.0..h.{L-1};
  * n_layer+1 = final layer norm (ln_f). The LM head is tied to wte. Every block's parameters form one

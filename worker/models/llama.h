@@ -1,6 +1,7 @@
-/* LLaMA (Hugging Face LlamaForCausalLM, and MistralForCausalLM without a sliding window), built from blocks
- * (DESIGN.md decision 1): explicit forward and backward over the CPU kernels, with the API of the GPT-2
- * host model (worker/models/gpt2.h) one for one, so that the training engine and loop drive it the same way.
+/* LLaMA (Hugging Face LlamaForCausalLM, MistralForCausalLM without a sliding window, and Qwen2ForCausalLM:
+ * LLaMA with q, k and v biases), built from blocks whose passes are the decoder program's
+ * (worker/models/decoder.h) on the CPU and on CUDA, with the API of the GPT-2 host model
+ * (worker/models/gpt2.h) one for one.
  *
  * Blocks, in order: 0 = the token embedding (embed_tokens); 1..L = decoder layers layers.0..layers.{L-1};
  * L+1 = the final RMSNorm (norm) and, when the head is untied, the output head (lm_head). The head reads

@@ -1,4 +1,4 @@
-/* A model as the training engine sees it (DESIGN.md decision 1): a list of blocks, each one flat buffer
+/* A model as the training engine sees it: a list of blocks, each one flat buffer
  * of parameters, with a forward and a backward pass per block, on one backend (the CPU or a CUDA GPU).
  *
  * The model holds activations and scratch only. The engine (worker/engine/engine.h) owns every parameter,

@@ -1,4 +1,4 @@
-/* The worker's client of the state service (DESIGN.md decisions 7-9): one API over S remote state servers
+/* The worker's client of the state service: one API over S remote state servers
  * (ztrain-server, gRPC through proto/rpc.h) or over a state server core running in this process
  * (embedded mode, no sockets), so a ZeRO rank drives the step protocol the same way in both:
  *   register the run once; rank 0 pushes the initial parameters; then per step every rank pushes the

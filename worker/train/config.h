@@ -91,7 +91,7 @@ typedef struct zt_train_config {
     int64_t loss_scale_window; /* fp16: clean steps before the scale doubles (default 1024) */
     double min_loss_scale;     /* fp16: the scale never drops below this power of two (default 1) */
 
-    /* Where AdamW runs (DESIGN.md decision 7; worker/engine/engine.h); auto (the default) becomes gpu with
+    /* Where AdamW runs (worker/engine/engine.h); auto (the default) becomes gpu with
      * --device cuda and cpu with --device cpu in zt_train_config_resolve. */
     enum zt_train_optimizer optimizer;
     double optimizer_gpu_fraction;      /* --device cuda --optimizer cpu: the leading blocks holding this fraction of
