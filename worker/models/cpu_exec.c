@@ -18,6 +18,7 @@ typedef struct cpu_exec {
     size_t *block_offset, *block_len;
     bool *checkpointed, *reads_weights;
     zt_model_tensor *tensors;
+    zt_model_ops ops;              /* the calls, with the optional ones the family offers */
 } cpu_exec;
 
 static void cpu_destroy(zt_model *base)
@@ -96,38 +97,12 @@ static void cpu_accuracy(zt_model *base, int micro, int *correct, int *counted)
     *counted = m->micro_counted[micro];
 }
 
-static const zt_model_ops cpu_ops = {
-    .destroy = cpu_destroy,
-    .begin = cpu_begin,
-    .forward = cpu_forward,
-    .discard = cpu_discard,
-    .head = cpu_head,
-    .head_backward = cpu_head_backward,
-    .backward = cpu_backward,
-    .loss = cpu_loss,
-};
-
-/* The same with the optional entries of families that have token types and count accuracy. */
-static const zt_model_ops cpu_ops_typed = {
-    .destroy = cpu_destroy,
-    .begin = cpu_begin,
-    .forward = cpu_forward,
-    .discard = cpu_discard,
-    .head = cpu_head,
-    .head_backward = cpu_head_backward,
-    .backward = cpu_backward,
-    .loss = cpu_loss,
-    .set_token_types = cpu_set_token_types,
-    .accuracy = cpu_accuracy,
-};
-
 int zt__cpu_exec_create(zt_model **out, const zt_family_def *def, void *host, int max_micro, const bool *ckpt_layers,
                         zt_err *err)
 {
     *out = NULL;
     if (max_micro < 1)
         return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum must be at least 1 (it is %d)", max_micro);
-    ZT_ASSERT(!def->set_token_types == !def->accuracy); /* one table of optional entries or the other */
     zt_family_shape shape;
     def->config_shape(def->config(host), &shape);
     cpu_exec *m = zt_xcalloc(1, sizeof *m);
@@ -155,7 +130,12 @@ int zt__cpu_exec_create(zt_model **out, const zt_family_def *def, void *host, in
                                           .weight_decay = t->weight_decay};
     }
     zt_model *base = &m->base;
-    base->ops = def->set_token_types ? &cpu_ops_typed : &cpu_ops;
+    m->ops = (zt_model_ops){.destroy = cpu_destroy, .begin = cpu_begin, .forward = cpu_forward,
+                            .discard = cpu_discard, .head = cpu_head, .head_backward = cpu_head_backward,
+                            .backward = cpu_backward, .loss = cpu_loss,
+                            .set_token_types = def->set_token_types ? cpu_set_token_types : NULL,
+                            .accuracy = def->accuracy ? cpu_accuracy : NULL};
+    base->ops = &m->ops;
     base->backend = ZT_MODEL_CPU;
     base->dtype = ZT_DTYPE_F32;
     base->nblocks = nb;
