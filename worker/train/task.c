@@ -388,7 +388,7 @@ static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool i
             prefix_error(err, flags[i]);
             if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
                 strstr(err->msg, "longer") && strlen(err->msg) + 80 < sizeof err->msg)
-                strcat(err->msg, " (or raise --seq-len, or --sft-overlong truncate)");
+                strcat(err->msg, " (--seq-len, --sft-overlong truncate)");
             return rc;
         }
         if (is0)
