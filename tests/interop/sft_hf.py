@@ -96,8 +96,12 @@ def padded(rows, labels):
 
 def reference_torch(folder, ids, lab, mask):
     import torch
+    import transformers
     from transformers import LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # transformers 5 names the argument dtype; 4.x torch_dtype
+    kw = dict(dtype=torch.float32) if int(transformers.__version__.split(".")[0]) >= 5 else \
+        dict(torch_dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(folder, **kw).eval()
     with torch.no_grad():
         out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), labels=torch.tensor(lab))
     return float(out.loss)
