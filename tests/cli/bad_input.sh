@@ -17,6 +17,7 @@ if [ $# -ne 1 ] || [ ! -x "$1" ]; then
   exit 2
 fi
 ZT=$(realpath "$1")
+SRC=$(cd "$(dirname "$0")/../.." && pwd) # the repository: examples/ for the fine-tuning cases
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zt_cli_XXXXXX")
 if [ "${ZT_CLI_KEEP:-0}" = 1 ]; then
   echo "scratch directory: $WORK"
@@ -444,6 +445,71 @@ train_case shard_bad_magic 1 'm_train_000\.bin' 'magic' -- --train-data "$WORK/d
 train_case vocab_mismatch 1 'vocab' '300|256' -- --train-data "$WORK/d4/v_train_*.bin"
 train_case train_data_missing 1 'nope_train_\*\.bin|nope' 'no (file|shard)s?|match|not found|no such|does not exist' -- \
   --train-data "$WORK/nope/nope_train_*.bin"
+
+# ---- bad supervised fine-tuning data (--sft-data) ---------------------------------------------------------
+
+cp "$SRC/examples/llama-tiny.json" "$WORK/llama.json"
+cat >"$WORK/model_bert.json" <<'EOF'
+{"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 32, "num_hidden_layers": 1,
+ "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 64}
+EOF
+mkdir -p "$WORK/sftd"
+cp "$SRC/examples/byte-tokenizer.json" "$WORK/sftd/tok.json" # no tokenizer_config.json beside it: no template
+printf '{"prompt": "a", "completion": "b"}\nnot json\n' >"$WORK/sftd/malformed.jsonl"
+printf '{"instruction": "a", "output": "b"}\n{"instruction": "c"}\n' >"$WORK/sftd/missing.jsonl"
+printf '%s\n' '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}' \
+  '{"messages": [{"role": "robot", "content": "a"}, {"role": "assistant", "content": "b"}]}' >"$WORK/sftd/role.jsonl"
+printf '%s\n' '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}' \
+  '{"messages": [{"role": "user", "content": "a"}]}' >"$WORK/sftd/noassist.jsonl"
+printf '{"prompt": "a", "completion": ""}\n{"prompt": "b", "completion": ""}\n' >"$WORK/sftd/empty.jsonl"
+{
+  printf '{"prompt": "a", "completion": "b"}\n{"prompt": "'
+  printf 'x%.0s' {1..100}
+  printf '", "completion": "b"}\n'
+} >"$WORK/sftd/long.jsonl"
+
+# sft_case NAME CODES REGEX... -- ARGS...: a fine-tuning `ztrain train` of a tiny LLaMA that must fail, as
+# train_case does.
+sft_case() {
+  local name=$1
+  shift
+  n_train_cases=$((n_train_cases + 1))
+  local run_dir="$WORK/out_$n_train_cases"
+  local pre=()
+  while [ "$1" != "--" ]; do
+    pre+=("$1")
+    shift
+  done
+  shift
+  expect_error "$name" "${pre[@]}" -- train --model "$WORK/llama.json" --tokenizer "$WORK/sftd/tok.json" \
+    --steps 2 --batch-size 2 --seq-len 64 --threads 1 --out "$run_dir" "$@" &&
+    expect_no_run_output "$name" "$run_dir" && pass "$name"
+}
+
+sft_case sft_malformed_line 1 'malformed\.jsonl:2' 'not valid JSON' 'one JSON object' -- \
+  --sft-data "$WORK/sftd/malformed.jsonl"
+sft_case sft_missing_field 1 'missing\.jsonl:2' '"output" is missing' 'needs "instruction" and "output"' -- \
+  --sft-data "$WORK/sftd/missing.jsonl"
+sft_case sft_unknown_role 1 'role\.jsonl:2' "unknown role 'robot'" 'system, user and assistant' -- \
+  --sft-data "$WORK/sftd/role.jsonl" --chat-template chatml
+sft_case sft_no_assistant 1 'noassist\.jsonl:2' 'no assistant message' "add the assistant's answer" -- \
+  --sft-data "$WORK/sftd/noassist.jsonl" --chat-template chatml
+sft_case sft_no_template 1 'role\.jsonl:1' 'no chat template' '--chat-template NAME' -- \
+  --sft-data "$WORK/sftd/role.jsonl"
+sft_case sft_unknown_template '1|2' '--chat-template' "unknown chat template 'vicuna'" 'chatml, qwen2' -- \
+  --sft-data "$WORK/sftd/role.jsonl" --chat-template vicuna
+sft_case sft_pack '1|2' '--sft-pack' 'not available yet' 'drop it' -- --sft-data "$WORK/sftd/role.jsonl" \
+  --chat-template chatml --sft-pack
+sft_case sft_all_masked 1 'empty\.jsonl' 'no examples to train on' 'trained token' -- \
+  --sft-data "$WORK/sftd/empty.jsonl"
+sft_case sft_overlong_refused 1 'long\.jsonl' 'line 2' 'longer than the sequence length 64' \
+  '--sft-overlong truncate' -- --sft-data "$WORK/sftd/long.jsonl" --sft-overlong refuse
+sft_case sft_with_shards '1|2' '--train-data' '--sft-data' 'not both' -- --sft-data "$WORK/sftd/role.jsonl" \
+  --train-data "$WORK/d1/d_train_*.bin"
+sft_case sft_val_shards '1|2' '--val-data' '--sft-val-data' -- --sft-data "$WORK/sftd/role.jsonl" \
+  --chat-template chatml --val-data "$WORK/d1/d_train_*.bin"
+sft_case sft_encoder_model '1|2' '--sft-data' 'decoder' -- --model "$WORK/model_bert.json" \
+  --sft-data "$WORK/sftd/role.jsonl"
 
 # ---- bad weights for --init-from --------------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ static const char train_usage[] =
     "                    [--optimizer-gpu-fraction X] [--adam-moments M] [--moments-dir DIR] [--moments-ram SIZE] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "                    [--gpu-mem SIZE] [--host-mem SIZE] [--host-grad-accum] [--weights W] [--auto-micro-batch]\n"
-    "                    [--offload O]\n"
+    "                    [--offload O] [--sft-data FILE] [--sft-val-data FILE] [--chat-template NAME]\n"
+    "                    [--train-on-prompt] [--sft-overlong O] [--sft-pack]\n"
     "\n"
     "Trains a GPT-2, LLaMA or Mistral model on token shards made by `ztrain tokenize`, a BERT or RoBERTa\n"
     "masked LM on token shards, or a BERT or RoBERTa classifier on labelled texts (JSONL); every family\n"
@@ -41,6 +42,19 @@ static const char train_usage[] =
     "                       per line for both; evaluation also reports accuracy)\n"
     "  --tokenizer FILE     BERT / RoBERTa: the model's tokenizer.json (a classifier's JSONL texts become\n"
     "                       tokens with it; a masked LM takes [MASK] and the special tokens from it)\n"
+    "                       --sft-data: the decoder's tokenizer.json\n"
+    "  --sft-data FILE      fine-tune a decoder (GPT-2, LLaMA, Qwen2) on supervised examples instead of\n"
+    "                       shards: JSONL of {\"prompt\", \"completion\"}, alpaca {\"instruction\", \"input\",\n"
+    "                       \"output\"} or chats {\"messages\": [{\"role\", \"content\"}, ...]}; the loss is\n"
+    "                       the mean over the answers' tokens (one example a row, padded)\n"
+    "  --sft-val-data FILE  validation examples (the same formats); their loss is reported\n"
+    "  --chat-template NAME how chats and alpaca records are laid out: chatml, qwen2, qwen2.5, llama2,\n"
+    "                       llama3, llama3.1, mistral, gemma, gemma3, phi3, or none; default: the\n"
+    "                       chat_template of the tokenizer_config.json beside --tokenizer\n"
+    "  --train-on-prompt    the loss covers the prompts (system and user turns) too\n"
+    "  --sft-overlong O     an example longer than --seq-len: truncate (default; counted in the log) or\n"
+    "                       refuse (the run stops, naming the line)\n"
+    "  --sft-pack           several examples a row: not available yet (refused; rows are padded)\n"
     "  --steps N            optimizer steps to train to (default 1000)\n"
     "  --out DIR            run directory: config, metrics.jsonl, checkpoints (default runs/train)\n"
     "  --resume DIR         continue a run directory (its latest checkpoint) or a ckpt_NNNNNN directory;\n"
@@ -261,6 +275,12 @@ static int run_command(int argc, char **argv, bool finetune)
         {"weights", required_argument, NULL, OPT_SETTING},
         {"auto-micro-batch", no_argument, NULL, OPT_SETTING},
         {"offload", required_argument, NULL, OPT_SETTING},
+        {"sft-data", required_argument, NULL, OPT_SETTING},
+        {"sft-val-data", required_argument, NULL, OPT_SETTING},
+        {"chat-template", required_argument, NULL, OPT_SETTING},
+        {"train-on-prompt", no_argument, NULL, OPT_SETTING},
+        {"sft-overlong", required_argument, NULL, OPT_SETTING},
+        {"sft-pack", no_argument, NULL, OPT_SETTING},
         {NULL, 0, NULL, 0},
     };
     enum { MAX_SETTINGS = 64 };

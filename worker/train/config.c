@@ -54,6 +54,7 @@ static const char *const precision_names[] = {"auto", "fp32", "bf16", "fp16"};
 static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "server"};
 static const char *const weights_names[] = {"auto", "gpu", "host", "masters"};
 static const char *const moments_names[] = {"fp32", "bf16"};
+static const char *const overlong_names[] = {"truncate", "refuse"};
 static const char *const schedule_names[] = {"nodecay", "noam", "linear", "cosine", "exponential"};
 
 static const struct key_def keys[] = {
@@ -63,6 +64,12 @@ static const struct key_def keys[] = {
     {"val_data", "--val-data", KEY_PATH, FIELD(val_data)},
     {"tokenizer", "--tokenizer", KEY_PATH, FIELD(tokenizer)},
     {"out_dir", "--out", KEY_PATH, FIELD(out_dir)},
+    {"sft_data", "--sft-data", KEY_PATH, FIELD(sft_data)},
+    {"sft_val_data", "--sft-val-data", KEY_PATH, FIELD(sft_val_data)},
+    {"chat_template", "--chat-template", KEY_TEXT, FIELD(chat_template)},
+    {"train_on_prompt", "--train-on-prompt", KEY_BOOL, FIELD(train_on_prompt)},
+    {"sft_overlong", "--sft-overlong", KEY_ENUM, ENUM_FIELD(sft_overlong, overlong_names)},
+    {"sft_pack", "--sft-pack", KEY_BOOL, FIELD(sft_pack)},
     {"steps", "--steps", KEY_INT, FIELD(steps)},
     {"batch_size", "--batch-size", KEY_INT, FIELD(batch_size)},
     {"seq_len", "--seq-len", KEY_INT, FIELD(seq_len)},
@@ -651,6 +658,44 @@ bool zt_train_config_layer_checkpointed(const zt_train_config *c, int l)
     return false;
 }
 
+/* Checks the settings of supervised fine-tuning (sft_data and the keys that only it reads). */
+static int validate_sft(const zt_train_config *c, enum zt_family_task task, zt_err *err)
+{
+    if (c->sft_data[0] == '\0') {
+        const char *only[] = {"sft_val_data", "chat_template"};
+        for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
+            if (((const char *)field_cptr(c, find_key(only[i])))[0])
+                return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is a setting of supervised fine-tuning: give the "
+                               "training examples with %s too, or drop it", label(only[i]), label("sft_data"));
+        if (c->train_on_prompt || c->sft_pack || c->sft_overlong != ZT_OVERLONG_TRUNCATE)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is a setting of supervised fine-tuning: give the "
+                           "training examples with %s too, or drop it",
+                           label(c->train_on_prompt ? "train_on_prompt" : c->sft_pack ? "sft_pack" : "sft_overlong"),
+                           label("sft_data"));
+        return 0;
+    }
+    if (task != ZT_TASK_CAUSAL_LM)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s fine-tunes decoder models (gpt2, llama, qwen2); this %s model "
+                       "is not one: use a decoder, or train this model on its own data with %s",
+                       label("sft_data"), zt_family_name(&c->model), label("train_data"));
+    if (c->train_data[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s and %s are both given: a run trains on token shards or on "
+                       "supervised examples, not both; drop one", label("train_data"), label("sft_data"));
+    if (c->val_data[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s reads token shards; the validation examples of supervised "
+                       "fine-tuning go in %s (a JSONL file like %s)", label("val_data"), label("sft_val_data"),
+                       label("sft_data"));
+    if (c->tokenizer[0] == '\0')
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s reads texts: set %s to the model's tokenizer.json (a "
+                       "tokenizer_config.json beside it gives the chat template)", label("sft_data"),
+                       label("tokenizer"));
+    if (c->sft_pack)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: packing several examples into one row is not available "
+                       "yet (it needs attention kept inside each example, which the models do not have): drop it; "
+                       "padded batches (one example a row) train the same loss", label("sft_pack"));
+    return 0;
+}
+
 /* Whether x is a power of two (1, 2, 4, ..., or 1/2, 1/4, ...). */
 static bool power_of_two(double x)
 {
@@ -673,23 +718,28 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if ((rc = zt_family_config_validate(&c->model, err)) < 0)
         return rc;
     const enum zt_family_task task = zt_family_config_task(&c->model);
-    if (c->train_data[0] == '\0')
+    if ((rc = validate_sft(c, task, err)) < 0)
+        return rc;
+    const bool sft = c->sft_data[0] != '\0';
+    if (c->train_data[0] == '\0' && !sft)
         return task == ZT_TASK_CLASSIFY
                    ? zt_fail(err, ZT_EINVAL_CONFIG, "no training data given: set %s to a JSONL file of examples "
                              "({\"text\": ..., \"label\": ...} per line)", label("train_data"))
                    : zt_fail(err, ZT_EINVAL_CONFIG,
                              "no training data given: set %s to a glob of token shards made by `ztrain tokenize`, "
-                             "e.g. \"runs/demo/data/corpus_train_*.bin\"", label("train_data"));
+                             "e.g. \"runs/demo/data/corpus_train_*.bin\"%s", label("train_data"),
+                             task == ZT_TASK_CAUSAL_LM ? " (or, to fine-tune on instructions, --sft-data FILE.jsonl)"
+                                                       : "");
     if (task == ZT_TASK_CLASSIFY && c->tokenizer[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "a classification model reads texts: set %s to the model's "
                        "tokenizer.json", label("tokenizer"));
     if (task == ZT_TASK_MASKED_LM && c->tokenizer[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "a masked-LM model masks its tokens with [MASK] and never masks special "
                        "tokens: set %s to the model's tokenizer.json, which names them", label("tokenizer"));
-    if (task == ZT_TASK_CAUSAL_LM && c->tokenizer[0] != '\0')
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s is for BERT and RoBERTa models; this %s model reads token shards "
-                       "made by `ztrain tokenize --tokenizer`: leave it out", label("tokenizer"),
-                       zt_family_name(&c->model));
+    if (task == ZT_TASK_CAUSAL_LM && c->tokenizer[0] != '\0' && !sft)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s is for JSONL data (BERT and RoBERTa models, or --sft-data); this %s "
+                       "model reads token shards made by `ztrain tokenize --tokenizer`: leave it out",
+                       label("tokenizer"), zt_family_name(&c->model));
     if (c->out_dir[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "no run directory given: set %s, e.g. \"runs/demo\"", label("out_dir"));
 

@@ -34,6 +34,9 @@ enum zt_train_store { ZT_STORE_RAM = 0, ZT_STORE_NVME = 1 };
 enum zt_train_weights { ZT_WEIGHTS_AUTO = 0, ZT_WEIGHTS_GPU = 1, ZT_WEIGHTS_HOST = 2, ZT_WEIGHTS_MASTERS = 3 };
 /* The Adam moments' storage: fp32, or bf16 with stochastic rounding (half the bytes; --optimizer cpu). */
 enum zt_train_moments { ZT_MOMENTS_FP32 = 0, ZT_MOMENTS_BF16 = 1 };
+/* Supervised fine-tuning: what happens to an example longer than seq_len (cut to its first seq_len tokens, or
+ * the run refused, naming the first such line). */
+enum zt_train_overlong { ZT_OVERLONG_TRUNCATE = 0, ZT_OVERLONG_REFUSE = 1 };
 
 /* The name of a typed setting's value, as configs and flags spell it ("cpu", "cuda", "auto", "fp32", ...).
  * Never NULL. */
@@ -49,9 +52,21 @@ typedef struct zt_train_config {
     char init_from[ZT_TRAIN_PATH_MAX];  /* safetensors with HF names to start from; "" = random init */
     char train_data[ZT_TRAIN_PATH_MAX]; /* glob of llm.c token shards */
     char val_data[ZT_TRAIN_PATH_MAX];   /* glob of validation shards; "" = no evaluation */
-    char tokenizer[ZT_TRAIN_PATH_MAX];  /* tokenizer.json of a classification model's JSONL data; "" = none */
+    char tokenizer[ZT_TRAIN_PATH_MAX];  /* tokenizer.json of JSONL data (classification, masked LM, supervised
+                                           fine-tuning); "" = none */
     char out_dir[ZT_TRAIN_PATH_MAX];    /* run directory */
     char resume[ZT_TRAIN_PATH_MAX];     /* run or checkpoint directory to continue; flag only; "" = new run */
+
+    /* Supervised fine-tuning of a decoder (causal LM family): given sft_data, the run trains on JSONL records
+     * (prompt/completion, alpaca, chats; worker/data/sft.h) instead of token shards, with the loss on the
+     * answers only. */
+    char sft_data[ZT_TRAIN_PATH_MAX];     /* JSONL of the training examples; "" = not fine-tuning */
+    char sft_val_data[ZT_TRAIN_PATH_MAX]; /* JSONL of the validation examples; "" = no evaluation */
+    char chat_template[64];               /* a template name (chatml, llama3, ...), "none", or "" = the
+                                             chat_template of the tokenizer_config.json beside the tokenizer */
+    bool train_on_prompt;                 /* the loss covers the prompts too */
+    enum zt_train_overlong sft_overlong;
+    bool sft_pack;                        /* several examples a row: refused (not available yet) */
 
     /* Batch and length. One step sees batch_size * grad_accum sequences of seq_len tokens. */
     int64_t steps;

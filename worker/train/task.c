@@ -3,12 +3,18 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
+#include "common/json.h"
 #include "common/log.h"
+#include "worker/data/chat_template.h"
 #include "worker/data/classify.h"
+#include "worker/data/sft.h"
 #include "worker/data/tokenize.h"
 #include "worker/models/family.h"
 
@@ -33,6 +39,11 @@ struct zt_task {
     int32_t mask_id;            /* masked LM: [MASK] / <mask> */
     int32_t *specials;          /* masked LM: the ids never masked (special tokens and padding) */
     int nspecials;
+    zt_chat_template *tmpl;     /* supervised fine-tuning: the chat template, or NULL */
+    zt_sft_data *strain, *sval; /* supervised fine-tuning: the examples */
+    zt_sft_loader *ltrain, *lval;
+    int32_t *positions, *cu_seqlens, *nseqs; /* supervised fine-tuning: the loader's batch buffers */
+    int64_t untrained;          /* supervised fine-tuning: batches skipped for having no trained token */
 };
 
 /* Puts "flag: " before the message in err. */
@@ -249,6 +260,180 @@ static void next_labelled(zt_task *t, bool val, uint64_t key, int32_t *tokens, i
     zt_classify_next(val ? t->cval : t->ctrain, tokens, types, targets);
 }
 
+/* ---- supervised examples: fine-tuning a decoder ---- */
+
+/* The tokenizer_config.json beside the tokenizer file (into buf); false when there is none. */
+static bool tokenizer_config_beside(const char *tokenizer, char *buf, size_t cap)
+{
+    const char *slash = strrchr(tokenizer, '/');
+    const int dir = slash ? (int)(slash - tokenizer) : 0;
+    int n = slash ? snprintf(buf, cap, "%.*s/tokenizer_config.json", dir, tokenizer)
+                  : snprintf(buf, cap, "tokenizer_config.json");
+    return n > 0 && (size_t)n < cap && access(buf, R_OK) == 0;
+}
+
+/* The eos_token of a tokenizer_config.json (a string, or an object with "content"), into buf; false when it
+ * has none or cannot be read. */
+static bool config_eos(const char *path, char *buf, size_t cap)
+{
+    cJSON *root = NULL;
+    zt_err err;
+    if (zt_json_load_object(path, &root, &err) < 0)
+        return false;
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token");
+    if (cJSON_IsObject(e))
+        e = cJSON_GetObjectItemCaseSensitive(e, "content");
+    const bool ok = cJSON_IsString(e) && e->valuestring[0] && strlen(e->valuestring) < cap;
+    if (ok)
+        snprintf(buf, cap, "%s", e->valuestring);
+    cJSON_Delete(root);
+    return ok;
+}
+
+/* The chat template: --chat-template NAME (with the bos and eos of the tokenizer_config.json beside the
+ * tokenizer when there is one), none, or the chat_template of that file (none when it has no such file or no
+ * chat_template). */
+static int open_template(zt_task *t, const zt_train_config *cfg, const char *tcfg, bool has_tcfg, bool is0,
+                         zt_err *err)
+{
+    const char *name = cfg->chat_template;
+    if (strcmp(name, "none") == 0)
+        return 0;
+    int rc;
+    if (name[0]) {
+        rc = has_tcfg ? zt_chat_template_load(&t->tmpl, tcfg, name, err)
+                      : zt_chat_template_by_name(&t->tmpl, name, NULL, NULL, err);
+        if (rc < 0) {
+            prefix_error(err, "--chat-template");
+            if (rc == ZT_EINVAL_CONFIG && err && strlen(err->msg) + 40 < sizeof err->msg)
+                strcat(err->msg, " (or none: no template)");
+        }
+        return rc;
+    }
+    if (!has_tcfg) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "sft: no tokenizer_config.json beside '%s' and no --chat-template: no chat template "
+                   "(chats need one: name it with --chat-template)", cfg->tokenizer);
+        return 0;
+    }
+    rc = zt_chat_template_load(&t->tmpl, tcfg, NULL, err);
+    if (rc == ZT_EINVAL_CONFIG) { /* the file has no chat_template: a base model */
+        if (is0)
+            zt_log(ZT_LOG_INFO, "sft: '%s' has no chat_template: no chat template (chats need one: name it with "
+                   "--chat-template)", tcfg);
+        return 0;
+    }
+    if (rc < 0)
+        prefix_error(err, "--tokenizer's tokenizer_config.json");
+    return rc;
+}
+
+/* Logs what a file of examples and its loader hold. */
+static void log_sft(const char *what, const char *path, const zt_sft_data *d, const zt_sft_loader *l, int B, int T)
+{
+    static const char *const formats[] = {"?", "prompt/completion", "alpaca", "chat", "input/target"};
+    zt_sft_stats s;
+    zt_sft_get_stats(d, &s);
+    const uint64_t rows = zt_sft_loader_rows(l), tokens = zt_sft_loader_tokens(l);
+    zt_log(ZT_LOG_INFO, "sft: %s '%s': %s, %zu examples, %llu tokens, %llu trained (%.1f%%), longest %zu; %zu cut to "
+           "%d tokens, %zu dropped (no trained token); %llu batches of %d x %d per epoch, padding %.1f%% of the "
+           "rows' tokens", what, path, formats[(unsigned)s.format < 5 ? s.format : 0], s.examples,
+           (unsigned long long)s.tokens, (unsigned long long)s.trained,
+           s.tokens ? 100.0 * (double)s.trained / (double)s.tokens : 0.0, s.longest, zt_sft_loader_truncated(l), T,
+           zt_sft_loader_dropped(l) + s.dropped, (unsigned long long)zt_sft_loader_batches_per_epoch(l), B, T,
+           rows ? 100.0 * (1.0 - (double)tokens / ((double)rows * (double)T)) : 0.0);
+}
+
+/* The tokenizer, the chat template, the examples of --sft-data and --sft-val-data, and padded loaders over
+ * them (eval_batches lowered to the validation file's batches). */
+static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool is0, int64_t *eval_batches,
+                    zt_err *err)
+{
+    int rc = zt_tokenizer_load(&t->tokenizer, cfg->tokenizer, err);
+    if (rc < 0) {
+        prefix_error(err, "--tokenizer");
+        return rc;
+    }
+    char tcfg[ZT_TRAIN_PATH_MAX + 32], eos[256];
+    const bool has_tcfg = tokenizer_config_beside(cfg->tokenizer, tcfg, sizeof tcfg);
+    if ((rc = open_template(t, cfg, tcfg, has_tcfg, is0, err)) < 0)
+        return rc;
+    const bool has_eos = has_tcfg && config_eos(tcfg, eos, sizeof eos);
+    const zt_sft_options opt = {.chat_template = t->tmpl, .train_on_prompt = cfg->train_on_prompt,
+                                .eos_token = has_eos ? eos : NULL, .vocab_size = t->shape.vocab,
+                                .tokenizer_path = cfg->tokenizer};
+    int32_t pad = t->shape.pad_token_id;
+    if (pad < 0 || pad >= t->shape.vocab)
+        pad = 0; /* padding is never attended to by the tokens before it, nor scored */
+    const zt_sft_batch_options bo = {.B = B, .T = T, .shuffle = cfg->shuffle, .seed = (uint64_t)cfg->seed,
+                                     .pad_id = pad,
+                                     .overlong = cfg->sft_overlong == ZT_OVERLONG_REFUSE ? ZT_SFT_REFUSE
+                                                                                         : ZT_SFT_TRUNCATE};
+    if (is0)
+        zt_log(ZT_LOG_INFO, "sft: chat template %s, %s trained, eos after plain completions: %s; padded batches "
+               "(one example a row); the loss is the mean over the batch's trained tokens",
+               t->tmpl ? zt_chat_template_name(t->tmpl) : "none",
+               cfg->train_on_prompt ? "prompts and answers" : "answers only", has_eos ? eos : "none");
+    const char *flags[2] = {"--sft-data", "--sft-val-data"};
+    const char *paths[2] = {cfg->sft_data, cfg->sft_val_data};
+    zt_sft_data **sets[2] = {&t->strain, &t->sval};
+    zt_sft_loader **loaders[2] = {&t->ltrain, &t->lval};
+    for (int i = 0; i < 2; i++) {
+        if (paths[i][0] == '\0')
+            continue;
+        zt_sft_batch_options o = bo;
+        o.shuffle = i == 0 && cfg->shuffle;
+        if ((rc = zt_sft_open(sets[i], paths[i], t->tokenizer, &opt, err)) < 0 ||
+            (rc = zt_sft_loader_create(loaders[i], *sets[i], &o, err)) < 0) {
+            prefix_error(err, flags[i]);
+            if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
+                strstr(err->msg, "longer") && strlen(err->msg) + 80 < sizeof err->msg)
+                strcat(err->msg, " (--seq-len, --sft-overlong truncate)");
+            return rc;
+        }
+        if (is0)
+            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T);
+    }
+    const size_t n = (size_t)B * (size_t)T;
+    t->positions = zt_xmalloc(n * sizeof(int32_t));
+    t->cu_seqlens = zt_xmalloc((size_t)B * ((size_t)T + 1) * sizeof(int32_t));
+    t->nseqs = zt_xmalloc((size_t)B * sizeof(int32_t));
+    if (!t->lval) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "data: no sft_val_data given: no evaluation");
+        return 0;
+    }
+    const uint64_t available = zt_sft_loader_batches_per_epoch(t->lval);
+    if ((uint64_t)*eval_batches > available) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "eval: the validation examples fill %llu batches; evaluating on those instead of %lld",
+                   (unsigned long long)available, (long long)*eval_batches);
+        *eval_batches = (int64_t)available;
+    }
+    return 0;
+}
+
+/* The next padded batch. A batch without a trained token (possible only when every example in it lost its
+ * answer) is never trained on: it is skipped with a warning and the next one taken. */
+static void next_sft(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types)
+{
+    (void)key;
+    zt_sft_loader *l = val ? t->lval : t->ltrain;
+    zt_sft_batch b = {.tokens = tokens, .targets = targets, .positions = t->positions, .cu_seqlens = t->cu_seqlens,
+                      .nseqs = t->nseqs};
+    const uint64_t limit = zt_sft_loader_batches_per_epoch(l) + 1;
+    for (uint64_t tries = 0;; tries++) {
+        zt_err err = {{0}};
+        if (zt_sft_loader_next(l, &b, &err) == 0)
+            break;
+        t->untrained++;
+        zt_log(ZT_LOG_WARN, "sft: %s; skipped (%lld such batches so far)", err.msg, (long long)t->untrained);
+        /* the loader keeps only examples with a trained token, so a whole epoch of such batches cannot be */
+        ZT_ASSERT(tries < limit);
+    }
+    memset(types, 0, t->batch_tokens * sizeof(int32_t));
+}
+
 /* ---- the tasks ---- */
 
 static const task_ops tasks[] = {
@@ -260,9 +445,15 @@ static const task_ops tasks[] = {
      .open = open_labelled, .next = next_labelled},
 };
 
+/* Supervised fine-tuning: a causal LM family, chosen by --sft-data rather than by the model. */
+static const task_ops sft_task = {.name = "supervised fine-tuning", .kind = ZT_TASK_CAUSAL_LM,
+                                  .weighs_targets = true, .open = open_sft, .next = next_sft};
+
 static const task_ops *task_of(const zt_train_config *cfg)
 {
     const enum zt_family_task kind = zt_family_config_task(&cfg->model);
+    if (cfg->sft_data[0] && kind == ZT_TASK_CAUSAL_LM)
+        return &sft_task;
     for (size_t i = 0; i < sizeof tasks / sizeof tasks[0]; i++)
         if (tasks[i].kind == kind)
             return &tasks[i];
@@ -273,9 +464,21 @@ static const task_ops *task_of(const zt_train_config *cfg)
 int zt_task_check_paths(const zt_train_config *cfg, zt_err *err)
 {
     const task_ops *ops = task_of(cfg);
-    const char *flags[2] = {"--train-data", "--val-data"};
-    const char *paths[2] = {cfg->train_data, cfg->val_data};
-    for (int i = 0; i < 2; i++) {
+    const bool sft = ops == &sft_task;
+    const char *flags[3] = {"--train-data", "--val-data", "--tokenizer"};
+    const char *paths[3] = {sft ? cfg->sft_data : cfg->train_data, sft ? cfg->sft_val_data : cfg->val_data,
+                            cfg->tokenizer};
+    if (sft) {
+        flags[0] = "--sft-data";
+        flags[1] = "--sft-val-data";
+    }
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) {
+            if (sft && access(paths[2], R_OK) != 0)
+                return zt_fail(err, -errno, "--tokenizer: cannot read '%s': %s (give the model's tokenizer.json)",
+                               paths[2], strerror(errno));
+            continue;
+        }
         if (paths[i][0] == '\0')
             continue;
         if (!ops->reads_shards) {
@@ -321,6 +524,14 @@ void zt_task_close(zt_task *t)
     zt_dataloader_close(t->val);
     zt_classify_close(t->ctrain);
     zt_classify_close(t->cval);
+    zt_sft_loader_destroy(t->ltrain);
+    zt_sft_loader_destroy(t->lval);
+    zt_sft_close(t->strain);
+    zt_sft_close(t->sval);
+    zt_chat_template_destroy(t->tmpl);
+    free(t->positions);
+    free(t->cu_seqlens);
+    free(t->nseqs);
     zt_tokenizer_destroy(t->tokenizer);
     free(t->specials);
     free(t);
@@ -333,7 +544,7 @@ const char *zt_task_name(const zt_task *t)
 
 bool zt_task_has_val(const zt_task *t)
 {
-    return t->val || t->cval;
+    return t->val || t->cval || t->lval;
 }
 
 bool zt_task_reports_accuracy(const zt_task *t)
@@ -357,6 +568,10 @@ int64_t zt_task_val_begin(zt_task *t, int64_t eval_batches)
         zt_classify_reset(t->cval);
         return (int64_t)zt_classify_batches_per_epoch(t->cval);
     }
+    if (t->lval) {
+        zt_sft_loader_reset(t->lval);
+        return eval_batches;
+    }
     zt_dataloader_reset(t->val);
     return eval_batches;
 }
@@ -365,11 +580,15 @@ void zt_task_get_position(const zt_task *t, zt_data_position *pos)
 {
     if (t->ctrain)
         zt_classify_get_position(t->ctrain, pos);
+    else if (t->ltrain)
+        zt_sft_loader_get_position(t->ltrain, pos);
     else
         zt_dataloader_get_position(t->train, pos);
 }
 
 int zt_task_set_position(zt_task *t, const zt_data_position *pos, zt_err *err)
 {
+    if (t->ltrain)
+        return zt_sft_loader_set_position(t->ltrain, pos, err);
     return t->ctrain ? zt_classify_set_position(t->ctrain, pos, err) : zt_dataloader_set_position(t->train, pos, err);
 }

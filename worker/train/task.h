@@ -2,10 +2,11 @@
  *
  * A task owns its data: causal LM reads token shards and learns the next token; masked LM reads token
  * shards and masks 15% of their tokens as it reads them (BERT's recipe); classification reads labelled
- * texts (JSONL) and tokenizes them with --tokenizer. The loop calls every task through the same functions:
- * it never branches on which task it runs. The task follows from the model's config
- * (zt_family_config_task); a new task (sequence-to-sequence, supervised fine-tuning) is one more entry in
- * task.c's table. */
+ * texts (JSONL) and tokenizes them with --tokenizer; supervised fine-tuning (a causal LM family given
+ * --sft-data) reads JSONL prompts and answers (worker/data/sft.h) and learns the answers' tokens, one example a
+ * padded row. The loop calls every task through the same functions: it never branches on which task it runs.
+ * The task follows from the model's config (zt_family_config_task) and, for fine-tuning, from --sft-data; a new
+ * task (sequence-to-sequence) is one more entry in task.c's table. */
 #ifndef ZT_WORKER_TRAIN_TASK_H
 #define ZT_WORKER_TRAIN_TASK_H
 
@@ -31,7 +32,7 @@ int zt_task_open(zt_task **out, const zt_train_config *cfg, int B, int T, bool i
                  zt_err *err);
 void zt_task_close(zt_task *t); /* accepts NULL */
 
-/* "causal LM", "masked LM", "classification". */
+/* "causal LM", "masked LM", "classification", "supervised fine-tuning". */
 const char *zt_task_name(const zt_task *t);
 /* Whether validation data was given. */
 bool zt_task_has_val(const zt_task *t);
@@ -44,7 +45,8 @@ bool zt_task_weighs_targets(const zt_task *t);
 /* The next global batch of the training data (val false) or the validation data: tokens, targets (-1: not
  * scored) and token types [B, T]. `key` names the batch (step and micro-batch, or the validation batch's
  * number): the draws of a masked LM depend on the seed and key only, so that every rank, a resumed run and
- * every evaluation mask alike. */
+ * every evaluation mask alike. Supervised fine-tuning never hands out a batch without a trained token: it
+ * skips such a batch with a warning. */
 void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types);
 /* Rewinds the validation data and returns the number of batches one evaluation reads (a classifier reads
  * its whole file; the others eval_batches). */
