@@ -607,6 +607,30 @@ if expect_error tokenize_not_utf8 1 'latin1\.txt' 'UTF-8' -- \
   expect_no_output tokenize_not_utf8 "$WORK/tok_latin1"; then
   pass tokenize_not_utf8
 fi
+# Too few tokens to split off a validation part: the fix is more text or --val-fraction 0. A text that
+# gives no token at all (only spaces, which this WordPiece tokenizer drops) is refused whatever the
+# fraction, and the message names that fix, not --val-fraction 0.
+printf 'a' >one_byte.txt
+if expect_error tokenize_too_few_tokens 1 '1 token' 'validation' 'give more text or --val-fraction 0' -- \
+  tokenize --input one_byte.txt --out-dir "$WORK/tok_few" --val-fraction 0.1 &&
+  expect_no_output tokenize_too_few_tokens "$WORK/tok_few"; then
+  pass tokenize_too_few_tokens
+fi
+printf '{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}, ' >tok_wp.json
+printf '"pre_tokenizer": {"type": "WhitespaceSplit"}}' >>tok_wp.json
+printf '   \n \n\t \n' >spaces.txt
+for frac in 0 0.1; do
+  name=tokenize_no_tokens_$frac
+  if expect_error "$name" 1 'spaces\.txt' 'no text that the tokenizer turns into tokens' 'give a file with words' -- \
+    tokenize --input spaces.txt --out-dir "$WORK/tok_none" --tokenizer "$WORK/tok_wp.json" --val-fraction $frac &&
+    expect_no_output "$name" "$WORK/tok_none"; then
+    if grep -q -- '--val-fraction' "$WORK/$name.err"; then
+      fail "$name" "the message offers --val-fraction, which cannot help a text with no tokens"
+    else
+      pass "$name"
+    fi
+  fi
+done
 if [ -d run ]; then # the end-to-end run's checkpoints
   if expect_error generate_unsupported_tokenizer 1 'pre_tokenizer\.type' 'Whitespace' -- \
     generate --checkpoint "$WORK/run" --tokenizer "$WORK/tok_ws.json" --max-new-tokens 5; then
