@@ -2,7 +2,7 @@
 # The BERT classification example (examples/sentiment.json): its files are what examples/make_sentiment.py
 # writes; 150 steps of `ztrain train --config examples/sentiment.json` (one thread, the example's seed) lift
 # the validation accuracy from chance to at least 0.7 and lower the validation loss by at least 0.1 (the
-# full 300-step run reaches 0.995); and `ztrain export --out DIR` of that run writes the run's tokenizer
+# full 300-step run reaches 1.0); and `ztrain export --out DIR` of that run writes the run's tokenizer
 # byte for byte beside config.json and the weights, a folder that transformers' AutoConfig reads as the
 # example's BertForSequenceClassification with its labels.
 #
