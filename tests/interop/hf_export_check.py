@@ -2,26 +2,28 @@
 """Checks `ztrain export --out DIR`: a model folder as transformers' save_pretrained writes it.
 
 Usage: hf_export_check.py ZTRAIN                                (the folder checks; no torch needed)
-       hf_export_check.py --full ZTRAIN GPT2_TOOL LLAMA_TOOL     (also loads the models in torch)
+       hf_export_check.py --full ZTRAIN GPT2_TOOL LLAMA_TOOL BERT_TOOL  (also loads the models in torch)
 
 Everything is written into a scratch directory that is removed at the end (set ZT_KEEP=1 to keep it).
 
 For a tiny GPT-2 (tied head, Conv1D weights) and a tiny LLaMA (grouped-query attention, untied head) it
-tokenizes a text, trains a few steps with `ztrain train` and exports the checkpoint three ways:
+tokenizes a text and trains a few steps with `ztrain train`; for a tiny BERT classifier it trains a few steps
+on examples/sentiment.json's texts, whose run names its tokenizer. It exports each checkpoint three ways:
   - into a folder with --max-shard-size 40KB: config.json, shards model-0000i-of-0000n.safetensors (n > 1,
     none over 40 KB of tensor data unless a single tensor is larger) and model.safetensors.index.json whose
     weight_map names every tensor of every shard and whose total_size is their sum; the safetensors
     library loads every tensor and each equals the checkpoint's own model.safetensors bit for bit; with
-    --tokenizer, tokenizer.json and the tokenizer_config.json / special_tokens_map.json beside it are
-    copied byte for byte;
+    --tokenizer (GPT-2, LLaMA), tokenizer.json and the tokenizer_config.json / special_tokens_map.json
+    beside it are copied byte for byte; without it (BERT) the run's tokenizer is;
   - into the same folder again with the default shard size (5GB): one model.safetensors, and the
     earlier shards and index are gone (transformers would otherwise read them);
   - with --dtype bf16: every tensor is BF16 and equals the checkpoint's rounded to nearest even (numpy).
 config.json loads with transformers' AutoConfig.from_pretrained(DIR) and gives the run's sizes.
 
-With --full it also loads each folder with AutoModelForCausalLM.from_pretrained in float32 (no missing or
-unexpected tensors) and compares its loss on random rows with ztrain's (gpt2_tool / llama_tool importing
-the same folder), within 1e-4 relative, and for LLaMA the logits within 1e-4 of their largest magnitude.
+With --full it also loads each folder with AutoModelForCausalLM.from_pretrained in float32 (BERT:
+AutoModelForSequenceClassification; no missing or unexpected tensors) and compares its loss on random rows
+with ztrain's (gpt2_tool / llama_tool / bert_tool importing the same folder) within 1e-4 relative, and for
+LLaMA and BERT the logits within 1e-4 of their largest magnitude.
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) with --full when torch is missing.
 """
 import json
@@ -40,7 +42,7 @@ if FULL:
     try:
         import torch
         import transformers  # noqa: F401
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     except ImportError as e:  # pragma: no cover - depends on the environment
         print(f"skipped: {e} (the --full check needs torch and transformers)")
         sys.exit(77)
@@ -55,7 +57,16 @@ MODELS = {
               "intermediate_size": 88, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "max_position_embeddings": 64, "vocab_size": 256, "rms_norm_eps": 1e-5,
               "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None},
+    # Trained on examples/sentiment.json's labelled texts; the run names its tokenizer, which the export copies.
+    "bert": {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 168,
+             "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+             "max_position_embeddings": 32, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+             "id2label": {"0": "negative", "1": "positive"}},
 }
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+SIZES = {"gpt2": ("n_layer", "n_embd", "vocab_size"),
+         "llama": ("num_hidden_layers", "hidden_size", "intermediate_size", "num_key_value_heads", "vocab_size"),
+         "bert": ("num_hidden_layers", "hidden_size", "intermediate_size", "id2label", "vocab_size")}
 
 failures = []
 
@@ -96,8 +107,12 @@ def train(zt, work, name):
     with open(model, "w") as f:
         json.dump(MODELS[name], f)
     run_dir = os.path.join(work, f"run_{name}")
-    run([zt, "train", "--model", model, "--train-data", os.path.join(work, "data", "text_train_*.bin"),
-         "--steps", 3, "--batch-size", 2, "--seq-len", 16, "--threads", 1, "--seed", 5, "--out", run_dir])
+    if name == "bert":
+        run([zt, "train", "--config", os.path.join(EXAMPLES, "sentiment.json"), "--model", model, "--steps", 3,
+             "--warmup", 1, "--eval-every", 0, "--save-every", 3, "--threads", 1, "--out", run_dir])
+    else:
+        run([zt, "train", "--model", model, "--train-data", os.path.join(work, "data", "text_train_*.bin"),
+             "--steps", 3, "--batch-size", 2, "--seq-len", 16, "--threads", 1, "--seed", 5, "--out", run_dir])
     return run_dir
 
 
@@ -107,8 +122,16 @@ def check_folder(zt, work, name, run_dir, tokenizer_dir):
     out = os.path.join(work, f"export_{name}")
     if os.path.exists(out):
         shutil.rmtree(out)
-    run([zt, "export", "--checkpoint", run_dir, "--out", out, "--max-shard-size", "40KB",
-         "--tokenizer", os.path.join(tokenizer_dir, "tokenizer.json")])
+    # A causal LM's run names no tokenizer: give one; the classifier's run names the example's.
+    tok_files = ["tokenizer.json"] if name == "bert" else \
+        ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+    if name == "bert":
+        tok_src = {"tokenizer.json": os.path.join(EXAMPLES, "sentiment-tokenizer.json")}
+        run([zt, "export", "--checkpoint", run_dir, "--out", out, "--max-shard-size", "40KB"])
+    else:
+        tok_src = {f: os.path.join(tokenizer_dir, f) for f in tok_files}
+        run([zt, "export", "--checkpoint", run_dir, "--out", out, "--max-shard-size", "40KB",
+             "--tokenizer", os.path.join(tokenizer_dir, "tokenizer.json")])
 
     # Shards, index, every tensor.
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
@@ -146,17 +169,20 @@ def check_folder(zt, work, name, run_dir, tokenizer_dir):
         cfg = json.load(f)
     with open(os.path.join(ckpt, "model_config.json")) as f:
         check(cfg == json.load(f), f"{name}: config.json differs from the checkpoint's model_config.json")
-    for fname in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        with open(os.path.join(tokenizer_dir, fname), "rb") as a, open(os.path.join(out, fname), "rb") as b:
+    for fname in tok_files:
+        with open(tok_src[fname], "rb") as a, open(os.path.join(out, fname), "rb") as b:
             check(a.read() == b.read(), f"{name}: {fname} was not copied as it is")
+    if name == "bert":
+        check(not os.path.exists(os.path.join(out, "tokenizer_config.json")),
+              f"{name}: a tokenizer_config.json that did not sit beside the run's tokenizer")
     from transformers import AutoConfig
     hf = AutoConfig.from_pretrained(out)
     check(hf.model_type == name, f"{name}: AutoConfig gives model_type {hf.model_type}")
     want = MODELS[name]
-    for key in ("n_layer", "n_embd", "vocab_size") if name == "gpt2" else \
-               ("num_hidden_layers", "hidden_size", "intermediate_size", "num_key_value_heads", "vocab_size"):
-        check(getattr(hf, key) == want[key], f"{name}: AutoConfig gives {key} = {getattr(hf, key)}, "
-                                             f"the run had {want[key]}")
+    for key in SIZES[name]:
+        value = {int(k): v for k, v in want[key].items()} if key == "id2label" else want[key]  # int keys
+        check(getattr(hf, key) == value, f"{name}: AutoConfig gives {key} = {getattr(hf, key)}, "
+                                         f"the run had {want[key]}")
 
     # The same folder again, unsharded: the old shards and index must go.
     run([zt, "export", "--checkpoint", run_dir, "--out", out])
@@ -197,8 +223,43 @@ def write_tokens(path, rows):
         f.write(rows.astype("<i4").tobytes())
 
 
+def full_check_bert(out, tool, work):
+    """AutoModelForSequenceClassification.from_pretrained(out) against bert_tool's logits and loss."""
+    model, info = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32,
+                                                                     output_loading_info=True)
+    model.eval()
+    check(not info.get("missing_keys") and not info.get("unexpected_keys") and not info.get("mismatched_keys"),
+          f"bert: loading info {info}")
+    B, T = 3, 12
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(5, 168, size=(B, T)).astype(np.int32)  # no [PAD]: every position attends
+    labels = rng.integers(0, 2, size=B)
+    targets = np.full((B, T), -1, dtype=np.int32)
+    targets[:, 0] = labels
+    batch = os.path.join(work, "batch_bert.bin")
+    with open(batch, "wb") as f:
+        f.write(struct.pack("<ii", B, T))
+        for a in (tokens, np.zeros((B, T), dtype=np.int32), targets):
+            f.write(a.astype("<i4").tobytes())
+    tool_out = os.path.join(work, "tool_bert")
+    os.makedirs(tool_out, exist_ok=True)
+    loss = float(run([tool, os.path.join(out, "config.json"), 1, batch, tool_out, out]).stdout.split()[0])
+    ours = np.fromfile(os.path.join(tool_out, "logits.bin"), dtype="<f4").reshape(B, 2)
+    with torch.no_grad():
+        theirs = model(input_ids=torch.as_tensor(tokens, dtype=torch.long),
+                       token_type_ids=torch.zeros((B, T), dtype=torch.long)).logits.numpy()
+    err = np.abs(ours - theirs).max() / np.abs(theirs).max()
+    check(err <= 1e-4, f"bert: logits differ by {err:.3g} of their largest magnitude")
+    hf_loss = float(torch.nn.functional.cross_entropy(torch.as_tensor(theirs).double(),
+                                                      torch.as_tensor(labels, dtype=torch.long)))
+    check(abs(hf_loss - loss) <= 1e-4 * abs(hf_loss), f"bert: transformers' loss {hf_loss:.9g}, ztrain's {loss:.9g}")
+    print(f"bert: from_pretrained loss {hf_loss:.9g}, ztrain {loss:.9g}")
+
+
 def full_check(name, out, tool, work):
     """from_pretrained(out) in float32 against ztrain's loss (and LLaMA's logits) for the same folder."""
+    if name == "bert":
+        return full_check_bert(out, tool, work)
     model, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
     model.eval()
     missing = [k for k in info.get("missing_keys", []) if not (name == "gpt2" and k == "lm_head.weight")]
@@ -227,7 +288,7 @@ def full_check(name, out, tool, work):
 
 def main():
     args = sys.argv[2:] if FULL else sys.argv[1:]
-    if len(args) != (3 if FULL else 1):
+    if len(args) != (4 if FULL else 1):
         sys.exit(__doc__)
     zt = args[0]
     work = tempfile.mkdtemp(prefix="zt_export_")
@@ -259,7 +320,7 @@ def checks(zt, args, work):
         run_dir = train(zt, work, name)
         out = check_folder(zt, work, name, run_dir, tok_dir)
         if FULL:
-            full_check(name, out, args[1] if name == "gpt2" else args[2], work)
+            full_check(name, out, args[1 + list(MODELS).index(name)], work)
     if failures:
         print(f"{len(failures)} check(s) failed")
         return 1
