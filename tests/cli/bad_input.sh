@@ -494,6 +494,10 @@ if expect_error export_bad_shard_size 2 '--max-shard-size' -- export --checkpoin
   --out "$WORK/x/m.safetensors" --max-shard-size lots && expect_no_output export_bad_shard_size "$WORK/x"; then
   pass export_bad_shard_size
 fi
+if expect_error export_tokenizer_missing 2 '--tokenizer' 'no_such_tokenizer\.json' -- export --checkpoint "$WORK/run" \
+  --out "$WORK/x" --tokenizer "$WORK/no_such_tokenizer.json" && expect_no_output export_tokenizer_missing "$WORK/x"; then
+  pass export_tokenizer_missing
+fi
 train_case flag_gpu_mem_not_a_size 2 '--gpu-mem' 'lots' -- --gpu-mem lots
 train_case flag_gpu_mem_on_cpu 2 'gpu_mem' '--device cuda' -- --gpu-mem 4GiB
 train_case flag_offload_unknown 2 '--offload' 'nvme:DIR' -- --offload disk
