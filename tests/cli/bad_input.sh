@@ -495,8 +495,20 @@ if expect_error export_bad_shard_size 2 '--max-shard-size' -- export --checkpoin
   pass export_bad_shard_size
 fi
 if expect_error export_tokenizer_missing 2 '--tokenizer' 'no_such_tokenizer\.json' -- export --checkpoint "$WORK/run" \
-  --out "$WORK/x" --tokenizer "$WORK/no_such_tokenizer.json" && expect_no_output export_tokenizer_missing "$WORK/x"; then
+  --out "$WORK/x" --tokenizer "$WORK/no_such_tokenizer.json" &&
+  expect_no_output export_tokenizer_missing "$WORK/x"; then
   pass export_tokenizer_missing
+fi
+if [ -d "$WORK/run" ]; then # the run directory's config.json is the run's own: exporting there would replace it
+  cp "$WORK/run/config.json" "$WORK/run_config_before"
+  if expect_error export_into_run 2 'run directory' 'another folder' -- export --checkpoint "$WORK/run" \
+    --out "$WORK/run"; then
+    if cmp -s "$WORK/run/config.json" "$WORK/run_config_before" && [ ! -e "$WORK/run/model.safetensors" ]; then
+      pass export_into_run
+    else
+      fail export_into_run "changed the run directory"
+    fi
+  fi
 fi
 train_case flag_gpu_mem_not_a_size 2 '--gpu-mem' 'lots' -- --gpu-mem lots
 train_case flag_gpu_mem_on_cpu 2 'gpu_mem' '--device cuda' -- --gpu-mem 4GiB

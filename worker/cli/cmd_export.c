@@ -338,6 +338,13 @@ int zt_cmd_export(int argc, char **argv)
                 "replace; write the export to another folder\n", out, ckpt);
         return 2;
     }
+    char run_dir[PATH_MAX + 4];
+    snprintf(run_dir, sizeof run_dir, "%s/..", ckpt);
+    if (same_dir(dir, run_dir)) {
+        fprintf(stderr, "ztrain: error: --out %s is the run directory of %s, whose config.json it would "
+                "replace; write the export to another folder (e.g. %s/hf)\n", out, ckpt, out);
+        return 2;
+    }
 
     uint64_t bytes = 0;
     int nshards = 1, ntok_files = 0;
