@@ -107,9 +107,11 @@ static int collect_tensors(const zt_st_file *f, enum zt_dtype dtype, zt_st_write
 }
 
 /* Writes the checkpoint's weights src converted to dtype. Folder mode (file NULL): into dir as transformers'
- * save_pretrained does, model.safetensors or shards of at most max_shard bytes with their index (the shard
- * planning of zt_family_model_export_sharded, which wrote src). File mode: into file when it all fits
- * max_shard (0: no limit), else shards into dir. *bytes and *nshards receive what was written. */
+ * save_pretrained does, model.safetensors or shards of at most max_shard bytes with their index. File mode:
+ * into file when it all fits max_shard (0: no limit), else shards into dir. src was written by
+ * zt_family_model_export, so its tensors are what zt_family_model_export_sharded would write, and the
+ * sharding is the one that function uses (zt_st_writer_write_sharded), without building the model in
+ * memory (F32 tensors are borrowed from the mapped file). *bytes and *nshards receive what was written. */
 static int export_weights(const char *src, const char *file, const char *dir, enum zt_dtype dtype,
                           uint64_t max_shard, uint64_t *bytes, int *nshards, zt_err *err)
 {
