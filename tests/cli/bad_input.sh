@@ -560,6 +560,22 @@ if expect_error export_bad_shard_size 2 '--max-shard-size' -- export --checkpoin
   --out "$WORK/x/m.safetensors" --max-shard-size lots && expect_no_output export_bad_shard_size "$WORK/x"; then
   pass export_bad_shard_size
 fi
+if expect_error export_tokenizer_missing 2 '--tokenizer' 'no_such_tokenizer\.json' -- export --checkpoint "$WORK/run" \
+  --out "$WORK/x" --tokenizer "$WORK/no_such_tokenizer.json" &&
+  expect_no_output export_tokenizer_missing "$WORK/x"; then
+  pass export_tokenizer_missing
+fi
+if [ -d "$WORK/run" ]; then # the run directory's config.json is the run's own: exporting there would replace it
+  cp "$WORK/run/config.json" "$WORK/run_config_before"
+  if expect_error export_into_run 2 'run directory' 'another folder' -- export --checkpoint "$WORK/run" \
+    --out "$WORK/run"; then
+    if cmp -s "$WORK/run/config.json" "$WORK/run_config_before" && [ ! -e "$WORK/run/model.safetensors" ]; then
+      pass export_into_run
+    else
+      fail export_into_run "changed the run directory"
+    fi
+  fi
+fi
 train_case flag_gpu_mem_not_a_size 2 '--gpu-mem' 'lots' -- --gpu-mem lots
 train_case flag_gpu_mem_on_cpu 2 'gpu_mem' '--device cuda' -- --gpu-mem 4GiB
 train_case flag_offload_unknown 2 '--offload' 'nvme:DIR' -- --offload disk
@@ -673,6 +689,30 @@ if expect_error tokenize_not_utf8 1 'latin1\.txt' 'UTF-8' -- \
   expect_no_output tokenize_not_utf8 "$WORK/tok_latin1"; then
   pass tokenize_not_utf8
 fi
+# Too few tokens to split off a validation part: the fix is more text or --val-fraction 0. A text that
+# gives no token at all (only spaces, which this WordPiece tokenizer drops) is refused whatever the
+# fraction, and the message names that fix, not --val-fraction 0.
+printf 'a' >one_byte.txt
+if expect_error tokenize_too_few_tokens 1 '1 token' 'validation' 'give more text or --val-fraction 0' -- \
+  tokenize --input one_byte.txt --out-dir "$WORK/tok_few" --val-fraction 0.1 &&
+  expect_no_output tokenize_too_few_tokens "$WORK/tok_few"; then
+  pass tokenize_too_few_tokens
+fi
+printf '{"model": {"type": "WordPiece", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"}, ' >tok_wp.json
+printf '"pre_tokenizer": {"type": "WhitespaceSplit"}}' >>tok_wp.json
+printf '   \n \n\t \n' >spaces.txt
+for frac in 0 0.1; do
+  name=tokenize_no_tokens_$frac
+  if expect_error "$name" 1 'spaces\.txt' 'no text that the tokenizer turns into tokens' 'give a file with words' -- \
+    tokenize --input spaces.txt --out-dir "$WORK/tok_none" --tokenizer "$WORK/tok_wp.json" --val-fraction $frac &&
+    expect_no_output "$name" "$WORK/tok_none"; then
+    if grep -q -- '--val-fraction' "$WORK/$name.err"; then
+      fail "$name" "the message offers --val-fraction, which cannot help a text with no tokens"
+    else
+      pass "$name"
+    fi
+  fi
+done
 if [ -d run ]; then # the end-to-end run's checkpoints
   if expect_error generate_unsupported_tokenizer 1 'pre_tokenizer\.type' 'Whitespace' -- \
     generate --checkpoint "$WORK/run" --tokenizer "$WORK/tok_ws.json" --max-new-tokens 5; then

@@ -370,6 +370,14 @@ int zt_cmd_tokenize(int argc, char **argv)
         goto done;
     }
 
+    if (ntok == 0) { /* text such as only spaces, which a tokenizer that splits on whitespace drops */
+        fprintf(stderr,
+                "ztrain: error: the input (%s%s) has %zu bytes but no text that the tokenizer turns into tokens: "
+                "give a file with words in it\n",
+                o.inputs[0], o.ninputs > 1 ? " and the other --input files" : "", text_len);
+        goto done;
+    }
+
     /* Validation is the end of the text, so that training starts at its beginning. */
     size_t nval = 0;
     if (o.val_fraction > 0) {
