@@ -45,6 +45,8 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
 CONFIG = dict(model_type="llama", num_hidden_layers=2, hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
               intermediate_size=40, vocab_size=256, max_position_embeddings=256, rms_norm_eps=1e-5,
               rope_theta=10000.0, tie_word_embeddings=False)
+# On the GPU, heads of 32 channels (the CUDA attention serves 32, 64, 80, 96, 128 and 256) and an MLP of 344.
+CUDA_SIZES = dict(hidden_size=192, intermediate_size=344)
 T = 256
 CHATS = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"},
@@ -158,7 +160,9 @@ def main():
         except ImportError as e:
             print(f"skipped: {e} (without --numpy this check needs torch)")
             return 77
+    global CONFIG
     if device == "cuda":
+        CONFIG = dict(CONFIG, **CUDA_SIZES)
         try:
             import torch
             if not torch.cuda.is_available():
