@@ -74,14 +74,14 @@ for model in gpt2 llama bert roberta; do
       [ "$ckpt" = all ] && [ "$W" != 2 ] && continue
       for which in old new; do
         bin=$old; [ $which = new ] && bin=$new
-        out="$work/run_${model}_${W}_${ckpt}_$which"
-        rm -rf "$out"
+        outdir="$work/run_${model}_${W}_${ckpt}_$which"
+        rm -rf "$outdir"
         port=$((port + 1))
         # shellcheck disable=SC2046
         "$bin" launch --nproc "$W" --master-port "$port" train --model "$work/$model.json" $(data_flags $model) \
-          --out "$out" --steps $steps --batch-size 6 --seq-len 32 --grad-accum 2 --lr 1e-3 --eval-every 3 \
-          --eval-batches 2 --save-every 3 --seed 7 --checkpointing "$ckpt" --threads 1 > "$out.log" 2>&1 || {
-          echo "FAIL $model W=$W ckpt=$ckpt: the $which build failed (log $out.log)"; tail -3 "$out.log"; fail=1; continue 2; }
+          --out "$outdir" --steps $steps --batch-size 6 --seq-len 32 --grad-accum 2 --lr 1e-3 --eval-every 3 \
+          --eval-batches 2 --save-every 3 --seed 7 --checkpointing "$ckpt" --threads 1 > "$outdir.log" 2>&1 || {
+          echo "FAIL $model W=$W ckpt=$ckpt: the $which build failed (log $outdir.log)"; tail -3 "$outdir.log"; fail=1; continue 2; }
       done
       a="$work/run_${model}_${W}_${ckpt}_old" b="$work/run_${model}_${W}_${ckpt}_new"
       diffs=""

@@ -5,12 +5,12 @@
 # plan, and the largest relative difference between the two builds' losses at every step.
 #   bench/families/gpu_ab.sh OLD_ZTRAIN NEW_ZTRAIN [OUT_DIR]     (ROUNDS=2, RUNS="g124 g1558 g1558ck tiny")
 set -u
-old=$1 new=$2 out=${3:-bench-out/ab}
+old=$1 new=$2 outdir=${3:-bench-out/ab}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 PY=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-2}
 RUNS=${RUNS:-"g124 g1558 g1558ck tiny"}
-mkdir -p "$out"
+mkdir -p "$outdir"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$HERE/make_shards.py" "$DATA/rnd" 4000000
@@ -29,7 +29,7 @@ flags() {
 # run NAME BUILD ROUND: 16 steps, no checkpoint; writes the run's metrics and log.
 run() {
   local bin=$old; [ "$2" = new ] && bin=$new
-  local dir="$out/$1_$2_$3"
+  local dir="$outdir/$1_$2_$3"
   rm -rf "$dir"
   # shellcheck disable=SC2046
   local data="$DATA/rnd_train_000.bin"; [ "$1" = tiny ] && data="$DATA/rnd32k_train_000.bin"
@@ -43,7 +43,7 @@ for name in $RUNS; do
   done
 done
 
-"$PY" - "$out" "$ROUNDS" $RUNS <<'PY'
+"$PY" - "$outdir" "$ROUNDS" $RUNS <<'PY'
 import json, os, re, sys
 out, rounds, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def metrics(d):

@@ -18,14 +18,14 @@ set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 B="${1:-build}"
-OUT="${2:-bench-out/server}"
+OUT_DIR="${2:-bench-out/server}"
 CASES="${CASES:-124m:1 124m:8 1558m:4}"
 NSERVERS="${NSERVERS:-1}"
 STEPS="${STEPS:-12}"
 TLS="${TLS:-0}"
 PY="${PYTHON:-python3}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
 mkdir -p "$DATA"
 [ -f "$DATA/rnd_train_000.bin" ] || "$PY" "$ROOT/bench/make_shards.py" "$DATA/rnd" 4000000
@@ -46,7 +46,7 @@ if [ "$TLS" = 1 ]; then # a CA, a server certificate for 127.0.0.1, a client cer
    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile san.ext &&
    openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj "/CN=bench-worker" &&
    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2) \
-    > "$OUT/openssl.log" 2>&1 || { echo "openssl failed: $OUT/openssl.log"; exit 1; }
+    > "$OUT_DIR/openssl.log" 2>&1 || { echo "openssl failed: $OUT_DIR/openssl.log"; exit 1; }
 fi
 
 # start_servers N SECURITY: N servers sharing runs (plain | tls | mtls); their list in $WORK/list
@@ -59,12 +59,12 @@ start_servers() {
     mkfifo "$WORK/ready$i"
     # shellcheck disable=SC2086
     "$B/server/ztrain-server" --listen 127.0.0.1:0 --server-index "$i" --server-count "$n" --token-file "$WORK/token" \
-      --snapshot-dir "$WORK/snap$i" --log-level warn $extra > "$WORK/ready$i" 2> "$OUT/server$i.log" &
+      --snapshot-dir "$WORK/snap$i" --log-level warn $extra > "$WORK/ready$i" 2> "$OUT_DIR/server$i.log" &
     PIDS="$PIDS $!"
     local line port
     read -r line < "$WORK/ready$i"
     port=$(echo "$line" | tr ' ' '\n' | sed -n 's/^port=//p')
-    [ -n "$port" ] || { echo "ztrain-server did not start: $OUT/server$i.log"; exit 1; }
+    [ -n "$port" ] || { echo "ztrain-server did not start: $OUT_DIR/server$i.log"; exit 1; }
     list="$list${list:+,}127.0.0.1:$port"
     i=$((i + 1))
   done
@@ -82,9 +82,9 @@ train() {
   rm -rf "$WORK/run"
   "$B/worker/ztrain" train --model "$ROOT/bench/gpt2-$model.json" --train-data "$DATA/rnd_train_000.bin" \
     --device cuda --precision bf16 --batch-size 8 --seq-len 1024 --grad-accum "$accum" --steps "$STEPS" \
-    --warmup 2 --log-every 1 --eval-every 0 --save-every -1 --out "$WORK/run" "$@" > "$OUT/$name.log" 2>&1 ||
-    { echo "ztrain failed: $OUT/$name.log" >&2; echo "- -"; return; }
-  "$PY" - "$WORK/run/metrics.jsonl" "$OUT/$name.log" $((8 * 1024 * accum)) <<'PY'
+    --warmup 2 --log-every 1 --eval-every 0 --save-every -1 --out "$WORK/run" "$@" > "$OUT_DIR/$name.log" 2>&1 ||
+    { echo "ztrain failed: $OUT_DIR/$name.log" >&2; echo "- -"; return; }
+  "$PY" - "$WORK/run/metrics.jsonl" "$OUT_DIR/$name.log" $((8 * 1024 * accum)) <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 tokens = int(sys.argv[3])
