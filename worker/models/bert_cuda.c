@@ -239,7 +239,8 @@ static int check_shape(const zt_bert_config *cfg, int max_micro, enum zt_dtype d
     if (C % 8 != 0 || C > 6144 || cfg->intermediate_size % 8 != 0)
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA kernels need hidden_size to be a multiple of 8 up to 6144 and intermediate_size a "
-                       "multiple of 8 (they are %d and %d); train with --device cpu",
+                       "multiple of 8 (they are %d and %d); choose sizes that are, or train with --device cpu (which "
+                       "takes any size)",
                        C, cfg->intermediate_size);
     if (cfg->type_vocab_size > ZT_CUDA_EMBEDDING_MAX_TYPES)
         return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA embedding serves at most %d token types (type_vocab_size is "

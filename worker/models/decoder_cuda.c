@@ -129,7 +129,7 @@ static int check_shape(const zt__dec_arch *a, int max_micro, enum zt_dtype dtype
     if (a->C % 8 != 0 || a->F % 8 != 0)
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA kernels need the hidden size and the MLP's width to be multiples of 8 (they are %d "
-                       "and %d); train with --device cpu",
+                       "and %d); choose sizes that are, or train with --device cpu (which takes any size)",
                        a->C, a->F);
     if (a->norm == ZT__DEC_LAYERNORM && a->C > 6144)
         return zt_fail(err, ZT_EUNSUPPORTED,
