@@ -96,7 +96,8 @@ static void reference_losses(float *losses)
             zt_gpt2_backward(m, 1.0f / ACCUM);
         }
         losses[s] = (float)(sum / ACCUM);
-        assert_int_equal(zt_optimizer_step(&opt, m, losses[s], LR, &dummy_report, &err), 0);
+        assert_int_equal(zt_optimizer_step(&opt, zt_gpt2_params(m), zt_gpt2_grads(m), zt_gpt2_tensor(m, 0),
+                                       zt_gpt2_num_tensors(m), losses[s], LR, &dummy_report, &err), 0);
     }
     zt_optimizer_free(&opt);
     zt_gpt2_destroy(m);

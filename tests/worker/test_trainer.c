@@ -888,7 +888,8 @@ static void test_optimizer_guards(void **state)
         g[i] = 0.01f;
     memcpy(before, zt_gpt2_params(m), n * sizeof(float));
     zt_optimizer_report rep;
-    assert_int_equal(zt_optimizer_step(&opt, m, 2.0f, 1e-3f, &rep, &err), 0);
+    assert_int_equal(zt_optimizer_step(&opt, zt_gpt2_params(m), zt_gpt2_grads(m), zt_gpt2_tensor(m, 0),
+                                       zt_gpt2_num_tensors(m), 2.0f, 1e-3f, &rep, &err), 0);
     assert_false(rep.skipped);
     assert_int_equal(opt.adam_step, 1);
     assert_true(fabs(rep.grad_norm - 0.01 * sqrt((double)n)) < 1e-6 * sqrt((double)n));
@@ -899,7 +900,8 @@ static void test_optimizer_guards(void **state)
     memcpy(before, zt_gpt2_params(m), n * sizeof(float));
     g[n / 2] = NAN;
     for (int i = 1; i < ZT_OPTIMIZER_MAX_BAD_STEPS; i++) {
-        assert_int_equal(zt_optimizer_step(&opt, m, 2.0f, 1e-3f, &rep, &err), 0);
+        assert_int_equal(zt_optimizer_step(&opt, zt_gpt2_params(m), zt_gpt2_grads(m), zt_gpt2_tensor(m, 0),
+                                       zt_gpt2_num_tensors(m), 2.0f, 1e-3f, &rep, &err), 0);
         assert_true(rep.skipped);
     }
     assert_int_equal(opt.skipped_steps, ZT_OPTIMIZER_MAX_BAD_STEPS - 1);
@@ -907,12 +909,15 @@ static void test_optimizer_guards(void **state)
     assert_memory_equal(before, zt_gpt2_params(m), n * sizeof(float));
     /* A good step resets the run of bad ones... */
     g[n / 2] = 0.01f;
-    assert_int_equal(zt_optimizer_step(&opt, m, 2.0f, 1e-3f, &rep, &err), 0);
+    assert_int_equal(zt_optimizer_step(&opt, zt_gpt2_params(m), zt_gpt2_grads(m), zt_gpt2_tensor(m, 0),
+                                       zt_gpt2_num_tensors(m), 2.0f, 1e-3f, &rep, &err), 0);
     assert_int_equal(opt.adam_step, 2);
     /* ...and ten bad ones in a row stop the run with a message. */
     for (int i = 1; i < ZT_OPTIMIZER_MAX_BAD_STEPS; i++)
-        assert_int_equal(zt_optimizer_step(&opt, m, INFINITY, 1e-3f, &rep, &err), 0);
-    assert_int_equal(zt_optimizer_step(&opt, m, INFINITY, 1e-3f, &rep, &err), ZT_ESTATE);
+        assert_int_equal(zt_optimizer_step(&opt, zt_gpt2_params(m), zt_gpt2_grads(m), zt_gpt2_tensor(m, 0),
+                                       zt_gpt2_num_tensors(m), INFINITY, 1e-3f, &rep, &err), 0);
+    assert_int_equal(zt_optimizer_step(&opt, zt_gpt2_params(m), zt_gpt2_grads(m), zt_gpt2_tensor(m, 0),
+                                       zt_gpt2_num_tensors(m), INFINITY, 1e-3f, &rep, &err), ZT_ESTATE);
     assert_non_null(strstr(err.msg, "10 steps in a row"));
     assert_non_null(strstr(err.msg, "--lr"));
     assert_int_equal(opt.skipped_steps, 2 * ZT_OPTIMIZER_MAX_BAD_STEPS - 1);
@@ -955,8 +960,10 @@ static void test_optimizer_lowp_copy(void **state)
             for (size_t i = 0; i < n; i++)
                 ga[i] = gb[i] = 0.01f * (float)((i * 7919 + (size_t)step * 104729) % 2001) / 1000.0f - 0.01f;
             zt_optimizer_report ra, rb;
-            assert_int_equal(zt_optimizer_step(&oa, a, 2.0f, 1e-2f, &ra, &err), 0);
-            assert_int_equal(zt_optimizer_step(&ob, b, 2.0f, 1e-2f, &rb, &err), 0);
+            assert_int_equal(zt_optimizer_step(&oa, zt_gpt2_params(a), zt_gpt2_grads(a), zt_gpt2_tensor(a, 0),
+                                       zt_gpt2_num_tensors(a), 2.0f, 1e-2f, &ra, &err), 0);
+            assert_int_equal(zt_optimizer_step(&ob, zt_gpt2_params(b), zt_gpt2_grads(b), zt_gpt2_tensor(b, 0),
+                                       zt_gpt2_num_tensors(b), 2.0f, 1e-2f, &rb, &err), 0);
         }
         assert_memory_equal(zt_gpt2_params(a), zt_gpt2_params(b), n * sizeof(float));
         const float *p = zt_gpt2_params(b);

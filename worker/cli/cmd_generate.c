@@ -14,7 +14,6 @@
 #include "common/status.h"
 #include "worker/cli/commands.h"
 #include "worker/data/tokenize.h"
-#include "worker/models/gpt2.h"
 #include "worker/train/generate.h"
 
 /* The Unicode replacement character, printed for a token the tokenizer has no bytes for. */

@@ -61,12 +61,9 @@ float zt_optimizer_clip_coef(double norm, double max_norm)
 }
 
 /* One AdamW update of every tensor, or a skipped step for a non-finite loss or norm; see optimizer.h. */
-int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_optimizer_report *report,
-                      zt_err *err)
+int zt_optimizer_step(zt_optimizer *o, float *params, const float *grads, const zt_param_info *tensors, int ntensors,
+                      float loss, float lr, zt_optimizer_report *report, zt_err *err)
 {
-    ZT_ASSERT(zt_gpt2_num_params(model) == o->n);
-    float *params = zt_gpt2_params(model);
-    const float *grads = zt_gpt2_grads(model);
 
     /* The skip guard and the step count are zt_optimizer_account's: a skipped step returns here. */
     double norm = zt_optimizer_grad_norm(grads, o->n);
@@ -82,9 +79,9 @@ int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_
         .grad_scale = report->clip_coef,
         .step = (int)o->adam_step,
     };
-    int ntensors = zt_gpt2_num_tensors(model);
     for (int i = 0; i < ntensors; i++) {
-        const zt_param_info *t = zt_gpt2_tensor(model, i);
+        const zt_param_info *t = &tensors[i];
+        ZT_ASSERT(t->offset + t->numel <= o->n);
         p.weight_decay = t->weight_decay ? o->weight_decay : 0.0f;
         zt_cpu_adam_range r = {
             .param = params + t->offset,

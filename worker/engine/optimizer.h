@@ -14,7 +14,7 @@
 
 #include "common/safetensors.h"
 #include "common/status.h"
-#include "worker/models/gpt2.h"
+#include "worker/models/params.h" /* zt_param_info */
 
 /* A run stops after this many steps in a row with a non-finite loss or gradient norm. */
 #define ZT_OPTIMIZER_MAX_BAD_STEPS 10
@@ -59,14 +59,15 @@ double zt_optimizer_grad_norm(const float *grads, size_t n);
 /* The clipping factor for a gradient norm: min(1, max_norm / (norm + 1e-6)), or 1 when max_norm is 0. */
 float zt_optimizer_clip_coef(double norm, double max_norm);
 
-/* Applies one AdamW update with learning rate lr to the model's parameters from its gradient slab (and
- * writes the rounded weights into o->lowp when set).
+/* Applies one AdamW update with learning rate lr to the parameter slab params (o->n floats, the tensors of
+ * the table tensors[0..ntensors), which say which are decayed) from the gradient slab grads of the same
+ * layout (and writes the rounded weights into o->lowp when set).
  * loss is the step's loss: when it or the gradient norm is not finite the update is skipped
  * (report->skipped, counted in skipped_steps) and 0 is returned, unless that made
  * ZT_OPTIMIZER_MAX_BAD_STEPS skipped steps in a row: then ZT_ESTATE is returned with a message saying
- * what to change. The model must have o->n parameters. */
-int zt_optimizer_step(zt_optimizer *o, zt_gpt2 *model, float loss, float lr, zt_optimizer_report *report,
-                      zt_err *err);
+ * what to change. */
+int zt_optimizer_step(zt_optimizer *o, float *params, const float *grads, const zt_param_info *tensors, int ntensors,
+                      float loss, float lr, zt_optimizer_report *report, zt_err *err);
 
 /* Books a step whose update ran on the GPU (the fused AdamW of the GPU placement), with the same rules as
  * zt_optimizer_step: the step counts as skipped when nonfinite (the device skipped the update) or the
