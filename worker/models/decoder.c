@@ -214,15 +214,6 @@ static size_t carve(zt__dec_cpu *r, char *base)
     return used;
 }
 
-size_t zt__dec_cpu_bytes(const zt__dec_arch *a, int B, int T)
-{
-    zt__dec_cpu r = {.a = *a, .max_B = B, .max_T = T};
-    r.layers = zt_xcalloc((size_t)(a->L > 0 ? a->L : 1), sizeof *r.layers);
-    size_t bytes = carve(&r, NULL);
-    free(r.layers);
-    return bytes;
-}
-
 int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_info *tensors,
                        const zt_block_info *blocks, int B, int T, const float *inv_freq, zt_err *err)
 {

@@ -113,8 +113,6 @@ typedef struct zt__dec_cpu zt__dec_cpu;
 int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_info *tensors,
                        const zt_block_info *blocks, int B, int T, const float *inv_freq, zt_err *err);
 void zt__dec_cpu_destroy(zt__dec_cpu *r); /* accepts NULL */
-/* Bytes of activations the runner holds for B x T. */
-size_t zt__dec_cpu_bytes(const zt__dec_arch *a, int B, int T);
 /* The per-block passes of model.h's order over flat block buffers laid out like the slab's ranges
  * (see gpt2.h: zt_gpt2_forward_begin ... zt_gpt2_discard_block_acts, which are these). */
 void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T);

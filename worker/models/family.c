@@ -16,17 +16,6 @@ extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_bert;
 static const zt_family_def *const registry[] = {&zt__family_gpt2, &zt__family_llama, &zt__family_bert};
 #define NFAMILIES ((int)(sizeof registry / sizeof registry[0]))
 
-int zt_family_count(void)
-{
-    return NFAMILIES;
-}
-
-const zt_family_def *zt_family_at(int i)
-{
-    ZT_ASSERT(i >= 0 && i < NFAMILIES);
-    return registry[i];
-}
-
 const zt_family_def *zt_family_find(const char *model_type)
 {
     for (int i = 0; i < NFAMILIES; i++)
@@ -290,19 +279,6 @@ float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const i
     for (int b = 0; b < d->num_blocks(m->host); b++)
         d->forward_block(m->host, b, params + d->block(m->host, b)->offset);
     return d->forward_head(m->host, params + head_offset(m), targets);
-}
-
-void zt_family_model_backward(zt_family_model *m, float loss_scale)
-{
-    const zt_family_def *d = m->def;
-    const float *params = d->params(m->host);
-    float *grads = d->grads(m->host);
-    const size_t h = head_offset(m);
-    d->backward_head(m->host, params + h, grads + h, loss_scale);
-    for (int b = d->num_blocks(m->host) - 1; b >= 0; b--) {
-        const size_t off = d->block(m->host, b)->offset;
-        d->backward_block(m->host, b, params + off, grads + off);
-    }
 }
 
 void zt_family_model_zero_grad(zt_family_model *m)

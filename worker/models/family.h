@@ -117,9 +117,7 @@ struct zt_family_def {
 #endif
 };
 
-/* The registry: the families ztrain knows, and the one reading model_type (NULL when none does). */
-int zt_family_count(void);
-const zt_family_def *zt_family_at(int i);
+/* The registry: the family reading model_type (NULL when none does). */
 const zt_family_def *zt_family_find(const char *model_type);
 /* "gpt2", "llama", ... */
 const char *zt_family_name(const zt_family_config *c);
@@ -192,11 +190,9 @@ int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, si
 /* Reads weights with Hugging Face names; a pretrained encoder without the configured task head keeps the
  * head's initialisation, as transformers' from_pretrained does. Nothing changes unless all of it is read. */
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
-/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs]; the whole-model
- * backward of the last forward with targets (adds d(mean loss)/d(params) * loss_scale into the gradient
- * slab) and the zeroing of that slab. */
+/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs]; the zeroing of the
+ * gradient slab. */
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
-void zt_family_model_backward(zt_family_model *m, float loss_scale);
 void zt_family_model_zero_grad(zt_family_model *m);
 const float *zt_family_model_logits(const zt_family_model *m);
 

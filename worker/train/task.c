@@ -507,6 +507,8 @@ int zt_task_open(zt_task **out, const zt_train_config *cfg, int B, int T, bool i
     t->seed = (uint64_t)cfg->seed;
     t->batch_tokens = (size_t)B * (size_t)T;
     zt_family_config_shape(&cfg->model, &t->shape);
+    if (is0)
+        zt_log(ZT_LOG_INFO, "task: %s", t->ops->name);
     int rc = t->ops->open(t, cfg, B, T, is0, eval_batches, err);
     if (rc < 0) {
         zt_task_close(t);
@@ -535,11 +537,6 @@ void zt_task_close(zt_task *t)
     zt_tokenizer_destroy(t->tokenizer);
     free(t->specials);
     free(t);
-}
-
-const char *zt_task_name(const zt_task *t)
-{
-    return t->ops->name;
 }
 
 bool zt_task_has_val(const zt_task *t)

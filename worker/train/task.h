@@ -32,8 +32,6 @@ int zt_task_open(zt_task **out, const zt_train_config *cfg, int B, int T, bool i
                  zt_err *err);
 void zt_task_close(zt_task *t); /* accepts NULL */
 
-/* "causal LM", "masked LM", "classification", "supervised fine-tuning". */
-const char *zt_task_name(const zt_task *t);
 /* Whether validation data was given. */
 bool zt_task_has_val(const zt_task *t);
 /* Whether the model counts correct predictions (the evaluation reports an accuracy). */
