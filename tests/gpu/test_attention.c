@@ -30,6 +30,7 @@
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu (float build)");
 
 static cudaStream_t g_stream;
+#include "dev_buffers.h" /* dev_alloc, dev_upload, dev_download on g_stream */
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
 static const enum zt_dtype k_dtypes[3] = {ZT_DTYPE_F32, ZT_DTYPE_F16, ZT_DTYPE_BF16};
@@ -48,41 +49,6 @@ static float *host_rand(size_t n, float scale)
     assert_non_null(h);
     for (size_t i = 0; i < n; i++)
         h[i] = scale * rnd();
-    return h;
-}
-
-static void *dev_alloc(size_t bytes)
-{
-    void *p = NULL;
-    ZT_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
-    return p;
-}
-
-static void dev_sync(void) { ZT_CUDA_CHECK(cudaStreamSynchronize(g_stream)); }
-
-/* Uploads n floats as dtype; h is overwritten with the values the device holds (rounded). */
-static void *dev_upload(float *h, size_t n, enum zt_dtype dt)
-{
-    float *tmp = dev_alloc(n * sizeof(float));
-    void *d = dev_alloc(n * zt_dtype_size(dt));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(tmp, h, n * sizeof(float), cudaMemcpyHostToDevice, g_stream));
-    zt_cuda_cast(d, dt, tmp, ZT_DTYPE_F32, n, g_stream);
-    zt_cuda_cast(tmp, ZT_DTYPE_F32, d, dt, n, g_stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, g_stream));
-    dev_sync();
-    ZT_CUDA_CHECK(cudaFree(tmp));
-    return d;
-}
-
-static float *dev_download(const void *d, size_t n, enum zt_dtype dt)
-{
-    float *tmp = dev_alloc(n * sizeof(float));
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    assert_non_null(h);
-    zt_cuda_cast(tmp, ZT_DTYPE_F32, d, dt, n, g_stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, g_stream));
-    dev_sync();
-    ZT_CUDA_CHECK(cudaFree(tmp));
     return h;
 }
 

@@ -44,6 +44,7 @@
 _Static_assert(sizeof(zt_real) == sizeof(float), "this test must link zt_kernels_cpu (float build)");
 
 static cudaStream_t g_stream;
+#include "dev_buffers.h" /* dev_alloc, dev_upload, dev_download on g_stream */
 static zt_cuda_blas *g_blas;
 static int g_cc_major;
 static zt_rng g_rng;
@@ -74,29 +75,6 @@ static float *host_copy(const float *x, size_t n)
     return h;
 }
 
-static void *dev_alloc(size_t bytes)
-{
-    void *p = NULL;
-    ZT_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
-    return p;
-}
-
-static void dev_sync(void) { ZT_CUDA_CHECK(cudaStreamSynchronize(g_stream)); }
-
-/* Uploads n floats as dtype; h is overwritten with the values the device holds (rounded). */
-static void *dev_upload(float *h, size_t n, enum zt_dtype dt)
-{
-    float *tmp = dev_alloc(n * sizeof(float));
-    void *d = dev_alloc(n * zt_dtype_size(dt));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(tmp, h, n * sizeof(float), cudaMemcpyHostToDevice, g_stream));
-    zt_cuda_cast(d, dt, tmp, ZT_DTYPE_F32, n, g_stream);
-    zt_cuda_cast(tmp, ZT_DTYPE_F32, d, dt, n, g_stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, g_stream));
-    dev_sync();
-    ZT_CUDA_CHECK(cudaFree(tmp));
-    return d;
-}
-
 /* Random values of dtype on the device; *host receives the same (rounded) values as floats. */
 static void *dev_rand(size_t n, float scale, enum zt_dtype dt, float **host)
 {
@@ -104,18 +82,6 @@ static void *dev_rand(size_t n, float scale, enum zt_dtype dt, float **host)
     void *d = dev_upload(h, n, dt);
     *host = h;
     return d;
-}
-
-static float *dev_download(const void *d, size_t n, enum zt_dtype dt)
-{
-    float *tmp = dev_alloc(n * sizeof(float));
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    assert_non_null(h);
-    zt_cuda_cast(tmp, ZT_DTYPE_F32, d, dt, n, g_stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(h, tmp, n * sizeof(float), cudaMemcpyDeviceToHost, g_stream));
-    dev_sync();
-    ZT_CUDA_CHECK(cudaFree(tmp));
-    return h;
 }
 
 static void *dev_clone(const void *d, size_t bytes)
