@@ -10,7 +10,8 @@
 # bench/llama-7b.json), on random tokens, T = 1024, for its number of steps (the first SKIP = 3
 # are not timed) without checkpoints (--save-every -1). Reported: tokens/s over the timed steps, TFLOP/s
 # (6N + 6 L T C FLOPs per token; the recomputation of checkpointed layers not counted), the peak GPU
-# memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s), the
+# memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s; at the
+# peak also split into anonymous, file-backed and shared memory, as /proc/PID/status counts them), the
 # planner's lines (GPU, host, disk), the engine's breakdown of the last step, and the first and last loss.
 # The rows under --host-mem (llama7b_11g_h64*, llama7b_11g_h32*) show the host budget in the plan: the peak
 # resident memory must stay under the cap; the *_hacc rows add the middle micro-batches' gradients on the
@@ -54,6 +55,7 @@ llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpo
 13b_11g_m16disk    13b   5 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 13b_11g_m16disk_ga16 13b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 13b_11g_m16disk_ga16_hacc 13b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--host-grad-accum
+1558m_11g_h12      1558m 5  8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,12GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 llama7b_11g_h64_ga16 llama-7b 5 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 llama7b_11g_h64_ga16_hacc llama-7b 5 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--host-grad-accum
 llama7b_11g_h32_ga16 llama-7b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,32GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
@@ -82,21 +84,28 @@ run() {
   "$ZTRAIN" train --model "$cfg" --train-data "$data" --device cuda \
     --precision "$prec" --steps "$steps" --batch-size "$batch" --grad-accum "$accum" --seq-len 1024 \
     --save-every -1 --log-every 1 --eval-every 0 --out "$run" "${extra[@]}" > "$log" 2>&1 &
-  local pid=$! peak=0 rss=0
+  local pid=$! peak=0 rss=0 anon=0 file=0 shmem=0
   while kill -0 $pid 2>/dev/null; do
-    local used kb
+    local used kb top a f sh
     used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
     [ -n "$used" ] && [ "$used" -gt "$peak" ] && peak=$used
-    kb=$(ps -o rss= --ppid $pid -p $pid 2>/dev/null | sort -n | tail -1 | tr -d ' ')
-    [ -n "$kb" ] && [ "$kb" -gt "$rss" ] && rss=$kb
+    top=$(ps -o rss=,pid= --ppid $pid -p $pid 2>/dev/null | sort -n | tail -1)
+    kb=$(echo "$top" | awk '{print $1}')
+    if [ -n "$kb" ] && [ "$kb" -gt "$rss" ]; then
+      # the largest process's resident memory by kind at its peak: anonymous (the heap, pinned buffers),
+      # file-backed (the binaries' and libraries' pages, mapped files), shared memory
+      read -r a f sh < <(awk '/^RssAnon/ {a=$2} /^RssFile/ {f=$2} /^RssShmem/ {s=$2} END {print a+0, f+0, s+0}' \
+        "/proc/$(echo "$top" | awk '{print $2}')/status" 2>/dev/null)
+      rss=$kb anon=${a:-0} file=${f:-0} shmem=${sh:-0}
+    fi
     sleep 0.5
   done
   wait $pid
   local rc=$?
   "$PY" - "$run/metrics.jsonl" "$log" "$name" "$model" "$batch" "$accum" "$prec" "$flags" \
-    "$((peak - baseline_mib))" "$rss" "$rc" <<'PY' | tee -a "$RES"
+    "$((peak - baseline_mib))" "$rss" "$rc" "$anon" "$file" "$shmem" <<'PY' | tee -a "$RES"
 import json, os, re, sys
-metrics, log, name, model, batch, accum, prec, flags, peak, rss, rc = sys.argv[1:]
+metrics, log, name, model, batch, accum, prec, flags, peak, rss, rc, anon, file, shmem = sys.argv[1:]
 try:
     rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 except OSError:
@@ -106,6 +115,8 @@ timed = [r for r in rows if r["step"] > int(os.environ.get("SKIP", "3"))]
 text = open(log, errors="replace").read()
 out = {"name": name, "model": model, "batch": int(batch), "grad_accum": int(accum), "precision": prec,
        "flags": flags.replace(",", " "), "peak_gpu_gib": int(peak) / 1024, "peak_host_gib": int(rss) / 2**20,
+       "peak_rss_anon_gib": int(anon) / 2**20, "peak_rss_file_gib": int(file) / 2**20,
+       "peak_rss_shmem_gib": int(shmem) / 2**20,
        "rc": int(rc), "losses": [r["loss"] for r in rows], "skipped": sum(1 for r in rows if r.get("skipped"))}
 if timed:
     out["tokens_per_s"] = tokens * len(timed) / sum(tokens / r["tokens_per_s"] for r in timed)
@@ -140,7 +151,7 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     rows[r["name"]] = r
 print("| row | params | batch x T x grad_accum | precision | flags | tokens/s | TFLOP/s | MFU | peak GPU GiB | "
-      "peak host GiB | loss first -> last | host AdamW s | waited for updates s | step s | copied down, up |")
+      "peak host GiB (anon / file / shmem) | loss first -> last | host AdamW s | waited for updates s | step s | copied down, up |")
 print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
 for r in rows.values():
     L, C = shape[r["model"]]
@@ -152,7 +163,8 @@ for r in rows.values():
         speed = f"failed: {r.get('error', '')} | |"
     br = [f"{r[k]:.3f}" if k in r else "" for k in ("host_update_s", "wait_update_s", "step_s")]
     print(f"| {r['name']} | {r['params'] / 1e9:.2f}B | {r['batch']} x 1024 x {r['grad_accum']} | {r['precision']} | "
-          f"{r['flags']} | {speed} | {r['peak_gpu_gib']:.1f} | {r['peak_host_gib']:.1f} | {lo} | " + " | ".join(br)
+          f"{r['flags']} | {speed} | {r['peak_gpu_gib']:.1f} | {r['peak_host_gib']:.1f} ({r.get('peak_rss_anon_gib', 0):.1f} / "
+          f"{r.get('peak_rss_file_gib', 0):.1f} / {r.get('peak_rss_shmem_gib', 0):.1f}) | {lo} | " + " | ".join(br)
           + f" | {r.get('down', '')}, {r.get('up', '')} |")
 print()
 for pair in sys.argv[3].split():
