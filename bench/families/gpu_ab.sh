@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two builds of ztrain side by side on one GPU, alternating, on the shapes the model code must keep fast:
 # GPT-2 124M (16 x 1024), GPT-2 1558M (8 x 1024) with and without every layer checkpointed, TinyLlama 1.1B
-# (8 x 2048), all bf16. Prints a table of tokens/s (steps 6-15 of 16) per build and round, the GPU memory
+# (8 x 2048), and, when RUNS names them, the GPT-2-shaped 6.7B under --gpu-mem 11GiB (g67b: 14 x 1024,
+# grad_accum 2, every layer checkpointed, host AdamW; 6 steps, 3-6 timed) and BERT-Large classification
+# under --gpu-mem 11GiB (bert11: micro-batch 106 x 512, every layer checkpointed), all bf16. Prints a table of tokens/s (steps 6-15 of 16) per build and round, the GPU memory
 # plan, and the largest relative difference between the two builds' losses at every step.
 #   bench/families/gpu_ab.sh OLD_ZTRAIN NEW_ZTRAIN [OUT_DIR]     (ROUNDS=2, RUNS="g124 g1558 g1558ck tiny")
 set -u
@@ -23,8 +25,17 @@ flags() {
     g1558) echo "--model $HERE/gpt2-1558m.json --batch-size 8 --seq-len 1024" ;;
     g1558ck) echo "--model $HERE/gpt2-1558m.json --batch-size 8 --seq-len 1024 --checkpointing all" ;;
     tiny) echo "--model $HERE/tinyllama-1.1b.json --batch-size 8 --seq-len 2048" ;;
+    g67b) echo "--model $HERE/gpt2-6.7b.json --batch-size 14 --grad-accum 2 --seq-len 1024 --gpu-mem 11GiB" \
+            "--checkpointing all --optimizer cpu" ;;
+    bert11) echo "--model $HERE/bert-large-cls.json --tokenizer $CLS/tokenizer.json --batch-size 106 --seq-len 512" \
+            "--gpu-mem 11GiB --checkpointing all" ;;
   esac
 }
+steps() { case $1 in g67b) echo 6 ;; *) echo 16 ;; esac; }
+case " $RUNS " in *" bert11 "*)
+  CLS="${TMPDIR:-/tmp}/zt_bench_cls"
+  [ -f "$CLS/train.jsonl" ] || "$PY" "$HERE/make_cls_data.py" "$CLS" 1024 600 ;;
+esac
 
 # run NAME BUILD ROUND: 16 steps, no checkpoint; writes the run's metrics and log.
 run() {
@@ -33,7 +44,8 @@ run() {
   rm -rf "$dir"
   # shellcheck disable=SC2046
   local data="$DATA/rnd_train_000.bin"; [ "$1" = tiny ] && data="$DATA/rnd32k_train_000.bin"
-  "$bin" train $(flags "$1") --train-data "$data" --device cuda --precision bf16 --steps 16 \
+  [ "$1" = bert11 ] && data="$CLS/train.jsonl"
+  "$bin" train $(flags "$1") --train-data "$data" --device cuda --precision bf16 --steps "$(steps "$1")" \
     --out "$dir" --save-every -1 --log-every 1 --seed 1 > "$dir.log" 2>&1 || echo "FAILED: $1 $2 (see $dir.log)"
 }
 
@@ -50,7 +62,9 @@ def metrics(d):
     p = os.path.join(d, "metrics.jsonl")
     return [json.loads(l) for l in open(p) if '"loss"' in l] if os.path.exists(p) else []
 def tok_s(rows):
-    t = [r for r in rows if 6 <= r["step"] <= 15]
+    last = max((r["step"] for r in rows), default=0)
+    first = 3 if last < 10 else 6  # the short runs (g67b) time steps 3..last, the others 6..15
+    t = [r for r in rows if first <= r["step"] <= min(last, 15)]
     return sum(r["tokens_per_s"] for r in t) / len(t) if t else float("nan")
 def plan(log):
     m = re.search(r"plan: GPU ([0-9.]+ [MG]iB)", open(log).read()) if os.path.exists(log) else None
