@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -182,6 +183,46 @@ static int take_host(zt_engine *e, void **p, size_t bytes, bool pinned, const ch
     return 0;
 }
 
+/* The host gradient: page-locked like take_host's pinned buffers, but mapped untouched here and page-locked
+ * by lock_late_host at the end of zt_engine_create, after the import of the initial weights has given the
+ * host slab's pages back. Page-locked memory is resident from the moment it is allocated: taken with the
+ * others, the gradient (4 bytes per parameter) and the slab would be resident together at the start. The
+ * plan counts it in host_late_bytes, which the start of a run does not hold yet. */
+static int take_host_late(zt_engine *e, void **p, size_t bytes, const char *what, zt_err *err)
+{
+    if (bytes == 0)
+        return 0;
+    e->host_bytes += bytes;
+    e->host_pinned_bytes += bytes;
+    e->late_bytes = bytes;
+    if (e->dry)
+        return 0;
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        char need[32];
+        zt_format_size(bytes, need, sizeof need);
+        return zt_fail(err, ZT_ENOMEM, "out of host memory for the %s (%s): free memory, use more ranks, or place the "
+                       "optimizer on state servers", what, need);
+    }
+    *p = m;
+    return 0;
+}
+
+/* Page-locks the host gradient of take_host_late (once). */
+static int lock_late_host(zt_engine *e, zt_err *err)
+{
+    void *p = e->h_grad ? (void *)e->h_grad : (void *)e->h_grad16;
+    if (!p || e->late_registered)
+        return 0;
+    if (!(e->late_registered = e->dev->host_register(p, e->late_bytes))) {
+        char need[32];
+        zt_format_size(e->late_bytes, need, sizeof need);
+        return zt_fail(err, ZT_ENOMEM, "could not page-lock the host gradient (%s; page-locked memory is limited by "
+                       "ulimit -l and the free RAM): raise ulimit -l or free memory", need);
+    }
+    return 0;
+}
+
 /* Elements of this rank's moments held in host memory (placement cpu): all, or with moments_dir those of
  * the blocks before mram_blocks (the shards are laid out in block order). */
 static size_t ram_moment_elems(const zt_engine *e)
@@ -310,8 +351,8 @@ static int allocate(zt_engine *e, zt_err *err)
         e->h_moments_zero = true; /* calloc's zeros, and records created zero */
     }
     if (e->path == ZT__GRAD_HOST) {
-        if ((e->hgrad_lowp ? (rc = take_host(e, (void **)&e->h_grad16, ns * 2, true, "host gradient", err))
-                           : (rc = take_host(e, (void **)&e->h_grad, ns * 4, true, "host gradient", err))) < 0 ||
+        if ((e->hgrad_lowp ? (rc = take_host_late(e, (void **)&e->h_grad16, ns * 2, "host gradient", err))
+                           : (rc = take_host_late(e, (void **)&e->h_grad, ns * 4, "host gradient", err))) < 0 ||
             (!e->o.stream_masters && (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0))
             return rc;
         if (e->hacc) {
@@ -499,6 +540,7 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->device_bytes = e->device_bytes;
     plan->host_bytes = e->host_bytes;
     plan->host_pinned_bytes = e->host_pinned_bytes;
+    plan->host_late_bytes = e->late_bytes;
     plan->host_moment_bytes = e->home == ZT__OPT_HOST ? 2 * ram_moment_elems(e) * e->msize : 0;
     plan->host_master_bytes = e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER ? ram_master_elems(e) * 4 : 0;
     plan->masters_ram_blocks = e->xram_blocks;
@@ -584,7 +626,7 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
     e->releasing = o->release_host_params; /* the weights' import gives their pages back as it goes */
     rc = zt_engine_import(e, host_params, NULL, NULL, err);
     e->releasing = false;
-    if (rc < 0)
+    if (rc < 0 || (rc = lock_late_host(e, err)) < 0)
         goto fail;
     e->plan_device_bytes = e->device_bytes + model->device_bytes;
     *out = e;
@@ -658,8 +700,12 @@ void zt_engine_destroy(zt_engine *e)
     free(e->h_master); /* calloc (take_host) */
     free(e->h_m);
     free(e->h_v);
-    d->host_free(e->h_grad);
-    d->host_free(e->h_grad16);
+    void *late = e->h_grad ? (void *)e->h_grad : (void *)e->h_grad16;
+    if (late) {
+        if (e->late_registered)
+            d->host_unregister(late);
+        munmap(late, e->late_bytes);
+    }
     d->host_free(e->h_lowp);
     d->host_free(e->h_gstage);
     free(e->hadds);

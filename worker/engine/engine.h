@@ -137,6 +137,7 @@ typedef struct zt_engine_plan {
     size_t host_pinned_bytes;
     size_t host_moment_bytes; /* of which the Adam moments, whose pages are taken at the first update */
     size_t host_master_bytes; /* of which the fp32 masters */
+    size_t host_late_bytes;   /* of which the host gradient, page-locked only once the initial weights are in */
     size_t disk_bytes;        /* the records on disk (moments_dir: the moments, with masters_disk some masters), or 0 */
     size_t shard_elems;       /* elements of this rank's shards (padding included) */
     int moments_ram_blocks;   /* the leading blocks whose moments stay in host memory (all without moments_dir) */

@@ -207,7 +207,8 @@ struct zt_engine {
     int xram_blocks;                /* masters_disk: blocks [0, xram_blocks) keep their fp32 masters in h_master (at
                                        least mram_blocks), the others in their records; nb without masters_disk */
     bool h_moments_zero;            /* h_m and h_v are as calloc left them: zeros, their pages not taken */
-    float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches */
+    float *h_grad;                  /* [nshard] page-locked: the step's gradient shard, summed over micro-batches
+                                       (mapped untouched, page-locked once the weights' import is done) */
     bool hacc;                      /* grad_accum_host applies: the middle micro-batches add on the host */
     float *h_gstage;                /* hacc: page-locked [the largest shard, or a piece]: a micro-batch's gradient
                                        on its way into h_grad */
@@ -217,6 +218,8 @@ struct zt_engine {
     void *h_lowp;                   /* [nshard] compute dtype, page-locked: updated weights on their way up (none
                                        with o.stream_masters) */
     bool master_registered;         /* o.stream_masters: h_master is page-locked (host_register) */
+    size_t late_bytes;              /* bytes of the host gradient (h_grad or h_grad16), page-locked late */
+    bool late_registered;           /* ... and whether it is page-locked yet */
     size_t host_bytes, host_pinned_bytes;
 
     /* Tensors inside this rank's shards. */

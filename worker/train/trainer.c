@@ -610,12 +610,16 @@ static void ram_fixes(const zt_model *shape, int W, const zt_engine_options *o, 
  * tables, the data loader. */
 #define PROCESS_RAM_BYTES ((uint64_t)2 << 30)
 
-/* The host RAM a run needs: the engine's arrays with `steady_other` beside them, or at the start (before
- * the first update takes the moments' pages) with `start_other`, whichever is more. */
-static uint64_t host_ram(const zt_engine_plan *ep, uint64_t steady_other, uint64_t start_other)
+/* The host RAM a run needs: the engine's arrays with `steady_other` beside them, or at the start with
+ * `start_other` (the slab of the initial weights among it), whichever is more. At the start the Adam moments'
+ * pages are not taken yet (the first update takes them), and in a fresh run neither are the host gradient's
+ * (page-locked once the weights are in) nor the fp32 masters' (the import fills them as it gives the slab's
+ * pages back); a resumed run imports its checkpoint beside everything but the moments. */
+static uint64_t host_ram(const zt_engine_plan *ep, uint64_t steady_other, uint64_t start_other, bool fresh)
 {
     const uint64_t steady = ep->host_bytes + steady_other;
-    const uint64_t at_start = ep->host_bytes - ep->host_moment_bytes + start_other;
+    const uint64_t later = ep->host_moment_bytes + (fresh ? ep->host_late_bytes + ep->host_master_bytes : 0);
+    const uint64_t at_start = ep->host_bytes - later + start_other;
     return steady > at_start ? steady : at_start;
 }
 
@@ -636,7 +640,7 @@ static void price_gpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     apply_tiers(p->cfg, t, &o);
     zt_engine_plan ep;
     zt_engine_plan_for(p->shape, p->W, &o, &ep);
-    out->ram = host_ram(&ep, p->steady_other, p->start_other);
+    out->ram = host_ram(&ep, p->steady_other, p->start_other, !p->cfg->resume[0]);
     out->disk = ep.disk_bytes;
     char eng[32], pin[32], srv[32], stg[32], proc[32];
     zt_format_size(ep.host_bytes, eng, sizeof eng);
@@ -709,12 +713,12 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const bool embedded = cfg->optimizer == ZT_OPTIMIZER_SERVER && !cfg->servers[0];
     const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
     const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
-    /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays: a new run's
-     * engine gives their pages back as it fills its masters, so they replace the masters' (untouched until
-     * then); a resumed run's slab stays until the checkpoint's second import. */
+    /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays (host_ram says
+     * which of those are not resident yet); a resumed run's slab stays until the checkpoint's second import. */
+    const bool fresh = !cfg->resume[0];
     const uint64_t steady_other = server_ram + staging + PROCESS_RAM_BYTES;
-    const uint64_t start_other = (cfg->resume[0] ? 4 * P : 0) + server_ram + PROCESS_RAM_BYTES;
-    uint64_t ram = host_ram(&ep, steady_other, start_other);
+    const uint64_t start_other = 4 * P + server_ram + PROCESS_RAM_BYTES;
+    uint64_t ram = host_ram(&ep, steady_other, start_other, fresh);
     const uint64_t ram_available = zt_plan_ram_available();
     if (cfg->host_mem) {
         /* --host-mem: the tiers of the state under the cap (the moments to disk, then the masters) */
@@ -746,7 +750,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         x.stream_masters = true;
         zt_engine_plan xp;
         zt_engine_plan_for(shape, W, &x, &xp);
-        const uint64_t xram = host_ram(&xp, steady_other, start_other);
+        const uint64_t xram = host_ram(&xp, steady_other, start_other, fresh);
         if (xram < ram && ch.device.model + xp.device_bytes + ch.device.fixed <= ch.limit) {
             char before[32], after[32];
             zt_format_size(ram, before, sizeof before);
@@ -780,7 +784,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
                        cfg->moments_ram ? "--moments-ram" : "RAM the plan leaves free", ondisk);
             o = x;
             ep = xp;
-            ram = host_ram(&xp, steady_other, start_other);
+            ram = host_ram(&xp, steady_other, start_other, fresh);
         }
     }
     lay->moments_ram_bytes = o.moments_ram_bytes;
