@@ -53,6 +53,7 @@ struct desc_params {
     const float *table;
     int nb, bidir, half, max_exact, nthr;
     int thr[DESC_MAX_THR];
+    int relR; /* the mma.sync dQ pass: rels beyond +-relR share the buckets of +-relR (max_distance) */
     /* backward */
     const void *dout;
     void *dq, *dk, *dv;
@@ -461,6 +462,7 @@ desc_params make_params(const zt_attention_desc *d)
         p.nb = d->num_buckets;
         p.bidir = d->bias_bidirectional;
         p.half = p.bidir ? p.nb / 2 : p.nb;
+        p.relR = d->max_distance;
         p.max_exact = p.half / 2;
         /* Within a half, the bucket of distance r is zt_attention_t5_bucket(-r, false, half, max_distance). */
         int r = p.max_exact;
@@ -533,11 +535,29 @@ template <typename T> void general_backward(const desc_params &p, float *dtable,
 
 /* ---- the descriptor's mma.sync kernels (attention_desc_mma.cuh) ---- */
 
-/* Dynamic shared memory of a kernel: 0 forward, 1 dK/dV pass, 2 dQ pass. */
-template <typename T, int HS, bool BIAS> size_t dm_smem(int which, int nb)
+/* Dynamic shared memory of a kernel: 0 forward, 1 dK/dV pass, 2 dQ pass (R: the bias's max_distance). */
+template <typename T, int HS, bool BIAS> size_t dm_smem(int which, int R)
 {
     using sh = dm_shape<T, HS, BIAS>;
-    return which == 0 ? sh::fwd_smem : which == 1 ? sh::kv_smem : sh::q_smem_fixed + (BIAS ? MMA_WARPS * nb * sizeof(float) : 0);
+    const size_t rel = BIAS ? (size_t)(2 * R + 1) * (MMA_WARPS * sizeof(float) + sizeof(int)) : 0;
+    return which == 0 ? sh::fwd_smem : which == 1 ? sh::kv_smem : sh::q_smem_fixed + rel;
+}
+
+/* Most max_distance the mma.sync backward takes with a bias (its dQ pass keeps sums by rel in 2R + 1). */
+constexpr int DM_MAX_REL_R = 1024;
+
+/* Whether every distance from max_distance on falls in the last bucket of its half (so that the dQ pass may
+ * sum rels beyond +-max_distance together): true for T5's bucket function whenever max_distance exceeds the
+ * exact buckets, checked here rather than assumed. Buckets only grow with the distance. */
+bool dm_far_buckets_shared(const zt_attention_desc *d)
+{
+    const int nb = d->num_buckets, R = d->max_distance;
+    if (R < 1 || R > DM_MAX_REL_R)
+        return false;
+    const int half = d->bias_bidirectional ? nb / 2 : nb;
+    if (zt_attention_t5_bucket(-R, d->bias_bidirectional, nb, R) != half - 1)
+        return false;
+    return !d->bias_bidirectional || zt_attention_t5_bucket(R, true, nb, R) == nb - 1;
 }
 
 /* Kernels above 48 KiB of dynamic shared memory must say so. */
@@ -559,10 +579,12 @@ template <typename T, int HS> bool dm_device_ok(const zt_attention_desc *d, bool
     ZT_CUDA_CHECK(cudaGetDevice(&dev));
     ZT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const bool bias = d->bias == ZT_ATTENTION_BIAS_T5;
-    size_t need = bias ? dm_smem<T, HS, true>(0, d->num_buckets) : dm_smem<T, HS, false>(0, 0);
+    size_t need = bias ? dm_smem<T, HS, true>(0, d->max_distance) : dm_smem<T, HS, false>(0, 0);
     if (backward) {
-        const size_t kv = bias ? dm_smem<T, HS, true>(1, d->num_buckets) : dm_smem<T, HS, false>(1, 0);
-        const size_t qq = bias ? dm_smem<T, HS, true>(2, d->num_buckets) : dm_smem<T, HS, false>(2, 0);
+        if (bias && !dm_far_buckets_shared(d))
+            return false;
+        const size_t kv = bias ? dm_smem<T, HS, true>(1, d->max_distance) : dm_smem<T, HS, false>(1, 0);
+        const size_t qq = bias ? dm_smem<T, HS, true>(2, d->max_distance) : dm_smem<T, HS, false>(2, 0);
         need = kv > qq ? kv : qq;
     }
     return need <= (size_t)optin;
@@ -598,7 +620,7 @@ bool dm_serves(const zt_attention_desc *d, const zt_attention_grads *g, enum zt_
 
 template <typename T, int HS, bool BIAS> void dm_forward(const desc_params &p, cudaStream_t stream)
 {
-    const size_t smem = dm_smem<T, HS, BIAS>(0, p.nb);
+    const size_t smem = dm_smem<T, HS, BIAS>(0, p.relR);
     dm_allow_smem(dm_forward_kernel<T, HS, BIAS>, smem);
     const dim3 grid((unsigned)(p.B * p.NH), (unsigned)ZT_CEIL_DIV(p.Tq, DM_TILE));
     dm_forward_kernel<T, HS, BIAS><<<grid, MMA_THREADS, smem, stream>>>(p);
@@ -614,14 +636,14 @@ template <typename T, int HS, bool BIAS> void dm_backward(desc_params p, float *
         ZT_CUDA_CHECK_LAUNCH();
     }
     if (p.Tk > 0) {
-        const size_t smem = dm_smem<T, HS, BIAS>(1, p.nb);
+        const size_t smem = dm_smem<T, HS, BIAS>(1, p.relR);
         dm_allow_smem(dm_backward_kv_kernel<T, HS, BIAS>, smem);
         const dim3 grid((unsigned)(p.B * p.NKV), (unsigned)ZT_CEIL_DIV(p.Tk, DM_TILE));
         dm_backward_kv_kernel<T, HS, BIAS><<<grid, MMA_THREADS, smem, stream>>>(p);
         ZT_CUDA_CHECK_LAUNCH();
     }
     if (p.Tq > 0) {
-        const size_t smem = dm_smem<T, HS, BIAS>(2, p.nb);
+        const size_t smem = dm_smem<T, HS, BIAS>(2, p.relR);
         dm_allow_smem(dm_backward_q_kernel<T, HS, BIAS>, smem);
         const dim3 grid((unsigned)(p.B * p.NH), (unsigned)p.ntq);
         dm_backward_q_kernel<T, HS, BIAS><<<grid, MMA_THREADS, smem, stream>>>(p);

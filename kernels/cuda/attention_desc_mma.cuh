@@ -16,10 +16,14 @@
  *
  * Bias. For a 64 x 64 tile pair the relative position key - pos takes 127 values (a diagonal each); the block
  * tabulates table[bucket, h] * log2(e) (and the buckets) for them in shared memory before the tile's scores.
- * The bias gradient: in the dQ pass each warp writes its 16 x SUB dS block to shared memory, sums each
- * diagonal in row order, and adds the diagonal sums in diagonal order into its own bucket row (a lane per
- * bucket, bucket % 32); the block sums its warps' rows in warp order into one partial per (sequence, head,
- * row tile), and desc_bias_reduce_kernel sums those in order: the same bits on every run, no atomics.
+ * The bias gradient, in the dQ pass: the buckets depend on rel alone, and every rel <= -R (R = max_distance)
+ * has the bucket of -R, every rel >= R that of R (the host checks it, dm_serves). So each warp keeps dS sums
+ * by rel: a shared row of 2R + 1 (index rel + R), the lanes' registers for the two far ends. Per step the
+ * warp writes its 16 x SUB dS block to shared memory and lane u sums diagonal u in row order (one rel per
+ * diagonal, so each entry of the row has one writer per step); a step wholly beyond +-R adds its dS in
+ * registers. At the end the block sums its warps' rows in warp order, then each bucket its rels in order,
+ * into one partial per (sequence, head, row tile), and desc_bias_reduce_kernel sums those in order: the same
+ * bits on every run, no atomics.
  *
  * Scores are taken in base 2: s = (q.k) scale log2(e) + bias log2(e); the online softmax keeps its max in
  * those units and treats a row whose keys so far are all masked (max -inf) with a max of 0. */
@@ -35,12 +39,11 @@ template <typename T, int HS, bool BIAS> struct dm_shape {
     /* dK/dV pass: K, V, 2 x Q, 2 x dO, 2 x (lse, D) of 64, two bias rows. */
     static constexpr size_t kv_smem = (size_t)6 * TE * sizeof(T) + 4 * DM_TILE * sizeof(float) +
                                       (BIAS ? 2 * DM_DIAG * sizeof(float) : 0);
-    /* dQ pass: Q, dO, 2 x K, 2 x V; with a bias two bias rows, two bucket rows, each warp's dS block and its
-     * diagonal sums; then each warp's bucket row (nb floats, added at launch). */
+    /* dQ pass: Q, dO, 2 x K, 2 x V; with a bias two bias rows and each warp's dS block; then each warp's row
+     * of sums by rel and the rels' buckets (2R + 1 floats and ints, added at launch). */
     static constexpr int DS_LD = SUB + 1;
     static constexpr size_t q_smem_fixed =
-        (size_t)6 * TE * sizeof(T) +
-        (BIAS ? 2 * DM_DIAG * (sizeof(float) + sizeof(int)) + MMA_WARPS * (16 * DS_LD + DM_DIAG) * sizeof(float) : 0);
+        (size_t)6 * TE * sizeof(T) + (BIAS ? 2 * DM_DIAG * sizeof(float) + MMA_WARPS * 16 * DS_LD * sizeof(float) : 0);
 };
 
 /* Query row t's keys [lo, hi) (empty past the valid rows). */
@@ -347,11 +350,11 @@ __global__ void __launch_bounds__(MMA_THREADS) dm_backward_q_kernel(const desc_p
         T *dOs = Qs + TE;
         T *Ks = dOs + TE;    /* two buffers */
         T *Vs = Ks + 2 * TE; /* two buffers */
-        float *bias_s = reinterpret_cast<float *>(Vs + 2 * TE);   /* two rows of DM_DIAG */
-        int *bk_s = reinterpret_cast<int *>(bias_s + 2 * DM_DIAG); /* two rows of DM_DIAG */
-        float *ds_s = reinterpret_cast<float *>(bk_s + 2 * DM_DIAG); /* per warp 16 x DS_LD */
-        float *dsum_s = ds_s + MMA_WARPS * 16 * DS_LD;               /* per warp DM_DIAG */
-        float *acc_b = dsum_s + MMA_WARPS * DM_DIAG;                 /* per warp nb */
+        float *bias_s = reinterpret_cast<float *>(Vs + 2 * TE); /* two rows of DM_DIAG */
+        float *ds_s = bias_s + 2 * DM_DIAG;                     /* per warp 16 x DS_LD */
+        const int R = p.relR, NREL = 2 * p.relR + 1;
+        float *relacc = ds_s + MMA_WARPS * 16 * DS_LD;            /* per warp NREL: dS sums by rel + R */
+        int *relbk = reinterpret_cast<int *>(relacc + MMA_WARPS * NREL); /* NREL: the bucket of rel */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
         const int qt = gridDim.y - 1 - blockIdx.y;
         const int bh = blockIdx.x, b = bh / p.NH, h = bh % p.NH, kvh = h / p.G;
@@ -363,9 +366,10 @@ __global__ void __launch_bounds__(MMA_THREADS) dm_backward_q_kernel(const desc_p
                     p.part[((long)bh * p.ntq + qt) * p.nb + bk] = 0.0f;
             return;
         }
+        float farneg = 0.0f, farpos = 0.0f; /* this lane's dS of rel <= -R and rel >= R */
         if constexpr (BIAS)
-            for (int i = threadIdx.x; i < MMA_WARPS * p.nb; i += MMA_THREADS)
-                acc_b[i] = 0.0f; /* the loop's first __syncthreads orders this */
+            for (int i = threadIdx.x; i < MMA_WARPS * NREL; i += MMA_THREADS)
+                relacc[i] = 0.0f; /* the loop's first __syncthreads orders this */
         const T *qb = (const T *)p.q + s.q0 * p.qs + (long)h * HS;
         const T *dob = (const T *)p.dout + s.q0 * p.os + (long)h * HS;
         const T *kb = (const T *)p.k + s.k0 * p.ks + (long)kvh * HS;
@@ -418,9 +422,8 @@ __global__ void __launch_bounds__(MMA_THREADS) dm_backward_q_kernel(const desc_p
                 cp_async_wait<0>();
             }
             const float *bias_t = bias_s + (it % 2) * DM_DIAG;
-            const int *bk_t = bk_s + (it % 2) * DM_DIAG;
             if constexpr (BIAS)
-                dm_fill_bias<true>(p, h, k0 - t0 - s.off, bias_s + (it % 2) * DM_DIAG, bk_s + (it % 2) * DM_DIAG);
+                dm_fill_bias<false>(p, h, k0 - t0 - s.off, bias_s + (it % 2) * DM_DIAG, nullptr);
             __syncthreads();
             const T *Kt = Ks + (it % 2) * TE, *Vt = Vs + (it % 2) * TE;
 #pragma unroll 1
@@ -446,35 +449,50 @@ __global__ void __launch_bounds__(MMA_THREADS) dm_backward_q_kernel(const desc_p
                         float pv = fast_exp2(v - lse2[i]);
                         if (edge && (key < rlo[i] || key >= rhi[i]))
                             pv = 0.0f;
-                        const float ds = pv * (dp[0][j][e] - Dr[i]);
-                        sc[0][j][e] = ds; /* dS */
-                        if constexpr (BIAS)
-                            ds_s[(warp * 16 + g + 8 * i) * DS_LD + cc] = ds;
+                        sc[0][j][e] = pv * (dp[0][j][e] - Dr[i]); /* dS */
                     }
                 mma_acc_x_rows<T, HS, 1, SUB / 16>(dq, sc, Kt + sub * SUB * LDS); /* dQ += dS K */
                 if constexpr (BIAS) {
-                    /* Diagonal u of the warp's 16 x SUB block holds (rr, rr + u - 15). */
-                    __syncwarp();
-                    const float *wds = ds_s + warp * 16 * DS_LD;
-                    for (int u = lane; u < SUB + 15; u += 32) {
+                    /* Diagonal u of the warp's 16 x SUB block holds (rr, rr + u - 15), at rel rel0 + u. */
+                    const int rel0 = ks0 - t0 - warp * 16 - s.off - 15;
+                    if (rel0 + SUB + 14 <= -R || rel0 >= R) { /* the whole step at one far end */
                         float sum = 0.0f;
-                        for (int rr = 0; rr < 16; rr++) {
-                            const int cc = rr + u - 15;
-                            if (cc >= 0 && cc < SUB)
-                                sum += wds[rr * DS_LD + cc];
+#pragma unroll
+                        for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                sum += sc[0][j][e];
+                        if (rel0 >= R)
+                            farpos += sum;
+                        else
+                            farneg += sum;
+                    } else {
+                        float *wds = ds_s + warp * 16 * DS_LD;
+#pragma unroll
+                        for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                wds[(g + 8 * (e / 2)) * DS_LD + 8 * j + 2 * q + (e % 2)] = sc[0][j][e];
+                        __syncwarp();
+                        float *wrel = relacc + warp * NREL;
+                        for (int u = lane; u < SUB + 15; u += 32) {
+                            float sum = 0.0f;
+#pragma unroll
+                            for (int rr = 0; rr < 16; rr++) {
+                                const int cc = rr + u - 15;
+                                if (cc >= 0 && cc < SUB)
+                                    sum += wds[rr * DS_LD + cc];
+                            }
+                            const int rel = rel0 + u;
+                            if (rel <= -R)
+                                farneg += sum;
+                            else if (rel >= R)
+                                farpos += sum;
+                            else
+                                wrel[rel + R] += sum;
                         }
-                        dsum_s[warp * DM_DIAG + u] = sum;
+                        __syncwarp(); /* the next step rewrites the warp's dS block and rel row */
                     }
-                    __syncwarp();
-                    /* Element (rr, cc) has d = sub SUB + cc - (16 warp + rr) + 63 = dbase + u. */
-                    const int dbase = sub * SUB - warp * 16 + DM_TILE - 1 - 15;
-                    float *wacc = acc_b + warp * p.nb;
-                    for (int u = 0; u < SUB + 15; u++) {
-                        const int bk = bk_t[dbase + u];
-                        if ((bk & 31) == lane)
-                            wacc[bk] += dsum_s[warp * DM_DIAG + u];
-                    }
-                    __syncwarp(); /* the next step rewrites the warp's dS block */
                 }
             }
             __syncthreads();
@@ -485,11 +503,31 @@ __global__ void __launch_bounds__(MMA_THREADS) dm_backward_q_kernel(const desc_p
         T *dqb = (T *)p.dq + s.q0 * p.dqs + (long)h * HS;
         mma_store_rows<T, HS>(dqb, (int)p.dqs, wr0 + g, s.span, p.scale, dq[0], p.accumulate);
         if constexpr (BIAS) {
+            /* The far ends: the warp's lanes in a fixed tree, into the row's ends (no other writer there). */
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                farneg += __shfl_xor_sync(0xffffffffu, farneg, o);
+                farpos += __shfl_xor_sync(0xffffffffu, farpos, o);
+            }
+            __syncwarp();
+            if (lane == 0) {
+                relacc[warp * NREL] += farneg;
+                relacc[warp * NREL + NREL - 1] += farpos;
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < NREL; i += MMA_THREADS) {
+                float sum = 0.0f;
+                for (int w = 0; w < MMA_WARPS; w++)
+                    sum += relacc[w * NREL + i];
+                relacc[i] = sum; /* warp 0's row becomes the block's */
+                relbk[i] = t5_bucket(p, i - R);
+            }
             __syncthreads();
             for (int bk = threadIdx.x; bk < p.nb; bk += MMA_THREADS) {
                 float sum = 0.0f;
-                for (int w = 0; w < MMA_WARPS; w++)
-                    sum += acc_b[w * p.nb + bk];
+                for (int i = 0; i < NREL; i++)
+                    if (relbk[i] == bk)
+                        sum += relacc[i];
                 p.part[((long)bh * p.ntq + qt) * p.nb + bk] = sum;
             }
         }
