@@ -450,6 +450,9 @@ static void test_mma(void **state)
          .want_path = "mma"},
         {.name = "mma: padding, causal, head size 128, GQA 2", .B = 3, .Tq = 65, .Tk = 65, .NH = 2, .NKV = 1,
          .HS = 128, .causal = true, .window = -1, .lens = lens, .want_path = "mma"},
+        {.name = "mma forward, general backward: max_distance 2000", .B = 1, .Tq = 100, .Tk = 100, .NH = 2,
+         .NKV = 2, .HS = 64, .scale = 1.0f, .window = -1, .bias = true, .bidir = true, .nb = 32, .maxd = 2000,
+         .want_path = "mma"},
         {.name = "mma: window 16 forced onto the general kernels", .B = 1, .Tq = 100, .Tk = 100, .NH = 2, .NKV = 1,
          .HS = 64, .causal = true, .window = 16, .general = true, .want_path = "general"},
     };
