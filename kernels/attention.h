@@ -227,12 +227,17 @@ extern "C" {
  * longest lengths: the host cannot read them). Descriptors in the packed-qkv form (k and v at their columns
  * of q's rows, one stride, out [rows, NH*HS], Tq == Tk, default scale, no bias, window or cu_seqlens) at the
  * head sizes of zt_cuda_attention_gqa_supported run the packed-qkv kernels below (mma.sync, WMMA or SIMT, as
- * those entry points choose); every other one runs general CUDA-core kernels that serve every feature at any
- * head size up to 256 (slower: one warp per row, no shared tiles). Both backwards are deterministic. */
+ * those entry points choose, with their bits). Every other descriptor at head size 64 or 128 in F16 or BF16 on
+ * sm_80+ runs the descriptor's mma.sync kernels (tensor cores; every feature: strides, Tq != Tk, scale,
+ * window, cu_seqlens, padding, T5 bias), when q, k, v, out (and dout, dq, dk, dv) are 16-byte aligned with
+ * row strides of whole 8-element multiples; the rest runs general CUDA-core kernels that serve every feature
+ * at any head size up to 256 (slower: one warp per row, no shared tiles). Every backward is deterministic:
+ * the same inputs give the same bits, dbias_table included (per-block partial tables summed in a fixed
+ * order, no atomics). */
 
 /* Whether the kernels serve d in dtype (head size <= 256, at most ZT_ATTENTION_MAX_BUCKETS buckets). */
 bool zt_cuda_attention_desc_supported(const zt_attention_desc *d, enum zt_dtype dtype);
-/* Which kernels d runs: "packed" or "general" (for tests and benchmarks). */
+/* Which kernels d's forward runs: "packed", "mma" or "general" (for tests and benchmarks). */
 const char *zt_cuda_attention_path(const zt_attention_desc *d, enum zt_dtype dtype);
 /* Forward: out and lse. Returns 0, or ZT_EINVAL_CONFIG / ZT_EUNSUPPORTED with a sentence in err (nothing
  * launched). No host synchronisation. */

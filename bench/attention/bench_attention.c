@@ -64,15 +64,33 @@ struct shape {
     int B, Tq, Tk, NH, NKV, HS;
     bool causal, packed, bias;
     float scale;
-    const int32_t *lens; /* host, or NULL */
+    const int32_t *lens;   /* host, or NULL */
+    int window;            /* 0 here means none (-1 in the descriptor); windows of 0 are not benchmarked */
+    const int32_t *cu;     /* host cu_seqlens (the same for queries and keys), or NULL */
+    bool bias_causal;      /* T5 decoder buckets (else the encoder's bidirectional ones) */
 };
 
+/* The (query, key) pairs the mask keeps, per head, summed over heads: row by row from the descriptor's rule. */
 static double pairs_of(const struct shape *s)
 {
     double pairs = 0;
     for (int b = 0; b < s->B; b++) {
-        double lq = s->lens ? s->lens[b] : s->Tq, lk = s->lens ? s->lens[b] : s->Tk;
-        pairs += s->causal ? lq * (lq + 1) / 2.0 : lq * lk; /* causal: Tq == Tk here */
+        long lq = s->Tq, lk = s->Tk;
+        if (s->lens)
+            lq = lk = s->lens[b];
+        if (s->cu)
+            lq = lk = s->cu[b + 1] - s->cu[b];
+        const long off = s->lens ? 0 : lk - lq;
+        for (long i = 0; i < lq; i++) {
+            const long pos = i + off;
+            long lo = 0, hi = lk;
+            if (s->causal && pos + 1 < hi)
+                hi = pos + 1;
+            if (s->window > 0 && pos - s->window > lo)
+                lo = pos - s->window;
+            if (hi > lo)
+                pairs += (double)(hi - lo);
+        }
     }
     return pairs * s->NH;
 }
@@ -101,23 +119,25 @@ static void bench_shape(const struct shape *s, const char *family, const zt_atte
 {
     const enum zt_dtype dt = ZT_DTYPE_BF16;
     const long es = 2, hq = (long)s->NH * s->HS, hk = (long)s->NKV * s->HS;
-    const long nq = (long)s->B * s->Tq, nk = (long)s->B * s->Tk;
+    const long nq = s->cu ? s->cu[s->B] : (long)s->B * s->Tq, nk = s->cu ? s->cu[s->B] : (long)s->B * s->Tk;
     const long qs = s->packed ? hq + 2 * hk : hq, kvs = 2 * hk;
     void *q = drand((size_t)(nq * qs), 1.0f, dt), *kv = s->packed ? NULL : drand((size_t)(nk * kvs), 1.0f, dt);
     void *dq = drand((size_t)(nq * qs), 0.0f, dt), *dkv = s->packed ? NULL : drand((size_t)(nk * kvs), 0.0f, dt);
     void *out = drand((size_t)(nq * hq), 0.0f, dt), *dout = drand((size_t)(nq * hq), 1.0f, dt);
     float *lse = NULL, *table = NULL, *dtable = NULL;
-    ZT_CUDA_CHECK(cudaMalloc((void **)&lse, sizeof(float) * nq * s->NH));
+    ZT_CUDA_CHECK(cudaMalloc((void **)&lse, sizeof(float) * (size_t)s->B * s->Tq * s->NH));
     if (s->bias) {
         table = dfloats((size_t)32 * s->NH, 1.0f);
         ZT_CUDA_CHECK(cudaMalloc((void **)&dtable, sizeof(float) * 32 * s->NH));
     }
-    void *lens = dints(s->lens, s->B);
+    void *lens = dints(s->lens, s->B), *cu = dints(s->cu, s->B + 1);
     zt_attention_desc d = {.q = q, .q_stride = qs, .out = out, .out_stride = hq, .lse = lse, .B = s->B, .Tq = s->Tq,
                            .Tk = s->Tk, .NH = s->NH, .NKV = s->NKV, .HS = s->HS, .scale = s->scale,
-                           .causal = s->causal, .window = -1, .lens = lens,
+                           .causal = s->causal, .window = s->window > 0 ? s->window : -1, .cu_seqlens_q = cu,
+                           .cu_seqlens_k = cu, .lens = lens,
                            .bias = s->bias ? ZT_ATTENTION_BIAS_T5 : ZT_ATTENTION_BIAS_NONE, .bias_table = table,
-                           .num_buckets = 32, .max_distance = 128, .bias_bidirectional = true, .variant = v};
+                           .num_buckets = 32, .max_distance = 128, .bias_bidirectional = !s->bias_causal,
+                           .variant = v};
     zt_attention_grads g = {.dout = dout, .dq = dq, .dq_stride = qs, .dbias_table = dtable, .accumulate = false};
     if (s->packed) {
         d.k = (char *)q + hq * es;
@@ -142,7 +162,7 @@ static void bench_shape(const struct shape *s, const char *family, const zt_atte
            zt_cuda_attention_path(&d, dt), fms, 4.0 * pairs * s->HS / (fms * 1e-3) / 1e12, bms,
            10.0 * pairs * s->HS / (bms * 1e-3) / 1e12);
     fflush(stdout);
-    void *bufs[] = {q, kv, dq, dkv, out, dout, lse, table, dtable, lens, scratch};
+    void *bufs[] = {q, kv, dq, dkv, out, dout, lse, table, dtable, lens, cu, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if (bufs[i])
             ZT_CUDA_CHECK(cudaFree(bufs[i]));
@@ -163,11 +183,31 @@ int main(int argc, char **argv)
     static int32_t bert_lens[32];
     for (int i = 0; i < 32; i++)
         bert_lens[i] = 128 + (i * 97) % 385; /* a padded batch: lengths spread over 128..512 */
+    /* Packed documents: 8 of 128..2048 tokens in 8192 rows (the longest 2048). */
+    static const int32_t docs[9] = {0, 2048, 3072, 3584, 5120, 5248, 6016, 7168, 8192};
     const struct shape shapes[] = {
-        {"GPT-2 1558M: 25x64, T 1024, causal, B 8", 8, 1024, 1024, 25, 25, 64, true, true, false, 0, NULL},
-        {"TinyLlama: 32x64, 4 kv, T 2048, causal, B 4", 4, 2048, 2048, 32, 4, 64, true, true, false, 0, NULL},
-        {"BERT-Large: 16x64, T 512, padded, B 32", 32, 512, 512, 16, 16, 64, false, true, false, 0, bert_lens},
-        {"T5: 16x64, Tq 128, Tk 512, bias, B 8", 8, 128, 512, 16, 16, 64, false, false, true, 1.0f, NULL},
+        /* name, B, Tq, Tk, NH, NKV, HS, causal, packed, bias, scale, lens, window, cu, bias_causal */
+        {"GPT-2 1558M: 25x64, T 1024, causal, B 8", 8, 1024, 1024, 25, 25, 64, true, true, false, 0, NULL, 0, NULL,
+         false},
+        {"TinyLlama: 32x64, 4 kv, T 2048, causal, B 4", 4, 2048, 2048, 32, 4, 64, true, true, false, 0, NULL, 0, NULL,
+         false},
+        {"BERT-Large: 16x64, T 512, padded, B 32", 32, 512, 512, 16, 16, 64, false, true, false, 0, bert_lens, 0,
+         NULL, false},
+        {"T5: 16x64, Tq 128, Tk 512, bias, B 8", 8, 128, 512, 16, 16, 64, false, false, true, 1.0f, NULL, 0, NULL,
+         false},
+        {"varlen: 32x64, 4 kv, 8 docs in 8192, causal", 8, 2048, 2048, 32, 4, 64, true, true, false, 0, NULL, 0, docs,
+         false},
+        {"varlen: 32x128, 8 kv, 8 docs in 8192, causal", 8, 2048, 2048, 32, 8, 128, true, true, false, 0, NULL, 0,
+         docs, false},
+        {"window 256: 32x64, 8 kv, T 4096, causal, B 2", 2, 4096, 4096, 32, 8, 64, true, true, false, 0, NULL, 256,
+         NULL, false},
+        {"window 1024: 32x128, 8 kv, T 4096, causal, B 2", 2, 4096, 4096, 32, 8, 128, true, true, false, 0, NULL,
+         1024, NULL, false},
+        {"T5 encoder: 16x64, T 512, bias, B 8", 8, 512, 512, 16, 16, 64, false, false, true, 1.0f, NULL, 0, NULL,
+         false},
+        {"T5 decoder: 16x64, T 512, causal bias, B 8", 8, 512, 512, 16, 16, 64, true, false, true, 1.0f, NULL, 0,
+         NULL, true},
+        {"cross: 16x64, Tq 128, Tk 512, B 8", 8, 128, 512, 16, 16, 64, false, false, false, 0, NULL, 0, NULL, false},
     };
     const zt_attention_variant v_default = {0}, v_mma16 = {.mma_warp_rows = 16}, v_wmma = {.wmma = true},
                                v_generic = {.generic = true}, v_general = {.general = true};
@@ -175,8 +215,11 @@ int main(int argc, char **argv)
     printf("|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         bench_shape(&shapes[i], "ztrain default", &v_default);
-        if (!shapes[i].packed)
+        if (!shapes[i].packed || shapes[i].cu || shapes[i].window) {
+            /* the descriptor's shapes: the default (mma) beside the general kernels */
+            bench_shape(&shapes[i], "ztrain general kernels", &v_general);
             continue;
+        }
         bench_shape(&shapes[i], "ztrain mma 16 rows/warp", &v_mma16);
         bench_shape(&shapes[i], "ztrain WMMA", &v_wmma);
         bench_shape(&shapes[i], "ztrain generic packed", &v_generic);

@@ -12,7 +12,8 @@
 # Shapes: GPT-2 1558M (25 heads of 64, T 1024, causal, batch 8), TinyLlama (32 heads of 64, 4 key/value
 # heads, T 2048, causal, batch 4), BERT-Large (16 heads of 64, T 512, bidirectional, a padded batch of 32
 # with lengths 128..512), T5 (16 heads of 64, Tq 128, Tk 512, bidirectional relative position bias, scale 1,
-# batch 8). bf16. TFLOP/s count the unmasked (query, key) pairs for every implementation: forward 4 HS FLOPs
+# batch 8); the descriptor's features on its tensor-core kernels beside its general kernels: packed documents
+# (varlen by cu_seqlens), sliding windows, T5's encoder and decoder self-attention with the bias, cross-attention. bf16. TFLOP/s count the unmasked (query, key) pairs for every implementation: forward 4 HS FLOPs
 # per pair, backward 10 HS (PyTorch with a padding mask computes the padded pairs too; its "no mask" rows
 # run the full T x T and count it).
 set -u
@@ -46,14 +47,25 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 dev, dt = "cuda", torch.bfloat16
 lens = [128 + (i * 97) % 385 for i in range(32)]
-# name, B, Tq, Tk, NH, NKV, HS, causal, kind (None, "pad", "nopad", "bias")
+docs = [2048, 1024, 512, 1536, 128, 768, 1152, 1024]  # bench_attention's packed documents (8192 rows)
+# name, B, Tq, Tk, NH, NKV, HS, causal, kind (None, "pad", "nopad", "bias", "varlen", ("window", W))
 shapes = [
     ("GPT-2 1558M: 25x64, T 1024, causal, B 8", 8, 1024, 1024, 25, 25, 64, True, None),
     ("TinyLlama: 32x64, 4 kv, T 2048, causal, B 4", 4, 2048, 2048, 32, 4, 64, True, None),
     ("BERT-Large: 16x64, T 512, padded, B 32", 32, 512, 512, 16, 16, 64, False, "pad"),
     ("BERT-Large: 16x64, T 512, no mask, B 32", 32, 512, 512, 16, 16, 64, False, "nopad"),
     ("T5: 16x64, Tq 128, Tk 512, bias, B 8", 8, 128, 512, 16, 16, 64, False, "bias"),
+    ("varlen: 32x64, 4 kv, 8 docs in 8192, causal", 1, 8192, 8192, 32, 4, 64, True, "varlen"),
+    ("varlen: 32x128, 8 kv, 8 docs in 8192, causal", 1, 8192, 8192, 32, 8, 128, True, "varlen"),
+    ("window 256: 32x64, 8 kv, T 4096, causal, B 2", 2, 4096, 4096, 32, 8, 64, True, ("window", 256)),
+    ("window 1024: 32x128, 8 kv, T 4096, causal, B 2", 2, 4096, 4096, 32, 8, 128, True, ("window", 1024)),
+    ("T5 encoder: 16x64, T 512, bias, B 8", 8, 512, 512, 16, 16, 64, False, "bias"),
+    ("T5 decoder: 16x64, T 512, causal bias, B 8", 8, 512, 512, 16, 16, 64, True, "bias"),
+    ("cross: 16x64, Tq 128, Tk 512, B 8", 8, 128, 512, 16, 16, 64, False, None),
 ]
+# The baselines for what SDPA cannot say directly: varlen is one sequence of 8192 rows with a block-diagonal
+# causal boolean mask, a window a causal band mask, a T5 bias an fp32-rounded-to-bf16 additive mask (-inf
+# above the diagonal for the decoder); SDPA computes every masked pair too, the TFLOP/s count the kept ones.
 backends = [("torch flash", SDPBackend.FLASH_ATTENTION), ("torch cuDNN", SDPBackend.CUDNN_ATTENTION),
             ("torch mem-efficient", SDPBackend.EFFICIENT_ATTENTION)]
 
@@ -72,6 +84,11 @@ def ms(fn, iters=20):
 for name, B, Tq, Tk, NH, NKV, HS, causal, kind in shapes:
     if kind == "pad":
         pairs = NH * sum(l * l for l in lens)
+    elif kind == "varlen":
+        pairs = NH * sum(l * (l + 1) / 2 for l in docs)
+    elif isinstance(kind, tuple):
+        W = kind[1]
+        pairs = B * NH * sum(min(t, W) + 1 for t in range(Tq))
     elif causal:
         pairs = B * NH * Tq * (Tq + 1) / 2
     else:
@@ -86,6 +103,17 @@ for name, B, Tq, Tk, NH, NKV, HS, causal, kind in shapes:
     elif kind == "bias":
         mask = torch.randn(1, NH, Tq, Tk, device=dev, dtype=dt)
         scale = 1.0
+        if causal:
+            mask = mask.masked_fill(torch.ones(Tq, Tk, device=dev, dtype=torch.bool).triu(1), float("-inf"))
+            causal = False
+    elif kind == "varlen":
+        doc = torch.repeat_interleave(torch.arange(len(docs), device=dev), torch.tensor(docs, device=dev))
+        mask = (doc[:, None] == doc[None, :]) & torch.ones(Tq, Tk, device=dev, dtype=torch.bool).tril()
+        causal = False
+    elif isinstance(kind, tuple):
+        i = torch.arange(Tq, device=dev)
+        mask = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - kind[1])
+        causal = False
     for bname, be in backends:
         try:
             kw = dict(attn_mask=mask, is_causal=causal, scale=scale)

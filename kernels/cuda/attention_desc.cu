@@ -5,7 +5,9 @@
  * the default scale, no bias, no window and no cu_seqlens, at a head size the packed kernels serve, runs the
  * packed-qkv kernels of attention.cu and attention_generic.cu (tuned mma.sync, WMMA and SIMT paths: GPT-2,
  * LLaMA, BERT), exactly as their entry points do (the descriptor's variant, for tests and benchmarks, picks
- * among those families or forces the general kernels). Every other descriptor runs the general kernels below.
+ * among those families or forces the general kernels). Every other descriptor at head size 64 or 128 in fp16 or
+ * bf16 on sm_80+, with 16-byte aligned rows, runs the tensor-core kernels of attention_desc_mma.cuh (dm_serves);
+ * the rest runs the general kernels below.
  *
  * The general kernels: CUDA cores, fp32 arithmetic on fp32, fp16 or bf16 storage, any head size up to 256,
  * one warp per row. Simple rather than fast (no tiles in shared memory, no tensor cores): they are the
@@ -26,6 +28,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/cuda_utils.cuh"
 
 namespace {
@@ -50,6 +53,7 @@ struct desc_params {
     const float *table;
     int nb, bidir, half, max_exact, nthr;
     int thr[DESC_MAX_THR];
+    int relR; /* the mma.sync dQ pass: rels beyond +-relR share the buckets of +-relR (max_distance) */
     /* backward */
     const void *dout;
     void *dq, *dk, *dv;
@@ -419,6 +423,9 @@ __global__ void desc_bias_reduce_kernel(const desc_params p, float *dtable)
     dtable[idx] = p.accumulate ? dtable[idx] + sum : sum;
 }
 
+/* The tensor-core kernels of every descriptor at head sizes 64 and 128 (bf16, fp16, sm_80+). */
+#include "kernels/cuda/attention_desc_mma.cuh"
+
 /* ---- host side ---- */
 
 /* The kernel parameters of a descriptor; the T5 thresholds: thr[i] is the smallest distance whose bucket
@@ -455,6 +462,7 @@ desc_params make_params(const zt_attention_desc *d)
         p.nb = d->num_buckets;
         p.bidir = d->bias_bidirectional;
         p.half = p.bidir ? p.nb / 2 : p.nb;
+        p.relR = d->max_distance;
         p.max_exact = p.half / 2;
         /* Within a half, the bucket of distance r is zt_attention_t5_bucket(-r, false, half, max_distance). */
         int r = p.max_exact;
@@ -525,6 +533,144 @@ template <typename T> void general_backward(const desc_params &p, float *dtable,
     }
 }
 
+/* ---- the descriptor's mma.sync kernels (attention_desc_mma.cuh) ---- */
+
+/* Dynamic shared memory of a kernel: 0 forward, 1 dK/dV pass, 2 dQ pass (R: the bias's max_distance). */
+template <typename T, int HS, bool BIAS> size_t dm_smem(int which, int R)
+{
+    using sh = dm_shape<T, HS, BIAS>;
+    const size_t rel = BIAS ? (size_t)(2 * R + 1) * (MMA_WARPS * sizeof(float) + sizeof(int)) : 0;
+    return which == 0 ? sh::fwd_smem : which == 1 ? sh::kv_smem : sh::q_smem_fixed + rel;
+}
+
+/* Most max_distance the mma.sync backward takes with a bias (its dQ pass keeps sums by rel in 2R + 1). */
+constexpr int DM_MAX_REL_R = 1024;
+
+/* Whether every distance from max_distance on falls in the last bucket of its half (so that the dQ pass may
+ * sum rels beyond +-max_distance together): true for T5's bucket function whenever max_distance exceeds the
+ * exact buckets, checked here rather than assumed. Buckets only grow with the distance. */
+bool dm_far_buckets_shared(const zt_attention_desc *d)
+{
+    const int nb = d->num_buckets, R = d->max_distance;
+    if (R < 1 || R > DM_MAX_REL_R)
+        return false;
+    const int half = d->bias_bidirectional ? nb / 2 : nb;
+    if (zt_attention_t5_bucket(-R, d->bias_bidirectional, nb, R) != half - 1)
+        return false;
+    return !d->bias_bidirectional || zt_attention_t5_bucket(R, true, nb, R) == nb - 1;
+}
+
+/* Kernels above 48 KiB of dynamic shared memory must say so. */
+template <typename K> void dm_allow_smem(K kernel, size_t bytes)
+{
+    if (bytes > 48 * 1024)
+        ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* Whether this GPU and build run the kernels of (T, HS): sm_80 code (mma.sync, cp.async) and the shared
+ * memory the forward (backward: true) needs. */
+template <typename T, int HS> bool dm_device_ok(const zt_attention_desc *d, bool backward)
+{
+    cudaFuncAttributes attr;
+    ZT_CUDA_CHECK(cudaFuncGetAttributes(&attr, dm_forward_kernel<T, HS, false>));
+    if (attr.binaryVersion < 80 || attr.ptxVersion < 80)
+        return false;
+    int dev = 0, optin = 0;
+    ZT_CUDA_CHECK(cudaGetDevice(&dev));
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const bool bias = d->bias == ZT_ATTENTION_BIAS_T5;
+    size_t need = bias ? dm_smem<T, HS, true>(0, d->max_distance) : dm_smem<T, HS, false>(0, 0);
+    if (backward) {
+        if (bias && !dm_far_buckets_shared(d))
+            return false;
+        const size_t kv = bias ? dm_smem<T, HS, true>(1, d->max_distance) : dm_smem<T, HS, false>(1, 0);
+        const size_t qq = bias ? dm_smem<T, HS, true>(2, d->max_distance) : dm_smem<T, HS, false>(2, 0);
+        need = kv > qq ? kv : qq;
+    }
+    return need <= (size_t)optin;
+}
+
+/* A tensor the kernels copy 16 bytes at a time: aligned base and rows of whole 16-byte chunks (16-bit types). */
+bool dm_rows_ok(const void *p, long stride)
+{
+    return p && zt_aligned16(p) && stride > 0 && stride % 8 == 0 && stride <= 0x7fffffffL;
+}
+
+/* Whether the mma.sync kernels serve d (g NULL: the forward; else the backward with g): F16 or BF16, head
+ * size 64 or 128, a variant that does not ask for other kernels, 16-byte aligned rows, an sm_80+ GPU. */
+bool dm_serves(const zt_attention_desc *d, const zt_attention_grads *g, enum zt_dtype dtype)
+{
+    const zt_attention_variant *v = d->variant;
+    if ((dtype != ZT_DTYPE_F16 && dtype != ZT_DTYPE_BF16) || (d->HS != 64 && d->HS != 128))
+        return false;
+    if (v && (v->general || v->cuda_cores || v->wmma))
+        return false;
+    if (ZT_CEIL_DIV((long)d->Tq, DM_TILE) > 65535 || ZT_CEIL_DIV((long)d->Tk, DM_TILE) > 65535)
+        return false;
+    if (!dm_rows_ok(d->q, d->q_stride) || !dm_rows_ok(d->k, d->k_stride) || !dm_rows_ok(d->v, d->v_stride) ||
+        !dm_rows_ok(d->out, d->out_stride))
+        return false;
+    if (g && (!dm_rows_ok(g->dout, d->out_stride) || !dm_rows_ok(g->dq, g->dq_stride) ||
+              !dm_rows_ok(g->dk, g->dk_stride) || !dm_rows_ok(g->dv, g->dv_stride)))
+        return false;
+    if (dtype == ZT_DTYPE_BF16)
+        return d->HS == 64 ? dm_device_ok<__nv_bfloat16, 64>(d, g) : dm_device_ok<__nv_bfloat16, 128>(d, g);
+    return d->HS == 64 ? dm_device_ok<__half, 64>(d, g) : dm_device_ok<__half, 128>(d, g);
+}
+
+template <typename T, int HS, bool BIAS> void dm_forward(const desc_params &p, cudaStream_t stream)
+{
+    const size_t smem = dm_smem<T, HS, BIAS>(0, p.relR);
+    dm_allow_smem(dm_forward_kernel<T, HS, BIAS>, smem);
+    const dim3 grid((unsigned)(p.B * p.NH), (unsigned)ZT_CEIL_DIV(p.Tq, DM_TILE));
+    dm_forward_kernel<T, HS, BIAS><<<grid, MMA_THREADS, smem, stream>>>(p);
+    ZT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int HS, bool BIAS> void dm_backward(desc_params p, float *dtable, cudaStream_t stream)
+{
+    p.ntq = ZT_CEIL_DIV(p.Tq, DM_TILE); /* the dQ pass's row tiles: one bias partial each */
+    if (p.Tq > 0) {
+        const dim3 rgrid((unsigned)ZT_CEIL_DIV(p.Tq, DESC_WARPS), (unsigned)(p.B * p.NH));
+        desc_rowdot_kernel<T><<<rgrid, DESC_WARPS * 32, 0, stream>>>(p);
+        ZT_CUDA_CHECK_LAUNCH();
+    }
+    if (p.Tk > 0) {
+        const size_t smem = dm_smem<T, HS, BIAS>(1, p.relR);
+        dm_allow_smem(dm_backward_kv_kernel<T, HS, BIAS>, smem);
+        const dim3 grid((unsigned)(p.B * p.NKV), (unsigned)ZT_CEIL_DIV(p.Tk, DM_TILE));
+        dm_backward_kv_kernel<T, HS, BIAS><<<grid, MMA_THREADS, smem, stream>>>(p);
+        ZT_CUDA_CHECK_LAUNCH();
+    }
+    if (p.Tq > 0) {
+        const size_t smem = dm_smem<T, HS, BIAS>(2, p.relR);
+        dm_allow_smem(dm_backward_q_kernel<T, HS, BIAS>, smem);
+        const dim3 grid((unsigned)(p.B * p.NH), (unsigned)p.ntq);
+        dm_backward_q_kernel<T, HS, BIAS><<<grid, MMA_THREADS, smem, stream>>>(p);
+        ZT_CUDA_CHECK_LAUNCH();
+    }
+    if (BIAS) {
+        desc_bias_reduce_kernel<<<(unsigned)ZT_CEIL_DIV(p.nb * p.NH, 128), 128, 0, stream>>>(p, dtable);
+        ZT_CUDA_CHECK_LAUNCH();
+    }
+}
+
+template <typename T> void dm_forward_t(const desc_params &p, cudaStream_t stream)
+{
+    if (p.HS == 64)
+        p.table ? dm_forward<T, 64, true>(p, stream) : dm_forward<T, 64, false>(p, stream);
+    else
+        p.table ? dm_forward<T, 128, true>(p, stream) : dm_forward<T, 128, false>(p, stream);
+}
+
+template <typename T> void dm_backward_t(const desc_params &p, float *dtable, cudaStream_t stream)
+{
+    if (p.HS == 64)
+        p.table ? dm_backward<T, 64, true>(p, dtable, stream) : dm_backward<T, 64, false>(p, dtable, stream);
+    else
+        p.table ? dm_backward<T, 128, true>(p, dtable, stream) : dm_backward<T, 128, false>(p, dtable, stream);
+}
+
 /* Whether d is packed qkv in the form the packed-qkv kernels take; fills dims. */
 bool packed_form(const zt_attention_desc *d, enum zt_dtype dtype, zt_attention_dims *dims)
 {
@@ -580,7 +726,9 @@ extern "C" bool zt_cuda_attention_desc_supported(const zt_attention_desc *d, enu
 extern "C" const char *zt_cuda_attention_path(const zt_attention_desc *d, enum zt_dtype dtype)
 {
     zt_attention_dims dims;
-    return packed_form(d, dtype, &dims) ? "packed" : "general";
+    if (packed_form(d, dtype, &dims))
+        return "packed";
+    return check_gpu(d, dtype, NULL) == 0 && dm_serves(d, NULL, dtype) ? "mma" : "general";
 }
 
 extern "C" size_t zt_cuda_attention_bwd_scratch_size(const zt_attention_desc *d)
@@ -606,6 +754,13 @@ extern "C" int zt_cuda_attention_fwd(const zt_attention_desc *d, enum zt_dtype d
         return 0;
     }
     const desc_params p = make_params(d);
+    if (dm_serves(d, NULL, dtype)) {
+        if (dtype == ZT_DTYPE_BF16)
+            dm_forward_t<__nv_bfloat16>(p, stream);
+        else
+            dm_forward_t<__half>(p, stream);
+        return 0;
+    }
     if (dtype == ZT_DTYPE_F32)
         general_forward<float>(p, stream);
     else if (dtype == ZT_DTYPE_F16)
@@ -643,6 +798,13 @@ extern "C" int zt_cuda_attention_bwd(const zt_attention_desc *d, const zt_attent
     p.accumulate = g->accumulate;
     p.D = (float *)scratch;
     p.part = p.D + (size_t)d->B * d->NH * d->Tq;
+    if (dm_serves(d, g, dtype)) {
+        if (dtype == ZT_DTYPE_BF16)
+            dm_backward_t<__nv_bfloat16>(p, (float *)g->dbias_table, stream);
+        else
+            dm_backward_t<__half>(p, (float *)g->dbias_table, stream);
+        return 0;
+    }
     if (dtype == ZT_DTYPE_F32)
         general_backward<float>(p, (float *)g->dbias_table, stream);
     else if (dtype == ZT_DTYPE_F16)

@@ -177,9 +177,8 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     const size_t nlse = (size_t)c->B * c->NH * c->Tq, ntab = c->bias ? (size_t)c->nb * c->NH : 0;
     /* bf16: 2e-2 of |ref| + rms, as test_cuda_kernels checks the same kernels; the packed (mma.sync) backward
      * rounds P and dP to bf16 before its dQ and dK products, which reached 2.4e-2 on 1 element of 153,600 at
-     * GPT-2's shape on an H200, so the packed backward gets 3e-2 */
+     * GPT-2's shape on an H200, so the tensor-core backwards (packed and mma) get 3e-2 */
     const double tol = dt == ZT_DTYPE_F32 ? 1e-4 : dt == ZT_DTYPE_F16 ? 5e-3 : 2e-2;
-    const double tol_bwd = dt == ZT_DTYPE_BF16 && c->packed ? 3e-2 : tol;
     printf("  %s (%s)\n", c->name, zt_dtype_name(dt));
 
     struct gbufs h, d;
@@ -191,6 +190,8 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     float *zeros = calloc(noe ? noe : 1, sizeof(float));
     d.out = dev_upload(zeros, noe, dt); /* columns outside the heads stay 0 on both sides */
     d.lse = dev_alloc(sizeof(float) * (nlse ? nlse : 1));
+    /* with cu_seqlens the entries past a sequence's length stay as they were: zeros on both sides */
+    ZT_CUDA_CHECK(cudaMemset(d.lse, 0, sizeof(float) * (nlse ? nlse : 1)));
     d.table = ntab ? dev_alloc(sizeof(float) * ntab) : NULL;
     if (ntab)
         ZT_CUDA_CHECK(cudaMemcpy(d.table, htab, sizeof(float) * ntab, cudaMemcpyHostToDevice));
@@ -198,7 +199,11 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     zt_attention_variant variant = {.general = c->general};
     const zt_attention_desc dd = make_desc(c, &d, qs, kvs, os, es, dcu_q, dcu_k, dlens, &variant);
     assert_true(zt_cuda_attention_desc_supported(&dd, dt));
-    assert_string_equal(zt_cuda_attention_path(&dd, dt), c->want_path);
+    /* "mma": the descriptor's tensor-core kernels in fp16 and bf16, the general ones in fp32 */
+    const char *want = strcmp(c->want_path, "mma") == 0 && dt == ZT_DTYPE_F32 ? "general" : c->want_path;
+    assert_string_equal(zt_cuda_attention_path(&dd, dt), want);
+    const bool tensor_cores = strcmp(want, "general") != 0;
+    const double tol_bwd = dt == ZT_DTYPE_BF16 && tensor_cores ? 3e-2 : tol;
     zt_err err;
     if (zt_cuda_attention_fwd(&dd, dt, g_stream, &err) != 0)
         fail_msg("%s: %s", c->name, err.msg);
@@ -262,7 +267,7 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     float *gdq = dev_download(d.dq, nqe, dt), *gdkv = c->packed ? NULL : dev_download(d.dkv, nke, dt);
     check_close(c->packed ? "backward dqkv" : "backward dq", dt, gdq, h.dq, nqe, tol_bwd);
     if (!c->packed)
-        check_close("backward dk, dv", dt, gdkv, h.dkv, nke, tol);
+        check_close("backward dk, dv", dt, gdkv, h.dkv, nke, tol_bwd);
     float *gtab = NULL;
     if (ntab) {
         gtab = malloc(sizeof(float) * ntab);
@@ -294,7 +299,7 @@ static void run_case(const struct gcase *c, enum zt_dtype dt)
     if (!c->packed) {
         free(gdkv);
         gdkv = dev_download(d.dkv, nke, dt);
-        check_close("accumulated dk, dv", dt, gdkv, h.dkv, nke, tol);
+        check_close("accumulated dk, dv", dt, gdkv, h.dkv, nke, tol_bwd);
     }
     if (ntab) {
         ZT_CUDA_CHECK(cudaMemcpy(gtab, d.dtable, sizeof(float) * ntab, cudaMemcpyDeviceToHost));
@@ -324,12 +329,12 @@ static void test_t5(void **state)
     (void)state;
     const struct gcase cases[] = {
         {.name = "T5 encoder: bidirectional, bias, scale 1", .B = 2, .Tq = 77, .Tk = 77, .NH = 4, .NKV = 4, .HS = 64,
-         .scale = 1.0f, .window = -1, .bias = true, .bidir = true, .nb = 32, .maxd = 128, .want_path = "general"},
+         .scale = 1.0f, .window = -1, .bias = true, .bidir = true, .nb = 32, .maxd = 128, .want_path = "mma"},
         {.name = "T5 decoder: causal, causal buckets", .B = 2, .Tq = 70, .Tk = 70, .NH = 4, .NKV = 4, .HS = 64,
          .scale = 1.0f, .causal = true, .window = -1, .bias = true, .bidir = false, .nb = 32, .maxd = 128,
-         .want_path = "general"},
+         .want_path = "mma"},
         {.name = "T5 cross-attention Tq 40 Tk 100", .B = 2, .Tq = 40, .Tk = 100, .NH = 4, .NKV = 4, .HS = 64,
-         .scale = 1.0f, .window = -1, .want_path = "general"},
+         .scale = 1.0f, .window = -1, .want_path = "mma"},
         {.name = "cross-attention with a bias, 8 buckets", .B = 1, .Tq = 33, .Tk = 130, .NH = 2, .NKV = 1,
          .HS = 32, .window = -1, .bias = true, .bidir = true, .nb = 8, .maxd = 20, .want_path = "general"},
     };
@@ -344,9 +349,9 @@ static void test_masks(void **state)
         {.name = "causal Tq 37 Tk 90, GQA 6/2, head size 48, window 20", .B = 2, .Tq = 37, .Tk = 90, .NH = 6,
          .NKV = 2, .HS = 48, .causal = true, .window = 20, .want_path = "general"},
         {.name = "causal Tq 50 > Tk 20 (rows without keys)", .B = 1, .Tq = 50, .Tk = 20, .NH = 2, .NKV = 2,
-         .HS = 64, .causal = true, .window = -1, .want_path = "general"},
+         .HS = 64, .causal = true, .window = -1, .want_path = "mma"},
         {.name = "sliding window 16, packed qkv, head size 64", .B = 2, .Tq = 100, .Tk = 100, .NH = 4, .NKV = 2,
-         .HS = 64, .causal = true, .window = 16, .packed = true, .want_path = "general"},
+         .HS = 64, .causal = true, .window = 16, .packed = true, .want_path = "mma"},
         {.name = "packed qkv, head size 40 (general path)", .B = 2, .Tq = 65, .Tk = 65, .NH = 5, .NKV = 5,
          .HS = 40, .causal = true, .window = -1, .packed = true, .want_path = "general"},
         {.name = "scale 0.3, bidirectional, head size 112", .B = 1, .Tq = 45, .Tk = 45, .NH = 2, .NKV = 1,
@@ -365,7 +370,7 @@ static void test_varlen(void **state)
     const struct gcase cases[] = {
         {.name = "packed documents, causal, GQA 4/2, decoder bias", .B = 5, .Tq = 79, .Tk = 79, .NH = 4,
          .NKV = 2, .HS = 64, .causal = true, .window = -1, .cu_q = docs, .cu_k = docs, .bias = true,
-         .bidir = false, .nb = 32, .maxd = 128, .packed = true, .want_path = "general"},
+         .bidir = false, .nb = 32, .maxd = 128, .packed = true, .want_path = "mma"},
         {.name = "varlen cross-attention, window 30, head size 112", .B = 2, .Tq = 35, .Tk = 70, .NH = 2,
          .NKV = 2, .HS = 112, .window = 30, .cu_q = xq, .cu_k = xk, .want_path = "general"},
         {.name = "padding, encoder bias, head size 40", .B = 3, .Tq = 65, .Tk = 65, .NH = 5, .NKV = 5, .HS = 40,
@@ -395,6 +400,61 @@ static void test_packed(void **state)
          .causal = true, .window = -1, .packed = true, .general = true, .want_path = "general"},
         {.name = "explicit default scale stays packed", .B = 1, .Tq = 64, .Tk = 64, .NH = 2, .NKV = 2, .HS = 64,
          .scale = 0.125f, .causal = true, .window = -1, .packed = true, .want_path = "packed"},
+    };
+    run_all(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* The descriptor's tensor-core kernels (head sizes 64 and 128) on every feature: variable lengths of 1, 17
+ * and 200 rows, Tq != Tk, windows 0, 1, 63 and 300, grouped-query ratios 1, 2 and 4, T5 bias and its
+ * gradient, padding; odd lengths so that tiles end inside sequences. */
+static void test_mma(void **state)
+{
+    (void)state;
+    static const int32_t docs[4] = {0, 1, 18, 218}; /* lengths 1, 17, 200 */
+    static const int32_t kdocs[4] = {0, 70, 71, 371}; /* lengths 70, 1, 300 */
+    static const int32_t lens[3] = {65, 1, 0};
+    const struct gcase cases[] = {
+        {.name = "mma: varlen 1/17/200, causal, GQA 4/1, head size 128", .B = 3, .Tq = 200, .Tk = 200, .NH = 4,
+         .NKV = 1, .HS = 128, .causal = true, .window = -1, .cu_q = docs, .cu_k = docs, .want_path = "mma"},
+        {.name = "mma: varlen 1/17/200, bidirectional, encoder bias", .B = 3, .Tq = 200, .Tk = 200, .NH = 2,
+         .NKV = 2, .HS = 64, .window = -1, .cu_q = docs, .cu_k = docs, .bias = true, .bidir = true, .nb = 32,
+         .maxd = 128, .want_path = "mma"},
+        {.name = "mma: varlen packed qkv, causal, decoder bias, GQA 2", .B = 3, .Tq = 200, .Tk = 200, .NH = 4,
+         .NKV = 2, .HS = 128, .causal = true, .window = -1, .cu_q = docs, .cu_k = docs, .bias = true,
+         .bidir = false, .nb = 32, .maxd = 128, .packed = true, .want_path = "mma"},
+        {.name = "mma: varlen cross-attention 1/17/200 x 70/1/300, window 30", .B = 3, .Tq = 200, .Tk = 300,
+         .NH = 2, .NKV = 1, .HS = 64, .causal = true, .window = 30, .cu_q = docs, .cu_k = kdocs,
+         .want_path = "mma"},
+        {.name = "mma: window 0, causal, GQA 2", .B = 1, .Tq = 150, .Tk = 150, .NH = 2, .NKV = 1, .HS = 64,
+         .causal = true, .window = 0, .want_path = "mma"},
+        {.name = "mma: window 1, causal, head size 128, GQA 2", .B = 2, .Tq = 130, .Tk = 130, .NH = 4, .NKV = 2,
+         .HS = 128, .causal = true, .window = 1, .want_path = "mma"},
+        {.name = "mma: window 63, causal, GQA 4", .B = 1, .Tq = 200, .Tk = 200, .NH = 4, .NKV = 1, .HS = 64,
+         .causal = true, .window = 63, .want_path = "mma"},
+        {.name = "mma: window 300, causal, T 333", .B = 1, .Tq = 333, .Tk = 333, .NH = 2, .NKV = 2, .HS = 64,
+         .causal = true, .window = 300, .want_path = "mma"},
+        {.name = "mma: window 63, bidirectional, head size 128", .B = 1, .Tq = 140, .Tk = 140, .NH = 2, .NKV = 2,
+         .HS = 128, .window = 63, .want_path = "mma"},
+        {.name = "mma: T5 cross-attention Tq 128 Tk 512, bias, scale 1", .B = 2, .Tq = 128, .Tk = 512, .NH = 4,
+         .NKV = 4, .HS = 64, .scale = 1.0f, .window = -1, .bias = true, .bidir = true, .nb = 32, .maxd = 128,
+         .want_path = "mma"},
+        {.name = "mma: causal Tq 100 Tk 300 (bottom-right), GQA 4/2, hs 128", .B = 2, .Tq = 100, .Tk = 300,
+         .NH = 4, .NKV = 2, .HS = 128, .causal = true, .window = -1, .want_path = "mma"},
+        {.name = "mma: causal Tq 90 > Tk 40 (rows without keys), window 5", .B = 1, .Tq = 90, .Tk = 40, .NH = 2,
+         .NKV = 1, .HS = 64, .causal = true, .window = 5, .want_path = "mma"},
+        {.name = "mma: T5 decoder, causal buckets, head size 128, 64 buckets", .B = 1, .Tq = 129, .Tk = 129,
+         .NH = 2, .NKV = 2, .HS = 128, .scale = 1.0f, .causal = true, .window = -1, .bias = true, .bidir = false,
+         .nb = 64, .maxd = 200, .want_path = "mma"},
+        {.name = "mma: padding 65/1/0, encoder bias, scale 0.3", .B = 3, .Tq = 65, .Tk = 65, .NH = 2, .NKV = 2,
+         .HS = 64, .scale = 0.3f, .window = -1, .lens = lens, .bias = true, .bidir = true, .nb = 32, .maxd = 128,
+         .want_path = "mma"},
+        {.name = "mma: padding, causal, head size 128, GQA 2", .B = 3, .Tq = 65, .Tk = 65, .NH = 2, .NKV = 1,
+         .HS = 128, .causal = true, .window = -1, .lens = lens, .want_path = "mma"},
+        {.name = "mma forward, general backward: max_distance 2000", .B = 1, .Tq = 100, .Tk = 100, .NH = 2,
+         .NKV = 2, .HS = 64, .scale = 1.0f, .window = -1, .bias = true, .bidir = true, .nb = 32, .maxd = 2000,
+         .want_path = "mma"},
+        {.name = "mma: window 16 forced onto the general kernels", .B = 1, .Tq = 100, .Tk = 100, .NH = 2, .NKV = 1,
+         .HS = 64, .causal = true, .window = 16, .general = true, .want_path = "general"},
     };
     run_all(cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -451,7 +511,7 @@ int main(void)
     printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_t5),     cmocka_unit_test(test_masks),    cmocka_unit_test(test_varlen),
-        cmocka_unit_test(test_packed), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_packed), cmocka_unit_test(test_mma),       cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
