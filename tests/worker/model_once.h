@@ -34,7 +34,7 @@ static inline float zt_test_model_once(zt_model *m, const float *params, const i
     if (cudaMemcpy(dw, hw, total * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemset(dg, 0, total * sizeof(float)) != cudaSuccess)
         goto out;
-    m->ops->begin(m, tokens, targets, B, T, 0);
+    m->ops->begin(m, tokens, targets, B, T, 0, NULL);
     for (int b = 0; b < nb; b++) {
         m->ops->forward(m, b, dw + m->block_offset[b]);
         if (m->checkpointed[b])

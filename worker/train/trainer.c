@@ -911,7 +911,7 @@ static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, i
         zt_task_next(r->task, true, (uint64_t)i, r->tok, r->tgt, r->types);
         if (r->model->ops->set_token_types)
             r->model->ops->set_token_types(r->model, r->types + off);
-        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
+        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, NULL, &mean, err);
         if (rc < 0)
             return rc;
         if (!counted) {
@@ -1277,7 +1277,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_task_next(r.task, false, ((uint64_t)step << 20) + (uint64_t)a, r.tok, r.tgt, r.types);
             if (r.model->ops->set_token_types)
                 r.model->ops->set_token_types(r.model, r.types + off);
-            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, micro_weight(&r, off, b, T, accum, W),
+            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, NULL, a, micro_weight(&r, off, b, T, accum, W),
                                  scale, err);
         }
         zt_engine_step_result sr;
