@@ -6,7 +6,8 @@
  * Layout: in place on the query and key heads of the packed attention input (kernels/attention.h),
  * qkv [B,T,(NH+2*NKV)*HS]: each row holds NH query heads, then NKV key heads, then NKV value heads, which
  * are left as they are (grouped-query attention has NKV < NH; NKV == NH is multi-head attention). Row t of
- * every sequence sits at position pos0 + t.
+ * every sequence sits at position pos0 + t, or, when the per-row position array pos [B*T] is given (packed
+ * documents, whose positions restart at 0 for each), at position pos[b*T + t] (pos0 is then unused).
  *
  * Angles: pos * inv_freq[i] rounded to fp32, as Hugging Face computes them; cosine and sine in the
  * kernel's precision (fp32 on the GPU and in the CPU's float build). The inverse frequencies come from
@@ -40,16 +41,22 @@ typedef struct zt_rope_config {
  * message in err (if not NULL) for an odd or non-positive head size or a scaling value out of range. */
 int zt_rope_inv_freq(float *inv_freq, int head_size, const zt_rope_config *cfg, zt_err *err);
 
-/* Rotates the query and key heads of qkv in place (layout above); inv_freq [HS/2]. */
-void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0);
+#include <stdint.h>
+
+/* Rotates the query and key heads of qkv in place (layout above); inv_freq [HS/2]; pos NULL (pos0 + t) or
+ * [B*T] positions, each in [0, 2^24). */
+void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
+                         const int32_t *pos);
 /* The backward, in place on dqkv: rotates the query and key heads back (by -angle), which turns the
  * gradient with respect to the rotated q and k into the gradient with respect to the unrotated ones.
  * It replaces those values (RoPE has no other input); the value heads are left alone. */
-void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0);
+void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
+                          const int32_t *pos);
 
 #ifdef ZT_WITH_CUDA
 /* CUDA twins (kernels/cuda/rope.cu). qkv and dqkv hold `dtype` elements (F32, F16 or BF16), arithmetic is
- * fp32; inv_freq is a device array of HS/2 floats. One block per row of qkv. */
+ * fp32; inv_freq is a device array of HS/2 floats, pos NULL or a device array of B*T int32 positions. One
+ * block per row of qkv. */
 #include <cuda_runtime.h>
 
 #ifdef __cplusplus
@@ -59,9 +66,9 @@ extern "C" {
 #include "common/safetensors.h"
 
 void zt_cuda_rope_forward(void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                          enum zt_dtype dtype, cudaStream_t stream);
+                          enum zt_dtype dtype, cudaStream_t stream, const int32_t *pos);
 void zt_cuda_rope_backward(void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                           enum zt_dtype dtype, cudaStream_t stream);
+                           enum zt_dtype dtype, cudaStream_t stream, const int32_t *pos);
 
 #ifdef __cplusplus
 }

@@ -73,7 +73,7 @@ int zt_rope_inv_freq(float *inv_freq, int head_size, const zt_rope_config *cfg, 
 
 /* Turns the query and key heads of every row by sign * angle (sign -1: the backward). */
 static void zt_rope_apply(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                          zt_real sign)
+                          const int32_t *posv, zt_real sign)
 {
     const int half = HS / 2, heads = NH + NKV;
     const long stride = (long)(NH + 2 * NKV) * HS, rows = (long)B * T;
@@ -84,7 +84,7 @@ static void zt_rope_apply(zt_real *qkv, const float *inv_freq, int B, int T, int
         zt_real *sn = cs + half;
         #pragma omp for schedule(static)
         for (long r = 0; r < rows; r++) {
-            const int pos = pos0 + (int)(r % T);
+            const int pos = posv ? posv[r] : pos0 + (int)(r % T);
             for (int i = 0; i < half; i++) {
 #ifdef ZT_CPU_REAL_DOUBLE
                 const zt_real ang = (zt_real)pos * (zt_real)inv_freq[i];
@@ -109,13 +109,15 @@ static void zt_rope_apply(zt_real *qkv, const float *inv_freq, int B, int T, int
 }
 
 /* Rotates the query and key heads of qkv [B,T,(NH+2*NKV)*HS] in place. */
-void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0)
+void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
+                         const int32_t *pos)
 {
-    zt_rope_apply(qkv, inv_freq, B, T, NH, NKV, HS, pos0, (zt_real)1);
+    zt_rope_apply(qkv, inv_freq, B, T, NH, NKV, HS, pos0, pos, (zt_real)1);
 }
 
 /* Rotates the query and key heads of dqkv back, in place. */
-void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0)
+void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
+                          const int32_t *pos)
 {
-    zt_rope_apply(dqkv, inv_freq, B, T, NH, NKV, HS, pos0, (zt_real)-1);
+    zt_rope_apply(dqkv, inv_freq, B, T, NH, NKV, HS, pos0, pos, (zt_real)-1);
 }

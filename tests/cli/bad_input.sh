@@ -498,8 +498,10 @@ sft_case sft_no_template 1 'role\.jsonl:1' 'no chat template' '--chat-template N
   --sft-data "$WORK/sftd/role.jsonl"
 sft_case sft_unknown_template '1|2' '--chat-template' "unknown chat template 'vicuna'" 'chatml, qwen2' -- \
   --sft-data "$WORK/sftd/role.jsonl" --chat-template vicuna
-sft_case sft_pack '1|2' '--sft-pack' 'not available yet' 'drop it' -- --sft-data "$WORK/sftd/role.jsonl" \
-  --chat-template chatml --sft-pack
+sft_case sft_pack_without_examples '1|2' '--sft-pack' 'setting of supervised fine-tuning' '--sft-data' -- \
+  --train-data "$WORK/d1/d_train_*.bin" --sft-pack
+sft_case sft_pack_masked_lm '1|2' '--sft-pack' 'decoder models' 'bert model \(masked LM\)' 'drop' -- \
+  --model "$WORK/model_bert.json" --sft-data "$WORK/sftd/role.jsonl" --chat-template chatml --sft-pack
 sft_case sft_all_masked 1 'empty\.jsonl' 'no examples to train on' 'trained token' -- \
   --sft-data "$WORK/sftd/empty.jsonl"
 sft_case sft_overlong_refused 1 'long\.jsonl' 'line 2' 'longer than the sequence length 64' \

@@ -443,21 +443,57 @@ static void run_rope(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, in
     ZT_CUDA_CHECK(cudaMemcpy(d_inv, inv_freq, sizeof(float) * HS / 2, cudaMemcpyHostToDevice));
     float *qkv;
     void *d_qkv = dev_rand(n, 2.0f, dt, &qkv);
-    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream);
+    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream, NULL);
     float *got = dev_download(d_qkv, n, dt);
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, pos0);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, pos0, NULL);
     snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d forward", B, T, NH, NKV, HS, pos0);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     memcpy(qkv, got, sizeof(float) * n); /* the backward's input: the GPU's rotated values, on both sides */
     free(got);
     /* The backward, in place like the forward. */
-    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream);
+    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream, NULL);
     got = dev_download(d_qkv, n, dt);
-    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, pos0);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, pos0, NULL);
     snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d backward", B, T, NH, NKV, HS, pos0);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     free(got), free(qkv), free(inv_freq);
     dev_free(d_qkv), dev_free(d_inv);
+}
+
+/* Per-row positions (packed documents restarting at 0) against the CPU twin with the same positions. */
+static void run_rope_positions(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, const zt_rope_config *cfg)
+{
+    const int W = (NH + 2 * NKV) * HS;
+    const size_t n = (size_t)B * T * W, rows = (size_t)B * T;
+    char name[96];
+    float *inv_freq = malloc(sizeof(float) * HS / 2);
+    assert_int_equal(zt_rope_inv_freq(inv_freq, HS, cfg, NULL), 0);
+    int32_t *pos = malloc(sizeof(int32_t) * rows);
+    for (size_t r = 0, p = 0; r < rows; r++, p++) {
+        if (r % (size_t)T == 0 || r % 7 == 3) /* a document starts at each row and at every 7th token + 3 */
+            p = 0;
+        pos[r] = (int32_t)p;
+    }
+    float *d_inv = dev_alloc(sizeof(float) * HS / 2);
+    int32_t *d_pos = dev_alloc(sizeof(int32_t) * rows);
+    ZT_CUDA_CHECK(cudaMemcpy(d_inv, inv_freq, sizeof(float) * HS / 2, cudaMemcpyHostToDevice));
+    ZT_CUDA_CHECK(cudaMemcpy(d_pos, pos, sizeof(int32_t) * rows, cudaMemcpyHostToDevice));
+    float *qkv;
+    void *d_qkv = dev_rand(n, 2.0f, dt, &qkv);
+    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, 0, dt, g_stream, d_pos);
+    float *got = dev_download(d_qkv, n, dt);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
+    snprintf(name, sizeof(name), "rope positions B%d T%d NH%d NKV%d HS%d forward", B, T, NH, NKV, HS);
+    check_close(name, dt, got, qkv, n, tol_of(dt));
+    memcpy(qkv, got, sizeof(float) * n);
+    free(got);
+    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, 0, dt, g_stream, d_pos);
+    got = dev_download(d_qkv, n, dt);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
+    snprintf(name, sizeof(name), "rope positions B%d T%d NH%d NKV%d HS%d backward", B, T, NH, NKV, HS);
+    check_close(name, dt, got, qkv, n, tol_of(dt));
+    free(got), free(qkv), free(inv_freq), free(pos);
+    dev_free(d_qkv), dev_free(d_inv), dev_free(d_pos);
 }
 
 static void test_rope(void **state)
@@ -473,6 +509,7 @@ static void test_rope(void **state)
         run_rope(k_dtypes[i], 3, 33, 6, 2, 80, 0, &linear);       /* grouped-query, ratio 3, head size 80 */
         run_rope(k_dtypes[i], 1, 129, 32, 8, 128, 8000, &llama3); /* LLaMA-3 8B heads, positions 8000.. */
         run_rope(k_dtypes[i], 2, 5, 5, 1, 40, 3, &llama2);        /* one key head, odd head count */
+        run_rope_positions(k_dtypes[i], 3, 50, 6, 2, 64, &llama2); /* packed documents */
     }
 }
 

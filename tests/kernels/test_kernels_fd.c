@@ -816,7 +816,7 @@ static double rope_objective(void *p)
 {
     struct rope_ctx *c = p;
     memcpy(c->out, c->qkv, sizeof(double) * B * T * RP_W);
-    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0);
+    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, NULL);
     return dot(c->out, c->w, B * T * RP_W);
 }
 
@@ -838,17 +838,55 @@ static void test_rope(void **state)
     /* The backward of sum(rope(x) * w) is rope_backward(w): value columns carry w unchanged. */
     double *grad = malloc(sizeof(double) * B * T * RP_W);
     memcpy(grad, c.w, sizeof(double) * B * T * RP_W);
-    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0);
+    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, NULL);
     expect_fd("rope dqkv", c.qkv, B * T * RP_W, grad, rope_objective, &c);
 
     /* Positions: a call at pos0 = RP_POS0 + 2 on rows 2.. of a sequence gives the same bits as those rows of
      * the call at RP_POS0. */
     double *tail = malloc(sizeof(double) * (T - 2) * RP_W);
     memcpy(tail, c.qkv + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
-    zt_cpu_rope_forward(tail, c.inv_freq, 1, T - 2, RP_NH, RP_NKV, RP_HS, RP_POS0 + 2);
+    zt_cpu_rope_forward(tail, c.inv_freq, 1, T - 2, RP_NH, RP_NKV, RP_HS, RP_POS0 + 2, NULL);
     rope_objective(&c);
     assert_memory_equal(tail, c.out + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
     free(c.qkv); free(c.out); free(c.w); free(want); free(grad); free(tail);
+}
+
+/* Per-row positions (packed documents): rows B*T with positions restarting at 0; each row must equal the
+ * fixed-layout call of that row alone at pos0 = its position, and the backward passes finite differences. */
+static const int32_t rope_positions[B * T] = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3};
+
+static double rope_pos_objective(void *p)
+{
+    struct rope_ctx *c = p;
+    memcpy(c->out, c->qkv, sizeof(double) * B * T * RP_W);
+    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, 0, rope_positions);
+    return dot(c->out, c->w, B * T * RP_W);
+}
+
+static void test_rope_positions(void **state)
+{
+    (void)state;
+    struct rope_ctx c;
+    zt_rope_config cfg = {.theta = 10.0};
+    assert_int_equal(zt_rope_inv_freq(c.inv_freq, RP_HS, &cfg, NULL), 0);
+    c.qkv = rnd_array(B * T * RP_W);
+    c.out = zero_array(B * T * RP_W);
+    c.w = rnd_array(B * T * RP_W);
+    rope_pos_objective(&c);
+    double *row = malloc(sizeof(double) * RP_W);
+    int moved = 0;
+    for (int r = 0; r < B * T; r++) {
+        memcpy(row, c.qkv + (size_t)r * RP_W, sizeof(double) * RP_W);
+        zt_cpu_rope_forward(row, c.inv_freq, 1, 1, RP_NH, RP_NKV, RP_HS, rope_positions[r], NULL);
+        assert_memory_equal(row, c.out + (size_t)r * RP_W, sizeof(double) * RP_W);
+        moved += rope_positions[r] != r % T;
+    }
+    assert_true(moved > 0); /* the positions differ from the fixed layout's */
+    double *grad = malloc(sizeof(double) * B * T * RP_W);
+    memcpy(grad, c.w, sizeof(double) * B * T * RP_W);
+    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, 0, rope_positions);
+    expect_fd("rope dqkv (positions)", c.qkv, B * T * RP_W, grad, rope_pos_objective, &c);
+    free(c.qkv); free(c.out); free(c.w); free(row); free(grad);
 }
 
 /* The inverse frequencies against transformers' formulas written out in double. */
@@ -1408,7 +1446,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attention_t5_bucket), cmocka_unit_test(test_attention_desc_errors),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_gelu_erf),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
-        cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_inv_freq),
+        cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_positions), cmocka_unit_test(test_rope_inv_freq),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_classifier_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

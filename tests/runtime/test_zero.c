@@ -229,7 +229,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
     for (int s = j->first; s < j->last; s++) {
         for (int a = 0; a < j->accum; a++) {
             global_batch(s, a, tok, tgt);
-            if (zt_engine_micro(e, tok + rank * b * T, tgt + rank * b * T, b, T, a, 1.0f / (j->accum * j->W), 1.0f,
+            if (zt_engine_micro(e, tok + rank * b * T, tgt + rank * b * T, b, T, NULL, a, 1.0f / (j->accum * j->W), 1.0f,
                                 &err) < 0)
                 FAIL("rank %d step %d: %s", rank, s, err.msg);
         }
@@ -647,7 +647,7 @@ static void test_moments_on_disk(void **state)
     zt_engine_step_result sr;
     for (int s = 0; s < 2; s++) {
         global_batch(s, 0, tok, tgt);
-        assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+        assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, NULL, 0, 1.0f, 1.0f, &err), 0);
         assert_int_equal(zt_engine_step(e, LR, s + 1, &sr, &err), 0);
     }
     float *scratch = malloc(zt_family_model_num_params(fm) * sizeof(float));
@@ -656,10 +656,10 @@ static void test_moments_on_disk(void **state)
     snprintf(cmd, sizeof cmd, "truncate -s 4096 %s/rank0/*-b1-s0.zts", bad);
     assert_int_equal(system(cmd), 0);
     global_batch(2, 0, tok, tgt);
-    assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+    assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, NULL, 0, 1.0f, 1.0f, &err), 0);
     assert_int_equal(zt_engine_step(e, LR, 3, &sr, &err), 0); /* its update meets the bad record */
     global_batch(3, 0, tok, tgt);
-    assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+    assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, NULL, 0, 1.0f, 1.0f, &err), 0);
     rc = zt_engine_step(e, LR, 4, &sr, &err);
     print_message("failing disk: %s\n", err.msg);
     assert_true(rc < 0);
@@ -798,7 +798,7 @@ static void test_grad_accum_on_host(void **state)
         zt_engine_step_result sr;
         for (int a = 0; a < 4; a++) {
             global_batch(0, a, tok, tgt);
-            assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, a, 0.25f, 1.0f, &err), 0);
+            assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, NULL, a, 0.25f, 1.0f, &err), 0);
         }
         assert_int_equal(zt_engine_step(e, LR, 1, &sr, &err), 0);
         zt_engine_timing tm;
@@ -881,7 +881,7 @@ static void train_in_process(bool release, bool stream, int steps, float *losses
     for (int s = 0; s < steps; s++) {
         zt_engine_step_result sr;
         global_batch(s, 0, tok, tgt);
-        assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, 0, 1.0f, 1.0f, &err), 0);
+        assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, NULL, 0, 1.0f, 1.0f, &err), 0);
         assert_int_equal(zt_engine_step(e, LR, s + 1, &sr, &err), 0);
         losses[s] = sr.loss;
     }

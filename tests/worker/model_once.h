@@ -17,9 +17,10 @@
  * forward, the head with scale 0 (logits [B,T,V] into logits), the head again with scale 1 and the backward,
  * in the engine's order (checkpointed blocks discarded after their forward and rebuilt before their backward).
  * Writes the gradient of the mean loss into grads (the host layout, host_numel floats) and returns the mean
- * loss; -1 when a CUDA call fails. */
-static inline float zt_test_model_once(zt_model *m, const float *params, const int32_t *tokens,
-                                       const int32_t *targets, int B, int T, float *logits, float *grads)
+ * loss; -1 when a CUDA call fails. docs: the rows' packed documents (model.h), or NULL. */
+static inline float zt_test_model_once_docs(zt_model *m, const float *params, const int32_t *tokens,
+                                            const int32_t *targets, int B, int T, const zt_model_docs *docs,
+                                            float *logits, float *grads)
 {
     const int nb = m->nblocks;
     const size_t total = m->block_offset[nb - 1] + m->block_len[nb - 1];
@@ -34,7 +35,7 @@ static inline float zt_test_model_once(zt_model *m, const float *params, const i
     if (cudaMemcpy(dw, hw, total * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemset(dg, 0, total * sizeof(float)) != cudaSuccess)
         goto out;
-    m->ops->begin(m, tokens, targets, B, T, 0);
+    m->ops->begin(m, tokens, targets, B, T, 0, docs);
     for (int b = 0; b < nb; b++) {
         m->ops->forward(m, b, dw + m->block_offset[b]);
         if (m->checkpointed[b])
@@ -61,6 +62,13 @@ out:
     free(hw);
     free(hg);
     return loss;
+}
+
+/* zt_test_model_once_docs without packed documents (one a row). */
+static inline float zt_test_model_once(zt_model *m, const float *params, const int32_t *tokens,
+                                       const int32_t *targets, int B, int T, float *logits, float *grads)
+{
+    return zt_test_model_once_docs(m, params, tokens, targets, B, T, NULL, logits, grads);
 }
 #endif
 

@@ -557,7 +557,7 @@ static void test_engine_cpu(void **state)
         if (zt_engine_create(&e, model, comm, &eo, zt_bert_params(m), &err) < 0)
             fail_msg("%s", err.msg);
         zt_bert_set_token_types(m, x.types);
-        assert_int_equal(zt_engine_micro(e, x.tokens, x.targets, x.B, x.T, 0, 1.0f, 1.0f, &err), 0);
+        assert_int_equal(zt_engine_micro(e, x.tokens, x.targets, x.B, x.T, NULL, 0, 1.0f, 1.0f, &err), 0);
         int ec = 0, en = 0;
         model->ops->accuracy(model, 0, &ec, &en);
         assert_int_equal(ec, correct);

@@ -1276,7 +1276,7 @@ static int engine_rank(const zt_llama_config *c, int W, int rank, int level, boo
     int32_t tok[ENGINE_B * ENGINE_T], tgt[ENGINE_B * ENGINE_T];
     for (int a = 0; a < ENGINE_ACCUM; a++) {
         fill_batch(tok, tgt, ENGINE_B * ENGINE_T, c->vocab_size, a);
-        if (zt_engine_micro(e, tok + rank * b * ENGINE_T, tgt + rank * b * ENGINE_T, b, ENGINE_T, a,
+        if (zt_engine_micro(e, tok + rank * b * ENGINE_T, tgt + rank * b * ENGINE_T, b, ENGINE_T, NULL, a,
                             1.0f / (ENGINE_ACCUM * W), 1.0f, &err) < 0) {
             snprintf(msg, cap, "micro-batch %d: %s", a, err.msg);
             goto out;

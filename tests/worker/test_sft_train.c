@@ -4,7 +4,9 @@
  * tokens only (computed here from the model's logits, with targets built from the examples' trained flags);
  * that two ranks train the same model as one (the step's gradient is the mean over the global batch's
  * trained tokens at any number of ranks); that a resumed run ends on the same bits; and that the settings
- * of fine-tuning are checked (packing refused, shards and examples not mixed, a decoder needed). */
+ * of fine-tuning are checked (packing only with examples and a decoder, shards and examples not mixed, a
+ * decoder needed). Packed (--sft-pack), the same examples train too, and the validation loss is still the mean
+ * cross-entropy over the trained tokens, the reference computed one example a padded row. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -226,6 +228,34 @@ static void test_sft_trains(void **state)
     zt_train_result_free(&res);
 }
 
+/* Packed rows (--sft-pack): the loss falls, and the validation loss (the four validation examples packed into
+ * fewer rows) is the mean cross-entropy over their trained tokens computed one example a padded row. */
+static void test_sft_packed(void **state)
+{
+    (void)state;
+    zt_train_config c;
+    sft_config(&c, "P");
+    c.sft_pack = true;
+    zt_train_result res;
+    zt_fixture_train_ok(&c, &res);
+    print_message("sft packed: train loss %.4f -> %.4f, val loss %.4f -> %.4f\n", (double)res.losses[0],
+                  (double)res.losses[STEPS - 1], (double)res.first_val_loss, (double)res.last_val_loss);
+    assert_true(res.losses[STEPS - 1] < 0.8f * res.losses[0]);
+    assert_true(res.last_val_loss < 0.8f * res.first_val_loss);
+    int ntrained, ntokens;
+    zt_llama *m = load_model(g_init);
+    const double first = reference_val_loss(m, &ntrained, &ntokens);
+    print_message("sft packed: val loss %.7f, reference (padded rows) %.7f\n", (double)res.first_val_loss, first);
+    assert_true(rel_diff(res.first_val_loss, first) < 1e-5);
+    char ckpt[ZT_TRAIN_PATH_MAX + 64];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt_%06d/model.safetensors", c.out_dir, STEPS);
+    m = load_model(ckpt);
+    const double last = reference_val_loss(m, &ntrained, &ntokens);
+    assert_true(rel_diff(res.last_val_loss, last) < 1e-5);
+    release_models();
+    zt_train_result_free(&res);
+}
+
 /* Two ranks, each with half of every batch (rows holding different numbers of trained tokens), train the
  * same model as one: the loss of the final weights agrees to rounding. (The train losses logged at W=2 are
  * the mean of the ranks' means, which differs.) */
@@ -315,8 +345,10 @@ static void test_sft_resume(void **state)
 static void expect_invalid(zt_train_config *c, const char *needle)
 {
     zt_err err = {{0}};
-    assert_int_equal(zt_train_config_resolve(c, &err), 0);
-    assert_int_equal(zt_train_config_validate(c, &err), ZT_EINVAL_CONFIG);
+    if (zt_train_config_resolve(c, &err) != 0)
+        fail_msg("resolve: %s", err.msg);
+    if (zt_train_config_validate(c, &err) != ZT_EINVAL_CONFIG)
+        fail_msg("expected '%s': the config passed", needle);
     if (!strstr(err.msg, needle))
         fail_msg("expected '%s' in: %s", needle, err.msg);
 }
@@ -327,8 +359,37 @@ static void test_sft_config(void **state)
     zt_train_config c;
     sft_config(&c, "C");
     c.sft_pack = true;
+    zt_err perr = {{0}};
+    assert_int_equal(zt_train_config_resolve(&c, &perr), 0);
+    if (zt_train_config_validate(&c, &perr) != 0)
+        fail_msg("--sft-pack with examples and a decoder: %s", perr.msg);
+    /* without examples: the fix is --sft-data */
+    zt_train_config_init(&c);
+    snprintf(c.model_path, sizeof c.model_path, "%s", g_model);
+    snprintf(c.train_data, sizeof c.train_data, "x_*.bin");
+    c.sft_pack = true;
     expect_invalid(&c, "--sft-pack");
-    expect_invalid(&c, "not available yet");
+    expect_invalid(&c, "give the training examples with \"sft_data\" (--sft-data)");
+    /* BERT (a classifier, and a masked LM) does not pack, by name */
+    const char *src = getenv("ZT_SOURCE_DIR");
+    char bert[512], mlm[512];
+    snprintf(bert, sizeof bert, "%s/examples/bert-cls-tiny.json", src);
+    path_in(mlm, sizeof mlm, "bert-mlm.json");
+    FILE *f = fopen(mlm, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"bert\", \"architectures\": [\"BertForMaskedLM\"], \"vocab_size\": 256, "
+               "\"hidden_size\": 32, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+               "\"intermediate_size\": 64, \"max_position_embeddings\": 128}\n");
+    fclose(f);
+    const char *berts[2] = {bert, mlm};
+    for (int i = 0; i < 2; i++) {
+        sft_config(&c, "C");
+        snprintf(c.model_path, sizeof c.model_path, "%s", berts[i]);
+        c.model_loaded = false; /* read the BERT config instead of the LLaMA's */
+        c.sft_pack = true;
+        expect_invalid(&c, "(--sft-pack) packs examples for decoder models");
+        expect_invalid(&c, i == 0 ? "bert model (not a decoder)" : "bert model (masked LM)");
+    }
     sft_config(&c, "C");
     snprintf(c.train_data, sizeof c.train_data, "x_*.bin");
     expect_invalid(&c, "not both");
@@ -355,6 +416,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sft_trains),
+        cmocka_unit_test(test_sft_packed),
         cmocka_unit_test(test_sft_two_ranks),
         cmocka_unit_test(test_sft_resume),
         cmocka_unit_test(test_sft_config),

@@ -944,6 +944,11 @@ uint64_t zt_sft_loader_rows(const zt_sft_loader *l)
     return l->nrows;
 }
 
+size_t zt_sft_loader_examples(const zt_sft_loader *l)
+{
+    return l->nex;
+}
+
 uint64_t zt_sft_loader_tokens(const zt_sft_loader *l)
 {
     return l->tokens;

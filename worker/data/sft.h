@@ -173,6 +173,8 @@ uint64_t zt_sft_loader_batches_per_epoch(const zt_sft_loader *l);
  * rows * T is how full packing keeps the rows. */
 uint64_t zt_sft_loader_rows(const zt_sft_loader *l);
 uint64_t zt_sft_loader_tokens(const zt_sft_loader *l);
+/* The examples an epoch visits (those that fit in T tokens, or keep a trained token once truncated). */
+size_t zt_sft_loader_examples(const zt_sft_loader *l);
 
 /* Writes the next batch into b and advances (a new epoch after the last batch). Returns 0, or ZT_ESTATE
  * with a message when the batch has no trained target (the caller must not step on it silently; the

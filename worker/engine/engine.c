@@ -1318,8 +1318,8 @@ static int grads_done(zt_engine *e, int b, zt_err *err)
 /* ---- a micro-batch ---- */
 
 /* One micro-batch; see engine.h. */
-int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
-                    float grad_weight, float loss_scale, zt_err *err)
+int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T,
+                    const zt_model_docs *docs, int micro, float grad_weight, float loss_scale, zt_err *err)
 {
     zt_model *m = e->model;
     ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
@@ -1332,7 +1332,7 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     e->last = micro == e->o.grad_accum - 1;
     e->inv_scale = 1.0f / loss_scale;
     build_sequence(e, true);
-    m->ops->begin(m, tokens, targets, B, T, micro);
+    m->ops->begin(m, tokens, targets, B, T, micro, docs);
     int rc = e->windowed ? prefetch(e, err) : 0;
     void *w;
     for (int b = 0; b < e->nb && rc == 0; b++) {
@@ -1437,8 +1437,8 @@ int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_res
 }
 
 /* Evaluation; see engine.h. */
-int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, float *loss,
-                   zt_err *err)
+int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T,
+                   const zt_model_docs *docs, float *loss, zt_err *err)
 {
     zt_model *m = e->model;
     if (e->home == ZT__OPT_SERVER) { /* the weights pulled after the last step, on every rank */
@@ -1448,7 +1448,7 @@ int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, 
     }
     e->training = false;
     build_sequence(e, false);
-    m->ops->begin(m, tokens, targets, B, T, 0);
+    m->ops->begin(m, tokens, targets, B, T, 0, docs);
     int rc = e->windowed ? prefetch(e, err) : 0;
     void *w;
     for (int b = 0; b < e->nb && rc == 0; b++) {

@@ -154,12 +154,12 @@ size_t zt_engine_plan_device_bytes(const zt_engine *e);
 size_t zt_engine_measured_device_bytes(const zt_engine *e);
 
 /* One micro-batch: forward and backward over this rank's tokens and targets [B,T] (host arrays, used
- * only during the call), gradients weighted by grad_weight (1 / (grad_accum W) for the gradient of the
+ * only during the call) and, for packed rows, their documents (docs, model.h; NULL: one a row), gradients weighted by grad_weight (1 / (grad_accum W) for the gradient of the
  * global mean loss) and computed under loss_scale (fp16; 1 otherwise). micro counts the step's
  * micro-batches from 0 to grad_accum - 1; the last one reduces the gradients. On a GPU the call returns
  * once the work is enqueued (it may wait for the previous step's updates of the blocks it needs). */
-int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
-                    float grad_weight, float loss_scale, zt_err *err);
+int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T,
+                    const zt_model_docs *docs, int micro, float grad_weight, float loss_scale, zt_err *err);
 
 /* What a step did. */
 typedef struct zt_engine_step_result {
@@ -178,10 +178,10 @@ typedef struct zt_engine_step_result {
  * gives it. */
 int zt_engine_step(zt_engine *e, float lr, int64_t adam_step, zt_engine_step_result *res, zt_err *err);
 
-/* Mean loss of one batch of this rank's rows without backward, averaged over the ranks (waits for
- * pending updates first). A collective. */
-int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T, float *loss,
-                   zt_err *err);
+/* Mean loss of one batch of this rank's rows (docs as zt_engine_micro's) without backward, averaged over the
+ * ranks (waits for pending updates first). A collective. */
+int zt_engine_eval(zt_engine *e, const int32_t *tokens, const int32_t *targets, int B, int T,
+                   const zt_model_docs *docs, float *loss, zt_err *err);
 
 /* *out = the mean over ranks of x (an all-reduce in double). A collective. */
 int zt_engine_mean(zt_engine *e, double x, double *out, zt_err *err);

@@ -1624,7 +1624,11 @@ static int f_max_seq(const void *m) { return zt_bert_max_seq(m); }
 static float *f_params(void *m) { return zt_bert_params(m); }
 static float *f_grads(void *m) { return zt_bert_grads(m); }
 static void f_release_params(void *m) { zt_bert_release_params(m); }
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T) { zt_bert_forward_begin(m, tok, B, T); }
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
+{
+    ZT_ASSERT(pos == NULL); /* BERT does not pack documents (the config refuses --sft-pack for it) */
+    zt_bert_forward_begin(m, tok, B, T);
+}
 static void f_forward_block(void *m, int b, const float *w) { zt_bert_forward_block(m, b, w); }
 static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_bert_forward_head(m, w, t); }
 static void f_backward_head(void *m, const float *w, float *g, float s) { zt_bert_backward_head(m, w, g, s); }

@@ -599,9 +599,11 @@ static void cuda_set_token_types(zt_model *m, const int32_t *types)
     ((bert_cuda *)m)->next_types = types;
 }
 
-static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *targets, int B, int T, int micro)
+static void cuda_begin(zt_model *m, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                       const zt_model_docs *docs)
 {
     bert_cuda *g = (bert_cuda *)m;
+    ZT_ASSERT(docs == NULL); /* BERT does not pack documents (the config refuses --sft-pack for it) */
     ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
     ZT_ASSERT(micro >= 0 && micro < g->max_micro);
     if (micro == 0)

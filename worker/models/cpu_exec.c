@@ -35,11 +35,12 @@ static void cpu_destroy(zt_model *base)
     free(m);
 }
 
-static void cpu_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro)
+static void cpu_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                      const zt_model_docs *docs)
 {
     cpu_exec *m = (cpu_exec *)base;
     ZT_ASSERT(micro >= 0 && micro < base->max_micro);
-    m->def->forward_begin(m->host, tokens, B, T);
+    m->def->forward_begin(m->host, tokens, B, T, docs ? docs->pos : NULL);
     m->targets = targets;
     m->micro = micro;
     m->micro_loss[micro] = 0.0f;

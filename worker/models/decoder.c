@@ -40,7 +40,7 @@ void zt__dec_carve_acts(const zt__dec_arch *a, size_t N, size_t esize, size_t al
         acts->ln1_rstd = zt__dec_take(base, used, N * f4, align);
         acts->qkv = zt__dec_take(base, used, N * (size_t)zt__dec_qkv_width(a) * e, align);
         acts->atty = zt__dec_take(base, used, N * C * e, align);
-        acts->lse = zt__dec_take(base, used, N * (size_t)a->NH * f4, align);
+        acts->lse = zt__dec_take(base, used, ZT__DEC_LSE_ROWS * N * (size_t)a->NH * f4, align);
         acts->res2 = zt__dec_take(base, used, N * C * e, align);
         acts->ln2 = zt__dec_take(base, used, N * C * e, align);
         acts->ln2_mean = ln ? zt__dec_take(base, used, N * f4, align) : NULL;
@@ -84,13 +84,88 @@ static void norm_backward(const zt_ops *o, const zt__dec_arch *a, void *dx, void
         o->rmsnorm_backward(o, dx, dw, dout, x, w, rstd, N, a->C);
 }
 
+int zt__dec_docs_plan(const int32_t *pos, int B, int T, zt__dec_group *groups, int32_t *cu)
+{
+    const long N = (long)B * T, cap = ZT__DEC_LSE_ROWS * N;
+    for (long i = 0; i < N; i++)
+        if (i % T == 0 ? pos[i] != 0 : pos[i] != 0 && pos[i] != pos[i - 1] + 1)
+            return -1;
+    /* Invariant: used (closed groups) + the open group's need + the tokens after the open group <= cap, so
+     * that a group of one document, which needs exactly its length, always fits. */
+    long used = 0, rest = N;
+    int ngroups = 0, ncu = 0;
+    zt__dec_group *g = NULL;
+    for (long start = 0; start < N;) {
+        long end = start + 1;
+        while (end < N && pos[end] != 0)
+            end++;
+        const int len = (int)(end - start);
+        rest -= len;
+        if (g) {
+            const long m = g->maxlen > len ? g->maxlen : len;
+            if (used + (long)(g->nseq + 1) * m + rest > cap) {
+                used += (long)g->nseq * g->maxlen;
+                g = NULL;
+            }
+        }
+        if (!g) {
+            g = &groups[ngroups++];
+            *g = (zt__dec_group){.row0 = (int)start, .nseq = 0, .maxlen = 0, .cu_off = ncu,
+                                 .lse_off = (size_t)used};
+            cu[ncu++] = 0;
+        }
+        g->nseq++;
+        if (len > g->maxlen)
+            g->maxlen = len;
+        cu[ncu++] = (int32_t)(end - g->row0);
+        start = end;
+    }
+    return ngroups;
+}
+
 static zt_attention_dims attention_dims(const zt__dec_arch *a, int B, int T)
 {
     return (zt_attention_dims){.B = B, .T = T, .NH = a->NH, .NKV = a->NKV, .HS = a->HS, .causal = true};
 }
 
+/* Attention over packed qkv rows: one document a row, or the documents' groups (out, lse, qkv of the group's
+ * rows; lse_off counts rows of NH floats). */
+static void attention_forward(const zt_ops *o, const zt__dec_arch *a, void *out, float *lse, const void *qkv,
+                              const zt_attention_dims *d, const zt__dec_docs *docs)
+{
+    if (!docs) {
+        o->attention(o, out, lse, qkv, d);
+        return;
+    }
+    const size_t QKV = (size_t)zt__dec_qkv_width(a), C = (size_t)a->NH * a->HS;
+    for (int i = 0; i < docs->ngroups; i++) {
+        const zt__dec_group *g = &docs->groups[i];
+        o->attention_varlen(o, (char *)out + (size_t)g->row0 * C * o->esize, lse + g->lse_off * (size_t)a->NH,
+                            (const char *)qkv + (size_t)g->row0 * QKV * o->esize, docs->cu + g->cu_off, g->nseq,
+                            g->maxlen, d);
+    }
+}
+
+static void attention_backward(const zt_ops *o, const zt__dec_arch *a, void *dqkv, const void *dout, const void *qkv,
+                               const void *out, const float *lse, const zt_attention_dims *d, const zt__dec_docs *docs)
+{
+    if (!docs) {
+        o->attention_backward(o, dqkv, dout, qkv, out, lse, d);
+        return;
+    }
+    const size_t QKV = (size_t)zt__dec_qkv_width(a), C = (size_t)a->NH * a->HS;
+    for (int i = 0; i < docs->ngroups; i++) {
+        const zt__dec_group *g = &docs->groups[i];
+        const size_t q = (size_t)g->row0 * QKV * o->esize, r = (size_t)g->row0 * C * o->esize;
+        o->attention_varlen_backward(o, (char *)dqkv + q, (const char *)dout + r, (const char *)qkv + q,
+                                     (const char *)out + r, lse + g->lse_off * (size_t)a->NH, docs->cu + g->cu_off,
+                                     g->nseq, g->maxlen, d);
+    }
+}
+
 void zt__dec_layer_forward(const zt_ops *o, const zt__dec_arch *a, const zt__dec_w *w, const void *x,
-                           zt__dec_acts *s, const float *inv_freq, int B, int T, bool rebuild)
+                           zt__dec_acts *s, const float *inv_freq, int B, int T, bool rebuild,
+                           const zt__dec_docs *docs)
 {
     const int N = B * T, C = a->C, F = a->F, QKV = zt__dec_qkv_width(a), UP = zt__dec_up_width(a);
     const zt_attention_dims d = attention_dims(a, B, T);
@@ -99,8 +174,8 @@ void zt__dec_layer_forward(const zt_ops *o, const zt__dec_arch *a, const zt__dec
     norm_forward(o, a, s->ln1, s->ln1_mean, s->ln1_rstd, x, W(LN1_W), W(LN1_B), N);
     o->linear(o, s->qkv, s->ln1, W(QKV_W), W(QKV_B), N, C, QKV);
     if (a->rope)
-        o->rope(o, s->qkv, inv_freq, B, T, a->NH, a->NKV, a->HS);
-    o->attention(o, s->atty, s->lse, s->qkv, &d);
+        o->rope(o, s->qkv, inv_freq, B, T, a->NH, a->NKV, a->HS, docs ? docs->pos : NULL);
+    attention_forward(o, a, s->atty, s->lse, s->qkv, &d, docs);
     o->linear_residual(o, s->res2, s->atty, W(O_W), W(O_B), x, N, C, C);
     /* MLP: out = res2 + down_proj(act(up_proj(norm2(res2)))) */
     norm_forward(o, a, s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, W(LN2_W), W(LN2_B), N);
@@ -116,7 +191,8 @@ void zt__dec_layer_forward(const zt_ops *o, const zt__dec_arch *a, const zt__dec
 }
 
 void zt__dec_layer_backward(const zt_ops *o, const zt__dec_arch *a, const zt__dec_w *w, const zt__dec_g *g,
-                            const void *x, const zt__dec_acts *s, zt__dec_work *k, const float *inv_freq, int B, int T)
+                            const void *x, const zt__dec_acts *s, zt__dec_work *k, const float *inv_freq, int B, int T,
+                            const zt__dec_docs *docs)
 {
     const int N = B * T, C = a->C, F = a->F, QKV = zt__dec_qkv_width(a), UP = zt__dec_up_width(a);
     const zt_attention_dims d = attention_dims(a, B, T);
@@ -133,9 +209,9 @@ void zt__dec_layer_backward(const zt_ops *o, const zt__dec_arch *a, const zt__de
     norm_backward(o, a, k->dres, G(LN2_W), G(LN2_B), k->dln, s->res2, W(LN2_W), s->ln2_mean, s->ln2_rstd, N);
     /* attention */
     o->linear_backward(o, k->datty, G(O_W), G(O_B), k->dres, s->atty, W(O_W), N, C, C);
-    o->attention_backward(o, k->dqkv, k->datty, s->qkv, s->atty, s->lse, &d);
+    attention_backward(o, a, k->dqkv, k->datty, s->qkv, s->atty, s->lse, &d, docs);
     if (a->rope)
-        o->rope_backward(o, k->dqkv, inv_freq, B, T, a->NH, a->NKV, a->HS);
+        o->rope_backward(o, k->dqkv, inv_freq, B, T, a->NH, a->NKV, a->HS, docs ? docs->pos : NULL);
     o->linear_backward(o, k->dln, G(QKV_W), G(QKV_B), k->dqkv, s->ln1, W(QKV_W), N, C, QKV);
     norm_backward(o, a, k->dres, G(LN1_W), G(LN1_B), k->dln, x, W(LN1_W), s->ln1_mean, s->ln1_rstd, N);
 #undef W
@@ -155,16 +231,33 @@ void zt__dec_final_backward(const zt_ops *o, const zt__dec_arch *a, void *dres, 
     norm_backward(o, a, dres, dw, db, dout, x, w, mean, rstd, N);
 }
 
+void zt__dec_embedding_forward(const zt_ops *o, const zt__dec_arch *a, void *out, const int32_t *tokens,
+                               const void *wte, const void *wpe, void *tmp, int B, int T, const zt__dec_docs *docs)
+{
+    if (!docs || !wpe) {
+        o->embedding(o, out, tokens, wte, wpe, B, T, a->C);
+        return;
+    }
+    /* wte[token] + wpe[position]: the positions index wpe as tokens index wte; the sum is rounded once, as
+     * the fused kernel rounds it */
+    o->embedding(o, out, tokens, wte, NULL, B, T, a->C);
+    o->embedding(o, tmp, docs->pos, wpe, NULL, B, T, a->C);
+    o->add_inplace(o, out, tmp, (size_t)B * T * a->C);
+}
+
 void zt__dec_embedding_backward(const zt_ops *o, const zt__dec_arch *a, void *dwte, void *dwpe, const void *dres,
-                                const int32_t *tokens, void *pad_row, int B, int T)
+                                const int32_t *tokens, void *pad_row, int B, int T, const zt__dec_docs *docs,
+                                int wpe_rows)
 {
     const size_t C = (size_t)a->C;
     char *pad = a->pad_token_id >= 0 ? (char *)dwte + (size_t)a->pad_token_id * C * o->esize : NULL;
     if (pad)
         o->copy(o, pad_row, pad, C);
-    o->embedding_backward(o, dwte, dwpe, dres, tokens, B, T, a->C, a->V);
+    o->embedding_backward(o, dwte, docs ? NULL : dwpe, dres, tokens, B, T, a->C, a->V);
     if (pad)
         o->copy(o, pad, pad_row, C);
+    if (docs && dwpe) /* the rows of wpe gather the gradients of their positions, as token rows do */
+        o->embedding_backward(o, dwpe, NULL, dres, docs->pos, B, T, a->C, wpe_rows);
 }
 
 /* ---- the CPU runner ---- */
@@ -188,6 +281,10 @@ struct zt__dec_cpu {
     float *pad_row;               /* [C] */
     int32_t *tokens, *targets;    /* [N] of the micro-batch begun last */
     bool *discarded;              /* [L+2] a checkpointed block dropped its activations after its forward */
+    int32_t *pos, *cu;            /* [N], [2N]: packed documents' positions and attention offsets */
+    zt__dec_group *groups;        /* [N] */
+    zt__dec_docs docs;            /* over pos, cu and groups */
+    bool packed;                  /* the micro-batch begun last has packed documents */
 
     int B, T;
     bool have_targets;            /* the last head had targets and no backward consumed them */
@@ -230,7 +327,10 @@ int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_
     r->slab = malloc(bytes);
     r->tokens = malloc(N * sizeof(int32_t));
     r->targets = malloc(N * sizeof(int32_t));
-    if (!r->slab || !r->tokens || !r->targets) {
+    r->pos = malloc(N * sizeof(int32_t));
+    r->cu = malloc(2 * N * sizeof(int32_t));
+    r->groups = malloc(N * sizeof(zt__dec_group));
+    if (!r->slab || !r->tokens || !r->targets || !r->pos || !r->cu || !r->groups) {
         zt__dec_cpu_destroy(r);
         return zt_fail(err, ZT_ENOMEM,
                        "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
@@ -261,6 +361,9 @@ void zt__dec_cpu_destroy(zt__dec_cpu *r)
     free(r->slab);
     free(r->tokens);
     free(r->targets);
+    free(r->pos);
+    free(r->cu);
+    free(r->groups);
     free(r);
 }
 
@@ -289,19 +392,32 @@ static void layer_grads(const zt__dec_cpu *r, int l, float *bg, zt__dec_g *g)
         g->t[k] = r->a.role[k] < 0 ? NULL : in_block_mut(r, bg, r->a.layer0 + l * r->a.per_layer + r->a.role[k]);
 }
 
+/* The documents of the micro-batch begun last, or NULL (one a row). */
+static const zt__dec_docs *docs_of(const zt__dec_cpu *r)
+{
+    return r->packed ? &r->docs : NULL;
+}
+
 /* The residual stream entering layer l (l == L: entering the final norm). */
 static const float *layer_input(const zt__dec_cpu *r, int l)
 {
     return l > 0 ? r->layers[l - 1].out : r->encoded;
 }
 
-void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T)
+void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T, const int32_t *pos)
 {
     ZT_ASSERT(B >= 1 && B <= r->max_B && T >= 1 && T <= r->max_T);
     const int N = B * T;
     for (int i = 0; i < N; i++)
         ZT_ASSERT(tokens[i] >= 0 && tokens[i] < r->a.V);
     memmove(r->tokens, tokens, (size_t)N * sizeof *tokens);
+    r->packed = pos != NULL;
+    if (pos) {
+        memmove(r->pos, pos, (size_t)N * sizeof *pos);
+        const int ngroups = zt__dec_docs_plan(r->pos, B, T, r->groups, r->cu);
+        ZT_ASSERT(ngroups > 0); /* positions restart at 0 at each row and document, and count up by 1 */
+        r->docs = (zt__dec_docs){.pos = r->pos, .cu = r->cu, .groups = r->groups, .ngroups = ngroups};
+    }
     r->B = B;
     r->T = T;
     r->have_targets = false;
@@ -314,8 +430,8 @@ void zt__dec_cpu_forward_block(zt__dec_cpu *r, int block, const float *bp)
     ZT_ASSERT(block >= 0 && block <= a->L + 1);
     const int N = r->B * r->T;
     if (block == 0) {
-        r->ops.embedding(&r->ops, r->encoded, r->tokens, in_block(r, bp, 0), a->wpe ? in_block(r, bp, 1) : NULL,
-                         r->B, r->T, a->C);
+        zt__dec_embedding_forward(&r->ops, a, r->encoded, r->tokens, in_block(r, bp, 0),
+                                  a->wpe ? in_block(r, bp, 1) : NULL, r->work.dln, r->B, r->T, docs_of(r));
         return;
     }
     if (block == a->L + 1) {
@@ -328,7 +444,8 @@ void zt__dec_cpu_forward_block(zt__dec_cpu *r, int block, const float *bp)
     layer_weights(r, l, bp, &w);
     const bool rebuild = r->discarded[block];
     r->discarded[block] = false;
-    zt__dec_layer_forward(&r->ops, a, &w, layer_input(r, l), &r->layers[l], r->inv_freq, r->B, r->T, rebuild);
+    zt__dec_layer_forward(&r->ops, a, &w, layer_input(r, l), &r->layers[l], r->inv_freq, r->B, r->T, rebuild,
+                          docs_of(r));
 }
 
 float zt__dec_cpu_forward_head(zt__dec_cpu *r, const float *hp, const int32_t *targets)
@@ -382,7 +499,8 @@ void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, floa
     }
     if (block == 0) {
         zt__dec_embedding_backward(&r->ops, a, in_block_mut(r, bg, 0), a->wpe ? in_block_mut(r, bg, 1) : NULL,
-                                   r->work.dres, r->tokens, r->pad_row, r->B, r->T);
+                                   r->work.dres, r->tokens, r->pad_row, r->B, r->T, docs_of(r),
+                                   a->wpe ? (int)(r->tensors[1].numel / (size_t)a->C) : 0);
         return;
     }
     const int l = block - 1;
@@ -390,7 +508,8 @@ void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, floa
     zt__dec_g g;
     layer_weights(r, l, bp, &w);
     layer_grads(r, l, bg, &g);
-    zt__dec_layer_backward(&r->ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->B, r->T);
+    zt__dec_layer_backward(&r->ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->B, r->T,
+                           docs_of(r));
 }
 
 /* Fills a layer's intermediate activations with NaN, keeping its output: a rebuild must recompute them. */
@@ -406,7 +525,7 @@ void zt__dec_cpu_discard_block(zt__dec_cpu *r, int block)
         size_t n;
     } parts[] = {{s->ln1, N * C},      {s->ln1_mean, s->ln1_mean ? N : 0},
                  {s->ln1_rstd, N},     {s->qkv, N * (size_t)zt__dec_qkv_width(a)},
-                 {s->atty, N * C},     {s->lse, N * (size_t)a->NH},
+                 {s->atty, N * C},     {s->lse, ZT__DEC_LSE_ROWS * N * (size_t)a->NH},
                  {s->res2, N * C},     {s->ln2, N * C},
                  {s->ln2_mean, s->ln2_mean ? N : 0}, {s->ln2_rstd, N},
                  {s->h, N * (size_t)zt__dec_up_width(a)}, {s->act, N * (size_t)a->F}};

@@ -78,6 +78,40 @@ void zt__dec_carve_acts(const zt__dec_arch *a, size_t N, size_t esize, size_t al
 void zt__dec_carve_work(const zt__dec_arch *a, size_t N, size_t esize, size_t align, char *base, size_t *used,
                         zt__dec_work *work);
 
+/* ---- packed documents ----
+ * A micro-batch whose rows hold several documents (model.h: zt_model_docs) reaches the program as the
+ * tokens' positions (rotary angles and learned positions restart at 0 in each document) and a list of
+ * attention calls in the descriptor's cu_seqlens layout: the B*T rows are documents laid end to end (a row's
+ * padding continues its last document, which nothing before it sees). One call would need lse room for
+ * nseq * NH * (longest document) floats, more than N*NH when lengths differ; a layer keeps room for
+ * ZT__DEC_LSE_ROWS * N * NH, and zt__dec_docs_plan cuts the documents into consecutive groups (one call each)
+ * that fit it together: a document opens a new group only where joining the open one would leave too little
+ * room for the rest, so batches of similar lengths take one call and no batch fails. */
+#define ZT__DEC_LSE_ROWS 2
+
+/* One attention call: documents first_doc .. of the rows from row0, their offsets cu[cu_off ..]. */
+typedef struct zt__dec_group {
+    int row0;       /* first row (of B*T) */
+    int nseq;       /* documents */
+    int maxlen;     /* longest of them */
+    int cu_off;     /* where its nseq+1 offsets (from 0) start in the cu array */
+    size_t lse_off; /* its lse's first float in a layer's lse */
+} zt__dec_group;
+
+/* The documents of a micro-batch as the program reads them. pos and cu are the backend's memory (device
+ * memory on CUDA), groups host memory. NULL where the program takes one: one document a row. */
+typedef struct zt__dec_docs {
+    const int32_t *pos;          /* [N] each token's position in its document */
+    const int32_t *cu;           /* every group's offsets */
+    const zt__dec_group *groups; /* [ngroups] */
+    int ngroups;
+} zt__dec_docs;
+
+/* Checks host positions pos [B*T] (each row starts a document at 0; every other token is 0, a new
+ * document, or the token before plus 1) and plans the attention calls into groups [<= B*T] and cu
+ * [<= 2*B*T]. Returns the number of groups, or -1 when pos breaks the rule. */
+int zt__dec_docs_plan(const int32_t *pos, int B, int T, zt__dec_group *groups, int32_t *cu);
+
 /* One layer's weights (or gradients) by role, NULL where absent. */
 typedef struct zt__dec_w {
     const void *t[ZT__DEC_ROLES];
@@ -86,22 +120,29 @@ typedef struct zt__dec_g {
     void *t[ZT__DEC_ROLES];
 } zt__dec_g;
 
-/* A layer's forward from x (B x T rows) into acts; a rebuild skips the down projection (acts->out is kept). */
+/* A layer's forward from x (B x T rows) into acts; a rebuild skips the down projection (acts->out is kept).
+ * docs: NULL (one document a row), or packed documents. */
 void zt__dec_layer_forward(const zt_ops *o, const zt__dec_arch *a, const zt__dec_w *w, const void *x,
-                           zt__dec_acts *acts, const float *inv_freq, int B, int T, bool rebuild);
+                           zt__dec_acts *acts, const float *inv_freq, int B, int T, bool rebuild,
+                           const zt__dec_docs *docs);
 /* A layer's backward: work->dres from d(out) to d(x); the weight gradients are added into g. */
 void zt__dec_layer_backward(const zt_ops *o, const zt__dec_arch *a, const zt__dec_w *w, const zt__dec_g *g,
                             const void *x, const zt__dec_acts *acts, zt__dec_work *work, const float *inv_freq, int B,
-                            int T);
+                            int T, const zt__dec_docs *docs);
+/* The embedding: out = wte[tokens] (+ wpe[position] with learned positions: t, or docs' positions, added
+ * through tmp [N,C] of the backend's memory). */
+void zt__dec_embedding_forward(const zt_ops *o, const zt__dec_arch *a, void *out, const int32_t *tokens,
+                               const void *wte, const void *wpe, void *tmp, int B, int T, const zt__dec_docs *docs);
 /* The final norm, forward (out, mean, rstd from x) and backward (dres = 0 + its input gradient of dout). */
 void zt__dec_final_forward(const zt_ops *o, const zt__dec_arch *a, void *out, float *mean, float *rstd, const void *x,
                            const void *w, const void *b, int N);
 void zt__dec_final_backward(const zt_ops *o, const zt__dec_arch *a, void *dres, void *dw, void *db, const void *dout,
                             const void *x, const void *w, const float *mean, const float *rstd, int N);
-/* The embedding's backward: adds into dwte (and dwpe), except into the padding row (kept through pad_row, C
- * elements of the backend's memory). */
+/* The embedding's backward: adds into dwte (and dwpe, at the docs' positions when given: wpe_rows is wpe's
+ * row count), except into the padding row (kept through pad_row, C elements of the backend's memory). */
 void zt__dec_embedding_backward(const zt_ops *o, const zt__dec_arch *a, void *dwte, void *dwpe, const void *dres,
-                                const int32_t *tokens, void *pad_row, int B, int T);
+                                const int32_t *tokens, void *pad_row, int B, int T, const zt__dec_docs *docs,
+                                int wpe_rows);
 
 /* ---- the CPU runner: a host model's per-block passes ---- */
 
@@ -115,7 +156,8 @@ int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_
 void zt__dec_cpu_destroy(zt__dec_cpu *r); /* accepts NULL */
 /* The per-block passes of model.h's order over flat block buffers laid out like the slab's ranges
  * (see gpt2.h: zt_gpt2_forward_begin ... zt_gpt2_discard_block_acts, which are these). */
-void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T);
+/* pos: NULL, or [B*T] host positions of packed documents (model.h: zt_model_docs), copied. */
+void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T, const int32_t *pos);
 void zt__dec_cpu_forward_block(zt__dec_cpu *r, int block, const float *bp);
 float zt__dec_cpu_forward_head(zt__dec_cpu *r, const float *hp, const int32_t *targets);
 void zt__dec_cpu_backward_head(zt__dec_cpu *r, const float *hp, float *hg, float loss_scale);

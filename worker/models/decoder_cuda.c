@@ -43,8 +43,18 @@ typedef struct dec_cuda {
     float *lnf_mean, *lnf_rstd, *losses, *inv_freq;
     zt__dec_work work;
     int32_t *d_tokens, *d_targets;
+    int32_t *d_pos, *d_cu;    /* [N], [2N] packed documents' positions and attention offsets */
     void *attn_scratch, *emb_scratch, *norm_scratch;
+    size_t attn_scratch_bytes;
     int *d_flag;
+
+    /* Packed documents (host): the plan of the micro-batch begun last, and two pinned slots of 3N int32 that
+     * stage its positions and offsets. */
+    zt__dec_group *groups;    /* [N] */
+    int32_t *h_docs[2];
+    cudaEvent_t docs_done[2];
+    zt__dec_docs docs;
+    bool packed;
 
     int n_valid[ZT__CUDA_MAX_MICRO]; /* per micro-batch of the current step */
     int cur_B, cur_T, micro;
@@ -56,6 +66,12 @@ static const zt_model_ops cuda_ops;
 static void *take(char *base, size_t *used, size_t bytes)
 {
     return zt__dec_take(base, used, bytes, ZT__CUDA_POOL_ALIGN);
+}
+
+/* Rows of the learned position table (0 without one). */
+static int wpe_rows(const dec_cuda *g)
+{
+    return g->a.wpe ? (int)(g->m.tensors[1].numel / (size_t)g->a.C) : 0;
 }
 
 /* Carves every device buffer from base; returns the bytes used (with base NULL only counts). plan, when not
@@ -91,8 +107,17 @@ static size_t carve(dec_cuda *g, char *base, size_t plan[2])
     g->d_targets = take(base, &used, N * 4);
     g->inv_freq = a->rope ? take(base, &used, (size_t)a->HS / 2 * 4) : NULL;
     g->pad_row = a->pad_token_id >= 0 ? take(base, &used, C * e) : NULL;
-    g->attn_scratch = take(base, &used, zt_cuda_attention_backward_gqa_scratch_size(&d));
-    g->emb_scratch = take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, a->V));
+    g->d_pos = take(base, &used, N * 4);
+    g->d_cu = take(base, &used, 2 * N * 4);
+    /* packed documents: a varlen call's backward needs B*NH*Tq floats, at most ZT__DEC_LSE_ROWS * N * NH */
+    const size_t attn_fixed = zt_cuda_attention_backward_gqa_scratch_size(&d);
+    const size_t attn_varlen = ZT__DEC_LSE_ROWS * N * (size_t)a->NH * sizeof(float);
+    g->attn_scratch_bytes = attn_fixed > attn_varlen ? attn_fixed : attn_varlen;
+    g->attn_scratch = take(base, &used, g->attn_scratch_bytes);
+    /* the embedding's backward also sorts positions into wpe's rows (packed documents) */
+    const size_t emb_tokens = zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, a->V);
+    const size_t emb_pos = a->wpe ? zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, wpe_rows(g)) : 0;
+    g->emb_scratch = take(base, &used, emb_tokens > emb_pos ? emb_tokens : emb_pos);
     g->norm_scratch = take(base, &used, norm_scratch);
     g->d_flag = take(base, &used, 4);
     if (plan)
@@ -169,6 +194,12 @@ static void cuda_destroy(zt_model *base)
     if (g->cs.stream)
         ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream));
     zt__ops_cuda_free(&g->ops);
+    for (int i = 0; i < 2; i++) {
+        if (g->docs_done[i])
+            cudaEventDestroy(g->docs_done[i]);
+        zt_cuda_host_free(g->h_docs[i]);
+    }
+    free(g->groups);
     zt__cuda_state_close(&g->cs);
     zt__cuda_layout_free(&g->lay);
     free(g->layers);
@@ -202,8 +233,14 @@ int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, in
     if (g->a.rope)
         ZT_CUDA_CHECK(cudaMemcpy(g->inv_freq, m->inv_freq, (size_t)g->a.HS / 2 * sizeof(float),
                                  cudaMemcpyHostToDevice));
+    g->groups = zt_xmalloc(N * sizeof *g->groups);
+    for (int i = 0; i < 2; i++) {
+        g->h_docs[i] = zt_cuda_host_alloc(3 * N * sizeof(int32_t));
+        ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->docs_done[i], cudaEventDisableTiming));
+    }
     const zt__ops_cuda_res res = {.stream = g->cs.stream, .blas = g->cs.blas, .norm_scratch = g->norm_scratch,
-                                  .attn_scratch = g->attn_scratch, .emb_scratch = g->emb_scratch};
+                                  .attn_scratch = g->attn_scratch, .emb_scratch = g->emb_scratch,
+                                  .attn_scratch_bytes = g->attn_scratch_bytes};
     zt__ops_cuda_init(&g->ops, &res, dtype);
     g->base.stream = g->cs.stream;
     g->base.nonfinite_flag = g->d_flag;
@@ -230,7 +267,32 @@ static void *layer_input(dec_cuda *g, int l)
     return l > 0 ? g->layers[l - 1].out : g->encoded;
 }
 
-static void cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro)
+/* Plans the attention calls of packed documents on the host and stages their positions and offsets through
+ * pinned slot `slot` into d_pos and d_cu. */
+static void stage_docs(dec_cuda *g, int slot, const int32_t *pos, int B, int T)
+{
+    const size_t N = (size_t)B * T;
+    int32_t *h = g->h_docs[slot];
+    ZT_CUDA_CHECK(cudaEventSynchronize(g->docs_done[slot])); /* the slot's previous copy has been made */
+    memcpy(h, pos, N * sizeof(int32_t));
+    const int ngroups = zt__dec_docs_plan(h, B, T, g->groups, h + N);
+    ZT_ASSERT(ngroups > 0); /* positions restart at 0 at each row and document, and count up by 1 */
+    const zt__dec_group *last = &g->groups[ngroups - 1];
+    const size_t ncu = (size_t)last->cu_off + (size_t)last->nseq + 1;
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_pos, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_cu, h + N, ncu * sizeof(int32_t), cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->docs_done[slot], g->cs.stream));
+    g->docs = (zt__dec_docs){.pos = g->d_pos, .cu = g->d_cu, .groups = g->groups, .ngroups = ngroups};
+}
+
+/* The documents of the micro-batch begun last, or NULL (one a row). */
+static const zt__dec_docs *docs_of(const dec_cuda *g)
+{
+    return g->packed ? &g->docs : NULL;
+}
+
+static void cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                       const zt_model_docs *docs)
 {
     dec_cuda *g = (dec_cuda *)base;
     ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
@@ -239,6 +301,9 @@ static void cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *tar
         ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
     g->n_valid[micro] =
         zt__cuda_stage_lm(&g->cs, micro & 1, tokens, targets, B, T, g->a.V, g->d_tokens, g->d_targets);
+    g->packed = docs != NULL;
+    if (docs)
+        stage_docs(g, micro & 1, docs->pos, B, T);
     g->cur_B = B;
     g->cur_T = T;
     g->micro = micro;
@@ -251,8 +316,8 @@ static void cuda_forward(zt_model *base, int b, const void *w)
     const zt__dec_arch *a = &g->a;
     const int B = g->cur_B, T = g->cur_T;
     if (b == 0) {
-        g->ops.embedding(&g->ops, g->encoded, g->d_tokens, in_block(g, w, 0, 0), a->wpe ? in_block(g, w, 0, 1) : NULL,
-                         B, T, a->C);
+        zt__dec_embedding_forward(&g->ops, a, g->encoded, g->d_tokens, in_block(g, w, 0, 0),
+                                  a->wpe ? in_block(g, w, 0, 1) : NULL, g->work.dln, B, T, docs_of(g));
     } else if (b <= a->L) {
         const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
         if (pass == ZT__CUDA_PASS_KEPT)
@@ -261,7 +326,7 @@ static void cuda_forward(zt_model *base, int b, const void *w)
         for (int k = 0; k < ZT__DEC_ROLES; k++)
             lw.t[k] = layer_tensor(g, b - 1, w, k);
         zt__dec_layer_forward(&g->ops, a, &lw, layer_input(g, b - 1), &g->layers[b - 1], g->inv_freq, B, T,
-                              pass == ZT__CUDA_PASS_REBUILD);
+                              pass == ZT__CUDA_PASS_REBUILD, docs_of(g));
     } else {
         zt__dec_final_forward(&g->ops, a, g->lnf, g->lnf_mean, g->lnf_rstd, layer_input(g, a->L),
                               in_block(g, w, b, a->final_w), a->final_b >= 0 ? in_block(g, w, b, a->final_b) : NULL,
@@ -312,7 +377,7 @@ static void cuda_backward(zt_model *base, int b, const void *w, void *gr)
     const int B = g->cur_B, T = g->cur_T;
     if (b == 0) {
         zt__dec_embedding_backward(&g->ops, a, in_block(g, gr, 0, 0), a->wpe ? in_block(g, gr, 0, 1) : NULL,
-                                   g->work.dres, g->d_tokens, g->pad_row, B, T);
+                                   g->work.dres, g->d_tokens, g->pad_row, B, T, docs_of(g), wpe_rows(g));
     } else if (b <= a->L) {
         zt__dec_w lw;
         zt__dec_g lg;
@@ -321,7 +386,7 @@ static void cuda_backward(zt_model *base, int b, const void *w, void *gr)
             lg.t[k] = layer_tensor(g, b - 1, gr, k);
         }
         zt__dec_layer_backward(&g->ops, a, &lw, &lg, layer_input(g, b - 1), &g->layers[b - 1], &g->work,
-                               g->inv_freq, B, T);
+                               g->inv_freq, B, T, docs_of(g));
     } else {
         zt__dec_final_backward(&g->ops, a, g->work.dres, in_block(g, gr, b, a->final_w),
                                a->final_b >= 0 ? in_block(g, gr, b, a->final_b) : NULL, g->work.dln,

@@ -275,7 +275,7 @@ float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const i
 {
     const zt_family_def *d = m->def;
     const float *params = d->params(m->host);
-    d->forward_begin(m->host, tokens, B, T);
+    d->forward_begin(m->host, tokens, B, T, NULL);
     for (int b = 0; b < d->num_blocks(m->host); b++)
         d->forward_block(m->host, b, params + d->block(m->host, b)->offset);
     return d->forward_head(m->host, params + head_offset(m), targets);

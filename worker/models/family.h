@@ -97,7 +97,9 @@ struct zt_family_def {
     const struct zt_hf_names *hf;
 
     /* The per-block passes on the CPU (worker/models/model.h's order; cpu_exec.c drives them). */
-    void (*forward_begin)(void *m, const int32_t *tokens, int B, int T);
+    /* pos: NULL, or the positions of packed documents (model.h: zt_model_docs); families without packing
+     * take NULL only */
+    void (*forward_begin)(void *m, const int32_t *tokens, int B, int T, const int32_t *pos);
     void (*forward_block)(void *m, int b, const float *w);
     float (*forward_head)(void *m, const float *w, const int32_t *targets);
     void (*backward_head)(void *m, const float *w, float *g, float loss_scale);

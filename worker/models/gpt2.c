@@ -687,7 +687,7 @@ float *zt_gpt2_grads(zt_gpt2 *m)
 /* The per-block passes are the decoder program's (decoder.h) on the CPU. */
 void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tokens, int B, int T)
 {
-    zt__dec_cpu_begin(m->run, tokens, B, T);
+    zt__dec_cpu_begin(m->run, tokens, B, T, NULL);
 }
 
 void zt_gpt2_forward_block(zt_gpt2 *m, int block, const float *bp)
@@ -916,7 +916,10 @@ static int f_max_seq(const void *m) { return zt_gpt2_max_seq(m); }
 static float *f_params(void *m) { return zt_gpt2_params(m); }
 static float *f_grads(void *m) { return zt_gpt2_grads(m); }
 static void f_release_params(void *m) { zt_gpt2_release_params(m); }
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T) { zt_gpt2_forward_begin(m, tok, B, T); }
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
+{
+    zt__dec_cpu_begin(((zt_gpt2 *)m)->run, tok, B, T, pos);
+}
 static void f_forward_block(void *m, int b, const float *w) { zt_gpt2_forward_block(m, b, w); }
 static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_gpt2_forward_head(m, w, t); }
 static void f_backward_head(void *m, const float *w, float *g, float s) { zt_gpt2_backward_head(m, w, g, s); }

@@ -999,7 +999,7 @@ float *zt_llama_grads(zt_llama *m)
 /* The per-block passes are the decoder program's (decoder.h) on the CPU. */
 void zt_llama_forward_begin(zt_llama *m, const int32_t *tokens, int B, int T)
 {
-    zt__dec_cpu_begin(m->run, tokens, B, T);
+    zt__dec_cpu_begin(m->run, tokens, B, T, NULL);
 }
 
 void zt_llama_forward_block(zt_llama *m, int block, const float *bp)
@@ -1250,7 +1250,10 @@ static int f_max_seq(const void *m) { return zt_llama_max_seq(m); }
 static float *f_params(void *m) { return zt_llama_params(m); }
 static float *f_grads(void *m) { return zt_llama_grads(m); }
 static void f_release_params(void *m) { zt_llama_release_params(m); }
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T) { zt_llama_forward_begin(m, tok, B, T); }
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
+{
+    zt__dec_cpu_begin(((zt_llama *)m)->run, tok, B, T, pos);
+}
 static void f_forward_block(void *m, int b, const float *w) { zt_llama_forward_block(m, b, w); }
 static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_llama_forward_head(m, w, t); }
 static void f_backward_head(void *m, const float *w, float *g, float s) { zt_llama_backward_head(m, w, g, s); }

@@ -6,7 +6,7 @@
  * receives the block's gradients, and it decides the order of the calls. A model never calls the engine.
  *
  * One training micro-batch, as the engine drives it (nb = nblocks, h = head_block):
- *   begin(tokens, targets)
+ *   begin(tokens, targets, docs)
  *   forward(b, w[b])        for b = 0 .. nb-1   (then discard(b) for checkpointed blocks)
  *   head(w[h], scale)       logits and the loss; with scale != 0 also the logits' gradient
  *   head_backward(w[h], g[h])
@@ -46,13 +46,26 @@ typedef struct zt_model_tensor {
 
 typedef struct zt_model zt_model;
 
+/* The documents of a packed micro-batch (supervised fine-tuning's --sft-pack): each row of T tokens holds
+ * several documents end to end, and each document is computed exactly as if it were a row of its own:
+ * attention stays inside it and its positions (rotary angles, learned positions) restart at 0. One array
+ * says it all: pos [B,T] (host memory, read during begin) is each token's position in its document; a row
+ * starts a document (pos 0), and every other token either starts one (0) or continues the one before it
+ * (its pos + 1). Padding at the end of a row continues the row's last document, which no token before it
+ * sees (so it changes nothing; its targets are -1). A NULL docs is one document a row, positions 0..T-1. */
+typedef struct zt_model_docs {
+    const int32_t *pos; /* [B*T] */
+} zt_model_docs;
+
 typedef struct zt_model_ops {
     /* Frees the model (after its stream is done). */
     void (*destroy)(zt_model *m);
     /* Starts a micro-batch over tokens and targets [B,T] (host arrays; targets -1 are ignored; targets may
      * be NULL for a forward without a loss). `micro` numbers the micro-batches of a step from 0 (losses
-     * are kept per micro-batch until read). */
-    void (*begin)(zt_model *m, const int32_t *tokens, const int32_t *targets, int B, int T, int micro);
+     * are kept per micro-batch until read). docs: NULL, or the packed documents of the rows (read during
+     * the call); a model without packing (BERT) aborts on one, which the config refuses before. */
+    void (*begin)(zt_model *m, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                  const zt_model_docs *docs);
     /* Block b's forward from the previous block's output, with its weights at w. */
     void (*forward)(zt_model *m, int b, const void *w);
     /* Drops block b's intermediate activations after its forward (checkpointed blocks keep their output);

@@ -52,14 +52,26 @@ struct zt_ops {
     void (*rmsnorm_backward)(const zt_ops *o, void *dx, void *dw, const void *dout, const void *x, const void *w,
                              const float *rstd, int N, int C);
     /* Rotary embeddings of the q and k heads of packed qkv rows [B,T,(NH+2 NKV) HS], in place, and the
-     * backward (in place on dqkv); inv_freq [HS/2] is the binding's memory (device memory on CUDA). */
-    void (*rope)(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS);
-    void (*rope_backward)(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS);
+     * backward (in place on dqkv); inv_freq [HS/2] and pos are the binding's memory (device memory on CUDA);
+     * pos NULL: row t of each sequence at position t, else [B*T] positions (packed documents). */
+    void (*rope)(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+                 const int32_t *pos);
+    void (*rope_backward)(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+                          const int32_t *pos);
     /* Attention over packed qkv rows (d: shape, grouped key/value heads, causal): out [B,T,NH HS] and lse
      * [B,NH,T]; the backward writes dqkv */
     void (*attention)(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d);
     void (*attention_backward)(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
                                const float *lse, const zt_attention_dims *d);
+    /* Causal attention over nseq documents laid end to end in the packed qkv rows (the descriptor's cu_seqlens
+     * layout, kernels/attention.h): cu [nseq+1] offsets from 0 (the binding's memory), maxlen the longest
+     * document; d gives NH, NKV, HS (its B, T and causal are not read). Each document attends only within
+     * itself. out [cu[nseq], NH HS]; lse [nseq, NH, maxlen]; the backward writes (=) every row of dqkv. */
+    void (*attention_varlen)(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *cu, int nseq,
+                             int maxlen, const zt_attention_dims *d);
+    void (*attention_varlen_backward)(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                      const float *lse, const int32_t *cu, int nseq, int maxlen,
+                                      const zt_attention_dims *d);
     /* out [N,F] = silu(h[:, :F]) * h[:, F:]; the backward writes dh [N,2F] */
     void (*swiglu)(const zt_ops *o, void *out, const void *h, int N, int F);
     void (*swiglu_backward)(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F);
@@ -70,6 +82,8 @@ struct zt_ops {
                                int B, int T, int C, int V);
     /* dst[0..n) = src[0..n) in elements */
     void (*copy)(const zt_ops *o, void *dst, const void *src, size_t n);
+    /* y[0..n) += x[0..n) (summed in fp32, rounded once) */
+    void (*add_inplace)(const zt_ops *o, void *y, const void *x, size_t n);
 
     /* The binding's state. */
     enum zt_dtype dtype;  /* of every buffer but the statistics */

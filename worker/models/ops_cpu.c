@@ -121,17 +121,18 @@ static void cpu_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void
     zt_cpu_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
 }
 
-static void cpu_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+static void cpu_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+                     const int32_t *pos)
 {
     (void)o;
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
 }
 
 static void cpu_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV,
-                              int HS)
+                              int HS, const int32_t *pos)
 {
     (void)o;
-    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0);
+    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
 }
 
 static void cpu_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
@@ -146,6 +147,47 @@ static void cpu_attention_backward(const zt_ops *o, void *dqkv, const void *dout
     (void)o;
     memset(dqkv, 0, (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS * sizeof(float));
     zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, d);
+}
+
+/* The descriptor of a causal varlen call over packed qkv rows (ops.h: attention_varlen). */
+static zt_attention_desc varlen_desc(void *out, float *lse, const void *qkv, const int32_t *cu, int nseq,
+                                     int maxlen, const zt_attention_dims *d)
+{
+    const long W = (long)(d->NH + 2 * d->NKV) * d->HS;
+    const float *q = qkv;
+    return (zt_attention_desc){.q = q, .k = q + (long)d->NH * d->HS, .v = q + (long)(d->NH + d->NKV) * d->HS,
+                               .q_stride = W, .k_stride = W, .v_stride = W, .out = out,
+                               .out_stride = (long)d->NH * d->HS, .lse = lse, .B = nseq, .Tq = maxlen,
+                               .Tk = maxlen, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .causal = true, .window = -1,
+                               .cu_seqlens_q = cu, .cu_seqlens_k = cu};
+}
+
+static void cpu_attention_varlen(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *cu,
+                                 int nseq, int maxlen, const zt_attention_dims *d)
+{
+    (void)o;
+    const zt_attention_desc ad = varlen_desc(out, lse, qkv, cu, nseq, maxlen, d);
+    ZT_ASSERT(zt_cpu_attention_fwd(&ad, NULL) == 0); /* the runner built a valid layout */
+}
+
+static void cpu_attention_varlen_backward(const zt_ops *o, void *dqkv, const void *dout, const void *qkv,
+                                          const void *out, const float *lse, const int32_t *cu, int nseq, int maxlen,
+                                          const zt_attention_dims *d)
+{
+    (void)o;
+    const zt_attention_desc ad = varlen_desc((void *)out, (float *)lse, qkv, cu, nseq, maxlen, d);
+    const long W = (long)(d->NH + 2 * d->NKV) * d->HS;
+    float *dq = dqkv;
+    const zt_attention_grads g = {.dout = dout, .dq = dq, .dk = dq + (long)d->NH * d->HS,
+                                  .dv = dq + (long)(d->NH + d->NKV) * d->HS, .dq_stride = W, .dk_stride = W,
+                                  .dv_stride = W, .accumulate = false};
+    ZT_ASSERT(zt_cpu_attention_bwd(&ad, &g, NULL) == 0);
+}
+
+static void cpu_add_inplace(const zt_ops *o, void *y, const void *x, size_t n)
+{
+    (void)o;
+    zt_cpu_add_inplace(y, x, n);
 }
 
 static void cpu_swiglu(const zt_ops *o, void *out, const void *h, int N, int F)
@@ -198,11 +240,14 @@ void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
         .rope_backward = cpu_rope_backward,
         .attention = cpu_attention,
         .attention_backward = cpu_attention_backward,
+        .attention_varlen = cpu_attention_varlen,
+        .attention_varlen_backward = cpu_attention_varlen_backward,
         .swiglu = cpu_swiglu,
         .swiglu_backward = cpu_swiglu_backward,
         .embedding = cpu_embedding,
         .embedding_backward = cpu_embedding_backward,
         .copy = cpu_copy,
+        .add_inplace = cpu_add_inplace,
         .dtype = ZT_DTYPE_F32,
         .esize = sizeof(float),
         .ctx = c,

@@ -14,6 +14,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 
@@ -168,14 +169,16 @@ static void k_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void *
                                                stream_of(o)));
 }
 
-static void k_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+static void k_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+                   const int32_t *pos)
 {
-    TIMED(P_ROPE, zt_cuda_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o)));
+    TIMED(P_ROPE, zt_cuda_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o), pos));
 }
 
-static void k_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+static void k_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+                            const int32_t *pos)
 {
-    TIMED(P_ROPE_BWD, zt_cuda_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o)));
+    TIMED(P_ROPE_BWD, zt_cuda_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o), pos));
 }
 
 static void k_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
@@ -188,6 +191,56 @@ static void k_attention_backward(const zt_ops *o, void *dqkv, const void *dout, 
 {
     TIMED(P_ATTN_BWD, zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, d, false,
                                                      ctx_of(o)->r.attn_scratch, o->dtype, stream_of(o)));
+}
+
+/* The descriptor of a causal varlen call over packed qkv rows of esize-byte elements (ops.h:
+ * attention_varlen); cu is device memory. */
+static zt_attention_desc varlen_desc(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *cu,
+                                     int nseq, int maxlen, const zt_attention_dims *d)
+{
+    const long W = (long)(d->NH + 2 * d->NKV) * d->HS;
+    const char *q = qkv;
+    return (zt_attention_desc){.q = q, .k = q + (size_t)d->NH * d->HS * o->esize,
+                               .v = q + (size_t)(d->NH + d->NKV) * d->HS * o->esize, .q_stride = W, .k_stride = W,
+                               .v_stride = W, .out = out, .out_stride = (long)d->NH * d->HS, .lse = lse,
+                               .B = nseq, .Tq = maxlen, .Tk = maxlen, .NH = d->NH, .NKV = d->NKV, .HS = d->HS,
+                               .causal = true, .window = -1, .cu_seqlens_q = cu, .cu_seqlens_k = cu};
+}
+
+static void k_attention_varlen(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *cu, int nseq,
+                               int maxlen, const zt_attention_dims *d)
+{
+    const zt_attention_desc ad = varlen_desc(o, out, lse, qkv, cu, nseq, maxlen, d);
+    zt_err err = {{0}};
+    int rc = 0;
+    TIMED(P_ATTN, rc = zt_cuda_attention_fwd(&ad, o->dtype, stream_of(o), &err));
+    if (rc != 0)
+        zt_log(ZT_LOG_ERROR, "varlen attention: %s", err.msg);
+    ZT_ASSERT(rc == 0); /* the executor checked the shape at creation */
+}
+
+static void k_attention_varlen_backward(const zt_ops *o, void *dqkv, const void *dout, const void *qkv,
+                                        const void *out, const float *lse, const int32_t *cu, int nseq, int maxlen,
+                                        const zt_attention_dims *d)
+{
+    const zt_attention_desc ad = varlen_desc(o, (void *)out, (float *)lse, qkv, cu, nseq, maxlen, d);
+    const long W = (long)(d->NH + 2 * d->NKV) * d->HS;
+    char *dq = dqkv;
+    const zt_attention_grads g = {.dout = dout, .dq = dq, .dk = dq + (size_t)d->NH * d->HS * o->esize,
+                                  .dv = dq + (size_t)(d->NH + d->NKV) * d->HS * o->esize, .dq_stride = W,
+                                  .dk_stride = W, .dv_stride = W, .accumulate = false};
+    ZT_ASSERT(zt_cuda_attention_bwd_scratch_size(&ad) <= ctx_of(o)->r.attn_scratch_bytes);
+    zt_err err = {{0}};
+    int rc = 0;
+    TIMED(P_ATTN_BWD, rc = zt_cuda_attention_bwd(&ad, &g, ctx_of(o)->r.attn_scratch, o->dtype, stream_of(o), &err));
+    if (rc != 0)
+        zt_log(ZT_LOG_ERROR, "varlen attention backward: %s", err.msg);
+    ZT_ASSERT(rc == 0);
+}
+
+static void k_add_inplace(const zt_ops *o, void *y, const void *x, size_t n)
+{
+    TIMED(P_EMBED, zt_cuda_add_inplace(y, x, n, o->dtype, stream_of(o)));
 }
 
 static void k_swiglu(const zt_ops *o, void *out, const void *h, int N, int F)
@@ -234,11 +287,14 @@ void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype
         .rope_backward = k_rope_backward,
         .attention = k_attention,
         .attention_backward = k_attention_backward,
+        .attention_varlen = k_attention_varlen,
+        .attention_varlen_backward = k_attention_varlen_backward,
         .swiglu = k_swiglu,
         .swiglu_backward = k_swiglu_backward,
         .embedding = k_embedding,
         .embedding_backward = k_embedding_backward,
         .copy = k_copy,
+        .add_inplace = k_add_inplace,
         .dtype = dtype,
         .esize = zt_dtype_size(dtype),
         .ctx = c,

@@ -674,6 +674,11 @@ static int validate_sft(const zt_train_config *c, enum zt_family_task task, zt_e
                            label("sft_data"));
         return 0;
     }
+    if (c->sft_pack && task != ZT_TASK_CAUSAL_LM)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s packs examples for decoder models (gpt2, llama, qwen2), whose "
+                       "attention can stay inside each example; this %s model (%s) does not pack: drop %s",
+                       label("sft_pack"), zt_family_name(&c->model),
+                       task == ZT_TASK_MASKED_LM ? "masked LM" : "not a decoder", label("sft_pack"));
     if (task != ZT_TASK_CAUSAL_LM)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s fine-tunes decoder models (gpt2, llama, qwen2); this %s model "
                        "is not one: use a decoder, or train this model on its own data with %s",
@@ -689,10 +694,6 @@ static int validate_sft(const zt_train_config *c, enum zt_family_task task, zt_e
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s reads texts: set %s to the model's tokenizer.json (a "
                        "tokenizer_config.json beside it gives the chat template)", label("sft_data"),
                        label("tokenizer"));
-    if (c->sft_pack)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s: packing several examples into one row is not available "
-                       "yet (it needs attention kept inside each example, which the models do not have): drop it; "
-                       "padded batches (one example a row) train the same loss", label("sft_pack"));
     return 0;
 }
 

@@ -66,7 +66,7 @@ typedef struct zt_train_config {
                                              chat_template of the tokenizer_config.json beside the tokenizer */
     bool train_on_prompt;                 /* the loss covers the prompts too */
     enum zt_train_overlong sft_overlong;
-    bool sft_pack;                        /* several examples a row: refused (not available yet) */
+    bool sft_pack;                        /* several examples a row, each attending only within itself */
 
     /* Batch and length. One step sees batch_size * grad_accum sequences of seq_len tokens. */
     int64_t steps;

@@ -43,6 +43,7 @@ struct zt_task {
     zt_sft_data *strain, *sval; /* supervised fine-tuning: the examples */
     zt_sft_loader *ltrain, *lval;
     int32_t *positions, *cu_seqlens, *nseqs; /* supervised fine-tuning: the loader's batch buffers */
+    bool packed;                /* supervised fine-tuning: several examples a row (--sft-pack) */
     int64_t untrained;          /* supervised fine-tuning: batches skipped for having no trained token */
 };
 
@@ -329,7 +330,8 @@ static int open_template(zt_task *t, const zt_train_config *cfg, const char *tcf
 }
 
 /* Logs what a file of examples and its loader hold. */
-static void log_sft(const char *what, const char *path, const zt_sft_data *d, const zt_sft_loader *l, int B, int T)
+static void log_sft(const char *what, const char *path, const zt_sft_data *d, const zt_sft_loader *l, int B, int T,
+                    bool packed)
 {
     static const char *const formats[] = {"?", "prompt/completion", "alpaca", "chat", "input/target"};
     zt_sft_stats s;
@@ -342,10 +344,17 @@ static void log_sft(const char *what, const char *path, const zt_sft_data *d, co
            s.tokens ? 100.0 * (double)s.trained / (double)s.tokens : 0.0, s.longest, zt_sft_loader_truncated(l), T,
            zt_sft_loader_dropped(l) + s.dropped, (unsigned long long)zt_sft_loader_batches_per_epoch(l), B, T,
            rows ? 100.0 * (1.0 - (double)tokens / ((double)rows * (double)T)) : 0.0);
+    if (packed) {
+        const size_t used = zt_sft_loader_examples(l);
+        zt_log(ZT_LOG_INFO, "sft: %s packed: %zu examples in %llu rows of %d tokens, %.2f examples a row, rows %.1f%% "
+               "full; %zu longer than %d tokens truncated", what, used, (unsigned long long)rows, T,
+               rows ? (double)used / (double)rows : 0.0,
+               rows ? 100.0 * (double)tokens / ((double)rows * (double)T) : 0.0, zt_sft_loader_truncated(l), T);
+    }
 }
 
-/* The tokenizer, the chat template, the examples of --sft-data and --sft-val-data, and padded loaders over
- * them (eval_batches lowered to the validation file's batches). */
+/* The tokenizer, the chat template, the examples of --sft-data and --sft-val-data, and padded or packed
+ * (--sft-pack) loaders over them (eval_batches lowered to the validation file's batches). */
 static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool is0, int64_t *eval_batches,
                     zt_err *err)
 {
@@ -365,15 +374,18 @@ static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool i
     int32_t pad = t->shape.pad_token_id;
     if (pad < 0 || pad >= t->shape.vocab)
         pad = 0; /* padding is never attended to by the tokens before it, nor scored */
-    const zt_sft_batch_options bo = {.B = B, .T = T, .shuffle = cfg->shuffle, .seed = (uint64_t)cfg->seed,
-                                     .pad_id = pad,
+    t->packed = cfg->sft_pack;
+    const zt_sft_batch_options bo = {.B = B, .T = T, .packed = cfg->sft_pack, .shuffle = cfg->shuffle,
+                                     .seed = (uint64_t)cfg->seed, .pad_id = pad,
                                      .overlong = cfg->sft_overlong == ZT_OVERLONG_REFUSE ? ZT_SFT_REFUSE
                                                                                          : ZT_SFT_TRUNCATE};
     if (is0)
-        zt_log(ZT_LOG_INFO, "sft: chat template %s, %s trained, eos after plain completions: %s; padded batches "
-               "(one example a row); the loss is the mean over the batch's trained tokens",
-               t->tmpl ? zt_chat_template_name(t->tmpl) : "none",
-               cfg->train_on_prompt ? "prompts and answers" : "answers only", has_eos ? eos : "none");
+        zt_log(ZT_LOG_INFO, "sft: chat template %s, %s trained, eos after plain completions: %s; %s; the loss is "
+               "the mean over the batch's trained tokens", t->tmpl ? zt_chat_template_name(t->tmpl) : "none",
+               cfg->train_on_prompt ? "prompts and answers" : "answers only", has_eos ? eos : "none",
+               cfg->sft_pack ? "packed batches (examples first-fit into rows, each attending only within itself, "
+                               "positions restarting at 0)"
+                             : "padded batches (one example a row)");
     const char *flags[2] = {"--sft-data", "--sft-val-data"};
     const char *paths[2] = {cfg->sft_data, cfg->sft_val_data};
     zt_sft_data **sets[2] = {&t->strain, &t->sval};
@@ -392,7 +404,7 @@ static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool i
             return rc;
         }
         if (is0)
-            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T);
+            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T, cfg->sft_pack);
     }
     const size_t n = (size_t)B * (size_t)T;
     t->positions = zt_xmalloc(n * sizeof(int32_t));
@@ -413,7 +425,7 @@ static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool i
     return 0;
 }
 
-/* The next padded batch. A batch without a trained token (possible only when every example in it lost its
+/* The next padded or packed batch (its positions kept in t->positions). A batch without a trained token (possible only when every example in it lost its
  * answer) is never trained on: it is skipped with a warning and the next one taken. */
 static void next_sft(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types)
 {
@@ -554,9 +566,17 @@ bool zt_task_weighs_targets(const zt_task *t)
     return t->ops->weighs_targets;
 }
 
-void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types)
+bool zt_task_packs(const zt_task *t)
+{
+    return t->packed;
+}
+
+void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types,
+                  int32_t *positions)
 {
     t->ops->next(t, val, key, tokens, targets, types);
+    if (t->packed && positions)
+        memcpy(positions, t->positions, t->batch_tokens * sizeof(int32_t));
 }
 
 int64_t zt_task_val_begin(zt_task *t, int64_t eval_batches)

@@ -4,7 +4,7 @@
  * shards and masks 15% of their tokens as it reads them (BERT's recipe); classification reads labelled
  * texts (JSONL) and tokenizes them with --tokenizer; supervised fine-tuning (a causal LM family given
  * --sft-data) reads JSONL prompts and answers (worker/data/sft.h) and learns the answers' tokens, one example a
- * padded row. The loop calls every task through the same functions: it never branches on which task it runs.
+ * padded row, or several a row with --sft-pack. The loop calls every task through the same functions: it never branches on which task it runs.
  * The task follows from the model's config (zt_family_config_task) and, for fine-tuning, from --sft-data; a new
  * task (sequence-to-sequence) is one more entry in task.c's table. */
 #ifndef ZT_WORKER_TRAIN_TASK_H
@@ -45,7 +45,12 @@ bool zt_task_weighs_targets(const zt_task *t);
  * number): the draws of a masked LM depend on the seed and key only, so that every rank, a resumed run and
  * every evaluation mask alike. Supervised fine-tuning never hands out a batch without a trained token: it
  * skips such a batch with a warning. */
-void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types);
+void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types,
+                  int32_t *positions);
+/* Whether the task packs several documents into a row (supervised fine-tuning with --sft-pack): then
+ * zt_task_next writes positions [B, T] too, each token's position in its document (worker/models/model.h:
+ * zt_model_docs), which the model needs with the tokens; otherwise positions is not written (may be NULL). */
+bool zt_task_packs(const zt_task *t);
 /* Rewinds the validation data and returns the number of batches one evaluation reads (a classifier reads
  * its whole file; the others eval_batches). */
 int64_t zt_task_val_begin(zt_task *t, int64_t eval_batches);

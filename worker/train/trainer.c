@@ -858,6 +858,7 @@ struct run {
     zt_metrics metrics;
     int32_t *tok, *tgt;       /* one global batch */
     int32_t *types;           /* one global batch's token types */
+    int32_t *pos;             /* one global batch's positions in packed documents (when the task packs) */
     bool use_scaler;          /* fp16: dynamic loss scaling */
     zt_loss_scaler scaler;
     char run_id[ZT_SERVER_RUN_ID_MAX];
@@ -874,6 +875,7 @@ static void run_free(struct run *r)
     zt_optimizer_free(&r->opt);
     zt_task_close(r->task);
     free(r->types);
+    free(r->pos);
     zt_metrics_close(&r->metrics);
     free(r->tok);
     free(r->tgt);
@@ -912,10 +914,12 @@ static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, i
     double sums[3] = {0, 0, 0}; /* loss x counted (or the batches' losses), correct, counted */
     for (int64_t i = 0; i < batches; i++) {
         float mean;
-        zt_task_next(r->task, true, (uint64_t)i, r->tok, r->tgt, r->types);
+        zt_task_next(r->task, true, (uint64_t)i, r->tok, r->tgt, r->types, r->pos);
         if (r->model->ops->set_token_types)
             r->model->ops->set_token_types(r->model, r->types + off);
-        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, &mean, err);
+        const zt_model_docs docs = {.pos = r->pos + off};
+        int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, zt_task_packs(r->task) ? &docs : NULL,
+                                &mean, err);
         if (rc < 0)
             return rc;
         if (!counted) {
@@ -1119,6 +1123,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     r.tok = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
     r.tgt = zt_xmalloc((size_t)B * (size_t)T * sizeof(int32_t));
     r.types = zt_xcalloc((size_t)B * (size_t)T, sizeof(int32_t));
+    r.pos = zt_xcalloc((size_t)B * (size_t)T, sizeof(int32_t));
 
     /* Starting state: fresh, from init_from, or from a checkpoint. */
     zt_schedule sched = {.kind = cfg->schedule, .lr = cfg->lr, .min_lr = cfg->min_lr,
@@ -1278,11 +1283,12 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_engine_set_profiling(r.engine, true);
         const float scale = r.use_scaler ? (float)r.scaler.scale : 1.0f;
         for (int a = 0; a < accum && rc == 0; a++) {
-            zt_task_next(r.task, false, ((uint64_t)step << 20) + (uint64_t)a, r.tok, r.tgt, r.types);
+            zt_task_next(r.task, false, ((uint64_t)step << 20) + (uint64_t)a, r.tok, r.tgt, r.types, r.pos);
             if (r.model->ops->set_token_types)
                 r.model->ops->set_token_types(r.model, r.types + off);
-            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, a, micro_weight(&r, off, b, T, accum, W),
-                                 scale, err);
+            const zt_model_docs docs = {.pos = r.pos + off};
+            rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, zt_task_packs(r.task) ? &docs : NULL, a,
+                                 micro_weight(&r, off, b, T, accum, W), scale, err);
         }
         zt_engine_step_result sr;
         if (rc == 0)
