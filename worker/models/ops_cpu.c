@@ -121,17 +121,18 @@ static void cpu_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void
     zt_cpu_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
 }
 
-static void cpu_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS)
+static void cpu_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+                     int rot)
 {
     (void)o;
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, rot, 0);
 }
 
 static void cpu_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV,
-                              int HS)
+                              int HS, int rot)
 {
     (void)o;
-    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0);
+    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, rot, 0);
 }
 
 static void cpu_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
