@@ -795,6 +795,7 @@ static void decoder_arch(const zt_llama *m, zt__dec_arch *a)
     *a = (zt__dec_arch){.L = c->num_hidden_layers, .C = c->hidden_size, .NH = c->num_attention_heads,
                         .NKV = c->num_key_value_heads, .HS = m->HS, .F = c->intermediate_size, .V = c->vocab_size,
                         .norm = ZT__DEC_RMSNORM, .eps = c->rms_norm_eps, .mlp = ZT__DEC_MLP_SWIGLU, .rope = true,
+                        .rot = m->HS,
                         .pad_token_id = c->pad_token_id, .layer0 = 1, .per_layer = m->per_layer,
                         .head_tensor = m->head_tensor};
     for (int k = 0; k < ZT__DEC_ROLES; k++)
