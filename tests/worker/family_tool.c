@@ -31,35 +31,9 @@ static int die(const char *msg)
     return 1;
 }
 
-/* One micro-batch through the engine's CPU executor m (model_once.h's order, with host buffers). */
-static float once_cpu(zt_model *m, const zt_family_model *fm, const float *params, const int32_t *tokens, const int32_t *targets, int B, int T,
-                      float *logits, float *grads)
+static const float *host_logits(const void *fm)
 {
-    const int nb = m->nblocks;
-    const size_t total = m->block_offset[nb - 1] + m->block_len[nb - 1];
-    float *w = calloc(total, sizeof(float)), *g = calloc(total, sizeof(float));
-    if (!w || !g)
-        return -1.0f;
-    for (int i = 0; i < m->ntensors; i++)
-        memcpy(w + m->tensors[i].offset, params + m->tensors[i].host_offset, m->tensors[i].numel * sizeof(float));
-    m->ops->begin(m, tokens, targets, B, T, 0);
-    for (int b = 0; b < nb; b++)
-        m->ops->forward(m, b, w + m->block_offset[b]);
-    m->ops->head(m, w + m->block_offset[m->head_block], 0.0f);
-    /* the host model's logits (the CPU executor runs its passes), before the head's backward turns them into
-     * their gradient */
-    memcpy(logits, zt_family_model_logits(fm), (size_t)B * T * zt_family_config_vocab(zt_family_model_config(fm)) *
-                                               sizeof(float));
-    m->ops->head(m, w + m->block_offset[m->head_block], 1.0f);
-    m->ops->head_backward(m, w + m->block_offset[m->head_block], g + m->block_offset[m->head_block]);
-    for (int b = nb - 1; b >= 0; b--)
-        m->ops->backward(m, b, w + m->block_offset[b], g + m->block_offset[b]);
-    for (int i = 0; i < m->ntensors; i++)
-        memcpy(grads + m->tensors[i].host_offset, g + m->tensors[i].offset, m->tensors[i].numel * sizeof(float));
-    const float loss = m->ops->loss(m, 0);
-    free(w);
-    free(g);
-    return loss;
+    return zt_family_model_logits(fm);
 }
 
 static int read_tokens(const char *path, int vocab, int *B, int *T, int32_t **in, int32_t **tg)
@@ -170,7 +144,8 @@ int main(int argc, char **argv)
             die(err.msg);
             goto out;
         }
-        loss = once_cpu(cm, m, zt_family_model_params(m), inputs, targets, B, T, logits, zt_family_model_grads(m));
+        loss = zt_test_model_once_cpu(cm, zt_family_model_params(m), inputs, targets, B, T, host_logits, m, nlogits,
+                                      logits, zt_family_model_grads(m));
         cm->ops->destroy(cm);
     }
     zt_st_writer *w = zt_st_writer_create();
