@@ -12,7 +12,9 @@ rows interleaved per head) under Hugging Face's names, has ztrain import them, a
   - ztrain's gradient (exported under Hugging Face's names and layout) of sampled entries of every tensor with
     central differences of the numpy loss, 1e-4 relative to the tensor's largest gradient;
   - ztrain's re-export holds exactly the imported weights (the q, k, v permutation undone), and its
-    config.json reads back as the same config.
+    config.json reads back as the same config;
+  - `ztrain generate --temperature 0` (a vocabulary of the 256 bytes) continues a prompt with the numpy
+    model's greedy tokens.
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) without numpy and safetensors.
 """
 import json
@@ -229,6 +231,32 @@ def check(tool, label, cfg, rng, tmp):
     return problems
 
 
+def check_generate(tool, rng, tmp):
+    """Greedy generation of `ztrain generate` (beside family_tool in the build) against the numpy model's."""
+    ztrain = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(tool)))), "worker",
+                          "ztrain")
+    cfg = dict(CONFIGS[0][1], vocab_size=256, eos_token_id=None)
+    w = hf_weights(rng, cfg)
+    folder = os.path.join(tmp, "gen")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    save_file(w, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    prompt, n = b"Pythia says", 12
+    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
+                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
+                          "--max-new-tokens", str(n)], capture_output=True)
+    if res.returncode != 0:
+        return [f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"]
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(numpy_logits(w, cfg, np.array([ids]))[0, -1].argmax()))
+    want = bytes(ids)
+    got = res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout
+    print(f"greedy generation: {got!r}")
+    return [] if got == want else [f"ztrain generated {got!r}, numpy's greedy tokens are {want!r}"]
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -238,10 +266,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for label, cfg in CONFIGS:
             problems += [f"{label}: {p}" for p in check(sys.argv[1], label, cfg, rng, tmp)]
+        problems += [f"generate: {p}" for p in check_generate(sys.argv[1], rng, tmp)]
     for p in problems:
         print("MISMATCH", p)
-    print(f"{len(CONFIGS) - len({p.split(':')[0] for p in problems})} passed, "
-          f"{len({p.split(':')[0] for p in problems})} failed")
+    failed = len({p.split(':')[0] for p in problems})
+    print(f"{len(CONFIGS) + 1 - failed} passed, {failed} failed")
     return 1 if problems else 0
 
 
