@@ -86,9 +86,9 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
         return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
     if (T > shape.positions)
         return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "sequence length %d exceeds the model's max_position_embeddings %d (use a sequence length of "
-                       "at most %d)",
-                       T, shape.positions, shape.positions);
+                       "sequence length %d exceeds the model's %s %d (use a sequence length of at most %d)", T,
+                       spec->positions_key ? spec->positions_key : "max_position_embeddings", shape.positions,
+                       shape.positions);
     zt__hm *m = new_tables(spec, cfg, B, T);
     if (!m)
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");

@@ -23,6 +23,8 @@
 typedef struct zt__hm_spec {
     const zt_family_def *def;  /* the family (its config functions validate and shape the config) */
     size_t config_size;        /* bytes of the family's config struct (<= ZT_FAMILY_CONFIG_BYTES) */
+    const char *positions_key; /* the config's name of its longest sequence, for messages (NULL:
+                                  "max_position_embeddings") */
     /* The tensor table: the number of tensors, then the table and the L + 2 blocks filled in slab order;
      * returns the number of parameters. */
     int (*count_tensors)(const void *cfg);

@@ -29,7 +29,7 @@
 #include "worker/models/decoder.h"          /* the layer program and its CPU runner */
 #include "worker/models/family.h"           /* the family definition */
 #include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
-#include "worker/models/host_model.h"       /* the host model every decoder family shares */
+#include "worker/models/host_model.h"        /* the host model every decoder family shares */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
