@@ -1,7 +1,9 @@
-/* Rotary position embeddings (RoPE), as Hugging Face's LlamaModel applies them ("rotate_half"): in a head of
- * HS channels, channel i < HS/2 pairs with channel i + HS/2 and the pair turns by the angle pos * inv_freq[i]:
- *   x'[i]        = x[i] cos - x[i + HS/2] sin
- *   x'[i + HS/2] = x[i + HS/2] cos + x[i] sin
+/* Rotary position embeddings (RoPE), as Hugging Face's LlamaModel and GPTNeoXModel apply them ("rotate_half"):
+ * the first rot channels of a head of HS channels turn (rot == HS: all of them, LLaMA; GPT-NeoX's
+ * partial_rotary_factor gives rot = int(HS * factor)) and the channels from rot on pass through. Channel
+ * i < rot/2 pairs with channel i + rot/2 and the pair turns by the angle pos * inv_freq[i]:
+ *   x'[i]         = x[i] cos - x[i + rot/2] sin
+ *   x'[i + rot/2] = x[i + rot/2] cos + x[i] sin
  *
  * Layout: in place on the query and key heads of the packed attention input (kernels/attention.h),
  * qkv [B,T,(NH+2*NKV)*HS]: each row holds NH query heads, then NKV key heads, then NKV value heads, which
@@ -43,19 +45,20 @@ int zt_rope_inv_freq(float *inv_freq, int head_size, const zt_rope_config *cfg, 
 
 #include <stdint.h>
 
-/* Rotates the query and key heads of qkv in place (layout above); inv_freq [HS/2]; pos NULL (pos0 + t) or
- * [B*T] positions, each in [0, 2^24). */
-void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                         const int32_t *pos);
+/* Rotates the first rot channels (even, 0 < rot <= HS) of the query and key heads of qkv in place (layout
+ * above); inv_freq [rot/2] (zt_rope_inv_freq with head_size rot); pos NULL (pos0 + t) or [B*T] positions,
+ * each in [0, 2^24). */
+void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                         int pos0, const int32_t *pos);
 /* The backward, in place on dqkv: rotates the query and key heads back (by -angle), which turns the
  * gradient with respect to the rotated q and k into the gradient with respect to the unrotated ones.
  * It replaces those values (RoPE has no other input); the value heads are left alone. */
-void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                          const int32_t *pos);
+void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                          int pos0, const int32_t *pos);
 
 #ifdef ZT_WITH_CUDA
 /* CUDA twins (kernels/cuda/rope.cu). qkv and dqkv hold `dtype` elements (F32, F16 or BF16), arithmetic is
- * fp32; inv_freq is a device array of HS/2 floats, pos NULL or a device array of B*T int32 positions. One
+ * fp32; inv_freq is a device array of rot/2 floats, pos NULL or a device array of B*T int32 positions. One
  * block per row of qkv. */
 #include <cuda_runtime.h>
 
@@ -65,10 +68,10 @@ extern "C" {
 
 #include "common/safetensors.h"
 
-void zt_cuda_rope_forward(void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                          enum zt_dtype dtype, cudaStream_t stream, const int32_t *pos);
-void zt_cuda_rope_backward(void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                           enum zt_dtype dtype, cudaStream_t stream, const int32_t *pos);
+void zt_cuda_rope_forward(void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                          int pos0, enum zt_dtype dtype, cudaStream_t stream, const int32_t *pos);
+void zt_cuda_rope_backward(void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                           int pos0, enum zt_dtype dtype, cudaStream_t stream, const int32_t *pos);
 
 #ifdef __cplusplus
 }

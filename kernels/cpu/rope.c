@@ -72,10 +72,11 @@ int zt_rope_inv_freq(float *inv_freq, int head_size, const zt_rope_config *cfg, 
 }
 
 /* Turns the query and key heads of every row by sign * angle (sign -1: the backward). */
-static void zt_rope_apply(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                          const int32_t *posv, zt_real sign)
+static void zt_rope_apply(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                          int pos0, const int32_t *posv, zt_real sign)
 {
-    const int half = HS / 2, heads = NH + NKV;
+    ZT_ASSERT(rot > 0 && rot <= HS && rot % 2 == 0);
+    const int half = rot / 2, heads = NH + NKV;
     const long stride = (long)(NH + 2 * NKV) * HS, rows = (long)B * T;
     #pragma omp parallel num_threads(zt_cpu_get_threads()) if (rows * heads * HS >= 16384)
     {
@@ -109,15 +110,15 @@ static void zt_rope_apply(zt_real *qkv, const float *inv_freq, int B, int T, int
 }
 
 /* Rotates the query and key heads of qkv [B,T,(NH+2*NKV)*HS] in place. */
-void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                         const int32_t *pos)
+void zt_cpu_rope_forward(zt_real *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                         int pos0, const int32_t *pos)
 {
-    zt_rope_apply(qkv, inv_freq, B, T, NH, NKV, HS, pos0, pos, (zt_real)1);
+    zt_rope_apply(qkv, inv_freq, B, T, NH, NKV, HS, rot, pos0, pos, (zt_real)1);
 }
 
 /* Rotates the query and key heads of dqkv back, in place. */
-void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                          const int32_t *pos)
+void zt_cpu_rope_backward(zt_real *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                          int pos0, const int32_t *pos)
 {
-    zt_rope_apply(dqkv, inv_freq, B, T, NH, NKV, HS, pos0, pos, (zt_real)-1);
+    zt_rope_apply(dqkv, inv_freq, B, T, NH, NKV, HS, rot, pos0, pos, (zt_real)-1);
 }

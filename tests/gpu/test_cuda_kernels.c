@@ -432,29 +432,31 @@ static void test_rmsnorm(void **state)
 
 /* ---- rotary position embeddings ---- */
 
-static void run_rope(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, int pos0, const zt_rope_config *cfg)
+static void run_rope(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, int rot, int pos0,
+                     const zt_rope_config *cfg)
 {
     const int W = (NH + 2 * NKV) * HS;
     const size_t n = (size_t)B * T * W;
-    char name[96];
-    float *inv_freq = malloc(sizeof(float) * HS / 2);
-    assert_int_equal(zt_rope_inv_freq(inv_freq, HS, cfg, NULL), 0);
-    float *d_inv = dev_alloc(sizeof(float) * HS / 2);
-    ZT_CUDA_CHECK(cudaMemcpy(d_inv, inv_freq, sizeof(float) * HS / 2, cudaMemcpyHostToDevice));
+    char name[112];
+    float *inv_freq = malloc(sizeof(float) * rot / 2);
+    assert_int_equal(zt_rope_inv_freq(inv_freq, rot, cfg, NULL), 0);
+    float *d_inv = dev_alloc(sizeof(float) * rot / 2);
+    ZT_CUDA_CHECK(cudaMemcpy(d_inv, inv_freq, sizeof(float) * rot / 2, cudaMemcpyHostToDevice));
     float *qkv;
     void *d_qkv = dev_rand(n, 2.0f, dt, &qkv);
-    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream, NULL);
+    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, rot, pos0, dt, g_stream, NULL);
     float *got = dev_download(d_qkv, n, dt);
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, pos0, NULL);
-    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d forward", B, T, NH, NKV, HS, pos0);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, rot, pos0, NULL);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d rot %d pos0 %d forward", B, T, NH, NKV, HS, rot, pos0, NULL);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     memcpy(qkv, got, sizeof(float) * n); /* the backward's input: the GPU's rotated values, on both sides */
     free(got);
     /* The backward, in place like the forward. */
-    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, pos0, dt, g_stream, NULL);
+    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, rot, pos0, dt, g_stream, NULL);
     got = dev_download(d_qkv, n, dt);
-    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, pos0, NULL);
-    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d pos0 %d backward", B, T, NH, NKV, HS, pos0);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, rot, pos0, NULL);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d rot %d pos0 %d backward", B, T, NH, NKV, HS, rot,
+             pos0);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     free(got), free(qkv), free(inv_freq);
     dev_free(d_qkv), dev_free(d_inv);
@@ -480,16 +482,16 @@ static void run_rope_positions(enum zt_dtype dt, int B, int T, int NH, int NKV, 
     ZT_CUDA_CHECK(cudaMemcpy(d_pos, pos, sizeof(int32_t) * rows, cudaMemcpyHostToDevice));
     float *qkv;
     void *d_qkv = dev_rand(n, 2.0f, dt, &qkv);
-    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, 0, dt, g_stream, d_pos);
+    zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, HS, 0, dt, g_stream, d_pos);
     float *got = dev_download(d_qkv, n, dt);
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, HS, 0, pos);
     snprintf(name, sizeof(name), "rope positions B%d T%d NH%d NKV%d HS%d forward", B, T, NH, NKV, HS);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     memcpy(qkv, got, sizeof(float) * n);
     free(got);
-    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, 0, dt, g_stream, d_pos);
+    zt_cuda_rope_backward(d_qkv, d_inv, B, T, NH, NKV, HS, HS, 0, dt, g_stream, d_pos);
     got = dev_download(d_qkv, n, dt);
-    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, HS, 0, pos);
     snprintf(name, sizeof(name), "rope positions B%d T%d NH%d NKV%d HS%d backward", B, T, NH, NKV, HS);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     free(got), free(qkv), free(inv_freq), free(pos);
@@ -505,10 +507,13 @@ static void test_rope(void **state)
                                    .original_max_position_embeddings = 8192};
     const zt_rope_config linear = {.theta = 10000.0, .scaling = ZT_ROPE_SCALING_LINEAR, .factor = 4.0};
     for (int i = 0; i < 3; i++) {
-        run_rope(k_dtypes[i], 2, 67, 4, 4, 128, 0, &llama2);      /* multi-head */
-        run_rope(k_dtypes[i], 3, 33, 6, 2, 80, 0, &linear);       /* grouped-query, ratio 3, head size 80 */
-        run_rope(k_dtypes[i], 1, 129, 32, 8, 128, 8000, &llama3); /* LLaMA-3 8B heads, positions 8000.. */
-        run_rope(k_dtypes[i], 2, 5, 5, 1, 40, 3, &llama2);        /* one key head, odd head count */
+        run_rope(k_dtypes[i], 2, 67, 4, 4, 128, 128, 0, &llama2);      /* multi-head */
+        run_rope(k_dtypes[i], 3, 33, 6, 2, 80, 80, 0, &linear);        /* grouped-query, ratio 3, head size 80 */
+        run_rope(k_dtypes[i], 1, 129, 32, 8, 128, 128, 8000, &llama3); /* LLaMA-3 8B heads, positions 8000.. */
+        run_rope(k_dtypes[i], 2, 5, 5, 1, 40, 40, 3, &llama2);         /* one key head, odd head count */
+        run_rope(k_dtypes[i], 2, 67, 8, 8, 64, 16, 0, &llama2);        /* Pythia's rotary_pct 0.25 of 64 */
+        run_rope(k_dtypes[i], 3, 33, 4, 4, 32, 8, 5, &llama2);         /* 0.25 of 32 */
+        run_rope(k_dtypes[i], 1, 17, 12, 12, 80, 20, 0, &linear);      /* a quarter of 80: 10 pairs */
         run_rope_positions(k_dtypes[i], 3, 50, 6, 2, 64, &llama2); /* packed documents */
     }
 }

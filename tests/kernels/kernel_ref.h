@@ -389,10 +389,10 @@ static inline void ref_swiglu_backward(double *dinp, const double *inp, const do
 
 /* RoPE ("rotate_half") on the query and key heads of qkv [B,T,(NH+2*NKV)*HS], in place, by sign * angle.
  * fp32_angle: the angle is pos * inv_freq rounded to fp32 (the float build and the GPU), else exact. */
-static inline void ref_rope(double *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int pos0,
-                            double sign, int fp32_angle)
+static inline void ref_rope(double *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
+                            int pos0, double sign, int fp32_angle)
 {
-    int half = HS / 2;
+    int half = rot / 2; /* channels rot .. HS-1 pass through */
     long stride = (long)(NH + 2 * NKV) * HS;
     for (long r = 0; r < (long)B * T; r++) {
         int pos = pos0 + (int)(r % T);

@@ -382,13 +382,13 @@ static void test_rope(void **state)
     double *qkv_d;
     float *qkv = rnd_floats(B * T * W, 2, &qkv_d), *orig = malloc(sizeof(float) * B * T * W);
     memcpy(orig, qkv, sizeof(float) * B * T * W);
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 2963, NULL);
-    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, 2963, 1.0, 1);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, HS, 2963, NULL);
+    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, HS, 2963, 1.0, 1);
     expect_close_f("rope forward", qkv, qkv_d, B * T * W, F32_TOL);
     for (int r = 0; r < B * T; r++) /* value heads untouched, bit for bit */
         assert_memory_equal(qkv + r * W + (NH + NKV) * HS, orig + r * W + (NH + NKV) * HS, sizeof(float) * NKV * HS);
-    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, 2963, NULL);
-    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, 2963, -1.0, 1);
+    zt_cpu_rope_backward(qkv, inv_freq, B, T, NH, NKV, HS, HS, 2963, NULL);
+    ref_rope(qkv_d, inv_freq, B, T, NH, NKV, HS, HS, 2963, -1.0, 1);
     expect_close_f("rope backward", qkv, qkv_d, B * T * W, F32_TOL);
     for (int i = 0; i < B * T * W; i++) /* the backward undoes the forward (an orthogonal map) */
         assert_true(fabsf(qkv[i] - orig[i]) <= 1e-5f * (1.0f + fabsf(orig[i])));

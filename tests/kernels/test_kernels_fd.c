@@ -808,6 +808,7 @@ static void test_tanh(void **state)
 enum { RP_NH = 4, RP_NKV = 2, RP_HS = 6, RP_W = (RP_NH + 2 * RP_NKV) * RP_HS, RP_POS0 = 3 };
 
 struct rope_ctx {
+    int rot; /* rotated channels of a head: RP_HS, or fewer (GPT-NeoX's partial rotary) */
     float inv_freq[RP_HS / 2];
     double *qkv, *out, *w;
 };
@@ -816,41 +817,59 @@ static double rope_objective(void *p)
 {
     struct rope_ctx *c = p;
     memcpy(c->out, c->qkv, sizeof(double) * B * T * RP_W);
-    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, NULL);
+    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, c->rot, RP_POS0, NULL);
     return dot(c->out, c->w, B * T * RP_W);
 }
 
-static void test_rope(void **state)
+static void run_rope_fd(int rot)
 {
-    (void)state;
-    struct rope_ctx c;
+    struct rope_ctx c = {.rot = rot};
     zt_rope_config cfg = {.theta = 10.0}; /* a small base: angles far apart over a few positions */
-    assert_int_equal(zt_rope_inv_freq(c.inv_freq, RP_HS, &cfg, NULL), 0);
+    assert_int_equal(zt_rope_inv_freq(c.inv_freq, rot, &cfg, NULL), 0);
     c.qkv = rnd_array(B * T * RP_W);
     c.out = zero_array(B * T * RP_W);
     c.w = rnd_array(B * T * RP_W);
     double *want = zero_array(B * T * RP_W);
     rope_objective(&c);
     memcpy(want, c.qkv, sizeof(double) * B * T * RP_W);
-    ref_rope(want, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, 1.0, 0);
+    ref_rope(want, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, rot, RP_POS0, 1.0, 0);
     expect_close("rope forward", c.out, want, B * T * RP_W, 1e-14);
+    for (int r = 0; r < B * T; r++) /* channels from rot on pass through, bit for bit */
+        for (int h = 0; h < RP_NH + RP_NKV; h++)
+            assert_memory_equal(c.out + r * RP_W + h * RP_HS + rot, c.qkv + r * RP_W + h * RP_HS + rot,
+                                sizeof(double) * (RP_HS - rot));
 
     /* The backward of sum(rope(x) * w) is rope_backward(w): value columns carry w unchanged. */
     double *grad = malloc(sizeof(double) * B * T * RP_W);
     memcpy(grad, c.w, sizeof(double) * B * T * RP_W);
-    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_POS0, NULL);
+    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, rot, RP_POS0, NULL);
     expect_fd("rope dqkv", c.qkv, B * T * RP_W, grad, rope_objective, &c);
 
     /* Positions: a call at pos0 = RP_POS0 + 2 on rows 2.. of a sequence gives the same bits as those rows of
      * the call at RP_POS0. */
     double *tail = malloc(sizeof(double) * (T - 2) * RP_W);
     memcpy(tail, c.qkv + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
-    zt_cpu_rope_forward(tail, c.inv_freq, 1, T - 2, RP_NH, RP_NKV, RP_HS, RP_POS0 + 2, NULL);
+    zt_cpu_rope_forward(tail, c.inv_freq, 1, T - 2, RP_NH, RP_NKV, RP_HS, rot, RP_POS0 + 2, NULL);
     rope_objective(&c);
     assert_memory_equal(tail, c.out + 2 * RP_W, sizeof(double) * (T - 2) * RP_W);
     free(c.qkv); free(c.out); free(c.w); free(want); free(grad); free(tail);
 }
 
+static void test_rope(void **state)
+{
+    (void)state;
+    run_rope_fd(RP_HS); /* every channel (LLaMA) */
+}
+
+/* GPT-NeoX's partial rotary: the first 4 (or 2) of 6 channels turn, the rest pass through. */
+static void test_rope_partial(void **state)
+{
+    (void)state;
+    run_rope_fd(4);
+    run_rope_fd(2);
+}
+
+/* The inverse frequencies against transformers' formulas written out in double. */
 /* Per-row positions (packed documents): rows B*T with positions restarting at 0; each row must equal the
  * fixed-layout call of that row alone at pos0 = its position, and the backward passes finite differences. */
 static const int32_t rope_positions[B * T] = {0, 1, 2, 0, 1, 0, 0, 1, 2, 3};
@@ -859,7 +878,7 @@ static double rope_pos_objective(void *p)
 {
     struct rope_ctx *c = p;
     memcpy(c->out, c->qkv, sizeof(double) * B * T * RP_W);
-    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, 0, rope_positions);
+    zt_cpu_rope_forward(c->out, c->inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_HS, 0, rope_positions);
     return dot(c->out, c->w, B * T * RP_W);
 }
 
@@ -877,14 +896,14 @@ static void test_rope_positions(void **state)
     int moved = 0;
     for (int r = 0; r < B * T; r++) {
         memcpy(row, c.qkv + (size_t)r * RP_W, sizeof(double) * RP_W);
-        zt_cpu_rope_forward(row, c.inv_freq, 1, 1, RP_NH, RP_NKV, RP_HS, rope_positions[r], NULL);
+        zt_cpu_rope_forward(row, c.inv_freq, 1, 1, RP_NH, RP_NKV, RP_HS, RP_HS, rope_positions[r], NULL);
         assert_memory_equal(row, c.out + (size_t)r * RP_W, sizeof(double) * RP_W);
         moved += rope_positions[r] != r % T;
     }
     assert_true(moved > 0); /* the positions differ from the fixed layout's */
     double *grad = malloc(sizeof(double) * B * T * RP_W);
     memcpy(grad, c.w, sizeof(double) * B * T * RP_W);
-    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, 0, rope_positions);
+    zt_cpu_rope_backward(grad, c.inv_freq, B, T, RP_NH, RP_NKV, RP_HS, RP_HS, 0, rope_positions);
     expect_fd("rope dqkv (positions)", c.qkv, B * T * RP_W, grad, rope_pos_objective, &c);
     free(c.qkv); free(c.out); free(c.w); free(row); free(grad);
 }
@@ -1446,7 +1465,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attention_t5_bucket), cmocka_unit_test(test_attention_desc_errors),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_gelu_erf),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
-        cmocka_unit_test(test_rope),         cmocka_unit_test(test_rope_positions), cmocka_unit_test(test_rope_inv_freq),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_partial),
+        cmocka_unit_test(test_rope_positions),
+        cmocka_unit_test(test_rope_inv_freq),
         cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_classifier_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

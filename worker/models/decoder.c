@@ -60,7 +60,7 @@ void zt__dec_carve_work(const zt__dec_arch *a, size_t N, size_t esize, size_t al
     work->datty = zt__dec_take(base, used, N * C * e, align);
     work->dqkv = zt__dec_take(base, used, N * (size_t)zt__dec_qkv_width(a) * e, align);
     work->dh = zt__dec_take(base, used, N * (size_t)zt__dec_up_width(a) * e, align);
-    work->dact = a->mlp == ZT__DEC_MLP_SWIGLU ? zt__dec_take(base, used, N * (size_t)a->F * e, align) : NULL;
+    work->dact = a->mlp != ZT__DEC_MLP_GELU_TANH ? zt__dec_take(base, used, N * (size_t)a->F * e, align) : NULL;
 }
 
 /* ---- the program ---- */
@@ -174,14 +174,17 @@ void zt__dec_layer_forward(const zt_ops *o, const zt__dec_arch *a, const zt__dec
     norm_forward(o, a, s->ln1, s->ln1_mean, s->ln1_rstd, x, W(LN1_W), W(LN1_B), N);
     o->linear(o, s->qkv, s->ln1, W(QKV_W), W(QKV_B), N, C, QKV);
     if (a->rope)
-        o->rope(o, s->qkv, inv_freq, B, T, a->NH, a->NKV, a->HS, docs ? docs->pos : NULL);
+        o->rope(o, s->qkv, inv_freq, B, T, a->NH, a->NKV, a->HS, a->rot, docs ? docs->pos : NULL);
     attention_forward(o, a, s->atty, s->lse, s->qkv, &d, docs);
     o->linear_residual(o, s->res2, s->atty, W(O_W), W(O_B), x, N, C, C);
-    /* MLP: out = res2 + down_proj(act(up_proj(norm2(res2)))) */
-    norm_forward(o, a, s->ln2, s->ln2_mean, s->ln2_rstd, s->res2, W(LN2_W), W(LN2_B), N);
+    /* MLP: out = res2 + down_proj(act(up_proj(norm2(res2)))), or of norm2(x) with parallel residuals */
+    norm_forward(o, a, s->ln2, s->ln2_mean, s->ln2_rstd, a->parallel_residual ? x : s->res2, W(LN2_W), W(LN2_B), N);
     if (a->mlp == ZT__DEC_MLP_SWIGLU) {
         o->linear(o, s->h, s->ln2, W(UP_W), W(UP_B), N, C, UP);
         o->swiglu(o, s->act, s->h, N, F);
+    } else if (a->mlp == ZT__DEC_MLP_GELU_ERF) {
+        o->linear(o, s->h, s->ln2, W(UP_W), W(UP_B), N, C, UP);
+        o->gelu_erf(o, s->act, s->h, (size_t)N * F);
     } else {
         o->linear_gelu(o, s->h, s->act, s->ln2, W(UP_W), W(UP_B), N, C, UP);
     }
@@ -202,16 +205,24 @@ void zt__dec_layer_backward(const zt_ops *o, const zt__dec_arch *a, const zt__de
     if (a->mlp == ZT__DEC_MLP_SWIGLU) {
         o->linear_backward(o, k->dact, G(DOWN_W), G(DOWN_B), k->dres, s->act, W(DOWN_W), N, F, C);
         o->swiglu_backward(o, k->dh, s->h, k->dact, N, F);
+    } else if (a->mlp == ZT__DEC_MLP_GELU_ERF) {
+        o->linear_backward(o, k->dact, G(DOWN_W), G(DOWN_B), k->dres, s->act, W(DOWN_W), N, F, C);
+        o->gelu_erf_backward(o, k->dh, s->h, k->dact, (size_t)N * F);
     } else {
         o->linear_backward_gelu(o, k->dh, G(DOWN_W), G(DOWN_B), k->dres, s->act, W(DOWN_W), s->h, N, F, C);
     }
     o->linear_backward(o, k->dln, G(UP_W), G(UP_B), k->dh, s->ln2, W(UP_W), N, C, UP);
-    norm_backward(o, a, k->dres, G(LN2_W), G(LN2_B), k->dln, s->res2, W(LN2_W), s->ln2_mean, s->ln2_rstd, N);
+    /* Sequential: dres becomes d(res2) = d(out) + norm2's input gradient. Parallel: norm2 read x, and the
+     * output projection's gradient is d(out) alone, so norm2's input gradient joins dres after it. */
+    if (!a->parallel_residual)
+        norm_backward(o, a, k->dres, G(LN2_W), G(LN2_B), k->dln, s->res2, W(LN2_W), s->ln2_mean, s->ln2_rstd, N);
     /* attention */
     o->linear_backward(o, k->datty, G(O_W), G(O_B), k->dres, s->atty, W(O_W), N, C, C);
+    if (a->parallel_residual)
+        norm_backward(o, a, k->dres, G(LN2_W), G(LN2_B), k->dln, x, W(LN2_W), s->ln2_mean, s->ln2_rstd, N);
     attention_backward(o, a, k->dqkv, k->datty, s->qkv, s->atty, s->lse, &d, docs);
     if (a->rope)
-        o->rope_backward(o, k->dqkv, inv_freq, B, T, a->NH, a->NKV, a->HS, docs ? docs->pos : NULL);
+        o->rope_backward(o, k->dqkv, inv_freq, B, T, a->NH, a->NKV, a->HS, a->rot, docs ? docs->pos : NULL);
     o->linear_backward(o, k->dln, G(QKV_W), G(QKV_B), k->dqkv, s->ln1, W(QKV_W), N, C, QKV);
     norm_backward(o, a, k->dres, G(LN1_W), G(LN1_B), k->dln, x, W(LN1_W), s->ln1_mean, s->ln1_rstd, N);
 #undef W
@@ -268,7 +279,7 @@ struct zt__dec_cpu {
     const zt_block_info *blocks;  /* borrowed */
     zt_ops ops;                   /* the CPU binding */
     int max_B, max_T;
-    float *inv_freq;              /* [HS/2] when a.rope */
+    float *inv_freq;              /* [rot/2] when a.rope */
 
     /* The activation slab; N = B*T rows are used of max_B*max_T. */
     char *slab;
@@ -339,8 +350,9 @@ int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_
     zt_advise_huge_pages(r->slab, bytes);
     ZT_ASSERT(carve(r, r->slab) == bytes);
     if (a->rope) {
-        r->inv_freq = zt_xmalloc((size_t)a->HS / 2 * sizeof(float));
-        memcpy(r->inv_freq, inv_freq, (size_t)a->HS / 2 * sizeof(float));
+        ZT_ASSERT(a->rot > 0 && a->rot <= a->HS && a->rot % 2 == 0);
+        r->inv_freq = zt_xmalloc((size_t)a->rot / 2 * sizeof(float));
+        memcpy(r->inv_freq, inv_freq, (size_t)a->rot / 2 * sizeof(float));
     }
     /* the unfused compositions' scratch: the widest linear output or GELU output */
     const int widest = a->F > a->C ? a->F : a->C;

@@ -1,12 +1,13 @@
-/* The decoder-only transformer, written once: the layer program of GPT-2, LLaMA, Mistral and Qwen2 over the
- * operations of a backend (ops.h), the layout of its activations, and its CPU runner.
+/* The decoder-only transformer, written once: the layer program of GPT-2, LLaMA, Mistral, Qwen2 and GPT-NeoX
+ * over the operations of a backend (ops.h), the layout of its activations, and its CPU runner.
  *
  * A family describes its model as an architecture (zt__dec_arch, from its config): norms (LayerNorm with
- * bias, or RMSNorm), the MLP (GELU's tanh form, or SwiGLU), rotary embeddings, learned positions, and which
- * tensor of its table plays each role in a layer. The program is then the same for every family and every
- * backend:
+ * bias, or RMSNorm), the MLP (GELU's tanh form, exact GELU, or SwiGLU), rotary embeddings (of all or the
+ * first rot channels of a head), learned positions, sequential or parallel residuals, and which tensor of
+ * its table plays each role in a layer. The program is then the same for every family and every backend:
  *   ln1 = norm1(x); qkv = ln1 Wqkv^T + bqkv; rope(qkv); a = attention(qkv); res2 = x + a Wo^T + bo
  *   ln2 = norm2(res2); h = ln2 Wup^T + bup; act = gelu(h) or swiglu(h); out = res2 + act Wdown^T + bdown
+ * and with parallel residuals (GPT-NeoX, Pythia) ln2 = norm2(x): out = x + attn(norm1(x)) + mlp(norm2(x))
  * (q, k and v are one packed weight, and so are SwiGLU's gate and up). A checkpointed layer's rebuild before
  * its backward stops before the down projection, whose only product is the output the layer kept.
  *
@@ -25,7 +26,7 @@
 #include "worker/models/params.h"
 
 enum zt__dec_norm { ZT__DEC_LAYERNORM = 0, ZT__DEC_RMSNORM = 1 };
-enum zt__dec_mlp { ZT__DEC_MLP_GELU_TANH = 0, ZT__DEC_MLP_SWIGLU = 1 };
+enum zt__dec_mlp { ZT__DEC_MLP_GELU_TANH = 0, ZT__DEC_MLP_SWIGLU = 1, ZT__DEC_MLP_GELU_ERF = 2 };
 
 /* The tensors of a layer, by what the program does with them. */
 enum zt__dec_role {
@@ -42,6 +43,8 @@ typedef struct zt__dec_arch {
     float eps;
     enum zt__dec_mlp mlp;
     bool rope;                   /* rotary embeddings of q and k (the runner holds inv_freq) */
+    int rot;                     /* with rope: the rotated channels of a head (HS, or fewer: GPT-NeoX), even */
+    bool parallel_residual;      /* out = x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of sequential */
     bool wpe;                    /* learned positions: block 0's second tensor */
     int pad_token_id;            /* the embedding row that gets no gradient from the embedding, or -1 */
     int layer0;                  /* index of layer 0's first tensor in the table */
@@ -149,7 +152,7 @@ void zt__dec_embedding_backward(const zt_ops *o, const zt__dec_arch *a, void *dw
 typedef struct zt__dec_cpu zt__dec_cpu;
 
 /* Creates the runner of a model with architecture a and the given tables (borrowed: they must outlive it),
- * for micro-batches up to B x T; inv_freq [HS/2] (copied) when a->rope. Returns 0 or ZT_ENOMEM with a
+ * for micro-batches up to B x T; inv_freq [rot/2] (copied) when a->rope. Returns 0 or ZT_ENOMEM with a
  * message. */
 int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_info *tensors,
                        const zt_block_info *blocks, int B, int T, const float *inv_freq, zt_err *err);
@@ -168,7 +171,7 @@ const float *zt__dec_cpu_logits(const zt__dec_cpu *r);
 /* ---- the CUDA executor (decoder_cuda.c) ---- */
 
 /* A host model as the CUDA executor needs it: its architecture and tables (borrowed), its size, the block
- * its head reads, and the rotary frequencies (host memory, [HS/2], when a->rope). */
+ * its head reads, and the rotary frequencies (host memory, [rot/2], when a->rope). */
 typedef struct zt__dec_model {
     const zt__dec_arch *arch;
     const zt_param_info *tensors;

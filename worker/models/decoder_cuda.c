@@ -105,7 +105,7 @@ static size_t carve(dec_cuda *g, char *base, size_t plan[2])
                                                              : zt_cuda_rmsnorm_backward_scratch_size((int)N, a->C);
     g->d_tokens = take(base, &used, N * 4);
     g->d_targets = take(base, &used, N * 4);
-    g->inv_freq = a->rope ? take(base, &used, (size_t)a->HS / 2 * 4) : NULL;
+    g->inv_freq = a->rope ? take(base, &used, (size_t)a->rot / 2 * 4) : NULL;
     g->pad_row = a->pad_token_id >= 0 ? take(base, &used, C * e) : NULL;
     g->d_pos = take(base, &used, N * 4);
     g->d_cu = take(base, &used, 2 * N * 4);
@@ -231,7 +231,7 @@ int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, in
     }
     ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
     if (g->a.rope)
-        ZT_CUDA_CHECK(cudaMemcpy(g->inv_freq, m->inv_freq, (size_t)g->a.HS / 2 * sizeof(float),
+        ZT_CUDA_CHECK(cudaMemcpy(g->inv_freq, m->inv_freq, (size_t)g->a.rot / 2 * sizeof(float),
                                  cudaMemcpyHostToDevice));
     g->groups = zt_xmalloc(N * sizeof *g->groups);
     for (int i = 0; i < 2; i++) {

@@ -28,6 +28,7 @@
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
 #include "worker/models/decoder.h"     /* the layer program and its CPU runner */
 #include "worker/models/family.h"      /* the family definition */
+#include "worker/models/host_model.h"  /* the host model every decoder family shares */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
 
@@ -59,20 +60,8 @@ enum layer_tensor {
 /* Index of the first tensor of layer l in the tensor table (wte and wpe come first). */
 #define LAYER_TENSOR(l, k) (2 + (l) * LT_COUNT + (k))
 
-struct zt_gpt2 {
-    zt_gpt2_config cfg;
-    int max_B, max_T;
-
-    size_t num_params;
-    int num_tensors;
-    zt_param_info *tensors; /* [num_tensors] */
-    int num_blocks;
-    zt_block_info *blocks; /* [num_blocks] */
-    float *params;         /* [num_params] */
-    float *grads;          /* [num_params] */
-    zt__dec_arch arch;     /* the decoder program's view of the model */
-    zt__dec_cpu *run;      /* its activations and per-block passes on the CPU (NULL for a layout) */
-};
+/* A zt_gpt2 is the shared host model (host_model.h) of a GPT-2 config: the pointers are the same (gpt2.h
+ * declares the type opaque; every function here hands it to zt__hm_*). */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Configuration                                                                                        */
@@ -386,22 +375,12 @@ static int count_tensors(const zt_gpt2_config *cfg)
     return 2 + cfg->n_layer * LT_COUNT + 2;
 }
 
-/* Appends one tensor to the table at *offset (elements) and advances it. */
+/* Appends one tensor to the table (host_model.h), marking Conv1D's weights as transposed in HF files. */
 static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
                        bool decay, bool transposed)
 {
-    memset(t, 0, sizeof *t);
-    int n = snprintf(t->name, sizeof t->name, "%s", name);
-    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
-    t->ndim = d1 > 0 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1 > 0 ? d1 : 0;
-    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
-    t->offset = *offset;
-    t->block = block;
-    t->weight_decay = decay;
+    zt__hm_add_tensor(t, block, offset, name, d0, d1, decay);
     t->transposed_in_hf = transposed;
-    *offset += t->numel;
 }
 
 /* Fills tensors[count_tensors(cfg)] and blocks[n_layer + 2]; returns the number of parameters. */
@@ -474,14 +453,15 @@ size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg)
 
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the
  * file). Tensors are filled in slab order from one generator. */
-static void init_params(zt_gpt2 *m, uint64_t seed)
+static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
 {
+    const zt_gpt2_config *cfg = cv;
     zt_rng r;
     zt_rng_seed(&r, seed);
-    const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
-    for (int i = 0; i < m->num_tensors; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        float *x = m->params + t->offset;
+    const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * cfg->n_layer);
+    for (int i = 0; i < n; i++) {
+        const zt_param_info *t = &tensors[i];
+        float *x = params + t->offset;
         const char *dot = strrchr(t->name, '.');
         bool is_ln = strstr(t->name, "ln_") != NULL;
         if (is_ln && strcmp(dot, ".weight") == 0) {
@@ -498,8 +478,11 @@ static void init_params(zt_gpt2 *m, uint64_t seed)
 
 /* GPT-2 as the decoder program sees it: LayerNorms with biases, the tanh GELU, learned positions, every
  * linear layer with a bias, and the head tied to wte. */
-static void decoder_arch(const zt_gpt2_config *cfg, zt__dec_arch *a)
+static void decoder_arch(const void *cv, const zt_param_info *tensors, int n, zt__dec_arch *a)
 {
+    (void)tensors;
+    (void)n;
+    const zt_gpt2_config *cfg = cv;
     const int C = cfg->n_embd;
     *a = (zt__dec_arch){.L = cfg->n_layer, .C = C, .NH = cfg->n_head, .NKV = cfg->n_head, .HS = C / cfg->n_head,
                         .F = 4 * C, .V = cfg->vocab_size, .norm = ZT__DEC_LAYERNORM, .eps = cfg->layer_norm_epsilon,
@@ -515,215 +498,68 @@ static void decoder_arch(const zt_gpt2_config *cfg, zt__dec_arch *a)
     a->final_b = a->final_w + 1;
 }
 
-/* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
-static zt_gpt2 *new_tables(const zt_gpt2_config *cfg, int B, int T)
+static int count_tensors_v(const void *c)
 {
-    zt_gpt2 *m = calloc(1, sizeof *m);
-    if (!m)
-        return NULL;
-    m->cfg = *cfg;
-    m->max_B = B;
-    m->max_T = T;
-    m->num_tensors = count_tensors(cfg);
-    m->num_blocks = cfg->n_layer + 2;
-    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
-    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
-    if (!m->tensors || !m->blocks) {
-        zt_gpt2_destroy(m);
-        return NULL;
-    }
-    m->num_params = build_layout(cfg, m->tensors, m->blocks);
-    ZT_ASSERT(m->num_params == zt_gpt2_config_num_params(cfg));
-    decoder_arch(cfg, &m->arch);
-    return m;
+    return count_tensors(c);
 }
+
+static size_t build_layout_v(const void *c, zt_param_info *tensors, zt_block_info *blocks)
+{
+    return build_layout(c, tensors, blocks);
+}
+
+extern const zt_family_def zt__family_gpt2;
+static const zt__hm_spec spec = {.def = &zt__family_gpt2, .config_size = sizeof(zt_gpt2_config),
+                                 .positions_key = "n_positions", .count_tensors = count_tensors_v,
+                                 .build_layout = build_layout_v, .arch = decoder_arch, .init = init_params};
 
 /* The layout alone; see gpt2.h. */
 int zt_gpt2_create_layout(zt_gpt2 **out, const zt_gpt2_config *cfg, zt_err *err)
 {
-    *out = NULL;
-    int rc = zt_gpt2_config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (!(*out = new_tables(cfg, 1, 1)))
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-    return 0;
+    return zt__hm_create_layout((zt__hm **)out, &spec, cfg, err);
 }
 
-/* Gives the parameter slab's memory back; see gpt2.h. */
-void zt_gpt2_release_params(zt_gpt2 *m)
-{
-    free(m->params);
-    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
-    ZT_ASSERT(m->params); /* calloc of untouched pages */
-}
-
-/* Creates a model with room for batches up to B x T (T <= n_positions), parameters initialised from seed.
- * Returns 0, ZT_EINVAL_CONFIG (bad config, B or T) or ZT_ENOMEM, with a message in err; *out is set only on
- * success and freed with zt_gpt2_destroy. */
+/* Creates a model with room for batches up to B x T (T <= n_positions), parameters initialised from seed;
+ * see gpt2.h. */
 int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint64_t seed, zt_err *err)
 {
-    int rc = zt_gpt2_config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (B < 1 || T < 1)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
-    if (T > cfg->n_positions)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "sequence length %d exceeds the model's n_positions %d (use a sequence length of at "
-                       "most %d)",
-                       T, cfg->n_positions, cfg->n_positions);
-    if ((int64_t)B * T > INT_MAX)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large (keep it below 2^31)",
-                       B, T);
-
-    zt_gpt2 *m = new_tables(cfg, B, T);
-    if (!m)
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-
-    size_t param_bytes = m->num_params * sizeof(float);
-    m->params = malloc(param_bytes);
-    m->grads = calloc(m->num_params, sizeof(float));
-    zt_advise_huge_pages(m->params, param_bytes); /* the slabs of a large model fault in 2 MiB pages */
-    zt_advise_huge_pages(m->grads, param_bytes);
-    if (!m->params || !m->grads) {
-        rc = zt_fail(err, ZT_ENOMEM,
-                     "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
-                     2.0 * (double)param_bytes / (1 << 20));
-        goto err;
-    }
-    if ((rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, NULL, err)) < 0)
-        goto err;
-    if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
-        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)",
-               (double)m->num_params / 1e6, (unsigned long long)seed, zt_cpu_get_threads());
-    init_params(m, seed);
-    *out = m;
-    return 0;
-
-err:
-    zt_gpt2_destroy(m);
-    return rc;
+    return zt__hm_create((zt__hm **)out, &spec, cfg, B, T, seed, err);
 }
 
-/* Frees the model and everything it owns; accepts NULL. */
-void zt_gpt2_destroy(zt_gpt2 *m)
+/* The host model's queries and passes (host_model.h), under gpt2.h's names. */
+void zt_gpt2_release_params(zt_gpt2 *m) { zt__hm_release_params(m); }
+void zt_gpt2_destroy(zt_gpt2 *m) { zt__hm_destroy(m); }
+const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m) { return zt__hm_config(m); }
+int zt_gpt2_max_batch(const zt_gpt2 *m) { return zt__hm_max_batch(m); }
+int zt_gpt2_max_seq(const zt_gpt2 *m) { return zt__hm_max_seq(m); }
+size_t zt_gpt2_num_params(const zt_gpt2 *m) { return zt__hm_num_params(m); }
+int zt_gpt2_num_tensors(const zt_gpt2 *m) { return zt__hm_num_tensors(m); }
+const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i) { return zt__hm_tensor(m, i); }
+int zt_gpt2_num_blocks(const zt_gpt2 *m) { return zt__hm_num_blocks(m); }
+const zt_block_info *zt_gpt2_block(const zt_gpt2 *m, int i) { return zt__hm_block(m, i); }
+float *zt_gpt2_params(zt_gpt2 *m) { return zt__hm_params(m); }
+float *zt_gpt2_grads(zt_gpt2 *m) { return zt__hm_grads(m); }
+void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tok, int B, int T)
 {
-    if (!m)
-        return;
-    zt__dec_cpu_destroy(m->run);
-    free(m->tensors);
-    free(m->blocks);
-    free(m->params);
-    free(m->grads);
-    free(m);
+    zt__hm_forward_begin(m, tok, B, T, NULL);
 }
-
-/* Returns the model's configuration (valid while the model lives). */
-const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m)
-{
-    return &m->cfg;
-}
-
-/* The largest micro-batch the activations were sized for. */
-int zt_gpt2_max_batch(const zt_gpt2 *m)
-{
-    return m->max_B;
-}
-
-int zt_gpt2_max_seq(const zt_gpt2 *m)
-{
-    return m->max_T;
-}
-
-/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
-size_t zt_gpt2_num_params(const zt_gpt2 *m)
-{
-    return m->num_params;
-}
-
-/* Returns the number of parameter tensors. */
-int zt_gpt2_num_tensors(const zt_gpt2 *m)
-{
-    return m->num_tensors;
-}
-
-/* Returns the i-th parameter tensor (0 <= i < zt_gpt2_num_tensors), in slab order. */
-const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i)
-{
-    ZT_ASSERT(i >= 0 && i < m->num_tensors);
-    return &m->tensors[i];
-}
-
-/* Returns the number of blocks (n_layer + 2). */
-int zt_gpt2_num_blocks(const zt_gpt2 *m)
-{
-    return m->num_blocks;
-}
-
-/* Returns the i-th block's range of the slab (0 <= i < zt_gpt2_num_blocks). */
-const zt_block_info *zt_gpt2_block(const zt_gpt2 *m, int i)
-{
-    ZT_ASSERT(i >= 0 && i < m->num_blocks);
-    return &m->blocks[i];
-}
-
-/* Returns the parameter slab (num_params floats), owned by the model. */
-float *zt_gpt2_params(zt_gpt2 *m)
-{
-    return m->params;
-}
-
-/* Returns the gradient slab (num_params floats, same layout as the parameters), owned by the model. */
-float *zt_gpt2_grads(zt_gpt2 *m)
-{
-    return m->grads;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* Forward and backward                                                                                 */
-/* ---------------------------------------------------------------------------------------------------- */
-
-/* The per-block passes are the decoder program's (decoder.h) on the CPU. */
-void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tokens, int B, int T)
-{
-    zt__dec_cpu_begin(m->run, tokens, B, T, NULL);
-}
-
-void zt_gpt2_forward_block(zt_gpt2 *m, int block, const float *bp)
-{
-    zt__dec_cpu_forward_block(m->run, block, bp);
-}
-
-float zt_gpt2_forward_head(zt_gpt2 *m, const float *wte, const int32_t *targets)
-{
-    return zt__dec_cpu_forward_head(m->run, wte, targets);
-}
+void zt_gpt2_forward_block(zt_gpt2 *m, int b, const float *bp) { zt__hm_forward_block(m, b, bp); }
+float zt_gpt2_forward_head(zt_gpt2 *m, const float *wte, const int32_t *t) { return zt__hm_forward_head(m, wte, t); }
+void zt_gpt2_backward_head(zt_gpt2 *m, const float *wte, float *dwte, float s) { zt__hm_backward_head(m, wte, dwte, s); }
+void zt_gpt2_backward_block(zt_gpt2 *m, int b, const float *bp, float *bg) { zt__hm_backward_block(m, b, bp, bg); }
+void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block) { zt__hm_discard_block(m, block); }
+const float *zt_gpt2_logits(const zt_gpt2 *m) { return zt__hm_logits(m); }
 
 /* Runs the forward pass over tokens [B,T]; with targets returns the mean loss over non-ignored positions
  * (0 when every target is ignored) and keeps what zt_gpt2_backward needs. Tokens outside [0, vocab_size),
  * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
 float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
+    const float *params = zt_gpt2_params(m);
     zt_gpt2_forward_begin(m, tokens, B, T);
-    for (int b = 0; b < m->num_blocks; b++)
-        zt_gpt2_forward_block(m, b, m->params + m->blocks[b].offset);
-    return zt_gpt2_forward_head(m, m->params, targets);
-}
-
-void zt_gpt2_backward_head(zt_gpt2 *m, const float *wte, float *dwte, float loss_scale)
-{
-    zt__dec_cpu_backward_head(m->run, wte, dwte, loss_scale);
-}
-
-void zt_gpt2_backward_block(zt_gpt2 *m, int block, const float *bp, float *bg)
-{
-    zt__dec_cpu_backward_block(m->run, block, bp, bg);
-}
-
-void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block)
-{
-    zt__dec_cpu_discard_block(m->run, block);
+    for (int b = 0; b < zt_gpt2_num_blocks(m); b++)
+        zt_gpt2_forward_block(m, b, params + zt_gpt2_block(m, b)->offset);
+    return zt_gpt2_forward_head(m, params, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -731,28 +567,23 @@ void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block)
  * into the logits' gradient. */
 void zt_gpt2_backward(zt_gpt2 *m, float loss_scale)
 {
-    zt_gpt2_backward_head(m, m->params, m->grads, loss_scale);
-    for (int b = m->num_blocks - 1; b >= 0; b--)
-        zt_gpt2_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+    float *params = zt_gpt2_params(m), *grads = zt_gpt2_grads(m);
+    zt_gpt2_backward_head(m, params, grads, loss_scale);
+    for (int b = zt_gpt2_num_blocks(m) - 1; b >= 0; b--) {
+        const size_t o = zt_gpt2_block(m, b)->offset;
+        zt_gpt2_backward_block(m, b, params + o, grads + o);
+    }
 }
 
 /* Sets every gradient to zero. */
 void zt_gpt2_zero_grad(zt_gpt2 *m)
 {
-    memset(m->grads, 0, m->num_params * sizeof(float));
-}
-
-/* Returns the logits [B,T,V] of the last forward pass. */
-const float *zt_gpt2_logits(const zt_gpt2 *m)
-{
-    return zt__dec_cpu_logits(m->run);
+    memset(zt_gpt2_grads(m), 0, zt_gpt2_num_params(m) * sizeof(float));
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
-
-extern const zt_family_def zt__family_gpt2;
 
 /* The engine's CPU executor of m; see gpt2.h. */
 int zt_gpt2_model_cpu(zt_model **out, zt_gpt2 *m, int max_micro, const bool *ckpt_layers, zt_err *err)
@@ -795,7 +626,6 @@ static void hf_export_name(const void *m, const zt_param_info *t, char *out, siz
 /* Names with or without the "transformer." prefix; lm_head.weight is the tied head (it must equal wte). */
 static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
 {
-    const zt_gpt2 *m = mv;
     if (strcmp(name, "lm_head.weight") == 0) {
         *idx = 0;
         return ZT_HF_TIED;
@@ -804,13 +634,13 @@ static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
         name += strlen(HF_PREFIX);
     if (is_attn_buffer(name))
         return ZT_HF_BUFFER;
-    *idx = zt__host_find_tensor(m->tensors, m->num_tensors, name);
+    *idx = zt__host_find_tensor(zt__hm_tensor(mv, 0), zt__hm_num_tensors(mv), name);
     return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
 }
 
 static void hf_describe(const void *mv, char *out, size_t cap)
 {
-    snprintf(out, cap, "a GPT-2 with %d layers", ((const zt_gpt2 *)mv)->cfg.n_layer);
+    snprintf(out, cap, "a GPT-2 with %d layers", ((const zt_gpt2_config *)zt__hm_config(mv))->n_layer);
 }
 
 static const zt_hf_names hf_names = {
@@ -903,50 +733,6 @@ static int f_create_layout(void **out, const void *c, zt_err *err)
 {
     return zt_gpt2_create_layout((zt_gpt2 **)out, c, err);
 }
-static void f_destroy(void *m) { zt_gpt2_destroy(m); }
-static const void *f_config(const void *m) { return zt_gpt2_get_config(m); }
-static size_t f_num_params(const void *m) { return zt_gpt2_num_params(m); }
-static int f_num_tensors(const void *m) { return zt_gpt2_num_tensors(m); }
-static const zt_param_info *f_tensor(const void *m, int i) { return zt_gpt2_tensor(m, i); }
-static int f_num_blocks(const void *m) { return zt_gpt2_num_blocks(m); }
-static const zt_block_info *f_block(const void *m, int i) { return zt_gpt2_block(m, i); }
-static int f_head_block(const void *m) { (void)m; return 0; } /* the head is tied to wte */
-static int f_max_batch(const void *m) { return zt_gpt2_max_batch(m); }
-static int f_max_seq(const void *m) { return zt_gpt2_max_seq(m); }
-static float *f_params(void *m) { return zt_gpt2_params(m); }
-static float *f_grads(void *m) { return zt_gpt2_grads(m); }
-static void f_release_params(void *m) { zt_gpt2_release_params(m); }
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
-{
-    zt__dec_cpu_begin(((zt_gpt2 *)m)->run, tok, B, T, pos);
-}
-static void f_forward_block(void *m, int b, const float *w) { zt_gpt2_forward_block(m, b, w); }
-static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_gpt2_forward_head(m, w, t); }
-static void f_backward_head(void *m, const float *w, float *g, float s) { zt_gpt2_backward_head(m, w, g, s); }
-static void f_backward_block(void *m, int b, const float *w, float *g) { zt_gpt2_backward_block(m, b, w, g); }
-static void f_discard_block(void *m, int b) { zt_gpt2_discard_block_acts(m, b); }
-static const float *f_logits(const void *m) { return zt_gpt2_logits(m); }
-
-#ifdef ZT_WITH_CUDA
-/* The decoder program's CUDA executor over m's tables. */
-static zt__dec_model dec_model(const zt_gpt2 *m)
-{
-    return (zt__dec_model){.arch = &m->arch, .tensors = m->tensors, .ntensors = m->num_tensors,
-                           .nblocks = m->num_blocks, .head_block = 0, .num_params = m->num_params};
-}
-static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                         const bool *ckpt_layers, zt_err *err)
-{
-    const zt__dec_model d = dec_model(m);
-    return zt__dec_cuda_create(out, &d, B, T, max_micro, dtype, ckpt_layers, err);
-}
-static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
-{
-    const zt__dec_model d = dec_model(m);
-    return zt__dec_cuda_shape(&d, B, T, max_micro, dtype, ckpt);
-}
-#endif
-
 static const char *const model_types[] = {"gpt2", NULL};
 
 const zt_family_def zt__family_gpt2 = {
@@ -962,29 +748,6 @@ const zt_family_def zt__family_gpt2 = {
     .config_shape = f_config_shape,
     .create = f_create,
     .create_layout = f_create_layout,
-    .destroy = f_destroy,
-    .config = f_config,
-    .num_params = f_num_params,
-    .num_tensors = f_num_tensors,
-    .tensor = f_tensor,
-    .num_blocks = f_num_blocks,
-    .block = f_block,
-    .head_block = f_head_block,
-    .max_batch = f_max_batch,
-    .max_seq = f_max_seq,
-    .params = f_params,
-    .grads = f_grads,
-    .release_params = f_release_params,
     .hf = &hf_names,
-    .forward_begin = f_forward_begin,
-    .forward_block = f_forward_block,
-    .forward_head = f_forward_head,
-    .backward_head = f_backward_head,
-    .backward_block = f_backward_block,
-    .discard_block = f_discard_block,
-    .logits = f_logits,
-#ifdef ZT_WITH_CUDA
-    .cuda_create = f_cuda_create,
-    .cuda_shape = f_cuda_shape,
-#endif
+    ZT__HM_FAMILY_ENTRIES
 };

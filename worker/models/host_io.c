@@ -26,7 +26,7 @@ static int export_writer(const zt_family_def *def, const void *m, zt_st_writer *
     *hf = NULL;
     const float *params = def->params((void *)m);
     const size_t n = def->num_params(m);
-    bool any_transposed = false;
+    bool any_transposed = def->hf->reorder != NULL;
     for (int i = 0; i < def->num_tensors(m); i++)
         any_transposed |= def->tensor(m, i)->transposed_in_hf;
     if (any_transposed && !(*hf = malloc(n * sizeof(float))))
@@ -47,6 +47,8 @@ static int export_writer(const zt_family_def *def, const void *m, zt_st_writer *
             data = dst;
             shape[0] = t->shape[1];
             shape[1] = t->shape[0];
+        } else if (def->hf->reorder && def->hf->reorder(m, i, data, *hf + t->offset, true)) {
+            data = *hf + t->offset;
         }
         char name[160];
         def->hf->export_name(m, t, name, sizeof name);
@@ -186,6 +188,14 @@ int zt__host_import(const zt_family_def *def, void *m, const char *path, bool pr
         hf->export_name(m, t, name, sizeof name);
         rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' is missing (%s has it)", path, name, what);
         goto out;
+    }
+    for (int i = 0; i < ntensors && hf->reorder; i++) { /* the files' order into the table's */
+        const zt_param_info *t = def->tensor(m, i);
+        float *copy = zt_xmalloc(t->numel * sizeof(float));
+        memcpy(copy, tmp + t->offset, t->numel * sizeof(float));
+        if (seen[i])
+            hf->reorder(m, i, copy, tmp + t->offset, false);
+        free(copy);
     }
     for (int k = 0; k < ntied; k++) {
         const zt_param_info *t = def->tensor(m, tied[k].idx);

@@ -5,7 +5,8 @@
  * Hugging Face puts before the base model's tensors, under older aliases), a buffer to skip (rotary
  * inv_freq, attention masks, position ids), a tensor tied to a parameter (lm_head.weight of a tied head: it
  * must hold the same values), or the tensor of a task head the model does not have (skipped when importing
- * a pretrained body). Linear weights marked transposed_in_hf (GPT-2's Conv1D) are transposed both ways.
+ * a pretrained body). Linear weights marked transposed_in_hf (GPT-2's Conv1D) are transposed both ways, and
+ * tensors the family reorders (GPT-NeoX's per-head q, k, v rows) are reordered both ways.
  *
  * Import reads a single file, a sharded index (model.safetensors.index.json) or a model folder, converts
  * F32, F16 and BF16 into a temporary slab and changes the model only when every tensor was accepted:
@@ -43,6 +44,10 @@ typedef struct zt_hf_names {
     /* A pretrained body may lack the tensors of the last block (the task head: they keep their initial
      * values); false: every tensor is required. */
     bool head_optional;
+    /* Optional (NULL: every tensor has the table's element order in the files): whether tensor idx is stored
+     * in another order (GPT-NeoX's fused q | k | v rows interleave the heads); if so it writes src (numel
+     * elements) into dst in the files' order (to_hf) or back into the table's (!to_hf) and returns true. */
+    bool (*reorder)(const void *m, int idx, const float *src, float *dst, bool to_hf);
 } zt_hf_names;
 
 /* The index of the tensor named name in the table, or -1. */

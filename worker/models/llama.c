@@ -2,9 +2,9 @@
  * deterministic initialisation, forward and backward passes, and safetensors export/import with Hugging
  * Face tensor names.
  *
- * The structure is gpt2.c's (itself llm.c's train_gpt2.c): one parameter slab, one gradient slab of the
- * same layout, one activation slab carved at create time for the largest batch, a forward pass that keeps
- * exactly what the backward pass reads, and a backward pass that allocates nothing.
+ * The host model is the one every decoder family shares (host_model.h: one parameter slab, one gradient slab
+ * of the same layout, the decoder program's CPU runner); this file gives it the config, the tensor table,
+ * the initialisation and the architecture.
  *
  * Initialisation (see init_params): LlamaPreTrainedModel._init_weights, i.e. normal(0, initializer_range)
  * for embed_tokens, lm_head and every linear weight (no residual scaling, unlike GPT-2), RMSNorm weights 1,
@@ -29,6 +29,7 @@
 #include "worker/models/decoder.h"          /* the layer program and its CPU runner */
 #include "worker/models/family.h"           /* the family definition */
 #include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
+#include "worker/models/host_model.h"        /* the host model every decoder family shares */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
@@ -52,28 +53,9 @@
 #define LT_UP ZT_LLAMA_T_UP
 #define LT_DOWN ZT_LLAMA_T_DOWN
 #define LT_Q_BIAS ZT_LLAMA_T_Q_BIAS
-#define LAYER_TENSOR(l, k) ZT_LLAMA_LAYER_TENSOR(m->per_layer, l, k) /* in functions with the model m */
 
-struct zt_llama {
-    zt_llama_config cfg;
-    int max_B, max_T;
-    int HS;  /* head size */
-    int QKV; /* width of a packed q | k | v row: (NH + 2 NKV) HS */
-    int per_layer; /* tensors per layer (zt_llama_config_layer_tensors) */
-
-    size_t num_params;
-    int num_tensors;
-    zt_param_info *tensors; /* [num_tensors] */
-    int num_blocks;
-    zt_block_info *blocks; /* [num_blocks] */
-    int head_block;        /* 0 when tied, L+1 when not */
-    int head_tensor;       /* embed_tokens (0) or lm_head (the last tensor) */
-    float *params;         /* [num_params] */
-    float *grads;          /* [num_params] */
-    float *inv_freq;       /* [HS/2] RoPE inverse frequencies */
-    zt__dec_arch arch;     /* the decoder program's view of the model */
-    zt__dec_cpu *run;      /* its activations and per-block passes on the CPU (NULL for a layout) */
-};
+/* A zt_llama is the shared host model (host_model.h) of a LLaMA config: the pointers are the same (llama.h
+ * declares the type opaque; every function here hands it to zt__hm_*). */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Configuration                                                                                        */
@@ -677,24 +659,6 @@ static int count_tensors(const zt_llama_config *cfg)
     return 1 + cfg->num_hidden_layers * zt_llama_config_layer_tensors(cfg) + 1 + (cfg->tie_word_embeddings ? 0 : 1);
 }
 
-/* Appends one tensor to the table at *offset (elements) and advances it. */
-static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
-                       bool decay)
-{
-    memset(t, 0, sizeof *t);
-    int n = snprintf(t->name, sizeof t->name, "%s", name);
-    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
-    t->ndim = d1 > 0 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1 > 0 ? d1 : 0;
-    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
-    t->offset = *offset;
-    t->block = block;
-    t->weight_decay = decay;
-    t->transposed_in_hf = false;
-    *offset += t->numel;
-}
-
 /* Fills tensors[count_tensors(cfg)] and blocks[L + 2]; returns the number of parameters. */
 static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
 {
@@ -705,7 +669,7 @@ static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, z
     char name[64];
 
     blocks[0].offset = off;
-    add_tensor(&tensors[i++], 0, &off, "embed_tokens.weight", V, C, true);
+    zt__hm_add_tensor(&tensors[i++], 0, &off, "embed_tokens.weight", V, C, true);
     blocks[0].numel = off - blocks[0].offset;
 
     const struct {
@@ -730,16 +694,16 @@ static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, z
         blocks[1 + l].offset = off;
         for (int k = 0; k < per_layer; k++) {
             snprintf(name, sizeof name, "layers.%d.%s", l, lt[k].suffix);
-            add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out, lt[k].in, lt[k].in > 0);
+            zt__hm_add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out, lt[k].in, lt[k].in > 0);
         }
         blocks[1 + l].numel = off - blocks[1 + l].offset;
     }
 
     const int last = cfg->num_hidden_layers + 1;
     blocks[last].offset = off;
-    add_tensor(&tensors[i++], last, &off, "norm.weight", C, 0, false);
+    zt__hm_add_tensor(&tensors[i++], last, &off, "norm.weight", C, 0, false);
     if (!cfg->tie_word_embeddings)
-        add_tensor(&tensors[i++], last, &off, LM_HEAD, V, C, true);
+        zt__hm_add_tensor(&tensors[i++], last, &off, LM_HEAD, V, C, true);
     blocks[last].numel = off - blocks[last].offset;
     ZT_ASSERT(i == count_tensors(cfg));
     return off;
@@ -766,37 +730,40 @@ size_t zt_llama_config_num_params(const zt_llama_config *cfg)
 
 /* Initialises the parameters deterministically from seed (the scheme is described at the top of the file).
  * Tensors are filled in slab order from one generator. */
-static void init_params(zt_llama *m, uint64_t seed)
+static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
 {
+    const zt_llama_config *cfg = cv;
     zt_rng r;
     zt_rng_seed(&r, seed);
-    for (int i = 0; i < m->num_tensors; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        float *x = m->params + t->offset;
+    for (int i = 0; i < n; i++) {
+        const zt_param_info *t = &tensors[i];
+        float *x = params + t->offset;
         if (t->ndim == 1 && strstr(t->name, "_proj.bias")) { /* Qwen2's q, k, v biases */
             memset(x, 0, t->numel * sizeof *x);
         } else if (t->ndim == 1) { /* RMSNorm weights */
             for (size_t j = 0; j < t->numel; j++)
                 x[j] = 1.0f;
         } else {
-            zt__host_fill_normal(&r, x, t->numel, m->cfg.initializer_range);
+            zt__host_fill_normal(&r, x, t->numel, cfg->initializer_range);
         }
     }
-    if (m->cfg.pad_token_id >= 0) /* nn.Embedding(padding_idx): that row starts at zero */
-        memset(m->params + (size_t)m->cfg.pad_token_id * (size_t)m->cfg.hidden_size, 0,
-               (size_t)m->cfg.hidden_size * sizeof(float));
+    if (cfg->pad_token_id >= 0) /* nn.Embedding(padding_idx): that row starts at zero */
+        memset(params + (size_t)cfg->pad_token_id * (size_t)cfg->hidden_size, 0,
+               (size_t)cfg->hidden_size * sizeof(float));
 }
 
 /* LLaMA as the decoder program sees it: RMSNorms, SwiGLU, rotary embeddings, no biases but Qwen2's on q, k
  * and v, the head tied to embed_tokens or lm_head. */
-static void decoder_arch(const zt_llama *m, zt__dec_arch *a)
+static void decoder_arch(const void *cv, const zt_param_info *tensors, int n, zt__dec_arch *a)
 {
-    const zt_llama_config *c = &m->cfg;
+    (void)tensors;
+    const zt_llama_config *c = cv;
+    const int HS = c->hidden_size / c->num_attention_heads, per_layer = zt_llama_config_layer_tensors(c);
     *a = (zt__dec_arch){.L = c->num_hidden_layers, .C = c->hidden_size, .NH = c->num_attention_heads,
-                        .NKV = c->num_key_value_heads, .HS = m->HS, .F = c->intermediate_size, .V = c->vocab_size,
+                        .NKV = c->num_key_value_heads, .HS = HS, .F = c->intermediate_size, .V = c->vocab_size,
                         .norm = ZT__DEC_RMSNORM, .eps = c->rms_norm_eps, .mlp = ZT__DEC_MLP_SWIGLU, .rope = true,
-                        .pad_token_id = c->pad_token_id, .layer0 = 1, .per_layer = m->per_layer,
-                        .head_tensor = m->head_tensor};
+                        .rot = HS, .pad_token_id = c->pad_token_id, .layer0 = 1, .per_layer = per_layer,
+                        .head_tensor = c->tie_word_embeddings ? 0 : n - 1};
     for (int k = 0; k < ZT__DEC_ROLES; k++)
         a->role[k] = -1;
     a->role[ZT__DEC_LN1_W] = LT_IN_NORM;
@@ -806,7 +773,7 @@ static void decoder_arch(const zt_llama *m, zt__dec_arch *a)
     a->role[ZT__DEC_LN2_W] = LT_POST_NORM;
     a->role[ZT__DEC_UP_W] = LT_GATE;
     a->role[ZT__DEC_DOWN_W] = LT_DOWN;
-    a->final_w = 1 + c->num_hidden_layers * m->per_layer;
+    a->final_w = 1 + c->num_hidden_layers * per_layer;
     a->final_b = -1;
     /* k and v continue q (one packed weight, and one packed bias), up continues gate */
     a->packed[LT_K] = a->packed[LT_V] = a->packed[LT_UP] = true;
@@ -814,226 +781,72 @@ static void decoder_arch(const zt_llama *m, zt__dec_arch *a)
         a->packed[ZT_LLAMA_T_K_BIAS] = a->packed[ZT_LLAMA_T_V_BIAS] = true;
 }
 
-/* The model's tables (configuration, tensors, blocks) without any slab; NULL when out of memory. */
-static zt_llama *new_tables(const zt_llama_config *cfg, int B, int T)
+static void rope_inv_freq(const void *cv, float *inv_freq)
 {
-    zt_llama *m = calloc(1, sizeof *m);
-    if (!m)
-        return NULL;
-    m->cfg = *cfg;
-    m->max_B = B;
-    m->max_T = T;
-    m->HS = cfg->hidden_size / cfg->num_attention_heads;
-    m->QKV = (cfg->num_attention_heads + 2 * cfg->num_key_value_heads) * m->HS;
-    m->per_layer = zt_llama_config_layer_tensors(cfg);
-    m->num_tensors = count_tensors(cfg);
-    m->num_blocks = cfg->num_hidden_layers + 2;
-    m->head_block = cfg->tie_word_embeddings ? 0 : cfg->num_hidden_layers + 1;
-    m->head_tensor = cfg->tie_word_embeddings ? 0 : m->num_tensors - 1;
-    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
-    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
-    m->inv_freq = calloc((size_t)m->HS / 2, sizeof *m->inv_freq);
-    if (!m->tensors || !m->blocks || !m->inv_freq) {
-        zt_llama_destroy(m);
-        return NULL;
-    }
-    m->num_params = build_layout(cfg, m->tensors, m->blocks);
-    ZT_ASSERT(m->num_params == zt_llama_config_num_params(cfg));
-    ZT_ASSERT(zt_rope_inv_freq(m->inv_freq, m->HS, &cfg->rope, NULL) == 0); /* validated */
-    decoder_arch(m, &m->arch);
-    return m;
+    const zt_llama_config *c = cv;
+    ZT_ASSERT(zt_rope_inv_freq(inv_freq, c->hidden_size / c->num_attention_heads, &c->rope, NULL) == 0); /* valid */
 }
+
+static int count_tensors_v(const void *c)
+{
+    return count_tensors(c);
+}
+
+static size_t build_layout_v(const void *c, zt_param_info *tensors, zt_block_info *blocks)
+{
+    return build_layout(c, tensors, blocks);
+}
+
+extern const zt_family_def zt__family_llama;
+static const zt__hm_spec spec = {.def = &zt__family_llama, .config_size = sizeof(zt_llama_config),
+                                 .count_tensors = count_tensors_v, .build_layout = build_layout_v,
+                                 .arch = decoder_arch, .inv_freq = rope_inv_freq, .init = init_params};
 
 /* The layout alone; see llama.h. */
 int zt_llama_create_layout(zt_llama **out, const zt_llama_config *cfg, zt_err *err)
 {
-    *out = NULL;
-    int rc = zt_llama_config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (!(*out = new_tables(cfg, 1, 1)))
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-    return 0;
+    return zt__hm_create_layout((zt__hm **)out, &spec, cfg, err);
 }
 
-/* Gives the parameter slab's memory back; see llama.h. */
-void zt_llama_release_params(zt_llama *m)
-{
-    free(m->params);
-    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
-    ZT_ASSERT(m->params); /* calloc of untouched pages */
-}
-
-/* Creates a model with room for batches up to B x T, parameters initialised from seed. Returns 0,
- * ZT_EINVAL_CONFIG (bad config, B or T) or ZT_ENOMEM, with a message in err; *out is set only on success
- * and freed with zt_llama_destroy. */
+/* Creates a model with room for batches up to B x T, parameters initialised from seed; see llama.h. */
 int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, uint64_t seed, zt_err *err)
 {
-    *out = NULL;
-    int rc = zt_llama_config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (B < 1 || T < 1)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
-    if (T > cfg->max_position_embeddings)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "sequence length %d exceeds the model's max_position_embeddings %d (use a sequence length of "
-                       "at most %d)",
-                       T, cfg->max_position_embeddings, cfg->max_position_embeddings);
-    const int64_t widest = cfg->vocab_size > 2 * cfg->intermediate_size ? cfg->vocab_size : 2 * cfg->intermediate_size;
-    if ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
-
-    zt_llama *m = new_tables(cfg, B, T);
-    if (!m)
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-    const size_t param_bytes = m->num_params * sizeof(float);
-    m->params = malloc(param_bytes);
-    m->grads = calloc(m->num_params, sizeof(float));
-    zt_advise_huge_pages(m->params, param_bytes); /* the slabs of a large model fault in 2 MiB pages */
-    zt_advise_huge_pages(m->grads, param_bytes);
-    if (!m->params || !m->grads) {
-        rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
-                     2.0 * (double)param_bytes / (1 << 20));
-        goto err;
-    }
-    if ((rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err)) < 0)
-        goto err;
-    if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
-        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
-               (unsigned long long)seed, zt_cpu_get_threads());
-    init_params(m, seed);
-    *out = m;
-    return 0;
-
-err:
-    zt_llama_destroy(m);
-    return rc;
+    return zt__hm_create((zt__hm **)out, &spec, cfg, B, T, seed, err);
 }
 
-/* Frees the model and everything it owns; accepts NULL. */
-void zt_llama_destroy(zt_llama *m)
+/* The host model's queries and passes (host_model.h), under llama.h's names. */
+void zt_llama_release_params(zt_llama *m) { zt__hm_release_params(m); }
+void zt_llama_destroy(zt_llama *m) { zt__hm_destroy(m); }
+const zt_llama_config *zt_llama_get_config(const zt_llama *m) { return zt__hm_config(m); }
+int zt_llama_max_batch(const zt_llama *m) { return zt__hm_max_batch(m); }
+int zt_llama_max_seq(const zt_llama *m) { return zt__hm_max_seq(m); }
+size_t zt_llama_num_params(const zt_llama *m) { return zt__hm_num_params(m); }
+int zt_llama_num_tensors(const zt_llama *m) { return zt__hm_num_tensors(m); }
+const zt_param_info *zt_llama_tensor(const zt_llama *m, int i) { return zt__hm_tensor(m, i); }
+int zt_llama_num_blocks(const zt_llama *m) { return zt__hm_num_blocks(m); }
+const zt_block_info *zt_llama_block(const zt_llama *m, int i) { return zt__hm_block(m, i); }
+int zt_llama_head_block(const zt_llama *m) { return zt__hm_head_block(m); }
+float *zt_llama_params(zt_llama *m) { return zt__hm_params(m); }
+float *zt_llama_grads(zt_llama *m) { return zt__hm_grads(m); }
+void zt_llama_forward_begin(zt_llama *m, const int32_t *tok, int B, int T)
 {
-    if (!m)
-        return;
-    zt__dec_cpu_destroy(m->run);
-    free(m->tensors);
-    free(m->blocks);
-    free(m->inv_freq);
-    free(m->params);
-    free(m->grads);
-    free(m);
+    zt__hm_forward_begin(m, tok, B, T, NULL);
 }
-
-/* Returns the model's configuration (valid while the model lives). */
-const zt_llama_config *zt_llama_get_config(const zt_llama *m)
-{
-    return &m->cfg;
-}
-
-/* The largest micro-batch the activations were sized for. */
-int zt_llama_max_batch(const zt_llama *m)
-{
-    return m->max_B;
-}
-
-int zt_llama_max_seq(const zt_llama *m)
-{
-    return m->max_T;
-}
-
-/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
-size_t zt_llama_num_params(const zt_llama *m)
-{
-    return m->num_params;
-}
-
-/* Returns the number of parameter tensors. */
-int zt_llama_num_tensors(const zt_llama *m)
-{
-    return m->num_tensors;
-}
-
-/* Returns the i-th parameter tensor (0 <= i < zt_llama_num_tensors), in slab order. */
-const zt_param_info *zt_llama_tensor(const zt_llama *m, int i)
-{
-    ZT_ASSERT(i >= 0 && i < m->num_tensors);
-    return &m->tensors[i];
-}
-
-/* Returns the number of blocks (num_hidden_layers + 2). */
-int zt_llama_num_blocks(const zt_llama *m)
-{
-    return m->num_blocks;
-}
-
-/* Returns the i-th block's range of the slab (0 <= i < zt_llama_num_blocks). */
-const zt_block_info *zt_llama_block(const zt_llama *m, int i)
-{
-    ZT_ASSERT(i >= 0 && i < m->num_blocks);
-    return &m->blocks[i];
-}
-
-/* Returns the block whose weights the head reads. */
-int zt_llama_head_block(const zt_llama *m)
-{
-    return m->head_block;
-}
-
-/* Returns the parameter slab (num_params floats), owned by the model. */
-float *zt_llama_params(zt_llama *m)
-{
-    return m->params;
-}
-
-/* Returns the gradient slab (num_params floats, same layout as the parameters), owned by the model. */
-float *zt_llama_grads(zt_llama *m)
-{
-    return m->grads;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* Forward and backward                                                                                 */
-/* ---------------------------------------------------------------------------------------------------- */
-
-/* The per-block passes are the decoder program's (decoder.h) on the CPU. */
-void zt_llama_forward_begin(zt_llama *m, const int32_t *tokens, int B, int T)
-{
-    zt__dec_cpu_begin(m->run, tokens, B, T, NULL);
-}
-
-void zt_llama_forward_block(zt_llama *m, int block, const float *bp)
-{
-    zt__dec_cpu_forward_block(m->run, block, bp);
-}
-
-float zt_llama_forward_head(zt_llama *m, const float *hp, const int32_t *targets)
-{
-    return zt__dec_cpu_forward_head(m->run, hp, targets);
-}
+void zt_llama_forward_block(zt_llama *m, int b, const float *bp) { zt__hm_forward_block(m, b, bp); }
+float zt_llama_forward_head(zt_llama *m, const float *hp, const int32_t *t) { return zt__hm_forward_head(m, hp, t); }
+void zt_llama_backward_head(zt_llama *m, const float *hp, float *hg, float s) { zt__hm_backward_head(m, hp, hg, s); }
+void zt_llama_backward_block(zt_llama *m, int b, const float *bp, float *bg) { zt__hm_backward_block(m, b, bp, bg); }
+void zt_llama_discard_block_acts(zt_llama *m, int block) { zt__hm_discard_block(m, block); }
+const float *zt_llama_logits(const zt_llama *m) { return zt__hm_logits(m); }
 
 /* Runs the forward pass over tokens [B,T]; see llama.h. */
 float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
     zt_llama_forward_begin(m, tokens, B, T);
-    for (int b = 0; b < m->num_blocks; b++)
-        zt_llama_forward_block(m, b, m->params + m->blocks[b].offset);
-    return zt_llama_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
-}
-
-void zt_llama_backward_head(zt_llama *m, const float *hp, float *hg, float loss_scale)
-{
-    zt__dec_cpu_backward_head(m->run, hp, hg, loss_scale);
-}
-
-void zt_llama_backward_block(zt_llama *m, int block, const float *bp, float *bg)
-{
-    zt__dec_cpu_backward_block(m->run, block, bp, bg);
-}
-
-void zt_llama_discard_block_acts(zt_llama *m, int block)
-{
-    zt__dec_cpu_discard_block(m->run, block);
+    const float *params = zt_llama_params(m);
+    for (int b = 0; b < zt_llama_num_blocks(m); b++)
+        zt_llama_forward_block(m, b, params + zt_llama_block(m, b)->offset);
+    return zt_llama_forward_head(m, params + zt_llama_block(m, zt_llama_head_block(m))->offset, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -1041,29 +854,24 @@ void zt_llama_discard_block_acts(zt_llama *m, int block)
  * the logits' gradient. */
 void zt_llama_backward(zt_llama *m, float loss_scale)
 {
-    const size_t h = m->blocks[m->head_block].offset;
-    zt_llama_backward_head(m, m->params + h, m->grads + h, loss_scale);
-    for (int b = m->num_blocks - 1; b >= 0; b--)
-        zt_llama_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+    float *params = zt_llama_params(m), *grads = zt_llama_grads(m);
+    const size_t h = zt_llama_block(m, zt_llama_head_block(m))->offset;
+    zt_llama_backward_head(m, params + h, grads + h, loss_scale);
+    for (int b = zt_llama_num_blocks(m) - 1; b >= 0; b--) {
+        const size_t o = zt_llama_block(m, b)->offset;
+        zt_llama_backward_block(m, b, params + o, grads + o);
+    }
 }
 
 /* Sets every gradient to zero. */
 void zt_llama_zero_grad(zt_llama *m)
 {
-    memset(m->grads, 0, m->num_params * sizeof(float));
-}
-
-/* Returns the logits [B,T,V] of the last forward pass. */
-const float *zt_llama_logits(const zt_llama *m)
-{
-    return zt__dec_cpu_logits(m->run);
+    memset(zt_llama_grads(m), 0, zt_llama_num_params(m) * sizeof(float));
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
-
-extern const zt_family_def zt__family_llama;
 
 /* The engine's CPU executor of m; see llama.h. */
 int zt_llama_model_cpu(zt_model **out, zt_llama *m, int max_micro, const bool *ckpt_layers, zt_err *err)
@@ -1109,25 +917,26 @@ static void hf_export_name(const void *m, const zt_param_info *t, char *out, siz
  * lm_head.weight must equal embed_tokens. */
 static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
 {
-    const zt_llama *m = mv;
+    const zt_llama_config *cfg = zt__hm_config(mv);
     if (is_rotary_buffer(name))
         return ZT_HF_BUFFER;
-    if (strcmp(name, LM_HEAD) == 0 && m->cfg.tie_word_embeddings) {
+    if (strcmp(name, LM_HEAD) == 0 && cfg->tie_word_embeddings) {
         *idx = 0;
         return ZT_HF_TIED;
     }
     const bool prefixed = strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0;
     if (prefixed)
         name += strlen(HF_PREFIX);
-    *idx = prefixed && strcmp(name, LM_HEAD) == 0 ? -1 : zt__host_find_tensor(m->tensors, m->num_tensors, name);
+    *idx = prefixed && strcmp(name, LM_HEAD) == 0 ? -1
+                                                 : zt__host_find_tensor(zt__hm_tensor(mv, 0), zt__hm_num_tensors(mv), name);
     return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
 }
 
 static void hf_describe(const void *mv, char *out, size_t cap)
 {
-    const zt_llama *m = mv;
-    snprintf(out, cap, "a LLaMA with %d layers and %s head (tie_word_embeddings %s)", m->cfg.num_hidden_layers,
-             m->cfg.tie_word_embeddings ? "a tied" : "an untied", m->cfg.tie_word_embeddings ? "true" : "false");
+    const zt_llama_config *cfg = zt__hm_config(mv);
+    snprintf(out, cap, "a LLaMA with %d layers and %s head (tie_word_embeddings %s)", cfg->num_hidden_layers,
+             cfg->tie_word_embeddings ? "a tied" : "an untied", cfg->tie_word_embeddings ? "true" : "false");
 }
 
 static const zt_hf_names hf_names = {
@@ -1237,52 +1046,11 @@ static int f_create_layout(void **out, const void *c, zt_err *err)
 {
     return zt_llama_create_layout((zt_llama **)out, c, err);
 }
-static void f_destroy(void *m) { zt_llama_destroy(m); }
-static const void *f_config(const void *m) { return zt_llama_get_config(m); }
-static size_t f_num_params(const void *m) { return zt_llama_num_params(m); }
-static int f_num_tensors(const void *m) { return zt_llama_num_tensors(m); }
-static const zt_param_info *f_tensor(const void *m, int i) { return zt_llama_tensor(m, i); }
-static int f_num_blocks(const void *m) { return zt_llama_num_blocks(m); }
-static const zt_block_info *f_block(const void *m, int i) { return zt_llama_block(m, i); }
-static int f_head_block(const void *m) { return zt_llama_head_block(m); }
-static int f_max_batch(const void *m) { return zt_llama_max_batch(m); }
-static int f_max_seq(const void *m) { return zt_llama_max_seq(m); }
-static float *f_params(void *m) { return zt_llama_params(m); }
-static float *f_grads(void *m) { return zt_llama_grads(m); }
-static void f_release_params(void *m) { zt_llama_release_params(m); }
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
-{
-    zt__dec_cpu_begin(((zt_llama *)m)->run, tok, B, T, pos);
-}
-static void f_forward_block(void *m, int b, const float *w) { zt_llama_forward_block(m, b, w); }
-static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_llama_forward_head(m, w, t); }
-static void f_backward_head(void *m, const float *w, float *g, float s) { zt_llama_backward_head(m, w, g, s); }
-static void f_backward_block(void *m, int b, const float *w, float *g) { zt_llama_backward_block(m, b, w, g); }
-static void f_discard_block(void *m, int b) { zt_llama_discard_block_acts(m, b); }
-static const float *f_logits(const void *m) { return zt_llama_logits(m); }
 #ifdef ZT_WITH_CUDA
-/* The decoder program's CUDA executor over m's tables. */
-static zt__dec_model dec_model(const zt_llama *m)
-{
-    return (zt__dec_model){.arch = &m->arch, .tensors = m->tensors, .ntensors = m->num_tensors,
-                           .nblocks = m->num_blocks, .head_block = m->head_block, .num_params = m->num_params,
-                           .inv_freq = m->inv_freq};
-}
 int zt_llama_cuda_create(zt_model **out, const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
                          const bool *ckpt_layers, zt_err *err)
 {
-    const zt__dec_model d = dec_model(m);
-    return zt__dec_cuda_create(out, &d, B, T, max_micro, dtype, ckpt_layers, err);
-}
-static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                         const bool *ckpt_layers, zt_err *err)
-{
-    return zt_llama_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
-}
-static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
-{
-    const zt__dec_model d = dec_model(m);
-    return zt__dec_cuda_shape(&d, B, T, max_micro, dtype, ckpt);
+    return zt__hm_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
 }
 #endif
 
@@ -1301,29 +1069,6 @@ const zt_family_def zt__family_llama = {
     .config_shape = f_config_shape,
     .create = f_create,
     .create_layout = f_create_layout,
-    .destroy = f_destroy,
-    .config = f_config,
-    .num_params = f_num_params,
-    .num_tensors = f_num_tensors,
-    .tensor = f_tensor,
-    .num_blocks = f_num_blocks,
-    .block = f_block,
-    .head_block = f_head_block,
-    .max_batch = f_max_batch,
-    .max_seq = f_max_seq,
-    .params = f_params,
-    .grads = f_grads,
-    .release_params = f_release_params,
     .hf = &hf_names,
-    .forward_begin = f_forward_begin,
-    .forward_block = f_forward_block,
-    .forward_head = f_forward_head,
-    .backward_head = f_backward_head,
-    .backward_block = f_backward_block,
-    .discard_block = f_discard_block,
-    .logits = f_logits,
-#ifdef ZT_WITH_CUDA
-    .cuda_create = f_cuda_create,
-    .cuda_shape = f_cuda_shape,
-#endif
+    ZT__HM_FAMILY_ENTRIES
 };

@@ -51,13 +51,14 @@ struct zt_ops {
     void (*rmsnorm)(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
     void (*rmsnorm_backward)(const zt_ops *o, void *dx, void *dw, const void *dout, const void *x, const void *w,
                              const float *rstd, int N, int C);
-    /* Rotary embeddings of the q and k heads of packed qkv rows [B,T,(NH+2 NKV) HS], in place, and the
-     * backward (in place on dqkv); inv_freq [HS/2] and pos are the binding's memory (device memory on CUDA);
-     * pos NULL: row t of each sequence at position t, else [B*T] positions (packed documents). */
-    void (*rope)(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+    /* Rotary embeddings of the first rot channels of the q and k heads of packed qkv rows [B,T,(NH+2 NKV) HS],
+     * in place, and the backward (in place on dqkv); inv_freq [rot/2] and pos are the binding's memory
+     * (device memory on CUDA); pos NULL: row t of each sequence at position t, else [B*T] positions (packed
+     * documents). */
+    void (*rope)(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
                  const int32_t *pos);
     void (*rope_backward)(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
-                          const int32_t *pos);
+                          int rot, const int32_t *pos);
     /* Attention over packed qkv rows (d: shape, grouped key/value heads, causal): out [B,T,NH HS] and lse
      * [B,NH,T]; the backward writes dqkv */
     void (*attention)(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d);

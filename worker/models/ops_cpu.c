@@ -122,17 +122,17 @@ static void cpu_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void
 }
 
 static void cpu_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
-                     const int32_t *pos)
+                     int rot, const int32_t *pos)
 {
     (void)o;
-    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
+    zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, rot, 0, pos);
 }
 
 static void cpu_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV,
-                              int HS, const int32_t *pos)
+                              int HS, int rot, const int32_t *pos)
 {
     (void)o;
-    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0, pos);
+    zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, rot, 0, pos);
 }
 
 static void cpu_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)

@@ -169,16 +169,16 @@ static void k_rmsnorm_backward(const zt_ops *o, void *dx, void *dw, const void *
                                                stream_of(o)));
 }
 
-static void k_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
+static void k_rope(const zt_ops *o, void *qkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS, int rot,
                    const int32_t *pos)
 {
-    TIMED(P_ROPE, zt_cuda_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o), pos));
+    TIMED(P_ROPE, zt_cuda_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, rot, 0, o->dtype, stream_of(o), pos));
 }
 
 static void k_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
-                            const int32_t *pos)
+                            int rot, const int32_t *pos)
 {
-    TIMED(P_ROPE_BWD, zt_cuda_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, 0, o->dtype, stream_of(o), pos));
+    TIMED(P_ROPE_BWD, zt_cuda_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, rot, 0, o->dtype, stream_of(o), pos));
 }
 
 static void k_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)

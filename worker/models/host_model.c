@@ -1,0 +1,280 @@
+/* The host model of a decoder family from its spec; see host_model.h. */
+#include "worker/models/host_model.h"
+
+#include <limits.h>
+#include <stdalign.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"          /* the initialisation of a large model is logged */
+#include "common/memory.h"       /* huge pages for the slabs */
+#include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
+
+struct zt__hm {
+    const zt__hm_spec *spec;
+    alignas(max_align_t) unsigned char cfg[ZT_FAMILY_CONFIG_BYTES];
+    int max_B, max_T;
+    size_t num_params;
+    int num_tensors;
+    zt_param_info *tensors; /* [num_tensors] */
+    int num_blocks;         /* L + 2 */
+    zt_block_info *blocks;  /* [num_blocks] */
+    int head_block;         /* 0 when the head reads the embedding, L+1 when not */
+    float *params, *grads;  /* [num_params] each; NULL for a layout */
+    float *inv_freq;        /* [rot/2] with arch.rope */
+    zt__dec_arch arch;
+    zt__dec_cpu *run;       /* NULL for a layout */
+};
+
+/* The tables of cfg without slabs; NULL when out of memory. */
+static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T)
+{
+    ZT_ASSERT(spec->config_size <= ZT_FAMILY_CONFIG_BYTES);
+    zt__hm *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->spec = spec;
+    memcpy(m->cfg, cfg, spec->config_size);
+    m->max_B = B;
+    m->max_T = T;
+    m->num_tensors = spec->count_tensors(cfg);
+    zt_family_shape shape;
+    spec->def->config_shape(cfg, &shape);
+    m->num_blocks = shape.layers + 2;
+    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
+    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
+    if (!m->tensors || !m->blocks) {
+        zt__hm_destroy(m);
+        return NULL;
+    }
+    m->num_params = spec->build_layout(cfg, m->tensors, m->blocks);
+    ZT_ASSERT(m->num_params == shape.num_params);
+    spec->arch(cfg, m->tensors, m->num_tensors, &m->arch);
+    m->head_block = m->tensors[m->arch.head_tensor].block;
+    if (m->arch.rope) {
+        ZT_ASSERT(m->arch.rot > 0 && m->arch.rot <= m->arch.HS && m->arch.rot % 2 == 0);
+        if (!(m->inv_freq = calloc((size_t)m->arch.rot / 2, sizeof *m->inv_freq))) {
+            zt__hm_destroy(m);
+            return NULL;
+        }
+        spec->inv_freq(cfg, m->inv_freq);
+    }
+    return m;
+}
+
+int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err)
+{
+    *out = NULL;
+    int rc = spec->def->config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (!(*out = new_tables(spec, cfg, 1, 1)))
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    return 0;
+}
+
+int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err)
+{
+    *out = NULL;
+    int rc = spec->def->config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    zt_family_shape shape;
+    spec->def->config_shape(cfg, &shape);
+    if (B < 1 || T < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
+    if (T > shape.positions)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "sequence length %d exceeds the model's %s %d (use a sequence length of at most %d)", T,
+                       spec->positions_key ? spec->positions_key : "max_position_embeddings", shape.positions,
+                       shape.positions);
+    zt__hm *m = new_tables(spec, cfg, B, T);
+    if (!m)
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    const int64_t widest = m->arch.V > zt__dec_up_width(&m->arch) ? m->arch.V : zt__dec_up_width(&m->arch);
+    if ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50) {
+        zt__hm_destroy(m);
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
+    }
+    const size_t param_bytes = m->num_params * sizeof(float);
+    m->params = malloc(param_bytes);
+    m->grads = calloc(m->num_params, sizeof(float));
+    zt_advise_huge_pages(m->params, param_bytes); /* the slabs of a large model fault in 2 MiB pages */
+    zt_advise_huge_pages(m->grads, param_bytes);
+    if (!m->params || !m->grads) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
+                     2.0 * (double)param_bytes / (1 << 20));
+        goto err;
+    }
+    if ((rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err)) < 0)
+        goto err;
+    if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
+        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
+               (unsigned long long)seed, zt_cpu_get_threads());
+    spec->init(m->cfg, m->tensors, m->num_tensors, m->params, seed);
+    *out = m;
+    return 0;
+err:
+    zt__hm_destroy(m);
+    return rc;
+}
+
+void zt__hm_destroy(void *mv)
+{
+    zt__hm *m = mv;
+    if (!m)
+        return;
+    zt__dec_cpu_destroy(m->run);
+    free(m->tensors);
+    free(m->blocks);
+    free(m->inv_freq);
+    free(m->params);
+    free(m->grads);
+    free(m);
+}
+
+const void *zt__hm_config(const void *m) { return ((const zt__hm *)m)->cfg; }
+const zt__dec_arch *zt__hm_arch(const void *m) { return &((const zt__hm *)m)->arch; }
+size_t zt__hm_num_params(const void *m) { return ((const zt__hm *)m)->num_params; }
+int zt__hm_num_tensors(const void *m) { return ((const zt__hm *)m)->num_tensors; }
+int zt__hm_num_blocks(const void *m) { return ((const zt__hm *)m)->num_blocks; }
+int zt__hm_head_block(const void *m) { return ((const zt__hm *)m)->head_block; }
+int zt__hm_max_batch(const void *m) { return ((const zt__hm *)m)->max_B; }
+int zt__hm_max_seq(const void *m) { return ((const zt__hm *)m)->max_T; }
+float *zt__hm_params(void *m) { return ((zt__hm *)m)->params; }
+float *zt__hm_grads(void *m) { return ((zt__hm *)m)->grads; }
+
+const zt_param_info *zt__hm_tensor(const void *mv, int i)
+{
+    const zt__hm *m = mv;
+    ZT_ASSERT(i >= 0 && i < m->num_tensors);
+    return &m->tensors[i];
+}
+
+const zt_block_info *zt__hm_block(const void *mv, int i)
+{
+    const zt__hm *m = mv;
+    ZT_ASSERT(i >= 0 && i < m->num_blocks);
+    return &m->blocks[i];
+}
+
+/* The slab reads as zeros and takes memory again only where written (an export). */
+void zt__hm_release_params(void *mv)
+{
+    zt__hm *m = mv;
+    free(m->params);
+    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
+    ZT_ASSERT(m->params); /* calloc of untouched pages */
+}
+
+/* The per-block passes are the decoder program's CPU runner. */
+void zt__hm_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
+{
+    zt__dec_cpu_begin(((zt__hm *)m)->run, tok, B, T, pos);
+}
+void zt__hm_forward_block(void *m, int b, const float *w) { zt__dec_cpu_forward_block(((zt__hm *)m)->run, b, w); }
+float zt__hm_forward_head(void *m, const float *w, const int32_t *t)
+{
+    return zt__dec_cpu_forward_head(((zt__hm *)m)->run, w, t);
+}
+void zt__hm_backward_head(void *m, const float *w, float *g, float s)
+{
+    zt__dec_cpu_backward_head(((zt__hm *)m)->run, w, g, s);
+}
+void zt__hm_backward_block(void *m, int b, const float *w, float *g)
+{
+    zt__dec_cpu_backward_block(((zt__hm *)m)->run, b, w, g);
+}
+void zt__hm_discard_block(void *m, int b) { zt__dec_cpu_discard_block(((zt__hm *)m)->run, b); }
+const float *zt__hm_logits(const void *m) { return zt__dec_cpu_logits(((const zt__hm *)m)->run); }
+
+#ifdef ZT_WITH_CUDA
+static zt__dec_model dec_model(const zt__hm *m)
+{
+    return (zt__dec_model){.arch = &m->arch, .tensors = m->tensors, .ntensors = m->num_tensors,
+                           .nblocks = m->num_blocks, .head_block = m->head_block, .num_params = m->num_params,
+                           .inv_freq = m->inv_freq};
+}
+
+int zt__hm_cuda_create(struct zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                       const bool *ckpt_layers, zt_err *err)
+{
+    const zt__dec_model d = dec_model(m);
+    return zt__dec_cuda_create(out, &d, B, T, max_micro, dtype, ckpt_layers, err);
+}
+
+struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                                   const bool *ckpt_layers)
+{
+    const zt__dec_model d = dec_model(m);
+    return zt__dec_cuda_shape(&d, B, T, max_micro, dtype, ckpt_layers);
+}
+#endif
+
+/* ---- field tables ---- */
+
+/* Field f of cfg as a double (every kind's values are exact in one) and in text. */
+static double field_value(const zt__hm_field *f, const void *cfg, char *buf, size_t cap)
+{
+    const char *p = (const char *)cfg + f->offset;
+    double v = 0;
+    switch (f->kind) {
+    case ZT__HM_INT: v = *(const int *)p; break;
+    case ZT__HM_ENUM: v = (double)*(const int *)p; break; /* enums are int-sized here (C11 6.7.2.2) */
+    case ZT__HM_BOOL: v = *(const bool *)p; break;
+    case ZT__HM_FLOAT: v = *(const float *)p; break;
+    case ZT__HM_DOUBLE: v = *(const double *)p; break;
+    }
+    if (buf)
+        snprintf(buf, cap, f->kind == ZT__HM_BOOL ? (v != 0 ? "true" : "false") : "%.9g", v);
+    return v;
+}
+
+const char *zt__hm_config_diff(const zt__hm_field *fields, int n, const void *a, const void *b, char *av, char *bv,
+                               size_t cap)
+{
+    for (int i = 0; i < n; i++)
+        if (field_value(&fields[i], a, NULL, 0) != field_value(&fields[i], b, NULL, 0)) {
+            field_value(&fields[i], a, av, cap);
+            field_value(&fields[i], b, bv, cap);
+            return fields[i].name;
+        }
+    return NULL;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+uint64_t zt__hm_config_fingerprint(const zt__hm_field *fields, int n, int64_t family_number, const void *cfg)
+{
+    uint64_t h = fnv(14695981039346656037ULL, &family_number, sizeof family_number);
+    for (int i = 0; i < n; i++) {
+        const double v = field_value(&fields[i], cfg, NULL, 0);
+        h = fnv(h, &v, sizeof v);
+    }
+    return h;
+}
+
+void zt__hm_add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
+                       bool decay)
+{
+    memset(t, 0, sizeof *t);
+    int n = snprintf(t->name, sizeof t->name, "%s", name);
+    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->offset = *offset;
+    t->block = block;
+    t->weight_decay = decay;
+    *offset += t->numel;
+}

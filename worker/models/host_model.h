@@ -1,0 +1,117 @@
+/* The host model of a decoder family, written once: the family's config struct, its tensor table and blocks,
+ * the fp32 parameter and gradient slabs, the decoder program's architecture and CPU runner (decoder.h), and
+ * the entries of zt_family_def (family.h) that follow from them. A family file then holds only what is its
+ * own: the config mapping, the tensor table in Hugging Face's names, the initialisation and the architecture,
+ * given as a zt__hm_spec; neox.c is the example.
+ *
+ * Blocks are the decoder's: 0 = the embeddings, 1..L = the layers, L+1 = the final norm (and an untied head).
+ * The host model borrows the spec (static data of the family) and copies the config. Internal to
+ * worker/models/. */
+#ifndef ZT_WORKER_MODELS_HOST_MODEL_H
+#define ZT_WORKER_MODELS_HOST_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "worker/models/decoder.h"
+#include "worker/models/family.h"
+#include "worker/models/params.h"
+
+/* What a family tells the host model about a valid config (void *cfg: the family's config struct). */
+typedef struct zt__hm_spec {
+    const zt_family_def *def;  /* the family (its config functions validate and shape the config) */
+    size_t config_size;        /* bytes of the family's config struct (<= ZT_FAMILY_CONFIG_BYTES) */
+    const char *positions_key; /* the config's name of its longest sequence, for messages (NULL:
+                                  "max_position_embeddings") */
+    /* The tensor table: the number of tensors, then the table and the L + 2 blocks filled in slab order;
+     * returns the number of parameters. */
+    int (*count_tensors)(const void *cfg);
+    size_t (*build_layout)(const void *cfg, zt_param_info *tensors, zt_block_info *blocks);
+    /* The decoder program's view (head_tensor included) and, with a->rope, the a->rot / 2 frequencies. */
+    void (*arch)(const void *cfg, const zt_param_info *tensors, int ntensors, zt__dec_arch *a);
+    void (*inv_freq)(const void *cfg, float *inv_freq);
+    /* Fills params (the table's layout) as transformers initialises the model, from seed. */
+    void (*init)(const void *cfg, const zt_param_info *tensors, int ntensors, float *params, uint64_t seed);
+} zt__hm_spec;
+
+typedef struct zt__hm zt__hm;
+
+/* Creates the host model of cfg (checked by def->config_validate) for micro-batches up to B x T (T at most
+ * the config's positions), initialised from seed. Returns 0, ZT_EINVAL_CONFIG
+ * or ZT_ENOMEM with a message. Free with zt__hm_destroy. */
+int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
+/* The tables only (no slabs, no runner): only the layout queries may be used on it. */
+int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err);
+void zt__hm_destroy(void *m); /* accepts NULL */
+
+/* The family's config inside m, its architecture and its tables. */
+const void *zt__hm_config(const void *m);
+const zt__dec_arch *zt__hm_arch(const void *m);
+
+/* The zt_family_def entries of every host model (m: a zt__hm). */
+size_t zt__hm_num_params(const void *m);
+int zt__hm_num_tensors(const void *m);
+const zt_param_info *zt__hm_tensor(const void *m, int i);
+int zt__hm_num_blocks(const void *m);
+const zt_block_info *zt__hm_block(const void *m, int i);
+int zt__hm_head_block(const void *m);
+int zt__hm_max_batch(const void *m);
+int zt__hm_max_seq(const void *m);
+float *zt__hm_params(void *m);
+float *zt__hm_grads(void *m);
+void zt__hm_release_params(void *m);
+/* pos: NULL, or the [B*T] positions of packed documents (model.h's zt_model_docs) */
+void zt__hm_forward_begin(void *m, const int32_t *tokens, int B, int T, const int32_t *pos);
+void zt__hm_forward_block(void *m, int b, const float *w);
+float zt__hm_forward_head(void *m, const float *w, const int32_t *targets);
+void zt__hm_backward_head(void *m, const float *w, float *g, float loss_scale);
+void zt__hm_backward_block(void *m, int b, const float *w, float *g);
+void zt__hm_discard_block(void *m, int b);
+const float *zt__hm_logits(const void *m);
+#ifdef ZT_WITH_CUDA
+struct zt_model;
+int zt__hm_cuda_create(struct zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                       const bool *ckpt_layers, zt_err *err);
+struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                                   const bool *ckpt_layers);
+#define ZT__HM_CUDA_ENTRIES .cuda_create = zt__hm_cuda_create, .cuda_shape = zt__hm_cuda_shape,
+#else
+#define ZT__HM_CUDA_ENTRIES
+#endif
+
+/* The host-model entries of a zt_family_def initialiser (the family adds create and create_layout). */
+#define ZT__HM_FAMILY_ENTRIES                                                                                  \
+    .destroy = zt__hm_destroy, .config = zt__hm_config, .num_params = zt__hm_num_params,                       \
+    .num_tensors = zt__hm_num_tensors, .tensor = zt__hm_tensor, .num_blocks = zt__hm_num_blocks,               \
+    .block = zt__hm_block, .head_block = zt__hm_head_block, .max_batch = zt__hm_max_batch,                     \
+    .max_seq = zt__hm_max_seq, .params = zt__hm_params, .grads = zt__hm_grads,                                 \
+    .release_params = zt__hm_release_params, .forward_begin = zt__hm_forward_begin,                            \
+    .forward_block = zt__hm_forward_block, .forward_head = zt__hm_forward_head,                                \
+    .backward_head = zt__hm_backward_head, .backward_block = zt__hm_backward_block,                            \
+    .discard_block = zt__hm_discard_block, .logits = zt__hm_logits, ZT__HM_CUDA_ENTRIES
+
+/* ---- configs described by a field table: diff and fingerprint written once ---- */
+
+enum zt__hm_kind { ZT__HM_INT, ZT__HM_BOOL, ZT__HM_FLOAT, ZT__HM_DOUBLE, ZT__HM_ENUM };
+
+typedef struct zt__hm_field {
+    const char *name;  /* the config.json key, for messages */
+    size_t offset;     /* in the config struct */
+    enum zt__hm_kind kind;
+} zt__hm_field;
+
+/* The first field in which configs a and b differ, both values written into av and bv; NULL when none. */
+const char *zt__hm_config_diff(const zt__hm_field *fields, int n, const void *a, const void *b, char *av, char *bv,
+                               size_t cap);
+/* A 64-bit FNV-1a hash of family_number and every field's value. */
+uint64_t zt__hm_config_fingerprint(const zt__hm_field *fields, int n, int64_t family_number, const void *cfg);
+
+/* ---- tensor tables ---- */
+
+/* Appends tensor `name` of shape [d0] (d1 0) or [d0, d1] in block `block` at *offset, advancing it. */
+void zt__hm_add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
+                       bool decay);
+
+#endif
