@@ -1611,7 +1611,9 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
     case ZT__OPT_SERVER:
         break;
     }
-    /* servers: the masters of the last pull; the moments only from an embedded core (one rank) */
+    /* servers: the masters of the last step; the moments only from an embedded core (one rank) */
+    if (params && (rc = zt__engine_agree(e, zt__server_fresh_masters(e, err), err)) < 0)
+        return rc;
     rc = export_field(e, e->h_master, ZT_DTYPE_F32, false, params, err);
     zt_server_core *core = zt_state_client_embedded_core(e->o.client);
     if (rc < 0 || !core || (!m && !v))

@@ -247,6 +247,8 @@ struct zt_engine {
     char run_id[128];
     int64_t server_step;            /* the servers' committed step as this engine last saw it */
     int64_t stale_step;             /* zt_engine_server_step */
+    bool pull_lowp;                 /* a GPU computing in bf16/fp16 pulls its weights in that dtype ... */
+    int64_t masters_step;           /* ... and h_master holds the masters of this step (fetched when asked) */
     struct zt__server_pipe *spipe;  /* the thread pulling updated blocks (engine_server.c), or NULL */
 
     zt_engine_timing timing, last_timing;
@@ -333,6 +335,9 @@ int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err);
  * (before a step's commit, an evaluation, an export): a pull that failed left its blocks with the weights
  * they had, so nothing computed on them may count. */
 int zt__server_settle(zt_engine *e, zt_err *err);
+/* Brings h_master to the servers' step (pulled in the compute dtype, the fp32 masters stay on the servers
+ * until a checkpoint or an export asks for them). Every rank calls it after zt__server_settle. */
+int zt__server_fresh_masters(zt_engine *e, zt_err *err);
 /* Stops the pull thread (engine destroy); accepts an engine without one. */
 void zt__server_pipe_destroy(zt_engine *e);
 /* Fills the server fields of a step's timing. */

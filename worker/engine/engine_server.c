@@ -101,21 +101,30 @@ int zt__server_push_all(zt_engine *e, int64_t step, zt_err *err)
     return rc;
 }
 
-/* Pulls this rank's fp32 shard of block b after `step` into h_master and makes it the weights the passes
- * read: on the CPU a copy, on a GPU the compute dtype sent up on `stream` (event `updated`); then marks the
- * block ready for the step count `ready`. */
+/* Bytes one pull of block b moves. */
+static uint64_t pull_bytes(const zt_engine *e, int b)
+{
+    return e->blocks[b].shard * (e->pull_lowp ? e->esize : 4);
+}
+
+/* Pulls this rank's shard of block b after `step` and makes it the weights the passes read: on the CPU the
+ * fp32 masters into h_master and a copy into wshard; on a GPU the compute dtype into h_lowp (pull_lowp: the
+ * servers rounded their masters as the host AdamW of placement cpu does; otherwise the fp32 masters into
+ * h_master, rounded here), sent up on `stream` (event `updated`); then marks the block ready for the step
+ * count `ready`. */
 static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *stream, zt_err *err)
 {
     zt__block *k = &e->blocks[b];
     float *dst = e->h_master + k->shard_off;
-    int rc = zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, dst, err);
+    void *lowp = e->dev->gpu ? (char *)e->h_lowp + k->shard_off * e->esize : NULL;
+    int rc = e->pull_lowp ? zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, lowp, err)
+                          : zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, dst, err);
     if (rc < 0)
         return rc;
     if (!e->dev->gpu) {
         memcpy((float *)e->wshard + k->shard_off, dst, k->shard * 4);
     } else {
-        void *lowp = (char *)e->h_lowp + k->shard_off * e->esize;
-        if ((rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
+        if (!e->pull_lowp && (rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
             return rc;
         if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
             e->dev->copy(zt__engine_block_weights(e, b), lowp, k->shard * e->esize, stream);
@@ -125,6 +134,24 @@ static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *st
     if (e->host)
         zt__host_opt_mark(e, b, ready);
     return 0;
+}
+
+/* Fetches the fp32 masters of the servers' step when h_master is older; see engine_internal.h. */
+int zt__server_fresh_masters(zt_engine *e, zt_err *err)
+{
+    if (!e->pull_lowp || e->masters_step == e->server_step)
+        return 0;
+    const double t0 = zt_now_s();
+    int rc = 0;
+    for (int b = 0; b < e->nb && rc == 0; b++)
+        rc = zt_state_client_pull_masters(e->o.client, e->run_id, e->server_step, b, e->rank, 0, e->blocks[b].shard,
+                                          e->h_master + e->blocks[b].shard_off, err);
+    if (rc == 0) {
+        e->masters_step = e->server_step;
+        zt_log(ZT_LOG_DEBUG, "fp32 masters of step %lld fetched from the state servers in %.3f s",
+               (long long)e->server_step, zt_now_s() - t0);
+    }
+    return rc;
 }
 
 /* Pulls every block after `step`, block 0 first, on the calling thread, and waits for the copies. */
@@ -151,7 +178,7 @@ static void run_pulls(zt_engine *e, struct zt__server_pipe *p)
     for (int b = 0; b < e->nb && rc == 0; b++) {
         rc = pull_block(e, p->step, b, p->ready, p->stream, &perr);
         if (rc == 0) {
-            bytes += e->blocks[b].shard * 4;
+            bytes += pull_bytes(e, b);
         } else {
             told = rc == ZT_ESTATE ? zt_state_client_server_step(e->o.client) : -1;
             failed_at = b;
@@ -391,7 +418,7 @@ void zt__server_timing(zt_engine *e, zt_engine_timing *t)
 }
 
 /* The layout the servers hold: W shards of every block (padded as the engine pads), the tensors' weight
- * decay (adjacent ranges merged), AdamW, fp32 pulls. */
+ * decay (adjacent ranges merged), AdamW, pulls in the GPU's compute dtype (fp32 on the CPU). */
 static int register_run(zt_engine *e, int64_t *at, zt_err *err)
 {
     const zt_model *m = e->model;
@@ -423,7 +450,7 @@ static int register_run(zt_engine *e, int64_t *at, zt_err *err)
         .beta2 = (float)e->o.beta2,
         .eps = (float)e->o.eps,
         .weight_decay = (float)e->o.weight_decay,
-        .param_dtype = ZT_DTYPE_F32,
+        .param_dtype = e->pull_lowp ? e->dtype : ZT_DTYPE_F32,
     };
     int rc = zt_state_client_register(e->o.client, &desc, at, err);
     free(blocks);
@@ -486,6 +513,8 @@ int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, bool 
 {
     ZT_ASSERT(e->home == ZT__OPT_SERVER);
     e->stale_step = -1;
+    /* h_lowp: the GPU's weights in transit (the passes' dtype); on the CPU the passes read fp32 */
+    e->pull_lowp = e->dev->gpu && e->dtype != ZT_DTYPE_F32 && e->h_lowp != NULL;
     int rc = e->spipe ? 0 : pipe_create(e, err);
     if (rc < 0)
         return rc;
@@ -519,6 +548,7 @@ int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, bool 
         e->step_no = saved;
     }
     e->server_step = step;
+    e->masters_step = step; /* the initial masters, or the checkpoint's (the servers went back to its step) */
     return rc;
 }
 
