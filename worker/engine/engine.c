@@ -1285,17 +1285,26 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     e->micro = micro;
     e->last = micro == e->o.grad_accum - 1;
     e->inv_scale = 1.0f / loss_scale;
-    build_sequence(e, true);
-    m->ops->begin(m, tokens, targets, B, T, micro);
-    int rc = e->windowed ? prefetch(e, err) : 0;
+    int rc;
     void *w;
-    for (int b = 0; b < e->nb && rc == 0; b++) {
-        if ((rc = acquire(e, b, &w, err)) < 0)
-            break;
-        m->ops->forward(m, b, w);
-        if (m->checkpointed[b])
-            m->ops->discard(m, b);
-        release(e, b);
+    for (bool again = true; again;) {
+        again = false;
+        build_sequence(e, true);
+        m->ops->begin(m, tokens, targets, B, T, micro);
+        rc = e->windowed ? prefetch(e, err) : 0;
+        for (int b = 0; b < e->nb && rc == 0; b++) {
+            if ((rc = acquire(e, b, &w, err)) < 0)
+                break;
+            m->ops->forward(m, b, w);
+            if (m->checkpointed[b])
+                m->ops->discard(m, b);
+            release(e, b);
+        }
+        /* servers: the last step's commit went on during this forward; agreed before the backward writes
+         * gradients (a step pushed and committed again gives new weights: the forward again) */
+        if (rc == 0 && micro == 0 && e->home == ZT__OPT_SERVER && (rc = zt__server_settle_step(e, &again, err)) == 0 &&
+            again)
+            invalidate_window(e);
     }
     const int h = m->head_block;
     if (rc == 0 && (rc = acquire(e, h, &w, err)) == 0) {
