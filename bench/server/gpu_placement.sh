@@ -8,9 +8,12 @@
 # (bench_raw_tcp) measured in the same run.
 #
 #   bench/server/gpu_placement.sh [BUILD_DIR] [OUT_DIR]
-#     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build)
+#     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build); the
+#                script builds nothing, so binaries built elsewhere (a CUDA build, -DZT_CUDA=ON) run as they are
 #     OUT_DIR    logs (default bench-out/server)
 #   CASES="124m:1 124m:8 1558m:4"  model:grad_accum pairs;  NSERVERS="1"  e.g. "1 2 4" for the aggregate
+#   STREAMS="default"  e.g. "1 2 4": concurrent streams (connections) per push or pull of a shard
+#   (ZT_STATE_STREAMS; default: a quarter of the cores, 1 to 4)
 #   STEPS=12: tokens/s is the mean over steps 5..STEPS (metrics.jsonl)
 #   TLS=1: also the server rows with TLS and with mutual TLS (certificates made with openssl, as
 #   docs/security.md describes)
@@ -23,6 +26,7 @@ CASES="${CASES:-124m:1 124m:8 1558m:4}"
 NSERVERS="${NSERVERS:-1}"
 STEPS="${STEPS:-12}"
 TLS="${TLS:-0}"
+STREAMS="${STREAMS:-default}"
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -112,14 +116,21 @@ for c in $CASES; do
   echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - |"
   for n in $NSERVERS; do
     for sec in $secs; do
-      start_servers "$n" "$sec"
-      flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
-      [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
-      [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
-      read -r tps wire < <(train "server${n}_${sec}_${model}_$accum" "$model" "$accum" "${flags[@]}")
-      stop_servers
-      pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
-      echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") |"
+      for st in $STREAMS; do
+        start_servers "$n" "$sec"
+        flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
+        [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
+        [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
+        if [ "$st" = default ]; then
+          read -r tps wire < <(train "server${n}_${sec}_${model}_$accum" "$model" "$accum" "${flags[@]}")
+        else
+          read -r tps wire < <(ZT_STATE_STREAMS="$st" train "server${n}_${sec}_s${st}_${model}_$accum" "$model" \
+                                 "$accum" "${flags[@]}")
+        fi
+        stop_servers
+        pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
+        echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") |"
+      done
     done
   done
 done

@@ -2,22 +2,33 @@
  * through worker/state/client.h, snapshots, and the agreement of the ranks on a server's failure.
  *
  * A step, overlapped as the host AdamW of placement cpu is:
- *   backward   each block's gradient shard is pushed by the host thread (host_optimizer.c) as soon as it is
- *              in host memory (on the CPU: in gshard), while the backward goes on with the next blocks;
- *   step       after the norm, this rank waits for its last pushes, the ranks agree that all pushed, the
- *              pull thread below starts pulling the new weights block 0 first, and rank 0 commits the step
- *              on every server at once: each server updates its blocks in order and serves block b's pull
- *              as soon as b is done, so the pulls follow the update; the ranks agree on the commit and
- *              zt_engine_step returns;
+ *   backward   each block's gradient shard is pushed (fp32) by the host thread (host_optimizer.c) as soon as
+ *              it is in host memory (on the CPU: in gshard), while the backward goes on with the next blocks;
+ *   step       after the norm, this rank waits for its last pushes and the ranks agree that all pushed; then
+ *              the pull thread starts pulling the new weights block 0 first, rank 0 starts the commit on
+ *              every server at once on the committer thread, and zt_engine_step returns: the commit is off
+ *              the critical path. Each server updates its blocks in order and serves block b's pull as soon
+ *              as b is done, so the pulls follow the update;
  *   next step  its forward waits only for the block it reads (zt__host_opt_wait_block), block 0 first,
- *              while later blocks are still being pulled.
- * A pull that fails leaves its block (and those after it) as they were and is reported at the next point
- * where every rank asks (zt__server_settle: the next step, an evaluation, an export), so that the ranks
- * stop together and nothing computed on such weights counts.
+ *              while the servers are still updating later blocks; between that forward and its backward (no
+ *              gradient of the step written yet) the ranks agree on the commit's answer and their pulls
+ *              (zt__server_settle_step). Evaluations and exports agree first too (zt__server_settle).
+ * A commit the servers refused (a server restarted from the snapshot of the step before and lost pushes)
+ * or a pull that failed is repaired there: the gradients are still those of the step, so every rank pushes
+ * them again, rank 0 commits again, every rank pulls again, and the forward is computed again on the new
+ * weights (engine.c). A failed pull marks its block and those after it ready with the weights they had, so
+ * no pass waits for them, and nothing computed on them counts. A server at an older step cannot be
+ * repaired: the ranks stop with ZT_ESTATE and the run resumes from that step's checkpoint.
  *
- * Pulls are fp32: this rank keeps its masters of the last step in h_master (a checkpoint's weights) and
- * rounds them to the compute dtype for the GPU, the same rounding the host AdamW of placement cpu does, so
- * both placements give the same bits. */
+ * Pulled bytes. On a GPU computing in bf16/fp16 the run is registered with that param dtype: the servers
+ * round their updated fp32 masters to it with the round-to-nearest-even the host AdamW of placement cpu
+ * uses (the fused output of zt_cpu_adam_update, or zt_cpu_adam_convert: the same bits), and each rank pulls
+ * 2 bytes a parameter straight into h_lowp, which the copies up read. h_master then holds the masters of
+ * e->masters_step only; an export (checkpoints) fetches those of the servers' step first
+ * (zt__server_fresh_masters, PullParams with `masters`). On the CPU (fp32 compute) the pulled fp32 masters
+ * go to h_master and are the weights. Gradients are pushed in fp32, the host gradient of the server path
+ * (placement cpu keeps a bf16 one only with one rank, chunked gradients and no accumulation, e->hgrad_lowp;
+ * pushing that one in bf16 would halve those pushes and is not done yet). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
