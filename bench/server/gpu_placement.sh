@@ -88,6 +88,7 @@ train() {
     --device cuda --precision bf16 --batch-size 8 --seq-len 1024 --grad-accum "$accum" --steps "$STEPS" \
     --warmup 2 --log-every 1 --eval-every 0 --save-every -1 --out "$WORK/run" "$@" > "$OUT_DIR/$name.log" 2>&1 ||
     { echo "ztrain failed: $OUT_DIR/$name.log" >&2; echo "- -"; return; }
+  cp "$WORK/run/metrics.jsonl" "$OUT_DIR/$name.metrics.jsonl"
   "$PY" - "$WORK/run/metrics.jsonl" "$OUT_DIR/$name.log" $((8 * 1024 * accum)) <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
@@ -105,15 +106,27 @@ PY
 }
 
 raw=$("$B/bench/server/bench_raw_tcp" 4096 | tr ' ' '\n' | sed -n 's/^gib_s=//p')
-echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) |"
-echo "| --- | --- | ---: | ---: | ---: | ---: |"
+# same_losses A B: "yes" when the two runs' losses are the same numbers at every step (the placements give
+# the same bits), else "NO"
+same_losses() {
+  "$PY" - "$OUT_DIR/$1.metrics.jsonl" "$OUT_DIR/$2.metrics.jsonl" <<'PY' 2>/dev/null || echo "-"
+import json, sys
+def losses(p):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(p)) if "loss" in r]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print("yes" if a and a == b else "NO")
+PY
+}
+
+echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) | losses = cpu's |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 secs="plain"
 [ "$TLS" = 1 ] && secs="plain tls mtls"
 for c in $CASES; do
   model=${c%%:*}
   accum=${c##*:}
   read -r cpu _ < <(train "cpu_${model}_$accum" "$model" "$accum" --optimizer cpu)
-  echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - |"
+  echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - | - |"
   for n in $NSERVERS; do
     for sec in $secs; do
       for st in $STREAMS; do
@@ -121,15 +134,16 @@ for c in $CASES; do
         flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
         [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
         [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
+        name="server${n}_${sec}_${model}_$accum"
         if [ "$st" = default ]; then
-          read -r tps wire < <(train "server${n}_${sec}_${model}_$accum" "$model" "$accum" "${flags[@]}")
+          read -r tps wire < <(train "$name" "$model" "$accum" "${flags[@]}")
         else
-          read -r tps wire < <(ZT_STATE_STREAMS="$st" train "server${n}_${sec}_s${st}_${model}_$accum" "$model" \
-                                 "$accum" "${flags[@]}")
+          name="server${n}_${sec}_s${st}_${model}_$accum"
+          read -r tps wire < <(ZT_STATE_STREAMS="$st" train "$name" "$model" "$accum" "${flags[@]}")
         fi
         stop_servers
         pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
-        echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") |"
+        echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") | $(same_losses "cpu_${model}_$accum" "$name") |"
       done
     done
   done
