@@ -9,7 +9,9 @@
 #
 #   bench/server/gpu_placement.sh [BUILD_DIR] [OUT_DIR]
 #     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build); the
-#                script builds nothing, so binaries built elsewhere (a CUDA build, -DZT_CUDA=ON) run as they are
+#                script builds nothing, so binaries built elsewhere (a CUDA build, -DZT_CUDA=ON) run as they are;
+#                with BUILD_DIR/devlibs (bench/server/carry_libs.sh BUILD_DIR on the machine that built them)
+#                those libraries come first, and CUDA's are looked for on this machine
 #     OUT_DIR    logs (default bench-out/server)
 #   CASES="124m:1 124m:8 1558m:4"  model:grad_accum pairs;  NSERVERS="1"  e.g. "1 2 4" for the aggregate
 #   STREAMS="default"  e.g. "1 2 4": concurrent streams (connections) per push or pull of a shard
@@ -28,6 +30,17 @@ STEPS="${STEPS:-12}"
 TLS="${TLS:-0}"
 STREAMS="${STREAMS:-default}"
 PY="${PYTHON:-python3}"
+if [ -d "$B/devlibs" ]; then # binaries built elsewhere: their libraries, then this machine's CUDA libraries
+  cudalibs=""
+  for l in 'libcublasLt.so.*' 'libnccl.so.*' 'libcudart.so.*'; do
+    d=$(dirname "$(find /usr/local /opt /usr/lib -name "$l" 2>/dev/null | head -1)")
+    [ "$d" != . ] && cudalibs="$cudalibs:$d"
+  done
+  export LD_LIBRARY_PATH="$(cd "$B/devlibs" && pwd)$cudalibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ldd "$B/worker/ztrain" | grep -q "not found"; then
+    echo "gpu_placement: $B/worker/ztrain misses libraries:"; ldd "$B/worker/ztrain" | grep "not found"; exit 1
+  fi
+fi
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
