@@ -429,7 +429,8 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
         e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
     /* pieces: one rank, or several without blocks kept on the GPU (whose gradients take whole-block buffers) */
     e->chunked = e->path == ZT__GRAD_HOST && o->grad_chunk > 0 && (e->W == 1 || o->gpu_fraction == 0);
-    e->hgrad_lowp = e->chunked && e->W == 1 && e->home == ZT__OPT_HOST && e->dtype == ZT_DTYPE_BF16 &&
+    e->hgrad_lowp = e->chunked && e->W == 1 && (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER) &&
+                    e->dtype == ZT_DTYPE_BF16 &&
                     o->grad_accum == 1 && o->gpu_fraction == 0;
     e->windowed = e->W > 1 || o->stream;
     /* the host adds what the device would: one rank in whole blocks computing in fp32 is left out (its kernels

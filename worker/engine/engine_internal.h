@@ -148,9 +148,9 @@ struct zt_engine {
     enum zt__opt_home home;
     enum zt__grad_path path;
     bool chunked;                   /* HOST path at W = 1 in pieces of o.grad_chunk elements (ring[] are pieces) */
-    bool hgrad_lowp;                /* chunked, one rank, placement cpu, bf16, grad_accum 1, no gpu_fraction: the
-                                       step's gradient is one micro-batch's bf16 gradient times 1, exact in bf16:
-                                       h_grad16 holds it */
+    bool hgrad_lowp;                /* chunked, one rank, placement cpu or server, bf16, grad_accum 1, no
+                                       gpu_fraction: the step's gradient is one micro-batch's bf16 gradient times
+                                       1, exact in bf16: h_grad16 holds it */
     bool windowed;                  /* block weights go through window slots: W > 1 (gathered) or streamed */
     bool dry;                       /* zt_engine_plan_for: allocations are only counted */
     bool releasing;                 /* zt_engine_create's import with release_host_params: each block's source

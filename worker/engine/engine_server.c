@@ -26,9 +26,10 @@
  * 2 bytes a parameter straight into h_lowp, which the copies up read. h_master then holds the masters of
  * e->masters_step only; an export (checkpoints) fetches those of the servers' step first
  * (zt__server_fresh_masters, PullParams with `masters`). On the CPU (fp32 compute) the pulled fp32 masters
- * go to h_master and are the weights. Gradients are pushed in fp32, the host gradient of the server path
- * (placement cpu keeps a bf16 one only with one rank, chunked gradients and no accumulation, e->hgrad_lowp;
- * pushing that one in bf16 would halve those pushes and is not done yet). */
+ * go to h_master and are the weights. Gradients are pushed as the host gradient is held, the one the host
+ * AdamW of placement cpu reads in the same configuration: bf16 (2 bytes a parameter) with one rank, bf16
+ * compute, chunked gradients and no accumulation (e->hgrad_lowp; the servers' AdamW reads bf16 gradients
+ * with the same kernel and scale), fp32 otherwise. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -105,11 +106,18 @@ static int server_agree(zt_engine *e, int rc, zt_err *err)
 int zt__server_push_block(zt_engine *e, int64_t step, int b, zt_err *err)
 {
     const zt__block *k = &e->blocks[b];
-    const float *g = (e->dev->gpu ? e->h_grad : e->gshard) + k->shard_off;
     const double t0 = zt_now_s();
-    int rc = zt_state_client_push_grad(e->o.client, e->run_id, step, b, e->rank, ZT_DTYPE_F32, g, k->shard, err);
+    int rc;
+    if (e->hgrad_lowp) { /* the bf16 gradient itself, as the host AdamW of placement cpu reads it */
+        rc = zt_state_client_push_grad(e->o.client, e->run_id, step, b, e->rank, ZT_DTYPE_BF16,
+                                       e->h_grad16 + k->shard_off, k->shard, err);
+        e->timing.bytes_pushed += k->shard * 2;
+    } else {
+        const float *g = (e->dev->gpu ? e->h_grad : e->gshard) + k->shard_off;
+        rc = zt_state_client_push_grad(e->o.client, e->run_id, step, b, e->rank, ZT_DTYPE_F32, g, k->shard, err);
+        e->timing.bytes_pushed += k->shard * 4;
+    }
     e->timing.push_s += zt_now_s() - t0;
-    e->timing.bytes_pushed += k->shard * 4;
     return rc;
 }
 
@@ -506,7 +514,8 @@ int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool s
     p->args = (zt_server_commit_args){
         .step = step,
         .grad_norm = norm,
-        .clip_coef = clip_coef,
+        /* a bf16 host gradient still holds the micro-batch's loss scale (1 in training), as in host_optimizer.c */
+        .clip_coef = e->hgrad_lowp ? clip_coef * e->inv_scale : clip_coef,
         .lr = lr,
         .overflow = skip,
     };
