@@ -251,6 +251,14 @@ static void test_bf16_pulls_and_masters(void **state)
 {
     struct fixture *f = *state;
     zt_err err = {{0}};
+    if (f->remote) { /* pieces on 4 streams at once, whatever the cores */
+        char target[64];
+        snprintf(target, sizeof(target), "127.0.0.1:%d", zt_rpc_server_port(f->srv));
+        struct zt_state_client_options opt = {.servers = target, .max_retries = 1, .backoff_s = 0.01, .streams = 4};
+        zt_state_client_destroy(f->client);
+        assert_int_equal(zt_state_client_create(&opt, &f->client, &err), 0);
+        assert_int_equal(zt_state_client_streams(f->client), 4);
+    }
     enum { N0 = 1200001, N1 = 37 };
     const zt_server_block_desc big[2] = {{.numel = N0}, {.numel = N1}};
     zt_server_run_desc d = desc_of("lp", 1);
