@@ -1530,6 +1530,41 @@ int zt_server_core_read_state(zt_server_core *core, const char *run_id, int bloc
     return rc;
 }
 
+/* Copies a range of a shard's committed fp32 masters of `step`; see core.h. */
+int zt_server_core_read_masters(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
+                                uint64_t offset, uint64_t n, void *out, zt_err *err)
+{
+    zt__run *run;
+    zt__pair *p;
+    zt_server_chunk c = {.block = block, .shard = shard, .offset = offset, .n = n, .dtype = ZT_DTYPE_F32, .data = out};
+    int rc = get_chunk_pair(core, run_id, &c, &run, &p, err);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&run->mu);
+    zt__run_acquire(run, ZT__EXCLUSIVE); /* after a commit in progress */
+    const int64_t s = run->step;
+    const int slot = run->cur;
+    pthread_mutex_unlock(&run->mu);
+    float *buf = NULL, *data = NULL;
+    if (s != step)
+        rc = zt_fail(err, ZT_ESTATE, "run %s is at step %" PRId64 ", not %" PRId64 ": its fp32 masters of step %" PRId64
+                     " are gone (resume the run from step %" PRId64 ")", run_id, s, step, step, s);
+    if (rc == 0 && core->opt.store == ZT_SERVER_STORE_NVME && !(buf = zt_store_buffer_alloc((size_t)p->n)))
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory reading block %d shard %d", block, shard);
+    if (rc == 0)
+        rc = zt__pair_read(core, p, slot, buf, &data, err);
+    if (rc == 0 && n > 0)
+        memcpy(out, data + offset, (size_t)n * sizeof(float));
+    zt_store_buffer_free(buf);
+    pthread_mutex_lock(&run->mu);
+    if (rc == 0)
+        run->stats.bytes_pulled += n * sizeof(float);
+    zt__run_unacquire(run);
+    pthread_mutex_unlock(&run->mu);
+    zt__run_release(core, run);
+    return rc;
+}
+
 /* ---- statistics ---- */
 
 static void run_stats_locked(const zt__run *run, zt_server_run_stats *out)

@@ -244,6 +244,13 @@ typedef struct zt_server_shard_state {
 int zt_server_core_load_state(zt_server_core *core, const char *run_id, int64_t step, int64_t adam_step,
                               const zt_server_shard_state *shards, int nshards, zt_err *err);
 
+/* Copies elements [offset, offset + n) of the committed fp32 master weights of one owned shard into out,
+ * when the run's committed step is `step` (after a commit in progress): the masters a worker that pulls
+ * low-precision parameters (param_dtype F16 or BF16) fetches for a checkpoint or an export. Returns 0,
+ * ZT_ESTATE when the run is at another step (the message gives it), or a negative code as pull does. */
+int zt_server_core_read_masters(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
+                                uint64_t offset, uint64_t n, void *out, zt_err *err);
+
 /* Which fp32 tensor of a shard's committed state zt_server_core_read_state copies. */
 enum zt_server_state_tensor {
     ZT_SERVER_MASTER = 0,

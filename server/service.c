@@ -492,7 +492,7 @@ static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMe
     int rc = zt_server_core_run_info(svc->core, req->run, &info, &err);
     if (rc != 0)
         return core_fail(call, rc, &err);
-    enum zt_dtype dtype = info.param_dtype;
+    enum zt_dtype dtype = req->masters ? ZT_DTYPE_F32 : info.param_dtype;
     size_t es = zt_dtype_size(dtype);
     uint64_t per_chunk = PULL_CHUNK_BYTES / es;
     for (size_t i = 0; i < req->n_ranges; i++) {
@@ -512,8 +512,12 @@ static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMe
                                                (size_t)(n * es));
             uint8_t *buf = zt_xmalloc(hlen + (size_t)(n * es));
             memcpy(buf, head, hlen);
-            rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset + done, n,
-                                     buf + hlen, timeout_ms < 0 ? 0 : timeout_ms, &err);
+            if (req->masters)
+                rc = zt_server_core_read_masters(svc->core, req->run, req->step, r->block, r->shard, r->offset + done,
+                                                 n, buf + hlen, &err);
+            else
+                rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset + done, n,
+                                         buf + hlen, timeout_ms < 0 ? 0 : timeout_ms, &err);
             if (rc != 0) {
                 free(buf);
                 return core_fail(call, rc, &err);

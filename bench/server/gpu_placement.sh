@@ -8,9 +8,14 @@
 # (bench_raw_tcp) measured in the same run.
 #
 #   bench/server/gpu_placement.sh [BUILD_DIR] [OUT_DIR]
-#     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build)
+#     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build); the
+#                script builds nothing, so binaries built elsewhere (a CUDA build, -DZT_CUDA=ON) run as they are;
+#                with BUILD_DIR/devlibs (bench/server/carry_libs.sh BUILD_DIR on the machine that built them)
+#                those libraries come first, and CUDA's are looked for on this machine
 #     OUT_DIR    logs (default bench-out/server)
 #   CASES="124m:1 124m:8 1558m:4"  model:grad_accum pairs;  NSERVERS="1"  e.g. "1 2 4" for the aggregate
+#   STREAMS="default"  e.g. "1 2 4": concurrent streams (connections) per push or pull of a shard
+#   (ZT_STATE_STREAMS; default: a quarter of the cores, 1 to 4)
 #   STEPS=12: tokens/s is the mean over steps 5..STEPS (metrics.jsonl)
 #   TLS=1: also the server rows with TLS and with mutual TLS (certificates made with openssl, as
 #   docs/security.md describes)
@@ -23,7 +28,19 @@ CASES="${CASES:-124m:1 124m:8 1558m:4}"
 NSERVERS="${NSERVERS:-1}"
 STEPS="${STEPS:-12}"
 TLS="${TLS:-0}"
+STREAMS="${STREAMS:-default}"
 PY="${PYTHON:-python3}"
+if [ -d "$B/devlibs" ]; then # binaries built elsewhere: their libraries, then this machine's CUDA libraries
+  cudalibs=""
+  for l in 'libcublasLt.so.*' 'libnccl.so.*' 'libcudart.so.*'; do
+    d=$(dirname "$(find /usr/local /opt /usr/lib -name "$l" 2>/dev/null | head -1)")
+    [ "$d" != . ] && cudalibs="$cudalibs:$d"
+  done
+  export LD_LIBRARY_PATH="$(cd "$B/devlibs" && pwd)$cudalibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ldd "$B/worker/ztrain" | grep -q "not found"; then
+    echo "gpu_placement: $B/worker/ztrain misses libraries:"; ldd "$B/worker/ztrain" | grep "not found"; exit 1
+  fi
+fi
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 DATA="${TMPDIR:-/tmp}/zt_bench_data"
@@ -84,6 +101,7 @@ train() {
     --device cuda --precision bf16 --batch-size 8 --seq-len 1024 --grad-accum "$accum" --steps "$STEPS" \
     --warmup 2 --log-every 1 --eval-every 0 --save-every -1 --out "$WORK/run" "$@" > "$OUT_DIR/$name.log" 2>&1 ||
     { echo "ztrain failed: $OUT_DIR/$name.log" >&2; echo "- -"; return; }
+  cp "$WORK/run/metrics.jsonl" "$OUT_DIR/$name.metrics.jsonl"
   "$PY" - "$WORK/run/metrics.jsonl" "$OUT_DIR/$name.log" $((8 * 1024 * accum)) <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
@@ -101,25 +119,45 @@ PY
 }
 
 raw=$("$B/bench/server/bench_raw_tcp" 4096 | tr ' ' '\n' | sed -n 's/^gib_s=//p')
-echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) |"
-echo "| --- | --- | ---: | ---: | ---: | ---: |"
+# same_losses A B: "yes" when the two runs' losses are the same numbers at every step (the placements give
+# the same bits), else "NO"
+same_losses() {
+  "$PY" - "$OUT_DIR/$1.metrics.jsonl" "$OUT_DIR/$2.metrics.jsonl" <<'PY' 2>/dev/null || echo "-"
+import json, sys
+def losses(p):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(p)) if "loss" in r]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print("yes" if a and a == b else "NO")
+PY
+}
+
+echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) | losses = cpu's |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 secs="plain"
 [ "$TLS" = 1 ] && secs="plain tls mtls"
 for c in $CASES; do
   model=${c%%:*}
   accum=${c##*:}
   read -r cpu _ < <(train "cpu_${model}_$accum" "$model" "$accum" --optimizer cpu)
-  echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - |"
+  echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - | - |"
   for n in $NSERVERS; do
     for sec in $secs; do
-      start_servers "$n" "$sec"
-      flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
-      [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
-      [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
-      read -r tps wire < <(train "server${n}_${sec}_${model}_$accum" "$model" "$accum" "${flags[@]}")
-      stop_servers
-      pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
-      echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") |"
+      for st in $STREAMS; do
+        start_servers "$n" "$sec"
+        flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
+        [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
+        [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
+        name="server${n}_${sec}_${model}_$accum"
+        if [ "$st" = default ]; then
+          read -r tps wire < <(train "$name" "$model" "$accum" "${flags[@]}")
+        else
+          name="server${n}_${sec}_s${st}_${model}_$accum"
+          read -r tps wire < <(ZT_STATE_STREAMS="$st" train "$name" "$model" "$accum" "${flags[@]}")
+        fi
+        stop_servers
+        pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
+        echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") | $(same_losses "cpu_${model}_$accum" "$name") |"
+      done
     done
   done
 done

@@ -262,6 +262,31 @@ static void test_offload_placements_identical(void **state)
         zt_train_result_free(&r[k]);
 }
 
+/* cpu and server (RAM) with bf16 on the GPU and grad_accum 1: the host gradient is the bf16 gradient itself
+ * (placement cpu's AdamW reads it; placement server pushes it in bf16 and pulls bf16 weights), so the same
+ * losses and checkpoints bit for bit. */
+static void test_offload_placements_identical_bf16_grads(void **state)
+{
+    (void)state;
+    const char *outs[2] = {"off1_cpu", "off1_ram"};
+    const char *opts[2] = {"cpu", "server"};
+    zt_train_result r[2];
+    for (int k = 0; k < 2; k++) {
+        zt_train_config c;
+        offload_config(&c, outs[k], "bf16", opts[k], k ? "ram" : NULL);
+        c.grad_accum = 1;
+        zt_fixture_finish_config(&c);
+        zt_fixture_train_ok(&c, &r[k]);
+        assert_int_equal(r[k].end_step, STEPS);
+    }
+    zt_gpu_fixture_same_losses("server (bf16 gradients pushed, bf16 weights pulled) vs --optimizer cpu", &r[1], &r[0],
+                               1, STEPS);
+    expect_same_tensors(outs[0], outs[1], STEPS, "model.safetensors");
+    printf("optimizer cpu and server with bf16 on the GPU and grad_accum 1: identical losses and parameters\n");
+    for (int k = 0; k < 2; k++)
+        zt_train_result_free(&r[k]);
+}
+
 /* fp16 with loss scaling and the optimizer on the host; then a stop at step 10 and a resume reproduce the
  * uninterrupted run bit for bit. */
 static void test_offload_fp16_and_resume(void **state)
@@ -354,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_gpu_checkpoint_resumes_on_cpu),
         cmocka_unit_test(test_offload_fp32_tracks_cpu),
         cmocka_unit_test(test_offload_placements_identical),
+        cmocka_unit_test(test_offload_placements_identical_bf16_grads),
         cmocka_unit_test(test_offload_fp16_and_resume),
         cmocka_unit_test(test_gpu_save_grads),
     };

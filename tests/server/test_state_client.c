@@ -2,7 +2,8 @@
  * and against one state service on loopback gRPC in this process. A run is routed by the client only
  * once the servers have accepted it, so a refused registration leaves the client as it was; a layout
  * that differs from the registered one is ZT_EMISMATCH either way; the client's run limit is checked
- * before anything is registered. */
+ * before anything is registered. A run that pulls bf16 parameters gets its masters rounded as the worker
+ * would round them, and the fp32 masters of the committed step on request (and of no other step). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <cmocka.h>
 
 #include "common/status.h"
+#include "offload/cpu_adam.h"
 #include "proto/rpc.h"
 #include "server/core.h"
 #include "server/service.h"
@@ -241,6 +243,67 @@ static void test_server_lost_run_before_first_step(void **state)
     }
 }
 
+/* A bf16 run (W = 1): after step 1 the pulled parameters are the server's fp32 masters rounded to bf16
+ * (zt_cpu_adam_convert, the worker's rounding), bit for bit, and pull_masters gives those masters, also
+ * for a block large enough to be split over several streams; masters of a step the run is not at are
+ * refused with ZT_ESTATE. */
+static void test_bf16_pulls_and_masters(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    if (f->remote) { /* pieces on 4 streams at once, whatever the cores */
+        char target[64];
+        snprintf(target, sizeof(target), "127.0.0.1:%d", zt_rpc_server_port(f->srv));
+        struct zt_state_client_options opt = {.servers = target, .max_retries = 1, .backoff_s = 0.01, .streams = 4};
+        zt_state_client_destroy(f->client);
+        assert_int_equal(zt_state_client_create(&opt, &f->client, &err), 0);
+        assert_int_equal(zt_state_client_streams(f->client), 4);
+    }
+    enum { N0 = 1200001, N1 = 37 };
+    const zt_server_block_desc big[2] = {{.numel = N0}, {.numel = N1}};
+    zt_server_run_desc d = desc_of("lp", 1);
+    d.blocks = big;
+    d.param_dtype = ZT_DTYPE_BF16;
+    assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0);
+    const uint64_t n[2] = {N0, N1};
+    for (int b = 0; b < 2; b++) {
+        float *x = malloc(n[b] * sizeof(float)), *g = malloc(n[b] * sizeof(float));
+        for (uint64_t i = 0; i < n[b]; i++) {
+            x[i] = 0.3f - 1e-6f * (float)i + 0.1f * (float)b;
+            g[i] = 0.01f * (float)((i * 7 + (uint64_t)b) % 13) - 0.06f;
+        }
+        assert_int_equal(zt_state_client_push_params(f->client, "lp", b, 0, x, n[b], &err), 0);
+        assert_int_equal(zt_state_client_push_grad(f->client, "lp", 1, b, 0, ZT_DTYPE_F32, g, n[b], &err), 0);
+        free(x);
+        free(g);
+    }
+    zt_server_commit_args a = {.step = 1, .grad_norm = 1.0, .clip_coef = 1.0f, .lr = 1e-2f};
+    if (zt_state_client_commit(f->client, "lp", &a, &err) != 0)
+        fail_msg("commit: %s", err.msg);
+    for (int b = 0; b < 2; b++) {
+        float *want = malloc(n[b] * sizeof(float)), *got = malloc(n[b] * sizeof(float));
+        uint16_t *lp = malloc(n[b] * 2), *want_lp = malloc(n[b] * 2);
+        assert_int_equal(zt_server_core_read_state(f->core, "lp", b, 0, ZT_SERVER_MASTER, want, NULL, &err), 0);
+        assert_int_equal(zt_cpu_adam_convert(want_lp, ZT_DTYPE_BF16, want, n[b], 1, &err), 0);
+        assert_int_equal(zt_state_client_pull(f->client, "lp", 1, b, 0, 0, n[b], lp, &err), 0);
+        assert_memory_equal(lp, want_lp, n[b] * 2);
+        memset(got, 0xff, n[b] * sizeof(float));
+        if (zt_state_client_pull_masters(f->client, "lp", 1, b, 0, 0, n[b], got, &err) != 0)
+            fail_msg("pull_masters: %s", err.msg);
+        assert_memory_equal(got, want, n[b] * sizeof(float));
+        /* a range inside the shard */
+        assert_int_equal(zt_state_client_pull_masters(f->client, "lp", 1, b, 0, 5, 20, got, &err), 0);
+        assert_memory_equal(got, want + 5, 20 * sizeof(float));
+        free(want);
+        free(got);
+        free(lp);
+        free(want_lp);
+    }
+    float one[4];
+    assert_int_equal(zt_state_client_pull_masters(f->client, "lp", 2, 0, 0, 0, 4, one, &err), ZT_ESTATE);
+    assert_int_equal(zt_state_client_pull_masters(f->client, "lp", 0, 1, 0, 0, 4, one, &err) != 0, 1);
+}
+
 #define BOTH(fn) cmocka_unit_test_setup_teardown(fn, setup_embedded, teardown), \
                  cmocka_unit_test_setup_teardown(fn, setup_remote, teardown)
 
@@ -250,6 +313,7 @@ int main(void)
         BOTH(test_refused_registration_records_nothing),
         BOTH(test_mismatched_registration_keeps_layout),
         BOTH(test_run_limit_checked_first),
+        BOTH(test_bf16_pulls_and_masters),
         cmocka_unit_test_setup_teardown(test_server_lost_run_before_first_step, setup_remote, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -470,7 +470,8 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
         e->path = e->W > 1 ? ZT__GRAD_REDUCE : ZT__GRAD_DIRECT_F32;
     /* pieces: one rank, or several without blocks kept on the GPU (whose gradients take whole-block buffers) */
     e->chunked = e->path == ZT__GRAD_HOST && o->grad_chunk > 0 && (e->W == 1 || o->gpu_fraction == 0);
-    e->hgrad_lowp = e->chunked && e->W == 1 && e->home == ZT__OPT_HOST && e->dtype == ZT_DTYPE_BF16 &&
+    e->hgrad_lowp = e->chunked && e->W == 1 && (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER) &&
+                    e->dtype == ZT_DTYPE_BF16 &&
                     o->grad_accum == 1 && o->gpu_fraction == 0;
     e->windowed = e->W > 1 || o->stream;
     /* the host adds what the device would: one rank in whole blocks computing in fp32 is left out (its kernels
@@ -1331,17 +1332,26 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     e->micro = micro;
     e->last = micro == e->o.grad_accum - 1;
     e->inv_scale = 1.0f / loss_scale;
-    build_sequence(e, true);
-    m->ops->begin(m, tokens, targets, B, T, micro, docs);
-    int rc = e->windowed ? prefetch(e, err) : 0;
+    int rc;
     void *w;
-    for (int b = 0; b < e->nb && rc == 0; b++) {
-        if ((rc = acquire(e, b, &w, err)) < 0)
-            break;
-        m->ops->forward(m, b, w);
-        if (m->checkpointed[b])
-            m->ops->discard(m, b);
-        release(e, b);
+    for (bool again = true; again;) {
+        again = false;
+        build_sequence(e, true);
+        m->ops->begin(m, tokens, targets, B, T, micro, docs);
+        rc = e->windowed ? prefetch(e, err) : 0;
+        for (int b = 0; b < e->nb && rc == 0; b++) {
+            if ((rc = acquire(e, b, &w, err)) < 0)
+                break;
+            m->ops->forward(m, b, w);
+            if (m->checkpointed[b])
+                m->ops->discard(m, b);
+            release(e, b);
+        }
+        /* servers: the last step's commit went on during this forward; agreed before the backward writes
+         * gradients (a step pushed and committed again gives new weights: the forward again) */
+        if (rc == 0 && micro == 0 && e->home == ZT__OPT_SERVER && (rc = zt__server_settle_step(e, &again, err)) == 0 &&
+            again)
+            invalidate_window(e);
     }
     const int h = m->head_block;
     if (rc == 0 && (rc = acquire(e, h, &w, err)) == 0) {
@@ -1657,7 +1667,9 @@ int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *er
     case ZT__OPT_SERVER:
         break;
     }
-    /* servers: the masters of the last pull; the moments only from an embedded core (one rank) */
+    /* servers: the masters of the last step; the moments only from an embedded core (one rank) */
+    if (params && (rc = zt__engine_agree(e, zt__server_fresh_masters(e, err), err)) < 0)
+        return rc;
     rc = export_field(e, e->h_master, ZT_DTYPE_F32, false, params, err);
     zt_server_core *core = zt_state_client_embedded_core(e->o.client);
     if (rc < 0 || !core || (!m && !v))

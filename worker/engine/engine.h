@@ -243,7 +243,10 @@ typedef struct zt_engine_timing {
     bool server;          /* the fields below are filled */
     double push_s;        /* this rank's gradient pushes, on the host thread while the backward goes on */
     double push_wait_s;   /* after the backward, waiting for the pushes still going */
-    double update_s;      /* the commit: the servers' AdamW (rank 0 asks, the other ranks wait for its answer) */
+    double update_s;      /* the last step's commit: the servers' AdamW (rank 0's call; on the other ranks their pull,
+                             which follows it), off the critical path: it overlaps this step's forward */
+    double commit_wait_s; /* waiting, between this step's first forward and its backward, for that commit's answer
+                             and the ranks' agreement on it */
     double pull_s;        /* the pull of the weights this step computed with (the last step's update), from the
                              commit to the last block: it follows the update block by block and overlaps this
                              step's forward, which waited wait_update for blocks not yet back */

@@ -148,9 +148,9 @@ struct zt_engine {
     enum zt__opt_home home;
     enum zt__grad_path path;
     bool chunked;                   /* HOST path at W = 1 in pieces of o.grad_chunk elements (ring[] are pieces) */
-    bool hgrad_lowp;                /* chunked, one rank, placement cpu, bf16, grad_accum 1, no gpu_fraction: the
-                                       step's gradient is one micro-batch's bf16 gradient times 1, exact in bf16:
-                                       h_grad16 holds it */
+    bool hgrad_lowp;                /* chunked, one rank, placement cpu or server, bf16, grad_accum 1, no
+                                       gpu_fraction: the step's gradient is one micro-batch's bf16 gradient times
+                                       1, exact in bf16: h_grad16 holds it */
     bool windowed;                  /* block weights go through window slots: W > 1 (gathered) or streamed */
     bool dry;                       /* zt_engine_plan_for: allocations are only counted */
     bool releasing;                 /* zt_engine_create's import with release_host_params: each block's source
@@ -250,6 +250,8 @@ struct zt_engine {
     char run_id[128];
     int64_t server_step;            /* the servers' committed step as this engine last saw it */
     int64_t stale_step;             /* zt_engine_server_step */
+    bool pull_lowp;                 /* a GPU computing in bf16/fp16 pulls its weights in that dtype ... */
+    int64_t masters_step;           /* ... and h_master holds the masters of this step (fetched when asked) */
     struct zt__server_pipe *spipe;  /* the thread pulling updated blocks (engine_server.c), or NULL */
 
     zt_engine_timing timing, last_timing;
@@ -325,17 +327,27 @@ int zt__server_push_all(zt_engine *e, int64_t step, zt_err *err);
 /* Pushes block b's gradient shard of `step` (the host thread calls it during the backward). */
 int zt__server_push_block(zt_engine *e, int64_t step, int b, zt_err *err);
 /* The server part of a step after the norm: waits for this rank's pushes, agreement, then the pulls of the
- * new weights start on the engine's pull thread while rank 0 commits (the servers update block 0 first,
- * each block is pulled as soon as it is done), agreement on the commit; returns without waiting for the
- * pulls: the next passes wait for each block they read (zt__host_opt_wait_block). */
+ * new weights start on the engine's pull thread and rank 0 commits on a thread of its own (the servers update
+ * block 0 first, each block is pulled as soon as it is done); returns without waiting for either: the next
+ * passes wait for each block they read (zt__host_opt_wait_block), and the commit is agreed before the next
+ * backward (zt__server_settle_step). */
 int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool skip, zt_err *err);
-/* Synchronous pull of every block of `step` (attach on resume). */
+/* Synchronous pull of every block of `step` for the current step count (attach on resume). */
 int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err);
-/* Waits for the pulls of the last step and makes the ranks agree on their outcome: 0, or the first failure
- * (ZT_ESTATE with e->stale_step for a server at an older step). Every rank calls it at the same points
- * (before a step's commit, an evaluation, an export): a pull that failed left its blocks with the weights
- * they had, so nothing computed on them may count. */
+/* Waits for the pulls and the commit of the last step and makes the ranks agree on their outcome: 0, or the
+ * first failure (ZT_ESTATE with e->stale_step for a server at an older step). A step the servers did not
+ * take is pushed, committed and pulled again first (its gradients are still there: every rank calls it at
+ * the same points, before the next backward, an evaluation, an export). A pull that failed left its blocks
+ * with the weights they had, so nothing computed on them may count. */
 int zt__server_settle(zt_engine *e, zt_err *err);
+/* zt__server_settle for the first micro-batch after a step, between its forward (which read the pulled
+ * weights, block by block, while the commit went on) and its backward: *repaired says that the step was
+ * pushed, committed or pulled again, so that the forward must be computed again. 0 at once when nothing
+ * is pending. */
+int zt__server_settle_step(zt_engine *e, bool *repaired, zt_err *err);
+/* Brings h_master to the servers' step (pulled in the compute dtype, the fp32 masters stay on the servers
+ * until a checkpoint or an export asks for them). Every rank calls it after zt__server_settle. */
+int zt__server_fresh_masters(zt_engine *e, zt_err *err);
 /* Stops the pull thread (engine destroy); accepts an engine without one. */
 void zt__server_pipe_destroy(zt_engine *e);
 /* Fills the server fields of a step's timing. */

@@ -2,22 +2,34 @@
  * through worker/state/client.h, snapshots, and the agreement of the ranks on a server's failure.
  *
  * A step, overlapped as the host AdamW of placement cpu is:
- *   backward   each block's gradient shard is pushed by the host thread (host_optimizer.c) as soon as it is
- *              in host memory (on the CPU: in gshard), while the backward goes on with the next blocks;
- *   step       after the norm, this rank waits for its last pushes, the ranks agree that all pushed, the
- *              pull thread below starts pulling the new weights block 0 first, and rank 0 commits the step
- *              on every server at once: each server updates its blocks in order and serves block b's pull
- *              as soon as b is done, so the pulls follow the update; the ranks agree on the commit and
- *              zt_engine_step returns;
+ *   backward   each block's gradient shard is pushed (fp32) by the host thread (host_optimizer.c) as soon as
+ *              it is in host memory (on the CPU: in gshard), while the backward goes on with the next blocks;
+ *   step       after the norm, this rank waits for its last pushes and the ranks agree that all pushed; then
+ *              the pull thread starts pulling the new weights block 0 first, rank 0 starts the commit on
+ *              every server at once on the committer thread, and zt_engine_step returns: the commit is off
+ *              the critical path. Each server updates its blocks in order and serves block b's pull as soon
+ *              as b is done, so the pulls follow the update;
  *   next step  its forward waits only for the block it reads (zt__host_opt_wait_block), block 0 first,
- *              while later blocks are still being pulled.
- * A pull that fails leaves its block (and those after it) as they were and is reported at the next point
- * where every rank asks (zt__server_settle: the next step, an evaluation, an export), so that the ranks
- * stop together and nothing computed on such weights counts.
+ *              while the servers are still updating later blocks; between that forward and its backward (no
+ *              gradient of the step written yet) the ranks agree on the commit's answer and their pulls
+ *              (zt__server_settle_step). Evaluations and exports agree first too (zt__server_settle).
+ * A commit the servers refused (a server restarted from the snapshot of the step before and lost pushes)
+ * or a pull that failed is repaired there: the gradients are still those of the step, so every rank pushes
+ * them again, rank 0 commits again, every rank pulls again, and the forward is computed again on the new
+ * weights (engine.c). A failed pull marks its block and those after it ready with the weights they had, so
+ * no pass waits for them, and nothing computed on them counts. A server at an older step cannot be
+ * repaired: the ranks stop with ZT_ESTATE and the run resumes from that step's checkpoint.
  *
- * Pulls are fp32: this rank keeps its masters of the last step in h_master (a checkpoint's weights) and
- * rounds them to the compute dtype for the GPU, the same rounding the host AdamW of placement cpu does, so
- * both placements give the same bits. */
+ * Pulled bytes. On a GPU computing in bf16/fp16 the run is registered with that param dtype: the servers
+ * round their updated fp32 masters to it with the round-to-nearest-even the host AdamW of placement cpu
+ * uses (the fused output of zt_cpu_adam_update, or zt_cpu_adam_convert: the same bits), and each rank pulls
+ * 2 bytes a parameter straight into h_lowp, which the copies up read. h_master then holds the masters of
+ * e->masters_step only; an export (checkpoints) fetches those of the servers' step first
+ * (zt__server_fresh_masters, PullParams with `masters`). On the CPU (fp32 compute) the pulled fp32 masters
+ * go to h_master and are the weights. Gradients are pushed as the host gradient is held, the one the host
+ * AdamW of placement cpu reads in the same configuration: bf16 (2 bytes a parameter) with one rank, bf16
+ * compute, chunked gradients and no accumulation (e->hgrad_lowp; the servers' AdamW reads bf16 gradients
+ * with the same kernel and scale), fp32 otherwise. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -29,7 +41,8 @@
 #include "offload/cpu_adam.h"
 #include "worker/engine/engine_internal.h"
 
-/* The pull thread: one job at a time, posted by zt__server_step. */
+/* The pull thread: one job at a time, posted by zt__server_step; and, on rank 0, the step's commit on a
+ * thread of its own. Both are waited for by resolve() (zt__server_settle, zt__server_settle_step). */
 struct zt__server_pipe {
     pthread_t thread;
     bool started;
@@ -40,13 +53,21 @@ struct zt__server_pipe {
     int64_t step;           /* the job: the servers' step to pull ... */
     int64_t ready;          /* ... and the step count its blocks then hold */
     void *stream;           /* GPU: the copies of the pulled weights up */
-    int rc;                 /* the last job's outcome, until zt__server_settle reports it */
+    int rc;                 /* the last job's outcome, until resolve() reports it */
     zt_err err;
     int64_t told;           /* the older step a server reported to it, or -1 */
-    int verdict;            /* the commit of the job's step: 0 not known yet, 1 taken, -1 refused (pulled again
-                               or not at all): a failed job marks its blocks only once the step is taken */
     double t_post, t_done;  /* when the last job was posted and when its last block was in */
     uint64_t bytes;         /* bytes the last job pulled */
+    /* the step whose commit is not agreed yet (pending): its commit, on rank 0 on `committer` */
+    bool pending;
+    bool skip;              /* it overflowed: committed without gradients */
+    zt_server_commit_args args;
+    pthread_t committer;
+    bool committing;        /* committer started and not joined */
+    int crc;                /* the commit's outcome, its message and the older step a server reported */
+    zt_err cerr;
+    int64_t ctold;
+    double commit_s;        /* how long the commit took */
 };
 
 /* Agreement after a server call: 0 when rc == 0 on every rank; otherwise a negative code (this rank's
@@ -85,11 +106,18 @@ static int server_agree(zt_engine *e, int rc, zt_err *err)
 int zt__server_push_block(zt_engine *e, int64_t step, int b, zt_err *err)
 {
     const zt__block *k = &e->blocks[b];
-    const float *g = (e->dev->gpu ? e->h_grad : e->gshard) + k->shard_off;
     const double t0 = zt_now_s();
-    int rc = zt_state_client_push_grad(e->o.client, e->run_id, step, b, e->rank, ZT_DTYPE_F32, g, k->shard, err);
+    int rc;
+    if (e->hgrad_lowp) { /* the bf16 gradient itself, as the host AdamW of placement cpu reads it */
+        rc = zt_state_client_push_grad(e->o.client, e->run_id, step, b, e->rank, ZT_DTYPE_BF16,
+                                       e->h_grad16 + k->shard_off, k->shard, err);
+        e->timing.bytes_pushed += k->shard * 2;
+    } else {
+        const float *g = (e->dev->gpu ? e->h_grad : e->gshard) + k->shard_off;
+        rc = zt_state_client_push_grad(e->o.client, e->run_id, step, b, e->rank, ZT_DTYPE_F32, g, k->shard, err);
+        e->timing.bytes_pushed += k->shard * 4;
+    }
     e->timing.push_s += zt_now_s() - t0;
-    e->timing.bytes_pushed += k->shard * 4;
     return rc;
 }
 
@@ -101,21 +129,30 @@ int zt__server_push_all(zt_engine *e, int64_t step, zt_err *err)
     return rc;
 }
 
-/* Pulls this rank's fp32 shard of block b after `step` into h_master and makes it the weights the passes
- * read: on the CPU a copy, on a GPU the compute dtype sent up on `stream` (event `updated`); then marks the
- * block ready for the step count `ready`. */
+/* Bytes one pull of block b moves. */
+static uint64_t pull_bytes(const zt_engine *e, int b)
+{
+    return e->blocks[b].shard * (e->pull_lowp ? e->esize : 4);
+}
+
+/* Pulls this rank's shard of block b after `step` and makes it the weights the passes read: on the CPU the
+ * fp32 masters into h_master and a copy into wshard; on a GPU the compute dtype into h_lowp (pull_lowp: the
+ * servers rounded their masters as the host AdamW of placement cpu does; otherwise the fp32 masters into
+ * h_master, rounded here), sent up on `stream` (event `updated`); then marks the block ready for the step
+ * count `ready`. */
 static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *stream, zt_err *err)
 {
     zt__block *k = &e->blocks[b];
     float *dst = e->h_master + k->shard_off;
-    int rc = zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, dst, err);
+    void *lowp = e->dev->gpu ? (char *)e->h_lowp + k->shard_off * e->esize : NULL;
+    int rc = e->pull_lowp ? zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, lowp, err)
+                          : zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, dst, err);
     if (rc < 0)
         return rc;
     if (!e->dev->gpu) {
         memcpy((float *)e->wshard + k->shard_off, dst, k->shard * 4);
     } else {
-        void *lowp = (char *)e->h_lowp + k->shard_off * e->esize;
-        if ((rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
+        if (!e->pull_lowp && (rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
             return rc;
         if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
             e->dev->copy(zt__engine_block_weights(e, b), lowp, k->shard * e->esize, stream);
@@ -127,46 +164,68 @@ static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *st
     return 0;
 }
 
-/* Pulls every block after `step`, block 0 first, on the calling thread, and waits for the copies. */
-int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err)
+/* Fetches the fp32 masters of the servers' step when h_master is older; see engine_internal.h. */
+int zt__server_fresh_masters(zt_engine *e, zt_err *err)
+{
+    if (!e->pull_lowp || e->masters_step == e->server_step)
+        return 0;
+    const double t0 = zt_now_s();
+    int rc = 0;
+    for (int b = 0; b < e->nb && rc == 0; b++)
+        rc = zt_state_client_pull_masters(e->o.client, e->run_id, e->server_step, b, e->rank, 0, e->blocks[b].shard,
+                                          e->h_master + e->blocks[b].shard_off, err);
+    if (rc == 0) {
+        e->masters_step = e->server_step;
+        zt_log(ZT_LOG_DEBUG, "fp32 masters of step %lld fetched from the state servers in %.3f s",
+               (long long)e->server_step, zt_now_s() - t0);
+    }
+    return rc;
+}
+
+/* Pulls every block after `step`, block 0 first, on the calling thread, marking them ready for the step count
+ * `ready`, and waits for the copies. */
+static int pull_all(zt_engine *e, int64_t step, int64_t ready, zt_err *err)
 {
     void *stream = e->spipe ? e->spipe->stream : NULL;
     int rc = 0;
     for (int b = 0; b < e->nb && rc == 0; b++)
-        rc = pull_block(e, step, b, e->step_no + 1, stream, err);
+        rc = pull_block(e, step, b, ready, stream, err);
     if (e->dev->gpu && stream)
         e->dev->stream_sync(stream);
     return rc;
 }
 
-/* One job of the pull thread: every block in order; after a failure the blocks left are marked ready with
- * the weights they have (the failure is reported by zt__server_settle before anything counts). */
+int zt__server_pull_all(zt_engine *e, int64_t step, zt_err *err)
+{
+    return pull_all(e, step, e->step_no, err);
+}
+
+/* Marks every block ready for the step count `ready` with the weights it has (nothing waits for a step
+ * that was not taken; what was computed on them does not count). */
+static void mark_all(zt_engine *e, int64_t ready)
+{
+    for (int b = 0; b < e->nb && e->host; b++)
+        zt__host_opt_mark(e, b, ready);
+}
+
+/* One job of the pull thread: every block in order; after a failure the blocks left are marked ready at
+ * once with the weights they have, so that no pass waits for them: the failure is reported by resolve()
+ * before anything computed on them counts (the pass is computed again after the step is repaired). */
 static void run_pulls(zt_engine *e, struct zt__server_pipe *p)
 {
     int rc = 0;
     zt_err perr = {{0}};
     int64_t told = -1;
     uint64_t bytes = 0;
-    int failed_at = e->nb;
     for (int b = 0; b < e->nb && rc == 0; b++) {
         rc = pull_block(e, p->step, b, p->ready, p->stream, &perr);
         if (rc == 0) {
-            bytes += e->blocks[b].shard * 4;
+            bytes += pull_bytes(e, b);
         } else {
             told = rc == ZT_ESTATE ? zt_state_client_server_step(e->o.client) : -1;
-            failed_at = b;
+            for (int l = b; l < e->nb && e->host; l++)
+                zt__host_opt_mark(e, l, p->ready);
         }
-    }
-    if (rc < 0) {
-        /* a refused commit ends the pulls too, and the step is pushed and pulled again: the blocks stay
-         * unready for that; after a commit that was taken they are marked with the weights they have */
-        pthread_mutex_lock(&p->mu);
-        while (p->verdict == 0)
-            pthread_cond_wait(&p->cv, &p->mu);
-        const bool keep = p->verdict > 0;
-        pthread_mutex_unlock(&p->mu);
-        for (int b = failed_at; keep && b < e->nb && e->host; b++)
-            zt__host_opt_mark(e, b, p->ready);
     }
     if (e->dev->gpu)
         e->dev->stream_sync(p->stream); /* the copies are in when the job is done */
@@ -215,12 +274,46 @@ static int pipe_create(zt_engine *e, zt_err *err)
     return 0;
 }
 
+/* The commit of the pending step (rank 0): on the committer thread, or on the caller's. */
+static void *commit_main(void *arg)
+{
+    zt_engine *e = arg;
+    struct zt__server_pipe *p = e->spipe;
+    const double t0 = zt_now_s();
+    p->crc = zt_state_client_commit(e->o.client, e->run_id, &p->args, &p->cerr);
+    p->ctold = p->crc == ZT_ESTATE ? zt_state_client_server_step(e->o.client) : -1; /* this thread's call */
+    p->commit_s = zt_now_s() - t0;
+    return NULL;
+}
+
+static void commit_start(zt_engine *e)
+{
+    struct zt__server_pipe *p = e->spipe;
+    p->crc = 0;
+    p->ctold = -1;
+    p->committing = pthread_create(&p->committer, NULL, commit_main, e) == 0;
+    if (!p->committing)
+        (void)commit_main(e); /* no thread: on the critical path, as it used to be */
+}
+
+static void commit_join(struct zt__server_pipe *p)
+{
+    if (p->committing) {
+        pthread_join(p->committer, NULL);
+        p->committing = false;
+    }
+}
+
 /* Stops the pull thread; see engine_internal.h. */
 void zt__server_pipe_destroy(zt_engine *e)
 {
     struct zt__server_pipe *p = e->spipe;
     if (!p)
         return;
+    commit_join(p);
+    if (p->pending && p->crc < 0)
+        zt_log(ZT_LOG_WARN, "the state servers did not take step %lld, the run's last: %s", (long long)p->args.step,
+               p->cerr.msg);
     if (p->started) {
         pthread_mutex_lock(&p->mu);
         p->stop = true;
@@ -245,19 +338,8 @@ static void pipe_post(zt_engine *e, int64_t step, int64_t ready)
     p->ready = ready;
     p->rc = 0;
     p->told = -1;
-    p->verdict = 0;
     p->t_post = zt_now_s();
     p->posted = true;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* Tells the job whether its step's commit was taken (1) or refused (-1). */
-static void pipe_verdict(zt_engine *e, int v)
-{
-    struct zt__server_pipe *p = e->spipe;
-    pthread_mutex_lock(&p->mu);
-    p->verdict = v;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
@@ -284,20 +366,114 @@ static int pipe_wait(zt_engine *e, zt_err *err, int64_t *told)
     return rc;
 }
 
-/* Reports the last pulls; see engine_internal.h. */
-int zt__server_settle(zt_engine *e, zt_err *err)
+/* The error of a step that a server at an older step refused (e->stale_step): the run resumes from the
+ * checkpoint of that step. */
+static int stale_error(zt_engine *e, int64_t step, zt_err *err)
 {
-    int64_t told;
-    int rc = pipe_wait(e, err, &told);
-    return agree_told(e, rc, told, err);
+    return zt_fail(err, ZT_ESTATE, "a state server of run '%s' holds step %lld while this run is at step %lld (it "
+                   "restarted from its last snapshot): resume from the checkpoint of step %lld", e->run_id,
+                   (long long)e->stale_step, (long long)step - 1, (long long)e->stale_step);
 }
 
-/* The server part of a step; see engine_internal.h. A failed push or commit is tried once more, whole: a
- * server that restarted from the snapshot of the previous step lost the pushes it had received, and
- * pushes overwrite, so pushing every shard again and committing again completes the step (the gradients
- * are still in host memory: the next backward cannot start before the pulls are done). A server at an
- * older step cannot: that is returned (e->stale_step) and the run resumes from the checkpoint of that
- * step. */
+/* Waits for the pulls of the last step and, when its commit is still pending, for the commit (rank 0), and
+ * makes the ranks agree on both. A step the servers did not take (the commit refused: a server that
+ * restarted from the snapshot of the step before lost some pushes; pushes overwrite) is pushed whole and
+ * committed again, and pulled; a step whose pulls failed is pulled again; *repaired then says that the weights
+ * changed after passes may have read them. A server at an older step cannot be repaired: ZT_ESTATE with
+ * e->stale_step, and the run resumes from the checkpoint of that step. The gradients are still those of the
+ * step: every rank calls this before the next backward writes any (zt__server_settle_step). */
+static int resolve(zt_engine *e, bool *repaired, zt_err *err)
+{
+    struct zt__server_pipe *p = e->spipe;
+    zt_err perr = {{0}};
+    int64_t told;
+    if (repaired)
+        *repaired = false;
+    int prc = pipe_wait(e, &perr, &told);
+    if (!p || !p->pending) {
+        if (prc < 0 && err)
+            *err = perr;
+        return agree_told(e, prc, told, err);
+    }
+    const double t0 = zt_now_s();
+    commit_join(p);
+    p->pending = false;
+    const int64_t step = p->args.step;
+    pthread_mutex_lock(&p->mu); /* the job is done: pipe_wait waited for it */
+    const double pulled = p->t_done > p->t_post ? p->t_done - p->t_post : 0.0;
+    const int64_t ready = p->ready;
+    e->timing.pull_s = pulled;
+    e->timing.bytes_pulled = p->bytes;
+    pthread_mutex_unlock(&p->mu);
+    /* rank 0 timed the commit; the other ranks see it in their pulls, which followed the update */
+    e->timing.update_s = e->rank == 0 ? p->commit_s : pulled;
+    zt_err cerr = p->cerr;
+    int rc = agree_told(e, e->rank == 0 ? p->crc : 0, e->rank == 0 ? p->ctold : -1, &cerr);
+    const bool taken = rc == 0;
+    if (taken) {
+        if (prc < 0)
+            cerr = perr;
+        rc = agree_told(e, prc, told, &cerr);
+    }
+    e->timing.commit_wait_s += zt_now_s() - t0;
+    if (rc == 0)
+        return 0;
+    if (e->stale_step >= 0) {
+        e->server_step = step - 1;
+        return stale_error(e, step, err);
+    }
+    zt_log(ZT_LOG_WARN, "step %lld: %s (%s); %s", (long long)step,
+           taken ? "the pulls of the new weights failed" : "the state servers did not take the step", cerr.msg,
+           taken ? "pulling them again" : "pushing this rank's gradients again and committing once more");
+    if (e->dev->gpu) { /* the passes and gathers that read the weights left behind are done before new ones come */
+        e->dev->stream_sync(e->cs);
+        e->dev->stream_sync(e->ms);
+        e->dev->stream_sync(e->up);
+        if (e->fs)
+            e->dev->stream_sync(e->fs);
+    }
+    rc = 0;
+    if (!taken) {
+        rc = server_agree(e, p->skip ? 0 : zt__server_push_all(e, step, err), err);
+        if (rc == 0) {
+            const double tc = zt_now_s();
+            rc = e->rank == 0 ? zt_state_client_commit(e->o.client, e->run_id, &p->args, err) : 0;
+            rc = server_agree(e, rc, err);
+            e->timing.update_s = zt_now_s() - tc;
+        }
+    }
+    if (rc == 0)
+        rc = server_agree(e, pull_all(e, step, ready, err), err);
+    if (rc < 0) {
+        mark_all(e, ready);
+        e->server_step = step - 1;
+        return e->stale_step >= 0 ? stale_error(e, step, err) : rc;
+    }
+    if (repaired)
+        *repaired = true;
+    return 0;
+}
+
+/* Reports the last pulls and commit; see engine_internal.h. */
+int zt__server_settle(zt_engine *e, zt_err *err)
+{
+    return resolve(e, NULL, err);
+}
+
+/* The last step's commit before the next backward; see engine_internal.h. */
+int zt__server_settle_step(zt_engine *e, bool *repaired, zt_err *err)
+{
+    *repaired = false;
+    if (!e->spipe || !e->spipe->pending)
+        return 0;
+    return resolve(e, repaired, err);
+}
+
+/* The server part of a step; see engine_internal.h. A failed push is tried once more, whole (pushes
+ * overwrite); then the pulls of the new weights start on the pull thread and rank 0 commits on the committer
+ * thread, and the step returns: the servers update block 0 first and serve block b's pull as soon as b is
+ * done, so the next forward starts behind block 0 instead of behind the whole update. The commit's outcome is
+ * agreed before the next backward writes gradients (zt__server_settle_step, resolve()). */
 int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool skip, zt_err *err)
 {
     const int64_t step = e->server_step + 1;
@@ -310,7 +486,8 @@ int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool s
         *err = perr;
     if (!e->spipe && (rc = pipe_create(e, err)) < 0)
         return rc;
-    /* the pulls of the last step (done: this step's passes read every block) */
+    /* the last step's commit and pulls were agreed before this step's backward */
+    ZT_ASSERT(!e->spipe->pending);
     zt_err serr;
     int src = zt__server_settle(e, &serr);
     if (src < 0) {
@@ -318,67 +495,37 @@ int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool s
             *err = serr;
         return src;
     }
-    struct zt__server_pipe *p = e->spipe;
-    pthread_mutex_lock(&p->mu); /* the job is done: settle waited for it */
-    e->timing.pull_s = p->t_done > p->t_post ? p->t_done - p->t_post : 0.0;
-    e->timing.bytes_pulled = p->bytes;
-    pthread_mutex_unlock(&p->mu);
-    bool pulling = false;
-    t0 = zt_now_s();
     for (int attempt = 0;; attempt++) {
-        if (attempt > 0) {
-            int64_t told;
-            if (pulling) { /* they end with the refused commit; pulled again below */
-                pipe_verdict(e, -1);
-                (void)pipe_wait(e, NULL, &told);
-            }
-            pulling = false;
+        if (attempt > 0)
             rc = skip ? 0 : zt__server_push_all(e, step, err);
-        }
         if (skip)
             rc = 0; /* an overflowed step commits without gradients */
-        /* every rank's pushes are done (all-reduce) before rank 0 commits; all ranks learn the outcome */
-        if ((rc = server_agree(e, rc, err)) == 0) {
-            if (attempt == 0) { /* the pulls follow the servers' update, block by block */
-                pipe_post(e, step, ready);
-                pulling = true;
-            }
-            if (e->rank == 0) {
-                zt_server_commit_args args = {
-                    .step = step,
-                    .grad_norm = norm,
-                    .clip_coef = clip_coef,
-                    .lr = lr,
-                    .overflow = skip,
-                };
-                rc = zt_state_client_commit(e->o.client, e->run_id, &args, err);
-            }
-            rc = server_agree(e, rc, err);
-        }
-        if (rc == 0)
+        /* every rank's pushes are done (all-reduce) before rank 0 commits */
+        if ((rc = server_agree(e, rc, err)) == 0)
             break;
         if (attempt > 0 || e->stale_step >= 0) {
-            int64_t told;
-            if (pulling) {
-                pipe_verdict(e, -1);
-                (void)pipe_wait(e, NULL, &told);
-            }
-            for (int b = 0; b < e->nb; b++) /* nothing waits for a step that was not taken */
-                zt__host_opt_mark(e, b, ready);
-            if (e->stale_step >= 0)
-                return zt_fail(err, ZT_ESTATE, "a state server of run '%s' holds step %lld while this run is at step "
-                               "%lld (it restarted from its last snapshot): resume from the checkpoint of step %lld",
-                               e->run_id, (long long)e->stale_step, (long long)step - 1, (long long)e->stale_step);
-            return rc;
+            mark_all(e, ready);
+            return e->stale_step >= 0 ? stale_error(e, step, err) : rc;
         }
-        zt_log(ZT_LOG_WARN, "step %lld: the state servers did not take the step (%s); pushing this rank's "
-               "gradients again and committing once more", (long long)step, err ? err->msg : "");
+        zt_log(ZT_LOG_WARN, "step %lld: the state servers did not take this rank's gradients (%s); pushing them "
+               "again", (long long)step, err ? err->msg : "");
     }
-    e->timing.update_s = zt_now_s() - t0;
+    struct zt__server_pipe *p = e->spipe;
+    p->args = (zt_server_commit_args){
+        .step = step,
+        .grad_norm = norm,
+        /* a bf16 host gradient still holds the micro-batch's loss scale (1 in training), as in host_optimizer.c */
+        .clip_coef = e->hgrad_lowp ? clip_coef * e->inv_scale : clip_coef,
+        .lr = lr,
+        .overflow = skip,
+    };
+    p->skip = skip;
+    p->pending = true;
+    p->commit_s = 0.0;
+    pipe_post(e, step, ready); /* the pulls follow the servers' update, block by block */
+    if (e->rank == 0)
+        commit_start(e);
     e->server_step = step;
-    if (!pulling)
-        pipe_post(e, step, ready);
-    pipe_verdict(e, 1);
     return 0;
 }
 
@@ -391,7 +538,7 @@ void zt__server_timing(zt_engine *e, zt_engine_timing *t)
 }
 
 /* The layout the servers hold: W shards of every block (padded as the engine pads), the tensors' weight
- * decay (adjacent ranges merged), AdamW, fp32 pulls. */
+ * decay (adjacent ranges merged), AdamW, pulls in the GPU's compute dtype (fp32 on the CPU). */
 static int register_run(zt_engine *e, int64_t *at, zt_err *err)
 {
     const zt_model *m = e->model;
@@ -423,7 +570,7 @@ static int register_run(zt_engine *e, int64_t *at, zt_err *err)
         .beta2 = (float)e->o.beta2,
         .eps = (float)e->o.eps,
         .weight_decay = (float)e->o.weight_decay,
-        .param_dtype = ZT_DTYPE_F32,
+        .param_dtype = e->pull_lowp ? e->dtype : ZT_DTYPE_F32,
     };
     int rc = zt_state_client_register(e->o.client, &desc, at, err);
     free(blocks);
@@ -486,6 +633,8 @@ int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, bool 
 {
     ZT_ASSERT(e->home == ZT__OPT_SERVER);
     e->stale_step = -1;
+    /* h_lowp: the GPU's weights in transit (the passes' dtype); on the CPU the passes read fp32 */
+    e->pull_lowp = e->dev->gpu && e->dtype != ZT_DTYPE_F32 && e->h_lowp != NULL;
     int rc = e->spipe ? 0 : pipe_create(e, err);
     if (rc < 0)
         return rc;
@@ -513,12 +662,10 @@ int zt_engine_attach_server(zt_engine *e, int64_t step, int64_t adam_step, bool 
         if (at < step)
             e->stale_step = at;
     } else {
-        const int64_t saved = e->step_no;
-        e->step_no = saved - 1; /* the pulled weights are those of the current step count */
-        rc = zt__server_pull_all(e, step, err);
-        e->step_no = saved;
+        rc = pull_all(e, step, e->step_no, err); /* the pulled weights are those of the current step count */
     }
     e->server_step = step;
+    e->masters_step = step; /* the initial masters, or the checkpoint's (the servers went back to its step) */
     return rc;
 }
 

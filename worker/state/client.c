@@ -58,6 +58,7 @@ struct run_entry {
 struct piece {
     int lane;
     int pull;                /* 1: PullParams, 0: a push */
+    int masters;             /* pull: the fp32 masters (PullParamsRequest.masters) */
     int server;
     const char *method;      /* push: SVC "PushParams" or SVC "PushGradients" */
     const char *run;
@@ -1121,6 +1122,7 @@ static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     req.step = p->step;
     req.n_ranges = 1;
     req.ranges = &rp;
+    req.masters = p->masters != 0;
     size_t len;
     void *buf = pack(&req.base, &len);
     int ok = zt_rpc_stream_send(s, buf, len) == 0 && zt_rpc_stream_close_send(s) == 0;
@@ -1135,7 +1137,9 @@ static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
         struct param_view ch;
         int valid = parse_param_chunk(parts, nparts, dlen, &ch) == 0;
         if (valid && ch.dtype != (int)p->dtype) { /* F16 and BF16 have one size: compare the dtypes themselves */
-            bad = "a ParamChunk whose dtype is not the run's parameter dtype";
+            bad = p->masters ? "a ParamChunk of a dtype other than F32 for the fp32 masters (a server older than "
+                               "the workers: update ztrain-server)"
+                             : "a ParamChunk whose dtype is not the run's parameter dtype";
             break;
         }
         const size_t es = p->es;
@@ -1156,9 +1160,12 @@ static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     return code;
 }
 
-int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
-                         uint64_t offset, uint64_t n, void *out, zt_err *err)
+/* A pull of the run's parameters, or (masters) of its fp32 masters. */
+static int pull(zt_state_client_t *c, const char *run, int64_t step, int block, int shard, uint64_t offset,
+                uint64_t n, void *out, bool masters, zt_err *err)
 {
+    if (c->core != NULL && masters)
+        return zt_server_core_read_masters(c->core, run, step, block, shard, offset, n, out, err);
     if (c->core != NULL)
         return zt_server_core_pull(c->core, run, step, block, shard, offset, n, out,
                                    (int)(c->timeout_s * 1000.0), err);
@@ -1166,9 +1173,10 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
     if (r == NULL)
         return ZT_ESTATE;
     int server = zt_server_owner(run, block, shard, r->world_size, c->n);
-    size_t es = zt_dtype_size(r->param_dtype);
-    const struct piece tmpl = {.pull = 1, .server = server, .run = run, .step = step, .block = block,
-                               .shard = shard, .dtype = dtype_to_wire(r->param_dtype), .es = es};
+    const enum zt_dtype dtype = masters ? ZT_DTYPE_F32 : r->param_dtype;
+    size_t es = zt_dtype_size(dtype);
+    const struct piece tmpl = {.pull = 1, .masters = masters, .server = server, .run = run, .step = step,
+                               .block = block, .shard = shard, .dtype = dtype_to_wire(dtype), .es = es};
     struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
     /* Pieces of whole chunks of chunk_bytes (1 MiB by default). The server sends each piece as ParamChunks
      * of its own PULL_CHUNK_BYTES (1 MiB, server/service.c) counted from the piece's first element, so at
@@ -1201,6 +1209,18 @@ int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, in
         }
     }
     return rpc_fail(c, server, "PullParams", st, err);
+}
+
+int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
+                         uint64_t offset, uint64_t n, void *out, zt_err *err)
+{
+    return pull(c, run, step, block, shard, offset, n, out, false, err);
+}
+
+int zt_state_client_pull_masters(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
+                                 uint64_t offset, uint64_t n, float *out, zt_err *err)
+{
+    return pull(c, run, step, block, shard, offset, n, out, true, err);
 }
 
 /* ---- snapshots ---- */

@@ -118,6 +118,14 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
 int zt_state_client_pull(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
                          uint64_t offset, uint64_t n, void *out, zt_err *err);
 
+/* Pulls elements [offset, offset + n) of one shard's committed fp32 master weights of `step` (the owner's
+ * committed step, after a commit in progress) into out: what a worker that pulls parameters in F16/BF16
+ * (the run's param_dtype) fetches for a checkpoint or an export. Returns 0, ZT_ESTATE as pull does when the
+ * owner is at an older step, or another negative code with a message (one naming a server too old to send
+ * masters). */
+int zt_state_client_pull_masters(zt_state_client_t *c, const char *run, int64_t step, int block, int shard,
+                                 uint64_t offset, uint64_t n, float *out, zt_err *err);
+
 /* Asks every server to write a snapshot of the run (ztrain-server --snapshot-dir; in embedded mode under
  * embedded_root, which may then not be NULL). Returns 0 or a negative code with a message. */
 int zt_state_client_save_snapshot(zt_state_client_t *c, const char *run, const char *embedded_root, zt_err *err);

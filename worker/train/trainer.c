@@ -1043,9 +1043,10 @@ static void log_timing(zt_engine *e)
     if (t.server) {
         /* the wire's MiB are greppable as "wire N MiB" (bench/server/cpu_placement.sh reads them) */
         zt_log(ZT_LOG_INFO, "engine: step %.3f s | server push %.3f s (during the backward; waited %.3f s after it) | "
-               "server update %.3f s | pull %.3f s (behind the update, into the forward) | waited for pulled blocks "
-               "%.3f s | waited for the backward and norm %.3f s | wire %.1f MiB pushed + pulled | copied down %s, up %s",
-               t.step, t.push_s, t.push_wait_s, t.update_s, t.pull_s, t.wait_update, t.wait_norm,
+               "server update %.3f s (during the forward; waited %.3f s for its answer) | pull %.3f s (behind the "
+               "update, into the forward) | waited for pulled blocks %.3f s | waited for the backward and norm %.3f s | "
+               "wire %.1f MiB pushed + pulled | copied down %s, up %s",
+               t.step, t.push_s, t.push_wait_s, t.update_s, t.commit_wait_s, t.pull_s, t.wait_update, t.wait_norm,
                (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), down, up);
         return;
     }
