@@ -16,6 +16,7 @@ typedef struct zt__ops_cuda_res {
     cudaStream_t stream;
     zt_cuda_blas *blas;
     void *norm_scratch, *attn_scratch, *emb_scratch;
+    size_t attn_scratch_bytes; /* attn_scratch's size, checked by attention_desc_backward (0: not used) */
 } zt__ops_cuda_res;
 
 /* Binds o to the CUDA kernels computing in dtype. Free with zt__ops_cuda_free (after the stream is done). */
