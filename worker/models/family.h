@@ -30,6 +30,7 @@ enum zt_family_task {
     ZT_TASK_CAUSAL_LM = 0, /* the next token of token shards (GPT-2, LLaMA) */
     ZT_TASK_CLASSIFY = 1,  /* a label per sequence: labelled texts (JSONL) */
     ZT_TASK_MASKED_LM = 2, /* masked tokens of token shards */
+    ZT_TASK_SEQ2SEQ = 3,   /* a target text per input text (T5): input/target JSONL */
 };
 
 /* Bytes a family's own config struct may take inside zt_family_config. */
@@ -37,6 +38,7 @@ enum zt_family_task {
 
 typedef struct zt_family_def zt_family_def;
 struct zt_model; /* worker/models/model.h */
+struct zt_model_seq2seq; /* worker/models/model.h */
 
 /* A model's configuration: its family and that family's config struct (opaque here: the family's header
  * declares it, zt_family_config_body reaches it). Copy by value. */
@@ -107,6 +109,7 @@ struct zt_family_def {
     bool embedding_reads_weights;      /* block 0's backward reads its weights */
     void (*set_token_types)(void *m, const int32_t *types);          /* optional */
     void (*accuracy)(const void *m, int *correct, int *counted);     /* optional */
+    void (*set_seq2seq)(void *m, const struct zt_model_seq2seq *s);  /* sequence-to-sequence families only */
 
 #ifdef ZT_WITH_CUDA
     /* The CUDA executor of a host model, and its layout without device state (for planning). */
