@@ -11,9 +11,10 @@
 #include "worker/models/host_io.h"  /* safetensors import and export from the tensor table */
 #include "worker/models/model.h"
 
-/* The families, each defined in its own file (gpt2.c, llama.c, bert.c). The first is the default. */
-extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_bert;
-static const zt_family_def *const registry[] = {&zt__family_gpt2, &zt__family_llama, &zt__family_bert};
+/* The families, each defined in its own file (gpt2.c, llama.c, bert.c, t5.c). The first is the default. */
+extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_bert, zt__family_t5;
+static const zt_family_def *const registry[] = {&zt__family_gpt2, &zt__family_llama, &zt__family_bert,
+                                                &zt__family_t5};
 #define NFAMILIES ((int)(sizeof registry / sizeof registry[0]))
 
 const zt_family_def *zt_family_find(const char *model_type)
