@@ -62,9 +62,11 @@ int main(int argc, char **argv)
     fclose(f);
     if (!enc || !lens || !dec || !targets)
         return die("the batch file ends early");
+    if (Td > Te)
+        return die("the decoder's length Td must be at most the encoder's Te (the targets sit in rows of Te)");
 
     zt_family_model *fm = NULL;
-    if (zt_family_model_create(&fm, &cfg, B, Te > Td ? Te : Td, seed, &err) < 0 ||
+    if (zt_family_model_create(&fm, &cfg, B, Te, seed, &err) < 0 ||
         (init && zt_family_model_import(fm, init, &err) < 0) || zt_mkdir_p(out_dir, &err) < 0)
         return die(err.msg);
     char path[4096];
@@ -77,8 +79,14 @@ int main(int argc, char **argv)
 
     zt_t5 *m = zt_family_model_host(fm);
     const zt_model_seq2seq s = {.decoder_tokens = dec, .Td = Td, .encoder_lens = lens};
+    /* the targets as begin takes them: rows of Te, the decoder's Td first */
+    int32_t *rows = malloc((size_t)B * Te * sizeof *rows);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Te; j++)
+            rows[(size_t)b * Te + j] = j < Td ? targets[(size_t)b * Td + j] : -1;
     zt_family_model_zero_grad(fm);
-    const float loss = zt_t5_forward(m, enc, B, Te, &s, targets);
+    const float loss = zt_t5_forward(m, enc, B, Te, &s, rows);
+    free(rows);
     const int V = zt_family_config_vocab(&cfg);
     const size_t nlog = (size_t)B * Td * V;
     float *logits = malloc(nlog * sizeof *logits);

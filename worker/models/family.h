@@ -58,6 +58,7 @@ typedef struct zt_family_shape {
     enum zt_family_task task;
     int pad_token_id;  /* the padding token (never masked, no loss), or -1 */
     int num_labels;    /* a classifier's outputs; 0 for other tasks */
+    int decoder_start_token_id; /* sequence-to-sequence: the decoder's first input; 0 for other tasks */
 } zt_family_shape;
 
 /* One family. Host-model functions take the family's own host model (void *m: zt_gpt2 *, zt_llama *, ...);

@@ -47,12 +47,12 @@ typedef struct zt_model_tensor {
 typedef struct zt_model zt_model;
 
 /* The decoder side of a sequence-to-sequence micro-batch (T5), for the begin that follows set_seq2seq: begin's
- * tokens [B,T] are then the encoder's input, its targets are [B,Td] (one per decoder position), and the loss
- * is over the decoder's positions. decoder_tokens are the targets shifted right behind the decoder's start
+ * tokens [B,T] are then the encoder's input; its targets stay [B,T], row b's first Td entries the targets of
+ * its decoder positions (Td <= T; the rest unread), and the loss is over the decoder's positions. decoder_tokens are the targets shifted right behind the decoder's start
  * token. Pointers are the caller's; begin copies them. */
 typedef struct zt_model_seq2seq {
     const int32_t *decoder_tokens; /* [B,Td] */
-    int Td;                        /* decoder positions, 1 .. the model's max_T */
+    int Td;                        /* decoder positions, 1 .. begin's T */
     const int32_t *encoder_lens;   /* [B] valid encoder tokens (padding on the right), or NULL: all T */
 } zt_model_seq2seq;
 

@@ -25,7 +25,8 @@
  * over the stack's layers and added at layer 0's backward, so that every block reads only its own weights.
  *
  * A micro-batch is set_seq2seq (zt_model_seq2seq: decoder tokens [B,Td], encoder lengths) and then begin with
- * the encoder's tokens [B,T] (padding on the right past each length); targets are [B,Td], -1 ignored. */
+ * the encoder's tokens [B,T] (padding on the right past each length); targets are [B,T] as begin has them,
+ * row b's first Td entries the targets of its decoder positions (Td <= T; -1 ignored, the rest unread). */
 #ifndef ZT_WORKER_T5_H
 #define ZT_WORKER_T5_H
 
@@ -64,7 +65,8 @@ void zt_t5_config_default(zt_t5_config *cfg);
 
 typedef struct zt_t5 zt_t5; /* the host model (family.h's void *m) */
 
-/* A whole forward over one micro-batch (zt_model_seq2seq for the decoder side) with the model's own slab;
+/* A whole forward over one micro-batch (zt_model_seq2seq for the decoder side; targets [B,T] as above or
+ * NULL) with the model's own slab;
  * returns the mean loss over the targets that are not -1 (0 without targets). The logits [B,Td,V] stay until
  * the next forward or backward. */
 float zt_t5_forward(zt_t5 *m, const int32_t *enc_tokens, int B, int T, const zt_model_seq2seq *s,

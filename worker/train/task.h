@@ -16,6 +16,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "worker/data/dataloader.h" /* zt_data_position */
+#include "worker/models/model.h"     /* zt_model_seq2seq */
 #include "worker/train/config.h"
 
 typedef struct zt_task zt_task;
@@ -46,6 +47,10 @@ bool zt_task_weighs_targets(const zt_task *t);
  * every evaluation mask alike. Supervised fine-tuning never hands out a batch without a trained token: it
  * skips such a batch with a warning. */
 void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types);
+/* A sequence-to-sequence task (T5): the decoder side of the batch zt_task_next handed out last, for the rows
+ * from row0 (a rank's share): the decoder's inputs, their length and the inputs' lengths; the targets are at
+ * the start of each row of zt_task_next's targets. Returns false (s untouched) for the other tasks. */
+bool zt_task_seq2seq(const zt_task *t, int row0, zt_model_seq2seq *s);
 /* Rewinds the validation data and returns the number of batches one evaluation reads (a classifier reads
  * its whole file; the others eval_batches). */
 int64_t zt_task_val_begin(zt_task *t, int64_t eval_batches);
