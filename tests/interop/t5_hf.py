@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks ztrain's T5 against Hugging Face transformers' T5ForConditionalGeneration, both ways.
 
-Usage: t5_hf.py T5_TOOL
+Usage: t5_hf.py T5_TOOL [ZTRAIN]
 
-T5_TOOL is tests/worker/t5_tool from a ztrain build. For two odd configs, T5 v1.0 (ReLU MLP, head tied to the
+T5_TOOL is tests/worker/t5_tool from a ztrain build; ZTRAIN, where given, its worker/ztrain. For two odd configs, T5 v1.0 (ReLU MLP, head tied to the
 shared embedding with the d_model^-0.5 rescale, 8 buckets, max distance 20) and T5 v1.1 (gated-gelu MLP, an
 untied lm_head, 32 buckets, max distance 128), both with heads of d_kv = 10 channels that do not divide d_model
 (3 heads, d_model 24), a vocabulary of 100 and more decoder than encoder layers, it builds a random model in
@@ -14,7 +14,9 @@ padded on the right; 8 decoder positions, labels -100 past each target's end):
   - every parameter's gradient of that loss (the bias tables included) equals torch autograd's, 1e-4 relative
     to the tensor's largest entry;
   - ztrain's re-export (model.safetensors and config.json) loads with from_pretrained without missing,
-    unexpected or mismatched tensors, holds the same weights and gives the same logits.
+    unexpected or mismatched tensors, holds the same weights and gives the same logits;
+  - with ZTRAIN: `ztrain generate --temperature 0` on the export (with the byte-level tokenizer of examples/)
+    gives the tokens of transformers' generate(do_sample=False), up to its end-of-sequence token.
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) when torch or transformers is missing.
 """
 import json
@@ -34,6 +36,8 @@ except ImportError as e:
     sys.exit(77)
 
 TOOL = sys.argv[1] if len(sys.argv) > 1 else None
+ZTRAIN = sys.argv[2] if len(sys.argv) > 2 else None
+BYTES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "byte-tokenizer.json")
 if not TOOL:
     print("usage: t5_hf.py T5_TOOL")
     sys.exit(2)
@@ -172,6 +176,25 @@ def one(v11):
             logits2, _ = hf_pass(again, enc, labels, dec)
         check(f"{tag} re-export logits", rel_err(logits2.numpy(), ref_logits) < 1e-6,
               f"max rel {rel_err(logits2.numpy(), ref_logits):.2e}")
+        if ZTRAIN:
+            generate(again, out, tag)
+
+
+def generate(model, folder, tag):
+    prompt = "HELLO 42, T5"  # bytes below the vocabulary of 100
+    ids = torch.as_tensor([[ord(c) for c in prompt]], dtype=torch.long)
+    with torch.no_grad():
+        # no cache: transformers sizes it by num_layers, which this decoder exceeds
+        ref = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=False)[0, 1:].tolist()
+    if ref and ref[-1] == 1:
+        ref = ref[:-1]  # ztrain stops before the end-of-sequence token
+    res = subprocess.run([ZTRAIN, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
+                          os.path.join(folder, "config.json"), "--tokenizer", BYTES, "--prompt", prompt,
+                          "--max-new-tokens", "10", "--temperature", "0"], capture_output=True)
+    if res.returncode != 0:
+        print(res.stderr.decode(errors="replace"))
+    got = list(res.stdout[len(prompt) + 1:].rstrip(b"\n"))
+    check(f"{tag} greedy generation", res.returncode == 0 and got == ref, f"ztrain {got}, transformers {ref}")
 
 
 one(False)

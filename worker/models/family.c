@@ -272,6 +272,12 @@ static size_t head_offset(const zt_family_model *m)
     return m->def->block(m->host, m->def->head_block(m->host))->offset;
 }
 
+void zt_family_model_set_seq2seq(zt_family_model *m, const struct zt_model_seq2seq *s)
+{
+    ZT_ASSERT(m->def->set_seq2seq); /* a sequence-to-sequence family */
+    m->def->set_seq2seq(m->host, s);
+}
+
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
     const zt_family_def *d = m->def;

@@ -59,6 +59,7 @@ typedef struct zt_family_shape {
     int pad_token_id;  /* the padding token (never masked, no loss), or -1 */
     int num_labels;    /* a classifier's outputs; 0 for other tasks */
     int decoder_start_token_id; /* sequence-to-sequence: the decoder's first input; 0 for other tasks */
+    int eos_token_id;  /* sequence-to-sequence: where generation stops (-1: none); unset (0) for other tasks */
 } zt_family_shape;
 
 /* One family. Host-model functions take the family's own host model (void *m: zt_gpt2 *, zt_llama *, ...);
@@ -194,8 +195,11 @@ int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, si
 /* Reads weights with Hugging Face names; a pretrained encoder without the configured task head keeps the
  * head's initialisation, as transformers' from_pretrained does. Nothing changes unless all of it is read. */
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
-/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs]; the zeroing of the
- * gradient slab. */
+/* The decoder side of the next forward of a sequence-to-sequence model (model.h's zt_model_seq2seq; the
+ * forward's tokens are then the encoder's); other families have none (an assertion). */
+void zt_family_model_set_seq2seq(zt_family_model *m, const struct zt_model_seq2seq *s);
+/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs] ([B, Td, V] after
+ * zt_family_model_set_seq2seq); the zeroing of the gradient slab. */
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
 void zt_family_model_zero_grad(zt_family_model *m);
 const float *zt_family_model_logits(const zt_family_model *m);

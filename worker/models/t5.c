@@ -828,7 +828,6 @@ static void t5_begin(zt_t5 *m, const int32_t *tokens, int B, int T)
     t5_run *r = m->run;
     ZT_ASSERT(r->have_seq2seq); /* a T5 micro-batch needs its decoder side (set_seq2seq) first */
     ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
-    ZT_ASSERT(r->Td <= T); /* the targets sit in rows of the encoder's length */
     const int32_t *dec = r->dec_tokens, *lens = r->enc_lens;
     const size_t ne = (size_t)B * T, nd = (size_t)B * r->Td;
     /* the caller's arrays, before the slab may move */
@@ -884,6 +883,7 @@ static float t5_forward_head(zt_t5 *m, const float *hp, const int32_t *targets)
     if (!targets)
         return 0.0f;
     /* targets [B,Te]: row b's first Td are the decoder positions' */
+    ZT_ASSERT(r->Td <= r->Te);
     r->targets = zt_xrealloc(r->targets, (size_t)N * sizeof(int32_t));
     for (int b = 0; b < r->B; b++)
         for (int j = 0; j < r->Td; j++) {
@@ -1238,7 +1238,8 @@ static void f_config_shape(const void *cv, zt_family_shape *s)
     *s = (zt_family_shape){.layers = c->num_layers + c->num_decoder_layers, .positions = c->n_positions,
                            .vocab = c->vocab_size, .width = c->d_model, .heads = c->num_heads,
                            .num_params = config_num_params(c), .task = ZT_TASK_SEQ2SEQ,
-                           .pad_token_id = c->pad_token_id, .decoder_start_token_id = c->decoder_start_token_id};
+                           .pad_token_id = c->pad_token_id, .decoder_start_token_id = c->decoder_start_token_id,
+                           .eos_token_id = c->eos_token_id};
 }
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
