@@ -6,7 +6,8 @@ Usage: t5_hf.py T5_TOOL [ZTRAIN]
 T5_TOOL is tests/worker/t5_tool from a ztrain build; ZTRAIN, where given, its worker/ztrain. For two odd configs, T5 v1.0 (ReLU MLP, head tied to the
 shared embedding with the d_model^-0.5 rescale, 8 buckets, max distance 20) and T5 v1.1 (gated-gelu MLP, an
 untied lm_head, 32 buckets, max distance 128), both with heads of d_kv = 10 channels that do not divide d_model
-(3 heads, d_model 24), a vocabulary of 100 and more decoder than encoder layers, it builds a random model in
+(3 heads, d_model 24), a vocabulary of 100 and more decoder than encoder layers, and an mT5 as transformers 5 builds it (gated-gelu,
+tied head, no rescale), it builds a random model in
 float32 (weights perturbed away from their initialisation), saves it with save_pretrained, and has ztrain import
 the folder with transformers' own config.json. On a batch of 3 sequences (encoder lengths 11, 7 and 4 of 11,
 padded on the right; 8 decoder positions, labels -100 past each target's end):
@@ -30,7 +31,7 @@ try:
     import torch
     import transformers
     from safetensors.numpy import load_file
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import MT5Config, MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
 except ImportError as e:
     print(f"skipped: {e} (this check needs numpy, safetensors, torch and transformers)")
     sys.exit(77)
@@ -62,15 +63,16 @@ def rel_err(a, b):
     return float(np.abs(a - b).max() / scale)
 
 
-def make_model(v11, folder):
-    cfg = T5Config(vocab_size=V, d_model=24, d_kv=10, d_ff=36 if v11 else 40, num_layers=2, num_decoder_layers=3,
+def make_model(v11, folder, mt5=False):
+    Config, Model = (MT5Config, MT5ForConditionalGeneration) if mt5 else (T5Config, T5ForConditionalGeneration)
+    cfg = Config(vocab_size=V, d_model=24, d_kv=10, d_ff=36 if v11 else 40, num_layers=2, num_decoder_layers=3,
                    num_heads=3, relative_attention_num_buckets=32 if v11 else 8,
                    relative_attention_max_distance=128 if v11 else 20,
-                   feed_forward_proj="gated-gelu" if v11 else "relu", tie_word_embeddings=not v11,
+                   feed_forward_proj="gated-gelu" if v11 or mt5 else "relu", tie_word_embeddings=not v11,
                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, dropout_rate=0.1,
                    layer_norm_epsilon=1e-6)
     torch.manual_seed(3 + v11)
-    model = T5ForConditionalGeneration(cfg).to(torch.float32)
+    model = Model(cfg).to(torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:  # norms away from 1
@@ -86,7 +88,7 @@ def make_model(v11, folder):
         c = json.load(open(path))
         c["tie_word_embeddings"] = False
         json.dump(c, open(path, "w"), indent=2)
-    model = T5ForConditionalGeneration.from_pretrained(folder, **KW)
+    model = Model.from_pretrained(folder, **KW)
     model.eval()
     return model
 
@@ -134,11 +136,12 @@ def hf_pass(model, enc, labels, dec):
     return logits, loss
 
 
-def one(v11):
-    tag = "v1.1" if v11 else "v1.0"
+def one(v11, mt5=False):
+    tag = "mT5 (tied, unscaled)" if mt5 else "v1.1" if v11 else "v1.0"
+    Model = MT5ForConditionalGeneration if mt5 else T5ForConditionalGeneration
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "hf")
-        model = make_model(v11, folder)
+        model = make_model(v11, folder, mt5)
         enc, labels, dec = batch()
         out = os.path.join(tmp, "zt")
         loss, outputs = run_tool(folder, enc, labels, dec, out)
@@ -166,7 +169,7 @@ def one(v11):
         check(f"{tag} gradients ({n} tensors)", worst < 1e-4 and n == len(params),
               f"worst {worst:.2e} ({worst_name}); transformers has {len(params)} parameters")
         # the re-export
-        again, info = T5ForConditionalGeneration.from_pretrained(out, output_loading_info=True, **KW)
+        again, info = Model.from_pretrained(out, output_loading_info=True, **KW)
         again.eval()
         clean = not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
         check(f"{tag} re-export loads", clean, str(info))
@@ -199,5 +202,6 @@ def generate(model, folder, tag):
 
 one(False)
 one(True)
+one(False, mt5=True)
 print(f"{'FAILED: ' + ', '.join(failures) if failures else 'all T5 checks passed'}")
 sys.exit(1 if failures else 0)

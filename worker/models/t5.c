@@ -238,17 +238,21 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
                        "%s: is_encoder_decoder is false, but ztrain trains T5ForConditionalGeneration (set it to true)",
                        where);
 
-    /* The head: tie_word_embeddings (absent: tied) and scale_decoder_outputs (transformers 5 writes it and
-     * ties every head; absent: the scale follows the tie, as transformers derives it). */
+    /* The head: tie_word_embeddings (absent: tied) and scale_decoder_outputs (transformers 5 writes it for T5
+     * and ties every head; absent: T5's scale follows the tie, as transformers derives it, and mT5 has none, as
+     * transformers 5's MT5ForConditionalGeneration computes it). */
     c.tie_word_embeddings = true;
     if ((rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
         return rc;
-    c.scale_decoder_outputs = c.tie_word_embeddings;
+    c.scale_decoder_outputs = c.tie_word_embeddings && !c.mt5;
     if ((rc = zt_json_get_bool(&r, "scale_decoder_outputs", &c.scale_decoder_outputs, err)) < 0)
         return rc;
 
     if ((rc = get_token_id(&r, obj, "pad_token_id", false, &c.pad_token_id, err)) < 0 ||
         (rc = get_token_id(&r, obj, "eos_token_id", true, &c.eos_token_id, err)) < 0)
+        return rc;
+    int bos = -1; /* mT5 writes bos_token_id null; T5 has no beginning-of-sequence token */
+    if ((rc = get_token_id(&r, obj, "bos_token_id", true, &bos, err)) < 0)
         return rc;
     c.decoder_start_token_id = c.pad_token_id;
     if ((rc = get_token_id(&r, obj, "decoder_start_token_id", false, &c.decoder_start_token_id, err)) < 0)
