@@ -79,6 +79,11 @@ struct zt_ops {
     void (*scale)(const zt_ops *o, void *x, float s, size_t n);
     /* y[0..n) += x[0..n) */
     void (*add)(const zt_ops *o, void *y, const void *x, size_t n);
+    /* fp32 buffers beside the backend's type (T5's bias tables, which the attention kernels read in fp32):
+     * x[0..n) = 0; dst = src as fp32; y += x (y of the backend's type, x fp32) */
+    void (*zero_f32)(const zt_ops *o, float *x, size_t n);
+    void (*to_f32)(const zt_ops *o, float *dst, const void *src, size_t n);
+    void (*add_f32)(const zt_ops *o, void *y, const float *x, size_t n);
     /* Attention through the descriptor (kernels/attention.h: separate q, k, v with strides, Tq != Tk, scale,
      * T5's relative position bias, padding lengths; host arrays on the CPU, device arrays on CUDA) and its
      * backward (dq, dk, dv and the bias table's gradient, written or added as g->accumulate says). */

@@ -215,6 +215,24 @@ static void cpu_add(const zt_ops *o, void *y, const void *x, size_t n)
     zt_cpu_add_inplace(y, x, n);
 }
 
+static void cpu_zero_f32(const zt_ops *o, float *x, size_t n)
+{
+    (void)o;
+    memset(x, 0, n * sizeof(float));
+}
+
+static void cpu_to_f32(const zt_ops *o, float *dst, const void *src, size_t n)
+{
+    (void)o;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_add_f32(const zt_ops *o, void *y, const float *x, size_t n)
+{
+    (void)o;
+    zt_cpu_add_inplace(y, x, n);
+}
+
 /* A descriptor the program built wrong is a bug of the program: it stops with the check's sentence. */
 static void cpu_attention_desc(const zt_ops *o, const zt_attention_desc *d)
 {
@@ -264,6 +282,9 @@ void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
         .geglu_backward = cpu_geglu_backward,
         .scale = cpu_scale,
         .add = cpu_add,
+        .zero_f32 = cpu_zero_f32,
+        .to_f32 = cpu_to_f32,
+        .add_f32 = cpu_add_f32,
         .attention_desc = cpu_attention_desc,
         .attention_desc_backward = cpu_attention_desc_backward,
         .copy = cpu_copy,

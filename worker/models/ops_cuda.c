@@ -235,6 +235,21 @@ static void k_add(const zt_ops *o, void *y, const void *x, size_t n)
     TIMED(P_ELEM, zt_cuda_add_inplace(y, x, n, o->dtype, stream_of(o)));
 }
 
+static void k_zero_f32(const zt_ops *o, float *x, size_t n)
+{
+    TIMED(P_ZERO, ZT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_of(o))));
+}
+
+static void k_to_f32(const zt_ops *o, float *dst, const void *src, size_t n)
+{
+    TIMED(P_ELEM, zt_cuda_to_f32(dst, src, n, o->dtype, stream_of(o)));
+}
+
+static void k_add_f32(const zt_ops *o, void *y, const float *x, size_t n)
+{
+    TIMED(P_ELEM, zt_cuda_add_f32(y, x, n, o->dtype, stream_of(o)));
+}
+
 /* A descriptor the kernels refuse is a bug of the program (the executor checks shapes when it is created). */
 static void k_attention_desc(const zt_ops *o, const zt_attention_desc *d)
 {
@@ -297,6 +312,9 @@ void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype
         .geglu_backward = k_geglu_backward,
         .scale = k_scale,
         .add = k_add,
+        .zero_f32 = k_zero_f32,
+        .to_f32 = k_to_f32,
+        .add_f32 = k_add_f32,
         .attention_desc = k_attention_desc,
         .attention_desc_backward = k_attention_desc_backward,
         .embedding = k_embedding,

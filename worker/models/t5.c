@@ -525,25 +525,34 @@ static size_t config_num_params(const zt_t5_config *c)
 /* What a layer keeps for its backward. Cross-attention parts (ln2 .. res3) are the decoder's only; enc_out
  * and final_rstd the last encoder layer's only. */
 typedef struct t5_acts {
-    float *ln1, *rstd1, *qkv, *atty, *lse, *res2;
-    float *ln2, *rstd2, *cq, *ckv, *catty, *clse, *res3;
-    float *ln3, *rstd3, *h, *act, *out;
-    float *enc_out, *final_rstd;
+    void *ln1, *qkv, *atty, *res2, *ln2, *cq, *ckv, *catty, *res3, *ln3, *h, *act, *out, *enc_out;
+    float *rstd1, *lse, *rstd2, *clse, *rstd3, *final_rstd; /* statistics: fp32 on every backend */
 } t5_acts;
 
+/* What the layer program reads and writes: buffers of the backend's element type (o->esize bytes; fp32 on the
+ * CPU), the statistics and bias tables in fp32, and where each tensor sits in its block's buffer (woff, in
+ * elements: the host slab's offsets on the CPU). A CUDA executor fills the same fields with device memory
+ * and its layout's offsets; the CPU runner's own parts (slab, head, tokens kept) follow them. */
 typedef struct t5_run {
     zt_ops ops;
-    size_t cap_e, cap_d;       /* rows the slab holds: encoder (B*Te) and decoder (B*Td) */
-    char *slab;
-    float *emb_enc, *emb_dec;  /* [Ne,C], [Nd,C] */
+    const size_t *woff;        /* [ntensors] element offset of each tensor in its block's buffer */
+    void *emb_enc, *emb_dec;   /* [Ne,C], [Nd,C] */
     t5_acts *acts;             /* [L] */
-    float *lnf, *lnf_rstd;     /* [Nd,C], [Nd] the decoder's final norm (scaled) */
-    float *logits, *losses;    /* [Nd,V], [Nd] */
+    void *lnf;                 /* [Nd,C] the decoder's final norm (scaled) */
+    float *lnf_rstd;           /* [Nd] */
     float *bias[2], *dbias[2]; /* [NB*NH] each stack's table (copied by its layer 0) and its gradient sum */
     /* gradients */
-    float *dres, *dln, *datty, *dqkv, *dh, *dact, *dcq, *dckv, *denc_part, *denc, *ddec_emb;
-    int32_t *enc_tokens, *dec_tokens, *targets, *enc_lens;
+    void *dres, *dln, *datty, *dqkv, *dh, *dact, *dcq, *dckv, *denc_part, *denc, *ddec_emb;
+    int32_t *enc_tokens, *dec_tokens; /* as the backend's embedding takes them (host memory on the CPU) */
+    int32_t *enc_lens;         /* [B] host memory: the cross-attention's key counts */
+    const int32_t *lens_arg;   /* the same lengths as the backend's attention takes them */
     bool padded;               /* some encoder length is below Te */
+    /* the CPU runner's own */
+    size_t cap_e, cap_d;       /* rows the slab holds: encoder (B*Te) and decoder (B*Td) */
+    char *slab;
+    size_t *woff_host;
+    float *logits, *losses;    /* [Nd,V], [Nd] */
+    int32_t *targets;
     int B, Te, Td;
     bool have_seq2seq;         /* set_seq2seq came before this begin */
     bool have_targets;
@@ -642,16 +651,13 @@ static void reserve(zt_t5 *m, size_t ne, size_t nd)
     zt__ops_cpu_init(&r->ops, ne > nd ? ne : nd, (size_t)m->cfg.d_model);
 }
 
-/* Tensor idx in its block's buffer bp. */
-static const float *in_block(const zt_t5 *m, const float *bp, int idx)
-{
-    const zt_param_info *t = &m->tensors[idx];
-    return bp + (t->offset - m->blocks[t->block].offset);
-}
+/* Element i of a buffer of the backend's type. */
+#define EL(p, i) ((void *)((char *)(p) + (size_t)(i) * r->ops.esize))
 
-static float *in_block_mut(const zt_t5 *m, float *bp, int idx)
+/* Tensor idx in its block's buffer bp. */
+static void *in_block(const t5_run *r, const void *bp, int idx)
 {
-    return (float *)in_block(m, bp, idx);
+    return EL(bp, r->woff[idx]);
 }
 
 /* The self-attention descriptor of layer l over its packed q | k | v rows. */
@@ -660,10 +666,10 @@ static zt_attention_desc self_desc(const zt_t5 *m, const t5_acts *a, bool dec)
     const t5_run *r = m->run;
     const int I = m->I, T = dec ? r->Td : r->Te;
     return (zt_attention_desc){
-        .q = a->qkv, .k = a->qkv + I, .v = a->qkv + 2 * I, .q_stride = 3 * I, .k_stride = 3 * I,
+        .q = a->qkv, .k = EL(a->qkv, I), .v = EL(a->qkv, 2 * I), .q_stride = 3 * I, .k_stride = 3 * I,
         .v_stride = 3 * I, .out = a->atty, .out_stride = I, .lse = a->lse, .B = r->B, .Tq = T, .Tk = T,
         .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads, .HS = m->cfg.d_kv, .scale = 1.0f, .causal = dec,
-        .window = -1, .lens = !dec && r->padded ? r->enc_lens : NULL, .bias = ZT_ATTENTION_BIAS_T5,
+        .window = -1, .lens = !dec && r->padded ? r->lens_arg : NULL, .bias = ZT_ATTENTION_BIAS_T5,
         .bias_table = r->bias[dec], .num_buckets = m->cfg.num_buckets, .max_distance = m->cfg.max_distance,
         .bias_bidirectional = !dec};
 }
@@ -675,8 +681,8 @@ static zt_attention_desc cross_desc(const zt_t5 *m, const t5_acts *a, int b0, in
     const int I = m->I;
     const size_t q0 = (size_t)b0 * r->Td, k0 = (size_t)b0 * r->Te;
     return (zt_attention_desc){
-        .q = a->cq + q0 * I, .k = a->ckv + k0 * 2 * I, .v = a->ckv + k0 * 2 * I + I, .q_stride = I,
-        .k_stride = 2 * I, .v_stride = 2 * I, .out = a->catty + q0 * I, .out_stride = I,
+        .q = EL(a->cq, q0 * I), .k = EL(a->ckv, k0 * 2 * I), .v = EL(a->ckv, k0 * 2 * I + I), .q_stride = I,
+        .k_stride = 2 * I, .v_stride = 2 * I, .out = EL(a->catty, q0 * I), .out_stride = I,
         .lse = a->clse + (size_t)b0 * m->cfg.num_heads * r->Td, .B = nb, .Tq = r->Td,
         .Tk = nb == r->B && !r->padded ? r->Te : r->enc_lens[b0], .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads,
         .HS = m->cfg.d_kv, .scale = 1.0f, .causal = false, .window = -1, .bias = ZT_ATTENTION_BIAS_NONE};
@@ -689,11 +695,12 @@ static int cross_calls(const t5_run *r)
     return r->padded ? r->B : 1;
 }
 
-static void ff_forward(const zt_t5 *m, const zt_ops *o, const float *bp, const t5_layer *ly, t5_acts *a,
-                       const float *x, int N)
+static void ff_forward(const zt_t5 *m, const t5_run *r, const void *bp, const t5_layer *ly, t5_acts *a,
+                       const void *x, int N)
 {
+    const zt_ops *o = &r->ops;
     const int C = m->cfg.d_model, F = m->cfg.d_ff;
-#define W(role) in_block(m, bp, ly->t[role])
+#define W(role) in_block(r, bp, ly->t[role])
     o->rmsnorm(o, a->ln3, a->rstd3, x, W(R_LN3), N, C, m->cfg.layer_norm_epsilon);
     o->linear(o, a->h, a->ln3, W(R_WI), NULL, N, C, m->UP);
     if (m->cfg.gated)
@@ -705,26 +712,25 @@ static void ff_forward(const zt_t5 *m, const zt_ops *o, const float *bp, const t
 }
 
 /* Layer l's forward from x into its activations. */
-static void layer_forward(zt_t5 *m, int l, const float *bp, const float *x)
+static void layer_forward(const zt_t5 *m, t5_run *r, int l, const void *bp, const void *x)
 {
-    t5_run *r = m->run;
     const zt_ops *o = &r->ops;
     const t5_layer *ly = &m->layers[l];
     t5_acts *a = &r->acts[l];
     const bool dec = ly->decoder;
     const int C = m->cfg.d_model, I = m->I, N = r->B * (dec ? r->Td : r->Te), Ne = r->B * r->Te;
     const float eps = m->cfg.layer_norm_epsilon;
-#define W(role) in_block(m, bp, ly->t[role])
+#define W(role) in_block(r, bp, ly->t[role])
     if (ly->t[R_BIAS] >= 0) /* layer 0 of its stack: the table every layer of the stack reads */
-        o->copy(o, r->bias[dec], W(R_BIAS), (size_t)m->cfg.num_buckets * m->cfg.num_heads);
+        o->to_f32(o, r->bias[dec], W(R_BIAS), (size_t)m->cfg.num_buckets * m->cfg.num_heads);
     o->rmsnorm(o, a->ln1, a->rstd1, x, W(R_LN1), N, C, eps);
     o->linear(o, a->qkv, a->ln1, W(R_Q), NULL, N, C, 3 * I);
     const zt_attention_desc d = self_desc(m, a, dec);
     o->attention_desc(o, &d);
     o->linear_residual(o, a->res2, a->atty, W(R_O), NULL, x, N, I, C);
-    const float *ff_in = a->res2;
+    const void *ff_in = a->res2;
     if (dec) {
-        const float *e = r->acts[m->Le - 1].enc_out;
+        const void *e = r->acts[m->Le - 1].enc_out;
         o->rmsnorm(o, a->ln2, a->rstd2, a->res2, W(R_LN2), N, C, eps);
         o->linear(o, a->cq, a->ln2, W(R_CQ), NULL, N, C, I);
         o->linear(o, a->ckv, e, W(R_CK), NULL, Ne, C, 2 * I);
@@ -736,7 +742,7 @@ static void layer_forward(zt_t5 *m, int l, const float *bp, const float *x)
         o->linear_residual(o, a->res3, a->catty, W(R_CO), NULL, a->res2, N, I, C);
         ff_in = a->res3;
     }
-    ff_forward(m, o, bp, ly, a, ff_in, N);
+    ff_forward(m, r, bp, ly, a, ff_in, N);
     if (ly->t[R_FINAL] >= 0)
         o->rmsnorm(o, a->enc_out, a->final_rstd, a->out, W(R_FINAL), N, C, eps);
 #undef W
@@ -744,18 +750,17 @@ static void layer_forward(zt_t5 *m, int l, const float *bp, const float *x)
 
 /* Layer l's backward: r->dres from d(out) to d(x); weight gradients into bg; the decoder's cross-attention
  * adds d(encoder output) into r->denc. */
-static void layer_backward(zt_t5 *m, int l, const float *bp, float *bg, const float *x)
+static void layer_backward(const zt_t5 *m, t5_run *r, int l, const void *bp, void *bg, const void *x)
 {
-    t5_run *r = m->run;
     const zt_ops *o = &r->ops;
     const t5_layer *ly = &m->layers[l];
     const t5_acts *a = &r->acts[l];
     const bool dec = ly->decoder;
     const int C = m->cfg.d_model, I = m->I, F = m->cfg.d_ff, N = r->B * (dec ? r->Td : r->Te), Ne = r->B * r->Te;
-#define W(role) in_block(m, bp, ly->t[role])
-#define G(role) in_block_mut(m, bg, ly->t[role])
+#define W(role) in_block(r, bp, ly->t[role])
+#define G(role) in_block(r, bg, ly->t[role])
     /* MLP */
-    const float *ff_in = dec ? a->res3 : a->res2;
+    const void *ff_in = dec ? a->res3 : a->res2;
     o->linear_backward(o, r->dact, G(R_WO), NULL, r->dres, a->act, W(R_WO), N, F, C);
     if (m->cfg.gated)
         o->geglu_backward(o, r->dh, a->h, r->dact, N, F);
@@ -765,7 +770,7 @@ static void layer_backward(zt_t5 *m, int l, const float *bp, float *bg, const fl
     o->rmsnorm_backward(o, r->dres, G(R_LN3), r->dln, ff_in, W(R_LN3), a->rstd3, N, C);
     if (dec) {
         /* cross-attention */
-        const float *e = r->acts[m->Le - 1].enc_out;
+        const void *e = r->acts[m->Le - 1].enc_out;
         o->linear_backward(o, r->datty, G(R_CO), NULL, r->dres, a->catty, W(R_CO), N, I, C);
         o->zero(o, r->dcq, (size_t)N * I);
         o->zero(o, r->dckv, (size_t)Ne * 2 * I);
@@ -773,8 +778,8 @@ static void layer_backward(zt_t5 *m, int l, const float *bp, float *bg, const fl
         for (int c = 0; c < calls; c++) {
             const zt_attention_desc cd = cross_desc(m, a, c * per, per);
             const size_t q0 = (size_t)c * per * r->Td, k0 = (size_t)c * per * r->Te;
-            const zt_attention_grads g = {.dout = r->datty + q0 * I, .dq = r->dcq + q0 * I,
-                                          .dk = r->dckv + k0 * 2 * I, .dv = r->dckv + k0 * 2 * I + I,
+            const zt_attention_grads g = {.dout = EL(r->datty, q0 * I), .dq = EL(r->dcq, q0 * I),
+                                          .dk = EL(r->dckv, k0 * 2 * I), .dv = EL(r->dckv, k0 * 2 * I + I),
                                           .dq_stride = I, .dk_stride = 2 * I, .dv_stride = 2 * I,
                                           .accumulate = true};
             o->attention_desc_backward(o, &cd, &g);
@@ -788,22 +793,21 @@ static void layer_backward(zt_t5 *m, int l, const float *bp, float *bg, const fl
     o->linear_backward(o, r->datty, G(R_O), NULL, r->dres, a->atty, W(R_O), N, I, C);
     o->zero(o, r->dqkv, (size_t)N * 3 * I);
     const zt_attention_desc d = self_desc(m, a, dec);
-    const zt_attention_grads g = {.dout = r->datty, .dq = r->dqkv, .dk = r->dqkv + I, .dv = r->dqkv + 2 * I,
+    const zt_attention_grads g = {.dout = r->datty, .dq = r->dqkv, .dk = EL(r->dqkv, I), .dv = EL(r->dqkv, 2 * I),
                                   .dq_stride = 3 * I, .dk_stride = 3 * I, .dv_stride = 3 * I,
                                   .dbias_table = r->dbias[dec], .accumulate = true};
     o->attention_desc_backward(o, &d, &g);
     o->linear_backward(o, r->dln, G(R_Q), NULL, r->dqkv, a->ln1, W(R_Q), N, C, 3 * I);
     o->rmsnorm_backward(o, r->dres, G(R_LN1), r->dln, x, W(R_LN1), a->rstd1, N, C);
     if (ly->t[R_BIAS] >= 0) /* the stack's last backward: its table's gradient from every layer */
-        o->add(o, G(R_BIAS), r->dbias[dec], (size_t)m->cfg.num_buckets * m->cfg.num_heads);
+        o->add_f32(o, G(R_BIAS), r->dbias[dec], (size_t)m->cfg.num_buckets * m->cfg.num_heads);
 #undef W
 #undef G
 }
 
 /* The residual stream entering layer l. */
-static const float *layer_input(const zt_t5 *m, int l)
+static const void *layer_input(const zt_t5 *m, const t5_run *r, int l)
 {
-    const t5_run *r = m->run;
     if (l == 0)
         return r->emb_enc;
     if (l == m->Le)
@@ -845,6 +849,7 @@ static void t5_begin(zt_t5 *m, const int32_t *tokens, int B, int T)
     r->enc_tokens = keep;
     r->dec_tokens = keep + ne;
     r->enc_lens = keep + ne + nd;
+    r->lens_arg = r->enc_lens;
     r->B = B;
     r->Te = T;
     r->padded = false;
@@ -856,34 +861,86 @@ static void t5_begin(zt_t5 *m, const int32_t *tokens, int B, int T)
     r->have_targets = false;
 }
 
-static void t5_forward_block(zt_t5 *m, int block, const float *bp)
+/* Block `block`'s forward (model.h's order) from the previous block's output, with its weights at bp. */
+static void prog_forward_block(const zt_t5 *m, t5_run *r, int block, const void *bp)
 {
-    t5_run *r = m->run;
     const zt_ops *o = &r->ops;
     ZT_ASSERT(block >= 0 && block <= m->L + 1);
     const int C = m->cfg.d_model;
     if (block == 0) {
-        o->embedding(o, r->emb_enc, r->enc_tokens, in_block(m, bp, 0), NULL, r->B, r->Te, C);
-        o->embedding(o, r->emb_dec, r->dec_tokens, in_block(m, bp, 0), NULL, r->B, r->Td, C);
+        o->embedding(o, r->emb_enc, r->enc_tokens, in_block(r, bp, 0), NULL, r->B, r->Te, C);
+        o->embedding(o, r->emb_dec, r->dec_tokens, in_block(r, bp, 0), NULL, r->B, r->Td, C);
         return;
     }
     if (block == m->L + 1) {
         const int N = r->B * r->Td;
-        o->rmsnorm(o, r->lnf, r->lnf_rstd, r->acts[m->L - 1].out, in_block(m, bp, m->final_tensor), N, C,
+        o->rmsnorm(o, r->lnf, r->lnf_rstd, r->acts[m->L - 1].out, in_block(r, bp, m->final_tensor), N, C,
                    m->cfg.layer_norm_epsilon);
         if (m->cfg.scale_decoder_outputs)
             o->scale(o, r->lnf, decoder_scale(m), (size_t)N * C);
         return;
     }
     const int l = block - 1;
-    layer_forward(m, l, bp, layer_input(m, l));
+    layer_forward(m, r, l, bp, layer_input(m, r, l));
+}
+
+/* After the head's backward has left d(lnf) in r->dln: the rescale's backward, and the sums that the decoder
+ * layers (the encoder output's gradient) and each stack's layers (its bias table's) add into, zeroed. */
+static void prog_head_backward_done(const zt_t5 *m, t5_run *r)
+{
+    const zt_ops *o = &r->ops;
+    const size_t TB = (size_t)m->cfg.num_buckets * m->cfg.num_heads;
+    if (m->cfg.scale_decoder_outputs)
+        o->scale(o, r->dln, decoder_scale(m), (size_t)r->B * r->Td * m->cfg.d_model);
+    o->zero(o, r->denc, (size_t)r->B * r->Te * m->cfg.d_model);
+    o->zero_f32(o, r->dbias[0], TB);
+    o->zero_f32(o, r->dbias[1], TB);
+}
+
+/* Block `block`'s backward: r->dres from d(its output) to d(its input); weight gradients added into bg. */
+static void prog_backward_block(const zt_t5 *m, t5_run *r, int block, const void *bp, void *bg)
+{
+    const zt_ops *o = &r->ops;
+    ZT_ASSERT(block >= 0 && block <= m->L + 1);
+    const int C = m->cfg.d_model, Nd = r->B * r->Td, Ne = r->B * r->Te;
+    if (block == m->L + 1) {
+        o->zero(o, r->dres, (size_t)Nd * C);
+        o->rmsnorm_backward(o, r->dres, in_block(r, bg, m->final_tensor), r->dln, r->acts[m->L - 1].out,
+                            in_block(r, bp, m->final_tensor), r->lnf_rstd, Nd, C);
+        return;
+    }
+    if (block == 0) {
+        o->embedding_backward(o, in_block(r, bg, 0), NULL, r->dres, r->enc_tokens, r->B, r->Te, C,
+                              m->cfg.vocab_size);
+        o->embedding_backward(o, in_block(r, bg, 0), NULL, r->ddec_emb, r->dec_tokens, r->B, r->Td, C,
+                              m->cfg.vocab_size);
+        return;
+    }
+    const int l = block - 1;
+    const t5_layer *ly = &m->layers[l];
+    if (ly->t[R_FINAL] >= 0) {
+        /* the encoder's top: dres holds d(decoder embedding), kept for block 0; the encoder output's gradient
+         * is complete (every decoder layer added its part) */
+        o->copy(o, r->ddec_emb, r->dres, (size_t)Nd * C);
+        o->zero(o, r->dres, (size_t)Ne * C);
+        o->rmsnorm_backward(o, r->dres, in_block(r, bg, ly->t[R_FINAL]), r->denc, r->acts[l].out,
+                            in_block(r, bp, ly->t[R_FINAL]), r->acts[l].final_rstd, Ne, C);
+    }
+    layer_backward(m, r, l, bp, bg, layer_input(m, r, l));
+}
+
+/* ---- the CPU runner: the program with the CPU binding, the head on the CPU kernels ---- */
+
+static void t5_forward_block(zt_t5 *m, int block, const float *bp)
+{
+    prog_forward_block(m, m->run, block, bp);
 }
 
 static float t5_forward_head(zt_t5 *m, const float *hp, const int32_t *targets)
 {
     t5_run *r = m->run;
     const int N = r->B * r->Td, C = m->cfg.d_model, V = m->cfg.vocab_size;
-    zt_cpu_matmul_forward(r->logits, r->lnf, in_block(m, hp, m->head_tensor), NULL, N, C, V);
+    zt_cpu_matmul_forward(r->logits, r->lnf, in_block(r, hp, m->head_tensor), NULL, N, C, V);
     if (!targets)
         return 0.0f;
     /* targets [B,Te]: row b's first Td are the decoder positions' */
@@ -918,49 +975,15 @@ static void t5_backward_head(zt_t5 *m, const float *hp, float *hg, float loss_sc
     zt_cpu_crossentropy_forward_backward(r->losses, r->logits, r->logits, r->targets, N, V, IGNORE_INDEX,
                                          loss_scale / (float)r->n_valid);
     memset(r->dln, 0, (size_t)N * C * sizeof(float));
-    zt_cpu_matmul_backward(r->dln, in_block_mut(m, hg, m->head_tensor), NULL, r->logits, r->lnf,
-                           in_block(m, hp, m->head_tensor), N, C, V);
-    if (m->cfg.scale_decoder_outputs)
-        r->ops.scale(&r->ops, r->dln, decoder_scale(m), (size_t)N * C);
-    /* the sums that the decoder layers and the stacks' layers add into */
-    const size_t TB = (size_t)m->cfg.num_buckets * m->cfg.num_heads;
-    r->ops.zero(&r->ops, r->denc, (size_t)r->B * r->Te * C);
-    r->ops.zero(&r->ops, r->dbias[0], TB);
-    r->ops.zero(&r->ops, r->dbias[1], TB);
+    zt_cpu_matmul_backward(r->dln, in_block(r, hg, m->head_tensor), NULL, r->logits, r->lnf,
+                           in_block(r, hp, m->head_tensor), N, C, V);
+    prog_head_backward_done(m, r);
 }
 
 static void t5_backward_block(zt_t5 *m, int block, const float *bp, float *bg)
 {
-    t5_run *r = m->run;
-    const zt_ops *o = &r->ops;
-    ZT_ASSERT(block >= 0 && block <= m->L + 1);
-    if (r->backward_skip)
-        return;
-    const int C = m->cfg.d_model, Nd = r->B * r->Td, Ne = r->B * r->Te;
-    if (block == m->L + 1) {
-        o->zero(o, r->dres, (size_t)Nd * C);
-        o->rmsnorm_backward(o, r->dres, in_block_mut(m, bg, m->final_tensor), r->dln, r->acts[m->L - 1].out,
-                            in_block(m, bp, m->final_tensor), r->lnf_rstd, Nd, C);
-        return;
-    }
-    if (block == 0) {
-        o->embedding_backward(o, in_block_mut(m, bg, 0), NULL, r->dres, r->enc_tokens, r->B, r->Te, C,
-                              m->cfg.vocab_size);
-        o->embedding_backward(o, in_block_mut(m, bg, 0), NULL, r->ddec_emb, r->dec_tokens, r->B, r->Td, C,
-                              m->cfg.vocab_size);
-        return;
-    }
-    const int l = block - 1;
-    const t5_layer *ly = &m->layers[l];
-    if (ly->t[R_FINAL] >= 0) {
-        /* the encoder's top: dres holds d(decoder embedding), kept for block 0; the encoder output's gradient
-         * is complete (every decoder layer added its part) */
-        o->copy(o, r->ddec_emb, r->dres, (size_t)Nd * C);
-        o->zero(o, r->dres, (size_t)Ne * C);
-        o->rmsnorm_backward(o, r->dres, in_block_mut(m, bg, ly->t[R_FINAL]), r->denc, r->acts[l].out,
-                            in_block(m, bp, ly->t[R_FINAL]), r->acts[l].final_rstd, Ne, C);
-    }
-    layer_backward(m, l, bp, bg, layer_input(m, l));
+    if (!m->run->backward_skip)
+        prog_backward_block(m, m->run, block, bp, bg);
 }
 
 /* Fills a layer's intermediates with NaN (its output and the encoder output stay): a rebuild recomputes them. */
@@ -973,14 +996,14 @@ static void t5_discard_block(zt_t5 *m, int block)
     const bool dec = m->layers[block - 1].decoder;
     const size_t N = (size_t)r->B * (dec ? r->Td : r->Te), C = (size_t)m->cfg.d_model, I = (size_t)m->I;
     const struct {
-        float *p;
+        void *p;
         size_t n;
     } parts[] = {{a->ln1, N * C}, {a->qkv, N * 3 * I}, {a->atty, N * I}, {a->ln3, N * C},
                  {a->h, N * (size_t)m->UP}, {a->act, N * (size_t)m->cfg.d_ff}, {a->cq, dec ? N * I : 0},
                  {a->catty, dec ? N * I : 0}};
     for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
         for (size_t i = 0; i < parts[k].n; i++)
-            parts[k].p[i] = NAN;
+            ((float *)parts[k].p)[i] = NAN;
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -996,6 +1019,7 @@ static void t5_destroy(zt_t5 *m)
             zt__ops_cpu_free(&m->run->ops);
         free(m->run->slab);
         free(m->run->acts);
+        free(m->run->woff_host);
         free(m->run->enc_tokens);
         free(m->run->targets);
         free(m->run);
@@ -1092,6 +1116,10 @@ static int t5_create(zt_t5 **out, const zt_t5_config *cfg, int B, int T, uint64_
     }
     m->run = zt_xcalloc(1, sizeof *m->run);
     m->run->acts = zt_xcalloc((size_t)m->L, sizeof *m->run->acts);
+    m->run->woff_host = zt_xcalloc((size_t)m->num_tensors, sizeof(size_t));
+    for (int i = 0; i < m->num_tensors; i++)
+        m->run->woff_host[i] = m->tensors[i].offset - m->blocks[m->tensors[i].block].offset;
+    m->run->woff = m->run->woff_host;
     init_params(m, seed);
     *out = m;
     return 0;
