@@ -116,12 +116,6 @@ extern "C" void zt_cuda_add_inplace(void *y, const void *x, size_t n, enum zt_dt
     zt_cuda_residual_backward(y, NULL, x, n, dtype, stream);
 }
 
-template <typename T> static __global__ void to_f32_kernel(float *dst, const T *src, size_t n)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = zt_to_float(src[i]);
-}
-
 template <typename T> static __global__ void add_f32_kernel(T *y, const float *x, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -132,25 +126,6 @@ static unsigned f32_grid(size_t n)
 {
     const size_t blocks = (n + 255) / 256;
     return (unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
-}
-
-extern "C" void zt_cuda_to_f32(float *dst, const void *src, size_t n, enum zt_dtype dtype, cudaStream_t stream)
-{
-    if (n == 0)
-        return;
-    switch (dtype) {
-    case ZT_DTYPE_F32:
-        ZT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-        break;
-    case ZT_DTYPE_F16:
-        to_f32_kernel<<<f32_grid(n), 256, 0, stream>>>(dst, (const __half *)src, n);
-        break;
-    case ZT_DTYPE_BF16:
-        to_f32_kernel<<<f32_grid(n), 256, 0, stream>>>(dst, (const __nv_bfloat16 *)src, n);
-        break;
-    default:
-        ZT_CUDA_BAD_DTYPE("zt_cuda_to_f32", dtype);
-    }
 }
 
 extern "C" void zt_cuda_add_f32(void *y, const float *x, size_t n, enum zt_dtype dtype, cudaStream_t stream)

@@ -847,7 +847,17 @@ static void run_geglu_relu(enum zt_dtype dt, int N, int F)
     zt_cpu_relu_backward(dinp2, inp, dout, n);
     snprintf(name, sizeof(name), "relu %zu backward", n);
     check_close(name, dt, g_dinp, dinp2, n, tol_of(dt));
-    free(inp), free(dout), free(dinp), free(dinp2), free(out), free(ref), free(g_dinp);
+    free(out), free(g_dinp);
+
+    /* an fp32 gradient added into dtype (T5's bias tables): dinp2 += inp as fp32 */
+    float *d_f32 = dev_alloc(n * sizeof(float));
+    zt_cuda_cast(d_f32, ZT_DTYPE_F32, d_inp, dt, n, g_stream);
+    zt_cuda_add_f32(d_dinp2, d_f32, n, dt, g_stream);
+    g_dinp = dev_download(d_dinp2, n, dt);
+    zt_cpu_add_inplace(dinp2, inp, n);
+    check_close("add_f32", dt, g_dinp, dinp2, n, tol_of(dt));
+    dev_free(d_f32);
+    free(inp), free(dout), free(dinp), free(dinp2), free(ref), free(g_dinp);
     dev_free(d_inp), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp), dev_free(d_dinp2);
 }
 

@@ -242,7 +242,7 @@ static void k_zero_f32(const zt_ops *o, float *x, size_t n)
 
 static void k_to_f32(const zt_ops *o, float *dst, const void *src, size_t n)
 {
-    TIMED(P_ELEM, zt_cuda_to_f32(dst, src, n, o->dtype, stream_of(o)));
+    TIMED(P_ELEM, zt_cuda_cast(dst, ZT_DTYPE_F32, src, o->dtype, n, stream_of(o)));
 }
 
 static void k_add_f32(const zt_ops *o, void *y, const float *x, size_t n)

@@ -398,7 +398,6 @@ static int build_layout(zt_t5 *m)
     const zt_t5_config *c = &m->cfg;
     const int64_t C = c->d_model, I = m->I, F = c->d_ff, V = c->vocab_size, NB = c->num_buckets, NH = c->num_heads;
     const bool count = m->tensors == NULL;
-    zt_param_info scratch_t;
     size_t off = 0;
     int i = 0;
     char name[96];
@@ -410,7 +409,6 @@ static int build_layout(zt_t5 *m)
             add_tensor(m, &i, block, &off, nm, d0, d1, decay);                                                 \
         }                                                                                                      \
     } while (0)
-    (void)scratch_t;
     if (!count)
         m->blocks[0].offset = 0;
     ADD(0, "shared.weight", V, C, true);
