@@ -10,8 +10,7 @@
  * cpu_exec.c).
  *
  * The family of a config.json is its "model_type" (a config without one is GPT-2, as earlier releases
- * wrote them). Every family trains on the CPU; all but T5 also on CUDA GPUs (T5's CUDA executor is still to
- * come: cuda_create NULL). */
+ * wrote them). Every family trains on the CPU and on CUDA GPUs. */
 #ifndef ZT_WORKER_MODELS_FAMILY_H
 #define ZT_WORKER_MODELS_FAMILY_H
 
@@ -147,7 +146,7 @@ int zt_family_config_validate(const zt_family_config *c, zt_err *err);
 const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
                                   size_t cap);
 
-/* Whether the family has a CUDA executor (all but T5 in this version). */
+/* Whether the family has a CUDA executor (every family has one in this version). */
 bool zt_family_config_has_cuda(const zt_family_config *c);
 enum zt_family_task zt_family_config_task(const zt_family_config *c);
 

@@ -1,5 +1,8 @@
-/* T5 and mT5: the config mapping, the tensor table, the layer program over the op table, its CPU runner and
- * the family definition; see t5.h.
+/* T5 and mT5: the config mapping, the tensor table, the layer program over the op table, its CPU runner, its
+ * CUDA executor and the family definition; see t5.h. The program (prog_forward_block, prog_backward_block and
+ * the layer functions under them) reads only the op table, the buffers of t5_run and the tensor offsets of
+ * each block's buffer, so both backends run it unchanged; the CPU runner and the CUDA executor own the head
+ * (logits and the classifier), the staging of tokens and where the buffers live.
  *
  * Initialisation (init_params): T5PreTrainedModel._init_weights with initializer_factor f: the shared
  * embedding and lm_head normal(0, f); q normal(0, f (d_model d_kv)^-0.5), k and v normal(0, f d_model^-0.5),
@@ -24,6 +27,14 @@
 #include "worker/models/host_io.h"
 #include "worker/models/host_shared.h"
 #include "worker/models/ops.h"
+#ifdef ZT_WITH_CUDA
+#include "common/log.h"
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check */
+#include "kernels/embedding.h"
+#include "kernels/rmsnorm.h"
+#include "worker/models/cuda_exec.h"
+#include "worker/models/ops_cuda.h"
+#endif
 
 #define T5_MAX_LAYERS 1024
 #define T5_MAX_WIDTH 65536
@@ -549,7 +560,8 @@ typedef struct t5_run {
     size_t cap_e, cap_d;       /* rows the slab holds: encoder (B*Te) and decoder (B*Td) */
     char *slab;
     size_t *woff_host;
-    float *logits, *losses;    /* [Nd,V], [Nd] */
+    void *logits;              /* [Nd,Vp] the backend's type */
+    float *losses;             /* [Nd] */
     int32_t *targets;
     int B, Te, Td;
     bool have_seq2seq;         /* set_seq2seq came before this begin */
@@ -558,21 +570,28 @@ typedef struct t5_run {
     bool backward_skip;
 } t5_run;
 
-static void *take(char *base, size_t *used, size_t bytes)
+/* Where the program's buffers are carved: elements of e bytes, the logits' rows Vp wide, every buffer on an
+ * `align`-byte boundary (the CPU runner's slab and a CUDA executor's pool). */
+typedef struct t5_carving {
+    size_t e, Vp, align;
+} t5_carving;
+
+static void *take(char *base, size_t *used, size_t bytes, size_t align)
 {
-    *used = (*used + 63) / 64 * 64;
+    *used = (*used + align - 1) / align * align;
     void *p = base ? base + *used : NULL;
     *used += bytes;
     return p;
 }
 
-/* Carves the activations for ne encoder and nd decoder rows from base (NULL: counts); returns the bytes. */
-static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd)
+/* Carves the buffers for ne encoder and nd decoder rows from base (NULL: counts); returns the bytes. */
+static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd, const t5_carving *k)
 {
     const size_t C = (size_t)m->cfg.d_model, I = (size_t)m->I, F = (size_t)m->cfg.d_ff, UP = (size_t)m->UP;
-    const size_t V = (size_t)m->cfg.vocab_size, NH = (size_t)m->cfg.num_heads, f = sizeof(float);
+    const size_t NH = (size_t)m->cfg.num_heads, f = k->e, f4 = sizeof(float), al = k->align;
     const size_t nmax = ne > nd ? ne : nd, TB = (size_t)m->cfg.num_buckets * NH;
     size_t u = 0;
+#define take(base, u, bytes) take(base, u, bytes, al)
     r->emb_enc = take(base, &u, ne * C * f);
     r->emb_dec = take(base, &u, nd * C * f);
     for (int l = 0; l < m->L; l++) {
@@ -581,37 +600,37 @@ static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd)
         const size_t n = dec ? nd : ne;
         memset(a, 0, sizeof *a);
         a->ln1 = take(base, &u, n * C * f);
-        a->rstd1 = take(base, &u, n * f);
+        a->rstd1 = take(base, &u, n * f4);
         a->qkv = take(base, &u, n * 3 * I * f);
         a->atty = take(base, &u, n * I * f);
-        a->lse = take(base, &u, n * NH * f);
+        a->lse = take(base, &u, n * NH * f4);
         a->res2 = take(base, &u, n * C * f);
         if (dec) {
             a->ln2 = take(base, &u, n * C * f);
-            a->rstd2 = take(base, &u, n * f);
+            a->rstd2 = take(base, &u, n * f4);
             a->cq = take(base, &u, n * I * f);
             a->ckv = take(base, &u, ne * 2 * I * f);
             a->catty = take(base, &u, n * I * f);
-            a->clse = take(base, &u, n * NH * f);
+            a->clse = take(base, &u, n * NH * f4);
             a->res3 = take(base, &u, n * C * f);
         }
         a->ln3 = take(base, &u, n * C * f);
-        a->rstd3 = take(base, &u, n * f);
+        a->rstd3 = take(base, &u, n * f4);
         a->h = take(base, &u, n * UP * f);
         a->act = take(base, &u, n * F * f);
         a->out = take(base, &u, n * C * f);
         if (m->layers[l].t[R_FINAL] >= 0) {
             a->enc_out = take(base, &u, ne * C * f);
-            a->final_rstd = take(base, &u, ne * f);
+            a->final_rstd = take(base, &u, ne * f4);
         }
     }
     r->lnf = take(base, &u, nd * C * f);
-    r->lnf_rstd = take(base, &u, nd * f);
-    r->logits = take(base, &u, nd * V * f);
-    r->losses = take(base, &u, nd * f);
+    r->lnf_rstd = take(base, &u, nd * f4);
+    r->logits = take(base, &u, nd * k->Vp * f);
+    r->losses = take(base, &u, nd * f4);
     for (int s = 0; s < 2; s++) {
-        r->bias[s] = take(base, &u, TB * f);
-        r->dbias[s] = take(base, &u, TB * f);
+        r->bias[s] = take(base, &u, TB * f4);
+        r->dbias[s] = take(base, &u, TB * f4);
     }
     r->dres = take(base, &u, nmax * C * f);
     r->dln = take(base, &u, nmax * C * f);
@@ -624,6 +643,7 @@ static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd)
     r->denc_part = take(base, &u, ne * C * f);
     r->denc = take(base, &u, ne * C * f);
     r->ddec_emb = take(base, &u, nd * C * f);
+#undef take
     return u;
 }
 
@@ -637,10 +657,11 @@ static void reserve(zt_t5 *m, size_t ne, size_t nd)
     ne = ne > r->cap_e ? ne : r->cap_e;
     nd = nd > r->cap_d ? nd : r->cap_d;
     free(r->slab);
-    const size_t bytes = carve(m, r, NULL, ne, nd);
+    const t5_carving k = {.e = sizeof(float), .Vp = (size_t)m->cfg.vocab_size, .align = 64};
+    const size_t bytes = carve(m, r, NULL, ne, nd, &k);
     r->slab = zt_xmalloc(bytes);
     zt_advise_huge_pages(r->slab, bytes);
-    ZT_ASSERT(carve(m, r, r->slab, ne, nd) == bytes);
+    ZT_ASSERT(carve(m, r, r->slab, ne, nd, &k) == bytes);
     r->cap_e = ne;
     r->cap_d = nd;
     /* the unfused compositions' scratch: a linear output of d_model columns before its residual */
@@ -1314,6 +1335,339 @@ static void f_discard_block(void *m, int b) { t5_discard_block(m, b); }
 static const float *f_logits(const void *m) { return zt_t5_logits(m); }
 static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(m, s); }
 
+#ifdef ZT_WITH_CUDA
+/* ---------------------------------------------------------------------------------------------------- */
+/* The CUDA executor: the same program with the CUDA binding                                            */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Device layout: the host table's tensors in order, each on a 64-element boundary unless it continues a packed
+ * weight (k and v after q, k' and v' after k', wi_1 after wi_0); the shared embedding and an untied lm_head
+ * padded to a vocabulary of a multiple of 128 rows. Every layer keeps its activations (no checkpointing on
+ * the GPU yet: a checkpointed layer's rebuild would recompute the same values). Buffers are carved from one
+ * pool for micro-batches of up to max_B x max_T encoder and decoder tokens; nothing is allocated in a step. */
+typedef struct t5_cuda {
+    zt_model base;              /* first member: a zt_model * is a t5_cuda * */
+    const zt_t5 *m;             /* the host model's tables (borrowed) */
+    t5_run r;                   /* the program's state: device buffers, the CUDA binding */
+    enum zt_dtype dtype;
+    int max_B, max_T, max_micro, Vp;
+    zt__cuda_layout lay;
+    zt__cuda_state cs;
+    size_t *woff;               /* [ntensors] */
+    int32_t *d_lens, *d_targets;
+    void *attn_scratch, *emb_scratch, *norm_scratch;
+    int *d_flag;
+    int32_t *h_lens, *h_dec, *h_tgt; /* host copies of the micro-batch's lengths, decoder tokens, targets */
+    const int32_t *pend_dec, *pend_lens; /* set_seq2seq's, until begin */
+    int pend_Td;
+    bool have_seq2seq;
+    int n_valid[ZT__CUDA_MAX_MICRO], n_rows[ZT__CUDA_MAX_MICRO];
+    int micro;
+} t5_cuda;
+
+static const zt_model_ops t5_cuda_ops;
+
+/* The largest attention calls of a micro-batch, for the backward's scratch. */
+static size_t cuda_attn_scratch(const zt_t5 *m, int B, int T)
+{
+    const zt_attention_desc self = {.B = B, .Tq = T, .Tk = T, .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads,
+                                    .HS = m->cfg.d_kv, .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5,
+                                    .num_buckets = m->cfg.num_buckets, .max_distance = m->cfg.max_distance};
+    zt_attention_desc cross = self;
+    cross.bias = ZT_ATTENTION_BIAS_NONE;
+    const size_t a = zt_cuda_attention_bwd_scratch_size(&self), b = zt_cuda_attention_bwd_scratch_size(&cross);
+    return a > b ? a : b;
+}
+
+static size_t cuda_carve(t5_cuda *g, char *base, size_t plan[2])
+{
+    const size_t N = (size_t)g->max_B * g->max_T, al = ZT__CUDA_POOL_ALIGN;
+    const t5_carving k = {.e = zt_dtype_size(g->dtype), .Vp = (size_t)g->Vp, .align = al};
+    size_t used = carve(g->m, &g->r, base, N, N, &k);
+    used = (used + al - 1) / al * al;
+    if (plan)
+        plan[0] = used;
+    const size_t mark = used;
+    g->r.enc_tokens = take(base, &used, N * 4, al);
+    g->r.dec_tokens = take(base, &used, N * 4, al);
+    g->d_targets = take(base, &used, N * 4, al);
+    g->d_lens = take(base, &used, (size_t)g->max_B * 4, al);
+    g->attn_scratch = take(base, &used, cuda_attn_scratch(g->m, g->max_B, g->max_T), al);
+    g->emb_scratch = take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->m->cfg.vocab_size),
+                          al);
+    g->norm_scratch = take(base, &used, zt_cuda_rmsnorm_backward_scratch_size((int)N, g->m->cfg.d_model), al);
+    g->d_flag = take(base, &used, 4, al);
+    if (plan)
+        plan[1] = used - mark;
+    return used;
+}
+
+static t5_cuda *cuda_new_shape(const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype)
+{
+    t5_cuda *g = zt_xcalloc(1, sizeof *g);
+    g->m = m;
+    g->dtype = dtype;
+    g->max_B = B;
+    g->max_T = T;
+    g->max_micro = max_micro;
+    g->Vp = (int)zt__round_up((size_t)m->cfg.vocab_size, ZT__CUDA_VOCAB_PAD);
+    g->r.acts = zt_xcalloc((size_t)m->L, sizeof *g->r.acts);
+    g->r.ops.esize = zt_dtype_size(dtype); /* for carving; the binding is set at creation */
+    zt__cuda_layout_init(&g->lay, m->tensors, m->num_tensors, m->num_blocks);
+    const size_t C = (size_t)m->cfg.d_model;
+    g->lay.tlen[0] = (size_t)g->Vp * C;
+    g->lay.tlen[m->head_tensor] = (size_t)g->Vp * C;
+    for (int l = 0; l < m->L; l++) {
+        const t5_layer *ly = &m->layers[l];
+        g->lay.packed[ly->t[R_Q] + 1] = g->lay.packed[ly->t[R_Q] + 2] = true;
+        if (ly->decoder)
+            g->lay.packed[ly->t[R_CK] + 1] = true;
+        if (m->cfg.gated)
+            g->lay.packed[ly->t[R_WI] + 1] = true;
+    }
+    zt__cuda_layout_finish(&g->lay, m->tensors, m->L, NULL, false);
+    g->woff = zt_xcalloc((size_t)m->num_tensors, sizeof *g->woff);
+    for (int i = 0; i < m->num_tensors; i++)
+        g->woff[i] = g->lay.toff[i] - g->lay.boff[m->tensors[i].block];
+    g->r.woff = g->woff;
+    g->h_lens = zt_xcalloc((size_t)B, sizeof(int32_t));
+    g->h_dec = zt_xcalloc((size_t)B * T, sizeof(int32_t));
+    g->h_tgt = zt_xcalloc((size_t)B * T, sizeof(int32_t));
+    g->base.ops = &t5_cuda_ops;
+    zt__cuda_layout_describe(&g->base, &g->lay, dtype, m->head_block, m->num_params, B, T, max_micro);
+    return g;
+}
+
+static void t5_cuda_destroy(zt_model *base)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    if (!g)
+        return;
+    if (g->cs.stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream));
+    if (g->r.ops.ctx)
+        zt__ops_cuda_free(&g->r.ops);
+    zt__cuda_state_close(&g->cs);
+    zt__cuda_layout_free(&g->lay);
+    free(g->r.acts);
+    free(g->woff);
+    free(g->h_lens);
+    free(g->h_dec);
+    free(g->h_tgt);
+    free(g);
+}
+
+/* Whether the kernels serve the model; 0 or ZT_EUNSUPPORTED with the fix. */
+static int cuda_check_shape(const zt_t5 *m, int max_micro, enum zt_dtype dtype, zt_err *err)
+{
+    const zt_t5_config *c = &m->cfg;
+    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
+    const zt_attention_desc d = {.B = 1, .Tq = 1, .Tk = 1, .NH = c->num_heads, .NKV = c->num_heads, .HS = c->d_kv,
+                                 .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5,
+                                 .num_buckets = c->num_buckets, .max_distance = c->max_distance};
+    if (!zt_cuda_attention_desc_supported(&d, dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA attention serves heads of up to 256 channels and up to %d buckets; this T5 has d_kv "
+                       "%d and %d buckets (train with --device cpu)", ZT_ATTENTION_MAX_BUCKETS, c->d_kv,
+                       c->num_buckets);
+    if (c->d_model % 8 != 0 || m->I % 8 != 0 || c->d_ff % 8 != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA kernels need d_model, num_heads x d_kv and d_ff to be multiples of 8 (they are %d, %d "
+                       "and %d); choose sizes that are, or train with --device cpu (which takes any size)",
+                       c->d_model, m->I, c->d_ff);
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
+                       max_micro, ZT__CUDA_MAX_MICRO);
+    return 0;
+}
+
+static zt_model *t5_cuda_shape(const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype)
+{
+    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
+    g->base.device_bytes = cuda_carve(g, NULL, NULL);
+    return &g->base;
+}
+
+static int t5_cuda_create(zt_model **out, const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                          const bool *ckpt_layers, zt_err *err)
+{
+    *out = NULL;
+    int rc = cuda_check_shape(m, max_micro, dtype, err);
+    if (rc < 0)
+        return rc;
+    bool any = false;
+    for (int l = 0; ckpt_layers && l < m->L; l++)
+        any |= ckpt_layers[l];
+    if (any)
+        zt_log(ZT_LOG_WARN, "t5: the CUDA executor keeps every layer's activations (activation checkpointing is not "
+               "available for T5 on GPUs yet)");
+    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
+    size_t plan[2];
+    const size_t pool_bytes = cuda_carve(g, NULL, plan), N = (size_t)B * T;
+    if ((rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err)) < 0) {
+        t5_cuda_destroy(&g->base);
+        return rc;
+    }
+    ZT_ASSERT(cuda_carve(g, g->cs.pool, NULL) == pool_bytes);
+    const zt__ops_cuda_res res = {.stream = g->cs.stream, .blas = g->cs.blas, .norm_scratch = g->norm_scratch,
+                                  .attn_scratch = g->attn_scratch, .emb_scratch = g->emb_scratch,
+                                  .attn_scratch_bytes = cuda_attn_scratch(m, B, T)};
+    zt__ops_cuda_init(&g->r.ops, &res, dtype);
+    g->base.stream = g->cs.stream;
+    g->base.nonfinite_flag = g->d_flag;
+    g->base.device_bytes = pool_bytes;
+    *out = &g->base;
+    return 0;
+}
+
+static void t5_cuda_set_seq2seq(zt_model *base, const zt_model_seq2seq *s)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    ZT_ASSERT(s && s->decoder_tokens && s->Td >= 1 && s->Td <= g->max_T);
+    g->pend_dec = s->decoder_tokens;
+    g->pend_lens = s->encoder_lens;
+    g->pend_Td = s->Td;
+    g->have_seq2seq = true;
+}
+
+static void t5_cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    t5_run *r = &g->r;
+    ZT_ASSERT(g->have_seq2seq); /* a T5 micro-batch needs its decoder side (set_seq2seq) first */
+    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T && g->pend_Td <= T);
+    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
+    const int Td = g->pend_Td, V = g->m->cfg.vocab_size;
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
+    r->padded = false;
+    for (int b = 0; b < B; b++) {
+        const int32_t n = g->pend_lens ? g->pend_lens[b] : T;
+        g->h_lens[b] = n < 1 ? 1 : n > T ? T : n;
+        r->padded |= g->h_lens[b] < T;
+        for (int j = 0; j < Td; j++) {
+            g->h_dec[(size_t)b * Td + j] = g->pend_dec[(size_t)b * Td + j];
+            g->h_tgt[(size_t)b * Td + j] = targets ? targets[(size_t)b * T + j] : -1;
+        }
+    }
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(r->enc_tokens, tokens, (size_t)B * T * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, g->h_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  g->cs.stream));
+    g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, g->h_dec, g->h_tgt, B, Td, V, r->dec_tokens,
+                                          g->d_targets);
+    ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream)); /* h_lens and h_dec are reused by the next begin */
+    g->n_rows[micro] = B * Td;
+    r->enc_lens = g->h_lens;
+    r->lens_arg = g->d_lens;
+    r->B = B;
+    r->Te = T;
+    r->Td = Td;
+    g->micro = micro;
+    g->have_seq2seq = false;
+}
+
+static void t5_cuda_forward(zt_model *base, int b, const void *w)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    prog_forward_block(g->m, &g->r, b, w);
+}
+
+static void t5_cuda_discard(zt_model *base, int b)
+{
+    (void)base; /* not checkpointed: every layer keeps its activations */
+    (void)b;
+}
+
+/* The head (logits over Vp padded rows) and the fused classifier: the losses and, in training, the logits'
+ * gradient in place. */
+static void t5_cuda_head(zt_model *base, const void *w, float scale)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    t5_run *r = &g->r;
+    const int N = r->B * r->Td, valid = g->n_valid[g->micro], C = g->m->cfg.d_model;
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    r->ops.linear(&r->ops, r->logits, r->lnf, in_block(r, w, g->m->head_tensor), NULL, N, C, g->Vp);
+    zt_cuda_crossentropy_forward_backward(r->losses, train ? r->logits : NULL, r->logits, g->d_targets, N,
+                                          g->m->cfg.vocab_size, g->Vp, -1, grad_scale, NULL, g->dtype, g->cs.stream);
+    if (train)
+        zt_cuda_check_finite(g->d_flag, r->losses, (size_t)N, ZT_DTYPE_F32, g->cs.stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * g->max_B * g->max_T, r->losses,
+                                  (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, g->cs.stream));
+}
+
+static void t5_cuda_head_backward(zt_model *base, const void *w, void *gr)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    t5_run *r = &g->r;
+    const int N = r->B * r->Td, C = g->m->cfg.d_model;
+    r->ops.linear_backward(&r->ops, r->dln, in_block(r, gr, g->m->head_tensor), NULL, r->logits, r->lnf,
+                           in_block(r, w, g->m->head_tensor), N, C, g->Vp);
+    prog_head_backward_done(g->m, r);
+}
+
+static void t5_cuda_backward(zt_model *base, int b, const void *w, void *gr)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    prog_backward_block(g->m, &g->r, b, w, gr);
+}
+
+static float t5_cuda_loss(const zt_model *base, int micro)
+{
+    const t5_cuda *g = (const t5_cuda *)base;
+    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * g->max_B * g->max_T, (size_t)g->n_rows[micro],
+                              g->n_valid[micro]);
+}
+
+static void t5_cuda_logits(zt_model *base, float *out)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    zt__cuda_rows_to_f32(out, g->r.logits, (size_t)g->r.B * g->r.Td, (size_t)g->m->cfg.vocab_size, (size_t)g->Vp,
+                         g->dtype, g->cs.stream);
+}
+
+static void t5_cuda_set_profiling(zt_model *base, bool on)
+{
+    zt__ops_cuda_set_profiling(&((t5_cuda *)base)->r.ops, on);
+}
+
+static void t5_cuda_profile_report(zt_model *base)
+{
+    zt__ops_cuda_profile_report(&((t5_cuda *)base)->r.ops);
+}
+
+static const zt_model_ops t5_cuda_ops = {
+    .destroy = t5_cuda_destroy,
+    .begin = t5_cuda_begin,
+    .forward = t5_cuda_forward,
+    .discard = t5_cuda_discard,
+    .head = t5_cuda_head,
+    .head_backward = t5_cuda_head_backward,
+    .backward = t5_cuda_backward,
+    .loss = t5_cuda_loss,
+    .set_seq2seq = t5_cuda_set_seq2seq,
+    .logits = t5_cuda_logits,
+    .set_profiling = t5_cuda_set_profiling,
+    .profile_report = t5_cuda_profile_report,
+};
+
+static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    return t5_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+}
+
+static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
+{
+    (void)ckpt;
+    return t5_cuda_shape(m, B, T, max_micro, dtype);
+}
+#endif /* ZT_WITH_CUDA */
+
 static const char *const model_types[] = {"t5", "mt5", NULL};
 
 const zt_family_def zt__family_t5 = {
@@ -1352,4 +1706,8 @@ const zt_family_def zt__family_t5 = {
     .logits = f_logits,
     .embedding_reads_weights = false,
     .set_seq2seq = f_set_seq2seq,
+#ifdef ZT_WITH_CUDA
+    .cuda_create = f_cuda_create,
+    .cuda_shape = f_cuda_shape,
+#endif
 };
