@@ -1553,13 +1553,13 @@ static void t5_cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *
     }
     for (size_t i = 0; i < (size_t)B * T; i++)
         ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+    /* from pageable memory: each copy returns once it has read the host array, which may then change */
     ZT_CUDA_CHECK(cudaMemcpyAsync(r->enc_tokens, tokens, (size_t)B * T * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   g->cs.stream));
     ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, g->h_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   g->cs.stream));
     g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, g->h_dec, g->h_tgt, B, Td, V, r->dec_tokens,
                                           g->d_targets);
-    ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream)); /* h_lens and h_dec are reused by the next begin */
     g->n_rows[micro] = B * Td;
     r->enc_lens = g->h_lens;
     r->lens_arg = g->d_lens;
