@@ -1,5 +1,6 @@
 /* Activations: GELU with the tanh approximation (GPT-2; Hugging Face's "gelu_new"), GELU in its exact form
- * (BERT's and RoBERTa's "gelu"), SwiGLU (LLaMA's MLP) and tanh (BERT's pooler).
+ * (BERT's and RoBERTa's "gelu"), SwiGLU (LLaMA's MLP), tanh (BERT's pooler), ReLU (T5's MLP) and gated GELU
+ * (T5 v1.1's "gated-gelu" MLP).
  *
  * GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
  * Exact GELU: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), PyTorch's nn.GELU() default.
@@ -31,6 +32,16 @@ void zt_cpu_swiglu_backward(zt_real *dinp, const zt_real *inp, const zt_real *do
 
 /* out = tanh(inp); out may equal inp. */
 void zt_cpu_tanh_forward(zt_real *out, const zt_real *inp, size_t n);
+/* ReLU, max(x, 0); out may equal inp. The backward accumulates (+=) dout where inp > 0 (PyTorch's gradient 0
+ * at 0). */
+void zt_cpu_relu_forward(zt_real *out, const zt_real *inp, size_t n);
+void zt_cpu_relu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, size_t n);
+/* Gated GELU over SwiGLU's layout: out [N,F] = gelu(gate) * up (GELU's tanh form, Hugging Face's T5
+ * "gated-gelu": gelu_new(wi_0 x) * wi_1 x with wi_0's rows above wi_1's in one weight). The backward
+ * accumulates (+=) into dinp [N,2F]. */
+void zt_cpu_geglu_forward(zt_real *out, const zt_real *inp, int N, int F);
+void zt_cpu_geglu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, int N, int F);
+
 /* Accumulates (+=) dout * (1 - out^2) into dinp: the derivative taken from the forward's output. */
 void zt_cpu_tanh_backward(zt_real *dinp, const zt_real *out, const zt_real *dout, size_t n);
 
@@ -59,6 +70,15 @@ void zt_cuda_gelu_erf_backward(void *dinp, const void *inp, const void *dout, si
  * without the zeroing and the read. */
 void zt_cuda_gelu_erf_backward_overwrite(void *dinp, const void *inp, const void *dout, size_t n,
                                          enum zt_dtype dtype, cudaStream_t stream);
+/* ReLU: out may equal inp; the backward accumulates (+=) dout where inp > 0 into dinp. */
+void zt_cuda_relu_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream);
+void zt_cuda_relu_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
+                           cudaStream_t stream);
+/* Gated GELU (layout of SwiGLU, GELU's tanh form): out [N,F] must not overlap inp [N,2F]; the backward
+ * accumulates (+=) into dinp [N,2F]. */
+void zt_cuda_geglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype, cudaStream_t stream);
+void zt_cuda_geglu_backward(void *dinp, const void *inp, const void *dout, int N, int F, enum zt_dtype dtype,
+                            cudaStream_t stream);
 /* out [N,F] must not overlap inp [N,2F]. */
 void zt_cuda_swiglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype, cudaStream_t stream);
 /* Accumulates (+=) into dinp [N,2F]. */

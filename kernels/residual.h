@@ -31,6 +31,9 @@ void zt_cuda_residual_backward(void *da, void *db, const void *dout, size_t n, e
                                cudaStream_t stream);
 /* y += x */
 void zt_cuda_add_inplace(void *y, const void *x, size_t n, enum zt_dtype dtype, cudaStream_t stream);
+/* y (dtype) += x (fp32): a gradient kept in fp32 beside the compute dtype (T5's relative position bias
+ * tables, which the attention kernels read and write in fp32). */
+void zt_cuda_add_f32(void *y, const float *x, size_t n, enum zt_dtype dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

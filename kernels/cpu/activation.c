@@ -114,3 +114,63 @@ void zt_cpu_tanh_backward(zt_real *dinp, const zt_real *out, const zt_real *dout
     for (size_t i = 0; i < n; i++)
         dinp[i] += dout[i] * ((zt_real)1 - out[i] * out[i]);
 }
+
+/* Writes out[i] = max(inp[i], 0). */
+void zt_cpu_relu_forward(zt_real *out, const zt_real *inp, size_t n)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (n >= ZT_GELU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        out[i] = inp[i] > (zt_real)0 ? inp[i] : (zt_real)0;
+}
+
+/* Adds dout[i] into dinp[i] where inp[i] > 0 (PyTorch's ReLU has gradient 0 at 0). */
+void zt_cpu_relu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, size_t n)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if (n >= ZT_GELU_PAR_MIN)
+    for (size_t i = 0; i < n; i++)
+        if (inp[i] > (zt_real)0)
+            dinp[i] += dout[i];
+}
+
+/* GELU's tanh form and its derivative, as zt_cpu_gelu_forward / _backward compute them. */
+static inline zt_real gelu_tanh(zt_real x)
+{
+    zt_real u = (zt_real)ZT_GELU_SCALE * (x + (zt_real)ZT_GELU_CUBIC * x * x * x);
+    return (zt_real)0.5 * x * ((zt_real)1 + zt_real_tanh(u));
+}
+
+static inline zt_real gelu_tanh_grad(zt_real x)
+{
+    zt_real u = (zt_real)ZT_GELU_SCALE * (x + (zt_real)ZT_GELU_CUBIC * x * x * x);
+    zt_real th = zt_real_tanh(u);
+    zt_real du = (zt_real)ZT_GELU_SCALE * ((zt_real)1 + (zt_real)(3.0 * ZT_GELU_CUBIC) * x * x);
+    return (zt_real)0.5 * ((zt_real)1 + th) + (zt_real)0.5 * x * ((zt_real)1 - th * th) * du;
+}
+
+/* Writes out [N,F] = gelu(gate) * up from inp [N,2F] (gate | up per row). */
+void zt_cpu_geglu_forward(zt_real *out, const zt_real *inp, int N, int F)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if ((size_t)N * F >= ZT_GELU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const zt_real *gate = inp + (size_t)n * 2 * F, *up = gate + F;
+        zt_real *o = out + (size_t)n * F;
+        for (int f = 0; f < F; f++)
+            o[f] = gelu_tanh(gate[f]) * up[f];
+    }
+}
+
+/* Adds dout * up * gelu'(gate) into the gate columns of dinp and dout * gelu(gate) into its up columns. */
+void zt_cpu_geglu_backward(zt_real *dinp, const zt_real *inp, const zt_real *dout, int N, int F)
+{
+    #pragma omp parallel for schedule(static) num_threads(zt_cpu_get_threads()) if ((size_t)N * F >= ZT_GELU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const zt_real *gate = inp + (size_t)n * 2 * F, *up = gate + F;
+        const zt_real *d = dout + (size_t)n * F;
+        zt_real *dgate = dinp + (size_t)n * 2 * F, *dup = dgate + F;
+        for (int f = 0; f < F; f++) {
+            dgate[f] += d[f] * up[f] * gelu_tanh_grad(gate[f]);
+            dup[f] += d[f] * gelu_tanh(gate[f]);
+        }
+    }
+}
+

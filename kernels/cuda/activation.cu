@@ -443,3 +443,107 @@ extern "C" void zt_cuda_tanh_backward(void *dinp, const void *out, const void *d
         ZT_CUDA_BAD_DTYPE("zt_cuda_tanh_backward", dtype);
     }
 }
+
+/* ---- ReLU and gated GELU (T5): scalar elementwise kernels, grid-stride ---- */
+
+template <typename T> static __global__ void relu_forward_kernel(T *out, const T *inp, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float x = zt_to_float(inp[i]);
+        out[i] = zt_from_float<T>(x > 0.0f ? x : 0.0f);
+    }
+}
+
+template <typename T> static __global__ void relu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        if (zt_to_float(inp[i]) > 0.0f)
+            dinp[i] = zt_from_float<T>(zt_to_float(dinp[i]) + zt_to_float(dout[i]));
+}
+
+template <typename T> static __global__ void geglu_forward_kernel(T *out, const T *inp, int F, size_t n)
+{
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = j / (size_t)F, col = j % (size_t)F, at = row * 2 * (size_t)F + col;
+        out[j] = zt_from_float<T>(zt_gelu(zt_to_float(inp[at])) * zt_to_float(inp[at + F]));
+    }
+}
+
+template <typename T>
+static __global__ void geglu_backward_kernel(T *dinp, const T *inp, const T *dout, int F, size_t n)
+{
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = j / (size_t)F, col = j % (size_t)F, at = row * 2 * (size_t)F + col;
+        const float g = zt_to_float(inp[at]), u = zt_to_float(inp[at + F]), d = zt_to_float(dout[j]);
+        dinp[at] = zt_from_float<T>(zt_to_float(dinp[at]) + d * u * zt_gelu_grad(g));
+        dinp[at + F] = zt_from_float<T>(zt_to_float(dinp[at + F]) + d * zt_gelu(g));
+    }
+}
+
+static unsigned scalar_grid(size_t n)
+{
+    const size_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks < 65535 ? (blocks ? blocks : 1) : 65535);
+}
+
+#define T5_ACT_DISPATCH(name, dtype, launch)                                                                  \
+    switch (dtype) {                                                                                          \
+    case ZT_DTYPE_F32: {                                                                                      \
+        typedef float T;                                                                                      \
+        launch;                                                                                               \
+        break;                                                                                                \
+    }                                                                                                         \
+    case ZT_DTYPE_F16: {                                                                                      \
+        typedef __half T;                                                                                     \
+        launch;                                                                                               \
+        break;                                                                                                \
+    }                                                                                                         \
+    case ZT_DTYPE_BF16: {                                                                                     \
+        typedef __nv_bfloat16 T;                                                                              \
+        launch;                                                                                               \
+        break;                                                                                                \
+    }                                                                                                         \
+    default:                                                                                                  \
+        ZT_CUDA_BAD_DTYPE(name, dtype);                                                                       \
+    }
+
+extern "C" void zt_cuda_relu_forward(void *out, const void *inp, size_t n, enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    T5_ACT_DISPATCH("zt_cuda_relu_forward", dtype,
+                    (relu_forward_kernel<T><<<scalar_grid(n), 256, 0, stream>>>((T *)out, (const T *)inp, n)));
+}
+
+extern "C" void zt_cuda_relu_backward(void *dinp, const void *inp, const void *dout, size_t n, enum zt_dtype dtype,
+                                      cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    T5_ACT_DISPATCH("zt_cuda_relu_backward", dtype,
+                    (relu_backward_kernel<T><<<scalar_grid(n), 256, 0, stream>>>((T *)dinp, (const T *)inp,
+                                                                                 (const T *)dout, n)));
+}
+
+extern "C" void zt_cuda_geglu_forward(void *out, const void *inp, int N, int F, enum zt_dtype dtype,
+                                      cudaStream_t stream)
+{
+    ZT_ASSERT(N >= 0 && F >= 0);
+    const size_t n = (size_t)N * F;
+    if (n == 0)
+        return;
+    T5_ACT_DISPATCH("zt_cuda_geglu_forward", dtype,
+                    (geglu_forward_kernel<T><<<scalar_grid(n), 256, 0, stream>>>((T *)out, (const T *)inp, F, n)));
+}
+
+extern "C" void zt_cuda_geglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
+                                       enum zt_dtype dtype, cudaStream_t stream)
+{
+    ZT_ASSERT(N >= 0 && F >= 0);
+    const size_t n = (size_t)N * F;
+    if (n == 0)
+        return;
+    T5_ACT_DISPATCH("zt_cuda_geglu_backward", dtype,
+                    (geglu_backward_kernel<T><<<scalar_grid(n), 256, 0, stream>>>((T *)dinp, (const T *)inp,
+                                                                                  (const T *)dout, F, n)));
+}

@@ -115,3 +115,34 @@ extern "C" void zt_cuda_add_inplace(void *y, const void *x, size_t n, enum zt_dt
 {
     zt_cuda_residual_backward(y, NULL, x, n, dtype, stream);
 }
+
+template <typename T> static __global__ void add_f32_kernel(T *y, const float *x, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = zt_from_float<T>(zt_to_float(y[i]) + x[i]);
+}
+
+static unsigned f32_grid(size_t n)
+{
+    const size_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
+}
+
+extern "C" void zt_cuda_add_f32(void *y, const float *x, size_t n, enum zt_dtype dtype, cudaStream_t stream)
+{
+    if (n == 0)
+        return;
+    switch (dtype) {
+    case ZT_DTYPE_F32:
+        add_f32_kernel<<<f32_grid(n), 256, 0, stream>>>((float *)y, x, n);
+        break;
+    case ZT_DTYPE_F16:
+        add_f32_kernel<<<f32_grid(n), 256, 0, stream>>>((__half *)y, x, n);
+        break;
+    case ZT_DTYPE_BF16:
+        add_f32_kernel<<<f32_grid(n), 256, 0, stream>>>((__nv_bfloat16 *)y, x, n);
+        break;
+    default:
+        ZT_CUDA_BAD_DTYPE("zt_cuda_add_f32", dtype);
+    }
+}

@@ -855,6 +855,54 @@ static void run_swiglu(enum zt_dtype dt, int N, int F)
     dev_free(d_inp), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp);
 }
 
+/* T5's gated GELU over inp [N,2F] and ReLU over N*F values, accumulating into a random dinp. */
+static void run_geglu_relu(enum zt_dtype dt, int N, int F)
+{
+    const size_t n = (size_t)N * F, es = zt_dtype_size(dt);
+    char name[96];
+    float *inp, *dout, *dinp, *dinp2;
+    void *d_inp = dev_rand(2 * n, 4.0f, dt, &inp);
+    void *d_out = dev_alloc(n * es);
+    zt_cuda_geglu_forward(d_out, d_inp, N, F, dt, g_stream);
+    float *out = dev_download(d_out, n, dt), *ref = malloc(sizeof(float) * 2 * n);
+    zt_cpu_geglu_forward(ref, inp, N, F);
+    snprintf(name, sizeof(name), "geglu N%d F%d forward", N, F);
+    check_close(name, dt, out, ref, n, tol_of(dt));
+    void *d_dout = dev_rand(n, 1.0f, dt, &dout);
+    void *d_dinp = dev_rand(2 * n, 0.5f, dt, &dinp);
+    zt_cuda_geglu_backward(d_dinp, d_inp, d_dout, N, F, dt, g_stream);
+    float *g_dinp = dev_download(d_dinp, 2 * n, dt);
+    zt_cpu_geglu_backward(dinp, inp, dout, N, F);
+    snprintf(name, sizeof(name), "geglu N%d F%d backward", N, F);
+    check_close(name, dt, g_dinp, dinp, 2 * n, tol_of(dt));
+    free(out), free(g_dinp);
+
+    /* ReLU over the first n values of inp */
+    zt_cuda_relu_forward(d_out, d_inp, n, dt, g_stream);
+    out = dev_download(d_out, n, dt);
+    zt_cpu_relu_forward(ref, inp, n);
+    snprintf(name, sizeof(name), "relu %zu forward", n);
+    check_close(name, dt, out, ref, n, tol_of(dt));
+    void *d_dinp2 = dev_rand(n, 0.5f, dt, &dinp2);
+    zt_cuda_relu_backward(d_dinp2, d_inp, d_dout, n, dt, g_stream);
+    g_dinp = dev_download(d_dinp2, n, dt);
+    zt_cpu_relu_backward(dinp2, inp, dout, n);
+    snprintf(name, sizeof(name), "relu %zu backward", n);
+    check_close(name, dt, g_dinp, dinp2, n, tol_of(dt));
+    free(out), free(g_dinp);
+
+    /* an fp32 gradient added into dtype (T5's bias tables): dinp2 += inp as fp32 */
+    float *d_f32 = dev_alloc(n * sizeof(float));
+    zt_cuda_cast(d_f32, ZT_DTYPE_F32, d_inp, dt, n, g_stream);
+    zt_cuda_add_f32(d_dinp2, d_f32, n, dt, g_stream);
+    g_dinp = dev_download(d_dinp2, n, dt);
+    zt_cpu_add_inplace(dinp2, inp, n);
+    check_close("add_f32", dt, g_dinp, dinp2, n, tol_of(dt));
+    dev_free(d_f32);
+    free(inp), free(dout), free(dinp), free(dinp2), free(ref), free(g_dinp);
+    dev_free(d_inp), dev_free(d_out), dev_free(d_dout), dev_free(d_dinp), dev_free(d_dinp2);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -864,6 +912,8 @@ static void test_elementwise(void **state)
         run_swiglu(k_dtypes[i], 134, 1376); /* rows of 16-byte multiples: vector path */
         run_swiglu(k_dtypes[i], 37, 301);   /* odd F (and N * F): one element at a time */
         run_swiglu(k_dtypes[i], 3, 11008);  /* LLaMA-7B's intermediate size */
+        run_geglu_relu(k_dtypes[i], 37, 301);
+        run_geglu_relu(k_dtypes[i], 5, 2048); /* T5 v1.1 small's d_ff */
     }
 }
 

@@ -769,6 +769,73 @@ static void test_swiglu(void **state)
     free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
 }
 
+/* ---- ReLU and gated GELU (T5) ---- */
+
+struct geglu_ctx {
+    double *inp, *out, *w;
+};
+
+static double geglu_objective(void *p)
+{
+    struct geglu_ctx *c = p;
+    zt_cpu_geglu_forward(c->out, c->inp, SWIGLU_N, SWIGLU_F);
+    return dot(c->out, c->w, SWIGLU_N * SWIGLU_F);
+}
+
+static void test_geglu(void **state)
+{
+    (void)state;
+    enum { n_in = SWIGLU_N * 2 * SWIGLU_F, n_out = SWIGLU_N * SWIGLU_F };
+    struct geglu_ctx c = {.inp = rnd_array(n_in), .out = zero_array(n_out), .w = rnd_array(n_out)};
+    for (int i = 0; i < n_in; i++)
+        c.inp[i] *= 4.0; /* across GELU's curve */
+    double *want = zero_array(n_out);
+    geglu_objective(&c);
+    for (int n = 0; n < SWIGLU_N; n++)
+        for (int f = 0; f < SWIGLU_F; f++) {
+            const double g = c.inp[n * 2 * SWIGLU_F + f], u = c.inp[n * 2 * SWIGLU_F + SWIGLU_F + f];
+            want[n * SWIGLU_F + f] = 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+        }
+    expect_close("geglu forward", c.out, want, n_out, 1e-14);
+    double *dinp = zero_array(n_in);
+    zt_cpu_geglu_backward(dinp, c.inp, c.w, SWIGLU_N, SWIGLU_F);
+    expect_fd("geglu dinp", c.inp, n_in, dinp, geglu_objective, &c);
+    double *pre = rnd_array(n_in), *acc = malloc(sizeof(double) * n_in);
+    memcpy(acc, pre, sizeof(double) * n_in);
+    zt_cpu_geglu_backward(acc, c.inp, c.w, SWIGLU_N, SWIGLU_F);
+    expect_accumulated("geglu dinp +=", acc, pre, dinp, n_in);
+    free(c.inp); free(c.out); free(c.w); free(want); free(dinp); free(pre); free(acc);
+}
+
+#define RELU_N 29
+
+static double relu_objective(void *p)
+{
+    struct geglu_ctx *c = p;
+    zt_cpu_relu_forward(c->out, c->inp, RELU_N);
+    return dot(c->out, c->w, RELU_N);
+}
+
+static void test_relu(void **state)
+{
+    (void)state;
+    struct geglu_ctx c = {.inp = rnd_array(RELU_N), .out = zero_array(RELU_N), .w = rnd_array(RELU_N)};
+    for (int i = 0; i < RELU_N; i++)
+        if (fabs(c.inp[i]) < 1e-3) /* away from the kink, where finite differences mean nothing */
+            c.inp[i] = 0.5;
+    relu_objective(&c);
+    for (int i = 0; i < RELU_N; i++)
+        assert_true(c.out[i] == (c.inp[i] > 0 ? c.inp[i] : 0.0));
+    double *dinp = zero_array(RELU_N);
+    zt_cpu_relu_backward(dinp, c.inp, c.w, RELU_N);
+    expect_fd("relu dinp", c.inp, RELU_N, dinp, relu_objective, &c);
+    double *pre = rnd_array(RELU_N), *acc = malloc(sizeof(double) * RELU_N);
+    memcpy(acc, pre, sizeof(double) * RELU_N);
+    zt_cpu_relu_backward(acc, c.inp, c.w, RELU_N);
+    expect_accumulated("relu dinp +=", acc, pre, dinp, RELU_N);
+    free(c.inp); free(c.out); free(c.w); free(dinp); free(pre); free(acc);
+}
+
 #define TANH_N 31
 
 struct tanh_ctx {
@@ -1465,6 +1532,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attention_t5_bucket), cmocka_unit_test(test_attention_desc_errors),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_gelu_erf),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_geglu),
+        cmocka_unit_test(test_relu),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_partial),
         cmocka_unit_test(test_rope_positions),

@@ -93,7 +93,7 @@ static int write_outputs(zt_llama *m, const float *logits, int B, int T, const c
 {
     const zt_llama_config *cfg = zt_llama_get_config(m);
     zt_st_writer *w = zt_st_writer_create();
-    char (*names)[96] = calloc((size_t)zt_llama_num_tensors(m), sizeof *names);
+    char (*names)[112] = calloc((size_t)zt_llama_num_tensors(m), sizeof *names);
     const int64_t shape[3] = {B, T, cfg->vocab_size};
     int rc = zt_st_writer_add(w, "logits", ZT_DTYPE_F32, 3, shape, logits, err);
     for (int i = 0; i < zt_llama_num_tensors(m) && rc == 0; i++) {

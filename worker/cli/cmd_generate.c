@@ -247,10 +247,11 @@ int zt_cmd_generate(int argc, char **argv)
     zt_family_config cfg;
     if (zt_family_config_load(&cfg, config_path, &err) < 0)
         return runtime_error(&err);
-    if (zt_family_config_task(&cfg) != ZT_TASK_CAUSAL_LM) {
+    const bool seq2seq = zt_family_config_task(&cfg) == ZT_TASK_SEQ2SEQ;
+    if (zt_family_config_task(&cfg) != ZT_TASK_CAUSAL_LM && !seq2seq) {
         zt_fail(&err, ZT_EUNSUPPORTED, "%s is a %s model, which does not generate text (generate works with causal "
-                "language models: GPT-2, LLaMA, Mistral); evaluate it with ztrain train's --val-data instead",
-                config_path, zt_family_name(&cfg));
+                "language models: GPT-2, LLaMA, Mistral, and text-to-text models: T5); evaluate it with ztrain "
+                "train's --val-data instead", config_path, zt_family_name(&cfg));
         return runtime_error(&err);
     }
 
@@ -308,7 +309,8 @@ int zt_cmd_generate(int argc, char **argv)
             (long long)a.max_new, a.temperature, (long long)a.top_k, (long long)a.seed);
 
     stream_state s = {.tok = tok, .out = stdout, .ends_with_newline = false};
-    if (write_bytes(&s, a.prompt, strlen(a.prompt)) < 0) {
+    /* a text-to-text model's output follows its input on the next line */
+    if (write_bytes(&s, a.prompt, strlen(a.prompt)) < 0 || (seq2seq && write_bytes(&s, "\n", 1) < 0)) {
         zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
         goto done;
     }

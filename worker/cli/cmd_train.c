@@ -63,6 +63,7 @@ static const char train_usage[] =
     "                       without --config the settings saved with the checkpoint are used\n"
     "  --batch-size N       sequences per micro-batch (default 8)\n"
     "  --seq-len N          tokens per sequence, at most the model's n_positions (default 256)\n"
+    "  --target-len N       a text-to-text model's (T5) target tokens, at most --seq-len (default: --seq-len)\n"
     "  --grad-accum N       micro-batches per step (default 1)\n"
     "  --lr X               peak learning rate (default 6e-4)\n"
     "  --min-lr X           floor of the decaying schedules (default 6e-5)\n"
@@ -241,6 +242,7 @@ static int run_command(int argc, char **argv, bool finetune)
         {"resume", required_argument, NULL, OPT_SETTING},
         {"batch-size", required_argument, NULL, OPT_SETTING},
         {"seq-len", required_argument, NULL, OPT_SETTING},
+        {"target-len", required_argument, NULL, OPT_SETTING},
         {"grad-accum", required_argument, NULL, OPT_SETTING},
         {"lr", required_argument, NULL, OPT_SETTING},
         {"min-lr", required_argument, NULL, OPT_SETTING},

@@ -91,6 +91,12 @@ static void cpu_set_token_types(zt_model *base, const int32_t *types)
     m->def->set_token_types(m->host, types);
 }
 
+static void cpu_set_seq2seq(zt_model *base, const zt_model_seq2seq *s)
+{
+    cpu_exec *m = (cpu_exec *)base;
+    m->def->set_seq2seq(m->host, s);
+}
+
 static void cpu_accuracy(zt_model *base, int micro, int *correct, int *counted)
 {
     cpu_exec *m = (cpu_exec *)base;
@@ -135,6 +141,7 @@ int zt__cpu_exec_create(zt_model **out, const zt_family_def *def, void *host, in
                             .discard = cpu_discard, .head = cpu_head, .head_backward = cpu_head_backward,
                             .backward = cpu_backward, .loss = cpu_loss,
                             .set_token_types = def->set_token_types ? cpu_set_token_types : NULL,
+                            .set_seq2seq = def->set_seq2seq ? cpu_set_seq2seq : NULL,
                             .accuracy = def->accuracy ? cpu_accuracy : NULL};
     base->ops = &m->ops;
     base->backend = ZT_MODEL_CPU;

@@ -11,10 +11,11 @@
 #include "worker/models/host_io.h"  /* safetensors import and export from the tensor table */
 #include "worker/models/model.h"
 
-/* The families, each defined in its own file (gpt2.c, llama.c, bert.c, neox.c). The first is the default. */
-extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_bert, zt__family_neox;
+/* The families, each defined in its own file (gpt2.c, llama.c, bert.c, neox.c, t5.c). The first is the
+ * default. */
+extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_bert, zt__family_neox, zt__family_t5;
 static const zt_family_def *const registry[] = {&zt__family_gpt2, &zt__family_llama, &zt__family_bert,
-                                                &zt__family_neox};
+                                                &zt__family_neox, &zt__family_t5};
 #define NFAMILIES ((int)(sizeof registry / sizeof registry[0]))
 
 const zt_family_def *zt_family_find(const char *model_type)
@@ -270,6 +271,12 @@ int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err)
 static size_t head_offset(const zt_family_model *m)
 {
     return m->def->block(m->host, m->def->head_block(m->host))->offset;
+}
+
+void zt_family_model_set_seq2seq(zt_family_model *m, const struct zt_model_seq2seq *s)
+{
+    ZT_ASSERT(m->def->set_seq2seq); /* a sequence-to-sequence family */
+    m->def->set_seq2seq(m->host, s);
 }
 
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T)

@@ -30,6 +30,7 @@ enum zt_family_task {
     ZT_TASK_CAUSAL_LM = 0, /* the next token of token shards (GPT-2, LLaMA) */
     ZT_TASK_CLASSIFY = 1,  /* a label per sequence: labelled texts (JSONL) */
     ZT_TASK_MASKED_LM = 2, /* masked tokens of token shards */
+    ZT_TASK_SEQ2SEQ = 3,   /* a target text per input text (T5): input/target JSONL */
 };
 
 /* Bytes a family's own config struct may take inside zt_family_config. */
@@ -37,6 +38,7 @@ enum zt_family_task {
 
 typedef struct zt_family_def zt_family_def;
 struct zt_model; /* worker/models/model.h */
+struct zt_model_seq2seq; /* worker/models/model.h */
 
 /* A model's configuration: its family and that family's config struct (opaque here: the family's header
  * declares it, zt_family_config_body reaches it). Copy by value. */
@@ -56,6 +58,8 @@ typedef struct zt_family_shape {
     enum zt_family_task task;
     int pad_token_id;  /* the padding token (never masked, no loss), or -1 */
     int num_labels;    /* a classifier's outputs; 0 for other tasks */
+    int decoder_start_token_id; /* sequence-to-sequence: the decoder's first input; 0 for other tasks */
+    int eos_token_id;  /* sequence-to-sequence: where generation stops (-1: none); unset (0) for other tasks */
 } zt_family_shape;
 
 /* One family. Host-model functions take the family's own host model (void *m: zt_gpt2 *, zt_llama *, ...);
@@ -109,6 +113,7 @@ struct zt_family_def {
     bool embedding_reads_weights;      /* block 0's backward reads its weights */
     void (*set_token_types)(void *m, const int32_t *types);          /* optional */
     void (*accuracy)(const void *m, int *correct, int *counted);     /* optional */
+    void (*set_seq2seq)(void *m, const struct zt_model_seq2seq *s);  /* sequence-to-sequence families only */
 
 #ifdef ZT_WITH_CUDA
     /* The CUDA executor of a host model, and its layout without device state (for planning). */
@@ -192,8 +197,11 @@ int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, si
 /* Reads weights with Hugging Face names; a pretrained encoder without the configured task head keeps the
  * head's initialisation, as transformers' from_pretrained does. Nothing changes unless all of it is read. */
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
-/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs]; the zeroing of the
- * gradient slab. */
+/* The decoder side of the next forward of a sequence-to-sequence model (model.h's zt_model_seq2seq; the
+ * forward's tokens are then the encoder's); other families have none (an assertion). */
+void zt_family_model_set_seq2seq(zt_family_model *m, const struct zt_model_seq2seq *s);
+/* Forward pass on the CPU (targets NULL: logits only) and its logits [B, T, outputs] ([B, Td, V] after
+ * zt_family_model_set_seq2seq); the zeroing of the gradient slab. */
 float zt_family_model_forward(zt_family_model *m, const int32_t *tokens, const int32_t *targets, int B, int T);
 void zt_family_model_zero_grad(zt_family_model *m);
 const float *zt_family_model_logits(const zt_family_model *m);

@@ -57,6 +57,16 @@ typedef struct zt_model_docs {
     const int32_t *pos; /* [B*T] */
 } zt_model_docs;
 
+/* The decoder side of a sequence-to-sequence micro-batch (T5), for the begin that follows set_seq2seq: begin's
+ * tokens [B,T] are then the encoder's input; its targets stay [B,T], row b's first Td entries the targets of
+ * its decoder positions (Td <= T; the rest unread), and the loss is over the decoder's positions.
+ * decoder_tokens are the targets shifted right behind the decoder's start token. Pointers are the caller's; begin copies them. */
+typedef struct zt_model_seq2seq {
+    const int32_t *decoder_tokens; /* [B,Td] */
+    int Td;                        /* decoder positions, 1 .. begin's T */
+    const int32_t *encoder_lens;   /* [B] valid encoder tokens (padding on the right), or NULL: all T */
+} zt_model_seq2seq;
+
 typedef struct zt_model_ops {
     /* Frees the model (after its stream is done). */
     void (*destroy)(zt_model *m);
@@ -87,6 +97,9 @@ typedef struct zt_model_ops {
     /* Optional (NULL for models without token types): token types [B,T] for the next begin, which copies
      * them (NULL: type 0 everywhere); every begin forgets them. */
     void (*set_token_types)(zt_model *m, const int32_t *types);
+    /* Optional (NULL for models that are not sequence-to-sequence; required for those that are): the decoder
+     * side of the next begin (zt_model_seq2seq, copied); every begin forgets it. */
+    void (*set_seq2seq)(zt_model *m, const zt_model_seq2seq *s);
     /* Optional (NULL for models that do not count): after the head of an evaluation micro-batch (scale 0)
      * and the stream, the counted rows of micro-batch `micro` and how many of them have their target as the
      * highest logit (the first highest, on a tie). */

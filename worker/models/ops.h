@@ -81,6 +81,27 @@ struct zt_ops {
                       int T, int C);
     void (*embedding_backward)(const zt_ops *o, void *dwte, void *dwpe, const void *dout, const int32_t *tokens,
                                int B, int T, int C, int V);
+    /* ReLU: out [n] = max(in, 0); the backward writes din = dout where in > 0, else 0 */
+    void (*relu)(const zt_ops *o, void *out, const void *in, size_t n);
+    void (*relu_backward)(const zt_ops *o, void *din, const void *in, const void *dout, size_t n);
+    /* Gated GELU (T5's "gated-gelu"): out [N,F] = gelu(h[:, :F]) * h[:, F:] (GELU's tanh form); the backward
+     * writes dh [N,2F] */
+    void (*geglu)(const zt_ops *o, void *out, const void *h, int N, int F);
+    void (*geglu_backward)(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F);
+    /* x[0..n) *= s */
+    void (*scale)(const zt_ops *o, void *x, float s, size_t n);
+    /* y[0..n) += x[0..n) */
+    void (*add)(const zt_ops *o, void *y, const void *x, size_t n);
+    /* fp32 buffers beside the backend's type (T5's bias tables, which the attention kernels read in fp32):
+     * x[0..n) = 0; dst = src as fp32; y += x (y of the backend's type, x fp32) */
+    void (*zero_f32)(const zt_ops *o, float *x, size_t n);
+    void (*to_f32)(const zt_ops *o, float *dst, const void *src, size_t n);
+    void (*add_f32)(const zt_ops *o, void *y, const float *x, size_t n);
+    /* Attention through the descriptor (kernels/attention.h: separate q, k, v with strides, Tq != Tk, scale,
+     * T5's relative position bias, padding lengths; host arrays on the CPU, device arrays on CUDA) and its
+     * backward (dq, dk, dv and the bias table's gradient, written or added as g->accumulate says). */
+    void (*attention_desc)(const zt_ops *o, const zt_attention_desc *d);
+    void (*attention_desc_backward)(const zt_ops *o, const zt_attention_desc *d, const zt_attention_grads *g);
     /* dst[0..n) = src[0..n) in elements */
     void (*copy)(const zt_ops *o, void *dst, const void *src, size_t n);
     /* y[0..n) += x[0..n) (summed in fp32, rounded once) */

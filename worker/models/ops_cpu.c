@@ -12,6 +12,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/norm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -218,6 +219,79 @@ static void cpu_embedding_backward(const zt_ops *o, void *dwte, void *dwpe, cons
     zt_cpu_embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
 }
 
+static void cpu_relu(const zt_ops *o, void *out, const void *in, size_t n)
+{
+    (void)o;
+    zt_cpu_relu_forward(out, in, n);
+}
+
+static void cpu_relu_backward(const zt_ops *o, void *din, const void *in, const void *dout, size_t n)
+{
+    (void)o;
+    memset(din, 0, n * sizeof(float));
+    zt_cpu_relu_backward(din, in, dout, n);
+}
+
+static void cpu_geglu(const zt_ops *o, void *out, const void *h, int N, int F)
+{
+    (void)o;
+    zt_cpu_geglu_forward(out, h, N, F);
+}
+
+static void cpu_geglu_backward(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F)
+{
+    (void)o;
+    memset(dh, 0, (size_t)N * 2 * F * sizeof(float));
+    zt_cpu_geglu_backward(dh, h, dout, N, F);
+}
+
+static void cpu_scale(const zt_ops *o, void *x, float s, size_t n)
+{
+    (void)o;
+    zt_cpu_scale_inplace(x, s, n);
+}
+
+static void cpu_add(const zt_ops *o, void *y, const void *x, size_t n)
+{
+    (void)o;
+    zt_cpu_add_inplace(y, x, n);
+}
+
+static void cpu_zero_f32(const zt_ops *o, float *x, size_t n)
+{
+    (void)o;
+    memset(x, 0, n * sizeof(float));
+}
+
+static void cpu_to_f32(const zt_ops *o, float *dst, const void *src, size_t n)
+{
+    (void)o;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_add_f32(const zt_ops *o, void *y, const float *x, size_t n)
+{
+    (void)o;
+    zt_cpu_add_inplace(y, x, n);
+}
+
+/* A descriptor the program built wrong is a bug of the program: it stops with the check's sentence. */
+static void cpu_attention_desc(const zt_ops *o, const zt_attention_desc *d)
+{
+    (void)o;
+    zt_err err = {{0}};
+    if (zt_cpu_attention_fwd(d, &err) < 0)
+        zt__assert_fail(__FILE__, __LINE__, err.msg);
+}
+
+static void cpu_attention_desc_backward(const zt_ops *o, const zt_attention_desc *d, const zt_attention_grads *g)
+{
+    (void)o;
+    zt_err err = {{0}};
+    if (zt_cpu_attention_bwd(d, g, &err) < 0)
+        zt__assert_fail(__FILE__, __LINE__, err.msg);
+}
+
 void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
 {
     cpu_ctx *c = zt_xcalloc(1, sizeof *c);
@@ -246,6 +320,17 @@ void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
         .swiglu_backward = cpu_swiglu_backward,
         .embedding = cpu_embedding,
         .embedding_backward = cpu_embedding_backward,
+        .relu = cpu_relu,
+        .relu_backward = cpu_relu_backward,
+        .geglu = cpu_geglu,
+        .geglu_backward = cpu_geglu_backward,
+        .scale = cpu_scale,
+        .add = cpu_add,
+        .zero_f32 = cpu_zero_f32,
+        .to_f32 = cpu_to_f32,
+        .add_f32 = cpu_add_f32,
+        .attention_desc = cpu_attention_desc,
+        .attention_desc_backward = cpu_attention_desc_backward,
         .copy = cpu_copy,
         .add_inplace = cpu_add_inplace,
         .dtype = ZT_DTYPE_F32,

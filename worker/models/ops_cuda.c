@@ -14,6 +14,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/norm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -24,12 +25,13 @@
 enum prof_op {
     P_ZERO, P_COPY, P_LINEAR, P_LINEAR_RES, P_LINEAR_GELU, P_LINEAR_BWD, P_LINEAR_GELU_BWD, P_GELU_ERF,
     P_GELU_ERF_BWD, P_NORM, P_NORM_BWD, P_ROPE, P_ROPE_BWD, P_ATTN, P_ATTN_BWD, P_SWIGLU, P_SWIGLU_BWD, P_EMBED,
-    P_EMBED_BWD, P_COUNT
+    P_EMBED_BWD, P_ACT, P_ACT_BWD, P_ELEM, P_COUNT
 };
 static const char *const prof_names[P_COUNT] = {
     "memset", "copy", "linear", "linear+residual", "linear+gelu", "linear backward", "linear backward+dgelu",
     "gelu (erf)", "gelu (erf) backward", "norm", "norm backward", "rope", "rope backward", "attention",
-    "attention backward", "swiglu", "swiglu backward", "embedding", "embedding backward"};
+    "attention backward", "swiglu", "swiglu backward", "embedding", "embedding backward",
+    "relu / geglu", "relu / geglu backward", "scale / add"};
 
 typedef struct cuda_ctx {
     zt__ops_cuda_res r;
@@ -253,6 +255,73 @@ static void k_swiglu_backward(const zt_ops *o, void *dh, const void *h, const vo
     TIMED(P_SWIGLU_BWD, zt_cuda_swiglu_backward_overwrite(dh, h, dout, N, F, o->dtype, stream_of(o)));
 }
 
+static void k_relu(const zt_ops *o, void *out, const void *in, size_t n)
+{
+    TIMED(P_ACT, zt_cuda_relu_forward(out, in, n, o->dtype, stream_of(o)));
+}
+
+static void k_relu_backward(const zt_ops *o, void *din, const void *in, const void *dout, size_t n)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(din, 0, n * o->esize, stream_of(o)));
+    TIMED(P_ACT_BWD, zt_cuda_relu_backward(din, in, dout, n, o->dtype, stream_of(o)));
+}
+
+static void k_geglu(const zt_ops *o, void *out, const void *h, int N, int F)
+{
+    TIMED(P_ACT, zt_cuda_geglu_forward(out, h, N, F, o->dtype, stream_of(o)));
+}
+
+static void k_geglu_backward(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(dh, 0, (size_t)N * 2 * F * o->esize, stream_of(o)));
+    TIMED(P_ACT_BWD, zt_cuda_geglu_backward(dh, h, dout, N, F, o->dtype, stream_of(o)));
+}
+
+static void k_scale(const zt_ops *o, void *x, float s, size_t n)
+{
+    TIMED(P_ELEM, zt_cuda_scale_inplace(x, s, n, o->dtype, stream_of(o)));
+}
+
+static void k_add(const zt_ops *o, void *y, const void *x, size_t n)
+{
+    TIMED(P_ELEM, zt_cuda_add_inplace(y, x, n, o->dtype, stream_of(o)));
+}
+
+static void k_zero_f32(const zt_ops *o, float *x, size_t n)
+{
+    TIMED(P_ZERO, ZT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_of(o))));
+}
+
+static void k_to_f32(const zt_ops *o, float *dst, const void *src, size_t n)
+{
+    TIMED(P_ELEM, zt_cuda_cast(dst, ZT_DTYPE_F32, src, o->dtype, n, stream_of(o)));
+}
+
+static void k_add_f32(const zt_ops *o, void *y, const float *x, size_t n)
+{
+    TIMED(P_ELEM, zt_cuda_add_f32(y, x, n, o->dtype, stream_of(o)));
+}
+
+/* A descriptor the kernels refuse is a bug of the program (the executor checks shapes when it is created). */
+static void k_attention_desc(const zt_ops *o, const zt_attention_desc *d)
+{
+    zt_err err = {{0}};
+    int rc = 0;
+    TIMED(P_ATTN, rc = zt_cuda_attention_fwd(d, o->dtype, stream_of(o), &err));
+    if (rc < 0)
+        zt__assert_fail(__FILE__, __LINE__, err.msg);
+}
+
+static void k_attention_desc_backward(const zt_ops *o, const zt_attention_desc *d, const zt_attention_grads *g)
+{
+    zt_err err = {{0}};
+    int rc = 0;
+    ZT_ASSERT(zt_cuda_attention_bwd_scratch_size(d) <= ctx_of(o)->r.attn_scratch_bytes);
+    TIMED(P_ATTN_BWD, rc = zt_cuda_attention_bwd(d, g, ctx_of(o)->r.attn_scratch, o->dtype, stream_of(o), &err));
+    if (rc < 0)
+        zt__assert_fail(__FILE__, __LINE__, err.msg);
+}
+
 static void k_embedding(const zt_ops *o, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
                         int T, int C)
 {
@@ -291,6 +360,17 @@ void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype
         .attention_varlen_backward = k_attention_varlen_backward,
         .swiglu = k_swiglu,
         .swiglu_backward = k_swiglu_backward,
+        .relu = k_relu,
+        .relu_backward = k_relu_backward,
+        .geglu = k_geglu,
+        .geglu_backward = k_geglu_backward,
+        .scale = k_scale,
+        .add = k_add,
+        .zero_f32 = k_zero_f32,
+        .to_f32 = k_to_f32,
+        .add_f32 = k_add_f32,
+        .attention_desc = k_attention_desc,
+        .attention_desc_backward = k_attention_desc_backward,
         .embedding = k_embedding,
         .embedding_backward = k_embedding_backward,
         .copy = k_copy,

@@ -16,7 +16,7 @@ typedef struct zt__ops_cuda_res {
     cudaStream_t stream;
     zt_cuda_blas *blas;
     void *norm_scratch, *attn_scratch, *emb_scratch;
-    size_t attn_scratch_bytes;  /* of attn_scratch: the varlen backward checks its need against it */
+    size_t attn_scratch_bytes;  /* attn_scratch's size: the varlen and descriptor backwards check their need */
 } zt__ops_cuda_res;
 
 /* Binds o to the CUDA kernels computing in dtype. Free with zt__ops_cuda_free (after the stream is done). */

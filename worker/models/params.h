@@ -10,7 +10,7 @@
 
 /* One named parameter tensor. */
 typedef struct zt_param_info {
-    char name[64];      /* e.g. "h.3.attn.c_attn.weight" */
+    char name[96];      /* e.g. "h.3.attn.c_attn.weight" (T5's longest names take 69 bytes) */
     int ndim;           /* 1 or 2 */
     int64_t shape[2];   /* ztrain layout ([out, in] for linear weights) */
     size_t offset;      /* in elements, from the start of the parameter slab */

@@ -42,7 +42,7 @@ static bool path_exists(const char *path)
 static int write_optim(const char *path, const zt_family_model *model, const zt_optimizer *opt, zt_err *err)
 {
     int ntensors = zt_family_model_num_tensors(model);
-    char(*names)[80] = zt_xcalloc((size_t)ntensors * 2, sizeof(*names));
+    char(*names)[112] = zt_xcalloc((size_t)ntensors * 2, sizeof(*names));
     zt_st_writer *w = zt_st_writer_create();
     ZT_ASSERT(w);
     int rc = 0;
@@ -477,7 +477,7 @@ static int check_optim(const zt_st_file *f, const zt_family_model *model, const 
     for (int i = 0; i < ntensors; i++) {
         const zt_param_info *t = zt_family_model_tensor(model, i);
         for (int k = 0; k < 2; k++) {
-            char name[80];
+            char name[112];
             snprintf(name, sizeof(name), "%c.%s", k == 0 ? 'm' : 'v', t->name);
             const zt_st_tensor *s = zt_st_find(f, name);
             if (!s)
@@ -531,7 +531,7 @@ int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimize
     int ntensors = zt_family_model_num_tensors(model);
     for (int i = 0; i < ntensors; i++) {
         const zt_param_info *t = zt_family_model_tensor(model, i);
-        char name[80];
+        char name[112];
         snprintf(name, sizeof(name), "m.%s", t->name);
         memcpy(opt->m + t->offset, zt_st_find(f, name)->data, t->numel * sizeof(float));
         snprintf(name, sizeof(name), "v.%s", t->name);

@@ -73,6 +73,7 @@ static const struct key_def keys[] = {
     {"steps", "--steps", KEY_INT, FIELD(steps)},
     {"batch_size", "--batch-size", KEY_INT, FIELD(batch_size)},
     {"seq_len", "--seq-len", KEY_INT, FIELD(seq_len)},
+    {"target_len", "--target-len", KEY_INT, FIELD(target_len)},
     {"grad_accum", "--grad-accum", KEY_INT, FIELD(grad_accum)},
     {"lr", "--lr", KEY_DOUBLE, FIELD(lr)},
     {"min_lr", "--min-lr", KEY_DOUBLE, FIELD(min_lr)},
@@ -675,13 +676,13 @@ static int validate_sft(const zt_train_config *c, enum zt_family_task task, zt_e
         return 0;
     }
     if (c->sft_pack && task != ZT_TASK_CAUSAL_LM)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s packs examples for decoder models (gpt2, llama, qwen2), whose "
-                       "attention can stay inside each example; this %s model (%s) does not pack: drop %s",
-                       label("sft_pack"), zt_family_name(&c->model),
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s packs examples for decoder models (gpt2, llama, qwen2, "
+                       "gpt_neox), whose attention can stay inside each example; this %s model (%s) does not pack: "
+                       "drop %s", label("sft_pack"), zt_family_name(&c->model),
                        task == ZT_TASK_MASKED_LM ? "masked LM" : "not a decoder", label("sft_pack"));
-    if (task != ZT_TASK_CAUSAL_LM)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s fine-tunes decoder models (gpt2, llama, qwen2); this %s model "
-                       "is not one: use a decoder, or train this model on its own data with %s",
+    if (task != ZT_TASK_CAUSAL_LM && task != ZT_TASK_SEQ2SEQ)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s fine-tunes decoder models (gpt2, llama, qwen2, gpt_neox) "
+                       "and text-to-text models (t5); this %s model is neither: train it on its own data with %s",
                        label("sft_data"), zt_family_name(&c->model), label("train_data"));
     if (c->train_data[0])
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s and %s are both given: a run trains on token shards or on "
@@ -722,6 +723,13 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if ((rc = validate_sft(c, task, err)) < 0)
         return rc;
     const bool sft = c->sft_data[0] != '\0';
+    if (task == ZT_TASK_SEQ2SEQ && !sft)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "a text-to-text model (%s) trains on JSONL examples: set %s to a file "
+                       "of {\"input\": ..., \"target\": ...} records (and %s to the model's tokenizer.json)",
+                       zt_family_name(&c->model), label("sft_data"), label("tokenizer"));
+    if (c->target_len != 0 && task != ZT_TASK_SEQ2SEQ)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is the decoder's length of a text-to-text model (t5); this "
+                       "%s model has none: drop it", label("target_len"), zt_family_name(&c->model));
     if (c->train_data[0] == '\0' && !sft)
         return task == ZT_TASK_CLASSIFY
                    ? zt_fail(err, ZT_EINVAL_CONFIG, "no training data given: set %s to a JSONL file of examples "
@@ -749,6 +757,10 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
         (rc = check_int(c, "seq_len", 1, 1 << 20, err)) < 0 ||
         (rc = check_int(c, "grad_accum", 1, 1 << 20, err)) < 0)
         return rc;
+    if (task == ZT_TASK_SEQ2SEQ && (c->target_len < 0 || c->target_len > c->seq_len))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s = %lld must be from 1 to %s (%lld; 0: the same): the "
+                       "decoder's targets sit in the rows of the input's length", label("target_len"),
+                       (long long)c->target_len, label("seq_len"), (long long)c->seq_len);
     const int positions = zt_family_config_positions(&c->model);
     if (c->seq_len > positions)
         return zt_fail(err, ZT_EINVAL_CONFIG,

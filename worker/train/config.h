@@ -71,7 +71,8 @@ typedef struct zt_train_config {
     /* Batch and length. One step sees batch_size * grad_accum sequences of seq_len tokens. */
     int64_t steps;
     int64_t batch_size;
-    int64_t seq_len;
+    int64_t seq_len;                /* tokens a row (a text-to-text model's input: the encoder's) */
+    int64_t target_len;             /* a text-to-text model's target tokens a row (at most seq_len); 0: seq_len */
     int64_t grad_accum;
 
     /* Learning rate (schedule.h). */

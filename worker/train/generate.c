@@ -2,6 +2,8 @@
  * token, then temperature / top-k sampling from the last position's logits. */
 #include "worker/train/generate.h"
 
+#include "worker/models/model.h" /* zt_model_seq2seq */
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -89,6 +91,43 @@ int zt_generate_sample(const float *logits, int V, double temperature, int top_k
     return token;
 }
 
+/* A sequence-to-sequence model (T5): the prompt is the encoder's input; the decoder starts from the start token
+ * and takes each drawn token as its next input, until the end-of-sequence token (not passed on) or max_new. */
+static int generate_seq2seq(zt_family_model *model, const zt_family_shape *shape, const int32_t *prompt, int n_prompt,
+                            int max_new, double temperature, int top_k, zt_rng *rng, zt_generate_token_fn on_token,
+                            void *user, zt_err *err)
+{
+    const int V = shape->vocab;
+    int32_t *dec = malloc(((size_t)max_new + 1) * sizeof *dec);
+    if (!dec)
+        return zt_fail(err, ZT_ENOMEM, "out of memory for a sequence of %d tokens", max_new + 1);
+    dec[0] = shape->decoder_start_token_id;
+    int rc = 0;
+    for (int len = 1; len <= max_new; len++) {
+        const zt_model_seq2seq s = {.decoder_tokens = dec, .Td = len, .encoder_lens = NULL};
+        zt_family_model_set_seq2seq(model, &s);
+        zt_family_model_forward(model, prompt, NULL, 1, n_prompt);
+        const float *last = zt_family_model_logits(model) + (size_t)(len - 1) * (size_t)V;
+        const int token = zt_generate_sample(last, V, temperature, top_k, rng, err);
+        if (token < 0) {
+            rc = token;
+            break;
+        }
+        if (token == shape->eos_token_id)
+            break;
+        dec[len] = token;
+        if (on_token) {
+            const int cb = on_token(token, user);
+            if (cb != 0) {
+                rc = cb < 0 ? cb : 0;
+                break;
+            }
+        }
+    }
+    free(dec);
+    return rc;
+}
+
 int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
                 uint64_t seed, zt_generate_token_fn on_token, void *user, zt_err *err)
 {
@@ -123,6 +162,13 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
     zt_rng rng;
     zt_rng_seed(&rng, seed);
     int rc = 0;
+    zt_family_shape shape;
+    zt_family_config_shape(cfg, &shape);
+    if (shape.task == ZT_TASK_SEQ2SEQ) {
+        rc = generate_seq2seq(model, &shape, prompt, n_prompt, max_new, temperature, top_k, &rng, on_token, user, err);
+        free(seq);
+        return rc;
+    }
     for (size_t len = (size_t)n_prompt; len < total; len++) {
         /* The context is the last n_positions tokens at most: older ones fall out of the window. */
         size_t ctx = len < positions ? len : positions;

@@ -45,6 +45,9 @@ struct zt_task {
     int32_t *positions, *cu_seqlens, *nseqs; /* supervised fine-tuning: the loader's batch buffers */
     bool packed;                /* supervised fine-tuning: several examples a row (--sft-pack) */
     int64_t untrained;          /* supervised fine-tuning: batches skipped for having no trained token */
+    int rows;                   /* B */
+    int Td;                     /* sequence-to-sequence: the decoder's tokens a row (at most T) */
+    int32_t *dec_in, *src_len, *dec_targets; /* sequence-to-sequence: the last batch's [B*Td], [B], [B*Td] */
 };
 
 /* Puts "flag: " before the message in err. */
@@ -446,6 +449,92 @@ static void next_sft(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_
     memset(types, 0, t->batch_tokens * sizeof(int32_t));
 }
 
+/* ---- sequence-to-sequence (T5): input/target JSONL ---- */
+
+/* The tokenizer and loaders of input/target examples: inputs of T tokens for the encoder, targets of Td
+ * tokens for the decoder (cfg->target_len, or T). */
+static int open_seq2seq(zt_task *t, const zt_train_config *cfg, int B, int T, bool is0, int64_t *eval_batches,
+                        zt_err *err)
+{
+    int rc = zt_tokenizer_load(&t->tokenizer, cfg->tokenizer, err);
+    if (rc < 0) {
+        prefix_error(err, "--tokenizer");
+        return rc;
+    }
+    t->Td = cfg->target_len > 0 ? (int)cfg->target_len : T;
+    const zt_sft_options opt = {.vocab_size = t->shape.vocab, .tokenizer_path = cfg->tokenizer};
+    int32_t pad = t->shape.pad_token_id;
+    if (pad < 0 || pad >= t->shape.vocab)
+        pad = 0;
+    const zt_sft_batch_options bo = {.B = B, .T = t->Td, .S = T, .shuffle = cfg->shuffle,
+                                     .seed = (uint64_t)cfg->seed, .pad_id = pad,
+                                     .decoder_start_id = t->shape.decoder_start_token_id,
+                                     .overlong = cfg->sft_overlong == ZT_OVERLONG_REFUSE ? ZT_SFT_REFUSE
+                                                                                         : ZT_SFT_TRUNCATE};
+    if (is0)
+        zt_log(ZT_LOG_INFO, "seq2seq: inputs of %d tokens, targets of %d, decoder start token %d; the loss is the mean "
+               "over the batch's target tokens; dropout is not applied", T, t->Td, bo.decoder_start_id);
+    const char *flags[2] = {"--sft-data", "--sft-val-data"};
+    const char *paths[2] = {cfg->sft_data, cfg->sft_val_data};
+    zt_sft_data **sets[2] = {&t->strain, &t->sval};
+    zt_sft_loader **loaders[2] = {&t->ltrain, &t->lval};
+    for (int i = 0; i < 2; i++) {
+        if (paths[i][0] == '\0')
+            continue;
+        zt_sft_batch_options o = bo;
+        o.shuffle = i == 0 && cfg->shuffle;
+        if ((rc = zt_sft_open(sets[i], paths[i], t->tokenizer, &opt, err)) < 0 ||
+            (rc = zt_sft_loader_create(loaders[i], *sets[i], &o, err)) < 0) {
+            prefix_error(err, flags[i]);
+            if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
+                strstr(err->msg, "longer") && strlen(err->msg) + 80 < sizeof err->msg)
+                strcat(err->msg, " (--seq-len, --target-len, --sft-overlong truncate)");
+            return rc;
+        }
+        if (is0)
+            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T, false);
+    }
+    t->dec_in = zt_xmalloc((size_t)B * (size_t)t->Td * sizeof(int32_t));
+    t->dec_targets = zt_xmalloc((size_t)B * (size_t)t->Td * sizeof(int32_t));
+    t->src_len = zt_xmalloc((size_t)B * sizeof(int32_t));
+    if (!t->lval) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "data: no sft_val_data given: no evaluation");
+        return 0;
+    }
+    const uint64_t available = zt_sft_loader_batches_per_epoch(t->lval);
+    if ((uint64_t)*eval_batches > available) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "eval: the validation examples fill %llu batches; evaluating on those instead of %lld",
+                   (unsigned long long)available, (long long)*eval_batches);
+        *eval_batches = (int64_t)available;
+    }
+    return 0;
+}
+
+/* The next batch: the inputs in tokens [B,T] (padded), the targets at the start of each row of targets [B,T]
+ * (the rest -1), the decoder's inputs and the inputs' lengths kept for zt_task_seq2seq. */
+static void next_seq2seq(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *targets, int32_t *types)
+{
+    (void)key;
+    zt_sft_loader *l = val ? t->lval : t->ltrain;
+    zt_sft_seq2seq_batch b = {.src = tokens, .src_len = t->src_len, .dec_in = t->dec_in, .targets = t->dec_targets};
+    const uint64_t limit = zt_sft_loader_batches_per_epoch(l) + 1;
+    for (uint64_t tries = 0;; tries++) {
+        zt_err err = {{0}};
+        if (zt_sft_loader_next_seq2seq(l, &b, &err) == 0)
+            break;
+        t->untrained++;
+        zt_log(ZT_LOG_WARN, "seq2seq: %s; skipped (%lld such batches so far)", err.msg, (long long)t->untrained);
+        ZT_ASSERT(tries < limit);
+    }
+    const size_t T = t->batch_tokens / (size_t)t->rows, Td = (size_t)t->Td;
+    for (int r = 0; r < t->rows; r++)
+        for (size_t j = 0; j < T; j++)
+            targets[(size_t)r * T + j] = j < Td ? t->dec_targets[(size_t)r * Td + j] : -1;
+    memset(types, 0, t->batch_tokens * sizeof(int32_t));
+}
+
 /* ---- the tasks ---- */
 
 static const task_ops tasks[] = {
@@ -455,6 +544,8 @@ static const task_ops tasks[] = {
      .weighs_targets = true, .open = open_masked, .next = next_masked},
     {.name = "classification", .kind = ZT_TASK_CLASSIFY, .reports_accuracy = true, .weighs_targets = true,
      .open = open_labelled, .next = next_labelled},
+    {.name = "sequence-to-sequence", .kind = ZT_TASK_SEQ2SEQ, .weighs_targets = true, .open = open_seq2seq,
+     .next = next_seq2seq},
 };
 
 /* Supervised fine-tuning: a causal LM family, chosen by --sft-data rather than by the model. */
@@ -476,7 +567,7 @@ static const task_ops *task_of(const zt_train_config *cfg)
 int zt_task_check_paths(const zt_train_config *cfg, zt_err *err)
 {
     const task_ops *ops = task_of(cfg);
-    const bool sft = ops == &sft_task;
+    const bool sft = ops == &sft_task || ops->kind == ZT_TASK_SEQ2SEQ;
     const char *flags[3] = {"--train-data", "--val-data", "--tokenizer"};
     const char *paths[3] = {sft ? cfg->sft_data : cfg->train_data, sft ? cfg->sft_val_data : cfg->val_data,
                             cfg->tokenizer};
@@ -518,6 +609,7 @@ int zt_task_open(zt_task **out, const zt_train_config *cfg, int B, int T, bool i
     t->ops = task_of(cfg);
     t->seed = (uint64_t)cfg->seed;
     t->batch_tokens = (size_t)B * (size_t)T;
+    t->rows = B;
     zt_family_config_shape(&cfg->model, &t->shape);
     if (is0)
         zt_log(ZT_LOG_INFO, "task: %s", t->ops->name);
@@ -546,6 +638,9 @@ void zt_task_close(zt_task *t)
     free(t->positions);
     free(t->cu_seqlens);
     free(t->nseqs);
+    free(t->dec_in);
+    free(t->dec_targets);
+    free(t->src_len);
     zt_tokenizer_destroy(t->tokenizer);
     free(t->specials);
     free(t);
@@ -577,6 +672,15 @@ void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *
     t->ops->next(t, val, key, tokens, targets, types);
     if (t->packed && positions)
         memcpy(positions, t->positions, t->batch_tokens * sizeof(int32_t));
+}
+
+bool zt_task_seq2seq(const zt_task *t, int row0, zt_model_seq2seq *s)
+{
+    if (t->ops->kind != ZT_TASK_SEQ2SEQ)
+        return false;
+    *s = (zt_model_seq2seq){.decoder_tokens = t->dec_in + (size_t)row0 * (size_t)t->Td, .Td = t->Td,
+                            .encoder_lens = t->src_len + row0};
+    return true;
 }
 
 int64_t zt_task_val_begin(zt_task *t, int64_t eval_batches)

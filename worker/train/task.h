@@ -16,6 +16,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "worker/data/dataloader.h" /* zt_data_position */
+#include "worker/models/model.h"     /* zt_model_seq2seq */
 #include "worker/train/config.h"
 
 typedef struct zt_task zt_task;
@@ -51,6 +52,10 @@ void zt_task_next(zt_task *t, bool val, uint64_t key, int32_t *tokens, int32_t *
  * zt_task_next writes positions [B, T] too, each token's position in its document (worker/models/model.h:
  * zt_model_docs), which the model needs with the tokens; otherwise positions is not written (may be NULL). */
 bool zt_task_packs(const zt_task *t);
+/* A sequence-to-sequence task (T5): the decoder side of the batch zt_task_next handed out last, for the rows
+ * from row0 (a rank's share): the decoder's inputs, their length and the inputs' lengths; the targets are at
+ * the start of each row of zt_task_next's targets. Returns false (s untouched) for the other tasks. */
+bool zt_task_seq2seq(const zt_task *t, int row0, zt_model_seq2seq *s);
 /* Rewinds the validation data and returns the number of batches one evaluation reads (a classifier reads
  * its whole file; the others eval_batches). */
 int64_t zt_task_val_begin(zt_task *t, int64_t eval_batches);

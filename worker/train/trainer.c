@@ -882,6 +882,16 @@ static void run_free(struct run *r)
     free(r->cfg);
 }
 
+/* A sequence-to-sequence task's decoder side of the batch just read, for this rank's rows from row0. */
+static void set_seq2seq(struct run *r, size_t row0)
+{
+    zt_model_seq2seq s;
+    if (zt_task_seq2seq(r->task, (int)row0, &s)) {
+        ZT_ASSERT(r->model->ops->set_seq2seq);
+        r->model->ops->set_seq2seq(r->model, &s);
+    }
+}
+
 /* The weight of this rank's gradient in the micro-batch just read: 1 / (grad_accum W) when every rank scores
  * as many targets (causal LM); for a task whose rows hold different numbers of scored targets (masked tokens,
  * labelled examples), the rank's share of the batch's scored targets over grad_accum, so that the step's
@@ -917,6 +927,7 @@ static int evaluate(struct run *r, zt_comm *comm, int64_t batches, size_t off, i
         zt_task_next(r->task, true, (uint64_t)i, r->tok, r->tgt, r->types, r->pos);
         if (r->model->ops->set_token_types)
             r->model->ops->set_token_types(r->model, r->types + off);
+        set_seq2seq(r, off / (size_t)T);
         const zt_model_docs docs = {.pos = r->pos + off};
         int rc = zt_engine_eval(r->engine, r->tok + off, r->tgt + off, b, T, zt_task_packs(r->task) ? &docs : NULL,
                                 &mean, err);
@@ -1287,6 +1298,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_task_next(r.task, false, ((uint64_t)step << 20) + (uint64_t)a, r.tok, r.tgt, r.types, r.pos);
             if (r.model->ops->set_token_types)
                 r.model->ops->set_token_types(r.model, r.types + off);
+            set_seq2seq(&r, off / (size_t)T);
             const zt_model_docs docs = {.pos = r.pos + off};
             rc = zt_engine_micro(r.engine, r.tok + off, r.tgt + off, b, T, zt_task_packs(r.task) ? &docs : NULL, a,
                                  micro_weight(&r, off, b, T, accum, W), scale, err);

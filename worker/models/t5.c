@@ -1,0 +1,1719 @@
+/* T5 and mT5: the config mapping, the tensor table, the layer program over the op table, its CPU runner, its
+ * CUDA executor and the family definition; see t5.h. The program (prog_forward_block, prog_backward_block and
+ * the layer functions under them) reads only the op table, the buffers of t5_run and the tensor offsets of
+ * each block's buffer, so both backends run it unchanged; the CPU runner and the CUDA executor own the head
+ * (logits and the classifier), the staging of tokens and where the buffers live.
+ *
+ * Initialisation (init_params): T5PreTrainedModel._init_weights with initializer_factor f: the shared
+ * embedding and lm_head normal(0, f); q normal(0, f (d_model d_kv)^-0.5), k and v normal(0, f d_model^-0.5),
+ * o normal(0, f (num_heads d_kv)^-0.5), the bias tables normal(0, f d_model^-0.5), wi (wi_0, wi_1)
+ * normal(0, f d_model^-0.5), wo normal(0, f d_ff^-0.5), norms f. */
+#include "worker/models/t5.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fileio.h"
+#include "common/json.h"
+#include "common/memory.h"
+#include "common/rng.h"
+#include "kernels/crossentropy.h"
+#include "kernels/matmul.h"
+#include "worker/models/cpu_exec.h"
+#include "worker/models/family.h"
+#include "worker/models/host_io.h"
+#include "worker/models/host_shared.h"
+#include "worker/models/ops.h"
+#ifdef ZT_WITH_CUDA
+#include "common/log.h"
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check */
+#include "kernels/embedding.h"
+#include "kernels/rmsnorm.h"
+#include "worker/models/cuda_exec.h"
+#include "worker/models/ops_cuda.h"
+#endif
+
+#define T5_MAX_LAYERS 1024
+#define T5_MAX_WIDTH 65536
+#define T5_MAX_FF (1 << 20)
+#define T5_MAX_VOCAB (1 << 24)
+#define T5_MAX_POSITIONS (1 << 24)
+#define IGNORE_INDEX (-1)
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Configuration                                                                                        */
+/* ---------------------------------------------------------------------------------------------------- */
+
+void zt_t5_config_default(zt_t5_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->vocab_size = 32128;
+    c->d_model = 512;
+    c->d_kv = 64;
+    c->d_ff = 2048;
+    c->num_layers = 6;
+    c->num_decoder_layers = 6;
+    c->num_heads = 8;
+    c->num_buckets = 32;
+    c->max_distance = 128;
+    c->layer_norm_epsilon = 1e-6f;
+    c->initializer_factor = 1.0;
+    c->dropout_rate = 0.1;
+    c->gated = false;
+    c->tie_word_embeddings = true;
+    c->scale_decoder_outputs = true;
+    c->n_positions = 512;
+    c->pad_token_id = 0;
+    c->eos_token_id = 1;
+    c->decoder_start_token_id = 0;
+}
+
+static int validate_config(const zt_t5_config *c, const char *where, zt_err *err)
+{
+    static const struct {
+        const char *key;
+        int min, max;
+        size_t offset;
+    } sizes[] = {
+        {"vocab_size", 1, T5_MAX_VOCAB, offsetof(zt_t5_config, vocab_size)},
+        {"d_model", 1, T5_MAX_WIDTH, offsetof(zt_t5_config, d_model)},
+        {"d_kv", 1, T5_MAX_WIDTH, offsetof(zt_t5_config, d_kv)},
+        {"d_ff", 1, T5_MAX_FF, offsetof(zt_t5_config, d_ff)},
+        {"num_layers", 1, T5_MAX_LAYERS, offsetof(zt_t5_config, num_layers)},
+        {"num_decoder_layers", 1, T5_MAX_LAYERS, offsetof(zt_t5_config, num_decoder_layers)},
+        {"num_heads", 1, T5_MAX_WIDTH, offsetof(zt_t5_config, num_heads)},
+        {"relative_attention_num_buckets", 2, 1 << 16, offsetof(zt_t5_config, num_buckets)},
+        {"relative_attention_max_distance", 1, T5_MAX_POSITIONS, offsetof(zt_t5_config, max_distance)},
+        {"n_positions", 1, T5_MAX_POSITIONS, offsetof(zt_t5_config, n_positions)},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const int v = *(const int *)((const char *)c + sizes[i].offset);
+        if (v < sizes[i].min || v > sizes[i].max)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from %d to %d, got %d", where, sizes[i].key,
+                           sizes[i].min, sizes[i].max, v);
+    }
+    if ((int64_t)c->num_heads * c->d_kv > T5_MAX_WIDTH)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_heads x d_kv = %lld is above %d (choose fewer or smaller heads)",
+                       where, (long long)c->num_heads * c->d_kv, T5_MAX_WIDTH);
+    /* the bidirectional encoder halves the buckets, and each half has num_buckets / 4 exact ones */
+    if (c->num_buckets % 4 != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: relative_attention_num_buckets is %d; use a multiple of 4 (the encoder splits the buckets "
+                       "into two directions, each with exact and logarithmic halves)", where, c->num_buckets);
+    if (c->max_distance <= c->num_buckets / 4)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: relative_attention_max_distance %d must be above relative_attention_num_buckets / 4 (%d), "
+                       "where the logarithmic buckets start", where, c->max_distance, c->num_buckets / 4);
+    if (!(c->layer_norm_epsilon > 0.0f && c->layer_norm_epsilon < 1.0f))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_epsilon must be between 0 and 1 (exclusive), got %g",
+                       where, (double)c->layer_norm_epsilon);
+    if (!(c->initializer_factor > 0.0 && c->initializer_factor <= 100.0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_factor must be above 0 and at most 100, got %g", where,
+                       c->initializer_factor);
+    if (!(c->dropout_rate >= 0.0 && c->dropout_rate < 1.0))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: dropout_rate must be from 0 to 1 (exclusive), got %g", where,
+                       c->dropout_rate);
+    const struct {
+        const char *key;
+        int v;
+        bool nullable;
+    } ids[] = {{"pad_token_id", c->pad_token_id, false},
+               {"eos_token_id", c->eos_token_id, true},
+               {"decoder_start_token_id", c->decoder_start_token_id, false}};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (ids[i].v >= c->vocab_size || ids[i].v < (ids[i].nullable ? -1 : 0))
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s %d is not a token of the vocabulary of %d", where,
+                           ids[i].key, ids[i].v, c->vocab_size);
+    return 0;
+}
+
+static int config_validate(const zt_t5_config *c, zt_err *err)
+{
+    return validate_config(c, "model config", err);
+}
+
+static int get_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, zt_err *err)
+{
+    int64_t v = INT64_MIN;
+    int rc = zt_json_get_int(r, key, min, max, &v, err);
+    if (rc < 0)
+        return rc;
+    if (v != INT64_MIN)
+        *out = (int)v;
+    return 0;
+}
+
+/* A token id: a whole number from 0, or null (-1) where null_ok. */
+static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bool null_ok, int *out, zt_err *err)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (cJSON_IsNull(item)) {
+        if (!null_ok)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is null, but T5 needs it (give a token id)", r->where, key);
+        zt_json_accept(r, key);
+        *out = -1;
+        return 0;
+    }
+    if (cJSON_IsArray(item))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s lists several ids; ztrain's T5 takes one", r->where, key);
+    return get_int(r, key, 0, INT32_MAX, out, err);
+}
+
+static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
+    zt_t5_config c = *cfg;
+    if (!cJSON_IsObject(obj))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
+    if (cJSON_GetArraySize(obj) > ZT_JSON_MAX_KEYS - 32)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: more fields than a T5 config.json has (at most %d)", where,
+                       ZT_JSON_MAX_KEYS - 32);
+    zt_json_reader r;
+    zt_json_reader_init(&r, obj, where);
+    int rc;
+    char text[64] = "";
+    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+        return rc;
+    if (strcmp(text, "t5") == 0 || strcmp(text, "mt5") == 0)
+        c.mt5 = strcmp(text, "mt5") == 0;
+    else if (text[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this reader takes \"t5\" and \"mt5\"",
+                       where, text);
+    static const struct {
+        const char *key;
+        int64_t max;
+        size_t offset;
+    } sizes[] = {
+        {"vocab_size", T5_MAX_VOCAB, offsetof(zt_t5_config, vocab_size)},
+        {"d_model", T5_MAX_WIDTH, offsetof(zt_t5_config, d_model)},
+        {"d_kv", T5_MAX_WIDTH, offsetof(zt_t5_config, d_kv)},
+        {"d_ff", T5_MAX_FF, offsetof(zt_t5_config, d_ff)},
+        {"num_layers", T5_MAX_LAYERS, offsetof(zt_t5_config, num_layers)},
+        {"num_heads", T5_MAX_WIDTH, offsetof(zt_t5_config, num_heads)},
+        {"relative_attention_num_buckets", 1 << 16, offsetof(zt_t5_config, num_buckets)},
+        {"relative_attention_max_distance", T5_MAX_POSITIONS, offsetof(zt_t5_config, max_distance)},
+        {"n_positions", T5_MAX_POSITIONS, offsetof(zt_t5_config, n_positions)},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if ((rc = get_int(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), err)) < 0)
+            return rc;
+    /* num_decoder_layers: absent or null is num_layers, as T5Config reads it */
+    c.num_decoder_layers = c.num_layers;
+    const cJSON *ndl = cJSON_GetObjectItemCaseSensitive(obj, "num_decoder_layers");
+    if (cJSON_IsNull(ndl))
+        zt_json_accept(&r, "num_decoder_layers");
+    else if ((rc = get_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, err)) < 0)
+        return rc;
+    double eps = c.layer_norm_epsilon;
+    if ((rc = zt_json_get_double(&r, "layer_norm_epsilon", 0.0, 1.0, &eps, err)) < 0 ||
+        (rc = zt_json_get_double(&r, "initializer_factor", 0.0, 100.0, &c.initializer_factor, err)) < 0 ||
+        (rc = zt_json_get_double(&r, "dropout_rate", 0.0, 1.0, &c.dropout_rate, err)) < 0)
+        return rc;
+    c.layer_norm_epsilon = (float)eps;
+    double classifier_dropout = 0.0;
+    if ((rc = zt_json_get_double(&r, "classifier_dropout", 0.0, 1.0, &classifier_dropout, err)) < 0)
+        return rc;
+
+    /* the MLP: feed_forward_proj, and the fields T5Config derives from it (they must agree) */
+    char ff[32] = "relu", act[32] = "";
+    if ((rc = zt_json_get_string(&r, "feed_forward_proj", ff, sizeof ff, err)) < 0 ||
+        (rc = zt_json_get_string(&r, "dense_act_fn", act, sizeof act, err)) < 0)
+        return rc;
+    if (strcmp(ff, "relu") == 0)
+        c.gated = false;
+    else if (strcmp(ff, "gated-gelu") == 0)
+        c.gated = true;
+    else
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: feed_forward_proj is \"%s\", but ztrain's T5 computes \"relu\" (T5 v1.0) and \"gated-gelu\" "
+                       "(v1.1, FLAN-T5, mT5)", where, ff);
+    const char *want_act = c.gated ? "gelu_new" : "relu";
+    if (act[0] && strcmp(act, want_act) != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: dense_act_fn is \"%s\", but feed_forward_proj \"%s\" computes \"%s\"",
+                       where, act, ff, want_act);
+    bool is_gated = c.gated;
+    if ((rc = zt_json_get_bool(&r, "is_gated_act", &is_gated, err)) < 0)
+        return rc;
+    if (is_gated != c.gated)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: is_gated_act is %s, but feed_forward_proj is \"%s\"", where,
+                       is_gated ? "true" : "false", ff);
+    bool enc_dec = true, use_cache = true, output_past = true;
+    if ((rc = zt_json_get_bool(&r, "is_encoder_decoder", &enc_dec, err)) < 0 ||
+        (rc = zt_json_get_bool(&r, "use_cache", &use_cache, err)) < 0 ||
+        (rc = zt_json_get_bool(&r, "output_past", &output_past, err)) < 0)
+        return rc;
+    if (!enc_dec)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: is_encoder_decoder is false, but ztrain trains T5ForConditionalGeneration (set it to true)",
+                       where);
+
+    /* The head: tie_word_embeddings (absent: tied) and scale_decoder_outputs (transformers 5 writes it for T5
+     * and ties every head; absent: T5's scale follows the tie, as transformers derives it, and mT5 has none, as
+     * transformers 5's MT5ForConditionalGeneration computes it). */
+    c.tie_word_embeddings = true;
+    if ((rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
+        return rc;
+    c.scale_decoder_outputs = c.tie_word_embeddings && !c.mt5;
+    if ((rc = zt_json_get_bool(&r, "scale_decoder_outputs", &c.scale_decoder_outputs, err)) < 0)
+        return rc;
+
+    if ((rc = get_token_id(&r, obj, "pad_token_id", false, &c.pad_token_id, err)) < 0 ||
+        (rc = get_token_id(&r, obj, "eos_token_id", true, &c.eos_token_id, err)) < 0)
+        return rc;
+    int bos = -1; /* mT5 writes bos_token_id null; T5 has no beginning-of-sequence token */
+    if ((rc = get_token_id(&r, obj, "bos_token_id", true, &bos, err)) < 0)
+        return rc;
+    c.decoder_start_token_id = c.pad_token_id;
+    if ((rc = get_token_id(&r, obj, "decoder_start_token_id", false, &c.decoder_start_token_id, err)) < 0)
+        return rc;
+
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
+    if (arch && !cJSON_IsNull(arch)) {
+        bool ok = cJSON_IsArray(arch);
+        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
+            ok = cJSON_IsString(a) && (strcmp(a->valuestring, "T5ForConditionalGeneration") == 0 ||
+                                       strcmp(a->valuestring, "MT5ForConditionalGeneration") == 0);
+        if (!ok)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: architectures must list T5ForConditionalGeneration or MT5ForConditionalGeneration "
+                           "(ztrain trains the text-to-text model; other heads have other weights)", where);
+    }
+    for (const cJSON *item = obj->child; item; item = item->next)
+        if (item->string && zt__host_hf_generic_key(item->string))
+            zt_json_accept(&r, item->string);
+    if ((rc = zt_json_reader_finish(&r, err)) < 0)
+        return rc;
+    if ((rc = validate_config(&c, where, err)) < 0)
+        return rc;
+    *cfg = c;
+    return 0;
+}
+
+/* A JSON number that reads back as exactly v and as a float in Python. */
+static cJSON *float_number(double v)
+{
+    char buf[48];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    if (!strpbrk(buf, ".eEn"))
+        strcat(buf, ".0");
+    cJSON *n = cJSON_CreateRaw(buf);
+    ZT_ASSERT(n);
+    return n;
+}
+
+static int config_save(const zt_t5_config *c, const char *path, zt_err *err)
+{
+    int rc = validate_config(c, path, err);
+    if (rc < 0)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(c->mt5 ? "MT5ForConditionalGeneration" : "T5ForConditionalGeneration"));
+    cJSON_AddItemToObject(o, "classifier_dropout", float_number(0.0));
+    cJSON_AddNumberToObject(o, "d_ff", c->d_ff);
+    cJSON_AddNumberToObject(o, "d_kv", c->d_kv);
+    cJSON_AddNumberToObject(o, "d_model", c->d_model);
+    cJSON_AddItemToObject(o, "decoder_start_token_id", zt_json_exact_int(c->decoder_start_token_id));
+    cJSON_AddStringToObject(o, "dense_act_fn", c->gated ? "gelu_new" : "relu");
+    cJSON_AddItemToObject(o, "dropout_rate", float_number(zt__host_short_decimal((float)c->dropout_rate)));
+    if (c->eos_token_id < 0)
+        cJSON_AddNullToObject(o, "eos_token_id");
+    else
+        cJSON_AddItemToObject(o, "eos_token_id", zt_json_exact_int(c->eos_token_id));
+    cJSON_AddStringToObject(o, "feed_forward_proj", c->gated ? "gated-gelu" : "relu");
+    cJSON_AddItemToObject(o, "initializer_factor", float_number(c->initializer_factor));
+    cJSON_AddTrueToObject(o, "is_encoder_decoder");
+    cJSON_AddBoolToObject(o, "is_gated_act", c->gated);
+    cJSON_AddItemToObject(o, "layer_norm_epsilon", float_number(zt__host_short_decimal(c->layer_norm_epsilon)));
+    cJSON_AddStringToObject(o, "model_type", c->mt5 ? "mt5" : "t5");
+    cJSON_AddNumberToObject(o, "n_positions", c->n_positions);
+    cJSON_AddNumberToObject(o, "num_decoder_layers", c->num_decoder_layers);
+    cJSON_AddNumberToObject(o, "num_heads", c->num_heads);
+    cJSON_AddNumberToObject(o, "num_layers", c->num_layers);
+    cJSON_AddItemToObject(o, "pad_token_id", zt_json_exact_int(c->pad_token_id));
+    cJSON_AddNumberToObject(o, "relative_attention_max_distance", c->max_distance);
+    cJSON_AddNumberToObject(o, "relative_attention_num_buckets", c->num_buckets);
+    cJSON_AddBoolToObject(o, "scale_decoder_outputs", c->scale_decoder_outputs);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddTrueToObject(o, "use_cache");
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text)
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
+    const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
+    rc = zt_write_file_atomic_parts(path, parts, 2, err);
+    cJSON_free(text);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Tensor table                                                                                         */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* What a tensor of a layer does in the program. Q, CK and WI start packed weights (q | k | v, k' | v',
+ * wi_0 | wi_1): the tensors after them continue them in the slab. */
+enum t5_role {
+    R_LN1, R_Q, R_O, R_BIAS, R_LN2, R_CQ, R_CK, R_CO, R_LN3, R_WI, R_WO, R_FINAL, R_COUNT
+};
+
+typedef struct t5_layer {
+    bool decoder;
+    int first;        /* first global layer of its stack (0 or Le) */
+    int t[R_COUNT];   /* tensor index of each role, -1 when absent */
+} t5_layer;
+
+struct zt_t5 {
+    zt_t5_config cfg;
+    int Le, Ld, L;       /* encoder, decoder, all layers */
+    int I;               /* num_heads x d_kv: the attention's inner width */
+    int UP;              /* width of the MLP's first projection: d_ff or 2 d_ff */
+    int max_B, max_T;
+    size_t num_params;
+    int num_tensors, num_blocks, head_block, head_tensor, final_tensor;
+    zt_param_info *tensors;
+    zt_block_info *blocks;
+    t5_layer *layers;    /* [L] */
+    float *params, *grads;
+    struct t5_run *run;  /* activations (NULL for a layout) */
+};
+
+static void add_tensor(zt_t5 *m, int *i, int block, size_t *off, const char *name, int64_t d0, int64_t d1,
+                       bool decay)
+{
+    zt_param_info *t = &m->tensors[*i];
+    memset(t, 0, sizeof *t);
+    const int n = snprintf(t->name, sizeof t->name, "%s", name);
+    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->offset = *off;
+    t->block = block;
+    t->weight_decay = decay;
+    *off += t->numel;
+    (*i)++;
+}
+
+/* Builds (or, with m->tensors NULL, counts) the table; returns the number of tensors. */
+static int build_layout(zt_t5 *m)
+{
+    const zt_t5_config *c = &m->cfg;
+    const int64_t C = c->d_model, I = m->I, F = c->d_ff, V = c->vocab_size, NB = c->num_buckets, NH = c->num_heads;
+    const bool count = m->tensors == NULL;
+    size_t off = 0;
+    int i = 0;
+    char name[96];
+#define ADD(block, nm, d0, d1, decay)                                                                          \
+    do {                                                                                                       \
+        if (count) {                                                                                           \
+            i++;                                                                                               \
+        } else {                                                                                               \
+            add_tensor(m, &i, block, &off, nm, d0, d1, decay);                                                 \
+        }                                                                                                      \
+    } while (0)
+    if (!count)
+        m->blocks[0].offset = 0;
+    ADD(0, "shared.weight", V, C, true);
+    if (!count)
+        m->blocks[0].numel = off;
+    for (int l = 0; l < m->L; l++) {
+        const bool dec = l >= m->Le;
+        const int k = dec ? l - m->Le : l, block = 1 + l;
+        const char *stack = dec ? "decoder" : "encoder";
+        t5_layer *ly = count ? NULL : &m->layers[l];
+        if (ly) {
+            ly->decoder = dec;
+            ly->first = dec ? m->Le : 0;
+            for (int r = 0; r < R_COUNT; r++)
+                ly->t[r] = -1;
+            m->blocks[block].offset = off;
+        }
+#define ROLE(r)                                                                                               \
+    do {                                                                                                      \
+        if (ly)                                                                                               \
+            ly->t[r] = i;                                                                                     \
+    } while (0)
+        ROLE(R_Q);
+        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.q.weight", stack, k);
+        ADD(block, name, I, C, true);
+        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.k.weight", stack, k);
+        ADD(block, name, I, C, true);
+        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.v.weight", stack, k);
+        ADD(block, name, I, C, true);
+        ROLE(R_O);
+        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.o.weight", stack, k);
+        ADD(block, name, C, I, true);
+        if (k == 0) {
+            ROLE(R_BIAS);
+            snprintf(name, sizeof name, "%s.block.0.layer.0.SelfAttention.relative_attention_bias.weight", stack);
+            ADD(block, name, NB, NH, true);
+        }
+        ROLE(R_LN1);
+        snprintf(name, sizeof name, "%s.block.%d.layer.0.layer_norm.weight", stack, k);
+        ADD(block, name, C, 0, false);
+        int ff = 1;
+        if (dec) {
+            ff = 2;
+            ROLE(R_CQ);
+            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.q.weight", k);
+            ADD(block, name, I, C, true);
+            ROLE(R_CK);
+            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.k.weight", k);
+            ADD(block, name, I, C, true);
+            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.v.weight", k);
+            ADD(block, name, I, C, true);
+            ROLE(R_CO);
+            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.o.weight", k);
+            ADD(block, name, C, I, true);
+            ROLE(R_LN2);
+            snprintf(name, sizeof name, "decoder.block.%d.layer.1.layer_norm.weight", k);
+            ADD(block, name, C, 0, false);
+        }
+        ROLE(R_WI);
+        if (c->gated) {
+            snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wi_0.weight", stack, k, ff);
+            ADD(block, name, F, C, true);
+            snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wi_1.weight", stack, k, ff);
+            ADD(block, name, F, C, true);
+        } else {
+            snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wi.weight", stack, k, ff);
+            ADD(block, name, F, C, true);
+        }
+        ROLE(R_WO);
+        snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wo.weight", stack, k, ff);
+        ADD(block, name, C, F, true);
+        ROLE(R_LN3);
+        snprintf(name, sizeof name, "%s.block.%d.layer.%d.layer_norm.weight", stack, k, ff);
+        ADD(block, name, C, 0, false);
+        if (!dec && k == m->Le - 1) {
+            ROLE(R_FINAL);
+            ADD(block, "encoder.final_layer_norm.weight", C, 0, false);
+        }
+        if (ly)
+            m->blocks[block].numel = off - m->blocks[block].offset;
+#undef ROLE
+    }
+    const int last = m->L + 1;
+    if (!count) {
+        m->blocks[last].offset = off;
+        m->final_tensor = i;
+    }
+    ADD(last, "decoder.final_layer_norm.weight", C, 0, false);
+    if (!c->tie_word_embeddings)
+        ADD(last, "lm_head.weight", V, C, true);
+    if (!count) {
+        m->blocks[last].numel = off - m->blocks[last].offset;
+        m->num_params = off;
+    }
+#undef ADD
+    return i;
+}
+
+static size_t config_num_params(const zt_t5_config *c)
+{
+    const size_t C = (size_t)c->d_model, I = (size_t)c->num_heads * c->d_kv, F = (size_t)c->d_ff;
+    const size_t V = (size_t)c->vocab_size, NB = (size_t)c->num_buckets, NH = (size_t)c->num_heads;
+    const size_t attn = 4 * I * C + C, ff = (c->gated ? 3 : 2) * F * C + C;
+    return V * C + (size_t)c->num_layers * (attn + ff) + (size_t)c->num_decoder_layers * (2 * attn + ff) +
+           2 * NB * NH + C /* encoder.final_layer_norm */ + C + (c->tie_word_embeddings ? 0 : V * C);
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* The layer program (op table) and its CPU runner                                                      */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* What a layer keeps for its backward. Cross-attention parts (ln2 .. res3) are the decoder's only; enc_out
+ * and final_rstd the last encoder layer's only. */
+typedef struct t5_acts {
+    void *ln1, *qkv, *atty, *res2, *ln2, *cq, *ckv, *catty, *res3, *ln3, *h, *act, *out, *enc_out;
+    float *rstd1, *lse, *rstd2, *clse, *rstd3, *final_rstd; /* statistics: fp32 on every backend */
+} t5_acts;
+
+/* What the layer program reads and writes: buffers of the backend's element type (o->esize bytes; fp32 on the
+ * CPU), the statistics and bias tables in fp32, and where each tensor sits in its block's buffer (woff, in
+ * elements: the host slab's offsets on the CPU). A CUDA executor fills the same fields with device memory
+ * and its layout's offsets; the CPU runner's own parts (slab, head, tokens kept) follow them. */
+typedef struct t5_run {
+    zt_ops ops;
+    const size_t *woff;        /* [ntensors] element offset of each tensor in its block's buffer */
+    void *emb_enc, *emb_dec;   /* [Ne,C], [Nd,C] */
+    t5_acts *acts;             /* [L] */
+    void *lnf;                 /* [Nd,C] the decoder's final norm (scaled) */
+    float *lnf_rstd;           /* [Nd] */
+    float *bias[2], *dbias[2]; /* [NB*NH] each stack's table (copied by its layer 0) and its gradient sum */
+    /* gradients */
+    void *dres, *dln, *datty, *dqkv, *dh, *dact, *dcq, *dckv, *denc_part, *denc, *ddec_emb;
+    int32_t *enc_tokens, *dec_tokens; /* as the backend's embedding takes them (host memory on the CPU) */
+    int32_t *enc_lens;         /* [B] host memory: the cross-attention's key counts */
+    const int32_t *lens_arg;   /* the same lengths as the backend's attention takes them */
+    bool padded;               /* some encoder length is below Te */
+    /* the CPU runner's own */
+    size_t cap_e, cap_d;       /* rows the slab holds: encoder (B*Te) and decoder (B*Td) */
+    char *slab;
+    size_t *woff_host;
+    void *logits;              /* [Nd,Vp] the backend's type */
+    float *losses;             /* [Nd] */
+    int32_t *targets;
+    int B, Te, Td;
+    bool have_seq2seq;         /* set_seq2seq came before this begin */
+    bool have_targets;
+    int n_valid;
+    bool backward_skip;
+} t5_run;
+
+/* Where the program's buffers are carved: elements of e bytes, the logits' rows Vp wide, every buffer on an
+ * `align`-byte boundary (the CPU runner's slab and a CUDA executor's pool). */
+typedef struct t5_carving {
+    size_t e, Vp, align;
+} t5_carving;
+
+static void *take(char *base, size_t *used, size_t bytes, size_t align)
+{
+    *used = (*used + align - 1) / align * align;
+    void *p = base ? base + *used : NULL;
+    *used += bytes;
+    return p;
+}
+
+/* Carves the buffers for ne encoder and nd decoder rows from base (NULL: counts); returns the bytes. */
+static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd, const t5_carving *k)
+{
+    const size_t C = (size_t)m->cfg.d_model, I = (size_t)m->I, F = (size_t)m->cfg.d_ff, UP = (size_t)m->UP;
+    const size_t NH = (size_t)m->cfg.num_heads, f = k->e, f4 = sizeof(float), al = k->align;
+    const size_t nmax = ne > nd ? ne : nd, TB = (size_t)m->cfg.num_buckets * NH;
+    size_t u = 0;
+#define take(base, u, bytes) take(base, u, bytes, al)
+    r->emb_enc = take(base, &u, ne * C * f);
+    r->emb_dec = take(base, &u, nd * C * f);
+    for (int l = 0; l < m->L; l++) {
+        t5_acts *a = &r->acts[l];
+        const bool dec = m->layers[l].decoder;
+        const size_t n = dec ? nd : ne;
+        memset(a, 0, sizeof *a);
+        a->ln1 = take(base, &u, n * C * f);
+        a->rstd1 = take(base, &u, n * f4);
+        a->qkv = take(base, &u, n * 3 * I * f);
+        a->atty = take(base, &u, n * I * f);
+        a->lse = take(base, &u, n * NH * f4);
+        a->res2 = take(base, &u, n * C * f);
+        if (dec) {
+            a->ln2 = take(base, &u, n * C * f);
+            a->rstd2 = take(base, &u, n * f4);
+            a->cq = take(base, &u, n * I * f);
+            a->ckv = take(base, &u, ne * 2 * I * f);
+            a->catty = take(base, &u, n * I * f);
+            a->clse = take(base, &u, n * NH * f4);
+            a->res3 = take(base, &u, n * C * f);
+        }
+        a->ln3 = take(base, &u, n * C * f);
+        a->rstd3 = take(base, &u, n * f4);
+        a->h = take(base, &u, n * UP * f);
+        a->act = take(base, &u, n * F * f);
+        a->out = take(base, &u, n * C * f);
+        if (m->layers[l].t[R_FINAL] >= 0) {
+            a->enc_out = take(base, &u, ne * C * f);
+            a->final_rstd = take(base, &u, ne * f4);
+        }
+    }
+    r->lnf = take(base, &u, nd * C * f);
+    r->lnf_rstd = take(base, &u, nd * f4);
+    r->logits = take(base, &u, nd * k->Vp * f);
+    r->losses = take(base, &u, nd * f4);
+    for (int s = 0; s < 2; s++) {
+        r->bias[s] = take(base, &u, TB * f4);
+        r->dbias[s] = take(base, &u, TB * f4);
+    }
+    r->dres = take(base, &u, nmax * C * f);
+    r->dln = take(base, &u, nmax * C * f);
+    r->datty = take(base, &u, nmax * I * f);
+    r->dqkv = take(base, &u, nmax * 3 * I * f);
+    r->dh = take(base, &u, nmax * UP * f);
+    r->dact = take(base, &u, nmax * F * f);
+    r->dcq = take(base, &u, nd * I * f);
+    r->dckv = take(base, &u, ne * 2 * I * f);
+    r->denc_part = take(base, &u, ne * C * f);
+    r->denc = take(base, &u, ne * C * f);
+    r->ddec_emb = take(base, &u, nd * C * f);
+#undef take
+    return u;
+}
+
+/* Makes room for ne encoder and nd decoder rows (nothing is kept across micro-batches but the bias copies'
+ * room, which a new slab gives again). */
+static void reserve(zt_t5 *m, size_t ne, size_t nd)
+{
+    t5_run *r = m->run;
+    if (ne <= r->cap_e && nd <= r->cap_d)
+        return;
+    ne = ne > r->cap_e ? ne : r->cap_e;
+    nd = nd > r->cap_d ? nd : r->cap_d;
+    free(r->slab);
+    const t5_carving k = {.e = sizeof(float), .Vp = (size_t)m->cfg.vocab_size, .align = 64};
+    const size_t bytes = carve(m, r, NULL, ne, nd, &k);
+    r->slab = zt_xmalloc(bytes);
+    zt_advise_huge_pages(r->slab, bytes);
+    ZT_ASSERT(carve(m, r, r->slab, ne, nd, &k) == bytes);
+    r->cap_e = ne;
+    r->cap_d = nd;
+    /* the unfused compositions' scratch: a linear output of d_model columns before its residual */
+    if (r->ops.ctx)
+        zt__ops_cpu_free(&r->ops);
+    zt__ops_cpu_init(&r->ops, ne > nd ? ne : nd, (size_t)m->cfg.d_model);
+}
+
+/* Element i of a buffer of the backend's type. */
+#define EL(p, i) ((void *)((char *)(p) + (size_t)(i) * r->ops.esize))
+
+/* Tensor idx in its block's buffer bp. */
+static void *in_block(const t5_run *r, const void *bp, int idx)
+{
+    return EL(bp, r->woff[idx]);
+}
+
+/* The self-attention descriptor of layer l over its packed q | k | v rows. */
+static zt_attention_desc self_desc(const zt_t5 *m, const t5_acts *a, bool dec)
+{
+    const t5_run *r = m->run;
+    const int I = m->I, T = dec ? r->Td : r->Te;
+    return (zt_attention_desc){
+        .q = a->qkv, .k = EL(a->qkv, I), .v = EL(a->qkv, 2 * I), .q_stride = 3 * I, .k_stride = 3 * I,
+        .v_stride = 3 * I, .out = a->atty, .out_stride = I, .lse = a->lse, .B = r->B, .Tq = T, .Tk = T,
+        .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads, .HS = m->cfg.d_kv, .scale = 1.0f, .causal = dec,
+        .window = -1, .lens = !dec && r->padded ? r->lens_arg : NULL, .bias = ZT_ATTENTION_BIAS_T5,
+        .bias_table = r->bias[dec], .num_buckets = m->cfg.num_buckets, .max_distance = m->cfg.max_distance,
+        .bias_bidirectional = !dec};
+}
+
+/* The cross-attention descriptor of sequences b0 .. b0+nb-1 (all of them with nb = B and no padding). */
+static zt_attention_desc cross_desc(const zt_t5 *m, const t5_acts *a, int b0, int nb)
+{
+    const t5_run *r = m->run;
+    const int I = m->I;
+    const size_t q0 = (size_t)b0 * r->Td, k0 = (size_t)b0 * r->Te;
+    return (zt_attention_desc){
+        .q = EL(a->cq, q0 * I), .k = EL(a->ckv, k0 * 2 * I), .v = EL(a->ckv, k0 * 2 * I + I), .q_stride = I,
+        .k_stride = 2 * I, .v_stride = 2 * I, .out = EL(a->catty, q0 * I), .out_stride = I,
+        .lse = a->clse + (size_t)b0 * m->cfg.num_heads * r->Td, .B = nb, .Tq = r->Td,
+        .Tk = nb == r->B && !r->padded ? r->Te : r->enc_lens[b0], .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads,
+        .HS = m->cfg.d_kv, .scale = 1.0f, .causal = false, .window = -1, .bias = ZT_ATTENTION_BIAS_NONE};
+}
+
+/* Sequences per cross-attention call: all at once, or one by one where the encoder has padding (each call
+ * sees its sequence's valid keys). */
+static int cross_calls(const t5_run *r)
+{
+    return r->padded ? r->B : 1;
+}
+
+static void ff_forward(const zt_t5 *m, const t5_run *r, const void *bp, const t5_layer *ly, t5_acts *a,
+                       const void *x, int N)
+{
+    const zt_ops *o = &r->ops;
+    const int C = m->cfg.d_model, F = m->cfg.d_ff;
+#define W(role) in_block(r, bp, ly->t[role])
+    o->rmsnorm(o, a->ln3, a->rstd3, x, W(R_LN3), N, C, m->cfg.layer_norm_epsilon);
+    o->linear(o, a->h, a->ln3, W(R_WI), NULL, N, C, m->UP);
+    if (m->cfg.gated)
+        o->geglu(o, a->act, a->h, N, F);
+    else
+        o->relu(o, a->act, a->h, (size_t)N * F);
+    o->linear_residual(o, a->out, a->act, W(R_WO), NULL, x, N, F, C);
+#undef W
+}
+
+/* Layer l's forward from x into its activations. */
+static void layer_forward(const zt_t5 *m, t5_run *r, int l, const void *bp, const void *x)
+{
+    const zt_ops *o = &r->ops;
+    const t5_layer *ly = &m->layers[l];
+    t5_acts *a = &r->acts[l];
+    const bool dec = ly->decoder;
+    const int C = m->cfg.d_model, I = m->I, N = r->B * (dec ? r->Td : r->Te), Ne = r->B * r->Te;
+    const float eps = m->cfg.layer_norm_epsilon;
+#define W(role) in_block(r, bp, ly->t[role])
+    if (ly->t[R_BIAS] >= 0) /* layer 0 of its stack: the table every layer of the stack reads */
+        o->to_f32(o, r->bias[dec], W(R_BIAS), (size_t)m->cfg.num_buckets * m->cfg.num_heads);
+    o->rmsnorm(o, a->ln1, a->rstd1, x, W(R_LN1), N, C, eps);
+    o->linear(o, a->qkv, a->ln1, W(R_Q), NULL, N, C, 3 * I);
+    const zt_attention_desc d = self_desc(m, a, dec);
+    o->attention_desc(o, &d);
+    o->linear_residual(o, a->res2, a->atty, W(R_O), NULL, x, N, I, C);
+    const void *ff_in = a->res2;
+    if (dec) {
+        const void *e = r->acts[m->Le - 1].enc_out;
+        o->rmsnorm(o, a->ln2, a->rstd2, a->res2, W(R_LN2), N, C, eps);
+        o->linear(o, a->cq, a->ln2, W(R_CQ), NULL, N, C, I);
+        o->linear(o, a->ckv, e, W(R_CK), NULL, Ne, C, 2 * I);
+        const int calls = cross_calls(r), per = r->B / calls;
+        for (int c = 0; c < calls; c++) {
+            const zt_attention_desc cd = cross_desc(m, a, c * per, per);
+            o->attention_desc(o, &cd);
+        }
+        o->linear_residual(o, a->res3, a->catty, W(R_CO), NULL, a->res2, N, I, C);
+        ff_in = a->res3;
+    }
+    ff_forward(m, r, bp, ly, a, ff_in, N);
+    if (ly->t[R_FINAL] >= 0)
+        o->rmsnorm(o, a->enc_out, a->final_rstd, a->out, W(R_FINAL), N, C, eps);
+#undef W
+}
+
+/* Layer l's backward: r->dres from d(out) to d(x); weight gradients into bg; the decoder's cross-attention
+ * adds d(encoder output) into r->denc. */
+static void layer_backward(const zt_t5 *m, t5_run *r, int l, const void *bp, void *bg, const void *x)
+{
+    const zt_ops *o = &r->ops;
+    const t5_layer *ly = &m->layers[l];
+    const t5_acts *a = &r->acts[l];
+    const bool dec = ly->decoder;
+    const int C = m->cfg.d_model, I = m->I, F = m->cfg.d_ff, N = r->B * (dec ? r->Td : r->Te), Ne = r->B * r->Te;
+#define W(role) in_block(r, bp, ly->t[role])
+#define G(role) in_block(r, bg, ly->t[role])
+    /* MLP */
+    const void *ff_in = dec ? a->res3 : a->res2;
+    o->linear_backward(o, r->dact, G(R_WO), NULL, r->dres, a->act, W(R_WO), N, F, C);
+    if (m->cfg.gated)
+        o->geglu_backward(o, r->dh, a->h, r->dact, N, F);
+    else
+        o->relu_backward(o, r->dh, a->h, r->dact, (size_t)N * F);
+    o->linear_backward(o, r->dln, G(R_WI), NULL, r->dh, a->ln3, W(R_WI), N, C, m->UP);
+    o->rmsnorm_backward(o, r->dres, G(R_LN3), r->dln, ff_in, W(R_LN3), a->rstd3, N, C);
+    if (dec) {
+        /* cross-attention */
+        const void *e = r->acts[m->Le - 1].enc_out;
+        o->linear_backward(o, r->datty, G(R_CO), NULL, r->dres, a->catty, W(R_CO), N, I, C);
+        o->zero(o, r->dcq, (size_t)N * I);
+        o->zero(o, r->dckv, (size_t)Ne * 2 * I);
+        const int calls = cross_calls(r), per = r->B / calls;
+        for (int c = 0; c < calls; c++) {
+            const zt_attention_desc cd = cross_desc(m, a, c * per, per);
+            const size_t q0 = (size_t)c * per * r->Td, k0 = (size_t)c * per * r->Te;
+            const zt_attention_grads g = {.dout = EL(r->datty, q0 * I), .dq = EL(r->dcq, q0 * I),
+                                          .dk = EL(r->dckv, k0 * 2 * I), .dv = EL(r->dckv, k0 * 2 * I + I),
+                                          .dq_stride = I, .dk_stride = 2 * I, .dv_stride = 2 * I,
+                                          .accumulate = true};
+            o->attention_desc_backward(o, &cd, &g);
+        }
+        o->linear_backward(o, r->dln, G(R_CQ), NULL, r->dcq, a->ln2, W(R_CQ), N, C, I);
+        o->rmsnorm_backward(o, r->dres, G(R_LN2), r->dln, a->res2, W(R_LN2), a->rstd2, N, C);
+        o->linear_backward(o, r->denc_part, G(R_CK), NULL, r->dckv, e, W(R_CK), Ne, C, 2 * I);
+        o->add(o, r->denc, r->denc_part, (size_t)Ne * C);
+    }
+    /* self-attention */
+    o->linear_backward(o, r->datty, G(R_O), NULL, r->dres, a->atty, W(R_O), N, I, C);
+    o->zero(o, r->dqkv, (size_t)N * 3 * I);
+    const zt_attention_desc d = self_desc(m, a, dec);
+    const zt_attention_grads g = {.dout = r->datty, .dq = r->dqkv, .dk = EL(r->dqkv, I), .dv = EL(r->dqkv, 2 * I),
+                                  .dq_stride = 3 * I, .dk_stride = 3 * I, .dv_stride = 3 * I,
+                                  .dbias_table = r->dbias[dec], .accumulate = true};
+    o->attention_desc_backward(o, &d, &g);
+    o->linear_backward(o, r->dln, G(R_Q), NULL, r->dqkv, a->ln1, W(R_Q), N, C, 3 * I);
+    o->rmsnorm_backward(o, r->dres, G(R_LN1), r->dln, x, W(R_LN1), a->rstd1, N, C);
+    if (ly->t[R_BIAS] >= 0) /* the stack's last backward: its table's gradient from every layer */
+        o->add_f32(o, G(R_BIAS), r->dbias[dec], (size_t)m->cfg.num_buckets * m->cfg.num_heads);
+#undef W
+#undef G
+}
+
+/* The residual stream entering layer l. */
+static const void *layer_input(const zt_t5 *m, const t5_run *r, int l)
+{
+    if (l == 0)
+        return r->emb_enc;
+    if (l == m->Le)
+        return r->emb_dec;
+    return r->acts[l - 1].out;
+}
+
+static float decoder_scale(const zt_t5 *m)
+{
+    return m->cfg.scale_decoder_outputs ? 1.0f / sqrtf((float)m->cfg.d_model) : 1.0f;
+}
+
+static void t5_set_seq2seq(zt_t5 *m, const zt_model_seq2seq *s)
+{
+    t5_run *r = m->run;
+    ZT_ASSERT(s && s->decoder_tokens && s->Td >= 1 && s->Td <= m->max_T);
+    r->Td = s->Td;
+    r->have_seq2seq = true;
+    /* the tokens and lengths are copied at begin, when B is known: keep the caller's pointers until then */
+    r->dec_tokens = (int32_t *)s->decoder_tokens;
+    r->enc_lens = (int32_t *)s->encoder_lens;
+}
+
+static void t5_begin(zt_t5 *m, const int32_t *tokens, int B, int T)
+{
+    t5_run *r = m->run;
+    ZT_ASSERT(r->have_seq2seq); /* a T5 micro-batch needs its decoder side (set_seq2seq) first */
+    ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
+    const int32_t *dec = r->dec_tokens, *lens = r->enc_lens;
+    const size_t ne = (size_t)B * T, nd = (size_t)B * r->Td;
+    /* the caller's arrays, before the slab may move */
+    int32_t *keep = zt_xmalloc((ne + nd + (size_t)B) * sizeof(int32_t));
+    memcpy(keep, tokens, ne * sizeof(int32_t));
+    memcpy(keep + ne, dec, nd * sizeof(int32_t));
+    for (int b = 0; b < B; b++)
+        keep[ne + nd + b] = lens ? (lens[b] < 1 ? 1 : lens[b] > T ? T : lens[b]) : T;
+    reserve(m, ne, nd);
+    free(r->enc_tokens);
+    r->enc_tokens = keep;
+    r->dec_tokens = keep + ne;
+    r->enc_lens = keep + ne + nd;
+    r->lens_arg = r->enc_lens;
+    r->B = B;
+    r->Te = T;
+    r->padded = false;
+    for (int b = 0; b < B; b++)
+        r->padded |= r->enc_lens[b] < T;
+    for (size_t i = 0; i < ne + nd; i++)
+        ZT_ASSERT(keep[i] >= 0 && keep[i] < m->cfg.vocab_size);
+    r->have_seq2seq = false;
+    r->have_targets = false;
+}
+
+/* Block `block`'s forward (model.h's order) from the previous block's output, with its weights at bp. */
+static void prog_forward_block(const zt_t5 *m, t5_run *r, int block, const void *bp)
+{
+    const zt_ops *o = &r->ops;
+    ZT_ASSERT(block >= 0 && block <= m->L + 1);
+    const int C = m->cfg.d_model;
+    if (block == 0) {
+        o->embedding(o, r->emb_enc, r->enc_tokens, in_block(r, bp, 0), NULL, r->B, r->Te, C);
+        o->embedding(o, r->emb_dec, r->dec_tokens, in_block(r, bp, 0), NULL, r->B, r->Td, C);
+        return;
+    }
+    if (block == m->L + 1) {
+        const int N = r->B * r->Td;
+        o->rmsnorm(o, r->lnf, r->lnf_rstd, r->acts[m->L - 1].out, in_block(r, bp, m->final_tensor), N, C,
+                   m->cfg.layer_norm_epsilon);
+        if (m->cfg.scale_decoder_outputs)
+            o->scale(o, r->lnf, decoder_scale(m), (size_t)N * C);
+        return;
+    }
+    const int l = block - 1;
+    layer_forward(m, r, l, bp, layer_input(m, r, l));
+}
+
+/* After the head's backward has left d(lnf) in r->dln: the rescale's backward, and the sums that the decoder
+ * layers (the encoder output's gradient) and each stack's layers (its bias table's) add into, zeroed. */
+static void prog_head_backward_done(const zt_t5 *m, t5_run *r)
+{
+    const zt_ops *o = &r->ops;
+    const size_t TB = (size_t)m->cfg.num_buckets * m->cfg.num_heads;
+    if (m->cfg.scale_decoder_outputs)
+        o->scale(o, r->dln, decoder_scale(m), (size_t)r->B * r->Td * m->cfg.d_model);
+    o->zero(o, r->denc, (size_t)r->B * r->Te * m->cfg.d_model);
+    o->zero_f32(o, r->dbias[0], TB);
+    o->zero_f32(o, r->dbias[1], TB);
+}
+
+/* Block `block`'s backward: r->dres from d(its output) to d(its input); weight gradients added into bg. */
+static void prog_backward_block(const zt_t5 *m, t5_run *r, int block, const void *bp, void *bg)
+{
+    const zt_ops *o = &r->ops;
+    ZT_ASSERT(block >= 0 && block <= m->L + 1);
+    const int C = m->cfg.d_model, Nd = r->B * r->Td, Ne = r->B * r->Te;
+    if (block == m->L + 1) {
+        o->zero(o, r->dres, (size_t)Nd * C);
+        o->rmsnorm_backward(o, r->dres, in_block(r, bg, m->final_tensor), r->dln, r->acts[m->L - 1].out,
+                            in_block(r, bp, m->final_tensor), r->lnf_rstd, Nd, C);
+        return;
+    }
+    if (block == 0) {
+        o->embedding_backward(o, in_block(r, bg, 0), NULL, r->dres, r->enc_tokens, r->B, r->Te, C,
+                              m->cfg.vocab_size);
+        o->embedding_backward(o, in_block(r, bg, 0), NULL, r->ddec_emb, r->dec_tokens, r->B, r->Td, C,
+                              m->cfg.vocab_size);
+        return;
+    }
+    const int l = block - 1;
+    const t5_layer *ly = &m->layers[l];
+    if (ly->t[R_FINAL] >= 0) {
+        /* the encoder's top: dres holds d(decoder embedding), kept for block 0; the encoder output's gradient
+         * is complete (every decoder layer added its part) */
+        o->copy(o, r->ddec_emb, r->dres, (size_t)Nd * C);
+        o->zero(o, r->dres, (size_t)Ne * C);
+        o->rmsnorm_backward(o, r->dres, in_block(r, bg, ly->t[R_FINAL]), r->denc, r->acts[l].out,
+                            in_block(r, bp, ly->t[R_FINAL]), r->acts[l].final_rstd, Ne, C);
+    }
+    layer_backward(m, r, l, bp, bg, layer_input(m, r, l));
+}
+
+/* ---- the CPU runner: the program with the CPU binding, the head on the CPU kernels ---- */
+
+static void t5_forward_block(zt_t5 *m, int block, const float *bp)
+{
+    prog_forward_block(m, m->run, block, bp);
+}
+
+static float t5_forward_head(zt_t5 *m, const float *hp, const int32_t *targets)
+{
+    t5_run *r = m->run;
+    const int N = r->B * r->Td, C = m->cfg.d_model, V = m->cfg.vocab_size;
+    zt_cpu_matmul_forward(r->logits, r->lnf, in_block(r, hp, m->head_tensor), NULL, N, C, V);
+    if (!targets)
+        return 0.0f;
+    /* targets [B,Te]: row b's first Td are the decoder positions' */
+    ZT_ASSERT(r->Td <= r->Te);
+    r->targets = zt_xrealloc(r->targets, (size_t)N * sizeof(int32_t));
+    for (int b = 0; b < r->B; b++)
+        for (int j = 0; j < r->Td; j++) {
+            const int32_t y = targets[(size_t)b * r->Te + j];
+            ZT_ASSERT(y == IGNORE_INDEX || (y >= 0 && y < V));
+            r->targets[(size_t)b * r->Td + j] = y;
+        }
+    r->n_valid = zt_cpu_crossentropy_forward_backward(r->losses, NULL, r->logits, r->targets, N, V, IGNORE_INDEX,
+                                                      0.0f);
+    r->have_targets = true;
+    if (r->n_valid == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += r->losses[i];
+    return (float)(sum / r->n_valid);
+}
+
+static void t5_backward_head(zt_t5 *m, const float *hp, float *hg, float loss_scale)
+{
+    t5_run *r = m->run;
+    ZT_ASSERT(r->have_targets); /* backward needs a forward with targets, once */
+    r->have_targets = false;
+    r->backward_skip = r->n_valid == 0;
+    if (r->backward_skip)
+        return;
+    const int N = r->B * r->Td, C = m->cfg.d_model, V = m->cfg.vocab_size;
+    zt_cpu_crossentropy_forward_backward(r->losses, r->logits, r->logits, r->targets, N, V, IGNORE_INDEX,
+                                         loss_scale / (float)r->n_valid);
+    memset(r->dln, 0, (size_t)N * C * sizeof(float));
+    zt_cpu_matmul_backward(r->dln, in_block(r, hg, m->head_tensor), NULL, r->logits, r->lnf,
+                           in_block(r, hp, m->head_tensor), N, C, V);
+    prog_head_backward_done(m, r);
+}
+
+static void t5_backward_block(zt_t5 *m, int block, const float *bp, float *bg)
+{
+    if (!m->run->backward_skip)
+        prog_backward_block(m, m->run, block, bp, bg);
+}
+
+/* Fills a layer's intermediates with NaN (its output and the encoder output stay): a rebuild recomputes them. */
+static void t5_discard_block(zt_t5 *m, int block)
+{
+    if (block < 1 || block > m->L)
+        return;
+    t5_run *r = m->run;
+    t5_acts *a = &r->acts[block - 1];
+    const bool dec = m->layers[block - 1].decoder;
+    const size_t N = (size_t)r->B * (dec ? r->Td : r->Te), C = (size_t)m->cfg.d_model, I = (size_t)m->I;
+    const struct {
+        void *p;
+        size_t n;
+    } parts[] = {{a->ln1, N * C}, {a->qkv, N * 3 * I}, {a->atty, N * I}, {a->ln3, N * C},
+                 {a->h, N * (size_t)m->UP}, {a->act, N * (size_t)m->cfg.d_ff}, {a->cq, dec ? N * I : 0},
+                 {a->catty, dec ? N * I : 0}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        for (size_t i = 0; i < parts[k].n; i++)
+            ((float *)parts[k].p)[i] = NAN;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Creation                                                                                             */
+/* ---------------------------------------------------------------------------------------------------- */
+
+static void t5_destroy(zt_t5 *m)
+{
+    if (!m)
+        return;
+    if (m->run) {
+        if (m->run->ops.ctx)
+            zt__ops_cpu_free(&m->run->ops);
+        free(m->run->slab);
+        free(m->run->acts);
+        free(m->run->woff_host);
+        free(m->run->enc_tokens);
+        free(m->run->targets);
+        free(m->run);
+    }
+    free(m->tensors);
+    free(m->blocks);
+    free(m->layers);
+    free(m->params);
+    free(m->grads);
+    free(m);
+}
+
+static zt_t5 *new_tables(const zt_t5_config *cfg, int B, int T)
+{
+    zt_t5 *m = zt_xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    m->Le = cfg->num_layers;
+    m->Ld = cfg->num_decoder_layers;
+    m->L = m->Le + m->Ld;
+    m->I = cfg->num_heads * cfg->d_kv;
+    m->UP = cfg->gated ? 2 * cfg->d_ff : cfg->d_ff;
+    m->max_B = B;
+    m->max_T = T;
+    m->num_tensors = build_layout(m); /* counts */
+    m->num_blocks = m->L + 2;
+    m->tensors = zt_xcalloc((size_t)m->num_tensors, sizeof *m->tensors);
+    m->blocks = zt_xcalloc((size_t)m->num_blocks, sizeof *m->blocks);
+    m->layers = zt_xcalloc((size_t)m->L, sizeof *m->layers);
+    ZT_ASSERT(build_layout(m) == m->num_tensors);
+    ZT_ASSERT(m->num_params == config_num_params(cfg));
+    m->head_block = cfg->tie_word_embeddings ? 0 : m->L + 1;
+    m->head_tensor = cfg->tie_word_embeddings ? 0 : m->num_tensors - 1;
+    return m;
+}
+
+static void init_params(zt_t5 *m, uint64_t seed)
+{
+    const zt_t5_config *c = &m->cfg;
+    const double f = c->initializer_factor, C = c->d_model;
+    zt_rng r;
+    zt_rng_seed(&r, seed);
+    for (int i = 0; i < m->num_tensors; i++) {
+        const zt_param_info *t = &m->tensors[i];
+        float *x = m->params + t->offset;
+        const char *n = t->name;
+        double std;
+        if (t->ndim == 1) {
+            for (size_t j = 0; j < t->numel; j++)
+                x[j] = (float)f;
+            continue;
+        }
+        if (strcmp(n, "shared.weight") == 0 || strcmp(n, "lm_head.weight") == 0)
+            std = f;
+        else if (strstr(n, ".q.weight"))
+            std = f / sqrt(C * c->d_kv);
+        else if (strstr(n, ".o.weight"))
+            std = f / sqrt((double)c->num_heads * c->d_kv);
+        else if (strstr(n, ".wo.weight"))
+            std = f / sqrt((double)c->d_ff);
+        else /* k, v, the bias tables, wi, wi_0, wi_1 */
+            std = f / sqrt(C);
+        zt__host_fill_normal(&r, x, t->numel, std);
+    }
+}
+
+static int t5_create_layout(zt_t5 **out, const zt_t5_config *cfg, zt_err *err)
+{
+    *out = NULL;
+    int rc = config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    *out = new_tables(cfg, 1, 1);
+    return 0;
+}
+
+static int t5_create(zt_t5 **out, const zt_t5_config *cfg, int B, int T, uint64_t seed, zt_err *err)
+{
+    *out = NULL;
+    int rc = config_validate(cfg, err);
+    if (rc < 0)
+        return rc;
+    if (B < 1 || T < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
+    if ((int64_t)B * T * (cfg->vocab_size > 2 * cfg->d_ff ? cfg->vocab_size : 2 * cfg->d_ff) > (int64_t)1 << 50)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
+    zt_t5 *m = new_tables(cfg, B, T);
+    const size_t bytes = m->num_params * sizeof(float);
+    m->params = malloc(bytes);
+    m->grads = calloc(m->num_params, sizeof(float));
+    if (!m->params || !m->grads) {
+        t5_destroy(m);
+        return zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
+                       2.0 * (double)bytes / (1 << 20));
+    }
+    m->run = zt_xcalloc(1, sizeof *m->run);
+    m->run->acts = zt_xcalloc((size_t)m->L, sizeof *m->run->acts);
+    m->run->woff_host = zt_xcalloc((size_t)m->num_tensors, sizeof(size_t));
+    for (int i = 0; i < m->num_tensors; i++)
+        m->run->woff_host[i] = m->tensors[i].offset - m->blocks[m->tensors[i].block].offset;
+    m->run->woff = m->run->woff_host;
+    init_params(m, seed);
+    *out = m;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Whole passes                                                                                         */
+/* ---------------------------------------------------------------------------------------------------- */
+
+float zt_t5_forward(zt_t5 *m, const int32_t *enc_tokens, int B, int T, const zt_model_seq2seq *s,
+                    const int32_t *targets)
+{
+    t5_set_seq2seq(m, s);
+    t5_begin(m, enc_tokens, B, T);
+    for (int b = 0; b < m->num_blocks; b++)
+        t5_forward_block(m, b, m->params + m->blocks[b].offset);
+    return t5_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
+}
+
+void zt_t5_backward(zt_t5 *m, float loss_scale)
+{
+    const size_t h = m->blocks[m->head_block].offset;
+    t5_backward_head(m, m->params + h, m->grads + h, loss_scale);
+    for (int b = m->num_blocks - 1; b >= 0; b--)
+        t5_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+}
+
+const float *zt_t5_logits(const zt_t5 *m)
+{
+    return m->run->logits;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Hugging Face names and the family definition                                                         */
+/* ---------------------------------------------------------------------------------------------------- */
+
+static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
+{
+    (void)m;
+    snprintf(out, cap, "%s", t->name);
+}
+
+/* The table's names; the stacks' embed_tokens and a tied lm_head are the shared embedding; the decoder's
+ * cross-attention bias table, which transformers ignores, is skipped. */
+static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
+{
+    const zt_t5 *m = mv;
+    if (strcmp(name, "encoder.embed_tokens.weight") == 0 || strcmp(name, "decoder.embed_tokens.weight") == 0 ||
+        (strcmp(name, "lm_head.weight") == 0 && m->cfg.tie_word_embeddings)) {
+        *idx = 0;
+        return ZT_HF_TIED;
+    }
+    if (strcmp(name, "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight") == 0)
+        return ZT_HF_BUFFER;
+    *idx = zt__host_find_tensor(m->tensors, m->num_tensors, name);
+    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
+}
+
+static void hf_describe(const void *mv, char *out, size_t cap)
+{
+    const zt_t5 *m = mv;
+    snprintf(out, cap, "a T5 with %d encoder and %d decoder layers and %s head (tie_word_embeddings %s)", m->Le,
+             m->Ld, m->cfg.tie_word_embeddings ? "a tied" : "an untied",
+             m->cfg.tie_word_embeddings ? "true" : "false");
+}
+
+static const zt_hf_names hf_names = {
+    .export_name = hf_export_name,
+    .map = hf_map,
+    .describe = hf_describe,
+    .tied_fix = "tie_word_embeddings is true; set it to false to import an untied lm_head",
+    .head_optional = false,
+};
+
+static void f_config_default(void *c, const char *model_type)
+{
+    zt_t5_config_default(c);
+    ((zt_t5_config *)c)->mt5 = model_type && strcmp(model_type, "mt5") == 0;
+}
+static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
+{
+    return config_from_json(c, o, where, err);
+}
+static int f_config_save(const void *c, const char *path, zt_err *err) { return config_save(c, path, err); }
+static int f_config_validate(const void *c, zt_err *err) { return config_validate(c, err); }
+
+static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
+{
+    const zt_t5_config *x = a, *y = b;
+#define CMP(f, fmt, cast)                                                                                     \
+    if (x->f != y->f) {                                                                                       \
+        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
+        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
+        return #f;                                                                                            \
+    }
+    CMP(mt5, "%d", int)
+    CMP(vocab_size, "%d", int)
+    CMP(d_model, "%d", int)
+    CMP(d_kv, "%d", int)
+    CMP(d_ff, "%d", int)
+    CMP(num_layers, "%d", int)
+    CMP(num_decoder_layers, "%d", int)
+    CMP(num_heads, "%d", int)
+    CMP(num_buckets, "%d", int)
+    CMP(max_distance, "%d", int)
+    CMP(layer_norm_epsilon, "%g", double)
+    CMP(gated, "%d", int)
+    CMP(tie_word_embeddings, "%d", int)
+    CMP(scale_decoder_outputs, "%d", int)
+    CMP(n_positions, "%d", int)
+    CMP(pad_token_id, "%d", int)
+    CMP(eos_token_id, "%d", int)
+    CMP(decoder_start_token_id, "%d", int)
+#undef CMP
+    return NULL;
+}
+
+static uint64_t f_config_fingerprint(const void *cv)
+{
+    const zt_t5_config *c = cv;
+    const int64_t ints[] = {5, c->mt5, c->vocab_size, c->d_model, c->d_kv, c->d_ff, c->num_layers,
+                            c->num_decoder_layers, c->num_heads, c->num_buckets, c->max_distance, c->gated,
+                            c->tie_word_embeddings, c->scale_decoder_outputs, c->n_positions, c->pad_token_id,
+                            c->eos_token_id, c->decoder_start_token_id};
+    const double reals[] = {c->layer_norm_epsilon, c->initializer_factor, c->dropout_rate};
+    uint64_t h = 14695981039346656037ULL;
+    const unsigned char *p = (const unsigned char *)ints;
+    for (size_t i = 0; i < sizeof ints; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    p = (const unsigned char *)reals;
+    for (size_t i = 0; i < sizeof reals; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static void f_config_describe(const void *cv, char *buf, size_t cap)
+{
+    const zt_t5_config *c = cv;
+    snprintf(buf, cap, "%s, %d + %d layers x %d wide, %d heads of %d, MLP %d (%s), vocab %d, %d buckets%s",
+             c->mt5 ? "mT5" : "T5", c->num_layers, c->num_decoder_layers, c->d_model, c->num_heads, c->d_kv, c->d_ff,
+             c->gated ? "gated-gelu" : "relu", c->vocab_size, c->num_buckets,
+             c->tie_word_embeddings ? ", tied head" : "");
+}
+
+static void f_config_shape(const void *cv, zt_family_shape *s)
+{
+    const zt_t5_config *c = cv;
+    *s = (zt_family_shape){.layers = c->num_layers + c->num_decoder_layers, .positions = c->n_positions,
+                           .vocab = c->vocab_size, .width = c->d_model, .heads = c->num_heads,
+                           .num_params = config_num_params(c), .task = ZT_TASK_SEQ2SEQ,
+                           .pad_token_id = c->pad_token_id, .decoder_start_token_id = c->decoder_start_token_id,
+                           .eos_token_id = c->eos_token_id};
+}
+
+static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
+{
+    return t5_create((zt_t5 **)out, c, B, T, seed, err);
+}
+static int f_create_layout(void **out, const void *c, zt_err *err) { return t5_create_layout((zt_t5 **)out, c, err); }
+static void f_destroy(void *m) { t5_destroy(m); }
+static const void *f_config(const void *m) { return &((const zt_t5 *)m)->cfg; }
+static size_t f_num_params(const void *m) { return ((const zt_t5 *)m)->num_params; }
+static int f_num_tensors(const void *m) { return ((const zt_t5 *)m)->num_tensors; }
+static const zt_param_info *f_tensor(const void *mv, int i)
+{
+    const zt_t5 *m = mv;
+    ZT_ASSERT(i >= 0 && i < m->num_tensors);
+    return &m->tensors[i];
+}
+static int f_num_blocks(const void *m) { return ((const zt_t5 *)m)->num_blocks; }
+static const zt_block_info *f_block(const void *mv, int i)
+{
+    const zt_t5 *m = mv;
+    ZT_ASSERT(i >= 0 && i < m->num_blocks);
+    return &m->blocks[i];
+}
+static int f_head_block(const void *m) { return ((const zt_t5 *)m)->head_block; }
+static int f_max_batch(const void *m) { return ((const zt_t5 *)m)->max_B; }
+static int f_max_seq(const void *m) { return ((const zt_t5 *)m)->max_T; }
+static float *f_params(void *m) { return ((zt_t5 *)m)->params; }
+static float *f_grads(void *m) { return ((zt_t5 *)m)->grads; }
+static void f_release_params(void *mv)
+{
+    zt_t5 *m = mv;
+    free(m->params);
+    m->params = zt_xcalloc(m->num_params ? m->num_params : 1, sizeof(float));
+}
+static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
+{
+    ZT_ASSERT(pos == NULL); /* T5 does not pack (refused by the config) */
+    t5_begin(m, tok, B, T);
+}
+static void f_forward_block(void *m, int b, const float *w) { t5_forward_block(m, b, w); }
+static float f_forward_head(void *m, const float *w, const int32_t *t) { return t5_forward_head(m, w, t); }
+static void f_backward_head(void *m, const float *w, float *g, float s) { t5_backward_head(m, w, g, s); }
+static void f_backward_block(void *m, int b, const float *w, float *g) { t5_backward_block(m, b, w, g); }
+static void f_discard_block(void *m, int b) { t5_discard_block(m, b); }
+static const float *f_logits(const void *m) { return zt_t5_logits(m); }
+static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(m, s); }
+
+#ifdef ZT_WITH_CUDA
+/* ---------------------------------------------------------------------------------------------------- */
+/* The CUDA executor: the same program with the CUDA binding                                            */
+/* ---------------------------------------------------------------------------------------------------- */
+
+/* Device layout: the host table's tensors in order, each on a 64-element boundary unless it continues a packed
+ * weight (k and v after q, k' and v' after k', wi_1 after wi_0); the shared embedding and an untied lm_head
+ * padded to a vocabulary of a multiple of 128 rows. Every layer keeps its activations (no checkpointing on
+ * the GPU yet: a checkpointed layer's rebuild would recompute the same values). Buffers are carved from one
+ * pool for micro-batches of up to max_B x max_T encoder and decoder tokens; nothing is allocated in a step. */
+typedef struct t5_cuda {
+    zt_model base;              /* first member: a zt_model * is a t5_cuda * */
+    const zt_t5 *m;             /* the host model's tables (borrowed) */
+    t5_run r;                   /* the program's state: device buffers, the CUDA binding */
+    enum zt_dtype dtype;
+    int max_B, max_T, max_micro, Vp;
+    zt__cuda_layout lay;
+    zt__cuda_state cs;
+    size_t *woff;               /* [ntensors] */
+    int32_t *d_lens, *d_targets;
+    void *attn_scratch, *emb_scratch, *norm_scratch;
+    int *d_flag;
+    int32_t *h_lens, *h_dec, *h_tgt; /* host copies of the micro-batch's lengths, decoder tokens, targets */
+    const int32_t *pend_dec, *pend_lens; /* set_seq2seq's, until begin */
+    int pend_Td;
+    bool have_seq2seq;
+    int n_valid[ZT__CUDA_MAX_MICRO], n_rows[ZT__CUDA_MAX_MICRO];
+    int micro;
+} t5_cuda;
+
+static const zt_model_ops t5_cuda_ops;
+
+/* The largest attention calls of a micro-batch, for the backward's scratch. */
+static size_t cuda_attn_scratch(const zt_t5 *m, int B, int T)
+{
+    const zt_attention_desc self = {.B = B, .Tq = T, .Tk = T, .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads,
+                                    .HS = m->cfg.d_kv, .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5,
+                                    .num_buckets = m->cfg.num_buckets, .max_distance = m->cfg.max_distance};
+    zt_attention_desc cross = self;
+    cross.bias = ZT_ATTENTION_BIAS_NONE;
+    const size_t a = zt_cuda_attention_bwd_scratch_size(&self), b = zt_cuda_attention_bwd_scratch_size(&cross);
+    return a > b ? a : b;
+}
+
+static size_t cuda_carve(t5_cuda *g, char *base, size_t plan[2])
+{
+    const size_t N = (size_t)g->max_B * g->max_T, al = ZT__CUDA_POOL_ALIGN;
+    const t5_carving k = {.e = zt_dtype_size(g->dtype), .Vp = (size_t)g->Vp, .align = al};
+    size_t used = carve(g->m, &g->r, base, N, N, &k);
+    used = (used + al - 1) / al * al;
+    if (plan)
+        plan[0] = used;
+    const size_t mark = used;
+    g->r.enc_tokens = take(base, &used, N * 4, al);
+    g->r.dec_tokens = take(base, &used, N * 4, al);
+    g->d_targets = take(base, &used, N * 4, al);
+    g->d_lens = take(base, &used, (size_t)g->max_B * 4, al);
+    g->attn_scratch = take(base, &used, cuda_attn_scratch(g->m, g->max_B, g->max_T), al);
+    g->emb_scratch = take(base, &used, zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, g->m->cfg.vocab_size),
+                          al);
+    g->norm_scratch = take(base, &used, zt_cuda_rmsnorm_backward_scratch_size((int)N, g->m->cfg.d_model), al);
+    g->d_flag = take(base, &used, 4, al);
+    if (plan)
+        plan[1] = used - mark;
+    return used;
+}
+
+static t5_cuda *cuda_new_shape(const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype)
+{
+    t5_cuda *g = zt_xcalloc(1, sizeof *g);
+    g->m = m;
+    g->dtype = dtype;
+    g->max_B = B;
+    g->max_T = T;
+    g->max_micro = max_micro;
+    g->Vp = (int)zt__round_up((size_t)m->cfg.vocab_size, ZT__CUDA_VOCAB_PAD);
+    g->r.acts = zt_xcalloc((size_t)m->L, sizeof *g->r.acts);
+    g->r.ops.esize = zt_dtype_size(dtype); /* for carving; the binding is set at creation */
+    zt__cuda_layout_init(&g->lay, m->tensors, m->num_tensors, m->num_blocks);
+    const size_t C = (size_t)m->cfg.d_model;
+    g->lay.tlen[0] = (size_t)g->Vp * C;
+    g->lay.tlen[m->head_tensor] = (size_t)g->Vp * C;
+    for (int l = 0; l < m->L; l++) {
+        const t5_layer *ly = &m->layers[l];
+        g->lay.packed[ly->t[R_Q] + 1] = g->lay.packed[ly->t[R_Q] + 2] = true;
+        if (ly->decoder)
+            g->lay.packed[ly->t[R_CK] + 1] = true;
+        if (m->cfg.gated)
+            g->lay.packed[ly->t[R_WI] + 1] = true;
+    }
+    zt__cuda_layout_finish(&g->lay, m->tensors, m->L, NULL, false);
+    g->woff = zt_xcalloc((size_t)m->num_tensors, sizeof *g->woff);
+    for (int i = 0; i < m->num_tensors; i++)
+        g->woff[i] = g->lay.toff[i] - g->lay.boff[m->tensors[i].block];
+    g->r.woff = g->woff;
+    g->h_lens = zt_xcalloc((size_t)B, sizeof(int32_t));
+    g->h_dec = zt_xcalloc((size_t)B * T, sizeof(int32_t));
+    g->h_tgt = zt_xcalloc((size_t)B * T, sizeof(int32_t));
+    g->base.ops = &t5_cuda_ops;
+    zt__cuda_layout_describe(&g->base, &g->lay, dtype, m->head_block, m->num_params, B, T, max_micro);
+    return g;
+}
+
+static void t5_cuda_destroy(zt_model *base)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    if (!g)
+        return;
+    if (g->cs.stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream));
+    if (g->r.ops.ctx)
+        zt__ops_cuda_free(&g->r.ops);
+    zt__cuda_state_close(&g->cs);
+    zt__cuda_layout_free(&g->lay);
+    free(g->r.acts);
+    free(g->woff);
+    free(g->h_lens);
+    free(g->h_dec);
+    free(g->h_tgt);
+    free(g);
+}
+
+/* Whether the kernels serve the model; 0 or ZT_EUNSUPPORTED with the fix. */
+static int cuda_check_shape(const zt_t5 *m, int max_micro, enum zt_dtype dtype, zt_err *err)
+{
+    const zt_t5_config *c = &m->cfg;
+    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
+    const zt_attention_desc d = {.B = 1, .Tq = 1, .Tk = 1, .NH = c->num_heads, .NKV = c->num_heads, .HS = c->d_kv,
+                                 .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5,
+                                 .num_buckets = c->num_buckets, .max_distance = c->max_distance};
+    if (!zt_cuda_attention_desc_supported(&d, dtype))
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA attention serves heads of up to 256 channels and up to %d buckets; this T5 has d_kv "
+                       "%d and %d buckets (train with --device cpu)", ZT_ATTENTION_MAX_BUCKETS, c->d_kv,
+                       c->num_buckets);
+    if (c->d_model % 8 != 0 || m->I % 8 != 0 || c->d_ff % 8 != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA kernels need d_model, num_heads x d_kv and d_ff to be multiples of 8 (they are %d, %d "
+                       "and %d); choose sizes that are, or train with --device cpu (which takes any size)",
+                       c->d_model, m->I, c->d_ff);
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
+                       max_micro, ZT__CUDA_MAX_MICRO);
+    return 0;
+}
+
+static zt_model *t5_cuda_shape(const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype)
+{
+    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
+    g->base.device_bytes = cuda_carve(g, NULL, NULL);
+    return &g->base;
+}
+
+static int t5_cuda_create(zt_model **out, const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                          const bool *ckpt_layers, zt_err *err)
+{
+    *out = NULL;
+    int rc = cuda_check_shape(m, max_micro, dtype, err);
+    if (rc < 0)
+        return rc;
+    bool any = false;
+    for (int l = 0; ckpt_layers && l < m->L; l++)
+        any |= ckpt_layers[l];
+    if (any)
+        zt_log(ZT_LOG_WARN, "t5: the CUDA executor keeps every layer's activations (activation checkpointing is not "
+               "available for T5 on GPUs yet)");
+    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
+    size_t plan[2];
+    const size_t pool_bytes = cuda_carve(g, NULL, plan), N = (size_t)B * T;
+    if ((rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err)) < 0) {
+        t5_cuda_destroy(&g->base);
+        return rc;
+    }
+    ZT_ASSERT(cuda_carve(g, g->cs.pool, NULL) == pool_bytes);
+    const zt__ops_cuda_res res = {.stream = g->cs.stream, .blas = g->cs.blas, .norm_scratch = g->norm_scratch,
+                                  .attn_scratch = g->attn_scratch, .emb_scratch = g->emb_scratch,
+                                  .attn_scratch_bytes = cuda_attn_scratch(m, B, T)};
+    zt__ops_cuda_init(&g->r.ops, &res, dtype);
+    g->base.stream = g->cs.stream;
+    g->base.nonfinite_flag = g->d_flag;
+    g->base.device_bytes = pool_bytes;
+    *out = &g->base;
+    return 0;
+}
+
+static void t5_cuda_set_seq2seq(zt_model *base, const zt_model_seq2seq *s)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    ZT_ASSERT(s && s->decoder_tokens && s->Td >= 1 && s->Td <= g->max_T);
+    g->pend_dec = s->decoder_tokens;
+    g->pend_lens = s->encoder_lens;
+    g->pend_Td = s->Td;
+    g->have_seq2seq = true;
+}
+
+static void t5_cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                          const zt_model_docs *docs)
+{
+    ZT_ASSERT(docs == NULL); /* T5 does not pack (refused by the config) */
+    t5_cuda *g = (t5_cuda *)base;
+    t5_run *r = &g->r;
+    ZT_ASSERT(g->have_seq2seq); /* a T5 micro-batch needs its decoder side (set_seq2seq) first */
+    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T && g->pend_Td <= T);
+    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
+    const int Td = g->pend_Td, V = g->m->cfg.vocab_size;
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
+    r->padded = false;
+    for (int b = 0; b < B; b++) {
+        const int32_t n = g->pend_lens ? g->pend_lens[b] : T;
+        g->h_lens[b] = n < 1 ? 1 : n > T ? T : n;
+        r->padded |= g->h_lens[b] < T;
+        for (int j = 0; j < Td; j++) {
+            g->h_dec[(size_t)b * Td + j] = g->pend_dec[(size_t)b * Td + j];
+            g->h_tgt[(size_t)b * Td + j] = targets ? targets[(size_t)b * T + j] : -1;
+        }
+    }
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        ZT_ASSERT(tokens[i] >= 0 && tokens[i] < V);
+    /* from pageable memory: each copy returns once it has read the host array, which may then change */
+    ZT_CUDA_CHECK(cudaMemcpyAsync(r->enc_tokens, tokens, (size_t)B * T * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, g->h_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  g->cs.stream));
+    g->n_valid[micro] = zt__cuda_stage_lm(&g->cs, micro & 1, g->h_dec, g->h_tgt, B, Td, V, r->dec_tokens,
+                                          g->d_targets);
+    g->n_rows[micro] = B * Td;
+    r->enc_lens = g->h_lens;
+    r->lens_arg = g->d_lens;
+    r->B = B;
+    r->Te = T;
+    r->Td = Td;
+    g->micro = micro;
+    g->have_seq2seq = false;
+}
+
+static void t5_cuda_forward(zt_model *base, int b, const void *w)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    prog_forward_block(g->m, &g->r, b, w);
+}
+
+static void t5_cuda_discard(zt_model *base, int b)
+{
+    (void)base; /* not checkpointed: every layer keeps its activations */
+    (void)b;
+}
+
+/* The head (logits over Vp padded rows) and the fused classifier: the losses and, in training, the logits'
+ * gradient in place. */
+static void t5_cuda_head(zt_model *base, const void *w, float scale)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    t5_run *r = &g->r;
+    const int N = r->B * r->Td, valid = g->n_valid[g->micro], C = g->m->cfg.d_model;
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    r->ops.linear(&r->ops, r->logits, r->lnf, in_block(r, w, g->m->head_tensor), NULL, N, C, g->Vp);
+    zt_cuda_crossentropy_forward_backward(r->losses, train ? r->logits : NULL, r->logits, g->d_targets, N,
+                                          g->m->cfg.vocab_size, g->Vp, -1, grad_scale, NULL, g->dtype, g->cs.stream);
+    if (train)
+        zt_cuda_check_finite(g->d_flag, r->losses, (size_t)N, ZT_DTYPE_F32, g->cs.stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * g->max_B * g->max_T, r->losses,
+                                  (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, g->cs.stream));
+}
+
+static void t5_cuda_head_backward(zt_model *base, const void *w, void *gr)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    t5_run *r = &g->r;
+    const int N = r->B * r->Td, C = g->m->cfg.d_model;
+    r->ops.linear_backward(&r->ops, r->dln, in_block(r, gr, g->m->head_tensor), NULL, r->logits, r->lnf,
+                           in_block(r, w, g->m->head_tensor), N, C, g->Vp);
+    prog_head_backward_done(g->m, r);
+}
+
+static void t5_cuda_backward(zt_model *base, int b, const void *w, void *gr)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    prog_backward_block(g->m, &g->r, b, w, gr);
+}
+
+static float t5_cuda_loss(const zt_model *base, int micro)
+{
+    const t5_cuda *g = (const t5_cuda *)base;
+    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * g->max_B * g->max_T, (size_t)g->n_rows[micro],
+                              g->n_valid[micro]);
+}
+
+static void t5_cuda_logits(zt_model *base, float *out)
+{
+    t5_cuda *g = (t5_cuda *)base;
+    zt__cuda_rows_to_f32(out, g->r.logits, (size_t)g->r.B * g->r.Td, (size_t)g->m->cfg.vocab_size, (size_t)g->Vp,
+                         g->dtype, g->cs.stream);
+}
+
+static void t5_cuda_set_profiling(zt_model *base, bool on)
+{
+    zt__ops_cuda_set_profiling(&((t5_cuda *)base)->r.ops, on);
+}
+
+static void t5_cuda_profile_report(zt_model *base)
+{
+    zt__ops_cuda_profile_report(&((t5_cuda *)base)->r.ops);
+}
+
+static const zt_model_ops t5_cuda_ops = {
+    .destroy = t5_cuda_destroy,
+    .begin = t5_cuda_begin,
+    .forward = t5_cuda_forward,
+    .discard = t5_cuda_discard,
+    .head = t5_cuda_head,
+    .head_backward = t5_cuda_head_backward,
+    .backward = t5_cuda_backward,
+    .loss = t5_cuda_loss,
+    .set_seq2seq = t5_cuda_set_seq2seq,
+    .logits = t5_cuda_logits,
+    .set_profiling = t5_cuda_set_profiling,
+    .profile_report = t5_cuda_profile_report,
+};
+
+static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                         const bool *ckpt_layers, zt_err *err)
+{
+    return t5_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+}
+
+static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
+{
+    (void)ckpt;
+    return t5_cuda_shape(m, B, T, max_micro, dtype);
+}
+#endif /* ZT_WITH_CUDA */
+
+static const char *const model_types[] = {"t5", "mt5", NULL};
+
+const zt_family_def zt__family_t5 = {
+    .name = "t5",
+    .model_types = model_types,
+    .config_default = f_config_default,
+    .config_from_json = f_config_from_json,
+    .config_save = f_config_save,
+    .config_validate = f_config_validate,
+    .config_diff = f_config_diff,
+    .config_fingerprint = f_config_fingerprint,
+    .config_describe = f_config_describe,
+    .config_shape = f_config_shape,
+    .create = f_create,
+    .create_layout = f_create_layout,
+    .destroy = f_destroy,
+    .config = f_config,
+    .num_params = f_num_params,
+    .num_tensors = f_num_tensors,
+    .tensor = f_tensor,
+    .num_blocks = f_num_blocks,
+    .block = f_block,
+    .head_block = f_head_block,
+    .max_batch = f_max_batch,
+    .max_seq = f_max_seq,
+    .params = f_params,
+    .grads = f_grads,
+    .release_params = f_release_params,
+    .hf = &hf_names,
+    .forward_begin = f_forward_begin,
+    .forward_block = f_forward_block,
+    .forward_head = f_forward_head,
+    .backward_head = f_backward_head,
+    .backward_block = f_backward_block,
+    .discard_block = f_discard_block,
+    .logits = f_logits,
+    .embedding_reads_weights = false,
+    .set_seq2seq = f_set_seq2seq,
+#ifdef ZT_WITH_CUDA
+    .cuda_create = f_cuda_create,
+    .cuda_shape = f_cuda_shape,
+#endif
+};
