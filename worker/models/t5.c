@@ -1467,10 +1467,21 @@ static int cuda_check_shape(const zt_t5 *m, int max_micro, enum zt_dtype dtype, 
     const zt_t5_config *c = &m->cfg;
     if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
         return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
-    const zt_attention_desc d = {.B = 1, .Tq = 1, .Tk = 1, .NH = c->num_heads, .NKV = c->num_heads, .HS = c->d_kv,
-                                 .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5,
-                                 .num_buckets = c->num_buckets, .max_distance = c->max_distance};
-    if (!zt_cuda_attention_desc_supported(&d, dtype))
+    /* the shape of the encoder's (bidirectional) and the decoder's (causal) self-attention; the check reads
+     * the pointers only for being given */
+    static float given[1];
+    const long w = (long)c->num_heads * c->d_kv;
+    bool served = true;
+    for (int bidir = 0; bidir < 2; bidir++) {
+        const zt_attention_desc d = {.q = given, .k = given, .v = given, .out = given, .lse = given,
+                                     .q_stride = w, .k_stride = w, .v_stride = w, .out_stride = w, .B = 1,
+                                     .Tq = 1, .Tk = 1, .NH = c->num_heads, .NKV = c->num_heads, .HS = c->d_kv,
+                                     .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5, .bias_table = given,
+                                     .num_buckets = c->num_buckets, .max_distance = c->max_distance,
+                                     .bias_bidirectional = bidir == 1};
+        served = served && zt_cuda_attention_desc_supported(&d, dtype);
+    }
+    if (!served)
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA attention serves heads of up to 256 channels and up to %d buckets; this T5 has d_kv "
                        "%d and %d buckets (train with --device cpu)", ZT_ATTENTION_MAX_BUCKETS, c->d_kv,
