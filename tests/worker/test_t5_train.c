@@ -80,23 +80,9 @@ static int teardown(void **state)
 
 static void t5_config(zt_train_config *c, const char *out)
 {
-    zt_train_config_init(c);
-    snprintf(c->model_path, sizeof c->model_path, "%s", g_model);
-    snprintf(c->tokenizer, sizeof c->tokenizer, "%s", g_tok);
-    snprintf(c->sft_data, sizeof c->sft_data, "%s", g_train);
-    snprintf(c->sft_val_data, sizeof c->sft_val_data, "%s", g_val);
-    path_in(c->out_dir, sizeof c->out_dir, out);
-    c->steps = STEPS;
-    c->batch_size = B;
-    c->seq_len = T;
+    zt_fixture_examples_config(c, g_model, g_tok, g_train, g_val, g_dir, out, STEPS, B, T);
     c->target_len = TD;
-    c->lr = 3e-3;
-    c->min_lr = 3e-4;
-    c->warmup_steps = 2;
     c->eval_every = 6;
-    c->save_every = 6;
-    c->log_every = 100;
-    c->threads = 1;
     zt_fixture_finish_config(c);
 }
 
@@ -112,19 +98,6 @@ static zt_family_model *load_family(const char *path)
     return m;
 }
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc(*n ? *n : 1);
-    assert_true(fread(p, 1, *n, f) == *n);
-    fclose(f);
-    return p;
-}
-
 static void test_t5_trains(void **state)
 {
     (void)state;
@@ -132,10 +105,7 @@ static void test_t5_trains(void **state)
     t5_config(&c, "A");
     zt_train_result res;
     zt_fixture_train_ok(&c, &res);
-    print_message("t5: train loss %.4f -> %.4f, val loss %.4f -> %.4f\n", (double)res.losses[0],
-                  (double)res.losses[STEPS - 1], (double)res.first_val_loss, (double)res.last_val_loss);
-    assert_true(res.losses[STEPS - 1] < 0.5f * res.losses[0]);
-    assert_true(res.last_val_loss < 0.5f * res.first_val_loss);
+    zt_fixture_expect_loss_falls("t5", &res, STEPS, 0.5f);
     zt_train_result_free(&res);
 }
 
@@ -144,17 +114,9 @@ static void test_t5_trains(void **state)
 static void test_t5_two_ranks(void **state)
 {
     (void)state;
-    zt_train_config c;
-    t5_config(&c, "W1");
-    c.eval_every = 0;
-    float one[STEPS], two[STEPS], one_val[2], two_val[2];
-    zt_fixture_train_ranks(&c, 1, one, STEPS, one_val);
-    t5_config(&c, "W2");
-    c.eval_every = 0;
-    zt_fixture_train_ranks(&c, 2, two, STEPS, two_val);
-    char p1[600], p2[600];
-    path_in(p1, sizeof p1, "W1/ckpt_000012/model.safetensors");
-    path_in(p2, sizeof p2, "W2/ckpt_000012/model.safetensors");
+    float one[STEPS], two[STEPS];
+    char p1[ZT_TRAIN_PATH_MAX + 64], p2[ZT_TRAIN_PATH_MAX + 64];
+    zt_fixture_train_one_and_two(t5_config, STEPS, one, two, p1, p2, sizeof p1);
     zt_family_model *m1 = load_family(p1), *m2 = load_family(p2);
     const float *w1 = zt_family_model_params(m1), *w2 = zt_family_model_params(m2);
     double worst = 0, scale = 0;
@@ -173,31 +135,7 @@ static void test_t5_two_ranks(void **state)
 static void test_t5_resume(void **state)
 {
     (void)state;
-    zt_train_config c;
-    t5_config(&c, "S");
-    zt_train_result straight, first, second;
-    zt_fixture_train_ok(&c, &straight);
-    t5_config(&c, "R");
-    c.stop_at_step = 6;
-    zt_fixture_train_ok(&c, &first);
-    assert_true(first.interrupted);
-    t5_config(&c, "R");
-    path_in(c.resume, sizeof c.resume, "R/ckpt_000006");
-    zt_fixture_train_ok(&c, &second);
-    for (int i = 0; i < STEPS - 6; i++)
-        assert_true(second.losses[i] == straight.losses[6 + i]);
-    char a[600], b[600];
-    path_in(a, sizeof a, "S/ckpt_000012/model.safetensors");
-    path_in(b, sizeof b, "R/ckpt_000012/model.safetensors");
-    size_t na, nb;
-    char *da = slurp(a, &na), *db = slurp(b, &nb);
-    if (na != nb || memcmp(da, db, na) != 0)
-        fail_msg("%s and %s differ", a, b);
-    free(da);
-    free(db);
-    zt_train_result_free(&straight);
-    zt_train_result_free(&first);
-    zt_train_result_free(&second);
+    zt_fixture_check_resume(t5_config, STEPS, 6);
 }
 
 /* The engine's CPU executor with every layer checkpointed (discarded after its forward, rebuilt before its
