@@ -24,14 +24,15 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    from safetensors.numpy import load_file, save_file
-except ImportError as e:  # pragma: no cover - depends on the environment
-    print(f"skipped: {e} (this check needs numpy and safetensors)")
-    sys.exit(77)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+t.require("numpy", "safetensors", needs="numpy and safetensors")
+import numpy as np  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+sys.path.insert(0, HERE)
 from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
 
 TOL = 1e-4

@@ -25,15 +25,15 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    from safetensors.numpy import save_file
-    from transformers import PreTrainedTokenizerFast
-except ImportError as e:  # pragma: no cover - depends on the environment
-    print(f"skipped: {e} (this check needs numpy, safetensors and transformers)")
-    sys.exit(77)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402
+
+t.require("numpy", "safetensors", "transformers", needs="numpy, safetensors and transformers")
+import numpy as np  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
 sys.path.insert(0, HERE)
 from llama_numpy_ref import mean_loss, numpy_logits, random_weights, write_config  # noqa: E402
 
@@ -98,13 +98,8 @@ def padded(exs):
 
 def load_torch_llama(folder, **extra):
     """LlamaForCausalLM.from_pretrained(folder) in float32, eval mode."""
-    import torch
-    import transformers
     from transformers import LlamaForCausalLM
-    # transformers 5 names the argument dtype; 4.x torch_dtype
-    kw = dict(dtype=torch.float32) if int(transformers.__version__.split(".")[0]) >= 5 else \
-        dict(torch_dtype=torch.float32)
-    return LlamaForCausalLM.from_pretrained(folder, **extra, **kw).eval()
+    return LlamaForCausalLM.from_pretrained(folder, **extra, **t.hf_float32()).eval()
 
 
 def reference_torch(folder, ids, lab, mask):
