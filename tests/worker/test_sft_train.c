@@ -29,14 +29,14 @@
 
 #include "train_fixture.h"
 
-static char g_dir[256];
-static char g_model[512], g_tok[512], g_train[512], g_val[512], g_init[512];
+static zt_fixture_examples g; /* the temporary folder and the files */
+static char g_init[512];
 
 enum { B = 4, T = 128, STEPS = 12 };
 
 static void path_in(char *out, size_t cap, const char *rel)
 {
-    snprintf(out, cap, "%s/%s", g_dir, rel);
+    snprintf(out, cap, "%s/%s", g.dir, rel);
 }
 
 /* A chat set: questions whose answers follow from them (sums, reversals, repeats), one or two rounds, some
@@ -67,21 +67,16 @@ static int setup(void **state)
 {
     (void)state;
     zt_log_set_level(ZT_LOG_WARN);
-    const char *src = getenv("ZT_SOURCE_DIR");
-    if (!src || zt_fixture_make_dir(g_dir, sizeof g_dir, "zt_sft_train_") < 0)
+    if (zt_fixture_examples_setup(&g, "zt_sft_train_", "llama-tiny.json") < 0)
         return -1;
-    snprintf(g_model, sizeof g_model, "%s/examples/llama-tiny.json", src);
-    snprintf(g_tok, sizeof g_tok, "%s/examples/byte-tokenizer.json", src);
-    path_in(g_train, sizeof g_train, "train.jsonl");
-    path_in(g_val, sizeof g_val, "val.jsonl");
     path_in(g_init, sizeof g_init, "init.safetensors");
-    write_chats(g_train, 22, 7);
-    write_chats(g_val, B, 99); /* one validation batch */
+    write_chats(g.train, 22, 7);
+    write_chats(g.val, B, 99); /* one validation batch */
     /* the starting weights, written here so that the reference below uses the very same ones */
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    if (zt_family_config_load(&cfg, g_model, &err) < 0 || zt_family_model_create(&m, &cfg, B, T, 5, &err) < 0 ||
+    if (zt_family_config_load(&cfg, g.model, &err) < 0 || zt_family_model_create(&m, &cfg, B, T, 5, &err) < 0 ||
         zt_llama_export(zt_family_model_host(m), g_init, &err) < 0) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
@@ -93,12 +88,12 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    return zt_fixture_remove_dir(g_dir);
+    return zt_fixture_remove_dir(g.dir);
 }
 
 static void sft_config(zt_train_config *c, const char *out)
 {
-    zt_fixture_examples_config(c, g_model, g_tok, g_train, g_val, g_dir, out, STEPS, B, T);
+    zt_fixture_examples_config(c, &g, out, STEPS, B, T);
     snprintf(c->chat_template, sizeof c->chat_template, "chatml");
     snprintf(c->init_from, sizeof c->init_from, "%s", g_init);
     c->eval_every = 4;
@@ -114,10 +109,10 @@ static double reference_val_loss(zt_llama *m, int *ntrained, int *ntokens)
     zt_chat_template *tmpl = NULL;
     zt_sft_data *d = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_tokenizer_load(&tok, g_tok, &err), 0);
+    assert_int_equal(zt_tokenizer_load(&tok, g.tok, &err), 0);
     assert_int_equal(zt_chat_template_by_name(&tmpl, "chatml", NULL, NULL, &err), 0);
     const zt_sft_options o = {.chat_template = tmpl, .vocab_size = 256};
-    assert_int_equal(zt_sft_open(&d, g_val, tok, &o, &err), 0);
+    assert_int_equal(zt_sft_open(&d, g.val, tok, &o, &err), 0);
     assert_int_equal(zt_sft_count(d), B);
     int32_t tokens[B * T], targets[B * T];
     *ntrained = *ntokens = 0;
@@ -161,7 +156,7 @@ static zt_family_model *load_family(const char *path)
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_family_config_load(&cfg, g_model, &err), 0);
+    assert_int_equal(zt_family_config_load(&cfg, g.model, &err), 0);
     assert_int_equal(zt_family_model_create(&m, &cfg, B, T, 1, &err), 0);
     if (zt_llama_import(zt_family_model_host(m), path, &err) < 0)
         fail_msg("%s", err.msg);
@@ -297,7 +292,7 @@ static void test_sft_config(void **state)
         fail_msg("--sft-pack with examples and a decoder: %s", perr.msg);
     /* without examples: the fix is --sft-data */
     zt_train_config_init(&c);
-    snprintf(c.model_path, sizeof c.model_path, "%s", g_model);
+    snprintf(c.model_path, sizeof c.model_path, "%s", g.model);
     snprintf(c.train_data, sizeof c.train_data, "x_*.bin");
     c.sft_pack = true;
     expect_invalid(&c, "--sft-pack");
@@ -332,7 +327,7 @@ static void test_sft_config(void **state)
     c.tokenizer[0] = '\0';
     expect_invalid(&c, "--tokenizer");
     zt_train_config_init(&c);
-    snprintf(c.model_path, sizeof c.model_path, "%s", g_model);
+    snprintf(c.model_path, sizeof c.model_path, "%s", g.model);
     snprintf(c.train_data, sizeof c.train_data, "x_*.bin");
     c.train_on_prompt = true;
     expect_invalid(&c, "--sft-data");

@@ -24,15 +24,9 @@
 
 #include "train_fixture.h"
 
-static char g_dir[256];
-static char g_model[512], g_tok[512], g_train[512], g_val[512];
+static zt_fixture_examples g; /* the temporary folder and the files */
 
 enum { B = 4, T = 20, TD = 12, STEPS = 12 };
-
-static void path_in(char *out, size_t cap, const char *rel)
-{
-    snprintf(out, cap, "%s/%s", g_dir, rel);
-}
 
 /* Words of 3 to 9 letters and their reversals. */
 static void write_examples(const char *path, int n, unsigned seed)
@@ -60,27 +54,22 @@ static int setup(void **state)
 {
     (void)state;
     zt_log_set_level(ZT_LOG_WARN);
-    const char *src = getenv("ZT_SOURCE_DIR");
-    if (!src || zt_fixture_make_dir(g_dir, sizeof g_dir, "zt_t5_train_") < 0)
+    if (zt_fixture_examples_setup(&g, "zt_t5_train_", "t5-tiny.json") < 0)
         return -1;
-    snprintf(g_model, sizeof g_model, "%s/examples/t5-tiny.json", src);
-    snprintf(g_tok, sizeof g_tok, "%s/examples/byte-tokenizer.json", src);
-    path_in(g_train, sizeof g_train, "train.jsonl");
-    path_in(g_val, sizeof g_val, "val.jsonl");
-    write_examples(g_train, 30, 7);
-    write_examples(g_val, B, 99);
+    write_examples(g.train, 30, 7);
+    write_examples(g.val, B, 99);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    return zt_fixture_remove_dir(g_dir);
+    return zt_fixture_remove_dir(g.dir);
 }
 
 static void t5_config(zt_train_config *c, const char *out)
 {
-    zt_fixture_examples_config(c, g_model, g_tok, g_train, g_val, g_dir, out, STEPS, B, T);
+    zt_fixture_examples_config(c, &g, out, STEPS, B, T);
     c->target_len = TD;
     c->eval_every = 6;
     zt_fixture_finish_config(c);
@@ -91,7 +80,7 @@ static zt_family_model *load_family(const char *path)
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_family_config_load(&cfg, g_model, &err), 0);
+    assert_int_equal(zt_family_config_load(&cfg, g.model, &err), 0);
     assert_int_equal(zt_family_model_create(&m, &cfg, B, T, 1, &err), 0);
     if (zt_family_model_import(m, path, &err) < 0)
         fail_msg("%s", err.msg);
@@ -146,7 +135,7 @@ static void test_t5_checkpointed_passes(void **state)
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_family_config_load(&cfg, g_model, &err), 0);
+    assert_int_equal(zt_family_config_load(&cfg, g.model, &err), 0);
     assert_int_equal(zt_family_model_create(&m, &cfg, 2, 9, 3, &err), 0);
     const int32_t enc[18] = {5, 9, 44, 100, 7, 1, 0, 0, 0, 31, 32, 33, 34, 35, 36, 37, 38, 1};
     const int32_t lens[2] = {6, 9}, dec[10] = {0, 70, 71, 72, 0, 0, 80, 81, 82, 83};

@@ -159,20 +159,41 @@ static inline void zt_fixture_train_ranks(const zt_train_config *c, int W, float
  * ends with zt_fixture_finish_config. */
 typedef void (*zt_fixture_config_fn)(zt_train_config *c, const char *out);
 
-/* The settings of the tests that train a model file on examples: the model config, the tokenizer, the training
- * and validation examples, the run directory dir/out, steps steps of batch_size x seq_len, a learning rate
+/* The files of a test that trains on examples: its temporary folder, the model config and tokenizer of the
+ * source tree, and the training and validation examples in the folder (which the test writes). */
+typedef struct {
+    char dir[256];
+    char model[512], tok[512], train[512], val[512];
+} zt_fixture_examples;
+
+/* Makes x's temporary folder ($TMPDIR/<prefix>XXXXXX) and fills its paths: $ZT_SOURCE_DIR/examples/<model_file>,
+ * the byte-level examples/byte-tokenizer.json, dir/train.jsonl and dir/val.jsonl. Returns 0, or -1 without
+ * ZT_SOURCE_DIR or when the folder cannot be made. */
+static inline int zt_fixture_examples_setup(zt_fixture_examples *x, const char *prefix, const char *model_file)
+{
+    const char *src = getenv("ZT_SOURCE_DIR");
+    if (!src || zt_fixture_make_dir(x->dir, sizeof x->dir, prefix) < 0)
+        return -1;
+    snprintf(x->model, sizeof x->model, "%s/examples/%s", src, model_file);
+    snprintf(x->tok, sizeof x->tok, "%s/examples/byte-tokenizer.json", src);
+    snprintf(x->train, sizeof x->train, "%s/train.jsonl", x->dir);
+    snprintf(x->val, sizeof x->val, "%s/val.jsonl", x->dir);
+    return 0;
+}
+
+/* The settings of the tests that train on the examples of x: its model config, tokenizer, training and
+ * validation examples, the run directory x->dir/out, steps steps of batch_size x seq_len, a learning rate
  * warming up over 2 steps from 3e-3 to 3e-4, checkpoints every 6 steps, one thread, no log lines. The caller
  * sets the rest (eval_every first) and calls zt_fixture_finish_config. */
-static inline void zt_fixture_examples_config(zt_train_config *c, const char *model, const char *tokenizer,
-                                              const char *train, const char *val, const char *dir,
-                                              const char *out, int steps, int batch_size, int seq_len)
+static inline void zt_fixture_examples_config(zt_train_config *c, const zt_fixture_examples *x, const char *out,
+                                              int steps, int batch_size, int seq_len)
 {
     zt_train_config_init(c);
-    snprintf(c->model_path, sizeof c->model_path, "%s", model);
-    snprintf(c->tokenizer, sizeof c->tokenizer, "%s", tokenizer);
-    snprintf(c->sft_data, sizeof c->sft_data, "%s", train);
-    snprintf(c->sft_val_data, sizeof c->sft_val_data, "%s", val);
-    snprintf(c->out_dir, sizeof c->out_dir, "%s/%s", dir, out);
+    snprintf(c->model_path, sizeof c->model_path, "%s", x->model);
+    snprintf(c->tokenizer, sizeof c->tokenizer, "%s", x->tok);
+    snprintf(c->sft_data, sizeof c->sft_data, "%s", x->train);
+    snprintf(c->sft_val_data, sizeof c->sft_val_data, "%s", x->val);
+    snprintf(c->out_dir, sizeof c->out_dir, "%s/%s", x->dir, out);
     c->steps = steps;
     c->batch_size = batch_size;
     c->seq_len = seq_len;
@@ -255,7 +276,10 @@ static inline void zt_fixture_check_resume(zt_fixture_config_fn config, int step
     zt_fixture_train_ok(&c, &first);
     assert_true(first.interrupted);
     config(&c, "R");
-    snprintf(c.resume, sizeof c.resume, "%s/ckpt_%06d", c.out_dir, stop);
+    char r[ZT_TRAIN_PATH_MAX + 64];
+    snprintf(r, sizeof r, "%s/ckpt_%06d", c.out_dir, stop);
+    assert_true(strlen(r) < sizeof c.resume);
+    memcpy(c.resume, r, strlen(r) + 1);
     zt_fixture_train_ok(&c, &second);
     for (int i = 0; i < steps - stop; i++)
         assert_true(second.losses[i] == straight.losses[stop + i]);
