@@ -146,6 +146,22 @@ def skip_reason(device, use_numpy):
     return None
 
 
+def start(doc, args):
+    """The start of sft_hf.py and sft_pack_hf.py: (ztrain, device, use_numpy, the model's config, the tokenizer);
+    exits 2 (printing doc) when the words are off, 77 when the check cannot run here."""
+    parsed = parse_args(args)
+    if parsed is None:
+        print(doc)
+        sys.exit(2)
+    ztrain, device, use_numpy = parsed
+    reason = skip_reason(device, use_numpy)
+    if reason:
+        print(f"skipped: {reason}")
+        sys.exit(77)
+    config = dict(CONFIG, **CUDA_SIZES) if device == "cuda" else CONFIG
+    return ztrain, device, use_numpy, config, PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+
+
 def write_inputs(work, config, seed, chats):
     """The model folder work/model (config.json, model.safetensors of random float32 weights from seed) and
     the chats as work/chats.jsonl; returns the folder and the weights."""
@@ -202,17 +218,7 @@ def run_or_exit_code(ztrain, work, device, batch, extra=()):
 
 
 def main():
-    parsed = parse_args(sys.argv[1:])
-    if parsed is None:
-        print(__doc__)
-        return 2
-    ztrain, device, use_numpy = parsed
-    reason = skip_reason(device, use_numpy)
-    if reason:
-        print(f"skipped: {reason}")
-        return 77
-    config = dict(CONFIG, **CUDA_SIZES) if device == "cuda" else CONFIG
-    tok = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+    ztrain, device, use_numpy, config, tok = start(__doc__, sys.argv[1:])
     ids, lab, mask = padded(chat_examples(tok, CHATS))
     trained = int((lab >= 0).sum())
     with tempfile.TemporaryDirectory(prefix="zt_sft_hf_") as work:

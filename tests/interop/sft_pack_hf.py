@@ -28,11 +28,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # sft_hf skips (77) without numpy, safetensors and transformers
-from sft_hf import (CONFIG, CUDA_SIZES, T, TOKENIZER, chat_examples, load_torch_llama, padded,  # noqa: E402
-                    parse_args, run_or_exit_code, skip_reason, write_inputs)
+from sft_hf import T, chat_examples, load_torch_llama, padded, run_or_exit_code, start, write_inputs  # noqa: E402
 import numpy as np  # noqa: E402
 from llama_numpy_ref import numpy_logits  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 TOL = 1e-5
 OPEN_ROWS = 64  # worker/data/sft.c: the rows first-fit packing keeps open
@@ -122,17 +120,7 @@ def reference_numpy(weights, config, exs):
 
 
 def main():
-    parsed = parse_args(sys.argv[1:])
-    if parsed is None:
-        print(__doc__)
-        return 2
-    ztrain, device, use_numpy = parsed
-    reason = skip_reason(device, use_numpy)
-    if reason:
-        print(f"skipped: {reason}")
-        return 77
-    config = dict(CONFIG, **CUDA_SIZES) if device == "cuda" else CONFIG
-    tok = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+    ztrain, device, use_numpy, config, tok = start(__doc__, sys.argv[1:])
     exs = chat_examples(tok, CHATS)
     rows = pack(exs)
     assert len(rows) < len(exs) and max(len(r) for r in rows) > 2, "the chats should pack several to a row"
