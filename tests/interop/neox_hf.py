@@ -34,6 +34,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM  # noqa: E402
 
 sys.path.insert(0, HERE)
 from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
+from neox_numpy_ref import run_tool  # noqa: E402
 
 TOL = 1e-4
 VARIANTS = [("parallel, untied, gelu", dict(use_parallel_residual=True, tie_word_embeddings=False, hidden_act="gelu")),
@@ -63,14 +64,6 @@ def load(folder):
     return GPTNeoXForCausalLM.from_pretrained(folder, output_loading_info=True, **t.hf_float32())
 
 
-def run_tool(tool, config, tokens, out, init, device=None):
-    cmd = [tool] + (["--device", device] if device else []) + [config, "0", tokens, out, init]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
-    return float(res.stdout.strip())
-
-
 def hf_grad_name(name):
     # transformers 5 calls the head lm_head; its files (and ztrain's) call it embed_out
     return "embed_out.weight" if name == "lm_head.weight" else name
@@ -89,7 +82,7 @@ def check(tool, tmp, label, kw, rng, device=None):
     tok = os.path.join(tmp, f"tokens-{tag}.bin")
     write_tokens(tok, rows)
     out = os.path.join(tmp, f"zt-{tag}")
-    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), tok, out, hf_dir, device)
+    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), tok, out, hf_dir, seed=0, device=device)
     ours = load_file(os.path.join(out, "logits.safetensors"))["logits"]
     grads = load_file(os.path.join(out, "grads.safetensors"))
     ids, logits, loss = t.hf_loss_and_grads(model, rows)
@@ -124,16 +117,13 @@ def check_generate(tool, tmp):
     folder = os.path.join(tmp, "gen")
     model.save_pretrained(folder)
     prompt, n = b"Pythia says", 12
-    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
-                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
-                          "--max-new-tokens", str(n)], capture_output=True)
-    if res.returncode != 0:
-        return [f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"]
+    got, failed = t.ztrain_greedy(ztrain, folder, prompt, n)
+    if failed:
+        return [failed]
     with torch.no_grad():
         seq = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
                              pad_token_id=0)
     want = bytes(seq[0].tolist())
-    got = res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout
     print(f"greedy generation: {got!r}")
     return [] if got == want else [f"ztrain generated {got!r}, transformers {want!r}"]
 

@@ -156,8 +156,9 @@ def mean_loss(logits, targets):
     return -(np.take_along_axis(lp, np.maximum(targets, 0)[..., None], -1)[..., 0] * keep).sum() / keep.sum()
 
 
-def run_tool(tool, config, tokens, out_dir, init):
-    cmd = [tool, config, "7", tokens, out_dir, init]
+def run_tool(tool, config, tokens, out_dir, init, seed=7, device=None):
+    """family_tool on one batch (its loss; logits, gradients and the export in out_dir), on --device device."""
+    cmd = [tool] + (["--device", device] if device else []) + [config, str(seed), tokens, out_dir, init]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
@@ -244,16 +245,13 @@ def check_generate(tool, rng, tmp):
         json.dump(cfg, f)
     save_file(w, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     prompt, n = b"Pythia says", 12
-    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
-                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
-                          "--max-new-tokens", str(n)], capture_output=True)
-    if res.returncode != 0:
-        return [f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"]
+    got, failed = t.ztrain_greedy(ztrain, folder, prompt, n)
+    if failed:
+        return [failed]
     ids = list(prompt)
     for _ in range(n):
         ids.append(int(numpy_logits(w, cfg, np.array([ids]))[0, -1].argmax()))
     want = bytes(ids)
-    got = res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout
     print(f"greedy generation: {got!r}")
     return [] if got == want else [f"ztrain generated {got!r}, numpy's greedy tokens are {want!r}"]
 

@@ -174,3 +174,17 @@ def hf_reload_problems(model, back, info, ids, logits, tied):
     if d_back > 1e-6:
         problems.append(f"the re-export's logits differ by {d_back:.2e}")
     return problems, d_back
+
+
+def ztrain_greedy(ztrain, folder, prompt, n):
+    """Runs `ztrain generate --temperature 0` on the model folder (config.json and model.safetensors): n new
+    tokens after the bytes prompt. Returns (what it printed, without the final newline, None), or (None, why
+    it failed)."""
+    import os
+    import subprocess
+    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
+                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
+                          "--max-new-tokens", str(n)], capture_output=True)
+    if res.returncode != 0:
+        return None, f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"
+    return (res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout), None
