@@ -57,6 +57,30 @@ static inline float zt_test_model_once_cpu(zt_model *m, const float *params, con
     return loss;
 }
 
+/* One micro-batch's passes in the engine's order over a CPU executor e with the weights params (e's layout):
+ * begin with tokens and targets [B,T] and docs (or NULL), every block's forward (a checkpointed block discarded
+ * after it and rebuilt before its backward), the head with loss scale 1 and its backward, every block's
+ * backward, accumulating into grads (the caller zeroes them). Returns the mean loss. */
+static inline float zt_test_cpu_passes(zt_model *e, float *params, float *grads, const int32_t *tok,
+                                       const int32_t *tgt, int B, int T, const zt_model_docs *docs)
+{
+    const int nb = e->nblocks, h = e->head_block;
+    e->ops->begin(e, tok, tgt, B, T, 0, docs);
+    for (int b = 0; b < nb; b++) {
+        e->ops->forward(e, b, params + e->block_offset[b]);
+        if (e->checkpointed[b])
+            e->ops->discard(e, b);
+    }
+    e->ops->head(e, params + e->block_offset[h], 1.0f);
+    e->ops->head_backward(e, params + e->block_offset[h], grads + e->block_offset[h]);
+    for (int b = nb - 1; b >= 0; b--) {
+        if (e->checkpointed[b])
+            e->ops->forward(e, b, params + e->block_offset[b]);
+        e->ops->backward(e, b, params + e->block_offset[b], grads + e->block_offset[b]);
+    }
+    return e->ops->loss(e, 0);
+}
+
 /* The engine tests' token rows: n tokens and targets below V, different for each salt (micro-batch). */
 static inline void zt_test_fill_batch(int32_t *tokens, int32_t *targets, int n, int V, int salt)
 {
