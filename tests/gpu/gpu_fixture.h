@@ -1,16 +1,31 @@
-/* Shared set-up of the GPU training tests (test_gpu_training, test_zero_gpu), on top of
- * tests/worker/train_fixture.h: the small GPT-2 they train, a bit-for-bit loss comparison and a tolerance
- * check of GPU values against the CPU's.
+/* Shared set-up of the GPU tests (test_gpu_training, test_zero_gpu and the executors' tests), on top of
+ * tests/worker/train_fixture.h: the skip where no GPU is visible, the small GPT-2 they train, a bit-for-bit
+ * loss comparison, a training run's losses against the CPU run's and a tolerance check of GPU values against
+ * the CPU's.
  * Include after <cmocka.h>. */
 #ifndef ZT_TESTS_GPU_FIXTURE_H
 #define ZT_TESTS_GPU_FIXTURE_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda_runtime.h>
+
 #include "../worker/train_fixture.h"
 #include "worker/models/gpt2.h"
+
+/* Whether a CUDA GPU is visible; prints that the test is skipped when none is (main then returns 77). */
+static inline bool zt_gpu_fixture_have_gpu(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA GPU: skipped\n");
+        return false;
+    }
+    return true;
+}
 
 /* The GPT-2 of the GPU tests: n_layer layers of 2 heads of size 64, T = 64, a vocabulary of `vocab`, trained
  * `steps` steps of grad_accum micro-batches of batch_size sequences on the shards dir/<shards>_train_*.bin,
@@ -70,6 +85,25 @@ static inline void zt_gpu_fixture_same_losses(const char *what, const zt_train_r
            (long long)first, (long long)last, differ, (long long)(last - first + 1), worst);
     if (differ)
         fail_msg("%s: the losses are not bit-identical (%d differ, up to %.3g relative)", what, differ, worst);
+}
+
+/* Fails unless the run r ended at step steps with the loss of each step within rel_tol (relative) of the CPU
+ * run ref's, and learnt (its last loss 0.5 below its first). Prints the largest relative difference. */
+static inline void zt_gpu_fixture_tracks_cpu(const char *what, const zt_train_result *r, const zt_train_result *ref,
+                                             int steps, double rel_tol)
+{
+    assert_int_equal(r->end_step, steps);
+    double worst = 0.0;
+    for (int s = 0; s < steps; s++) {
+        double rel = fabs((double)r->losses[s] - (double)ref->losses[s]) / fabs((double)ref->losses[s]);
+        worst = fmax(worst, rel);
+        if (!(rel <= rel_tol))
+            fail_msg("%s: step %d loss %.7f vs CPU %.7f (relative %.3g > %.3g)", what, s + 1, (double)r->losses[s],
+                     (double)ref->losses[s], rel, rel_tol);
+    }
+    printf("%s: loss %.5f -> %.5f, largest relative difference to the CPU run %.3g\n", what, (double)r->losses[0],
+           (double)r->losses[steps - 1], worst);
+    assert_true(r->losses[steps - 1] < r->losses[0] - 0.5f); /* it learns */
 }
 
 /* Fails unless got [n] is within tol of want relative to want's largest entry, or within the absolute floor

@@ -208,19 +208,7 @@ static const zt_train_result *cpu_run(void)
 
 static void compare(const char *what, const zt_train_result *r, double rel_tol)
 {
-    const zt_train_result *ref = cpu_run();
-    assert_int_equal(r->end_step, STEPS);
-    double worst = 0.0;
-    for (int s = 0; s < STEPS; s++) {
-        double rel = fabs((double)r->losses[s] - (double)ref->losses[s]) / fabs((double)ref->losses[s]);
-        worst = fmax(worst, rel);
-        if (!(rel <= rel_tol))
-            fail_msg("%s: step %d loss %.7f vs CPU %.7f (relative %.3g > %.3g)", what, s + 1, (double)r->losses[s],
-                     (double)ref->losses[s], rel, rel_tol);
-    }
-    printf("%s: loss %.5f -> %.5f, largest relative difference to the CPU run %.3g\n", what, (double)r->losses[0],
-           (double)r->losses[STEPS - 1], worst);
-    assert_true(r->losses[STEPS - 1] < r->losses[0] - 0.5f); /* it learns */
+    zt_gpu_fixture_tracks_cpu(what, r, cpu_run(), STEPS, rel_tol);
 }
 
 static void test_train_fp32_tracks_cpu(void **state)
@@ -266,11 +254,8 @@ static void test_train_streamed_tracks_cpu(void **state)
 
 int main(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA GPU: skipped\n");
+    if (!zt_gpu_fixture_have_gpu())
         return 77;
-    }
     zt_log_set_level(ZT_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parallel_untied_matches_cpu),

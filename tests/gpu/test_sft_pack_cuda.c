@@ -96,22 +96,8 @@ static zt_family_model *make_model(const char *json, int B)
 static float cpu_step(zt_model *e, float *params, float *grads, const int32_t *tok, const int32_t *tgt, int B,
                       const zt_model_docs *docs)
 {
-    const int nb = e->nblocks, h = e->head_block;
     memset(grads, 0, e->host_numel * sizeof(float));
-    e->ops->begin(e, tok, tgt, B, T, 0, docs);
-    for (int b = 0; b < nb; b++) {
-        e->ops->forward(e, b, params + e->block_offset[b]);
-        if (e->checkpointed[b])
-            e->ops->discard(e, b);
-    }
-    e->ops->head(e, params + e->block_offset[h], 1.0f);
-    e->ops->head_backward(e, params + e->block_offset[h], grads + e->block_offset[h]);
-    for (int b = nb - 1; b >= 0; b--) {
-        if (e->checkpointed[b])
-            e->ops->forward(e, b, params + e->block_offset[b]);
-        e->ops->backward(e, b, params + e->block_offset[b], grads + e->block_offset[b]);
-    }
-    return e->ops->loss(e, 0);
+    return zt_test_cpu_passes(e, params, grads, tok, tgt, B, T, docs);
 }
 
 static void check(const char *name, const char *json, const int *len, int n, bool checkpointed)
@@ -176,11 +162,8 @@ static void test_llama(void **state)
 
 int main(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA GPU: skipped\n");
+    if (!zt_gpu_fixture_have_gpu())
         return 77;
-    }
     zt_log_set_level(ZT_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2),

@@ -159,11 +159,8 @@ static void test_t5_v11_matches_cpu(void **state)
 
 int main(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA GPU: skipped\n");
+    if (!zt_gpu_fixture_have_gpu())
         return 77;
-    }
     zt_log_set_level(ZT_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_t5_v10_matches_cpu),

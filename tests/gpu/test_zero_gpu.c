@@ -435,11 +435,8 @@ static void test_host_mem(void **state)
 
 int main(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("no CUDA GPU: skipped\n");
+    if (!zt_gpu_fixture_have_gpu())
         return 77;
-    }
     /* the launch environment of W = 1: this process is rank 0 of 1 */
     unsetenv("WORLD_SIZE");
     unsetenv("RANK");

@@ -25,17 +25,18 @@ import os
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import torch
-    import transformers
-    from safetensors.numpy import load_file
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-except ImportError as e:  # pragma: no cover - depends on the environment
-    print(f"skipped: {e} (this check needs numpy, safetensors, torch and transformers)")
-    sys.exit(77)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+t.require("numpy", "safetensors", "torch", "transformers", needs="numpy, safetensors, torch and transformers")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+sys.path.insert(0, HERE)
 from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
 from llama_numpy_ref import CONFIGS, run_tool, write_config  # noqa: E402
 
@@ -58,12 +59,7 @@ def make_config(tied, gpu=False, qwen2=False):
 
 
 def load(folder, cls=LlamaForCausalLM):
-    kw = dict(dtype=torch.float32) if MAJOR >= 5 else dict(torch_dtype=torch.float32)
-    return cls.from_pretrained(folder, output_loading_info=True, **kw)
-
-
-def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+    return cls.from_pretrained(folder, output_loading_info=True, **t.hf_float32())
 
 
 def check(tool, tmp, tied, rng, device=None, qwen2=False):
@@ -94,14 +90,8 @@ def check(tool, tmp, tied, rng, device=None, qwen2=False):
     ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), 0, tok, out, init=hf_dir, device=device)
     ours = load_file(os.path.join(out, "outputs.safetensors"))
 
-    ids = torch.as_tensor(rows[:, :-1], dtype=torch.long)
-    targets = torch.as_tensor(rows[:, 1:], dtype=torch.long)
-    model.zero_grad()
-    logits = model(input_ids=ids).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             ignore_index=-1)
-    loss.backward()
-    d_logits = rel(torch.from_numpy(ours["logits"]), logits.detach())
+    ids, logits, loss = t.hf_loss_and_grads(model, rows)
+    d_logits = t.rel(torch.from_numpy(ours["logits"]), logits.detach())
     d_loss = abs(ours_loss - loss.item()) / abs(loss.item())
     if d_logits > TOL:
         problems.append(f"logits differ by {d_logits:.2e}")
@@ -113,7 +103,7 @@ def check(tool, tmp, tied, rng, device=None, qwen2=False):
         if key not in ours:
             problems.append(f"ztrain wrote no gradient for {name}")
             continue
-        d = rel(torch.from_numpy(ours[key]), p.grad)
+        d = t.rel(torch.from_numpy(ours[key]), p.grad)
         if d > worst_grad:
             worst_grad, worst_name = d, name
     if worst_grad > TOL:
@@ -121,22 +111,10 @@ def check(tool, tmp, tied, rng, device=None, qwen2=False):
 
     # ztrain's export, loaded back into transformers.
     back, info = load(out, cls)
-    back.eval()
-    missing = [k for k in info.get("missing_keys", []) if not (tied and k == "lm_head.weight")]
-    for what, keys in (("missing", missing), ("unexpected", info.get("unexpected_keys", [])),
-                       ("mismatched", info.get("mismatched_keys", []))):
-        if keys:
-            problems.append(f"{what} tensors when loading ztrain's export: {list(keys)[:5]}")
-    want, got = model.state_dict(), back.state_dict()
-    changed = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
-    if changed:
-        problems.append(f"tensors changed through ztrain: {changed[:5]}")
+    reload_problems, d_back = t.hf_reload_problems(model, back, info, ids, logits, tied)
+    problems += reload_problems
     if back.config.num_key_value_heads != 2 or back.config.tie_word_embeddings != tied:
         problems.append("ztrain's config.json loads with other sizes")
-    with torch.no_grad():
-        d_back = rel(back(input_ids=ids).logits, logits.detach())
-    if d_back > 1e-6:
-        problems.append(f"the re-export's logits differ by {d_back:.2e}")
 
     ok = not problems
     print(f"{'ok  ' if ok else 'FAIL'} {label}: loss ztrain {ours_loss:.9g}, transformers {loss.item():.9g}; "
@@ -163,7 +141,7 @@ def check_export(tool, tmp, name, fields, B, T, rng):
         logits = model(input_ids=torch.as_tensor(rows[:, :-1], dtype=torch.long)).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  torch.as_tensor(rows[:, 1:], dtype=torch.long).reshape(-1)).item()
-    d_logits = rel(torch.from_numpy(ours), logits)
+    d_logits = t.rel(torch.from_numpy(ours), logits)
     d_loss = abs(ours_loss - loss) / abs(loss)
     ok = d_logits < TOL and d_loss < TOL and not problems
     print(f"{'ok  ' if ok else 'FAIL'} export {name} as {type(model).__name__}: loss ztrain {ours_loss:.9g}, "

@@ -22,21 +22,21 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import torch
-    import transformers
-    from safetensors.numpy import load_file
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-except ImportError as e:  # pragma: no cover - depends on the environment
-    print(f"skipped: {e} (this check needs numpy, safetensors, torch and transformers)")
-    sys.exit(77)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+t.require("numpy", "safetensors", "torch", "transformers", needs="numpy, safetensors, torch and transformers")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM  # noqa: E402
+
+sys.path.insert(0, HERE)
 from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
+from neox_numpy_ref import run_tool  # noqa: E402
 
 TOL = 1e-4
-MAJOR = int(transformers.__version__.split(".")[0])
 VARIANTS = [("parallel, untied, gelu", dict(use_parallel_residual=True, tie_word_embeddings=False, hidden_act="gelu")),
             ("sequential, tied, gelu_new",
              dict(use_parallel_residual=False, tie_word_embeddings=True, hidden_act="gelu_new"))]
@@ -61,20 +61,7 @@ def random_model(cfg, seed):
 
 
 def load(folder):
-    kw = dict(dtype=torch.float32) if MAJOR >= 5 else dict(torch_dtype=torch.float32)
-    return GPTNeoXForCausalLM.from_pretrained(folder, output_loading_info=True, **kw)
-
-
-def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def run_tool(tool, config, tokens, out, init, device=None):
-    cmd = [tool] + (["--device", device] if device else []) + [config, "0", tokens, out, init]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
-    return float(res.stdout.strip())
+    return GPTNeoXForCausalLM.from_pretrained(folder, output_loading_info=True, **t.hf_float32())
 
 
 def hf_grad_name(name):
@@ -95,17 +82,11 @@ def check(tool, tmp, label, kw, rng, device=None):
     tok = os.path.join(tmp, f"tokens-{tag}.bin")
     write_tokens(tok, rows)
     out = os.path.join(tmp, f"zt-{tag}")
-    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), tok, out, hf_dir, device)
+    ours_loss = run_tool(tool, os.path.join(hf_dir, "config.json"), tok, out, hf_dir, seed=0, device=device)
     ours = load_file(os.path.join(out, "logits.safetensors"))["logits"]
     grads = load_file(os.path.join(out, "grads.safetensors"))
-    ids = torch.as_tensor(rows[:, :-1], dtype=torch.long)
-    targets = torch.as_tensor(rows[:, 1:], dtype=torch.long)
-    model.zero_grad()
-    logits = model(input_ids=ids).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                             ignore_index=-1)
-    loss.backward()
-    d_logits = rel(torch.from_numpy(ours), logits.detach())
+    ids, logits, loss = t.hf_loss_and_grads(model, rows)
+    d_logits = t.rel(torch.from_numpy(ours), logits.detach())
     d_loss = abs(ours_loss - loss.item()) / abs(loss.item())
     if d_logits > TOL or d_loss > TOL:
         problems.append(f"logits differ by {d_logits:.2e}, loss {ours_loss:.9g} against {loss.item():.9g}")
@@ -116,27 +97,14 @@ def check(tool, tmp, label, kw, rng, device=None):
             if not (tied and name == "lm_head.weight"):
                 problems.append(f"ztrain wrote no gradient for {name}")
             continue
-        d = rel(torch.from_numpy(grads[key]), p.grad)
+        d = t.rel(torch.from_numpy(grads[key]), p.grad)
         if d > worst:
             worst, worst_name = d, name
     if worst > TOL:
         problems.append(f"gradient of {worst_name} differs by {worst:.2e}")
     if device is None:
         back, info = load(out)
-        back.eval()
-        missing = [k for k in info.get("missing_keys", []) if not (tied and k == "lm_head.weight")]
-        for what, keys in (("missing", missing), ("unexpected", info.get("unexpected_keys", [])),
-                           ("mismatched", info.get("mismatched_keys", []))):
-            if keys:
-                problems.append(f"{what} tensors when loading ztrain's export: {list(keys)[:5]}")
-        want, got = model.state_dict(), back.state_dict()
-        changed = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
-        if changed:
-            problems.append(f"tensors changed through ztrain: {changed[:5]}")
-        with torch.no_grad():
-            d_back = rel(back(input_ids=ids).logits, logits.detach())
-        if d_back > 1e-6:
-            problems.append(f"the re-export's logits differ by {d_back:.2e}")
+        problems += t.hf_reload_problems(model, back, info, ids, logits, tied)[0]
     print(f"{label}{', ztrain on ' + device if device else ''}: logits {d_logits:.2e}, loss {d_loss:.2e}, "
           f"gradients {worst:.2e}")
     return problems
@@ -149,16 +117,13 @@ def check_generate(tool, tmp):
     folder = os.path.join(tmp, "gen")
     model.save_pretrained(folder)
     prompt, n = b"Pythia says", 12
-    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
-                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
-                          "--max-new-tokens", str(n)], capture_output=True)
-    if res.returncode != 0:
-        return [f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"]
+    got, failed = t.ztrain_greedy(ztrain, folder, prompt, n)
+    if failed:
+        return [failed]
     with torch.no_grad():
         seq = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
                              pad_token_id=0)
     want = bytes(seq[0].tolist())
-    got = res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout
     print(f"greedy generation: {got!r}")
     return [] if got == want else [f"ztrain generated {got!r}, transformers {want!r}"]
 

@@ -24,14 +24,15 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    from safetensors.numpy import load_file, save_file
-except ImportError as e:  # pragma: no cover - depends on the environment
-    print(f"skipped: {e} (this check needs numpy and safetensors)")
-    sys.exit(77)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+t.require("numpy", "safetensors", needs="numpy and safetensors")
+import numpy as np  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+sys.path.insert(0, HERE)
 from gpt2_numpy_ref import random_rows, write_tokens  # noqa: E402
 
 TOL = 1e-4
@@ -155,8 +156,9 @@ def mean_loss(logits, targets):
     return -(np.take_along_axis(lp, np.maximum(targets, 0)[..., None], -1)[..., 0] * keep).sum() / keep.sum()
 
 
-def run_tool(tool, config, tokens, out_dir, init):
-    cmd = [tool, config, "7", tokens, out_dir, init]
+def run_tool(tool, config, tokens, out_dir, init, seed=7, device=None):
+    """family_tool on one batch (its loss; logits, gradients and the export in out_dir), on --device device."""
+    cmd = [tool] + (["--device", device] if device else []) + [config, str(seed), tokens, out_dir, init]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
@@ -243,16 +245,13 @@ def check_generate(tool, rng, tmp):
         json.dump(cfg, f)
     save_file(w, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     prompt, n = b"Pythia says", 12
-    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
-                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
-                          "--max-new-tokens", str(n)], capture_output=True)
-    if res.returncode != 0:
-        return [f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"]
+    got, failed = t.ztrain_greedy(ztrain, folder, prompt, n)
+    if failed:
+        return [failed]
     ids = list(prompt)
     for _ in range(n):
         ids.append(int(numpy_logits(w, cfg, np.array([ids]))[0, -1].argmax()))
     want = bytes(ids)
-    got = res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout
     print(f"greedy generation: {got!r}")
     return [] if got == want else [f"ztrain generated {got!r}, numpy's greedy tokens are {want!r}"]
 

@@ -25,15 +25,15 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    from safetensors.numpy import save_file
-    from transformers import PreTrainedTokenizerFast
-except ImportError as e:  # pragma: no cover - depends on the environment
-    print(f"skipped: {e} (this check needs numpy, safetensors and transformers)")
-    sys.exit(77)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import zt_testlib as t  # noqa: E402
+
+t.require("numpy", "safetensors", "transformers", needs="numpy, safetensors and transformers")
+import numpy as np  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
 sys.path.insert(0, HERE)
 from llama_numpy_ref import mean_loss, numpy_logits, random_weights, write_config  # noqa: E402
 
@@ -59,11 +59,11 @@ CHATS = [
 ]
 
 
-def rows_and_labels(tok):
-    """The chats as transformers renders and tokenizes them: ids per chat, and labels (-100 outside the
-    assistant turns' content and <|im_end|>)."""
-    rows, labels = [], []
-    for chat in CHATS:
+def chat_examples(tok, chats):
+    """Each chat as transformers renders and tokenizes it: (ids, labels), the labels -100 outside the assistant
+    turns' content and <|im_end|>, the label of a token being the token itself."""
+    out = []
+    for chat in chats:
         text = tok.apply_chat_template(chat, chat_template=CHATML, tokenize=False)
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
@@ -79,119 +79,154 @@ def rows_and_labels(tok):
         # a token belongs to the span that holds its last character
         lab = [i if any(s < e_ <= e for s, e in spans) else -100 for i, (s_, e_) in zip(ids, offsets)]
         assert len(ids) <= T, f"a chat of {len(ids)} tokens does not fit {T}"
-        rows.append(ids)
-        labels.append(lab)
-    return rows, labels
+        out.append((ids, lab))
+    return out
 
 
-def padded(rows, labels):
-    B = len(rows)
+def padded(exs):
+    """The examples one to a row of T: ids (padded with 0), labels (-100 on the padding) and attention mask."""
+    B = len(exs)
     ids = np.zeros((B, T), dtype=np.int64)
     lab = np.full((B, T), -100, dtype=np.int64)
     mask = np.zeros((B, T), dtype=np.int64)
-    for b, (r, l) in enumerate(zip(rows, labels)):
+    for b, (r, l) in enumerate(exs):
         ids[b, :len(r)] = r
         lab[b, :len(l)] = l
         mask[b, :len(r)] = 1
     return ids, lab, mask
 
 
+def load_torch_llama(folder, **extra):
+    """LlamaForCausalLM.from_pretrained(folder) in float32, eval mode."""
+    from transformers import LlamaForCausalLM
+    return LlamaForCausalLM.from_pretrained(folder, **extra, **t.hf_float32()).eval()
+
+
 def reference_torch(folder, ids, lab, mask):
     import torch
-    import transformers
-    from transformers import LlamaForCausalLM
-    # transformers 5 names the argument dtype; 4.x torch_dtype
-    kw = dict(dtype=torch.float32) if int(transformers.__version__.split(".")[0]) >= 5 else \
-        dict(torch_dtype=torch.float32)
-    model = LlamaForCausalLM.from_pretrained(folder, **kw).eval()
+    model = load_torch_llama(folder)
     with torch.no_grad():
         out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), labels=torch.tensor(lab))
     return float(out.loss)
 
 
-def reference_numpy(weights, ids, lab):
-    logits = numpy_logits(weights, CONFIG, ids)
+def reference_numpy(weights, config, ids, lab):
+    logits = numpy_logits(weights, config, ids)
     targets = np.full(lab.shape, -1, dtype=np.int64)
     targets[:, :-1] = np.where(lab[:, 1:] >= 0, lab[:, 1:], -1)  # label j+1 is predicted at position j
     return mean_loss(logits, targets)
 
 
-def run_ztrain(ztrain, work, device):
-    with open(os.path.join(work, "run.json"), "w") as f:
-        json.dump({"shuffle": False}, f)  # the batch holds the chats in file order
-    cmd = [ztrain, "train", "--config", os.path.join(work, "run.json"),
-           "--model", os.path.join(work, "model", "config.json"),
-           "--init-from", os.path.join(work, "model", "model.safetensors"), "--tokenizer", TOKENIZER,
-           "--sft-data", os.path.join(work, "chats.jsonl"), "--chat-template", "chatml",
-           "--batch-size", str(len(CHATS)), "--seq-len", str(T), "--steps", "1", "--warmup", "0", "--lr", "1e-6", "--min-lr", "0",
-           "--schedule", "nodecay", "--log-every", "1", "--save-every", "-1", "--out", os.path.join(work, "run"),
-           "--device", device, "--threads", "2"]
-    if device == "cuda":
-        cmd += ["--precision", "fp32"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0 and device == "cuda" and "built without the CUDA backend" in res.stderr:
-        return None
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    with open(os.path.join(work, "run", "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("step") == 1 and "loss" in rec:
-                return float(rec["loss"])
-    raise RuntimeError("metrics.jsonl has no loss for step 1")
-
-
-def main():
-    args = sys.argv[1:]
+def parse_args(args):
+    """ZTRAIN [--device cuda] [--numpy] as (ztrain, device, use_numpy); None when the words are off."""
     use_numpy = "--numpy" in args
     device = "cpu"
     if "--device" in args:
         device = args[args.index("--device") + 1]
     rest = [a for i, a in enumerate(args) if a not in ("--numpy", "--device") and
             (i == 0 or args[i - 1] != "--device")]
-    if len(rest) != 1:
-        print(__doc__)
-        return 2
-    ztrain = rest[0]
+    return (rest[0], device, use_numpy) if len(rest) == 1 else None
+
+
+def skip_reason(device, use_numpy):
+    """Why the check cannot run here (torch missing without --numpy, no CUDA GPU with --device cuda), or None."""
     if not use_numpy:
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
         except ImportError as e:
-            print(f"skipped: {e} (without --numpy this check needs torch)")
-            return 77
-    global CONFIG
+            return f"{e} (without --numpy this check needs torch)"
     if device == "cuda":
-        CONFIG = dict(CONFIG, **CUDA_SIZES)
         try:
             import torch
             if not torch.cuda.is_available():
-                print("skipped: no CUDA GPU")
-                return 77
+                return "no CUDA GPU"
         except ImportError:
             pass
-    tok = PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
-    rows, labels = rows_and_labels(tok)
-    ids, lab, mask = padded(rows, labels)
+    return None
+
+
+def start(doc, args):
+    """The start of sft_hf.py and sft_pack_hf.py: (ztrain, device, use_numpy, the model's config, the tokenizer);
+    exits 2 (printing doc) when the words are off, 77 when the check cannot run here."""
+    parsed = parse_args(args)
+    if parsed is None:
+        print(doc)
+        sys.exit(2)
+    ztrain, device, use_numpy = parsed
+    reason = skip_reason(device, use_numpy)
+    if reason:
+        print(f"skipped: {reason}")
+        sys.exit(77)
+    config = dict(CONFIG, **CUDA_SIZES) if device == "cuda" else CONFIG
+    return ztrain, device, use_numpy, config, PreTrainedTokenizerFast(tokenizer_file=TOKENIZER)
+
+
+def write_inputs(work, config, seed, chats):
+    """The model folder work/model (config.json, model.safetensors of random float32 weights from seed) and
+    the chats as work/chats.jsonl; returns the folder and the weights."""
+    folder = os.path.join(work, "model")
+    os.makedirs(folder)
+    write_config(os.path.join(folder, "config.json"), config)
+    weights = random_weights(np.random.default_rng(seed), config, np.float32)
+    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(work, "chats.jsonl"), "w") as f:
+        for chat in chats:
+            f.write(json.dumps({"messages": chat}, ensure_ascii=False) + "\n")
+    return folder, weights
+
+
+def run_ztrain(ztrain, work, device, batch, extra=()):
+    """One step of `ztrain train --sft-data` on the files of write_inputs, batch examples or rows, with the
+    flags extra: (the loss it logs for step 1, its stderr), or (None, "") when ztrain has no CUDA backend."""
+    with open(os.path.join(work, "run.json"), "w") as f:
+        json.dump({"shuffle": False}, f)  # the batch holds the chats in file order
+    cmd = [ztrain, "train", "--config", os.path.join(work, "run.json"),
+           "--model", os.path.join(work, "model", "config.json"),
+           "--init-from", os.path.join(work, "model", "model.safetensors"), "--tokenizer", TOKENIZER,
+           "--sft-data", os.path.join(work, "chats.jsonl"), "--chat-template", "chatml", *extra,
+           "--batch-size", str(batch), "--seq-len", str(T), "--steps", "1", "--warmup", "0", "--lr", "1e-6",
+           "--min-lr", "0", "--schedule", "nodecay", "--log-every", "1", "--save-every", "-1",
+           "--out", os.path.join(work, "run"), "--device", device, "--threads", "2"]
+    if device == "cuda":
+        cmd += ["--precision", "fp32"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 and device == "cuda" and "built without the CUDA backend" in res.stderr:
+        return None, ""
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    with open(os.path.join(work, "run", "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("step") == 1 and "loss" in rec:
+                return float(rec["loss"]), res.stderr
+    raise RuntimeError("metrics.jsonl has no loss for step 1")
+
+
+def run_or_exit_code(ztrain, work, device, batch, extra=()):
+    """run_ztrain, and the script's exit code when it cannot go on (1 after a failed run, 77 without CUDA):
+    (loss, stderr, None) or (None, "", code), having printed why."""
+    try:
+        ours, log = run_ztrain(ztrain, work, device, batch, extra)
+    except RuntimeError as e:
+        print(f"FAIL: {e}")
+        return None, "", 1
+    if ours is None:
+        print("skipped: this ztrain was built without CUDA")
+        return None, "", 77
+    return ours, log, None
+
+
+def main():
+    ztrain, device, use_numpy, config, tok = start(__doc__, sys.argv[1:])
+    ids, lab, mask = padded(chat_examples(tok, CHATS))
     trained = int((lab >= 0).sum())
     with tempfile.TemporaryDirectory(prefix="zt_sft_hf_") as work:
-        folder = os.path.join(work, "model")
-        os.makedirs(folder)
-        write_config(os.path.join(folder, "config.json"), CONFIG)
-        weights = random_weights(np.random.default_rng(27), CONFIG, np.float32)
-        save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(work, "chats.jsonl"), "w") as f:
-            for chat in CHATS:
-                f.write(json.dumps({"messages": chat}, ensure_ascii=False) + "\n")
-        try:
-            ours = run_ztrain(ztrain, work, device)
-        except RuntimeError as e:
-            print(f"FAIL: {e}")
-            return 1
-        if ours is None:
-            print("skipped: this ztrain was built without CUDA")
-            return 77
-        ref = reference_numpy(weights, ids, lab) if use_numpy else reference_torch(folder, ids, lab, mask)
+        folder, weights = write_inputs(work, config, 27, CHATS)
+        ours, _, code = run_or_exit_code(ztrain, work, device, len(CHATS))
+        if code is not None:
+            return code
+        ref = reference_numpy(weights, config, ids, lab) if use_numpy else reference_torch(folder, ids, lab, mask)
     rel = abs(ours - ref) / abs(ref)
     what = "numpy LLaMA (float64)" if use_numpy else "transformers LlamaForCausalLM (fp32)"
     print(f"sft loss on {len(CHATS)} chats ({int(mask.sum())} tokens, {trained} trained), ztrain on {device}: "

@@ -107,3 +107,84 @@ def stop_all(procs):
         except Exception:  # noqa: BLE001
             if hasattr(p, "proc") and p.proc.poll() is None:
                 p.proc.kill()
+
+
+def require(*modules, needs):
+    """Imports each named module, or prints why the check is skipped (needs: what it needs, in words) and
+    exits 77, ctest's code for a skipped test."""
+    import importlib
+    import sys
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except ImportError as e:
+        print(f"skipped: {e} (this check needs {needs})")
+        sys.exit(77)
+
+
+# The checks of ztrain against Hugging Face transformers (tests/interop/*_hf.py); torch and transformers are
+# imported when one runs, so that the scripts without them can import this module.
+
+def hf_float32():
+    """from_pretrained's keyword for float32 weights: dtype in transformers 5, torch_dtype in 4.x."""
+    import torch
+    import transformers
+    major = int(transformers.__version__.split(".")[0])
+    return dict(dtype=torch.float32) if major >= 5 else dict(torch_dtype=torch.float32)
+
+
+def rel(a, b):
+    """The largest difference of torch tensors a and b relative to b's largest entry."""
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def hf_loss_and_grads(model, rows):
+    """A causal LM's passes over token rows [B, T+1] (inputs rows[:, :-1], targets rows[:, 1:], -1 ignored):
+    zeroes the gradients, runs forward and loss.backward(); returns the input ids, the logits and the loss."""
+    import torch
+    ids = torch.as_tensor(rows[:, :-1], dtype=torch.long)
+    targets = torch.as_tensor(rows[:, 1:], dtype=torch.long)
+    model.zero_grad()
+    logits = model(input_ids=ids).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                             ignore_index=-1)
+    loss.backward()
+    return ids, logits, loss
+
+
+def hf_reload_problems(model, back, info, ids, logits, tied):
+    """What is wrong with ztrain's export of model as transformers loads it (back, and the loading info of
+    from_pretrained(..., output_loading_info=True)): missing (but a tied head), unexpected or mismatched
+    tensors, weights that changed, logits on ids more than 1e-6 relative from logits. Returns the problems
+    and that relative difference."""
+    import torch
+    problems = []
+    back.eval()
+    missing = [k for k in info.get("missing_keys", []) if not (tied and k == "lm_head.weight")]
+    for what, keys in (("missing", missing), ("unexpected", info.get("unexpected_keys", [])),
+                       ("mismatched", info.get("mismatched_keys", []))):
+        if keys:
+            problems.append(f"{what} tensors when loading ztrain's export: {list(keys)[:5]}")
+    want, got = model.state_dict(), back.state_dict()
+    changed = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
+    if changed:
+        problems.append(f"tensors changed through ztrain: {changed[:5]}")
+    with torch.no_grad():
+        d_back = rel(back(input_ids=ids).logits, logits.detach())
+    if d_back > 1e-6:
+        problems.append(f"the re-export's logits differ by {d_back:.2e}")
+    return problems, d_back
+
+
+def ztrain_greedy(ztrain, folder, prompt, n):
+    """Runs `ztrain generate --temperature 0` on the model folder (config.json and model.safetensors): n new
+    tokens after the bytes prompt. Returns (what it printed, without the final newline, None), or (None, why
+    it failed)."""
+    import os
+    import subprocess
+    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(folder, "model.safetensors"), "--model",
+                          os.path.join(folder, "config.json"), "--prompt", prompt.decode(), "--temperature", "0",
+                          "--max-new-tokens", str(n)], capture_output=True)
+    if res.returncode != 0:
+        return None, f"ztrain generate failed ({res.returncode}): {res.stderr.decode(errors='replace').strip()}"
+    return (res.stdout[:-1] if res.stdout.endswith(b"\n") else res.stdout), None

@@ -24,6 +24,7 @@
 #include "worker/models/family.h"
 #include "worker/models/model.h"
 #include "model_once.h"
+#include "tokens_file.h"
 
 static int die(const char *msg)
 {
@@ -34,35 +35,6 @@ static int die(const char *msg)
 static const float *host_logits(const void *fm)
 {
     return zt_family_model_logits(fm);
-}
-
-static int read_tokens(const char *path, int vocab, int *B, int *T, int32_t **in, int32_t **tg)
-{
-    FILE *f = fopen(path, "rb");
-    int32_t hdr[2];
-    if (!f || fread(hdr, 4, 2, f) != 2 || hdr[0] < 1 || hdr[1] < 1 || hdr[0] > 4096 || hdr[1] > 65536) {
-        if (f)
-            fclose(f);
-        return -1;
-    }
-    *B = hdr[0];
-    *T = hdr[1];
-    *in = malloc((size_t)*B * *T * 4);
-    *tg = malloc((size_t)*B * *T * 4);
-    int32_t *row = malloc(((size_t)*T + 1) * 4);
-    int rc = *in && *tg && row ? 0 : -1;
-    for (int b = 0; b < *B && rc == 0; b++) {
-        if (fread(row, 4, (size_t)*T + 1, f) != (size_t)*T + 1)
-            rc = -1;
-        for (int t = 0; t <= *T && rc == 0; t++)
-            if (!((row[t] >= 0 && row[t] < vocab) || (t == *T && row[t] == -1)))
-                rc = -1;
-        memcpy(*in + (size_t)b * *T, row, (size_t)*T * 4);
-        memcpy(*tg + (size_t)b * *T, row + 1, (size_t)*T * 4);
-    }
-    free(row);
-    fclose(f);
-    return rc;
 }
 
 int main(int argc, char **argv)
@@ -92,8 +64,9 @@ int main(int argc, char **argv)
         return die(err.msg);
     int B = 0, T = 0;
     int32_t *inputs = NULL, *targets = NULL;
-    if (read_tokens(tokens, zt_family_config_vocab(&cfg), &B, &T, &inputs, &targets) < 0)
-        return die("cannot read the tokens file (int32 B, T, then B rows of T+1 tokens of the vocabulary)");
+    char msg[512];
+    if (zt_test_read_tokens(tokens, zt_family_config_vocab(&cfg), &B, &T, &inputs, &targets, msg, sizeof msg) < 0)
+        return die(msg);
     zt_family_model *m = NULL;
     char path[4096 + 32];
     int status = 1;

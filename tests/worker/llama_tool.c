@@ -31,61 +31,12 @@
 #include "worker/models/llama.h"
 #endif
 #include "model_once.h"
+#include "tokens_file.h"
 
 static int die(const char *msg)
 {
     fprintf(stderr, "llama_tool: error: %s\n", msg);
     return 1;
-}
-
-/* Reads the tokens file into *inputs and *targets ([B,T] each, malloc'd). */
-static int read_tokens(const char *path, int vocab, int *B, int *T, int32_t **inputs, int32_t **targets, char *msg,
-                       size_t cap)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(msg, cap, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
-    int32_t hdr[2];
-    int rc = -1;
-    int32_t *row = NULL;
-    if (fread(hdr, sizeof hdr[0], 2, f) != 2 || hdr[0] < 1 || hdr[1] < 1 || hdr[0] > 4096 || hdr[1] > 65536) {
-        snprintf(msg, cap, "%s: expected int32 B >= 1 and T >= 1 first", path);
-        goto out;
-    }
-    *B = hdr[0];
-    *T = hdr[1];
-    const size_t n = (size_t)*B * (size_t)*T;
-    *inputs = malloc(n * sizeof(int32_t));
-    *targets = malloc(n * sizeof(int32_t));
-    row = malloc(((size_t)*T + 1) * sizeof(int32_t));
-    if (!*inputs || !*targets || !row) {
-        snprintf(msg, cap, "out of memory reading %s", path);
-        goto out;
-    }
-    for (int b = 0; b < *B; b++) {
-        if (fread(row, sizeof(int32_t), (size_t)*T + 1, f) != (size_t)*T + 1) {
-            snprintf(msg, cap, "%s: file ends inside row %d (expected %d rows of %d tokens)", path, b, *B, *T + 1);
-            goto out;
-        }
-        for (int t = 0; t <= *T; t++) {
-            /* Only the last token of a row is a target and nothing else, so only it may be -1. */
-            bool ok = (row[t] >= 0 && row[t] < vocab) || (t == *T && row[t] == -1);
-            if (!ok) {
-                snprintf(msg, cap, "%s: token %" PRId32 " at row %d, column %d is outside the vocabulary of %d", path,
-                         row[t], b, t, vocab);
-                goto out;
-            }
-        }
-        memcpy(*inputs + (size_t)b * *T, row, (size_t)*T * sizeof(int32_t));
-        memcpy(*targets + (size_t)b * *T, row + 1, (size_t)*T * sizeof(int32_t));
-    }
-    rc = 0;
-out:
-    free(row);
-    fclose(f);
-    return rc;
 }
 
 /* Writes logits [B,T,V] and every parameter's gradient (with Hugging Face names) to path. */
@@ -164,7 +115,7 @@ int main(int argc, char **argv)
     int B = 0, T = 0;
     int32_t *inputs = NULL, *targets = NULL;
     char msg[512], path[4096 + 32];
-    if (read_tokens(tokens, cfg.vocab_size, &B, &T, &inputs, &targets, msg, sizeof msg) < 0)
+    if (zt_test_read_tokens(tokens, cfg.vocab_size, &B, &T, &inputs, &targets, msg, sizeof msg) < 0)
         return die(msg);
 
     zt_llama *m = NULL;

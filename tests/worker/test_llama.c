@@ -27,6 +27,8 @@
 #include "worker/models/llama.h"
 #include "worker/models/model.h"
 
+#include "model_once.h"
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* helpers                                                                                              */
 /* ---------------------------------------------------------------------------------------------------- */
@@ -104,14 +106,6 @@ static void randomise_params(zt_llama *m, uint64_t seed, double scale)
         const zt_param_info *t = zt_llama_tensor(m, i);
         for (size_t j = 0; j < t->numel; j++)
             p[t->offset + j] = (float)((t->ndim == 1 && !strstr(t->name, "bias") ? 1.0 : 0.0) + scale * zt_rng_normal(&r));
-    }
-}
-
-static void fill_batch(int32_t *tokens, int32_t *targets, int n, int V, int salt)
-{
-    for (int i = 0; i < n; i++) {
-        tokens[i] = (i * 7 + 3 + salt) % V;
-        targets[i] = (i * 5 + 1 + 3 * salt) % V;
     }
 }
 
@@ -598,7 +592,7 @@ static void check_per_block(bool tied, bool checkpoint)
     zt_llama *m = create_model(&c, B, T, 3);
     randomise_params(m, 21, 0.3);
     int32_t tokens[14], targets[14];
-    fill_batch(tokens, targets, N, c.vocab_size, 0);
+    zt_test_fill_batch(tokens, targets, N, c.vocab_size, 0);
     targets[3] = -1;
     const size_t n = zt_llama_num_params(m);
     const size_t logits_bytes = (size_t)N * c.vocab_size * sizeof(float);
@@ -820,7 +814,7 @@ static void test_backward_accumulates(void **state)
     zt_llama *m = create_model(&c, 2, 6, 4);
     randomise_params(m, 2, 0.3);
     int32_t tokens[12], targets[12];
-    fill_batch(tokens, targets, 12, c.vocab_size, 1);
+    zt_test_fill_batch(tokens, targets, 12, c.vocab_size, 1);
     const size_t n = zt_llama_num_params(m);
     float *g1 = malloc(n * sizeof(float));
     zt_llama_zero_grad(m);
@@ -1227,7 +1221,7 @@ static float *reference_grads(const zt_llama_config *c, float *loss)
     int32_t tok[ENGINE_B * ENGINE_T], tgt[ENGINE_B * ENGINE_T];
     double sum = 0;
     for (int a = 0; a < ENGINE_ACCUM; a++) {
-        fill_batch(tok, tgt, ENGINE_B * ENGINE_T, c->vocab_size, a);
+        zt_test_fill_batch(tok, tgt, ENGINE_B * ENGINE_T, c->vocab_size, a);
         sum += zt_llama_forward(m, tok, tgt, ENGINE_B, ENGINE_T);
         zt_llama_backward(m, 1.0f / ENGINE_ACCUM);
     }
@@ -1244,55 +1238,22 @@ static int engine_rank(const zt_llama_config *c, int W, int rank, int level, boo
                        char *msg, size_t cap)
 {
     zt_err err = {{0}};
-    zt_comm_options co;
-    zt_comm_options_init(&co);
-    co.rank = rank;
-    co.world_size = W;
-    co.join_timeout_s = 30;
-    co.timeout_s = 60;
-    snprintf(co.name, sizeof co.name, "%s", name);
-    zt_comm *comm = NULL;
-    if (zt_comm_create(&comm, &co, &err) < 0)
-        return snprintf(msg, cap, "comm: %s", err.msg), -1;
     const int b = ENGINE_B / W;
     zt_llama *m = create_model(c, b, ENGINE_T, 9);
     bool ck[8] = {checkpoint, checkpoint, checkpoint};
     zt_model *model = NULL;
-    zt_engine *e = NULL;
     float *grads = NULL, *ref = NULL;
     int rc = -1;
     if (zt_llama_model_cpu(&model, m, ENGINE_ACCUM, ck, &err) < 0) {
         snprintf(msg, cap, "model: %s", err.msg);
         goto out;
     }
-    zt_engine_options eo;
-    zt_engine_options_init(&eo);
-    eo.zero_level = level;
-    eo.grad_accum = ENGINE_ACCUM;
-    if (zt_engine_create(&e, model, comm, &eo, zt_llama_params(m), &err) < 0) {
-        snprintf(msg, cap, "engine: %s", err.msg);
-        goto out;
-    }
-    int32_t tok[ENGINE_B * ENGINE_T], tgt[ENGINE_B * ENGINE_T];
-    for (int a = 0; a < ENGINE_ACCUM; a++) {
-        fill_batch(tok, tgt, ENGINE_B * ENGINE_T, c->vocab_size, a);
-        if (zt_engine_micro(e, tok + rank * b * ENGINE_T, tgt + rank * b * ENGINE_T, b, ENGINE_T, NULL, a,
-                            1.0f / (ENGINE_ACCUM * W), 1.0f, &err) < 0) {
-            snprintf(msg, cap, "micro-batch %d: %s", a, err.msg);
-            goto out;
-        }
-    }
-    zt_engine_step_result sr;
-    if (zt_engine_step(e, 0.0f, 1, &sr, &err) < 0) {
-        snprintf(msg, cap, "step: %s", err.msg);
-        goto out;
-    }
     const size_t n = zt_llama_num_params(m);
     grads = malloc(n * sizeof(float));
-    if (zt_engine_export_grads(e, grads, &err) < 0) {
-        snprintf(msg, cap, "export_grads: %s", err.msg);
+    float loss = 0;
+    if (zt_test_engine_step(model, zt_llama_params(m), W, rank, level, ENGINE_ACCUM, b, ENGINE_T, c->vocab_size,
+                            name, &loss, grads, msg, cap) < 0)
         goto out;
-    }
     float ref_loss = 0;
     ref = reference_grads(c, &ref_loss);
     double worst = 0, scale = 0;
@@ -1300,21 +1261,36 @@ static int engine_rank(const zt_llama_config *c, int W, int rank, int level, boo
         scale = fmax(scale, fabs(ref[i]));
     for (size_t i = 0; i < n; i++)
         worst = fmax(worst, fabs((double)grads[i] - ref[i]));
-    if (W == 1 ? (sr.loss != ref_loss || memcmp(grads, ref, n * sizeof(float)) != 0)
-               : (fabs(sr.loss - ref_loss) > 1e-5 * ref_loss || worst > 1e-5 * scale)) {
+    if (W == 1 ? (loss != ref_loss || memcmp(grads, ref, n * sizeof(float)) != 0)
+               : (fabs(loss - ref_loss) > 1e-5 * ref_loss || worst > 1e-5 * scale)) {
         snprintf(msg, cap, "W=%d ZeRO-%d: loss %.9g (reference %.9g), largest gradient difference %.3g of %.3g", W,
-                 level, (double)sr.loss, (double)ref_loss, worst, scale);
+                 level, (double)loss, (double)ref_loss, worst, scale);
         goto out;
     }
     rc = 0;
 out:
     free(grads);
     free(ref);
-    zt_engine_destroy(e);
     if (model)
         model->ops->destroy(model);
     zt_llama_destroy(m);
-    zt_comm_destroy(comm);
+    return rc;
+}
+
+/* A rank of the two of test_engine. */
+typedef struct {
+    const zt_llama_config *c;
+    int level;
+    const char *name;
+} two_ranks;
+
+static int two_ranks_rank(int r, void *ctx)
+{
+    const two_ranks *t = ctx;
+    char msg[ZT_ERR_LEN + 128];
+    int rc = engine_rank(t->c, 2, r, t->level, r == 1, t->name, msg, sizeof msg);
+    if (rc != 0)
+        fprintf(stderr, "rank %d: %s\n", r, msg);
     return rc;
 }
 
@@ -1339,23 +1315,10 @@ static void test_engine(void **state)
         for (int level = 2; level <= 3; level++) {
             char name[64];
             snprintf(name, sizeof name, "zt_test_llama_%d_%d_%d", (int)getpid(), tied, level);
-            pid_t pids[2];
-            for (int r = 0; r < 2; r++) {
-                pids[r] = fork();
-                assert_true(pids[r] >= 0);
-                if (pids[r] == 0) {
-                    int rc = engine_rank(&c, 2, r, level, r == 1, name, msg, sizeof msg);
-                    if (rc != 0)
-                        fprintf(stderr, "rank %d: %s\n", r, msg);
-                    _exit(rc == 0 ? 0 : 1);
-                }
-            }
-            for (int r = 0; r < 2; r++) {
-                int st = 0;
-                assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-                    fail_msg("tied %d, W=2 ZeRO-%d: rank %d failed (status %d)", tied, level, r, st);
-            }
+            two_ranks t = {&c, level, name};
+            int st = 0, r = zt_test_run_ranks(2, two_ranks_rank, &t, &st);
+            if (r >= 0)
+                fail_msg("tied %d, W=2 ZeRO-%d: rank %d failed (status %d)", tied, level, r, st);
         }
     }
 }

@@ -132,14 +132,6 @@ static void test_config_save_load(void **state)
 #define ET 6
 #define ACCUM 2
 
-static void fill_batch(int32_t *tokens, int32_t *targets, int n, int V, int salt)
-{
-    for (int i = 0; i < n; i++) {
-        tokens[i] = (i * 7 + 3 + salt) % V;
-        targets[i] = (i * 5 + 1 + 3 * salt) % V;
-    }
-}
-
 static void odd_config(zt_family_config *c, bool tied, bool parallel)
 {
     char body[1024];
@@ -156,56 +148,50 @@ static int engine_rank(const zt_family_config *c, int W, int rank, int level, bo
                        float *loss, float *grads, char *msg, size_t cap)
 {
     zt_err err = {{0}};
-    zt_comm_options co;
-    zt_comm_options_init(&co);
-    co.rank = rank;
-    co.world_size = W;
-    co.join_timeout_s = 30;
-    co.timeout_s = 60;
-    snprintf(co.name, sizeof co.name, "%s", name);
-    zt_comm *comm = NULL;
-    if (zt_comm_create(&comm, &co, &err) < 0)
-        return snprintf(msg, cap, "comm: %s", err.msg), -1;
-    const int b = EB / W;
     zt_family_model *m = NULL;
     zt_model *model = NULL;
-    zt_engine *e = NULL;
     bool ck[3] = {ckpt, ckpt, ckpt};
     int rc = -1;
-    if (zt_family_model_create(&m, c, b, ET, 9, &err) < 0 || zt_family_model_cpu(&model, m, ACCUM, ck, &err) < 0) {
+    if (zt_family_model_create(&m, c, EB / W, ET, 9, &err) < 0 ||
+        zt_family_model_cpu(&model, m, ACCUM, ck, &err) < 0)
         snprintf(msg, cap, "model: %s", err.msg);
-        goto out;
-    }
-    zt_engine_options eo;
-    zt_engine_options_init(&eo);
-    eo.zero_level = level;
-    eo.grad_accum = ACCUM;
-    if (zt_engine_create(&e, model, comm, &eo, zt_family_model_params(m), &err) < 0) {
-        snprintf(msg, cap, "engine: %s", err.msg);
-        goto out;
-    }
-    const int V = zt_family_config_vocab(c);
-    int32_t tok[EB * ET], tgt[EB * ET];
-    for (int a = 0; a < ACCUM; a++) {
-        fill_batch(tok, tgt, EB * ET, V, a);
-        if (zt_engine_micro(e, tok + rank * b * ET, tgt + rank * b * ET, b, ET, NULL, a, 1.0f / (ACCUM * W), 1.0f, &err) < 0) {
-            snprintf(msg, cap, "micro-batch %d: %s", a, err.msg);
-            goto out;
-        }
-    }
-    zt_engine_step_result sr;
-    if (zt_engine_step(e, 0.0f, 1, &sr, &err) < 0 || zt_engine_export_grads(e, grads, &err) < 0) {
-        snprintf(msg, cap, "step: %s", err.msg);
-        goto out;
-    }
-    *loss = sr.loss;
-    rc = 0;
-out:
-    zt_engine_destroy(e);
+    else
+        rc = zt_test_engine_step(model, zt_family_model_params(m), W, rank, level, ACCUM, EB / W, ET,
+                                 zt_family_config_vocab(c), name, loss, grads, msg, cap);
     if (model)
         model->ops->destroy(model);
     zt_family_model_destroy(m);
-    zt_comm_destroy(comm);
+    return rc;
+}
+
+/* A rank of the two of test_engine: its step against the one rank's, within rounding. */
+typedef struct {
+    const zt_family_config *c;
+    int level;
+    const char *name;
+    const float *ref;
+    float ref_loss;
+    double scale;
+    size_t n;
+    float *got;
+} two_ranks;
+
+static int two_ranks_rank(int r, void *ctx)
+{
+    const two_ranks *t = ctx;
+    char msg[ZT_ERR_LEN + 128];
+    float l = 0;
+    int rc = engine_rank(t->c, 2, r, t->level, r == 1, t->name, &l, t->got, msg, sizeof msg);
+    double worst = 0;
+    for (size_t i = 0; rc == 0 && i < t->n; i++)
+        worst = fmax(worst, fabs((double)t->got[i] - t->ref[i]));
+    if (rc == 0 && (fabs(l - t->ref_loss) > 1e-5 * t->ref_loss || worst > 1e-5 * t->scale)) {
+        snprintf(msg, sizeof msg, "loss %.9g (W=1 %.9g), largest gradient difference %.3g of %.3g", (double)l,
+                 (double)t->ref_loss, worst, t->scale);
+        rc = -1;
+    }
+    if (rc != 0)
+        fprintf(stderr, "rank %d: %s\n", r, msg);
     return rc;
 }
 
@@ -234,32 +220,10 @@ static void test_engine(void **state)
         assert_true(scale > 0 && isfinite(ref_loss));
         for (int level = 2; level <= 3; level++) {
             snprintf(name, sizeof name, "zt_test_neox_%d_%d_%d", (int)getpid(), variant, level);
-            pid_t pids[2];
-            for (int r = 0; r < 2; r++) {
-                pids[r] = fork();
-                assert_true(pids[r] >= 0);
-                if (pids[r] == 0) {
-                    float l = 0;
-                    int rc = engine_rank(&c, 2, r, level, r == 1, name, &l, got, msg, sizeof msg);
-                    double worst = 0;
-                    for (size_t i = 0; rc == 0 && i < n; i++)
-                        worst = fmax(worst, fabs((double)got[i] - ref[i]));
-                    if (rc == 0 && (fabs(l - ref_loss) > 1e-5 * ref_loss || worst > 1e-5 * scale)) {
-                        snprintf(msg, sizeof msg, "loss %.9g (W=1 %.9g), largest gradient difference %.3g of %.3g",
-                                 (double)l, (double)ref_loss, worst, scale);
-                        rc = -1;
-                    }
-                    if (rc != 0)
-                        fprintf(stderr, "rank %d: %s\n", r, msg);
-                    _exit(rc == 0 ? 0 : 1);
-                }
-            }
-            for (int r = 0; r < 2; r++) {
-                int st = 0;
-                assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-                    fail_msg("variant %d, W=2 ZeRO-%d: rank %d failed (status %d)", variant, level, r, st);
-            }
+            two_ranks t = {&c, level, name, ref, ref_loss, scale, n, got};
+            int st = 0, r = zt_test_run_ranks(2, two_ranks_rank, &t, &st);
+            if (r >= 0)
+                fail_msg("variant %d, W=2 ZeRO-%d: rank %d failed (status %d)", variant, level, r, st);
         }
         free(ref);
         free(got);

@@ -22,6 +22,8 @@
 #include "worker/models/family.h"
 #include "worker/models/model.h"
 
+#include "model_once.h"
+
 enum { T = 16, NDOCS = 10, V = 64 };
 
 /* Example lengths: a full row, a one-token example, several to a row. */
@@ -121,23 +123,9 @@ static zt_family_model *make_model(const char *json)
 static float step(zt_model *e, float *params, float *grads, const int32_t *tok, const int32_t *tgt, int B,
                   const zt_model_docs *docs)
 {
-    const int nb = e->nblocks, h = e->head_block;
-    const size_t total = e->block_offset[nb - 1] + e->block_len[nb - 1];
+    const size_t total = e->block_offset[e->nblocks - 1] + e->block_len[e->nblocks - 1];
     memset(grads, 0, total * sizeof(float));
-    e->ops->begin(e, tok, tgt, B, T, 0, docs);
-    for (int b = 0; b < nb; b++) {
-        e->ops->forward(e, b, params + e->block_offset[b]);
-        if (e->checkpointed[b])
-            e->ops->discard(e, b);
-    }
-    e->ops->head(e, params + e->block_offset[h], 1.0f);
-    e->ops->head_backward(e, params + e->block_offset[h], grads + e->block_offset[h]);
-    for (int b = nb - 1; b >= 0; b--) {
-        if (e->checkpointed[b])
-            e->ops->forward(e, b, params + e->block_offset[b]);
-        e->ops->backward(e, b, params + e->block_offset[b], grads + e->block_offset[b]);
-    }
-    return e->ops->loss(e, 0);
+    return zt_test_cpu_passes(e, params, grads, tok, tgt, B, T, docs);
 }
 
 static void check_family(const char *name, const char *json, bool checkpointed)

@@ -29,14 +29,14 @@
 
 #include "train_fixture.h"
 
-static char g_dir[256];
-static char g_model[512], g_tok[512], g_train[512], g_val[512], g_init[512];
+static zt_fixture_examples g; /* the temporary folder and the files */
+static char g_init[512];
 
 enum { B = 4, T = 128, STEPS = 12 };
 
 static void path_in(char *out, size_t cap, const char *rel)
 {
-    snprintf(out, cap, "%s/%s", g_dir, rel);
+    snprintf(out, cap, "%s/%s", g.dir, rel);
 }
 
 /* A chat set: questions whose answers follow from them (sums, reversals, repeats), one or two rounds, some
@@ -67,21 +67,16 @@ static int setup(void **state)
 {
     (void)state;
     zt_log_set_level(ZT_LOG_WARN);
-    const char *src = getenv("ZT_SOURCE_DIR");
-    if (!src || zt_fixture_make_dir(g_dir, sizeof g_dir, "zt_sft_train_") < 0)
+    if (zt_fixture_examples_setup(&g, "zt_sft_train_", "llama-tiny.json") < 0)
         return -1;
-    snprintf(g_model, sizeof g_model, "%s/examples/llama-tiny.json", src);
-    snprintf(g_tok, sizeof g_tok, "%s/examples/byte-tokenizer.json", src);
-    path_in(g_train, sizeof g_train, "train.jsonl");
-    path_in(g_val, sizeof g_val, "val.jsonl");
     path_in(g_init, sizeof g_init, "init.safetensors");
-    write_chats(g_train, 22, 7);
-    write_chats(g_val, B, 99); /* one validation batch */
+    write_chats(g.train, 22, 7);
+    write_chats(g.val, B, 99); /* one validation batch */
     /* the starting weights, written here so that the reference below uses the very same ones */
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    if (zt_family_config_load(&cfg, g_model, &err) < 0 || zt_family_model_create(&m, &cfg, B, T, 5, &err) < 0 ||
+    if (zt_family_config_load(&cfg, g.model, &err) < 0 || zt_family_model_create(&m, &cfg, B, T, 5, &err) < 0 ||
         zt_llama_export(zt_family_model_host(m), g_init, &err) < 0) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
@@ -93,29 +88,15 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    return zt_fixture_remove_dir(g_dir);
+    return zt_fixture_remove_dir(g.dir);
 }
 
 static void sft_config(zt_train_config *c, const char *out)
 {
-    zt_train_config_init(c);
-    snprintf(c->model_path, sizeof c->model_path, "%s", g_model);
-    snprintf(c->tokenizer, sizeof c->tokenizer, "%s", g_tok);
-    snprintf(c->sft_data, sizeof c->sft_data, "%s", g_train);
-    snprintf(c->sft_val_data, sizeof c->sft_val_data, "%s", g_val);
+    zt_fixture_examples_config(c, &g, out, STEPS, B, T);
     snprintf(c->chat_template, sizeof c->chat_template, "chatml");
     snprintf(c->init_from, sizeof c->init_from, "%s", g_init);
-    path_in(c->out_dir, sizeof c->out_dir, out);
-    c->steps = STEPS;
-    c->batch_size = B;
-    c->seq_len = T;
-    c->lr = 3e-3;
-    c->min_lr = 3e-4;
-    c->warmup_steps = 2;
     c->eval_every = 4;
-    c->save_every = 6;
-    c->log_every = 100;
-    c->threads = 1;
     zt_fixture_finish_config(c);
 }
 
@@ -128,10 +109,10 @@ static double reference_val_loss(zt_llama *m, int *ntrained, int *ntokens)
     zt_chat_template *tmpl = NULL;
     zt_sft_data *d = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_tokenizer_load(&tok, g_tok, &err), 0);
+    assert_int_equal(zt_tokenizer_load(&tok, g.tok, &err), 0);
     assert_int_equal(zt_chat_template_by_name(&tmpl, "chatml", NULL, NULL, &err), 0);
     const zt_sft_options o = {.chat_template = tmpl, .vocab_size = 256};
-    assert_int_equal(zt_sft_open(&d, g_val, tok, &o, &err), 0);
+    assert_int_equal(zt_sft_open(&d, g.val, tok, &o, &err), 0);
     assert_int_equal(zt_sft_count(d), B);
     int32_t tokens[B * T], targets[B * T];
     *ntrained = *ntokens = 0;
@@ -175,7 +156,7 @@ static zt_family_model *load_family(const char *path)
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_family_config_load(&cfg, g_model, &err), 0);
+    assert_int_equal(zt_family_config_load(&cfg, g.model, &err), 0);
     assert_int_equal(zt_family_model_create(&m, &cfg, B, T, 1, &err), 0);
     if (zt_llama_import(zt_family_model_host(m), path, &err) < 0)
         fail_msg("%s", err.msg);
@@ -197,6 +178,25 @@ static double rel_diff(double a, double b)
     return fabs(a - b) / fmax(fabs(a), fabs(b));
 }
 
+/* Fails unless res's validation losses before and after training (the run directory out_dir) are, to 1e-5
+ * relative, the mean cross-entropy over the trained tokens only of the starting weights and of the final
+ * checkpoint's; prints them, labelled what. *ntrained and *ntokens: those of the validation batch. */
+static void expect_val_losses(const char *what, const zt_train_result *res, const char *out_dir, int *ntrained,
+                              int *ntokens)
+{
+    zt_llama *m = load_model(g_init);
+    const double first = reference_val_loss(m, ntrained, ntokens);
+    print_message("%s: val batch of %d tokens, %d trained: loss %.7f, reference (padded rows) %.7f\n", what,
+                  *ntokens, *ntrained, (double)res->first_val_loss, first);
+    assert_true(rel_diff(res->first_val_loss, first) < 1e-5);
+    char ckpt[ZT_TRAIN_PATH_MAX + 64];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt_%06d/model.safetensors", out_dir, STEPS);
+    m = load_model(ckpt);
+    const double last = reference_val_loss(m, ntrained, ntokens);
+    assert_true(rel_diff(res->last_val_loss, last) < 1e-5);
+    release_models();
+}
+
 /* The loss falls, and the validation losses before and after training are the mean cross-entropy over the
  * trained tokens only, of the starting and the final weights. */
 static void test_sft_trains(void **state)
@@ -206,25 +206,11 @@ static void test_sft_trains(void **state)
     sft_config(&c, "A");
     zt_train_result res;
     zt_fixture_train_ok(&c, &res);
-    print_message("sft: train loss %.4f -> %.4f, val loss %.4f -> %.4f\n", (double)res.losses[0],
-                  (double)res.losses[STEPS - 1], (double)res.first_val_loss, (double)res.last_val_loss);
-    assert_true(res.losses[STEPS - 1] < 0.8f * res.losses[0]);
-    assert_true(res.last_val_loss < 0.8f * res.first_val_loss);
-
+    zt_fixture_expect_loss_falls("sft", &res, STEPS, 0.8f);
     int ntrained, ntokens;
-    zt_llama *m = load_model(g_init);
-    const double first = reference_val_loss(m, &ntrained, &ntokens);
+    expect_val_losses("sft", &res, c.out_dir, &ntrained, &ntokens);
     /* only the answers and their end-of-turn markers are scored: fewer than half of the tokens here */
     assert_true(ntrained > 0 && 2 * ntrained < ntokens);
-    print_message("sft: val batch of %d tokens, %d trained: loss %.7f, reference %.7f\n", ntokens, ntrained,
-                  (double)res.first_val_loss, first);
-    assert_true(rel_diff(res.first_val_loss, first) < 1e-5);
-    char ckpt[ZT_TRAIN_PATH_MAX + 64];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt_%06d/model.safetensors", c.out_dir, STEPS);
-    m = load_model(ckpt);
-    const double last = reference_val_loss(m, &ntrained, &ntokens);
-    assert_true(rel_diff(res.last_val_loss, last) < 1e-5);
-    release_models();
     zt_train_result_free(&res);
 }
 
@@ -238,21 +224,9 @@ static void test_sft_packed(void **state)
     c.sft_pack = true;
     zt_train_result res;
     zt_fixture_train_ok(&c, &res);
-    print_message("sft packed: train loss %.4f -> %.4f, val loss %.4f -> %.4f\n", (double)res.losses[0],
-                  (double)res.losses[STEPS - 1], (double)res.first_val_loss, (double)res.last_val_loss);
-    assert_true(res.losses[STEPS - 1] < 0.8f * res.losses[0]);
-    assert_true(res.last_val_loss < 0.8f * res.first_val_loss);
+    zt_fixture_expect_loss_falls("sft packed", &res, STEPS, 0.8f);
     int ntrained, ntokens;
-    zt_llama *m = load_model(g_init);
-    const double first = reference_val_loss(m, &ntrained, &ntokens);
-    print_message("sft packed: val loss %.7f, reference (padded rows) %.7f\n", (double)res.first_val_loss, first);
-    assert_true(rel_diff(res.first_val_loss, first) < 1e-5);
-    char ckpt[ZT_TRAIN_PATH_MAX + 64];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt_%06d/model.safetensors", c.out_dir, STEPS);
-    m = load_model(ckpt);
-    const double last = reference_val_loss(m, &ntrained, &ntokens);
-    assert_true(rel_diff(res.last_val_loss, last) < 1e-5);
-    release_models();
+    expect_val_losses("sft packed", &res, c.out_dir, &ntrained, &ntokens);
     zt_train_result_free(&res);
 }
 
@@ -262,17 +236,9 @@ static void test_sft_packed(void **state)
 static void test_sft_two_ranks(void **state)
 {
     (void)state;
-    zt_train_config c;
-    sft_config(&c, "W1");
-    c.eval_every = 0;
-    float one[STEPS], two[STEPS], one_val[2], two_val[2];
-    zt_fixture_train_ranks(&c, 1, one, STEPS, one_val);
-    sft_config(&c, "W2");
-    c.eval_every = 0;
-    zt_fixture_train_ranks(&c, 2, two, STEPS, two_val);
-    char p1[600], p2[600];
-    path_in(p1, sizeof p1, "W1/ckpt_000012/model.safetensors");
-    path_in(p2, sizeof p2, "W2/ckpt_000012/model.safetensors");
+    float one[STEPS], two[STEPS];
+    char p1[ZT_TRAIN_PATH_MAX + 64], p2[ZT_TRAIN_PATH_MAX + 64];
+    zt_fixture_train_one_and_two(sft_config, STEPS, one, two, p1, p2, sizeof p1);
     int nt, nk;
     zt_llama *m1 = load_model(p1), *m2 = load_model(p2);
     const double l1 = reference_val_loss(m1, &nt, &nk), l2 = reference_val_loss(m2, &nt, &nk);
@@ -294,51 +260,12 @@ static void test_sft_two_ranks(void **state)
     release_models();
 }
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *d = malloc(*n + 1);
-    assert_non_null(d);
-    assert_int_equal(fread(d, 1, *n, f), *n);
-    fclose(f);
-    return d;
-}
-
 /* A run stopped at step 6 and resumed from its checkpoint ends on the bits of a run straight through: the
  * examples' order (shuffled, several epochs) continues where it stood. */
 static void test_sft_resume(void **state)
 {
     (void)state;
-    zt_train_config c;
-    sft_config(&c, "S");
-    zt_train_result straight, first, second;
-    zt_fixture_train_ok(&c, &straight);
-    sft_config(&c, "R");
-    c.stop_at_step = 6;
-    zt_fixture_train_ok(&c, &first);
-    assert_true(first.interrupted);
-    sft_config(&c, "R");
-    path_in(c.resume, sizeof c.resume, "R/ckpt_000006");
-    zt_fixture_train_ok(&c, &second);
-    for (int i = 0; i < STEPS - 6; i++)
-        assert_true(second.losses[i] == straight.losses[6 + i]);
-    char a[600], b[600];
-    path_in(a, sizeof a, "S/ckpt_000012/model.safetensors");
-    path_in(b, sizeof b, "R/ckpt_000012/model.safetensors");
-    size_t na, nb;
-    char *da = slurp(a, &na), *db = slurp(b, &nb);
-    if (na != nb || memcmp(da, db, na) != 0)
-        fail_msg("%s and %s differ", a, b);
-    free(da);
-    free(db);
-    zt_train_result_free(&straight);
-    zt_train_result_free(&first);
-    zt_train_result_free(&second);
+    zt_fixture_check_resume(sft_config, STEPS, 6);
 }
 
 /* The checks of the settings: each names the key, the flag and the fix. */
@@ -365,7 +292,7 @@ static void test_sft_config(void **state)
         fail_msg("--sft-pack with examples and a decoder: %s", perr.msg);
     /* without examples: the fix is --sft-data */
     zt_train_config_init(&c);
-    snprintf(c.model_path, sizeof c.model_path, "%s", g_model);
+    snprintf(c.model_path, sizeof c.model_path, "%s", g.model);
     snprintf(c.train_data, sizeof c.train_data, "x_*.bin");
     c.sft_pack = true;
     expect_invalid(&c, "--sft-pack");
@@ -400,7 +327,7 @@ static void test_sft_config(void **state)
     c.tokenizer[0] = '\0';
     expect_invalid(&c, "--tokenizer");
     zt_train_config_init(&c);
-    snprintf(c.model_path, sizeof c.model_path, "%s", g_model);
+    snprintf(c.model_path, sizeof c.model_path, "%s", g.model);
     snprintf(c.train_data, sizeof c.train_data, "x_*.bin");
     c.train_on_prompt = true;
     expect_invalid(&c, "--sft-data");

@@ -22,17 +22,12 @@
 #include "worker/train/config.h"
 #include "worker/train/trainer.h"
 
+#include "model_once.h"
 #include "train_fixture.h"
 
-static char g_dir[256];
-static char g_model[512], g_tok[512], g_train[512], g_val[512];
+static zt_fixture_examples g; /* the temporary folder and the files */
 
 enum { B = 4, T = 20, TD = 12, STEPS = 12 };
-
-static void path_in(char *out, size_t cap, const char *rel)
-{
-    snprintf(out, cap, "%s/%s", g_dir, rel);
-}
 
 /* Words of 3 to 9 letters and their reversals. */
 static void write_examples(const char *path, int n, unsigned seed)
@@ -60,43 +55,24 @@ static int setup(void **state)
 {
     (void)state;
     zt_log_set_level(ZT_LOG_WARN);
-    const char *src = getenv("ZT_SOURCE_DIR");
-    if (!src || zt_fixture_make_dir(g_dir, sizeof g_dir, "zt_t5_train_") < 0)
+    if (zt_fixture_examples_setup(&g, "zt_t5_train_", "t5-tiny.json") < 0)
         return -1;
-    snprintf(g_model, sizeof g_model, "%s/examples/t5-tiny.json", src);
-    snprintf(g_tok, sizeof g_tok, "%s/examples/byte-tokenizer.json", src);
-    path_in(g_train, sizeof g_train, "train.jsonl");
-    path_in(g_val, sizeof g_val, "val.jsonl");
-    write_examples(g_train, 30, 7);
-    write_examples(g_val, B, 99);
+    write_examples(g.train, 30, 7);
+    write_examples(g.val, B, 99);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    return zt_fixture_remove_dir(g_dir);
+    return zt_fixture_remove_dir(g.dir);
 }
 
 static void t5_config(zt_train_config *c, const char *out)
 {
-    zt_train_config_init(c);
-    snprintf(c->model_path, sizeof c->model_path, "%s", g_model);
-    snprintf(c->tokenizer, sizeof c->tokenizer, "%s", g_tok);
-    snprintf(c->sft_data, sizeof c->sft_data, "%s", g_train);
-    snprintf(c->sft_val_data, sizeof c->sft_val_data, "%s", g_val);
-    path_in(c->out_dir, sizeof c->out_dir, out);
-    c->steps = STEPS;
-    c->batch_size = B;
-    c->seq_len = T;
+    zt_fixture_examples_config(c, &g, out, STEPS, B, T);
     c->target_len = TD;
-    c->lr = 3e-3;
-    c->min_lr = 3e-4;
-    c->warmup_steps = 2;
     c->eval_every = 6;
-    c->save_every = 6;
-    c->log_every = 100;
-    c->threads = 1;
     zt_fixture_finish_config(c);
 }
 
@@ -105,24 +81,11 @@ static zt_family_model *load_family(const char *path)
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_family_config_load(&cfg, g_model, &err), 0);
+    assert_int_equal(zt_family_config_load(&cfg, g.model, &err), 0);
     assert_int_equal(zt_family_model_create(&m, &cfg, B, T, 1, &err), 0);
     if (zt_family_model_import(m, path, &err) < 0)
         fail_msg("%s", err.msg);
     return m;
-}
-
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc(*n ? *n : 1);
-    assert_true(fread(p, 1, *n, f) == *n);
-    fclose(f);
-    return p;
 }
 
 static void test_t5_trains(void **state)
@@ -132,10 +95,7 @@ static void test_t5_trains(void **state)
     t5_config(&c, "A");
     zt_train_result res;
     zt_fixture_train_ok(&c, &res);
-    print_message("t5: train loss %.4f -> %.4f, val loss %.4f -> %.4f\n", (double)res.losses[0],
-                  (double)res.losses[STEPS - 1], (double)res.first_val_loss, (double)res.last_val_loss);
-    assert_true(res.losses[STEPS - 1] < 0.5f * res.losses[0]);
-    assert_true(res.last_val_loss < 0.5f * res.first_val_loss);
+    zt_fixture_expect_loss_falls("t5", &res, STEPS, 0.5f);
     zt_train_result_free(&res);
 }
 
@@ -144,17 +104,9 @@ static void test_t5_trains(void **state)
 static void test_t5_two_ranks(void **state)
 {
     (void)state;
-    zt_train_config c;
-    t5_config(&c, "W1");
-    c.eval_every = 0;
-    float one[STEPS], two[STEPS], one_val[2], two_val[2];
-    zt_fixture_train_ranks(&c, 1, one, STEPS, one_val);
-    t5_config(&c, "W2");
-    c.eval_every = 0;
-    zt_fixture_train_ranks(&c, 2, two, STEPS, two_val);
-    char p1[600], p2[600];
-    path_in(p1, sizeof p1, "W1/ckpt_000012/model.safetensors");
-    path_in(p2, sizeof p2, "W2/ckpt_000012/model.safetensors");
+    float one[STEPS], two[STEPS];
+    char p1[ZT_TRAIN_PATH_MAX + 64], p2[ZT_TRAIN_PATH_MAX + 64];
+    zt_fixture_train_one_and_two(t5_config, STEPS, one, two, p1, p2, sizeof p1);
     zt_family_model *m1 = load_family(p1), *m2 = load_family(p2);
     const float *w1 = zt_family_model_params(m1), *w2 = zt_family_model_params(m2);
     double worst = 0, scale = 0;
@@ -173,31 +125,7 @@ static void test_t5_two_ranks(void **state)
 static void test_t5_resume(void **state)
 {
     (void)state;
-    zt_train_config c;
-    t5_config(&c, "S");
-    zt_train_result straight, first, second;
-    zt_fixture_train_ok(&c, &straight);
-    t5_config(&c, "R");
-    c.stop_at_step = 6;
-    zt_fixture_train_ok(&c, &first);
-    assert_true(first.interrupted);
-    t5_config(&c, "R");
-    path_in(c.resume, sizeof c.resume, "R/ckpt_000006");
-    zt_fixture_train_ok(&c, &second);
-    for (int i = 0; i < STEPS - 6; i++)
-        assert_true(second.losses[i] == straight.losses[6 + i]);
-    char a[600], b[600];
-    path_in(a, sizeof a, "S/ckpt_000012/model.safetensors");
-    path_in(b, sizeof b, "R/ckpt_000012/model.safetensors");
-    size_t na, nb;
-    char *da = slurp(a, &na), *db = slurp(b, &nb);
-    if (na != nb || memcmp(da, db, na) != 0)
-        fail_msg("%s and %s differ", a, b);
-    free(da);
-    free(db);
-    zt_train_result_free(&straight);
-    zt_train_result_free(&first);
-    zt_train_result_free(&second);
+    zt_fixture_check_resume(t5_config, STEPS, 6);
 }
 
 /* The engine's CPU executor with every layer checkpointed (discarded after its forward, rebuilt before its
@@ -208,7 +136,7 @@ static void test_t5_checkpointed_passes(void **state)
     zt_family_config cfg;
     zt_family_model *m = NULL;
     zt_err err = {{0}};
-    assert_int_equal(zt_family_config_load(&cfg, g_model, &err), 0);
+    assert_int_equal(zt_family_config_load(&cfg, g.model, &err), 0);
     assert_int_equal(zt_family_model_create(&m, &cfg, 2, 9, 3, &err), 0);
     const int32_t enc[18] = {5, 9, 44, 100, 7, 1, 0, 0, 0, 31, 32, 33, 34, 35, 36, 37, 38, 1};
     const int32_t lens[2] = {6, 9}, dec[10] = {0, 70, 71, 72, 0, 0, 80, 81, 82, 83};
@@ -236,21 +164,7 @@ static void test_t5_checkpointed_passes(void **state)
     zt_family_model_zero_grad(m);
     float *w = zt_family_model_params(m), *g = zt_family_model_grads(m);
     x->ops->set_seq2seq(x, &s);
-    x->ops->begin(x, enc, tgt, 2, 9, 0, NULL);
-    for (int b = 0; b < x->nblocks; b++) {
-        x->ops->forward(x, b, w + x->block_offset[b]);
-        if (x->checkpointed[b])
-            x->ops->discard(x, b);
-    }
-    const int hb = x->head_block;
-    x->ops->head(x, w + x->block_offset[hb], 1.0f);
-    x->ops->head_backward(x, w + x->block_offset[hb], g + x->block_offset[hb]);
-    for (int b = x->nblocks - 1; b >= 0; b--) {
-        if (x->checkpointed[b])
-            x->ops->forward(x, b, w + x->block_offset[b]);
-        x->ops->backward(x, b, w + x->block_offset[b], g + x->block_offset[b]);
-    }
-    assert_true(x->ops->loss(x, 0) == whole);
+    assert_true(zt_test_cpu_passes(x, w, g, enc, tgt, 2, 9, NULL) == whole);
     assert_memory_equal(g, ref, n * sizeof *ref);
     x->ops->destroy(x);
     free(ref);

@@ -1,6 +1,7 @@
-/* Shared set-up of the tests that run the trainer (test_trainer, test_placement, tests/gpu/
- * test_gpu_training): a temporary folder for shards and runs, token shards written into it, the
- * resolve-and-validate step every test config ends with, and a training run that must succeed.
+/* Shared set-up of the tests that run the trainer (test_trainer, test_placement, test_sft_train, test_t5_train,
+ * tests/gpu/test_gpu_training): a temporary folder for shards and runs, token shards written into it, the
+ * resolve-and-validate step every test config ends with, a training run that must succeed, and the checks
+ * that the runs on examples share (the loss falls, two ranks train as one, a resumed run ends on the same bits).
  * Include after <cmocka.h>. */
 #ifndef ZT_TESTS_TRAIN_FIXTURE_H
 #define ZT_TESTS_TRAIN_FIXTURE_H
@@ -8,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -151,6 +153,141 @@ static inline void zt_fixture_train_ranks(const zt_train_config *c, int W, float
             fail_msg("%s: rank %d of %d failed (status %d)", c->out_dir, r, W, st);
     }
     assert_int_equal(got, want);
+}
+
+/* A test's config of a run named out (a folder of the test's temporary folder): the test's own function, which
+ * ends with zt_fixture_finish_config. */
+typedef void (*zt_fixture_config_fn)(zt_train_config *c, const char *out);
+
+/* The files of a test that trains on examples: its temporary folder, the model config and tokenizer of the
+ * source tree, and the training and validation examples in the folder (which the test writes). */
+typedef struct {
+    char dir[256];
+    char model[512], tok[512], train[512], val[512];
+} zt_fixture_examples;
+
+/* Makes x's temporary folder ($TMPDIR/<prefix>XXXXXX) and fills its paths: $ZT_SOURCE_DIR/examples/<model_file>,
+ * the byte-level examples/byte-tokenizer.json, dir/train.jsonl and dir/val.jsonl. Returns 0, or -1 without
+ * ZT_SOURCE_DIR or when the folder cannot be made. */
+static inline int zt_fixture_examples_setup(zt_fixture_examples *x, const char *prefix, const char *model_file)
+{
+    const char *src = getenv("ZT_SOURCE_DIR");
+    if (!src || zt_fixture_make_dir(x->dir, sizeof x->dir, prefix) < 0)
+        return -1;
+    snprintf(x->model, sizeof x->model, "%s/examples/%s", src, model_file);
+    snprintf(x->tok, sizeof x->tok, "%s/examples/byte-tokenizer.json", src);
+    snprintf(x->train, sizeof x->train, "%s/train.jsonl", x->dir);
+    snprintf(x->val, sizeof x->val, "%s/val.jsonl", x->dir);
+    return 0;
+}
+
+/* The settings of the tests that train on the examples of x: its model config, tokenizer, training and
+ * validation examples, the run directory x->dir/out, steps steps of batch_size x seq_len, a learning rate
+ * warming up over 2 steps from 3e-3 to 3e-4, checkpoints every 6 steps, one thread, no log lines. The caller
+ * sets the rest (eval_every first) and calls zt_fixture_finish_config. */
+static inline void zt_fixture_examples_config(zt_train_config *c, const zt_fixture_examples *x, const char *out,
+                                              int steps, int batch_size, int seq_len)
+{
+    zt_train_config_init(c);
+    snprintf(c->model_path, sizeof c->model_path, "%s", x->model);
+    snprintf(c->tokenizer, sizeof c->tokenizer, "%s", x->tok);
+    snprintf(c->sft_data, sizeof c->sft_data, "%s", x->train);
+    snprintf(c->sft_val_data, sizeof c->sft_val_data, "%s", x->val);
+    snprintf(c->out_dir, sizeof c->out_dir, "%s/%s", x->dir, out);
+    c->steps = steps;
+    c->batch_size = batch_size;
+    c->seq_len = seq_len;
+    c->lr = 3e-3;
+    c->min_lr = 3e-4;
+    c->warmup_steps = 2;
+    c->save_every = 6;
+    c->log_every = 100;
+    c->threads = 1;
+}
+
+/* Reads the file path whole into a buffer the caller frees, its size in *n; fails the test when it cannot. */
+static inline char *zt_fixture_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *d = malloc(*n + 1);
+    assert_non_null(d);
+    assert_int_equal(fread(d, 1, *n, f), *n);
+    fclose(f);
+    return d;
+}
+
+/* Fails unless the files a and b hold the same bytes. */
+static inline void zt_fixture_same_file(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *da = zt_fixture_slurp(a, &na), *db = zt_fixture_slurp(b, &nb);
+    if (na != nb || memcmp(da, db, na) != 0)
+        fail_msg("%s and %s differ", a, b);
+    free(da);
+    free(db);
+}
+
+/* Prints, labelled what, res's train loss of its first and last of steps steps and its first and last
+ * validation loss, and fails unless each last one is below factor times the first. */
+static inline void zt_fixture_expect_loss_falls(const char *what, const zt_train_result *res, int steps,
+                                                float factor)
+{
+    print_message("%s: train loss %.4f -> %.4f, val loss %.4f -> %.4f\n", what, (double)res->losses[0],
+                  (double)res->losses[steps - 1], (double)res->first_val_loss, (double)res->last_val_loss);
+    assert_true(res->losses[steps - 1] < factor * res->losses[0]);
+    assert_true(res->last_val_loss < factor * res->first_val_loss);
+}
+
+/* Trains config's run "W1" with one rank and "W2" with two (both without evaluation), steps steps each: their
+ * train losses into one and two, the paths of their last checkpoints' model.safetensors into p1 and p2. */
+static inline void zt_fixture_train_one_and_two(zt_fixture_config_fn config, int steps, float *one, float *two,
+                                                char *p1, char *p2, size_t cap)
+{
+    zt_train_config c;
+    float val[2];
+    config(&c, "W1");
+    c.eval_every = 0;
+    zt_fixture_train_ranks(&c, 1, one, steps, val);
+    snprintf(p1, cap, "%s/ckpt_%06d/model.safetensors", c.out_dir, steps);
+    config(&c, "W2");
+    c.eval_every = 0;
+    zt_fixture_train_ranks(&c, 2, two, steps, val);
+    snprintf(p2, cap, "%s/ckpt_%06d/model.safetensors", c.out_dir, steps);
+}
+
+/* A run stopped at step stop and resumed from its checkpoint ends on the bits of a run straight through:
+ * trains config's run "S" straight (steps steps) and "R" twice, stopped and resumed; fails unless the resumed
+ * run's train losses equal the straight run's and their last checkpoints' weights are the same bytes. */
+static inline void zt_fixture_check_resume(zt_fixture_config_fn config, int steps, int stop)
+{
+    zt_train_config c;
+    zt_train_result straight, first, second;
+    config(&c, "S");
+    zt_fixture_train_ok(&c, &straight);
+    char a[ZT_TRAIN_PATH_MAX + 64], b[ZT_TRAIN_PATH_MAX + 64];
+    snprintf(a, sizeof a, "%s/ckpt_%06d/model.safetensors", c.out_dir, steps);
+    config(&c, "R");
+    c.stop_at_step = stop;
+    zt_fixture_train_ok(&c, &first);
+    assert_true(first.interrupted);
+    config(&c, "R");
+    char r[ZT_TRAIN_PATH_MAX + 64];
+    snprintf(r, sizeof r, "%s/ckpt_%06d", c.out_dir, stop);
+    assert_true(strlen(r) < sizeof c.resume);
+    memcpy(c.resume, r, strlen(r) + 1);
+    zt_fixture_train_ok(&c, &second);
+    for (int i = 0; i < steps - stop; i++)
+        assert_true(second.losses[i] == straight.losses[stop + i]);
+    snprintf(b, sizeof b, "%s/ckpt_%06d/model.safetensors", c.out_dir, steps);
+    zt_fixture_same_file(a, b);
+    zt_train_result_free(&straight);
+    zt_train_result_free(&first);
+    zt_train_result_free(&second);
 }
 
 #endif
