@@ -460,16 +460,28 @@ static void log_host_tiers(const zt_train_config *cfg, const zt_plan_host_choice
            c->price.parts, mtext, xtext, disk, c->price.disk ? " in " : "", c->price.disk ? cfg->moments_dir : "");
 }
 
+/* The host bytes a checkpoint stages beside the plan: with state on disk the engine's buffers of a few blocks
+ * and the writer's tensor in the files' layout (the checkpoint is streamed from the records), else `gathered`
+ * (the weights, moments and Hugging Face copy gathered into host arrays); 0 without checkpoints. */
+static uint64_t checkpoint_staging(const zt_train_config *cfg, const zt_engine_plan *ep, const zt_family_model *host,
+                                   uint64_t gathered)
+{
+    if (cfg->save_every < 0)
+        return 0;
+    return ep->export_stream_bytes ? ep->export_stream_bytes + zt_checkpoint_stream_bytes(host) : gathered;
+}
+
 /* The host price of a placement of the state on CPU ranks: the engine's arrays (on the CPU its "device"
  * buffers are host memory too), the host model's parameters and gradients, the checkpoints' staging (the
- * moments gathered and the exported weights). The activations of the micro-batch are the model's and not
- * counted. */
+ * moments gathered and the exported weights, or with state on disk a few blocks' buffers). The activations of
+ * the micro-batch are the model's and not counted. */
 struct cpu_pricing {
     const zt_train_config *cfg;
     zt_model *model;
+    const zt_family_model *host;
     int W;
     zt_engine_options base;
-    uint64_t P, staging;
+    uint64_t P, staging; /* staging: of a checkpoint gathered into host arrays */
 };
 
 static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
@@ -480,12 +492,14 @@ static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     o.stream = o.stream || o.moments_dir; /* the host arrays hold the state on disk's way */
     zt_engine_plan ep;
     zt_engine_plan_for(p->model, p->W, &o, &ep);
-    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + p->staging;
+    const uint64_t staging = checkpoint_staging(p->cfg, &ep, p->host, p->staging);
+    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + staging;
     out->disk = ep.disk_bytes;
+    out->staging = staging;
     char eng[32], mod[32], stg[32];
     zt_format_size(ep.device_bytes + ep.host_bytes, eng, sizeof eng);
     zt_format_size(8 * p->P, mod, sizeof mod);
-    zt_format_size(p->staging, stg, sizeof stg);
+    zt_format_size(staging, stg, sizeof stg);
     snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s", eng, mod, stg);
 }
 
@@ -494,7 +508,7 @@ static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
 static int plan_cpu_host(const zt_train_config *cfg, int W, bool is0, zt_model *model, const zt_family_model *host,
                          struct layout *lay, zt_err *err)
 {
-    struct cpu_pricing p = {.cfg = cfg, .model = model, .W = W, .P = zt_family_model_num_params(host)};
+    struct cpu_pricing p = {.cfg = cfg, .model = model, .host = host, .W = W, .P = zt_family_model_num_params(host)};
     engine_options(cfg, (int)cfg->grad_accum, &p.base);
     p.base.stream = lay->stream;
     p.staging = cfg->save_every >= 0 ? 12 * p.P : 0;
@@ -1005,6 +1019,43 @@ static int check_checkpoint_space(const struct run *r, const zt_train_config *cf
     return zt_plan_check_checkpoint(need, free_b, cfg->out_dir, err);
 }
 
+/* Rank 0: the state of the checkpoint besides the tensors, as the run holds it now. */
+static void fill_state(struct run *r, zt_ckpt_state *st)
+{
+    zt_task_get_position(r->task, &st->data);
+    st->adam_step = r->opt.adam_step;
+    st->skipped_steps = r->opt.skipped_steps;
+    st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
+    st->loss_scale_clean_steps = r->use_scaler ? r->scaler.clean_steps : 0;
+}
+
+/* A checkpoint of state on disk, streamed: every rank reads its records block by block and the blocks are
+ * gathered; rank 0 writes each tensor into the checkpoint's files as it arrives, so no rank holds the model's
+ * weights and moments in host memory (the engine's and the writer's staging: zt_plan_checkpoint_staging). */
+static int save_streamed(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm,
+                         zt_train_result *res, zt_err *err)
+{
+    const bool is0 = zt_comm_rank(comm) == 0;
+    zt_ckpt_writer *w = NULL;
+    int rc = is0 ? zt_checkpoint_begin(cfg->out_dir, r->host, st->step, &w, err) : 0;
+    if ((rc = zt_comm_agree(comm, rc, err)) == 0)
+        rc = zt_engine_export_stream(r->engine, w ? zt_checkpoint_put : NULL, w, err);
+    if (rc == 0 && cfg->save_grads)
+        rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0) {
+        zt_checkpoint_abandon(w);
+        return rc;
+    }
+    if (is0) {
+        fill_state(r, st);
+        rc = zt_checkpoint_finish(w, cfg->save_grads ? zt_family_model_grads(r->host) : NULL, cfg, st, res->checkpoint,
+                                  sizeof res->checkpoint, err);
+        if (rc == 0)
+            zt_log(ZT_LOG_INFO, "checkpoint: %s (streamed from the state on disk)", res->checkpoint);
+    }
+    return zt_comm_agree(comm, rc, err);
+}
+
 static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm, zt_train_result *res,
                 zt_err *err)
 {
@@ -1013,6 +1064,8 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
     int rc = zt_comm_rank(comm) == 0 ? check_checkpoint_space(r, cfg, false, err) : 0;
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
+    if (zt_engine_exports_streamed(r->engine))
+        return save_streamed(r, cfg, st, comm, res, err);
     rc = zt_engine_export(r->engine, zt_family_model_params(r->host), r->opt.m, r->opt.v, err);
     if (rc == 0 && cfg->save_grads)
         rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
@@ -1029,11 +1082,7 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
     if (zt_comm_rank(comm) == 0) {
-        zt_task_get_position(r->task, &st->data);
-        st->adam_step = r->opt.adam_step;
-        st->skipped_steps = r->opt.skipped_steps;
-        st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
-        st->loss_scale_clean_steps = r->use_scaler ? r->scaler.clean_steps : 0;
+        fill_state(r, st);
         rc = zt_checkpoint_save_with_grads(cfg->out_dir, r->host, &r->opt,
                                            cfg->save_grads ? zt_family_model_grads(r->host) : NULL, cfg, st, res->checkpoint,
                                            sizeof res->checkpoint, err);
