@@ -644,7 +644,9 @@ struct gpu_host_pricing {
     const zt_model *shape;
     int W;
     zt_engine_options base;
-    uint64_t steady_other, start_other, server_ram, staging;
+    const zt_family_model *tables; /* the model's tensor table (the checkpoint writer's staging) */
+    uint64_t steady_base, start_other, server_ram, gathered; /* steady_base: beside the engine, less the
+                                                                checkpoint's staging (gathered: in host arrays) */
 };
 
 static void price_gpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
@@ -654,13 +656,15 @@ static void price_gpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     apply_tiers(p->cfg, t, &o);
     zt_engine_plan ep;
     zt_engine_plan_for(p->shape, p->W, &o, &ep);
-    out->ram = host_ram(&ep, p->steady_other, p->start_other, !p->cfg->resume[0]);
+    const uint64_t staging = checkpoint_staging(p->cfg, &ep, p->tables, p->gathered);
+    out->ram = host_ram(&ep, p->steady_base + staging, p->start_other, !p->cfg->resume[0]);
     out->disk = ep.disk_bytes;
+    out->staging = staging;
     char eng[32], pin[32], srv[32], stg[32], proc[32];
     zt_format_size(ep.host_bytes, eng, sizeof eng);
     zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
     zt_format_size(p->server_ram, srv, sizeof srv);
-    zt_format_size(p->staging, stg, sizeof stg);
+    zt_format_size(staging, stg, sizeof stg);
     zt_format_size(PROCESS_RAM_BYTES, proc, sizeof proc);
     snprintf(out->parts, sizeof out->parts, "engine %s (%s pinned), state server %s, checkpoint staging %s, process %s",
              eng, pin, srv, stg, proc);
@@ -722,26 +726,28 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
 
     /* Host: the engine's buffers (the Adam moments' pages are taken at the first update, after the host
      * slab of the initial weights is given back), the embedded state server's records, the checkpoints'
-     * staging (the gathered weights, moments and their Hugging Face copy). Disk: the NVMe records. */
+     * staging (the gathered weights, moments and their Hugging Face copy; with state on disk a few blocks'
+     * buffers, the checkpoint streamed from the records). Disk: the NVMe records. */
     const uint64_t P = zt_family_model_num_params(tables);
     const bool embedded = cfg->optimizer == ZT_OPTIMIZER_SERVER && !cfg->servers[0];
     const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
-    const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
+    const uint64_t gathered = cfg->save_every >= 0 ? 16 * P : 0;
     /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays (host_ram says
      * which of those are not resident yet); a resumed run's slab stays until the checkpoint's second import. */
     const bool fresh = !cfg->resume[0];
-    const uint64_t steady_other = server_ram + staging + PROCESS_RAM_BYTES;
+    const uint64_t steady_base = server_ram + PROCESS_RAM_BYTES;
     const uint64_t start_other = 4 * P + server_ram + PROCESS_RAM_BYTES;
-    uint64_t ram = host_ram(&ep, steady_other, start_other, fresh);
+    uint64_t ram = host_ram(&ep, steady_base + checkpoint_staging(cfg, &ep, tables, gathered), start_other, fresh);
     const uint64_t ram_available = zt_plan_ram_available();
     if (cfg->host_mem) {
         /* --host-mem: the tiers of the state under the cap (the moments to disk, then the masters) */
-        struct gpu_host_pricing hp = {.cfg = cfg, .shape = shape, .W = W, .base = o, .steady_other = steady_other,
-                                      .start_other = start_other, .server_ram = server_ram, .staging = staging};
+        struct gpu_host_pricing hp = {.cfg = cfg, .shape = shape, .W = W, .base = o, .tables = tables,
+                                      .steady_base = steady_base, .start_other = start_other,
+                                      .server_ram = server_ram, .gathered = gathered};
         zt_plan_host_request hq = {.cap = cfg->host_mem, .has_dir = cfg->moments_dir[0] != '\0',
                                    .can_masters_disk = o.placement == ZT_PLACEMENT_CPU && o.gpu_fraction == 0 &&
                                                        cfg->weights != ZT_WEIGHTS_MASTERS,
-                                   .staging = staging, .price = price_gpu_host, .ctx = &hp};
+                                   .staging = gathered, .price = price_gpu_host, .ctx = &hp};
         zt_plan_host_choice hc;
         if ((rc = zt_plan_fit_host(&hq, &hc, err)) < 0) {
             shape->ops->destroy(shape);
@@ -764,7 +770,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         x.stream_masters = true;
         zt_engine_plan xp;
         zt_engine_plan_for(shape, W, &x, &xp);
-        const uint64_t xram = host_ram(&xp, steady_other, start_other, fresh);
+        const uint64_t xram = host_ram(&xp, steady_base + checkpoint_staging(cfg, &xp, tables, gathered), start_other,
+                                       fresh);
         if (xram < ram && ch.device.model + xp.device_bytes + ch.device.fixed <= ch.limit) {
             char before[32], after[32];
             zt_format_size(ram, before, sizeof before);
@@ -798,7 +805,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
                        cfg->moments_ram ? "--moments-ram" : "RAM the plan leaves free", ondisk);
             o = x;
             ep = xp;
-            ram = host_ram(&xp, steady_other, start_other, fresh);
+            ram = host_ram(&xp, steady_base + checkpoint_staging(cfg, &xp, tables, gathered), start_other, fresh);
         }
     }
     lay->moments_ram_bytes = o.moments_ram_bytes;
@@ -814,6 +821,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     zt_format_size(ep.host_bytes, eng, sizeof eng);
     zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
     zt_format_size(server_ram, srv, sizeof srv);
+    const uint64_t staging = checkpoint_staging(cfg, &ep, tables, gathered);
     zt_format_size(staging, stg, sizeof stg);
     snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s, "
              "the process %s", eng, pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "", proc);
@@ -1031,7 +1039,7 @@ static void fill_state(struct run *r, zt_ckpt_state *st)
 
 /* A checkpoint of state on disk, streamed: every rank reads its records block by block and the blocks are
  * gathered; rank 0 writes each tensor into the checkpoint's files as it arrives, so no rank holds the model's
- * weights and moments in host memory (the engine's and the writer's staging: zt_plan_checkpoint_staging). */
+ * weights and moments in host memory (the engine's and the writer's staging: checkpoint_staging). */
 static int save_streamed(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm,
                          zt_train_result *res, zt_err *err)
 {
