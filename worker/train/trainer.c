@@ -17,6 +17,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "common/rng.h"
 #include "common/units.h"
 #include "kernels/cpu_threads.h"
@@ -1285,6 +1286,12 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     }
     if (on_gpu)
         zt_family_model_release_params(r.host); /* the engine holds the weights; checkpoints write the slab again */
+    if (resumed && zt_engine_exports_streamed(r.engine)) {
+        /* the engine holds the resumed moments (on disk); checkpoints stream them from there, so the full-size
+         * arrays the checkpoint was loaded into give their pages back (the plan does not count them) */
+        zt_release_pages(r.opt.m, r.opt.n * sizeof(float));
+        zt_release_pages(r.opt.v, r.opt.n * sizeof(float));
+    }
     if (is0) {
         zt_engine_log_plan(r.engine);
         if (on_servers)
