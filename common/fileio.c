@@ -81,6 +81,26 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
+/* Writes len bytes at offset of fd, however many pwrite calls it takes; see fileio.h. */
+int zt_pwrite_all(int fd, const void *data, size_t len, uint64_t offset)
+{
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = pwrite(fd, p, len, (off_t)offset);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (w == 0)
+            return -EIO;
+        p += w;
+        len -= (size_t)w;
+        offset += (uint64_t)w;
+    }
+    return 0;
+}
+
 /* fsync of a directory, so that the entries created or renamed in it survive a crash; see fileio.h. */
 int zt_fsync_dir(const char *dir, zt_err *err)
 {

@@ -26,6 +26,10 @@ typedef struct zt_file_part {
  * and tensors, say) without first copying them into one buffer. */
 int zt_write_file_atomic_parts(const char *path, const zt_file_part *parts, size_t nparts, zt_err *err);
 
+/* Writes len bytes of data at byte offset of the open file fd (pwrite until done). Returns 0 or a negative
+ * errno (no message: the caller names the file). */
+int zt_pwrite_all(int fd, const void *data, size_t len, uint64_t offset);
+
 /* fsyncs directory dir, so that files created, renamed or removed in it stay so after a crash. A file
  * system that cannot fsync directories (EINVAL) counts as success. Returns 0 or a negative errno with a
  * message naming dir. */

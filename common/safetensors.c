@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -582,8 +583,9 @@ typedef struct st_wtensor {
     enum zt_dtype dtype;
     int ndim;
     int64_t shape[ZT_ST_MAX_DIMS];
-    const void *data; /* borrowed */
+    const void *data; /* borrowed; NULL for a declared tensor (zt_st_writer_declare) */
     size_t nbytes;
+    uint64_t offset;  /* zt_st_writer_begin: first byte of its data in the file */
 } st_wtensor;
 
 typedef struct st_meta {
@@ -595,12 +597,30 @@ struct zt_st_writer {
     size_t count, cap;
     st_meta *meta;
     size_t nmeta, meta_cap;
+    int fd;           /* zt_st_writer_begin .. zt_st_writer_finish: the open path.tmp, else -1 */
+    char *path;       /* ... and the file it becomes */
+    uint64_t size;    /* ... its size */
+    uint64_t data_start; /* ... where its data buffer begins (after the length and the header) */
 };
 
 /* A new, empty writer; aborts only when out of memory. Free with zt_st_writer_destroy. */
 zt_st_writer *zt_st_writer_create(void)
 {
-    return zt_xcalloc(1, sizeof(zt_st_writer));
+    zt_st_writer *w = zt_xcalloc(1, sizeof(zt_st_writer));
+    w->fd = -1;
+    return w;
+}
+
+/* A streamed file that was begun and not finished: closed, and its .tmp removed. */
+static void writer_abandon(zt_st_writer *w)
+{
+    if (w->fd < 0)
+        return;
+    close(w->fd);
+    w->fd = -1;
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp", w->path) < (int)sizeof(tmp))
+        unlink(tmp);
 }
 
 /* Frees the writer and its copies of names and metadata; accepts NULL. */
@@ -608,6 +628,8 @@ void zt_st_writer_destroy(zt_st_writer *w)
 {
     if (w == NULL)
         return;
+    writer_abandon(w);
+    free(w->path);
     for (size_t i = 0; i < w->count; i++)
         free(w->tensors[i].name);
     for (size_t i = 0; i < w->nmeta; i++) {
@@ -627,10 +649,12 @@ static char *xstrdup(const char *s)
     return p;
 }
 
-/* Adds a tensor (name copied, data borrowed until zt_st_writer_write returns); see safetensors.h. */
-int zt_st_writer_add(zt_st_writer *w, const char *name, enum zt_dtype dtype, int ndim, const int64_t *shape,
-                     const void *data, zt_err *err)
+/* A tensor with its data (borrowed) or, declared, without. */
+static int add_tensor(zt_st_writer *w, const char *name, enum zt_dtype dtype, int ndim, const int64_t *shape,
+                      const void *data, bool declared, zt_err *err)
 {
+    if (w->fd >= 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: tensor '%s' added after zt_st_writer_begin", name);
     if (name == NULL || name[0] == '\0')
         return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: a tensor needs a non-empty name");
     if (!utf8_valid((const unsigned char *)name, strlen(name)))
@@ -650,7 +674,7 @@ int zt_st_writer_add(zt_st_writer *w, const char *name, enum zt_dtype dtype, int
         if (__builtin_mul_overflow(nbytes, (uint64_t)shape[d], &nbytes) || nbytes > (uint64_t)ST_MAX_EXACT)
             return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: tensor '%s': size of the shape is too large", name);
     }
-    if (data == NULL && nbytes > 0)
+    if (!declared && data == NULL && nbytes > 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: tensor '%s': data is NULL", name);
     for (size_t i = 0; i < w->count; i++)
         if (strcmp(w->tensors[i].name, name) == 0)
@@ -669,9 +693,23 @@ int zt_st_writer_add(zt_st_writer *w, const char *name, enum zt_dtype dtype, int
     t->ndim = ndim;
     for (int d = 0; d < ndim; d++)
         t->shape[d] = shape[d];
-    t->data = data;
+    t->data = declared ? NULL : data;
     t->nbytes = (size_t)nbytes;
     return 0;
+}
+
+/* Adds a tensor (name copied, data borrowed until zt_st_writer_write returns); see safetensors.h. */
+int zt_st_writer_add(zt_st_writer *w, const char *name, enum zt_dtype dtype, int ndim, const int64_t *shape,
+                     const void *data, zt_err *err)
+{
+    return add_tensor(w, name, dtype, ndim, shape, data, false, err);
+}
+
+/* Adds a tensor whose bytes come later through zt_st_writer_put; see safetensors.h. */
+int zt_st_writer_declare(zt_st_writer *w, const char *name, enum zt_dtype dtype, int ndim, const int64_t *shape,
+                         zt_err *err)
+{
+    return add_tensor(w, name, dtype, ndim, shape, NULL, true, err);
 }
 
 /* Adds a "__metadata__" entry; both strings are copied. A key given twice is an error. */
@@ -764,8 +802,9 @@ static void buf_json_string(st_buf *b, const char *s)
     buf_put(b, "\"", 1);
 }
 
-/* Writes the collected tensors and metadata to path atomically; see safetensors.h. */
-int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
+/* The header of the collected tensors (padded to a multiple of 8 bytes) in h; records each tensor's offset in
+ * the data buffer. */
+static void build_header(zt_st_writer *w, st_buf *out)
 {
     st_buf h = {0};
     char num[64];
@@ -800,13 +839,25 @@ int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
         snprintf(num, sizeof(num), "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
                  (unsigned long long)(offset + t->nbytes));
         buf_str(&h, num);
+        w->tensors[i].offset = offset;
         offset += t->nbytes;
     }
     buf_str(&h, "}");
     /* Spaces up to a multiple of 8, so that the data buffer starts 8-byte aligned in the file. */
     while (h.len % 8 != 0)
         buf_str(&h, " ");
+    *out = h;
+}
 
+/* Writes the collected tensors and metadata to path atomically; see safetensors.h. */
+int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (w->tensors[i].data == NULL && w->tensors[i].nbytes > 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: tensor '%s' was declared without data: write %s "
+                           "with zt_st_writer_begin and zt_st_writer_put", w->tensors[i].name, path);
+    st_buf h;
+    build_header(w, &h);
     unsigned char len_le[8];
     for (int i = 0; i < 8; i++)
         len_le[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
@@ -821,6 +872,103 @@ int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err)
     free(parts);
     free(h.p);
     return rc;
+}
+
+/* Creates path.tmp at its full size with the header of the collected tensors; see safetensors.h. */
+int zt_st_writer_begin(zt_st_writer *w, const char *path, zt_err *err)
+{
+    if (w->fd >= 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: %s: zt_st_writer_begin called twice", path);
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+        return zt_fail(err, -ENAMETOOLONG, "cannot write %s: path too long", path);
+    st_buf h;
+    build_header(w, &h);
+    const size_t h_len = h.len;
+    uint64_t size = 8 + (uint64_t)h.len;
+    for (size_t i = 0; i < w->count; i++)
+        size += w->tensors[i].nbytes;
+    unsigned char len_le[8];
+    for (int i = 0; i < 8; i++)
+        len_le[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        free(h.p);
+        return zt_fail(err, -e, "cannot write %s: cannot create %s: %s", path, tmp, strerror(e));
+    }
+    int rc = 0;
+    const char *step = "resize";
+    /* the whole size at once: a disk or a file size limit that cannot hold it fails here, before any data */
+    if (ftruncate(fd, (off_t)size) != 0)
+        rc = -errno;
+    if (rc == 0) {
+        step = "write";
+        rc = zt_pwrite_all(fd, len_le, 8, 0);
+    }
+    if (rc == 0)
+        rc = zt_pwrite_all(fd, h.p, h.len, 8);
+    free(h.p);
+    if (rc != 0) {
+        close(fd);
+        unlink(tmp);
+        return zt_fail(err, rc, "cannot write %s: %s of %s failed: %s", path, step, tmp, strerror(-rc));
+    }
+    free(w->path);
+    w->path = xstrdup(path);
+    w->fd = fd;
+    w->size = size;
+    w->data_start = 8 + (uint64_t)h_len;
+    return 0;
+}
+
+/* Writes bytes of tensor index's data at byte offset within it; see safetensors.h. */
+int zt_st_writer_put(zt_st_writer *w, size_t index, uint64_t offset, const void *data, size_t bytes, zt_err *err)
+{
+    if (w->fd < 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: zt_st_writer_put before zt_st_writer_begin");
+    if (index >= w->count || offset > w->tensors[index].nbytes || bytes > w->tensors[index].nbytes - offset)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: %s: bytes [%llu, %llu) of tensor %zu lie outside it",
+                       w->path, (unsigned long long)offset, (unsigned long long)(offset + bytes), index);
+    int rc = zt_pwrite_all(w->fd, data, bytes, w->data_start + w->tensors[index].offset + offset);
+    if (rc != 0) {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", w->path);
+        return zt_fail(err, rc, "cannot write %s: write of %s failed: %s", w->path, tmp, strerror(-rc));
+    }
+    return 0;
+}
+
+/* fsync, close and rename of a streamed file; see safetensors.h. */
+int zt_st_writer_finish(zt_st_writer *w, zt_err *err)
+{
+    if (w->fd < 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "safetensors: zt_st_writer_finish before zt_st_writer_begin");
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", w->path);
+    int rc = 0;
+    const char *step = "fsync";
+    if (fsync(w->fd) != 0)
+        rc = -errno;
+    if (close(w->fd) != 0 && rc == 0) {
+        step = "close";
+        rc = -errno;
+    }
+    w->fd = -1;
+    if (rc == 0) {
+        step = "rename";
+        if (rename(tmp, w->path) != 0)
+            rc = -errno;
+    }
+    if (rc != 0) {
+        unlink(tmp);
+        return zt_fail(err, rc, "cannot write %s: %s of %s failed: %s", w->path, step, tmp, strerror(-rc));
+    }
+    rc = zt_fsync_parent_dir(w->path, NULL);
+    if (rc != 0)
+        return zt_fail(err, rc, "cannot write %s: the file was renamed into place but fsync of its directory failed: %s",
+                       w->path, strerror(-rc));
+    return 0;
 }
 
 /* The shard each tensor goes to (shard_of[i], from 0) and the number of shards. */

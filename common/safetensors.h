@@ -153,6 +153,20 @@ int zt_st_writer_add_metadata(zt_st_writer *w, const char *key, const char *valu
 /* Writes path via path.tmp + fsync + rename. On failure nothing is left at path or path.tmp, and a
  * negative errno or ZT_E* code is returned with a message naming the path. */
 int zt_st_writer_write(zt_st_writer *w, const char *path, zt_err *err);
+/* Streaming, for data that is never in memory all at once (a checkpoint of state on disk): tensors declared
+ * without data (the same checks as zt_st_writer_add), then zt_st_writer_begin creates path.tmp at the file's
+ * full size with the header zt_st_writer_write would write (ENOSPC or EFBIG there, before any data), each
+ * tensor's bytes arrive through zt_st_writer_put in any order and pieces, and zt_st_writer_finish fsyncs it
+ * and renames it to path. A tensor's bytes that are never put read as zeros. The file equals, byte for byte,
+ * zt_st_writer_write's of the same tensors. zt_st_writer_destroy of a writer begun and not finished removes
+ * path.tmp. Each returns 0, or a negative errno or ZT_E* code with a message naming the path; after a failed
+ * finish nothing is left at path.tmp. */
+int zt_st_writer_declare(zt_st_writer *w, const char *name, enum zt_dtype dtype, int ndim, const int64_t *shape,
+                         zt_err *err);
+int zt_st_writer_begin(zt_st_writer *w, const char *path, zt_err *err);
+/* bytes of tensor `index` (in the order added, from 0) from byte `offset` of its data */
+int zt_st_writer_put(zt_st_writer *w, size_t index, uint64_t offset, const void *data, size_t bytes, zt_err *err);
+int zt_st_writer_finish(zt_st_writer *w, zt_err *err);
 /* Writes the collected tensors into the folder dir (created if missing) the way Hugging Face shards a
  * checkpoint: tensors in the order they were added fill shards of at most max_shard_bytes of data (a
  * tensor larger than that gets a shard of its own), written as model-00001-of-0000N.safetensors ... with

@@ -121,6 +121,8 @@ typedef struct job {
     bool masters_disk;      /* moments on disk: the fp32 masters too, but for the share masters_ram of them */
     double masters_ram;     /* masters_disk: this fraction of this rank's masters may stay in host memory */
     bool grad_accum_host;   /* the middle micro-batches' gradients are added on the host */
+    const char *stream_dir; /* state on disk, with save_dir: a checkpoint streamed from the records
+                               (zt_engine_export_stream into zt_checkpoint_begin/put/finish) here too */
 } job;
 
 /* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
@@ -260,6 +262,39 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
             st.step = j->last;
             st.adam_step = full.adam_step;
             if (zt_checkpoint_save(j->save_dir, fm, &full, &cfg, &st, NULL, 0, &err) < 0)
+                FAIL("%s", err.msg);
+        }
+        if (zt_comm_barrier(comm, NULL, &err) < 0)
+            FAIL("%s", err.msg);
+    }
+    if (j->stream_dir) {
+        /* the engine's staging is a few blocks: 3 fp32 shards, and at W > 1 the 3 gathered blocks */
+        size_t S = 0, Pb = 0;
+        for (int k = 0; k < model->nblocks; k++) {
+            const size_t padded = (model->block_len[k] + (size_t)j->W - 1) / (size_t)j->W * (size_t)j->W;
+            Pb = padded > Pb ? padded : Pb;
+            S = padded / (size_t)j->W > S ? padded / (size_t)j->W : S;
+        }
+        const size_t want = 12 * (S + (j->W > 1 ? Pb : 0));
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (!zt_engine_exports_streamed(e) || zt_engine_export_stream_bytes(e) != want || pl.export_stream_bytes != want)
+            FAIL("streamed export: %zu bytes of staging (plan %zu), expected %zu", zt_engine_export_stream_bytes(e),
+                 pl.export_stream_bytes, want);
+        zt_ckpt_writer *w = NULL;
+        if (rank == 0 && zt_checkpoint_begin(j->stream_dir, fm, j->last, &w, &err) < 0)
+            FAIL("%s", err.msg);
+        if (zt_engine_export_stream(e, w ? zt_checkpoint_put : NULL, w, &err) < 0)
+            FAIL("rank %d: %s", rank, err.msg);
+        if (rank == 0) {
+            zt_train_config cfg;
+            zt_train_config_init(&cfg);
+            cfg.model = fc;
+            cfg.model_loaded = true;
+            cfg.steps = STEPS;
+            st.step = j->last;
+            st.adam_step = full.adam_step;
+            if (zt_checkpoint_finish(w, NULL, &cfg, &st, NULL, 0, &err) < 0)
                 FAIL("%s", err.msg);
         }
         if (zt_comm_barrier(comm, NULL, &err) < 0)
@@ -739,6 +774,99 @@ static void test_masters_on_disk(void **state)
     solo_close(&so);
 }
 
+
+/* Whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF || cb == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+/* Checkpoints of state on disk, streamed from the records block by block (zt_engine_export_stream): at W = 1
+ * and 2, with the moments (fp32, and bf16 at W = 2) and a part of the masters on disk and the leading blocks'
+ * in RAM, the streamed model.safetensors and optim.safetensors equal, byte for byte, those gathered into host
+ * arrays from the same engine and those of the same run with its state in RAM; the engine's staging is three
+ * shards (and three gathered blocks at W > 1), not the model; and the streamed checkpoint resumes on the
+ * curve of the run that did not stop, bit for bit. */
+static void test_streamed_checkpoint(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_sckpt_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int W = 1; W <= 2; W++)
+        for (int bf16 = 0; bf16 <= (W == 2); bf16++) {
+            char ram_dir[PATH_MAX], disk_dir[PATH_MAX], str_dir[PATH_MAX], mdir[PATH_MAX];
+            snprintf(ram_dir, sizeof ram_dir, "%s/ram%d%d", dir, W, bf16);
+            snprintf(disk_dir, sizeof disk_dir, "%s/disk%d%d", dir, W, bf16);
+            snprintf(str_dir, sizeof str_dir, "%s/streamed%d%d", dir, W, bf16);
+            snprintf(mdir, sizeof mdir, "%s/state", dir);
+            assert_int_equal(mkdir(ram_dir, 0755), 0);
+            assert_int_equal(mkdir(disk_dir, 0755), 0);
+            assert_int_equal(mkdir(str_dir, 0755), 0);
+            mkdir(mdir, 0700);
+            float ram[STEPS], disk[STEPS], half[STEPS], rest[STEPS];
+            job jr = job_of(W);
+            jr.stream = true;
+            jr.bf16_moments = bf16;
+            jr.save_dir = ram_dir;
+            job jd = jr;
+            jd.save_dir = disk_dir;
+            jd.stream_dir = str_dir;
+            jd.moments_dir = mdir;
+            jd.moments_ram = 0.3;
+            jd.masters_disk = true;
+            jd.masters_ram = 0.5;
+            run(&jr, ram);
+            run(&jd, disk);
+            assert_memory_equal(disk, ram, sizeof ram);
+            const char *files[2] = {"model.safetensors", "optim.safetensors"};
+            for (int f = 0; f < 2; f++) {
+                char a[PATH_MAX + 64], b[PATH_MAX + 64], c[PATH_MAX + 64];
+                snprintf(a, sizeof a, "%s/ckpt_%06d/%s", ram_dir, STEPS, files[f]);
+                snprintf(b, sizeof b, "%s/ckpt_%06d/%s", disk_dir, STEPS, files[f]);
+                snprintf(c, sizeof c, "%s/ckpt_%06d/%s", str_dir, STEPS, files[f]);
+                print_message("W=%d %s moments: streamed %s %s the gathered one and the RAM run's\n", W,
+                              bf16 ? "bf16" : "fp32", files[f], same_file(c, b) && same_file(c, a) ? "equals" : "differs from");
+                assert_true(same_file(b, a));
+                assert_true(same_file(c, a));
+            }
+            char ckpt[PATH_MAX];
+            zt_err err = {{0}};
+            assert_int_equal(zt_checkpoint_find(str_dir, ckpt, sizeof ckpt, &err), 0);
+            assert_int_equal(zt_checkpoint_verify(ckpt, NULL, &err), 0);
+
+            /* stopped half way with a streamed checkpoint, resumed from it with the state on disk */
+            job jh = jd;
+            jh.last = STEPS / 2;
+            jh.save_dir = NULL;
+            snprintf(str_dir, sizeof str_dir, "%s/half%d%d", dir, W, bf16);
+            assert_int_equal(mkdir(str_dir, 0755), 0);
+            jh.stream_dir = str_dir;
+            run(&jh, half);
+            assert_int_equal(zt_checkpoint_find(str_dir, ckpt, sizeof ckpt, &err), 0);
+            job jl = jd;
+            jl.first = STEPS / 2;
+            jl.load_dir = ckpt;
+            jl.save_dir = NULL;
+            jl.stream_dir = NULL;
+            run(&jl, rest);
+            assert_memory_equal(half, ram, sizeof(float) * (STEPS / 2));
+            assert_memory_equal(rest, ram + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+        }
+    remove_dir(dir);
+}
+
 /* The gradient of the middle micro-batches added on the host (grad_accum_host) instead of the sum coming up:
  * the same bits as the device's additions with four micro-batches per step, W = 2 and 3 in whole blocks and
  * in pieces, W = 1 in pieces, and with the state on disk; and 4 bytes per element less up per middle
@@ -1000,7 +1128,10 @@ static uint64_t dir_bytes(const char *dir)
  * masters on disk) and the plan with the masters in RAM puts fp32 masters in the records on disk (their
  * files grow), and the losses are those of the same run with the masters in RAM, bit for bit. The cap is
  * priced here as the trainer prices CPU ranks: the engine's buffers, the model's parameters and gradients
- * (8 bytes per parameter), the checkpoints' staging (12). */
+ * (8 bytes per parameter), the checkpoints' staging (state on disk: streamed through the engine's buffers of
+ * a few blocks and the writer's one tensor, not 12 bytes per parameter). The checkpoint, streamed from the
+ * records, holds the bytes of the same run's with its state in RAM (gathered into host arrays), and resuming
+ * it under the cap continues that run bit for bit. */
 static void test_train_under_host_mem(void **state)
 {
     (void)state;
@@ -1052,7 +1183,9 @@ static void test_train_under_host_mem(void **state)
         eo.masters_disk = masters;
         zt_engine_plan pl;
         zt_engine_plan_for(model, W, &eo, &pl);
-        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + 12 * P;
+        const uint64_t staging = pl.export_stream_bytes + zt_checkpoint_stream_bytes(fm);
+        assert_true(pl.export_stream_bytes > 0 && staging < 12 * P / 3); /* 4.5 of 8 blocks, not 12 B a parameter */
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + staging;
     }
     model->ops->destroy(model);
     zt_family_model_destroy(fm);
@@ -1076,6 +1209,45 @@ static void test_train_under_host_mem(void **state)
     char ckpt[PATH_MAX];
     assert_int_equal(zt_checkpoint_find(cfg.out_dir, ckpt, sizeof ckpt, &err), 0);
     assert_int_equal(zt_checkpoint_verify(ckpt, NULL, &err), 0);
+
+    /* the same run with its state in RAM (a cap that holds it all: the weights streamed from the host arrays as
+     * above, the checkpoint gathered into host arrays): the same losses, the same checkpoint files */
+    zt_train_config rc = cfg;
+    rc.host_mem = (uint64_t)1 << 30;
+    snprintf(rc.out_dir, sizeof rc.out_dir, "%s/state_in_ram", dir);
+    float gathered[6];
+    zt_fixture_train_ranks(&rc, W, gathered, 6, NULL);
+    assert_memory_equal(gathered, in_ram, sizeof in_ram);
+    const char *files[2] = {"model.safetensors", "optim.safetensors"};
+    for (int f = 0; f < 2; f++) {
+        char a[PATH_MAX + 64], b[PATH_MAX + 64];
+        snprintf(a, sizeof a, "%s/ckpt_000006/%s", rc.out_dir, files[f]);
+        snprintf(b, sizeof b, "%s/%s", ckpt, files[f]);
+        assert_true(same_file(a, b));
+    }
+
+    /* under the cap, stopped at step 3 (a streamed checkpoint) and resumed to 6: the losses and the final files
+     * of the run that did not stop (a learning rate without decay, which the number of steps does not change) */
+    zt_train_config whole = cfg;
+    whole.schedule = ZT_SCHEDULE_NODECAY;
+    snprintf(whole.out_dir, sizeof whole.out_dir, "%s/whole", dir);
+    float all[6], first[3], rest[3];
+    zt_fixture_train_ranks(&whole, W, all, 6, NULL);
+    zt_train_config half = whole;
+    half.steps = 3;
+    snprintf(half.out_dir, sizeof half.out_dir, "%s/resumed", dir);
+    zt_fixture_train_ranks(&half, W, first, 3, NULL);
+    half.steps = 6;
+    snprintf(half.resume, sizeof half.resume, "%s", half.out_dir);
+    zt_fixture_train_ranks(&half, W, rest, 3, NULL);
+    assert_memory_equal(first, all, sizeof first);
+    assert_memory_equal(rest, all + 3, sizeof rest);
+    for (int f = 0; f < 2; f++) {
+        char a[PATH_MAX + 64], b[PATH_MAX + 64];
+        snprintf(a, sizeof a, "%s/ckpt_000006/%s", half.out_dir, files[f]);
+        snprintf(b, sizeof b, "%s/ckpt_000006/%s", whole.out_dir, files[f]);
+        assert_true(same_file(a, b));
+    }
     remove_dir(dir);
 }
 
@@ -1117,6 +1289,7 @@ int main(void)
         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_masters_on_disk),
+        cmocka_unit_test(test_streamed_checkpoint),
         cmocka_unit_test(test_grad_accum_on_host),
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),

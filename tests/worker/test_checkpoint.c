@@ -2,7 +2,12 @@
  * part way (a file size limit, as ulimit -f or a disk that fills up at that size: the write fails with
  * EFBIG since SIGXFSZ is ignored) returns a clean error naming the file, leaves no ckpt_N.tmp or partial
  * ckpt_N behind, and keeps the previous checkpoint and `latest` usable: it verifies and loads into a
- * model bit for bit. Saving the same step again under the limit keeps the checkpoint already there. */
+ * model bit for bit. Saving the same step again under the limit keeps the checkpoint already there.
+ * A checkpoint streamed tensor by tensor (zt_checkpoint_begin/put/finish), in any order and untransformed
+ * tensors in pieces, holds the bytes of zt_checkpoint_save's for GPT-2 (Conv1D weights transposed for the
+ * files) and GPT-NeoX (q, k, v rows reordered), with a staging of its largest such tensor; under a file size
+ * limit it fails at begin, naming the file, and leaves nothing behind; a transformed tensor in part is
+ * refused. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -16,6 +21,8 @@
 #include <sys/stat.h>
 
 #include <cmocka.h>
+
+#include <cjson/cJSON.h>
 
 #include "worker/models/gpt2.h"
 #include "common/fileio.h"
@@ -155,10 +162,153 @@ static void test_save_with_disk_full(void **state)
     zt_family_model_destroy(model);
 }
 
+/* Whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b)
+{
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    zt_err err;
+    bool same = zt_read_file(a, &x, &nx, &err) == 0 && zt_read_file(b, &y, &ny, &err) == 0 && nx == ny &&
+                memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void make_model(const char *family_json, zt_family_model **out, zt_train_config *cfg)
+{
+    zt_err err = {{0}};
+    cJSON *o = cJSON_Parse(family_json);
+    assert_non_null(o);
+    zt_family_config fc;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    zt_family_config_default_of(&fc, type->valuestring);
+    if (zt_family_config_from_json(&fc, o, "test", &err) != 0)
+        fail_msg("%s", err.msg);
+    cJSON_Delete(o);
+    if (zt_family_model_create(out, &fc, 1, 8, 5, &err) != 0)
+        fail_msg("%s", err.msg);
+    zt_train_config_init(cfg);
+    cfg->model = fc;
+}
+
+static void test_streamed_equals_gathered(void **state)
+{
+    (void)state;
+    const char *families[2] = {
+        "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"n_positions\": 8, "
+        "\"vocab_size\": 40}",
+        "{\"model_type\": \"gpt_neox\", \"hidden_size\": 24, \"num_attention_heads\": 3, \"num_hidden_layers\": 2, "
+        "\"intermediate_size\": 20, \"vocab_size\": 50, \"max_position_embeddings\": 16}",
+    };
+    for (int fam = 0; fam < 2; fam++) {
+        zt_family_model *model = NULL;
+        zt_train_config cfg;
+        make_model(families[fam], &model, &cfg);
+        zt_err err = {{0}};
+        const size_t n = zt_family_model_num_params(model);
+        zt_optimizer opt;
+        assert_int_equal(zt_optimizer_init(&opt, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+        for (size_t i = 0; i < n; i++) {
+            opt.m[i] = (float)i * 1e-3f - 0.5f;
+            opt.v[i] = (float)i * 1e-6f;
+        }
+        char a_run[300], b_run[300];
+        snprintf(a_run, sizeof a_run, "%s/gathered%d", g_dir, fam);
+        snprintf(b_run, sizeof b_run, "%s/streamed%d", g_dir, fam);
+        assert_int_equal(zt_mkdir_p(a_run, &err), 0);
+        assert_int_equal(zt_mkdir_p(b_run, &err), 0);
+        save(a_run, model, &opt, &cfg, 3, 1, &err);
+
+        /* the largest tensor transposed or reordered for the files, and no more */
+        size_t most = 0, largest = 0;
+        for (int i = 0; i < zt_family_model_num_tensors(model); i++) {
+            const zt_param_info *t = zt_family_model_tensor(model, i);
+            largest = t->numel > largest ? t->numel : largest;
+            if (t->transposed_in_hf)
+                most = t->numel > most ? t->numel : most;
+        }
+        print_message("%s: %zu parameters, staging %zu bytes\n", fam ? "GPT-NeoX" : "GPT-2", n,
+                      zt_checkpoint_stream_bytes(model));
+        assert_int_equal(zt_checkpoint_stream_bytes(model), 4 * (fam == 0 ? most : largest));
+        assert_true(zt_checkpoint_stream_bytes(model) < 4 * n);
+
+        /* tensors last to first; those the files hold as they are (GPT-2's) in pieces of 7 elements */
+        zt_ckpt_writer *w = NULL;
+        if (zt_checkpoint_begin(b_run, model, 3, &w, &err) != 0)
+            fail_msg("%s", err.msg);
+        const float *p = zt_family_model_params(model);
+        for (int i = zt_family_model_num_tensors(model) - 1; i >= 0; i--) {
+            const zt_param_info *t = zt_family_model_tensor(model, i);
+            const bool as_is = !t->transposed_in_hf && fam == 0;
+            for (size_t at = 0; at < t->numel; at += as_is ? 7 : t->numel) {
+                const size_t k = as_is && t->numel - at > 7 ? 7 : t->numel - at;
+                const size_t o = t->offset + at;
+                if (zt_checkpoint_put(w, o, k, p + o, opt.m + o, opt.v + o, &err) != 0)
+                    fail_msg("%s", err.msg);
+            }
+        }
+        /* a transformed tensor in part is refused (GPT-2: a transposed one; GPT-NeoX: its first layer's fused
+         * q, k, v, the first tensor with "query_key_value" in its Hugging Face name) */
+        for (int i = 0; i < zt_family_model_num_tensors(model); i++) {
+            const zt_param_info *t = zt_family_model_tensor(model, i);
+            char hf[160];
+            int64_t shape[2];
+            zt_family_model_export_layout(model, i, hf, sizeof hf, shape);
+            if (fam == 0 ? t->transposed_in_hf : strstr(hf, "query_key_value") != NULL) {
+                assert_int_equal(zt_checkpoint_put(w, t->offset, 1, p, opt.m, opt.v, &err), ZT_EINVAL_CONFIG);
+                assert_non_null(strstr(err.msg, t->name));
+                break;
+            }
+        }
+        zt_ckpt_state st;
+        memset(&st, 0, sizeof(st));
+        st.step = 3;
+        st.adam_step = 3;
+        zt_rng_seed(&st.rng, 42);
+        st.schedule.lr = 1e-3;
+        st.schedule.total_steps = 10;
+        if (zt_checkpoint_finish(w, NULL, &cfg, &st, NULL, 0, &err) != 0)
+            fail_msg("%s", err.msg);
+        const char *files[5] = {"model.safetensors", "optim.safetensors", "config.json", "model_config.json",
+                                "manifest.json"};
+        for (int f = 0; f < 5; f++) {
+            char a[700], b[700];
+            snprintf(a, sizeof a, "%s/ckpt_000003/%s", a_run, files[f]);
+            snprintf(b, sizeof b, "%s/ckpt_000003/%s", b_run, files[f]);
+            if (!same_file(a, b))
+                fail_msg("%s: the streamed %s differs from the gathered one", fam ? "GPT-NeoX" : "GPT-2", files[f]);
+        }
+
+        /* a file size limit below the files' size: begin fails, naming the file, and leaves nothing */
+        struct rlimit old = limit_file_size(1024);
+        w = NULL;
+        int rc = zt_checkpoint_begin(b_run, model, 5, &w, &err);
+        assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+        assert_true(rc < 0);
+        assert_null(w);
+        assert_non_null(strstr(err.msg, "ckpt_000005.tmp/model.safetensors"));
+        char path[700];
+        snprintf(path, sizeof path, "%s/ckpt_000005.tmp", b_run);
+        assert_false(exists(path));
+        /* abandoned: nothing either */
+        assert_int_equal(zt_checkpoint_begin(b_run, model, 6, &w, &err), 0);
+        zt_checkpoint_abandon(w);
+        snprintf(path, sizeof path, "%s/ckpt_000006.tmp", b_run);
+        assert_false(exists(path));
+        char found[600];
+        assert_int_equal(zt_checkpoint_find(b_run, found, sizeof(found), &err), 0);
+        assert_non_null(strstr(found, "ckpt_000003"));
+        zt_optimizer_free(&opt);
+        zt_family_model_destroy(model);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_save_with_disk_full, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_streamed_equals_gathered, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

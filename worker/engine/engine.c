@@ -549,6 +549,7 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->disk_bytes = e->home == ZT__OPT_HOST && e->moments_dir[0] ? zt__mdisk_bytes(e) : 0;
     plan->moments_ram_blocks = e->home == ZT__OPT_HOST && e->moments_dir[0] ? e->mram_blocks : e->nb;
     plan->shard_elems = e->nshard;
+    plan->export_stream_bytes = zt_engine_export_stream_bytes(e);
     free(e->blocks);
     free(e->slots);
     free(e->pieces);
@@ -1524,8 +1525,9 @@ static void sync_resident(zt_engine *e, bool to_host)
         e->dev->stream_sync(e->cs);
 }
 
-/* Gathers block b's shard of every rank (src: this rank's fp32 shard, device or host memory) into the
- * block's place in a host-layout slab; stage holds max_padded floats. */
+/* Gathers block b's shard of every rank (src: this rank's fp32 shard, device or host memory) into stage
+ * (max_padded floats: the block in the model's layout) and, unless slab is NULL, into the block's place in a
+ * host-layout slab. */
 static int export_block(zt_engine *e, int b, const float *src, bool on_device, float *stage, float *slab, zt_err *err)
 {
     const zt__block *k = &e->blocks[b];
@@ -1567,7 +1569,7 @@ static int export_block(zt_engine *e, int b, const float *src, bool on_device, f
     } else {
         rc = zt_comm_all_gather(e->comm, src, stage, k->shard, ZT_COMM_F32, NULL, err);
     }
-    if (rc == 0)
+    if (rc == 0 && slab)
         block_to_host(e, b, stage, slab);
     return rc;
 }
@@ -1637,6 +1639,91 @@ static int export_disk_state(zt_engine *e, float *params, float *m, float *v, zt
     free(wm);
     free(wv);
     free(wx);
+    return rc;
+}
+
+/* The largest shard of a block. */
+static size_t max_shard(const zt_engine *e)
+{
+    size_t most = 0;
+    for (int b = 0; b < e->nb; b++)
+        most = e->blocks[b].shard > most ? e->blocks[b].shard : most;
+    return most;
+}
+
+/* Whether zt_engine_export_stream applies: the host AdamW's state with a part of it in records on disk. */
+static bool streams_export(const zt_engine *e)
+{
+    return e->home == ZT__OPT_HOST && e->moments_dir[0];
+}
+
+/* The host bytes zt_engine_export_stream holds: this rank's fp32 masters, m and v of one block and, with
+ * several ranks, the three gathered blocks. */
+static size_t export_stream_bytes(const zt_engine *e)
+{
+    if (!streams_export(e))
+        return 0;
+    return 3 * 4 * (max_shard(e) + (e->W > 1 ? e->max_padded : 0));
+}
+
+size_t zt_engine_export_stream_bytes(const zt_engine *e)
+{
+    return export_stream_bytes(e);
+}
+
+bool zt_engine_exports_streamed(const zt_engine *e)
+{
+    return streams_export(e);
+}
+
+/* The state block by block to a sink, from the records on disk and the host arrays; see engine.h. */
+int zt_engine_export_stream(zt_engine *e, zt_engine_state_sink sink, void *ctx, zt_err *err)
+{
+    if (!streams_export(e))
+        return zt_fail(err, ZT_EUNSUPPORTED, "zt_engine_export_stream needs the optimizer state on disk (moments_dir "
+                       "with placement cpu); use zt_engine_export");
+    int rc = settle(e, err);
+    if (rc < 0)
+        return rc;
+    const size_t S = max_shard(e);
+    float *own[3], *all[3] = {NULL, NULL, NULL}; /* masters, m, v: this rank's shard, and the gathered block */
+    for (int i = 0; i < 3; i++) {
+        own[i] = zt_xcalloc(S, sizeof(float));
+        if (e->W > 1)
+            all[i] = zt_xcalloc(e->max_padded, sizeof(float));
+    }
+    const zt_model *md = e->model;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        const zt__block *k = &e->blocks[b];
+        if (zt__mdisk_has_master(e, b) || zt__mdisk_has(e, b)) {
+            rc = zt__mdisk_load(e, b, own[0], own[1], own[2], err);
+        }
+        if (rc == 0 && !zt__mdisk_has(e, b)) {
+            const char *src[2] = {(const char *)e->h_m + k->shard_off * e->msize,
+                                  (const char *)e->h_v + k->shard_off * e->msize};
+            for (int i = 0; i < 2 && rc == 0; i++)
+                rc = zt_cpu_adam_widen(own[1 + i], src[i], e->o.moment_dtype, k->shard, e->o.threads, err);
+        }
+        const float *src[3] = {zt__mdisk_has_master(e, b) ? own[0] : e->h_master + k->shard_off, own[1], own[2]};
+        rc = zt__engine_agree(e, rc, err);
+        const float *block[3] = {src[0], src[1], src[2]}; /* W = 1: the shard is the block */
+        for (int i = 0; i < 3 && rc == 0 && e->W > 1; i++) {
+            rc = export_block(e, b, src[i], false, all[i], NULL, err);
+            block[i] = all[i];
+        }
+        for (int i = 0; i < md->ntensors && rc == 0 && sink; i++) {
+            const zt_model_tensor *t = &md->tensors[i];
+            if (t->block != b)
+                continue;
+            const size_t at = t->offset - md->block_offset[b];
+            rc = sink(ctx, t->host_offset, t->numel, block[0] + at, block[1] + at, block[2] + at, err);
+        }
+        rc = zt__engine_agree(e, rc, err);
+    }
+    for (int i = 0; i < 3; i++) {
+        free(own[i]);
+        free(all[i]);
+    }
     return rc;
 }
 

@@ -143,6 +143,8 @@ typedef struct zt_engine_plan {
     int moments_ram_blocks;   /* the leading blocks whose moments stay in host memory (all without moments_dir) */
     int masters_ram_blocks;   /* the leading blocks whose fp32 masters stay in host memory (all without masters_disk) */
     bool grad_accum_host;     /* the middle micro-batches' gradients are added on the host (grad_accum_host applies) */
+    size_t export_stream_bytes; /* host bytes zt_engine_export_stream holds while a checkpoint is written (state on
+                                   disk), not in host_bytes; 0 where it does not apply */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 
@@ -191,6 +193,27 @@ int zt_engine_mean(zt_engine *e, double x, double *out, zt_err *err);
  * placement server) and the moments (not available with remote servers: left as they are). Waits for
  * pending updates first. A collective. */
 int zt_engine_export(zt_engine *e, float *params, float *m, float *v, zt_err *err);
+
+/* Receives the state of one model tensor from zt_engine_export_stream: numel fp32 values of each of the
+ * masters, m and v, which are elements [host_offset, host_offset + numel) of the host model's slab; the arrays
+ * are borrowed for the call. A tensor that two blocks share (tied weights) arrives once from each. Returns 0
+ * or a negative code with a message, which stops the export. */
+typedef int (*zt_engine_state_sink)(void *ctx, size_t host_offset, size_t numel, const float *params,
+                                    const float *m, const float *v, zt_err *err);
+
+/* Whether the engine's state lives partly on disk (placement cpu with moments_dir, masters_disk or not), so
+ * that a checkpoint streams it with zt_engine_export_stream instead of gathering it into host arrays. */
+bool zt_engine_exports_streamed(const zt_engine *e);
+
+/* zt_engine_export for state on disk, without host arrays of the model's size: block by block, each block's
+ * records read back once (its moments widened to fp32) or its state taken from the host arrays, gathered from
+ * every rank, and handed to sink tensor by tensor, in block order (a tensor's last delivery holds the values
+ * zt_engine_export gives). sink may be NULL (the ranks that do not write). The host holds
+ * zt_engine_export_stream_bytes beside the engine's buffers. Waits for pending updates first. A collective:
+ * a failure on any rank (a read, a sink) stops it on every rank with that message. ZT_EUNSUPPORTED where
+ * zt_engine_exports_streamed is false. */
+int zt_engine_export_stream(zt_engine *e, zt_engine_state_sink sink, void *ctx, zt_err *err);
+size_t zt_engine_export_stream_bytes(const zt_engine *e);
 
 /* Gathers the gradient of the last step (summed over its micro-batches, before clipping, any loss scale
  * removed) on every rank into a host array in the host model's layout (model->host_numel floats), for

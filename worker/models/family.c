@@ -257,6 +257,21 @@ int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *e
     return zt__host_export(m->def, m->host, path, err);
 }
 
+void zt_family_model_export_layout(const zt_family_model *m, int i, char *name, size_t cap, int64_t shape[2])
+{
+    zt__host_export_layout(m->def, m->host, i, name, cap, shape);
+}
+
+bool zt_family_model_export_values(const zt_family_model *m, int i, const float *src, float *dst)
+{
+    return zt__host_export_values(m->def, m->host, i, src, dst);
+}
+
+size_t zt_family_model_export_staging(const zt_family_model *m)
+{
+    return zt__host_export_staging(m->def, m->host);
+}
+
 int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, size_t max_shard_bytes, zt_err *err)
 {
     return zt__host_export_sharded(m->def, m->host, dir, max_shard_bytes, err);

@@ -191,6 +191,14 @@ float *zt_family_model_grads(zt_family_model *m);
 void zt_family_model_release_params(zt_family_model *m);
 /* Safetensors with Hugging Face names (host_io.h has the rules). */
 int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *err);
+/* The export in pieces, for writing model.safetensors from tensors that arrive one at a time (a checkpoint of
+ * state on disk); zt_family_model_export writes with these, in table order, after the metadata
+ * {"format": "pt"}. Tensor i's Hugging Face name (cap bytes) and shape (its ndim); whether its values are
+ * written in another layout (transposed, reordered), and then those values from src (numel) into dst (numel
+ * floats; false: src as it is); the most elements that may take. */
+void zt_family_model_export_layout(const zt_family_model *m, int i, char *name, size_t cap, int64_t shape[2]);
+bool zt_family_model_export_values(const zt_family_model *m, int i, const float *src, float *dst);
+size_t zt_family_model_export_staging(const zt_family_model *m);
 /* The sharded form into dir (model-0000i-of-0000n.safetensors and model.safetensors.index.json, shards of at
  * most max_shard_bytes; one model.safetensors when everything fits). */
 int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, size_t max_shard_bytes, zt_err *err);

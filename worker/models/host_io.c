@@ -18,6 +18,45 @@ int zt__host_find_tensor(const zt_param_info *tensors, int n, const char *name)
     return -1;
 }
 
+/* The name and shape tensor i is exported under; see host_io.h. */
+void zt__host_export_layout(const zt_family_def *def, const void *m, int i, char *name, size_t cap, int64_t shape[2])
+{
+    const zt_param_info *t = def->tensor(m, i);
+    shape[0] = t->shape[0];
+    shape[1] = t->shape[1];
+    if (t->transposed_in_hf) {
+        shape[0] = t->shape[1];
+        shape[1] = t->shape[0];
+    }
+    def->hf->export_name(m, t, name, cap);
+}
+
+/* Tensor i's values in the files' layout; see host_io.h. */
+bool zt__host_export_values(const zt_family_def *def, const void *m, int i, const float *src, float *dst)
+{
+    const zt_param_info *t = def->tensor(m, i);
+    if (t->transposed_in_hf) {
+        const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in] */
+        for (size_t o = 0; o < rows; o++)
+            for (size_t k = 0; k < cols; k++)
+                dst[k * rows + o] = src[o * cols + k];
+        return true;
+    }
+    return def->hf->reorder && def->hf->reorder(m, i, src, dst, true);
+}
+
+/* The most elements zt__host_export_values may write; see host_io.h. */
+size_t zt__host_export_staging(const zt_family_def *def, const void *m)
+{
+    size_t most = 0;
+    for (int i = 0; i < def->num_tensors(m); i++) {
+        const zt_param_info *t = def->tensor(m, i);
+        if ((t->transposed_in_hf || def->hf->reorder) && t->numel > most)
+            most = t->numel;
+    }
+    return most;
+}
+
 /* A writer holding every tensor under its Hugging Face name; transposed tensors are written from *hf (a
  * copy in Hugging Face's layout that the caller frees after writing). */
 static int export_writer(const zt_family_def *def, const void *m, zt_st_writer **out, float **hf, zt_err *err)
@@ -37,21 +76,11 @@ static int export_writer(const zt_family_def *def, const void *m, zt_st_writer *
     for (int i = 0; i < def->num_tensors(m) && rc == 0; i++) {
         const zt_param_info *t = def->tensor(m, i);
         const float *data = params + t->offset;
-        int64_t shape[2] = {t->shape[0], t->shape[1]};
-        if (t->transposed_in_hf) {
-            const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in] */
-            float *dst = *hf + t->offset;
-            for (size_t o = 0; o < rows; o++)
-                for (size_t k = 0; k < cols; k++)
-                    dst[k * rows + o] = data[o * cols + k];
-            data = dst;
-            shape[0] = t->shape[1];
-            shape[1] = t->shape[0];
-        } else if (def->hf->reorder && def->hf->reorder(m, i, data, *hf + t->offset, true)) {
-            data = *hf + t->offset;
-        }
+        int64_t shape[2];
         char name[160];
-        def->hf->export_name(m, t, name, sizeof name);
+        zt__host_export_layout(def, m, i, name, sizeof name, shape);
+        if (any_transposed && zt__host_export_values(def, m, i, data, *hf + t->offset))
+            data = *hf + t->offset;
         rc = zt_st_writer_add(w, name, ZT_DTYPE_F32, t->ndim, shape, data, err);
     }
     if (rc < 0) {

@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/status.h"
 #include "worker/models/params.h"
@@ -60,6 +61,15 @@ int zt__host_export(const struct zt_family_def *def, const void *m, const char *
  * model.safetensors.index.json; a single model.safetensors when it fits). */
 int zt__host_export_sharded(const struct zt_family_def *def, const void *m, const char *dir,
                             size_t max_shard_bytes, zt_err *err);
+/* The export in pieces (a checkpoint streamed from state on disk): the name (cap bytes) and shape (ndim of the
+ * tensor's) that tensor i is exported under; whether the files hold its values in another layout, and then
+ * those values, written from src (its numel values) into dst (numel floats; false: src as it is, dst
+ * untouched); and the most elements that may take (the largest tensor transposed or, for a family that
+ * reorders, the largest tensor). zt__host_export writes with these. */
+void zt__host_export_layout(const struct zt_family_def *def, const void *m, int i, char *name, size_t cap,
+                            int64_t shape[2]);
+bool zt__host_export_values(const struct zt_family_def *def, const void *m, int i, const float *src, float *dst);
+size_t zt__host_export_staging(const struct zt_family_def *def, const void *m);
 /* Imports m's parameters from path (a file, an index or a folder). With pretrained, tensors of the
  * last block (a task head) that the files lack keep their values and other heads' tensors are skipped (both
  * counted in a log line). Returns 0 or a negative code with a message naming the tensor and the file. */

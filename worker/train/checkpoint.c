@@ -165,35 +165,32 @@ int zt_checkpoint_dir(const char *out_dir, int64_t step, char *out, size_t cap, 
     return join(out, cap, out_dir, name, err);
 }
 
-/* zt_checkpoint_save with an optional gradient dump; see checkpoint.h. */
-int zt_checkpoint_save_with_grads(const char *out_dir, const zt_family_model *model, const zt_optimizer *opt,
-                                  const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
-                                  char *path_out, size_t cap, zt_err *err)
+/* Makes the empty out_dir/ckpt_<step>.tmp (removing one a crash left) and names the directories of step. */
+static int make_tmp_dir(const char *out_dir, int64_t step, char *final_dir, char *tmp_dir, zt_err *err)
 {
-    char final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8], old_dir[PATH_CAP + 8], path[PATH_CAP + 32];
-    int rc = zt_checkpoint_dir(out_dir, st->step, final_dir, sizeof(final_dir), err);
+    int rc = zt_checkpoint_dir(out_dir, step, final_dir, PATH_CAP, err);
     if (rc < 0)
         return rc;
-    snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", final_dir);
-    snprintf(old_dir, sizeof(old_dir), "%s.old", final_dir);
-
+    snprintf(tmp_dir, PATH_CAP + 8, "%s.tmp", final_dir);
     zt_remove_flat_dir(tmp_dir); /* left over by a crash while saving */
     if (mkdir(tmp_dir, 0755) != 0) {
         int e = errno;
         return zt_fail(err, -e, "cannot create checkpoint directory %s: %s; check that the run directory is "
                        "writable and has free space", tmp_dir, strerror(e));
     }
+    return 0;
+}
 
-    snprintf(path, sizeof(path), "%s/model.safetensors", tmp_dir);
-    rc = zt_family_model_export(model, path, err);
-    if (rc == 0) {
-        snprintf(path, sizeof(path), "%s/optim.safetensors", tmp_dir);
-        rc = write_optim(path, model, opt, err);
-    }
-    if (rc == 0) {
-        snprintf(path, sizeof(path), "%s/config.json", tmp_dir);
-        rc = zt_train_config_save(cfg, path, "model_config.json", err);
-    }
+/* The rest of a checkpoint whose model.safetensors and optim.safetensors are in tmp_dir: the configs, the
+ * gradients, the manifest, then the rename into final_dir and `latest`. Removes tmp_dir on failure. */
+static int finish_dir(const char *out_dir, const char *final_dir, const char *tmp_dir, const zt_family_model *model,
+                      const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st, char *path_out,
+                      size_t cap, zt_err *err)
+{
+    char old_dir[PATH_CAP + 8], path[PATH_CAP + 32];
+    snprintf(old_dir, sizeof(old_dir), "%s.old", final_dir);
+    snprintf(path, sizeof(path), "%s/config.json", tmp_dir);
+    int rc = zt_train_config_save(cfg, path, "model_config.json", err);
     if (rc == 0) {
         snprintf(path, sizeof(path), "%s/model_config.json", tmp_dir);
         rc = zt_family_config_save(zt_family_model_config(model), path, err);
@@ -241,6 +238,180 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_family_model *mo
 fail:
     zt_remove_flat_dir(tmp_dir);
     return rc;
+}
+
+/* zt_checkpoint_save with an optional gradient dump; see checkpoint.h. */
+int zt_checkpoint_save_with_grads(const char *out_dir, const zt_family_model *model, const zt_optimizer *opt,
+                                  const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
+                                  char *path_out, size_t cap, zt_err *err)
+{
+    char final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8], path[PATH_CAP + 32];
+    int rc = make_tmp_dir(out_dir, st->step, final_dir, tmp_dir, err);
+    if (rc < 0)
+        return rc;
+    snprintf(path, sizeof(path), "%s/model.safetensors", tmp_dir);
+    rc = zt_family_model_export(model, path, err);
+    if (rc == 0) {
+        snprintf(path, sizeof(path), "%s/optim.safetensors", tmp_dir);
+        rc = write_optim(path, model, opt, err);
+    }
+    if (rc < 0) {
+        zt_remove_flat_dir(tmp_dir);
+        return rc;
+    }
+    return finish_dir(out_dir, final_dir, tmp_dir, model, grads, cfg, st, path_out, cap, err);
+}
+
+/* ---- streamed checkpoints ---- */
+
+struct zt_ckpt_writer {
+    const zt_family_model *model;
+    char out_dir[PATH_CAP], final_dir[PATH_CAP], tmp_dir[PATH_CAP + 8];
+    zt_st_writer *params;   /* model.safetensors: tensor i of the table at index i */
+    zt_st_writer *optim;    /* optim.safetensors: m of tensor i at 2 i, v at 2 i + 1 */
+    float *hf;              /* [staging]: a tensor in the files' layout on its way to model.safetensors */
+    size_t staging;         /* its elements (zt_family_model_export_staging) */
+    bool *transformed;      /* per tensor: the files hold it in another layout (it must arrive whole) */
+};
+
+size_t zt_checkpoint_stream_bytes(const zt_family_model *model)
+{
+    return zt_family_model_export_staging(model) * sizeof(float);
+}
+
+/* Declares model.safetensors's and optim.safetensors's tensors and creates both files; see checkpoint.h. */
+int zt_checkpoint_begin(const char *out_dir, const zt_family_model *model, int64_t step, zt_ckpt_writer **out,
+                        zt_err *err)
+{
+    *out = NULL;
+    zt_ckpt_writer *w = zt_xcalloc(1, sizeof *w);
+    w->model = model;
+    if ((size_t)snprintf(w->out_dir, sizeof w->out_dir, "%s", out_dir) >= sizeof w->out_dir) {
+        free(w);
+        return zt_fail(err, ZT_EINVAL_CONFIG, "run directory '%s' is too long; use a shorter one", out_dir);
+    }
+    int rc = make_tmp_dir(out_dir, step, w->final_dir, w->tmp_dir, err);
+    if (rc < 0) {
+        free(w);
+        return rc;
+    }
+    w->params = zt_st_writer_create();
+    w->optim = zt_st_writer_create();
+    ZT_ASSERT(w->params && w->optim);
+    /* the tensors, names and metadata in the order zt_family_model_export and write_optim add them */
+    rc = zt_st_writer_add_metadata(w->params, "format", "pt", err);
+    const int ntensors = zt_family_model_num_tensors(model);
+    for (int i = 0; rc == 0 && i < ntensors; i++) {
+        char name[160];
+        int64_t shape[2];
+        const zt_param_info *t = zt_family_model_tensor(model, i);
+        zt_family_model_export_layout(model, i, name, sizeof name, shape);
+        rc = zt_st_writer_declare(w->params, name, ZT_DTYPE_F32, t->ndim, shape, err);
+        for (int k = 0; rc == 0 && k < 2; k++) {
+            snprintf(name, sizeof name, "%c.%s", k == 0 ? 'm' : 'v', t->name);
+            rc = zt_st_writer_declare(w->optim, name, ZT_DTYPE_F32, t->ndim, t->shape, err);
+        }
+    }
+    if (rc == 0)
+        rc = zt_st_writer_add_metadata(w->optim, "format", "ztrain-optim", err);
+    char path[PATH_CAP + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", w->tmp_dir);
+    if (rc == 0)
+        rc = zt_st_writer_begin(w->params, path, err);
+    snprintf(path, sizeof path, "%s/optim.safetensors", w->tmp_dir);
+    if (rc == 0)
+        rc = zt_st_writer_begin(w->optim, path, err);
+    w->staging = zt_family_model_export_staging(model);
+    if (rc == 0 && w->staging && !(w->hf = malloc(w->staging * sizeof(float))))
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory for the checkpoint's staging of one tensor (%zu bytes)",
+                     w->staging * sizeof(float));
+    /* which tensors the export transforms: asked of the family with the slab's values (their pages may have
+     * been given back: then zeros), which do not matter here */
+    w->transformed = zt_xcalloc((size_t)(ntensors > 0 ? ntensors : 1), sizeof(bool));
+    const float *slab = zt_family_model_params((zt_family_model *)model);
+    for (int i = 0; rc == 0 && i < ntensors; i++) {
+        const zt_param_info *t = zt_family_model_tensor(model, i);
+        w->transformed[i] = t->numel <= w->staging && zt_family_model_export_values(model, i, slab + t->offset, w->hf);
+    }
+    if (rc < 0) {
+        zt_checkpoint_abandon(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+/* Writes the elements [host_offset, host_offset + numel) of the state into both files; see checkpoint.h. */
+int zt_checkpoint_put(void *writer, size_t host_offset, size_t numel, const float *params, const float *m,
+                      const float *v, zt_err *err)
+{
+    zt_ckpt_writer *w = writer;
+    const int ntensors = zt_family_model_num_tensors(w->model);
+    const size_t end = host_offset + numel;
+    /* a tensor the files hold in another layout needs all of it at once: checked before anything is written */
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_family_model_tensor(w->model, i);
+        const size_t lo = t->offset > host_offset ? t->offset : host_offset;
+        const size_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+        if (lo < hi && w->transformed[i] && (lo != t->offset || hi != t->offset + t->numel))
+            return zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint: tensor %s arrived in part (%zu of %zu elements); a "
+                           "tensor that is transposed or reordered for the files must arrive whole", t->name, hi - lo,
+                           t->numel);
+    }
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < ntensors; i++) {
+        const zt_param_info *t = zt_family_model_tensor(w->model, i);
+        const size_t lo = t->offset > host_offset ? t->offset : host_offset;
+        const size_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+        if (lo >= hi)
+            continue;
+        const size_t at = (lo - t->offset) * sizeof(float), bytes = (hi - lo) * sizeof(float);
+        const size_t from = lo - host_offset;
+        rc = zt_st_writer_put(w->optim, 2 * (size_t)i, at, m + from, bytes, err);
+        if (rc == 0)
+            rc = zt_st_writer_put(w->optim, 2 * (size_t)i + 1, at, v + from, bytes, err);
+        if (rc < 0)
+            break;
+        if (!w->transformed[i]) {
+            rc = zt_st_writer_put(w->params, (size_t)i, at, params + from, bytes, err);
+        } else {
+            const bool moved = zt_family_model_export_values(w->model, i, params + from, w->hf);
+            ZT_ASSERT(moved); /* the family transforms a tensor or not, whatever its values */
+            (void)moved;
+            rc = zt_st_writer_put(w->params, (size_t)i, 0, w->hf, bytes, err);
+        }
+    }
+    return rc;
+}
+
+/* Finishes both files and the rest of the checkpoint; see checkpoint.h. */
+int zt_checkpoint_finish(zt_ckpt_writer *w, const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
+                         char *path_out, size_t cap, zt_err *err)
+{
+    int rc = zt_st_writer_finish(w->params, err);
+    if (rc == 0)
+        rc = zt_st_writer_finish(w->optim, err);
+    if (rc == 0)
+        rc = finish_dir(w->out_dir, w->final_dir, w->tmp_dir, w->model, grads, cfg, st, path_out, cap, err);
+    else
+        zt_remove_flat_dir(w->tmp_dir);
+    w->tmp_dir[0] = '\0'; /* finish_dir removed it on failure */
+    zt_checkpoint_abandon(w);
+    return rc;
+}
+
+/* Removes what a writer left and frees it; see checkpoint.h. */
+void zt_checkpoint_abandon(zt_ckpt_writer *w)
+{
+    if (!w)
+        return;
+    zt_st_writer_destroy(w->params);
+    zt_st_writer_destroy(w->optim);
+    if (w->tmp_dir[0])
+        zt_remove_flat_dir(w->tmp_dir);
+    free(w->hf);
+    free(w->transformed);
+    free(w);
 }
 
 /* Finds the checkpoint a run or checkpoint directory means; see checkpoint.h. */

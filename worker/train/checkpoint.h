@@ -63,6 +63,32 @@ int zt_checkpoint_save_with_grads(const char *out_dir, const zt_family_model *mo
                                   const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
                                   char *path_out, size_t cap, zt_err *err);
 
+/* A checkpoint written from state that arrives tensor by tensor (zt_engine_export_stream's, for state on
+ * disk), so that the model's weights and moments are never in host memory at once: the same files, byte for
+ * byte, as zt_checkpoint_save_with_grads from the same values.
+ *   zt_checkpoint_begin  creates ckpt_<step>.tmp with model.safetensors and optim.safetensors at their full
+ *                        sizes (a disk that cannot hold them fails here) and *out (free with finish or
+ *                        abandon);
+ *   zt_checkpoint_put    writes elements [host_offset, host_offset + numel) of the host model's layout of the
+ *                        masters, m and v (numel floats each, borrowed for the call) into both files; a
+ *                        zt_engine_state_sink (writer as void *). A tensor that the export transposes or
+ *                        reorders must arrive whole (else ZT_EINVAL_CONFIG, nothing written); arriving again
+ *                        overwrites it;
+ *   zt_checkpoint_finish the configs, grads.safetensors from grads (NULL: none), the manifest, the rename and
+ *                        `latest`, as zt_checkpoint_save_with_grads; frees w, success or not;
+ *   zt_checkpoint_abandon removes the .tmp directory and frees w (accepts NULL).
+ * Each returns 0 or a negative code with a message; on failure nothing new is left behind. The writer holds
+ * zt_checkpoint_stream_bytes of host memory (one tensor in the files' layout). */
+typedef struct zt_ckpt_writer zt_ckpt_writer;
+int zt_checkpoint_begin(const char *out_dir, const zt_family_model *model, int64_t step, zt_ckpt_writer **out,
+                        zt_err *err);
+int zt_checkpoint_put(void *writer, size_t host_offset, size_t numel, const float *params, const float *m,
+                      const float *v, zt_err *err);
+int zt_checkpoint_finish(zt_ckpt_writer *w, const float *grads, const zt_train_config *cfg, const zt_ckpt_state *st,
+                         char *path_out, size_t cap, zt_err *err);
+void zt_checkpoint_abandon(zt_ckpt_writer *w);
+size_t zt_checkpoint_stream_bytes(const zt_family_model *model);
+
 /* Finds the checkpoint meant by dir: dir itself when it holds a manifest.json, otherwise the one named
  * by dir/latest. Writes its path into out (cap bytes). Returns 0, or a negative code with a message
  * saying what dir should be. */

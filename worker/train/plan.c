@@ -190,7 +190,9 @@ int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt
 {
     memset(out, 0, sizeof *out);
     zt_plan_tiers t = {0};
-    zt_plan_host_price p;
+    zt_plan_host_price p, tier[2];
+    memset(&p, 0, sizeof p); /* a price function may leave staging 0 */
+    memset(tier, 0, sizeof tier);
     r->price(r->ctx, &t, &p);
     if (p.ram <= r->cap) {
         out->tiers = t;
@@ -199,7 +201,6 @@ int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt
     }
     const zt_plan_host_price all_ram = p;
     /* the moments on disk, then the masters: each tier keeps its leading blocks in what the cap leaves */
-    zt_plan_host_price tier[2];
     int ntier = 0;
     for (int level = 1; level <= 2; level++) {
         if (level == 2 && !r->can_masters_disk)
@@ -233,9 +234,10 @@ int zt_plan_fit_host(const zt_plan_host_request *r, zt_plan_host_choice *out, zt
     zt_format_size(min->ram, need, sizeof need);
     zt_plan_size_flag(min->ram, flag, sizeof flag);
     size_t used = (size_t)snprintf(ways, sizeof ways, "--host-mem %s or more", flag);
-    if (r->staging && min->ram - r->staging <= r->cap) {
+    const uint64_t staging = !r->staging ? 0 : min->staging ? min->staging : r->staging;
+    if (staging && min->ram - staging <= r->cap) {
         char x[32];
-        zt_format_size(min->ram - r->staging, x, sizeof x);
+        zt_format_size(min->ram - staging, x, sizeof x);
         used += (size_t)snprintf(ways + used, sizeof ways - used, "; --save-every -1 (no checkpoint staging: %s)", x);
     }
     if (!r->has_dir && used < sizeof ways) {

@@ -112,6 +112,8 @@ typedef struct zt_plan_host_price {
     uint64_t ram;
     uint64_t disk;
     char parts[320]; /* "engine 12.0 GiB of which ..., checkpoint staging ...": for the messages */
+    uint64_t staging; /* the checkpoints' staging inside ram (a checkpoint of state on disk streams it through a
+                         few blocks' buffers); 0: the request's */
 } zt_plan_host_price;
 
 typedef void (*zt_plan_host_price_fn)(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out);
@@ -120,7 +122,8 @@ typedef struct zt_plan_host_request {
     uint64_t cap;            /* --host-mem, > 0 */
     bool has_dir;            /* --moments-dir is given (else the disk tiers are priced for the message only) */
     bool can_masters_disk;   /* the masters may go to disk (the passes read a compute-dtype copy) */
-    uint64_t staging;        /* the checkpoints' staging inside every price (0: no checkpoints) */
+    uint64_t staging;        /* the checkpoints' staging inside every price that does not give its own (0: no
+                                checkpoints) */
     zt_plan_host_price_fn price;
     void *ctx;
 } zt_plan_host_request;

@@ -17,6 +17,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "common/rng.h"
 #include "common/units.h"
 #include "kernels/cpu_threads.h"
@@ -460,16 +461,28 @@ static void log_host_tiers(const zt_train_config *cfg, const zt_plan_host_choice
            c->price.parts, mtext, xtext, disk, c->price.disk ? " in " : "", c->price.disk ? cfg->moments_dir : "");
 }
 
+/* The host bytes a checkpoint stages beside the plan: with state on disk the engine's buffers of a few blocks
+ * and the writer's tensor in the files' layout (the checkpoint is streamed from the records), else `gathered`
+ * (the weights, moments and Hugging Face copy gathered into host arrays); 0 without checkpoints. */
+static uint64_t checkpoint_staging(const zt_train_config *cfg, const zt_engine_plan *ep, const zt_family_model *host,
+                                   uint64_t gathered)
+{
+    if (cfg->save_every < 0)
+        return 0;
+    return ep->export_stream_bytes ? ep->export_stream_bytes + zt_checkpoint_stream_bytes(host) : gathered;
+}
+
 /* The host price of a placement of the state on CPU ranks: the engine's arrays (on the CPU its "device"
  * buffers are host memory too), the host model's parameters and gradients, the checkpoints' staging (the
- * moments gathered and the exported weights). The activations of the micro-batch are the model's and not
- * counted. */
+ * moments gathered and the exported weights, or with state on disk a few blocks' buffers). The activations of
+ * the micro-batch are the model's and not counted. */
 struct cpu_pricing {
     const zt_train_config *cfg;
     zt_model *model;
+    const zt_family_model *host;
     int W;
     zt_engine_options base;
-    uint64_t P, staging;
+    uint64_t P, staging; /* staging: of a checkpoint gathered into host arrays */
 };
 
 static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
@@ -480,12 +493,14 @@ static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     o.stream = o.stream || o.moments_dir; /* the host arrays hold the state on disk's way */
     zt_engine_plan ep;
     zt_engine_plan_for(p->model, p->W, &o, &ep);
-    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + p->staging;
+    const uint64_t staging = checkpoint_staging(p->cfg, &ep, p->host, p->staging);
+    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + staging;
     out->disk = ep.disk_bytes;
+    out->staging = staging;
     char eng[32], mod[32], stg[32];
     zt_format_size(ep.device_bytes + ep.host_bytes, eng, sizeof eng);
     zt_format_size(8 * p->P, mod, sizeof mod);
-    zt_format_size(p->staging, stg, sizeof stg);
+    zt_format_size(staging, stg, sizeof stg);
     snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s", eng, mod, stg);
 }
 
@@ -494,7 +509,7 @@ static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
 static int plan_cpu_host(const zt_train_config *cfg, int W, bool is0, zt_model *model, const zt_family_model *host,
                          struct layout *lay, zt_err *err)
 {
-    struct cpu_pricing p = {.cfg = cfg, .model = model, .W = W, .P = zt_family_model_num_params(host)};
+    struct cpu_pricing p = {.cfg = cfg, .model = model, .host = host, .W = W, .P = zt_family_model_num_params(host)};
     engine_options(cfg, (int)cfg->grad_accum, &p.base);
     p.base.stream = lay->stream;
     p.staging = cfg->save_every >= 0 ? 12 * p.P : 0;
@@ -630,7 +645,9 @@ struct gpu_host_pricing {
     const zt_model *shape;
     int W;
     zt_engine_options base;
-    uint64_t steady_other, start_other, server_ram, staging;
+    const zt_family_model *tables; /* the model's tensor table (the checkpoint writer's staging) */
+    uint64_t steady_base, start_other, server_ram, gathered; /* steady_base: beside the engine, less the
+                                                                checkpoint's staging (gathered: in host arrays) */
 };
 
 static void price_gpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price *out)
@@ -640,13 +657,15 @@ static void price_gpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     apply_tiers(p->cfg, t, &o);
     zt_engine_plan ep;
     zt_engine_plan_for(p->shape, p->W, &o, &ep);
-    out->ram = host_ram(&ep, p->steady_other, p->start_other, !p->cfg->resume[0]);
+    const uint64_t staging = checkpoint_staging(p->cfg, &ep, p->tables, p->gathered);
+    out->ram = host_ram(&ep, p->steady_base + staging, p->start_other, !p->cfg->resume[0]);
     out->disk = ep.disk_bytes;
+    out->staging = staging;
     char eng[32], pin[32], srv[32], stg[32], proc[32];
     zt_format_size(ep.host_bytes, eng, sizeof eng);
     zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
     zt_format_size(p->server_ram, srv, sizeof srv);
-    zt_format_size(p->staging, stg, sizeof stg);
+    zt_format_size(staging, stg, sizeof stg);
     zt_format_size(PROCESS_RAM_BYTES, proc, sizeof proc);
     snprintf(out->parts, sizeof out->parts, "engine %s (%s pinned), state server %s, checkpoint staging %s, process %s",
              eng, pin, srv, stg, proc);
@@ -708,26 +727,28 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
 
     /* Host: the engine's buffers (the Adam moments' pages are taken at the first update, after the host
      * slab of the initial weights is given back), the embedded state server's records, the checkpoints'
-     * staging (the gathered weights, moments and their Hugging Face copy). Disk: the NVMe records. */
+     * staging (the gathered weights, moments and their Hugging Face copy; with state on disk a few blocks'
+     * buffers, the checkpoint streamed from the records). Disk: the NVMe records. */
     const uint64_t P = zt_family_model_num_params(tables);
     const bool embedded = cfg->optimizer == ZT_OPTIMIZER_SERVER && !cfg->servers[0];
     const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
-    const uint64_t staging = cfg->save_every >= 0 ? 16 * P : 0;
+    const uint64_t gathered = cfg->save_every >= 0 ? 16 * P : 0;
     /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays (host_ram says
      * which of those are not resident yet); a resumed run's slab stays until the checkpoint's second import. */
     const bool fresh = !cfg->resume[0];
-    const uint64_t steady_other = server_ram + staging + PROCESS_RAM_BYTES;
+    const uint64_t steady_base = server_ram + PROCESS_RAM_BYTES;
     const uint64_t start_other = 4 * P + server_ram + PROCESS_RAM_BYTES;
-    uint64_t ram = host_ram(&ep, steady_other, start_other, fresh);
+    uint64_t ram = host_ram(&ep, steady_base + checkpoint_staging(cfg, &ep, tables, gathered), start_other, fresh);
     const uint64_t ram_available = zt_plan_ram_available();
     if (cfg->host_mem) {
         /* --host-mem: the tiers of the state under the cap (the moments to disk, then the masters) */
-        struct gpu_host_pricing hp = {.cfg = cfg, .shape = shape, .W = W, .base = o, .steady_other = steady_other,
-                                      .start_other = start_other, .server_ram = server_ram, .staging = staging};
+        struct gpu_host_pricing hp = {.cfg = cfg, .shape = shape, .W = W, .base = o, .tables = tables,
+                                      .steady_base = steady_base, .start_other = start_other,
+                                      .server_ram = server_ram, .gathered = gathered};
         zt_plan_host_request hq = {.cap = cfg->host_mem, .has_dir = cfg->moments_dir[0] != '\0',
                                    .can_masters_disk = o.placement == ZT_PLACEMENT_CPU && o.gpu_fraction == 0 &&
                                                        cfg->weights != ZT_WEIGHTS_MASTERS,
-                                   .staging = staging, .price = price_gpu_host, .ctx = &hp};
+                                   .staging = gathered, .price = price_gpu_host, .ctx = &hp};
         zt_plan_host_choice hc;
         if ((rc = zt_plan_fit_host(&hq, &hc, err)) < 0) {
             shape->ops->destroy(shape);
@@ -750,7 +771,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
         x.stream_masters = true;
         zt_engine_plan xp;
         zt_engine_plan_for(shape, W, &x, &xp);
-        const uint64_t xram = host_ram(&xp, steady_other, start_other, fresh);
+        const uint64_t xram = host_ram(&xp, steady_base + checkpoint_staging(cfg, &xp, tables, gathered), start_other,
+                                       fresh);
         if (xram < ram && ch.device.model + xp.device_bytes + ch.device.fixed <= ch.limit) {
             char before[32], after[32];
             zt_format_size(ram, before, sizeof before);
@@ -784,7 +806,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
                        cfg->moments_ram ? "--moments-ram" : "RAM the plan leaves free", ondisk);
             o = x;
             ep = xp;
-            ram = host_ram(&xp, steady_other, start_other, fresh);
+            ram = host_ram(&xp, steady_base + checkpoint_staging(cfg, &xp, tables, gathered), start_other, fresh);
         }
     }
     lay->moments_ram_bytes = o.moments_ram_bytes;
@@ -800,6 +822,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     zt_format_size(ep.host_bytes, eng, sizeof eng);
     zt_format_size(ep.host_pinned_bytes, pin, sizeof pin);
     zt_format_size(server_ram, srv, sizeof srv);
+    const uint64_t staging = checkpoint_staging(cfg, &ep, tables, gathered);
     zt_format_size(staging, stg, sizeof stg);
     snprintf(parts, sizeof parts, "engine %s of which %s page-locked, state server %s, checkpoint staging %s%s, "
              "the process %s", eng, pin, srv, stg, staging ? " (--save-every -1 trains without checkpoints)" : "", proc);
@@ -1005,6 +1028,43 @@ static int check_checkpoint_space(const struct run *r, const zt_train_config *cf
     return zt_plan_check_checkpoint(need, free_b, cfg->out_dir, err);
 }
 
+/* Rank 0: the state of the checkpoint besides the tensors, as the run holds it now. */
+static void fill_state(struct run *r, zt_ckpt_state *st)
+{
+    zt_task_get_position(r->task, &st->data);
+    st->adam_step = r->opt.adam_step;
+    st->skipped_steps = r->opt.skipped_steps;
+    st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
+    st->loss_scale_clean_steps = r->use_scaler ? r->scaler.clean_steps : 0;
+}
+
+/* A checkpoint of state on disk, streamed: every rank reads its records block by block and the blocks are
+ * gathered; rank 0 writes each tensor into the checkpoint's files as it arrives, so no rank holds the model's
+ * weights and moments in host memory (the engine's and the writer's staging: checkpoint_staging). */
+static int save_streamed(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm,
+                         zt_train_result *res, zt_err *err)
+{
+    const bool is0 = zt_comm_rank(comm) == 0;
+    zt_ckpt_writer *w = NULL;
+    int rc = is0 ? zt_checkpoint_begin(cfg->out_dir, r->host, st->step, &w, err) : 0;
+    if ((rc = zt_comm_agree(comm, rc, err)) == 0)
+        rc = zt_engine_export_stream(r->engine, w ? zt_checkpoint_put : NULL, w, err);
+    if (rc == 0 && cfg->save_grads)
+        rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
+    if ((rc = zt_comm_agree(comm, rc, err)) < 0) {
+        zt_checkpoint_abandon(w);
+        return rc;
+    }
+    if (is0) {
+        fill_state(r, st);
+        rc = zt_checkpoint_finish(w, cfg->save_grads ? zt_family_model_grads(r->host) : NULL, cfg, st, res->checkpoint,
+                                  sizeof res->checkpoint, err);
+        if (rc == 0)
+            zt_log(ZT_LOG_INFO, "checkpoint: %s (streamed from the state on disk)", res->checkpoint);
+    }
+    return zt_comm_agree(comm, rc, err);
+}
+
 static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt_comm *comm, zt_train_result *res,
                 zt_err *err)
 {
@@ -1013,6 +1073,8 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
     int rc = zt_comm_rank(comm) == 0 ? check_checkpoint_space(r, cfg, false, err) : 0;
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
+    if (zt_engine_exports_streamed(r->engine))
+        return save_streamed(r, cfg, st, comm, res, err);
     rc = zt_engine_export(r->engine, zt_family_model_params(r->host), r->opt.m, r->opt.v, err);
     if (rc == 0 && cfg->save_grads)
         rc = zt_engine_export_grads(r->engine, zt_family_model_grads(r->host), err);
@@ -1029,11 +1091,7 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         return rc;
     if (zt_comm_rank(comm) == 0) {
-        zt_task_get_position(r->task, &st->data);
-        st->adam_step = r->opt.adam_step;
-        st->skipped_steps = r->opt.skipped_steps;
-        st->loss_scale = r->use_scaler ? r->scaler.scale : 0.0;
-        st->loss_scale_clean_steps = r->use_scaler ? r->scaler.clean_steps : 0;
+        fill_state(r, st);
         rc = zt_checkpoint_save_with_grads(cfg->out_dir, r->host, &r->opt,
                                            cfg->save_grads ? zt_family_model_grads(r->host) : NULL, cfg, st, res->checkpoint,
                                            sizeof res->checkpoint, err);
@@ -1228,6 +1286,12 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     }
     if (on_gpu)
         zt_family_model_release_params(r.host); /* the engine holds the weights; checkpoints write the slab again */
+    if (resumed && zt_engine_exports_streamed(r.engine)) {
+        /* the engine holds the resumed moments (on disk); checkpoints stream them from there, so the full-size
+         * arrays the checkpoint was loaded into give their pages back (the plan does not count them) */
+        zt_release_pages(r.opt.m, r.opt.n * sizeof(float));
+        zt_release_pages(r.opt.v, r.opt.n * sizeof(float));
+    }
     if (is0) {
         zt_engine_log_plan(r.engine);
         if (on_servers)
