@@ -34,6 +34,7 @@
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
+#include "worker/models/host_model.h"  /* config field tables */
 #include "worker/models/host_shared.h" /* the normal initialisation */
 #ifdef ZT_WITH_CUDA
 #include "worker/models/bert_cuda.h" /* the CUDA executor */
@@ -1527,51 +1528,26 @@ static int f_config_validate(const void *c, zt_err *err)
     return zt_bert_config_validate(c, err);
 }
 
+#define F(name, kind, hash_only) {#name, offsetof(zt_bert_config, name), ZT__HM_##kind, hash_only}
+static const zt__hm_field fields[] = {
+    F(roberta, BOOL, false), F(head, ENUM, false), F(vocab_size, INT, false), F(hidden_size, INT, false),
+    F(num_hidden_layers, INT, false), F(num_attention_heads, INT, false), F(intermediate_size, INT, false),
+    F(max_position_embeddings, INT, false), F(type_vocab_size, INT, false), F(pad_token_id, INT, false),
+    F(hidden_act, ENUM, false), F(layer_norm_eps, FLOAT, false), F(num_labels, INT, false),
+    F(initializer_range, FLOAT, true),
+};
+#undef F
+#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
+
 static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
 {
-    const zt_bert_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(roberta, "%d", int)
-    CMP(head, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(hidden_size, "%d", int)
-    CMP(num_hidden_layers, "%d", int)
-    CMP(num_attention_heads, "%d", int)
-    CMP(intermediate_size, "%d", int)
-    CMP(max_position_embeddings, "%d", int)
-    CMP(type_vocab_size, "%d", int)
-    CMP(pad_token_id, "%d", int)
-    CMP(hidden_act, "%d", int)
-    CMP(layer_norm_eps, "%g", double)
-    CMP(num_labels, "%d", int)
-#undef CMP
-    return NULL;
+    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* Every field, after the family's number (2) that earlier releases hashed first. */
+/* Family number 2, as earlier releases hashed it. */
 static uint64_t f_config_fingerprint(const void *c)
 {
-    const zt_bert_config *e = c;
-    const int64_t ints[] = {2, e->roberta, e->head, e->vocab_size, e->hidden_size, e->num_hidden_layers,
-                            e->num_attention_heads, e->intermediate_size, e->max_position_embeddings,
-                            e->type_vocab_size, e->pad_token_id, e->hidden_act, e->num_labels};
-    const double reals[] = {e->layer_norm_eps, e->initializer_range};
-    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
+    return zt__hm_config_fingerprint(fields, NFIELDS, 2, c);
 }
 
 static void f_config_describe(const void *c, char *buf, size_t cap)

@@ -670,44 +670,23 @@ static int f_config_validate(const void *c, zt_err *err)
     return zt_gpt2_config_validate(c, err);
 }
 
+#define F(name, kind) {#name, offsetof(zt_gpt2_config, name), ZT__HM_##kind, false}
+static const zt__hm_field fields[] = {
+    F(n_layer, INT), F(n_head, INT), F(n_embd, INT), F(n_positions, INT), F(vocab_size, INT),
+    F(tie_word_embeddings, BOOL), F(layer_norm_epsilon, FLOAT),
+};
+#undef F
+#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
+
 static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
 {
-    const zt_gpt2_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(n_layer, "%d", int)
-    CMP(n_head, "%d", int)
-    CMP(n_embd, "%d", int)
-    CMP(n_positions, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(tie_word_embeddings, "%d", int)
-    CMP(layer_norm_epsilon, "%g", double)
-#undef CMP
-    return NULL;
+    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* Every field, after the family's number (0) that earlier releases hashed first. */
+/* Family number 0, as earlier releases hashed it. */
 static uint64_t f_config_fingerprint(const void *c)
 {
-    const zt_gpt2_config *g = c;
-    const int64_t ints[] = {0, g->n_layer, g->n_head, g->n_embd, g->n_positions, g->vocab_size,
-                            g->tie_word_embeddings};
-    const double eps = g->layer_norm_epsilon;
-    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), &eps, sizeof eps);
+    return zt__hm_config_fingerprint(fields, NFIELDS, 0, c);
 }
 
 static void f_config_describe(const void *c, char *buf, size_t cap)

@@ -214,32 +214,57 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
 
 /* ---- field tables ---- */
 
-/* Field f of cfg as a double (every kind's values are exact in one) and in text. */
-static double field_value(const zt__hm_field *f, const void *cfg, char *buf, size_t cap)
+static bool is_real(const zt__hm_field *f)
+{
+    return f->kind == ZT__HM_FLOAT || f->kind == ZT__HM_DOUBLE;
+}
+
+/* Field f of cfg as a double (every kind's values are exact in one). */
+static double field_value(const zt__hm_field *f, const void *cfg)
 {
     const char *p = (const char *)cfg + f->offset;
-    double v = 0;
     switch (f->kind) {
-    case ZT__HM_INT: v = *(const int *)p; break;
-    case ZT__HM_ENUM: v = (double)*(const int *)p; break; /* enums are int-sized here (C11 6.7.2.2) */
-    case ZT__HM_BOOL: v = *(const bool *)p; break;
-    case ZT__HM_FLOAT: v = *(const float *)p; break;
-    case ZT__HM_DOUBLE: v = *(const double *)p; break;
+    case ZT__HM_INT: return *(const int *)p;
+    case ZT__HM_ENUM: return (double)*(const int *)p; /* enums are int-sized here (C11 6.7.2.2) */
+    case ZT__HM_BOOL: return *(const bool *)p;
+    case ZT__HM_FLOAT: return *(const float *)p;
+    case ZT__HM_DOUBLE: return *(const double *)p;
     }
-    if (buf)
-        snprintf(buf, cap, f->kind == ZT__HM_BOOL ? (v != 0 ? "true" : "false") : "%.9g", v);
-    return v;
+    return 0;
+}
+
+/* v as the field's kind writes it: a float's or double's shortest decimal that reads back as the same value. */
+static void field_text(const zt__hm_field *f, double v, char *buf, size_t cap)
+{
+    if (f->kind == ZT__HM_BOOL) {
+        snprintf(buf, cap, "%s", v != 0 ? "true" : "false");
+        return;
+    }
+    if (!is_real(f)) {
+        snprintf(buf, cap, "%lld", (long long)v);
+        return;
+    }
+    char text[40];
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, v);
+        const double back = strtod(text, NULL);
+        if (f->kind == ZT__HM_FLOAT ? (float)back == (float)v : back == v)
+            break;
+    }
+    snprintf(buf, cap, "%s", text);
 }
 
 const char *zt__hm_config_diff(const zt__hm_field *fields, int n, const void *a, const void *b, char *av, char *bv,
                                size_t cap)
 {
-    for (int i = 0; i < n; i++)
-        if (field_value(&fields[i], a, NULL, 0) != field_value(&fields[i], b, NULL, 0)) {
-            field_value(&fields[i], a, av, cap);
-            field_value(&fields[i], b, bv, cap);
+    for (int i = 0; i < n; i++) {
+        const double x = field_value(&fields[i], a), y = field_value(&fields[i], b);
+        if (!fields[i].hash_only && x != y) {
+            field_text(&fields[i], x, av, cap);
+            field_text(&fields[i], y, bv, cap);
             return fields[i].name;
         }
+    }
     return NULL;
 }
 
@@ -256,10 +281,16 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 uint64_t zt__hm_config_fingerprint(const zt__hm_field *fields, int n, int64_t family_number, const void *cfg)
 {
     uint64_t h = fnv(14695981039346656037ULL, &family_number, sizeof family_number);
-    for (int i = 0; i < n; i++) {
-        const double v = field_value(&fields[i], cfg, NULL, 0);
-        h = fnv(h, &v, sizeof v);
-    }
+    for (int i = 0; i < n; i++)
+        if (!is_real(&fields[i])) {
+            const int64_t v = (int64_t)field_value(&fields[i], cfg);
+            h = fnv(h, &v, sizeof v);
+        }
+    for (int i = 0; i < n; i++)
+        if (is_real(&fields[i])) {
+            const double v = field_value(&fields[i], cfg);
+            h = fnv(h, &v, sizeof v);
+        }
     return h;
 }
 

@@ -100,12 +100,15 @@ typedef struct zt__hm_field {
     const char *name;  /* the config.json key, for messages */
     size_t offset;     /* in the config struct */
     enum zt__hm_kind kind;
+    bool hash_only;    /* in the fingerprint, not in the diff (a value a resumed run may change) */
 } zt__hm_field;
 
-/* The first field in which configs a and b differ, both values written into av and bv; NULL when none. */
+/* The first field in which configs a and b differ, both values written into av and bv (integers in decimal,
+ * booleans as true/false, reals in the shortest decimal that reads back the same); NULL when none. */
 const char *zt__hm_config_diff(const zt__hm_field *fields, int n, const void *a, const void *b, char *av, char *bv,
                                size_t cap);
-/* A 64-bit FNV-1a hash of family_number and every field's value. */
+/* A 64-bit FNV-1a hash of family_number and the integer-like fields (int, bool, enum) as int64 in table order,
+ * then the real fields as double in table order: the form every family hashed before the field tables. */
 uint64_t zt__hm_config_fingerprint(const zt__hm_field *fields, int n, int64_t family_number, const void *cfg);
 
 /* ---- tensor tables ---- */

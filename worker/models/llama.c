@@ -966,57 +966,28 @@ static int f_config_validate(const void *c, zt_err *err)
     return zt_llama_config_validate(c, err);
 }
 
+#define F(name, kind, hash_only) {#name, offsetof(zt_llama_config, name), ZT__HM_##kind, hash_only}
+static const zt__hm_field fields[] = {
+    F(family, ENUM, false), F(num_hidden_layers, INT, false), F(hidden_size, INT, false),
+    F(num_attention_heads, INT, false), F(num_key_value_heads, INT, false), F(intermediate_size, INT, false),
+    F(max_position_embeddings, INT, false), F(vocab_size, INT, false), F(tie_word_embeddings, BOOL, false),
+    F(pad_token_id, INT, false), F(rms_norm_eps, FLOAT, false), F(rope.theta, DOUBLE, false),
+    F(rope.scaling, ENUM, false), F(rope.factor, DOUBLE, false), F(rope.low_freq_factor, DOUBLE, false),
+    F(rope.high_freq_factor, DOUBLE, false), F(rope.original_max_position_embeddings, INT, false),
+    F(initializer_range, DOUBLE, true),
+};
+#undef F
+#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
+
 static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
 {
-    const zt_llama_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(family, "%d", int)
-    CMP(num_hidden_layers, "%d", int)
-    CMP(hidden_size, "%d", int)
-    CMP(num_attention_heads, "%d", int)
-    CMP(num_key_value_heads, "%d", int)
-    CMP(intermediate_size, "%d", int)
-    CMP(max_position_embeddings, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(tie_word_embeddings, "%d", int)
-    CMP(pad_token_id, "%d", int)
-    CMP(rms_norm_eps, "%g", double)
-    CMP(rope.theta, "%g", double)
-    CMP(rope.scaling, "%d", int)
-    CMP(rope.factor, "%g", double)
-    CMP(rope.low_freq_factor, "%g", double)
-    CMP(rope.high_freq_factor, "%g", double)
-    CMP(rope.original_max_position_embeddings, "%d", int)
-#undef CMP
-    return NULL;
+    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* Every field, after the family's number (1) that earlier releases hashed first. */
+/* Family number 1, as earlier releases hashed it. */
 static uint64_t f_config_fingerprint(const void *c)
 {
-    const zt_llama_config *l = c;
-    const int64_t ints[] = {1, l->family, l->num_hidden_layers, l->hidden_size, l->num_attention_heads,
-                            l->num_key_value_heads, l->intermediate_size, l->max_position_embeddings,
-                            l->vocab_size, l->tie_word_embeddings, l->pad_token_id, l->rope.scaling,
-                            l->rope.original_max_position_embeddings};
-    const double reals[] = {l->rms_norm_eps, l->rope.theta, l->rope.factor, l->rope.low_freq_factor,
-                            l->rope.high_freq_factor, l->initializer_range};
-    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
+    return zt__hm_config_fingerprint(fields, NFIELDS, 1, c);
 }
 
 static void f_config_describe(const void *c, char *buf, size_t cap)

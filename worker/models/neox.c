@@ -294,7 +294,7 @@ static int config_save(const void *cv, const char *path, zt_err *err)
     return rc;
 }
 
-#define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind}
+#define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind, false}
 static const zt__hm_field fields[] = {
     F(num_hidden_layers, INT), F(hidden_size, INT), F(num_attention_heads, INT), F(intermediate_size, INT),
     F(max_position_embeddings, INT), F(vocab_size, INT), F(layer_norm_eps, FLOAT), F(hidden_act, ENUM),

@@ -25,6 +25,7 @@
 #include "worker/models/cpu_exec.h"
 #include "worker/models/family.h"
 #include "worker/models/host_io.h"
+#include "worker/models/host_model.h"
 #include "worker/models/host_shared.h"
 #include "worker/models/ops.h"
 #ifdef ZT_WITH_CUDA
@@ -1225,53 +1226,27 @@ static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err
 static int f_config_save(const void *c, const char *path, zt_err *err) { return config_save(c, path, err); }
 static int f_config_validate(const void *c, zt_err *err) { return config_validate(c, err); }
 
+#define F(name, kind, hash_only) {#name, offsetof(zt_t5_config, name), ZT__HM_##kind, hash_only}
+static const zt__hm_field fields[] = {
+    F(mt5, BOOL, false), F(vocab_size, INT, false), F(d_model, INT, false), F(d_kv, INT, false),
+    F(d_ff, INT, false), F(num_layers, INT, false), F(num_decoder_layers, INT, false), F(num_heads, INT, false),
+    F(num_buckets, INT, false), F(max_distance, INT, false), F(layer_norm_epsilon, FLOAT, false),
+    F(gated, BOOL, false), F(tie_word_embeddings, BOOL, false), F(scale_decoder_outputs, BOOL, false),
+    F(n_positions, INT, false), F(pad_token_id, INT, false), F(eos_token_id, INT, false),
+    F(decoder_start_token_id, INT, false), F(initializer_factor, DOUBLE, true), F(dropout_rate, DOUBLE, true),
+};
+#undef F
+#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
+
 static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
 {
-    const zt_t5_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(mt5, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(d_model, "%d", int)
-    CMP(d_kv, "%d", int)
-    CMP(d_ff, "%d", int)
-    CMP(num_layers, "%d", int)
-    CMP(num_decoder_layers, "%d", int)
-    CMP(num_heads, "%d", int)
-    CMP(num_buckets, "%d", int)
-    CMP(max_distance, "%d", int)
-    CMP(layer_norm_epsilon, "%g", double)
-    CMP(gated, "%d", int)
-    CMP(tie_word_embeddings, "%d", int)
-    CMP(scale_decoder_outputs, "%d", int)
-    CMP(n_positions, "%d", int)
-    CMP(pad_token_id, "%d", int)
-    CMP(eos_token_id, "%d", int)
-    CMP(decoder_start_token_id, "%d", int)
-#undef CMP
-    return NULL;
+    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
 }
 
-static uint64_t f_config_fingerprint(const void *cv)
+/* Family number 5. */
+static uint64_t f_config_fingerprint(const void *c)
 {
-    const zt_t5_config *c = cv;
-    const int64_t ints[] = {5, c->mt5, c->vocab_size, c->d_model, c->d_kv, c->d_ff, c->num_layers,
-                            c->num_decoder_layers, c->num_heads, c->num_buckets, c->max_distance, c->gated,
-                            c->tie_word_embeddings, c->scale_decoder_outputs, c->n_positions, c->pad_token_id,
-                            c->eos_token_id, c->decoder_start_token_id};
-    const double reals[] = {c->layer_norm_epsilon, c->initializer_factor, c->dropout_rate};
-    uint64_t h = 14695981039346656037ULL;
-    const unsigned char *p = (const unsigned char *)ints;
-    for (size_t i = 0; i < sizeof ints; i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
-    p = (const unsigned char *)reals;
-    for (size_t i = 0; i < sizeof reals; i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
-    return h;
+    return zt__hm_config_fingerprint(fields, NFIELDS, 5, c);
 }
 
 static void f_config_describe(const void *cv, char *buf, size_t cap)
