@@ -676,18 +676,6 @@ static const zt__hm_field fields[] = {
     F(tie_word_embeddings, BOOL), F(layer_norm_epsilon, FLOAT),
 };
 #undef F
-#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
-
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
-}
-
-/* Family number 0, as earlier releases hashed it. */
-static uint64_t f_config_fingerprint(const void *c)
-{
-    return zt__hm_config_fingerprint(fields, NFIELDS, 0, c);
-}
 
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
@@ -721,8 +709,9 @@ const zt_family_def zt__family_gpt2 = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    .fields = fields,
+    .num_fields = (int)(sizeof fields / sizeof fields[0]),
+    .number = 0,
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,

@@ -977,18 +977,6 @@ static const zt__hm_field fields[] = {
     F(initializer_range, DOUBLE, true),
 };
 #undef F
-#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
-
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
-}
-
-/* Family number 1, as earlier releases hashed it. */
-static uint64_t f_config_fingerprint(const void *c)
-{
-    return zt__hm_config_fingerprint(fields, NFIELDS, 1, c);
-}
 
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
@@ -1034,8 +1022,9 @@ const zt_family_def zt__family_llama = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    .fields = fields,
+    .num_fields = (int)(sizeof fields / sizeof fields[0]),
+    .number = 1,
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,

@@ -302,17 +302,6 @@ static const zt__hm_field fields[] = {
     F(rotary_emb_base, DOUBLE), F(initializer_range, DOUBLE),
 };
 #undef F
-#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
-
-static const char *config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
-}
-
-static uint64_t config_fingerprint(const void *c)
-{
-    return zt__hm_config_fingerprint(fields, NFIELDS, 4, c);
-}
 
 static void config_describe(const void *cv, char *buf, size_t cap)
 {
@@ -531,8 +520,9 @@ const zt_family_def zt__family_neox = {
     .config_from_json = config_from_json,
     .config_save = config_save,
     .config_validate = config_validate,
-    .config_diff = config_diff,
-    .config_fingerprint = config_fingerprint,
+    .fields = fields,
+    .num_fields = (int)(sizeof fields / sizeof fields[0]),
+    .number = 4,
     .config_describe = config_describe,
     .config_shape = config_shape,
     .create = create,

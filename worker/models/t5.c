@@ -1236,18 +1236,6 @@ static const zt__hm_field fields[] = {
     F(decoder_start_token_id, INT, false), F(initializer_factor, DOUBLE, true), F(dropout_rate, DOUBLE, true),
 };
 #undef F
-#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
-
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
-}
-
-/* Family number 5. */
-static uint64_t f_config_fingerprint(const void *c)
-{
-    return zt__hm_config_fingerprint(fields, NFIELDS, 5, c);
-}
 
 static void f_config_describe(const void *cv, char *buf, size_t cap)
 {
@@ -1669,8 +1657,9 @@ const zt_family_def zt__family_t5 = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    .fields = fields,
+    .num_fields = (int)(sizeof fields / sizeof fields[0]),
+    .number = 5,
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,
