@@ -1319,28 +1319,20 @@ void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
 /* Runs the whole forward pass; see bert.h. */
 float zt_bert_forward(zt_bert *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
-    const float *p = zt__hm_params(m);
     zt_bert_forward_begin(m, tokens, B, T);
-    for (int b = 0; b < zt__hm_num_blocks(m); b++)
-        zt_bert_forward_block(m, b, p + zt__hm_block(m, b)->offset);
-    return zt_bert_forward_head(m, p + zt__hm_block(m, zt__hm_head_block(m))->offset, targets);
+    return zt__hm_forward_rest(m, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. */
 void zt_bert_backward(zt_bert *m, float loss_scale)
 {
-    const float *p = zt__hm_params(m);
-    float *g = zt__hm_grads(m);
-    const size_t h = zt__hm_block(m, zt__hm_head_block(m))->offset;
-    zt_bert_backward_head(m, p + h, g + h, loss_scale);
-    for (int b = zt__hm_num_blocks(m) - 1; b >= 0; b--)
-        zt_bert_backward_block(m, b, p + zt__hm_block(m, b)->offset, g + zt__hm_block(m, b)->offset);
+    zt__hm_backward(m, loss_scale);
 }
 
 /* Sets every gradient to zero. */
 void zt_bert_zero_grad(zt_bert *m)
 {
-    memset(zt__hm_grads(m), 0, zt__hm_num_params(m) * sizeof(float));
+    zt__hm_zero_grad(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -1540,9 +1532,7 @@ const zt_family_def zt__family_bert = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .fields = fields,
-    .num_fields = (int)(sizeof fields / sizeof fields[0]),
-    .number = 2,
+    ZT__HM_FIELD_ENTRIES(fields, 2)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .config_label = f_config_label,

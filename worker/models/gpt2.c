@@ -527,11 +527,8 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
 }
 
 /* The host model's queries and passes (host_model.h), under gpt2.h's names. */
-void zt_gpt2_release_params(zt_gpt2 *m) { zt__hm_release_params(m); }
 void zt_gpt2_destroy(zt_gpt2 *m) { zt__hm_destroy(m); }
 const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m) { return zt__hm_config(m); }
-int zt_gpt2_max_batch(const zt_gpt2 *m) { return zt__hm_max_batch(m); }
-int zt_gpt2_max_seq(const zt_gpt2 *m) { return zt__hm_max_seq(m); }
 size_t zt_gpt2_num_params(const zt_gpt2 *m) { return zt__hm_num_params(m); }
 int zt_gpt2_num_tensors(const zt_gpt2 *m) { return zt__hm_num_tensors(m); }
 const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i) { return zt__hm_tensor(m, i); }
@@ -555,11 +552,8 @@ const float *zt_gpt2_logits(const zt_gpt2 *m) { return zt__hm_logits(m); }
  * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
 float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
-    const float *params = zt_gpt2_params(m);
     zt_gpt2_forward_begin(m, tokens, B, T);
-    for (int b = 0; b < zt_gpt2_num_blocks(m); b++)
-        zt_gpt2_forward_block(m, b, params + zt_gpt2_block(m, b)->offset);
-    return zt_gpt2_forward_head(m, params, targets);
+    return zt__hm_forward_rest(m, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -567,18 +561,13 @@ float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets,
  * into the logits' gradient. */
 void zt_gpt2_backward(zt_gpt2 *m, float loss_scale)
 {
-    float *params = zt_gpt2_params(m), *grads = zt_gpt2_grads(m);
-    zt_gpt2_backward_head(m, params, grads, loss_scale);
-    for (int b = zt_gpt2_num_blocks(m) - 1; b >= 0; b--) {
-        const size_t o = zt_gpt2_block(m, b)->offset;
-        zt_gpt2_backward_block(m, b, params + o, grads + o);
-    }
+    zt__hm_backward(m, loss_scale);
 }
 
 /* Sets every gradient to zero. */
 void zt_gpt2_zero_grad(zt_gpt2 *m)
 {
-    memset(zt_gpt2_grads(m), 0, zt_gpt2_num_params(m) * sizeof(float));
+    zt__hm_zero_grad(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -709,9 +698,7 @@ const zt_family_def zt__family_gpt2 = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .fields = fields,
-    .num_fields = (int)(sizeof fields / sizeof fields[0]),
-    .number = 0,
+    ZT__HM_FIELD_ENTRIES(fields, 0)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,

@@ -1,4 +1,4 @@
-/* The host model of a decoder family from its spec; see host_model.h. */
+/* The host model of a family from its spec; see host_model.h. */
 #include "worker/models/host_model.h"
 
 #include <limits.h>
@@ -235,6 +235,29 @@ const float *zt__hm_logits(const void *m)
     return PASSES(m) ? PASSES(m)->logits(((const zt__hm *)m)->state) : zt__dec_cpu_logits(((const zt__hm *)m)->run);
 }
 #undef PASSES
+
+float zt__hm_forward_rest(void *mv, const int32_t *targets)
+{
+    zt__hm *m = mv;
+    for (int b = 0; b < m->num_blocks; b++)
+        zt__hm_forward_block(m, b, m->params + m->blocks[b].offset);
+    return zt__hm_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
+}
+
+void zt__hm_backward(void *mv, float loss_scale)
+{
+    zt__hm *m = mv;
+    const size_t h = m->blocks[m->head_block].offset;
+    zt__hm_backward_head(m, m->params + h, m->grads + h, loss_scale);
+    for (int b = m->num_blocks - 1; b >= 0; b--)
+        zt__hm_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+}
+
+void zt__hm_zero_grad(void *mv)
+{
+    zt__hm *m = mv;
+    memset(m->grads, 0, m->num_params * sizeof(float));
+}
 
 #ifdef ZT_WITH_CUDA
 static zt__dec_model dec_model(const zt__hm *m)

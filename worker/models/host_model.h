@@ -1,8 +1,8 @@
-/* The host model of a decoder family, written once: the family's config struct, its tensor table and blocks,
- * the fp32 parameter and gradient slabs, the decoder program's architecture and CPU runner (decoder.h), and
- * the entries of zt_family_def (family.h) that follow from them. A family file then holds only what is its
- * own: the config mapping, the tensor table in Hugging Face's names, the initialisation and the architecture,
- * given as a zt__hm_spec; neox.c is the example.
+/* The host model of every family, written once: the family's config struct, its tensor table and blocks,
+ * the fp32 parameter and gradient slabs, the decoder program's architecture and CPU runner (decoder.h) or
+ * the family's own passes, and the entries of zt_family_def (family.h) that follow from them. A family file
+ * then holds only what is its own: the config mapping, the tensor table in Hugging Face's names, the
+ * initialisation and the architecture (or its passes), given as a zt__hm_spec; neox.c is the example.
  *
  * Blocks are the decoder's: 0 = the embeddings, 1..L = the layers, L+1 = the final norm (and an untied head).
  * The host model borrows the spec (static data of the family) and copies the config. A family whose passes
@@ -94,6 +94,12 @@ void zt__hm_backward_head(void *m, const float *w, float *g, float loss_scale);
 void zt__hm_backward_block(void *m, int b, const float *w, float *g);
 void zt__hm_discard_block(void *m, int b);
 const float *zt__hm_logits(const void *m);
+/* The whole passes over m's own slabs, for the families' APIs: after forward_begin, every block's forward and
+ * the head's (its loss, as forward_head); the backward of that forward into the gradient slab (+=); the
+ * gradient slab zeroed. */
+float zt__hm_forward_rest(void *m, const int32_t *targets);
+void zt__hm_backward(void *m, float loss_scale);
+void zt__hm_zero_grad(void *m);
 #ifdef ZT_WITH_CUDA
 struct zt_model;
 int zt__hm_cuda_create(struct zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
@@ -117,6 +123,9 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
     .backward_head = zt__hm_backward_head, .backward_block = zt__hm_backward_block,                            \
     .discard_block = zt__hm_discard_block, .logits = zt__hm_logits,
 #define ZT__HM_FAMILY_ENTRIES ZT__HM_HOST_ENTRIES ZT__HM_CUDA_ENTRIES
+/* The config entries of a zt_family_def initialiser from a field table (an array) and the family's number. */
+#define ZT__HM_FIELD_ENTRIES(table, family_number)                                                             \
+    .fields = (table), .num_fields = (int)(sizeof(table) / sizeof((table)[0])), .number = (family_number),
 
 /* ---- configs described by a field table: diff and fingerprint written once ---- */
 

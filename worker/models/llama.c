@@ -815,11 +815,8 @@ int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, ui
 }
 
 /* The host model's queries and passes (host_model.h), under llama.h's names. */
-void zt_llama_release_params(zt_llama *m) { zt__hm_release_params(m); }
 void zt_llama_destroy(zt_llama *m) { zt__hm_destroy(m); }
 const zt_llama_config *zt_llama_get_config(const zt_llama *m) { return zt__hm_config(m); }
-int zt_llama_max_batch(const zt_llama *m) { return zt__hm_max_batch(m); }
-int zt_llama_max_seq(const zt_llama *m) { return zt__hm_max_seq(m); }
 size_t zt_llama_num_params(const zt_llama *m) { return zt__hm_num_params(m); }
 int zt_llama_num_tensors(const zt_llama *m) { return zt__hm_num_tensors(m); }
 const zt_param_info *zt_llama_tensor(const zt_llama *m, int i) { return zt__hm_tensor(m, i); }
@@ -843,10 +840,7 @@ const float *zt_llama_logits(const zt_llama *m) { return zt__hm_logits(m); }
 float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
     zt_llama_forward_begin(m, tokens, B, T);
-    const float *params = zt_llama_params(m);
-    for (int b = 0; b < zt_llama_num_blocks(m); b++)
-        zt_llama_forward_block(m, b, params + zt_llama_block(m, b)->offset);
-    return zt_llama_forward_head(m, params + zt_llama_block(m, zt_llama_head_block(m))->offset, targets);
+    return zt__hm_forward_rest(m, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -854,19 +848,13 @@ float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *target
  * the logits' gradient. */
 void zt_llama_backward(zt_llama *m, float loss_scale)
 {
-    float *params = zt_llama_params(m), *grads = zt_llama_grads(m);
-    const size_t h = zt_llama_block(m, zt_llama_head_block(m))->offset;
-    zt_llama_backward_head(m, params + h, grads + h, loss_scale);
-    for (int b = zt_llama_num_blocks(m) - 1; b >= 0; b--) {
-        const size_t o = zt_llama_block(m, b)->offset;
-        zt_llama_backward_block(m, b, params + o, grads + o);
-    }
+    zt__hm_backward(m, loss_scale);
 }
 
 /* Sets every gradient to zero. */
 void zt_llama_zero_grad(zt_llama *m)
 {
-    memset(zt_llama_grads(m), 0, zt_llama_num_params(m) * sizeof(float));
+    zt__hm_zero_grad(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -1022,9 +1010,7 @@ const zt_family_def zt__family_llama = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .fields = fields,
-    .num_fields = (int)(sizeof fields / sizeof fields[0]),
-    .number = 1,
+    ZT__HM_FIELD_ENTRIES(fields, 1)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,

@@ -520,9 +520,7 @@ const zt_family_def zt__family_neox = {
     .config_from_json = config_from_json,
     .config_save = config_save,
     .config_validate = config_validate,
-    .fields = fields,
-    .num_fields = (int)(sizeof fields / sizeof fields[0]),
-    .number = 4,
+    ZT__HM_FIELD_ENTRIES(fields, 4)
     .config_describe = config_describe,
     .config_shape = config_shape,
     .create = create,

@@ -1162,22 +1162,14 @@ static const zt__hm_passes passes = {.create = t5_state_create, .destroy = t5_de
 float zt_t5_forward(zt_t5 *m, const int32_t *enc_tokens, int B, int T, const zt_model_seq2seq *s,
                     const int32_t *targets)
 {
-    const float *p = zt__hm_params(m);
     t5_set_seq2seq(zt__hm_state(m), s);
     zt__hm_forward_begin(m, enc_tokens, B, T, NULL);
-    for (int b = 0; b < zt__hm_num_blocks(m); b++)
-        zt__hm_forward_block(m, b, p + zt__hm_block(m, b)->offset);
-    return zt__hm_forward_head(m, p + zt__hm_block(m, zt__hm_head_block(m))->offset, targets);
+    return zt__hm_forward_rest(m, targets);
 }
 
 void zt_t5_backward(zt_t5 *m, float loss_scale)
 {
-    const float *p = zt__hm_params(m);
-    float *g = zt__hm_grads(m);
-    const size_t h = zt__hm_block(m, zt__hm_head_block(m))->offset;
-    zt__hm_backward_head(m, p + h, g + h, loss_scale);
-    for (int b = zt__hm_num_blocks(m) - 1; b >= 0; b--)
-        zt__hm_backward_block(m, b, p + zt__hm_block(m, b)->offset, g + zt__hm_block(m, b)->offset);
+    zt__hm_backward(m, loss_scale);
 }
 
 const float *zt_t5_logits(const zt_t5 *m)
@@ -1640,9 +1632,7 @@ const zt_family_def zt__family_t5 = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .fields = fields,
-    .num_fields = (int)(sizeof fields / sizeof fields[0]),
-    .number = 5,
+    ZT__HM_FIELD_ENTRIES(fields, 5)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,
