@@ -277,16 +277,6 @@ static bool is_ignored_key(const char *key)
     return false;
 }
 
-/* Reads an int field into *out when present. */
-static int get_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc == 0 && v != INT64_MIN)
-        *out = (int)v;
-    return rc;
-}
-
 /* A bool field that ztrain supports with one value only. */
 static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
 {
@@ -356,7 +346,7 @@ static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_confi
 static int read_labels(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, zt_err *err)
 {
     int num_labels = 0;
-    int rc = get_int(r, "num_labels", 1, ZT_BERT_MAX_LABELS, &num_labels, err);
+    int rc = zt__host_json_int(r, "num_labels", 1, ZT_BERT_MAX_LABELS, &num_labels, NULL, err);
     if (rc < 0)
         return rc;
     const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(obj, "id2label");
@@ -460,29 +450,24 @@ int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *
     if ((rc = read_architectures(&r, obj, &c, err)) < 0)
         return rc;
 
-    static const struct {
-        const char *key;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"vocab_size", BERT_MAX_VOCAB, offsetof(zt_bert_config, vocab_size)},
-        {"hidden_size", BERT_MAX_HIDDEN, offsetof(zt_bert_config, hidden_size)},
-        {"num_hidden_layers", BERT_MAX_LAYERS, offsetof(zt_bert_config, num_hidden_layers)},
-        {"num_attention_heads", BERT_MAX_HIDDEN, offsetof(zt_bert_config, num_attention_heads)},
-        {"intermediate_size", BERT_MAX_INTERMEDIATE, offsetof(zt_bert_config, intermediate_size)},
-        {"max_position_embeddings", BERT_MAX_POSITIONS, offsetof(zt_bert_config, max_position_embeddings)},
-        {"type_vocab_size", BERT_MAX_TYPES, offsetof(zt_bert_config, type_vocab_size)},
+    static const zt__host_int_key sizes[] = {
+        {"vocab_size", offsetof(zt_bert_config, vocab_size), 1, BERT_MAX_VOCAB},
+        {"hidden_size", offsetof(zt_bert_config, hidden_size), 1, BERT_MAX_HIDDEN},
+        {"num_hidden_layers", offsetof(zt_bert_config, num_hidden_layers), 1, BERT_MAX_LAYERS},
+        {"num_attention_heads", offsetof(zt_bert_config, num_attention_heads), 1, BERT_MAX_HIDDEN},
+        {"intermediate_size", offsetof(zt_bert_config, intermediate_size), 1, BERT_MAX_INTERMEDIATE},
+        {"max_position_embeddings", offsetof(zt_bert_config, max_position_embeddings), 1, BERT_MAX_POSITIONS},
+        {"type_vocab_size", offsetof(zt_bert_config, type_vocab_size), 1, BERT_MAX_TYPES},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((rc = get_int(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), err)) < 0)
-            return rc;
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     const cJSON *pad = cJSON_GetObjectItemCaseSensitive(obj, "pad_token_id");
     if (pad && !cJSON_IsNumber(pad))
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: pad_token_id must be the padding token's id (a whole number), as BERT and RoBERTa "
                        "tokenizers have one",
                        where);
-    if ((rc = get_int(&r, "pad_token_id", 0, BERT_MAX_VOCAB, &c.pad_token_id, err)) < 0)
+    if ((rc = zt__host_json_int(&r, "pad_token_id", 0, BERT_MAX_VOCAB, &c.pad_token_id, NULL, err)) < 0)
         return rc;
 
     text[0] = '\0';

@@ -136,21 +136,6 @@ static bool is_ignored_key(const char *key)
     return zt__host_hf_generic_key(key);
 }
 
-/* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
-static int get_int_field(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
-                         zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc < 0)
-        return rc;
-    if (present)
-        *present = v != INT64_MIN;
-    if (v != INT64_MIN)
-        *out = (int)v;
-    return 0;
-}
-
 /* Reads a bool field that ztrain supports only with one value. */
 static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
 {
@@ -196,10 +181,10 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
         int *field = (int *)((char *)&c + sizes[i].offset);
         int value = 0, alias_value = 0;
         bool present = false, alias_present = false;
-        if ((rc = get_int_field(&r, sizes[i].key, 1, sizes[i].max, &value, &present, err)) < 0)
+        if ((rc = zt__host_json_int(&r, sizes[i].key, 1, sizes[i].max, &value, &present, err)) < 0)
             return rc;
         if (sizes[i].alias &&
-            (rc = get_int_field(&r, sizes[i].alias, 1, sizes[i].max, &alias_value, &alias_present, err)) < 0)
+            (rc = zt__host_json_int(&r, sizes[i].alias, 1, sizes[i].max, &alias_value, &alias_present, err)) < 0)
             return rc;
         if (present && alias_present && value != alias_value)
             return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s (%d) and its alias %s (%d) disagree (keep only %s)",
@@ -220,7 +205,7 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
     /* n_ctx is GPT-2's old name for the context length. */
     int n_ctx = 0;
     bool have_n_ctx = false;
-    if ((rc = get_int_field(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
+    if ((rc = zt__host_json_int(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
         return rc;
     if (have_n_ctx && n_ctx != c.n_positions)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_ctx (%d) differs from n_positions (%d) (make them equal)",
@@ -233,7 +218,7 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
     } else {
         int n_inner = 0;
         bool have_inner = false;
-        if ((rc = get_int_field(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
+        if ((rc = zt__host_json_int(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
             return rc;
         if (have_inner && (int64_t)n_inner != 4 * (int64_t)c.n_embd)
             return zt_fail(err, ZT_EINVAL_CONFIG,

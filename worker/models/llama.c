@@ -157,21 +157,6 @@ int zt_llama_config_validate(const zt_llama_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
-static int get_int_field(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
-                         zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc < 0)
-        return rc;
-    if (present)
-        *present = v != INT64_MIN;
-    if (v != INT64_MIN)
-        *out = (int)v;
-    return 0;
-}
-
 /* Reads a bool field that ztrain supports only with one value. */
 static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
 {
@@ -194,7 +179,7 @@ static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, in
         *out = -1;
         return 0;
     }
-    return get_int_field(r, key, 0, INT32_MAX, out, NULL, err);
+    return zt__host_json_int(r, key, 0, INT32_MAX, out, NULL, err);
 }
 
 /* eos_token_id: an id, a list of ids (LLaMA-3.1) or null. */
@@ -276,7 +261,7 @@ static int parse_rope_object(const cJSON *d, const char *name, bool with_theta, 
                        (rc = zt_json_get_double(&r, "high_freq_factor", 0.0, 1e300, &out.high_freq_factor, err)) < 0))
             return rc;
         /* linear scaling has no use for the original length, but transformers writes it in some configs */
-        if ((rc = get_int_field(&r, "original_max_position_embeddings", 1, LLAMA_MAX_POSITIONS,
+        if ((rc = zt__host_json_int(&r, "original_max_position_embeddings", 1, LLAMA_MAX_POSITIONS,
                                 &out.original_max_position_embeddings, NULL, err)) < 0)
             return rc;
         if (!llama3)
@@ -391,28 +376,22 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
                        "configs", where, text);
     c.qkv_bias = c.family == ZT_LLAMA_FAMILY_QWEN2;
 
-    static const struct {
-        const char *key;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"num_hidden_layers", LLAMA_MAX_LAYERS, offsetof(zt_llama_config, num_hidden_layers)},
-        {"hidden_size", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, hidden_size)},
-        {"num_attention_heads", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, num_attention_heads)},
-        {"intermediate_size", LLAMA_MAX_INTERMEDIATE, offsetof(zt_llama_config, intermediate_size)},
-        {"max_position_embeddings", LLAMA_MAX_POSITIONS, offsetof(zt_llama_config, max_position_embeddings)},
-        {"vocab_size", LLAMA_MAX_VOCAB, offsetof(zt_llama_config, vocab_size)},
+    static const zt__host_int_key sizes[] = {
+        {"num_hidden_layers", offsetof(zt_llama_config, num_hidden_layers), 1, LLAMA_MAX_LAYERS},
+        {"hidden_size", offsetof(zt_llama_config, hidden_size), 1, LLAMA_MAX_HIDDEN},
+        {"num_attention_heads", offsetof(zt_llama_config, num_attention_heads), 1, LLAMA_MAX_HIDDEN},
+        {"intermediate_size", offsetof(zt_llama_config, intermediate_size), 1, LLAMA_MAX_INTERMEDIATE},
+        {"max_position_embeddings", offsetof(zt_llama_config, max_position_embeddings), 1, LLAMA_MAX_POSITIONS},
+        {"vocab_size", offsetof(zt_llama_config, vocab_size), 1, LLAMA_MAX_VOCAB},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((rc = get_int_field(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), NULL,
-                                err)) < 0)
-            return rc;
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     /* num_key_value_heads: absent or null means one per query head, as transformers reads it. */
     const cJSON *kv = cJSON_GetObjectItemCaseSensitive(obj, "num_key_value_heads");
     c.num_key_value_heads = c.num_attention_heads;
     if (cJSON_IsNull(kv))
         zt_json_accept(&r, "num_key_value_heads");
-    else if ((rc = get_int_field(&r, "num_key_value_heads", 1, LLAMA_MAX_HIDDEN, &c.num_key_value_heads, NULL,
+    else if ((rc = zt__host_json_int(&r, "num_key_value_heads", 1, LLAMA_MAX_HIDDEN, &c.num_key_value_heads, NULL,
                                  err)) < 0)
         return rc;
     /* head_dim: null, or hidden_size / num_attention_heads (the only head size ztrain's layout has). */
@@ -422,7 +401,7 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
     } else {
         int head_dim = 0;
         bool have = false;
-        if ((rc = get_int_field(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have, err)) < 0)
+        if ((rc = zt__host_json_int(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have, err)) < 0)
             return rc;
         if (have && (int64_t)head_dim * c.num_attention_heads != c.hidden_size)
             return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -461,7 +440,7 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
         zt_json_accept(&r, "pretraining_tp");
     } else {
         int pretraining_tp = 1;
-        if ((rc = get_int_field(&r, "pretraining_tp", 0, INT_MAX, &pretraining_tp, NULL, err)) < 0)
+        if ((rc = zt__host_json_int(&r, "pretraining_tp", 0, INT_MAX, &pretraining_tp, NULL, err)) < 0)
             return rc;
         if (pretraining_tp != 1)
             return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -484,7 +463,7 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
         if (cJSON_IsNull(sw))
             zt_json_accept(&r, "sliding_window");
-        else if ((rc = get_int_field(&r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
+        else if ((rc = zt__host_json_int(&r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
             return rc;
     }
 

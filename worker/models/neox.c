@@ -175,18 +175,13 @@ static int config_from_json(void *cv, const cJSON *obj, const char *where, zt_er
     if (text[0] && strcmp(text, "gpt_neox") != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this loader reads \"gpt_neox\"", where,
                        text);
-    struct {
-        const char *key;
-        int *v;
-    } sizes[] = {{"num_hidden_layers", &c.num_hidden_layers}, {"hidden_size", &c.hidden_size},
-                 {"num_attention_heads", &c.num_attention_heads}, {"intermediate_size", &c.intermediate_size},
-                 {"max_position_embeddings", &c.max_position_embeddings}, {"vocab_size", &c.vocab_size}};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        int64_t v = *sizes[i].v;
-        if ((rc = zt_json_get_int(&r, sizes[i].key, 1, NEOX_MAX_BIG, &v, err)) < 0)
-            return rc;
-        *sizes[i].v = (int)v;
-    }
+#define SIZE(name) {#name, offsetof(zt_neox_config, name), 1, NEOX_MAX_BIG}
+    static const zt__host_int_key sizes[] = {SIZE(num_hidden_layers), SIZE(hidden_size), SIZE(num_attention_heads),
+                                             SIZE(intermediate_size), SIZE(max_position_embeddings),
+                                             SIZE(vocab_size)};
+#undef SIZE
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     double eps = c.layer_norm_eps, dropout = 0.0, cdrop = 0.0;
     if ((rc = zt_json_get_double(&r, "layer_norm_eps", 0.0, 1.0, &eps, err)) < 0 ||
         (rc = zt_json_get_double(&r, "initializer_range", 0.0, 1.0, &c.initializer_range, err)) < 0 ||

@@ -136,17 +136,6 @@ static int config_validate(const zt_t5_config *c, zt_err *err)
     return validate_config(c, "model config", err);
 }
 
-static int get_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc < 0)
-        return rc;
-    if (v != INT64_MIN)
-        *out = (int)v;
-    return 0;
-}
-
 /* A token id: a whole number from 0, or null (-1) where null_ok. */
 static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bool null_ok, int *out, zt_err *err)
 {
@@ -160,7 +149,7 @@ static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bo
     }
     if (cJSON_IsArray(item))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s lists several ids; ztrain's T5 takes one", r->where, key);
-    return get_int(r, key, 0, INT32_MAX, out, err);
+    return zt__host_json_int(r, key, 0, INT32_MAX, out, NULL, err);
 }
 
 static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *where, zt_err *err)
@@ -182,30 +171,26 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
     else if (text[0])
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this reader takes \"t5\" and \"mt5\"",
                        where, text);
-    static const struct {
-        const char *key;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"vocab_size", T5_MAX_VOCAB, offsetof(zt_t5_config, vocab_size)},
-        {"d_model", T5_MAX_WIDTH, offsetof(zt_t5_config, d_model)},
-        {"d_kv", T5_MAX_WIDTH, offsetof(zt_t5_config, d_kv)},
-        {"d_ff", T5_MAX_FF, offsetof(zt_t5_config, d_ff)},
-        {"num_layers", T5_MAX_LAYERS, offsetof(zt_t5_config, num_layers)},
-        {"num_heads", T5_MAX_WIDTH, offsetof(zt_t5_config, num_heads)},
-        {"relative_attention_num_buckets", 1 << 16, offsetof(zt_t5_config, num_buckets)},
-        {"relative_attention_max_distance", T5_MAX_POSITIONS, offsetof(zt_t5_config, max_distance)},
-        {"n_positions", T5_MAX_POSITIONS, offsetof(zt_t5_config, n_positions)},
+    static const zt__host_int_key sizes[] = {
+        {"vocab_size", offsetof(zt_t5_config, vocab_size), 1, T5_MAX_VOCAB},
+        {"d_model", offsetof(zt_t5_config, d_model), 1, T5_MAX_WIDTH},
+        {"d_kv", offsetof(zt_t5_config, d_kv), 1, T5_MAX_WIDTH},
+        {"d_ff", offsetof(zt_t5_config, d_ff), 1, T5_MAX_FF},
+        {"num_layers", offsetof(zt_t5_config, num_layers), 1, T5_MAX_LAYERS},
+        {"num_heads", offsetof(zt_t5_config, num_heads), 1, T5_MAX_WIDTH},
+        {"relative_attention_num_buckets", offsetof(zt_t5_config, num_buckets), 1, 1 << 16},
+        {"relative_attention_max_distance", offsetof(zt_t5_config, max_distance), 1, T5_MAX_POSITIONS},
+        {"n_positions", offsetof(zt_t5_config, n_positions), 1, T5_MAX_POSITIONS},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((rc = get_int(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), err)) < 0)
-            return rc;
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     /* num_decoder_layers: absent or null is num_layers, as T5Config reads it */
     c.num_decoder_layers = c.num_layers;
     const cJSON *ndl = cJSON_GetObjectItemCaseSensitive(obj, "num_decoder_layers");
     if (cJSON_IsNull(ndl))
         zt_json_accept(&r, "num_decoder_layers");
-    else if ((rc = get_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, err)) < 0)
+    else if ((rc = zt__host_json_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, NULL,
+                                     err)) < 0)
         return rc;
     double eps = c.layer_norm_epsilon;
     if ((rc = zt_json_get_double(&r, "layer_norm_epsilon", 0.0, 1.0, &eps, err)) < 0 ||
