@@ -33,6 +33,12 @@ int zt__host_json_int(zt_json_reader *r, const char *key, int64_t min, int64_t m
                       zt_err *err);
 /* Reads every key of the table into the config struct cfg, in order; the first failure's code. */
 int zt__host_json_ints(zt_json_reader *r, const zt__host_int_key *keys, size_t n, void *cfg, zt_err *err);
+/* A token id field of obj: a whole number from 0, or null (-1); absent leaves *out. Returns 0 or
+ * ZT_EINVAL_CONFIG. */
+int zt__host_json_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err);
+/* Whether obj's "architectures" is absent, null, or a list whose every entry is one of names (NULL-terminated):
+ * the classes whose weights a family reads. */
+bool zt__host_architectures_ok(const cJSON *obj, const char *const *names);
 
 /* The shortest decimal that reads back as the same float, as a double, so that 1e-5f is written as 1e-05
  * rather than 9.99999974737875e-06. */

@@ -170,18 +170,6 @@ static int require_bool(zt_json_reader *r, const char *key, bool required, const
     return 0;
 }
 
-/* A token id field: a whole number from 0, or null (-1). Absent leaves *out. */
-static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err)
-{
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (cJSON_IsNull(item)) {
-        zt_json_accept(r, key);
-        *out = -1;
-        return 0;
-    }
-    return zt__host_json_int(r, key, 0, INT32_MAX, out, NULL, err);
-}
-
 /* eos_token_id: an id, a list of ids (LLaMA-3.1) or null. */
 static int get_eos_ids(zt_json_reader *r, const cJSON *obj, zt_llama_config *c, zt_err *err)
 {
@@ -467,25 +455,18 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
             return rc;
     }
 
-    if ((rc = get_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
-        (rc = get_token_id(&r, obj, "pad_token_id", &c.pad_token_id, err)) < 0 ||
+    if ((rc = zt__host_json_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
+        (rc = zt__host_json_token_id(&r, obj, "pad_token_id", &c.pad_token_id, err)) < 0 ||
         (rc = get_eos_ids(&r, obj, &c, err)) < 0)
         return rc;
 
     /* architectures: the causal LM heads of the two families (other heads have other weights). */
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        bool ok = cJSON_IsArray(arch);
-        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
-            ok = cJSON_IsString(a) &&
-                 (strcmp(a->valuestring, "LlamaForCausalLM") == 0 || strcmp(a->valuestring, "MistralForCausalLM") == 0 ||
-                  strcmp(a->valuestring, "Qwen2ForCausalLM") == 0);
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: architectures must list LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (ztrain "
-                           "trains the causal language model; other heads have other weights)",
-                           where);
-    }
+    static const char *const heads[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
+    if (!zt__host_architectures_ok(obj, heads))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: architectures must list LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (ztrain "
+                       "trains the causal language model; other heads have other weights)",
+                       where);
 
     for (const cJSON *item = obj->child; item; item = item->next)
         if (item->string && zt__host_hf_generic_key(item->string))

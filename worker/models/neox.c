@@ -93,20 +93,6 @@ static int config_validate(const void *c, zt_err *err)
     return validate_where(c, "model config", err);
 }
 
-/* A token id: a whole number from 0, or null (-1). */
-static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err)
-{
-    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, key))) {
-        zt_json_accept(r, key);
-        *out = -1;
-        return 0;
-    }
-    int64_t v = *out;
-    int rc = zt_json_get_int(r, key, 0, INT32_MAX, &v, err);
-    *out = (int)v;
-    return rc;
-}
-
 /* rotary_pct and rotary_emb_base (the configs Pythia ships), and rope_parameters (transformers 5):
  * {rope_type "default", rope_theta, partial_rotary_factor}; both given must agree. */
 static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, const char *where, zt_err *err)
@@ -216,18 +202,13 @@ static int config_from_json(void *cv, const cJSON *obj, const char *where, zt_er
                            "\"gelu_new\" and \"gelu_fast\"", where, text);
         c.hidden_act = (enum zt_neox_act)k;
     }
-    if ((rc = get_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
-        (rc = get_token_id(&r, obj, "eos_token_id", &c.eos_token_id, err)) < 0)
+    if ((rc = zt__host_json_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
+        (rc = zt__host_json_token_id(&r, obj, "eos_token_id", &c.eos_token_id, err)) < 0)
         return rc;
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        bool ok = cJSON_IsArray(arch);
-        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
-            ok = cJSON_IsString(a) && strcmp(a->valuestring, "GPTNeoXForCausalLM") == 0;
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: architectures must list GPTNeoXForCausalLM (ztrain trains the "
-                           "causal language model; other heads have other weights)", where);
-    }
+    static const char *const heads[] = {"GPTNeoXForCausalLM", NULL};
+    if (!zt__host_architectures_ok(obj, heads))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: architectures must list GPTNeoXForCausalLM (ztrain trains the "
+                       "causal language model; other heads have other weights)", where);
     for (const cJSON *item = obj->child; item; item = item->next)
         if (item->string && zt__host_hf_generic_key(item->string))
             zt_json_accept(&r, item->string);

@@ -140,16 +140,11 @@ static int config_validate(const zt_t5_config *c, zt_err *err)
 static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bool null_ok, int *out, zt_err *err)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (cJSON_IsNull(item)) {
-        if (!null_ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is null, but T5 needs it (give a token id)", r->where, key);
-        zt_json_accept(r, key);
-        *out = -1;
-        return 0;
-    }
+    if (cJSON_IsNull(item) && !null_ok)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is null, but T5 needs it (give a token id)", r->where, key);
     if (cJSON_IsArray(item))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s lists several ids; ztrain's T5 takes one", r->where, key);
-    return zt__host_json_int(r, key, 0, INT32_MAX, out, NULL, err);
+    return zt__host_json_token_id(r, obj, key, out, err);
 }
 
 static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *where, zt_err *err)
@@ -255,17 +250,11 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
     if ((rc = get_token_id(&r, obj, "decoder_start_token_id", false, &c.decoder_start_token_id, err)) < 0)
         return rc;
 
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        bool ok = cJSON_IsArray(arch);
-        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
-            ok = cJSON_IsString(a) && (strcmp(a->valuestring, "T5ForConditionalGeneration") == 0 ||
-                                       strcmp(a->valuestring, "MT5ForConditionalGeneration") == 0);
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: architectures must list T5ForConditionalGeneration or MT5ForConditionalGeneration "
-                           "(ztrain trains the text-to-text model; other heads have other weights)", where);
-    }
+    static const char *const heads[] = {"T5ForConditionalGeneration", "MT5ForConditionalGeneration", NULL};
+    if (!zt__host_architectures_ok(obj, heads))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: architectures must list T5ForConditionalGeneration or MT5ForConditionalGeneration "
+                       "(ztrain trains the text-to-text model; other heads have other weights)", where);
     for (const cJSON *item = obj->child; item; item = item->next)
         if (item->string && zt__host_hf_generic_key(item->string))
             zt_json_accept(&r, item->string);
