@@ -19,12 +19,10 @@
 
 #include "common/fileio.h"       /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"         /* strict reading of config.json */
-#include "common/log.h"          /* the initialisation of a large model is logged */
 #include "common/memory.h"       /* huge pages for the slabs */
 #include "common/safetensors.h"  /* export and import */
 #include "kernels/activation.h"  /* exact and tanh GELU, tanh (pooler) */
 #include "kernels/attention.h"   /* bidirectional attention with a padding mask */
-#include "kernels/cpu_threads.h" /* threads for the initialisation */
 #include "kernels/crossentropy.h"
 #include "kernels/embedding.h" /* word + token type + position embeddings */
 #include "kernels/layernorm.h"
@@ -34,6 +32,7 @@
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
+#include "worker/models/host_model.h"  /* config field tables */
 #include "worker/models/host_shared.h" /* the normal initialisation */
 #ifdef ZT_WITH_CUDA
 #include "worker/models/bert_cuda.h" /* the CUDA executor */
@@ -64,17 +63,15 @@ typedef struct layer_acts {
     float *out, *out_mean, *out_rstd; /* [N,C], [N], [N] output.LayerNorm: the layer's output */
 } layer_acts;
 
-struct zt_bert {
+/* The passes' state beside the host model's tables and slabs (host_model.h): its config, tables (borrowed from
+ * the host model) and the activations. */
+typedef struct bert_run {
     zt_bert_config cfg;
     int max_B, max_T;
-
-    size_t num_params;
     int num_tensors;
-    zt_param_info *tensors; /* [num_tensors] */
+    const zt_param_info *tensors; /* [num_tensors] */
     int num_blocks;
-    zt_block_info *blocks; /* [num_blocks] */
-    float *params;         /* [num_params] */
-    float *grads;          /* [num_params] */
+    const zt_block_info *blocks;  /* [num_blocks] */
 
     /* Activation slab; N = B*T rows are used of max_B*max_T. */
     float *acts;
@@ -106,7 +103,7 @@ struct zt_bert {
     int n_valid;        /* counted targets of the last forward pass */
     int n_correct;      /* of which the argmax got right */
     bool backward_skip; /* the running backward pass has nothing to do (no counted target) */
-};
+} bert_run;
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Configuration                                                                                        */
@@ -280,16 +277,6 @@ static bool is_ignored_key(const char *key)
     return false;
 }
 
-/* Reads an int field into *out when present. */
-static int get_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc == 0 && v != INT64_MIN)
-        *out = (int)v;
-    return rc;
-}
-
 /* A bool field that ztrain supports with one value only. */
 static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
 {
@@ -359,7 +346,7 @@ static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_confi
 static int read_labels(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, zt_err *err)
 {
     int num_labels = 0;
-    int rc = get_int(r, "num_labels", 1, ZT_BERT_MAX_LABELS, &num_labels, err);
+    int rc = zt__host_json_int(r, "num_labels", 1, ZT_BERT_MAX_LABELS, &num_labels, NULL, err);
     if (rc < 0)
         return rc;
     const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(obj, "id2label");
@@ -463,29 +450,24 @@ int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *
     if ((rc = read_architectures(&r, obj, &c, err)) < 0)
         return rc;
 
-    static const struct {
-        const char *key;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"vocab_size", BERT_MAX_VOCAB, offsetof(zt_bert_config, vocab_size)},
-        {"hidden_size", BERT_MAX_HIDDEN, offsetof(zt_bert_config, hidden_size)},
-        {"num_hidden_layers", BERT_MAX_LAYERS, offsetof(zt_bert_config, num_hidden_layers)},
-        {"num_attention_heads", BERT_MAX_HIDDEN, offsetof(zt_bert_config, num_attention_heads)},
-        {"intermediate_size", BERT_MAX_INTERMEDIATE, offsetof(zt_bert_config, intermediate_size)},
-        {"max_position_embeddings", BERT_MAX_POSITIONS, offsetof(zt_bert_config, max_position_embeddings)},
-        {"type_vocab_size", BERT_MAX_TYPES, offsetof(zt_bert_config, type_vocab_size)},
+    static const zt__host_int_key sizes[] = {
+        {"vocab_size", offsetof(zt_bert_config, vocab_size), 1, BERT_MAX_VOCAB},
+        {"hidden_size", offsetof(zt_bert_config, hidden_size), 1, BERT_MAX_HIDDEN},
+        {"num_hidden_layers", offsetof(zt_bert_config, num_hidden_layers), 1, BERT_MAX_LAYERS},
+        {"num_attention_heads", offsetof(zt_bert_config, num_attention_heads), 1, BERT_MAX_HIDDEN},
+        {"intermediate_size", offsetof(zt_bert_config, intermediate_size), 1, BERT_MAX_INTERMEDIATE},
+        {"max_position_embeddings", offsetof(zt_bert_config, max_position_embeddings), 1, BERT_MAX_POSITIONS},
+        {"type_vocab_size", offsetof(zt_bert_config, type_vocab_size), 1, BERT_MAX_TYPES},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((rc = get_int(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), err)) < 0)
-            return rc;
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     const cJSON *pad = cJSON_GetObjectItemCaseSensitive(obj, "pad_token_id");
     if (pad && !cJSON_IsNumber(pad))
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: pad_token_id must be the padding token's id (a whole number), as BERT and RoBERTa "
                        "tokenizers have one",
                        where);
-    if ((rc = get_int(&r, "pad_token_id", 0, BERT_MAX_VOCAB, &c.pad_token_id, err)) < 0)
+    if ((rc = zt__host_json_int(&r, "pad_token_id", 0, BERT_MAX_VOCAB, &c.pad_token_id, NULL, err)) < 0)
         return rc;
 
     text[0] = '\0';
@@ -662,31 +644,22 @@ static int head_count(const zt_bert_config *cfg)
     return cfg->head == ZT_BERT_HEAD_MLM ? ZT_BERT_H_MLM_COUNT : ZT_BERT_H_CLS_COUNT;
 }
 
-static int count_tensors(const zt_bert_config *cfg)
+static int count_tensors(const void *cv)
 {
+    const zt_bert_config *cfg = cv;
     return ZT_BERT_E_COUNT + cfg->num_hidden_layers * ZT_BERT_T_COUNT + head_count(cfg);
 }
 
-/* Appends one tensor (d1 = 0: a vector) to the table at *offset (elements) and advances it. */
+/* Appends one tensor (d1 = 0: a vector); weight decay for matrices, not biases and LayerNorm parameters. */
 static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1)
 {
-    memset(t, 0, sizeof *t);
-    int n = snprintf(t->name, sizeof t->name, "%s", name);
-    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
-    t->ndim = d1 > 0 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1 > 0 ? d1 : 0;
-    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
-    t->offset = *offset;
-    t->block = block;
-    t->weight_decay = t->ndim == 2; /* not biases and LayerNorm parameters */
-    t->transposed_in_hf = false;
-    *offset += t->numel;
+    zt__hm_add_tensor(t, block, offset, name, d0, d1, d1 > 0);
 }
 
 /* Fills tensors[count_tensors(cfg)] and blocks[L + 2] with Hugging Face's names; returns the parameter count. */
-static size_t build_layout(const zt_bert_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
+static size_t build_layout(const void *cv, zt_param_info *tensors, zt_block_info *blocks)
 {
+    const zt_bert_config *cfg = cv;
     const int64_t C = cfg->hidden_size, V = cfg->vocab_size, I = cfg->intermediate_size;
     const char *prefix = cfg->roberta ? "roberta." : "bert.";
     const int L = cfg->num_hidden_layers;
@@ -791,7 +764,7 @@ static float *take(float *base, size_t *used, size_t n)
 }
 
 /* Carves the activation slab at base for max_B x max_T rows; returns its size in floats (base NULL: counts). */
-static size_t carve_acts(zt_bert *m, float *base)
+static size_t carve_acts(bert_run *m, float *base)
 {
     const size_t B = (size_t)m->max_B, N = B * (size_t)m->max_T;
     const size_t C = (size_t)m->cfg.hidden_size, I = (size_t)m->cfg.intermediate_size;
@@ -850,14 +823,15 @@ static size_t carve_acts(zt_bert *m, float *base)
 }
 
 /* BertPreTrainedModel's initialisation (see bert.h), tensors filled in slab order from one generator. */
-static void init_params(zt_bert *m, uint64_t seed)
+static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
 {
+    const zt_bert_config *cfg = cv;
     zt_rng r;
     zt_rng_seed(&r, seed);
-    const size_t C = (size_t)m->cfg.hidden_size, pad = (size_t)m->cfg.pad_token_id;
-    for (int i = 0; i < m->num_tensors; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        float *x = m->params + t->offset;
+    const size_t C = (size_t)cfg->hidden_size, pad = (size_t)cfg->pad_token_id;
+    for (int i = 0; i < n; i++) {
+        const zt_param_info *t = &tensors[i];
+        float *x = params + t->offset;
         const size_t len = strlen(t->name);
         const bool norm_weight = (len > 16 && strcmp(t->name + len - 16, "LayerNorm.weight") == 0) ||
                                  (len > 17 && strcmp(t->name + len - 17, "layer_norm.weight") == 0);
@@ -867,67 +841,25 @@ static void init_params(zt_bert *m, uint64_t seed)
         } else if (t->ndim == 1) {
             memset(x, 0, t->numel * sizeof *x);
         } else {
-            zt__host_fill_normal(&r, x, t->numel, (double)m->cfg.initializer_range);
+            zt__host_fill_normal(&r, x, t->numel, (double)cfg->initializer_range);
         }
     }
     /* nn.Embedding(padding_idx): the padding rows start at zero (RoBERTa's positions have one too). */
-    memset(m->params + m->tensors[ZT_BERT_E_WORD].offset + pad * C, 0, C * sizeof(float));
-    if (m->cfg.roberta)
-        memset(m->params + m->tensors[ZT_BERT_E_POS].offset + pad * C, 0, C * sizeof(float));
+    memset(params + tensors[ZT_BERT_E_WORD].offset + pad * C, 0, C * sizeof(float));
+    if (cfg->roberta)
+        memset(params + tensors[ZT_BERT_E_POS].offset + pad * C, 0, C * sizeof(float));
 }
 
-/* The tables without any slab; NULL when out of memory. */
-static zt_bert *new_tables(const zt_bert_config *cfg, int B, int T)
+static int head_block(const void *cv)
 {
-    zt_bert *m = calloc(1, sizeof *m);
-    if (!m)
-        return NULL;
-    m->cfg = *cfg;
-    m->max_B = B;
-    m->max_T = T;
-    m->num_tensors = count_tensors(cfg);
-    m->num_blocks = cfg->num_hidden_layers + 2;
-    m->tensors = calloc((size_t)m->num_tensors, sizeof *m->tensors);
-    m->blocks = calloc((size_t)m->num_blocks, sizeof *m->blocks);
-    m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
-    if (!m->tensors || !m->blocks || !m->layers) {
-        zt_bert_destroy(m);
-        return NULL;
-    }
-    m->num_params = build_layout(cfg, m->tensors, m->blocks);
-    ZT_ASSERT(m->num_params == zt_bert_config_num_params(cfg));
-    return m;
+    const zt_bert_config *c = cv;
+    return c->head == ZT_BERT_HEAD_MLM ? 0 : c->num_hidden_layers + 1;
 }
 
-/* The layout alone; see bert.h. */
-int zt_bert_create_layout(zt_bert **out, const zt_bert_config *cfg, zt_err *err)
+/* RoBERTa's positions start after pad_token_id; B x T rows are counted in int with room to spare. */
+static int check_batch(const void *cv, int B, int T, zt_err *err)
 {
-    *out = NULL;
-    int rc = zt_bert_config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (!(*out = new_tables(cfg, 1, 1)))
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-    return 0;
-}
-
-/* Gives the parameter slab's memory back; see bert.h. */
-void zt_bert_release_params(zt_bert *m)
-{
-    free(m->params);
-    m->params = calloc(m->num_params ? m->num_params : 1, sizeof(float));
-    ZT_ASSERT(m->params); /* calloc of untouched pages */
-}
-
-/* Creates a model for batches up to B x T, initialised from seed; see bert.h. */
-int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint64_t seed, zt_err *err)
-{
-    *out = NULL;
-    int rc = zt_bert_config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (B < 1 || T < 1)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
+    const zt_bert_config *cfg = cv;
     const int max_T = zt_bert_config_max_seq(cfg);
     if (T > max_T)
         return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -938,56 +870,15 @@ int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint6
     if ((int64_t)B * T > INT_MAX / 4)
         return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large (keep it below 2^29)",
                        B, T);
-    zt_bert *m = new_tables(cfg, B, T);
-    if (!m)
-        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-    const size_t param_bytes = m->num_params * sizeof(float);
-    m->params = malloc(param_bytes);
-    m->grads = calloc(m->num_params, sizeof(float));
-    zt_advise_huge_pages(m->params, param_bytes); /* the slabs of a large model fault in 2 MiB pages */
-    zt_advise_huge_pages(m->grads, param_bytes);
-    if (!m->params || !m->grads) {
-        rc = zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
-                     2.0 * (double)param_bytes / (1 << 20));
-        goto err;
-    }
-    const size_t act_floats = carve_acts(m, NULL);
-    const size_t N = (size_t)B * (size_t)T;
-    m->acts = malloc(act_floats * sizeof(float));
-    zt_advise_huge_pages(m->acts, act_floats * sizeof(float));
-    m->tokens = malloc(N * sizeof(int32_t));
-    m->types = malloc(N * sizeof(int32_t));
-    m->targets = malloc(N * sizeof(int32_t));
-    m->lens = malloc((size_t)B * sizeof(int32_t));
-    if (!m->acts || !m->tokens || !m->types || !m->targets || !m->lens) {
-        rc = zt_fail(err, ZT_ENOMEM,
-                     "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
-                     "length)",
-                     B, T, (double)act_floats * sizeof(float) / (1 << 20));
-        goto err;
-    }
-    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
-    if (m->num_params >= ((size_t)100 << 20))
-        zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
-               (unsigned long long)seed, zt_cpu_get_threads());
-    init_params(m, seed);
-    *out = m;
     return 0;
-err:
-    zt_bert_destroy(m);
-    return rc;
 }
 
-/* Frees the model and everything it owns; accepts NULL. */
-void zt_bert_destroy(zt_bert *m)
+static void run_destroy(void *rv)
 {
+    bert_run *m = rv;
     if (!m)
         return;
-    free(m->tensors);
-    free(m->blocks);
     free(m->layers);
-    free(m->params);
-    free(m->grads);
     free(m->acts);
     free(m->tokens);
     free(m->types);
@@ -996,99 +887,96 @@ void zt_bert_destroy(zt_bert *m)
     free(m);
 }
 
-/* Returns the model's configuration (valid while the model lives). */
-const zt_bert_config *zt_bert_get_config(const zt_bert *m)
+/* The passes' state of host model hm; a layout needs none. */
+static int run_create(void **out, const void *hm, bool acts, zt_err *err)
 {
-    return &m->cfg;
+    *out = NULL;
+    if (!acts)
+        return 0;
+    bert_run *m = calloc(1, sizeof *m);
+    if (!m)
+        return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    m->cfg = *(const zt_bert_config *)zt__hm_config(hm);
+    m->max_B = zt__hm_max_batch(hm);
+    m->max_T = zt__hm_max_seq(hm);
+    m->num_tensors = zt__hm_num_tensors(hm);
+    m->tensors = zt__hm_tensor(hm, 0);
+    m->num_blocks = zt__hm_num_blocks(hm);
+    m->blocks = zt__hm_block(hm, 0);
+    const int B = m->max_B, T = m->max_T;
+    const size_t N = (size_t)B * (size_t)T;
+    m->layers = calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
+    const size_t act_floats = m->layers ? carve_acts(m, NULL) : 0;
+    m->acts = malloc(act_floats * sizeof(float));
+    zt_advise_huge_pages(m->acts, act_floats * sizeof(float));
+    m->tokens = malloc(N * sizeof(int32_t));
+    m->types = malloc(N * sizeof(int32_t));
+    m->targets = malloc(N * sizeof(int32_t));
+    m->lens = malloc((size_t)B * sizeof(int32_t));
+    if (!m->layers || !m->acts || !m->tokens || !m->types || !m->targets || !m->lens) {
+        run_destroy(m);
+        return zt_fail(err, ZT_ENOMEM,
+                       "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
+                       "length)",
+                       B, T, (double)act_floats * sizeof(float) / (1 << 20));
+    }
+    ZT_ASSERT(carve_acts(m, m->acts) == act_floats);
+    *out = m;
+    return 0;
 }
 
-/* The largest micro-batch (B) the activations were sized for. */
-int zt_bert_max_batch(const zt_bert *m)
+static bert_run *R(const zt_bert *m)
 {
-    return m->max_B;
+    return zt__hm_state(m);
 }
 
-/* The longest sequence (T) the activations were sized for. */
-int zt_bert_max_seq(const zt_bert *m)
-{
-    return m->max_T;
-}
+extern const zt_family_def zt__family_bert;
 
-/* Returns the number of parameters (floats in the parameter and in the gradient slab). */
-size_t zt_bert_num_params(const zt_bert *m)
+/* The public API over the shared host model (a zt_bert is a zt__hm of this family). */
+int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint64_t seed, zt_err *err)
 {
-    return m->num_params;
+    return zt__family_bert.create((void **)out, cfg, B, T, seed, err);
 }
-
-/* Returns the number of parameter tensors. */
-int zt_bert_num_tensors(const zt_bert *m)
+int zt_bert_create_layout(zt_bert **out, const zt_bert_config *cfg, zt_err *err)
 {
-    return m->num_tensors;
+    return zt__family_bert.create_layout((void **)out, cfg, err);
 }
-
-/* The i-th tensor (0 <= i < zt_bert_num_tensors), in slab order. */
-const zt_param_info *zt_bert_tensor(const zt_bert *m, int i)
-{
-    ZT_ASSERT(i >= 0 && i < m->num_tensors);
-    return &m->tensors[i];
-}
-
-/* Returns the number of blocks (num_hidden_layers + 2). */
-int zt_bert_num_blocks(const zt_bert *m)
-{
-    return m->num_blocks;
-}
-
-/* The i-th block's range of the slab (0 <= i < zt_bert_num_blocks). */
-const zt_block_info *zt_bert_block(const zt_bert *m, int i)
-{
-    ZT_ASSERT(i >= 0 && i < m->num_blocks);
-    return &m->blocks[i];
-}
-
-/* The block whose parameters the head pass reads; see bert.h. */
-int zt_bert_head_block(const zt_bert *m)
-{
-    return m->cfg.head == ZT_BERT_HEAD_MLM ? 0 : m->cfg.num_hidden_layers + 1;
-}
-
-/* Returns the parameter slab (num_params floats), owned by the model. */
-float *zt_bert_params(zt_bert *m)
-{
-    return m->params;
-}
-
-/* Returns the gradient slab (num_params floats, the parameters' layout), owned by the model. */
-float *zt_bert_grads(zt_bert *m)
-{
-    return m->grads;
-}
+void zt_bert_destroy(zt_bert *m) { zt__hm_destroy(m); }
+const zt_bert_config *zt_bert_get_config(const zt_bert *m) { return zt__hm_config(m); }
+size_t zt_bert_num_params(const zt_bert *m) { return zt__hm_num_params(m); }
+int zt_bert_num_tensors(const zt_bert *m) { return zt__hm_num_tensors(m); }
+const zt_param_info *zt_bert_tensor(const zt_bert *m, int i) { return zt__hm_tensor(m, i); }
+int zt_bert_num_blocks(const zt_bert *m) { return zt__hm_num_blocks(m); }
+const zt_block_info *zt_bert_block(const zt_bert *m, int i) { return zt__hm_block(m, i); }
+int zt_bert_head_block(const zt_bert *m) { return zt__hm_head_block(m); }
+float *zt_bert_params(zt_bert *m) { return zt__hm_params(m); }
+float *zt_bert_grads(zt_bert *m) { return zt__hm_grads(m); }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Forward and backward                                                                                 */
 /* ---------------------------------------------------------------------------------------------------- */
 
 /* Tensor idx inside its block's flat buffer bp. */
-static const float *in_block(const zt_bert *m, const float *bp, int idx)
+static const float *in_block(const bert_run *m, const float *bp, int idx)
 {
     const zt_param_info *t = &m->tensors[idx];
     return bp + (t->offset - m->blocks[t->block].offset);
 }
 
-static float *in_block_mut(const zt_bert *m, float *bp, int idx)
+static float *in_block_mut(const bert_run *m, float *bp, int idx)
 {
     const zt_param_info *t = &m->tensors[idx];
     return bp + (t->offset - m->blocks[t->block].offset);
 }
 
 /* The hidden states entering encoder layer l (l == L: the encoder's output, the head's input). */
-static const float *layer_input(const zt_bert *m, int l)
+static const float *layer_input(const bert_run *m, int l)
 {
     return l > 0 ? m->layers[l - 1].out : m->enc;
 }
 
 /* Rows of the position table that position 0 reads: RoBERTa's positions start after its padding id. */
-static size_t position_row0(const zt_bert *m)
+static size_t position_row0(const bert_run *m)
 {
     return m->cfg.roberta ? (size_t)m->cfg.pad_token_id + 1 : 0;
 }
@@ -1110,7 +998,7 @@ static void act_backward(enum zt_bert_act act, float *dinp, const float *inp, co
 }
 
 /* The activation of the masked-LM head's transform: RoBERTa's lm_head applies the exact GELU always. */
-static enum zt_bert_act head_act(const zt_bert *m)
+static enum zt_bert_act head_act(const bert_run *m)
 {
     return m->cfg.roberta ? ZT_BERT_ACT_GELU : m->cfg.hidden_act;
 }
@@ -1118,13 +1006,15 @@ static enum zt_bert_act head_act(const zt_bert *m)
 /* Token types for the next forward; see bert.h. */
 void zt_bert_set_token_types(zt_bert *m, const int32_t *types)
 {
-    m->next_types = types;
+    R(m)->next_types = types;
 }
 
 /* Starts a forward pass over tokens [B,T]: copies tokens and token types, finds each sequence's length
  * before its trailing padding. */
-void zt_bert_forward_begin(zt_bert *m, const int32_t *tokens, int B, int T)
+static void run_forward_begin(void *rv, const int32_t *tokens, int B, int T, const int32_t *pos)
 {
+    bert_run *m = rv;
+    ZT_ASSERT(pos == NULL); /* BERT does not pack documents (the config refuses --sft-pack for it) */
     ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
     const int V = m->cfg.vocab_size, N = B * T, pad = m->cfg.pad_token_id;
     for (int i = 0; i < N; i++)
@@ -1150,8 +1040,9 @@ void zt_bert_forward_begin(zt_bert *m, const int32_t *tokens, int B, int T)
 }
 
 /* Runs block `block` of the forward pass with its parameters at bp; see bert.h. */
-void zt_bert_forward_block(zt_bert *m, int block, const float *bp)
+static void run_forward_block(void *rv, int block, const float *bp)
 {
+    bert_run *m = rv;
     ZT_ASSERT(block >= 0 && block < m->num_blocks);
     const int B = m->B, T = m->T, N = B * T;
     const int C = m->cfg.hidden_size, NH = m->cfg.num_attention_heads, L = m->cfg.num_hidden_layers;
@@ -1211,8 +1102,9 @@ static int argmax(const float *x, int n)
 }
 
 /* The head's output layer and, with targets, the loss; see bert.h. */
-float zt_bert_forward_head(zt_bert *m, const float *hp, const int32_t *targets)
+static float run_forward_head(void *rv, const float *hp, const int32_t *targets)
 {
+    bert_run *m = rv;
     const int B = m->B, T = m->T, N = B * T, C = m->cfg.hidden_size, pad = m->cfg.pad_token_id;
     const bool mlm = m->cfg.head == ZT_BERT_HEAD_MLM;
     const int rows = mlm ? N : B, K = zt_bert_config_outputs(&m->cfg);
@@ -1248,18 +1140,10 @@ float zt_bert_forward_head(zt_bert *m, const float *hp, const int32_t *targets)
     return (float)(sum / m->n_valid);
 }
 
-/* Runs the whole forward pass; see bert.h. */
-float zt_bert_forward(zt_bert *m, const int32_t *tokens, const int32_t *targets, int B, int T)
-{
-    zt_bert_forward_begin(m, tokens, B, T);
-    for (int b = 0; b < m->num_blocks; b++)
-        zt_bert_forward_block(m, b, m->params + m->blocks[b].offset);
-    return zt_bert_forward_head(m, m->params + m->blocks[zt_bert_head_block(m)].offset, targets);
-}
-
 /* The head's backward; see bert.h. */
-void zt_bert_backward_head(zt_bert *m, const float *hp, float *hg, float loss_scale)
+static void run_backward_head(void *rv, const float *hp, float *hg, float loss_scale)
 {
+    bert_run *m = rv;
     ZT_ASSERT(m->have_targets); /* backward needs a forward pass with targets, once */
     m->have_targets = false;
     m->backward_skip = m->n_valid == 0;
@@ -1284,8 +1168,9 @@ void zt_bert_backward_head(zt_bert *m, const float *hp, float *hg, float loss_sc
 }
 
 /* Runs block `block` of the backward pass; see bert.h. */
-void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
+static void run_backward_block(void *rv, int block, const float *bp, float *bg)
 {
+    bert_run *m = rv;
     ZT_ASSERT(block >= 0 && block < m->num_blocks);
     if (m->backward_skip)
         return;
@@ -1358,8 +1243,9 @@ void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
 }
 
 /* Poisons an encoder layer's intermediate activations (checkpointing drops them); see bert.h. */
-void zt_bert_discard_block_acts(zt_bert *m, int block)
+static void run_discard_block(void *rv, int block)
 {
+    bert_run *m = rv;
     if (block < 1 || block > m->cfg.num_hidden_layers)
         return;
     const size_t N = (size_t)m->B * (size_t)m->T, C = (size_t)m->cfg.hidden_size;
@@ -1376,32 +1262,62 @@ void zt_bert_discard_block_acts(zt_bert *m, int block)
             parts[k].p[i] = NAN;
 }
 
+static const float *run_logits(const void *rv)
+{
+    return ((const bert_run *)rv)->logits;
+}
+
+static const zt__hm_passes passes = {.create = run_create, .destroy = run_destroy,
+                                     .forward_begin = run_forward_begin, .forward_block = run_forward_block,
+                                     .forward_head = run_forward_head, .backward_head = run_backward_head,
+                                     .backward_block = run_backward_block, .discard_block = run_discard_block,
+                                     .logits = run_logits};
+
+/* The passes of the public API, as the engine's CPU executor drives them (bert.h). */
+void zt_bert_forward_begin(zt_bert *m, const int32_t *tokens, int B, int T)
+{
+    run_forward_begin(R(m), tokens, B, T, NULL);
+}
+void zt_bert_forward_block(zt_bert *m, int block, const float *bp) { run_forward_block(R(m), block, bp); }
+float zt_bert_forward_head(zt_bert *m, const float *hp, const int32_t *targets)
+{
+    return run_forward_head(R(m), hp, targets);
+}
+void zt_bert_backward_head(zt_bert *m, const float *hp, float *hg, float loss_scale)
+{
+    run_backward_head(R(m), hp, hg, loss_scale);
+}
+void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
+{
+    run_backward_block(R(m), block, bp, bg);
+}
+void zt_bert_discard_block_acts(zt_bert *m, int block) { run_discard_block(R(m), block); }
+const float *zt_bert_logits(const zt_bert *m) { return run_logits(R(m)); }
+
+/* The counted rows of the last forward with targets and the correct ones among them. */
+void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
+{
+    *correct = R(m)->n_correct;
+    *counted = R(m)->n_valid;
+}
+
+/* Runs the whole forward pass; see bert.h. */
+float zt_bert_forward(zt_bert *m, const int32_t *tokens, const int32_t *targets, int B, int T)
+{
+    zt_bert_forward_begin(m, tokens, B, T);
+    return zt__hm_forward_rest(m, targets);
+}
+
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. */
 void zt_bert_backward(zt_bert *m, float loss_scale)
 {
-    const size_t h = m->blocks[zt_bert_head_block(m)].offset;
-    zt_bert_backward_head(m, m->params + h, m->grads + h, loss_scale);
-    for (int b = m->num_blocks - 1; b >= 0; b--)
-        zt_bert_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+    zt__hm_backward(m, loss_scale);
 }
 
 /* Sets every gradient to zero. */
 void zt_bert_zero_grad(zt_bert *m)
 {
-    memset(m->grads, 0, m->num_params * sizeof(float));
-}
-
-/* Returns the logits of the last forward pass (see bert.h for their shape and lifetime). */
-const float *zt_bert_logits(const zt_bert *m)
-{
-    return m->logits;
-}
-
-/* The counted rows of the last forward with targets and the correct ones among them. */
-void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
-{
-    *correct = m->n_correct;
-    *counted = m->n_valid;
+    zt__hm_zero_grad(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -1446,9 +1362,9 @@ static void hf_export_name(const void *m, const zt_param_info *t, char *out, siz
 
 /* Whether a file tensor's name is that of a task head the model does not have: another head's (cls.,
  * lm_head., classifier.), BERT's pre-training heads (cls.) or a pooler that a masked-LM model leaves out. */
-static bool is_other_head(const zt_bert *m, const char *name)
+static bool is_other_head(const zt_bert_config *c, const char *name)
 {
-    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
+    const char *prefix = c->roberta ? "roberta." : "bert.";
     if (strncmp(name, prefix, strlen(prefix)) == 0)
         name += strlen(prefix);
     return strncmp(name, "cls.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0 ||
@@ -1458,11 +1374,11 @@ static bool is_other_head(const zt_bert *m, const char *name)
 /* A file's tensor name for the model: names may lack the "bert." / "roberta." prefix and LayerNorm "gamma"
  * / "beta" are weight / bias; position and token type ids are buffers; the masked-LM decoder's weight and
  * bias are tied to the word embeddings and the head's bias. */
-static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
+static enum zt_hf_kind hf_map(const void *m, const char *name, int *idx)
 {
-    const zt_bert *m = mv;
+    const zt_bert_config *c = zt__hm_config(m);
     char buf[160];
-    const char *prefix = m->cfg.roberta ? "roberta." : "bert.";
+    const char *prefix = c->roberta ? "roberta." : "bert.";
     const size_t plen = strlen(prefix);
     if (strlen(name) + plen + 8 >= sizeof buf)
         return ZT_HF_UNKNOWN;
@@ -1478,24 +1394,24 @@ static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
     const char *sub = buf + (strncmp(buf, prefix, plen) == 0 ? plen : 0);
     if (strcmp(sub, "embeddings.position_ids") == 0 || strcmp(sub, "embeddings.token_type_ids") == 0)
         return ZT_HF_BUFFER;
-    if (m->cfg.head == ZT_BERT_HEAD_MLM) {
-        const char *dw = m->cfg.roberta ? "lm_head.decoder.weight" : "cls.predictions.decoder.weight";
-        const char *db = m->cfg.roberta ? "lm_head.decoder.bias" : "cls.predictions.decoder.bias";
+    if (c->head == ZT_BERT_HEAD_MLM) {
+        const char *dw = c->roberta ? "lm_head.decoder.weight" : "cls.predictions.decoder.weight";
+        const char *db = c->roberta ? "lm_head.decoder.bias" : "cls.predictions.decoder.bias";
         if (strcmp(buf, dw) == 0 || strcmp(buf, db) == 0) {
-            *idx = strcmp(buf, dw) == 0 ? ZT_BERT_E_WORD : HEAD_TENSOR(m, ZT_BERT_H_BIAS);
+            *idx = strcmp(buf, dw) == 0 ? ZT_BERT_E_WORD : ZT_BERT_HEAD_TENSOR(c->num_hidden_layers, ZT_BERT_H_BIAS);
             return ZT_HF_TIED;
         }
     }
-    *idx = zt__host_find_tensor(m->tensors, m->num_tensors, buf);
+    *idx = zt__host_find_tensor(zt__hm_tensor(m, 0), zt__hm_num_tensors(m), buf);
     if (*idx >= 0)
         return ZT_HF_PARAM;
-    return is_other_head(m, name) ? ZT_HF_OTHER_HEAD : ZT_HF_UNKNOWN;
+    return is_other_head(c, name) ? ZT_HF_OTHER_HEAD : ZT_HF_UNKNOWN;
 }
 
-static void hf_describe(const void *mv, char *out, size_t cap)
+static void hf_describe(const void *m, char *out, size_t cap)
 {
-    const zt_bert *m = mv;
-    snprintf(out, cap, "a %s with %d layers", zt_bert_config_architecture(&m->cfg), m->cfg.num_hidden_layers);
+    const zt_bert_config *c = zt__hm_config(m);
+    snprintf(out, cap, "a %s with %d layers", zt_bert_config_architecture(c), c->num_hidden_layers);
 }
 
 static const zt_hf_names hf_names = {
@@ -1527,52 +1443,15 @@ static int f_config_validate(const void *c, zt_err *err)
     return zt_bert_config_validate(c, err);
 }
 
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    const zt_bert_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(roberta, "%d", int)
-    CMP(head, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(hidden_size, "%d", int)
-    CMP(num_hidden_layers, "%d", int)
-    CMP(num_attention_heads, "%d", int)
-    CMP(intermediate_size, "%d", int)
-    CMP(max_position_embeddings, "%d", int)
-    CMP(type_vocab_size, "%d", int)
-    CMP(pad_token_id, "%d", int)
-    CMP(hidden_act, "%d", int)
-    CMP(layer_norm_eps, "%g", double)
-    CMP(num_labels, "%d", int)
-#undef CMP
-    return NULL;
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* Every field, after the family's number (2) that earlier releases hashed first. */
-static uint64_t f_config_fingerprint(const void *c)
-{
-    const zt_bert_config *e = c;
-    const int64_t ints[] = {2, e->roberta, e->head, e->vocab_size, e->hidden_size, e->num_hidden_layers,
-                            e->num_attention_heads, e->intermediate_size, e->max_position_embeddings,
-                            e->type_vocab_size, e->pad_token_id, e->hidden_act, e->num_labels};
-    const double reals[] = {e->layer_norm_eps, e->initializer_range};
-    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
-}
+#define F(name, kind, hash_only) {#name, offsetof(zt_bert_config, name), ZT__HM_##kind, hash_only}
+static const zt__hm_field fields[] = {
+    F(roberta, BOOL, false), F(head, ENUM, false), F(vocab_size, INT, false), F(hidden_size, INT, false),
+    F(num_hidden_layers, INT, false), F(num_attention_heads, INT, false), F(intermediate_size, INT, false),
+    F(max_position_embeddings, INT, false), F(type_vocab_size, INT, false), F(pad_token_id, INT, false),
+    F(hidden_act, ENUM, false), F(layer_norm_eps, FLOAT, false), F(num_labels, INT, false),
+    F(initializer_range, FLOAT, true),
+};
+#undef F
 
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
@@ -1603,38 +1482,18 @@ static const char *f_config_label(const void *c, int i, char *buf, size_t cap)
     return zt_bert_config_label(c, i, buf, cap);
 }
 
+static const zt__hm_spec spec = {.def = &zt__family_bert, .config_size = sizeof(zt_bert_config),
+                                 .count_tensors = count_tensors, .build_layout = build_layout, .init = init_params,
+                                 .passes = &passes, .head_block = head_block, .check_batch = check_batch};
+
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {
-    return zt_bert_create((zt_bert **)out, c, B, T, seed, err);
+    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
 }
 static int f_create_layout(void **out, const void *c, zt_err *err)
 {
-    return zt_bert_create_layout((zt_bert **)out, c, err);
+    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
 }
-static void f_destroy(void *m) { zt_bert_destroy(m); }
-static const void *f_config(const void *m) { return zt_bert_get_config(m); }
-static size_t f_num_params(const void *m) { return zt_bert_num_params(m); }
-static int f_num_tensors(const void *m) { return zt_bert_num_tensors(m); }
-static const zt_param_info *f_tensor(const void *m, int i) { return zt_bert_tensor(m, i); }
-static int f_num_blocks(const void *m) { return zt_bert_num_blocks(m); }
-static const zt_block_info *f_block(const void *m, int i) { return zt_bert_block(m, i); }
-static int f_head_block(const void *m) { return zt_bert_head_block(m); }
-static int f_max_batch(const void *m) { return zt_bert_max_batch(m); }
-static int f_max_seq(const void *m) { return zt_bert_max_seq(m); }
-static float *f_params(void *m) { return zt_bert_params(m); }
-static float *f_grads(void *m) { return zt_bert_grads(m); }
-static void f_release_params(void *m) { zt_bert_release_params(m); }
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
-{
-    ZT_ASSERT(pos == NULL); /* BERT does not pack documents (the config refuses --sft-pack for it) */
-    zt_bert_forward_begin(m, tok, B, T);
-}
-static void f_forward_block(void *m, int b, const float *w) { zt_bert_forward_block(m, b, w); }
-static float f_forward_head(void *m, const float *w, const int32_t *t) { return zt_bert_forward_head(m, w, t); }
-static void f_backward_head(void *m, const float *w, float *g, float s) { zt_bert_backward_head(m, w, g, s); }
-static void f_backward_block(void *m, int b, const float *w, float *g) { zt_bert_backward_block(m, b, w, g); }
-static void f_discard_block(void *m, int b) { zt_bert_discard_block_acts(m, b); }
-static const float *f_logits(const void *m) { return zt_bert_logits(m); }
 static void f_set_token_types(void *m, const int32_t *types) { zt_bert_set_token_types(m, types); }
 static void f_accuracy(const void *m, int *correct, int *counted) { zt_bert_accuracy(m, correct, counted); }
 #ifdef ZT_WITH_CUDA
@@ -1658,34 +1517,14 @@ const zt_family_def zt__family_bert = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    ZT__HM_FIELD_ENTRIES(fields, 2)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .config_label = f_config_label,
     .create = f_create,
     .create_layout = f_create_layout,
-    .destroy = f_destroy,
-    .config = f_config,
-    .num_params = f_num_params,
-    .num_tensors = f_num_tensors,
-    .tensor = f_tensor,
-    .num_blocks = f_num_blocks,
-    .block = f_block,
-    .head_block = f_head_block,
-    .max_batch = f_max_batch,
-    .max_seq = f_max_seq,
-    .params = f_params,
-    .grads = f_grads,
-    .release_params = f_release_params,
     .hf = &hf_names,
-    .forward_begin = f_forward_begin,
-    .forward_block = f_forward_block,
-    .forward_head = f_forward_head,
-    .backward_head = f_backward_head,
-    .backward_block = f_backward_block,
-    .discard_block = f_discard_block,
-    .logits = f_logits,
+    ZT__HM_HOST_ENTRIES
     .embedding_reads_weights = true,
     .set_token_types = f_set_token_types,
     .accuracy = f_accuracy,

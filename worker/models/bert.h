@@ -136,7 +136,7 @@ enum zt_bert_cls_tensor { ZT_BERT_H_POOL_W, ZT_BERT_H_POOL_B, ZT_BERT_H_CLS_W, Z
 #define ZT_BERT_LAYER_TENSOR(l, k) (ZT_BERT_E_COUNT + (l) * ZT_BERT_T_COUNT + (k))
 #define ZT_BERT_HEAD_TENSOR(L, k) (ZT_BERT_E_COUNT + (L) * ZT_BERT_T_COUNT + (k))
 
-typedef struct zt_bert zt_bert; /* opaque */
+typedef struct zt_bert zt_bert; /* opaque: the shared host model of this family (family.h's void *m) */
 
 /* Creates a model with room for batches up to B x T (T <= zt_bert_config_max_seq). Parameters are
  * initialised as BertPreTrainedModel does: normal(0, initializer_range) for linear weights and embeddings
@@ -148,13 +148,9 @@ int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint6
 /* The tables (configuration, tensors, blocks) without slabs or activations: for planning. Only the layout
  * queries may be used on it. Free with zt_bert_destroy. */
 int zt_bert_create_layout(zt_bert **out, const zt_bert_config *cfg, zt_err *err);
-/* Gives the parameter slab's memory back once the weights live elsewhere (see zt_gpt2_release_params). */
-void zt_bert_release_params(zt_bert *m);
 void zt_bert_destroy(zt_bert *m); /* accepts NULL */
 
 const zt_bert_config *zt_bert_get_config(const zt_bert *m);
-int zt_bert_max_batch(const zt_bert *m);
-int zt_bert_max_seq(const zt_bert *m);
 size_t zt_bert_num_params(const zt_bert *m);
 int zt_bert_num_tensors(const zt_bert *m);
 const zt_param_info *zt_bert_tensor(const zt_bert *m, int i);

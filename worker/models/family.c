@@ -7,8 +7,9 @@
 #include <string.h>
 
 #include "common/json.h"
-#include "worker/models/cpu_exec.h" /* the engine's CPU executor of every family */
-#include "worker/models/host_io.h"  /* safetensors import and export from the tensor table */
+#include "worker/models/cpu_exec.h"   /* the engine's CPU executor of every family */
+#include "worker/models/host_io.h"    /* safetensors import and export from the tensor table */
+#include "worker/models/host_model.h" /* config field tables: diff and fingerprint */
 #include "worker/models/model.h"
 
 /* The families, each defined in its own file (gpt2.c, llama.c, bert.c, neox.c, t5.c). The first is the
@@ -118,7 +119,7 @@ const char *zt_family_config_diff(const zt_family_config *a, const zt_family_con
         snprintf(bv, cap, "%s", zt_family_name(b));
         return "model_type";
     }
-    return a->def->config_diff(a->body, b->body, av, bv, cap);
+    return zt__hm_config_diff(a->def->fields, a->def->num_fields, a->body, b->body, av, bv, cap);
 }
 
 bool zt_family_config_has_cuda(const zt_family_config *c)
@@ -161,7 +162,7 @@ const char *zt_family_config_label(const zt_family_config *c, int i, char *buf, 
 /* The family's own fingerprint (which starts with a number of its own, so that families differ). */
 uint64_t zt_family_config_fingerprint(const zt_family_config *c)
 {
-    return c->def->config_fingerprint(c->body);
+    return zt__hm_config_fingerprint(c->def->fields, c->def->num_fields, c->def->number, c->body);
 }
 
 void zt_family_config_describe(const zt_family_config *c, char *buf, size_t cap)

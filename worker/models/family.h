@@ -73,9 +73,11 @@ struct zt_family_def {
     int (*config_from_json)(void *cfg, const cJSON *obj, const char *where, zt_err *err);
     int (*config_save)(const void *cfg, const char *path, zt_err *err);
     int (*config_validate)(const void *cfg, zt_err *err);
-    /* The first field in which a and b differ, with both values in av / bv; NULL when the same. */
-    const char *(*config_diff)(const void *a, const void *b, char *av, char *bv, size_t cap);
-    uint64_t (*config_fingerprint)(const void *cfg);
+    /* The config's fields (host_model.h): what zt_family_config_diff compares and the fingerprint hashes
+     * after the family's number (fixed once given: 0 gpt2, 1 llama, 2 bert, 4 gpt_neox, 5 t5). */
+    const struct zt__hm_field *fields;
+    int num_fields;
+    int64_t number;
     void (*config_describe)(const void *cfg, char *buf, size_t cap);
     void (*config_shape)(const void *cfg, zt_family_shape *out);
     /* The name of label i of a classifier (NULL for families without labels). */

@@ -136,21 +136,6 @@ static bool is_ignored_key(const char *key)
     return zt__host_hf_generic_key(key);
 }
 
-/* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
-static int get_int_field(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
-                         zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc < 0)
-        return rc;
-    if (present)
-        *present = v != INT64_MIN;
-    if (v != INT64_MIN)
-        *out = (int)v;
-    return 0;
-}
-
 /* Reads a bool field that ztrain supports only with one value. */
 static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
 {
@@ -196,10 +181,10 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
         int *field = (int *)((char *)&c + sizes[i].offset);
         int value = 0, alias_value = 0;
         bool present = false, alias_present = false;
-        if ((rc = get_int_field(&r, sizes[i].key, 1, sizes[i].max, &value, &present, err)) < 0)
+        if ((rc = zt__host_json_int(&r, sizes[i].key, 1, sizes[i].max, &value, &present, err)) < 0)
             return rc;
         if (sizes[i].alias &&
-            (rc = get_int_field(&r, sizes[i].alias, 1, sizes[i].max, &alias_value, &alias_present, err)) < 0)
+            (rc = zt__host_json_int(&r, sizes[i].alias, 1, sizes[i].max, &alias_value, &alias_present, err)) < 0)
             return rc;
         if (present && alias_present && value != alias_value)
             return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s (%d) and its alias %s (%d) disagree (keep only %s)",
@@ -220,7 +205,7 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
     /* n_ctx is GPT-2's old name for the context length. */
     int n_ctx = 0;
     bool have_n_ctx = false;
-    if ((rc = get_int_field(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
+    if ((rc = zt__host_json_int(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
         return rc;
     if (have_n_ctx && n_ctx != c.n_positions)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_ctx (%d) differs from n_positions (%d) (make them equal)",
@@ -233,7 +218,7 @@ int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *
     } else {
         int n_inner = 0;
         bool have_inner = false;
-        if ((rc = get_int_field(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
+        if ((rc = zt__host_json_int(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
             return rc;
         if (have_inner && (int64_t)n_inner != 4 * (int64_t)c.n_embd)
             return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -527,11 +512,8 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
 }
 
 /* The host model's queries and passes (host_model.h), under gpt2.h's names. */
-void zt_gpt2_release_params(zt_gpt2 *m) { zt__hm_release_params(m); }
 void zt_gpt2_destroy(zt_gpt2 *m) { zt__hm_destroy(m); }
 const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m) { return zt__hm_config(m); }
-int zt_gpt2_max_batch(const zt_gpt2 *m) { return zt__hm_max_batch(m); }
-int zt_gpt2_max_seq(const zt_gpt2 *m) { return zt__hm_max_seq(m); }
 size_t zt_gpt2_num_params(const zt_gpt2 *m) { return zt__hm_num_params(m); }
 int zt_gpt2_num_tensors(const zt_gpt2 *m) { return zt__hm_num_tensors(m); }
 const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i) { return zt__hm_tensor(m, i); }
@@ -555,11 +537,8 @@ const float *zt_gpt2_logits(const zt_gpt2 *m) { return zt__hm_logits(m); }
  * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
 float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
-    const float *params = zt_gpt2_params(m);
     zt_gpt2_forward_begin(m, tokens, B, T);
-    for (int b = 0; b < zt_gpt2_num_blocks(m); b++)
-        zt_gpt2_forward_block(m, b, params + zt_gpt2_block(m, b)->offset);
-    return zt_gpt2_forward_head(m, params, targets);
+    return zt__hm_forward_rest(m, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -567,18 +546,13 @@ float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets,
  * into the logits' gradient. */
 void zt_gpt2_backward(zt_gpt2 *m, float loss_scale)
 {
-    float *params = zt_gpt2_params(m), *grads = zt_gpt2_grads(m);
-    zt_gpt2_backward_head(m, params, grads, loss_scale);
-    for (int b = zt_gpt2_num_blocks(m) - 1; b >= 0; b--) {
-        const size_t o = zt_gpt2_block(m, b)->offset;
-        zt_gpt2_backward_block(m, b, params + o, grads + o);
-    }
+    zt__hm_backward(m, loss_scale);
 }
 
 /* Sets every gradient to zero. */
 void zt_gpt2_zero_grad(zt_gpt2 *m)
 {
-    memset(zt_gpt2_grads(m), 0, zt_gpt2_num_params(m) * sizeof(float));
+    zt__hm_zero_grad(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -670,45 +644,12 @@ static int f_config_validate(const void *c, zt_err *err)
     return zt_gpt2_config_validate(c, err);
 }
 
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    const zt_gpt2_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(n_layer, "%d", int)
-    CMP(n_head, "%d", int)
-    CMP(n_embd, "%d", int)
-    CMP(n_positions, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(tie_word_embeddings, "%d", int)
-    CMP(layer_norm_epsilon, "%g", double)
-#undef CMP
-    return NULL;
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* Every field, after the family's number (0) that earlier releases hashed first. */
-static uint64_t f_config_fingerprint(const void *c)
-{
-    const zt_gpt2_config *g = c;
-    const int64_t ints[] = {0, g->n_layer, g->n_head, g->n_embd, g->n_positions, g->vocab_size,
-                            g->tie_word_embeddings};
-    const double eps = g->layer_norm_epsilon;
-    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), &eps, sizeof eps);
-}
+#define F(name, kind) {#name, offsetof(zt_gpt2_config, name), ZT__HM_##kind, false}
+static const zt__hm_field fields[] = {
+    F(n_layer, INT), F(n_head, INT), F(n_embd, INT), F(n_positions, INT), F(vocab_size, INT),
+    F(tie_word_embeddings, BOOL), F(layer_norm_epsilon, FLOAT),
+};
+#undef F
 
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
@@ -742,8 +683,7 @@ const zt_family_def zt__family_gpt2 = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    ZT__HM_FIELD_ENTRIES(fields, 0)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,

@@ -60,16 +60,9 @@ int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint6
  * (num_params, tensors, blocks, config). Free with zt_gpt2_destroy. */
 int zt_gpt2_create_layout(zt_gpt2 **out, const zt_gpt2_config *cfg, zt_err *err);
 
-/* Gives the parameter slab's memory back to the system once the weights live elsewhere (a training
- * engine on the GPU holds them): the slab reads as zeros and takes memory again only where written (a
- * checkpoint's export). */
-void zt_gpt2_release_params(zt_gpt2 *m);
 void zt_gpt2_destroy(zt_gpt2 *m); /* accepts NULL */
 
 const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m);
-/* The largest micro-batch (B, T) the model was created for. */
-int zt_gpt2_max_batch(const zt_gpt2 *m);
-int zt_gpt2_max_seq(const zt_gpt2 *m);
 size_t zt_gpt2_num_params(const zt_gpt2 *m);
 int zt_gpt2_num_tensors(const zt_gpt2 *m);
 const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i);

@@ -1,4 +1,4 @@
-/* The host model of a decoder family from its spec; see host_model.h. */
+/* The host model of a family from its spec; see host_model.h. */
 #include "worker/models/host_model.h"
 
 #include <limits.h>
@@ -24,7 +24,8 @@ struct zt__hm {
     float *params, *grads;  /* [num_params] each; NULL for a layout */
     float *inv_freq;        /* [rot/2] with arch.rope */
     zt__dec_arch arch;
-    zt__dec_cpu *run;       /* NULL for a layout */
+    zt__dec_cpu *run;       /* NULL for a layout and for a family with its own passes */
+    void *state;            /* spec->passes' state */
 };
 
 /* The tables of cfg without slabs; NULL when out of memory. */
@@ -50,6 +51,10 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
     }
     m->num_params = spec->build_layout(cfg, m->tensors, m->blocks);
     ZT_ASSERT(m->num_params == shape.num_params);
+    if (spec->passes) {
+        m->head_block = spec->head_block(cfg);
+        return m;
+    }
     spec->arch(cfg, m->tensors, m->num_tensors, &m->arch);
     m->head_block = m->tensors[m->arch.head_tensor].block;
     if (m->arch.rope) {
@@ -71,6 +76,11 @@ int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg,
         return rc;
     if (!(*out = new_tables(spec, cfg, 1, 1)))
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
+    if (spec->passes && (rc = spec->passes->create(&(*out)->state, *out, false, err)) < 0) {
+        zt__hm_destroy(*out);
+        *out = NULL;
+        return rc;
+    }
     return 0;
 }
 
@@ -84,7 +94,10 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     spec->def->config_shape(cfg, &shape);
     if (B < 1 || T < 1)
         return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
-    if (T > shape.positions)
+    if (spec->check_batch) {
+        if ((rc = spec->check_batch(cfg, B, T, err)) < 0)
+            return rc;
+    } else if (T > shape.positions)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "sequence length %d exceeds the model's %s %d (use a sequence length of at most %d)", T,
                        spec->positions_key ? spec->positions_key : "max_position_embeddings", shape.positions,
@@ -93,7 +106,7 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     if (!m)
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
     const int64_t widest = m->arch.V > zt__dec_up_width(&m->arch) ? m->arch.V : zt__dec_up_width(&m->arch);
-    if ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50) {
+    if (!spec->passes && ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50)) {
         zt__hm_destroy(m);
         return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
     }
@@ -107,7 +120,11 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
                      2.0 * (double)param_bytes / (1 << 20));
         goto err;
     }
-    if ((rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err)) < 0)
+    if (spec->passes)
+        rc = spec->passes->create(&m->state, m, true, err);
+    else
+        rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err);
+    if (rc < 0)
         goto err;
     if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
         zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
@@ -126,6 +143,8 @@ void zt__hm_destroy(void *mv)
     if (!m)
         return;
     zt__dec_cpu_destroy(m->run);
+    if (m->spec->passes)
+        m->spec->passes->destroy(m->state);
     free(m->tensors);
     free(m->blocks);
     free(m->inv_freq);
@@ -136,6 +155,7 @@ void zt__hm_destroy(void *mv)
 
 const void *zt__hm_config(const void *m) { return ((const zt__hm *)m)->cfg; }
 const zt__dec_arch *zt__hm_arch(const void *m) { return &((const zt__hm *)m)->arch; }
+void *zt__hm_state(const void *m) { return ((const zt__hm *)m)->state; }
 size_t zt__hm_num_params(const void *m) { return ((const zt__hm *)m)->num_params; }
 int zt__hm_num_tensors(const void *m) { return ((const zt__hm *)m)->num_tensors; }
 int zt__hm_num_blocks(const void *m) { return ((const zt__hm *)m)->num_blocks; }
@@ -168,26 +188,76 @@ void zt__hm_release_params(void *mv)
     ZT_ASSERT(m->params); /* calloc of untouched pages */
 }
 
-/* The per-block passes are the decoder program's CPU runner. */
+/* The per-block passes: the family's own, or the decoder program's CPU runner. */
+#define PASSES(m) (((const zt__hm *)(m))->spec->passes)
 void zt__hm_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
 {
-    zt__dec_cpu_begin(((zt__hm *)m)->run, tok, B, T, pos);
+    if (PASSES(m))
+        PASSES(m)->forward_begin(((zt__hm *)m)->state, tok, B, T, pos);
+    else
+        zt__dec_cpu_begin(((zt__hm *)m)->run, tok, B, T, pos);
 }
-void zt__hm_forward_block(void *m, int b, const float *w) { zt__dec_cpu_forward_block(((zt__hm *)m)->run, b, w); }
+void zt__hm_forward_block(void *m, int b, const float *w)
+{
+    if (PASSES(m))
+        PASSES(m)->forward_block(((zt__hm *)m)->state, b, w);
+    else
+        zt__dec_cpu_forward_block(((zt__hm *)m)->run, b, w);
+}
 float zt__hm_forward_head(void *m, const float *w, const int32_t *t)
 {
-    return zt__dec_cpu_forward_head(((zt__hm *)m)->run, w, t);
+    return PASSES(m) ? PASSES(m)->forward_head(((zt__hm *)m)->state, w, t)
+                     : zt__dec_cpu_forward_head(((zt__hm *)m)->run, w, t);
 }
 void zt__hm_backward_head(void *m, const float *w, float *g, float s)
 {
-    zt__dec_cpu_backward_head(((zt__hm *)m)->run, w, g, s);
+    if (PASSES(m))
+        PASSES(m)->backward_head(((zt__hm *)m)->state, w, g, s);
+    else
+        zt__dec_cpu_backward_head(((zt__hm *)m)->run, w, g, s);
 }
 void zt__hm_backward_block(void *m, int b, const float *w, float *g)
 {
-    zt__dec_cpu_backward_block(((zt__hm *)m)->run, b, w, g);
+    if (PASSES(m))
+        PASSES(m)->backward_block(((zt__hm *)m)->state, b, w, g);
+    else
+        zt__dec_cpu_backward_block(((zt__hm *)m)->run, b, w, g);
 }
-void zt__hm_discard_block(void *m, int b) { zt__dec_cpu_discard_block(((zt__hm *)m)->run, b); }
-const float *zt__hm_logits(const void *m) { return zt__dec_cpu_logits(((const zt__hm *)m)->run); }
+void zt__hm_discard_block(void *m, int b)
+{
+    if (PASSES(m))
+        PASSES(m)->discard_block(((zt__hm *)m)->state, b);
+    else
+        zt__dec_cpu_discard_block(((zt__hm *)m)->run, b);
+}
+const float *zt__hm_logits(const void *m)
+{
+    return PASSES(m) ? PASSES(m)->logits(((const zt__hm *)m)->state) : zt__dec_cpu_logits(((const zt__hm *)m)->run);
+}
+#undef PASSES
+
+float zt__hm_forward_rest(void *mv, const int32_t *targets)
+{
+    zt__hm *m = mv;
+    for (int b = 0; b < m->num_blocks; b++)
+        zt__hm_forward_block(m, b, m->params + m->blocks[b].offset);
+    return zt__hm_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
+}
+
+void zt__hm_backward(void *mv, float loss_scale)
+{
+    zt__hm *m = mv;
+    const size_t h = m->blocks[m->head_block].offset;
+    zt__hm_backward_head(m, m->params + h, m->grads + h, loss_scale);
+    for (int b = m->num_blocks - 1; b >= 0; b--)
+        zt__hm_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+}
+
+void zt__hm_zero_grad(void *mv)
+{
+    zt__hm *m = mv;
+    memset(m->grads, 0, m->num_params * sizeof(float));
+}
 
 #ifdef ZT_WITH_CUDA
 static zt__dec_model dec_model(const zt__hm *m)
@@ -214,32 +284,57 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
 
 /* ---- field tables ---- */
 
-/* Field f of cfg as a double (every kind's values are exact in one) and in text. */
-static double field_value(const zt__hm_field *f, const void *cfg, char *buf, size_t cap)
+static bool is_real(const zt__hm_field *f)
+{
+    return f->kind == ZT__HM_FLOAT || f->kind == ZT__HM_DOUBLE;
+}
+
+/* Field f of cfg as a double (every kind's values are exact in one). */
+static double field_value(const zt__hm_field *f, const void *cfg)
 {
     const char *p = (const char *)cfg + f->offset;
-    double v = 0;
     switch (f->kind) {
-    case ZT__HM_INT: v = *(const int *)p; break;
-    case ZT__HM_ENUM: v = (double)*(const int *)p; break; /* enums are int-sized here (C11 6.7.2.2) */
-    case ZT__HM_BOOL: v = *(const bool *)p; break;
-    case ZT__HM_FLOAT: v = *(const float *)p; break;
-    case ZT__HM_DOUBLE: v = *(const double *)p; break;
+    case ZT__HM_INT: return *(const int *)p;
+    case ZT__HM_ENUM: return (double)*(const int *)p; /* enums are int-sized here (C11 6.7.2.2) */
+    case ZT__HM_BOOL: return *(const bool *)p;
+    case ZT__HM_FLOAT: return *(const float *)p;
+    case ZT__HM_DOUBLE: return *(const double *)p;
     }
-    if (buf)
-        snprintf(buf, cap, f->kind == ZT__HM_BOOL ? (v != 0 ? "true" : "false") : "%.9g", v);
-    return v;
+    return 0;
+}
+
+/* v as the field's kind writes it: a float's or double's shortest decimal that reads back as the same value. */
+static void field_text(const zt__hm_field *f, double v, char *buf, size_t cap)
+{
+    if (f->kind == ZT__HM_BOOL) {
+        snprintf(buf, cap, "%s", v != 0 ? "true" : "false");
+        return;
+    }
+    if (!is_real(f)) {
+        snprintf(buf, cap, "%lld", (long long)v);
+        return;
+    }
+    char text[40];
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, v);
+        const double back = strtod(text, NULL);
+        if (f->kind == ZT__HM_FLOAT ? (float)back == (float)v : back == v)
+            break;
+    }
+    snprintf(buf, cap, "%s", text);
 }
 
 const char *zt__hm_config_diff(const zt__hm_field *fields, int n, const void *a, const void *b, char *av, char *bv,
                                size_t cap)
 {
-    for (int i = 0; i < n; i++)
-        if (field_value(&fields[i], a, NULL, 0) != field_value(&fields[i], b, NULL, 0)) {
-            field_value(&fields[i], a, av, cap);
-            field_value(&fields[i], b, bv, cap);
+    for (int i = 0; i < n; i++) {
+        const double x = field_value(&fields[i], a), y = field_value(&fields[i], b);
+        if (!fields[i].hash_only && x != y) {
+            field_text(&fields[i], x, av, cap);
+            field_text(&fields[i], y, bv, cap);
             return fields[i].name;
         }
+    }
     return NULL;
 }
 
@@ -256,10 +351,16 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 uint64_t zt__hm_config_fingerprint(const zt__hm_field *fields, int n, int64_t family_number, const void *cfg)
 {
     uint64_t h = fnv(14695981039346656037ULL, &family_number, sizeof family_number);
-    for (int i = 0; i < n; i++) {
-        const double v = field_value(&fields[i], cfg, NULL, 0);
-        h = fnv(h, &v, sizeof v);
-    }
+    for (int i = 0; i < n; i++)
+        if (!is_real(&fields[i])) {
+            const int64_t v = (int64_t)field_value(&fields[i], cfg);
+            h = fnv(h, &v, sizeof v);
+        }
+    for (int i = 0; i < n; i++)
+        if (is_real(&fields[i])) {
+            const double v = field_value(&fields[i], cfg);
+            h = fnv(h, &v, sizeof v);
+        }
     return h;
 }
 

@@ -1,12 +1,13 @@
-/* The host model of a decoder family, written once: the family's config struct, its tensor table and blocks,
- * the fp32 parameter and gradient slabs, the decoder program's architecture and CPU runner (decoder.h), and
- * the entries of zt_family_def (family.h) that follow from them. A family file then holds only what is its
- * own: the config mapping, the tensor table in Hugging Face's names, the initialisation and the architecture,
- * given as a zt__hm_spec; neox.c is the example.
+/* The host model of every family, written once: the family's config struct, its tensor table and blocks,
+ * the fp32 parameter and gradient slabs, the decoder program's architecture and CPU runner (decoder.h) or
+ * the family's own passes, and the entries of zt_family_def (family.h) that follow from them. A family file
+ * then holds only what is its own: the config mapping, the tensor table in Hugging Face's names, the
+ * initialisation and the architecture (or its passes), given as a zt__hm_spec; neox.c is the example.
  *
  * Blocks are the decoder's: 0 = the embeddings, 1..L = the layers, L+1 = the final norm (and an untied head).
- * The host model borrows the spec (static data of the family) and copies the config. Internal to
- * worker/models/. */
+ * The host model borrows the spec (static data of the family) and copies the config. A family whose passes
+ * are not the decoder program's (BERT, T5) gives its own (zt__hm_passes) and keeps its state beside the
+ * tables. Internal to worker/models/. */
 #ifndef ZT_WORKER_MODELS_HOST_MODEL_H
 #define ZT_WORKER_MODELS_HOST_MODEL_H
 
@@ -18,6 +19,23 @@
 #include "worker/models/decoder.h"
 #include "worker/models/family.h"
 #include "worker/models/params.h"
+
+/* A family's own CPU passes in place of the decoder program's runner (BERT, T5): its state beside the host
+ * model's tables and slabs, and the passes over that state (the zt_family_def entries of the same names). */
+typedef struct zt__hm_passes {
+    /* The state of host model m (tables and config set, slabs not yet initialised); with acts, the
+     * activations for micro-batches up to zt__hm_max_batch x zt__hm_max_seq, without, only what the layout
+     * queries of the family need. Returns 0 or ZT_ENOMEM with a message. */
+    int (*create)(void **state, const void *m, bool acts, zt_err *err);
+    void (*destroy)(void *state); /* accepts NULL */
+    void (*forward_begin)(void *state, const int32_t *tokens, int B, int T, const int32_t *pos);
+    void (*forward_block)(void *state, int b, const float *w);
+    float (*forward_head)(void *state, const float *w, const int32_t *targets);
+    void (*backward_head)(void *state, const float *w, float *g, float loss_scale);
+    void (*backward_block)(void *state, int b, const float *w, float *g);
+    void (*discard_block)(void *state, int b);
+    const float *(*logits)(const void *state);
+} zt__hm_passes;
 
 /* What a family tells the host model about a valid config (void *cfg: the family's config struct). */
 typedef struct zt__hm_spec {
@@ -34,6 +52,11 @@ typedef struct zt__hm_spec {
     void (*inv_freq)(const void *cfg, float *inv_freq);
     /* Fills params (the table's layout) as transformers initialises the model, from seed. */
     void (*init)(const void *cfg, const zt_param_info *tensors, int ntensors, float *params, uint64_t seed);
+    /* A family with its own passes: those (arch and inv_freq are then NULL), the block its head reads, and
+     * (NULL: the positions of config_shape) its check of a micro-batch of B x T with its own messages. */
+    const zt__hm_passes *passes;
+    int (*head_block)(const void *cfg);
+    int (*check_batch)(const void *cfg, int B, int T, zt_err *err);
 } zt__hm_spec;
 
 typedef struct zt__hm zt__hm;
@@ -46,9 +69,10 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
 int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err);
 void zt__hm_destroy(void *m); /* accepts NULL */
 
-/* The family's config inside m, its architecture and its tables. */
+/* The family's config inside m, its architecture (decoder families) and its passes' state (the others). */
 const void *zt__hm_config(const void *m);
 const zt__dec_arch *zt__hm_arch(const void *m);
+void *zt__hm_state(const void *m);
 
 /* The zt_family_def entries of every host model (m: a zt__hm). */
 size_t zt__hm_num_params(const void *m);
@@ -70,6 +94,12 @@ void zt__hm_backward_head(void *m, const float *w, float *g, float loss_scale);
 void zt__hm_backward_block(void *m, int b, const float *w, float *g);
 void zt__hm_discard_block(void *m, int b);
 const float *zt__hm_logits(const void *m);
+/* The whole passes over m's own slabs, for the families' APIs: after forward_begin, every block's forward and
+ * the head's (its loss, as forward_head); the backward of that forward into the gradient slab (+=); the
+ * gradient slab zeroed. */
+float zt__hm_forward_rest(void *m, const int32_t *targets);
+void zt__hm_backward(void *m, float loss_scale);
+void zt__hm_zero_grad(void *m);
 #ifdef ZT_WITH_CUDA
 struct zt_model;
 int zt__hm_cuda_create(struct zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
@@ -81,8 +111,9 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
 #define ZT__HM_CUDA_ENTRIES
 #endif
 
-/* The host-model entries of a zt_family_def initialiser (the family adds create and create_layout). */
-#define ZT__HM_FAMILY_ENTRIES                                                                                  \
+/* The host-model entries of a zt_family_def initialiser (the family adds create and create_layout); a family
+ * with its own CUDA executor takes ZT__HM_HOST_ENTRIES and adds its cuda_create and cuda_shape. */
+#define ZT__HM_HOST_ENTRIES                                                                                    \
     .destroy = zt__hm_destroy, .config = zt__hm_config, .num_params = zt__hm_num_params,                       \
     .num_tensors = zt__hm_num_tensors, .tensor = zt__hm_tensor, .num_blocks = zt__hm_num_blocks,               \
     .block = zt__hm_block, .head_block = zt__hm_head_block, .max_batch = zt__hm_max_batch,                     \
@@ -90,7 +121,11 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
     .release_params = zt__hm_release_params, .forward_begin = zt__hm_forward_begin,                            \
     .forward_block = zt__hm_forward_block, .forward_head = zt__hm_forward_head,                                \
     .backward_head = zt__hm_backward_head, .backward_block = zt__hm_backward_block,                            \
-    .discard_block = zt__hm_discard_block, .logits = zt__hm_logits, ZT__HM_CUDA_ENTRIES
+    .discard_block = zt__hm_discard_block, .logits = zt__hm_logits,
+#define ZT__HM_FAMILY_ENTRIES ZT__HM_HOST_ENTRIES ZT__HM_CUDA_ENTRIES
+/* The config entries of a zt_family_def initialiser from a field table (an array) and the family's number. */
+#define ZT__HM_FIELD_ENTRIES(table, family_number)                                                             \
+    .fields = (table), .num_fields = (int)(sizeof(table) / sizeof((table)[0])), .number = (family_number),
 
 /* ---- configs described by a field table: diff and fingerprint written once ---- */
 
@@ -100,12 +135,15 @@ typedef struct zt__hm_field {
     const char *name;  /* the config.json key, for messages */
     size_t offset;     /* in the config struct */
     enum zt__hm_kind kind;
+    bool hash_only;    /* in the fingerprint, not in the diff (a value a resumed run may change) */
 } zt__hm_field;
 
-/* The first field in which configs a and b differ, both values written into av and bv; NULL when none. */
+/* The first field in which configs a and b differ, both values written into av and bv (integers in decimal,
+ * booleans as true/false, reals in the shortest decimal that reads back the same); NULL when none. */
 const char *zt__hm_config_diff(const zt__hm_field *fields, int n, const void *a, const void *b, char *av, char *bv,
                                size_t cap);
-/* A 64-bit FNV-1a hash of family_number and every field's value. */
+/* A 64-bit FNV-1a hash of family_number and the integer-like fields (int, bool, enum) as int64 in table order,
+ * then the real fields as double in table order: the form every family hashed before the field tables. */
 uint64_t zt__hm_config_fingerprint(const zt__hm_field *fields, int n, int64_t family_number, const void *cfg);
 
 /* ---- tensor tables ---- */

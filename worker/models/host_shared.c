@@ -9,6 +9,58 @@
 
 #include "kernels/cpu_threads.h" /* threads for the initialisation */
 
+int zt__host_json_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
+                      zt_err *err)
+{
+    int64_t v = INT64_MIN;
+    int rc = zt_json_get_int(r, key, min, max, &v, err);
+    if (rc < 0)
+        return rc;
+    if (present)
+        *present = v != INT64_MIN;
+    if (v != INT64_MIN)
+        *out = (int)v;
+    return 0;
+}
+
+int zt__host_json_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err)
+{
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, key))) {
+        zt_json_accept(r, key);
+        *out = -1;
+        return 0;
+    }
+    return zt__host_json_int(r, key, 0, INT32_MAX, out, NULL, err);
+}
+
+bool zt__host_architectures_ok(const cJSON *obj, const char *const *names)
+{
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
+    if (!arch || cJSON_IsNull(arch))
+        return true;
+    if (!cJSON_IsArray(arch))
+        return false;
+    for (const cJSON *a = arch->child; a; a = a->next) {
+        int k = 0;
+        while (names[k] && !(cJSON_IsString(a) && strcmp(a->valuestring, names[k]) == 0))
+            k++;
+        if (!names[k])
+            return false;
+    }
+    return true;
+}
+
+int zt__host_json_ints(zt_json_reader *r, const zt__host_int_key *keys, size_t n, void *cfg, zt_err *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc = zt__host_json_int(r, keys[i].key, keys[i].min, keys[i].max,
+                                   (int *)((char *)cfg + keys[i].offset), NULL, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* Fields of Hugging Face configs that no model's math depends on: what PretrainedConfig (transformers 4.x
  * and 5.x) writes into config.json. */
 static const char *const generic_keys[] = {

@@ -157,21 +157,6 @@ int zt_llama_config_validate(const zt_llama_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* Reads an int field and, if present, stores it in *out (range [min,max]); *present tells whether it was. */
-static int get_int_field(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, bool *present,
-                         zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc < 0)
-        return rc;
-    if (present)
-        *present = v != INT64_MIN;
-    if (v != INT64_MIN)
-        *out = (int)v;
-    return 0;
-}
-
 /* Reads a bool field that ztrain supports only with one value. */
 static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
 {
@@ -183,18 +168,6 @@ static int require_bool(zt_json_reader *r, const char *key, bool required, const
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
                        v ? "true" : "false", required ? "true" : "false", why);
     return 0;
-}
-
-/* A token id field: a whole number from 0, or null (-1). Absent leaves *out. */
-static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err)
-{
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (cJSON_IsNull(item)) {
-        zt_json_accept(r, key);
-        *out = -1;
-        return 0;
-    }
-    return get_int_field(r, key, 0, INT32_MAX, out, NULL, err);
 }
 
 /* eos_token_id: an id, a list of ids (LLaMA-3.1) or null. */
@@ -276,7 +249,7 @@ static int parse_rope_object(const cJSON *d, const char *name, bool with_theta, 
                        (rc = zt_json_get_double(&r, "high_freq_factor", 0.0, 1e300, &out.high_freq_factor, err)) < 0))
             return rc;
         /* linear scaling has no use for the original length, but transformers writes it in some configs */
-        if ((rc = get_int_field(&r, "original_max_position_embeddings", 1, LLAMA_MAX_POSITIONS,
+        if ((rc = zt__host_json_int(&r, "original_max_position_embeddings", 1, LLAMA_MAX_POSITIONS,
                                 &out.original_max_position_embeddings, NULL, err)) < 0)
             return rc;
         if (!llama3)
@@ -391,28 +364,22 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
                        "configs", where, text);
     c.qkv_bias = c.family == ZT_LLAMA_FAMILY_QWEN2;
 
-    static const struct {
-        const char *key;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"num_hidden_layers", LLAMA_MAX_LAYERS, offsetof(zt_llama_config, num_hidden_layers)},
-        {"hidden_size", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, hidden_size)},
-        {"num_attention_heads", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, num_attention_heads)},
-        {"intermediate_size", LLAMA_MAX_INTERMEDIATE, offsetof(zt_llama_config, intermediate_size)},
-        {"max_position_embeddings", LLAMA_MAX_POSITIONS, offsetof(zt_llama_config, max_position_embeddings)},
-        {"vocab_size", LLAMA_MAX_VOCAB, offsetof(zt_llama_config, vocab_size)},
+    static const zt__host_int_key sizes[] = {
+        {"num_hidden_layers", offsetof(zt_llama_config, num_hidden_layers), 1, LLAMA_MAX_LAYERS},
+        {"hidden_size", offsetof(zt_llama_config, hidden_size), 1, LLAMA_MAX_HIDDEN},
+        {"num_attention_heads", offsetof(zt_llama_config, num_attention_heads), 1, LLAMA_MAX_HIDDEN},
+        {"intermediate_size", offsetof(zt_llama_config, intermediate_size), 1, LLAMA_MAX_INTERMEDIATE},
+        {"max_position_embeddings", offsetof(zt_llama_config, max_position_embeddings), 1, LLAMA_MAX_POSITIONS},
+        {"vocab_size", offsetof(zt_llama_config, vocab_size), 1, LLAMA_MAX_VOCAB},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((rc = get_int_field(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), NULL,
-                                err)) < 0)
-            return rc;
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     /* num_key_value_heads: absent or null means one per query head, as transformers reads it. */
     const cJSON *kv = cJSON_GetObjectItemCaseSensitive(obj, "num_key_value_heads");
     c.num_key_value_heads = c.num_attention_heads;
     if (cJSON_IsNull(kv))
         zt_json_accept(&r, "num_key_value_heads");
-    else if ((rc = get_int_field(&r, "num_key_value_heads", 1, LLAMA_MAX_HIDDEN, &c.num_key_value_heads, NULL,
+    else if ((rc = zt__host_json_int(&r, "num_key_value_heads", 1, LLAMA_MAX_HIDDEN, &c.num_key_value_heads, NULL,
                                  err)) < 0)
         return rc;
     /* head_dim: null, or hidden_size / num_attention_heads (the only head size ztrain's layout has). */
@@ -422,7 +389,7 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
     } else {
         int head_dim = 0;
         bool have = false;
-        if ((rc = get_int_field(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have, err)) < 0)
+        if ((rc = zt__host_json_int(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have, err)) < 0)
             return rc;
         if (have && (int64_t)head_dim * c.num_attention_heads != c.hidden_size)
             return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -461,7 +428,7 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
         zt_json_accept(&r, "pretraining_tp");
     } else {
         int pretraining_tp = 1;
-        if ((rc = get_int_field(&r, "pretraining_tp", 0, INT_MAX, &pretraining_tp, NULL, err)) < 0)
+        if ((rc = zt__host_json_int(&r, "pretraining_tp", 0, INT_MAX, &pretraining_tp, NULL, err)) < 0)
             return rc;
         if (pretraining_tp != 1)
             return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -484,29 +451,22 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
         if (cJSON_IsNull(sw))
             zt_json_accept(&r, "sliding_window");
-        else if ((rc = get_int_field(&r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
+        else if ((rc = zt__host_json_int(&r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
             return rc;
     }
 
-    if ((rc = get_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
-        (rc = get_token_id(&r, obj, "pad_token_id", &c.pad_token_id, err)) < 0 ||
+    if ((rc = zt__host_json_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
+        (rc = zt__host_json_token_id(&r, obj, "pad_token_id", &c.pad_token_id, err)) < 0 ||
         (rc = get_eos_ids(&r, obj, &c, err)) < 0)
         return rc;
 
     /* architectures: the causal LM heads of the two families (other heads have other weights). */
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        bool ok = cJSON_IsArray(arch);
-        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
-            ok = cJSON_IsString(a) &&
-                 (strcmp(a->valuestring, "LlamaForCausalLM") == 0 || strcmp(a->valuestring, "MistralForCausalLM") == 0 ||
-                  strcmp(a->valuestring, "Qwen2ForCausalLM") == 0);
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: architectures must list LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (ztrain "
-                           "trains the causal language model; other heads have other weights)",
-                           where);
-    }
+    static const char *const heads[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
+    if (!zt__host_architectures_ok(obj, heads))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: architectures must list LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (ztrain "
+                       "trains the causal language model; other heads have other weights)",
+                       where);
 
     for (const cJSON *item = obj->child; item; item = item->next)
         if (item->string && zt__host_hf_generic_key(item->string))
@@ -815,11 +775,8 @@ int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, ui
 }
 
 /* The host model's queries and passes (host_model.h), under llama.h's names. */
-void zt_llama_release_params(zt_llama *m) { zt__hm_release_params(m); }
 void zt_llama_destroy(zt_llama *m) { zt__hm_destroy(m); }
 const zt_llama_config *zt_llama_get_config(const zt_llama *m) { return zt__hm_config(m); }
-int zt_llama_max_batch(const zt_llama *m) { return zt__hm_max_batch(m); }
-int zt_llama_max_seq(const zt_llama *m) { return zt__hm_max_seq(m); }
 size_t zt_llama_num_params(const zt_llama *m) { return zt__hm_num_params(m); }
 int zt_llama_num_tensors(const zt_llama *m) { return zt__hm_num_tensors(m); }
 const zt_param_info *zt_llama_tensor(const zt_llama *m, int i) { return zt__hm_tensor(m, i); }
@@ -843,10 +800,7 @@ const float *zt_llama_logits(const zt_llama *m) { return zt__hm_logits(m); }
 float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *targets, int B, int T)
 {
     zt_llama_forward_begin(m, tokens, B, T);
-    const float *params = zt_llama_params(m);
-    for (int b = 0; b < zt_llama_num_blocks(m); b++)
-        zt_llama_forward_block(m, b, params + zt_llama_block(m, b)->offset);
-    return zt_llama_forward_head(m, params + zt_llama_block(m, zt_llama_head_block(m))->offset, targets);
+    return zt__hm_forward_rest(m, targets);
 }
 
 /* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
@@ -854,19 +808,13 @@ float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *target
  * the logits' gradient. */
 void zt_llama_backward(zt_llama *m, float loss_scale)
 {
-    float *params = zt_llama_params(m), *grads = zt_llama_grads(m);
-    const size_t h = zt_llama_block(m, zt_llama_head_block(m))->offset;
-    zt_llama_backward_head(m, params + h, grads + h, loss_scale);
-    for (int b = zt_llama_num_blocks(m) - 1; b >= 0; b--) {
-        const size_t o = zt_llama_block(m, b)->offset;
-        zt_llama_backward_block(m, b, params + o, grads + o);
-    }
+    zt__hm_backward(m, loss_scale);
 }
 
 /* Sets every gradient to zero. */
 void zt_llama_zero_grad(zt_llama *m)
 {
-    memset(zt_llama_grads(m), 0, zt_llama_num_params(m) * sizeof(float));
+    zt__hm_zero_grad(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -966,58 +914,17 @@ static int f_config_validate(const void *c, zt_err *err)
     return zt_llama_config_validate(c, err);
 }
 
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    const zt_llama_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(family, "%d", int)
-    CMP(num_hidden_layers, "%d", int)
-    CMP(hidden_size, "%d", int)
-    CMP(num_attention_heads, "%d", int)
-    CMP(num_key_value_heads, "%d", int)
-    CMP(intermediate_size, "%d", int)
-    CMP(max_position_embeddings, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(tie_word_embeddings, "%d", int)
-    CMP(pad_token_id, "%d", int)
-    CMP(rms_norm_eps, "%g", double)
-    CMP(rope.theta, "%g", double)
-    CMP(rope.scaling, "%d", int)
-    CMP(rope.factor, "%g", double)
-    CMP(rope.low_freq_factor, "%g", double)
-    CMP(rope.high_freq_factor, "%g", double)
-    CMP(rope.original_max_position_embeddings, "%d", int)
-#undef CMP
-    return NULL;
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-/* Every field, after the family's number (1) that earlier releases hashed first. */
-static uint64_t f_config_fingerprint(const void *c)
-{
-    const zt_llama_config *l = c;
-    const int64_t ints[] = {1, l->family, l->num_hidden_layers, l->hidden_size, l->num_attention_heads,
-                            l->num_key_value_heads, l->intermediate_size, l->max_position_embeddings,
-                            l->vocab_size, l->tie_word_embeddings, l->pad_token_id, l->rope.scaling,
-                            l->rope.original_max_position_embeddings};
-    const double reals[] = {l->rms_norm_eps, l->rope.theta, l->rope.factor, l->rope.low_freq_factor,
-                            l->rope.high_freq_factor, l->initializer_range};
-    return fnv(fnv(14695981039346656037ULL, ints, sizeof ints), reals, sizeof reals);
-}
+#define F(name, kind, hash_only) {#name, offsetof(zt_llama_config, name), ZT__HM_##kind, hash_only}
+static const zt__hm_field fields[] = {
+    F(family, ENUM, false), F(num_hidden_layers, INT, false), F(hidden_size, INT, false),
+    F(num_attention_heads, INT, false), F(num_key_value_heads, INT, false), F(intermediate_size, INT, false),
+    F(max_position_embeddings, INT, false), F(vocab_size, INT, false), F(tie_word_embeddings, BOOL, false),
+    F(pad_token_id, INT, false), F(rms_norm_eps, FLOAT, false), F(rope.theta, DOUBLE, false),
+    F(rope.scaling, ENUM, false), F(rope.factor, DOUBLE, false), F(rope.low_freq_factor, DOUBLE, false),
+    F(rope.high_freq_factor, DOUBLE, false), F(rope.original_max_position_embeddings, INT, false),
+    F(initializer_range, DOUBLE, true),
+};
+#undef F
 
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
@@ -1063,8 +970,7 @@ const zt_family_def zt__family_llama = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    ZT__HM_FIELD_ENTRIES(fields, 1)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,

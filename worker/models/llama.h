@@ -123,15 +123,9 @@ int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, ui
  * the parameters are allocated. Only the layout queries may be used on it (config, num_params, tensors,
  * blocks, head_block). Free with zt_llama_destroy. */
 int zt_llama_create_layout(zt_llama **out, const zt_llama_config *cfg, zt_err *err);
-/* Gives the parameter slab's memory back to the system once the weights live elsewhere (a training engine
- * holds them): the slab reads as zeros and takes memory again only where written (an export). */
-void zt_llama_release_params(zt_llama *m);
 void zt_llama_destroy(zt_llama *m); /* accepts NULL */
 
 const zt_llama_config *zt_llama_get_config(const zt_llama *m);
-/* The largest micro-batch (B, T) the model was created for. */
-int zt_llama_max_batch(const zt_llama *m);
-int zt_llama_max_seq(const zt_llama *m);
 size_t zt_llama_num_params(const zt_llama *m);
 int zt_llama_num_tensors(const zt_llama *m);
 const zt_param_info *zt_llama_tensor(const zt_llama *m, int i);

@@ -93,20 +93,6 @@ static int config_validate(const void *c, zt_err *err)
     return validate_where(c, "model config", err);
 }
 
-/* A token id: a whole number from 0, or null (-1). */
-static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, int *out, zt_err *err)
-{
-    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, key))) {
-        zt_json_accept(r, key);
-        *out = -1;
-        return 0;
-    }
-    int64_t v = *out;
-    int rc = zt_json_get_int(r, key, 0, INT32_MAX, &v, err);
-    *out = (int)v;
-    return rc;
-}
-
 /* rotary_pct and rotary_emb_base (the configs Pythia ships), and rope_parameters (transformers 5):
  * {rope_type "default", rope_theta, partial_rotary_factor}; both given must agree. */
 static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, const char *where, zt_err *err)
@@ -175,18 +161,13 @@ static int config_from_json(void *cv, const cJSON *obj, const char *where, zt_er
     if (text[0] && strcmp(text, "gpt_neox") != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this loader reads \"gpt_neox\"", where,
                        text);
-    struct {
-        const char *key;
-        int *v;
-    } sizes[] = {{"num_hidden_layers", &c.num_hidden_layers}, {"hidden_size", &c.hidden_size},
-                 {"num_attention_heads", &c.num_attention_heads}, {"intermediate_size", &c.intermediate_size},
-                 {"max_position_embeddings", &c.max_position_embeddings}, {"vocab_size", &c.vocab_size}};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        int64_t v = *sizes[i].v;
-        if ((rc = zt_json_get_int(&r, sizes[i].key, 1, NEOX_MAX_BIG, &v, err)) < 0)
-            return rc;
-        *sizes[i].v = (int)v;
-    }
+#define SIZE(name) {#name, offsetof(zt_neox_config, name), 1, NEOX_MAX_BIG}
+    static const zt__host_int_key sizes[] = {SIZE(num_hidden_layers), SIZE(hidden_size), SIZE(num_attention_heads),
+                                             SIZE(intermediate_size), SIZE(max_position_embeddings),
+                                             SIZE(vocab_size)};
+#undef SIZE
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     double eps = c.layer_norm_eps, dropout = 0.0, cdrop = 0.0;
     if ((rc = zt_json_get_double(&r, "layer_norm_eps", 0.0, 1.0, &eps, err)) < 0 ||
         (rc = zt_json_get_double(&r, "initializer_range", 0.0, 1.0, &c.initializer_range, err)) < 0 ||
@@ -221,18 +202,13 @@ static int config_from_json(void *cv, const cJSON *obj, const char *where, zt_er
                            "\"gelu_new\" and \"gelu_fast\"", where, text);
         c.hidden_act = (enum zt_neox_act)k;
     }
-    if ((rc = get_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
-        (rc = get_token_id(&r, obj, "eos_token_id", &c.eos_token_id, err)) < 0)
+    if ((rc = zt__host_json_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
+        (rc = zt__host_json_token_id(&r, obj, "eos_token_id", &c.eos_token_id, err)) < 0)
         return rc;
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        bool ok = cJSON_IsArray(arch);
-        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
-            ok = cJSON_IsString(a) && strcmp(a->valuestring, "GPTNeoXForCausalLM") == 0;
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: architectures must list GPTNeoXForCausalLM (ztrain trains the "
-                           "causal language model; other heads have other weights)", where);
-    }
+    static const char *const heads[] = {"GPTNeoXForCausalLM", NULL};
+    if (!zt__host_architectures_ok(obj, heads))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: architectures must list GPTNeoXForCausalLM (ztrain trains the "
+                       "causal language model; other heads have other weights)", where);
     for (const cJSON *item = obj->child; item; item = item->next)
         if (item->string && zt__host_hf_generic_key(item->string))
             zt_json_accept(&r, item->string);
@@ -294,7 +270,7 @@ static int config_save(const void *cv, const char *path, zt_err *err)
     return rc;
 }
 
-#define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind}
+#define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind, false}
 static const zt__hm_field fields[] = {
     F(num_hidden_layers, INT), F(hidden_size, INT), F(num_attention_heads, INT), F(intermediate_size, INT),
     F(max_position_embeddings, INT), F(vocab_size, INT), F(layer_norm_eps, FLOAT), F(hidden_act, ENUM),
@@ -302,17 +278,6 @@ static const zt__hm_field fields[] = {
     F(rotary_emb_base, DOUBLE), F(initializer_range, DOUBLE),
 };
 #undef F
-#define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
-
-static const char *config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    return zt__hm_config_diff(fields, NFIELDS, a, b, av, bv, cap);
-}
-
-static uint64_t config_fingerprint(const void *c)
-{
-    return zt__hm_config_fingerprint(fields, NFIELDS, 4, c);
-}
 
 static void config_describe(const void *cv, char *buf, size_t cap)
 {
@@ -531,8 +496,7 @@ const zt_family_def zt__family_neox = {
     .config_from_json = config_from_json,
     .config_save = config_save,
     .config_validate = config_validate,
-    .config_diff = config_diff,
-    .config_fingerprint = config_fingerprint,
+    ZT__HM_FIELD_ENTRIES(fields, 4)
     .config_describe = config_describe,
     .config_shape = config_shape,
     .create = create,

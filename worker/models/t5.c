@@ -25,6 +25,7 @@
 #include "worker/models/cpu_exec.h"
 #include "worker/models/family.h"
 #include "worker/models/host_io.h"
+#include "worker/models/host_model.h"
 #include "worker/models/host_shared.h"
 #include "worker/models/ops.h"
 #ifdef ZT_WITH_CUDA
@@ -135,31 +136,15 @@ static int config_validate(const zt_t5_config *c, zt_err *err)
     return validate_config(c, "model config", err);
 }
 
-static int get_int(zt_json_reader *r, const char *key, int64_t min, int64_t max, int *out, zt_err *err)
-{
-    int64_t v = INT64_MIN;
-    int rc = zt_json_get_int(r, key, min, max, &v, err);
-    if (rc < 0)
-        return rc;
-    if (v != INT64_MIN)
-        *out = (int)v;
-    return 0;
-}
-
 /* A token id: a whole number from 0, or null (-1) where null_ok. */
 static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bool null_ok, int *out, zt_err *err)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (cJSON_IsNull(item)) {
-        if (!null_ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is null, but T5 needs it (give a token id)", r->where, key);
-        zt_json_accept(r, key);
-        *out = -1;
-        return 0;
-    }
+    if (cJSON_IsNull(item) && !null_ok)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is null, but T5 needs it (give a token id)", r->where, key);
     if (cJSON_IsArray(item))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s lists several ids; ztrain's T5 takes one", r->where, key);
-    return get_int(r, key, 0, INT32_MAX, out, err);
+    return zt__host_json_token_id(r, obj, key, out, err);
 }
 
 static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *where, zt_err *err)
@@ -181,30 +166,26 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
     else if (text[0])
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this reader takes \"t5\" and \"mt5\"",
                        where, text);
-    static const struct {
-        const char *key;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"vocab_size", T5_MAX_VOCAB, offsetof(zt_t5_config, vocab_size)},
-        {"d_model", T5_MAX_WIDTH, offsetof(zt_t5_config, d_model)},
-        {"d_kv", T5_MAX_WIDTH, offsetof(zt_t5_config, d_kv)},
-        {"d_ff", T5_MAX_FF, offsetof(zt_t5_config, d_ff)},
-        {"num_layers", T5_MAX_LAYERS, offsetof(zt_t5_config, num_layers)},
-        {"num_heads", T5_MAX_WIDTH, offsetof(zt_t5_config, num_heads)},
-        {"relative_attention_num_buckets", 1 << 16, offsetof(zt_t5_config, num_buckets)},
-        {"relative_attention_max_distance", T5_MAX_POSITIONS, offsetof(zt_t5_config, max_distance)},
-        {"n_positions", T5_MAX_POSITIONS, offsetof(zt_t5_config, n_positions)},
+    static const zt__host_int_key sizes[] = {
+        {"vocab_size", offsetof(zt_t5_config, vocab_size), 1, T5_MAX_VOCAB},
+        {"d_model", offsetof(zt_t5_config, d_model), 1, T5_MAX_WIDTH},
+        {"d_kv", offsetof(zt_t5_config, d_kv), 1, T5_MAX_WIDTH},
+        {"d_ff", offsetof(zt_t5_config, d_ff), 1, T5_MAX_FF},
+        {"num_layers", offsetof(zt_t5_config, num_layers), 1, T5_MAX_LAYERS},
+        {"num_heads", offsetof(zt_t5_config, num_heads), 1, T5_MAX_WIDTH},
+        {"relative_attention_num_buckets", offsetof(zt_t5_config, num_buckets), 1, 1 << 16},
+        {"relative_attention_max_distance", offsetof(zt_t5_config, max_distance), 1, T5_MAX_POSITIONS},
+        {"n_positions", offsetof(zt_t5_config, n_positions), 1, T5_MAX_POSITIONS},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if ((rc = get_int(&r, sizes[i].key, 1, sizes[i].max, (int *)((char *)&c + sizes[i].offset), err)) < 0)
-            return rc;
+    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+        return rc;
     /* num_decoder_layers: absent or null is num_layers, as T5Config reads it */
     c.num_decoder_layers = c.num_layers;
     const cJSON *ndl = cJSON_GetObjectItemCaseSensitive(obj, "num_decoder_layers");
     if (cJSON_IsNull(ndl))
         zt_json_accept(&r, "num_decoder_layers");
-    else if ((rc = get_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, err)) < 0)
+    else if ((rc = zt__host_json_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, NULL,
+                                     err)) < 0)
         return rc;
     double eps = c.layer_norm_epsilon;
     if ((rc = zt_json_get_double(&r, "layer_norm_epsilon", 0.0, 1.0, &eps, err)) < 0 ||
@@ -269,17 +250,11 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
     if ((rc = get_token_id(&r, obj, "decoder_start_token_id", false, &c.decoder_start_token_id, err)) < 0)
         return rc;
 
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
-    if (arch && !cJSON_IsNull(arch)) {
-        bool ok = cJSON_IsArray(arch);
-        for (const cJSON *a = ok ? arch->child : NULL; a && ok; a = a->next)
-            ok = cJSON_IsString(a) && (strcmp(a->valuestring, "T5ForConditionalGeneration") == 0 ||
-                                       strcmp(a->valuestring, "MT5ForConditionalGeneration") == 0);
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: architectures must list T5ForConditionalGeneration or MT5ForConditionalGeneration "
-                           "(ztrain trains the text-to-text model; other heads have other weights)", where);
-    }
+    static const char *const heads[] = {"T5ForConditionalGeneration", "MT5ForConditionalGeneration", NULL};
+    if (!zt__host_architectures_ok(obj, heads))
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: architectures must list T5ForConditionalGeneration or MT5ForConditionalGeneration "
+                       "(ztrain trains the text-to-text model; other heads have other weights)", where);
     for (const cJSON *item = obj->child; item; item = item->next)
         if (item->string && zt__host_hf_generic_key(item->string))
             zt_json_accept(&r, item->string);
@@ -370,7 +345,9 @@ typedef struct t5_layer {
     int t[R_COUNT];   /* tensor index of each role, -1 when absent */
 } t5_layer;
 
-struct zt_t5 {
+/* The passes' state beside the shared host model's tables and slabs (host_model.h; a zt_t5 is that host
+ * model): the config, the layers' roles, the tables borrowed from the host model and the CPU runner. */
+typedef struct t5_model {
     zt_t5_config cfg;
     int Le, Ld, L;       /* encoder, decoder, all layers */
     int I;               /* num_heads x d_kv: the attention's inner width */
@@ -378,37 +355,26 @@ struct zt_t5 {
     int max_B, max_T;
     size_t num_params;
     int num_tensors, num_blocks, head_block, head_tensor, final_tensor;
-    zt_param_info *tensors;
-    zt_block_info *blocks;
+    const zt_param_info *tensors; /* the host model's */
+    const zt_block_info *blocks;  /* the host model's */
     t5_layer *layers;    /* [L] */
-    float *params, *grads;
     struct t5_run *run;  /* activations (NULL for a layout) */
-};
+} t5_model;
 
-static void add_tensor(zt_t5 *m, int *i, int block, size_t *off, const char *name, int64_t d0, int64_t d1,
+static void add_tensor(zt_param_info *t, int *i, int block, size_t *off, const char *name, int64_t d0, int64_t d1,
                        bool decay)
 {
-    zt_param_info *t = &m->tensors[*i];
-    memset(t, 0, sizeof *t);
-    const int n = snprintf(t->name, sizeof t->name, "%s", name);
-    ZT_ASSERT(n > 0 && (size_t)n < sizeof t->name);
-    t->ndim = d1 > 0 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1 > 0 ? d1 : 0;
-    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
-    t->offset = *off;
-    t->block = block;
-    t->weight_decay = decay;
-    *off += t->numel;
+    zt__hm_add_tensor(&t[*i], block, off, name, d0, d1, decay);
     (*i)++;
 }
 
-/* Builds (or, with m->tensors NULL, counts) the table; returns the number of tensors. */
-static int build_layout(zt_t5 *m)
+/* Builds the table into tensors and blocks (or, with tensors NULL, counts it), and with m->layers the layers'
+ * roles; returns the number of tensors. */
+static int build_layout(t5_model *m, zt_param_info *tensors, zt_block_info *blocks)
 {
     const zt_t5_config *c = &m->cfg;
     const int64_t C = c->d_model, I = m->I, F = c->d_ff, V = c->vocab_size, NB = c->num_buckets, NH = c->num_heads;
-    const bool count = m->tensors == NULL;
+    const bool count = tensors == NULL;
     size_t off = 0;
     int i = 0;
     char name[96];
@@ -417,26 +383,27 @@ static int build_layout(zt_t5 *m)
         if (count) {                                                                                           \
             i++;                                                                                               \
         } else {                                                                                               \
-            add_tensor(m, &i, block, &off, nm, d0, d1, decay);                                                 \
+            add_tensor(tensors, &i, block, &off, nm, d0, d1, decay);                                           \
         }                                                                                                      \
     } while (0)
     if (!count)
-        m->blocks[0].offset = 0;
+        blocks[0].offset = 0;
     ADD(0, "shared.weight", V, C, true);
     if (!count)
-        m->blocks[0].numel = off;
+        blocks[0].numel = off;
     for (int l = 0; l < m->L; l++) {
         const bool dec = l >= m->Le;
         const int k = dec ? l - m->Le : l, block = 1 + l;
         const char *stack = dec ? "decoder" : "encoder";
-        t5_layer *ly = count ? NULL : &m->layers[l];
+        t5_layer *ly = m->layers ? &m->layers[l] : NULL;
         if (ly) {
             ly->decoder = dec;
             ly->first = dec ? m->Le : 0;
             for (int r = 0; r < R_COUNT; r++)
                 ly->t[r] = -1;
-            m->blocks[block].offset = off;
         }
+        if (!count)
+            blocks[block].offset = off;
 #define ROLE(r)                                                                                               \
     do {                                                                                                      \
         if (ly)                                                                                               \
@@ -498,20 +465,19 @@ static int build_layout(zt_t5 *m)
             ROLE(R_FINAL);
             ADD(block, "encoder.final_layer_norm.weight", C, 0, false);
         }
-        if (ly)
-            m->blocks[block].numel = off - m->blocks[block].offset;
+        if (!count)
+            blocks[block].numel = off - blocks[block].offset;
 #undef ROLE
     }
     const int last = m->L + 1;
-    if (!count) {
-        m->blocks[last].offset = off;
-        m->final_tensor = i;
-    }
+    if (!count)
+        blocks[last].offset = off;
+    m->final_tensor = i;
     ADD(last, "decoder.final_layer_norm.weight", C, 0, false);
     if (!c->tie_word_embeddings)
         ADD(last, "lm_head.weight", V, C, true);
     if (!count) {
-        m->blocks[last].numel = off - m->blocks[last].offset;
+        blocks[last].numel = off - blocks[last].offset;
         m->num_params = off;
     }
 #undef ADD
@@ -585,7 +551,7 @@ static void *take(char *base, size_t *used, size_t bytes, size_t align)
 }
 
 /* Carves the buffers for ne encoder and nd decoder rows from base (NULL: counts); returns the bytes. */
-static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd, const t5_carving *k)
+static size_t carve(const t5_model *m, t5_run *r, char *base, size_t ne, size_t nd, const t5_carving *k)
 {
     const size_t C = (size_t)m->cfg.d_model, I = (size_t)m->I, F = (size_t)m->cfg.d_ff, UP = (size_t)m->UP;
     const size_t NH = (size_t)m->cfg.num_heads, f = k->e, f4 = sizeof(float), al = k->align;
@@ -649,7 +615,7 @@ static size_t carve(const zt_t5 *m, t5_run *r, char *base, size_t ne, size_t nd,
 
 /* Makes room for ne encoder and nd decoder rows (nothing is kept across micro-batches but the bias copies'
  * room, which a new slab gives again). */
-static void reserve(zt_t5 *m, size_t ne, size_t nd)
+static void reserve(t5_model *m, size_t ne, size_t nd)
 {
     t5_run *r = m->run;
     if (ne <= r->cap_e && nd <= r->cap_d)
@@ -680,7 +646,7 @@ static void *in_block(const t5_run *r, const void *bp, int idx)
 }
 
 /* The self-attention descriptor of layer l over its packed q | k | v rows. */
-static zt_attention_desc self_desc(const zt_t5 *m, const t5_acts *a, bool dec)
+static zt_attention_desc self_desc(const t5_model *m, const t5_acts *a, bool dec)
 {
     const t5_run *r = m->run;
     const int I = m->I, T = dec ? r->Td : r->Te;
@@ -694,7 +660,7 @@ static zt_attention_desc self_desc(const zt_t5 *m, const t5_acts *a, bool dec)
 }
 
 /* The cross-attention descriptor of sequences b0 .. b0+nb-1 (all of them with nb = B and no padding). */
-static zt_attention_desc cross_desc(const zt_t5 *m, const t5_acts *a, int b0, int nb)
+static zt_attention_desc cross_desc(const t5_model *m, const t5_acts *a, int b0, int nb)
 {
     const t5_run *r = m->run;
     const int I = m->I;
@@ -714,7 +680,7 @@ static int cross_calls(const t5_run *r)
     return r->padded ? r->B : 1;
 }
 
-static void ff_forward(const zt_t5 *m, const t5_run *r, const void *bp, const t5_layer *ly, t5_acts *a,
+static void ff_forward(const t5_model *m, const t5_run *r, const void *bp, const t5_layer *ly, t5_acts *a,
                        const void *x, int N)
 {
     const zt_ops *o = &r->ops;
@@ -731,7 +697,7 @@ static void ff_forward(const zt_t5 *m, const t5_run *r, const void *bp, const t5
 }
 
 /* Layer l's forward from x into its activations. */
-static void layer_forward(const zt_t5 *m, t5_run *r, int l, const void *bp, const void *x)
+static void layer_forward(const t5_model *m, t5_run *r, int l, const void *bp, const void *x)
 {
     const zt_ops *o = &r->ops;
     const t5_layer *ly = &m->layers[l];
@@ -769,7 +735,7 @@ static void layer_forward(const zt_t5 *m, t5_run *r, int l, const void *bp, cons
 
 /* Layer l's backward: r->dres from d(out) to d(x); weight gradients into bg; the decoder's cross-attention
  * adds d(encoder output) into r->denc. */
-static void layer_backward(const zt_t5 *m, t5_run *r, int l, const void *bp, void *bg, const void *x)
+static void layer_backward(const t5_model *m, t5_run *r, int l, const void *bp, void *bg, const void *x)
 {
     const zt_ops *o = &r->ops;
     const t5_layer *ly = &m->layers[l];
@@ -825,7 +791,7 @@ static void layer_backward(const zt_t5 *m, t5_run *r, int l, const void *bp, voi
 }
 
 /* The residual stream entering layer l. */
-static const void *layer_input(const zt_t5 *m, const t5_run *r, int l)
+static const void *layer_input(const t5_model *m, const t5_run *r, int l)
 {
     if (l == 0)
         return r->emb_enc;
@@ -834,12 +800,12 @@ static const void *layer_input(const zt_t5 *m, const t5_run *r, int l)
     return r->acts[l - 1].out;
 }
 
-static float decoder_scale(const zt_t5 *m)
+static float decoder_scale(const t5_model *m)
 {
     return m->cfg.scale_decoder_outputs ? 1.0f / sqrtf((float)m->cfg.d_model) : 1.0f;
 }
 
-static void t5_set_seq2seq(zt_t5 *m, const zt_model_seq2seq *s)
+static void t5_set_seq2seq(t5_model *m, const zt_model_seq2seq *s)
 {
     t5_run *r = m->run;
     ZT_ASSERT(s && s->decoder_tokens && s->Td >= 1 && s->Td <= m->max_T);
@@ -850,8 +816,10 @@ static void t5_set_seq2seq(zt_t5 *m, const zt_model_seq2seq *s)
     r->enc_lens = (int32_t *)s->encoder_lens;
 }
 
-static void t5_begin(zt_t5 *m, const int32_t *tokens, int B, int T)
+static void t5_begin(void *mv, const int32_t *tokens, int B, int T, const int32_t *pos)
 {
+    t5_model *m = mv;
+    ZT_ASSERT(pos == NULL); /* T5 does not pack (refused by the config) */
     t5_run *r = m->run;
     ZT_ASSERT(r->have_seq2seq); /* a T5 micro-batch needs its decoder side (set_seq2seq) first */
     ZT_ASSERT(B >= 1 && B <= m->max_B && T >= 1 && T <= m->max_T);
@@ -881,7 +849,7 @@ static void t5_begin(zt_t5 *m, const int32_t *tokens, int B, int T)
 }
 
 /* Block `block`'s forward (model.h's order) from the previous block's output, with its weights at bp. */
-static void prog_forward_block(const zt_t5 *m, t5_run *r, int block, const void *bp)
+static void prog_forward_block(const t5_model *m, t5_run *r, int block, const void *bp)
 {
     const zt_ops *o = &r->ops;
     ZT_ASSERT(block >= 0 && block <= m->L + 1);
@@ -905,7 +873,7 @@ static void prog_forward_block(const zt_t5 *m, t5_run *r, int block, const void 
 
 /* After the head's backward has left d(lnf) in r->dln: the rescale's backward, and the sums that the decoder
  * layers (the encoder output's gradient) and each stack's layers (its bias table's) add into, zeroed. */
-static void prog_head_backward_done(const zt_t5 *m, t5_run *r)
+static void prog_head_backward_done(const t5_model *m, t5_run *r)
 {
     const zt_ops *o = &r->ops;
     const size_t TB = (size_t)m->cfg.num_buckets * m->cfg.num_heads;
@@ -917,7 +885,7 @@ static void prog_head_backward_done(const zt_t5 *m, t5_run *r)
 }
 
 /* Block `block`'s backward: r->dres from d(its output) to d(its input); weight gradients added into bg. */
-static void prog_backward_block(const zt_t5 *m, t5_run *r, int block, const void *bp, void *bg)
+static void prog_backward_block(const t5_model *m, t5_run *r, int block, const void *bp, void *bg)
 {
     const zt_ops *o = &r->ops;
     ZT_ASSERT(block >= 0 && block <= m->L + 1);
@@ -950,13 +918,15 @@ static void prog_backward_block(const zt_t5 *m, t5_run *r, int block, const void
 
 /* ---- the CPU runner: the program with the CPU binding, the head on the CPU kernels ---- */
 
-static void t5_forward_block(zt_t5 *m, int block, const float *bp)
+static void t5_forward_block(void *mv, int block, const float *bp)
 {
+    t5_model *m = mv;
     prog_forward_block(m, m->run, block, bp);
 }
 
-static float t5_forward_head(zt_t5 *m, const float *hp, const int32_t *targets)
+static float t5_forward_head(void *mv, const float *hp, const int32_t *targets)
 {
+    t5_model *m = mv;
     t5_run *r = m->run;
     const int N = r->B * r->Td, C = m->cfg.d_model, V = m->cfg.vocab_size;
     zt_cpu_matmul_forward(r->logits, r->lnf, in_block(r, hp, m->head_tensor), NULL, N, C, V);
@@ -982,8 +952,9 @@ static float t5_forward_head(zt_t5 *m, const float *hp, const int32_t *targets)
     return (float)(sum / r->n_valid);
 }
 
-static void t5_backward_head(zt_t5 *m, const float *hp, float *hg, float loss_scale)
+static void t5_backward_head(void *mv, const float *hp, float *hg, float loss_scale)
 {
+    t5_model *m = mv;
     t5_run *r = m->run;
     ZT_ASSERT(r->have_targets); /* backward needs a forward with targets, once */
     r->have_targets = false;
@@ -999,15 +970,17 @@ static void t5_backward_head(zt_t5 *m, const float *hp, float *hg, float loss_sc
     prog_head_backward_done(m, r);
 }
 
-static void t5_backward_block(zt_t5 *m, int block, const float *bp, float *bg)
+static void t5_backward_block(void *mv, int block, const float *bp, float *bg)
 {
+    t5_model *m = mv;
     if (!m->run->backward_skip)
         prog_backward_block(m, m->run, block, bp, bg);
 }
 
 /* Fills a layer's intermediates with NaN (its output and the encoder output stay): a rebuild recomputes them. */
-static void t5_discard_block(zt_t5 *m, int block)
+static void t5_discard_block(void *mv, int block)
 {
+    t5_model *m = mv;
     if (block < 1 || block > m->L)
         return;
     t5_run *r = m->run;
@@ -1029,8 +1002,9 @@ static void t5_discard_block(zt_t5 *m, int block)
 /* Creation                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
 
-static void t5_destroy(zt_t5 *m)
+static void t5_destroy(void *mv)
 {
+    t5_model *m = mv;
     if (!m)
         return;
     if (m->run) {
@@ -1043,60 +1017,101 @@ static void t5_destroy(zt_t5 *m)
         free(m->run->targets);
         free(m->run);
     }
-    free(m->tensors);
-    free(m->blocks);
     free(m->layers);
-    free(m->params);
-    free(m->grads);
     free(m);
 }
 
-static zt_t5 *new_tables(const zt_t5_config *cfg, int B, int T)
+/* The config's derived sizes in m (the rest zero). */
+static void shape_of(t5_model *m, const zt_t5_config *cfg)
 {
-    zt_t5 *m = zt_xcalloc(1, sizeof *m);
-    m->cfg = *cfg;
-    m->Le = cfg->num_layers;
-    m->Ld = cfg->num_decoder_layers;
-    m->L = m->Le + m->Ld;
-    m->I = cfg->num_heads * cfg->d_kv;
-    m->UP = cfg->gated ? 2 * cfg->d_ff : cfg->d_ff;
-    m->max_B = B;
-    m->max_T = T;
-    m->num_tensors = build_layout(m); /* counts */
-    m->num_blocks = m->L + 2;
-    m->tensors = zt_xcalloc((size_t)m->num_tensors, sizeof *m->tensors);
-    m->blocks = zt_xcalloc((size_t)m->num_blocks, sizeof *m->blocks);
-    m->layers = zt_xcalloc((size_t)m->L, sizeof *m->layers);
-    ZT_ASSERT(build_layout(m) == m->num_tensors);
-    ZT_ASSERT(m->num_params == config_num_params(cfg));
-    m->head_block = cfg->tie_word_embeddings ? 0 : m->L + 1;
-    m->head_tensor = cfg->tie_word_embeddings ? 0 : m->num_tensors - 1;
-    return m;
+    *m = (t5_model){.cfg = *cfg, .Le = cfg->num_layers, .Ld = cfg->num_decoder_layers,
+                    .L = cfg->num_layers + cfg->num_decoder_layers, .I = cfg->num_heads * cfg->d_kv,
+                    .UP = cfg->gated ? 2 * cfg->d_ff : cfg->d_ff};
 }
 
-static void init_params(zt_t5 *m, uint64_t seed)
+static int count_tensors(const void *cfg)
 {
-    const zt_t5_config *c = &m->cfg;
+    t5_model m;
+    shape_of(&m, cfg);
+    return build_layout(&m, NULL, NULL);
+}
+
+static size_t table(const void *cfg, zt_param_info *tensors, zt_block_info *blocks)
+{
+    t5_model m;
+    shape_of(&m, cfg);
+    build_layout(&m, tensors, blocks);
+    ZT_ASSERT(m.num_params == config_num_params(cfg));
+    return m.num_params;
+}
+
+static int head_block(const void *cv)
+{
+    const zt_t5_config *c = cv;
+    return c->tie_word_embeddings ? 0 : c->num_layers + c->num_decoder_layers + 1;
+}
+
+/* Relative positions have no limit: only the widest activation row bounds B x T. */
+static int check_batch(const void *cv, int B, int T, zt_err *err)
+{
+    const zt_t5_config *cfg = cv;
+    if ((int64_t)B * T * (cfg->vocab_size > 2 * cfg->d_ff ? cfg->vocab_size : 2 * cfg->d_ff) > (int64_t)1 << 50)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
+    return 0;
+}
+
+/* The state of host model hm: the layers' roles over its tables, and with acts the CPU runner. */
+static int t5_state_create(void **out, const void *hm, bool acts, zt_err *err)
+{
+    (void)err; /* allocations abort (zt_xcalloc) */
+    t5_model *m = zt_xcalloc(1, sizeof *m);
+    shape_of(m, zt__hm_config(hm));
+    m->layers = zt_xcalloc((size_t)m->L, sizeof *m->layers);
+    m->num_tensors = build_layout(m, NULL, NULL); /* the roles */
+    ZT_ASSERT(m->num_tensors == zt__hm_num_tensors(hm));
+    m->num_params = zt__hm_num_params(hm);
+    m->num_blocks = zt__hm_num_blocks(hm);
+    m->tensors = zt__hm_tensor(hm, 0);
+    m->blocks = zt__hm_block(hm, 0);
+    m->max_B = zt__hm_max_batch(hm);
+    m->max_T = zt__hm_max_seq(hm);
+    m->head_block = zt__hm_head_block(hm);
+    m->head_tensor = m->cfg.tie_word_embeddings ? 0 : m->num_tensors - 1;
+    if (acts) {
+        m->run = zt_xcalloc(1, sizeof *m->run);
+        m->run->acts = zt_xcalloc((size_t)m->L, sizeof *m->run->acts);
+        m->run->woff_host = zt_xcalloc((size_t)m->num_tensors, sizeof(size_t));
+        for (int i = 0; i < m->num_tensors; i++)
+            m->run->woff_host[i] = m->tensors[i].offset - m->blocks[m->tensors[i].block].offset;
+        m->run->woff = m->run->woff_host;
+    }
+    *out = m;
+    return 0;
+}
+
+static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
+{
+    const zt_t5_config *c = cv;
     const double f = c->initializer_factor, C = c->d_model;
     zt_rng r;
     zt_rng_seed(&r, seed);
-    for (int i = 0; i < m->num_tensors; i++) {
-        const zt_param_info *t = &m->tensors[i];
-        float *x = m->params + t->offset;
-        const char *n = t->name;
+    for (int i = 0; i < n; i++) {
+        const zt_param_info *t = &tensors[i];
+        float *x = params + t->offset;
+        const char *nm = t->name;
         double std;
         if (t->ndim == 1) {
             for (size_t j = 0; j < t->numel; j++)
                 x[j] = (float)f;
             continue;
         }
-        if (strcmp(n, "shared.weight") == 0 || strcmp(n, "lm_head.weight") == 0)
+        if (strcmp(nm, "shared.weight") == 0 || strcmp(nm, "lm_head.weight") == 0)
             std = f;
-        else if (strstr(n, ".q.weight"))
+        else if (strstr(nm, ".q.weight"))
             std = f / sqrt(C * c->d_kv);
-        else if (strstr(n, ".o.weight"))
+        else if (strstr(nm, ".o.weight"))
             std = f / sqrt((double)c->num_heads * c->d_kv);
-        else if (strstr(n, ".wo.weight"))
+        else if (strstr(nm, ".wo.weight"))
             std = f / sqrt((double)c->d_ff);
         else /* k, v, the bias tables, wi, wi_0, wi_1 */
             std = f / sqrt(C);
@@ -1104,45 +1119,15 @@ static void init_params(zt_t5 *m, uint64_t seed)
     }
 }
 
-static int t5_create_layout(zt_t5 **out, const zt_t5_config *cfg, zt_err *err)
+static const float *t5_logits(const void *mv)
 {
-    *out = NULL;
-    int rc = config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    *out = new_tables(cfg, 1, 1);
-    return 0;
+    return ((const t5_model *)mv)->run->logits;
 }
 
-static int t5_create(zt_t5 **out, const zt_t5_config *cfg, int B, int T, uint64_t seed, zt_err *err)
-{
-    *out = NULL;
-    int rc = config_validate(cfg, err);
-    if (rc < 0)
-        return rc;
-    if (B < 1 || T < 1)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size (%d) and sequence length (%d) must be at least 1", B, T);
-    if ((int64_t)B * T * (cfg->vocab_size > 2 * cfg->d_ff ? cfg->vocab_size : 2 * cfg->d_ff) > (int64_t)1 << 50)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
-    zt_t5 *m = new_tables(cfg, B, T);
-    const size_t bytes = m->num_params * sizeof(float);
-    m->params = malloc(bytes);
-    m->grads = calloc(m->num_params, sizeof(float));
-    if (!m->params || !m->grads) {
-        t5_destroy(m);
-        return zt_fail(err, ZT_ENOMEM, "out of memory: parameters and gradients need %.1f MiB (choose a smaller model)",
-                       2.0 * (double)bytes / (1 << 20));
-    }
-    m->run = zt_xcalloc(1, sizeof *m->run);
-    m->run->acts = zt_xcalloc((size_t)m->L, sizeof *m->run->acts);
-    m->run->woff_host = zt_xcalloc((size_t)m->num_tensors, sizeof(size_t));
-    for (int i = 0; i < m->num_tensors; i++)
-        m->run->woff_host[i] = m->tensors[i].offset - m->blocks[m->tensors[i].block].offset;
-    m->run->woff = m->run->woff_host;
-    init_params(m, seed);
-    *out = m;
-    return 0;
-}
+static const zt__hm_passes passes = {.create = t5_state_create, .destroy = t5_destroy, .forward_begin = t5_begin,
+                                     .forward_block = t5_forward_block, .forward_head = t5_forward_head,
+                                     .backward_head = t5_backward_head, .backward_block = t5_backward_block,
+                                     .discard_block = t5_discard_block, .logits = t5_logits};
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Whole passes                                                                                         */
@@ -1151,24 +1136,19 @@ static int t5_create(zt_t5 **out, const zt_t5_config *cfg, int B, int T, uint64_
 float zt_t5_forward(zt_t5 *m, const int32_t *enc_tokens, int B, int T, const zt_model_seq2seq *s,
                     const int32_t *targets)
 {
-    t5_set_seq2seq(m, s);
-    t5_begin(m, enc_tokens, B, T);
-    for (int b = 0; b < m->num_blocks; b++)
-        t5_forward_block(m, b, m->params + m->blocks[b].offset);
-    return t5_forward_head(m, m->params + m->blocks[m->head_block].offset, targets);
+    t5_set_seq2seq(zt__hm_state(m), s);
+    zt__hm_forward_begin(m, enc_tokens, B, T, NULL);
+    return zt__hm_forward_rest(m, targets);
 }
 
 void zt_t5_backward(zt_t5 *m, float loss_scale)
 {
-    const size_t h = m->blocks[m->head_block].offset;
-    t5_backward_head(m, m->params + h, m->grads + h, loss_scale);
-    for (int b = m->num_blocks - 1; b >= 0; b--)
-        t5_backward_block(m, b, m->params + m->blocks[b].offset, m->grads + m->blocks[b].offset);
+    zt__hm_backward(m, loss_scale);
 }
 
 const float *zt_t5_logits(const zt_t5 *m)
 {
-    return m->run->logits;
+    return zt__hm_logits(m);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -1183,26 +1163,26 @@ static void hf_export_name(const void *m, const zt_param_info *t, char *out, siz
 
 /* The table's names; the stacks' embed_tokens and a tied lm_head are the shared embedding; the decoder's
  * cross-attention bias table, which transformers ignores, is skipped. */
-static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
+static enum zt_hf_kind hf_map(const void *m, const char *name, int *idx)
 {
-    const zt_t5 *m = mv;
+    const zt_t5_config *c = zt__hm_config(m);
     if (strcmp(name, "encoder.embed_tokens.weight") == 0 || strcmp(name, "decoder.embed_tokens.weight") == 0 ||
-        (strcmp(name, "lm_head.weight") == 0 && m->cfg.tie_word_embeddings)) {
+        (strcmp(name, "lm_head.weight") == 0 && c->tie_word_embeddings)) {
         *idx = 0;
         return ZT_HF_TIED;
     }
     if (strcmp(name, "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight") == 0)
         return ZT_HF_BUFFER;
-    *idx = zt__host_find_tensor(m->tensors, m->num_tensors, name);
+    *idx = zt__host_find_tensor(zt__hm_tensor(m, 0), zt__hm_num_tensors(m), name);
     return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
 }
 
-static void hf_describe(const void *mv, char *out, size_t cap)
+static void hf_describe(const void *m, char *out, size_t cap)
 {
-    const zt_t5 *m = mv;
-    snprintf(out, cap, "a T5 with %d encoder and %d decoder layers and %s head (tie_word_embeddings %s)", m->Le,
-             m->Ld, m->cfg.tie_word_embeddings ? "a tied" : "an untied",
-             m->cfg.tie_word_embeddings ? "true" : "false");
+    const zt_t5_config *c = zt__hm_config(m);
+    snprintf(out, cap, "a T5 with %d encoder and %d decoder layers and %s head (tie_word_embeddings %s)",
+             c->num_layers, c->num_decoder_layers, c->tie_word_embeddings ? "a tied" : "an untied",
+             c->tie_word_embeddings ? "true" : "false");
 }
 
 static const zt_hf_names hf_names = {
@@ -1225,54 +1205,16 @@ static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err
 static int f_config_save(const void *c, const char *path, zt_err *err) { return config_save(c, path, err); }
 static int f_config_validate(const void *c, zt_err *err) { return config_validate(c, err); }
 
-static const char *f_config_diff(const void *a, const void *b, char *av, char *bv, size_t cap)
-{
-    const zt_t5_config *x = a, *y = b;
-#define CMP(f, fmt, cast)                                                                                     \
-    if (x->f != y->f) {                                                                                       \
-        snprintf(av, cap, fmt, (cast)x->f);                                                                   \
-        snprintf(bv, cap, fmt, (cast)y->f);                                                                   \
-        return #f;                                                                                            \
-    }
-    CMP(mt5, "%d", int)
-    CMP(vocab_size, "%d", int)
-    CMP(d_model, "%d", int)
-    CMP(d_kv, "%d", int)
-    CMP(d_ff, "%d", int)
-    CMP(num_layers, "%d", int)
-    CMP(num_decoder_layers, "%d", int)
-    CMP(num_heads, "%d", int)
-    CMP(num_buckets, "%d", int)
-    CMP(max_distance, "%d", int)
-    CMP(layer_norm_epsilon, "%g", double)
-    CMP(gated, "%d", int)
-    CMP(tie_word_embeddings, "%d", int)
-    CMP(scale_decoder_outputs, "%d", int)
-    CMP(n_positions, "%d", int)
-    CMP(pad_token_id, "%d", int)
-    CMP(eos_token_id, "%d", int)
-    CMP(decoder_start_token_id, "%d", int)
-#undef CMP
-    return NULL;
-}
-
-static uint64_t f_config_fingerprint(const void *cv)
-{
-    const zt_t5_config *c = cv;
-    const int64_t ints[] = {5, c->mt5, c->vocab_size, c->d_model, c->d_kv, c->d_ff, c->num_layers,
-                            c->num_decoder_layers, c->num_heads, c->num_buckets, c->max_distance, c->gated,
-                            c->tie_word_embeddings, c->scale_decoder_outputs, c->n_positions, c->pad_token_id,
-                            c->eos_token_id, c->decoder_start_token_id};
-    const double reals[] = {c->layer_norm_epsilon, c->initializer_factor, c->dropout_rate};
-    uint64_t h = 14695981039346656037ULL;
-    const unsigned char *p = (const unsigned char *)ints;
-    for (size_t i = 0; i < sizeof ints; i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
-    p = (const unsigned char *)reals;
-    for (size_t i = 0; i < sizeof reals; i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
-    return h;
-}
+#define F(name, kind, hash_only) {#name, offsetof(zt_t5_config, name), ZT__HM_##kind, hash_only}
+static const zt__hm_field fields[] = {
+    F(mt5, BOOL, false), F(vocab_size, INT, false), F(d_model, INT, false), F(d_kv, INT, false),
+    F(d_ff, INT, false), F(num_layers, INT, false), F(num_decoder_layers, INT, false), F(num_heads, INT, false),
+    F(num_buckets, INT, false), F(max_distance, INT, false), F(layer_norm_epsilon, FLOAT, false),
+    F(gated, BOOL, false), F(tie_word_embeddings, BOOL, false), F(scale_decoder_outputs, BOOL, false),
+    F(n_positions, INT, false), F(pad_token_id, INT, false), F(eos_token_id, INT, false),
+    F(decoder_start_token_id, INT, false), F(initializer_factor, DOUBLE, true), F(dropout_rate, DOUBLE, true),
+};
+#undef F
 
 static void f_config_describe(const void *cv, char *buf, size_t cap)
 {
@@ -1293,51 +1235,21 @@ static void f_config_shape(const void *cv, zt_family_shape *s)
                            .eos_token_id = c->eos_token_id};
 }
 
+extern const zt_family_def zt__family_t5;
+
+static const zt__hm_spec spec = {.def = &zt__family_t5, .config_size = sizeof(zt_t5_config),
+                                 .count_tensors = count_tensors, .build_layout = table, .init = init_params,
+                                 .passes = &passes, .head_block = head_block, .check_batch = check_batch};
+
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {
-    return t5_create((zt_t5 **)out, c, B, T, seed, err);
+    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
 }
-static int f_create_layout(void **out, const void *c, zt_err *err) { return t5_create_layout((zt_t5 **)out, c, err); }
-static void f_destroy(void *m) { t5_destroy(m); }
-static const void *f_config(const void *m) { return &((const zt_t5 *)m)->cfg; }
-static size_t f_num_params(const void *m) { return ((const zt_t5 *)m)->num_params; }
-static int f_num_tensors(const void *m) { return ((const zt_t5 *)m)->num_tensors; }
-static const zt_param_info *f_tensor(const void *mv, int i)
+static int f_create_layout(void **out, const void *c, zt_err *err)
 {
-    const zt_t5 *m = mv;
-    ZT_ASSERT(i >= 0 && i < m->num_tensors);
-    return &m->tensors[i];
+    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
 }
-static int f_num_blocks(const void *m) { return ((const zt_t5 *)m)->num_blocks; }
-static const zt_block_info *f_block(const void *mv, int i)
-{
-    const zt_t5 *m = mv;
-    ZT_ASSERT(i >= 0 && i < m->num_blocks);
-    return &m->blocks[i];
-}
-static int f_head_block(const void *m) { return ((const zt_t5 *)m)->head_block; }
-static int f_max_batch(const void *m) { return ((const zt_t5 *)m)->max_B; }
-static int f_max_seq(const void *m) { return ((const zt_t5 *)m)->max_T; }
-static float *f_params(void *m) { return ((zt_t5 *)m)->params; }
-static float *f_grads(void *m) { return ((zt_t5 *)m)->grads; }
-static void f_release_params(void *mv)
-{
-    zt_t5 *m = mv;
-    free(m->params);
-    m->params = zt_xcalloc(m->num_params ? m->num_params : 1, sizeof(float));
-}
-static void f_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
-{
-    ZT_ASSERT(pos == NULL); /* T5 does not pack (refused by the config) */
-    t5_begin(m, tok, B, T);
-}
-static void f_forward_block(void *m, int b, const float *w) { t5_forward_block(m, b, w); }
-static float f_forward_head(void *m, const float *w, const int32_t *t) { return t5_forward_head(m, w, t); }
-static void f_backward_head(void *m, const float *w, float *g, float s) { t5_backward_head(m, w, g, s); }
-static void f_backward_block(void *m, int b, const float *w, float *g) { t5_backward_block(m, b, w, g); }
-static void f_discard_block(void *m, int b) { t5_discard_block(m, b); }
-static const float *f_logits(const void *m) { return zt_t5_logits(m); }
-static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(m, s); }
+static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(zt__hm_state(m), s); }
 
 #ifdef ZT_WITH_CUDA
 /* ---------------------------------------------------------------------------------------------------- */
@@ -1351,7 +1263,7 @@ static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(m
  * pool for micro-batches of up to max_B x max_T encoder and decoder tokens; nothing is allocated in a step. */
 typedef struct t5_cuda {
     zt_model base;              /* first member: a zt_model * is a t5_cuda * */
-    const zt_t5 *m;             /* the host model's tables (borrowed) */
+    const t5_model *m;             /* the host model's tables (borrowed) */
     t5_run r;                   /* the program's state: device buffers, the CUDA binding */
     enum zt_dtype dtype;
     int max_B, max_T, max_micro, Vp;
@@ -1372,7 +1284,7 @@ typedef struct t5_cuda {
 static const zt_model_ops t5_cuda_ops;
 
 /* The largest attention calls of a micro-batch, for the backward's scratch. */
-static size_t cuda_attn_scratch(const zt_t5 *m, int B, int T)
+static size_t cuda_attn_scratch(const t5_model *m, int B, int T)
 {
     const zt_attention_desc self = {.B = B, .Tq = T, .Tk = T, .NH = m->cfg.num_heads, .NKV = m->cfg.num_heads,
                                     .HS = m->cfg.d_kv, .scale = 1.0f, .window = -1, .bias = ZT_ATTENTION_BIAS_T5,
@@ -1406,7 +1318,7 @@ static size_t cuda_carve(t5_cuda *g, char *base, size_t plan[2])
     return used;
 }
 
-static t5_cuda *cuda_new_shape(const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype)
+static t5_cuda *cuda_new_shape(const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype)
 {
     t5_cuda *g = zt_xcalloc(1, sizeof *g);
     g->m = m;
@@ -1462,7 +1374,7 @@ static void t5_cuda_destroy(zt_model *base)
 }
 
 /* Whether the kernels serve the model; 0 or ZT_EUNSUPPORTED with the fix. */
-static int cuda_check_shape(const zt_t5 *m, int max_micro, enum zt_dtype dtype, zt_err *err)
+static int cuda_check_shape(const t5_model *m, int max_micro, enum zt_dtype dtype, zt_err *err)
 {
     const zt_t5_config *c = &m->cfg;
     if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
@@ -1497,14 +1409,14 @@ static int cuda_check_shape(const zt_t5 *m, int max_micro, enum zt_dtype dtype, 
     return 0;
 }
 
-static zt_model *t5_cuda_shape(const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype)
+static zt_model *t5_cuda_shape(const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype)
 {
     t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
     g->base.device_bytes = cuda_carve(g, NULL, NULL);
     return &g->base;
 }
 
-static int t5_cuda_create(zt_model **out, const zt_t5 *m, int B, int T, int max_micro, enum zt_dtype dtype,
+static int t5_cuda_create(zt_model **out, const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
                           const bool *ckpt_layers, zt_err *err)
 {
     *out = NULL;
@@ -1675,13 +1587,13 @@ static const zt_model_ops t5_cuda_ops = {
 static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
                          const bool *ckpt_layers, zt_err *err)
 {
-    return t5_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
+    return t5_cuda_create(out, zt__hm_state(m), B, T, max_micro, dtype, ckpt_layers, err);
 }
 
 static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
 {
     (void)ckpt;
-    return t5_cuda_shape(m, B, T, max_micro, dtype);
+    return t5_cuda_shape(zt__hm_state(m), B, T, max_micro, dtype);
 }
 #endif /* ZT_WITH_CUDA */
 
@@ -1694,33 +1606,13 @@ const zt_family_def zt__family_t5 = {
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
     .config_validate = f_config_validate,
-    .config_diff = f_config_diff,
-    .config_fingerprint = f_config_fingerprint,
+    ZT__HM_FIELD_ENTRIES(fields, 5)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .create = f_create,
     .create_layout = f_create_layout,
-    .destroy = f_destroy,
-    .config = f_config,
-    .num_params = f_num_params,
-    .num_tensors = f_num_tensors,
-    .tensor = f_tensor,
-    .num_blocks = f_num_blocks,
-    .block = f_block,
-    .head_block = f_head_block,
-    .max_batch = f_max_batch,
-    .max_seq = f_max_seq,
-    .params = f_params,
-    .grads = f_grads,
-    .release_params = f_release_params,
     .hf = &hf_names,
-    .forward_begin = f_forward_begin,
-    .forward_block = f_forward_block,
-    .forward_head = f_forward_head,
-    .backward_head = f_backward_head,
-    .backward_block = f_backward_block,
-    .discard_block = f_discard_block,
-    .logits = f_logits,
+    ZT__HM_HOST_ENTRIES
     .embedding_reads_weights = false,
     .set_seq2seq = f_set_seq2seq,
 #ifdef ZT_WITH_CUDA
