@@ -447,7 +447,7 @@ static void run_rope(enum zt_dtype dt, int B, int T, int NH, int NKV, int HS, in
     zt_cuda_rope_forward(d_qkv, d_inv, B, T, NH, NKV, HS, rot, pos0, dt, g_stream, NULL);
     float *got = dev_download(d_qkv, n, dt);
     zt_cpu_rope_forward(qkv, inv_freq, B, T, NH, NKV, HS, rot, pos0, NULL);
-    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d rot %d pos0 %d forward", B, T, NH, NKV, HS, rot, pos0, NULL);
+    snprintf(name, sizeof(name), "rope B%d T%d NH%d NKV%d HS%d rot %d pos0 %d forward", B, T, NH, NKV, HS, rot, pos0);
     check_close(name, dt, got, qkv, n, tol_of(dt));
     memcpy(qkv, got, sizeof(float) * n); /* the backward's input: the GPU's rotated values, on both sides */
     free(got);
