@@ -6,6 +6,9 @@
 #     ztrain against (numpy, safetensors, tokenizers; transformers without PyTorch and jinja2 for the chat
 #     templates' apply_chat_template), and the deploy tests' validators (kubernetes-validate, PyYAML,
 #     dockerfile). Nothing from it is linked into ztrain.
+#   - With ZT_WITH_TORCH=1, PyTorch too (PyPI's wheel, about 5 GB with its CUDA libraries), so that the
+#     interop tests that run transformers' own models (ctest -L interop: LLaMA, Qwen2, GPT-NeoX, T5, SFT,
+#     packing, export) run instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,7 @@ PIP_PACKAGES=(numpy==1.26.4 safetensors==0.8.0
   kubernetes-validate==1.37.0 PyYAML==6.0.2 dockerfile==3.4.0
   grpcio==1.76.0 grpcio-tools==1.76.0 grpcio-health-checking==1.76.0 protobuf==6.33.0
   tokenizers==0.23.3 transformers==5.23.0 jinja2==3.1.6)
+[ "${ZT_WITH_TORCH:-0}" = 1 ] && PIP_PACKAGES+=(torch==2.15.0)
 
 log() { printf 'install-deps: %s\n' "$*"; }
 
