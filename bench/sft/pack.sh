@@ -10,7 +10,7 @@
 set -eu
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-OUT="${1:-bench-out/sft-pack}"
+OUT_DIR="${1:-bench-out/sft-pack}"
 ZTRAIN="${ZTRAIN:-build/worker/ztrain}"
 PY="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cpu}"
@@ -19,8 +19,8 @@ B="${BATCH:-8}"
 N="${CHATS:-4000}"
 C="${HIDDEN:-256}"
 L="${LAYERS:-4}"
-mkdir -p "$OUT"
-"$PY" - "$OUT" "$N" <<'PY'
+mkdir -p "$OUT_DIR"
+"$PY" - "$OUT_DIR" "$N" <<'PY'
 import json, random, sys
 out, n = sys.argv[1], int(sys.argv[2])
 rng = random.Random(7)
@@ -40,7 +40,7 @@ for name, count in (("train", n), ("val", max(64, n // 20))):
         for _ in range(count):
             f.write(json.dumps(chat()) + "\n")
 PY
-cat > "$OUT/model.json" <<J
+cat > "$OUT_DIR/model.json" <<J
 {"model_type": "llama", "hidden_size": $C, "intermediate_size": $((C * 8 / 3 / 8 * 8)), "num_hidden_layers": $L,
  "num_attention_heads": $((C / 32)), "num_key_value_heads": $((C / 64)), "max_position_embeddings": $T, "vocab_size": 256,
  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
@@ -51,19 +51,19 @@ for way in padded packed; do
   flags=()
   [ "$way" = packed ] && flags=(--sft-pack)
   # one epoch: as many steps as the loader has batches (read from a dry first line of the log)
-  rows=$("$ZTRAIN" train --model "$OUT/model.json" --tokenizer "$ROOT/examples/byte-tokenizer.json" \
-    --sft-data "$OUT/train.jsonl" --chat-template chatml --seq-len "$T" --batch-size "$B" --steps 1 \
-    --save-every -1 --out "$OUT/probe-$way" --device "$DEVICE" "${prec[@]}" "${flags[@]}" 2>&1 |
+  rows=$("$ZTRAIN" train --model "$OUT_DIR/model.json" --tokenizer "$ROOT/examples/byte-tokenizer.json" \
+    --sft-data "$OUT_DIR/train.jsonl" --chat-template chatml --seq-len "$T" --batch-size "$B" --steps 1 \
+    --save-every -1 --out "$OUT_DIR/probe-$way" --device "$DEVICE" "${prec[@]}" "${flags[@]}" 2>&1 |
     sed -n "s/.*; \([0-9]*\) batches of $B x $T per epoch.*/\1/p" | head -1)
   start=$(date +%s.%N)
-  "$ZTRAIN" train --model "$OUT/model.json" --tokenizer "$ROOT/examples/byte-tokenizer.json" \
-    --sft-data "$OUT/train.jsonl" --sft-val-data "$OUT/val.jsonl" --chat-template chatml --seq-len "$T" \
+  "$ZTRAIN" train --model "$OUT_DIR/model.json" --tokenizer "$ROOT/examples/byte-tokenizer.json" \
+    --sft-data "$OUT_DIR/train.jsonl" --sft-val-data "$OUT_DIR/val.jsonl" --chat-template chatml --seq-len "$T" \
     --batch-size "$B" --steps "$rows" --lr 2e-3 --min-lr 2e-4 --warmup $((rows / 10)) --eval-every "$rows" --save-every -1 \
-    --log-every 50 --out "$OUT/run-$way" --device "$DEVICE" "${prec[@]}" "${flags[@]}" > "$OUT/$way.log" 2>&1
+    --log-every 50 --out "$OUT_DIR/run-$way" --device "$DEVICE" "${prec[@]}" "${flags[@]}" > "$OUT_DIR/$way.log" 2>&1
   end=$(date +%s.%N)
-  trained=$(sed -n "s/.* \([0-9]*\) trained (.*/\1/p" "$OUT/$way.log" | head -1)
-  fill=$(sed -n "s/.*padding \([0-9.]*\)% of the rows' tokens.*/\1/p" "$OUT/$way.log" | head -1)
-  val=$(sed -n "s/.*val loss [0-9.]* -> \([0-9.]*\).*/\1/p" "$OUT/$way.log" | tail -1)
+  trained=$(sed -n "s/.* \([0-9]*\) trained (.*/\1/p" "$OUT_DIR/$way.log" | head -1)
+  fill=$(sed -n "s/.*padding \([0-9.]*\)% of the rows' tokens.*/\1/p" "$OUT_DIR/$way.log" | head -1)
+  val=$(sed -n "s/.*val loss [0-9.]* -> \([0-9.]*\).*/\1/p" "$OUT_DIR/$way.log" | tail -1)
   "$PY" -c "import sys; w,r,s,e,t,f,v=sys.argv[1:]; d=float(e)-float(s); print(f'{w:7s} {int(r):6d} steps of {$B} x {$T}  {d:8.1f} s  {int(t)/d:10.0f} trained tok/s  padding {f}%  val loss {v}')" \
     "$way" "$rows" "$start" "$end" "$trained" "$fill" "${val:-nan}"
 done
