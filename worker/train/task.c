@@ -356,6 +356,53 @@ static void log_sft(const char *what, const char *path, const zt_sft_data *d, co
     }
 }
 
+/* Opens the training and validation files of examples (--sft-data, --sft-val-data) into loaders of B x T
+ * batches and logs what they hold (rank 0); trims *eval_batches to what the validation file fills. `fix` is
+ * the flags named when an example is too long and --sft-overlong refuse. Returns 0 or the error, prefixed
+ * with the file's flag. */
+static int open_example_files(zt_task *t, const zt_train_config *cfg, const zt_sft_options *opt,
+                              const zt_sft_batch_options *bo, int B, int T, bool packed, const char *fix, bool is0,
+                              int64_t *eval_batches, zt_err *err)
+{
+    const char *flags[2] = {"--sft-data", "--sft-val-data"};
+    const char *paths[2] = {cfg->sft_data, cfg->sft_val_data};
+    zt_sft_data **sets[2] = {&t->strain, &t->sval};
+    zt_sft_loader **loaders[2] = {&t->ltrain, &t->lval};
+    for (int i = 0; i < 2; i++) {
+        if (paths[i][0] == '\0')
+            continue;
+        zt_sft_batch_options o = *bo;
+        o.shuffle = i == 0 && cfg->shuffle;
+        int rc;
+        if ((rc = zt_sft_open(sets[i], paths[i], t->tokenizer, opt, err)) < 0 ||
+            (rc = zt_sft_loader_create(loaders[i], *sets[i], &o, err)) < 0) {
+            prefix_error(err, flags[i]);
+            if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
+                strstr(err->msg, "longer") && strlen(err->msg) + strlen(fix) + 4 < sizeof err->msg) {
+                strcat(err->msg, " (");
+                strcat(err->msg, fix);
+                strcat(err->msg, ")");
+            }
+            return rc;
+        }
+        if (is0)
+            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T, packed);
+    }
+    if (!t->lval) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "data: no sft_val_data given: no evaluation");
+        return 0;
+    }
+    const uint64_t available = zt_sft_loader_batches_per_epoch(t->lval);
+    if ((uint64_t)*eval_batches > available) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "eval: the validation examples fill %llu batches; evaluating on those instead of %lld",
+                   (unsigned long long)available, (long long)*eval_batches);
+        *eval_batches = (int64_t)available;
+    }
+    return 0;
+}
+
 /* The tokenizer, the chat template, the examples of --sft-data and --sft-val-data, and padded or packed
  * (--sft-pack) loaders over them (eval_batches lowered to the validation file's batches). */
 static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool is0, int64_t *eval_batches,
@@ -389,43 +436,12 @@ static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool i
                cfg->sft_pack ? "packed batches (examples first-fit into rows, each attending only within itself, "
                                "positions restarting at 0)"
                              : "padded batches (one example a row)");
-    const char *flags[2] = {"--sft-data", "--sft-val-data"};
-    const char *paths[2] = {cfg->sft_data, cfg->sft_val_data};
-    zt_sft_data **sets[2] = {&t->strain, &t->sval};
-    zt_sft_loader **loaders[2] = {&t->ltrain, &t->lval};
-    for (int i = 0; i < 2; i++) {
-        if (paths[i][0] == '\0')
-            continue;
-        zt_sft_batch_options o = bo;
-        o.shuffle = i == 0 && cfg->shuffle;
-        if ((rc = zt_sft_open(sets[i], paths[i], t->tokenizer, &opt, err)) < 0 ||
-            (rc = zt_sft_loader_create(loaders[i], *sets[i], &o, err)) < 0) {
-            prefix_error(err, flags[i]);
-            if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
-                strstr(err->msg, "longer") && strlen(err->msg) + 80 < sizeof err->msg)
-                strcat(err->msg, " (--seq-len, --sft-overlong truncate)");
-            return rc;
-        }
-        if (is0)
-            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T, cfg->sft_pack);
-    }
     const size_t n = (size_t)B * (size_t)T;
     t->positions = zt_xmalloc(n * sizeof(int32_t));
     t->cu_seqlens = zt_xmalloc((size_t)B * ((size_t)T + 1) * sizeof(int32_t));
     t->nseqs = zt_xmalloc((size_t)B * sizeof(int32_t));
-    if (!t->lval) {
-        if (is0)
-            zt_log(ZT_LOG_INFO, "data: no sft_val_data given: no evaluation");
-        return 0;
-    }
-    const uint64_t available = zt_sft_loader_batches_per_epoch(t->lval);
-    if ((uint64_t)*eval_batches > available) {
-        if (is0)
-            zt_log(ZT_LOG_INFO, "eval: the validation examples fill %llu batches; evaluating on those instead of %lld",
-                   (unsigned long long)available, (long long)*eval_batches);
-        *eval_batches = (int64_t)available;
-    }
-    return 0;
+    return open_example_files(t, cfg, &opt, &bo, B, T, cfg->sft_pack, "--seq-len, --sft-overlong truncate", is0,
+                              eval_batches, err);
 }
 
 /* The next padded or packed batch (its positions kept in t->positions). A batch without a trained token (possible only when every example in it lost its
@@ -474,42 +490,11 @@ static int open_seq2seq(zt_task *t, const zt_train_config *cfg, int B, int T, bo
     if (is0)
         zt_log(ZT_LOG_INFO, "seq2seq: inputs of %d tokens, targets of %d, decoder start token %d; the loss is the mean "
                "over the batch's target tokens; dropout is not applied", T, t->Td, bo.decoder_start_id);
-    const char *flags[2] = {"--sft-data", "--sft-val-data"};
-    const char *paths[2] = {cfg->sft_data, cfg->sft_val_data};
-    zt_sft_data **sets[2] = {&t->strain, &t->sval};
-    zt_sft_loader **loaders[2] = {&t->ltrain, &t->lval};
-    for (int i = 0; i < 2; i++) {
-        if (paths[i][0] == '\0')
-            continue;
-        zt_sft_batch_options o = bo;
-        o.shuffle = i == 0 && cfg->shuffle;
-        if ((rc = zt_sft_open(sets[i], paths[i], t->tokenizer, &opt, err)) < 0 ||
-            (rc = zt_sft_loader_create(loaders[i], *sets[i], &o, err)) < 0) {
-            prefix_error(err, flags[i]);
-            if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
-                strstr(err->msg, "longer") && strlen(err->msg) + 80 < sizeof err->msg)
-                strcat(err->msg, " (--seq-len, --target-len, --sft-overlong truncate)");
-            return rc;
-        }
-        if (is0)
-            log_sft(i == 0 ? "train" : "val", paths[i], *sets[i], *loaders[i], B, T, false);
-    }
     t->dec_in = zt_xmalloc((size_t)B * (size_t)t->Td * sizeof(int32_t));
     t->dec_targets = zt_xmalloc((size_t)B * (size_t)t->Td * sizeof(int32_t));
     t->src_len = zt_xmalloc((size_t)B * sizeof(int32_t));
-    if (!t->lval) {
-        if (is0)
-            zt_log(ZT_LOG_INFO, "data: no sft_val_data given: no evaluation");
-        return 0;
-    }
-    const uint64_t available = zt_sft_loader_batches_per_epoch(t->lval);
-    if ((uint64_t)*eval_batches > available) {
-        if (is0)
-            zt_log(ZT_LOG_INFO, "eval: the validation examples fill %llu batches; evaluating on those instead of %lld",
-                   (unsigned long long)available, (long long)*eval_batches);
-        *eval_batches = (int64_t)available;
-    }
-    return 0;
+    return open_example_files(t, cfg, &opt, &bo, B, T, false, "--seq-len, --target-len, --sft-overlong truncate",
+                              is0, eval_batches, err);
 }
 
 /* The next batch: the inputs in tokens [B,T] (padded), the targets at the start of each row of targets [B,T]
