@@ -646,9 +646,8 @@ static void *in_block(const t5_run *r, const void *bp, int idx)
 }
 
 /* The self-attention descriptor of layer l over its packed q | k | v rows. */
-static zt_attention_desc self_desc(const t5_model *m, const t5_acts *a, bool dec)
+static zt_attention_desc self_desc(const t5_model *m, const t5_run *r, const t5_acts *a, bool dec)
 {
-    const t5_run *r = m->run;
     const int I = m->I, T = dec ? r->Td : r->Te;
     return (zt_attention_desc){
         .q = a->qkv, .k = EL(a->qkv, I), .v = EL(a->qkv, 2 * I), .q_stride = 3 * I, .k_stride = 3 * I,
@@ -660,9 +659,8 @@ static zt_attention_desc self_desc(const t5_model *m, const t5_acts *a, bool dec
 }
 
 /* The cross-attention descriptor of sequences b0 .. b0+nb-1 (all of them with nb = B and no padding). */
-static zt_attention_desc cross_desc(const t5_model *m, const t5_acts *a, int b0, int nb)
+static zt_attention_desc cross_desc(const t5_model *m, const t5_run *r, const t5_acts *a, int b0, int nb)
 {
-    const t5_run *r = m->run;
     const int I = m->I;
     const size_t q0 = (size_t)b0 * r->Td, k0 = (size_t)b0 * r->Te;
     return (zt_attention_desc){
@@ -710,7 +708,7 @@ static void layer_forward(const t5_model *m, t5_run *r, int l, const void *bp, c
         o->to_f32(o, r->bias[dec], W(R_BIAS), (size_t)m->cfg.num_buckets * m->cfg.num_heads);
     o->rmsnorm(o, a->ln1, a->rstd1, x, W(R_LN1), N, C, eps);
     o->linear(o, a->qkv, a->ln1, W(R_Q), NULL, N, C, 3 * I);
-    const zt_attention_desc d = self_desc(m, a, dec);
+    const zt_attention_desc d = self_desc(m, r, a, dec);
     o->attention_desc(o, &d);
     o->linear_residual(o, a->res2, a->atty, W(R_O), NULL, x, N, I, C);
     const void *ff_in = a->res2;
@@ -721,7 +719,7 @@ static void layer_forward(const t5_model *m, t5_run *r, int l, const void *bp, c
         o->linear(o, a->ckv, e, W(R_CK), NULL, Ne, C, 2 * I);
         const int calls = cross_calls(r), per = r->B / calls;
         for (int c = 0; c < calls; c++) {
-            const zt_attention_desc cd = cross_desc(m, a, c * per, per);
+            const zt_attention_desc cd = cross_desc(m, r, a, c * per, per);
             o->attention_desc(o, &cd);
         }
         o->linear_residual(o, a->res3, a->catty, W(R_CO), NULL, a->res2, N, I, C);
@@ -761,7 +759,7 @@ static void layer_backward(const t5_model *m, t5_run *r, int l, const void *bp, 
         o->zero(o, r->dckv, (size_t)Ne * 2 * I);
         const int calls = cross_calls(r), per = r->B / calls;
         for (int c = 0; c < calls; c++) {
-            const zt_attention_desc cd = cross_desc(m, a, c * per, per);
+            const zt_attention_desc cd = cross_desc(m, r, a, c * per, per);
             const size_t q0 = (size_t)c * per * r->Td, k0 = (size_t)c * per * r->Te;
             const zt_attention_grads g = {.dout = EL(r->datty, q0 * I), .dq = EL(r->dcq, q0 * I),
                                           .dk = EL(r->dckv, k0 * 2 * I), .dv = EL(r->dckv, k0 * 2 * I + I),
@@ -777,7 +775,7 @@ static void layer_backward(const t5_model *m, t5_run *r, int l, const void *bp, 
     /* self-attention */
     o->linear_backward(o, r->datty, G(R_O), NULL, r->dres, a->atty, W(R_O), N, I, C);
     o->zero(o, r->dqkv, (size_t)N * 3 * I);
-    const zt_attention_desc d = self_desc(m, a, dec);
+    const zt_attention_desc d = self_desc(m, r, a, dec);
     const zt_attention_grads g = {.dout = r->datty, .dq = r->dqkv, .dk = EL(r->dqkv, I), .dv = EL(r->dqkv, 2 * I),
                                   .dq_stride = 3 * I, .dk_stride = 3 * I, .dv_stride = 3 * I,
                                   .dbias_table = r->dbias[dec], .accumulate = true};
