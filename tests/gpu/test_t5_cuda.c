@@ -6,7 +6,7 @@
  * a vocabulary of 301 (padded to 384 rows on the GPU), heads of 16 in 4 heads that do not make d_model 48,
  * encoder inputs padded (lengths 11, 6 and 3 of 11) and ignored targets: the logits, the loss and every
  * parameter's gradient (both bias tables included) agree to 1e-4 relative (gradients relative to the tensor's
- * largest entry). */
+ * largest entry); the same with checkpointed layers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +28,7 @@
 #include "worker/models/t5.h"
 
 #include "gpu_fixture.h"
+#include "t5_cuda_pass.h"
 
 enum { B = 3, T = 11, TD = 7, V = 301 };
 
@@ -50,43 +51,8 @@ static float noise(void)
     return (float)((g_lcg >> 40) / (double)(1ull << 24)) - 0.5f;
 }
 
-/* One micro-batch through the CUDA executor m from the host slab params: logits [B,TD,V], the mean loss, and
- * the gradient in the host layout (grads). */
-static float run_cuda(zt_model *m, const float *params, const zt_model_seq2seq *s, const int32_t *enc,
-                      const int32_t *tgt, float *logits, float *grads)
-{
-    const int nb = m->nblocks;
-    const size_t total = m->block_offset[nb - 1] + m->block_len[nb - 1];
-    float *hw = calloc(total, sizeof(float)), *hg = calloc(total, sizeof(float)), *dw = NULL, *dg = NULL;
-    assert_true(cudaMalloc((void **)&dw, total * sizeof(float)) == cudaSuccess);
-    assert_true(cudaMalloc((void **)&dg, total * sizeof(float)) == cudaSuccess);
-    for (int i = 0; i < m->ntensors; i++)
-        memcpy(hw + m->tensors[i].offset, params + m->tensors[i].host_offset, m->tensors[i].numel * sizeof(float));
-    assert_true(cudaMemcpy(dw, hw, total * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-    assert_true(cudaMemset(dg, 0, total * sizeof(float)) == cudaSuccess);
-    m->ops->set_seq2seq(m, s);
-    m->ops->begin(m, enc, tgt, B, T, 0, NULL);
-    for (int b = 0; b < nb; b++)
-        m->ops->forward(m, b, dw + m->block_offset[b]);
-    m->ops->head(m, dw + m->block_offset[m->head_block], 0.0f);
-    m->ops->logits(m, logits);
-    m->ops->head(m, dw + m->block_offset[m->head_block], 1.0f);
-    m->ops->head_backward(m, dw + m->block_offset[m->head_block], dg + m->block_offset[m->head_block]);
-    for (int b = nb - 1; b >= 0; b--)
-        m->ops->backward(m, b, dw + m->block_offset[b], dg + m->block_offset[b]);
-    assert_true(cudaStreamSynchronize((cudaStream_t)m->stream) == cudaSuccess);
-    assert_true(cudaMemcpy(hg, dg, total * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
-    for (int i = 0; grads && i < m->ntensors; i++)
-        memcpy(grads + m->tensors[i].host_offset, hg + m->tensors[i].offset, m->tensors[i].numel * sizeof(float));
-    const float loss = m->ops->loss(m, 0);
-    cudaFree(dw);
-    cudaFree(dg);
-    free(hw);
-    free(hg);
-    return loss;
-}
-
-static void check(bool v11)
+/* ckpt: the layers (2 encoder, then 3 decoder) the executor checkpoints, or NULL. */
+static void check(bool v11, const bool *ckpt)
 {
     zt_family_config cfg;
     zt_err err = {{0}};
@@ -127,12 +93,14 @@ static void check(bool v11)
     const float *want_grads = zt_family_model_grads(fm);
 
     zt_model *m = NULL;
-    if (zt_family_model_cuda(&m, fm, B, T, 1, ZT_DTYPE_F32, NULL, &err) != 0)
+    if (zt_family_model_cuda(&m, fm, B, T, 1, ZT_DTYPE_F32, ckpt, &err) != 0)
         fail_msg("%s", err.msg);
     float *logits = malloc(NV * sizeof(float)), *grads = calloc(P, sizeof(float));
-    const float loss = run_cuda(m, params, &s, enc, tgt, logits, grads);
+    float loss = 0.0f;
+    assert_int_equal(zt_t5_cuda_pass(m, params, &s, enc, tgt, B, T, logits, grads, &loss), 0);
     m->ops->destroy(m);
-    printf("T5 %s: loss %.7f on the GPU, %.7f on the CPU\n", v11 ? "v1.1" : "v1.0", (double)loss, (double)want_loss);
+    printf("T5 %s%s: loss %.7f on the GPU, %.7f on the CPU\n", v11 ? "v1.1" : "v1.0", ckpt ? " checkpointed" : "",
+           (double)loss, (double)want_loss);
     assert_true(fabs((double)loss - (double)want_loss) <= 1e-4 * fabs((double)want_loss));
     zt_gpu_fixture_expect_close("logits", logits, want_logits, NV, 1e-4, 0.0);
     for (int i = 0; i < zt_family_model_num_tensors(fm); i++) {
@@ -148,13 +116,24 @@ static void check(bool v11)
 static void test_t5_v10_matches_cpu(void **state)
 {
     (void)state;
-    check(false);
+    check(false, NULL);
 }
 
 static void test_t5_v11_matches_cpu(void **state)
 {
     (void)state;
-    check(true);
+    check(true, NULL);
+}
+
+/* Checkpointed layers share one set of intermediates and are rebuilt before their backward: every layer (the
+ * last one's rebuild skipped, its set still holding its values), and a mix with a kept layer between
+ * checkpointed ones and the encoder's top kept. */
+static void test_t5_checkpointed_matches_cpu(void **state)
+{
+    (void)state;
+    const bool all[5] = {true, true, true, true, true}, mix[5] = {true, false, true, false, true};
+    check(false, all);
+    check(true, mix);
 }
 
 int main(void)
@@ -165,6 +144,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_t5_v10_matches_cpu),
         cmocka_unit_test(test_t5_v11_matches_cpu),
+        cmocka_unit_test(test_t5_checkpointed_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

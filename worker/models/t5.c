@@ -550,8 +550,12 @@ static void *take(char *base, size_t *used, size_t bytes, size_t align)
     return p;
 }
 
-/* Carves the buffers for ne encoder and nd decoder rows from base (NULL: counts); returns the bytes. */
-static size_t carve(const t5_model *m, t5_run *r, char *base, size_t ne, size_t nd, const t5_carving *k)
+/* Carves the buffers for ne encoder and nd decoder rows from base (NULL: counts); returns the bytes. Layers
+ * with shared[l] (checkpointed ones; shared may be NULL) write their intermediates into one set they share,
+ * sized for a decoder layer, and keep only their own output (and the encoder's output at its top): their
+ * backward comes after a rebuild. */
+static size_t carve(const t5_model *m, t5_run *r, char *base, size_t ne, size_t nd, const t5_carving *k,
+                    const bool *shared)
 {
     const size_t C = (size_t)m->cfg.d_model, I = (size_t)m->I, F = (size_t)m->cfg.d_ff, UP = (size_t)m->UP;
     const size_t NH = (size_t)m->cfg.num_heads, f = k->e, f4 = sizeof(float), al = k->align;
@@ -560,11 +564,31 @@ static size_t carve(const t5_model *m, t5_run *r, char *base, size_t ne, size_t 
 #define take(base, u, bytes) take(base, u, bytes, al)
     r->emb_enc = take(base, &u, ne * C * f);
     r->emb_dec = take(base, &u, nd * C * f);
-    for (int l = 0; l < m->L; l++) {
-        t5_acts *a = &r->acts[l];
-        const bool dec = m->layers[l].decoder;
-        const size_t n = dec ? nd : ne;
+    bool any_shared = false;
+    for (int l = 0; shared && l < m->L; l++)
+        any_shared |= shared[l];
+    t5_acts set = {0};
+    for (int l = -1; l < m->L; l++) {
+        /* l = -1: the shared set, when some layer uses it */
+        if (l < 0 && !any_shared)
+            continue;
+        t5_acts *a = l < 0 ? &set : &r->acts[l];
+        const bool dec = l < 0 || m->layers[l].decoder;
+        const size_t n = l < 0 ? nmax : dec ? nd : ne;
         memset(a, 0, sizeof *a);
+        if (l >= 0 && shared && shared[l]) {
+            *a = set;
+            a->out = take(base, &u, n * C * f);
+            if (!dec) /* an encoder layer has no cross-attention parts */
+                a->ln2 = a->cq = a->ckv = a->catty = a->res3 = NULL, a->rstd2 = a->clse = NULL;
+            a->enc_out = NULL;
+            a->final_rstd = NULL;
+            if (m->layers[l].t[R_FINAL] >= 0) {
+                a->enc_out = take(base, &u, ne * C * f);
+                a->final_rstd = take(base, &u, ne * f4);
+            }
+            continue;
+        }
         a->ln1 = take(base, &u, n * C * f);
         a->rstd1 = take(base, &u, n * f4);
         a->qkv = take(base, &u, n * 3 * I * f);
@@ -584,6 +608,8 @@ static size_t carve(const t5_model *m, t5_run *r, char *base, size_t ne, size_t 
         a->rstd3 = take(base, &u, n * f4);
         a->h = take(base, &u, n * UP * f);
         a->act = take(base, &u, n * F * f);
+        if (l < 0) /* each layer has its own output */
+            continue;
         a->out = take(base, &u, n * C * f);
         if (m->layers[l].t[R_FINAL] >= 0) {
             a->enc_out = take(base, &u, ne * C * f);
@@ -624,10 +650,10 @@ static void reserve(t5_model *m, size_t ne, size_t nd)
     nd = nd > r->cap_d ? nd : r->cap_d;
     free(r->slab);
     const t5_carving k = {.e = sizeof(float), .Vp = (size_t)m->cfg.vocab_size, .align = 64};
-    const size_t bytes = carve(m, r, NULL, ne, nd, &k);
+    const size_t bytes = carve(m, r, NULL, ne, nd, &k, NULL);
     r->slab = zt_xmalloc(bytes);
     zt_advise_huge_pages(r->slab, bytes);
-    ZT_ASSERT(carve(m, r, r->slab, ne, nd, &k) == bytes);
+    ZT_ASSERT(carve(m, r, r->slab, ne, nd, &k, NULL) == bytes);
     r->cap_e = ne;
     r->cap_d = nd;
     /* the unfused compositions' scratch: a linear output of d_model columns before its residual */
@@ -1256,8 +1282,9 @@ static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(z
 
 /* Device layout: the host table's tensors in order, each on a 64-element boundary unless it continues a packed
  * weight (k and v after q, k' and v' after k', wi_1 after wi_0); the shared embedding and an untied lm_head
- * padded to a vocabulary of a multiple of 128 rows. Every layer keeps its activations (no checkpointing on
- * the GPU yet: a checkpointed layer's rebuild would recompute the same values). Buffers are carved from one
+ * padded to a vocabulary of a multiple of 128 rows. A layer that is not checkpointed keeps its activations; the
+ * checkpointed ones share one set and keep their output only, and the engine's rebuild reruns their forward
+ * before their backward (the last one to write the set skips it). Buffers are carved from one
  * pool for micro-batches of up to max_B x max_T encoder and decoder tokens; nothing is allocated in a step. */
 typedef struct t5_cuda {
     zt_model base;              /* first member: a zt_model * is a t5_cuda * */
@@ -1297,7 +1324,7 @@ static size_t cuda_carve(t5_cuda *g, char *base, size_t plan[2])
 {
     const size_t N = (size_t)g->max_B * g->max_T, al = ZT__CUDA_POOL_ALIGN;
     const t5_carving k = {.e = zt_dtype_size(g->dtype), .Vp = (size_t)g->Vp, .align = al};
-    size_t used = carve(g->m, &g->r, base, N, N, &k);
+    size_t used = carve(g->m, &g->r, base, N, N, &k, g->lay.block_ckpt + 1);
     used = (used + al - 1) / al * al;
     if (plan)
         plan[0] = used;
@@ -1316,7 +1343,8 @@ static size_t cuda_carve(t5_cuda *g, char *base, size_t plan[2])
     return used;
 }
 
-static t5_cuda *cuda_new_shape(const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype)
+static t5_cuda *cuda_new_shape(const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                               const bool *ckpt_layers)
 {
     t5_cuda *g = zt_xcalloc(1, sizeof *g);
     g->m = m;
@@ -1339,7 +1367,7 @@ static t5_cuda *cuda_new_shape(const t5_model *m, int B, int T, int max_micro, e
         if (m->cfg.gated)
             g->lay.packed[ly->t[R_WI] + 1] = true;
     }
-    zt__cuda_layout_finish(&g->lay, m->tensors, m->L, NULL, false);
+    zt__cuda_layout_finish(&g->lay, m->tensors, m->L, ckpt_layers, false);
     g->woff = zt_xcalloc((size_t)m->num_tensors, sizeof *g->woff);
     for (int i = 0; i < m->num_tensors; i++)
         g->woff[i] = g->lay.toff[i] - g->lay.boff[m->tensors[i].block];
@@ -1407,9 +1435,10 @@ static int cuda_check_shape(const t5_model *m, int max_micro, enum zt_dtype dtyp
     return 0;
 }
 
-static zt_model *t5_cuda_shape(const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype)
+static zt_model *t5_cuda_shape(const t5_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                               const bool *ckpt_layers)
 {
-    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
+    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype, ckpt_layers);
     g->base.device_bytes = cuda_carve(g, NULL, NULL);
     return &g->base;
 }
@@ -1421,13 +1450,7 @@ static int t5_cuda_create(zt_model **out, const t5_model *m, int B, int T, int m
     int rc = cuda_check_shape(m, max_micro, dtype, err);
     if (rc < 0)
         return rc;
-    bool any = false;
-    for (int l = 0; ckpt_layers && l < m->L; l++)
-        any |= ckpt_layers[l];
-    if (any)
-        zt_log(ZT_LOG_WARN, "t5: the CUDA executor keeps every layer's activations (activation checkpointing is not "
-               "available for T5 on GPUs yet)");
-    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype);
+    t5_cuda *g = cuda_new_shape(m, B, T, max_micro, dtype, ckpt_layers);
     size_t plan[2];
     const size_t pool_bytes = cuda_carve(g, NULL, plan), N = (size_t)B * T;
     if ((rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err)) < 0) {
@@ -1495,18 +1518,22 @@ static void t5_cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *
     r->Td = Td;
     g->micro = micro;
     g->have_seq2seq = false;
+    zt__cuda_passes_begin(&g->lay);
 }
 
 static void t5_cuda_forward(zt_model *base, int b, const void *w)
 {
     t5_cuda *g = (t5_cuda *)base;
+    /* a rebuild of the checkpointed layer that wrote the shared set last finds its intermediates there */
+    if (b >= 1 && b <= g->m->L && zt__cuda_pass_of(&g->lay, b) == ZT__CUDA_PASS_KEPT)
+        return;
     prog_forward_block(g->m, &g->r, b, w);
 }
 
+/* Checkpointed layers write into the set they share: nothing to free, but the next forward is a rebuild. */
 static void t5_cuda_discard(zt_model *base, int b)
 {
-    (void)base; /* not checkpointed: every layer keeps its activations */
-    (void)b;
+    zt__cuda_pass_discard(&((t5_cuda *)base)->lay, b);
 }
 
 /* The head (logits over Vp padded rows) and the fused classifier: the losses and, in training, the logits'
@@ -1540,6 +1567,7 @@ static void t5_cuda_head_backward(zt_model *base, const void *w, void *gr)
 static void t5_cuda_backward(zt_model *base, int b, const void *w, void *gr)
 {
     t5_cuda *g = (t5_cuda *)base;
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
     prog_backward_block(g->m, &g->r, b, w, gr);
 }
 
@@ -1590,8 +1618,7 @@ static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_mi
 
 static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
 {
-    (void)ckpt;
-    return t5_cuda_shape(zt__hm_state(m), B, T, max_micro, dtype);
+    return t5_cuda_shape(zt__hm_state(m), B, T, max_micro, dtype, ckpt);
 }
 #endif /* ZT_WITH_CUDA */
 
