@@ -2,14 +2,16 @@
 # T5 on one GPU: the T5 v1.1-large shape (24 + 24 layers x 1024, d_ff 2816 gated GELU, 16 heads of 64,
 # vocabulary 32128; bench/t5/t5-v1_1-large.json), batch 16, input 512 + target 128 tokens, bf16: ztrain
 # against PyTorch (Hugging Face T5ForConditionalGeneration, fused AdamW; eager and torch.compile), in one go:
-#   bench/t5/run.sh [OUT_DIR]     (TORCH_MODES="eager compile", SKIP_TORCH=1, BATCH=16, CONFIG=... narrow it;
-#                                  ZTRAIN_FLAGS="--gpu-mem 11GiB ..." adds flags to ztrain's run)
+#   bench/t5/run.sh [OUT_DIR]     (TORCH_MODES="eager compile", SKIP_TORCH=1, SKIP_ZTRAIN=1, BATCH=16,
+#                                  CONFIG=... (e.g. bench/t5/t5-v1_1-xl.json) narrow it;
+#                                  ZTRAIN_FLAGS="--gpu-mem 11GiB ..." adds flags to ztrain's run, GRAD_ACCUM=N
+#                                  micro-batches of BATCH per ztrain step)
 # Needs: the ztrain binary (ZTRAIN, default build/worker/ztrain), python3 (with torch + transformers for the
 # baseline). ztrain reads JSONL records {"input", "target"} of random bytes (examples/byte-tokenizer.json)
 # longer than both lengths, so that every position is filled, as in the baseline's random ids. Reported:
 # examples/s and tokens/s (input + target tokens), the peak memory (ztrain: its plan; PyTorch: the
-# allocator's peak), the last loss. ztrain trains 16 steps (6-15 timed) and is stopped before its final
-# checkpoint; PyTorch runs 5 warmup and 10 timed steps. Writes OUT_DIR/bench.jsonl and OUT_DIR/table.md.
+# allocator's peak), the last loss. ztrain trains 16 steps (6-15 timed) without checkpoints; PyTorch runs 5
+# warmup and 10 timed steps. Writes OUT_DIR/bench.jsonl and OUT_DIR/table.md.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -38,21 +40,15 @@ PY
 tag() { "$PY" -c "import json,sys; d=json.loads(sys.stdin.read()); d['batch']=$BATCH; print(json.dumps(d))"; }
 
 run="$OUT_DIR/ztrain-run"
+if [ "${SKIP_ZTRAIN:-0}" != 1 ]; then
 rm -rf "$run"
 # shellcheck disable=SC2086
 "$ZTRAIN" train --model "$CFG" --tokenizer "$ROOT/examples/byte-tokenizer.json" --sft-data "$OUT_DIR/train.jsonl" \
   --seq-len $TIN --target-len $TOUT --device "${DEVICE:-cuda}" ${PRECISION_FLAGS---precision bf16} --steps 16 --batch-size "$BATCH" \
-  --out "$run" --save-every 0 --log-every 1 ${ZTRAIN_FLAGS:-} > "$OUT_DIR/ztrain.log" 2>&1 &
-pid=$!
-# The final checkpoint holds the fp32 state: stop once step 15 is logged instead.
-while kill -0 $pid 2>/dev/null; do
-  if [ -f "$run/metrics.jsonl" ] && grep -q '"step": *15[,}]' "$run/metrics.jsonl"; then sleep 1; kill $pid; break; fi
-  sleep 0.5
-done
-wait $pid 2>/dev/null
-"$PY" - "$run/metrics.jsonl" "$OUT_DIR/ztrain.log" "$BATCH" $TIN $TOUT <<'PY' | tag | tee -a "$RES"
+  --grad-accum "${GRAD_ACCUM:-1}" --out "$run" --save-every -1 --log-every 1 ${ZTRAIN_FLAGS:-} > "$OUT_DIR/ztrain.log" 2>&1
+"$PY" - "$run/metrics.jsonl" "$OUT_DIR/ztrain.log" "$BATCH" $TIN $TOUT "${GRAD_ACCUM:-1}" <<'PY' | tag | tee -a "$RES"
 import json, re, sys
-path, logp, b, tin, tout = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+path, logp, b, tin, tout, ga = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 try:
     rows = [json.loads(l) for l in open(path) if '"loss"' in l]
 except OSError:
@@ -64,8 +60,8 @@ if not timed:
                       "tokens_per_s": 0, "peak_mem_gib": float("nan"), "loss": float("nan")}))
     sys.exit(0)
 # metrics count the encoder's tokens (batch x seq_len) per step: the step's time from them
-secs = sum(b * tin / r["tokens_per_s"] for r in timed)
-ex = b * len(timed) / secs
+secs = sum(b * ga * tin / r["tokens_per_s"] for r in timed)
+ex = b * ga * len(timed) / secs
 m = re.search(r"memory plan ([0-9.]+) (MiB|GiB)", log) or re.search(r"plan: GPU ([0-9.]+) (MiB|GiB)", log)
 mem = float(m.group(1)) / (1024 if m.group(2) == "MiB" else 1) if m else float("nan")
 p = re.search(r"([0-9.]+)M parameters", log)
@@ -73,6 +69,7 @@ print(json.dumps({"impl": "ztrain", "params": float(p.group(1)) * 1e6 if p else 
                   "examples_per_s": ex, "tokens_per_s": ex * (tin + tout), "peak_mem_gib": mem,
                   "loss": rows[-1]["loss"]}))
 PY
+fi
 
 if [ "$SKIP_TORCH" != 1 ]; then
   for mode in $TORCH_MODES; do
