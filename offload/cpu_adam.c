@@ -609,7 +609,19 @@ static int check_range(const zt_cpu_adam_range *r, const zt_adamw_params *p, zt_
                        zt_dtype_name(r->moment_dtype));
     if (r->n > 0 && (!r->param || !r->m || !r->v || !r->grad))
         return zt_fail(err, ZT_EINVAL_CONFIG, "cpu adam: param, m, v and grad must not be NULL for n = %zu", r->n);
+    if (!r->param_src != !r->m_src || !r->param_src != !r->v_src)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "cpu adam: param_src, m_src and v_src are set together or not at all");
     return 0;
+}
+
+/* An out-of-place range's state for elements [begin, end) copied into the range, just before its update reads
+ * it (a chunk is small enough to stay in cache between the two). */
+static void copy_state_chunk(const zt_cpu_adam_range *r, size_t begin, size_t end)
+{
+    const size_t ms = r->moment_dtype == ZT_DTYPE_BF16 ? 2 : 4, k = end - begin;
+    memcpy(r->param + begin, r->param_src + begin, k * sizeof(float));
+    memcpy((char *)r->m + begin * ms, (const char *)r->m_src + begin * ms, k * ms);
+    memcpy((char *)r->v + begin * ms, (const char *)r->v_src + begin * ms, k * ms);
 }
 
 /* Applies one AdamW step with an explicit instruction set; see offload/cpu_adam.h. */
@@ -652,6 +664,8 @@ int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r,
     for (size_t k = 0; k < chunks; k++) {
         size_t begin = k * ZT_ADAM_CHUNK;
         size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
+        if (r->param_src)
+            copy_state_chunk(r, begin, end);
         if (r->moment_dtype == ZT_DTYPE_BF16)
             adam_chunk_bf16_moments(isa, fn, r, &c, begin, end);
         else

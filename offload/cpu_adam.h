@@ -49,6 +49,12 @@ typedef struct zt_cpu_adam_range {
     enum zt_dtype moment_dtype; /* F32 (0, the default) or BF16 */
     uint64_t seed;             /* BF16 moments: the stochastic rounding's seed (e.g. the Adam step) */
     uint64_t index_base;       /* BF16 moments: the index of element 0 in the hash (e.g. its shard offset) */
+    /* NULL: the update is in place. Otherwise the step reads the state from these three (n elements each, the
+     * types of param, m and v, overlapping none of the other arrays) and writes the new state to param, m and
+     * v, which need not hold anything: one pass over memory where a copy and an in-place update take two (a
+     * state server's commit into its other slot). Either all three are set or none. */
+    const float *param_src;
+    const void *m_src, *v_src;
 } zt_cpu_adam_range;
 
 /* The instruction set zt_cpu_adam_update uses: the best one this CPU supports, unless the environment

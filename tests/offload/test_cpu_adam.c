@@ -1,7 +1,8 @@
 /* Tests of offload/cpu_adam.h: every instruction set this CPU has gives, for fp32 gradients, exactly the
  * bits of zt_cpu_adamw_update (kernels/cpu/adamw.c); fp16/bf16 gradients and outputs match the reference
  * update on gradients converted by an independent conversion; the thread count changes nothing; the
- * conversions round to nearest even and keep NaN; bad arguments are refused without changes. */
+ * conversions round to nearest even and keep NaN; bad arguments are refused without changes; an update out of
+ * place gives the bits of the same update in place. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -352,6 +353,76 @@ static void test_threads_deterministic(void **unused)
     state_free(&base);
 }
 
+/* Out of place (param_src, m_src, v_src): the state read from there and written into param, m and v gives the
+ * bits of the in-place update, on every instruction set and thread count, with fp32 and bf16 moments; the
+ * source is left as it was and the destination's old contents do not matter; the three are set together. */
+static void test_out_of_place(void **unused)
+{
+    (void)unused;
+    const size_t n = 50003; /* several chunks and a tail */
+    state base;
+    state_init(&base, n);
+    zt_adamw_params p = params(4, 0.1f);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        const size_t ms = bf16 ? 2 : 4;
+        /* the in-place reference, from the moments in their type */
+        float *param_ref = malloc(n * 4);
+        char *m_ref = malloc(n * ms), *v_ref = malloc(n * ms), *m0 = malloc(n * ms), *v0 = malloc(n * ms);
+        for (size_t i = 0; i < n; i++) {
+            if (bf16) {
+                ((uint16_t *)m0)[i] = ref_bf16(base.m[i]);
+                ((uint16_t *)v0)[i] = ref_bf16(base.v[i]);
+            } else {
+                ((float *)m0)[i] = base.m[i];
+                ((float *)v0)[i] = base.v[i];
+            }
+        }
+        memcpy(param_ref, base.param, n * 4);
+        memcpy(m_ref, m0, n * ms);
+        memcpy(v_ref, v0, n * ms);
+        const enum zt_dtype md = bf16 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
+        zt_cpu_adam_range rr = {.param = param_ref, .m = m_ref, .v = v_ref, .grad = base.grad,
+                                .grad_dtype = ZT_DTYPE_F32, .n = n, .moment_dtype = md, .seed = 4, .index_base = 7};
+        assert_int_equal(zt_cpu_adam_update(&rr, &p, 1, NULL), 0);
+        const int threads[] = {1, 3};
+        for (size_t k = 0; k < sizeof k_isas / sizeof k_isas[0]; k++) {
+            if (!zt_cpu_adam_isa_supported(k_isas[k]))
+                continue;
+            for (int t = 0; t < 2; t++) {
+                float *param = malloc(n * 4);
+                char *m = malloc(n * ms), *v = malloc(n * ms);
+                memset(param, 0x7f, n * 4); /* whatever the other slot held */
+                memset(m, 0x5a, n * ms);
+                memset(v, 0xa5, n * ms);
+                zt_cpu_adam_range r = {.param = param, .m = m, .v = v, .grad = base.grad, .grad_dtype = ZT_DTYPE_F32,
+                                       .n = n, .moment_dtype = md, .seed = 4, .index_base = 7,
+                                       .param_src = base.param, .m_src = m0, .v_src = v0};
+                const float before = base.param[n / 2];
+                assert_int_equal(zt_cpu_adam_update_isa(k_isas[k], &r, &p, threads[t], NULL), 0);
+                assert_same_bits(param, param_ref, n, "param out of place");
+                assert_memory_equal(m, m_ref, n * ms);
+                assert_memory_equal(v, v_ref, n * ms);
+                assert_true(bits(base.param[n / 2]) == bits(before)); /* the source is read only */
+                free(param);
+                free(m);
+                free(v);
+            }
+        }
+        free(param_ref);
+        free(m_ref);
+        free(v_ref);
+        free(m0);
+        free(v0);
+    }
+    /* one source without the others is refused */
+    zt_cpu_adam_range bad = {.param = base.param, .m = base.m, .v = base.v, .grad = base.grad,
+                             .grad_dtype = ZT_DTYPE_F32, .n = n, .param_src = base.param};
+    zt_err err = {{0}};
+    assert_int_equal(zt_cpu_adam_update(&bad, &p, 1, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "set together"));
+    state_free(&base);
+}
+
 /* bf16 moments: the parameters (and the bf16 output) are exactly those of the fp32 update on the widened
  * moments; each new moment is one of the two bf16 values around the fp32 result (the value itself when it
  * is a bf16 value), rounded up about as often as its position between them says; every instruction set
@@ -603,6 +674,7 @@ int main(void)
         cmocka_unit_test(test_threads_deterministic),  cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_env_override),         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_bf16_moments_follow_small_updates), cmocka_unit_test(test_widen),
+        cmocka_unit_test(test_out_of_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
