@@ -1114,9 +1114,11 @@ int zt_server_core_push_grad(zt_server_core *core, const char *run_id, int64_t s
 
 /* ---- commit ---- */
 
-/* AdamW over one pair's state (3n floats at data) with its gradient; low-precision output into out. */
-static int adam_pair(zt_server_core *core, const zt__run *run, const zt__pair *p, float *data, void *out,
-                     const zt_adamw_params *hp, zt_err *err)
+/* AdamW over one pair's state (3n floats at data) with its gradient; low-precision output into out. With src
+ * (3n floats, not overlapping data) the state is read from there and the new one written to data, in one
+ * pass; with src NULL data is updated in place. */
+static int adam_pair(zt_server_core *core, const zt__run *run, const zt__pair *p, const float *src, float *data,
+                     void *out, const zt_adamw_params *hp, zt_err *err)
 {
     uint64_t n = p->n;
     uint64_t base = (uint64_t)p->shard * n;          /* block element of the shard's first element */
@@ -1158,6 +1160,9 @@ static int adam_pair(zt_server_core *core, const zt__run *run, const zt__pair *p
             .out = (char *)out + i * os,
             .out_dtype = run->param_dtype,
             .n = (size_t)len,
+            .param_src = src ? src + i : NULL,
+            .m_src = src ? src + n + i : NULL,
+            .v_src = src ? src + 2 * n + i : NULL,
         };
         int rc = zt_cpu_adam_update(&r, &q, core->opt.threads, err);
         if (rc < 0)
@@ -1178,8 +1183,8 @@ static void set_ready(zt__run *run, int upto)
     pthread_mutex_unlock(&run->mu);
 }
 
-/* The update of every owned pair into slot `dst` from slot `src`, block 0 first. RAM: copy the record,
- * update it in place. NVMe: read pair i+1 while pair i updates, write each back from its staging buffer. */
+/* The update of every owned pair into slot `dst` from slot `src`, block 0 first. RAM: read the record of
+ * slot src, write the updated one into slot dst, in one pass. NVMe: read pair i+1 while pair i updates, write each back from its staging buffer. */
 static int apply_update(zt_server_core *core, zt__run *run, int src, int dst, const zt_adamw_params *hp,
                         zt_err *err)
 {
@@ -1196,8 +1201,7 @@ static int apply_update(zt_server_core *core, zt__run *run, int src, int dst, co
                 rc = ram_data(core, p, dst, &to, err);
             if (rc < 0)
                 return rc;
-            memcpy(to, from, (size_t)p->n * 3 * sizeof(float));
-            rc = adam_pair(core, run, p, to, p->lowp[dst], hp, err);
+            rc = adam_pair(core, run, p, from, to, p->lowp[dst], hp, err);
             if (rc < 0)
                 return rc;
             set_ready(run, i + 1 < np ? run->pairs[i + 1].block : run->nblocks);
@@ -1227,7 +1231,7 @@ static int apply_update(zt_server_core *core, zt__run *run, int src, int dst, co
             if (rc < 0)
                 break;
         }
-        rc = adam_pair(core, run, p, run->stage[b], p->lowp[dst], hp, err);
+        rc = adam_pair(core, run, p, NULL, run->stage[b], p->lowp[dst], hp, err);
         if (rc == 0)
             rc = zt__store_write_hook(core, err);
         if (rc == 0)
