@@ -28,7 +28,9 @@ TMP=$(mktemp -d)
 mkdir -p "$DISK/tier"
 rm -f "$DISK/tier/"*.zts "$DISK/dd.bin"
 cleanup() { rm -rf "$DISK/tier" "$DISK/dd.bin" "$TMP"; }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT # a signal ends the run (through cleanup), it does not go on to the next row
+trap 'exit 143' TERM
 
 field() { # field NAME LINE: the value of NAME=value in LINE
     echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"

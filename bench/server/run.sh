@@ -33,7 +33,9 @@ cleanup() {
     if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
     rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT # a signal ends the run (through cleanup), it does not go on to the next row
+trap 'exit 143' TERM
 
 field() { # field NAME LINE: the value of NAME=value in LINE
     echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"
