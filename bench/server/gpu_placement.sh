@@ -19,6 +19,9 @@
 #   STEPS=12: tokens/s is the mean over steps 5..STEPS (metrics.jsonl)
 #   TLS=1: also the server rows with TLS and with mutual TLS (certificates made with openssl, as
 #   docs/security.md describes)
+#   SERVER_ENV="VAR=value ...": environment for the servers only (e.g. OMP_WAIT_POLICY=passive)
+#   With N > 1 servers on the box, each gets --threads (cores / N) for its AdamW, as servers sharing a
+#   machine should be started; one server uses every core (its default).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -29,6 +32,8 @@ NSERVERS="${NSERVERS:-1}"
 STEPS="${STEPS:-12}"
 TLS="${TLS:-0}"
 STREAMS="${STREAMS:-default}"
+SERVER_ENV="${SERVER_ENV:-}"
+CORES=$(nproc)
 PY="${PYTHON:-python3}"
 if [ -d "$B/devlibs" ]; then # binaries built elsewhere: their libraries, then this machine's CUDA libraries
   cudalibs=""
@@ -52,7 +57,9 @@ cleanup() {
   for p in $PIDS; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   rm -rf "$WORK"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT # a signal ends the run (through cleanup), it does not go on to the next row
+trap 'exit 143' TERM
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/token"
 
 if [ "$TLS" = 1 ]; then # a CA, a server certificate for 127.0.0.1, a client certificate
@@ -71,11 +78,12 @@ start_servers() {
   local n=$1 sec=$2 list="" i=0 extra=""
   [ "$sec" != plain ] && extra="--tls-cert $WORK/server.pem --tls-key $WORK/server.key"
   [ "$sec" = mtls ] && extra="$extra --tls-ca $WORK/ca.pem"
+  [ "$n" -gt 1 ] && extra="$extra --threads $(( CORES / n > 0 ? CORES / n : 1 ))"
   while [ "$i" -lt "$n" ]; do
     rm -rf "$WORK/snap$i" "$WORK/ready$i"
     mkfifo "$WORK/ready$i"
     # shellcheck disable=SC2086
-    "$B/server/ztrain-server" --listen 127.0.0.1:0 --server-index "$i" --server-count "$n" --token-file "$WORK/token" \
+    env $SERVER_ENV "$B/server/ztrain-server" --listen 127.0.0.1:0 --server-index "$i" --server-count "$n" --token-file "$WORK/token" \
       --snapshot-dir "$WORK/snap$i" --log-level warn $extra > "$WORK/ready$i" 2> "$OUT_DIR/server$i.log" &
     PIDS="$PIDS $!"
     local line port
@@ -131,6 +139,7 @@ print("yes" if a and a == b else "NO")
 PY
 }
 
+[ -n "$SERVER_ENV" ] && echo "servers started with: $SERVER_ENV"
 echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) | losses = cpu's |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 secs="plain"
