@@ -57,6 +57,23 @@ int zt_fail(zt_err *err, int code, const char *fmt, ...)
     return code;
 }
 
+void zt_err_prefix(zt_err *err, const char *what)
+{
+    if (err == NULL)
+        return;
+    char msg[sizeof(err->msg)];
+    memcpy(msg, err->msg, sizeof msg);
+    msg[sizeof msg - 1] = '\0';
+    size_t n = strlen(what);
+    if (n + 2 >= sizeof(err->msg))
+        return;
+    memcpy(err->msg, what, n);
+    memcpy(err->msg + n, ": ", 2);
+    size_t room = sizeof(err->msg) - n - 3, len = strlen(msg);
+    memcpy(err->msg + n + 2, msg, len < room ? len : room);
+    err->msg[n + 2 + (len < room ? len : room)] = '\0';
+}
+
 /* Prints "ztrain: internal error at FILE:LINE: EXPR" to stderr and aborts; called by ZT_ASSERT. */
 void zt__assert_fail(const char *file, int line, const char *expr)
 {

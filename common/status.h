@@ -35,6 +35,9 @@ const char *zt_strerror(int code);
  * `return zt_fail(err, ZT_EFORMAT, "%s: header is %zu bytes, file has %zu", path, a, b);`. */
 int zt_fail(zt_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Puts "what: " before the message in err (if err is not NULL), cutting its end if the room runs out. */
+void zt_err_prefix(zt_err *err, const char *what);
+
 /* Aborts with file, line and the failed expression when a broken invariant is found. Not for user
  * errors: those return a code. */
 #define ZT_ASSERT(cond)                                                                            \

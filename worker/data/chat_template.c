@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -627,4 +628,66 @@ void zt_chat_render_free(zt_chat_render *r)
     free(r->text);
     free(r->spans);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- conversations from JSON, the template's file ---- */
+
+int zt_chat_messages_from_json(const cJSON *msgs, const char *where, zt_chat_message **out, int *n, zt_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: \"messages\" is %s; a chat record holds \"messages\": "
+                       "[{\"role\": \"user\", \"content\": \"...\"}, {\"role\": \"assistant\", ...}]", where,
+                       cJSON_IsArray(msgs) ? "empty" : msgs ? "not an array" : "missing");
+    const int nm = cJSON_GetArraySize(msgs);
+    zt_chat_message *m = calloc((size_t)nm, sizeof *m);
+    if (!m)
+        return zt_fail(err, ZT_ENOMEM, "%s: out of memory for %d messages", where, nm);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (!cJSON_IsObject(e) || !cJSON_IsString(role)) {
+            free(m);
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: message %d has no \"role\" string; each message is "
+                           "{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": \"...\"}", where, i + 1);
+        }
+        const char *rs = role->valuestring;
+        if (strcmp(rs, "system") == 0)
+            m[i].role = ZT_CHAT_SYSTEM;
+        else if (strcmp(rs, "user") == 0)
+            m[i].role = ZT_CHAT_USER;
+        else if (strcmp(rs, "assistant") == 0)
+            m[i].role = ZT_CHAT_ASSISTANT;
+        else {
+            int rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s: message %d has the unknown role '%s'; roles are system, "
+                             "user and assistant (rename it, e.g. 'human' to user and 'gpt' or 'bot' to assistant)",
+                             where, i + 1, rs);
+            free(m);
+            return rc;
+        }
+        if (!cJSON_IsString(content)) {
+            int rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s: message %d (%s) has %s \"content\"; give its text as a "
+                             "string", where, i + 1, rs, content ? "a non-string" : "no");
+            free(m);
+            return rc;
+        }
+        m[i].content = content->valuestring;
+        m[i].len = strlen(content->valuestring);
+        i++;
+    }
+    *out = m;
+    *n = nm;
+    return 0;
+}
+
+bool zt_chat_template_config_beside(const char *tokenizer, char *buf, size_t cap)
+{
+    const char *slash = strrchr(tokenizer, '/');
+    const int dir = slash ? (int)(slash - tokenizer) : 0;
+    int n = slash ? snprintf(buf, cap, "%.*s/tokenizer_config.json", dir, tokenizer)
+                  : snprintf(buf, cap, "tokenizer_config.json");
+    return n > 0 && (size_t)n < cap && access(buf, R_OK) == 0;
 }

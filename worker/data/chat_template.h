@@ -98,4 +98,16 @@ int zt_chat_template_render(const zt_chat_template *t, const zt_chat_message *ms
 /* Frees what zt_chat_template_render made and zeroes r; accepts a zeroed r. */
 void zt_chat_render_free(zt_chat_render *r);
 
+/* Reads a conversation: msgs is a JSON array of {"role": "system"|"user"|"assistant", "content": "..."}, as
+ * a chat record's "messages" holds it. *out (malloc'd, *n messages) borrows the contents from msgs. where
+ * begins every error message ("chats.jsonl:12"). Returns 0, or ZT_EINVAL_CONFIG naming the message and the
+ * fix (not an array, empty, a missing role or content, an unknown role). */
+struct cJSON;
+int zt_chat_messages_from_json(const struct cJSON *msgs, const char *where, zt_chat_message **out, int *n,
+                               zt_err *err);
+
+/* The tokenizer_config.json beside a tokenizer.json (the same folder) into buf: true when it is there and
+ * readable, false otherwise. */
+bool zt_chat_template_config_beside(const char *tokenizer, char *buf, size_t cap);
+
 #endif

@@ -280,49 +280,19 @@ static int add_chat(reader *r, const zt_chat_message *m, int nm, size_t line, zt
 
 static int read_chat(reader *r, const cJSON *o, size_t line, zt_err *err)
 {
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s:%zu: \"messages\" is %s; a chat record holds \"messages\": "
-                       "[{\"role\": \"user\", \"content\": \"...\"}, {\"role\": \"assistant\", ...}]", r->where, line,
-                       cJSON_IsArray(msgs) ? "empty" : "not an array");
-    const int nm = cJSON_GetArraySize(msgs);
-    zt_chat_message *m = zt_xcalloc((size_t)nm, sizeof *m);
-    int i = 0, rc = 0, assistants = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, msgs) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-        if (!cJSON_IsObject(e) || !cJSON_IsString(role)) {
-            rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s:%zu: message %d has no \"role\" string; each message is "
-                         "{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": \"...\"}", r->where, line, i + 1);
-            break;
-        }
-        const char *rs = role->valuestring;
-        if (strcmp(rs, "system") == 0)
-            m[i].role = ZT_CHAT_SYSTEM;
-        else if (strcmp(rs, "user") == 0)
-            m[i].role = ZT_CHAT_USER;
-        else if (strcmp(rs, "assistant") == 0)
-            m[i].role = ZT_CHAT_ASSISTANT;
-        else {
-            rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s:%zu: message %d has the unknown role '%s'; roles are system, "
-                         "user and assistant (rename it, e.g. 'human' to user and 'gpt' or 'bot' to assistant)",
-                         r->where, line, i + 1, rs);
-            break;
-        }
-        if (!cJSON_IsString(content)) {
-            rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s:%zu: message %d (%s) has %s \"content\"; give its text as a "
-                         "string", r->where, line, i + 1, rs, content ? "a non-string" : "no");
-            break;
-        }
-        m[i].content = content->valuestring;
-        m[i].len = strlen(content->valuestring);
+    char where[4200];
+    snprintf(where, sizeof where, "%s:%zu", r->where, line);
+    zt_chat_message *m;
+    int nm;
+    int rc = zt_chat_messages_from_json(cJSON_GetObjectItemCaseSensitive(o, "messages"), where, &m, &nm, err);
+    if (rc < 0)
+        return rc;
+    int assistants = 0;
+    for (int i = 0; i < nm; i++)
         assistants += m[i].role == ZT_CHAT_ASSISTANT;
-        i++;
-    }
-    if (rc == 0 && assistants == 0)
-        rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s:%zu: the chat has no assistant message, so nothing in it would be "
-                     "trained; add the assistant's answer, or remove the line", r->where, line);
+    if (assistants == 0)
+        rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s: the chat has no assistant message, so nothing in it would be "
+                     "trained; add the assistant's answer, or remove the line", where);
     if (rc == 0)
         rc = add_chat(r, m, nm, line, err);
     free(m);

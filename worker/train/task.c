@@ -50,21 +50,6 @@ struct zt_task {
     int32_t *dec_in, *src_len, *dec_targets; /* sequence-to-sequence: the last batch's [B*Td], [B], [B*Td] */
 };
 
-/* Puts "flag: " before the message in err. */
-static void prefix_error(zt_err *err, const char *flag)
-{
-    if (err == NULL)
-        return;
-    size_t n = strlen(flag) + 2; /* "flag: " */
-    if (n >= sizeof(err->msg))
-        return;
-    memmove(err->msg + n, err->msg, sizeof(err->msg) - n);
-    err->msg[sizeof(err->msg) - 1] = '\0';
-    memcpy(err->msg, flag, n - 2);
-    err->msg[n - 2] = ':';
-    err->msg[n - 1] = ' ';
-}
-
 /* ---- token shards: causal LM and masked LM ---- */
 
 /* Refuses data with token ids the model's embedding has no row for, naming the first such file. */
@@ -106,7 +91,7 @@ static int open_shards(zt_task *t, const zt_train_config *cfg, int B, int T, boo
 {
     int rc;
     if ((rc = zt_dataloader_open(&t->train, cfg->train_data, B, T, cfg->shuffle, (uint64_t)cfg->seed, err)) < 0) {
-        prefix_error(err, "--train-data");
+        zt_err_prefix(err, "--train-data");
         return rc;
     }
     if ((rc = check_vocab(t->train, cfg->train_data, t->shape.vocab, err)) < 0)
@@ -119,7 +104,7 @@ static int open_shards(zt_task *t, const zt_train_config *cfg, int B, int T, boo
         return 0;
     }
     if ((rc = zt_dataloader_open(&t->val, cfg->val_data, B, T, false, (uint64_t)cfg->seed, err)) < 0) {
-        prefix_error(err, "--val-data");
+        zt_err_prefix(err, "--val-data");
         return rc;
     }
     if ((rc = check_vocab(t->val, cfg->val_data, t->shape.vocab, err)) < 0)
@@ -151,7 +136,7 @@ static int open_masked(zt_task *t, const zt_train_config *cfg, int B, int T, boo
     const int vocab = t->shape.vocab, pad = t->shape.pad_token_id;
     int rc = zt_tokenizer_load(&t->tokenizer, cfg->tokenizer, err);
     if (rc < 0) {
-        prefix_error(err, "--tokenizer");
+        zt_err_prefix(err, "--tokenizer");
         return rc;
     }
     t->mask_id = zt_tokenizer_find(t->tokenizer, "[MASK]");
@@ -219,7 +204,7 @@ static int open_labelled(zt_task *t, const zt_train_config *cfg, int B, int T, b
     const int nlabels = t->shape.num_labels;
     int rc = zt_tokenizer_load(&t->tokenizer, cfg->tokenizer, err);
     if (rc < 0) {
-        prefix_error(err, "--tokenizer");
+        zt_err_prefix(err, "--tokenizer");
         return rc;
     }
     /* the label names: id2label's, or LABEL_<i> (written into bufs) */
@@ -237,7 +222,7 @@ static int open_labelled(zt_task *t, const zt_train_config *cfg, int B, int T, b
         rc = zt_classify_open(sets[i], paths[i], t->tokenizer, t->shape.vocab, t->shape.pad_token_id, &labels, B, T,
                               i == 0 && cfg->shuffle, (uint64_t)cfg->seed, err);
         if (rc < 0) {
-            prefix_error(err, flags[i]);
+            zt_err_prefix(err, flags[i]);
             break;
         }
         if (is0)
@@ -265,16 +250,6 @@ static void next_labelled(zt_task *t, bool val, uint64_t key, int32_t *tokens, i
 }
 
 /* ---- supervised examples: fine-tuning a decoder ---- */
-
-/* The tokenizer_config.json beside the tokenizer file (into buf); false when there is none. */
-static bool tokenizer_config_beside(const char *tokenizer, char *buf, size_t cap)
-{
-    const char *slash = strrchr(tokenizer, '/');
-    const int dir = slash ? (int)(slash - tokenizer) : 0;
-    int n = slash ? snprintf(buf, cap, "%.*s/tokenizer_config.json", dir, tokenizer)
-                  : snprintf(buf, cap, "tokenizer_config.json");
-    return n > 0 && (size_t)n < cap && access(buf, R_OK) == 0;
-}
 
 /* The eos_token of a tokenizer_config.json (a string, or an object with "content"), into buf; false when it
  * has none or cannot be read. */
@@ -308,7 +283,7 @@ static int open_template(zt_task *t, const zt_train_config *cfg, const char *tcf
         rc = has_tcfg ? zt_chat_template_load(&t->tmpl, tcfg, name, err)
                       : zt_chat_template_by_name(&t->tmpl, name, NULL, NULL, err);
         if (rc < 0) {
-            prefix_error(err, "--chat-template");
+            zt_err_prefix(err, "--chat-template");
             if (rc == ZT_EINVAL_CONFIG && err && strlen(err->msg) + 40 < sizeof err->msg)
                 strcat(err->msg, " (or none: no template)");
         }
@@ -328,7 +303,7 @@ static int open_template(zt_task *t, const zt_train_config *cfg, const char *tcf
         return 0;
     }
     if (rc < 0)
-        prefix_error(err, "--tokenizer's tokenizer_config.json");
+        zt_err_prefix(err, "--tokenizer's tokenizer_config.json");
     return rc;
 }
 
@@ -376,7 +351,7 @@ static int open_example_files(zt_task *t, const zt_train_config *cfg, const zt_s
         int rc;
         if ((rc = zt_sft_open(sets[i], paths[i], t->tokenizer, opt, err)) < 0 ||
             (rc = zt_sft_loader_create(loaders[i], *sets[i], &o, err)) < 0) {
-            prefix_error(err, flags[i]);
+            zt_err_prefix(err, flags[i]);
             if (rc == ZT_EINVAL_CONFIG && cfg->sft_overlong == ZT_OVERLONG_REFUSE && err &&
                 strstr(err->msg, "longer") && strlen(err->msg) + strlen(fix) + 4 < sizeof err->msg) {
                 strcat(err->msg, " (");
@@ -410,11 +385,11 @@ static int open_sft(zt_task *t, const zt_train_config *cfg, int B, int T, bool i
 {
     int rc = zt_tokenizer_load(&t->tokenizer, cfg->tokenizer, err);
     if (rc < 0) {
-        prefix_error(err, "--tokenizer");
+        zt_err_prefix(err, "--tokenizer");
         return rc;
     }
     char tcfg[ZT_TRAIN_PATH_MAX + 32], eos[256];
-    const bool has_tcfg = tokenizer_config_beside(cfg->tokenizer, tcfg, sizeof tcfg);
+    const bool has_tcfg = zt_chat_template_config_beside(cfg->tokenizer, tcfg, sizeof tcfg);
     if ((rc = open_template(t, cfg, tcfg, has_tcfg, is0, err)) < 0)
         return rc;
     const bool has_eos = has_tcfg && config_eos(tcfg, eos, sizeof eos);
@@ -474,7 +449,7 @@ static int open_seq2seq(zt_task *t, const zt_train_config *cfg, int B, int T, bo
 {
     int rc = zt_tokenizer_load(&t->tokenizer, cfg->tokenizer, err);
     if (rc < 0) {
-        prefix_error(err, "--tokenizer");
+        zt_err_prefix(err, "--tokenizer");
         return rc;
     }
     t->Td = cfg->target_len > 0 ? (int)cfg->target_len : T;
@@ -579,7 +554,7 @@ int zt_task_check_paths(const zt_train_config *cfg, zt_err *err)
         int rc = zt_dataloader_open(&dl, paths[i], 1, (int)cfg->seq_len, false, (uint64_t)cfg->seed, err);
         zt_dataloader_close(dl);
         if (rc < 0) {
-            prefix_error(err, flags[i]);
+            zt_err_prefix(err, flags[i]);
             return rc;
         }
     }
