@@ -1,7 +1,7 @@
 /* Tests of text generation (worker/train/generate.h): the sampler's greedy, top-k and temperature
  * behaviour against exact probabilities, its use of the random generator, and zt_generate on a small
  * random GPT-2 (greedy tokens equal an independent argmax over the sliding context, seeds reproduce,
- * callbacks stop early, bad prompts and broken weights are errors). */
+ * callbacks stop early, bad prompts and broken weights are errors), and the stop string of chat replies. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -305,6 +305,73 @@ static void test_callback_and_errors(void **state)
     zt_family_model_destroy(m);
 }
 
+/* ---- the stop string of chat replies ------------------------------------------------------------ */
+
+/* Pushes each piece; returns what was printable, joined, and whether the stop string was found (then what
+ * comes after it in the pieces is never pushed). */
+static char *scan_all(const char *stop, const char *const *pieces, int n, bool *found)
+{
+    zt_stop_scan s = {.stop = stop, .stop_len = strlen(stop)};
+    char *text = calloc(256, 1);
+    size_t len = 0;
+    *found = false;
+    for (int i = 0; i < n && !*found; i++) {
+        const char *out;
+        size_t k;
+        int rc = zt_stop_scan_push(&s, pieces[i], strlen(pieces[i]), &out, &k);
+        assert_true(rc == 0 || rc == 1);
+        memcpy(text + len, out, k);
+        len += k;
+        *found = rc == 1;
+    }
+    if (!*found) {
+        const char *out;
+        size_t k;
+        zt_stop_scan_rest(&s, &out, &k);
+        memcpy(text + len, out, k);
+        len += k;
+    }
+    zt_stop_scan_free(&s);
+    return text;
+}
+
+static void test_stop_scan(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *pieces[6];
+        int n;
+        const char *text;
+        bool found;
+    } cases[] = {
+        {{"11 - 8", "0 = 3", "<|im_end|>"}, 3, "11 - 80 = 3", true},     /* the marker as one token */
+        {{"ab<|i", "m_e", "nd|", ">cd", "ef"}, 5, "ab", true},             /* in pieces, text after it */
+        {{"x<|im_end|im_end|>y"}, 1, "x<|im_end|im_end|>y", false},        /* near misses are text */
+        {{"<", "<|im_", "end|>"}, 3, "<", true},                           /* a false start before it */
+        {{"ok <|im_en"}, 1, "ok <|im_en", false},                          /* an unfinished start at the end */
+        {{"", "<|im_end|>", "after"}, 3, "", true},                        /* an empty reply */
+        {{"a", "b", "c"}, 3, "abc", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool found;
+        char *text = scan_all("<|im_end|>", cases[i].pieces, cases[i].n, &found);
+        assert_string_equal(text, cases[i].text);
+        assert_int_equal(found, cases[i].found);
+        free(text);
+    }
+    /* Text is handed out as soon as it cannot begin the marker: after "ab<" only "ab" is out. */
+    zt_stop_scan s = {.stop = "</s>", .stop_len = 4};
+    const char *out;
+    size_t k;
+    assert_int_equal(zt_stop_scan_push(&s, "ab<", 3, &out, &k), 0);
+    assert_int_equal(k, 2);
+    assert_memory_equal(out, "ab", 2);
+    assert_int_equal(zt_stop_scan_push(&s, "b", 1, &out, &k), 0);
+    assert_int_equal(k, 2);
+    assert_memory_equal(out, "<b", 2);
+    zt_stop_scan_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -315,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_greedy_matches_sliding_argmax),
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_callback_and_errors),
+        cmocka_unit_test(test_stop_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

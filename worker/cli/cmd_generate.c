@@ -1,5 +1,7 @@
-/* `ztrain generate`: loads a trained GPT-2 (a checkpoint or run directory, or exported weights plus
- * their config.json), prints the prompt and streams sampled text to stdout as it is generated. */
+/* `ztrain generate`: loads a trained model (a checkpoint or run directory, or exported weights plus their
+ * config.json), prints the prompt and streams sampled text to stdout as it is generated. With --chat, the
+ * prompt is a conversation rendered by the model's chat template (as supervised fine-tuning renders it),
+ * and only the assistant's reply is printed, up to the template's end-of-turn marker. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -8,11 +10,15 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/args.h"
 #include "common/fileio.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/cli/commands.h"
+#include "worker/data/chat_template.h"
 #include "worker/data/tokenize.h"
 #include "worker/train/generate.h"
 
@@ -21,7 +27,8 @@ static const char replacement_char[] = "\xEF\xBF\xBD";
 
 static const char usage_text[] =
     "usage: ztrain generate (--checkpoint DIR | --weights FILE.safetensors --model config.json)\n"
-    "                       [--prompt TEXT] [--max-new-tokens N] [--temperature X] [--top-k N] [--seed N]\n"
+    "                       [--prompt TEXT | --chat FILE [--chat-template NAME]] [--max-new-tokens N]\n"
+    "                       [--temperature X] [--top-k N] [--seed N]\n"
     "                       [--tokenizer tokenizer.json [--add-special-tokens]]\n"
     "\n"
     "Samples text from a trained GPT-2 and writes the prompt and the generated text to stdout.\n"
@@ -32,6 +39,13 @@ static const char usage_text[] =
     "                        Hugging Face names); needs --model\n"
     "  --model FILE          the Hugging Face config.json that goes with --weights\n"
     "  --prompt TEXT         text to continue (default: empty, which starts from a newline)\n"
+    "  --chat FILE           a conversation to answer: a JSON object {\"messages\": [{\"role\": \"user\",\n"
+    "                        \"content\": \"...\"}, ...]} as in fine-tuning data, ending with a user message;\n"
+    "                        rendered by the chat template, and only the reply is printed (it ends at the\n"
+    "                        template's end-of-turn marker)\n"
+    "  --chat-template NAME  the template for --chat (default: the chat_template of the tokenizer_config.json\n"
+    "                        beside --tokenizer); one of chatml, qwen2, qwen2.5, llama2, llama3, llama3.1,\n"
+    "                        mistral, gemma, gemma3, phi3\n"
     "  --max-new-tokens N    tokens to generate (default 200)\n"
     "  --temperature X       0 picks the most likely token every time; higher is more random (default 0.8)\n"
     "  --top-k N             sample among the N most likely tokens; 0 = all (default 40)\n"
@@ -119,6 +133,9 @@ typedef struct stream_state {
     FILE *out;
     bool ends_with_newline;
     int write_errno;
+    /* --chat: the reply ends at the template's end-of-turn marker (not printed) */
+    bool chat;
+    zt_stop_scan stop;
 } stream_state;
 
 static int write_bytes(stream_state *s, const char *bytes, size_t len)
@@ -133,14 +150,29 @@ static int write_bytes(stream_state *s, const char *bytes, size_t len)
     return 0;
 }
 
+/* Writes a token's bytes, or with --chat what of them comes before the end-of-turn marker. Returns 0, 1
+ * when the marker is complete (generation stops), or a negative error. */
+static int emit(stream_state *s, const char *bytes, size_t len)
+{
+    if (!s->chat)
+        return write_bytes(s, bytes, len);
+    const char *out;
+    size_t n;
+    int found = zt_stop_scan_push(&s->stop, bytes, len, &out, &n);
+    if (found < 0)
+        return found;
+    int rc = write_bytes(s, out, n);
+    return rc < 0 ? rc : found;
+}
+
 static int on_token(int32_t token, void *user)
 {
     stream_state *s = user;
     const char *bytes;
     size_t len;
     if (zt_tokenizer_token_bytes(s->tok, token, &bytes, &len, NULL) < 0)
-        return write_bytes(s, replacement_char, sizeof(replacement_char) - 1);
-    return write_bytes(s, bytes, len);
+        return emit(s, replacement_char, sizeof(replacement_char) - 1);
+    return emit(s, bytes, len);
 }
 
 typedef struct generate_args {
@@ -154,13 +186,16 @@ typedef struct generate_args {
     int64_t seed;
     const char *tokenizer; /* tokenizer.json, or NULL for bytes */
     bool add_special;
+    bool prompt_given;
+    const char *chat;          /* a conversation (JSON), or NULL */
+    const char *chat_template; /* a template's name, or NULL: the tokenizer_config.json's */
 } generate_args;
 
 /* Parses the flags; returns 0, 2 after printing a usage error, or -1 when --help was printed. */
 static int parse_args(int argc, char **argv, generate_args *a)
 {
     enum { OPT_CHECKPOINT = 1000, OPT_WEIGHTS, OPT_MODEL, OPT_PROMPT, OPT_MAX_NEW, OPT_TEMPERATURE, OPT_TOP_K,
-           OPT_SEED, OPT_HELP, OPT_TOKENIZER, OPT_ADD_SPECIAL };
+           OPT_SEED, OPT_HELP, OPT_TOKENIZER, OPT_ADD_SPECIAL, OPT_CHAT, OPT_CHAT_TEMPLATE };
     static const struct option options[] = {
         {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
         {"weights", required_argument, NULL, OPT_WEIGHTS},
@@ -173,6 +208,8 @@ static int parse_args(int argc, char **argv, generate_args *a)
         {"help", no_argument, NULL, OPT_HELP},
         {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
         {"add-special-tokens", no_argument, NULL, OPT_ADD_SPECIAL},
+        {"chat", required_argument, NULL, OPT_CHAT},
+        {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
         {NULL, 0, NULL, 0},
     };
     *a = (generate_args){.prompt = "", .max_new = 200, .temperature = 0.8, .top_k = 40, .seed = 1337};
@@ -190,7 +227,7 @@ static int parse_args(int argc, char **argv, generate_args *a)
         case OPT_CHECKPOINT: a->checkpoint = optarg; break;
         case OPT_WEIGHTS: a->weights = optarg; break;
         case OPT_MODEL: a->model = optarg; break;
-        case OPT_PROMPT: a->prompt = optarg; break;
+        case OPT_PROMPT: a->prompt = optarg; a->prompt_given = true; break;
         case OPT_MAX_NEW: rc = zt_arg_int("--max-new-tokens", optarg, 0, 1000000, &a->max_new, &err); break;
         case OPT_TEMPERATURE: rc = zt_arg_double("--temperature", optarg, 0.0, 100.0, &a->temperature, &err); break;
         case OPT_TOP_K: rc = zt_arg_int("--top-k", optarg, 0, 1000000000, &a->top_k, &err); break;
@@ -198,6 +235,8 @@ static int parse_args(int argc, char **argv, generate_args *a)
         case OPT_HELP: fputs(usage_text, stdout); return -1;
         case OPT_TOKENIZER: a->tokenizer = optarg; break;
         case OPT_ADD_SPECIAL: a->add_special = true; break;
+        case OPT_CHAT: a->chat = optarg; break;
+        case OPT_CHAT_TEMPLATE: a->chat_template = optarg; break;
         case ':':
             snprintf(msg, sizeof(msg), "%s needs a value", argv[optind - 1]);
             return usage_error(msg);
@@ -212,6 +251,13 @@ static int parse_args(int argc, char **argv, generate_args *a)
         snprintf(msg, sizeof(msg), "unexpected argument '%s' (the prompt goes after --prompt)", argv[optind]);
         return usage_error(msg);
     }
+    if (a->chat && a->prompt_given)
+        return usage_error("pass either --prompt TEXT or --chat FILE, not both (the conversation is the prompt)");
+    if (a->chat && a->add_special)
+        return usage_error("--add-special-tokens does not go with --chat: the chat template writes the special "
+                           "tokens itself");
+    if (a->chat_template && !a->chat)
+        return usage_error("--chat-template names the template of a --chat conversation; give --chat FILE too");
     if (a->checkpoint && (a->weights || a->model))
         return usage_error("pass either --checkpoint or --weights with --model, not both");
     if (!a->checkpoint && !a->weights && !a->model)
@@ -221,6 +267,61 @@ static int parse_args(int argc, char **argv, generate_args *a)
                                         "'ztrain export')"
                                       : "--model needs --weights FILE.safetensors");
     return 0;
+}
+
+/* The chat template for --chat: --chat-template NAME (with the bos and eos of the tokenizer_config.json
+ * beside the tokenizer when there is one), else that file's chat_template. */
+static int open_chat_template(const generate_args *a, zt_chat_template **t, zt_err *err)
+{
+    char tcfg[4200];
+    const bool has = a->tokenizer && zt_chat_template_config_beside(a->tokenizer, tcfg, sizeof tcfg);
+    if (a->chat_template) {
+        int rc = has ? zt_chat_template_load(t, tcfg, a->chat_template, err)
+                     : zt_chat_template_by_name(t, a->chat_template, NULL, NULL, err);
+        if (rc < 0)
+            zt_err_prefix(err, "--chat-template");
+        return rc;
+    }
+    if (!has)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--chat: no chat template: there is no tokenizer_config.json beside "
+                       "%s; name the one the model was fine-tuned with: --chat-template NAME (%s)",
+                       a->tokenizer ? a->tokenizer : "the byte tokenizer (no --tokenizer)", zt_chat_template_names());
+    return zt_chat_template_load(t, tcfg, NULL, err);
+}
+
+/* The prompt of --chat: the conversation of file rendered by t with the header that asks for the
+ * assistant's turn, as text (malloc'd, NUL-terminated) for the tokenizer. */
+static int chat_prompt(const char *file, const zt_chat_template *t, char **text, zt_err *err)
+{
+    *text = NULL;
+    cJSON *root = NULL;
+    int rc = zt_json_load_object(file, &root, err);
+    if (rc < 0)
+        return rc;
+    zt_chat_message *m = NULL;
+    int n = 0;
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs)
+        rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s holds no \"messages\"; give --chat one conversation as "
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}", file);
+    if (rc == 0)
+        rc = zt_chat_messages_from_json(msgs, file, &m, &n, err);
+    if (rc == 0 && m[n - 1].role == ZT_CHAT_ASSISTANT)
+        rc = zt_fail(err, ZT_EINVAL_CONFIG, "%s: the conversation ends with an assistant message, so there is "
+                     "nothing to answer; end it with the user message the reply should follow", file);
+    zt_chat_render rd = {0};
+    if (rc == 0)
+        rc = zt_chat_template_render(t, m, n, true, &rd, err);
+    if (rc == 0) {
+        *text = rd.text;
+        rd.text = NULL;
+    } else if (err && strncmp(err->msg, file, strlen(file)) != 0) {
+        zt_err_prefix(err, file);
+    }
+    zt_chat_render_free(&rd);
+    free(m);
+    cJSON_Delete(root);
+    return rc;
 }
 
 /* Runs `ztrain generate`: loads the model, streams the prompt and the sampled text to stdout, and returns
@@ -262,8 +363,25 @@ int zt_cmd_generate(int argc, char **argv)
     size_t n_prompt = 0;
     int status = 1;
     unsigned flags = a.add_special ? ZT_TOKENIZE_ADD_SPECIAL : 0;
+    zt_chat_template *tmpl = NULL;
+    char *chat_text = NULL;
+    stream_state s = {.out = stdout, .ends_with_newline = false};
+    if (a.chat && seq2seq) {
+        zt_fail(&err, ZT_EUNSUPPORTED, "--chat: %s is a text-to-text model (%s), which has no chat template; give "
+                "its input with --prompt", config_path, zt_family_name(&cfg));
+        goto done;
+    }
+    if (a.chat) { /* the conversation is the prompt; the template writes its special tokens itself */
+        if (open_chat_template(&a, &tmpl, &err) < 0 || chat_prompt(a.chat, tmpl, &chat_text, &err) < 0)
+            goto done;
+        a.prompt = chat_text;
+        s.stop.stop = zt_chat_template_end_of_turn(tmpl);
+        s.stop.stop_len = strlen(s.stop.stop);
+        s.chat = s.stop.stop_len > 0;
+    }
     if ((a.tokenizer ? zt_tokenizer_load(&tok, a.tokenizer, &err) : zt_tokenizer_create(&tok, "bytes", &err)) < 0)
         goto done;
+    s.tok = tok;
     if (zt_tokenizer_encode_flags(tok, a.prompt, strlen(a.prompt), flags, &prompt, &n_prompt, &err) < 0)
         goto done;
     if (n_prompt == 0) {
@@ -307,10 +425,12 @@ int zt_cmd_generate(int argc, char **argv)
             "temperature %g, top-k %lld, seed %lld",
             weights_path, zt_family_model_num_params(model), zt_family_config_layers(&cfg), vocab, n_prompt,
             (long long)a.max_new, a.temperature, (long long)a.top_k, (long long)a.seed);
+    if (tmpl)
+        ZT_INFO("generate: --chat %s rendered with the %s template; the reply ends at '%s'", a.chat,
+                zt_chat_template_name(tmpl), s.stop.stop);
 
-    stream_state s = {.tok = tok, .out = stdout, .ends_with_newline = false};
-    /* a text-to-text model's output follows its input on the next line */
-    if (write_bytes(&s, a.prompt, strlen(a.prompt)) < 0 || (seq2seq && write_bytes(&s, "\n", 1) < 0)) {
+    /* a text-to-text model's output follows its input on the next line; a chat prints its reply only */
+    if ((!tmpl && write_bytes(&s, a.prompt, strlen(a.prompt)) < 0) || (seq2seq && write_bytes(&s, "\n", 1) < 0)) {
         zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
         goto done;
     }
@@ -325,7 +445,11 @@ int zt_cmd_generate(int argc, char **argv)
         fflush(stdout);
         goto done;
     }
-    if (!s.ends_with_newline && write_bytes(&s, "\n", 1) < 0) {
+    const char *rest = NULL;
+    size_t nrest = 0;
+    if (s.chat)
+        zt_stop_scan_rest(&s.stop, &rest, &nrest);
+    if (write_bytes(&s, rest, nrest) < 0 || (!s.ends_with_newline && write_bytes(&s, "\n", 1) < 0)) {
         zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
         goto done;
     }
@@ -337,5 +461,8 @@ done:
     zt_family_model_destroy(model);
     free(prompt);
     zt_tokenizer_destroy(tok);
+    zt_chat_template_destroy(tmpl);
+    free(chat_text);
+    zt_stop_scan_free(&s.stop);
     return status;
 }

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A logit with its token id, so that top-k can sort candidates and still know which token each is. */
 typedef struct candidate {
@@ -192,4 +193,53 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
     }
     free(seq);
     return rc;
+}
+
+/* ---- a stop string over generated text ---- */
+
+int zt_stop_scan_push(zt_stop_scan *s, const char *bytes, size_t len, const char **out, size_t *out_len)
+{
+    ZT_ASSERT(s->stop != NULL && s->stop_len > 0);
+    if (s->handed) {
+        memmove(s->buf, s->buf + s->handed, s->n - s->handed);
+        s->n -= s->handed;
+        s->handed = 0;
+    }
+    if (s->n + len > s->cap) {
+        size_t cap = 2 * (s->n + len) + 64;
+        char *b = realloc(s->buf, cap);
+        if (!b)
+            return ZT_ENOMEM;
+        s->buf = b;
+        s->cap = cap;
+    }
+    if (len)
+        memcpy(s->buf + s->n, bytes, len);
+    s->n += len;
+    *out = s->buf;
+    for (size_t i = 0; i + s->stop_len <= s->n; i++)
+        if (memcmp(s->buf + i, s->stop, s->stop_len) == 0) {
+            *out_len = i;
+            s->n = s->handed = 0;
+            return 1;
+        }
+    /* Hold the longest tail that is a start of the stop string. */
+    size_t keep = s->stop_len - 1 < s->n ? s->stop_len - 1 : s->n;
+    while (keep > 0 && memcmp(s->buf + s->n - keep, s->stop, keep) != 0)
+        keep--;
+    *out_len = s->handed = s->n - keep;
+    return 0;
+}
+
+void zt_stop_scan_rest(zt_stop_scan *s, const char **out, size_t *out_len)
+{
+    *out = s->buf + s->handed;
+    *out_len = s->n - s->handed;
+    s->n = s->handed = 0;
+}
+
+void zt_stop_scan_free(zt_stop_scan *s)
+{
+    free(s->buf);
+    *s = (zt_stop_scan){0};
 }

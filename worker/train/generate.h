@@ -6,6 +6,8 @@
 #ifndef ZT_WORKER_GENERATE_H
 #define ZT_WORKER_GENERATE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/rng.h"
@@ -32,5 +34,24 @@ int zt_generate_sample(const float *logits, int V, double temperature, int top_k
  * returned, or ZT_EINVAL_CONFIG / ZT_EFORMAT / ZT_ENOMEM with a message in err. */
 int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, double temperature, int top_k,
                 uint64_t seed, zt_generate_token_fn on_token, void *user, zt_err *err);
+
+/* Generated text cut at a stop string (a chat template's end-of-turn marker, "<|im_end|>"), which may come
+ * in pieces over several tokens or inside one: the bytes that could still begin it are held back until
+ * the next bytes tell. Zero-initialise, set stop and stop_len (> 0), push each token's bytes. */
+typedef struct zt_stop_scan {
+    const char *stop;
+    size_t stop_len;
+    char *buf;       /* held bytes, and the ones handed out by the last push */
+    size_t n, cap;
+    size_t handed;   /* bytes at the front of buf handed out by the last push */
+} zt_stop_scan;
+
+/* Appends len bytes. *out and *out_len are then the bytes that can be printed (valid until the next call);
+ * returns 1 when the stop string is complete (out ends just before it; what follows it is dropped), 0 when
+ * it is not, ZT_ENOMEM. */
+int zt_stop_scan_push(zt_stop_scan *s, const char *bytes, size_t len, const char **out, size_t *out_len);
+/* The bytes still held at the end of generation (a start of the stop string that never completed). */
+void zt_stop_scan_rest(zt_stop_scan *s, const char **out, size_t *out_len);
+void zt_stop_scan_free(zt_stop_scan *s);
 
 #endif
