@@ -658,6 +658,14 @@ if expect_error generate_template_without_chat 2 'give --chat FILE too' -- \
   generate --checkpoint "$WORK/run" --chat-template chatml; then
   pass generate_template_without_chat
 fi
+if expect_error generate_beams_and_temperature 2 '--num-beams searches deterministically' 'drop them' -- \
+  generate --checkpoint "$WORK/run" --num-beams 2 --temperature 0.5; then
+  pass generate_beams_and_temperature
+fi
+if expect_error generate_too_many_beams 1 '--num-beams 200' 'give 1 to 128' -- \
+  generate --checkpoint "$WORK/run" --num-beams 200 --max-new-tokens 3; then
+  pass generate_too_many_beams
+fi
 if expect_error plot_unknown_flag 2 'colour' -- plot --metrics m.jsonl --out p.svg --colour red &&
   expect_no_output plot_unknown_flag p.svg; then
   pass plot_unknown_flag

@@ -151,7 +151,8 @@ def check_export(tool, tmp, name, fields, B, T, rng):
 
 
 def check_generate(ztrain, tmp, qwen2):
-    """`ztrain generate --temperature 0` against transformers' greedy decoding, on a byte-level model."""
+    """`ztrain generate --temperature 0` against transformers' greedy decoding, and `--num-beams` against its
+    beam search, on a byte-level model."""
     name = "qwen2" if qwen2 else "llama"
     torch.manual_seed(11)
     cfg = make_config(False, qwen2=qwen2)
@@ -172,6 +173,22 @@ def check_generate(ztrain, tmp, qwen2):
     ok = res.returncode == 0 and got == want
     print(f"{'ok  ' if ok else 'FAIL'} greedy generation ({name}): ztrain {got!r}, transformers {want!r}"
           + ("" if res.returncode == 0 else f"; ztrain failed: {res.stderr.decode()[-300:]}"))
+    # Beam search (no end token: every hypothesis runs to max_new_tokens), as generate(num_beams=K) does it.
+    for beams, penalty in ((2, 1.0), (4, 1.0), (3, 0.0)):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, do_sample=False, num_beams=beams,
+                                 length_penalty=penalty, early_stopping=False, eos_token_id=None, pad_token_id=0)
+        want_b = bytes(out[0].tolist())
+        res = subprocess.run([ztrain, "generate", "--weights", os.path.join(d, "model.safetensors"), "--model",
+                              os.path.join(d, "config.json"), "--prompt", prompt.decode(), "--max-new-tokens",
+                              str(new), "--num-beams", str(beams), "--length-penalty", str(penalty)],
+                             capture_output=True)
+        got = res.stdout[:len(want_b)] if res.returncode == 0 else b""
+        ok_b = res.returncode == 0 and got == want_b
+        print(f"{'ok  ' if ok_b else 'FAIL'} beam search ({name}, {beams} beams, length penalty {penalty}): "
+              f"ztrain {got!r}, transformers {want_b!r}"
+              + ("" if res.returncode == 0 else f"; ztrain failed: {res.stderr.decode()[-300:]}"))
+        ok = ok and ok_b
     return ok
 
 

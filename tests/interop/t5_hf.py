@@ -18,7 +18,9 @@ padded on the right; 8 decoder positions, labels -100 past each target's end):
   - ztrain's re-export (model.safetensors and config.json) loads with from_pretrained without missing,
     unexpected or mismatched tensors, holds the same weights and gives the same logits;
   - with ZTRAIN: `ztrain generate --temperature 0` on the export (with the byte-level tokenizer of examples/)
-    gives the tokens of transformers' generate(do_sample=False), up to its end-of-sequence token.
+    gives the tokens of transformers' generate(do_sample=False), up to its end-of-sequence token, and
+    `--num-beams K` those of generate(num_beams=K) for several beams and length penalties, with the end
+    token's output row made to compete so that hypotheses end early.
 Exits 0 when every check passes, 1 on a mismatch, 77 (skipped) when torch or transformers is missing.
 """
 import json
@@ -212,6 +214,42 @@ def generate(model, folder, tag):
         print(res.stderr.decode(errors="replace"))
     got = list(res.stdout[len(prompt) + 1:].rstrip(b"\n"))
     check(f"{tag} greedy generation", res.returncode == 0 and got == ref, f"ztrain {got}, transformers {ref}")
+    beam(model, folder, tag, prompt, ids, ref)
+
+
+def beam(model, folder, tag, prompt, ids, greedy):
+    """`ztrain generate --num-beams K` against generate(num_beams=K), with hypotheses that end early: the end token's
+    output row is made a copy of the row of a token greedy decoding picks (slightly larger), so that it competes."""
+    import copy
+    boosted = copy.deepcopy(model)
+    with torch.no_grad():
+        head = boosted.get_output_embeddings().weight
+        head[1] = head[greedy[min(2, len(greedy) - 1)]] * 1.02
+    d = folder + "-eos"
+    boosted.save_pretrained(d)
+    if boosted.get_output_embeddings().weight is not boosted.get_input_embeddings().weight:
+        path = os.path.join(d, "config.json")  # as make_model: transformers 5 writes every T5 config tied
+        c = json.load(open(path))
+        c["tie_word_embeddings"] = False
+        json.dump(c, open(path, "w"), indent=2)
+    ended = 0
+    for beams, penalty in ((2, 1.0), (4, 1.0), (4, 0.0), (3, 2.0)):
+        with torch.no_grad():
+            ref = boosted.generate(ids, max_new_tokens=10, do_sample=False, num_beams=beams, length_penalty=penalty,
+                                   early_stopping=False, use_cache=False)[0, 1:].tolist()
+        if 1 in ref:
+            ended += 1
+            ref = ref[:ref.index(1)]  # ztrain prints the tokens before the end-of-sequence token (then padding)
+        res = subprocess.run([ZTRAIN, "generate", "--weights", os.path.join(d, "model.safetensors"), "--model",
+                              os.path.join(d, "config.json"), "--tokenizer", BYTES, "--prompt", prompt,
+                              "--max-new-tokens", "10", "--num-beams", str(beams), "--length-penalty", str(penalty)],
+                             capture_output=True)
+        if res.returncode != 0:
+            print(res.stderr.decode(errors="replace"))
+        got = list(res.stdout[len(prompt) + 1:].rstrip(b"\n"))
+        check(f"{tag} beam search ({beams} beams, length penalty {penalty})", res.returncode == 0 and got == ref,
+              f"ztrain {got}, transformers {ref}")
+    check(f"{tag} beam search: hypotheses ended with the end token", ended > 0, f"in {ended} of the 4 searches")
 
 
 one(False)

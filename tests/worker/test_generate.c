@@ -143,7 +143,7 @@ static void test_non_finite_logits(void **state)
 /* A small random GPT-2 with its token embeddings multiplied by wte_scale (through the tied head this
  * sharpens the logits) and its other matrices by mix_scale (which makes the next token depend more on
  * the context than on the last token alone). (1, 1) is GPT-2's initial, nearly flat model. */
-static zt_family_model *make_model(float wte_scale, float mix_scale)
+static zt_family_model *make_model_b(int B, float wte_scale, float mix_scale)
 {
     zt_family_config fc;
     zt_family_config_default(&fc);
@@ -156,7 +156,7 @@ static zt_family_model *make_model(float wte_scale, float mix_scale)
     zt_family_model *m = NULL;
     zt_err err = {{0}};
     (*ZT_GPT2_CONFIG(&fc)) = cfg;
-    int rc = zt_family_model_create(&m, &fc, 1, N_POS, 1234, &err);
+    int rc = zt_family_model_create(&m, &fc, B, N_POS, 1234, &err);
     if (rc != 0)
         fail_msg("zt_family_model_create: %s", err.msg);
     float *p = zt_family_model_params(m);
@@ -169,6 +169,11 @@ static zt_family_model *make_model(float wte_scale, float mix_scale)
             p[t->offset + k] *= scale;
     }
     return m;
+}
+
+static zt_family_model *make_model(float wte_scale, float mix_scale)
+{
+    return make_model_b(1, wte_scale, mix_scale);
 }
 
 typedef struct recorder {
@@ -305,6 +310,93 @@ static void test_callback_and_errors(void **state)
     zt_family_model_destroy(m);
 }
 
+/* ---- beam search ---------------------------------------------------------------------------------- */
+
+/* The log-probabilities of the token after seq[0, len) (the last N_POS tokens), in double. */
+static void next_logprobs(zt_family_model *m, const int32_t *seq, int len, double *lp)
+{
+    int ctx = len < N_POS ? len : N_POS;
+    zt_family_model_forward(m, seq + len - ctx, NULL, 1, ctx);
+    const float *row = zt_family_model_logits(m) + (size_t)(ctx - 1) * VOCAB;
+    double max = row[0], sum = 0.0;
+    for (int v = 1; v < VOCAB; v++)
+        max = row[v] > max ? row[v] : max;
+    for (int v = 0; v < VOCAB; v++)
+        sum += exp((double)row[v] - max);
+    for (int v = 0; v < VOCAB; v++)
+        lp[v] = (double)row[v] - max - log(sum);
+}
+
+static void test_beam_search(void **state)
+{
+    (void)state;
+    const int K = 4;
+    zt_family_model *m = make_model_b(K, 1.0f, 3.0f);
+    const int32_t prompt[] = {3, 1, 4};
+    zt_err err = {{0}};
+    int32_t *out = NULL;
+    int n = 0;
+
+    /* One beam is greedy search, the window sliding past N_POS too. */
+    recorder g = {0};
+    assert_int_equal(zt_generate(m, prompt, 3, 9, 0.0, 0, 5, record, &g, &err), 0);
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 9, 1, 1.0, -1, &out, &n, &err), 0);
+    assert_int_equal(n, 9);
+    assert_memory_equal(out, g.tokens, 9 * sizeof(int32_t));
+    free(out);
+
+    /* Two new tokens, no end token: the K first tokens of highest log-probability, each followed by its best
+     * second token, and the best of those pairs (by brute force over the model's own passes). */
+    double lp1[VOCAB], lp2[VOCAB];
+    int32_t seq[8] = {3, 1, 4};
+    next_logprobs(m, seq, 3, lp1);
+    bool taken[VOCAB] = {false};
+    double best = -INFINITY;
+    int32_t best_pair[2] = {-1, -1};
+    for (int k = 0; k < K; k++) {
+        int t = -1;
+        for (int v = 0; v < VOCAB; v++)
+            if (!taken[v] && (t < 0 || lp1[v] > lp1[t]))
+                t = v;
+        taken[t] = true;
+        seq[3] = t;
+        next_logprobs(m, seq, 4, lp2);
+        for (int v = 0; v < VOCAB; v++)
+            if (lp1[t] + lp2[v] > best) {
+                best = lp1[t] + lp2[v];
+                best_pair[0] = t;
+                best_pair[1] = v;
+            }
+    }
+    for (int k = 1; k <= K; k *= 2) { /* length penalties do not matter when every hypothesis is as long */
+        assert_int_equal(zt_generate_beam(m, prompt, 3, 2, K, k - 2.0, -1, &out, &n, &err), 0);
+        assert_int_equal(n, 2);
+        assert_memory_equal(out, best_pair, sizeof best_pair);
+        free(out);
+    }
+
+    /* An end token. When it is the likeliest first token and the length penalty is 0 (plain sums, which only
+     * fall as tokens are added), the end token alone is the best hypothesis: nothing is printed. Otherwise
+     * the tokens printed never include it (it ends a hypothesis). */
+    int first = 0;
+    for (int v = 1; v < VOCAB; v++)
+        first = lp1[v] > lp1[first] ? v : first;
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 0.0, first, &out, &n, &err), 0);
+    assert_int_equal(n, 0);
+    free(out);
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 1.0, (first + 1) % VOCAB, &out, &n, &err), 0);
+    assert_true(n >= 0 && n <= 6);
+    for (int i = 0; i < n; i++)
+        assert_int_not_equal(out[i], (first + 1) % VOCAB);
+    free(out);
+
+    /* Bad arguments are errors with messages. */
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 2, VOCAB, 1.0, -1, &out, &n, &err), ZT_EINVAL_CONFIG);
+    assert_non_null(strstr(err.msg, "--num-beams"));
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 0, K, 1.0, -1, &out, &n, &err), ZT_EINVAL_CONFIG);
+    zt_family_model_destroy(m);
+}
+
 /* ---- the stop string of chat replies ------------------------------------------------------------ */
 
 /* Pushes each piece; returns what was printable, joined, and whether the stop string was found (then what
@@ -383,6 +475,7 @@ int main(void)
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_callback_and_errors),
         cmocka_unit_test(test_stop_scan),
+        cmocka_unit_test(test_beam_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

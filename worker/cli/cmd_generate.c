@@ -28,7 +28,7 @@ static const char replacement_char[] = "\xEF\xBF\xBD";
 static const char usage_text[] =
     "usage: ztrain generate (--checkpoint DIR | --weights FILE.safetensors --model config.json)\n"
     "                       [--prompt TEXT | --chat FILE [--chat-template NAME]] [--max-new-tokens N]\n"
-    "                       [--temperature X] [--top-k N] [--seed N]\n"
+    "                       [--temperature X] [--top-k N] [--seed N] [--num-beams K [--length-penalty X]]\n"
     "                       [--tokenizer tokenizer.json [--add-special-tokens]]\n"
     "\n"
     "Samples text from a trained GPT-2 and writes the prompt and the generated text to stdout.\n"
@@ -50,6 +50,11 @@ static const char usage_text[] =
     "  --temperature X       0 picks the most likely token every time; higher is more random (default 0.8)\n"
     "  --top-k N             sample among the N most likely tokens; 0 = all (default 40)\n"
     "  --seed N              the same seed gives the same text (default 1337)\n"
+    "  --num-beams K         beam search over K beams instead of sampling (as transformers' generate with\n"
+    "                        num_beams=K); a text-to-text model's hypotheses end at its end-of-sequence\n"
+    "                        token, a decoder's after --max-new-tokens; the best is printed at the end\n"
+    "  --length-penalty X    beam search: a finished hypothesis scores its log-probability over its length\n"
+    "                        to the power X (default 1; 0 compares sums, > 0 favours longer ones)\n"
     "  --tokenizer FILE      the Hugging Face tokenizer.json the model was trained with (default: the\n"
     "                        byte-level tokenizer of 'ztrain tokenize' without --tokenizer)\n"
     "  --add-special-tokens  put the tokenizer's special tokens around the prompt (<|begin_of_text|> ...)\n"
@@ -189,13 +194,17 @@ typedef struct generate_args {
     bool prompt_given;
     const char *chat;          /* a conversation (JSON), or NULL */
     const char *chat_template; /* a template's name, or NULL: the tokenizer_config.json's */
+    int64_t num_beams;         /* 1: sampling (or greedy); > 1: beam search */
+    double length_penalty;
+    bool sampling_given;       /* --temperature or --top-k was given */
 } generate_args;
 
 /* Parses the flags; returns 0, 2 after printing a usage error, or -1 when --help was printed. */
 static int parse_args(int argc, char **argv, generate_args *a)
 {
     enum { OPT_CHECKPOINT = 1000, OPT_WEIGHTS, OPT_MODEL, OPT_PROMPT, OPT_MAX_NEW, OPT_TEMPERATURE, OPT_TOP_K,
-           OPT_SEED, OPT_HELP, OPT_TOKENIZER, OPT_ADD_SPECIAL, OPT_CHAT, OPT_CHAT_TEMPLATE };
+           OPT_SEED, OPT_HELP, OPT_TOKENIZER, OPT_ADD_SPECIAL, OPT_CHAT, OPT_CHAT_TEMPLATE,
+           OPT_NUM_BEAMS, OPT_LENGTH_PENALTY };
     static const struct option options[] = {
         {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
         {"weights", required_argument, NULL, OPT_WEIGHTS},
@@ -210,9 +219,12 @@ static int parse_args(int argc, char **argv, generate_args *a)
         {"add-special-tokens", no_argument, NULL, OPT_ADD_SPECIAL},
         {"chat", required_argument, NULL, OPT_CHAT},
         {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+        {"num-beams", required_argument, NULL, OPT_NUM_BEAMS},
+        {"length-penalty", required_argument, NULL, OPT_LENGTH_PENALTY},
         {NULL, 0, NULL, 0},
     };
-    *a = (generate_args){.prompt = "", .max_new = 200, .temperature = 0.8, .top_k = 40, .seed = 1337};
+    *a = (generate_args){.prompt = "", .max_new = 200, .temperature = 0.8, .top_k = 40, .seed = 1337, .num_beams = 1,
+                         .length_penalty = 1.0};
 
     zt_err err = {{0}};
     char msg[ZT_ERR_LEN + 64];
@@ -229,8 +241,18 @@ static int parse_args(int argc, char **argv, generate_args *a)
         case OPT_MODEL: a->model = optarg; break;
         case OPT_PROMPT: a->prompt = optarg; a->prompt_given = true; break;
         case OPT_MAX_NEW: rc = zt_arg_int("--max-new-tokens", optarg, 0, 1000000, &a->max_new, &err); break;
-        case OPT_TEMPERATURE: rc = zt_arg_double("--temperature", optarg, 0.0, 100.0, &a->temperature, &err); break;
-        case OPT_TOP_K: rc = zt_arg_int("--top-k", optarg, 0, 1000000000, &a->top_k, &err); break;
+        case OPT_TEMPERATURE:
+            rc = zt_arg_double("--temperature", optarg, 0.0, 100.0, &a->temperature, &err);
+            a->sampling_given = true;
+            break;
+        case OPT_TOP_K:
+            rc = zt_arg_int("--top-k", optarg, 0, 1000000000, &a->top_k, &err);
+            a->sampling_given = true;
+            break;
+        case OPT_NUM_BEAMS: rc = zt_arg_int("--num-beams", optarg, 1, 256, &a->num_beams, &err); break;
+        case OPT_LENGTH_PENALTY:
+            rc = zt_arg_double("--length-penalty", optarg, -100.0, 100.0, &a->length_penalty, &err);
+            break;
         case OPT_SEED: rc = zt_arg_int("--seed", optarg, 0, INT64_MAX, &a->seed, &err); break;
         case OPT_HELP: fputs(usage_text, stdout); return -1;
         case OPT_TOKENIZER: a->tokenizer = optarg; break;
@@ -256,6 +278,11 @@ static int parse_args(int argc, char **argv, generate_args *a)
     if (a->chat && a->add_special)
         return usage_error("--add-special-tokens does not go with --chat: the chat template writes the special "
                            "tokens itself");
+    if (a->num_beams > 1 && a->sampling_given)
+        return usage_error("--num-beams searches deterministically: --temperature and --top-k do not apply to it "
+                           "(drop them, or drop --num-beams to sample)");
+    if (a->num_beams > 1 && a->max_new < 1)
+        return usage_error("--num-beams needs --max-new-tokens 1 or more");
     if (a->chat_template && !a->chat)
         return usage_error("--chat-template names the template of a --chat conversation; give --chat FILE too");
     if (a->checkpoint && (a->weights || a->model))
@@ -417,7 +444,7 @@ int zt_cmd_generate(int argc, char **argv)
     /* The context never grows past the prompt plus the new tokens, so the model needs no more room. */
     int64_t need = (int64_t)n_prompt + a.max_new;
     int T = need < positions ? (int)need : positions;
-    if (zt_family_model_create(&model, &cfg, 1, T, 0, &err) < 0)
+    if (zt_family_model_create(&model, &cfg, (int)a.num_beams, T, 0, &err) < 0)
         goto done;
     if (zt_family_model_import(model, weights_path, &err) < 0)
         goto done;
@@ -425,6 +452,9 @@ int zt_cmd_generate(int argc, char **argv)
             "temperature %g, top-k %lld, seed %lld",
             weights_path, zt_family_model_num_params(model), zt_family_config_layers(&cfg), vocab, n_prompt,
             (long long)a.max_new, a.temperature, (long long)a.top_k, (long long)a.seed);
+    if (a.num_beams > 1)
+        ZT_INFO("generate: beam search over %lld beams, length penalty %g (--temperature, --top-k and --seed do not "
+                "apply)", (long long)a.num_beams, a.length_penalty);
     if (tmpl)
         ZT_INFO("generate: --chat %s rendered with the %s template; the reply ends at '%s'", a.chat,
                 zt_chat_template_name(tmpl), s.stop.stop);
@@ -434,8 +464,24 @@ int zt_cmd_generate(int argc, char **argv)
         zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
         goto done;
     }
-    rc = zt_generate(model, prompt, (int)n_prompt, (int)a.max_new, a.temperature, (int)a.top_k, (uint64_t)a.seed,
-                     on_token, &s, &err);
+    if (a.num_beams > 1) { /* the best hypothesis, printed once the search is over */
+        int32_t *best = NULL;
+        int n_best = 0;
+        zt_family_shape shape;
+        zt_family_config_shape(&cfg, &shape);
+        rc = zt_generate_beam(model, prompt, (int)n_prompt, (int)a.max_new, (int)a.num_beams, a.length_penalty,
+                              seq2seq ? shape.eos_token_id : -1, &best, &n_best, &err);
+        for (int i = 0; rc == 0 && i < n_best; i++) {
+            int cb = on_token(best[i], &s);
+            rc = cb < 0 ? cb : 0;
+            if (cb > 0)
+                break;
+        }
+        free(best);
+    } else {
+        rc = zt_generate(model, prompt, (int)n_prompt, (int)a.max_new, a.temperature, (int)a.top_k,
+                         (uint64_t)a.seed, on_token, &s, &err);
+    }
     if (rc < 0) {
         if (s.write_errno)
             zt_fail(&err, rc, "cannot write to standard output: %s", strerror(s.write_errno));

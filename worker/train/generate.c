@@ -195,6 +195,208 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
     return rc;
 }
 
+/* ---- beam search ---- */
+
+/* A continuation: beam b extended by token, with its summed log-probability. */
+typedef struct beam_cand {
+    double score;
+    int beam, token;
+} beam_cand;
+
+/* Higher score first; ties by beam, then token, so the order never depends on qsort. */
+static int compare_beam_cands(const void *pa, const void *pb)
+{
+    const beam_cand *a = pa, *b = pb;
+    if (a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    if (a->beam != b->beam)
+        return a->beam - b->beam;
+    return a->token - b->token;
+}
+
+/* A finished hypothesis: its new tokens (len of them, the eos included) and its length-penalised score. */
+typedef struct beam_done {
+    double score;
+    int32_t *tokens;
+    int len;
+} beam_done;
+
+/* Log-softmax of one row of V logits into lp (double). Returns ZT_EFORMAT for a NaN or +inf logit. */
+static int log_softmax_row(const float *x, int V, double *lp, zt_err *err)
+{
+    double max = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (isnan(x[i]) || (isinf(x[i]) && x[i] > 0))
+            return zt_fail(err, ZT_EFORMAT, "the model produced a non-finite logit (token %d is %g); the weights are "
+                           "corrupt or training diverged: use an earlier checkpoint", i, (double)x[i]);
+        if (x[i] > max)
+            max = x[i];
+    }
+    if (isinf(max))
+        return zt_fail(err, ZT_EFORMAT, "every logit is -inf, so no token can be chosen; check the weights");
+    double sum = 0.0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)x[i] - max);
+    const double lse = max + log(sum);
+    for (int i = 0; i < V; i++)
+        lp[i] = (double)x[i] - lse;
+    return 0;
+}
+
+/* Keeps hypothesis (tokens, len, score) among the best k finished ones (done[0..*nd), best first). */
+static int keep_done(beam_done *done, int *nd, int k, const int32_t *tokens, int len, double score)
+{
+    int at = *nd;
+    while (at > 0 && done[at - 1].score < score)
+        at--;
+    if (at >= k)
+        return 0;
+    int32_t *copy = malloc((size_t)(len > 0 ? len : 1) * sizeof *copy);
+    if (!copy)
+        return ZT_ENOMEM;
+    memcpy(copy, tokens, (size_t)len * sizeof *copy);
+    if (*nd == k) {
+        free(done[k - 1].tokens);
+        (*nd)--;
+    }
+    memmove(done + at + 1, done + at, (size_t)(*nd - at) * sizeof *done);
+    done[at] = (beam_done){.score = score, .tokens = copy, .len = len};
+    (*nd)++;
+    return 0;
+}
+
+int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, int num_beams,
+                     double length_penalty, int eos, int32_t **out, int *n_out, zt_err *err)
+{
+    ZT_ASSERT(model != NULL);
+    *out = NULL;
+    *n_out = 0;
+    const zt_family_config *cfg = zt_family_model_config(model);
+    zt_family_shape shape;
+    zt_family_config_shape(cfg, &shape);
+    const int V = shape.vocab, K = num_beams;
+    const bool s2s = shape.task == ZT_TASK_SEQ2SEQ;
+    const size_t positions = (size_t)shape.positions;
+    if (n_prompt < 1 || !prompt)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "generation needs a prompt of at least one token, got %d", n_prompt);
+    if (max_new < 1)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "beam search needs at least one new token, got %d", max_new);
+    if (K < 1 || 2 * K > V)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--num-beams %d: give 1 to %d (half the vocabulary of %d tokens)", K,
+                       V / 2, V);
+    if (!isfinite(length_penalty))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "the length penalty must be a finite number, got %g", length_penalty);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return zt_fail(err, ZT_EMISMATCH, "prompt token %d is %d, outside the model's vocabulary of %d tokens", i,
+                           (int)prompt[i], V);
+
+    /* Each running beam: its whole sequence (a causal LM's prompt, or the decoder's start token, then the
+     * new tokens), row-major with stride cap. */
+    const int lead = s2s ? 1 : n_prompt;
+    const size_t cap = (size_t)lead + (size_t)max_new;
+    int32_t *seq = malloc((size_t)K * cap * sizeof *seq), *next = malloc((size_t)K * cap * sizeof *next);
+    int32_t *rows = malloc((size_t)K * cap * sizeof *rows);
+    int32_t *enc = s2s ? malloc((size_t)K * (size_t)n_prompt * sizeof *enc) : NULL;
+    double *score = calloc((size_t)K, sizeof *score), *lp = malloc((size_t)V * sizeof *lp);
+    beam_cand *cand = malloc((size_t)K * (size_t)V * sizeof *cand);
+    beam_done *done = calloc((size_t)K, sizeof *done);
+    int rc = 0, nd = 0, live = 1;
+    if (!seq || !next || !rows || (s2s && !enc) || !score || !lp || !cand || !done) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory for a beam search of %d beams over %d tokens", K, V);
+        goto out;
+    }
+    if (s2s)
+        seq[0] = shape.decoder_start_token_id;
+    else
+        memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+
+    for (int len = 0; len < max_new; len++) {
+        const size_t cur = (size_t)lead + (size_t)len; /* tokens in each running sequence */
+        /* The logits of the next token of every running beam, in one batch. */
+        size_t ctx = cur;
+        if (s2s) {
+            for (int b = 0; b < live; b++) {
+                memcpy(rows + (size_t)b * cur, seq + (size_t)b * cap, cur * sizeof *rows);
+            }
+            for (int b = 0; b < live; b++) /* the encoder's input: the prompt once per beam */
+                memcpy(enc + (size_t)b * (size_t)n_prompt, prompt, (size_t)n_prompt * sizeof *enc);
+            const zt_model_seq2seq d = {.decoder_tokens = rows, .Td = (int)cur, .encoder_lens = NULL};
+            zt_family_model_set_seq2seq(model, &d);
+            zt_family_model_forward(model, enc, NULL, live, n_prompt);
+        } else {
+            ctx = cur < positions ? cur : positions; /* older tokens fall out of the window */
+            for (int b = 0; b < live; b++)
+                memcpy(rows + (size_t)b * ctx, seq + (size_t)b * cap + (cur - ctx), ctx * sizeof *rows);
+            zt_family_model_forward(model, rows, NULL, live, (int)ctx);
+        }
+        const float *logits = zt_family_model_logits(model);
+        int nc = 0;
+        for (int b = 0; b < live; b++) {
+            if ((rc = log_softmax_row(logits + ((size_t)b * ctx + ctx - 1) * (size_t)V, V, lp, err)) < 0)
+                goto out;
+            for (int v = 0; v < V; v++)
+                cand[nc++] = (beam_cand){.score = score[b] + lp[v], .beam = b, .token = v};
+        }
+        qsort(cand, (size_t)nc, sizeof *cand, compare_beam_cands);
+        const int keep = 2 * K < nc ? 2 * K : nc;
+        const bool last = len + 1 == max_new;
+        /* The first K continuations that end become finished hypotheses; the best K that do not run on. */
+        const double norm = pow((double)(len + 1), length_penalty);
+        int nl = 0;
+        for (int i = 0; i < keep; i++) {
+            const beam_cand *c = &cand[i];
+            const bool ends = last || c->token == eos;
+            if (ends) {
+                if (i < K) {
+                    int32_t *t = seq + (size_t)c->beam * cap + lead;
+                    t[len] = c->token; /* written in place: this beam's slot beyond len is unused */
+                    if (keep_done(done, &nd, K, t, len + 1, c->score / norm) < 0) {
+                        rc = zt_fail(err, ZT_ENOMEM, "out of memory for a finished hypothesis");
+                        goto out;
+                    }
+                }
+                continue;
+            }
+            if (nl == K)
+                continue;
+            memcpy(next + (size_t)nl * cap, seq + (size_t)c->beam * cap, cur * sizeof *next);
+            next[(size_t)nl * cap + cur] = c->token;
+            score[nl] = c->score;
+            nl++;
+        }
+        if (last || nl == 0)
+            break;
+        int32_t *tmp = seq;
+        seq = next;
+        next = tmp;
+        live = nl;
+        /* Stop when the K finished hypotheses are all better than the best running beam can be (at the
+         * current length). */
+        if (nd == K && score[0] / pow((double)(len + 1), length_penalty) <= done[K - 1].score)
+            break;
+    }
+    if (nd == 0) {
+        rc = zt_fail(err, ZT_EFORMAT, "beam search ended without a hypothesis");
+        goto out;
+    }
+    *n_out = done[0].len - (done[0].len > 0 && done[0].tokens[done[0].len - 1] == eos);
+    *out = done[0].tokens;
+    done[0].tokens = NULL;
+out:
+    for (int i = 0; i < nd; i++)
+        free(done[i].tokens);
+    free(done);
+    free(cand);
+    free(lp);
+    free(score);
+    free(enc);
+    free(rows);
+    free(next);
+    free(seq);
+    return rc;
+}
+
 /* ---- a stop string over generated text ---- */
 
 int zt_stop_scan_push(zt_stop_scan *s, const char *bytes, size_t len, const char **out, size_t *out_len)
