@@ -399,8 +399,8 @@ static void test_beam_search(void **state)
 
 /* ---- the stop string of chat replies ------------------------------------------------------------ */
 
-/* Pushes each piece; returns what was printable, joined, and whether the stop string was found (then what
- * comes after it in the pieces is never pushed). */
+/* Pushes each piece; returns what was handed out, joined (a start of the stop string held at the end is not),
+ * and whether the stop string was found (then what comes after it in the pieces is never pushed). */
 static char *scan_all(const char *stop, const char *const *pieces, int n, bool *found)
 {
     zt_stop_scan s = {.stop = stop, .stop_len = strlen(stop)};
@@ -415,13 +415,6 @@ static char *scan_all(const char *stop, const char *const *pieces, int n, bool *
         memcpy(text + len, out, k);
         len += k;
         *found = rc == 1;
-    }
-    if (!*found) {
-        const char *out;
-        size_t k;
-        zt_stop_scan_rest(&s, &out, &k);
-        memcpy(text + len, out, k);
-        len += k;
     }
     zt_stop_scan_free(&s);
     return text;
@@ -440,7 +433,8 @@ static void test_stop_scan(void **state)
         {{"ab<|i", "m_e", "nd|", ">cd", "ef"}, 5, "ab", true},             /* in pieces, text after it */
         {{"x<|im_end|im_end|>y"}, 1, "x<|im_end|im_end|>y", false},        /* near misses are text */
         {{"<", "<|im_", "end|>"}, 3, "<", true},                           /* a false start before it */
-        {{"ok <|im_en"}, 1, "ok <|im_en", false},                          /* an unfinished start at the end */
+        {{"ok <|im_en"}, 1, "ok ", false},                                 /* an unfinished start at the end */
+        {{"ok <|im_en", "x"}, 2, "ok <|im_enx", false},                    /* ... which was text after all */
         {{"", "<|im_end|>", "after"}, 3, "", true},                        /* an empty reply */
         {{"a", "b", "c"}, 3, "abc", false},
     };

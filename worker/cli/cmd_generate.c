@@ -469,8 +469,17 @@ int zt_cmd_generate(int argc, char **argv)
         int n_best = 0;
         zt_family_shape shape;
         zt_family_config_shape(&cfg, &shape);
-        rc = zt_generate_beam(model, prompt, (int)n_prompt, (int)a.max_new, (int)a.num_beams, a.length_penalty,
-                              seq2seq ? shape.eos_token_id : -1, &best, &n_best, &err);
+        /* A decoder's hypotheses end at the chat template's end-of-turn marker where the tokenizer makes one
+         * token of it (<|im_end|>, <|eot_id|>, ...); a text-to-text model's at its end-of-sequence token. */
+        int eos = seq2seq ? shape.eos_token_id : -1;
+        int32_t *marker = NULL;
+        size_t n_marker = 0;
+        if (s.chat && zt_tokenizer_encode_flags(tok, s.stop.stop, s.stop.stop_len, 0, &marker, &n_marker, NULL) == 0 &&
+            n_marker == 1 && marker[0] < vocab)
+            eos = marker[0];
+        free(marker);
+        rc = zt_generate_beam(model, prompt, (int)n_prompt, (int)a.max_new, (int)a.num_beams, a.length_penalty, eos,
+                              &best, &n_best, &err);
         for (int i = 0; rc == 0 && i < n_best; i++) {
             int cb = on_token(best[i], &s);
             rc = cb < 0 ? cb : 0;
@@ -491,11 +500,9 @@ int zt_cmd_generate(int argc, char **argv)
         fflush(stdout);
         goto done;
     }
-    const char *rest = NULL;
-    size_t nrest = 0;
-    if (s.chat)
-        zt_stop_scan_rest(&s.stop, &rest, &nrest);
-    if (write_bytes(&s, rest, nrest) < 0 || (!s.ends_with_newline && write_bytes(&s, "\n", 1) < 0)) {
+    /* (a chat reply cut by --max-new-tokens may end in the start of the end-of-turn marker, held back: it is
+     * not printed) */
+    if (!s.ends_with_newline && write_bytes(&s, "\n", 1) < 0) {
         zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
         goto done;
     }

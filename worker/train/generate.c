@@ -433,13 +433,6 @@ int zt_stop_scan_push(zt_stop_scan *s, const char *bytes, size_t len, const char
     return 0;
 }
 
-void zt_stop_scan_rest(zt_stop_scan *s, const char **out, size_t *out_len)
-{
-    *out = s->buf + s->handed;
-    *out_len = s->n - s->handed;
-    s->n = s->handed = 0;
-}
-
 void zt_stop_scan_free(zt_stop_scan *s)
 {
     free(s->buf);

@@ -52,7 +52,8 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
 
 /* Generated text cut at a stop string (a chat template's end-of-turn marker, "<|im_end|>"), which may come
  * in pieces over several tokens or inside one: the bytes that could still begin it are held back until
- * the next bytes tell. Zero-initialise, set stop and stop_len (> 0), push each token's bytes. */
+ * the next bytes tell (what is still held when generation ends is a start of the stop string that never
+ * completed, and is dropped). Zero-initialise, set stop and stop_len (> 0), push each token's bytes. */
 typedef struct zt_stop_scan {
     const char *stop;
     size_t stop_len;
@@ -65,8 +66,6 @@ typedef struct zt_stop_scan {
  * returns 1 when the stop string is complete (out ends just before it; what follows it is dropped), 0 when
  * it is not, ZT_ENOMEM. */
 int zt_stop_scan_push(zt_stop_scan *s, const char *bytes, size_t len, const char **out, size_t *out_len);
-/* The bytes still held at the end of generation (a start of the stop string that never completed). */
-void zt_stop_scan_rest(zt_stop_scan *s, const char **out, size_t *out_len);
 void zt_stop_scan_free(zt_stop_scan *s);
 
 #endif
