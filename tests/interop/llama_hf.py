@@ -161,10 +161,15 @@ def check_generate(ztrain, tmp, qwen2):
     d = os.path.join(tmp, f"gen-{name}")
     model.save_pretrained(d)
     prompt, new = b"The ", 24
+    eos = cfg.eos_token_id  # ztrain stops there (not printed), as generate() does
+
+    def cut(ids):
+        tail = ids[len(prompt):]
+        return prompt + bytes(tail[:tail.index(eos)] if eos in tail else tail)
+
     with torch.no_grad():
-        out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    want = bytes(out[0].tolist())
+        out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+    want = cut(out[0].tolist())
     import subprocess
     res = subprocess.run([ztrain, "generate", "--weights", os.path.join(d, "model.safetensors"), "--model",
                           os.path.join(d, "config.json"), "--prompt", prompt.decode(), "--max-new-tokens",
@@ -173,12 +178,25 @@ def check_generate(ztrain, tmp, qwen2):
     ok = res.returncode == 0 and got == want
     print(f"{'ok  ' if ok else 'FAIL'} greedy generation ({name}): ztrain {got!r}, transformers {want!r}"
           + ("" if res.returncode == 0 else f"; ztrain failed: {res.stderr.decode()[-300:]}"))
-    # Beam search (no end token: every hypothesis runs to max_new_tokens), as generate(num_beams=K) does it.
+    # --ignore-eos goes on past the end token, as generate(eos_token_id=None) does.
+    with torch.no_grad():
+        out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    want_all = bytes(out[0].tolist())
+    res = subprocess.run([ztrain, "generate", "--weights", os.path.join(d, "model.safetensors"), "--model",
+                          os.path.join(d, "config.json"), "--prompt", prompt.decode(), "--max-new-tokens",
+                          str(new), "--temperature", "0", "--ignore-eos"], capture_output=True)
+    got = res.stdout[:len(want_all)] if res.returncode == 0 else b""
+    ok_all = res.returncode == 0 and got == want_all and len(res.stdout) == len(want_all) + 1
+    print(f"{'ok  ' if ok_all else 'FAIL'} greedy generation with --ignore-eos ({name}): ztrain {got!r}, "
+          f"transformers {want_all!r}")
+    ok = ok and ok_all
+    # Beam search, as generate(num_beams=K) does it (hypotheses end at the config's eos_token_id).
     for beams, penalty in ((2, 1.0), (4, 1.0), (3, 0.0)):
         with torch.no_grad():
             out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, do_sample=False, num_beams=beams,
-                                 length_penalty=penalty, early_stopping=False, eos_token_id=None, pad_token_id=0)
-        want_b = bytes(out[0].tolist())
+                                 length_penalty=penalty, early_stopping=False, pad_token_id=0)
+        want_b = cut(out[0].tolist())
         res = subprocess.run([ztrain, "generate", "--weights", os.path.join(d, "model.safetensors"), "--model",
                               os.path.join(d, "config.json"), "--prompt", prompt.decode(), "--max-new-tokens",
                               str(new), "--num-beams", str(beams), "--length-penalty", str(penalty)],

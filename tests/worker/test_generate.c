@@ -340,7 +340,7 @@ static void test_beam_search(void **state)
     /* One beam is greedy search, the window sliding past N_POS too. */
     recorder g = {0};
     assert_int_equal(zt_generate(m, prompt, 3, 9, 0.0, 0, 5, record, &g, &err), 0);
-    assert_int_equal(zt_generate_beam(m, prompt, 3, 9, 1, 1.0, -1, &out, &n, &err), 0);
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 9, 1, 1.0, NULL, 0, &out, &n, &err), 0);
     assert_int_equal(n, 9);
     assert_memory_equal(out, g.tokens, 9 * sizeof(int32_t));
     free(out);
@@ -369,7 +369,7 @@ static void test_beam_search(void **state)
             }
     }
     for (int k = 1; k <= K; k *= 2) { /* length penalties do not matter when every hypothesis is as long */
-        assert_int_equal(zt_generate_beam(m, prompt, 3, 2, K, k - 2.0, -1, &out, &n, &err), 0);
+        assert_int_equal(zt_generate_beam(m, prompt, 3, 2, K, k - 2.0, NULL, 0, &out, &n, &err), 0);
         assert_int_equal(n, 2);
         assert_memory_equal(out, best_pair, sizeof best_pair);
         free(out);
@@ -381,19 +381,27 @@ static void test_beam_search(void **state)
     int first = 0;
     for (int v = 1; v < VOCAB; v++)
         first = lp1[v] > lp1[first] ? v : first;
-    assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 0.0, first, &out, &n, &err), 0);
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 0.0, &first, 1, &out, &n, &err), 0);
     assert_int_equal(n, 0);
     free(out);
-    assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 1.0, (first + 1) % VOCAB, &out, &n, &err), 0);
-    assert_true(n >= 0 && n <= 6);
-    for (int i = 0; i < n; i++)
-        assert_int_not_equal(out[i], (first + 1) % VOCAB);
+    const int two[2] = {(first + 1) % VOCAB, (first + 2) % VOCAB}; /* several end tokens (LLaMA 3.1 lists 3) */
+    for (int ne = 1; ne <= 2; ne++) {
+        assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 1.0, two, ne, &out, &n, &err), 0);
+        assert_true(n >= 0 && n <= 6);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < ne; j++)
+                assert_int_not_equal(out[i], two[j]);
+        free(out);
+    }
+    const int with_first[2] = {(first + 3) % VOCAB, first};
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 6, K, 0.0, with_first, 2, &out, &n, &err), 0);
+    assert_int_equal(n, 0);
     free(out);
 
     /* Bad arguments are errors with messages. */
-    assert_int_equal(zt_generate_beam(m, prompt, 3, 2, VOCAB, 1.0, -1, &out, &n, &err), ZT_EINVAL_CONFIG);
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 2, VOCAB, 1.0, NULL, 0, &out, &n, &err), ZT_EINVAL_CONFIG);
     assert_non_null(strstr(err.msg, "--num-beams"));
-    assert_int_equal(zt_generate_beam(m, prompt, 3, 0, K, 1.0, -1, &out, &n, &err), ZT_EINVAL_CONFIG);
+    assert_int_equal(zt_generate_beam(m, prompt, 3, 0, K, 1.0, NULL, 0, &out, &n, &err), ZT_EINVAL_CONFIG);
     zt_family_model_destroy(m);
 }
 

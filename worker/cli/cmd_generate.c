@@ -51,10 +51,12 @@ static const char usage_text[] =
     "  --top-k N             sample among the N most likely tokens; 0 = all (default 40)\n"
     "  --seed N              the same seed gives the same text (default 1337)\n"
     "  --num-beams K         beam search over K beams instead of sampling (as transformers' generate with\n"
-    "                        num_beams=K); a text-to-text model's hypotheses end at its end-of-sequence\n"
-    "                        token, a decoder's after --max-new-tokens; the best is printed at the end\n"
+    "                        num_beams=K); hypotheses end at the end-of-sequence ids (a chat's also at\n"
+    "                        the end-of-turn token) or after --max-new-tokens; the best is printed at the end\n"
     "  --length-penalty X    beam search: a finished hypothesis scores its log-probability over its length\n"
     "                        to the power X (default 1; 0 compares sums, > 0 favours longer ones)\n"
+    "  --ignore-eos          a decoder goes on past the end-of-sequence ids of its config.json's\n"
+    "                        eos_token_id (by default generation stops there, as transformers' does)\n"
     "  --tokenizer FILE      the Hugging Face tokenizer.json the model was trained with (default: the\n"
     "                        byte-level tokenizer of 'ztrain tokenize' without --tokenizer)\n"
     "  --add-special-tokens  put the tokenizer's special tokens around the prompt (<|begin_of_text|> ...)\n"
@@ -141,6 +143,9 @@ typedef struct stream_state {
     /* --chat: the reply ends at the template's end-of-turn marker (not printed) */
     bool chat;
     zt_stop_scan stop;
+    /* the ids generation stops at (not printed): a decoder's end-of-sequence ids, the chat marker's token */
+    int eos[ZT_FAMILY_MAX_EOS + 1];
+    int n_eos;
 } stream_state;
 
 static int write_bytes(stream_state *s, const char *bytes, size_t len)
@@ -173,6 +178,9 @@ static int emit(stream_state *s, const char *bytes, size_t len)
 static int on_token(int32_t token, void *user)
 {
     stream_state *s = user;
+    for (int i = 0; i < s->n_eos; i++)
+        if (token == s->eos[i])
+            return 1;
     const char *bytes;
     size_t len;
     if (zt_tokenizer_token_bytes(s->tok, token, &bytes, &len, NULL) < 0)
@@ -197,6 +205,7 @@ typedef struct generate_args {
     int64_t num_beams;         /* 1: sampling (or greedy); > 1: beam search */
     double length_penalty;
     bool sampling_given;       /* --temperature or --top-k was given */
+    bool ignore_eos;           /* a decoder goes on past its end-of-sequence ids */
 } generate_args;
 
 /* Parses the flags; returns 0, 2 after printing a usage error, or -1 when --help was printed. */
@@ -204,7 +213,7 @@ static int parse_args(int argc, char **argv, generate_args *a)
 {
     enum { OPT_CHECKPOINT = 1000, OPT_WEIGHTS, OPT_MODEL, OPT_PROMPT, OPT_MAX_NEW, OPT_TEMPERATURE, OPT_TOP_K,
            OPT_SEED, OPT_HELP, OPT_TOKENIZER, OPT_ADD_SPECIAL, OPT_CHAT, OPT_CHAT_TEMPLATE,
-           OPT_NUM_BEAMS, OPT_LENGTH_PENALTY };
+           OPT_NUM_BEAMS, OPT_LENGTH_PENALTY, OPT_IGNORE_EOS };
     static const struct option options[] = {
         {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
         {"weights", required_argument, NULL, OPT_WEIGHTS},
@@ -221,6 +230,7 @@ static int parse_args(int argc, char **argv, generate_args *a)
         {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
         {"num-beams", required_argument, NULL, OPT_NUM_BEAMS},
         {"length-penalty", required_argument, NULL, OPT_LENGTH_PENALTY},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
         {NULL, 0, NULL, 0},
     };
     *a = (generate_args){.prompt = "", .max_new = 200, .temperature = 0.8, .top_k = 40, .seed = 1337, .num_beams = 1,
@@ -258,6 +268,7 @@ static int parse_args(int argc, char **argv, generate_args *a)
         case OPT_TOKENIZER: a->tokenizer = optarg; break;
         case OPT_ADD_SPECIAL: a->add_special = true; break;
         case OPT_CHAT: a->chat = optarg; break;
+        case OPT_IGNORE_EOS: a->ignore_eos = true; break;
         case OPT_CHAT_TEMPLATE: a->chat_template = optarg; break;
         case ':':
             snprintf(msg, sizeof(msg), "%s needs a value", argv[optind - 1]);
@@ -441,6 +452,23 @@ int zt_cmd_generate(int argc, char **argv)
                 "U+FFFD",
                 vocab, zt_tokenizer_kind(tok), tok_vocab);
 
+    /* Where generation stops: the config's end-of-sequence ids (a decoder's unless --ignore-eos; a text-to-text
+     * model always ends at its own), and with --chat the end-of-turn marker where the tokenizer makes one
+     * token of it (<|im_end|>, <|eot_id|>, ...; else the text is cut at the marker as it is printed). */
+    zt_family_shape shape;
+    zt_family_config_shape(&cfg, &shape);
+    for (int i = 0; i < shape.n_eos && (seq2seq || !a.ignore_eos); i++)
+        if (shape.eos_ids[i] >= 0 && shape.eos_ids[i] < vocab)
+            s.eos[s.n_eos++] = shape.eos_ids[i];
+    if (s.chat) {
+        int32_t *marker = NULL;
+        size_t n_marker = 0;
+        if (zt_tokenizer_encode_flags(tok, s.stop.stop, s.stop.stop_len, 0, &marker, &n_marker, NULL) == 0 &&
+            n_marker == 1 && marker[0] < vocab)
+            s.eos[s.n_eos++] = marker[0];
+        free(marker);
+    }
+
     /* The context never grows past the prompt plus the new tokens, so the model needs no more room. */
     int64_t need = (int64_t)n_prompt + a.max_new;
     int T = need < positions ? (int)need : positions;
@@ -452,6 +480,9 @@ int zt_cmd_generate(int argc, char **argv)
             "temperature %g, top-k %lld, seed %lld",
             weights_path, zt_family_model_num_params(model), zt_family_config_layers(&cfg), vocab, n_prompt,
             (long long)a.max_new, a.temperature, (long long)a.top_k, (long long)a.seed);
+    if (s.n_eos > 0)
+        ZT_INFO("generate: stops at token %d%s%s", s.eos[0], s.n_eos > 1 ? " and the other end ids" : "",
+                seq2seq || s.chat ? "" : " (its end-of-sequence id; --ignore-eos goes on)");
     if (a.num_beams > 1)
         ZT_INFO("generate: beam search over %lld beams, length penalty %g (--temperature, --top-k and --seed do not "
                 "apply)", (long long)a.num_beams, a.length_penalty);
@@ -467,19 +498,8 @@ int zt_cmd_generate(int argc, char **argv)
     if (a.num_beams > 1) { /* the best hypothesis, printed once the search is over */
         int32_t *best = NULL;
         int n_best = 0;
-        zt_family_shape shape;
-        zt_family_config_shape(&cfg, &shape);
-        /* A decoder's hypotheses end at the chat template's end-of-turn marker where the tokenizer makes one
-         * token of it (<|im_end|>, <|eot_id|>, ...); a text-to-text model's at its end-of-sequence token. */
-        int eos = seq2seq ? shape.eos_token_id : -1;
-        int32_t *marker = NULL;
-        size_t n_marker = 0;
-        if (s.chat && zt_tokenizer_encode_flags(tok, s.stop.stop, s.stop.stop_len, 0, &marker, &n_marker, NULL) == 0 &&
-            n_marker == 1 && marker[0] < vocab)
-            eos = marker[0];
-        free(marker);
-        rc = zt_generate_beam(model, prompt, (int)n_prompt, (int)a.max_new, (int)a.num_beams, a.length_penalty, eos,
-                              &best, &n_best, &err);
+        rc = zt_generate_beam(model, prompt, (int)n_prompt, (int)a.max_new, (int)a.num_beams, a.length_penalty, s.eos,
+                              s.n_eos, &best, &n_best, &err);
         for (int i = 0; rc == 0 && i < n_best; i++) {
             int cb = on_token(best[i], &s);
             rc = cb < 0 ? cb : 0;

@@ -48,6 +48,9 @@ typedef struct zt_family_config {
 } zt_family_config;
 
 /* The shape of a config, for planning and logs. */
+/* The most end-of-sequence ids a config lists (LLaMA 3.1 lists 3). */
+#define ZT_FAMILY_MAX_EOS 8
+
 typedef struct zt_family_shape {
     int layers;        /* transformer layers (the blocks checkpointing applies to: blocks 1..layers) */
     int positions;     /* the longest sequence */
@@ -60,6 +63,8 @@ typedef struct zt_family_shape {
     int num_labels;    /* a classifier's outputs; 0 for other tasks */
     int decoder_start_token_id; /* sequence-to-sequence: the decoder's first input; 0 for other tasks */
     int eos_token_id;  /* sequence-to-sequence: where generation stops (-1: none); unset (0) for other tasks */
+    int n_eos;         /* the end-of-sequence ids of config.json's eos_token_id (generation stops at them), */
+    int eos_ids[ZT_FAMILY_MAX_EOS]; /* n_eos of them; 0: none (GPT-2's configs keep none) */
 } zt_family_shape;
 
 /* One family. Host-model functions take the family's own host model (void *m: zt_gpt2 *, zt_llama *, ...);

@@ -942,7 +942,9 @@ static void f_config_shape(const void *c, zt_family_shape *s)
     *s = (zt_family_shape){.layers = l->num_hidden_layers, .positions = l->max_position_embeddings,
                            .vocab = l->vocab_size, .width = l->hidden_size, .heads = l->num_attention_heads,
                            .num_params = zt_llama_config_num_params(l), .task = ZT_TASK_CAUSAL_LM,
-                           .pad_token_id = l->pad_token_id};
+                           .pad_token_id = l->pad_token_id, .n_eos = l->num_eos_token_ids};
+    for (int i = 0; i < l->num_eos_token_ids && i < ZT_FAMILY_MAX_EOS; i++)
+        s->eos_ids[i] = l->eos_token_ids[i];
 }
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)

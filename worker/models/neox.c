@@ -354,7 +354,8 @@ static void config_shape(const void *cv, zt_family_shape *s)
                            .vocab = c->vocab_size, .width = c->hidden_size, .heads = c->num_attention_heads,
                            .num_params = V * C * (c->tie_word_embeddings ? 1 : 2) + (size_t)c->num_hidden_layers * layer
                                          + 2 * C,
-                           .task = ZT_TASK_CAUSAL_LM, .pad_token_id = -1};
+                           .task = ZT_TASK_CAUSAL_LM, .pad_token_id = -1, .n_eos = c->eos_token_id >= 0,
+                           .eos_ids = {c->eos_token_id}};
 }
 
 static void arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)

@@ -1256,7 +1256,8 @@ static void f_config_shape(const void *cv, zt_family_shape *s)
                            .vocab = c->vocab_size, .width = c->d_model, .heads = c->num_heads,
                            .num_params = config_num_params(c), .task = ZT_TASK_SEQ2SEQ,
                            .pad_token_id = c->pad_token_id, .decoder_start_token_id = c->decoder_start_token_id,
-                           .eos_token_id = c->eos_token_id};
+                           .eos_token_id = c->eos_token_id, .n_eos = c->eos_token_id >= 0,
+                           .eos_ids = {c->eos_token_id}};
 }
 
 extern const zt_family_def zt__family_t5;

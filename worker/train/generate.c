@@ -197,6 +197,7 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
 
 /* ---- beam search ---- */
 
+
 /* A continuation: beam b extended by token, with its summed log-probability. */
 typedef struct beam_cand {
     double score;
@@ -265,8 +266,16 @@ static int keep_done(beam_done *done, int *nd, int k, const int32_t *tokens, int
     return 0;
 }
 
+static bool is_eos(const int *eos, int n_eos, int token)
+{
+    for (int i = 0; i < n_eos; i++)
+        if (eos[i] == token)
+            return true;
+    return false;
+}
+
 int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, int num_beams,
-                     double length_penalty, int eos, int32_t **out, int *n_out, zt_err *err)
+                     double length_penalty, const int *eos, int n_eos, int32_t **out, int *n_out, zt_err *err)
 {
     ZT_ASSERT(model != NULL);
     *out = NULL;
@@ -281,9 +290,11 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
         return zt_fail(err, ZT_EINVAL_CONFIG, "generation needs a prompt of at least one token, got %d", n_prompt);
     if (max_new < 1)
         return zt_fail(err, ZT_EINVAL_CONFIG, "beam search needs at least one new token, got %d", max_new);
-    if (K < 1 || 2 * K > V)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "--num-beams %d: give 1 to %d (half the vocabulary of %d tokens)", K,
-                       V / 2, V);
+    /* the continuations kept each step: enough that K run on even if every end token is among them */
+    const int wide = n_eos + 1 > 2 ? n_eos + 1 : 2;
+    if (K < 1 || (int64_t)wide * K > V)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "--num-beams %d: give 1 to %d (the vocabulary of %d tokens over %d)", K,
+                       V / wide, V, wide);
     if (!isfinite(length_penalty))
         return zt_fail(err, ZT_EINVAL_CONFIG, "the length penalty must be a finite number, got %g", length_penalty);
     for (int i = 0; i < n_prompt; i++)
@@ -339,14 +350,14 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
                 cand[nc++] = (beam_cand){.score = score[b] + lp[v], .beam = b, .token = v};
         }
         qsort(cand, (size_t)nc, sizeof *cand, compare_beam_cands);
-        const int keep = 2 * K < nc ? 2 * K : nc;
+        const int keep = wide * K < nc ? wide * K : nc;
         const bool last = len + 1 == max_new;
         /* The first K continuations that end become finished hypotheses; the best K that do not run on. */
         const double norm = pow((double)(len + 1), length_penalty);
         int nl = 0;
         for (int i = 0; i < keep; i++) {
             const beam_cand *c = &cand[i];
-            const bool ends = last || c->token == eos;
+            const bool ends = last || is_eos(eos, n_eos, c->token);
             if (ends) {
                 if (i < K) {
                     int32_t *t = seq + (size_t)c->beam * cap + lead;
@@ -380,7 +391,7 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
         rc = zt_fail(err, ZT_EFORMAT, "beam search ended without a hypothesis");
         goto out;
     }
-    *n_out = done[0].len - (done[0].len > 0 && done[0].tokens[done[0].len - 1] == eos);
+    *n_out = done[0].len - (done[0].len > 0 && is_eos(eos, n_eos, done[0].tokens[done[0].len - 1]));
     *out = done[0].tokens;
     done[0].tokens = NULL;
 out:

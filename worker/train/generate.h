@@ -36,19 +36,18 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
                 uint64_t seed, zt_generate_token_fn on_token, void *user, zt_err *err);
 
 /* Beam search, as transformers' generate(num_beams=K, do_sample=False) does it with early_stopping False:
- * each step extends the K running beams by every token, keeps the 2K best continuations by their summed
+ * each step extends the K running beams by every token, keeps the max(2, 1 + n_eos) K best continuations by their summed
  * log-probabilities, of which those among the first K that end (the end-of-sequence token, or the last of
  * max_new tokens) become finished hypotheses scored by their sum over (generated length) ^ length_penalty,
  * and the best K that do not end run on; the search stops when no running beam can beat the worst of the K
  * best finished ones (the same heuristic: the best running sum over the current length ^ length_penalty),
- * or at max_new tokens. eos is the end-of-sequence id or -1 for none (then every hypothesis ends at
- * max_new). A causal LM extends the prompt (the context is the last n_positions tokens); a
- * sequence-to-sequence model (T5) encodes the prompt and decodes from its start token, and eos is its
- * own. The model must have been created with B >= num_beams and T >= min(n_positions, n_prompt + max_new).
- * On success *out (malloc'd, *n_out tokens) is the best hypothesis's new tokens without the final eos.
+ * or at max_new tokens. eos holds the n_eos end-of-sequence ids (n_eos 0: none, and every hypothesis ends
+ * at max_new). A causal LM extends the prompt (the context is the last n_positions tokens); a
+ * sequence-to-sequence model (T5) encodes the prompt and decodes from its start token. The model must have been created with B >= num_beams and T >= min(n_positions, n_prompt + max_new).
+ * On success *out (malloc'd, *n_out tokens) is the best hypothesis's new tokens without its final eos.
  * Returns 0, or ZT_EINVAL_CONFIG / ZT_EFORMAT / ZT_ENOMEM with a message. */
 int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt, int max_new, int num_beams,
-                     double length_penalty, int eos, int32_t **out, int *n_out, zt_err *err);
+                     double length_penalty, const int *eos, int n_eos, int32_t **out, int *n_out, zt_err *err);
 
 /* Generated text cut at a stop string (a chat template's end-of-turn marker, "<|im_end|>"), which may come
  * in pieces over several tokens or inside one: the bytes that could still begin it are held back until
