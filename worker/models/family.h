@@ -64,7 +64,7 @@ typedef struct zt_family_shape {
     int decoder_start_token_id; /* sequence-to-sequence: the decoder's first input; 0 for other tasks */
     int eos_token_id;  /* sequence-to-sequence: where generation stops (-1: none); unset (0) for other tasks */
     int n_eos;         /* the end-of-sequence ids of config.json's eos_token_id (generation stops at them), */
-    int eos_ids[ZT_FAMILY_MAX_EOS]; /* n_eos of them; 0: none (GPT-2's configs keep none) */
+    int eos_ids[ZT_FAMILY_MAX_EOS]; /* n_eos of them; 0: none */
 } zt_family_shape;
 
 /* One family. Host-model functions take the family's own host model (void *m: zt_gpt2 *, zt_llama *, ...);

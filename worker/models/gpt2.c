@@ -663,7 +663,9 @@ static void f_config_shape(const void *c, zt_family_shape *s)
     const zt_gpt2_config *g = c;
     *s = (zt_family_shape){.layers = g->n_layer, .positions = g->n_positions, .vocab = g->vocab_size,
                            .width = g->n_embd, .heads = g->n_head, .num_params = zt_gpt2_config_num_params(g),
-                           .task = ZT_TASK_CAUSAL_LM, .pad_token_id = -1};
+                           .task = ZT_TASK_CAUSAL_LM, .pad_token_id = -1,
+                           /* <|endoftext|>, as the export's config.json writes it (none for smaller vocabularies) */
+                           .n_eos = g->vocab_size >= 50257, .eos_ids = {50256}};
 }
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
