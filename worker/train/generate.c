@@ -26,16 +26,10 @@ static int compare_candidates(const void *pa, const void *pb)
     return (a->token > b->token) - (a->token < b->token);
 }
 
-int zt_generate_sample(const float *logits, int V, double temperature, int top_k, zt_rng *rng, zt_err *err)
+/* The index of the largest finite logit of a row, or ZT_EFORMAT with a message: NaN or +inf means the weights
+ * are broken; -inf is a legitimate "never this token", but not for every token. */
+static int best_logit(const float *logits, int V, zt_err *err)
 {
-    if (V <= 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "sampling needs at least one logit, got V = %d", V);
-    if (!(temperature >= 0.0) || isinf(temperature))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "temperature must be a finite number >= 0, got %g", temperature);
-    if (top_k < 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "top-k must be >= 0 (0 keeps every token), got %d", top_k);
-
-    /* NaN or +inf means the weights are broken; -inf is a legitimate "never this token". */
     int best = -1;
     for (int i = 0; i < V; i++) {
         float x = logits[i];
@@ -51,7 +45,35 @@ int zt_generate_sample(const float *logits, int V, double temperature, int top_k
     }
     if (best < 0)
         return zt_fail(err, ZT_EFORMAT, "every logit is -inf, so no token can be sampled; check the weights");
-    if (temperature == 0.0)
+    return best;
+}
+
+/* A prompt generation can start from: at least one token, each in [0, V). */
+static int check_prompt(const int32_t *prompt, int n_prompt, int V, zt_err *err)
+{
+    if (n_prompt < 1 || !prompt)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "generation needs a prompt of at least one token, got %d", n_prompt);
+    for (int i = 0; i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return zt_fail(err, ZT_EMISMATCH,
+                           "prompt token %d is %d, outside the model's vocabulary of %d tokens; use a model "
+                           "whose vocab_size covers the tokenizer",
+                           i, (int)prompt[i], V);
+    }
+    return 0;
+}
+
+int zt_generate_sample(const float *logits, int V, double temperature, int top_k, zt_rng *rng, zt_err *err)
+{
+    if (V <= 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "sampling needs at least one logit, got V = %d", V);
+    if (!(temperature >= 0.0) || isinf(temperature))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "temperature must be a finite number >= 0, got %g", temperature);
+    if (top_k < 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "top-k must be >= 0 (0 keeps every token), got %d", top_k);
+
+    const int best = best_logit(logits, V, err);
+    if (best < 0 || temperature == 0.0)
         return best;
 
     candidate *c = malloc((size_t)V * sizeof(*c));
@@ -137,21 +159,15 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
     const int V = zt_family_config_vocab(cfg);
     const size_t positions = (size_t)zt_family_config_positions(cfg);
 
-    if (n_prompt < 1 || !prompt)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "generation needs a prompt of at least one token, got %d", n_prompt);
+    int rc = check_prompt(prompt, n_prompt, V, err);
+    if (rc < 0)
+        return rc;
     if (max_new < 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "the number of new tokens must be >= 0, got %d", max_new);
     if (!(temperature >= 0.0) || isinf(temperature))
         return zt_fail(err, ZT_EINVAL_CONFIG, "temperature must be a finite number >= 0, got %g", temperature);
     if (top_k < 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "top-k must be >= 0 (0 keeps every token), got %d", top_k);
-    for (int i = 0; i < n_prompt; i++) {
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return zt_fail(err, ZT_EMISMATCH,
-                           "prompt token %d is %d, outside the model's vocabulary of %d tokens; use a model "
-                           "whose vocab_size covers the tokenizer",
-                           i, (int)prompt[i], V);
-    }
 
     size_t total = (size_t)n_prompt + (size_t)max_new;
     int32_t *seq = malloc(total * sizeof(*seq));
@@ -162,7 +178,6 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
 
     zt_rng rng;
     zt_rng_seed(&rng, seed);
-    int rc = 0;
     zt_family_shape shape;
     zt_family_config_shape(cfg, &shape);
     if (shape.task == ZT_TASK_SEQ2SEQ) {
@@ -197,7 +212,6 @@ int zt_generate(zt_family_model *model, const int32_t *prompt, int n_prompt, int
 
 /* ---- beam search ---- */
 
-
 /* A continuation: beam b extended by token, with its summed log-probability. */
 typedef struct beam_cand {
     double score;
@@ -222,19 +236,13 @@ typedef struct beam_done {
     int len;
 } beam_done;
 
-/* Log-softmax of one row of V logits into lp (double). Returns ZT_EFORMAT for a NaN or +inf logit. */
+/* Log-softmax of one row of V logits into lp (double). Returns ZT_EFORMAT as best_logit does. */
 static int log_softmax_row(const float *x, int V, double *lp, zt_err *err)
 {
-    double max = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        if (isnan(x[i]) || (isinf(x[i]) && x[i] > 0))
-            return zt_fail(err, ZT_EFORMAT, "the model produced a non-finite logit (token %d is %g); the weights are "
-                           "corrupt or training diverged: use an earlier checkpoint", i, (double)x[i]);
-        if (x[i] > max)
-            max = x[i];
-    }
-    if (isinf(max))
-        return zt_fail(err, ZT_EFORMAT, "every logit is -inf, so no token can be chosen; check the weights");
+    const int best = best_logit(x, V, err);
+    if (best < 0)
+        return best;
+    const double max = x[best];
     double sum = 0.0;
     for (int i = 0; i < V; i++)
         sum += exp((double)x[i] - max);
@@ -286,8 +294,9 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
     const int V = shape.vocab, K = num_beams;
     const bool s2s = shape.task == ZT_TASK_SEQ2SEQ;
     const size_t positions = (size_t)shape.positions;
-    if (n_prompt < 1 || !prompt)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "generation needs a prompt of at least one token, got %d", n_prompt);
+    int rc = check_prompt(prompt, n_prompt, V, err);
+    if (rc < 0)
+        return rc;
     if (max_new < 1)
         return zt_fail(err, ZT_EINVAL_CONFIG, "beam search needs at least one new token, got %d", max_new);
     /* the continuations kept each step: enough that K run on even if every end token is among them */
@@ -297,10 +306,6 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
                        V / wide, V, wide);
     if (!isfinite(length_penalty))
         return zt_fail(err, ZT_EINVAL_CONFIG, "the length penalty must be a finite number, got %g", length_penalty);
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return zt_fail(err, ZT_EMISMATCH, "prompt token %d is %d, outside the model's vocabulary of %d tokens", i,
-                           (int)prompt[i], V);
 
     /* Each running beam: its whole sequence (a causal LM's prompt, or the decoder's start token, then the
      * new tokens), row-major with stride cap. */
@@ -312,26 +317,26 @@ int zt_generate_beam(zt_family_model *model, const int32_t *prompt, int n_prompt
     double *score = calloc((size_t)K, sizeof *score), *lp = malloc((size_t)V * sizeof *lp);
     beam_cand *cand = malloc((size_t)K * (size_t)V * sizeof *cand);
     beam_done *done = calloc((size_t)K, sizeof *done);
-    int rc = 0, nd = 0, live = 1;
+    int nd = 0, live = 1;
     if (!seq || !next || !rows || (s2s && !enc) || !score || !lp || !cand || !done) {
         rc = zt_fail(err, ZT_ENOMEM, "out of memory for a beam search of %d beams over %d tokens", K, V);
         goto out;
     }
-    if (s2s)
+    if (s2s) {
         seq[0] = shape.decoder_start_token_id;
-    else
+        for (int b = 0; b < K; b++) /* the encoder's input: the prompt once per beam */
+            memcpy(enc + (size_t)b * (size_t)n_prompt, prompt, (size_t)n_prompt * sizeof *enc);
+    } else {
         memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+    }
 
     for (int len = 0; len < max_new; len++) {
         const size_t cur = (size_t)lead + (size_t)len; /* tokens in each running sequence */
         /* The logits of the next token of every running beam, in one batch. */
         size_t ctx = cur;
         if (s2s) {
-            for (int b = 0; b < live; b++) {
+            for (int b = 0; b < live; b++)
                 memcpy(rows + (size_t)b * cur, seq + (size_t)b * cap, cur * sizeof *rows);
-            }
-            for (int b = 0; b < live; b++) /* the encoder's input: the prompt once per beam */
-                memcpy(enc + (size_t)b * (size_t)n_prompt, prompt, (size_t)n_prompt * sizeof *enc);
             const zt_model_seq2seq d = {.decoder_tokens = rows, .Td = (int)cur, .encoder_lens = NULL};
             zt_family_model_set_seq2seq(model, &d);
             zt_family_model_forward(model, enc, NULL, live, n_prompt);
