@@ -63,15 +63,8 @@ void zt_err_prefix(zt_err *err, const char *what)
         return;
     char msg[sizeof(err->msg)];
     memcpy(msg, err->msg, sizeof msg);
-    msg[sizeof msg - 1] = '\0';
-    size_t n = strlen(what);
-    if (n + 2 >= sizeof(err->msg))
-        return;
-    memcpy(err->msg, what, n);
-    memcpy(err->msg + n, ": ", 2);
-    size_t room = sizeof(err->msg) - n - 3, len = strlen(msg);
-    memcpy(err->msg + n + 2, msg, len < room ? len : room);
-    err->msg[n + 2 + (len < room ? len : room)] = '\0';
+    if (snprintf(err->msg, sizeof err->msg, "%s: %s", what, msg) < 0) /* a cut message is kept as cut */
+        memcpy(err->msg, msg, sizeof msg);
 }
 
 /* Prints "ztrain: internal error at FILE:LINE: EXPR" to stderr and aborts; called by ZT_ASSERT. */

@@ -110,6 +110,22 @@ static void test_fail_formats_and_returns(void **state)
     assert_int_equal(strlen(err.msg), ZT_ERR_LEN - 1);
 }
 
+static void test_err_prefix(void **state)
+{
+    (void)state;
+    zt_err err;
+    zt_fail(&err, ZT_EINVAL_CONFIG, "unknown chat template 'x'");
+    zt_err_prefix(&err, "--chat-template");
+    assert_string_equal(err.msg, "--chat-template: unknown chat template 'x'");
+    zt_err_prefix(NULL, "ignored"); /* no message to prefix */
+    /* A message that fills the room is cut at its end, never the prefix. */
+    memset(err.msg, 'a', sizeof err.msg - 1);
+    err.msg[sizeof err.msg - 1] = '\0';
+    zt_err_prefix(&err, "flag");
+    assert_int_equal(strlen(err.msg), sizeof err.msg - 1);
+    assert_memory_equal(err.msg, "flag: aaa", 9);
+}
+
 static void test_assert_aborts_with_location(void **state)
 {
     (void)state;
@@ -317,6 +333,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_strerror_codes),
         cmocka_unit_test(test_fail_formats_and_returns),
+        cmocka_unit_test(test_err_prefix),
         cmocka_unit_test(test_assert_aborts_with_location),
         cmocka_unit_test(test_xalloc),
         cmocka_unit_test(test_log_format_and_levels),

@@ -522,8 +522,6 @@ int zt_cmd_generate(int argc, char **argv)
         fflush(stdout);
         goto done;
     }
-    /* (a chat reply cut by --max-new-tokens may end in the start of the end-of-turn marker, held back: it is
-     * not printed) */
     if (!s.ends_with_newline && write_bytes(&s, "\n", 1) < 0) {
         zt_fail(&err, -s.write_errno, "cannot write to standard output: %s", strerror(s.write_errno));
         goto done;
