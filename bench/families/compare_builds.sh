@@ -3,9 +3,11 @@
 # step's loss and gradient norm (metrics.jsonl without its timings) and the checkpoint's safetensors files
 # (weights, Adam moments). For checking that a change to the model code keeps the CPU results.
 #   bench/families/compare_builds.sh OLD_ZTRAIN NEW_ZTRAIN [WORK_DIR]
-# Models: GPT-2, LLaMA (GQA, untied head), BERT masked LM, RoBERTa classification; each at 1, 2 and 3 CPU
-# ranks (ztrain launch), with every layer checkpointed at 2 ranks. Prints one line per run and exits 1 on any
-# difference.
+# Models: GPT-2, LLaMA (GQA, untied head), Qwen2 (q/k/v biases, tied head), Mistral (one key/value head,
+# llama3 rope scaling, two end ids), GPT-NeoX (partial rotary, parallel residual), BERT masked LM, RoBERTa
+# classification; each at 1, 2 and 3 CPU ranks (ztrain launch), with every layer checkpointed at 2 ranks.
+# The checkpoints' model_config.json files are compared too, key by key (what `ztrain export` writes).
+# Prints one line per run and exits 1 on any difference. MODELS="gpt2 neox" runs only those.
 set -euo pipefail
 old=$(realpath "$1"); new=$(realpath "$2")
 work=${3:-$(mktemp -d)}
@@ -37,6 +39,23 @@ cat > "$work/llama.json" <<'J'
  "num_attention_heads": 6, "num_key_value_heads": 2, "max_position_embeddings": 64, "vocab_size": 256,
  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
 J
+cat > "$work/qwen2.json" <<'J'
+{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 48, "intermediate_size": 72,
+ "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "max_position_embeddings": 64,
+ "vocab_size": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+ "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 2}
+J
+cat > "$work/mistral.json" <<'J'
+{"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 64, "vocab_size": 256,
+ "sliding_window": null, "eos_token_id": [2, 3], "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+ "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}
+J
+cat > "$work/neox.json" <<'J'
+{"model_type": "gpt_neox", "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+ "num_attention_heads": 3, "max_position_embeddings": 64, "vocab_size": 256, "rotary_pct": 0.25,
+ "rotary_emb_base": 10000, "use_parallel_residual": true, "hidden_act": "gelu", "layer_norm_eps": 1e-5}
+J
 cat > "$work/bert.json" <<'J'
 {"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 30522, "hidden_size": 32,
  "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64}
@@ -49,7 +68,7 @@ J
 
 data_flags() {
   case $1 in
-    gpt2|llama) echo "--train-data $work/bytes/c_train_*.bin --val-data $work/bytes/c_val_*.bin" ;;
+    gpt2|llama|qwen2|mistral|neox) echo "--train-data $work/bytes/c_train_*.bin --val-data $work/bytes/c_val_*.bin" ;;
     bert) echo "--train-data $work/mlm/t_train_*.bin --val-data $work/mlm/t_val_*.bin --tokenizer $work/cls/tokenizer.json" ;;
     roberta) echo "--train-data $work/cls/train.jsonl --val-data $work/cls/train.jsonl --tokenizer $work/cls/tokenizer.json" ;;
   esac
@@ -66,9 +85,18 @@ for line in open(sys.argv[1]):
     print(json.dumps(o, sort_keys=True))' "$1"
 }
 
+# Whether two JSON files hold the same keys with the same values written the same way (numbers compared as
+# their text: 10000 and 10000.0 differ), whatever the order of the keys.
+same_json() {
+  "$py" -c '
+import json, sys
+load = lambda p: json.load(open(p), parse_float=str, parse_int=str)
+sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)' "$1" "$2"
+}
+
 fail=0
 port=29611
-for model in gpt2 llama bert roberta; do
+for model in ${MODELS:-gpt2 llama qwen2 mistral neox bert roberta}; do
   for W in 1 2 3; do
     for ckpt in none all; do
       [ "$ckpt" = all ] && [ "$W" != 2 ] && continue
@@ -89,6 +117,10 @@ for model in gpt2 llama bert roberta; do
       for f in "$a"/ckpt_*/*.safetensors; do
         rel=${f#"$a"/}
         cmp -s "$f" "$b/$rel" || diffs+=" $rel"
+      done
+      for f in "$a"/ckpt_*/model_config.json; do
+        rel=${f#"$a"/}
+        same_json "$f" "$b/$rel" || diffs+=" $rel"
       done
       files=$(ls "$a"/ckpt_*/*.safetensors | wc -l)
       if [ -n "$diffs" ]; then

@@ -28,6 +28,7 @@
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
 #include "worker/models/decoder.h"     /* the layer program and its CPU runner */
 #include "worker/models/family.h"      /* the family definition */
+#include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_model.h"  /* the host model every decoder family shares */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
@@ -79,16 +80,45 @@ void zt_gpt2_config_default(zt_gpt2_config *cfg)
     cfg->tie_word_embeddings = true;
 }
 
+/* GPT2Config's keys: the sizes (each also under the name transformers maps onto it), the values ztrain's
+ * GPT-2 computes with, and the fields that change nothing here (dropout, initialisation, token ids, the
+ * summary head), with what a config ztrain writes holds. */
+#define K(f, hi, al) {.key = #f, .type = ZT__CFG_INT, .offset = offsetof(zt_gpt2_config, f), .min = 1, .max = (hi), .alias = (al)}
+#define NO_SAVE ZT__CFG_NO_SAVE
+static const zt__cfg_key keys[] = {
+    K(n_layer, GPT2_MAX_LAYERS, "num_hidden_layers"),
+    K(n_head, GPT2_MAX_EMBD, "num_attention_heads"),
+    K(n_embd, GPT2_MAX_EMBD, "hidden_size"),
+    K(n_positions, GPT2_MAX_POSITIONS, "max_position_embeddings"),
+    K(vocab_size, GPT2_MAX_VOCAB, NULL),
+    ZT__CFG_R(zt_gpt2_config, FLOAT, layer_norm_epsilon, 0.0, 1.0, ZT__CFG_OPEN),
+    ZT__CFG_B(zt_gpt2_config, tie_word_embeddings),
+    ZT__CFG_ONLY_("activation_function", "\"gelu_new\"", 0, "GPT-2's tanh GELU"),
+    ZT__CFG_ONLY_("scale_attn_weights", "true", 0, "attention scores are scaled by 1/sqrt(head size)"),
+    ZT__CFG_ONLY_("scale_attn_by_inverse_layer_idx", "false", 0, "no per-layer attention scaling"),
+    ZT__CFG_ONLY_("reorder_and_upcast_attn", "false", 0, "the standard attention order"),
+    ZT__CFG_ONLY_("add_cross_attention", "false", NO_SAVE, "GPT-2 is a decoder without cross-attention"),
+    ZT__CFG_ONLY_("is_encoder_decoder", "false", NO_SAVE, "GPT-2 is a decoder-only model"),
+    ZT__CFG_ONLY_("pruned_heads", "{}", NO_SAVE | ZT__CFG_NULL_OK, "models with all heads"),
+    ZT__CFG_IGNORE_("resid_pdrop", "0"), ZT__CFG_IGNORE_("embd_pdrop", "0"), ZT__CFG_IGNORE_("attn_pdrop", "0"),
+    ZT__CFG_IGNORE_("initializer_range", "0.02"), ZT__CFG_IGNORE_("bos_token_id", NULL),
+    ZT__CFG_IGNORE_("eos_token_id", NULL), ZT__CFG_IGNORE_("use_cache", "true"),
+    ZT__CFG_IGNORE_("summary_type", "\"cls_index\""), ZT__CFG_IGNORE_("summary_use_proj", "true"),
+    ZT__CFG_IGNORE_("summary_activation", "null"), ZT__CFG_IGNORE_("summary_proj_to_labels", "true"),
+    ZT__CFG_IGNORE_("summary_first_dropout", "0.1"), ZT__CFG_IGNORE_("output_past", NULL),
+    ZT__CFG_IGNORE_("gradient_checkpointing", NULL), ZT__CFG_IGNORE_("torch_dtype", "\"float32\""),
+};
+#undef K
+#undef NO_SAVE
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
 /* Validation with the source named in messages. */
 static int validate_config(const zt_gpt2_config *cfg, const char *where, zt_err *err)
 {
-    if (cfg->n_layer < 1 || cfg->n_layer > GPT2_MAX_LAYERS)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_layer must be from 1 to %d, got %d", where,
-                       GPT2_MAX_LAYERS, cfg->n_layer);
-    if (cfg->n_embd < 1 || cfg->n_embd > GPT2_MAX_EMBD)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_embd must be from 1 to %d, got %d", where, GPT2_MAX_EMBD,
-                       cfg->n_embd);
-    if (cfg->n_head < 1 || cfg->n_head > cfg->n_embd)
+    int rc = zt__cfg_check(keys, NKEYS, cfg, where, err);
+    if (rc < 0)
+        return rc;
+    if (cfg->n_head > cfg->n_embd)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_head must be from 1 to n_embd (%d), got %d", where,
                        cfg->n_embd, cfg->n_head);
     if (cfg->n_embd % cfg->n_head != 0)
@@ -96,15 +126,6 @@ static int validate_config(const zt_gpt2_config *cfg, const char *where, zt_err 
                        "%s: n_embd %d is not divisible by n_head %d (every head gets n_embd / n_head "
                        "channels: choose an n_head that divides n_embd)",
                        where, cfg->n_embd, cfg->n_head);
-    if (cfg->n_positions < 1 || cfg->n_positions > GPT2_MAX_POSITIONS)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_positions must be from 1 to %d, got %d", where,
-                       GPT2_MAX_POSITIONS, cfg->n_positions);
-    if (cfg->vocab_size < 1 || cfg->vocab_size > GPT2_MAX_VOCAB)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: vocab_size must be from 1 to %d, got %d", where,
-                       GPT2_MAX_VOCAB, cfg->vocab_size);
-    if (!(cfg->layer_norm_epsilon > 0.0f && cfg->layer_norm_epsilon < 1.0f))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_epsilon must be between 0 and 1 (exclusive), got %g",
-                       where, (double)cfg->layer_norm_epsilon);
     if (!cfg->tie_word_embeddings)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: tie_word_embeddings is false, but ztrain's GPT-2 ties the output head to wte "
@@ -119,171 +140,50 @@ int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* Fields of GPT2Config that do not change GPT-2's math (dropout rates, initialisation, token ids, the
- * summary head): accepted and ignored, as are the fields every Hugging Face config carries
- * (zt__host_hf_generic_key). */
-static const char *const ignored_keys[] = {
-    "resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "bos_token_id", "eos_token_id",
-    "use_cache", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout", "output_past", "gradient_checkpointing",
-};
-
-static bool is_ignored_key(const char *key)
-{
-    for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
-        if (strcmp(key, ignored_keys[i]) == 0)
-            return true;
-    return zt__host_hf_generic_key(key);
-}
-
-/* Reads a bool field that ztrain supports only with one value. */
-static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
-{
-    bool v = required;
-    int rc = zt_json_get_bool(r, key, &v, err);
-    if (rc < 0)
-        return rc;
-    if (v != required)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
-                       v ? "true" : "false", required ? "true" : "false", why);
-    return 0;
-}
-
 /* Fills cfg from a Hugging Face GPT-2 config.json object; fields absent keep cfg's values. Unknown fields,
  * wrong types and values that change the math in ways ztrain does not implement are errors with a
  * message in err (ZT_EINVAL_CONFIG); cfg is unchanged on error. */
 int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
+    static const char *const types[] = {"gpt2", NULL};
     zt_gpt2_config c = *cfg;
     zt_json_reader r;
-    int rc;
-    if (!cJSON_IsObject(obj))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
-    int nkeys = cJSON_GetArraySize(obj);
-    if (nkeys > ZT_JSON_MAX_KEYS - 32)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d fields is more than a GPT-2 config.json has (at most %d)",
-                       where, nkeys, ZT_JSON_MAX_KEYS - 32);
-    zt_json_reader_init(&r, obj, where);
-
-    /* The fields that define the math, each also under the alias that transformers maps onto it. */
-    static const struct {
-        const char *key, *alias;
-        int64_t max;
-        size_t offset;
-    } sizes[] = {
-        {"n_layer", "num_hidden_layers", GPT2_MAX_LAYERS, offsetof(zt_gpt2_config, n_layer)},
-        {"n_head", "num_attention_heads", GPT2_MAX_EMBD, offsetof(zt_gpt2_config, n_head)},
-        {"n_embd", "hidden_size", GPT2_MAX_EMBD, offsetof(zt_gpt2_config, n_embd)},
-        {"n_positions", "max_position_embeddings", GPT2_MAX_POSITIONS, offsetof(zt_gpt2_config, n_positions)},
-        {"vocab_size", NULL, GPT2_MAX_VOCAB, offsetof(zt_gpt2_config, vocab_size)},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        int *field = (int *)((char *)&c + sizes[i].offset);
-        int value = 0, alias_value = 0;
-        bool present = false, alias_present = false;
-        if ((rc = zt__host_json_int(&r, sizes[i].key, 1, sizes[i].max, &value, &present, err)) < 0)
-            return rc;
-        if (sizes[i].alias &&
-            (rc = zt__host_json_int(&r, sizes[i].alias, 1, sizes[i].max, &alias_value, &alias_present, err)) < 0)
-            return rc;
-        if (present && alias_present && value != alias_value)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s (%d) and its alias %s (%d) disagree (keep only %s)",
-                           where, sizes[i].key, value, sizes[i].alias, alias_value, sizes[i].key);
-        if (present)
-            *field = value;
-        else if (alias_present)
-            *field = alias_value;
-    }
-
-    double eps = c.layer_norm_epsilon;
-    if ((rc = zt_json_get_double(&r, "layer_norm_epsilon", 0.0, 1.0, &eps, err)) < 0)
+    int rc, type;
+    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0 ||
+        (rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
         return rc;
-    c.layer_norm_epsilon = (float)eps;
-    if ((rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
-        return rc;
-
-    /* n_ctx is GPT-2's old name for the context length. */
-    int n_ctx = 0;
-    bool have_n_ctx = false;
+    /* n_ctx is GPT-2's old name for the context length; n_inner null means 4 * n_embd, the only MLP width */
+    int n_ctx = 0, n_inner = 0;
+    bool have_n_ctx = false, have_inner = false;
     if ((rc = zt__host_json_int(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
         return rc;
     if (have_n_ctx && n_ctx != c.n_positions)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_ctx (%d) differs from n_positions (%d) (make them equal)",
                        where, n_ctx, c.n_positions);
-
-    /* n_inner: null means 4 * n_embd, the only MLP width ztrain implements. */
-    const cJSON *inner = cJSON_GetObjectItemCaseSensitive(obj, "n_inner");
-    if (cJSON_IsNull(inner)) {
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, "n_inner")))
         zt_json_accept(&r, "n_inner");
-    } else {
-        int n_inner = 0;
-        bool have_inner = false;
-        if ((rc = zt__host_json_int(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
-            return rc;
-        if (have_inner && (int64_t)n_inner != 4 * (int64_t)c.n_embd)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: n_inner is %d, but ztrain's GPT-2 has an MLP of 4 * n_embd = %lld (set n_inner "
-                           "to null)",
-                           where, n_inner, 4 * (long long)c.n_embd);
-    }
-
-    char text[64];
-    text[0] = '\0';
-    if ((rc = zt_json_get_string(&r, "activation_function", text, sizeof text, err)) < 0)
+    else if ((rc = zt__host_json_int(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
         return rc;
-    if (text[0] && strcmp(text, "gelu_new") != 0)
+    if (have_inner && (int64_t)n_inner != 4 * (int64_t)c.n_embd)
         return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: activation_function is \"%s\", but ztrain implements only GPT-2's tanh GELU "
-                       "(\"gelu_new\")",
-                       where, text);
-    text[0] = '\0';
-    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
-        return rc;
-    if (text[0] && strcmp(text, "gpt2") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this loader reads only \"gpt2\" configs",
-                       where, text);
-
-    if ((rc = require_bool(&r, "scale_attn_weights", true, "attention scores are scaled by 1/sqrt(head size)",
-                           err)) < 0 ||
-        (rc = require_bool(&r, "scale_attn_by_inverse_layer_idx", false, "no per-layer attention scaling",
-                           err)) < 0 ||
-        (rc = require_bool(&r, "reorder_and_upcast_attn", false, "the standard attention order", err)) < 0 ||
-        (rc = require_bool(&r, "add_cross_attention", false, "GPT-2 is a decoder without cross-attention",
-                           err)) < 0 ||
-        (rc = require_bool(&r, "is_encoder_decoder", false, "GPT-2 is a decoder-only model", err)) < 0)
-        return rc;
-
-    /* pruned_heads: an empty object (HF's default) is fine, pruned heads are not. */
-    const cJSON *pruned = cJSON_GetObjectItemCaseSensitive(obj, "pruned_heads");
-    if (pruned) {
-        if (!(cJSON_IsNull(pruned) || (cJSON_IsObject(pruned) && pruned->child == NULL)))
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: pruned_heads is not empty, but ztrain supports only models with all heads", where);
-        zt_json_accept(&r, "pruned_heads");
-    }
-
-    for (const cJSON *item = obj->child; item; item = item->next)
-        if (item->string && is_ignored_key(item->string))
-            zt_json_accept(&r, item->string);
-    if ((rc = zt_json_reader_finish(&r, err)) < 0)
-        return rc;
-    if ((rc = validate_config(&c, where, err)) < 0)
+                       "%s: n_inner is %d, but ztrain's GPT-2 has an MLP of 4 * n_embd = %lld (set n_inner to null)",
+                       where, n_inner, 4 * (long long)c.n_embd);
+    if ((rc = zt__cfg_finish(&r, obj, NULL, err)) < 0 || (rc = validate_config(&c, where, err)) < 0)
         return rc;
     *cfg = c;
     return 0;
+}
+
+static int from_json_v(void *c, const cJSON *o, const char *where, zt_err *err)
+{
+    return zt_gpt2_config_from_json(c, o, where, err);
 }
 
 /* Reads a Hugging Face config.json file into cfg (see zt_gpt2_config_from_json). Returns 0 or a negative
  * code with a message naming the file. */
 int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err)
 {
-    cJSON *obj = NULL;
-    int rc = zt_json_load_object(path, &obj, err);
-    if (rc < 0)
-        return rc;
-    rc = zt_gpt2_config_from_json(cfg, obj, path, err);
-    cJSON_Delete(obj);
-    return rc;
+    return zt__cfg_load(cfg, path, from_json_v, err);
 }
 
 /* Writes cfg as a Hugging Face config.json (GPT2LMHeadModel, keys sorted as transformers writes them)
@@ -295,59 +195,15 @@ int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err
     if (rc < 0)
         return rc;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "activation_function", "gelu_new");
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddNumberToObject(o, "attn_pdrop", 0.0);
-    /* GPT-2's <|endoftext|> is the last id of its 50257-token vocabulary; smaller vocabularies (bytes)
-     * have no special token. */
-    if (cfg->vocab_size >= 50257) {
-        cJSON_AddNumberToObject(o, "bos_token_id", 50256);
-        cJSON_AddNumberToObject(o, "eos_token_id", 50256);
-    } else {
-        cJSON_AddNullToObject(o, "bos_token_id");
-        cJSON_AddNullToObject(o, "eos_token_id");
-    }
-    cJSON_AddNumberToObject(o, "embd_pdrop", 0.0);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
-    cJSON_AddNumberToObject(o, "layer_norm_epsilon", zt__host_short_decimal(cfg->layer_norm_epsilon));
+    zt__cfg_write(keys, NKEYS, cfg, o);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
+    /* <|endoftext|> is the last id of the 50257-token vocabulary; smaller ones (bytes) have no special token */
+    zt__cfg_add_token(o, "bos_token_id", cfg->vocab_size >= 50257 ? 50256 : -1);
+    zt__cfg_add_token(o, "eos_token_id", cfg->vocab_size >= 50257 ? 50256 : -1);
     cJSON_AddStringToObject(o, "model_type", "gpt2");
     cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
-    cJSON_AddNumberToObject(o, "n_embd", cfg->n_embd);
-    cJSON_AddNumberToObject(o, "n_head", cfg->n_head);
     cJSON_AddNullToObject(o, "n_inner");
-    cJSON_AddNumberToObject(o, "n_layer", cfg->n_layer);
-    cJSON_AddNumberToObject(o, "n_positions", cfg->n_positions);
-    cJSON_AddFalseToObject(o, "reorder_and_upcast_attn");
-    cJSON_AddNumberToObject(o, "resid_pdrop", 0.0);
-    cJSON_AddFalseToObject(o, "scale_attn_by_inverse_layer_idx");
-    cJSON_AddTrueToObject(o, "scale_attn_weights");
-    cJSON_AddNullToObject(o, "summary_activation");
-    cJSON_AddNumberToObject(o, "summary_first_dropout", 0.1);
-    cJSON_AddTrueToObject(o, "summary_proj_to_labels");
-    cJSON_AddStringToObject(o, "summary_type", "cls_index");
-    cJSON_AddTrueToObject(o, "summary_use_proj");
-    cJSON_AddTrueToObject(o, "tie_word_embeddings");
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    cJSON_AddTrueToObject(o, "use_cache");
-    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text)
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
-    size_t len = strlen(text);
-    char *with_newline = malloc(len + 2);
-    if (!with_newline) {
-        cJSON_free(text);
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
-    }
-    memcpy(with_newline, text, len);
-    with_newline[len] = '\n';
-    with_newline[len + 1] = '\0';
-    cJSON_free(text);
-    rc = zt_write_file_atomic(path, with_newline, len + 1, err);
-    free(with_newline);
-    return rc;
+    return zt__cfg_save(o, path, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */

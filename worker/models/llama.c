@@ -29,6 +29,7 @@
 #include "worker/models/decoder.h"          /* the layer program and its CPU runner */
 #include "worker/models/family.h"           /* the family definition */
 #include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
+#include "worker/models/host_config.h"       /* the config.json mapping as a table */
 #include "worker/models/host_model.h"        /* the host model every decoder family shares */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
 
@@ -83,28 +84,41 @@ void zt_llama_config_default(zt_llama_config *cfg)
     cfg->eos_token_ids[0] = 2;
 }
 
+/* The keys of LlamaConfig, MistralConfig and Qwen2Config that ztrain reads the same way (the window fields,
+ * the rope fields, num_key_value_heads, head_dim and the end ids have their own rules below). Each variant
+ * writes the keys its transformers class writes: llama's own are added in zt_llama_config_save. */
+#define S zt_llama_config
+#define NS ZT__CFG_NO_SAVE
+static const zt__cfg_key keys[] = {
+    ZT__CFG_I(S, num_hidden_layers, 1, LLAMA_MAX_LAYERS), ZT__CFG_I(S, hidden_size, 1, LLAMA_MAX_HIDDEN),
+    ZT__CFG_I(S, num_attention_heads, 1, LLAMA_MAX_HIDDEN), ZT__CFG_I(S, intermediate_size, 1, LLAMA_MAX_INTERMEDIATE),
+    ZT__CFG_I(S, max_position_embeddings, 1, LLAMA_MAX_POSITIONS), ZT__CFG_I(S, vocab_size, 1, LLAMA_MAX_VOCAB),
+    ZT__CFG_R(S, FLOAT, rms_norm_eps, 0.0, 1.0, ZT__CFG_OPEN | ZT__CFG_PY_FLOAT),
+    ZT__CFG_R(S, DOUBLE, initializer_range, 0.0, 1.0, ZT__CFG_PY_FLOAT), ZT__CFG_B(S, tie_word_embeddings),
+    ZT__CFG_T(S, bos_token_id), {.key = "pad_token_id", .type = ZT__CFG_TOKEN, .offset = offsetof(S, pad_token_id),
+                                 .flags = NS},
+    ZT__CFG_ONLY_("hidden_act", "\"silu\"", 0, "SwiGLU's silu"),
+    ZT__CFG_ONLY_("attention_bias", "false", NS, "q, k, v and o projections without bias"),
+    ZT__CFG_ONLY_("mlp_bias", "false", NS, "MLP projections without bias"),
+    ZT__CFG_ONLY_("attention_dropout", "0.0", 0, "ztrain trains without dropout"),
+    ZT__CFG_ONLY_("pretraining_tp", "1", NS | ZT__CFG_NULL_OK,
+                  "the projections computed whole: the result is the same up to rounding"),
+    ZT__CFG_IGNORE_("use_cache", "true"), ZT__CFG_IGNORE_("torch_dtype", "\"float32\""),
+};
+#undef NS
+#undef S
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+static const char *const model_types[] = {"llama", "mistral", "qwen2", NULL};
+static const char *const arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
+
 /* Validation with the source named in messages. */
 static int validate_config(const zt_llama_config *c, const char *where, zt_err *err)
 {
-    static const struct {
-        const char *key;
-        int max;
-        size_t offset;
-    } sizes[] = {
-        {"num_hidden_layers", LLAMA_MAX_LAYERS, offsetof(zt_llama_config, num_hidden_layers)},
-        {"hidden_size", LLAMA_MAX_HIDDEN, offsetof(zt_llama_config, hidden_size)},
-        {"intermediate_size", LLAMA_MAX_INTERMEDIATE, offsetof(zt_llama_config, intermediate_size)},
-        {"max_position_embeddings", LLAMA_MAX_POSITIONS, offsetof(zt_llama_config, max_position_embeddings)},
-        {"vocab_size", LLAMA_MAX_VOCAB, offsetof(zt_llama_config, vocab_size)},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        const int v = *(const int *)((const char *)c + sizes[i].offset);
-        if (v < 1 || v > sizes[i].max)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from 1 to %d, got %d", where, sizes[i].key,
-                           sizes[i].max, v);
-    }
+    int rc = zt__cfg_check(keys, NKEYS, c, where, err);
+    if (rc < 0)
+        return rc;
     const int C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
-    if (NH < 1 || NH > C)
+    if (NH > C)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_attention_heads must be from 1 to hidden_size (%d), got %d",
                        where, C, NH);
     if (C % NH != 0)
@@ -123,13 +137,7 @@ static int validate_config(const zt_llama_config *c, const char *where, zt_err *
                        "%s: the head size hidden_size / num_attention_heads = %d is odd, but rotary embeddings turn "
                        "pairs of channels (choose sizes that give an even head size)",
                        where, HS);
-    if (!(c->rms_norm_eps > 0.0f && c->rms_norm_eps < 1.0f))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rms_norm_eps must be between 0 and 1 (exclusive), got %g", where,
-                       (double)c->rms_norm_eps);
-    if (!(c->initializer_range >= 0.0 && c->initializer_range <= 1.0))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be from 0 to 1, got %g", where,
-                       c->initializer_range);
-    if (c->family != ZT_LLAMA_FAMILY_LLAMA && c->family != ZT_LLAMA_FAMILY_MISTRAL && c->family != ZT_LLAMA_FAMILY_QWEN2)
+    if ((unsigned)c->family > ZT_LLAMA_FAMILY_QWEN2)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown model family %d", where, (int)c->family);
     if (c->qkv_bias != (c->family == ZT_LLAMA_FAMILY_QWEN2))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: q, k and v biases come with Qwen2 only (model_type \"qwen2\")",
@@ -144,7 +152,7 @@ static int validate_config(const zt_llama_config *c, const char *where, zt_err *
                        ZT_LLAMA_MAX_EOS);
     float *inv_freq = zt_xmalloc((size_t)HS / 2 * sizeof *inv_freq);
     zt_err rope_err = {{0}};
-    int rc = zt_rope_inv_freq(inv_freq, HS, &c->rope, &rope_err);
+    rc = zt_rope_inv_freq(inv_freq, HS, &c->rope, &rope_err);
     free(inv_freq);
     if (rc < 0)
         return zt_fail(err, rc, "%s: %s", where, rope_err.msg);
@@ -157,169 +165,37 @@ int zt_llama_config_validate(const zt_llama_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* Reads a bool field that ztrain supports only with one value. */
-static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
+/* The attention window: Mistral's sliding_window must be none or no shorter than the context (the same
+ * math as full attention); Qwen2's applies only with use_sliding_window, which must be false, so that
+ * sliding_window and max_window_layers change nothing and layer_types, where given, are all
+ * "full_attention". LLaMA has no window keys. */
+static int read_window(zt_json_reader *r, const cJSON *obj, const zt_llama_config *c, zt_err *err)
 {
-    bool v = required;
-    int rc = zt_json_get_bool(r, key, &v, err);
-    if (rc < 0)
-        return rc;
-    if (v != required)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
-                       v ? "true" : "false", required ? "true" : "false", why);
-    return 0;
-}
-
-/* eos_token_id: an id, a list of ids (LLaMA-3.1) or null. */
-static int get_eos_ids(zt_json_reader *r, const cJSON *obj, zt_llama_config *c, zt_err *err)
-{
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, "eos_token_id");
-    if (!item)
-        return 0;
-    zt_json_accept(r, "eos_token_id");
-    if (cJSON_IsNull(item)) {
-        c->num_eos_token_ids = 0;
-        return 0;
-    }
-    const cJSON *one = cJSON_IsArray(item) ? item->child : item;
-    int n = 0;
-    for (; one; one = cJSON_IsArray(item) ? one->next : NULL) {
-        double v = cJSON_IsNumber(one) ? one->valuedouble : -1.0;
-        if (v < 0 || v > INT32_MAX || v != floor(v))
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
+    int rc, window = 0;
+    bool have_window = false, sliding = false;
+    if (c->family == ZT_LLAMA_FAMILY_MISTRAL) {
+        if (cJSON_IsNull(sw))
+            zt_json_accept(r, "sliding_window");
+        else if ((rc = zt__host_json_int(r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
+            return rc;
+        if (have_window && window < c->max_position_embeddings)
             return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: eos_token_id must be a token id (a whole number from 0), a list of them or null",
-                           r->where);
-        if (n == ZT_LLAMA_MAX_EOS)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: eos_token_id lists more than %d ids", r->where,
-                           ZT_LLAMA_MAX_EOS);
-        c->eos_token_ids[n++] = (int)v;
+                           "%s: sliding_window is %d, shorter than max_position_embeddings (%d), but ztrain's "
+                           "attention sees the whole context (set sliding_window to null)",
+                           r->where, window, c->max_position_embeddings);
     }
-    c->num_eos_token_ids = n;
-    return 0;
-}
-
-/* Reads a rope_scaling (transformers 4.x) or rope_parameters (5.x) object into rope: a rope_type (or its
- * older name "type") of "default", "linear" (factor) or "llama3" (factor, low_freq_factor,
- * high_freq_factor, original_max_position_embeddings); rope_parameters also holds rope_theta, stored in
- * *theta when present (else left alone). */
-static int parse_rope_object(const cJSON *d, const char *name, bool with_theta, zt_rope_config *rope, double *theta,
-                             const char *where, zt_err *err)
-{
-    char w[320];
-    snprintf(w, sizeof w, "%s, %s", where, name);
-    if (!cJSON_IsObject(d))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s must be an object or null", w);
-    zt_json_reader r;
-    zt_json_reader_init(&r, d, w);
-    char type[32] = "", alias[32] = "";
-    int rc;
-    if ((rc = zt_json_get_string(&r, "rope_type", type, sizeof type, err)) < 0 ||
-        (rc = zt_json_get_string(&r, "type", alias, sizeof alias, err)) < 0)
-        return rc;
-    if (type[0] && alias[0] && strcmp(type, alias) != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_type \"%s\" and its older name type \"%s\" disagree", w, type,
-                       alias);
-    if (!type[0])
-        snprintf(type, sizeof type, "%s", alias[0] ? alias : "default");
-    zt_rope_config out = {.theta = rope->theta};
-    if (strcmp(type, "default") == 0) {
-        out.scaling = ZT_ROPE_SCALING_NONE;
-    } else if (strcmp(type, "linear") == 0) {
-        out.scaling = ZT_ROPE_SCALING_LINEAR;
-    } else if (strcmp(type, "llama3") == 0) {
-        out.scaling = ZT_ROPE_SCALING_LLAMA3;
-    } else {
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: rope_type \"%s\" is not one ztrain computes (it computes \"default\", \"linear\" and "
-                       "\"llama3\")",
-                       w, type);
-    }
-    if (with_theta && (rc = zt_json_get_double(&r, "rope_theta", 0.0, 1e300, theta, err)) < 0)
-        return rc;
-    if (out.scaling != ZT_ROPE_SCALING_NONE) {
-        const bool llama3 = out.scaling == ZT_ROPE_SCALING_LLAMA3;
-        static const char *const needed[] = {"factor", "low_freq_factor", "high_freq_factor",
-                                             "original_max_position_embeddings"};
-        for (int i = 0; i < (llama3 ? 4 : 1); i++)
-            if (!cJSON_GetObjectItemCaseSensitive(d, needed[i]))
-                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_type \"%s\" needs %s", w, type, needed[i]);
-        if ((rc = zt_json_get_double(&r, "factor", 0.0, 1e300, &out.factor, err)) < 0)
-            return rc;
-        if (llama3 && ((rc = zt_json_get_double(&r, "low_freq_factor", 0.0, 1e300, &out.low_freq_factor, err)) < 0 ||
-                       (rc = zt_json_get_double(&r, "high_freq_factor", 0.0, 1e300, &out.high_freq_factor, err)) < 0))
-            return rc;
-        /* linear scaling has no use for the original length, but transformers writes it in some configs */
-        if ((rc = zt__host_json_int(&r, "original_max_position_embeddings", 1, LLAMA_MAX_POSITIONS,
-                                &out.original_max_position_embeddings, NULL, err)) < 0)
-            return rc;
-        if (!llama3)
-            out.original_max_position_embeddings = 0;
-    }
-    if ((rc = zt_json_reader_finish(&r, err)) < 0)
-        return rc;
-    *rope = out;
-    return 0;
-}
-
-/* rope_theta, rope_scaling (transformers 4.x) and rope_parameters (5.x) into c->rope. */
-static int parse_rope(zt_json_reader *r, const cJSON *obj, zt_llama_config *c, const char *where, zt_err *err)
-{
-    double theta = c->rope.theta;
-    int rc = zt_json_get_double(r, "rope_theta", 0.0, 1e300, &theta, err);
-    if (rc < 0)
-        return rc;
-    const bool have_theta = cJSON_GetObjectItemCaseSensitive(obj, "rope_theta") != NULL;
-    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(obj, "rope_scaling");
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(obj, "rope_parameters");
-    if (scaling)
-        zt_json_accept(r, "rope_scaling");
-    if (params)
-        zt_json_accept(r, "rope_parameters");
-    if (scaling && !cJSON_IsNull(scaling) && params && !cJSON_IsNull(params))
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: both rope_scaling and rope_parameters are given (keep rope_parameters, transformers 5's "
-                       "form, or rope_scaling with rope_theta, the older one)",
-                       where);
-    zt_rope_config rope = c->rope;
-    rope.theta = theta;
-    if (scaling) {
-        if (cJSON_IsNull(scaling))
-            rope = (zt_rope_config){.theta = theta, .scaling = ZT_ROPE_SCALING_NONE};
-        else if ((rc = parse_rope_object(scaling, "rope_scaling", false, &rope, NULL, where, err)) < 0)
-            return rc;
-    }
-    if (params && !cJSON_IsNull(params)) {
-        double ptheta = NAN;
-        if ((rc = parse_rope_object(params, "rope_parameters", true, &rope, &ptheta, where, err)) < 0)
-            return rc;
-        if (!isnan(ptheta)) {
-            if (have_theta && ptheta != theta)
-                return zt_fail(err, ZT_EINVAL_CONFIG,
-                               "%s: rope_theta (%g) and rope_parameters.rope_theta (%g) disagree (keep one)", where,
-                               theta, ptheta);
-            rope.theta = ptheta;
-        }
-    }
-    c->rope = rope;
-    return 0;
-}
-
-/* Qwen2's attention window fields: use_sliding_window must be false (ztrain attends to the whole context);
- * sliding_window and max_window_layers then change nothing; layer_types, where given, must all be
- * "full_attention". */
-static int read_qwen2_window(zt_json_reader *r, const cJSON *obj, const char *where, bool *accepted, zt_err *err)
-{
-    bool sliding = false;
-    int rc = zt_json_get_bool(r, "use_sliding_window", &sliding, err);
-    if (rc < 0)
+    if (c->family != ZT_LLAMA_FAMILY_QWEN2)
+        return 0;
+    if ((rc = zt_json_get_bool(r, "use_sliding_window", &sliding, err)) < 0)
         return rc;
     if (sliding)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: use_sliding_window is true, but ztrain's attention sees the whole "
-                       "context (set it to false)", where);
-    static const char *const ignored[] = {"sliding_window", "max_window_layers"};
-    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
-        if (cJSON_GetObjectItemCaseSensitive(obj, ignored[i]))
-            zt_json_accept(r, ignored[i]);
+                       "context (set it to false)", r->where);
+    if (sw)
+        zt_json_accept(r, "sliding_window");
+    if (cJSON_GetObjectItemCaseSensitive(obj, "max_window_layers"))
+        zt_json_accept(r, "max_window_layers");
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(obj, "layer_types");
     if (types && !cJSON_IsNull(types)) {
         bool ok = cJSON_IsArray(types);
@@ -327,11 +203,10 @@ static int read_qwen2_window(zt_json_reader *r, const cJSON *obj, const char *wh
             ok = cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0;
         if (!ok)
             return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_types must all be \"full_attention\" (ztrain's attention "
-                           "sees the whole context in every layer)", where);
+                           "sees the whole context in every layer)", r->where);
     }
     if (types)
         zt_json_accept(r, "layer_types");
-    *accepted = false; /* no window to check against the context */
     return 0;
 }
 
@@ -340,191 +215,53 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
 {
     zt_llama_config c = *cfg;
     zt_json_reader r;
-    int rc;
-    if (!cJSON_IsObject(obj))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
-    int nkeys = cJSON_GetArraySize(obj);
-    if (nkeys > ZT_JSON_MAX_KEYS - 32)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d fields is more than a LLaMA config.json has (at most %d)",
-                       where, nkeys, ZT_JSON_MAX_KEYS - 32);
-    zt_json_reader_init(&r, obj, where);
-
-    char text[64] = "";
-    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+    int rc, type;
+    if ((rc = zt__cfg_begin(&r, obj, where, model_types, &type, err)) < 0)
         return rc;
-    if (strcmp(text, "llama") == 0)
-        c.family = ZT_LLAMA_FAMILY_LLAMA;
-    else if (strcmp(text, "mistral") == 0)
-        c.family = ZT_LLAMA_FAMILY_MISTRAL;
-    else if (strcmp(text, "qwen2") == 0)
-        c.family = ZT_LLAMA_FAMILY_QWEN2;
-    else if (text[0])
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: model_type is \"%s\", but this loader reads only \"llama\", \"mistral\" and \"qwen2\" "
-                       "configs", where, text);
+    if (type >= 0)
+        c.family = (enum zt_llama_family)type;
     c.qkv_bias = c.family == ZT_LLAMA_FAMILY_QWEN2;
-
-    static const zt__host_int_key sizes[] = {
-        {"num_hidden_layers", offsetof(zt_llama_config, num_hidden_layers), 1, LLAMA_MAX_LAYERS},
-        {"hidden_size", offsetof(zt_llama_config, hidden_size), 1, LLAMA_MAX_HIDDEN},
-        {"num_attention_heads", offsetof(zt_llama_config, num_attention_heads), 1, LLAMA_MAX_HIDDEN},
-        {"intermediate_size", offsetof(zt_llama_config, intermediate_size), 1, LLAMA_MAX_INTERMEDIATE},
-        {"max_position_embeddings", offsetof(zt_llama_config, max_position_embeddings), 1, LLAMA_MAX_POSITIONS},
-        {"vocab_size", offsetof(zt_llama_config, vocab_size), 1, LLAMA_MAX_VOCAB},
-    };
-    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+    if ((rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
         return rc;
-    /* num_key_value_heads: absent or null means one per query head, as transformers reads it. */
-    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(obj, "num_key_value_heads");
+    /* num_key_value_heads: absent or null means one per query head, as transformers reads it */
     c.num_key_value_heads = c.num_attention_heads;
-    if (cJSON_IsNull(kv))
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, "num_key_value_heads")))
         zt_json_accept(&r, "num_key_value_heads");
     else if ((rc = zt__host_json_int(&r, "num_key_value_heads", 1, LLAMA_MAX_HIDDEN, &c.num_key_value_heads, NULL,
-                                 err)) < 0)
+                                     err)) < 0)
         return rc;
-    /* head_dim: null, or hidden_size / num_attention_heads (the only head size ztrain's layout has). */
-    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(obj, "head_dim");
-    if (cJSON_IsNull(hd)) {
+    /* head_dim: null, or hidden_size / num_attention_heads (the only head size ztrain's layout has) */
+    int head_dim = 0;
+    bool have_hd = false;
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, "head_dim")))
         zt_json_accept(&r, "head_dim");
-    } else {
-        int head_dim = 0;
-        bool have = false;
-        if ((rc = zt__host_json_int(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have, err)) < 0)
-            return rc;
-        if (have && (int64_t)head_dim * c.num_attention_heads != c.hidden_size)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: head_dim is %d, but ztrain's LLaMA has heads of hidden_size / num_attention_heads = "
-                           "%d / %d channels (set head_dim to that or to null)",
-                           where, head_dim, c.hidden_size, c.num_attention_heads);
-    }
-
-    double eps = c.rms_norm_eps;
-    if ((rc = zt_json_get_double(&r, "rms_norm_eps", 0.0, 1.0, &eps, err)) < 0)
+    else if ((rc = zt__host_json_int(&r, "head_dim", 1, LLAMA_MAX_HIDDEN, &head_dim, &have_hd, err)) < 0)
         return rc;
-    c.rms_norm_eps = (float)eps;
-    if ((rc = zt_json_get_double(&r, "initializer_range", 0.0, 1.0, &c.initializer_range, err)) < 0 ||
-        (rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
-        return rc;
-    if ((rc = parse_rope(&r, obj, &c, where, err)) < 0)
-        return rc;
-
-    text[0] = '\0';
-    if ((rc = zt_json_get_string(&r, "hidden_act", text, sizeof text, err)) < 0)
-        return rc;
-    if (text[0] && strcmp(text, "silu") != 0)
+    if (have_hd && (int64_t)head_dim * c.num_attention_heads != c.hidden_size)
         return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: hidden_act is \"%s\", but ztrain's LLaMA computes only SwiGLU's \"silu\"", where, text);
-    if ((rc = require_bool(&r, "attention_bias", false, "q, k, v and o projections without bias", err)) < 0 ||
-        (rc = require_bool(&r, "mlp_bias", false, "MLP projections without bias", err)) < 0)
-        return rc;
-    double dropout = 0.0;
-    if ((rc = zt_json_get_double(&r, "attention_dropout", 0.0, 1.0, &dropout, err)) < 0)
-        return rc;
-    if (dropout != 0.0)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: attention_dropout is %g, but ztrain trains without dropout (set it to 0)", where, dropout);
-    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(obj, "pretraining_tp");
-    if (cJSON_IsNull(tp)) {
-        zt_json_accept(&r, "pretraining_tp");
-    } else {
-        int pretraining_tp = 1;
-        if ((rc = zt__host_json_int(&r, "pretraining_tp", 0, INT_MAX, &pretraining_tp, NULL, err)) < 0)
-            return rc;
-        if (pretraining_tp != 1)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: pretraining_tp is %d, but ztrain computes the projections whole (set it to 1: the "
-                           "result is the same up to rounding)",
-                           where, pretraining_tp);
-    }
-    bool use_cache = true;
-    if ((rc = zt_json_get_bool(&r, "use_cache", &use_cache, err)) < 0)
-        return rc;
-
-    /* Mistral's sliding window: none, or one no shorter than the context (the same math as full attention).
-     * Qwen2's applies only with use_sliding_window, which ztrain refuses; every layer attends to the whole
-     * context then (layer_types all "full_attention"). */
-    int window = 0;
-    bool have_window = false;
-    if (c.family == ZT_LLAMA_FAMILY_QWEN2 && (rc = read_qwen2_window(&r, obj, where, &have_window, err)) < 0)
-        return rc;
-    if (c.family == ZT_LLAMA_FAMILY_MISTRAL) {
-        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
-        if (cJSON_IsNull(sw))
-            zt_json_accept(&r, "sliding_window");
-        else if ((rc = zt__host_json_int(&r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
-            return rc;
-    }
-
-    if ((rc = zt__host_json_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
-        (rc = zt__host_json_token_id(&r, obj, "pad_token_id", &c.pad_token_id, err)) < 0 ||
-        (rc = get_eos_ids(&r, obj, &c, err)) < 0)
-        return rc;
-
-    /* architectures: the causal LM heads of the two families (other heads have other weights). */
-    static const char *const heads[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
-    if (!zt__host_architectures_ok(obj, heads))
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: architectures must list LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (ztrain "
-                       "trains the causal language model; other heads have other weights)",
-                       where);
-
-    for (const cJSON *item = obj->child; item; item = item->next)
-        if (item->string && zt__host_hf_generic_key(item->string))
-            zt_json_accept(&r, item->string);
-    if ((rc = zt_json_reader_finish(&r, err)) < 0)
-        return rc;
-    if (have_window && window < c.max_position_embeddings)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: sliding_window is %d, shorter than max_position_embeddings (%d), but ztrain's attention "
-                       "sees the whole context (set sliding_window to null)",
-                       where, window, c.max_position_embeddings);
-    if ((rc = validate_config(&c, where, err)) < 0)
+                       "%s: head_dim is %d, but ztrain's LLaMA has heads of hidden_size / num_attention_heads = "
+                       "%d / %d channels (set head_dim to that or to null)",
+                       where, head_dim, c.hidden_size, c.num_attention_heads);
+    if ((rc = zt__cfg_read_rope(&r, obj, &c.rope, LLAMA_MAX_POSITIONS, err)) < 0 ||
+        (rc = read_window(&r, obj, &c, err)) < 0 ||
+        (rc = zt__cfg_read_token_list(&r, obj, "eos_token_id", c.eos_token_ids, ZT_LLAMA_MAX_EOS,
+                                      &c.num_eos_token_ids, err)) < 0 ||
+        (rc = zt__cfg_finish(&r, obj, arch_names, err)) < 0 || (rc = validate_config(&c, where, err)) < 0)
         return rc;
     *cfg = c;
     return 0;
+}
+
+static int from_json_v(void *c, const cJSON *o, const char *where, zt_err *err)
+{
+    return zt_llama_config_from_json(c, o, where, err);
 }
 
 /* Reads a Hugging Face config.json file into cfg (see zt_llama_config_from_json). Returns 0 or a negative
  * code with a message naming the file. */
 int zt_llama_config_load(zt_llama_config *cfg, const char *path, zt_err *err)
 {
-    char *text = NULL;
-    size_t len = 0;
-    cJSON *obj = NULL;
-    int rc = zt_read_file(path, &text, &len, err);
-    if (rc < 0)
-        return rc;
-    rc = zt_json_parse_object(text, path, &obj, err);
-    free(text);
-    if (rc < 0)
-        return rc;
-    rc = zt_llama_config_from_json(cfg, obj, path, err);
-    cJSON_Delete(obj);
-    return rc;
-}
-
-/* A JSON number that reads back as exactly v and as a float in Python (10000.0, not 10000). */
-static cJSON *float_number(double v)
-{
-    char buf[48];
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    if (!strpbrk(buf, ".eEn"))
-        strcat(buf, ".0");
-    cJSON *n = cJSON_CreateRaw(buf);
-    ZT_ASSERT(n);
-    return n;
-}
-
-static void add_token_id(cJSON *o, const char *key, int id)
-{
-    if (id < 0)
-        cJSON_AddNullToObject(o, key);
-    else
-        cJSON_AddItemToObject(o, key, zt_json_exact_int(id));
+    return zt__cfg_load(cfg, path, from_json_v, err);
 }
 
 /* Writes cfg as a Hugging Face config.json (keys sorted, as transformers writes them) atomically; see
@@ -535,73 +272,28 @@ int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err
     if (rc < 0)
         return rc;
     const bool llama = c->family == ZT_LLAMA_FAMILY_LLAMA, qwen2 = c->family == ZT_LLAMA_FAMILY_QWEN2;
-    static const char *const arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
-    static const char *const type_names[] = {"llama", "mistral", "qwen2"};
     cJSON *o = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(arch_names[c->family]));
-    if (llama)
-        cJSON_AddFalseToObject(o, "attention_bias");
-    cJSON_AddItemToObject(o, "attention_dropout", float_number(0.0));
-    add_token_id(o, "bos_token_id", c->bos_token_id);
-    if (c->num_eos_token_ids == 0) {
-        cJSON_AddNullToObject(o, "eos_token_id");
-    } else if (c->num_eos_token_ids == 1) {
-        cJSON_AddItemToObject(o, "eos_token_id", zt_json_exact_int(c->eos_token_ids[0]));
-    } else {
-        cJSON *eos = cJSON_AddArrayToObject(o, "eos_token_id");
-        for (int i = 0; i < c->num_eos_token_ids; i++)
-            cJSON_AddItemToArray(eos, zt_json_exact_int(c->eos_token_ids[i]));
-    }
+    zt__cfg_write(keys, NKEYS, c, o);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString(arch_names[c->family]));
+    cJSON_AddStringToObject(o, "model_type", model_types[c->family]);
+    zt__cfg_write_token_list(o, "eos_token_id", c->eos_token_ids, c->num_eos_token_ids);
     cJSON_AddNumberToObject(o, "head_dim", c->hidden_size / c->num_attention_heads);
-    cJSON_AddStringToObject(o, "hidden_act", "silu");
-    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
-    cJSON_AddItemToObject(o, "initializer_range", float_number(c->initializer_range));
-    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
-    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
-    if (llama)
-        cJSON_AddFalseToObject(o, "mlp_bias");
-    if (qwen2)
-        cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
-    cJSON_AddStringToObject(o, "model_type", type_names[c->family]);
-    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
     if (c->pad_token_id >= 0)
-        add_token_id(o, "pad_token_id", c->pad_token_id);
-    if (llama)
+        zt__cfg_add_token(o, "pad_token_id", c->pad_token_id);
+    zt__cfg_write_rope(o, &c->rope, llama);
+    if (llama) {
+        cJSON_AddFalseToObject(o, "attention_bias");
+        cJSON_AddFalseToObject(o, "mlp_bias");
         cJSON_AddNumberToObject(o, "pretraining_tp", 1);
-    cJSON_AddItemToObject(o, "rms_norm_eps", float_number(zt__host_short_decimal(c->rms_norm_eps)));
-    if (c->rope.scaling == ZT_ROPE_SCALING_NONE) {
-        if (llama)
-            cJSON_AddNullToObject(o, "rope_scaling");
     } else {
-        cJSON *s = cJSON_AddObjectToObject(o, "rope_scaling");
-        cJSON_AddItemToObject(s, "factor", float_number(c->rope.factor));
-        if (c->rope.scaling == ZT_ROPE_SCALING_LLAMA3) {
-            cJSON_AddItemToObject(s, "high_freq_factor", float_number(c->rope.high_freq_factor));
-            cJSON_AddItemToObject(s, "low_freq_factor", float_number(c->rope.low_freq_factor));
-            cJSON_AddNumberToObject(s, "original_max_position_embeddings", c->rope.original_max_position_embeddings);
-        }
-        cJSON_AddStringToObject(s, "rope_type", c->rope.scaling == ZT_ROPE_SCALING_LLAMA3 ? "llama3" : "linear");
-    }
-    cJSON_AddItemToObject(o, "rope_theta", float_number(c->rope.theta));
-    if (!llama)
         cJSON_AddNullToObject(o, "sliding_window");
-    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    cJSON_AddTrueToObject(o, "use_cache");
-    if (qwen2)
+    }
+    if (qwen2) {
+        cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
         cJSON_AddFalseToObject(o, "use_sliding_window");
-    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text)
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
-    const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
-    rc = zt_write_file_atomic_parts(path, parts, 2, err);
-    cJSON_free(text);
-    return rc;
+    }
+    return zt__cfg_save(o, path, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -962,8 +654,6 @@ int zt_llama_cuda_create(zt_model **out, const zt_llama *m, int B, int T, int ma
     return zt__hm_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
 }
 #endif
-
-static const char *const model_types[] = {"llama", "mistral", "qwen2", NULL};
 
 const zt_family_def zt__family_llama = {
     .name = "llama",

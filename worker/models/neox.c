@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/fileio.h"             /* zt_write_file_atomic_parts */
 #include "common/json.h"               /* strict reading of config.json, exact numbers in the one written */
 #include "common/rng.h"                /* deterministic initialisation */
 #include "kernels/rope.h"              /* zt_rope_inv_freq */
 #include "worker/models/family.h"      /* the family definition */
+#include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_io.h"     /* how the table meets Hugging Face files */
 #include "worker/models/host_model.h"  /* the host model every decoder family shares */
 #include "worker/models/host_shared.h" /* generic config keys, the normal initialisation */
@@ -26,7 +26,7 @@
 #define HEAD "embed_out.weight"
 
 extern const zt_family_def zt__family_neox;
-static const char *const act_names[] = {"gelu", "gelu_new", "gelu_fast"};
+static const char *const act_names[] = {"gelu", "gelu_new", "gelu_fast", NULL};
 
 /* ---- configuration ---- */
 
@@ -47,20 +47,32 @@ int zt_neox_config_rotary_ndims(const zt_neox_config *c)
     return (int)((double)(c->hidden_size / c->num_attention_heads) * c->rotary_pct);
 }
 
+/* GPTNeoXConfig's keys (rotary_pct and rotary_emb_base as the configs Pythia ships write them; read_rotary
+ * reads transformers 5's rope_parameters). */
+#define S zt_neox_config
+static const zt__cfg_key keys[] = {
+    ZT__CFG_I(S, num_hidden_layers, 1, 1024), ZT__CFG_I(S, hidden_size, 1, NEOX_MAX),
+    ZT__CFG_I(S, num_attention_heads, 1, NEOX_MAX), ZT__CFG_I(S, intermediate_size, 1, NEOX_MAX_BIG),
+    ZT__CFG_I(S, max_position_embeddings, 1, NEOX_MAX_BIG), ZT__CFG_I(S, vocab_size, 1, NEOX_MAX_BIG),
+    ZT__CFG_R(S, FLOAT, layer_norm_eps, 0.0, 1.0, ZT__CFG_OPEN), ZT__CFG_R(S, DOUBLE, initializer_range, 0.0, 1.0, 0),
+    ZT__CFG_R(S, DOUBLE, rotary_pct, 0.0, 1.0, ZT__CFG_NO_CHECK),
+    ZT__CFG_R(S, DOUBLE, rotary_emb_base, 0.0, 1e300, ZT__CFG_NO_CHECK),
+    ZT__CFG_B(S, use_parallel_residual), ZT__CFG_B(S, attention_bias), ZT__CFG_B(S, tie_word_embeddings),
+    {.key = "hidden_act", .type = ZT__CFG_NAME, .offset = offsetof(S, hidden_act), .names = act_names},
+    ZT__CFG_T(S, bos_token_id), ZT__CFG_T(S, eos_token_id),
+    ZT__CFG_ONLY_("attention_dropout", "0", 0, "ztrain trains without dropout"),
+    ZT__CFG_ONLY_("hidden_dropout", "0", 0, "ztrain trains without dropout"),
+    ZT__CFG_IGNORE_("classifier_dropout", NULL), ZT__CFG_IGNORE_("use_cache", "true"),
+    ZT__CFG_IGNORE_("torch_dtype", "\"float32\""),
+};
+#undef S
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
 static int validate_where(const zt_neox_config *c, const char *where, zt_err *err)
 {
-    const struct {
-        const char *key;
-        int v, max;
-    } sizes[] = {{"num_hidden_layers", c->num_hidden_layers, 1024}, {"hidden_size", c->hidden_size, NEOX_MAX},
-                 {"num_attention_heads", c->num_attention_heads, NEOX_MAX},
-                 {"intermediate_size", c->intermediate_size, NEOX_MAX_BIG},
-                 {"max_position_embeddings", c->max_position_embeddings, NEOX_MAX_BIG},
-                 {"vocab_size", c->vocab_size, NEOX_MAX_BIG}};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (sizes[i].v < 1 || sizes[i].v > sizes[i].max)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from 1 to %d, got %d", where, sizes[i].key,
-                           sizes[i].max, sizes[i].v);
+    int rc = zt__cfg_check(keys, NKEYS, c, where, err);
+    if (rc < 0)
+        return rc;
     if (c->hidden_size % c->num_attention_heads != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: hidden_size %d is not divisible by num_attention_heads %d (choose a head count that "
@@ -77,12 +89,6 @@ static int validate_where(const zt_neox_config *c, const char *where, zt_err *er
     if (!(c->rotary_emb_base > 0.0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rotary_emb_base (rope_theta) must be positive, got %g", where,
                        c->rotary_emb_base);
-    if (!(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_eps must be between 0 and 1, got %g", where,
-                       (double)c->layer_norm_eps);
-    if (!(c->initializer_range >= 0.0 && c->initializer_range <= 1.0))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be from 0 to 1, got %g", where,
-                       c->initializer_range);
     if ((unsigned)c->hidden_act > ZT_NEOX_ACT_GELU_FAST)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown hidden_act %d", where, (int)c->hidden_act);
     return 0;
@@ -93,37 +99,32 @@ static int config_validate(const void *c, zt_err *err)
     return validate_where(c, "model config", err);
 }
 
-/* rotary_pct and rotary_emb_base (the configs Pythia ships), and rope_parameters (transformers 5):
- * {rope_type "default", rope_theta, partial_rotary_factor}; both given must agree. */
-static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, const char *where, zt_err *err)
+/* rope_scaling (null only) and transformers 5's rope_parameters {rope_type "default", rope_theta,
+ * partial_rotary_factor}, which must agree with rotary_emb_base and rotary_pct where both are given. */
+static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, zt_err *err)
 {
     const bool have_pct = cJSON_GetObjectItemCaseSensitive(obj, "rotary_pct") != NULL;
     const bool have_base = cJSON_GetObjectItemCaseSensitive(obj, "rotary_emb_base") != NULL;
-    int rc;
-    if ((rc = zt_json_get_double(r, "rotary_pct", 0.0, 1.0, &c->rotary_pct, err)) < 0 ||
-        (rc = zt_json_get_double(r, "rotary_emb_base", 0.0, 1e300, &c->rotary_emb_base, err)) < 0)
-        return rc;
     const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(obj, "rope_scaling");
     if (scaling && !cJSON_IsNull(scaling))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_scaling is set, but ztrain's GPT-NeoX computes unscaled "
-                       "rotary embeddings (set it to null)", where);
+                       "rotary embeddings (set it to null)", r->where);
     if (scaling)
         zt_json_accept(r, "rope_scaling");
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(obj, "rope_parameters");
-    if (!p || cJSON_IsNull(p)) {
-        if (p)
-            zt_json_accept(r, "rope_parameters");
+    if (p)
+        zt_json_accept(r, "rope_parameters");
+    if (!p || cJSON_IsNull(p))
         return 0;
-    }
-    zt_json_accept(r, "rope_parameters");
     char w[320];
-    snprintf(w, sizeof w, "%s, rope_parameters", where);
+    snprintf(w, sizeof w, "%s, rope_parameters", r->where);
     if (!cJSON_IsObject(p))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s must be an object or null", w);
     zt_json_reader pr;
     zt_json_reader_init(&pr, p, w);
     char type[32] = "default";
     double theta = NAN, pct = NAN;
+    int rc;
     if ((rc = zt_json_get_string(&pr, "rope_type", type, sizeof type, err)) < 0 ||
         (rc = zt_json_get_double(&pr, "rope_theta", 0.0, 1e300, &theta, err)) < 0 ||
         (rc = zt_json_get_double(&pr, "partial_rotary_factor", 0.0, 1.0, &pct, err)) < 0 ||
@@ -147,127 +148,30 @@ static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, c
 
 static int config_from_json(void *cv, const cJSON *obj, const char *where, zt_err *err)
 {
+    static const char *const types[] = {"gpt_neox", NULL}, *const heads[] = {"GPTNeoXForCausalLM", NULL};
     zt_neox_config c = *(zt_neox_config *)cv;
-    if (!cJSON_IsObject(obj))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
-    if (cJSON_GetArraySize(obj) > ZT_JSON_MAX_KEYS - 32)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: more fields than a GPT-NeoX config.json has", where);
     zt_json_reader r;
-    zt_json_reader_init(&r, obj, where);
-    char text[64] = "";
-    int rc;
-    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
-        return rc;
-    if (text[0] && strcmp(text, "gpt_neox") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this loader reads \"gpt_neox\"", where,
-                       text);
-#define SIZE(name) {#name, offsetof(zt_neox_config, name), 1, NEOX_MAX_BIG}
-    static const zt__host_int_key sizes[] = {SIZE(num_hidden_layers), SIZE(hidden_size), SIZE(num_attention_heads),
-                                             SIZE(intermediate_size), SIZE(max_position_embeddings),
-                                             SIZE(vocab_size)};
-#undef SIZE
-    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
-        return rc;
-    double eps = c.layer_norm_eps, dropout = 0.0, cdrop = 0.0;
-    if ((rc = zt_json_get_double(&r, "layer_norm_eps", 0.0, 1.0, &eps, err)) < 0 ||
-        (rc = zt_json_get_double(&r, "initializer_range", 0.0, 1.0, &c.initializer_range, err)) < 0 ||
-        (rc = zt_json_get_bool(&r, "use_parallel_residual", &c.use_parallel_residual, err)) < 0 ||
-        (rc = zt_json_get_bool(&r, "attention_bias", &c.attention_bias, err)) < 0 ||
-        (rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0 ||
-        (rc = read_rotary(&r, obj, &c, where, err)) < 0)
-        return rc;
-    c.layer_norm_eps = (float)eps;
-    static const char *const dropouts[] = {"attention_dropout", "hidden_dropout"};
-    for (int i = 0; i < 2; i++) {
-        dropout = 0.0;
-        if ((rc = zt_json_get_double(&r, dropouts[i], 0.0, 1.0, &dropout, err)) < 0)
-            return rc;
-        if (dropout != 0.0)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %g, but ztrain trains without dropout (set it to 0)",
-                           where, dropouts[i], dropout);
-    }
-    bool use_cache = true;
-    if ((rc = zt_json_get_double(&r, "classifier_dropout", 0.0, 1.0, &cdrop, err)) < 0 || /* no classifier here */
-        (rc = zt_json_get_bool(&r, "use_cache", &use_cache, err)) < 0)
-        return rc;
-    text[0] = '\0';
-    if ((rc = zt_json_get_string(&r, "hidden_act", text, sizeof text, err)) < 0)
-        return rc;
-    if (text[0]) {
-        int k = 0;
-        while (k < 3 && strcmp(text, act_names[k]) != 0)
-            k++;
-        if (k == 3)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: hidden_act is \"%s\", but ztrain's GPT-NeoX computes \"gelu\", "
-                           "\"gelu_new\" and \"gelu_fast\"", where, text);
-        c.hidden_act = (enum zt_neox_act)k;
-    }
-    if ((rc = zt__host_json_token_id(&r, obj, "bos_token_id", &c.bos_token_id, err)) < 0 ||
-        (rc = zt__host_json_token_id(&r, obj, "eos_token_id", &c.eos_token_id, err)) < 0)
-        return rc;
-    static const char *const heads[] = {"GPTNeoXForCausalLM", NULL};
-    if (!zt__host_architectures_ok(obj, heads))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: architectures must list GPTNeoXForCausalLM (ztrain trains the "
-                       "causal language model; other heads have other weights)", where);
-    for (const cJSON *item = obj->child; item; item = item->next)
-        if (item->string && zt__host_hf_generic_key(item->string))
-            zt_json_accept(&r, item->string);
-    if ((rc = zt_json_reader_finish(&r, err)) < 0 || (rc = validate_where(&c, where, err)) < 0)
+    int rc, type;
+    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0 ||
+        (rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0 || (rc = read_rotary(&r, obj, &c, err)) < 0 ||
+        (rc = zt__cfg_finish(&r, obj, heads, err)) < 0 || (rc = validate_where(&c, where, err)) < 0)
         return rc;
     *(zt_neox_config *)cv = c;
     return 0;
-}
-
-static cJSON *number(double v)
-{
-    return zt_json_exact_double(v);
 }
 
 /* GPTNeoXConfig's config.json in the form transformers 4.x writes (rotary_pct, rotary_emb_base), which 5.x
  * reads too; keys sorted. */
 static int config_save(const void *cv, const char *path, zt_err *err)
 {
-    const zt_neox_config *c = cv;
-    int rc = validate_where(c, path, err);
+    int rc = validate_where(cv, path, err);
     if (rc < 0)
         return rc;
     cJSON *o = cJSON_CreateObject();
+    zt__cfg_write(keys, NKEYS, cv, o);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString("GPTNeoXForCausalLM"));
-    cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
-    cJSON_AddItemToObject(o, "attention_dropout", number(0.0));
-    if (c->bos_token_id < 0)
-        cJSON_AddNullToObject(o, "bos_token_id");
-    else
-        cJSON_AddItemToObject(o, "bos_token_id", zt_json_exact_int(c->bos_token_id));
-    if (c->eos_token_id < 0)
-        cJSON_AddNullToObject(o, "eos_token_id");
-    else
-        cJSON_AddItemToObject(o, "eos_token_id", zt_json_exact_int(c->eos_token_id));
-    cJSON_AddStringToObject(o, "hidden_act", act_names[c->hidden_act]);
-    cJSON_AddItemToObject(o, "hidden_dropout", number(0.0));
-    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
-    cJSON_AddItemToObject(o, "initializer_range", number(c->initializer_range));
-    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
-    cJSON_AddItemToObject(o, "layer_norm_eps", number(zt__host_short_decimal(c->layer_norm_eps)));
-    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
     cJSON_AddStringToObject(o, "model_type", "gpt_neox");
-    cJSON_AddNumberToObject(o, "num_attention_heads", c->num_attention_heads);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);
-    cJSON_AddItemToObject(o, "rotary_emb_base", number(c->rotary_emb_base));
-    cJSON_AddItemToObject(o, "rotary_pct", number(c->rotary_pct));
-    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    cJSON_AddTrueToObject(o, "use_cache");
-    cJSON_AddBoolToObject(o, "use_parallel_residual", c->use_parallel_residual);
-    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text)
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
-    const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
-    rc = zt_write_file_atomic_parts(path, parts, 2, err);
-    cJSON_free(text);
-    return rc;
+    return zt__cfg_save(o, path, err);
 }
 
 #define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind, false}
