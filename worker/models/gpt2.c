@@ -274,20 +274,6 @@ static size_t build_layout(const zt_gpt2_config *cfg, zt_param_info *tensors, zt
     return off;
 }
 
-/* Returns the number of parameters of a GPT-2 with cfg's shape (cfg must be valid), without allocating
- * the model. */
-size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg)
-{
-    const size_t C = (size_t)cfg->n_embd;
-    size_t per_layer = 2 * C                 /* ln_1 */
-                       + 3 * C * C + 3 * C   /* attn.c_attn */
-                       + C * C + C           /* attn.c_proj */
-                       + 2 * C               /* ln_2 */
-                       + 4 * C * C + 4 * C   /* mlp.c_fc */
-                       + 4 * C * C + C;      /* mlp.c_proj */
-    return (size_t)cfg->vocab_size * C + (size_t)cfg->n_positions * C + (size_t)cfg->n_layer * per_layer + 2 * C;
-}
-
 /* ---------------------------------------------------------------------------------------------------- */
 /* Creation                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
@@ -354,84 +340,18 @@ static const zt__hm_spec spec = {.def = &zt__family_gpt2, .config_size = sizeof(
                                  .positions_key = "n_positions", .count_tensors = count_tensors_v,
                                  .build_layout = build_layout_v, .arch = decoder_arch, .init = init_params};
 
-/* The layout alone; see gpt2.h. */
-int zt_gpt2_create_layout(zt_gpt2 **out, const zt_gpt2_config *cfg, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, cfg, err);
-}
+/* The typed API of gpt2.h over the host model. */
+ZT__HM_TYPED_API(zt_gpt2, zt_gpt2, zt_gpt2_config, spec, zt__family_gpt2)
 
-/* Creates a model with room for batches up to B x T (T <= n_positions), parameters initialised from seed;
- * see gpt2.h. */
-int zt_gpt2_create(zt_gpt2 **out, const zt_gpt2_config *cfg, int B, int T, uint64_t seed, zt_err *err)
+/* Returns the number of parameters of a GPT-2 with cfg's shape (cfg must be valid), without allocating it. */
+size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg)
 {
-    return zt__hm_create((zt__hm **)out, &spec, cfg, B, T, seed, err);
-}
-
-/* The host model's queries and passes (host_model.h), under gpt2.h's names. */
-void zt_gpt2_destroy(zt_gpt2 *m) { zt__hm_destroy(m); }
-const zt_gpt2_config *zt_gpt2_get_config(const zt_gpt2 *m) { return zt__hm_config(m); }
-size_t zt_gpt2_num_params(const zt_gpt2 *m) { return zt__hm_num_params(m); }
-int zt_gpt2_num_tensors(const zt_gpt2 *m) { return zt__hm_num_tensors(m); }
-const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i) { return zt__hm_tensor(m, i); }
-int zt_gpt2_num_blocks(const zt_gpt2 *m) { return zt__hm_num_blocks(m); }
-const zt_block_info *zt_gpt2_block(const zt_gpt2 *m, int i) { return zt__hm_block(m, i); }
-float *zt_gpt2_params(zt_gpt2 *m) { return zt__hm_params(m); }
-float *zt_gpt2_grads(zt_gpt2 *m) { return zt__hm_grads(m); }
-void zt_gpt2_forward_begin(zt_gpt2 *m, const int32_t *tok, int B, int T)
-{
-    zt__hm_forward_begin(m, tok, B, T, NULL);
-}
-void zt_gpt2_forward_block(zt_gpt2 *m, int b, const float *bp) { zt__hm_forward_block(m, b, bp); }
-float zt_gpt2_forward_head(zt_gpt2 *m, const float *wte, const int32_t *t) { return zt__hm_forward_head(m, wte, t); }
-void zt_gpt2_backward_head(zt_gpt2 *m, const float *wte, float *dwte, float s) { zt__hm_backward_head(m, wte, dwte, s); }
-void zt_gpt2_backward_block(zt_gpt2 *m, int b, const float *bp, float *bg) { zt__hm_backward_block(m, b, bp, bg); }
-void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block) { zt__hm_discard_block(m, block); }
-const float *zt_gpt2_logits(const zt_gpt2 *m) { return zt__hm_logits(m); }
-
-/* Runs the forward pass over tokens [B,T]; with targets returns the mean loss over non-ignored positions
- * (0 when every target is ignored) and keeps what zt_gpt2_backward needs. Tokens outside [0, vocab_size),
- * targets outside it other than -1, or B x T beyond the size given at create are caller bugs (abort). */
-float zt_gpt2_forward(zt_gpt2 *m, const int32_t *tokens, const int32_t *targets, int B, int T)
-{
-    zt_gpt2_forward_begin(m, tokens, B, T);
-    return zt__hm_forward_rest(m, targets);
-}
-
-/* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
- * forward must have had targets, and each forward supports one backward: the logits buffer is turned
- * into the logits' gradient. */
-void zt_gpt2_backward(zt_gpt2 *m, float loss_scale)
-{
-    zt__hm_backward(m, loss_scale);
-}
-
-/* Sets every gradient to zero. */
-void zt_gpt2_zero_grad(zt_gpt2 *m)
-{
-    zt__hm_zero_grad(m);
+    return zt__hm_config_num_params(&spec, cfg, cfg->n_layer);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
-
-/* The engine's CPU executor of m; see gpt2.h. */
-int zt_gpt2_model_cpu(zt_model **out, zt_gpt2 *m, int max_micro, const bool *ckpt_layers, zt_err *err)
-{
-    return zt__cpu_exec_create(out, &zt__family_gpt2, m, max_micro, ckpt_layers, err);
-}
-
-/* Exports the parameters with Hugging Face names; see gpt2.h. */
-int zt_gpt2_export(const zt_gpt2 *m, const char *path, zt_err *err)
-{
-    return zt__host_export(&zt__family_gpt2, m, path, err);
-}
-
-/* Imports parameters with Hugging Face names; see gpt2.h. */
-int zt_gpt2_import(zt_gpt2 *m, const char *path, zt_err *err)
-{
-    return zt__host_import(&zt__family_gpt2, m, path, false, err);
-}
 
 /* Whether name is one of the attention-mask buffers HF keeps in older files: h.<n>.attn.bias or
  * h.<n>.attn.masked_bias. */
@@ -526,11 +446,11 @@ static void f_config_shape(const void *c, zt_family_shape *s)
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {
-    return zt_gpt2_create((zt_gpt2 **)out, c, B, T, seed, err);
+    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
 }
 static int f_create_layout(void **out, const void *c, zt_err *err)
 {
-    return zt_gpt2_create_layout((zt_gpt2 **)out, c, err);
+    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
 }
 static const char *const model_types[] = {"gpt2", NULL};
 

@@ -67,6 +67,8 @@ size_t zt_gpt2_num_params(const zt_gpt2 *m);
 int zt_gpt2_num_tensors(const zt_gpt2 *m);
 const zt_param_info *zt_gpt2_tensor(const zt_gpt2 *m, int i);
 int zt_gpt2_num_blocks(const zt_gpt2 *m);
+/* The block the head reads: 0 (wte; the head is tied). */
+int zt_gpt2_head_block(const zt_gpt2 *m);
 const zt_block_info *zt_gpt2_block(const zt_gpt2 *m, int i);
 /* The parameter and gradient slabs (num_params floats each), owned by the model. */
 float *zt_gpt2_params(zt_gpt2 *m);
@@ -111,6 +113,9 @@ void zt_gpt2_discard_block_acts(zt_gpt2 *m, int block);
  * Conv1D layout; no lm_head.weight, which HF ties to wte), in F32, atomically. The config is written
  * separately with zt_gpt2_config_save. */
 int zt_gpt2_export(const zt_gpt2 *m, const char *path, zt_err *err);
+/* The same tensors in Hugging Face's sharded form in the folder dir: shards of at most max_shard_bytes and
+ * model.safetensors.index.json, or a single dir/model.safetensors when everything fits. */
+int zt_gpt2_export_sharded(const zt_gpt2 *m, const char *dir, size_t max_shard_bytes, zt_err *err);
 /* Imports parameters from a safetensors file with HF names (with or without the "transformer." prefix;
  * F32, F16 or BF16), or from the shards of a Hugging Face index (model.safetensors.index.json, or a model
  * directory holding model.safetensors or that index). Every tensor must be present with the right shape; missing, extra (other than

@@ -379,3 +379,13 @@ void zt__hm_add_tensor(zt_param_info *t, int block, size_t *offset, const char *
     t->weight_decay = decay;
     *offset += t->numel;
 }
+
+size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg, int layers)
+{
+    zt_param_info *t = zt_xcalloc((size_t)spec->count_tensors(cfg), sizeof *t);
+    zt_block_info *b = zt_xcalloc((size_t)layers + 2, sizeof *b);
+    const size_t total = spec->build_layout(cfg, t, b);
+    free(t);
+    free(b);
+    return total;
+}

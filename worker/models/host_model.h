@@ -127,6 +127,58 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
 #define ZT__HM_FIELD_ENTRIES(table, family_number)                                                             \
     .fields = (table), .num_fields = (int)(sizeof(table) / sizeof((table)[0])), .number = (family_number),
 
+/* The typed C API of a family on the host model (gpt2.h and llama.h declare it): prefix p, model type M,
+ * config type C, the family's spec and definition. Each function is the zt__hm_ entry of the same name, or
+ * the shared safetensors import and export (host_io.h) and CPU executor (cpu_exec.h), which the file that
+ * expands it includes. */
+#define ZT__HM_TYPED_API(p, M, C, spec, def)                                                                   \
+    int p##_create_layout(M **out, const C *cfg, zt_err *err)                                                  \
+    {                                                                                                          \
+        return zt__hm_create_layout((zt__hm **)out, &(spec), cfg, err);                                        \
+    }                                                                                                          \
+    int p##_create(M **out, const C *cfg, int B, int T, uint64_t seed, zt_err *err)                            \
+    {                                                                                                          \
+        return zt__hm_create((zt__hm **)out, &(spec), cfg, B, T, seed, err);                                   \
+    }                                                                                                          \
+    void p##_destroy(M *m) { zt__hm_destroy(m); }                                                              \
+    const C *p##_get_config(const M *m) { return zt__hm_config(m); }                                           \
+    size_t p##_num_params(const M *m) { return zt__hm_num_params(m); }                                         \
+    int p##_num_tensors(const M *m) { return zt__hm_num_tensors(m); }                                          \
+    const zt_param_info *p##_tensor(const M *m, int i) { return zt__hm_tensor(m, i); }                         \
+    int p##_num_blocks(const M *m) { return zt__hm_num_blocks(m); }                                            \
+    const zt_block_info *p##_block(const M *m, int i) { return zt__hm_block(m, i); }                           \
+    int p##_head_block(const M *m) { return zt__hm_head_block(m); }                                            \
+    float *p##_params(M *m) { return zt__hm_params(m); }                                                       \
+    float *p##_grads(M *m) { return zt__hm_grads(m); }                                                         \
+    void p##_forward_begin(M *m, const int32_t *tok, int B, int T) { zt__hm_forward_begin(m, tok, B, T, NULL); } \
+    void p##_forward_block(M *m, int b, const float *w) { zt__hm_forward_block(m, b, w); }                     \
+    float p##_forward_head(M *m, const float *w, const int32_t *t) { return zt__hm_forward_head(m, w, t); }    \
+    void p##_backward_head(M *m, const float *w, float *g, float s) { zt__hm_backward_head(m, w, g, s); }      \
+    void p##_backward_block(M *m, int b, const float *w, float *g) { zt__hm_backward_block(m, b, w, g); }      \
+    void p##_discard_block_acts(M *m, int b) { zt__hm_discard_block(m, b); }                                   \
+    const float *p##_logits(const M *m) { return zt__hm_logits(m); }                                           \
+    float p##_forward(M *m, const int32_t *tok, const int32_t *targets, int B, int T)                          \
+    {                                                                                                          \
+        zt__hm_forward_begin(m, tok, B, T, NULL);                                                              \
+        return zt__hm_forward_rest(m, targets);                                                                \
+    }                                                                                                          \
+    void p##_backward(M *m, float loss_scale) { zt__hm_backward(m, loss_scale); }                              \
+    void p##_zero_grad(M *m) { zt__hm_zero_grad(m); }                                                          \
+    int p##_model_cpu(struct zt_model **out, M *m, int max_micro, const bool *ckpt_layers, zt_err *err)        \
+    {                                                                                                          \
+        return zt__cpu_exec_create(out, &(def), m, max_micro, ckpt_layers, err);                               \
+    }                                                                                                          \
+    int p##_export(const M *m, const char *path, zt_err *err) { return zt__host_export(&(def), m, path, err); } \
+    int p##_export_sharded(const M *m, const char *dir, size_t max_shard_bytes, zt_err *err)                   \
+    {                                                                                                          \
+        return zt__host_export_sharded(&(def), m, dir, max_shard_bytes, err);                                  \
+    }                                                                                                          \
+    int p##_import(M *m, const char *path, zt_err *err) { return zt__host_import(&(def), m, path, false, err); }
+
+/* The number of parameters of a valid config of spec's family with `layers` layers, from its tensor table
+ * (nothing of the model's size is allocated). */
+size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg, int layers);
+
 /* ---- configs described by a field table: diff and fingerprint written once ---- */
 
 enum zt__hm_kind { ZT__HM_INT, ZT__HM_BOOL, ZT__HM_FLOAT, ZT__HM_DOUBLE, ZT__HM_ENUM };

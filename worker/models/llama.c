@@ -361,21 +361,6 @@ static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, z
     return off;
 }
 
-/* Returns the number of parameters of a LLaMA with cfg's shape (cfg must be valid), without allocating the
- * model. */
-size_t zt_llama_config_num_params(const zt_llama_config *cfg)
-{
-    const size_t C = (size_t)cfg->hidden_size, V = (size_t)cfg->vocab_size, F = (size_t)cfg->intermediate_size;
-    const size_t KV = (size_t)cfg->num_key_value_heads * (C / (size_t)cfg->num_attention_heads);
-    const size_t per_layer = C                 /* input_layernorm */
-                             + C * C + 2 * KV * C /* q_proj, k_proj, v_proj */
-                             + C * C              /* o_proj */
-                             + C                  /* post_attention_layernorm */
-                             + 3 * F * C          /* gate_proj, up_proj, down_proj */
-                             + (cfg->qkv_bias ? C + 2 * KV : 0); /* q, k and v biases */
-    return V * C + (size_t)cfg->num_hidden_layers * per_layer + C + (cfg->tie_word_embeddings ? 0 : V * C);
-}
-
 /* ---------------------------------------------------------------------------------------------------- */
 /* Creation                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
@@ -454,88 +439,19 @@ static const zt__hm_spec spec = {.def = &zt__family_llama, .config_size = sizeof
                                  .count_tensors = count_tensors_v, .build_layout = build_layout_v,
                                  .arch = decoder_arch, .inv_freq = rope_inv_freq, .init = init_params};
 
-/* The layout alone; see llama.h. */
-int zt_llama_create_layout(zt_llama **out, const zt_llama_config *cfg, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, cfg, err);
-}
+/* The typed API of llama.h over the host model. */
+ZT__HM_TYPED_API(zt_llama, zt_llama, zt_llama_config, spec, zt__family_llama)
 
-/* Creates a model with room for batches up to B x T, parameters initialised from seed; see llama.h. */
-int zt_llama_create(zt_llama **out, const zt_llama_config *cfg, int B, int T, uint64_t seed, zt_err *err)
+/* Returns the number of parameters of a LLaMA with cfg's shape (cfg must be valid), without allocating the
+ * model. */
+size_t zt_llama_config_num_params(const zt_llama_config *cfg)
 {
-    return zt__hm_create((zt__hm **)out, &spec, cfg, B, T, seed, err);
-}
-
-/* The host model's queries and passes (host_model.h), under llama.h's names. */
-void zt_llama_destroy(zt_llama *m) { zt__hm_destroy(m); }
-const zt_llama_config *zt_llama_get_config(const zt_llama *m) { return zt__hm_config(m); }
-size_t zt_llama_num_params(const zt_llama *m) { return zt__hm_num_params(m); }
-int zt_llama_num_tensors(const zt_llama *m) { return zt__hm_num_tensors(m); }
-const zt_param_info *zt_llama_tensor(const zt_llama *m, int i) { return zt__hm_tensor(m, i); }
-int zt_llama_num_blocks(const zt_llama *m) { return zt__hm_num_blocks(m); }
-const zt_block_info *zt_llama_block(const zt_llama *m, int i) { return zt__hm_block(m, i); }
-int zt_llama_head_block(const zt_llama *m) { return zt__hm_head_block(m); }
-float *zt_llama_params(zt_llama *m) { return zt__hm_params(m); }
-float *zt_llama_grads(zt_llama *m) { return zt__hm_grads(m); }
-void zt_llama_forward_begin(zt_llama *m, const int32_t *tok, int B, int T)
-{
-    zt__hm_forward_begin(m, tok, B, T, NULL);
-}
-void zt_llama_forward_block(zt_llama *m, int b, const float *bp) { zt__hm_forward_block(m, b, bp); }
-float zt_llama_forward_head(zt_llama *m, const float *hp, const int32_t *t) { return zt__hm_forward_head(m, hp, t); }
-void zt_llama_backward_head(zt_llama *m, const float *hp, float *hg, float s) { zt__hm_backward_head(m, hp, hg, s); }
-void zt_llama_backward_block(zt_llama *m, int b, const float *bp, float *bg) { zt__hm_backward_block(m, b, bp, bg); }
-void zt_llama_discard_block_acts(zt_llama *m, int block) { zt__hm_discard_block(m, block); }
-const float *zt_llama_logits(const zt_llama *m) { return zt__hm_logits(m); }
-
-/* Runs the forward pass over tokens [B,T]; see llama.h. */
-float zt_llama_forward(zt_llama *m, const int32_t *tokens, const int32_t *targets, int B, int T)
-{
-    zt_llama_forward_begin(m, tokens, B, T);
-    return zt__hm_forward_rest(m, targets);
-}
-
-/* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. The last
- * forward must have had targets, and each forward supports one backward: the logits buffer is turned into
- * the logits' gradient. */
-void zt_llama_backward(zt_llama *m, float loss_scale)
-{
-    zt__hm_backward(m, loss_scale);
-}
-
-/* Sets every gradient to zero. */
-void zt_llama_zero_grad(zt_llama *m)
-{
-    zt__hm_zero_grad(m);
+    return zt__hm_config_num_params(&spec, cfg, cfg->num_hidden_layers);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
-
-/* The engine's CPU executor of m; see llama.h. */
-int zt_llama_model_cpu(zt_model **out, zt_llama *m, int max_micro, const bool *ckpt_layers, zt_err *err)
-{
-    return zt__cpu_exec_create(out, &zt__family_llama, m, max_micro, ckpt_layers, err);
-}
-
-/* Exports the parameters with Hugging Face names; see llama.h. */
-int zt_llama_export(const zt_llama *m, const char *path, zt_err *err)
-{
-    return zt__host_export(&zt__family_llama, m, path, err);
-}
-
-/* Exports the parameters in Hugging Face's sharded form into dir; see llama.h. */
-int zt_llama_export_sharded(const zt_llama *m, const char *dir, size_t max_shard_bytes, zt_err *err)
-{
-    return zt__host_export_sharded(&zt__family_llama, m, dir, max_shard_bytes, err);
-}
-
-/* Imports parameters with Hugging Face names; see llama.h. */
-int zt_llama_import(zt_llama *m, const char *path, zt_err *err)
-{
-    return zt__host_import(&zt__family_llama, m, path, false, err);
-}
 
 /* Whether name is a rotary-embedding buffer that older transformers versions saved
  * ("model.layers.N.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq"). */
@@ -641,11 +557,11 @@ static void f_config_shape(const void *c, zt_family_shape *s)
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {
-    return zt_llama_create((zt_llama **)out, c, B, T, seed, err);
+    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
 }
 static int f_create_layout(void **out, const void *c, zt_err *err)
 {
-    return zt_llama_create_layout((zt_llama **)out, c, err);
+    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
 }
 #ifdef ZT_WITH_CUDA
 int zt_llama_cuda_create(zt_model **out, const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
