@@ -31,6 +31,7 @@
 #include "kernels/residual.h" /* residual adds */
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
 #include "worker/models/family.h"      /* the family definition */
+#include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_model.h"  /* config field tables */
 #include "worker/models/host_shared.h" /* the normal initialisation */
@@ -175,29 +176,48 @@ const char *zt_bert_config_label(const zt_bert_config *cfg, int i, char *buf, si
     return buf;
 }
 
+/* BertConfig's and RobertaConfig's keys; the head (architectures), hidden_act and the labels have their
+ * own readers below. */
+#define S zt_bert_config
+#define NS ZT__CFG_NO_SAVE
+static const zt__cfg_key keys[] = {
+    ZT__CFG_I(S, vocab_size, 1, BERT_MAX_VOCAB), ZT__CFG_I(S, hidden_size, 1, BERT_MAX_HIDDEN),
+    ZT__CFG_I(S, num_hidden_layers, 1, BERT_MAX_LAYERS), ZT__CFG_I(S, num_attention_heads, 1, BERT_MAX_HIDDEN),
+    ZT__CFG_I(S, intermediate_size, 1, BERT_MAX_INTERMEDIATE),
+    ZT__CFG_I(S, max_position_embeddings, 1, BERT_MAX_POSITIONS), ZT__CFG_I(S, type_vocab_size, 1, BERT_MAX_TYPES),
+    ZT__CFG_R(S, INT, pad_token_id, 0, BERT_MAX_VOCAB, ZT__CFG_NO_CHECK),
+    ZT__CFG_R(S, FLOAT, layer_norm_eps, 0.0, 1.0, ZT__CFG_OPEN),
+    ZT__CFG_R(S, FLOAT, initializer_range, 0.0, 10.0, ZT__CFG_NO_CHECK),
+    ZT__CFG_ONLY_("position_embedding_type", "\"absolute\"", 0, "absolute positions"),
+    ZT__CFG_ONLY_("problem_type", "\"single_label_classification\"", NS | ZT__CFG_NULL_OK,
+                  "cross-entropy, one label per sequence"),
+    ZT__CFG_ONLY_("tie_word_embeddings", "true", NS, "the masked-LM decoder is the word embeddings"),
+    ZT__CFG_ONLY_("is_decoder", "false", NS, "BERT is a bidirectional encoder"),
+    ZT__CFG_ONLY_("add_cross_attention", "false", NS, "an encoder without cross-attention"),
+    ZT__CFG_ONLY_("is_encoder_decoder", "false", NS, "an encoder alone"),
+    ZT__CFG_ONLY_("pruned_heads", "{}", NS | ZT__CFG_NULL_OK, "models with all heads"),
+    /* dropout rates: ztrain trains without dropout, and writes them as 0 */
+    ZT__CFG_NUMBER_("hidden_dropout_prob", 0.0, 1.0, 0, "0"),
+    ZT__CFG_NUMBER_("attention_probs_dropout_prob", 0.0, 1.0, 0, "0"),
+    ZT__CFG_NUMBER_("classifier_dropout", 0.0, 1.0, ZT__CFG_NULL_OK, "null"), ZT__CFG_IGNORE_("use_cache", "true"),
+    ZT__CFG_IGNORE_("torch_dtype", "\"float32\""), ZT__CFG_IGNORE_("gradient_checkpointing", NULL),
+    ZT__CFG_IGNORE_("bos_token_id", NULL), ZT__CFG_IGNORE_("eos_token_id", NULL),
+    ZT__CFG_IGNORE_("sep_token_id", NULL), ZT__CFG_IGNORE_("cls_token_id", NULL),
+    ZT__CFG_IGNORE_("mask_token_id", NULL), ZT__CFG_IGNORE_("output_past", NULL),
+};
+#undef NS
+#undef S
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
 /* Validation with the source named in messages. */
 static int validate_config(const zt_bert_config *c, const char *where, zt_err *err)
 {
-    static const struct {
-        const char *name;
-        size_t offset;
-        int max;
-    } sizes[] = {
-        {"vocab_size", offsetof(zt_bert_config, vocab_size), BERT_MAX_VOCAB},
-        {"hidden_size", offsetof(zt_bert_config, hidden_size), BERT_MAX_HIDDEN},
-        {"num_hidden_layers", offsetof(zt_bert_config, num_hidden_layers), BERT_MAX_LAYERS},
-        {"num_attention_heads", offsetof(zt_bert_config, num_attention_heads), BERT_MAX_HIDDEN},
-        {"intermediate_size", offsetof(zt_bert_config, intermediate_size), BERT_MAX_INTERMEDIATE},
-        {"max_position_embeddings", offsetof(zt_bert_config, max_position_embeddings), BERT_MAX_POSITIONS},
-        {"type_vocab_size", offsetof(zt_bert_config, type_vocab_size), BERT_MAX_TYPES},
-        {"num_labels", offsetof(zt_bert_config, num_labels), ZT_BERT_MAX_LABELS},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        int v = *(const int *)((const char *)c + sizes[i].offset);
-        if (v < 1 || v > sizes[i].max)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from 1 to %d, got %d", where, sizes[i].name,
-                           sizes[i].max, v);
-    }
+    int rc = zt__cfg_check(keys, NKEYS, c, where, err);
+    if (rc < 0)
+        return rc;
+    if (c->num_labels < 1 || c->num_labels > ZT_BERT_MAX_LABELS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_labels must be from 1 to %d, got %d", where,
+                       ZT_BERT_MAX_LABELS, c->num_labels);
     if (c->hidden_size % c->num_attention_heads != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: hidden_size %d is not divisible by num_attention_heads %d (every head gets hidden_size / "
@@ -211,9 +231,6 @@ static int validate_config(const zt_bert_config *c, const char *where, zt_err *e
                        "%s: max_position_embeddings %d leaves no position for RoBERTa, whose positions start at "
                        "pad_token_id + 1 = %d (make max_position_embeddings larger)",
                        where, c->max_position_embeddings, c->pad_token_id + 1);
-    if (!(c->layer_norm_eps > 0.0f && c->layer_norm_eps < 1.0f))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_eps must be between 0 and 1 (exclusive), got %g", where,
-                       (double)c->layer_norm_eps);
     if (!(c->initializer_range > 0.0f && c->initializer_range <= 10.0f))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be above 0 and at most 10, got %g", where,
                        (double)c->initializer_range);
@@ -246,60 +263,6 @@ static int validate_config(const zt_bert_config *c, const char *where, zt_err *e
 int zt_bert_config_validate(const zt_bert_config *cfg, zt_err *err)
 {
     return validate_config(cfg, "model config", err);
-}
-
-/* Fields every transformers config may carry that do not change the math: accepted and ignored. */
-static const char *const ignored_keys[] = {
-    /* BertConfig / RobertaConfig */
-    "use_cache", "gradient_checkpointing", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id",
-    "mask_token_id", "chunk_size_feed_forward", "output_past",
-    /* PretrainedConfig bookkeeping */
-    "transformers_version", "_name_or_path", "_commit_hash", "_attn_implementation",
-    "_attn_implementation_internal", "_attn_implementation_autoset", "_experts_implementation",
-    "attn_implementation", "name_or_path", "return_dict", "use_return_dict", "output_hidden_states",
-    "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "cross_attention_hidden_size",
-    "tie_encoder_decoder", "finetuning_task", "tokenizer_class", "prefix", "decoder_start_token_id",
-    "task_specific_params", "torch_dtype", "dtype",
-    /* generation defaults that older transformers versions saved in every config */
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
-    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
-    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-    "output_logits",
-};
-
-static bool is_ignored_key(const char *key)
-{
-    for (size_t i = 0; i < sizeof ignored_keys / sizeof ignored_keys[0]; i++)
-        if (strcmp(key, ignored_keys[i]) == 0)
-            return true;
-    return false;
-}
-
-/* A bool field that ztrain supports with one value only. */
-static int require_bool(zt_json_reader *r, const char *key, bool required, const char *why, zt_err *err)
-{
-    bool v = required;
-    int rc = zt_json_get_bool(r, key, &v, err);
-    if (rc < 0)
-        return rc;
-    if (v != required)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s is %s, but ztrain supports only %s (%s)", r->where, key,
-                       v ? "true" : "false", required ? "true" : "false", why);
-    return 0;
-}
-
-/* A dropout probability: null or a number in [0,1], accepted and unused (ztrain trains without dropout). */
-static int accept_probability(zt_json_reader *r, const cJSON *obj, const char *key, bool nullable, zt_err *err)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (v && nullable && cJSON_IsNull(v)) {
-        zt_json_accept(r, key);
-        return 0;
-    }
-    double p = 0.0;
-    return zt_json_get_double(r, key, 0.0, 1.0, &p, err);
 }
 
 /* Reads the head from "architectures" (a list of one class name, as transformers writes it). */
@@ -418,126 +381,36 @@ static int read_labels(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, z
 /* Fills cfg from a Hugging Face BERT or RoBERTa config.json object; see bert.h. */
 int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
+    static const char *const types[] = {"bert", "roberta", NULL};
     zt_bert_config c = *cfg;
     zt_json_reader r;
-    int rc;
-    if (!cJSON_IsObject(obj))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
-    int nkeys = cJSON_GetArraySize(obj);
-    if (nkeys > ZT_JSON_MAX_KEYS - 32)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %d fields is more than a BERT config.json has (at most %d)", where,
-                       nkeys, ZT_JSON_MAX_KEYS - 32);
-    zt_json_reader_init(&r, obj, where);
-
-    char text[64] = "";
-    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+    int rc, type;
+    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0)
         return rc;
-    if (text[0]) {
-        if (strcmp(text, "bert") != 0 && strcmp(text, "roberta") != 0)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: model_type is \"%s\", but this loader reads \"bert\" and \"roberta\" configs", where,
-                           text);
-        const bool roberta = strcmp(text, "roberta") == 0;
-        if (roberta != c.roberta) {
-            const enum zt_bert_head head = c.head;
-            if (roberta)
-                zt_bert_config_default_roberta(&c);
-            else
-                zt_bert_config_default(&c);
-            c.head = head;
-        }
+    if (type >= 0 && (type == 1) != c.roberta) { /* the other model type's defaults, the head kept */
+        const enum zt_bert_head head = c.head;
+        if (type == 1)
+            zt_bert_config_default_roberta(&c);
+        else
+            zt_bert_config_default(&c);
+        c.head = head;
     }
-    if ((rc = read_architectures(&r, obj, &c, err)) < 0)
+    if ((rc = read_architectures(&r, obj, &c, err)) < 0 || (rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
         return rc;
-
-    static const zt__host_int_key sizes[] = {
-        {"vocab_size", offsetof(zt_bert_config, vocab_size), 1, BERT_MAX_VOCAB},
-        {"hidden_size", offsetof(zt_bert_config, hidden_size), 1, BERT_MAX_HIDDEN},
-        {"num_hidden_layers", offsetof(zt_bert_config, num_hidden_layers), 1, BERT_MAX_LAYERS},
-        {"num_attention_heads", offsetof(zt_bert_config, num_attention_heads), 1, BERT_MAX_HIDDEN},
-        {"intermediate_size", offsetof(zt_bert_config, intermediate_size), 1, BERT_MAX_INTERMEDIATE},
-        {"max_position_embeddings", offsetof(zt_bert_config, max_position_embeddings), 1, BERT_MAX_POSITIONS},
-        {"type_vocab_size", offsetof(zt_bert_config, type_vocab_size), 1, BERT_MAX_TYPES},
-    };
-    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
-        return rc;
-    const cJSON *pad = cJSON_GetObjectItemCaseSensitive(obj, "pad_token_id");
-    if (pad && !cJSON_IsNumber(pad))
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: pad_token_id must be the padding token's id (a whole number), as BERT and RoBERTa "
-                       "tokenizers have one",
-                       where);
-    if ((rc = zt__host_json_int(&r, "pad_token_id", 0, BERT_MAX_VOCAB, &c.pad_token_id, NULL, err)) < 0)
-        return rc;
-
-    text[0] = '\0';
+    char text[64] = "";
     if ((rc = zt_json_get_string(&r, "hidden_act", text, sizeof text, err)) < 0)
         return rc;
-    if (text[0]) {
-        if (strcmp(text, "gelu") == 0)
-            c.hidden_act = ZT_BERT_ACT_GELU;
-        else if (strcmp(text, "gelu_new") == 0 || strcmp(text, "gelu_pytorch_tanh") == 0)
-            c.hidden_act = ZT_BERT_ACT_GELU_TANH;
-        else
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: hidden_act is \"%s\", but ztrain implements \"gelu\" (exact) and \"gelu_new\" (tanh "
-                           "approximation)",
-                           where, text);
-    }
-    text[0] = '\0';
-    if ((rc = zt_json_get_string(&r, "position_embedding_type", text, sizeof text, err)) < 0)
-        return rc;
-    if (text[0] && strcmp(text, "absolute") != 0)
+    if (strcmp(text, "gelu") == 0)
+        c.hidden_act = ZT_BERT_ACT_GELU;
+    else if (strcmp(text, "gelu_new") == 0 || strcmp(text, "gelu_pytorch_tanh") == 0)
+        c.hidden_act = ZT_BERT_ACT_GELU_TANH;
+    else if (text[0])
         return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: position_embedding_type is \"%s\", but ztrain implements only \"absolute\" positions",
+                       "%s: hidden_act is \"%s\", but ztrain implements \"gelu\" (exact) and \"gelu_new\" (tanh "
+                       "approximation)",
                        where, text);
-    const cJSON *problem = cJSON_GetObjectItemCaseSensitive(obj, "problem_type");
-    if (problem && cJSON_IsNull(problem)) {
-        zt_json_accept(&r, "problem_type");
-    } else {
-        text[0] = '\0';
-        if ((rc = zt_json_get_string(&r, "problem_type", text, sizeof text, err)) < 0)
-            return rc;
-        if (text[0] && strcmp(text, "single_label_classification") != 0)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: problem_type is \"%s\", but ztrain implements only \"single_label_classification\" "
-                           "(cross-entropy, one label per sequence)",
-                           where, text);
-    }
-
-    double v = c.layer_norm_eps;
-    if ((rc = zt_json_get_double(&r, "layer_norm_eps", 0.0, 1.0, &v, err)) < 0)
-        return rc;
-    c.layer_norm_eps = (float)v;
-    v = c.initializer_range;
-    if ((rc = zt_json_get_double(&r, "initializer_range", 0.0, 10.0, &v, err)) < 0)
-        return rc;
-    c.initializer_range = (float)v;
-    if ((rc = accept_probability(&r, obj, "hidden_dropout_prob", false, err)) < 0 ||
-        (rc = accept_probability(&r, obj, "attention_probs_dropout_prob", false, err)) < 0 ||
-        (rc = accept_probability(&r, obj, "classifier_dropout", true, err)) < 0)
-        return rc;
-    if ((rc = read_labels(&r, obj, &c, err)) < 0)
-        return rc;
-
-    if ((rc = require_bool(&r, "tie_word_embeddings", true, "the masked-LM decoder is the word embeddings", err)) < 0 ||
-        (rc = require_bool(&r, "is_decoder", false, "BERT is a bidirectional encoder", err)) < 0 ||
-        (rc = require_bool(&r, "add_cross_attention", false, "an encoder without cross-attention", err)) < 0 ||
-        (rc = require_bool(&r, "is_encoder_decoder", false, "an encoder alone", err)) < 0)
-        return rc;
-    const cJSON *pruned = cJSON_GetObjectItemCaseSensitive(obj, "pruned_heads");
-    if (pruned) {
-        if (!(cJSON_IsNull(pruned) || (cJSON_IsObject(pruned) && pruned->child == NULL)))
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: pruned_heads is not empty, but ztrain supports only models with all heads", where);
-        zt_json_accept(&r, "pruned_heads");
-    }
-    for (const cJSON *item = obj->child; item; item = item->next)
-        if (item->string && is_ignored_key(item->string))
-            zt_json_accept(&r, item->string);
-    if ((rc = zt_json_reader_finish(&r, err)) < 0)
-        return rc;
-    if ((rc = validate_config(&c, where, err)) < 0)
+    if ((rc = read_labels(&r, obj, &c, err)) < 0 || (rc = zt__cfg_finish(&r, obj, NULL, err)) < 0 ||
+        (rc = validate_config(&c, where, err)) < 0)
         return rc;
     *cfg = c;
     return 0;
@@ -563,18 +436,6 @@ int zt_bert_config_load(zt_bert_config *cfg, const char *path, zt_err *err)
     return rc;
 }
 
-/* The shortest decimal that reads back as the same float (1e-12f is written 1e-12). */
-static double short_decimal(float f)
-{
-    char buf[32];
-    for (int digits = 6; digits < 9; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
-        if ((float)strtod(buf, NULL) == f)
-            return strtod(buf, NULL);
-    }
-    return (double)f;
-}
-
 /* Writes cfg as a Hugging Face config.json, keys sorted as transformers writes them, atomically. */
 int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err)
 {
@@ -582,57 +443,23 @@ int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err
     if (rc < 0)
         return rc;
     cJSON *o = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(zt_bert_config_architecture(cfg)));
-    cJSON_AddNumberToObject(o, "attention_probs_dropout_prob", 0.0);
-    cJSON_AddNullToObject(o, "classifier_dropout");
+    zt__cfg_write(keys, NKEYS, cfg, o);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"),
+                         cJSON_CreateString(zt_bert_config_architecture(cfg)));
     cJSON_AddStringToObject(o, "hidden_act", cfg->hidden_act == ZT_BERT_ACT_GELU ? "gelu" : "gelu_new");
-    cJSON_AddNumberToObject(o, "hidden_dropout_prob", 0.0);
-    cJSON_AddNumberToObject(o, "hidden_size", cfg->hidden_size);
-    const bool labels = cfg->head == ZT_BERT_HEAD_CLASSIFY || cfg->num_labels != 2 || cfg->label_names[0];
-    if (labels) {
-        cJSON *id2label = cJSON_AddObjectToObject(o, "id2label");
+    if (cfg->head == ZT_BERT_HEAD_CLASSIFY || cfg->num_labels != 2 || cfg->label_names[0]) {
+        cJSON *id2label = cJSON_AddObjectToObject(o, "id2label"), *label2id = cJSON_AddObjectToObject(o, "label2id");
         for (int i = 0; i < cfg->num_labels; i++) {
             char key[16], buf[32];
             snprintf(key, sizeof key, "%d", i);
             cJSON_AddStringToObject(id2label, key, zt_bert_config_label(cfg, i, buf, sizeof buf));
-        }
-    }
-    cJSON_AddItemToObject(o, "initializer_range", zt_json_exact_double(short_decimal(cfg->initializer_range)));
-    cJSON_AddNumberToObject(o, "intermediate_size", cfg->intermediate_size);
-    if (labels) {
-        cJSON *label2id = cJSON_AddObjectToObject(o, "label2id");
-        for (int i = 0; i < cfg->num_labels; i++) {
-            char buf[32];
             cJSON_AddNumberToObject(label2id, zt_bert_config_label(cfg, i, buf, sizeof buf), i);
         }
     }
-    cJSON_AddItemToObject(o, "layer_norm_eps", zt_json_exact_double(short_decimal(cfg->layer_norm_eps)));
-    cJSON_AddNumberToObject(o, "max_position_embeddings", cfg->max_position_embeddings);
     cJSON_AddStringToObject(o, "model_type", cfg->roberta ? "roberta" : "bert");
-    cJSON_AddNumberToObject(o, "num_attention_heads", cfg->num_attention_heads);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", cfg->num_hidden_layers);
-    cJSON_AddNumberToObject(o, "pad_token_id", cfg->pad_token_id);
-    cJSON_AddStringToObject(o, "position_embedding_type", "absolute");
     if (cfg->head == ZT_BERT_HEAD_CLASSIFY)
         cJSON_AddStringToObject(o, "problem_type", "single_label_classification");
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    cJSON_AddNumberToObject(o, "type_vocab_size", cfg->type_vocab_size);
-    cJSON_AddTrueToObject(o, "use_cache");
-    cJSON_AddNumberToObject(o, "vocab_size", cfg->vocab_size);
-    char *json = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!json)
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
-    const size_t len = strlen(json);
-    char *with_newline = zt_xmalloc(len + 2);
-    memcpy(with_newline, json, len);
-    with_newline[len] = '\n';
-    with_newline[len + 1] = '\0';
-    cJSON_free(json);
-    rc = zt_write_file_atomic(path, with_newline, len + 1, err);
-    free(with_newline);
-    return rc;
+    return zt__cfg_save(o, path, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */

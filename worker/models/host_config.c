@@ -139,6 +139,9 @@ int zt__cfg_read(zt_json_reader *r, const cJSON *obj, const zt__cfg_key *keys, i
         case ZT__CFG_IGNORE:
             zt_json_accept(r, k->key);
             break;
+        case ZT__CFG_NUMBER:
+            rc = zt_json_get_double(r, k->key, k->min, k->max, &d, err);
+            break;
         }
         if (rc < 0)
             return rc;
@@ -235,6 +238,7 @@ void zt__cfg_write(const zt__cfg_key *keys, int n, const void *cfg, cJSON *o)
             break;
         case ZT__CFG_ONLY:
         case ZT__CFG_IGNORE:
+        case ZT__CFG_NUMBER:
             if (k->value) /* an IGNORE row without one is not written */
                 cJSON_AddItemToObject(o, k->key, cJSON_CreateRaw(k->value));
             break;

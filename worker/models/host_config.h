@@ -26,6 +26,7 @@ enum zt__cfg_type {
     ZT__CFG_ONLY,   /* no field: present, the key must hold `value` (JSON text), the one ztrain computes;
                        a config that ztrain writes holds it (unless ZT__CFG_NO_SAVE) */
     ZT__CFG_IGNORE, /* no field: any value is accepted, as it changes nothing ztrain computes */
+    ZT__CFG_NUMBER, /* no field: a number in [min, max] is accepted, as it changes nothing (dropout rates) */
 };
 
 /* Flags of a key. */
@@ -41,8 +42,8 @@ typedef struct zt__cfg_key {
     size_t offset;            /* of the field in the family's config struct (INT .. NAME) */
     double min, max;          /* INT, FLOAT, DOUBLE: the range read and checked */
     unsigned flags;
-    const char *value;        /* ONLY: the value supported, as JSON text; IGNORE: what a config that ztrain
-                                 writes holds (NULL: the key is not written) */
+    const char *value;        /* ONLY: the value supported, as JSON text; IGNORE, NUMBER: what a config that
+                                 ztrain writes holds (NULL: the key is not written) */
     const char *why;          /* ONLY: what ztrain computes instead, for the message */
     const char *const *names; /* NAME: the strings, NULL-terminated, indexed by the field's value */
     const char *alias;        /* INT: another name transformers maps onto the key (both given must agree) */
@@ -56,6 +57,7 @@ typedef struct zt__cfg_key {
 #define ZT__CFG_T(S, f) {.key = #f, .type = ZT__CFG_TOKEN, .offset = offsetof(S, f)}
 #define ZT__CFG_ONLY_(k, v, fl, w) {.key = (k), .type = ZT__CFG_ONLY, .flags = (fl), .value = (v), .why = (w)}
 #define ZT__CFG_IGNORE_(k, v) {.key = (k), .type = ZT__CFG_IGNORE, .value = (v)}
+#define ZT__CFG_NUMBER_(k, lo, hi, fl, v) {.key = (k), .type = ZT__CFG_NUMBER, .min = (lo), .max = (hi), .flags = (fl), .value = (v)}
 
 /* Starts reading obj, a family's config.json object named where in messages: checks that it is an object
  * of a sensible size and that its "model_type", when given, is one of model_types (NULL-terminated); the

@@ -62,7 +62,7 @@ static const zt__cfg_key keys[] = {
     ZT__CFG_T(S, bos_token_id), ZT__CFG_T(S, eos_token_id),
     ZT__CFG_ONLY_("attention_dropout", "0", 0, "ztrain trains without dropout"),
     ZT__CFG_ONLY_("hidden_dropout", "0", 0, "ztrain trains without dropout"),
-    ZT__CFG_IGNORE_("classifier_dropout", NULL), ZT__CFG_IGNORE_("use_cache", "true"),
+    ZT__CFG_NUMBER_("classifier_dropout", 0.0, 1.0, 0, NULL), ZT__CFG_IGNORE_("use_cache", "true"),
     ZT__CFG_IGNORE_("torch_dtype", "\"float32\""),
 };
 #undef S
