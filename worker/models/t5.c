@@ -24,6 +24,7 @@
 #include "kernels/matmul.h"
 #include "worker/models/cpu_exec.h"
 #include "worker/models/family.h"
+#include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_io.h"
 #include "worker/models/host_model.h"
 #include "worker/models/host_shared.h"
@@ -72,30 +73,35 @@ void zt_t5_config_default(zt_t5_config *c)
     c->decoder_start_token_id = 0;
 }
 
+/* T5Config's and MT5Config's keys; the MLP's three keys, num_decoder_layers, the head's two booleans and
+ * the token ids have their own rules below. */
+#define S zt_t5_config
+#define K(k, f, lo, hi) {.key = (k), .type = ZT__CFG_INT, .offset = offsetof(S, f), .min = (lo), .max = (hi)}
+static const zt__cfg_key keys[] = {
+    ZT__CFG_I(S, vocab_size, 1, T5_MAX_VOCAB), ZT__CFG_I(S, d_model, 1, T5_MAX_WIDTH), ZT__CFG_I(S, d_kv, 1, T5_MAX_WIDTH),
+    ZT__CFG_I(S, d_ff, 1, T5_MAX_FF), ZT__CFG_I(S, num_layers, 1, T5_MAX_LAYERS), ZT__CFG_I(S, num_heads, 1, T5_MAX_WIDTH),
+    K("relative_attention_num_buckets", num_buckets, 2, 1 << 16),
+    K("relative_attention_max_distance", max_distance, 1, T5_MAX_POSITIONS), ZT__CFG_I(S, n_positions, 1, T5_MAX_POSITIONS),
+    ZT__CFG_R(S, FLOAT, layer_norm_epsilon, 0.0, 1.0, ZT__CFG_OPEN | ZT__CFG_PY_FLOAT),
+    ZT__CFG_R(S, DOUBLE, initializer_factor, 0.0, 100.0, ZT__CFG_NO_CHECK | ZT__CFG_PY_FLOAT),
+    ZT__CFG_R(S, DOUBLE, dropout_rate, 0.0, 1.0, ZT__CFG_NO_CHECK | ZT__CFG_PY_FLOAT),
+    ZT__CFG_NUMBER_("classifier_dropout", 0.0, 1.0, 0, "0.0"),
+    ZT__CFG_ONLY_("is_encoder_decoder", "true", 0, "ztrain trains T5ForConditionalGeneration"),
+    ZT__CFG_IGNORE_("use_cache", "true"), ZT__CFG_IGNORE_("output_past", NULL),
+    ZT__CFG_IGNORE_("torch_dtype", "\"float32\""),
+};
+#undef K
+#undef S
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
 static int validate_config(const zt_t5_config *c, const char *where, zt_err *err)
 {
-    static const struct {
-        const char *key;
-        int min, max;
-        size_t offset;
-    } sizes[] = {
-        {"vocab_size", 1, T5_MAX_VOCAB, offsetof(zt_t5_config, vocab_size)},
-        {"d_model", 1, T5_MAX_WIDTH, offsetof(zt_t5_config, d_model)},
-        {"d_kv", 1, T5_MAX_WIDTH, offsetof(zt_t5_config, d_kv)},
-        {"d_ff", 1, T5_MAX_FF, offsetof(zt_t5_config, d_ff)},
-        {"num_layers", 1, T5_MAX_LAYERS, offsetof(zt_t5_config, num_layers)},
-        {"num_decoder_layers", 1, T5_MAX_LAYERS, offsetof(zt_t5_config, num_decoder_layers)},
-        {"num_heads", 1, T5_MAX_WIDTH, offsetof(zt_t5_config, num_heads)},
-        {"relative_attention_num_buckets", 2, 1 << 16, offsetof(zt_t5_config, num_buckets)},
-        {"relative_attention_max_distance", 1, T5_MAX_POSITIONS, offsetof(zt_t5_config, max_distance)},
-        {"n_positions", 1, T5_MAX_POSITIONS, offsetof(zt_t5_config, n_positions)},
-    };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        const int v = *(const int *)((const char *)c + sizes[i].offset);
-        if (v < sizes[i].min || v > sizes[i].max)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be from %d to %d, got %d", where, sizes[i].key,
-                           sizes[i].min, sizes[i].max, v);
-    }
+    int rc = zt__cfg_check(keys, NKEYS, c, where, err);
+    if (rc < 0)
+        return rc;
+    if (c->num_decoder_layers < 1 || c->num_decoder_layers > T5_MAX_LAYERS)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_decoder_layers must be from 1 to %d, got %d", where,
+                       T5_MAX_LAYERS, c->num_decoder_layers);
     if ((int64_t)c->num_heads * c->d_kv > T5_MAX_WIDTH)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_heads x d_kv = %lld is above %d (choose fewer or smaller heads)",
                        where, (long long)c->num_heads * c->d_kv, T5_MAX_WIDTH);
@@ -108,9 +114,6 @@ static int validate_config(const zt_t5_config *c, const char *where, zt_err *err
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: relative_attention_max_distance %d must be above relative_attention_num_buckets / 4 (%d), "
                        "where the logarithmic buckets start", where, c->max_distance, c->num_buckets / 4);
-    if (!(c->layer_norm_epsilon > 0.0f && c->layer_norm_epsilon < 1.0f))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_norm_epsilon must be between 0 and 1 (exclusive), got %g",
-                       where, (double)c->layer_norm_epsilon);
     if (!(c->initializer_factor > 0.0 && c->initializer_factor <= 100.0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_factor must be above 0 and at most 100, got %g", where,
                        c->initializer_factor);
@@ -149,35 +152,15 @@ static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bo
 
 static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
+    static const char *const types[] = {"t5", "mt5", NULL};
     zt_t5_config c = *cfg;
-    if (!cJSON_IsObject(obj))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the model config must be a JSON object", where);
-    if (cJSON_GetArraySize(obj) > ZT_JSON_MAX_KEYS - 32)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: more fields than a T5 config.json has (at most %d)", where,
-                       ZT_JSON_MAX_KEYS - 32);
     zt_json_reader r;
-    zt_json_reader_init(&r, obj, where);
-    int rc;
-    char text[64] = "";
-    if ((rc = zt_json_get_string(&r, "model_type", text, sizeof text, err)) < 0)
+    int rc, type;
+    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0)
         return rc;
-    if (strcmp(text, "t5") == 0 || strcmp(text, "mt5") == 0)
-        c.mt5 = strcmp(text, "mt5") == 0;
-    else if (text[0])
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: model_type is \"%s\", but this reader takes \"t5\" and \"mt5\"",
-                       where, text);
-    static const zt__host_int_key sizes[] = {
-        {"vocab_size", offsetof(zt_t5_config, vocab_size), 1, T5_MAX_VOCAB},
-        {"d_model", offsetof(zt_t5_config, d_model), 1, T5_MAX_WIDTH},
-        {"d_kv", offsetof(zt_t5_config, d_kv), 1, T5_MAX_WIDTH},
-        {"d_ff", offsetof(zt_t5_config, d_ff), 1, T5_MAX_FF},
-        {"num_layers", offsetof(zt_t5_config, num_layers), 1, T5_MAX_LAYERS},
-        {"num_heads", offsetof(zt_t5_config, num_heads), 1, T5_MAX_WIDTH},
-        {"relative_attention_num_buckets", offsetof(zt_t5_config, num_buckets), 1, 1 << 16},
-        {"relative_attention_max_distance", offsetof(zt_t5_config, max_distance), 1, T5_MAX_POSITIONS},
-        {"n_positions", offsetof(zt_t5_config, n_positions), 1, T5_MAX_POSITIONS},
-    };
-    if ((rc = zt__host_json_ints(&r, sizes, sizeof sizes / sizeof sizes[0], &c, err)) < 0)
+    if (type >= 0)
+        c.mt5 = type == 1;
+    if ((rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
         return rc;
     /* num_decoder_layers: absent or null is num_layers, as T5Config reads it */
     c.num_decoder_layers = c.num_layers;
@@ -187,16 +170,6 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
     else if ((rc = zt__host_json_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, NULL,
                                      err)) < 0)
         return rc;
-    double eps = c.layer_norm_epsilon;
-    if ((rc = zt_json_get_double(&r, "layer_norm_epsilon", 0.0, 1.0, &eps, err)) < 0 ||
-        (rc = zt_json_get_double(&r, "initializer_factor", 0.0, 100.0, &c.initializer_factor, err)) < 0 ||
-        (rc = zt_json_get_double(&r, "dropout_rate", 0.0, 1.0, &c.dropout_rate, err)) < 0)
-        return rc;
-    c.layer_norm_epsilon = (float)eps;
-    double classifier_dropout = 0.0;
-    if ((rc = zt_json_get_double(&r, "classifier_dropout", 0.0, 1.0, &classifier_dropout, err)) < 0)
-        return rc;
-
     /* the MLP: feed_forward_proj, and the fields T5Config derives from it (they must agree) */
     char ff[32] = "relu", act[32] = "";
     if ((rc = zt_json_get_string(&r, "feed_forward_proj", ff, sizeof ff, err)) < 0 ||
@@ -220,16 +193,6 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
     if (is_gated != c.gated)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: is_gated_act is %s, but feed_forward_proj is \"%s\"", where,
                        is_gated ? "true" : "false", ff);
-    bool enc_dec = true, use_cache = true, output_past = true;
-    if ((rc = zt_json_get_bool(&r, "is_encoder_decoder", &enc_dec, err)) < 0 ||
-        (rc = zt_json_get_bool(&r, "use_cache", &use_cache, err)) < 0 ||
-        (rc = zt_json_get_bool(&r, "output_past", &output_past, err)) < 0)
-        return rc;
-    if (!enc_dec)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: is_encoder_decoder is false, but ztrain trains T5ForConditionalGeneration (set it to true)",
-                       where);
-
     /* The head: tie_word_embeddings (absent: tied) and scale_decoder_outputs (transformers 5 writes it for T5
      * and ties every head; absent: T5's scale follows the tie, as transformers derives it, and mT5 has none, as
      * transformers 5's MT5ForConditionalGeneration computes it). */
@@ -251,35 +214,12 @@ static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *whe
         return rc;
 
     static const char *const heads[] = {"T5ForConditionalGeneration", "MT5ForConditionalGeneration", NULL};
-    if (!zt__host_architectures_ok(obj, heads))
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: architectures must list T5ForConditionalGeneration or MT5ForConditionalGeneration "
-                       "(ztrain trains the text-to-text model; other heads have other weights)", where);
-    for (const cJSON *item = obj->child; item; item = item->next)
-        if (item->string && zt__host_hf_generic_key(item->string))
-            zt_json_accept(&r, item->string);
-    if ((rc = zt_json_reader_finish(&r, err)) < 0)
+    if ((rc = zt__cfg_finish(&r, obj, heads, err)) < 0)
         return rc;
     if ((rc = validate_config(&c, where, err)) < 0)
         return rc;
     *cfg = c;
     return 0;
-}
-
-/* A JSON number that reads back as exactly v and as a float in Python. */
-static cJSON *float_number(double v)
-{
-    char buf[48];
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    if (!strpbrk(buf, ".eEn"))
-        strcat(buf, ".0");
-    cJSON *n = cJSON_CreateRaw(buf);
-    ZT_ASSERT(n);
-    return n;
 }
 
 static int config_save(const zt_t5_config *c, const char *path, zt_err *err)
@@ -288,45 +228,20 @@ static int config_save(const zt_t5_config *c, const char *path, zt_err *err)
     if (rc < 0)
         return rc;
     cJSON *o = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(c->mt5 ? "MT5ForConditionalGeneration" : "T5ForConditionalGeneration"));
-    cJSON_AddItemToObject(o, "classifier_dropout", float_number(0.0));
-    cJSON_AddNumberToObject(o, "d_ff", c->d_ff);
-    cJSON_AddNumberToObject(o, "d_kv", c->d_kv);
-    cJSON_AddNumberToObject(o, "d_model", c->d_model);
-    cJSON_AddItemToObject(o, "decoder_start_token_id", zt_json_exact_int(c->decoder_start_token_id));
-    cJSON_AddStringToObject(o, "dense_act_fn", c->gated ? "gelu_new" : "relu");
-    cJSON_AddItemToObject(o, "dropout_rate", float_number(zt__host_short_decimal((float)c->dropout_rate)));
-    if (c->eos_token_id < 0)
-        cJSON_AddNullToObject(o, "eos_token_id");
-    else
-        cJSON_AddItemToObject(o, "eos_token_id", zt_json_exact_int(c->eos_token_id));
-    cJSON_AddStringToObject(o, "feed_forward_proj", c->gated ? "gated-gelu" : "relu");
-    cJSON_AddItemToObject(o, "initializer_factor", float_number(c->initializer_factor));
-    cJSON_AddTrueToObject(o, "is_encoder_decoder");
-    cJSON_AddBoolToObject(o, "is_gated_act", c->gated);
-    cJSON_AddItemToObject(o, "layer_norm_epsilon", float_number(zt__host_short_decimal(c->layer_norm_epsilon)));
+    zt__cfg_write(keys, NKEYS, c, o);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"),
+                         cJSON_CreateString(c->mt5 ? "MT5ForConditionalGeneration" : "T5ForConditionalGeneration"));
     cJSON_AddStringToObject(o, "model_type", c->mt5 ? "mt5" : "t5");
-    cJSON_AddNumberToObject(o, "n_positions", c->n_positions);
     cJSON_AddNumberToObject(o, "num_decoder_layers", c->num_decoder_layers);
-    cJSON_AddNumberToObject(o, "num_heads", c->num_heads);
-    cJSON_AddNumberToObject(o, "num_layers", c->num_layers);
-    cJSON_AddItemToObject(o, "pad_token_id", zt_json_exact_int(c->pad_token_id));
-    cJSON_AddNumberToObject(o, "relative_attention_max_distance", c->max_distance);
-    cJSON_AddNumberToObject(o, "relative_attention_num_buckets", c->num_buckets);
+    cJSON_AddStringToObject(o, "dense_act_fn", c->gated ? "gelu_new" : "relu");
+    cJSON_AddStringToObject(o, "feed_forward_proj", c->gated ? "gated-gelu" : "relu");
+    cJSON_AddBoolToObject(o, "is_gated_act", c->gated);
     cJSON_AddBoolToObject(o, "scale_decoder_outputs", c->scale_decoder_outputs);
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
-    cJSON_AddTrueToObject(o, "use_cache");
-    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text)
-        return zt_fail(err, ZT_ENOMEM, "%s: out of memory while formatting the model config", path);
-    const zt_file_part parts[2] = {{text, strlen(text)}, {"\n", 1}};
-    rc = zt_write_file_atomic_parts(path, parts, 2, err);
-    cJSON_free(text);
-    return rc;
+    zt__cfg_add_token(o, "pad_token_id", c->pad_token_id);
+    zt__cfg_add_token(o, "eos_token_id", c->eos_token_id);
+    zt__cfg_add_token(o, "decoder_start_token_id", c->decoder_start_token_id);
+    return zt__cfg_save(o, path, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
