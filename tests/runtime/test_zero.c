@@ -123,6 +123,8 @@ typedef struct job {
     bool grad_accum_host;   /* the middle micro-batches' gradients are added on the host */
     const char *stream_dir; /* state on disk, with save_dir: a checkpoint streamed from the records
                                (zt_engine_export_stream into zt_checkpoint_begin/put/finish) here too */
+    bool stream_load;       /* with load_dir: the checkpoint read into an engine created empty, tensor by tensor
+                               (zt_checkpoint_open into zt_engine_import_stream), not loaded into host arrays */
 } job;
 
 /* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
@@ -216,15 +218,36 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
         FAIL("%s", err.msg);
     zt_ckpt_state st;
     memset(&st, 0, sizeof st);
-    if (j->load_dir && zt_checkpoint_load(j->load_dir, fm, &full, &st, &err) < 0)
+    zt_ckpt_reader *reader = NULL;
+    if (j->load_dir && j->stream_load && zt_checkpoint_open(j->load_dir, fm, &full, &st, &reader, &err) < 0)
+        FAIL("rank %d: %s", rank, err.msg);
+    if (j->load_dir && !j->stream_load && zt_checkpoint_load(j->load_dir, fm, &full, &st, &err) < 0)
         FAIL("rank %d: %s", rank, err.msg);
     if (j->load_dir && st.step != j->first)
         FAIL("checkpoint is at step %lld, expected %d", (long long)st.step, j->first);
     zt_engine *e = NULL;
-    if (zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err) < 0)
+    if (zt_engine_create(&e, model, comm, &eo, reader ? NULL : zt_family_model_params(fm), &err) < 0)
         FAIL("%s", err.msg);
-    if (j->load_dir && zt_engine_import(e, zt_family_model_params(fm), full.m, full.v, &err) < 0)
+    if (reader) {
+        /* the engine's staging is this rank's masters, m and v of its largest block: 3 fp32 shards */
+        size_t S = 0;
+        for (int k = 0; k < model->nblocks; k++) {
+            const size_t padded = (model->block_len[k] + (size_t)j->W - 1) / (size_t)j->W * (size_t)j->W;
+            S = padded / (size_t)j->W > S ? padded / (size_t)j->W : S;
+        }
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (zt_engine_import_stream_bytes(e) != 12 * S || pl.import_stream_bytes != 12 * S)
+            FAIL("streamed import: %zu bytes of staging (plan %zu), expected %zu", zt_engine_import_stream_bytes(e),
+                 pl.import_stream_bytes, 12 * S);
+        /* nothing else holds the weights: the slab the engine was not created from reads as zeros */
+        zt_family_model_release_params(fm);
+        if (zt_engine_import_stream(e, zt_checkpoint_read, reader, &err) < 0)
+            FAIL("rank %d: %s", rank, err.msg);
+        zt_checkpoint_close(reader);
+    } else if (j->load_dir && zt_engine_import(e, zt_family_model_params(fm), full.m, full.v, &err) < 0) {
         FAIL("%s", err.msg);
+    }
     if (rank == 0)
         zt_engine_log_plan(e);
     int32_t tok[GB * T], tgt[GB * T];
@@ -867,6 +890,74 @@ static void test_streamed_checkpoint(void **state)
     remove_dir(dir);
 }
 
+/* A checkpoint read into the engine tensor by tensor (zt_checkpoint_open into zt_engine_import_stream, the
+ * engine created without a slab of initial weights): at W = 1 and 2, for the state where it lives in each layout
+ * (resident fp32 arrays; streamed weights with the state in host arrays; the moments, bf16 at W = 2, and a part
+ * of the masters on disk with the leading blocks' in RAM), a run stopped half way and resumed so continues on
+ * the losses of the run that did not stop, bit for bit, and writes the same final checkpoint, byte for byte;
+ * the engine's staging is three shards of a block. */
+static void test_streamed_load(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_sload_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char mdir[PATH_MAX];
+    snprintf(mdir, sizeof mdir, "%s/state", dir);
+    assert_int_equal(mkdir(mdir, 0700), 0);
+    for (int W = 1; W <= 2; W++)
+        for (int layout = 0; layout < 3; layout++) {
+            char whole_dir[PATH_MAX], half_dir[PATH_MAX], rest_dir[PATH_MAX], ckpt[PATH_MAX];
+            snprintf(whole_dir, sizeof whole_dir, "%s/whole%d%d", dir, W, layout);
+            snprintf(half_dir, sizeof half_dir, "%s/half%d%d", dir, W, layout);
+            snprintf(rest_dir, sizeof rest_dir, "%s/rest%d%d", dir, W, layout);
+            assert_int_equal(mkdir(whole_dir, 0755), 0);
+            assert_int_equal(mkdir(half_dir, 0755), 0);
+            assert_int_equal(mkdir(rest_dir, 0755), 0);
+            job jw = job_of(W);
+            if (layout >= 1)
+                jw.stream = true;
+            if (layout == 2) {
+                jw.bf16_moments = W == 2;
+                jw.moments_dir = mdir;
+                jw.moments_ram = 0.3;
+                jw.masters_disk = true;
+                jw.masters_ram = 0.5;
+            }
+            jw.save_dir = whole_dir;
+            float whole[STEPS], half[STEPS], rest[STEPS];
+            run(&jw, whole);
+            job jh = jw;
+            jh.last = STEPS / 2;
+            jh.save_dir = half_dir;
+            run(&jh, half);
+            zt_err err = {{0}};
+            assert_int_equal(zt_checkpoint_find(half_dir, ckpt, sizeof ckpt, &err), 0);
+            job jr = jw;
+            jr.first = STEPS / 2;
+            jr.load_dir = ckpt;
+            jr.stream_load = true;
+            jr.save_dir = rest_dir;
+            run(&jr, rest);
+            char what[64];
+            snprintf(what, sizeof what, "W=%d %s", W, layout == 0 ? "resident" : layout == 1 ? "streamed, state in RAM"
+                                                                                : "state on disk");
+            if (memcmp(half, whole, sizeof(float) * (STEPS / 2)) != 0 ||
+                memcmp(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2)) != 0)
+                fail_msg("%s: the resumed losses differ (last %.9g, %.9g without a stop)", what, rest[STEPS - STEPS / 2 - 1],
+                         whole[STEPS - 1]);
+            const char *files[2] = {"model.safetensors", "optim.safetensors"};
+            for (int f = 0; f < 2; f++) {
+                char a[PATH_MAX + 64], b[PATH_MAX + 64];
+                snprintf(a, sizeof a, "%s/ckpt_%06d/%s", whole_dir, STEPS, files[f]);
+                snprintf(b, sizeof b, "%s/ckpt_%06d/%s", rest_dir, STEPS, files[f]);
+                if (!same_file(a, b))
+                    fail_msg("%s: the resumed run's final %s differs", what, files[f]);
+            }
+            print_message("%s: resumed from a checkpoint read tensor by tensor, the same losses and files\n", what);
+        }
+    remove_dir(dir);
+}
+
 /* The gradient of the middle micro-batches added on the host (grad_accum_host) instead of the sum coming up:
  * the same bits as the device's additions with four micro-batches per step, W = 2 and 3 in whole blocks and
  * in pieces, W = 1 in pieces, and with the state on disk; and 4 bytes per element less up per middle
@@ -1290,6 +1381,7 @@ int main(void)
         cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_masters_on_disk),
         cmocka_unit_test(test_streamed_checkpoint),
+        cmocka_unit_test(test_streamed_load),
         cmocka_unit_test(test_grad_accum_on_host),
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
