@@ -71,6 +71,11 @@ const zt_st_tensor *zt_st_find(const zt_st_file *f, const char *name);
 /* The value of a "__metadata__" key, or NULL. */
 const char *zt_st_metadata(const zt_st_file *f, const char *key);
 
+/* Copies bytes [offset, offset + bytes) of tensor t of f (inside t->nbytes) into dst, then gives back the
+ * pages of the mapping that the copy touched (they are read from the file again if touched later), so that a
+ * file read piece by piece holds no more of it in memory than the piece being copied. */
+void zt_st_copy_out(const zt_st_file *f, const zt_st_tensor *t, size_t offset, void *dst, size_t bytes);
+
 /* Whether zt_st_element_f32 reads this dtype: F32, F16 and BF16 (the weight dtypes of Hugging Face
  * checkpoints; not F64 or the integer types). */
 bool zt_st_dtype_is_f32_readable(enum zt_dtype dtype);

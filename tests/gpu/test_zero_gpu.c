@@ -10,7 +10,9 @@
  * - the optimizer off the GPU (placement cpu: the host AdamW overlapping the next step) tracks placement
  *   gpu within bf16's tolerance, with grad_accum 1 and 2 and every layer checkpointed; and with part of
  *   its blocks updated on the GPU (--optimizer-gpu-fraction) it gives the same bits as with none;
- * - weights streamed from host memory give the bits of weights kept on the GPU (test_streamed_weights). */
+ * - weights streamed from host memory give the bits of weights kept on the GPU (test_streamed_weights);
+ * - a resume that reads its checkpoint into the engine tensor by tensor (state on disk, --host-mem) continues
+ *   on the bits of the run that did not stop (test_streamed_resume). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -433,6 +435,103 @@ static void test_host_mem(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The smallest --host-mem plan of c (with the settings engine_train_ok gives a run: ZeRO-3, every layer
+ * checkpointed, the host AdamW) from the refusal of a cap of 1 MiB, in MiB. */
+static long smallest_host_mem(const zt_train_config *c)
+{
+    zt_err err = {{0}};
+    zt_train_config probe = *c;
+    if (zt_train_config_set_flag(&probe, "--zero-level", "3", &err) != 0 ||
+        zt_train_config_set_flag(&probe, "--checkpointing", "all", &err) != 0 ||
+        zt_train_config_set_flag(&probe, "--optimizer", "cpu", &err) != 0 ||
+        zt_train_config_set_flag(&probe, "--host-mem", "1MiB", &err) != 0)
+        fail_msg("%s", err.msg);
+    zt_fixture_finish_config(&probe);
+    zt_train_result pr;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(zt_trainer_run(&probe, &pr, &err), ZT_ENOMEM);
+    printf("refusal: %s\n", err.msg);
+    const char *at = strstr(err.msg, "what would fit: --host-mem ");
+    assert_non_null(at);
+    zt_train_result_free(&pr);
+    return strtol(at + strlen("what would fit: --host-mem "), NULL, 10);
+}
+
+/* The settings of case k of test_streamed_resume on c (bf16, no clipping, gradients in pieces); cap: "" or
+ * the --host-mem of case 2. */
+static void streamed_resume_case(zt_train_config *c, int k, const char *mdir, const char *cap)
+{
+    zt_err err = {{0}};
+    c->grad_clip = 0.0;
+    c->grad_piece = 1000;
+    if ((k == 0 && (zt_train_config_set_flag(c, "--weights", "gpu", &err) != 0 ||
+                    zt_train_config_set_flag(c, "--host-mem", "64GiB", &err) != 0)) ||
+        (k >= 1 && (zt_train_config_set_flag(c, "--weights", "host", &err) != 0 ||
+                    zt_train_config_set_flag(c, "--moments-dir", mdir, &err) != 0)) ||
+        (k == 1 && zt_train_config_set_flag(c, "--adam-moments", "bf16", &err) != 0) ||
+        (k == 2 && cap[0] && zt_train_config_set_flag(c, "--host-mem", cap, &err) != 0))
+        fail_msg("%s", err.msg);
+}
+
+/* A resume that reads its checkpoint into the engine tensor by tensor (res.load_streamed) on the GPU: (0) the
+ * optimizer on the GPU under a --host-mem that holds everything (the device's arrays and the cast to bf16);
+ * (1) the host AdamW behind streamed weights with its bf16 moments on disk; (2) the same with fp32 moments and
+ * the fp32 masters on disk under the smallest cap plus 1 MiB (the compute-dtype copy made from the
+ * checkpoint). Stopped at step 10 and resumed, each gives the losses of its uninterrupted run from step 11 on
+ * and the same final weights, bit for bit. */
+static void test_streamed_resume(void **state)
+{
+    (void)state;
+    static const char *const placement[3] = {"gpu", "cpu", "cpu"};
+    char mdir[] = "/tmp/zt_gpu_sresume_XXXXXX";
+    assert_non_null(mkdtemp(mdir));
+    for (int k = 0; k < 3; k++) {
+        char full_out[32], split_out[32], cap[32] = "";
+        snprintf(full_out, sizeof full_out, "sr_full_%d", k);
+        snprintf(split_out, sizeof split_out, "sr_split_%d", k);
+        zt_train_config c;
+        zt_train_result full, a, b;
+        if (k == 2) {
+            /* a cap that the fresh run and the resumed one (which plans the checkpoint's reading) both fit */
+            base_config(&c, "sr_probe", "cuda", "bf16", 2);
+            streamed_resume_case(&c, k, mdir, cap);
+            snprintf(cap, sizeof cap, "%ldMiB", smallest_host_mem(&c) + 1);
+        }
+        base_config(&c, split_out, "cuda", "bf16", 2);
+        streamed_resume_case(&c, k, mdir, cap);
+        c.stop_at_step = 10;
+        engine_train_ok(&c, 3, "all", 1, placement[k], &a);
+        assert_true(a.interrupted);
+        if (k == 2) {
+            base_config(&c, split_out, "cuda", "bf16", 2);
+            streamed_resume_case(&c, k, mdir, "");
+            snprintf(c.resume, sizeof c.resume, "%s/%s", g_dir, split_out);
+            const long resumed = smallest_host_mem(&c), fresh = strtol(cap, NULL, 10) - 1;
+            snprintf(cap, sizeof cap, "%ldMiB", (resumed > fresh ? resumed : fresh) + 1);
+        }
+        base_config(&c, full_out, "cuda", "bf16", 2);
+        streamed_resume_case(&c, k, mdir, cap);
+        engine_train_ok(&c, 3, "all", 1, placement[k], &full);
+        base_config(&c, split_out, "cuda", "bf16", 2);
+        streamed_resume_case(&c, k, mdir, cap);
+        snprintf(c.resume, sizeof c.resume, "%s/%s", g_dir, split_out);
+        engine_train_ok(&c, 3, "all", 1, placement[k], &b);
+        assert_int_equal(b.start_step, 10);
+        assert_true(b.load_streamed);
+        char what[128];
+        snprintf(what, sizeof what, "case %d (--optimizer %s%s%s): streamed resume at 10 vs uninterrupted", k,
+                 placement[k], cap[0] ? ", --host-mem " : "", cap);
+        zt_gpu_fixture_same_losses(what, &b, &full, 11, STEPS);
+        expect_same_weights(full_out, split_out);
+        zt_train_result_free(&a);
+        zt_train_result_free(&b);
+        zt_train_result_free(&full);
+    }
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", mdir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     if (!zt_gpu_fixture_have_gpu())
@@ -450,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_host_optimizer_tracks_gpu),
         cmocka_unit_test(test_streamed_weights),
         cmocka_unit_test(test_host_mem),
+        cmocka_unit_test(test_streamed_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu_threads.h"
+#include "common/fileio.h"
 #include "worker/comm/comm.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/optimizer.h"
@@ -123,6 +124,8 @@ typedef struct job {
     bool grad_accum_host;   /* the middle micro-batches' gradients are added on the host */
     const char *stream_dir; /* state on disk, with save_dir: a checkpoint streamed from the records
                                (zt_engine_export_stream into zt_checkpoint_begin/put/finish) here too */
+    bool stream_load;       /* with load_dir: the checkpoint read into an engine created empty, tensor by tensor
+                               (zt_checkpoint_open into zt_engine_import_stream), not loaded into host arrays */
 } job;
 
 /* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
@@ -216,15 +219,36 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
         FAIL("%s", err.msg);
     zt_ckpt_state st;
     memset(&st, 0, sizeof st);
-    if (j->load_dir && zt_checkpoint_load(j->load_dir, fm, &full, &st, &err) < 0)
+    zt_ckpt_reader *reader = NULL;
+    if (j->load_dir && j->stream_load && zt_checkpoint_open(j->load_dir, fm, &full, &st, &reader, &err) < 0)
+        FAIL("rank %d: %s", rank, err.msg);
+    if (j->load_dir && !j->stream_load && zt_checkpoint_load(j->load_dir, fm, &full, &st, &err) < 0)
         FAIL("rank %d: %s", rank, err.msg);
     if (j->load_dir && st.step != j->first)
         FAIL("checkpoint is at step %lld, expected %d", (long long)st.step, j->first);
     zt_engine *e = NULL;
-    if (zt_engine_create(&e, model, comm, &eo, zt_family_model_params(fm), &err) < 0)
+    if (zt_engine_create(&e, model, comm, &eo, reader ? NULL : zt_family_model_params(fm), &err) < 0)
         FAIL("%s", err.msg);
-    if (j->load_dir && zt_engine_import(e, zt_family_model_params(fm), full.m, full.v, &err) < 0)
+    if (reader) {
+        /* the engine's staging is this rank's masters, m and v of its largest block: 3 fp32 shards */
+        size_t S = 0;
+        for (int k = 0; k < model->nblocks; k++) {
+            const size_t padded = (model->block_len[k] + (size_t)j->W - 1) / (size_t)j->W * (size_t)j->W;
+            S = padded / (size_t)j->W > S ? padded / (size_t)j->W : S;
+        }
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, j->W, &eo, &pl);
+        if (zt_engine_import_stream_bytes(e) != 12 * S || pl.import_stream_bytes != 12 * S)
+            FAIL("streamed import: %zu bytes of staging (plan %zu), expected %zu", zt_engine_import_stream_bytes(e),
+                 pl.import_stream_bytes, 12 * S);
+        /* nothing else holds the weights: the slab the engine was not created from reads as zeros */
+        zt_family_model_release_params(fm);
+        if (zt_engine_import_stream(e, zt_checkpoint_read, reader, &err) < 0)
+            FAIL("rank %d: %s", rank, err.msg);
+        zt_checkpoint_close(reader);
+    } else if (j->load_dir && zt_engine_import(e, zt_family_model_params(fm), full.m, full.v, &err) < 0) {
         FAIL("%s", err.msg);
+    }
     if (rank == 0)
         zt_engine_log_plan(e);
     int32_t tok[GB * T], tgt[GB * T];
@@ -867,6 +891,74 @@ static void test_streamed_checkpoint(void **state)
     remove_dir(dir);
 }
 
+/* A checkpoint read into the engine tensor by tensor (zt_checkpoint_open into zt_engine_import_stream, the
+ * engine created without a slab of initial weights): at W = 1 and 2, for the state where it lives in each layout
+ * (resident fp32 arrays; streamed weights with the state in host arrays; the moments, bf16 at W = 2, and a part
+ * of the masters on disk with the leading blocks' in RAM), a run stopped half way and resumed so continues on
+ * the losses of the run that did not stop, bit for bit, and writes the same final checkpoint, byte for byte;
+ * the engine's staging is three shards of a block. */
+static void test_streamed_load(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_sload_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char mdir[PATH_MAX];
+    snprintf(mdir, sizeof mdir, "%s/state", dir);
+    assert_int_equal(mkdir(mdir, 0700), 0);
+    for (int W = 1; W <= 2; W++)
+        for (int layout = 0; layout < 3; layout++) {
+            char whole_dir[PATH_MAX], half_dir[PATH_MAX], rest_dir[PATH_MAX], ckpt[PATH_MAX];
+            snprintf(whole_dir, sizeof whole_dir, "%s/whole%d%d", dir, W, layout);
+            snprintf(half_dir, sizeof half_dir, "%s/half%d%d", dir, W, layout);
+            snprintf(rest_dir, sizeof rest_dir, "%s/rest%d%d", dir, W, layout);
+            assert_int_equal(mkdir(whole_dir, 0755), 0);
+            assert_int_equal(mkdir(half_dir, 0755), 0);
+            assert_int_equal(mkdir(rest_dir, 0755), 0);
+            job jw = job_of(W);
+            if (layout >= 1)
+                jw.stream = true;
+            if (layout == 2) {
+                jw.bf16_moments = W == 2;
+                jw.moments_dir = mdir;
+                jw.moments_ram = 0.3;
+                jw.masters_disk = true;
+                jw.masters_ram = 0.5;
+            }
+            jw.save_dir = whole_dir;
+            float whole[STEPS], half[STEPS], rest[STEPS];
+            run(&jw, whole);
+            job jh = jw;
+            jh.last = STEPS / 2;
+            jh.save_dir = half_dir;
+            run(&jh, half);
+            zt_err err = {{0}};
+            assert_int_equal(zt_checkpoint_find(half_dir, ckpt, sizeof ckpt, &err), 0);
+            job jr = jw;
+            jr.first = STEPS / 2;
+            jr.load_dir = ckpt;
+            jr.stream_load = true;
+            jr.save_dir = rest_dir;
+            run(&jr, rest);
+            char what[64];
+            snprintf(what, sizeof what, "W=%d %s", W, layout == 0 ? "resident" : layout == 1 ? "streamed, state in RAM"
+                                                                                : "state on disk");
+            if (memcmp(half, whole, sizeof(float) * (STEPS / 2)) != 0 ||
+                memcmp(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2)) != 0)
+                fail_msg("%s: the resumed losses differ (last %.9g, %.9g without a stop)", what, rest[STEPS - STEPS / 2 - 1],
+                         whole[STEPS - 1]);
+            const char *files[2] = {"model.safetensors", "optim.safetensors"};
+            for (int f = 0; f < 2; f++) {
+                char a[PATH_MAX + 64], b[PATH_MAX + 64];
+                snprintf(a, sizeof a, "%s/ckpt_%06d/%s", whole_dir, STEPS, files[f]);
+                snprintf(b, sizeof b, "%s/ckpt_%06d/%s", rest_dir, STEPS, files[f]);
+                if (!same_file(a, b))
+                    fail_msg("%s: the resumed run's final %s differs", what, files[f]);
+            }
+            print_message("%s: resumed from a checkpoint read tensor by tensor, the same losses and files\n", what);
+        }
+    remove_dir(dir);
+}
+
 /* The gradient of the middle micro-batches added on the host (grad_accum_host) instead of the sum coming up:
  * the same bits as the device's additions with four micro-batches per step, W = 2 and 3 in whole blocks and
  * in pieces, W = 1 in pieces, and with the state on disk; and 4 bytes per element less up per middle
@@ -1251,6 +1343,179 @@ static void test_train_under_host_mem(void **state)
     remove_dir(dir);
 }
 
+/* The host price of the trainer's plan of cfg's model at W ranks (rank 0), state on disk in sdir, with the fp32
+ * masters in RAM (price[0]) and on disk too (price[1]), as plan_cpu_host counts it for a resume: the engine, the
+ * host model, and the larger of the checkpoint's streamed staging and the streamed load's. */
+static void resume_prices(const zt_train_config *cfg, int W, const char *sdir, uint64_t price[2])
+{
+    zt_err err = {{0}};
+    zt_family_model *fm = NULL;
+    assert_int_equal(zt_family_model_create(&fm, &cfg->model, (int)cfg->batch_size / W, (int)cfg->seq_len, 7, &err), 0);
+    bool ck[8] = {false};
+    zt_model *model = NULL;
+    assert_int_equal(zt_family_model_cpu(&model, fm, (int)cfg->grad_accum, ck, &err), 0);
+    const uint64_t P = zt_family_model_num_params(fm);
+    for (int masters = 0; masters <= 1; masters++) {
+        zt_engine_options eo;
+        zt_engine_options_init(&eo);
+        eo.grad_accum = (int)cfg->grad_accum;
+        eo.stream = true;
+        eo.moments_dir = sdir;
+        eo.masters_disk = masters;
+        zt_engine_plan pl;
+        zt_engine_plan_for(model, W, &eo, &pl);
+        const uint64_t save = pl.export_stream_bytes + zt_checkpoint_stream_bytes(fm);
+        const uint64_t load = pl.import_stream_bytes + zt_checkpoint_read_bytes(fm);
+        assert_true(pl.import_stream_bytes > 0 && load < 12 * P / 3); /* a block's shards, not 12 B a parameter */
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + (save > load ? save : load);
+    }
+    model->ops->destroy(model);
+    zt_family_model_destroy(fm);
+}
+
+/* A file's bytes (NULL when it cannot be read; free them). */
+static char *file_bytes(const char *path, size_t *n)
+{
+    char *b = NULL;
+    zt_err err;
+    return zt_read_file(path, &b, n, &err) == 0 ? b : NULL;
+}
+
+/* The trainer's resume under --host-mem, W = 1 and 2: a run with its moments and masters on disk, stopped at
+ * step 3 and resumed from its streamed checkpoint, reads that checkpoint into the engine tensor by tensor
+ * (res.load_streamed, the plan inside the cap) and gives the losses and the final checkpoint of the run that
+ * did not stop, bit for bit; so does a run with its state in RAM, which loads its checkpoint into host arrays
+ * as before. A corrupt checkpoint is refused (ZT_ECHECKSUM) before anything is touched: the run directory's
+ * files and the records on disk are as they were. */
+static void test_resume_under_host_mem(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_rhm_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uint16_t toks[4096];
+    for (int i = 0; i < 4096; i++)
+        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
+    char shard[256], sdir[256];
+    snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
+    snprintf(sdir, sizeof sdir, "%s/state", dir);
+    assert_int_equal(mkdir(sdir, 0700), 0);
+    zt_err err = {{0}};
+    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    zt_train_config base;
+    zt_train_config_init(&base);
+    zt_family_config_default(&base.model);
+    *ZT_GPT2_CONFIG(&base.model) = tiny_config();
+    ZT_GPT2_CONFIG(&base.model)->n_layer = 6;
+    ZT_GPT2_CONFIG(&base.model)->n_embd = 64;
+    base.model_loaded = true;
+    snprintf(base.train_data, sizeof base.train_data, "%s", shard);
+    base.steps = 6;
+    base.batch_size = 4;
+    base.seq_len = 8;
+    base.grad_accum = 2;
+    base.lr = 1e-2;
+    base.threads = 1;
+    base.log_every = 3;
+    base.schedule = ZT_SCHEDULE_NODECAY; /* the number of steps does not change the learning rates */
+    assert_int_equal(zt_train_config_resolve(&base, &err), 0);
+    const char *files[2] = {"model.safetensors", "optim.safetensors"};
+    for (int W = 1; W <= 2; W++)
+        for (int capped = 0; capped <= 1; capped++) {
+            zt_train_config whole = base;
+            if (capped) {
+                uint64_t price[2];
+                snprintf(whole.moments_dir, sizeof whole.moments_dir, "%s", sdir);
+                resume_prices(&whole, W, sdir, price);
+                assert_true(price[1] + 4096 < price[0]);
+                whole.host_mem = (price[0] + price[1]) / 2; /* the masters must go to disk */
+            }
+            snprintf(whole.out_dir, sizeof whole.out_dir, "%s/whole%d%d", dir, W, capped);
+            float all[6], first[3], rest[3];
+            zt_fixture_train_ranks(&whole, W, all, 6, NULL);
+            zt_train_config half = whole;
+            half.steps = 3;
+            snprintf(half.out_dir, sizeof half.out_dir, "%s/resumed%d%d", dir, W, capped);
+            zt_fixture_train_ranks(&half, W, first, 3, NULL);
+            half.steps = 6;
+            snprintf(half.resume, sizeof half.resume, "%s", half.out_dir);
+            if (W == 1) {
+                /* in this process: the result says how the checkpoint was read */
+                zt_train_result res;
+                zt_fixture_train_ok(&half, &res);
+                assert_int_equal(res.load_streamed, capped);
+                memcpy(rest, res.losses, sizeof rest);
+                zt_train_result_free(&res);
+            } else {
+                zt_fixture_train_ranks(&half, W, rest, 3, NULL);
+            }
+            assert_memory_equal(first, all, sizeof first);
+            assert_memory_equal(rest, all + 3, sizeof rest);
+            for (int f = 0; f < 2; f++) {
+                char a[PATH_MAX + 64], b[PATH_MAX + 64];
+                snprintf(a, sizeof a, "%s/ckpt_000006/%s", half.out_dir, files[f]);
+                snprintf(b, sizeof b, "%s/ckpt_000006/%s", whole.out_dir, files[f]);
+                assert_true(same_file(a, b));
+            }
+            print_message("W=%d %s: resumed at step 3 on the bits of the run that did not stop\n", W,
+                          capped ? "under --host-mem, state on disk (streamed load)" : "state in RAM (loaded whole)");
+        }
+
+    /* a corrupt checkpoint under the cap, W = 1: refused, and nothing in the run directory or the records changed */
+    zt_train_config c = base;
+    snprintf(c.moments_dir, sizeof c.moments_dir, "%s", sdir);
+    uint64_t price[2];
+    resume_prices(&c, 1, sdir, price);
+    c.host_mem = (price[0] + price[1]) / 2;
+    snprintf(c.out_dir, sizeof c.out_dir, "%s/resumed11", dir);
+    snprintf(c.resume, sizeof c.resume, "%s/resumed11/ckpt_000006", dir);
+    c.steps = 8;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/resumed11/ckpt_000006/optim.safetensors", dir);
+    size_t n = 0;
+    char *bytes = file_bytes(path, &n);
+    assert_non_null(bytes);
+    bytes[n - 8] ^= 0x01;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    const char *kept[3] = {"latest", "metrics.jsonl", "config.json"};
+    char *before[3];
+    size_t lens[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/resumed11/%s", dir, kept[i]);
+        assert_non_null(before[i] = file_bytes(path, &lens[i]));
+    }
+    /* the records: an engine that started would have replaced them (the folder's time changes) */
+    snprintf(path, sizeof path, "%s/rank0", sdir);
+    const uint64_t records = dir_bytes(path);
+    struct stat rst;
+    assert_int_equal(stat(path, &rst), 0);
+    zt_train_result res;
+    const int rc = zt_trainer_run(&c, &res, &err);
+    print_message("corrupt checkpoint: %d, %s\n", rc, err.msg);
+    assert_int_equal(rc, ZT_ECHECKSUM);
+    assert_non_null(strstr(err.msg, "optim.safetensors"));
+    zt_train_result_free(&res);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/resumed11/%s", dir, kept[i]);
+        size_t len = 0;
+        char *now = file_bytes(path, &len);
+        assert_non_null(now);
+        assert_int_equal(len, lens[i]);
+        assert_memory_equal(now, before[i], len);
+        free(now);
+        free(before[i]);
+    }
+    snprintf(path, sizeof path, "%s/rank0", sdir);
+    struct stat rnow;
+    assert_int_equal(stat(path, &rnow), 0);
+    assert_int_equal(dir_bytes(path), records);
+    assert_true(rnow.st_mtim.tv_sec == rst.st_mtim.tv_sec && rnow.st_mtim.tv_nsec == rst.st_mtim.tv_nsec);
+    free(bytes);
+    remove_dir(dir);
+}
+
 /* Every setting that changes the math or the protocol of a step changes the config hash that the
  * rendezvous compares; the addresses of the state servers (which differ between hosts) do not. */
 static void test_config_hash_covers_runtime_settings(void **state)
@@ -1290,11 +1555,13 @@ int main(void)
         cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_masters_on_disk),
         cmocka_unit_test(test_streamed_checkpoint),
+        cmocka_unit_test(test_streamed_load),
         cmocka_unit_test(test_grad_accum_on_host),
         cmocka_unit_test(test_release_host_params),
         cmocka_unit_test(test_resume_at_other_world_sizes),
         cmocka_unit_test(test_train_loop_matches_trainer),
         cmocka_unit_test(test_train_under_host_mem),
+        cmocka_unit_test(test_resume_under_host_mem),
         cmocka_unit_test(test_config_hash_covers_runtime_settings),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

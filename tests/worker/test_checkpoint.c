@@ -7,7 +7,9 @@
  * tensors in pieces, holds the bytes of zt_checkpoint_save's for GPT-2 (Conv1D weights transposed for the
  * files) and GPT-NeoX (q, k, v rows reordered), with a staging of its largest such tensor; under a file size
  * limit it fails at begin, naming the file, and leaves nothing behind; a transformed tensor in part is
- * refused. */
+ * refused. A checkpoint read tensor by tensor (zt_checkpoint_open/read), in pieces and in any order, gives the
+ * values zt_checkpoint_load gives for both families, through a staging of two such tensors; a corrupt or
+ * truncated file, or another model's config, is refused at open with nothing handed out or changed. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -304,11 +306,151 @@ static void test_streamed_equals_gathered(void **state)
     }
 }
 
+/* Writes bytes into path (replacing it). */
+static void put_file(const char *path, const char *bytes, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Opening ckpt for model fails with code `want` and a message holding `says`; the reader, the state and the
+ * optimizer's counters are left as they were. */
+static void open_refused(const char *ckpt, const zt_family_model *model, int want, const char *says)
+{
+    zt_err err = {{0}};
+    zt_optimizer opt;
+    memset(&opt, 0, sizeof opt);
+    opt.adam_step = 77;
+    zt_ckpt_state st;
+    memset(&st, 0, sizeof st);
+    st.step = 99;
+    zt_ckpt_reader *r = (zt_ckpt_reader *)&st; /* not NULL: open must clear it */
+    const int rc = zt_checkpoint_open(ckpt, model, &opt, &st, &r, &err);
+    print_message("refused (%d): %s\n", rc, err.msg);
+    assert_int_equal(rc, want);
+    assert_null(r);
+    assert_non_null(strstr(err.msg, says));
+    assert_int_equal(st.step, 99);
+    assert_int_equal(opt.adam_step, 77);
+}
+
+static void test_streamed_read(void **state)
+{
+    (void)state;
+    const char *families[2] = {
+        "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"n_positions\": 8, "
+        "\"vocab_size\": 40}",
+        "{\"model_type\": \"gpt_neox\", \"hidden_size\": 24, \"num_attention_heads\": 3, \"num_hidden_layers\": 2, "
+        "\"intermediate_size\": 20, \"vocab_size\": 50, \"max_position_embeddings\": 16}",
+    };
+    for (int fam = 0; fam < 2; fam++) {
+        zt_family_model *model = NULL, *loaded = NULL, *target = NULL;
+        zt_train_config cfg;
+        make_model(families[fam], &model, &cfg);
+        make_model(families[fam], &loaded, &cfg);
+        make_model(families[fam], &target, &cfg);
+        zt_err err = {{0}};
+        const size_t n = zt_family_model_num_params(model);
+        zt_optimizer opt, back;
+        assert_int_equal(zt_optimizer_init(&opt, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+        assert_int_equal(zt_optimizer_init(&back, n, 0.9, 0.95, 1e-8, 0.1, 1.0, &err), 0);
+        float *p = zt_family_model_params(model);
+        for (size_t i = 0; i < n; i++) {
+            p[i] = (float)((i * 37) % 101) * 0.01f - 0.5f;
+            opt.m[i] = (float)i * 1e-3f - 0.5f;
+            opt.v[i] = (float)i * 1e-6f;
+        }
+        char run[300], ckpt[400];
+        snprintf(run, sizeof run, "%s/read%d", g_dir, fam);
+        assert_int_equal(zt_mkdir_p(run, &err), 0);
+        save(run, model, &opt, &cfg, 3, 1, &err);
+        snprintf(ckpt, sizeof ckpt, "%s/ckpt_000003", run);
+        zt_ckpt_state want, got;
+        if (zt_checkpoint_load(ckpt, loaded, &back, &want, &err) != 0)
+            fail_msg("%s", err.msg);
+
+        zt_optimizer counters;
+        memset(&counters, 0, sizeof counters);
+        zt_ckpt_reader *r = NULL;
+        if (zt_checkpoint_open(ckpt, target, &counters, &got, &r, &err) != 0)
+            fail_msg("%s", err.msg);
+        assert_memory_equal(&got, &want, sizeof got);
+        assert_int_equal(counters.adam_step, back.adam_step);
+        assert_int_equal(zt_checkpoint_read_bytes(target), 2 * zt_checkpoint_stream_bytes(target));
+        /* tensors last to first, each in pieces of 5 elements from its end: transformed ones are read whole once */
+        float *xp = calloc(n, sizeof(float)), *xm = calloc(n, sizeof(float)), *xv = calloc(n, sizeof(float));
+        for (int i = zt_family_model_num_tensors(target) - 1; i >= 0; i--) {
+            const zt_param_info *t = zt_family_model_tensor(target, i);
+            for (size_t done = 0; done < t->numel;) {
+                const size_t k = t->numel - done > 5 ? 5 : t->numel - done;
+                const size_t o = t->offset + t->numel - done - k;
+                if (zt_checkpoint_read(r, o, k, xp + o, xm + o, xv + o, &err) != 0)
+                    fail_msg("%s", err.msg);
+                done += k;
+            }
+        }
+        zt_checkpoint_close(r);
+        assert_memory_equal(xp, zt_family_model_params(loaded), n * sizeof(float));
+        assert_memory_equal(xp, p, n * sizeof(float));
+        assert_memory_equal(xm, back.m, n * sizeof(float));
+        assert_memory_equal(xv, back.v, n * sizeof(float));
+        print_message("%s: read in pieces, the values of zt_checkpoint_load (staging %zu bytes)\n",
+                      fam ? "GPT-NeoX" : "GPT-2", zt_checkpoint_read_bytes(target));
+
+        /* a byte changed in optim.safetensors, model.safetensors cut short: refused, then usable again */
+        const char *names[2] = {"optim.safetensors", "model.safetensors"};
+        for (int f = 0; f < 2; f++) {
+            char path[500];
+            snprintf(path, sizeof path, "%s/%s", ckpt, names[f]);
+            char *bytes = NULL;
+            size_t len = 0;
+            assert_int_equal(zt_read_file(path, &bytes, &len, &err), 0);
+            if (f == 0) {
+                bytes[len / 2] ^= 0x10;
+                put_file(path, bytes, len);
+                bytes[len / 2] ^= 0x10;
+            } else {
+                put_file(path, bytes, len - 100);
+            }
+            open_refused(ckpt, target, ZT_ECHECKSUM, names[f]);
+            put_file(path, bytes, len);
+            free(bytes);
+        }
+        assert_int_equal(zt_checkpoint_open(ckpt, target, NULL, &got, &r, &err), 0);
+        zt_checkpoint_close(r);
+
+        /* another model: the field that differs is named */
+        zt_family_model *other = NULL;
+        zt_train_config ocfg;
+        char json[400];
+        snprintf(json, sizeof json, "%s", families[fam]);
+        const char *key = fam ? "\"num_hidden_layers\": " : "\"n_layer\": ";
+        char *at = strstr(json, key);
+        assert_non_null(at);
+        at[strlen(key)] = '3'; /* 2 layers become 3 */
+        make_model(json, &other, &ocfg);
+        open_refused(ckpt, other, ZT_EMISMATCH, fam ? "num_hidden_layers" : "n_layer");
+        zt_family_model_destroy(other);
+
+        free(xp);
+        free(xm);
+        free(xv);
+        zt_optimizer_free(&opt);
+        zt_optimizer_free(&back);
+        zt_family_model_destroy(model);
+        zt_family_model_destroy(loaded);
+        zt_family_model_destroy(target);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_save_with_disk_full, setup, teardown),
         cmocka_unit_test_setup_teardown(test_streamed_equals_gathered, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_streamed_read, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -550,6 +550,7 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->moments_ram_blocks = e->home == ZT__OPT_HOST && e->moments_dir[0] ? e->mram_blocks : e->nb;
     plan->shard_elems = e->nshard;
     plan->export_stream_bytes = zt_engine_export_stream_bytes(e);
+    plan->import_stream_bytes = zt_engine_import_stream_bytes(e);
     free(e->blocks);
     free(e->slots);
     free(e->pieces);
@@ -626,7 +627,7 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
     if ((e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER) && (rc = zt__host_opt_create(e, err)) < 0)
         goto fail;
     e->releasing = o->release_host_params; /* the weights' import gives their pages back as it goes */
-    rc = zt_engine_import(e, host_params, NULL, NULL, err);
+    rc = host_params ? zt_engine_import(e, host_params, NULL, NULL, err) : 0; /* NULL: zeros, as allocated */
     e->releasing = false;
     if (rc < 0 || (rc = lock_late_host(e, err)) < 0)
         goto fail;
@@ -1844,6 +1845,26 @@ static void release_block_source(const zt_engine *e, int b, const float *slab)
     }
 }
 
+/* This rank's fp32 shard of block b (src, S_b floats) into its place in a shard slab (device or host; fp32, or
+ * bf16 moments in host memory, rounded to nearest). */
+static void shard_into(zt_engine *e, int b, const float *src, void *field, enum zt_dtype fdt, bool on_device)
+{
+    const zt__block *k = &e->blocks[b];
+    if (fdt == ZT_DTYPE_BF16) {
+        ZT_ASSERT(!on_device || !e->dev->gpu); /* bf16 moments live in host memory */
+        zt_err cerr;
+        int rc = zt_cpu_adam_convert((uint16_t *)field + k->shard_off, ZT_DTYPE_BF16, src, k->shard, e->o.threads,
+                                     &cerr);
+        ZT_ASSERT(rc == 0); /* bf16 is a supported dtype */
+        (void)rc;
+    } else if (on_device) {
+        e->dev->copy((float *)field + k->shard_off, src, k->shard * 4, e->cs);
+        e->dev->stream_sync(e->cs);
+    } else {
+        memcpy((float *)field + k->shard_off, src, k->shard * 4);
+    }
+}
+
 /* Copies this rank's shard of blocks [0, upto) of a host-layout slab into a shard slab (device or host; fp32,
  * or bf16 moments in host memory, rounded to nearest). */
 static void import_blocks(zt_engine *e, const float *slab, void *field, enum zt_dtype fdt, bool on_device, int upto)
@@ -1857,20 +1878,7 @@ static void import_blocks(zt_engine *e, const float *slab, void *field, enum zt_
             memset(stage, 0, k->padded * sizeof(float));
         if (slab && e->releasing)
             release_block_source(e, b, slab);
-        const float *src = stage + (size_t)e->rank * k->shard;
-        if (fdt == ZT_DTYPE_BF16) {
-            ZT_ASSERT(!on_device || !e->dev->gpu); /* bf16 moments live in host memory */
-            zt_err cerr;
-            int rc = zt_cpu_adam_convert((uint16_t *)field + k->shard_off, ZT_DTYPE_BF16, src, k->shard, e->o.threads,
-                                         &cerr);
-            ZT_ASSERT(rc == 0); /* bf16 is a supported dtype */
-            (void)rc;
-        } else if (on_device) {
-            e->dev->copy((float *)field + k->shard_off, src, k->shard * 4, e->cs);
-            e->dev->stream_sync(e->cs);
-        } else {
-            memcpy((float *)field + k->shard_off, src, k->shard * 4);
-        }
+        shard_into(e, b, stage + (size_t)e->rank * k->shard, field, fdt, on_device);
     }
     free(stage);
 }
@@ -2006,6 +2014,102 @@ int zt_engine_import(zt_engine *e, const float *params, const float *m, const fl
         import_field(e, m, e->h_m, e->o.moment_dtype, false);
         import_field(e, v, e->h_v, e->o.moment_dtype, false);
     }
+    return refresh_weights_from_host(e, e->h_master, err);
+}
+
+/* ---- the training state from a source, block by block ---- */
+
+/* Whether zt_engine_import_stream applies: the state is the engine's own (not the servers'). */
+static bool streams_import(const zt_engine *e)
+{
+    return e->home != ZT__OPT_SERVER;
+}
+
+size_t zt_engine_import_stream_bytes(const zt_engine *e)
+{
+    return streams_import(e) ? 3 * 4 * max_shard(e) : 0;
+}
+
+/* Block b's shard of the masters, m and v (fp32, S_b each) where the state lives; see import_disk_state and
+ * zt_engine_import, which put a whole slab's there the same way. */
+static int import_block_shard(zt_engine *e, int b, float *const own[3], zt_err *err)
+{
+    if (e->home == ZT__OPT_DEVICE) {
+        shard_into(e, b, own[0], e->master, ZT_DTYPE_F32, e->dev->gpu);
+        shard_into(e, b, own[1], e->m, e->o.moment_dtype, e->dev->gpu);
+        shard_into(e, b, own[2], e->v, e->o.moment_dtype, e->dev->gpu);
+        return 0;
+    }
+    const zt__block *k = &e->blocks[b];
+    if (!zt__mdisk_has_master(e, b)) {
+        memcpy(e->h_master + k->shard_off, own[0], k->shard * 4);
+    } else {
+        /* masters in the record: their compute-dtype copy, which the passes read, is made here */
+        void *lowp = (char *)e->h_lowp + k->shard_off * e->esize;
+        int rc = 0;
+        if (e->dtype == ZT_DTYPE_F32)
+            memcpy(lowp, own[0], k->shard * 4);
+        else if ((rc = zt_cpu_adam_convert(lowp, e->dtype, own[0], k->shard, e->o.threads, err)) < 0)
+            return rc;
+    }
+    if (zt__mdisk_has(e, b))
+        return zt__mdisk_store(e, b, own[0], own[1], own[2], err);
+    for (int i = 0; i < 2; i++) {
+        void *dst = (char *)(i == 0 ? e->h_m : e->h_v) + k->shard_off * e->msize;
+        int rc = zt_cpu_adam_convert(dst, e->o.moment_dtype, own[1 + i], k->shard, e->o.threads, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The state from a source, block by block, this rank's shards only; see engine.h. */
+int zt_engine_import_stream(zt_engine *e, zt_engine_state_source source, void *ctx, zt_err *err)
+{
+    if (!streams_import(e))
+        return zt_fail(err, ZT_EUNSUPPORTED, "zt_engine_import_stream: with placement server the state goes to the "
+                       "servers through zt_engine_import and zt_engine_attach_server");
+    int rc = settle(e, err);
+    if (rc < 0)
+        return rc;
+    invalidate_window(e);
+    const size_t S = max_shard(e);
+    float *own[3];
+    for (int i = 0; i < 3; i++)
+        own[i] = zt_xmalloc((S ? S : 1) * sizeof(float));
+    const zt_model *md = e->model;
+    for (int b = 0; b < e->nb && rc == 0; b++) {
+        const zt__block *k = &e->blocks[b];
+        for (int i = 0; i < 3; i++)
+            memset(own[i], 0, k->shard * sizeof(float)); /* padding, and the rows a tensor pads (len > numel) */
+        const size_t s_lo = (size_t)e->rank * k->shard, s_hi = s_lo + k->shard;
+        for (int i = 0; i < md->ntensors && rc == 0; i++) {
+            const zt_model_tensor *t = &md->tensors[i];
+            if (t->block != b)
+                continue;
+            const size_t t_lo = t->offset - md->block_offset[b], t_hi = t_lo + t->numel;
+            const size_t lo = t_lo > s_lo ? t_lo : s_lo, hi = t_hi < s_hi ? t_hi : s_hi;
+            if (lo >= hi)
+                continue;
+            const size_t at = lo - s_lo;
+            rc = source(ctx, t->host_offset + (lo - t_lo), hi - lo, own[0] + at, own[1] + at, own[2] + at, err);
+        }
+        if (rc == 0)
+            rc = import_block_shard(e, b, own, err);
+    }
+    for (int i = 0; i < 3; i++)
+        free(own[i]);
+    if (rc < 0)
+        return rc;
+    if (e->home == ZT__OPT_DEVICE) {
+        if (e->wshard != e->master)
+            e->dev->cast(e->wshard, e->dtype, e->master, e->nshard, e->cs);
+        if (e->dev->gpu)
+            e->dev->stream_sync(e->cs);
+        return 0;
+    }
+    e->h_moments_zero = false;
+    sync_resident(e, false);
     return refresh_weights_from_host(e, e->h_master, err);
 }
 

@@ -122,7 +122,9 @@ void zt_engine_options_init(zt_engine_options *o);
 /* Creates the engine for model over comm: lays out the padded shards, allocates every buffer the plan
  * holds (refusing with ZT_ENOMEM and what to change when it does not fit), and takes this rank's shards of
  * host_params (the host model's slab, model->host_numel floats, the same on every rank) as the initial
- * fp32 masters; m and v start at zero. With placement server, call zt_engine_attach_server before the
+ * fp32 masters; m and v start at zero. host_params NULL takes nothing: the state is zeros until
+ * zt_engine_import or zt_engine_import_stream fills it (a resume that streams its checkpoint, so that no slab
+ * of the model's size is needed). With placement server, call zt_engine_attach_server before the
  * first step. Borrows model and comm for its lifetime. Not a collective. */
 int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_engine_options *o,
                      const float *host_params, zt_err *err);
@@ -145,6 +147,8 @@ typedef struct zt_engine_plan {
     bool grad_accum_host;     /* the middle micro-batches' gradients are added on the host (grad_accum_host applies) */
     size_t export_stream_bytes; /* host bytes zt_engine_export_stream holds while a checkpoint is written (state on
                                    disk), not in host_bytes; 0 where it does not apply */
+    size_t import_stream_bytes; /* host bytes zt_engine_import_stream holds while a checkpoint is read, not in
+                                   host_bytes; 0 where it does not apply (placement server) */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 
@@ -225,6 +229,23 @@ int zt_engine_export_grads(zt_engine *e, float *grads, zt_err *err);
  * embedded core receives them (remote servers keep their own state: call zt_engine_attach_server with
  * the step to pull theirs). Not a collective. */
 int zt_engine_import(zt_engine *e, const float *params, const float *m, const float *v, zt_err *err);
+
+/* Fills one range of the state for zt_engine_import_stream: elements [host_offset, host_offset + numel) of the
+ * host model's slab (inside one model tensor) of the masters, m and v, written into the arrays given (numel
+ * floats each, the engine's). Returns 0 or a negative code with a message, which stops the import. */
+typedef int (*zt_engine_state_source)(void *ctx, size_t host_offset, size_t numel, float *params, float *m, float *v,
+                                      zt_err *err);
+
+/* zt_engine_import of a whole state without host arrays of the model's size: block by block, this rank asks
+ * source for the parts of the block's tensors inside its own shard only, and puts them where the state lives
+ * (the device or host arrays, the records on disk with their compute-dtype copy, the GPU's resident blocks),
+ * then refreshes the low-precision weights. The host holds zt_engine_import_stream_bytes beside the engine's
+ * buffers (this rank's masters, m and v of one block). Every rank reads for itself: not a collective. When a
+ * source fails part of the state is already replaced: check the source first (zt_checkpoint_open verifies the
+ * whole checkpoint before it hands out a value) and do not train on an engine whose import failed.
+ * ZT_EUNSUPPORTED with placement server (zt_engine_import). */
+int zt_engine_import_stream(zt_engine *e, zt_engine_state_source source, void *ctx, zt_err *err);
+size_t zt_engine_import_stream_bytes(const zt_engine *e);
 
 /* Placement server: registers the run with the engine's layout (W shards of every block, the tensors'
  * weight decay, AdamW from the options, the compute dtype for pulls), then

@@ -268,6 +268,11 @@ bool zt_family_model_export_values(const zt_family_model *m, int i, const float 
     return zt__host_export_values(m->def, m->host, i, src, dst);
 }
 
+bool zt_family_model_import_values(const zt_family_model *m, int i, const float *src, float *dst)
+{
+    return zt__host_import_values(m->def, m->host, i, src, dst);
+}
+
 size_t zt_family_model_export_staging(const zt_family_model *m)
 {
     return zt__host_export_staging(m->def, m->host);

@@ -206,6 +206,9 @@ int zt_family_model_export(const zt_family_model *m, const char *path, zt_err *e
 void zt_family_model_export_layout(const zt_family_model *m, int i, char *name, size_t cap, int64_t shape[2]);
 bool zt_family_model_export_values(const zt_family_model *m, int i, const float *src, float *dst);
 size_t zt_family_model_export_staging(const zt_family_model *m);
+/* The reverse for reading such files tensor by tensor: tensor i's values from the files' layout (src, numel)
+ * into the table's (dst, numel floats) and true, or false (the files hold the table's layout, dst untouched). */
+bool zt_family_model_import_values(const zt_family_model *m, int i, const float *src, float *dst);
 /* The sharded form into dir (model-0000i-of-0000n.safetensors and model.safetensors.index.json, shards of at
  * most max_shard_bytes; one model.safetensors when everything fits). */
 int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, size_t max_shard_bytes, zt_err *err);

@@ -45,6 +45,20 @@ bool zt__host_export_values(const zt_family_def *def, const void *m, int i, cons
     return def->hf->reorder && def->hf->reorder(m, i, src, dst, true);
 }
 
+/* Tensor i's values from the files' layout into the table's; see host_io.h. */
+bool zt__host_import_values(const zt_family_def *def, const void *m, int i, const float *src, float *dst)
+{
+    const zt_param_info *t = def->tensor(m, i);
+    if (t->transposed_in_hf) {
+        const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; the file's [in, out] */
+        for (size_t o = 0; o < rows; o++)
+            for (size_t k = 0; k < cols; k++)
+                dst[o * cols + k] = src[k * rows + o];
+        return true;
+    }
+    return def->hf->reorder && def->hf->reorder(m, i, src, dst, false);
+}
+
 /* The most elements zt__host_export_values may write; see host_io.h. */
 size_t zt__host_export_staging(const zt_family_def *def, const void *m)
 {

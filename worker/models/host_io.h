@@ -70,6 +70,10 @@ void zt__host_export_layout(const struct zt_family_def *def, const void *m, int 
                             int64_t shape[2]);
 bool zt__host_export_values(const struct zt_family_def *def, const void *m, int i, const float *src, float *dst);
 size_t zt__host_export_staging(const struct zt_family_def *def, const void *m);
+/* The reverse of zt__host_export_values, for a checkpoint read tensor by tensor: tensor i's values in the files'
+ * layout (src, numel) into the table's (dst, numel floats) and true, or false (the files hold the table's layout;
+ * dst untouched). */
+bool zt__host_import_values(const struct zt_family_def *def, const void *m, int i, const float *src, float *dst);
 /* Imports m's parameters from path (a file, an index or a folder). With pretrained, tensors of the
  * last block (a task head) that the files lack keep their values and other heads' tensors are skipped (both
  * counted in a log line). Returns 0 or a negative code with a message naming the tensor and the file. */

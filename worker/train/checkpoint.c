@@ -663,16 +663,13 @@ static int check_optim(const zt_st_file *f, const zt_family_model *model, const 
     return 0;
 }
 
-/* Verifies a checkpoint and loads it into the model and the optimizer; see checkpoint.h. */
-int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err)
+/* Checks that the checkpoint's model_config.json describes the model (ZT_EMISMATCH naming the first field that
+ * differs). */
+static int check_config(const char *ckpt_dir, const zt_family_model *model, zt_err *err)
 {
-    zt_ckpt_state state;
-    int rc = zt_checkpoint_verify(ckpt_dir, &state, err);
-    if (rc < 0)
-        return rc;
-
     char path[PATH_CAP];
-    if ((rc = join(path, sizeof(path), ckpt_dir, "model_config.json", err)) < 0)
+    int rc = join(path, sizeof(path), ckpt_dir, "model_config.json", err);
+    if (rc < 0)
         return rc;
     zt_family_config saved;
     if ((rc = zt_family_config_load(&saved, path, err)) < 0)
@@ -683,7 +680,20 @@ int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimize
         return zt_fail(err, ZT_EMISMATCH, "checkpoint %s was saved from a model with %s = %s, but the configured "
                        "model has %s = %s; resume with the checkpoint's model (its model_config.json), or start a "
                        "new run in another --out directory", ckpt_dir, field, sv, field, cv);
+    return 0;
+}
 
+/* Verifies a checkpoint and loads it into the model and the optimizer; see checkpoint.h. */
+int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err)
+{
+    zt_ckpt_state state;
+    int rc = zt_checkpoint_verify(ckpt_dir, &state, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = check_config(ckpt_dir, model, err)) < 0)
+        return rc;
+
+    char path[PATH_CAP];
     if ((rc = join(path, sizeof(path), ckpt_dir, "optim.safetensors", err)) < 0)
         return rc;
     zt_st_file *f = NULL;
@@ -715,4 +725,154 @@ int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimize
 done:
     zt_st_close(f);
     return rc;
+}
+
+/* ---- streamed loads ---- */
+
+struct zt_ckpt_reader {
+    const zt_family_model *model;
+    zt_st_file *params;           /* model.safetensors */
+    zt_st_file *optim;            /* optim.safetensors */
+    const zt_st_tensor **tensors; /* per table tensor i: its weights at 3 i, m at 3 i + 1, v at 3 i + 2 */
+    bool *transformed;            /* per tensor: model.safetensors holds it in another layout */
+    float *hf, *table;            /* [staging] each: a transformed tensor as the file holds it, and in the table's layout */
+    size_t staging;               /* zt_family_model_export_staging */
+    int cached;                   /* the tensor whose values `table` holds, or -1 */
+};
+
+size_t zt_checkpoint_read_bytes(const zt_family_model *model)
+{
+    return 2 * zt_family_model_export_staging(model) * sizeof(float);
+}
+
+/* Checks that model.safetensors holds every model tensor under its exported name and shape, F32, and nothing
+ * else (a checkpoint's weights are written by zt_family_model_export or zt_checkpoint_put). */
+static int check_params(const zt_st_file *f, const zt_family_model *model, const char *path, zt_err *err)
+{
+    const int ntensors = zt_family_model_num_tensors(model);
+    if (zt_st_count(f) != (size_t)ntensors)
+        return zt_fail(err, ZT_EFORMAT, "%s holds %zu tensors, the model has %d; the checkpoint does not belong to "
+                       "this model", path, zt_st_count(f), ntensors);
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_family_model_tensor(model, i);
+        char name[160];
+        int64_t shape[2];
+        zt_family_model_export_layout(model, i, name, sizeof name, shape);
+        const zt_st_tensor *s = zt_st_find(f, name);
+        if (!s)
+            return zt_fail(err, ZT_EFORMAT, "%s has no tensor '%s'; the checkpoint does not belong to this model",
+                           path, name);
+        bool same = s->dtype == ZT_DTYPE_F32 && s->ndim == t->ndim && s->nbytes == t->numel * sizeof(float);
+        for (int d = 0; same && d < t->ndim && d < 2; d++)
+            same = s->shape[d] == shape[d];
+        if (!same)
+            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' is %s with %zu bytes, expected F32 [%lld%s%lld] with %zu; "
+                           "the checkpoint does not belong to this model", path, name, zt_dtype_name(s->dtype),
+                           s->nbytes, (long long)shape[0], t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)shape[1] : 0LL,
+                           t->numel * sizeof(float));
+    }
+    return 0;
+}
+
+/* Verifies the checkpoint and prepares to hand out its tensors; see checkpoint.h. */
+int zt_checkpoint_open(const char *ckpt_dir, const zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st,
+                       zt_ckpt_reader **out, zt_err *err)
+{
+    *out = NULL;
+    zt_ckpt_state state;
+    int rc = zt_checkpoint_verify(ckpt_dir, &state, err);
+    if (rc < 0 || (rc = check_config(ckpt_dir, model, err)) < 0)
+        return rc;
+    zt_ckpt_reader *r = zt_xcalloc(1, sizeof *r);
+    r->model = model;
+    r->cached = -1;
+    const int ntensors = zt_family_model_num_tensors(model);
+    char path[PATH_CAP];
+    if ((rc = join(path, sizeof path, ckpt_dir, "optim.safetensors", err)) < 0 ||
+        (rc = zt_st_open(path, &r->optim, err)) < 0 || (rc = check_optim(r->optim, model, path, err)) < 0)
+        goto fail;
+    if ((rc = join(path, sizeof path, ckpt_dir, "model.safetensors", err)) < 0 ||
+        (rc = zt_st_open(path, &r->params, err)) < 0 || (rc = check_params(r->params, model, path, err)) < 0)
+        goto fail;
+    r->tensors = zt_xcalloc((size_t)(ntensors > 0 ? ntensors : 1) * 3, sizeof *r->tensors);
+    r->transformed = zt_xcalloc((size_t)(ntensors > 0 ? ntensors : 1), sizeof(bool));
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_family_model_tensor(model, i);
+        char name[160];
+        int64_t shape[2];
+        zt_family_model_export_layout(model, i, name, sizeof name, shape);
+        r->tensors[3 * i] = zt_st_find(r->params, name);
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "%c.%s", k == 0 ? 'm' : 'v', t->name);
+            r->tensors[3 * i + 1 + k] = zt_st_find(r->optim, name);
+        }
+    }
+    r->staging = zt_family_model_export_staging(model);
+    if (r->staging && (!(r->hf = calloc(r->staging, sizeof(float))) || !(r->table = calloc(r->staging, sizeof(float))))) {
+        rc = zt_fail(err, ZT_ENOMEM, "out of memory for the staging of a checkpoint's tensor (2 x %zu bytes)",
+                     r->staging * sizeof(float));
+        goto fail;
+    }
+    /* which tensors the files hold in another layout: asked of the family with values that do not matter here */
+    for (int i = 0; i < ntensors; i++)
+        r->transformed[i] = zt_family_model_tensor(model, i)->numel <= r->staging &&
+                            zt_family_model_import_values(model, i, r->hf, r->table);
+    if (opt) {
+        opt->adam_step = state.adam_step;
+        opt->skipped_steps = state.skipped_steps;
+        opt->bad_in_a_row = 0;
+    }
+    *st = state;
+    *out = r;
+    return 0;
+fail:
+    zt_checkpoint_close(r);
+    return rc;
+}
+
+/* Elements [host_offset, host_offset + numel) of the masters, m and v from the files; see checkpoint.h. */
+int zt_checkpoint_read(void *reader, size_t host_offset, size_t numel, float *params, float *m, float *v, zt_err *err)
+{
+    zt_ckpt_reader *r = reader;
+    const int ntensors = zt_family_model_num_tensors(r->model);
+    const size_t end = host_offset + numel;
+    (void)err; /* the files were checked when opened: a read past that is a mapping of checked bytes */
+    for (int i = 0; i < ntensors; i++) {
+        const zt_param_info *t = zt_family_model_tensor(r->model, i);
+        const size_t lo = t->offset > host_offset ? t->offset : host_offset;
+        const size_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+        if (lo >= hi)
+            continue;
+        const size_t at = (lo - t->offset) * sizeof(float), bytes = (hi - lo) * sizeof(float), to = lo - host_offset;
+        zt_st_copy_out(r->optim, r->tensors[3 * i + 1], at, m + to, bytes);
+        zt_st_copy_out(r->optim, r->tensors[3 * i + 2], at, v + to, bytes);
+        if (!r->transformed[i]) {
+            zt_st_copy_out(r->params, r->tensors[3 * i], at, params + to, bytes);
+            continue;
+        }
+        /* in another layout in the file: all of it, turned into the table's, then the part asked for */
+        if (r->cached != i) {
+            zt_st_copy_out(r->params, r->tensors[3 * i], 0, r->hf, t->numel * sizeof(float));
+            const bool moved = zt_family_model_import_values(r->model, i, r->hf, r->table);
+            ZT_ASSERT(moved); /* the family transforms a tensor or not, whatever its values */
+            (void)moved;
+            r->cached = i;
+        }
+        memcpy(params + to, r->table + (lo - t->offset), bytes);
+    }
+    return 0;
+}
+
+/* Closes the files and frees the reader; see checkpoint.h. */
+void zt_checkpoint_close(zt_ckpt_reader *r)
+{
+    if (!r)
+        return;
+    zt_st_close(r->params);
+    zt_st_close(r->optim);
+    free(r->tensors);
+    free(r->transformed);
+    free(r->hf);
+    free(r->table);
+    free(r);
 }

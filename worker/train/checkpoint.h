@@ -14,7 +14,8 @@
  *
  * A checkpoint is written as ckpt_000500.tmp/ (each file atomically), then renamed, and only then is
  * `latest` updated (atomically), so a crash at any point leaves the previous checkpoint usable. Loading
- * verifies every file's size and CRC-32C before anything is read into the model. */
+ * verifies every file's size and CRC-32C before anything is read into the model, whole (zt_checkpoint_load)
+ * or tensor by tensor (zt_checkpoint_open/read). */
 #ifndef ZT_WORKER_CHECKPOINT_H
 #define ZT_WORKER_CHECKPOINT_H
 
@@ -104,5 +105,31 @@ int zt_checkpoint_verify(const char *ckpt_dir, zt_ckpt_state *st, zt_err *err);
  * field that differs otherwise), then loads the parameters into the model, the Adam moments and step
  * into opt, and the state into st. Nothing is changed unless everything checks out. */
 int zt_checkpoint_load(const char *ckpt_dir, zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st, zt_err *err);
+
+/* A checkpoint read tensor by tensor (into zt_engine_import_stream, for state on disk or a --host-mem cap), so
+ * that the model's weights and moments are never in host memory at once: the mirror of zt_checkpoint_begin/put.
+ *   zt_checkpoint_open  verifies everything zt_checkpoint_load does before it hands out a value: the manifest,
+ *                       every file's size and CRC-32C (one read-only pass over the files, 1 MiB at a time), the
+ *                       model config (ZT_EMISMATCH naming the field), and that model.safetensors and
+ *                       optim.safetensors hold every tensor of the model with its name, shape and F32, and
+ *                       nothing else (ZT_EFORMAT). Then it maps both files and fills *st with the state and, when
+ *                       opt is not NULL, opt's Adam step and counters (its m and v are not touched). On failure
+ *                       nothing is changed and *out is NULL;
+ *   zt_checkpoint_read  a zt_engine_state_source (reader as void *): elements [host_offset, host_offset + numel)
+ *                       of the host model's layout of the masters, m and v (numel floats each) into the caller's
+ *                       arrays; every element must belong to a model tensor. A tensor that the files hold
+ *                       transposed or reordered is read whole once and turned into the table's layout. The
+ *                       mapping's pages of what was copied are given back at once, so the page cache, not the
+ *                       process, keeps the files;
+ *   zt_checkpoint_close unmaps the files and frees r (accepts NULL).
+ * The reader holds zt_checkpoint_read_bytes of host memory (two tensors of the largest transformed size). The
+ * check comes first, in a pass of its own, because the engine writes what it is handed where the state lives
+ * (the records on disk among it) as it goes: a checksum known only at the end could not undo that. */
+typedef struct zt_ckpt_reader zt_ckpt_reader;
+int zt_checkpoint_open(const char *ckpt_dir, const zt_family_model *model, zt_optimizer *opt, zt_ckpt_state *st,
+                       zt_ckpt_reader **out, zt_err *err);
+int zt_checkpoint_read(void *reader, size_t host_offset, size_t numel, float *params, float *m, float *v, zt_err *err);
+void zt_checkpoint_close(zt_ckpt_reader *r);
+size_t zt_checkpoint_read_bytes(const zt_family_model *model);
 
 #endif

@@ -461,15 +461,27 @@ static void log_host_tiers(const zt_train_config *cfg, const zt_plan_host_choice
            c->price.parts, mtext, xtext, disk, c->price.disk ? " in " : "", c->price.disk ? cfg->moments_dir : "");
 }
 
+/* Whether a resume reads its checkpoint into the engine tensor by tensor (zt_checkpoint_open and
+ * zt_engine_import_stream) instead of loading it into host arrays of the model's size: state on disk
+ * (--moments-dir) or a --host-mem cap, with the state in this process (not the state servers'). */
+static bool streams_resume(const zt_train_config *cfg)
+{
+    return cfg->resume[0] && cfg->optimizer != ZT_OPTIMIZER_SERVER && (cfg->host_mem || cfg->moments_dir[0]);
+}
+
 /* The host bytes a checkpoint stages beside the plan: with state on disk the engine's buffers of a few blocks
  * and the writer's tensor in the files' layout (the checkpoint is streamed from the records), else `gathered`
- * (the weights, moments and Hugging Face copy gathered into host arrays); 0 without checkpoints. */
+ * (the weights, moments and Hugging Face copy gathered into host arrays); 0 without checkpoints. A resume that
+ * streams its checkpoint reads it before the first save, through the engine's shards of one block and the
+ * reader's two tensors: the larger of the two. */
 static uint64_t checkpoint_staging(const zt_train_config *cfg, const zt_engine_plan *ep, const zt_family_model *host,
                                    uint64_t gathered)
 {
-    if (cfg->save_every < 0)
-        return 0;
-    return ep->export_stream_bytes ? ep->export_stream_bytes + zt_checkpoint_stream_bytes(host) : gathered;
+    uint64_t save = 0;
+    if (cfg->save_every >= 0)
+        save = ep->export_stream_bytes ? ep->export_stream_bytes + zt_checkpoint_stream_bytes(host) : gathered;
+    const uint64_t load = streams_resume(cfg) ? ep->import_stream_bytes + zt_checkpoint_read_bytes(host) : 0;
+    return save > load ? save : load;
 }
 
 /* The host price of a placement of the state on CPU ranks: the engine's arrays (on the CPU its "device"
@@ -874,7 +886,9 @@ struct run {
     zt_family_model *host;    /* configuration, tensor table, files; its slab receives checkpoints' weights */
     zt_model *model;          /* the passes the engine drives */
     zt_engine *engine;
-    zt_optimizer opt;         /* full-size m and v for checkpoints, and the step counters */
+    zt_optimizer opt;         /* full-size m and v for checkpoints gathered into host arrays (their pages untouched
+                                 otherwise), and the step counters */
+    zt_ckpt_reader *reader;   /* a resume that streams its checkpoint into the engine, until it has */
     zt_state_client_t *client; /* placement server */
     char *token;
     zt_task *task;            /* what the model learns from: its data, batches and scoring */
@@ -894,6 +908,7 @@ static void run_free(struct run *r)
         r->model->ops->destroy(r->model);
     zt_state_client_destroy(r->client);
     free(r->token);
+    zt_checkpoint_close(r->reader);
     zt_family_model_destroy(r->host);
     zt_optimizer_free(&r->opt);
     zt_task_close(r->task);
@@ -1202,11 +1217,19 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     memset(&st, 0, sizeof st);
     zt_rng_seed(&st.rng, (uint64_t)cfg->seed);
     const bool resumed = cfg->resume[0] != '\0';
+    /* State on disk (--moments-dir: the host AdamW's records) or under --host-mem: the checkpoint is verified
+     * here, before anything is touched, and read into the engine tensor by tensor once it exists, so that the
+     * host never holds the model's weights and moments at once; otherwise it is loaded into the host arrays
+     * (the state servers take theirs from there) */
+    const bool load_streamed = streams_resume(cfg);
     if (resumed) {
         char dir[PATH_CAP];
         if ((rc = zt_checkpoint_find(cfg->resume, dir, sizeof dir, err)) < 0 ||
-            (rc = zt_trainer_check_resume_placement(dir, cfg, err)) < 0 ||
-            (rc = zt_checkpoint_load(dir, r.host, &r.opt, &st, err)) < 0)
+            (rc = zt_trainer_check_resume_placement(dir, cfg, err)) < 0)
+            goto out;
+        rc = load_streamed ? zt_checkpoint_open(dir, r.host, &r.opt, &st, &r.reader, err)
+                           : zt_checkpoint_load(dir, r.host, &r.opt, &st, err);
+        if (rc < 0)
             goto out;
         if (st.step >= cfg->steps) {
             rc = zt_fail(err, ZT_EINVAL_CONFIG, "checkpoint %s is at step %lld and the run is configured for %lld "
@@ -1274,8 +1297,9 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
         eo.client = r.client;
         eo.run_id = r.run_id;
     }
-    rc = zt_engine_create(&r.engine, r.model, comm, &eo, zt_family_model_params(r.host), err);
-    if (rc == 0 && resumed)
+    /* a streamed resume's engine starts empty: the checkpoint fills it below, after the slab is given back */
+    rc = zt_engine_create(&r.engine, r.model, comm, &eo, load_streamed ? NULL : zt_family_model_params(r.host), err);
+    if (rc == 0 && resumed && !load_streamed)
         rc = zt_engine_import(r.engine, zt_family_model_params(r.host), r.opt.m, r.opt.v, err);
     if (rc == 0 && on_servers)
         rc = zt_engine_attach_server(r.engine, st.step, st.adam_step, resumed, NULL, err);
@@ -1284,13 +1308,23 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             res->rewind_to = zt_engine_server_step(r.engine);
         goto out;
     }
-    if (on_gpu)
-        zt_family_model_release_params(r.host); /* the engine holds the weights; checkpoints write the slab again */
-    if (resumed && zt_engine_exports_streamed(r.engine)) {
-        /* the engine holds the resumed moments (on disk); checkpoints stream them from there, so the full-size
-         * arrays the checkpoint was loaded into give their pages back (the plan does not count them) */
-        zt_release_pages(r.opt.m, r.opt.n * sizeof(float));
-        zt_release_pages(r.opt.v, r.opt.n * sizeof(float));
+    /* the engine holds the weights; checkpoints write the slab again. A streamed resume gives back the initial
+     * weights on CPU ranks too: nothing reads them (the passes read the engine's) */
+    if (on_gpu || load_streamed)
+        zt_family_model_release_params(r.host);
+    if (load_streamed) {
+        rc = zt_engine_import_stream(r.engine, zt_checkpoint_read, r.reader, err);
+        zt_checkpoint_close(r.reader);
+        r.reader = NULL;
+        if ((rc = zt_comm_agree(comm, rc, err)) < 0)
+            goto out;
+        res->load_streamed = true;
+        if (is0) {
+            char stage[32];
+            zt_format_size(zt_engine_import_stream_bytes(r.engine) + zt_checkpoint_read_bytes(r.host), stage,
+                           sizeof stage);
+            zt_log(ZT_LOG_INFO, "resume: the checkpoint read into the engine block by block (%s of staging)", stage);
+        }
     }
     if (is0) {
         zt_engine_log_plan(r.engine);

@@ -54,6 +54,8 @@ typedef struct zt_train_result {
     char checkpoint[ZT_TRAIN_PATH_MAX + 32]; /* the last checkpoint written; "" if none */
     int64_t rewind_to;        /* after a ZT_ESTATE failure: the older step a state server restarted at (the run
                                * can continue from its checkpoint, zt_trainer_rewind_target); otherwise -1 */
+    bool load_streamed;       /* resumed with the checkpoint read tensor by tensor into the engine (state on disk,
+                               * or --host-mem), not loaded into host arrays of the model's size */
 } zt_train_result;
 
 /* How many times one process continues a run by itself from an older checkpoint after state servers
