@@ -15,6 +15,7 @@
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/shm.h"
+#include "common/units.h"
 #include "proto/wire.h"
 #include "ztrain/v1/state.pb-c.h"
 
@@ -324,11 +325,13 @@ static int attach_shm(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMes
                      ZT_SERVICE_MAX_SHM);
         }
     }
-    if (resp.attached)
-        ZT_INFO("service: shared memory with %s (pid %d): a segment of %.1f MiB (%d slots of %.1f MiB) attached",
-                zt_rpc_call_peer(call), (int)req->pid, (double)req->size / (1 << 20), zt_shm_nslots(shm),
-                (double)zt_shm_slot_bytes(shm) / (1 << 20));
-    else
+    if (resp.attached) {
+        char total[32], slot[32];
+        zt_format_size(req->size, total, sizeof(total));
+        zt_format_size(zt_shm_slot_bytes(shm), slot, sizeof(slot));
+        ZT_INFO("service: shared memory with %s (pid %d): a segment of %s (%d slots of %s) attached",
+                zt_rpc_call_peer(call), (int)req->pid, total, zt_shm_nslots(shm), slot);
+    } else
         ZT_INFO("service: shared memory with %s (pid %d) refused: %s", zt_rpc_call_peer(call), (int)req->pid, reason);
     resp.reason = reason;
     return send_packed(call, &resp.base);
