@@ -35,6 +35,7 @@ struct shm_entry {
 struct zt_service {
     zt_server_core *core;
     int shm_off;
+    uint64_t next_shm_id;   /* tests: the next segment's id; 0: random ids */
     pthread_mutex_t shm_mu;
     struct shm_entry shm[ZT_SERVICE_MAX_SHM];
     char *snapshot_dir;
@@ -314,7 +315,8 @@ static int attach_shm(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMes
             if (svc->shm[i].id == 0)
                 e = &svc->shm[i];
         if (e != NULL) {
-            *e = (struct shm_entry){.id = random_id(), .shm = shm, .pid = req->pid};
+            *e = (struct shm_entry){.id = svc->next_shm_id ? svc->next_shm_id++ : random_id(), .shm = shm,
+                                    .pid = req->pid};
             resp.attached = 1;
             resp.segment = e->id;
         }
@@ -964,6 +966,11 @@ int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err)
             return rc;
     }
     return 0;
+}
+
+void zt__service_set_shm_ids(zt_service_t *svc, uint64_t first)
+{
+    svc->next_shm_id = first;
 }
 
 void zt_service_destroy(zt_service_t *svc)

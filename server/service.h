@@ -37,6 +37,10 @@ int zt_service_create(zt_server_core *core, const struct zt_service_options *opt
 /* Registers every StateService method on srv (before zt_rpc_server_start). Returns 0 or a negative code. */
 int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err);
 
+/* For tests (the fuzzing harness): shared-memory segment ids from `first` up instead of random ones, so that
+ * a script can name the segment it attached. */
+void zt__service_set_shm_ids(zt_service_t *svc, uint64_t first);
+
 /* Frees the service. Accepts NULL. */
 void zt_service_destroy(zt_service_t *svc);
 
