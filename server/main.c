@@ -45,6 +45,7 @@ struct server_config {
     const char *metrics_listen;
     const char *log_level;
     int server_index, server_count;
+    int shm_off;
 };
 
 static void usage(FILE *f)
@@ -74,6 +75,8 @@ static void usage(FILE *f)
             "  --health-listen ADDR   plaintext port serving only grpc.health.v1.Health (Kubernetes probes)\n"
             "  --metrics-listen ADDR  Prometheus text on GET /metrics at ADDR (host:port)\n"
             "  --server-index I --server-count S   this server's place among S servers sharing runs\n"
+            "  --shm auto|off         auto (default): a client on this host (the same user) moves its pushed and\n"
+            "                         pulled bytes through shared memory, the calls still over gRPC; off: all over gRPC\n"
             "  --log-level L          debug|info|warn|error (default info)\n");
 }
 
@@ -206,6 +209,11 @@ static int parse_args(int argc, char **argv, struct server_config *cfg, zt_err *
         } else if (strcmp(flag, "--server-count") == 0) {
             rc = zt_arg_int(flag, v, 1, ZT_SERVER_MAX_WORLD, &n, err);
             cfg->server_count = (int)n;
+        } else if (strcmp(flag, "--shm") == 0) {
+            if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0)
+                return zt_fail(err, ZT_EINVAL_CONFIG, "--shm %s: write --shm auto (shared memory with clients on this "
+                               "host) or --shm off (everything over gRPC)", v);
+            cfg->shm_off = strcmp(v, "off") == 0;
         } else
             return zt_fail(err, ZT_EINVAL_CONFIG, "unknown option %s (see ztrain-server --help)", flag);
         if (rc != 0)
@@ -413,7 +421,8 @@ int main(int argc, char **argv)
     }
     struct zt_service_options sopt = {.snapshot_dir = cfg.snapshot_dir, .snapshot_keep = cfg.snapshot_keep,
                                       .snapshot_commits = cfg.snapshot_commits,
-                                      .server_index = cfg.server_index, .server_count = cfg.server_count};
+                                      .server_index = cfg.server_index, .server_count = cfg.server_count,
+                                      .shm_off = cfg.shm_off};
     if (zt_service_create(core, &sopt, &svc, &err) != 0)
         goto out;
     struct zt_rpc_server_options ropt = {0};
@@ -435,9 +444,10 @@ int main(int argc, char **argv)
         if (met.fd < 0 || pthread_create(&met.thread, NULL, metrics_thread, &met) != 0)
             goto out;
     }
-    ZT_INFO("server: listening on %s (port %d, %s%s, store %s, server %d of %d)%s%s", cfg.listen,
+    ZT_INFO("server: listening on %s (port %d, %s%s, store %s, server %d of %d, shared memory %s)%s%s", cfg.listen,
             zt_rpc_server_port(srv), cfg.tls_cert ? (cfg.tls_ca ? "mutual TLS" : "TLS") : "plaintext",
             tokens.n ? ", token required" : "", cfg.store, cfg.server_index, cfg.server_count,
+            cfg.shm_off ? "off" : "for clients on this host",
             cfg.health_listen ? ", health on " : "", cfg.health_listen ? cfg.health_listen : "");
     /* A line a supervising script can wait for (and read the port from, with --listen host:0). */
     printf("ztrain-server ready port=%d health_port=%d metrics_port=%d\n", zt_rpc_server_port(srv),

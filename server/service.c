@@ -5,20 +5,39 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/shm.h"
+#include "common/units.h"
 #include "proto/wire.h"
 #include "ztrain/v1/state.pb-c.h"
 
 #define SVC "/ztrain.v1.StateService/"
 #define PULL_CHUNK_BYTES (1u << 20) /* payload of one ParamChunk */
 
+/* A client's shared-memory segment (AttachShm): found by its random id, used by calls in flight (refs), freed
+ * when detached (or its process exited) and no call uses it any more. */
+struct shm_entry {
+    uint64_t id;         /* 0: a free entry */
+    zt_shm_t *shm;
+    int pid;             /* the client's process, as it named itself */
+    int refs;            /* calls reading or writing it now */
+    int gone;            /* detached: freed when refs reaches 0 */
+};
+
 struct zt_service {
     zt_server_core *core;
+    int shm_off;
+    uint64_t next_shm_id;   /* tests: the next segment's id; 0: random ids */
+    pthread_mutex_t shm_mu;
+    struct shm_entry shm[ZT_SERVICE_MAX_SHM];
     char *snapshot_dir;
     int snapshot_keep;
     int snapshot_commits;
@@ -217,6 +236,133 @@ static void save_durable(zt_service_t *svc, const char *run, const char *why)
                  err.msg);
 }
 
+/* ---- shared memory: AttachShm, DetachShm, and the segments pushes and pulls name ---- */
+
+/* A random segment id, never 0: a restarted server does not know its predecessor's ids, so a client that
+ * names one gets ABORTED and attaches again instead of reaching another client's segment. */
+static uint64_t random_id(void)
+{
+    uint64_t id = 0;
+    while (id == 0)
+        if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+            id = 0;
+    return id;
+}
+
+/* Drops the segments whose process exited and frees those no call uses. Under shm_mu. */
+static void shm_prune(zt_service_t *svc)
+{
+    for (int i = 0; i < ZT_SERVICE_MAX_SHM; i++) {
+        struct shm_entry *e = &svc->shm[i];
+        if (e->id != 0 && !e->gone && kill(e->pid, 0) != 0 && errno == ESRCH)
+            e->gone = 1;
+        if (e->id != 0 && e->gone && e->refs == 0) {
+            zt_shm_destroy(e->shm);
+            memset(e, 0, sizeof(*e));
+        }
+    }
+}
+
+/* The attached segment `id` with a reference taken (give it back with shm_put), or NULL. */
+static struct shm_entry *shm_get(zt_service_t *svc, uint64_t id)
+{
+    struct shm_entry *found = NULL;
+    pthread_mutex_lock(&svc->shm_mu);
+    for (int i = 0; i < ZT_SERVICE_MAX_SHM && found == NULL; i++)
+        if (id != 0 && svc->shm[i].id == id && !svc->shm[i].gone)
+            found = &svc->shm[i];
+    if (found != NULL)
+        found->refs++;
+    pthread_mutex_unlock(&svc->shm_mu);
+    return found;
+}
+
+static void shm_put(zt_service_t *svc, struct shm_entry *e)
+{
+    pthread_mutex_lock(&svc->shm_mu);
+    e->refs--;
+    if (e->gone && e->refs == 0) {
+        zt_shm_destroy(e->shm);
+        memset(e, 0, sizeof(*e));
+    }
+    pthread_mutex_unlock(&svc->shm_mu);
+}
+
+static int unknown_segment(zt_rpc_call_t *call, uint64_t id)
+{
+    return zt_rpc_call_fail(call, ZT_RPC_ABORTED, "unknown shared-memory segment %" PRIu64 " (this server restarted, "
+                            "or the segment was detached): attach it again", id);
+}
+
+static int attach_shm(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
+{
+    const Ztrain__V1__AttachShmRequest *req = (const Ztrain__V1__AttachShmRequest *)msg;
+    Ztrain__V1__AttachShmResponse resp = ZTRAIN__V1__ATTACH_SHM_RESPONSE__INIT;
+    zt_err err = {{0}};
+    zt_shm_t *shm = NULL;
+    char reason[sizeof(err.msg) + 64] = "";
+    if (svc->shm_off)
+        snprintf(reason, sizeof(reason), "this server was started with --shm off");
+    else if (req->nonce.len != ZT_SHM_NONCE_BYTES)
+        snprintf(reason, sizeof(reason), "the nonce has %zu bytes, not %d", req->nonce.len, ZT_SHM_NONCE_BYTES);
+    else if (zt_shm_attach(req->pid, req->fd, req->size, req->nonce.data, &shm, &err) != 0)
+        snprintf(reason, sizeof(reason), "%s", err.msg);
+    if (shm != NULL) {
+        pthread_mutex_lock(&svc->shm_mu);
+        shm_prune(svc);
+        struct shm_entry *e = NULL;
+        for (int i = 0; i < ZT_SERVICE_MAX_SHM && e == NULL; i++)
+            if (svc->shm[i].id == 0)
+                e = &svc->shm[i];
+        if (e != NULL) {
+            *e = (struct shm_entry){.id = svc->next_shm_id ? svc->next_shm_id++ : random_id(), .shm = shm,
+                                    .pid = req->pid};
+            resp.attached = 1;
+            resp.segment = e->id;
+        }
+        pthread_mutex_unlock(&svc->shm_mu);
+        if (e == NULL) {
+            zt_shm_destroy(shm);
+            snprintf(reason, sizeof(reason), "this server holds %d shared-memory segments already",
+                     ZT_SERVICE_MAX_SHM);
+        }
+    }
+    if (resp.attached) {
+        char total[32], slot[32];
+        zt_format_size(req->size, total, sizeof(total));
+        zt_format_size(zt_shm_slot_bytes(shm), slot, sizeof(slot));
+        ZT_INFO("service: shared memory with %s (pid %d): a segment of %s (%d slots of %s) attached",
+                zt_rpc_call_peer(call), (int)req->pid, total, zt_shm_nslots(shm), slot);
+    } else
+        ZT_INFO("service: shared memory with %s (pid %d) refused: %s", zt_rpc_call_peer(call), (int)req->pid, reason);
+    resp.reason = reason;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_attach_shm(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__attach_shm_request__descriptor, attach_shm);
+}
+
+static int detach_shm(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
+{
+    const Ztrain__V1__DetachShmRequest *req = (const Ztrain__V1__DetachShmRequest *)msg;
+    struct shm_entry *e = shm_get(svc, req->segment);
+    if (e != NULL) {
+        pthread_mutex_lock(&svc->shm_mu);
+        e->gone = 1; /* freed by the last call that uses it: this one */
+        pthread_mutex_unlock(&svc->shm_mu);
+        shm_put(svc, e);
+    }
+    Ztrain__V1__DetachShmResponse resp = ZTRAIN__V1__DETACH_SHM_RESPONSE__INIT;
+    return send_packed(call, &resp.base);
+}
+
+static int handle_detach_shm(zt_rpc_call_t *call, void *user)
+{
+    return serve_request(call, user, &ztrain__v1__detach_shm_request__descriptor, detach_shm);
+}
+
 /* ---- PushParams and PushGradients ---- */
 
 /* A PushMessage holding a PushChunk, parsed by hand (wire format of state.proto: PushMessage.chunk = 2,
@@ -346,6 +492,7 @@ static int handle_push(zt_rpc_call_t *call, zt_service_t *svc, int params)
     int64_t step = h->step;
     int block = h->block, shard = h->shard;
     uint64_t total = h->total_bytes, start = h->offset;
+    const uint64_t shm_id = h->shm_segment, shm_off = h->shm_offset;
     enum zt_dtype dtype;
     int dtype_ok = dtype_from_wire(h->dtype, &dtype) == 0;
     ztrain__v1__push_message__free_unpacked(first, NULL);
@@ -365,7 +512,36 @@ static int handle_push(zt_rpc_call_t *call, zt_service_t *svc, int params)
         return core_fail(call, rc, &err);
 
     uint64_t received = 0;
-    for (;;) {
+    if (shm_id != 0) {
+        /* The bytes lie in the client's segment: stored straight from there, after the offsets are checked
+         * against the segment (whatever the client says, nothing outside it is read). */
+        struct shm_entry *e = shm_get(svc, shm_id);
+        if (e == NULL)
+            return unknown_segment(call, shm_id);
+        const void *src = shm_off % es == 0 ? zt_shm_span(e->shm, shm_off, total) : NULL;
+        if (src == NULL) {
+            const uint64_t size = zt_shm_size(e->shm);
+            shm_put(svc, e);
+            return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s: bytes %" PRIu64 " + %" PRIu64 " of "
+                                    "shared-memory segment %" PRIu64 " do not lie in its data (bytes %u to %" PRIu64
+                                    ", elements aligned)", what, shm_off, total, shm_id, ZT_SHM_HEAD_BYTES, size);
+        }
+        zt_server_chunk c = {.block = block, .shard = shard, .offset = start, .n = total / es, .dtype = dtype,
+                             .data = src};
+        rc = total > 0 ? core_push(svc, run, params, step, &c, &err) : 0;
+        shm_put(svc, e);
+        if (rc != 0)
+            return core_fail(call, rc, &err);
+        received = total;
+        const void *more;
+        size_t mlen;
+        if ((rc = zt_rpc_call_read(call, &more, &mlen)) < 0)
+            return ZT_RPC_CANCELLED;
+        if (rc > 0)
+            return zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "%s: a push through shared memory carries its "
+                                    "header only, no chunks", what);
+    }
+    for (; shm_id == 0;) {
         const struct zt_rpc_part *parts;
         size_t nparts;
         rc = zt_rpc_call_read_parts(call, &parts, &nparts, &len);
@@ -484,6 +660,49 @@ static size_t put_param_chunk_head(uint8_t *p, int32_t block, int32_t shard, uin
     return n;
 }
 
+/* The client's wait for a block of a commit in progress, never past the call's deadline: a longer one would
+ * keep this thread (one of the server's max_calls) blocked after the client has gone. */
+static int pull_timeout_ms(const zt_rpc_call_t *call, const Ztrain__V1__PullParamsRequest *req)
+{
+    double left_ms = zt_rpc_call_time_left(call) * 1000.0;
+    int timeout_ms = left_ms > 0 ? (left_ms < INT32_MAX ? (int)left_ms : INT32_MAX) : 0;
+    if (req->timeout_ms > 0 && req->timeout_ms < timeout_ms)
+        timeout_ms = req->timeout_ms;
+    return timeout_ms;
+}
+
+/* A pull into the client's shared-memory segment: every range straight from the core into the segment, one
+ * after the other from shm_offset, each checked against the segment first; no ParamChunk is sent. */
+static int pull_shm(zt_rpc_call_t *call, zt_service_t *svc, const Ztrain__V1__PullParamsRequest *req, size_t es)
+{
+    struct shm_entry *e = shm_get(svc, req->shm_segment);
+    if (e == NULL)
+        return unknown_segment(call, req->shm_segment);
+    zt_err err = {{0}};
+    uint64_t at = req->shm_offset;
+    int code = ZT_RPC_OK;
+    for (size_t i = 0; i < req->n_ranges && code == ZT_RPC_OK; i++) {
+        const Ztrain__V1__PullRange *r = req->ranges[i];
+        void *dst = at % es == 0 && r->count <= UINT64_MAX / es ? zt_shm_span(e->shm, at, r->count * es) : NULL;
+        if (dst == NULL) {
+            code = zt_rpc_call_fail(call, ZT_RPC_INVALID_ARGUMENT, "PullParams: %" PRIu64 " elements of %zu bytes at "
+                                    "byte %" PRIu64 " of shared-memory segment %" PRIu64 " do not lie in its data "
+                                    "(bytes %u to %" PRIu64 ", elements aligned)", r->count, es, at,
+                                    req->shm_segment, ZT_SHM_HEAD_BYTES, zt_shm_size(e->shm));
+            break;
+        }
+        int rc = req->masters ? zt_server_core_read_masters(svc->core, req->run, req->step, r->block, r->shard,
+                                                            r->offset, r->count, dst, &err)
+                              : zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset,
+                                                    r->count, dst, pull_timeout_ms(call, req), &err);
+        if (rc != 0)
+            code = core_fail(call, rc, &err);
+        at += r->count * es;
+    }
+    shm_put(svc, e);
+    return code;
+}
+
 static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMessage *msg)
 {
     const Ztrain__V1__PullParamsRequest *req = (const Ztrain__V1__PullParamsRequest *)msg;
@@ -494,17 +713,14 @@ static int pull_params(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMe
         return core_fail(call, rc, &err);
     enum zt_dtype dtype = req->masters ? ZT_DTYPE_F32 : info.param_dtype;
     size_t es = zt_dtype_size(dtype);
+    if (req->shm_segment != 0)
+        return pull_shm(call, svc, req, es);
     uint64_t per_chunk = PULL_CHUNK_BYTES / es;
     for (size_t i = 0; i < req->n_ranges; i++) {
         const Ztrain__V1__PullRange *r = req->ranges[i];
         for (uint64_t done = 0; done < r->count; done += per_chunk) {
             uint64_t n = r->count - done < per_chunk ? r->count - done : per_chunk;
-            /* The client's wait, never past the call's deadline: a longer one would keep this thread (one of
-             * the server's max_calls) blocked after the client has gone. */
-            double left_ms = zt_rpc_call_time_left(call) * 1000.0;
-            int timeout_ms = left_ms > 0 ? (left_ms < INT32_MAX ? (int)left_ms : INT32_MAX) : 0;
-            if (req->timeout_ms > 0 && req->timeout_ms < timeout_ms)
-                timeout_ms = req->timeout_ms;
+            int timeout_ms = pull_timeout_ms(call, req);
             /* One buffer per message, handed to gRPC without a copy: the header, then the core copies the
              * parameters right behind it. */
             uint8_t head[PARAM_CHUNK_HEAD_MAX];
@@ -719,7 +935,9 @@ int zt_service_create(zt_server_core *core, const struct zt_service_options *opt
         svc->snapshot_commits = opt->snapshot_commits > 0 ? opt->snapshot_commits : 0;
         svc->server_index = opt->server_index;
         svc->server_count = opt->server_count;
+        svc->shm_off = opt->shm_off;
     }
+    pthread_mutex_init(&svc->shm_mu, NULL);
     *out = svc;
     return 0;
 }
@@ -739,6 +957,8 @@ int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err)
         {SVC "SaveSnapshot", ZT_RPC_KIND_UNARY, handle_save},
         {SVC "LoadSnapshot", ZT_RPC_KIND_UNARY, handle_load},
         {SVC "Stats", ZT_RPC_KIND_UNARY, handle_stats},
+        {SVC "AttachShm", ZT_RPC_KIND_UNARY, handle_attach_shm},
+        {SVC "DetachShm", ZT_RPC_KIND_UNARY, handle_detach_shm},
     };
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
         int rc = zt_rpc_server_add_method(srv, methods[i].name, methods[i].kind, methods[i].fn, svc, err);
@@ -748,10 +968,18 @@ int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err)
     return 0;
 }
 
+void zt__service_set_shm_ids(zt_service_t *svc, uint64_t first)
+{
+    svc->next_shm_id = first;
+}
+
 void zt_service_destroy(zt_service_t *svc)
 {
     if (svc == NULL)
         return;
+    for (int i = 0; i < ZT_SERVICE_MAX_SHM; i++)
+        zt_shm_destroy(svc->shm[i].shm);
+    pthread_mutex_destroy(&svc->shm_mu);
     free(svc->snapshot_dir);
     free(svc);
 }

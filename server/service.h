@@ -21,7 +21,14 @@ struct zt_service_options {
                                * SaveSnapshot writes snapshots */
     int server_index;         /* this server's index, as given to the core */
     int server_count;         /* S; 0 means 1 */
+    int shm_off;              /* refuse AttachShm (ztrain-server --shm off): every client moves its bytes over
+                               * gRPC */
 };
+
+/* The most shared-memory segments a service keeps attached (one per client process on this host); an
+ * AttachShm beyond them, once the segments of exited processes are dropped, is refused (the client keeps
+ * TCP). */
+#define ZT_SERVICE_MAX_SHM 64
 
 /* Creates the service over core (borrowed: it must outlive the service). opt is copied. Returns 0 and
  * *out, free with zt_service_destroy() after the rpc server that uses it. */
@@ -29,6 +36,10 @@ int zt_service_create(zt_server_core *core, const struct zt_service_options *opt
 
 /* Registers every StateService method on srv (before zt_rpc_server_start). Returns 0 or a negative code. */
 int zt_service_add_methods(zt_service_t *svc, zt_rpc_server_t *srv, zt_err *err);
+
+/* For tests (the fuzzing harness): shared-memory segment ids from `first` up instead of random ones, so that
+ * a script can name the segment it attached. */
+void zt__service_set_shm_ids(zt_service_t *svc, uint64_t first);
 
 /* Frees the service. Accepts NULL. */
 void zt_service_destroy(zt_service_t *svc);

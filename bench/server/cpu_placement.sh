@@ -2,7 +2,8 @@
 # Placement cpu against placement server on one machine, CPU training (--device cpu): tokens per second of
 # `ztrain train --optimizer cpu` (AdamW in the process) and of `--optimizer server` against NSERVERS
 # ztrain-servers on loopback (each started with --snapshot-dir, as training needs), the same small GPT-2,
-# data and flags, printed as a table. The server rows also give the bytes per second that the step's wire
+# data and flags, printed as a table. Each server count gets two rows run in the same trial: the bytes over
+# TCP (--server-shm off) and through shared memory (the default for servers on this host). The server rows also give the bytes per second that the step's wire
 # traffic (the gradient shards pushed, the parameters pulled) reached while it was moving: the bytes of a
 # step over the push and pull time the engine's step breakdown reports, against a raw loopback TCP copy
 # (bench_raw_tcp) of the same bytes measured in the same run.
@@ -99,16 +100,23 @@ wire() { # wire LOG: "GiB/s" of the steps' pushes and pulls, or "-" when the log
 }
 
 : >"$TMP/cpu"
-for s in $SERVERS; do : >"$TMP/server$s"; : >"$TMP/wire$s"; done
+for s in $SERVERS; do for via in tcp shm; do : >"$TMP/$via$s"; : >"$TMP/wire$via$s"; done; done
 : >"$TMP/raw"
 t=0
 while [ "$t" -lt "$TRIALS" ]; do
     run cpu --optimizer cpu >>"$TMP/cpu"
     for s in $SERVERS; do
-        start_servers "$s"
-        run "server$s" --optimizer server --servers "$(cat "$TMP/list")" >>"$TMP/server$s"
-        stop_servers
-        wire "$TMP/server$s.log" >>"$TMP/wire$s"
+        for via in tcp shm; do
+            flag=
+            [ "$via" = tcp ] && flag="--server-shm off"
+            start_servers "$s"
+            # shellcheck disable=SC2086
+            run "$via$s" --optimizer server --servers "$(cat "$TMP/list")" $flag >>"$TMP/$via$s"
+            stop_servers
+            grep -q "(via $([ "$via" = tcp ] && echo TCP || echo shared memory))" "$TMP/$via$s.log" ||
+                { echo "the $via$s run did not move its bytes as asked:" >&2; grep "via" "$TMP/$via$s.log" | tail -2 >&2; exit 1; }
+            wire "$TMP/$via$s.log" >>"$TMP/wire$via$s"
+        done
     done
     "$B/bench/server/bench_raw_tcp" 256 | tr ' ' '\n' | sed -n 's/^gib_s=//p' >>"$TMP/raw"
     t=$((t + 1))
@@ -120,7 +128,11 @@ echo "| --device cpu, GPT-2 6 x 384, batch 4 x 128, $STEPS steps, $(nproc) cores
 echo "| --- | ---: | ---: | ---: | ---: |"
 echo "| --optimizer cpu (in process) | $c | 100% | - | - |"
 for s in $SERVERS; do
-    v=$(median <"$TMP/server$s")
-    w=$(median <"$TMP/wire$s")
-    echo "| --optimizer server, $s ztrain-server(s) on loopback | $v | $(pct "$v" "$c") | $w | $(pct "$w" "$r") |"
+    for via in tcp shm; do
+        v=$(median <"$TMP/$via$s")
+        w=$(median <"$TMP/wire$via$s")
+        what="TCP (--server-shm off)"
+        [ "$via" = shm ] && what="shared memory"
+        echo "| --optimizer server, $s ztrain-server(s) on this host, $what | $v | $(pct "$v" "$c") | $w | $(pct "$w" "$r") |"
+    done
 done

@@ -2,7 +2,8 @@
 # GPU workers with their optimizer in ztrain-servers against the embedded host AdamW, on one machine:
 # tokens/s of `ztrain train --device cuda --precision bf16 --optimizer cpu` and `--optimizer server` against
 # NSERVERS ztrain-servers on loopback (each with --snapshot-dir and a bearer token), for GPT-2 124M
-# (grad_accum 1 and 8) and 1558M (grad_accum 4), batch 8 x 1024, printed as one table. The server rows
+# (grad_accum 1 and 8) and 1558M (grad_accum 4), batch 8 x 1024, printed as one table; every server row
+# once with the bytes over TCP and once through shared memory (TRANSPORTS). The server rows
 # also give the bytes per second of the step's wire traffic (gradient shards pushed, parameters pulled)
 # over the push and pull time of the engine's step breakdown, against a raw loopback TCP copy
 # (bench_raw_tcp) measured in the same run.
@@ -14,6 +15,8 @@
 #                those libraries come first, and CUDA's are looked for on this machine
 #     OUT_DIR    logs (default bench-out/server)
 #   CASES="124m:1 124m:8 1558m:4"  model:grad_accum pairs;  NSERVERS="1"  e.g. "1 2 4" for the aggregate
+#   TRANSPORTS="tcp shm"  how the server rows move their bytes, each a row beside the other in the same call:
+#   tcp (--server-shm off: loopback TCP) and shm (shared memory, the default for a server on this host)
 #   STREAMS="default"  e.g. "1 2 4": concurrent streams (connections) per push or pull of a shard
 #   (ZT_STATE_STREAMS; default: a quarter of the cores, 1 to 4)
 #   STEPS=12: tokens/s is the mean over steps 5..STEPS (metrics.jsonl)
@@ -32,6 +35,7 @@ NSERVERS="${NSERVERS:-1}"
 STEPS="${STEPS:-12}"
 TLS="${TLS:-0}"
 STREAMS="${STREAMS:-default}"
+TRANSPORTS="${TRANSPORTS:-tcp shm}"
 SERVER_ENV="${SERVER_ENV:-}"
 CORES=$(nproc)
 PY="${PYTHON:-python3}"
@@ -152,20 +156,25 @@ for c in $CASES; do
   for n in $NSERVERS; do
     for sec in $secs; do
       for st in $STREAMS; do
+       for via in $TRANSPORTS; do
         start_servers "$n" "$sec"
         flags=(--optimizer server --servers "$(cat "$WORK/list")" --token-file "$WORK/token")
         [ "$sec" != plain ] && flags+=(--tls-ca "$WORK/ca.pem")
         [ "$sec" = mtls ] && flags+=(--tls-cert "$WORK/client.pem" --tls-key "$WORK/client.key")
-        name="server${n}_${sec}_${model}_$accum"
+        [ "$via" = tcp ] && flags+=(--server-shm off)
+        name="server${n}_${sec}_${via}_${model}_$accum"
         if [ "$st" = default ]; then
           read -r tps wire < <(train "$name" "$model" "$accum" "${flags[@]}")
         else
-          name="server${n}_${sec}_s${st}_${model}_$accum"
+          name="server${n}_${sec}_${via}_s${st}_${model}_$accum"
           read -r tps wire < <(ZT_STATE_STREAMS="$st" train "$name" "$model" "$accum" "${flags[@]}")
         fi
         stop_servers
+        # the transport the run really used, from its step breakdown ("via shared memory" / "via TCP")
+        used=$(grep -o '(via [^)]*)' "$OUT_DIR/$name.log" | tail -1 | sed 's/^(via //; s/)$//')
         pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
-        echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on loopback, $sec, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") | $(same_losses "cpu_${model}_$accum" "$name") |"
+        echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on this host, $sec, ${used:-$via}, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") | $(same_losses "cpu_${model}_$accum" "$name") |"
+       done
       done
     done
   done

@@ -602,6 +602,8 @@ train_case flag_weights_host_on_cpu 2 'weights' '--device cuda' -- --weights hos
 train_case flag_adam_moments_unknown 2 '--adam-moments' 'fp32 or bf16' -- --adam-moments fp8
 train_case flag_adam_moments_optimizer_server 2 'adam_moments' '--optimizer cpu' -- --adam-moments bf16 --optimizer server
 train_case flag_moments_dir_optimizer_server 2 'moments_dir' '--optimizer cpu' -- --moments-dir /tmp --optimizer server
+train_case flag_server_shm_unknown 2 '--server-shm' 'auto or off' -- --server-shm tcp
+train_case flag_server_shm_without_servers 2 'server_shm' '--servers host:port' -- --server-shm off --optimizer server
 train_case flag_host_mem_not_a_size 2 '--host-mem' -- --host-mem lots
 train_case flag_host_mem_below_minimum 1 'host-mem 1\.00 MiB is below' 'smallest plan: at least [0-9.]+ [KM]iB' \
   'what would fit: --host-mem [0-9]+MiB or more' -- --host-mem 1MiB

@@ -6,13 +6,16 @@
  * (fuzz_server_run.h), with a snapshot folder:
  *   call    := method:u8 count:u8 message{count % 5}
  *   message := length:u16le cut:u8 bytes[length]
- * method % 9 picks RegisterRun, PushParams, PushGradients, CommitStep, PullParams, SaveSnapshot,
- * LoadSnapshot, Stats or Health/Check; a message is handed to the handler in two pieces split at
+ * method % 11 picks RegisterRun, PushParams, PushGradients, CommitStep, PullParams, SaveSnapshot,
+ * LoadSnapshot, Stats, Health/Check, AttachShm or DetachShm; a message is handed to the handler in two pieces split at
  * cut % (length + 1), as the network may split it. Calls have a 20 ms deadline, so a pull that waits for a
- * commit that never comes ends quickly. */
+ * commit that never comes ends quickly. Before the script runs, the harness attaches a small shared-memory
+ * segment of its own as segment 1 (zt__service_set_shm_ids), so that pushes and pulls naming segment 1 at any
+ * offset reach the bounds checks and the copies in and out of it. */
 #include "fuzz_common.h"
 
 #include "fuzz_server_run.h"
+#include "common/shm.h"
 #include "proto/rpc.h"
 #include "server/service.h"
 #include "ztrain/v1/state.pb-c.h"
@@ -21,13 +24,19 @@
 #define MAX_MSGS 4
 #define CALL_TIMEOUT_S 0.02
 
-static const char *const k_methods[9] = {
+#define NMETHODS 11
+static const char *const k_methods[NMETHODS] = {
     "/ztrain.v1.StateService/RegisterRun", "/ztrain.v1.StateService/PushParams",
     "/ztrain.v1.StateService/PushGradients", "/ztrain.v1.StateService/CommitStep",
     "/ztrain.v1.StateService/PullParams", "/ztrain.v1.StateService/SaveSnapshot",
     "/ztrain.v1.StateService/LoadSnapshot", "/ztrain.v1.StateService/Stats", "/grpc.health.v1.Health/Check",
+    "/ztrain.v1.StateService/AttachShm", "/ztrain.v1.StateService/DetachShm",
 };
-enum { M_REGISTER, M_PUSH_PARAMS, M_PUSH_GRADS, M_COMMIT, M_PULL, M_SAVE, M_LOAD, M_STATS, M_HEALTH };
+enum { M_REGISTER, M_PUSH_PARAMS, M_PUSH_GRADS, M_COMMIT, M_PULL, M_SAVE, M_LOAD, M_STATS, M_HEALTH, M_ATTACH,
+       M_DETACH };
+
+/* The harness's segment (2 slots of 4 KiB), attached as segment 1 before every script. */
+static zt_shm_t *g_shm;
 
 static char g_snaps[512];
 
@@ -55,10 +64,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
     fz_make_run(core, 1);
+    zt__service_set_shm_ids(svc, 1);
+    {
+        Ztrain__V1__AttachShmRequest a = ZTRAIN__V1__ATTACH_SHM_REQUEST__INIT;
+        a.pid = (int32_t)getpid();
+        a.fd = zt_shm_fd(g_shm);
+        a.size = zt_shm_size(g_shm);
+        a.nonce.data = (uint8_t *)zt_shm_nonce(g_shm);
+        a.nonce.len = ZT_SHM_NONCE_BYTES;
+        uint8_t abuf[128];
+        struct zt_rpc_part ap = {abuf, ztrain__v1__attach_shm_request__pack(&a, abuf)};
+        struct zt_rpc_local_msg am = {&ap, 1};
+        struct zt_rpc_status ast;
+        if (zt_rpc_server_call_local(srv, k_methods[M_ATTACH], &am, 1, 1.0, sink, NULL, &ast) != ZT_RPC_OK) {
+            fprintf(stderr, "fuzz: AttachShm failed: %s\n", ast.msg);
+            abort();
+        }
+    }
 
     size_t at = 0;
     for (int call = 0; call < MAX_CALLS && at + 2 <= size; call++) {
-        int method = data[at] % 9;
+        int method = data[at] % NMETHODS;
         int count = data[at + 1] % (MAX_MSGS + 1);
         at += 2;
         struct zt_rpc_part parts[MAX_MSGS][2];
@@ -246,6 +272,43 @@ static void write_seeds(void)
     seed_msg(&sv.base, 0);
     seed_done("snapshot.bin");
 
+    /* Through shared memory (segment 1, the harness's own): gradients from slot 0 at step 2, a commit, a pull
+     * into slot 1; then a push at an offset past the segment's end and a detach. */
+    for (int b = 0; b < FZ_BLOCKS; b++)
+        for (int s = 0; s < FZ_WORLD; s++) {
+            Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
+            h.run = FZ_RUN;
+            h.step = 2;
+            h.block = b;
+            h.shard = s;
+            h.dtype = ZTRAIN__V1__DTYPE__DTYPE_F32;
+            h.total_bytes = zt_server_shard_numel(fz_numel[b], FZ_WORLD) * 4;
+            h.shm_segment = 1;
+            h.shm_offset = ZT_SHM_HEAD_BYTES;
+            Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
+            m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
+            m.header = &h;
+            seed_call(M_PUSH_GRADS, 1);
+            seed_msg(&m.base, 4);
+        }
+    c.overflow = 0;
+    seed_call(M_COMMIT, 1);
+    seed_msg(&c.base, 0);
+    p.shm_segment = 1;
+    p.shm_offset = ZT_SHM_HEAD_BYTES + 4096;
+    seed_call(M_PULL, 1);
+    seed_msg(&p.base, 3);
+    p.shm_offset = ZT_SHM_HEAD_BYTES + 2 * 4096 - 4;
+    seed_call(M_PULL, 1);
+    seed_msg(&p.base, 1);
+    Ztrain__V1__DetachShmRequest dt = ZTRAIN__V1__DETACH_SHM_REQUEST__INIT;
+    dt.segment = 1;
+    seed_call(M_DETACH, 1);
+    seed_msg(&dt.base, 0);
+    seed_call(M_PULL, 1);
+    seed_msg(&p.base, 0);
+    seed_done("shm.bin");
+
     /* Health. */
     seed_call(M_HEALTH, 1);
     g_seed[g_seed_len++] = 0;
@@ -264,5 +327,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         exit(0);
     }
     fz_path(g_snaps, sizeof(g_snaps), "snapshots");
+    zt_err err = {{0}};
+    if (zt_shm_create(2, 4096, &g_shm, &err) != 0) {
+        fprintf(stderr, "fuzz: %s\n", err.msg);
+        abort();
+    }
     return 0;
 }

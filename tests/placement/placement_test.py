@@ -22,7 +22,9 @@
   8. placement cpu with 1, 2 and 3 ranks (each rank's AdamW on its shard in its own process) gives the bits
      of placement server (overlapped: pushes during the backward, pulls behind the servers' update and into
      the next forward) with the same ranks against 1 and against 2 servers: the same losses and the same
-     final weights;
+     final weights; both with the bytes through shared memory (the default on one host, the step breakdown
+     says "via shared memory") and over TCP (--server-shm off, or a ztrain-server --shm off that refuses it,
+     which one INFO line names);
   9. a run that will checkpoint against a server without --snapshot-dir is refused before the model is
      built, naming the server and --snapshot-dir.
 The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE in tests/runtime/train_rank.c, a
@@ -213,22 +215,40 @@ def main():
         same_curves(ref_dir, os.path.join(work, "three"), "1 server, 3 ranks")
         srv.stop()
 
-        # the other pairs of ranks and servers: W = 1 against 1 and 2 servers, W = 3 against 2 servers
-        for nproc, nsrv in ((1, 1), (1, 2), (3, 2)):
-            name = "w%ds%d" % (nproc, nsrv)
+        # the other pairs of ranks and servers: W = 1 against 1 and 2 servers, W = 3 against 2 servers; then
+        # every pair over TCP (the runs above and these moved their bytes through shared memory): the client
+        # turned it off, or (W = 1, 1 server) the server refuses it
+        tcp_runs = [(1, 1, "server"), (2, 1, "client"), (3, 1, "client"), (1, 2, "client"), (2, 2, "client"),
+                    (3, 2, "client")]
+        for nproc, nsrv, tcp_by in [(1, 1, None), (1, 2, None), (3, 2, None)] + tcp_runs:
+            name = "w%ds%d" % (nproc, nsrv) + ("-tcp" if tcp_by else "")
             srvs = [server("%s-%d" % (name, i), ["--server-index", str(i), "--server-count", str(nsrv),
-                                                  "--snapshot-dir", os.path.join(work, "snap-" + name)])
+                                                  "--snapshot-dir", os.path.join(work, "snap-" + name)] +
+                           (["--shm", "off"] if tcp_by == "server" else []))
                     for i in range(nsrv)]
-            j = train(name, ",".join("127.0.0.1:%d" % x.port for x in srvs), nproc=nproc)
+            j = train(name, ",".join("127.0.0.1:%d" % x.port for x in srvs), nproc=nproc,
+                      extra=["--server-shm", "off"] if tcp_by == "client" else [])
             rc = j.wait()
-            check(rc == 0, "%d server(s) + %d rank(s) exits 0 (%s)" % (nsrv, nproc, rc), j.text())
-            check("server push" in j.text() and "server update" in j.text() and "waited for pulled blocks" in j.text(),
-                  "%d server(s) + %d rank(s): the step breakdown names push, update and pull" % (nsrv, nproc), j.text())
+            text = j.text()
+            check(rc == 0, "%s: %d server(s) + %d rank(s) exits 0 (%s)" % (name, nsrv, nproc, rc), text)
+            check("server push" in text and "server update" in text and "waited for pulled blocks" in text,
+                  "%d server(s) + %d rank(s): the step breakdown names push, update and pull" % (nsrv, nproc), text)
+            if tcp_by is None:
+                check("pushes and pulls through shared memory" in text and "(via shared memory)" in text and
+                      "(via TCP)" not in text, "%s: the bytes move through shared memory, and the breakdown says so"
+                      % name, text)
+            else:
+                check("(via TCP)" in text and "(via shared memory)" not in text,
+                      "%s: the bytes move over TCP, and the breakdown says so" % name, text)
+            if tcp_by == "server":
+                check("pushes and pulls over TCP: this server was started with --shm off" in text,
+                      "%s: one line says the server refused shared memory" % name, text)
             for x in srvs:
                 x.stop()
 
         # 8. placement cpu with 1, 2 and 3 ranks: the bits of placement server with the same ranks, 1 and 2 servers
-        for nproc, server_runs in ((1, ("w1s1", "w1s2")), (2, ("one", "two")), (3, ("three", "w3s2"))):
+        for nproc, server_runs in ((1, ("w1s1", "w1s2", "w1s1-tcp", "w1s2-tcp")), (2, ("one", "two", "w2s1-tcp", "w2s2-tcp")),
+                                   (3, ("three", "w3s2", "w3s1-tcp", "w3s2-tcp"))):
             name = "cpu%d" % nproc
             j = train(name, nproc=nproc, extra=["--optimizer", "cpu"])
             rc = j.wait()

@@ -33,6 +33,7 @@ def run_bad_flags(binary):
         (["--listen"], "--listen needs a value"),
         (["--server-index", "2", "--server-count", "2"], "--server-index 2 must be below --server-count 2"),
         (["--log-level", "loud"], "--log-level loud"),
+        (["--shm", "on"], "write --shm auto"),
     ]
     for argv, want in cases:
         r = subprocess.run([binary] + argv, capture_output=True, text=True, timeout=TIMEOUT)

@@ -2,7 +2,10 @@
  * (register, push initial params, push gradients, commit, pull) gives the parameters an in-process core
  * computes from the same inputs, bit for bit; and every bad input of issue 5 (malformed protobuf, wrong
  * shard sizes, unknown run, stale step, oversize message, missing or wrong token) gets its gRPC status
- * while the server keeps serving and its state stays unchanged. */
+ * while the server keeps serving and its state stays unchanged. Through a shared-memory segment (AttachShm):
+ * the same step gives the same bits, and a client that lies about its segment (another nonce, offsets in the
+ * head, past the end, wrapping around, misaligned, an unknown or detached segment) is refused without the
+ * server reading or writing outside the segment or changing its state. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,9 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "common/shm.h"
 #include "proto/rpc.h"
 #include "server/core.h"
 #include "server/service.h"
@@ -492,6 +497,188 @@ static void test_durable_commits(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+
+/* AttachShm of seg (nonce as given); returns the response's segment id, 0 when refused (reason in why). */
+static uint64_t attach(zt_rpc_channel_t *ch, const zt_shm_t *seg, const uint8_t *nonce, size_t nonce_len, int pid,
+                       char *why, size_t cap)
+{
+    Ztrain__V1__AttachShmRequest req = ZTRAIN__V1__ATTACH_SHM_REQUEST__INIT;
+    req.pid = pid;
+    req.fd = zt_shm_fd(seg);
+    req.size = zt_shm_size(seg);
+    req.nonce.data = (uint8_t *)nonce;
+    req.nonce.len = nonce_len;
+    void *resp = NULL;
+    size_t len;
+    struct zt_rpc_status st;
+    assert_int_equal(call_packed(ch, M("AttachShm"), &req.base, &resp, &len, &st), ZT_RPC_OK);
+    Ztrain__V1__AttachShmResponse *r = ztrain__v1__attach_shm_response__unpack(NULL, len, resp);
+    assert_non_null(r);
+    uint64_t id = r->attached ? r->segment : 0;
+    snprintf(why, cap, "%s", r->reason ? r->reason : "");
+    ztrain__v1__attach_shm_response__free_unpacked(r, NULL);
+    free(resp);
+    return id;
+}
+
+/* A push through segment `id`: its header only, naming bytes [off, off + total) of the segment; with
+ * extra_chunk also a chunk after it (which a shared-memory push must not have). */
+static int push_shm(zt_rpc_channel_t *ch, const char *method, int64_t step, int block, int shard, uint64_t id,
+                    uint64_t off, uint64_t total, int extra_chunk, struct zt_rpc_status *st)
+{
+    zt_rpc_stream_t *s;
+    zt_err err;
+    assert_int_equal(zt_rpc_stream_start(ch, method, 10.0, 0, &s, &err), 0);
+    Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
+    h.run = "r1";
+    h.step = step;
+    h.block = block;
+    h.shard = shard;
+    h.dtype = ZTRAIN__V1__DTYPE__DTYPE_F32;
+    h.total_bytes = total;
+    h.shm_segment = id;
+    h.shm_offset = off;
+    Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
+    m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
+    m.header = &h;
+    uint8_t buf[256];
+    size_t n = ztrain__v1__push_message__pack(&m, buf);
+    zt_rpc_stream_send(s, buf, n);
+    if (extra_chunk) {
+        float v[2] = {1, 2};
+        Ztrain__V1__PushChunk c = ZTRAIN__V1__PUSH_CHUNK__INIT;
+        c.data.data = (uint8_t *)v;
+        c.data.len = sizeof(v);
+        Ztrain__V1__PushMessage cm = ZTRAIN__V1__PUSH_MESSAGE__INIT;
+        cm.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_CHUNK;
+        cm.chunk = &c;
+        n = ztrain__v1__push_message__pack(&cm, buf);
+        zt_rpc_stream_send(s, buf, n);
+    }
+    zt_rpc_stream_close_send(s);
+    return zt_rpc_stream_finish(s, st);
+}
+
+/* A pull of one range through segment `id` at byte off; *chunks receives the ParamChunks that came (none
+ * should). */
+static int pull_shm(zt_rpc_channel_t *ch, int64_t step, int block, int shard, uint64_t count, uint64_t id,
+                    uint64_t off, int *chunks, struct zt_rpc_status *st)
+{
+    Ztrain__V1__PullRange r = ZTRAIN__V1__PULL_RANGE__INIT, *rp = &r;
+    r.block = block;
+    r.shard = shard;
+    r.count = count;
+    Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
+    req.run = "r1";
+    req.step = step;
+    req.n_ranges = 1;
+    req.ranges = &rp;
+    req.shm_segment = id;
+    req.shm_offset = off;
+    uint8_t buf[256];
+    size_t n = ztrain__v1__pull_params_request__pack(&req, buf);
+    zt_rpc_stream_t *s;
+    zt_err err;
+    assert_int_equal(zt_rpc_stream_start(ch, M("PullParams"), 10.0, 0, &s, &err), 0);
+    zt_rpc_stream_send(s, buf, n);
+    zt_rpc_stream_close_send(s);
+    const void *data;
+    size_t len;
+    *chunks = 0;
+    while (zt_rpc_stream_recv(s, &data, &len) == 1)
+        (*chunks)++;
+    return zt_rpc_stream_finish(s, st);
+}
+
+static void test_shared_memory(void **state)
+{
+    struct fixture *f = *state;
+    zt_server_core *local;
+    zt_err err = {{0}};
+    zt_server_core_options copt = {0};
+    assert_int_equal(zt_server_core_create(&local, &copt, &err), 0);
+    prepare_run(f, local);
+    zt_shm_t *seg = NULL;
+    assert_int_equal(zt_shm_create(2, 4096, &seg, &err), 0);
+    const uint64_t size = zt_shm_size(seg);
+    char why[600];
+    /* refused: another nonce (what a server on another host reads), a nonce of another length, another pid */
+    uint8_t other[ZT_SHM_NONCE_BYTES];
+    memcpy(other, zt_shm_nonce(seg), sizeof(other));
+    other[3] ^= 0x10;
+    assert_int_equal(attach(f->ch, seg, other, sizeof(other), getpid(), why, sizeof(why)), 0);
+    assert_non_null(strstr(why, "nonce"));
+    assert_int_equal(attach(f->ch, seg, other, 3, getpid(), why, sizeof(why)), 0);
+    assert_int_equal(attach(f->ch, seg, zt_shm_nonce(seg), ZT_SHM_NONCE_BYTES, 0x7ffffff0, why, sizeof(why)), 0);
+    assert_non_null(strstr(why, "cannot open"));
+    const uint64_t id = attach(f->ch, seg, zt_shm_nonce(seg), ZT_SHM_NONCE_BYTES, getpid(), why, sizeof(why));
+    assert_int_not_equal(id, 0);
+
+    float before[32] = {0};
+    snapshot_master(f->core, before);
+    struct zt_rpc_status st;
+    const uint64_t slot0 = zt_shm_slot_offset(seg, 0), slot1 = zt_shm_slot_offset(seg, 1);
+    const uint64_t sn0 = zt_server_shard_numel(NUMEL[0], WORLD);
+    /* lies: the head, past the end, wrapping around, misaligned, an unknown segment, chunks after the header */
+    const uint64_t bad_off[] = {0, ZT_SHM_HEAD_BYTES - 4, size - 4, size, UINT64_MAX - 3, slot0 + 2};
+    for (size_t i = 0; i < sizeof(bad_off) / sizeof(bad_off[0]); i++) {
+        assert_int_equal(push_shm(f->ch, M("PushGradients"), 1, 0, 0, id, bad_off[i], sn0 * 4, 0, &st),
+                         ZT_RPC_INVALID_ARGUMENT);
+        assert_non_null(strstr(st.msg, "do not lie in its data"));
+    }
+    assert_int_equal(push_shm(f->ch, M("PushGradients"), 1, 0, 0, id + 1, slot0, sn0 * 4, 0, &st), ZT_RPC_ABORTED);
+    assert_int_equal(push_shm(f->ch, M("PushGradients"), 1, 0, 0, 0x5a5a, slot0, sn0 * 4, 0, &st), ZT_RPC_ABORTED);
+    int chunks;
+    const uint64_t bad_pull[] = {0, size - 4, UINT64_MAX - 3, slot1 + 1};
+    for (size_t i = 0; i < sizeof(bad_pull) / sizeof(bad_pull[0]); i++)
+        assert_int_equal(pull_shm(f->ch, 0, 0, 0, sn0, id, bad_pull[i], &chunks, &st), ZT_RPC_INVALID_ARGUMENT);
+    /* a count whose bytes overflow 64 bits, and one that runs past the end */
+    assert_int_equal(pull_shm(f->ch, 0, 0, 0, UINT64_MAX / 2, id, slot0, &chunks, &st), ZT_RPC_INVALID_ARGUMENT);
+    assert_int_equal(pull_shm(f->ch, 0, 0, 0, 4096, id, slot1, &chunks, &st), ZT_RPC_INVALID_ARGUMENT);
+    float after[32] = {0};
+    snapshot_master(f->core, after);
+    assert_memory_equal(before, after, sizeof(before));
+
+    /* the honest step: gradients written into slot 0 and pushed from there, then a pull into slot 1 gives the
+     * parameters an in-process core computes from the same inputs, bit for bit */
+    for (int b = 0; b < 2; b++)
+        for (int s = 0; s < WORLD; s++) {
+            uint64_t sn = zt_server_shard_numel(NUMEL[b], WORLD);
+            float vals[16];
+            shard_values(b, s, grad_value, vals);
+            memcpy(zt_shm_span(seg, slot0, sn * 4), vals, sn * 4);
+            assert_int_equal(push_shm(f->ch, M("PushGradients"), 1, b, s, id, slot0, sn * 4, 1, &st),
+                             ZT_RPC_INVALID_ARGUMENT); /* a chunk after the header */
+            assert_int_equal(push_shm(f->ch, M("PushGradients"), 1, b, s, id, slot0, sn * 4, 0, &st), ZT_RPC_OK);
+            zt_server_chunk c = {.block = b, .shard = s, .n = sn, .dtype = ZT_DTYPE_F32, .data = vals};
+            assert_int_equal(zt_server_core_push_grad(local, "r1", 1, &c, &err), 0);
+        }
+    assert_int_equal(commit(f->ch, "r1", 1, &st), ZT_RPC_OK);
+    zt_server_commit_args args = {.step = 1, .grad_norm = 1.0, .clip_coef = 1.0f, .lr = 1e-2f};
+    assert_int_equal(zt_server_core_commit(local, "r1", &args, NULL, &err), 0);
+    for (int b = 0; b < 2; b++)
+        for (int s = 0; s < WORLD; s++) {
+            uint64_t sn = zt_server_shard_numel(NUMEL[b], WORLD);
+            memset(zt_shm_span(seg, slot1, 4096), 0xff, 4096);
+            assert_int_equal(pull_shm(f->ch, 1, b, s, sn, id, slot1, &chunks, &st), ZT_RPC_OK);
+            assert_int_equal(chunks, 0);
+            float want[16];
+            assert_int_equal(zt_server_core_pull(local, "r1", 1, b, s, 0, sn, want, 1000, &err), 0);
+            assert_memory_equal(zt_shm_span(seg, slot1, sn * 4), want, sn * 4);
+        }
+    /* detached: named again, it is unknown */
+    Ztrain__V1__DetachShmRequest dreq = ZTRAIN__V1__DETACH_SHM_REQUEST__INIT;
+    dreq.segment = id;
+    void *resp = NULL;
+    size_t len;
+    assert_int_equal(call_packed(f->ch, M("DetachShm"), &dreq.base, &resp, &len, &st), ZT_RPC_OK);
+    free(resp);
+    assert_int_equal(pull_shm(f->ch, 1, 0, 0, sn0, id, slot1, &chunks, &st), ZT_RPC_ABORTED);
+    assert_non_null(strstr(st.msg, "attach it again"));
+    zt_shm_destroy(seg);
+    zt_server_core_destroy(local);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +686,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pull_wait_bounded_by_deadline, setup, teardown),
         cmocka_unit_test(test_durable_commits),
+        cmocka_unit_test_setup_teardown(test_shared_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,10 @@
  * once the servers have accepted it, so a refused registration leaves the client as it was; a layout
  * that differs from the registered one is ZT_EMISMATCH either way; the client's run limit is checked
  * before anything is registered. A run that pulls bf16 parameters gets its masters rounded as the worker
- * would round them, and the fp32 masters of the committed step on request (and of no other step). */
+ * would round them, and the fp32 masters of the committed step on request (and of no other step). Pushes and
+ * pulls through shared memory give the bits of TCP and of embedded mode, with a shard larger than a slot;
+ * the client falls back to TCP when the server refuses shared memory, when its nonce does not match (another
+ * host) and when no segment can be made, and attaches again by itself to a server that restarted. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,6 +307,137 @@ static void test_bf16_pulls_and_masters(void **state)
     assert_int_equal(zt_state_client_pull_masters(f->client, "lp", 0, 1, 0, 0, 4, one, &err) != 0, 1);
 }
 
+
+/* Replaces the served state service (not the core) by a fresh one on the same port: a server restarted
+ * from its snapshot, which knows no shared-memory segment. shm_off: the new one refuses shared memory. */
+static void restart_service(struct fixture *f, int shm_off)
+{
+    int port = zt_rpc_server_port(f->srv);
+    zt_rpc_server_destroy(f->srv, 5.0);
+    zt_service_destroy(f->svc);
+    zt_err err = {{0}};
+    struct zt_service_options so = {.shm_off = shm_off};
+    assert_int_equal(zt_service_create(f->core, &so, &f->svc, &err), 0);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    struct zt_rpc_server_options ropt = {.listen_addr = addr};
+    assert_int_equal(zt_rpc_server_create(&ropt, &f->srv, &err), 0);
+    assert_int_equal(zt_service_add_methods(f->svc, f->srv, &err), 0);
+    assert_int_equal(zt_rpc_server_start(f->srv, &err), 0);
+}
+
+/* Block 0 is larger than a slot (ZT_STATE_CLIENT_SHM_SLOT_BYTES): its pieces take several slots. */
+enum { SHM_N0 = (ZT_STATE_CLIENT_SHM_SLOT_BYTES / 4) * 5 / 4 + 3, SHM_N1 = 37 };
+
+/* Two steps of run "shm" (W = 1, fp32) through f->client; restart: the service restarts (core kept) after
+ * step 1. Returns both blocks' parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
+static float *shm_steps(struct fixture *f, int restart)
+{
+    zt_err err = {{0}};
+    const zt_server_block_desc big[2] = {{.numel = SHM_N0}, {.numel = SHM_N1}};
+    zt_server_run_desc d = desc_of("shm", 1);
+    d.blocks = big;
+    assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0);
+    const uint64_t n[2] = {SHM_N0, SHM_N1};
+    float *x = malloc((SHM_N0 + SHM_N1) * sizeof(float)), *g = malloc(SHM_N0 * sizeof(float));
+    for (int b = 0; b < 2; b++) {
+        for (uint64_t i = 0; i < n[b]; i++)
+            x[i] = 0.3f - 1e-7f * (float)i + 0.1f * (float)b;
+        assert_int_equal(zt_state_client_push_params(f->client, "shm", b, 0, x, n[b], &err), 0);
+    }
+    for (int64_t step = 1; step <= 2; step++) {
+        if (restart && step == 2)
+            restart_service(f, 0);
+        for (int b = 0; b < 2; b++) {
+            for (uint64_t i = 0; i < n[b]; i++)
+                g[i] = 0.01f * (float)((i * 7 + (uint64_t)(b + step)) % 13) - 0.06f;
+            if (zt_state_client_push_grad(f->client, "shm", step, b, 0, ZT_DTYPE_F32, g, n[b], &err) != 0)
+                fail_msg("push of step %d: %s", (int)step, err.msg);
+        }
+        zt_server_commit_args a = {.step = step, .grad_norm = 1.0, .clip_coef = 1.0f, .lr = 1e-2f};
+        if (zt_state_client_commit(f->client, "shm", &a, &err) != 0)
+            fail_msg("commit: %s", err.msg);
+        memset(x, 0xff, (SHM_N0 + SHM_N1) * sizeof(float));
+        assert_int_equal(zt_state_client_pull(f->client, "shm", step, 0, 0, 0, SHM_N0, x, &err), 0);
+        assert_int_equal(zt_state_client_pull(f->client, "shm", step, 1, 0, 0, SHM_N1, x + SHM_N0, &err), 0);
+    }
+    float m[SHM_N1];
+    assert_int_equal(zt_state_client_pull_masters(f->client, "shm", 2, 1, 0, 0, SHM_N1, m, &err), 0);
+    assert_memory_equal(m, x + SHM_N0, sizeof(m));
+    free(g);
+    return x;
+}
+
+/* A remote client of f's server with the given transport, streams and test fault. */
+static void reconnect(struct fixture *f, enum zt_state_shm shm, int streams, enum zt__state_shm_fault fault)
+{
+    zt_err err = {{0}};
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", zt_rpc_server_port(f->srv));
+    struct zt_state_client_options opt = {.servers = target, .max_retries = 8, .backoff_s = 0.02, .streams = streams,
+                                          .shm = shm};
+    zt_state_client_destroy(f->client);
+    assert_int_equal(zt_state_client_create(&opt, &f->client, &err), 0);
+    zt__state_client_set_shm_fault(f->client, fault);
+}
+
+/* Drops run "shm" from the served core, so that the next configuration registers it afresh. */
+static void drop_run(struct fixture *f)
+{
+    zt_err err = {{0}};
+    assert_int_equal(zt_server_core_drop(f->core, "shm", &err), 0);
+}
+
+static void test_shared_memory_transport(void **state)
+{
+    struct fixture *f = *state;
+    char via[96];
+    /* the reference: embedded mode */
+    zt_err err = {{0}};
+    struct zt_state_client_options eopt = {0};
+    zt_state_client_t *saved = f->client;
+    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
+    float *want = shm_steps(f, 0);
+    assert_string_equal(zt_state_client_transport(f->client, via, sizeof(via)), "embedded");
+    zt_state_client_destroy(f->client);
+    f->client = saved;
+    const size_t bytes = (SHM_N0 + SHM_N1) * sizeof(float);
+
+    /* shared memory, one stream (a piece over two slots) and three */
+    const int streams[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        float *got = shm_steps(f, 0);
+        assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
+        assert_string_equal(zt_state_client_transport(f->client, via, sizeof(via)), "shared memory");
+        assert_memory_equal(got, want, bytes);
+        free(got);
+        drop_run(f);
+    }
+    /* TCP: turned off, a nonce that does not match, a segment that cannot be made, a server that refuses */
+    const enum zt__state_shm_fault faults[3] = {ZT__STATE_SHM_FAULT_NONE, ZT__STATE_SHM_FAULT_NONCE,
+                                                ZT__STATE_SHM_FAULT_CREATE};
+    for (int i = 0; i < 4; i++) {
+        if (i == 3)
+            restart_service(f, 1);
+        reconnect(f, i == 0 ? ZT_STATE_SHM_OFF : ZT_STATE_SHM_AUTO, 2, i < 3 ? faults[i] : ZT__STATE_SHM_FAULT_NONE);
+        float *got = shm_steps(f, 0);
+        assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
+        assert_string_equal(zt_state_client_transport(f->client, via, sizeof(via)), "TCP");
+        assert_memory_equal(got, want, bytes);
+        free(got);
+        drop_run(f);
+    }
+    /* a server restarted between two steps knows no segment: the client attaches again by itself */
+    restart_service(f, 0);
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    float *got = shm_steps(f, 1);
+    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
+    assert_memory_equal(got, want, bytes);
+    free(got);
+    free(want);
+}
+
 #define BOTH(fn) cmocka_unit_test_setup_teardown(fn, setup_embedded, teardown), \
                  cmocka_unit_test_setup_teardown(fn, setup_remote, teardown)
 
@@ -315,6 +449,7 @@ int main(void)
         BOTH(test_run_limit_checked_first),
         BOTH(test_bf16_pulls_and_masters),
         cmocka_unit_test_setup_teardown(test_server_lost_run_before_first_step, setup_remote, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_memory_transport, setup_remote, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

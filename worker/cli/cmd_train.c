@@ -22,7 +22,7 @@ static const char train_usage[] =
     "                    [--lr X] [--min-lr X] [--schedule S] [--warmup N] [--weight-decay X] [--grad-clip X]\n"
     "                    [--eval-every N] [--eval-batches N] [--save-every N] [--log-every N] [--seed N]\n"
     "                    [--threads N] [--device D] [--precision P] [--optimizer O] [--servers LIST]\n"
-    "                    [--optimizer-gpu-fraction X] [--adam-moments M] [--moments-dir DIR] [--moments-ram SIZE] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--state-store S]\n"
+    "                    [--optimizer-gpu-fraction X] [--adam-moments M] [--moments-dir DIR] [--moments-ram SIZE] [--token-file F] [--tls-ca F] [--tls-cert F] [--tls-key F] [--server-shm M] [--state-store S]\n"
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "                    [--gpu-mem SIZE] [--host-mem SIZE] [--host-grad-accum] [--weights W] [--auto-micro-batch]\n"
     "                    [--offload O] [--sft-data FILE] [--sft-val-data FILE] [--chat-template NAME]\n"
@@ -101,6 +101,9 @@ static const char train_usage[] =
     "                       server runs inside this process (embedded)\n"
     "  --token-file F       file holding the bearer token of the state servers\n"
     "  --tls-ca F           PEM CA of the state servers' certificates (TLS); --tls-cert/--tls-key F: mutual TLS\n"
+    "  --server-shm M       auto (default): with a state server on this host, the pushed and pulled bytes move\n"
+    "                       through shared memory (the calls stay on gRPC; TCP where the server refuses);\n"
+    "                       off: everything over TCP\n"
     "  --state-store S      embedded state server's store: ram | nvme:DIR (default ram)\n"
     "  --zero-level N       ZeRO level 2 (keep a block gathered until the step ends) | 3 (gather again for\n"
     "                       the backward; default). With WORLD_SIZE > 1 ranks and --device cuda: one GPU per\n"
@@ -269,6 +272,7 @@ static int run_command(int argc, char **argv, bool finetune)
         {"tls-ca", required_argument, NULL, OPT_SETTING},
         {"tls-cert", required_argument, NULL, OPT_SETTING},
         {"tls-key", required_argument, NULL, OPT_SETTING},
+        {"server-shm", required_argument, NULL, OPT_SETTING},
         {"state-store", required_argument, NULL, OPT_SETTING},
         {"zero-level", required_argument, NULL, OPT_SETTING},
         {"checkpointing", required_argument, NULL, OPT_SETTING},

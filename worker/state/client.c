@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/shm.h"
 #include "proto/rpc.h"
 #include "proto/wire.h"
 #include "ztrain/v1/state.pb-c.h"
@@ -26,9 +27,28 @@
 /* A piece of a split transfer is at least this many chunks (smaller shards go on one stream). */
 #define PIECE_MIN_CHUNKS 4
 
+/* A shared-memory segment offered to one server: used by calls in flight (refs); retired (spoiled) after a call
+ * through it failed, and freed (DetachShm, unmapped) when the last of them is done. */
+struct link_seg {
+    zt_shm_t *shm;
+    uint64_t id;             /* the server's name for it (AttachShmResponse.segment) */
+    int refs;
+    int spoiled;
+};
+
+/* How one server is reached: not decided yet, through shared memory, or over TCP. */
+enum link_state {
+    LINK_UNTRIED = 0,
+    LINK_SHM = 1,
+    LINK_TCP = 2,
+};
+
 struct remote {
     char *target;            /* "host:port" */
     zt_rpc_channel_t *ch[ZT_STATE_CLIENT_MAX_STREAMS]; /* one channel per lane; lanes 1.. own their connection */
+    pthread_mutex_t link_mu; /* guards link and cur; held while a segment is offered */
+    enum link_state link;
+    struct link_seg *cur;    /* with LINK_SHM: the segment new calls use */
 };
 
 /* A copy of initial parameters this client pushed (one shard), kept until the run's first commit. */
@@ -105,6 +125,8 @@ struct zt_state_client {
     double timeout_s;
     size_t chunk_bytes;
     int streams;             /* lanes per server, 1 to ZT_STATE_CLIENT_MAX_STREAMS */
+    enum zt_state_shm shm;
+    enum zt__state_shm_fault shm_fault; /* tests */
     struct lane_pool pool;
     pthread_mutex_t hook_mu; /* one hook call at a time */
     pthread_mutex_t xfer_mu; /* one split transfer on the pool at a time (several threads may move data) */
@@ -217,9 +239,12 @@ int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_c
         rc = zt_server_core_create(&c->core, &opt->embedded, err);
     } else {
         c->streams = streams;
+        c->shm = opt->shm;
         static pthread_once_t malloc_once = PTHREAD_ONCE_INIT;
         pthread_once(&malloc_once, tune_malloc);
         rc = parse_servers(c, opt->servers, err);
+        for (int i = 0; i < c->n; i++) /* destroy destroys them, also after a bad list */
+            pthread_mutex_init(&c->srv[i].link_mu, NULL);
         for (int i = 0; rc == 0 && i < c->n; i++) {
             for (int lane = 0; rc == 0 && lane < c->streams; lane++) {
                 struct zt_rpc_channel_options co = {
@@ -243,6 +268,8 @@ int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_c
     return 0;
 }
 
+static void free_seg(zt_state_client_t *c, int server, struct link_seg *seg);
+
 void zt_state_client_destroy(zt_state_client_t *c)
 {
     if (c == NULL)
@@ -254,9 +281,12 @@ void zt_state_client_destroy(zt_state_client_t *c)
     for (int i = 0; i < c->pool.nthreads; i++)
         pthread_join(c->pool.th[i], NULL);
     for (int i = 0; c->srv != NULL && i < c->n; i++) {
+        if (c->srv[i].cur != NULL) /* no call is in flight any more */
+            free_seg(c, i, c->srv[i].cur);
         for (int lane = 0; lane < ZT_STATE_CLIENT_MAX_STREAMS; lane++)
             zt_rpc_channel_destroy(c->srv[i].ch[lane]);
         free(c->srv[i].target);
+        pthread_mutex_destroy(&c->srv[i].link_mu);
     }
     free(c->srv);
     for (int i = 0; i < c->nruns; i++) {
@@ -346,6 +376,8 @@ static int owner_of(zt_state_client_t *c, const char *run, int block, int shard,
 /* Decides whether a call that ended with `code` is tried again; if so, logs and waits the backoff. */
 static int should_retry(zt_state_client_t *c, int server, int code, int attempt, const struct zt_rpc_status *st)
 {
+    if (code == ZT_RPC_ABORTED && attempt == 0) /* an unknown shared-memory segment: offered again at once */
+        return 1;
     if (code != ZT_RPC_UNAVAILABLE || attempt >= c->max_retries)
         return 0;
     double wait = c->backoff_s;
@@ -431,6 +463,158 @@ static int step_refused(zt_state_client_t *c, int server, const char *run, int64
     return zt_fail(err, ZT_ESTATE, "state server %s holds run %s at step %" PRId64 ", not %" PRId64
                    ": resume the run from step %" PRId64 " (pull its parameters and redo the steps after it)",
                    c->srv[server].target, run, at, step - 1, at);
+}
+
+/* ---- shared memory ---- */
+
+void zt__state_client_set_shm_fault(zt_state_client_t *c, enum zt__state_shm_fault fault)
+{
+    c->shm_fault = fault;
+}
+
+int zt__state_client_uses_shm(zt_state_client_t *c, int server)
+{
+    if (c->srv == NULL || server < 0 || server >= c->n)
+        return 0;
+    pthread_mutex_lock(&c->srv[server].link_mu);
+    int on = c->srv[server].link == LINK_SHM;
+    pthread_mutex_unlock(&c->srv[server].link_mu);
+    return on;
+}
+
+const char *zt_state_client_transport(zt_state_client_t *c, char *buf, size_t cap)
+{
+    if (c->core != NULL) {
+        snprintf(buf, cap, "embedded");
+        return buf;
+    }
+    int on = 0;
+    for (int i = 0; i < c->n; i++)
+        on += zt__state_client_uses_shm(c, i);
+    if (on == 0)
+        snprintf(buf, cap, "TCP");
+    else if (on == c->n)
+        snprintf(buf, cap, "shared memory");
+    else
+        snprintf(buf, cap, "shared memory with %d of %d servers, TCP with the others", on, c->n);
+    return buf;
+}
+
+/* Tells the server the segment is no longer used (best effort: a server that is gone forgets it anyway, and
+ * drops it once this process has exited) and unmaps it. */
+static void free_seg(zt_state_client_t *c, int server, struct link_seg *seg)
+{
+    if (seg->id != 0) {
+        Ztrain__V1__DetachShmRequest req = ZTRAIN__V1__DETACH_SHM_REQUEST__INIT;
+        req.segment = seg->id;
+        size_t len;
+        void *buf = pack(&req.base, &len), *resp = NULL;
+        size_t rlen = 0;
+        struct zt_rpc_status st;
+        (void)zt_rpc_unary(c->srv[server].ch[0], SVC "DetachShm", buf, len, 2.0, 0, &resp, &rlen, &st);
+        free(resp);
+        free(buf);
+    }
+    zt_shm_destroy(seg->shm);
+    free(seg);
+}
+
+/* Offers server a new segment (AttachShm). Under link_mu. Sets the link to LINK_SHM with srv->cur, or to
+ * LINK_TCP with one INFO line saying why; a server that cannot be reached leaves it LINK_UNTRIED (the call
+ * goes over TCP, fails or is retried there, and the next one offers again). */
+static void offer_shm(zt_state_client_t *c, int server)
+{
+    struct remote *r = &c->srv[server];
+    const int nslots = 2 * c->streams; /* every lane of a transfer and one more thread's, with room to spare */
+    zt_err e = {{0}};
+    zt_shm_t *shm = NULL;
+    int rc = c->shm_fault == ZT__STATE_SHM_FAULT_CREATE
+                 ? zt_fail(&e, -ENOSYS, "the segment could not be created (a test made it fail)")
+                 : zt_shm_create(nslots, ZT_STATE_CLIENT_SHM_SLOT_BYTES, &shm, &e);
+    if (rc != 0) {
+        ZT_INFO("state server %s: pushes and pulls over TCP: no shared-memory segment: %s", r->target, e.msg);
+        r->link = LINK_TCP;
+        return;
+    }
+    uint8_t nonce[ZT_SHM_NONCE_BYTES];
+    memcpy(nonce, zt_shm_nonce(shm), sizeof(nonce));
+    if (c->shm_fault == ZT__STATE_SHM_FAULT_NONCE)
+        nonce[0] ^= 0xff;
+    Ztrain__V1__AttachShmRequest req = ZTRAIN__V1__ATTACH_SHM_REQUEST__INIT;
+    req.pid = (int32_t)getpid();
+    req.fd = zt_shm_fd(shm);
+    req.size = zt_shm_size(shm);
+    req.nonce.data = nonce;
+    req.nonce.len = sizeof(nonce);
+    void *resp = NULL;
+    size_t len = 0;
+    struct zt_rpc_status st;
+    /* one attempt: a server that cannot be reached now is offered a segment again by the next call */
+    size_t reqlen;
+    void *reqbuf = pack(&req.base, &reqlen);
+    int code = zt_rpc_unary(r->ch[0], SVC "AttachShm", reqbuf, reqlen, c->timeout_s, 0, &resp, &len, &st);
+    free(reqbuf);
+    Ztrain__V1__AttachShmResponse *a =
+        code == ZT_RPC_OK ? ztrain__v1__attach_shm_response__unpack(NULL, len, resp) : NULL;
+    free(resp);
+    if (a != NULL && a->attached && a->segment != 0) {
+        struct link_seg *seg = zt_xcalloc(1, sizeof(*seg));
+        seg->shm = shm;
+        seg->id = a->segment;
+        r->cur = seg;
+        r->link = LINK_SHM;
+        ZT_INFO("state server %s: pushes and pulls through shared memory (a segment of %.0f MiB: %d slots of %u "
+                "MiB), the calls over gRPC", r->target, (double)zt_shm_size(shm) / (1 << 20), nslots,
+                ZT_STATE_CLIENT_SHM_SLOT_BYTES >> 20);
+    } else if (code == ZT_RPC_UNAVAILABLE || code == ZT_RPC_DEADLINE_EXCEEDED) {
+        zt_shm_destroy(shm); /* not reached now: offered again by the next call */
+    } else {
+        zt_shm_destroy(shm);
+        r->link = LINK_TCP;
+        ZT_INFO("state server %s: pushes and pulls over TCP: %s", r->target,
+                a != NULL ? (a->reason && a->reason[0] ? a->reason : "it did not attach the shared-memory segment")
+                : code == ZT_RPC_UNIMPLEMENTED ? "it does not offer shared memory (a ztrain-server older than this worker)"
+                : code == ZT_RPC_OK ? "its AttachShmResponse is not valid protobuf"
+                                    : st.msg);
+    }
+    if (a != NULL)
+        ztrain__v1__attach_shm_response__free_unpacked(a, NULL);
+}
+
+/* The segment a call to server moves its bytes through, with a reference taken (give it back with
+ * shm_release), or NULL for TCP. The first call to a server offers it one. */
+static struct link_seg *shm_take(zt_state_client_t *c, int server)
+{
+    if (c->shm == ZT_STATE_SHM_OFF)
+        return NULL;
+    struct remote *r = &c->srv[server];
+    pthread_mutex_lock(&r->link_mu);
+    if (r->link == LINK_UNTRIED)
+        offer_shm(c, server);
+    struct link_seg *seg = r->link == LINK_SHM ? r->cur : NULL;
+    if (seg != NULL)
+        seg->refs++;
+    pthread_mutex_unlock(&r->link_mu);
+    return seg;
+}
+
+/* Gives back a segment shm_take returned; failed: the call through it did not succeed, so the server's
+ * handler may still be using its slot: the segment is retired, and the next call offers a new one. */
+static void shm_release(zt_state_client_t *c, int server, struct link_seg *seg, int failed)
+{
+    struct remote *r = &c->srv[server];
+    pthread_mutex_lock(&r->link_mu);
+    if (failed && !seg->spoiled) {
+        seg->spoiled = 1;
+        if (r->cur == seg) {
+            r->cur = NULL;
+            r->link = LINK_UNTRIED;
+        }
+    }
+    const int last = --seg->refs == 0 && seg->spoiled;
+    pthread_mutex_unlock(&r->link_mu);
+    if (last)
+        free_seg(c, server, seg);
 }
 
 /* ---- a server that lost a run ---- */
@@ -717,10 +901,58 @@ static void give_back(void *user)
     pthread_mutex_unlock(&b->mu);
 }
 
-/* One attempt at a push stream of one piece (the elements [p->first, p->first + p->n) of the shard).
- * Returns the gRPC code with st filled. */
+/* One attempt at a push of one piece through shared memory: slot by slot, the bytes copied into a slot of seg
+ * and a PushMessage header naming it (the server stores them from there). A slot whose call failed is not
+ * given back (the server may still read it; the caller retires seg). Returns the gRPC code with st filled. */
+static int push_shm(zt_state_client_t *c, const struct piece *p, struct link_seg *seg, struct zt_rpc_status *st)
+{
+    const uint64_t bytes = p->n * p->es, base = p->first * p->es;
+    const uint64_t per = zt_shm_slot_bytes(seg->shm) / p->es * p->es;
+    int code = ZT_RPC_OK;
+    for (uint64_t at = 0; at < bytes && code == ZT_RPC_OK; at += per) {
+        const uint64_t n = bytes - at < per ? bytes - at : per;
+        const int slot = zt_shm_slot_get(seg->shm);
+        const uint64_t off = zt_shm_slot_offset(seg->shm, slot);
+        memcpy(zt_shm_span(seg->shm, off, n), p->src + at, n);
+        Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
+        h.run = (char *)p->run;
+        h.step = p->step;
+        h.block = p->block;
+        h.shard = p->shard;
+        h.dtype = p->dtype;
+        h.total_bytes = n;
+        h.offset = p->first + at / p->es;
+        h.shm_segment = seg->id;
+        h.shm_offset = off;
+        Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
+        m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
+        m.header = &h;
+        size_t len;
+        void *buf = pack(&m.base, &len), *resp = NULL;
+        size_t rlen = 0;
+        code = zt_rpc_unary(c->srv[p->server].ch[p->lane], p->method, buf, len, c->timeout_s, 0, &resp, &rlen, st);
+        free(buf);
+        free(resp);
+        if (code != ZT_RPC_OK)
+            break;
+        zt_shm_slot_put(seg->shm, slot);
+        if (c->hook != NULL)
+            call_hook(c, p->step, p->block, p->shard, base + at + n);
+    }
+    return code;
+}
+
+/* One attempt at a push stream of one piece (the elements [p->first, p->first + p->n) of the shard):
+ * through the server's shared-memory segment when it has one, else over TCP. Returns the gRPC code with st
+ * filled. */
 static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
+    struct link_seg *seg = p->n > 0 ? shm_take(c, p->server) : NULL;
+    if (seg != NULL) {
+        int code = push_shm(c, p, seg, st);
+        shm_release(c, p->server, seg, code != ZT_RPC_OK);
+        return code;
+    }
     zt_rpc_stream_t *s = NULL;
     zt_err e = {{0}};
     if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], p->method, c->timeout_s, 0, &s, &e) != 0) {
@@ -1097,10 +1329,73 @@ static int parse_param_chunk(const struct zt_rpc_part *parts, size_t nparts, siz
     return 0;
 }
 
+/* One attempt at a pull of one piece through shared memory: slot by slot, a PullParams naming a slot of seg
+ * (the server writes the elements there and sends no ParamChunk), then the slot's bytes copied to p->dst. A
+ * slot whose call failed is not given back (the server may still write it; the caller retires seg). Returns
+ * the gRPC code with st filled. */
+static int pull_shm(zt_state_client_t *c, const struct piece *p, struct link_seg *seg, struct zt_rpc_status *st)
+{
+    const uint64_t per = zt_shm_slot_bytes(seg->shm) / p->es;
+    int code = ZT_RPC_OK;
+    for (uint64_t done = 0; done < p->n && code == ZT_RPC_OK; done += per) {
+        const uint64_t k = p->n - done < per ? p->n - done : per;
+        const int slot = zt_shm_slot_get(seg->shm);
+        const uint64_t off = zt_shm_slot_offset(seg->shm, slot);
+        Ztrain__V1__PullRange range = ZTRAIN__V1__PULL_RANGE__INIT;
+        range.block = p->block;
+        range.shard = p->shard;
+        range.offset = p->first + done;
+        range.count = k;
+        Ztrain__V1__PullRange *rp = &range;
+        Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
+        req.run = (char *)p->run;
+        req.step = p->step;
+        req.n_ranges = 1;
+        req.ranges = &rp;
+        req.masters = p->masters != 0;
+        req.shm_segment = seg->id;
+        req.shm_offset = off;
+        zt_rpc_stream_t *s = NULL;
+        zt_err e = {{0}};
+        if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], SVC "PullParams", c->timeout_s, 0, &s, &e) != 0) {
+            st->code = code = ZT_RPC_INTERNAL;
+            snprintf(st->msg, sizeof(st->msg), "%s", e.msg);
+            break;
+        }
+        size_t len;
+        void *buf = pack(&req.base, &len);
+        int ok = zt_rpc_stream_send(s, buf, len) == 0 && zt_rpc_stream_close_send(s) == 0;
+        free(buf);
+        const void *msg;
+        size_t mlen;
+        int chunks = 0;
+        while (ok && zt_rpc_stream_recv(s, &msg, &mlen) == 1)
+            chunks++;
+        code = zt_rpc_stream_finish(s, st);
+        if (code == ZT_RPC_OK && chunks > 0) {
+            st->code = code = ZT_RPC_INTERNAL;
+            snprintf(st->msg, sizeof(st->msg), "a ParamChunk in a pull through shared memory (the server did not "
+                     "write the slot)");
+        }
+        if (code != ZT_RPC_OK)
+            break;
+        memcpy(p->dst + done * p->es, zt_shm_span(seg->shm, off, k * p->es), k * p->es);
+        zt_shm_slot_put(seg->shm, slot);
+    }
+    return code;
+}
+
 /* One attempt at a PullParams stream of one piece: elements [p->first, p->first + p->n) of the shard
- * into p->dst. Returns the gRPC code with st filled. */
+ * into p->dst, through the server's shared-memory segment when it has one, else over TCP. Returns the gRPC
+ * code with st filled. */
 static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
+    struct link_seg *seg = p->n > 0 ? shm_take(c, p->server) : NULL;
+    if (seg != NULL) {
+        int code = pull_shm(c, p, seg, st);
+        shm_release(c, p->server, seg, code != ZT_RPC_OK);
+        return code;
+    }
     const int block = p->block, shard = p->shard;
     const uint64_t offset = p->first, n = p->n;
     uint8_t *out = p->dst;

@@ -29,6 +29,18 @@
  * first split transfer takes the others). The bytes stored and returned are the same as with one stream;
  * each piece is retried on its own (a piece is an idempotent overwrite of its range).
  *
+ * Shared memory: with shm ZT_STATE_SHM_AUTO (the default) the client offers every server, on its first push or
+ * pull, a shared-memory segment of its own (common/shm.h: a sealed memfd of 2 x streams slots of
+ * ZT_STATE_CLIENT_SHM_SLOT_BYTES, named to the server by pid, descriptor and a random nonce on the
+ * authenticated AttachShm call). A server on this host, of the same user, started without --shm off, maps it,
+ * and from then on the bytes of pushes and pulls move through the slots (the client copies a piece's bytes
+ * in or out, one slot per stream, the server reads and writes them in place) while every call, its step, its
+ * errors and its retries still go over gRPC: the bits and the failure handling are those of TCP. A server that
+ * cannot or will not map it (another host, another user, a container, --shm off, an older ztrain-server) is
+ * reached over TCP, with one INFO line naming the reason. A call through the segment that fails for any
+ * reason retires the segment (its slots may still be in use by the server's handler): the next call makes
+ * and offers a new one, so a restarted server (which knows no segment: ABORTED) is attached again by itself.
+ *
  * Memory: the first client with remote servers sets glibc's heap thresholds of the process to the most
  * its dynamic adjustment would reach (mallopt: blocks up to 32 MiB come from the heap, up to 64 MiB of
  * freed memory stay at a heap's top), so that the 1 MiB message buffers allocated and freed on several
@@ -55,6 +67,16 @@ typedef struct zt_state_client zt_state_client_t;
 /* The most runs one client registers (zt_state_client_register). */
 #define ZT_STATE_CLIENT_MAX_RUNS 16
 
+/* Bytes of one slot of a shared-memory segment: a push or pull through shared memory moves at most this
+ * much per call. */
+#define ZT_STATE_CLIENT_SHM_SLOT_BYTES (16u << 20)
+
+/* Whether pushes and pulls may go through shared memory with servers on this host (--server-shm). */
+enum zt_state_shm {
+    ZT_STATE_SHM_AUTO = 0, /* offer it to every server; TCP where it is refused */
+    ZT_STATE_SHM_OFF = 1,  /* TCP only */
+};
+
 struct zt_state_client_options {
     const char *servers;        /* "host:port,host:port,..." (--servers), or NULL / "" for embedded mode */
     const char *token;          /* bearer token sent on every call, or NULL */
@@ -69,6 +91,7 @@ struct zt_state_client_options {
     int streams;                /* concurrent streams per push or pull of one shard (1 to ZT_STATE_CLIENT_MAX_STREAMS);
                                  * 0: ZT_STATE_STREAMS from the environment, else a quarter of the online
                                  * cores, 1 to 4 */
+    enum zt_state_shm shm;      /* remote servers on this host: shared memory for the bulk bytes (default auto) */
     zt_server_core_options embedded; /* embedded mode: the options of the in-process core */
 };
 
@@ -86,6 +109,11 @@ int zt_state_client_nservers(const zt_state_client_t *c);
 
 /* The number of concurrent streams a push or pull of a large shard uses (1 in embedded mode). */
 int zt_state_client_streams(const zt_state_client_t *c);
+
+/* Writes how pushes and pulls reach the servers into buf (cap bytes): "embedded", "TCP" (also before the first
+ * transfer, or with shm off), "shared memory", or for a mix "shared memory with 1 of 2 servers, TCP with the
+ * others". Returns buf. */
+const char *zt_state_client_transport(zt_state_client_t *c, char *buf, size_t cap);
 
 /* The in-process core in embedded mode (for snapshots and tests), or NULL with remote servers. */
 zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c);
@@ -160,5 +188,18 @@ int64_t zt_state_client_server_step(const zt_state_client_t *c);
 void zt__state_client_set_chunk_hook(zt_state_client_t *c,
                                      void (*fn)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent),
                                      void *user);
+
+/* For tests: makes the next shared-memory segments this client offers fail: ZT__STATE_SHM_FAULT_CREATE, their
+ * creation fails; ZT__STATE_SHM_FAULT_NONCE, the AttachShm request carries another nonce than the segment
+ * holds (what a server on another host would see). ZT__STATE_SHM_FAULT_NONE undoes it. */
+enum zt__state_shm_fault {
+    ZT__STATE_SHM_FAULT_NONE = 0,
+    ZT__STATE_SHM_FAULT_CREATE = 1,
+    ZT__STATE_SHM_FAULT_NONCE = 2,
+};
+void zt__state_client_set_shm_fault(zt_state_client_t *c, enum zt__state_shm_fault fault);
+
+/* For tests: whether server `server` is reached through shared memory now (1) or over TCP (0). */
+int zt__state_client_uses_shm(zt_state_client_t *c, int server);
 
 #endif

@@ -55,6 +55,7 @@ static const char *const optimizer_names[] = {"auto", "gpu", "cpu", "server"};
 static const char *const weights_names[] = {"auto", "gpu", "host", "masters"};
 static const char *const moments_names[] = {"fp32", "bf16"};
 static const char *const overlong_names[] = {"truncate", "refuse"};
+static const char *const server_shm_names[] = {"auto", "off"};
 static const char *const schedule_names[] = {"nodecay", "noam", "linear", "cosine", "exponential"};
 
 static const struct key_def keys[] = {
@@ -108,6 +109,7 @@ static const struct key_def keys[] = {
     {"tls_ca", "--tls-ca", KEY_PATH, FIELD(tls_ca)},
     {"tls_cert", "--tls-cert", KEY_PATH, FIELD(tls_cert)},
     {"tls_key", "--tls-key", KEY_PATH, FIELD(tls_key)},
+    {"server_shm", "--server-shm", KEY_ENUM, ENUM_FIELD(server_shm, server_shm_names)},
     {"state_store", "--state-store", KEY_STORE, FIELD(state_store)},
     {"zero_level", "--zero-level", KEY_INT, FIELD(zero_level)},
     {"checkpointing", "--checkpointing", KEY_CKPT, FIELD(checkpointing)},
@@ -614,6 +616,9 @@ static int validate_placement(const zt_train_config *c, zt_err *err)
             return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is only used with remote state servers: pass "
                            "--optimizer server --servers host:port,... or drop it", label(remote_only[i]));
     }
+    if (c->server_shm != ZT_SERVER_SHM_AUTO && !remote)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is only used with remote state servers: pass "
+                       "--optimizer server --servers host:port,... or drop it", label("server_shm"));
     if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0'))
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s and %s go together (mutual TLS): give both or neither",
                        label("tls_cert"), label("tls_key"));

@@ -37,6 +37,9 @@ enum zt_train_moments { ZT_MOMENTS_FP32 = 0, ZT_MOMENTS_BF16 = 1 };
 /* Supervised fine-tuning: what happens to an example longer than seq_len (cut to its first seq_len tokens, or
  * the run refused, naming the first such line). */
 enum zt_train_overlong { ZT_OVERLONG_TRUNCATE = 0, ZT_OVERLONG_REFUSE = 1 };
+/* Remote state servers on this host: auto moves the pushed and pulled bytes through shared memory where the
+ * server accepts it (TCP elsewhere), off keeps everything on TCP (worker/state/client.h). */
+enum zt_train_server_shm { ZT_SERVER_SHM_AUTO = 0, ZT_SERVER_SHM_OFF = 1 };
 
 /* The name of a typed setting's value, as configs and flags spell it ("cpu", "cuda", "auto", "fp32", ...).
  * Never NULL. */
@@ -123,6 +126,7 @@ typedef struct zt_train_config {
     char tls_ca[ZT_TRAIN_PATH_MAX];     /* PEM CA of the servers' certificates; "" = plaintext */
     char tls_cert[ZT_TRAIN_PATH_MAX];   /* client certificate (mutual TLS); "" = none */
     char tls_key[ZT_TRAIN_PATH_MAX];    /* its key */
+    enum zt_train_server_shm server_shm; /* remote servers on this host: auto (shared memory) or off (TCP only) */
     enum zt_train_store state_store;    /* embedded core's store: ram, or nvme with state_store_dir */
     char state_store_dir[ZT_TRAIN_PATH_MAX]; /* nvme: the directory of the state files */
 

@@ -298,6 +298,7 @@ static int state_client_create(const zt_train_config *cfg, zt_state_client_t **o
     copt.tls_ca_file = cfg->tls_ca[0] ? cfg->tls_ca : NULL;
     copt.tls_cert_file = cfg->tls_cert[0] ? cfg->tls_cert : NULL;
     copt.tls_key_file = cfg->tls_key[0] ? cfg->tls_key : NULL;
+    copt.shm = cfg->server_shm == ZT_SERVER_SHM_OFF ? ZT_STATE_SHM_OFF : ZT_STATE_SHM_AUTO;
     copt.embedded.threads = (int)cfg->threads;
     if (!remote && cfg->state_store == ZT_STORE_NVME) {
         copt.embedded.store = ZT_SERVER_STORE_NVME;
@@ -1117,10 +1118,13 @@ static int save(struct run *r, const zt_train_config *cfg, zt_ckpt_state *st, zt
 }
 
 /* One line of where a step's time went, with the optimizer off the GPU. */
-static void log_timing(zt_engine *e)
+static void log_timing(zt_engine *e, zt_state_client_t *client)
 {
     zt_engine_timing t;
     zt_engine_last_timing(e, &t);
+    char via[96] = "";
+    if (client != NULL)
+        zt_state_client_transport(client, via, sizeof via);
     char down[32], up[32];
     zt_format_size(t.bytes_down, down, sizeof down);
     zt_format_size(t.bytes_up, up, sizeof up);
@@ -1129,9 +1133,9 @@ static void log_timing(zt_engine *e)
         zt_log(ZT_LOG_INFO, "engine: step %.3f s | server push %.3f s (during the backward; waited %.3f s after it) | "
                "server update %.3f s (during the forward; waited %.3f s for its answer) | pull %.3f s (behind the "
                "update, into the forward) | waited for pulled blocks %.3f s | waited for the backward and norm %.3f s | "
-               "wire %.1f MiB pushed + pulled | copied down %s, up %s",
+               "wire %.1f MiB pushed + pulled (via %s) | copied down %s, up %s",
                t.step, t.push_s, t.push_wait_s, t.update_s, t.commit_wait_s, t.pull_s, t.wait_update, t.wait_norm,
-               (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), down, up);
+               (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), via[0] ? via : "embedded", down, up);
         return;
     }
     zt_log(ZT_LOG_INFO, "engine: step %.3f s | host update %.3f s (overlaps the next step) | waited for updated "
@@ -1455,7 +1459,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
                              window_time > 0 ? window_tokens / window_time : 0, elapsed,
                              per_step * (double)(cfg->steps - step));
                 if (offloaded)
-                    log_timing(r.engine);
+                    log_timing(r.engine, r.client);
                 window_time = 0.0;
                 window_tokens = 0.0;
             }
