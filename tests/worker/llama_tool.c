@@ -7,7 +7,7 @@
  * prints the mean loss with 9 significant digits on stdout, and writes into OUT_DIR (created if missing):
  *   model.safetensors   the weights as zt_llama_export writes them (with --shard-bytes N: shards of at most N
  *                       bytes and model.safetensors.index.json instead, zt_llama_export_sharded);
- *   config.json         zt_llama_config_save's config (so the folder loads with from_pretrained);
+ *   config.json         the family's config (zt_family_config_save) (so the folder loads with from_pretrained);
  *   outputs.safetensors "logits" [B,T,V] and, for every parameter, "grad.<Hugging Face name>": the gradient
  *                       of the mean loss (F32).
  *
@@ -107,10 +107,13 @@ int main(int argc, char **argv)
         return 2;
     }
     zt_err err = {{0}};
-    zt_llama_config cfg;
-    zt_llama_config_default(&cfg);
-    if (zt_llama_config_load(&cfg, config, &err) < 0)
+    /* through the registry: LLaMA, Mistral and Qwen2 (its own family, on LLaMA's config) */
+    zt_family_config fc;
+    if (zt_family_config_load(&fc, config, &err) < 0)
         return die(err.msg);
+    if (strcmp(zt_family_name(&fc), "llama") != 0 && strcmp(zt_family_name(&fc), "qwen2") != 0)
+        return die("the config is not a LLaMA, Mistral or Qwen2 one");
+    const zt_llama_config cfg = *ZT_LLAMA_CONFIG(&fc);
 
     int B = 0, T = 0;
     int32_t *inputs = NULL, *targets = NULL;
@@ -132,7 +135,7 @@ int main(int argc, char **argv)
         goto out;
     }
     snprintf(path, sizeof path, "%s/config.json", out_dir);
-    if (zt_llama_config_save(&cfg, path, &err) < 0) {
+    if (zt_family_config_save(&fc, path, &err) < 0) {
         die(err.msg);
         goto out;
     }

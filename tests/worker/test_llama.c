@@ -769,7 +769,7 @@ static void test_qwen2_config(void **state)
     const zt_llama_config *c = ZT_LLAMA_CONFIG(&fc);
     assert_int_equal(c->family, ZT_LLAMA_FAMILY_QWEN2);
     assert_true(c->qkv_bias);
-    assert_string_equal(zt_family_name(&fc), "llama");
+    assert_string_equal(zt_family_name(&fc), "qwen2");
     zt_llama *m = NULL;
     assert_int_equal(zt_llama_create_layout(&m, c, &err), 0);
     const zt_param_info *qb = zt_llama_tensor(m, ZT_LLAMA_LAYER_TENSOR(ZT_LLAMA_T_COUNT_QKV_BIAS, 1, ZT_LLAMA_T_Q_BIAS));

@@ -12,11 +12,12 @@
 #include "worker/models/host_model.h" /* config field tables: diff and fingerprint */
 #include "worker/models/model.h"
 
-/* The families, each defined in its own file (gpt2.c, llama.c, bert.c, neox.c, t5.c). The first is the
- * default. */
-extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_bert, zt__family_neox, zt__family_t5;
-static const zt_family_def *const registry[] = {&zt__family_gpt2, &zt__family_llama, &zt__family_bert,
-                                                &zt__family_neox, &zt__family_t5};
+/* The families, each defined in its own file (gpt2.c, llama.c, qwen2.c, bert.c, neox.c, t5.c). The first is
+ * the default. */
+extern const zt_family_def zt__family_gpt2, zt__family_llama, zt__family_qwen2, zt__family_bert, zt__family_neox,
+    zt__family_t5;
+static const zt_family_def *const registry[] = {&zt__family_gpt2, &zt__family_llama, &zt__family_qwen2,
+                                                &zt__family_bert, &zt__family_neox, &zt__family_t5};
 #define NFAMILIES ((int)(sizeof registry / sizeof registry[0]))
 
 const zt_family_def *zt_family_find(const char *model_type)

@@ -1,13 +1,13 @@
 /* Model families: what the training loop, checkpoints, export and generation need of a model, whatever
  * its architecture, and the registry of the families ztrain knows.
  *
- * A family (GPT-2; LLaMA, Mistral and Qwen2; BERT and RoBERTa) is one definition, zt_family_def: its
- * Hugging Face config mapping, its host model (the tensor table and the fp32 parameter slab in the family's
- * layout, initialisation as transformers does, the per-block passes on the CPU) and its CUDA executor. The
- * registry (family.c) lists the definitions and picks one by the config's "model_type"; nothing outside
- * worker/models names a family. What a family shares with the others (safetensors import and export from
- * its tensor table, the engine's CPU executor) is written once beside this module (host_io.c,
- * cpu_exec.c).
+ * A family (GPT-2; LLaMA and Mistral; Qwen2; GPT-NeoX; BERT and RoBERTa; T5 and mT5) is one definition,
+ * zt_family_def: its Hugging Face config mapping, its host model (the tensor table and the fp32 parameter
+ * slab in the family's layout, initialisation as transformers does, the per-block passes on the CPU) and its
+ * CUDA executor. The registry (family.c) lists the definitions and picks one by the config's "model_type";
+ * nothing outside worker/models names a family. What a family shares with the others (safetensors import
+ * and export from its tensor table, the engine's CPU executor) is written once beside this module
+ * (host_io.c, cpu_exec.c).
  *
  * The family of a config.json is its "model_type" (a config without one is GPT-2, as earlier releases
  * wrote them). Every family trains on the CPU and on CUDA GPUs. */

@@ -29,6 +29,7 @@
 #include "worker/models/decoder.h"          /* the layer program and its CPU runner */
 #include "worker/models/family.h"           /* the family definition */
 #include "worker/models/host_io.h"          /* safetensors import and export from the tensor table */
+#include "worker/models/llama_family.h"     /* what the families written on LLaMA's share */
 #include "worker/models/host_config.h"       /* the config.json mapping as a table */
 #include "worker/models/host_model.h"        /* the host model every decoder family shares */
 #include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
@@ -108,8 +109,6 @@ static const zt__cfg_key keys[] = {
 #undef NS
 #undef S
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
-static const char *const model_types[] = {"llama", "mistral", "qwen2", NULL};
-static const char *const arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
 
 /* Validation with the source named in messages. */
 static int validate_config(const zt_llama_config *c, const char *where, zt_err *err)
@@ -165,62 +164,65 @@ int zt_llama_config_validate(const zt_llama_config *cfg, zt_err *err)
     return validate_config(cfg, "model config", err);
 }
 
-/* The attention window: Mistral's sliding_window must be none or no shorter than the context (the same
- * math as full attention); Qwen2's applies only with use_sliding_window, which must be false, so that
- * sliding_window and max_window_layers change nothing and layer_types, where given, are all
- * "full_attention". LLaMA has no window keys. */
-static int read_window(zt_json_reader *r, const cJSON *obj, const zt_llama_config *c, zt_err *err)
+/* Mistral's sliding_window: none, or one no shorter than the context (the same math as full attention). */
+static int read_mistral_window(zt_json_reader *r, const cJSON *obj, const zt_llama_config *c, zt_err *err)
 {
-    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(obj, "sliding_window");
     int rc, window = 0;
-    bool have_window = false, sliding = false;
-    if (c->family == ZT_LLAMA_FAMILY_MISTRAL) {
-        if (cJSON_IsNull(sw))
-            zt_json_accept(r, "sliding_window");
-        else if ((rc = zt__host_json_int(r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
-            return rc;
-        if (have_window && window < c->max_position_embeddings)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: sliding_window is %d, shorter than max_position_embeddings (%d), but ztrain's "
-                           "attention sees the whole context (set sliding_window to null)",
-                           r->where, window, c->max_position_embeddings);
-    }
-    if (c->family != ZT_LLAMA_FAMILY_QWEN2)
-        return 0;
-    if ((rc = zt_json_get_bool(r, "use_sliding_window", &sliding, err)) < 0)
-        return rc;
-    if (sliding)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: use_sliding_window is true, but ztrain's attention sees the whole "
-                       "context (set it to false)", r->where);
-    if (sw)
+    bool have_window = false;
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, "sliding_window")))
         zt_json_accept(r, "sliding_window");
-    if (cJSON_GetObjectItemCaseSensitive(obj, "max_window_layers"))
-        zt_json_accept(r, "max_window_layers");
-    const cJSON *types = cJSON_GetObjectItemCaseSensitive(obj, "layer_types");
-    if (types && !cJSON_IsNull(types)) {
-        bool ok = cJSON_IsArray(types);
-        for (const cJSON *t = ok ? types->child : NULL; t && ok; t = t->next)
-            ok = cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0;
-        if (!ok)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: layer_types must all be \"full_attention\" (ztrain's attention "
-                           "sees the whole context in every layer)", r->where);
-    }
-    if (types)
-        zt_json_accept(r, "layer_types");
+    else if ((rc = zt__host_json_int(r, "sliding_window", 0, INT_MAX, &window, &have_window, err)) < 0)
+        return rc;
+    if (have_window && window < c->max_position_embeddings)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: sliding_window is %d, shorter than max_position_embeddings (%d), but ztrain's attention "
+                       "sees the whole context (set sliding_window to null)",
+                       r->where, window, c->max_position_embeddings);
     return 0;
 }
 
-/* Fills cfg from a Hugging Face LLaMA, Mistral or Qwen2 config.json object; see llama.h. */
-int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+static void write_llama_keys(const zt_llama_config *c, cJSON *o)
 {
+    if (c->rope.scaling == ZT_ROPE_SCALING_NONE)
+        cJSON_AddNullToObject(o, "rope_scaling");
+    cJSON_AddFalseToObject(o, "attention_bias");
+    cJSON_AddFalseToObject(o, "mlp_bias");
+    cJSON_AddNumberToObject(o, "pretraining_tp", 1);
+}
+
+static void write_mistral_keys(const zt_llama_config *c, cJSON *o)
+{
+    (void)c;
+    cJSON_AddNullToObject(o, "sliding_window");
+}
+
+static const zt__llama_variant llama_v = {.model_type = "llama", .architecture = "LlamaForCausalLM",
+                                          .family = ZT_LLAMA_FAMILY_LLAMA, .write = write_llama_keys};
+static const zt__llama_variant mistral_v = {.model_type = "mistral", .architecture = "MistralForCausalLM",
+                                            .family = ZT_LLAMA_FAMILY_MISTRAL, .read = read_mistral_window,
+                                            .write = write_mistral_keys};
+static const zt__llama_variant *const variants[] = {&llama_v, &mistral_v, NULL};
+
+int zt__llama_config_read(zt_llama_config *cfg, const cJSON *obj, const char *where,
+                          const zt__llama_variant *const *vs, zt_err *err)
+{
+    const char *types[8];
+    int nv = 0, rc, type;
+    while (vs[nv] && nv < 7) {
+        types[nv] = vs[nv]->model_type;
+        nv++;
+    }
+    types[nv] = NULL;
     zt_llama_config c = *cfg;
     zt_json_reader r;
-    int rc, type;
-    if ((rc = zt__cfg_begin(&r, obj, where, model_types, &type, err)) < 0)
+    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0)
         return rc;
-    if (type >= 0)
-        c.family = (enum zt_llama_family)type;
-    c.qkv_bias = c.family == ZT_LLAMA_FAMILY_QWEN2;
+    const zt__llama_variant *v = vs[0];
+    for (int i = 0; i < nv; i++) /* no model_type: the variant of cfg's family */
+        if (type == i || (type < 0 && vs[i]->family == c.family))
+            v = vs[i];
+    c.family = v->family;
+    c.qkv_bias = v->qkv_bias;
     if ((rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
         return rc;
     /* num_key_value_heads: absent or null means one per query head, as transformers reads it */
@@ -242,14 +244,21 @@ int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char
                        "%s: head_dim is %d, but ztrain's LLaMA has heads of hidden_size / num_attention_heads = "
                        "%d / %d channels (set head_dim to that or to null)",
                        where, head_dim, c.hidden_size, c.num_attention_heads);
+    const char *heads[] = {v->architecture, NULL};
     if ((rc = zt__cfg_read_rope(&r, obj, &c.rope, LLAMA_MAX_POSITIONS, err)) < 0 ||
-        (rc = read_window(&r, obj, &c, err)) < 0 ||
+        (v->read && (rc = v->read(&r, obj, &c, err)) < 0) ||
         (rc = zt__cfg_read_token_list(&r, obj, "eos_token_id", c.eos_token_ids, ZT_LLAMA_MAX_EOS,
                                       &c.num_eos_token_ids, err)) < 0 ||
-        (rc = zt__cfg_finish(&r, obj, arch_names, err)) < 0 || (rc = validate_config(&c, where, err)) < 0)
+        (rc = zt__cfg_finish(&r, obj, heads, err)) < 0 || (rc = validate_config(&c, where, err)) < 0)
         return rc;
     *cfg = c;
     return 0;
+}
+
+/* Fills cfg from a Hugging Face LLaMA or Mistral config.json object; see llama.h. */
+int zt_llama_config_from_json(zt_llama_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
+    return zt__llama_config_read(cfg, obj, where, variants, err);
 }
 
 static int from_json_v(void *c, const cJSON *o, const char *where, zt_err *err)
@@ -264,36 +273,33 @@ int zt_llama_config_load(zt_llama_config *cfg, const char *path, zt_err *err)
     return zt__cfg_load(cfg, path, from_json_v, err);
 }
 
-/* Writes cfg as a Hugging Face config.json (keys sorted, as transformers writes them) atomically; see
- * llama.h. Returns 0 or a negative code with a message naming the path. */
-int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err)
+int zt__llama_config_write(const zt_llama_config *c, const char *path, const zt__llama_variant *v, zt_err *err)
 {
     int rc = validate_config(c, path, err);
     if (rc < 0)
         return rc;
-    const bool llama = c->family == ZT_LLAMA_FAMILY_LLAMA, qwen2 = c->family == ZT_LLAMA_FAMILY_QWEN2;
     cJSON *o = cJSON_CreateObject();
     zt__cfg_write(keys, NKEYS, c, o);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString(arch_names[c->family]));
-    cJSON_AddStringToObject(o, "model_type", model_types[c->family]);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString(v->architecture));
+    cJSON_AddStringToObject(o, "model_type", v->model_type);
     zt__cfg_write_token_list(o, "eos_token_id", c->eos_token_ids, c->num_eos_token_ids);
     cJSON_AddNumberToObject(o, "head_dim", c->hidden_size / c->num_attention_heads);
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->num_key_value_heads);
     if (c->pad_token_id >= 0)
         zt__cfg_add_token(o, "pad_token_id", c->pad_token_id);
-    zt__cfg_write_rope(o, &c->rope, llama);
-    if (llama) {
-        cJSON_AddFalseToObject(o, "attention_bias");
-        cJSON_AddFalseToObject(o, "mlp_bias");
-        cJSON_AddNumberToObject(o, "pretraining_tp", 1);
-    } else {
-        cJSON_AddNullToObject(o, "sliding_window");
-    }
-    if (qwen2) {
-        cJSON_AddNumberToObject(o, "max_window_layers", c->num_hidden_layers);
-        cJSON_AddFalseToObject(o, "use_sliding_window");
-    }
+    zt__cfg_write_rope(o, &c->rope, false);
+    v->write(c, o);
     return zt__cfg_save(o, path, err);
+}
+
+/* Writes cfg as a Hugging Face config.json (keys sorted, as transformers writes them) atomically; see
+ * llama.h. Returns 0 or a negative code with a message naming the path. */
+int zt_llama_config_save(const zt_llama_config *c, const char *path, zt_err *err)
+{
+    if (c->family != ZT_LLAMA_FAMILY_LLAMA && c->family != ZT_LLAMA_FAMILY_MISTRAL)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: a config of model family %d is written by its own family "
+                       "(zt_family_config_save)", path, (int)c->family);
+    return zt__llama_config_write(c, path, c->family == ZT_LLAMA_FAMILY_LLAMA ? &llama_v : &mistral_v, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -495,7 +501,7 @@ static void hf_describe(const void *mv, char *out, size_t cap)
              cfg->tie_word_embeddings ? "a tied" : "an untied", cfg->tie_word_embeddings ? "true" : "false");
 }
 
-static const zt_hf_names hf_names = {
+const zt_hf_names zt__llama_hf_names = {
     .export_name = hf_export_name,
     .map = hf_map,
     .describe = hf_describe,
@@ -503,7 +509,8 @@ static const zt_hf_names hf_names = {
     .head_optional = false,
 };
 
-/* The family's entries over void pointers (family.h). */
+/* The family's entries over void pointers (family.h); those from zt__llama_config_validate_v on are shared
+ * with the families written on LLaMA's (llama_family.h). */
 static void f_config_default(void *c, const char *model_type)
 {
     (void)model_type; /* zt_llama_config_from_json reads it */
@@ -517,13 +524,13 @@ static int f_config_save(const void *c, const char *path, zt_err *err)
 {
     return zt_llama_config_save(c, path, err);
 }
-static int f_config_validate(const void *c, zt_err *err)
+int zt__llama_config_validate_v(const void *c, zt_err *err)
 {
     return zt_llama_config_validate(c, err);
 }
 
 #define F(name, kind, hash_only) {#name, offsetof(zt_llama_config, name), ZT__HM_##kind, hash_only}
-static const zt__hm_field fields[] = {
+const zt__hm_field zt__llama_fields[ZT__LLAMA_NUM_FIELDS] = {
     F(family, ENUM, false), F(num_hidden_layers, INT, false), F(hidden_size, INT, false),
     F(num_attention_heads, INT, false), F(num_key_value_heads, INT, false), F(intermediate_size, INT, false),
     F(max_position_embeddings, INT, false), F(vocab_size, INT, false), F(tie_word_embeddings, BOOL, false),
@@ -534,7 +541,7 @@ static const zt__hm_field fields[] = {
 };
 #undef F
 
-static void f_config_describe(const void *c, char *buf, size_t cap)
+void zt__llama_describe(const void *c, char *buf, size_t cap)
 {
     const zt_llama_config *l = c;
     static const char *const names[] = {"LLaMA", "Mistral", "Qwen2"};
@@ -544,7 +551,7 @@ static void f_config_describe(const void *c, char *buf, size_t cap)
              l->max_position_embeddings, l->tie_word_embeddings ? ", tied head" : "");
 }
 
-static void f_config_shape(const void *c, zt_family_shape *s)
+void zt__llama_shape(const void *c, zt_family_shape *s)
 {
     const zt_llama_config *l = c;
     *s = (zt_family_shape){.layers = l->num_hidden_layers, .positions = l->max_position_embeddings,
@@ -555,11 +562,11 @@ static void f_config_shape(const void *c, zt_family_shape *s)
         s->eos_ids[i] = l->eos_token_ids[i];
 }
 
-static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
+int zt__llama_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {
     return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
 }
-static int f_create_layout(void **out, const void *c, zt_err *err)
+int zt__llama_create_layout(void **out, const void *c, zt_err *err)
 {
     return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
 }
@@ -571,18 +578,13 @@ int zt_llama_cuda_create(zt_model **out, const zt_llama *m, int B, int T, int ma
 }
 #endif
 
+static const char *const model_types[] = {"llama", "mistral", NULL};
+
 const zt_family_def zt__family_llama = {
     .name = "llama",
     .model_types = model_types,
     .config_default = f_config_default,
     .config_from_json = f_config_from_json,
     .config_save = f_config_save,
-    .config_validate = f_config_validate,
-    ZT__HM_FIELD_ENTRIES(fields, 1)
-    .config_describe = f_config_describe,
-    .config_shape = f_config_shape,
-    .create = f_create,
-    .create_layout = f_create_layout,
-    .hf = &hf_names,
-    ZT__HM_FAMILY_ENTRIES
+    ZT__LLAMA_SHARED_ENTRIES
 };
