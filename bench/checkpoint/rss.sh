@@ -22,13 +22,13 @@ JSON
 for mode in ckpt nockpt resume; do
     rm -rf "$WORK/state"
     mkdir -p "$WORK/state"
-    save=0 steps=2 out="$WORK/run_$mode" resume=()
+    save=0 steps=2 run_dir="$WORK/run_$mode" resume=()
     [ "$mode" = nockpt ] && save=-1
-    [ "$mode" = resume ] && save=-1 steps=3 out="$WORK/run_ckpt" resume=(--resume "$WORK/run_ckpt")
-    [ "$mode" = resume ] || rm -rf "$out"
+    [ "$mode" = resume ] && save=-1 steps=3 run_dir="$WORK/run_ckpt" resume=(--resume "$WORK/run_ckpt")
+    [ "$mode" = resume ] || rm -rf "$run_dir"
     /usr/bin/time -f "%M %e" -o "$WORK/time_$mode" "$ZTRAIN" train --model "$WORK/model.json" \
         --train-data "$WORK/data_train_000.bin" --steps "$steps" --batch-size 1 --seq-len 32 --log-every 1 \
-        --moments-dir "$WORK/state" --save-every "$save" --out "$out" "${resume[@]}" "$@" > "$WORK/log_$mode" 2>&1 ||
+        --moments-dir "$WORK/state" --save-every "$save" --out "$run_dir" "${resume[@]}" "$@" > "$WORK/log_$mode" 2>&1 ||
         { tail -5 "$WORK/log_$mode"; exit 1; }
     read -r rss wall < "$WORK/time_$mode"
     load=""
