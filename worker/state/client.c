@@ -1329,6 +1329,40 @@ static int parse_param_chunk(const struct zt_rpc_part *parts, size_t nparts, siz
     return 0;
 }
 
+/* Starts a PullParams stream of elements [offset, offset + n) of p's shard and sends its one request (into
+ * shared-memory segment seg at seg_off, or over the stream when seg is 0). Returns 1 when the request went
+ * out, 0 when sending failed (the stream must still be finished), -1 with st filled when no stream
+ * started. */
+static int pull_start(zt_state_client_t *c, const struct piece *p, uint64_t offset, uint64_t n, uint64_t seg,
+                      uint64_t seg_off, zt_rpc_stream_t **s, struct zt_rpc_status *st)
+{
+    zt_err e = {{0}};
+    if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], SVC "PullParams", c->timeout_s, 0, s, &e) != 0) {
+        st->code = ZT_RPC_INTERNAL;
+        snprintf(st->msg, sizeof(st->msg), "%s", e.msg);
+        return -1;
+    }
+    Ztrain__V1__PullRange range = ZTRAIN__V1__PULL_RANGE__INIT;
+    range.block = p->block;
+    range.shard = p->shard;
+    range.offset = offset;
+    range.count = n;
+    Ztrain__V1__PullRange *rp = &range;
+    Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
+    req.run = (char *)p->run;
+    req.step = p->step;
+    req.n_ranges = 1;
+    req.ranges = &rp;
+    req.masters = p->masters != 0;
+    req.shm_segment = seg;
+    req.shm_offset = seg_off;
+    size_t len;
+    void *buf = pack(&req.base, &len);
+    const int ok = zt_rpc_stream_send(*s, buf, len) == 0 && zt_rpc_stream_close_send(*s) == 0;
+    free(buf);
+    return ok;
+}
+
 /* One attempt at a pull of one piece through shared memory: slot by slot, a PullParams naming a slot of seg
  * (the server writes the elements there and sends no ParamChunk), then the slot's bytes copied to p->dst. A
  * slot whose call failed is not given back (the server may still write it; the caller retires seg). Returns
@@ -1341,31 +1375,12 @@ static int pull_shm(zt_state_client_t *c, const struct piece *p, struct link_seg
         const uint64_t k = p->n - done < per ? p->n - done : per;
         const int slot = zt_shm_slot_get(seg->shm);
         const uint64_t off = zt_shm_slot_offset(seg->shm, slot);
-        Ztrain__V1__PullRange range = ZTRAIN__V1__PULL_RANGE__INIT;
-        range.block = p->block;
-        range.shard = p->shard;
-        range.offset = p->first + done;
-        range.count = k;
-        Ztrain__V1__PullRange *rp = &range;
-        Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
-        req.run = (char *)p->run;
-        req.step = p->step;
-        req.n_ranges = 1;
-        req.ranges = &rp;
-        req.masters = p->masters != 0;
-        req.shm_segment = seg->id;
-        req.shm_offset = off;
         zt_rpc_stream_t *s = NULL;
-        zt_err e = {{0}};
-        if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], SVC "PullParams", c->timeout_s, 0, &s, &e) != 0) {
-            st->code = code = ZT_RPC_INTERNAL;
-            snprintf(st->msg, sizeof(st->msg), "%s", e.msg);
+        int ok = pull_start(c, p, p->first + done, k, seg->id, off, &s, st);
+        if (ok < 0) {
+            code = st->code;
             break;
         }
-        size_t len;
-        void *buf = pack(&req.base, &len);
-        int ok = zt_rpc_stream_send(s, buf, len) == 0 && zt_rpc_stream_close_send(s) == 0;
-        free(buf);
         const void *msg;
         size_t mlen;
         int chunks = 0;
@@ -1400,28 +1415,9 @@ static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
     const uint64_t offset = p->first, n = p->n;
     uint8_t *out = p->dst;
     zt_rpc_stream_t *s = NULL;
-    zt_err e = {{0}};
-    if (zt_rpc_stream_start(c->srv[p->server].ch[p->lane], SVC "PullParams", c->timeout_s, 0, &s, &e) != 0) {
-        st->code = ZT_RPC_INTERNAL;
-        snprintf(st->msg, sizeof(st->msg), "%s", e.msg);
+    int ok = pull_start(c, p, offset, n, 0, 0, &s, st);
+    if (ok < 0)
         return st->code;
-    }
-    Ztrain__V1__PullRange range = ZTRAIN__V1__PULL_RANGE__INIT;
-    range.block = block;
-    range.shard = shard;
-    range.offset = offset;
-    range.count = n;
-    Ztrain__V1__PullRange *rp = &range;
-    Ztrain__V1__PullParamsRequest req = ZTRAIN__V1__PULL_PARAMS_REQUEST__INIT;
-    req.run = (char *)p->run;
-    req.step = p->step;
-    req.n_ranges = 1;
-    req.ranges = &rp;
-    req.masters = p->masters != 0;
-    size_t len;
-    void *buf = pack(&req.base, &len);
-    int ok = zt_rpc_stream_send(s, buf, len) == 0 && zt_rpc_stream_close_send(s) == 0;
-    free(buf);
     uint64_t got = 0;
     const char *bad = NULL;
     while (ok) {
