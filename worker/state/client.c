@@ -901,6 +901,27 @@ static void give_back(void *user)
     pthread_mutex_unlock(&b->mu);
 }
 
+/* The packed PushMessage header of total_bytes of p's shard from element offset (in shared-memory segment
+ * seg at seg_off, or in the chunks that follow when seg is 0); free it with free(). */
+static void *pack_push_header(const struct piece *p, uint64_t total_bytes, uint64_t offset, uint64_t seg,
+                              uint64_t seg_off, size_t *len)
+{
+    Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
+    h.run = (char *)p->run;
+    h.step = p->step;
+    h.block = p->block;
+    h.shard = p->shard;
+    h.dtype = p->dtype;
+    h.total_bytes = total_bytes;
+    h.offset = offset;
+    h.shm_segment = seg;
+    h.shm_offset = seg_off;
+    Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
+    m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
+    m.header = &h;
+    return pack(&m.base, len);
+}
+
 /* One attempt at a push of one piece through shared memory: slot by slot, the bytes copied into a slot of seg
  * and a PushMessage header naming it (the server stores them from there). A slot whose call failed is not
  * given back (the server may still read it; the caller retires seg). Returns the gRPC code with st filled. */
@@ -914,21 +935,8 @@ static int push_shm(zt_state_client_t *c, const struct piece *p, struct link_seg
         const int slot = zt_shm_slot_get(seg->shm);
         const uint64_t off = zt_shm_slot_offset(seg->shm, slot);
         memcpy(zt_shm_span(seg->shm, off, n), p->src + at, n);
-        Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
-        h.run = (char *)p->run;
-        h.step = p->step;
-        h.block = p->block;
-        h.shard = p->shard;
-        h.dtype = p->dtype;
-        h.total_bytes = n;
-        h.offset = p->first + at / p->es;
-        h.shm_segment = seg->id;
-        h.shm_offset = off;
-        Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
-        m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
-        m.header = &h;
         size_t len;
-        void *buf = pack(&m.base, &len), *resp = NULL;
+        void *buf = pack_push_header(p, n, p->first + at / p->es, seg->id, off, &len), *resp = NULL;
         size_t rlen = 0;
         code = zt_rpc_unary(c->srv[p->server].ch[p->lane], p->method, buf, len, c->timeout_s, 0, &resp, &rlen, st);
         free(buf);
@@ -961,19 +969,8 @@ static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
         return st->code;
     }
     uint64_t bytes = p->n * p->es, base = p->first * p->es;
-    Ztrain__V1__PushHeader h = ZTRAIN__V1__PUSH_HEADER__INIT;
-    h.run = (char *)p->run;
-    h.step = p->step;
-    h.block = p->block;
-    h.shard = p->shard;
-    h.dtype = p->dtype;
-    h.total_bytes = bytes;
-    h.offset = p->first;
-    Ztrain__V1__PushMessage m = ZTRAIN__V1__PUSH_MESSAGE__INIT;
-    m.msg_case = ZTRAIN__V1__PUSH_MESSAGE__MSG_HEADER;
-    m.header = &h;
     size_t len;
-    void *buf = pack(&m.base, &len);
+    void *buf = pack_push_header(p, bytes, p->first, 0, 0, &len);
     int ok = zt_rpc_stream_send(s, buf, len) == 0;
     free(buf);
     /* The chunks' data is sent from where it lies (no protobuf-c pack, no copy): gRPC references the
