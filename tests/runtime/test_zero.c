@@ -1216,6 +1216,36 @@ static uint64_t dir_bytes(const char *dir)
     return sum;
 }
 
+/* The runs under --host-mem: a folder from the template dir with a shard of 4096 tokens (shard) and an empty
+ * state folder (sdir, 256 bytes each), and the config of a 6-layer GPT-2 of width 64 training on it (6 steps
+ * of 4 x 8 with grad_accum 2, one thread), not yet resolved. */
+static void host_mem_fixture(char *dir, char *shard, char *sdir, zt_train_config *cfg)
+{
+    assert_non_null(mkdtemp(dir));
+    uint16_t toks[4096];
+    for (int i = 0; i < 4096; i++)
+        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
+    snprintf(shard, 256, "%s/train_000.bin", dir);
+    snprintf(sdir, 256, "%s/state", dir);
+    assert_int_equal(mkdir(sdir, 0700), 0);
+    zt_err err = {{0}};
+    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    zt_train_config_init(cfg);
+    zt_family_config_default(&cfg->model);
+    *ZT_GPT2_CONFIG(&cfg->model) = tiny_config();
+    ZT_GPT2_CONFIG(&cfg->model)->n_layer = 6;
+    ZT_GPT2_CONFIG(&cfg->model)->n_embd = 64;
+    cfg->model_loaded = true;
+    snprintf(cfg->train_data, sizeof cfg->train_data, "%s", shard);
+    cfg->steps = 6;
+    cfg->batch_size = 4;
+    cfg->seq_len = 8;
+    cfg->grad_accum = 2;
+    cfg->lr = 1e-2;
+    cfg->threads = 1;
+    cfg->log_every = 3;
+}
+
 /* `ztrain train` at W = 2 under --host-mem with --moments-dir: a cap between the smallest plan (moments and
  * masters on disk) and the plan with the masters in RAM puts fp32 masters in the records on disk (their
  * files grow), and the losses are those of the same run with the masters in RAM, bit for bit. The cap is
@@ -1227,34 +1257,12 @@ static uint64_t dir_bytes(const char *dir)
 static void test_train_under_host_mem(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/zt_zero_hm_XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    uint16_t toks[4096];
-    for (int i = 0; i < 4096; i++)
-        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
-    char shard[256], sdir[256], rank0[300];
-    snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
-    snprintf(sdir, sizeof sdir, "%s/state", dir);
-    snprintf(rank0, sizeof rank0, "%s/rank0", sdir);
-    assert_int_equal(mkdir(sdir, 0700), 0);
-    zt_err err = {{0}};
-    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    char dir[] = "/tmp/zt_zero_hm_XXXXXX", shard[256], sdir[256], rank0[300];
     zt_train_config cfg;
-    zt_train_config_init(&cfg);
-    zt_family_config_default(&cfg.model);
-    *ZT_GPT2_CONFIG(&cfg.model) = tiny_config();
-    ZT_GPT2_CONFIG(&cfg.model)->n_layer = 6;
-    ZT_GPT2_CONFIG(&cfg.model)->n_embd = 64;
-    cfg.model_loaded = true;
-    snprintf(cfg.train_data, sizeof cfg.train_data, "%s", shard);
+    host_mem_fixture(dir, shard, sdir, &cfg);
+    snprintf(rank0, sizeof rank0, "%s/rank0", sdir);
     snprintf(cfg.moments_dir, sizeof cfg.moments_dir, "%s", sdir);
-    cfg.steps = 6;
-    cfg.batch_size = 4;
-    cfg.seq_len = 8;
-    cfg.grad_accum = 2;
-    cfg.lr = 1e-2;
-    cfg.threads = 1;
-    cfg.log_every = 3;
+    zt_err err = {{0}};
     assert_int_equal(zt_train_config_resolve(&cfg, &err), 0);
 
     /* the prices of the two plans at W = 2, rank 0 */
@@ -1390,33 +1398,11 @@ static char *file_bytes(const char *path, size_t *n)
 static void test_resume_under_host_mem(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/zt_zero_rhm_XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    uint16_t toks[4096];
-    for (int i = 0; i < 4096; i++)
-        toks[i] = (uint16_t)((i * 7 + (i / 5) * 3) % 37);
-    char shard[256], sdir[256];
-    snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
-    snprintf(sdir, sizeof sdir, "%s/state", dir);
-    assert_int_equal(mkdir(sdir, 0700), 0);
-    zt_err err = {{0}};
-    assert_int_equal(zt_shard_write(shard, toks, 4096, &err), 0);
+    char dir[] = "/tmp/zt_zero_rhm_XXXXXX", shard[256], sdir[256];
     zt_train_config base;
-    zt_train_config_init(&base);
-    zt_family_config_default(&base.model);
-    *ZT_GPT2_CONFIG(&base.model) = tiny_config();
-    ZT_GPT2_CONFIG(&base.model)->n_layer = 6;
-    ZT_GPT2_CONFIG(&base.model)->n_embd = 64;
-    base.model_loaded = true;
-    snprintf(base.train_data, sizeof base.train_data, "%s", shard);
-    base.steps = 6;
-    base.batch_size = 4;
-    base.seq_len = 8;
-    base.grad_accum = 2;
-    base.lr = 1e-2;
-    base.threads = 1;
-    base.log_every = 3;
+    host_mem_fixture(dir, shard, sdir, &base);
     base.schedule = ZT_SCHEDULE_NODECAY; /* the number of steps does not change the learning rates */
+    zt_err err = {{0}};
     assert_int_equal(zt_train_config_resolve(&base, &err), 0);
     const char *files[2] = {"model.safetensors", "optim.safetensors"};
     for (int W = 1; W <= 2; W++)
