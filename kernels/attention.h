@@ -102,6 +102,9 @@ typedef struct zt_attention_variant {
     bool generic;      /* the generic packed-qkv kernels even at the tuned head sizes 64 and 128 */
     bool general;      /* the descriptor's general kernels even for packed-qkv descriptors */
     int mma_warp_rows; /* rows per warp of the mma.sync kernels at head size 64: 0 or 32 (default), or 16 */
+    bool single_pass;  /* the packed mma.sync backward in one pass (dK, dV and dQ from one walk over the tiles; its
+                          scratch is larger: zt_cuda_attention_bwd_scratch_size of a descriptor with this variant)
+                          instead of the two passes (dK/dV, then dQ); slower on the H200 (bench/attention) */
 } zt_attention_variant;
 
 /* One attention call: shape, options and the forward's tensors. Pointers are borrowed for the call. On the
@@ -233,7 +236,7 @@ extern "C" {
  * row strides of whole 8-element multiples; the rest runs general CUDA-core kernels that serve every feature
  * at any head size up to 256 (slower: one warp per row, no shared tiles). Every backward is deterministic:
  * the same inputs give the same bits, dbias_table included (per-block partial tables summed in a fixed
- * order, no atomics). */
+ * order, no atomics; the variant's single pass adds its dQ parts by reductions in a fixed order). */
 
 /* Whether the kernels serve d in dtype (head size <= 256, at most ZT_ATTENTION_MAX_BUCKETS buckets). */
 bool zt_cuda_attention_desc_supported(const zt_attention_desc *d, enum zt_dtype dtype);
@@ -258,7 +261,8 @@ void zt_cuda_attention_forward(void *out, float *lse, const void *qkv, int B, in
 /* Bytes of device scratch zt_cuda_attention_backward needs (the fp32 row sums of dout * out). */
 size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH);
 /* Accumulates (+=) into dqkv [B,T,3C]. Deterministic: dK and dV come from one pass over key tiles and
- * dQ from a second pass over query tiles, so every element is written by one thread (no atomics). */
+ * dQ from a second pass over query tiles, so every element is written by one thread (no atomics). A
+ * descriptor's variant can ask for the mma.sync kernels' single pass instead (zt_attention_variant). */
 void zt_cuda_attention_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                 const float *lse, int B, int T, int C, int NH, void *scratch,
                                 enum zt_dtype dtype, cudaStream_t stream);

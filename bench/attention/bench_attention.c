@@ -2,7 +2,9 @@
  * _bwd) at the shapes of GPT-2 1558M, TinyLlama, BERT-Large and T5, each with the production choice and the
  * other families a zt_attention_variant selects (the experimental and fallback kernels live behind that
  * field, not behind switches of the library). Prints one table row per (shape, family):
- *   shape | family | path | forward ms | forward TFLOP/s | backward ms | backward TFLOP/s
+ *   shape | family | path | forward ms | forward TFLOP/s | backward ms | backward TFLOP/s | bits on a rerun
+ * and exits 1 when a backward run again gives other bits than the run before it (every backward is
+ * deterministic).
  * FLOPs count the unmasked (query, key) pairs: forward 4 HS per pair (two products), backward 10 HS (five).
  * Run by bench/attention/run.sh, which adds PyTorch's scaled_dot_product_attention beside it. bf16. */
 #include <math.h>
@@ -16,6 +18,7 @@
 static cudaStream_t g_stream;
 static cudaEvent_t g_ev0, g_ev1;
 static int g_iters = 20;
+static int g_status; /* 1 once a backward gave other bits on a rerun */
 
 static void *drand(size_t n, float scale, enum zt_dtype dt)
 {
@@ -158,9 +161,28 @@ static void bench_shape(const struct shape *s, const char *family, const zt_atte
     ZT_CUDA_CHECK(cudaMalloc(&scratch, zt_cuda_attention_bwd_scratch_size(&d)));
     const double pairs = pairs_of(s);
     const double fms = time_ms(0, &d, &g, scratch), bms = time_ms(1, &d, &g, scratch);
-    printf("| %-34s | %-22s | %-7s | %8.3f | %7.1f | %8.3f | %7.1f |\n", s->name, family,
+    /* The backward overwrites its gradients: one more run must give the bits of the last timed one. */
+    const size_t nbq = (size_t)(nq * qs) * es, nbk = s->packed ? 0 : (size_t)(nk * kvs) * es;
+    unsigned char *h0 = malloc(nbq + nbk), *h1 = malloc(nbq + nbk);
+    ZT_CUDA_CHECK(cudaMemcpy(h0, dq, nbq, cudaMemcpyDeviceToHost));
+    if (nbk)
+        ZT_CUDA_CHECK(cudaMemcpy(h0 + nbq, dkv, nbk, cudaMemcpyDeviceToHost));
+    zt_err err;
+    if (zt_cuda_attention_bwd(&d, &g, scratch, dt, g_stream, &err)) {
+        fprintf(stderr, "bench_attention: %s\n", err.msg);
+        exit(1);
+    }
+    ZT_CUDA_CHECK(cudaMemcpy(h1, dq, nbq, cudaMemcpyDeviceToHost));
+    if (nbk)
+        ZT_CUDA_CHECK(cudaMemcpy(h1 + nbq, dkv, nbk, cudaMemcpyDeviceToHost));
+    const bool same = memcmp(h0, h1, nbq + nbk) == 0;
+    free(h0);
+    free(h1);
+    if (!same)
+        g_status = 1;
+    printf("| %-34s | %-22s | %-7s | %8.3f | %7.1f | %8.3f | %7.1f | %s |\n", s->name, family,
            zt_cuda_attention_path(&d, dt), fms, 4.0 * pairs * s->HS / (fms * 1e-3) / 1e12, bms,
-           10.0 * pairs * s->HS / (bms * 1e-3) / 1e12);
+           10.0 * pairs * s->HS / (bms * 1e-3) / 1e12, same ? "same" : "DIFFERENT");
     fflush(stdout);
     void *bufs[] = {q, kv, dq, dkv, out, dout, lse, table, dtable, lens, cu, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -191,6 +213,8 @@ int main(int argc, char **argv)
          false},
         {"TinyLlama: 32x64, 4 kv, T 2048, causal, B 4", 4, 2048, 2048, 32, 4, 64, true, true, false, 0, NULL, 0, NULL,
          false},
+        {"LLaMA-7B: 32x128, T 2048, causal, B 2", 2, 2048, 2048, 32, 32, 128, true, true, false, 0, NULL, 0, NULL,
+         false},
         {"BERT-Large: 16x64, T 512, padded, B 32", 32, 512, 512, 16, 16, 64, false, true, false, 0, bert_lens, 0,
          NULL, false},
         {"T5: 16x64, Tq 128, Tk 512, bias, B 8", 8, 128, 512, 16, 16, 64, false, false, true, 1.0f, NULL, 0, NULL,
@@ -209,10 +233,11 @@ int main(int argc, char **argv)
          NULL, true},
         {"cross: 16x64, Tq 128, Tk 512, B 8", 8, 128, 512, 16, 16, 64, false, false, false, 0, NULL, 0, NULL, false},
     };
-    const zt_attention_variant v_default = {0}, v_mma16 = {.mma_warp_rows = 16}, v_wmma = {.wmma = true},
+    const zt_attention_variant v_default = {0}, v_single_pass = {.single_pass = true}, v_mma16 = {.mma_warp_rows = 16},
+                               v_wmma = {.wmma = true},
                                v_generic = {.generic = true}, v_general = {.general = true};
-    printf("| shape | family | path | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n");
-    printf("|---|---|---|---|---|---|---|\n");
+    printf("| shape | family | path | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | bwd bits on a rerun |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         bench_shape(&shapes[i], "ztrain default", &v_default);
         if (!shapes[i].packed || shapes[i].cu || shapes[i].window) {
@@ -220,10 +245,11 @@ int main(int argc, char **argv)
             bench_shape(&shapes[i], "ztrain general kernels", &v_general);
             continue;
         }
+        bench_shape(&shapes[i], "ztrain single-pass backward", &v_single_pass);
         bench_shape(&shapes[i], "ztrain mma 16 rows/warp", &v_mma16);
         bench_shape(&shapes[i], "ztrain WMMA", &v_wmma);
         bench_shape(&shapes[i], "ztrain generic packed", &v_generic);
         bench_shape(&shapes[i], "ztrain general kernels", &v_general);
     }
-    return 0;
+    return g_status;
 }

@@ -52,6 +52,7 @@ docs = [2048, 1024, 512, 1536, 128, 768, 1152, 1024]  # bench_attention's packed
 shapes = [
     ("GPT-2 1558M: 25x64, T 1024, causal, B 8", 8, 1024, 1024, 25, 25, 64, True, None),
     ("TinyLlama: 32x64, 4 kv, T 2048, causal, B 4", 4, 2048, 2048, 32, 4, 64, True, None),
+    ("LLaMA-7B: 32x128, T 2048, causal, B 2", 2, 2048, 2048, 32, 32, 128, True, None),
     ("BERT-Large: 16x64, T 512, padded, B 32", 32, 512, 512, 16, 16, 64, False, "pad"),
     ("BERT-Large: 16x64, T 512, no mask, B 32", 32, 512, 512, 16, 16, 64, False, "nopad"),
     ("T5: 16x64, Tq 128, Tk 512, bias, B 8", 8, 128, 512, 16, 16, 64, False, "bias"),

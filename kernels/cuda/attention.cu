@@ -829,6 +829,9 @@ template <int HS, int MI> struct mma_shape {
      * floats; the dQ pass leaves them unused). */
     static constexpr size_t bwd_smem =
         (size_t)(2 * RES_ELEMS + 4 * mma_cfg<HS>::TILE_ELEMS) * 2 + 4 * MMA_TILE * sizeof(float);
+    /* The single pass adds the dS^T of one query tile: ROWS keys x 64 queries, rows padded by 8 elements. */
+    static constexpr int DS_LD = MMA_TILE + 8;
+    static constexpr size_t bwd1_smem = bwd_smem + (size_t)ROWS * DS_LD * 2;
     /* Columns of the walked side per inner step of the dK/dV pass: 64 for head size 64 with MI = 1, else 32,
      * which keeps the two score tiles and the two HS-wide accumulators within the registers. */
     static constexpr int SUB = HS == 64 && MI == 1 ? 64 : 32;
@@ -979,14 +982,31 @@ static __global__ void __launch_bounds__(MMA_THREADS)
  * diagonal down). Per query tile, in steps of SUB queries: S^T = K Q^T and dP^T = V dO^T,
  * P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T and dS^T straight
  * from the registers. CAUSAL: a warp skips the steps whose queries all precede its keys. Bidirectional:
- * nothing to mask (padded queries have lse = +inf, so P = 0; the rows of padded keys are not stored).
- * GQA false: NKV = NH, compiled without the walk over query heads. */
-template <typename T, int HS, int MI, bool GQA, bool CAUSAL>
+ * nothing to mask for dK and dV (padded queries have lse = +inf, so P = 0; the rows of padded keys are not
+ * stored). GQA false: NKV = NH, compiled without the walk over query heads.
+ *
+ * DQ (the single pass): the block also gives each query tile its part of dQ. Its warps leave the tile's dS^T
+ * (rounded to T, as the dK product takes it; zeros where a warp skipped a step or, bidirectional, for keys
+ * at and past the length) in shared memory; then warp w computes dQ of the tile's queries 16 w .. 16 w + 15
+ * over the block's ROWS keys (dS from the stored dS^T by ldmatrix.trans, times the resident K) and adds it
+ * into the fp32 rows of dq_acc [B, NH, T, HS]. The additions into a query tile are ordered: key block kt
+ * waits until sems[(b NH + h) nqt + qt] says kt (every block below it added its part), stores (kt = 0: the
+ * first part of every tile it sees) or adds by reductions done in L2 (red.global.add: a read-modify-write
+ * from the SM waits on memory and ran 4-6x slower), waits until its reductions are done (fence) and
+ * releases kt + 1. So the sum runs over the key blocks in order and the same inputs give the same bits, with
+ * 5 products per tile pair instead of the 7 of the two passes. A block waits only on blocks that took an
+ * earlier ticket (tickets), which are running or done, so the waits always end. attention_dq_store_kernel
+ * then writes dq_acc, scaled, into dqkv. Measured on the H200 (bench/attention) it is 3-12% slower than the
+ * two passes at GPT-2's, LLaMA's and BERT's shapes (the fp32 reductions, about 64 x HS x 4 bytes per tile
+ * pair, cost more than the two products they save), and 30% slower with grouped-query heads (a block walks
+ * every query head of its key/value head: too few blocks), so it is not the default. */
+template <typename T, int HS, int MI, bool GQA, bool CAUSAL, bool DQ>
 static __global__ void __launch_bounds__(MMA_THREADS)
     attention_backward_kv_mma_kernel(T *__restrict__ dqkv, const T *__restrict__ dout, const T *__restrict__ qkv,
                                      const float *__restrict__ lse, const float *__restrict__ D,
                                      const int32_t *__restrict__ lens, int T_, int C, int NH, int NKV, float scale,
-                                     bool accumulate)
+                                     bool accumulate, float *__restrict__ dq_acc, int *__restrict__ sems,
+                                     int *__restrict__ tickets)
 {
     if constexpr (!mma_supported<T>()) {
         __trap();
@@ -1001,10 +1021,21 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         T *dOs = Qs + 2 * cfg::TILE_ELEMS;  /* two buffers */
         float *lse_s = reinterpret_cast<float *>(dOs + 2 * cfg::TILE_ELEMS); /* two buffers of 64 */
         float *D_s = lse_s + 2 * MMA_TILE;                                   /* two buffers of 64 */
+        T *dSs = reinterpret_cast<T *>(D_s + 2 * MMA_TILE);                  /* DQ: [ROWS][DS_LD] */
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-        /* The first key tiles see the most query tiles: those of every (batch, head) start first. */
-        const int kt = blockIdx.y;
-        const int bkv = blockIdx.x, b = bkv / NKV, kvh = bkv % NKV, G = GQA ? NH / NKV : 1;
+        /* The first key tiles see the most query tiles: those of every (batch, head) start first. DQ: the
+         * block's tile comes from a ticket taken at its start, in the grid's order, so that the blocks it
+         * waits for have started before it, whatever order the GPU starts blocks in. */
+        int kt = blockIdx.y, bkv = blockIdx.x;
+        if constexpr (DQ) {
+            __shared__ int ticket;
+            if (threadIdx.x == 0)
+                ticket = atomicAdd(tickets, 1);
+            __syncthreads();
+            kt = ticket / (int)gridDim.x;
+            bkv = ticket % (int)gridDim.x;
+        }
+        const int b = bkv / NKV, kvh = bkv % NKV, G = GQA ? NH / NKV : 1;
         const int k0 = kt * sh::ROWS;
         const int len = mma_seq_len(lens, b, T_);
         if (k0 >= len)
@@ -1015,6 +1046,8 @@ static __global__ void __launch_bounds__(MMA_THREADS)
         const float scale_log2 = scale * LOG2E;
         const int qbegin = CAUSAL ? k0 / MMA_TILE : 0, qend = ZT_CEIL_DIV(len, MMA_TILE), nq = qend - qbegin;
         const int wk0 = k0 + warp * 16 * MI; /* this warp's first key; this lane's: wk0 + 16 mi + g (+ 8) */
+        const bool kedge = !CAUSAL && k0 + sh::ROWS > len; /* DQ: keys at and past the length in this block */
+        T *dSw = dSs + warp * 16 * MI * sh::DS_LD;          /* DQ: this warp's rows of dS^T */
 
         /* Step it walks query tile qbegin + it % nq of query head kvh G + it / nq. Starts loading its tile into
          * buffer nb: Q and dO by cp.async, lse and D by plain stores (padded and out-of-range rows get
@@ -1058,8 +1091,16 @@ static __global__ void __launch_bounds__(MMA_THREADS)
 #pragma unroll 1
             for (int sub = 0; sub < MMA_TILE / SUB; sub++) {
                 const int qs0 = qt * MMA_TILE + sub * SUB; /* first query of the step */
-                if (CAUSAL && wk0 > qs0 + SUB - 1)
-                    continue; /* every key of this warp is past every query of the step: P = 0 */
+                if (CAUSAL && wk0 > qs0 + SUB - 1) {
+                    /* every key of this warp is past every query of the step: P = 0 */
+                    if constexpr (DQ) {
+#pragma unroll
+                        for (int r = 0; r < 16 * MI; r++)
+                            if (lane < SUB / 2)
+                                *reinterpret_cast<uint32_t *>(dSw + r * sh::DS_LD + sub * SUB + 2 * lane) = 0u;
+                    }
+                    continue;
+                }
                 const bool diag = CAUSAL && wk0 + 16 * MI - 1 > qs0;
                 float s[MI][SUB / 8][4], dp[MI][SUB / 8][4];
                 mma_zero(s);
@@ -1078,13 +1119,58 @@ static __global__ void __launch_bounds__(MMA_THREADS)
                             float p = fast_exp2(s[mi][j][e] * scale_log2 - lse_t[c]);
                             if (diag && key > qt * MMA_TILE + c)
                                 p = 0.0f;
+                            if (DQ && kedge && key >= len)
+                                p = 0.0f;
                             s[mi][j][e] = p;
                             dp[mi][j][e] = p * (dp[mi][j][e] - D_t[c]); /* dS^T */
                         }
+                if constexpr (DQ) {
+#pragma unroll
+                    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                        for (int j = 0; j < SUB / 8; j++)
+#pragma unroll
+                            for (int i = 0; i < 2; i++)
+                                *reinterpret_cast<uint32_t *>(dSw + (16 * mi + g + 8 * i) * sh::DS_LD + sub * SUB +
+                                                              8 * j + 2 * q) =
+                                    pack2<T>(dp[mi][j][2 * i], dp[mi][j][2 * i + 1]);
+                }
                 mma_acc_x_rows<T, HS, MI, SUB / 16>(dv, s, dOt + sub * SUB * cfg::LDS); /* dV += P^T dO */
                 mma_acc_x_rows<T, HS, MI, SUB / 16>(dk, dp, Qt + sub * SUB * cfg::LDS); /* dK += dS^T Q */
             }
-            __syncthreads(); /* buffer cb is refilled in the next iteration */
+            if constexpr (DQ) {
+                __syncthreads(); /* the tile's dS^T is complete */
+                float dqp[HS / 8][4];
+#pragma unroll
+                for (int j = 0; j < HS / 8; j++)
+                    dqp[j][0] = dqp[j][1] = dqp[j][2] = dqp[j][3] = 0.0f;
+                mma_at_x_rows<T, HS, sh::ROWS / 16>(dqp, dSs + warp * 16, sh::DS_LD, Ks); /* dQ part = dS K */
+                const int h = kvh * G + (GQA ? it / nq : 0);
+                int *sem = sems + ((size_t)b * NH + h) * ZT_CEIL_DIV(T_, MMA_TILE) + qt;
+                if (threadIdx.x == 0)
+                    while (ld_acquire_gpu(sem) != kt)
+                        __nanosleep(32);
+                __syncthreads(); /* the key blocks below this one have added their parts */
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int row = qt * MMA_TILE + warp * 16 + g + 8 * i;
+                    if (row >= T_)
+                        continue;
+                    float *acc = dq_acc + (((size_t)b * NH + h) * T_ + row) * HS + 2 * q;
+#pragma unroll
+                    for (int j = 0; j < HS / 8; j++) {
+                        if (kt == 0)
+                            __stcg(reinterpret_cast<float2 *>(acc + 8 * j), make_float2(dqp[j][2 * i], dqp[j][2 * i + 1]));
+                        else
+                            red_add2(acc + 8 * j, dqp[j][2 * i], dqp[j][2 * i + 1]);
+                    }
+                }
+                __threadfence(); /* this thread's additions are done in memory */
+                __syncthreads();
+                if (threadIdx.x == 0)
+                    st_release_gpu(sem, kt + 1);
+            }
+            __syncthreads(); /* buffer cb (and dS^T) is refilled in the next iteration */
         }
 
         T *krows = dqkv + (size_t)b * T_ * stride + C + kvh * HS;
@@ -1208,6 +1294,31 @@ static __global__ void __launch_bounds__(MMA_THREADS)
     }
 }
 
+/* The single pass's dQ into dqkv: row t < lens[b] of query head h gets scale * dq_acc [B, NH, T, HS], added
+ * (accumulate) or stored; rows at or past the length are left as they are. A thread owns two channels. */
+template <typename T>
+static __global__ void attention_dq_store_kernel(T *__restrict__ dqkv, const float *__restrict__ dq_acc,
+                                                 const int32_t *__restrict__ lens, int T_, int NH, int HS, int stride,
+                                                 float scale, bool accumulate)
+{
+    const int b = blockIdx.y, W = NH * HS;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x, pair = 2 * idx;
+    if (pair >= (size_t)T_ * W)
+        return;
+    const int t = (int)(pair / W), c = (int)(pair % W), h = c / HS;
+    if (t >= mma_seq_len(lens, b, T_))
+        return;
+    const float2 v =
+        *reinterpret_cast<const float2 *>(dq_acc + (((size_t)b * NH + h) * T_ + t) * HS + c % HS);
+    T *p = dqkv + ((size_t)b * T_ + t) * stride + c;
+    float lo = v.x * scale, hi = v.y * scale;
+    if (accumulate) {
+        lo += zt_to_float(p[0]);
+        hi += zt_to_float(p[1]);
+    }
+    *reinterpret_cast<uint32_t *>(p) = pack2<T>(lo, hi);
+}
+
 /* Padding rows: rows t >= lens[b] of x [B, T, W] become zero, and with lse [B, NH, T] their lse +inf (so that
  * the backward kernels, which take P = exp(S - lse), see P = 0 there). Block (b, y) owns the MASK_ROWS rows
  * from y MASK_ROWS and returns at once where they all hold tokens, as in a batch without padding. */
@@ -1229,6 +1340,33 @@ static __global__ void attention_mask_rows_kernel(T *__restrict__ x, float *__re
 }
 
 /* ---- launchers ---- */
+
+/* The backward's scratch: D [B, NH, T] (rows of dout . out), then, 16-byte aligned, the single pass's fp32 dQ
+ * rows [B, NH, T, HS], its counters, one per (sequence, head, 64-query tile), and the blocks' ticket
+ * counter (sem_count + 1 ints, zeroed before each launch). */
+struct bwd_scratch {
+    float *dq;
+    int *sems;
+    size_t sem_count;
+};
+
+static size_t bwd_scratch_dq_offset(int B, int T_, int NH) { return ((size_t)B * NH * T_ + 3) / 4 * 4; }
+
+/* The scratch of the single pass (the mma.sync kernels' head sizes); every other backward needs D alone. */
+static size_t bwd_scratch_floats(int B, int T_, int NH, int HS)
+{
+    return bwd_scratch_dq_offset(B, T_, NH) + (size_t)B * T_ * NH * HS + (size_t)B * NH * ZT_CEIL_DIV(T_, MMA_TILE) +
+           1;
+}
+
+static bwd_scratch bwd_scratch_of(float *D, int B, int T_, int NH, int HS)
+{
+    bwd_scratch s;
+    s.dq = D + bwd_scratch_dq_offset(B, T_, NH);
+    s.sems = reinterpret_cast<int *>(s.dq + (size_t)B * T_ * NH * HS);
+    s.sem_count = (size_t)B * NH * ZT_CEIL_DIV(T_, MMA_TILE);
+    return s;
+}
 
 /* Kernels above 48 KiB of dynamic shared memory must say so once per kernel. */
 template <typename K> static void allow_smem(K kernel, size_t bytes)
@@ -1326,22 +1464,45 @@ static bool mma_forward(T *out, float *lse, const T *qkv, const int32_t *lens, i
     return mma_forward_mi<T, HS, 1>(out, lse, qkv, lens, B, T_, C, NH, NKV, causal, scale_log2, stream, v);
 }
 
-/* The mma.sync backward (dK/dV pass, then dQ pass) with MI row blocks per warp; false (nothing launched)
- * where it cannot run. accumulate false (never with a padding mask, which leaves rows unwritten): the
- * kernels store; otherwise they add. */
+/* The mma.sync backward with MI row blocks per warp; false (nothing launched) where it cannot run. The
+ * dK/dV pass then the dQ pass, or with the variant's single_pass the single pass (dK, dV and dQ from one walk;
+ * D is then the larger scratch bwd_scratch describes). accumulate false (never with a padding mask, which
+ * leaves rows unwritten): the kernels store; otherwise they add. */
 template <typename T, int HS, int MI>
 static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B,
-                            int T_, int C, int NH, int NKV, bool causal, const float *D, float scale, bool accumulate,
+                            int T_, int C, int NH, int NKV, bool causal, float *D, float scale, bool accumulate,
                             cudaStream_t stream, const zt_attention_variant *v)
 {
     const void *ptrs[3] = {dqkv, dout, qkv};
+    if (v->single_pass) {
+        const size_t smem = mma_shape<HS, MI>::bwd1_smem;
+        auto kernel = causal ? (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, true, true>
+                                          : attention_backward_kv_mma_kernel<T, HS, MI, true, true, true>)
+                             : (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, false, true>
+                                          : attention_backward_kv_mma_kernel<T, HS, MI, true, false, true>);
+        if (!mma_usable<T>(v, kernel, smem, ptrs, 3))
+            return false;
+        const bwd_scratch sc = bwd_scratch_of(D, B, T_, NH, HS);
+        ZT_CUDA_CHECK(cudaMemsetAsync(sc.sems, 0, (sc.sem_count + 1) * sizeof(int), stream));
+        allow_smem(kernel, smem);
+        kernel<<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH,
+                                                                           NKV, scale, accumulate, sc.dq, sc.sems,
+                                                                           sc.sems + sc.sem_count);
+        ZT_CUDA_CHECK_LAUNCH();
+        const size_t pairs = (size_t)T_ * C / 2;
+        const dim3 grid((unsigned)ZT_CEIL_DIV(pairs, (size_t)256), (unsigned)B);
+        attention_dq_store_kernel<T><<<grid, 256, 0, stream>>>(dqkv, sc.dq, lens, T_, NH, HS, C + 2 * NKV * HS, scale,
+                                                               accumulate);
+        ZT_CUDA_CHECK_LAUNCH();
+        return true;
+    }
     const size_t smem = mma_shape<HS, MI>::bwd_smem;
     /* Grouped-query and bidirectional calls run their own instances, so the causal multi-head kernels
      * (GPT-2's) carry neither the walk over query heads nor the length mask. */
-    auto kv_kernel = causal ? (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, true>
-                                         : attention_backward_kv_mma_kernel<T, HS, MI, true, true>)
-                            : (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, false>
-                                         : attention_backward_kv_mma_kernel<T, HS, MI, true, false>);
+    auto kv_kernel = causal ? (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, true, false>
+                                         : attention_backward_kv_mma_kernel<T, HS, MI, true, true, false>)
+                            : (NKV == NH ? attention_backward_kv_mma_kernel<T, HS, MI, false, false, false>
+                                         : attention_backward_kv_mma_kernel<T, HS, MI, true, false, false>);
     auto q_kernel = causal ? (NKV == NH ? attention_backward_q_mma_kernel<T, HS, MI, false, true>
                                         : attention_backward_q_mma_kernel<T, HS, MI, true, true>)
                            : (NKV == NH ? attention_backward_q_mma_kernel<T, HS, MI, false, false>
@@ -1350,7 +1511,7 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
         return false;
     allow_smem(kv_kernel, smem);
     kv_kernel<<<mma_grid<HS, MI>(B, T_, NKV), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV,
-                                                                          scale, accumulate);
+                                                                          scale, accumulate, nullptr, nullptr, nullptr);
     ZT_CUDA_CHECK_LAUNCH();
     allow_smem(q_kernel, smem);
     q_kernel<<<mma_grid<HS, MI>(B, T_, NH), MMA_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, D, lens, T_, C, NH, NKV,
@@ -1361,7 +1522,7 @@ static bool mma_backward_mi(T *dqkv, const T *dout, const T *qkv, const float *l
 
 template <typename T, int HS>
 static bool mma_backward(T *dqkv, const T *dout, const T *qkv, const float *lse, const int32_t *lens, int B, int T_,
-                         int C, int NH, int NKV, bool causal, const float *D, float scale, bool accumulate,
+                         int C, int NH, int NKV, bool causal, float *D, float scale, bool accumulate,
                          cudaStream_t stream, const zt_attention_variant *v)
 {
     if constexpr (HS == 64) {
@@ -1483,6 +1644,11 @@ extern "C" size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH)
 extern "C" size_t zt_cuda_attention_backward_gqa_scratch_size(const zt_attention_dims *d)
 {
     return zt_cuda_attention_backward_scratch_size(d->B, d->T, d->NH);
+}
+
+extern "C" size_t zt__cuda_attention_single_pass_scratch_size(const zt_attention_dims *d)
+{
+    return bwd_scratch_floats(d->B, d->T, d->NH, d->HS) * sizeof(float);
 }
 
 template <typename T>

@@ -737,6 +737,16 @@ extern "C" size_t zt_cuda_attention_bwd_scratch_size(const zt_attention_desc *d)
     const size_t part = d->bias == ZT_ATTENTION_BIAS_T5
                             ? (size_t)d->B * d->NH * ZT_CEIL_DIV(d->Tq, DESC_QROWS) * d->num_buckets * sizeof(float)
                             : 0;
+    /* A descriptor in the packed-qkv form asking for the single pass runs it, which needs more. */
+    const bool packed_candidate = !d->cu_seqlens_q && d->bias == ZT_ATTENTION_BIAS_NONE && d->window < 0 &&
+                                  d->Tq == d->Tk && (d->scale <= 0 || d->scale == 1.0f / sqrtf((float)d->HS));
+    if (packed_candidate && d->variant && d->variant->single_pass && (d->HS == 64 || d->HS == 128)) {
+        const zt_attention_dims dims = {.B = d->B, .T = d->Tq, .NH = d->NH, .NKV = d->NKV, .HS = d->HS,
+                                        .causal = d->causal};
+        const size_t packed = zt__cuda_attention_single_pass_scratch_size(&dims);
+        if (packed > D + part)
+            return packed;
+    }
     return D + part;
 }
 

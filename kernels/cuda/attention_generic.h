@@ -40,6 +40,9 @@ void zt__cuda_attention_packed_backward(void *dqkv, const void *dout, const void
                                         const float *lse, const int32_t *lens, const zt_attention_dims *d,
                                         bool accumulate, void *scratch, enum zt_dtype dtype, cudaStream_t stream,
                                         const zt_attention_variant *v);
+/* Bytes of scratch the packed backward needs with the variant's single_pass (mma.sync head sizes 64 and 128):
+ * D, the fp32 dQ rows and the counters of its ordered additions. */
+size_t zt__cuda_attention_single_pass_scratch_size(const zt_attention_dims *d);
 
 #ifdef __cplusplus
 }

@@ -191,6 +191,54 @@ __device__ __forceinline__ void mma_acc_x_rows(float (&acc)[MI][HS / 8][4], cons
     }
 }
 
+/* acc (16 x HS as HS / 8 tiles) += A (16 x 16 KS) times rows [0, 16 KS) of the row-major tile x (HS long),
+ * where A is held transposed in shared memory: A[m][k] at at[k * ldat + m] (16-byte aligned rows). dQ += dS K
+ * from the dS^T a dK/dV pass keeps: ldmatrix.trans of the stored [k][m] matrices gives A's fragments. */
+template <typename T, int HS, int KS>
+__device__ __forceinline__ void mma_at_x_rows(float (&acc)[HS / 8][4], const T *at, int ldat, const T *x)
+{
+    constexpr int LDS = mma_cfg<HS>::LDS;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        /* Matrices (m, k): 0-7 0-7, 8-15 0-7, 0-7 8-15, 8-15 8-15, each stored as its k rows. */
+        uint32_t af[4];
+        ldsm_x4_trans(af, at + (ks * 16 + (lane / 16) * 8 + lane % 8) * ldat + ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int dp = 0; dp < HS / 16; dp++) {
+            uint32_t bf[4];
+            ldsm_x4_trans(bf, x + (ks * 16 + lane % 16) * LDS + dp * 16 + (lane / 16) * 8);
+            mma16816<T>(acc[2 * dp], af, bf[0], bf[1]);
+            mma16816<T>(acc[2 * dp + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+/* p[0] += a, p[1] += b in global memory, performed where the memory is (no value comes back): one vector
+ * reduction on sm_90, two scalar ones before. */
+__device__ __forceinline__ void red_add2(float *p, float a, float b)
+{
+#if ZT_ARCH >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
+/* An int in global memory read with acquire and written with release semantics at GPU scope: the ordered
+ * hand-over of a tile between blocks (each block adds its part after the one before it released the tile). */
+__device__ __forceinline__ int ld_acquire_gpu(const int *p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(int *p, int v)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 template <int MI, int N> __device__ __forceinline__ void mma_zero(float (&acc)[MI][N][4])
 {
 #pragma unroll

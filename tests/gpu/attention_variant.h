@@ -32,6 +32,15 @@ static inline zt_attention_desc att_packed_desc(void *out, float *lse, const voi
     return a;
 }
 
+/* Bytes of backward scratch the call needs with the variant under test (the single pass needs more). */
+static inline size_t att_scratch_bytes(int B, int T, int NH, int NKV, int HS, bool causal)
+{
+    const zt_attention_dims d = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal};
+    const zt_attention_desc a = att_packed_desc(NULL, NULL, NULL, NULL, &d, ZT_DTYPE_BF16);
+    const size_t s = zt_cuda_attention_bwd_scratch_size(&a), g = zt_cuda_attention_backward_gqa_scratch_size(&d);
+    return s > g ? s : g;
+}
+
 static inline void att_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
                                    const zt_attention_dims *d, enum zt_dtype dt, cudaStream_t stream)
 {

@@ -1170,7 +1170,7 @@ static void run_attention(enum zt_dtype dt, int B, int T, int C, int NH)
     void *d_dout = dev_rand((size_t)B * T * C, 1.0f, dt, &dout);
     void *d_dqkv = dev_rand((size_t)B * T * 3 * C, 0.5f, dt, &dqkv);
     void *d_dqkv0 = dev_clone(d_dqkv, (size_t)B * T * 3 * C * es);
-    void *scratch = dev_alloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
+    void *scratch = dev_alloc(att_scratch_bytes(B, T, NH, NH, C / NH, true));
     att_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, scratch, dt, g_stream);
     float *g_dqkv = dev_download(d_dqkv, (size_t)B * T * 3 * C, dt);
     zt_cpu_attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
@@ -1259,7 +1259,7 @@ static void run_attention_masked(enum zt_dtype dt, int B, int T, int C, int NH, 
 
     void *d_dout = dev_rand(n, 1.0f, dt, &dout);
     void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
-    void *scratch = dev_alloc(zt_cuda_attention_backward_scratch_size(B, T, NH));
+    void *scratch = dev_alloc(att_scratch_bytes(B, T, NH, NH, C / NH, true));
     att_backward_masked(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, B, T, C, NH, scratch, dt,
                                       g_stream);
     float *g_dqkv = dev_download(d_dqkv, n3, dt);
@@ -1291,19 +1291,23 @@ static void test_attention(void **state)
     if (g_cc_major >= 8)
         assert_true(zt_cuda_attention_supported(256 * 4, 4)); /* head size 256 */
     /* Pass 0: the default path for every dtype, with the mma.sync kernels preferred (bf16 and fp16 on
-     * sm_80+) at 32 rows per warp; pass 1: the mma.sync kernels at 16 rows per warp; pass 2: bf16 and fp16
-     * with the WMMA kernels; pass 3: the CUDA-core kernels; passes 4 and 5: the generic kernels, forced,
-     * on the tensor cores (bf16 and fp16 on sm_80+) and on the CUDA cores. */
-    static const char *what[6] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
+     * sm_80+) at 32 rows per warp; pass 1: the mma.sync kernels at 16 rows
+     * per warp; pass 2: bf16 and fp16 with the WMMA kernels; pass 3: the CUDA-core kernels; passes 4 and 5:
+     * the generic kernels, forced, on the tensor cores (bf16 and fp16 on sm_80+) and on the CUDA cores;
+     * passes 6 and 7: the mma.sync backward in a single pass at 32 and 16 rows per warp. */
+    static const char *what[8] = {"mma.sync preferred, 32 rows per warp", "mma.sync, 16 rows per warp",
                                   "WMMA (mma.sync off)", "CUDA cores only", "generic kernels forced",
-                                  "generic kernels forced, CUDA cores only"};
+                                  "generic kernels forced, CUDA cores only", "mma.sync, single-pass backward",
+                                  "mma.sync, 16 rows per warp, single-pass backward"};
     const int32_t lens[3] = {150, 97, 0}, lens128[2] = {64, 130}, lens_long[2] = {300, 257};
-    for (int pass = 0; pass < 6; pass++) {
+    for (int pass = 0; pass < 8; pass++) {
         g_att_variant = (zt_attention_variant){.cuda_cores = pass == 3 || pass == 5, .wmma = pass == 2,
-                                               .generic = pass >= 4, .mma_warp_rows = pass == 1 ? 16 : 0};
-        g_attention_tc = pass < 3 || pass == 4;
+                                               .generic = pass == 4 || pass == 5,
+                                               .mma_warp_rows = pass == 1 || pass == 7 ? 16 : 0,
+                                               .single_pass = pass >= 6};
+        g_attention_tc = pass < 3 || pass == 4 || pass >= 6;
         printf("  -- attention: %s\n", what[pass]);
-        for (int i = pass == 0 || pass >= 4 ? 0 : 1; i < 3; i++) {
+        for (int i = pass == 0 || pass == 4 || pass == 5 ? 0 : 1; i < 3; i++) {
             run_attention(k_dtypes[i], 2, 67, 256, 4);   /* head size 64, T not a multiple of any tile */
             run_attention(k_dtypes[i], 1, 130, 256, 2);  /* head size 128 */
             run_attention(k_dtypes[i], 2, 200, 512, 4);  /* head size 128, several tiles */
@@ -1373,7 +1377,7 @@ static void run_attention_gqa(enum zt_dtype dt, int B, int T, int NH, int NKV, i
     void *d_dout = dev_rand(n, 1.0f, dt, &dout);
     void *d_dqkv = dev_rand(n3, 0.5f, dt, &dqkv);
     void *d_dqkv0 = dev_clone(d_dqkv, n3 * es);
-    void *scratch = dev_alloc(zt_cuda_attention_backward_gqa_scratch_size(&d));
+    void *scratch = dev_alloc(att_scratch_bytes(d.B, d.T, d.NH, d.NKV, d.HS, d.causal));
     att_backward_gqa(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_lens, &d, true, scratch, dt, g_stream);
     float *g_dqkv = dev_download(d_dqkv, n3, dt);
     zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, &d);
@@ -1439,9 +1443,11 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
     } else {
         printf("  attention head size 256 skipped: this GPU has too little shared memory per block\n");
     }
-    /* The tuned kernels' shapes through the general entry points (both kernel families). */
-    for (int generic = 0; generic < 2; generic++) {
-        g_att_variant.generic = generic;
+    /* The tuned kernels' shapes through the general entry points: the mma.sync kernels with their two-pass
+     * backward, with the single pass, and the generic kernels. */
+    for (int family = 0; family < 3; family++) {
+        g_att_variant.generic = family == 2;
+        g_att_variant.single_pass = family == 1;
         run_attention_gqa(dt, 2, 67, 4, 4, 64, true, NULL, tol);
         run_attention_gqa(dt, 2, 150, 2, 2, 128, true, two, tol);
         /* Grouped-query at the tuned head sizes (the mma.sync kernels for bf16 and fp16), padded too. */
@@ -1455,6 +1461,7 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
         run_attention_gqa(dt, 4, 192, 3, 1, 128, false, bert, tol);
     }
     g_att_variant.generic = false;
+    g_att_variant.single_pass = false;
 }
 
 static void test_attention_gqa(void **state)
