@@ -134,7 +134,7 @@ static void attention_forward(const zt_ops *o, const zt__dec_arch *a, void *out,
                               const zt_attention_dims *d, const zt__dec_docs *docs)
 {
     if (!docs) {
-        o->attention(o, out, lse, qkv, d);
+        o->attention(o, out, lse, qkv, NULL, d);
         return;
     }
     const size_t QKV = (size_t)zt__dec_qkv_width(a), C = (size_t)a->NH * a->HS;
@@ -150,7 +150,7 @@ static void attention_backward(const zt_ops *o, const zt__dec_arch *a, void *dqk
                                const void *out, const float *lse, const zt_attention_dims *d, const zt__dec_docs *docs)
 {
     if (!docs) {
-        o->attention_backward(o, dqkv, dout, qkv, out, lse, d);
+        o->attention_backward(o, dqkv, dout, qkv, out, lse, NULL, d);
         return;
     }
     const size_t QKV = (size_t)zt__dec_qkv_width(a), C = (size_t)a->NH * a->HS;
