@@ -19,6 +19,7 @@
 #include "kernels/matmul.h"
 #include "kernels/pooler.h"
 #include "kernels/residual.h"
+#include "worker/models/cpu_exec.h" /* the mean loss */
 #include "worker/models/cuda_exec.h"
 
 #define LABEL_PAD 8 /* classifier rows: the labels rounded up to this */
@@ -693,7 +694,7 @@ static float cuda_loss(const zt_model *m, int micro)
 {
     const bert_cuda *g = (const bert_cuda *)m;
     const size_t rows = head_rows(g, (size_t)g->cur_B, (size_t)g->cur_T);
-    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * rows, rows, g->n_valid[micro]);
+    return zt__mean_loss(g->cs.h_losses + (size_t)micro * rows, rows, g->n_valid[micro]);
 }
 
 /* Copies the logits of the last head [rows, K] to out as fp32. */

@@ -1,7 +1,9 @@
-/* The CPU executor of every family; see cpu_exec.h. */
+/* The CPU executor of every family, and what the CPU runners share; see cpu_exec.h. */
 #include "worker/models/cpu_exec.h"
 
 #include <stdlib.h>
+
+#include "kernels/crossentropy.h"
 
 #include "worker/models/family.h"
 
@@ -160,4 +162,38 @@ int zt__cpu_exec_create(zt_model **out, const zt_family_def *def, void *host, in
     base->max_micro = max_micro;
     *out = base;
     return 0;
+}
+
+/* ---- what the runners share ---- */
+
+float zt__mean_loss(const float *losses, size_t n, int counted)
+{
+    if (counted == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += losses[i];
+    return (float)(sum / counted);
+}
+
+float zt__cpu_loss_forward(zt__cpu_loss *l, const float *logits, int rows, int K)
+{
+    l->rows = rows;
+    l->K = K;
+    l->counted = zt_cpu_crossentropy_forward_backward(l->losses, NULL, logits, l->targets, rows, K, -1, 0.0f);
+    l->have_targets = true;
+    return zt__mean_loss(l->losses, (size_t)rows, l->counted);
+}
+
+bool zt__cpu_loss_backward(zt__cpu_loss *l, float *logits, float loss_scale)
+{
+    ZT_ASSERT(l->have_targets); /* backward needs a forward pass with targets, once */
+    l->have_targets = false;
+    l->skip = l->counted == 0;
+    if (l->skip)
+        return false;
+    /* dlogits replace the logits in place (the kernel allows the alias) */
+    zt_cpu_crossentropy_forward_backward(l->losses, logits, logits, l->targets, l->rows, l->K, -1,
+                                         loss_scale / (float)l->counted);
+    return true;
 }

@@ -6,7 +6,8 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, pinned host memory */
+#include "kernels/crossentropy.h"     /* the fused classifier */
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, pinned host memory, the inf/NaN check */
 
 size_t zt__round_up(size_t x, size_t a)
 {
@@ -218,6 +219,33 @@ void zt__cuda_state_close(zt__cuda_state *s)
     memset(s, 0, sizeof *s);
 }
 
+int zt__cuda_check_model(enum zt_dtype dtype, const zt_attention_dims *d, const char *heads, const char *fix,
+                         int max_micro, zt_err *err)
+{
+    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
+    if (!zt_cuda_attention_gqa_supported(d))
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
+                       "of shared memory per block); %s (choose %s among them, or train with --device cpu)",
+                       heads, fix);
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
+                       max_micro, ZT__CUDA_MAX_MICRO);
+    return 0;
+}
+
+void zt__cuda_bind(zt_model *base, zt_ops *ops, const zt__cuda_state *s, zt__ops_cuda_res res, int *d_flag,
+                   enum zt_dtype dtype)
+{
+    res.stream = s->stream;
+    res.blas = s->blas;
+    zt__ops_cuda_init(ops, &res, dtype);
+    base->stream = s->stream;
+    base->nonfinite_flag = d_flag;
+    base->device_bytes = s->pool_bytes;
+}
+
 /* ---- staging and read-back ---- */
 
 int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
@@ -241,14 +269,17 @@ int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const 
     return valid;
 }
 
-float zt__cuda_mean_loss(const float *losses, size_t n, int counted)
+void zt__cuda_loss(zt__cuda_state *s, float *losses, void *logits, const int32_t *d_targets, int rows, int K, int Kp,
+                   int valid, float scale, int *d_flag, int micro, enum zt_dtype dtype)
 {
-    if (counted == 0)
-        return 0.0f;
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++)
-        sum += losses[i];
-    return (float)(sum / counted);
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    zt_cuda_crossentropy_forward_backward(losses, train ? logits : NULL, logits, d_targets, rows, K, Kp, -1,
+                                          grad_scale, NULL, dtype, s->stream);
+    if (train)
+        zt_cuda_check_finite(d_flag, losses, (size_t)rows, ZT_DTYPE_F32, s->stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(s->h_losses + (size_t)micro * rows, losses, (size_t)rows * sizeof(float),
+                                  cudaMemcpyDeviceToHost, s->stream));
 }
 
 void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,

@@ -1,6 +1,8 @@
-/* What the families' CUDA executors share (decoder_cuda.c, bert_cuda.c): the device layout of a
+/* What the families' CUDA executors share (decoder_cuda.c, bert_cuda.c, t5.c): the device layout of a
  * host model's tensor table, the pool that activations and scratch are carved from, the stream, cuBLASLt
- * handle and pinned staging, token staging and reading losses and logits back. Internal to worker/models/.
+ * handle and pinned staging, the checks of a model's shape that every executor makes, the op table's
+ * binding, token staging, the fused classifier's loss and reading losses and logits back. Internal to
+ * worker/models/.
  *
  * Device layout: the host slab's tensors in order, each starting on a ZT__CUDA_ALIGN_ELEMS boundary unless
  * the family marks it packed (it continues the tensor before it, as k and v after q form one packed weight);
@@ -17,8 +19,10 @@
 
 #include "common/safetensors.h"
 #include "common/status.h"
-#include "kernels/matmul.h" /* zt_cuda_blas */
+#include "kernels/attention.h" /* zt_attention_dims */
+#include "kernels/matmul.h"    /* zt_cuda_blas */
 #include "worker/models/model.h"
+#include "worker/models/ops_cuda.h"
 #include "worker/models/params.h" /* zt_param_info */
 
 #define ZT__CUDA_ALIGN_ELEMS 64 /* tensors start on a 64-element boundary of the device layout */
@@ -105,13 +109,27 @@ int zt__cuda_state_open(zt__cuda_state *s, size_t pool_bytes, const size_t plan[
 /* Waits for the stream and frees everything (accepts a state that failed to open, or a zeroed one). */
 void zt__cuda_state_close(zt__cuda_state *s);
 
+/* Checks what every executor needs of a model: the compute dtype (F32, BF16 or F16), attention of d's head
+ * shape that the kernels serve (heads: what the model has, fix: what to choose, for the message), and
+ * max_micro micro-batches per step. Returns 0, or ZT_EUNSUPPORTED / ZT_EINVAL_CONFIG with a message. */
+int zt__cuda_check_model(enum zt_dtype dtype, const zt_attention_dims *d, const char *heads, const char *fix,
+                         int max_micro, zt_err *err);
+/* Binds ops to the CUDA kernels on s's stream and cuBLASLt handle with res's scratch (its stream and handle
+ * are set here), and sets base's device fields: the stream, the inf/NaN flag d_flag and the pool's bytes. */
+void zt__cuda_bind(zt_model *base, zt_ops *ops, const zt__cuda_state *s, zt__ops_cuda_res res, int *d_flag,
+                   enum zt_dtype dtype);
+
 /* Stages tokens and targets [B,T] (targets NULL: every position ignored) through pinned slot `slot` (whose
  * previous copy it waits for) into d_tokens and d_targets on s's stream. Tokens and targets must lie in
  * [0,V) (targets -1: ignored). Returns the number of targets that count. */
 int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
                       int V, int32_t *d_tokens, int32_t *d_targets);
-/* The sum of losses[0..n) in double over counted, rounded to float (0 when counted is 0). */
-float zt__cuda_mean_loss(const float *losses, size_t n, int counted);
+/* The fused classifier over logits [rows, Kp] (the first K columns count) against d_targets (-1: ignored):
+ * losses [rows] and, in training (scale != 0), the logits replaced by the gradient of the mean loss over
+ * `valid` counted targets times scale, the losses checked for inf/NaN into d_flag; then the losses copied to
+ * s->h_losses + micro * rows. */
+void zt__cuda_loss(zt__cuda_state *s, float *losses, void *logits, const int32_t *d_targets, int rows, int K, int Kp,
+                   int valid, float scale, int *d_flag, int micro, enum zt_dtype dtype);
 /* Copies rows x cols of a device matrix of dtype elements with row stride `stride` into out [rows, cols] as
  * fp32, after the stream's work so far. */
 void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "common/memory.h"      /* huge pages for the activation slab */
-#include "kernels/crossentropy.h"
 #include "kernels/matmul.h"     /* the head on the CPU */
+#include "worker/models/cpu_exec.h" /* the loss */
 
 #define IGNORE_INDEX (-1)
 
@@ -287,10 +287,10 @@ struct zt__dec_cpu {
     zt__dec_acts *layers;         /* [L] */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits;                /* [N,V]; the logits' gradient after backward_head */
-    float *losses;                /* [N] */
+    zt__cpu_loss loss;            /* losses [N] and targets [N] of the micro-batch begun last */
     zt__dec_work work;
     float *pad_row;               /* [C] */
-    int32_t *tokens, *targets;    /* [N] of the micro-batch begun last */
+    int32_t *tokens;              /* [N] of the micro-batch begun last */
     bool *discarded;              /* [L+2] a checkpointed block dropped its activations after its forward */
     int32_t *pos, *cu;            /* [N], [2N]: packed documents' positions and attention offsets */
     zt__dec_group *groups;        /* [N] */
@@ -298,9 +298,6 @@ struct zt__dec_cpu {
     bool packed;                  /* the micro-batch begun last has packed documents */
 
     int B, T;
-    bool have_targets;            /* the last head had targets and no backward consumed them */
-    int n_valid;                  /* counted targets of the last head */
-    bool backward_skip;           /* the running backward has nothing to do (every target ignored) */
 };
 
 /* Carves the runner's activations from base (or counts them with base NULL); returns the bytes. */
@@ -316,7 +313,7 @@ static size_t carve(zt__dec_cpu *r, char *base)
     r->lnf_mean = zt__dec_take(base, &used, N * f, al);
     r->lnf_rstd = zt__dec_take(base, &used, N * f, al);
     r->logits = zt__dec_take(base, &used, N * (size_t)a->V * f, al);
-    r->losses = zt__dec_take(base, &used, N * f, al);
+    r->loss.losses = zt__dec_take(base, &used, N * f, al);
     zt__dec_carve_work(a, N, f, al, base, &used, &r->work);
     r->pad_row = zt__dec_take(base, &used, C * f, al);
     return used;
@@ -337,11 +334,11 @@ int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_
     const size_t bytes = carve(r, NULL), N = (size_t)B * T;
     r->slab = malloc(bytes);
     r->tokens = malloc(N * sizeof(int32_t));
-    r->targets = malloc(N * sizeof(int32_t));
+    r->loss.targets = malloc(N * sizeof(int32_t));
     r->pos = malloc(N * sizeof(int32_t));
     r->cu = malloc(2 * N * sizeof(int32_t));
     r->groups = malloc(N * sizeof(zt__dec_group));
-    if (!r->slab || !r->tokens || !r->targets || !r->pos || !r->cu || !r->groups) {
+    if (!r->slab || !r->tokens || !r->loss.targets || !r->pos || !r->cu || !r->groups) {
         zt__dec_cpu_destroy(r);
         return zt_fail(err, ZT_ENOMEM,
                        "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
@@ -372,7 +369,7 @@ void zt__dec_cpu_destroy(zt__dec_cpu *r)
     free(r->inv_freq);
     free(r->slab);
     free(r->tokens);
-    free(r->targets);
+    free(r->loss.targets);
     free(r->pos);
     free(r->cu);
     free(r->groups);
@@ -432,7 +429,7 @@ void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T, cons
     }
     r->B = B;
     r->T = T;
-    r->have_targets = false;
+    r->loss.have_targets = false;
     memset(r->discarded, 0, ((size_t)r->a.L + 2) * sizeof *r->discarded);
 }
 
@@ -468,29 +465,15 @@ float zt__dec_cpu_forward_head(zt__dec_cpu *r, const float *hp, const int32_t *t
         return 0.0f;
     for (int i = 0; i < N; i++)
         ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
-    memmove(r->targets, targets, (size_t)N * sizeof *targets);
-    r->n_valid =
-        zt_cpu_crossentropy_forward_backward(r->losses, NULL, r->logits, r->targets, N, V, IGNORE_INDEX, 0.0f);
-    r->have_targets = true;
-    if (r->n_valid == 0)
-        return 0.0f;
-    double sum = 0.0;
-    for (int i = 0; i < N; i++)
-        sum += r->losses[i];
-    return (float)(sum / r->n_valid);
+    memmove(r->loss.targets, targets, (size_t)N * sizeof *targets);
+    return zt__cpu_loss_forward(&r->loss, r->logits, N, V);
 }
 
 void zt__dec_cpu_backward_head(zt__dec_cpu *r, const float *hp, float *hg, float loss_scale)
 {
-    ZT_ASSERT(r->have_targets); /* backward needs a forward pass with targets, once */
-    r->have_targets = false;
-    r->backward_skip = r->n_valid == 0;
-    if (r->backward_skip)
+    if (!zt__cpu_loss_backward(&r->loss, r->logits, loss_scale))
         return;
     const int N = r->B * r->T, C = r->a.C, V = r->a.V;
-    /* dlogits overwrite the logits in place (the kernel allows the alias). */
-    zt_cpu_crossentropy_forward_backward(r->losses, r->logits, r->logits, r->targets, N, V, IGNORE_INDEX,
-                                         loss_scale / (float)r->n_valid);
     memset(r->work.dln, 0, (size_t)N * C * sizeof(float));
     zt_cpu_matmul_backward(r->work.dln, in_block_mut(r, hg, r->a.head_tensor), NULL, r->logits, r->lnf,
                            in_block(r, hp, r->a.head_tensor), N, C, V);
@@ -500,7 +483,7 @@ void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, floa
 {
     const zt__dec_arch *a = &r->a;
     ZT_ASSERT(block >= 0 && block <= a->L + 1);
-    if (r->backward_skip)
+    if (r->loss.skip)
         return;
     const int N = r->B * r->T;
     if (block == a->L + 1) {

@@ -11,16 +11,17 @@
  * allocated inside a step. */
 #include "worker/models/decoder.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
 
-#include "kernels/crossentropy.h"     /* the fused classifier */
-#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check */
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK */
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/rmsnorm.h"
+#include "worker/models/cpu_exec.h"  /* the mean loss */
 #include "worker/models/cuda_exec.h" /* the layout, pool, stream and staging executors share */
 #include "worker/models/model.h"
 #include "worker/models/ops_cuda.h"
@@ -142,15 +143,12 @@ static void build_layout(dec_cuda *g, const bool *ckpt_layers)
 /* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
 static int check_shape(const zt__dec_arch *a, int max_micro, enum zt_dtype dtype, zt_err *err)
 {
-    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
-        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
     const zt_attention_dims d = {.B = 1, .T = 1, .NH = a->NH, .NKV = a->NKV, .HS = a->HS, .causal = true};
-    if (!zt_cuda_attention_gqa_supported(&d))
-        return zt_fail(err, ZT_EUNSUPPORTED,
-                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
-                       "of shared memory per block); this model's heads have %d channels (choose a hidden size and "
-                       "head count among them, or train with --device cpu)",
-                       a->HS);
+    char heads[64];
+    snprintf(heads, sizeof heads, "this model's heads have %d channels", a->HS);
+    int rc = zt__cuda_check_model(dtype, &d, heads, "a hidden size and head count", max_micro, err);
+    if (rc < 0)
+        return rc;
     if (a->C % 8 != 0 || a->F % 8 != 0)
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA kernels need the hidden size and the MLP's width to be multiples of 8 (they are %d "
@@ -160,9 +158,6 @@ static int check_shape(const zt__dec_arch *a, int max_micro, enum zt_dtype dtype
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA LayerNorm kernels serve hidden sizes up to 6144 (this model has %d); train with "
                        "--device cpu", a->C);
-    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
-                       max_micro, ZT__CUDA_MAX_MICRO);
     return 0;
 }
 
@@ -238,13 +233,9 @@ int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, in
         g->h_docs[i] = zt_cuda_host_alloc(3 * N * sizeof(int32_t));
         ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->docs_done[i], cudaEventDisableTiming));
     }
-    const zt__ops_cuda_res res = {.stream = g->cs.stream, .blas = g->cs.blas, .norm_scratch = g->norm_scratch,
-                                  .attn_scratch = g->attn_scratch, .emb_scratch = g->emb_scratch,
-                                  .attn_scratch_bytes = g->attn_scratch_bytes};
-    zt__ops_cuda_init(&g->ops, &res, dtype);
-    g->base.stream = g->cs.stream;
-    g->base.nonfinite_flag = g->d_flag;
-    g->base.device_bytes = pool_bytes;
+    const zt__ops_cuda_res res = {.norm_scratch = g->norm_scratch, .attn_scratch = g->attn_scratch,
+                                  .emb_scratch = g->emb_scratch, .attn_scratch_bytes = g->attn_scratch_bytes};
+    zt__cuda_bind(&g->base, &g->ops, &g->cs, res, g->d_flag, dtype);
     *out = &g->base;
     return 0;
 }
@@ -346,17 +337,11 @@ static void cuda_discard(zt_model *base, int b)
 static void cuda_head(zt_model *base, const void *w, float scale)
 {
     dec_cuda *g = (dec_cuda *)base;
-    const int N = g->cur_B * g->cur_T, valid = g->n_valid[g->micro];
-    const bool train = scale != 0.0f;
-    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    const int N = g->cur_B * g->cur_T;
     g->ops.linear(&g->ops, g->logits, g->lnf, in_block(g, w, base->head_block, g->a.head_tensor), NULL, N, g->a.C,
                   g->Vp);
-    zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, N, g->a.V,
-                                          g->Vp, -1, grad_scale, NULL, g->dtype, g->cs.stream);
-    if (train)
-        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->cs.stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->cs.stream));
+    zt__cuda_loss(&g->cs, g->losses, g->logits, g->d_targets, N, g->a.V, g->Vp, g->n_valid[g->micro], scale,
+                  g->d_flag, g->micro, g->dtype);
 }
 
 /* The head's backward: its weight's gradient into the head block's buffer, and the gradient of the final
@@ -399,7 +384,7 @@ static float cuda_loss(const zt_model *base, int micro)
 {
     const dec_cuda *g = (const dec_cuda *)base;
     const size_t N = (size_t)g->cur_B * g->cur_T;
-    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * N, N, g->n_valid[micro]);
+    return zt__mean_loss(g->cs.h_losses + (size_t)micro * N, N, g->n_valid[micro]);
 }
 
 /* The logits of the last head (called with scale 0) as fp32 [B,T,V]. */
