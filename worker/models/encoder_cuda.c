@@ -1,0 +1,475 @@
+/* The encoder program on one CUDA GPU (encoder.h): the device layout of a host model's tensor table, the
+ * activations carved from one pool, and the engine's model interface (worker/models/model.h) over the
+ * encoder program with the CUDA binding (ops_cuda.c). BERT and RoBERTa train through this executor.
+ *
+ * Device layout: the host slab's tensors in order, each on a 64-element boundary except the key and value
+ * weights and biases (right after the query's, so that each group stays one packed [3C, C] weight and [3C]
+ * bias); the word embeddings and the masked-LM decoder bias padded to a vocabulary that is a multiple of 128,
+ * the classifier's weight and bias to a multiple of 8 labels (padding is zero and its gradients are never
+ * read). Checkpointed layers share one set of activations; one whose layer above is checkpointed too (or that
+ * is the last) keeps its sum before the output LayerNorm rather than its output, so that no rebuild runs the
+ * output projection. Nothing is allocated inside a step. */
+#include "worker/models/encoder.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK */
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "worker/models/cpu_exec.h"  /* the mean loss */
+#include "worker/models/cuda_exec.h" /* the layout, pool, stream and staging executors share */
+#include "worker/models/decoder.h"   /* zt__dec_take */
+#include "worker/models/model.h"
+#include "worker/models/ops_cuda.h"
+
+#define LABEL_PAD 8 /* classifier rows: the labels rounded up to this */
+
+/* A checkpointed layer that keeps its sum: the output LayerNorm's weight and bias [C], copied at the first
+ * forward, for the layer above to rebuild its input when this block's weights may be gone. */
+typedef struct kept_norm {
+    void *w, *b;
+} kept_norm;
+
+typedef struct enc_cuda {
+    zt_model base; /* first member: a zt_model * is an enc_cuda * */
+    zt__enc_arch a;
+    zt__enc_model m; /* tables borrowed from the host model */
+    enum zt_dtype dtype;
+    size_t esize;
+    int Kp;        /* the decoder's or the classifier's rows on the device */
+    int max_B, max_T, max_micro;
+    zt__cuda_layout lay; /* the device layout and the engine's view of it */
+    zt__cuda_state cs;   /* stream, cuBLASLt, pool, pinned staging */
+    zt_ops ops;          /* the CUDA binding (after creation) */
+
+    bool *keep_sum;      /* [L] a checkpointed layer keeps res2 and its statistics; see above */
+    kept_norm *kept;     /* [L] */
+
+    /* Carved from the pool. */
+    zt__enc_acts *layers, shared; /* [L]; what checkpointed layers share */
+    void *outbuf[2];     /* the outputs of layers that keep their sum, alternately */
+    zt__enc_ends e;
+    zt__enc_work work;
+    float *losses;       /* [rows] */
+    int32_t *d_tokens, *d_types, *d_targets, *d_lens;
+    void *attn_scratch, *emb_scratch, *ln_scratch;
+    size_t attn_scratch_bytes;
+    int *d_flag;
+
+    /* Staging: cs.h_io's slots hold tokens, types, targets [N] each and lens [B]; cs.h_losses
+     * [max_micro * rows]. */
+    int32_t *h_targets;  /* [max_micro * rows] the counted targets, for the accuracy */
+    const int32_t *next_types;
+    int n_valid[ZT__CUDA_MAX_MICRO];
+    int cur_B, cur_T, micro;
+} enc_cuda;
+
+static const zt_model_ops cuda_ops;
+
+static bool layer_ckpt(const enc_cuda *g, int l)
+{
+    return g->lay.block_ckpt[1 + l];
+}
+
+static size_t head_rows(const enc_cuda *g, int B, int T)
+{
+    return (size_t)zt__enc_rows(&g->a, B, T);
+}
+
+/* Hands out pool memory, every piece 256-byte aligned. */
+static void *take(char *base, size_t *used, size_t bytes)
+{
+    return zt__dec_take(base, used, bytes, ZT__CUDA_POOL_ALIGN);
+}
+
+/* Carves every device buffer from base; returns the bytes used (base NULL: only counts). plan, when not
+ * NULL, receives the bytes of activations and of scratch. */
+static size_t carve(enc_cuda *g, char *base, size_t plan[2])
+{
+    const zt__enc_arch *a = &g->a;
+    const size_t B = (size_t)g->max_B, N = B * g->max_T, C = (size_t)a->C, e = g->esize, al = ZT__CUDA_POOL_ALIGN;
+    const size_t rows = head_rows(g, g->max_B, g->max_T);
+    size_t used = 0;
+    zt__enc_carve_ends(a, B, N, g->Kp, e, al, base, &used, &g->e);
+    bool any_sum = false, any_out = false; /* checkpointed layers that keep their sum; that keep their output */
+    for (int l = 0; l < a->L; l++) {
+        any_sum |= g->keep_sum[l];
+        any_out |= layer_ckpt(g, l) && !g->keep_sum[l];
+    }
+    if (any_sum || any_out) {
+        /* what checkpointed layers share: all but the sum of those that keep it, and the outputs */
+        zt__enc_carve_acts(a, N, e, al, base, &used, &g->shared, true, any_out, false);
+        if (any_sum) {
+            g->outbuf[0] = take(base, &used, N * C * e);
+            g->outbuf[1] = take(base, &used, N * C * e);
+        }
+    }
+    for (int l = 0; l < a->L; l++) {
+        zt__enc_acts *s = &g->layers[l];
+        if (!layer_ckpt(g, l)) {
+            zt__enc_carve_acts(a, N, e, al, base, &used, s, true, true, true);
+            continue;
+        }
+        *s = g->shared;
+        zt__enc_carve_acts(a, N, e, al, base, &used, s, false, g->keep_sum[l], !g->keep_sum[l]);
+        if (g->keep_sum[l]) {
+            g->kept[l].w = take(base, &used, C * e);
+            g->kept[l].b = take(base, &used, C * e);
+            s->out = g->outbuf[l & 1];
+        }
+    }
+    g->losses = take(base, &used, rows * 4);
+    zt__enc_carve_work(a, N, e, al, base, &used, &g->work);
+    if (plan)
+        plan[0] = used;
+    const size_t mark = used;
+    const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = a->NH, .NKV = a->NH, .HS = a->C / a->NH,
+                                 .causal = false};
+    g->d_tokens = take(base, &used, N * 4);
+    g->d_types = take(base, &used, N * 4);
+    g->d_targets = take(base, &used, rows * 4);
+    g->d_lens = take(base, &used, B * 4);
+    g->attn_scratch_bytes = zt_cuda_attention_backward_gqa_scratch_size(&d);
+    g->attn_scratch = take(base, &used, g->attn_scratch_bytes);
+    g->emb_scratch =
+        take(base, &used, zt_cuda_embedding_backward_typed_scratch_size(g->max_B, g->max_T, a->C, a->V, a->types));
+    g->ln_scratch = take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, a->C));
+    g->d_flag = take(base, &used, 4);
+    if (plan)
+        plan[1] = used - mark;
+    return used;
+}
+
+/* The device layout of the host table: the word embeddings and the decoder bias padded to Kp, the classifier
+ * to Kp labels, key and value packed after query. */
+static void build_layout(enc_cuda *g, const bool *ckpt_layers)
+{
+    const zt__enc_arch *a = &g->a;
+    const size_t C = (size_t)a->C, Vp = zt__round_up((size_t)a->V, ZT__CUDA_VOCAB_PAD);
+    zt__cuda_layout_init(&g->lay, g->m.tensors, g->m.ntensors, g->m.nblocks);
+    g->lay.tlen[a->emb[ZT__ENC_E_WORD]] = Vp * C;
+    if (a->head == ZT__ENC_HEAD_MLM) {
+        g->lay.tlen[a->head_t[ZT__ENC_H_BIAS]] = (size_t)g->Kp;
+    } else {
+        g->lay.tlen[a->head_t[ZT__ENC_H_OUT_W]] = (size_t)g->Kp * C;
+        g->lay.tlen[a->head_t[ZT__ENC_H_OUT_B]] = (size_t)g->Kp;
+    }
+    for (int l = 0; l < a->L; l++)
+        for (int k = 0; k < a->per_layer; k++)
+            g->lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
+    /* the embeddings' backward reads their LayerNorm's weights */
+    zt__cuda_layout_finish(&g->lay, g->m.tensors, a->L, ckpt_layers, true);
+}
+
+/* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
+static int check_shape(const zt__enc_arch *a, int max_micro, enum zt_dtype dtype, zt_err *err)
+{
+    const int C = a->C, NH = a->NH;
+    const zt_attention_dims d = {.B = 1, .T = 1, .NH = NH, .NKV = NH, .HS = C / NH, .causal = false};
+    char heads[64];
+    snprintf(heads, sizeof heads, "this model has %d / %d = %d", C, NH, C / NH);
+    int rc = zt__cuda_check_model(dtype, &d, heads, "hidden_size / num_attention_heads", max_micro, err);
+    if (rc < 0)
+        return rc;
+    if (C % 8 != 0 || C > 6144 || a->F % 8 != 0)
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA kernels need hidden_size to be a multiple of 8 up to 6144 and intermediate_size a "
+                       "multiple of 8 (they are %d and %d); choose sizes that are, or train with --device cpu (which "
+                       "takes any size)",
+                       C, a->F);
+    if (a->types > ZT_CUDA_EMBEDDING_MAX_TYPES)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA embedding serves at most %d token types (type_vocab_size is "
+                       "%d); train with --device cpu", ZT_CUDA_EMBEDDING_MAX_TYPES, a->types);
+    return 0;
+}
+
+static enc_cuda *new_shape(const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                           const bool *ckpt_layers)
+{
+    enc_cuda *g = zt_xcalloc(1, sizeof *g);
+    g->a = *m->arch;
+    g->m = *m;
+    g->m.arch = &g->a;
+    g->dtype = dtype;
+    g->esize = zt_dtype_size(dtype);
+    g->Kp = (int)zt__round_up((size_t)g->a.K, g->a.head == ZT__ENC_HEAD_MLM ? ZT__CUDA_VOCAB_PAD : LABEL_PAD);
+    g->max_B = B;
+    g->max_T = T;
+    g->max_micro = max_micro;
+    const size_t nl = (size_t)(g->a.L > 0 ? g->a.L : 1);
+    g->layers = zt_xcalloc(nl, sizeof *g->layers);
+    g->keep_sum = zt_xcalloc(nl, sizeof *g->keep_sum);
+    g->kept = zt_xcalloc(nl, sizeof *g->kept);
+    build_layout(g, ckpt_layers);
+    for (int l = 0; l < g->a.L; l++)
+        g->keep_sum[l] = layer_ckpt(g, l) && (l == g->a.L - 1 || layer_ckpt(g, l + 1));
+    g->base.ops = &cuda_ops;
+    zt__cuda_layout_describe(&g->base, &g->lay, dtype, g->a.head_block, m->num_params, B, T, max_micro);
+    return g;
+}
+
+static void cuda_destroy(zt_model *base)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    if (!g)
+        return;
+    zt__cuda_state_close(&g->cs);
+    zt__ops_cuda_free(&g->ops);
+    free(g->h_targets);
+    zt__cuda_layout_free(&g->lay);
+    free(g->layers);
+    free(g->keep_sum);
+    free(g->kept);
+    free(g);
+}
+
+zt_model *zt__enc_cuda_shape(const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                             const bool *ckpt_layers)
+{
+    enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
+    g->base.device_bytes = carve(g, NULL, NULL);
+    return &g->base;
+}
+
+int zt__enc_cuda_create(zt_model **out, const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                        const bool *ckpt_layers, zt_err *err)
+{
+    *out = NULL;
+    int rc = check_shape(m->arch, max_micro, dtype, err);
+    if (rc < 0)
+        return rc;
+    enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
+    size_t plan[2];
+    const size_t pool_bytes = carve(g, NULL, plan), N = (size_t)B * T, rows = head_rows(g, B, T);
+    rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 3 * N + (size_t)B, (size_t)max_micro * rows, dtype, B, T,
+                             err);
+    if (rc < 0) {
+        cuda_destroy(&g->base);
+        return rc;
+    }
+    ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
+    g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
+    const zt__ops_cuda_res res = {.norm_scratch = g->ln_scratch, .attn_scratch = g->attn_scratch,
+                                  .emb_scratch = g->emb_scratch, .attn_scratch_bytes = g->attn_scratch_bytes};
+    zt__cuda_bind(&g->base, &g->ops, &g->cs, res, g->d_flag, dtype);
+    *out = &g->base;
+    return 0;
+}
+
+/* ---- the model interface ---- */
+
+static void *in_block(const enc_cuda *g, const void *block_base, int b, int idx)
+{
+    return zt__cuda_in_block(&g->lay, block_base, b, idx, g->esize);
+}
+
+/* Block b's tensors in its buffer bp by role (n roles, idx[k] their tensors or -1). */
+static void block_tensors(const enc_cuda *g, const void *bp, int b, const int *idx, int n, void **t)
+{
+    for (int k = 0; k < n; k++)
+        t[k] = idx[k] < 0 ? NULL : in_block(g, bp, b, idx[k]);
+}
+
+static void layer_tensors(const enc_cuda *g, int l, const void *bp, void **t)
+{
+    int idx[ZT__ENC_ROLES];
+    for (int k = 0; k < ZT__ENC_ROLES; k++)
+        idx[k] = g->a.layer0 + l * g->a.per_layer + g->a.role[k];
+    block_tensors(g, bp, 1 + l, idx, ZT__ENC_ROLES, t);
+}
+
+/* The output layer's weight and bias (by head role) in the head block's buffer hp; the other roles NULL. */
+static void output_tensors(const enc_cuda *g, const void *hp, void **t)
+{
+    for (int k = 0; k < ZT__ENC_H_ROLES; k++)
+        t[k] = NULL;
+    block_tensors(g, hp, g->a.head_block, g->a.head_t + ZT__ENC_H_OUT_W, ZT__ENC_H_ROLES - ZT__ENC_H_OUT_W,
+                  t + ZT__ENC_H_OUT_W);
+}
+
+static void *layer_input(const enc_cuda *g, int l)
+{
+    return l > 0 ? g->layers[l - 1].out : g->e.enc;
+}
+
+/* Stages tokens, token types, the counted targets and each sequence's length before its trailing padding
+ * through pinned slot `slot`, and copies them to the device. Returns the number of counted targets. */
+static int stage_batch(enc_cuda *g, const int32_t *tokens, const int32_t *targets, int B, int T, int slot,
+                       int micro)
+{
+    const size_t N = (size_t)B * T, rows = head_rows(g, B, T);
+    int32_t *tok = g->cs.h_io[slot], *typ = tok + N, *tgt = typ + N, *lens = tgt + N;
+    ZT_CUDA_CHECK(cudaEventSynchronize(g->cs.io_done[slot])); /* the slot's previous copy has been made */
+    zt__enc_stage(&g->a, tokens, g->next_types, B, T, tok, typ, lens);
+    g->next_types = NULL;
+    const int valid = zt__enc_targets(&g->a, tok, targets, B, T, tgt);
+    memcpy(g->h_targets + (size_t)micro * rows, tgt, rows * sizeof(int32_t));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, tok, N * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->cs.stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->cs.io_done[slot], g->cs.stream));
+    return valid;
+}
+
+static void cuda_set_token_types(zt_model *base, const int32_t *types)
+{
+    ((enc_cuda *)base)->next_types = types;
+}
+
+static void cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *targets, int B, int T, int micro,
+                       const zt_model_docs *docs)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    ZT_ASSERT(docs == NULL); /* an encoder does not pack documents (the config refuses --sft-pack for it) */
+    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
+    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
+    g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1, micro);
+    g->cur_B = B;
+    g->cur_T = T;
+    g->micro = micro;
+    zt__cuda_passes_begin(&g->lay);
+}
+
+/* Layer l's forward. A rebuild first recomputes its input from the sum the layer below kept (the same
+ * LayerNorm: the same bits), and stops at its own kept sum. */
+static void forward_layer(enc_cuda *g, int l, const void *w, enum zt__cuda_pass pass)
+{
+    const int N = g->cur_B * g->cur_T;
+    const bool rebuild = pass == ZT__CUDA_PASS_REBUILD;
+    if (rebuild && l > 0 && g->keep_sum[l - 1])
+        zt__enc_layer_output(&g->ops, &g->a, &g->layers[l - 1], g->kept[l - 1].w, g->kept[l - 1].b, N);
+    zt__enc_w lw;
+    layer_tensors(g, l, w, (void **)lw.t);
+    zt__enc_layer_forward(&g->ops, &g->a, &lw, layer_input(g, l), &g->layers[l], g->d_lens, g->cur_B, g->cur_T,
+                          rebuild && g->keep_sum[l]);
+    if (pass == ZT__CUDA_PASS_FIRST && g->keep_sum[l]) {
+        g->ops.copy(&g->ops, g->kept[l].w, lw.t[ZT__ENC_LN2_W], (size_t)g->a.C);
+        g->ops.copy(&g->ops, g->kept[l].b, lw.t[ZT__ENC_LN2_B], (size_t)g->a.C);
+    }
+}
+
+static void cuda_forward(zt_model *base, int b, const void *w)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    const zt__enc_arch *a = &g->a;
+    zt__enc_w bw;
+    if (b == 0) {
+        block_tensors(g, w, 0, a->emb, ZT__ENC_E_ROLES, (void **)bw.t);
+        zt__enc_embed_forward(&g->ops, a, &g->e, &bw, g->d_tokens, g->d_types, g->cur_B, g->cur_T);
+    } else if (b <= a->L) {
+        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
+        if (pass != ZT__CUDA_PASS_KEPT)
+            forward_layer(g, b - 1, w, pass);
+    } else {
+        block_tensors(g, w, b, a->head_t, ZT__ENC_H_OUT_W, (void **)bw.t);
+        zt__enc_head_forward(&g->ops, a, &g->e, &bw, layer_input(g, a->L), g->cur_B, g->cur_T, g->Kp);
+    }
+}
+
+/* Checkpointed layers write their activations into the set they share: nothing to free, but the next forward
+ * of b is a rebuild. */
+static void cuda_discard(zt_model *base, int b)
+{
+    zt__cuda_pass_discard(&((enc_cuda *)base)->lay, b);
+}
+
+/* The head's output layer and the fused classifier loss, which in training (scale != 0) replaces the logits
+ * with their gradient. */
+static void cuda_head(zt_model *base, const void *w, float scale)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    zt__enc_w ow;
+    output_tensors(g, w, (void **)ow.t);
+    zt__enc_logits(&g->ops, &g->a, &g->e, &ow, g->cur_B, g->cur_T, g->Kp);
+    zt__cuda_loss(&g->cs, g->losses, g->e.logits, g->d_targets, (int)head_rows(g, g->cur_B, g->cur_T), g->a.K, g->Kp,
+                  g->n_valid[g->micro], scale, g->d_flag, g->micro, g->dtype);
+}
+
+static void cuda_head_backward(zt_model *base, const void *w, void *gr)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    zt__enc_w ow;
+    zt__enc_g og;
+    output_tensors(g, w, (void **)ow.t);
+    output_tensors(g, gr, og.t);
+    zt__enc_logits_backward(&g->ops, &g->a, &g->e, &ow, &og, &g->work, g->cur_B, g->cur_T, g->Kp);
+}
+
+static void cuda_backward(zt_model *base, int b, const void *w, void *gr)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    const zt__enc_arch *a = &g->a;
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
+    if (g->n_valid[g->micro] == 0)
+        return; /* nothing counted: no gradient (as on the CPU) */
+    const int B = g->cur_B, T = g->cur_T;
+    zt__enc_w bw;
+    zt__enc_g bg;
+    if (b == 0) {
+        block_tensors(g, w, 0, a->emb, ZT__ENC_E_ROLES, (void **)bw.t);
+        block_tensors(g, gr, 0, a->emb, ZT__ENC_E_ROLES, bg.t);
+        zt__enc_embed_backward(&g->ops, a, &g->e, &bw, &bg, &g->work, g->d_tokens, g->d_types, B, T);
+    } else if (b <= a->L) {
+        layer_tensors(g, b - 1, w, (void **)bw.t);
+        layer_tensors(g, b - 1, gr, bg.t);
+        zt__enc_layer_backward(&g->ops, a, &bw, &bg, layer_input(g, b - 1), &g->layers[b - 1], &g->work, g->d_lens,
+                               B, T);
+    } else {
+        block_tensors(g, w, b, a->head_t, ZT__ENC_H_OUT_W, (void **)bw.t);
+        block_tensors(g, gr, b, a->head_t, ZT__ENC_H_OUT_W, bg.t);
+        zt__enc_head_backward(&g->ops, a, &g->e, &bw, &bg, layer_input(g, a->L), &g->work, B, T, g->Kp);
+    }
+}
+
+static float cuda_loss(const zt_model *base, int micro)
+{
+    const enc_cuda *g = (const enc_cuda *)base;
+    const size_t rows = head_rows(g, g->cur_B, g->cur_T);
+    return zt__mean_loss(g->cs.h_losses + (size_t)micro * rows, rows, g->n_valid[micro]);
+}
+
+/* The logits of the last head [rows, K] as fp32. */
+static void cuda_logits(zt_model *base, float *out)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    zt__cuda_rows_to_f32(out, g->e.logits, head_rows(g, g->cur_B, g->cur_T), (size_t)g->a.K, (size_t)g->Kp, g->dtype,
+                         g->cs.stream);
+}
+
+/* The argmax of each counted row against its target, from the logits of the evaluation head. */
+static void cuda_accuracy(zt_model *base, int micro, int *correct, int *counted)
+{
+    enc_cuda *g = (enc_cuda *)base;
+    ZT_ASSERT(micro == g->micro);
+    const size_t rows = head_rows(g, g->cur_B, g->cur_T), K = (size_t)g->a.K;
+    const int32_t *tgt = g->h_targets + (size_t)micro * rows;
+    float *x = zt_xcalloc(rows * K, sizeof(float));
+    cuda_logits(base, x);
+    *counted = 0;
+    for (size_t r = 0; r < rows; r++)
+        *counted += tgt[r] != -1;
+    *correct = zt__enc_correct(x, tgt, rows, K);
+    free(x);
+}
+
+static const zt_model_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .begin = cuda_begin,
+    .forward = cuda_forward,
+    .discard = cuda_discard,
+    .head = cuda_head,
+    .head_backward = cuda_head_backward,
+    .backward = cuda_backward,
+    .loss = cuda_loss,
+    .set_token_types = cuda_set_token_types,
+    .accuracy = cuda_accuracy,
+    .logits = cuda_logits,
+};
