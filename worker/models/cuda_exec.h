@@ -1,4 +1,4 @@
-/* What the families' CUDA executors share (decoder_cuda.c, bert_cuda.c, t5.c): the device layout of a
+/* What the families' CUDA executors share (decoder_cuda.c, encoder_cuda.c, t5.c): the device layout of a
  * host model's tensor table, the pool that activations and scratch are carved from, the stream, cuBLASLt
  * handle and pinned staging, the checks of a model's shape that every executor makes, the op table's
  * binding, token staging, the fused classifier's loss and reading losses and logits back. Internal to
