@@ -8,6 +8,7 @@
 #include "common/units.h"
 #include "kernels/crossentropy.h"     /* the fused classifier */
 #include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, pinned host memory, the inf/NaN check */
+#include "worker/models/cpu_exec.h"   /* the mean loss */
 
 size_t zt__round_up(size_t x, size_t a)
 {
@@ -235,17 +236,6 @@ int zt__cuda_check_model(enum zt_dtype dtype, const zt_attention_dims *d, const 
     return 0;
 }
 
-void zt__cuda_bind(zt_model *base, zt_ops *ops, const zt__cuda_state *s, zt__ops_cuda_res res, int *d_flag,
-                   enum zt_dtype dtype)
-{
-    res.stream = s->stream;
-    res.blas = s->blas;
-    zt__ops_cuda_init(ops, &res, dtype);
-    base->stream = s->stream;
-    base->nonfinite_flag = d_flag;
-    base->device_bytes = s->pool_bytes;
-}
-
 /* ---- staging and read-back ---- */
 
 int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
@@ -269,19 +259,6 @@ int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const 
     return valid;
 }
 
-void zt__cuda_loss(zt__cuda_state *s, float *losses, void *logits, const int32_t *d_targets, int rows, int K, int Kp,
-                   int valid, float scale, int *d_flag, int micro, enum zt_dtype dtype)
-{
-    const bool train = scale != 0.0f;
-    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
-    zt_cuda_crossentropy_forward_backward(losses, train ? logits : NULL, logits, d_targets, rows, K, Kp, -1,
-                                          grad_scale, NULL, dtype, s->stream);
-    if (train)
-        zt_cuda_check_finite(d_flag, losses, (size_t)rows, ZT_DTYPE_F32, s->stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(s->h_losses + (size_t)micro * rows, losses, (size_t)rows * sizeof(float),
-                                  cudaMemcpyDeviceToHost, s->stream));
-}
-
 void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,
                           cudaStream_t stream)
 {
@@ -297,4 +274,103 @@ void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols,
                                                          : zt_f16_to_f32(((const uint16_t *)h)[i]);
         }
     free(h);
+}
+
+/* ---- what every executor holds ---- */
+
+void zt__cuda_exec_init(zt__cuda_exec *x, const zt_model_ops *ops, enum zt_dtype dtype, int B, int T,
+                        int max_micro)
+{
+    x->base.ops = ops;
+    x->dtype = dtype;
+    x->esize = zt_dtype_size(dtype);
+    x->max_B = B;
+    x->max_T = T;
+    x->max_micro = max_micro;
+}
+
+size_t zt__cuda_exec_bytes(zt__cuda_exec *x, zt__cuda_carve_fn carve)
+{
+    return carve(x, NULL, NULL);
+}
+
+int zt__cuda_exec_open(zt__cuda_exec *x, zt__cuda_carve_fn carve, size_t slot_ints, size_t loss_floats,
+                       zt_err *err)
+{
+    size_t plan[2];
+    const size_t pool_bytes = carve(x, NULL, plan);
+    int rc = zt__cuda_state_open(&x->cs, pool_bytes, plan, slot_ints, loss_floats, x->dtype, x->max_B, x->max_T, err);
+    if (rc < 0)
+        return rc;
+    ZT_ASSERT(carve(x, x->cs.pool, NULL) == pool_bytes);
+    return 0;
+}
+
+void zt__cuda_exec_bind(zt__cuda_exec *x, zt__ops_cuda_res res)
+{
+    res.stream = x->cs.stream;
+    res.blas = x->cs.blas;
+    zt__ops_cuda_init(&x->ops, &res, x->dtype);
+    x->base.stream = x->cs.stream;
+    x->base.nonfinite_flag = x->d_flag;
+    x->base.device_bytes = x->cs.pool_bytes;
+}
+
+void zt__cuda_exec_close(zt__cuda_exec *x)
+{
+    zt__cuda_state_close(&x->cs);
+    zt__ops_cuda_free(&x->ops);
+    zt__cuda_layout_free(&x->lay);
+}
+
+void zt__cuda_exec_begin(zt__cuda_exec *x, int B, int T, int micro, size_t rows)
+{
+    ZT_ASSERT(B >= 1 && B <= x->max_B && T >= 1 && T <= x->max_T);
+    ZT_ASSERT(micro >= 0 && micro < x->max_micro);
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(x->d_flag, 0, sizeof(int), x->cs.stream));
+    x->cur_B = B;
+    x->cur_T = T;
+    x->micro = micro;
+    x->rows = rows;
+    zt__cuda_passes_begin(&x->lay);
+}
+
+void *zt__cuda_exec_in_block(const zt__cuda_exec *x, const void *block_base, int b, int idx)
+{
+    return zt__cuda_in_block(&x->lay, block_base, b, idx, x->esize);
+}
+
+void zt__cuda_exec_head_loss(zt__cuda_exec *x, void *logits, const int32_t *d_targets, int K, int Kp, float scale)
+{
+    const int rows = (int)x->rows, valid = x->n_valid[x->micro];
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    zt_cuda_crossentropy_forward_backward(x->losses, train ? logits : NULL, logits, d_targets, rows, K, Kp, -1,
+                                          grad_scale, NULL, x->dtype, x->cs.stream);
+    if (train)
+        zt_cuda_check_finite(x->d_flag, x->losses, (size_t)rows, ZT_DTYPE_F32, x->cs.stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(x->cs.h_losses + (size_t)x->micro * x->rows, x->losses,
+                                  x->rows * sizeof(float), cudaMemcpyDeviceToHost, x->cs.stream));
+}
+
+void zt__cuda_exec_discard(zt_model *m, int b)
+{
+    zt__cuda_pass_discard(&((zt__cuda_exec *)m)->lay, b);
+}
+
+float zt__cuda_exec_loss(const zt_model *m, int micro)
+{
+    const zt__cuda_exec *x = (const zt__cuda_exec *)m;
+    return zt__mean_loss(x->cs.h_losses + (size_t)micro * x->rows, x->rows, x->n_valid[micro]);
+}
+
+void zt__cuda_exec_set_profiling(zt_model *m, bool on)
+{
+    zt__ops_cuda_set_profiling(&((zt__cuda_exec *)m)->ops, on);
+}
+
+void zt__cuda_exec_profile_report(zt_model *m)
+{
+    zt__ops_cuda_profile_report(&((zt__cuda_exec *)m)->ops);
 }

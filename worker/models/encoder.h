@@ -34,7 +34,9 @@ enum zt__enc_head { ZT__ENC_HEAD_MLM = 0, ZT__ENC_HEAD_CLASSIFY = 1 };
 /* The tensors by what the program does with them: the embeddings' (block 0), a layer's, the head's (the
  * dense layer is the masked-LM transform or the pooler; the output layer is the decoder, whose weight is the
  * word embeddings and whose bias the head block keeps, or the classifier). */
-enum zt__enc_emb_role { ZT__ENC_E_WORD, ZT__ENC_E_POS, ZT__ENC_E_TYPE, ZT__ENC_E_LN_W, ZT__ENC_E_LN_B, ZT__ENC_E_ROLES };
+enum zt__enc_emb_role {
+    ZT__ENC_E_WORD, ZT__ENC_E_POS, ZT__ENC_E_TYPE, ZT__ENC_E_LN_W, ZT__ENC_E_LN_B, ZT__ENC_E_ROLES
+};
 enum zt__enc_role {
     ZT__ENC_QKV_W, ZT__ENC_QKV_B, ZT__ENC_O_W, ZT__ENC_O_B, ZT__ENC_LN1_W, ZT__ENC_LN1_B,
     ZT__ENC_UP_W, ZT__ENC_UP_B, ZT__ENC_DOWN_W, ZT__ENC_DOWN_B, ZT__ENC_LN2_W, ZT__ENC_LN2_B,

@@ -36,16 +36,10 @@ typedef struct kept_norm {
 } kept_norm;
 
 typedef struct enc_cuda {
-    zt_model base; /* first member: a zt_model * is an enc_cuda * */
+    zt__cuda_exec x;     /* first member: a zt_model * is an enc_cuda * */
     zt__enc_arch a;
-    zt__enc_model m; /* tables borrowed from the host model */
-    enum zt_dtype dtype;
-    size_t esize;
-    int Kp;        /* the decoder's or the classifier's rows on the device */
-    int max_B, max_T, max_micro;
-    zt__cuda_layout lay; /* the device layout and the engine's view of it */
-    zt__cuda_state cs;   /* stream, cuBLASLt, pool, pinned staging */
-    zt_ops ops;          /* the CUDA binding (after creation) */
+    zt__enc_model m;     /* tables borrowed from the host model */
+    int Kp;              /* the decoder's or the classifier's rows on the device */
 
     bool *keep_sum;      /* [L] a checkpointed layer keeps res2 and its statistics; see above */
     kept_norm *kept;     /* [L] */
@@ -55,25 +49,21 @@ typedef struct enc_cuda {
     void *outbuf[2];     /* the outputs of layers that keep their sum, alternately */
     zt__enc_ends e;
     zt__enc_work work;
-    float *losses;       /* [rows] */
     int32_t *d_tokens, *d_types, *d_targets, *d_lens;
     void *attn_scratch, *emb_scratch, *ln_scratch;
     size_t attn_scratch_bytes;
-    int *d_flag;
 
     /* Staging: cs.h_io's slots hold tokens, types, targets [N] each and lens [B]; cs.h_losses
      * [max_micro * rows]. */
     int32_t *h_targets;  /* [max_micro * rows] the counted targets, for the accuracy */
     const int32_t *next_types;
-    int n_valid[ZT__CUDA_MAX_MICRO];
-    int cur_B, cur_T, micro;
 } enc_cuda;
 
 static const zt_model_ops cuda_ops;
 
 static bool layer_ckpt(const enc_cuda *g, int l)
 {
-    return g->lay.block_ckpt[1 + l];
+    return g->x.lay.block_ckpt[1 + l];
 }
 
 static size_t head_rows(const enc_cuda *g, int B, int T)
@@ -89,11 +79,12 @@ static void *take(char *base, size_t *used, size_t bytes)
 
 /* Carves every device buffer from base; returns the bytes used (base NULL: only counts). plan, when not
  * NULL, receives the bytes of activations and of scratch. */
-static size_t carve(enc_cuda *g, char *base, size_t plan[2])
+static size_t carve(zt__cuda_exec *x, char *base, size_t plan[2])
 {
+    enc_cuda *g = (enc_cuda *)x;
     const zt__enc_arch *a = &g->a;
-    const size_t B = (size_t)g->max_B, N = B * g->max_T, C = (size_t)a->C, e = g->esize, al = ZT__CUDA_POOL_ALIGN;
-    const size_t rows = head_rows(g, g->max_B, g->max_T);
+    const size_t B = (size_t)g->x.max_B, N = B * g->x.max_T, C = (size_t)a->C, e = g->x.esize, al = ZT__CUDA_POOL_ALIGN;
+    const size_t rows = head_rows(g, g->x.max_B, g->x.max_T);
     size_t used = 0;
     zt__enc_carve_ends(a, B, N, g->Kp, e, al, base, &used, &g->e);
     bool any_sum = false, any_out = false; /* checkpointed layers that keep their sum; that keep their output */
@@ -123,12 +114,12 @@ static size_t carve(enc_cuda *g, char *base, size_t plan[2])
             s->out = g->outbuf[l & 1];
         }
     }
-    g->losses = take(base, &used, rows * 4);
+    g->x.losses = take(base, &used, rows * 4);
     zt__enc_carve_work(a, N, e, al, base, &used, &g->work);
     if (plan)
         plan[0] = used;
     const size_t mark = used;
-    const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = a->NH, .NKV = a->NH, .HS = a->C / a->NH,
+    const zt_attention_dims d = {.B = g->x.max_B, .T = g->x.max_T, .NH = a->NH, .NKV = a->NH, .HS = a->C / a->NH,
                                  .causal = false};
     g->d_tokens = take(base, &used, N * 4);
     g->d_types = take(base, &used, N * 4);
@@ -137,9 +128,9 @@ static size_t carve(enc_cuda *g, char *base, size_t plan[2])
     g->attn_scratch_bytes = zt_cuda_attention_backward_gqa_scratch_size(&d);
     g->attn_scratch = take(base, &used, g->attn_scratch_bytes);
     g->emb_scratch =
-        take(base, &used, zt_cuda_embedding_backward_typed_scratch_size(g->max_B, g->max_T, a->C, a->V, a->types));
+        take(base, &used, zt_cuda_embedding_backward_typed_scratch_size(g->x.max_B, g->x.max_T, a->C, a->V, a->types));
     g->ln_scratch = take(base, &used, zt_cuda_layernorm_backward_scratch_size((int)N, a->C));
-    g->d_flag = take(base, &used, 4);
+    g->x.d_flag = take(base, &used, 4);
     if (plan)
         plan[1] = used - mark;
     return used;
@@ -151,19 +142,19 @@ static void build_layout(enc_cuda *g, const bool *ckpt_layers)
 {
     const zt__enc_arch *a = &g->a;
     const size_t C = (size_t)a->C, Vp = zt__round_up((size_t)a->V, ZT__CUDA_VOCAB_PAD);
-    zt__cuda_layout_init(&g->lay, g->m.tensors, g->m.ntensors, g->m.nblocks);
-    g->lay.tlen[a->emb[ZT__ENC_E_WORD]] = Vp * C;
+    zt__cuda_layout_init(&g->x.lay, g->m.tensors, g->m.ntensors, g->m.nblocks);
+    g->x.lay.tlen[a->emb[ZT__ENC_E_WORD]] = Vp * C;
     if (a->head == ZT__ENC_HEAD_MLM) {
-        g->lay.tlen[a->head_t[ZT__ENC_H_BIAS]] = (size_t)g->Kp;
+        g->x.lay.tlen[a->head_t[ZT__ENC_H_BIAS]] = (size_t)g->Kp;
     } else {
-        g->lay.tlen[a->head_t[ZT__ENC_H_OUT_W]] = (size_t)g->Kp * C;
-        g->lay.tlen[a->head_t[ZT__ENC_H_OUT_B]] = (size_t)g->Kp;
+        g->x.lay.tlen[a->head_t[ZT__ENC_H_OUT_W]] = (size_t)g->Kp * C;
+        g->x.lay.tlen[a->head_t[ZT__ENC_H_OUT_B]] = (size_t)g->Kp;
     }
     for (int l = 0; l < a->L; l++)
         for (int k = 0; k < a->per_layer; k++)
-            g->lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
+            g->x.lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
     /* the embeddings' backward reads their LayerNorm's weights */
-    zt__cuda_layout_finish(&g->lay, g->m.tensors, a->L, ckpt_layers, true);
+    zt__cuda_layout_finish(&g->x.lay, g->m.tensors, a->L, ckpt_layers, true);
 }
 
 /* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
@@ -195,12 +186,8 @@ static enc_cuda *new_shape(const zt__enc_model *m, int B, int T, int max_micro, 
     g->a = *m->arch;
     g->m = *m;
     g->m.arch = &g->a;
-    g->dtype = dtype;
-    g->esize = zt_dtype_size(dtype);
+    zt__cuda_exec_init(&g->x, &cuda_ops, dtype, B, T, max_micro);
     g->Kp = (int)zt__round_up((size_t)g->a.K, g->a.head == ZT__ENC_HEAD_MLM ? ZT__CUDA_VOCAB_PAD : LABEL_PAD);
-    g->max_B = B;
-    g->max_T = T;
-    g->max_micro = max_micro;
     const size_t nl = (size_t)(g->a.L > 0 ? g->a.L : 1);
     g->layers = zt_xcalloc(nl, sizeof *g->layers);
     g->keep_sum = zt_xcalloc(nl, sizeof *g->keep_sum);
@@ -208,8 +195,7 @@ static enc_cuda *new_shape(const zt__enc_model *m, int B, int T, int max_micro, 
     build_layout(g, ckpt_layers);
     for (int l = 0; l < g->a.L; l++)
         g->keep_sum[l] = layer_ckpt(g, l) && (l == g->a.L - 1 || layer_ckpt(g, l + 1));
-    g->base.ops = &cuda_ops;
-    zt__cuda_layout_describe(&g->base, &g->lay, dtype, g->a.head_block, m->num_params, B, T, max_micro);
+    zt__cuda_layout_describe(&g->x.base, &g->x.lay, dtype, g->a.head_block, m->num_params, B, T, max_micro);
     return g;
 }
 
@@ -218,10 +204,8 @@ static void cuda_destroy(zt_model *base)
     enc_cuda *g = (enc_cuda *)base;
     if (!g)
         return;
-    zt__cuda_state_close(&g->cs);
-    zt__ops_cuda_free(&g->ops);
+    zt__cuda_exec_close(&g->x);
     free(g->h_targets);
-    zt__cuda_layout_free(&g->lay);
     free(g->layers);
     free(g->keep_sum);
     free(g->kept);
@@ -232,47 +216,39 @@ zt_model *zt__enc_cuda_shape(const zt__enc_model *m, int B, int T, int max_micro
                              const bool *ckpt_layers)
 {
     enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    g->base.device_bytes = carve(g, NULL, NULL);
-    return &g->base;
+    g->x.base.device_bytes = zt__cuda_exec_bytes(&g->x, carve);
+    return &g->x.base;
 }
 
 int zt__enc_cuda_create(zt_model **out, const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
                         const bool *ckpt_layers, zt_err *err)
 {
     *out = NULL;
-    int rc = check_shape(m->arch, max_micro, dtype, err);
-    if (rc < 0)
-        return rc;
     enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    size_t plan[2];
-    const size_t pool_bytes = carve(g, NULL, plan), N = (size_t)B * T, rows = head_rows(g, B, T);
-    rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 3 * N + (size_t)B, (size_t)max_micro * rows, dtype, B, T,
-                             err);
+    /* staging slots of tokens, types and targets [N] and lengths [B]; the losses of every micro-batch */
+    const size_t N = (size_t)B * T, rows = head_rows(g, B, T);
+    int rc = check_shape(&g->a, max_micro, dtype, err);
+    if (rc == 0)
+        rc = zt__cuda_exec_open(&g->x, carve, 3 * N + (size_t)B, (size_t)max_micro * rows, err);
     if (rc < 0) {
-        cuda_destroy(&g->base);
+        cuda_destroy(&g->x.base);
         return rc;
     }
-    ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
     g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
     const zt__ops_cuda_res res = {.norm_scratch = g->ln_scratch, .attn_scratch = g->attn_scratch,
                                   .emb_scratch = g->emb_scratch, .attn_scratch_bytes = g->attn_scratch_bytes};
-    zt__cuda_bind(&g->base, &g->ops, &g->cs, res, g->d_flag, dtype);
-    *out = &g->base;
+    zt__cuda_exec_bind(&g->x, res);
+    *out = &g->x.base;
     return 0;
 }
 
 /* ---- the model interface ---- */
 
-static void *in_block(const enc_cuda *g, const void *block_base, int b, int idx)
-{
-    return zt__cuda_in_block(&g->lay, block_base, b, idx, g->esize);
-}
-
 /* Block b's tensors in its buffer bp by role (n roles, idx[k] their tensors or -1). */
 static void block_tensors(const enc_cuda *g, const void *bp, int b, const int *idx, int n, void **t)
 {
     for (int k = 0; k < n; k++)
-        t[k] = idx[k] < 0 ? NULL : in_block(g, bp, b, idx[k]);
+        t[k] = idx[k] < 0 ? NULL : zt__cuda_exec_in_block(&g->x, bp, b, idx[k]);
 }
 
 static void layer_tensors(const enc_cuda *g, int l, const void *bp, void **t)
@@ -303,17 +279,17 @@ static int stage_batch(enc_cuda *g, const int32_t *tokens, const int32_t *target
                        int micro)
 {
     const size_t N = (size_t)B * T, rows = head_rows(g, B, T);
-    int32_t *tok = g->cs.h_io[slot], *typ = tok + N, *tgt = typ + N, *lens = tgt + N;
-    ZT_CUDA_CHECK(cudaEventSynchronize(g->cs.io_done[slot])); /* the slot's previous copy has been made */
+    int32_t *tok = g->x.cs.h_io[slot], *typ = tok + N, *tgt = typ + N, *lens = tgt + N;
+    ZT_CUDA_CHECK(cudaEventSynchronize(g->x.cs.io_done[slot])); /* the slot's previous copy has been made */
     zt__enc_stage(&g->a, tokens, g->next_types, B, T, tok, typ, lens);
     g->next_types = NULL;
     const int valid = zt__enc_targets(&g->a, tok, targets, B, T, tgt);
     memcpy(g->h_targets + (size_t)micro * rows, tgt, rows * sizeof(int32_t));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, tok, N * 4, cudaMemcpyHostToDevice, g->cs.stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->cs.stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->cs.stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->cs.stream));
-    ZT_CUDA_CHECK(cudaEventRecord(g->cs.io_done[slot], g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_tokens, tok, N * 4, cudaMemcpyHostToDevice, g->x.cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_types, typ, N * 4, cudaMemcpyHostToDevice, g->x.cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_targets, tgt, rows * 4, cudaMemcpyHostToDevice, g->x.cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_lens, lens, (size_t)B * 4, cudaMemcpyHostToDevice, g->x.cs.stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->x.cs.io_done[slot], g->x.cs.stream));
     return valid;
 }
 
@@ -327,32 +303,25 @@ static void cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *tar
 {
     enc_cuda *g = (enc_cuda *)base;
     ZT_ASSERT(docs == NULL); /* an encoder does not pack documents (the config refuses --sft-pack for it) */
-    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
-    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
-    if (micro == 0)
-        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
-    g->n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1, micro);
-    g->cur_B = B;
-    g->cur_T = T;
-    g->micro = micro;
-    zt__cuda_passes_begin(&g->lay);
+    zt__cuda_exec_begin(&g->x, B, T, micro, head_rows(g, B, T));
+    g->x.n_valid[micro] = stage_batch(g, tokens, targets, B, T, micro & 1, micro);
 }
 
 /* Layer l's forward. A rebuild first recomputes its input from the sum the layer below kept (the same
  * LayerNorm: the same bits), and stops at its own kept sum. */
 static void forward_layer(enc_cuda *g, int l, const void *w, enum zt__cuda_pass pass)
 {
-    const int N = g->cur_B * g->cur_T;
+    const int N = g->x.cur_B * g->x.cur_T;
     const bool rebuild = pass == ZT__CUDA_PASS_REBUILD;
     if (rebuild && l > 0 && g->keep_sum[l - 1])
-        zt__enc_layer_output(&g->ops, &g->a, &g->layers[l - 1], g->kept[l - 1].w, g->kept[l - 1].b, N);
+        zt__enc_layer_output(&g->x.ops, &g->a, &g->layers[l - 1], g->kept[l - 1].w, g->kept[l - 1].b, N);
     zt__enc_w lw;
     layer_tensors(g, l, w, (void **)lw.t);
-    zt__enc_layer_forward(&g->ops, &g->a, &lw, layer_input(g, l), &g->layers[l], g->d_lens, g->cur_B, g->cur_T,
+    zt__enc_layer_forward(&g->x.ops, &g->a, &lw, layer_input(g, l), &g->layers[l], g->d_lens, g->x.cur_B, g->x.cur_T,
                           rebuild && g->keep_sum[l]);
     if (pass == ZT__CUDA_PASS_FIRST && g->keep_sum[l]) {
-        g->ops.copy(&g->ops, g->kept[l].w, lw.t[ZT__ENC_LN2_W], (size_t)g->a.C);
-        g->ops.copy(&g->ops, g->kept[l].b, lw.t[ZT__ENC_LN2_B], (size_t)g->a.C);
+        g->x.ops.copy(&g->x.ops, g->kept[l].w, lw.t[ZT__ENC_LN2_W], (size_t)g->a.C);
+        g->x.ops.copy(&g->x.ops, g->kept[l].b, lw.t[ZT__ENC_LN2_B], (size_t)g->a.C);
     }
 }
 
@@ -363,22 +332,15 @@ static void cuda_forward(zt_model *base, int b, const void *w)
     zt__enc_w bw;
     if (b == 0) {
         block_tensors(g, w, 0, a->emb, ZT__ENC_E_ROLES, (void **)bw.t);
-        zt__enc_embed_forward(&g->ops, a, &g->e, &bw, g->d_tokens, g->d_types, g->cur_B, g->cur_T);
+        zt__enc_embed_forward(&g->x.ops, a, &g->e, &bw, g->d_tokens, g->d_types, g->x.cur_B, g->x.cur_T);
     } else if (b <= a->L) {
-        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
+        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->x.lay, b);
         if (pass != ZT__CUDA_PASS_KEPT)
             forward_layer(g, b - 1, w, pass);
     } else {
         block_tensors(g, w, b, a->head_t, ZT__ENC_H_OUT_W, (void **)bw.t);
-        zt__enc_head_forward(&g->ops, a, &g->e, &bw, layer_input(g, a->L), g->cur_B, g->cur_T, g->Kp);
+        zt__enc_head_forward(&g->x.ops, a, &g->e, &bw, layer_input(g, a->L), g->x.cur_B, g->x.cur_T, g->Kp);
     }
-}
-
-/* Checkpointed layers write their activations into the set they share: nothing to free, but the next forward
- * of b is a rebuild. */
-static void cuda_discard(zt_model *base, int b)
-{
-    zt__cuda_pass_discard(&((enc_cuda *)base)->lay, b);
 }
 
 /* The head's output layer and the fused classifier loss, which in training (scale != 0) replaces the logits
@@ -388,9 +350,8 @@ static void cuda_head(zt_model *base, const void *w, float scale)
     enc_cuda *g = (enc_cuda *)base;
     zt__enc_w ow;
     output_tensors(g, w, (void **)ow.t);
-    zt__enc_logits(&g->ops, &g->a, &g->e, &ow, g->cur_B, g->cur_T, g->Kp);
-    zt__cuda_loss(&g->cs, g->losses, g->e.logits, g->d_targets, (int)head_rows(g, g->cur_B, g->cur_T), g->a.K, g->Kp,
-                  g->n_valid[g->micro], scale, g->d_flag, g->micro, g->dtype);
+    zt__enc_logits(&g->x.ops, &g->a, &g->e, &ow, g->x.cur_B, g->x.cur_T, g->Kp);
+    zt__cuda_exec_head_loss(&g->x, g->e.logits, g->d_targets, g->a.K, g->Kp, scale);
 }
 
 static void cuda_head_backward(zt_model *base, const void *w, void *gr)
@@ -400,56 +361,48 @@ static void cuda_head_backward(zt_model *base, const void *w, void *gr)
     zt__enc_g og;
     output_tensors(g, w, (void **)ow.t);
     output_tensors(g, gr, og.t);
-    zt__enc_logits_backward(&g->ops, &g->a, &g->e, &ow, &og, &g->work, g->cur_B, g->cur_T, g->Kp);
+    zt__enc_logits_backward(&g->x.ops, &g->a, &g->e, &ow, &og, &g->work, g->x.cur_B, g->x.cur_T, g->Kp);
 }
 
 static void cuda_backward(zt_model *base, int b, const void *w, void *gr)
 {
     enc_cuda *g = (enc_cuda *)base;
     const zt__enc_arch *a = &g->a;
-    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
-    if (g->n_valid[g->micro] == 0)
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->x.lay, b)); /* a checkpointed block was rebuilt first */
+    if (g->x.n_valid[g->x.micro] == 0)
         return; /* nothing counted: no gradient (as on the CPU) */
-    const int B = g->cur_B, T = g->cur_T;
+    const int B = g->x.cur_B, T = g->x.cur_T;
     zt__enc_w bw;
     zt__enc_g bg;
     if (b == 0) {
         block_tensors(g, w, 0, a->emb, ZT__ENC_E_ROLES, (void **)bw.t);
         block_tensors(g, gr, 0, a->emb, ZT__ENC_E_ROLES, bg.t);
-        zt__enc_embed_backward(&g->ops, a, &g->e, &bw, &bg, &g->work, g->d_tokens, g->d_types, B, T);
+        zt__enc_embed_backward(&g->x.ops, a, &g->e, &bw, &bg, &g->work, g->d_tokens, g->d_types, B, T);
     } else if (b <= a->L) {
         layer_tensors(g, b - 1, w, (void **)bw.t);
         layer_tensors(g, b - 1, gr, bg.t);
-        zt__enc_layer_backward(&g->ops, a, &bw, &bg, layer_input(g, b - 1), &g->layers[b - 1], &g->work, g->d_lens,
+        zt__enc_layer_backward(&g->x.ops, a, &bw, &bg, layer_input(g, b - 1), &g->layers[b - 1], &g->work, g->d_lens,
                                B, T);
     } else {
         block_tensors(g, w, b, a->head_t, ZT__ENC_H_OUT_W, (void **)bw.t);
         block_tensors(g, gr, b, a->head_t, ZT__ENC_H_OUT_W, bg.t);
-        zt__enc_head_backward(&g->ops, a, &g->e, &bw, &bg, layer_input(g, a->L), &g->work, B, T, g->Kp);
+        zt__enc_head_backward(&g->x.ops, a, &g->e, &bw, &bg, layer_input(g, a->L), &g->work, B, T, g->Kp);
     }
-}
-
-static float cuda_loss(const zt_model *base, int micro)
-{
-    const enc_cuda *g = (const enc_cuda *)base;
-    const size_t rows = head_rows(g, g->cur_B, g->cur_T);
-    return zt__mean_loss(g->cs.h_losses + (size_t)micro * rows, rows, g->n_valid[micro]);
 }
 
 /* The logits of the last head [rows, K] as fp32. */
 static void cuda_logits(zt_model *base, float *out)
 {
     enc_cuda *g = (enc_cuda *)base;
-    zt__cuda_rows_to_f32(out, g->e.logits, head_rows(g, g->cur_B, g->cur_T), (size_t)g->a.K, (size_t)g->Kp, g->dtype,
-                         g->cs.stream);
+    zt__cuda_rows_to_f32(out, g->e.logits, g->x.rows, (size_t)g->a.K, (size_t)g->Kp, g->x.dtype, g->x.cs.stream);
 }
 
 /* The argmax of each counted row against its target, from the logits of the evaluation head. */
 static void cuda_accuracy(zt_model *base, int micro, int *correct, int *counted)
 {
     enc_cuda *g = (enc_cuda *)base;
-    ZT_ASSERT(micro == g->micro);
-    const size_t rows = head_rows(g, g->cur_B, g->cur_T), K = (size_t)g->a.K;
+    ZT_ASSERT(micro == g->x.micro);
+    const size_t rows = g->x.rows, K = (size_t)g->a.K;
     const int32_t *tgt = g->h_targets + (size_t)micro * rows;
     float *x = zt_xcalloc(rows * K, sizeof(float));
     cuda_logits(base, x);
@@ -464,12 +417,14 @@ static const zt_model_ops cuda_ops = {
     .destroy = cuda_destroy,
     .begin = cuda_begin,
     .forward = cuda_forward,
-    .discard = cuda_discard,
+    .discard = zt__cuda_exec_discard,
     .head = cuda_head,
     .head_backward = cuda_head_backward,
     .backward = cuda_backward,
-    .loss = cuda_loss,
+    .loss = zt__cuda_exec_loss,
     .set_token_types = cuda_set_token_types,
     .accuracy = cuda_accuracy,
     .logits = cuda_logits,
+    .set_profiling = zt__cuda_exec_set_profiling,
+    .profile_report = zt__cuda_exec_profile_report,
 };
