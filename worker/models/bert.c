@@ -88,14 +88,7 @@ const char *zt_bert_config_architecture(const zt_bert_config *cfg)
 const char *zt_bert_config_label(const zt_bert_config *cfg, int i, char *buf, size_t cap)
 {
     ZT_ASSERT(i >= 0 && i < cfg->num_labels);
-    if (cfg->label_names[0]) {
-        const char *s = cfg->label_names;
-        for (int k = 0; k < i; k++)
-            s += strlen(s) + 1;
-        return s;
-    }
-    snprintf(buf, cap, "LABEL_%d", i);
-    return buf;
+    return zt__cfg_label(cfg->label_names, i, buf, cap);
 }
 
 /* BertConfig's and RobertaConfig's keys; the head (architectures), hidden_act and the labels have their
@@ -165,19 +158,9 @@ static int validate_config(const zt_bert_config *c, const char *where, zt_err *e
                        "%s: num_labels is 1, which transformers treats as regression (mean squared error); ztrain's "
                        "classification head needs at least 2 labels",
                        where);
-    if (c->label_names[0]) {
-        /* num_labels NUL-terminated names inside the buffer */
-        size_t at = 0;
-        for (int i = 0; i < c->num_labels; i++) {
-            const char *nul = at < sizeof c->label_names
-                                  ? memchr(c->label_names + at, '\0', sizeof c->label_names - at)
-                                  : NULL;
-            if (!nul || c->label_names[at] == '\0')
-                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the label names do not hold %d non-empty names", where,
-                               c->num_labels);
-            at = (size_t)(nul - c->label_names) + 1;
-        }
-    }
+    if (!zt__cfg_labels_ok(c->label_names, sizeof c->label_names, c->num_labels))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the label names do not hold %d non-empty names", where,
+                       c->num_labels);
     return 0;
 }
 
@@ -227,79 +210,6 @@ static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_confi
                    c->roberta ? "RobertaForSequenceClassification" : "BertForSequenceClassification");
 }
 
-/* Reads num_labels, id2label and label2id: id2label maps "0".."n-1" to names, label2id is its inverse. */
-static int read_labels(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, zt_err *err)
-{
-    int num_labels = 0;
-    int rc = zt__host_json_int(r, "num_labels", 1, ZT_BERT_MAX_LABELS, &num_labels, NULL, err);
-    if (rc < 0)
-        return rc;
-    const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(obj, "id2label");
-    const cJSON *label2id = cJSON_GetObjectItemCaseSensitive(obj, "label2id");
-    if (id2label)
-        zt_json_accept(r, "id2label");
-    if (label2id)
-        zt_json_accept(r, "label2id");
-    if (!id2label) {
-        if (label2id && !cJSON_IsNull(label2id))
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id without id2label (give both, or neither)", r->where);
-        if (num_labels > 0 && num_labels != c->num_labels) {
-            c->num_labels = num_labels;
-            c->label_names[0] = '\0';
-        }
-        return 0;
-    }
-    if (!cJSON_IsObject(id2label) || !id2label->child)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label must be an object of label ids to names, such as "
-                       "{\"0\": \"negative\", \"1\": \"positive\"}", r->where);
-    const int n = cJSON_GetArraySize(id2label);
-    if (n > ZT_BERT_MAX_LABELS)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label has %d labels, more than ztrain's %d", r->where, n,
-                       ZT_BERT_MAX_LABELS);
-    if (num_labels > 0 && num_labels != n)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_labels is %d but id2label has %d labels (make them agree)",
-                       r->where, num_labels, n);
-    char text[ZT_BERT_LABEL_TEXT];
-    size_t at = 0;
-    bool all_default = true;
-    for (int i = 0; i < n; i++) {
-        char key[16];
-        snprintf(key, sizeof key, "%d", i);
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(id2label, key);
-        if (!v)
-            return zt_fail(err, ZT_EINVAL_CONFIG,
-                           "%s: id2label has %d labels but no label \"%s\" (ids run from 0 to %d)", r->where, n, key,
-                           n - 1);
-        if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label[\"%s\"] must be a non-empty string", r->where, key);
-        const size_t len = strlen(v->valuestring);
-        if (at + len + 1 > sizeof text)
-            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the names in id2label take more than ztrain's %d bytes "
-                           "(shorten them)", r->where, ZT_BERT_LABEL_TEXT);
-        memcpy(text + at, v->valuestring, len + 1);
-        at += len + 1;
-        char def[32];
-        snprintf(def, sizeof def, "LABEL_%d", i);
-        all_default = all_default && strcmp(v->valuestring, def) == 0;
-        if (label2id && !cJSON_IsNull(label2id)) {
-            const cJSON *id = cJSON_IsObject(label2id) ? cJSON_GetObjectItemCaseSensitive(label2id, v->valuestring)
-                                                        : NULL;
-            if (!cJSON_IsNumber(id) || id->valuedouble != (double)i)
-                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id[\"%s\"] must be %d, the inverse of id2label",
-                               r->where, v->valuestring, i);
-        }
-    }
-    if (label2id && !cJSON_IsNull(label2id) && cJSON_GetArraySize(label2id) != n)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id has %d entries but id2label %d (label2id must be the "
-                       "inverse of id2label)", r->where, cJSON_GetArraySize(label2id), n);
-    c->num_labels = n;
-    if (all_default)
-        c->label_names[0] = '\0';
-    else
-        memcpy(c->label_names, text, at);
-    return 0;
-}
-
 /* Fills cfg from a Hugging Face BERT or RoBERTa config.json object; see bert.h. */
 int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
@@ -331,7 +241,8 @@ int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *
                        "%s: hidden_act is \"%s\", but ztrain implements \"gelu\" (exact) and \"gelu_new\" (tanh "
                        "approximation)",
                        where, text);
-    if ((rc = read_labels(&r, obj, &c, err)) < 0 || (rc = zt__cfg_finish(&r, obj, NULL, err)) < 0 ||
+    if ((rc = zt__cfg_read_labels(&r, obj, ZT_BERT_MAX_LABELS, &c.num_labels, c.label_names, sizeof c.label_names,
+                                  err)) < 0 || (rc = zt__cfg_finish(&r, obj, NULL, err)) < 0 ||
         (rc = validate_config(&c, where, err)) < 0)
         return rc;
     *cfg = c;
@@ -369,15 +280,8 @@ int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"),
                          cJSON_CreateString(zt_bert_config_architecture(cfg)));
     cJSON_AddStringToObject(o, "hidden_act", cfg->hidden_act == ZT_BERT_ACT_GELU ? "gelu" : "gelu_new");
-    if (cfg->head == ZT_BERT_HEAD_CLASSIFY || cfg->num_labels != 2 || cfg->label_names[0]) {
-        cJSON *id2label = cJSON_AddObjectToObject(o, "id2label"), *label2id = cJSON_AddObjectToObject(o, "label2id");
-        for (int i = 0; i < cfg->num_labels; i++) {
-            char key[16], buf[32];
-            snprintf(key, sizeof key, "%d", i);
-            cJSON_AddStringToObject(id2label, key, zt_bert_config_label(cfg, i, buf, sizeof buf));
-            cJSON_AddNumberToObject(label2id, zt_bert_config_label(cfg, i, buf, sizeof buf), i);
-        }
-    }
+    if (cfg->head == ZT_BERT_HEAD_CLASSIFY || cfg->num_labels != 2 || cfg->label_names[0])
+        zt__cfg_write_labels(o, cfg->label_names, cfg->num_labels);
     cJSON_AddStringToObject(o, "model_type", cfg->roberta ? "roberta" : "bert");
     if (cfg->head == ZT_BERT_HEAD_CLASSIFY)
         cJSON_AddStringToObject(o, "problem_type", "single_label_classification");
