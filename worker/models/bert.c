@@ -507,97 +507,11 @@ static const zt__hm_passes passes = {
     .discard_block = zt__enc_cpu_discard_block, .logits = zt__enc_cpu_logits};
 
 
-extern const zt_family_def zt__family_bert;
-
-/* The public API over the shared host model (a zt_bert is a zt__hm of this family). */
-int zt_bert_create(zt_bert **out, const zt_bert_config *cfg, int B, int T, uint64_t seed, zt_err *err)
-{
-    return zt__family_bert.create((void **)out, cfg, B, T, seed, err);
-}
-int zt_bert_create_layout(zt_bert **out, const zt_bert_config *cfg, zt_err *err)
-{
-    return zt__family_bert.create_layout((void **)out, cfg, err);
-}
-void zt_bert_destroy(zt_bert *m) { zt__hm_destroy(m); }
-const zt_bert_config *zt_bert_get_config(const zt_bert *m) { return zt__hm_config(m); }
-size_t zt_bert_num_params(const zt_bert *m) { return zt__hm_num_params(m); }
-int zt_bert_num_tensors(const zt_bert *m) { return zt__hm_num_tensors(m); }
-const zt_param_info *zt_bert_tensor(const zt_bert *m, int i) { return zt__hm_tensor(m, i); }
-int zt_bert_num_blocks(const zt_bert *m) { return zt__hm_num_blocks(m); }
-const zt_block_info *zt_bert_block(const zt_bert *m, int i) { return zt__hm_block(m, i); }
-int zt_bert_head_block(const zt_bert *m) { return zt__hm_head_block(m); }
-float *zt_bert_params(zt_bert *m) { return zt__hm_params(m); }
-float *zt_bert_grads(zt_bert *m) { return zt__hm_grads(m); }
-
-
-/* The per-block passes (bert.h): the encoder's CPU runner, the host model's passes' state. */
-void zt_bert_set_token_types(zt_bert *m, const int32_t *types) { zt__enc_cpu_set_token_types(zt__hm_state(m), types); }
-void zt_bert_forward_begin(zt_bert *m, const int32_t *tokens, int B, int T)
-{
-    zt__hm_forward_begin(m, tokens, B, T, NULL);
-}
-void zt_bert_forward_block(zt_bert *m, int block, const float *bp) { zt__hm_forward_block(m, block, bp); }
-float zt_bert_forward_head(zt_bert *m, const float *hp, const int32_t *targets)
-{
-    return zt__hm_forward_head(m, hp, targets);
-}
-void zt_bert_backward_head(zt_bert *m, const float *hp, float *hg, float loss_scale)
-{
-    zt__hm_backward_head(m, hp, hg, loss_scale);
-}
-void zt_bert_backward_block(zt_bert *m, int block, const float *bp, float *bg)
-{
-    zt__hm_backward_block(m, block, bp, bg);
-}
-void zt_bert_discard_block_acts(zt_bert *m, int block) { zt__hm_discard_block(m, block); }
-const float *zt_bert_logits(const zt_bert *m) { return zt__hm_logits(m); }
-void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
-{
-    zt__enc_cpu_accuracy(zt__hm_state(m), correct, counted);
-}
-
-/* Runs the whole forward pass; see bert.h. */
-float zt_bert_forward(zt_bert *m, const int32_t *tokens, const int32_t *targets, int B, int T)
-{
-    zt_bert_forward_begin(m, tokens, B, T);
-    return zt__hm_forward_rest(m, targets);
-}
-
-/* Accumulates d(mean loss of the last forward)/d(params) * loss_scale into the gradient slab. */
-void zt_bert_backward(zt_bert *m, float loss_scale)
-{
-    zt__hm_backward(m, loss_scale);
-}
-
-/* Sets every gradient to zero. */
-void zt_bert_zero_grad(zt_bert *m)
-{
-    zt__hm_zero_grad(m);
-}
-
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
 
 extern const zt_family_def zt__family_bert;
-
-/* The engine's CPU executor of m; see bert.h. */
-int zt_bert_model_cpu(zt_model **out, zt_bert *m, int max_micro, const bool *ckpt_layers, zt_err *err)
-{
-    return zt__cpu_exec_create(out, &zt__family_bert, m, max_micro, ckpt_layers, err);
-}
-
-/* Exports the parameters as F32 safetensors with Hugging Face names; see bert.h. */
-int zt_bert_export(const zt_bert *m, const char *path, zt_err *err)
-{
-    return zt__host_export(&zt__family_bert, m, path, err);
-}
-
-/* Imports every parameter; see bert.h. */
-int zt_bert_import(zt_bert *m, const char *path, zt_err *err)
-{
-    return zt__host_import(&zt__family_bert, m, path, false, err);
-}
 
 /* Imports a pretrained body for fine-tuning; see bert.h. */
 int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
@@ -736,6 +650,14 @@ static const char *f_config_label(const void *c, int i, char *buf, size_t cap)
 static const zt__hm_spec spec = {.def = &zt__family_bert, .config_size = sizeof(zt_bert_config),
                                  .count_tensors = count_tensors, .build_layout = build_layout, .init = init_params,
                                  .passes = &passes, .head_block = head_block, .check_batch = check_batch};
+
+/* The typed API of bert.h over the host model (host_model.h), and what the encoder's runner adds to it. */
+ZT__HM_TYPED_API(zt_bert, zt_bert, zt_bert_config, spec, zt__family_bert)
+void zt_bert_set_token_types(zt_bert *m, const int32_t *types) { zt__enc_cpu_set_token_types(zt__hm_state(m), types); }
+void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
+{
+    zt__enc_cpu_accuracy(zt__hm_state(m), correct, counted);
+}
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {

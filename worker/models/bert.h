@@ -209,6 +209,9 @@ void zt_bert_discard_block_acts(zt_bert *m, int block);
  * BertForMaskedLM.from_pretrained (or the configured class) loads. The tied decoder weight and bias are
  * left out, as transformers saves them. The config is written with zt_bert_config_save. */
 int zt_bert_export(const zt_bert *m, const char *path, zt_err *err);
+/* The same tensors in Hugging Face's sharded form in the folder dir: shards of at most max_shard_bytes and
+ * model.safetensors.index.json, or a single dir/model.safetensors when everything fits. */
+int zt_bert_export_sharded(const zt_bert *m, const char *dir, size_t max_shard_bytes, zt_err *err);
 /* Imports parameters from a safetensors file with Hugging Face names (F32, F16 or BF16), from the shards of
  * an index (model.safetensors.index.json), or from a model directory holding model.safetensors or that
  * index. Encoder and embedding tensors may lack the "bert." / "roberta." prefix; LayerNorm "gamma" and
