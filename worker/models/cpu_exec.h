@@ -12,6 +12,8 @@
 
 #include "common/status.h"
 #include "worker/models/model.h"
+#include "worker/models/ops.h"
+#include "worker/models/params.h"
 
 struct zt_family_def;
 
@@ -42,5 +44,32 @@ float zt__cpu_loss_forward(zt__cpu_loss *l, const float *logits, int rows, int K
  * backward then skips every block); else the logits, in place, become the gradient of the mean loss times
  * loss_scale, and true. */
 bool zt__cpu_loss_backward(zt__cpu_loss *l, float *logits, float loss_scale);
+
+/* What every program's CPU runner holds beside its activations: the tables its block buffers are read by,
+ * the CPU binding, the largest micro-batch, the activation slab, its int32 inputs and its loss. */
+typedef struct zt__cpu_runner {
+    const zt_param_info *tensors; /* borrowed */
+    const zt_block_info *blocks;  /* borrowed */
+    zt_ops ops;                   /* the CPU binding (once open) */
+    int max_B, max_T;
+    char *slab;                   /* the activations, carved by the runner; N = B*T rows used of max_B*max_T */
+    int32_t *io;                  /* the runner's int32 inputs (tokens, targets, ...), carved by the runner */
+    zt__cpu_loss loss;
+    int B, T;                     /* the micro-batch begun last */
+} zt__cpu_runner;
+
+/* Sets c's tables (borrowed: they must outlive it) and largest micro-batch, before the runner counts its
+ * slab. */
+void zt__cpu_runner_init(zt__cpu_runner *c, const zt_param_info *tensors, const zt_block_info *blocks, int B,
+                         int T);
+/* Allocates the slab of slab_bytes (huge pages advised) and io_ints int32, and binds the CPU kernels with
+ * scratch for max_B*max_T rows of widest floats. Returns 0 or ZT_ENOMEM with a message; free c with
+ * zt__cpu_runner_free either way. */
+int zt__cpu_runner_open(zt__cpu_runner *c, size_t slab_bytes, size_t io_ints, int widest, zt_err *err);
+void zt__cpu_runner_free(zt__cpu_runner *c);
+/* A micro-batch of B x T begins: checks it against the largest; no backward before its head. */
+void zt__cpu_runner_begin(zt__cpu_runner *c, int B, int T);
+/* Tensor idx inside its block's flat buffer bp (laid out like the block's range of the slab). */
+float *zt__cpu_in_block(const zt__cpu_runner *c, const float *bp, int idx);
 
 #endif

@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/memory.h"          /* huge pages for the activation slab */
-#include "worker/models/cpu_exec.h" /* the loss on the CPU */
+#include "worker/models/cpu_exec.h" /* what the CPU runners share */
 #include "worker/models/decoder.h"  /* zt__dec_take, the carving of activation pools */
 
 #define IGNORE_INDEX (-1)
@@ -297,23 +296,15 @@ int zt__enc_correct(const float *logits, const int32_t *targets, size_t rows, si
 /* ---- the CPU runner ---- */
 
 struct zt__enc_cpu {
+    zt__cpu_runner c;             /* tables, binding, slab, inputs, loss and the micro-batch begun last */
     zt__enc_arch a;
-    const zt_param_info *tensors; /* borrowed */
-    const zt_block_info *blocks;  /* borrowed */
-    zt_ops ops;                   /* the CPU binding */
-    int max_B, max_T;
 
-    /* The activation slab; N = B*T rows are used of max_B*max_T. */
-    char *slab;
+    /* Carved from the slab and the inputs. */
     zt__enc_ends e;
     zt__enc_acts *layers;         /* [L] */
     zt__enc_work work;
-    zt__cpu_loss loss;            /* losses and counted targets [rows] of the last head */
-    int32_t *io;                  /* tokens, types [N] and lens [B] of the micro-batch begun last; targets [N] */
-    int32_t *tokens, *types, *lens;
+    int32_t *tokens, *types, *lens; /* [N], [N], [B] of the micro-batch begun last; c.loss's targets after */
     const int32_t *next_types;    /* for the next begin; borrowed */
-
-    int B, T;
     int n_correct;                /* of the last head's counted targets */
 };
 
@@ -321,12 +312,12 @@ struct zt__enc_cpu {
 static size_t carve(zt__enc_cpu *r, char *base)
 {
     const zt__enc_arch *a = &r->a;
-    const size_t B = (size_t)r->max_B, N = B * r->max_T, f = sizeof(float), al = 64;
+    const size_t B = (size_t)r->c.max_B, N = B * r->c.max_T, f = sizeof(float), al = 64;
     size_t used = 0;
     zt__enc_carve_ends(a, B, N, a->K, f, al, base, &used, &r->e);
     for (int l = 0; l < a->L; l++)
         zt__enc_carve_acts(a, N, f, al, base, &used, &r->layers[l], true, true, true);
-    r->loss.losses = zt__dec_take(base, &used, N * f, al);
+    r->c.loss.losses = zt__dec_take(base, &used, N * f, al);
     zt__enc_carve_work(a, N, f, al, base, &used, &r->work);
     return used;
 }
@@ -336,29 +327,21 @@ int zt__enc_cpu_create(zt__enc_cpu **out, const zt__enc_arch *a, const zt_param_
 {
     *out = NULL;
     zt__enc_cpu *r = zt_xcalloc(1, sizeof *r);
+    zt__cpu_runner_init(&r->c, tensors, blocks, B, T);
     r->a = *a;
-    r->tensors = tensors;
-    r->blocks = blocks;
-    r->max_B = B;
-    r->max_T = T;
     r->layers = zt_xcalloc((size_t)(a->L > 0 ? a->L : 1), sizeof *r->layers);
     const size_t bytes = carve(r, NULL), N = (size_t)B * T;
-    r->slab = malloc(bytes);
-    r->io = malloc((3 * N + (size_t)B) * sizeof(int32_t));
-    if (!r->slab || !r->io) {
+    /* tokens and types [N], lengths [B], counted targets [N] */
+    const int rc = zt__cpu_runner_open(&r->c, bytes, 3 * N + (size_t)B, a->F > a->C ? a->F : a->C, err);
+    if (rc < 0) {
         zt__enc_cpu_destroy(r);
-        return zt_fail(err, ZT_ENOMEM,
-                       "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
-                       "length)", B, T, (double)bytes / (1 << 20));
+        return rc;
     }
-    r->tokens = r->io;
-    r->types = r->io + N;
-    r->lens = r->io + 2 * N;
-    r->loss.targets = r->lens + B;
-    zt_advise_huge_pages(r->slab, bytes);
-    ZT_ASSERT(carve(r, r->slab) == bytes);
-    /* the unfused compositions' scratch: the widest linear output or GELU output */
-    zt__ops_cpu_init(&r->ops, N, (size_t)(a->F > a->C ? a->F : a->C));
+    ZT_ASSERT(carve(r, r->c.slab) == bytes);
+    r->tokens = r->c.io;
+    r->types = r->c.io + N;
+    r->lens = r->c.io + 2 * N;
+    r->c.loss.targets = r->lens + B;
     *out = r;
     return 0;
 }
@@ -368,26 +351,16 @@ void zt__enc_cpu_destroy(void *rv)
     zt__enc_cpu *r = rv;
     if (!r)
         return;
-    if (r->ops.ctx)
-        zt__ops_cpu_free(&r->ops);
+    zt__cpu_runner_free(&r->c);
     free(r->layers);
-    free(r->slab);
-    free(r->io);
     free(r);
-}
-
-/* Tensor idx inside its block's flat buffer bp (laid out like the block's range of the slab). */
-static float *in_block(const zt__enc_cpu *r, const float *bp, int idx)
-{
-    const zt_param_info *t = &r->tensors[idx];
-    return (float *)bp + (t->offset - r->blocks[t->block].offset);
 }
 
 /* Block `block`'s tensors in its buffer bp by role (n roles, idx[k] their tensors or -1). */
 static void block_tensors(const zt__enc_cpu *r, const float *bp, const int *idx, int n, void **t)
 {
     for (int k = 0; k < n; k++)
-        t[k] = idx[k] < 0 ? NULL : in_block(r, bp, idx[k]);
+        t[k] = idx[k] < 0 ? NULL : zt__cpu_in_block(&r->c, bp, idx[k]);
 }
 
 static void layer_tensors(const zt__enc_cpu *r, int l, const float *bp, void **t)
@@ -413,12 +386,9 @@ void zt__enc_cpu_begin(void *rv, const int32_t *tokens, int B, int T, const int3
 {
     zt__enc_cpu *r = rv;
     ZT_ASSERT(pos == NULL); /* an encoder does not pack documents (the config refuses --sft-pack for it) */
-    ZT_ASSERT(B >= 1 && B <= r->max_B && T >= 1 && T <= r->max_T);
+    zt__cpu_runner_begin(&r->c, B, T);
     zt__enc_stage(&r->a, tokens, r->next_types, B, T, r->tokens, r->types, r->lens);
     r->next_types = NULL;
-    r->B = B;
-    r->T = T;
-    r->loss.have_targets = false;
 }
 
 void zt__enc_cpu_forward_block(void *rv, int block, const float *bp)
@@ -429,14 +399,14 @@ void zt__enc_cpu_forward_block(void *rv, int block, const float *bp)
     zt__enc_w w;
     if (block == 0) {
         block_tensors(r, bp, a->emb, ZT__ENC_E_ROLES, (void **)w.t);
-        zt__enc_embed_forward(&r->ops, a, &r->e, &w, r->tokens, r->types, r->B, r->T);
+        zt__enc_embed_forward(&r->c.ops, a, &r->e, &w, r->tokens, r->types, r->c.B, r->c.T);
     } else if (block == a->L + 1) {
         block_tensors(r, bp, a->head_t, ZT__ENC_H_OUT_W, (void **)w.t);
-        zt__enc_head_forward(&r->ops, a, &r->e, &w, layer_input(r, a->L), r->B, r->T, a->K);
+        zt__enc_head_forward(&r->c.ops, a, &r->e, &w, layer_input(r, a->L), r->c.B, r->c.T, a->K);
     } else {
         /* a checkpointed layer's rebuild is its whole forward again: it kept only its output */
         layer_tensors(r, block - 1, bp, (void **)w.t);
-        zt__enc_layer_forward(&r->ops, a, &w, layer_input(r, block - 1), &r->layers[block - 1], r->lens, r->B, r->T,
+        zt__enc_layer_forward(&r->c.ops, a, &w, layer_input(r, block - 1), &r->layers[block - 1], r->lens, r->c.B, r->c.T,
                               false);
     }
 }
@@ -453,29 +423,29 @@ float zt__enc_cpu_forward_head(void *rv, const float *hp, const int32_t *targets
 {
     zt__enc_cpu *r = rv;
     const zt__enc_arch *a = &r->a;
-    const int rows = zt__enc_rows(a, r->B, r->T);
+    const int rows = zt__enc_rows(a, r->c.B, r->c.T);
     zt__enc_w w;
     output_tensors(r, hp, (void **)w.t);
-    zt__enc_logits(&r->ops, a, &r->e, &w, r->B, r->T, a->K);
-    r->loss.counted = r->n_correct = 0;
+    zt__enc_logits(&r->c.ops, a, &r->e, &w, r->c.B, r->c.T, a->K);
+    r->c.loss.counted = r->n_correct = 0;
     if (!targets)
         return 0.0f;
-    zt__enc_targets(a, r->tokens, targets, r->B, r->T, r->loss.targets);
-    const float loss = zt__cpu_loss_forward(&r->loss, r->e.logits, rows, a->K);
-    r->n_correct = zt__enc_correct(r->e.logits, r->loss.targets, (size_t)rows, (size_t)a->K);
+    zt__enc_targets(a, r->tokens, targets, r->c.B, r->c.T, r->c.loss.targets);
+    const float loss = zt__cpu_loss_forward(&r->c.loss, r->e.logits, rows, a->K);
+    r->n_correct = zt__enc_correct(r->e.logits, r->c.loss.targets, (size_t)rows, (size_t)a->K);
     return loss;
 }
 
 void zt__enc_cpu_backward_head(void *rv, const float *hp, float *hg, float loss_scale)
 {
     zt__enc_cpu *r = rv;
-    if (!zt__cpu_loss_backward(&r->loss, r->e.logits, loss_scale))
+    if (!zt__cpu_loss_backward(&r->c.loss, r->e.logits, loss_scale))
         return;
     zt__enc_w w;
     zt__enc_g g;
     output_tensors(r, hp, (void **)w.t);
     output_tensors(r, hg, g.t);
-    zt__enc_logits_backward(&r->ops, &r->a, &r->e, &w, &g, &r->work, r->B, r->T, r->a.K);
+    zt__enc_logits_backward(&r->c.ops, &r->a, &r->e, &w, &g, &r->work, r->c.B, r->c.T, r->a.K);
 }
 
 void zt__enc_cpu_backward_block(void *rv, int block, const float *bp, float *bg)
@@ -483,23 +453,23 @@ void zt__enc_cpu_backward_block(void *rv, int block, const float *bp, float *bg)
     zt__enc_cpu *r = rv;
     const zt__enc_arch *a = &r->a;
     ZT_ASSERT(block >= 0 && block <= a->L + 1);
-    if (r->loss.skip)
+    if (r->c.loss.skip)
         return;
     zt__enc_w w;
     zt__enc_g g;
     if (block == 0) {
         block_tensors(r, bp, a->emb, ZT__ENC_E_ROLES, (void **)w.t);
         block_tensors(r, bg, a->emb, ZT__ENC_E_ROLES, g.t);
-        zt__enc_embed_backward(&r->ops, a, &r->e, &w, &g, &r->work, r->tokens, r->types, r->B, r->T);
+        zt__enc_embed_backward(&r->c.ops, a, &r->e, &w, &g, &r->work, r->tokens, r->types, r->c.B, r->c.T);
     } else if (block == a->L + 1) {
         block_tensors(r, bp, a->head_t, ZT__ENC_H_OUT_W, (void **)w.t);
         block_tensors(r, bg, a->head_t, ZT__ENC_H_OUT_W, g.t);
-        zt__enc_head_backward(&r->ops, a, &r->e, &w, &g, layer_input(r, a->L), &r->work, r->B, r->T, a->K);
+        zt__enc_head_backward(&r->c.ops, a, &r->e, &w, &g, layer_input(r, a->L), &r->work, r->c.B, r->c.T, a->K);
     } else {
         layer_tensors(r, block - 1, bp, (void **)w.t);
         layer_tensors(r, block - 1, bg, g.t);
-        zt__enc_layer_backward(&r->ops, a, &w, &g, layer_input(r, block - 1), &r->layers[block - 1], &r->work,
-                               r->lens, r->B, r->T);
+        zt__enc_layer_backward(&r->c.ops, a, &w, &g, layer_input(r, block - 1), &r->layers[block - 1], &r->work,
+                               r->lens, r->c.B, r->c.T);
     }
 }
 
@@ -509,7 +479,7 @@ void zt__enc_cpu_discard_block(void *rv, int block)
     zt__enc_cpu *r = rv;
     if (block < 1 || block > r->a.L)
         return;
-    const size_t N = (size_t)r->B * r->T, C = (size_t)r->a.C, F = (size_t)r->a.F, NH = (size_t)r->a.NH;
+    const size_t N = (size_t)r->c.B * r->c.T, C = (size_t)r->a.C, F = (size_t)r->a.F, NH = (size_t)r->a.NH;
     zt__enc_acts *s = &r->layers[block - 1];
     struct {
         float *p;
@@ -531,5 +501,5 @@ void zt__enc_cpu_accuracy(const void *rv, int *correct, int *counted)
 {
     const zt__enc_cpu *r = rv;
     *correct = r->n_correct;
-    *counted = r->loss.counted;
+    *counted = r->c.loss.counted;
 }
