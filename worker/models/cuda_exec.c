@@ -289,9 +289,10 @@ void zt__cuda_exec_init(zt__cuda_exec *x, const zt_model_ops *ops, enum zt_dtype
     x->max_micro = max_micro;
 }
 
-size_t zt__cuda_exec_bytes(zt__cuda_exec *x, zt__cuda_carve_fn carve)
+zt_model *zt__cuda_exec_shape(zt__cuda_exec *x, zt__cuda_carve_fn carve)
 {
-    return carve(x, NULL, NULL);
+    x->base.device_bytes = carve(x, NULL, NULL);
+    return &x->base;
 }
 
 int zt__cuda_exec_open(zt__cuda_exec *x, zt__cuda_carve_fn carve, size_t slot_ints, size_t loss_floats,

@@ -150,8 +150,8 @@ void zt__cuda_exec_init(zt__cuda_exec *x, const zt_model_ops *ops, enum zt_dtype
 /* How a family carves its device buffers from the pool at base (base NULL: only counts), returning the bytes;
  * plan, when not NULL, receives the bytes of activations and of scratch. x is the family's executor. */
 typedef size_t (*zt__cuda_carve_fn)(zt__cuda_exec *x, char *base, size_t plan[2]);
-/* The device bytes carve takes, without device state (an executor's shape, for planning). */
-size_t zt__cuda_exec_bytes(zt__cuda_exec *x, zt__cuda_carve_fn carve);
+/* An executor's shape without device state, for planning: base with the device bytes carve takes. */
+struct zt_model *zt__cuda_exec_shape(zt__cuda_exec *x, zt__cuda_carve_fn carve);
 /* Opens x's device state (zt__cuda_state_open: slot_ints per staging slot, loss_floats of host losses) with
  * a pool of the bytes carve takes, and carves it. Returns 0, or ZT_EUNSUPPORTED / ZT_ENOMEM with a message
  * (the caller then destroys its executor). */

@@ -189,9 +189,7 @@ static void cuda_destroy(zt_model *base)
 zt_model *zt__dec_cuda_shape(const zt__dec_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
                              const bool *ckpt_layers)
 {
-    dec_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    g->x.base.device_bytes = zt__cuda_exec_bytes(&g->x, carve);
-    return &g->x.base;
+    return zt__cuda_exec_shape(&new_shape(m, B, T, max_micro, dtype, ckpt_layers)->x, carve);
 }
 
 int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, int max_micro, enum zt_dtype dtype,

@@ -38,7 +38,6 @@ typedef struct kept_norm {
 typedef struct enc_cuda {
     zt__cuda_exec x;     /* first member: a zt_model * is an enc_cuda * */
     zt__enc_arch a;
-    zt__enc_model m;     /* tables borrowed from the host model */
     int Kp;              /* the decoder's or the classifier's rows on the device */
 
     bool *keep_sum;      /* [L] a checkpointed layer keeps res2 and its statistics; see above */
@@ -69,6 +68,27 @@ static bool layer_ckpt(const enc_cuda *g, int l)
 static size_t head_rows(const enc_cuda *g, int B, int T)
 {
     return (size_t)zt__enc_rows(&g->a, B, T);
+}
+
+/* The device layout of the host table: the word embeddings and the decoder bias padded to Kp, the classifier
+ * to Kp labels, key and value packed after query. */
+static void build_layout(enc_cuda *g, const zt__enc_model *m, const bool *ckpt_layers)
+{
+    const zt__enc_arch *a = &g->a;
+    const size_t C = (size_t)a->C, Vp = zt__round_up((size_t)a->V, ZT__CUDA_VOCAB_PAD);
+    zt__cuda_layout_init(&g->x.lay, m->tensors, m->ntensors, m->nblocks);
+    g->x.lay.tlen[a->emb[ZT__ENC_E_WORD]] = Vp * C;
+    if (a->head == ZT__ENC_HEAD_MLM) {
+        g->x.lay.tlen[a->head_t[ZT__ENC_H_BIAS]] = (size_t)g->Kp;
+    } else {
+        g->x.lay.tlen[a->head_t[ZT__ENC_H_OUT_W]] = (size_t)g->Kp * C;
+        g->x.lay.tlen[a->head_t[ZT__ENC_H_OUT_B]] = (size_t)g->Kp;
+    }
+    for (int l = 0; l < a->L; l++)
+        for (int k = 0; k < a->per_layer; k++)
+            g->x.lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
+    /* the embeddings' backward reads their LayerNorm's weights */
+    zt__cuda_layout_finish(&g->x.lay, m->tensors, a->L, ckpt_layers, true);
 }
 
 /* Hands out pool memory, every piece 256-byte aligned. */
@@ -136,25 +156,22 @@ static size_t carve(zt__cuda_exec *x, char *base, size_t plan[2])
     return used;
 }
 
-/* The device layout of the host table: the word embeddings and the decoder bias padded to Kp, the classifier
- * to Kp labels, key and value packed after query. */
-static void build_layout(enc_cuda *g, const bool *ckpt_layers)
+static enc_cuda *new_shape(const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                           const bool *ckpt_layers)
 {
-    const zt__enc_arch *a = &g->a;
-    const size_t C = (size_t)a->C, Vp = zt__round_up((size_t)a->V, ZT__CUDA_VOCAB_PAD);
-    zt__cuda_layout_init(&g->x.lay, g->m.tensors, g->m.ntensors, g->m.nblocks);
-    g->x.lay.tlen[a->emb[ZT__ENC_E_WORD]] = Vp * C;
-    if (a->head == ZT__ENC_HEAD_MLM) {
-        g->x.lay.tlen[a->head_t[ZT__ENC_H_BIAS]] = (size_t)g->Kp;
-    } else {
-        g->x.lay.tlen[a->head_t[ZT__ENC_H_OUT_W]] = (size_t)g->Kp * C;
-        g->x.lay.tlen[a->head_t[ZT__ENC_H_OUT_B]] = (size_t)g->Kp;
-    }
-    for (int l = 0; l < a->L; l++)
-        for (int k = 0; k < a->per_layer; k++)
-            g->x.lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
-    /* the embeddings' backward reads their LayerNorm's weights */
-    zt__cuda_layout_finish(&g->x.lay, g->m.tensors, a->L, ckpt_layers, true);
+    enc_cuda *g = zt_xcalloc(1, sizeof *g);
+    zt__cuda_exec_init(&g->x, &cuda_ops, dtype, B, T, max_micro);
+    g->a = *m->arch;
+    g->Kp = (int)zt__round_up((size_t)g->a.K, g->a.head == ZT__ENC_HEAD_MLM ? ZT__CUDA_VOCAB_PAD : LABEL_PAD);
+    const size_t nl = (size_t)(g->a.L > 0 ? g->a.L : 1);
+    g->layers = zt_xcalloc(nl, sizeof *g->layers);
+    g->keep_sum = zt_xcalloc(nl, sizeof *g->keep_sum);
+    g->kept = zt_xcalloc(nl, sizeof *g->kept);
+    build_layout(g, m, ckpt_layers);
+    for (int l = 0; l < g->a.L; l++)
+        g->keep_sum[l] = layer_ckpt(g, l) && (l == g->a.L - 1 || layer_ckpt(g, l + 1));
+    zt__cuda_layout_describe(&g->x.base, &g->x.lay, dtype, g->a.head_block, m->num_params, B, T, max_micro);
+    return g;
 }
 
 /* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
@@ -179,26 +196,6 @@ static int check_shape(const zt__enc_arch *a, int max_micro, enum zt_dtype dtype
     return 0;
 }
 
-static enc_cuda *new_shape(const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                           const bool *ckpt_layers)
-{
-    enc_cuda *g = zt_xcalloc(1, sizeof *g);
-    g->a = *m->arch;
-    g->m = *m;
-    g->m.arch = &g->a;
-    zt__cuda_exec_init(&g->x, &cuda_ops, dtype, B, T, max_micro);
-    g->Kp = (int)zt__round_up((size_t)g->a.K, g->a.head == ZT__ENC_HEAD_MLM ? ZT__CUDA_VOCAB_PAD : LABEL_PAD);
-    const size_t nl = (size_t)(g->a.L > 0 ? g->a.L : 1);
-    g->layers = zt_xcalloc(nl, sizeof *g->layers);
-    g->keep_sum = zt_xcalloc(nl, sizeof *g->keep_sum);
-    g->kept = zt_xcalloc(nl, sizeof *g->kept);
-    build_layout(g, ckpt_layers);
-    for (int l = 0; l < g->a.L; l++)
-        g->keep_sum[l] = layer_ckpt(g, l) && (l == g->a.L - 1 || layer_ckpt(g, l + 1));
-    zt__cuda_layout_describe(&g->x.base, &g->x.lay, dtype, g->a.head_block, m->num_params, B, T, max_micro);
-    return g;
-}
-
 static void cuda_destroy(zt_model *base)
 {
     enc_cuda *g = (enc_cuda *)base;
@@ -210,36 +207,6 @@ static void cuda_destroy(zt_model *base)
     free(g->keep_sum);
     free(g->kept);
     free(g);
-}
-
-zt_model *zt__enc_cuda_shape(const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                             const bool *ckpt_layers)
-{
-    enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    g->x.base.device_bytes = zt__cuda_exec_bytes(&g->x, carve);
-    return &g->x.base;
-}
-
-int zt__enc_cuda_create(zt_model **out, const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                        const bool *ckpt_layers, zt_err *err)
-{
-    *out = NULL;
-    enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    /* staging slots of tokens, types and targets [N] and lengths [B]; the losses of every micro-batch */
-    const size_t N = (size_t)B * T, rows = head_rows(g, B, T);
-    int rc = check_shape(&g->a, max_micro, dtype, err);
-    if (rc == 0)
-        rc = zt__cuda_exec_open(&g->x, carve, 3 * N + (size_t)B, (size_t)max_micro * rows, err);
-    if (rc < 0) {
-        cuda_destroy(&g->x.base);
-        return rc;
-    }
-    g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
-    const zt__ops_cuda_res res = {.norm_scratch = g->ln_scratch, .attn_scratch = g->attn_scratch,
-                                  .emb_scratch = g->emb_scratch, .attn_scratch_bytes = g->attn_scratch_bytes};
-    zt__cuda_exec_bind(&g->x, res);
-    *out = &g->x.base;
-    return 0;
 }
 
 /* ---- the model interface ---- */
@@ -413,18 +380,42 @@ static void cuda_accuracy(zt_model *base, int micro, int *correct, int *counted)
     free(x);
 }
 
+/* The encoder's entries, and those every executor has alike (cuda_exec.h). */
 static const zt_model_ops cuda_ops = {
-    .destroy = cuda_destroy,
-    .begin = cuda_begin,
-    .forward = cuda_forward,
-    .discard = zt__cuda_exec_discard,
-    .head = cuda_head,
-    .head_backward = cuda_head_backward,
-    .backward = cuda_backward,
-    .loss = zt__cuda_exec_loss,
-    .set_token_types = cuda_set_token_types,
-    .accuracy = cuda_accuracy,
-    .logits = cuda_logits,
-    .set_profiling = zt__cuda_exec_set_profiling,
+    .destroy = cuda_destroy, .begin = cuda_begin, .forward = cuda_forward, .head = cuda_head,
+    .head_backward = cuda_head_backward, .backward = cuda_backward, .set_token_types = cuda_set_token_types,
+    .accuracy = cuda_accuracy, .logits = cuda_logits,
+    .discard = zt__cuda_exec_discard, .loss = zt__cuda_exec_loss, .set_profiling = zt__cuda_exec_set_profiling,
     .profile_report = zt__cuda_exec_profile_report,
 };
+
+/* ---- the entry points (encoder.h) ---- */
+
+int zt__enc_cuda_create(zt_model **out, const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                        const bool *ckpt_layers, zt_err *err)
+{
+    *out = NULL;
+    enc_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
+    /* staging slots of tokens, types and targets [N] and lengths [B]; the losses of every micro-batch */
+    const size_t N = (size_t)B * T, rows = head_rows(g, B, T);
+    int rc = check_shape(&g->a, max_micro, dtype, err);
+    if (rc == 0)
+        rc = zt__cuda_exec_open(&g->x, carve, 3 * N + (size_t)B, (size_t)max_micro * rows, err);
+    if (rc < 0) {
+        cuda_destroy(&g->x.base);
+        return rc;
+    }
+    g->h_targets = zt_xcalloc((size_t)max_micro * rows, sizeof(int32_t));
+    const zt__ops_cuda_res res = {.norm_scratch = g->ln_scratch, .attn_scratch = g->attn_scratch,
+                                  .emb_scratch = g->emb_scratch, .attn_scratch_bytes = g->attn_scratch_bytes};
+    zt__cuda_exec_bind(&g->x, res);
+    *out = &g->x.base;
+    return 0;
+}
+
+/* The layout alone, for planning (encoder.h). */
+zt_model *zt__enc_cuda_shape(const zt__enc_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                             const bool *ckpt_layers)
+{
+    return zt__cuda_exec_shape(&new_shape(m, B, T, max_micro, dtype, ckpt_layers)->x, carve);
+}
