@@ -1,8 +1,9 @@
 /* The training engine's executor on the CPU (worker/models/model.h), for every family: it drives the
  * family's per-block passes (zt_family_def) over the host model's activations. On the CPU the engine's
  * layout is the host model's slab layout, so the block and tensor tables come straight from the host
- * model. Also what the programs' CPU runners share (decoder.c, encoder.c): the loss of their head, and the
- * mean loss every executor reports. Internal to worker/models/ (the public entry is zt_family_model_cpu). */
+ * model. Also what the programs' CPU runners share (decoder.c, encoder.c): their tables, binding, slab and
+ * inputs, the loss of their head, and the mean loss every executor reports. Internal to worker/models/ (the
+ * public entry is zt_family_model_cpu). */
 #ifndef ZT_WORKER_MODELS_CPU_EXEC_H
 #define ZT_WORKER_MODELS_CPU_EXEC_H
 
