@@ -472,8 +472,8 @@ void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, floa
     zt__dec_g g;
     layer_weights(r, l, bp, &w);
     layer_grads(r, l, bg, &g);
-    zt__dec_layer_backward(&r->c.ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->c.B, r->c.T,
-                           docs_of(r));
+    zt__dec_layer_backward(&r->c.ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->c.B,
+                           r->c.T, docs_of(r));
 }
 
 /* Fills a layer's intermediate activations with NaN, keeping its output: a rebuild must recompute them. */

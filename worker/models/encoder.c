@@ -406,8 +406,8 @@ void zt__enc_cpu_forward_block(void *rv, int block, const float *bp)
     } else {
         /* a checkpointed layer's rebuild is its whole forward again: it kept only its output */
         layer_tensors(r, block - 1, bp, (void **)w.t);
-        zt__enc_layer_forward(&r->c.ops, a, &w, layer_input(r, block - 1), &r->layers[block - 1], r->lens, r->c.B, r->c.T,
-                              false);
+        zt__enc_layer_forward(&r->c.ops, a, &w, layer_input(r, block - 1), &r->layers[block - 1], r->lens, r->c.B,
+                              r->c.T, false);
     }
 }
 
