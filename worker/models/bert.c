@@ -393,17 +393,6 @@ static size_t build_layout(const void *cv, zt_param_info *tensors, zt_block_info
     return off;
 }
 
-/* The parameter count of cfg's shape, by formula. */
-size_t zt_bert_config_num_params(const zt_bert_config *cfg)
-{
-    const size_t C = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size, V = (size_t)cfg->vocab_size;
-    const size_t emb = (V + (size_t)cfg->max_position_embeddings + (size_t)cfg->type_vocab_size) * C + 2 * C;
-    const size_t layer = 3 * (C * C + C) + (C * C + C) + 2 * C + (I * C + I) + (C * I + C) + 2 * C;
-    const size_t head = cfg->head == ZT_BERT_HEAD_MLM ? C * C + C + 2 * C + V
-                                                      : C * C + C + (size_t)cfg->num_labels * (C + 1);
-    return emb + (size_t)cfg->num_hidden_layers * layer + head;
-}
-
 /* ---------------------------------------------------------------------------------------------------- */
 /* Creation                                                                                             */
 /* ---------------------------------------------------------------------------------------------------- */
@@ -650,6 +639,12 @@ static const char *f_config_label(const void *c, int i, char *buf, size_t cap)
 static const zt__hm_spec spec = {.def = &zt__family_bert, .config_size = sizeof(zt_bert_config),
                                  .count_tensors = count_tensors, .build_layout = build_layout, .init = init_params,
                                  .passes = &passes, .head_block = head_block, .check_batch = check_batch};
+
+/* The parameter count of cfg's shape, from its tensor table. */
+size_t zt_bert_config_num_params(const zt_bert_config *cfg)
+{
+    return zt__hm_config_num_params(&spec, cfg, cfg->num_hidden_layers);
+}
 
 /* The typed API of bert.h over the host model (host_model.h), and what the encoder's runner adds to it. */
 ZT__HM_TYPED_API(zt_bert, zt_bert, zt_bert_config, spec, zt__family_bert)
