@@ -1,5 +1,5 @@
 /* BERT and RoBERTa on the GPU (ctest label gpu; exit 77 without a GPU): the CUDA executor
- * (worker/models/bert_cuda.c) against the CPU host model (worker/models/bert.c), which
+ * (worker/models/encoder_cuda.c) against the CPU runner (worker/models/encoder.c), which
  * tests/interop/bert_hf.py checks against transformers. One micro-batch's logits, loss and every parameter's
  * gradient in fp32, 1e-4 relative (gradients relative to the tensor's largest entry), for
  * - BERT with the masked-LM head: 5 heads of 32, an MLP of 200, a vocabulary of 1001 (padded to 1024 on the
@@ -22,8 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "common/log.h"
-#include "worker/models/bert.h"
-#include "worker/models/bert_cuda.h"
+#include "worker/models/bert.h" /* the host model and its CUDA executor */
 #include "worker/models/model.h"
 
 #include "../worker/model_once.h"

@@ -11,7 +11,7 @@
  * and prints "loss correct counted" on stdout (the loss with 9 significant digits).
  *
  * With --device cuda (a CUDA build on a machine with a GPU) the forward and backward pass run on the GPU
- * through the training engine's CUDA executor (worker/models/bert_cuda.c) in fp32 instead of the CPU model.
+ * through the training engine's CUDA executor (worker/models/encoder_cuda.c) in fp32 instead of the CPU model.
  *
  * BATCH_FILE: little-endian int32 values: B, T, then tokens [B,T], token types [B,T] and targets [B,T]
  * (masked LM: -1 or the token to predict at each position; classification: the label at the first
@@ -23,10 +23,7 @@
 #include <string.h>
 
 #include "common/safetensors.h"
-#include "worker/models/bert.h"
-#ifdef ZT_WITH_CUDA
-#include "worker/models/bert_cuda.h"
-#endif
+#include "worker/models/bert.h" /* the host model and its CUDA executor */
 #include "model_once.h"
 
 static int die(const char *msg)

@@ -1,5 +1,6 @@
 /* BERT and RoBERTa encoders (Hugging Face BertModel / RobertaModel), built from blocks: explicit forward and
- * backward over the CPU kernels, with one of two task heads (bert_cuda.c runs the same passes on a GPU).
+ * backward, the encoder program (worker/models/encoder.h) run by its CPU runner or its CUDA executor, with one
+ * of two task heads.
  *
  * Blocks, in order: 0 = embeddings (word, position and token-type embeddings, then a LayerNorm);
  * 1..L = encoder layers, post-LN: x = LN(x + attention.output.dense(attention(x)));
@@ -208,6 +209,9 @@ void zt_bert_discard_block_acts(zt_bert *m, int block);
  * BertForMaskedLM.from_pretrained (or the configured class) loads. The tied decoder weight and bias are
  * left out, as transformers saves them. The config is written with zt_bert_config_save. */
 int zt_bert_export(const zt_bert *m, const char *path, zt_err *err);
+/* The same tensors in Hugging Face's sharded form in the folder dir: shards of at most max_shard_bytes and
+ * model.safetensors.index.json, or a single dir/model.safetensors when everything fits. */
+int zt_bert_export_sharded(const zt_bert *m, const char *dir, size_t max_shard_bytes, zt_err *err);
 /* Imports parameters from a safetensors file with Hugging Face names (F32, F16 or BF16), from the shards of
  * an index (model.safetensors.index.json), or from a model directory holding model.safetensors or that
  * index. Encoder and embedding tensors may lack the "bert." / "roberta." prefix; LayerNorm "gamma" and
@@ -230,6 +234,21 @@ int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err);
  * token types on m (zt_bert_set_token_types) before each micro-batch. Returns 0 or ZT_EINVAL_CONFIG. */
 struct zt_model;
 int zt_bert_model_cpu(struct zt_model **out, zt_bert *m, int max_micro, const bool *ckpt_layers, zt_err *err);
+
+#ifdef ZT_WITH_CUDA
+#include "common/safetensors.h" /* enum zt_dtype */
+/* The training engine's view of m's model on one CUDA GPU (the encoder's CUDA executor, encoder.h), for
+ * micro-batches up to B x T, steps of up to max_micro micro-batches and compute dtype F32, BF16 or F16, on the
+ * current CUDA device; ckpt_layers as in zt_bert_model_cpu. Activations live in the compute dtype (LayerNorm
+ * statistics, attention lse and losses in fp32), carved from one device allocation made here. m is borrowed
+ * and must outlive the result (free it with out->ops->destroy). Returns 0, or ZT_EUNSUPPORTED / ZT_ENOMEM with
+ * a message saying what to change. */
+int zt_bert_cuda_create(struct zt_model **out, const zt_bert *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                        const bool *ckpt_layers, zt_err *err);
+/* Its layout and device bytes with no device state: for planning. Free with ->ops->destroy. */
+struct zt_model *zt_bert_cuda_shape(const zt_bert *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                                    const bool *ckpt_layers);
+#endif
 
 /* The zt_bert_config config inside a zt_family_config of this family (worker/models/family.h). */
 #define ZT_BERT_CONFIG(fc) ((zt_bert_config *)zt_family_config_body(fc))

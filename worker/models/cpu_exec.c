@@ -1,7 +1,10 @@
-/* The CPU executor of every family; see cpu_exec.h. */
+/* The CPU executor of every family, and what the CPU runners share; see cpu_exec.h. */
 #include "worker/models/cpu_exec.h"
 
 #include <stdlib.h>
+
+#include "common/memory.h" /* huge pages for the activation slab */
+#include "kernels/crossentropy.h"
 
 #include "worker/models/family.h"
 
@@ -160,4 +163,83 @@ int zt__cpu_exec_create(zt_model **out, const zt_family_def *def, void *host, in
     base->max_micro = max_micro;
     *out = base;
     return 0;
+}
+
+/* ---- what the runners share ---- */
+
+float zt__mean_loss(const float *losses, size_t n, int counted)
+{
+    if (counted == 0)
+        return 0.0f;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += losses[i];
+    return (float)(sum / counted);
+}
+
+float zt__cpu_loss_forward(zt__cpu_loss *l, const float *logits, int rows, int K)
+{
+    l->rows = rows;
+    l->K = K;
+    l->counted = zt_cpu_crossentropy_forward_backward(l->losses, NULL, logits, l->targets, rows, K, -1, 0.0f);
+    l->have_targets = true;
+    return zt__mean_loss(l->losses, (size_t)rows, l->counted);
+}
+
+bool zt__cpu_loss_backward(zt__cpu_loss *l, float *logits, float loss_scale)
+{
+    ZT_ASSERT(l->have_targets); /* backward needs a forward pass with targets, once */
+    l->have_targets = false;
+    l->skip = l->counted == 0;
+    if (l->skip)
+        return false;
+    /* dlogits replace the logits in place (the kernel allows the alias) */
+    zt_cpu_crossentropy_forward_backward(l->losses, logits, logits, l->targets, l->rows, l->K, -1,
+                                         loss_scale / (float)l->counted);
+    return true;
+}
+
+void zt__cpu_runner_init(zt__cpu_runner *c, const zt_param_info *tensors, const zt_block_info *blocks, int B,
+                         int T)
+{
+    c->tensors = tensors;
+    c->blocks = blocks;
+    c->max_B = B;
+    c->max_T = T;
+}
+
+int zt__cpu_runner_open(zt__cpu_runner *c, size_t slab_bytes, size_t io_ints, int widest, zt_err *err)
+{
+    c->slab = malloc(slab_bytes);
+    c->io = malloc(io_ints * sizeof(int32_t));
+    if (!c->slab || !c->io)
+        return zt_fail(err, ZT_ENOMEM,
+                       "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
+                       "length)", c->max_B, c->max_T, (double)slab_bytes / (1 << 20));
+    zt_advise_huge_pages(c->slab, slab_bytes);
+    /* the unfused compositions' scratch: the widest linear output or GELU output */
+    zt__ops_cpu_init(&c->ops, (size_t)c->max_B * c->max_T, (size_t)widest);
+    return 0;
+}
+
+void zt__cpu_runner_free(zt__cpu_runner *c)
+{
+    if (c->ops.ctx)
+        zt__ops_cpu_free(&c->ops);
+    free(c->slab);
+    free(c->io);
+}
+
+void zt__cpu_runner_begin(zt__cpu_runner *c, int B, int T)
+{
+    ZT_ASSERT(B >= 1 && B <= c->max_B && T >= 1 && T <= c->max_T);
+    c->B = B;
+    c->T = T;
+    c->loss.have_targets = false;
+}
+
+float *zt__cpu_in_block(const zt__cpu_runner *c, const float *bp, int idx)
+{
+    const zt_param_info *t = &c->tensors[idx];
+    return (float *)bp + (t->offset - c->blocks[t->block].offset);
 }

@@ -6,7 +6,9 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, pinned host memory */
+#include "kernels/crossentropy.h"     /* the fused classifier */
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, pinned host memory, the inf/NaN check */
+#include "worker/models/cpu_exec.h"   /* the mean loss */
 
 size_t zt__round_up(size_t x, size_t a)
 {
@@ -218,6 +220,22 @@ void zt__cuda_state_close(zt__cuda_state *s)
     memset(s, 0, sizeof *s);
 }
 
+int zt__cuda_check_model(enum zt_dtype dtype, const zt_attention_dims *d, const char *heads, const char *fix,
+                         int max_micro, zt_err *err)
+{
+    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
+        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
+    if (!zt_cuda_attention_gqa_supported(d))
+        return zt_fail(err, ZT_EUNSUPPORTED,
+                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
+                       "of shared memory per block); %s (choose %s among them, or train with --device cpu)",
+                       heads, fix);
+    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
+                       max_micro, ZT__CUDA_MAX_MICRO);
+    return 0;
+}
+
 /* ---- staging and read-back ---- */
 
 int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
@@ -241,16 +259,6 @@ int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const 
     return valid;
 }
 
-float zt__cuda_mean_loss(const float *losses, size_t n, int counted)
-{
-    if (counted == 0)
-        return 0.0f;
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++)
-        sum += losses[i];
-    return (float)(sum / counted);
-}
-
 void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,
                           cudaStream_t stream)
 {
@@ -266,4 +274,104 @@ void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols,
                                                          : zt_f16_to_f32(((const uint16_t *)h)[i]);
         }
     free(h);
+}
+
+/* ---- what every executor holds ---- */
+
+void zt__cuda_exec_init(zt__cuda_exec *x, const zt_model_ops *ops, enum zt_dtype dtype, int B, int T,
+                        int max_micro)
+{
+    x->base.ops = ops;
+    x->dtype = dtype;
+    x->esize = zt_dtype_size(dtype);
+    x->max_B = B;
+    x->max_T = T;
+    x->max_micro = max_micro;
+}
+
+zt_model *zt__cuda_exec_shape(zt__cuda_exec *x, zt__cuda_carve_fn carve)
+{
+    x->base.device_bytes = carve(x, NULL, NULL);
+    return &x->base;
+}
+
+int zt__cuda_exec_open(zt__cuda_exec *x, zt__cuda_carve_fn carve, size_t slot_ints, size_t loss_floats,
+                       zt_err *err)
+{
+    size_t plan[2];
+    const size_t pool_bytes = carve(x, NULL, plan);
+    int rc = zt__cuda_state_open(&x->cs, pool_bytes, plan, slot_ints, loss_floats, x->dtype, x->max_B, x->max_T, err);
+    if (rc < 0)
+        return rc;
+    ZT_ASSERT(carve(x, x->cs.pool, NULL) == pool_bytes);
+    return 0;
+}
+
+void zt__cuda_exec_bind(zt__cuda_exec *x, zt__ops_cuda_res res)
+{
+    res.stream = x->cs.stream;
+    res.blas = x->cs.blas;
+    zt__ops_cuda_init(&x->ops, &res, x->dtype);
+    x->base.stream = x->cs.stream;
+    x->base.nonfinite_flag = x->d_flag;
+    x->base.device_bytes = x->cs.pool_bytes;
+}
+
+void zt__cuda_exec_close(zt__cuda_exec *x)
+{
+    zt__cuda_state_close(&x->cs);
+    zt__ops_cuda_free(&x->ops);
+    zt__cuda_layout_free(&x->lay);
+}
+
+void zt__cuda_exec_begin(zt__cuda_exec *x, int B, int T, int micro, size_t rows)
+{
+    ZT_ASSERT(B >= 1 && B <= x->max_B && T >= 1 && T <= x->max_T);
+    ZT_ASSERT(micro >= 0 && micro < x->max_micro);
+    if (micro == 0)
+        ZT_CUDA_CHECK(cudaMemsetAsync(x->d_flag, 0, sizeof(int), x->cs.stream));
+    x->cur_B = B;
+    x->cur_T = T;
+    x->micro = micro;
+    x->rows = rows;
+    zt__cuda_passes_begin(&x->lay);
+}
+
+void *zt__cuda_exec_in_block(const zt__cuda_exec *x, const void *block_base, int b, int idx)
+{
+    return zt__cuda_in_block(&x->lay, block_base, b, idx, x->esize);
+}
+
+void zt__cuda_exec_head_loss(zt__cuda_exec *x, void *logits, const int32_t *d_targets, int K, int Kp, float scale)
+{
+    const int rows = (int)x->rows, valid = x->n_valid[x->micro];
+    const bool train = scale != 0.0f;
+    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
+    zt_cuda_crossentropy_forward_backward(x->losses, train ? logits : NULL, logits, d_targets, rows, K, Kp, -1,
+                                          grad_scale, NULL, x->dtype, x->cs.stream);
+    if (train)
+        zt_cuda_check_finite(x->d_flag, x->losses, (size_t)rows, ZT_DTYPE_F32, x->cs.stream);
+    ZT_CUDA_CHECK(cudaMemcpyAsync(x->cs.h_losses + (size_t)x->micro * x->rows, x->losses,
+                                  x->rows * sizeof(float), cudaMemcpyDeviceToHost, x->cs.stream));
+}
+
+void zt__cuda_exec_discard(zt_model *m, int b)
+{
+    zt__cuda_pass_discard(&((zt__cuda_exec *)m)->lay, b);
+}
+
+float zt__cuda_exec_loss(const zt_model *m, int micro)
+{
+    const zt__cuda_exec *x = (const zt__cuda_exec *)m;
+    return zt__mean_loss(x->cs.h_losses + (size_t)micro * x->rows, x->rows, x->n_valid[micro]);
+}
+
+void zt__cuda_exec_set_profiling(zt_model *m, bool on)
+{
+    zt__ops_cuda_set_profiling(&((zt__cuda_exec *)m)->ops, on);
+}
+
+void zt__cuda_exec_profile_report(zt_model *m)
+{
+    zt__ops_cuda_profile_report(&((zt__cuda_exec *)m)->ops);
 }

@@ -1,6 +1,8 @@
-/* What the families' CUDA executors share (decoder_cuda.c, bert_cuda.c): the device layout of a
+/* What the families' CUDA executors share (decoder_cuda.c, encoder_cuda.c, t5.c): the device layout of a
  * host model's tensor table, the pool that activations and scratch are carved from, the stream, cuBLASLt
- * handle and pinned staging, token staging and reading losses and logits back. Internal to worker/models/.
+ * handle and pinned staging, the checks of a model's shape that every executor makes, the op table's
+ * binding, token staging, the fused classifier's loss and reading losses and logits back. Internal to
+ * worker/models/.
  *
  * Device layout: the host slab's tensors in order, each starting on a ZT__CUDA_ALIGN_ELEMS boundary unless
  * the family marks it packed (it continues the tensor before it, as k and v after q form one packed weight);
@@ -17,8 +19,10 @@
 
 #include "common/safetensors.h"
 #include "common/status.h"
-#include "kernels/matmul.h" /* zt_cuda_blas */
+#include "kernels/attention.h" /* zt_attention_dims */
+#include "kernels/matmul.h"    /* zt_cuda_blas */
 #include "worker/models/model.h"
+#include "worker/models/ops_cuda.h"
 #include "worker/models/params.h" /* zt_param_info */
 
 #define ZT__CUDA_ALIGN_ELEMS 64 /* tensors start on a 64-element boundary of the device layout */
@@ -105,16 +109,77 @@ int zt__cuda_state_open(zt__cuda_state *s, size_t pool_bytes, const size_t plan[
 /* Waits for the stream and frees everything (accepts a state that failed to open, or a zeroed one). */
 void zt__cuda_state_close(zt__cuda_state *s);
 
+/* Checks what every executor needs of a model: the compute dtype (F32, BF16 or F16), attention of d's head
+ * shape that the kernels serve (heads: what the model has, fix: what to choose, for the message), and
+ * max_micro micro-batches per step. Returns 0, or ZT_EUNSUPPORTED / ZT_EINVAL_CONFIG with a message. */
+int zt__cuda_check_model(enum zt_dtype dtype, const zt_attention_dims *d, const char *heads, const char *fix,
+                         int max_micro, zt_err *err);
 /* Stages tokens and targets [B,T] (targets NULL: every position ignored) through pinned slot `slot` (whose
  * previous copy it waits for) into d_tokens and d_targets on s's stream. Tokens and targets must lie in
  * [0,V) (targets -1: ignored). Returns the number of targets that count. */
 int zt__cuda_stage_lm(zt__cuda_state *s, int slot, const int32_t *tokens, const int32_t *targets, int B, int T,
                       int V, int32_t *d_tokens, int32_t *d_targets);
-/* The sum of losses[0..n) in double over counted, rounded to float (0 when counted is 0). */
-float zt__cuda_mean_loss(const float *losses, size_t n, int counted);
 /* Copies rows x cols of a device matrix of dtype elements with row stride `stride` into out [rows, cols] as
  * fp32, after the stream's work so far. */
 void zt__cuda_rows_to_f32(float *out, const void *dev, size_t rows, size_t cols, size_t stride, enum zt_dtype dtype,
                           cudaStream_t stream);
+
+/* ---- what every executor holds ----
+ * The part of a CUDA executor that every program's shares, its first member (so that a zt_model * is one):
+ * the engine's view, the compute dtype, the largest micro-batch, the device layout and state, the CUDA
+ * binding, the step's inf/NaN flag and the head's losses, and the micro-batch under way. */
+typedef struct zt__cuda_exec {
+    zt_model base;                   /* first member */
+    enum zt_dtype dtype;
+    size_t esize;                    /* bytes of an element of dtype */
+    int max_B, max_T, max_micro;
+    zt__cuda_layout lay;             /* the device layout and the engine's view of it */
+    zt__cuda_state cs;               /* stream, cuBLASLt, pool, pinned staging */
+    zt_ops ops;                      /* the CUDA binding (once bound) */
+    int *d_flag;                     /* the step's inf/NaN flag (the family carves it from the pool) */
+    float *losses;                   /* [rows] the head's losses (the family carves them) */
+    int n_valid[ZT__CUDA_MAX_MICRO]; /* counted targets of each micro-batch of the step */
+    int cur_B, cur_T, micro;         /* the micro-batch begun last */
+    size_t rows;                     /* the rows its head scores */
+} zt__cuda_exec;
+
+/* Sets x's dtype and largest micro-batch and base's calls; the family then builds x->lay and describes base
+ * (zt__cuda_layout_describe). */
+void zt__cuda_exec_init(zt__cuda_exec *x, const zt_model_ops *ops, enum zt_dtype dtype, int B, int T,
+                        int max_micro);
+/* How a family carves its device buffers from the pool at base (base NULL: only counts), returning the bytes;
+ * plan, when not NULL, receives the bytes of activations and of scratch. x is the family's executor. */
+typedef size_t (*zt__cuda_carve_fn)(zt__cuda_exec *x, char *base, size_t plan[2]);
+/* An executor's shape without device state, for planning: base with the device bytes carve takes. */
+struct zt_model *zt__cuda_exec_shape(zt__cuda_exec *x, zt__cuda_carve_fn carve);
+/* Opens x's device state (zt__cuda_state_open: slot_ints per staging slot, loss_floats of host losses) with
+ * a pool of the bytes carve takes, and carves it. Returns 0, or ZT_EUNSUPPORTED / ZT_ENOMEM with a message
+ * (the caller then destroys its executor). */
+int zt__cuda_exec_open(zt__cuda_exec *x, zt__cuda_carve_fn carve, size_t slot_ints, size_t loss_floats,
+                       zt_err *err);
+/* Binds x->ops to the CUDA kernels on x's stream and cuBLASLt handle with res's scratch (its stream and
+ * handle are set here), and sets base's device fields: the stream, the inf/NaN flag and the pool's bytes. */
+void zt__cuda_exec_bind(zt__cuda_exec *x, zt__ops_cuda_res res);
+/* Waits for the stream, then frees the binding, the device state and the layout (x stays the caller's). */
+void zt__cuda_exec_close(zt__cuda_exec *x);
+/* A micro-batch of B x T whose head scores `rows` rows begins: checks it against the largest, zeroes the
+ * step's flag at micro-batch 0 and starts every block's passes again. The family stages its inputs and sets
+ * x->n_valid[micro]. */
+void zt__cuda_exec_begin(zt__cuda_exec *x, int B, int T, int micro, size_t rows);
+/* Tensor idx inside block b's buffer (weights or gradients). */
+void *zt__cuda_exec_in_block(const zt__cuda_exec *x, const void *block_base, int b, int idx);
+/* The fused classifier over the micro-batch's logits [rows, Kp] (the first K columns count) against
+ * d_targets (-1: ignored): the losses and, in training (scale != 0), the logits replaced by the gradient of
+ * the mean loss over the counted targets times scale, the losses checked for inf/NaN; then the losses copied
+ * to the host for zt__cuda_exec_loss. */
+void zt__cuda_exec_head_loss(zt__cuda_exec *x, void *logits, const int32_t *d_targets, int K, int Kp, float scale);
+/* The model interface's entries that every executor has alike: discard (checkpointed layers write into the
+ * set they share: nothing to free, but the block's next forward is a rebuild) and the mean loss of a
+ * micro-batch (its losses came back with the stream, which the caller waited for). */
+void zt__cuda_exec_discard(zt_model *m, int b);
+float zt__cuda_exec_loss(const zt_model *m, int micro);
+/* Profiling of the binding's operations (ops_cuda.h): on or off, and the report. */
+void zt__cuda_exec_set_profiling(zt_model *m, bool on);
+void zt__cuda_exec_profile_report(zt_model *m);
 
 #endif

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/memory.h"      /* huge pages for the activation slab */
-#include "kernels/crossentropy.h"
 #include "kernels/matmul.h"     /* the head on the CPU */
+#include "worker/models/cpu_exec.h" /* what the CPU runners share */
 
 #define IGNORE_INDEX (-1)
 
@@ -134,7 +133,7 @@ static void attention_forward(const zt_ops *o, const zt__dec_arch *a, void *out,
                               const zt_attention_dims *d, const zt__dec_docs *docs)
 {
     if (!docs) {
-        o->attention(o, out, lse, qkv, d);
+        o->attention(o, out, lse, qkv, NULL, d);
         return;
     }
     const size_t QKV = (size_t)zt__dec_qkv_width(a), C = (size_t)a->NH * a->HS;
@@ -150,7 +149,7 @@ static void attention_backward(const zt_ops *o, const zt__dec_arch *a, void *dqk
                                const void *out, const float *lse, const zt_attention_dims *d, const zt__dec_docs *docs)
 {
     if (!docs) {
-        o->attention_backward(o, dqkv, dout, qkv, out, lse, d);
+        o->attention_backward(o, dqkv, dout, qkv, out, lse, NULL, d);
         return;
     }
     const size_t QKV = (size_t)zt__dec_qkv_width(a), C = (size_t)a->NH * a->HS;
@@ -274,40 +273,30 @@ void zt__dec_embedding_backward(const zt_ops *o, const zt__dec_arch *a, void *dw
 /* ---- the CPU runner ---- */
 
 struct zt__dec_cpu {
+    zt__cpu_runner c;             /* tables, binding, slab, inputs, loss and the micro-batch begun last */
     zt__dec_arch a;
-    const zt_param_info *tensors; /* borrowed */
-    const zt_block_info *blocks;  /* borrowed */
-    zt_ops ops;                   /* the CPU binding */
-    int max_B, max_T;
     float *inv_freq;              /* [rot/2] when a.rope */
 
-    /* The activation slab; N = B*T rows are used of max_B*max_T. */
-    char *slab;
+    /* Carved from the slab and the inputs. */
     float *encoded;               /* [N,C] the input of layer 0 */
     zt__dec_acts *layers;         /* [L] */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits;                /* [N,V]; the logits' gradient after backward_head */
-    float *losses;                /* [N] */
     zt__dec_work work;
     float *pad_row;               /* [C] */
-    int32_t *tokens, *targets;    /* [N] of the micro-batch begun last */
+    int32_t *tokens;              /* [N] of the micro-batch begun last; c.loss's targets [N] after them */
     bool *discarded;              /* [L+2] a checkpointed block dropped its activations after its forward */
     int32_t *pos, *cu;            /* [N], [2N]: packed documents' positions and attention offsets */
     zt__dec_group *groups;        /* [N] */
     zt__dec_docs docs;            /* over pos, cu and groups */
     bool packed;                  /* the micro-batch begun last has packed documents */
-
-    int B, T;
-    bool have_targets;            /* the last head had targets and no backward consumed them */
-    int n_valid;                  /* counted targets of the last head */
-    bool backward_skip;           /* the running backward has nothing to do (every target ignored) */
 };
 
 /* Carves the runner's activations from base (or counts them with base NULL); returns the bytes. */
 static size_t carve(zt__dec_cpu *r, char *base)
 {
     const zt__dec_arch *a = &r->a;
-    const size_t N = (size_t)r->max_B * r->max_T, C = (size_t)a->C, f = sizeof(float), al = 64;
+    const size_t N = (size_t)r->c.max_B * r->c.max_T, C = (size_t)a->C, f = sizeof(float), al = 64;
     size_t used = 0;
     r->encoded = zt__dec_take(base, &used, N * C * f, al);
     for (int l = 0; l < a->L; l++)
@@ -316,7 +305,7 @@ static size_t carve(zt__dec_cpu *r, char *base)
     r->lnf_mean = zt__dec_take(base, &used, N * f, al);
     r->lnf_rstd = zt__dec_take(base, &used, N * f, al);
     r->logits = zt__dec_take(base, &used, N * (size_t)a->V * f, al);
-    r->losses = zt__dec_take(base, &used, N * f, al);
+    r->c.loss.losses = zt__dec_take(base, &used, N * f, al);
     zt__dec_carve_work(a, N, f, al, base, &used, &r->work);
     r->pad_row = zt__dec_take(base, &used, C * f, al);
     return used;
@@ -328,35 +317,27 @@ int zt__dec_cpu_create(zt__dec_cpu **out, const zt__dec_arch *a, const zt_param_
     *out = NULL;
     zt__dec_cpu *r = zt_xcalloc(1, sizeof *r);
     r->a = *a;
-    r->tensors = tensors;
-    r->blocks = blocks;
-    r->max_B = B;
-    r->max_T = T;
+    zt__cpu_runner_init(&r->c, tensors, blocks, B, T);
     r->layers = zt_xcalloc((size_t)(a->L > 0 ? a->L : 1), sizeof *r->layers);
     r->discarded = zt_xcalloc((size_t)a->L + 2, sizeof *r->discarded);
     const size_t bytes = carve(r, NULL), N = (size_t)B * T;
-    r->slab = malloc(bytes);
-    r->tokens = malloc(N * sizeof(int32_t));
-    r->targets = malloc(N * sizeof(int32_t));
-    r->pos = malloc(N * sizeof(int32_t));
-    r->cu = malloc(2 * N * sizeof(int32_t));
-    r->groups = malloc(N * sizeof(zt__dec_group));
-    if (!r->slab || !r->tokens || !r->targets || !r->pos || !r->cu || !r->groups) {
+    r->groups = zt_xmalloc(N * sizeof(zt__dec_group));
+    /* tokens, targets and packed documents' positions [N] each, their attention offsets [2N] */
+    const int rc = zt__cpu_runner_open(&r->c, bytes, 5 * N, a->F > a->C ? a->F : a->C, err);
+    if (rc < 0) {
         zt__dec_cpu_destroy(r);
-        return zt_fail(err, ZT_ENOMEM,
-                       "out of memory: activations for batch %d x %d need %.1f MiB (lower the batch size or sequence "
-                       "length)", B, T, (double)bytes / (1 << 20));
+        return rc;
     }
-    zt_advise_huge_pages(r->slab, bytes);
-    ZT_ASSERT(carve(r, r->slab) == bytes);
+    ZT_ASSERT(carve(r, r->c.slab) == bytes);
+    r->tokens = r->c.io;
+    r->c.loss.targets = r->c.io + N;
+    r->pos = r->c.io + 2 * N;
+    r->cu = r->c.io + 3 * N;
     if (a->rope) {
         ZT_ASSERT(a->rot > 0 && a->rot <= a->HS && a->rot % 2 == 0);
         r->inv_freq = zt_xmalloc((size_t)a->rot / 2 * sizeof(float));
         memcpy(r->inv_freq, inv_freq, (size_t)a->rot / 2 * sizeof(float));
     }
-    /* the unfused compositions' scratch: the widest linear output or GELU output */
-    const int widest = a->F > a->C ? a->F : a->C;
-    zt__ops_cpu_init(&r->ops, N, (size_t)widest);
     *out = r;
     return 0;
 }
@@ -365,30 +346,18 @@ void zt__dec_cpu_destroy(zt__dec_cpu *r)
 {
     if (!r)
         return;
-    if (r->ops.ctx)
-        zt__ops_cpu_free(&r->ops);
+    zt__cpu_runner_free(&r->c);
     free(r->layers);
     free(r->discarded);
     free(r->inv_freq);
-    free(r->slab);
-    free(r->tokens);
-    free(r->targets);
-    free(r->pos);
-    free(r->cu);
     free(r->groups);
     free(r);
 }
 
-/* Tensor idx inside its block's flat buffer bp (laid out like the block's range of the slab). */
-static const float *in_block(const zt__dec_cpu *r, const float *bp, int idx)
+/* Tensor idx inside its block's flat buffer bp (weights or gradients). */
+static float *in_block(const zt__dec_cpu *r, const float *bp, int idx)
 {
-    const zt_param_info *t = &r->tensors[idx];
-    return bp + (t->offset - r->blocks[t->block].offset);
-}
-
-static float *in_block_mut(const zt__dec_cpu *r, float *bp, int idx)
-{
-    return (float *)in_block(r, bp, idx);
+    return zt__cpu_in_block(&r->c, bp, idx);
 }
 
 /* Layer l's weights (or gradients) in its block's buffer, by role. */
@@ -401,7 +370,7 @@ static void layer_weights(const zt__dec_cpu *r, int l, const float *bp, zt__dec_
 static void layer_grads(const zt__dec_cpu *r, int l, float *bg, zt__dec_g *g)
 {
     for (int k = 0; k < ZT__DEC_ROLES; k++)
-        g->t[k] = r->a.role[k] < 0 ? NULL : in_block_mut(r, bg, r->a.layer0 + l * r->a.per_layer + r->a.role[k]);
+        g->t[k] = r->a.role[k] < 0 ? NULL : in_block(r, bg, r->a.layer0 + l * r->a.per_layer + r->a.role[k]);
 }
 
 /* The documents of the micro-batch begun last, or NULL (one a row). */
@@ -418,7 +387,7 @@ static const float *layer_input(const zt__dec_cpu *r, int l)
 
 void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T, const int32_t *pos)
 {
-    ZT_ASSERT(B >= 1 && B <= r->max_B && T >= 1 && T <= r->max_T);
+    zt__cpu_runner_begin(&r->c, B, T);
     const int N = B * T;
     for (int i = 0; i < N; i++)
         ZT_ASSERT(tokens[i] >= 0 && tokens[i] < r->a.V);
@@ -430,9 +399,6 @@ void zt__dec_cpu_begin(zt__dec_cpu *r, const int32_t *tokens, int B, int T, cons
         ZT_ASSERT(ngroups > 0); /* positions restart at 0 at each row and document, and count up by 1 */
         r->docs = (zt__dec_docs){.pos = r->pos, .cu = r->cu, .groups = r->groups, .ngroups = ngroups};
     }
-    r->B = B;
-    r->T = T;
-    r->have_targets = false;
     memset(r->discarded, 0, ((size_t)r->a.L + 2) * sizeof *r->discarded);
 }
 
@@ -440,14 +406,14 @@ void zt__dec_cpu_forward_block(zt__dec_cpu *r, int block, const float *bp)
 {
     const zt__dec_arch *a = &r->a;
     ZT_ASSERT(block >= 0 && block <= a->L + 1);
-    const int N = r->B * r->T;
+    const int N = r->c.B * r->c.T;
     if (block == 0) {
-        zt__dec_embedding_forward(&r->ops, a, r->encoded, r->tokens, in_block(r, bp, 0),
-                                  a->wpe ? in_block(r, bp, 1) : NULL, r->work.dln, r->B, r->T, docs_of(r));
+        zt__dec_embedding_forward(&r->c.ops, a, r->encoded, r->tokens, in_block(r, bp, 0),
+                                  a->wpe ? in_block(r, bp, 1) : NULL, r->work.dln, r->c.B, r->c.T, docs_of(r));
         return;
     }
     if (block == a->L + 1) {
-        zt__dec_final_forward(&r->ops, a, r->lnf, r->lnf_mean, r->lnf_rstd, layer_input(r, a->L),
+        zt__dec_final_forward(&r->c.ops, a, r->lnf, r->lnf_mean, r->lnf_rstd, layer_input(r, a->L),
                               in_block(r, bp, a->final_w), a->final_b >= 0 ? in_block(r, bp, a->final_b) : NULL, N);
         return;
     }
@@ -456,43 +422,29 @@ void zt__dec_cpu_forward_block(zt__dec_cpu *r, int block, const float *bp)
     layer_weights(r, l, bp, &w);
     const bool rebuild = r->discarded[block];
     r->discarded[block] = false;
-    zt__dec_layer_forward(&r->ops, a, &w, layer_input(r, l), &r->layers[l], r->inv_freq, r->B, r->T, rebuild,
+    zt__dec_layer_forward(&r->c.ops, a, &w, layer_input(r, l), &r->layers[l], r->inv_freq, r->c.B, r->c.T, rebuild,
                           docs_of(r));
 }
 
 float zt__dec_cpu_forward_head(zt__dec_cpu *r, const float *hp, const int32_t *targets)
 {
-    const int N = r->B * r->T, C = r->a.C, V = r->a.V;
+    const int N = r->c.B * r->c.T, C = r->a.C, V = r->a.V;
     zt_cpu_matmul_forward(r->logits, r->lnf, in_block(r, hp, r->a.head_tensor), NULL, N, C, V);
     if (!targets)
         return 0.0f;
     for (int i = 0; i < N; i++)
         ZT_ASSERT(targets[i] == IGNORE_INDEX || (targets[i] >= 0 && targets[i] < V));
-    memmove(r->targets, targets, (size_t)N * sizeof *targets);
-    r->n_valid =
-        zt_cpu_crossentropy_forward_backward(r->losses, NULL, r->logits, r->targets, N, V, IGNORE_INDEX, 0.0f);
-    r->have_targets = true;
-    if (r->n_valid == 0)
-        return 0.0f;
-    double sum = 0.0;
-    for (int i = 0; i < N; i++)
-        sum += r->losses[i];
-    return (float)(sum / r->n_valid);
+    memmove(r->c.loss.targets, targets, (size_t)N * sizeof *targets);
+    return zt__cpu_loss_forward(&r->c.loss, r->logits, N, V);
 }
 
 void zt__dec_cpu_backward_head(zt__dec_cpu *r, const float *hp, float *hg, float loss_scale)
 {
-    ZT_ASSERT(r->have_targets); /* backward needs a forward pass with targets, once */
-    r->have_targets = false;
-    r->backward_skip = r->n_valid == 0;
-    if (r->backward_skip)
+    if (!zt__cpu_loss_backward(&r->c.loss, r->logits, loss_scale))
         return;
-    const int N = r->B * r->T, C = r->a.C, V = r->a.V;
-    /* dlogits overwrite the logits in place (the kernel allows the alias). */
-    zt_cpu_crossentropy_forward_backward(r->losses, r->logits, r->logits, r->targets, N, V, IGNORE_INDEX,
-                                         loss_scale / (float)r->n_valid);
+    const int N = r->c.B * r->c.T, C = r->a.C, V = r->a.V;
     memset(r->work.dln, 0, (size_t)N * C * sizeof(float));
-    zt_cpu_matmul_backward(r->work.dln, in_block_mut(r, hg, r->a.head_tensor), NULL, r->logits, r->lnf,
+    zt_cpu_matmul_backward(r->work.dln, in_block(r, hg, r->a.head_tensor), NULL, r->logits, r->lnf,
                            in_block(r, hp, r->a.head_tensor), N, C, V);
 }
 
@@ -500,19 +452,19 @@ void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, floa
 {
     const zt__dec_arch *a = &r->a;
     ZT_ASSERT(block >= 0 && block <= a->L + 1);
-    if (r->backward_skip)
+    if (r->c.loss.skip)
         return;
-    const int N = r->B * r->T;
+    const int N = r->c.B * r->c.T;
     if (block == a->L + 1) {
-        zt__dec_final_backward(&r->ops, a, r->work.dres, in_block_mut(r, bg, a->final_w),
-                               a->final_b >= 0 ? in_block_mut(r, bg, a->final_b) : NULL, r->work.dln,
+        zt__dec_final_backward(&r->c.ops, a, r->work.dres, in_block(r, bg, a->final_w),
+                               a->final_b >= 0 ? in_block(r, bg, a->final_b) : NULL, r->work.dln,
                                layer_input(r, a->L), in_block(r, bp, a->final_w), r->lnf_mean, r->lnf_rstd, N);
         return;
     }
     if (block == 0) {
-        zt__dec_embedding_backward(&r->ops, a, in_block_mut(r, bg, 0), a->wpe ? in_block_mut(r, bg, 1) : NULL,
-                                   r->work.dres, r->tokens, r->pad_row, r->B, r->T, docs_of(r),
-                                   a->wpe ? (int)(r->tensors[1].numel / (size_t)a->C) : 0);
+        zt__dec_embedding_backward(&r->c.ops, a, in_block(r, bg, 0), a->wpe ? in_block(r, bg, 1) : NULL,
+                                   r->work.dres, r->tokens, r->pad_row, r->c.B, r->c.T, docs_of(r),
+                                   a->wpe ? (int)(r->c.tensors[1].numel / (size_t)a->C) : 0);
         return;
     }
     const int l = block - 1;
@@ -520,8 +472,8 @@ void zt__dec_cpu_backward_block(zt__dec_cpu *r, int block, const float *bp, floa
     zt__dec_g g;
     layer_weights(r, l, bp, &w);
     layer_grads(r, l, bg, &g);
-    zt__dec_layer_backward(&r->ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->B, r->T,
-                           docs_of(r));
+    zt__dec_layer_backward(&r->c.ops, a, &w, &g, layer_input(r, l), &r->layers[l], &r->work, r->inv_freq, r->c.B,
+                           r->c.T, docs_of(r));
 }
 
 /* Fills a layer's intermediate activations with NaN, keeping its output: a rebuild must recompute them. */
@@ -530,7 +482,7 @@ void zt__dec_cpu_discard_block(zt__dec_cpu *r, int block)
     if (block < 1 || block > r->a.L)
         return;
     const zt__dec_arch *a = &r->a;
-    const size_t N = (size_t)r->B * r->T, C = (size_t)a->C;
+    const size_t N = (size_t)r->c.B * r->c.T, C = (size_t)a->C;
     zt__dec_acts *s = &r->layers[block - 1];
     struct {
         float *p;

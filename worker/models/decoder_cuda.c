@@ -11,42 +11,37 @@
  * allocated inside a step. */
 #include "worker/models/decoder.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
 
-#include "kernels/crossentropy.h"     /* the fused classifier */
-#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check */
+#include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK */
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/rmsnorm.h"
+#include "worker/models/cpu_exec.h"  /* the mean loss */
 #include "worker/models/cuda_exec.h" /* the layout, pool, stream and staging executors share */
 #include "worker/models/model.h"
 #include "worker/models/ops_cuda.h"
 
 typedef struct dec_cuda {
-    zt_model base;            /* first member: a zt_model * is a dec_cuda * */
+    zt__cuda_exec x;          /* first member: a zt_model * is a dec_cuda * */
     zt__dec_arch a;
     zt__dec_model m;          /* tables borrowed from the host model */
-    enum zt_dtype dtype;
-    size_t esize;
-    int max_B, max_T, max_micro, Vp;
-    zt__cuda_layout lay;      /* the device layout and the engine's view of it */
-    zt__cuda_state cs;        /* stream, cuBLASLt, pool, pinned staging */
-    zt_ops ops;               /* the CUDA binding (after creation) */
+    int Vp;
 
     /* Carved from the pool. */
     zt__dec_acts *layers;     /* [L] */
     zt__dec_acts shared;      /* what checkpointed layers share (all but out) */
     void *encoded, *lnf, *logits, *pad_row;
-    float *lnf_mean, *lnf_rstd, *losses, *inv_freq;
+    float *lnf_mean, *lnf_rstd, *inv_freq;
     zt__dec_work work;
     int32_t *d_tokens, *d_targets;
     int32_t *d_pos, *d_cu;    /* [N], [2N] packed documents' positions and attention offsets */
     void *attn_scratch, *emb_scratch, *norm_scratch;
     size_t attn_scratch_bytes;
-    int *d_flag;
 
     /* Packed documents (host): the plan of the micro-batch begun last, and two pinned slots of 3N int32 that
      * stage its positions and offsets. */
@@ -55,9 +50,6 @@ typedef struct dec_cuda {
     cudaEvent_t docs_done[2];
     zt__dec_docs docs;
     bool packed;
-
-    int n_valid[ZT__CUDA_MAX_MICRO]; /* per micro-batch of the current step */
-    int cur_B, cur_T, micro;
 } dec_cuda;
 
 static const zt_model_ops cuda_ops;
@@ -76,16 +68,17 @@ static int wpe_rows(const dec_cuda *g)
 
 /* Carves every device buffer from base; returns the bytes used (with base NULL only counts). plan, when not
  * NULL, receives the bytes of activations and of scratch. */
-static size_t carve(dec_cuda *g, char *base, size_t plan[2])
+static size_t carve(zt__cuda_exec *x, char *base, size_t plan[2])
 {
+    dec_cuda *g = (dec_cuda *)x;
     const zt__dec_arch *a = &g->a;
-    const size_t N = (size_t)g->max_B * g->max_T, C = (size_t)a->C, e = g->esize, al = ZT__CUDA_POOL_ALIGN;
+    const size_t N = (size_t)g->x.max_B * g->x.max_T, C = (size_t)a->C, e = g->x.esize, al = ZT__CUDA_POOL_ALIGN;
     size_t used = 0;
     g->encoded = take(base, &used, N * C * e);
-    if (zt__cuda_layout_any_checkpointed(&g->lay))
+    if (zt__cuda_layout_any_checkpointed(&g->x.lay))
         zt__dec_carve_acts(a, N, e, al, base, &used, &g->shared, false);
     for (int l = 0; l < a->L; l++) {
-        const bool ckpt = g->lay.block_ckpt[1 + l];
+        const bool ckpt = g->x.lay.block_ckpt[1 + l];
         if (ckpt)
             g->layers[l] = g->shared;
         zt__dec_carve_acts(a, N, e, al, base, &used, &g->layers[l], ckpt);
@@ -94,12 +87,12 @@ static size_t carve(dec_cuda *g, char *base, size_t plan[2])
     g->lnf_mean = take(base, &used, N * 4);
     g->lnf_rstd = take(base, &used, N * 4);
     g->logits = take(base, &used, N * (size_t)g->Vp * e);
-    g->losses = take(base, &used, N * 4);
+    g->x.losses = take(base, &used, N * 4);
     zt__dec_carve_work(a, N, e, al, base, &used, &g->work);
     if (plan)
         plan[0] = used;
     const size_t mark = used;
-    const zt_attention_dims d = {.B = g->max_B, .T = g->max_T, .NH = a->NH, .NKV = a->NKV, .HS = a->HS,
+    const zt_attention_dims d = {.B = g->x.max_B, .T = g->x.max_T, .NH = a->NH, .NKV = a->NKV, .HS = a->HS,
                                  .causal = true};
     const size_t norm_scratch = a->norm == ZT__DEC_LAYERNORM ? zt_cuda_layernorm_backward_scratch_size((int)N, a->C)
                                                              : zt_cuda_rmsnorm_backward_scratch_size((int)N, a->C);
@@ -115,11 +108,11 @@ static size_t carve(dec_cuda *g, char *base, size_t plan[2])
     g->attn_scratch_bytes = attn_fixed > attn_varlen ? attn_fixed : attn_varlen;
     g->attn_scratch = take(base, &used, g->attn_scratch_bytes);
     /* the embedding's backward also sorts positions into wpe's rows (packed documents) */
-    const size_t emb_tokens = zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, a->V);
-    const size_t emb_pos = a->wpe ? zt_cuda_embedding_backward_scratch_size(g->max_B, g->max_T, wpe_rows(g)) : 0;
+    const size_t emb_tokens = zt_cuda_embedding_backward_scratch_size(g->x.max_B, g->x.max_T, a->V);
+    const size_t emb_pos = a->wpe ? zt_cuda_embedding_backward_scratch_size(g->x.max_B, g->x.max_T, wpe_rows(g)) : 0;
     g->emb_scratch = take(base, &used, emb_tokens > emb_pos ? emb_tokens : emb_pos);
     g->norm_scratch = take(base, &used, norm_scratch);
-    g->d_flag = take(base, &used, 4);
+    g->x.d_flag = take(base, &used, 4);
     if (plan)
         plan[1] = used - mark;
     return used;
@@ -130,27 +123,24 @@ static size_t carve(dec_cuda *g, char *base, size_t plan[2])
 static void build_layout(dec_cuda *g, const bool *ckpt_layers)
 {
     const zt__dec_arch *a = &g->a;
-    zt__cuda_layout_init(&g->lay, g->m.tensors, g->m.ntensors, g->m.nblocks);
-    g->lay.tlen[0] = (size_t)g->Vp * (size_t)a->C;
-    g->lay.tlen[a->head_tensor] = (size_t)g->Vp * (size_t)a->C;
+    zt__cuda_layout_init(&g->x.lay, g->m.tensors, g->m.ntensors, g->m.nblocks);
+    g->x.lay.tlen[0] = (size_t)g->Vp * (size_t)a->C;
+    g->x.lay.tlen[a->head_tensor] = (size_t)g->Vp * (size_t)a->C;
     for (int l = 0; l < a->L; l++)
         for (int k = 0; k < a->per_layer; k++)
-            g->lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
-    zt__cuda_layout_finish(&g->lay, g->m.tensors, a->L, ckpt_layers, false);
+            g->x.lay.packed[a->layer0 + l * a->per_layer + k] = a->packed[k];
+    zt__cuda_layout_finish(&g->x.lay, g->m.tensors, a->L, ckpt_layers, false);
 }
 
 /* Checks that the kernels serve the model's shape; returns 0 or ZT_EUNSUPPORTED with the fix. */
 static int check_shape(const zt__dec_arch *a, int max_micro, enum zt_dtype dtype, zt_err *err)
 {
-    if (dtype != ZT_DTYPE_F32 && dtype != ZT_DTYPE_BF16 && dtype != ZT_DTYPE_F16)
-        return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
     const zt_attention_dims d = {.B = 1, .T = 1, .NH = a->NH, .NKV = a->NKV, .HS = a->HS, .causal = true};
-    if (!zt_cuda_attention_gqa_supported(&d))
-        return zt_fail(err, ZT_EUNSUPPORTED,
-                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
-                       "of shared memory per block); this model's heads have %d channels (choose a hidden size and "
-                       "head count among them, or train with --device cpu)",
-                       a->HS);
+    char heads[64];
+    snprintf(heads, sizeof heads, "this model's heads have %d channels", a->HS);
+    int rc = zt__cuda_check_model(dtype, &d, heads, "a hidden size and head count", max_micro, err);
+    if (rc < 0)
+        return rc;
     if (a->C % 8 != 0 || a->F % 8 != 0)
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA kernels need the hidden size and the MLP's width to be multiples of 8 (they are %d "
@@ -160,9 +150,6 @@ static int check_shape(const zt__dec_arch *a, int max_micro, enum zt_dtype dtype
         return zt_fail(err, ZT_EUNSUPPORTED,
                        "the CUDA LayerNorm kernels serve hidden sizes up to 6144 (this model has %d); train with "
                        "--device cpu", a->C);
-    if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
-                       max_micro, ZT__CUDA_MAX_MICRO);
     return 0;
 }
 
@@ -173,16 +160,11 @@ static dec_cuda *new_shape(const zt__dec_model *m, int B, int T, int max_micro, 
     g->a = *m->arch;
     g->m = *m;
     g->m.arch = &g->a;
-    g->dtype = dtype;
-    g->esize = zt_dtype_size(dtype);
-    g->max_B = B;
-    g->max_T = T;
-    g->max_micro = max_micro;
+    zt__cuda_exec_init(&g->x, &cuda_ops, dtype, B, T, max_micro);
     g->Vp = (int)zt__round_up((size_t)g->a.V, ZT__CUDA_VOCAB_PAD);
     g->layers = zt_xcalloc((size_t)(g->a.L > 0 ? g->a.L : 1), sizeof *g->layers);
     build_layout(g, ckpt_layers);
-    g->base.ops = &cuda_ops;
-    zt__cuda_layout_describe(&g->base, &g->lay, dtype, m->head_block, m->num_params, B, T, max_micro);
+    zt__cuda_layout_describe(&g->x.base, &g->x.lay, dtype, m->head_block, m->num_params, B, T, max_micro);
     return g;
 }
 
@@ -191,17 +173,15 @@ static void cuda_destroy(zt_model *base)
     dec_cuda *g = (dec_cuda *)base;
     if (!g)
         return;
-    if (g->cs.stream)
-        ZT_CUDA_CHECK(cudaStreamSynchronize(g->cs.stream));
-    zt__ops_cuda_free(&g->ops);
+    if (g->x.cs.stream)
+        ZT_CUDA_CHECK(cudaStreamSynchronize(g->x.cs.stream));
     for (int i = 0; i < 2; i++) {
         if (g->docs_done[i])
             cudaEventDestroy(g->docs_done[i]);
         zt_cuda_host_free(g->h_docs[i]);
     }
     free(g->groups);
-    zt__cuda_state_close(&g->cs);
-    zt__cuda_layout_free(&g->lay);
+    zt__cuda_exec_close(&g->x);
     free(g->layers);
     free(g);
 }
@@ -209,9 +189,7 @@ static void cuda_destroy(zt_model *base)
 zt_model *zt__dec_cuda_shape(const zt__dec_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
                              const bool *ckpt_layers)
 {
-    dec_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    g->base.device_bytes = carve(g, NULL, NULL);
-    return &g->base;
+    return zt__cuda_exec_shape(&new_shape(m, B, T, max_micro, dtype, ckpt_layers)->x, carve);
 }
 
 int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, int max_micro, enum zt_dtype dtype,
@@ -222,14 +200,11 @@ int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, in
     if (rc < 0)
         return rc;
     dec_cuda *g = new_shape(m, B, T, max_micro, dtype, ckpt_layers);
-    size_t plan[2];
-    const size_t pool_bytes = carve(g, NULL, plan), N = (size_t)B * T;
-    rc = zt__cuda_state_open(&g->cs, pool_bytes, plan, 2 * N, (size_t)max_micro * N, dtype, B, T, err);
-    if (rc < 0) {
-        cuda_destroy(&g->base);
+    const size_t N = (size_t)B * T;
+    if ((rc = zt__cuda_exec_open(&g->x, carve, 2 * N, (size_t)max_micro * N, err)) < 0) {
+        cuda_destroy(&g->x.base);
         return rc;
     }
-    ZT_ASSERT(carve(g, g->cs.pool, NULL) == pool_bytes);
     if (g->a.rope)
         ZT_CUDA_CHECK(cudaMemcpy(g->inv_freq, m->inv_freq, (size_t)g->a.rot / 2 * sizeof(float),
                                  cudaMemcpyHostToDevice));
@@ -238,14 +213,10 @@ int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, in
         g->h_docs[i] = zt_cuda_host_alloc(3 * N * sizeof(int32_t));
         ZT_CUDA_CHECK(cudaEventCreateWithFlags(&g->docs_done[i], cudaEventDisableTiming));
     }
-    const zt__ops_cuda_res res = {.stream = g->cs.stream, .blas = g->cs.blas, .norm_scratch = g->norm_scratch,
-                                  .attn_scratch = g->attn_scratch, .emb_scratch = g->emb_scratch,
-                                  .attn_scratch_bytes = g->attn_scratch_bytes};
-    zt__ops_cuda_init(&g->ops, &res, dtype);
-    g->base.stream = g->cs.stream;
-    g->base.nonfinite_flag = g->d_flag;
-    g->base.device_bytes = pool_bytes;
-    *out = &g->base;
+    const zt__ops_cuda_res res = {.norm_scratch = g->norm_scratch, .attn_scratch = g->attn_scratch,
+                                  .emb_scratch = g->emb_scratch, .attn_scratch_bytes = g->attn_scratch_bytes};
+    zt__cuda_exec_bind(&g->x, res);
+    *out = &g->x.base;
     return 0;
 }
 
@@ -253,7 +224,7 @@ int zt__dec_cuda_create(zt_model **out, const zt__dec_model *m, int B, int T, in
 
 static void *in_block(const dec_cuda *g, const void *block_base, int b, int idx)
 {
-    return zt__cuda_in_block(&g->lay, block_base, b, idx, g->esize);
+    return zt__cuda_exec_in_block(&g->x, block_base, b, idx);
 }
 
 /* Layer l's tensor of role k in block 1+l's buffer bp (weights or gradients), or NULL. */
@@ -279,9 +250,9 @@ static void stage_docs(dec_cuda *g, int slot, const int32_t *pos, int B, int T)
     ZT_ASSERT(ngroups > 0); /* positions restart at 0 at each row and document, and count up by 1 */
     const zt__dec_group *last = &g->groups[ngroups - 1];
     const size_t ncu = (size_t)last->cu_off + (size_t)last->nseq + 1;
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_pos, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->cs.stream));
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_cu, h + N, ncu * sizeof(int32_t), cudaMemcpyHostToDevice, g->cs.stream));
-    ZT_CUDA_CHECK(cudaEventRecord(g->docs_done[slot], g->cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_pos, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, g->x.cs.stream));
+    ZT_CUDA_CHECK(cudaMemcpyAsync(g->d_cu, h + N, ncu * sizeof(int32_t), cudaMemcpyHostToDevice, g->x.cs.stream));
+    ZT_CUDA_CHECK(cudaEventRecord(g->docs_done[slot], g->x.cs.stream));
     g->docs = (zt__dec_docs){.pos = g->d_pos, .cu = g->d_cu, .groups = g->groups, .ngroups = ngroups};
 }
 
@@ -295,49 +266,36 @@ static void cuda_begin(zt_model *base, const int32_t *tokens, const int32_t *tar
                        const zt_model_docs *docs)
 {
     dec_cuda *g = (dec_cuda *)base;
-    ZT_ASSERT(B >= 1 && B <= g->max_B && T >= 1 && T <= g->max_T);
-    ZT_ASSERT(micro >= 0 && micro < g->max_micro);
-    if (micro == 0)
-        ZT_CUDA_CHECK(cudaMemsetAsync(g->d_flag, 0, sizeof(int), g->cs.stream));
-    g->n_valid[micro] =
-        zt__cuda_stage_lm(&g->cs, micro & 1, tokens, targets, B, T, g->a.V, g->d_tokens, g->d_targets);
+    zt__cuda_exec_begin(&g->x, B, T, micro, (size_t)B * T);
+    g->x.n_valid[micro] =
+        zt__cuda_stage_lm(&g->x.cs, micro & 1, tokens, targets, B, T, g->a.V, g->d_tokens, g->d_targets);
     g->packed = docs != NULL;
     if (docs)
         stage_docs(g, micro & 1, docs->pos, B, T);
-    g->cur_B = B;
-    g->cur_T = T;
-    g->micro = micro;
-    zt__cuda_passes_begin(&g->lay);
 }
 
 static void cuda_forward(zt_model *base, int b, const void *w)
 {
     dec_cuda *g = (dec_cuda *)base;
     const zt__dec_arch *a = &g->a;
-    const int B = g->cur_B, T = g->cur_T;
+    const int B = g->x.cur_B, T = g->x.cur_T;
     if (b == 0) {
-        zt__dec_embedding_forward(&g->ops, a, g->encoded, g->d_tokens, in_block(g, w, 0, 0),
+        zt__dec_embedding_forward(&g->x.ops, a, g->encoded, g->d_tokens, in_block(g, w, 0, 0),
                                   a->wpe ? in_block(g, w, 0, 1) : NULL, g->work.dln, B, T, docs_of(g));
     } else if (b <= a->L) {
-        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->lay, b);
+        const enum zt__cuda_pass pass = zt__cuda_pass_of(&g->x.lay, b);
         if (pass == ZT__CUDA_PASS_KEPT)
             return;
         zt__dec_w lw;
         for (int k = 0; k < ZT__DEC_ROLES; k++)
             lw.t[k] = layer_tensor(g, b - 1, w, k);
-        zt__dec_layer_forward(&g->ops, a, &lw, layer_input(g, b - 1), &g->layers[b - 1], g->inv_freq, B, T,
+        zt__dec_layer_forward(&g->x.ops, a, &lw, layer_input(g, b - 1), &g->layers[b - 1], g->inv_freq, B, T,
                               pass == ZT__CUDA_PASS_REBUILD, docs_of(g));
     } else {
-        zt__dec_final_forward(&g->ops, a, g->lnf, g->lnf_mean, g->lnf_rstd, layer_input(g, a->L),
+        zt__dec_final_forward(&g->x.ops, a, g->lnf, g->lnf_mean, g->lnf_rstd, layer_input(g, a->L),
                               in_block(g, w, b, a->final_w), a->final_b >= 0 ? in_block(g, w, b, a->final_b) : NULL,
                               B * T);
     }
-}
-
-/* Checkpointed layers write into the set they share: nothing to free, but the next forward is a rebuild. */
-static void cuda_discard(zt_model *base, int b)
-{
-    zt__cuda_pass_discard(&((dec_cuda *)base)->lay, b);
 }
 
 /* The head (logits = final norm output @ W^T, W the token embedding or lm_head, over Vp padded rows) and the
@@ -346,17 +304,10 @@ static void cuda_discard(zt_model *base, int b)
 static void cuda_head(zt_model *base, const void *w, float scale)
 {
     dec_cuda *g = (dec_cuda *)base;
-    const int N = g->cur_B * g->cur_T, valid = g->n_valid[g->micro];
-    const bool train = scale != 0.0f;
-    const float grad_scale = valid > 0 ? scale / (float)valid : 0.0f;
-    g->ops.linear(&g->ops, g->logits, g->lnf, in_block(g, w, base->head_block, g->a.head_tensor), NULL, N, g->a.C,
-                  g->Vp);
-    zt_cuda_crossentropy_forward_backward(g->losses, train ? g->logits : NULL, g->logits, g->d_targets, N, g->a.V,
-                                          g->Vp, -1, grad_scale, NULL, g->dtype, g->cs.stream);
-    if (train)
-        zt_cuda_check_finite(g->d_flag, g->losses, (size_t)N, ZT_DTYPE_F32, g->cs.stream);
-    ZT_CUDA_CHECK(cudaMemcpyAsync(g->cs.h_losses + (size_t)g->micro * N, g->losses, (size_t)N * sizeof(float),
-                                  cudaMemcpyDeviceToHost, g->cs.stream));
+    const zt_ops *o = &g->x.ops;
+    o->linear(o, g->logits, g->lnf, in_block(g, w, base->head_block, g->a.head_tensor), NULL,
+              g->x.cur_B * g->x.cur_T, g->a.C, g->Vp);
+    zt__cuda_exec_head_loss(&g->x, g->logits, g->d_targets, g->a.V, g->Vp, scale);
 }
 
 /* The head's backward: its weight's gradient into the head block's buffer, and the gradient of the final
@@ -364,19 +315,20 @@ static void cuda_head(zt_model *base, const void *w, float scale)
 static void cuda_head_backward(zt_model *base, const void *w, void *gr)
 {
     dec_cuda *g = (dec_cuda *)base;
-    const int N = g->cur_B * g->cur_T, hb = base->head_block;
-    g->ops.linear_backward(&g->ops, g->work.dln, in_block(g, gr, hb, g->a.head_tensor), NULL, g->logits, g->lnf,
-                           in_block(g, w, hb, g->a.head_tensor), N, g->a.C, g->Vp);
+    const zt_ops *o = &g->x.ops;
+    const int N = g->x.cur_B * g->x.cur_T, hb = base->head_block;
+    o->linear_backward(o, g->work.dln, in_block(g, gr, hb, g->a.head_tensor), NULL, g->logits, g->lnf,
+                       in_block(g, w, hb, g->a.head_tensor), N, g->a.C, g->Vp);
 }
 
 static void cuda_backward(zt_model *base, int b, const void *w, void *gr)
 {
     dec_cuda *g = (dec_cuda *)base;
     const zt__dec_arch *a = &g->a;
-    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->lay, b)); /* a checkpointed block was rebuilt first */
-    const int B = g->cur_B, T = g->cur_T;
+    ZT_ASSERT(zt__cuda_pass_backward_ready(&g->x.lay, b)); /* a checkpointed block was rebuilt first */
+    const int B = g->x.cur_B, T = g->x.cur_T;
     if (b == 0) {
-        zt__dec_embedding_backward(&g->ops, a, in_block(g, gr, 0, 0), a->wpe ? in_block(g, gr, 0, 1) : NULL,
+        zt__dec_embedding_backward(&g->x.ops, a, in_block(g, gr, 0, 0), a->wpe ? in_block(g, gr, 0, 1) : NULL,
                                    g->work.dres, g->d_tokens, g->pad_row, B, T, docs_of(g), wpe_rows(g));
     } else if (b <= a->L) {
         zt__dec_w lw;
@@ -385,51 +337,33 @@ static void cuda_backward(zt_model *base, int b, const void *w, void *gr)
             lw.t[k] = layer_tensor(g, b - 1, w, k);
             lg.t[k] = layer_tensor(g, b - 1, gr, k);
         }
-        zt__dec_layer_backward(&g->ops, a, &lw, &lg, layer_input(g, b - 1), &g->layers[b - 1], &g->work,
+        zt__dec_layer_backward(&g->x.ops, a, &lw, &lg, layer_input(g, b - 1), &g->layers[b - 1], &g->work,
                                g->inv_freq, B, T, docs_of(g));
     } else {
-        zt__dec_final_backward(&g->ops, a, g->work.dres, in_block(g, gr, b, a->final_w),
+        zt__dec_final_backward(&g->x.ops, a, g->work.dres, in_block(g, gr, b, a->final_w),
                                a->final_b >= 0 ? in_block(g, gr, b, a->final_b) : NULL, g->work.dln,
                                layer_input(g, a->L), in_block(g, w, b, a->final_w), g->lnf_mean, g->lnf_rstd, B * T);
     }
-}
-
-/* The mean loss of micro-batch `micro` (its losses came back with the stream, which the caller waited for). */
-static float cuda_loss(const zt_model *base, int micro)
-{
-    const dec_cuda *g = (const dec_cuda *)base;
-    const size_t N = (size_t)g->cur_B * g->cur_T;
-    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * N, N, g->n_valid[micro]);
 }
 
 /* The logits of the last head (called with scale 0) as fp32 [B,T,V]. */
 static void cuda_logits(zt_model *base, float *out)
 {
     dec_cuda *g = (dec_cuda *)base;
-    const size_t N = (size_t)g->cur_B * g->cur_T;
-    zt__cuda_rows_to_f32(out, g->logits, N, (size_t)g->a.V, (size_t)g->Vp, g->dtype, g->cs.stream);
-}
-
-static void cuda_set_profiling(zt_model *base, bool on)
-{
-    zt__ops_cuda_set_profiling(&((dec_cuda *)base)->ops, on);
-}
-
-static void cuda_profile_report(zt_model *base)
-{
-    zt__ops_cuda_profile_report(&((dec_cuda *)base)->ops);
+    const size_t N = (size_t)g->x.cur_B * g->x.cur_T;
+    zt__cuda_rows_to_f32(out, g->logits, N, (size_t)g->a.V, (size_t)g->Vp, g->x.dtype, g->x.cs.stream);
 }
 
 static const zt_model_ops cuda_ops = {
     .destroy = cuda_destroy,
     .begin = cuda_begin,
     .forward = cuda_forward,
-    .discard = cuda_discard,
+    .discard = zt__cuda_exec_discard,
     .head = cuda_head,
     .head_backward = cuda_head_backward,
     .backward = cuda_backward,
-    .loss = cuda_loss,
+    .loss = zt__cuda_exec_loss,
     .logits = cuda_logits,
-    .set_profiling = cuda_set_profiling,
-    .profile_report = cuda_profile_report,
+    .set_profiling = zt__cuda_exec_set_profiling,
+    .profile_report = zt__cuda_exec_profile_report,
 };

@@ -440,3 +440,113 @@ void zt__cfg_write_rope(cJSON *o, const zt_rope_config *rope, bool null_scaling)
     }
     cJSON_AddStringToObject(s, "rope_type", llama3 ? "llama3" : "linear");
 }
+
+/* ---- classification labels ---- */
+
+int zt__cfg_read_labels(zt_json_reader *r, const cJSON *obj, int max, int *labels, char *names, size_t cap,
+                        zt_err *err)
+{
+    int num_labels = 0;
+    int rc = zt__host_json_int(r, "num_labels", 1, max, &num_labels, NULL, err);
+    if (rc < 0)
+        return rc;
+    const cJSON *id2label = cJSON_GetObjectItemCaseSensitive(obj, "id2label");
+    const cJSON *label2id = cJSON_GetObjectItemCaseSensitive(obj, "label2id");
+    if (id2label)
+        zt_json_accept(r, "id2label");
+    if (label2id)
+        zt_json_accept(r, "label2id");
+    if (!id2label) {
+        if (label2id && !cJSON_IsNull(label2id))
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id without id2label (give both, or neither)", r->where);
+        if (num_labels > 0 && num_labels != *labels) {
+            *labels = num_labels;
+            names[0] = '\0';
+        }
+        return 0;
+    }
+    if (!cJSON_IsObject(id2label) || !id2label->child)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label must be an object of label ids to names, such as "
+                       "{\"0\": \"negative\", \"1\": \"positive\"}", r->where);
+    const int n = cJSON_GetArraySize(id2label);
+    if (n > max)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label has %d labels, more than ztrain's %d", r->where, n,
+                       max);
+    if (num_labels > 0 && num_labels != n)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_labels is %d but id2label has %d labels (make them agree)",
+                       r->where, num_labels, n);
+    size_t at = 0;
+    bool all_default = true;
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(id2label, key);
+        if (!v)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: id2label has %d labels but no label \"%s\" (ids run from 0 to %d)", r->where, n, key,
+                           n - 1);
+        if (!cJSON_IsString(v) || v->valuestring[0] == '\0')
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: id2label[\"%s\"] must be a non-empty string", r->where, key);
+        const size_t len = strlen(v->valuestring);
+        if (at + len + 1 > cap)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "%s: the names in id2label take more than ztrain's %d bytes "
+                           "(shorten them)", r->where, (int)cap);
+        memcpy(names + at, v->valuestring, len + 1);
+        at += len + 1;
+        char def[32];
+        snprintf(def, sizeof def, "LABEL_%d", i);
+        all_default = all_default && strcmp(v->valuestring, def) == 0;
+        if (label2id && !cJSON_IsNull(label2id)) {
+            const cJSON *id = cJSON_IsObject(label2id) ? cJSON_GetObjectItemCaseSensitive(label2id, v->valuestring)
+                                                        : NULL;
+            if (!cJSON_IsNumber(id) || id->valuedouble != (double)i)
+                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id[\"%s\"] must be %d, the inverse of id2label",
+                               r->where, v->valuestring, i);
+        }
+    }
+    if (label2id && !cJSON_IsNull(label2id) && cJSON_GetArraySize(label2id) != n)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: label2id has %d entries but id2label %d (label2id must be the "
+                       "inverse of id2label)", r->where, cJSON_GetArraySize(label2id), n);
+    *labels = n;
+    if (all_default)
+        memset(names, 0, at);
+    return 0;
+}
+
+bool zt__cfg_labels_ok(const char *names, size_t cap, int n)
+{
+    if (!names[0])
+        return true;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const char *nul = at < cap ? memchr(names + at, '\0', cap - at) : NULL;
+        if (!nul || names[at] == '\0')
+            return false;
+        at = (size_t)(nul - names) + 1;
+    }
+    return true;
+}
+
+const char *zt__cfg_label(const char *names, int i, char *buf, size_t cap)
+{
+    if (names[0]) {
+        const char *s = names;
+        for (int k = 0; k < i; k++)
+            s += strlen(s) + 1;
+        return s;
+    }
+    snprintf(buf, cap, "LABEL_%d", i);
+    return buf;
+}
+
+void zt__cfg_write_labels(cJSON *o, const char *names, int n)
+{
+    cJSON *id2label = cJSON_AddObjectToObject(o, "id2label"), *label2id = cJSON_AddObjectToObject(o, "label2id");
+    for (int i = 0; i < n; i++) {
+        char key[16], buf[32];
+        snprintf(key, sizeof key, "%d", i);
+        const char *name = zt__cfg_label(names, i, buf, sizeof buf);
+        cJSON_AddStringToObject(id2label, key, name);
+        cJSON_AddNumberToObject(label2id, name, i);
+    }
+}

@@ -98,6 +98,18 @@ int zt__cfg_read_rope(zt_json_reader *r, const cJSON *obj, struct zt_rope_config
                       zt_err *err);
 void zt__cfg_write_rope(cJSON *o, const struct zt_rope_config *rope, bool null_scaling);
 
+/* Classification labels as every transformers config gives them: num_labels, id2label ("0".."n-1" to names)
+ * and label2id (its inverse). The names are kept NUL-separated in label order in names [cap], or "" when they
+ * are transformers' defaults LABEL_0, LABEL_1, ... The reader fills *labels (1 .. max) and names from what
+ * the config gives (neither changes when it gives neither; names may be written in part on an error) and
+ * returns 0 or ZT_EINVAL_CONFIG; the check tells whether names holds n non-empty names; the name of label i
+ * is its name in names or "LABEL_<i>" written into buf; the writer adds id2label and label2id. */
+int zt__cfg_read_labels(zt_json_reader *r, const cJSON *obj, int max, int *labels, char *names, size_t cap,
+                        zt_err *err);
+bool zt__cfg_labels_ok(const char *names, size_t cap, int n);
+const char *zt__cfg_label(const char *names, int i, char *buf, size_t cap);
+void zt__cfg_write_labels(cJSON *o, const char *names, int n);
+
 /* Reads a whole config.json file and hands its object to from_json (cfg, obj, path, err). */
 int zt__cfg_load(void *cfg, const char *path, int (*from_json)(void *, const cJSON *, const char *, zt_err *),
                  zt_err *err);

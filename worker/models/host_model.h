@@ -6,8 +6,8 @@
  *
  * Blocks are the decoder's: 0 = the embeddings, 1..L = the layers, L+1 = the final norm (and an untied head).
  * The host model borrows the spec (static data of the family) and copies the config. A family whose passes
- * are not the decoder program's (BERT, T5) gives its own (zt__hm_passes) and keeps its state beside the
- * tables. Internal to worker/models/. */
+ * are not the decoder program's gives its own (zt__hm_passes: BERT the encoder program's runner, encoder.h;
+ * T5 its own) and keeps its state beside the tables. Internal to worker/models/. */
 #ifndef ZT_WORKER_MODELS_HOST_MODEL_H
 #define ZT_WORKER_MODELS_HOST_MODEL_H
 
@@ -20,7 +20,7 @@
 #include "worker/models/family.h"
 #include "worker/models/params.h"
 
-/* A family's own CPU passes in place of the decoder program's runner (BERT, T5): its state beside the host
+/* A family's own CPU passes in place of the decoder program's runner (BERT's encoder, T5): its state beside the host
  * model's tables and slabs, and the passes over that state (the zt_family_def entries of the same names). */
 typedef struct zt__hm_passes {
     /* The state of host model m (tables and config set, slabs not yet initialised); with acts, the

@@ -1,5 +1,5 @@
 /* The operations a model's layer program is written with, bound to a backend: the CPU kernels (ops_cpu.c,
- * the reference) or the CUDA kernels (ops_cuda.c). A layer program (decoder.c) calls o->linear(o, ...)
+ * the reference) or the CUDA kernels (ops_cuda.c). A layer program (decoder.c, encoder.c, t5.c) calls o->linear(o, ...)
  * and never knows which backend runs it, so every layer is written once.
  *
  * Buffers are `void *` of the backend's element type: fp32 on the CPU, the compute dtype (bf16, fp16 or fp32)
@@ -39,6 +39,10 @@ struct zt_ops {
      * dw += dout^T post; db += column sums of dout */
     void (*linear_backward_gelu)(const zt_ops *o, void *dpre, void *dw, void *db, const void *dout, const void *post,
                                  const void *w, const void *pre, int N, int IC, int OC);
+    /* din [N,IC] += dout w, with the weight and bias gradients of linear_backward: the input gradient joins
+     * one already there (a residual's) in the GEMM's accumulation on CUDA */
+    void (*linear_backward_add)(const zt_ops *o, void *din, void *dw, void *db, const void *dout, const void *in,
+                                const void *w, int N, int IC, int OC);
     /* out = x Phi(x), the exact GELU; and its backward din = gelu'(in) dout */
     void (*gelu_erf)(const zt_ops *o, void *out, const void *in, size_t n);
     void (*gelu_erf_backward)(const zt_ops *o, void *din, const void *in, const void *dout, size_t n);
@@ -47,6 +51,10 @@ struct zt_ops {
                       const void *b, int N, int C, float eps);
     void (*layernorm_backward)(const zt_ops *o, void *dx, void *dw, void *db, const void *dout, const void *x,
                                const void *w, const float *mean, const float *rstd, int N, int C);
+    /* layernorm_backward that writes (=) dx: the bits of zeroing dx first */
+    void (*layernorm_backward_overwrite)(const zt_ops *o, void *dx, void *dw, void *db, const void *dout,
+                                         const void *x, const void *w, const float *mean, const float *rstd, int N,
+                                         int C);
     /* RMSNorm; backward adds into dx and dw */
     void (*rmsnorm)(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
     void (*rmsnorm_backward)(const zt_ops *o, void *dx, void *dw, const void *dout, const void *x, const void *w,
@@ -60,10 +68,12 @@ struct zt_ops {
     void (*rope_backward)(const zt_ops *o, void *dqkv, const float *inv_freq, int B, int T, int NH, int NKV, int HS,
                           int rot, const int32_t *pos);
     /* Attention over packed qkv rows (d: shape, grouped key/value heads, causal): out [B,T,NH HS] and lse
-     * [B,NH,T]; the backward writes dqkv */
-    void (*attention)(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d);
+     * [B,NH,T]; the backward writes dqkv. lens: NULL, or [B] keys each sequence attends to before its
+     * padding (the binding's memory) */
+    void (*attention)(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *lens,
+                      const zt_attention_dims *d);
     void (*attention_backward)(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
-                               const float *lse, const zt_attention_dims *d);
+                               const float *lse, const int32_t *lens, const zt_attention_dims *d);
     /* Causal attention over nseq documents laid end to end in the packed qkv rows (the descriptor's cu_seqlens
      * layout, kernels/attention.h): cu [nseq+1] offsets from 0 (the binding's memory), maxlen the longest
      * document; d gives NH, NKV, HS (its B, T and causal are not read). Each document attends only within
@@ -88,6 +98,21 @@ struct zt_ops {
      * writes dh [N,2F] */
     void (*geglu)(const zt_ops *o, void *out, const void *h, int N, int F);
     void (*geglu_backward)(const zt_ops *o, void *dh, const void *h, const void *dout, int N, int F);
+    /* GELU's backward on its own (a GELU that no GEMM precedes), of the tanh form or (exact) of x Phi(x):
+     * din [n] = gelu'(in) dout, written as zero plus the gradient */
+    void (*gelu_backward)(const zt_ops *o, void *din, const void *in, const void *dout, size_t n, bool exact);
+    /* out [n] = tanh(in); the backward writes din = dout (1 - out^2) */
+    void (*tanh)(const zt_ops *o, void *out, const void *in, size_t n);
+    void (*tanh_backward)(const zt_ops *o, void *din, const void *out, const void *dout, size_t n);
+    /* first [B,C] = h[b, 0, :], each sequence's first row; the backward writes dh [B,T,C] (zero but at t = 0) */
+    void (*first_token)(const zt_ops *o, void *first, const void *h, int B, int T, int C);
+    void (*first_token_backward)(const zt_ops *o, void *dh, const void *dfirst, int B, int T, int C);
+    /* With token types (BERT): out [B,T,C] = wte[tokens] + wpe[t] + wtt[types]; the backward adds into the rows
+     * of dwte [V,C], dwpe and dwtt [NTT,C] (types: the binding's memory, below NTT) */
+    void (*embedding_typed)(const zt_ops *o, void *out, const int32_t *tokens, const int32_t *types, const void *wte,
+                            const void *wpe, const void *wtt, int B, int T, int C);
+    void (*embedding_typed_backward)(const zt_ops *o, void *dwte, void *dwpe, void *dwtt, const void *dout,
+                                     const int32_t *tokens, const int32_t *types, int B, int T, int C, int V, int NTT);
     /* x[0..n) *= s */
     void (*scale)(const zt_ops *o, void *x, float s, size_t n);
     /* y[0..n) += x[0..n) */

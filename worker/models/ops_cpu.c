@@ -13,6 +13,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/pooler.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -72,6 +73,13 @@ static void cpu_linear_backward(const zt_ops *o, void *din, void *dw, void *db, 
     zt_cpu_matmul_backward(din, dw, db, dout, in, w, N, IC, OC);
 }
 
+static void cpu_linear_backward_add(const zt_ops *o, void *din, void *dw, void *db, const void *dout,
+                                    const void *in, const void *w, int N, int IC, int OC)
+{
+    (void)o;
+    zt_cpu_matmul_backward(din, dw, db, dout, in, w, N, IC, OC);
+}
+
 static void cpu_linear_backward_gelu(const zt_ops *o, void *dpre, void *dw, void *db, const void *dout,
                                      const void *post, const void *w, const void *pre, int N, int IC, int OC)
 {
@@ -109,6 +117,15 @@ static void cpu_layernorm_backward(const zt_ops *o, void *dx, void *dw, void *db
     zt_cpu_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
 }
 
+static void cpu_layernorm_backward_overwrite(const zt_ops *o, void *dx, void *dw, void *db, const void *dout,
+                                             const void *x, const void *w, const float *mean, const float *rstd,
+                                             int N, int C)
+{
+    (void)o;
+    memset(dx, 0, (size_t)N * C * sizeof(float));
+    zt_cpu_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+
 static void cpu_rmsnorm(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
 {
     (void)o;
@@ -136,18 +153,19 @@ static void cpu_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq
     zt_cpu_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, rot, 0, pos);
 }
 
-static void cpu_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
+static void cpu_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *lens,
+                          const zt_attention_dims *d)
 {
     (void)o;
-    zt_cpu_attention_forward_gqa(out, lse, qkv, NULL, d);
+    zt_cpu_attention_forward_gqa(out, lse, qkv, lens, d);
 }
 
 static void cpu_attention_backward(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
-                                   const float *lse, const zt_attention_dims *d)
+                                   const float *lse, const int32_t *lens, const zt_attention_dims *d)
 {
     (void)o;
     memset(dqkv, 0, (size_t)d->B * d->T * (d->NH + 2 * d->NKV) * d->HS * sizeof(float));
-    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, d);
+    zt_cpu_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, d);
 }
 
 /* The descriptor of a causal varlen call over packed qkv rows (ops.h: attention_varlen). */
@@ -245,6 +263,59 @@ static void cpu_geglu_backward(const zt_ops *o, void *dh, const void *h, const v
     zt_cpu_geglu_backward(dh, h, dout, N, F);
 }
 
+static void cpu_gelu_backward(const zt_ops *o, void *din, const void *in, const void *dout, size_t n, bool exact)
+{
+    (void)o;
+    memset(din, 0, n * sizeof(float));
+    if (exact)
+        zt_cpu_gelu_erf_backward(din, in, dout, n);
+    else
+        zt_cpu_gelu_backward(din, in, dout, n);
+}
+
+static void cpu_tanh(const zt_ops *o, void *out, const void *in, size_t n)
+{
+    (void)o;
+    zt_cpu_tanh_forward(out, in, n);
+}
+
+static void cpu_tanh_backward(const zt_ops *o, void *din, const void *out, const void *dout, size_t n)
+{
+    (void)o;
+    memset(din, 0, n * sizeof(float));
+    zt_cpu_tanh_backward(din, out, dout, n);
+}
+
+static void cpu_first_token(const zt_ops *o, void *first, const void *h, int B, int T, int C)
+{
+    (void)o;
+    zt_cpu_first_token_forward(first, h, B, T, C);
+}
+
+static void cpu_first_token_backward(const zt_ops *o, void *dh, const void *dfirst, int B, int T, int C)
+{
+    (void)o;
+    memset(dh, 0, (size_t)B * T * C * sizeof(float));
+    zt_cpu_first_token_backward(dh, dfirst, B, T, C);
+}
+
+static void cpu_embedding_typed(const zt_ops *o, void *out, const int32_t *tokens, const int32_t *types,
+                                const void *wte, const void *wpe, const void *wtt, int B, int T, int C)
+{
+    (void)o;
+    zt_cpu_embedding_forward_typed(out, tokens, types, wte, wpe, wtt, B, T, C);
+}
+
+static void cpu_embedding_typed_backward(const zt_ops *o, void *dwte, void *dwpe, void *dwtt, const void *dout,
+                                         const int32_t *tokens, const int32_t *types, int B, int T, int C, int V,
+                                         int NTT)
+{
+    (void)o;
+    (void)V;
+    (void)NTT;
+    zt_cpu_embedding_backward_typed(dwte, dwpe, dwtt, dout, tokens, types, B, T, C);
+}
+
 static void cpu_scale(const zt_ops *o, void *x, float s, size_t n)
 {
     (void)o;
@@ -304,10 +375,12 @@ void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
         .linear_gelu = cpu_linear_gelu,
         .linear_backward = cpu_linear_backward,
         .linear_backward_gelu = cpu_linear_backward_gelu,
+        .linear_backward_add = cpu_linear_backward_add,
         .gelu_erf = cpu_gelu_erf,
         .gelu_erf_backward = cpu_gelu_erf_backward,
         .layernorm = cpu_layernorm,
         .layernorm_backward = cpu_layernorm_backward,
+        .layernorm_backward_overwrite = cpu_layernorm_backward_overwrite,
         .rmsnorm = cpu_rmsnorm,
         .rmsnorm_backward = cpu_rmsnorm_backward,
         .rope = cpu_rope,
@@ -324,6 +397,13 @@ void zt__ops_cpu_init(zt_ops *o, size_t max_rows, size_t max_width)
         .relu_backward = cpu_relu_backward,
         .geglu = cpu_geglu,
         .geglu_backward = cpu_geglu_backward,
+        .gelu_backward = cpu_gelu_backward,
+        .tanh = cpu_tanh,
+        .tanh_backward = cpu_tanh_backward,
+        .first_token = cpu_first_token,
+        .first_token_backward = cpu_first_token_backward,
+        .embedding_typed = cpu_embedding_typed,
+        .embedding_typed_backward = cpu_embedding_typed_backward,
         .scale = cpu_scale,
         .add = cpu_add,
         .zero_f32 = cpu_zero_f32,

@@ -15,6 +15,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
+#include "kernels/pooler.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -129,6 +130,13 @@ static void k_linear_backward(const zt_ops *o, void *din, void *dw, void *db, co
                                                           o->dtype, stream_of(o)));
 }
 
+static void k_linear_backward_add(const zt_ops *o, void *din, void *dw, void *db, const void *dout, const void *in,
+                                  const void *w, int N, int IC, int OC)
+{
+    TIMED(P_LINEAR_BWD, zt_cuda_matmul_backward(ctx_of(o)->r.blas, din, dw, db, dout, in, w, NULL, N, IC, OC, o->dtype,
+                                                stream_of(o)));
+}
+
 static void k_linear_backward_gelu(const zt_ops *o, void *dpre, void *dw, void *db, const void *dout,
                                    const void *post, const void *w, const void *pre, int N, int IC, int OC)
 {
@@ -159,6 +167,14 @@ static void k_layernorm_backward(const zt_ops *o, void *dx, void *dw, void *db, 
                                                  o->dtype, stream_of(o)));
 }
 
+static void k_layernorm_backward_overwrite(const zt_ops *o, void *dx, void *dw, void *db, const void *dout,
+                                           const void *x, const void *w, const float *mean, const float *rstd, int N,
+                                           int C)
+{
+    TIMED(P_NORM_BWD, zt_cuda_layernorm_backward_overwrite(dx, dw, db, dout, x, w, mean, rstd, N, C,
+                                                           ctx_of(o)->r.norm_scratch, o->dtype, stream_of(o)));
+}
+
 static void k_rmsnorm(const zt_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
 {
     TIMED(P_NORM, zt_cuda_rmsnorm_forward(out, rstd, x, w, N, C, eps, o->dtype, stream_of(o)));
@@ -183,15 +199,16 @@ static void k_rope_backward(const zt_ops *o, void *dqkv, const float *inv_freq, 
     TIMED(P_ROPE_BWD, zt_cuda_rope_backward(dqkv, inv_freq, B, T, NH, NKV, HS, rot, 0, o->dtype, stream_of(o), pos));
 }
 
-static void k_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const zt_attention_dims *d)
+static void k_attention(const zt_ops *o, void *out, float *lse, const void *qkv, const int32_t *lens,
+                        const zt_attention_dims *d)
 {
-    TIMED(P_ATTN, zt_cuda_attention_forward_gqa(out, lse, qkv, NULL, d, o->dtype, stream_of(o)));
+    TIMED(P_ATTN, zt_cuda_attention_forward_gqa(out, lse, qkv, lens, d, o->dtype, stream_of(o)));
 }
 
 static void k_attention_backward(const zt_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
-                                 const float *lse, const zt_attention_dims *d)
+                                 const float *lse, const int32_t *lens, const zt_attention_dims *d)
 {
-    TIMED(P_ATTN_BWD, zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, NULL, d, false,
+    TIMED(P_ATTN_BWD, zt_cuda_attention_backward_gqa(dqkv, dout, qkv, out, lse, lens, d, false,
                                                      ctx_of(o)->r.attn_scratch, o->dtype, stream_of(o)));
 }
 
@@ -277,6 +294,38 @@ static void k_geglu_backward(const zt_ops *o, void *dh, const void *h, const voi
     TIMED(P_ACT_BWD, zt_cuda_geglu_backward(dh, h, dout, N, F, o->dtype, stream_of(o)));
 }
 
+/* The unfused backwards below zero their input gradient and accumulate into it, as the kernels take it. */
+static void k_gelu_backward(const zt_ops *o, void *din, const void *in, const void *dout, size_t n, bool exact)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(din, 0, n * o->esize, stream_of(o)));
+    if (exact)
+        TIMED(P_GELU_ERF_BWD, zt_cuda_gelu_erf_backward(din, in, dout, n, o->dtype, stream_of(o)));
+    else
+        TIMED(P_ACT_BWD, zt_cuda_gelu_backward(din, in, dout, n, o->dtype, stream_of(o)));
+}
+
+static void k_tanh(const zt_ops *o, void *out, const void *in, size_t n)
+{
+    TIMED(P_ACT, zt_cuda_tanh_forward(out, in, n, o->dtype, stream_of(o)));
+}
+
+static void k_tanh_backward(const zt_ops *o, void *din, const void *out, const void *dout, size_t n)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(din, 0, n * o->esize, stream_of(o)));
+    TIMED(P_ACT_BWD, zt_cuda_tanh_backward(din, out, dout, n, o->dtype, stream_of(o)));
+}
+
+static void k_first_token(const zt_ops *o, void *first, const void *h, int B, int T, int C)
+{
+    TIMED(P_COPY, zt_cuda_first_token_forward(first, h, B, T, C, o->dtype, stream_of(o)));
+}
+
+static void k_first_token_backward(const zt_ops *o, void *dh, const void *dfirst, int B, int T, int C)
+{
+    ZT_CUDA_CHECK(cudaMemsetAsync(dh, 0, (size_t)B * T * C * o->esize, stream_of(o)));
+    TIMED(P_COPY, zt_cuda_first_token_backward(dh, dfirst, B, T, C, o->dtype, stream_of(o)));
+}
+
 static void k_scale(const zt_ops *o, void *x, float s, size_t n)
 {
     TIMED(P_ELEM, zt_cuda_scale_inplace(x, s, n, o->dtype, stream_of(o)));
@@ -335,6 +384,20 @@ static void k_embedding_backward(const zt_ops *o, void *dwte, void *dwpe, const 
                                                   o->dtype, stream_of(o)));
 }
 
+static void k_embedding_typed(const zt_ops *o, void *out, const int32_t *tokens, const int32_t *types,
+                              const void *wte, const void *wpe, const void *wtt, int B, int T, int C)
+{
+    TIMED(P_EMBED, zt_cuda_embedding_forward_typed(out, tokens, types, wte, wpe, wtt, B, T, C, o->dtype, stream_of(o)));
+}
+
+static void k_embedding_typed_backward(const zt_ops *o, void *dwte, void *dwpe, void *dwtt, const void *dout,
+                                       const int32_t *tokens, const int32_t *types, int B, int T, int C, int V,
+                                       int NTT)
+{
+    TIMED(P_EMBED_BWD, zt_cuda_embedding_backward_typed(dwte, dwpe, dwtt, dout, tokens, types, B, T, C, V, NTT,
+                                                        ctx_of(o)->r.emb_scratch, o->dtype, stream_of(o)));
+}
+
 void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype)
 {
     cuda_ctx *c = zt_xcalloc(1, sizeof *c);
@@ -346,10 +409,12 @@ void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype
         .linear_gelu = k_linear_gelu,
         .linear_backward = k_linear_backward,
         .linear_backward_gelu = k_linear_backward_gelu,
+        .linear_backward_add = k_linear_backward_add,
         .gelu_erf = k_gelu_erf,
         .gelu_erf_backward = k_gelu_erf_backward,
         .layernorm = k_layernorm,
         .layernorm_backward = k_layernorm_backward,
+        .layernorm_backward_overwrite = k_layernorm_backward_overwrite,
         .rmsnorm = k_rmsnorm,
         .rmsnorm_backward = k_rmsnorm_backward,
         .rope = k_rope,
@@ -364,6 +429,11 @@ void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype
         .relu_backward = k_relu_backward,
         .geglu = k_geglu,
         .geglu_backward = k_geglu_backward,
+        .gelu_backward = k_gelu_backward,
+        .tanh = k_tanh,
+        .tanh_backward = k_tanh_backward,
+        .first_token = k_first_token,
+        .first_token_backward = k_first_token_backward,
         .scale = k_scale,
         .add = k_add,
         .zero_f32 = k_zero_f32,
@@ -373,6 +443,8 @@ void zt__ops_cuda_init(zt_ops *o, const zt__ops_cuda_res *r, enum zt_dtype dtype
         .attention_desc_backward = k_attention_desc_backward,
         .embedding = k_embedding,
         .embedding_backward = k_embedding_backward,
+        .embedding_typed = k_embedding_typed,
+        .embedding_typed_backward = k_embedding_typed_backward,
         .copy = k_copy,
         .add_inplace = k_add_inplace,
         .dtype = dtype,

@@ -1490,8 +1490,8 @@ static void t5_cuda_backward(zt_model *base, int b, const void *w, void *gr)
 static float t5_cuda_loss(const zt_model *base, int micro)
 {
     const t5_cuda *g = (const t5_cuda *)base;
-    return zt__cuda_mean_loss(g->cs.h_losses + (size_t)micro * g->max_B * g->max_T, (size_t)g->n_rows[micro],
-                              g->n_valid[micro]);
+    return zt__mean_loss(g->cs.h_losses + (size_t)micro * g->max_B * g->max_T, (size_t)g->n_rows[micro],
+                         g->n_valid[micro]);
 }
 
 static void t5_cuda_logits(zt_model *base, float *out)
