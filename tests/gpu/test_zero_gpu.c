@@ -378,6 +378,28 @@ static void test_streamed_weights(void **state)
     zt_train_result_free(&res);
 }
 
+/* The smallest --host-mem plan of c (with the settings engine_train_ok gives a run: ZeRO-3, every layer
+ * checkpointed, the host AdamW) from the refusal of a cap of 1 MiB, in MiB. */
+static long smallest_host_mem(const zt_train_config *c)
+{
+    zt_err err = {{0}};
+    zt_train_config probe = *c;
+    if (zt_train_config_set_flag(&probe, "--zero-level", "3", &err) != 0 ||
+        zt_train_config_set_flag(&probe, "--checkpointing", "all", &err) != 0 ||
+        zt_train_config_set_flag(&probe, "--optimizer", "cpu", &err) != 0 ||
+        zt_train_config_set_flag(&probe, "--host-mem", "1MiB", &err) != 0)
+        fail_msg("%s", err.msg);
+    zt_fixture_finish_config(&probe);
+    zt_train_result pr;
+    memset(&err, 0, sizeof err);
+    assert_int_equal(zt_trainer_run(&probe, &pr, &err), ZT_ENOMEM);
+    printf("refusal: %s\n", err.msg);
+    const char *at = strstr(err.msg, "what would fit: --host-mem ");
+    assert_non_null(at);
+    zt_train_result_free(&pr);
+    return strtol(at + strlen("what would fit: --host-mem "), NULL, 10);
+}
+
 /* The host side under --host-mem, on the GPU (bf16, four micro-batches per step, streamed weights, gradients
  * in pieces, no clipping): the middle micro-batches' gradients added on the host (--host-grad-accum) and the
  * Adam moments and fp32 masters moved to disk by --host-mem give the bits of the plain streamed run, losses
@@ -402,21 +424,7 @@ static void test_host_mem(void **state)
             fail_msg("%s", err.msg);
         if (i == 2) {
             /* the smallest plan from the refusal of a cap too small, plus 1 MiB: the state mostly on disk */
-            zt_train_config probe = c; /* with the settings engine_train_ok gives the run */
-            if (zt_train_config_set_flag(&probe, "--zero-level", "3", &err) != 0 ||
-                zt_train_config_set_flag(&probe, "--checkpointing", "all", &err) != 0 ||
-                zt_train_config_set_flag(&probe, "--optimizer", "cpu", &err) != 0 ||
-                zt_train_config_set_flag(&probe, "--host-mem", "1MiB", &err) != 0)
-                fail_msg("%s", err.msg);
-            zt_fixture_finish_config(&probe);
-            zt_train_result pr;
-            memset(&err, 0, sizeof err);
-            assert_int_equal(zt_trainer_run(&probe, &pr, &err), ZT_ENOMEM);
-            printf("refusal: %s\n", err.msg);
-            const char *at = strstr(err.msg, "what would fit: --host-mem ");
-            assert_non_null(at);
-            snprintf(cap, sizeof cap, "%ldMiB", strtol(at + strlen("what would fit: --host-mem "), NULL, 10) + 1);
-            zt_train_result_free(&pr);
+            snprintf(cap, sizeof cap, "%ldMiB", smallest_host_mem(&c) + 1);
             if (zt_train_config_set_flag(&c, "--host-mem", cap, &err) != 0)
                 fail_msg("%s", err.msg);
         }
@@ -433,28 +441,6 @@ static void test_host_mem(void **state)
     char cmd[64];
     snprintf(cmd, sizeof cmd, "rm -rf %s", sdir);
     assert_int_equal(system(cmd), 0);
-}
-
-/* The smallest --host-mem plan of c (with the settings engine_train_ok gives a run: ZeRO-3, every layer
- * checkpointed, the host AdamW) from the refusal of a cap of 1 MiB, in MiB. */
-static long smallest_host_mem(const zt_train_config *c)
-{
-    zt_err err = {{0}};
-    zt_train_config probe = *c;
-    if (zt_train_config_set_flag(&probe, "--zero-level", "3", &err) != 0 ||
-        zt_train_config_set_flag(&probe, "--checkpointing", "all", &err) != 0 ||
-        zt_train_config_set_flag(&probe, "--optimizer", "cpu", &err) != 0 ||
-        zt_train_config_set_flag(&probe, "--host-mem", "1MiB", &err) != 0)
-        fail_msg("%s", err.msg);
-    zt_fixture_finish_config(&probe);
-    zt_train_result pr;
-    memset(&err, 0, sizeof err);
-    assert_int_equal(zt_trainer_run(&probe, &pr, &err), ZT_ENOMEM);
-    printf("refusal: %s\n", err.msg);
-    const char *at = strstr(err.msg, "what would fit: --host-mem ");
-    assert_non_null(at);
-    zt_train_result_free(&pr);
-    return strtol(at + strlen("what would fit: --host-mem "), NULL, 10);
 }
 
 /* The settings of case k of test_streamed_resume on c (bf16, no clipping, gradients in pieces); cap: "" or
