@@ -817,6 +817,21 @@ static bool same_file(const char *a, const char *b)
     return same;
 }
 
+/* The weights and optimizer state of the checkpoints of step `step` under two run folders: NULL when both
+ * files are byte for byte the same, else the name of the first that differs. */
+static const char *checkpoint_differs(const char *dir_a, const char *dir_b, int step)
+{
+    static const char *files[2] = {"model.safetensors", "optim.safetensors"};
+    for (int f = 0; f < 2; f++) {
+        char a[PATH_MAX + 64], b[PATH_MAX + 64];
+        snprintf(a, sizeof a, "%s/ckpt_%06d/%s", dir_a, step, files[f]);
+        snprintf(b, sizeof b, "%s/ckpt_%06d/%s", dir_b, step, files[f]);
+        if (!same_file(a, b))
+            return files[f];
+    }
+    return NULL;
+}
+
 /* Checkpoints of state on disk, streamed from the records block by block (zt_engine_export_stream): at W = 1
  * and 2, with the moments (fp32, and bf16 at W = 2) and a part of the masters on disk and the leading blocks'
  * in RAM, the streamed model.safetensors and optim.safetensors equal, byte for byte, those gathered into host
@@ -946,14 +961,9 @@ static void test_streamed_load(void **state)
                 memcmp(rest, whole + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2)) != 0)
                 fail_msg("%s: the resumed losses differ (last %.9g, %.9g without a stop)", what, rest[STEPS - STEPS / 2 - 1],
                          whole[STEPS - 1]);
-            const char *files[2] = {"model.safetensors", "optim.safetensors"};
-            for (int f = 0; f < 2; f++) {
-                char a[PATH_MAX + 64], b[PATH_MAX + 64];
-                snprintf(a, sizeof a, "%s/ckpt_%06d/%s", whole_dir, STEPS, files[f]);
-                snprintf(b, sizeof b, "%s/ckpt_%06d/%s", rest_dir, STEPS, files[f]);
-                if (!same_file(a, b))
-                    fail_msg("%s: the resumed run's final %s differs", what, files[f]);
-            }
+            const char *differs = checkpoint_differs(whole_dir, rest_dir, STEPS);
+            if (differs)
+                fail_msg("%s: the resumed run's final %s differs", what, differs);
             print_message("%s: resumed from a checkpoint read tensor by tensor, the same losses and files\n", what);
         }
     remove_dir(dir);
@@ -1342,12 +1352,7 @@ static void test_train_under_host_mem(void **state)
     zt_fixture_train_ranks(&half, W, rest, 3, NULL);
     assert_memory_equal(first, all, sizeof first);
     assert_memory_equal(rest, all + 3, sizeof rest);
-    for (int f = 0; f < 2; f++) {
-        char a[PATH_MAX + 64], b[PATH_MAX + 64];
-        snprintf(a, sizeof a, "%s/ckpt_000006/%s", half.out_dir, files[f]);
-        snprintf(b, sizeof b, "%s/ckpt_000006/%s", whole.out_dir, files[f]);
-        assert_true(same_file(a, b));
-    }
+    assert_null(checkpoint_differs(half.out_dir, whole.out_dir, 6));
     remove_dir(dir);
 }
 
@@ -1404,7 +1409,6 @@ static void test_resume_under_host_mem(void **state)
     base.schedule = ZT_SCHEDULE_NODECAY; /* the number of steps does not change the learning rates */
     zt_err err = {{0}};
     assert_int_equal(zt_train_config_resolve(&base, &err), 0);
-    const char *files[2] = {"model.safetensors", "optim.safetensors"};
     for (int W = 1; W <= 2; W++)
         for (int capped = 0; capped <= 1; capped++) {
             zt_train_config whole = base;
@@ -1436,12 +1440,7 @@ static void test_resume_under_host_mem(void **state)
             }
             assert_memory_equal(first, all, sizeof first);
             assert_memory_equal(rest, all + 3, sizeof rest);
-            for (int f = 0; f < 2; f++) {
-                char a[PATH_MAX + 64], b[PATH_MAX + 64];
-                snprintf(a, sizeof a, "%s/ckpt_000006/%s", half.out_dir, files[f]);
-                snprintf(b, sizeof b, "%s/ckpt_000006/%s", whole.out_dir, files[f]);
-                assert_true(same_file(a, b));
-            }
+            assert_null(checkpoint_differs(half.out_dir, whole.out_dir, 6));
             print_message("W=%d %s: resumed at step 3 on the bits of the run that did not stop\n", W,
                           capped ? "under --host-mem, state on disk (streamed load)" : "state in RAM (loaded whole)");
         }
