@@ -194,19 +194,21 @@ static void make_model(const char *family_json, zt_family_model **out, zt_train_
     cfg->model = fc;
 }
 
+/* The two small families the streamed checkpoint tests run: GPT-2, and GPT-NeoX (partial rotary, its own names). */
+static const char *k_families[2] = {
+    "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"n_positions\": 8, "
+    "\"vocab_size\": 40}",
+    "{\"model_type\": \"gpt_neox\", \"hidden_size\": 24, \"num_attention_heads\": 3, \"num_hidden_layers\": 2, "
+    "\"intermediate_size\": 20, \"vocab_size\": 50, \"max_position_embeddings\": 16}",
+};
+
 static void test_streamed_equals_gathered(void **state)
 {
     (void)state;
-    const char *families[2] = {
-        "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"n_positions\": 8, "
-        "\"vocab_size\": 40}",
-        "{\"model_type\": \"gpt_neox\", \"hidden_size\": 24, \"num_attention_heads\": 3, \"num_hidden_layers\": 2, "
-        "\"intermediate_size\": 20, \"vocab_size\": 50, \"max_position_embeddings\": 16}",
-    };
     for (int fam = 0; fam < 2; fam++) {
         zt_family_model *model = NULL;
         zt_train_config cfg;
-        make_model(families[fam], &model, &cfg);
+        make_model(k_families[fam], &model, &cfg);
         zt_err err = {{0}};
         const size_t n = zt_family_model_num_params(model);
         zt_optimizer opt;
@@ -339,18 +341,12 @@ static void open_refused(const char *ckpt, const zt_family_model *model, int wan
 static void test_streamed_read(void **state)
 {
     (void)state;
-    const char *families[2] = {
-        "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"n_positions\": 8, "
-        "\"vocab_size\": 40}",
-        "{\"model_type\": \"gpt_neox\", \"hidden_size\": 24, \"num_attention_heads\": 3, \"num_hidden_layers\": 2, "
-        "\"intermediate_size\": 20, \"vocab_size\": 50, \"max_position_embeddings\": 16}",
-    };
     for (int fam = 0; fam < 2; fam++) {
         zt_family_model *model = NULL, *loaded = NULL, *target = NULL;
         zt_train_config cfg;
-        make_model(families[fam], &model, &cfg);
-        make_model(families[fam], &loaded, &cfg);
-        make_model(families[fam], &target, &cfg);
+        make_model(k_families[fam], &model, &cfg);
+        make_model(k_families[fam], &loaded, &cfg);
+        make_model(k_families[fam], &target, &cfg);
         zt_err err = {{0}};
         const size_t n = zt_family_model_num_params(model);
         zt_optimizer opt, back;
@@ -425,7 +421,7 @@ static void test_streamed_read(void **state)
         zt_family_model *other = NULL;
         zt_train_config ocfg;
         char json[400];
-        snprintf(json, sizeof json, "%s", families[fam]);
+        snprintf(json, sizeof json, "%s", k_families[fam]);
         const char *key = fam ? "\"num_hidden_layers\": " : "\"n_layer\": ";
         char *at = strstr(json, key);
         assert_non_null(at);
