@@ -36,7 +36,9 @@ static inline zt_attention_desc att_packed_desc(void *out, float *lse, const voi
 static inline size_t att_scratch_bytes(int B, int T, int NH, int NKV, int HS, bool causal)
 {
     const zt_attention_dims d = {.B = B, .T = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal};
-    const zt_attention_desc a = att_packed_desc(NULL, NULL, NULL, NULL, &d, ZT_DTYPE_BF16);
+    /* the sizes depend on the shape and the variant, not on the tensors */
+    const zt_attention_desc a = {.B = B, .Tq = T, .Tk = T, .NH = NH, .NKV = NKV, .HS = HS, .causal = causal,
+                                 .window = -1, .variant = &g_att_variant};
     const size_t s = zt_cuda_attention_bwd_scratch_size(&a), g = zt_cuda_attention_backward_gqa_scratch_size(&d);
     return s > g ? s : g;
 }
