@@ -16,7 +16,8 @@
 #include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_model.h"  /* config field tables */
-#include "worker/models/host_shared.h" /* the normal initialisation */
+#include "worker/models/host_shared.h" /* config keys every HF config has */
+#include "worker/models/tensor_table.h" /* the tensors as data */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define BERT_MAX_LAYERS 1024
@@ -292,138 +293,92 @@ int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err
 /* Parameter layout                                                                                     */
 /* ---------------------------------------------------------------------------------------------------- */
 
-static int head_count(const zt_bert_config *cfg)
+enum { D_C = 1, D_I, D_V, D_P, D_TYPES, D_LABELS }; /* dimension symbols */
+enum { ROBERTA = 1u, MLM = 2u };                    /* flags: RoBERTa's names, the masked-LM head */
+
+/* Hugging Face's names (bert.h's ZT_BERT_* order): the embeddings and layers after the body's prefix
+ * ("bert." or "roberta."), then the head. Initialisation as BertPreTrainedModel's: normal(0,
+ * initializer_range), LayerNorms 1 and 0, biases 0, the padding rows zero (RoBERTa's positions have one). */
+#define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
+#define NR ZT__TT_NO_ROLE
+#define ROWS .split = ZT_TP_ROWS
+#define COLS .split = ZT_TP_COLS
+static const zt__tt_row rows[] = {
+    R(EMBED, "embeddings.word_embeddings.weight", D_V, D_C, NORMAL_PAD, NR, .body = true, ROWS),
+    R(EMBED, "embeddings.position_embeddings.weight", D_P, D_C, NORMAL, NR, .body = true, .unless = ROBERTA),
+    R(EMBED, "embeddings.position_embeddings.weight", D_P, D_C, NORMAL_PAD, NR, .body = true, .when = ROBERTA),
+    R(EMBED, "embeddings.token_type_embeddings.weight", D_TYPES, D_C, NORMAL, NR, .body = true),
+    R(EMBED, "embeddings.LayerNorm.weight", D_C, 0, ONE, NR, .body = true),
+    R(EMBED, "embeddings.LayerNorm.bias", D_C, 0, ZERO, NR, .body = true),
+    R(LAYER, "attention.self.query.weight", D_C, D_C, NORMAL, ZT__ENC_QKV_W, ROWS),
+    R(LAYER, "attention.self.key.weight", D_C, D_C, NORMAL, NR, ROWS, .packed = true),
+    R(LAYER, "attention.self.value.weight", D_C, D_C, NORMAL, NR, ROWS, .packed = true),
+    R(LAYER, "attention.self.query.bias", D_C, 0, ZERO, ZT__ENC_QKV_B, ROWS),
+    R(LAYER, "attention.self.key.bias", D_C, 0, ZERO, NR, ROWS, .packed = true),
+    R(LAYER, "attention.self.value.bias", D_C, 0, ZERO, NR, ROWS, .packed = true),
+    R(LAYER, "attention.output.dense.weight", D_C, D_C, NORMAL, ZT__ENC_O_W, COLS),
+    R(LAYER, "attention.output.dense.bias", D_C, 0, ZERO, ZT__ENC_O_B),
+    R(LAYER, "attention.output.LayerNorm.weight", D_C, 0, ONE, ZT__ENC_LN1_W),
+    R(LAYER, "attention.output.LayerNorm.bias", D_C, 0, ZERO, ZT__ENC_LN1_B),
+    R(LAYER, "intermediate.dense.weight", D_I, D_C, NORMAL, ZT__ENC_UP_W, ROWS),
+    R(LAYER, "intermediate.dense.bias", D_I, 0, ZERO, ZT__ENC_UP_B, ROWS),
+    R(LAYER, "output.dense.weight", D_C, D_I, NORMAL, ZT__ENC_DOWN_W, COLS),
+    R(LAYER, "output.dense.bias", D_C, 0, ZERO, ZT__ENC_DOWN_B),
+    R(LAYER, "output.LayerNorm.weight", D_C, 0, ONE, ZT__ENC_LN2_W),
+    R(LAYER, "output.LayerNorm.bias", D_C, 0, ZERO, ZT__ENC_LN2_B),
+    /* the masked-LM head (its decoder is the word embeddings and the head's bias) */
+    R(FINAL, "cls.predictions.transform.dense.weight", D_C, D_C, NORMAL, NR, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.transform.dense.bias", D_C, 0, ZERO, NR, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.transform.LayerNorm.weight", D_C, 0, ONE, NR, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.transform.LayerNorm.bias", D_C, 0, ZERO, NR, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.bias", D_V, 0, ZERO, NR, .when = MLM, .unless = ROBERTA, ROWS),
+    R(FINAL, "lm_head.dense.weight", D_C, D_C, NORMAL, NR, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.dense.bias", D_C, 0, ZERO, NR, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.layer_norm.weight", D_C, 0, ONE, NR, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.layer_norm.bias", D_C, 0, ZERO, NR, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.bias", D_V, 0, ZERO, NR, .when = MLM | ROBERTA, ROWS),
+    /* the classification head: BERT's pooler and classifier, RoBERTa's classifier (dense, out_proj) */
+    R(FINAL, "pooler.dense.weight", D_C, D_C, NORMAL, NR, .body = true, .unless = MLM | ROBERTA),
+    R(FINAL, "pooler.dense.bias", D_C, 0, ZERO, NR, .body = true, .unless = MLM | ROBERTA),
+    R(FINAL, "classifier.weight", D_LABELS, D_C, NORMAL, NR, .unless = MLM | ROBERTA),
+    R(FINAL, "classifier.bias", D_LABELS, 0, ZERO, NR, .unless = MLM | ROBERTA),
+    R(FINAL, "classifier.dense.weight", D_C, D_C, NORMAL, NR, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "classifier.dense.bias", D_C, 0, ZERO, NR, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "classifier.out_proj.weight", D_LABELS, D_C, NORMAL, NR, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "classifier.out_proj.bias", D_LABELS, 0, ZERO, NR, .when = ROBERTA, .unless = MLM),
+};
+#undef COLS
+#undef ROWS
+#undef NR
+#undef R
+
+static void dims(const void *cv, zt__tt_dims *d)
 {
-    return cfg->head == ZT_BERT_HEAD_MLM ? ZT_BERT_H_MLM_COUNT : ZT_BERT_H_CLS_COUNT;
+    const zt_bert_config *c = cv;
+    *d = (zt__tt_dims){.layers = c->num_hidden_layers, .std = (double)c->initializer_range,
+                       .pad_row = c->pad_token_id, .prefix = c->roberta ? "roberta." : "bert.",
+                       .flags = (c->roberta ? ROBERTA : 0) | (c->head == ZT_BERT_HEAD_MLM ? MLM : 0),
+                       .d = {[D_C] = c->hidden_size, [D_I] = c->intermediate_size, [D_V] = c->vocab_size,
+                             [D_P] = c->max_position_embeddings, [D_TYPES] = c->type_vocab_size,
+                             [D_LABELS] = c->num_labels}};
 }
 
-static int count_tensors(const void *cv)
-{
-    const zt_bert_config *cfg = cv;
-    return ZT_BERT_E_COUNT + cfg->num_hidden_layers * ZT_BERT_T_COUNT + head_count(cfg);
-}
-
-/* Appends one tensor (d1 = 0: a vector); weight decay for matrices, not biases and LayerNorm parameters. */
-static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1)
-{
-    zt__hm_add_tensor(t, block, offset, name, d0, d1, d1 > 0);
-}
-
-/* Fills tensors[count_tensors(cfg)] and blocks[L + 2] with Hugging Face's names; returns the parameter count. */
-static size_t build_layout(const void *cv, zt_param_info *tensors, zt_block_info *blocks)
-{
-    const zt_bert_config *cfg = cv;
-    const int64_t C = cfg->hidden_size, V = cfg->vocab_size, I = cfg->intermediate_size;
-    const char *prefix = cfg->roberta ? "roberta." : "bert.";
-    const int L = cfg->num_hidden_layers;
-    size_t off = 0;
-    int i = 0;
-    char name[96];
-
-    blocks[0].offset = off;
-    static const char *const emb[ZT_BERT_E_COUNT] = {"word_embeddings.weight", "position_embeddings.weight",
-                                             "token_type_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias"};
-    const int64_t emb_rows[ZT_BERT_E_COUNT] = {V, cfg->max_position_embeddings, cfg->type_vocab_size, C, C};
-    for (int k = 0; k < ZT_BERT_E_COUNT; k++) {
-        snprintf(name, sizeof name, "%sembeddings.%s", prefix, emb[k]);
-        add_tensor(&tensors[i++], 0, &off, name, emb_rows[k], k < ZT_BERT_E_LN_W ? C : 0);
-    }
-    blocks[0].numel = off - blocks[0].offset;
-
-    static const struct {
-        const char *suffix;
-        char out, in; /* 'C', 'I', or 0 for a vector */
-    } lt[ZT_BERT_T_COUNT] = {
-        [ZT_BERT_T_Q_W] = {"attention.self.query.weight", 'C', 'C'},
-        [ZT_BERT_T_K_W] = {"attention.self.key.weight", 'C', 'C'},
-        [ZT_BERT_T_V_W] = {"attention.self.value.weight", 'C', 'C'},
-        [ZT_BERT_T_Q_B] = {"attention.self.query.bias", 'C', 0},
-        [ZT_BERT_T_K_B] = {"attention.self.key.bias", 'C', 0},
-        [ZT_BERT_T_V_B] = {"attention.self.value.bias", 'C', 0},
-        [ZT_BERT_T_AO_W] = {"attention.output.dense.weight", 'C', 'C'},
-        [ZT_BERT_T_AO_B] = {"attention.output.dense.bias", 'C', 0},
-        [ZT_BERT_T_ALN_W] = {"attention.output.LayerNorm.weight", 'C', 0},
-        [ZT_BERT_T_ALN_B] = {"attention.output.LayerNorm.bias", 'C', 0},
-        [ZT_BERT_T_I_W] = {"intermediate.dense.weight", 'I', 'C'},
-        [ZT_BERT_T_I_B] = {"intermediate.dense.bias", 'I', 0},
-        [ZT_BERT_T_O_W] = {"output.dense.weight", 'C', 'I'},
-        [ZT_BERT_T_O_B] = {"output.dense.bias", 'C', 0},
-        [ZT_BERT_T_OLN_W] = {"output.LayerNorm.weight", 'C', 0},
-        [ZT_BERT_T_OLN_B] = {"output.LayerNorm.bias", 'C', 0},
-    };
-    for (int l = 0; l < L; l++) {
-        blocks[1 + l].offset = off;
-        for (int k = 0; k < ZT_BERT_T_COUNT; k++) {
-            snprintf(name, sizeof name, "%sencoder.layer.%d.%s", prefix, l, lt[k].suffix);
-            const int64_t d0 = lt[k].out == 'I' ? I : C;
-            const int64_t d1 = lt[k].in == 0 ? 0 : lt[k].in == 'I' ? I : C;
-            add_tensor(&tensors[i++], 1 + l, &off, name, d0, d1);
-        }
-        blocks[1 + l].numel = off - blocks[1 + l].offset;
-    }
-
-    const int h = L + 1;
-    blocks[h].offset = off;
-    if (cfg->head == ZT_BERT_HEAD_MLM) {
-        static const char *const bert_names[ZT_BERT_H_MLM_COUNT] = {
-            "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
-            "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.bias",
-            "cls.predictions.bias"};
-        static const char *const roberta_names[ZT_BERT_H_MLM_COUNT] = {"lm_head.dense.weight", "lm_head.dense.bias",
-                                                               "lm_head.layer_norm.weight", "lm_head.layer_norm.bias",
-                                                               "lm_head.bias"};
-        const char *const *names = cfg->roberta ? roberta_names : bert_names;
-        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_DENSE_W], C, C);
-        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_DENSE_B], C, 0);
-        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_LN_W], C, 0);
-        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_LN_B], C, 0);
-        add_tensor(&tensors[i++], h, &off, names[ZT_BERT_H_BIAS], V, 0);
-    } else {
-        const int64_t NL = cfg->num_labels;
-        char pool_w[64], pool_b[64];
-        snprintf(pool_w, sizeof pool_w, "%s", cfg->roberta ? "classifier.dense.weight" : "bert.pooler.dense.weight");
-        snprintf(pool_b, sizeof pool_b, "%s", cfg->roberta ? "classifier.dense.bias" : "bert.pooler.dense.bias");
-        add_tensor(&tensors[i++], h, &off, pool_w, C, C);
-        add_tensor(&tensors[i++], h, &off, pool_b, C, 0);
-        add_tensor(&tensors[i++], h, &off, cfg->roberta ? "classifier.out_proj.weight" : "classifier.weight", NL, C);
-        add_tensor(&tensors[i++], h, &off, cfg->roberta ? "classifier.out_proj.bias" : "classifier.bias", NL, 0);
-    }
-    blocks[h].numel = off - blocks[h].offset;
-    ZT_ASSERT(i == count_tensors(cfg));
-    return off;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* Creation                                                                                             */
-/* ---------------------------------------------------------------------------------------------------- */
-
-/* BertPreTrainedModel's initialisation (see bert.h), tensors filled in slab order from one generator. */
-static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
-{
-    const zt_bert_config *cfg = cv;
-    zt_rng r;
-    zt_rng_seed(&r, seed);
-    const size_t C = (size_t)cfg->hidden_size, pad = (size_t)cfg->pad_token_id;
-    for (int i = 0; i < n; i++) {
-        const zt_param_info *t = &tensors[i];
-        float *x = params + t->offset;
-        const size_t len = strlen(t->name);
-        const bool norm_weight = (len > 16 && strcmp(t->name + len - 16, "LayerNorm.weight") == 0) ||
-                                 (len > 17 && strcmp(t->name + len - 17, "layer_norm.weight") == 0);
-        if (norm_weight) {
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = 1.0f;
-        } else if (t->ndim == 1) {
-            memset(x, 0, t->numel * sizeof *x);
-        } else {
-            zt__host_fill_normal(&r, x, t->numel, (double)cfg->initializer_range);
-        }
-    }
-    /* nn.Embedding(padding_idx): the padding rows start at zero (RoBERTa's positions have one too). */
-    memset(params + tensors[ZT_BERT_E_WORD].offset + pad * C, 0, C * sizeof(float));
-    if (cfg->roberta)
-        memset(params + tensors[ZT_BERT_E_POS].offset + pad * C, 0, C * sizeof(float));
-}
+/* Files may lack the body's prefix and say LayerNorm "gamma" / "beta" for weight / bias; position and token
+ * type ids are buffers; the masked-LM decoder's weight and bias are tied to the word embeddings and the
+ * head's bias; other task heads' tensors (cls., lm_head., classifier., pooler.) are skipped for a pretrained
+ * body. */
+static const zt__tt_alias aliases[] = {
+    {"cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight", ZT_HF_TIED, MLM, ROBERTA},
+    {"cls.predictions.decoder.bias", "cls.predictions.bias", ZT_HF_TIED, MLM, ROBERTA},
+    {"lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight", ZT_HF_TIED, MLM | ROBERTA, 0},
+    {"lm_head.decoder.bias", "lm_head.bias", ZT_HF_TIED, MLM | ROBERTA, 0}};
+static const char *const buffers[] = {"embeddings.position_ids", "embeddings.token_type_ids", NULL};
+static const char *const renames[] = {"LayerNorm.gamma", "LayerNorm.weight", "LayerNorm.beta", "LayerNorm.bias", NULL};
+static const char *const other_heads[] = {"cls.", "lm_head.", "classifier.", "pooler.", NULL};
+static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof rows[0]),
+                             .layer_prefix = "encoder.layer.%d.", .dims = dims, .hf_prefix = "",
+                             .hf_aliases = aliases, .hf_naliases = 4, .hf_buffers = buffers, .hf_renames = renames,
+                             .hf_other_heads = other_heads};
 
 static int head_block(const void *cv)
 {
@@ -463,12 +418,9 @@ static void arch_of(const zt_bert_config *cfg, zt__enc_arch *a)
         .head = mlm ? ZT__ENC_HEAD_MLM : ZT__ENC_HEAD_CLASSIFY, .K = zt_bert_config_outputs(cfg),
         .pos_row0 = cfg->roberta ? cfg->pad_token_id + 1 : 0, .pad_token_id = cfg->pad_token_id,
         .emb = {ZT_BERT_E_WORD, ZT_BERT_E_POS, ZT_BERT_E_TYPE, ZT_BERT_E_LN_W, ZT_BERT_E_LN_B},
-        .layer0 = ZT_BERT_LAYER_TENSOR(0, 0), .per_layer = ZT_BERT_T_COUNT,
-        .role = {ZT_BERT_T_Q_W, ZT_BERT_T_Q_B, ZT_BERT_T_AO_W, ZT_BERT_T_AO_B, ZT_BERT_T_ALN_W, ZT_BERT_T_ALN_B,
-                 ZT_BERT_T_I_W, ZT_BERT_T_I_B, ZT_BERT_T_O_W, ZT_BERT_T_O_B, ZT_BERT_T_OLN_W, ZT_BERT_T_OLN_B},
-        .packed = {[ZT_BERT_T_K_W] = true, [ZT_BERT_T_V_W] = true, [ZT_BERT_T_K_B] = true, [ZT_BERT_T_V_B] = true},
-        .head_block = mlm ? 0 : L + 1,
+        .layer0 = ZT_BERT_LAYER_TENSOR(0, 0), .head_block = mlm ? 0 : L + 1,
     };
+    a->per_layer = zt__tt_layer_roles(&table, cfg, a->role, ZT__ENC_ROLES, a->packed);
     const int h = ZT_BERT_HEAD_TENSOR(L, 0);
     const int mlm_t[ZT__ENC_H_ROLES] = {h + ZT_BERT_H_DENSE_W, h + ZT_BERT_H_DENSE_B, h + ZT_BERT_H_LN_W,
                                         h + ZT_BERT_H_LN_B, h + ZT_BERT_H_BIAS, ZT_BERT_E_WORD, -1};
@@ -508,60 +460,6 @@ int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
     return zt__host_import(&zt__family_bert, m, path, true, err);
 }
 
-static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
-{
-    (void)m;
-    snprintf(out, cap, "%s", t->name);
-}
-
-/* Whether a file tensor's name is that of a task head the model does not have: another head's (cls.,
- * lm_head., classifier.), BERT's pre-training heads (cls.) or a pooler that a masked-LM model leaves out. */
-static bool is_other_head(const zt_bert_config *c, const char *name)
-{
-    const char *prefix = c->roberta ? "roberta." : "bert.";
-    if (strncmp(name, prefix, strlen(prefix)) == 0)
-        name += strlen(prefix);
-    return strncmp(name, "cls.", 4) == 0 || strncmp(name, "lm_head.", 8) == 0 ||
-           strncmp(name, "classifier.", 11) == 0 || strncmp(name, "pooler.", 7) == 0;
-}
-
-/* A file's tensor name for the model: names may lack the "bert." / "roberta." prefix and LayerNorm "gamma"
- * / "beta" are weight / bias; position and token type ids are buffers; the masked-LM decoder's weight and
- * bias are tied to the word embeddings and the head's bias. */
-static enum zt_hf_kind hf_map(const void *m, const char *name, int *idx)
-{
-    const zt_bert_config *c = zt__hm_config(m);
-    char buf[160];
-    const char *prefix = c->roberta ? "roberta." : "bert.";
-    const size_t plen = strlen(prefix);
-    if (strlen(name) + plen + 8 >= sizeof buf)
-        return ZT_HF_UNKNOWN;
-    if (strncmp(name, "embeddings.", 11) == 0 || strncmp(name, "encoder.", 8) == 0 || strncmp(name, "pooler.", 7) == 0)
-        snprintf(buf, sizeof buf, "%s%s", prefix, name);
-    else
-        snprintf(buf, sizeof buf, "%s", name);
-    size_t len = strlen(buf);
-    if (len > 15 && strcmp(buf + len - 15, "LayerNorm.gamma") == 0)
-        strcpy(buf + len - 5, "weight");
-    else if (len > 14 && strcmp(buf + len - 14, "LayerNorm.beta") == 0)
-        strcpy(buf + len - 4, "bias");
-    const char *sub = buf + (strncmp(buf, prefix, plen) == 0 ? plen : 0);
-    if (strcmp(sub, "embeddings.position_ids") == 0 || strcmp(sub, "embeddings.token_type_ids") == 0)
-        return ZT_HF_BUFFER;
-    if (c->head == ZT_BERT_HEAD_MLM) {
-        const char *dw = c->roberta ? "lm_head.decoder.weight" : "cls.predictions.decoder.weight";
-        const char *db = c->roberta ? "lm_head.decoder.bias" : "cls.predictions.decoder.bias";
-        if (strcmp(buf, dw) == 0 || strcmp(buf, db) == 0) {
-            *idx = strcmp(buf, dw) == 0 ? ZT_BERT_E_WORD : ZT_BERT_HEAD_TENSOR(c->num_hidden_layers, ZT_BERT_H_BIAS);
-            return ZT_HF_TIED;
-        }
-    }
-    *idx = zt__host_find_tensor(zt__hm_tensor(m, 0), zt__hm_num_tensors(m), buf);
-    if (*idx >= 0)
-        return ZT_HF_PARAM;
-    return is_other_head(c, name) ? ZT_HF_OTHER_HEAD : ZT_HF_UNKNOWN;
-}
-
 static void hf_describe(const void *m, char *out, size_t cap)
 {
     const zt_bert_config *c = zt__hm_config(m);
@@ -569,8 +467,8 @@ static void hf_describe(const void *m, char *out, size_t cap)
 }
 
 static const zt_hf_names hf_names = {
-    .export_name = hf_export_name,
-    .map = hf_map,
+    .export_name = zt__tt_hf_export_name,
+    .map = zt__tt_hf_map,
     .describe = hf_describe,
     .tied_fix = "ztrain's decoder is tied to it: an untied decoder is not supported",
     .head_optional = true,
@@ -636,14 +534,13 @@ static const char *f_config_label(const void *c, int i, char *buf, size_t cap)
     return zt_bert_config_label(c, i, buf, cap);
 }
 
-static const zt__hm_spec spec = {.def = &zt__family_bert, .config_size = sizeof(zt_bert_config),
-                                 .count_tensors = count_tensors, .build_layout = build_layout, .init = init_params,
+static const zt__hm_spec spec = {.def = &zt__family_bert, .config_size = sizeof(zt_bert_config), .table = &table,
                                  .passes = &passes, .head_block = head_block, .check_batch = check_batch};
 
 /* The parameter count of cfg's shape, from its tensor table. */
 size_t zt_bert_config_num_params(const zt_bert_config *cfg)
 {
-    return zt__hm_config_num_params(&spec, cfg, cfg->num_hidden_layers);
+    return zt__tt_num_params(&table, cfg);
 }
 
 /* The typed API of bert.h over the host model (host_model.h), and what the encoder's runner adds to it. */

@@ -7,7 +7,7 @@
  * what the backward pass reads. The backward pass allocates nothing: it works in scratch buffers that are
  * part of the activation slab and reused by every layer.
  *
- * Initialisation (see init_params): Hugging Face's GPT2PreTrainedModel scheme, i.e. normal(0, 0.02) for
+ * Initialisation (the tensor table's rows): Hugging Face's GPT2PreTrainedModel scheme, i.e. normal(0, 0.02) for
  * wte, wpe and every linear weight, residual projections (attn.c_proj, mlp.c_proj) scaled by
  * 1/sqrt(2 n_layer), biases 0, layer norms weight 1 and bias 0. */
 #include "worker/models/gpt2.h"
@@ -31,7 +31,8 @@
 #include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_model.h"  /* the host model every decoder family shares */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
-#include "worker/models/host_shared.h" /* config keys every HF config has, the normal initialisation */
+#include "worker/models/host_shared.h" /* config keys every HF config has */
+#include "worker/models/tensor_table.h" /* the tensors as data */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define GPT2_MAX_LAYERS 1024
@@ -40,26 +41,6 @@
 #define GPT2_MAX_VOCAB (1 << 24)
 
 #define HF_PREFIX "transformer."
-
-/* Tensors of one transformer layer, in slab order. */
-enum layer_tensor {
-    LT_LN1_W,
-    LT_LN1_B,
-    LT_QKV_W,
-    LT_QKV_B,
-    LT_ATTPROJ_W,
-    LT_ATTPROJ_B,
-    LT_LN2_W,
-    LT_LN2_B,
-    LT_FC_W,
-    LT_FC_B,
-    LT_FCPROJ_W,
-    LT_FCPROJ_B,
-    LT_COUNT
-};
-
-/* Index of the first tensor of layer l in the tensor table (wte and wpe come first). */
-#define LAYER_TENSOR(l, k) (2 + (l) * LT_COUNT + (k))
 
 /* A zt_gpt2 is the shared host model (host_model.h) of a GPT-2 config: the pointers are the same (gpt2.h
  * declares the type opaque; every function here hands it to zt__hm_*). */
@@ -210,135 +191,66 @@ int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err
 /* Parameter layout                                                                                     */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Number of parameter tensors of a model with cfg's shape. */
-static int count_tensors(const zt_gpt2_config *cfg)
+enum { D_C = 1, D_3C, D_4C, D_V, D_P }; /* dimension symbols */
+
+/* Hugging Face's names and order; Conv1D's weights are stored [in, out] in the files. Initialisation as
+ * GPT2PreTrainedModel's: normal(0, 0.02), the projections into the residual stream scaled by 1/sqrt(2 n_layer). */
+#define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
+#define CONV .transposed_in_hf = true
+static const zt__tt_row rows[] = {
+    R(EMBED, "wte.weight", D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .split = ZT_TP_ROWS),
+    R(EMBED, "wpe.weight", D_P, D_C, NORMAL, ZT__TT_NO_ROLE),
+    R(LAYER, "ln_1.weight", D_C, 0, ONE, ZT__DEC_LN1_W),
+    R(LAYER, "ln_1.bias", D_C, 0, ZERO, ZT__DEC_LN1_B),
+    R(LAYER, "attn.c_attn.weight", D_3C, D_C, NORMAL, ZT__DEC_QKV_W, CONV, .split = ZT_TP_ROWS),
+    R(LAYER, "attn.c_attn.bias", D_3C, 0, ZERO, ZT__DEC_QKV_B, .split = ZT_TP_ROWS),
+    R(LAYER, "attn.c_proj.weight", D_C, D_C, NORMAL_RESIDUAL, ZT__DEC_O_W, CONV, .split = ZT_TP_COLS),
+    R(LAYER, "attn.c_proj.bias", D_C, 0, ZERO, ZT__DEC_O_B),
+    R(LAYER, "ln_2.weight", D_C, 0, ONE, ZT__DEC_LN2_W),
+    R(LAYER, "ln_2.bias", D_C, 0, ZERO, ZT__DEC_LN2_B),
+    R(LAYER, "mlp.c_fc.weight", D_4C, D_C, NORMAL, ZT__DEC_UP_W, CONV, .split = ZT_TP_ROWS),
+    R(LAYER, "mlp.c_fc.bias", D_4C, 0, ZERO, ZT__DEC_UP_B, .split = ZT_TP_ROWS),
+    R(LAYER, "mlp.c_proj.weight", D_C, D_4C, NORMAL_RESIDUAL, ZT__DEC_DOWN_W, CONV, .split = ZT_TP_COLS),
+    R(LAYER, "mlp.c_proj.bias", D_C, 0, ZERO, ZT__DEC_DOWN_B),
+    R(FINAL, "ln_f.weight", D_C, 0, ONE, ZT__TT_NO_ROLE),
+    R(FINAL, "ln_f.bias", D_C, 0, ZERO, ZT__TT_NO_ROLE),
+};
+#undef CONV
+#undef R
+
+static void dims(const void *cv, zt__tt_dims *d)
 {
-    return 2 + cfg->n_layer * LT_COUNT + 2;
+    const zt_gpt2_config *c = cv;
+    const int64_t C = c->n_embd;
+    *d = (zt__tt_dims){.layers = c->n_layer, .std = 0.02, .pad_row = -1,
+                       .d = {[D_C] = C, [D_3C] = 3 * C, [D_4C] = 4 * C, [D_V] = c->vocab_size, [D_P] = c->n_positions}};
 }
 
-/* Appends one tensor to the table (host_model.h), marking Conv1D's weights as transposed in HF files. */
-static void add_tensor(zt_param_info *t, int block, size_t *offset, const char *name, int64_t d0, int64_t d1,
-                       bool decay, bool transposed)
-{
-    zt__hm_add_tensor(t, block, offset, name, d0, d1, decay);
-    t->transposed_in_hf = transposed;
-}
-
-/* Fills tensors[count_tensors(cfg)] and blocks[n_layer + 2]; returns the number of parameters. */
-static size_t build_layout(const zt_gpt2_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
-{
-    const int64_t C = cfg->n_embd, V = cfg->vocab_size, P = cfg->n_positions;
-    size_t off = 0;
-    int i = 0;
-    char name[64];
-
-    blocks[0].offset = off;
-    add_tensor(&tensors[i++], 0, &off, "wte.weight", V, C, true, false);
-    add_tensor(&tensors[i++], 0, &off, "wpe.weight", P, C, true, false);
-    blocks[0].numel = off - blocks[0].offset;
-
-    static const struct {
-        const char *suffix;
-        int out_mult, in_mult; /* shape = [out_mult*C, in_mult*C], in_mult 0 for vectors */
-        bool decay, transposed;
-    } lt[LT_COUNT] = {
-        [LT_LN1_W] = {"ln_1.weight", 1, 0, false, false},
-        [LT_LN1_B] = {"ln_1.bias", 1, 0, false, false},
-        [LT_QKV_W] = {"attn.c_attn.weight", 3, 1, true, true},
-        [LT_QKV_B] = {"attn.c_attn.bias", 3, 0, false, false},
-        [LT_ATTPROJ_W] = {"attn.c_proj.weight", 1, 1, true, true},
-        [LT_ATTPROJ_B] = {"attn.c_proj.bias", 1, 0, false, false},
-        [LT_LN2_W] = {"ln_2.weight", 1, 0, false, false},
-        [LT_LN2_B] = {"ln_2.bias", 1, 0, false, false},
-        [LT_FC_W] = {"mlp.c_fc.weight", 4, 1, true, true},
-        [LT_FC_B] = {"mlp.c_fc.bias", 4, 0, false, false},
-        [LT_FCPROJ_W] = {"mlp.c_proj.weight", 1, 4, true, true},
-        [LT_FCPROJ_B] = {"mlp.c_proj.bias", 1, 0, false, false},
-    };
-    for (int l = 0; l < cfg->n_layer; l++) {
-        blocks[1 + l].offset = off;
-        for (int k = 0; k < LT_COUNT; k++) {
-            snprintf(name, sizeof name, "h.%d.%s", l, lt[k].suffix);
-            add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out_mult * C, lt[k].in_mult * C, lt[k].decay,
-                       lt[k].transposed);
-        }
-        blocks[1 + l].numel = off - blocks[1 + l].offset;
-    }
-
-    int last = cfg->n_layer + 1;
-    blocks[last].offset = off;
-    add_tensor(&tensors[i++], last, &off, "ln_f.weight", C, 0, false, false);
-    add_tensor(&tensors[i++], last, &off, "ln_f.bias", C, 0, false, false);
-    blocks[last].numel = off - blocks[last].offset;
-    ZT_ASSERT(i == count_tensors(cfg));
-    return off;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* Creation                                                                                             */
-/* ---------------------------------------------------------------------------------------------------- */
-
-/* Initialises the parameters deterministically from seed (the scheme is described at the top of the
- * file). Tensors are filled in slab order from one generator. */
-static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
-{
-    const zt_gpt2_config *cfg = cv;
-    zt_rng r;
-    zt_rng_seed(&r, seed);
-    const double std = 0.02, residual_std = 0.02 / sqrt(2.0 * cfg->n_layer);
-    for (int i = 0; i < n; i++) {
-        const zt_param_info *t = &tensors[i];
-        float *x = params + t->offset;
-        const char *dot = strrchr(t->name, '.');
-        bool is_ln = strstr(t->name, "ln_") != NULL;
-        if (is_ln && strcmp(dot, ".weight") == 0) {
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = 1.0f;
-        } else if (t->ndim == 1) {
-            memset(x, 0, t->numel * sizeof *x); /* biases and layer-norm biases */
-        } else {
-            bool residual = strstr(t->name, "c_proj.weight") != NULL;
-            zt__host_fill_normal(&r, x, t->numel, residual ? residual_std : std);
-        }
-    }
-}
+/* "transformer." before every name (or none); lm_head.weight is the tied head (it must equal wte); the
+ * attention-mask buffers of older files (h.<n>.attn.bias, .masked_bias) are skipped. */
+static const zt__tt_alias aliases[] = {{"lm_head.weight", "wte.weight", ZT_HF_TIED, 0, 0}};
+static const char *const buffers[] = {"attn.bias", "attn.masked_bias", NULL};
+static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof rows[0]), .layer_prefix = "h.%d.",
+                             .dims = dims, .hf_prefix = HF_PREFIX, .hf_aliases = aliases, .hf_naliases = 1,
+                             .hf_buffers = buffers, .hf_model = "a GPT-2"};
 
 /* GPT-2 as the decoder program sees it: LayerNorms with biases, the tanh GELU, learned positions, every
  * linear layer with a bias, and the head tied to wte. */
-static void decoder_arch(const void *cv, const zt_param_info *tensors, int n, zt__dec_arch *a)
+static void decoder_arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
 {
-    (void)tensors;
-    (void)n;
     const zt_gpt2_config *cfg = cv;
     const int C = cfg->n_embd;
     *a = (zt__dec_arch){.L = cfg->n_layer, .C = C, .NH = cfg->n_head, .NKV = cfg->n_head, .HS = C / cfg->n_head,
                         .F = 4 * C, .V = cfg->vocab_size, .norm = ZT__DEC_LAYERNORM, .eps = cfg->layer_norm_epsilon,
                         .mlp = ZT__DEC_MLP_GELU_TANH, .wpe = true, .pad_token_id = -1, .layer0 = 2,
-                        .per_layer = LT_COUNT, .head_tensor = 0};
-    const int role[ZT__DEC_ROLES] = {
-        [ZT__DEC_LN1_W] = LT_LN1_W, [ZT__DEC_LN1_B] = LT_LN1_B, [ZT__DEC_QKV_W] = LT_QKV_W,
-        [ZT__DEC_QKV_B] = LT_QKV_B, [ZT__DEC_O_W] = LT_ATTPROJ_W, [ZT__DEC_O_B] = LT_ATTPROJ_B,
-        [ZT__DEC_LN2_W] = LT_LN2_W, [ZT__DEC_LN2_B] = LT_LN2_B, [ZT__DEC_UP_W] = LT_FC_W, [ZT__DEC_UP_B] = LT_FC_B,
-        [ZT__DEC_DOWN_W] = LT_FCPROJ_W, [ZT__DEC_DOWN_B] = LT_FCPROJ_B};
-    memcpy(a->role, role, sizeof role);
-    a->final_w = 2 + cfg->n_layer * LT_COUNT;
-    a->final_b = a->final_w + 1;
-}
-
-static int count_tensors_v(const void *c)
-{
-    return count_tensors(c);
-}
-
-static size_t build_layout_v(const void *c, zt_param_info *tensors, zt_block_info *blocks)
-{
-    return build_layout(c, tensors, blocks);
+                        .head_tensor = 0, .final_w = zt__host_find_tensor(t, n, "ln_f.weight"),
+                        .final_b = zt__host_find_tensor(t, n, "ln_f.bias")};
+    a->per_layer = zt__tt_layer_roles(&table, cfg, a->role, ZT__DEC_ROLES, a->packed);
 }
 
 extern const zt_family_def zt__family_gpt2;
 static const zt__hm_spec spec = {.def = &zt__family_gpt2, .config_size = sizeof(zt_gpt2_config),
-                                 .positions_key = "n_positions", .count_tensors = count_tensors_v,
-                                 .build_layout = build_layout_v, .arch = decoder_arch, .init = init_params};
+                                 .positions_key = "n_positions", .table = &table, .arch = decoder_arch};
 
 /* The typed API of gpt2.h over the host model. */
 ZT__HM_TYPED_API(zt_gpt2, zt_gpt2, zt_gpt2_config, spec, zt__family_gpt2)
@@ -346,57 +258,15 @@ ZT__HM_TYPED_API(zt_gpt2, zt_gpt2, zt_gpt2_config, spec, zt__family_gpt2)
 /* Returns the number of parameters of a GPT-2 with cfg's shape (cfg must be valid), without allocating it. */
 size_t zt_gpt2_config_num_params(const zt_gpt2_config *cfg)
 {
-    return zt__hm_config_num_params(&spec, cfg, cfg->n_layer);
+    return zt__tt_num_params(&table, cfg);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Whether name is one of the attention-mask buffers HF keeps in older files: h.<n>.attn.bias or
- * h.<n>.attn.masked_bias. */
-static bool is_attn_buffer(const char *name)
-{
-    if (strncmp(name, "h.", 2) != 0)
-        return false;
-    const char *s = name + 2;
-    if (*s < '0' || *s > '9')
-        return false;
-    while (*s >= '0' && *s <= '9')
-        s++;
-    return strcmp(s, ".attn.bias") == 0 || strcmp(s, ".attn.masked_bias") == 0;
-}
-
-static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
-{
-    (void)m;
-    snprintf(out, cap, HF_PREFIX "%s", t->name);
-}
-
-/* Names with or without the "transformer." prefix; lm_head.weight is the tied head (it must equal wte). */
-static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
-{
-    if (strcmp(name, "lm_head.weight") == 0) {
-        *idx = 0;
-        return ZT_HF_TIED;
-    }
-    if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
-        name += strlen(HF_PREFIX);
-    if (is_attn_buffer(name))
-        return ZT_HF_BUFFER;
-    *idx = zt__host_find_tensor(zt__hm_tensor(mv, 0), zt__hm_num_tensors(mv), name);
-    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
-}
-
-static void hf_describe(const void *mv, char *out, size_t cap)
-{
-    snprintf(out, cap, "a GPT-2 with %d layers", ((const zt_gpt2_config *)zt__hm_config(mv))->n_layer);
-}
-
 static const zt_hf_names hf_names = {
-    .export_name = hf_export_name,
-    .map = hf_map,
-    .describe = hf_describe,
+    ZT__TT_HF_NAMES
     .tied_fix = "ztrain's GPT-2 ties its head to wte: untied heads are not supported",
     .head_optional = false,
 };

@@ -10,6 +10,7 @@
 #include "common/log.h"          /* the initialisation of a large model is logged */
 #include "common/memory.h"       /* huge pages for the slabs */
 #include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
+#include "worker/models/tensor_table.h" /* the tensors as data */
 
 struct zt__hm {
     const zt__hm_spec *spec;
@@ -39,7 +40,7 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
     memcpy(m->cfg, cfg, spec->config_size);
     m->max_B = B;
     m->max_T = T;
-    m->num_tensors = spec->count_tensors(cfg);
+    m->num_tensors = spec->table ? zt__tt_count(spec->table, cfg) : spec->count_tensors(cfg);
     zt_family_shape shape;
     spec->def->config_shape(cfg, &shape);
     m->num_blocks = shape.layers + 2;
@@ -49,7 +50,8 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
         zt__hm_destroy(m);
         return NULL;
     }
-    m->num_params = spec->build_layout(cfg, m->tensors, m->blocks);
+    m->num_params = spec->table ? zt__tt_layout(spec->table, cfg, m->tensors, m->blocks)
+                                : spec->build_layout(cfg, m->tensors, m->blocks);
     ZT_ASSERT(m->num_params == shape.num_params);
     if (spec->passes) {
         m->head_block = spec->head_block(cfg);
@@ -129,7 +131,10 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
         zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
                (unsigned long long)seed, zt_cpu_get_threads());
-    spec->init(m->cfg, m->tensors, m->num_tensors, m->params, seed);
+    if (spec->table)
+        zt__tt_init(spec->table, m->cfg, m->tensors, m->num_tensors, m->params, seed);
+    else
+        spec->init(m->cfg, m->tensors, m->num_tensors, m->params, seed);
     *out = m;
     return 0;
 err:
@@ -154,6 +159,7 @@ void zt__hm_destroy(void *mv)
 }
 
 const void *zt__hm_config(const void *m) { return ((const zt__hm *)m)->cfg; }
+const struct zt__tt *zt__hm_table(const void *m) { return ((const zt__hm *)m)->spec->table; }
 const zt__dec_arch *zt__hm_arch(const void *m) { return &((const zt__hm *)m)->arch; }
 void *zt__hm_state(const void *m) { return ((const zt__hm *)m)->state; }
 size_t zt__hm_num_params(const void *m) { return ((const zt__hm *)m)->num_params; }
@@ -380,12 +386,8 @@ void zt__hm_add_tensor(zt_param_info *t, int block, size_t *offset, const char *
     *offset += t->numel;
 }
 
-size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg, int layers)
+size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg)
 {
-    zt_param_info *t = zt_xcalloc((size_t)spec->count_tensors(cfg), sizeof *t);
-    zt_block_info *b = zt_xcalloc((size_t)layers + 2, sizeof *b);
-    const size_t total = spec->build_layout(cfg, t, b);
-    free(t);
-    free(b);
-    return total;
+    ZT_ASSERT(spec->table); /* a family with its tensor table as code counts its own */
+    return zt__tt_num_params(spec->table, cfg);
 }

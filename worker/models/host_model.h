@@ -1,8 +1,9 @@
 /* The host model of every family, written once: the family's config struct, its tensor table and blocks,
  * the fp32 parameter and gradient slabs, the decoder program's architecture and CPU runner (decoder.h) or
  * the family's own passes, and the entries of zt_family_def (family.h) that follow from them. A family file
- * then holds only what is its own: the config mapping, the tensor table in Hugging Face's names, the
- * initialisation and the architecture (or its passes), given as a zt__hm_spec; neox.c is the example.
+ * then holds only what is its own: the config mapping, the tensor table as data (tensor_table.h: Hugging Face's
+ * names, shapes, initialisation, roles) and the architecture (or its passes), given as a zt__hm_spec; neox.c
+ * is the example.
  *
  * Blocks are the decoder's: 0 = the embeddings, 1..L = the layers, L+1 = the final norm (and an untied head).
  * The host model borrows the spec (static data of the family) and copies the config. A family whose passes
@@ -37,14 +38,19 @@ typedef struct zt__hm_passes {
     const float *(*logits)(const void *state);
 } zt__hm_passes;
 
+struct zt__tt;
+
 /* What a family tells the host model about a valid config (void *cfg: the family's config struct). */
 typedef struct zt__hm_spec {
     const zt_family_def *def;  /* the family (its config functions validate and shape the config) */
     size_t config_size;        /* bytes of the family's config struct (<= ZT_FAMILY_CONFIG_BYTES) */
     const char *positions_key; /* the config's name of its longest sequence, for messages (NULL:
                                   "max_position_embeddings") */
-    /* The tensor table: the number of tensors, then the table and the L + 2 blocks filled in slab order;
-     * returns the number of parameters. */
+    /* The tensors as data (tensor_table.h): the layout, the initialisation and the Hugging Face names come
+     * from it, and count_tensors, build_layout and init are NULL. */
+    const struct zt__tt *table;
+    /* Or the tensor table as code: the number of tensors, then the table and the L + 2 blocks filled in slab
+     * order; returns the number of parameters. */
     int (*count_tensors)(const void *cfg);
     size_t (*build_layout)(const void *cfg, zt_param_info *tensors, zt_block_info *blocks);
     /* The decoder program's view (head_tensor included) and, with a->rope, the a->rot / 2 frequencies. */
@@ -71,6 +77,7 @@ void zt__hm_destroy(void *m); /* accepts NULL */
 
 /* The family's config inside m, its architecture (decoder families) and its passes' state (the others). */
 const void *zt__hm_config(const void *m);
+const struct zt__tt *zt__hm_table(const void *m); /* the spec's table */
 const zt__dec_arch *zt__hm_arch(const void *m);
 void *zt__hm_state(const void *m);
 
@@ -175,9 +182,9 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
     }                                                                                                          \
     int p##_import(M *m, const char *path, zt_err *err) { return zt__host_import(&(def), m, path, false, err); }
 
-/* The number of parameters of a valid config of spec's family with `layers` layers, from its tensor table
- * (nothing of the model's size is allocated). */
-size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg, int layers);
+/* The number of parameters of a valid config of spec's family, from its tensor table (nothing of the
+ * model's size is allocated). */
+size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg);
 
 /* ---- configs described by a field table: diff and fingerprint written once ---- */
 

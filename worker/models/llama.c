@@ -6,7 +6,7 @@
  * of the same layout, the decoder program's CPU runner); this file gives it the config, the tensor table,
  * the initialisation and the architecture.
  *
- * Initialisation (see init_params): LlamaPreTrainedModel._init_weights, i.e. normal(0, initializer_range)
+ * Initialisation (the tensor table's rows): LlamaPreTrainedModel._init_weights, i.e. normal(0, initializer_range)
  * for embed_tokens, lm_head and every linear weight (no residual scaling, unlike GPT-2), RMSNorm weights 1,
  * and embed_tokens' row pad_token_id 0 (nn.Embedding's padding_idx). */
 #include "worker/models/llama.h"
@@ -32,7 +32,8 @@
 #include "worker/models/llama_family.h"     /* what the families written on LLaMA's share */
 #include "worker/models/host_config.h"       /* the config.json mapping as a table */
 #include "worker/models/host_model.h"        /* the host model every decoder family shares */
-#include "worker/models/host_shared.h"      /* config keys every HF config has, the normal initialisation */
+#include "worker/models/host_shared.h"      /* config keys every HF config has */
+#include "worker/models/tensor_table.h"     /* the tensors as data */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
 #define LLAMA_MAX_LAYERS 1024
@@ -43,18 +44,6 @@
 
 #define HF_PREFIX "model."
 #define LM_HEAD "lm_head.weight"
-
-/* The tensors of a decoder layer (ZT_LLAMA_T_*, llama.h), by shorter names. */
-#define LT_IN_NORM ZT_LLAMA_T_IN_NORM
-#define LT_Q ZT_LLAMA_T_Q
-#define LT_K ZT_LLAMA_T_K
-#define LT_V ZT_LLAMA_T_V
-#define LT_O ZT_LLAMA_T_O
-#define LT_POST_NORM ZT_LLAMA_T_POST_NORM
-#define LT_GATE ZT_LLAMA_T_GATE
-#define LT_UP ZT_LLAMA_T_UP
-#define LT_DOWN ZT_LLAMA_T_DOWN
-#define LT_Q_BIAS ZT_LLAMA_T_Q_BIAS
 
 /* A zt_llama is the shared host model (host_model.h) of a LLaMA config: the pointers are the same (llama.h
  * declares the type opaque; every function here hands it to zt__hm_*). */
@@ -311,117 +300,66 @@ int zt_llama_config_layer_tensors(const zt_llama_config *cfg)
     return cfg->qkv_bias ? ZT_LLAMA_T_COUNT_QKV_BIAS : ZT_LLAMA_T_COUNT;
 }
 
-/* Number of parameter tensors of a model with cfg's shape. */
-static int count_tensors(const zt_llama_config *cfg)
+enum { D_C = 1, D_KV, D_F, D_V };    /* dimension symbols (D_KV: the key/value heads' width) */
+enum { TIED = 1u, QKV_BIAS = 2u };   /* flags: tie_word_embeddings, Qwen2's q, k and v biases */
+
+/* Hugging Face's names in the order of llama.h's ZT_LLAMA_T_* (the biases after a layer's weights). k and v
+ * continue q in the program's packed weight (and bias), up continues gate. Initialisation as
+ * LlamaPreTrainedModel's: normal(0, initializer_range), RMSNorm weights 1, embed_tokens' row pad_token_id 0. */
+#define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
+#define ROWS .split = ZT_TP_ROWS
+static const zt__tt_row rows[] = {
+    R(EMBED, "embed_tokens.weight", D_V, D_C, NORMAL_PAD, ZT__TT_NO_ROLE, ROWS),
+    R(LAYER, "input_layernorm.weight", D_C, 0, ONE, ZT__DEC_LN1_W),
+    R(LAYER, "self_attn.q_proj.weight", D_C, D_C, NORMAL, ZT__DEC_QKV_W, ROWS),
+    R(LAYER, "self_attn.k_proj.weight", D_KV, D_C, NORMAL, ZT__TT_NO_ROLE, ROWS, .packed = true),
+    R(LAYER, "self_attn.v_proj.weight", D_KV, D_C, NORMAL, ZT__TT_NO_ROLE, ROWS, .packed = true),
+    R(LAYER, "self_attn.o_proj.weight", D_C, D_C, NORMAL, ZT__DEC_O_W, .split = ZT_TP_COLS),
+    R(LAYER, "post_attention_layernorm.weight", D_C, 0, ONE, ZT__DEC_LN2_W),
+    R(LAYER, "mlp.gate_proj.weight", D_F, D_C, NORMAL, ZT__DEC_UP_W, ROWS),
+    R(LAYER, "mlp.up_proj.weight", D_F, D_C, NORMAL, ZT__TT_NO_ROLE, ROWS, .packed = true),
+    R(LAYER, "mlp.down_proj.weight", D_C, D_F, NORMAL, ZT__DEC_DOWN_W, .split = ZT_TP_COLS),
+    R(LAYER, "self_attn.q_proj.bias", D_C, 0, ZERO, ZT__DEC_QKV_B, ROWS, .when = QKV_BIAS),
+    R(LAYER, "self_attn.k_proj.bias", D_KV, 0, ZERO, ZT__TT_NO_ROLE, ROWS, .when = QKV_BIAS, .packed = true),
+    R(LAYER, "self_attn.v_proj.bias", D_KV, 0, ZERO, ZT__TT_NO_ROLE, ROWS, .when = QKV_BIAS, .packed = true),
+    R(FINAL, "norm.weight", D_C, 0, ONE, ZT__TT_NO_ROLE),
+    R(FINAL, LM_HEAD, D_V, D_C, NORMAL, ZT__TT_NO_ROLE, ROWS, .unless = TIED, .bare_in_hf = true),
+};
+#undef ROWS
+#undef R
+
+static void dims(const void *cv, zt__tt_dims *d)
 {
-    return 1 + cfg->num_hidden_layers * zt_llama_config_layer_tensors(cfg) + 1 + (cfg->tie_word_embeddings ? 0 : 1);
+    const zt_llama_config *c = cv;
+    const int64_t C = c->hidden_size, KV = (int64_t)c->num_key_value_heads * (C / c->num_attention_heads);
+    *d = (zt__tt_dims){.layers = c->num_hidden_layers, .std = c->initializer_range, .pad_row = c->pad_token_id,
+                       .flags = (c->tie_word_embeddings ? TIED : 0) | (c->qkv_bias ? QKV_BIAS : 0),
+                       .d = {[D_C] = C, [D_KV] = KV, [D_F] = c->intermediate_size, [D_V] = c->vocab_size}};
 }
 
-/* Fills tensors[count_tensors(cfg)] and blocks[L + 2]; returns the number of parameters. */
-static size_t build_layout(const zt_llama_config *cfg, zt_param_info *tensors, zt_block_info *blocks)
-{
-    const int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
-    const int64_t HS = C / cfg->num_attention_heads, KV = (int64_t)cfg->num_key_value_heads * HS;
-    size_t off = 0;
-    int i = 0;
-    char name[64];
-
-    blocks[0].offset = off;
-    zt__hm_add_tensor(&tensors[i++], 0, &off, "embed_tokens.weight", V, C, true);
-    blocks[0].numel = off - blocks[0].offset;
-
-    const struct {
-        const char *suffix;
-        int64_t out, in; /* in 0 for vectors */
-    } lt[ZT_LLAMA_T_COUNT_QKV_BIAS] = {
-        [LT_IN_NORM] = {"input_layernorm.weight", C, 0},
-        [LT_Q] = {"self_attn.q_proj.weight", C, C},
-        [LT_K] = {"self_attn.k_proj.weight", KV, C},
-        [LT_V] = {"self_attn.v_proj.weight", KV, C},
-        [LT_O] = {"self_attn.o_proj.weight", C, C},
-        [LT_POST_NORM] = {"post_attention_layernorm.weight", C, 0},
-        [LT_GATE] = {"mlp.gate_proj.weight", F, C},
-        [LT_UP] = {"mlp.up_proj.weight", F, C},
-        [LT_DOWN] = {"mlp.down_proj.weight", C, F},
-        [ZT_LLAMA_T_Q_BIAS] = {"self_attn.q_proj.bias", C, 0},
-        [ZT_LLAMA_T_K_BIAS] = {"self_attn.k_proj.bias", KV, 0},
-        [ZT_LLAMA_T_V_BIAS] = {"self_attn.v_proj.bias", KV, 0},
-    };
-    const int per_layer = zt_llama_config_layer_tensors(cfg);
-    for (int l = 0; l < cfg->num_hidden_layers; l++) {
-        blocks[1 + l].offset = off;
-        for (int k = 0; k < per_layer; k++) {
-            snprintf(name, sizeof name, "layers.%d.%s", l, lt[k].suffix);
-            zt__hm_add_tensor(&tensors[i++], 1 + l, &off, name, lt[k].out, lt[k].in, lt[k].in > 0);
-        }
-        blocks[1 + l].numel = off - blocks[1 + l].offset;
-    }
-
-    const int last = cfg->num_hidden_layers + 1;
-    blocks[last].offset = off;
-    zt__hm_add_tensor(&tensors[i++], last, &off, "norm.weight", C, 0, false);
-    if (!cfg->tie_word_embeddings)
-        zt__hm_add_tensor(&tensors[i++], last, &off, LM_HEAD, V, C, true);
-    blocks[last].numel = off - blocks[last].offset;
-    ZT_ASSERT(i == count_tensors(cfg));
-    return off;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* Creation                                                                                             */
-/* ---------------------------------------------------------------------------------------------------- */
-
-/* Initialises the parameters deterministically from seed (the scheme is described at the top of the file).
- * Tensors are filled in slab order from one generator. */
-static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
-{
-    const zt_llama_config *cfg = cv;
-    zt_rng r;
-    zt_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) {
-        const zt_param_info *t = &tensors[i];
-        float *x = params + t->offset;
-        if (t->ndim == 1 && strstr(t->name, "_proj.bias")) { /* Qwen2's q, k, v biases */
-            memset(x, 0, t->numel * sizeof *x);
-        } else if (t->ndim == 1) { /* RMSNorm weights */
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = 1.0f;
-        } else {
-            zt__host_fill_normal(&r, x, t->numel, cfg->initializer_range);
-        }
-    }
-    if (cfg->pad_token_id >= 0) /* nn.Embedding(padding_idx): that row starts at zero */
-        memset(params + (size_t)cfg->pad_token_id * (size_t)cfg->hidden_size, 0,
-               (size_t)cfg->hidden_size * sizeof(float));
-}
+/* "model." before every name but lm_head.weight (which never has it); with a tied head, a file's
+ * lm_head.weight must equal embed_tokens; the rotary buffers of older files ("rotary_emb.inv_freq") are
+ * skipped. */
+static const zt__tt_alias aliases[] = {{LM_HEAD, "embed_tokens.weight", ZT_HF_TIED, TIED, 0}};
+static const char *const buffers[] = {"rotary_emb.inv_freq", NULL};
+static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof rows[0]),
+                             .layer_prefix = "layers.%d.", .dims = dims, .hf_prefix = HF_PREFIX,
+                             .hf_aliases = aliases, .hf_naliases = 1, .hf_buffers = buffers, .hf_model = "a LLaMA",
+                             .tie_flag = TIED};
 
 /* LLaMA as the decoder program sees it: RMSNorms, SwiGLU, rotary embeddings, no biases but Qwen2's on q, k
  * and v, the head tied to embed_tokens or lm_head. */
-static void decoder_arch(const void *cv, const zt_param_info *tensors, int n, zt__dec_arch *a)
+static void decoder_arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
 {
-    (void)tensors;
     const zt_llama_config *c = cv;
-    const int HS = c->hidden_size / c->num_attention_heads, per_layer = zt_llama_config_layer_tensors(c);
+    const int HS = c->hidden_size / c->num_attention_heads;
     *a = (zt__dec_arch){.L = c->num_hidden_layers, .C = c->hidden_size, .NH = c->num_attention_heads,
                         .NKV = c->num_key_value_heads, .HS = HS, .F = c->intermediate_size, .V = c->vocab_size,
                         .norm = ZT__DEC_RMSNORM, .eps = c->rms_norm_eps, .mlp = ZT__DEC_MLP_SWIGLU, .rope = true,
-                        .rot = HS, .pad_token_id = c->pad_token_id, .layer0 = 1, .per_layer = per_layer,
-                        .head_tensor = c->tie_word_embeddings ? 0 : n - 1};
-    for (int k = 0; k < ZT__DEC_ROLES; k++)
-        a->role[k] = -1;
-    a->role[ZT__DEC_LN1_W] = LT_IN_NORM;
-    a->role[ZT__DEC_QKV_W] = LT_Q;
-    a->role[ZT__DEC_QKV_B] = c->qkv_bias ? LT_Q_BIAS : -1;
-    a->role[ZT__DEC_O_W] = LT_O;
-    a->role[ZT__DEC_LN2_W] = LT_POST_NORM;
-    a->role[ZT__DEC_UP_W] = LT_GATE;
-    a->role[ZT__DEC_DOWN_W] = LT_DOWN;
-    a->final_w = 1 + c->num_hidden_layers * per_layer;
-    a->final_b = -1;
-    /* k and v continue q (one packed weight, and one packed bias), up continues gate */
-    a->packed[LT_K] = a->packed[LT_V] = a->packed[LT_UP] = true;
-    if (c->qkv_bias)
-        a->packed[ZT_LLAMA_T_K_BIAS] = a->packed[ZT_LLAMA_T_V_BIAS] = true;
+                        .rot = HS, .pad_token_id = c->pad_token_id, .layer0 = 1, .final_b = -1,
+                        .final_w = zt__host_find_tensor(t, n, "norm.weight"),
+                        .head_tensor = c->tie_word_embeddings ? 0 : zt__host_find_tensor(t, n, LM_HEAD)};
+    a->per_layer = zt__tt_layer_roles(&table, c, a->role, ZT__DEC_ROLES, a->packed);
 }
 
 static void rope_inv_freq(const void *cv, float *inv_freq)
@@ -430,20 +368,9 @@ static void rope_inv_freq(const void *cv, float *inv_freq)
     ZT_ASSERT(zt_rope_inv_freq(inv_freq, c->hidden_size / c->num_attention_heads, &c->rope, NULL) == 0); /* valid */
 }
 
-static int count_tensors_v(const void *c)
-{
-    return count_tensors(c);
-}
-
-static size_t build_layout_v(const void *c, zt_param_info *tensors, zt_block_info *blocks)
-{
-    return build_layout(c, tensors, blocks);
-}
-
 extern const zt_family_def zt__family_llama;
-static const zt__hm_spec spec = {.def = &zt__family_llama, .config_size = sizeof(zt_llama_config),
-                                 .count_tensors = count_tensors_v, .build_layout = build_layout_v,
-                                 .arch = decoder_arch, .inv_freq = rope_inv_freq, .init = init_params};
+static const zt__hm_spec spec = {.def = &zt__family_llama, .config_size = sizeof(zt_llama_config), .table = &table,
+                                 .arch = decoder_arch, .inv_freq = rope_inv_freq};
 
 /* The typed API of llama.h over the host model. */
 ZT__HM_TYPED_API(zt_llama, zt_llama, zt_llama_config, spec, zt__family_llama)
@@ -452,59 +379,15 @@ ZT__HM_TYPED_API(zt_llama, zt_llama, zt_llama_config, spec, zt__family_llama)
  * model. */
 size_t zt_llama_config_num_params(const zt_llama_config *cfg)
 {
-    return zt__hm_config_num_params(&spec, cfg, cfg->num_hidden_layers);
+    return zt__tt_num_params(&table, cfg);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
 
-/* Whether name is a rotary-embedding buffer that older transformers versions saved
- * ("model.layers.N.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq"). */
-static bool is_rotary_buffer(const char *name)
-{
-    static const char suffix[] = "rotary_emb.inv_freq";
-    const size_t n = strlen(name), s = sizeof suffix - 1;
-    return n >= s && strcmp(name + n - s, suffix) == 0 && (n == s || name[n - s - 1] == '.');
-}
-
-/* "model." + the table's name, except lm_head.weight. */
-static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
-{
-    (void)m;
-    snprintf(out, cap, "%s%s", strcmp(t->name, LM_HEAD) == 0 ? "" : HF_PREFIX, t->name);
-}
-
-/* Names with or without the "model." prefix (lm_head.weight never has it); with a tied head, a file's
- * lm_head.weight must equal embed_tokens. */
-static enum zt_hf_kind hf_map(const void *mv, const char *name, int *idx)
-{
-    const zt_llama_config *cfg = zt__hm_config(mv);
-    if (is_rotary_buffer(name))
-        return ZT_HF_BUFFER;
-    if (strcmp(name, LM_HEAD) == 0 && cfg->tie_word_embeddings) {
-        *idx = 0;
-        return ZT_HF_TIED;
-    }
-    const bool prefixed = strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0;
-    if (prefixed)
-        name += strlen(HF_PREFIX);
-    *idx = prefixed && strcmp(name, LM_HEAD) == 0 ? -1
-                                                 : zt__host_find_tensor(zt__hm_tensor(mv, 0), zt__hm_num_tensors(mv), name);
-    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
-}
-
-static void hf_describe(const void *mv, char *out, size_t cap)
-{
-    const zt_llama_config *cfg = zt__hm_config(mv);
-    snprintf(out, cap, "a LLaMA with %d layers and %s head (tie_word_embeddings %s)", cfg->num_hidden_layers,
-             cfg->tie_word_embeddings ? "a tied" : "an untied", cfg->tie_word_embeddings ? "true" : "false");
-}
-
 const zt_hf_names zt__llama_hf_names = {
-    .export_name = hf_export_name,
-    .map = hf_map,
-    .describe = hf_describe,
+    ZT__TT_HF_NAMES
     .tied_fix = "tie_word_embeddings is true; set it to false to import an untied head",
     .head_optional = false,
 };

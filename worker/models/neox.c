@@ -12,13 +12,13 @@
 #include <string.h>
 
 #include "common/json.h"               /* strict reading of config.json, exact numbers in the one written */
-#include "common/rng.h"                /* deterministic initialisation */
 #include "kernels/rope.h"              /* zt_rope_inv_freq */
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_io.h"     /* how the table meets Hugging Face files */
 #include "worker/models/host_model.h"  /* the host model every decoder family shares */
-#include "worker/models/host_shared.h" /* generic config keys, the normal initialisation */
+#include "worker/models/host_shared.h" /* generic config keys */
+#include "worker/models/tensor_table.h" /* the tensors as data */
 
 #define NEOX_MAX 65536
 #define NEOX_MAX_BIG (1 << 24)
@@ -194,72 +194,57 @@ static void config_describe(const void *cv, char *buf, size_t cap)
 
 /* ---- the tensor table ---- */
 
-/* A layer's tensors in Hugging Face's order; the biases of query_key_value and dense only with
- * attention_bias. */
-enum { T_LN1_W, T_LN1_B, T_LN2_W, T_LN2_B, T_QKV_W, T_QKV_B, T_O_W, T_O_B, T_UP_W, T_UP_B, T_DOWN_W, T_DOWN_B, T_N };
-static const char *const layer_names[T_N] = {
-    "input_layernorm.weight", "input_layernorm.bias", "post_attention_layernorm.weight",
-    "post_attention_layernorm.bias", "attention.query_key_value.weight", "attention.query_key_value.bias",
-    "attention.dense.weight", "attention.dense.bias", "mlp.dense_h_to_4h.weight", "mlp.dense_h_to_4h.bias",
-    "mlp.dense_4h_to_h.weight", "mlp.dense_4h_to_h.bias"};
+enum { D_C = 1, D_3C, D_F, D_V };  /* dimension symbols */
+enum { TIED = 1u, BIAS = 2u };     /* flags: tie_word_embeddings, attention_bias */
 
-static bool has_tensor(const zt_neox_config *c, int k)
-{
-    return c->attention_bias || (k != T_QKV_B && k != T_O_B);
-}
+/* Hugging Face's order; the biases of query_key_value and dense only with attention_bias. */
+#define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
+static const zt__tt_row rows[] = {
+    R(EMBED, "embed_in.weight", D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .split = ZT_TP_ROWS),
+    R(LAYER, "input_layernorm.weight", D_C, 0, ONE, ZT__DEC_LN1_W),
+    R(LAYER, "input_layernorm.bias", D_C, 0, ZERO, ZT__DEC_LN1_B),
+    R(LAYER, "post_attention_layernorm.weight", D_C, 0, ONE, ZT__DEC_LN2_W),
+    R(LAYER, "post_attention_layernorm.bias", D_C, 0, ZERO, ZT__DEC_LN2_B),
+    R(LAYER, "attention.query_key_value.weight", D_3C, D_C, NORMAL, ZT__DEC_QKV_W, .split = ZT_TP_ROWS),
+    R(LAYER, "attention.query_key_value.bias", D_3C, 0, ZERO, ZT__DEC_QKV_B, .when = BIAS, .split = ZT_TP_ROWS),
+    R(LAYER, "attention.dense.weight", D_C, D_C, NORMAL, ZT__DEC_O_W, .split = ZT_TP_COLS),
+    R(LAYER, "attention.dense.bias", D_C, 0, ZERO, ZT__DEC_O_B, .when = BIAS),
+    R(LAYER, "mlp.dense_h_to_4h.weight", D_F, D_C, NORMAL, ZT__DEC_UP_W, .split = ZT_TP_ROWS),
+    R(LAYER, "mlp.dense_h_to_4h.bias", D_F, 0, ZERO, ZT__DEC_UP_B, .split = ZT_TP_ROWS),
+    R(LAYER, "mlp.dense_4h_to_h.weight", D_C, D_F, NORMAL, ZT__DEC_DOWN_W, .split = ZT_TP_COLS),
+    R(LAYER, "mlp.dense_4h_to_h.bias", D_C, 0, ZERO, ZT__DEC_DOWN_B),
+    R(FINAL, "final_layer_norm.weight", D_C, 0, ONE, ZT__TT_NO_ROLE),
+    R(FINAL, "final_layer_norm.bias", D_C, 0, ZERO, ZT__TT_NO_ROLE),
+    R(FINAL, HEAD, D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .unless = TIED, .bare_in_hf = true, .split = ZT_TP_ROWS),
+};
+#undef R
 
-static int per_layer(const zt_neox_config *c)
-{
-    return c->attention_bias ? T_N : T_N - 2;
-}
-
-static int count_tensors(const void *cv)
+static void dims(const void *cv, zt__tt_dims *d)
 {
     const zt_neox_config *c = cv;
-    return 1 + c->num_hidden_layers * per_layer(c) + 2 + (c->tie_word_embeddings ? 0 : 1);
+    *d = (zt__tt_dims){.layers = c->num_hidden_layers, .std = c->initializer_range, .pad_row = -1,
+                       .flags = (c->tie_word_embeddings ? TIED : 0) | (c->attention_bias ? BIAS : 0),
+                       .d = {[D_C] = c->hidden_size, [D_3C] = 3 * (int64_t)c->hidden_size,
+                             [D_F] = c->intermediate_size, [D_V] = c->vocab_size}};
 }
 
-static size_t build_layout(const void *cv, zt_param_info *t, zt_block_info *blocks)
-{
-    const zt_neox_config *c = cv;
-    const int64_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
-    const int64_t shape[T_N][2] = {{C, 0}, {C, 0}, {C, 0}, {C, 0}, {3 * C, C}, {3 * C, 0},
-                                   {C, C}, {C, 0}, {F, C}, {F, 0}, {C, F}, {C, 0}};
-    size_t off = 0;
-    int i = 0;
-    char name[64];
-    zt__hm_add_tensor(&t[i++], 0, &off, "embed_in.weight", V, C, true);
-    blocks[0] = (zt_block_info){0, off};
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        blocks[1 + l].offset = off;
-        for (int k = 0; k < T_N; k++)
-            if (has_tensor(c, k)) {
-                snprintf(name, sizeof name, "layers.%d.%s", l, layer_names[k]);
-                zt__hm_add_tensor(&t[i++], 1 + l, &off, name, shape[k][0], shape[k][1], shape[k][1] > 0);
-            }
-        blocks[1 + l].numel = off - blocks[1 + l].offset;
-    }
-    const int last = c->num_hidden_layers + 1;
-    blocks[last].offset = off;
-    zt__hm_add_tensor(&t[i++], last, &off, "final_layer_norm.weight", C, 0, false);
-    zt__hm_add_tensor(&t[i++], last, &off, "final_layer_norm.bias", C, 0, false);
-    if (!c->tie_word_embeddings)
-        zt__hm_add_tensor(&t[i++], last, &off, HEAD, V, C, true);
-    blocks[last].numel = off - blocks[last].offset;
-    return off;
-}
+/* "gpt_neox." before every name but the head's, which files also call lm_head.weight (transformers 5); the
+ * attention's mask and rotary buffers that older files carry are skipped. */
+static const zt__tt_alias aliases[] = {{"embed_out.weight", "embed_in.weight", ZT_HF_TIED, TIED, 0},
+                                       {"lm_head.weight", "embed_in.weight", ZT_HF_TIED, TIED, 0},
+                                       {"lm_head.weight", HEAD, ZT_HF_PARAM, 0, TIED}};
+static const char *const buffers[] = {"rotary_emb.inv_freq", "attention.bias", "attention.masked_bias", NULL};
+static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof rows[0]), .layer_prefix = "layers.%d.",
+                             .dims = dims, .hf_prefix = HF_PREFIX, .hf_aliases = aliases, .hf_naliases = 3,
+                             .hf_buffers = buffers, .hf_model = "a GPT-NeoX", .tie_flag = TIED};
 
 static void config_shape(const void *cv, zt_family_shape *s)
 {
     const zt_neox_config *c = cv;
-    const size_t C = (size_t)c->hidden_size, V = (size_t)c->vocab_size, F = (size_t)c->intermediate_size;
-    const size_t layer = 4 * C + 3 * C * C + C * C + 2 * F * C + F + C + (c->attention_bias ? 4 * C : 0);
     *s = (zt_family_shape){.layers = c->num_hidden_layers, .positions = c->max_position_embeddings,
                            .vocab = c->vocab_size, .width = c->hidden_size, .heads = c->num_attention_heads,
-                           .num_params = V * C * (c->tie_word_embeddings ? 1 : 2) + (size_t)c->num_hidden_layers * layer
-                                         + 2 * C,
-                           .task = ZT_TASK_CAUSAL_LM, .pad_token_id = -1, .n_eos = c->eos_token_id >= 0,
-                           .eos_ids = {c->eos_token_id}};
+                           .num_params = zt__tt_num_params(&table, c), .task = ZT_TASK_CAUSAL_LM,
+                           .pad_token_id = -1, .n_eos = c->eos_token_id >= 0, .eos_ids = {c->eos_token_id}};
 }
 
 static void arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
@@ -272,18 +257,10 @@ static void arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
                         .mlp = c->hidden_act == ZT_NEOX_ACT_GELU ? ZT__DEC_MLP_GELU_ERF : ZT__DEC_MLP_GELU_TANH,
                         .rope = true, .rot = zt_neox_config_rotary_ndims(c),
                         .parallel_residual = c->use_parallel_residual, .pad_token_id = -1, .layer0 = 1,
-                        .per_layer = per_layer(c), .final_w = n - (c->tie_word_embeddings ? 2 : 3),
-                        .final_b = n - (c->tie_word_embeddings ? 1 : 2),
-                        .head_tensor = c->tie_word_embeddings ? 0 : n - 1};
-    (void)t;
-    static const int roles[T_N] = {ZT__DEC_LN1_W, ZT__DEC_LN1_B, ZT__DEC_LN2_W, ZT__DEC_LN2_B,
-                                   ZT__DEC_QKV_W, ZT__DEC_QKV_B, ZT__DEC_O_W,   ZT__DEC_O_B,
-                                   ZT__DEC_UP_W,  ZT__DEC_UP_B,  ZT__DEC_DOWN_W, ZT__DEC_DOWN_B};
-    for (int k = 0; k < ZT__DEC_ROLES; k++)
-        a->role[k] = -1;
-    for (int k = 0, j = 0; k < T_N; k++)
-        if (has_tensor(c, k))
-            a->role[roles[k]] = j++;
+                        .final_w = zt__host_find_tensor(t, n, "final_layer_norm.weight"),
+                        .final_b = zt__host_find_tensor(t, n, "final_layer_norm.bias"),
+                        .head_tensor = c->tie_word_embeddings ? 0 : zt__host_find_tensor(t, n, HEAD)};
+    a->per_layer = zt__tt_layer_roles(&table, c, a->role, ZT__DEC_ROLES, a->packed);
 }
 
 static void inv_freq(const void *cv, float *f)
@@ -293,25 +270,8 @@ static void inv_freq(const void *cv, float *f)
     ZT_ASSERT(zt_rope_inv_freq(f, zt_neox_config_rotary_ndims(c), &rope, NULL) == 0); /* validated */
 }
 
-static void init(const void *cv, const zt_param_info *t, int n, float *params, uint64_t seed)
-{
-    const zt_neox_config *c = cv;
-    zt_rng r;
-    zt_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) {
-        float *x = params + t[i].offset;
-        const bool ln_weight = t[i].ndim == 1 && strstr(t[i].name, "norm.weight");
-        if (t[i].ndim == 2)
-            zt__host_fill_normal(&r, x, t[i].numel, c->initializer_range);
-        else
-            for (size_t j = 0; j < t[i].numel; j++)
-                x[j] = ln_weight ? 1.0f : 0.0f;
-    }
-}
-
-static const zt__hm_spec spec = {.def = &zt__family_neox, .config_size = sizeof(zt_neox_config),
-                                 .count_tensors = count_tensors, .build_layout = build_layout, .arch = arch,
-                                 .inv_freq = inv_freq, .init = init};
+static const zt__hm_spec spec = {.def = &zt__family_neox, .config_size = sizeof(zt_neox_config), .table = &table,
+                                 .arch = arch, .inv_freq = inv_freq};
 
 static int create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {
@@ -324,46 +284,6 @@ static int create_layout(void **out, const void *c, zt_err *err)
 }
 
 /* ---- Hugging Face files ---- */
-
-static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
-{
-    (void)m;
-    snprintf(out, cap, "%s%s", strcmp(t->name, HEAD) == 0 ? "" : HF_PREFIX, t->name);
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    const size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-/* "gpt_neox." names (or without the prefix); the head as embed_out.weight or transformers 5's lm_head.weight;
- * the attention's mask and rotary buffers that older files carry are skipped. */
-static enum zt_hf_kind hf_map(const void *m, const char *name, int *idx)
-{
-    const zt_neox_config *c = zt__hm_config(m);
-    if (ends_with(name, "rotary_emb.inv_freq") || ends_with(name, "attention.bias") ||
-        ends_with(name, "attention.masked_bias"))
-        return ZT_HF_BUFFER;
-    const bool head = strcmp(name, HEAD) == 0 || strcmp(name, "lm_head.weight") == 0;
-    if (head && c->tie_word_embeddings) {
-        *idx = 0;
-        return ZT_HF_TIED;
-    }
-    if (head)
-        name = HEAD;
-    else if (strncmp(name, HF_PREFIX, strlen(HF_PREFIX)) == 0)
-        name += strlen(HF_PREFIX);
-    *idx = zt__host_find_tensor(zt__hm_tensor(m, 0), zt__hm_num_tensors(m), name);
-    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
-}
-
-static void hf_describe(const void *m, char *out, size_t cap)
-{
-    const zt_neox_config *c = zt__hm_config(m);
-    snprintf(out, cap, "a GPT-NeoX with %d layers and %s head (tie_word_embeddings %s)", c->num_hidden_layers,
-             c->tie_word_embeddings ? "a tied" : "an untied", c->tie_word_embeddings ? "true" : "false");
-}
 
 /* query_key_value's rows: ours are part p (q, k, v) of head h at row p*C + h*HS + i, Hugging Face's at
  * (3h + p)*HS + i. */
@@ -385,9 +305,7 @@ static bool hf_reorder(const void *m, int idx, const float *src, float *dst, boo
 }
 
 static const zt_hf_names hf_names = {
-    .export_name = hf_export_name,
-    .map = hf_map,
-    .describe = hf_describe,
+    ZT__TT_HF_NAMES
     .tied_fix = "tie_word_embeddings is true; set it to false to import an untied head",
     .reorder = hf_reorder,
 };

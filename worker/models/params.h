@@ -8,6 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The dimension along which tensor parallelism splits a tensor: none (every rank holds it whole), its rows
+ * (a column-parallel linear layer's output features, a vocabulary's rows) or its columns (a row-parallel
+ * layer's input features). */
+enum zt_tp_split { ZT_TP_REPLICATED = 0, ZT_TP_ROWS, ZT_TP_COLS };
+
 /* One named parameter tensor. */
 typedef struct zt_param_info {
     char name[96];      /* e.g. "h.3.attn.c_attn.weight" (T5's longest names take 69 bytes) */
@@ -18,6 +23,7 @@ typedef struct zt_param_info {
     int block;          /* index of the block that owns it */
     bool weight_decay;  /* false for biases and normalisation weights (layer norm, RMSNorm), true for the rest */
     bool transposed_in_hf; /* stored transposed in HF files (GPT-2's Conv1D weights) */
+    unsigned char tp_split; /* enum zt_tp_split */
 } zt_param_info;
 
 typedef struct zt_block_info {
