@@ -3,6 +3,8 @@
 #include "worker/models/host_config.h"
 
 #include <math.h>
+#include <stdalign.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,6 +276,36 @@ int zt__cfg_save(cJSON *o, const char *path, zt_err *err)
     int rc = zt_write_file_atomic_parts(path, parts, 2, err);
     cJSON_free(text);
     return rc;
+}
+
+int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
+    ZT_ASSERT(io->size <= ZT__CFG_MAX_BYTES);
+    alignas(max_align_t) unsigned char c[ZT__CFG_MAX_BYTES];
+    memcpy(c, cfg, io->size);
+    zt_json_reader r;
+    int rc, type;
+    if ((rc = zt__cfg_begin(&r, obj, where, io->model_types, &type, err)) < 0 ||
+        (rc = zt__cfg_read(&r, obj, io->keys, io->nkeys, c, err)) < 0 ||
+        (io->read_extra && (rc = io->read_extra(&r, obj, c, err)) < 0) ||
+        (rc = zt__cfg_finish(&r, obj, io->heads, err)) < 0 || (rc = io->validate(c, where, err)) < 0)
+        return rc;
+    memcpy(cfg, c, io->size);
+    return 0;
+}
+
+int zt__cfg_io_save(const zt__cfg_io *io, const void *cfg, const char *path, zt_err *err)
+{
+    int rc = io->validate(cfg, path, err);
+    if (rc < 0)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    zt__cfg_write(io->keys, io->nkeys, cfg, o);
+    if (io->write_extra)
+        io->write_extra(cfg, o);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString(io->heads[0]));
+    cJSON_AddStringToObject(o, "model_type", io->model_types[0]);
+    return zt__cfg_save(o, path, err);
 }
 
 int zt__cfg_load(void *cfg, const char *path, int (*from_json)(void *, const cJSON *, const char *, zt_err *),

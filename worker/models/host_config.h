@@ -110,6 +110,26 @@ bool zt__cfg_labels_ok(const char *names, size_t cap, int n);
 const char *zt__cfg_label(const char *names, int i, char *buf, size_t cap);
 void zt__cfg_write_labels(cJSON *o, const char *names, int n);
 
+/* A family's config.json as a whole: its model types and heads (the first of each is what a written config
+ * names), its key table, the rules that tie keys together (validate, with the source for messages), and
+ * optionally what it reads and writes beyond the table (after the table's keys; NULL: nothing). */
+typedef struct zt__cfg_io {
+    const char *const *model_types, *const *heads; /* NULL-terminated */
+    const zt__cfg_key *keys;
+    int nkeys;
+    size_t size; /* of the config struct (at most ZT__CFG_MAX_BYTES) */
+    int (*validate)(const void *cfg, const char *where, zt_err *err);
+    int (*read_extra)(zt_json_reader *r, const cJSON *obj, void *cfg, zt_err *err);
+    void (*write_extra)(const void *cfg, cJSON *o);
+} zt__cfg_io;
+#define ZT__CFG_MAX_BYTES 4096
+/* Fills cfg (a config struct of io's family) from obj: begin, the table's keys, read_extra, finish (any
+ * other key refused by name), validate; cfg is unchanged on an error. Returns 0 or ZT_EINVAL_CONFIG. */
+int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const char *where, zt_err *err);
+/* Validates cfg and writes it to path as transformers writes it: the table's keys, write_extra's,
+ * "architectures" [heads[0]] and "model_type" model_types[0]. Returns 0 or a negative code with a message. */
+int zt__cfg_io_save(const zt__cfg_io *io, const void *cfg, const char *path, zt_err *err);
+
 /* Reads a whole config.json file and hands its object to from_json (cfg, obj, path, err). */
 int zt__cfg_load(void *cfg, const char *path, int (*from_json)(void *, const cJSON *, const char *, zt_err *),
                  zt_err *err);

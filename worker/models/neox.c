@@ -68,8 +68,9 @@ static const zt__cfg_key keys[] = {
 #undef S
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
-static int validate_where(const zt_neox_config *c, const char *where, zt_err *err)
+static int validate_where(const void *cv, const char *where, zt_err *err)
 {
+    const zt_neox_config *c = cv;
     int rc = zt__cfg_check(keys, NKEYS, c, where, err);
     if (rc < 0)
         return rc;
@@ -101,8 +102,9 @@ static int config_validate(const void *c, zt_err *err)
 
 /* rope_scaling (null only) and transformers 5's rope_parameters {rope_type "default", rope_theta,
  * partial_rotary_factor}, which must agree with rotary_emb_base and rotary_pct where both are given. */
-static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, zt_err *err)
+static int read_rotary(zt_json_reader *r, const cJSON *obj, void *cv, zt_err *err)
 {
+    zt_neox_config *c = cv;
     const bool have_pct = cJSON_GetObjectItemCaseSensitive(obj, "rotary_pct") != NULL;
     const bool have_base = cJSON_GetObjectItemCaseSensitive(obj, "rotary_emb_base") != NULL;
     const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(obj, "rope_scaling");
@@ -146,32 +148,19 @@ static int read_rotary(zt_json_reader *r, const cJSON *obj, zt_neox_config *c, z
     return 0;
 }
 
-static int config_from_json(void *cv, const cJSON *obj, const char *where, zt_err *err)
+static const char *const model_types[] = {"gpt_neox", NULL}, *const heads[] = {"GPTNeoXForCausalLM", NULL};
+/* Written in the form transformers 4.x writes (rotary_pct, rotary_emb_base), which 5.x reads too. */
+static const zt__cfg_io io = {.model_types = model_types, .heads = heads, .keys = keys, .nkeys = NKEYS,
+                              .size = sizeof(zt_neox_config), .validate = validate_where, .read_extra = read_rotary};
+
+static int config_from_json(void *c, const cJSON *obj, const char *where, zt_err *err)
 {
-    static const char *const types[] = {"gpt_neox", NULL}, *const heads[] = {"GPTNeoXForCausalLM", NULL};
-    zt_neox_config c = *(zt_neox_config *)cv;
-    zt_json_reader r;
-    int rc, type;
-    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0 ||
-        (rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0 || (rc = read_rotary(&r, obj, &c, err)) < 0 ||
-        (rc = zt__cfg_finish(&r, obj, heads, err)) < 0 || (rc = validate_where(&c, where, err)) < 0)
-        return rc;
-    *(zt_neox_config *)cv = c;
-    return 0;
+    return zt__cfg_io_read(&io, c, obj, where, err);
 }
 
-/* GPTNeoXConfig's config.json in the form transformers 4.x writes (rotary_pct, rotary_emb_base), which 5.x
- * reads too; keys sorted. */
-static int config_save(const void *cv, const char *path, zt_err *err)
+static int config_save(const void *c, const char *path, zt_err *err)
 {
-    int rc = validate_where(cv, path, err);
-    if (rc < 0)
-        return rc;
-    cJSON *o = cJSON_CreateObject();
-    zt__cfg_write(keys, NKEYS, cv, o);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString("GPTNeoXForCausalLM"));
-    cJSON_AddStringToObject(o, "model_type", "gpt_neox");
-    return zt__cfg_save(o, path, err);
+    return zt__cfg_io_save(&io, c, path, err);
 }
 
 #define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind, false}
@@ -197,16 +186,20 @@ static void config_describe(const void *cv, char *buf, size_t cap)
 enum { D_C = 1, D_3C, D_F, D_V };  /* dimension symbols */
 enum { TIED = 1u, BIAS = 2u };     /* flags: tie_word_embeddings, attention_bias */
 
-/* Hugging Face's order; the biases of query_key_value and dense only with attention_bias. */
+/* Hugging Face's order; the biases of query_key_value and dense only with attention_bias; query_key_value's
+ * rows interleave the heads in the files (head h's q, k and v rows follow each other) while the table holds
+ * all q | all k | all v as the attention kernels read them: import and export convert. */
 #define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
+#define PER_HEAD .hf_per_head = true
 static const zt__tt_row rows[] = {
     R(EMBED, "embed_in.weight", D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .split = ZT_TP_ROWS),
     R(LAYER, "input_layernorm.weight", D_C, 0, ONE, ZT__DEC_LN1_W),
     R(LAYER, "input_layernorm.bias", D_C, 0, ZERO, ZT__DEC_LN1_B),
     R(LAYER, "post_attention_layernorm.weight", D_C, 0, ONE, ZT__DEC_LN2_W),
     R(LAYER, "post_attention_layernorm.bias", D_C, 0, ZERO, ZT__DEC_LN2_B),
-    R(LAYER, "attention.query_key_value.weight", D_3C, D_C, NORMAL, ZT__DEC_QKV_W, .split = ZT_TP_ROWS),
-    R(LAYER, "attention.query_key_value.bias", D_3C, 0, ZERO, ZT__DEC_QKV_B, .when = BIAS, .split = ZT_TP_ROWS),
+    R(LAYER, "attention.query_key_value.weight", D_3C, D_C, NORMAL, ZT__DEC_QKV_W, PER_HEAD, .split = ZT_TP_ROWS),
+    R(LAYER, "attention.query_key_value.bias", D_3C, 0, ZERO, ZT__DEC_QKV_B, PER_HEAD, .when = BIAS,
+      .split = ZT_TP_ROWS),
     R(LAYER, "attention.dense.weight", D_C, D_C, NORMAL, ZT__DEC_O_W, .split = ZT_TP_COLS),
     R(LAYER, "attention.dense.bias", D_C, 0, ZERO, ZT__DEC_O_B, .when = BIAS),
     R(LAYER, "mlp.dense_h_to_4h.weight", D_F, D_C, NORMAL, ZT__DEC_UP_W, .split = ZT_TP_ROWS),
@@ -217,12 +210,13 @@ static const zt__tt_row rows[] = {
     R(FINAL, "final_layer_norm.bias", D_C, 0, ZERO, ZT__TT_NO_ROLE),
     R(FINAL, HEAD, D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .unless = TIED, .bare_in_hf = true, .split = ZT_TP_ROWS),
 };
+#undef PER_HEAD
 #undef R
 
 static void dims(const void *cv, zt__tt_dims *d)
 {
     const zt_neox_config *c = cv;
-    *d = (zt__tt_dims){.layers = c->num_hidden_layers, .std = c->initializer_range, .pad_row = -1,
+    *d = (zt__tt_dims){.layers = c->num_hidden_layers, .heads = c->num_attention_heads, .std = c->initializer_range, .pad_row = -1,
                        .flags = (c->tie_word_embeddings ? TIED : 0) | (c->attention_bias ? BIAS : 0),
                        .d = {[D_C] = c->hidden_size, [D_3C] = 3 * (int64_t)c->hidden_size,
                              [D_F] = c->intermediate_size, [D_V] = c->vocab_size}};
@@ -285,32 +279,11 @@ static int create_layout(void **out, const void *c, zt_err *err)
 
 /* ---- Hugging Face files ---- */
 
-/* query_key_value's rows: ours are part p (q, k, v) of head h at row p*C + h*HS + i, Hugging Face's at
- * (3h + p)*HS + i. */
-static bool hf_reorder(const void *m, int idx, const float *src, float *dst, bool to_hf)
-{
-    const zt__dec_arch *a = zt__hm_arch(m);
-    const int layer = idx - a->layer0, k = layer >= 0 ? layer % a->per_layer : -1;
-    if (layer < 0 || layer >= a->L * a->per_layer || (k != a->role[ZT__DEC_QKV_W] && k != a->role[ZT__DEC_QKV_B]))
-        return false;
-    const zt_param_info *t = zt__hm_tensor(m, idx);
-    const size_t cols = t->numel / (size_t)t->shape[0], HS = (size_t)a->HS, C = (size_t)a->C;
-    for (size_t p = 0; p < 3; p++)
-        for (size_t h = 0; h < (size_t)a->NH; h++)
-            for (size_t i = 0; i < HS; i++) {
-                const size_t ours = p * C + h * HS + i, hf = (3 * h + p) * HS + i;
-                memcpy(dst + (to_hf ? hf : ours) * cols, src + (to_hf ? ours : hf) * cols, cols * sizeof(float));
-            }
-    return true;
-}
-
 static const zt_hf_names hf_names = {
     ZT__TT_HF_NAMES
     .tied_fix = "tie_word_embeddings is true; set it to false to import an untied head",
-    .reorder = hf_reorder,
+    .reorder = zt__tt_hf_reorder, /* query_key_value's heads interleaved in the files */
 };
-
-static const char *const model_types[] = {"gpt_neox", NULL};
 
 const zt_family_def zt__family_neox = {
     .name = "gpt_neox",

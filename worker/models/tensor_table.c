@@ -240,6 +240,33 @@ enum zt_hf_kind zt__tt_hf_map(const void *m, const char *name, int *idx)
     return ZT_HF_UNKNOWN;
 }
 
+bool zt__tt_hf_reorder(const void *m, int idx, const float *src, float *dst, bool to_hf)
+{
+    const zt__tt *tt = zt__hm_table(m);
+    zt__tt_dims d;
+    dims_of(tt, zt__hm_config(m), &d);
+    int i = 0;
+    const zt__tt_row *row = NULL;
+    FOR_EACH_TENSOR(tt, d, r, l, {
+        (void)l;
+        if (i++ == idx)
+            row = r;
+    })
+    if (!row || !row->hf_per_head)
+        return false;
+    const zt_param_info *t = zt__hm_tensor(m, idx);
+    const size_t rows = (size_t)t->shape[0], cols = t->numel / rows, NH = (size_t)d.heads, C = rows / 3,
+                 HS = C / NH;
+    ZT_ASSERT(NH > 0 && rows == 3 * NH * HS);
+    for (size_t p = 0; p < 3; p++)
+        for (size_t h = 0; h < NH; h++)
+            for (size_t j = 0; j < HS; j++) {
+                const size_t ours = p * C + h * HS + j, hf = (3 * h + p) * HS + j;
+                memcpy(dst + (to_hf ? hf : ours) * cols, src + (to_hf ? ours : hf) * cols, cols * sizeof(float));
+            }
+    return true;
+}
+
 void zt__tt_hf_describe(const void *m, char *out, size_t cap)
 {
     const zt__tt *tt = zt__hm_table(m);

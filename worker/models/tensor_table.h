@@ -43,6 +43,8 @@ typedef struct zt__tt_row {
     bool body;             /* an embeddings or final row that follows the body prefix */
     bool transposed_in_hf; /* stored [in, out] in the files (GPT-2's Conv1D) */
     bool bare_in_hf;       /* without the Hugging Face prefix in the files */
+    bool hf_per_head;      /* a fused q | k | v row whose parts the files interleave per head (head h's q, k
+                              and v rows follow each other; GPT-NeoX's query_key_value) */
     uint8_t split;         /* enum zt_tp_split (params.h) */
 } zt__tt_row;
 
@@ -54,6 +56,7 @@ typedef struct zt__tt_row {
  * dimension), the normal initialisation's standard deviation, the padding row and the body prefix. */
 typedef struct zt__tt_dims {
     int layers;
+    int heads;          /* attention heads, for rows with hf_per_head */
     uint32_t flags;
     int64_t d[ZT__TT_MAX_DIMS];
     double std;
@@ -104,6 +107,9 @@ int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles,
 void zt__tt_hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap);
 enum zt_hf_kind zt__tt_hf_map(const void *m, const char *name, int *idx);
 void zt__tt_hf_describe(const void *m, char *out, size_t cap);
+/* A zt_hf_names reorder entry for a table with hf_per_head rows: their rows from ours, all q | all k | all v
+ * (part p of head h at row p*C + h*HS), to the files' (3h + p)*HS, or back. */
+bool zt__tt_hf_reorder(const void *m, int idx, const float *src, float *dst, bool to_hf);
 #define ZT__TT_HF_NAMES .export_name = zt__tt_hf_export_name, .map = zt__tt_hf_map, .describe = zt__tt_hf_describe,
 
 #endif
