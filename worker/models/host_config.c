@@ -186,6 +186,13 @@ int zt__cfg_check(const zt__cfg_key *keys, int n, const void *cfg, const char *w
                 return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be %s %g %s %g%s, got %g", where, k->key,
                                open ? "between" : "from", k->min, open ? "and" : "to", k->max,
                                open ? " (exclusive)" : "", v);
+        } else if (k->type == ZT__CFG_NAME) {
+            const int v = *FIELD(cfg, k, const int);
+            int count = 0;
+            while (k->names[count])
+                count++;
+            if (v < 0 || v >= count)
+                return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown %s %d", where, k->key, v);
         }
     }
     return 0;
@@ -471,6 +478,52 @@ void zt__cfg_write_rope(cJSON *o, const zt_rope_config *rope, bool null_scaling)
         cJSON_AddNumberToObject(s, "original_max_position_embeddings", rope->original_max_position_embeddings);
     }
     cJSON_AddStringToObject(s, "rope_type", llama3 ? "llama3" : "linear");
+}
+
+int zt__cfg_read_partial_rope(zt_json_reader *r, const cJSON *obj, const char *base_key, double *base,
+                              const char *pct_key, double *pct, const char *model, zt_err *err)
+{
+    const bool have_pct = cJSON_GetObjectItemCaseSensitive(obj, pct_key) != NULL;
+    const bool have_base = cJSON_GetObjectItemCaseSensitive(obj, base_key) != NULL;
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(obj, "rope_scaling");
+    if (scaling && !cJSON_IsNull(scaling))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_scaling is set, but %s computes unscaled rotary embeddings "
+                       "(set it to null)", r->where, model);
+    if (scaling)
+        zt_json_accept(r, "rope_scaling");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(obj, "rope_parameters");
+    if (p)
+        zt_json_accept(r, "rope_parameters");
+    if (!p || cJSON_IsNull(p))
+        return 0;
+    char w[320];
+    snprintf(w, sizeof w, "%s, rope_parameters", r->where);
+    if (!cJSON_IsObject(p))
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s must be an object or null", w);
+    zt_json_reader pr;
+    zt_json_reader_init(&pr, p, w);
+    char type[32] = "default";
+    double theta = NAN, factor = NAN;
+    int rc;
+    if ((rc = zt_json_get_string(&pr, "rope_type", type, sizeof type, err)) < 0 ||
+        (rc = zt_json_get_double(&pr, "rope_theta", 0.0, 1e300, &theta, err)) < 0 ||
+        (rc = zt_json_get_double(&pr, "partial_rotary_factor", 0.0, 1.0, &factor, err)) < 0 ||
+        (rc = zt_json_reader_finish(&pr, err)) < 0)
+        return rc;
+    if (strcmp(type, "default") != 0)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_type \"%s\" is not one %s computes (it computes "
+                       "\"default\")", w, type, model);
+    if (!isnan(theta) && have_base && theta != *base)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_theta (%g) and %s (%g) disagree (keep one)", w, theta,
+                       base_key, *base);
+    if (!isnan(factor) && have_pct && factor != *pct)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: partial_rotary_factor (%g) and %s (%g) disagree (keep one)", w,
+                       factor, pct_key, *pct);
+    if (!isnan(theta))
+        *base = theta;
+    if (!isnan(factor))
+        *pct = factor;
+    return 0;
 }
 
 /* ---- classification labels ---- */

@@ -98,6 +98,14 @@ int zt__cfg_read_rope(zt_json_reader *r, const cJSON *obj, struct zt_rope_config
                       zt_err *err);
 void zt__cfg_write_rope(cJSON *o, const struct zt_rope_config *rope, bool null_scaling);
 
+/* Rotary embeddings of partly rotated heads as such configs give them: the older keys (base_key, pct_key: the
+ * base and the fraction of a head rotated, read by the key table into *base and *pct) and transformers 5's
+ * rope_parameters {rope_type "default", rope_theta, partial_rotary_factor}, which must agree with them where
+ * both are given; rope_scaling only null (the embeddings are unscaled). model names what computes them in
+ * messages ("ztrain's GPT-NeoX"). Returns 0 or ZT_EINVAL_CONFIG. */
+int zt__cfg_read_partial_rope(zt_json_reader *r, const cJSON *obj, const char *base_key, double *base,
+                              const char *pct_key, double *pct, const char *model, zt_err *err);
+
 /* Classification labels as every transformers config gives them: num_labels, id2label ("0".."n-1" to names)
  * and label2id (its inverse). The names are kept NUL-separated in label order in names [cap], or "" when they
  * are transformers' defaults LABEL_0, LABEL_1, ... The reader fills *labels (1 .. max) and names from what

@@ -6,18 +6,12 @@
  * biases 0; tensors are filled in slab order from one generator. */
 #include "worker/models/neox.h"
 
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "common/json.h"               /* strict reading of config.json, exact numbers in the one written */
 #include "kernels/rope.h"              /* zt_rope_inv_freq */
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_config.h" /* the config.json mapping as a table */
-#include "worker/models/host_io.h"     /* how the table meets Hugging Face files */
 #include "worker/models/host_model.h"  /* the host model every decoder family shares */
-#include "worker/models/host_shared.h" /* generic config keys */
 #include "worker/models/tensor_table.h" /* the tensors as data */
 
 #define NEOX_MAX 65536
@@ -90,8 +84,6 @@ static int validate_where(const void *cv, const char *where, zt_err *err)
     if (!(c->rotary_emb_base > 0.0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rotary_emb_base (rope_theta) must be positive, got %g", where,
                        c->rotary_emb_base);
-    if ((unsigned)c->hidden_act > ZT_NEOX_ACT_GELU_FAST)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown hidden_act %d", where, (int)c->hidden_act);
     return 0;
 }
 
@@ -100,52 +92,12 @@ static int config_validate(const void *c, zt_err *err)
     return validate_where(c, "model config", err);
 }
 
-/* rope_scaling (null only) and transformers 5's rope_parameters {rope_type "default", rope_theta,
- * partial_rotary_factor}, which must agree with rotary_emb_base and rotary_pct where both are given. */
+/* Transformers 5's rope_parameters against Pythia's rotary_pct and rotary_emb_base; rope_scaling only null. */
 static int read_rotary(zt_json_reader *r, const cJSON *obj, void *cv, zt_err *err)
 {
     zt_neox_config *c = cv;
-    const bool have_pct = cJSON_GetObjectItemCaseSensitive(obj, "rotary_pct") != NULL;
-    const bool have_base = cJSON_GetObjectItemCaseSensitive(obj, "rotary_emb_base") != NULL;
-    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(obj, "rope_scaling");
-    if (scaling && !cJSON_IsNull(scaling))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_scaling is set, but ztrain's GPT-NeoX computes unscaled "
-                       "rotary embeddings (set it to null)", r->where);
-    if (scaling)
-        zt_json_accept(r, "rope_scaling");
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(obj, "rope_parameters");
-    if (p)
-        zt_json_accept(r, "rope_parameters");
-    if (!p || cJSON_IsNull(p))
-        return 0;
-    char w[320];
-    snprintf(w, sizeof w, "%s, rope_parameters", r->where);
-    if (!cJSON_IsObject(p))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s must be an object or null", w);
-    zt_json_reader pr;
-    zt_json_reader_init(&pr, p, w);
-    char type[32] = "default";
-    double theta = NAN, pct = NAN;
-    int rc;
-    if ((rc = zt_json_get_string(&pr, "rope_type", type, sizeof type, err)) < 0 ||
-        (rc = zt_json_get_double(&pr, "rope_theta", 0.0, 1e300, &theta, err)) < 0 ||
-        (rc = zt_json_get_double(&pr, "partial_rotary_factor", 0.0, 1.0, &pct, err)) < 0 ||
-        (rc = zt_json_reader_finish(&pr, err)) < 0)
-        return rc;
-    if (strcmp(type, "default") != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_type \"%s\" is not one ztrain's GPT-NeoX computes (it "
-                       "computes \"default\")", w, type);
-    if (!isnan(theta) && have_base && theta != c->rotary_emb_base)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rope_theta (%g) and rotary_emb_base (%g) disagree (keep one)", w,
-                       theta, c->rotary_emb_base);
-    if (!isnan(pct) && have_pct && pct != c->rotary_pct)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: partial_rotary_factor (%g) and rotary_pct (%g) disagree (keep one)", w, pct, c->rotary_pct);
-    if (!isnan(theta))
-        c->rotary_emb_base = theta;
-    if (!isnan(pct))
-        c->rotary_pct = pct;
-    return 0;
+    return zt__cfg_read_partial_rope(r, obj, "rotary_emb_base", &c->rotary_emb_base, "rotary_pct", &c->rotary_pct,
+                                     "ztrain's GPT-NeoX", err);
 }
 
 static const char *const model_types[] = {"gpt_neox", NULL}, *const heads[] = {"GPTNeoXForCausalLM", NULL};
