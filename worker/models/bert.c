@@ -380,12 +380,6 @@ static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof r
                              .hf_aliases = aliases, .hf_naliases = 4, .hf_buffers = buffers, .hf_renames = renames,
                              .hf_other_heads = other_heads};
 
-static int head_block(const void *cv)
-{
-    const zt_bert_config *c = cv;
-    return c->head == ZT_BERT_HEAD_MLM ? 0 : c->num_hidden_layers + 1;
-}
-
 /* RoBERTa's positions start after pad_token_id; B x T rows are counted in int with room to spare. */
 static int check_batch(const void *cv, int B, int T, zt_err *err)
 {
@@ -405,8 +399,9 @@ static int check_batch(const void *cv, int B, int T, zt_err *err)
 
 
 /* The encoder program's view of cfg (encoder.h): the roles of the tensor table's entries. */
-static void arch_of(const zt_bert_config *cfg, zt__enc_arch *a)
+static void arch_of(const void *cv, zt__enc_arch *a)
 {
+    const zt_bert_config *cfg = cv;
     const int L = cfg->num_hidden_layers;
     const bool mlm = cfg->head == ZT_BERT_HEAD_MLM;
     *a = (zt__enc_arch){
@@ -428,25 +423,6 @@ static void arch_of(const zt_bert_config *cfg, zt__enc_arch *a)
                                         h + ZT_BERT_H_CLS_B};
     memcpy(a->head_t, mlm ? mlm_t : cls_t, sizeof a->head_t);
 }
-
-/* The encoder's CPU runner as the passes of host model hm; a layout needs none. */
-static int run_create(void **out, const void *hm, bool acts, zt_err *err)
-{
-    *out = NULL;
-    if (!acts)
-        return 0;
-    zt__enc_arch a;
-    arch_of(zt__hm_config(hm), &a);
-    return zt__enc_cpu_create((zt__enc_cpu **)out, &a, zt__hm_tensor(hm, 0), zt__hm_block(hm, 0),
-                              zt__hm_max_batch(hm), zt__hm_max_seq(hm), err);
-}
-
-static const zt__hm_passes passes = {
-    .create = run_create, .destroy = zt__enc_cpu_destroy, .forward_begin = zt__enc_cpu_begin,
-    .forward_block = zt__enc_cpu_forward_block, .forward_head = zt__enc_cpu_forward_head,
-    .backward_head = zt__enc_cpu_backward_head, .backward_block = zt__enc_cpu_backward_block,
-    .discard_block = zt__enc_cpu_discard_block, .logits = zt__enc_cpu_logits};
-
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Hugging Face files and the family definition                                                         */
@@ -535,7 +511,7 @@ static const char *f_config_label(const void *c, int i, char *buf, size_t cap)
 }
 
 static const zt__hm_spec spec = {.def = &zt__family_bert, .config_size = sizeof(zt_bert_config), .table = &table,
-                                 .passes = &passes, .head_block = head_block, .check_batch = check_batch};
+                                 .enc_arch = arch_of, .check_batch = check_batch};
 
 /* The parameter count of cfg's shape, from its tensor table. */
 size_t zt_bert_config_num_params(const zt_bert_config *cfg)
@@ -562,37 +538,16 @@ static int f_create_layout(void **out, const void *c, zt_err *err)
 static void f_set_token_types(void *m, const int32_t *types) { zt_bert_set_token_types(m, types); }
 static void f_accuracy(const void *m, int *correct, int *counted) { zt_bert_accuracy(m, correct, counted); }
 #ifdef ZT_WITH_CUDA
-/* The host model as the encoder's CUDA executor reads it, with its architecture in a. */
-static zt__enc_model enc_model(const zt_bert *host, zt__enc_arch *a)
-{
-    arch_of(zt_bert_get_config(host), a);
-    return (zt__enc_model){.arch = a, .tensors = zt__hm_tensor(host, 0), .ntensors = zt__hm_num_tensors(host),
-                           .nblocks = zt__hm_num_blocks(host), .num_params = zt__hm_num_params(host)};
-}
-
 /* The encoder's CUDA executor over the host model's tables; see bert.h. */
 int zt_bert_cuda_create(zt_model **out, const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
                         const bool *ckpt_layers, zt_err *err)
 {
-    zt__enc_arch a;
-    const zt__enc_model em = enc_model(host, &a);
-    return zt__enc_cuda_create(out, &em, B, T, max_micro, dtype, ckpt_layers, err);
+    return zt__hm_cuda_create(out, host, B, T, max_micro, dtype, ckpt_layers, err);
 }
 zt_model *zt_bert_cuda_shape(const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
                              const bool *ckpt_layers)
 {
-    zt__enc_arch a;
-    const zt__enc_model em = enc_model(host, &a);
-    return zt__enc_cuda_shape(&em, B, T, max_micro, dtype, ckpt_layers);
-}
-static int f_cuda_create(zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                         const bool *ckpt_layers, zt_err *err)
-{
-    return zt_bert_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
-}
-static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype, const bool *ckpt)
-{
-    return zt_bert_cuda_shape(m, B, T, max_micro, dtype, ckpt);
+    return zt__hm_cuda_shape(host, B, T, max_micro, dtype, ckpt_layers);
 }
 #endif
 
@@ -612,12 +567,8 @@ const zt_family_def zt__family_bert = {
     .create = f_create,
     .create_layout = f_create_layout,
     .hf = &hf_names,
-    ZT__HM_HOST_ENTRIES
+    ZT__HM_FAMILY_ENTRIES
     .embedding_reads_weights = true,
     .set_token_types = f_set_token_types,
     .accuracy = f_accuracy,
-#ifdef ZT_WITH_CUDA
-    .cuda_create = f_cuda_create,
-    .cuda_shape = f_cuda_shape,
-#endif
 };

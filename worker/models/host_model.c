@@ -25,9 +25,26 @@ struct zt__hm {
     float *params, *grads;  /* [num_params] each; NULL for a layout */
     float *inv_freq;        /* [rot/2] with arch.rope */
     zt__dec_arch arch;
-    zt__dec_cpu *run;       /* NULL for a layout and for a family with its own passes */
-    void *state;            /* spec->passes' state */
+    zt__enc_arch earch;     /* with spec->enc_arch */
+    zt__dec_cpu *run;       /* the decoder's CPU runner; NULL for a layout and for the other programs */
+    const zt__hm_passes *passes; /* the encoder runner's or the family's own; NULL for the decoder */
+    void *state;            /* their state */
 };
+
+/* The encoder program's CPU runner as passes of the host model; a layout needs none. */
+static int enc_create(void **out, const void *mv, bool acts, zt_err *err)
+{
+    const zt__hm *m = mv;
+    *out = NULL;
+    return acts ? zt__enc_cpu_create((zt__enc_cpu **)out, &m->earch, m->tensors, m->blocks, m->max_B, m->max_T, err)
+                : 0;
+}
+
+static const zt__hm_passes enc_passes = {
+    .create = enc_create, .destroy = zt__enc_cpu_destroy, .forward_begin = zt__enc_cpu_begin,
+    .forward_block = zt__enc_cpu_forward_block, .forward_head = zt__enc_cpu_forward_head,
+    .backward_head = zt__enc_cpu_backward_head, .backward_block = zt__enc_cpu_backward_block,
+    .discard_block = zt__enc_cpu_discard_block, .logits = zt__enc_cpu_logits};
 
 /* The tables of cfg without slabs; NULL when out of memory. */
 static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T)
@@ -53,7 +70,14 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
     m->num_params = spec->table ? zt__tt_layout(spec->table, cfg, m->tensors, m->blocks)
                                 : spec->build_layout(cfg, m->tensors, m->blocks);
     ZT_ASSERT(m->num_params == shape.num_params);
+    if (spec->enc_arch) {
+        spec->enc_arch(cfg, &m->earch);
+        m->passes = &enc_passes;
+        m->head_block = m->earch.head_block;
+        return m;
+    }
     if (spec->passes) {
+        m->passes = spec->passes;
         m->head_block = spec->head_block(cfg);
         return m;
     }
@@ -78,7 +102,7 @@ int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg,
         return rc;
     if (!(*out = new_tables(spec, cfg, 1, 1)))
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
-    if (spec->passes && (rc = spec->passes->create(&(*out)->state, *out, false, err)) < 0) {
+    if ((*out)->passes && (rc = (*out)->passes->create(&(*out)->state, *out, false, err)) < 0) {
         zt__hm_destroy(*out);
         *out = NULL;
         return rc;
@@ -108,7 +132,7 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     if (!m)
         return zt_fail(err, ZT_ENOMEM, "out of memory creating the model's tables");
     const int64_t widest = m->arch.V > zt__dec_up_width(&m->arch) ? m->arch.V : zt__dec_up_width(&m->arch);
-    if (!spec->passes && ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50)) {
+    if (!m->passes && ((int64_t)B * T > INT_MAX || (int64_t)B * T * widest > (int64_t)1 << 50)) {
         zt__hm_destroy(m);
         return zt_fail(err, ZT_EINVAL_CONFIG, "batch size %d x sequence length %d is too large for this model", B, T);
     }
@@ -122,8 +146,8 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
                      2.0 * (double)param_bytes / (1 << 20));
         goto err;
     }
-    if (spec->passes)
-        rc = spec->passes->create(&m->state, m, true, err);
+    if (m->passes)
+        rc = m->passes->create(&m->state, m, true, err);
     else
         rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err);
     if (rc < 0)
@@ -148,8 +172,8 @@ void zt__hm_destroy(void *mv)
     if (!m)
         return;
     zt__dec_cpu_destroy(m->run);
-    if (m->spec->passes)
-        m->spec->passes->destroy(m->state);
+    if (m->passes)
+        m->passes->destroy(m->state);
     free(m->tensors);
     free(m->blocks);
     free(m->inv_freq);
@@ -195,7 +219,7 @@ void zt__hm_release_params(void *mv)
 }
 
 /* The per-block passes: the family's own, or the decoder program's CPU runner. */
-#define PASSES(m) (((const zt__hm *)(m))->spec->passes)
+#define PASSES(m) (((const zt__hm *)(m))->passes)
 void zt__hm_forward_begin(void *m, const int32_t *tok, int B, int T, const int32_t *pos)
 {
     if (PASSES(m))
@@ -273,16 +297,34 @@ static zt__dec_model dec_model(const zt__hm *m)
                            .inv_freq = m->inv_freq};
 }
 
-int zt__hm_cuda_create(struct zt_model **out, const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+static zt__enc_model enc_model(const zt__hm *m)
+{
+    return (zt__enc_model){.arch = &m->earch, .tensors = m->tensors, .ntensors = m->num_tensors,
+                           .nblocks = m->num_blocks, .num_params = m->num_params};
+}
+
+int zt__hm_cuda_create(struct zt_model **out, const void *mv, int B, int T, int max_micro, enum zt_dtype dtype,
                        const bool *ckpt_layers, zt_err *err)
 {
+    const zt__hm *m = mv;
+    ZT_ASSERT(!m->spec->passes); /* a family with its own passes has its own executor */
+    if (m->spec->enc_arch) {
+        const zt__enc_model e = enc_model(m);
+        return zt__enc_cuda_create(out, &e, B, T, max_micro, dtype, ckpt_layers, err);
+    }
     const zt__dec_model d = dec_model(m);
     return zt__dec_cuda_create(out, &d, B, T, max_micro, dtype, ckpt_layers, err);
 }
 
-struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, enum zt_dtype dtype,
+struct zt_model *zt__hm_cuda_shape(const void *mv, int B, int T, int max_micro, enum zt_dtype dtype,
                                    const bool *ckpt_layers)
 {
+    const zt__hm *m = mv;
+    ZT_ASSERT(!m->spec->passes);
+    if (m->spec->enc_arch) {
+        const zt__enc_model e = enc_model(m);
+        return zt__enc_cuda_shape(&e, B, T, max_micro, dtype, ckpt_layers);
+    }
     const zt__dec_model d = dec_model(m);
     return zt__dec_cuda_shape(&d, B, T, max_micro, dtype, ckpt_layers);
 }

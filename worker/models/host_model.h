@@ -6,9 +6,10 @@
  * is the example.
  *
  * Blocks are the decoder's: 0 = the embeddings, 1..L = the layers, L+1 = the final norm (and an untied head).
- * The host model borrows the spec (static data of the family) and copies the config. A family whose passes
- * are not the decoder program's gives its own (zt__hm_passes: BERT the encoder program's runner, encoder.h;
- * T5 its own) and keeps its state beside the tables. Internal to worker/models/. */
+ * The host model borrows the spec (static data of the family) and copies the config. It runs the decoder
+ * program (decoder.h, spec->arch) or the encoder program (encoder.h, spec->enc_arch: BERT, RoBERTa) on the CPU
+ * and on CUDA; a family whose passes are neither gives its own (zt__hm_passes: T5) and keeps its state beside
+ * the tables. Internal to worker/models/. */
 #ifndef ZT_WORKER_MODELS_HOST_MODEL_H
 #define ZT_WORKER_MODELS_HOST_MODEL_H
 
@@ -18,6 +19,7 @@
 
 #include "common/status.h"
 #include "worker/models/decoder.h"
+#include "worker/models/encoder.h"
 #include "worker/models/family.h"
 #include "worker/models/params.h"
 
@@ -58,10 +60,14 @@ typedef struct zt__hm_spec {
     void (*inv_freq)(const void *cfg, float *inv_freq);
     /* Fills params (the table's layout) as transformers initialises the model, from seed. */
     void (*init)(const void *cfg, const zt_param_info *tensors, int ntensors, float *params, uint64_t seed);
-    /* A family with its own passes: those (arch and inv_freq are then NULL), the block its head reads, and
-     * (NULL: the positions of config_shape) its check of a micro-batch of B x T with its own messages. */
+    /* Or the encoder program's view (encoder.h; arch and inv_freq are then NULL): its CPU runner and CUDA
+     * executor are the host model's, the head reading block a->head_block. */
+    void (*enc_arch)(const void *cfg, zt__enc_arch *a);
+    /* Or a family's own passes (arch, inv_freq and enc_arch NULL) and the block its head reads. */
     const zt__hm_passes *passes;
     int (*head_block)(const void *cfg);
+    /* NULL: a micro-batch's length is checked against the positions of config_shape; else this check of B x T,
+     * with the family's own messages. */
     int (*check_batch)(const void *cfg, int B, int T, zt_err *err);
 } zt__hm_spec;
 
@@ -75,7 +81,8 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
 int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err);
 void zt__hm_destroy(void *m); /* accepts NULL */
 
-/* The family's config inside m, its architecture (decoder families) and its passes' state (the others). */
+/* The family's config inside m, its architecture (decoder families) and its passes' state (the encoder
+ * runner's, or the family's own passes'). */
 const void *zt__hm_config(const void *m);
 const struct zt__tt *zt__hm_table(const void *m); /* the spec's table */
 const zt__dec_arch *zt__hm_arch(const void *m);
