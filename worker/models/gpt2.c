@@ -1,11 +1,6 @@
-/* GPT-2 on the CPU kernels: Hugging Face config.json reading and writing, the parameter layout in blocks,
- * deterministic initialisation, forward and backward passes, and safetensors export/import with Hugging
- * Face tensor names.
- *
- * The structure follows llm.c's train_gpt2.c: one parameter slab, one gradient slab of the same layout,
- * one activation slab carved at create time for the largest batch, and a forward pass that keeps exactly
- * what the backward pass reads. The backward pass allocates nothing: it works in scratch buffers that are
- * part of the activation slab and reused by every layer.
+/* GPT-2: its config.json mapping, tensor table and decoder architecture, on the shared host model
+ * (host_model.h: the slabs, the decoder program's CPU runner and CUDA executor, safetensors import and
+ * export from the table); see gpt2.h.
  *
  * Initialisation (the tensor table's rows): Hugging Face's GPT2PreTrainedModel scheme, i.e. normal(0, 0.02) for
  * wte, wpe and every linear weight, residual projections (attn.c_proj, mlp.c_proj) scaled by
@@ -13,18 +8,11 @@
 #include "worker/models/gpt2.h"
 
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/fileio.h"      /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"        /* strict reading of config.json */
-#include "common/log.h"         /* the initialisation of a large model is logged */
-#include "common/memory.h"      /* huge pages for the slabs */
-#include "common/rng.h"         /* deterministic initialisation */
-#include "common/safetensors.h" /* export and import, the files of a sharded checkpoint */
-#include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
 #include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
 #include "worker/models/decoder.h"     /* the layer program and its CPU runner */
 #include "worker/models/family.h"      /* the family definition */

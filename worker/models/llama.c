@@ -12,18 +12,11 @@
 #include "worker/models/llama.h"
 
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/fileio.h"       /* zt_read_file, zt_write_file_atomic */
 #include "common/json.h"         /* strict reading of config.json, exact numbers in the one written */
-#include "common/log.h"          /* the initialisation of a large model is logged */
-#include "common/memory.h"       /* huge pages for the slabs */
-#include "common/rng.h"          /* deterministic initialisation */
-#include "common/safetensors.h"  /* export and import, the files of a sharded checkpoint */
-#include "kernels/cpu_threads.h" /* the thread count in the initialisation's log line */
 #include "kernels/rope.h"                   /* rotary position embeddings */
 #include "worker/models/cpu_exec.h"         /* the engine's CPU executor */
 #include "worker/models/decoder.h"          /* the layer program and its CPU runner */
