@@ -5,7 +5,8 @@
 #   bench/families/compare_builds.sh OLD_ZTRAIN NEW_ZTRAIN [WORK_DIR]
 # Models: GPT-2, LLaMA (GQA, untied head), Qwen2 (q/k/v biases, tied head), Mistral (one key/value head,
 # llama3 rope scaling, two end ids), GPT-NeoX (partial rotary, parallel residual), BERT masked LM, RoBERTa
-# classification; each at 1, 2 and 3 CPU ranks (ztrain launch), with every layer checkpointed at 2 ranks.
+# classification, T5 v1.1 (gated-gelu, untied head, more decoder than encoder layers) and v1.0 (relu, tied)
+# on input/target pairs; each at 1, 2 and 3 CPU ranks (ztrain launch), with every layer checkpointed at 2 ranks.
 # The checkpoints' model_config.json files are compared too, key by key (what `ztrain export` writes).
 # Prints one line per run and exits 1 on any difference. MODELS="gpt2 neox" runs only those.
 set -euo pipefail
@@ -27,6 +28,14 @@ d = sys.argv[1]
 with open(f"{d}/train.jsonl") as f, open(f"{d}/texts.txt", "w") as out:
     for line in f:
         out.write(json.loads(line)["text"] + "\n")
+PY
+"$py" - "$work/t5.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(5)
+with open(sys.argv[1], "w") as f:
+    for _ in range(64):
+        w = "".join(r.choice("abcdefgh") for _ in range(r.randint(3, 9)))
+        f.write(json.dumps({"input": "reverse: " + w, "target": w[::-1]}) + "\n")
 PY
 "$new" tokenize --input "$work/cls/texts.txt" --tokenizer "$work/cls/tokenizer.json" --out-dir "$work/mlm" \
   --name t > /dev/null
@@ -66,8 +75,21 @@ cat > "$work/roberta.json" <<'J'
  "max_position_embeddings": 66, "pad_token_id": 0, "num_labels": 2}
 J
 
+cat > "$work/t5.json" <<'J'
+{"model_type": "t5", "vocab_size": 256, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2,
+ "num_decoder_layers": 3, "num_heads": 4, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 20,
+ "feed_forward_proj": "gated-gelu", "tie_word_embeddings": false, "initializer_factor": 0.5, "pad_token_id": 0,
+ "eos_token_id": 1, "decoder_start_token_id": 0}
+J
+cat > "$work/t5v10.json" <<'J'
+{"model_type": "t5", "vocab_size": 256, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 3,
+ "num_decoder_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8, "feed_forward_proj": "relu",
+ "tie_word_embeddings": true, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}
+J
+
 data_flags() {
   case $1 in
+    t5|t5v10) echo "--sft-data $work/t5.jsonl --sft-val-data $work/t5.jsonl --tokenizer examples/byte-tokenizer.json --target-len 16" ;;
     gpt2|llama|qwen2|mistral|neox) echo "--train-data $work/bytes/c_train_*.bin --val-data $work/bytes/c_val_*.bin" ;;
     bert) echo "--train-data $work/mlm/t_train_*.bin --val-data $work/mlm/t_val_*.bin --tokenizer $work/cls/tokenizer.json" ;;
     roberta) echo "--train-data $work/cls/train.jsonl --val-data $work/cls/train.jsonl --tokenizer $work/cls/tokenizer.json" ;;
@@ -96,7 +118,7 @@ sys.exit(0 if load(sys.argv[1]) == load(sys.argv[2]) else 1)' "$1" "$2"
 
 fail=0
 port=29611
-for model in ${MODELS:-gpt2 llama qwen2 mistral neox bert roberta}; do
+for model in ${MODELS:-gpt2 llama qwen2 mistral neox bert roberta t5 t5v10}; do
   for W in 1 2 3; do
     for ckpt in none all; do
       [ "$ckpt" = all ] && [ "$W" != 2 ] && continue
