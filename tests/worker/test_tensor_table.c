@@ -299,12 +299,49 @@ static void test_gpt2_names(void **state)
     def->destroy(m);
 }
 
+/* Two stacks (T5): blocks 1..Le the encoder's, Le+1..Le+Ld the decoder's; the bias table in each stack's
+ * first layer, the encoder's final norm in its last layer's block. */
+static void test_t5_names(void **state)
+{
+    (void)state;
+    const zt_family_def *def;
+    void *m = layout_of("{\"model_type\": \"t5\", \"vocab_size\": 40, \"d_model\": 16, \"d_kv\": 4, \"d_ff\": 24, "
+                        "\"num_layers\": 2, \"num_decoder_layers\": 3, \"num_heads\": 2, "
+                        "\"feed_forward_proj\": \"gated-gelu\", \"tie_word_embeddings\": false}", &def);
+    round_trip(def, m);
+    assert_int_equal(def->num_blocks(m), 2 + 3 + 2);
+    const int n = def->num_tensors(m);
+    int bias_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        const zt_param_info *t = def->tensor(m, i);
+        if (strstr(t->name, "relative_attention_bias")) {
+            assert_true(strstr(t->name, ".block.0.") != NULL);
+            bias_blocks |= 1 << t->block;
+        }
+        if (strcmp(t->name, "encoder.final_layer_norm.weight") == 0)
+            assert_int_equal(t->block, 2);
+        if (strncmp(t->name, "decoder.block.2.", 16) == 0)
+            assert_int_equal(t->block, 5);
+    }
+    assert_int_equal(bias_blocks, (1 << 1) | (1 << 3));
+    assert_string_equal(def->tensor(m, n - 1)->name, "lm_head.weight");
+    assert_int_equal(def->tensor(m, n - 1)->block, 6);
+    expect(def, m, "encoder.embed_tokens.weight", ZT_HF_TIED, "shared.weight");
+    expect(def, m, "lm_head.weight", ZT_HF_PARAM, "lm_head.weight");
+    expect(def, m, "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight", ZT_HF_BUFFER, NULL);
+    expect(def, m, "decoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight", ZT_HF_UNKNOWN, NULL);
+    expect(def, m, "decoder.block.2.layer.2.DenseReluDense.wi_1.weight", ZT_HF_PARAM,
+           "decoder.block.2.layer.2.DenseReluDense.wi_1.weight");
+    def->destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_and_count), cmocka_unit_test(test_residual_scale),
         cmocka_unit_test(test_llama_names),      cmocka_unit_test(test_neox_names),
         cmocka_unit_test(test_bert_names),       cmocka_unit_test(test_gpt2_names),
+        cmocka_unit_test(test_t5_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,7 @@
  * each block's buffer, so both backends run it unchanged; the CPU runner and the CUDA executor own the head
  * (logits and the classifier), the staging of tokens and where the buffers live.
  *
- * Initialisation (init_params): T5PreTrainedModel._init_weights with initializer_factor f: the shared
+ * Initialisation (the tensor table's rows): T5PreTrainedModel._init_weights with initializer_factor f: the shared
  * embedding and lm_head normal(0, f); q normal(0, f (d_model d_kv)^-0.5), k and v normal(0, f d_model^-0.5),
  * o normal(0, f (num_heads d_kv)^-0.5), the bias tables normal(0, f d_model^-0.5), wi (wi_0, wi_1)
  * normal(0, f d_model^-0.5), wo normal(0, f d_ff^-0.5), norms f. */
@@ -29,6 +29,7 @@
 #include "worker/models/host_model.h"
 #include "worker/models/host_shared.h"
 #include "worker/models/ops.h"
+#include "worker/models/tensor_table.h" /* the tensors as data */
 #ifdef ZT_WITH_CUDA
 #include "common/log.h"
 #include "kernels/cuda/cuda_common.h" /* ZT_CUDA_CHECK, the inf/NaN check */
@@ -276,137 +277,70 @@ typedef struct t5_model {
     struct t5_run *run;  /* activations (NULL for a layout) */
 } t5_model;
 
-static void add_tensor(zt_param_info *t, int *i, int block, size_t *off, const char *name, int64_t d0, int64_t d1,
-                       bool decay)
+enum { D_C = 1, D_I, D_F, D_V, D_NB, D_NH, D_CKV }; /* dimension symbols (D_I: num_heads x d_kv, D_CKV: d_model x d_kv) */
+enum { TIED = 1u, GATED = 2u };                       /* flags: tie_word_embeddings, the gated feed-forward */
+
+/* Hugging Face's names in slab order: the shared embedding; each encoder layer (self-attention, its bias table
+ * in layer 0, the feed-forward; the encoder's final norm in its last layer's block); each decoder layer (the
+ * same with cross-attention between); the decoder's final norm and an untied lm_head. Initialisation as
+ * T5PreTrainedModel's with initializer_factor f: the embeddings normal(0, f); q f (d_model d_kv)^-0.5; k, v,
+ * the bias tables and wi f d_model^-0.5; o f (num_heads d_kv)^-0.5; wo f d_ff^-0.5; the norms f. */
+#define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
+#define SELF(part)                                                                                             \
+    R(part, "layer.0.SelfAttention.q.weight", D_I, D_C, NORMAL, R_Q, .std_div = D_CKV),                        \
+    R(part, "layer.0.SelfAttention.k.weight", D_I, D_C, NORMAL, ZT__TT_NO_ROLE, .std_div = D_C, .packed = true), \
+    R(part, "layer.0.SelfAttention.v.weight", D_I, D_C, NORMAL, ZT__TT_NO_ROLE, .std_div = D_C, .packed = true), \
+    R(part, "layer.0.SelfAttention.o.weight", D_C, D_I, NORMAL, R_O, .std_div = D_I),                          \
+    R(part, "layer.0.SelfAttention.relative_attention_bias.weight", D_NB, D_NH, NORMAL, R_BIAS, .std_div = D_C, \
+      .at = ZT__TT_FIRST),                                                                                     \
+    R(part, "layer.0.layer_norm.weight", D_C, 0, FILL, R_LN1)
+#define FF(part, k)                                                                                            \
+    R(part, "layer." #k ".DenseReluDense.wi_0.weight", D_F, D_C, NORMAL, R_WI, .std_div = D_C, .when = GATED),  \
+    R(part, "layer." #k ".DenseReluDense.wi_1.weight", D_F, D_C, NORMAL, ZT__TT_NO_ROLE, .std_div = D_C,        \
+      .when = GATED, .packed = true),                                                                          \
+    R(part, "layer." #k ".DenseReluDense.wi.weight", D_F, D_C, NORMAL, R_WI, .std_div = D_C, .unless = GATED),  \
+    R(part, "layer." #k ".DenseReluDense.wo.weight", D_C, D_F, NORMAL, R_WO, .std_div = D_F),                  \
+    R(part, "layer." #k ".layer_norm.weight", D_C, 0, FILL, R_LN3)
+static const zt__tt_row rows[] = {
+    R(EMBED, "shared.weight", D_V, D_C, NORMAL, ZT__TT_NO_ROLE),
+    SELF(LAYER),
+    FF(LAYER, 1),
+    R(LAYER, "encoder.final_layer_norm.weight", D_C, 0, FILL, R_FINAL, .at = ZT__TT_LAST, .no_layer_prefix = true),
+    SELF(LAYER2),
+    R(LAYER2, "layer.1.EncDecAttention.q.weight", D_I, D_C, NORMAL, R_CQ, .std_div = D_CKV),
+    R(LAYER2, "layer.1.EncDecAttention.k.weight", D_I, D_C, NORMAL, R_CK, .std_div = D_C),
+    R(LAYER2, "layer.1.EncDecAttention.v.weight", D_I, D_C, NORMAL, ZT__TT_NO_ROLE, .std_div = D_C, .packed = true),
+    R(LAYER2, "layer.1.EncDecAttention.o.weight", D_C, D_I, NORMAL, R_CO, .std_div = D_I),
+    R(LAYER2, "layer.1.layer_norm.weight", D_C, 0, FILL, R_LN2),
+    FF(LAYER2, 2),
+    R(FINAL, "decoder.final_layer_norm.weight", D_C, 0, FILL, ZT__TT_NO_ROLE),
+    R(FINAL, "lm_head.weight", D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .unless = TIED),
+};
+#undef FF
+#undef SELF
+#undef R
+
+static void dims(const void *cv, zt__tt_dims *d)
 {
-    zt__hm_add_tensor(&t[*i], block, off, name, d0, d1, decay);
-    (*i)++;
+    const zt_t5_config *c = cv;
+    const int64_t C = c->d_model, I = (int64_t)c->num_heads * c->d_kv;
+    *d = (zt__tt_dims){.layers = c->num_layers, .layers2 = c->num_decoder_layers, .heads = c->num_heads,
+                       .std = c->initializer_factor, .pad_row = -1,
+                       .flags = (c->tie_word_embeddings ? TIED : 0) | (c->gated ? GATED : 0),
+                       .d = {[D_C] = C, [D_I] = I, [D_F] = c->d_ff, [D_V] = c->vocab_size, [D_NB] = c->num_buckets,
+                             [D_NH] = c->num_heads, [D_CKV] = C * c->d_kv}};
 }
 
-/* Builds the table into tensors and blocks (or, with tensors NULL, counts it), and with m->layers the layers'
- * roles; returns the number of tensors. */
-static int build_layout(t5_model *m, zt_param_info *tensors, zt_block_info *blocks)
-{
-    const zt_t5_config *c = &m->cfg;
-    const int64_t C = c->d_model, I = m->I, F = c->d_ff, V = c->vocab_size, NB = c->num_buckets, NH = c->num_heads;
-    const bool count = tensors == NULL;
-    size_t off = 0;
-    int i = 0;
-    char name[96];
-#define ADD(block, nm, d0, d1, decay)                                                                          \
-    do {                                                                                                       \
-        if (count) {                                                                                           \
-            i++;                                                                                               \
-        } else {                                                                                               \
-            add_tensor(tensors, &i, block, &off, nm, d0, d1, decay);                                           \
-        }                                                                                                      \
-    } while (0)
-    if (!count)
-        blocks[0].offset = 0;
-    ADD(0, "shared.weight", V, C, true);
-    if (!count)
-        blocks[0].numel = off;
-    for (int l = 0; l < m->L; l++) {
-        const bool dec = l >= m->Le;
-        const int k = dec ? l - m->Le : l, block = 1 + l;
-        const char *stack = dec ? "decoder" : "encoder";
-        t5_layer *ly = m->layers ? &m->layers[l] : NULL;
-        if (ly) {
-            ly->decoder = dec;
-            ly->first = dec ? m->Le : 0;
-            for (int r = 0; r < R_COUNT; r++)
-                ly->t[r] = -1;
-        }
-        if (!count)
-            blocks[block].offset = off;
-#define ROLE(r)                                                                                               \
-    do {                                                                                                      \
-        if (ly)                                                                                               \
-            ly->t[r] = i;                                                                                     \
-    } while (0)
-        ROLE(R_Q);
-        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.q.weight", stack, k);
-        ADD(block, name, I, C, true);
-        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.k.weight", stack, k);
-        ADD(block, name, I, C, true);
-        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.v.weight", stack, k);
-        ADD(block, name, I, C, true);
-        ROLE(R_O);
-        snprintf(name, sizeof name, "%s.block.%d.layer.0.SelfAttention.o.weight", stack, k);
-        ADD(block, name, C, I, true);
-        if (k == 0) {
-            ROLE(R_BIAS);
-            snprintf(name, sizeof name, "%s.block.0.layer.0.SelfAttention.relative_attention_bias.weight", stack);
-            ADD(block, name, NB, NH, true);
-        }
-        ROLE(R_LN1);
-        snprintf(name, sizeof name, "%s.block.%d.layer.0.layer_norm.weight", stack, k);
-        ADD(block, name, C, 0, false);
-        int ff = 1;
-        if (dec) {
-            ff = 2;
-            ROLE(R_CQ);
-            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.q.weight", k);
-            ADD(block, name, I, C, true);
-            ROLE(R_CK);
-            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.k.weight", k);
-            ADD(block, name, I, C, true);
-            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.v.weight", k);
-            ADD(block, name, I, C, true);
-            ROLE(R_CO);
-            snprintf(name, sizeof name, "decoder.block.%d.layer.1.EncDecAttention.o.weight", k);
-            ADD(block, name, C, I, true);
-            ROLE(R_LN2);
-            snprintf(name, sizeof name, "decoder.block.%d.layer.1.layer_norm.weight", k);
-            ADD(block, name, C, 0, false);
-        }
-        ROLE(R_WI);
-        if (c->gated) {
-            snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wi_0.weight", stack, k, ff);
-            ADD(block, name, F, C, true);
-            snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wi_1.weight", stack, k, ff);
-            ADD(block, name, F, C, true);
-        } else {
-            snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wi.weight", stack, k, ff);
-            ADD(block, name, F, C, true);
-        }
-        ROLE(R_WO);
-        snprintf(name, sizeof name, "%s.block.%d.layer.%d.DenseReluDense.wo.weight", stack, k, ff);
-        ADD(block, name, C, F, true);
-        ROLE(R_LN3);
-        snprintf(name, sizeof name, "%s.block.%d.layer.%d.layer_norm.weight", stack, k, ff);
-        ADD(block, name, C, 0, false);
-        if (!dec && k == m->Le - 1) {
-            ROLE(R_FINAL);
-            ADD(block, "encoder.final_layer_norm.weight", C, 0, false);
-        }
-        if (!count)
-            blocks[block].numel = off - blocks[block].offset;
-#undef ROLE
-    }
-    const int last = m->L + 1;
-    if (!count)
-        blocks[last].offset = off;
-    m->final_tensor = i;
-    ADD(last, "decoder.final_layer_norm.weight", C, 0, false);
-    if (!c->tie_word_embeddings)
-        ADD(last, "lm_head.weight", V, C, true);
-    if (!count) {
-        blocks[last].numel = off - blocks[last].offset;
-        m->num_params = off;
-    }
-#undef ADD
-    return i;
-}
-
-static size_t config_num_params(const zt_t5_config *c)
-{
-    const size_t C = (size_t)c->d_model, I = (size_t)c->num_heads * c->d_kv, F = (size_t)c->d_ff;
-    const size_t V = (size_t)c->vocab_size, NB = (size_t)c->num_buckets, NH = (size_t)c->num_heads;
-    const size_t attn = 4 * I * C + C, ff = (c->gated ? 3 : 2) * F * C + C;
-    return V * C + (size_t)c->num_layers * (attn + ff) + (size_t)c->num_decoder_layers * (2 * attn + ff) +
-           2 * NB * NH + C /* encoder.final_layer_norm */ + C + (c->tie_word_embeddings ? 0 : V * C);
-}
+/* The table's names are the files'; the stacks' embed_tokens and a tied lm_head are the shared embedding; the
+ * decoder's cross-attention bias table, which transformers ignores, is skipped. */
+static const zt__tt_alias aliases[] = {{"encoder.embed_tokens.weight", "shared.weight", ZT_HF_TIED, 0, 0},
+                                       {"decoder.embed_tokens.weight", "shared.weight", ZT_HF_TIED, 0, 0},
+                                       {"lm_head.weight", "shared.weight", ZT_HF_TIED, TIED, 0}};
+static const char *const buffers[] = {"decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+                                      NULL};
+static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof rows[0]),
+                             .layer_prefix = "encoder.block.%d.", .layer2_prefix = "decoder.block.%d.", .dims = dims,
+                             .hf_prefix = "", .hf_aliases = aliases, .hf_naliases = 3, .hf_buffers = buffers};
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* The layer program (op table) and its CPU runner                                                      */
@@ -968,22 +902,6 @@ static void shape_of(t5_model *m, const zt_t5_config *cfg)
                     .UP = cfg->gated ? 2 * cfg->d_ff : cfg->d_ff};
 }
 
-static int count_tensors(const void *cfg)
-{
-    t5_model m;
-    shape_of(&m, cfg);
-    return build_layout(&m, NULL, NULL);
-}
-
-static size_t table(const void *cfg, zt_param_info *tensors, zt_block_info *blocks)
-{
-    t5_model m;
-    shape_of(&m, cfg);
-    build_layout(&m, tensors, blocks);
-    ZT_ASSERT(m.num_params == config_num_params(cfg));
-    return m.num_params;
-}
-
 static int head_block(const void *cv)
 {
     const zt_t5_config *c = cv;
@@ -1006,8 +924,12 @@ static int t5_state_create(void **out, const void *hm, bool acts, zt_err *err)
     t5_model *m = zt_xcalloc(1, sizeof *m);
     shape_of(m, zt__hm_config(hm));
     m->layers = zt_xcalloc((size_t)m->L, sizeof *m->layers);
-    m->num_tensors = build_layout(m, NULL, NULL); /* the roles */
-    ZT_ASSERT(m->num_tensors == zt__hm_num_tensors(hm));
+    for (int l = 0; l < m->L; l++) { /* each layer's tensors by role */
+        m->layers[l].decoder = l >= m->Le;
+        m->layers[l].first = l >= m->Le ? m->Le : 0;
+        zt__tt_block_roles(&table, &m->cfg, 1 + l, m->layers[l].t, R_COUNT);
+    }
+    m->num_tensors = zt__hm_num_tensors(hm);
     m->num_params = zt__hm_num_params(hm);
     m->num_blocks = zt__hm_num_blocks(hm);
     m->tensors = zt__hm_tensor(hm, 0);
@@ -1016,6 +938,7 @@ static int t5_state_create(void **out, const void *hm, bool acts, zt_err *err)
     m->max_T = zt__hm_max_seq(hm);
     m->head_block = zt__hm_head_block(hm);
     m->head_tensor = m->cfg.tie_word_embeddings ? 0 : m->num_tensors - 1;
+    m->final_tensor = zt__host_find_tensor(m->tensors, m->num_tensors, "decoder.final_layer_norm.weight");
     if (acts) {
         m->run = zt_xcalloc(1, sizeof *m->run);
         m->run->acts = zt_xcalloc((size_t)m->L, sizeof *m->run->acts);
@@ -1026,36 +949,6 @@ static int t5_state_create(void **out, const void *hm, bool acts, zt_err *err)
     }
     *out = m;
     return 0;
-}
-
-static void init_params(const void *cv, const zt_param_info *tensors, int n, float *params, uint64_t seed)
-{
-    const zt_t5_config *c = cv;
-    const double f = c->initializer_factor, C = c->d_model;
-    zt_rng r;
-    zt_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) {
-        const zt_param_info *t = &tensors[i];
-        float *x = params + t->offset;
-        const char *nm = t->name;
-        double std;
-        if (t->ndim == 1) {
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = (float)f;
-            continue;
-        }
-        if (strcmp(nm, "shared.weight") == 0 || strcmp(nm, "lm_head.weight") == 0)
-            std = f;
-        else if (strstr(nm, ".q.weight"))
-            std = f / sqrt(C * c->d_kv);
-        else if (strstr(nm, ".o.weight"))
-            std = f / sqrt((double)c->num_heads * c->d_kv);
-        else if (strstr(nm, ".wo.weight"))
-            std = f / sqrt((double)c->d_ff);
-        else /* k, v, the bias tables, wi, wi_0, wi_1 */
-            std = f / sqrt(C);
-        zt__host_fill_normal(&r, x, t->numel, std);
-    }
 }
 
 static const float *t5_logits(const void *mv)
@@ -1094,28 +987,6 @@ const float *zt_t5_logits(const zt_t5 *m)
 /* Hugging Face names and the family definition                                                         */
 /* ---------------------------------------------------------------------------------------------------- */
 
-static void hf_export_name(const void *m, const zt_param_info *t, char *out, size_t cap)
-{
-    (void)m;
-    snprintf(out, cap, "%s", t->name);
-}
-
-/* The table's names; the stacks' embed_tokens and a tied lm_head are the shared embedding; the decoder's
- * cross-attention bias table, which transformers ignores, is skipped. */
-static enum zt_hf_kind hf_map(const void *m, const char *name, int *idx)
-{
-    const zt_t5_config *c = zt__hm_config(m);
-    if (strcmp(name, "encoder.embed_tokens.weight") == 0 || strcmp(name, "decoder.embed_tokens.weight") == 0 ||
-        (strcmp(name, "lm_head.weight") == 0 && c->tie_word_embeddings)) {
-        *idx = 0;
-        return ZT_HF_TIED;
-    }
-    if (strcmp(name, "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight") == 0)
-        return ZT_HF_BUFFER;
-    *idx = zt__host_find_tensor(zt__hm_tensor(m, 0), zt__hm_num_tensors(m), name);
-    return *idx < 0 ? ZT_HF_UNKNOWN : ZT_HF_PARAM;
-}
-
 static void hf_describe(const void *m, char *out, size_t cap)
 {
     const zt_t5_config *c = zt__hm_config(m);
@@ -1125,8 +996,8 @@ static void hf_describe(const void *m, char *out, size_t cap)
 }
 
 static const zt_hf_names hf_names = {
-    .export_name = hf_export_name,
-    .map = hf_map,
+    .export_name = zt__tt_hf_export_name,
+    .map = zt__tt_hf_map,
     .describe = hf_describe,
     .tied_fix = "tie_word_embeddings is true; set it to false to import an untied lm_head",
     .head_optional = false,
@@ -1169,7 +1040,7 @@ static void f_config_shape(const void *cv, zt_family_shape *s)
     const zt_t5_config *c = cv;
     *s = (zt_family_shape){.layers = c->num_layers + c->num_decoder_layers, .positions = c->n_positions,
                            .vocab = c->vocab_size, .width = c->d_model, .heads = c->num_heads,
-                           .num_params = config_num_params(c), .task = ZT_TASK_SEQ2SEQ,
+                           .num_params = zt__tt_num_params(&table, c), .task = ZT_TASK_SEQ2SEQ,
                            .pad_token_id = c->pad_token_id, .decoder_start_token_id = c->decoder_start_token_id,
                            .eos_token_id = c->eos_token_id, .n_eos = c->eos_token_id >= 0,
                            .eos_ids = {c->eos_token_id}};
@@ -1178,8 +1049,7 @@ static void f_config_shape(const void *cv, zt_family_shape *s)
 extern const zt_family_def zt__family_t5;
 
 static const zt__hm_spec spec = {.def = &zt__family_t5, .config_size = sizeof(zt_t5_config),
-                                 .count_tensors = count_tensors, .build_layout = table, .init = init_params,
-                                 .passes = &passes, .head_block = head_block, .check_batch = check_batch};
+                                 .table = &table, .passes = &passes, .head_block = head_block, .check_batch = check_batch};
 
 static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
 {

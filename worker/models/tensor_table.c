@@ -23,23 +23,42 @@ static void dims_of(const zt__tt *tt, const void *cfg, zt__tt_dims *d)
     ZT_ASSERT(d->d[0] == 0 && d->layers >= 0);
 }
 
-/* The table's name of row r (in layer l for a layer row) into out. */
+/* The layers of part p (1 for the embeddings and the final block). */
+static int part_layers(const zt__tt_dims *d, int p)
+{
+    return p == ZT__TT_LAYER ? d->layers : p == ZT__TT_LAYER2 ? d->layers2 : 1;
+}
+
+/* Whether row r is in layer l of its part. */
+static bool in_layer(const zt__tt_row *r, const zt__tt_dims *d, int l)
+{
+    return r->at == ZT__TT_EVERY || (r->at == ZT__TT_FIRST && l == 0) ||
+           (r->at == ZT__TT_LAST && l == part_layers(d, r->part) - 1);
+}
+
+static bool is_layer_row(const zt__tt_row *r)
+{
+    return r->part == ZT__TT_LAYER || r->part == ZT__TT_LAYER2;
+}
+
+/* The table's name of row r (in layer l of its stack for a layer row) into out. */
 static void row_name(const zt__tt *tt, const zt__tt_dims *d, const zt__tt_row *r, int l, char *out, size_t cap)
 {
-    const char *body = r->part == ZT__TT_LAYER || r->body ? (d->prefix ? d->prefix : "") : "";
+    const char *body = is_layer_row(r) || r->body ? (d->prefix ? d->prefix : "") : "";
     char layer[48] = "";
-    if (r->part == ZT__TT_LAYER)
-        snprintf(layer, sizeof layer, tt->layer_prefix, l);
+    if (is_layer_row(r) && !r->no_layer_prefix)
+        snprintf(layer, sizeof layer, r->part == ZT__TT_LAYER ? tt->layer_prefix : tt->layer2_prefix, l);
     const int n = snprintf(out, cap, "%s%s%s", body, layer, r->name);
     ZT_ASSERT(n > 0 && (size_t)n < cap);
 }
 
-/* Calls each(row, layer) for every tensor of cfg in slab order; the number of tensors. */
+/* Runs body for every tensor of the config with dims d in slab order, with its row r and its layer l (in its
+ * stack; 0 for the embeddings and the final block). */
 #define FOR_EACH_TENSOR(tt, d, r, l, body)                                                                      \
     for (int part_ = ZT__TT_EMBED; part_ <= ZT__TT_FINAL; part_++)                                              \
-        for (int l = 0; l < (part_ == ZT__TT_LAYER ? (d).layers : 1); l++)                                      \
+        for (int l = 0; l < part_layers(&(d), part_); l++)                                                      \
             for (const zt__tt_row *r = (tt)->rows; r < (tt)->rows + (tt)->nrows; r++)                           \
-                if (r->part == part_ && present(r, (d).flags)) {                                                \
+                if (r->part == part_ && present(r, (d).flags) && in_layer(r, &(d), l)) {                        \
                     body                                                                                        \
                 }
 
@@ -52,9 +71,15 @@ int zt__tt_count(const zt__tt *tt, const void *cfg)
     return n;
 }
 
-static int block_of(const zt__tt_row *r, int l, int layers)
+static int block_of(const zt__tt_row *r, int l, const zt__tt_dims *d)
 {
-    return r->part == ZT__TT_EMBED ? 0 : r->part == ZT__TT_LAYER ? 1 + l : layers + 1;
+    switch ((enum zt__tt_part)r->part) {
+    case ZT__TT_EMBED: return 0;
+    case ZT__TT_LAYER: return 1 + l;
+    case ZT__TT_LAYER2: return 1 + d->layers + l;
+    case ZT__TT_FINAL: break;
+    }
+    return 1 + d->layers + d->layers2;
 }
 
 size_t zt__tt_layout(const zt__tt *tt, const void *cfg, zt_param_info *tensors, zt_block_info *blocks)
@@ -63,10 +88,11 @@ size_t zt__tt_layout(const zt__tt *tt, const void *cfg, zt_param_info *tensors, 
     dims_of(tt, cfg, &d);
     size_t off = 0;
     int i = 0;
-    for (int b = 0; b < d.layers + 2; b++)
+    const int nblocks = d.layers + d.layers2 + 2;
+    for (int b = 0; b < nblocks; b++)
         blocks[b] = (zt_block_info){0, 0};
     FOR_EACH_TENSOR(tt, d, r, l, {
-        const int b = block_of(r, l, d.layers);
+        const int b = block_of(r, l, &d);
         char name[sizeof tensors[0].name];
         row_name(tt, &d, r, l, name, sizeof name);
         if (blocks[b].numel == 0)
@@ -78,7 +104,7 @@ size_t zt__tt_layout(const zt__tt *tt, const void *cfg, zt_param_info *tensors, 
         blocks[b].numel = off - blocks[b].offset;
     })
     /* a block without tensors (none today) sits where the slab is at its turn */
-    for (int b = 1; b < d.layers + 2; b++)
+    for (int b = 1; b < nblocks; b++)
         if (blocks[b].numel == 0)
             blocks[b].offset = blocks[b - 1].offset + blocks[b - 1].numel;
     return off;
@@ -90,9 +116,11 @@ size_t zt__tt_num_params(const zt__tt *tt, const void *cfg)
     dims_of(tt, cfg, &d);
     size_t n = 0;
     for (const zt__tt_row *r = tt->rows; r < tt->rows + tt->nrows; r++)
-        if (present(r, d.flags))
+        if (present(r, d.flags)) {
+            const int layers = part_layers(&d, r->part);
             n += (size_t)d.d[r->d0] * (size_t)(r->d1 ? d.d[r->d1] : 1) *
-                 (size_t)(r->part == ZT__TT_LAYER ? d.layers : 1);
+                 (size_t)(r->at == ZT__TT_EVERY ? layers : layers > 0);
+        }
     return n;
 }
 
@@ -109,22 +137,24 @@ void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors
         ZT_ASSERT(i < n);
         const zt_param_info *t = &tensors[i++];
         float *x = params + t->offset;
+        const double std = r->std_div ? d.std / sqrt((double)d.d[r->std_div]) : d.std;
         switch ((enum zt__tt_init)r->init) {
         case ZT__TT_NORMAL:
         case ZT__TT_NORMAL_PAD:
-            zt__host_fill_normal(&rng, x, t->numel, d.std);
+            zt__host_fill_normal(&rng, x, t->numel, std);
             if (r->init == ZT__TT_NORMAL_PAD && d.pad_row >= 0 && d.pad_row < t->shape[0])
                 memset(x + (size_t)d.pad_row * (size_t)t->shape[1], 0, (size_t)t->shape[1] * sizeof *x);
             break;
         case ZT__TT_NORMAL_RESIDUAL:
-            zt__host_fill_normal(&rng, x, t->numel, d.std / sqrt(2.0 * d.layers));
+            zt__host_fill_normal(&rng, x, t->numel, std / sqrt(2.0 * d.layers));
             break;
         case ZT__TT_ZERO:
             memset(x, 0, t->numel * sizeof *x);
             break;
         case ZT__TT_ONE:
+        case ZT__TT_FILL:
             for (size_t j = 0; j < t->numel; j++)
-                x[j] = 1.0f;
+                x[j] = r->init == ZT__TT_ONE ? 1.0f : (float)std;
             break;
         }
     })
@@ -149,6 +179,22 @@ int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles,
     return j;
 }
 
+void zt__tt_block_roles(const zt__tt *tt, const void *cfg, int b, int *t, int nroles)
+{
+    zt__tt_dims d;
+    dims_of(tt, cfg, &d);
+    for (int k = 0; k < nroles; k++)
+        t[k] = -1;
+    int i = 0;
+    FOR_EACH_TENSOR(tt, d, r, l, {
+        if (block_of(r, l, &d) == b && r->role != ZT__TT_NO_ROLE) {
+            ZT_ASSERT(r->role >= 0 && r->role < nroles);
+            t[r->role] = i;
+        }
+        i++;
+    })
+}
+
 /* ---- Hugging Face names ---- */
 
 /* The row of table tensor `name` of a model with dims d, or NULL (only embeddings and final rows: those are
@@ -157,7 +203,7 @@ static const zt__tt_row *outer_row(const zt__tt *tt, const zt__tt_dims *d, const
 {
     char buf[sizeof ((zt_param_info *)0)->name];
     for (const zt__tt_row *r = tt->rows; r < tt->rows + tt->nrows; r++)
-        if (r->part != ZT__TT_LAYER && present(r, d->flags)) {
+        if (!is_layer_row(r) && present(r, d->flags)) {
             row_name(tt, d, r, 0, buf, sizeof buf);
             if (strcmp(buf, name) == 0)
                 return r;

@@ -5,7 +5,7 @@
  * blocks of a config (params.h), its parameter count without allocating, the initialisation, the program's
  * roles, and how the tensors meet Hugging Face files (host_io.h's zt_hf_names). neox.c is the example.
  *
- * A layer row's name follows the layer's prefix ("layers.%d."); rows of every layer, and rows marked body,
+ * A layer row's name follows the layer's prefix ("layers.%d."; a second stack's has its own); layer rows, and rows marked body,
  * follow the config's body prefix too (BERT's "bert." or "roberta."; empty for the decoders). In the files a
  * tensor's name is the table's after the table's Hugging Face prefix ("model."), except rows marked bare_in_hf
  * (an untied lm_head.weight). Internal to worker/models/. */
@@ -19,7 +19,12 @@
 #include "worker/models/host_io.h"
 #include "worker/models/params.h"
 
-enum zt__tt_part { ZT__TT_EMBED, ZT__TT_LAYER, ZT__TT_FINAL }; /* block 0, each of 1..L, L+1 */
+/* The parts of the slab, in block order: the embeddings (block 0), every layer of the first stack (blocks 1..L),
+ * every layer of a second stack (an encoder-decoder's decoder: blocks L+1..L+L2), the final block (L+L2+1). */
+enum zt__tt_part { ZT__TT_EMBED, ZT__TT_LAYER, ZT__TT_LAYER2, ZT__TT_FINAL };
+
+/* Which layers of its stack a layer row is in. */
+enum zt__tt_at { ZT__TT_EVERY = 0, ZT__TT_FIRST, ZT__TT_LAST };
 
 enum zt__tt_init {
     ZT__TT_NORMAL,          /* normal(0, std) */
@@ -27,6 +32,7 @@ enum zt__tt_init {
     ZT__TT_NORMAL_PAD,      /* normal(0, std), then row pad_row zero (nn.Embedding's padding_idx), if >= 0 */
     ZT__TT_ZERO,            /* biases */
     ZT__TT_ONE,             /* normalisation weights */
+    ZT__TT_FILL,            /* every value std (T5's norms: initializer_factor) */
 };
 
 #define ZT__TT_NO_ROLE (-1)
@@ -37,6 +43,9 @@ typedef struct zt__tt_row {
     uint8_t part;          /* enum zt__tt_part */
     uint8_t d0, d1;        /* the shape as symbols: indices into zt__tt_dims.d, d1 0 for a vector */
     uint8_t init;          /* enum zt__tt_init */
+    uint8_t std_div;       /* a dimension symbol: the normal's std is divided by sqrt of its value (0: not) */
+    uint8_t at;            /* enum zt__tt_at: a layer row in every layer of its stack, or the first or last */
+    bool no_layer_prefix;  /* a layer row named without the layer's prefix (T5's encoder.final_layer_norm) */
     int8_t role;           /* its role in the layer program (a layer row), or ZT__TT_NO_ROLE */
     uint32_t when, unless; /* flag bits the config must have and must not have for the row to exist */
     bool packed;           /* the program keeps it right after the previous row (k, v after q; up after gate) */
@@ -55,7 +64,7 @@ typedef struct zt__tt_row {
 /* What a config gives the table: its layer count, flag bits, each dimension symbol's value (d[0] is 0: no
  * dimension), the normal initialisation's standard deviation, the padding row and the body prefix. */
 typedef struct zt__tt_dims {
-    int layers;
+    int layers, layers2; /* the layers of the first stack and of a second (0: none) */
     int heads;          /* attention heads, for rows with hf_per_head */
     uint32_t flags;
     int64_t d[ZT__TT_MAX_DIMS];
@@ -76,7 +85,8 @@ typedef struct zt__tt_alias {
 typedef struct zt__tt {
     const zt__tt_row *rows;
     int nrows;
-    const char *layer_prefix; /* printf format with the layer's number: "layers.%d." */
+    const char *layer_prefix; /* printf format with the layer's number in its stack: "layers.%d." */
+    const char *layer2_prefix; /* the second stack's */
     void (*dims)(const void *cfg, zt__tt_dims *d);
     /* Hugging Face files */
     const char *hf_prefix;           /* "model."; "" when the table's names are the files' */
@@ -89,7 +99,7 @@ typedef struct zt__tt {
     uint32_t tie_flag;               /* the flag of a tied head: messages name tie_word_embeddings */
 } zt__tt;
 
-/* The layout of cfg: the number of tensors; the tensors and the L + 2 blocks filled in slab order (returns
+/* The layout of cfg: the number of tensors; the tensors and the L + L2 + 2 blocks filled in slab order (returns
  * the parameter count); the parameter count alone, allocating nothing. */
 int zt__tt_count(const zt__tt *tt, const void *cfg);
 size_t zt__tt_layout(const zt__tt *tt, const void *cfg, zt_param_info *tensors, zt_block_info *blocks);
@@ -101,6 +111,9 @@ void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors
 /* A layer's rows as the program sees them: the number of tensors of a layer, each role's index within the
  * layer (-1 when absent; role[nroles]) and whether each continues the one before it (packed[per_layer]). */
 int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles, bool *packed);
+/* The tensors of block b by role, as indices in the whole table (t[nroles], -1 when absent): for a program whose
+ * layers differ (T5's encoder and decoder layers, its stacks' first and last). */
+void zt__tt_block_roles(const zt__tt *tt, const void *cfg, int b, int *t, int nroles);
 
 /* zt_hf_names' entries for a host model (host_model.h) whose spec has a table; a family's zt_hf_names takes
  * ZT__TT_HF_NAMES and adds its own data (tied_fix, head_optional, reorder). */
