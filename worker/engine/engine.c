@@ -1328,6 +1328,7 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
     if (micro == 0) {
         memset(&e->timing, 0, sizeof e->timing);
+        e->timing.server_update_s = -1.0; /* unknown until a commit's answer says */
         e->t_step0 = zt_now_s();
     }
     e->training = true;

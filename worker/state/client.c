@@ -1216,6 +1216,7 @@ struct commit_call {
     const ProtobufCMessage *req;
     int code;
     struct zt_rpc_status st;
+    double seconds;  /* the server's own update time from its answer (0 from a server too old to say) */
 };
 
 static void *commit_main(void *arg)
@@ -1224,15 +1225,36 @@ static void *commit_main(void *arg)
     void *resp = NULL;
     size_t len = 0;
     k->code = unary(k->c, k->server, SVC "CommitStep", k->req, &resp, &len, &k->st);
+    if (k->code == ZT_RPC_OK) {
+        Ztrain__V1__CommitStepResponse *r = ztrain__v1__commit_step_response__unpack(NULL, len, resp);
+        if (r != NULL) {
+            k->seconds = r->seconds;
+            ztrain__v1__commit_step_response__free_unpacked(r, NULL);
+        }
+    }
     free(resp);
     return NULL;
 }
 
 int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err)
 {
+    return zt_state_client_commit_timed(c, run, args, NULL, err);
+}
+
+/* Commits on every server and reports the longest server update; see client.h. */
+int zt_state_client_commit_timed(zt_state_client_t *c, const char *run, const zt_server_commit_args *args,
+                                 double *server_s, zt_err *err)
+{
     set_server_step(c, -1);
-    if (c->core != NULL)
-        return zt_server_core_commit(c->core, run, args, NULL, err);
+    if (server_s)
+        *server_s = 0.0;
+    if (c->core != NULL) {
+        zt_server_commit_result res = {0};
+        int rc = zt_server_core_commit(c->core, run, args, &res, err);
+        if (rc == 0 && server_s)
+            *server_s = res.seconds;
+        return rc;
+    }
     Ztrain__V1__CommitStepRequest req = ZTRAIN__V1__COMMIT_STEP_REQUEST__INIT;
     req.run = (char *)run;
     req.step = args->step;
@@ -1258,8 +1280,11 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
     int rc = 0;
     for (int i = 0; i < c->n && rc == 0; i++) {
         const struct zt_rpc_status *st = &calls[i].st;
-        if (calls[i].code == ZT_RPC_OK)
+        if (calls[i].code == ZT_RPC_OK) {
+            if (server_s && calls[i].seconds > *server_s)
+                *server_s = calls[i].seconds;
             continue;
+        }
         /* A server that lost the run before its first snapshot gets it again; the gradients it lost are then
          * pushed again by the caller, which retries a step the servers did not take. */
         if (st->code == ZT_RPC_NOT_FOUND || st->code == ZT_RPC_FAILED_PRECONDITION)

@@ -140,6 +140,13 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
  * as done). Returns 0, ZT_ESTATE as push does, or another negative code with a message. */
 int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err);
 
+/* zt_state_client_commit that also writes into *server_s (may be NULL) the longest time any server spent
+ * applying the update (its CommitStepResponse.seconds: the AdamW alone, without the calls and the waiting;
+ * 0 for a retried or overflowed step and from servers too old to say), on success. Returns as
+ * zt_state_client_commit. */
+int zt_state_client_commit_timed(zt_state_client_t *c, const char *run, const zt_server_commit_args *args,
+                                 double *server_s, zt_err *err);
+
 /* Pulls elements [offset, offset + n) of one shard after `step` commits from its owner into out (n
  * elements of the run's param dtype); waits for a commit of that step in progress. Pull the blocks in
  * order, block 0 first. Returns 0 or a negative code with a message. */
