@@ -18,7 +18,13 @@
  * (4 or 2) and the output written (2 for bf16), the same count for every variant, so that the column compares
  * time per parameter. Run by bench/server/update.sh; never by ctest.
  *
- * usage: bench_server_update N_MILLIONS THREADS[,THREADS...] [f32|bf16 gradient] [ITERS] [n_embd] */
+ * COPY_THREADS (default 0) threads copy 64 MiB buffers back and forth during every variant, as the pulls'
+ * copies run beside a server's update on its host: with as many Adam threads as cores, a copy thread takes a
+ * core from one of them.
+ *
+ * usage: bench_server_update N_MILLIONS THREADS[,THREADS...] [f32|bf16 gradient] [ITERS] [n_embd] [COPY_THREADS] */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +40,27 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The copy threads: each copies between two buffers of its own until told to stop. */
+static atomic_int g_copy_stop;
+
+static void *copy_main(void *arg)
+{
+    (void)arg;
+    const size_t bytes = (size_t)64 << 20;
+    char *a = malloc(bytes), *b = malloc(bytes);
+    if (!a || !b)
+        return NULL;
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    while (!atomic_load(&g_copy_stop)) {
+        memcpy(b, a, bytes);
+        memcpy(a, b, bytes);
+    }
+    free(a);
+    free(b);
+    return NULL;
 }
 
 static void die(const char *what, const zt_err *err)
@@ -222,7 +249,8 @@ static double bench_server(const layout *L, enum zt_dtype gdt, int threads, int 
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s N_MILLIONS THREADS[,THREADS...] [f32|bf16] [ITERS] [n_embd]\n", argv[0]);
+        fprintf(stderr, "usage: %s N_MILLIONS THREADS[,THREADS...] [f32|bf16] [ITERS] [n_embd] [COPY_THREADS]\n",
+                argv[0]);
         return 2;
     }
     double want = atof(argv[1]) * 1e6;
@@ -230,8 +258,9 @@ int main(int argc, char **argv)
     enum zt_dtype gdt = argc > 3 && strcmp(argv[3], "bf16") == 0 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
     int iters = argc > 4 ? atoi(argv[4]) : 4;
     uint64_t c = argc > 5 ? (uint64_t)atoll(argv[5]) : 1600; /* GPT-2 1558M's width */
-    if (want < 1 || iters < 1 || c < 8) {
-        fprintf(stderr, "bench_server_update: give N_MILLIONS > 0, ITERS >= 1 and n_embd >= 8\n");
+    int copiers = argc > 6 ? atoi(argv[6]) : 0;
+    if (want < 1 || iters < 1 || c < 8 || copiers < 0 || copiers > 64) {
+        fprintf(stderr, "bench_server_update: give N_MILLIONS > 0, ITERS >= 1, n_embd >= 8 and 0 to 64 copy threads\n");
         return 2;
     }
     layout L = {0};
@@ -244,8 +273,12 @@ int main(int argc, char **argv)
     L.n = (uint64_t)L.nblocks * L.block_numel;
     double bytes = (double)L.n * (24.0 + (double)zt_dtype_size(gdt) + 2.0);
     printf("bench_server_update: %d layers of n_embd %llu, %.1fM parameters, %s gradient, bf16 output, isa %s, "
-           "best of %d updates\n", L.nblocks, (unsigned long long)c, (double)L.n / 1e6, zt_dtype_name(gdt),
-           zt_cpu_adam_isa_name(zt_cpu_adam_get_isa()), iters);
+           "best of %d updates, %d copy threads beside\n", L.nblocks, (unsigned long long)c, (double)L.n / 1e6,
+           zt_dtype_name(gdt), zt_cpu_adam_isa_name(zt_cpu_adam_get_isa()), iters, copiers);
+    pthread_t copy_th[64];
+    for (int k = 0; k < copiers; k++)
+        if (pthread_create(&copy_th[k], NULL, copy_main, NULL) != 0)
+            die("cannot start a copy thread", NULL);
     struct row {
         const char *variant;
         int threads;
@@ -266,6 +299,9 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     free(tl);
+    atomic_store(&g_copy_stop, 1);
+    for (int k = 0; k < copiers; k++)
+        pthread_join(copy_th[k], NULL);
     printf("\n| variant | threads | best s | ns / parameter | GB/s (%.0f B/param) | vs embedded |\n",
            24.0 + (double)zt_dtype_size(gdt) + 2.0);
     printf("|---|---:|---:|---:|---:|---:|\n");
