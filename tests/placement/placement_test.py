@@ -241,6 +241,10 @@ def main():
                 check("pushes and pulls through shared memory" in text and "(via shared memory)" in text and
                       "(via TCP)" not in text, "%s: the bytes move through shared memory, and the breakdown says so"
                       % name, text)
+                check(text.count("gradient pushes read by the server from this process's host gradient") == nproc * nsrv
+                      and "gradient pushes copied" not in text,
+                      "%s: every rank's gradient pushes are read by every server where they lie (no slot copy)" % name,
+                      text)
             else:
                 check("(via TCP)" in text and "(via shared memory)" not in text,
                       "%s: the bytes move over TCP, and the breakdown says so" % name, text)
