@@ -234,8 +234,8 @@ ZT_ADAM_INLINE ZT_TARGET_AVX2 void adam_avx2_range(const zt_cpu_adam_range *r, c
         adam_scalar_range(r, c, gdt, has_out, odt, i, i + head);
         i += head;
         nt_p = 1;
-        nt_m = ((uintptr_t)(m + i) & 31u) == 0;
-        nt_v = ((uintptr_t)(v + i) & 31u) == 0;
+        nt_m = r->m_src && ((uintptr_t)(m + i) & 31u) == 0; /* not the bf16 moments' widened copies */
+        nt_v = r->v_src && ((uintptr_t)(v + i) & 31u) == 0;
     }
     for (; i + 8 <= end; i += 8) {
         /* every load before the first store: in place the sources are the destinations */
@@ -349,8 +349,8 @@ ZT_ADAM_INLINE ZT_TARGET_AVX512 void adam_avx512_range(const zt_cpu_adam_range *
         adam_scalar_range(r, c, gdt, has_out, odt, i, i + head);
         i += head;
         nt_p = 1;
-        nt_m = ((uintptr_t)(m + i) & 63u) == 0;
-        nt_v = ((uintptr_t)(v + i) & 63u) == 0;
+        nt_m = r->m_src && ((uintptr_t)(m + i) & 63u) == 0; /* not the bf16 moments' widened copies */
+        nt_v = r->v_src && ((uintptr_t)(v + i) & 63u) == 0;
     }
     for (; i + 16 <= end; i += 16) {
         /* every load before the first store: in place the sources are the destinations */
