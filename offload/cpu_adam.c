@@ -126,20 +126,25 @@ ZT_ADAM_INLINE void store_out1(void *out, enum zt_dtype dt, size_t i, float x)
         ((uint16_t *)out)[i] = f32_to_bf16(x);
 }
 
+/* Where an array's old values are read from: its source (a two-slot update, which reads one state and writes
+ * another) or, in place, the array itself. */
+#define SRC_OR(src, dst) ((src) ? (const float *)(src) : (const float *)(dst))
+
 /* The reference's element update, operation for operation (kernels/cpu/adamw.c). */
 ZT_ADAM_INLINE void adam_scalar_range(const zt_cpu_adam_range *r, const adam_consts *c, enum zt_dtype gdt,
                                       int has_out, enum zt_dtype odt, size_t begin, size_t end)
 {
-    float *restrict param = r->param, *restrict m = r->m, *restrict v = r->v;
+    float *param = r->param, *m = r->m, *v = r->v;
+    const float *ps = SRC_OR(r->param_src, param), *ms = SRC_OR(r->m_src, m), *vs = SRC_OR(r->v_src, v);
     for (size_t i = begin; i < end; i++) {
         float g = load_grad1(r->grad, gdt, i) * c->gs;
-        float mi = c->beta1 * m[i] + c->one_minus_beta1 * g;
-        float vi = c->beta2 * v[i] + c->one_minus_beta2 * g * g;
+        float mi = c->beta1 * ms[i] + c->one_minus_beta1 * g;
+        float vi = c->beta2 * vs[i] + c->one_minus_beta2 * g * g;
         m[i] = mi;
         v[i] = vi;
         float mhat = mi / c->bc1;
         float vhat = vi / c->bc2;
-        float p = param[i];
+        float p = ps[i];
         p -= c->lr * (mhat / (sqrtf(vhat) + c->eps) + c->wd * p);
         param[i] = p;
         if (has_out)
@@ -167,6 +172,9 @@ static void adam_chunk_scalar(const zt_cpu_adam_range *r, const adam_consts *c, 
 #ifdef ZT_ADAM_X86
 /* ---- AVX2 + F16C: 8 lanes ---- */
 #define ZT_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+
+/* A store of 8 floats, streamed (nt: 32-byte aligned, past the caches) or not. */
+#define ZT_STORE256(nt, p, x) ((nt) ? _mm256_stream_ps((p), (x)) : _mm256_storeu_ps((p), (x)))
 
 ZT_ADAM_INLINE ZT_TARGET_AVX2 __m256 avx2_load_grad(const void *grad, enum zt_dtype dt, size_t i)
 {
@@ -208,30 +216,47 @@ ZT_ADAM_INLINE ZT_TARGET_AVX2 void adam_avx2_range(const zt_cpu_adam_range *r, c
                                                     enum zt_dtype gdt, int has_out, enum zt_dtype odt,
                                                     size_t begin, size_t end)
 {
-    float *restrict param = r->param, *restrict m = r->m, *restrict v = r->v;
+    float *param = r->param, *m = r->m, *v = r->v;
+    const float *ps = SRC_OR(r->param_src, param), *ms = SRC_OR(r->m_src, m), *vs = SRC_OR(r->v_src, v);
     const __m256 beta1 = _mm256_set1_ps(c->beta1), beta2 = _mm256_set1_ps(c->beta2);
     const __m256 omb1 = _mm256_set1_ps(c->one_minus_beta1), omb2 = _mm256_set1_ps(c->one_minus_beta2);
     const __m256 bc1 = _mm256_set1_ps(c->bc1), bc2 = _mm256_set1_ps(c->bc2);
     const __m256 lr = _mm256_set1_ps(c->lr), eps = _mm256_set1_ps(c->eps);
     const __m256 wd = _mm256_set1_ps(c->wd), gs = _mm256_set1_ps(c->gs);
     size_t i = begin;
+    /* A two-slot update writes state that is read again only by the next step, long after it has left the
+     * caches: streaming stores write it without first reading the old lines in (a third less memory
+     * traffic). They need aligned addresses: the first elements up to param's alignment go through the
+     * scalar body, then m and v stream where they are aligned too. */
+    int nt_p = 0, nt_m = 0, nt_v = 0;
+    if (r->param_src && end - begin >= 4 * 8) {
+        size_t head = ((31u + 1u - ((uintptr_t)(param + i) & 31u)) & 31u) / sizeof(float);
+        adam_scalar_range(r, c, gdt, has_out, odt, i, i + head);
+        i += head;
+        nt_p = 1;
+        nt_m = r->m_src && ((uintptr_t)(m + i) & 31u) == 0; /* not the bf16 moments' widened copies */
+        nt_v = r->v_src && ((uintptr_t)(v + i) & 31u) == 0;
+    }
     for (; i + 8 <= end; i += 8) {
+        /* every load before the first store: in place the sources are the destinations */
+        __m256 p = _mm256_loadu_ps(ps + i);
         __m256 g = _mm256_mul_ps(avx2_load_grad(r->grad, gdt, i), gs);
-        __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, g));
-        __m256 vi = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i)),
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(ms + i)), _mm256_mul_ps(omb1, g));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(vs + i)),
                                   _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
+        ZT_STORE256(nt_m, m + i, mi);
+        ZT_STORE256(nt_v, v + i, vi);
         __m256 mhat = _mm256_div_ps(mi, bc1);
         __m256 vhat = _mm256_div_ps(vi, bc2);
-        __m256 p = _mm256_loadu_ps(param + i);
         __m256 upd = _mm256_add_ps(_mm256_div_ps(mhat, _mm256_add_ps(_mm256_sqrt_ps(vhat), eps)),
                                    _mm256_mul_ps(wd, p));
         p = _mm256_sub_ps(p, _mm256_mul_ps(lr, upd));
-        _mm256_storeu_ps(param + i, p);
+        ZT_STORE256(nt_p, param + i, p);
         if (has_out)
             avx2_store_out(r->out, odt, i, p);
     }
+    if (nt_p)
+        _mm_sfence(); /* the streamed lines reach memory before another thread is told the range is done */
     adam_scalar_range(r, c, gdt, has_out, odt, i, end);
 }
 
@@ -265,6 +290,9 @@ static ZT_TARGET_AVX2 void adam_chunk_avx2(const zt_cpu_adam_range *r, const ada
 
 /* ---- AVX-512F: 16 lanes ---- */
 #define ZT_TARGET_AVX512 __attribute__((target("avx512f")))
+
+/* A store of 16 floats, streamed (nt: 64-byte aligned, past the caches) or not. */
+#define ZT_STORE512(nt, p, x) ((nt) ? _mm512_stream_ps((p), (x)) : _mm512_storeu_ps((p), (x)))
 
 ZT_ADAM_INLINE ZT_TARGET_AVX512 __m512 avx512_load_grad(const void *grad, enum zt_dtype dt, size_t i)
 {
@@ -303,30 +331,47 @@ ZT_ADAM_INLINE ZT_TARGET_AVX512 void adam_avx512_range(const zt_cpu_adam_range *
                                                         enum zt_dtype gdt, int has_out, enum zt_dtype odt,
                                                         size_t begin, size_t end)
 {
-    float *restrict param = r->param, *restrict m = r->m, *restrict v = r->v;
+    float *param = r->param, *m = r->m, *v = r->v;
+    const float *ps = SRC_OR(r->param_src, param), *ms = SRC_OR(r->m_src, m), *vs = SRC_OR(r->v_src, v);
     const __m512 beta1 = _mm512_set1_ps(c->beta1), beta2 = _mm512_set1_ps(c->beta2);
     const __m512 omb1 = _mm512_set1_ps(c->one_minus_beta1), omb2 = _mm512_set1_ps(c->one_minus_beta2);
     const __m512 bc1 = _mm512_set1_ps(c->bc1), bc2 = _mm512_set1_ps(c->bc2);
     const __m512 lr = _mm512_set1_ps(c->lr), eps = _mm512_set1_ps(c->eps);
     const __m512 wd = _mm512_set1_ps(c->wd), gs = _mm512_set1_ps(c->gs);
     size_t i = begin;
+    /* A two-slot update writes state that is read again only by the next step, long after it has left the
+     * caches: streaming stores write it without first reading the old lines in (a third less memory
+     * traffic). They need aligned addresses: the first elements up to param's alignment go through the
+     * scalar body, then m and v stream where they are aligned too. */
+    int nt_p = 0, nt_m = 0, nt_v = 0;
+    if (r->param_src && end - begin >= 4 * 16) {
+        size_t head = ((63u + 1u - ((uintptr_t)(param + i) & 63u)) & 63u) / sizeof(float);
+        adam_scalar_range(r, c, gdt, has_out, odt, i, i + head);
+        i += head;
+        nt_p = 1;
+        nt_m = r->m_src && ((uintptr_t)(m + i) & 63u) == 0; /* not the bf16 moments' widened copies */
+        nt_v = r->v_src && ((uintptr_t)(v + i) & 63u) == 0;
+    }
     for (; i + 16 <= end; i += 16) {
+        /* every load before the first store: in place the sources are the destinations */
+        __m512 p = _mm512_loadu_ps(ps + i);
         __m512 g = _mm512_mul_ps(avx512_load_grad(r->grad, gdt, i), gs);
-        __m512 mi = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, g));
-        __m512 vi = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_loadu_ps(v + i)),
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(ms + i)), _mm512_mul_ps(omb1, g));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_loadu_ps(vs + i)),
                                   _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
+        ZT_STORE512(nt_m, m + i, mi);
+        ZT_STORE512(nt_v, v + i, vi);
         __m512 mhat = _mm512_div_ps(mi, bc1);
         __m512 vhat = _mm512_div_ps(vi, bc2);
-        __m512 p = _mm512_loadu_ps(param + i);
         __m512 upd = _mm512_add_ps(_mm512_div_ps(mhat, _mm512_add_ps(_mm512_sqrt_ps(vhat), eps)),
                                    _mm512_mul_ps(wd, p));
         p = _mm512_sub_ps(p, _mm512_mul_ps(lr, upd));
-        _mm512_storeu_ps(param + i, p);
+        ZT_STORE512(nt_p, param + i, p);
         if (has_out)
             avx512_store_out(r->out, odt, i, p);
     }
+    if (nt_p)
+        _mm_sfence(); /* the streamed lines reach memory before another thread is told the range is done */
     adam_scalar_range(r, c, gdt, has_out, odt, i, end);
 }
 
@@ -550,6 +595,9 @@ static void adam_chunk_bf16_moments(enum zt_cpu_adam_isa isa, adam_chunk_fn fn, 
 {
     float mt[ZT_ADAM_CHUNK], vt[ZT_ADAM_CHUNK];
     uint16_t *m16 = (uint16_t *)r->m + begin, *v16 = (uint16_t *)r->v + begin;
+    /* a two-slot update widens the old moments from their source and narrows the new ones into m and v */
+    const uint16_t *m16_src = (const uint16_t *)(r->m_src ? r->m_src : r->m) + begin;
+    const uint16_t *v16_src = (const uint16_t *)(r->v_src ? r->v_src : r->v) + begin;
     const size_t len = end - begin;
     void (*widen)(float *, const uint16_t *, size_t) = widen_scalar;
     void (*narrow)(uint16_t *, const float *, uint32_t, uint32_t, size_t) = narrow_scalar;
@@ -564,12 +612,14 @@ static void adam_chunk_bf16_moments(enum zt_cpu_adam_isa isa, adam_chunk_fn fn, 
 #else
     (void)isa;
 #endif
-    widen(mt, m16, len);
-    widen(vt, v16, len);
+    widen(mt, m16_src, len);
+    widen(vt, v16_src, len);
     zt_cpu_adam_range sub = *r;
     sub.param = r->param + begin;
+    sub.param_src = r->param_src ? r->param_src + begin : NULL;
     sub.m = mt;
     sub.v = vt;
+    sub.m_src = sub.v_src = NULL; /* mt and vt hold the old moments and receive the new ones */
     sub.grad = (const char *)r->grad + begin * zt_dtype_size(r->grad_dtype);
     sub.out = r->out ? (char *)r->out + begin * zt_dtype_size(r->out_dtype) : NULL;
     sub.n = len;
@@ -614,16 +664,6 @@ static int check_range(const zt_cpu_adam_range *r, const zt_adamw_params *p, zt_
     return 0;
 }
 
-/* An out-of-place range's state for elements [begin, end) copied into the range, just before its update reads
- * it (a chunk is small enough to stay in cache between the two). */
-static void copy_state_chunk(const zt_cpu_adam_range *r, size_t begin, size_t end)
-{
-    const size_t ms = r->moment_dtype == ZT_DTYPE_BF16 ? 2 : 4, k = end - begin;
-    memcpy(r->param + begin, r->param_src + begin, k * sizeof(float));
-    memcpy((char *)r->m + begin * ms, (const char *)r->m_src + begin * ms, k * ms);
-    memcpy((char *)r->v + begin * ms, (const char *)r->v_src + begin * ms, k * ms);
-}
-
 /* Applies one AdamW step with an explicit instruction set; see offload/cpu_adam.h. */
 int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r, const zt_adamw_params *p,
                            int threads, zt_err *err)
@@ -664,8 +704,6 @@ int zt_cpu_adam_update_isa(enum zt_cpu_adam_isa isa, const zt_cpu_adam_range *r,
     for (size_t k = 0; k < chunks; k++) {
         size_t begin = k * ZT_ADAM_CHUNK;
         size_t end = begin + ZT_ADAM_CHUNK < n ? begin + ZT_ADAM_CHUNK : n;
-        if (r->param_src)
-            copy_state_chunk(r, begin, end);
         if (r->moment_dtype == ZT_DTYPE_BF16)
             adam_chunk_bf16_moments(isa, fn, r, &c, begin, end);
         else

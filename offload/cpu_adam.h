@@ -51,8 +51,10 @@ typedef struct zt_cpu_adam_range {
     uint64_t index_base;       /* BF16 moments: the index of element 0 in the hash (e.g. its shard offset) */
     /* NULL: the update is in place. Otherwise the step reads the state from these three (n elements each, the
      * types of param, m and v, overlapping none of the other arrays) and writes the new state to param, m and
-     * v, which need not hold anything: one pass over memory where a copy and an in-place update take two (a
-     * state server's commit into its other slot). Either all three are set or none. */
+     * v, which need not hold anything (a state server's commit into its other slot). The old values are loaded
+     * from the sources and the new ones stored once, with streaming stores where the destination is aligned
+     * (with fp32 moments on AVX2 and AVX-512): the destination's old lines are never read, so the update
+     * moves as many bytes as in place. Either all three are set or none. */
     const float *param_src;
     const void *m_src, *v_src;
 } zt_cpu_adam_range;

@@ -423,6 +423,76 @@ static void test_out_of_place(void **unused)
     state_free(&base);
 }
 
+/* Out of place with the state laid out as a state server's record (master, m and v one after the other in one
+ * buffer) at every alignment: the destination's start moved by 0 to 17 floats and n such that m and v are
+ * aligned like the master or not (the update streams its stores to the arrays that are aligned after the first
+ * elements and stores the others normally); bf16 and fp32 gradients, a bf16 output. Every instruction set and
+ * thread count gives the in-place update's bits, and nothing outside the destination is written. */
+static void test_out_of_place_alignments(void **unused)
+{
+    (void)unused;
+    const size_t ns[] = {16 * 1024 * 3, 16 * 1024 * 3 + 5, 300, 65};
+    const size_t shifts[] = {0, 1, 3, 8, 15, 17};
+    zt_adamw_params p = params(3, 0.1f);
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        const size_t n = ns[a];
+        state base;
+        state_init(&base, n);
+        uint16_t *g16 = malloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            g16[i] = ref_bf16(base.grad[i]);
+        for (int lowp = 0; lowp < 2; lowp++) {
+            const void *grad = lowp ? (const void *)g16 : (const void *)base.grad;
+            const enum zt_dtype gdt = lowp ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
+            /* the reference: in place on a copy */
+            state ref;
+            state_copy(&ref, &base);
+            uint16_t *out_ref = calloc(n, 2);
+            zt_cpu_adam_range rr = {.param = ref.param, .m = ref.m, .v = ref.v, .grad = grad, .grad_dtype = gdt,
+                                    .out = out_ref, .out_dtype = ZT_DTYPE_BF16, .n = n};
+            assert_int_equal(zt_cpu_adam_update_isa(ZT_CPU_ADAM_ISA_SCALAR, &rr, &p, 1, NULL), 0);
+            /* the source record, and a destination record with room for the shift and guard floats */
+            float *src = malloc(3 * n * 4);
+            memcpy(src, base.param, n * 4);
+            memcpy(src + n, base.m, n * 4);
+            memcpy(src + 2 * n, base.v, n * 4);
+            const size_t room = 3 * n + 64;
+            float *dst_buf = aligned_alloc(64, (room * 4 + 63) / 64 * 64);
+            for (size_t k = 0; k < sizeof k_isas / sizeof k_isas[0]; k++) {
+                if (!zt_cpu_adam_isa_supported(k_isas[k]))
+                    continue;
+                for (size_t s = 0; s < sizeof shifts / sizeof shifts[0]; s++) {
+                    for (int threads = 1; threads <= 3; threads += 2) {
+                        memset(dst_buf, 0x5a, room * 4);
+                        float *dst = dst_buf + shifts[s];
+                        uint16_t *out = calloc(n, 2);
+                        zt_cpu_adam_range r = {.param = dst, .m = dst + n, .v = dst + 2 * n, .grad = grad,
+                                               .grad_dtype = gdt, .out = out, .out_dtype = ZT_DTYPE_BF16, .n = n,
+                                               .param_src = src, .m_src = src + n, .v_src = src + 2 * n};
+                        assert_int_equal(zt_cpu_adam_update_isa(k_isas[k], &r, &p, threads, NULL), 0);
+                        assert_same_bits(dst, ref.param, n, "param (record layout)");
+                        assert_same_bits(dst + n, ref.m, n, "m (record layout)");
+                        assert_same_bits(dst + 2 * n, ref.v, n, "v (record layout)");
+                        assert_memory_equal(out, out_ref, n * 2);
+                        for (size_t i = 0; i < shifts[s]; i++)
+                            assert_true(bits(dst_buf[i]) == 0x5a5a5a5au);
+                        for (size_t i = shifts[s] + 3 * n; i < room; i++)
+                            assert_true(bits(dst_buf[i]) == 0x5a5a5a5au);
+                        free(out);
+                    }
+                }
+            }
+            assert_same_bits(src, base.param, n, "source (read only)");
+            free(dst_buf);
+            free(src);
+            free(out_ref);
+            state_free(&ref);
+        }
+        free(g16);
+        state_free(&base);
+    }
+}
+
 /* bf16 moments: the parameters (and the bf16 output) are exactly those of the fp32 update on the widened
  * moments; each new moment is one of the two bf16 values around the fp32 result (the value itself when it
  * is a bf16 value), rounded up about as often as its position between them says; every instruction set
@@ -674,7 +744,7 @@ int main(void)
         cmocka_unit_test(test_threads_deterministic),  cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_env_override),         cmocka_unit_test(test_bf16_moments),
         cmocka_unit_test(test_bf16_moments_follow_small_updates), cmocka_unit_test(test_widen),
-        cmocka_unit_test(test_out_of_place),
+        cmocka_unit_test(test_out_of_place), cmocka_unit_test(test_out_of_place_alignments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,7 @@ log line or an exit, never a sleep. Every process is ended in a finally block.
 usage: placement_test.py PATH/TO/ztrain-server PATH/TO/ztrain PATH/TO/zt_train_rank
 """
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -233,10 +234,17 @@ def main():
             check(rc == 0, "%s: %d server(s) + %d rank(s) exits 0 (%s)" % (name, nsrv, nproc, rc), text)
             check("server push" in text and "server update" in text and "waited for pulled blocks" in text,
                   "%d server(s) + %d rank(s): the step breakdown names push, update and pull" % (nsrv, nproc), text)
+            check(re.search(r"server update [0-9.]+ s \(AdamW on the servers [0-9.]+ s, during the forward", text)
+                  is not None, "%s: rank 0's breakdown gives the servers' own update time from their answers"
+                  % name, text)
             if tcp_by is None:
                 check("pushes and pulls through shared memory" in text and "(via shared memory)" in text and
                       "(via TCP)" not in text, "%s: the bytes move through shared memory, and the breakdown says so"
                       % name, text)
+                check(text.count("gradient pushes read by the server from this process's host gradient") == nproc * nsrv
+                      and "gradient pushes copied" not in text,
+                      "%s: every rank's gradient pushes are read by every server where they lie (no slot copy)" % name,
+                      text)
             else:
                 check("(via TCP)" in text and "(via shared memory)" not in text,
                       "%s: the bytes move over TCP, and the breakdown says so" % name, text)

@@ -6,7 +6,8 @@
  * would round them, and the fp32 masters of the committed step on request (and of no other step). Pushes and
  * pulls through shared memory give the bits of TCP and of embedded mode, with a shard larger than a slot;
  * the client falls back to TCP when the server refuses shared memory, when its nonce does not match (another
- * host) and when no segment can be made, and attaches again by itself to a server that restarted. */
+ * host) and when no segment can be made, and attaches again by itself to a server that restarted. Gradients
+ * pushed from the client's shared host memory are read by the server where they lie, with the same bits. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -330,8 +331,9 @@ static void restart_service(struct fixture *f, int shm_off)
 enum { SHM_N0 = (ZT_STATE_CLIENT_SHM_SLOT_BYTES / 4) * 5 / 4 + 3, SHM_N1 = 37 };
 
 /* Two steps of run "shm" (W = 1, fp32) through f->client; restart: the service restarts (core kept) after
- * step 1. Returns both blocks' parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
-static float *shm_steps(struct fixture *f, int restart)
+ * step 1; shared: the gradients are pushed from the client's shared host memory (zt_state_client_shared_alloc,
+ * which must give some). Returns both blocks' parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
+static float *shm_steps_from(struct fixture *f, int restart, int shared)
 {
     zt_err err = {{0}};
     const zt_server_block_desc big[2] = {{.numel = SHM_N0}, {.numel = SHM_N1}};
@@ -339,7 +341,10 @@ static float *shm_steps(struct fixture *f, int restart)
     d.blocks = big;
     assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0);
     const uint64_t n[2] = {SHM_N0, SHM_N1};
-    float *x = malloc((SHM_N0 + SHM_N1) * sizeof(float)), *g = malloc(SHM_N0 * sizeof(float));
+    float *x = malloc((SHM_N0 + SHM_N1) * sizeof(float));
+    float *g = shared ? zt_state_client_shared_alloc(f->client, SHM_N0 * sizeof(float), &err)
+                      : malloc(SHM_N0 * sizeof(float));
+    assert_non_null(g);
     for (int b = 0; b < 2; b++) {
         for (uint64_t i = 0; i < n[b]; i++)
             x[i] = 0.3f - 1e-7f * (float)i + 0.1f * (float)b;
@@ -364,8 +369,14 @@ static float *shm_steps(struct fixture *f, int restart)
     float m[SHM_N1];
     assert_int_equal(zt_state_client_pull_masters(f->client, "shm", 2, 1, 0, 0, SHM_N1, m, &err), 0);
     assert_memory_equal(m, x + SHM_N0, sizeof(m));
-    free(g);
+    if (!shared)
+        free(g); /* the shared memory is the client's */
     return x;
+}
+
+static float *shm_steps(struct fixture *f, int restart)
+{
+    return shm_steps_from(f, restart, 0);
 }
 
 /* A remote client of f's server with the given transport, streams and test fault. */
@@ -438,6 +449,57 @@ static void test_shared_memory_transport(void **state)
     free(want);
 }
 
+/* Gradients pushed from the client's shared host memory: the server reads them where they lie (every pushed
+ * byte counted as read in place, none copied into a slot), and the parameters are the bits of embedded mode,
+ * with one and three streams (pieces over two slots' worth of bytes), and after a restart of the service,
+ * which knows no segment (the memory is offered again by itself). A server that refuses shared memory is
+ * pushed to over TCP from the same memory; embedded mode and a client with shared memory off have none. */
+static void test_shared_gradient_memory(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    struct zt_state_client_options eopt = {0};
+    zt_state_client_t *saved = f->client;
+    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, &err)); /* embedded: none */
+    float *want = shm_steps(f, 0);
+    zt_state_client_destroy(f->client);
+    f->client = saved;
+    const size_t bytes = (SHM_N0 + SHM_N1) * sizeof(float);
+    const uint64_t pushed = 2 * bytes; /* two steps of both blocks' gradients */
+
+    const int streams[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        float *got = shm_steps_from(f, 0, 1);
+        assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
+        assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
+        assert_memory_equal(got, want, bytes);
+        free(got);
+        drop_run(f);
+    }
+    /* the service restarts after step 1: step 2's pushes meet an unknown segment, offer the memory again */
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    float *got = shm_steps_from(f, 1, 1);
+    assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
+    assert_memory_equal(got, want, bytes);
+    free(got);
+    drop_run(f);
+    /* a server that refuses shared memory: TCP from the same memory */
+    restart_service(f, 1);
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    got = shm_steps_from(f, 0, 1);
+    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
+    assert_int_equal(zt__state_client_bytes_in_place(f->client), 0);
+    assert_memory_equal(got, want, bytes);
+    free(got);
+    drop_run(f);
+    /* shared memory off: none to give */
+    reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, &err));
+    free(want);
+}
+
 #define BOTH(fn) cmocka_unit_test_setup_teardown(fn, setup_embedded, teardown), \
                  cmocka_unit_test_setup_teardown(fn, setup_remote, teardown)
 
@@ -450,6 +512,7 @@ int main(void)
         BOTH(test_bf16_pulls_and_masters),
         cmocka_unit_test_setup_teardown(test_server_lost_run_before_first_step, setup_remote, teardown),
         cmocka_unit_test_setup_teardown(test_shared_memory_transport, setup_remote, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_gradient_memory, setup_remote, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

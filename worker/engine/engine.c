@@ -183,6 +183,19 @@ static int take_host(zt_engine *e, void **p, size_t bytes, bool pinned, const ch
     return 0;
 }
 
+/* Placement server with servers on this host: the pushed gradient in the state client's shared memory, so that
+ * the servers read the pushes where the gradient lies (no copy into a slot); like an untouched mapping, its pages
+ * are taken when first written. NULL where the client has none (embedded, TCP, too large): the caller
+ * allocates. */
+static void *shared_grad(zt_engine *e, size_t bytes)
+{
+    if (e->home != ZT__OPT_SERVER || e->o.client == NULL || e->grad_shared)
+        return NULL;
+    void *p = zt_state_client_shared_alloc(e->o.client, bytes, NULL);
+    e->grad_shared = p != NULL;
+    return p;
+}
+
 /* The host gradient: page-locked like take_host's pinned buffers, but mapped untouched here and page-locked
  * by lock_late_host at the end of zt_engine_create, after the import of the initial weights has given the
  * host slab's pages back. Page-locked memory is resident from the moment it is allocated: taken with the
@@ -196,6 +209,8 @@ static int take_host_late(zt_engine *e, void **p, size_t bytes, const char *what
     e->host_pinned_bytes += bytes;
     e->late_bytes = bytes;
     if (e->dry)
+        return 0;
+    if ((*p = shared_grad(e, bytes)) != NULL)
         return 0;
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
@@ -263,9 +278,13 @@ static int allocate(zt_engine *e, zt_err *err)
     }
     /* The reduced gradient on the device: every path but the one that writes compute-dtype gradients
      * straight into glow_slab and the one that sends them to the host. */
-    if (e->path == ZT__GRAD_DIRECT_F32 || e->path == ZT__GRAD_REDUCE)
-        if ((rc = take_dev(e, (void **)&e->gshard, ns * 4, "fp32 gradient shards", err)) < 0)
+    if (e->path == ZT__GRAD_DIRECT_F32 || e->path == ZT__GRAD_REDUCE) {
+        /* on the CPU with servers the pushes read gshard: in the client's shared memory where it has some */
+        if (!e->dev->gpu && !e->dry && (e->gshard = shared_grad(e, ns * 4)) != NULL)
+            e->device_bytes += ns * 4;
+        else if ((rc = take_dev(e, (void **)&e->gshard, ns * 4, "fp32 gradient shards", err)) < 0)
             return rc;
+    }
     /* The weights the passes read: the masters themselves for fp32 on the device; none on the device when
      * they are streamed from host memory (h_lowp). */
     if (e->home == ZT__OPT_DEVICE && !lowp)
@@ -686,7 +705,8 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->master);
     d->free(e->m);
     d->free(e->v);
-    d->free(e->gshard);
+    if (!e->grad_shared || d->gpu)
+        d->free(e->gshard);
     d->free(e->glow_slab);
     d->free(e->glow0);
     d->free(e->glow1);
@@ -707,7 +727,8 @@ void zt_engine_destroy(zt_engine *e)
     if (late) {
         if (e->late_registered)
             d->host_unregister(late);
-        munmap(late, e->late_bytes);
+        if (!e->grad_shared)
+            munmap(late, e->late_bytes);
     }
     d->host_free(e->h_lowp);
     d->host_free(e->h_gstage);
@@ -1328,6 +1349,7 @@ int zt_engine_micro(zt_engine *e, const int32_t *tokens, const int32_t *targets,
     ZT_ASSERT(micro >= 0 && micro < e->o.grad_accum);
     if (micro == 0) {
         memset(&e->timing, 0, sizeof e->timing);
+        e->timing.server_update_s = -1.0; /* unknown until a commit's answer says */
         e->t_step0 = zt_now_s();
     }
     e->training = true;

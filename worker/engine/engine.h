@@ -289,6 +289,9 @@ typedef struct zt_engine_timing {
     double push_wait_s;   /* after the backward, waiting for the pushes still going */
     double update_s;      /* the last step's commit: the servers' AdamW (rank 0's call; on the other ranks their pull,
                              which follows it), off the critical path: it overlaps this step's forward */
+    double server_update_s; /* of that commit, the longest time a server spent applying it (its own clock: the
+                               AdamW alone, the rest of update_s is the calls and the waiting); -1 where this
+                               rank does not know (the ranks other than 0) */
     double commit_wait_s; /* waiting, between this step's first forward and its backward, for that commit's answer
                              and the ranks' agreement on it */
     double pull_s;        /* the pull of the weights this step computed with (the last step's update), from the

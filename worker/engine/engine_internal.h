@@ -220,6 +220,9 @@ struct zt_engine {
     bool master_registered;         /* o.stream_masters: h_master is page-locked (host_register) */
     size_t late_bytes;              /* bytes of the host gradient (h_grad or h_grad16), page-locked late */
     bool late_registered;           /* ... and whether it is page-locked yet */
+    bool grad_shared;               /* placement server: the pushed gradient (h_grad, h_grad16, or gshard on the
+                                       CPU) lies in the state client's shared memory (zt_state_client_shared_alloc),
+                                       which the servers on this host read where it lies; the client frees it */
     size_t host_bytes, host_pinned_bytes;
 
     /* Tensors inside this rank's shards. */

@@ -68,6 +68,7 @@ struct zt__server_pipe {
     zt_err cerr;
     int64_t ctold;
     double commit_s;        /* how long the commit took */
+    double server_s;        /* the longest of the servers' own update times in their answers */
 };
 
 /* Agreement after a server call: 0 when rc == 0 on every rank; otherwise a negative code (this rank's
@@ -280,7 +281,7 @@ static void *commit_main(void *arg)
     zt_engine *e = arg;
     struct zt__server_pipe *p = e->spipe;
     const double t0 = zt_now_s();
-    p->crc = zt_state_client_commit(e->o.client, e->run_id, &p->args, &p->cerr);
+    p->crc = zt_state_client_commit_timed(e->o.client, e->run_id, &p->args, &p->server_s, &p->cerr);
     p->ctold = p->crc == ZT_ESTATE ? zt_state_client_server_step(e->o.client) : -1; /* this thread's call */
     p->commit_s = zt_now_s() - t0;
     return NULL;
@@ -407,6 +408,7 @@ static int resolve(zt_engine *e, bool *repaired, zt_err *err)
     pthread_mutex_unlock(&p->mu);
     /* rank 0 timed the commit; the other ranks see it in their pulls, which followed the update */
     e->timing.update_s = e->rank == 0 ? p->commit_s : pulled;
+    e->timing.server_update_s = e->rank == 0 ? p->server_s : -1.0;
     zt_err cerr = p->cerr;
     int rc = agree_told(e, e->rank == 0 ? p->crc : 0, e->rank == 0 ? p->ctold : -1, &cerr);
     const bool taken = rc == 0;
@@ -437,9 +439,11 @@ static int resolve(zt_engine *e, bool *repaired, zt_err *err)
         rc = server_agree(e, p->skip ? 0 : zt__server_push_all(e, step, err), err);
         if (rc == 0) {
             const double tc = zt_now_s();
-            rc = e->rank == 0 ? zt_state_client_commit(e->o.client, e->run_id, &p->args, err) : 0;
+            double server_s = -1.0;
+            rc = e->rank == 0 ? zt_state_client_commit_timed(e->o.client, e->run_id, &p->args, &server_s, err) : 0;
             rc = server_agree(e, rc, err);
             e->timing.update_s = zt_now_s() - tc;
+            e->timing.server_update_s = server_s;
         }
     }
     if (rc == 0)
@@ -522,6 +526,7 @@ int zt__server_step(zt_engine *e, double norm, float clip_coef, float lr, bool s
     p->skip = skip;
     p->pending = true;
     p->commit_s = 0.0;
+    p->server_s = 0.0;
     pipe_post(e, step, ready); /* the pulls follow the servers' update, block by block */
     if (e->rank == 0)
         commit_start(e);

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/shm.h"
+#include "common/units.h"
 #include "proto/rpc.h"
 #include "proto/wire.h"
 #include "ztrain/v1/state.pb-c.h"
@@ -43,12 +44,21 @@ enum link_state {
     LINK_TCP = 2,
 };
 
+/* Whether a server reads pushes from the client's shared host memory (zt_state_client_shared_alloc). */
+enum arena_state {
+    ARENA_UNTRIED = 0,
+    ARENA_ON = 1,            /* attached: arena_id names it */
+    ARENA_OFF = 2,           /* refused: pushes copy through the slots */
+};
+
 struct remote {
     char *target;            /* "host:port" */
     zt_rpc_channel_t *ch[ZT_STATE_CLIENT_MAX_STREAMS]; /* one channel per lane; lanes 1.. own their connection */
-    pthread_mutex_t link_mu; /* guards link and cur; held while a segment is offered */
+    pthread_mutex_t link_mu; /* guards link, cur and the arena fields; held while a segment is offered */
     enum link_state link;
     struct link_seg *cur;    /* with LINK_SHM: the segment new calls use */
+    enum arena_state arena;
+    uint64_t arena_id;       /* with ARENA_ON: the server's name for the client's shared host memory */
 };
 
 /* A copy of initial parameters this client pushed (one shard), kept until the run's first commit. */
@@ -136,6 +146,12 @@ struct zt_state_client {
     int nruns;
     void (*hook)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent);
     void *hook_user;
+    /* zt_state_client_shared_alloc: host memory of one segment of its own, offered to every server that took
+     * a slot segment, from which its pushes are read where they lie (no copy into a slot); NULL when none */
+    zt_shm_t *arena;
+    uint8_t *arena_base;     /* its first byte that the caller may use (after the head) */
+    uint64_t arena_bytes;    /* bytes the caller asked for */
+    _Atomic uint64_t bytes_in_place; /* push bytes the servers read from the arena (tests) */
 };
 
 /* ---- lifetime ---- */
@@ -269,6 +285,7 @@ int zt_state_client_create(const struct zt_state_client_options *opt, zt_state_c
 }
 
 static void free_seg(zt_state_client_t *c, int server, struct link_seg *seg);
+static void detach_id(zt_state_client_t *c, int server, uint64_t id);
 
 void zt_state_client_destroy(zt_state_client_t *c)
 {
@@ -283,6 +300,8 @@ void zt_state_client_destroy(zt_state_client_t *c)
     for (int i = 0; c->srv != NULL && i < c->n; i++) {
         if (c->srv[i].cur != NULL) /* no call is in flight any more */
             free_seg(c, i, c->srv[i].cur);
+        if (c->srv[i].arena == ARENA_ON)
+            detach_id(c, i, c->srv[i].arena_id);
         for (int lane = 0; lane < ZT_STATE_CLIENT_MAX_STREAMS; lane++)
             zt_rpc_channel_destroy(c->srv[i].ch[lane]);
         free(c->srv[i].target);
@@ -296,6 +315,7 @@ void zt_state_client_destroy(zt_state_client_t *c)
         free(c->runs[i].init);
     }
     zt_server_core_destroy(c->core);
+    zt_shm_destroy(c->arena);
     pthread_mutex_destroy(&c->pool.mu);
     pthread_cond_destroy(&c->pool.work);
     pthread_cond_destroy(&c->pool.done);
@@ -303,6 +323,41 @@ void zt_state_client_destroy(zt_state_client_t *c)
     pthread_mutex_destroy(&c->init_mu);
     pthread_mutex_destroy(&c->xfer_mu);
     free(c);
+}
+
+/* Host memory the servers on this host read pushes from without a copy; see client.h. */
+void *zt_state_client_shared_alloc(zt_state_client_t *c, size_t bytes, zt_err *err)
+{
+    if (c->core != NULL || c->shm == ZT_STATE_SHM_OFF || c->arena != NULL || bytes == 0)
+        return NULL;
+    const uint64_t round = ((uint64_t)bytes + 4095) / 4096 * 4096;
+    if (round > ZT_SHM_MAX_BYTES - ZT_SHM_HEAD_BYTES) {
+        char have[32], most[32];
+        zt_format_size(bytes, have, sizeof have);
+        zt_format_size(ZT_SHM_MAX_BYTES - ZT_SHM_HEAD_BYTES, most, sizeof most);
+        ZT_INFO("state client: gradient pushes copy through the shared-memory slots: the host gradient (%s) is "
+                "larger than one segment can be (%s)", have, most);
+        return NULL;
+    }
+    zt_shm_t *shm = NULL;
+    zt_err e = {{0}};
+    if (c->shm_fault == ZT__STATE_SHM_FAULT_CREATE ||
+        zt_shm_create(1, round, &shm, &e) != 0) {
+        ZT_INFO("state client: gradient pushes copy through the shared-memory slots: no segment for the host "
+                "gradient: %s", c->shm_fault == ZT__STATE_SHM_FAULT_CREATE ? "a test made it fail" : e.msg);
+        return NULL;
+    }
+    (void)err;
+    c->arena = shm;
+    c->arena_base = zt_shm_span(shm, ZT_SHM_HEAD_BYTES, round);
+    c->arena_bytes = bytes;
+    ZT_ASSERT(c->arena_base != NULL);
+    return c->arena_base;
+}
+
+uint64_t zt__state_client_bytes_in_place(zt_state_client_t *c)
+{
+    return c->bytes_in_place;
 }
 
 int zt_state_client_nservers(const zt_state_client_t *c)
@@ -502,21 +557,77 @@ const char *zt_state_client_transport(zt_state_client_t *c, char *buf, size_t ca
 
 /* Tells the server the segment is no longer used (best effort: a server that is gone forgets it anyway, and
  * drops it once this process has exited) and unmaps it. */
+static void detach_id(zt_state_client_t *c, int server, uint64_t id)
+{
+    if (id == 0)
+        return;
+    Ztrain__V1__DetachShmRequest req = ZTRAIN__V1__DETACH_SHM_REQUEST__INIT;
+    req.segment = id;
+    size_t len;
+    void *buf = pack(&req.base, &len), *resp = NULL;
+    size_t rlen = 0;
+    struct zt_rpc_status st;
+    (void)zt_rpc_unary(c->srv[server].ch[0], SVC "DetachShm", buf, len, 2.0, 0, &resp, &rlen, &st);
+    free(resp);
+    free(buf);
+}
+
 static void free_seg(zt_state_client_t *c, int server, struct link_seg *seg)
 {
-    if (seg->id != 0) {
-        Ztrain__V1__DetachShmRequest req = ZTRAIN__V1__DETACH_SHM_REQUEST__INIT;
-        req.segment = seg->id;
-        size_t len;
-        void *buf = pack(&req.base, &len), *resp = NULL;
-        size_t rlen = 0;
-        struct zt_rpc_status st;
-        (void)zt_rpc_unary(c->srv[server].ch[0], SVC "DetachShm", buf, len, 2.0, 0, &resp, &rlen, &st);
-        free(resp);
-        free(buf);
-    }
+    detach_id(c, server, seg->id);
     zt_shm_destroy(seg->shm);
     free(seg);
+}
+
+/* One AttachShm call offering segment shm to server (one attempt: a server that cannot be reached now is
+ * offered a segment again by the next call). Returns the gRPC code with st filled, and *out the unpacked
+ * answer (free it with ztrain__v1__attach_shm_response__free_unpacked) or NULL. */
+static int attach_call(zt_state_client_t *c, int server, zt_shm_t *shm, Ztrain__V1__AttachShmResponse **out,
+                       struct zt_rpc_status *st)
+{
+    uint8_t nonce[ZT_SHM_NONCE_BYTES];
+    memcpy(nonce, zt_shm_nonce(shm), sizeof(nonce));
+    if (c->shm_fault == ZT__STATE_SHM_FAULT_NONCE)
+        nonce[0] ^= 0xff;
+    Ztrain__V1__AttachShmRequest req = ZTRAIN__V1__ATTACH_SHM_REQUEST__INIT;
+    req.pid = (int32_t)getpid();
+    req.fd = zt_shm_fd(shm);
+    req.size = zt_shm_size(shm);
+    req.nonce.data = nonce;
+    req.nonce.len = sizeof(nonce);
+    void *resp = NULL;
+    size_t len = 0, reqlen;
+    void *reqbuf = pack(&req.base, &reqlen);
+    int code = zt_rpc_unary(c->srv[server].ch[0], SVC "AttachShm", reqbuf, reqlen, c->timeout_s, 0, &resp, &len, st);
+    free(reqbuf);
+    *out = code == ZT_RPC_OK ? ztrain__v1__attach_shm_response__unpack(NULL, len, resp) : NULL;
+    free(resp);
+    return code;
+}
+
+/* Offers server the client's shared host memory (zt_state_client_shared_alloc) once it has taken a slot
+ * segment. Under link_mu. Sets r->arena to ARENA_ON with its id, or to ARENA_OFF with one INFO line saying
+ * why (its pushes then copy through the slots); a server that cannot be reached leaves it untried. */
+static void offer_arena(zt_state_client_t *c, int server)
+{
+    struct remote *r = &c->srv[server];
+    struct zt_rpc_status st;
+    Ztrain__V1__AttachShmResponse *a = NULL;
+    int code = attach_call(c, server, c->arena, &a, &st);
+    if (a != NULL && a->attached && a->segment != 0) {
+        r->arena = ARENA_ON;
+        r->arena_id = a->segment;
+        ZT_INFO("state server %s: gradient pushes read by the server from this process's host gradient (%.0f MiB "
+                "of shared memory), without a copy", r->target, (double)c->arena_bytes / (1 << 20));
+    } else if (code != ZT_RPC_UNAVAILABLE && code != ZT_RPC_DEADLINE_EXCEEDED) {
+        r->arena = ARENA_OFF;
+        ZT_INFO("state server %s: gradient pushes copied through the shared-memory slots: the host gradient's "
+                "segment was refused: %s", r->target,
+                a != NULL ? (a->reason && a->reason[0] ? a->reason : "it did not attach it")
+                : code == ZT_RPC_OK ? "its AttachShmResponse is not valid protobuf" : st.msg);
+    }
+    if (a != NULL)
+        ztrain__v1__attach_shm_response__free_unpacked(a, NULL);
 }
 
 /* Offers server a new segment (AttachShm). Under link_mu. Sets the link to LINK_SHM with srv->cur, or to
@@ -536,27 +647,9 @@ static void offer_shm(zt_state_client_t *c, int server)
         r->link = LINK_TCP;
         return;
     }
-    uint8_t nonce[ZT_SHM_NONCE_BYTES];
-    memcpy(nonce, zt_shm_nonce(shm), sizeof(nonce));
-    if (c->shm_fault == ZT__STATE_SHM_FAULT_NONCE)
-        nonce[0] ^= 0xff;
-    Ztrain__V1__AttachShmRequest req = ZTRAIN__V1__ATTACH_SHM_REQUEST__INIT;
-    req.pid = (int32_t)getpid();
-    req.fd = zt_shm_fd(shm);
-    req.size = zt_shm_size(shm);
-    req.nonce.data = nonce;
-    req.nonce.len = sizeof(nonce);
-    void *resp = NULL;
-    size_t len = 0;
     struct zt_rpc_status st;
-    /* one attempt: a server that cannot be reached now is offered a segment again by the next call */
-    size_t reqlen;
-    void *reqbuf = pack(&req.base, &reqlen);
-    int code = zt_rpc_unary(r->ch[0], SVC "AttachShm", reqbuf, reqlen, c->timeout_s, 0, &resp, &len, &st);
-    free(reqbuf);
-    Ztrain__V1__AttachShmResponse *a =
-        code == ZT_RPC_OK ? ztrain__v1__attach_shm_response__unpack(NULL, len, resp) : NULL;
-    free(resp);
+    Ztrain__V1__AttachShmResponse *a = NULL;
+    int code = attach_call(c, server, shm, &a, &st);
     if (a != NULL && a->attached && a->segment != 0) {
         struct link_seg *seg = zt_xcalloc(1, sizeof(*seg));
         seg->shm = shm;
@@ -950,11 +1043,85 @@ static int push_shm(zt_state_client_t *c, const struct piece *p, struct link_seg
     return code;
 }
 
+/* The id under which server reads the piece's bytes from the client's shared host memory, or 0 when they do
+ * not lie there or the server does not take it (then they go through a slot or over TCP). The first such
+ * push to a server that took a slot segment offers it the shared memory. */
+static uint64_t arena_take(zt_state_client_t *c, const struct piece *p)
+{
+    const uint64_t bytes = p->n * p->es;
+    if (c->arena == NULL || p->n == 0 || p->src < c->arena_base || bytes > c->arena_bytes ||
+        (uint64_t)(p->src - c->arena_base) > c->arena_bytes - bytes)
+        return 0;
+    struct link_seg *seg = shm_take(c, p->server); /* the slot segment first: the same negotiation and fallback */
+    if (seg == NULL)
+        return 0;
+    shm_release(c, p->server, seg, 0);
+    struct remote *r = &c->srv[p->server];
+    pthread_mutex_lock(&r->link_mu);
+    if (r->link == LINK_SHM && r->arena == ARENA_UNTRIED)
+        offer_arena(c, p->server);
+    const uint64_t id = r->link == LINK_SHM && r->arena == ARENA_ON ? r->arena_id : 0;
+    pthread_mutex_unlock(&r->link_mu);
+    return id;
+}
+
+/* After a failed push through the shared host memory under `id`: the server may have restarted (it knows no
+ * segment) or the call broke; the next push offers the memory again under a new id, and the old one is given
+ * up. A server handler still reading the old one reads bytes that do not change until the step is committed
+ * (the engine writes the next gradient only after the commit, which waits for every push in progress). */
+static void arena_failed(zt_state_client_t *c, int server, uint64_t id)
+{
+    struct remote *r = &c->srv[server];
+    int detach = 0;
+    pthread_mutex_lock(&r->link_mu);
+    if (r->arena == ARENA_ON && r->arena_id == id) {
+        r->arena = ARENA_UNTRIED;
+        r->arena_id = 0;
+        detach = 1;
+    }
+    pthread_mutex_unlock(&r->link_mu);
+    if (detach)
+        detach_id(c, server, id);
+}
+
+/* One attempt at a push of one piece read by the server from the client's shared host memory (segment `id`):
+ * no copy, a PushMessage header per slot's worth of bytes (as through the slots, so the chunk hook is called as
+ * often). Returns the gRPC code with st filled. */
+static int push_arena(zt_state_client_t *c, const struct piece *p, uint64_t id, struct zt_rpc_status *st)
+{
+    const uint64_t bytes = p->n * p->es, base = p->first * p->es;
+    const uint64_t per = ZT_STATE_CLIENT_SHM_SLOT_BYTES / p->es * p->es;
+    const uint64_t at0 = ZT_SHM_HEAD_BYTES + (uint64_t)(p->src - c->arena_base);
+    int code = ZT_RPC_OK;
+    for (uint64_t at = 0; at < bytes && code == ZT_RPC_OK; at += per) {
+        const uint64_t n = bytes - at < per ? bytes - at : per;
+        size_t len;
+        void *buf = pack_push_header(p, n, p->first + at / p->es, id, at0 + at, &len), *resp = NULL;
+        size_t rlen = 0;
+        code = zt_rpc_unary(c->srv[p->server].ch[p->lane], p->method, buf, len, c->timeout_s, 0, &resp, &rlen, st);
+        free(buf);
+        free(resp);
+        if (code != ZT_RPC_OK)
+            break;
+        c->bytes_in_place += n;
+        if (c->hook != NULL)
+            call_hook(c, p->step, p->block, p->shard, base + at + n);
+    }
+    return code;
+}
+
 /* One attempt at a push stream of one piece (the elements [p->first, p->first + p->n) of the shard):
- * through the server's shared-memory segment when it has one, else over TCP. Returns the gRPC code with st
- * filled. */
+ * read by the server where it lies when it is in the client's shared host memory, else through the server's
+ * shared-memory segment when it has one, else over TCP. Returns the gRPC code with st filled. */
 static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
+    const uint64_t arena_id = arena_take(c, p);
+    if (arena_id != 0) {
+        int code = push_arena(c, p, arena_id, st);
+        if (code != ZT_RPC_OK)
+            arena_failed(c, p->server, arena_id);
+        return code;
+    }
     struct link_seg *seg = p->n > 0 ? shm_take(c, p->server) : NULL;
     if (seg != NULL) {
         int code = push_shm(c, p, seg, st);
@@ -1216,6 +1383,7 @@ struct commit_call {
     const ProtobufCMessage *req;
     int code;
     struct zt_rpc_status st;
+    double seconds;  /* the server's own update time from its answer (0 from a server too old to say) */
 };
 
 static void *commit_main(void *arg)
@@ -1224,15 +1392,36 @@ static void *commit_main(void *arg)
     void *resp = NULL;
     size_t len = 0;
     k->code = unary(k->c, k->server, SVC "CommitStep", k->req, &resp, &len, &k->st);
+    if (k->code == ZT_RPC_OK) {
+        Ztrain__V1__CommitStepResponse *r = ztrain__v1__commit_step_response__unpack(NULL, len, resp);
+        if (r != NULL) {
+            k->seconds = r->seconds;
+            ztrain__v1__commit_step_response__free_unpacked(r, NULL);
+        }
+    }
     free(resp);
     return NULL;
 }
 
 int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err)
 {
+    return zt_state_client_commit_timed(c, run, args, NULL, err);
+}
+
+/* Commits on every server and reports the longest server update; see client.h. */
+int zt_state_client_commit_timed(zt_state_client_t *c, const char *run, const zt_server_commit_args *args,
+                                 double *server_s, zt_err *err)
+{
     set_server_step(c, -1);
-    if (c->core != NULL)
-        return zt_server_core_commit(c->core, run, args, NULL, err);
+    if (server_s)
+        *server_s = 0.0;
+    if (c->core != NULL) {
+        zt_server_commit_result res = {0};
+        int rc = zt_server_core_commit(c->core, run, args, &res, err);
+        if (rc == 0 && server_s)
+            *server_s = res.seconds;
+        return rc;
+    }
     Ztrain__V1__CommitStepRequest req = ZTRAIN__V1__COMMIT_STEP_REQUEST__INIT;
     req.run = (char *)run;
     req.step = args->step;
@@ -1258,8 +1447,11 @@ int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_serve
     int rc = 0;
     for (int i = 0; i < c->n && rc == 0; i++) {
         const struct zt_rpc_status *st = &calls[i].st;
-        if (calls[i].code == ZT_RPC_OK)
+        if (calls[i].code == ZT_RPC_OK) {
+            if (server_s && calls[i].seconds > *server_s)
+                *server_s = calls[i].seconds;
             continue;
+        }
         /* A server that lost the run before its first snapshot gets it again; the gradients it lost are then
          * pushed again by the caller, which retries a step the servers did not take. */
         if (st->code == ZT_RPC_NOT_FOUND || st->code == ZT_RPC_FAILED_PRECONDITION)

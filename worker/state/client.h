@@ -40,6 +40,10 @@
  * reached over TCP, with one INFO line naming the reason. A call through the segment that fails for any
  * reason retires the segment (its slots may still be in use by the server's handler): the next call makes
  * and offers a new one, so a restarted server (which knows no segment: ABORTED) is attached again by itself.
+ * Gradients that lie in the client's shared host memory (zt_state_client_shared_alloc, where the engine keeps
+ * its host gradient) are not copied at all: the push names their place there and the server reads them in
+ * place, which is safe because the engine writes a step's gradient only after that step's commit, and a commit
+ * (or a state load) waits for every push still reading.
  *
  * Memory: the first client with remote servers sets glibc's heap thresholds of the process to the most
  * its dynamic adjustment would reach (mallopt: blocks up to 32 MiB come from the heap, up to 64 MiB of
@@ -115,6 +119,18 @@ int zt_state_client_streams(const zt_state_client_t *c);
  * others". Returns buf. */
 const char *zt_state_client_transport(zt_state_client_t *c, char *buf, size_t cap);
 
+/* Host memory of `bytes` bytes (zeroed, page-aligned) that the state servers on this host read gradient pushes
+ * from where they lie: a push of data inside it names its place in the memory instead of copying the bytes into
+ * a shared-memory slot first (the engine keeps its host gradient there, so that the GPU's copies land where the
+ * servers read). It is one more sealed memfd segment, offered (AttachShm) to every server that took the
+ * client's slot segment, at the first push from it; a server that refuses it is pushed to through the slots,
+ * with one INFO line. Call it at most once per client. Returns the memory, owned by the client and valid until
+ * zt_state_client_destroy (the caller must be done with it, and have unregistered it from CUDA, before), or
+ * NULL when there is none to give (embedded mode, shared memory off, more than one segment can hold, a segment
+ * that cannot be made: one INFO line for the last two): then the caller allocates its own. err is unused (no
+ * case is an error). */
+void *zt_state_client_shared_alloc(zt_state_client_t *c, size_t bytes, zt_err *err);
+
 /* The in-process core in embedded mode (for snapshots and tests), or NULL with remote servers. */
 zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c);
 
@@ -139,6 +155,13 @@ int zt_state_client_push_grad(zt_state_client_t *c, const char *run, int64_t ste
 /* Commits step args->step on every server, all at the same time (a server that already committed it answers so, which counts
  * as done). Returns 0, ZT_ESTATE as push does, or another negative code with a message. */
 int zt_state_client_commit(zt_state_client_t *c, const char *run, const zt_server_commit_args *args, zt_err *err);
+
+/* zt_state_client_commit that also writes into *server_s (may be NULL) the longest time any server spent
+ * applying the update (its CommitStepResponse.seconds: the AdamW alone, without the calls and the waiting;
+ * 0 for a retried or overflowed step and from servers too old to say), on success. Returns as
+ * zt_state_client_commit. */
+int zt_state_client_commit_timed(zt_state_client_t *c, const char *run, const zt_server_commit_args *args,
+                                 double *server_s, zt_err *err);
 
 /* Pulls elements [offset, offset + n) of one shard after `step` commits from its owner into out (n
  * elements of the run's param dtype); waits for a commit of that step in progress. Pull the blocks in
@@ -198,6 +221,10 @@ enum zt__state_shm_fault {
     ZT__STATE_SHM_FAULT_NONCE = 2,
 };
 void zt__state_client_set_shm_fault(zt_state_client_t *c, enum zt__state_shm_fault fault);
+
+/* For tests: the push bytes servers read from the memory of zt_state_client_shared_alloc (without a copy;
+ * a retried call's bytes count again). */
+uint64_t zt__state_client_bytes_in_place(zt_state_client_t *c);
 
 /* For tests: whether server `server` is reached through shared memory now (1) or over TCP (0). */
 int zt__state_client_uses_shm(zt_state_client_t *c, int server);

@@ -1129,12 +1129,16 @@ static void log_timing(zt_engine *e, zt_state_client_t *client)
     zt_format_size(t.bytes_down, down, sizeof down);
     zt_format_size(t.bytes_up, up, sizeof up);
     if (t.server) {
+        /* the servers' own AdamW time, where this rank knows it (rank 0, which commits) */
+        char own[64] = "";
+        if (t.server_update_s >= 0.0)
+            snprintf(own, sizeof own, "AdamW on the servers %.3f s, ", t.server_update_s);
         /* the wire's MiB are greppable as "wire N MiB" (bench/server/cpu_placement.sh reads them) */
         zt_log(ZT_LOG_INFO, "engine: step %.3f s | server push %.3f s (during the backward; waited %.3f s after it) | "
-               "server update %.3f s (during the forward; waited %.3f s for its answer) | pull %.3f s (behind the "
+               "server update %.3f s (%sduring the forward; waited %.3f s for its answer) | pull %.3f s (behind the "
                "update, into the forward) | waited for pulled blocks %.3f s | waited for the backward and norm %.3f s | "
                "wire %.1f MiB pushed + pulled (via %s) | copied down %s, up %s",
-               t.step, t.push_s, t.push_wait_s, t.update_s, t.commit_wait_s, t.pull_s, t.wait_update, t.wait_norm,
+               t.step, t.push_s, t.push_wait_s, t.update_s, own, t.commit_wait_s, t.pull_s, t.wait_update, t.wait_norm,
                (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), via[0] ? via : "embedded", down, up);
         return;
     }
