@@ -445,6 +445,7 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     if (o->moments_dir)
         snprintf(e->moments_dir, sizeof e->moments_dir, "%s", o->moments_dir);
     e->stale_step = -1;
+    e->mahead[0] = e->mahead[1] = -1;
 #ifdef ZT_WITH_CUDA
     e->dev = model->backend == ZT_MODEL_CUDA ? zt__engine_dev_cuda() : zt__engine_dev_cpu();
 #else
@@ -2121,6 +2122,17 @@ void zt_engine_last_timing(zt_engine *e, zt_engine_timing *t)
         zt__server_timing(e, t);
     else if (e->host)
         t->host_update = zt__host_opt_busy(e);
+    if (e->mstore) {
+        zt__disk_timing d;
+        zt__host_opt_disk(e, &d);
+        t->disk = true;
+        t->disk_read_wait = d.read_wait_s;
+        t->disk_write_wait = d.write_wait_s;
+        t->disk_behind = d.behind_s;
+        t->disk_bytes_read = d.bytes_read;
+        t->disk_bytes_written = d.bytes_written;
+        t->disk_read_ahead = d.read_ahead;
+    }
 }
 
 /* Kernel profiling of the model; see engine.h. */
