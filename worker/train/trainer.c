@@ -409,6 +409,9 @@ static void engine_options(const zt_train_config *cfg, int accum, zt_engine_opti
     eo->moment_dtype = cfg->adam_moments == ZT_MOMENTS_BF16 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
     eo->moments_dir = cfg->moments_dir[0] ? cfg->moments_dir : NULL;
     eo->grad_accum_host = cfg->host_grad_accum;
+    /* ZT_MOMENTS_READ_AHEAD=0 (a diagnostic, the same bits): every update of the state on disk starts cold */
+    const char *ahead = getenv("ZT_MOMENTS_READ_AHEAD");
+    eo->moments_no_read_ahead = ahead && strcmp(ahead, "0") == 0;
 }
 
 /* What the planner chose for the engine. */
@@ -1138,9 +1141,19 @@ static void log_timing(zt_engine *e, zt_state_client_t *client)
                (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), via[0] ? via : "embedded", down, up);
         return;
     }
+    char disk[192] = "";
+    if (t.disk) {
+        /* "disk read waited" and "disk write waited" are the update's waits that the passes may wait for behind it */
+        char rd[32], wr[32];
+        zt_format_size(t.disk_bytes_read, rd, sizeof rd);
+        zt_format_size(t.disk_bytes_written, wr, sizeof wr);
+        snprintf(disk, sizeof disk, " | disk read waited %.3f s, disk write waited %.3f s, behind the last block "
+                 "%.3f s (%s read, %d record%s read ahead, %s written)", t.disk_read_wait, t.disk_write_wait,
+                 t.disk_behind, rd, t.disk_read_ahead, t.disk_read_ahead == 1 ? "" : "s", wr);
+    }
     zt_log(ZT_LOG_INFO, "engine: step %.3f s | host update %.3f s (overlaps the next step) | waited for updated "
-           "blocks %.3f s | waited for the backward and norm %.3f s | copied down %s, up %s",
-           t.step, t.host_update, t.wait_update, t.wait_norm, down, up);
+           "blocks %.3f s | waited for the backward and norm %.3f s | copied down %s, up %s%s",
+           t.step, t.host_update, t.wait_update, t.wait_norm, down, up, disk);
 }
 
 /* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
@@ -1388,7 +1401,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* ZT_GPU_PROFILE=N (a diagnostic): from step N on, time every kernel family (logged at the end). */
     const char *profile_env = getenv("ZT_GPU_PROFILE");
     const int64_t profile_from = profile_env ? atoll(profile_env) : 0;
-    const bool offloaded = (on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU) || on_servers;
+    /* the optimizer off the GPU, on servers, or on the CPU with its state on disk (the host AdamW's thread) */
+    const bool offloaded = (on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU) || on_servers || zt_engine_exports_streamed(r.engine);
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
         const double t0 = zt_now_s();
