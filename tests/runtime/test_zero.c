@@ -32,6 +32,7 @@
 #include "worker/models/gpt2.h"
 #include "worker/models/model.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/plan.h"
 #include "worker/train/trainer.h"
 
 #include "../worker/train_fixture.h"
@@ -1340,7 +1341,7 @@ static void host_mem_fixture(char *dir, char *shard, char *sdir, zt_train_config
  * files grow), and the losses are those of the same run with the masters in RAM, bit for bit. The cap is
  * priced here as the trainer prices CPU ranks: the engine's buffers, the model's parameters and gradients
  * (8 bytes per parameter), the checkpoints' staging (state on disk: streamed through the engine's buffers of
- * a few blocks and the writer's one tensor, not 12 bytes per parameter). The checkpoint, streamed from the
+ * a few blocks and the writer's one tensor, not 12 bytes per parameter) or the import's at the start, the larger. The checkpoint, streamed from the
  * records, holds the bytes of the same run's with its state in RAM (gathered into host arrays), and resuming
  * it under the cap continues that run bit for bit. */
 static void test_train_under_host_mem(void **state)
@@ -1374,7 +1375,8 @@ static void test_train_under_host_mem(void **state)
         zt_engine_plan_for(model, W, &eo, &pl);
         const uint64_t staging = pl.export_stream_bytes + zt_checkpoint_stream_bytes(fm);
         assert_true(pl.export_stream_bytes > 0 && staging < 12 * P / 3); /* 4.5 of 8 blocks, not 12 B a parameter */
-        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + staging;
+        const uint64_t transient = staging > pl.import_bytes ? staging : pl.import_bytes; /* or the import's */
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + transient + ZT_PLAN_PROCESS_RAM_CPU;
     }
     model->ops->destroy(model);
     zt_family_model_destroy(fm);
@@ -1459,7 +1461,9 @@ static void resume_prices(const zt_train_config *cfg, int W, const char *sdir, u
         const uint64_t save = pl.export_stream_bytes + zt_checkpoint_stream_bytes(fm);
         const uint64_t load = pl.import_stream_bytes + zt_checkpoint_read_bytes(fm);
         assert_true(pl.import_stream_bytes > 0 && load < 12 * P / 3); /* a block's shards, not 12 B a parameter */
-        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + (save > load ? save : load);
+        uint64_t transient = save > load ? save : load;
+        transient = transient > pl.import_bytes ? transient : pl.import_bytes; /* the import of the initial weights */
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + transient + ZT_PLAN_PROCESS_RAM_CPU;
     }
     model->ops->destroy(model);
     zt_family_model_destroy(fm);

@@ -552,6 +552,8 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->shard_elems = e->nshard;
     plan->export_stream_bytes = zt_engine_export_stream_bytes(e);
     plan->import_stream_bytes = zt_engine_import_stream_bytes(e);
+    /* import_blocks' and import_field's stage of one block; import_disk_state's three (masters, m, v) */
+    plan->import_bytes = (e->home == ZT__OPT_HOST && e->moments_dir[0] ? 3 : 1) * e->max_padded * sizeof(float);
     free(e->blocks);
     free(e->slots);
     free(e->pieces);

@@ -152,6 +152,9 @@ typedef struct zt_engine_plan {
                                    disk), not in host_bytes; 0 where it does not apply */
     size_t import_stream_bytes; /* host bytes zt_engine_import_stream holds while a checkpoint is read, not in
                                    host_bytes; 0 where it does not apply (placement server) */
+    size_t import_bytes;        /* host bytes zt_engine_import (zt_engine_create's initial weights, a checkpoint in
+                                   host arrays) holds beside host_bytes while it runs: a block's staging, and with
+                                   state on disk its masters, m and v for the block's record */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 

@@ -510,14 +510,20 @@ static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     zt_engine_plan ep;
     zt_engine_plan_for(p->model, p->W, &o, &ep);
     const uint64_t staging = checkpoint_staging(p->cfg, &ep, p->host, p->staging);
-    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + staging;
+    /* the import of the initial weights (or of a checkpoint in host arrays) stages a block or three at the start,
+     * before any checkpoint's staging */
+    const uint64_t transient = staging > ep.import_bytes ? staging : ep.import_bytes;
+    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + transient + ZT_PLAN_PROCESS_RAM_CPU;
     out->disk = ep.disk_bytes;
     out->staging = staging;
-    char eng[32], mod[32], stg[32];
+    char eng[32], mod[32], stg[32], imp[32], proc[32];
     zt_format_size(ep.device_bytes + ep.host_bytes, eng, sizeof eng);
     zt_format_size(8 * p->P, mod, sizeof mod);
     zt_format_size(staging, stg, sizeof stg);
-    snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s", eng, mod, stg);
+    zt_format_size(ep.import_bytes, imp, sizeof imp);
+    zt_format_size(ZT_PLAN_PROCESS_RAM_CPU, proc, sizeof proc);
+    snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s or the import's %s, "
+             "process %s", eng, mod, stg, imp, proc);
 }
 
 /* Plans the host memory of CPU ranks under --host-mem before the engine allocates its state: the tiers of the
@@ -637,9 +643,8 @@ static void ram_fixes(const zt_model *shape, int W, const zt_engine_options *o, 
     }
 }
 
-/* Host RAM counted for the process besides its plan: the CUDA context and libraries, the model's host
- * tables, the data loader. */
-#define PROCESS_RAM_BYTES ((uint64_t)2 << 30)
+/* Host RAM counted for the process besides its plan (plan.h). */
+#define PROCESS_RAM_BYTES ZT_PLAN_PROCESS_RAM_GPU
 
 /* The host RAM a run needs: the engine's arrays with `steady_other` beside them, or at the start with
  * `start_other` (the slab of the initial weights among it), whichever is more. At the start the Adam moments'
@@ -650,7 +655,7 @@ static uint64_t host_ram(const zt_engine_plan *ep, uint64_t steady_other, uint64
 {
     const uint64_t steady = ep->host_bytes + steady_other;
     const uint64_t later = ep->host_moment_bytes + (fresh ? ep->host_late_bytes + ep->host_master_bytes : 0);
-    const uint64_t at_start = ep->host_bytes - later + start_other;
+    const uint64_t at_start = ep->host_bytes - later + start_other + ep->import_bytes; /* the import's staging */
     return steady > at_start ? steady : at_start;
 }
 
