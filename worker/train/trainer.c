@@ -424,6 +424,7 @@ struct layout {
     bool stream_masters; /* the streamed weights come up as the fp32 masters (no compute-dtype host copy) */
     size_t grad_chunk;
     size_t device_budget; /* 0: no cap */
+    uint64_t host_ram;    /* the plan's host bytes at its peak (logged beside the measured peak); 0: none planned */
 };
 
 /* The host tiers of the state as engine options (--host-mem): moments and masters on disk or not, and their
@@ -544,6 +545,7 @@ static int plan_cpu_host(const zt_train_config *cfg, int W, bool is0, zt_model *
     zt_engine_options o = p.base;
     apply_tiers(cfg, &c.tiers, &o);
     apply_tiers_layout(&c.tiers, &o, lay);
+    lay->host_ram = c.price.ram;
     if (is0)
         log_host_tiers(cfg, &c);
     zt_plan_host h = {.ram_needed = c.price.ram, .ram_available = zt_plan_ram_available(), .disk_needed = c.price.disk,
@@ -834,6 +836,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     lay->stream_masters = o.stream_masters;
     lay->masters_disk = o.masters_disk;
     lay->masters_ram_bytes = o.masters_ram_bytes;
+    lay->host_ram = ram;
     const uint64_t disk = embedded && cfg->state_store == ZT_STORE_NVME
                               ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(zt_family_config_layers(&cfg->model) + 2)
                               : ep.disk_bytes;
@@ -1161,6 +1164,58 @@ static void log_timing(zt_engine *e, zt_state_client_t *client)
            t.step, t.host_update, t.wait_update, t.wait_norm, down, up, disk);
 }
 
+/* This process's resident memory as /proc/self/status counts it (bytes; 0 where unknown): the peak (VmHWM),
+ * now (VmRSS) and what it is now by kind: anonymous (heap, page-locked buffers), file-backed (binaries,
+ * libraries, mapped files, a page cache that a buffered store maps), shared memory. */
+typedef struct rss_now {
+    uint64_t peak, now, anon, file, shmem;
+} rss_now;
+
+static void read_rss(rss_now *m)
+{
+    memset(m, 0, sizeof *m);
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return;
+    char line[256];
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmHWM: %llu kB", &kib) == 1)
+            m->peak = (uint64_t)kib << 10;
+        else if (sscanf(line, "VmRSS: %llu kB", &kib) == 1)
+            m->now = (uint64_t)kib << 10;
+        else if (sscanf(line, "RssAnon: %llu kB", &kib) == 1)
+            m->anon = (uint64_t)kib << 10;
+        else if (sscanf(line, "RssFile: %llu kB", &kib) == 1)
+            m->file = (uint64_t)kib << 10;
+        else if (sscanf(line, "RssShmem: %llu kB", &kib) == 1)
+            m->shmem = (uint64_t)kib << 10;
+    }
+    fclose(f);
+}
+
+/* One line of the host memory at a point of the run against the plan (greppable: "memory: <when>: peak RSS"),
+ * so that memory the plan does not count shows where it is taken. Returns the peak. */
+static uint64_t log_rss(const char *when, uint64_t planned, uint64_t cap, bool is0)
+{
+    rss_now m;
+    read_rss(&m);
+    if (!is0)
+        return m.peak;
+    char peak[32], now[32], anon[32], file[32], shm[32], plan[32], capt[32];
+    zt_format_size(m.peak, peak, sizeof peak);
+    zt_format_size(m.now, now, sizeof now);
+    zt_format_size(m.anon, anon, sizeof anon);
+    zt_format_size(m.file, file, sizeof file);
+    zt_format_size(m.shmem, shm, sizeof shm);
+    zt_format_size(planned, plan, sizeof plan);
+    zt_format_size(cap, capt, sizeof capt);
+    zt_log(cap && m.peak > cap ? ZT_LOG_WARN : ZT_LOG_INFO, "memory: %s: peak RSS %s, RSS %s (anon %s, file %s, "
+           "shmem %s); the plan's host %s%s%s%s", when, peak, now, anon, file, shm, planned ? plan : "-",
+           cap ? " of --host-mem " : "", cap ? capt : "", cap && m.peak > cap ? ": the peak is above the cap" : "");
+    return m.peak;
+}
+
 /* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
  * step fails because a state server holds an older step (the same on every rank), res->rewind_to
  * receives that step. */
@@ -1348,6 +1403,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_log(ZT_LOG_INFO, "resume: the checkpoint read into the engine block by block (%s of staging)", stage);
         }
     }
+    (void)log_rss("the engine created", lay.host_ram, cfg->host_mem, is0);
     if (is0) {
         zt_engine_log_plan(r.engine);
         if (on_servers)
@@ -1479,6 +1535,11 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
                              per_step * (double)(cfg->steps - step));
                 if (offloaded)
                     log_timing(r.engine, r.client);
+                if (steps_run <= 2) { /* the first updates take the pages of the state they write */
+                    char when[48];
+                    snprintf(when, sizeof when, "step %lld", (long long)step);
+                    (void)log_rss(when, lay.host_ram, cfg->host_mem, is0);
+                }
                 window_time = 0.0;
                 window_tokens = 0.0;
             }
@@ -1530,6 +1591,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     stop_requested = 0; /* a request that came with the last step needs no stop */
     if (profile_from > 0 && is0)
         zt_engine_profile_report(r.engine);
+    res->peak_rss_bytes = log_rss("the end of training", lay.host_ram, cfg->host_mem, is0);
+    res->plan_host_bytes = lay.host_ram;
     res->seconds = zt_now_s() - start;
     res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
     if (is0 && !res->interrupted) {
