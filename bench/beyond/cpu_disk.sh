@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The host AdamW over state on disk on CPU ranks, before and after the reads ahead across the step boundary:
-# a GPT-2 of 12 layers x 1536 over bytes (340.6M parameters) under --host-mem 6700MiB with bf16 moments and
+# a GPT-2 of 12 layers x 1536 over bytes (340.6M parameters) under --host-mem 7100MiB with bf16 moments and
 # --moments-dir (the plan puts the moments and the fp32 masters of 11 of 14 blocks on disk: 2.32 GiB of
 # records read and written per step), micro-batch 1 x SEQ tokens, GA micro-batches, STEPS steps, alternating
 # ZT_MOMENTS_READ_AHEAD=0 ("cold": every update starts with a cold read) and the default ("ahead"), ROUNDS
@@ -38,7 +38,7 @@ for round in $(seq 1 "$ROUNDS"); do
         ZT_MOMENTS_READ_AHEAD=$ahead /usr/bin/time -f "%M" -o "$WORK/rss" "$ZTRAIN" train --model "$WORK/model.json" \
             --train-data "$WORK/data_train_000.bin" --steps "$STEPS" --batch-size 1 --seq-len "$SEQ" --grad-accum "$GA" \
             --log-every 1 --eval-every 0 --save-every -1 --adam-moments bf16 --moments-dir "$WORK/state" \
-            --host-mem 6700MiB --out "$WORK/run" > "$WORK/log_${mode}_$round" 2>&1 || { tail -5 "$WORK/log_${mode}_$round"; exit 1; }
+            --host-mem 7100MiB --out "$WORK/run" > "$WORK/log_${mode}_$round" 2>&1 || { tail -5 "$WORK/log_${mode}_$round"; exit 1; }
         python3 - "$WORK/log_${mode}_$round" "$mode" "$round" "$(cat "$WORK/rss")" <<'PY'
 import re, sys
 log, mode, rnd, rss = sys.argv[1:]
