@@ -19,6 +19,8 @@
 # gradient of a 6.74B model (27 GB) with the bf16 copy of the weights (13.5 GB) does not fit: the
 # grad_accum 16 row is expected to be refused with its minimum, and the grad_accum 1 row trains with the
 # bf16 host gradient of one micro-batch (13.5 GB), the moments and masters on disk.
+# ZT_MOMENTS_READ_AHEAD=0 in the environment turns the reads of the next update's first records ahead off (the
+# same bits), for a before/after of rows with state on disk.
 # Pairs of rows named in PAIRS are compared step by step (largest relative loss difference; "same bits"
 # when every loss is equal). Writes OUT_DIR/rows.jsonl, one log per row, and prints OUT_DIR/table.md.
 set -u
@@ -122,13 +124,20 @@ if timed:
     out["tokens_per_s"] = tokens * len(timed) / sum(tokens / r["tokens_per_s"] for r in timed)
 if rc != "0" or not timed:
     out["error"] = (re.findall(r"(?:ERROR|error:).*", text) or ["no timed steps"])[-1][:600]
-out["plan"] = re.findall(r"plan: .*", text)
+# the planner's lines and the trainer's "memory:" lines (the measured peak against the plan, by phase)
+out["plan"] = re.findall(r"(?:plan|memory): .*", text)
 m = re.findall(r"engine: step ([0-9.]+) s \| host update ([0-9.]+) s .*?blocks ([0-9.]+) s \| waited for the "
                r"backward and norm ([0-9.]+) s \| copied down ([0-9.]+ \w+), up ([0-9.]+ \w+)", text)
 if m:
     s, h, wu, wn, down, up = m[-1]
     out.update(step_s=float(s), host_update_s=float(h), wait_update_s=float(wu), wait_norm_s=float(wn),
                down=down, up=up)
+d = re.findall(r"disk read waited ([0-9.]+) s, disk write waited ([0-9.]+) s, behind the last block ([0-9.]+) s "
+               r"\(.*?, (\d) records? read ahead", text)
+if d:
+    rw, ww, bh, ra = d[-1]
+    out.update(disk_read_wait_s=float(rw), disk_write_wait_s=float(ww), disk_behind_s=float(bh),
+               disk_read_ahead=int(ra))
 p = re.search(r"([0-9.]+)M parameters", text)
 out["params"] = float(p.group(1)) * 1e6 if p else 0
 print(json.dumps(out))
@@ -151,8 +160,9 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     rows[r["name"]] = r
 print("| row | params | batch x T x grad_accum | precision | flags | tokens/s | TFLOP/s | MFU | peak GPU GiB | "
-      "peak host GiB (anon / file / shmem) | loss first -> last | host AdamW s | waited for updates s | step s | copied down, up |")
-print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
+      "peak host GiB (anon / file / shmem) | loss first -> last | host AdamW s | waited for updates s | step s | copied down, up | "
+      "disk read / write waited s (records read ahead) |")
+print("|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
 for r in rows.values():
     L, C = shape[r["model"]]
     lo = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}" if r["losses"] else ""
@@ -165,7 +175,9 @@ for r in rows.values():
     print(f"| {r['name']} | {r['params'] / 1e9:.2f}B | {r['batch']} x 1024 x {r['grad_accum']} | {r['precision']} | "
           f"{r['flags']} | {speed} | {r['peak_gpu_gib']:.1f} | {r['peak_host_gib']:.1f} ({r.get('peak_rss_anon_gib', 0):.1f} / "
           f"{r.get('peak_rss_file_gib', 0):.1f} / {r.get('peak_rss_shmem_gib', 0):.1f}) | {lo} | " + " | ".join(br)
-          + f" | {r.get('down', '')}, {r.get('up', '')} |")
+          + f" | {r.get('down', '')}, {r.get('up', '')} | "
+          + (f"{r['disk_read_wait_s']:.3f} / {r['disk_write_wait_s']:.3f} ({r['disk_read_ahead']})" if "disk_read_wait_s" in r else "")
+          + " |")
 print()
 for pair in sys.argv[3].split():
     a, b = pair.split(":")

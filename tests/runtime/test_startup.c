@@ -6,7 +6,10 @@
  *   - ranks started by hand with the torchrun variables: success, a WORLD_SIZE mismatch, different
  *     configs and a rank that never joins each fail on every started rank with the same clear message
  *     and a non-zero status, within ZT_RDZV_TIMEOUT_S;
- *   - SIGINT to the launcher stops every rank after the same step with a checkpoint, exit status 130. */
+ *   - SIGINT to the launcher stops every rank after the same step with a checkpoint, exit status 130;
+ *   - under the tightest --host-mem the planner takes (its refusal of 1 MiB names it), at W = 1 and 2 with the
+ *     state on disk, the peak resident memory of every rank (its VmHWM, as the kernel's rusage gives it)
+ *     stays under the cap. */
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -18,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -316,12 +321,97 @@ static void test_sigint_stops_every_rank_with_a_checkpoint(void **state)
     assert_null(strstr(text, "ERROR"));
 }
 
+/* Runs argv (ZTRAIN_BIN: `ztrain launch` of W ranks, or one rank) with its output in log and returns its exit
+ * status; *peak_kib receives the largest peak resident memory (ru_maxrss) of the processes it started and
+ * waited for, itself included, measured in a process of its own so that no other test's children count. */
+static int run_measured(char **argv, const char *log, long *peak_kib)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        const int st = wait_status(spawn(ZTRAIN_BIN, argv, NULL, log));
+        struct rusage ru;
+        getrusage(RUSAGE_CHILDREN, &ru);
+        const long kib = ru.ru_maxrss;
+        _exit(write(fds[1], &kib, sizeof kib) == (ssize_t)sizeof kib ? st : 126);
+    }
+    close(fds[1]);
+    *peak_kib = -1;
+    assert_int_equal(read(fds[0], peak_kib, sizeof *peak_kib), (ssize_t)sizeof *peak_kib);
+    close(fds[0]);
+    return wait_status(pid);
+}
+
+/* The minimum a refusal names ("what would fit: --host-mem 123MiB or more"), in MiB; fails when none. */
+static long named_minimum_mib(const char *text)
+{
+    const char *at = strstr(text, "what would fit: --host-mem ");
+    if (!at)
+        fail_msg("no minimum in the refusal:\n%s", text);
+    return strtol(at + strlen("what would fit: --host-mem "), NULL, 10);
+}
+
+static void test_peak_rss_under_host_mem(void **state)
+{
+    (void)state;
+    /* a model whose fp32 state dwarfs the process (12.6 MB of weights; the process alone is about 13 MiB) */
+    zt_gpt2_config c;
+    zt_gpt2_config_default(&c);
+    c.n_layer = 4;
+    c.n_head = 4;
+    c.n_embd = 256;
+    c.n_positions = 16;
+    c.vocab_size = 37;
+    zt_err err = {{0}};
+    char model[300];
+    snprintf(model, sizeof model, "%s/model_rss.json", dir);
+    assert_int_equal(zt_gpt2_config_save(&c, model, &err), 0);
+    for (int W = 1; W <= 2; W++) {
+        char out[300], mdir[300], log[300], cap[32], nproc[8], port[16];
+        snprintf(mdir, sizeof mdir, "%s/rss_state%d", dir, W);
+        assert_int_equal(mkdir(mdir, 0700), 0);
+        snprintf(nproc, sizeof nproc, "%d", W);
+        snprintf(port, sizeof port, "%d", port_base + 10 + W);
+        snprintf(cap, sizeof cap, "1MiB");
+        for (int pass = 0; pass < 2; pass++) {
+            snprintf(out, sizeof out, "%s/rss%d_%d", dir, W, pass);
+            snprintf(log, sizeof log, "%s/rss%d_%d.log", dir, W, pass);
+            char *argv[] = {"ztrain", "launch", "--nproc", nproc, "--master-port", port, "--", TRAIN_RANK_BIN,
+                            "--model", model, "--train-data", train_path, "--batch-size", "6", "--seq-len", "8",
+                            "--grad-accum", "2", "--threads", "1", "--steps", "4", "--log-every", "1",
+                            "--eval-every", "0", "--save-every", "2", "--adam-moments", "bf16", "--moments-dir", mdir,
+                            "--host-mem", cap, "--out", out, NULL};
+            long peak_kib = 0;
+            const int st = run_measured(argv, log, &peak_kib);
+            const char *text = slurp(log);
+            if (pass == 0) { /* the probe: refused, naming the smallest plan */
+                assert_int_equal(st, 1);
+                snprintf(cap, sizeof cap, "%ldMiB", named_minimum_mib(text));
+                continue;
+            }
+            if (st != 0)
+                fail_msg("W=%d under --host-mem %s: exit status %d:\n%s", W, cap, st, text);
+            assert_contains(text, "Adam moments on disk; fp32 masters on disk");
+            assert_contains(text, "memory: the end of training: peak RSS");
+            assert_null(strstr(text, "the peak is above the cap"));
+            const long cap_kib = strtol(cap, NULL, 10) << 10;
+            print_message("W=%d: peak RSS %ld KiB of --host-mem %s (%ld KiB)\n", W, peak_kib, cap, cap_kib);
+            assert_true(peak_kib > 0 && peak_kib <= cap_kib);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch_matches_single_process),
         cmocka_unit_test(test_torchrun_environment_by_hand),
         cmocka_unit_test(test_sigint_stops_every_rank_with_a_checkpoint),
+        cmocka_unit_test(test_peak_rss_under_host_mem),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -32,6 +32,7 @@
 #include "worker/models/gpt2.h"
 #include "worker/models/model.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/plan.h"
 #include "worker/train/trainer.h"
 
 #include "../worker/train_fixture.h"
@@ -126,6 +127,7 @@ typedef struct job {
                                (zt_engine_export_stream into zt_checkpoint_begin/put/finish) here too */
     bool stream_load;       /* with load_dir: the checkpoint read into an engine created empty, tensor by tensor
                                (zt_checkpoint_open into zt_engine_import_stream), not loaded into host arrays */
+    bool no_read_ahead;     /* moments on disk: every update starts with a cold read (moments_no_read_ahead) */
 } job;
 
 /* A job of W ranks with the defaults the tests vary from: ACCUM micro-batches, ZeRO-3, no checkpointing,
@@ -148,6 +150,14 @@ static void ckpt_layers(const char *policy, bool *out, int n_layer)
     int every = strncmp(policy, "every:", 6) == 0 ? atoi(policy + 6) : 0;
     for (int l = 0; l < n_layer; l++)
         out[l] = strcmp(policy, "all") == 0 || (every > 0 && l % every == 0);
+}
+
+/* The leading blocks whose moments stay in host memory (the others' records are on disk). */
+static int pl_mram_blocks(const zt_model *model, int W, const zt_engine_options *eo)
+{
+    zt_engine_plan pl;
+    zt_engine_plan_for(model, W, eo, &pl);
+    return pl.moments_ram_blocks;
 }
 
 /* One rank of a job; writes its step losses (rank 0 only) to fd and exits. */
@@ -198,6 +208,7 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
                  pl.moments_ram_blocks, nb);
     }
     eo.grad_accum_host = j->grad_accum_host;
+    eo.moments_no_read_ahead = j->no_read_ahead;
     if (j->masters_disk) {
         eo.masters_disk = true;
         eo.masters_ram_bytes = (size_t)(j->masters_ram * 4.0 * (double)(zt_family_model_num_params(fm) / (size_t)j->W));
@@ -273,6 +284,13 @@ static void rank_main(const job *j, int rank, const char *name, int fd)
         if (j->stream != (tm.bytes_up > 0))
             FAIL("rank %d step %d: %llu bytes copied up with stream %d", rank, s, (unsigned long long)tm.bytes_up,
                  (int)j->stream);
+        /* state on disk: from the third step on, the last finished update is at least the second, which found the
+         * first two records on disk read ahead by the update before it (none with no_read_ahead) */
+        const int on_disk = j->moments_dir ? model->nblocks - pl_mram_blocks(model, j->W, &eo) : 0;
+        const int want_ahead = j->no_read_ahead ? 0 : on_disk < 2 ? on_disk : 2;
+        if (on_disk > 0 && s - j->first >= 3 && (!tm.disk || tm.disk_read_ahead != want_ahead))
+            FAIL("rank %d step %d: the update found %d records read ahead, expected %d", rank, s, tm.disk_read_ahead,
+                 want_ahead);
     }
     if (j->save_dir) {
         if (zt_engine_export(e, zt_family_model_params(fm), full.m, full.v, &err) < 0)
@@ -712,7 +730,9 @@ static void test_moments_on_disk(void **state)
     float *scratch = malloc(zt_family_model_num_params(fm) * sizeof(float));
     assert_int_equal(zt_engine_export(e, scratch, NULL, NULL, &err), 0); /* the updates so far are done */
     char cmd[PATH_MAX + 64];
-    snprintf(cmd, sizeof cmd, "truncate -s 4096 %s/rank0/*-b1-s0.zts", bad);
+    /* block 2's: the records of blocks 0 and 1 were read ahead at the end of the last update, before the disk
+     * went bad (the next update starts on them) */
+    snprintf(cmd, sizeof cmd, "truncate -s 4096 %s/rank0/*-b2-s0.zts", bad);
     assert_int_equal(system(cmd), 0);
     global_batch(2, 0, tok, tgt);
     assert_int_equal(zt_engine_micro(e, tok, tgt, GB, T, NULL, 0, 1.0f, 1.0f, &err), 0);
@@ -903,6 +923,66 @@ static void test_streamed_checkpoint(void **state)
             assert_memory_equal(half, ram, sizeof(float) * (STEPS / 2));
             assert_memory_equal(rest, ram + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
         }
+    remove_dir(dir);
+}
+
+/* The records of the first two blocks on disk read ahead across the step boundary (during the passes, once the
+ * last update's writes are done) move only when bytes are read: at W = 1 and 2, fp32 and bf16 moments, the
+ * moments and a part of the masters on disk, with and without the reads ahead, the same losses bit for bit and
+ * the same streamed checkpoint byte for byte; a run stopped half way (its checkpoint drops the reads ahead)
+ * and resumed continues on those bits. */
+static void test_read_ahead(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zt_zero_ahead_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int W = 1; W <= 2; W++) {
+        const int bf16 = W == 2;
+        char cold_dir[PATH_MAX], ahead_dir[PATH_MAX], half_dir[PATH_MAX], mdir[PATH_MAX];
+        snprintf(cold_dir, sizeof cold_dir, "%s/cold%d", dir, W);
+        snprintf(ahead_dir, sizeof ahead_dir, "%s/ahead%d", dir, W);
+        snprintf(half_dir, sizeof half_dir, "%s/half%d", dir, W);
+        snprintf(mdir, sizeof mdir, "%s/state%d", dir, W);
+        assert_int_equal(mkdir(cold_dir, 0755), 0);
+        assert_int_equal(mkdir(ahead_dir, 0755), 0);
+        assert_int_equal(mkdir(half_dir, 0755), 0);
+        assert_int_equal(mkdir(mdir, 0700), 0);
+        float cold[STEPS], ahead[STEPS], half[STEPS], rest[STEPS];
+        job ja = job_of(W);
+        ja.stream = true;
+        ja.bf16_moments = bf16;
+        ja.moments_dir = mdir;
+        ja.masters_disk = true;
+        ja.masters_ram = 0.5;
+        ja.stream_dir = ahead_dir;
+        job jc = ja;
+        jc.no_read_ahead = true;
+        jc.stream_dir = cold_dir;
+        run(&jc, cold);
+        run(&ja, ahead);
+        print_message("W=%d %s moments: last loss %.6f read ahead, %.6f cold\n", W, bf16 ? "bf16" : "fp32",
+                      ahead[STEPS - 1], cold[STEPS - 1]);
+        assert_memory_equal(ahead, cold, sizeof cold);
+        const char *which = checkpoint_differs(ahead_dir, cold_dir, STEPS);
+        if (which)
+            fail_msg("W=%d: %s of the run with reads ahead differs from the cold run's", W, which);
+
+        job jh = ja;
+        jh.last = STEPS / 2;
+        jh.stream_dir = half_dir;
+        run(&jh, half);
+        char ckpt[PATH_MAX];
+        zt_err err = {{0}};
+        assert_int_equal(zt_checkpoint_find(half_dir, ckpt, sizeof ckpt, &err), 0);
+        job jl = ja;
+        jl.first = STEPS / 2;
+        jl.load_dir = ckpt;
+        jl.stream_load = true;
+        jl.stream_dir = NULL;
+        run(&jl, rest);
+        assert_memory_equal(half, cold, sizeof(float) * (STEPS / 2));
+        assert_memory_equal(rest, cold + STEPS / 2, sizeof(float) * (STEPS - STEPS / 2));
+    }
     remove_dir(dir);
 }
 
@@ -1261,7 +1341,7 @@ static void host_mem_fixture(char *dir, char *shard, char *sdir, zt_train_config
  * files grow), and the losses are those of the same run with the masters in RAM, bit for bit. The cap is
  * priced here as the trainer prices CPU ranks: the engine's buffers, the model's parameters and gradients
  * (8 bytes per parameter), the checkpoints' staging (state on disk: streamed through the engine's buffers of
- * a few blocks and the writer's one tensor, not 12 bytes per parameter). The checkpoint, streamed from the
+ * a few blocks and the writer's one tensor, not 12 bytes per parameter) or the import's at the start, the larger. The checkpoint, streamed from the
  * records, holds the bytes of the same run's with its state in RAM (gathered into host arrays), and resuming
  * it under the cap continues that run bit for bit. */
 static void test_train_under_host_mem(void **state)
@@ -1295,7 +1375,8 @@ static void test_train_under_host_mem(void **state)
         zt_engine_plan_for(model, W, &eo, &pl);
         const uint64_t staging = pl.export_stream_bytes + zt_checkpoint_stream_bytes(fm);
         assert_true(pl.export_stream_bytes > 0 && staging < 12 * P / 3); /* 4.5 of 8 blocks, not 12 B a parameter */
-        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + staging;
+        const uint64_t transient = staging > pl.import_bytes ? staging : pl.import_bytes; /* or the import's */
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + transient + ZT_PLAN_PROCESS_RAM_CPU;
     }
     model->ops->destroy(model);
     zt_family_model_destroy(fm);
@@ -1380,7 +1461,9 @@ static void resume_prices(const zt_train_config *cfg, int W, const char *sdir, u
         const uint64_t save = pl.export_stream_bytes + zt_checkpoint_stream_bytes(fm);
         const uint64_t load = pl.import_stream_bytes + zt_checkpoint_read_bytes(fm);
         assert_true(pl.import_stream_bytes > 0 && load < 12 * P / 3); /* a block's shards, not 12 B a parameter */
-        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + (save > load ? save : load);
+        uint64_t transient = save > load ? save : load;
+        transient = transient > pl.import_bytes ? transient : pl.import_bytes; /* the import of the initial weights */
+        price[masters] = pl.device_bytes + pl.host_bytes + 8 * P + transient + ZT_PLAN_PROCESS_RAM_CPU;
     }
     model->ops->destroy(model);
     zt_family_model_destroy(fm);
@@ -1540,6 +1623,7 @@ int main(void)
         cmocka_unit_test(test_moments_on_disk),
         cmocka_unit_test(test_masters_on_disk),
         cmocka_unit_test(test_streamed_checkpoint),
+        cmocka_unit_test(test_read_ahead),
         cmocka_unit_test(test_streamed_load),
         cmocka_unit_test(test_grad_accum_on_host),
         cmocka_unit_test(test_release_host_params),

@@ -464,6 +464,7 @@ static zt_engine *layout_new(zt_model *model, int W, int rank, const zt_engine_o
     if (o->moments_dir)
         snprintf(e->moments_dir, sizeof e->moments_dir, "%s", o->moments_dir);
     e->stale_step = -1;
+    e->mahead[0] = e->mahead[1] = -1;
 #ifdef ZT_WITH_CUDA
     e->dev = model->backend == ZT_MODEL_CUDA ? zt__engine_dev_cuda() : zt__engine_dev_cpu();
 #else
@@ -570,6 +571,8 @@ void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o
     plan->shard_elems = e->nshard;
     plan->export_stream_bytes = zt_engine_export_stream_bytes(e);
     plan->import_stream_bytes = zt_engine_import_stream_bytes(e);
+    /* import_blocks' and import_field's stage of one block; import_disk_state's three (masters, m, v) */
+    plan->import_bytes = (e->home == ZT__OPT_HOST && e->moments_dir[0] ? 3 : 1) * e->max_padded * sizeof(float);
     free(e->blocks);
     free(e->slots);
     free(e->pieces);
@@ -2143,6 +2146,17 @@ void zt_engine_last_timing(zt_engine *e, zt_engine_timing *t)
         zt__server_timing(e, t);
     else if (e->host)
         t->host_update = zt__host_opt_busy(e);
+    if (e->mstore) {
+        zt__disk_timing d;
+        zt__host_opt_disk(e, &d);
+        t->disk = true;
+        t->disk_read_wait = d.read_wait_s;
+        t->disk_write_wait = d.write_wait_s;
+        t->disk_behind = d.behind_s;
+        t->disk_bytes_read = d.bytes_read;
+        t->disk_bytes_written = d.bytes_written;
+        t->disk_read_ahead = d.read_ahead;
+    }
 }
 
 /* Kernel profiling of the model; see engine.h. */

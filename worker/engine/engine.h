@@ -93,6 +93,9 @@ typedef struct zt_engine_options {
     size_t masters_ram_bytes;    /* with masters_disk: host memory the masters may keep; the leading blocks whose
                                     masters fit stay in host memory (never fewer than keep their moments there; 0:
                                     the others on disk) */
+    bool moments_no_read_ahead;  /* with moments_dir: do not read the first two records of the next update ahead,
+                                    during the step's passes (each update then starts with a cold read; the same
+                                    bits either way: for measurements and tests) */
     bool grad_accum_host;        /* optimizer off the device, grad_accum > 2: the middle micro-batches' gradient
                                     shards go down and are added to the step's sum on the host, instead of the sum
                                     coming up, being added on the device and going down again (4 bytes per
@@ -149,6 +152,9 @@ typedef struct zt_engine_plan {
                                    disk), not in host_bytes; 0 where it does not apply */
     size_t import_stream_bytes; /* host bytes zt_engine_import_stream holds while a checkpoint is read, not in
                                    host_bytes; 0 where it does not apply (placement server) */
+    size_t import_bytes;        /* host bytes zt_engine_import (zt_engine_create's initial weights, a checkpoint in
+                                   host arrays) holds beside host_bytes while it runs: a block's staging, and with
+                                   state on disk its masters, m and v for the block's record */
 } zt_engine_plan;
 void zt_engine_plan_for(const zt_model *model, int W, const zt_engine_options *o, zt_engine_plan *plan);
 
@@ -299,6 +305,13 @@ typedef struct zt_engine_timing {
                              step's forward, which waited wait_update for blocks not yet back */
     uint64_t bytes_pushed; /* gradient bytes this rank pushed in the step */
     uint64_t bytes_pulled; /* parameter bytes of that pull */
+    /* Placement cpu with moments_dir (the last finished update): */
+    bool disk;              /* the fields below are filled */
+    double disk_read_wait;  /* the host AdamW waiting for a block's record to arrive from disk */
+    double disk_write_wait; /* ... for a record's write to finish before its staging buffer could take the next read */
+    double disk_behind;     /* after the update's last block (the passes no longer wait): the last writes */
+    uint64_t disk_bytes_read, disk_bytes_written;
+    int disk_read_ahead;    /* records the update found read ahead, during the step's passes (0, 1 or 2) */
 } zt_engine_timing;
 
 /* The timing of the last completed step (its update included when it has finished by now). */

@@ -202,6 +202,10 @@ struct zt_engine {
     char moments_dir[4096];         /* the moments' directory (o.moments_dir), "" = host memory */
     struct zt_store *mstore;        /* the moments' records on disk, or NULL */
     float *mbuf[2];                 /* staging of two blocks' moment records (4096-aligned) */
+    int mahead[2];                  /* the block whose record is being read into mbuf[i] ahead of the next update
+                                       (blocks mram_blocks and mram_blocks + 1, queued once the last update's writes
+                                       are done), or -1; its ticket mahead_ticket[i] is not waited for yet */
+    int mahead_ticket[2];
     int mram_blocks;                /* moments_dir: blocks [0, mram_blocks) keep their moments in h_m and h_v
                                        (o.moments_ram_bytes), the others in records on disk */
     int xram_blocks;                /* masters_disk: blocks [0, xram_blocks) keep their fp32 masters in h_master (at
@@ -272,6 +276,7 @@ void zt__engine_moments(const zt_engine *e, zt_cpu_adam_range *r, void *m, void 
 size_t zt__mdisk_record_elems(const zt_engine *e, int b); /* store elements of block b's record */
 size_t zt__mdisk_buffer_bytes(const zt_engine *e);        /* bytes of one staging buffer */
 size_t zt__mdisk_bytes(const zt_engine *e);               /* disk bytes of all records */
+size_t zt__mdisk_record_bytes(const zt_engine *e, int b);   /* bytes one read or write of block b's record moves */
 /* Whether block b's moments are on disk (else in h_m and h_v at the block's shard offset). */
 static inline bool zt__mdisk_has(const zt_engine *e, int b)
 {
@@ -300,6 +305,22 @@ int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err);
  * (master: where the record holds them, else ignored and may be NULL) and its moments. */
 int zt__mdisk_load(zt_engine *e, int b, float *master, float *m, float *v, zt_err *err);
 int zt__mdisk_store(zt_engine *e, int b, const float *master, const float *m, const float *v, zt_err *err);
+/* Queues the reads of the first two records the next update needs (blocks mram_blocks, mram_blocks + 1) into
+ * the staging buffers, whose writes must be done (the host thread, at the end of an update); the next update
+ * waits for them instead of starting with a cold read. */
+void zt__mdisk_read_ahead(zt_engine *e);
+/* Forgets the reads ahead (waits for them; a failed one is read again by whoever needs the record): before the
+ * staging buffers serve anything else or a record changes outside an update (load, store, close). */
+void zt__mdisk_drop_ahead(zt_engine *e);
+
+/* What the host AdamW's update waited for on disk (moments_dir), in one step. */
+typedef struct zt__disk_timing {
+    double read_wait_s;     /* waiting for a block's record to arrive */
+    double write_wait_s;    /* waiting for a write to finish before its staging buffer could take the next read */
+    double behind_s;        /* after the last block (off the passes' path): the last writes, the reads ahead queued */
+    uint64_t bytes_read, bytes_written;
+    int read_ahead;         /* records the update found read ahead, during the step's passes */
+} zt__disk_timing;
 
 /* ---- host_optimizer.c ---- */
 int zt__host_opt_create(zt_engine *e, zt_err *err);
@@ -324,6 +345,8 @@ double zt__host_opt_busy(zt_engine *e);
  * thread's stream (zt__host_opt_stream) and recorded as `updated` is done. */
 void zt__host_opt_mark(zt_engine *e, int b, int64_t step);
 void *zt__host_opt_stream(zt_engine *e);
+/* The disk traffic of the last finished update with moments on disk (zeros before the first). */
+void zt__host_opt_disk(zt_engine *e, zt__disk_timing *t);
 
 /* ---- engine_server.c ---- */
 int zt__server_push_all(zt_engine *e, int64_t step, zt_err *err);

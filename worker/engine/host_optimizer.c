@@ -48,6 +48,7 @@ struct zt__host_opt {
     int update_rc;         /* first failure of an update (moments on disk); never cleared */
     zt_err update_err;
     double busy_s;         /* seconds of the last UPDATE */
+    zt__disk_timing disk;  /* the disk traffic of the last UPDATE (under mu once it is done) */
 };
 
 /* Marks block b as holding the weights of `step` steps. */
@@ -105,12 +106,39 @@ static void update_block(zt_engine *e, const job *j, zt_adamw_params *p, int b, 
     }
 }
 
+/* Waits for staging buffer i's write in flight (if any) and adds the wait to *waited. */
+static int wait_write(zt_engine *e, int *wr, double *waited, zt_err *ioerr)
+{
+    if (*wr < 0)
+        return 0;
+    const double t0 = zt_now_s();
+    int rc = zt__mdisk_wait(e, *wr, ioerr);
+    *wr = -1;
+    *waited += zt_now_s() - t0;
+    return rc;
+}
+
+/* Makes sure block b's record is being read into staging buffer i: nothing when it is (read ahead, or queued
+ * while the block before was updated); else once the buffer's last write is done, a read queued now. */
+static int want_record(zt_engine *e, int b, int i, int rd[2], int rdb[2], int wr[2], zt__disk_timing *t,
+                       zt_err *ioerr)
+{
+    if (rdb[i] == b)
+        return 0;
+    ZT_ASSERT(rd[i] < 0); /* a buffer receives the records of its blocks in order */
+    int rc = wait_write(e, &wr[i], &t->write_wait_s, ioerr);
+    if (rc == 0 && (rc = zt__mdisk_read_async(e, b, i, &rd[i], ioerr)) == 0)
+        rdb[i] = b;
+    return rc;
+}
+
 /* AdamW of every block after the norm, block 0 first, each block's new weights sent up at once. With the
- * moments on disk (the blocks from mram_blocks on; the first one's record is read while the blocks before it
- * are updated from host memory), block b + 1's record is read while block b is updated, and each record is
- * written back behind its update (two staging buffers: a buffer is read into only once its last write is done). A disk
- * failure stops the update: the blocks left keep their weights, and zt_engine_step reports it (the next
- * step's, once its passes have waited for the blocks). */
+ * moments on disk (the blocks from d0 = mram_blocks on), block b's record arrives in staging buffer (b - d0) % 2:
+ * the first two were read ahead during the step's passes (zt__mdisk_read_ahead, queued at the end of the last
+ * update), every later one is read while the block before it is updated, once the buffer's last write is done,
+ * and each record is written back behind its update. After the last block the writes are waited for and the
+ * next update's first two records are read ahead. A disk failure stops the update: the blocks left keep their
+ * weights, and zt_engine_step reports it (the next step's, once its passes have waited for the blocks). */
 static void run_update(zt_engine *e, const job *j)
 {
     struct zt__host_opt *h = e->host;
@@ -123,15 +151,26 @@ static void run_update(zt_engine *e, const job *j)
         .grad_scale = j->clip_coef,
         .step = (int)j->adam_step,
     };
-    const bool disk = e->mstore != NULL && !j->skip;
+    const bool disk = e->mstore != NULL && !j->skip; /* a skipped step leaves the records and their reads ahead */
     const int d0 = e->mram_blocks; /* the first block whose moments are on disk (nb: none) */
-    int rd[2] = {-1, -1}, wr[2] = {-1, -1}; /* tickets of each staging buffer's read and write in flight */
+    int rd[2] = {-1, -1}, rdb[2] = {-1, -1}; /* each staging buffer's read in flight (ticket) and its block */
+    int wr[2] = {-1, -1};                    /* each staging buffer's write in flight */
+    zt__disk_timing dt = {0};
     bool failed = false;
     zt_err ioerr = {{0}};
     int rc = 0;
+    bool was_ahead[2] = {false, false};      /* the record of block d0 + i was read during the passes */
+    if (disk) { /* the reads ahead become this update's */
+        for (int i = 0; i < 2; i++) {
+            rd[i] = e->mahead[i] >= 0 ? e->mahead_ticket[i] : -1;
+            rdb[i] = e->mahead[i];
+            was_ahead[i] = e->mahead[i] == d0 + i;
+            e->mahead[i] = -1;
+        }
+    }
     if (disk && h->update_rc != 0)
         failed = true; /* an earlier step failed: no more updates */
-    else if (disk && d0 < e->nb && (rc = zt__mdisk_read_async(e, d0, 0, &rd[0], &ioerr)) < 0)
+    else if (disk && d0 < e->nb && (rc = want_record(e, d0, 0, rd, rdb, wr, &dt, &ioerr)) < 0)
         failed = true, fail_update(e, rc, &ioerr);
     for (int b = 0; b < e->nb; b++) {
         zt__block *k = &e->blocks[b];
@@ -144,16 +183,15 @@ static void run_update(zt_engine *e, const job *j)
         e->dev->event_sync(k->grad_out); /* the step's gradient shard is in h_grad */
         if (disk && zt__mdisk_has(e, b)) {
             const int cur = (b - d0) % 2, nxt = 1 - cur;
+            const double tr = zt_now_s();
             rc = zt__mdisk_wait(e, rd[cur], &ioerr);
+            dt.read_wait_s += zt_now_s() - tr;
             rd[cur] = -1;
-            if (rc == 0 && b + 1 < e->nb) {
-                if (wr[nxt] >= 0) { /* block b - 1's record is still being written from that buffer */
-                    rc = zt__mdisk_wait(e, wr[nxt], &ioerr);
-                    wr[nxt] = -1;
-                }
-                if (rc == 0)
-                    rc = zt__mdisk_read_async(e, b + 1, nxt, &rd[nxt], &ioerr);
-            }
+            rdb[cur] = -1; /* the buffer holds block b's record now, and is written back from */
+            dt.bytes_read += zt__mdisk_record_bytes(e, b);
+            dt.read_ahead += b - d0 < 2 && was_ahead[cur];
+            if (rc == 0 && b + 1 < e->nb)
+                rc = want_record(e, b + 1, nxt, rd, rdb, wr, &dt, &ioerr);
             if (rc < 0) {
                 failed = true;
                 fail_update(e, rc, &ioerr);
@@ -167,6 +205,8 @@ static void run_update(zt_engine *e, const job *j)
                          mom + k->shard * e->msize, k->shard_off);
             if ((rc = zt__mdisk_write_async(e, b, cur, &wr[cur], &ioerr)) < 0)
                 failed = true, fail_update(e, rc, &ioerr);
+            else
+                dt.bytes_written += zt__mdisk_record_bytes(e, b);
         } else {
             update_block(e, j, &p, b, e->h_master, 0, e->h_m, e->h_v, 0);
         }
@@ -177,15 +217,27 @@ static void run_update(zt_engine *e, const job *j)
         }
         mark(h, b, j->step);
     }
-    for (int i = 0; i < 2; i++) { /* the last writes (and a read-ahead cut short) */
+    /* Behind the last block (the passes have what they need): a read ahead cut short by a failure, the last
+     * writes, then the next update's first records. */
+    const double tb = zt_now_s();
+    for (int i = 0; i < 2; i++) {
         zt_err werr;
         int wrc;
         if (rd[i] >= 0 && (wrc = zt__mdisk_wait(e, rd[i], &werr)) < 0)
             fail_update(e, wrc, &werr);
-        if (wr[i] >= 0 && (wrc = zt__mdisk_wait(e, wr[i], &werr)) < 0)
-            fail_update(e, wrc, &werr);
+        double ignored = 0;
+        if (wr[i] >= 0 && (wrc = wait_write(e, &wr[i], &ignored, &werr)) < 0)
+            fail_update(e, wrc, &werr), failed = true;
     }
+    if (disk && !failed && h->update_rc == 0 && !e->o.moments_no_read_ahead)
+        zt__mdisk_read_ahead(e);
+    dt.behind_s = zt_now_s() - tb;
     h->busy_s = zt_now_s() - t0;
+    if (disk) {
+        pthread_mutex_lock(&h->mu);
+        h->disk = dt;
+        pthread_mutex_unlock(&h->mu);
+    }
 }
 
 static void run_push(zt_engine *e, const job *j)
@@ -369,4 +421,13 @@ int zt__host_opt_failed(zt_engine *e, zt_err *err)
 double zt__host_opt_busy(zt_engine *e)
 {
     return e->host->busy_s;
+}
+
+/* The disk traffic of the last update; see engine_internal.h. */
+void zt__host_opt_disk(zt_engine *e, zt__disk_timing *t)
+{
+    struct zt__host_opt *h = e->host;
+    pthread_mutex_lock(&h->mu);
+    *t = h->disk;
+    pthread_mutex_unlock(&h->mu);
 }

@@ -11,6 +11,12 @@
  * the record too, before the moments: the update reads and writes a block's whole fp32 state in one record,
  * so the host holds the masters of the leading blocks only, and the compute-dtype copy the passes read.
  *
+ * Across the step boundary: once an update's last writes are done, the host thread reads the records of the
+ * first two blocks on disk into the two staging buffers (zt__mdisk_read_ahead), during the next step's passes,
+ * so that the next update starts on records already in memory instead of waiting for the disk; the records do
+ * not change in between (a skipped step leaves them, and anything else that reads or writes a record first
+ * drops the reads ahead). The bytes are the same, only read earlier.
+ *
  * A store record is sized in elements of 12 bytes (offload/store.h); a block's record takes the fewest that
  * hold 2 S_b moments. Rank r keeps its records in DIR/rank<r>. The records are created zero when the engine
  * starts: the directory holds the state of one run at a time, and what a previous run left there under the
@@ -50,6 +56,11 @@ static size_t max_record_elems(const zt_engine *e)
 size_t zt__mdisk_buffer_bytes(const zt_engine *e)
 {
     return zt_store_buffer_bytes(max_record_elems(e));
+}
+
+size_t zt__mdisk_record_bytes(const zt_engine *e, int b)
+{
+    return zt_store_buffer_bytes(zt__mdisk_record_elems(e, b));
 }
 
 size_t zt__mdisk_bytes(const zt_engine *e)
@@ -106,8 +117,34 @@ int zt__mdisk_open(zt_engine *e, zt_err *err)
     return 0;
 }
 
+void zt__mdisk_read_ahead(zt_engine *e)
+{
+    for (int i = 0; i < 2; i++) {
+        const int b = e->mram_blocks + i;
+        ZT_ASSERT(e->mahead[i] < 0); /* the update took them */
+        if (b >= e->nb)
+            break;
+        zt_err ignored;
+        if (zt__mdisk_read_async(e, b, i, &e->mahead_ticket[i], &ignored) == 0)
+            e->mahead[i] = b; /* a read that cannot be queued is queued again by the update, which reports it */
+    }
+}
+
+void zt__mdisk_drop_ahead(zt_engine *e)
+{
+    for (int i = 0; i < 2; i++) {
+        if (e->mahead[i] < 0)
+            continue;
+        zt_err ignored;
+        (void)zt__mdisk_wait(e, e->mahead_ticket[i], &ignored); /* the record is read again where it is needed */
+        e->mahead[i] = -1;
+    }
+}
+
 void zt__mdisk_close(zt_engine *e)
 {
+    if (e->mstore)
+        zt__mdisk_drop_ahead(e);
     zt_store_close(e->mstore); /* the records stay: they are this run's, replaced by the next */
     e->mstore = NULL;
     for (int i = 0; i < 2; i++) {
@@ -134,6 +171,7 @@ int zt__mdisk_wait(zt_engine *e, int ticket, zt_err *err)
 /* Block b's record: its masters (where it holds them) and its moments widened to fp32 (S_b floats each). */
 int zt__mdisk_load(zt_engine *e, int b, float *master, float *m, float *v, zt_err *err)
 {
+    zt__mdisk_drop_ahead(e); /* staging buffer 0 is read into */
     int rc = zt_store_read(e->mstore, key_of(e, b), e->mbuf[0], err);
     if (rc < 0)
         return rc;
@@ -153,6 +191,7 @@ int zt__mdisk_load(zt_engine *e, int b, float *master, float *m, float *v, zt_er
  * for bf16). */
 int zt__mdisk_store(zt_engine *e, int b, const float *master, const float *m, const float *v, zt_err *err)
 {
+    zt__mdisk_drop_ahead(e); /* the record changes, and staging buffer 0 is written from */
     const size_t n = e->blocks[b].shard;
     char *rec = (char *)e->mbuf[0];
     if (zt__mdisk_has_master(e, b))

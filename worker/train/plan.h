@@ -30,6 +30,13 @@
 #include "common/status.h"
 #include "worker/train/config.h"
 
+/* Host RAM counted for the process itself beside its plan, measured rather than derived: on a GPU the CUDA
+ * context and libraries, the model's host tables, the data loader; on CPU ranks the binary and its libraries
+ * (about 10 MiB resident), the heap, the threads' stacks, the data loader and the micro-batch's activations of
+ * small models (a CPU rank of a tiny GPT-2 peaks at 12.6 MiB). */
+#define ZT_PLAN_PROCESS_RAM_GPU ((uint64_t)2 << 30)
+#define ZT_PLAN_PROCESS_RAM_CPU ((uint64_t)64 << 20)
+
 enum zt_plan_weights {
     ZT_PLAN_RESIDENT = 0,
     ZT_PLAN_CHUNKED = 1,

@@ -409,6 +409,9 @@ static void engine_options(const zt_train_config *cfg, int accum, zt_engine_opti
     eo->moment_dtype = cfg->adam_moments == ZT_MOMENTS_BF16 ? ZT_DTYPE_BF16 : ZT_DTYPE_F32;
     eo->moments_dir = cfg->moments_dir[0] ? cfg->moments_dir : NULL;
     eo->grad_accum_host = cfg->host_grad_accum;
+    /* ZT_MOMENTS_READ_AHEAD=0 (a diagnostic, the same bits): every update of the state on disk starts cold */
+    const char *ahead = getenv("ZT_MOMENTS_READ_AHEAD");
+    eo->moments_no_read_ahead = ahead && strcmp(ahead, "0") == 0;
 }
 
 /* What the planner chose for the engine. */
@@ -421,6 +424,7 @@ struct layout {
     bool stream_masters; /* the streamed weights come up as the fp32 masters (no compute-dtype host copy) */
     size_t grad_chunk;
     size_t device_budget; /* 0: no cap */
+    uint64_t host_ram;    /* the plan's host bytes at its peak (logged beside the measured peak); 0: none planned */
 };
 
 /* The host tiers of the state as engine options (--host-mem): moments and masters on disk or not, and their
@@ -507,14 +511,20 @@ static void price_cpu_host(void *ctx, const zt_plan_tiers *t, zt_plan_host_price
     zt_engine_plan ep;
     zt_engine_plan_for(p->model, p->W, &o, &ep);
     const uint64_t staging = checkpoint_staging(p->cfg, &ep, p->host, p->staging);
-    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + staging;
+    /* the import of the initial weights (or of a checkpoint in host arrays) stages a block or three at the start,
+     * before any checkpoint's staging */
+    const uint64_t transient = staging > ep.import_bytes ? staging : ep.import_bytes;
+    out->ram = ep.device_bytes + ep.host_bytes + 8 * p->P + transient + ZT_PLAN_PROCESS_RAM_CPU;
     out->disk = ep.disk_bytes;
     out->staging = staging;
-    char eng[32], mod[32], stg[32];
+    char eng[32], mod[32], stg[32], imp[32], proc[32];
     zt_format_size(ep.device_bytes + ep.host_bytes, eng, sizeof eng);
     zt_format_size(8 * p->P, mod, sizeof mod);
     zt_format_size(staging, stg, sizeof stg);
-    snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s", eng, mod, stg);
+    zt_format_size(ep.import_bytes, imp, sizeof imp);
+    zt_format_size(ZT_PLAN_PROCESS_RAM_CPU, proc, sizeof proc);
+    snprintf(out->parts, sizeof out->parts, "engine %s, model %s, checkpoint staging %s or the import's %s, "
+             "process %s", eng, mod, stg, imp, proc);
 }
 
 /* Plans the host memory of CPU ranks under --host-mem before the engine allocates its state: the tiers of the
@@ -535,6 +545,7 @@ static int plan_cpu_host(const zt_train_config *cfg, int W, bool is0, zt_model *
     zt_engine_options o = p.base;
     apply_tiers(cfg, &c.tiers, &o);
     apply_tiers_layout(&c.tiers, &o, lay);
+    lay->host_ram = c.price.ram;
     if (is0)
         log_host_tiers(cfg, &c);
     zt_plan_host h = {.ram_needed = c.price.ram, .ram_available = zt_plan_ram_available(), .disk_needed = c.price.disk,
@@ -634,9 +645,8 @@ static void ram_fixes(const zt_model *shape, int W, const zt_engine_options *o, 
     }
 }
 
-/* Host RAM counted for the process besides its plan: the CUDA context and libraries, the model's host
- * tables, the data loader. */
-#define PROCESS_RAM_BYTES ((uint64_t)2 << 30)
+/* Host RAM counted for the process besides its plan (plan.h). */
+#define PROCESS_RAM_BYTES ZT_PLAN_PROCESS_RAM_GPU
 
 /* The host RAM a run needs: the engine's arrays with `steady_other` beside them, or at the start with
  * `start_other` (the slab of the initial weights among it), whichever is more. At the start the Adam moments'
@@ -647,7 +657,7 @@ static uint64_t host_ram(const zt_engine_plan *ep, uint64_t steady_other, uint64
 {
     const uint64_t steady = ep->host_bytes + steady_other;
     const uint64_t later = ep->host_moment_bytes + (fresh ? ep->host_late_bytes + ep->host_master_bytes : 0);
-    const uint64_t at_start = ep->host_bytes - later + start_other;
+    const uint64_t at_start = ep->host_bytes - later + start_other + ep->import_bytes; /* the import's staging */
     return steady > at_start ? steady : at_start;
 }
 
@@ -826,6 +836,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     lay->stream_masters = o.stream_masters;
     lay->masters_disk = o.masters_disk;
     lay->masters_ram_bytes = o.masters_ram_bytes;
+    lay->host_ram = ram;
     const uint64_t disk = embedded && cfg->state_store == ZT_STORE_NVME
                               ? 12 * (uint64_t)ep.shard_elems + 8192 * (uint64_t)(zt_family_config_layers(&cfg->model) + 2)
                               : ep.disk_bytes;
@@ -1142,9 +1153,71 @@ static void log_timing(zt_engine *e, zt_state_client_t *client)
                (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), via[0] ? via : "embedded", down, up);
         return;
     }
+    char disk[192] = "";
+    if (t.disk) {
+        /* "disk read waited" and "disk write waited" are the update's waits that the passes may wait for behind it */
+        char rd[32], wr[32];
+        zt_format_size(t.disk_bytes_read, rd, sizeof rd);
+        zt_format_size(t.disk_bytes_written, wr, sizeof wr);
+        snprintf(disk, sizeof disk, " | disk read waited %.3f s, disk write waited %.3f s, behind the last block "
+                 "%.3f s (%s read, %d record%s read ahead, %s written)", t.disk_read_wait, t.disk_write_wait,
+                 t.disk_behind, rd, t.disk_read_ahead, t.disk_read_ahead == 1 ? "" : "s", wr);
+    }
     zt_log(ZT_LOG_INFO, "engine: step %.3f s | host update %.3f s (overlaps the next step) | waited for updated "
-           "blocks %.3f s | waited for the backward and norm %.3f s | copied down %s, up %s",
-           t.step, t.host_update, t.wait_update, t.wait_norm, down, up);
+           "blocks %.3f s | waited for the backward and norm %.3f s | copied down %s, up %s%s",
+           t.step, t.host_update, t.wait_update, t.wait_norm, down, up, disk);
+}
+
+/* This process's resident memory as /proc/self/status counts it (bytes; 0 where unknown): the peak (VmHWM),
+ * now (VmRSS) and what it is now by kind: anonymous (heap, page-locked buffers), file-backed (binaries,
+ * libraries, mapped files, a page cache that a buffered store maps), shared memory. */
+typedef struct rss_now {
+    uint64_t peak, now, anon, file, shmem;
+} rss_now;
+
+static void read_rss(rss_now *m)
+{
+    memset(m, 0, sizeof *m);
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return;
+    char line[256];
+    unsigned long long kib;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmHWM: %llu kB", &kib) == 1)
+            m->peak = (uint64_t)kib << 10;
+        else if (sscanf(line, "VmRSS: %llu kB", &kib) == 1)
+            m->now = (uint64_t)kib << 10;
+        else if (sscanf(line, "RssAnon: %llu kB", &kib) == 1)
+            m->anon = (uint64_t)kib << 10;
+        else if (sscanf(line, "RssFile: %llu kB", &kib) == 1)
+            m->file = (uint64_t)kib << 10;
+        else if (sscanf(line, "RssShmem: %llu kB", &kib) == 1)
+            m->shmem = (uint64_t)kib << 10;
+    }
+    fclose(f);
+}
+
+/* One line of the host memory at a point of the run against the plan (greppable: "memory: <when>: peak RSS"),
+ * so that memory the plan does not count shows where it is taken. Returns the peak. */
+static uint64_t log_rss(const char *when, uint64_t planned, uint64_t cap, bool is0)
+{
+    rss_now m;
+    read_rss(&m);
+    if (!is0)
+        return m.peak;
+    char peak[32], now[32], anon[32], file[32], shm[32], plan[32], capt[32];
+    zt_format_size(m.peak, peak, sizeof peak);
+    zt_format_size(m.now, now, sizeof now);
+    zt_format_size(m.anon, anon, sizeof anon);
+    zt_format_size(m.file, file, sizeof file);
+    zt_format_size(m.shmem, shm, sizeof shm);
+    zt_format_size(planned, plan, sizeof plan);
+    zt_format_size(cap, capt, sizeof capt);
+    zt_log(cap && m.peak > cap ? ZT_LOG_WARN : ZT_LOG_INFO, "memory: %s: peak RSS %s, RSS %s (anon %s, file %s, "
+           "shmem %s); the plan's host %s%s%s%s", when, peak, now, anon, file, shm, planned ? plan : "-",
+           cap ? " of --host-mem " : "", cap ? capt : "", cap && m.peak > cap ? ": the peak is above the cap" : "");
+    return m.peak;
 }
 
 /* One training run on an established communicator: from the start or cfg->resume to cfg->steps. When a
@@ -1334,6 +1407,7 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
             zt_log(ZT_LOG_INFO, "resume: the checkpoint read into the engine block by block (%s of staging)", stage);
         }
     }
+    (void)log_rss("the engine created", lay.host_ram, cfg->host_mem, is0);
     if (is0) {
         zt_engine_log_plan(r.engine);
         if (on_servers)
@@ -1392,7 +1466,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* ZT_GPU_PROFILE=N (a diagnostic): from step N on, time every kernel family (logged at the end). */
     const char *profile_env = getenv("ZT_GPU_PROFILE");
     const int64_t profile_from = profile_env ? atoll(profile_env) : 0;
-    const bool offloaded = (on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU) || on_servers;
+    /* the optimizer off the GPU, on servers, or on the CPU with its state on disk (the host AdamW's thread) */
+    const bool offloaded = (on_gpu && cfg->optimizer != ZT_OPTIMIZER_GPU) || on_servers || zt_engine_exports_streamed(r.engine);
 
     for (int64_t step = st.step + 1; step <= cfg->steps; step++) {
         const double t0 = zt_now_s();
@@ -1464,6 +1539,11 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
                              per_step * (double)(cfg->steps - step));
                 if (offloaded)
                     log_timing(r.engine, r.client);
+                if (steps_run <= 2) { /* the first updates take the pages of the state they write */
+                    char when[48];
+                    snprintf(when, sizeof when, "step %lld", (long long)step);
+                    (void)log_rss(when, lay.host_ram, cfg->host_mem, is0);
+                }
                 window_time = 0.0;
                 window_tokens = 0.0;
             }
@@ -1515,6 +1595,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     stop_requested = 0; /* a request that came with the last step needs no stop */
     if (profile_from > 0 && is0)
         zt_engine_profile_report(r.engine);
+    res->peak_rss_bytes = log_rss("the end of training", lay.host_ram, cfg->host_mem, is0);
+    res->plan_host_bytes = lay.host_ram;
     res->seconds = zt_now_s() - start;
     res->tokens_per_s = train_time > 0 ? step_tokens * (double)steps_run / train_time : 0.0;
     if (is0 && !res->interrupted) {

@@ -56,6 +56,8 @@ typedef struct zt_train_result {
                                * can continue from its checkpoint, zt_trainer_rewind_target); otherwise -1 */
     bool load_streamed;       /* resumed with the checkpoint read tensor by tensor into the engine (state on disk,
                                * or --host-mem), not loaded into host arrays of the model's size */
+    uint64_t peak_rss_bytes;  /* this process's peak resident memory (VmHWM) at the end of training; 0: unknown */
+    uint64_t plan_host_bytes; /* the host bytes the planner counted (--host-mem, or a run on a GPU); 0: none */
 } zt_train_result;
 
 /* How many times one process continues a run by itself from an older checkpoint after state servers
