@@ -207,9 +207,12 @@ void zt_cpu_attention_backward_gqa(zt_real *dqkv, const zt_real *dout, const zt_
  * atomics (the same inputs give the same bits). qkv, out, dout, dqkv hold `dtype` elements (F32, F16 or
  * BF16); lse [B,NH,T] and the scratch are fp32; lens is a device array. Any T.
  *
- * Head sizes 32, 64, 80, 96 and 128, and 256 on GPUs that give a block 66 KiB of shared memory (all but
- * sm_75); zt_cuda_attention_supported and zt_cuda_attention_gqa_supported tell, so that a model can refuse
- * a config early (a head size of 40, say). Causal multi-head attention at head sizes 64 and 128 runs tuned
+ * The packed kernels are built for head sizes 32, 64, 80, 96 and 128, and 256 on GPUs that give a block 66
+ * KiB of shared memory (all but sm_75); zt_cuda_attention_supported tells for the multi-head entry points.
+ * zt_cuda_attention_forward_gqa and zt_cuda_attention_backward_gqa also take every other head size up to 256
+ * (40, 48, 112, ...), which they hand to the descriptor's general CUDA-core kernels (below: slower, the same
+ * results within rounding, deterministic); zt_cuda_attention_gqa_supported tells, so that a model can refuse
+ * a config early (a head size of 300, say). Causal multi-head attention at head sizes 64 and 128 runs tuned
  * kernels (tensor cores for F16 and BF16 where the GPU has them), and so do grouped-query and bidirectional
  * attention, padded or not, at those head sizes in F16 and BF16 on sm_80+ (the mma.sync kernels; a
  * key/value head's dK and dV sum its query heads in order); every other shape runs generic kernels,

@@ -28,6 +28,7 @@
  * so the forward kernels run as they are and padded rows get zeros and lse = +inf afterwards (the
  * mma.sync kernel skips their tiles); every backward kernel takes P = exp(S - lse) = 0 on those rows. */
 #include <math.h>
+#include <stdio.h>
 
 #include <mma.h>
 #include <type_traits>
@@ -1631,9 +1632,35 @@ extern "C" bool zt_cuda_attention_supported(int C, int NH)
     return NH > 0 && C > 0 && C % NH == 0 && head_size_served(C / NH);
 }
 
-extern "C" bool zt_cuda_attention_gqa_supported(const zt_attention_dims *d)
+extern "C" bool zt__cuda_attention_packed_serves(const zt_attention_dims *d)
 {
     return d->NH > 0 && d->NKV > 0 && d->NH % d->NKV == 0 && head_size_served(d->HS);
+}
+
+/* The descriptor of packed-qkv call d (the layout of zt_cuda_attention_forward_gqa), for the head sizes the
+ * packed kernels are not built for: the descriptor's general kernels serve them (attention_desc.cu). */
+static zt_attention_desc packed_desc(void *out, float *lse, const void *qkv, const int32_t *lens,
+                                     const zt_attention_dims *d, enum zt_dtype dtype)
+{
+    const long W = (long)(d->NH + 2 * d->NKV) * d->HS;
+    const size_t es = zt_dtype_size(dtype);
+    const char *q = (const char *)qkv;
+    return zt_attention_desc{.q = q, .k = q + (size_t)d->NH * d->HS * es, .v = q + (size_t)(d->NH + d->NKV) * d->HS * es,
+                             .q_stride = W, .k_stride = W, .v_stride = W, .out = out, .out_stride = (long)d->NH * d->HS,
+                             .lse = lse, .B = d->B, .Tq = d->T, .Tk = d->T, .NH = d->NH, .NKV = d->NKV, .HS = d->HS,
+                             .scale = 0.0f, .causal = d->causal, .window = -1, .lens = lens};
+}
+
+/* The head sizes the descriptor's general kernels take beside the packed ones, and B x NH within their grid. */
+static bool general_serves(const zt_attention_dims *d)
+{
+    return d->HS > 0 && d->HS <= 256 && (long)d->B * d->NH <= 65535;
+}
+
+extern "C" bool zt_cuda_attention_gqa_supported(const zt_attention_dims *d)
+{
+    return zt__cuda_attention_packed_serves(d) ||
+           (d->NH > 0 && d->NKV > 0 && d->NH % d->NKV == 0 && general_serves(d));
 }
 
 extern "C" size_t zt_cuda_attention_backward_scratch_size(int B, int T, int NH)
@@ -1737,7 +1764,7 @@ extern "C" void zt__cuda_attention_packed_forward(void *out, float *lse, const v
     const zt_attention_variant none = {};
     if (!v)
         v = &none;
-    ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
+    ZT_ASSERT(d->B > 0 && d->T > 0 && zt__cuda_attention_packed_serves(d));
     if (!tuned_serves(d, v)) {
         if (!gqa_tuned_forward(out, lse, qkv, lens, d, dtype, stream, v))
             zt__cuda_attention_generic_forward(out, lse, qkv, lens, d, dtype, stream, v);
@@ -1805,7 +1832,7 @@ extern "C" void zt__cuda_attention_packed_backward(void *dqkv, const void *dout,
     const zt_attention_variant none = {};
     if (!v)
         v = &none;
-    ZT_ASSERT(d->B > 0 && d->T > 0 && zt_cuda_attention_gqa_supported(d));
+    ZT_ASSERT(d->B > 0 && d->T > 0 && zt__cuda_attention_packed_serves(d));
     const bool tuned = tuned_serves(d, v);
     if (!tuned && gqa_tuned_candidate(d, dtype, v)) {
         ZT_ASSERT(((uintptr_t)scratch & 3u) == 0);
@@ -1833,7 +1860,16 @@ extern "C" void zt__cuda_attention_packed_backward(void *dqkv, const void *dout,
 extern "C" void zt_cuda_attention_forward_gqa(void *out, float *lse, const void *qkv, const int32_t *lens,
                                               const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream)
 {
-    zt__cuda_attention_packed_forward(out, lse, qkv, lens, d, dtype, stream, NULL);
+    if (zt__cuda_attention_packed_serves(d)) {
+        zt__cuda_attention_packed_forward(out, lse, qkv, lens, d, dtype, stream, NULL);
+        return;
+    }
+    const zt_attention_desc ad = packed_desc(out, lse, qkv, lens, d, dtype);
+    zt_err err = {};
+    const int rc = zt_cuda_attention_fwd(&ad, dtype, stream, &err);
+    if (rc != 0)
+        fprintf(stderr, "attention forward: %s\n", err.msg);
+    ZT_ASSERT(rc == 0); /* zt_cuda_attention_gqa_supported(d) */
 }
 
 extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, const void *qkv, const void *out,
@@ -1841,7 +1877,24 @@ extern "C" void zt_cuda_attention_backward_gqa(void *dqkv, const void *dout, con
                                                bool accumulate, void *scratch, enum zt_dtype dtype,
                                                cudaStream_t stream)
 {
-    zt__cuda_attention_packed_backward(dqkv, dout, qkv, out, lse, lens, d, accumulate, scratch, dtype, stream, NULL);
+    if (zt__cuda_attention_packed_serves(d)) {
+        zt__cuda_attention_packed_backward(dqkv, dout, qkv, out, lse, lens, d, accumulate, scratch, dtype, stream,
+                                           NULL);
+        return;
+    }
+    const zt_attention_desc ad = packed_desc((void *)out, (float *)lse, qkv, lens, d, dtype);
+    const long W = (long)(d->NH + 2 * d->NKV) * d->HS;
+    const size_t es = zt_dtype_size(dtype);
+    char *dq = (char *)dqkv;
+    const zt_attention_grads g = {.dout = dout, .dq = dq, .dk = dq + (size_t)d->NH * d->HS * es,
+                                  .dv = dq + (size_t)(d->NH + d->NKV) * d->HS * es, .dq_stride = W, .dk_stride = W,
+                                  .dv_stride = W, .dbias_table = NULL, .accumulate = accumulate};
+    ZT_ASSERT(zt_cuda_attention_bwd_scratch_size(&ad) <= zt_cuda_attention_backward_gqa_scratch_size(d));
+    zt_err err = {};
+    const int rc = zt_cuda_attention_bwd(&ad, &g, scratch, dtype, stream, &err);
+    if (rc != 0)
+        fprintf(stderr, "attention backward: %s\n", err.msg);
+    ZT_ASSERT(rc == 0);
 }
 
 /* The multi-head entry points: causal, NKV = NH. */

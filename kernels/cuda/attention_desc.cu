@@ -685,7 +685,7 @@ bool packed_form(const zt_attention_desc *d, enum zt_dtype dtype, zt_attention_d
     if (d->q_stride != W || d->k_stride != W || d->v_stride != W || d->out_stride != (long)d->NH * d->HS)
         return false;
     *dims = (zt_attention_dims){.B = d->B, .T = d->Tq, .NH = d->NH, .NKV = d->NKV, .HS = d->HS, .causal = d->causal};
-    return zt_cuda_attention_gqa_supported(dims);
+    return zt__cuda_attention_packed_serves(dims);
 }
 
 bool packed_grads(const zt_attention_desc *d, const zt_attention_grads *g, enum zt_dtype dtype)

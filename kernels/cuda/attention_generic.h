@@ -31,8 +31,13 @@ void zt__cuda_attention_generic_forward(void *out, float *lse, const void *qkv, 
 void zt__cuda_attention_generic_backward(void *dqkv, const void *dout, const void *qkv, const void *out,
                                          const float *lse, const int32_t *lens, const zt_attention_dims *d, float *D,
                                          enum zt_dtype dtype, cudaStream_t stream, const zt_attention_variant *v);
+/* Whether the packed-qkv kernels (attention.cu, attention_generic.cu) serve d: its head size is one they are
+ * built for and NH % NKV == 0. zt_cuda_attention_gqa_supported says more: the packed entry points send other
+ * head sizes (up to 256) to the descriptor's general kernels. */
+bool zt__cuda_attention_packed_serves(const zt_attention_dims *d);
 /* zt_cuda_attention_forward_gqa and zt_cuda_attention_backward_gqa (attention.cu) with a kernel variant (NULL:
- * the default choice); the descriptor chooser (attention_desc.cu) calls these for packed-qkv descriptors. */
+ * the default choice) for the shapes zt__cuda_attention_packed_serves accepts; the descriptor chooser
+ * (attention_desc.cu) calls these for packed-qkv descriptors. */
 void zt__cuda_attention_packed_forward(void *out, float *lse, const void *qkv, const int32_t *lens,
                                        const zt_attention_dims *d, enum zt_dtype dtype, cudaStream_t stream,
                                        const zt_attention_variant *v);

@@ -1437,6 +1437,10 @@ static void run_attention_gqa_shapes(enum zt_dtype dt)
     run_attention_gqa(dt, 2, 200, 3, 3, 32, false, NULL, tol);   /* head size 32, bidirectional */
     run_attention_gqa(dt, 2, 1, 6, 3, 64, true, NULL, tol);      /* a single position */
     run_attention_gqa(dt, 1, 70, 6, 2, 80, false, NULL, tol);    /* bidirectional grouped-query */
+    /* Head sizes the packed kernels are not built for: the descriptor's general kernels behind the same entry. */
+    run_attention_gqa(dt, 2, 90, 4, 2, 40, true, NULL, tol);     /* 40, causal, grouped-query */
+    run_attention_gqa(dt, 2, 120, 3, 3, 48, false, two, tol);    /* 48, bidirectional, padded */
+    run_attention_gqa(dt, 1, 77, 2, 1, 112, true, NULL, tol);    /* 112, one key/value head */
     if (zt_cuda_attention_supported(1024, 4)) {
         run_attention_gqa(dt, 2, 50, 2, 1, 256, true, NULL, tol);
         run_attention_gqa(dt, 2, 40, 4, 4, 256, false, two, tol);
@@ -1468,7 +1472,9 @@ static void test_attention_gqa(void **state)
 {
     (void)state;
     const zt_attention_dims bad_ratio = {.B = 1, .T = 8, .NH = 6, .NKV = 4, .HS = 64, .causal = true};
-    const zt_attention_dims bad_hs = {.B = 1, .T = 8, .NH = 5, .NKV = 5, .HS = 40, .causal = true};
+    const zt_attention_dims bad_hs = {.B = 1, .T = 8, .NH = 2, .NKV = 2, .HS = 300, .causal = true};
+    const zt_attention_dims hs40 = {.B = 1, .T = 8, .NH = 5, .NKV = 5, .HS = 40, .causal = true};
+    assert_true(zt_cuda_attention_gqa_supported(&hs40)); /* the general kernels, behind the same entry */
     assert_false(zt_cuda_attention_gqa_supported(&bad_ratio));
     assert_false(zt_cuda_attention_gqa_supported(&bad_hs));
     /* Pass 0: the default kernels (tensor cores for bf16 and fp16 on sm_80+); pass 1: CUDA cores only. */

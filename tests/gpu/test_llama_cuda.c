@@ -54,12 +54,13 @@ static int teardown(void **state)
     return zt_fixture_remove_dir(g_dir);
 }
 
-/* The odd shape: hidden 192 in 6 heads of 32 (3 query heads per key/value head), MLP 344, vocabulary 1001. */
-static void odd_config(zt_llama_config *c, bool tied)
+/* The odd shape: hidden 6 x head_size (192: heads of 32) in 6 heads (3 query heads per key/value head), MLP
+ * 344, vocabulary 1001. */
+static void odd_config(zt_llama_config *c, bool tied, int head_size)
 {
     zt_llama_config_default(c);
     c->num_hidden_layers = 2;
-    c->hidden_size = 192;
+    c->hidden_size = 6 * head_size;
     c->num_attention_heads = 6;
     c->num_key_value_heads = 2;
     c->intermediate_size = 344;
@@ -99,10 +100,10 @@ static float run_cuda(const zt_llama *host, const bool *ckpt, const int32_t *tok
     return loss;
 }
 
-static void check_passes(bool tied)
+static void check_passes(bool tied, int head_size)
 {
     zt_llama_config cfg;
-    odd_config(&cfg, tied);
+    odd_config(&cfg, tied, head_size);
     zt_llama *host = NULL;
     zt_err err = {{0}};
     if (zt_llama_create(&host, &cfg, PB, PT, 42, &err) != 0)
@@ -170,13 +171,20 @@ static void check_passes(bool tied)
 static void test_untied_head_matches_cpu(void **state)
 {
     (void)state;
-    check_passes(false);
+    check_passes(false, 32);
 }
 
 static void test_tied_head_matches_cpu(void **state)
 {
     (void)state;
-    check_passes(true);
+    check_passes(true, 32);
+}
+
+/* Heads of 40 channels, which the packed attention kernels are not built for: the general kernels. */
+static void test_head_size_40_matches_cpu(void **state)
+{
+    (void)state;
+    check_passes(false, 40);
 }
 
 /* ---- training through `ztrain train` ---- */
@@ -185,7 +193,7 @@ static void train_config(zt_train_config *c, const char *out, const char *device
 {
     zt_gpu_fixture_config(c, g_dir, "l", out, device, precision, 2, VOCAB, STEPS, 4, 2);
     zt_family_config_default_of(&c->model, "llama");
-    odd_config(ZT_LLAMA_CONFIG(&c->model), false);
+    odd_config(ZT_LLAMA_CONFIG(&c->model), false, 32);
     ZT_LLAMA_CONFIG(&c->model)->initializer_range = 0.02;
     ZT_LLAMA_CONFIG(&c->model)->pad_token_id = -1;
     zt_fixture_finish_config(c);
@@ -259,6 +267,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_untied_head_matches_cpu),
         cmocka_unit_test(test_tied_head_matches_cpu),
+        cmocka_unit_test(test_head_size_40_matches_cpu),
         cmocka_unit_test(test_train_fp32_tracks_cpu),
         cmocka_unit_test(test_train_bf16_tracks_cpu),
         cmocka_unit_test(test_train_offloaded_tracks_cpu),

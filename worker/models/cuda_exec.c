@@ -227,8 +227,9 @@ int zt__cuda_check_model(enum zt_dtype dtype, const zt_attention_dims *d, const 
         return zt_fail(err, ZT_EUNSUPPORTED, "the CUDA model computes in fp32, bf16 or fp16 only");
     if (!zt_cuda_attention_gqa_supported(d))
         return zt_fail(err, ZT_EUNSUPPORTED,
-                       "the CUDA attention kernels serve head sizes 32, 64, 80, 96 and 128 (256 on GPUs with 66 KiB "
-                       "of shared memory per block); %s (choose %s among them, or train with --device cpu)",
+                       "the CUDA attention kernels serve head sizes up to 256 (32, 64, 80, 96, 128 and 256 on their fast "
+                       "kernels, the others on slower general ones) and at most 65535 sequence x head pairs per call; "
+                       "%s (choose %s among them, or train with --device cpu)",
                        heads, fix);
     if (max_micro < 1 || max_micro > ZT__CUDA_MAX_MICRO)
         return zt_fail(err, ZT_EINVAL_CONFIG, "grad_accum %d is out of range for the CUDA trainer (1..%d)",
