@@ -16,18 +16,18 @@ G=$3
 shift 3
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-4}
-OUT=$(mktemp)
-trap 'rm -f "$OUT"' EXIT
+TABLE_IN=$(mktemp)
+trap 'rm -f "$TABLE_IN"' EXIT
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
     for b in "$@"; do
         "$b/bench/server/bench_server_update" "$N" "$TH" "$G" "$ITERS" | grep '^bench_server_update variant=' |
-            sed "s|^|build=$b round=$r |" >>"$OUT"
+            sed "s|^|build=$b round=$r |" >>"$TABLE_IN"
     done
     r=$((r + 1))
 done
-head -1 "$OUT" >/dev/null
-python3 - "$OUT" "$N" "$G" <<'PY'
+head -1 "$TABLE_IN" >/dev/null
+python3 - "$TABLE_IN" "$N" "$G" <<'PY'
 import re, statistics, sys
 rows = {}
 order = []
