@@ -14,6 +14,7 @@
 #include "worker/models/decoder.h"
 #include "worker/models/family.h"
 #include "worker/models/host_io.h"
+#include "worker/models/host_model.h"
 #include "worker/models/tensor_table.h"
 
 /* ---- a small table of its own ---- */
@@ -168,7 +169,7 @@ static void *layout_of(const char *json, const zt_family_def **def)
     cJSON_Delete(o);
     void *m = NULL;
     *def = c.def;
-    assert_int_equal(c.def->create_layout(&m, c.body, &err), 0);
+    assert_int_equal(zt__hm_create_layout((zt__hm **)&m, c.def->host, c.body, &err), 0);
     return m;
 }
 

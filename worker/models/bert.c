@@ -6,17 +6,15 @@
 
 #include <limits.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"         /* strict reading of config.json */
-#include "worker/models/cpu_exec.h"    /* the engine's CPU executor */
+#include "worker/models/cpu_exec.h"    /* the engine's CPU executor (the typed API's) */
 #include "worker/models/encoder.h"     /* the encoder program, its CPU runner and CUDA executor */
 #include "worker/models/family.h"      /* the family definition */
 #include "worker/models/host_config.h" /* the config.json mapping as a table */
 #include "worker/models/host_io.h"     /* safetensors import and export from the tensor table */
 #include "worker/models/host_model.h"  /* config field tables */
-#include "worker/models/host_shared.h" /* config keys every HF config has */
 #include "worker/models/tensor_table.h" /* the tensors as data */
 
 /* Limits that keep every size product far from overflow and catch typos such as an extra zero. */
@@ -27,30 +25,15 @@
 #define BERT_MAX_VOCAB (1 << 24)
 #define BERT_MAX_TYPES 1024
 
-
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* Configuration                                                                                        */
-/* ---------------------------------------------------------------------------------------------------- */
+/* ---- configuration ---- */
 
 /* Sets bert-base-uncased's values with the masked-LM head. */
 void zt_bert_config_default(zt_bert_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->roberta = false;
-    cfg->head = ZT_BERT_HEAD_MLM;
-    cfg->vocab_size = 30522;
-    cfg->hidden_size = 768;
-    cfg->num_hidden_layers = 12;
-    cfg->num_attention_heads = 12;
-    cfg->intermediate_size = 3072;
-    cfg->max_position_embeddings = 512;
-    cfg->type_vocab_size = 2;
-    cfg->pad_token_id = 0;
-    cfg->hidden_act = ZT_BERT_ACT_GELU;
-    cfg->layer_norm_eps = 1e-12f;
-    cfg->initializer_range = 0.02f;
-    cfg->num_labels = 2;
+    *cfg = (zt_bert_config){.head = ZT_BERT_HEAD_MLM, .vocab_size = 30522, .hidden_size = 768,
+                            .num_hidden_layers = 12, .num_attention_heads = 12, .intermediate_size = 3072,
+                            .max_position_embeddings = 512, .type_vocab_size = 2, .hidden_act = ZT_BERT_ACT_GELU,
+                            .layer_norm_eps = 1e-12f, .initializer_range = 0.02f, .num_labels = 2};
 }
 
 /* Sets roberta-base's values with the masked-LM head. */
@@ -98,12 +81,13 @@ const char *zt_bert_config_label(const zt_bert_config *cfg, int i, char *buf, si
 #define NS ZT__CFG_NO_SAVE
 static const zt__cfg_key keys[] = {
     ZT__CFG_I(S, vocab_size, 1, BERT_MAX_VOCAB), ZT__CFG_I(S, hidden_size, 1, BERT_MAX_HIDDEN),
-    ZT__CFG_I(S, num_hidden_layers, 1, BERT_MAX_LAYERS), ZT__CFG_I(S, num_attention_heads, 1, BERT_MAX_HIDDEN),
+    ZT__CFG_I(S, num_hidden_layers, 1, BERT_MAX_LAYERS),
+    ZT__CFG_HEADS(S, num_attention_heads, BERT_MAX_HIDDEN, "hidden_size"),
     ZT__CFG_I(S, intermediate_size, 1, BERT_MAX_INTERMEDIATE),
     ZT__CFG_I(S, max_position_embeddings, 1, BERT_MAX_POSITIONS), ZT__CFG_I(S, type_vocab_size, 1, BERT_MAX_TYPES),
     ZT__CFG_R(S, INT, pad_token_id, 0, BERT_MAX_VOCAB, ZT__CFG_NO_CHECK),
     ZT__CFG_R(S, FLOAT, layer_norm_eps, 0.0, 1.0, ZT__CFG_OPEN),
-    ZT__CFG_R(S, FLOAT, initializer_range, 0.0, 10.0, ZT__CFG_NO_CHECK),
+    ZT__CFG_R(S, FLOAT, initializer_range, 0.0, 10.0, ZT__CFG_ABOVE_MIN),
     ZT__CFG_ONLY_("position_embedding_type", "\"absolute\"", 0, "absolute positions"),
     ZT__CFG_ONLY_("problem_type", "\"single_label_classification\"", NS | ZT__CFG_NULL_OK,
                   "cross-entropy, one label per sequence"),
@@ -126,19 +110,15 @@ static const zt__cfg_key keys[] = {
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
 /* Validation with the source named in messages. */
-static int validate_config(const zt_bert_config *c, const char *where, zt_err *err)
+static int validate_config(const void *cv, const char *where, zt_err *err)
 {
+    const zt_bert_config *c = cv;
     int rc = zt__cfg_check(keys, NKEYS, c, where, err);
     if (rc < 0)
         return rc;
     if (c->num_labels < 1 || c->num_labels > ZT_BERT_MAX_LABELS)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_labels must be from 1 to %d, got %d", where,
                        ZT_BERT_MAX_LABELS, c->num_labels);
-    if (c->hidden_size % c->num_attention_heads != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: hidden_size %d is not divisible by num_attention_heads %d (every head gets hidden_size / "
-                       "num_attention_heads channels: choose a head count that divides hidden_size)",
-                       where, c->hidden_size, c->num_attention_heads);
     if (c->pad_token_id < 0 || c->pad_token_id >= c->vocab_size)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: pad_token_id %d is not a token id below vocab_size %d", where,
                        c->pad_token_id, c->vocab_size);
@@ -147,9 +127,6 @@ static int validate_config(const zt_bert_config *c, const char *where, zt_err *e
                        "%s: max_position_embeddings %d leaves no position for RoBERTa, whose positions start at "
                        "pad_token_id + 1 = %d (make max_position_embeddings larger)",
                        where, c->max_position_embeddings, c->pad_token_id + 1);
-    if (!(c->initializer_range > 0.0f && c->initializer_range <= 10.0f))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_range must be above 0 and at most 10, got %g", where,
-                       (double)c->initializer_range);
     if (c->hidden_act != ZT_BERT_ACT_GELU && c->hidden_act != ZT_BERT_ACT_GELU_TANH)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown hidden_act %d", where, (int)c->hidden_act);
     if (c->head != ZT_BERT_HEAD_MLM && c->head != ZT_BERT_HEAD_CLASSIFY)
@@ -165,15 +142,25 @@ static int validate_config(const zt_bert_config *c, const char *where, zt_err *e
     return 0;
 }
 
-/* Checks ranges and consistency of cfg. */
-int zt_bert_config_validate(const zt_bert_config *cfg, zt_err *err)
+/* Beyond the key table: the head from "architectures" (a list of one class name, as transformers writes it),
+ * hidden_act (its tanh form under two names) and the labels. */
+static int read_extra(zt_json_reader *r, const cJSON *obj, void *cv, zt_err *err)
 {
-    return validate_config(cfg, "model config", err);
-}
-
-/* Reads the head from "architectures" (a list of one class name, as transformers writes it). */
-static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_config *c, zt_err *err)
-{
+    zt_bert_config *c = cv;
+    char text[64] = "";
+    int rc = zt_json_get_string(r, "hidden_act", text, sizeof text, err);
+    if (rc < 0)
+        return rc;
+    if (strcmp(text, "gelu") == 0)
+        c->hidden_act = ZT_BERT_ACT_GELU;
+    else if (strcmp(text, "gelu_new") == 0 || strcmp(text, "gelu_pytorch_tanh") == 0)
+        c->hidden_act = ZT_BERT_ACT_GELU_TANH;
+    else if (text[0])
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: hidden_act is \"%s\", but ztrain implements \"gelu\" (exact) and "
+                       "\"gelu_new\" (tanh approximation)", r->where, text);
+    if ((rc = zt__cfg_read_labels(r, obj, ZT_BERT_MAX_LABELS, &c->num_labels, c->label_names, sizeof c->label_names,
+                                  err)) < 0)
+        return rc;
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(obj, "architectures");
     if (!a)
         return 0;
@@ -184,24 +171,15 @@ static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_confi
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: architectures must be a list of one class name, such as [\"BertForMaskedLM\"]", r->where);
     const char *name = a->child->valuestring;
-    static const struct {
-        const char *name;
-        bool roberta;
-        enum zt_bert_head head;
-    } known[] = {
-        {"BertForMaskedLM", false, ZT_BERT_HEAD_MLM},
-        {"BertForSequenceClassification", false, ZT_BERT_HEAD_CLASSIFY},
-        {"RobertaForMaskedLM", true, ZT_BERT_HEAD_MLM},
-        {"RobertaForSequenceClassification", true, ZT_BERT_HEAD_CLASSIFY},
-    };
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        if (strcmp(name, known[i].name) != 0)
+    for (int k = 0; k < 4; k++) { /* the four classes: BERT and RoBERTa, each with either head */
+        zt_bert_config known = {.roberta = k >= 2, .head = k % 2 ? ZT_BERT_HEAD_CLASSIFY : ZT_BERT_HEAD_MLM};
+        if (strcmp(name, zt_bert_config_architecture(&known)) != 0)
             continue;
-        if (known[i].roberta != c->roberta)
+        if (known.roberta != c->roberta)
             return zt_fail(err, ZT_EINVAL_CONFIG,
                            "%s: architectures names %s, but model_type is \"%s\" (make them agree)", r->where, name,
                            c->roberta ? "roberta" : "bert");
-        c->head = known[i].head;
+        c->head = known.head;
         return 0;
     }
     return zt_fail(err, ZT_EINVAL_CONFIG,
@@ -211,87 +189,76 @@ static int read_architectures(zt_json_reader *r, const cJSON *obj, zt_bert_confi
                    c->roberta ? "RobertaForSequenceClassification" : "BertForSequenceClassification");
 }
 
-/* Fills cfg from a Hugging Face BERT or RoBERTa config.json object; see bert.h. */
-int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+/* What a written config holds beyond the table; a classifier's problem_type. */
+static void write_extra(const void *cv, cJSON *o)
 {
-    static const char *const types[] = {"bert", "roberta", NULL};
-    zt_bert_config c = *cfg;
-    zt_json_reader r;
-    int rc, type;
-    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0)
-        return rc;
-    if (type >= 0 && (type == 1) != c.roberta) { /* the other model type's defaults, the head kept */
-        const enum zt_bert_head head = c.head;
-        if (type == 1)
-            zt_bert_config_default_roberta(&c);
-        else
-            zt_bert_config_default(&c);
-        c.head = head;
-    }
-    if ((rc = read_architectures(&r, obj, &c, err)) < 0 || (rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
-        return rc;
-    char text[64] = "";
-    if ((rc = zt_json_get_string(&r, "hidden_act", text, sizeof text, err)) < 0)
-        return rc;
-    if (strcmp(text, "gelu") == 0)
-        c.hidden_act = ZT_BERT_ACT_GELU;
-    else if (strcmp(text, "gelu_new") == 0 || strcmp(text, "gelu_pytorch_tanh") == 0)
-        c.hidden_act = ZT_BERT_ACT_GELU_TANH;
-    else if (text[0])
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: hidden_act is \"%s\", but ztrain implements \"gelu\" (exact) and \"gelu_new\" (tanh "
-                       "approximation)",
-                       where, text);
-    if ((rc = zt__cfg_read_labels(&r, obj, ZT_BERT_MAX_LABELS, &c.num_labels, c.label_names, sizeof c.label_names,
-                                  err)) < 0 || (rc = zt__cfg_finish(&r, obj, NULL, err)) < 0 ||
-        (rc = validate_config(&c, where, err)) < 0)
-        return rc;
-    *cfg = c;
-    return 0;
+    const zt_bert_config *c = cv;
+    cJSON_AddStringToObject(o, "hidden_act", c->hidden_act == ZT_BERT_ACT_GELU ? "gelu" : "gelu_new");
+    if (c->head == ZT_BERT_HEAD_CLASSIFY || c->num_labels != 2 || c->label_names[0])
+        zt__cfg_write_labels(o, c->label_names, c->num_labels);
+    if (c->head == ZT_BERT_HEAD_CLASSIFY)
+        cJSON_AddStringToObject(o, "problem_type", "single_label_classification");
 }
 
-/* Reads a config.json file; absent fields take the defaults of its model_type. */
-int zt_bert_config_load(zt_bert_config *cfg, const char *path, zt_err *err)
+static const char *model_type(const void *c)
 {
-    cJSON *obj = NULL;
-    int rc = zt_json_load_object(path, &obj, err);
-    if (rc < 0)
-        return rc;
-    zt_bert_config c;
+    return ((const zt_bert_config *)c)->roberta ? "roberta" : "bert";
+}
+
+static const char *head(const void *c)
+{
+    return zt_bert_config_architecture(c);
+}
+
+static const char *const model_types[] = {"bert", "roberta", NULL};
+static const zt__cfg_io io = {.model_types = model_types, .keys = keys, .nkeys = NKEYS,
+                              .size = sizeof(zt_bert_config), .validate = validate_config, .read_extra = read_extra,
+                              .write_extra = write_extra, .model_type = model_type, .head = head};
+
+int zt_bert_config_validate(const zt_bert_config *cfg, zt_err *err)
+{
+    return validate_config(cfg, "model config", err);
+}
+
+/* The model type's defaults when it differs from cfg's (the head kept), then the io's reading. */
+int zt_bert_config_from_json(zt_bert_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+{
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "model_type");
-    if (cJSON_IsString(type) && strcmp(type->valuestring, "roberta") == 0)
-        zt_bert_config_default_roberta(&c);
-    else
-        zt_bert_config_default(&c);
-    rc = zt_bert_config_from_json(&c, obj, path, err);
-    cJSON_Delete(obj);
+    zt_bert_config c = *cfg;
+    if (cJSON_IsString(type) && (strcmp(type->valuestring, "roberta") == 0) != c.roberta) {
+        if (c.roberta)
+            zt_bert_config_default(&c);
+        else
+            zt_bert_config_default_roberta(&c);
+        c.head = cfg->head;
+    }
+    int rc = zt__cfg_io_read(&io, &c, obj, where, err);
     if (rc == 0)
         *cfg = c;
     return rc;
 }
 
-/* Writes cfg as a Hugging Face config.json, keys sorted as transformers writes them, atomically. */
-int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err)
+static int from_json_v(void *c, const cJSON *o, const char *where, zt_err *err)
 {
-    int rc = validate_config(cfg, path, err);
-    if (rc < 0)
-        return rc;
-    cJSON *o = cJSON_CreateObject();
-    zt__cfg_write(keys, NKEYS, cfg, o);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"),
-                         cJSON_CreateString(zt_bert_config_architecture(cfg)));
-    cJSON_AddStringToObject(o, "hidden_act", cfg->hidden_act == ZT_BERT_ACT_GELU ? "gelu" : "gelu_new");
-    if (cfg->head == ZT_BERT_HEAD_CLASSIFY || cfg->num_labels != 2 || cfg->label_names[0])
-        zt__cfg_write_labels(o, cfg->label_names, cfg->num_labels);
-    cJSON_AddStringToObject(o, "model_type", cfg->roberta ? "roberta" : "bert");
-    if (cfg->head == ZT_BERT_HEAD_CLASSIFY)
-        cJSON_AddStringToObject(o, "problem_type", "single_label_classification");
-    return zt__cfg_save(o, path, err);
+    return zt_bert_config_from_json(c, o, where, err);
 }
 
-/* ---------------------------------------------------------------------------------------------------- */
-/* Parameter layout                                                                                     */
-/* ---------------------------------------------------------------------------------------------------- */
+int zt_bert_config_load(zt_bert_config *cfg, const char *path, zt_err *err)
+{
+    zt_bert_config c;
+    zt_bert_config_default(&c);
+    int rc = zt__cfg_load(&c, path, from_json_v, err);
+    if (rc == 0)
+        *cfg = c;
+    return rc;
+}
+
+int zt_bert_config_save(const zt_bert_config *cfg, const char *path, zt_err *err)
+{
+    return zt__cfg_io_save(&io, cfg, path, err);
+}
+
+/* ---- the tensor table ---- */
 
 enum { D_C = 1, D_I, D_V, D_P, D_TYPES, D_LABELS }; /* dimension symbols */
 enum { ROBERTA = 1u, MLM = 2u };                    /* flags: RoBERTa's names, the masked-LM head */
@@ -301,15 +268,23 @@ enum { ROBERTA = 1u, MLM = 2u };                    /* flags: RoBERTa's names, t
  * initializer_range), LayerNorms 1 and 0, biases 0, the padding rows zero (RoBERTa's positions have one). */
 #define R(part, name, d0, d1, init, role, ...) {ZT__TT(part, name, d0, d1, init, role), __VA_ARGS__}
 #define NR ZT__TT_NO_ROLE
+#define H_DW ZT__ENC_H_DENSE_W
+#define H_DB ZT__ENC_H_DENSE_B
+#define H_LW ZT__ENC_H_LN_W
+#define H_LB ZT__ENC_H_LN_B
+#define H_OW ZT__ENC_H_OUT_W
+#define H_OB ZT__ENC_H_OUT_B
 #define ROWS .split = ZT_TP_ROWS
 #define COLS .split = ZT_TP_COLS
 static const zt__tt_row rows[] = {
-    R(EMBED, "embeddings.word_embeddings.weight", D_V, D_C, NORMAL_PAD, NR, .body = true, ROWS),
-    R(EMBED, "embeddings.position_embeddings.weight", D_P, D_C, NORMAL, NR, .body = true, .unless = ROBERTA),
-    R(EMBED, "embeddings.position_embeddings.weight", D_P, D_C, NORMAL_PAD, NR, .body = true, .when = ROBERTA),
-    R(EMBED, "embeddings.token_type_embeddings.weight", D_TYPES, D_C, NORMAL, NR, .body = true),
-    R(EMBED, "embeddings.LayerNorm.weight", D_C, 0, ONE, NR, .body = true),
-    R(EMBED, "embeddings.LayerNorm.bias", D_C, 0, ZERO, NR, .body = true),
+    R(EMBED, "embeddings.word_embeddings.weight", D_V, D_C, NORMAL_PAD, ZT__ENC_E_WORD, .body = true, ROWS),
+    R(EMBED, "embeddings.position_embeddings.weight", D_P, D_C, NORMAL, ZT__ENC_E_POS, .body = true,
+      .unless = ROBERTA),
+    R(EMBED, "embeddings.position_embeddings.weight", D_P, D_C, NORMAL_PAD, ZT__ENC_E_POS, .body = true,
+      .when = ROBERTA),
+    R(EMBED, "embeddings.token_type_embeddings.weight", D_TYPES, D_C, NORMAL, ZT__ENC_E_TYPE, .body = true),
+    R(EMBED, "embeddings.LayerNorm.weight", D_C, 0, ONE, ZT__ENC_E_LN_W, .body = true),
+    R(EMBED, "embeddings.LayerNorm.bias", D_C, 0, ZERO, ZT__ENC_E_LN_B, .body = true),
     R(LAYER, "attention.self.query.weight", D_C, D_C, NORMAL, ZT__ENC_QKV_W, ROWS),
     R(LAYER, "attention.self.key.weight", D_C, D_C, NORMAL, NR, ROWS, .packed = true),
     R(LAYER, "attention.self.value.weight", D_C, D_C, NORMAL, NR, ROWS, .packed = true),
@@ -327,28 +302,34 @@ static const zt__tt_row rows[] = {
     R(LAYER, "output.LayerNorm.weight", D_C, 0, ONE, ZT__ENC_LN2_W),
     R(LAYER, "output.LayerNorm.bias", D_C, 0, ZERO, ZT__ENC_LN2_B),
     /* the masked-LM head (its decoder is the word embeddings and the head's bias) */
-    R(FINAL, "cls.predictions.transform.dense.weight", D_C, D_C, NORMAL, NR, .when = MLM, .unless = ROBERTA),
-    R(FINAL, "cls.predictions.transform.dense.bias", D_C, 0, ZERO, NR, .when = MLM, .unless = ROBERTA),
-    R(FINAL, "cls.predictions.transform.LayerNorm.weight", D_C, 0, ONE, NR, .when = MLM, .unless = ROBERTA),
-    R(FINAL, "cls.predictions.transform.LayerNorm.bias", D_C, 0, ZERO, NR, .when = MLM, .unless = ROBERTA),
-    R(FINAL, "cls.predictions.bias", D_V, 0, ZERO, NR, .when = MLM, .unless = ROBERTA, ROWS),
-    R(FINAL, "lm_head.dense.weight", D_C, D_C, NORMAL, NR, .when = MLM | ROBERTA),
-    R(FINAL, "lm_head.dense.bias", D_C, 0, ZERO, NR, .when = MLM | ROBERTA),
-    R(FINAL, "lm_head.layer_norm.weight", D_C, 0, ONE, NR, .when = MLM | ROBERTA),
-    R(FINAL, "lm_head.layer_norm.bias", D_C, 0, ZERO, NR, .when = MLM | ROBERTA),
-    R(FINAL, "lm_head.bias", D_V, 0, ZERO, NR, .when = MLM | ROBERTA, ROWS),
+    R(FINAL, "cls.predictions.transform.dense.weight", D_C, D_C, NORMAL, H_DW, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.transform.dense.bias", D_C, 0, ZERO, H_DB, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.transform.LayerNorm.weight", D_C, 0, ONE, H_LW, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.transform.LayerNorm.bias", D_C, 0, ZERO, H_LB, .when = MLM, .unless = ROBERTA),
+    R(FINAL, "cls.predictions.bias", D_V, 0, ZERO, ZT__ENC_H_BIAS, .when = MLM, .unless = ROBERTA, ROWS),
+    R(FINAL, "lm_head.dense.weight", D_C, D_C, NORMAL, H_DW, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.dense.bias", D_C, 0, ZERO, H_DB, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.layer_norm.weight", D_C, 0, ONE, H_LW, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.layer_norm.bias", D_C, 0, ZERO, H_LB, .when = MLM | ROBERTA),
+    R(FINAL, "lm_head.bias", D_V, 0, ZERO, ZT__ENC_H_BIAS, .when = MLM | ROBERTA, ROWS),
     /* the classification head: BERT's pooler and classifier, RoBERTa's classifier (dense, out_proj) */
-    R(FINAL, "pooler.dense.weight", D_C, D_C, NORMAL, NR, .body = true, .unless = MLM | ROBERTA),
-    R(FINAL, "pooler.dense.bias", D_C, 0, ZERO, NR, .body = true, .unless = MLM | ROBERTA),
-    R(FINAL, "classifier.weight", D_LABELS, D_C, NORMAL, NR, .unless = MLM | ROBERTA),
-    R(FINAL, "classifier.bias", D_LABELS, 0, ZERO, NR, .unless = MLM | ROBERTA),
-    R(FINAL, "classifier.dense.weight", D_C, D_C, NORMAL, NR, .when = ROBERTA, .unless = MLM),
-    R(FINAL, "classifier.dense.bias", D_C, 0, ZERO, NR, .when = ROBERTA, .unless = MLM),
-    R(FINAL, "classifier.out_proj.weight", D_LABELS, D_C, NORMAL, NR, .when = ROBERTA, .unless = MLM),
-    R(FINAL, "classifier.out_proj.bias", D_LABELS, 0, ZERO, NR, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "pooler.dense.weight", D_C, D_C, NORMAL, H_DW, .body = true, .unless = MLM | ROBERTA),
+    R(FINAL, "pooler.dense.bias", D_C, 0, ZERO, H_DB, .body = true, .unless = MLM | ROBERTA),
+    R(FINAL, "classifier.weight", D_LABELS, D_C, NORMAL, H_OW, .unless = MLM | ROBERTA),
+    R(FINAL, "classifier.bias", D_LABELS, 0, ZERO, H_OB, .unless = MLM | ROBERTA),
+    R(FINAL, "classifier.dense.weight", D_C, D_C, NORMAL, H_DW, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "classifier.dense.bias", D_C, 0, ZERO, H_DB, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "classifier.out_proj.weight", D_LABELS, D_C, NORMAL, H_OW, .when = ROBERTA, .unless = MLM),
+    R(FINAL, "classifier.out_proj.bias", D_LABELS, 0, ZERO, H_OB, .when = ROBERTA, .unless = MLM),
 };
 #undef COLS
 #undef ROWS
+#undef H_OB
+#undef H_OW
+#undef H_LB
+#undef H_LW
+#undef H_DB
+#undef H_DW
 #undef NR
 #undef R
 
@@ -378,7 +359,7 @@ static const char *const other_heads[] = {"cls.", "lm_head.", "classifier.", "po
 static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof rows[0]),
                              .layer_prefix = "encoder.layer.%d.", .dims = dims, .hf_prefix = "",
                              .hf_aliases = aliases, .hf_naliases = 4, .hf_buffers = buffers, .hf_renames = renames,
-                             .hf_other_heads = other_heads};
+                             .hf_other_heads = other_heads, .hf_class = head};
 
 /* RoBERTa's positions start after pad_token_id; B x T rows are counted in int with room to spare. */
 static int check_batch(const void *cv, int B, int T, zt_err *err)
@@ -397,36 +378,24 @@ static int check_batch(const void *cv, int B, int T, zt_err *err)
     return 0;
 }
 
-
-/* The encoder program's view of cfg (encoder.h): the roles of the tensor table's entries. */
+/* The encoder program's view of cfg (encoder.h; the tensor table's roles give the tensors). */
 static void arch_of(const void *cv, zt__enc_arch *a)
 {
     const zt_bert_config *cfg = cv;
-    const int L = cfg->num_hidden_layers;
     const bool mlm = cfg->head == ZT_BERT_HEAD_MLM;
     *a = (zt__enc_arch){
-        .L = L, .C = cfg->hidden_size, .NH = cfg->num_attention_heads, .F = cfg->intermediate_size,
+        .L = cfg->num_hidden_layers, .C = cfg->hidden_size, .NH = cfg->num_attention_heads, .F = cfg->intermediate_size,
         .V = cfg->vocab_size, .types = cfg->type_vocab_size, .eps = cfg->layer_norm_eps,
         .act = cfg->hidden_act == ZT_BERT_ACT_GELU ? ZT__ENC_GELU_ERF : ZT__ENC_GELU_TANH,
         /* RoBERTa's lm_head applies the exact GELU whatever hidden_act says, as transformers does */
         .head_act = cfg->roberta || cfg->hidden_act == ZT_BERT_ACT_GELU ? ZT__ENC_GELU_ERF : ZT__ENC_GELU_TANH,
         .head = mlm ? ZT__ENC_HEAD_MLM : ZT__ENC_HEAD_CLASSIFY, .K = zt_bert_config_outputs(cfg),
         .pos_row0 = cfg->roberta ? cfg->pad_token_id + 1 : 0, .pad_token_id = cfg->pad_token_id,
-        .emb = {ZT_BERT_E_WORD, ZT_BERT_E_POS, ZT_BERT_E_TYPE, ZT_BERT_E_LN_W, ZT_BERT_E_LN_B},
-        .layer0 = ZT_BERT_LAYER_TENSOR(0, 0), .head_block = mlm ? 0 : L + 1,
+        .head_block = mlm ? 0 : cfg->num_hidden_layers + 1,
     };
-    a->per_layer = zt__tt_layer_roles(&table, cfg, a->role, ZT__ENC_ROLES, a->packed);
-    const int h = ZT_BERT_HEAD_TENSOR(L, 0);
-    const int mlm_t[ZT__ENC_H_ROLES] = {h + ZT_BERT_H_DENSE_W, h + ZT_BERT_H_DENSE_B, h + ZT_BERT_H_LN_W,
-                                        h + ZT_BERT_H_LN_B, h + ZT_BERT_H_BIAS, ZT_BERT_E_WORD, -1};
-    const int cls_t[ZT__ENC_H_ROLES] = {h + ZT_BERT_H_POOL_W, h + ZT_BERT_H_POOL_B, -1, -1, -1, h + ZT_BERT_H_CLS_W,
-                                        h + ZT_BERT_H_CLS_B};
-    memcpy(a->head_t, mlm ? mlm_t : cls_t, sizeof a->head_t);
 }
 
-/* ---------------------------------------------------------------------------------------------------- */
-/* Hugging Face files and the family definition                                                         */
-/* ---------------------------------------------------------------------------------------------------- */
+/* ---- Hugging Face files and the family definition ---- */
 
 extern const zt_family_def zt__family_bert;
 
@@ -436,16 +405,8 @@ int zt_bert_import_pretrained(zt_bert *m, const char *path, zt_err *err)
     return zt__host_import(&zt__family_bert, m, path, true, err);
 }
 
-static void hf_describe(const void *m, char *out, size_t cap)
-{
-    const zt_bert_config *c = zt__hm_config(m);
-    snprintf(out, cap, "a %s with %d layers", zt_bert_config_architecture(c), c->num_hidden_layers);
-}
-
 static const zt_hf_names hf_names = {
-    .export_name = zt__tt_hf_export_name,
-    .map = zt__tt_hf_map,
-    .describe = hf_describe,
+    ZT__TT_HF_NAMES
     .tied_fix = "ztrain's decoder is tied to it: an untied decoder is not supported",
     .head_optional = true,
 };
@@ -457,18 +418,6 @@ static void f_config_default(void *c, const char *model_type)
         zt_bert_config_default_roberta(c);
     else
         zt_bert_config_default(c);
-}
-static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
-{
-    return zt_bert_config_from_json(c, o, where, err);
-}
-static int f_config_save(const void *c, const char *path, zt_err *err)
-{
-    return zt_bert_config_save(c, path, err);
-}
-static int f_config_validate(const void *c, zt_err *err)
-{
-    return zt_bert_config_validate(c, err);
 }
 
 #define F(name, kind, hash_only) {#name, offsetof(zt_bert_config, name), ZT__HM_##kind, hash_only}
@@ -521,54 +470,21 @@ size_t zt_bert_config_num_params(const zt_bert_config *cfg)
 
 /* The typed API of bert.h over the host model (host_model.h), and what the encoder's runner adds to it. */
 ZT__HM_TYPED_API(zt_bert, zt_bert, zt_bert_config, spec, zt__family_bert)
-void zt_bert_set_token_types(zt_bert *m, const int32_t *types) { zt__enc_cpu_set_token_types(zt__hm_state(m), types); }
-void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted)
-{
-    zt__enc_cpu_accuracy(zt__hm_state(m), correct, counted);
-}
-
-static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
-{
-    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
-}
-static int f_create_layout(void **out, const void *c, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
-}
-static void f_set_token_types(void *m, const int32_t *types) { zt_bert_set_token_types(m, types); }
-static void f_accuracy(const void *m, int *correct, int *counted) { zt_bert_accuracy(m, correct, counted); }
-#ifdef ZT_WITH_CUDA
-/* The encoder's CUDA executor over the host model's tables; see bert.h. */
-int zt_bert_cuda_create(zt_model **out, const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
-                        const bool *ckpt_layers, zt_err *err)
-{
-    return zt__hm_cuda_create(out, host, B, T, max_micro, dtype, ckpt_layers, err);
-}
-zt_model *zt_bert_cuda_shape(const zt_bert *host, int B, int T, int max_micro, enum zt_dtype dtype,
-                             const bool *ckpt_layers)
-{
-    return zt__hm_cuda_shape(host, B, T, max_micro, dtype, ckpt_layers);
-}
-#endif
-
-static const char *const model_types[] = {"bert", "roberta", NULL};
+void zt_bert_set_token_types(zt_bert *m, const int32_t *types) { zt__hm_set_token_types(m, types); }
+void zt_bert_accuracy(const zt_bert *m, int *correct, int *counted) { zt__hm_accuracy(m, correct, counted); }
+ZT__HM_TYPED_CUDA_API(zt_bert, zt_bert)
 
 const zt_family_def zt__family_bert = {
     .name = "bert",
     .model_types = model_types,
     .config_default = f_config_default,
-    .config_from_json = f_config_from_json,
-    .config_save = f_config_save,
-    .config_validate = f_config_validate,
+    .io = &io,
     ZT__HM_FIELD_ENTRIES(fields, 2)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
     .config_label = f_config_label,
-    .create = f_create,
-    .create_layout = f_create_layout,
+    .host = &spec,
     .hf = &hf_names,
     ZT__HM_FAMILY_ENTRIES
-    .embedding_reads_weights = true,
-    .set_token_types = f_set_token_types,
-    .accuracy = f_accuracy,
+    ZT__HM_ENCODER_ENTRIES
 };

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "kernels/rope.h" /* zt_rope_config */
 #include "worker/models/ops.h"
 #include "worker/models/params.h"
 
@@ -34,6 +35,8 @@ enum zt__dec_role {
     ZT__DEC_LN2_W, ZT__DEC_LN2_B, ZT__DEC_UP_W, ZT__DEC_UP_B, ZT__DEC_DOWN_W, ZT__DEC_DOWN_B,
     ZT__DEC_ROLES
 };
+/* The final block's: the final norm's weight and bias, an untied head (tied: the token embedding). */
+enum zt__dec_final_role { ZT__DEC_FINAL_W, ZT__DEC_FINAL_B, ZT__DEC_HEAD, ZT__DEC_FINAL_ROLES };
 
 #define ZT__DEC_MAX_PER_LAYER 16
 
@@ -44,9 +47,11 @@ typedef struct zt__dec_arch {
     enum zt__dec_mlp mlp;
     bool rope;                   /* rotary embeddings of q and k (the runner holds inv_freq) */
     int rot;                     /* with rope: the rotated channels of a head (HS, or fewer: GPT-NeoX), even */
+    zt_rope_config rope_cfg;     /* with rope: the frequencies' base and scaling (zt_rope_inv_freq over rot) */
     bool parallel_residual;      /* out = x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of sequential */
     bool wpe;                    /* learned positions: block 0's second tensor */
     int pad_token_id;            /* the embedding row that gets no gradient from the embedding, or -1 */
+    /* From the tensor table's roles (the host model fills them after the family's arch): */
     int layer0;                  /* index of layer 0's first tensor in the table */
     int per_layer;               /* tensors per layer */
     int role[ZT__DEC_ROLES];     /* each role's tensor within a layer (0 .. per_layer-1), -1 when absent */

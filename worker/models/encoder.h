@@ -59,6 +59,7 @@ typedef struct zt__enc_arch {
     int K;                       /* outputs per scored row: V (masked LM) or the labels */
     int pos_row0;                /* the position table's row of position 0 (RoBERTa: pad_token_id + 1) */
     int pad_token_id;            /* trailing runs of it are padding; no position holding it counts in a loss */
+    /* From the tensor table's roles (the host model fills them after the family's enc_arch): */
     int emb[ZT__ENC_E_ROLES];    /* each role's tensor in the table (block 0) */
     int layer0, per_layer;       /* index of layer 0's first tensor; tensors per layer */
     int role[ZT__ENC_ROLES];     /* each role's tensor within a layer (0 .. per_layer-1) */

@@ -8,6 +8,7 @@
 
 #include "common/json.h"
 #include "worker/models/cpu_exec.h"   /* the engine's CPU executor of every family */
+#include "worker/models/host_config.h" /* config mappings as data */
 #include "worker/models/host_io.h"    /* safetensors import and export from the tensor table */
 #include "worker/models/host_model.h" /* config field tables: diff and fingerprint */
 #include "worker/models/model.h"
@@ -83,7 +84,7 @@ int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char
                        name, known);
     }
     zt_family_config_default_of(c, name);
-    return def->config_from_json(c->body, obj, where, err);
+    return def->io ? zt__cfg_io_read(def->io, c->body, obj, where, err) : def->config_from_json(c->body, obj, where, err);
 }
 
 int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
@@ -99,7 +100,7 @@ int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
 
 int zt_family_config_save(const zt_family_config *c, const char *path, zt_err *err)
 {
-    return c->def->config_save(c->body, path, err);
+    return c->def->io ? zt__cfg_io_save(c->def->io, c->body, path, err) : c->def->config_save(c->body, path, err);
 }
 
 int zt_family_config_validate(const zt_family_config *c, zt_err *err)
@@ -109,7 +110,35 @@ int zt_family_config_validate(const zt_family_config *c, zt_err *err)
         known |= c->def == registry[i];
     if (!known)
         return zt_fail(err, ZT_EINVAL_CONFIG, "the model config names no known family (set its model_type)");
-    return c->def->config_validate(c->body, err);
+    return zt__family_validate(c->def, c->body, err);
+}
+
+int zt__family_validate(const zt_family_def *def, const void *body, zt_err *err)
+{
+    return def->io ? def->io->validate(body, "model config", err) : def->config_validate(body, err);
+}
+
+/* The fields that say which model a config is: the family's table, or the keys of its io that fill a field
+ * (those flagged ZT__CFG_HASH_ONLY in the fingerprint only), into buf [ZT__CFG_MAX_KEYS]. */
+static int fields_of(const zt_family_def *def, zt__hm_field *buf, const zt__hm_field **out)
+{
+    if (def->fields) {
+        *out = def->fields;
+        return def->num_fields;
+    }
+    *out = buf;
+    int n = 0;
+    for (int i = 0; i < def->io->nkeys; i++) {
+        const zt__cfg_key *k = &def->io->keys[i];
+        static const int kinds[] = {[ZT__CFG_INT] = ZT__HM_INT, [ZT__CFG_FLOAT] = ZT__HM_FLOAT,
+                                    [ZT__CFG_DOUBLE] = ZT__HM_DOUBLE, [ZT__CFG_BOOL] = ZT__HM_BOOL,
+                                    [ZT__CFG_TOKEN] = ZT__HM_INT, [ZT__CFG_NAME] = ZT__HM_ENUM};
+        if (k->type > ZT__CFG_NAME)
+            continue; /* no field */
+        ZT_ASSERT(n < ZT__CFG_MAX_KEYS);
+        buf[n++] = (zt__hm_field){k->key, k->offset, (enum zt__hm_kind)kinds[k->type], (k->flags & ZT__CFG_HASH_ONLY) != 0};
+    }
+    return n;
 }
 
 const char *zt_family_config_diff(const zt_family_config *a, const zt_family_config *b, char *av, char *bv,
@@ -120,7 +149,10 @@ const char *zt_family_config_diff(const zt_family_config *a, const zt_family_con
         snprintf(bv, cap, "%s", zt_family_name(b));
         return "model_type";
     }
-    return zt__hm_config_diff(a->def->fields, a->def->num_fields, a->body, b->body, av, bv, cap);
+    zt__hm_field buf[ZT__CFG_MAX_KEYS];
+    const zt__hm_field *fields;
+    const int n = fields_of(a->def, buf, &fields);
+    return zt__hm_config_diff(fields, n, a->body, b->body, av, bv, cap);
 }
 
 bool zt_family_config_has_cuda(const zt_family_config *c)
@@ -163,7 +195,10 @@ const char *zt_family_config_label(const zt_family_config *c, int i, char *buf, 
 /* The family's own fingerprint (which starts with a number of its own, so that families differ). */
 uint64_t zt_family_config_fingerprint(const zt_family_config *c)
 {
-    return zt__hm_config_fingerprint(c->def->fields, c->def->num_fields, c->def->number, c->body);
+    zt__hm_field buf[ZT__CFG_MAX_KEYS];
+    const zt__hm_field *fields;
+    const int n = fields_of(c->def, buf, &fields);
+    return zt__hm_config_fingerprint(fields, n, c->def->number, c->body);
 }
 
 void zt_family_config_describe(const zt_family_config *c, char *buf, size_t cap)
@@ -194,7 +229,8 @@ int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int
 {
     *out = NULL;
     void *host = NULL;
-    int rc = c->def->create(&host, c->body, B, T, seed, err);
+    int rc = c->def->host ? zt__hm_create((zt__hm **)&host, c->def->host, c->body, B, T, seed, err)
+                          : c->def->create(&host, c->body, B, T, seed, err);
     return rc < 0 ? rc : wrap(out, c, host);
 }
 
@@ -202,7 +238,8 @@ int zt_family_model_create_layout(zt_family_model **out, const zt_family_config 
 {
     *out = NULL;
     void *host = NULL;
-    int rc = c->def->create_layout(&host, c->body, err);
+    int rc = c->def->host ? zt__hm_create_layout((zt__hm **)&host, c->def->host, c->body, err)
+                          : c->def->create_layout(&host, c->body, err);
     return rc < 0 ? rc : wrap(out, c, host);
 }
 

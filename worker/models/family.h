@@ -73,13 +73,17 @@ struct zt_family_def {
     const char *name;                /* "gpt2", "llama", "bert": logs and messages */
     const char *const *model_types;  /* NULL-terminated "model_type" values the family reads */
 
-    /* Configuration (the family's config struct behind void *). */
+    /* Configuration (the family's config struct behind void *). A family whose config.json mapping is data
+     * (io: host_config.h's zt__cfg_io) leaves config_from_json, config_save and config_validate NULL: the
+     * registry reads, writes and checks through io. */
     void (*config_default)(void *cfg, const char *model_type);
+    const struct zt__cfg_io *io;
     int (*config_from_json)(void *cfg, const cJSON *obj, const char *where, zt_err *err);
     int (*config_save)(const void *cfg, const char *path, zt_err *err);
     int (*config_validate)(const void *cfg, zt_err *err);
     /* The config's fields (host_model.h): what zt_family_config_diff compares and the fingerprint hashes
-     * after the family's number (fixed once given: 0 gpt2, 1 llama, 2 bert, 4 gpt_neox, 5 t5). */
+     * after the family's number (fixed once given: 0 gpt2, 1 llama, 2 bert, 4 gpt_neox, 5 t5). NULL with io:
+     * the keys of io's table that fill a field. */
     const struct zt__hm_field *fields;
     int num_fields;
     int64_t number;
@@ -88,7 +92,9 @@ struct zt_family_def {
     /* The name of label i of a classifier (NULL for families without labels). */
     const char *(*config_label)(const void *cfg, int i, char *buf, size_t cap);
 
-    /* The host model. */
+    /* The host model: the shared one (host: host_model.h's zt__hm_spec, and create and create_layout NULL), or
+     * the family's own. */
+    const struct zt__hm_spec *host;
     int (*create)(void **out, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
     int (*create_layout)(void **out, const void *cfg, zt_err *err);
     void (*destroy)(void *m);
@@ -130,6 +136,10 @@ struct zt_family_def {
                                    const bool *ckpt_layers);
 #endif
 };
+
+/* Checks a config struct of def's family (its io's rules, or its config_validate), "model config" named in
+ * messages. Internal to worker/models/. */
+int zt__family_validate(const zt_family_def *def, const void *body, zt_err *err);
 
 /* The registry: the family reading model_type (NULL when none does). */
 const zt_family_def *zt_family_find(const char *model_type);

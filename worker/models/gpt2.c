@@ -52,11 +52,13 @@ void zt_gpt2_config_default(zt_gpt2_config *cfg)
 /* GPT2Config's keys: the sizes (each also under the name transformers maps onto it), the values ztrain's
  * GPT-2 computes with, and the fields that change nothing here (dropout, initialisation, token ids, the
  * summary head), with what a config ztrain writes holds. */
-#define K(f, hi, al) {.key = #f, .type = ZT__CFG_INT, .offset = offsetof(zt_gpt2_config, f), .min = 1, .max = (hi), .alias = (al)}
+#define K(f, hi, al, ...)                                                                                      \
+    {.key = #f, .type = ZT__CFG_INT, .offset = offsetof(zt_gpt2_config, f), .min = 1, .max = (hi), .alias = (al), \
+     __VA_ARGS__}
 #define NO_SAVE ZT__CFG_NO_SAVE
 static const zt__cfg_key keys[] = {
     K(n_layer, GPT2_MAX_LAYERS, "num_hidden_layers"),
-    K(n_head, GPT2_MAX_EMBD, "num_attention_heads"),
+    K(n_head, GPT2_MAX_EMBD, "num_attention_heads", .divides = "n_embd"),
     K(n_embd, GPT2_MAX_EMBD, "hidden_size"),
     K(n_positions, GPT2_MAX_POSITIONS, "max_position_embeddings"),
     K(vocab_size, GPT2_MAX_VOCAB, NULL),
@@ -82,19 +84,12 @@ static const zt__cfg_key keys[] = {
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
 /* Validation with the source named in messages. */
-static int validate_config(const zt_gpt2_config *cfg, const char *where, zt_err *err)
+static int validate_config(const void *cv, const char *where, zt_err *err)
 {
+    const zt_gpt2_config *cfg = cv;
     int rc = zt__cfg_check(keys, NKEYS, cfg, where, err);
     if (rc < 0)
         return rc;
-    if (cfg->n_head > cfg->n_embd)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_head must be from 1 to n_embd (%d), got %d", where,
-                       cfg->n_embd, cfg->n_head);
-    if (cfg->n_embd % cfg->n_head != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: n_embd %d is not divisible by n_head %d (every head gets n_embd / n_head "
-                       "channels: choose an n_head that divides n_embd)",
-                       where, cfg->n_embd, cfg->n_head);
     if (!cfg->tie_word_embeddings)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: tie_word_embeddings is false, but ztrain's GPT-2 ties the output head to wte "
@@ -103,44 +98,59 @@ static int validate_config(const zt_gpt2_config *cfg, const char *where, zt_err 
     return 0;
 }
 
-/* Checks ranges and consistency of cfg. Returns 0 or ZT_EINVAL_CONFIG with a message in err. */
+/* n_ctx is GPT-2's old name for the context length; n_inner null means 4 * n_embd, the only MLP width. */
+static int read_extra(zt_json_reader *r, const cJSON *obj, void *cv, zt_err *err)
+{
+    const zt_gpt2_config *c = cv;
+    int n_ctx = 0, n_inner = 0, rc;
+    bool have_n_ctx = false, have_inner = false;
+    if ((rc = zt__host_json_int(r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
+        return rc;
+    if (have_n_ctx && n_ctx != c->n_positions)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_ctx (%d) differs from n_positions (%d) (make them equal)",
+                       r->where, n_ctx, c->n_positions);
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, "n_inner")))
+        zt_json_accept(r, "n_inner");
+    else if ((rc = zt__host_json_int(r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
+        return rc;
+    if (have_inner && (int64_t)n_inner != 4 * (int64_t)c->n_embd)
+        return zt_fail(err, ZT_EINVAL_CONFIG,
+                       "%s: n_inner is %d, but ztrain's GPT-2 has an MLP of 4 * n_embd = %lld (set n_inner to null)",
+                       r->where, n_inner, 4 * (long long)c->n_embd);
+    return 0;
+}
+
+/* What a config.json of GPT2LMHeadModel holds beyond the table: <|endoftext|> is the last id of the 50257-token
+ * vocabulary (smaller ones, bytes, have no special token), n_ctx, and n_inner null. */
+static void write_extra(const void *cv, cJSON *o)
+{
+    const zt_gpt2_config *c = cv;
+    zt__cfg_add_token(o, "bos_token_id", c->vocab_size >= 50257 ? 50256 : -1);
+    zt__cfg_add_token(o, "eos_token_id", c->vocab_size >= 50257 ? 50256 : -1);
+    cJSON_AddNumberToObject(o, "n_ctx", c->n_positions);
+    cJSON_AddNullToObject(o, "n_inner");
+}
+
+static const char *head(const void *c)
+{
+    (void)c;
+    return "GPT2LMHeadModel";
+}
+
+/* Any architectures are read (the body is the same); the written config names GPT2LMHeadModel. */
+static const char *const model_types[] = {"gpt2", NULL};
+static const zt__cfg_io io = {.model_types = model_types, .keys = keys, .nkeys = NKEYS,
+                              .size = sizeof(zt_gpt2_config), .validate = validate_config,
+                              .read_extra = read_extra, .write_extra = write_extra, .head = head};
+
 int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err)
 {
     return validate_config(cfg, "model config", err);
 }
 
-/* Fills cfg from a Hugging Face GPT-2 config.json object; fields absent keep cfg's values. Unknown fields,
- * wrong types and values that change the math in ways ztrain does not implement are errors with a
- * message in err (ZT_EINVAL_CONFIG); cfg is unchanged on error. */
 int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
-    static const char *const types[] = {"gpt2", NULL};
-    zt_gpt2_config c = *cfg;
-    zt_json_reader r;
-    int rc, type;
-    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0 ||
-        (rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
-        return rc;
-    /* n_ctx is GPT-2's old name for the context length; n_inner null means 4 * n_embd, the only MLP width */
-    int n_ctx = 0, n_inner = 0;
-    bool have_n_ctx = false, have_inner = false;
-    if ((rc = zt__host_json_int(&r, "n_ctx", 1, GPT2_MAX_POSITIONS, &n_ctx, &have_n_ctx, err)) < 0)
-        return rc;
-    if (have_n_ctx && n_ctx != c.n_positions)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: n_ctx (%d) differs from n_positions (%d) (make them equal)",
-                       where, n_ctx, c.n_positions);
-    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, "n_inner")))
-        zt_json_accept(&r, "n_inner");
-    else if ((rc = zt__host_json_int(&r, "n_inner", 1, INT_MAX, &n_inner, &have_inner, err)) < 0)
-        return rc;
-    if (have_inner && (int64_t)n_inner != 4 * (int64_t)c.n_embd)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: n_inner is %d, but ztrain's GPT-2 has an MLP of 4 * n_embd = %lld (set n_inner to null)",
-                       where, n_inner, 4 * (long long)c.n_embd);
-    if ((rc = zt__cfg_finish(&r, obj, NULL, err)) < 0 || (rc = validate_config(&c, where, err)) < 0)
-        return rc;
-    *cfg = c;
-    return 0;
+    return zt__cfg_io_read(&io, cfg, obj, where, err);
 }
 
 static int from_json_v(void *c, const cJSON *o, const char *where, zt_err *err)
@@ -148,31 +158,14 @@ static int from_json_v(void *c, const cJSON *o, const char *where, zt_err *err)
     return zt_gpt2_config_from_json(c, o, where, err);
 }
 
-/* Reads a Hugging Face config.json file into cfg (see zt_gpt2_config_from_json). Returns 0 or a negative
- * code with a message naming the file. */
 int zt_gpt2_config_load(zt_gpt2_config *cfg, const char *path, zt_err *err)
 {
     return zt__cfg_load(cfg, path, from_json_v, err);
 }
 
-/* Writes cfg as a Hugging Face config.json (GPT2LMHeadModel, keys sorted as transformers writes them)
- * atomically. Dropout rates are written as 0 because ztrain trains without dropout. Returns 0 or a
- * negative code with a message naming the path. */
 int zt_gpt2_config_save(const zt_gpt2_config *cfg, const char *path, zt_err *err)
 {
-    int rc = validate_config(cfg, path, err);
-    if (rc < 0)
-        return rc;
-    cJSON *o = cJSON_CreateObject();
-    zt__cfg_write(keys, NKEYS, cfg, o);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
-    /* <|endoftext|> is the last id of the 50257-token vocabulary; smaller ones (bytes) have no special token */
-    zt__cfg_add_token(o, "bos_token_id", cfg->vocab_size >= 50257 ? 50256 : -1);
-    zt__cfg_add_token(o, "eos_token_id", cfg->vocab_size >= 50257 ? 50256 : -1);
-    cJSON_AddStringToObject(o, "model_type", "gpt2");
-    cJSON_AddNumberToObject(o, "n_ctx", cfg->n_positions);
-    cJSON_AddNullToObject(o, "n_inner");
-    return zt__cfg_save(o, path, err);
+    return zt__cfg_io_save(&io, cfg, path, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -200,8 +193,8 @@ static const zt__tt_row rows[] = {
     R(LAYER, "mlp.c_fc.bias", D_4C, 0, ZERO, ZT__DEC_UP_B, .split = ZT_TP_ROWS),
     R(LAYER, "mlp.c_proj.weight", D_C, D_4C, NORMAL_RESIDUAL, ZT__DEC_DOWN_W, CONV, .split = ZT_TP_COLS),
     R(LAYER, "mlp.c_proj.bias", D_C, 0, ZERO, ZT__DEC_DOWN_B),
-    R(FINAL, "ln_f.weight", D_C, 0, ONE, ZT__TT_NO_ROLE),
-    R(FINAL, "ln_f.bias", D_C, 0, ZERO, ZT__TT_NO_ROLE),
+    R(FINAL, "ln_f.weight", D_C, 0, ONE, ZT__DEC_FINAL_W),
+    R(FINAL, "ln_f.bias", D_C, 0, ZERO, ZT__DEC_FINAL_B),
 };
 #undef CONV
 #undef R
@@ -224,16 +217,13 @@ static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof r
 
 /* GPT-2 as the decoder program sees it: LayerNorms with biases, the tanh GELU, learned positions, every
  * linear layer with a bias, and the head tied to wte. */
-static void decoder_arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
+static void decoder_arch(const void *cv, zt__dec_arch *a)
 {
     const zt_gpt2_config *cfg = cv;
     const int C = cfg->n_embd;
     *a = (zt__dec_arch){.L = cfg->n_layer, .C = C, .NH = cfg->n_head, .NKV = cfg->n_head, .HS = C / cfg->n_head,
                         .F = 4 * C, .V = cfg->vocab_size, .norm = ZT__DEC_LAYERNORM, .eps = cfg->layer_norm_epsilon,
-                        .mlp = ZT__DEC_MLP_GELU_TANH, .wpe = true, .pad_token_id = -1, .layer0 = 2,
-                        .head_tensor = 0, .final_w = zt__host_find_tensor(t, n, "ln_f.weight"),
-                        .final_b = zt__host_find_tensor(t, n, "ln_f.bias")};
-    a->per_layer = zt__tt_layer_roles(&table, cfg, a->role, ZT__DEC_ROLES, a->packed);
+                        .mlp = ZT__DEC_MLP_GELU_TANH, .wpe = true, .pad_token_id = -1};
 }
 
 extern const zt_family_def zt__family_gpt2;
@@ -265,25 +255,6 @@ static void f_config_default(void *c, const char *model_type)
     (void)model_type;
     zt_gpt2_config_default(c);
 }
-static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
-{
-    return zt_gpt2_config_from_json(c, o, where, err);
-}
-static int f_config_save(const void *c, const char *path, zt_err *err)
-{
-    return zt_gpt2_config_save(c, path, err);
-}
-static int f_config_validate(const void *c, zt_err *err)
-{
-    return zt_gpt2_config_validate(c, err);
-}
-
-#define F(name, kind) {#name, offsetof(zt_gpt2_config, name), ZT__HM_##kind, false}
-static const zt__hm_field fields[] = {
-    F(n_layer, INT), F(n_head, INT), F(n_embd, INT), F(n_positions, INT), F(vocab_size, INT),
-    F(tie_word_embeddings, BOOL), F(layer_norm_epsilon, FLOAT),
-};
-#undef F
 
 static void f_config_describe(const void *c, char *buf, size_t cap)
 {
@@ -302,28 +273,16 @@ static void f_config_shape(const void *c, zt_family_shape *s)
                            .n_eos = g->vocab_size >= 50257, .eos_ids = {50256}};
 }
 
-static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
-{
-    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
-}
-static int f_create_layout(void **out, const void *c, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
-}
-static const char *const model_types[] = {"gpt2", NULL};
 
 const zt_family_def zt__family_gpt2 = {
     .name = "gpt2",
     .model_types = model_types,
     .config_default = f_config_default,
-    .config_from_json = f_config_from_json,
-    .config_save = f_config_save,
-    .config_validate = f_config_validate,
-    ZT__HM_FIELD_ENTRIES(fields, 0)
+    .io = &io,
+    .number = 0, /* the fields: io's keys */
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
-    .create = f_create,
-    .create_layout = f_create_layout,
+    .host = &spec,
     .hf = &hf_names,
     ZT__HM_FAMILY_ENTRIES
 };

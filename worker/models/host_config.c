@@ -182,10 +182,15 @@ int zt__cfg_check(const zt__cfg_key *keys, int n, const void *cfg, const char *w
         } else if (k->type == ZT__CFG_FLOAT || k->type == ZT__CFG_DOUBLE) {
             const double v = k->type == ZT__CFG_FLOAT ? *FIELD(cfg, k, const float) : *FIELD(cfg, k, const double);
             const bool open = k->flags & ZT__CFG_OPEN;
-            if (open ? !(v > k->min && v < k->max) : !(v >= k->min && v <= k->max))
+            if (k->flags & ZT__CFG_ABOVE_MIN) {
+                if (!(v > k->min && v <= k->max))
+                    return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be above %g and at most %g, got %g", where,
+                                   k->key, k->min, k->max, v);
+            } else if (open ? !(v > k->min && v < k->max) : !(v >= k->min && v <= k->max)) {
                 return zt_fail(err, ZT_EINVAL_CONFIG, "%s: %s must be %s %g %s %g%s, got %g", where, k->key,
                                open ? "between" : "from", k->min, open ? "and" : "to", k->max,
                                open ? " (exclusive)" : "", v);
+            }
         } else if (k->type == ZT__CFG_NAME) {
             const int v = *FIELD(cfg, k, const int);
             int count = 0;
@@ -194,6 +199,20 @@ int zt__cfg_check(const zt__cfg_key *keys, int n, const void *cfg, const char *w
             if (v < 0 || v >= count)
                 return zt_fail(err, ZT_EINVAL_CONFIG, "%s: unknown %s %d", where, k->key, v);
         }
+    }
+    for (int i = 0; i < n; i++) {
+        const zt__cfg_key *k = &keys[i];
+        if (!k->divides)
+            continue;
+        const zt__cfg_key *w = NULL;
+        for (int j = 0; j < n && !w; j++)
+            w = strcmp(keys[j].key, k->divides) == 0 ? &keys[j] : NULL;
+        ZT_ASSERT(w && w->type == ZT__CFG_INT && k->type == ZT__CFG_INT);
+        const int d = *FIELD(cfg, k, const int), v = *FIELD(cfg, w, const int);
+        if (d < 1 || v % d != 0)
+            return zt_fail(err, ZT_EINVAL_CONFIG,
+                           "%s: %s %d is not divisible by %s %d (every head gets %s / %s channels: set %s to a "
+                           "divisor of %s)", where, w->key, v, k->key, d, w->key, k->key, k->key, w->key);
     }
     return 0;
 }
@@ -310,8 +329,9 @@ int zt__cfg_io_save(const zt__cfg_io *io, const void *cfg, const char *path, zt_
     zt__cfg_write(io->keys, io->nkeys, cfg, o);
     if (io->write_extra)
         io->write_extra(cfg, o);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"), cJSON_CreateString(io->heads[0]));
-    cJSON_AddStringToObject(o, "model_type", io->model_types[0]);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"),
+                         cJSON_CreateString(io->head ? io->head(cfg) : io->heads[0]));
+    cJSON_AddStringToObject(o, "model_type", io->model_type ? io->model_type(cfg) : io->model_types[0]);
     return zt__cfg_save(o, path, err);
 }
 

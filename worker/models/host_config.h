@@ -35,6 +35,12 @@ enum zt__cfg_type {
 #define ZT__CFG_OPEN 4u      /* FLOAT, DOUBLE: min and max themselves are out of range */
 #define ZT__CFG_PY_FLOAT 8u  /* DOUBLE, FLOAT: written with a decimal point (10000.0) so Python reads a float */
 #define ZT__CFG_NO_CHECK 16u /* a field's range is read but not checked by zt__cfg_check (the family does) */
+#define ZT__CFG_ABOVE_MIN 32u /* FLOAT, DOUBLE: min itself is out of range, max in it */
+#define ZT__CFG_HASH_ONLY 64u /* a field in the config's fingerprint but not in its diff (family.h): a value a
+                                 resumed run may change */
+
+/* The most keys a table holds (diffs and fingerprints list its fields on the stack). */
+#define ZT__CFG_MAX_KEYS 128
 
 typedef struct zt__cfg_key {
     const char *key;
@@ -47,10 +53,15 @@ typedef struct zt__cfg_key {
     const char *why;          /* ONLY: what ztrain computes instead, for the message */
     const char *const *names; /* NAME: the strings, NULL-terminated, indexed by the field's value */
     const char *alias;        /* INT: another name transformers maps onto the key (both given must agree) */
+    const char *divides;      /* INT: a key of the same table whose value this one must divide (the heads of a
+                                 width), checked by zt__cfg_check */
 } zt__cfg_key;
 
 /* Rows of a table, for a config struct type S (macros, so that a table reads as one line a key). */
 #define ZT__CFG_I(S, f, lo, hi) {.key = #f, .type = ZT__CFG_INT, .offset = offsetof(S, f), .min = (lo), .max = (hi)}
+/* A head count from 1 that must divide the width key w. */
+#define ZT__CFG_HEADS(S, f, hi, w)                                                                              \
+    {.key = #f, .type = ZT__CFG_INT, .offset = offsetof(S, f), .min = 1, .max = (hi), .divides = (w)}
 #define ZT__CFG_R(S, t, f, lo, hi, fl)                                                                       \
     {.key = #f, .type = ZT__CFG_##t, .offset = offsetof(S, f), .min = (lo), .max = (hi), .flags = (fl)}
 #define ZT__CFG_B(S, f) {.key = #f, .type = ZT__CFG_BOOL, .offset = offsetof(S, f)}
@@ -71,7 +82,8 @@ int zt__cfg_read(zt_json_reader *r, const cJSON *obj, const zt__cfg_key *keys, i
  * keys every Hugging Face config carries (host_shared.h) accepted, then any other key refused by name.
  * Returns 0 or ZT_EINVAL_CONFIG. */
 int zt__cfg_finish(zt_json_reader *r, const cJSON *obj, const char *const *heads, zt_err *err);
-/* Checks the ranges of the table's fields in cfg ("<where>: <key> must be from <min> to <max>, got <v>").
+/* Checks the ranges of the table's fields in cfg ("<where>: <key> must be from <min> to <max>, got <v>"), then
+ * the keys that must divide another ("<where>: hidden_size 36 is not divisible by num_attention_heads 5 ...").
  * Returns 0 or ZT_EINVAL_CONFIG. */
 int zt__cfg_check(const zt__cfg_key *keys, int n, const void *cfg, const char *where, zt_err *err);
 /* Adds the table's keys as a config that ztrain writes holds them to o. */
@@ -119,8 +131,9 @@ const char *zt__cfg_label(const char *names, int i, char *buf, size_t cap);
 void zt__cfg_write_labels(cJSON *o, const char *names, int n);
 
 /* A family's config.json as a whole: its model types and heads (the first of each is what a written config
- * names), its key table, the rules that tie keys together (validate, with the source for messages), and
- * optionally what it reads and writes beyond the table (after the table's keys; NULL: nothing). */
+ * names, unless model_type and head say which for a config), its key table, the rules that tie keys together
+ * (validate, with the source for messages), and optionally what it reads and writes beyond the table (after
+ * the table's keys; NULL: nothing). heads NULL: "architectures" is read_extra's to read. */
 typedef struct zt__cfg_io {
     const char *const *model_types, *const *heads; /* NULL-terminated */
     const zt__cfg_key *keys;
@@ -129,13 +142,14 @@ typedef struct zt__cfg_io {
     int (*validate)(const void *cfg, const char *where, zt_err *err);
     int (*read_extra)(zt_json_reader *r, const cJSON *obj, void *cfg, zt_err *err);
     void (*write_extra)(const void *cfg, cJSON *o);
+    const char *(*model_type)(const void *cfg), *(*head)(const void *cfg);
 } zt__cfg_io;
-#define ZT__CFG_MAX_BYTES 4096
+#define ZT__CFG_MAX_BYTES 8192
 /* Fills cfg (a config struct of io's family) from obj: begin, the table's keys, read_extra, finish (any
  * other key refused by name), validate; cfg is unchanged on an error. Returns 0 or ZT_EINVAL_CONFIG. */
 int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const char *where, zt_err *err);
 /* Validates cfg and writes it to path as transformers writes it: the table's keys, write_extra's,
- * "architectures" [heads[0]] and "model_type" model_types[0]. Returns 0 or a negative code with a message. */
+ * "architectures" [head] and "model_type". Returns 0 or a negative code with a message. */
 int zt__cfg_io_save(const zt__cfg_io *io, const void *cfg, const char *path, zt_err *err);
 
 /* Reads a whole config.json file and hands its object to from_json (cfg, obj, path, err). */

@@ -46,6 +46,40 @@ static const zt__hm_passes enc_passes = {
     .backward_head = zt__enc_cpu_backward_head, .backward_block = zt__enc_cpu_backward_block,
     .discard_block = zt__enc_cpu_discard_block, .logits = zt__enc_cpu_logits};
 
+/* The index of block b's first tensor. */
+static int first_tensor(const zt__hm *m, int b)
+{
+    int i = 0;
+    while (m->tensors[i].block != b)
+        i++;
+    return i;
+}
+
+/* What the tensor table says of the program's tensors: a layer's roles, where layer 0 starts, the roles of
+ * the embeddings (the encoder's) and of the final block. */
+static void dec_roles(zt__hm *m, const void *cfg)
+{
+    zt__dec_arch *a = &m->arch;
+    int fin[ZT__DEC_FINAL_ROLES];
+    a->per_layer = zt__tt_layer_roles(m->spec->table, cfg, a->role, ZT__DEC_ROLES, a->packed);
+    a->layer0 = first_tensor(m, 1);
+    zt__tt_block_roles(m->spec->table, cfg, m->num_blocks - 1, fin, ZT__DEC_FINAL_ROLES);
+    a->final_w = fin[ZT__DEC_FINAL_W];
+    a->final_b = fin[ZT__DEC_FINAL_B];
+    a->head_tensor = fin[ZT__DEC_HEAD] >= 0 ? fin[ZT__DEC_HEAD] : 0; /* tied: the token embedding */
+}
+
+static void enc_roles(zt__hm *m, const void *cfg)
+{
+    zt__enc_arch *a = &m->earch;
+    a->per_layer = zt__tt_layer_roles(m->spec->table, cfg, a->role, ZT__ENC_ROLES, a->packed);
+    a->layer0 = first_tensor(m, 1);
+    zt__tt_block_roles(m->spec->table, cfg, 0, a->emb, ZT__ENC_E_ROLES);
+    zt__tt_block_roles(m->spec->table, cfg, m->num_blocks - 1, a->head_t, ZT__ENC_H_ROLES);
+    if (a->head == ZT__ENC_HEAD_MLM) /* the decoder is the word embeddings */
+        a->head_t[ZT__ENC_H_OUT_W] = a->emb[ZT__ENC_E_WORD];
+}
+
 /* The tables of cfg without slabs; NULL when out of memory. */
 static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T)
 {
@@ -72,6 +106,7 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
     ZT_ASSERT(m->num_params == shape.num_params);
     if (spec->enc_arch) {
         spec->enc_arch(cfg, &m->earch);
+        enc_roles(m, cfg);
         m->passes = &enc_passes;
         m->head_block = m->earch.head_block;
         return m;
@@ -81,7 +116,8 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
         m->head_block = spec->head_block(cfg);
         return m;
     }
-    spec->arch(cfg, m->tensors, m->num_tensors, &m->arch);
+    spec->arch(cfg, &m->arch);
+    dec_roles(m, cfg);
     m->head_block = m->tensors[m->arch.head_tensor].block;
     if (m->arch.rope) {
         ZT_ASSERT(m->arch.rot > 0 && m->arch.rot <= m->arch.HS && m->arch.rot % 2 == 0);
@@ -89,7 +125,7 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
             zt__hm_destroy(m);
             return NULL;
         }
-        spec->inv_freq(cfg, m->inv_freq);
+        ZT_ASSERT(zt_rope_inv_freq(m->inv_freq, m->arch.rot, &m->arch.rope_cfg, NULL) == 0); /* validated */
     }
     return m;
 }
@@ -97,7 +133,7 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
 int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err)
 {
     *out = NULL;
-    int rc = spec->def->config_validate(cfg, err);
+    int rc = zt__family_validate(spec->def, cfg, err);
     if (rc < 0)
         return rc;
     if (!(*out = new_tables(spec, cfg, 1, 1)))
@@ -113,7 +149,7 @@ int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg,
 int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err)
 {
     *out = NULL;
-    int rc = spec->def->config_validate(cfg, err);
+    int rc = zt__family_validate(spec->def, cfg, err);
     if (rc < 0)
         return rc;
     zt_family_shape shape;
@@ -200,6 +236,18 @@ const zt_param_info *zt__hm_tensor(const void *mv, int i)
     const zt__hm *m = mv;
     ZT_ASSERT(i >= 0 && i < m->num_tensors);
     return &m->tensors[i];
+}
+
+void zt__hm_set_token_types(void *m, const int32_t *types)
+{
+    ZT_ASSERT(((const zt__hm *)m)->spec->enc_arch);
+    zt__enc_cpu_set_token_types(zt__hm_state(m), types);
+}
+
+void zt__hm_accuracy(const void *m, int *correct, int *counted)
+{
+    ZT_ASSERT(((const zt__hm *)m)->spec->enc_arch);
+    zt__enc_cpu_accuracy(zt__hm_state(m), correct, counted);
 }
 
 const zt_block_info *zt__hm_block(const void *mv, int i)

@@ -55,15 +55,17 @@ typedef struct zt__hm_spec {
      * order; returns the number of parameters. */
     int (*count_tensors)(const void *cfg);
     size_t (*build_layout)(const void *cfg, zt_param_info *tensors, zt_block_info *blocks);
-    /* The decoder program's view (head_tensor included) and, with a->rope, the a->rot / 2 frequencies. */
-    void (*arch)(const void *cfg, const zt_param_info *tensors, int ntensors, zt__dec_arch *a);
-    void (*inv_freq)(const void *cfg, float *inv_freq);
+    /* The decoder program's view of cfg (with a->rope, the frequencies' config); the table's roles fill the
+     * tensor indices (decoder.h): layer rows by ZT__DEC_* role, final rows by ZT__DEC_FINAL_W, _B, _HEAD. */
+    void (*arch)(const void *cfg, zt__dec_arch *a);
     /* Fills params (the table's layout) as transformers initialises the model, from seed. */
     void (*init)(const void *cfg, const zt_param_info *tensors, int ntensors, float *params, uint64_t seed);
-    /* Or the encoder program's view (encoder.h; arch and inv_freq are then NULL): its CPU runner and CUDA
-     * executor are the host model's, the head reading block a->head_block. */
+    /* Or the encoder program's view (encoder.h; arch is then NULL): its CPU runner and CUDA executor are the
+     * host model's, the head reading block a->head_block; the table's roles fill the tensor indices (embedding
+     * rows by ZT__ENC_E_*, layer rows by ZT__ENC_*, final rows by ZT__ENC_H_*; a masked-LM head's output
+     * weight is the word embeddings). */
     void (*enc_arch)(const void *cfg, zt__enc_arch *a);
-    /* Or a family's own passes (arch, inv_freq and enc_arch NULL) and the block its head reads. */
+    /* Or a family's own passes (arch and enc_arch NULL) and the block its head reads. */
     const zt__hm_passes *passes;
     int (*head_block)(const void *cfg);
     /* NULL: a micro-batch's length is checked against the positions of config_shape; else this check of B x T,
@@ -73,7 +75,7 @@ typedef struct zt__hm_spec {
 
 typedef struct zt__hm zt__hm;
 
-/* Creates the host model of cfg (checked by def->config_validate) for micro-batches up to B x T (T at most
+/* Creates the host model of cfg (checked by zt__family_validate) for micro-batches up to B x T (T at most
  * the config's positions), initialised from seed. Returns 0, ZT_EINVAL_CONFIG
  * or ZT_ENOMEM with a message. Free with zt__hm_destroy. */
 int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
@@ -124,6 +126,13 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
 #else
 #define ZT__HM_CUDA_ENTRIES
 #endif
+
+/* The encoder program's inputs and measure beyond the tokens (encoder.h): token types, the accuracy of the last
+ * forward; and those entries of a zt_family_def initialiser. */
+void zt__hm_set_token_types(void *m, const int32_t *types);
+void zt__hm_accuracy(const void *m, int *correct, int *counted);
+#define ZT__HM_ENCODER_ENTRIES                                                                                 \
+    .embedding_reads_weights = true, .set_token_types = zt__hm_set_token_types, .accuracy = zt__hm_accuracy,
 
 /* The host-model entries of a zt_family_def initialiser (the family adds create and create_layout); a family
  * with its own CUDA executor takes ZT__HM_HOST_ENTRIES and adds its cuda_create and cuda_shape. */
@@ -188,6 +197,23 @@ struct zt_model *zt__hm_cuda_shape(const void *m, int B, int T, int max_micro, e
         return zt__host_export_sharded(&(def), m, dir, max_shard_bytes, err);                                  \
     }                                                                                                          \
     int p##_import(M *m, const char *path, zt_err *err) { return zt__host_import(&(def), m, path, false, err); }
+
+/* The CUDA executor of a family's typed API (prefix p, model type M) over the host model. */
+#ifdef ZT_WITH_CUDA
+#define ZT__HM_TYPED_CUDA_API(p, M)                                                                            \
+    int p##_cuda_create(struct zt_model **out, const M *m, int B, int T, int max_micro, enum zt_dtype dtype,   \
+                        const bool *ckpt_layers, zt_err *err)                                                  \
+    {                                                                                                          \
+        return zt__hm_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);                           \
+    }                                                                                                          \
+    struct zt_model *p##_cuda_shape(const M *m, int B, int T, int max_micro, enum zt_dtype dtype,              \
+                                    const bool *ckpt_layers)                                                   \
+    {                                                                                                          \
+        return zt__hm_cuda_shape(m, B, T, max_micro, dtype, ckpt_layers);                                      \
+    }
+#else
+#define ZT__HM_TYPED_CUDA_API(p, M)
+#endif
 
 /* The number of parameters of a valid config of spec's family, from its tensor table (nothing of the
  * model's size is allocated). */

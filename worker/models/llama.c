@@ -74,7 +74,8 @@ void zt_llama_config_default(zt_llama_config *cfg)
 #define NS ZT__CFG_NO_SAVE
 static const zt__cfg_key keys[] = {
     ZT__CFG_I(S, num_hidden_layers, 1, LLAMA_MAX_LAYERS), ZT__CFG_I(S, hidden_size, 1, LLAMA_MAX_HIDDEN),
-    ZT__CFG_I(S, num_attention_heads, 1, LLAMA_MAX_HIDDEN), ZT__CFG_I(S, intermediate_size, 1, LLAMA_MAX_INTERMEDIATE),
+    ZT__CFG_HEADS(S, num_attention_heads, LLAMA_MAX_HIDDEN, "hidden_size"),
+    ZT__CFG_I(S, intermediate_size, 1, LLAMA_MAX_INTERMEDIATE),
     ZT__CFG_I(S, max_position_embeddings, 1, LLAMA_MAX_POSITIONS), ZT__CFG_I(S, vocab_size, 1, LLAMA_MAX_VOCAB),
     ZT__CFG_R(S, FLOAT, rms_norm_eps, 0.0, 1.0, ZT__CFG_OPEN | ZT__CFG_PY_FLOAT),
     ZT__CFG_R(S, DOUBLE, initializer_range, 0.0, 1.0, ZT__CFG_PY_FLOAT), ZT__CFG_B(S, tie_word_embeddings),
@@ -99,14 +100,6 @@ static int validate_config(const zt_llama_config *c, const char *where, zt_err *
     if (rc < 0)
         return rc;
     const int C = c->hidden_size, NH = c->num_attention_heads, NKV = c->num_key_value_heads;
-    if (NH > C)
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_attention_heads must be from 1 to hidden_size (%d), got %d",
-                       where, C, NH);
-    if (C % NH != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: hidden_size %d is not divisible by num_attention_heads %d (every head gets hidden_size / "
-                       "num_attention_heads channels: choose a head count that divides hidden_size)",
-                       where, C, NH);
     if (NKV < 1 || NKV > NH || NH % NKV != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: num_key_value_heads is %d, but it must divide num_attention_heads (%d): each key/value "
@@ -315,8 +308,8 @@ static const zt__tt_row rows[] = {
     R(LAYER, "self_attn.q_proj.bias", D_C, 0, ZERO, ZT__DEC_QKV_B, ROWS, .when = QKV_BIAS),
     R(LAYER, "self_attn.k_proj.bias", D_KV, 0, ZERO, ZT__TT_NO_ROLE, ROWS, .when = QKV_BIAS, .packed = true),
     R(LAYER, "self_attn.v_proj.bias", D_KV, 0, ZERO, ZT__TT_NO_ROLE, ROWS, .when = QKV_BIAS, .packed = true),
-    R(FINAL, "norm.weight", D_C, 0, ONE, ZT__TT_NO_ROLE),
-    R(FINAL, LM_HEAD, D_V, D_C, NORMAL, ZT__TT_NO_ROLE, ROWS, .unless = TIED, .bare_in_hf = true),
+    R(FINAL, "norm.weight", D_C, 0, ONE, ZT__DEC_FINAL_W),
+    R(FINAL, LM_HEAD, D_V, D_C, NORMAL, ZT__DEC_HEAD, ROWS, .unless = TIED, .bare_in_hf = true),
 };
 #undef ROWS
 #undef R
@@ -342,31 +335,22 @@ static const zt__tt table = {.rows = rows, .nrows = (int)(sizeof rows / sizeof r
 
 /* LLaMA as the decoder program sees it: RMSNorms, SwiGLU, rotary embeddings, no biases but Qwen2's on q, k
  * and v, the head tied to embed_tokens or lm_head. */
-static void decoder_arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
+static void decoder_arch(const void *cv, zt__dec_arch *a)
 {
     const zt_llama_config *c = cv;
     const int HS = c->hidden_size / c->num_attention_heads;
     *a = (zt__dec_arch){.L = c->num_hidden_layers, .C = c->hidden_size, .NH = c->num_attention_heads,
                         .NKV = c->num_key_value_heads, .HS = HS, .F = c->intermediate_size, .V = c->vocab_size,
                         .norm = ZT__DEC_RMSNORM, .eps = c->rms_norm_eps, .mlp = ZT__DEC_MLP_SWIGLU, .rope = true,
-                        .rot = HS, .pad_token_id = c->pad_token_id, .layer0 = 1, .final_b = -1,
-                        .final_w = zt__host_find_tensor(t, n, "norm.weight"),
-                        .head_tensor = c->tie_word_embeddings ? 0 : zt__host_find_tensor(t, n, LM_HEAD)};
-    a->per_layer = zt__tt_layer_roles(&table, c, a->role, ZT__DEC_ROLES, a->packed);
-}
-
-static void rope_inv_freq(const void *cv, float *inv_freq)
-{
-    const zt_llama_config *c = cv;
-    ZT_ASSERT(zt_rope_inv_freq(inv_freq, c->hidden_size / c->num_attention_heads, &c->rope, NULL) == 0); /* valid */
+                        .rot = HS, .rope_cfg = c->rope, .pad_token_id = c->pad_token_id};
 }
 
 extern const zt_family_def zt__family_llama;
-static const zt__hm_spec spec = {.def = &zt__family_llama, .config_size = sizeof(zt_llama_config), .table = &table,
-                                 .arch = decoder_arch, .inv_freq = rope_inv_freq};
+const zt__hm_spec zt__llama_spec = {.def = &zt__family_llama, .config_size = sizeof(zt_llama_config),
+                                    .table = &table, .arch = decoder_arch};
 
 /* The typed API of llama.h over the host model. */
-ZT__HM_TYPED_API(zt_llama, zt_llama, zt_llama_config, spec, zt__family_llama)
+ZT__HM_TYPED_API(zt_llama, zt_llama, zt_llama_config, zt__llama_spec, zt__family_llama)
 
 /* Returns the number of parameters of a LLaMA with cfg's shape (cfg must be valid), without allocating the
  * model. */
@@ -438,21 +422,7 @@ void zt__llama_shape(const void *c, zt_family_shape *s)
         s->eos_ids[i] = l->eos_token_ids[i];
 }
 
-int zt__llama_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
-{
-    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
-}
-int zt__llama_create_layout(void **out, const void *c, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
-}
-#ifdef ZT_WITH_CUDA
-int zt_llama_cuda_create(zt_model **out, const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
-                         const bool *ckpt_layers, zt_err *err)
-{
-    return zt__hm_cuda_create(out, m, B, T, max_micro, dtype, ckpt_layers, err);
-}
-#endif
+ZT__HM_TYPED_CUDA_API(zt_llama, zt_llama)
 
 static const char *const model_types[] = {"llama", "mistral", NULL};
 

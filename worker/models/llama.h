@@ -209,6 +209,9 @@ int zt_llama_model_cpu(struct zt_model **out, zt_llama *m, int max_micro, const 
  * checkpointed layers. m is borrowed and must outlive it. Returns 0, or ZT_EUNSUPPORTED / ZT_ENOMEM. */
 int zt_llama_cuda_create(struct zt_model **out, const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
                          const bool *ckpt_layers, zt_err *err);
+/* Its layout and device bytes with no device state: for planning. Free with ->ops->destroy. */
+struct zt_model *zt_llama_cuda_shape(const zt_llama *m, int B, int T, int max_micro, enum zt_dtype dtype,
+                                     const bool *ckpt_layers);
 #endif
 
 #endif

@@ -41,11 +41,10 @@ extern const zt_hf_names zt__llama_hf_names;
 int zt__llama_config_validate_v(const void *c, zt_err *err);
 void zt__llama_describe(const void *c, char *buf, size_t cap);
 void zt__llama_shape(const void *c, zt_family_shape *s);
-int zt__llama_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err);
-int zt__llama_create_layout(void **out, const void *c, zt_err *err);
+extern const zt__hm_spec zt__llama_spec;
 #define ZT__LLAMA_SHARED_ENTRIES                                                                                \
     .config_validate = zt__llama_config_validate_v, ZT__HM_FIELD_ENTRIES(zt__llama_fields, 1)                  \
-    .config_describe = zt__llama_describe, .config_shape = zt__llama_shape, .create = zt__llama_create,        \
-    .create_layout = zt__llama_create_layout, .hf = &zt__llama_hf_names, ZT__HM_FAMILY_ENTRIES
+    .config_describe = zt__llama_describe, .config_shape = zt__llama_shape, .host = &zt__llama_spec,           \
+    .hf = &zt__llama_hf_names, ZT__HM_FAMILY_ENTRIES
 
 #endif

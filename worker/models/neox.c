@@ -46,11 +46,11 @@ int zt_neox_config_rotary_ndims(const zt_neox_config *c)
 #define S zt_neox_config
 static const zt__cfg_key keys[] = {
     ZT__CFG_I(S, num_hidden_layers, 1, 1024), ZT__CFG_I(S, hidden_size, 1, NEOX_MAX),
-    ZT__CFG_I(S, num_attention_heads, 1, NEOX_MAX), ZT__CFG_I(S, intermediate_size, 1, NEOX_MAX_BIG),
+    ZT__CFG_HEADS(S, num_attention_heads, NEOX_MAX, "hidden_size"), ZT__CFG_I(S, intermediate_size, 1, NEOX_MAX_BIG),
     ZT__CFG_I(S, max_position_embeddings, 1, NEOX_MAX_BIG), ZT__CFG_I(S, vocab_size, 1, NEOX_MAX_BIG),
     ZT__CFG_R(S, FLOAT, layer_norm_eps, 0.0, 1.0, ZT__CFG_OPEN), ZT__CFG_R(S, DOUBLE, initializer_range, 0.0, 1.0, 0),
-    ZT__CFG_R(S, DOUBLE, rotary_pct, 0.0, 1.0, ZT__CFG_NO_CHECK),
-    ZT__CFG_R(S, DOUBLE, rotary_emb_base, 0.0, 1e300, ZT__CFG_NO_CHECK),
+    ZT__CFG_R(S, DOUBLE, rotary_pct, 0.0, 1.0, ZT__CFG_ABOVE_MIN),
+    ZT__CFG_R(S, DOUBLE, rotary_emb_base, 0.0, 1e300, ZT__CFG_ABOVE_MIN),
     ZT__CFG_B(S, use_parallel_residual), ZT__CFG_B(S, attention_bias), ZT__CFG_B(S, tie_word_embeddings),
     {.key = "hidden_act", .type = ZT__CFG_NAME, .offset = offsetof(S, hidden_act), .names = act_names},
     ZT__CFG_T(S, bos_token_id), ZT__CFG_T(S, eos_token_id),
@@ -68,28 +68,13 @@ static int validate_where(const void *cv, const char *where, zt_err *err)
     int rc = zt__cfg_check(keys, NKEYS, c, where, err);
     if (rc < 0)
         return rc;
-    if (c->hidden_size % c->num_attention_heads != 0)
-        return zt_fail(err, ZT_EINVAL_CONFIG,
-                       "%s: hidden_size %d is not divisible by num_attention_heads %d (choose a head count that "
-                       "divides hidden_size)", where, c->hidden_size, c->num_attention_heads);
-    if (!(c->rotary_pct > 0.0 && c->rotary_pct <= 1.0))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rotary_pct (partial_rotary_factor) must be in (0, 1], got %g",
-                       where, c->rotary_pct);
     const int rot = zt_neox_config_rotary_ndims(c);
     if (rot < 2 || rot % 2 != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: rotary_pct %g of heads of %d channels gives %d rotated channels, but ztrain rotates an "
                        "even number of at least 2 (choose a rotary_pct that gives one)",
                        where, c->rotary_pct, c->hidden_size / c->num_attention_heads, rot);
-    if (!(c->rotary_emb_base > 0.0))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: rotary_emb_base (rope_theta) must be positive, got %g", where,
-                       c->rotary_emb_base);
     return 0;
-}
-
-static int config_validate(const void *c, zt_err *err)
-{
-    return validate_where(c, "model config", err);
 }
 
 /* Transformers 5's rope_parameters against Pythia's rotary_pct and rotary_emb_base; rope_scaling only null. */
@@ -104,25 +89,6 @@ static const char *const model_types[] = {"gpt_neox", NULL}, *const heads[] = {"
 /* Written in the form transformers 4.x writes (rotary_pct, rotary_emb_base), which 5.x reads too. */
 static const zt__cfg_io io = {.model_types = model_types, .heads = heads, .keys = keys, .nkeys = NKEYS,
                               .size = sizeof(zt_neox_config), .validate = validate_where, .read_extra = read_rotary};
-
-static int config_from_json(void *c, const cJSON *obj, const char *where, zt_err *err)
-{
-    return zt__cfg_io_read(&io, c, obj, where, err);
-}
-
-static int config_save(const void *c, const char *path, zt_err *err)
-{
-    return zt__cfg_io_save(&io, c, path, err);
-}
-
-#define F(name, kind) {#name, offsetof(zt_neox_config, name), ZT__HM_##kind, false}
-static const zt__hm_field fields[] = {
-    F(num_hidden_layers, INT), F(hidden_size, INT), F(num_attention_heads, INT), F(intermediate_size, INT),
-    F(max_position_embeddings, INT), F(vocab_size, INT), F(layer_norm_eps, FLOAT), F(hidden_act, ENUM),
-    F(use_parallel_residual, BOOL), F(attention_bias, BOOL), F(tie_word_embeddings, BOOL), F(rotary_pct, DOUBLE),
-    F(rotary_emb_base, DOUBLE), F(initializer_range, DOUBLE),
-};
-#undef F
 
 static void config_describe(const void *cv, char *buf, size_t cap)
 {
@@ -158,9 +124,9 @@ static const zt__tt_row rows[] = {
     R(LAYER, "mlp.dense_h_to_4h.bias", D_F, 0, ZERO, ZT__DEC_UP_B, .split = ZT_TP_ROWS),
     R(LAYER, "mlp.dense_4h_to_h.weight", D_C, D_F, NORMAL, ZT__DEC_DOWN_W, .split = ZT_TP_COLS),
     R(LAYER, "mlp.dense_4h_to_h.bias", D_C, 0, ZERO, ZT__DEC_DOWN_B),
-    R(FINAL, "final_layer_norm.weight", D_C, 0, ONE, ZT__TT_NO_ROLE),
-    R(FINAL, "final_layer_norm.bias", D_C, 0, ZERO, ZT__TT_NO_ROLE),
-    R(FINAL, HEAD, D_V, D_C, NORMAL, ZT__TT_NO_ROLE, .unless = TIED, .bare_in_hf = true, .split = ZT_TP_ROWS),
+    R(FINAL, "final_layer_norm.weight", D_C, 0, ONE, ZT__DEC_FINAL_W),
+    R(FINAL, "final_layer_norm.bias", D_C, 0, ZERO, ZT__DEC_FINAL_B),
+    R(FINAL, HEAD, D_V, D_C, NORMAL, ZT__DEC_HEAD, .unless = TIED, .bare_in_hf = true, .split = ZT_TP_ROWS),
 };
 #undef PER_HEAD
 #undef R
@@ -193,7 +159,7 @@ static void config_shape(const void *cv, zt_family_shape *s)
                            .pad_token_id = -1, .n_eos = c->eos_token_id >= 0, .eos_ids = {c->eos_token_id}};
 }
 
-static void arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
+static void arch(const void *cv, zt__dec_arch *a)
 {
     const zt_neox_config *c = cv;
     *a = (zt__dec_arch){.L = c->num_hidden_layers, .C = c->hidden_size, .NH = c->num_attention_heads,
@@ -202,32 +168,12 @@ static void arch(const void *cv, const zt_param_info *t, int n, zt__dec_arch *a)
                         .eps = c->layer_norm_eps,
                         .mlp = c->hidden_act == ZT_NEOX_ACT_GELU ? ZT__DEC_MLP_GELU_ERF : ZT__DEC_MLP_GELU_TANH,
                         .rope = true, .rot = zt_neox_config_rotary_ndims(c),
-                        .parallel_residual = c->use_parallel_residual, .pad_token_id = -1, .layer0 = 1,
-                        .final_w = zt__host_find_tensor(t, n, "final_layer_norm.weight"),
-                        .final_b = zt__host_find_tensor(t, n, "final_layer_norm.bias"),
-                        .head_tensor = c->tie_word_embeddings ? 0 : zt__host_find_tensor(t, n, HEAD)};
-    a->per_layer = zt__tt_layer_roles(&table, c, a->role, ZT__DEC_ROLES, a->packed);
-}
-
-static void inv_freq(const void *cv, float *f)
-{
-    const zt_neox_config *c = cv;
-    const zt_rope_config rope = {.theta = c->rotary_emb_base, .scaling = ZT_ROPE_SCALING_NONE};
-    ZT_ASSERT(zt_rope_inv_freq(f, zt_neox_config_rotary_ndims(c), &rope, NULL) == 0); /* validated */
+                        .rope_cfg = {.theta = c->rotary_emb_base, .scaling = ZT_ROPE_SCALING_NONE},
+                        .parallel_residual = c->use_parallel_residual, .pad_token_id = -1};
 }
 
 static const zt__hm_spec spec = {.def = &zt__family_neox, .config_size = sizeof(zt_neox_config), .table = &table,
-                                 .arch = arch, .inv_freq = inv_freq};
-
-static int create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
-{
-    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
-}
-
-static int create_layout(void **out, const void *c, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
-}
+                                 .arch = arch};
 
 /* ---- Hugging Face files ---- */
 
@@ -241,14 +187,11 @@ const zt_family_def zt__family_neox = {
     .name = "gpt_neox",
     .model_types = model_types,
     .config_default = config_default,
-    .config_from_json = config_from_json,
-    .config_save = config_save,
-    .config_validate = config_validate,
-    ZT__HM_FIELD_ENTRIES(fields, 4)
+    .io = &io,
+    .number = 4, /* the fields: io's keys */
     .config_describe = config_describe,
     .config_shape = config_shape,
-    .create = create,
-    .create_layout = create_layout,
+    .host = &spec,
     .hf = &hf_names,
     ZT__HM_FAMILY_ENTRIES
 };

@@ -1051,14 +1051,6 @@ extern const zt_family_def zt__family_t5;
 static const zt__hm_spec spec = {.def = &zt__family_t5, .config_size = sizeof(zt_t5_config),
                                  .table = &table, .passes = &passes, .head_block = head_block, .check_batch = check_batch};
 
-static int f_create(void **out, const void *c, int B, int T, uint64_t seed, zt_err *err)
-{
-    return zt__hm_create((zt__hm **)out, &spec, c, B, T, seed, err);
-}
-static int f_create_layout(void **out, const void *c, zt_err *err)
-{
-    return zt__hm_create_layout((zt__hm **)out, &spec, c, err);
-}
 static void f_set_seq2seq(void *m, const zt_model_seq2seq *s) { t5_set_seq2seq(zt__hm_state(m), s); }
 
 #ifdef ZT_WITH_CUDA
@@ -1420,8 +1412,7 @@ const zt_family_def zt__family_t5 = {
     ZT__HM_FIELD_ENTRIES(fields, 5)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
-    .create = f_create,
-    .create_layout = f_create_layout,
+    .host = &spec,
     .hf = &hf_names,
     ZT__HM_HOST_ENTRIES
     .embedding_reads_weights = false,

@@ -319,7 +319,10 @@ void zt__tt_hf_describe(const void *m, char *out, size_t cap)
     zt__tt_dims d;
     dims_of(tt, zt__hm_config(m), &d);
     if (!tt->tie_flag) {
-        snprintf(out, cap, "%s with %d layers", tt->hf_model, d.layers);
+        if (tt->hf_model)
+            snprintf(out, cap, "%s with %d layers", tt->hf_model, d.layers);
+        else
+            snprintf(out, cap, "a %s with %d layers", tt->hf_class(zt__hm_config(m)), d.layers);
         return;
     }
     const bool tied = (d.flags & tt->tie_flag) != 0;

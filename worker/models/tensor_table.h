@@ -95,7 +95,8 @@ typedef struct zt__tt {
     const char *const *hf_buffers;   /* NULL-ended: endings (after a '.' or the whole name) of buffers to skip */
     const char *const *hf_renames;   /* NULL-ended pairs: an older ending and the one it stands for */
     const char *const *hf_other_heads; /* NULL-ended: starts (after the body prefix) of other task heads' names */
-    const char *hf_model;            /* "a GPT-2", for messages */
+    const char *hf_model;            /* "a GPT-2", for messages; NULL: "a " and the class hf_class names */
+    const char *(*hf_class)(const void *cfg); /* "BertForMaskedLM" */
     uint32_t tie_flag;               /* the flag of a tied head: messages name tie_word_embeddings */
 } zt__tt;
 
