@@ -336,13 +336,59 @@ static void test_t5_names(void **state)
     def->destroy(m);
 }
 
+/* A lazily created model filled block by block, in one call or in several, holds the bits of the one initialised
+ * at once, for every family. */
+static void test_lazy_init(void **state)
+{
+    (void)state;
+    static const char *const configs[] = {
+        "{\"model_type\": \"gpt2\", \"n_layer\": 3, \"n_head\": 2, \"n_embd\": 8, \"n_positions\": 16, "
+        "\"vocab_size\": 40}",
+        "{\"model_type\": \"llama\", \"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 50, \"tie_word_embeddings\": false}",
+        "{\"model_type\": \"gpt_neox\", \"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 2, \"vocab_size\": 50, \"max_position_embeddings\": 32}",
+        "{\"model_type\": \"roberta\", \"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 4, \"vocab_size\": 50, \"max_position_embeddings\": 40}",
+        "{\"model_type\": \"t5\", \"vocab_size\": 40, \"d_model\": 16, \"d_kv\": 4, \"d_ff\": 24, \"num_layers\": 2, "
+        "\"num_decoder_layers\": 3, \"num_heads\": 2}",
+    };
+    for (size_t k = 0; k < sizeof configs / sizeof configs[0]; k++) {
+        cJSON *o = cJSON_Parse(configs[k]);
+        assert_non_null(o);
+        zt_family_config c;
+        zt_err err = {0};
+        if (zt_family_config_from_json(&c, o, "test", &err) < 0)
+            fail_msg("%s: %s", configs[k], err.msg);
+        cJSON_Delete(o);
+        zt_family_model *eager, *steps, *once;
+        assert_int_equal(zt_family_model_create(&eager, &c, 1, 4, 11, &err), 0);
+        assert_int_equal(zt_family_model_create_lazy(&steps, &c, 1, 4, 11, &err), 0);
+        assert_int_equal(zt_family_model_create_lazy(&once, &c, 1, 4, 11, &err), 0);
+        int nb = 0;
+        for (int i = 0; i < zt_family_model_num_tensors(eager); i++)
+            nb = zt_family_model_tensor(eager, i)->block + 1 > nb ? zt_family_model_tensor(eager, i)->block + 1 : nb;
+        for (int b = 0; b < nb; b++) {
+            zt_family_model_init_through(steps, b);
+            zt_family_model_init_through(steps, b); /* again: nothing more */
+        }
+        zt_family_model_init_through(once, nb - 1);
+        const size_t bytes = zt_family_model_num_params(eager) * sizeof(float);
+        assert_memory_equal(zt_family_model_params(eager), zt_family_model_params(steps), bytes);
+        assert_memory_equal(zt_family_model_params(eager), zt_family_model_params(once), bytes);
+        zt_family_model_destroy(eager);
+        zt_family_model_destroy(steps);
+        zt_family_model_destroy(once);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_and_count), cmocka_unit_test(test_residual_scale),
         cmocka_unit_test(test_llama_names),      cmocka_unit_test(test_neox_names),
         cmocka_unit_test(test_bert_names),       cmocka_unit_test(test_gpt2_names),
-        cmocka_unit_test(test_t5_names),
+        cmocka_unit_test(test_t5_names),         cmocka_unit_test(test_lazy_init),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -191,6 +191,14 @@ typedef struct zt_family_model zt_family_model;
 /* Creates the host model for micro-batches up to B x T, initialised as the family does from seed. */
 int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int B, int T, uint64_t seed,
                            zt_err *err);
+/* The same with the parameter slab filled later, block by block in order, by zt_family_model_init_through (the
+ * values zt_family_model_create gives): a run whose engine takes the initial weights block by block holds one
+ * block of them at a time (zt_engine_options.fill_host_block). A family that cannot is initialised at once. */
+int zt_family_model_create_lazy(zt_family_model **out, const zt_family_config *c, int B, int T, uint64_t seed,
+                                zt_err *err);
+/* Fills the parameter slab's blocks up to and including `block` that are not filled yet (a no-op when all
+ * are, and for models created by zt_family_model_create). */
+void zt_family_model_init_through(zt_family_model *m, int block);
 /* The tables only (no slab): for planning. Only the layout queries may be used on it. */
 int zt_family_model_create_layout(zt_family_model **out, const zt_family_config *c, zt_err *err);
 void zt_family_model_destroy(zt_family_model *m); /* accepts NULL */

@@ -29,6 +29,8 @@ struct zt__hm {
     zt__dec_cpu *run;       /* the decoder's CPU runner; NULL for a layout and for the other programs */
     const zt__hm_passes *passes; /* the encoder runner's or the family's own; NULL for the decoder */
     void *state;            /* their state */
+    zt_rng init_rng;        /* a lazy initialisation's generator, at tensor init_next */
+    int init_next;          /* the first tensor not initialised yet (num_tensors: all are) */
 };
 
 /* The encoder program's CPU runner as passes of the host model; a layout needs none. */
@@ -146,7 +148,18 @@ int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg,
     return 0;
 }
 
-int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err)
+/* Whether the tensors' blocks never decrease in table order, so that blocks are filled in order by filling
+ * tensors in order. */
+static bool blocks_in_order(const zt__hm *m)
+{
+    for (int i = 1; i < m->num_tensors; i++)
+        if (m->tensors[i].block < m->tensors[i - 1].block)
+            return false;
+    return true;
+}
+
+static int create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, bool lazy,
+                  zt_err *err)
 {
     *out = NULL;
     int rc = zt__family_validate(spec->def, cfg, err);
@@ -188,6 +201,14 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
         rc = zt__dec_cpu_create(&m->run, &m->arch, m->tensors, m->blocks, B, T, m->inv_freq, err);
     if (rc < 0)
         goto err;
+    zt_rng_seed(&m->init_rng, seed);
+    if (lazy && spec->table && blocks_in_order(m)) { /* zt__hm_init_through fills the blocks */
+        if (m->num_params >= ((size_t)100 << 20))
+            zt_log(ZT_LOG_INFO, "model: %.2fM parameters initialised block by block as they are taken (seed %llu)",
+                   (double)m->num_params / 1e6, (unsigned long long)seed);
+        *out = m;
+        return 0;
+    }
     if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
         zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
                (unsigned long long)seed, zt_cpu_get_threads());
@@ -195,11 +216,35 @@ int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
         zt__tt_init(spec->table, m->cfg, m->tensors, m->num_tensors, m->params, seed);
     else
         spec->init(m->cfg, m->tensors, m->num_tensors, m->params, seed);
+    m->init_next = m->num_tensors;
     *out = m;
     return 0;
 err:
     zt__hm_destroy(m);
     return rc;
+}
+
+int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err)
+{
+    return create(out, spec, cfg, B, T, seed, false, err);
+}
+
+int zt__hm_create_lazy(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed,
+                       zt_err *err)
+{
+    return create(out, spec, cfg, B, T, seed, true, err);
+}
+
+void zt__hm_init_through(void *mv, int block)
+{
+    zt__hm *m = mv;
+    int end = m->init_next;
+    while (end < m->num_tensors && m->tensors[end].block <= block)
+        end++;
+    if (end == m->init_next)
+        return;
+    zt__tt_init_range(m->spec->table, m->cfg, m->tensors, m->num_tensors, m->params, &m->init_rng, m->init_next, end);
+    m->init_next = end;
 }
 
 void zt__hm_destroy(void *mv)

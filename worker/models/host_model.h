@@ -79,6 +79,13 @@ typedef struct zt__hm zt__hm;
  * the config's positions), initialised from seed. Returns 0, ZT_EINVAL_CONFIG
  * or ZT_ENOMEM with a message. Free with zt__hm_destroy. */
 int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
+/* The same with the parameter slab left unfilled (untouched pages, where the family has a tensor table whose
+ * blocks follow its order): zt__hm_init_through fills it block by block, in order, with the values zt__hm_create
+ * gives, so that the blocks not filled yet take no memory. */
+int zt__hm_create_lazy(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed,
+                       zt_err *err);
+/* Fills the blocks up to and including `block` that are not filled yet (nothing once all are). */
+void zt__hm_init_through(void *m, int block);
 /* The tables only (no slabs, no runner): only the layout queries may be used on it. */
 int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err);
 void zt__hm_destroy(void *m); /* accepts NULL */

@@ -127,15 +127,25 @@ size_t zt__tt_num_params(const zt__tt *tt, const void *cfg)
 void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
                  uint64_t seed)
 {
-    zt__tt_dims d;
-    dims_of(tt, cfg, &d);
     zt_rng rng;
     zt_rng_seed(&rng, seed);
+    zt__tt_init_range(tt, cfg, tensors, n, params, &rng, 0, n);
+}
+
+void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
+                       zt_rng *rng_, int first, int end)
+{
+    zt__tt_dims d;
+    dims_of(tt, cfg, &d);
+    zt_rng rng = *rng_;
     int i = 0;
     FOR_EACH_TENSOR(tt, d, r, l, {
         (void)l;
         ZT_ASSERT(i < n);
-        const zt_param_info *t = &tensors[i++];
+        const int idx = i++;
+        if (idx < first || idx >= end)
+            continue;
+        const zt_param_info *t = &tensors[idx];
         float *x = params + t->offset;
         const double std = r->std_div ? d.std / sqrt((double)d.d[r->std_div]) : d.std;
         switch ((enum zt__tt_init)r->init) {
@@ -159,6 +169,7 @@ void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors
         }
     })
     ZT_ASSERT(i == n);
+    *rng_ = rng;
 }
 
 int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles, bool *packed)

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/rng.h" /* zt_rng */
 #include "worker/models/host_io.h"
 #include "worker/models/params.h"
 
@@ -109,6 +110,10 @@ size_t zt__tt_num_params(const zt__tt *tt, const void *cfg);
  * generator seeded with seed. */
 void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
                  uint64_t seed);
+/* The same for tensors [first, end) only, from *rng, which it advances: ranges taken in order from 0 with a
+ * generator seeded with seed fill what zt__tt_init does. */
+void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
+                       zt_rng *rng, int first, int end);
 /* A layer's rows as the program sees them: the number of tensors of a layer, each role's index within the
  * layer (-1 when absent; role[nroles]) and whether each continues the one before it (packed[per_layer]). */
 int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles, bool *packed);
