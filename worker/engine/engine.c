@@ -111,6 +111,8 @@ static void build_pieces(zt_engine *e)
 static void host_to_block(const zt_engine *e, int b, const float *slab, float *buf)
 {
     const zt_model *m = e->model;
+    if (slab && slab == e->filling)
+        e->o.fill_host_block(e->o.fill_host_ctx, b);
     memset(buf, 0, e->blocks[b].padded * sizeof(float));
     for (int i = 0; i < m->ntensors; i++) {
         const zt_model_tensor *t = &m->tensors[i];
@@ -649,8 +651,10 @@ int zt_engine_create(zt_engine **out, zt_model *model, zt_comm *comm, const zt_e
     if ((e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER) && (rc = zt__host_opt_create(e, err)) < 0)
         goto fail;
     e->releasing = o->release_host_params; /* the weights' import gives their pages back as it goes */
+    e->filling = o->fill_host_block ? host_params : NULL; /* and may have them made block by block */
     rc = host_params ? zt_engine_import(e, host_params, NULL, NULL, err) : 0; /* NULL: zeros, as allocated */
     e->releasing = false;
+    e->filling = NULL;
     if (rc < 0 || (rc = lock_late_host(e, err)) < 0)
         goto fail;
     e->plan_device_bytes = e->device_bytes + model->device_bytes;

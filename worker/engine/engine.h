@@ -112,6 +112,11 @@ typedef struct zt_engine_options {
     bool release_host_params;    /* zt_engine_create gives back the pages of host_params block by block as it takes
                                     them (madvise), so that the start holds no second copy of the weights; the
                                     caller must not read host_params again (its pages read as zeros) */
+    /* zt_engine_create's host_params filled on demand: called with block b before the engine first reads block
+     * b's tensors there, blocks in order, so that a host model created lazily (zt_family_model_create_lazy)
+     * holds one block of the initial weights at a time. NULL: host_params is filled already */
+    void (*fill_host_block)(void *ctx, int block);
+    void *fill_host_ctx;
     /* placement server only */
     zt_state_client_t *client;   /* borrowed for the engine's lifetime */
     const char *run_id;          /* the run's id on the servers (copied) */

@@ -155,6 +155,7 @@ struct zt_engine {
     bool dry;                       /* zt_engine_plan_for: allocations are only counted */
     bool releasing;                 /* zt_engine_create's import with release_host_params: each block's source
                                        pages are given back once taken */
+    const float *filling;           /* zt_engine_create's host_params while o.fill_host_block fills it */
     int W, rank, nb;
     enum zt_dtype dtype;            /* compute dtype */
     size_t esize;

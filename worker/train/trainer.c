@@ -148,6 +148,18 @@ static void log_model(const zt_family_model *model, const zt_train_config *cfg)
            (long long)(cfg->grad_accum * cfg->batch_size * cfg->seq_len));
 }
 
+/* Whether the run's initial weights are made block by block as the engine takes them (zt_family_model_create_lazy):
+ * a new run on GPUs from the family's initialisation, whose engine gives each block's pages back once taken. */
+static bool lazy_init(const zt_train_config *cfg)
+{
+    return cfg->device == ZT_DEVICE_CUDA && !cfg->resume[0] && !cfg->init_from[0];
+}
+
+static void fill_host_block(void *host, int block)
+{
+    zt_family_model_init_through(host, block);
+}
+
 /* The `eval: step 120 | val loss ...` line, with the accuracy of a classifier (acc not NAN). */
 static void log_eval(int64_t step, float loss, float acc)
 {
@@ -645,6 +657,21 @@ static void ram_fixes(const zt_model *shape, int W, const zt_engine_options *o, 
     }
 }
 
+/* The parameters of the largest block of a model's tensor table. */
+static uint64_t largest_block(const zt_family_model *tables)
+{
+    uint64_t most = 0, sum = 0;
+    int block = -1;
+    for (int i = 0; i < zt_family_model_num_tensors(tables); i++) {
+        const zt_param_info *t = zt_family_model_tensor(tables, i);
+        if (t->block != block)
+            sum = 0, block = t->block;
+        sum += t->numel;
+        most = sum > most ? sum : most;
+    }
+    return most;
+}
+
 /* Host RAM counted for the process besides its plan (plan.h). */
 #define PROCESS_RAM_BYTES ZT_PLAN_PROCESS_RAM_GPU
 
@@ -757,10 +784,11 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const uint64_t server_ram = embedded && cfg->state_store == ZT_STORE_RAM ? 12 * (uint64_t)ep.shard_elems : 0;
     const uint64_t gathered = cfg->save_every >= 0 ? 16 * P : 0;
     /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays (host_ram says
-     * which of those are not resident yet); a resumed run's slab stays until the checkpoint's second import. */
+     * which of those are not resident yet), or one block of them where they are made block by block; a
+     * resumed run's slab stays until the checkpoint's second import. */
     const bool fresh = !cfg->resume[0];
     const uint64_t steady_base = server_ram + PROCESS_RAM_BYTES;
-    const uint64_t start_other = 4 * P + server_ram + PROCESS_RAM_BYTES;
+    const uint64_t start_other = 4 * (lazy_init(cfg) ? largest_block(tables) : P) + server_ram + PROCESS_RAM_BYTES;
     uint64_t ram = host_ram(&ep, steady_base + checkpoint_staging(cfg, &ep, tables, gathered), start_other, fresh);
     const uint64_t ram_available = zt_plan_ram_available();
     if (cfg->host_mem) {
@@ -1272,9 +1300,11 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     const int B = (int)cfg->batch_size, accum = (int)cfg->grad_accum, b = B / W;
 
     /* The host model keeps the layout, the parameters and the files; on the GPU it never runs, so its
-     * activations are sized for one token. */
-    if ((rc = zt_family_model_create(&r.host, &cfg->model, on_gpu ? 1 : b, on_gpu ? 1 : T, (uint64_t)cfg->seed,
-                                     err)) < 0)
+     * activations are sized for one token. A new run on GPUs from the family's initialisation makes its
+     * initial weights block by block as the engine takes them (and gives them back). */
+    const bool lazy = lazy_init(cfg);
+    if ((rc = (lazy ? zt_family_model_create_lazy : zt_family_model_create)(&r.host, &cfg->model, on_gpu ? 1 : b,
+                                                                          on_gpu ? 1 : T, (uint64_t)cfg->seed, err)) < 0)
         goto out;
     if (is0)
         log_model(r.host, cfg);
@@ -1373,6 +1403,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* a new run on GPUs reads the initial weights once: the engine gives their pages back as it takes them,
      * so the start holds one copy (a resumed run imports the checkpoint's slab again below) */
     eo.release_host_params = on_gpu && !resumed;
+    eo.fill_host_block = lazy ? fill_host_block : NULL;
+    eo.fill_host_ctx = r.host;
     zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
     if (on_servers) {
         eo.client = r.client;
