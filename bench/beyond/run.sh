@@ -13,6 +13,8 @@
 # memory the driver reports and the peak resident host memory of the process (sampled every 0.5 s; at the
 # peak also split into anonymous, file-backed and shared memory, as /proc/PID/status counts them), the
 # planner's lines (GPU, host, disk), the engine's breakdown of the last step, and the first and last loss.
+# llama7b_11g_h64_ga64 is the ga16 row with 4x the tokens per step (524,288): the update over state on disk
+# (about 31 s a step at 7B) is paid once per step, so more micro-batches hide more of it; run it with STEPS=3 SKIP=1 (steps 2 and 3 each wait for the update before them).
 # The rows under --host-mem (llama7b_11g_h64*, llama7b_11g_h32*) show the host budget in the plan: the peak
 # resident memory must stay under the cap; the *_hacc rows add the middle micro-batches' gradients on the
 # host (--host-grad-accum) and must give the bits of the row without it (PAIRS). Under 32 GiB the fp32 host
@@ -59,6 +61,7 @@ llama7b_11g_ga4    llama-7b 7 8 4 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpo
 13b_11g_m16disk_ga16_hacc 13b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--host-grad-accum
 1558m_11g_h12      1558m 5  8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,12GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 llama7b_11g_h64_ga16 llama-7b 5 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
+llama7b_11g_h64_ga64 llama-7b 4 8 64 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 llama7b_11g_h64_ga16_hacc llama-7b 5 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,64GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME,--host-grad-accum
 llama7b_11g_h32_ga16 llama-7b 4 8 16 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,32GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
 llama7b_11g_h32_ga1 llama-7b 6 8 1 bf16 --optimizer,cpu,--gpu-mem,11GiB,--host-mem,32GiB,--checkpointing,all,--adam-moments,bf16,--moments-dir,NVME
