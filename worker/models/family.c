@@ -84,7 +84,8 @@ int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char
                        name, known);
     }
     zt_family_config_default_of(c, name);
-    return def->io ? zt__cfg_io_read(def->io, c->body, obj, where, err) : def->config_from_json(c->body, obj, where, err);
+    return def->io ? zt__cfg_io_read(def->io, c->body, obj, where, err)
+                   : def->config_from_json(c->body, obj, where, err);
 }
 
 int zt_family_config_load(zt_family_config *c, const char *path, zt_err *err)
@@ -136,7 +137,8 @@ static int fields_of(const zt_family_def *def, zt__hm_field *buf, const zt__hm_f
         if (k->type > ZT__CFG_NAME)
             continue; /* no field */
         ZT_ASSERT(n < ZT__CFG_MAX_KEYS);
-        buf[n++] = (zt__hm_field){k->key, k->offset, (enum zt__hm_kind)kinds[k->type], (k->flags & ZT__CFG_HASH_ONLY) != 0};
+        buf[n++] = (zt__hm_field){k->key, k->offset, (enum zt__hm_kind)kinds[k->type],
+                                  (k->flags & ZT__CFG_HASH_ONLY) != 0};
     }
     return n;
 }
