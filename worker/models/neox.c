@@ -48,7 +48,8 @@ static const zt__cfg_key keys[] = {
     ZT__CFG_I(S, num_hidden_layers, 1, 1024), ZT__CFG_I(S, hidden_size, 1, NEOX_MAX),
     ZT__CFG_HEADS(S, num_attention_heads, NEOX_MAX, "hidden_size"), ZT__CFG_I(S, intermediate_size, 1, NEOX_MAX_BIG),
     ZT__CFG_I(S, max_position_embeddings, 1, NEOX_MAX_BIG), ZT__CFG_I(S, vocab_size, 1, NEOX_MAX_BIG),
-    ZT__CFG_R(S, FLOAT, layer_norm_eps, 0.0, 1.0, ZT__CFG_OPEN), ZT__CFG_R(S, DOUBLE, initializer_range, 0.0, 1.0, 0),
+    ZT__CFG_R(S, FLOAT, layer_norm_eps, 0.0, 1.0, ZT__CFG_OPEN),
+    ZT__CFG_R(S, DOUBLE, initializer_range, 0.0, 1.0, ZT__CFG_HASH_ONLY), /* a resumed run may change it */
     ZT__CFG_R(S, DOUBLE, rotary_pct, 0.0, 1.0, ZT__CFG_ABOVE_MIN),
     ZT__CFG_R(S, DOUBLE, rotary_emb_base, 0.0, 1e300, ZT__CFG_ABOVE_MIN),
     ZT__CFG_B(S, use_parallel_residual), ZT__CFG_B(S, attention_bias), ZT__CFG_B(S, tie_word_embeddings),
