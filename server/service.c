@@ -319,6 +319,7 @@ static int attach_shm(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMes
                                     .pid = req->pid};
             resp.attached = 1;
             resp.segment = e->id;
+            resp.pulls_checked = 1; /* pull_shm */
         }
         pthread_mutex_unlock(&svc->shm_mu);
         if (e == NULL) {
@@ -671,8 +672,20 @@ static int pull_timeout_ms(const zt_rpc_call_t *call, const Ztrain__V1__PullPara
     return timeout_ms;
 }
 
+/* Whether the client gave segment e up (DetachShm) while a call still holds it. */
+static int shm_given_up(zt_service_t *svc, const struct shm_entry *e)
+{
+    pthread_mutex_lock(&svc->shm_mu);
+    const int gone = e->gone;
+    pthread_mutex_unlock(&svc->shm_mu);
+    return gone;
+}
+
 /* A pull into the client's shared-memory segment: every range straight from the core into the segment, one
- * after the other from shm_offset, each checked against the segment first; no ParamChunk is sent. */
+ * after the other from shm_offset, each checked against the segment first; no ParamChunk is sent. The segment
+ * may be the client's own memory, where its weights live (not a slot): the handler waits for the block first
+ * and writes only if the client has not given the segment up meanwhile, which a client does at once after a
+ * call that failed (one it stopped waiting for, say) and before it moves on to newer bytes in that memory. */
 static int pull_shm(zt_rpc_call_t *call, zt_service_t *svc, const Ztrain__V1__PullParamsRequest *req, size_t es)
 {
     struct shm_entry *e = shm_get(svc, req->shm_segment);
@@ -691,7 +704,15 @@ static int pull_shm(zt_rpc_call_t *call, zt_service_t *svc, const Ztrain__V1__Pu
                                     req->shm_segment, ZT_SHM_HEAD_BYTES, zt_shm_size(e->shm));
             break;
         }
-        int rc = req->masters ? zt_server_core_read_masters(svc->core, req->run, req->step, r->block, r->shard,
+        int rc = req->masters ? 0 : zt_server_core_wait_block(svc->core, req->run, req->step, r->block,
+                                                               pull_timeout_ms(call, req), &err);
+        if (rc == 0 && shm_given_up(svc, e)) {
+            code = zt_rpc_call_fail(call, ZT_RPC_ABORTED, "PullParams: the client gave shared-memory segment %"
+                                    PRIu64 " up while this pull waited; nothing was written", req->shm_segment);
+            break;
+        }
+        if (rc == 0)
+            rc = req->masters ? zt_server_core_read_masters(svc->core, req->run, req->step, r->block, r->shard,
                                                             r->offset, r->count, dst, &err)
                               : zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset,
                                                     r->count, dst, pull_timeout_ms(call, req), &err);
