@@ -330,9 +330,13 @@ static void restart_service(struct fixture *f, int shm_off)
 /* Block 0 is larger than a slot (ZT_STATE_CLIENT_SHM_SLOT_BYTES): its pieces take several slots. */
 enum { SHM_N0 = (ZT_STATE_CLIENT_SHM_SLOT_BYTES / 4) * 5 / 4 + 3, SHM_N1 = 37 };
 
+/* What shm_steps_from keeps in the client's shared host memory (zt_state_client_shared_alloc). */
+enum { SHARED_GRAD = 1, SHARED_WEIGHTS = 2 };
+
 /* Two steps of run "shm" (W = 1, fp32) through f->client; restart: the service restarts (core kept) after
- * step 1; shared: the gradients are pushed from the client's shared host memory (zt_state_client_shared_alloc,
- * which must give some). Returns both blocks' parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
+ * step 1; shared: SHARED_GRAD, the gradients are pushed from the client's shared host memory; SHARED_WEIGHTS, the
+ * parameters are pulled into it (zt_state_client_shared_alloc, which must give some). Returns both blocks'
+ * parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
 static float *shm_steps_from(struct fixture *f, int restart, int shared)
 {
     zt_err err = {{0}};
@@ -341,9 +345,13 @@ static float *shm_steps_from(struct fixture *f, int restart, int shared)
     d.blocks = big;
     assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0);
     const uint64_t n[2] = {SHM_N0, SHM_N1};
-    float *x = malloc((SHM_N0 + SHM_N1) * sizeof(float));
-    float *g = shared ? zt_state_client_shared_alloc(f->client, SHM_N0 * sizeof(float), &err)
-                      : malloc(SHM_N0 * sizeof(float));
+    const size_t xbytes = (SHM_N0 + SHM_N1) * sizeof(float);
+    float *x = shared & SHARED_WEIGHTS ? zt_state_client_shared_alloc(f->client, xbytes, ZT_STATE_SHARED_WEIGHTS, &err)
+                                       : malloc(xbytes);
+    float *g = shared & SHARED_GRAD
+                   ? zt_state_client_shared_alloc(f->client, SHM_N0 * sizeof(float), ZT_STATE_SHARED_GRADIENT, &err)
+                   : malloc(SHM_N0 * sizeof(float));
+    assert_non_null(x);
     assert_non_null(g);
     for (int b = 0; b < 2; b++) {
         for (uint64_t i = 0; i < n[b]; i++)
@@ -369,8 +377,13 @@ static float *shm_steps_from(struct fixture *f, int restart, int shared)
     float m[SHM_N1];
     assert_int_equal(zt_state_client_pull_masters(f->client, "shm", 2, 1, 0, 0, SHM_N1, m, &err), 0);
     assert_memory_equal(m, x + SHM_N0, sizeof(m));
-    if (!shared)
+    if (!(shared & SHARED_GRAD))
         free(g); /* the shared memory is the client's */
+    if (shared & SHARED_WEIGHTS) {
+        float *copy = malloc(xbytes);
+        memcpy(copy, x, xbytes);
+        x = copy;
+    }
     return x;
 }
 
@@ -461,7 +474,7 @@ static void test_shared_gradient_memory(void **state)
     struct zt_state_client_options eopt = {0};
     zt_state_client_t *saved = f->client;
     assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, &err)); /* embedded: none */
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err)); /* embedded: none */
     float *want = shm_steps(f, 0);
     zt_state_client_destroy(f->client);
     f->client = saved;
@@ -471,16 +484,17 @@ static void test_shared_gradient_memory(void **state)
     const int streams[2] = {1, 3};
     for (int i = 0; i < 2; i++) {
         reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
-        float *got = shm_steps_from(f, 0, 1);
+        float *got = shm_steps_from(f, 0, SHARED_GRAD);
         assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
         assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
+        assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), 0);
         assert_memory_equal(got, want, bytes);
         free(got);
         drop_run(f);
     }
     /* the service restarts after step 1: step 2's pushes meet an unknown segment, offer the memory again */
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    float *got = shm_steps_from(f, 1, 1);
+    float *got = shm_steps_from(f, 1, SHARED_GRAD);
     assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
     assert_memory_equal(got, want, bytes);
     free(got);
@@ -488,7 +502,7 @@ static void test_shared_gradient_memory(void **state)
     /* a server that refuses shared memory: TCP from the same memory */
     restart_service(f, 1);
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    got = shm_steps_from(f, 0, 1);
+    got = shm_steps_from(f, 0, SHARED_GRAD);
     assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
     assert_int_equal(zt__state_client_bytes_in_place(f->client), 0);
     assert_memory_equal(got, want, bytes);
@@ -496,7 +510,90 @@ static void test_shared_gradient_memory(void **state)
     drop_run(f);
     /* shared memory off: none to give */
     reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, &err));
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
+    free(want);
+}
+
+/* The pulled bytes this client copied itself (zt_state_client_pull_copies). */
+static uint64_t pull_copied(struct fixture *f)
+{
+    uint64_t bytes;
+    double seconds;
+    zt_state_client_pull_copies(f->client, &bytes, &seconds);
+    assert_true(seconds >= 0.0);
+    return bytes;
+}
+
+/* Parameters pulled into the client's shared host memory: the server writes them straight there (every pulled
+ * byte counted as written in place, none copied by the client), and they are the bits of embedded mode, with one
+ * and three streams (pieces over two slots' worth of bytes), with the gradients in shared memory too or not, and
+ * after a restart of the service, which knows no segment (the memory is offered again by itself). The fallbacks
+ * give the same bits with the client copying every pulled byte: a server that refuses shared memory (TCP into
+ * the same memory), a client with shared memory off and embedded mode (no shared memory to give). The fp32 masters
+ * pulled at the end into private memory are copied through a slot. */
+static void test_shared_weight_memory(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    struct zt_state_client_options eopt = {0};
+    zt_state_client_t *saved = f->client;
+    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err)); /* embedded: none */
+    float *want = shm_steps(f, 0);
+    assert_int_equal(pull_copied(f), 0); /* embedded: the core writes into the caller's memory */
+    zt_state_client_destroy(f->client);
+    f->client = saved;
+    const size_t bytes = (SHM_N0 + SHM_N1) * sizeof(float);
+    const uint64_t pulled = 2 * bytes, masters = SHM_N1 * sizeof(float); /* two steps of both blocks; the masters */
+
+    const int streams[2] = {1, 3};
+    const int shared[2] = {SHARED_WEIGHTS, SHARED_WEIGHTS | SHARED_GRAD};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+            float *got = shm_steps_from(f, 0, shared[j]);
+            assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
+            assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), pulled);
+            /* the initial parameters are pushed from the same memory, read in place too */
+            assert_int_equal(zt__state_client_bytes_in_place(f->client), bytes + (shared[j] & SHARED_GRAD ? pulled : 0));
+            assert_int_equal(pull_copied(f), masters);
+            assert_memory_equal(got, want, bytes);
+            free(got);
+            drop_run(f);
+        }
+    /* the service restarts after step 1: step 2's pulls meet an unknown segment, offer the memory again */
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    float *got = shm_steps_from(f, 1, SHARED_WEIGHTS | SHARED_GRAD);
+    assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), pulled);
+    assert_int_equal(pull_copied(f), masters);
+    assert_memory_equal(got, want, bytes);
+    free(got);
+    drop_run(f);
+    /* the shared memory cannot be given beyond ZT_STATE_CLIENT_MAX_SHARED pieces; the pulls go through the slots */
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    for (int i = 0; i < ZT_STATE_CLIENT_MAX_SHARED; i++)
+        assert_non_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err));
+    got = shm_steps(f, 0);
+    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
+    assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), 0);
+    assert_int_equal(pull_copied(f), pulled + masters);
+    assert_memory_equal(got, want, bytes);
+    free(got);
+    drop_run(f);
+    /* a server that refuses shared memory: TCP into the same memory, copied out of the messages */
+    restart_service(f, 1);
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    got = shm_steps_from(f, 0, SHARED_WEIGHTS);
+    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
+    assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), 0);
+    assert_int_equal(pull_copied(f), pulled + masters);
+    assert_memory_equal(got, want, bytes);
+    free(got);
+    drop_run(f);
+    /* shared memory off: none to give */
+    reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err));
     free(want);
 }
 
@@ -513,6 +610,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_lost_run_before_first_step, setup_remote, teardown),
         cmocka_unit_test_setup_teardown(test_shared_memory_transport, setup_remote, teardown),
         cmocka_unit_test_setup_teardown(test_shared_gradient_memory, setup_remote, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_weight_memory, setup_remote, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -191,7 +191,7 @@ static void *shared_grad(zt_engine *e, size_t bytes)
 {
     if (e->home != ZT__OPT_SERVER || e->o.client == NULL || e->grad_shared)
         return NULL;
-    void *p = zt_state_client_shared_alloc(e->o.client, bytes, NULL);
+    void *p = zt_state_client_shared_alloc(e->o.client, bytes, ZT_STATE_SHARED_GRADIENT, NULL);
     e->grad_shared = p != NULL;
     return p;
 }
