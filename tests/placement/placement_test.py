@@ -23,8 +23,9 @@
      of placement server (overlapped: pushes during the backward, pulls behind the servers' update and into
      the next forward) with the same ranks against 1 and against 2 servers: the same losses and the same
      final weights; both with the bytes through shared memory (the default on one host, the step breakdown
-     says "via shared memory") and over TCP (--server-shm off, or a ztrain-server --shm off that refuses it,
-     which one INFO line names);
+     says "via shared memory"; the servers read the pushes from the ranks' host gradients and write the pulls
+     into their weights) and over TCP (--server-shm off, or a ztrain-server --shm off that refuses it, which
+     one INFO line names);
   9. a run that will checkpoint against a server without --snapshot-dir is refused before the model is
      built, naming the server and --snapshot-dir.
 The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE in tests/runtime/train_rank.c, a
@@ -242,9 +243,11 @@ def main():
                       "(via TCP)" not in text, "%s: the bytes move through shared memory, and the breakdown says so"
                       % name, text)
                 check(text.count("gradient pushes read by the server from this process's host gradient") == nproc * nsrv
-                      and "gradient pushes copied" not in text,
+                      and "the segment of the host" not in text,
                       "%s: every rank's gradient pushes are read by every server where they lie (no slot copy)" % name,
                       text)
+                check(text.count("pulls written by the server into this process's host weights") == nproc * nsrv,
+                      "%s: every server writes every rank's pulls into its weights (no slot copy)" % name, text)
             else:
                 check("(via TCP)" in text and "(via shared memory)" not in text,
                       "%s: the bytes move over TCP, and the breakdown says so" % name, text)

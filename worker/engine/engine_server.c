@@ -26,7 +26,10 @@
  * 2 bytes a parameter straight into h_lowp, which the copies up read. h_master then holds the masters of
  * e->masters_step only; an export (checkpoints) fetches those of the servers' step first
  * (zt__server_fresh_masters, PullParams with `masters`). On the CPU (fp32 compute) the pulled fp32 masters
- * go to h_master and are the weights. Gradients are pushed as the host gradient is held, the one the host
+ * go to h_master, which is wshard: they are the weights the passes read. With servers on this host h_lowp (GPU)
+ * or wshard (CPU) lies in the state client's shared memory (e->weights_shared): the servers write the pulled
+ * bytes there themselves and this process copies none of them; otherwise the client copies them out of its
+ * shared-memory slots or TCP messages. Gradients are pushed as the host gradient is held, the one the host
  * AdamW of placement cpu reads in the same configuration: bf16 (2 bytes a parameter) with one rank, bf16
  * compute, chunked gradients and no accumulation (e->hgrad_lowp; the servers' AdamW reads bf16 gradients
  * with the same kernel and scale), fp32 otherwise. */
@@ -137,7 +140,7 @@ static uint64_t pull_bytes(const zt_engine *e, int b)
 }
 
 /* Pulls this rank's shard of block b after `step` and makes it the weights the passes read: on the CPU the
- * fp32 masters into h_master and a copy into wshard; on a GPU the compute dtype into h_lowp (pull_lowp: the
+ * fp32 masters into h_master (which is wshard); on a GPU the compute dtype into h_lowp (pull_lowp: the
  * servers rounded their masters as the host AdamW of placement cpu does; otherwise the fp32 masters into
  * h_master, rounded here), sent up on `stream` (event `updated`); then marks the block ready for the step
  * count `ready`. */
@@ -150,9 +153,7 @@ static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *st
                           : zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, dst, err);
     if (rc < 0)
         return rc;
-    if (!e->dev->gpu) {
-        memcpy((float *)e->wshard + k->shard_off, dst, k->shard * 4);
-    } else {
+    if (e->dev->gpu) {
         if (!e->pull_lowp && (rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
             return rc;
         if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
