@@ -24,8 +24,8 @@
      the next forward) with the same ranks against 1 and against 2 servers: the same losses and the same
      final weights; both with the bytes through shared memory (the default on one host, the step breakdown
      says "via shared memory"; the servers read the pushes from the ranks' host gradients and write the pulls
-     into their weights) and over TCP (--server-shm off, or a ztrain-server --shm off that refuses it, which
-     one INFO line names);
+     into their weights, so the breakdown counts no pulled byte copied by a rank) and over TCP (--server-shm
+     off, or a ztrain-server --shm off that refuses it, which one INFO line names);
   9. a run that will checkpoint against a server without --snapshot-dir is refused before the model is
      built, naming the server and --snapshot-dir.
 The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE in tests/runtime/train_rank.c, a
@@ -248,9 +248,14 @@ def main():
                       text)
                 check(text.count("pulls written by the server into this process's host weights") == nproc * nsrv,
                       "%s: every server writes every rank's pulls into its weights (no slot copy)" % name, text)
+                copied = re.findall(r"worker copies ([0-9.]+ [KMGT]?i?B) in", text)
+                check(len(copied) > 0 and all(c == "0 B" for c in copied),
+                      "%s: the step breakdown says the ranks copied none of the pulled bytes" % name, text)
             else:
                 check("(via TCP)" in text and "(via shared memory)" not in text,
                       "%s: the bytes move over TCP, and the breakdown says so" % name, text)
+                check(any(c != "0 B" for c in re.findall(r"worker copies ([0-9.]+ [KMGT]?i?B) in", text)),
+                      "%s: the step breakdown counts the pulled bytes copied out of the TCP messages" % name, text)
             if tcp_by == "server":
                 check("pushes and pulls over TCP: this server was started with --shm off" in text,
                       "%s: one line says the server refused shared memory" % name, text)
