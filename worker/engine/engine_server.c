@@ -28,7 +28,9 @@
  * (zt__server_fresh_masters, PullParams with `masters`). On the CPU (fp32 compute) the pulled fp32 masters
  * go to h_master, which is wshard: they are the weights the passes read. With servers on this host h_lowp (GPU)
  * or wshard (CPU) lies in the state client's shared memory (e->weights_shared): the servers write the pulled
- * bytes there themselves and this process copies none of them; otherwise the client copies them out of its
+ * bytes there themselves and this process copies none of them (from the second step on their update writes
+ * them there, ZT_STATE_SHARED_WEIGHTS: nothing here writes those weights between a step's first push and the
+ * end of its pull, only an import between steps does); otherwise the client copies them out of its
  * shared-memory slots or TCP messages (the step breakdown's "worker copies"). Gradients are pushed as the host
  * gradient is held, the one the host AdamW of placement cpu reads in the same configuration: bf16 (2 bytes a
  * parameter) with one rank, bf16 compute, chunked gradients and no accumulation (e->hgrad_lowp; the servers'

@@ -112,6 +112,8 @@ struct piece {
     int lane;
     int pull;                /* 1: PullParams, 0: a push */
     int masters;             /* pull: the fp32 masters (PullParamsRequest.masters) */
+    int standing;            /* pull: into the caller's weights in shared memory, one request that stands there
+                                (PullParamsRequest.standing) */
     int server;
     const char *method;      /* push: SVC "PushParams" or SVC "PushGradients" */
     const char *run;
@@ -1141,6 +1143,14 @@ static uint64_t arena_take(zt_state_client_t *c, int server, const uint8_t *p, u
     return id;
 }
 
+/* Whether [p, p + bytes) lies in a piece (*k) of the client's shared host memory that holds the caller's weights
+ * and that server writes pulls into (offering it the piece when it has not been yet). */
+static int weights_arena(zt_state_client_t *c, int server, const void *p, uint64_t bytes, int *k)
+{
+    const int in = bytes > 0 ? arena_of(c, p, bytes) : -1;
+    return in >= 0 && c->arenas[in].what == ZT_STATE_SHARED_WEIGHTS && arena_take(c, server, p, bytes, 1, k) != 0;
+}
+
 /* After a failed push or pull through piece k of the shared host memory under `id`: the server may have
  * restarted (it knows no segment) or the call broke; the next call offers the memory again under a new id, and
  * the old one is given up at once. A server handler still reading the old one for a push reads bytes that do
@@ -1624,6 +1634,7 @@ static int pull_start(zt_state_client_t *c, const struct piece *p, uint64_t offs
     req.masters = p->masters != 0;
     req.shm_segment = seg;
     req.shm_offset = seg_off;
+    req.standing = p->standing && seg != 0;
     size_t len;
     void *buf = pack(&req.base, &len);
     const int ok = zt_rpc_stream_send(*s, buf, len) == 0 && zt_rpc_stream_close_send(*s) == 0;
@@ -1680,10 +1691,12 @@ static int pull_shm(zt_state_client_t *c, const struct piece *p, struct link_seg
 
 /* One attempt at a pull of one piece written by the server straight into piece k of the client's shared host
  * memory (segment `id`), where p->dst lies: no copy, a PullParams per slot's worth of bytes (as through the
- * slots, so that the server's copy under its run's lock stays as short). Returns the gRPC code with st filled. */
+ * slots, so that the server's copy under its run's lock stays as short), or one for the whole piece when it
+ * stands there (the server's commits then write it in their update, and this pull copies nothing). Returns the
+ * gRPC code with st filled. */
 static int pull_arena(zt_state_client_t *c, const struct piece *p, int k, uint64_t id, struct zt_rpc_status *st)
 {
-    const uint64_t per = ZT_STATE_CLIENT_SHM_SLOT_BYTES / p->es;
+    const uint64_t per = p->standing ? p->n : ZT_STATE_CLIENT_SHM_SLOT_BYTES / p->es;
     const uint64_t at0 = ZT_SHM_HEAD_BYTES + (uint64_t)(p->dst - c->arenas[k].base);
     int code = ZT_RPC_OK;
     for (uint64_t done = 0; done < p->n && code == ZT_RPC_OK; done += per) {
@@ -1780,8 +1793,19 @@ static int pull(zt_state_client_t *c, const char *run, int64_t step, int block, 
     struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
     /* Pieces of whole chunks of chunk_bytes (1 MiB by default). The server sends each piece as ParamChunks
      * of its own PULL_CHUNK_BYTES (1 MiB, server/service.c) counted from the piece's first element, so at
-     * the default only a piece's last ParamChunk can be short; pull_once accepts ParamChunks of any size. */
-    int k = split_pieces(c, n, c->chunk_bytes / es, &tmpl, pieces);
+     * the default only a piece's last ParamChunk can be short; pull_once accepts ParamChunks of any size.
+     * Into the caller's weights in shared memory that the server writes into, one piece that stands there:
+     * the server copies nothing for it once its commits write the shard there themselves. */
+    int ka;
+    int k;
+    if (!masters && weights_arena(c, server, out, n * es, &ka)) {
+        pieces[0] = tmpl;
+        pieces[0].n = n;
+        pieces[0].standing = 1;
+        k = 1;
+    } else {
+        k = split_pieces(c, n, c->chunk_bytes / es, &tmpl, pieces);
+    }
     for (int i = 0; i < k; i++) {
         struct piece *p = &pieces[i];
         p->dst = (uint8_t *)out + p->first * es;

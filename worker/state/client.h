@@ -45,7 +45,8 @@
  * place, which is safe because the engine writes a step's gradient only after that step's commit, and a commit
  * (or a state load) waits for every push still reading. Pulls into such memory (where the engine keeps the
  * weights it pulls: h_lowp on a GPU, the fp32 weights on the CPU) are not copied either: the pull names their
- * place and the server writes the parameters there. A pull that failed may still be written by the server's
+ * place and the server writes the parameters there, from the second step on during its update itself
+ * (ZT_STATE_SHARED_WEIGHTS). A pull that failed may still be written by the server's
  * handler, with the bytes of the same step and block (it checks, after the block is ready and before it writes,
  * that the client has not given the memory's segment up, which the client does at once after a failed call),
  * so the caller pulls again into the same place, as the engine does.
@@ -83,11 +84,15 @@ typedef struct zt_state_client zt_state_client_t;
 /* The most separate pieces of shared host memory one client gives (zt_state_client_shared_alloc). */
 #define ZT_STATE_CLIENT_MAX_SHARED 4
 
-/* What a piece of shared host memory holds, for the log lines that say how it is used (any push from it and
- * any pull into it goes without a copy, whatever it holds). */
+/* What a piece of shared host memory holds (any push from it and any pull into it goes without a copy, whatever
+ * it holds). A pull into WEIGHTS stands there: it is one request for the whole range, and the servers' commits
+ * after it write the shard's new parameters straight into that memory during their update, so that the pull of
+ * their step finds them there and nobody copies them (zt_server_core_pull_standing). The caller promises not to
+ * write a shard's place in it from its first push of a step until its pull of that step has returned (the
+ * engine reads its weights there, and writes them only at an import, between steps). */
 enum zt_state_shared {
     ZT_STATE_SHARED_GRADIENT = 0, /* the gradients the caller pushes */
-    ZT_STATE_SHARED_WEIGHTS = 1,  /* the parameters the caller pulls */
+    ZT_STATE_SHARED_WEIGHTS = 1,  /* the parameters the caller pulls, whole shards, as above */
 };
 
 /* Whether pushes and pulls may go through shared memory with servers on this host (--server-shm). */
