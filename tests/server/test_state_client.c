@@ -465,58 +465,6 @@ static void test_shared_memory_transport(void **state)
     free(want);
 }
 
-/* Gradients pushed from the client's shared host memory: the server reads them where they lie (every pushed
- * byte counted as read in place, none copied into a slot), and the parameters are the bits of embedded mode,
- * with one and three streams (pieces over two slots' worth of bytes), and after a restart of the service,
- * which knows no segment (the memory is offered again by itself). A server that refuses shared memory is
- * pushed to over TCP from the same memory; embedded mode and a client with shared memory off have none. */
-static void test_shared_gradient_memory(void **state)
-{
-    struct fixture *f = *state;
-    zt_err err = {{0}};
-    struct zt_state_client_options eopt = {0};
-    zt_state_client_t *saved = f->client;
-    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err)); /* embedded: none */
-    float *want = shm_steps(f, 0);
-    zt_state_client_destroy(f->client);
-    f->client = saved;
-    const size_t bytes = (SHM_N0 + SHM_N1) * sizeof(float);
-    const uint64_t pushed = 2 * bytes; /* two steps of both blocks' gradients */
-
-    const int streams[2] = {1, 3};
-    for (int i = 0; i < 2; i++) {
-        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
-        float *got = shm_steps_from(f, 0, SHARED_GRAD);
-        assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
-        assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
-        assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), 0);
-        assert_memory_equal(got, want, bytes);
-        free(got);
-        drop_run(f);
-    }
-    /* the service restarts after step 1: step 2's pushes meet an unknown segment, offer the memory again */
-    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    float *got = shm_steps_from(f, 1, SHARED_GRAD);
-    assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
-    /* a server that refuses shared memory: TCP from the same memory */
-    restart_service(f, 1);
-    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    got = shm_steps_from(f, 0, SHARED_GRAD);
-    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
-    assert_int_equal(zt__state_client_bytes_in_place(f->client), 0);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
-    /* shared memory off: none to give */
-    reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
-    free(want);
-}
-
 /* The pulled bytes this client copied itself (zt_state_client_pull_copies). */
 static uint64_t pull_copied(struct fixture *f)
 {
@@ -525,6 +473,22 @@ static uint64_t pull_copied(struct fixture *f)
     zt_state_client_pull_copies(f->client, &bytes, &seconds);
     assert_true(seconds >= 0.0);
     return bytes;
+}
+
+/* The reference: shm_steps through an embedded client (in place of f's for the call), which has no shared
+ * memory of either kind to give and copies no pulled byte itself. */
+static float *embedded_steps(struct fixture *f, enum zt_state_shared what)
+{
+    zt_err err = {{0}};
+    struct zt_state_client_options eopt = {0};
+    zt_state_client_t *saved = f->client;
+    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, what, &err));
+    float *want = shm_steps(f, 0);
+    assert_int_equal(pull_copied(f), 0);
+    zt_state_client_destroy(f->client);
+    f->client = saved;
+    return want;
 }
 
 /* The parameter bytes the served core's commits wrote straight into the places of standing pulls of run "shm". */
@@ -536,79 +500,102 @@ static uint64_t delivered(struct fixture *f)
     return st.bytes_delivered;
 }
 
+/* What one run of shm_steps_from must count; -1 leaves a field unchecked. */
+struct counts {
+    int uses_shm;              /* the server is reached through shared memory */
+    int64_t in_place;          /* push bytes read where they lie */
+    int64_t pulled_in_place;   /* pull bytes written where they land */
+    int64_t copied;            /* pulled bytes the client copied */
+    int64_t delivered;         /* pulled bytes the server's commits wrote */
+};
+
+/* Runs shm_steps_from(f, restart, shared), checks the parameters against want (the embedded reference) and the
+ * counts against *want_counts, and drops the run. */
+static void steps_count(struct fixture *f, int restart, int shared, const float *want, struct counts want_counts)
+{
+    float *got = shm_steps_from(f, restart, shared);
+    const struct counts *w = &want_counts;
+    if (w->uses_shm >= 0)
+        assert_int_equal(zt__state_client_uses_shm(f->client, 0), w->uses_shm);
+    if (w->in_place >= 0)
+        assert_int_equal(zt__state_client_bytes_in_place(f->client), w->in_place);
+    if (w->pulled_in_place >= 0)
+        assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), w->pulled_in_place);
+    if (w->copied >= 0)
+        assert_int_equal(pull_copied(f), w->copied);
+    if (w->delivered >= 0)
+        assert_int_equal(delivered(f), w->delivered);
+    assert_memory_equal(got, want, (SHM_N0 + SHM_N1) * sizeof(float));
+    free(got);
+    drop_run(f);
+}
+
+/* Gradients pushed from the client's shared host memory: the server reads them where they lie (every pushed
+ * byte counted as read in place, none copied into a slot), and the parameters are the bits of embedded mode,
+ * with one and three streams (pieces over two slots' worth of bytes), and after a restart of the service,
+ * which knows no segment (the memory is offered again by itself). A server that refuses shared memory is
+ * pushed to over TCP from the same memory; embedded mode and a client with shared memory off have none. */
+static void test_shared_gradient_memory(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    float *want = embedded_steps(f, ZT_STATE_SHARED_GRADIENT);
+    const int64_t pushed = 2 * (int64_t)((SHM_N0 + SHM_N1) * sizeof(float)); /* two steps of both blocks */
+    const int streams[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        steps_count(f, 0, SHARED_GRAD, want, (struct counts){1, pushed, 0, -1, -1});
+    }
+    /* the service restarts after step 1: step 2's pushes meet an unknown segment, offer the memory again */
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    steps_count(f, 1, SHARED_GRAD, want, (struct counts){-1, pushed, -1, -1, -1});
+    /* a server that refuses shared memory: TCP from the same memory */
+    restart_service(f, 1);
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    steps_count(f, 0, SHARED_GRAD, want, (struct counts){0, 0, -1, -1, -1});
+    /* shared memory off: none to give */
+    reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
+    free(want);
+}
+
 /* Parameters pulled into the client's shared host memory: the server writes them straight there (every pulled
  * byte counted as written in place, none copied by the client), and they are the bits of embedded mode, with one
  * and three streams (a shard over two slots' worth of bytes), with the gradients in shared memory too or not, and
  * after a restart of the service, which knows no segment (the memory is offered again by itself). The pulls stand
  * there: step 1's pull is a copy by the server, step 2's commit writes both blocks straight into the memory and
  * step 2's pull copies nothing (after the restart, step 2's pull is a copy again). The fallbacks give the same
- * bits with the client copying every pulled byte: a server that refuses shared memory (TCP into the same
- * memory), a client with shared memory off and embedded mode (no shared memory to give). The fp32 masters pulled
- * at the end into private memory are copied through a slot. */
+ * bits with the client copying every pulled byte: all pieces of shared memory given already (through the slots),
+ * a server that refuses shared memory (TCP into the same memory), a client with shared memory off and embedded
+ * mode (no shared memory to give). The fp32 masters pulled at the end into private memory are copied through a
+ * slot; the initial parameters are pushed from the weights' memory, read in place too. */
 static void test_shared_weight_memory(void **state)
 {
     struct fixture *f = *state;
     zt_err err = {{0}};
-    struct zt_state_client_options eopt = {0};
-    zt_state_client_t *saved = f->client;
-    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err)); /* embedded: none */
-    float *want = shm_steps(f, 0);
-    assert_int_equal(pull_copied(f), 0); /* embedded: the core writes into the caller's memory */
-    zt_state_client_destroy(f->client);
-    f->client = saved;
-    const size_t bytes = (SHM_N0 + SHM_N1) * sizeof(float);
-    const uint64_t pulled = 2 * bytes, masters = SHM_N1 * sizeof(float); /* two steps of both blocks; the masters */
-
+    float *want = embedded_steps(f, ZT_STATE_SHARED_WEIGHTS);
+    const int64_t bytes = (int64_t)((SHM_N0 + SHM_N1) * sizeof(float));
+    const int64_t pulled = 2 * bytes, masters = SHM_N1 * sizeof(float); /* two steps of both blocks; the masters */
     const int streams[2] = {1, 3};
-    const int shared[2] = {SHARED_WEIGHTS, SHARED_WEIGHTS | SHARED_GRAD};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) {
-            reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
-            float *got = shm_steps_from(f, 0, shared[j]);
-            assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
-            assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), pulled);
-            assert_int_equal(delivered(f), bytes); /* step 2 */
-            /* the initial parameters are pushed from the same memory, read in place too */
-            assert_int_equal(zt__state_client_bytes_in_place(f->client), bytes + (shared[j] & SHARED_GRAD ? pulled : 0));
-            assert_int_equal(pull_copied(f), masters);
-            assert_memory_equal(got, want, bytes);
-            free(got);
-            drop_run(f);
-        }
+    for (int i = 0; i < 2; i++) {
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        steps_count(f, 0, SHARED_WEIGHTS, want, (struct counts){1, bytes, pulled, masters, bytes});
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        steps_count(f, 0, SHARED_WEIGHTS | SHARED_GRAD, want, (struct counts){1, bytes + pulled, pulled, masters, bytes});
+    }
     /* the service restarts after step 1: step 2's pulls meet an unknown segment, offer the memory again */
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    float *got = shm_steps_from(f, 1, SHARED_WEIGHTS | SHARED_GRAD);
-    assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), pulled);
-    assert_int_equal(pull_copied(f), masters);
-    assert_int_equal(delivered(f), 0);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
+    steps_count(f, 1, SHARED_WEIGHTS | SHARED_GRAD, want, (struct counts){-1, -1, pulled, masters, 0});
     /* the shared memory cannot be given beyond ZT_STATE_CLIENT_MAX_SHARED pieces; the pulls go through the slots */
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
     for (int i = 0; i < ZT_STATE_CLIENT_MAX_SHARED; i++)
         assert_non_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
     assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err));
-    got = shm_steps(f, 0);
-    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
-    assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), 0);
-    assert_int_equal(pull_copied(f), pulled + masters);
-    assert_int_equal(delivered(f), 0);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
+    steps_count(f, 0, 0, want, (struct counts){1, -1, 0, pulled + masters, 0});
     /* a server that refuses shared memory: TCP into the same memory, copied out of the messages */
     restart_service(f, 1);
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    got = shm_steps_from(f, 0, SHARED_WEIGHTS);
-    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
-    assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), 0);
-    assert_int_equal(pull_copied(f), pulled + masters);
-    assert_int_equal(delivered(f), 0);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
+    steps_count(f, 0, SHARED_WEIGHTS, want, (struct counts){0, -1, 0, pulled + masters, 0});
     /* shared memory off: none to give */
     reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
     assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err));
