@@ -836,7 +836,10 @@ int zt__pair_write(zt_server_core *core, zt__pair *p, int slot, const float *src
 int zt__pair_make_lowp(zt_server_core *core, const zt__run *run, zt__pair *p, int slot, const float *master,
                        zt_err *err)
 {
-    return zt_cpu_adam_convert(p->lowp[slot], run->param_dtype, master, (size_t)p->n, core->opt.threads, err);
+    int rc = zt_cpu_adam_convert(p->lowp[slot], run->param_dtype, master, (size_t)p->n, core->opt.threads, err);
+    if (rc == 0)
+        p->lowp_stale[slot] = false;
+    return rc;
 }
 
 /* ---- pushes ---- */
@@ -905,6 +908,7 @@ void zt__run_install(zt__run *run, int dst, int64_t step, int64_t adam_step)
         p->grad_dtype = -1;
         p->grad_cov.n = 0;
         p->init_cov.n = 0;
+        p->delivered_step = 0; /* the places hold other parameters than the new state */
     }
     run->stats.step = run->step;
 }
@@ -1183,8 +1187,43 @@ static void set_ready(zt__run *run, int upto)
     pthread_mutex_unlock(&run->mu);
 }
 
+/* The place pair p's pulls stand in, with a reference taken (give it back with core->places.put), into
+ * *id, or NULL when there is none or it is gone (then the pull that named it no longer stands). */
+static void *take_place(zt_server_core *core, zt__run *run, zt__pair *p, uint64_t *id)
+{
+    pthread_mutex_lock(&run->mu);
+    *id = core->places.get ? p->place_id : 0;
+    const uint64_t off = p->place_off;
+    pthread_mutex_unlock(&run->mu);
+    void *place = *id ? core->places.get(core->places.user, *id, off, p->n * zt_dtype_size(run->param_dtype)) : NULL;
+    if (*id && !place) {
+        pthread_mutex_lock(&run->mu);
+        if (p->place_id == *id)
+            p->place_id = 0;
+        pthread_mutex_unlock(&run->mu);
+    }
+    return place;
+}
+
+/* After the update of pair i wrote its low-precision parameters into the place `id` of its standing pull
+ * (delivered) or into lowp[dst]: records which, and marks the blocks before pair i + 1 ready (as set_ready). */
+static void pair_done(zt__run *run, int i, int dst, bool delivered, uint64_t id)
+{
+    zt__pair *p = &run->pairs[i];
+    pthread_mutex_lock(&run->mu);
+    p->lowp_stale[dst] = delivered;
+    if (delivered && p->place_id == id) { /* a pull may have named another place meanwhile */
+        p->delivered_step = run->commit_step;
+        run->stats.bytes_delivered += p->n * zt_dtype_size(run->param_dtype);
+    }
+    pthread_mutex_unlock(&run->mu);
+    set_ready(run, i + 1 < run->npairs ? run->pairs[i + 1].block : run->nblocks);
+}
+
 /* The update of every owned pair into slot `dst` from slot `src`, block 0 first. RAM: read the record of
- * slot src, write the updated one into slot dst, in one pass. NVMe: read pair i+1 while pair i updates, write each back from its staging buffer. */
+ * slot src, write the updated one into slot dst, in one pass, and the low-precision parameters into the place
+ * of the pair's standing pull when it has one (the pull's copy then is not needed), else into lowp[dst]. NVMe:
+ * read pair i+1 while pair i updates, write each back from its staging buffer. */
 static int apply_update(zt_server_core *core, zt__run *run, int src, int dst, const zt_adamw_params *hp,
                         zt_err *err)
 {
@@ -1201,10 +1240,14 @@ static int apply_update(zt_server_core *core, zt__run *run, int src, int dst, co
                 rc = ram_data(core, p, dst, &to, err);
             if (rc < 0)
                 return rc;
-            rc = adam_pair(core, run, p, from, to, p->lowp[dst], hp, err);
+            uint64_t id;
+            void *place = take_place(core, run, p, &id);
+            rc = adam_pair(core, run, p, from, to, place ? place : p->lowp[dst], hp, err);
+            if (place)
+                core->places.put(core->places.user, id);
             if (rc < 0)
                 return rc;
-            set_ready(run, i + 1 < np ? run->pairs[i + 1].block : run->nblocks);
+            pair_done(run, i, dst, place != NULL, id);
         }
         return 0;
     }
@@ -1341,6 +1384,8 @@ int zt_server_core_commit(zt_server_core *core, const char *run_id, const zt_ser
     run->commit_step = step;
     run->failed_step = 0;
     run->ready_blocks = 0;
+    for (int i = 0; i < run->npairs; i++)
+        run->pairs[i].delivered_step = 0; /* this commit's update writes the places again, or not */
     int src = run->cur, dst = 1 - run->cur;
     zt_adamw_params hp = {
         .lr = args->lr,
@@ -1469,10 +1514,26 @@ int zt_server_core_wait_block(zt_server_core *core, const char *run_id, int64_t 
     return rc;
 }
 
-/* Copies pulled parameters; see core.h. */
-int zt_server_core_pull(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
-                        uint64_t offset, uint64_t n, void *out, int timeout_ms, zt_err *err)
+/* Sets the places of standing pulls; see core.h. */
+void zt_server_core_set_pull_places(zt_server_core *core, const zt_server_pull_places *places)
 {
+    pthread_mutex_lock(&core->mu);
+    core->places = places ? *places : (zt_server_pull_places){0};
+    for (int r = 0; !places && r < core->nruns; r++) {
+        zt__run *run = core->runs[r];
+        pthread_mutex_lock(&run->mu);
+        for (int i = 0; i < run->npairs; i++)
+            run->pairs[i].place_id = 0;
+        pthread_mutex_unlock(&run->mu);
+    }
+    pthread_mutex_unlock(&core->mu);
+}
+
+/* A pull into out, standing in place `id` at byte `off` when id is not 0 (zt_server_core_pull_standing). */
+static int pull_into(zt_server_core *core, const char *run_id, int64_t step, int block, int shard, uint64_t offset,
+                     uint64_t n, void *out, uint64_t id, uint64_t off, int timeout_ms, bool *delivered, zt_err *err)
+{
+    *delivered = false;
     zt__run *run;
     zt__pair *p;
     zt_server_chunk c = {.block = block, .shard = shard, .offset = offset, .n = n, .data = out};
@@ -1482,17 +1543,46 @@ int zt_server_core_pull(zt_server_core *core, const char *run_id, int64_t step, 
     int slot;
     pthread_mutex_lock(&run->mu);
     rc = wait_ready(run, step, block, timeout_ms, &slot, err);
-    if (rc == 0) {
+    const bool whole = offset == 0 && n == p->n;
+    const bool stands = id != 0 && whole && core->places.get != NULL && core->opt.store == ZT_SERVER_STORE_RAM;
+    if (rc == 0 && stands && p->place_id == id && p->place_off == off && p->delivered_step == step) {
+        *delivered = true; /* the update of this step wrote them there */
+    } else if (rc == 0) {
         /* Copy under the lock: no commit can flip slots, and the one in progress writes the other slot
          * or only blocks not yet marked ready. */
+        float *master;
+        if (p->lowp_stale[slot] && (rc = ram_data(core, p, slot, &master, err)) == 0)
+            rc = zt__pair_make_lowp(core, run, p, slot, master, err);
         size_t es = zt_dtype_size(run->param_dtype);
-        if (n > 0)
+        if (rc == 0 && n > 0)
             memcpy(out, (const char *)p->lowp[slot] + offset * es, (size_t)n * es);
-        run->stats.bytes_pulled += n * es;
+        if (rc == 0 && whole) { /* from the next commit on, written where this pull stands, or nowhere */
+            p->place_id = stands ? id : 0;
+            p->place_off = off;
+            p->delivered_step = 0;
+        }
     }
+    if (rc == 0)
+        run->stats.bytes_pulled += n * zt_dtype_size(run->param_dtype);
     pthread_mutex_unlock(&run->mu);
     zt__run_release(core, run);
     return rc;
+}
+
+/* Copies pulled parameters; see core.h. */
+int zt_server_core_pull(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
+                        uint64_t offset, uint64_t n, void *out, int timeout_ms, zt_err *err)
+{
+    bool delivered;
+    return pull_into(core, run_id, step, block, shard, offset, n, out, 0, 0, timeout_ms, &delivered, err);
+}
+
+/* A pull that stands in the worker's memory; see core.h. */
+int zt_server_core_pull_standing(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
+                                 uint64_t offset, uint64_t n, void *out, uint64_t id, uint64_t off, int timeout_ms,
+                                 bool *delivered, zt_err *err)
+{
+    return pull_into(core, run_id, step, block, shard, offset, n, out, id, off, timeout_ms, delivered, err);
 }
 
 /* Copies a shard's committed fp32 state; see core.h. */
@@ -1650,6 +1740,8 @@ size_t zt_server_core_metrics_text(zt_server_core *core, char *buf, size_t cap)
         {"ztrain_server_commit_seconds_total", "counter", "Time spent in commits."},
         {"ztrain_server_store_bytes", "gauge", "Bytes of master weights and Adam moments in the store (both slots)."},
         {"ztrain_server_ram_bytes", "gauge", "Bytes of RAM the run holds on this server."},
+        {"ztrain_server_delivered_bytes_total", "counter", "Parameter bytes commits wrote straight into the "
+         "memory of standing pulls (counted in the pulled bytes too)."},
     };
     for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
         append(buf, cap, &len, "# HELP %s %s\n# TYPE %s %s\n", m[k].name, m[k].help, m[k].name, m[k].type);
@@ -1666,7 +1758,8 @@ size_t zt_server_core_metrics_text(zt_server_core *core, char *buf, size_t cap)
             case 6: append(buf, cap, &len, "%.9g\n", s->last_commit_s); break;
             case 7: append(buf, cap, &len, "%.9g\n", s->total_commit_s); break;
             case 8: append(buf, cap, &len, "%" PRIu64 "\n", s->store_bytes); break;
-            default: append(buf, cap, &len, "%" PRIu64 "\n", s->ram_bytes); break;
+            case 9: append(buf, cap, &len, "%" PRIu64 "\n", s->ram_bytes); break;
+            default: append(buf, cap, &len, "%" PRIu64 "\n", s->bytes_delivered); break;
             }
         }
     }

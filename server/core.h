@@ -25,7 +25,8 @@
  *
  * Memory. A RAM-tier server holds, per owned parameter: master, m and v twice (the committed state and
  * the one being written by a commit: 24 bytes), the pushed gradient (up to 4 bytes) and the pulled
- * low-precision parameters twice (2 x 2 bytes for F16/BF16). The NVMe tier keeps master/m/v (both
+ * low-precision parameters twice (2 x 2 bytes for F16/BF16; a commit writes those of a shard whose pulls stand
+ * in the worker's memory there instead, zt_server_core_pull_standing). The NVMe tier keeps master/m/v (both
  * copies) on disk and only the gradient, the low-precision parameters and a few blocks of staging in RAM. */
 #ifndef ZT_SERVER_CORE_H
 #define ZT_SERVER_CORE_H
@@ -222,9 +223,36 @@ int zt_server_core_wait_block(zt_server_core *core, const char *run_id, int64_t 
 
 /* Copies n low-precision parameters (the run's param_dtype) of shard `shard` of block `block` after step
  * `step`, starting at element `offset` of the shard, into out (n * dtype size bytes, caller's). Waits as
- * zt_server_core_wait_block does. Returns 0 or a negative code as push does and wait_block does. */
+ * zt_server_core_wait_block does. Returns 0 or a negative code as push does and wait_block does. A pull of the
+ * whole shard ends the place a standing pull of it named (below). */
 int zt_server_core_pull(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
                         uint64_t offset, uint64_t n, void *out, int timeout_ms, zt_err *err);
+
+/* Places that pulls may stand in: memory of the worker that pulls, which the caller of the core (the state
+ * service: a client's shared-memory segment) maps and names by id. get returns bytes [off, off + len) of place
+ * `id` with a reference taken, or NULL when the place is gone (the client gave it up, or its bytes do not lie
+ * there); put gives the reference back. Both may be called from the thread of any commit. */
+typedef struct zt_server_pull_places {
+    void *(*get)(void *user, uint64_t id, uint64_t off, uint64_t len);
+    void (*put)(void *user, uint64_t id);
+    void *user;
+} zt_server_pull_places;
+
+/* Sets (places != NULL) or removes the places standing pulls name; call it while no pull or commit runs (the
+ * state service does at its creation and destruction). Removing them ends every standing pull. */
+void zt_server_core_set_pull_places(zt_server_core *core, const zt_server_pull_places *places);
+
+/* zt_server_core_pull into out, which is bytes [off, off + n * dtype size) of place `id`, where the pull stands
+ * when it is a pull of the whole shard (offset 0, the shard's n elements) on a RAM-tier core with places set:
+ * the commits after it write the shard's new low-precision parameters straight there during their update,
+ * instead of into the core's own copy (made again from the masters when another pull needs it), and a pull of
+ * such a step into the same place finds them there and copies nothing (*delivered true, else false). The
+ * worker must not write that memory from its first push of a step until its pull of that step has returned. A
+ * pull of the shard into another place, or a place that is gone at a commit, ends it. Returns as
+ * zt_server_core_pull. */
+int zt_server_core_pull_standing(zt_server_core *core, const char *run_id, int64_t step, int block, int shard,
+                                 uint64_t offset, uint64_t n, void *out, uint64_t id, uint64_t off, int timeout_ms,
+                                 bool *delivered, zt_err *err);
 
 /* One owned shard's fp32 state for zt_server_core_load_state: master weights, m and v, each the shard's
  * zt_server_shard_numel elements (padding included), borrowed for the call. */
@@ -317,7 +345,8 @@ typedef struct zt_server_run_stats {
     int64_t commits;            /* commits applied, overflowed ones included */
     int64_t skipped_steps;      /* overflowed commits */
     uint64_t bytes_pushed;      /* gradient and parameter bytes received */
-    uint64_t bytes_pulled;      /* parameter bytes sent */
+    uint64_t bytes_pulled;      /* parameter bytes sent (those delivered by a commit included) */
+    uint64_t bytes_delivered;   /* parameter bytes commits wrote straight into the places of standing pulls */
     double last_commit_s;       /* seconds of the last commit */
     double total_commit_s;
     uint64_t store_bytes;       /* bytes of master/m/v held in the store (both copies) */

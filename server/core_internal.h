@@ -30,6 +30,11 @@ typedef struct zt__pair {
     zt__ivset init_cov;      /* elements of the initial parameters that arrived */
     bool init_done;          /* the initial parameters (or a snapshot's) are in the committed slot */
     void *lowp[2];           /* n elements of the run's param_dtype per slot */
+    bool lowp_stale[2];      /* lowp[slot] was not written by the update that made the slot: it wrote the place of
+                                the standing pull instead (made again from the slot's masters when read) */
+    uint64_t place_id;       /* the place the shard's pulls stand in (zt_server_core_pull_standing); 0: none */
+    uint64_t place_off;      /* its byte in that place */
+    int64_t delivered_step;  /* the step whose commit wrote the place, 0 when none has since that commit began */
 } zt__pair;
 
 /* What a run is busy with on its stored state (one at a time). */
@@ -93,6 +98,7 @@ struct zt_server_core {
     int cap;
     uint64_t ram_bytes;
     int fail_write_in;        /* test hook: fail the n-th store write from now; 0 = off */
+    zt_server_pull_places places; /* zt_server_core_set_pull_places; places.get NULL: none */
 };
 
 /* Finds run_id and takes a reference (release with zt__run_release), or returns -ENOENT with a message. */

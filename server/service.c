@@ -319,6 +319,7 @@ static int attach_shm(zt_rpc_call_t *call, zt_service_t *svc, const ProtobufCMes
                                     .pid = req->pid};
             resp.attached = 1;
             resp.segment = e->id;
+            resp.pulls_checked = 1; /* pull_shm */
         }
         pthread_mutex_unlock(&svc->shm_mu);
         if (e == NULL) {
@@ -671,8 +672,46 @@ static int pull_timeout_ms(const zt_rpc_call_t *call, const Ztrain__V1__PullPara
     return timeout_ms;
 }
 
+/* The places of standing pulls (server/core.h): bytes of an attached segment, with a reference taken. */
+static void *place_get(void *user, uint64_t id, uint64_t off, uint64_t len)
+{
+    zt_service_t *svc = user;
+    struct shm_entry *e = shm_get(svc, id);
+    void *p = e != NULL ? zt_shm_span(e->shm, off, len) : NULL;
+    if (e != NULL && p == NULL)
+        shm_put(svc, e);
+    return p;
+}
+
+static void place_put(void *user, uint64_t id)
+{
+    zt_service_t *svc = user;
+    struct shm_entry *e = NULL;
+    pthread_mutex_lock(&svc->shm_mu); /* the reference place_get took keeps the entry, given up or not */
+    for (int i = 0; i < ZT_SERVICE_MAX_SHM && e == NULL; i++)
+        if (svc->shm[i].id == id && svc->shm[i].refs > 0)
+            e = &svc->shm[i];
+    pthread_mutex_unlock(&svc->shm_mu);
+    ZT_ASSERT(e != NULL);
+    shm_put(svc, e);
+}
+
+/* Whether the client gave segment e up (DetachShm) while a call still holds it. */
+static int shm_given_up(zt_service_t *svc, const struct shm_entry *e)
+{
+    pthread_mutex_lock(&svc->shm_mu);
+    const int gone = e->gone;
+    pthread_mutex_unlock(&svc->shm_mu);
+    return gone;
+}
+
 /* A pull into the client's shared-memory segment: every range straight from the core into the segment, one
- * after the other from shm_offset, each checked against the segment first; no ParamChunk is sent. */
+ * after the other from shm_offset, each checked against the segment first; no ParamChunk is sent. The segment
+ * may be the client's own memory, where its weights live (not a slot): the handler waits for the block first
+ * and writes only if the client has not given the segment up meanwhile, which a client does at once after a
+ * call that failed (one it stopped waiting for, say) and before it moves on to newer bytes in that memory.
+ * A standing pull of one whole shard stays there (zt_server_core_pull_standing): the commits after it write
+ * the shard straight into that memory, and its pull of such a step copies nothing. */
 static int pull_shm(zt_rpc_call_t *call, zt_service_t *svc, const Ztrain__V1__PullParamsRequest *req, size_t es)
 {
     struct shm_entry *e = shm_get(svc, req->shm_segment);
@@ -691,10 +730,24 @@ static int pull_shm(zt_rpc_call_t *call, zt_service_t *svc, const Ztrain__V1__Pu
                                     req->shm_segment, ZT_SHM_HEAD_BYTES, zt_shm_size(e->shm));
             break;
         }
-        int rc = req->masters ? zt_server_core_read_masters(svc->core, req->run, req->step, r->block, r->shard,
-                                                            r->offset, r->count, dst, &err)
-                              : zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset,
-                                                    r->count, dst, pull_timeout_ms(call, req), &err);
+        int rc = req->masters ? 0 : zt_server_core_wait_block(svc->core, req->run, req->step, r->block,
+                                                               pull_timeout_ms(call, req), &err);
+        if (rc == 0 && shm_given_up(svc, e)) {
+            code = zt_rpc_call_fail(call, ZT_RPC_ABORTED, "PullParams: the client gave shared-memory segment %"
+                                    PRIu64 " up while this pull waited; nothing was written", req->shm_segment);
+            break;
+        }
+        bool delivered;
+        if (rc == 0 && req->masters)
+            rc = zt_server_core_read_masters(svc->core, req->run, req->step, r->block, r->shard, r->offset, r->count,
+                                             dst, &err);
+        else if (rc == 0 && req->standing && req->n_ranges == 1)
+            rc = zt_server_core_pull_standing(svc->core, req->run, req->step, r->block, r->shard, r->offset, r->count,
+                                              dst, req->shm_segment, at, pull_timeout_ms(call, req), &delivered,
+                                              &err);
+        else if (rc == 0)
+            rc = zt_server_core_pull(svc->core, req->run, req->step, r->block, r->shard, r->offset, r->count, dst,
+                                     pull_timeout_ms(call, req), &err);
         if (rc != 0)
             code = core_fail(call, rc, &err);
         at += r->count * es;
@@ -938,6 +991,8 @@ int zt_service_create(zt_server_core *core, const struct zt_service_options *opt
         svc->shm_off = opt->shm_off;
     }
     pthread_mutex_init(&svc->shm_mu, NULL);
+    const zt_server_pull_places places = {.get = place_get, .put = place_put, .user = svc};
+    zt_server_core_set_pull_places(core, &places);
     *out = svc;
     return 0;
 }
@@ -977,6 +1032,7 @@ void zt_service_destroy(zt_service_t *svc)
 {
     if (svc == NULL)
         return;
+    zt_server_core_set_pull_places(svc->core, NULL);
     for (int i = 0; i < ZT_SERVICE_MAX_SHM; i++)
         zt_shm_destroy(svc->shm[i].shm);
     pthread_mutex_destroy(&svc->shm_mu);

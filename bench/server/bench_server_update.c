@@ -10,7 +10,16 @@
  *   server       zt_server_core_commit of a run registered with the same blocks, RAM store, W = 1: the
  *                server's update from its committed slot into the other one (the commit's own seconds);
  *                the gradient pushes that precede every commit (zt_server_core_push_grad, one chunk per
- *                block, as an shm push stores them) are timed apart ("push").
+ *                block, as an shm push stores them) are timed apart ("push");
+ *   pulls        the same commit while one more thread pulls every block as soon as the update has it
+ *                (zt_server_core_pull, which waits for it), into a worker's bf16 weights as the state service
+ *                does on one host: "through a slot", the server's copy into a 16 MiB slot of a shared-memory
+ *                segment and the worker's copy out of it (a pull into private memory), "in place", the
+ *                server's copy straight into the weights (a pull into the client's shared memory), or
+ *                "standing", the update itself writing the bf16 weights there and the pull copying nothing
+ *                (zt_server_core_pull_standing, what a pull into the client's shared memory does from the
+ *                second step on). Each gives the commit's seconds beside the pulls and the seconds until the
+ *                last block was in the weights ("+ pulls"), from the commit's start.
  *
  * Each variant runs ITERS updates after one warm-up (which takes the pages) for each thread count, and prints
  * one line "bench_server_update variant=... threads=... best_s=... ns_param=... gb_s=..." and then a table.
@@ -179,9 +188,73 @@ static double bench_arrays(const layout *L, enum zt_dtype gdt, int threads, int 
     return best;
 }
 
-/* Times `iters` commits of a run of the layout on a RAM-tier core; the best push time of a step goes into
- * *push_s. Returns the best seconds of the commit's update (its own clock, zt_server_commit_result.seconds). */
-static double bench_server(const layout *L, enum zt_dtype gdt, int threads, int iters, double *push_s)
+/* How bench_server's pull thread moves every block into the worker's weights beside the commit. */
+enum pull_mode {
+    PULLS_NONE = 0,
+    PULLS_SLOT = 1,     /* into a 16 MiB slot, then copied out of it */
+    PULLS_IN_PLACE = 2, /* straight into the weights */
+    PULLS_STANDING = 3, /* standing in the weights: the update writes them there */
+};
+
+#define SLOT_BYTES ((size_t)16 << 20) /* ZT_STATE_CLIENT_SHM_SLOT_BYTES */
+
+/* The pull thread of one commit: every block of `step` in order, as soon as the update has it. */
+struct puller {
+    zt_server_core *core;
+    const layout *L;
+    int64_t step;
+    enum pull_mode mode;
+    unsigned short *weights; /* L->n bf16 */
+    unsigned short *slot;    /* SLOT_BYTES */
+    double t_done;
+};
+
+/* The place (id 1) of the standing pulls: the weights of the puller. */
+static void *place_get(void *user, uint64_t id, uint64_t off, uint64_t len)
+{
+    struct puller *p = user;
+    return id == 1 && off + len <= p->L->n * 2 ? (char *)p->weights + off : NULL;
+}
+
+static void place_put(void *user, uint64_t id)
+{
+    (void)user;
+    (void)id;
+}
+
+static void *pull_main(void *arg)
+{
+    struct puller *p = arg;
+    const uint64_t bn = p->L->block_numel, per = SLOT_BYTES / 2;
+    zt_err err = {{0}};
+    for (int b = 0; b < p->L->nblocks; b++) {
+        unsigned short *dst = p->weights + (uint64_t)b * bn;
+        if (p->mode == PULLS_STANDING) {
+            bool delivered;
+            if (zt_server_core_pull_standing(p->core, "bench", p->step, b, 0, 0, bn, dst, 1, (uint64_t)b * bn * 2,
+                                             600000, &delivered, &err) != 0)
+                die("pull", &err);
+            continue;
+        }
+        for (uint64_t off = 0; off < bn; off += p->mode == PULLS_SLOT ? per : bn) {
+            const uint64_t k = p->mode == PULLS_SLOT && bn - off > per ? per : bn - off;
+            void *into = p->mode == PULLS_SLOT ? (void *)p->slot : (void *)(dst + off);
+            if (zt_server_core_pull(p->core, "bench", p->step, b, 0, off, k, into, 600000, &err) != 0)
+                die("pull", &err);
+            if (p->mode == PULLS_SLOT)
+                memcpy(dst + off, p->slot, k * 2);
+        }
+    }
+    p->t_done = now();
+    return NULL;
+}
+
+/* Times `iters` commits of a run of the layout on a RAM-tier core, with the pulls of `mode` beside each; the
+ * best push time of a step goes into *push_s, the best time from a commit's start to its last pulled block
+ * into *pulled_s (with pulls). Returns the best seconds of the commit's update (its own clock,
+ * zt_server_commit_result.seconds). */
+static double bench_server(const layout *L, enum zt_dtype gdt, int threads, int iters, enum pull_mode mode,
+                           double *push_s, double *pulled_s)
 {
     zt_err err = {{0}};
     zt_server_core *core;
@@ -219,7 +292,15 @@ static double bench_server(const layout *L, enum zt_dtype gdt, int threads, int 
         if (zt_server_core_push_params(core, "bench", &c, &err) != 0)
             die("push_params", &err);
     }
-    double best = 1e30, best_push = 1e30;
+    struct puller pl = {.core = core, .L = L, .mode = mode};
+    if (mode != PULLS_NONE) {
+        pl.weights = (unsigned short *)huge_calloc(L->n, 2);
+        pl.slot = (unsigned short *)huge_calloc(SLOT_BYTES / 2, 2);
+    }
+    const zt_server_pull_places places = {.get = place_get, .put = place_put, .user = &pl};
+    if (mode == PULLS_STANDING)
+        zt_server_core_set_pull_places(core, &places);
+    double best = 1e30, best_push = 1e30, best_pulled = 1e30;
     for (int it = 0; it <= iters; it++) {
         double t0 = now();
         for (int b = 0; b < L->nblocks; b++) {
@@ -228,17 +309,29 @@ static double bench_server(const layout *L, enum zt_dtype gdt, int threads, int 
                 die("push_grad", &err);
         }
         double tp = now() - t0;
+        pthread_t th;
+        pl.step = it + 1;
+        if (mode != PULLS_NONE && pthread_create(&th, NULL, pull_main, &pl) != 0)
+            die("cannot start the pull thread", NULL);
         zt_server_commit_args a = {.step = it + 1, .grad_norm = 1.0, .clip_coef = 1.0f, .lr = 1e-4f};
         zt_server_commit_result res;
+        const double tc = now();
         if (zt_server_core_commit(core, "bench", &a, &res, &err) != 0)
             die("commit", &err);
+        if (mode != PULLS_NONE)
+            pthread_join(th, NULL);
         if (it > 0 && res.seconds < best)
             best = res.seconds;
         if (it > 0 && tp < best_push)
             best_push = tp;
+        if (it > 0 && mode != PULLS_NONE && pl.t_done - tc < best_pulled)
+            best_pulled = pl.t_done - tc;
     }
     *push_s = best_push;
+    *pulled_s = best_pulled;
     zt_server_core_destroy(core);
+    free(pl.weights);
+    free(pl.slot);
     free(init);
     free(grad);
     free(ranges);
@@ -279,6 +372,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < copiers; k++)
         if (pthread_create(&copy_th[k], NULL, copy_main, NULL) != 0)
             die("cannot start a copy thread", NULL);
+    enum { PER = 10 }; /* rows per thread count, the embedded one first */
     struct row {
         const char *variant;
         int threads;
@@ -286,14 +380,24 @@ int main(int argc, char **argv)
     } rows[64];
     int nrows = 0;
     char *tl = strdup(tlist);
-    for (char *tok = strtok(tl, ","); tok && nrows + 4 <= 64; tok = strtok(NULL, ",")) {
+    for (char *tok = strtok(tl, ","); tok && nrows + PER <= 64; tok = strtok(NULL, ",")) {
         int th = atoi(tok);
-        double push = 0;
+        double push = 0, pulled = 0, slot_s, place_s;
         rows[nrows++] = (struct row){"embedded (in place)", th, bench_arrays(&L, gdt, th, iters, 0)};
         rows[nrows++] = (struct row){"two-slot kernel (arrays)", th, bench_arrays(&L, gdt, th, iters, 1)};
-        rows[nrows++] = (struct row){"server core commit", th, bench_server(&L, gdt, th, iters, &push)};
+        rows[nrows++] = (struct row){"server core commit", th, bench_server(&L, gdt, th, iters, PULLS_NONE, &push,
+                                                                            &pulled)};
         rows[nrows++] = (struct row){"server core push (memcpy)", th, push};
-        for (int k = nrows - 4; k < nrows; k++)
+        slot_s = bench_server(&L, gdt, th, iters, PULLS_SLOT, &push, &pulled);
+        rows[nrows++] = (struct row){"server commit beside pulls through a slot", th, slot_s};
+        rows[nrows++] = (struct row){"server commit + pulls through a slot", th, pulled};
+        place_s = bench_server(&L, gdt, th, iters, PULLS_IN_PLACE, &push, &pulled);
+        rows[nrows++] = (struct row){"server commit beside pulls in place", th, place_s};
+        rows[nrows++] = (struct row){"server commit + pulls in place", th, pulled};
+        place_s = bench_server(&L, gdt, th, iters, PULLS_STANDING, &push, &pulled);
+        rows[nrows++] = (struct row){"server commit writing standing pulls", th, place_s};
+        rows[nrows++] = (struct row){"server commit + pulls standing", th, pulled};
+        for (int k = nrows - PER; k < nrows; k++)
             printf("bench_server_update variant=\"%s\" threads=%d best_s=%.4f ns_param=%.3f gb_s=%.2f\n",
                    rows[k].variant, rows[k].threads, rows[k].s, 1e9 * rows[k].s / (double)L.n, bytes / rows[k].s / 1e9);
         fflush(stdout);
@@ -306,7 +410,7 @@ int main(int argc, char **argv)
            24.0 + (double)zt_dtype_size(gdt) + 2.0);
     printf("|---|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < nrows; k++) {
-        double base = rows[k - k % 4].s;
+        double base = rows[k - k % PER].s;
         printf("| %s | %d | %.4f | %.3f | %.2f | %.2fx |\n", rows[k].variant, rows[k].threads, rows[k].s,
                1e9 * rows[k].s / (double)L.n, bytes / rows[k].s / 1e9, rows[k].s / base);
     }

@@ -23,8 +23,11 @@
      of placement server (overlapped: pushes during the backward, pulls behind the servers' update and into
      the next forward) with the same ranks against 1 and against 2 servers: the same losses and the same
      final weights; both with the bytes through shared memory (the default on one host, the step breakdown
-     says "via shared memory") and over TCP (--server-shm off, or a ztrain-server --shm off that refuses it,
-     which one INFO line names);
+     says "via shared memory"; the servers read the pushes from the ranks' host gradients and write the pulls
+     into their weights, so the breakdown counts no pulled byte copied by a rank, and the pulls stand there:
+     every server's commits after the first write the new weights there during their update, GET /metrics
+     ztrain_server_delivered_bytes_total) and over TCP (--server-shm off, or a ztrain-server --shm off that
+     refuses it, which one INFO line names);
   9. a run that will checkpoint against a server without --snapshot-dir is refused before the model is
      built, naming the server and --snapshot-dir.
 The pauses are rank 0 waiting for a line on a FIFO (ZT_TEST_PAUSE in tests/runtime/train_rank.c, a
@@ -40,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "proto"))
@@ -48,6 +52,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 import zt_testlib as t  # noqa: E402  (free port, time limit, summary)
 
 STEPS = 8
+
+
+def metric(srv, name):
+    """The sum of one counter over the runs of a ztrain-server's GET /metrics (started with --metrics-listen)."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % srv.metrics_port, timeout=10) as r:
+        body = r.read().decode()
+    return sum(int(float(l.rsplit(" ", 1)[1])) for l in body.splitlines() if l.startswith(name + "{"))
 
 
 def check(cond, what, log=""):
@@ -224,7 +235,8 @@ def main():
         for nproc, nsrv, tcp_by in [(1, 1, None), (1, 2, None), (3, 2, None)] + tcp_runs:
             name = "w%ds%d" % (nproc, nsrv) + ("-tcp" if tcp_by else "")
             srvs = [server("%s-%d" % (name, i), ["--server-index", str(i), "--server-count", str(nsrv),
-                                                  "--snapshot-dir", os.path.join(work, "snap-" + name)] +
+                                                  "--snapshot-dir", os.path.join(work, "snap-" + name),
+                                                  "--metrics-listen", "127.0.0.1:0"] +
                            (["--shm", "off"] if tcp_by == "server" else []))
                     for i in range(nsrv)]
             j = train(name, ",".join("127.0.0.1:%d" % x.port for x in srvs), nproc=nproc,
@@ -242,12 +254,27 @@ def main():
                       "(via TCP)" not in text, "%s: the bytes move through shared memory, and the breakdown says so"
                       % name, text)
                 check(text.count("gradient pushes read by the server from this process's host gradient") == nproc * nsrv
-                      and "gradient pushes copied" not in text,
+                      and "the segment of the host" not in text,
                       "%s: every rank's gradient pushes are read by every server where they lie (no slot copy)" % name,
                       text)
+                check(text.count("pulls written by the server into this process's host weights") == nproc * nsrv,
+                      "%s: every server writes every rank's pulls into its weights (no slot copy)" % name, text)
+                copied = re.findall(r"worker copies ([0-9.]+ [KMGT]?i?B) in", text)
+                check(len(copied) > 0 and all(c == "0 B" for c in copied),
+                      "%s: the step breakdown says the ranks copied none of the pulled bytes" % name, text)
+                delivered = [metric(x, "ztrain_server_delivered_bytes_total") for x in srvs]
+                pulled = [metric(x, "ztrain_server_pulled_bytes_total") for x in srvs]
+                check(all(0 < d < p for d, p in zip(delivered, pulled)),
+                      "%s: the pulls stand in the ranks' weights: every server's commits after the first wrote them "
+                      "there (delivered %s of pulled %s bytes)" % (name, delivered, pulled), text)
+            elif tcp_by == "client":
+                check(sum(metric(x, "ztrain_server_delivered_bytes_total") for x in srvs) == 0,
+                      "%s: over TCP no commit writes into a rank's memory" % name, text)
             else:
                 check("(via TCP)" in text and "(via shared memory)" not in text,
                       "%s: the bytes move over TCP, and the breakdown says so" % name, text)
+                check(any(c != "0 B" for c in re.findall(r"worker copies ([0-9.]+ [KMGT]?i?B) in", text)),
+                      "%s: the step breakdown counts the pulled bytes copied out of the TCP messages" % name, text)
             if tcp_by == "server":
                 check("pushes and pulls over TCP: this server was started with --shm off" in text,
                       "%s: one line says the server refused shared memory" % name, text)

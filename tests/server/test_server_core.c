@@ -1207,6 +1207,131 @@ static void test_large_shards_threads_ram_and_nvme(void **state)
     zt_server_core_destroy(core[1]);
 }
 
+/* ---- pulls that stand in the worker's memory ---- */
+
+/* One place (id 7) over a flat buffer that holds every shard's low-precision parameters, shard after shard. */
+typedef struct place {
+    uint8_t *buf;
+    uint64_t bytes;
+    bool gone;  /* get answers NULL */
+    int held;   /* references get took and put did not give back */
+} place;
+
+static void *place_get(void *user, uint64_t id, uint64_t off, uint64_t len)
+{
+    place *pl = user;
+    if (id != 7 || pl->gone || off > pl->bytes || len > pl->bytes - off)
+        return NULL;
+    pl->held++;
+    return pl->buf + off;
+}
+
+static void place_put(void *user, uint64_t id)
+{
+    place *pl = user;
+    assert_int_equal(id, 7);
+    pl->held--;
+}
+
+/* The byte of shard sh of block b in the place, and the bytes of one such shard. */
+static uint64_t place_off(int b, int sh, size_t es)
+{
+    uint64_t off = 0;
+    for (int k = 0; k < b; k++)
+        off += zt_server_shard_numel(k_numel[k], W) * W * es;
+    return off + (uint64_t)sh * zt_server_shard_numel(k_numel[b], W) * es;
+}
+
+/* Pulls every shard of `step` standing in the place (or, plain, into it without standing), checks that the
+ * commit had written them there (delivered) or not, and that the place holds the reference's parameters. */
+static void pull_into_place(zt_server_core *core, place *pl, const ref *r, int64_t step, bool plain, bool delivered)
+{
+    const size_t es = 2;
+    for (int b = 0; b < NB; b++) {
+        uint64_t n = zt_server_shard_numel(k_numel[b], W);
+        for (int sh = 0; sh < W; sh++) {
+            zt_err err = {0};
+            const uint64_t off = place_off(b, sh, es);
+            bool got = false;
+            if (plain)
+                must(zt_server_core_pull(core, k_run, step, b, sh, 0, n, pl->buf + off, 0, &err), &err);
+            else
+                must(zt_server_core_pull_standing(core, k_run, step, b, sh, 0, n, pl->buf + off, 7, off, 0, &got,
+                                                  &err), &err);
+            if (got != delivered)
+                fail_msg("step %lld block %d shard %d: delivered by the commit %d, expected %d", (long long)step, b,
+                         sh, got, delivered);
+            float *exp = shard_of(r->p[b], b, sh);
+            uint16_t *want = malloc(n * es);
+            must(zt_cpu_adam_convert(want, ZT_DTYPE_BF16, exp, n, 1, &err), &err);
+            assert_memory_equal(pl->buf + off, want, n * es);
+            free(want);
+            free(exp);
+        }
+    }
+}
+
+/* Standing pulls on a RAM-tier core with places: the first pull of each shard is a copy that stands in the
+ * place; the commits after it write the bf16 parameters straight there and the pulls of their steps copy
+ * nothing, with the bits of the reference; an overflowed step (no update) and a plain pull after a delivered
+ * step are served from the core's copy, made again from the masters (the same bits); the plain pull ends the
+ * standing place (the next commit writes the core's copy), a standing pull makes it stand again; a place that
+ * is gone at a commit gets nothing (the core's copy is written) and ends it; removing the places ends them
+ * all. Every reference a commit took is given back, and the delivered bytes are counted. */
+static void test_standing_pulls_ram(void **state)
+{
+    (void)state;
+    cluster c;
+    ref r;
+    cluster_create(&c, 1, ZT_SERVER_STORE_RAM);
+    ref_init(&r, 11);
+    zt_server_core *core = c.core[0];
+    place pl = {0};
+    pl.bytes = place_off(NB, 0, 2);
+    pl.buf = calloc(pl.bytes, 1);
+    const zt_server_pull_places places = {.get = place_get, .put = place_put, .user = &pl};
+    zt_server_core_set_pull_places(core, &places);
+    cluster_register(&c, ZT_DTYPE_BF16);
+    push_all(&c, &r, true, 0, 7);
+    pull_into_place(core, &pl, &r, 0, false, false); /* stands from here on */
+    uint64_t per_step = 0;
+    for (int b = 0; b < NB; b++)
+        per_step += zt_server_shard_numel(k_numel[b], W) * W * 2;
+    /* delivered at steps 1, 3 (and 4, 6 after standing again); 2 overflows; a plain pull after 3; 5 is gone */
+    const bool want[7] = {false, true, false, true, false, false, true};
+    for (int s = 1; s <= 6; s++) {
+        ref_make_grads(&r, 300 + (uint64_t)s);
+        push_all(&c, &r, false, s, 400 + (uint64_t)s);
+        const bool overflow = s == 2;
+        pl.gone = s == 5;
+        commit_all(&c, s, 1e-3f, 1.0f, overflow);
+        pl.gone = false;
+        if (!overflow)
+            ref_step(&r, 1e-3f, 1.0f);
+        assert_int_equal(pl.held, 0);
+        pull_into_place(core, &pl, &r, s, false, want[s]);
+        if (s == 3) {
+            pull_into_place(core, &pl, &r, s, true, false); /* the core's copy, made again; ends the place */
+            ref_make_grads(&r, 500);
+            push_all(&c, &r, false, 4, 600);
+            commit_all(&c, 4, 1e-3f, 1.0f, false);
+            ref_step(&r, 1e-3f, 1.0f);
+            pull_into_place(core, &pl, &r, 4, false, false); /* a copy, which stands again */
+            s = 4;
+        }
+    }
+    zt_server_run_stats st;
+    zt_err err = {0};
+    must(zt_server_core_stats(core, k_run, &st, &err), &err);
+    assert_int_equal(st.bytes_delivered, 3 * per_step); /* steps 1, 3 and 6 */
+    /* no places: a standing pull of step 6 again is a copy */
+    zt_server_core_set_pull_places(core, NULL);
+    pull_into_place(core, &pl, &r, 6, false, false);
+    free(pl.buf);
+    ref_free(&r);
+    cluster_destroy(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1231,6 +1356,7 @@ int main(void)
         cmocka_unit_test(test_snapshot_save_keep_and_metrics),
         cmocka_unit_test(test_snapshot_checkpoints_kept_apart),
         cmocka_unit_test(test_large_shards_threads_ram_and_nvme),
+        cmocka_unit_test(test_standing_pulls_ram),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

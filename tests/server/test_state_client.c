@@ -330,9 +330,13 @@ static void restart_service(struct fixture *f, int shm_off)
 /* Block 0 is larger than a slot (ZT_STATE_CLIENT_SHM_SLOT_BYTES): its pieces take several slots. */
 enum { SHM_N0 = (ZT_STATE_CLIENT_SHM_SLOT_BYTES / 4) * 5 / 4 + 3, SHM_N1 = 37 };
 
+/* What shm_steps_from keeps in the client's shared host memory (zt_state_client_shared_alloc). */
+enum { SHARED_GRAD = 1, SHARED_WEIGHTS = 2 };
+
 /* Two steps of run "shm" (W = 1, fp32) through f->client; restart: the service restarts (core kept) after
- * step 1; shared: the gradients are pushed from the client's shared host memory (zt_state_client_shared_alloc,
- * which must give some). Returns both blocks' parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
+ * step 1; shared: SHARED_GRAD, the gradients are pushed from the client's shared host memory; SHARED_WEIGHTS, the
+ * parameters are pulled into it (zt_state_client_shared_alloc, which must give some). Returns both blocks'
+ * parameters after step 2 (malloc'd, SHM_N0 + SHM_N1 floats). */
 static float *shm_steps_from(struct fixture *f, int restart, int shared)
 {
     zt_err err = {{0}};
@@ -341,9 +345,13 @@ static float *shm_steps_from(struct fixture *f, int restart, int shared)
     d.blocks = big;
     assert_int_equal(zt_state_client_register(f->client, &d, NULL, &err), 0);
     const uint64_t n[2] = {SHM_N0, SHM_N1};
-    float *x = malloc((SHM_N0 + SHM_N1) * sizeof(float));
-    float *g = shared ? zt_state_client_shared_alloc(f->client, SHM_N0 * sizeof(float), &err)
-                      : malloc(SHM_N0 * sizeof(float));
+    const size_t xbytes = (SHM_N0 + SHM_N1) * sizeof(float);
+    float *x = shared & SHARED_WEIGHTS ? zt_state_client_shared_alloc(f->client, xbytes, ZT_STATE_SHARED_WEIGHTS, &err)
+                                       : malloc(xbytes);
+    float *g = shared & SHARED_GRAD
+                   ? zt_state_client_shared_alloc(f->client, SHM_N0 * sizeof(float), ZT_STATE_SHARED_GRADIENT, &err)
+                   : malloc(SHM_N0 * sizeof(float));
+    assert_non_null(x);
     assert_non_null(g);
     for (int b = 0; b < 2; b++) {
         for (uint64_t i = 0; i < n[b]; i++)
@@ -362,15 +370,23 @@ static float *shm_steps_from(struct fixture *f, int restart, int shared)
         zt_server_commit_args a = {.step = step, .grad_norm = 1.0, .clip_coef = 1.0f, .lr = 1e-2f};
         if (zt_state_client_commit(f->client, "shm", &a, &err) != 0)
             fail_msg("commit: %s", err.msg);
-        memset(x, 0xff, (SHM_N0 + SHM_N1) * sizeof(float));
+        /* a pull that leaves a gap is caught, but weights in shared memory are the server's to write from the
+         * pushes of a step until its pull returns (the commit may have written them already) */
+        if (!(shared & SHARED_WEIGHTS))
+            memset(x, 0xff, (SHM_N0 + SHM_N1) * sizeof(float));
         assert_int_equal(zt_state_client_pull(f->client, "shm", step, 0, 0, 0, SHM_N0, x, &err), 0);
         assert_int_equal(zt_state_client_pull(f->client, "shm", step, 1, 0, 0, SHM_N1, x + SHM_N0, &err), 0);
     }
     float m[SHM_N1];
     assert_int_equal(zt_state_client_pull_masters(f->client, "shm", 2, 1, 0, 0, SHM_N1, m, &err), 0);
     assert_memory_equal(m, x + SHM_N0, sizeof(m));
-    if (!shared)
+    if (!(shared & SHARED_GRAD))
         free(g); /* the shared memory is the client's */
+    if (shared & SHARED_WEIGHTS) {
+        float *copy = malloc(xbytes);
+        memcpy(copy, x, xbytes);
+        x = copy;
+    }
     return x;
 }
 
@@ -449,6 +465,71 @@ static void test_shared_memory_transport(void **state)
     free(want);
 }
 
+/* The pulled bytes this client copied itself (zt_state_client_pull_copies). */
+static uint64_t pull_copied(struct fixture *f)
+{
+    uint64_t bytes;
+    double seconds;
+    zt_state_client_pull_copies(f->client, &bytes, &seconds);
+    assert_true(seconds >= 0.0);
+    return bytes;
+}
+
+/* The reference: shm_steps through an embedded client (in place of f's for the call), which has no shared
+ * memory of either kind to give and copies no pulled byte itself. */
+static float *embedded_steps(struct fixture *f, enum zt_state_shared what)
+{
+    zt_err err = {{0}};
+    struct zt_state_client_options eopt = {0};
+    zt_state_client_t *saved = f->client;
+    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, what, &err));
+    float *want = shm_steps(f, 0);
+    assert_int_equal(pull_copied(f), 0);
+    zt_state_client_destroy(f->client);
+    f->client = saved;
+    return want;
+}
+
+/* The parameter bytes the served core's commits wrote straight into the places of standing pulls of run "shm". */
+static uint64_t delivered(struct fixture *f)
+{
+    zt_err err = {{0}};
+    zt_server_run_stats st;
+    assert_int_equal(zt_server_core_stats(f->core, "shm", &st, &err), 0);
+    return st.bytes_delivered;
+}
+
+/* What one run of shm_steps_from must count; -1 leaves a field unchecked. */
+struct counts {
+    int uses_shm;              /* the server is reached through shared memory */
+    int64_t in_place;          /* push bytes read where they lie */
+    int64_t pulled_in_place;   /* pull bytes written where they land */
+    int64_t copied;            /* pulled bytes the client copied */
+    int64_t delivered;         /* pulled bytes the server's commits wrote */
+};
+
+/* Runs shm_steps_from(f, restart, shared), checks the parameters against want (the embedded reference) and the
+ * counts against *want_counts, and drops the run. */
+static void steps_count(struct fixture *f, int restart, int shared, const float *want, struct counts want_counts)
+{
+    float *got = shm_steps_from(f, restart, shared);
+    const struct counts *w = &want_counts;
+    if (w->uses_shm >= 0)
+        assert_int_equal(zt__state_client_uses_shm(f->client, 0), w->uses_shm);
+    if (w->in_place >= 0)
+        assert_int_equal(zt__state_client_bytes_in_place(f->client), w->in_place);
+    if (w->pulled_in_place >= 0)
+        assert_int_equal(zt__state_client_bytes_pulled_in_place(f->client), w->pulled_in_place);
+    if (w->copied >= 0)
+        assert_int_equal(pull_copied(f), w->copied);
+    if (w->delivered >= 0)
+        assert_int_equal(delivered(f), w->delivered);
+    assert_memory_equal(got, want, (SHM_N0 + SHM_N1) * sizeof(float));
+    free(got);
+    drop_run(f);
+}
+
 /* Gradients pushed from the client's shared host memory: the server reads them where they lie (every pushed
  * byte counted as read in place, none copied into a slot), and the parameters are the bits of embedded mode,
  * with one and three streams (pieces over two slots' worth of bytes), and after a restart of the service,
@@ -458,45 +539,66 @@ static void test_shared_gradient_memory(void **state)
 {
     struct fixture *f = *state;
     zt_err err = {{0}};
-    struct zt_state_client_options eopt = {0};
-    zt_state_client_t *saved = f->client;
-    assert_int_equal(zt_state_client_create(&eopt, &f->client, &err), 0);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, &err)); /* embedded: none */
-    float *want = shm_steps(f, 0);
-    zt_state_client_destroy(f->client);
-    f->client = saved;
-    const size_t bytes = (SHM_N0 + SHM_N1) * sizeof(float);
-    const uint64_t pushed = 2 * bytes; /* two steps of both blocks' gradients */
-
+    float *want = embedded_steps(f, ZT_STATE_SHARED_GRADIENT);
+    const int64_t pushed = 2 * (int64_t)((SHM_N0 + SHM_N1) * sizeof(float)); /* two steps of both blocks */
     const int streams[2] = {1, 3};
     for (int i = 0; i < 2; i++) {
         reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
-        float *got = shm_steps_from(f, 0, 1);
-        assert_int_equal(zt__state_client_uses_shm(f->client, 0), 1);
-        assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
-        assert_memory_equal(got, want, bytes);
-        free(got);
-        drop_run(f);
+        steps_count(f, 0, SHARED_GRAD, want, (struct counts){1, pushed, 0, -1, -1});
     }
     /* the service restarts after step 1: step 2's pushes meet an unknown segment, offer the memory again */
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    float *got = shm_steps_from(f, 1, 1);
-    assert_int_equal(zt__state_client_bytes_in_place(f->client), pushed);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
+    steps_count(f, 1, SHARED_GRAD, want, (struct counts){-1, pushed, -1, -1, -1});
     /* a server that refuses shared memory: TCP from the same memory */
     restart_service(f, 1);
     reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
-    got = shm_steps_from(f, 0, 1);
-    assert_int_equal(zt__state_client_uses_shm(f->client, 0), 0);
-    assert_int_equal(zt__state_client_bytes_in_place(f->client), 0);
-    assert_memory_equal(got, want, bytes);
-    free(got);
-    drop_run(f);
+    steps_count(f, 0, SHARED_GRAD, want, (struct counts){0, 0, -1, -1, -1});
     /* shared memory off: none to give */
     reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
-    assert_null(zt_state_client_shared_alloc(f->client, 4096, &err));
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
+    free(want);
+}
+
+/* Parameters pulled into the client's shared host memory: the server writes them straight there (every pulled
+ * byte counted as written in place, none copied by the client), and they are the bits of embedded mode, with one
+ * and three streams (a shard over two slots' worth of bytes), with the gradients in shared memory too or not, and
+ * after a restart of the service, which knows no segment (the memory is offered again by itself). The pulls stand
+ * there: step 1's pull is a copy by the server, step 2's commit writes both blocks straight into the memory and
+ * step 2's pull copies nothing (after the restart, step 2's pull is a copy again). The fallbacks give the same
+ * bits with the client copying every pulled byte: all pieces of shared memory given already (through the slots),
+ * a server that refuses shared memory (TCP into the same memory), a client with shared memory off and embedded
+ * mode (no shared memory to give). The fp32 masters pulled at the end into private memory are copied through a
+ * slot; the initial parameters are pushed from the weights' memory, read in place too. */
+static void test_shared_weight_memory(void **state)
+{
+    struct fixture *f = *state;
+    zt_err err = {{0}};
+    float *want = embedded_steps(f, ZT_STATE_SHARED_WEIGHTS);
+    const int64_t bytes = (int64_t)((SHM_N0 + SHM_N1) * sizeof(float));
+    const int64_t pulled = 2 * bytes, masters = SHM_N1 * sizeof(float); /* two steps of both blocks; the masters */
+    const int streams[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        steps_count(f, 0, SHARED_WEIGHTS, want, (struct counts){1, bytes, pulled, masters, bytes});
+        reconnect(f, ZT_STATE_SHM_AUTO, streams[i], ZT__STATE_SHM_FAULT_NONE);
+        steps_count(f, 0, SHARED_WEIGHTS | SHARED_GRAD, want, (struct counts){1, bytes + pulled, pulled, masters, bytes});
+    }
+    /* the service restarts after step 1: step 2's pulls meet an unknown segment, offer the memory again */
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    steps_count(f, 1, SHARED_WEIGHTS | SHARED_GRAD, want, (struct counts){-1, -1, pulled, masters, 0});
+    /* the shared memory cannot be given beyond ZT_STATE_CLIENT_MAX_SHARED pieces; the pulls go through the slots */
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    for (int i = 0; i < ZT_STATE_CLIENT_MAX_SHARED; i++)
+        assert_non_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_GRADIENT, &err));
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err));
+    steps_count(f, 0, 0, want, (struct counts){1, -1, 0, pulled + masters, 0});
+    /* a server that refuses shared memory: TCP into the same memory, copied out of the messages */
+    restart_service(f, 1);
+    reconnect(f, ZT_STATE_SHM_AUTO, 2, ZT__STATE_SHM_FAULT_NONE);
+    steps_count(f, 0, SHARED_WEIGHTS, want, (struct counts){0, -1, 0, pulled + masters, 0});
+    /* shared memory off: none to give */
+    reconnect(f, ZT_STATE_SHM_OFF, 2, ZT__STATE_SHM_FAULT_NONE);
+    assert_null(zt_state_client_shared_alloc(f->client, 4096, ZT_STATE_SHARED_WEIGHTS, &err));
     free(want);
 }
 
@@ -513,6 +615,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_lost_run_before_first_step, setup_remote, teardown),
         cmocka_unit_test_setup_teardown(test_shared_memory_transport, setup_remote, teardown),
         cmocka_unit_test_setup_teardown(test_shared_gradient_memory, setup_remote, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_weight_memory, setup_remote, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,9 +193,42 @@ static void *shared_grad(zt_engine *e, size_t bytes)
 {
     if (e->home != ZT__OPT_SERVER || e->o.client == NULL || e->grad_shared)
         return NULL;
-    void *p = zt_state_client_shared_alloc(e->o.client, bytes, NULL);
+    void *p = zt_state_client_shared_alloc(e->o.client, bytes, ZT_STATE_SHARED_GRADIENT, NULL);
     e->grad_shared = p != NULL;
     return p;
+}
+
+/* Placement server with servers on this host: the weights that pulls land in (h_lowp on a GPU computing in bf16
+ * or fp16, the fp32 weights on the CPU) in the state client's shared memory, so that the servers write the pulled
+ * parameters where the engine reads them and this process copies nothing. NULL where the client has none
+ * (embedded, TCP, too large): the caller allocates. */
+static void *shared_weights(zt_engine *e, size_t bytes)
+{
+    if (e->home != ZT__OPT_SERVER || e->o.client == NULL || e->dry || e->weights_shared)
+        return NULL;
+    void *p = zt_state_client_shared_alloc(e->o.client, bytes, ZT_STATE_SHARED_WEIGHTS, NULL);
+    e->weights_shared = p != NULL;
+    return p;
+}
+
+/* The page-locked host weights in transit (h_lowp): where a GPU computing in bf16 or fp16 pulls them from servers
+ * on this host, in the client's shared memory (shared_weights), page-locked here as take_host's are from the
+ * start (the import writes them); else take_host's. */
+static int take_host_weights(zt_engine *e, size_t bytes, zt_err *err)
+{
+    void *p = bytes > 0 && e->dtype != ZT_DTYPE_F32 ? shared_weights(e, bytes) : NULL;
+    if (p == NULL)
+        return take_host(e, &e->h_lowp, bytes, true, "host weights in transit", err);
+    e->host_bytes += bytes;
+    e->host_pinned_bytes += bytes;
+    if (!e->dev->host_register(p, bytes)) {
+        char need[32];
+        zt_format_size(bytes, need, sizeof need);
+        return zt_fail(err, ZT_ENOMEM, "could not page-lock the host weights in transit (%s; page-locked memory is "
+                       "limited by ulimit -l and the free RAM): raise ulimit -l or free memory", need);
+    }
+    e->h_lowp = p;
+    return 0;
 }
 
 /* The host gradient: page-locked like take_host's pinned buffers, but mapped untouched here and page-locked
@@ -291,6 +324,8 @@ static int allocate(zt_engine *e, zt_err *err)
      * they are streamed from host memory (h_lowp). */
     if (e->home == ZT__OPT_DEVICE && !lowp)
         e->wshard = e->master;
+    else if (!e->dev->gpu && !e->o.stream && (e->wshard = shared_weights(e, ns * es)) != NULL)
+        e->device_bytes += ns * es; /* on the CPU with servers the pulls land in it (h_master below) */
     else if (!e->o.stream && (rc = take_dev(e, &e->wshard, ns * es, "compute-dtype weights", err)) < 0)
         return rc;
     if (e->path == ZT__GRAD_DIRECT_LOWP &&
@@ -355,8 +390,11 @@ static int allocate(zt_engine *e, zt_err *err)
          (rc = take_dev(e, (void **)&e->r_v, e->nres * 4, "GPU part of the optimizer (v)", err)) < 0 ||
          (rc = take_dev(e, (void **)&e->r_grad, e->nres * 4, "GPU part of the optimizer (gradients)", err)) < 0))
         return rc;
-    /* Host: the optimizer state and the gradient and weights in transit. */
-    if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
+    /* Host: the optimizer state and the gradient and weights in transit. On the CPU with servers the fp32 masters
+     * pulled from them are the weights the passes read: one array, which the pulls write (no copy after them). */
+    if (e->home == ZT__OPT_SERVER && !e->dev->gpu)
+        e->h_master = e->wshard;
+    else if (e->home == ZT__OPT_HOST || e->home == ZT__OPT_SERVER)
         if ((rc = take_host(e, (void **)&e->h_master, ram_master_elems(e) * 4, false, "host master weights", err)) < 0)
             return rc;
     if (e->o.stream_masters)
@@ -374,7 +412,7 @@ static int allocate(zt_engine *e, zt_err *err)
     if (e->path == ZT__GRAD_HOST) {
         if ((e->hgrad_lowp ? (rc = take_host_late(e, (void **)&e->h_grad16, ns * 2, "host gradient", err))
                            : (rc = take_host_late(e, (void **)&e->h_grad, ns * 4, "host gradient", err))) < 0 ||
-            (!e->o.stream_masters && (rc = take_host(e, &e->h_lowp, ns * es, true, "host weights in transit", err)) < 0))
+            (!e->o.stream_masters && (rc = take_host_weights(e, ns * es, err)) < 0))
             return rc;
         if (e->hacc) {
             size_t most = e->blocks[e->model->head_block].shard > max_shard ? e->blocks[e->model->head_block].shard
@@ -707,7 +745,7 @@ void zt_engine_destroy(zt_engine *e)
         d->free(e->dshard[r]);
         d->free(e->dshard2[r]);
     }
-    if (e->wshard != e->master)
+    if (e->wshard != e->master && !(e->weights_shared && !d->gpu)) /* shared memory is the client's */
         d->free(e->wshard);
     d->free(e->master);
     d->free(e->m);
@@ -727,7 +765,8 @@ void zt_engine_destroy(zt_engine *e)
     d->free(e->r_grad);
     if (e->master_registered)
         d->host_unregister(e->h_master);
-    free(e->h_master); /* calloc (take_host) */
+    if (e->h_master != (float *)e->wshard)
+        free(e->h_master); /* calloc (take_host); on the CPU with servers it is wshard */
     free(e->h_m);
     free(e->h_v);
     void *late = e->h_grad ? (void *)e->h_grad : (void *)e->h_grad16;
@@ -737,7 +776,10 @@ void zt_engine_destroy(zt_engine *e)
         if (!e->grad_shared)
             munmap(late, e->late_bytes);
     }
-    d->host_free(e->h_lowp);
+    if (e->weights_shared && d->gpu && e->h_lowp)
+        d->host_unregister(e->h_lowp); /* the client's shared memory, freed by the client */
+    else
+        d->host_free(e->h_lowp);
     d->host_free(e->h_gstage);
     free(e->hadds);
     free(e->hadd_first);
@@ -1983,8 +2025,10 @@ static int refresh_weights_from_host(zt_engine *e, const float *master, zt_err *
     }
     /* the masters in host memory (with masters_disk the others' copy was written as their records were) */
     const size_t nram = ram_master_elems(e);
-    if (!e->dev->gpu) { /* the CPU computes in fp32; streamed, the passes read h_lowp */
-        memcpy(e->o.stream ? e->h_lowp : e->wshard, master, nram * 4);
+    if (!e->dev->gpu) { /* the CPU computes in fp32; streamed, the passes read h_lowp; with servers, h_master */
+        void *dst = e->o.stream ? e->h_lowp : e->wshard;
+        if (dst != (const void *)master)
+            memcpy(dst, master, nram * 4);
         return 0;
     }
     void *lowp = e->h_lowp;

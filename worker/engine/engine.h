@@ -310,6 +310,11 @@ typedef struct zt_engine_timing {
                              step's forward, which waited wait_update for blocks not yet back */
     uint64_t bytes_pushed; /* gradient bytes this rank pushed in the step */
     uint64_t bytes_pulled; /* parameter bytes of that pull */
+    uint64_t bytes_pull_copied; /* of those, the bytes this rank copied besides the servers' own copies (out of the
+                                   state client's shared-memory slots or TCP messages, or rounded from fp32 on the
+                                   host): 0 when the servers wrote them straight into its memory (servers on this
+                                   host) and with the embedded server */
+    double pull_copy_s;   /* the seconds of those copies, summed over the threads that made them */
     /* Placement cpu with moments_dir (the last finished update): */
     bool disk;              /* the fields below are filled */
     double disk_read_wait;  /* the host AdamW waiting for a block's record to arrive from disk */

@@ -197,7 +197,7 @@ struct zt_engine {
     int nresident;                  /* blocks 0 .. nresident-1 */
 
     /* Host buffers (optimizer off the device). */
-    float *h_master;                /* [nshard]: ZT__OPT_HOST (and SERVER) */
+    float *h_master;                /* [nshard]: ZT__OPT_HOST and SERVER (on the CPU with servers: wshard) */
     void *h_m, *h_v;                /* moment dtype [nshard]: ZT__OPT_HOST; fp32 in SERVER's resume */
     size_t msize;                   /* bytes of a moment element (4, or 2 with bf16 moments) */
     char moments_dir[4096];         /* the moments' directory (o.moments_dir), "" = host memory */
@@ -228,6 +228,9 @@ struct zt_engine {
     bool grad_shared;               /* placement server: the pushed gradient (h_grad, h_grad16, or gshard on the
                                        CPU) lies in the state client's shared memory (zt_state_client_shared_alloc),
                                        which the servers on this host read where it lies; the client frees it */
+    bool weights_shared;            /* placement server: the weights pulls land in (h_lowp on a GPU, wshard, which
+                                       is then h_master, on the CPU) lie in the client's shared memory, which the
+                                       servers on this host write into; the client frees it */
     size_t host_bytes, host_pinned_bytes;
 
     /* Tensors inside this rank's shards. */

@@ -26,10 +26,15 @@
  * 2 bytes a parameter straight into h_lowp, which the copies up read. h_master then holds the masters of
  * e->masters_step only; an export (checkpoints) fetches those of the servers' step first
  * (zt__server_fresh_masters, PullParams with `masters`). On the CPU (fp32 compute) the pulled fp32 masters
- * go to h_master and are the weights. Gradients are pushed as the host gradient is held, the one the host
- * AdamW of placement cpu reads in the same configuration: bf16 (2 bytes a parameter) with one rank, bf16
- * compute, chunked gradients and no accumulation (e->hgrad_lowp; the servers' AdamW reads bf16 gradients
- * with the same kernel and scale), fp32 otherwise. */
+ * go to h_master, which is wshard: they are the weights the passes read. With servers on this host h_lowp (GPU)
+ * or wshard (CPU) lies in the state client's shared memory (e->weights_shared): the servers write the pulled
+ * bytes there themselves and this process copies none of them (from the second step on their update writes
+ * them there, ZT_STATE_SHARED_WEIGHTS: nothing here writes those weights between a step's first push and the
+ * end of its pull, only an import between steps does); otherwise the client copies them out of its
+ * shared-memory slots or TCP messages (the step breakdown's "worker copies"). Gradients are pushed as the host
+ * gradient is held, the one the host AdamW of placement cpu reads in the same configuration: bf16 (2 bytes a
+ * parameter) with one rank, bf16 compute, chunked gradients and no accumulation (e->hgrad_lowp; the servers'
+ * AdamW reads bf16 gradients with the same kernel and scale), fp32 otherwise. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -58,6 +63,8 @@ struct zt__server_pipe {
     int64_t told;           /* the older step a server reported to it, or -1 */
     double t_post, t_done;  /* when the last job was posted and when its last block was in */
     uint64_t bytes;         /* bytes the last job pulled */
+    uint64_t copied;        /* of its bytes, those this process copied (client and engine) ... */
+    double copy_s;          /* ... and the seconds of those copies, summed over threads */
     /* the step whose commit is not agreed yet (pending): its commit, on rank 0 on `committer` */
     bool pending;
     bool skip;              /* it overflowed: committed without gradients */
@@ -137,11 +144,12 @@ static uint64_t pull_bytes(const zt_engine *e, int b)
 }
 
 /* Pulls this rank's shard of block b after `step` and makes it the weights the passes read: on the CPU the
- * fp32 masters into h_master and a copy into wshard; on a GPU the compute dtype into h_lowp (pull_lowp: the
+ * fp32 masters into h_master (which is wshard); on a GPU the compute dtype into h_lowp (pull_lowp: the
  * servers rounded their masters as the host AdamW of placement cpu does; otherwise the fp32 masters into
- * h_master, rounded here), sent up on `stream` (event `updated`); then marks the block ready for the step
- * count `ready`. */
-static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *stream, zt_err *err)
+ * h_master, rounded here: that copy's bytes and seconds are added to *copied and *copy_s), sent up on `stream`
+ * (event `updated`); then marks the block ready for the step count `ready`. */
+static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *stream, uint64_t *copied,
+                      double *copy_s, zt_err *err)
 {
     zt__block *k = &e->blocks[b];
     float *dst = e->h_master + k->shard_off;
@@ -150,11 +158,14 @@ static int pull_block(zt_engine *e, int64_t step, int b, int64_t ready, void *st
                           : zt_state_client_pull(e->o.client, e->run_id, step, b, e->rank, 0, k->shard, dst, err);
     if (rc < 0)
         return rc;
-    if (!e->dev->gpu) {
-        memcpy((float *)e->wshard + k->shard_off, dst, k->shard * 4);
-    } else {
-        if (!e->pull_lowp && (rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
-            return rc;
+    if (e->dev->gpu) {
+        if (!e->pull_lowp) { /* fp32 compute: the pulled masters, copied into h_lowp here */
+            const double t0 = zt_now_s();
+            if ((rc = zt_cpu_adam_convert(lowp, e->dtype, dst, k->shard, e->o.threads, err)) < 0)
+                return rc;
+            *copied += k->shard * e->esize;
+            *copy_s += zt_now_s() - t0;
+        }
         if (!e->o.stream) { /* streamed weights are read from h_lowp by the next pass */
             e->dev->copy(zt__engine_block_weights(e, b), lowp, k->shard * e->esize, stream);
             e->dev->record(k->updated, stream);
@@ -189,8 +200,10 @@ static int pull_all(zt_engine *e, int64_t step, int64_t ready, zt_err *err)
 {
     void *stream = e->spipe ? e->spipe->stream : NULL;
     int rc = 0;
+    uint64_t copied = 0;
+    double copy_s = 0.0;
     for (int b = 0; b < e->nb && rc == 0; b++)
-        rc = pull_block(e, step, b, ready, stream, err);
+        rc = pull_block(e, step, b, ready, stream, &copied, &copy_s, err);
     if (e->dev->gpu && stream)
         e->dev->stream_sync(stream);
     return rc;
@@ -217,9 +230,11 @@ static void run_pulls(zt_engine *e, struct zt__server_pipe *p)
     int rc = 0;
     zt_err perr = {{0}};
     int64_t told = -1;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, copied = 0, client_bytes0;
+    double copy_s = 0.0, client_s0;
+    zt_state_client_pull_copies(e->o.client, &client_bytes0, &client_s0); /* only this thread pulls now */
     for (int b = 0; b < e->nb && rc == 0; b++) {
-        rc = pull_block(e, p->step, b, p->ready, p->stream, &perr);
+        rc = pull_block(e, p->step, b, p->ready, p->stream, &copied, &copy_s, &perr);
         if (rc == 0) {
             bytes += pull_bytes(e, b);
         } else {
@@ -230,11 +245,16 @@ static void run_pulls(zt_engine *e, struct zt__server_pipe *p)
     }
     if (e->dev->gpu)
         e->dev->stream_sync(p->stream); /* the copies are in when the job is done */
+    uint64_t client_bytes;
+    double client_s;
+    zt_state_client_pull_copies(e->o.client, &client_bytes, &client_s);
     pthread_mutex_lock(&p->mu);
     p->rc = rc;
     p->err = perr;
     p->told = told;
     p->bytes = bytes;
+    p->copied = copied + (client_bytes - client_bytes0);
+    p->copy_s = copy_s + (client_s - client_s0);
     p->t_done = zt_now_s();
     p->posted = false;
     pthread_cond_broadcast(&p->cv);
@@ -405,6 +425,8 @@ static int resolve(zt_engine *e, bool *repaired, zt_err *err)
     const int64_t ready = p->ready;
     e->timing.pull_s = pulled;
     e->timing.bytes_pulled = p->bytes;
+    e->timing.bytes_pull_copied = p->copied;
+    e->timing.pull_copy_s = p->copy_s;
     pthread_mutex_unlock(&p->mu);
     /* rank 0 timed the commit; the other ranks see it in their pulls, which followed the update */
     e->timing.update_s = e->rank == 0 ? p->commit_s : pulled;

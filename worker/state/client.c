@@ -44,11 +44,32 @@ enum link_state {
     LINK_TCP = 2,
 };
 
-/* Whether a server reads pushes from the client's shared host memory (zt_state_client_shared_alloc). */
+/* Whether a server reads pushes from and writes pulls into one piece of the client's shared host memory
+ * (zt_state_client_shared_alloc). */
 enum arena_state {
     ARENA_UNTRIED = 0,
     ARENA_ON = 1,            /* attached: arena_id names it */
-    ARENA_OFF = 2,           /* refused: pushes copy through the slots */
+    ARENA_OFF = 2,           /* refused: pushes and pulls copy through the slots */
+};
+
+/* One piece of the client's shared host memory: a segment of its own, without slots. */
+struct arena {
+    zt_shm_t *shm;
+    uint8_t *base;           /* its first byte that the caller may use (after the head) */
+    uint64_t bytes;          /* bytes the caller asked for */
+    enum zt_state_shared what;
+};
+
+/* The words of the log lines about a piece of shared host memory, by what it holds. */
+static const struct {
+    const char *name;        /* what the memory is */
+    const char *use;         /* what goes without a copy, followed by "this process's <name>" */
+    const char *copied;      /* what happens without it */
+} shared_words[2] = {
+    [ZT_STATE_SHARED_GRADIENT] = {"host gradient", "gradient pushes read by the server from",
+                                  "gradient pushes copy through the shared-memory slots"},
+    [ZT_STATE_SHARED_WEIGHTS] = {"host weights", "pulls written by the server into",
+                                 "pulls copy out of the shared-memory slots"},
 };
 
 struct remote {
@@ -57,8 +78,10 @@ struct remote {
     pthread_mutex_t link_mu; /* guards link, cur and the arena fields; held while a segment is offered */
     enum link_state link;
     struct link_seg *cur;    /* with LINK_SHM: the segment new calls use */
-    enum arena_state arena;
-    uint64_t arena_id;       /* with ARENA_ON: the server's name for the client's shared host memory */
+    enum arena_state arena[ZT_STATE_CLIENT_MAX_SHARED]; /* per piece of the client's shared host memory */
+    uint64_t arena_id[ZT_STATE_CLIENT_MAX_SHARED]; /* with ARENA_ON: the server's name for that piece */
+    bool arena_pulls[ZT_STATE_CLIENT_MAX_SHARED]; /* with ARENA_ON: the server writes pulls into it only while this
+                                                     client holds it (AttachShmResponse.pulls_checked) */
 };
 
 /* A copy of initial parameters this client pushed (one shard), kept until the run's first commit. */
@@ -89,6 +112,8 @@ struct piece {
     int lane;
     int pull;                /* 1: PullParams, 0: a push */
     int masters;             /* pull: the fp32 masters (PullParamsRequest.masters) */
+    int standing;            /* pull: into the caller's weights in shared memory, one request that stands there
+                                (PullParamsRequest.standing) */
     int server;
     const char *method;      /* push: SVC "PushParams" or SVC "PushGradients" */
     const char *run;
@@ -146,12 +171,15 @@ struct zt_state_client {
     int nruns;
     void (*hook)(void *user, int64_t step, int block, int shard, uint64_t bytes_sent);
     void *hook_user;
-    /* zt_state_client_shared_alloc: host memory of one segment of its own, offered to every server that took
-     * a slot segment, from which its pushes are read where they lie (no copy into a slot); NULL when none */
-    zt_shm_t *arena;
-    uint8_t *arena_base;     /* its first byte that the caller may use (after the head) */
-    uint64_t arena_bytes;    /* bytes the caller asked for */
-    _Atomic uint64_t bytes_in_place; /* push bytes the servers read from the arena (tests) */
+    /* zt_state_client_shared_alloc: pieces of host memory, each a segment of its own, offered to every server
+     * that took a slot segment, from which pushes are read and into which pulls are written where they lie (no
+     * copy through a slot) */
+    struct arena arenas[ZT_STATE_CLIENT_MAX_SHARED];
+    int narenas;
+    _Atomic uint64_t bytes_in_place; /* push bytes the servers read from the arenas (tests) */
+    _Atomic uint64_t bytes_pulled_in_place; /* pull bytes the servers wrote into the arenas (tests) */
+    _Atomic uint64_t pull_copy_bytes; /* pulled bytes this process copied (slots, TCP messages) */
+    _Atomic uint64_t pull_copy_ns;    /* ... and the nanoseconds of those copies, summed over threads */
 };
 
 /* ---- lifetime ---- */
@@ -300,8 +328,9 @@ void zt_state_client_destroy(zt_state_client_t *c)
     for (int i = 0; c->srv != NULL && i < c->n; i++) {
         if (c->srv[i].cur != NULL) /* no call is in flight any more */
             free_seg(c, i, c->srv[i].cur);
-        if (c->srv[i].arena == ARENA_ON)
-            detach_id(c, i, c->srv[i].arena_id);
+        for (int k = 0; k < c->narenas; k++)
+            if (c->srv[i].arena[k] == ARENA_ON)
+                detach_id(c, i, c->srv[i].arena_id[k]);
         for (int lane = 0; lane < ZT_STATE_CLIENT_MAX_STREAMS; lane++)
             zt_rpc_channel_destroy(c->srv[i].ch[lane]);
         free(c->srv[i].target);
@@ -315,7 +344,8 @@ void zt_state_client_destroy(zt_state_client_t *c)
         free(c->runs[i].init);
     }
     zt_server_core_destroy(c->core);
-    zt_shm_destroy(c->arena);
+    for (int k = 0; k < c->narenas; k++)
+        zt_shm_destroy(c->arenas[k].shm);
     pthread_mutex_destroy(&c->pool.mu);
     pthread_cond_destroy(&c->pool.work);
     pthread_cond_destroy(&c->pool.done);
@@ -325,39 +355,67 @@ void zt_state_client_destroy(zt_state_client_t *c)
     free(c);
 }
 
-/* Host memory the servers on this host read pushes from without a copy; see client.h. */
-void *zt_state_client_shared_alloc(zt_state_client_t *c, size_t bytes, zt_err *err)
+/* Host memory the servers on this host read pushes from and write pulls into without a copy; see client.h. */
+void *zt_state_client_shared_alloc(zt_state_client_t *c, size_t bytes, enum zt_state_shared what, zt_err *err)
 {
-    if (c->core != NULL || c->shm == ZT_STATE_SHM_OFF || c->arena != NULL || bytes == 0)
+    (void)err;
+    if (c->core != NULL || c->shm == ZT_STATE_SHM_OFF || bytes == 0)
         return NULL;
+    const int w = what == ZT_STATE_SHARED_WEIGHTS ? ZT_STATE_SHARED_WEIGHTS : ZT_STATE_SHARED_GRADIENT;
+    if (c->narenas == ZT_STATE_CLIENT_MAX_SHARED) {
+        ZT_INFO("state client: %s: the client gives at most %d pieces of shared memory, and has given them",
+                shared_words[w].copied, ZT_STATE_CLIENT_MAX_SHARED);
+        return NULL;
+    }
     const uint64_t round = ((uint64_t)bytes + 4095) / 4096 * 4096;
     if (round > ZT_SHM_MAX_BYTES - ZT_SHM_HEAD_BYTES) {
         char have[32], most[32];
         zt_format_size(bytes, have, sizeof have);
         zt_format_size(ZT_SHM_MAX_BYTES - ZT_SHM_HEAD_BYTES, most, sizeof most);
-        ZT_INFO("state client: gradient pushes copy through the shared-memory slots: the host gradient (%s) is "
-                "larger than one segment can be (%s)", have, most);
+        ZT_INFO("state client: %s: %s for the %s, more than one segment can hold (%s)", shared_words[w].copied, have,
+                shared_words[w].name, most);
         return NULL;
     }
     zt_shm_t *shm = NULL;
     zt_err e = {{0}};
-    if (c->shm_fault == ZT__STATE_SHM_FAULT_CREATE ||
-        zt_shm_create(1, round, &shm, &e) != 0) {
-        ZT_INFO("state client: gradient pushes copy through the shared-memory slots: no segment for the host "
-                "gradient: %s", c->shm_fault == ZT__STATE_SHM_FAULT_CREATE ? "a test made it fail" : e.msg);
+    if (c->shm_fault == ZT__STATE_SHM_FAULT_CREATE || zt_shm_create(1, round, &shm, &e) != 0) {
+        ZT_INFO("state client: %s: no segment for the %s: %s", shared_words[w].copied, shared_words[w].name,
+                c->shm_fault == ZT__STATE_SHM_FAULT_CREATE ? "a test made it fail" : e.msg);
         return NULL;
     }
-    (void)err;
-    c->arena = shm;
-    c->arena_base = zt_shm_span(shm, ZT_SHM_HEAD_BYTES, round);
-    c->arena_bytes = bytes;
-    ZT_ASSERT(c->arena_base != NULL);
-    return c->arena_base;
+    struct arena *a = &c->arenas[c->narenas];
+    a->shm = shm;
+    a->base = zt_shm_span(shm, ZT_SHM_HEAD_BYTES, round);
+    a->bytes = bytes;
+    a->what = (enum zt_state_shared)w;
+    ZT_ASSERT(a->base != NULL);
+    c->narenas++; /* before any push or pull (client.h): no other thread reads the pieces yet */
+    return a->base;
+}
+
+void zt_state_client_pull_copies(zt_state_client_t *c, uint64_t *bytes, double *seconds)
+{
+    if (bytes)
+        *bytes = c->pull_copy_bytes;
+    if (seconds)
+        *seconds = (double)c->pull_copy_ns * 1e-9;
 }
 
 uint64_t zt__state_client_bytes_in_place(zt_state_client_t *c)
 {
     return c->bytes_in_place;
+}
+
+uint64_t zt__state_client_bytes_pulled_in_place(zt_state_client_t *c)
+{
+    return c->bytes_pulled_in_place;
+}
+
+/* Counts one copy of pulled bytes that this process made, which started at t0 (zt_now_s). */
+static void count_pull_copy(zt_state_client_t *c, uint64_t bytes, double t0)
+{
+    c->pull_copy_bytes += bytes;
+    c->pull_copy_ns += (uint64_t)((zt_now_s() - t0) * 1e9);
 }
 
 int zt_state_client_nservers(const zt_state_client_t *c)
@@ -605,24 +663,32 @@ static int attach_call(zt_state_client_t *c, int server, zt_shm_t *shm, Ztrain__
     return code;
 }
 
-/* Offers server the client's shared host memory (zt_state_client_shared_alloc) once it has taken a slot
- * segment. Under link_mu. Sets r->arena to ARENA_ON with its id, or to ARENA_OFF with one INFO line saying
- * why (its pushes then copy through the slots); a server that cannot be reached leaves it untried. */
-static void offer_arena(zt_state_client_t *c, int server)
+/* Offers server piece k of the client's shared host memory (zt_state_client_shared_alloc) once it has taken a
+ * slot segment. Under link_mu. Sets r->arena[k] to ARENA_ON with its id, or to ARENA_OFF with one INFO line
+ * saying why (pushes from it and pulls into it then copy through the slots); a server that cannot be reached
+ * leaves it untried. */
+static void offer_arena(zt_state_client_t *c, int server, int k)
 {
     struct remote *r = &c->srv[server];
+    const struct arena *ar = &c->arenas[k];
     struct zt_rpc_status st;
     Ztrain__V1__AttachShmResponse *a = NULL;
-    int code = attach_call(c, server, c->arena, &a, &st);
+    int code = attach_call(c, server, ar->shm, &a, &st);
     if (a != NULL && a->attached && a->segment != 0) {
-        r->arena = ARENA_ON;
-        r->arena_id = a->segment;
-        ZT_INFO("state server %s: gradient pushes read by the server from this process's host gradient (%.0f MiB "
-                "of shared memory), without a copy", r->target, (double)c->arena_bytes / (1 << 20));
+        r->arena[k] = ARENA_ON;
+        r->arena_id[k] = a->segment;
+        r->arena_pulls[k] = a->pulls_checked;
+        if (ar->what == ZT_STATE_SHARED_WEIGHTS && !a->pulls_checked)
+            ZT_INFO("state server %s: %s: the server may write a pull into the %s after its call failed (a "
+                    "ztrain-server older than this worker)", r->target, shared_words[ar->what].copied,
+                    shared_words[ar->what].name);
+        else
+            ZT_INFO("state server %s: %s this process's %s (%.0f MiB of shared memory), without a copy", r->target,
+                    shared_words[ar->what].use, shared_words[ar->what].name, (double)ar->bytes / (1 << 20));
     } else if (code != ZT_RPC_UNAVAILABLE && code != ZT_RPC_DEADLINE_EXCEEDED) {
-        r->arena = ARENA_OFF;
-        ZT_INFO("state server %s: gradient pushes copied through the shared-memory slots: the host gradient's "
-                "segment was refused: %s", r->target,
+        r->arena[k] = ARENA_OFF;
+        ZT_INFO("state server %s: %s: the segment of the %s was refused: %s", r->target, shared_words[ar->what].copied,
+                shared_words[ar->what].name,
                 a != NULL ? (a->reason && a->reason[0] ? a->reason : "it did not attach it")
                 : code == ZT_RPC_OK ? "its AttachShmResponse is not valid protobuf" : st.msg);
     }
@@ -1043,40 +1109,62 @@ static int push_shm(zt_state_client_t *c, const struct piece *p, struct link_seg
     return code;
 }
 
-/* The id under which server reads the piece's bytes from the client's shared host memory, or 0 when they do
- * not lie there or the server does not take it (then they go through a slot or over TCP). The first such
- * push to a server that took a slot segment offers it the shared memory. */
-static uint64_t arena_take(zt_state_client_t *c, const struct piece *p)
+/* The piece of the client's shared host memory that holds all of [p, p + bytes), or -1. */
+static int arena_of(const zt_state_client_t *c, const uint8_t *p, uint64_t bytes)
 {
-    const uint64_t bytes = p->n * p->es;
-    if (c->arena == NULL || p->n == 0 || p->src < c->arena_base || bytes > c->arena_bytes ||
-        (uint64_t)(p->src - c->arena_base) > c->arena_bytes - bytes)
+    for (int k = 0; k < c->narenas; k++) {
+        const struct arena *a = &c->arenas[k];
+        if (p >= a->base && bytes <= a->bytes && (uint64_t)(p - a->base) <= a->bytes - bytes)
+            return k;
+    }
+    return -1;
+}
+
+/* The id under which server reads [p, p + bytes) from, or (pull) writes it into, the client's shared host
+ * memory (piece *k), or 0 when those bytes do not lie there or the server does not take that piece, or would
+ * not check a pull into it (then they go through a slot or over TCP). The first such call to a server that
+ * took a slot segment offers it the piece. */
+static uint64_t arena_take(zt_state_client_t *c, int server, const uint8_t *p, uint64_t bytes, int pull, int *k)
+{
+    *k = bytes > 0 ? arena_of(c, p, bytes) : -1;
+    if (*k < 0)
         return 0;
-    struct link_seg *seg = shm_take(c, p->server); /* the slot segment first: the same negotiation and fallback */
+    struct link_seg *seg = shm_take(c, server); /* the slot segment first: the same negotiation and fallback */
     if (seg == NULL)
         return 0;
-    shm_release(c, p->server, seg, 0);
-    struct remote *r = &c->srv[p->server];
+    shm_release(c, server, seg, 0);
+    struct remote *r = &c->srv[server];
     pthread_mutex_lock(&r->link_mu);
-    if (r->link == LINK_SHM && r->arena == ARENA_UNTRIED)
-        offer_arena(c, p->server);
-    const uint64_t id = r->link == LINK_SHM && r->arena == ARENA_ON ? r->arena_id : 0;
+    if (r->link == LINK_SHM && r->arena[*k] == ARENA_UNTRIED)
+        offer_arena(c, server, *k);
+    const uint64_t id = r->link == LINK_SHM && r->arena[*k] == ARENA_ON && (!pull || r->arena_pulls[*k])
+                            ? r->arena_id[*k] : 0;
     pthread_mutex_unlock(&r->link_mu);
     return id;
 }
 
-/* After a failed push through the shared host memory under `id`: the server may have restarted (it knows no
- * segment) or the call broke; the next push offers the memory again under a new id, and the old one is given
- * up. A server handler still reading the old one reads bytes that do not change until the step is committed
- * (the engine writes the next gradient only after the commit, which waits for every push in progress). */
-static void arena_failed(zt_state_client_t *c, int server, uint64_t id)
+/* Whether [p, p + bytes) lies in a piece (*k) of the client's shared host memory that holds the caller's weights
+ * and that server writes pulls into (offering it the piece when it has not been yet). */
+static int weights_arena(zt_state_client_t *c, int server, const void *p, uint64_t bytes, int *k)
+{
+    const int in = bytes > 0 ? arena_of(c, p, bytes) : -1;
+    return in >= 0 && c->arenas[in].what == ZT_STATE_SHARED_WEIGHTS && arena_take(c, server, p, bytes, 1, k) != 0;
+}
+
+/* After a failed push or pull through piece k of the shared host memory under `id`: the server may have
+ * restarted (it knows no segment) or the call broke; the next call offers the memory again under a new id, and
+ * the old one is given up at once. A server handler still reading the old one for a push reads bytes that do
+ * not change until the step is committed (the engine writes the next gradient only after the commit, which
+ * waits for every push in progress); one still serving a pull sees the segment given up before it writes, or
+ * writes the bytes of the same step and block that the caller pulls again. */
+static void arena_failed(zt_state_client_t *c, int server, int k, uint64_t id)
 {
     struct remote *r = &c->srv[server];
     int detach = 0;
     pthread_mutex_lock(&r->link_mu);
-    if (r->arena == ARENA_ON && r->arena_id == id) {
-        r->arena = ARENA_UNTRIED;
-        r->arena_id = 0;
+    if (r->arena[k] == ARENA_ON && r->arena_id[k] == id) {
+        r->arena[k] = ARENA_UNTRIED;
+        r->arena_id[k] = 0;
         detach = 1;
     }
     pthread_mutex_unlock(&r->link_mu);
@@ -1084,14 +1172,14 @@ static void arena_failed(zt_state_client_t *c, int server, uint64_t id)
         detach_id(c, server, id);
 }
 
-/* One attempt at a push of one piece read by the server from the client's shared host memory (segment `id`):
- * no copy, a PushMessage header per slot's worth of bytes (as through the slots, so the chunk hook is called as
- * often). Returns the gRPC code with st filled. */
-static int push_arena(zt_state_client_t *c, const struct piece *p, uint64_t id, struct zt_rpc_status *st)
+/* One attempt at a push of one piece read by the server from piece k of the client's shared host memory
+ * (segment `id`): no copy, a PushMessage header per slot's worth of bytes (as through the slots, so the chunk
+ * hook is called as often). Returns the gRPC code with st filled. */
+static int push_arena(zt_state_client_t *c, const struct piece *p, int k, uint64_t id, struct zt_rpc_status *st)
 {
     const uint64_t bytes = p->n * p->es, base = p->first * p->es;
     const uint64_t per = ZT_STATE_CLIENT_SHM_SLOT_BYTES / p->es * p->es;
-    const uint64_t at0 = ZT_SHM_HEAD_BYTES + (uint64_t)(p->src - c->arena_base);
+    const uint64_t at0 = ZT_SHM_HEAD_BYTES + (uint64_t)(p->src - c->arenas[k].base);
     int code = ZT_RPC_OK;
     for (uint64_t at = 0; at < bytes && code == ZT_RPC_OK; at += per) {
         const uint64_t n = bytes - at < per ? bytes - at : per;
@@ -1115,11 +1203,12 @@ static int push_arena(zt_state_client_t *c, const struct piece *p, uint64_t id, 
  * shared-memory segment when it has one, else over TCP. Returns the gRPC code with st filled. */
 static int push_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
-    const uint64_t arena_id = arena_take(c, p);
+    int k;
+    const uint64_t arena_id = arena_take(c, p->server, p->src, p->n * p->es, 0, &k);
     if (arena_id != 0) {
-        int code = push_arena(c, p, arena_id, st);
+        int code = push_arena(c, p, k, arena_id, st);
         if (code != ZT_RPC_OK)
-            arena_failed(c, p->server, arena_id);
+            arena_failed(c, p->server, k, arena_id);
         return code;
     }
     struct link_seg *seg = p->n > 0 ? shm_take(c, p->server) : NULL;
@@ -1545,11 +1634,30 @@ static int pull_start(zt_state_client_t *c, const struct piece *p, uint64_t offs
     req.masters = p->masters != 0;
     req.shm_segment = seg;
     req.shm_offset = seg_off;
+    req.standing = p->standing && seg != 0;
     size_t len;
     void *buf = pack(&req.base, &len);
     const int ok = zt_rpc_stream_send(*s, buf, len) == 0 && zt_rpc_stream_close_send(*s) == 0;
     free(buf);
     return ok;
+}
+
+/* The rest of a PullParams stream through shared memory (its request sent when ok): no ParamChunk may come,
+ * the server wrote the elements into the segment. Returns the gRPC code with st filled. */
+static int pull_shm_finish(zt_rpc_stream_t *s, int ok, struct zt_rpc_status *st)
+{
+    const void *msg;
+    size_t mlen;
+    int chunks = 0;
+    while (ok && zt_rpc_stream_recv(s, &msg, &mlen) == 1)
+        chunks++;
+    int code = zt_rpc_stream_finish(s, st);
+    if (code == ZT_RPC_OK && chunks > 0) {
+        st->code = code = ZT_RPC_INTERNAL;
+        snprintf(st->msg, sizeof(st->msg), "a ParamChunk in a pull through shared memory (the server did not "
+                 "write the segment)");
+    }
+    return code;
 }
 
 /* One attempt at a pull of one piece through shared memory: slot by slot, a PullParams naming a slot of seg
@@ -1570,30 +1678,53 @@ static int pull_shm(zt_state_client_t *c, const struct piece *p, struct link_seg
             code = st->code;
             break;
         }
-        const void *msg;
-        size_t mlen;
-        int chunks = 0;
-        while (ok && zt_rpc_stream_recv(s, &msg, &mlen) == 1)
-            chunks++;
-        code = zt_rpc_stream_finish(s, st);
-        if (code == ZT_RPC_OK && chunks > 0) {
-            st->code = code = ZT_RPC_INTERNAL;
-            snprintf(st->msg, sizeof(st->msg), "a ParamChunk in a pull through shared memory (the server did not "
-                     "write the slot)");
-        }
+        code = pull_shm_finish(s, ok, st);
         if (code != ZT_RPC_OK)
             break;
+        const double t0 = zt_now_s();
         memcpy(p->dst + done * p->es, zt_shm_span(seg->shm, off, k * p->es), k * p->es);
+        count_pull_copy(c, k * p->es, t0);
         zt_shm_slot_put(seg->shm, slot);
     }
     return code;
 }
 
+/* One attempt at a pull of one piece written by the server straight into piece k of the client's shared host
+ * memory (segment `id`), where p->dst lies: no copy, a PullParams per slot's worth of bytes (as through the
+ * slots, so that the server's copy under its run's lock stays as short), or one for the whole piece when it
+ * stands there (the server's commits then write it in their update, and this pull copies nothing). Returns the
+ * gRPC code with st filled. */
+static int pull_arena(zt_state_client_t *c, const struct piece *p, int k, uint64_t id, struct zt_rpc_status *st)
+{
+    const uint64_t per = p->standing ? p->n : ZT_STATE_CLIENT_SHM_SLOT_BYTES / p->es;
+    const uint64_t at0 = ZT_SHM_HEAD_BYTES + (uint64_t)(p->dst - c->arenas[k].base);
+    int code = ZT_RPC_OK;
+    for (uint64_t done = 0; done < p->n && code == ZT_RPC_OK; done += per) {
+        const uint64_t n = p->n - done < per ? p->n - done : per;
+        zt_rpc_stream_t *s = NULL;
+        int ok = pull_start(c, p, p->first + done, n, id, at0 + done * p->es, &s, st);
+        if (ok < 0)
+            return st->code;
+        code = pull_shm_finish(s, ok, st);
+        if (code == ZT_RPC_OK)
+            c->bytes_pulled_in_place += n * p->es;
+    }
+    return code;
+}
+
 /* One attempt at a PullParams stream of one piece: elements [p->first, p->first + p->n) of the shard
- * into p->dst, through the server's shared-memory segment when it has one, else over TCP. Returns the gRPC
- * code with st filled. */
+ * into p->dst: written there by the server when it lies in the client's shared host memory, else through the
+ * server's shared-memory segment when it has one, else over TCP. Returns the gRPC code with st filled. */
 static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_status *st)
 {
+    int k;
+    const uint64_t arena_id = arena_take(c, p->server, p->dst, p->n * p->es, 1, &k);
+    if (arena_id != 0) {
+        int code = pull_arena(c, p, k, arena_id, st);
+        if (code != ZT_RPC_OK)
+            arena_failed(c, p->server, k, arena_id);
+        return code;
+    }
     struct link_seg *seg = p->n > 0 ? shm_take(c, p->server) : NULL;
     if (seg != NULL) {
         int code = pull_shm(c, p, seg, st);
@@ -1629,7 +1760,9 @@ static int pull_once(zt_state_client_t *c, const struct piece *p, struct zt_rpc_
             bad = "a ParamChunk that is not valid protobuf or lies outside the requested range";
             break;
         }
+        const double t0 = zt_now_s();
         zt_wire_copy(ch.data, out + (ch.offset - offset) * es);
+        count_pull_copy(c, clen, t0);
         got += clen / es;
     }
     int code = zt_rpc_stream_finish(s, st);
@@ -1660,8 +1793,19 @@ static int pull(zt_state_client_t *c, const char *run, int64_t step, int block, 
     struct piece pieces[ZT_STATE_CLIENT_MAX_STREAMS];
     /* Pieces of whole chunks of chunk_bytes (1 MiB by default). The server sends each piece as ParamChunks
      * of its own PULL_CHUNK_BYTES (1 MiB, server/service.c) counted from the piece's first element, so at
-     * the default only a piece's last ParamChunk can be short; pull_once accepts ParamChunks of any size. */
-    int k = split_pieces(c, n, c->chunk_bytes / es, &tmpl, pieces);
+     * the default only a piece's last ParamChunk can be short; pull_once accepts ParamChunks of any size.
+     * Into the caller's weights in shared memory that the server writes into, one piece that stands there:
+     * the server copies nothing for it once its commits write the shard there themselves. */
+    int ka;
+    int k;
+    if (!masters && weights_arena(c, server, out, n * es, &ka)) {
+        pieces[0] = tmpl;
+        pieces[0].n = n;
+        pieces[0].standing = 1;
+        k = 1;
+    } else {
+        k = split_pieces(c, n, c->chunk_bytes / es, &tmpl, pieces);
+    }
     for (int i = 0; i < k; i++) {
         struct piece *p = &pieces[i];
         p->dst = (uint8_t *)out + p->first * es;

@@ -43,7 +43,13 @@
  * Gradients that lie in the client's shared host memory (zt_state_client_shared_alloc, where the engine keeps
  * its host gradient) are not copied at all: the push names their place there and the server reads them in
  * place, which is safe because the engine writes a step's gradient only after that step's commit, and a commit
- * (or a state load) waits for every push still reading.
+ * (or a state load) waits for every push still reading. Pulls into such memory (where the engine keeps the
+ * weights it pulls: h_lowp on a GPU, the fp32 weights on the CPU) are not copied either: the pull names their
+ * place and the server writes the parameters there, from the second step on during its update itself
+ * (ZT_STATE_SHARED_WEIGHTS). A pull that failed may still be written by the server's
+ * handler, with the bytes of the same step and block (it checks, after the block is ready and before it writes,
+ * that the client has not given the memory's segment up, which the client does at once after a failed call),
+ * so the caller pulls again into the same place, as the engine does.
  *
  * Memory: the first client with remote servers sets glibc's heap thresholds of the process to the most
  * its dynamic adjustment would reach (mallopt: blocks up to 32 MiB come from the heap, up to 64 MiB of
@@ -74,6 +80,20 @@ typedef struct zt_state_client zt_state_client_t;
 /* Bytes of one slot of a shared-memory segment: a push or pull through shared memory moves at most this
  * much per call. */
 #define ZT_STATE_CLIENT_SHM_SLOT_BYTES (16u << 20)
+
+/* The most separate pieces of shared host memory one client gives (zt_state_client_shared_alloc). */
+#define ZT_STATE_CLIENT_MAX_SHARED 4
+
+/* What a piece of shared host memory holds (any push from it and any pull into it goes without a copy, whatever
+ * it holds). A pull into WEIGHTS stands there: it is one request for the whole range, and the servers' commits
+ * after it write the shard's new parameters straight into that memory during their update, so that the pull of
+ * their step finds them there and nobody copies them (zt_server_core_pull_standing). The caller promises not to
+ * write a shard's place in it from its first push of a step until its pull of that step has returned (the
+ * engine reads its weights there, and writes them only at an import, between steps). */
+enum zt_state_shared {
+    ZT_STATE_SHARED_GRADIENT = 0, /* the gradients the caller pushes */
+    ZT_STATE_SHARED_WEIGHTS = 1,  /* the parameters the caller pulls, whole shards, as above */
+};
 
 /* Whether pushes and pulls may go through shared memory with servers on this host (--server-shm). */
 enum zt_state_shm {
@@ -119,17 +139,25 @@ int zt_state_client_streams(const zt_state_client_t *c);
  * others". Returns buf. */
 const char *zt_state_client_transport(zt_state_client_t *c, char *buf, size_t cap);
 
-/* Host memory of `bytes` bytes (zeroed, page-aligned) that the state servers on this host read gradient pushes
- * from where they lie: a push of data inside it names its place in the memory instead of copying the bytes into
- * a shared-memory slot first (the engine keeps its host gradient there, so that the GPU's copies land where the
- * servers read). It is one more sealed memfd segment, offered (AttachShm) to every server that took the
- * client's slot segment, at the first push from it; a server that refuses it is pushed to through the slots,
- * with one INFO line. Call it at most once per client. Returns the memory, owned by the client and valid until
+/* Host memory of `bytes` bytes (zeroed, page-aligned) that the state servers on this host read pushes from and
+ * write pulls into where they lie: a push of data inside it, or a pull into it, names its place in the memory
+ * instead of copying the bytes through a shared-memory slot (the engine keeps its host gradient and the weights
+ * it pulls there, so that the GPU's copies land where the servers read and start where they write). Each call
+ * makes one more sealed memfd segment, offered (AttachShm) to every server that took the client's slot
+ * segment, at the first push or pull that touches it; a server that refuses it is pushed to and pulled from
+ * through the slots, with one INFO line naming `what`. Call it before the client's first push or pull (the
+ * transfers read the pieces without a lock). Returns the memory, owned by the client and valid until
  * zt_state_client_destroy (the caller must be done with it, and have unregistered it from CUDA, before), or
- * NULL when there is none to give (embedded mode, shared memory off, more than one segment can hold, a segment
- * that cannot be made: one INFO line for the last two): then the caller allocates its own. err is unused (no
- * case is an error). */
-void *zt_state_client_shared_alloc(zt_state_client_t *c, size_t bytes, zt_err *err);
+ * NULL when there is none to give (embedded mode, shared memory off, ZT_STATE_CLIENT_MAX_SHARED pieces given
+ * already, more than one segment can hold, a segment that cannot be made: one INFO line for the last three):
+ * then the caller allocates its own. err is unused (no case is an error). */
+void *zt_state_client_shared_alloc(zt_state_client_t *c, size_t bytes, enum zt_state_shared what, zt_err *err);
+
+/* Pulled bytes this process copied itself (out of the shared-memory slots, or out of the messages over TCP)
+ * since the client was created, into *bytes, and the seconds the copies took, summed over the threads that
+ * made them, into *seconds (either may be NULL): 0 for pulls into zt_state_client_shared_alloc's memory and in
+ * embedded mode. Safe from any thread; a caller that wants one pull's figures takes the difference. */
+void zt_state_client_pull_copies(zt_state_client_t *c, uint64_t *bytes, double *seconds);
 
 /* The in-process core in embedded mode (for snapshots and tests), or NULL with remote servers. */
 zt_server_core *zt_state_client_embedded_core(zt_state_client_t *c);
@@ -225,6 +253,10 @@ void zt__state_client_set_shm_fault(zt_state_client_t *c, enum zt__state_shm_fau
 /* For tests: the push bytes servers read from the memory of zt_state_client_shared_alloc (without a copy;
  * a retried call's bytes count again). */
 uint64_t zt__state_client_bytes_in_place(zt_state_client_t *c);
+
+/* For tests: the pull bytes servers wrote straight into the memory of zt_state_client_shared_alloc (without a
+ * copy; a retried call's bytes count again). */
+uint64_t zt__state_client_bytes_pulled_in_place(zt_state_client_t *c);
 
 /* For tests: whether server `server` is reached through shared memory now (1) or over TCP (0). */
 int zt__state_client_uses_shm(zt_state_client_t *c, int server);

@@ -1172,12 +1172,16 @@ static void log_timing(zt_engine *e, zt_state_client_t *client)
         char own[64] = "";
         if (t.server_update_s >= 0.0)
             snprintf(own, sizeof own, "AdamW on the servers %.3f s, ", t.server_update_s);
+        /* the pulled bytes this rank copied besides the servers' own copies: none when they write into its memory */
+        char copied[32];
+        zt_format_size(t.bytes_pull_copied, copied, sizeof copied);
         /* the wire's MiB are greppable as "wire N MiB" (bench/server/cpu_placement.sh reads them) */
         zt_log(ZT_LOG_INFO, "engine: step %.3f s | server push %.3f s (during the backward; waited %.3f s after it) | "
                "server update %.3f s (%sduring the forward; waited %.3f s for its answer) | pull %.3f s (behind the "
-               "update, into the forward) | waited for pulled blocks %.3f s | waited for the backward and norm %.3f s | "
-               "wire %.1f MiB pushed + pulled (via %s) | copied down %s, up %s",
-               t.step, t.push_s, t.push_wait_s, t.update_s, own, t.commit_wait_s, t.pull_s, t.wait_update, t.wait_norm,
+               "update, into the forward; worker copies %s in %.3f s) | waited for pulled blocks %.3f s | "
+               "waited for the backward and norm %.3f s | wire %.1f MiB pushed + pulled (via %s) | copied down %s, up %s",
+               t.step, t.push_s, t.push_wait_s, t.update_s, own, t.commit_wait_s, t.pull_s, copied, t.pull_copy_s,
+               t.wait_update, t.wait_norm,
                (double)(t.bytes_pushed + t.bytes_pulled) / (1024.0 * 1024.0), via[0] ? via : "embedded", down, up);
         return;
     }
