@@ -109,13 +109,11 @@ static const zt__cfg_key keys[] = {
 #undef S
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
-/* Validation with the source named in messages. */
+/* The rules the key table cannot say, with the source named in messages (the table's ranges are checked first,
+ * zt__cfg_io_validate). */
 static int validate_config(const void *cv, const char *where, zt_err *err)
 {
     const zt_bert_config *c = cv;
-    int rc = zt__cfg_check(keys, NKEYS, c, where, err);
-    if (rc < 0)
-        return rc;
     if (c->num_labels < 1 || c->num_labels > ZT_BERT_MAX_LABELS)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_labels must be from 1 to %d, got %d", where,
                        ZT_BERT_MAX_LABELS, c->num_labels);
@@ -217,7 +215,7 @@ static const zt__cfg_io io = {.model_types = model_types, .keys = keys, .nkeys =
 
 int zt_bert_config_validate(const zt_bert_config *cfg, zt_err *err)
 {
-    return validate_config(cfg, "model config", err);
+    return zt__cfg_io_validate(&io, cfg, "model config", err);
 }
 
 /* The model type's defaults when it differs from cfg's (the head kept), then the io's reading. */

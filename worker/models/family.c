@@ -116,7 +116,7 @@ int zt_family_config_validate(const zt_family_config *c, zt_err *err)
 
 int zt__family_validate(const zt_family_def *def, const void *body, zt_err *err)
 {
-    return def->io ? def->io->validate(body, "model config", err) : def->config_validate(body, err);
+    return def->io ? zt__cfg_io_validate(def->io, body, "model config", err) : def->config_validate(body, err);
 }
 
 /* The fields that say which model a config is: the family's table, or the keys of its io that fill a field

@@ -83,13 +83,11 @@ static const zt__cfg_key keys[] = {
 #undef NO_SAVE
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
-/* Validation with the source named in messages. */
+/* The rule the key table cannot say, with the source named in messages (the table's ranges are checked first,
+ * zt__cfg_io_validate). */
 static int validate_config(const void *cv, const char *where, zt_err *err)
 {
     const zt_gpt2_config *cfg = cv;
-    int rc = zt__cfg_check(keys, NKEYS, cfg, where, err);
-    if (rc < 0)
-        return rc;
     if (!cfg->tie_word_embeddings)
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: tie_word_embeddings is false, but ztrain's GPT-2 ties the output head to wte "
@@ -145,7 +143,7 @@ static const zt__cfg_io io = {.model_types = model_types, .keys = keys, .nkeys =
 
 int zt_gpt2_config_validate(const zt_gpt2_config *cfg, zt_err *err)
 {
-    return validate_config(cfg, "model config", err);
+    return zt__cfg_io_validate(&io, cfg, "model config", err);
 }
 
 int zt_gpt2_config_from_json(zt_gpt2_config *cfg, const cJSON *obj, const char *where, zt_err *err)

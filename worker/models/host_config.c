@@ -304,6 +304,12 @@ int zt__cfg_save(cJSON *o, const char *path, zt_err *err)
     return rc;
 }
 
+int zt__cfg_io_validate(const zt__cfg_io *io, const void *cfg, const char *where, zt_err *err)
+{
+    int rc = zt__cfg_check(io->keys, io->nkeys, cfg, where, err);
+    return rc < 0 ? rc : io->validate(cfg, where, err);
+}
+
 int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const char *where, zt_err *err)
 {
     ZT_ASSERT(io->size <= ZT__CFG_MAX_BYTES);
@@ -314,7 +320,7 @@ int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const cha
     if ((rc = zt__cfg_begin(&r, obj, where, io->model_types, &type, err)) < 0 ||
         (rc = zt__cfg_read(&r, obj, io->keys, io->nkeys, c, err)) < 0 ||
         (io->read_extra && (rc = io->read_extra(&r, obj, c, err)) < 0) ||
-        (rc = zt__cfg_finish(&r, obj, io->heads, err)) < 0 || (rc = io->validate(c, where, err)) < 0)
+        (rc = zt__cfg_finish(&r, obj, io->heads, err)) < 0 || (rc = zt__cfg_io_validate(io, c, where, err)) < 0)
         return rc;
     memcpy(cfg, c, io->size);
     return 0;
@@ -322,7 +328,7 @@ int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const cha
 
 int zt__cfg_io_save(const zt__cfg_io *io, const void *cfg, const char *path, zt_err *err)
 {
-    int rc = io->validate(cfg, path, err);
+    int rc = zt__cfg_io_validate(io, cfg, path, err);
     if (rc < 0)
         return rc;
     cJSON *o = cJSON_CreateObject();

@@ -139,12 +139,15 @@ typedef struct zt__cfg_io {
     const zt__cfg_key *keys;
     int nkeys;
     size_t size; /* of the config struct (at most ZT__CFG_MAX_BYTES) */
-    int (*validate)(const void *cfg, const char *where, zt_err *err);
+    int (*validate)(const void *cfg, const char *where, zt_err *err); /* after the table's checks */
     int (*read_extra)(zt_json_reader *r, const cJSON *obj, void *cfg, zt_err *err);
     void (*write_extra)(const void *cfg, cJSON *o);
     const char *(*model_type)(const void *cfg), *(*head)(const void *cfg);
 } zt__cfg_io;
 #define ZT__CFG_MAX_BYTES 8192
+/* Checks cfg: the key table's ranges and head counts (zt__cfg_check), then io's validate, the rules that tie keys
+ * together. Returns 0 or ZT_EINVAL_CONFIG. */
+int zt__cfg_io_validate(const zt__cfg_io *io, const void *cfg, const char *where, zt_err *err);
 /* Fills cfg (a config struct of io's family) from obj: begin, the table's keys, read_extra, finish (any
  * other key refused by name), validate; cfg is unchanged on an error. Returns 0 or ZT_EINVAL_CONFIG. */
 int zt__cfg_io_read(const zt__cfg_io *io, void *cfg, const cJSON *obj, const char *where, zt_err *err);
