@@ -84,7 +84,7 @@ static const zt__cfg_key keys[] = {
     K("relative_attention_num_buckets", num_buckets, 2, 1 << 16),
     K("relative_attention_max_distance", max_distance, 1, T5_MAX_POSITIONS), ZT__CFG_I(S, n_positions, 1, T5_MAX_POSITIONS),
     ZT__CFG_R(S, FLOAT, layer_norm_epsilon, 0.0, 1.0, ZT__CFG_OPEN | ZT__CFG_PY_FLOAT),
-    ZT__CFG_R(S, DOUBLE, initializer_factor, 0.0, 100.0, ZT__CFG_NO_CHECK | ZT__CFG_PY_FLOAT),
+    ZT__CFG_R(S, DOUBLE, initializer_factor, 0.0, 100.0, ZT__CFG_ABOVE_MIN | ZT__CFG_PY_FLOAT),
     ZT__CFG_R(S, DOUBLE, dropout_rate, 0.0, 1.0, ZT__CFG_NO_CHECK | ZT__CFG_PY_FLOAT),
     ZT__CFG_NUMBER_("classifier_dropout", 0.0, 1.0, 0, "0.0"),
     ZT__CFG_ONLY_("is_encoder_decoder", "true", 0, "ztrain trains T5ForConditionalGeneration"),
@@ -95,11 +95,10 @@ static const zt__cfg_key keys[] = {
 #undef S
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 
-static int validate_config(const zt_t5_config *c, const char *where, zt_err *err)
+/* The rules the key table cannot say (its ranges are checked first, zt__cfg_io_validate). */
+static int validate_config(const void *cv, const char *where, zt_err *err)
 {
-    int rc = zt__cfg_check(keys, NKEYS, c, where, err);
-    if (rc < 0)
-        return rc;
+    const zt_t5_config *c = cv;
     if (c->num_decoder_layers < 1 || c->num_decoder_layers > T5_MAX_LAYERS)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: num_decoder_layers must be from 1 to %d, got %d", where,
                        T5_MAX_LAYERS, c->num_decoder_layers);
@@ -115,9 +114,6 @@ static int validate_config(const zt_t5_config *c, const char *where, zt_err *err
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: relative_attention_max_distance %d must be above relative_attention_num_buckets / 4 (%d), "
                        "where the logarithmic buckets start", where, c->max_distance, c->num_buckets / 4);
-    if (!(c->initializer_factor > 0.0 && c->initializer_factor <= 100.0))
-        return zt_fail(err, ZT_EINVAL_CONFIG, "%s: initializer_factor must be above 0 and at most 100, got %g", where,
-                       c->initializer_factor);
     if (!(c->dropout_rate >= 0.0 && c->dropout_rate < 1.0))
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: dropout_rate must be from 0 to 1 (exclusive), got %g", where,
                        c->dropout_rate);
@@ -135,11 +131,6 @@ static int validate_config(const zt_t5_config *c, const char *where, zt_err *err
     return 0;
 }
 
-static int config_validate(const zt_t5_config *c, zt_err *err)
-{
-    return validate_config(c, "model config", err);
-}
-
 /* A token id: a whole number from 0, or null (-1) where null_ok. */
 static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bool null_ok, int *out, zt_err *err)
 {
@@ -151,88 +142,70 @@ static int get_token_id(zt_json_reader *r, const cJSON *obj, const char *key, bo
     return zt__host_json_token_id(r, obj, key, out, err);
 }
 
-static int config_from_json(zt_t5_config *cfg, const cJSON *obj, const char *where, zt_err *err)
+/* What T5Config reads beyond the key table (mT5 from model_type: the registry's defaults of that type). */
+static int read_extra(zt_json_reader *r, const cJSON *obj, void *cv, zt_err *err)
 {
-    static const char *const types[] = {"t5", "mt5", NULL};
-    zt_t5_config c = *cfg;
-    zt_json_reader r;
-    int rc, type;
-    if ((rc = zt__cfg_begin(&r, obj, where, types, &type, err)) < 0)
-        return rc;
-    if (type >= 0)
-        c.mt5 = type == 1;
-    if ((rc = zt__cfg_read(&r, obj, keys, NKEYS, &c, err)) < 0)
-        return rc;
+    zt_t5_config *c = cv;
+    const char *where = r->where;
+    int rc;
     /* num_decoder_layers: absent or null is num_layers, as T5Config reads it */
-    c.num_decoder_layers = c.num_layers;
+    c->num_decoder_layers = c->num_layers;
     const cJSON *ndl = cJSON_GetObjectItemCaseSensitive(obj, "num_decoder_layers");
     if (cJSON_IsNull(ndl))
-        zt_json_accept(&r, "num_decoder_layers");
-    else if ((rc = zt__host_json_int(&r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c.num_decoder_layers, NULL,
+        zt_json_accept(r, "num_decoder_layers");
+    else if ((rc = zt__host_json_int(r, "num_decoder_layers", 1, T5_MAX_LAYERS, &c->num_decoder_layers, NULL,
                                      err)) < 0)
         return rc;
     /* the MLP: feed_forward_proj, and the fields T5Config derives from it (they must agree) */
     char ff[32] = "relu", act[32] = "";
-    if ((rc = zt_json_get_string(&r, "feed_forward_proj", ff, sizeof ff, err)) < 0 ||
-        (rc = zt_json_get_string(&r, "dense_act_fn", act, sizeof act, err)) < 0)
+    if ((rc = zt_json_get_string(r, "feed_forward_proj", ff, sizeof ff, err)) < 0 ||
+        (rc = zt_json_get_string(r, "dense_act_fn", act, sizeof act, err)) < 0)
         return rc;
     if (strcmp(ff, "relu") == 0)
-        c.gated = false;
+        c->gated = false;
     else if (strcmp(ff, "gated-gelu") == 0)
-        c.gated = true;
+        c->gated = true;
     else
         return zt_fail(err, ZT_EINVAL_CONFIG,
                        "%s: feed_forward_proj is \"%s\", but ztrain's T5 computes \"relu\" (T5 v1.0) and \"gated-gelu\" "
                        "(v1.1, FLAN-T5, mT5)", where, ff);
-    const char *want_act = c.gated ? "gelu_new" : "relu";
+    const char *want_act = c->gated ? "gelu_new" : "relu";
     if (act[0] && strcmp(act, want_act) != 0)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: dense_act_fn is \"%s\", but feed_forward_proj \"%s\" computes \"%s\"",
                        where, act, ff, want_act);
-    bool is_gated = c.gated;
-    if ((rc = zt_json_get_bool(&r, "is_gated_act", &is_gated, err)) < 0)
+    bool is_gated = c->gated;
+    if ((rc = zt_json_get_bool(r, "is_gated_act", &is_gated, err)) < 0)
         return rc;
-    if (is_gated != c.gated)
+    if (is_gated != c->gated)
         return zt_fail(err, ZT_EINVAL_CONFIG, "%s: is_gated_act is %s, but feed_forward_proj is \"%s\"", where,
                        is_gated ? "true" : "false", ff);
     /* The head: tie_word_embeddings (absent: tied) and scale_decoder_outputs (transformers 5 writes it for T5
      * and ties every head; absent: T5's scale follows the tie, as transformers derives it, and mT5 has none, as
      * transformers 5's MT5ForConditionalGeneration computes it). */
-    c.tie_word_embeddings = true;
-    if ((rc = zt_json_get_bool(&r, "tie_word_embeddings", &c.tie_word_embeddings, err)) < 0)
+    c->tie_word_embeddings = true;
+    if ((rc = zt_json_get_bool(r, "tie_word_embeddings", &c->tie_word_embeddings, err)) < 0)
         return rc;
-    c.scale_decoder_outputs = c.tie_word_embeddings && !c.mt5;
-    if ((rc = zt_json_get_bool(&r, "scale_decoder_outputs", &c.scale_decoder_outputs, err)) < 0)
+    c->scale_decoder_outputs = c->tie_word_embeddings && !c->mt5;
+    if ((rc = zt_json_get_bool(r, "scale_decoder_outputs", &c->scale_decoder_outputs, err)) < 0)
         return rc;
 
-    if ((rc = get_token_id(&r, obj, "pad_token_id", false, &c.pad_token_id, err)) < 0 ||
-        (rc = get_token_id(&r, obj, "eos_token_id", true, &c.eos_token_id, err)) < 0)
+    if ((rc = get_token_id(r, obj, "pad_token_id", false, &c->pad_token_id, err)) < 0 ||
+        (rc = get_token_id(r, obj, "eos_token_id", true, &c->eos_token_id, err)) < 0)
         return rc;
     int bos = -1; /* mT5 writes bos_token_id null; T5 has no beginning-of-sequence token */
-    if ((rc = get_token_id(&r, obj, "bos_token_id", true, &bos, err)) < 0)
+    if ((rc = get_token_id(r, obj, "bos_token_id", true, &bos, err)) < 0)
         return rc;
-    c.decoder_start_token_id = c.pad_token_id;
-    if ((rc = get_token_id(&r, obj, "decoder_start_token_id", false, &c.decoder_start_token_id, err)) < 0)
+    c->decoder_start_token_id = c->pad_token_id;
+    if ((rc = get_token_id(r, obj, "decoder_start_token_id", false, &c->decoder_start_token_id, err)) < 0)
         return rc;
 
-    static const char *const heads[] = {"T5ForConditionalGeneration", "MT5ForConditionalGeneration", NULL};
-    if ((rc = zt__cfg_finish(&r, obj, heads, err)) < 0)
-        return rc;
-    if ((rc = validate_config(&c, where, err)) < 0)
-        return rc;
-    *cfg = c;
     return 0;
 }
 
-static int config_save(const zt_t5_config *c, const char *path, zt_err *err)
+/* What a written config holds beyond the key table. */
+static void write_extra(const void *cv, cJSON *o)
 {
-    int rc = validate_config(c, path, err);
-    if (rc < 0)
-        return rc;
-    cJSON *o = cJSON_CreateObject();
-    zt__cfg_write(keys, NKEYS, c, o);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "architectures"),
-                         cJSON_CreateString(c->mt5 ? "MT5ForConditionalGeneration" : "T5ForConditionalGeneration"));
-    cJSON_AddStringToObject(o, "model_type", c->mt5 ? "mt5" : "t5");
+    const zt_t5_config *c = cv;
     cJSON_AddNumberToObject(o, "num_decoder_layers", c->num_decoder_layers);
     cJSON_AddStringToObject(o, "dense_act_fn", c->gated ? "gelu_new" : "relu");
     cJSON_AddStringToObject(o, "feed_forward_proj", c->gated ? "gated-gelu" : "relu");
@@ -242,8 +215,23 @@ static int config_save(const zt_t5_config *c, const char *path, zt_err *err)
     zt__cfg_add_token(o, "pad_token_id", c->pad_token_id);
     zt__cfg_add_token(o, "eos_token_id", c->eos_token_id);
     zt__cfg_add_token(o, "decoder_start_token_id", c->decoder_start_token_id);
-    return zt__cfg_save(o, path, err);
 }
+
+static const char *model_type(const void *c)
+{
+    return ((const zt_t5_config *)c)->mt5 ? "mt5" : "t5";
+}
+
+static const char *head(const void *c)
+{
+    return ((const zt_t5_config *)c)->mt5 ? "MT5ForConditionalGeneration" : "T5ForConditionalGeneration";
+}
+
+static const char *const model_types[] = {"t5", "mt5", NULL};
+static const char *const heads[] = {"T5ForConditionalGeneration", "MT5ForConditionalGeneration", NULL};
+static const zt__cfg_io io = {.model_types = model_types, .heads = heads, .keys = keys, .nkeys = NKEYS,
+                              .size = sizeof(zt_t5_config), .validate = validate_config, .read_extra = read_extra,
+                              .write_extra = write_extra, .model_type = model_type, .head = head};
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Tensor table                                                                                         */
@@ -1008,12 +996,6 @@ static void f_config_default(void *c, const char *model_type)
     zt_t5_config_default(c);
     ((zt_t5_config *)c)->mt5 = model_type && strcmp(model_type, "mt5") == 0;
 }
-static int f_config_from_json(void *c, const cJSON *o, const char *where, zt_err *err)
-{
-    return config_from_json(c, o, where, err);
-}
-static int f_config_save(const void *c, const char *path, zt_err *err) { return config_save(c, path, err); }
-static int f_config_validate(const void *c, zt_err *err) { return config_validate(c, err); }
 
 #define F(name, kind, hash_only) {#name, offsetof(zt_t5_config, name), ZT__HM_##kind, hash_only}
 static const zt__hm_field fields[] = {
@@ -1400,15 +1382,12 @@ static zt_model *f_cuda_shape(const void *m, int B, int T, int max_micro, enum z
 }
 #endif /* ZT_WITH_CUDA */
 
-static const char *const model_types[] = {"t5", "mt5", NULL};
 
 const zt_family_def zt__family_t5 = {
     .name = "t5",
     .model_types = model_types,
     .config_default = f_config_default,
-    .config_from_json = f_config_from_json,
-    .config_save = f_config_save,
-    .config_validate = f_config_validate,
+    .io = &io,
     ZT__HM_FIELD_ENTRIES(fields, 5)
     .config_describe = f_config_describe,
     .config_shape = f_config_shape,
