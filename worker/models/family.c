@@ -231,16 +231,13 @@ int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int
 {
     *out = NULL;
     void *host = NULL;
-    int rc = c->def->host ? zt__hm_create((zt__hm **)&host, c->def->host, c->body, B, T, seed, err)
-                          : c->def->create(&host, c->body, B, T, seed, err);
+    int rc = zt__hm_create((zt__hm **)&host, c->def->host, c->body, B, T, seed, err);
     return rc < 0 ? rc : wrap(out, c, host);
 }
 
 int zt_family_model_create_lazy(zt_family_model **out, const zt_family_config *c, int B, int T, uint64_t seed,
                                 zt_err *err)
 {
-    if (!c->def->host)
-        return zt_family_model_create(out, c, B, T, seed, err);
     *out = NULL;
     void *host = NULL;
     int rc = zt__hm_create_lazy((zt__hm **)&host, c->def->host, c->body, B, T, seed, err);
@@ -249,16 +246,14 @@ int zt_family_model_create_lazy(zt_family_model **out, const zt_family_config *c
 
 void zt_family_model_init_through(zt_family_model *m, int block)
 {
-    if (m->def->host)
-        zt__hm_init_through(m->host, block);
+    zt__hm_init_through(m->host, block);
 }
 
 int zt_family_model_create_layout(zt_family_model **out, const zt_family_config *c, zt_err *err)
 {
     *out = NULL;
     void *host = NULL;
-    int rc = c->def->host ? zt__hm_create_layout((zt__hm **)&host, c->def->host, c->body, err)
-                          : c->def->create_layout(&host, c->body, err);
+    int rc = zt__hm_create_layout((zt__hm **)&host, c->def->host, c->body, err);
     return rc < 0 ? rc : wrap(out, c, host);
 }
 

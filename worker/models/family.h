@@ -92,11 +92,9 @@ struct zt_family_def {
     /* The name of label i of a classifier (NULL for families without labels). */
     const char *(*config_label)(const void *cfg, int i, char *buf, size_t cap);
 
-    /* The host model: the shared one (host: host_model.h's zt__hm_spec, and create and create_layout NULL), or
-     * the family's own. */
+    /* The host model: the shared one (host_model.h), given its spec; the family's own entries below are the
+     * host model's (ZT__HM_FAMILY_ENTRIES, ZT__HM_HOST_ENTRIES). */
     const struct zt__hm_spec *host;
-    int (*create)(void **out, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
-    int (*create_layout)(void **out, const void *cfg, zt_err *err);
     void (*destroy)(void *m);
     const void *(*config)(const void *m);
     size_t (*num_params)(const void *m);
@@ -193,7 +191,8 @@ int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int
                            zt_err *err);
 /* The same with the parameter slab filled later, block by block in order, by zt_family_model_init_through (the
  * values zt_family_model_create gives): a run whose engine takes the initial weights block by block holds one
- * block of them at a time (zt_engine_options.fill_host_block). A family that cannot is initialised at once. */
+ * block of them at a time (zt_engine_options.fill_host_block). A table whose blocks do not follow its order is
+ * initialised at once. */
 int zt_family_model_create_lazy(zt_family_model **out, const zt_family_config *c, int B, int T, uint64_t seed,
                                 zt_err *err);
 /* Fills the parameter slab's blocks up to and including `block` that are not filled yet (a no-op when all

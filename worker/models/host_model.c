@@ -93,7 +93,7 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
     memcpy(m->cfg, cfg, spec->config_size);
     m->max_B = B;
     m->max_T = T;
-    m->num_tensors = spec->table ? zt__tt_count(spec->table, cfg) : spec->count_tensors(cfg);
+    m->num_tensors = zt__tt_count(spec->table, cfg);
     zt_family_shape shape;
     spec->def->config_shape(cfg, &shape);
     m->num_blocks = shape.layers + 2;
@@ -103,8 +103,7 @@ static zt__hm *new_tables(const zt__hm_spec *spec, const void *cfg, int B, int T
         zt__hm_destroy(m);
         return NULL;
     }
-    m->num_params = spec->table ? zt__tt_layout(spec->table, cfg, m->tensors, m->blocks)
-                                : spec->build_layout(cfg, m->tensors, m->blocks);
+    m->num_params = zt__tt_layout(spec->table, cfg, m->tensors, m->blocks);
     ZT_ASSERT(m->num_params == shape.num_params);
     if (spec->enc_arch) {
         spec->enc_arch(cfg, &m->earch);
@@ -202,7 +201,7 @@ static int create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     if (rc < 0)
         goto err;
     zt_rng_seed(&m->init_rng, seed);
-    if (lazy && spec->table && blocks_in_order(m)) { /* zt__hm_init_through fills the blocks */
+    if (lazy && blocks_in_order(m)) { /* zt__hm_init_through fills the blocks */
         if (m->num_params >= ((size_t)100 << 20))
             zt_log(ZT_LOG_INFO, "model: %.2fM parameters initialised block by block as they are taken (seed %llu)",
                    (double)m->num_params / 1e6, (unsigned long long)seed);
@@ -212,10 +211,7 @@ static int create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     if (m->num_params >= ((size_t)100 << 20)) /* a few seconds of work: say what it is */
         zt_log(ZT_LOG_INFO, "model: initialising %.2fM parameters (seed %llu, %d threads)", (double)m->num_params / 1e6,
                (unsigned long long)seed, zt_cpu_get_threads());
-    if (spec->table)
-        zt__tt_init(spec->table, m->cfg, m->tensors, m->num_tensors, m->params, seed);
-    else
-        spec->init(m->cfg, m->tensors, m->num_tensors, m->params, seed);
+    zt__tt_init(spec->table, m->cfg, m->tensors, m->num_tensors, m->params, seed);
     m->init_next = m->num_tensors;
     *out = m;
     return 0;
@@ -519,10 +515,4 @@ void zt__hm_add_tensor(zt_param_info *t, int block, size_t *offset, const char *
     t->block = block;
     t->weight_decay = decay;
     *offset += t->numel;
-}
-
-size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg)
-{
-    ZT_ASSERT(spec->table); /* a family with its tensor table as code counts its own */
-    return zt__tt_num_params(spec->table, cfg);
 }

@@ -49,17 +49,11 @@ typedef struct zt__hm_spec {
     const char *positions_key; /* the config's name of its longest sequence, for messages (NULL:
                                   "max_position_embeddings") */
     /* The tensors as data (tensor_table.h): the layout, the initialisation and the Hugging Face names come
-     * from it, and count_tensors, build_layout and init are NULL. */
+     * from it. */
     const struct zt__tt *table;
-    /* Or the tensor table as code: the number of tensors, then the table and the L + 2 blocks filled in slab
-     * order; returns the number of parameters. */
-    int (*count_tensors)(const void *cfg);
-    size_t (*build_layout)(const void *cfg, zt_param_info *tensors, zt_block_info *blocks);
     /* The decoder program's view of cfg (with a->rope, the frequencies' config); the table's roles fill the
      * tensor indices (decoder.h): layer rows by ZT__DEC_* role, final rows by ZT__DEC_FINAL_W, _B, _HEAD. */
     void (*arch)(const void *cfg, zt__dec_arch *a);
-    /* Fills params (the table's layout) as transformers initialises the model, from seed. */
-    void (*init)(const void *cfg, const zt_param_info *tensors, int ntensors, float *params, uint64_t seed);
     /* Or the encoder program's view (encoder.h; arch is then NULL): its CPU runner and CUDA executor are the
      * host model's, the head reading block a->head_block; the table's roles fill the tensor indices (embedding
      * rows by ZT__ENC_E_*, layer rows by ZT__ENC_*, final rows by ZT__ENC_H_*; a masked-LM head's output
@@ -221,10 +215,6 @@ void zt__hm_accuracy(const void *m, int *correct, int *counted);
 #else
 #define ZT__HM_TYPED_CUDA_API(p, M)
 #endif
-
-/* The number of parameters of a valid config of spec's family, from its tensor table (nothing of the
- * model's size is allocated). */
-size_t zt__hm_config_num_params(const zt__hm_spec *spec, const void *cfg);
 
 /* ---- configs described by a field table: diff and fingerprint written once ---- */
 
