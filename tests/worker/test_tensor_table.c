@@ -368,6 +368,17 @@ static void test_lazy_init(void **state)
         int nb = 0;
         for (int i = 0; i < zt_family_model_num_tensors(eager); i++)
             nb = zt_family_model_tensor(eager, i)->block + 1 > nb ? zt_family_model_tensor(eager, i)->block + 1 : nb;
+        /* lazy: block 0 filled leaves the next block's tensors as they were (a marker here) */
+        float *sp = zt_family_model_params(steps);
+        const size_t total = zt_family_model_num_params(eager);
+        for (size_t j = 0; j < total; j++)
+            sp[j] = -7.0f;
+        zt_family_model_init_through(steps, 0);
+        for (int i = 0; i < zt_family_model_num_tensors(eager); i++) {
+            const zt_param_info *t = zt_family_model_tensor(eager, i);
+            if (t->block == 1)
+                assert_true(sp[t->offset] == -7.0f && sp[t->offset + t->numel - 1] == -7.0f);
+        }
         for (int b = 0; b < nb; b++) {
             zt_family_model_init_through(steps, b);
             zt_family_model_init_through(steps, b); /* again: nothing more */

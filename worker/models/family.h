@@ -191,8 +191,7 @@ int zt_family_model_create(zt_family_model **out, const zt_family_config *c, int
                            zt_err *err);
 /* The same with the parameter slab filled later, block by block in order, by zt_family_model_init_through (the
  * values zt_family_model_create gives): a run whose engine takes the initial weights block by block holds one
- * block of them at a time (zt_engine_options.fill_host_block). A table whose blocks do not follow its order is
- * initialised at once. */
+ * block of them at a time (zt_engine_options.fill_host_block). */
 int zt_family_model_create_lazy(zt_family_model **out, const zt_family_config *c, int B, int T, uint64_t seed,
                                 zt_err *err);
 /* Fills the parameter slab's blocks up to and including `block` that are not filled yet (a no-op when all

@@ -147,8 +147,8 @@ int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg,
     return 0;
 }
 
-/* Whether the tensors' blocks never decrease in table order, so that blocks are filled in order by filling
- * tensors in order. */
+/* Whether the tensors' blocks never decrease in table order (a tensor table lays them out so), so that blocks
+ * are filled in order by filling tensors in order. */
 static bool blocks_in_order(const zt__hm *m)
 {
     for (int i = 1; i < m->num_tensors; i++)
@@ -201,7 +201,8 @@ static int create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B,
     if (rc < 0)
         goto err;
     zt_rng_seed(&m->init_rng, seed);
-    if (lazy && blocks_in_order(m)) { /* zt__hm_init_through fills the blocks */
+    if (lazy) { /* zt__hm_init_through fills the blocks */
+        ZT_ASSERT(blocks_in_order(m));
         if (m->num_params >= ((size_t)100 << 20))
             zt_log(ZT_LOG_INFO, "model: %.2fM parameters initialised block by block as they are taken (seed %llu)",
                    (double)m->num_params / 1e6, (unsigned long long)seed);

@@ -73,9 +73,8 @@ typedef struct zt__hm zt__hm;
  * the config's positions), initialised from seed. Returns 0, ZT_EINVAL_CONFIG
  * or ZT_ENOMEM with a message. Free with zt__hm_destroy. */
 int zt__hm_create(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed, zt_err *err);
-/* The same with the parameter slab left unfilled (untouched pages, where the family has a tensor table whose
- * blocks follow its order): zt__hm_init_through fills it block by block, in order, with the values zt__hm_create
- * gives, so that the blocks not filled yet take no memory. */
+/* The same with the parameter slab left unfilled (untouched pages): zt__hm_init_through fills it block by block,
+ * in order, with the values zt__hm_create gives, so that the blocks not filled yet take no memory. */
 int zt__hm_create_lazy(zt__hm **out, const zt__hm_spec *spec, const void *cfg, int B, int T, uint64_t seed,
                        zt_err *err);
 /* Fills the blocks up to and including `block` that are not filled yet (nothing once all are). */
