@@ -48,23 +48,12 @@
 /* Sets Hugging Face LlamaConfig's defaults. */
 void zt_llama_config_default(zt_llama_config *cfg)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->family = ZT_LLAMA_FAMILY_LLAMA;
-    cfg->num_hidden_layers = 32;
-    cfg->hidden_size = 4096;
-    cfg->num_attention_heads = 32;
-    cfg->num_key_value_heads = 32;
-    cfg->intermediate_size = 11008;
-    cfg->max_position_embeddings = 2048;
-    cfg->vocab_size = 32000;
-    cfg->rms_norm_eps = 1e-6f;
-    cfg->rope = (zt_rope_config){.theta = 10000.0, .scaling = ZT_ROPE_SCALING_NONE};
-    cfg->tie_word_embeddings = false;
-    cfg->initializer_range = 0.02;
-    cfg->bos_token_id = 1;
-    cfg->pad_token_id = -1;
-    cfg->num_eos_token_ids = 1;
-    cfg->eos_token_ids[0] = 2;
+    *cfg = (zt_llama_config){.family = ZT_LLAMA_FAMILY_LLAMA, .num_hidden_layers = 32, .hidden_size = 4096,
+                             .num_attention_heads = 32, .num_key_value_heads = 32, .intermediate_size = 11008,
+                             .max_position_embeddings = 2048, .vocab_size = 32000, .rms_norm_eps = 1e-6f,
+                             .rope = {.theta = 10000.0, .scaling = ZT_ROPE_SCALING_NONE},
+                             .tie_word_embeddings = false, .initializer_range = 0.02, .bos_token_id = 1,
+                             .pad_token_id = -1, .num_eos_token_ids = 1, .eos_token_ids = {2}};
 }
 
 /* The keys of LlamaConfig, MistralConfig and Qwen2Config that ztrain reads the same way (the window fields,

@@ -52,26 +52,11 @@
 
 void zt_t5_config_default(zt_t5_config *c)
 {
-    memset(c, 0, sizeof *c);
-    c->vocab_size = 32128;
-    c->d_model = 512;
-    c->d_kv = 64;
-    c->d_ff = 2048;
-    c->num_layers = 6;
-    c->num_decoder_layers = 6;
-    c->num_heads = 8;
-    c->num_buckets = 32;
-    c->max_distance = 128;
-    c->layer_norm_epsilon = 1e-6f;
-    c->initializer_factor = 1.0;
-    c->dropout_rate = 0.1;
-    c->gated = false;
-    c->tie_word_embeddings = true;
-    c->scale_decoder_outputs = true;
-    c->n_positions = 512;
-    c->pad_token_id = 0;
-    c->eos_token_id = 1;
-    c->decoder_start_token_id = 0;
+    *c = (zt_t5_config){.vocab_size = 32128, .d_model = 512, .d_kv = 64, .d_ff = 2048, .num_layers = 6,
+                        .num_decoder_layers = 6, .num_heads = 8, .num_buckets = 32, .max_distance = 128,
+                        .layer_norm_epsilon = 1e-6f, .initializer_factor = 1.0, .dropout_rate = 0.1,
+                        .gated = false, .tie_word_embeddings = true, .scale_decoder_outputs = true,
+                        .n_positions = 512, .pad_token_id = 0, .eos_token_id = 1, .decoder_start_token_id = 0};
 }
 
 /* T5Config's and MT5Config's keys; the MLP's three keys, num_decoder_layers, the head's two booleans and
