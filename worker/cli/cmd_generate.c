@@ -391,7 +391,7 @@ int zt_cmd_generate(int argc, char **argv)
     const bool seq2seq = zt_family_config_task(&cfg) == ZT_TASK_SEQ2SEQ;
     if (zt_family_config_task(&cfg) != ZT_TASK_CAUSAL_LM && !seq2seq) {
         zt_fail(&err, ZT_EUNSUPPORTED, "%s is a %s model, which does not generate text (generate works with causal "
-                "language models: GPT-2, LLaMA, Mistral, and text-to-text models: T5); evaluate it with ztrain "
+                "language models: GPT-2, LLaMA, Mistral, Qwen2, GPT-NeoX, and text-to-text models: T5); evaluate it with ztrain "
                 "train's --val-data instead", config_path, zt_family_name(&cfg));
         return runtime_error(&err);
     }

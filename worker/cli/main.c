@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "worker/cli/commands.h"
+#include "worker/models/family.h"
 
 #ifndef ZT_VERSION
 #define ZT_VERSION "unknown"
@@ -14,7 +15,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *summary;
 } commands[] = {
-    {"train", zt_cmd_train, "train a model (GPT-2, LLaMA, BERT, RoBERTa) on token shards or labelled texts (resumable)"},
+    {"train", zt_cmd_train, "train a model on token shards, supervised examples or labelled texts (resumable)"},
     {"finetune", zt_cmd_finetune, "fine-tune Hugging Face weights on one GPU, beyond its memory (--gpu-mem)"},
     {"generate", zt_cmd_generate, "sample text from a checkpoint or exported weights"},
     {"export", zt_cmd_export, "write a checkpoint's weights as Hugging Face safetensors + config.json"},
@@ -27,9 +28,13 @@ static const struct {
 
 static void print_usage(FILE *f)
 {
+    char types[256];
+    zt_family_list_model_types(types, sizeof types);
     fprintf(f, "usage: ztrain <command> [flags]   (ztrain <command> --help for its flags)\n"
                "       ztrain --help | ztrain --version\n\n"
-               "Trains transformers (GPT-2, LLaMA, BERT, RoBERTa families) in C and CUDA.\n\ncommands:\n");
+               "Trains transformers in C and CUDA; a model is a Hugging Face config.json whose model_type is\n"
+               "one of: %s.\n\ncommands:\n",
+            types);
     for (size_t i = 0; i < NUM_COMMANDS; i++)
         fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nexit status: 0 success, 1 runtime failure, 2 usage error, 130 interrupted\n");

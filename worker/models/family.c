@@ -59,14 +59,13 @@ void zt_family_config_default(zt_family_config *c)
     zt_family_config_default_of(c, registry[0]->model_types[0]);
 }
 
-/* "gpt2, llama, mistral, ..." for messages. */
-static void known_types(char *buf, size_t cap)
+void zt_family_list_model_types(char *buf, size_t cap)
 {
     size_t k = 0;
     buf[0] = '\0';
     for (int i = 0; i < NFAMILIES; i++)
-        for (const char *const *t = registry[i]->model_types; *t; t++)
-            k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%s", k ? ", " : "", *t);
+        for (const char *const *t = registry[i]->model_types; *t && k < cap; t++)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? ", " : "", *t);
 }
 
 int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char *where, zt_err *err)
@@ -79,7 +78,7 @@ int zt_family_config_from_json(zt_family_config *c, const cJSON *obj, const char
     const zt_family_def *def = zt_family_find(name);
     if (!def) {
         char known[256];
-        known_types(known, sizeof known);
+        zt_family_list_model_types(known, sizeof known);
         return zt_fail(err, ZT_EUNSUPPORTED, "%s: model_type '%s' is not a family ztrain trains (it trains %s)", where,
                        name, known);
     }

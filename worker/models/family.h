@@ -141,6 +141,8 @@ int zt__family_validate(const zt_family_def *def, const void *body, zt_err *err)
 
 /* The registry: the family reading model_type (NULL when none does). */
 const zt_family_def *zt_family_find(const char *model_type);
+/* Every model_type the registry reads, in its order, as "gpt2, llama, mistral, ..." into buf (cut at cap). */
+void zt_family_list_model_types(char *buf, size_t cap);
 /* "gpt2", "llama", ... */
 const char *zt_family_name(const zt_family_config *c);
 
