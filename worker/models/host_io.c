@@ -214,8 +214,9 @@ int zt__host_import(const zt_family_def *def, void *m, const char *path, bool pr
                              file, t->name, files[seen[idx] - 1]);
                 goto out;
             }
-            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
+            if ((rc = zt__host_check_tensor(t, st, file, err)) < 0)
                 goto out;
+            zt__host_convert_tensor(t, st, tmp + t->offset);
             seen[idx] = fi + 1;
         }
     }
