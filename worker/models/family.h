@@ -107,6 +107,8 @@ struct zt_family_def {
     int (*max_seq)(const void *m);
     float *(*params)(void *m);
     float *(*grads)(void *m);
+    /* Tensor i's values into dst (numel floats): the slab's, or those a lazily created model will be filled with */
+    void (*tensor_values)(const void *m, int i, float *dst);
     void (*release_params)(void *m);
     /* How the tensor table meets Hugging Face files (host_io.c). */
     const struct zt_hf_names *hf;
