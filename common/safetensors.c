@@ -474,6 +474,17 @@ const char *zt_st_metadata(const zt_st_file *f, const char *key)
 /* ---------------------------------------------------------------------------------------------- */
 /* Values and checkpoints                                                                          */
 
+/* Gives back the mapping's pages under bytes [src, src + bytes) of f's mapping: whole pages around the range (a
+ * read-only mapping of the file, so a neighbour's page given back too is only read again). */
+static void release_range(const zt_st_file *f, const char *src, size_t bytes)
+{
+    if (bytes == 0)
+        return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)f->map;
+    const uintptr_t lo = ((uintptr_t)src - base) / page * page, hi = (uintptr_t)src + bytes - base;
+    (void)madvise((char *)f->map + lo, hi - lo, MADV_DONTNEED);
+}
+
 /* Copies a range of a tensor out of the mapping and drops the mapping's pages of it; see safetensors.h. */
 void zt_st_copy_out(const zt_st_file *f, const zt_st_tensor *t, size_t offset, void *dst, size_t bytes)
 {
@@ -482,11 +493,13 @@ void zt_st_copy_out(const zt_st_file *f, const zt_st_tensor *t, size_t offset, v
         return;
     const char *src = (const char *)t->data + offset;
     memcpy(dst, src, bytes);
-    /* whole pages around the range: a read-only mapping of the file, so a neighbour's page given back too is
-     * only read again */
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)f->map;
-    const uintptr_t lo = ((uintptr_t)src - base) / page * page, hi = (uintptr_t)src + bytes - base;
-    (void)madvise((char *)f->map + lo, hi - lo, MADV_DONTNEED);
+    release_range(f, src, bytes);
+}
+
+/* Drops the mapping's pages of a tensor; see safetensors.h. */
+void zt_st_release(const zt_st_file *f, const zt_st_tensor *t)
+{
+    release_range(f, t->data, t->nbytes);
 }
 
 /* F32, F16 and BF16: the dtypes zt_st_element_f32 reads. */

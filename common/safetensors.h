@@ -75,6 +75,10 @@ const char *zt_st_metadata(const zt_st_file *f, const char *key);
  * pages of the mapping that the copy touched (they are read from the file again if touched later), so that a
  * file read piece by piece holds no more of it in memory than the piece being copied. */
 void zt_st_copy_out(const zt_st_file *f, const zt_st_tensor *t, size_t offset, void *dst, size_t bytes);
+/* Gives back the pages of the mapping that tensor t of f lies on, once read in place (t->data) and not needed
+ * until later: they are read from the file again when touched, so that a file read tensor by tensor holds no
+ * more of it in the process's memory than the tensor being read. */
+void zt_st_release(const zt_st_file *f, const zt_st_tensor *t);
 
 /* Whether zt_st_element_f32 reads this dtype: F32, F16 and BF16 (the weight dtypes of Hugging Face
  * checkpoints; not F64 or the integer types). */

@@ -524,6 +524,38 @@ static void test_element_f32(void **state)
     assert_false(zt_st_dtype_is_f32_readable(ZT_DTYPE_F64) || zt_st_dtype_is_f32_readable(ZT_DTYPE_I32));
 }
 
+/* A tensor's pages given back (zt_st_release, zt_st_copy_out) read the same values again: they come from the file. */
+static void test_release_reads_again(void **state)
+{
+    (void)state;
+    enum { N = 5000 }; /* a few pages, so that a range's neighbours are given back too */
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b), *out = malloc(N * sizeof *out);
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)i * 0.5f;
+        b[i] = -(float)i;
+    }
+    zt_err err = {{0}};
+    zt_st_writer *w = zt_st_writer_create();
+    const int64_t shape[1] = {N};
+    assert_int_equal(zt_st_writer_add(w, "a", ZT_DTYPE_F32, 1, shape, a, &err), 0);
+    assert_int_equal(zt_st_writer_add(w, "b", ZT_DTYPE_F32, 1, shape, b, &err), 0);
+    assert_int_equal(zt_st_writer_write(w, g_path, &err), 0);
+    zt_st_writer_destroy(w);
+    zt_st_file *f = open_ok();
+    const zt_st_tensor *ta = zt_st_find(f, "a"), *tb = zt_st_find(f, "b");
+    assert_memory_equal(ta->data, a, N * sizeof *a);
+    zt_st_release(f, ta);
+    assert_memory_equal(ta->data, a, N * sizeof *a);
+    assert_memory_equal(tb->data, b, N * sizeof *b); /* the neighbour's page given back with it reads the same */
+    zt_st_copy_out(f, tb, 4 * 1000, out, 4 * 3000);
+    assert_memory_equal(out, b + 1000, 3000 * sizeof *b);
+    assert_memory_equal(tb->data, b, N * sizeof *b);
+    zt_st_close(f);
+    free(a);
+    free(b);
+    free(out);
+}
+
 /* Writes text to the file dir/name. */
 static void write_text(const char *name, const char *text)
 {
@@ -678,6 +710,7 @@ int main(void)
         T(test_reader_rejects_bad_layout),
         T(test_reader_rejects_bad_metadata),
         cmocka_unit_test(test_element_f32),
+        T(test_release_reads_again),
         T(test_shard_files),
         T(test_write_sharded),
     };

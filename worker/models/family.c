@@ -339,6 +339,40 @@ int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err)
     return zt__host_import(m->def, m->host, path, true, err);
 }
 
+struct zt_family_import {
+    zt__host_importer *in;
+};
+
+int zt_family_model_import_open(zt_family_model *m, const char *path, zt_family_import **out, zt_err *err)
+{
+    *out = NULL;
+    zt__host_importer *in = NULL;
+    int rc = zt__host_import_open(m->def, m->host, path, true, &in, err);
+    if (rc < 0)
+        return rc;
+    *out = zt_xcalloc(1, sizeof **out);
+    (*out)->in = in;
+    return 0;
+}
+
+void zt_family_import_fill_through(zt_family_import *imp, int block)
+{
+    zt__host_import_fill_through(imp->in, block);
+}
+
+void zt_family_import_close(zt_family_import *imp)
+{
+    if (!imp)
+        return;
+    zt__host_import_close(imp->in);
+    free(imp);
+}
+
+size_t zt_family_model_import_staging(const zt_family_model *m)
+{
+    return zt__host_import_staging(m->def, m->host);
+}
+
 /* The head block's weights (or gradients) in the slab. */
 static size_t head_offset(const zt_family_model *m)
 {

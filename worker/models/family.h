@@ -107,6 +107,8 @@ struct zt_family_def {
     int (*max_seq)(const void *m);
     float *(*params)(void *m);
     float *(*grads)(void *m);
+    /* Tensor i's values into dst (numel floats): the slab's, or those a lazily created model will be filled with */
+    void (*tensor_values)(const void *m, int i, float *dst);
     void (*release_params)(void *m);
     /* How the tensor table meets Hugging Face files (host_io.c). */
     const struct zt_hf_names *hf;
@@ -233,6 +235,26 @@ int zt_family_model_export_sharded(const zt_family_model *m, const char *dir, si
 /* Reads weights with Hugging Face names; a pretrained encoder without the configured task head keeps the
  * head's initialisation, as transformers' from_pretrained does. Nothing changes unless all of it is read. */
 int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
+/* zt_family_model_import in steps, for a model whose slab is filled block by block as it is taken (a lazily created
+ * model under zt_engine_options.fill_host_block): the open reads every tensor of path and refuses what
+ * zt_family_model_import refuses, with its messages, writing nothing into m; the fill then writes the files' values
+ * into m's slab, blocks in order; the close ends it. Between them the files stay mapped (each tensor's pages given
+ * back once read) and the import holds at most zt_family_model_import_staging floats beside m's slab. */
+typedef struct zt_family_import zt_family_import;
+/* Opens and checks path for m. Returns 0 with *out (freed by zt_family_import_close; it borrows m until then), or a
+ * negative code with a message naming the tensor and the file (*out NULL). */
+int zt_family_model_import_open(zt_family_model *m, const char *path, zt_family_import **out, zt_err *err);
+/* Writes the files' tensors of the blocks up to and including `block` not written yet into m's slab. m's tensors
+ * that the files lack (a pretrained body's task head) keep what the slab holds: for a lazily created model, call
+ * zt_family_model_init_through(m, block) first, so that they hold the family's initialisation as with
+ * zt_family_model_import. */
+void zt_family_import_fill_through(zt_family_import *imp, int block);
+/* Closes the files and frees imp (accepts NULL); an import whose every block was filled logs, as
+ * zt_family_model_import does, the task head's tensors kept and other heads' skipped. */
+void zt_family_import_close(zt_family_import *imp);
+/* The most floats an import of m holds beside its slab while filling it (the largest tensor of a family that
+ * reorders rows, else 0): for planning (m may be a layout). */
+size_t zt_family_model_import_staging(const zt_family_model *m);
 /* The decoder side of the next forward of a sequence-to-sequence model (model.h's zt_model_seq2seq; the
  * forward's tokens are then the encoder's); other families have none (an assertion). */
 void zt_family_model_set_seq2seq(zt_family_model *m, const struct zt_model_seq2seq *s);

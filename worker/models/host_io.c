@@ -132,14 +132,14 @@ int zt__host_export_sharded(const zt_family_def *def, const void *m, const char 
     return rc;
 }
 
-/* Whether the file tensor st holds exactly the values of tensor t in slab tmp (t in the file's layout). */
-static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const float *tmp)
+/* Whether the file tensor st holds exactly vals, tensor t's values in the table's layout. */
+static bool same_values(const zt_st_tensor *st, const zt_param_info *t, const float *vals)
 {
     if (!zt_st_dtype_is_f32_readable(st->dtype) || st->ndim != t->ndim || st->shape[0] != t->shape[0] ||
         (t->ndim == 2 && st->shape[1] != t->shape[1]))
         return false;
     for (size_t i = 0; i < t->numel; i++)
-        if (zt_st_element_f32(st, i) != tmp[t->offset + i])
+        if (zt_st_element_f32(st, i) != vals[i])
             return false;
     return true;
 }
@@ -151,116 +151,211 @@ typedef struct tied_entry {
     int idx;
 } tied_entry;
 
-int zt__host_import(const zt_family_def *def, void *m, const char *path, bool pretrained, zt_err *err)
+struct zt__host_importer {
+    const zt_family_def *def;
+    void *m;
+    char *path;               /* as given, for the log line */
+    char **files;             /* [nfiles] */
+    int nfiles;
+    zt_st_file **fs;          /* [nfiles], open */
+    const zt_st_tensor **src; /* [ntensors]: each model tensor's file tensor; NULL for one the files lack (kept) */
+    int *seen;                /* [ntensors]: 1 + the index in fs of src's file, 0 when not seen */
+    float *staging;           /* the largest tensor read, for the family's reorder; NULL without one */
+    int next;                 /* the first tensor not written yet */
+    int kept, skipped;        /* the task head's tensors kept, other heads' skipped */
+};
+
+/* Tensor i's values from its file tensor (accepted by the open) into dst in the table's layout: converted, then
+ * reordered through staging where the family reorders it. */
+static void read_values(const zt__host_importer *imp, int i, float *dst)
 {
+    const zt_family_def *def = imp->def;
+    const zt_param_info *t = def->tensor(imp->m, i);
+    zt__host_convert_tensor(t, imp->src[i], dst);
+    if (def->hf->reorder) { /* the files' order into the table's (dst stays when the tensor is not reordered) */
+        memcpy(imp->staging, dst, t->numel * sizeof(float));
+        def->hf->reorder(imp->m, i, imp->staging, dst, false);
+    }
+    zt_st_release(imp->fs[imp->seen[i] - 1], imp->src[i]);
+}
+
+/* Frees an import without its log line. */
+static void import_free(zt__host_importer *imp)
+{
+    for (int i = 0; i < imp->nfiles; i++)
+        zt_st_close(imp->fs[i]);
+    free(imp->fs);
+    zt_st_shard_files_free(imp->files, imp->nfiles);
+    free(imp->src);
+    free(imp->seen);
+    free(imp->staging);
+    free(imp->path);
+    free(imp);
+}
+
+/* Reads every file's tensors and checks them against the model (see host_io.h), in the files' order, then the
+ * missing tensors; the tied tensors are gathered into tied (*ntied of them) for check_tied. */
+static int check_files(zt__host_importer *imp, bool pretrained, tied_entry *tied, int *ntied, const char *what,
+                       zt_err *err)
+{
+    const zt_family_def *def = imp->def;
+    void *m = imp->m;
     const zt_hf_names *hf = def->hf;
     const int ntensors = def->num_tensors(m);
-    const size_t nparams = def->num_params(m);
-    char what[160];
-    hf->describe(m, what, sizeof what);
-    char **files = NULL;
-    int nfiles = 0, ntied = 0, skipped = 0, kept = 0;
-    zt_st_file **fs = NULL;
-    float *tmp = NULL;
-    int *seen = NULL; /* per tensor: 1 + the file that held it, 0 when not seen yet */
-    tied_entry *tied = NULL;
-    int rc = zt_st_shard_files(path, &files, &nfiles, err);
-    if (rc < 0)
-        return rc;
-    fs = zt_xcalloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *fs);
-    tmp = malloc(nparams * sizeof(float));
-    seen = calloc((size_t)ntensors, sizeof *seen);
-    tied = calloc((size_t)ntensors, sizeof *tied);
-    if (!tmp || !seen || !tied) {
-        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
-                     (double)nparams * sizeof(float) / (1 << 20));
-        goto out;
-    }
-    if (nfiles > 1)
-        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, nfiles);
-    if (pretrained)
-        memcpy(tmp, def->params(m), nparams * sizeof(float)); /* what the files lack of the head stays */
-
-    for (int fi = 0; fi < nfiles; fi++) {
-        const char *file = files[fi];
-        if ((rc = zt_st_open(file, &fs[fi], err)) < 0)
-            goto out;
-        for (size_t i = 0; i < zt_st_count(fs[fi]); i++) {
-            const zt_st_tensor *st = zt_st_get(fs[fi], i);
+    for (int fi = 0; fi < imp->nfiles; fi++) {
+        const char *file = imp->files[fi];
+        int rc = zt_st_open(file, &imp->fs[fi], err);
+        if (rc < 0)
+            return rc;
+        for (size_t i = 0; i < zt_st_count(imp->fs[fi]); i++) {
+            const zt_st_tensor *st = zt_st_get(imp->fs[fi], i);
             int idx = -1;
             enum zt_hf_kind kind = hf->map(m, st->name, &idx);
             if (kind == ZT_HF_BUFFER)
                 continue;
             if (kind == ZT_HF_OTHER_HEAD && pretrained) {
-                skipped++;
+                imp->skipped++;
                 continue;
             }
             if (kind == ZT_HF_TIED) {
-                ZT_ASSERT(idx >= 0 && idx < ntensors && ntied < ntensors);
-                tied[ntied++] = (tied_entry){.st = st, .file = file, .idx = idx};
+                ZT_ASSERT(idx >= 0 && idx < ntensors && *ntied < ntensors);
+                tied[(*ntied)++] = (tied_entry){.st = st, .file = file, .idx = idx};
                 continue;
             }
-            if (kind != ZT_HF_PARAM) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: unknown tensor '%s' (not a parameter of %s; is this the right model config?)", file,
-                             st->name, what);
-                goto out;
-            }
+            if (kind != ZT_HF_PARAM)
+                return zt_fail(err, ZT_EMISMATCH,
+                               "%s: unknown tensor '%s' (not a parameter of %s; is this the right model config?)", file,
+                               st->name, what);
             const zt_param_info *t = def->tensor(m, idx);
-            if (seen[idx]) {
-                rc = zt_fail(err, ZT_EMISMATCH,
-                             "%s: tensor '%s' appears twice (under two names such as with and without the prefix, "
-                             "or in two shards; the other is in %s)",
-                             file, t->name, files[seen[idx] - 1]);
-                goto out;
-            }
-            if ((rc = zt__host_import_tensor(t, st, tmp, file, err)) < 0)
-                goto out;
-            seen[idx] = fi + 1;
+            if (imp->seen[idx])
+                return zt_fail(err, ZT_EMISMATCH,
+                               "%s: tensor '%s' appears twice (under two names such as with and without the prefix, "
+                               "or in two shards; the other is in %s)",
+                               file, t->name, imp->files[imp->seen[idx] - 1]);
+            if ((rc = zt__host_check_tensor(t, st, file, err)) < 0)
+                return rc;
+            zt_st_release(imp->fs[fi], st); /* read again when its block is written */
+            imp->seen[idx] = fi + 1;
+            imp->src[idx] = st;
         }
     }
     for (int i = 0; i < ntensors; i++) {
         const zt_param_info *t = def->tensor(m, i);
-        if (seen[i])
+        if (imp->seen[i])
             continue;
         if (pretrained && hf->head_optional && t->block == def->num_blocks(m) - 1) {
-            kept++;
+            imp->kept++;
             continue;
         }
         char name[160];
         hf->export_name(m, t, name, sizeof name);
-        rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' is missing (%s has it)", path, name, what);
-        goto out;
+        return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' is missing (%s has it)", imp->path, name, what);
     }
-    for (int i = 0; i < ntensors && hf->reorder; i++) { /* the files' order into the table's */
-        const zt_param_info *t = def->tensor(m, i);
-        float *copy = zt_xmalloc(t->numel * sizeof(float));
-        memcpy(copy, tmp + t->offset, t->numel * sizeof(float));
-        if (seen[i])
-            hf->reorder(m, i, copy, tmp + t->offset, false);
-        free(copy);
-    }
+    return 0;
+}
+
+/* Whether each tied tensor holds the values its target will have once imported (or keeps, for a target the files
+ * lack), through a copy of that target alone. */
+static int check_tied(zt__host_importer *imp, const tied_entry *tied, int ntied, zt_err *err)
+{
+    const zt_family_def *def = imp->def;
     for (int k = 0; k < ntied; k++) {
-        const zt_param_info *t = def->tensor(m, tied[k].idx);
+        const zt_param_info *t = def->tensor(imp->m, tied[k].idx);
         ZT_ASSERT(!t->transposed_in_hf);
-        if (!same_values(tied[k].st, t, tmp)) {
-            rc = zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' differs from '%s', to which the model ties it (%s)",
-                         tied[k].file, tied[k].st->name, t->name, hf->tied_fix);
-            goto out;
-        }
+        float *vals = malloc(t->numel * sizeof(float));
+        if (!vals)
+            return zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", imp->path,
+                           (double)t->numel * sizeof(float) / (1 << 20));
+        if (imp->src[tied[k].idx])
+            read_values(imp, tied[k].idx, vals);
+        else
+            def->tensor_values(imp->m, tied[k].idx, vals);
+        const bool same = same_values(tied[k].st, t, vals);
+        free(vals);
+        if (!same)
+            return zt_fail(err, ZT_EMISMATCH, "%s: tensor '%s' differs from '%s', to which the model ties it (%s)",
+                           tied[k].file, tied[k].st->name, t->name, def->hf->tied_fix);
     }
-    memcpy(def->params(m), tmp, nparams * sizeof(float));
-    if (kept || skipped)
-        zt_log(ZT_LOG_INFO, "model: %s: %d tensors of the task head keep their initial values; %d tensors of other "
-               "heads were skipped", path, kept, skipped);
-    rc = 0;
-out:
-    free(tmp);
-    free(seen);
+    return 0;
+}
+
+int zt__host_import_open(const zt_family_def *def, void *m, const char *path, bool pretrained, zt__host_importer **out,
+                         zt_err *err)
+{
+    *out = NULL;
+    const int ntensors = def->num_tensors(m);
+    char what[160];
+    def->hf->describe(m, what, sizeof what);
+    zt__host_importer *imp = zt_xcalloc(1, sizeof *imp);
+    imp->def = def;
+    imp->m = m;
+    imp->path = zt_xstrdup(path);
+    int rc = zt_st_shard_files(path, &imp->files, &imp->nfiles, err);
+    if (rc < 0) {
+        import_free(imp);
+        return rc;
+    }
+    imp->fs = zt_xcalloc((size_t)(imp->nfiles > 0 ? imp->nfiles : 1), sizeof *imp->fs);
+    imp->src = zt_xcalloc((size_t)ntensors, sizeof *imp->src);
+    imp->seen = zt_xcalloc((size_t)ntensors, sizeof *imp->seen);
+    tied_entry *tied = zt_xcalloc((size_t)ntensors, sizeof *tied);
+    int ntied = 0;
+    if (imp->nfiles > 1)
+        zt_log(ZT_LOG_INFO, "model: importing %s from %d shards", path, imp->nfiles);
+    rc = check_files(imp, pretrained, tied, &ntied, what, err);
+    size_t most = 0; /* the reorder's staging: the largest tensor read */
+    for (int i = 0; i < ntensors && rc == 0 && def->hf->reorder; i++)
+        if (imp->src[i] && def->tensor(m, i)->numel > most)
+            most = def->tensor(m, i)->numel;
+    if (rc == 0 && most && !(imp->staging = malloc(most * sizeof(float))))
+        rc = zt_fail(err, ZT_ENOMEM, "%s: out of memory importing (%.1f MiB)", path,
+                     (double)most * sizeof(float) / (1 << 20));
+    if (rc == 0)
+        rc = check_tied(imp, tied, ntied, err);
     free(tied);
-    for (int i = 0; i < nfiles; i++)
-        zt_st_close(fs ? fs[i] : NULL);
-    free(fs);
-    zt_st_shard_files_free(files, nfiles);
-    return rc;
+    if (rc < 0) {
+        import_free(imp);
+        return rc;
+    }
+    *out = imp;
+    return 0;
+}
+
+void zt__host_import_fill_through(zt__host_importer *imp, int block)
+{
+    const zt_family_def *def = imp->def;
+    float *params = def->params(imp->m);
+    const int ntensors = def->num_tensors(imp->m);
+    for (; imp->next < ntensors && def->tensor(imp->m, imp->next)->block <= block; imp->next++)
+        if (imp->src[imp->next])
+            read_values(imp, imp->next, params + def->tensor(imp->m, imp->next)->offset);
+}
+
+void zt__host_import_close(zt__host_importer *imp)
+{
+    if (!imp)
+        return;
+    if (imp->next == imp->def->num_tensors(imp->m) && (imp->kept || imp->skipped))
+        zt_log(ZT_LOG_INFO, "model: %s: %d tensors of the task head keep their initial values; %d tensors of other "
+               "heads were skipped", imp->path, imp->kept, imp->skipped);
+    import_free(imp);
+}
+
+size_t zt__host_import_staging(const zt_family_def *def, const void *m)
+{
+    size_t most = 0;
+    for (int i = 0; i < def->num_tensors(m) && def->hf->reorder; i++)
+        most = def->tensor(m, i)->numel > most ? def->tensor(m, i)->numel : most;
+    return most;
+}
+
+int zt__host_import(const zt_family_def *def, void *m, const char *path, bool pretrained, zt_err *err)
+{
+    zt__host_importer *imp = NULL;
+    int rc = zt__host_import_open(def, m, path, pretrained, &imp, err);
+    if (rc < 0)
+        return rc;
+    zt__host_import_fill_through(imp, def->num_blocks(m) - 1);
+    zt__host_import_close(imp);
+    return 0;
 }

@@ -8,10 +8,13 @@
  * a pretrained body). Linear weights marked transposed_in_hf (GPT-2's Conv1D) are transposed both ways, and
  * tensors the family reorders (GPT-NeoX's per-head q, k, v rows) are reordered both ways.
  *
- * Import reads a single file, a sharded index (model.safetensors.index.json) or a model folder, converts
- * F32, F16 and BF16 into a temporary slab and changes the model only when every tensor was accepted:
- * missing, extra, duplicated or misshapen tensors and tied tensors that differ are errors naming the tensor
- * and its file. Internal to worker/models/. */
+ * Import reads a single file, a sharded index (model.safetensors.index.json) or a model folder in two steps:
+ * the open checks every tensor of every file (missing, extra, duplicated or misshapen tensors, dtypes other
+ * than F32, F16 and BF16, NaN and infinity, tied tensors that differ are errors naming the tensor and its file)
+ * without writing the model; the fill then converts the tensors into the model's slab block by block, as a
+ * caller that takes the weights block by block (the engine, from a lazily created model) asks for them. The
+ * files stay mapped in between (page cache, not the process's own memory: each tensor's pages are given back
+ * once read); nothing of the model's size is allocated beside its slab. Internal to worker/models/. */
 #ifndef ZT_WORKER_MODELS_HOST_IO_H
 #define ZT_WORKER_MODELS_HOST_IO_H
 
@@ -74,9 +77,30 @@ size_t zt__host_export_staging(const struct zt_family_def *def, const void *m);
  * layout (src, numel) into the table's (dst, numel floats) and true, or false (the files hold the table's layout;
  * dst untouched). */
 bool zt__host_import_values(const struct zt_family_def *def, const void *m, int i, const float *src, float *dst);
-/* Imports m's parameters from path (a file, an index or a folder). With pretrained, tensors of the
- * last block (a task head) that the files lack keep their values and other heads' tensors are skipped (both
- * counted in a log line). Returns 0 or a negative code with a message naming the tensor and the file. */
+/* Imports m's parameters from path (a file, an index or a folder): zt__host_import_open, every block filled,
+ * zt__host_import_close. With pretrained, tensors of the last block (a task head) that the files lack keep their
+ * values and other heads' tensors are skipped (both counted in a log line). Returns 0 or a negative code with a
+ * message naming the tensor and the file; on error m is unchanged. */
 int zt__host_import(const struct zt_family_def *def, void *m, const char *path, bool pretrained, zt_err *err);
+
+/* An import under way: the files open and every tensor accepted, the model written block by block. */
+typedef struct zt__host_importer zt__host_importer;
+/* Opens the files of path and checks every tensor against m as zt__host_import does, with its messages, writing
+ * nothing into m. On success *out (freed by zt__host_import_close) borrows def and m until then; m's tensors that
+ * the files lack keep what m's slab holds when their block is filled (zt__hm_init_through first, for a lazy
+ * model; a tied tensor is compared with those values already: zt_family_def's tensor_values). Holds the
+ * largest tensor for a family that reorders (zt__host_import_staging) and, during the check of a tied tensor,
+ * a copy of its target. Returns 0 or a negative code with a message (*out NULL). */
+int zt__host_import_open(const struct zt_family_def *def, void *m, const char *path, bool pretrained,
+                         zt__host_importer **out, zt_err *err);
+/* Writes the files' values of every tensor of the blocks up to and including `block` not written yet into m's
+ * slab, in the table's layout (transposed and reordered where the files hold another), in table order. */
+void zt__host_import_fill_through(zt__host_importer *imp, int block);
+/* Closes the files and frees imp (accepts NULL); once every block was filled it logs how many tensors of the task
+ * head kept their values and how many of other heads were skipped (when any). */
+void zt__host_import_close(zt__host_importer *imp);
+/* The floats an open import holds beside m's slab while it fills it: the largest tensor for a family that
+ * reorders, else 0 (for planning; m may be a layout). */
+size_t zt__host_import_staging(const struct zt_family_def *def, const void *m);
 
 #endif

@@ -244,6 +244,17 @@ void zt__hm_init_through(void *mv, int block)
     m->init_next = end;
 }
 
+void zt__hm_tensor_values(const void *mv, int i, float *dst)
+{
+    const zt__hm *m = mv;
+    ZT_ASSERT(i >= 0 && i < m->num_tensors);
+    const zt_param_info *t = &m->tensors[i];
+    if (i < m->init_next)
+        memcpy(dst, m->params + t->offset, t->numel * sizeof(float));
+    else
+        zt__tt_init_values(m->spec->table, m->cfg, m->tensors, m->num_tensors, &m->init_rng, m->init_next, i, dst);
+}
+
 void zt__hm_destroy(void *mv)
 {
     zt__hm *m = mv;

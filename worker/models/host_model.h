@@ -79,6 +79,9 @@ int zt__hm_create_lazy(zt__hm **out, const zt__hm_spec *spec, const void *cfg, i
                        zt_err *err);
 /* Fills the blocks up to and including `block` that are not filled yet (nothing once all are). */
 void zt__hm_init_through(void *m, int block);
+/* Tensor i's values into dst (its numel floats): those of the slab, or for a tensor a lazy model has not filled
+ * yet, those zt__hm_init_through will give it (the slab untouched). */
+void zt__hm_tensor_values(const void *m, int i, float *dst);
 /* The tables only (no slabs, no runner): only the layout queries may be used on it. */
 int zt__hm_create_layout(zt__hm **out, const zt__hm_spec *spec, const void *cfg, zt_err *err);
 void zt__hm_destroy(void *m); /* accepts NULL */
@@ -141,10 +144,10 @@ void zt__hm_accuracy(const void *m, int *correct, int *counted);
     .num_tensors = zt__hm_num_tensors, .tensor = zt__hm_tensor, .num_blocks = zt__hm_num_blocks,               \
     .block = zt__hm_block, .head_block = zt__hm_head_block, .max_batch = zt__hm_max_batch,                     \
     .max_seq = zt__hm_max_seq, .params = zt__hm_params, .grads = zt__hm_grads,                                 \
-    .release_params = zt__hm_release_params, .forward_begin = zt__hm_forward_begin,                            \
-    .forward_block = zt__hm_forward_block, .forward_head = zt__hm_forward_head,                                \
-    .backward_head = zt__hm_backward_head, .backward_block = zt__hm_backward_block,                            \
-    .discard_block = zt__hm_discard_block, .logits = zt__hm_logits,
+    .tensor_values = zt__hm_tensor_values, .release_params = zt__hm_release_params,                            \
+    .forward_begin = zt__hm_forward_begin, .forward_block = zt__hm_forward_block,                              \
+    .forward_head = zt__hm_forward_head, .backward_head = zt__hm_backward_head,                                \
+    .backward_block = zt__hm_backward_block, .discard_block = zt__hm_discard_block, .logits = zt__hm_logits,
 #define ZT__HM_FAMILY_ENTRIES ZT__HM_HOST_ENTRIES ZT__HM_CUDA_ENTRIES
 /* The config entries of a zt_family_def initialiser from a field table (an array) and the family's number. */
 #define ZT__HM_FIELD_ENTRIES(table, family_number)                                                             \

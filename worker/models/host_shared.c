@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +139,7 @@ static void shape_text(const zt_st_tensor *st, char *out, size_t cap)
         snprintf(out + at, cap - at, "]");
 }
 
-int zt__host_import_tensor(const zt_param_info *t, const zt_st_tensor *st, float *slab, const char *file,
-                           zt_err *err)
+int zt__host_check_tensor(const zt_param_info *t, const zt_st_tensor *st, const char *file, zt_err *err)
 {
     const int64_t want0 = t->transposed_in_hf ? t->shape[1] : t->shape[0];
     const int64_t want1 = t->transposed_in_hf ? t->shape[0] : t->shape[1];
@@ -155,7 +155,28 @@ int zt__host_import_tensor(const zt_param_info *t, const zt_st_tensor *st, float
     if (!zt_st_dtype_is_f32_readable(st->dtype))
         return zt_fail(err, ZT_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (ztrain imports F32, F16 and BF16)", file,
                        st->name, zt_dtype_name(st->dtype));
-    float *dst = slab + t->offset;
+    /* the element named is the first in ztrain's layout: the file's element k * rows + o of a transposed tensor
+     * is ours o * cols + k, so the whole file is read for the smallest such index */
+    const size_t rows = (size_t)t->shape[0], cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+    size_t first = SIZE_MAX;
+    for (size_t i = 0; i < t->numel; i++) {
+        if (isfinite(zt_st_element_f32(st, i)))
+            continue;
+        if (!t->transposed_in_hf) {
+            first = i;
+            break;
+        }
+        const size_t ours = i % rows * cols + i / rows;
+        first = ours < first ? ours : first;
+    }
+    if (first != SIZE_MAX)
+        return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
+                       file, st->name, first);
+    return 0;
+}
+
+void zt__host_convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float *dst)
+{
     if (t->transposed_in_hf) {
         const size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1]; /* ours [out, in]; file [in, out] */
         for (size_t k = 0; k < cols; k++)
@@ -167,9 +188,4 @@ int zt__host_import_tensor(const zt_param_info *t, const zt_st_tensor *st, float
         for (size_t i = 0; i < t->numel; i++)
             dst[i] = zt_st_element_f32(st, i);
     }
-    for (size_t i = 0; i < t->numel; i++)
-        if (!isfinite(dst[i]))
-            return zt_fail(err, ZT_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or infinity) at element %zu",
-                           file, st->name, i);
-    return 0;
 }

@@ -1,7 +1,7 @@
 /* What the host models (worker/models/gpt2.c, llama.c, bert.c, ...) share: the Hugging Face config.json
  * fields that no model's math depends on, the readers of int fields, the shortest decimal form of a float
- * for the configs they write, the deterministic normal initialisation of their weights, and the import of
- * one safetensors tensor. Internal to worker/models/. */
+ * for the configs they write, the deterministic normal initialisation of their weights, and the check and
+ * conversion of one safetensors tensor. Internal to worker/models/. */
 #ifndef ZT_WORKER_MODELS_HOST_SHARED_H
 #define ZT_WORKER_MODELS_HOST_SHARED_H
 
@@ -49,11 +49,13 @@ double zt__host_short_decimal(float f);
  * generator to its first draw (zt_rng_jump), so the result does not depend on the thread count. */
 void zt__host_fill_normal(zt_rng *r, float *x, size_t n, double std);
 
-/* Imports the file tensor st (of file `file`) as the model's tensor t into the slab: checks its shape
- * (Hugging Face's, [in, out] for a tensor transposed_in_hf) and dtype (F32, F16 or BF16), converts it into
- * slab + t->offset in ztrain's layout and refuses non-finite values. Returns 0, or ZT_EMISMATCH (shape),
- * ZT_EUNSUPPORTED (dtype) or ZT_EFORMAT (a NaN or infinity) with a message naming the tensor and the file. */
-int zt__host_import_tensor(const zt_param_info *t, const zt_st_tensor *st, float *slab, const char *file,
-                           zt_err *err);
+/* Checks the file tensor st (of file `file`) against the model's tensor t: its shape (Hugging Face's, [in, out]
+ * for a tensor transposed_in_hf), its dtype (F32, F16 or BF16) and that every value is finite, without writing
+ * anything. Returns 0, or ZT_EMISMATCH (shape), ZT_EUNSUPPORTED (dtype) or ZT_EFORMAT (a NaN or infinity, named by
+ * its element in ztrain's layout) with a message naming the tensor and the file. */
+int zt__host_check_tensor(const zt_param_info *t, const zt_st_tensor *st, const char *file, zt_err *err);
+/* Converts the file tensor st, accepted by zt__host_check_tensor for t, into dst (t->numel floats) in ztrain's
+ * layout (transposed back where the files transpose it; the families' reorder is the caller's). */
+void zt__host_convert_tensor(const zt_param_info *t, const zt_st_tensor *st, float *dst);
 
 #endif

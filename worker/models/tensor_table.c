@@ -132,44 +132,75 @@ void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors
     zt__tt_init_range(tt, cfg, tensors, n, params, &rng, 0, n);
 }
 
-void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
-                       zt_rng *rng_, int first, int end)
+/* Tensor t of row r with its initialisation from *rng, which it advances, into x (t->numel floats). */
+static void init_tensor(const zt__tt_row *r, const zt__tt_dims *d, const zt_param_info *t, float *x, zt_rng *rng)
+{
+    const double std = r->std_div ? d->std / sqrt((double)d->d[r->std_div]) : d->std;
+    switch ((enum zt__tt_init)r->init) {
+    case ZT__TT_NORMAL:
+    case ZT__TT_NORMAL_PAD:
+        zt__host_fill_normal(rng, x, t->numel, std);
+        if (r->init == ZT__TT_NORMAL_PAD && d->pad_row >= 0 && d->pad_row < t->shape[0])
+            memset(x + (size_t)d->pad_row * (size_t)t->shape[1], 0, (size_t)t->shape[1] * sizeof *x);
+        break;
+    case ZT__TT_NORMAL_RESIDUAL:
+        zt__host_fill_normal(rng, x, t->numel, std / sqrt(2.0 * d->layers));
+        break;
+    case ZT__TT_ZERO:
+        memset(x, 0, t->numel * sizeof *x);
+        break;
+    case ZT__TT_ONE:
+    case ZT__TT_FILL:
+        for (size_t j = 0; j < t->numel; j++)
+            x[j] = r->init == ZT__TT_ONE ? 1.0f : (float)std;
+        break;
+    }
+}
+
+/* The draws init_tensor takes from the generator for tensor t of row r (two per value of a normal). */
+static uint64_t init_draws(const zt__tt_row *r, const zt_param_info *t)
+{
+    const bool normal = r->init == ZT__TT_NORMAL || r->init == ZT__TT_NORMAL_PAD || r->init == ZT__TT_NORMAL_RESIDUAL;
+    return normal ? 2 * (uint64_t)t->numel : 0;
+}
+
+/* Tensors [first, end) from *rng, which it advances: into params at their offsets, or with params NULL only the
+ * last of them, into one (the draws of those before it skipped). */
+static void init_walk(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, zt_rng *rng, int first,
+                      int end, float *params, float *one)
 {
     zt__tt_dims d;
     dims_of(tt, cfg, &d);
-    zt_rng rng = *rng_;
     int i = 0;
     FOR_EACH_TENSOR(tt, d, r, l, {
         (void)l;
         ZT_ASSERT(i < n);
         const int idx = i++;
+        const zt_param_info *t = &tensors[idx];
         if (idx < first || idx >= end)
             continue;
-        const zt_param_info *t = &tensors[idx];
-        float *x = params + t->offset;
-        const double std = r->std_div ? d.std / sqrt((double)d.d[r->std_div]) : d.std;
-        switch ((enum zt__tt_init)r->init) {
-        case ZT__TT_NORMAL:
-        case ZT__TT_NORMAL_PAD:
-            zt__host_fill_normal(&rng, x, t->numel, std);
-            if (r->init == ZT__TT_NORMAL_PAD && d.pad_row >= 0 && d.pad_row < t->shape[0])
-                memset(x + (size_t)d.pad_row * (size_t)t->shape[1], 0, (size_t)t->shape[1] * sizeof *x);
-            break;
-        case ZT__TT_NORMAL_RESIDUAL:
-            zt__host_fill_normal(&rng, x, t->numel, std / sqrt(2.0 * d.layers));
-            break;
-        case ZT__TT_ZERO:
-            memset(x, 0, t->numel * sizeof *x);
-            break;
-        case ZT__TT_ONE:
-        case ZT__TT_FILL:
-            for (size_t j = 0; j < t->numel; j++)
-                x[j] = r->init == ZT__TT_ONE ? 1.0f : (float)std;
-            break;
-        }
+        if (params)
+            init_tensor(r, &d, t, params + t->offset, rng);
+        else if (idx < end - 1)
+            zt_rng_jump(rng, init_draws(r, t));
+        else
+            init_tensor(r, &d, t, one, rng);
     })
     ZT_ASSERT(i == n);
-    *rng_ = rng;
+}
+
+void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
+                       zt_rng *rng, int first, int end)
+{
+    init_walk(tt, cfg, tensors, n, rng, first, end, params, NULL);
+}
+
+void zt__tt_init_values(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, const zt_rng *rng,
+                        int first, int which, float *dst)
+{
+    ZT_ASSERT(first <= which && which < n);
+    zt_rng from = *rng;
+    init_walk(tt, cfg, tensors, n, &from, first, which + 1, NULL, dst);
 }
 
 int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles, bool *packed)

@@ -114,6 +114,10 @@ void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors
  * generator seeded with seed fill what zt__tt_init does. */
 void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
                        zt_rng *rng, int first, int end);
+/* The values zt__tt_init_range from *rng at tensor first would give tensor `which` (first <= which < n), written into
+ * dst (its numel floats) instead of the slab; *rng is left as it is (the tensors between are skipped, not drawn). */
+void zt__tt_init_values(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, const zt_rng *rng,
+                        int first, int which, float *dst);
 /* A layer's rows as the program sees them: the number of tensors of a layer, each role's index within the
  * layer (-1 when absent; role[nroles]) and whether each continues the one before it (packed[per_layer]). */
 int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles, bool *packed);

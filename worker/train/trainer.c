@@ -149,15 +149,27 @@ static void log_model(const zt_family_model *model, const zt_train_config *cfg)
 }
 
 /* Whether the run's initial weights are made block by block as the engine takes them (zt_family_model_create_lazy):
- * a new run on GPUs from the family's initialisation, whose engine gives each block's pages back once taken. */
+ * a new run on GPUs, whose engine gives each block's pages back once taken, from the family's initialisation or
+ * from --init-from's files (checked whole before the engine is created, then read block by block). */
 static bool lazy_init(const zt_train_config *cfg)
 {
-    return cfg->device == ZT_DEVICE_CUDA && !cfg->resume[0] && !cfg->init_from[0];
+    return cfg->device == ZT_DEVICE_CUDA && !cfg->resume[0];
 }
 
-static void fill_host_block(void *host, int block)
+/* What a lazy run's blocks are made from (zt_engine_options.fill_host_ctx). */
+typedef struct lazy_fill {
+    zt_family_model *host;
+    zt_family_import *import; /* --init-from's files, opened and checked; NULL without */
+} lazy_fill;
+
+/* Block `block` of the host slab: the family's initialisation, then the files' tensors over it, so that a task
+ * head the files lack keeps its initial values as when a whole model is created and then imported. */
+static void fill_host_block(void *ctx, int block)
 {
-    zt_family_model_init_through(host, block);
+    const lazy_fill *f = ctx;
+    zt_family_model_init_through(f->host, block);
+    if (f->import)
+        zt_family_import_fill_through(f->import, block);
 }
 
 /* The `eval: step 120 | val loss ...` line, with the accuracy of a classifier (acc not NAN). */
@@ -785,10 +797,15 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const uint64_t gathered = cfg->save_every >= 0 ? 16 * P : 0;
     /* At the start the initial weights (4 bytes per parameter) sit beside the engine's arrays (host_ram says
      * which of those are not resident yet), or one block of them where they are made block by block; a
-     * resumed run's slab stays until the checkpoint's second import. */
+     * resumed run's slab stays until the checkpoint's second import. Read from --init-from's files block by
+     * block, the import's staging (the largest tensor of a family that reorders rows) comes beside that block;
+     * its check of a tied tensor holds a copy of the target, one tensor, before any block is made, and the
+     * files' pages are given back tensor by tensor. */
     const bool fresh = !cfg->resume[0];
     const uint64_t steady_base = server_ram + PROCESS_RAM_BYTES;
-    const uint64_t start_other = 4 * (lazy_init(cfg) ? largest_block(tables) : P) + server_ram + PROCESS_RAM_BYTES;
+    const uint64_t import_staging = cfg->init_from[0] ? zt_family_model_import_staging(tables) : 0;
+    const uint64_t lazy_start = largest_block(tables) + import_staging;
+    const uint64_t start_other = 4 * (lazy_init(cfg) ? lazy_start : P) + server_ram + PROCESS_RAM_BYTES;
     uint64_t ram = host_ram(&ep, steady_base + checkpoint_staging(cfg, &ep, tables, gathered), start_other, fresh);
     const uint64_t ram_available = zt_plan_ram_available();
     if (cfg->host_mem) {
@@ -929,6 +946,8 @@ struct run {
     zt_optimizer opt;         /* full-size m and v for checkpoints gathered into host arrays (their pages untouched
                                  otherwise), and the step counters */
     zt_ckpt_reader *reader;   /* a resume that streams its checkpoint into the engine, until it has */
+    zt_family_import *import; /* --init-from on a lazy run: the files checked, read as the engine takes each
+                                 block, until the engine is created */
     zt_state_client_t *client; /* placement server */
     char *token;
     zt_task *task;            /* what the model learns from: its data, batches and scoring */
@@ -949,6 +968,7 @@ static void run_free(struct run *r)
     zt_state_client_destroy(r->client);
     free(r->token);
     zt_checkpoint_close(r->reader);
+    zt_family_import_close(r->import);
     zt_family_model_destroy(r->host);
     zt_optimizer_free(&r->opt);
     zt_task_close(r->task);
@@ -1369,9 +1389,16 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
                    (unsigned long long)st.data.window);
         }
     } else if (cfg->init_from[0]) {
-        if ((rc = zt_family_model_import(r.host, cfg->init_from, err)) < 0)
+        /* a lazy run's import is checked whole here and read into the slab block by block as the engine takes
+         * each (fill_host_block) */
+        rc = lazy ? zt_family_model_import_open(r.host, cfg->init_from, &r.import, err)
+                  : zt_family_model_import(r.host, cfg->init_from, err);
+        if (rc < 0)
             goto out;
-        if (is0)
+        if (is0 && lazy)
+            zt_log(ZT_LOG_INFO, "model: parameters from %s (checked; read as the engine takes each block)",
+                   cfg->init_from);
+        else if (is0)
             zt_log(ZT_LOG_INFO, "model: parameters initialised from %s", cfg->init_from);
     }
     st.schedule = sched;
@@ -1407,8 +1434,9 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* a new run on GPUs reads the initial weights once: the engine gives their pages back as it takes them,
      * so the start holds one copy (a resumed run imports the checkpoint's slab again below) */
     eo.release_host_params = on_gpu && !resumed;
+    lazy_fill fill = {.host = r.host, .import = r.import};
     eo.fill_host_block = lazy ? fill_host_block : NULL;
-    eo.fill_host_ctx = r.host;
+    eo.fill_host_ctx = &fill;
     zt_trainer_run_id(cfg->out_dir, r.run_id, sizeof r.run_id);
     if (on_servers) {
         eo.client = r.client;
@@ -1416,6 +1444,8 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     }
     /* a streamed resume's engine starts empty: the checkpoint fills it below, after the slab is given back */
     rc = zt_engine_create(&r.engine, r.model, comm, &eo, load_streamed ? NULL : zt_family_model_params(r.host), err);
+    zt_family_import_close(r.import); /* every block read (or the engine refused) */
+    r.import = NULL;
     if (rc == 0 && resumed && !load_streamed)
         rc = zt_engine_import(r.engine, zt_family_model_params(r.host), r.opt.m, r.opt.v, err);
     if (rc == 0 && on_servers)
