@@ -217,6 +217,14 @@ static int key_bits(int V)
 
 static size_t cub_temp_bytes(int BT, int V)
 {
+    /* Without a visible GPU (a plan made for another machine's, `ztrain train --plan-only`) CUB cannot be
+     * asked: its sort's scratch is counted as the second buffers of the keys and values and 1 MiB for its
+     * histograms. */
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return 2 * (size_t)BT * (sizeof(uint32_t) + sizeof(int32_t)) + ((size_t)1 << 20);
+    }
     size_t bytes = 0;
     ZT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
                                                   (const int32_t *)NULL, (int32_t *)NULL, BT, 0, key_bits(V)));
