@@ -26,7 +26,7 @@ static const char train_usage[] =
     "                    [--zero-level N] [--checkpointing C] [--prefetch N] [--save-grads] [--log-level L]\n"
     "                    [--gpu-mem SIZE] [--host-mem SIZE] [--host-grad-accum] [--weights W] [--auto-micro-batch]\n"
     "                    [--offload O] [--sft-data FILE] [--sft-val-data FILE] [--chat-template NAME]\n"
-    "                    [--train-on-prompt] [--sft-overlong O] [--sft-pack]\n"
+    "                    [--train-on-prompt] [--sft-overlong O] [--sft-pack] [--plan-only]\n"
     "\n"
     "Trains a causal language model (GPT-2, LLaMA, Mistral, Qwen2, GPT-NeoX) on token shards made by\n"
     "`ztrain tokenize` or on supervised examples (--sft-data), a BERT or RoBERTa masked LM on token shards,\n"
@@ -128,6 +128,9 @@ static const char train_usage[] =
     "                       bytes up; auto and host switch to it when RAM is short)\n"
     "  --auto-micro-batch   let the planner lower --batch-size, raising --grad-accum to keep the tokens per\n"
     "                       step, until the run fits\n"
+    "  --plan-only          --device cuda: print the memory plan (GPU, host, disk) and stop, allocating and\n"
+    "                       reading nothing (no data needed); without a visible GPU it plans for one of\n"
+    "                       --gpu-mem, and --host-mem stands for the RAM of the machine planned for\n"
     "  --offload O          cpu (the optimizer in host RAM, as --optimizer cpu) | nvme:DIR (the embedded state\n"
     "                       server keeps masters and moments on NVMe in DIR)\n"
     "  --log-level L        debug | info | warn | error (default info)\n"
@@ -283,6 +286,7 @@ static int run_command(int argc, char **argv, bool finetune)
         {"host-grad-accum", no_argument, NULL, OPT_SETTING},
         {"weights", required_argument, NULL, OPT_SETTING},
         {"auto-micro-batch", no_argument, NULL, OPT_SETTING},
+        {"plan-only", no_argument, NULL, OPT_SETTING},
         {"offload", required_argument, NULL, OPT_SETTING},
         {"sft-data", required_argument, NULL, OPT_SETTING},
         {"sft-val-data", required_argument, NULL, OPT_SETTING},

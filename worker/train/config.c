@@ -119,6 +119,7 @@ static const struct key_def keys[] = {
     {"host_grad_accum", "--host-grad-accum", KEY_BOOL, FIELD(host_grad_accum)},
     {"weights", "--weights", KEY_ENUM, ENUM_FIELD(weights, weights_names)},
     {"auto_micro_batch", "--auto-micro-batch", KEY_BOOL, FIELD(auto_micro_batch)},
+    {"plan_only", "--plan-only", KEY_BOOL, FIELD(plan_only)},
     {"grad_piece", NULL, KEY_INT, FIELD(grad_piece)},
 };
 #define NUM_KEYS (sizeof(keys) / sizeof(keys[0]))
@@ -735,7 +736,10 @@ int zt_train_config_validate(const zt_train_config *c, zt_err *err)
     if (c->target_len != 0 && task != ZT_TASK_SEQ2SEQ)
         return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s is the decoder's length of a text-to-text model (t5); this "
                        "%s model has none: drop it", label("target_len"), zt_family_name(&c->model));
-    if (c->train_data[0] == '\0' && !sft)
+    if (c->plan_only && c->device != ZT_DEVICE_CUDA)
+        return zt_fail(err, ZT_EINVAL_CONFIG, "config: %s plans a GPU run's memory: add --device cuda (a CPU run "
+                       "plans its memory as it builds the model; give it --host-mem to check a cap)", label("plan_only"));
+    if (c->train_data[0] == '\0' && !sft && !c->plan_only)
         return task == ZT_TASK_CLASSIFY
                    ? zt_fail(err, ZT_EINVAL_CONFIG, "no training data given: set %s to a JSONL file of examples "
                              "({\"text\": ..., \"label\": ...} per line)", label("train_data"))

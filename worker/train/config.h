@@ -148,6 +148,9 @@ typedef struct zt_train_config {
     int64_t grad_piece;    /* chunked and streamed layouts: elements per gradient piece sent to the host */
     bool auto_micro_batch; /* the planner may lower batch_size (rows per micro-batch), raising grad_accum so
                               that a step keeps its tokens, until the run fits */
+    bool plan_only;        /* --device cuda: print the memory plan (GPU, host, disk) and stop before anything is
+                              allocated or read; without a visible GPU it plans for one of --gpu-mem bytes, and
+                              --host-mem stands for the machine's RAM */
 
     /* Not a file key nor a flag: stop after this step as if interrupted (checkpoint, then return with
      * zt_train_result.interrupted set); 0 = run to `steps`. For tests and tools. */

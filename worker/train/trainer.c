@@ -345,8 +345,26 @@ static int state_client_create(const zt_train_config *cfg, zt_state_client_t **o
 #ifdef ZT_WITH_CUDA
 /* The compute type of a run on CUDA device `device`: cfg->precision, or with "auto" bf16 on GPUs with bf16
  * matrix units (sm_80+) and fp16 below. */
+/* Whether --plan-only plans for a GPU that this machine does not show (one of --gpu-mem bytes, bf16 units). */
+static bool plan_for_absent_gpu(const zt_train_config *cfg, int device)
+{
+    int n = 0;
+    if (!cfg->plan_only || (cudaGetDeviceCount(&n) == cudaSuccess && n > device))
+        return false;
+    cudaGetLastError();
+    return true;
+}
+
 static int pick_dtype(const zt_train_config *cfg, int device, enum zt_dtype *dt, zt_err *err)
 {
+    if (plan_for_absent_gpu(cfg, device)) {
+        if (!cfg->gpu_mem)
+            return zt_fail(err, ZT_EINVAL_CONFIG, "--plan-only: no CUDA device is visible, so the plan needs the GPU's "
+                           "memory: add --gpu-mem SIZE (e.g. 11GiB for an RTX 2080 Ti, 80GiB for an H100)");
+        *dt = cfg->precision == ZT_PRECISION_FP32 ? ZT_DTYPE_F32
+              : cfg->precision == ZT_PRECISION_FP16 ? ZT_DTYPE_F16 : ZT_DTYPE_BF16;
+        return 0;
+    }
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device) {
         cudaGetLastError();
@@ -387,6 +405,14 @@ static bool *layer_flags(const zt_train_config *cfg, bool all)
     return ckpt;
 }
 
+#ifndef ZT_WITH_CUDA
+static int no_cuda_backend(zt_err *err)
+{
+    return zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: this ztrain was built without the CUDA backend (rebuild with "
+                   "-DZT_CUDA=ON on a machine with the CUDA toolkit, or train with --device cpu)");
+}
+#endif
+
 /* The model as the engine drives it, on the device cfg asks for, computing in dtype (chosen by
  * plan_gpu_run on a GPU); b x T micro-batches. */
 static int create_model(const zt_train_config *cfg, zt_family_model *host, int b, int T, enum zt_dtype dtype, zt_model **out,
@@ -403,8 +429,7 @@ static int create_model(const zt_train_config *cfg, zt_family_model *host, int b
         (void)b;
         (void)T;
         (void)dtype;
-        rc = zt_fail(err, ZT_EUNSUPPORTED, "--device cuda: this ztrain was built without the CUDA backend (rebuild "
-                     "with -DZT_CUDA=ON on a machine with the CUDA toolkit, or train with --device cpu)");
+        rc = no_cuda_backend(err);
 #endif
     }
     free(ckpt);
@@ -749,7 +774,15 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     if (rc < 0 || (rc = zt_family_model_create_layout(&tables, &cfg->model, err)) < 0)
         return rc;
     size_t free_b = 0, total_b = 0;
-    ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const bool absent = plan_for_absent_gpu(cfg, env->local_rank);
+    if (absent) { /* --plan-only for another machine's GPU: --gpu-mem is all of it */
+        free_b = (size_t)cfg->gpu_mem;
+        if (env->rank == 0)
+            zt_log(ZT_LOG_INFO, "plan: no CUDA device visible: planning for a GPU of --gpu-mem with %s", 
+                   *dtype == ZT_DTYPE_F32 ? "fp32" : *dtype == ZT_DTYPE_F16 ? "fp16" : "bf16 matrix units (sm_80 or later)");
+    } else {
+        ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    }
     struct pricing p = {.cfg = cfg, .layout = tables, .W = W, .dtype = *dtype};
     const bool opt_gpu = cfg->optimizer == ZT_OPTIMIZER_GPU;
     zt_plan_request q = {
@@ -807,7 +840,8 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     const uint64_t lazy_start = largest_block(tables) + import_staging;
     const uint64_t start_other = 4 * (lazy_init(cfg) ? lazy_start : P) + server_ram + PROCESS_RAM_BYTES;
     uint64_t ram = host_ram(&ep, steady_base + checkpoint_staging(cfg, &ep, tables, gathered), start_other, fresh);
-    const uint64_t ram_available = zt_plan_ram_available();
+    /* --plan-only with --host-mem plans for a machine of that much RAM, not for this one's */
+    const uint64_t ram_available = cfg->plan_only && cfg->host_mem ? cfg->host_mem : zt_plan_ram_available();
     if (cfg->host_mem) {
         /* --host-mem: the tiers of the state under the cap (the moments to disk, then the masters) */
         struct gpu_host_pricing hp = {.cfg = cfg, .shape = shape, .W = W, .base = o, .tables = tables,
@@ -1300,11 +1334,12 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     /* On a GPU, the memory plan comes first: it may refuse, or lower the micro-batch. */
     enum zt_dtype dtype = ZT_DTYPE_F32;
     struct layout lay = {0};
-    if ((rc = zt_comm_agree(comm, zt_task_check_paths(cfg, err), err)) < 0)
+    /* --plan-only reads no data and asks no server: it prints the plan below and stops */
+    if (!cfg->plan_only && (rc = zt_comm_agree(comm, zt_task_check_paths(cfg, err), err)) < 0)
         goto out;
     /* The state servers first: a server that cannot take this run's checkpoints refuses it before anything
      * is built. */
-    if (on_servers) {
+    if (on_servers && !cfg->plan_only) {
         rc = state_client_create(cfg, &r.client, &r.token, err);
         if (rc == 0 && is0 && cfg->servers[0] && cfg->save_every >= 0) {
             char why[96];
@@ -1320,7 +1355,19 @@ static int train_once(const zt_train_config *given, const zt_launch_env *env, zt
     rc = on_gpu ? plan_gpu_run(cfg, env, &dtype, &lay, err) : 0;
     if ((rc = zt_comm_agree(comm, rc, err)) < 0)
         goto out;
+#else
+    if (on_gpu && cfg->plan_only) { /* the GPU's plan is the CUDA build's */
+        rc = no_cuda_backend(err);
+        goto out;
+    }
 #endif
+    if (cfg->plan_only) {
+        if (is0)
+            zt_log(ZT_LOG_INFO, "plan: --plan-only: the run fits as planned above; nothing was allocated, read or "
+                   "trained (drop --plan-only to train)");
+        rc = 0;
+        goto out;
+    }
     const int B = (int)cfg->batch_size, accum = (int)cfg->grad_accum, b = B / W;
 
     /* The host model keeps the layout, the parameters and the files; on the GPU it never runs, so its
@@ -1753,7 +1800,8 @@ int zt_trainer_run(const zt_train_config *cfg, zt_train_result *res, zt_err *err
     } else {
         /* GPUs: NCCL on device LOCAL_RANK; the CPU: the shared-memory backend */
         const bool gpu = cfg->device == ZT_DEVICE_CUDA;
-        rc = zt_startup_comm(&env, gpu ? ZT_COMM_NCCL : ZT_COMM_SHM, zt_trainer_config_hash(cfg),
+        /* (--plan-only plans each rank's memory: no GPU collective is needed, nor a GPU) */
+        rc = zt_startup_comm(&env, gpu && !cfg->plan_only ? ZT_COMM_NCCL : ZT_COMM_SHM, zt_trainer_config_hash(cfg),
                              gpu ? env.local_rank : 0, &comm, err);
     }
     if (rc < 0)
