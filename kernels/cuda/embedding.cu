@@ -217,24 +217,32 @@ static int key_bits(int V)
 
 static size_t cub_temp_bytes(int BT, int V)
 {
-    /* Without a visible GPU (a plan made for another machine's, `ztrain train --plan-only`) CUB cannot be
-     * asked: its sort's scratch is counted as the second buffers of the keys and values and 1 MiB for its
-     * histograms. */
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        cudaGetLastError();
-        return 2 * (size_t)BT * (sizeof(uint32_t) + sizeof(int32_t)) + ((size_t)1 << 20);
-    }
     size_t bytes = 0;
     ZT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
                                                   (const int32_t *)NULL, (int32_t *)NULL, BT, 0, key_bits(V)));
     return bytes;
 }
 
+/* cub_temp_bytes for the scratch's size, also where no GPU is visible to ask (a plan made for another machine's,
+ * `ztrain train --plan-only`): the sort's second buffers of the keys and values and 1 MiB for its histograms. */
+static size_t cub_temp_bytes_planned(int BT, int V)
+{
+    size_t bytes = 0;
+    const cudaError_t rc = cub::DeviceRadixSort::SortPairs(NULL, bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                                                           (const int32_t *)NULL, (int32_t *)NULL, BT, 0, key_bits(V));
+    if (rc == cudaSuccess)
+        return bytes;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0)
+        ZT_CUDA_CHECK(rc); /* a GPU is there: the query's failure is an error */
+    cudaGetLastError();
+    return 2 * (size_t)BT * (sizeof(uint32_t) + sizeof(int32_t)) + ((size_t)1 << 20);
+}
+
 extern "C" size_t zt_cuda_embedding_backward_scratch_size(int B, int T, int V)
 {
     size_t BT = (size_t)B * T;
-    return 3 * align16(BT * sizeof(int32_t)) + align16(cub_temp_bytes((int)BT, V));
+    return 3 * align16(BT * sizeof(int32_t)) + align16(cub_temp_bytes_planned((int)BT, V));
 }
 
 template <typename T>
