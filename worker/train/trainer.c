@@ -778,7 +778,7 @@ static int plan_gpu_run(zt_train_config *cfg, const zt_launch_env *env, enum zt_
     if (absent) { /* --plan-only for another machine's GPU: --gpu-mem is all of it */
         free_b = (size_t)cfg->gpu_mem;
         if (env->rank == 0)
-            zt_log(ZT_LOG_INFO, "plan: no CUDA device visible: planning for a GPU of --gpu-mem with %s", 
+            zt_log(ZT_LOG_INFO, "plan: no CUDA device visible: planning for a GPU of --gpu-mem with %s",
                    *dtype == ZT_DTYPE_F32 ? "fp32" : *dtype == ZT_DTYPE_F16 ? "fp16" : "bf16 matrix units (sm_80 or later)");
     } else {
         ZT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
