@@ -6,7 +6,8 @@
 # once with the bytes over TCP and once through shared memory (TRANSPORTS). The server rows
 # also give the bytes per second of the step's wire traffic (gradient shards pushed, parameters pulled)
 # over the push and pull time of the engine's step breakdown, against a raw loopback TCP copy
-# (bench_raw_tcp) measured in the same run.
+# (bench_raw_tcp) measured in the same run. After the table, each row's last step breakdown (push, server
+# update, pull, waits), from its log.
 #
 #   bench/server/gpu_placement.sh [BUILD_DIR] [OUT_DIR]
 #     BUILD_DIR  holds worker/ztrain, server/ztrain-server, bench/server/bench_raw_tcp (default build); the
@@ -147,11 +148,13 @@ PY
 echo "| model, grad_accum (bf16, 8 x 1024) | placement | tokens/s | vs --optimizer cpu | wire GiB/s (push + pull) | vs raw TCP copy ($raw GiB/s) | losses = cpu's |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 secs="plain"
+ROWS=""
 [ "$TLS" = 1 ] && secs="plain tls mtls"
 for c in $CASES; do
   model=${c%%:*}
   accum=${c##*:}
   read -r cpu _ < <(train "cpu_${model}_$accum" "$model" "$accum" --optimizer cpu)
+  ROWS="$ROWS cpu_${model}_$accum"
   echo "| GPT-2 $model, $accum | --optimizer cpu (embedded host AdamW) | $cpu | 100% | - | - | - |"
   for n in $NSERVERS; do
     for sec in $secs; do
@@ -174,8 +177,18 @@ for c in $CASES; do
         used=$(grep -o '(via [^)]*)' "$OUT_DIR/$name.log" | tail -1 | sed 's/^(via //; s/)$//')
         pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f%%", 100 * a / b; else printf "-" }'; }
         echo "| GPT-2 $model, $accum | --optimizer server, $n server(s) on this host, $sec, ${used:-$via}, streams $st | $tps | $(pct "$tps" "$cpu") | $wire | $(pct "$wire" "$raw") | $(same_losses "cpu_${model}_$accum" "$name") |"
+        ROWS="$ROWS $name"
        done
       done
     done
   done
+done
+
+# Where each row's last step went (the engine's step breakdown), so that the table's gaps can be read off
+# this output alone.
+echo ""
+echo "Step breakdown of each row's last step:"
+for name in $ROWS; do
+  line=$(grep 'engine: step ' "$OUT_DIR/$name.log" 2>/dev/null | tail -1 | sed 's/^.*engine: step /step /')
+  echo "- $name: ${line:-(no breakdown in $OUT_DIR/$name.log)}"
 done
