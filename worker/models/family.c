@@ -339,33 +339,19 @@ int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err)
     return zt__host_import(m->def, m->host, path, true, err);
 }
 
-struct zt_family_import {
-    zt__host_importer *in;
-};
-
 int zt_family_model_import_open(zt_family_model *m, const char *path, zt_family_import **out, zt_err *err)
 {
-    *out = NULL;
-    zt__host_importer *in = NULL;
-    int rc = zt__host_import_open(m->def, m->host, path, true, &in, err);
-    if (rc < 0)
-        return rc;
-    *out = zt_xcalloc(1, sizeof **out);
-    (*out)->in = in;
-    return 0;
+    return zt__host_import_open(m->def, m->host, path, true, out, err);
 }
 
 void zt_family_import_fill_through(zt_family_import *imp, int block)
 {
-    zt__host_import_fill_through(imp->in, block);
+    zt__host_import_fill_through(imp, block);
 }
 
 void zt_family_import_close(zt_family_import *imp)
 {
-    if (!imp)
-        return;
-    zt__host_import_close(imp->in);
-    free(imp);
+    zt__host_import_close(imp);
 }
 
 size_t zt_family_model_import_staging(const zt_family_model *m)

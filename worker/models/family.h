@@ -240,7 +240,7 @@ int zt_family_model_import(zt_family_model *m, const char *path, zt_err *err);
  * zt_family_model_import refuses, with its messages, writing nothing into m; the fill then writes the files' values
  * into m's slab, blocks in order; the close ends it. Between them the files stay mapped (each tensor's pages given
  * back once read) and the import holds at most zt_family_model_import_staging floats beside m's slab. */
-typedef struct zt_family_import zt_family_import;
+typedef struct zt__host_importer zt_family_import; /* host_io.c's, opaque here */
 /* Opens and checks path for m. Returns 0 with *out (freed by zt_family_import_close; it borrows m until then), or a
  * negative code with a message naming the tensor and the file (*out NULL). */
 int zt_family_model_import_open(zt_family_model *m, const char *path, zt_family_import **out, zt_err *err);
