@@ -215,11 +215,17 @@ static int key_bits(int V)
     return bits;
 }
 
+/* CUB's scratch bytes for sorting BT (token, position) pairs of a vocabulary of V, into *bytes. */
+static cudaError_t cub_query(int BT, int V, size_t *bytes)
+{
+    return cub::DeviceRadixSort::SortPairs(NULL, *bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                                           (const int32_t *)NULL, (int32_t *)NULL, BT, 0, key_bits(V));
+}
+
 static size_t cub_temp_bytes(int BT, int V)
 {
     size_t bytes = 0;
-    ZT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
-                                                  (const int32_t *)NULL, (int32_t *)NULL, BT, 0, key_bits(V)));
+    ZT_CUDA_CHECK(cub_query(BT, V, &bytes));
     return bytes;
 }
 
@@ -228,8 +234,7 @@ static size_t cub_temp_bytes(int BT, int V)
 static size_t cub_temp_bytes_planned(int BT, int V)
 {
     size_t bytes = 0;
-    const cudaError_t rc = cub::DeviceRadixSort::SortPairs(NULL, bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
-                                                           (const int32_t *)NULL, (int32_t *)NULL, BT, 0, key_bits(V));
+    const cudaError_t rc = cub_query(BT, V, &bytes);
     if (rc == cudaSuccess)
         return bytes;
     int n = 0;
