@@ -109,6 +109,8 @@ struct zt_family_def {
     float *(*grads)(void *m);
     /* Tensor i's values into dst (numel floats): the slab's, or those a lazily created model will be filled with */
     void (*tensor_values)(const void *m, int i, float *dst);
+    /* Tensors flagged in skip are left out of a lazily created model's initialisation still to come (NULL: none) */
+    void (*skip_init)(void *m, const bool *skip);
     void (*release_params)(void *m);
     /* How the tensor table meets Hugging Face files (host_io.c). */
     const struct zt_hf_names *hf;
@@ -247,7 +249,8 @@ int zt_family_model_import_open(zt_family_model *m, const char *path, zt_family_
 /* Writes the files' tensors of the blocks up to and including `block` not written yet into m's slab. m's tensors
  * that the files lack (a pretrained body's task head) keep what the slab holds: for a lazily created model, call
  * zt_family_model_init_through(m, block) first, so that they hold the family's initialisation as with
- * zt_family_model_import. */
+ * zt_family_model_import (between the open and the close that initialisation leaves out the tensors the files
+ * hold). */
 void zt_family_import_fill_through(zt_family_import *imp, int block);
 /* Closes the files and frees imp (accepts NULL); an import whose every block was filled logs, as
  * zt_family_model_import does, the task head's tensors kept and other heads' skipped. */

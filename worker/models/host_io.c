@@ -317,6 +317,12 @@ int zt__host_import_open(const zt_family_def *def, void *m, const char *path, bo
         import_free(imp);
         return rc;
     }
+    /* a lazily created model need not initialise what the files will write (the others keep their values) */
+    bool *provided = zt_xmalloc((size_t)ntensors * sizeof *provided);
+    for (int i = 0; i < ntensors; i++)
+        provided[i] = imp->src[i] != NULL;
+    def->skip_init(m, provided);
+    free(provided);
     *out = imp;
     return 0;
 }
@@ -338,6 +344,7 @@ void zt__host_import_close(zt__host_importer *imp)
     if (imp->next == imp->def->num_tensors(imp->m) && (imp->kept || imp->skipped))
         zt_log(ZT_LOG_INFO, "model: %s: %d tensors of the task head keep their initial values; %d tensors of other "
                "heads were skipped", imp->path, imp->kept, imp->skipped);
+    imp->def->skip_init(imp->m, NULL); /* the initialisation, if any is left, is whole again */
     import_free(imp);
 }
 

@@ -88,7 +88,8 @@ typedef struct zt__host_importer zt__host_importer;
 /* Opens the files of path and checks every tensor against m as zt__host_import does, with its messages, writing
  * nothing into m. On success *out (freed by zt__host_import_close) borrows def and m until then; m's tensors that
  * the files lack keep what m's slab holds when their block is filled (zt__hm_init_through first, for a lazy
- * model; a tied tensor is compared with those values already: zt_family_def's tensor_values). Holds the
+ * model, whose initialisation still to come then leaves out the tensors the files hold, until the close: they
+ * are not made twice; a tied tensor is compared with those values already: zt_family_def's tensor_values). Holds the
  * largest tensor for a family that reorders (zt__host_import_staging) and, during the check of a tied tensor,
  * a copy of its target. Returns 0 or a negative code with a message (*out NULL). */
 int zt__host_import_open(const struct zt_family_def *def, void *m, const char *path, bool pretrained,

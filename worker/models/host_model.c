@@ -31,6 +31,7 @@ struct zt__hm {
     void *state;            /* their state */
     zt_rng init_rng;        /* a lazy initialisation's generator, at tensor init_next */
     int init_next;          /* the first tensor not initialised yet (num_tensors: all are) */
+    bool *init_skip;        /* [num_tensors] or NULL: tensors the lazy initialisation leaves (zt__hm_skip_init) */
 };
 
 /* The encoder program's CPU runner as passes of the host model; a layout needs none. */
@@ -240,8 +241,20 @@ void zt__hm_init_through(void *mv, int block)
         end++;
     if (end == m->init_next)
         return;
-    zt__tt_init_range(m->spec->table, m->cfg, m->tensors, m->num_tensors, m->params, &m->init_rng, m->init_next, end);
+    zt__tt_init_range(m->spec->table, m->cfg, m->tensors, m->num_tensors, m->params, m->init_skip, &m->init_rng,
+                      m->init_next, end);
     m->init_next = end;
+}
+
+void zt__hm_skip_init(void *mv, const bool *skip)
+{
+    zt__hm *m = mv;
+    free(m->init_skip);
+    m->init_skip = NULL;
+    if (skip) {
+        m->init_skip = zt_xmalloc((size_t)m->num_tensors * sizeof *m->init_skip);
+        memcpy(m->init_skip, skip, (size_t)m->num_tensors * sizeof *m->init_skip);
+    }
 }
 
 void zt__hm_tensor_values(const void *mv, int i, float *dst)
@@ -264,6 +277,7 @@ void zt__hm_destroy(void *mv)
     if (m->passes)
         m->passes->destroy(m->state);
     free(m->tensors);
+    free(m->init_skip);
     free(m->blocks);
     free(m->inv_freq);
     free(m->params);

@@ -79,6 +79,10 @@ int zt__hm_create_lazy(zt__hm **out, const zt__hm_spec *spec, const void *cfg, i
                        zt_err *err);
 /* Fills the blocks up to and including `block` that are not filled yet (nothing once all are). */
 void zt__hm_init_through(void *m, int block);
+/* Tensors flagged in skip ([num_tensors]; copied; NULL: none) are left out of the initialisation still to come,
+ * their generator draws skipped, so that the others get the values they would have: for tensors an import writes
+ * (zt__host_import_open). */
+void zt__hm_skip_init(void *m, const bool *skip);
 /* Tensor i's values into dst (its numel floats): those of the slab, or for a tensor a lazy model has not filled
  * yet, those zt__hm_init_through will give it (the slab untouched). */
 void zt__hm_tensor_values(const void *m, int i, float *dst);
@@ -144,7 +148,8 @@ void zt__hm_accuracy(const void *m, int *correct, int *counted);
     .num_tensors = zt__hm_num_tensors, .tensor = zt__hm_tensor, .num_blocks = zt__hm_num_blocks,               \
     .block = zt__hm_block, .head_block = zt__hm_head_block, .max_batch = zt__hm_max_batch,                     \
     .max_seq = zt__hm_max_seq, .params = zt__hm_params, .grads = zt__hm_grads,                                 \
-    .tensor_values = zt__hm_tensor_values, .release_params = zt__hm_release_params,                            \
+    .tensor_values = zt__hm_tensor_values, .skip_init = zt__hm_skip_init,                                      \
+    .release_params = zt__hm_release_params,                                                                   \
     .forward_begin = zt__hm_forward_begin, .forward_block = zt__hm_forward_block,                              \
     .forward_head = zt__hm_forward_head, .backward_head = zt__hm_backward_head,                                \
     .backward_block = zt__hm_backward_block, .discard_block = zt__hm_discard_block, .logits = zt__hm_logits,

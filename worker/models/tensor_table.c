@@ -129,7 +129,7 @@ void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors
 {
     zt_rng rng;
     zt_rng_seed(&rng, seed);
-    zt__tt_init_range(tt, cfg, tensors, n, params, &rng, 0, n);
+    zt__tt_init_range(tt, cfg, tensors, n, params, NULL, &rng, 0, n);
 }
 
 /* Tensor t of row r with its initialisation from *rng, which it advances, into x (t->numel floats). */
@@ -164,10 +164,10 @@ static uint64_t init_draws(const zt__tt_row *r, const zt_param_info *t)
     return normal ? 2 * (uint64_t)t->numel : 0;
 }
 
-/* Tensors [first, end) from *rng, which it advances: into params at their offsets, or with params NULL only the
- * last of them, into one (the draws of those before it skipped). */
+/* Tensors [first, end) from *rng, which it advances: into params at their offsets (but those skip flags, whose
+ * draws are skipped), or with params NULL only the last of them, into one (the draws of those before it skipped). */
 static void init_walk(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, zt_rng *rng, int first,
-                      int end, float *params, float *one)
+                      int end, float *params, const bool *skip, float *one)
 {
     zt__tt_dims d;
     dims_of(tt, cfg, &d);
@@ -179,9 +179,9 @@ static void init_walk(const zt__tt *tt, const void *cfg, const zt_param_info *te
         const zt_param_info *t = &tensors[idx];
         if (idx < first || idx >= end)
             continue;
-        if (params)
+        if (params && !(skip && skip[idx]))
             init_tensor(r, &d, t, params + t->offset, rng);
-        else if (idx < end - 1)
+        else if (params || idx < end - 1)
             zt_rng_jump(rng, init_draws(r, t));
         else
             init_tensor(r, &d, t, one, rng);
@@ -190,9 +190,9 @@ static void init_walk(const zt__tt *tt, const void *cfg, const zt_param_info *te
 }
 
 void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
-                       zt_rng *rng, int first, int end)
+                       const bool *skip, zt_rng *rng, int first, int end)
 {
-    init_walk(tt, cfg, tensors, n, rng, first, end, params, NULL);
+    init_walk(tt, cfg, tensors, n, rng, first, end, params, skip, NULL);
 }
 
 void zt__tt_init_values(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, const zt_rng *rng,
@@ -200,7 +200,7 @@ void zt__tt_init_values(const zt__tt *tt, const void *cfg, const zt_param_info *
 {
     ZT_ASSERT(first <= which && which < n);
     zt_rng from = *rng;
-    init_walk(tt, cfg, tensors, n, &from, first, which + 1, NULL, dst);
+    init_walk(tt, cfg, tensors, n, &from, first, which + 1, NULL, NULL, dst);
 }
 
 int zt__tt_layer_roles(const zt__tt *tt, const void *cfg, int *role, int nroles, bool *packed)

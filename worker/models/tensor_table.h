@@ -111,9 +111,10 @@ size_t zt__tt_num_params(const zt__tt *tt, const void *cfg);
 void zt__tt_init(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
                  uint64_t seed);
 /* The same for tensors [first, end) only, from *rng, which it advances: ranges taken in order from 0 with a
- * generator seeded with seed fill what zt__tt_init does. */
+ * generator seeded with seed fill what zt__tt_init does. Tensors flagged in skip (NULL: none) are left as they
+ * are, their draws skipped, so that the others get the same values (what an import will overwrite). */
 void zt__tt_init_range(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, float *params,
-                       zt_rng *rng, int first, int end);
+                       const bool *skip, zt_rng *rng, int first, int end);
 /* The values zt__tt_init_range from *rng at tensor first would give tensor `which` (first <= which < n), written into
  * dst (its numel floats) instead of the slab; *rng is left as it is (the tensors between are skipped, not drawn). */
 void zt__tt_init_values(const zt__tt *tt, const void *cfg, const zt_param_info *tensors, int n, const zt_rng *rng,

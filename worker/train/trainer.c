@@ -162,8 +162,9 @@ typedef struct lazy_fill {
     zt_family_import *import; /* --init-from's files, opened and checked; NULL without */
 } lazy_fill;
 
-/* Block `block` of the host slab: the family's initialisation, then the files' tensors over it, so that a task
- * head the files lack keeps its initial values as when a whole model is created and then imported. */
+/* Block `block` of the host slab: the family's initialisation of what the files lack (the open told the model to
+ * leave out the rest), then the files' tensors, so that a task head the files lack keeps its initial values as when
+ * a whole model is created and then imported. */
 static void fill_host_block(void *ctx, int block)
 {
     const lazy_fill *f = ctx;
